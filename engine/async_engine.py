@@ -1,0 +1,146 @@
+"""Drives an :class:`EngineCore` in real time inside an asyncio application.
+
+The core is single-threaded: only the loop task touches it. Handlers queue additions,
+aborts and admin calls, which the loop applies between steps; the step itself runs in a
+one-thread executor so the event loop stays free. With ``sleep_modeled_time`` (the sim
+executor) the loop then sleeps for what is left of the modeled step duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from engine.core import EngineCore, StepOutput
+from engine.request import Request, RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped on an unexpected error."""
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        core: EngineCore,
+        *,
+        sleep_modeled_time: bool,
+        on_step: Callable[[StepOutput], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.core = core
+        self.sleep_modeled_time = sleep_modeled_time
+        self.clock = clock
+        self._on_step = on_step
+        self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._pending: list[Callable[[], None]] = []
+        self._wake = asyncio.Event()
+        self._pool: ThreadPoolExecutor | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done() and self.error is None
+
+    async def start(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
+        self._task = asyncio.create_task(self._run(), name="engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def add(self, req: Request) -> asyncio.Queue[RequestOutput | BaseException]:
+        """Queue a request; its outputs (or an exception) arrive on the returned queue.
+        The request is validated by the core when the loop applies it."""
+        if self.error is not None:
+            raise EngineDeadError("engine loop is not running") from self.error
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._queues[req.request_id] = queue
+        arrival = self.clock()
+
+        def apply() -> None:
+            try:
+                self.core.add_request(req, now=arrival)
+            except ValueError as exc:
+                self._queues.pop(req.request_id, None)
+                queue.put_nowait(exc)
+
+        self._pending.append(apply)
+        self._wake.set()
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request (client went away). Safe to call for finished requests."""
+        self._queues.pop(request_id, None)
+        self._pending.append(lambda: self.core.abort_request(request_id, now=self.clock()))
+        self._wake.set()
+
+    async def call(self, fn: Callable[[EngineCore], Any]) -> Any:
+        """Run ``fn(core)`` between steps and return its result."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def apply() -> None:
+            if not fut.done():
+                fut.set_result(fn(self.core))
+
+        self._pending.append(apply)
+        self._wake.set()
+        return await fut
+
+    def _apply_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for fn in pending:
+            fn()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        core = self.core
+        try:
+            while True:
+                self._apply_pending()
+                if not core.has_unfinished():
+                    self._wake.clear()
+                    if not self._pending:
+                        await self._wake.wait()
+                    continue
+                t0 = self.clock()
+                out = await loop.run_in_executor(self._pool, core.step, t0)
+                if self.sleep_modeled_time:
+                    remaining = out.seconds - (self.clock() - t0)
+                    await asyncio.sleep(max(0.0, remaining))
+                else:
+                    await asyncio.sleep(0)
+                if self._on_step is not None:
+                    self._on_step(out)
+                queues = self._queues
+                for o in out.outputs:
+                    q = queues.get(o.request_id)
+                    if q is not None:
+                        q.put_nowait(o)
+                        if o.finished:
+                            del queues[o.request_id]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in the core or executor: fail every caller
+            log.exception("engine loop stopped")
+            self.error = exc
+            dead = EngineDeadError(f"engine loop stopped: {exc!r}")
+            for q in self._queues.values():
+                q.put_nowait(dead)
+            self._queues.clear()

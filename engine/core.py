@@ -1,0 +1,250 @@
+"""The synchronous, clock-agnostic engine core: scheduler + KV cache + executor.
+
+The driver owns the clock. It passes ``now`` to :meth:`EngineCore.add_request` and
+:meth:`EngineCore.step`; a step's outputs are stamped ``now + seconds`` where ``seconds``
+is the executor's (modeled or measured) step duration. The HTTP server passes
+``time.monotonic()`` and, for the sim executor, sleeps for the modeled duration; the
+offline simulator passes virtual time and advances it by ``StepOutput.seconds``.
+
+Typical loop::
+
+    core.add_request(req, now=t)
+    while core.has_unfinished():
+        out = core.step(now=t)
+        t += out.seconds
+        for o in out.outputs: ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.executor import Executor
+from engine.kv_manager import KVCacheManager
+from engine.request import Request, RequestOutput, SamplingParams, Status
+from engine.scheduler import EngineStats, Scheduler, SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """``model_id`` seeds the block hash chain (name and revision)."""
+
+    model_id: str
+    num_blocks: int
+    block_size: int = 16
+    eviction: str = "lru"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    # False: outputs only for a request's first token and its finish (the offline
+    # simulator needs nothing else and saves the per-token objects).
+    emit_every_token: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.eviction not in ("lru", "frequency"):
+            raise ValueError(f"eviction must be 'lru' or 'frequency', got {self.eviction!r}")
+
+    @property
+    def scheduler(self) -> SchedulerConfig:
+        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len)
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    outputs: list[RequestOutput]
+    seconds: float
+    num_seqs: int
+    num_tokens: int
+
+
+class EngineCore:
+    def __init__(self, executor: Executor, config: EngineConfig) -> None:
+        if executor.block_size != config.block_size:
+            raise ValueError(
+                f"executor block_size {executor.block_size} != config {config.block_size}"
+            )
+        self.executor = executor
+        self.config = config
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.eviction)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.requests: dict[str, Request] = {}
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.scheduler.stats
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def make_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+        adapter: str | None = None,
+        block_hashes: list[bytes] | None = None,
+    ) -> Request:
+        """A request keyed for this engine's model identity and block size."""
+        return Request(
+            request_id,
+            prompt_token_ids,
+            params,
+            model_id=self.config.model_id,
+            block_size=self.config.block_size,
+            cache_salt=cache_salt,
+            adapter=adapter,
+            block_hashes=block_hashes,
+        )
+
+    def validate(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """ValueError if a request of this shape can never run here."""
+        limit = self.config.max_model_len
+        if num_prompt_tokens >= limit:
+            raise ValueError(
+                f"prompt has {num_prompt_tokens} tokens; the maximum context length is "
+                f"{limit} tokens including at least one output token"
+            )
+        need = min(num_prompt_tokens + max_tokens, limit)
+        capacity = self.config.num_blocks * self.config.block_size
+        if need > capacity:
+            raise ValueError(
+                f"request needs up to {need} tokens of KV cache; the cache holds {capacity}"
+            )
+
+    def add_request(self, req: Request, now: float = 0.0) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        if req.model_id != self.config.model_id:
+            raise ValueError(f"request keyed for model {req.model_id!r}, engine serves "
+                             f"{self.config.model_id!r}")
+        self.validate(req.num_prompt_tokens, req.params.max_tokens)
+        req.arrival_time = now
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
+
+    def abort_request(self, request_id: str, now: float = 0.0) -> bool:
+        """Drop a request wherever it is. Returns False if it is unknown or finished."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        req.finish_time = now
+        req.finish_reason = "abort"
+        self.scheduler.finish(req, Status.ABORTED)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def step(self, now: float = 0.0) -> StepOutput:
+        """Schedule one batch, execute it, and apply its results."""
+        sched = self.scheduler.schedule()
+        if not sched.requests:
+            return StepOutput([], 0.0, 0, 0)
+        for req in sched.newly_admitted:
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+        result = self.executor.execute(sched.batch)
+        end = now + result.seconds
+        outputs = self._update(sched.requests, sched.num_new_tokens, result.next_tokens, end)
+        stats = self.stats
+        stats.num_steps += 1
+        n_tokens = sched.batch.num_tokens
+        stats.num_batched_tokens += n_tokens
+        return StepOutput(outputs, result.seconds, len(sched.requests), n_tokens)
+
+    def _update(
+        self,
+        reqs: tuple[Request, ...],
+        counts: tuple[int, ...],
+        next_tokens: dict[str, int],
+        end: float,
+    ) -> list[RequestOutput]:
+        kv = self.kv
+        bs = self.config.block_size
+        stats = self.stats
+        eos = self.executor.eos_token_id
+        max_len = self.config.max_model_len
+        every = self.config.emit_every_token
+        outputs: list[RequestOutput] = []
+        finished: list[Request] = []
+        for req, n in zip(reqs, counts, strict=True):
+            old = req.num_computed_tokens
+            new = old + n
+            req.num_computed_tokens = new
+            p = req.num_prompt_tokens
+            if old < p:
+                stats.prompt_tokens_waiting -= min(new, p) - old
+            kv.cache_computed(req)
+            if new != len(req.all_token_ids):
+                continue
+            tok = next_tokens[req.request_id]
+            req.append_output(tok, bs)
+            stats.generation_tokens += 1
+            first = req.first_token_time is None
+            if first:
+                req.first_token_time = end
+            params = req.params
+            reason = None
+            if (tok == eos and not params.ignore_eos) or tok in params.stop_token_ids:
+                reason = "stop"
+            elif req.num_output_tokens >= params.max_tokens or len(req.all_token_ids) >= max_len:
+                reason = "length"
+            if reason is not None:
+                req.finish_reason = reason
+                req.finish_time = end
+                finished.append(req)
+            elif not (every or first):
+                continue
+            outputs.append(
+                RequestOutput(
+                    req.request_id,
+                    (tok,),
+                    reason,
+                    p,
+                    req.num_cached_tokens,
+                    req.num_output_tokens,
+                    req.arrival_time,
+                    req.first_scheduled_time,
+                    req.first_token_time,
+                    req.finish_time,
+                )
+            )
+        if finished:
+            self.scheduler.finish_running(finished)
+            for req in finished:
+                del self.requests[req.request_id]
+        return outputs
+
+    def reset_prefix_cache(self) -> int:
+        """Forget all cached prefixes; returns how many block hashes were dropped."""
+        return self.kv.reset_prefix_cache()
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+        sched = self.scheduler
+        n = len(sched.running) + len(sched.waiting)
+        if n != len(self.requests):
+            raise AssertionError(f"{n} queued requests but {len(self.requests)} tracked")
+        expected = sum(
+            r.num_prompt_tokens - min(r.num_computed_tokens, r.num_prompt_tokens)
+            for r in self.requests.values()
+        )
+        if expected != self.stats.prompt_tokens_waiting:
+            raise AssertionError(
+                f"prompt_tokens_waiting {self.stats.prompt_tokens_waiting} != {expected}"
+            )

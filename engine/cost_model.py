@@ -1,0 +1,141 @@
+"""Roofline step-time model for the sim executor, and its YAML profiles.
+
+One step computes ``n_i`` new tokens for each sequence ``i`` at positions
+``[s_i, s_i + n_i)`` (context ``c_i = s_i + n_i``)::
+
+    flops = 2 * params * sum(n_i)                              (dense layers)
+          + 4 * layers * heads * head_dim * sum(attended keys)  (QK^T and PV)
+      attended keys of seq i = sum_{p = s_i}^{c_i - 1} (p + 1) = n_i * s_i + n_i (n_i + 1) / 2
+    bytes = params * dtype_bytes                               (weights, once per step)
+          + kv_bytes_per_token * sum(c_i + n_i)                 (read context, write new)
+    seconds = max(flops / (peak * compute_eff), bytes / (bw * bandwidth_eff)) + overhead
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    name: str
+    params: float
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+    max_model_len: int = 8192
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "name" and not (isinstance(v, int | float) and v > 0):
+                raise ValueError(f"model.{f.name} must be a positive number, got {v!r}")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    name: str
+    peak_tflops: float
+    hbm_tb_per_s: float
+    compute_efficiency: float = 0.6
+    bandwidth_efficiency: float = 0.8
+    step_overhead_ms: float = 3.0
+
+    def __post_init__(self) -> None:
+        for key in ("peak_tflops", "hbm_tb_per_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"gpu.{key} must be positive, got {getattr(self, key)!r}")
+        for key in ("compute_efficiency", "bandwidth_efficiency"):
+            v = getattr(self, key)
+            if not 0 < v <= 1:
+                raise ValueError(f"gpu.{key} must be in (0, 1], got {v!r}")
+        if self.step_overhead_ms < 0:
+            raise ValueError(f"gpu.step_overhead_ms must be >= 0, got {self.step_overhead_ms}")
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    model: ModelShape
+    gpu: GPUSpec
+
+
+def _build(cls: type, section: str, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"profile section {section!r} must be a mapping")
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown keys in profile section {section!r}: {sorted(unknown)}")
+    return cls(**data)
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by name (``engine/profiles/<name>.yaml``) or by file path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ValueError(
+            f"unknown profile {name_or_path!r}; available: {', '.join(available_profiles())}"
+        )
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"profile {path} must be a mapping")
+    unknown = set(data) - {"name", "model", "gpu"}
+    if unknown:
+        raise ValueError(f"unknown keys in profile {path}: {sorted(unknown)}")
+    return Profile(
+        name=str(data.get("name", path.stem)),
+        model=_build(ModelShape, "model", data.get("model")),
+        gpu=_build(GPUSpec, "gpu", data.get("gpu")),
+    )
+
+
+class CostModel:
+    def __init__(self, model: ModelShape, gpu: GPUSpec) -> None:
+        self.model = model
+        self.gpu = gpu
+        self._flops_per_token = 2.0 * model.params
+        self._attn_flops_per_key = 4.0 * model.num_layers * model.num_heads * model.head_dim
+        self._weight_bytes = model.params * model.dtype_bytes
+        self._kv_bytes = float(model.kv_bytes_per_token)
+        self._flops_rate = gpu.peak_tflops * 1e12 * gpu.compute_efficiency
+        self._bytes_rate = gpu.hbm_tb_per_s * 1e12 * gpu.bandwidth_efficiency
+        self._overhead = gpu.step_overhead_ms / 1e3
+
+    @classmethod
+    def from_profile(cls, profile: Profile) -> CostModel:
+        return cls(profile.model, profile.gpu)
+
+    def step_seconds(self, seqs: Iterable[tuple[int, int]]) -> float:
+        """Modeled duration of a step over ``(start, num_new_tokens)`` pairs."""
+        tokens = 0
+        keys = 0
+        kv_tokens = 0
+        for s, n in seqs:
+            tokens += n
+            keys += n * s + n * (n + 1) // 2
+            kv_tokens += s + 2 * n
+        if tokens == 0:
+            return 0.0
+        flops = self._flops_per_token * tokens + self._attn_flops_per_key * keys
+        nbytes = self._weight_bytes + self._kv_bytes * kv_tokens
+        return max(flops / self._flops_rate, nbytes / self._bytes_rate) + self._overhead

@@ -1,0 +1,64 @@
+"""The contract between the engine's scheduler and an executor (``sim`` or ``torch``).
+
+The scheduler decides, each step, which tokens of which requests to compute and where
+their KV lives; an executor computes them (or models how long that would take) and
+returns the next token of every sequence that reached the end of its known tokens.
+
+Index regions of one sequence in a step::
+
+    all tokens of the request:  [0 ............................... len(all_tokens))
+    already in the KV cache:    [0, start)                (prefix hit or earlier steps)
+    computed this step:         [start, start + len(token_ids)) == [start, context_len)
+    block table covers:         [0, context_len)  ->  block_ids[i] holds positions
+                                [i * block_size, (i + 1) * block_size)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class SeqWork:
+    """One sequence's share of a step."""
+
+    request_id: str
+    token_ids: Sequence[int]
+    start: int
+    block_ids: Sequence[int]
+    sample: bool
+    seed: int = 0
+    temperature: float = 0.0
+
+    @property
+    def context_len(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    seqs: tuple[SeqWork, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """``next_tokens`` has one entry per sequence with ``sample=True``; ``seconds`` is the
+    step's duration: modeled (sim) or measured (torch)."""
+
+    next_tokens: dict[str, int]
+    seconds: float
+
+
+class Executor(Protocol):
+    block_size: int
+    eos_token_id: int | None
+
+    def execute(self, batch: Batch) -> StepResult:
+        """Compute one step. Must not keep references to ``batch`` after returning."""
+        ...

@@ -1,0 +1,128 @@
+"""The ``torch`` executor: a real Llama-family model over a paged KV cache.
+
+It owns one key and one value tensor ``[num_blocks, block_size, num_kv_heads, head_dim]``
+per layer; block ids in a ``SeqWork`` index their first axis, so ``num_blocks`` must equal
+the core's block pool size (see ``engine.model.kv_bytes_per_token`` to size it from memory).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from engine import kernels
+from engine.executor import Batch, SeqWork, StepResult
+from engine.model.config import ModelConfig, kv_bytes_per_token
+from engine.model.llama import CausalLM, KVCache
+from engine.model.loader import load_model
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class TorchExecutor:
+    """Runs ``Batch``es on ``model``; one instance per engine, not thread-safe."""
+
+    def __init__(self, model: CausalLM, *, num_blocks: int, block_size: int = 16) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be "
+                             f"positive")
+        self.model = model
+        self.config: ModelConfig = model.config
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        eos = self.config.eos_token_ids
+        self.eos_token_id: int | None = eos[0] if eos else None
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        self.kv_caches: list[KVCache] = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.config.num_layers)
+        ]
+
+    @classmethod
+    def from_dir(
+        cls,
+        model_dir: str | Path,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        device: str = "auto",
+        dtype: torch.dtype | None = None,
+        backend: str = "auto",
+    ) -> TorchExecutor:
+        model = load_model(model_dir, device=pick_device(device), dtype=dtype,
+                           backend=backend)
+        return cls(model, num_blocks=num_blocks, block_size=block_size)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.config, self.dtype)
+
+    def execute(self, batch: Batch) -> StepResult:
+        begin = time.perf_counter()
+        if not batch.seqs:
+            return StepResult(next_tokens={}, seconds=0.0)
+        sampled = [s for s in batch.seqs if s.sample]
+        logits = self.last_logits(batch.seqs, only=[s.sample for s in batch.seqs])
+        next_tokens = {s.request_id: self._sample(s, row) for s, row in zip(sampled, logits,
+                                                                             strict=True)}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return StepResult(next_tokens=next_tokens, seconds=time.perf_counter() - begin)
+
+    @torch.inference_mode()
+    def last_logits(self, seqs: Sequence[SeqWork], only: Sequence[bool] | None = None,
+                    all_positions: bool = False) -> torch.Tensor:
+        """Run one step and return float32 logits: of each sequence's last token (those
+        with ``only[i]`` true, when given), or of every token when ``all_positions``."""
+        for s in seqs:
+            self._validate(s)
+        meta = kernels.build_metadata(
+            [(s.start, len(s.token_ids), s.block_ids) for s in seqs], self.block_size,
+            self.device)
+        input_ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.int64,
+                                 device=self.device)
+        positions = torch.cat([torch.arange(s.start, s.context_len) for s in seqs])
+        hidden = self.model(input_ids, positions.to(self.device), self.kv_caches, meta)
+        if all_positions:
+            return self.model.logits(hidden)
+        ends = [meta.query_start_host[i + 1] - 1 for i in range(len(seqs))
+                if only is None or only[i]]
+        return self.model.logits(hidden[torch.tensor(ends, device=self.device)])
+
+    def _validate(self, s: SeqWork) -> None:
+        if not s.token_ids:
+            raise ValueError(f"request {s.request_id}: no tokens to compute")
+        if len(s.block_ids) * self.block_size < s.context_len:
+            raise ValueError(f"request {s.request_id}: {len(s.block_ids)} blocks cannot hold "
+                             f"{s.context_len} positions")
+        bad = [b for b in s.block_ids if not 0 <= b < self.num_blocks]
+        if bad:
+            raise ValueError(f"request {s.request_id}: block ids {bad[:4]} outside "
+                             f"[0, {self.num_blocks})")
+        window = self.config.sliding_window
+        if window is not None and s.context_len > window:
+            raise ValueError(f"request {s.request_id}: context {s.context_len} exceeds the "
+                             f"model's sliding window {window}, which is not implemented")
+        if s.context_len > self.config.max_position_embeddings:
+            raise ValueError(f"request {s.request_id}: context {s.context_len} exceeds "
+                             f"max_position_embeddings={self.config.max_position_embeddings}")
+
+    @staticmethod
+    def _sample(s: SeqWork, logits: torch.Tensor) -> int:
+        if s.temperature <= 0:
+            return int(torch.argmax(logits))
+        # seeded by request seed and position: reproducible however steps are batched
+        gen = torch.Generator(device="cpu").manual_seed(s.seed * 1_000_003 + s.context_len)
+        probs = torch.softmax(logits.cpu() / s.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=gen))

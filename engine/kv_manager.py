@@ -1,0 +1,103 @@
+"""Per-request KV block management on top of the block pool: prefix lookup, slot
+allocation, registering computed blocks in the cache, freeing.
+
+A request's block table covers its KV positions::
+
+    block_table[i] holds positions [i * B, (i + 1) * B)
+    [0, num_cached_blocks)            registered in the prefix cache (or a duplicate)
+    [0, num_computed_tokens // B)     full blocks whose KV exists
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.block_pool import BlockPool
+from engine.eviction import EvictionPolicy
+from engine.request import Request
+
+
+class KVCacheManager:
+    def __init__(
+        self, num_blocks: int, block_size: int, eviction: str | EvictionPolicy = "lru"
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, eviction)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def lookup(self, req: Request) -> list[int]:
+        """Block ids of the longest cached prefix of ``req``'s known tokens. The hit never
+        covers the last token (its logits must be computed), so at most
+        ``(num_tokens - 1) // B`` blocks. Takes no references."""
+        max_blocks = (len(req.all_token_ids) - 1) // self.block_size
+        return self.pool.longest_cached_prefix(req.block_hashes, max_blocks)
+
+    def allocate(
+        self, req: Request, num_new_tokens: int, hit_blocks: Sequence[int] = ()
+    ) -> bool:
+        """Make room for ``num_new_tokens`` more tokens after the computed ones.
+
+        ``hit_blocks`` (from :meth:`lookup`, only for a request with an empty table) are
+        referenced first, which takes them out of the eviction queue before any block is
+        allocated, and the request's computed count advances over them. Returns False and
+        changes nothing if the pool is short.
+        """
+        bs = self.block_size
+        table = req.block_table
+        n_hit = len(hit_blocks)
+        total = req.num_computed_tokens + n_hit * bs + num_new_tokens
+        need = -(-total // bs) - len(table) - n_hit
+        pool = self.pool
+        if need > 0:
+            avail = pool.num_free_blocks
+            if n_hit:
+                ref = pool.ref
+                avail -= sum(1 for b in hit_blocks if ref[b] == 0)
+            if need > avail:
+                return False
+        if n_hit:
+            if table:
+                raise ValueError(f"prefix hits for {req.request_id} with a non-empty table")
+            pool.touch(hit_blocks)
+            table.extend(hit_blocks)
+            req.num_computed_tokens += n_hit * bs
+            req.num_cached_blocks = n_hit
+            pool.evictor.record_uses(req.block_hashes[:n_hit])
+        if need > 0:
+            table.extend(pool.allocate(need))
+        return True
+
+    def cache_computed(self, req: Request) -> None:
+        """Register the request's full, computed blocks that have hashes."""
+        n = min(req.num_computed_tokens // self.block_size, len(req.block_hashes))
+        start = req.num_cached_blocks
+        if n <= start:
+            return
+        cache_block = self.pool.cache_block
+        table = req.block_table
+        hashes = req.block_hashes
+        for i in range(start, n):
+            cache_block(table[i], hashes[i])
+        self.pool.evictor.record_uses(hashes[start:n])
+        req.num_cached_blocks = n
+
+    def free(self, req: Request) -> None:
+        """Release the request's blocks, last block first (so it is evicted first)."""
+        table = req.block_table
+        self.pool.free_blocks(reversed(table))
+        table.clear()
+        req.num_cached_blocks = 0
+
+    def usage(self) -> float:
+        return self.pool.usage()
+
+    def reset_prefix_cache(self) -> int:
+        return self.pool.reset_prefix_cache()
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()

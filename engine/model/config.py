@@ -1,0 +1,180 @@
+"""A Llama-family model's shape, read from a Hugging Face style ``config.json``.
+
+Accepts both the older layout (``rope_theta`` + ``rope_scaling`` at top level) and the
+newer one (``rope_parameters``). Errors name the key and the bad value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# architecture -> attention flavour ("qwen2" adds q/k/v bias)
+ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM"}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class ModelLoadError(ValueError):
+    """A model directory, config or checkpoint that cannot be served."""
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ModelLoadError(f"rope_type {self.rope_type!r} is not supported; "
+                                 f"supported: {ROPE_TYPES}")
+        if self.theta <= 0 or self.factor <= 0:
+            raise ModelLoadError(f"rope theta and factor must be positive, got "
+                                 f"theta={self.theta} factor={self.factor}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    sliding_window: int | None = None
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                    "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+            if getattr(self, key) <= 0:
+                raise ModelLoadError(f"config {key} must be positive, got "
+                                     f"{getattr(self, key)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(f"num_attention_heads={self.num_heads} is not a multiple "
+                                 f"of num_key_value_heads={self.num_kv_heads}")
+
+    @property
+    def flavour(self) -> str:
+        return ARCHITECTURES[self.architecture]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        archs = raw.get("architectures") or [_MODEL_TYPES.get(raw.get("model_type", ""), "")]
+        arch = archs[0]
+        if arch not in ARCHITECTURES:
+            raise ModelLoadError(
+                f"unsupported architecture {arch or raw.get('model_type')!r}; supported: "
+                f"{sorted(ARCHITECTURES)}")
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelLoadError(f"hidden_act {act!r} is not supported (only 'silu')")
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads"):
+            if key not in raw:
+                raise ModelLoadError(f"config.json lacks {key!r}")
+        heads = int(raw["num_attention_heads"])
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+        qwen = ARCHITECTURES[arch] == "qwen2"
+        window = raw.get("sliding_window")
+        if qwen and not raw.get("use_sliding_window", False):
+            window = None
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        attention_bias = bool(raw.get("attention_bias", False))
+        return cls(
+            architecture=arch,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=_rope(raw),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=qwen or attention_bias,
+            o_bias=attention_bias and not qwen,
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            eos_token_ids=tuple(int(e) for e in eos_ids),
+            sliding_window=int(window) if window else None,
+            dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise ModelLoadError(f"{path} not found")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+        return cls.from_dict(raw)
+
+
+def _rope(raw: dict[str, Any]) -> RopeConfig:
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = dict(raw.get("rope_scaling") or {})
+    params.update(scaling)
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return RopeConfig(theta=theta)
+    if "factor" not in params:
+        raise ModelLoadError(f"rope scaling {rope_type!r} lacks 'factor'")
+    if rope_type == "linear":
+        return RopeConfig(theta=theta, rope_type="linear", factor=float(params["factor"]))
+    if rope_type == "llama3":
+        return RopeConfig(
+            theta=theta, rope_type="llama3", factor=float(params["factor"]),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(
+                params.get("original_max_position_embeddings", 8192)),
+        )
+    raise ModelLoadError(f"rope_type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dtypes = {"float32": torch.float32, "float16": torch.float16,
+              "bfloat16": torch.bfloat16}
+    if name not in dtypes:
+        raise ModelLoadError(f"dtype {name!r} is not supported; supported: {sorted(dtypes)}")
+    return dtypes[name]
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+    """K and V, every layer: what one cached token costs in the paged pool."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+
+
+def num_blocks_for_budget(config: ModelConfig, budget_bytes: int, block_size: int,
+                          dtype: torch.dtype) -> int:
+    return budget_bytes // (kv_bytes_per_token(config, dtype) * block_size)

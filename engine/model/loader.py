@@ -1,0 +1,94 @@
+"""Load a model directory: ``config.json`` + one or more ``*.safetensors`` (+ the
+``tokenizer.json`` the server needs). Errors name the file or tensor at fault."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from engine.model.config import ModelConfig, ModelLoadError, torch_dtype
+from engine.model.llama import CausalLM
+from engine.model.rope import inverse_frequencies
+
+# tensors some checkpoints carry that this model recomputes or does not use
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({model_dir / name for name in weight_map.values()})
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{index} names missing shard(s): {missing}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir}: no *.safetensors file found")
+    return files
+
+
+def check_model_dir(model_dir: str | Path, *, need_tokenizer: bool = True) -> Path:
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {path} not found")
+    required = ["config.json"] + (["tokenizer.json"] if need_tokenizer else [])
+    for name in required:
+        if not (path / name).is_file():
+            raise ModelLoadError(f"{path}: {name} not found")
+    checkpoint_files(path)
+    return path
+
+
+def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
+    """The checkpoint's dtype on a GPU; float32 on CPU, where half precision is slow."""
+    if device.type == "cpu":
+        return torch.float32
+    return torch_dtype(config.dtype) if config.dtype != "float32" else torch.bfloat16
+
+
+def load_model(
+    model_dir: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> CausalLM:
+    path = check_model_dir(model_dir, need_tokenizer=False)
+    device = torch.device(device)
+    config = ModelConfig.from_file(path / "config.json")
+    dtype = dtype or default_dtype(config, device)
+    with torch.device("meta"):
+        model = CausalLM(config, backend)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    state: dict[str, torch.Tensor] = {}
+    from safetensors import safe_open
+
+    for file in checkpoint_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                if name.endswith(_IGNORED_SUFFIXES) or (
+                        name == "lm_head.weight" and config.tie_word_embeddings):
+                    continue
+                if name not in expected:
+                    raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for "
+                                         f"{config.architecture}")
+                tensor = f.get_tensor(name)
+                if tuple(tensor.shape) != expected[name]:
+                    raise ModelLoadError(
+                        f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                        f"config.json implies {expected[name]}")
+                state[name] = tensor.to(device=device, dtype=dtype)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ModelLoadError(f"{path}: checkpoint lacks tensor(s) {missing[:5]}{more}")
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    model.inv_freq = inverse_frequencies(config.rope, config.head_dim).to(device)
+    return model.eval()

@@ -1,0 +1,188 @@
+"""One request's state inside the engine core, and what the core reports about it."""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.hashing import BlockHash, block_hashes
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request generation limits. ``max_tokens`` counts output tokens."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+def default_seed(prompt_token_ids: Sequence[int]) -> int:
+    """A seed derived from the prompt (its length and last 32 tokens): the same prompt
+    yields the same sim output without a caller-provided seed."""
+    tail = prompt_token_ids[-32:]
+    data = struct.pack(f"<I{len(tail)}I", len(prompt_token_ids), *tail)
+    return zlib.crc32(data)
+
+
+class Request:
+    """Mutable per-request state owned by the scheduler.
+
+    Token regions::
+
+        all_token_ids:   [0, num_prompt_tokens) prompt | [num_prompt_tokens, ...) output
+        KV computed:     [0, num_computed_tokens)
+        block_hashes:    one per full block of all_token_ids known so far
+        cached blocks:   [0, num_cached_blocks) of block_table registered in the cache
+    """
+
+    __slots__ = (
+        "adapter",
+        "all_token_ids",
+        "arrival_time",
+        "block_hashes",
+        "block_table",
+        "cache_salt",
+        "finish_reason",
+        "finish_time",
+        "first_scheduled_time",
+        "first_token_time",
+        "model_id",
+        "num_cached_blocks",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "params",
+        "request_id",
+        "seed",
+        "status",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        model_id: str,
+        block_size: int,
+        cache_salt: str | None = None,
+        adapter: str | None = None,
+        block_hashes: Sequence[BlockHash] | None = None,
+    ) -> None:
+        """``block_hashes`` lets a caller pass precomputed hashes of the prompt's full
+        blocks (e.g. memoized for shared documents); they must have been computed with
+        the same ``model_id``, ``block_size``, ``cache_salt`` and ``adapter``."""
+        if len(prompt_token_ids) == 0:
+            raise ValueError("prompt must contain at least one token")
+        self.request_id = request_id
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.all_token_ids)
+        self.params = params if params is not None else SamplingParams()
+        self.model_id = model_id
+        self.cache_salt = cache_salt
+        self.adapter = adapter
+        n_full = self.num_prompt_tokens // block_size
+        if block_hashes is None:
+            self.block_hashes = _hash(self.all_token_ids, block_size, self, None)
+        else:
+            if len(block_hashes) != n_full:
+                raise ValueError(
+                    f"block_hashes has {len(block_hashes)} entries, prompt has {n_full} "
+                    f"full blocks of {block_size}"
+                )
+            self.block_hashes = list(block_hashes)
+        seed = self.params.seed
+        self.seed = default_seed(self.all_token_ids) if seed is None else seed
+        self.status = Status.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_blocks = 0
+        self.num_cached_tokens = -1  # prefix hit at first schedule; -1 until then
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.arrival_time = 0.0
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    def append_output(self, token_id: int, block_size: int) -> None:
+        """Append a generated token; hash the block it completes, if any."""
+        toks = self.all_token_ids
+        toks.append(token_id)
+        n = len(toks)
+        if n % block_size == 0 and len(self.block_hashes) == n // block_size - 1:
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            self.block_hashes.extend(_hash(toks[n - block_size :], block_size, self, parent))
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.value}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+        )
+
+
+def _hash(
+    tokens: Sequence[int], block_size: int, req: Request, parent: BlockHash | None
+) -> list[BlockHash]:
+    return block_hashes(
+        tokens,
+        block_size,
+        model_id=req.model_id,
+        cache_salt=req.cache_salt,
+        adapter=req.adapter,
+        parent=parent,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one step produced for one request. Times are in the driver's clock (the
+    ``now`` it passed to ``EngineCore.step`` plus the step's seconds)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,195 @@
+"""Continuous batching scheduler.
+
+Each step spends a token budget (``max_num_batched_tokens``): running requests first, in
+order (decodes take one token, unfinished prefills take the next chunk), then waiting
+requests FCFS, each after a prefix-cache lookup, while fewer than ``max_num_seqs`` run.
+A prompt longer than the remaining budget is prefilled in chunks over several steps. When
+a running request cannot get blocks, the most recently admitted running request is
+preempted: its blocks are freed and it goes back to the front of the waiting queue, to be
+recomputed (its own freed blocks are usually still cached and hit again).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.executor import Batch, SeqWork
+from engine.kv_manager import KVCacheManager
+from engine.request import Request, Status
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+
+    def __post_init__(self) -> None:
+        for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Monotonic counters (tokens unless named otherwise) plus one gauge.
+
+    ``prefix_cache_queries``/``hits`` count each request's first admission only (as
+    vLLM's metrics do); lookups made when a preempted request is readmitted go to the
+    ``recompute_*`` counters.
+    """
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    recompute_queries: int = 0
+    recompute_hits: int = 0
+    num_preemptions: int = 0
+    num_requests_added: int = 0
+    num_requests_finished: int = 0
+    num_requests_aborted: int = 0
+    num_steps: int = 0
+    num_batched_tokens: int = 0
+    # Gauge: prompt tokens of unfinished requests whose KV is not computed yet.
+    prompt_tokens_waiting: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    batch: Batch
+    requests: tuple[Request, ...]
+    num_new_tokens: tuple[int, ...]
+    newly_admitted: tuple[Request, ...]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = EngineStats()
+
+    def add(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self.stats.num_requests_added += 1
+        self.stats.prompt_tokens_waiting += req.num_prompt_tokens - min(
+            req.num_computed_tokens, req.num_prompt_tokens
+        )
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        p = req.num_prompt_tokens
+        self.stats.prompt_tokens_waiting += min(req.num_computed_tokens, p)
+        req.num_computed_tokens = 0
+        req.status = Status.PREEMPTED
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        kv = self.kv
+        stats = self.stats
+        running = self.running
+        sched: list[Request] = []
+        counts: list[int] = []
+        preempted = False
+
+        # [0, i) of running is scheduled; victims are taken from the end.
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(len(req.all_token_ids) - req.num_computed_tokens, budget)
+            while not kv.allocate(req, n):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                sched.append(req)
+                counts.append(n)
+                budget -= n
+                i += 1
+                continue
+            break
+
+        admitted: list[Request] = []
+        waiting = self.waiting
+        max_seqs = self.config.max_num_seqs
+        while waiting and budget > 0 and not preempted and len(running) < max_seqs:
+            req = waiting[0]
+            hits = kv.lookup(req)
+            n_hit_tokens = len(hits) * kv.block_size
+            n = min(len(req.all_token_ids) - n_hit_tokens, budget)
+            if not kv.allocate(req, n, hits):
+                break
+            waiting.popleft()
+            p = req.num_prompt_tokens
+            stats.prompt_tokens_waiting -= min(n_hit_tokens, p)
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = n_hit_tokens
+                stats.prompt_tokens += p
+                stats.prefix_cache_queries += p
+                stats.prefix_cache_hits += n_hit_tokens
+            else:
+                stats.recompute_queries += len(req.all_token_ids)
+                stats.recompute_hits += n_hit_tokens
+            req.status = Status.RUNNING
+            running.append(req)
+            admitted.append(req)
+            sched.append(req)
+            counts.append(n)
+            budget -= n
+
+        seqs = []
+        for req, n in zip(sched, counts, strict=True):
+            start = req.num_computed_tokens
+            toks = req.all_token_ids
+            seqs.append(
+                SeqWork(
+                    req.request_id,
+                    toks[start : start + n],
+                    start,
+                    req.block_table,
+                    start + n == len(toks),
+                    req.seed,
+                    req.params.temperature,
+                )
+            )
+        return SchedulerOutput(Batch(tuple(seqs)), tuple(sched), tuple(counts), tuple(admitted))
+
+    def finish(self, req: Request, status: Status) -> None:
+        """Remove a running or waiting request and free its blocks."""
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+        elif req.status in (Status.WAITING, Status.PREEMPTED):
+            self.waiting.remove(req)
+        else:
+            raise ValueError(f"request {req.request_id} is already {req.status.value}")
+        p = req.num_prompt_tokens
+        self.stats.prompt_tokens_waiting -= p - min(req.num_computed_tokens, p)
+        self.kv.free(req)
+        req.status = status
+        if status is Status.ABORTED:
+            self.stats.num_requests_aborted += 1
+        else:
+            self.stats.num_requests_finished += 1
+
+    def finish_running(self, reqs: list[Request]) -> None:
+        """Finish running requests (end of generation) in one pass over ``running``."""
+        done = {id(r) for r in reqs}
+        self.running = [r for r in self.running if id(r) not in done]
+        kv = self.kv
+        for req in reqs:
+            kv.free(req)
+            req.status = Status.FINISHED
+        self.stats.num_requests_finished += len(reqs)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)

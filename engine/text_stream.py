@@ -1,0 +1,61 @@
+"""Incremental detokenization with stop strings.
+
+Text is released only when it cannot change any more: a trailing U+FFFD (an unfinished
+UTF-8 sequence) and the last ``max(len(stop)) - 1`` characters (a stop string that may
+still be completing) are held back until more tokens arrive or the request finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class Decoder(Protocol):
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class TextStream:
+    def __init__(self, tokenizer: Decoder, stop: Sequence[str] = ()) -> None:
+        self._tok = tokenizer
+        self._stop = tuple(stop)
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._ids: list[int] = []
+        self._text = ""
+        self._emitted = 0
+        self.stopped = False
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add tokens; returns the newly releasable text. Sets ``stopped`` (and drops the
+        stop string and everything after it) when a stop string appears."""
+        if self.stopped:
+            return ""
+        self._ids.extend(token_ids)
+        text = self._tok.decode(self._ids)
+        if self._stop:
+            lo = max(0, self._emitted - self._hold)
+            cut = min((i for s in self._stop if (i := text.find(s, lo)) >= 0), default=-1)
+            if cut >= 0:
+                self.stopped = True
+                self._text = text[:cut]
+                return self._release(len(self._text))
+        self._text = text
+        end = len(text) - self._hold
+        if text.endswith("\ufffd"):
+            end = min(end, len(text) - 1)
+        return self._release(end)
+
+    def flush(self) -> str:
+        """Everything not yet released (call when the request finished)."""
+        return self._release(len(self._text))
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def _release(self, end: int) -> str:
+        if end <= self._emitted:
+            return ""
+        out = self._text[self._emitted : end]
+        self._emitted = end
+        return out

@@ -1,0 +1,160 @@
+"""Prompt to token ids, identical in the gateway and in the engine.
+
+``load_tokenizer(path)`` takes a directory holding ``tokenizer.json`` (and optionally
+``tokenizer_config.json`` with a ``chat_template``) or the file itself; ``None`` loads the
+project's own BPE tokenizer (``engine/tokenizer_build.py``). Chat messages are rendered with
+the model's chat template when there is one, else with a fixed ChatML layout, so the gateway
+and every replica see the same token stream for the same messages.
+
+``encode_prefix`` tokenizes only as far as a caller needs: the text is cut at a whitespace
+boundary, where byte-level pre-tokenization gives exactly a prefix of the full encoding, and
+the cut is widened until it yields enough tokens or covers the whole text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.tokenizer_build import ASSET_DIR, EOS_TOKEN
+
+DEFAULT_CHARS_PER_TOKEN = 4.0
+
+
+class ChatFormatError(ValueError):
+    """A chat message is malformed; the message names which one and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixEncoding:
+    """The first tokens of a text; ``total_estimate`` is exact when ``complete``."""
+
+    ids: list[int]
+    complete: bool
+    total_estimate: int
+
+
+class PromptTokenizer:
+    """A thread-safe wrapper of an HF ``tokenizers.Tokenizer`` plus chat rendering."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None,
+                 special: Mapping[str, str] | None = None, source: str = "") -> None:
+        self._tok = tokenizer
+        self.source = source
+        special = dict(special or {})
+        self.eos_token: str = special.get("eos_token", EOS_TOKEN)
+        self.bos_token: str = special.get("bos_token", "")
+        self.eos_token_id: int | None = tokenizer.token_to_id(self.eos_token)
+        self.vocab_size: int = tokenizer.get_vocab_size()
+        self._template = None
+        if chat_template:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            self._template = env.from_string(chat_template)
+        self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
+        sample = "the parties agree that the term of this agreement shall be five years. " * 8
+        self.chars_per_token = len(sample) / max(1, len(self.encode(sample)))
+
+    # -- plain text ---------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+
+    def encode_prefix(self, text: str, max_tokens: int | None) -> PrefixEncoding:
+        """The first ``max_tokens`` tokens of ``text`` (all when ``None``)."""
+        if max_tokens is None:
+            ids = self.encode(text)
+            return PrefixEncoding(ids, True, len(ids))
+        if max_tokens <= 0:
+            return PrefixEncoding([], False, self.estimate_tokens(text))
+        budget = int(max_tokens * self.chars_per_token * 1.25) + 16
+        while True:
+            if budget >= len(text):
+                ids = self.encode(text)
+                return PrefixEncoding(ids[:max_tokens], True, len(ids))
+            cut = text.rfind(" ", 0, budget)
+            if cut <= 0:
+                budget *= 2
+                continue
+            # [0, cut) ends right before a space: its encoding is a prefix of the full one.
+            ids = self.encode(text[:cut])
+            if len(ids) >= max_tokens:
+                estimate = max(len(ids), int(len(ids) * len(text) / cut))
+                return PrefixEncoding(ids[:max_tokens], False, estimate)
+            budget *= 2
+
+    def estimate_tokens(self, text: str) -> int:
+        return int(len(text) / self.chars_per_token) + 1
+
+    # -- chat -----------------------------------------------------------------------------
+    def render_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
+        """Render OpenAI chat messages to the prompt text the model sees."""
+        normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
+        if not normalized:
+            raise ChatFormatError("messages must contain at least one message")
+        if self._template is not None:
+            return str(self._template.render(
+                messages=normalized, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token, eos_token=self.eos_token,
+            ))
+        parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in normalized]
+        if add_generation_prompt:
+            parts.append("<|im_start|>assistant\n")
+        return "".join(parts)
+
+
+def _normalize_message(message: Any, index: int) -> dict[str, str]:
+    if not isinstance(message, Mapping):
+        raise ChatFormatError(f"messages[{index}] must be an object, got {message!r:.60}")
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise ChatFormatError(f"messages[{index}].role must be a non-empty string")
+    content = message.get("content", "")
+    if content is None:
+        content = ""
+    if isinstance(content, list):  # content parts: keep the text ones, in order
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                raise ChatFormatError(
+                    f"messages[{index}].content[{j}] must be a text part "
+                    f"({{'type': 'text', 'text': ...}})")
+            texts.append(str(part.get("text", "")))
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise ChatFormatError(f"messages[{index}].content must be a string or a list of parts")
+    return {"role": role, "content": content}
+
+
+def load_tokenizer(path: str | Path | None = None) -> PromptTokenizer:
+    """Load a tokenizer directory or ``tokenizer.json``; ``None`` = the project tokenizer."""
+    from tokenizers import Tokenizer
+
+    base = Path(path) if path is not None else ASSET_DIR
+    file = base / "tokenizer.json" if base.is_dir() else base
+    if not file.is_file():
+        raise FileNotFoundError(f"tokenizer file not found: {file}")
+    tokenizer = Tokenizer.from_file(str(file))
+    chat_template = None
+    special: dict[str, str] = {}
+    config_file = file.parent / "tokenizer_config.json"
+    if config_file.is_file():
+        config = json.loads(config_file.read_text())
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t.get("template") for t in template
+                             if t.get("name") == "default"), None)
+        chat_template = template if isinstance(template, str) else None
+        for key in ("eos_token", "bos_token"):
+            value = config.get(key)
+            if isinstance(value, Mapping):
+                value = value.get("content")
+            if isinstance(value, str):
+                special[key] = value
+    return PromptTokenizer(tokenizer, chat_template, special, source=str(file))

@@ -1,0 +1,113 @@
+"""Admin endpoints: list, add and remove replicas; explain a routing decision.
+
+When ``admin_token`` is set every admin call needs ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.config import ReplicaConfig
+from gateway.errors import BadRequest, NotFound, Unauthorized
+from gateway.request_parse import parse_body
+from policies.config import ConfigError, from_mapping
+
+if TYPE_CHECKING:
+    from gateway.app import GatewayState
+
+
+def _authorize(request: Request) -> GatewayState:
+    gw: GatewayState = request.app.state.gw
+    token = gw.config.admin_token
+    if token:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin_token>'",
+                               code="invalid_admin_token")
+    return gw
+
+
+def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
+    state = gw.fleet.get(replica_id)
+    assert state is not None
+    view = state.view()
+    return {
+        "id": view.id, "url": view.url, "weight": view.weight, "healthy": view.healthy,
+        "last_error": state.last_error, "queued_tokens": view.queued_tokens,
+        "running": view.running, "waiting": view.waiting, "in_flight": view.in_flight,
+        "kv_usage": view.kv_usage, "kv_capacity_tokens": view.kv_capacity_tokens,
+        "token_hit_rate": view.token_hit_rate, "epoch": view.epoch,
+        "models": list(state.models),
+        "dialect": state.scraped.dialect if state.scraped else None,
+    }
+
+
+async def list_replicas(request: Request) -> Response:
+    gw = _authorize(request)
+    return JSONResponse({"replicas": [_replica_json(gw, s.id) for s in gw.fleet]})
+
+
+async def add_replica(request: Request) -> Response:
+    gw = _authorize(request)
+    try:
+        data = json.loads(await request.body())
+        config = from_mapping(ReplicaConfig, data, "replica")
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except ConfigError as exc:
+        raise BadRequest(str(exc), code="invalid_replica") from exc
+    if gw.fleet.get(config.id) is not None:
+        raise BadRequest(f"replica {config.id!r} already exists", param="id",
+                         code="duplicate_replica")
+    state = gw.fleet.add(config)
+    if gw.monitor is not None:
+        await gw.monitor.check_one(state)
+    return JSONResponse(_replica_json(gw, config.id), status_code=201)
+
+
+async def remove_replica(request: Request) -> Response:
+    gw = _authorize(request)
+    replica_id = request.path_params["replica_id"]
+    if gw.fleet.get(replica_id) is None:
+        raise NotFound(f"no replica {replica_id!r}", code="replica_not_found")
+    gw.fleet.remove(replica_id)
+    await request.app.state.on_remove(replica_id)
+    return JSONResponse({"removed": replica_id})
+
+
+async def explain(request: Request) -> Response:
+    """The decision the gateway would take for a request body, without sending it."""
+    gw = _authorize(request)
+    raw = await request.body()
+    try:
+        endpoint = "chat" if "messages" in json.loads(raw) else "completions"
+    except (json.JSONDecodeError, TypeError):
+        endpoint = "completions"  # parse_body names the problem
+    parsed = parse_body(raw, endpoint, gw.config.affinity.body_field,
+                        request.headers.get(gw.config.affinity.header or "x-none"))
+    routing = await gw.router.decide(parsed)
+    d = routing.decision
+    return JSONResponse({
+        "chosen": d.chosen, "ranked": list(d.ranked), "reason": d.reason,
+        "matched_tokens": d.matched_tokens, "policy": gw.policy.name,
+        "prompt_tokens": routing.request.prompt_tokens,
+        "tokens_hashed": len(routing.request.tokens),
+        "decision_ms": round(routing.seconds * 1000, 3),
+        "scores": [{"replica": s.replica, "score": s.score,
+                    "matched_tokens": s.matched_tokens} for s in d.scores],
+    })
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/admin/replicas", list_replicas, methods=["GET"]),
+        Route("/admin/replicas", add_replica, methods=["POST"]),
+        Route("/admin/replicas/{replica_id}", remove_replica, methods=["DELETE"]),
+        Route("/admin/explain", explain, methods=["POST"]),
+    ]

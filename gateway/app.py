@@ -1,0 +1,226 @@
+"""The gateway's Starlette application: OpenAI endpoints, health, metrics, admin.
+
+Long-lived parts (the upstream HTTP session, the monitor loops, the tokenizer pool) are
+opened in the lifespan and closed on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.tokenizer import PromptTokenizer, load_tokenizer
+from gateway import admin
+from gateway.config import GatewayConfig
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    NoReplicaAvailable,
+    NotFound,
+    PayloadTooLarge,
+    handle_gateway_error,
+)
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.monitor import Monitor
+from gateway.proxy import Proxy, UpstreamStream, forward_headers
+from gateway.request_parse import Endpoint, ParsedRequest, parse_body
+from gateway.routing import Router
+from policies.base import Finished, Policy, ReplicaRemoved, ReplicaReset, Routed
+from policies.registry import build_policy
+
+log = logging.getLogger("kvgate.gateway")
+
+TENANT_HEADER = "x-kvgate-tenant"
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    fleet: Fleet
+    policy: Policy
+    metrics: GatewayMetrics
+    router: Router
+    proxy: Proxy | None = None
+    monitor: Monitor | None = None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
+                              f"{limit} bytes", code="body_too_large")
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
+                                  code="body_too_large")
+    return bytes(chunks)
+
+
+async def _parse(request: Request, endpoint: Endpoint) -> ParsedRequest:
+    gw: GatewayState = request.app.state.gw
+    raw = await _read_body(request, gw.config.max_body_bytes)
+    aff = gw.config.affinity
+    header_value = request.headers.get(aff.header) if aff.header else None
+    parsed = parse_body(raw, endpoint, aff.body_field, header_value)
+    known = gw.fleet.models()
+    if known and parsed.model not in known:
+        raise NotFound(f"model {parsed.model!r} is not served by any replica; "
+                       f"available: {', '.join(sorted(known))}", param="model",
+                       code="model_not_found")
+    request.state.raw_body = raw
+    return parsed
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
+    gw: GatewayState = request.app.state.gw
+    assert gw.proxy is not None
+    parsed = await _parse(request, endpoint)
+    routing = await gw.router.decide(parsed, request.headers.get(TENANT_HEADER))
+    gw.metrics.decision_seconds.observe(routing.seconds)
+    route_req, decision = routing.request, routing.decision
+
+    def on_sent(replica: str) -> None:
+        gw.policy.observe(Routed(route_req, replica))
+
+    def on_done(stream: UpstreamStream, ok: bool) -> None:
+        gw.metrics.requests.labels(replica=stream.replica, route=decision.reason,
+                                   status=str(stream.status)).inc()
+        gw.policy.observe(Finished(route_req, stream.replica, ok, stream.cached_tokens()))
+
+    opening = asyncio.ensure_future(gw.proxy.open(
+        decision.ranked, path, request.state.raw_body, forward_headers(request.headers),
+        route_req.prompt_tokens, on_sent, on_done))
+    disconnect = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({opening, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        disconnect.cancel()
+    if not opening.done():  # the client left before the first byte: cancel upstream
+        opening.cancel()
+        with contextlib.suppress(asyncio.CancelledError, GatewayError):
+            await opening
+        gw.metrics.errors.labels(kind="client_disconnect").inc()
+        return Response(status_code=499)
+    try:
+        stream = opening.result()
+    except GatewayError:
+        gw.metrics.requests.labels(replica="none", route=decision.reason, status="502").inc()
+        raise
+    headers = dict(stream.headers)
+    headers["x-kvgate-replica"] = stream.replica
+    headers["x-kvgate-route"] = decision.reason
+    return StreamingResponse(stream.relay(), status_code=stream.status, headers=headers)
+
+
+async def completions(request: Request) -> Response:
+    return await _proxy(request, "completions", "/v1/completions")
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _proxy(request, "chat", "/v1/chat/completions")
+
+
+async def models(request: Request) -> Response:
+    gw: GatewayState = request.app.state.gw
+    names = sorted(gw.fleet.models())
+    return JSONResponse({"object": "list", "data": [
+        {"id": name, "object": "model", "owned_by": "kvgate"} for name in names]})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    gw: GatewayState = request.app.state.gw
+    if not gw.fleet.any_healthy():
+        raise NoReplicaAvailable(f"none of {len(gw.fleet)} replicas is healthy")
+    healthy = sum(1 for s in gw.fleet if s.healthy)
+    return JSONResponse({"status": "ready", "healthy_replicas": healthy})
+
+
+async def metrics(request: Request) -> Response:
+    gw: GatewayState = request.app.state.gw
+    return Response(generate_latest(gw.metrics.registry),
+                    headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
+                policy: Policy | None = None) -> GatewayState:
+    fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s)
+    policy = policy or build_policy(config.policy, where="policy")
+    tokenizer = tokenizer or load_tokenizer(config.tokenizer)
+    router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
+    return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router)
+
+
+def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Starlette:
+    gw = state or build_state(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                         auto_decompress=False) as session:
+            gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
+                             config.max_attempts)
+            gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape,
+                                 on_reset=lambda rid: gw.policy.observe(ReplicaReset(rid)))
+            await gw.monitor.start()
+            try:
+                yield
+            finally:
+                await gw.monitor.stop()
+                gw.router.close()
+
+    async def on_remove(replica_id: str) -> None:
+        gw.policy.observe(ReplicaRemoved(replica_id))
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *admin.routes(),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={GatewayError: handle_gateway_error,
+                                        404: _not_found, 405: _method_not_allowed})
+    app.state.gw = gw
+    app.state.metrics = gw.metrics
+    app.state.on_remove = on_remove
+    return app
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return JSONResponse(NotFound(f"no route {request.method} {request.url.path}",
+                                 code="not_found").body(), status_code=404)
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    err = BadRequest(f"method {request.method} not allowed on {request.url.path}",
+                     code="method_not_allowed")
+    return JSONResponse(err.body(), status_code=405)

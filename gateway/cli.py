@@ -1,0 +1,63 @@
+"""The ``kvgate`` command line.
+
+Subcommands load their modules lazily, so ``kvgate serve`` never imports the engine's
+executors and ``kvgate engine`` never imports the gateway's app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# name -> (module, help); each module offers add_arguments(parser) and run(args) -> int
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("gateway.serve", "run the gateway in front of a fleet"),
+    "engine": ("engine.cli", "run one engine replica"),
+    "make-tiny-model": ("engine.model.tiny", "write a small random model for demos and tests"),
+    "fleet": ("loadtests.cli_fleet", "start or stop a local simulated fleet"),
+    "demo": ("loadtests.cli_demo", "run a short local comparison of routing policies"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Any]]:
+    parser = argparse.ArgumentParser(prog="kvgate", description="Cache-aware LLM routing")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules: dict[str, Any] = {}
+    wanted = next((a for a in sys.argv[1:] if a in SUBCOMMANDS), None)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name != wanted:
+            continue  # import only the module of the subcommand being run
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            p.set_defaults(_missing=f"kvgate {name} is unavailable: {exc}")
+            continue
+        module.add_arguments(p)
+        modules[name] = module
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    missing = getattr(args, "_missing", None)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
+    run: Callable[[argparse.Namespace], int] = modules[args.command].run
+    return int(run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Live state of every replica: health, scraped load, and this gateway's own accounting.
+
+Only the event loop thread touches a ``Fleet``; nothing here awaits. ``views()`` takes the
+immutable snapshot a policy decides on.
+
+Queued prompt tokens of a replica, as a policy sees them::
+
+    queued = scraped queue gauge            (the replica's own count, at the last scrape)
+           + tokens sent since that scrape  (this gateway's, not yet answered with a byte)
+
+When a replica exposes no queue gauge (vLLM does not), every prompt token this gateway
+sent it and has not seen a first byte for counts instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from gateway.config import ReplicaConfig
+from gateway.replica_metrics import HitRateWindow, ScrapedMetrics
+from policies.base import ReplicaView
+
+
+@dataclass(slots=True)
+class Pending:
+    """One request sent to a replica that has not yet answered with its first byte."""
+
+    replica: str
+    tokens: int
+    scrape_seq: int
+    settled: bool = False
+
+
+@dataclass(slots=True)
+class ReplicaState:
+    config: ReplicaConfig
+    window_s: float
+    healthy: bool = True
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    last_error: str | None = None
+    scraped: ScrapedMetrics | None = None
+    scrape_seq: int = 0
+    epoch: int = 0
+    pending_tokens: int = 0  # sent, no first byte yet
+    pending_since_scrape: int = 0  # the part of pending_tokens sent after the last scrape
+    in_flight: int = 0
+    models: tuple[str, ...] = ()
+    models_at: float = 0.0
+    hits: HitRateWindow = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hits = HitRateWindow(self.window_s)
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    def queued_tokens(self) -> int:
+        if self.scraped is None or self.scraped.queued_tokens is None:
+            return self.pending_tokens
+        return self.scraped.queued_tokens + self.pending_since_scrape
+
+    def token_hit_rate(self) -> float | None:
+        if self.scraped is not None and self.scraped.hit_rate_gauge is not None:
+            return self.scraped.hit_rate_gauge
+        return self.hits.rates().hit_rate
+
+    def view(self) -> ReplicaView:
+        s = self.scraped
+        return ReplicaView(
+            id=self.id, url=self.config.base_url, healthy=self.healthy,
+            weight=self.config.weight, queued_tokens=self.queued_tokens(),
+            running=s.running if s else 0, waiting=s.waiting if s else 0,
+            in_flight=self.in_flight, kv_usage=s.kv_usage if s else 0.0,
+            kv_capacity_tokens=s.kv_capacity_tokens if s else None,
+            token_hit_rate=self.token_hit_rate(), epoch=self.epoch,
+        )
+
+
+class Fleet:
+    def __init__(self, replicas: list[ReplicaConfig], window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self._replicas: dict[str, ReplicaState] = {}
+        for config in replicas:
+            self.add(config)
+
+    def __iter__(self) -> Iterator[ReplicaState]:
+        return iter(list(self._replicas.values()))
+
+    def __len__(self) -> int:
+        return len(self._replicas)
+
+    def get(self, replica_id: str) -> ReplicaState | None:
+        return self._replicas.get(replica_id)
+
+    def add(self, config: ReplicaConfig) -> ReplicaState:
+        if config.id in self._replicas:
+            raise ValueError(f"replica {config.id!r} already exists")
+        state = ReplicaState(config, self.window_s)
+        self._replicas[config.id] = state
+        return state
+
+    def remove(self, replica_id: str) -> ReplicaState:
+        try:
+            return self._replicas.pop(replica_id)
+        except KeyError:
+            raise KeyError(f"no replica {replica_id!r}") from None
+
+    def views(self, model: str | None = None) -> list[ReplicaView]:
+        """Snapshots of the replicas serving ``model`` (all, when none reported models)."""
+        states = list(self._replicas.values())
+        if model is not None:
+            serving = [s for s in states if model in s.models]
+            if serving:
+                states = serving
+        return [s.view() for s in states]
+
+    def models(self) -> set[str]:
+        return {m for s in self._replicas.values() for m in s.models}
+
+    def any_healthy(self) -> bool:
+        return any(s.healthy for s in self._replicas.values())
+
+    # -- this gateway's own accounting ----------------------------------------------------
+    def sent(self, replica_id: str, tokens: int) -> Pending:
+        state = self._replicas.get(replica_id)
+        seq = state.scrape_seq if state else -1
+        if state is not None:
+            state.pending_tokens += tokens
+            state.pending_since_scrape += tokens
+            state.in_flight += 1
+        return Pending(replica_id, tokens, seq)
+
+    def first_byte(self, pending: Pending) -> None:
+        state = self._replicas.get(pending.replica)
+        if pending.settled or state is None:
+            return
+        pending.settled = True
+        state.pending_tokens -= pending.tokens
+        if pending.scrape_seq == state.scrape_seq:
+            state.pending_since_scrape -= pending.tokens
+
+    def done(self, pending: Pending) -> None:
+        self.first_byte(pending)
+        state = self._replicas.get(pending.replica)
+        if state is not None:
+            state.in_flight -= 1
+
+    # -- health and scrapes ---------------------------------------------------------------
+    def record_scrape(self, replica_id: str, metrics: ScrapedMetrics) -> bool:
+        """Store a scrape; returns True when the replica's counters reset (it restarted)."""
+        state = self._replicas.get(replica_id)
+        if state is None:
+            return False
+        state.scraped = metrics
+        state.scrape_seq += 1
+        state.pending_since_scrape = 0
+        reset = False
+        if metrics.hit_tokens is not None and metrics.query_tokens is not None:
+            reset = state.hits.add(time.monotonic(), metrics.hit_tokens, metrics.query_tokens)
+        if reset:
+            state.epoch += 1
+        return reset
+
+    def record_health(self, replica_id: str, ok: bool, error: str | None,
+                      failures_to_eject: int, successes_to_readmit: int) -> bool | None:
+        """Count a check; returns the new health when it changed, else None."""
+        state = self._replicas.get(replica_id)
+        if state is None:
+            return None
+        if ok:
+            state.consecutive_failures = 0
+            state.consecutive_successes += 1
+            if not state.healthy and state.consecutive_successes >= successes_to_readmit:
+                state.healthy = True
+                state.last_error = None
+                return True
+        else:
+            state.consecutive_successes = 0
+            state.consecutive_failures += 1
+            state.last_error = error
+            if state.healthy and state.consecutive_failures >= failures_to_eject:
+                state.healthy = False
+                return False
+        return None
+
+    def eject(self, replica_id: str, error: str) -> bool:
+        """Passive ejection after a connect error; True when it was healthy before."""
+        state = self._replicas.get(replica_id)
+        if state is None or not state.healthy:
+            return False
+        state.healthy = False
+        state.consecutive_successes = 0
+        state.last_error = error
+        return True

@@ -1,0 +1,73 @@
+"""The gateway's own Prometheus metrics (``GET /metrics`` on the gateway).
+
+Counters and histograms are updated on the request path; per-replica gauges are computed
+from the live ``Fleet`` at scrape time, so a removed replica's series disappear with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.fleet import Fleet
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
+                    2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class _FleetCollector(Collector):
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        queued = GaugeMetricFamily("kvgate_replica_queued_tokens",
+                                   "Prompt tokens queued at the replica, as routing sees them",
+                                   labels=["replica"])
+        health = GaugeMetricFamily("kvgate_replica_healthy", "1 when the replica is healthy",
+                                   labels=["replica"])
+        hit = GaugeMetricFamily("kvgate_replica_token_hit_rate",
+                                "Prefix-cache token hit rate over the scrape window",
+                                labels=["replica"])
+        inflight = GaugeMetricFamily("kvgate_replica_in_flight",
+                                     "Requests this gateway has in flight at the replica",
+                                     labels=["replica"])
+        hits_per_s = queries_per_s = 0.0
+        for state in self.fleet:
+            queued.add_metric([state.id], state.queued_tokens())
+            health.add_metric([state.id], 1.0 if state.healthy else 0.0)
+            inflight.add_metric([state.id], state.in_flight)
+            rate = state.token_hit_rate()
+            if rate is not None:
+                hit.add_metric([state.id], rate)
+            rates = state.hits.rates()
+            hits_per_s += rates.hits_per_s
+            queries_per_s += rates.queries_per_s
+        fleet = GaugeMetricFamily(
+            "kvgate_fleet_token_hit_rate",
+            "Sum of replicas' hit-token rates over the sum of their query-token rates")
+        if queries_per_s > 0:
+            fleet.add_metric([], hits_per_s / queries_per_s)
+        yield from (queued, health, hit, inflight, fleet)
+
+
+class GatewayMetrics:
+    def __init__(self, fleet: Fleet) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("kvgate_requests", "Requests by replica, route reason and status",
+                                ["replica", "route", "status"], registry=r)
+        self.decision_seconds = Histogram(
+            "kvgate_routing_decision_seconds",
+            "Time to decide a route, tokenization included", buckets=_LATENCY_BUCKETS,
+            registry=r)
+        self.upstream_ttfb = Histogram(
+            "kvgate_upstream_time_to_first_byte_seconds",
+            "Time from sending a request to a replica to its first response byte",
+            ["replica"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.errors = Counter("kvgate_errors", "Errors by kind", ["kind"], registry=r)
+        self.retries = Counter("kvgate_retries", "Requests retried on the next replica",
+                               ["replica", "cause"], registry=r)
+        r.register(_FleetCollector(fleet))

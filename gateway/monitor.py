@@ -1,0 +1,133 @@
+"""Background loops that keep the ``Fleet`` current: health checks and metric scrapes.
+
+Both loops are owned by ``Monitor``: started in the app's lifespan, cancelled and awaited
+on shutdown. Each round checks every replica concurrently with its own timeout, so one slow
+replica never delays the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from gateway.config import HealthConfig, ScrapeConfig
+from gateway.fleet import Fleet, ReplicaState
+from gateway.replica_metrics import parse_metrics
+
+log = logging.getLogger("kvgate.monitor")
+
+
+class Monitor:
+    def __init__(self, fleet: Fleet, session: aiohttp.ClientSession, health: HealthConfig,
+                 scrape: ScrapeConfig, on_reset: Callable[[str], None],
+                 on_health: Callable[[str, bool], None] | None = None) -> None:
+        self.fleet = fleet
+        self.session = session
+        self.health_cfg = health
+        self.scrape_cfg = scrape
+        self.on_reset = on_reset
+        self.on_health = on_health
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """One health round (so /ready is right from the start), then the loops."""
+        await self.health_round()
+        if self.scrape_cfg.enabled:
+            await self.scrape_round()
+        self._tasks = [
+            asyncio.create_task(self._loop(self.health_round, self.health_cfg.interval_s),
+                                name="kvgate-health"),
+        ]
+        if self.scrape_cfg.enabled:
+            self._tasks.append(asyncio.create_task(
+                self._loop(self.scrape_round, self.scrape_cfg.interval_s),
+                name="kvgate-scrape"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def _loop(self, round_fn: Callable[[], object], interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await round_fn()  # type: ignore[misc]
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one round must not end the loop
+                log.exception("monitor round failed")
+
+    # -- health ---------------------------------------------------------------------------
+    async def health_round(self) -> None:
+        await asyncio.gather(*(self.check_one(s) for s in self.fleet))
+
+    async def check_one(self, state: ReplicaState) -> None:
+        cfg = self.health_cfg
+        ok, error = True, None
+        try:
+            async with asyncio.timeout(cfg.timeout_s):
+                async with self.session.get(f"{state.config.base_url}/health") as resp:
+                    await resp.read()
+                    if resp.status != 200:
+                        ok, error = False, f"/health answered {resp.status}"
+        except TimeoutError:
+            ok, error = False, f"/health timed out after {cfg.timeout_s} s"
+        except aiohttp.ClientError as exc:
+            ok, error = False, f"/health failed: {exc.__class__.__name__}: {exc}"
+        changed = self.fleet.record_health(state.id, ok, error, cfg.failures_to_eject,
+                                           cfg.successes_to_readmit)
+        if changed is not None:
+            log.warning("replica %s is now %s%s", state.id,
+                        "healthy" if changed else "unhealthy", f" ({error})" if error else "")
+            if self.on_health is not None:
+                self.on_health(state.id, changed)
+        if ok and (not state.models or time.monotonic() - state.models_at > cfg.models_refresh_s):
+            await self.refresh_models(state)
+
+    async def refresh_models(self, state: ReplicaState) -> None:
+        try:
+            async with asyncio.timeout(self.health_cfg.timeout_s):
+                async with self.session.get(f"{state.config.base_url}/v1/models") as resp:
+                    if resp.status != 200:
+                        return
+                    data = await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            log.info("replica %s: /v1/models failed: %s", state.id, exc)
+            return
+        items = data.get("data") if isinstance(data, dict) else None
+        if isinstance(items, list):
+            state.models = tuple(str(m["id"]) for m in items
+                                 if isinstance(m, dict) and "id" in m)
+            state.models_at = time.monotonic()
+
+    # -- scrapes --------------------------------------------------------------------------
+    async def scrape_round(self) -> None:
+        await asyncio.gather(*(self.scrape_one(s) for s in self.fleet if s.healthy))
+
+    async def scrape_one(self, state: ReplicaState) -> None:
+        try:
+            async with asyncio.timeout(self.scrape_cfg.timeout_s):
+                async with self.session.get(f"{state.config.base_url}/metrics") as resp:
+                    if resp.status != 200:
+                        return
+                    text = await resp.text()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.info("replica %s: /metrics failed: %s", state.id, exc)
+            return
+        try:
+            metrics = parse_metrics(text)
+        except ValueError as exc:
+            log.warning("replica %s: unparsable /metrics: %s", state.id, exc)
+            return
+        if self.fleet.record_scrape(state.id, metrics):
+            log.warning("replica %s restarted (its prefix-cache counters went back)", state.id)
+            self.on_reset(state.id)

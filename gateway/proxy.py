@@ -1,0 +1,193 @@
+"""Forward a request to the ranked replicas and relay the answer byte for byte.
+
+``Proxy.open`` tries the decision's replicas in order until one answers with a first
+response byte: a connect error ejects the replica and moves on; a 5xx before the first
+byte moves on; a 4xx is the client's problem and is relayed as it is. ``UpstreamStream``
+then yields the body as it arrives (no buffering), enforcing the idle timeout between
+chunks, and settles the accounting exactly once however the stream ends (finished,
+failed, or cancelled by a client disconnect, which closes the upstream connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from gateway.config import TimeoutConfig
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.fleet import Fleet, Pending
+from gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("kvgate.proxy")
+
+_HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+    "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+})
+_USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
+
+
+def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
+
+
+@dataclass(slots=True)
+class Attempted:
+    replica: str
+    cause: str
+
+
+class UpstreamStream:
+    """An open upstream response whose first chunk has arrived."""
+
+    def __init__(self, replica: str, response: aiohttp.ClientResponse, first_chunk: bytes,
+                 pending: Pending, idle_s: float, fleet: Fleet,
+                 on_done: Callable[[UpstreamStream, bool], None]) -> None:
+        self.replica = replica
+        self.response = response
+        self.status = response.status
+        self.headers = forward_headers(response.headers)
+        self.first_chunk = first_chunk
+        self.pending = pending
+        self.idle_s = idle_s
+        self.fleet = fleet
+        self.on_done = on_done
+        self.captured = bytearray(first_chunk)
+        self.stream = "text/event-stream" in response.headers.get("content-type", "")
+        self._closed = False
+
+    async def relay(self) -> AsyncIterator[bytes]:
+        ok = False
+        try:
+            if self.first_chunk:
+                yield self.first_chunk
+            content = self.response.content
+            while True:
+                async with asyncio.timeout(self.idle_s):
+                    chunk = await content.readany()
+                if not chunk:
+                    break
+                if not self.stream and len(self.captured) < _USAGE_CAPTURE_LIMIT:
+                    self.captured += chunk
+                elif self.stream:
+                    self.captured = self.captured[-4096:] + chunk  # usage is in the tail
+                yield chunk
+            ok = True
+        except TimeoutError:
+            log.warning("replica %s idle for over %s s: closing the stream", self.replica,
+                        self.idle_s)
+        except aiohttp.ClientError as exc:
+            log.warning("replica %s broke the stream: %s", self.replica, exc)
+        finally:
+            self.close(ok)
+
+    def close(self, ok: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if ok:
+            self.response.release()
+        else:
+            self.response.close()  # drops the connection: the replica sees the cancel
+        self.fleet.done(self.pending)
+        self.on_done(self, ok and self.status < 400)
+
+    def cached_tokens(self) -> int | None:
+        """``usage.prompt_tokens_details.cached_tokens`` when the body reported it."""
+        text = bytes(self.captured)
+        if self.stream:
+            idx = text.rfind(b'"usage"')
+            if idx < 0:
+                return None
+            start = text.rfind(b"data: ", 0, idx)
+            end = text.find(b"\n", idx)
+            text = text[start + 6 if start >= 0 else 0:end if end >= 0 else len(text)]
+        try:
+            usage = json.loads(text).get("usage") or {}
+            details = usage.get("prompt_tokens_details") or {}
+            value = details.get("cached_tokens")
+        except (ValueError, AttributeError):
+            return None
+        return value if isinstance(value, int) else None
+
+
+class Proxy:
+    def __init__(self, session: aiohttp.ClientSession, fleet: Fleet, timeouts: TimeoutConfig,
+                 metrics: GatewayMetrics, max_attempts: int) -> None:
+        self.session = session
+        self.fleet = fleet
+        self.timeouts = timeouts
+        self.metrics = metrics
+        self.max_attempts = max_attempts
+
+    async def open(self, ranked: Sequence[str], path: str, body: bytes,
+                   headers: Mapping[str, str], prompt_tokens: int,
+                   on_sent: Callable[[str], None],
+                   on_done: Callable[[UpstreamStream, bool], None]) -> UpstreamStream:
+        """Send to ``ranked`` in order until one answers; raise if none does."""
+        attempts: list[Attempted] = []
+        last_error: GatewayError | None = None
+        for replica in ranked[: self.max_attempts]:
+            state = self.fleet.get(replica)
+            if state is None or (not state.healthy and attempts):
+                continue
+            on_sent(replica)
+            pending = self.fleet.sent(replica, prompt_tokens)
+            started = time.perf_counter()
+            response: aiohttp.ClientResponse | None = None
+            try:
+                async with asyncio.timeout(self.timeouts.first_byte_s):
+                    response = await self.session.post(
+                        f"{state.config.base_url}{path}", data=body, headers=headers)
+                    if response.status >= 500:
+                        detail = (await response.read())[:200].decode(errors="replace")
+                        response.release()
+                        raise _Retryable(f"answered {response.status}: {detail}")
+                    first = await response.content.readany()
+            except aiohttp.ClientConnectionError as exc:
+                self._failed(pending, response)
+                cause = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
+                if cause == "connect" and self.fleet.eject(replica, str(exc)):
+                    log.warning("replica %s ejected: %s", replica, exc)
+                attempts.append(Attempted(replica, cause))
+                last_error = UpstreamError(f"replica {replica!r} failed: {exc}",
+                                           code="upstream_unreachable")
+                continue
+            except _Retryable as exc:
+                self._failed(pending, response)
+                attempts.append(Attempted(replica, "5xx"))
+                last_error = UpstreamError(f"replica {replica!r} {exc}", code="upstream_error")
+                continue
+            except TimeoutError:
+                self._failed(pending, response)
+                raise UpstreamTimeout(
+                    f"replica {replica!r} sent no byte within {self.timeouts.first_byte_s} s",
+                    code="upstream_timeout") from None
+            except BaseException:  # cancelled by a client disconnect: close the upstream
+                self._failed(pending, response)
+                raise
+            self.fleet.first_byte(pending)
+            self.metrics.upstream_ttfb.labels(replica=replica).observe(
+                time.perf_counter() - started)
+            for attempt in attempts:
+                self.metrics.retries.labels(replica=attempt.replica, cause=attempt.cause).inc()
+            return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
+                                  self.fleet, on_done)
+        if last_error is None:
+            last_error = UpstreamError("no replica could be tried", code="upstream_error")
+        raise last_error
+
+    def _failed(self, pending: Pending, response: aiohttp.ClientResponse | None) -> None:
+        if response is not None:
+            response.close()
+        self.fleet.done(pending)
+
+
+class _Retryable(Exception):
+    pass

@@ -1,0 +1,113 @@
+"""Read a replica's Prometheus ``/metrics`` text in the vLLM or SGLang dialect.
+
+``parse_metrics`` turns the exposition text into a ``ScrapedMetrics`` snapshot;
+``HitRateWindow`` turns successive snapshots of the prefix-cache counters into a token hit
+rate over a sliding window, noticing counter resets (a restarted replica).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+QUEUED_TOKENS_GAUGE = "kvgate:num_prompt_tokens_waiting"
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapedMetrics:
+    dialect: str  # "vllm", "sglang" or "unknown"
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    kv_capacity_tokens: int | None = None
+    queued_tokens: int | None = None  # the engine's own gauge, when it exposes one
+    hit_tokens: float | None = None  # counters (vLLM); None when not exposed
+    query_tokens: float | None = None
+    hit_rate_gauge: float | None = None  # SGLang exposes a ratio instead of counters
+
+
+def parse_metrics(text: str) -> ScrapedMetrics:
+    sums: dict[str, float] = {}
+    cache_info: dict[str, str] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+            if sample.name.startswith("vllm:cache_config_info"):
+                cache_info = dict(sample.labels)
+
+    def get(*names: str) -> float | None:
+        for name in names:
+            if name in sums:
+                return sums[name]
+        return None
+
+    queued = get(QUEUED_TOKENS_GAUGE)
+    if get("vllm:num_requests_running") is not None:
+        capacity = None
+        try:
+            capacity = int(cache_info["block_size"]) * int(cache_info["num_gpu_blocks"])
+        except (KeyError, ValueError):
+            capacity = None
+        return ScrapedMetrics(
+            dialect="vllm",
+            running=int(get("vllm:num_requests_running") or 0),
+            waiting=int(get("vllm:num_requests_waiting") or 0),
+            kv_usage=float(get("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") or 0.0),
+            kv_capacity_tokens=capacity,
+            queued_tokens=None if queued is None else int(queued),
+            hit_tokens=get("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+            query_tokens=get("vllm:prefix_cache_queries_total",
+                             "vllm:gpu_prefix_cache_queries_total"),
+        )
+    if get("sglang:num_running_reqs") is not None:
+        total = get("sglang:max_total_num_tokens")
+        return ScrapedMetrics(
+            dialect="sglang",
+            running=int(get("sglang:num_running_reqs") or 0),
+            waiting=int(get("sglang:num_queue_reqs") or 0),
+            kv_usage=float(get("sglang:token_usage") or 0.0),
+            kv_capacity_tokens=None if total is None else int(total),
+            queued_tokens=None if queued is None else int(queued),
+            hit_rate_gauge=get("sglang:cache_hit_rate"),
+        )
+    return ScrapedMetrics(dialect="unknown",
+                          queued_tokens=None if queued is None else int(queued))
+
+
+@dataclass(frozen=True, slots=True)
+class HitRates:
+    """Token rates over the window, in tokens per second, and their ratio."""
+
+    hit_rate: float | None
+    hits_per_s: float
+    queries_per_s: float
+
+
+class HitRateWindow:
+    """Token hit rate over the last ``window_s`` seconds from cumulative counters."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float, float]] = deque()
+
+    def add(self, now: float, hits: float, queries: float) -> bool:
+        """Record a sample; returns True when the counters went backwards (a restart)."""
+        reset = bool(self._samples) and (
+            hits < self._samples[-1][1] or queries < self._samples[-1][2])
+        if reset:
+            self._samples.clear()
+        self._samples.append((now, hits, queries))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
+            self._samples.popleft()
+        return reset
+
+    def rates(self) -> HitRates:
+        if len(self._samples) < 2:
+            return HitRates(None, 0.0, 0.0)
+        t0, h0, q0 = self._samples[0]
+        t1, h1, q1 = self._samples[-1]
+        span = max(t1 - t0, 1e-9)
+        dq = q1 - q0
+        return HitRates((h1 - h0) / dq if dq > 0 else None, (h1 - h0) / span, dq / span)

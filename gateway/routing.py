@@ -1,0 +1,88 @@
+"""From a parsed request to a routing decision: tokenize as far as the policy needs, then
+ask the policy.
+
+Tokenization runs in a small thread pool (HF ``tokenizers`` releases the GIL while
+encoding), bounded by a semaphore so a burst of long prompts queues instead of piling
+threads up; the event loop never encodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from engine.tokenizer import ChatFormatError, PromptTokenizer
+from gateway.errors import BadRequest, NoReplicaAvailable
+from gateway.fleet import Fleet
+from gateway.request_parse import ParsedRequest
+from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    request: RouteRequest
+    decision: Decision
+    views: list[ReplicaView]
+    seconds: float
+
+
+class Router:
+    def __init__(self, policy: Policy, tokenizer: PromptTokenizer, fleet: Fleet,
+                 concurrency: int) -> None:
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.fleet = fleet
+        self._pool = ThreadPoolExecutor(max_workers=min(concurrency, 4),
+                                        thread_name_prefix="kvgate-tokenize")
+        self._slots = asyncio.Semaphore(concurrency)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _tokenize(self, parsed: ParsedRequest, needed: int | None) -> tuple[list[int], int]:
+        if parsed.prompt_ids is not None:
+            ids = parsed.prompt_ids
+            return (ids if needed is None else ids[:needed]), len(ids)
+        if parsed.messages is not None:
+            try:
+                text = self.tokenizer.render_chat(parsed.messages)
+            except ChatFormatError as exc:
+                raise BadRequest(str(exc), param="messages") from exc
+        else:
+            assert parsed.prompt_text is not None
+            text = parsed.prompt_text
+        enc = self.tokenizer.encode_prefix(text, needed)
+        return enc.ids, enc.total_estimate
+
+    async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
+        needed = self.policy.tokens_needed
+        if parsed.prompt_ids is not None or needed == 0:
+            # Nothing to encode, or only a length estimate: no need to leave the loop.
+            if parsed.prompt_ids is None:
+                text = parsed.prompt_text if parsed.prompt_text is not None else str(
+                    parsed.messages)
+                ids, total = [], self.tokenizer.estimate_tokens(text)
+            else:
+                ids, total = self._tokenize(parsed, needed)
+        else:
+            async with self._slots:
+                loop = asyncio.get_running_loop()
+                ids, total = await loop.run_in_executor(self._pool, self._tokenize, parsed,
+                                                        needed)
+        return RouteRequest(tokens=ids, prompt_tokens=total, request_id=uuid.uuid4().hex,
+                            model=parsed.model, tenant=tenant, cache_salt=parsed.cache_salt,
+                            affinity_key=parsed.affinity_key)
+
+    async def decide(self, parsed: ParsedRequest, tenant: str | None = None) -> Routing:
+        started = time.perf_counter()
+        request = await self.route_request(parsed, tenant)
+        views = self.fleet.views(parsed.model)
+        try:
+            decision = self.policy.choose(request, views)
+        except NoReplicaError as exc:
+            raise NoReplicaAvailable(f"no healthy replica for model {parsed.model!r}: {exc}") \
+                from exc
+        return Routing(request, decision, views, time.perf_counter() - started)

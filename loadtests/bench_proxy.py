@@ -1,0 +1,197 @@
+"""Proxy overhead on loopback: a fast fake backend directly, then through the gateway.
+
+    python -m loadtests.bench_proxy --json out.json [--seconds 5]
+
+Runs, in one go and on the same load generator, 6,000-token completion requests against
+(1) the backend directly, (2) the gateway with ``round_robin``, (3) the gateway with
+``prefix_affinity``, at 1 and 32 concurrent connections; then times the routing decision
+(tokenizing the first 1,024 tokens of a 6,000-token prompt and choosing) in process.
+Each server runs in its own process; compare the figures as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+BACKEND_REPLY = json.dumps({
+    "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench",
+    "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 6000, "completion_tokens": 1, "total_tokens": 6001},
+}).encode()
+
+
+async def backend_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The fastest honest backend: reads the body, answers a fixed completion."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    path = scope["path"]
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    if path == "/v1/models":
+        body = b'{"object":"list","data":[{"id":"bench","object":"model"}]}'
+    elif path in ("/health", "/metrics"):
+        body = b""
+    else:
+        body = BACKEND_REPLY
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server for {url} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer")
+
+
+async def _load(url: str, body: bytes, concurrency: int, seconds: float) -> dict[str, float]:
+    latencies: list[float] = []
+    stop_at = time.perf_counter() + seconds
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def worker() -> None:
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                async with session.post(url, data=body,
+                                        headers={"content-type": "application/json"}) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"{url} answered {r.status}")
+                latencies.append(time.perf_counter() - t0)
+
+        warm_until = time.perf_counter() + 0.5
+        while time.perf_counter() < warm_until:  # warm connections and caches
+            async with session.post(url, data=body) as r:
+                await r.read()
+        stop_at = time.perf_counter() + seconds
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {"rps": round(len(latencies) / elapsed, 1),
+            "p50_ms": round(1000 * statistics.median(latencies), 3),
+            "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 3)}
+
+
+def _prompts(n: int = 64, words: int = 3000) -> list[str]:
+    from engine.tokenizer_build import sample_text
+
+    rng = random.Random(5)
+    return [sample_text(rng, words) for _ in range(n)]
+
+
+def _route_decision_ms(prompts: list[str]) -> dict[str, float]:
+    from engine.tokenizer import load_tokenizer
+    from policies.base import ReplicaView, RouteRequest
+    from policies.registry import build_policy
+
+    tok = load_tokenizer()
+    policy = build_policy({"name": "prefix_affinity", "prefix_tokens": 1024})
+    views = [ReplicaView(id=f"r{i}", queued_tokens=1000 * i) for i in range(8)]
+    samples = []
+    for i in range(400):
+        text = prompts[i % len(prompts)]
+        t0 = time.perf_counter()
+        enc = tok.encode_prefix(text, policy.tokens_needed)
+        policy.choose(RouteRequest(enc.ids, enc.total_estimate), views)
+        samples.append(time.perf_counter() - t0)
+    samples.sort()
+    return {"p50": round(1000 * statistics.median(samples), 3),
+            "p99": round(1000 * samples[int(0.99 * (len(samples) - 1))], 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    args = parser.parse_args(argv)
+
+    prompts = _prompts()
+    body = json.dumps({"model": "bench", "prompt": prompts[0], "max_tokens": 1}).encode()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs: list[subprocess.Popen[bytes]] = []
+    results: dict[str, Any] = {}
+    try:
+        bport = _free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "loadtests.bench_proxy:backend_app",
+             "--port", str(bport), "--loop", "uvloop", "--http", "httptools",
+             "--log-level", "warning", "--no-access-log"], env=env))
+        _wait(f"http://127.0.0.1:{bport}/health", procs[-1])
+        targets = {"direct": f"http://127.0.0.1:{bport}"}
+        with tempfile.TemporaryDirectory() as tmp:
+            for policy in ("round_robin", "prefix_affinity"):
+                gport = _free_port()
+                cfg = Path(tmp) / f"{policy}.yaml"
+                cfg.write_text(yaml.safe_dump({
+                    "port": gport, "policy": {"name": policy},
+                    "replicas": [{"id": "b0", "url": targets["direct"]}]}))
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "gateway.cli", "--log-level", "WARNING", "serve",
+                     "--config", str(cfg)], env=env))
+                _wait(f"http://127.0.0.1:{gport}/ready", procs[-1])
+                targets[f"gateway_{policy}"] = f"http://127.0.0.1:{gport}"
+            for name, base in targets.items():
+                results[name] = {}
+                for conc in (1, 32):
+                    results[name][f"c{conc}"] = asyncio.run(
+                        _load(f"{base}/v1/completions", body, conc, args.seconds))
+                    print(name, conc, results[name][f"c{conc}"], file=sys.stderr)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+    results["route_decision_ms"] = _route_decision_ms(prompts)
+    direct = results["direct"]["c32"]["rps"]
+    results["ratios"] = {
+        name: round(results[name]["c32"]["rps"] / direct, 3)
+        for name in ("gateway_round_robin", "gateway_prefix_affinity")}
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

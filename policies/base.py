@@ -1,0 +1,148 @@
+"""The contract between the gateway (or the offline simulator) and a routing policy.
+
+A policy sees a ``RouteRequest`` and an immutable snapshot of the fleet (``ReplicaView``
+per replica) and returns a ``Decision``: replica ids ranked best first, a reason and the
+tokens it expects the first choice to have cached.
+
+Rules every policy keeps:
+
+* ``choose`` is synchronous, pure CPU and fast: no awaits, no I/O, and it does not change
+  the policy's routing state (``/admin/explain`` calls it without sending anything). A
+  policy-owned random generator for tie breaks is the only state it may advance.
+* ``observe`` is where state changes: a request was routed to a replica (``Routed``), a
+  request finished (``Finished``), a replica left (``ReplicaRemoved``) or restarted and
+  lost its cache (``ReplicaReset``).
+* ``tokens_needed`` tells the caller how many leading prompt tokens to tokenize: ``0`` for
+  none, ``None`` for the whole prompt.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What a policy may know about one request.
+
+    ``tokens`` holds the first ``tokens_needed`` prompt token ids (all of them when the
+    policy asked for ``None``); ``prompt_tokens`` is the full prompt length (exact when the
+    whole prompt was tokenized, else an estimate from the text length).
+    """
+
+    tokens: Sequence[int]
+    prompt_tokens: int
+    request_id: str = ""
+    model: str | None = None
+    tenant: str | None = None
+    cache_salt: str | None = None
+    affinity_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """An immutable snapshot of one replica, taken for one decision.
+
+    ``queued_tokens`` is the replica's scraped queue of prompt tokens not yet prefilled
+    plus the prompt tokens this gateway sent it since that scrape. ``epoch`` increases each
+    time the replica is seen to restart (its counters reset), so policies can drop what
+    they believed it cached.
+    """
+
+    id: str
+    url: str = ""
+    healthy: bool = True
+    weight: float = 1.0
+    queued_tokens: int = 0
+    running: int = 0
+    waiting: int = 0
+    in_flight: int = 0
+    kv_usage: float = 0.0
+    kv_capacity_tokens: int | None = None
+    token_hit_rate: float | None = None
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaScore:
+    """One replica's standing in a decision (for ``/admin/explain`` and tests)."""
+
+    replica: str
+    score: float
+    matched_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Replica ids ranked best first; the gateway tries them in order on failure."""
+
+    ranked: tuple[str, ...]
+    reason: str
+    matched_tokens: int = 0
+    scores: tuple[ReplicaScore, ...] = ()
+
+    @property
+    def chosen(self) -> str:
+        return self.ranked[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """The request was sent to ``replica`` (the one actually used, after any retry)."""
+
+    request: RouteRequest
+    replica: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The request finished on ``replica``; ``cached_tokens`` when the replica reported it."""
+
+    request: RouteRequest
+    replica: str
+    ok: bool
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRemoved:
+    replica: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReset:
+    """The replica restarted: whatever it had cached is gone."""
+
+    replica: str
+
+
+RouteEvent = Routed | Finished | ReplicaRemoved | ReplicaReset
+
+
+class NoReplicaError(RuntimeError):
+    """Raised by ``choose`` when no healthy replica exists."""
+
+
+class Policy(ABC):
+    """Base class of every routing policy (see the module docstring for the rules)."""
+
+    name: ClassVar[str]
+    tokens_needed: int | None = 0
+
+    @abstractmethod
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
+        """Rank the healthy replicas for ``request``; raise ``NoReplicaError`` if none."""
+
+    def observe(self, event: RouteEvent) -> None:  # noqa: B027 - optional hook
+        """Update routing state after something happened; the default keeps no state."""
+
+
+def healthy(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
+    """The healthy replicas, or ``NoReplicaError`` naming how many were seen."""
+    ok = [r for r in replicas if r.healthy]
+    if not ok:
+        raise NoReplicaError(f"no healthy replica among {len(replicas)}")
+    return ok

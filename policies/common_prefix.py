@@ -1,0 +1,109 @@
+"""Learning how far the prefixes shared by most traffic go (a fleet-wide system prompt).
+
+Hashing the first K tokens of every prompt collapses all traffic onto one ring key when a
+shared system prompt is longer than K. This learner finds such prefixes from the traffic
+itself so ``prefix_affinity`` can hash the K tokens *after* them.
+
+Each observed prompt is cut at block boundaries ``b = block, 2*block, ...`` and the hash of
+``tokens[0:b]`` (a chain: each digest covers everything before it) is counted over a window
+of recent prompts. A boundary is *common* when its prefix appears in at least ``share`` of
+the window. Common prefixes are closed under shortening (a prefix is at least as frequent as
+any extension of it), so a prompt's skip is found by walking its boundaries from the
+shallowest and stopping at the first that is not common:
+
+    tokens: [0 ........ skip)[skip ........ skip + K) ...
+             common prefix     hashed for the ring key
+
+``depth`` is the deepest common boundary seen in any traffic; callers tokenize
+``depth + K`` tokens so the learner keeps seeing one key's worth past what it knows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from hashlib import blake2b
+
+
+class CommonPrefixLearner:
+    """Counts prefix digests at block boundaries over a sliding window of prompts.
+
+    ``observe`` mutates; ``skip`` and ``depth`` only read. Not thread safe (the caller
+    serializes, like every policy's ``observe``).
+    """
+
+    def __init__(
+        self, *, block: int, share: float, window: int, min_samples: int, max_depth: int
+    ) -> None:
+        self.block = block
+        self.share = share
+        self.window = window
+        self.min_samples = min_samples
+        self.max_depth = max_depth
+        self._recent: deque[tuple[bytes, ...]] = deque()
+        self._counts: Counter[bytes] = Counter()
+        self._depth_of: dict[bytes, int] = {}
+        self._common: frozenset[bytes] = frozenset()
+        self._depth = 0
+        self._since_refresh = 0
+
+    @property
+    def depth(self) -> int:
+        """Deepest common boundary in tokens (0 until enough traffic was seen)."""
+        return self._depth
+
+    def _digests(self, data: memoryview, limit: int) -> list[bytes]:
+        """Chain digests of ``data`` (u32 tokens as bytes) at boundaries ``<= limit``."""
+        out: list[bytes] = []
+        h = blake2b(digest_size=16)
+        prev = 0
+        for b in range(self.block, limit + 1, self.block):
+            h.update(data[4 * prev : 4 * b])
+            out.append(h.copy().digest())
+            prev = b
+        return out
+
+    def skip(self, data: memoryview, n_tokens: int) -> int:
+        """Tokens of common prefix at the start of this prompt (a multiple of ``block``,
+        strictly less than ``n_tokens`` so something is left to hash)."""
+        if not self._common:
+            return 0
+        common = self._common
+        limit = min(n_tokens - 1, self._depth)
+        h = blake2b(digest_size=16)
+        prev = skip = 0
+        for b in range(self.block, limit + 1, self.block):
+            h.update(data[4 * prev : 4 * b])
+            if h.copy().digest() not in common:
+                break
+            skip = prev = b
+        return skip
+
+    def observe(self, data: memoryview, n_tokens: int, prompt_tokens: int) -> None:
+        """Count one routed prompt whose first ``n_tokens`` token ids are in ``data``."""
+        limit = min(n_tokens, prompt_tokens - 1, self.max_depth)
+        digests = tuple(self._digests(data, limit))
+        self._recent.append(digests)
+        counts = self._counts
+        for i, d in enumerate(digests):
+            counts[d] += 1
+            self._depth_of[d] = (i + 1) * self.block
+        if len(self._recent) > self.window:
+            for d in self._recent.popleft():
+                counts[d] -= 1
+                if counts[d] <= 0:
+                    del counts[d]
+                    del self._depth_of[d]
+        self._since_refresh += 1
+        if self._since_refresh >= max(1, len(self._recent) // 16):
+            self._refresh()
+
+    def _refresh(self) -> None:
+        self._since_refresh = 0
+        seen = len(self._recent)
+        if seen < self.min_samples:
+            self._common, self._depth = frozenset(), 0
+            return
+        need = self.share * seen
+        common = frozenset(d for d, c in self._counts.items() if c >= need)
+        self._common = common
+        self._depth = max((self._depth_of[d] for d in common), default=0)

@@ -1,0 +1,112 @@
+"""Strict construction of frozen config dataclasses from YAML mappings.
+
+Unknown keys are rejected, values are type-checked, and every error names where it came
+from (file and key path) and the bad value. Dataclasses may add a ``validate()`` method
+that raises ``ValueError`` for cross-field rules; its message is wrapped the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar, Union, get_args, get_origin
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or wrong; the message names it."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if origin is typing.Literal:
+        if value not in get_args(tp):
+            choices = ", ".join(repr(a) for a in get_args(tp))
+            raise ConfigError(f"{where}: {value!r} is not one of {choices}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item_tp, *_) = get_args(tp) or (Any,)
+        items = [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_mapping(tp, value, where)  # type: ignore[type-var]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    return value
+
+
+def from_mapping(cls: type[T], data: Any, where: str = "config") -> T:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and bad values."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(fields))
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known keys: {known})")
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        if name in data:
+            kwargs[name] = _coerce(data[name], hints[name], f"{where}.{name}")
+        elif (
+            field.default is dataclasses.MISSING
+            and field.default_factory is dataclasses.MISSING
+        ):
+            raise ConfigError(f"{where}: missing required key {name!r}")
+    try:
+        obj = cls(**kwargs)
+        validate = getattr(obj, "validate", None)
+        if validate is not None:
+            validate()
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    return obj

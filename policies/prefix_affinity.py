@@ -1,0 +1,175 @@
+"""``prefix_affinity``: consistent hashing with bounded loads over a prompt-prefix key.
+
+Key: a stable 64-bit hash of (model, cache salt, ``tokens[skip : skip + K]``), or of
+(model, cache salt, ``request.affinity_key``) when the request carries one. ``skip`` is the
+length of a prefix most traffic shares (a system prompt), learned from traffic (see
+``common_prefix``), so such a prefix does not put every request on one key.
+
+Choice (Mirrokni et al., "Consistent hashing with bounded loads"): walk the ring from the
+key and take the first healthy replica ``i`` with
+
+    queued_i + p <= overload * (sum_j queued_j + p) * weight_i / sum_j weight_j
+
+where ``p`` is this request's prompt tokens (an idle replica always fits: one request is
+the unit the bound is rounded up to). If none fits: the least loaded, reason ``spill``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+
+from policies.base import (
+    Decision,
+    Policy,
+    ReplicaScore,
+    ReplicaView,
+    RouteEvent,
+    Routed,
+    RouteRequest,
+    healthy,
+)
+from policies.common_prefix import CommonPrefixLearner
+from policies.least_load import least_loaded
+from policies.ring import Ring, token_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixAffinityConfig:
+    """See ``presets/prefix_affinity.yaml`` for what each key means."""
+
+    prefix_tokens: int = 1024
+    overload: float = 1.25
+    vnodes: int = 1024
+    fallbacks: int = 2
+    learn_common_prefix: bool = True
+    common_share: float = 0.5
+    common_window: int = 1024
+    common_block: int = 256
+    common_min_samples: int = 64
+    max_common_prefix: int = 8192
+    seed: int = 0
+
+    def validate(self) -> None:
+        positive = ("prefix_tokens", "vnodes", "common_window", "common_block")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
+        if self.overload < 1.0:
+            raise ValueError(f"overload must be >= 1.0, got {self.overload!r}")
+        if self.fallbacks < 0:
+            raise ValueError(f"fallbacks must be >= 0, got {self.fallbacks!r}")
+        if not 0.0 < self.common_share <= 1.0:
+            raise ValueError(f"common_share must be in (0, 1], got {self.common_share!r}")
+        if self.common_min_samples < 1:
+            raise ValueError(f"common_min_samples must be >= 1, got {self.common_min_samples!r}")
+        if self.max_common_prefix < 0:
+            raise ValueError(f"max_common_prefix must be >= 0, got {self.max_common_prefix!r}")
+
+
+def _namespace(request: RouteRequest) -> bytes:
+    model, salt = request.model or "", request.cache_salt or ""
+    return f"{len(model)}:{model}{len(salt)}:{salt}".encode()
+
+
+class PrefixAffinity(Policy):
+    """Bounded-load consistent hashing of a prefix key; see the module docstring."""
+
+    name = "prefix_affinity"
+    _RING_CACHE = 4
+
+    def __init__(self, config: PrefixAffinityConfig | None = None) -> None:
+        self.config = cfg = config or PrefixAffinityConfig()
+        self._rng = random.Random(cfg.seed)
+        self._rings: OrderedDict[tuple[tuple[str, float], ...], Ring] = OrderedDict()
+        self._learner = (
+            CommonPrefixLearner(
+                block=cfg.common_block,
+                share=cfg.common_share,
+                window=cfg.common_window,
+                min_samples=cfg.common_min_samples,
+                max_depth=cfg.max_common_prefix,
+            )
+            if cfg.learn_common_prefix and cfg.max_common_prefix >= cfg.common_block
+            else None
+        )
+
+    @property
+    def tokens_needed(self) -> int:  # type: ignore[override]
+        """K plus the common prefix learned so far (grows as the learner sees more)."""
+        depth = self._learner.depth if self._learner else 0
+        return self.config.prefix_tokens + depth
+
+    @property
+    def common_prefix_tokens(self) -> int:
+        """Deepest shared prefix learned from traffic, in tokens."""
+        return self._learner.depth if self._learner else 0
+
+    def ring(self, replicas: Sequence[ReplicaView]) -> Ring:
+        """The ring over these replicas (cached; rebuilt only for a new membership)."""
+        members = tuple([(r.id, r.weight) for r in replicas])
+        ring = self._rings.get(members)
+        if ring is None:
+            ring = Ring(members, self.config.vnodes)
+            self._rings[members] = ring
+            if len(self._rings) > self._RING_CACHE:
+                self._rings.popitem(last=False)
+        else:
+            self._rings.move_to_end(members)
+        return ring
+
+    def key(self, request: RouteRequest) -> int:
+        """The request's 64-bit ring key (the same in every process)."""
+        h = blake2b(_namespace(request), digest_size=8)
+        if request.affinity_key is not None:
+            h.update(b"\x01")
+            h.update(request.affinity_key.encode())
+        else:
+            h.update(b"\x00")
+            tokens = request.tokens[: self.tokens_needed]
+            data = token_bytes(tokens)
+            skip = self._learner.skip(data, len(tokens)) if self._learner else 0
+            # data holds 4 bytes per token: [4*skip, 4*(skip+K)) is the hashed window
+            h.update(data[4 * skip : 4 * (skip + self.config.prefix_tokens)])
+        return int.from_bytes(h.digest(), "little")
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
+        ok = healthy(replicas)
+        p = request.prompt_tokens
+        total = p
+        weights = 0.0
+        by_id: dict[str, ReplicaView] = {}
+        for r in ok:
+            total += r.queued_tokens
+            weights += r.weight
+            by_id[r.id] = r
+        ring = self.ring(ok)
+        unit = self.config.overload * total / weights if weights > 0 else 0.0
+        want = 1 + self.config.fallbacks
+        ranked: list[str] = []
+        scores: list[ReplicaScore] = []
+        chosen: str | None = None
+        for rid in ring.walk(self.key(request)):
+            r = by_id[rid]
+            bound = unit * r.weight
+            # score: this replica's queue with the request, as a fraction of its bound
+            scores.append(ReplicaScore(rid, (r.queued_tokens + p) / bound if bound else 0.0))
+            if chosen is None and (r.queued_tokens == 0 or r.queued_tokens + p <= bound):
+                chosen = rid
+            elif chosen is not None or len(ranked) < self.config.fallbacks:
+                ranked.append(rid)
+            if chosen is not None and len(ranked) + 1 >= want:
+                break
+        if chosen is not None:
+            return Decision((chosen, *ranked[: want - 1]), "affinity", 0, tuple(scores))
+        spill = least_loaded(ok, self._rng).id
+        rest = [rid for rid in ranked if rid != spill][: want - 1]
+        return Decision((spill, *rest), "spill", 0, tuple(scores))
+
+    def observe(self, event: RouteEvent) -> None:
+        if isinstance(event, Routed) and self._learner and event.request.affinity_key is None:
+            tokens = event.request.tokens[: self.tokens_needed]
+            self._learner.observe(token_bytes(tokens), len(tokens), event.request.prompt_tokens)

@@ -1,0 +1,279 @@
+"""An approximate radix tree of token runs, recording which replicas hold each prefix.
+
+Token sequences are stored as little-endian u32 bytes (4 bytes per token). An edge is one
+``bytes`` run; children are keyed by the first token of their edge (its 4 bytes). A node's
+``end`` is its depth in tokens at the end of its edge:
+
+    root --[t0 .. t9]--> a (end 10) --[t10 .. t14]--> b (end 15)
+                           \\--[u10 .. u39]--> c (end 40)
+
+Each node maps replica -> last access tick (a logical clock advanced per insert). Rules:
+
+* a replica holding a node holds its parent (inserts touch whole paths; eviction takes
+  only a replica's leaves), so a match for a replica is the deepest node it holds;
+* a child's tick is <= its parent's (touching a child touches the parent at the same
+  tick), so the replica's entry with the smallest ``(tick, -end)`` is one of its leaves:
+  popping per-replica heaps in that order evicts LRU-leaf-first with no tree scan;
+* every non-root node has at least one holder; a node left with none is unlinked (it can
+  have no children, since they would be held by someone who then holds it).
+
+Separate roots per namespace (model and cache salt): different namespaces never share KV.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterator
+from itertools import count
+
+_NODE_BYTES = 400  # estimated bytes per node: object, dicts, heap entries
+_HOLD_BYTES = 150  # estimated bytes per (node, replica) holding: dict slot plus heap entry
+
+
+class Node:
+    __slots__ = ("children", "edge", "end", "holders", "key", "parent", "touched")
+
+    def __init__(self, edge: bytes, end: int, parent: Node | None, key: Hashable) -> None:
+        self.edge = edge
+        self.end = end
+        self.parent = parent
+        self.key = key
+        self.children: dict[bytes, Node] = {}
+        self.holders: dict[str, int] = {}
+        self.touched = 0
+
+
+def _common_bytes(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of ``a`` and ``b`` in whole tokens (4 bytes each)."""
+    hi = min(len(a), len(b)) // 4
+    if a[: 4 * hi] == b[: 4 * hi]:
+        return hi
+    lo = 0  # invariant: the first lo tokens agree, the first hi do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[4 * lo : 4 * mid] == b[4 * lo : 4 * mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class RadixTree:
+    """Per-replica prefix index. Every mutating method keeps ``check_integrity()`` true."""
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.roots: dict[Hashable, Node] = {}
+        self.tokens: dict[str, int] = {}  # replica -> tokens it holds
+        self.held: dict[str, int] = {}  # replica -> nodes it holds
+        self.total_tokens = 0
+        self.nodes = 0
+        self.holdings = 0
+        self._tick = 0
+        self._seq = count()
+        self._heaps: dict[str, list[tuple[int, int, int, Node]]] = {}
+        self._global: list[tuple[int, int, int, Node]] = []
+
+    def estimated_bytes(self) -> int:
+        return self.total_tokens * 4 + self.nodes * _NODE_BYTES + self.holdings * _HOLD_BYTES
+
+    # -- reading -------------------------------------------------------------------------
+
+    def match(self, ns: Hashable, data: bytes) -> dict[str, int]:
+        """Tokens of ``data`` each replica holds as a prefix (replicas with 0 left out)."""
+        node = self.roots.get(ns)
+        matched: dict[str, int] = {}
+        pos, n = 0, len(data)
+        while node is not None and pos < n:
+            child = node.children.get(data[pos : pos + 4])
+            if child is None:
+                break
+            edge = child.edge
+            size = len(edge)
+            if data[pos : pos + size] == edge:
+                depth = child.end
+            else:
+                depth = child.end - size // 4 + _common_bytes(edge, data[pos : pos + size])
+            for rid in child.holders:
+                matched[rid] = depth
+            if depth < child.end:
+                break
+            pos += size
+            node = child
+        return matched
+
+    # -- writing -------------------------------------------------------------------------
+
+    def insert(self, ns: Hashable, data: bytes, replica: str, budget: int | None) -> None:
+        """Record that ``replica`` now holds ``data``; then evict that replica's LRU leaves
+        while it holds more than ``budget`` tokens, and whole-tree LRU leaves while the
+        estimate exceeds ``max_bytes``."""
+        if not data:
+            return
+        self._tick += 1
+        tick = self._tick
+        root = self.roots.get(ns)
+        if root is None:
+            root = self.roots[ns] = Node(b"", 0, None, ns)
+        node, pos, n = root, 0, len(data)
+        while pos < n:
+            head = data[pos : pos + 4]
+            child = node.children.get(head)
+            if child is None:
+                child = Node(data[pos:], n // 4, node, head)
+                node.children[head] = child
+                self.nodes += 1
+                self.total_tokens += (n - pos) // 4
+                self._touch(child, replica, tick)
+                break
+            size = len(child.edge)
+            if data[pos : pos + size] != child.edge:
+                k = _common_bytes(child.edge, data[pos : pos + size])
+                child = self._split(child, k)
+                size = 4 * k
+            self._touch(child, replica, tick)
+            pos += size
+            node = child
+        if budget is not None:
+            self.evict_replica(replica, budget)
+        if self.max_bytes is not None:
+            while self.estimated_bytes() > self.max_bytes and self._evict_global():
+                pass
+
+    def _touch(self, node: Node, replica: str, tick: int) -> None:
+        if replica not in node.holders:
+            self.tokens[replica] = self.tokens.get(replica, 0) + len(node.edge) // 4
+            self.held[replica] = self.held.get(replica, 0) + 1
+            self.holdings += 1
+        node.holders[replica] = tick
+        node.touched = tick
+        entry = (tick, -node.end, next(self._seq), node)
+        heap = self._heaps.setdefault(replica, [])
+        heapq.heappush(heap, entry)
+        heapq.heappush(self._global, entry)
+        if len(heap) > 3 * self.held[replica] + 64:
+            heap[:] = [e for e in heap if e[3].holders.get(replica) == e[0]]
+            heapq.heapify(heap)
+        if len(self._global) > 3 * self.nodes + 64:
+            self._global = [e for e in self._global if e[3].parent and e[3].touched == e[0]]
+            heapq.heapify(self._global)
+
+    def _split(self, child: Node, k: int) -> Node:
+        """Cut ``child``'s edge after ``k`` tokens; return the new upper node."""
+        parent = child.parent
+        assert parent is not None and 0 < k < len(child.edge) // 4
+        upper = Node(child.edge[: 4 * k], child.end - len(child.edge) // 4 + k, parent, child.key)
+        upper.holders = dict(child.holders)
+        upper.touched = child.touched
+        child.edge = child.edge[4 * k :]
+        child.key = child.edge[:4]
+        child.parent = upper
+        upper.children[child.key] = child
+        parent.children[upper.key] = upper
+        self.nodes += 1
+        self.holdings += len(upper.holders)
+        for rid, tick in upper.holders.items():
+            self.held[rid] += 1
+            entry = (tick, -upper.end, next(self._seq), upper)
+            heapq.heappush(self._heaps[rid], entry)
+            heapq.heappush(self._global, entry)
+        return upper
+
+    def evict_replica(self, replica: str, budget: int) -> None:
+        """Release ``replica``'s least recently used leaves until it holds <= ``budget``."""
+        heap = self._heaps.get(replica)
+        while heap and self.tokens.get(replica, 0) > budget:
+            tick, _, _, node = heapq.heappop(heap)
+            if node.holders.get(replica) == tick:
+                self._release(node, replica)
+
+    def _release(self, node: Node, replica: str) -> None:
+        del node.holders[replica]
+        self.holdings -= 1
+        self.held[replica] -= 1
+        self.tokens[replica] -= len(node.edge) // 4
+        if not self.held[replica]:
+            del self.tokens[replica], self.held[replica]
+            self._heaps.pop(replica, None)
+        if not node.holders:
+            self._unlink(node)
+        elif node.touched not in node.holders.values():
+            node.touched = max(node.holders.values())
+            heapq.heappush(self._global, (node.touched, -node.end, next(self._seq), node))
+
+    def _unlink(self, node: Node) -> None:
+        parent = node.parent
+        assert parent is not None and not node.children
+        del parent.children[node.key]
+        node.parent = None
+        self.nodes -= 1
+        self.total_tokens -= len(node.edge) // 4
+        if parent.parent is None and not parent.children:
+            del self.roots[parent.key]
+
+    def _evict_global(self) -> bool:
+        """Drop the whole tree's least recently used leaf; False when nothing is left."""
+        heap = self._global
+        while heap:
+            tick, _, _, node = heapq.heappop(heap)
+            if node.parent is not None and node.touched == tick and not node.children:
+                for rid in list(node.holders):
+                    self._release(node, rid)
+                return True
+        return False
+
+    def drop(self, replica: str) -> None:
+        """Forget everything ``replica`` holds (it left or restarted)."""
+        heap = self._heaps.get(replica, [])
+        live = [e for e in heap if e[3].holders.get(replica) == e[0]]
+        live.sort(key=lambda e: e[1])  # deepest first: children go before their parents
+        for _, _, _, node in live:
+            if replica in node.holders:
+                self._release(node, replica)
+        assert replica not in self.tokens and replica not in self._heaps
+
+    # -- checking ------------------------------------------------------------------------
+
+    def walk(self) -> Iterator[Node]:
+        """Every non-root node, parents before children."""
+        stack = [c for root in self.roots.values() for c in root.children.values()]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` naming the first broken invariant and its counts."""
+        tokens: dict[str, int] = {}
+        nodes = total = holdings = 0
+        live = {
+            rid: {(e[0], id(e[3])) for e in heap if e[3].holders.get(rid) == e[0]}
+            for rid, heap in self._heaps.items()
+        }
+        for root in self.roots.values():
+            assert root.children, f"empty root {root.key!r} kept"
+        for node in self.walk():
+            nodes += 1
+            size = len(node.edge) // 4
+            total += size
+            parent = node.parent
+            assert parent is not None and parent.children.get(node.key) is node, "bad link"
+            assert size > 0 and len(node.edge) % 4 == 0, f"bad edge of {len(node.edge)} bytes"
+            assert node.key == node.edge[:4], "child key is not the edge's first token"
+            assert node.end == parent.end + size, f"end {node.end} != {parent.end} + {size}"
+            assert node.holders, f"node at depth {node.end} has no holder"
+            assert node.touched == max(node.holders.values()), "touched is not the last tick"
+            for rid, tick in node.holders.items():
+                tokens[rid] = tokens.get(rid, 0) + size
+                holdings += 1
+                if parent.parent is not None:
+                    assert rid in parent.holders, f"{rid} holds a node but not its parent"
+                    assert parent.holders[rid] >= tick, f"{rid}: child newer than parent"
+                assert (tick, id(node)) in live.get(rid, ()), f"{rid}: no heap entry"
+        counts = (self.nodes, self.total_tokens, self.holdings)
+        assert counts == (nodes, total, holdings), f"(nodes, tokens, holdings) {counts} != " + (
+            f"{(nodes, total, holdings)}"
+        )
+        assert self.tokens == tokens, f"per-replica tokens {self.tokens} != {tokens}"
+        held = {rid: len(keys) for rid, keys in live.items()}
+        assert self.held == held, f"per-replica nodes {self.held} != {held}"

@@ -1,0 +1,89 @@
+"""A consistent hash ring of replicas with virtual nodes, keyed by a stable 64-bit hash.
+
+The ring is laid out by uhashring (``HashRing`` with our own hash function, so the point
+positions do not depend on the process: never Python's salted ``hash()``). For lookups we
+keep two parallel arrays taken from it once, so a walk costs a bisect plus a few list
+reads:
+
+    points[i]  sorted 64-bit point positions          owners[i]  replica id at points[i]
+
+A key maps to the first point at or after its hash (wrapping to 0). ``walk`` yields the
+distinct replicas met from there on, which is the order "consistent hashing with bounded
+loads" tries them in.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+from hashlib import blake2b
+
+from uhashring import HashRing
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def stable_hash(data: bytes | memoryview) -> int:
+    """64-bit blake2b of ``data`` as an unsigned int: the same in every process."""
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+
+
+def _hash_point(label: str) -> int:
+    return stable_hash(label.encode("utf-8"))
+
+
+def token_bytes(tokens: Sequence[int]) -> memoryview:
+    """Token ids as little-endian u32 bytes (``OverflowError`` for ids outside u32)."""
+    arr = tokens if isinstance(tokens, array) and tokens.typecode == "I" else array("I", tokens)
+    if not _LITTLE_ENDIAN:
+        arr = array("I", arr)
+        arr.byteswap()
+    return memoryview(arr).cast("B")
+
+
+class Ring:
+    """An immutable ring over ``members`` (replica id, weight); ``vnodes`` points per unit
+    of weight; members with weight <= 0 are left off. Build a new one when they change."""
+
+    __slots__ = ("members", "owners", "points", "vnodes")
+
+    def __init__(self, members: Iterable[tuple[str, float]], vnodes: int) -> None:
+        if vnodes < 1:
+            raise ValueError(f"vnodes must be >= 1, got {vnodes}")
+        self.members: dict[str, float] = {rid: w for rid, w in members if w > 0}
+        self.vnodes = vnodes
+        nodes = {
+            rid: {"vnodes": max(1, round(vnodes * weight)), "weight": 1}
+            for rid, weight in sorted(self.members.items())
+        }
+        layout = HashRing(nodes=nodes, hash_fn=_hash_point) if nodes else None
+        self.points: list[int] = list(layout.runtime._keys) if layout else []
+        self.owners: list[str] = [layout.runtime._ring[p] for p in self.points] if layout else []
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def owner(self, key: int) -> str:
+        """The replica owning ``key`` (a 64-bit hash); ``LookupError`` on an empty ring."""
+        for rid in self.walk(key):
+            return rid
+        raise LookupError("empty ring")
+
+    def walk(self, key: int) -> Iterator[str]:
+        """Distinct replicas in ring order starting at ``key``'s position."""
+        points, owners = self.points, self.owners
+        n = len(points)
+        if n == 0:
+            return
+        start = bisect_left(points, key)
+        seen: set[str] = set()
+        wanted = len(self.members)
+        for i in range(start, start + n):
+            rid = owners[i % n] if i >= n else owners[i]
+            if rid not in seen:
+                seen.add(rid)
+                yield rid
+                if len(seen) == wanted:
+                    return

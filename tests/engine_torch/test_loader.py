@@ -1,0 +1,99 @@
+"""Model directories: the tiny-model writer, transformers reading what it writes, and the
+loader's errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.executor import SeqWork
+from engine.executors.torch_executor import TorchExecutor
+from engine.model import ModelConfig, ModelLoadError, kv_bytes_per_token
+from engine.model.loader import check_model_dir, load_model
+from engine.model.tiny import add_arguments, run, write_tiny_model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_model_matches_transformers(arch: str, tmp_path: Path) -> None:
+    import transformers
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run(parser.parse_args([str(tmp_path), "--arch", arch, "--seed", "3"])) == 0
+    check_model_dir(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["vocab_size"] == 4096 and config["eos_token_id"] == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ex = TorchExecutor.from_dir(tmp_path, num_blocks=8, block_size=16, device="cpu")
+    ids = list(range(100, 140))
+    ours = ex.last_logits([SeqWork("a", ids, 0, [3, 1, 6], True)], all_positions=True)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    assert ex.eos_token_id == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny"), "qwen2")
+
+
+def _copy(src: Path, dst: Path, **config_changes: object) -> Path:
+    dst.mkdir(exist_ok=True)
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    config = json.loads((src / "config.json").read_text())
+    config.update(config_changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_missing_files(tiny_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(tmp_path / "nope")
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.json not found"):
+        check_model_dir(d)
+    (d / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match=r"no \*\.safetensors"):
+        load_model(d)
+    (d / "config.json").unlink()
+    with pytest.raises(ModelLoadError, match=r"config\.json not found"):
+        load_model(d)
+
+
+def test_unsupported_architecture_and_options(tiny_dir: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_dir, tmp_path / "a", architectures=["GPT2LMHeadModel"])
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        load_model(d)
+    with pytest.raises(ModelLoadError, match="rope_type 'yarn'"):
+        ModelConfig.from_dict({**json.loads((tiny_dir / "config.json").read_text()),
+                               "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ModelLoadError, match="hidden_act 'gelu'"):
+        ModelConfig.from_dict({**json.loads((tiny_dir / "config.json").read_text()),
+                               "hidden_act": "gelu"})
+
+
+def test_shape_mismatch_names_the_tensor(tiny_dir: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_dir, tmp_path / "s", intermediate_size=96)
+    with pytest.raises(ModelLoadError, match=r"'model\.layers\.0\.mlp\.(gate|up|down)_proj"
+                                             r"\.weight' has shape"):
+        load_model(d)
+
+
+def test_missing_tensor_is_named(tiny_dir: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_dir, tmp_path / "t", num_hidden_layers=3)
+    with pytest.raises(ModelLoadError, match=r"lacks tensor\(s\) \['model\.layers\.2\."):
+        load_model(d)
+
+
+def test_kv_bytes_per_token(tiny_dir: Path) -> None:
+    config = ModelConfig.from_file(tiny_dir / "config.json")
+    # K and V x 2 layers x 2 KV heads x head_dim 16 x 4 bytes
+    assert kv_bytes_per_token(config, torch.float32) == 2 * 2 * 2 * 16 * 4
+    assert kv_bytes_per_token(config, torch.bfloat16) == 2 * 2 * 2 * 16 * 2

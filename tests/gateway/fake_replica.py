@@ -1,0 +1,104 @@
+"""A small, scriptable OpenAI-style replica for exercising the gateway's failure paths.
+
+It answers like an engine (completions and chat, streamed or not, /health, /metrics in the
+vLLM dialect, /v1/models) and can be told to fail with a status, stall before its first
+byte, or stall between chunks. It records every body it receives, byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class Behaviour:
+    name: str
+    model: str = "sim-model"
+    status: int = 200
+    first_byte_delay_s: float = 0.0
+    chunk_delay_s: float = 0.0
+    chunks: int = 3
+    healthy: bool = True
+    hits: int = 0
+    queries: int = 0
+    queued_tokens: int | None = None
+    received: list[bytes] = field(default_factory=list)
+    cancelled: int = 0
+
+
+def fake_replica(b: Behaviour) -> Starlette:
+    async def complete(request: Request) -> Response:
+        raw = await request.body()
+        b.received.append(raw)
+        body = json.loads(raw)
+        chat = "messages" in body
+        if b.status != 200:
+            return JSONResponse({"error": {"message": f"{b.name} failing", "type": "x",
+                                           "param": None, "code": None}}, status_code=b.status)
+        await asyncio.sleep(b.first_byte_delay_s)
+        obj = "chat.completion" if chat else "text_completion"
+        usage = {"prompt_tokens": 10, "completion_tokens": b.chunks,
+                 "total_tokens": 10 + b.chunks, "prompt_tokens_details": {"cached_tokens": 4}}
+        if not body.get("stream"):
+            choice = ({"index": 0, "message": {"role": "assistant", "content": f"{b.name} ok"},
+                       "finish_reason": "stop"} if chat else
+                      {"index": 0, "text": f"{b.name} ok", "finish_reason": "stop"})
+            return JSONResponse({"id": "x", "object": obj, "created": 0,
+                                 "model": body.get("model"), "choices": [choice],
+                                 "usage": usage})
+
+        async def events():  # type: ignore[no-untyped-def]
+            try:
+                for i in range(b.chunks):
+                    if i:
+                        await asyncio.sleep(b.chunk_delay_s)
+                    delta = ({"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}
+                             if chat else {"index": 0, "text": f"t{i} ", "finish_reason": None})
+                    chunk = {"id": "x", "object": obj + ".chunk" if chat else obj,
+                             "created": 0, "model": body.get("model"), "choices": [delta]}
+                    yield f"data: {json.dumps(chunk)}\n\n".encode()
+                yield b"data: [DONE]\n\n"
+            except asyncio.CancelledError:
+                b.cancelled += 1
+                raise
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("ok", status_code=200 if b.healthy else 503)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": b.model, "object": "model"}]})
+
+    async def metrics(request: Request) -> Response:
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{model_name="m"} 1.0',
+            "# TYPE vllm:num_requests_waiting gauge",
+            'vllm:num_requests_waiting{model_name="m"} 2.0',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            'vllm:kv_cache_usage_perc{model_name="m"} 0.25',
+            "# TYPE vllm:prefix_cache_queries counter",
+            f'vllm:prefix_cache_queries_total{{model_name="m"}} {float(b.queries)}',
+            "# TYPE vllm:prefix_cache_hits counter",
+            f'vllm:prefix_cache_hits_total{{model_name="m"}} {float(b.hits)}',
+            "# TYPE vllm:cache_config_info gauge",
+            'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1.0',
+        ]
+        if b.queued_tokens is not None:
+            lines += ["# TYPE kvgate:num_prompt_tokens_waiting gauge",
+                      f"kvgate:num_prompt_tokens_waiting {float(b.queued_tokens)}"]
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    return Starlette(routes=[
+        Route("/v1/completions", complete, methods=["POST"]),
+        Route("/v1/chat/completions", complete, methods=["POST"]),
+        Route("/health", health), Route("/v1/models", models), Route("/metrics", metrics),
+    ])

@@ -1,0 +1,232 @@
+"""The gateway in front of real loopback servers: OpenAI client, retries, timeouts, errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.app import create_app
+from gateway.config import parse_config
+from tests.conftest import ThreadServer, free_port
+from tests.gateway.fake_replica import Behaviour, fake_replica
+
+Serve = Callable[..., ThreadServer]
+
+
+def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -> ThreadServer:
+    config = parse_config({
+        "replicas": [{"id": rid, "url": url} for rid, url in replicas],
+        "policy": extra.pop("policy", {"name": "round_robin"}),
+        "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
+        "scrape": {"interval_s": 0.2},
+        **extra,
+    })
+    return serve(create_app(config))
+
+
+@pytest.fixture
+def two(serve: Serve) -> tuple[ThreadServer, Behaviour, Behaviour]:
+    a, b = Behaviour("a"), Behaviour("b")
+    ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
+    gw = start_gateway(serve, [("a", ra.url), ("b", rb.url)])
+    return gw, a, b
+
+
+def client(gw: ThreadServer, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, **kw)
+
+
+def test_openai_client_completions_and_chat(two: tuple[ThreadServer, Behaviour, Behaviour]
+                                            ) -> None:
+    gw, a, b = two
+    c = client(gw)
+    done = c.completions.create(model="sim-model", prompt="hello there", max_tokens=3)
+    assert done.choices[0].text in ("a ok", "b ok")
+    assert done.usage is not None and done.usage.prompt_tokens == 10
+    chat = c.chat.completions.create(model="sim-model",
+                                     messages=[{"role": "user", "content": "hi"}])
+    assert chat.choices[0].message.content in ("a ok", "b ok")
+    # round robin: the two requests went to different replicas
+    assert len(a.received) == 1 and len(b.received) == 1
+
+    pieces = [ch.choices[0].delta.content for ch in c.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "hi"}], stream=True)]
+    assert pieces == ["t0 ", "t1 ", "t2 "]
+    texts = [ch.choices[0].text for ch in c.completions.create(
+        model="sim-model", prompt="stream me", stream=True)]
+    assert texts == ["t0 ", "t1 ", "t2 "]
+
+
+def test_body_forwarded_unchanged_with_route_headers(
+        two: tuple[ThreadServer, Behaviour, Behaviour]) -> None:
+    gw, a, b = two
+    raw = b'{"model":"sim-model",  "prompt":"x y z","vendor_field":{"keep":[1,2]}}'
+    r = httpx.post(f"{gw.url}/v1/completions", content=raw,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 200
+    assert r.headers["x-kvgate-replica"] in ("a", "b")
+    assert r.headers["x-kvgate-route"] == "round_robin"
+    received = a.received + b.received
+    assert received == [raw]
+
+
+def test_stream_relayed_as_it_arrives(serve: Serve) -> None:
+    slow = Behaviour("slow", chunk_delay_s=0.4, chunks=3)
+    gw = start_gateway(serve, [("slow", serve(fake_replica(slow)).url)])
+    arrivals = []
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gw.url}/v1/completions",
+                      json={"model": "sim-model", "prompt": "p", "stream": True}) as r:
+        for chunk in r.iter_raw():
+            if chunk.strip():
+                arrivals.append(time.monotonic() - started)
+    # the first chunk reached the client long before the last one was produced
+    assert arrivals[0] < arrivals[-1] - 0.5
+
+
+def test_retry_next_replica_on_5xx_and_dead(serve: Serve) -> None:
+    bad, good = Behaviour("bad", status=500), Behaviour("good")
+    dead_port = free_port()
+    gw = start_gateway(serve, [("bad", serve(fake_replica(bad)).url),
+                               ("dead", f"http://127.0.0.1:{dead_port}"),
+                               ("good", serve(fake_replica(good)).url)])
+    for _ in range(3):
+        r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "p"})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvgate-replica"] == "good"
+    reps = httpx.get(f"{gw.url}/admin/replicas").json()["replicas"]
+    assert {r["id"]: r["healthy"] for r in reps}["dead"] is False
+    metrics = httpx.get(f"{gw.url}/metrics").text
+    assert 'kvgate_retries_total{cause="5xx",replica="bad"}' in metrics
+
+
+def test_client_errors_are_openai_shaped(two: tuple[ThreadServer, Behaviour, Behaviour]
+                                         ) -> None:
+    gw, _, _ = two
+    url = f"{gw.url}/v1/completions"
+    cases = [
+        (b"{not json", 400, "invalid_json", None),
+        (b'{"prompt": "x"}', 400, None, "model"),
+        (b'{"model": "sim-model", "prompt": ""}', 400, None, "prompt"),
+        (b'{"model": "sim-model", "prompt": [1, "a"]}', 400, None, "prompt"),
+        (b'{"model": "sim-model", "prompt": "x", "max_tokens": 0}', 400, None, "max_tokens"),
+        (b'{"model": "sim-model", "prompt": "x", "stream": "yes"}', 400, None, "stream"),
+        (b'{"model": "sim-model", "prompt": "x", "cache_salt": ""}', 400, None, "cache_salt"),
+        (b'{"model": "nope", "prompt": "x"}', 404, "model_not_found", "model"),
+    ]
+    for raw, status, code, param in cases:
+        r = httpx.post(url, content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == status, (raw, r.text)
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert err["message"]
+        if code:
+            assert err["code"] == code
+        if param:
+            assert err["param"] == param
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "sim-model", "messages": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = httpx.post(f"{gw.url}/v1/chat/completions",
+                   json={"model": "sim-model", "messages": [{"content": "no role"}]})
+    assert r.status_code == 400 and "role" in r.json()["error"]["message"]
+
+
+def test_body_limit(serve: Serve) -> None:
+    ok = Behaviour("ok")
+    gw = start_gateway(serve, [("ok", serve(fake_replica(ok)).url)], max_body_bytes=1000)
+    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x" * 2000})
+    assert r.status_code == 413
+    assert "1000" in r.json()["error"]["message"]
+
+
+def test_no_healthy_replica_is_503_with_retry_after(serve: Serve) -> None:
+    gw = start_gateway(serve, [("dead", f"http://127.0.0.1:{free_port()}")])
+    assert httpx.get(f"{gw.url}/health").status_code == 200
+    ready = httpx.get(f"{gw.url}/ready")
+    assert ready.status_code == 503
+    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "m", "prompt": "x"})
+    assert r.status_code == 503
+    assert r.headers["retry-after"] == "1"
+    assert r.json()["error"]["code"] == "no_healthy_replica"
+
+
+def test_first_byte_timeout_is_504(serve: Serve) -> None:
+    stuck = Behaviour("stuck", first_byte_delay_s=5)
+    gw = start_gateway(serve, [("stuck", serve(fake_replica(stuck)).url)],
+                       timeouts={"first_byte_s": 0.5})
+    started = time.monotonic()
+    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x"},
+                   timeout=10)
+    assert r.status_code == 504
+    assert time.monotonic() - started < 3
+    assert r.json()["error"]["code"] == "upstream_timeout"
+
+
+def test_idle_timeout_ends_the_stream(serve: Serve) -> None:
+    stall = Behaviour("stall", chunk_delay_s=5, chunks=3)
+    gw = start_gateway(serve, [("stall", serve(fake_replica(stall)).url)],
+                       timeouts={"idle_s": 0.5})
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                      json={"model": "sim-model", "prompt": "p", "stream": True}) as r:
+        body = b"".join(r.iter_raw())
+    assert time.monotonic() - started < 3
+    assert b"t0" in body and b"[DONE]" not in body
+
+
+def test_client_disconnect_cancels_upstream(serve: Serve) -> None:
+    slow = Behaviour("slow", chunk_delay_s=0.3, chunks=50)
+    gw = start_gateway(serve, [("slow", serve(fake_replica(slow)).url)])
+    body = json.dumps({"model": "sim-model", "prompt": "p", "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert b"200" in sock.recv(4096)
+    deadline = time.monotonic() + 5
+    while slow.cancelled == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert slow.cancelled == 1
+
+
+def test_models_ready_metrics_and_admin(serve: Serve) -> None:
+    a, b = Behaviour("a", model="m-a", hits=0, queries=0), Behaviour("b", model="m-b")
+    ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
+    gw = start_gateway(serve, [("a", ra.url)], admin_token="s3cret")
+    auth = {"authorization": "Bearer s3cret"}
+    assert httpx.get(f"{gw.url}/admin/replicas").status_code == 401
+    r = httpx.post(f"{gw.url}/admin/replicas", json={"id": "b", "url": rb.url}, headers=auth)
+    assert r.status_code == 201, r.text
+    bad = httpx.post(f"{gw.url}/admin/replicas", json={"id": "c", "url": "ftp://x"},
+                     headers=auth)
+    assert bad.status_code == 400 and "ftp://x" in bad.json()["error"]["message"]
+    models = httpx.get(f"{gw.url}/v1/models").json()
+    assert sorted(m["id"] for m in models["data"]) == ["m-a", "m-b"]
+    # a model routes only to the replicas serving it
+    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "m-b", "prompt": "x"})
+    assert r.headers["x-kvgate-replica"] == "b"
+    ex = httpx.post(f"{gw.url}/admin/explain", json={"model": "m-a", "prompt": "x"},
+                    headers=auth).json()
+    assert ex["chosen"] == "a" and ex["reason"] and ex["policy"] == "round_robin"
+    a.hits, a.queries = 300, 1000
+    time.sleep(0.6)
+    a.hits, a.queries = 900, 2000
+    time.sleep(0.6)
+    metrics = httpx.get(f"{gw.url}/metrics").text
+    assert 'kvgate_requests_total{replica="b",route="round_robin",status="200"} 1.0' in metrics
+    assert "kvgate_routing_decision_seconds_count" in metrics
+    hit = [ln for ln in metrics.splitlines()
+           if ln.startswith('kvgate_replica_token_hit_rate{replica="a"}')]
+    # window from the first scrape (0 of 0) to the last (900 of 2000 tokens)
+    assert hit and float(hit[0].split()[-1]) == pytest.approx(0.45, abs=0.01)
+    r = httpx.delete(f"{gw.url}/admin/replicas/b", headers=auth)
+    assert r.status_code == 200
+    assert httpx.delete(f"{gw.url}/admin/replicas/b", headers=auth).status_code == 404
+    assert httpx.get(f"{gw.url}/ready").json()["healthy_replicas"] == 1

@@ -1,0 +1,125 @@
+"""Metric parsing, hit-rate windows, queue accounting and config validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ReplicaConfig, load_config, parse_config
+from gateway.fleet import Fleet
+from gateway.replica_metrics import HitRateWindow, parse_metrics
+from policies.config import ConfigError
+
+VLLM = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 5.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.5
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{model_name="m"} 1000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m"} 250.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",num_gpu_blocks="2048",model_name="m"} 1.0
+# TYPE kvgate:num_prompt_tokens_waiting gauge
+kvgate:num_prompt_tokens_waiting 4096.0
+"""
+
+SGLANG = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 7.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} 2.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m"} 0.75
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="m"} 0.6
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="m"} 500000.0
+"""
+
+
+def test_parse_vllm_dialect() -> None:
+    m = parse_metrics(VLLM)
+    assert m.dialect == "vllm"
+    assert (m.running, m.waiting, m.kv_usage) == (4, 5, 0.5)
+    assert m.kv_capacity_tokens == 16 * 2048
+    assert (m.hit_tokens, m.query_tokens, m.queued_tokens) == (250.0, 1000.0, 4096)
+
+
+def test_parse_sglang_dialect() -> None:
+    m = parse_metrics(SGLANG)
+    assert m.dialect == "sglang"
+    assert (m.running, m.waiting, m.kv_usage) == (7, 2, 0.75)
+    assert m.kv_capacity_tokens == 500000 and m.hit_rate_gauge == 0.6
+    assert m.hit_tokens is None and m.queued_tokens is None
+
+
+def test_hit_rate_window_slides_and_survives_resets() -> None:
+    w = HitRateWindow(window_s=10)
+    assert w.rates().hit_rate is None
+    assert not w.add(0, 0, 0)
+    assert not w.add(5, 50, 100)
+    assert w.rates().hit_rate == 0.5
+    assert not w.add(20, 50, 200)  # the window now starts at t=5
+    assert w.rates().hit_rate == 0.0
+    assert w.add(21, 10, 20)  # counters went back: a restart
+    assert w.rates().hit_rate is None
+    w.add(22, 30, 40)
+    assert w.rates().hit_rate == 1.0
+
+
+def test_queued_tokens_count_scrape_plus_sent_since() -> None:
+    fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
+    state = fleet.get("r")
+    assert state is not None
+    early = fleet.sent("r", 100)
+    assert state.queued_tokens() == 100  # no scrape yet: the gateway's own count
+    fleet.record_scrape("r", parse_metrics(VLLM))  # the replica reports 4096 queued
+    assert state.queued_tokens() == 4096
+    late = fleet.sent("r", 30)
+    assert state.queued_tokens() == 4126
+    fleet.first_byte(early)  # sent before the scrape: already inside the gauge
+    assert state.queued_tokens() == 4126
+    fleet.first_byte(late)
+    fleet.first_byte(late)  # settling twice changes nothing
+    assert state.queued_tokens() == 4096
+    fleet.done(early)
+    fleet.done(late)
+    assert state.in_flight == 0 and state.pending_tokens == 0
+
+
+def test_restart_bumps_epoch() -> None:
+    fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
+    assert not fleet.record_scrape("r", parse_metrics(VLLM))
+    assert fleet.record_scrape("r", parse_metrics(VLLM.replace("1000.0", "10.0")))
+    assert fleet.get("r").view().epoch == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"replicas": [{"id": "a", "url": "http://h:1", "wieght": 2}]}, "'wieght'"),
+    ({"replicas": [{"id": "a", "url": "localhost:1"}]}, "'localhost:1'"),
+    ({"replicas": [{"id": "a", "url": "http://h:1", "weight": -1}]}, "-1"),
+    ({"replicas": [{"id": "a", "url": "http://h:1"}, {"id": "a", "url": "http://h:2"}]},
+     "appears twice"),
+    ({"port": "80"}, "config.port"),
+    ({"timeouts": {"idle_s": 0}}, "config.timeouts: idle_s must be > 0"),
+    ({"health": {"interval": 1}}, "'interval'"),
+])
+def test_config_errors_name_key_and_value(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        parse_config(data)
+
+
+def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "gw.yaml"
+    bad.write_text("replicas: [\n")
+    with pytest.raises(ConfigError, match=str(bad)):
+        load_config(bad)
+    bad.write_text("replicas:\n  - {id: a, url: 'http://h:1'}\nscrape: {interval_s: -2}\n")
+    with pytest.raises(ConfigError, match=rf"{bad}.scrape: interval_s must be > 0, got -2"):
+        load_config(bad)
