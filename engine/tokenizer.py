@@ -95,9 +95,7 @@ class PromptTokenizer:
     # -- chat -----------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
         """Render OpenAI chat messages to the prompt text the model sees."""
-        normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
-        if not normalized:
-            raise ChatFormatError("messages must contain at least one message")
+        normalized = normalize_messages(messages)
         if self._template is not None:
             return str(self._template.render(
                 messages=normalized, add_generation_prompt=add_generation_prompt,
@@ -107,6 +105,14 @@ class PromptTokenizer:
         if add_generation_prompt:
             parts.append("<|im_start|>assistant\n")
         return "".join(parts)
+
+
+def normalize_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
+    """Check OpenAI chat messages; returns them as plain ``{role, content}`` dicts."""
+    normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
+    if not normalized:
+        raise ChatFormatError("messages must contain at least one message")
+    return normalized
 
 
 def _normalize_message(message: Any, index: int) -> dict[str, str]:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from engine.tokenizer import ChatFormatError, normalize_messages
 from gateway.errors import BadRequest
 
 Endpoint = Literal["completions", "chat"]
@@ -66,6 +67,10 @@ def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty array", param="messages")
+        try:
+            normalize_messages(messages)
+        except ChatFormatError as exc:
+            raise BadRequest(str(exc), param="messages") from exc
     return ParsedRequest(endpoint, body, model, stream, prompt_text, prompt_ids, messages,
                          salt, affinity)
 
