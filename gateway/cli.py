@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv = [sys.argv[0], *argv]
     parser, modules = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
+    logging.basicConfig(level=str(args.log_level).upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     missing = getattr(args, "_missing", None)
     if missing:

@@ -83,15 +83,19 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
-async def _load(url: str, body: bytes, concurrency: int, seconds: float) -> dict[str, float]:
+async def _load(url: str, bodies: list[bytes], concurrency: int, seconds: float
+                ) -> dict[str, float]:
     latencies: list[float] = []
+    body = bodies[0]
     stop_at = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        async def worker() -> None:
+        async def worker(offset: int) -> None:
+            i = offset
             while time.perf_counter() < stop_at:
+                i += 1
                 t0 = time.perf_counter()
-                async with session.post(url, data=body,
+                async with session.post(url, data=bodies[i % len(bodies)],
                                         headers={"content-type": "application/json"}) as r:
                     await r.read()
                     if r.status != 200:
@@ -104,7 +108,7 @@ async def _load(url: str, body: bytes, concurrency: int, seconds: float) -> dict
                 await r.read()
         stop_at = time.perf_counter() + seconds
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(7 * c) for c in range(concurrency)))
         elapsed = time.perf_counter() - started
     latencies.sort()
     return {"rps": round(len(latencies) / elapsed, 1),
@@ -146,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     prompts = _prompts()
-    body = json.dumps({"model": "bench", "prompt": prompts[0], "max_tokens": 1}).encode()
+    # different documents, so routing sees distinct prefixes as in production
+    bodies = [json.dumps({"model": "bench", "prompt": p, "max_tokens": 1}).encode()
+              for p in prompts]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, Any] = {}
@@ -174,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = {}
                 for conc in (1, 32):
                     results[name][f"c{conc}"] = asyncio.run(
-                        _load(f"{base}/v1/completions", body, conc, args.seconds))
+                        _load(f"{base}/v1/completions", bodies, conc, args.seconds))
                     print(name, conc, results[name][f"c{conc}"], file=sys.stderr)
     finally:
         for proc in procs:

@@ -1,0 +1,102 @@
+"""The official OpenAI client -> the gateway -> real engine processes (sim executor)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from engine.tokenizer_build import sample_text
+from gateway.replica_metrics import parse_metrics
+from tests.conftest import free_port, wait_http
+
+pytestmark = pytest.mark.slow
+Spawn = Callable[..., subprocess.Popen[bytes]]
+
+
+def start_fleet(spawn: Spawn, tmp_path: Path, policy: dict[str, object], replicas: int = 2
+                ) -> tuple[str, list[str], list[subprocess.Popen[bytes]]]:
+    urls, procs = [], []
+    for _ in range(replicas):
+        port = free_port()
+        procs.append(spawn("engine", "--executor", "sim", "--port", str(port),
+                           "--kv-cache-gib", "1", "--model-name", "sim-llama"))
+        urls.append(f"http://127.0.0.1:{port}")
+    for url, proc in zip(urls, procs, strict=True):
+        wait_http(f"{url}/health", 60, proc)
+    gport = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": gport, "policy": policy,
+        "replicas": [{"id": f"r{i}", "url": u} for i, u in enumerate(urls)],
+        "health": {"interval_s": 0.3, "timeout_s": 1, "failures_to_eject": 1},
+        "scrape": {"interval_s": 0.3},
+    }))
+    spawn("serve", "--config", str(config), ready_url=f"http://127.0.0.1:{gport}/ready")
+    return f"http://127.0.0.1:{gport}", urls, procs
+
+
+def engine_hits(url: str) -> tuple[float, float]:
+    m = parse_metrics(httpx.get(f"{url}/metrics").text)
+    assert m.hit_tokens is not None and m.query_tokens is not None
+    return m.hit_tokens, m.query_tokens
+
+
+def test_prefix_affinity_sends_each_document_home(spawn: Spawn, tmp_path: Path) -> None:
+    gateway, urls, _ = start_fleet(
+        spawn, tmp_path, {"name": "prefix_affinity", "prefix_tokens": 128})
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["sim-llama"]
+    rng = random.Random(3)
+    docs = [sample_text(rng, 300) for _ in range(4)]
+    homes: dict[int, set[str]] = {i: set() for i in range(len(docs))}
+    cached_later = []
+    for turn in range(3):
+        for i, doc in enumerate(docs):
+            raw = client.completions.with_raw_response.create(
+                model="sim-llama", prompt=f"{doc}\nQuestion {turn}: what is clause {turn}?",
+                max_tokens=4)
+            homes[i].add(raw.headers["x-kvgate-replica"])
+            assert raw.headers["x-kvgate-route"] in ("affinity", "spill")
+            done = raw.parse()
+            assert done.usage is not None and done.usage.completion_tokens == 4
+            details = done.usage.prompt_tokens_details
+            if turn:
+                cached_later.append(details.cached_tokens if details else 0)
+    assert all(len(h) == 1 for h in homes.values()), homes
+    assert len(set().union(*homes.values())) == 2  # both replicas own documents
+    # every repeated document hits: at least its ~500 document tokens, whole blocks
+    assert min(cached_later) >= 400, cached_later
+    hits = sum(engine_hits(u)[0] for u in urls)
+    assert hits == sum(cached_later)
+
+    chunks = list(client.chat.completions.create(
+        model="sim-llama", messages=[{"role": "user", "content": docs[0]}], stream=True,
+        max_tokens=5, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    time.sleep(1.0)  # two scrapes
+    metrics = httpx.get(f"{gateway}/metrics").text
+    assert "kvgate_fleet_token_hit_rate" in metrics
+
+
+def test_dead_replica_is_retried_and_ejected(spawn: Spawn, tmp_path: Path) -> None:
+    gateway, urls, procs = start_fleet(spawn, tmp_path, {"name": "round_robin"})
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
+    procs[0].terminate()
+    procs[0].wait(timeout=10)
+    for i in range(4):
+        done = client.completions.create(model="sim-llama", prompt=f"hello {i}", max_tokens=2)
+        assert done.choices[0].text
+    replicas = httpx.get(f"{gateway}/admin/replicas").json()["replicas"]
+    assert [r["healthy"] for r in replicas] == [False, True]
+    bad = httpx.post(f"{gateway}/v1/completions",
+                     json={"model": "sim-llama", "prompt": "x", "max_tokens": -3})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"

@@ -1,0 +1,74 @@
+"""The project tokenizer, prefix tokenization and chat rendering."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine.tokenizer import ChatFormatError, load_tokenizer
+from engine.tokenizer_build import ASSET_DIR, build, digest, sample_text
+
+
+def test_build_is_deterministic_and_matches_the_shipped_copy(tmp_path: Path) -> None:
+    assert digest(build(tmp_path)) == digest(ASSET_DIR / "tokenizer.json")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefix_encoding_is_a_prefix_of_the_full_encoding(seed: int) -> None:
+    tok = load_tokenizer()
+    rng = random.Random(seed)
+    text = sample_text(rng, rng.randint(5, 3000))
+    if seed % 2:  # odd spacing and markup must not break the prefix property
+        text = text.replace(". ", ".\n\n  ").replace(", ", " ,  ")
+    full = tok.encode(text)
+    for k in (1, 17, 256, 1024, 5000):
+        enc = tok.encode_prefix(text, k)
+        assert enc.ids == full[:k]
+        if k >= len(full):
+            assert enc.complete
+        if not enc.complete:
+            assert len(enc.ids) == k <= enc.total_estimate
+        if enc.complete:
+            assert enc.total_estimate == len(full)
+    assert tok.encode_prefix(text, None).ids == full
+
+
+def test_token_counts_are_realistic() -> None:
+    tok = load_tokenizer()
+    text = sample_text(random.Random(1), 1000)
+    assert 1.2 < len(tok.encode(text)) / 1000 < 2.5
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_fixed_chat_layout_and_errors() -> None:
+    tok = load_tokenizer()
+    text = tok.render_chat([{"role": "system", "content": "be brief"},
+                            {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    assert text == ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    ids = tok.encode(text)
+    assert ids.count(tok.encode("<|im_start|>")[0]) == 3
+    with pytest.raises(ChatFormatError, match=r"messages\[1\].role"):
+        tok.render_chat([{"role": "user", "content": "a"}, {"content": "b"}])
+    with pytest.raises(ChatFormatError, match=r"messages\[0\].content\[0\]"):
+        tok.render_chat([{"role": "user", "content": [{"type": "image_url"}]}])
+
+
+def test_model_chat_template_is_used(tmp_path: Path) -> None:
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}[assistant]{% endif %}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": template, "eos_token": "<|im_end|>"}))
+    tok = load_tokenizer(tmp_path)
+    assert tok.render_chat([{"role": "user", "content": "hi"}]) == "[user] hi\n[assistant]"
+    assert tok.eos_token_id == tok.encode("<|im_end|>")[0]
+
+
+def test_missing_tokenizer_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        load_tokenizer(tmp_path)
