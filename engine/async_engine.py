@@ -9,6 +9,7 @@ executor) the loop then sleeps for what is left of the modeled step duration.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -56,10 +57,8 @@ class AsyncEngine:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)

@@ -9,11 +9,17 @@ Every block is in exactly one of three states::
 ``allocate`` takes free blocks first, then evicts (dropping the victim's hash, so a
 recycled block never answers a lookup for its old content). Hits on evictable blocks are
 taken out of the queue by ``touch`` before the caller allocates anything else.
+
+The per-block work is written as ``map``/``compress``/dict bulk operations rather than
+Python loops: a 6,000-token prompt is 375 blocks, and the offline simulator pushes tens of
+thousands of such requests through the pool.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import compress, repeat
+from operator import not_
 
 from engine.eviction import EvictionPolicy, make_eviction
 from engine.hashing import BlockHash
@@ -25,7 +31,8 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref: list[int] = [0] * num_blocks
-        self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        # block id -> hash, for registered blocks only; ``cached`` is its inverse.
+        self.block_hash: dict[int, BlockHash] = {}
         self.cached: dict[BlockHash, int] = {}
         # Popped from the end: block 0 is handed out first.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
@@ -55,33 +62,31 @@ class BlockPool:
 
     def longest_cached_prefix(self, hashes: Sequence[BlockHash], max_blocks: int) -> list[int]:
         """Block ids of the longest run ``hashes[0:k]`` (k <= max_blocks) all cached."""
-        get = self.cached.get
-        out: list[int] = []
-        append = out.append
-        for i in range(min(max_blocks, len(hashes))):
-            b = get(hashes[i])
-            if b is None:
-                break
-            append(b)
-        return out
+        found = list(map(self.cached.get, hashes[:max_blocks]))
+        try:
+            return found[: found.index(None)]  # type: ignore[return-value]
+        except ValueError:
+            return found  # type: ignore[return-value]
+
+    def num_unreferenced(self, block_ids: Sequence[int]) -> int:
+        """How many of ``block_ids`` have ref 0 (cached hits still in the queue)."""
+        return list(map(self.ref.__getitem__, block_ids)).count(0)
 
     # -- mutations ---------------------------------------------------------------------
 
-    def touch(self, block_ids: Iterable[int]) -> None:
+    def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cached blocks (prefix hits); evictable ones leave the queue."""
         ref = self.ref
-        remove = self.evictor.remove
-        for b in block_ids:
-            if ref[b] == 0:
-                remove(b)
-            ref[b] += 1
+        refs = list(map(ref.__getitem__, block_ids))
+        if 0 in refs:
+            self.evictor.remove_many(list(compress(block_ids, map(not_, refs))))
+        list(map(ref.__setitem__, block_ids, [r + 1 for r in refs]))
 
     def allocate(self, n: int) -> list[int]:
         """``n`` blocks with ref 1 and no hash. ValueError (nothing changed) if short."""
         free = self._free
         if n > len(free) + len(self.evictor):
             raise ValueError(f"cannot allocate {n} blocks: {self.num_free_blocks} available")
-        ref = self.ref
         if n <= len(free):
             out = free[len(free) - n :]
             del free[len(free) - n :]
@@ -89,59 +94,63 @@ class BlockPool:
         else:
             out = free[::-1]
             free.clear()
-            pop_victim = self.evictor.pop_victim
-            bh = self.block_hash
-            cached = self.cached
-            n_evict = n - len(out)
-            for _ in range(n_evict):
-                b = pop_victim()
-                del cached[bh[b]]  # type: ignore[arg-type]  # queued blocks are hashed
-                bh[b] = None
-                out.append(b)
-            self.num_evictions += n_evict
-        for b in out:
-            ref[b] = 1
+            victims = self.evictor.pop_victims(n - len(out))
+            # Drop each victim's hash from both maps.
+            list(map(self.cached.__delitem__, map(self.block_hash.pop, victims)))
+            self.num_evictions += len(victims)
+            out += victims
+        list(map(self.ref.__setitem__, out, repeat(1)))
         return out
 
     def free_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drop one reference from each block, in the given order. Blocks reaching ref 0
-        go to the eviction queue if cached, else to the free stack. Callers pass a
-        request's table tail-first so its last blocks are evicted first."""
+        """Drop one reference from each block (distinct ids), in the given order. Blocks
+        reaching ref 0 go to the eviction queue if cached, else to the free stack. Callers
+        pass a request's table tail-first so its last blocks are evicted first."""
+        ids = list(block_ids)
         ref = self.ref
+        refs = [r - 1 for r in map(ref.__getitem__, ids)]
+        list(map(ref.__setitem__, ids, refs))
+        if 0 not in refs:
+            return
+        zero = list(compress(ids, map(not_, refs)))
         bh = self.block_hash
-        push = self.evictor.push
-        free_append = self._free.append
-        for b in block_ids:
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
-                h = bh[b]
-                if h is None:
-                    free_append(b)
-                else:
-                    push(b, h)
+        hashed = list(filter(bh.__contains__, zero))
+        if len(hashed) != len(zero):
+            self._free.extend(b for b in zero if b not in bh)
+        if hashed:
+            self.evictor.push_many(hashed, list(map(bh.__getitem__, hashed)))
 
     def cache_block(self, block_id: int, block_hash: BlockHash) -> bool:
         """Register an in-use, computed block under ``block_hash``. Returns False (and
         leaves the block uncached) if another block already holds that hash, which
         happens when two requests computed the same prefix in the same step."""
-        if self.block_hash[block_id] is not None:
-            return self.block_hash[block_id] == block_hash
-        if block_hash in self.cached:
-            return False
-        self.cached[block_hash] = block_id
-        self.block_hash[block_id] = block_hash
-        return True
+        return self.cache_blocks([block_id], [block_hash]) == 1
+
+    def cache_blocks(self, block_ids: Sequence[int], hashes: Sequence[BlockHash]) -> int:
+        """``cache_block`` for pairs of unregistered blocks; returns how many were newly
+        registered."""
+        cached, bh = self.cached, self.block_hash
+        new = dict(zip(hashes, block_ids, strict=True))
+        if len(new) == len(block_ids) and cached.keys().isdisjoint(new) and bh.keys().isdisjoint(
+            block_ids
+        ):
+            cached.update(new)
+            bh.update(zip(block_ids, hashes, strict=True))
+            return len(new)
+        n = 0
+        for b, h in zip(block_ids, hashes, strict=True):
+            if b not in bh and h not in cached:
+                cached[h] = b
+                bh[b] = h
+                n += 1
+        return n
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached hash. Evictable blocks become free; in-use blocks stay in
         use but uncached. Returns how many hashes were dropped."""
         n = len(self.cached)
-        for b in self.evictor.clear():
-            self._free.append(b)
-        bh = self.block_hash
-        for i in range(self.num_blocks):
-            bh[i] = None
+        self._free.extend(self.evictor.clear())
+        self.block_hash.clear()
         self.cached.clear()
         return n
 
@@ -161,18 +170,18 @@ class BlockPool:
         free_set = set(self._free)
         if len(free_set) != n_free:
             raise AssertionError("block listed twice in the free stack")
+        bh = self.block_hash
         for b in free_set:
-            if self.ref[b] != 0 or self.block_hash[b] is not None:
+            if self.ref[b] != 0 or b in bh:
                 raise AssertionError(f"free block {b} has ref {self.ref[b]} or a hash")
         for b in range(self.num_blocks):
             in_q = b in self.evictor
-            if in_q and (self.ref[b] != 0 or self.block_hash[b] is None or b in free_set):
+            if in_q and (self.ref[b] != 0 or b not in bh or b in free_set):
                 raise AssertionError(f"queued block {b} is in use, uncached or free")
             if self.ref[b] == 0 and not in_q and b not in free_set:
                 raise AssertionError(f"block {b} has ref 0 but is neither free nor queued")
+        if len(bh) != len(self.cached):
+            raise AssertionError(f"{len(bh)} hashed blocks but {len(self.cached)} map entries")
         for h, b in self.cached.items():
-            if self.block_hash[b] != h:
+            if bh.get(b) != h:
                 raise AssertionError(f"hash map points to block {b} which holds another hash")
-        n_hashed = sum(1 for h in self.block_hash if h is not None)
-        if n_hashed != len(self.cached):
-            raise AssertionError(f"{n_hashed} hashed blocks but {len(self.cached)} map entries")

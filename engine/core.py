@@ -72,6 +72,10 @@ class EngineCore:
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.eviction)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.requests: dict[str, Request] = {}
+        # Executors may stop on several ids (``eos_token_ids``) or one (``eos_token_id``).
+        eos = executor.eos_token_id
+        self._eos_ids: frozenset[int] = frozenset(
+            getattr(executor, "eos_token_ids", None) or (() if eos is None else (eos,)))
 
     @property
     def stats(self) -> EngineStats:
@@ -177,7 +181,7 @@ class EngineCore:
         kv = self.kv
         bs = self.config.block_size
         stats = self.stats
-        eos = self.executor.eos_token_id
+        eos_ids = self._eos_ids
         max_len = self.config.max_model_len
         every = self.config.emit_every_token
         outputs: list[RequestOutput] = []
@@ -200,7 +204,7 @@ class EngineCore:
                 req.first_token_time = end
             params = req.params
             reason = None
-            if (tok == eos and not params.ignore_eos) or tok in params.stop_token_ids:
+            if (tok in eos_ids and not params.ignore_eos) or tok in params.stop_token_ids:
                 reason = "stop"
             elif req.num_output_tokens >= params.max_tokens or len(req.all_token_ids) >= max_len:
                 reason = "length"

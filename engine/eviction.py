@@ -17,8 +17,10 @@ needs a block (``pop_victim``). Policies:
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
+from itertools import compress, islice
+from operator import not_
 from typing import Protocol
 
 from engine.hashing import BlockHash
@@ -31,12 +33,24 @@ class EvictionPolicy(Protocol):
         """A cached block became free. Must not already be queued."""
         ...
 
+    def push_many(self, block_ids: list[int], block_hashes: list[BlockHash]) -> None:
+        """``push`` each pair in order (the first pushed is evicted first among them)."""
+        ...
+
     def remove(self, block_id: int) -> None:
         """A queued block was hit and is in use again. KeyError if not queued."""
         ...
 
+    def remove_many(self, block_ids: list[int]) -> None:
+        """``remove`` each block."""
+        ...
+
     def pop_victim(self) -> int:
         """Remove and return the block to evict next. IndexError if empty."""
+        ...
+
+    def pop_victims(self, n: int) -> list[int]:
+        """``pop_victim`` ``n`` times. The caller checks ``n <= len(self)``."""
         ...
 
     def record_uses(self, block_hashes: Iterable[BlockHash]) -> None:
@@ -61,13 +75,24 @@ class LRUEviction:
     def push(self, block_id: int, block_hash: BlockHash) -> None:
         self._queue[block_id] = None
 
+    def push_many(self, block_ids: list[int], block_hashes: list[BlockHash]) -> None:
+        self._queue.update(dict.fromkeys(block_ids))
+
     def remove(self, block_id: int) -> None:
         del self._queue[block_id]
+
+    def remove_many(self, block_ids: list[int]) -> None:
+        list(map(self._queue.__delitem__, block_ids))
 
     def pop_victim(self) -> int:
         if not self._queue:
             raise IndexError("eviction queue is empty")
         return self._queue.popitem(last=False)[0]
+
+    def pop_victims(self, n: int) -> list[int]:
+        victims = list(islice(self._queue, n))
+        list(map(self._queue.__delitem__, victims))
+        return victims
 
     def record_uses(self, block_hashes: Iterable[BlockHash]) -> None:
         return None
@@ -108,7 +133,7 @@ class FrequencyEviction:
         self.decay_period = decay_period if decay_period is not None else 10 * num_blocks
         if self.decay_period < 1:
             raise ValueError(f"decay_period must be >= 1, got {self.decay_period}")
-        self._counts: dict[BlockHash, int] = {}
+        self._counts: Counter[BlockHash] = Counter()
         self._uses_since_decay = 0
         self._probation: OrderedDict[int, None] = OrderedDict()
         self._protected: OrderedDict[int, None] = OrderedDict()
@@ -117,28 +142,40 @@ class FrequencyEviction:
         return self._counts.get(block_hash, 0)
 
     def record_uses(self, block_hashes: Iterable[BlockHash]) -> None:
-        counts = self._counts
-        get = counts.get
-        n = 0
-        for h in block_hashes:
-            counts[h] = get(h, 0) + 1
-            n += 1
-        self._uses_since_decay += n
+        hashes = list(block_hashes)
+        self._counts.update(hashes)  # Counter.update counts in C
+        self._uses_since_decay += len(hashes)
         if self._uses_since_decay >= self.decay_period:
             self._uses_since_decay = 0
-            self._counts = {h: c >> 1 for h, c in counts.items() if c > 1}
+            self._counts = Counter({h: c >> 1 for h, c in self._counts.items() if c > 1})
 
     def push(self, block_id: int, block_hash: BlockHash) -> None:
         if self._counts.get(block_hash, 0) >= self.min_count:
-            prot = self._protected
-            prot[block_id] = None
-            if len(prot) > self.protected_cap:
-                demoted = prot.popitem(last=False)[0]
-                self._probation[demoted] = None
+            self.push_protected(block_id)
         else:
             self._probation[block_id] = None
 
+    def push_many(self, block_ids: list[int], block_hashes: list[BlockHash]) -> None:
+        get, m = self._counts.get, self.min_count
+        hot = [get(h, 0) >= m for h in block_hashes]
+        if any(hot):
+            for b in compress(block_ids, hot):
+                self.push_protected(b)
+        self._probation.update(dict.fromkeys(compress(block_ids, map(not_, hot))))
+
+    def push_protected(self, block_id: int) -> None:
+        prot = self._protected
+        prot[block_id] = None
+        if len(prot) > self.protected_cap:
+            self._probation[prot.popitem(last=False)[0]] = None
+
+    def remove_many(self, block_ids: list[int]) -> None:
+        remove = self.remove
+        for b in block_ids:
+            remove(b)
+
     def remove(self, block_id: int) -> None:
+        # Values are None, so pop's default (1) tells "not in probation" apart.
         if self._probation.pop(block_id, 1) is not None:
             del self._protected[block_id]
 
@@ -148,6 +185,10 @@ class FrequencyEviction:
         if self._protected:
             return self._protected.popitem(last=False)[0]
         raise IndexError("eviction queue is empty")
+
+    def pop_victims(self, n: int) -> list[int]:
+        pop_victim = self.pop_victim
+        return [pop_victim() for _ in range(n)]
 
     def clear(self) -> list[int]:
         out = [*self._probation, *self._protected]

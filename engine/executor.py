@@ -62,3 +62,24 @@ class Executor(Protocol):
     def execute(self, batch: Batch) -> StepResult:
         """Compute one step. Must not keep references to ``batch`` after returning."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorInfo:
+    """What the engine needs to know about the model behind an executor.
+
+    ``model_id`` seeds the block hash chain (name and revision); ``num_blocks`` is the KV
+    pool the executor allocated (or models); ``model_name`` is the default served name.
+    """
+
+    model_name: str
+    model_id: str
+    num_blocks: int
+    max_model_len: int
+    kv_bytes_per_token: int
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -56,8 +56,7 @@ class KVCacheManager:
         if need > 0:
             avail = pool.num_free_blocks
             if n_hit:
-                ref = pool.ref
-                avail -= sum(1 for b in hit_blocks if ref[b] == 0)
+                avail -= pool.num_unreferenced(hit_blocks)
             if need > avail:
                 return False
         if n_hit:
@@ -78,12 +77,9 @@ class KVCacheManager:
         start = req.num_cached_blocks
         if n <= start:
             return
-        cache_block = self.pool.cache_block
-        table = req.block_table
-        hashes = req.block_hashes
-        for i in range(start, n):
-            cache_block(table[i], hashes[i])
-        self.pool.evictor.record_uses(hashes[start:n])
+        new_hashes = req.block_hashes[start:n]
+        self.pool.cache_blocks(req.block_table[start:n], new_hashes)
+        self.pool.evictor.record_uses(new_hashes)
         req.num_cached_blocks = n
 
     def free(self, req: Request) -> None:

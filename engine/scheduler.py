@@ -156,7 +156,7 @@ class Scheduler:
                     req.request_id,
                     toks[start : start + n],
                     start,
-                    req.block_table,
+                    tuple(req.block_table),
                     start + n == len(toks),
                     req.seed,
                     req.params.temperature,

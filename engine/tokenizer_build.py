@@ -25,13 +25,13 @@ VOCAB_SIZE = 4096
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>")
 
-_FUNCTION_WORDS = (
+_FUNCTION_WORDS = (  # noqa: SIM905 - a sentence is easier to read and edit than a list
     "the of and to a in that is for it as with was on be by this are or at from an "
     "which not have has but all any each shall may will must such other than party "
     "parties agreement contract section clause term notice date law upon under within "
     "without where when who whom what if then there these those its their his her we "
     "you they our your it been being into over after before between during against"
-).split()  # noqa: SIM905 - a sentence is easier to read and edit than a list
+).split()
 _ONSETS = ("b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "v", "w",
            "br", "cl", "cr", "dr", "fl", "gr", "pl", "pr", "st", "str", "th", "tr", "sh", "ch")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ea", "io", "ou", "ee")

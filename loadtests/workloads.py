@@ -31,6 +31,7 @@ import numpy as np
 
 ID_LOW, ID_HIGH = 3, 4096  # synthetic ids stay inside the project tokenizer's vocabulary
 TEXT_TOKENS_PER_WORD = 1.94  # measured: project tokenizer on word-list text
+_IDS = tuple(range(ID_LOW, ID_HIGH))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,19 +72,19 @@ class SegmentContent:
     def __init__(self, seed: int, tokens_per_word: float = TEXT_TOKENS_PER_WORD) -> None:
         self.seed = seed
         self.tokens_per_word = tokens_per_word
-        self._ids: dict[str, np.ndarray] = {}
+        self._ids: dict[str, list[int]] = {}
         self._text: dict[str, str] = {}
 
     def _rng_seed(self, key: str) -> int:
         digest = hashlib.blake2b(f"{self.seed}/{key}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little")
 
-    def ids(self, segment: Segment) -> np.ndarray:
+    def ids(self, segment: Segment) -> list[int]:
         cached = self._ids.get(segment.key)
         if cached is not None:
             return cached
-        rng = np.random.default_rng(self._rng_seed(segment.key))
-        ids = rng.integers(ID_LOW, ID_HIGH, segment.length, dtype=np.int32)
+        # Drawn from one table of int objects: a kept list costs 8 bytes per token.
+        ids = random.Random(self._rng_seed(segment.key)).choices(_IDS, k=segment.length)
         if segment.shared:
             self._ids[segment.key] = ids
         return ids
@@ -103,9 +104,10 @@ class SegmentContent:
         return text
 
     def token_ids(self, segments: Sequence[Segment]) -> list[int]:
-        if len(segments) == 1:
-            return self.ids(segments[0]).tolist()
-        return np.concatenate([self.ids(s) for s in segments]).tolist()
+        out: list[int] = []
+        for seg in segments:
+            out += self.ids(seg)
+        return out
 
     def messages(self, segments: Sequence[Segment]) -> list[dict[str, str]]:
         """Consecutive segments with one role become one message, joined by blank lines."""

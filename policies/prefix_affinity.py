@@ -27,14 +27,14 @@ from policies.base import (
     Policy,
     ReplicaScore,
     ReplicaView,
-    RouteEvent,
     Routed,
+    RouteEvent,
     RouteRequest,
     healthy,
 )
 from policies.common_prefix import CommonPrefixLearner
 from policies.least_load import least_loaded
-from policies.ring import Ring, token_bytes
+from policies.ring import Ring, token_bytes, walk
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,9 @@ class PrefixAffinityConfig:
             raise ValueError(f"max_common_prefix must be >= 0, got {self.max_common_prefix!r}")
 
 
+_Order = tuple[tuple[str, ...], tuple[float, ...]]  # replica ids and weights, in call order
+
+
 def _namespace(request: RouteRequest) -> bytes:
     model, salt = request.model or "", request.cache_salt or ""
     return f"{len(model)}:{model}{len(salt)}:{salt}".encode()
@@ -85,6 +88,7 @@ class PrefixAffinity(Policy):
         self.config = cfg = config or PrefixAffinityConfig()
         self._rng = random.Random(cfg.seed)
         self._rings: OrderedDict[tuple[tuple[str, float], ...], Ring] = OrderedDict()
+        self._layouts: OrderedDict[_Order, tuple[Ring, list[int]]] = OrderedDict()
         self._learner = (
             CommonPrefixLearner(
                 block=cfg.common_block,
@@ -110,16 +114,24 @@ class PrefixAffinity(Policy):
 
     def ring(self, replicas: Sequence[ReplicaView]) -> Ring:
         """The ring over these replicas (cached; rebuilt only for a new membership)."""
-        members = tuple([(r.id, r.weight) for r in replicas])
-        ring = self._rings.get(members)
-        if ring is None:
-            ring = Ring(members, self.config.vnodes)
-            self._rings[members] = ring
-            if len(self._rings) > self._RING_CACHE:
-                self._rings.popitem(last=False)
-        else:
-            self._rings.move_to_end(members)
-        return ring
+        return self._layout([r.id for r in replicas], [r.weight for r in replicas])[0]
+
+    def _layout(self, ids: list[str], weights: list[float]) -> tuple[Ring, list[int]]:
+        """The ring for this membership and its owners as positions in ``ids``; both are
+        cached, the ring by membership, the positions by the order replicas came in."""
+        order = (tuple(ids), tuple(weights))
+        layout = self._layouts.get(order)
+        if layout is None:
+            members = tuple(sorted(zip(ids, weights, strict=True)))
+            ring = self._rings.get(members)
+            if ring is None:
+                ring = self._rings[members] = Ring(members, self.config.vnodes)
+                while len(self._rings) > self._RING_CACHE:
+                    self._rings.popitem(last=False)
+            layout = self._layouts[order] = (ring, ring.indexed(ids))
+            while len(self._layouts) > self._RING_CACHE:
+                self._layouts.popitem(last=False)
+        return layout
 
     def key(self, request: RouteRequest) -> int:
         """The request's 64-bit ring key (the same in every process)."""
@@ -138,29 +150,26 @@ class PrefixAffinity(Policy):
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         ok = healthy(replicas)
+        ids = [r.id for r in ok]
+        weights = [r.weight for r in ok]
+        queued = [r.queued_tokens for r in ok]
+        ring, owners = self._layout(ids, weights)
         p = request.prompt_tokens
-        total = p
-        weights = 0.0
-        by_id: dict[str, ReplicaView] = {}
-        for r in ok:
-            total += r.queued_tokens
-            weights += r.weight
-            by_id[r.id] = r
-        ring = self.ring(ok)
-        unit = self.config.overload * total / weights if weights > 0 else 0.0
+        total_w = sum(weights)
+        # the bound of replica i is unit * weights[i]; an idle replica always fits
+        unit = self.config.overload * (sum(queued) + p) / total_w if total_w > 0 else 0.0
         want = 1 + self.config.fallbacks
         ranked: list[str] = []
         scores: list[ReplicaScore] = []
         chosen: str | None = None
-        for rid in ring.walk(self.key(request)):
-            r = by_id[rid]
-            bound = unit * r.weight
+        for i in walk(ring.points, owners, len(ring), self.key(request)):
+            q, bound = queued[i], unit * weights[i]
             # score: this replica's queue with the request, as a fraction of its bound
-            scores.append(ReplicaScore(rid, (r.queued_tokens + p) / bound if bound else 0.0))
-            if chosen is None and (r.queued_tokens == 0 or r.queued_tokens + p <= bound):
-                chosen = rid
+            scores.append(ReplicaScore(ids[i], (q + p) / bound if bound else 0.0))
+            if chosen is None and (q == 0 or q + p <= bound):
+                chosen = ids[i]
             elif chosen is not None or len(ranked) < self.config.fallbacks:
-                ranked.append(rid)
+                ranked.append(ids[i])
             if chosen is not None and len(ranked) + 1 >= want:
                 break
         if chosen is not None:

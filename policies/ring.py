@@ -17,12 +17,14 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from hashlib import blake2b
+from typing import TypeVar
 
 from uhashring import HashRing
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
+_T = TypeVar("_T", bound=Hashable)
 
 
 def stable_hash(data: bytes | memoryview) -> int:
@@ -73,17 +75,26 @@ class Ring:
 
     def walk(self, key: int) -> Iterator[str]:
         """Distinct replicas in ring order starting at ``key``'s position."""
-        points, owners = self.points, self.owners
-        n = len(points)
-        if n == 0:
-            return
-        start = bisect_left(points, key)
-        seen: set[str] = set()
-        wanted = len(self.members)
-        for i in range(start, start + n):
-            rid = owners[i % n] if i >= n else owners[i]
-            if rid not in seen:
-                seen.add(rid)
-                yield rid
-                if len(seen) == wanted:
-                    return
+        return walk(self.points, self.owners, len(self.members), key)
+
+    def indexed(self, order: Sequence[str]) -> list[int]:
+        """``owners`` as positions in ``order`` (which must list every member), for walks
+        that read per-replica facts from parallel lists."""
+        where = {rid: i for i, rid in enumerate(order)}
+        return [where[rid] for rid in self.owners]
+
+
+def walk(points: list[int], owners: Sequence[_T], distinct: int, key: int) -> Iterator[_T]:
+    """Distinct owners in ring order from the first point at or after ``key``."""
+    n = len(points)
+    if n == 0:
+        return
+    start = bisect_left(points, key)
+    seen: set[_T] = set()
+    for i in range(start, start + n):
+        owner = owners[i - n] if i >= n else owners[i]
+        if owner not in seen:
+            seen.add(owner)
+            yield owner
+            if len(seen) == distinct:
+                return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.base import Decision, Policy, ReplicaView, RouteEvent, Routed, RouteRequest, healthy
+from policies.base import Decision, Policy, ReplicaView, Routed, RouteEvent, RouteRequest, healthy
 
 
 @dataclass(frozen=True, slots=True)

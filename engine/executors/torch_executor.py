@@ -43,9 +43,11 @@ class TorchExecutor:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        # Left uninitialised: a position is always written before anything reads it, and
+        # untouched pages of a large CPU pool then cost no memory.
         self.kv_caches: list[KVCache] = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (torch.empty(shape, dtype=self.dtype, device=self.device),
+             torch.empty(shape, dtype=self.dtype, device=self.device))
             for _ in range(self.config.num_layers)
         ]
 
@@ -98,7 +100,8 @@ class TorchExecutor:
             return self.model.logits(hidden)
         ends = [meta.query_start_host[i + 1] - 1 for i in range(len(seqs))
                 if only is None or only[i]]
-        return self.model.logits(hidden[torch.tensor(ends, device=self.device)])
+        return self.model.logits(
+            hidden[torch.tensor(ends, dtype=torch.long, device=self.device)])
 
     def _validate(self, s: SeqWork) -> None:
         if not s.token_ids:

@@ -226,13 +226,14 @@ def paged_attention(
     padded = tokens > meta.query_start_host[-1]
     out = torch.zeros_like(query) if padded else torch.empty_like(query)
     grid = (meta.num_seqs, triton.cdiv(meta.max_query_len, block_q), num_kv_heads)
-    extra = {} if num_warps is None else {"num_warps": num_warps}
+    if num_warps is None:
+        num_warps = 4 if decode or block_m * head_pad <= 64 * 64 else 8
     _paged_attention_kernel[grid](
         query, key_cache, value_cache, out,
         meta.block_tables, meta.query_start_loc, meta.seq_lens, scale * math.log2(math.e),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *key_cache.stride()[:3], *value_cache.stride()[:3], meta.block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim, HEAD_PAD=head_pad,
-        BLOCK_SIZE=key_cache.shape[1], BLOCK_Q=block_q, BLOCK_N=block_n, **extra,
+        BLOCK_SIZE=key_cache.shape[1], BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=num_warps,
     )
     return out

@@ -98,6 +98,8 @@ class CausalLM(nn.Module):
     """``forward`` returns final hidden states ``[T, hidden]``; ``logits`` projects the
     rows that need a next token."""
 
+    inv_freq: torch.Tensor
+
     def __init__(self, config: ModelConfig, backend: str = "auto") -> None:
         super().__init__()
         if backend not in kernels.BACKENDS:

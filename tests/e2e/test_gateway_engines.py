@@ -88,7 +88,7 @@ def test_prefix_affinity_sends_each_document_home(spawn: Spawn, tmp_path: Path) 
 
 
 def test_dead_replica_is_retried_and_ejected(spawn: Spawn, tmp_path: Path) -> None:
-    gateway, urls, procs = start_fleet(spawn, tmp_path, {"name": "round_robin"})
+    gateway, _, procs = start_fleet(spawn, tmp_path, {"name": "round_robin"})
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
     procs[0].terminate()
     procs[0].wait(timeout=10)

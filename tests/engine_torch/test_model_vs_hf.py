@@ -126,6 +126,9 @@ def test_execute_greedy_and_seeded_sampling(pair: tuple[torch.nn.Module, Path]) 
     assert set(greedy.next_tokens) == {"g"} and greedy.seconds > 0
     expected = int(ex.last_logits([SeqWork("g", ids, 0, _blocks(0, 10), True)])[0].argmax())
     assert greedy.next_tokens["g"] == expected
+    prefill_only = ex.execute(Batch((SeqWork("p", ids[:5], 0, _blocks(6, 5), False),)))
+    assert prefill_only.next_tokens == {}
+    assert ex.execute(Batch(())).next_tokens == {}
     draws = [ex.execute(Batch((SeqWork("t", ids, 0, _blocks(0, 10), True, seed=s,
                                        temperature=1.5),))).next_tokens["t"]
              for s in (1, 1, 2, 3, 4, 5)]
