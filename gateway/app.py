@@ -129,6 +129,8 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     headers = dict(stream.headers)
     headers["x-kvgate-replica"] = stream.replica
     headers["x-kvgate-route"] = decision.reason
+    if stream.complete:  # nothing left to relay: skip the streaming machinery
+        return Response(stream.whole_body(), status_code=stream.status, headers=headers)
     return StreamingResponse(stream.relay(), status_code=stream.status, headers=headers)
 
 

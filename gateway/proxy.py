@@ -62,6 +62,17 @@ class UpstreamStream:
         self.stream = "text/event-stream" in response.headers.get("content-type", "")
         self._closed = False
 
+    @property
+    def complete(self) -> bool:
+        """True when the first chunk was the whole body (a small non-streamed answer)."""
+        return self.response.content.is_eof() and not self.stream
+
+    def whole_body(self) -> bytes:
+        """The body of a ``complete`` response; settles the accounting."""
+        assert self.complete
+        self.close(True)
+        return self.first_chunk
+
     async def relay(self) -> AsyncIterator[bytes]:
         ok = False
         try:

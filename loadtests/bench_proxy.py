@@ -4,7 +4,9 @@
 
 Runs, in one go and on the same load generator, 6,000-token completion requests against
 (1) the backend directly, (2) the gateway with ``round_robin``, (3) the gateway with
-``prefix_affinity``, at 1 and 32 concurrent connections; then times the routing decision
+``prefix_affinity``, at 1 and 32 concurrent connections, and (4) a minimal pass-through
+proxy over httpx and over aiohttp (``client_httpx``, ``client_aiohttp``: how the gateway's
+upstream client was chosen); then times the routing decision
 (tokenizing the first 1,024 tokens of a 6,000-token prompt and choosing) in process.
 Each server runs in its own process; compare the figures as ratios.
 """
@@ -77,6 +79,19 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
             raise RuntimeError(f"server for {url} exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer")
+
+
+def _wait_post(url: str, body: bytes, timeout: float = 30) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=1):
                 return
         except OSError:
             time.sleep(0.1)
@@ -164,6 +179,15 @@ def main(argv: list[str] | None = None) -> int:
              "--log-level", "warning", "--no-access-log"], env=env))
         _wait(f"http://127.0.0.1:{bport}/health", procs[-1])
         targets = {"direct": f"http://127.0.0.1:{bport}"}
+        # the upstream client choice: the same minimal proxy over each client
+        for client in ("httpx", "aiohttp"):
+            cport = _free_port()
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", f"loadtests.proxy_clients:{client}_app",
+                 "--port", str(cport), "--loop", "uvloop", "--http", "httptools",
+                 "--log-level", "warning", "--no-access-log"],
+                env=dict(env, BENCH_BACKEND=targets["direct"])))
+            targets[f"client_{client}"] = f"http://127.0.0.1:{cport}"
         with tempfile.TemporaryDirectory() as tmp:
             for policy in ("round_robin", "prefix_affinity"):
                 gport = _free_port()
@@ -176,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                      "--config", str(cfg)], env=env))
                 _wait(f"http://127.0.0.1:{gport}/ready", procs[-1])
                 targets[f"gateway_{policy}"] = f"http://127.0.0.1:{gport}"
+            for client in ("httpx", "aiohttp"):
+                _wait_post(f"{targets[f'client_{client}']}/v1/completions", bodies[0])
             for name, base in targets.items():
                 results[name] = {}
                 for conc in (1, 32):
@@ -191,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     direct = results["direct"]["c32"]["rps"]
     results["ratios"] = {
         name: round(results[name]["c32"]["rps"] / direct, 3)
-        for name in ("gateway_round_robin", "gateway_prefix_affinity")}
+        for name in ("gateway_round_robin", "gateway_prefix_affinity", "client_httpx",
+                     "client_aiohttp")}
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

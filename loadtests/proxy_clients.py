@@ -1,0 +1,89 @@
+"""Two minimal pass-through proxies, one per upstream HTTP client, for choosing the client.
+
+    uvicorn loadtests.proxy_clients:httpx_app     (BENCH_BACKEND=http://127.0.0.1:PORT)
+    uvicorn loadtests.proxy_clients:aiohttp_app
+
+Both read the request body, POST it to the backend and return the backend's body: the
+same work, so ``bench_proxy`` can compare the clients' overhead under concurrency.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import aiohttp
+import httpx
+
+BACKEND = os.environ.get("BENCH_BACKEND", "http://127.0.0.1:9")
+
+
+async def _read(receive: Any) -> bytes:
+    body = bytearray()
+    more = True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    return bytes(body)
+
+
+async def _lifespan(receive: Any, send: Any, opened: Any, closed: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await opened()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await closed()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _reply(send: Any, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _HttpxProxy:
+    client: httpx.AsyncClient | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            async def opened() -> None:
+                self.client = httpx.AsyncClient(
+                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+            async def closed() -> None:
+                assert self.client is not None
+                await self.client.aclose()
+            await _lifespan(receive, send, opened, closed)
+            return
+        body = await _read(receive)
+        assert self.client is not None
+        r = await self.client.post(BACKEND + scope["path"], content=body)
+        await _reply(send, r.status_code, r.content)
+
+
+class _AiohttpProxy:
+    session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            async def opened() -> None:
+                self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+            async def closed() -> None:
+                assert self.session is not None
+                await self.session.close()
+            await _lifespan(receive, send, opened, closed)
+            return
+        body = await _read(receive)
+        assert self.session is not None
+        async with self.session.post(BACKEND + scope["path"], data=body) as r:
+            await _reply(send, r.status, await r.read())
+
+
+httpx_app = _HttpxProxy()
+aiohttp_app = _AiohttpProxy()
