@@ -40,7 +40,7 @@ class AsyncEngine:
         self.clock = clock
         self._on_step = on_step
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
-        self._pending: list[Callable[[], None]] = []
+        self._pending: list[Callable[[], object]] = []
         self._wake = asyncio.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None

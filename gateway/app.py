@@ -123,8 +123,9 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         return Response(status_code=499)
     try:
         stream = opening.result()
-    except GatewayError:
-        gw.metrics.requests.labels(replica="none", route=decision.reason, status="502").inc()
+    except GatewayError as exc:
+        gw.metrics.requests.labels(replica="none", route=decision.reason,
+                                   status=str(exc.status)).inc()
         raise
     headers = dict(stream.headers)
     headers["x-kvgate-replica"] = stream.replica

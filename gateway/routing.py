@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
+import itertools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ class Router:
         self._pool = ThreadPoolExecutor(max_workers=min(concurrency, 4),
                                         thread_name_prefix="kvgate-tokenize")
         self._slots = asyncio.Semaphore(concurrency)
+        self._ids = itertools.count()
+        self._id_prefix = f"{os.getpid():x}-"
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -72,7 +75,7 @@ class Router:
                 loop = asyncio.get_running_loop()
                 ids, total = await loop.run_in_executor(self._pool, self._tokenize, parsed,
                                                         needed)
-        return RouteRequest(tokens=ids, prompt_tokens=total, request_id=uuid.uuid4().hex,
+        return RouteRequest(tokens=ids, prompt_tokens=total, request_id=f"{self._id_prefix}{next(self._ids)}",
                             model=parsed.model, tenant=tenant, cache_salt=parsed.cache_salt,
                             affinity_key=parsed.affinity_key)
 

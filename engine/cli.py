@@ -1,0 +1,149 @@
+"""``kvgate engine``: run one engine replica (sim or torch executor) behind its HTTP server.
+
+Standalone: ``python -m engine.cli --executor sim --profile llama3-8b-h100 --port 8001``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from engine.core import EngineConfig, EngineCore
+from engine.cost_model import CostModel, available_profiles, load_profile
+from engine.executor import Executor, ExecutorInfo
+from engine.hashing import model_identity
+from engine.sim_executor import SimExecutor
+
+GIB = 1 << 30
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--executor", choices=["sim", "torch"], default="sim")
+    parser.add_argument("--profile", default="llama3-8b-h100",
+                        help=f"sim cost profile: one of {available_profiles()} or a YAML path")
+    parser.add_argument("--model", default=None, help="model directory (torch executor)")
+    parser.add_argument("--device", default="auto", help="torch device (torch executor)")
+    parser.add_argument("--model-name", default=None,
+                        help="served model name (default: from the profile or model dir)")
+    parser.add_argument("--model-revision", default=None,
+                        help="revision folded into the block hash chain's seed")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer dir or tokenizer.json (default: the project's own, "
+                             "or the model dir for the torch executor)")
+    parser.add_argument("--kv-cache-gib", type=float, default=25.0)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--eviction", choices=["lru", "frequency"], default="lru")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--log-level", default="info")
+
+
+def make_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, ExecutorInfo]:
+    """The executor named by ``--executor`` and what the engine must know about it."""
+    if args.executor == "sim":
+        return _sim_executor(args, tokenizer)
+    if args.executor == "torch":
+        return _torch_executor(args)
+    raise ValueError(f"unknown executor {args.executor!r}; expected 'sim' or 'torch'")
+
+
+def _sim_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, ExecutorInfo]:
+    profile = load_profile(args.profile)
+    kv_bytes = profile.model.kv_bytes_per_token
+    num_blocks = int(args.kv_cache_gib * GIB) // (kv_bytes * args.block_size)
+    vocab = int(tokenizer.vocab_size)
+    # Generated ids avoid the low ids (special tokens and raw bytes) so output decodes to
+    # readable text; EOS is then never produced and requests run to max_tokens.
+    executor = SimExecutor(CostModel.from_profile(profile), block_size=args.block_size,
+                           eos_token_id=tokenizer.eos_token_id,
+                           token_range=(min(259, vocab - 1), vocab))
+    name = profile.model.name
+    info = ExecutorInfo(model_name=name, model_id=model_identity(name, args.model_revision),
+                        num_blocks=num_blocks,
+                        max_model_len=args.max_model_len or profile.model.max_model_len,
+                        kv_bytes_per_token=kv_bytes)
+    return executor, info
+
+
+def _torch_executor(args: argparse.Namespace) -> tuple[Executor, ExecutorInfo]:
+    if not args.model:
+        raise ValueError("--executor torch needs --model DIR")
+    # Imported here: the core and the sim path never import torch.
+    from pathlib import Path
+
+    from engine.executors.torch_executor import TorchExecutor, pick_device
+    from engine.model.config import ModelConfig, kv_bytes_per_token
+    from engine.model.loader import default_dtype
+
+    config = ModelConfig.from_file(Path(args.model) / "config.json")
+    device = pick_device(args.device)
+    dtype = default_dtype(config, device)
+    kv_bytes = kv_bytes_per_token(config, dtype)
+    num_blocks = int(args.kv_cache_gib * GIB) // (kv_bytes * args.block_size)
+    executor = TorchExecutor.from_dir(args.model, num_blocks=num_blocks,
+                                      block_size=args.block_size, device=str(device),
+                                      dtype=dtype)
+    name = Path(args.model).resolve().name
+    info = ExecutorInfo(model_name=name, model_id=model_identity(name, args.model_revision),
+                        num_blocks=num_blocks,
+                        max_model_len=args.max_model_len or config.max_position_embeddings,
+                        kv_bytes_per_token=kv_bytes)
+    return executor, info
+
+
+def build_server(args: argparse.Namespace) -> Any:
+    """An :class:`engine.server.EngineServer` configured from parsed arguments."""
+    from engine.server import EngineServer
+    from engine.tokenizer import load_tokenizer
+
+    tok_path = args.tokenizer or (args.model if args.executor == "torch" else None)
+    tokenizer = load_tokenizer(tok_path)
+    executor, info = make_executor(args, tokenizer)
+    config = EngineConfig(
+        model_id=info.model_id,
+        num_blocks=info.num_blocks,
+        block_size=args.block_size,
+        eviction=args.eviction,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=info.max_model_len,
+    )
+    core = EngineCore(executor, config)
+    return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,
+                        sleep_modeled_time=args.executor == "sim")
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from engine.server import build_app
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server = build_server(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"kvgate engine: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger(__name__).info(
+        "serving %s: %d KV blocks of %d tokens, eviction %s, executor %s",
+        server.model_name, server.core.config.num_blocks, args.block_size, args.eviction,
+        args.executor)
+    uvicorn.run(build_app(server), host=args.host, port=args.port,
+                log_level=args.log_level.lower(), ws="none")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvgate engine", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

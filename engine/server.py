@@ -1,0 +1,291 @@
+"""The engine's HTTP server: OpenAI completions and chat, vLLM's tokenize/reset/metrics.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``, ``POST /tokenize``, ``POST /detokenize``, ``POST /reset_prefix_cache``,
+``GET /metrics``. Errors are ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.async_engine import AsyncEngine, EngineDeadError
+from engine.core import EngineCore
+from engine.metrics import EngineMetrics
+from engine.openai_protocol import APIError, GenerateParams, context_error, parse_generate, usage
+from engine.request import RequestOutput, SamplingParams
+from engine.text_stream import TextStream
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+# Prompts longer than this many characters are tokenized in a worker thread.
+_INLINE_TOKENIZE_CHARS = 2000
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+class EngineServer:
+    """Owns the async engine, metrics and tokenizer of one served model."""
+
+    def __init__(self, core: EngineCore, tokenizer: Any, *, model_name: str,
+                 sleep_modeled_time: bool) -> None:
+        self.core = core
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = core.config.max_model_len
+        self.metrics = EngineMetrics(core, model_name)
+        self.engine = AsyncEngine(core, sleep_modeled_time=sleep_modeled_time,
+                                  on_step=self._observe)
+        self.created = int(time.time())
+
+    def _observe(self, out: Any) -> None:
+        for o in out.outputs:
+            self.metrics.observe(o)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _json(self, request: HTTPRequest) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            raise APIError(f"request body of {length} bytes exceeds {MAX_BODY_BYTES}",
+                           status=413)
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise APIError(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413)
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(f"malformed JSON body: {exc}") from exc
+
+    async def _encode(self, text: str) -> list[int]:
+        if len(text) <= _INLINE_TOKENIZE_CHARS:
+            return self.tokenizer.encode(text)
+        return await asyncio.to_thread(self.tokenizer.encode, text)
+
+    async def _prompt_ids(self, p: GenerateParams) -> list[int]:
+        if p.prompt_ids is not None:
+            return p.prompt_ids
+        if p.messages is not None:
+            try:
+                text = self.tokenizer.render_chat(p.messages)
+            except ValueError as exc:
+                raise APIError(str(exc), param="messages") from exc
+        else:
+            text = p.prompt_text or ""
+        ids = await self._encode(text)
+        if not ids:
+            raise APIError("prompt encodes to zero tokens", param="prompt")
+        return ids
+
+    # -- routes ---------------------------------------------------------------------------
+
+    async def health(self, request: HTTPRequest) -> Response:
+        return Response(status_code=200 if self.engine.alive else 503)
+
+    async def models(self, request: HTTPRequest) -> Response:
+        card = {"id": self.model_name, "object": "model", "created": self.created,
+                "owned_by": "kvgate", "root": self.model_name,
+                "max_model_len": self.max_model_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def metrics_route(self, request: HTTPRequest) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def tokenize(self, request: HTTPRequest) -> Response:
+        body = await self._json(request)
+        if not isinstance(body, dict):
+            raise APIError("request body must be a JSON object")
+        if "messages" in body:
+            p = parse_generate({**body, "max_tokens": 1}, chat=True,
+                               model_name=self.model_name, vocab_size=self.tokenizer.vocab_size)
+            ids = await self._prompt_ids(p)
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise APIError("'prompt' must be a string", param="prompt")
+            ids = await self._encode(prompt)
+        return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len,
+                             "tokens": ids})
+
+    async def detokenize(self, request: HTTPRequest) -> Response:
+        body = await self._json(request)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise APIError("'tokens' must be a list of token ids", param="tokens")
+        return JSONResponse({"prompt": self.tokenizer.decode(tokens)})
+
+    async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
+        dropped = await self.engine.call(lambda core: core.reset_prefix_cache())
+        return JSONResponse({"status": "ok", "dropped_blocks": dropped})
+
+    async def completions(self, request: HTTPRequest) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: HTTPRequest) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: HTTPRequest, *, chat: bool) -> Response:
+        body = await self._json(request)
+        p = parse_generate(body, chat=chat, model_name=self.model_name,
+                           vocab_size=self.tokenizer.vocab_size)
+        ids = await self._prompt_ids(p)
+        limit = self.max_model_len
+        max_tokens = p.max_tokens if p.max_tokens is not None else max(1, limit - len(ids))
+        if len(ids) + max_tokens > limit:
+            raise context_error(len(ids), max_tokens, limit)
+        try:
+            self.core.validate(len(ids), max_tokens)
+            params = SamplingParams(max_tokens=max_tokens, temperature=p.temperature,
+                                    seed=p.seed, ignore_eos=p.ignore_eos,
+                                    stop_token_ids=p.stop_token_ids)
+        except ValueError as exc:
+            raise APIError(str(exc)) from exc
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        req = await asyncio.to_thread(self.core.make_request, rid, ids, params,
+                                      cache_salt=p.cache_salt)
+        try:
+            queue = self.engine.add(req)
+        except EngineDeadError as exc:
+            raise APIError(str(exc), status=503) from exc
+        gen = _Generation(self, rid, chat, p, len(ids), queue)
+        if p.stream:
+            return StreamingResponse(gen.sse(), media_type="text/event-stream")
+        return JSONResponse(await gen.collect())
+
+
+class _Generation:
+    """One request's outputs turned into a response body or SSE chunks."""
+
+    def __init__(self, server: EngineServer, rid: str, chat: bool, p: GenerateParams,
+                 num_prompt: int, queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
+        self.server = server
+        self.rid = rid
+        self.chat = chat
+        self.p = p
+        self.num_prompt = num_prompt
+        self.queue = queue
+        self.text = TextStream(server.tokenizer, p.stop)
+        self.created = int(time.time())
+        self.num_output = 0
+        self.num_cached = 0
+        self.done = False
+
+    async def _deltas(self) -> AsyncGenerator[tuple[str, str | None], None]:
+        """(text delta, finish reason or None) per engine output; aborts on early exit."""
+        try:
+            while True:
+                item = await self.queue.get()
+                if isinstance(item, EngineDeadError):
+                    raise APIError(str(item), status=503)
+                if isinstance(item, BaseException):
+                    raise APIError(str(item))
+                self.num_output = item.num_output_tokens
+                self.num_cached = item.num_cached_tokens
+                delta = self.text.push(item.new_token_ids)
+                reason = item.finish_reason
+                if self.text.stopped:
+                    reason = "stop"
+                elif reason is not None:
+                    delta += self.text.flush()
+                if reason is not None:
+                    self.done = item.finished
+                    yield delta, reason
+                    return
+                if delta:
+                    yield delta, None
+        finally:
+            if not self.done:
+                self.server.engine.abort(self.rid)
+
+    def _usage(self) -> dict[str, Any]:
+        return usage(self.num_prompt, self.num_output, self.num_cached)
+
+    async def collect(self) -> dict[str, Any]:
+        parts: list[str] = []
+        reason = None
+        async for delta, reason in self._deltas():  # noqa: B007
+            parts.append(delta)
+        text = "".join(parts)
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
+                                                              "content": text},
+                                      "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.server.model_name,
+                "choices": [choice], "usage": self._usage()}
+
+    def _chunk(self, choices: list[dict[str, Any]], with_usage: bool = False) -> str:
+        obj: dict[str, Any] = {
+            "id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created, "model": self.server.model_name, "choices": choices}
+        if self.p.include_usage:
+            obj["usage"] = self._usage() if with_usage else None
+        return f"data: {_dumps(obj)}\n\n"
+
+    def _choice(self, delta: str | None, reason: str | None, role: bool = False) -> dict[str, Any]:
+        if not self.chat:
+            return {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
+        d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        if delta:
+            d["content"] = delta
+        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
+
+    async def sse(self) -> AsyncIterator[str]:
+        gen = self._deltas()
+        try:
+            if self.chat:
+                yield self._chunk([self._choice(None, None, role=True)])
+            async for delta, reason in gen:
+                yield self._chunk([self._choice(delta, reason)])
+            if self.p.include_usage:
+                yield self._chunk([], with_usage=True)
+        except APIError as exc:
+            yield f"data: {_dumps(exc.body())}\n\n"
+        finally:
+            await gen.aclose()
+        yield "data: [DONE]\n\n"
+
+
+async def _api_error(request: HTTPRequest, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def build_app(server: EngineServer) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await server.engine.start()
+        try:
+            yield
+        finally:
+            await server.engine.stop()
+
+    routes = [
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.metrics_route, methods=["GET"]),
+        Route("/tokenize", server.tokenize, methods=["POST"]),
+        Route("/detokenize", server.detokenize, methods=["POST"]),
+        Route("/reset_prefix_cache", server.reset_prefix_cache, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={APIError: _api_error})
+    app.state.server = server
+    return app

@@ -1,0 +1,211 @@
+"""The engine server against the official ``openai`` client and raw HTTP, on a real
+uvicorn server on a free loopback port (sim executor with a tiny cost model)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.server import EngineServer, build_app
+from engine.tokenizer import load_tokenizer
+
+from .conftest import make_core
+
+MODEL = "tiny-sim"
+
+
+class Running:
+    def __init__(self, url: str, server: EngineServer) -> None:
+        self.url = url
+        self.server = server
+        self.http = httpx.Client(base_url=url, timeout=30)
+        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+    def metrics(self) -> dict[str, float]:
+        text = self.http.get("/metrics").text
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if not s.name.endswith(("_bucket", "_created")):
+                    out[s.name] = s.value
+        return out
+
+
+def _serve(**core_kw: object) -> Iterator[Running]:
+    core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=512,
+                     **core_kw)
+    srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=True)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    userver = uvicorn.Server(uvicorn.Config(build_app(srv), log_level="warning", ws="none",
+                                            lifespan="on"))
+    thread = threading.Thread(target=userver.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    for _ in range(500):
+        if userver.started:
+            break
+        time.sleep(0.01)
+    assert userver.started, "server did not start"
+    running = Running(f"http://127.0.0.1:{port}", srv)
+    try:
+        yield running
+    finally:
+        running.http.close()
+        running.client.close()
+        userver.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[Running]:
+    yield from _serve()
+
+
+@pytest.fixture
+def fresh() -> Iterator[Running]:
+    yield from _serve()
+
+
+LONG = " ".join(f"clause {i} of the agreement binds the parties." for i in range(40))
+
+
+def test_completion_usage_reports_cached_tokens(live: Running) -> None:
+    first = live.client.completions.create(model=MODEL, prompt=LONG, max_tokens=4)
+    assert first.usage is not None and first.usage.completion_tokens == 4
+    assert first.choices[0].finish_reason == "length"
+    again = live.client.completions.create(model=MODEL, prompt=LONG, max_tokens=4)
+    n = again.usage.prompt_tokens
+    assert n == first.usage.prompt_tokens > 100
+    assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 4 * 4
+    assert again.choices[0].text == first.choices[0].text  # deterministic sim output
+
+
+def test_token_id_prompt_and_models(live: Running) -> None:
+    out = live.client.completions.create(model=MODEL, prompt=[300, 301, 302], max_tokens=2)
+    assert out.usage.prompt_tokens == 3
+    models = live.client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert live.http.get("/health").status_code == 200
+
+
+def test_chat_stream_with_usage(live: Running) -> None:
+    stream = live.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello there"}], max_tokens=5,
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    full = live.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello there"}], max_tokens=5)
+    assert full.choices[0].message.content == text
+    n_prompt = live.http.post("/tokenize", json={
+        "messages": [{"role": "user", "content": "hello there"}]}).json()["count"]
+    assert full.usage.prompt_tokens == n_prompt
+
+
+def test_raw_sse_framing(live: Running) -> None:
+    with live.http.stream("POST", "/v1/completions", json={
+            "model": MODEL, "prompt": "abc", "max_tokens": 3, "stream": True}) as r:
+        body = "".join(r.iter_text())
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = body.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    assert all(e.startswith("data: ") for e in events[:-1])
+
+
+def test_stop_string_truncates(live: Running) -> None:
+    base = live.client.completions.create(model=MODEL, prompt="stop test", max_tokens=12,
+                                          seed=3).choices[0].text
+    stop = base[6:9]
+    cut = live.client.completions.create(model=MODEL, prompt="stop test", max_tokens=12,
+                                         seed=3, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == base[: base.index(stop)]
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"prompt": "x", "max_tokens": 600}, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "x", "cache_salt": ""}, 400, "cache_salt"),
+    ({"prompt": "x", "cache_salt": "s" * 129}, 400, "cache_salt"),
+    ({"prompt": "x", "model": "nope"}, 404, "model"),
+    ({"prompt": [1, 2, 99999]}, 400, "prompt"),
+    ({"prompt": ""}, 400, "prompt"),
+])
+def test_bad_input_gets_openai_errors(live: Running, body: dict, status: int,
+                                      param: str) -> None:
+    r = live.http.post("/v1/completions", json=body)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == status
+    assert set(err) == {"message", "type", "param", "code"}
+
+
+def test_malformed_json_and_client_errors(live: Running) -> None:
+    r = live.http.post("/v1/completions", content=b'{"prompt": ')
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        live.client.completions.create(model=MODEL, prompt=LONG * 3, max_tokens=10)
+    with pytest.raises(openai.NotFoundError):
+        live.client.completions.create(model="other", prompt="x")
+
+
+def test_salted_requests_do_not_share_cache(live: Running) -> None:
+    prompt = "salt isolation " * 30
+    for salt in ("tenant-a", "tenant-b"):
+        out = live.client.completions.create(model=MODEL, prompt=prompt, max_tokens=1,
+                                             extra_body={"cache_salt": salt})
+        assert out.usage.prompt_tokens_details.cached_tokens == 0
+    out = live.client.completions.create(model=MODEL, prompt=prompt, max_tokens=1,
+                                         extra_body={"cache_salt": "tenant-a"})
+    assert out.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_metrics_match_a_scripted_run(fresh: Running) -> None:
+    prompt = [300 + i for i in range(20)]
+    fresh.client.completions.create(model=MODEL, prompt=prompt, max_tokens=3)
+    fresh.client.completions.create(model=MODEL, prompt=[*prompt, 400, 401], max_tokens=2)
+    assert fresh.http.post("/reset_prefix_cache").status_code == 200
+    fresh.client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    m = fresh.metrics()
+    assert m["vllm:prompt_tokens_total"] == 20 + 22 + 20
+    assert m["vllm:prefix_cache_queries_total"] == 62
+    assert m["vllm:prefix_cache_hits_total"] == 20  # 2nd reuses 5 blocks; reset drops all
+    assert m["vllm:generation_tokens_total"] == 6
+    assert m["vllm:num_preemptions_total"] == 0
+    assert m["vllm:time_to_first_token_seconds_count"] == 3
+    assert m["vllm:e2e_request_latency_seconds_count"] == 3
+    assert m["vllm:request_queue_time_seconds_count"] == 3
+    assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
+    assert m["kvgate:num_prompt_tokens_waiting"] == 0
+    assert m["vllm:kv_cache_usage_perc"] == 0
+    text = fresh.http.get("/metrics").text
+    assert 'vllm:cache_config_info{block_size="4",num_gpu_blocks="256"} 1.0' in text
+
+
+def test_client_disconnect_aborts_the_request(fresh: Running) -> None:
+    with fresh.http.stream("POST", "/v1/completions", json={
+            "model": MODEL, "prompt": "long story", "max_tokens": 400, "stream": True,
+            "ignore_eos": True}) as r:
+        first = next(r.iter_lines())
+        assert first.startswith("data: ")
+    core = fresh.server.core
+    for _ in range(1000):  # bounded wait for the loop to apply the abort
+        if core.stats.num_requests_aborted == 1:
+            break
+        time.sleep(0.01)
+    assert core.stats.num_requests_aborted == 1
+    assert core.stats.generation_tokens < 400
