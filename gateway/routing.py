@@ -9,9 +9,9 @@ threads up; the event loop never encodes.
 from __future__ import annotations
 
 import asyncio
-import time
 import itertools
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -75,7 +75,8 @@ class Router:
                 loop = asyncio.get_running_loop()
                 ids, total = await loop.run_in_executor(self._pool, self._tokenize, parsed,
                                                         needed)
-        return RouteRequest(tokens=ids, prompt_tokens=total, request_id=f"{self._id_prefix}{next(self._ids)}",
+        request_id = f"{self._id_prefix}{next(self._ids)}"
+        return RouteRequest(tokens=ids, prompt_tokens=total, request_id=request_id,
                             model=parsed.model, tenant=tenant, cache_salt=parsed.cache_salt,
                             affinity_key=parsed.affinity_key)
 

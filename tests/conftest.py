@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
+
+# Triton kernels run on CPU only under its interpreter, which must be chosen before triton
+# is first imported (transformers imports it too).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import contextlib
 import socket
 import subprocess
 import sys

@@ -97,3 +97,28 @@ def test_kv_bytes_per_token(tiny_dir: Path) -> None:
     # K and V x 2 layers x 2 KV heads x head_dim 16 x 4 bytes
     assert kv_bytes_per_token(config, torch.float32) == 2 * 2 * 2 * 16 * 4
     assert kv_bytes_per_token(config, torch.bfloat16) == 2 * 2 * 2 * 16 * 2
+
+
+def test_config_layouts_and_rope_variants() -> None:
+    from engine.model.rope import inverse_frequencies
+
+    base = {"architectures": ["MistralForCausalLM"], "vocab_size": 10, "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "rope_theta": 1000.0}
+    plain = ModelConfig.from_dict(base)
+    assert plain.head_dim == 8 and plain.flavour == "llama" and not plain.qkv_bias
+    linear = ModelConfig.from_dict({**base, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    torch.testing.assert_close(inverse_frequencies(linear.rope, 8),
+                               inverse_frequencies(plain.rope, 8) / 2)
+    newer = ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "default",
+                                                               "rope_theta": 1000.0}})
+    assert newer.rope == plain.rope
+    qwen = ModelConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"],
+                                  "sliding_window": 4096, "use_sliding_window": False,
+                                  "eos_token_id": [7, 8]})
+    assert qwen.qkv_bias and not qwen.o_bias and qwen.sliding_window is None
+    assert qwen.eos_token_ids == (7, 8)
+    with pytest.raises(ModelLoadError, match="not a multiple"):
+        ModelConfig.from_dict({**base, "num_key_value_heads": 3})
+    with pytest.raises(ModelLoadError, match="lacks 'hidden_size'"):
+        ModelConfig.from_dict({k: v for k, v in base.items() if k != "hidden_size"})

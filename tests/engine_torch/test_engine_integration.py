@@ -1,0 +1,55 @@
+"""The torch executor behind the real engine core, built the way ``kvgate engine
+--executor torch --model DIR`` builds it: prefix hits are served and change nothing."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from engine import cli
+from engine.core import EngineConfig, EngineCore
+from engine.model.tiny import write_tiny_model
+from engine.request import SamplingParams
+from engine.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny"), "llama", seed=1)
+
+
+def _core(model_dir: Path) -> EngineCore:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--executor", "torch", "--model", str(model_dir),
+                              "--device", "cpu", "--kv-cache-gib", "0.001"])
+    executor, info = cli.make_executor(args, load_tokenizer(model_dir))
+    assert info.kv_bytes_per_token == executor.bytes_per_token == 2 * 2 * 2 * 16 * 4
+    config = EngineConfig(model_id=info.model_id, num_blocks=info.num_blocks,
+                          block_size=args.block_size, max_model_len=info.max_model_len)
+    return EngineCore(executor, config)
+
+
+def _generate(core: EngineCore, rid: str, prompt: list[int]) -> list[int]:
+    core.add_request(core.make_request(rid, prompt, SamplingParams(max_tokens=6,
+                                                                   ignore_eos=True)))
+    tokens: list[int] = []
+    while core.has_unfinished():
+        for out in core.step().outputs:
+            tokens.extend(out.new_token_ids)
+        core.check_integrity()
+    return tokens
+
+
+def test_prefix_hit_through_the_core_gives_the_cold_answer(model_dir: Path) -> None:
+    shared = list(range(300, 348))  # three full blocks of 16
+    first, second = [*shared, 5, 6, 7], [*shared, 9, 8]
+    warm = _core(model_dir)
+    _generate(warm, "a", first)
+    assert warm.stats.prefix_cache_hits == 0
+    hit_tokens = _generate(warm, "b", second)
+    assert warm.stats.prefix_cache_hits == 48
+    cold_tokens = _generate(_core(model_dir), "b", second)
+    assert hit_tokens == cold_tokens and len(cold_tokens) == 6
