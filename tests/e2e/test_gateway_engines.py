@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -100,3 +101,38 @@ def test_dead_replica_is_retried_and_ejected(spawn: Spawn, tmp_path: Path) -> No
     bad = httpx.post(f"{gateway}/v1/completions",
                      json={"model": "sim-llama", "prompt": "x", "max_tokens": -3})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+
+
+def test_torch_replicas_behind_the_gateway(spawn: Spawn, tmp_path: Path) -> None:
+    model = tmp_path / "tiny"
+    made = subprocess.run([sys.executable, "-m", "gateway.cli", "make-tiny-model", str(model),
+                           "--arch", "qwen2"], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    urls, procs = [], []
+    for _ in range(2):
+        port = free_port()
+        procs.append(spawn("engine", "--executor", "torch", "--model", str(model),
+                           "--port", str(port), "--kv-cache-gib", "0.05",
+                           "--model-name", "tiny"))
+        urls.append(f"http://127.0.0.1:{port}")
+    for url, proc in zip(urls, procs, strict=True):
+        wait_http(f"{url}/health", 120, proc)
+    gport = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": gport, "policy": {"name": "prefix_affinity", "prefix_tokens": 32},
+        "tokenizer": str(model),
+        "replicas": [{"id": f"r{i}", "url": u} for i, u in enumerate(urls)]}))
+    spawn("serve", "--config", str(config), ready_url=f"http://127.0.0.1:{gport}/ready")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gport}/v1", api_key="x", max_retries=0)
+    doc = sample_text(random.Random(9), 60)
+    first = client.completions.with_raw_response.create(
+        model="tiny", prompt=doc + " first question", max_tokens=3)
+    second = client.completions.with_raw_response.create(
+        model="tiny", prompt=doc + " second question", max_tokens=3)
+    assert first.headers["x-kvgate-replica"] == second.headers["x-kvgate-replica"]
+    usage = second.parse().usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens >= 64
+    home = urls[int(first.headers["x-kvgate-replica"][1:])]
+    assert engine_hits(home)[0] == usage.prompt_tokens_details.cached_tokens
