@@ -18,10 +18,10 @@ thousands of such requests through the pool.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import compress, repeat
-from operator import not_
+from itertools import compress, filterfalse, repeat
+from operator import add, not_, sub
 
-from engine.eviction import EvictionPolicy, make_eviction
+from engine.eviction import EvictionPolicy, drain, make_eviction
 from engine.hashing import BlockHash
 
 
@@ -62,11 +62,21 @@ class BlockPool:
 
     def longest_cached_prefix(self, hashes: Sequence[BlockHash], max_blocks: int) -> list[int]:
         """Block ids of the longest run ``hashes[0:k]`` (k <= max_blocks) all cached."""
-        found = list(map(self.cached.get, hashes[:max_blocks]))
-        try:
-            return found[: found.index(None)]  # type: ignore[return-value]
-        except ValueError:
-            return found  # type: ignore[return-value]
+        limit = len(range(len(hashes))[:max_blocks])
+        get = self.cached.get
+        out: list[int] = []
+        # Probe in chunks of growing size: a miss at block 0 costs one lookup, a long
+        # hit a handful of C-level passes.
+        lo, step = 0, 8
+        while lo < limit:
+            hi = min(lo + step, limit)
+            found = list(map(get, hashes[lo:hi]))
+            if None in found:
+                out += found[: found.index(None)]  # type: ignore[operator]
+                return out
+            out += found  # type: ignore[arg-type]
+            lo, step = hi, step * 4
+        return out
 
     def num_unreferenced(self, block_ids: Sequence[int]) -> int:
         """How many of ``block_ids`` have ref 0 (cached hits still in the queue)."""
@@ -80,7 +90,7 @@ class BlockPool:
         refs = list(map(ref.__getitem__, block_ids))
         if 0 in refs:
             self.evictor.remove_many(list(compress(block_ids, map(not_, refs))))
-        list(map(ref.__setitem__, block_ids, [r + 1 for r in refs]))
+        drain(map(ref.__setitem__, block_ids, map(add, refs, repeat(1))))
 
     def allocate(self, n: int) -> list[int]:
         """``n`` blocks with ref 1 and no hash. ValueError (nothing changed) if short."""
@@ -96,10 +106,10 @@ class BlockPool:
             free.clear()
             victims = self.evictor.pop_victims(n - len(out))
             # Drop each victim's hash from both maps.
-            list(map(self.cached.__delitem__, map(self.block_hash.pop, victims)))
+            drain(map(self.cached.__delitem__, map(self.block_hash.pop, victims)))
             self.num_evictions += len(victims)
             out += victims
-        list(map(self.ref.__setitem__, out, repeat(1)))
+        drain(map(self.ref.__setitem__, out, repeat(1)))
         return out
 
     def free_blocks(self, block_ids: Iterable[int]) -> None:
@@ -108,15 +118,15 @@ class BlockPool:
         pass a request's table tail-first so its last blocks are evicted first."""
         ids = list(block_ids)
         ref = self.ref
-        refs = [r - 1 for r in map(ref.__getitem__, ids)]
-        list(map(ref.__setitem__, ids, refs))
+        refs = list(map(sub, map(ref.__getitem__, ids), repeat(1)))
+        drain(map(ref.__setitem__, ids, refs))
         if 0 not in refs:
             return
-        zero = list(compress(ids, map(not_, refs)))
+        zero = list(compress(ids, map(not_, refs))) if any(refs) else ids
         bh = self.block_hash
         hashed = list(filter(bh.__contains__, zero))
         if len(hashed) != len(zero):
-            self._free.extend(b for b in zero if b not in bh)
+            self._free.extend(filterfalse(bh.__contains__, zero))
         if hashed:
             self.evictor.push_many(hashed, list(map(bh.__getitem__, hashed)))
 

@@ -17,9 +17,9 @@ needs a block (``pop_victim``). Policies:
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
-from collections.abc import Iterable
-from itertools import compress, islice
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from itertools import compress, islice, repeat
 from operator import not_
 from typing import Protocol
 
@@ -70,29 +70,28 @@ class LRUEviction:
     name = "lru"
 
     def __init__(self) -> None:
-        self._queue: OrderedDict[int, None] = OrderedDict()
+        # A plain dict in insertion order: the first key is the next victim.
+        self._queue: dict[int, None] = {}
 
     def push(self, block_id: int, block_hash: BlockHash) -> None:
         self._queue[block_id] = None
 
     def push_many(self, block_ids: list[int], block_hashes: list[BlockHash]) -> None:
-        self._queue.update(dict.fromkeys(block_ids))
+        self._queue.update(zip(block_ids, repeat(None)))
 
     def remove(self, block_id: int) -> None:
         del self._queue[block_id]
 
     def remove_many(self, block_ids: list[int]) -> None:
-        list(map(self._queue.__delitem__, block_ids))
+        drain(map(self._queue.pop, block_ids))
 
     def pop_victim(self) -> int:
         if not self._queue:
             raise IndexError("eviction queue is empty")
-        return self._queue.popitem(last=False)[0]
+        return self.pop_victims(1)[0]
 
     def pop_victims(self, n: int) -> list[int]:
-        victims = list(islice(self._queue, n))
-        list(map(self._queue.__delitem__, victims))
-        return victims
+        return _pop_front(self._queue, n)
 
     def record_uses(self, block_hashes: Iterable[BlockHash]) -> None:
         return None
@@ -135,14 +134,15 @@ class FrequencyEviction:
             raise ValueError(f"decay_period must be >= 1, got {self.decay_period}")
         self._counts: Counter[BlockHash] = Counter()
         self._uses_since_decay = 0
-        self._probation: OrderedDict[int, None] = OrderedDict()
-        self._protected: OrderedDict[int, None] = OrderedDict()
+        # Insertion-ordered dicts, oldest first, as in LRUEviction.
+        self._probation: dict[int, None] = {}
+        self._protected: dict[int, None] = {}
 
     def count(self, block_hash: BlockHash) -> int:
         return self._counts.get(block_hash, 0)
 
     def record_uses(self, block_hashes: Iterable[BlockHash]) -> None:
-        hashes = list(block_hashes)
+        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
         self._counts.update(hashes)  # Counter.update counts in C
         self._uses_since_decay += len(hashes)
         if self._uses_since_decay >= self.decay_period:
@@ -150,45 +150,50 @@ class FrequencyEviction:
             self._counts = Counter({h: c >> 1 for h, c in self._counts.items() if c > 1})
 
     def push(self, block_id: int, block_hash: BlockHash) -> None:
-        if self._counts.get(block_hash, 0) >= self.min_count:
-            self.push_protected(block_id)
-        else:
-            self._probation[block_id] = None
+        self.push_many([block_id], [block_hash])
 
     def push_many(self, block_ids: list[int], block_hashes: list[BlockHash]) -> None:
-        get, m = self._counts.get, self.min_count
-        hot = [get(h, 0) >= m for h in block_hashes]
-        if any(hot):
-            for b in compress(block_ids, hot):
-                self.push_protected(b)
-        self._probation.update(dict.fromkeys(compress(block_ids, map(not_, hot))))
+        # hot[i]: count(block_hashes[i]) >= min_count
+        hot = list(map(self.min_count.__le__, map(self._counts.get, block_hashes, repeat(0))))
+        prob = self._probation
+        if True not in hot:
+            prob.update(zip(block_ids, repeat(None)))
+            return
+        # Pushing the hot blocks one at a time, each followed by demoting protected's
+        # oldest while over the cap, demotes the first ``excess`` of (old protected + hot
+        # blocks) in order, before any cold block reaches probation.
+        prot = self._protected
+        prot.update(zip(compress(block_ids, hot), repeat(None)))
+        excess = len(prot) - self.protected_cap
+        if excess > 0:
+            prob.update(zip(_pop_front(prot, excess), repeat(None)))
+        prob.update(zip(compress(block_ids, map(not_, hot)), repeat(None)))
 
     def push_protected(self, block_id: int) -> None:
         prot = self._protected
         prot[block_id] = None
         if len(prot) > self.protected_cap:
-            self._probation[prot.popitem(last=False)[0]] = None
+            self._probation.update(zip(_pop_front(prot, 1), repeat(None)))
 
     def remove_many(self, block_ids: list[int]) -> None:
-        remove = self.remove
-        for b in block_ids:
-            remove(b)
+        # pop's default (1) marks the blocks that were not in probation.
+        missing = list(map(self._probation.pop, block_ids, repeat(1)))
+        if 1 in missing:
+            drain(map(self._protected.pop, compress(block_ids, missing)))
 
     def remove(self, block_id: int) -> None:
-        # Values are None, so pop's default (1) tells "not in probation" apart.
-        if self._probation.pop(block_id, 1) is not None:
-            del self._protected[block_id]
+        self.remove_many([block_id])
 
     def pop_victim(self) -> int:
-        if self._probation:
-            return self._probation.popitem(last=False)[0]
-        if self._protected:
-            return self._protected.popitem(last=False)[0]
-        raise IndexError("eviction queue is empty")
+        return self.pop_victims(1)[0]
 
     def pop_victims(self, n: int) -> list[int]:
-        pop_victim = self.pop_victim
-        return [pop_victim() for _ in range(n)]
+        if n > len(self):
+            raise IndexError(f"eviction queue holds {len(self)} blocks, {n} requested")
+        victims = _pop_front(self._probation, n)
+        if len(victims) < n:
+            victims += _pop_front(self._protected, n - len(victims))
+        return victims
 
     def clear(self) -> list[int]:
         out = [*self._probation, *self._protected]
@@ -205,6 +210,18 @@ class FrequencyEviction:
 
     def __contains__(self, block_id: object) -> bool:
         return block_id in self._probation or block_id in self._protected
+
+
+def _pop_front(queue: dict[int, None], n: int) -> list[int]:
+    """Remove and return the (up to) ``n`` oldest keys of an insertion-ordered dict."""
+    out = list(islice(queue, n))
+    drain(map(queue.pop, out))
+    return out
+
+
+def drain(it: Iterator[object]) -> None:
+    """Run an iterator of side effects to exhaustion in C, keeping nothing."""
+    deque(it, maxlen=0)
 
 
 def make_eviction(name: str, num_blocks: int) -> LRUEviction | FrequencyEviction:

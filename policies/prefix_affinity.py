@@ -83,6 +83,7 @@ class PrefixAffinity(Policy):
 
     name = "prefix_affinity"
     _RING_CACHE = 4
+    _SCORED = 8  # replicas walked that get a score in the decision
 
     def __init__(self, config: PrefixAffinityConfig | None = None) -> None:
         self.config = cfg = config or PrefixAffinityConfig()
@@ -150,33 +151,44 @@ class PrefixAffinity(Policy):
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         ok = healthy(replicas)
-        ids = [r.id for r in ok]
-        weights = [r.weight for r in ok]
-        queued = [r.queued_tokens for r in ok]
+        # The ring covers every replica, healthy or not, and the walk passes over the
+        # unhealthy ones: a health flip moves only that replica's keys and never rebuilds.
+        ids = [r.id for r in replicas]
+        weights = [r.weight for r in replicas]
+        queued = [r.queued_tokens for r in replicas]
+        up = [r.healthy for r in replicas]
         ring, owners = self._layout(ids, weights)
         p = request.prompt_tokens
-        total_w = sum(weights)
+        total_w = sum(r.weight for r in ok)
+        total_q = sum(r.queued_tokens for r in ok)
         # the bound of replica i is unit * weights[i]; an idle replica always fits
-        unit = self.config.overload * (sum(queued) + p) / total_w if total_w > 0 else 0.0
+        unit = self.config.overload * (total_q + p) / total_w if total_w > 0 else 0.0
         want = 1 + self.config.fallbacks
-        ranked: list[str] = []
-        scores: list[ReplicaScore] = []
-        chosen: str | None = None
+        fallbacks = self.config.fallbacks
+        ranked: list[int] = []  # replicas after the chosen one (or passed over), ring order
+        walked: list[int] = []
+        chosen = -1
         for i in walk(ring.points, owners, len(ring), self.key(request)):
-            q, bound = queued[i], unit * weights[i]
-            # score: this replica's queue with the request, as a fraction of its bound
-            scores.append(ReplicaScore(ids[i], (q + p) / bound if bound else 0.0))
-            if chosen is None and (q == 0 or q + p <= bound):
-                chosen = ids[i]
-            elif chosen is not None or len(ranked) < self.config.fallbacks:
-                ranked.append(ids[i])
-            if chosen is not None and len(ranked) + 1 >= want:
+            if not up[i]:
+                continue
+            walked.append(i)
+            if chosen < 0 and (queued[i] == 0 or queued[i] + p <= unit * weights[i]):
+                chosen = i
+            elif chosen >= 0 or len(ranked) < fallbacks:
+                ranked.append(i)
+            if chosen >= 0 and len(ranked) >= fallbacks:
                 break
-        if chosen is not None:
-            return Decision((chosen, *ranked[: want - 1]), "affinity", 0, tuple(scores))
+        # scores, for the first replicas walked: queue with this request / bound
+        scores = tuple(
+            ReplicaScore(ids[i], (queued[i] + p) / (unit * weights[i]) if unit else 0.0)
+            for i in walked[: max(want, self._SCORED)]
+        )
+        if chosen >= 0:
+            ranked_ids = (ids[chosen], *(ids[i] for i in ranked[:fallbacks]))
+            return Decision(ranked_ids, "affinity", 0, scores)
         spill = least_loaded(ok, self._rng).id
-        rest = [rid for rid in ranked if rid != spill][: want - 1]
-        return Decision((spill, *rest), "spill", 0, tuple(scores))
+        rest = [ids[i] for i in ranked if ids[i] != spill][:fallbacks]
+        return Decision((spill, *rest), "spill", 0, scores)
 
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed) and self._learner and event.request.affinity_key is None:

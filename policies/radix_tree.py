@@ -26,7 +26,7 @@ import heapq
 from collections.abc import Hashable, Iterator
 from itertools import count
 
-_NODE_BYTES = 400  # estimated bytes per node: object, dicts, heap entries
+_NODE_BYTES = 2048  # per node: object, dicts, stale heap entries (calibrated by tracemalloc)
 _HOLD_BYTES = 150  # estimated bytes per (node, replica) holding: dict slot plus heap entry
 
 

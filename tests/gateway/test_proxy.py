@@ -158,7 +158,7 @@ def test_no_healthy_replica_is_503_with_retry_after(serve: Serve) -> None:
 
 
 def test_first_byte_timeout_is_504(serve: Serve) -> None:
-    stuck = Behaviour("stuck", first_byte_delay_s=5)
+    stuck = Behaviour("stuck", first_byte_delay_s=2)
     gw = start_gateway(serve, [("stuck", serve(fake_replica(stuck)).url)],
                        timeouts={"first_byte_s": 0.5})
     started = time.monotonic()
@@ -170,7 +170,7 @@ def test_first_byte_timeout_is_504(serve: Serve) -> None:
 
 
 def test_idle_timeout_ends_the_stream(serve: Serve) -> None:
-    stall = Behaviour("stall", chunk_delay_s=5, chunks=3)
+    stall = Behaviour("stall", chunk_delay_s=2, chunks=3)
     gw = start_gateway(serve, [("stall", serve(fake_replica(stall)).url)],
                        timeouts={"idle_s": 0.5})
     started = time.monotonic()

@@ -1,0 +1,184 @@
+"""Benchmark of the routing policies' ``choose()`` latency and the radix tree's memory.
+
+    python -m loadtests.bench_policies --json bench.json [--replicas 8 64 512] [--quick]
+
+Workload (the contract library): ``--documents`` synthetic documents of ``--doc-tokens``
+random token ids; each prompt is one document plus a 60-100-token question; the 250 most
+active documents get 80% of prompts. For each replica count, every policy first routes
+``--warmup`` prompts (``choose`` then ``observe(Routed)``, queues kept as the prompt tokens
+of the last ``2 x replicas`` routed requests), then ``choose`` is timed on ``--samples``
+more prompts passed as plain lists of ints (what a tokenizer returns). Tokenization is not
+part of the figures. Radix memory: ``tracemalloc``'s count of the bytes allocated while
+building and warming the policy and still live afterwards (the fleet's own few KB
+included), next to the tree's own estimate; timing runs with tracing off.
+
+Prints and writes ``{"<policy>": {"<replicas>": {"p50_us", "p99_us"}}, "radix_memory_mb": N,
+...}``; ``radix_memory_mb`` is for 64 replicas (or the first count measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import time
+import tracemalloc
+from array import array
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from policies.base import Policy, ReplicaView, Routed, RouteRequest
+from policies.radix import Radix
+from policies.registry import POLICY_NAMES, build_policy, load_preset
+
+HOT_DOCS = 250
+HOT_SHARE = 0.8
+VOCAB = 150_000
+
+
+def make_library(n_docs: int, doc_tokens: int, rng: random.Random) -> list[array]:
+    return [
+        array("I", (rng.randrange(VOCAB) for _ in range(doc_tokens))) for _ in range(n_docs)
+    ]
+
+
+def prompts(library: Sequence[array], n: int, rng: random.Random) -> list[array]:
+    hot = min(HOT_DOCS, len(library))
+    out = []
+    for _ in range(n):
+        if rng.random() < HOT_SHARE or hot == len(library):
+            doc = library[rng.randrange(hot)]
+        else:
+            doc = library[rng.randrange(hot, len(library))]
+        question = array("I", (rng.randrange(VOCAB) for _ in range(rng.randint(60, 100))))
+        out.append(doc + question)
+    return out
+
+
+class Fleet:
+    """Replica views whose queues hold the prompt tokens of the last few routed requests."""
+
+    def __init__(self, n: int, capacity: int) -> None:
+        self.ids = [f"replica-{i:03d}" for i in range(n)]
+        self.queued = dict.fromkeys(self.ids, 0)
+        self.recent: deque[tuple[str, int]] = deque()
+        self.depth = 2 * n
+        self.capacity = capacity
+
+    def views(self) -> list[ReplicaView]:
+        return [
+            ReplicaView(rid, queued_tokens=self.queued[rid], kv_capacity_tokens=self.capacity)
+            for rid in self.ids
+        ]
+
+    def routed(self, rid: str, tokens: int) -> None:
+        self.queued[rid] += tokens
+        self.recent.append((rid, tokens))
+        if len(self.recent) > self.depth:
+            old, size = self.recent.popleft()
+            self.queued[old] -= size
+
+
+def run_one(
+    name: str, replicas: int, warm: list[array], timed: list[array], capacity: int
+) -> tuple[dict[str, float], Policy, int | None]:
+    """Warm up (under tracemalloc for ``radix``), then time ``choose`` untraced."""
+    gc.collect()
+    tracing = name == "radix"
+    if tracing:
+        tracemalloc.start()
+    policy = build_policy(load_preset(name))
+    fleet = Fleet(replicas, capacity)
+    for i, tokens in enumerate(warm):
+        req = _request(policy, tokens, f"w{i}")
+        rid = policy.choose(req, fleet.views()).chosen
+        policy.observe(Routed(req, rid))
+        fleet.routed(rid, len(tokens))
+    traced = None
+    if tracing:
+        gc.collect()
+        traced = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+    samples = []
+    clock = time.perf_counter_ns
+    for i, tokens in enumerate(timed):
+        req = _request(policy, tokens, f"t{i}", as_list=True)
+        views = fleet.views()
+        start = clock()
+        rid = policy.choose(req, views).chosen
+        samples.append((clock() - start) / 1000)
+        policy.observe(Routed(req, rid))
+        fleet.routed(rid, len(tokens))
+    samples.sort()
+    p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
+    figures = {"p50_us": round(statistics.median(samples), 1), "p99_us": round(p99, 1)}
+    return figures, policy, traced
+
+
+def _request(policy: Policy, tokens: array, rid: str, as_list: bool = False) -> RouteRequest:
+    need = policy.tokens_needed
+    head: Any = tokens if need is None else tokens[:need]
+    return RouteRequest(head.tolist() if as_list else head, len(tokens), request_id=rid)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", metavar="PATH", help="also write the results here")
+    ap.add_argument("--replicas", type=int, nargs="+", default=[8, 64, 512])
+    ap.add_argument("--policies", nargs="+", default=list(POLICY_NAMES), choices=POLICY_NAMES)
+    ap.add_argument("--documents", type=int, default=2000)
+    ap.add_argument("--doc-tokens", type=int, default=6000)
+    ap.add_argument("--warmup", type=int, default=20_000)
+    ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--capacity", type=int, default=200_000, help="KV capacity in tokens")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="small run: 200 docs, 2,000 warm-up")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.documents, args.warmup, args.samples = 200, 2000, 500
+    rng = random.Random(args.seed)
+    library = make_library(args.documents, args.doc_tokens, rng)
+    warm = prompts(library, args.warmup, rng)
+    timed = prompts(library, args.samples, rng)
+    results: dict[str, Any] = {name: {} for name in args.policies}
+    memory: dict[str, Any] = {}
+    for n in args.replicas:
+        for name in args.policies:
+            figures, policy, traced = run_one(name, n, warm, timed, args.capacity)
+            results[name][str(n)] = figures
+            if traced is not None and isinstance(policy, Radix):
+                tree = policy.tree
+                memory[str(n)] = {
+                    "tracemalloc_mb": round(traced / 2**20, 1),
+                    "estimate_mb": round(tree.estimated_bytes() / 2**20, 1),
+                    "nodes": tree.nodes,
+                    "tokens": tree.total_tokens,
+                }
+                policy.check_integrity()
+            del policy
+            print(f"{name:16s} {n:4d} replicas: {results[name][str(n)]}", flush=True)
+    if memory:
+        key = "64" if "64" in memory else next(iter(memory))
+        results["radix_memory_mb"] = memory[key]["tracemalloc_mb"]
+        results["radix_memory"] = memory
+    results["workload"] = {
+        "documents": args.documents,
+        "doc_tokens": args.doc_tokens,
+        "warmup": args.warmup,
+        "samples": args.samples,
+        "capacity_tokens": args.capacity,
+        "memory_method": "tracemalloc (live bytes allocated by the policy), plus estimate",
+    }
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

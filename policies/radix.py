@@ -1,0 +1,172 @@
+"""``radix``: route to the replica holding the longest prefix of the prompt, unless that
+replica is overloaded (SGLang's ``cache_aware``, with its known faults fixed).
+
+The tree (``radix_tree``) records what this policy sent where, so it approximates each
+replica's prefix cache. Decision, for prompt length ``p``:
+
+1. ``matched[r]``: tokens of the prompt replica ``r`` holds. ``shared``: the depth held by
+   more than ``shared_fraction`` of the healthy replicas (a system prompt everyone has);
+   ``gain[r] = matched[r] - shared``.
+2. Candidates: ``gain[r] >= min_match_tokens`` and ``matched[r] / p >= cache_threshold``,
+   best gain first, ties at random (never list order).
+3. Take the first candidate that is not overloaded, judged for that candidate alone:
+   overloaded when ``queued[c] - min_queued > balance_abs_tokens`` and
+   ``queued[c] > balance_rel * min_queued``. Reason ``cache_match``.
+4. Candidates but all overloaded: least loaded, reason ``spill``; no candidate: least
+   loaded, reason ``balance``.
+
+Each replica's share of the tree is capped at ``capacity_fraction`` of its KV capacity in
+tokens (``ReplicaView.kv_capacity_tokens``, else ``default_capacity_tokens``) and evicted
+LRU-leaf-first; the whole tree at ``max_tree_mb`` (an estimate, see
+``RadixTree.estimated_bytes``). ``choose`` remembers the latest epoch and capacity of each
+replica it is shown (facts about the fleet, not routing state): a replica whose epoch
+changed is treated as empty at once; its entries are dropped at the next ``observe``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from policies.base import (
+    Decision,
+    Policy,
+    ReplicaRemoved,
+    ReplicaReset,
+    ReplicaScore,
+    ReplicaView,
+    Routed,
+    RouteEvent,
+    RouteRequest,
+    healthy,
+)
+from policies.least_load import least_loaded
+from policies.radix_tree import RadixTree
+from policies.ring import token_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RadixConfig:
+    """See ``presets/radix.yaml`` for what each key means."""
+
+    cache_threshold: float = 0.3
+    min_match_tokens: int = 256
+    shared_fraction: float = 0.5
+    balance_abs_tokens: int = 16384
+    balance_rel: float = 1.5
+    default_capacity_tokens: int = 200_000
+    capacity_fraction: float = 0.8
+    max_tree_mb: float = 256.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold!r}")
+        if not 0.0 <= self.shared_fraction < 1.0:
+            raise ValueError(f"shared_fraction must be in [0, 1), got {self.shared_fraction!r}")
+        if not 0.0 < self.capacity_fraction <= 1.0:
+            raise ValueError(
+                f"capacity_fraction must be in (0, 1], got {self.capacity_fraction!r}"
+            )
+        for key in ("min_match_tokens", "balance_abs_tokens"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
+        if self.default_capacity_tokens < 1:
+            raise ValueError(
+                f"default_capacity_tokens must be >= 1, got {self.default_capacity_tokens!r}"
+            )
+        if self.balance_rel < 1.0:
+            raise ValueError(f"balance_rel must be >= 1.0, got {self.balance_rel!r}")
+        if self.max_tree_mb <= 0:
+            raise ValueError(f"max_tree_mb must be > 0, got {self.max_tree_mb!r}")
+
+
+def _namespace(request: RouteRequest) -> Hashable:
+    return (request.model, request.cache_salt)
+
+
+class Radix(Policy):
+    """Approximate radix-tree cache-aware routing; see the module docstring."""
+
+    name = "radix"
+    tokens_needed = None
+
+    def __init__(self, config: RadixConfig | None = None) -> None:
+        self.config = cfg = config or RadixConfig()
+        self._rng = random.Random(cfg.seed)
+        self.tree = RadixTree(max_bytes=int(cfg.max_tree_mb * 1024 * 1024))
+        self._seen: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, kv capacity)
+        self._epochs: dict[str, int] = {}  # id -> epoch the tree's entries belong to
+
+    def budget(self, replica: str) -> int:
+        """Tokens of the tree ``replica`` may hold."""
+        capacity = self._seen.get(replica, (0, None))[1] or self.config.default_capacity_tokens
+        return int(capacity * self.config.capacity_fraction)
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
+        cfg = self.config
+        ok = healthy(replicas)
+        for r in ok:
+            self._seen[r.id] = (r.epoch, r.kv_capacity_tokens)
+        raw = self.tree.match(_namespace(request), bytes(token_bytes(request.tokens)))
+        epochs = self._epochs
+        matched = {
+            r.id: raw.get(r.id, 0) for r in ok if epochs.get(r.id, r.epoch) == r.epoch
+        }
+        depths = sorted(matched.values(), reverse=True)
+        need = math.floor(cfg.shared_fraction * len(ok)) + 1  # more than that fraction
+        shared = depths[need - 1] if len(depths) >= need else 0
+        p = max(1, request.prompt_tokens)
+        rng = self._rng
+        gains = {rid: m - shared for rid, m in matched.items()}
+        candidates = [
+            (-gains[r.id], rng.random(), r)
+            for r in ok
+            if gains.get(r.id, 0) >= max(1, cfg.min_match_tokens)
+            and matched[r.id] / p >= cfg.cache_threshold
+        ]
+        candidates.sort(key=lambda t: (t[0], t[1]))
+        min_q = min(r.queued_tokens for r in ok)
+        chosen: ReplicaView | None = None
+        for _, _, r in candidates:
+            q = r.queued_tokens
+            if not (q - min_q > cfg.balance_abs_tokens and q > cfg.balance_rel * min_q):
+                chosen, reason = r, "cache_match"
+                break
+        if chosen is None:
+            chosen = least_loaded(ok, rng)
+            reason = "spill" if candidates else "balance"
+        others = sorted(
+            (r for r in ok if r.id != chosen.id),
+            key=lambda r: (-gains.get(r.id, 0), r.queued_tokens),
+        )
+        ranked = (chosen.id, *(r.id for r in others))
+        scores = tuple(
+            ReplicaScore(r.id, float(gains.get(r.id, 0)), matched.get(r.id, 0))
+            for r in (chosen, *others)
+        )
+        return Decision(ranked, reason, matched.get(chosen.id, 0), scores)
+
+    def observe(self, event: RouteEvent) -> None:
+        for rid, (epoch, _) in self._seen.items():
+            if self._epochs.setdefault(rid, epoch) != epoch:
+                self.tree.drop(rid)
+                self._epochs[rid] = epoch
+        if isinstance(event, Routed):
+            rid = event.replica
+            self._epochs.setdefault(rid, self._seen.get(rid, (0, None))[0])
+            data = bytes(token_bytes(event.request.tokens))
+            self.tree.insert(_namespace(event.request), data, rid, self.budget(rid))
+        elif isinstance(event, ReplicaRemoved | ReplicaReset):
+            self.tree.drop(event.replica)
+            if isinstance(event, ReplicaRemoved):
+                self._seen.pop(event.replica, None)
+                self._epochs.pop(event.replica, None)
+
+    def check_integrity(self) -> None:
+        """The tree's invariants, plus every replica within its token budget."""
+        self.tree.check_integrity()
+        for rid, held in self.tree.tokens.items():
+            assert held <= self.budget(rid), f"{rid} holds {held} > budget {self.budget(rid)}"

@@ -1,0 +1,163 @@
+import random
+from collections import Counter, deque
+
+from policies.base import ReplicaView, Routed, RouteRequest
+from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+
+RNG_VOCAB = 50_000
+
+
+def doc(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(RNG_VOCAB) for _ in range(n)]
+
+
+def views(loads: dict[str, int]) -> list[ReplicaView]:
+    return [ReplicaView(rid, queued_tokens=q) for rid, q in loads.items()]
+
+
+def test_same_prefix_same_replica_and_choose_is_pure() -> None:
+    policy = PrefixAffinity()
+    fleet = views({f"r{i}": 0 for i in range(8)})
+    body = doc(1, 2000)
+    a = policy.choose(RouteRequest([*body, 1, 2, 3], 2003), fleet)
+    b = policy.choose(RouteRequest([*body, 9, 9], 2002), fleet)
+    assert a.reason == b.reason == "affinity" and a.ranked == b.ranked
+    assert len(a.ranked) == 3 and len(set(a.ranked)) == 3
+    others = {policy.choose(RouteRequest(doc(s, 1100), 1100), fleet).chosen for s in range(40)}
+    assert len(others) >= 6, "different prefixes should spread"
+
+
+def test_affinity_key_overrides_tokens_and_salt_separates() -> None:
+    policy = PrefixAffinity()
+    fleet = views({f"r{i}": 0 for i in range(16)})
+    chosen = {
+        policy.choose(RouteRequest(doc(s, 1024), 1024, affinity_key="contract-7"), fleet).chosen
+        for s in range(20)
+    }
+    assert len(chosen) == 1
+    salted = {
+        policy.choose(RouteRequest(doc(1, 1024), 1024, cache_salt=f"t{s}"), fleet).chosen
+        for s in range(40)
+    }
+    assert len(salted) > 4
+
+
+def test_bounded_load_under_a_hot_key() -> None:
+    """30% of requests share one key; queues hold the last 64 routed requests."""
+    n, overload, size = 8, 1.25, 1000
+    policy = PrefixAffinity(PrefixAffinityConfig(overload=overload))
+    rng = random.Random(5)
+    loads = {f"r{i}": 0 for i in range(n)}
+    recent: deque[tuple[str, int]] = deque()
+    hot_to: Counter[str] = Counter()
+    hot_body = doc(0, 1024)
+    for step in range(6000):
+        hot = rng.random() < 0.3
+        body = hot_body if hot else doc(1 + rng.randrange(500), 1024)
+        p = size + rng.randrange(200)
+        d = policy.choose(RouteRequest(body, p), views(loads))
+        bound = overload * (sum(loads.values()) + p) / n
+        assert loads[d.chosen] + p <= bound + p, (step, loads, d)
+        if d.reason == "affinity":
+            assert loads[d.chosen] == 0 or loads[d.chosen] + p <= bound
+        loads[d.chosen] += p
+        recent.append((d.chosen, p))
+        if len(recent) > 64:
+            old, q = recent.popleft()
+            loads[old] -= q
+        if hot and step > 500:
+            hot_to[d.chosen] += 1
+    # the hot key carries ~0.3 of the load; one replica may carry overload / n of it
+    needed = 0.3 / (overload / n)
+    top = [c for _, c in hot_to.most_common()]
+    assert len(hot_to) >= 2 and len(hot_to) >= int(needed)
+    covering = next(i for i in range(len(top)) if sum(top[: i + 1]) >= 0.9 * sum(top)) + 1
+    assert covering <= int(needed) + 3, hot_to  # concentrated on its ring successors
+
+
+def test_spill_goes_to_least_loaded() -> None:
+    policy = PrefixAffinity()
+    body = doc(3, 1024)
+    fleet = {f"r{i}": 0 for i in range(4)}
+    home = policy.choose(RouteRequest(body, 1000), views(fleet)).chosen
+    for rid in fleet:
+        fleet[rid] = 10_000
+    fleet[home] = 100_000
+    quiet = next(r for r in fleet if r != home)
+    fleet[quiet] = 5_000
+    d = policy.choose(RouteRequest(body, 1000), views(fleet))
+    assert d.reason == "affinity" and d.chosen != home  # next on the ring within the bound
+    for rid in fleet:
+        fleet[rid] = 100_000
+    fleet[quiet] = 90_000
+    d = policy.choose(RouteRequest(body, 200_000), views(fleet))
+    assert d.reason == "spill" and d.chosen == quiet
+    assert next(s.replica for s in d.scores) == home
+
+
+def test_shared_system_prompt_is_learned_and_skipped() -> None:
+    """A 1,500-token system prompt before each contract must not collapse the key."""
+    policy = PrefixAffinity()
+    fleet = views({f"r{i}": 0 for i in range(8)})
+    system = doc(999, 1500)
+    contracts = [doc(s, 6000) for s in range(60)]
+
+    def route(i: int) -> str:
+        prompt = system + contracts[i % 60] + doc(10_000 + i, 80)
+        req = RouteRequest(prompt[: policy.tokens_needed], len(prompt))
+        d = policy.choose(req, fleet)
+        policy.observe(Routed(req, d.chosen))
+        return d.chosen
+
+    assert policy.tokens_needed == 1024
+    early = {route(i) for i in range(60)}
+    assert len(early) == 1, "before learning, every prompt hashes inside the system prompt"
+    for i in range(60, 400):
+        route(i)
+    learned = policy.common_prefix_tokens
+    assert 1024 < learned <= 1500 and learned % 256 == 0, learned
+    assert policy.tokens_needed == learned + 1024
+    by_contract: dict[int, set[str]] = {}
+    for i in range(400, 640):
+        by_contract.setdefault(i % 60, set()).add(route(i))
+    assert all(len(s) == 1 for s in by_contract.values()), "a contract moved"
+    spread = Counter(next(iter(s)) for s in by_contract.values())
+    assert len(spread) >= 6, spread
+
+
+def test_two_system_prompts_under_half_the_traffic_each_are_not_skipped() -> None:
+    policy = PrefixAffinity(PrefixAffinityConfig(common_share=0.6, common_min_samples=16))
+    fleet = views({f"r{i}": 0 for i in range(8)})
+    systems = [doc(1, 600), doc(2, 600)]
+    for i in range(200):
+        prompt = systems[i % 2] + doc(100 + i, 3000)
+        req = RouteRequest(prompt[: policy.tokens_needed], len(prompt))
+        policy.observe(Routed(req, policy.choose(req, fleet).chosen))
+    assert policy.common_prefix_tokens == 0
+
+
+def test_ring_is_cached_per_membership() -> None:
+    policy = PrefixAffinity(PrefixAffinityConfig(vnodes=64))
+    a = views({"x": 0, "y": 0, "z": 0})
+    ring = policy.ring(a)
+    assert policy.ring(views({"x": 5, "y": 1, "z": 9})) is ring  # loads do not matter
+    assert policy.ring(a[::-1]) is ring  # nor the order
+    assert policy.ring(a[:2]) is not ring
+    weighted = [ReplicaView("x", weight=2.0), *a[1:]]
+    assert policy.ring(weighted) is not ring
+
+
+def test_health_flip_moves_only_that_replicas_keys_without_a_rebuild() -> None:
+    policy = PrefixAffinity(PrefixAffinityConfig(vnodes=128, learn_common_prefix=False))
+    fleet = [ReplicaView(f"r{i}") for i in range(8)]
+    requests = [RouteRequest(doc(s, 64), 64) for s in range(400)]
+    before = [policy.choose(r, fleet).chosen for r in requests]
+    ring = policy.ring(fleet)
+    down = [ReplicaView(v.id, healthy=v.id != "r3") for v in fleet]
+    after = [policy.choose(r, down).chosen for r in requests]
+    assert policy.ring(down) is ring  # same membership: no rebuild on a health flip
+    moved = [(b, a) for b, a in zip(before, after, strict=True) if b != a]
+    assert moved and all(b == "r3" for b, _ in moved)
+    assert "r3" not in after
+    assert [policy.choose(r, fleet).chosen for r in requests] == before

@@ -1,0 +1,54 @@
+import dataclasses
+
+import pytest
+import yaml
+
+from policies.base import Policy
+from policies.config import ConfigError
+from policies.registry import _POLICIES, POLICY_NAMES, build_policy, load_preset
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_preset_builds_and_documents_the_defaults(name: str) -> None:
+    preset = load_preset(name)
+    policy = build_policy(preset)
+    assert isinstance(policy, Policy) and policy.name == name
+    config_cls, _ = _POLICIES[name]
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+    assert set(preset) - {"name"} == set(defaults), "preset must list every key"
+    for key, value in defaults.items():
+        assert preset[key] == value, f"{name}.{key}: preset {preset[key]!r} != default {value!r}"
+
+
+@pytest.mark.parametrize(
+    ("config", "fragment"),
+    [
+        ({"name": "nope"}, "'nope'"),
+        ({}, "'name'"),
+        ({"name": "radix", "cache_treshold": 0.3}, "'cache_treshold'"),
+        ({"name": "prefix_affinity", "overload": "high"}, "policy.overload: expected a number"),
+        ({"name": "prefix_affinity", "overload": 0.9}, "overload must be >= 1.0, got 0.9"),
+        ({"name": "prefix_affinity", "prefix_tokens": 0}, "prefix_tokens must be >= 1, got 0"),
+        ({"name": "prefix_affinity", "learn_common_prefix": "yes"}, "learn_common_prefix"),
+        ({"name": "radix", "capacity_fraction": 1.5}, "capacity_fraction must be in (0, 1]"),
+        ({"name": "least_load", "seed": 1.5}, "policy.seed: expected an integer, got 1.5"),
+        ({"name": "round_robin", "seed": 1}, "'seed'"),
+    ],
+)
+def test_bad_config_names_the_key_and_value(config: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_policy(config)
+    assert fragment in str(info.value)
+
+
+def test_yaml_round_trip_and_where() -> None:
+    data = yaml.safe_load("policy: {name: prefix_affinity, overload: 1.5, vnodes: 64}")
+    policy = build_policy(data["policy"])
+    assert policy.config.overload == 1.5 and policy.config.vnodes == 64
+    with pytest.raises(ConfigError, match=r"^gateway.yaml:policy.vnodes: expected an integer"):
+        build_policy({"name": "prefix_affinity", "vnodes": "many"}, where="gateway.yaml:policy")
+
+
+def test_unknown_preset() -> None:
+    with pytest.raises(ConfigError, match="'fastest'"):
+        load_preset("fastest")

@@ -1,0 +1,106 @@
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from policies.base import ReplicaView, RouteRequest
+from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from policies.ring import Ring, stable_hash, token_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+VNODES = PrefixAffinityConfig().vnodes
+
+
+def keys(n: int) -> list[int]:
+    return [stable_hash(f"key-{i}".encode()) for i in range(n)]
+
+
+def ids(n: int) -> list[tuple[str, float]]:
+    return [(f"replica-{i}", 1.0) for i in range(n)]
+
+
+@pytest.mark.parametrize("replicas", [8, 64])
+def test_spread_with_default_vnodes(replicas: int) -> None:
+    ring = Ring(ids(replicas), VNODES)
+    per = Counter(ring.owner(k) for k in keys(replicas * 2000))
+    assert len(per) == replicas
+    mean = replicas * 2000 / replicas
+    assert max(per.values()) / mean <= 1.15, per.most_common(3)
+
+
+def test_spread_follows_weights() -> None:
+    members = [*ids(4), ("heavy", 2.0)]
+    ring = Ring(members, 256)
+    per = Counter(ring.owner(k) for k in keys(30_000))
+    share = per["heavy"] / 30_000
+    assert 2 / 6 * 0.85 < share < 2 / 6 * 1.15, share
+
+
+@pytest.mark.parametrize("replicas", [8, 64])
+def test_removing_one_moves_only_its_keys(replicas: int) -> None:
+    before = Ring(ids(replicas), VNODES)
+    gone = "replica-3"
+    after = Ring([m for m in ids(replicas) if m[0] != gone], VNODES)
+    sample = keys(20_000)
+    moved = [k for k in sample if before.owner(k) != after.owner(k)]
+    assert all(before.owner(k) == gone for k in moved), "a key moved off a remaining replica"
+    assert len(moved) == sum(before.owner(k) == gone for k in sample)
+    share = len(moved) / len(sample)
+    assert 0.75 / replicas < share < 1.3 / replicas, share
+
+
+def test_walk_visits_each_replica_once() -> None:
+    ring = Ring(ids(16), 32)
+    for k in keys(50):
+        order = list(ring.walk(k))
+        assert sorted(order) == sorted(r for r, _ in ids(16))
+        assert order[0] == ring.owner(k)
+
+
+def test_token_bytes_are_little_endian_u32() -> None:
+    assert bytes(token_bytes([1, 0x01020304])) == b"\x01\x00\x00\x00\x04\x03\x02\x01"
+    with pytest.raises(OverflowError):
+        token_bytes([2**32])
+
+
+_ROUTE_SCRIPT = """
+import json, sys
+from policies.base import ReplicaView, RouteRequest
+from policies.prefix_affinity import PrefixAffinity
+policy = PrefixAffinity()
+views = [ReplicaView(f"replica-{i}") for i in range(12)][::-1]
+out = []
+for i in range(300):
+    tokens = [(i * 7919 + j * 31) % 50000 for j in range(40 + i % 7)]
+    key = f"doc-{i}" if i % 3 == 0 else None
+    out.append(policy.choose(RouteRequest(tokens, 900, affinity_key=key), views).ranked)
+print(json.dumps([list(sorted(policy.ring(views).points[:50])), out]))
+"""
+
+
+def _route_in_process(seed: str) -> list:
+    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _ROUTE_SCRIPT],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=True,
+    )
+    return json.loads(proc.stdout)
+
+
+def test_two_processes_build_the_same_ring_and_route_the_same() -> None:
+    first, second = _route_in_process("1"), _route_in_process("2")
+    assert first == second
+    points, ranked = first
+    assert len(points) == 50 and len({tuple(r) for r in ranked}) > 10
+    # and this process agrees too, with replicas listed in another order
+    policy = PrefixAffinity()
+    views = [ReplicaView(f"replica-{i}") for i in range(12)]
+    for i in (0, 1, 2, 299):
+        tokens = [(i * 7919 + j * 31) % 50000 for j in range(40 + i % 7)]
+        key = f"doc-{i}" if i % 3 == 0 else None
+        d = policy.choose(RouteRequest(tokens, 900, affinity_key=key), views)
+        assert d.chosen == ranked[i][0]
