@@ -14,6 +14,9 @@ the cut is widened until it yields enough tokens or covers the whole text.
 from __future__ import annotations
 
 import json
+import threading
+from array import array
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,7 @@ class ChatFormatError(ValueError):
 class PrefixEncoding:
     """The first tokens of a text; ``total_estimate`` is exact when ``complete``."""
 
-    ids: list[int]
+    ids: Sequence[int]
     complete: bool
     total_estimate: int
 
@@ -41,8 +44,15 @@ class PromptTokenizer:
     """A thread-safe wrapper of an HF ``tokenizers.Tokenizer`` plus chat rendering."""
 
     def __init__(self, tokenizer: Any, chat_template: str | None = None,
-                 special: Mapping[str, str] | None = None, source: str = "") -> None:
+                 special: Mapping[str, str] | None = None, source: str = "",
+                 memo_size: int = 0) -> None:
         self._tok = tokenizer
+        # prefix encodings remembered by the text they read (for repeated documents and
+        # system prompts), token ids as compact u32 arrays; off when memo_size is 0
+        self._memo_size = memo_size
+        self._memo: OrderedDict[tuple[int, str], tuple[array[int], int, int]] | None = (
+            OrderedDict() if memo_size > 0 else None)
+        self._memo_lock = threading.Lock()
         self.source = source
         special = dict(special or {})
         self.eos_token: str = special.get("eos_token", EOS_TOKEN)
@@ -74,6 +84,16 @@ class PromptTokenizer:
         if max_tokens <= 0:
             return PrefixEncoding([], False, self.estimate_tokens(text))
         budget = int(max_tokens * self.chars_per_token * 1.25) + 16
+        # A first try that succeeds reads only text[:budget], so it is remembered by that.
+        memo_key = (max_tokens, text[:budget]) if self._memo is not None else None
+        if memo_key is not None and budget < len(text):
+            with self._memo_lock:
+                hit = self._memo.get(memo_key)  # type: ignore[union-attr]
+                if hit is not None:
+                    self._memo.move_to_end(memo_key)  # type: ignore[union-attr]
+            if hit is not None:
+                ids, n_cut, cut = hit
+                return PrefixEncoding(ids, False, max(n_cut, int(n_cut * len(text) / cut)))
         while True:
             if budget >= len(text):
                 ids = self.encode(text)
@@ -81,13 +101,25 @@ class PromptTokenizer:
             cut = text.rfind(" ", 0, budget)
             if cut <= 0:
                 budget *= 2
+                memo_key = None
                 continue
             # [0, cut) ends right before a space: its encoding is a prefix of the full one.
             ids = self.encode(text[:cut])
             if len(ids) >= max_tokens:
+                if memo_key is not None:
+                    self._remember(memo_key, (array("I", ids[:max_tokens]), len(ids), cut))
                 estimate = max(len(ids), int(len(ids) * len(text) / cut))
                 return PrefixEncoding(ids[:max_tokens], False, estimate)
             budget *= 2
+            memo_key = None
+
+    def _remember(self, key: tuple[int, str], value: tuple[array[int], int, int]) -> None:
+        assert self._memo is not None
+        with self._memo_lock:
+            self._memo[key] = value
+            self._memo.move_to_end(key)
+            while len(self._memo) > self._memo_size:
+                self._memo.popitem(last=False)
 
     def estimate_tokens(self, text: str) -> int:
         return int(len(text) / self.chars_per_token) + 1
@@ -138,8 +170,9 @@ def _normalize_message(message: Any, index: int) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-def load_tokenizer(path: str | Path | None = None) -> PromptTokenizer:
-    """Load a tokenizer directory or ``tokenizer.json``; ``None`` = the project tokenizer."""
+def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> PromptTokenizer:
+    """Load a tokenizer directory or ``tokenizer.json``; ``None`` = the project tokenizer.
+    ``memo_size`` > 0 remembers that many prefix encodings (see ``encode_prefix``)."""
     from tokenizers import Tokenizer
 
     base = Path(path) if path is not None else ASSET_DIR
@@ -163,4 +196,5 @@ def load_tokenizer(path: str | Path | None = None) -> PromptTokenizer:
                 value = value.get("content")
             if isinstance(value, str):
                 special[key] = value
-    return PromptTokenizer(tokenizer, chat_template, special, source=str(file))
+    return PromptTokenizer(tokenizer, chat_template, special, source=str(file),
+                           memo_size=memo_size)

@@ -60,13 +60,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
                               f"{limit} bytes", code="body_too_large")
-    chunks = bytearray()
-    async for chunk in request.stream():
-        chunks += chunk
-        if len(chunks) > limit:
+    if declared is not None and declared.isdigit():
+        return await request.body()  # within the limit: uvicorn enforces the length
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():  # no length declared: count as it arrives
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
                                   code="body_too_large")
-    return bytes(chunks)
+    return b"".join(chunks)
 
 
 async def _parse(request: Request, endpoint: Endpoint) -> ParsedRequest:
@@ -172,7 +176,7 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
                 policy: Policy | None = None) -> GatewayState:
     fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s)
     policy = policy or build_policy(config.policy, where="policy")
-    tokenizer = tokenizer or load_tokenizer(config.tokenizer)
+    tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
     return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router)
 

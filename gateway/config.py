@@ -102,6 +102,7 @@ class GatewayConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_attempts: int = 3
     tokenizer_concurrency: int = 4
+    tokenizer_memo: int = 2048  # prefix encodings remembered (~10 KB each); 0 = off
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
@@ -109,6 +110,8 @@ class GatewayConfig:
 
     def validate(self) -> None:
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")
+        if self.tokenizer_memo < 0:
+            raise ValueError(f"tokenizer_memo must be >= 0, got {self.tokenizer_memo!r}")
         seen: set[str] = set()
         for i, replica in enumerate(self.replicas):
             if replica.id in seen:

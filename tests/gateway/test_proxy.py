@@ -230,3 +230,18 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
     assert r.status_code == 200
     assert httpx.delete(f"{gw.url}/admin/replicas/b", headers=auth).status_code == 404
     assert httpx.get(f"{gw.url}/ready").json()["healthy_replicas"] == 1
+
+
+def test_body_limit_without_content_length(serve: Serve) -> None:
+    ok = Behaviour("ok")
+    gw = start_gateway(serve, [("ok", serve(fake_replica(ok)).url)], max_body_bytes=1000)
+
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"model": "sim-model", "prompt": "'
+        for _ in range(10):
+            yield b"x" * 200
+        yield b'"}'
+
+    r = httpx.post(f"{gw.url}/v1/completions", content=chunks())
+    assert r.status_code == 413
+    assert ok.received == []

@@ -72,3 +72,18 @@ def test_model_chat_template_is_used(tmp_path: Path) -> None:
 def test_missing_tokenizer_is_named(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
         load_tokenizer(tmp_path)
+
+
+def test_prefix_memo_gives_the_same_answers() -> None:
+    plain, memo = load_tokenizer(), load_tokenizer(memo_size=4)
+    rng = random.Random(11)
+    doc = sample_text(rng, 2000)
+    texts = [doc + " question " + sample_text(rng, 30) for _ in range(3)]
+    texts += [sample_text(rng, 2000) for _ in range(6)] + texts  # evicts, then repeats
+    texts += ["short text", "word " * 3]
+    for text in texts:
+        for k in (64, 512):
+            got, want = memo.encode_prefix(text, k), plain.encode_prefix(text, k)
+            assert list(got.ids) == list(want.ids)
+            assert (got.complete, got.total_estimate) == (want.complete, want.total_estimate)
+    assert 0 < len(memo._memo or {}) <= 4
