@@ -92,8 +92,9 @@ class PromptTokenizer:
                 if hit is not None:
                     self._memo.move_to_end(memo_key)  # type: ignore[union-attr]
             if hit is not None:
-                ids, n_cut, cut = hit
-                return PrefixEncoding(ids, False, max(n_cut, int(n_cut * len(text) / cut)))
+                memo_ids, n_cut, cut = hit
+                return PrefixEncoding(memo_ids, False,
+                                      max(n_cut, int(n_cut * len(text) / cut)))
         while True:
             if budget >= len(text):
                 ids = self.encode(text)

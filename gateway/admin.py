@@ -5,6 +5,7 @@ When ``admin_token`` is set every admin call needs ``Authorization: Bearer <toke
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from starlette.routing import Route
 
 from gateway.config import ReplicaConfig
 from gateway.errors import BadRequest, NotFound, Unauthorized
-from gateway.request_parse import parse_body
+from gateway.request_parse import Endpoint, parse_body
 from policies.config import ConfigError, from_mapping
 
 if TYPE_CHECKING:
@@ -85,10 +86,10 @@ async def explain(request: Request) -> Response:
     """The decision the gateway would take for a request body, without sending it."""
     gw = _authorize(request)
     raw = await request.body()
-    try:
-        endpoint = "chat" if "messages" in json.loads(raw) else "completions"
-    except (json.JSONDecodeError, TypeError):
-        endpoint = "completions"  # parse_body names the problem
+    endpoint: Endpoint = "completions"  # parse_body names any problem with the body
+    with contextlib.suppress(json.JSONDecodeError, TypeError):
+        if "messages" in json.loads(raw):
+            endpoint = "chat"
     parsed = parse_body(raw, endpoint, gw.config.affinity.body_field,
                         request.headers.get(gw.config.affinity.header or "x-none"))
     routing = await gw.router.decide(parsed)

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -45,7 +46,8 @@ class Router:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _tokenize(self, parsed: ParsedRequest, needed: int | None) -> tuple[list[int], int]:
+    def _tokenize(self, parsed: ParsedRequest, needed: int | None
+                  ) -> tuple[Sequence[int], int]:
         if parsed.prompt_ids is not None:
             ids = parsed.prompt_ids
             return (ids if needed is None else ids[:needed]), len(ids)
@@ -67,7 +69,8 @@ class Router:
             if parsed.prompt_ids is None:
                 text = parsed.prompt_text if parsed.prompt_text is not None else str(
                     parsed.messages)
-                ids, total = [], self.tokenizer.estimate_tokens(text)
+                ids: Sequence[int] = ()
+                total = self.tokenizer.estimate_tokens(text)
             else:
                 ids, total = self._tokenize(parsed, needed)
         else:

@@ -57,7 +57,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is Any:
         return value
     if dataclasses.is_dataclass(tp):
-        return from_mapping(tp, value, where)  # type: ignore[type-var]
+        return from_mapping(tp, value, where)  # type: ignore[type-var,arg-type]
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterator
 from itertools import count
+from typing import Any
 
 _NODE_BYTES = 2048  # per node: object, dicts, stale heap entries (calibrated by tracemalloc)
 _HOLD_BYTES = 150  # estimated bytes per (node, replica) holding: dict slot plus heap entry
@@ -33,11 +34,11 @@ _HOLD_BYTES = 150  # estimated bytes per (node, replica) holding: dict slot plus
 class Node:
     __slots__ = ("children", "edge", "end", "holders", "key", "parent", "touched")
 
-    def __init__(self, edge: bytes, end: int, parent: Node | None, key: Hashable) -> None:
+    def __init__(self, edge: bytes, end: int, parent: Node | None, key: Any) -> None:
         self.edge = edge
         self.end = end
         self.parent = parent
-        self.key = key
+        self.key = key  # the edge's first 4 bytes; a root's is its namespace
         self.children: dict[bytes, Node] = {}
         self.holders: dict[str, int] = {}
         self.touched = 0
