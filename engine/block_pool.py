@@ -72,7 +72,7 @@ class BlockPool:
             hi = min(lo + step, limit)
             found = list(map(get, hashes[lo:hi]))
             if None in found:
-                out += found[: found.index(None)]  # type: ignore[operator]
+                out += found[: found.index(None)]  # type: ignore[operator,arg-type]
                 return out
             out += found  # type: ignore[arg-type]
             lo, step = hi, step * 4
