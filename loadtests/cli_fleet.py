@@ -1,0 +1,95 @@
+"""``kvgate fleet up|down``: a local fleet of engine replicas behind a gateway.
+
+``kvgate fleet up --replicas 4 --executor sim --policy prefix_affinity`` starts the fleet,
+prints the gateway's URL and waits; Ctrl-C stops every process it started. With
+``--detach`` it returns once the fleet is ready; ``kvgate fleet down`` stops it later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from loadtests.fleet import FleetError, LocalFleet, LocalFleetSpec, stop_recorded
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="fleet_command", required=True)
+    up = sub.add_parser("up", help="start a fleet and wait (Ctrl-C stops it)")
+    d = LocalFleetSpec()
+    up.add_argument("--replicas", type=int, default=d.replicas)
+    up.add_argument("--executor", choices=("sim", "torch"), default=d.executor)
+    up.add_argument("--policy", default="round_robin", help="policy name (preset defaults)")
+    up.add_argument("--profile", default=d.profile, help="sim cost profile name or YAML path")
+    up.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
+    up.add_argument("--eviction", choices=("lru", "frequency"), default=d.eviction)
+    up.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    up.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
+    up.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                    help="extra argument for every `kvgate engine` (e.g. --engine-arg=--model "
+                         "--engine-arg=DIR for the torch executor)")
+    up.add_argument("--detach", action="store_true", help="return once the fleet is ready")
+    down = sub.add_parser("down", help="stop the fleet started with --detach")
+    for p in (up, down):
+        p.add_argument("--state-dir", type=Path, default=None,
+                       help="where the fleet's config, logs and state file live")
+
+
+def _up(args: argparse.Namespace) -> int:
+    spec = LocalFleetSpec(replicas=args.replicas, policy={"name": args.policy},
+                          executor=args.executor, profile=args.profile,
+                          kv_cache_gib=args.kv_cache_gib, eviction=args.eviction,
+                          max_num_seqs=args.max_num_seqs, gateway_port=args.port,
+                          engine_args=tuple(args.engine_arg))
+    fleet = LocalFleet(spec, args.state_dir)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # Explicit handlers: a shell may start background jobs with SIGINT ignored.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        fleet.start()
+    except (FleetError, ValueError) as exc:
+        _restore(previous)
+        print(f"kvgate fleet up: {exc}", file=sys.stderr)
+        return 1
+    print(f"gateway {fleet.gateway_url}  (policy {args.policy})")
+    for i, url in enumerate(fleet.engine_urls):
+        print(f"  r{i} {url}")
+    print(f"logs and config in {fleet.dir}")
+    if args.detach:
+        fleet.detach()
+        _restore(previous)
+        return 0
+    print("Ctrl-C stops the fleet", flush=True)
+    try:
+        while not stop.wait(0.5):
+            if not fleet.alive():
+                print("a fleet process exited; stopping the rest", file=sys.stderr)
+                return 1
+    finally:
+        fleet.stop()
+        _restore(previous)
+    print("fleet stopped")
+    return 0
+
+
+def _restore(handlers: Mapping[signal.Signals, Any]) -> None:
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.fleet_command == "up":
+        return _up(args)
+    n = stop_recorded(args.state_dir)
+    print(f"stopped {n} processes" if n else "no fleet recorded")
+    return 0

@@ -1,0 +1,69 @@
+"""The engines' own counters, scraped from ``/metrics`` before and after a load run.
+
+The token hit rate of a run is ``delta(prefix_cache_hits) / delta(prefix_cache_queries)``
+summed over the fleet's engines: what the replicas really served from their caches,
+independent of the gateway's beliefs.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import metrics as names
+
+COUNTERS = {
+    "queries": names.PREFIX_CACHE_QUERIES,
+    "hits": names.PREFIX_CACHE_HITS,
+    "prompt_tokens": names.PROMPT_TOKENS,
+    "generation_tokens": names.GENERATION_TOKENS,
+    "preemptions": names.NUM_PREEMPTIONS,
+}
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Totals of the counters in ``COUNTERS`` (summed over label sets) in exposition text."""
+    wanted = {f"{metric}_total": key for key, metric in COUNTERS.items()}
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None:
+                out[key] += sample.value
+    return out
+
+
+def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout) as resp:
+        return parse_counters(resp.read().decode())
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCounters:
+    """Per-replica counter deltas over a run, and their fleet totals."""
+
+    per_replica: tuple[Mapping[str, float], ...]
+
+    def total(self, key: str) -> float:
+        return sum(r[key] for r in self.per_replica)
+
+    @property
+    def token_hit_rate(self) -> float:
+        queries = self.total("queries")
+        return self.total("hits") / queries if queries else 0.0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens the fleet computed (looked up and missed)."""
+        return int(self.total("queries") - self.total("hits"))
+
+
+def deltas(before: Sequence[Mapping[str, float]],
+           after: Sequence[Mapping[str, float]]) -> FleetCounters:
+    if len(before) != len(after):
+        raise ValueError(f"{len(before)} scrapes before but {len(after)} after")
+    return FleetCounters(tuple({k: a[k] - b[k] for k in COUNTERS}
+                               for b, a in zip(before, after, strict=True)))

@@ -1,0 +1,229 @@
+"""A local fleet on loopback: N engine processes behind one gateway process.
+
+``LocalFleet`` starts ``kvgate engine`` replicas (sim executor by default) on free ports,
+waits for each ``/health``, writes a gateway YAML config naming them and the policy,
+starts ``kvgate serve`` and waits for its ``/ready``. ``stop`` ends every process it
+started (SIGTERM, then SIGKILL after a grace period). A state file (``fleet.json`` in the
+fleet's directory) records the processes so that ``kvgate fleet down`` in another shell
+can stop a fleet left running.
+
+Each process runs in its own session, so a Ctrl-C in the terminal reaches only the
+controlling ``kvgate fleet up`` (or load-test) process, which then stops the fleet in
+order: gateway first, then the engines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STATE_FILE = "fleet.json"
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("KVGATE_FLEET_DIR", f"/tmp/kvgate-fleet-{os.getuid()}"))
+
+
+class FleetError(RuntimeError):
+    """A fleet process failed to start or to become ready; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFleetSpec:
+    replicas: int = 2
+    policy: dict[str, Any] = field(default_factory=lambda: {"name": "round_robin"})
+    executor: str = "sim"
+    profile: str = "llama3-8b-h100"
+    kv_cache_gib: float = 25.0
+    eviction: str = "lru"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    host: str = "127.0.0.1"
+    gateway_port: int = 0  # 0: a free port
+    engine_args: tuple[str, ...] = ()  # passed through to every ``kvgate engine``
+    scrape_interval_s: float = 0.5
+
+    def validate(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas!r}")
+        if "name" not in self.policy:
+            raise ValueError("policy needs a 'name'")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return 200 <= resp.status < 300
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass(slots=True)
+class _Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+class LocalFleet:
+    """Start with ``start()`` (or ``with LocalFleet(spec) as fleet:``), stop with ``stop()``."""
+
+    def __init__(self, spec: LocalFleetSpec, state_dir: Path | None = None) -> None:
+        spec.validate()
+        self.spec = spec
+        self.dir = state_dir or default_state_dir()
+        self.engine_urls: list[str] = []
+        self.gateway_url = ""
+        self._procs: list[_Proc] = []
+
+    def __enter__(self) -> LocalFleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+        log = self.dir / f"{name}.log"
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "--log-level", "WARNING", *argv],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        proc = _Proc(name, popen, log)
+        self._procs.append(proc)
+        return proc
+
+    def _wait_ready(self, proc: _Proc, url: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                tail = proc.log.read_text(errors="replace")[-2000:]
+                raise FleetError(f"{proc.name} exited with {proc.popen.returncode}:\n{tail}")
+            if http_ok(url):
+                return
+            time.sleep(0.1)
+        raise FleetError(f"{proc.name} not ready at {url} after {timeout_s:.0f} s "
+                         f"(log: {proc.log})")
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        spec = self.spec
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if (self.dir / STATE_FILE).exists():
+            raise FleetError(f"a fleet is already recorded in {self.dir / STATE_FILE}; "
+                             "stop it with `kvgate fleet down` first")
+        try:
+            engines = []
+            for i in range(spec.replicas):
+                port = free_port(spec.host)
+                argv = ["engine", "--executor", spec.executor, "--profile", spec.profile,
+                        "--kv-cache-gib", str(spec.kv_cache_gib), "--eviction", spec.eviction,
+                        "--max-num-seqs", str(spec.max_num_seqs),
+                        "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
+                        "--host", spec.host, "--port", str(port), "--log-level", "warning",
+                        *spec.engine_args]
+                url = f"http://{spec.host}:{port}"
+                engines.append((self._spawn(f"engine-r{i}", argv), url))
+                self.engine_urls.append(url)
+            for proc, url in engines:
+                self._wait_ready(proc, f"{url}/health", timeout_s)
+            port = spec.gateway_port or free_port(spec.host)
+            config = {
+                "host": spec.host,
+                "port": port,
+                "policy": dict(spec.policy),
+                "replicas": [{"id": f"r{i}", "url": u} for i, u in enumerate(self.engine_urls)],
+                "scrape": {"interval_s": spec.scrape_interval_s},
+                "health": {"interval_s": 1.0},
+            }
+            config_path = self.dir / "gateway.yaml"
+            config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+            gateway = self._spawn("gateway", ["serve", "--config", str(config_path)])
+            self.gateway_url = f"http://{spec.host}:{port}"
+            self._wait_ready(gateway, f"{self.gateway_url}/ready", timeout_s)
+            self._write_state()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _write_state(self) -> None:
+        state = {
+            "spec": asdict(self.spec),
+            "gateway_url": self.gateway_url,
+            "engine_urls": self.engine_urls,
+            "processes": [{"name": p.name, "pid": p.popen.pid, "log": str(p.log)}
+                          for p in self._procs],
+        }
+        (self.dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the gateway, then the engines; idempotent."""
+        for proc in reversed(self._procs):  # the gateway was started last
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in reversed(self._procs):
+            try:
+                proc.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+        self._procs.clear()
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / STATE_FILE).unlink()
+
+    def detach(self) -> None:
+        """Leave the processes running; ``stop_recorded`` (``kvgate fleet down``) stops them."""
+        self._procs.clear()
+
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.popen.poll() is None for p in self._procs)
+
+
+def _is_fleet_process(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"gateway.cli" in cmdline
+
+
+def stop_recorded(state_dir: Path | None = None, grace_s: float = 10.0) -> int:
+    """Stop the fleet recorded in ``state_dir``; returns how many processes were signalled."""
+    path = (state_dir or default_state_dir()) / STATE_FILE
+    if not path.exists():
+        return 0
+    state = json.loads(path.read_text())
+    pids = [p["pid"] for p in reversed(state["processes"]) if _is_fleet_process(p["pid"])]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for pid in pids:
+        while _is_fleet_process(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _is_fleet_process(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    path.unlink()
+    return len(pids)

@@ -1,0 +1,164 @@
+"""Locust users for the kvgate workloads: streaming chat completions, TTFT as its own metric.
+
+One user class per workload (``ContractsUser``, ``ChatUser``, ``ToolsUser``). All users
+of a run take the next request of one deterministic stream (``loadtests.workloads``), so
+a run issues the same prompts in the same order whatever the number of users.
+
+Configuration comes from the environment (``loadtests.run`` sets it):
+
+``KVGATE_WORKLOAD``   JSON ``{"params": {...}, "requests": N}``: workload spec parameters
+                      (the workload name comes from the user class) and stream length.
+``KVGATE_MODEL``      model name to put in requests (default: the first of ``/v1/models``).
+``KVGATE_RATE``       target requests/s of the whole run (each user paces itself to
+                      ``rate / users``); unset: back to back.
+``KVGATE_SAMPLES``    path of a JSON file to write per-request samples to at test stop.
+``KVGATE_AFFINITY``   ``1`` to send each request's document or conversation id in the
+                      gateway's affinity header.
+
+Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (send to first
+content chunk), both named after the workload.
+
+Headless::
+
+    locust -f loadtests/locustfile.py ContractsUser --headless -u 16 -r 16 -t 60s \
+        --host http://127.0.0.1:8000
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from locust import HttpUser, constant_throughput, events, task
+
+from loadtests.workloads import WorkloadRequest, build_spec, generate
+
+AFFINITY_HEADER = "x-kvgate-affinity-key"
+
+_config: dict[str, Any] = json.loads(os.environ.get("KVGATE_WORKLOAD", "{}") or "{}")
+_streams: dict[str, Iterator[WorkloadRequest]] = {}
+_lock = threading.Lock()
+_samples: list[dict[str, Any]] = []
+
+
+def next_request(workload: str) -> WorkloadRequest:
+    with _lock:
+        stream = _streams.get(workload)
+        if stream is None:
+            spec = build_spec(workload, **_config.get("params", {}))
+            stream = _streams[workload] = iter(generate(spec, int(_config.get("requests",
+                                                                               100_000))))
+        return next(stream)
+
+
+def _pacing() -> Any:
+    rate = float(os.environ.get("KVGATE_RATE", "0") or 0)
+    users = int(os.environ.get("KVGATE_USERS", "1") or 1)
+    if rate <= 0:
+        return lambda _user: 0.0
+    return constant_throughput(rate / users)
+
+
+class _WorkloadUser(HttpUser):
+    abstract = True
+    workload = ""
+    wait_time = _pacing()
+    _model: str | None = None
+
+    def on_start(self) -> None:
+        model = os.environ.get("KVGATE_MODEL")
+        if not model and _WorkloadUser._model is None:
+            resp = self.client.get("/v1/models", name="models")
+            resp.raise_for_status()
+            model = resp.json()["data"][0]["id"]
+        _WorkloadUser._model = model or _WorkloadUser._model
+
+    @task
+    def ask(self) -> None:
+        req = next_request(self.workload)
+        body = {
+            "model": _WorkloadUser._model,
+            "messages": req.messages(),
+            "max_tokens": req.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        headers = {}
+        if os.environ.get("KVGATE_AFFINITY") == "1":
+            headers[AFFINITY_HEADER] = req.affinity_key
+        sample: dict[str, Any] = {"index": req.index, "label": req.label, "ok": False}
+        started = time.perf_counter()
+        with self.client.post("/v1/chat/completions", json=body, headers=headers,
+                              stream=True, catch_response=True, name=self.workload) as resp:
+            sample["replica"] = resp.headers.get("x-kvgate-replica")
+            sample["route"] = resp.headers.get("x-kvgate-route")
+            if resp.status_code != 200:
+                resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                _record(sample)
+                return
+            try:
+                self._read_stream(resp, started, sample)
+            except (ValueError, KeyError) as exc:
+                resp.failure(f"bad stream: {exc}")
+            else:
+                if sample.get("ttft_s") is None:
+                    resp.failure("stream ended without content")
+                else:
+                    sample["ok"] = True
+                    resp.success()
+        sample["e2e_s"] = time.perf_counter() - started
+        _record(sample)
+
+    def _read_stream(self, resp: Any, started: float, sample: dict[str, Any]) -> None:
+        for line in resp.iter_lines():
+            if not line or not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise ValueError(str(chunk["error"])[:200])
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                if sample.get("ttft_s") is None and (delta.get("content")
+                                                     or choice.get("finish_reason")):
+                    ttft = time.perf_counter() - started
+                    sample["ttft_s"] = ttft
+                    events.request.fire(request_type="TTFT", name=self.workload,
+                                        response_time=ttft * 1000.0, response_length=0,
+                                        exception=None, context={})
+            usage = chunk.get("usage")
+            if usage:
+                sample["prompt_tokens"] = usage.get("prompt_tokens")
+                details = usage.get("prompt_tokens_details") or {}
+                sample["cached_tokens"] = details.get("cached_tokens")
+
+
+def _record(sample: dict[str, Any]) -> None:
+    with _lock:
+        _samples.append(sample)
+
+
+@events.test_stop.add_listener
+def _write_samples(**_kwargs: Any) -> None:
+    path = os.environ.get("KVGATE_SAMPLES")
+    if path:
+        with _lock, open(path, "w") as f:
+            json.dump(_samples, f)
+
+
+class ContractsUser(_WorkloadUser):
+    workload = "contracts"
+
+
+class ChatUser(_WorkloadUser):
+    workload = "chat"
+
+
+class ToolsUser(_WorkloadUser):
+    workload = "tools"

@@ -1,0 +1,84 @@
+"""PNG plots for simulator and load-test reports (matplotlib, headless Agg backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[float]]],
+                  *, oracle: float | None = None, title: str = "") -> Path:
+    """Two panels: token hit rate per policy (bars, oracle as a line) and the TTFT CDF.
+
+    ``results`` maps a policy name to ``(token hit rate, TTFT samples in seconds)``.
+    """
+    plt = _pyplot()
+    names = list(results)
+    fig, (ax_hit, ax_cdf) = plt.subplots(1, 2, figsize=(11, 4.2))
+    rates = [results[n][0] for n in names]
+    bars = ax_hit.bar(names, rates, color=[f"C{i}" for i in range(len(names))])
+    ax_hit.bar_label(bars, labels=[f"{r:.2f}" for r in rates])
+    if oracle is not None:
+        ax_hit.axhline(oracle, color="black", linestyle="--", linewidth=1,
+                       label=f"oracle bound {oracle:.2f}")
+        ax_hit.legend(loc="upper left")
+    ax_hit.set_ylim(0, 1)
+    ax_hit.set_ylabel("token hit rate (cached / prompt tokens)")
+    ax_hit.tick_params(axis="x", rotation=15)
+    for i, name in enumerate(names):
+        samples = np.sort(np.asarray(results[name][1], dtype=float))
+        if len(samples) == 0:
+            continue
+        frac = np.arange(1, len(samples) + 1) / len(samples)
+        p95 = float(np.percentile(samples, 95))
+        ax_cdf.plot(samples, frac, color=f"C{i}", label=f"{name} (p95 {p95:.2f} s)")
+    ax_cdf.set_xscale("log")
+    ax_cdf.set_xlabel("time to first token (s, log scale)")
+    ax_cdf.set_ylabel("fraction of requests")
+    ax_cdf.axhline(0.95, color="grey", linewidth=0.5)
+    ax_cdf.legend(loc="lower right", fontsize="small")
+    ax_cdf.grid(True, which="both", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_replica_load(path: str | Path, loads: Mapping[str, Sequence[float]],
+                      *, ylabel: str = "prefill tokens computed", title: str = "") -> Path:
+    """Grouped bars: one group per replica, one bar per policy."""
+    plt = _pyplot()
+    names = list(loads)
+    width = 0.8 / max(1, len(names))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for i, name in enumerate(names):
+        values = list(loads[name])
+        x = np.arange(len(values)) + i * width
+        ax.bar(x, values, width, label=name, color=f"C{i}")
+    n = max((len(v) for v in loads.values()), default=0)
+    ax.set_xticks(np.arange(n) + width * (len(names) - 1) / 2, [f"r{i}" for i in range(n)])
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize="small")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,110 @@
+"""Markdown report of a load run: a table per policy and PNG plots next to it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from loadtests.plots import plot_policies, plot_replica_load
+
+COLUMNS = (
+    ("policy", None),
+    ("token hit rate", "token_hit_rate"),
+    ("prefill tokens", "prefill_tokens"),
+    ("requests ok / failed", None),
+    ("TTFT p50 (s)", "ttft_p50_s"),
+    ("TTFT p95 (s)", "ttft_p95_s"),
+    ("TTFT p99 (s)", "ttft_p99_s"),
+    ("e2e p50 (s)", "e2e_p50_s"),
+    ("requests per replica", "replica_requests"),
+)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, list):
+        return " / ".join(_cell(v) for v in value)
+    return str(value)
+
+
+def table(policies: Mapping[str, Mapping[str, Any]]) -> str:
+    """A Markdown table, one row per policy."""
+    lines = ["| " + " | ".join(c for c, _ in COLUMNS) + " |",
+             "|" + "---|" * len(COLUMNS)]
+    for name, r in policies.items():
+        cells = []
+        for title, key in COLUMNS:
+            if title == "policy":
+                cells.append(name)
+            elif key is None:
+                cells.append(f"{r['requests_ok']:,} / {r['requests_failed']:,}")
+            else:
+                cells.append(_cell(r.get(key)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _ratios(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    base = policies.get("round_robin")
+    if not base:
+        return []
+    out = []
+    for name, r in policies.items():
+        if name == "round_robin":
+            continue
+        hit = (r["token_hit_rate"] / base["token_hit_rate"]
+               if base["token_hit_rate"] else float("inf"))
+        line = f"- {name}: token hit rate {hit:.1f} x round_robin's"
+        if r.get("ttft_p95_s") and base.get("ttft_p95_s"):
+            line += f", p95 TTFT {r['ttft_p95_s'] / base['ttft_p95_s']:.2f} x round_robin's"
+        out.append(line)
+    return out
+
+
+def write_report(report_dir: Path, cfg: Any, results: Mapping[str, Mapping[str, Any]]) -> Path:
+    """``report.md`` plus ``hit_rate_ttft.png`` and ``replica_load.png`` in ``report_dir``."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    plot_policies(report_dir / "hit_rate_ttft.png",
+                  {k: (v["token_hit_rate"], v["ttft_s"]) for k, v in results.items()},
+                  title=f"{cfg.scenario}: {cfg.replicas} replicas, {cfg.rate:g} req/s target")
+    plot_replica_load(report_dir / "replica_load.png",
+                      {k: v["replica_prefill_tokens"] for k, v in results.items()},
+                      title="prefill tokens computed per replica (engines' counters)")
+    rows = {k: {kk: vv for kk, vv in v.items() if kk != "ttft_s"} for k, v in results.items()}
+    config = asdict(cfg)
+    text = "\n".join([
+        f"# Load run: {cfg.scenario}",
+        "",
+        f"{cfg.replicas} sim replicas (profile `{Path(cfg.profile).stem}`, "
+        f"{cfg.kv_cache_gib:g} GiB KV each, eviction {cfg.eviction}) behind the gateway; "
+        f"Locust with {cfg.users} users at a target of {cfg.rate:g} requests/s for "
+        f"{cfg.duration_s:g} s per policy, a fresh fleet per policy.",
+        "Token hit rate and prefill tokens come from the engines' own counters "
+        "(`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`, scraped "
+        "before and after); TTFT is measured by the client (first streamed content).",
+        "",
+        table(rows),
+        "",
+        *_ratios(rows),
+        "",
+        "![token hit rate and TTFT CDF](hit_rate_ttft.png)",
+        "",
+        "![prefill tokens per replica](replica_load.png)",
+        "",
+        "## Configuration",
+        "",
+        "```",
+        *(f"{k}: {v}" for k, v in config.items()),
+        "```",
+        "",
+    ])
+    path = report_dir / "report.md"
+    path.write_text(text)
+    return path

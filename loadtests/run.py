@@ -1,0 +1,243 @@
+"""Load runs on a local fleet: for each policy a fresh fleet, a headless Locust run, and
+the engines' own counters scraped before and after.
+
+Usage::
+
+    python -m loadtests.run --scenario contracts --policies round_robin,prefix_affinity \
+        --duration 120 --json out.json --report DIR
+
+The default library is the contract library scaled down so two CPU cores can drive it:
+400 documents of ~1,500 tokens, 80 hot ones (120k tokens), 8 replicas of a slow GPU
+profile (``profiles/llama3-8b-l4.yaml``) with 3 GiB of KV each (24.5k tokens; at most 8
+running requests pin ~13k, leaving ~10-14 documents' worth idle): the hot set exceeds one
+replica's cache (~6x) and fits the fleet's. At 20 requests/s round robin is busy (~80% of
+its prefill capacity). The offline simulator with the same settings predicts the outcome::
+
+    round_robin      token hit 0.13   TTFT p95 1.47 s
+    prefix_affinity  token hit 0.54   TTFT p95 0.65 s   (eviction frequency)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtests import engine_counters
+from loadtests.fleet import LocalFleet, LocalFleetSpec
+
+HERE = Path(__file__).parent
+LOCUSTFILE = HERE / "locustfile.py"
+L4_PROFILE = str(HERE / "profiles" / "llama3-8b-l4.yaml")
+USER_CLASSES = {"contracts": "ContractsUser", "chat": "ChatUser", "tools": "ToolsUser"}
+SCALED_CONTRACTS: dict[str, Any] = {"num_docs": 400, "hot_docs": 80, "doc_tokens": 1500,
+                                    "output_tokens": [8, 16]}
+
+Progress = Callable[[str, float, float], None]  # (policy, elapsed s, duration s)
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    scenario: str = "contracts"
+    policies: tuple[str, ...] = ("round_robin", "prefix_affinity")
+    duration_s: float = 120.0
+    replicas: int = 8
+    users: int = 64
+    rate: float = 20.0
+    profile: str = L4_PROFILE
+    kv_cache_gib: float = 3.0
+    max_num_seqs: int = 8
+    eviction: str = "frequency"
+    workload: dict[str, Any] = field(default_factory=lambda: dict(SCALED_CONTRACTS))
+    seed: int = 0
+    affinity_header: bool = False
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None}
+    a = np.asarray(values)
+    return {f"p{q}": float(np.percentile(a, q)) for q in (50, 95, 99)}
+
+
+def _locust(cfg: RunConfig, url: str, workdir: Path, progress: Progress | None,
+            policy: str) -> Path:
+    samples = workdir / f"{policy}.samples.json"
+    env = dict(os.environ)
+    env.update({
+        "KVGATE_WORKLOAD": json.dumps({"params": {**cfg.workload, "seed": cfg.seed},
+                                       "requests": 200_000}),
+        "KVGATE_RATE": str(cfg.rate),
+        "KVGATE_USERS": str(cfg.users),
+        "KVGATE_SAMPLES": str(samples),
+        "KVGATE_AFFINITY": "1" if cfg.affinity_header else "0",
+    })
+    argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE),
+            USER_CLASSES[cfg.scenario], "--headless", "-u", str(cfg.users),
+            "-r", str(cfg.users), "-t", f"{int(cfg.duration_s)}s", "--host", url,
+            "--stop-timeout", "30", "--only-summary", "--loglevel", "WARNING",
+            "--csv", str(workdir / policy)]
+    log = workdir / f"{policy}.locust.log"
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL)
+        try:
+            while proc.poll() is None:
+                if progress:
+                    progress(policy, time.monotonic() - started, cfg.duration_s)
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+    if not samples.exists():
+        tail = log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"locust wrote no samples (exit {proc.returncode}):\n{tail}")
+    return samples
+
+
+def run_policy(cfg: RunConfig, policy: str, workdir: Path,
+               progress: Progress | None = None) -> dict[str, Any]:
+    """One policy: fresh fleet, counters before, Locust run, counters after."""
+    spec = LocalFleetSpec(replicas=cfg.replicas, policy={"name": policy},
+                          profile=cfg.profile, kv_cache_gib=cfg.kv_cache_gib,
+                          max_num_seqs=cfg.max_num_seqs, eviction=cfg.eviction)
+    with LocalFleet(spec, workdir / f"fleet-{policy}") as fleet:
+        before = [engine_counters.scrape(u) for u in fleet.engine_urls]
+        samples_path = _locust(cfg, fleet.gateway_url, workdir, progress, policy)
+        after = [engine_counters.scrape(u) for u in fleet.engine_urls]
+    counters = engine_counters.deltas(before, after)
+    samples = json.loads(samples_path.read_text())
+    ok = [s for s in samples if s.get("ok")]
+    ttft = [s["ttft_s"] for s in ok]
+    e2e = [s["e2e_s"] for s in ok]
+    replicas = Counter(s.get("replica") for s in ok)
+    hot_ttft = [s["ttft_s"] for s in ok if s.get("label") == "hot"]
+    tt, ee, hh = _percentiles(ttft), _percentiles(e2e), _percentiles(hot_ttft)
+    return {
+        "token_hit_rate": counters.token_hit_rate,
+        "prefill_tokens": counters.prefill_tokens,
+        "prompt_tokens": int(counters.total("queries")),
+        # what the clients were told (usage): matches the engines unless requests aborted
+        "client_prompt_tokens": sum(s.get("prompt_tokens") or 0 for s in ok),
+        "client_cached_tokens": sum(s.get("cached_tokens") or 0 for s in ok),
+        "requests_ok": len(ok),
+        "requests_failed": len(samples) - len(ok),
+        "ttft_p50_s": tt["p50"], "ttft_p95_s": tt["p95"], "ttft_p99_s": tt["p99"],
+        "hot_ttft_p95_s": hh["p95"],
+        "e2e_p50_s": ee["p50"], "e2e_p95_s": ee["p95"],
+        "replica_requests": [replicas.get(f"r{i}", 0) for i in range(cfg.replicas)],
+        "replica_prefill_tokens": [int(r["queries"] - r["hits"])
+                                   for r in counters.per_replica],
+        "routes": dict(Counter(s.get("route") for s in ok)),
+        "preemptions": int(counters.total("preemptions")),
+        "ttft_s": ttft,
+    }
+
+
+def run(cfg: RunConfig, report_dir: Path | None = None, json_path: Path | None = None,
+        progress: Progress | None = None) -> dict[str, Any]:
+    """Every policy in turn; writes the JSON and the Markdown report when asked."""
+    if cfg.scenario not in USER_CLASSES:
+        raise ValueError(f"unknown scenario {cfg.scenario!r} (known: {', '.join(USER_CLASSES)})")
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="kvgate-run-") as tmp:
+        workdir = Path(tmp)
+        for policy in cfg.policies:
+            results[policy] = run_policy(cfg, policy, workdir, progress)
+    out = {"scenario": cfg.scenario, "config": asdict(cfg),
+           "policies": {k: {kk: vv for kk, vv in v.items() if kk != "ttft_s"}
+                        for k, v in results.items()}}
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(out, indent=2))
+    if report_dir:
+        from loadtests.report import write_report
+
+        write_report(report_dir, cfg, results)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = RunConfig()
+    parser.add_argument("--scenario", default=d.scenario, choices=sorted(USER_CLASSES))
+    parser.add_argument("--policies", default=",".join(d.policies))
+    parser.add_argument("--duration", type=float, default=d.duration_s, help="seconds per policy")
+    parser.add_argument("--replicas", type=int, default=d.replicas)
+    parser.add_argument("--users", type=int, default=d.users)
+    parser.add_argument("--rate", type=float, default=d.rate, help="target requests/s")
+    parser.add_argument("--profile", default=d.profile)
+    parser.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
+    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    parser.add_argument("--eviction", choices=("lru", "frequency"), default=d.eviction)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--affinity-header", action="store_true",
+                        help="send each request's document id as the affinity key")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="workload parameter over the scaled defaults")
+    parser.add_argument("--json", dest="json_path", type=Path, default=None)
+    parser.add_argument("--report", dest="report_dir", type=Path, default=None)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    from loadtests.simulate import _parse_params
+
+    workload = dict(SCALED_CONTRACTS) if args.scenario == "contracts" else {}
+    workload.update(_parse_params(args.set))
+    return RunConfig(scenario=args.scenario,
+                     policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+                     duration_s=args.duration, replicas=args.replicas, users=args.users,
+                     rate=args.rate, profile=args.profile, kv_cache_gib=args.kv_cache_gib,
+                     max_num_seqs=args.max_num_seqs,
+                     eviction=args.eviction, workload=workload, seed=args.seed,
+                     affinity_header=args.affinity_header)
+
+
+class ProgressLine:
+    """A one-line progress display on stderr, redrawn when the shown second changes."""
+
+    def __init__(self) -> None:
+        self._last: tuple[str, int] | None = None
+
+    def __call__(self, policy: str, elapsed: float, duration: float) -> None:
+        second = int(min(elapsed, duration))
+        if (policy, second) == self._last:
+            return
+        if self._last is not None and self._last[0] != policy:
+            print(file=sys.stderr)
+        self._last = (policy, second)
+        width = 30
+        done = int(width * second / duration) if duration else width
+        bar = "#" * done + "." * (width - done)
+        tail = "  (draining)" if elapsed >= duration else ""
+        print(f"\r{policy:>16} [{bar}] {second:4d}/{duration:.0f} s{tail}", end="",
+              file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.run",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    out = run(config_from_args(args), args.report_dir, args.json_path, ProgressLine())
+    print(file=sys.stderr)
+    from loadtests.report import table
+
+    print(table(out["policies"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

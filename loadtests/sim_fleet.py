@@ -1,0 +1,124 @@
+"""A fleet of engine cores with the sim executor, for the offline simulator.
+
+Each replica is the production ``EngineCore`` (scheduler, block pool, eviction queue)
+over a ``SimExecutor`` whose step time comes from a roofline profile. Nothing here runs
+the clock: ``loadtests.simulate`` drives the replicas in virtual time.
+
+KV sizing: ``kv_pool_gib`` of KV per replica, of which running requests pin a part. The
+reference scenario (40 GiB pools, ~15 GiB pinned by ~20 long answers, ~25 GiB idle) is
+modeled with short answers, so few requests run at once: a 28 GiB pool leaves ~25 GiB
+idle for cached prefixes (the simulator reports the measured mean, ``mean_idle_kv_blocks``).
+``idle_kv_gib`` is used only for the oracle bound (the fleet's total idle KV).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.core import EngineConfig, EngineCore
+from engine.cost_model import CostModel, load_profile
+from engine.request import RequestOutput, SamplingParams
+from engine.sim_executor import SimExecutor
+from loadtests.prefix_hashes import PrefixHashes
+from loadtests.workloads import WorkloadRequest
+from policies.base import ReplicaView
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    replicas: int = 8
+    profile: str = "llama3-8b-h100"
+    kv_pool_gib: float = 28.0
+    idle_kv_gib: float = 25.0
+    max_num_seqs: int = 20
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    eviction: Literal["lru", "frequency"] = "lru"
+
+    def validate(self) -> None:
+        for key in ("replicas", "kv_pool_gib", "idle_kv_gib", "max_num_seqs",
+                    "max_num_batched_tokens", "block_size"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)!r}")
+        if self.idle_kv_gib > self.kv_pool_gib:
+            raise ValueError(f"idle_kv_gib ({self.idle_kv_gib}) exceeds kv_pool_gib "
+                             f"({self.kv_pool_gib})")
+        if self.eviction not in ("lru", "frequency"):
+            raise ValueError(f"eviction must be 'lru' or 'frequency', got {self.eviction!r}")
+
+    def kv_bytes_per_token(self) -> int:
+        return load_profile(self.profile).model.kv_bytes_per_token
+
+    def blocks(self, gib: float) -> int:
+        return int(gib * GIB) // (self.kv_bytes_per_token() * self.block_size)
+
+
+@dataclass(slots=True)
+class SimReplica:
+    """One replica: its core, the outputs of the step in progress and when it ends."""
+
+    id: str
+    core: EngineCore
+    busy_until: float | None = None
+    pending: list[RequestOutput] = field(default_factory=list)
+    routed: int = 0
+    routed_prompt_tokens: int = 0
+
+    def view(self) -> ReplicaView:
+        core = self.core
+        sched = core.scheduler
+        running, waiting = len(sched.running), len(sched.waiting)
+        return ReplicaView(
+            id=self.id,
+            queued_tokens=sched.stats.prompt_tokens_waiting,
+            running=running,
+            waiting=waiting,
+            in_flight=running + waiting,
+            kv_usage=core.kv.usage(),
+            kv_capacity_tokens=core.config.num_blocks * core.config.block_size,
+        )
+
+
+class SimFleet:
+    """The replicas of one simulated fleet, plus request construction for them."""
+
+    def __init__(self, spec: FleetSpec, hashes: PrefixHashes | None = None) -> None:
+        spec.validate()
+        self.spec = spec
+        profile = load_profile(spec.profile)
+        self.model_id = profile.model.name
+        self.max_model_len = profile.model.max_model_len
+        cost = CostModel.from_profile(profile)
+        config = EngineConfig(
+            model_id=self.model_id,
+            num_blocks=spec.blocks(spec.kv_pool_gib),
+            block_size=spec.block_size,
+            eviction=spec.eviction,
+            max_num_seqs=spec.max_num_seqs,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            emit_every_token=False,
+        )
+        self.replicas = [
+            SimReplica(f"r{i}", EngineCore(SimExecutor(cost, block_size=spec.block_size,
+                                                       token_range=(3, 4096)), config))
+            for i in range(spec.replicas)
+        ]
+        if hashes is not None and (hashes.block_size, hashes.model_id) != (
+                spec.block_size, self.model_id):
+            raise ValueError("hashes were memoized for another block size or model")
+        self.hashes = hashes or PrefixHashes(spec.block_size, self.model_id)
+
+    def add(self, replica: SimReplica, req: WorkloadRequest, token_ids: list[int],
+            now: float) -> None:
+        core = replica.core
+        # ignore_eos: every answer has exactly ``max_tokens`` tokens, as in the HTTP runs.
+        params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True, seed=req.index)
+        request = core.make_request(f"req{req.index}", token_ids, params,
+                                    block_hashes=self.hashes.hashes(req, token_ids))
+        core.add_request(request, now=now)
+        replica.routed += 1
+        replica.routed_prompt_tokens += req.prompt_tokens

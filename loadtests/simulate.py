@@ -1,0 +1,317 @@
+"""Offline fleet simulator: workload -> policy -> replicas, in virtual time, no HTTP.
+
+Events are request arrivals (Poisson, or given times) and step completions. A replica
+with work runs one ``EngineCore.step(now)`` at a time; its outputs are stamped
+``now + seconds`` and delivered when virtual time reaches that instant, which is also
+when the replica starts its next step. An arrival is routed with the replica views of
+that instant, added to the chosen core, and starts a step there if the core was idle.
+The policy sees ``Routed`` at arrival and ``Finished`` at the finishing step's end.
+
+Usage::
+
+    python -m loadtests.simulate --scenario contracts --replicas 8 --requests 40000 \
+        --policies round_robin,least_load,prefix_affinity,radix --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.cost_model import load_profile
+from loadtests.oracle import oracle_bound
+from loadtests.prefix_hashes import PrefixHashes
+from loadtests.sim_fleet import FleetSpec, SimFleet, SimReplica
+from loadtests.workloads import WorkloadRequest, build_spec, generate
+from policies.base import Finished, Policy, Routed, RouteRequest
+
+# Arrival rates (requests/s) for the default fleet of 8 llama3-8b-h100 replicas, chosen
+# so that round robin is busy (~90% of its prefill capacity on contracts) but stable;
+# the chat and tools rates are rough.
+DEFAULT_RATES = {"contracts": 44.0, "chat": 60.0, "tools": 40.0}
+
+
+@dataclass(slots=True)
+class PolicyResult:
+    token_hit_rate: float
+    request_hit_rate: float
+    prefill_tokens: int
+    hot_prefill_tokens: int
+    ttft_p50_s: float
+    ttft_p95_s: float
+    ttft_p99_s: float
+    spills: int
+    prompt_tokens: int
+    requests: int
+    preemptions: int
+    reasons: dict[str, int]
+    replica_requests: list[int]
+    replica_prefill_tokens: list[int]
+    load_spread: float  # max / mean of per-replica prefill tokens computed
+    mean_idle_kv_blocks: float  # per replica, sampled at arrivals: free + cached-unused
+    virtual_seconds: float
+    wall_seconds: float
+    cpu_seconds: float  # this process's CPU time: the speed figure on a shared machine
+    ttft_s: list[float] = field(repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["ttft_s"]
+        return out
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> np.ndarray:
+    """``n`` arrival times of a Poisson process of ``rate`` requests/s, from t=0."""
+    if rate <= 0:
+        raise ValueError(f"arrival rate must be positive, got {rate!r}")
+    gaps = np.random.default_rng([seed, 7]).exponential(1.0 / rate, n)
+    return np.cumsum(gaps)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+class Simulation:
+    """One policy over one fleet; ``run`` consumes the request stream once."""
+
+    def __init__(self, fleet: SimFleet, policy: Policy) -> None:
+        self.fleet = fleet
+        self.policy = policy
+        self._heap: list[tuple[float, int, int]] = []  # (step end, tie break, replica)
+        self._seq = 0
+        self._inflight: dict[str, tuple[WorkloadRequest, RouteRequest, str]] = {}
+        self.ttft: dict[int, float] = {}
+        self.cached: dict[int, int] = {}
+        self.reasons: Counter[str] = Counter()
+        self.now = 0.0
+        self._idle_blocks = 0  # summed over arrivals and replicas
+
+    def _start_step(self, index: int, now: float) -> None:
+        rep = self.fleet.replicas[index]
+        out = rep.core.step(now)
+        if out.num_seqs == 0:
+            raise RuntimeError(f"replica {rep.id} has requests but scheduled none at t={now}")
+        rep.pending = out.outputs
+        rep.busy_until = now + out.seconds
+        self._seq += 1
+        heapq.heappush(self._heap, (rep.busy_until, self._seq, index))
+
+    def _end_step(self, index: int, now: float) -> None:
+        rep = self.fleet.replicas[index]
+        outputs, rep.pending, rep.busy_until = rep.pending, [], None
+        for o in outputs:
+            req, route, rid = self._inflight[o.request_id]
+            if req.index not in self.ttft and o.first_token_time is not None:
+                self.ttft[req.index] = o.first_token_time - o.arrival_time
+                self.cached[req.index] = o.num_cached_tokens
+            if o.finished:
+                del self._inflight[o.request_id]
+                self.policy.observe(Finished(route, rid, True, o.num_cached_tokens))
+        if rep.core.has_unfinished():
+            self._start_step(index, now)
+
+    def _arrive(self, req: WorkloadRequest, now: float) -> None:
+        ids = req.token_ids()
+        needed = self.policy.tokens_needed
+        route = RouteRequest(
+            tokens=ids if needed is None else ids[:needed],
+            prompt_tokens=len(ids),
+            request_id=f"req{req.index}",
+            model=self.fleet.model_id,
+        )
+        replicas = self.fleet.replicas
+        self._idle_blocks += sum(r.core.kv.pool.num_free_blocks for r in replicas)
+        decision = self.policy.choose(route, [r.view() for r in replicas])
+        self.reasons[decision.reason] += 1
+        index = int(decision.chosen[1:])  # replica ids are "r<index>"
+        rep: SimReplica = replicas[index]
+        self.fleet.add(rep, req, ids, now)
+        self._inflight[f"req{req.index}"] = (req, route, rep.id)
+        self.policy.observe(Routed(route, rep.id))
+        if rep.busy_until is None:
+            self._start_step(index, now)
+
+    def run(self, requests: Sequence[WorkloadRequest],
+            arrivals: Sequence[float] | np.ndarray) -> None:
+        heap = self._heap
+        i, n = 0, len(requests)
+        while i < n or heap:
+            next_arrival = arrivals[i] if i < n else math.inf
+            if heap and heap[0][0] <= next_arrival:
+                self.now, _, index = heapq.heappop(heap)
+                self._end_step(index, self.now)
+            else:
+                self.now = float(next_arrival)
+                self._arrive(requests[i], self.now)
+                i += 1
+
+    def result(self, requests: Sequence[WorkloadRequest], wall: float,
+               cpu: float) -> PolicyResult:
+        stats = [r.core.stats for r in self.fleet.replicas]
+        queries = sum(s.prefix_cache_queries for s in stats)
+        hits = sum(s.prefix_cache_hits for s in stats)
+        per_replica_prefill = [
+            s.prefix_cache_queries - s.prefix_cache_hits + s.recompute_queries - s.recompute_hits
+            for s in stats
+        ]
+        mean_prefill = sum(per_replica_prefill) / len(per_replica_prefill)
+        hot = sum(r.prompt_tokens - self.cached[r.index] for r in requests if r.label == "hot")
+        ttft = [self.ttft[r.index] for r in requests]
+        return PolicyResult(
+            token_hit_rate=hits / queries if queries else 0.0,
+            request_hit_rate=sum(1 for c in self.cached.values() if c > 0) / len(requests),
+            prefill_tokens=sum(per_replica_prefill),
+            hot_prefill_tokens=hot,
+            ttft_p50_s=percentile(ttft, 50),
+            ttft_p95_s=percentile(ttft, 95),
+            ttft_p99_s=percentile(ttft, 99),
+            spills=self.reasons.get("spill", 0),
+            prompt_tokens=queries,
+            requests=len(requests),
+            preemptions=sum(s.num_preemptions for s in stats),
+            reasons=dict(self.reasons),
+            replica_requests=[r.routed for r in self.fleet.replicas],
+            replica_prefill_tokens=per_replica_prefill,
+            load_spread=max(per_replica_prefill) / mean_prefill if mean_prefill else 1.0,
+            mean_idle_kv_blocks=self._idle_blocks / len(requests) / len(self.fleet.replicas),
+            virtual_seconds=self.now,
+            wall_seconds=wall,
+            cpu_seconds=cpu,
+            ttft_s=ttft,
+        )
+
+
+def simulate(requests: Sequence[WorkloadRequest], arrivals: Sequence[float] | np.ndarray,
+             policy: Policy, fleet_spec: FleetSpec,
+             hashes: PrefixHashes | None = None) -> PolicyResult:
+    """Run ``requests`` arriving at ``arrivals`` through a fresh fleet under ``policy``.
+
+    ``hashes`` may be shared between runs over the same requests (it only memoizes).
+    """
+    if len(arrivals) != len(requests):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(requests)} requests")
+    started, cpu = time.perf_counter(), time.process_time()
+    sim = Simulation(SimFleet(fleet_spec, hashes), policy)
+    sim.run(requests, arrivals)
+    return sim.result(requests, time.perf_counter() - started, time.process_time() - cpu)
+
+
+def build_policy(name: str, **overrides: Any) -> Policy:
+    """A policy with its preset's parameters (``policies/presets/<name>.yaml``), some of
+    them replaced by ``overrides``."""
+    from policies.registry import build_policy as build
+    from policies.registry import load_preset
+
+    return build({**load_preset(name), **overrides}, where=f"policy {name}")
+
+
+def _parse_params(items: Sequence[str]) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", default="contracts", choices=sorted(DEFAULT_RATES))
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=40_000)
+    parser.add_argument("--policies", default="round_robin,least_load,prefix_affinity,radix")
+    parser.add_argument("--eviction", choices=("lru", "frequency"), default="lru")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="arrival rate in requests/s (default: per scenario, scaled "
+                             "by replicas / 8)")
+    parser.add_argument("--profile", default="llama3-8b-h100")
+    parser.add_argument("--kv-pool-gib", type=float, default=28.0)
+    parser.add_argument("--idle-kv-gib", type=float, default=25.0)
+    parser.add_argument("--max-num-seqs", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="workload parameter, e.g. --set popularity=zipf")
+    parser.add_argument("--policy-set", action="append", default=[],
+                        metavar="POLICY.KEY=VALUE",
+                        help="policy parameter over its preset, e.g. prefix_affinity.overload=2")
+    parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--plot", dest="plot_path", default=None)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    spec = build_spec(args.scenario, seed=args.seed, **_parse_params(args.set))
+    fleet = FleetSpec(replicas=args.replicas, profile=args.profile,
+                      kv_pool_gib=args.kv_pool_gib, idle_kv_gib=args.idle_kv_gib,
+                      max_num_seqs=args.max_num_seqs, eviction=args.eviction)
+    fleet.validate()
+    rate = args.rate if args.rate is not None else (
+        DEFAULT_RATES[args.scenario] * args.replicas / 8)
+    requests = generate(spec, args.requests)
+    arrivals = poisson_arrivals(len(requests), rate, args.seed)
+    hashes = PrefixHashes(fleet.block_size, load_profile(args.profile).model.name)
+    bound = oracle_bound(requests, hashes, args.replicas * fleet.blocks(args.idle_kv_gib))
+    report: dict[str, Any] = {
+        "scenario": args.scenario,
+        "eviction": args.eviction,
+        "replicas": args.replicas,
+        "requests": len(requests),
+        "arrival_rate": rate,
+        "profile": args.profile,
+        "fleet": asdict(fleet),
+        "workload": asdict(spec),
+        "oracle_token_hit_rate": bound.token_hit_rate,
+        "policies": {},
+    }
+    results: dict[str, PolicyResult] = {}
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in _parse_params(args.policy_set).items():
+        policy_name, _, param = key.partition(".")
+        overrides.setdefault(policy_name, {})[param] = value
+    report["policy_overrides"] = overrides
+    for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
+        policy = build_policy(name, **overrides.get(name, {}))
+        res = simulate(requests, arrivals, policy, fleet, hashes)
+        results[name] = res
+        report["policies"][name] = res.summary()
+        print(f"{name:>16}: token hit {res.token_hit_rate:.3f}  request hit "
+              f"{res.request_hit_rate:.3f}  ttft p50/p95/p99 {res.ttft_p50_s:.3f}/"
+              f"{res.ttft_p95_s:.3f}/{res.ttft_p99_s:.3f} s  spills {res.spills}  "
+              f"({len(requests) / res.cpu_seconds:,.0f} req per CPU second)", file=sys.stderr)
+    print(f"{'oracle':>16}: token hit {bound.token_hit_rate:.3f}", file=sys.stderr)
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(report, f, indent=2)
+    if args.plot_path:
+        from loadtests.plots import plot_policies
+
+        plot_policies(args.plot_path, {k: (v.token_hit_rate, v.ttft_s) for k, v in
+                                       results.items()},
+                      oracle=bound.token_hit_rate,
+                      title=f"{args.scenario}: {args.replicas} replicas, {rate:g} req/s, "
+                            f"eviction {args.eviction}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.simulate",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    run(parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from engine.core import EngineConfig, EngineCore
+from engine.cost_model import CostModel, load_profile
+from engine.request import SamplingParams
+from engine.sim_executor import SimExecutor
+from loadtests.sim_fleet import FleetSpec, SimFleet
+from loadtests.simulate import Simulation, build_policy, main, poisson_arrivals, simulate
+from loadtests.workloads import ContractsSpec, generate
+
+# Small enough to evict and preempt: 64 blocks of 16 tokens per replica, prompts of
+# ~14 blocks, up to 8 running.
+FLEET = FleetSpec(replicas=2, kv_pool_gib=0.125, idle_kv_gib=0.1, max_num_seqs=8,
+                  max_num_batched_tokens=512)
+WORKLOAD = ContractsSpec(num_docs=12, hot_docs=3, doc_tokens=200, question_tokens=(5, 30),
+                         output_tokens=(1, 40), seed=21)
+
+
+def _trace(n=160):
+    requests = generate(WORKLOAD, n)
+    # bursts (queueing, preemption) separated by idle gaps (cores go idle and restart)
+    rng = np.random.default_rng(5)
+    gaps = np.where(np.arange(n) % 40 == 39, 3.0, rng.exponential(0.004, n))
+    return requests, np.cumsum(gaps)
+
+
+def _reference(requests, arrivals):
+    """Each replica's core driven by the plain loop of engine.core's docstring."""
+    profile = load_profile(FLEET.profile)
+    config = EngineConfig(model_id=profile.model.name, num_blocks=FLEET.blocks(FLEET.kv_pool_gib),
+                          max_num_seqs=FLEET.max_num_seqs,
+                          max_num_batched_tokens=FLEET.max_num_batched_tokens,
+                          max_model_len=profile.model.max_model_len)
+    results, stats = {}, []
+    for r in range(FLEET.replicas):
+        core = EngineCore(SimExecutor(CostModel.from_profile(profile), token_range=(3, 4096)),
+                          config)
+        mine = [(req, t) for k, (req, t) in enumerate(zip(requests, arrivals, strict=True))
+                if k % FLEET.replicas == r]  # round robin
+        t, i = 0.0, 0
+        while i < len(mine) or core.has_unfinished():
+            if not core.has_unfinished():
+                t = max(t, mine[i][1])
+            while i < len(mine) and (mine[i][1] < t or not core.has_unfinished()):
+                req, at = mine[i]
+                params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True,
+                                        seed=req.index)
+                core.add_request(core.make_request(f"req{req.index}", req.token_ids(), params),
+                                 now=at)
+                i += 1
+            out = core.step(t)
+            t += out.seconds
+            for o in out.outputs:
+                if o.first_token_time is not None and o.request_id not in results:
+                    results[o.request_id] = (o.first_token_time - o.arrival_time,
+                                             o.num_cached_tokens)
+            core.check_integrity()
+        stats.append(dataclasses.asdict(core.stats))
+    return results, stats
+
+
+def test_simulator_reproduces_engine_counters_exactly():
+    requests, arrivals = _trace()
+    sim = Simulation(SimFleet(FLEET), build_policy("round_robin"))
+    sim.run(requests, arrivals)
+    result = sim.result(requests, 0.0, 0.0)
+    expected, expected_stats = _reference(requests, arrivals)
+
+    got_stats = [dataclasses.asdict(r.core.stats) for r in sim.fleet.replicas]
+    assert got_stats == expected_stats
+    assert sum(s["num_preemptions"] for s in got_stats) > 0  # the trace exercises preemption
+    assert sum(s["prefix_cache_hits"] for s in got_stats) > 0
+    for req in requests:
+        ttft, cached = expected[f"req{req.index}"]
+        assert sim.ttft[req.index] == ttft
+        assert sim.cached[req.index] == cached
+    hits = sum(s["prefix_cache_hits"] for s in expected_stats)
+    queries = sum(s["prefix_cache_queries"] for s in expected_stats)
+    assert result.token_hit_rate == hits / queries
+    assert result.replica_requests == [80, 80]
+    for replica in sim.fleet.replicas:
+        replica.core.check_integrity()
+        assert not replica.core.has_unfinished()
+
+
+def test_affinity_beats_round_robin_on_a_small_library():
+    # the hot set (24 x 400 tokens) is three replicas' idle KV (0.24 GiB = 1966 tokens)
+    spec = ContractsSpec(num_docs=60, hot_docs=24, doc_tokens=400, seed=2)
+    fleet = FleetSpec(replicas=4, kv_pool_gib=0.4, idle_kv_gib=0.24, max_num_seqs=4)
+    requests = generate(spec, 1200)
+    arrivals = poisson_arrivals(len(requests), 20.0, 1)
+    rr = simulate(requests, arrivals, build_policy("round_robin"), fleet)
+    pa = simulate(requests, arrivals, build_policy("prefix_affinity", prefix_tokens=256), fleet)
+    assert pa.token_hit_rate > 2 * rr.token_hit_rate
+    assert pa.hot_prefill_tokens < rr.hot_prefill_tokens
+    assert sum(rr.replica_requests) == sum(pa.replica_requests) == 1200
+
+
+def test_poisson_arrivals_have_the_asked_rate():
+    times = poisson_arrivals(20_000, 50.0, 3)
+    assert np.all(np.diff(times) > 0)
+    assert abs(20_000 / times[-1] - 50.0) < 2.0  # 4 sigma of the mean gap estimate
+    assert np.array_equal(times, poisson_arrivals(20_000, 50.0, 3))
+    with pytest.raises(ValueError, match="rate"):
+        poisson_arrivals(10, 0.0, 1)
+
+
+def test_cli_writes_the_documented_json(tmp_path):
+    out = tmp_path / "out.json"
+    plot = tmp_path / "out.png"
+    main(["--scenario", "contracts", "--replicas", "2", "--requests", "300",
+          "--policies", "round_robin,prefix_affinity", "--eviction", "frequency",
+          "--kv-pool-gib", "0.6", "--idle-kv-gib", "0.4", "--max-num-seqs", "4",
+          "--rate", "20", "--set", "num_docs=40", "--set", "hot_docs=8",
+          "--set", "doc_tokens=400", "--json", str(out), "--plot", str(plot)])
+    report = json.loads(out.read_text())
+    assert report["scenario"] == "contracts" and report["eviction"] == "frequency"
+    assert 0 < report["oracle_token_hit_rate"] < 1
+    keys = {"token_hit_rate", "request_hit_rate", "prefill_tokens", "hot_prefill_tokens",
+            "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "spills"}
+    for name in ("round_robin", "prefix_affinity"):
+        assert keys <= set(report["policies"][name])
+    assert plot.stat().st_size > 10_000
