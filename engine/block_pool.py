@@ -13,6 +13,11 @@ taken out of the queue by ``touch`` before the caller allocates anything else.
 The per-block work is written as ``map``/``compress``/dict bulk operations rather than
 Python loops: a 6,000-token prompt is 375 blocks, and the offline simulator pushes tens of
 thousands of such requests through the pool.
+
+When ``events`` is a list (it is None unless KV events are published), every change to the
+set of cached hashes is appended to it as a ``kv_events`` record: registered blocks as
+``BlockStored``, evicted ones as ``BlockRemoved``, a reset as ``AllBlocksCleared``. The
+owner of the pool drains the list after each step.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from itertools import compress, filterfalse, repeat
 from operator import add, not_, sub
 
 from engine.eviction import EvictionPolicy, drain, make_eviction
-from engine.hashing import BlockHash
+from engine.hashing import BlockHash, hash_to_u64
+from engine.kv_events import AllBlocksCleared, BlockRemoved, KVEvent, stored_runs
 
 
 class BlockPool:
@@ -40,6 +46,7 @@ class BlockPool:
             make_eviction(eviction, num_blocks) if isinstance(eviction, str) else eviction
         )
         self.num_evictions = 0
+        self.events: list[KVEvent] | None = None
 
     # -- queries -----------------------------------------------------------------------
 
@@ -106,7 +113,10 @@ class BlockPool:
             free.clear()
             victims = self.evictor.pop_victims(n - len(out))
             # Drop each victim's hash from both maps.
-            drain(map(self.cached.__delitem__, map(self.block_hash.pop, victims)))
+            dropped = list(map(self.block_hash.pop, victims))
+            drain(map(self.cached.__delitem__, dropped))
+            if self.events is not None:
+                self.events.append(BlockRemoved(tuple(map(hash_to_u64, dropped))))
             self.num_evictions += len(victims)
             out += victims
         drain(map(self.ref.__setitem__, out, repeat(1)))
@@ -136,9 +146,17 @@ class BlockPool:
         happens when two requests computed the same prefix in the same step."""
         return self.cache_blocks([block_id], [block_hash]) == 1
 
-    def cache_blocks(self, block_ids: Sequence[int], hashes: Sequence[BlockHash]) -> int:
+    def cache_blocks(
+        self,
+        block_ids: Sequence[int],
+        hashes: Sequence[BlockHash],
+        tokens: Sequence[int] = (),
+        parent: BlockHash | None = None,
+        adapter: str | None = None,
+    ) -> int:
         """``cache_block`` for pairs of unregistered blocks; returns how many were newly
-        registered."""
+        registered. ``tokens`` (the blocks' token ids, concatenated), ``parent`` (the hash
+        before ``hashes[0]``) and ``adapter`` are only used to record events."""
         cached, bh = self.cached, self.block_hash
         new = dict(zip(hashes, block_ids, strict=True))
         if len(new) == len(block_ids) and cached.keys().isdisjoint(new) and bh.keys().isdisjoint(
@@ -146,14 +164,30 @@ class BlockPool:
         ):
             cached.update(new)
             bh.update(zip(block_ids, hashes, strict=True))
+            if self.events is not None:
+                self._record_stored(hashes, [True] * len(hashes), tokens, parent, adapter)
             return len(new)
-        n = 0
+        fresh: list[bool] = []
         for b, h in zip(block_ids, hashes, strict=True):
-            if b not in bh and h not in cached:
+            ok = b not in bh and h not in cached
+            if ok:
                 cached[h] = b
                 bh[b] = h
-                n += 1
-        return n
+            fresh.append(ok)
+        if self.events is not None:
+            self._record_stored(hashes, fresh, tokens, parent, adapter)
+        return fresh.count(True)
+
+    def _record_stored(self, hashes: Sequence[BlockHash], fresh: Sequence[bool],
+                       tokens: Sequence[int], parent: BlockHash | None,
+                       adapter: str | None) -> None:
+        assert self.events is not None
+        if not hashes or len(tokens) % len(hashes):
+            raise ValueError(f"{len(tokens)} tokens do not fill {len(hashes)} blocks")
+        self.events.extend(stored_runs(
+            list(map(hash_to_u64, hashes)), fresh, tokens,
+            None if parent is None else hash_to_u64(parent), len(tokens) // len(hashes),
+            adapter))
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached hash. Evictable blocks become free; in-use blocks stay in
@@ -162,6 +196,8 @@ class BlockPool:
         self._free.extend(self.evictor.clear())
         self.block_hash.clear()
         self.cached.clear()
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
         return n
 
     # -- checks ------------------------------------------------------------------------

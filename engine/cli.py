@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--kv-events-endpoint", default=None,
+                        help="publish KV cache events (vLLM's ZMQ format) on a PUB socket "
+                             "bound here, e.g. tcp://*:5557 (default: off)")
+    parser.add_argument("--kv-events-topic", default="", help="topic frame of KV events")
 
 
 def make_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, ExecutorInfo]:
@@ -114,8 +118,13 @@ def build_server(args: argparse.Namespace) -> Any:
         max_model_len=info.max_model_len,
     )
     core = EngineCore(executor, config)
+    publisher = None
+    if args.kv_events_endpoint:
+        from engine.kv_publisher import KVEventPublisher  # pyzmq only when publishing
+
+        publisher = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic)
     return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,
-                        sleep_modeled_time=args.executor == "sim")
+                        sleep_modeled_time=args.executor == "sim", kv_events=publisher)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from itertools import compress, islice, repeat
 from operator import not_
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.hashing import BlockHash
 
@@ -136,7 +136,7 @@ class FrequencyEviction:
         self._uses_since_decay = 0
         # Insertion-ordered dicts, oldest first, as in LRUEviction.
         self._probation: dict[int, None] = {}
-        self._protected: dict[int, None] = {}
+        self._protected: dict[int, BlockHash] = {}  # block id -> its hash
 
     def count(self, block_hash: BlockHash) -> int:
         return self._counts.get(block_hash, 0)
@@ -153,27 +153,31 @@ class FrequencyEviction:
         self.push_many([block_id], [block_hash])
 
     def push_many(self, block_ids: list[int], block_hashes: list[BlockHash]) -> None:
-        # hot[i]: count(block_hashes[i]) >= min_count
-        hot = list(map(self.min_count.__le__, map(self._counts.get, block_hashes, repeat(0))))
-        prob = self._probation
+        counts = self._counts
+        freq = list(map(counts.get, block_hashes, repeat(0)))
+        hot = list(map(self.min_count.__le__, freq))  # hot[i]: freq[i] >= min_count
+        prob, prot = self._probation, self._protected
         if True not in hot:
             prob.update(zip(block_ids, repeat(None)))
             return
+        hot_hashes = list(compress(block_hashes, hot))
+        excess = len(prot) + len(hot_hashes) - self.protected_cap
+        if excess > 0 and prot:
+            # Admission: the newcomers displace protected blocks only when they are used at
+            # least as often (mean count) as the oldest protected blocks they would demote.
+            victims = list(islice(prot.values(), min(excess, len(prot))))
+            victim_uses = sum(map(counts.get, victims, repeat(0)))
+            if sum(compress(freq, hot)) * len(victims) < victim_uses * len(hot_hashes):
+                prob.update(zip(block_ids, repeat(None)))
+                return
         # Pushing the hot blocks one at a time, each followed by demoting protected's
         # oldest while over the cap, demotes the first ``excess`` of (old protected + hot
         # blocks) in order, before any cold block reaches probation.
-        prot = self._protected
-        prot.update(zip(compress(block_ids, hot), repeat(None)))
+        prot.update(zip(compress(block_ids, hot), hot_hashes, strict=True))
         excess = len(prot) - self.protected_cap
         if excess > 0:
             prob.update(zip(_pop_front(prot, excess), repeat(None)))
         prob.update(zip(compress(block_ids, map(not_, hot)), repeat(None)))
-
-    def push_protected(self, block_id: int) -> None:
-        prot = self._protected
-        prot[block_id] = None
-        if len(prot) > self.protected_cap:
-            self._probation.update(zip(_pop_front(prot, 1), repeat(None)))
 
     def remove_many(self, block_ids: list[int]) -> None:
         # pop's default (1) marks the blocks that were not in probation.
@@ -212,7 +216,7 @@ class FrequencyEviction:
         return block_id in self._probation or block_id in self._protected
 
 
-def _pop_front(queue: dict[int, None], n: int) -> list[int]:
+def _pop_front(queue: dict[int, Any], n: int) -> list[int]:
     """Remove and return the (up to) ``n`` oldest keys of an insertion-ordered dict."""
     out = list(islice(queue, n))
     drain(map(queue.pop, out))

@@ -78,7 +78,13 @@ class KVCacheManager:
         if n <= start:
             return
         new_hashes = req.block_hashes[start:n]
-        self.pool.cache_blocks(req.block_table[start:n], new_hashes)
+        if self.pool.events is None:
+            self.pool.cache_blocks(req.block_table[start:n], new_hashes)
+        else:  # blocks [start, n) hold tokens [start * B, n * B)
+            bs = self.block_size
+            parent = req.block_hashes[start - 1] if start else None
+            self.pool.cache_blocks(req.block_table[start:n], new_hashes,
+                                   req.all_token_ids[start * bs : n * bs], parent, req.adapter)
         self.pool.evictor.record_uses(new_hashes)
         req.num_cached_blocks = n
 

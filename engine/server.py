@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -28,6 +28,9 @@ from engine.openai_protocol import APIError, GenerateParams, context_error, pars
 from engine.request import RequestOutput, SamplingParams
 from engine.text_stream import TextStream
 
+if TYPE_CHECKING:
+    from engine.kv_publisher import KVEventPublisher
+
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # Prompts longer than this many characters are tokenized in a worker thread.
 _INLINE_TOKENIZE_CHARS = 2000
@@ -41,8 +44,13 @@ class EngineServer:
     """Owns the async engine, metrics and tokenizer of one served model."""
 
     def __init__(self, core: EngineCore, tokenizer: Any, *, model_name: str,
-                 sleep_modeled_time: bool) -> None:
+                 sleep_modeled_time: bool, kv_events: KVEventPublisher | None = None) -> None:
         self.core = core
+        # The pool records KV events only when they are published; they are drained on
+        # the loop thread between steps (after a step, or inside an engine call).
+        self.kv_events = kv_events
+        if kv_events is not None:
+            core.kv.pool.events = []
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = core.config.max_model_len
@@ -54,6 +62,18 @@ class EngineServer:
     def _observe(self, out: Any) -> None:
         for o in out.outputs:
             self.metrics.observe(o)
+        self._publish_kv_events()
+
+    def _publish_kv_events(self) -> None:
+        events = self.core.kv.pool.events
+        if self.kv_events is not None and events:
+            self.kv_events.publish(events)
+            events.clear()
+
+    def _reset_prefix_cache(self, core: EngineCore) -> int:
+        dropped = core.reset_prefix_cache()
+        self._publish_kv_events()  # an idle engine takes no step that would send it
+        return dropped
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -128,7 +148,7 @@ class EngineServer:
         return JSONResponse({"prompt": self.tokenizer.decode(tokens)})
 
     async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
-        dropped = await self.engine.call(lambda core: core.reset_prefix_cache())
+        dropped = await self.engine.call(self._reset_prefix_cache)
         return JSONResponse({"status": "ok", "dropped_blocks": dropped})
 
     async def completions(self, request: HTTPRequest) -> Response:
@@ -269,11 +289,15 @@ async def _api_error(request: HTTPRequest, exc: Exception) -> Response:
 def build_app(server: EngineServer) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if server.kv_events is not None:
+            server.kv_events.start()
         await server.engine.start()
         try:
             yield
         finally:
             await server.engine.stop()
+            if server.kv_events is not None:
+                server.kv_events.stop()
 
     routes = [
         Route("/v1/completions", server.completions, methods=["POST"]),

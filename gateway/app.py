@@ -31,6 +31,7 @@ from gateway.errors import (
     handle_gateway_error,
 )
 from gateway.fleet import Fleet
+from gateway.kv_events import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.proxy import Proxy, UpstreamStream, forward_headers
@@ -195,9 +196,14 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Star
             gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape,
                                  on_reset=lambda rid: gw.policy.observe(ReplicaReset(rid)))
             await gw.monitor.start()
+            kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
+            if kv_events is not None:
+                await kv_events.start()
             try:
                 yield
             finally:
+                if kv_events is not None:
+                    await kv_events.stop()
                 await gw.monitor.stop()
                 gw.router.close()
 

@@ -12,6 +12,7 @@ Example (every key but ``replicas`` has a default)::
     replicas:
       - {id: r0, url: "http://127.0.0.1:8101"}
       - {id: r1, url: "http://127.0.0.1:8102", weight: 2}
+      - {id: r2, url: "http://127.0.0.1:8103", kv_events: "tcp://127.0.0.1:5557"}
     timeouts: {connect_s: 2, first_byte_s: 300, idle_s: 60}
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1}
     scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60}
@@ -34,6 +35,7 @@ class ReplicaConfig:
     id: str
     url: str
     weight: float = 1.0
+    kv_events: str | None = None  # the replica's KV event PUB endpoint (policy kv_events)
 
     def validate(self) -> None:
         if not self.id:
@@ -43,6 +45,10 @@ class ReplicaConfig:
             raise ValueError(f"url {self.url!r} is not an http(s) URL")
         if self.weight <= 0:
             raise ValueError(f"weight must be > 0, got {self.weight!r}")
+        if self.kv_events is not None and not self.kv_events.startswith(
+                ("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"kv_events {self.kv_events!r} is not a tcp://, ipc:// or "
+                             "inproc:// endpoint")
 
     @property
     def base_url(self) -> str:

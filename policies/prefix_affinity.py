@@ -10,8 +10,10 @@ key and take the first healthy replica ``i`` with
 
     queued_i + p <= overload * (sum_j queued_j + p) * weight_i / sum_j weight_j
 
-where ``p`` is this request's prompt tokens (an idle replica always fits: one request is
-the unit the bound is rounded up to). If none fits: the least loaded, reason ``spill``.
+where ``p`` is this request's prompt tokens, or whose queue holds at most
+``min_queue_tokens`` (a floor: at light load the fleet's mean queue is below one long
+prompt, and the bound alone would move requests off their home replica for no latency
+gain). If none fits: the least loaded, reason ``spill``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class PrefixAffinityConfig:
     overload: float = 1.25
     vnodes: int = 1024
     fallbacks: int = 2
+    min_queue_tokens: int = 16384
     learn_common_prefix: bool = True
     common_share: float = 0.5
     common_window: int = 1024
@@ -161,7 +164,9 @@ class PrefixAffinity(Policy):
         p = request.prompt_tokens
         total_w = sum(r.weight for r in ok)
         total_q = sum(r.queued_tokens for r in ok)
-        # the bound of replica i is unit * weights[i]; an idle replica always fits
+        # the bound of replica i is unit * weights[i]; a replica with at most `slack` queued
+        # tokens always fits (an idle fleet's mean is below one request)
+        slack = self.config.min_queue_tokens
         unit = self.config.overload * (total_q + p) / total_w if total_w > 0 else 0.0
         want = 1 + self.config.fallbacks
         fallbacks = self.config.fallbacks
@@ -172,7 +177,7 @@ class PrefixAffinity(Policy):
             if not up[i]:
                 continue
             walked.append(i)
-            if chosen < 0 and (queued[i] == 0 or queued[i] + p <= unit * weights[i]):
+            if chosen < 0 and (queued[i] <= slack or queued[i] + p <= unit * weights[i]):
                 chosen = i
             elif chosen >= 0 or len(ranked) < fallbacks:
                 ranked.append(i)

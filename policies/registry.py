@@ -18,6 +18,7 @@ import yaml
 
 from policies.base import Policy
 from policies.config import ConfigError, from_mapping
+from policies.kv_events import KVEvents, KVEventsConfig
 from policies.least_load import LeastLoad, LeastLoadConfig
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
 from policies.radix import Radix, RadixConfig
@@ -28,6 +29,7 @@ _POLICIES: dict[str, tuple[type, Callable[[Any], Policy]]] = {
     "least_load": (LeastLoadConfig, LeastLoad),
     "prefix_affinity": (PrefixAffinityConfig, PrefixAffinity),
     "radix": (RadixConfig, Radix),
+    "kv_events": (KVEventsConfig, KVEvents),
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)

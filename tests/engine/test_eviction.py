@@ -22,6 +22,7 @@ class RefFrequency:
         self.uses = 0
         self.probation: list[int] = []
         self.protected: list[int] = []
+        self.hash_of: dict[int, bytes] = {}
 
     def record_uses(self, hashes: list[bytes]) -> None:
         self.counts.update(hashes)
@@ -31,8 +32,19 @@ class RefFrequency:
             self.counts = Counter({k: c >> 1 for k, c in self.counts.items() if c > 1})
 
     def push_many(self, ids: list[int], hashes: list[bytes]) -> None:
-        """Hot blocks first (each may demote protected's oldest), then the cold ones."""
+        """Hot blocks first (each may demote protected's oldest), then the cold ones; unless
+        the hot ones are used less often, on average, than the protected blocks they would
+        demote: then every block goes to probation, in order."""
+        self.hash_of.update(zip(ids, hashes, strict=True))
         hot = [self.counts[x] >= self.min_count for x in hashes]
+        hot_uses = [self.counts[x] for x in hashes if self.counts[x] >= self.min_count]
+        excess = len(self.protected) + len(hot_uses) - self.cap
+        if hot_uses and excess > 0 and self.protected:
+            victims = self.protected[:excess]
+            victim_mean = sum(self.counts[self.hash_of[v]] for v in victims) / len(victims)
+            if sum(hot_uses) / len(hot_uses) < victim_mean:
+                self.probation += ids
+                return
         for b, is_hot in zip(ids, hot, strict=True):
             if is_hot:
                 self.protected.append(b)
@@ -116,3 +128,21 @@ def test_longest_cached_prefix_is_the_first_run(present, max_blocks) -> None:
         expected.append(b)
     assert pool.longest_cached_prefix(hashes, max_blocks) == expected
     pool.check_integrity()
+
+
+def test_frequency_admission_keeps_often_used_blocks_protected() -> None:
+    q = FrequencyEviction(8, min_count=2, protected_fraction=0.5)  # protected holds 4
+    popular = [h(i) for i in range(4)]
+    for _ in range(6):
+        q.record_uses(popular)
+    q.push_many([0, 1, 2, 3], popular)
+    assert q.order() == [0, 1, 2, 3]  # all protected
+    twice = [h(10), h(11)]
+    q.record_uses(twice + twice)  # reused, but less than the protected blocks
+    q.push_many([4, 5], twice)
+    assert q.pop_victims(2) == [4, 5]  # not admitted: they go first, the popular stay
+    for _ in range(8):
+        q.record_uses(twice)
+    q.push_many([4, 5], twice)  # now used more often: admitted, demoting the oldest two
+    assert q.order() == [0, 1, 2, 3, 4, 5]
+    assert q.pop_victims(2) == [0, 1]

@@ -1,6 +1,8 @@
 import random
 from collections import Counter, deque
 
+import pytest
+
 from policies.base import ReplicaView, Routed, RouteRequest
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
 
@@ -43,10 +45,13 @@ def test_affinity_key_overrides_tokens_and_salt_separates() -> None:
     assert len(salted) > 4
 
 
-def test_bounded_load_under_a_hot_key() -> None:
-    """30% of requests share one key; queues hold the last 64 routed requests."""
+@pytest.mark.parametrize("slack", [0, 3000])
+def test_bounded_load_under_a_hot_key(slack: int) -> None:
+    """30% of requests share one key; queues hold the last 64 routed requests. A replica
+    takes a request while its queue, counting the request, is within overload x the mean,
+    or while its queue is at most ``slack`` tokens (min_queue_tokens)."""
     n, overload, size = 8, 1.25, 1000
-    policy = PrefixAffinity(PrefixAffinityConfig(overload=overload))
+    policy = PrefixAffinity(PrefixAffinityConfig(overload=overload, min_queue_tokens=slack))
     rng = random.Random(5)
     loads = {f"r{i}": 0 for i in range(n)}
     recent: deque[tuple[str, int]] = deque()
@@ -57,7 +62,7 @@ def test_bounded_load_under_a_hot_key() -> None:
         body = hot_body if hot else doc(1 + rng.randrange(500), 1024)
         p = size + rng.randrange(200)
         d = policy.choose(RouteRequest(body, p), views(loads))
-        bound = overload * (sum(loads.values()) + p) / n
+        bound = max(overload * (sum(loads.values()) + p) / n, slack + p)
         assert loads[d.chosen] + p <= bound + p, (step, loads, d)
         if d.reason == "affinity":
             assert loads[d.chosen] == 0 or loads[d.chosen] + p <= bound

@@ -1,0 +1,217 @@
+"""KV cache events in vLLM's wire format: what the engine publishes and gateways decode.
+
+The block pool records an event whenever the set of cached block hashes changes (a block
+registered after its KV was computed, blocks evicted, the whole cache reset); the server
+drains them after each engine step and hands them to the publisher (``kv_publisher``),
+one message per step::
+
+    frames:   [topic, seq (u64 big-endian, from 0 per process), msgpack payload]
+    payload:  [ts, [event, ...], data_parallel_rank]
+    events:   ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+               lora_id, medium, lora_name]
+              ["BlockRemoved", block_hashes, medium]
+              ["AllBlocksCleared"]
+
+Block hashes on the wire are u64: the low 64 bits of the engine's digest
+(:func:`engine.hashing.hash_to_u64`). ``token_ids`` covers exactly the stored blocks,
+``parent_block_hash`` is the block before the first one (None for a chain's first block).
+
+:func:`decode_payload` also reads the newer encoding where the batch and each event are
+maps (events tagged by a ``"type"`` key), ignores unknown fields and unknown event types,
+and accepts hashes as ints of any sign or size or as raw digest bytes. This module is pure
+Python plus msgpack, so the engine core, the gateway and the offline simulator share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+U64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Full blocks whose KV now exists and that a lookup can hit."""
+
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = "GPU"
+    lora_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Blocks evicted: their hashes no longer answer a lookup."""
+
+    block_hashes: tuple[int, ...]
+    medium: str | None = "GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """The prefix cache was reset: every hash is gone."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventBatch:
+    """One published message: the events of one engine step."""
+
+    ts: float
+    events: tuple[KVEvent, ...]
+    data_parallel_rank: int | None = None
+
+
+class KVWireError(ValueError):
+    """A payload does not follow the KV event wire format; the message says where."""
+
+
+# -- encoding (array form, as vLLM's default) ---------------------------------------------
+
+
+def _event_array(ev: KVEvent) -> list[Any]:
+    if isinstance(ev, BlockStored):
+        return ["BlockStored", list(ev.block_hashes), ev.parent_block_hash, list(ev.token_ids),
+                ev.block_size, ev.lora_id, ev.medium, ev.lora_name]
+    if isinstance(ev, BlockRemoved):
+        return ["BlockRemoved", list(ev.block_hashes), ev.medium]
+    return ["AllBlocksCleared"]
+
+
+def encode_payload(batch: KVEventBatch) -> bytes:
+    """The msgpack payload frame of ``batch``."""
+    events = [_event_array(ev) for ev in batch.events]
+    return msgpack.packb([batch.ts, events, batch.data_parallel_rank], use_bin_type=True)
+
+
+# -- decoding (array and map forms, at both levels) ---------------------------------------
+
+_FIELDS: dict[str, tuple[str, ...]] = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
+                    "lora_id", "medium", "lora_name"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+
+def wire_hash(value: Any) -> int:
+    """A block hash as u64: low 64 bits of an int, or of a digest read big-endian."""
+    if isinstance(value, bool):
+        raise KVWireError(f"block hash must be an int or bytes, got {value!r}")
+    if isinstance(value, int):
+        return value & U64
+    if isinstance(value, bytes | bytearray) and value:
+        return int.from_bytes(value[-8:], "big")
+    raise KVWireError(f"block hash must be an int or bytes, got {value!r}")
+
+
+def _fields(raw: Any) -> tuple[str, dict[str, Any]] | None:
+    """(event type, known fields) of an array or map event; None for an unknown type."""
+    if isinstance(raw, Mapping):
+        kind = raw.get("type")
+        if kind not in _FIELDS:
+            return None if isinstance(kind, str) else _bad_event(raw)
+        return kind, {k: raw[k] for k in _FIELDS[kind] if k in raw}
+    if isinstance(raw, list | tuple) and raw and isinstance(raw[0], str):
+        kind = raw[0]
+        if kind not in _FIELDS:
+            return None
+        return kind, dict(zip(_FIELDS[kind], raw[1:], strict=False))  # extra items ignored
+    return _bad_event(raw)
+
+
+def _bad_event(raw: Any) -> Any:
+    raise KVWireError(f"event must be a tagged array or a map with 'type', got {raw!r:.200}")
+
+
+def _int_list(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise KVWireError(f"{what} must be a list of ints, got {value!r:.200}")
+    return tuple(value)
+
+
+def decode_event(raw: Any) -> KVEvent | None:
+    """One event of either form; None for an event type this decoder does not know."""
+    parsed = _fields(raw)
+    if parsed is None:
+        return None
+    kind, f = parsed
+    if kind == "AllBlocksCleared":
+        return AllBlocksCleared()
+    hashes = f.get("block_hashes")
+    if not isinstance(hashes, list | tuple):
+        raise KVWireError(f"{kind}.block_hashes must be a list, got {hashes!r:.200}")
+    block_hashes = tuple(wire_hash(h) for h in hashes)
+    medium = f.get("medium")
+    if kind == "BlockRemoved":
+        return BlockRemoved(block_hashes, medium)
+    parent = f.get("parent_block_hash")
+    size = f.get("block_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise KVWireError(f"BlockStored.block_size must be a positive int, got {size!r}")
+    return BlockStored(
+        block_hashes=block_hashes,
+        parent_block_hash=None if parent is None else wire_hash(parent),
+        token_ids=_int_list(f.get("token_ids"), "BlockStored.token_ids"),
+        block_size=size,
+        lora_id=f.get("lora_id"),
+        medium=medium,
+        lora_name=f.get("lora_name"),
+    )
+
+
+def decode_payload(payload: bytes) -> KVEventBatch:
+    """A payload frame of either form; unknown event types are dropped."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise KVWireError(f"payload is not msgpack: {exc}") from exc
+    if isinstance(raw, Mapping):
+        ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
+    elif isinstance(raw, list | tuple) and len(raw) >= 2:
+        ts, events = raw[0], raw[1]
+        rank = raw[2] if len(raw) > 2 else None
+    else:
+        raise KVWireError(f"payload must be [ts, events, rank] or a map, got {raw!r:.200}")
+    if not isinstance(events, list | tuple):
+        raise KVWireError(f"payload events must be a list, got {events!r:.200}")
+    decoded = tuple(ev for ev in map(decode_event, events) if ev is not None)
+    return KVEventBatch(float(ts) if isinstance(ts, int | float) else 0.0, decoded,
+                        rank if isinstance(rank, int) else None)
+
+
+def stored_runs(
+    hashes: Sequence[int], new: Sequence[bool], tokens: Sequence[int], parent: int | None,
+    block_size: int, lora_name: str | None = None,
+) -> list[BlockStored]:
+    """One ``BlockStored`` per run of consecutive newly cached blocks.
+
+    ``hashes[i]`` covers ``tokens[i * block_size : (i + 1) * block_size]``; ``new[i]`` says
+    whether block i was newly cached; ``parent`` is the hash before ``hashes[0]``.
+    """
+    out: list[BlockStored] = []
+    start = -1
+    for i in range(len(hashes) + 1):
+        if i < len(hashes) and new[i]:
+            if start < 0:
+                start = i
+            continue
+        if start >= 0:
+            run_parent = parent if start == 0 else hashes[start - 1]
+            # blocks [start, i) hold tokens [start * B, i * B)
+            out.append(BlockStored(tuple(hashes[start:i]), run_parent,
+                                   tuple(tokens[start * block_size : i * block_size]),
+                                   block_size, None, "GPU", lora_name))
+            start = -1
+    return out

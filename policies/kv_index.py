@@ -1,0 +1,212 @@
+"""An exact index of the blocks each replica holds, rebuilt from its KV events.
+
+Engines name blocks by their own hashes (opaque u64 ids here: another engine, a new
+version or a cache salt changes them). The index re-keys every stored block from the token
+ids the event carries, chained like Dynamo's router::
+
+    key_0 = H(root(lora_name),  tokens[0:B])
+    key_i = H(key_{i-1},        tokens[iB:(i+1)B])
+
+H is blake2b with an 8-byte digest over the parent key (u64 little-endian) and the block's
+token ids (u32 little-endian each). The gateway computes the same keys from a prompt, so a
+replica holds the prompt's first ``k`` blocks when it holds keys ``key_0 .. key_{k-1}``.
+
+Per replica::
+
+    by_hash   engine hash -> key          (to apply BlockRemoved, and to find a parent)
+    keys      key -> number of engine hashes with that key   (a salted copy of the same
+                                                              tokens has another hash)
+
+A stored block whose parent hash the index does not know (evicted meanwhile, or stored
+before this index subscribed) is dropped and counted in ``orphans``: the engine cannot
+reach it by a prefix lookup either until its parent comes back. ``apply`` takes one
+message's sequence number: a number not above the last one means the engine restarted
+(sequence numbers start at 0 per process), so the replica is cleared first; a jump forward
+means messages were lost and is counted in ``gaps``.
+
+Not thread-safe: one owner (the gateway's event loop) feeds it and reads it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from hashlib import blake2b
+
+from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+_ROOT = 1337  # parent key of a chain's first block (no adapter)
+
+
+def root_key(lora_name: str | None = None) -> int:
+    """The parent key of block 0: fixed, or derived from the adapter's name."""
+    if not lora_name:
+        return _ROOT
+    digest = blake2b(lora_name.encode(), digest_size=8, person=b"kvgate-lora").digest()
+    return int.from_bytes(digest, "little")
+
+
+def chain_key(parent: int, tokens: Sequence[int]) -> int:
+    """The key of one block of ``tokens`` after the block keyed ``parent``."""
+    data = parent.to_bytes(8, "little") + struct.pack(f"<{len(tokens)}I", *tokens)
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+
+
+def block_keys(tokens: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+    """Keys of the full blocks of ``tokens``; ``parent`` defaults to the root."""
+    prev = _ROOT if parent is None else parent
+    out: list[int] = []
+    for lo in range(0, len(tokens) - block_size + 1, block_size):
+        prev = chain_key(prev, tokens[lo : lo + block_size])
+        out.append(prev)
+    return out
+
+
+@dataclass(slots=True)
+class _Replica:
+    by_hash: dict[int, int] = field(default_factory=dict)
+    keys: Counter[int] = field(default_factory=Counter)
+    last_seq: int | None = None
+
+    def clear(self) -> None:
+        self.by_hash.clear()
+        self.keys.clear()
+
+
+@dataclass(slots=True)
+class IndexStats:
+    """Counts of what the index could not apply exactly."""
+
+    orphans: int = 0  # stored blocks dropped: parent hash unknown
+    wrong_block_size: int = 0  # stored events dropped: not the index's block size
+    gaps: int = 0  # messages lost (sequence jumped forward)
+    restarts: int = 0  # sequence went back: the replica was cleared
+
+
+class KVIndex:
+    """Per-replica sets of block keys; see the module docstring."""
+
+    def __init__(self, block_size: int = 16) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.stats = IndexStats()
+        self._replicas: dict[str, _Replica] = {}
+
+    # -- queries -------------------------------------------------------------------------
+
+    def replicas(self) -> list[str]:
+        return list(self._replicas)
+
+    def num_blocks(self, replica: str) -> int:
+        """Distinct block keys held by ``replica``."""
+        r = self._replicas.get(replica)
+        return len(r.keys) if r else 0
+
+    def holds(self, replica: str, key: int) -> bool:
+        r = self._replicas.get(replica)
+        return r is not None and key in r.keys
+
+    def match(self, tokens: Sequence[int], replicas: Iterable[str],
+              max_blocks: int | None = None) -> dict[str, int]:
+        """For each replica, how many leading full blocks of ``tokens`` it holds (at most
+        ``max_blocks``). Keys are computed only while some replica still matches."""
+        sets = {rid: (r.keys if (r := self._replicas.get(rid)) else None) for rid in replicas}
+        out = dict.fromkeys(sets, 0)
+        alive = [rid for rid, keys in sets.items() if keys]
+        bs = self.block_size
+        limit = len(tokens) // bs if max_blocks is None else min(max_blocks, len(tokens) // bs)
+        prev = _ROOT
+        for i in range(limit):
+            if not alive:
+                break
+            prev = chain_key(prev, tokens[i * bs : (i + 1) * bs])  # block i: [iB, (i+1)B)
+            alive = [rid for rid in alive if prev in sets[rid]]  # type: ignore[operator]
+            for rid in alive:
+                out[rid] = i + 1
+        return out
+
+    # -- updates -------------------------------------------------------------------------
+
+    def apply(self, replica: str, seq: int, events: Iterable[KVEvent]) -> None:
+        """Apply one message (sequence number ``seq``) from ``replica``."""
+        r = self._replicas.setdefault(replica, _Replica())
+        if r.last_seq is not None:
+            if seq <= r.last_seq:
+                self.stats.restarts += 1
+                r.clear()
+            elif seq > r.last_seq + 1:
+                self.stats.gaps += seq - r.last_seq - 1
+        r.last_seq = seq
+        for ev in events:
+            self.apply_event(replica, ev)
+
+    def apply_event(self, replica: str, ev: KVEvent) -> None:
+        r = self._replicas.setdefault(replica, _Replica())
+        if isinstance(ev, BlockStored):
+            self._stored(r, ev)
+        elif isinstance(ev, BlockRemoved):
+            for h in ev.block_hashes:
+                self._drop(r, h)
+        elif isinstance(ev, AllBlocksCleared):
+            r.clear()
+
+    def _stored(self, r: _Replica, ev: BlockStored) -> None:
+        n = len(ev.block_hashes)
+        if ev.block_size != self.block_size or len(ev.token_ids) != n * ev.block_size:
+            self.stats.wrong_block_size += 1
+            return
+        if ev.parent_block_hash is None:
+            prev = root_key(ev.lora_name)
+        elif (found := r.by_hash.get(ev.parent_block_hash)) is not None:
+            prev = found
+        else:
+            self.stats.orphans += n
+            return
+        bs = self.block_size
+        for i, h in enumerate(ev.block_hashes):
+            prev = chain_key(prev, ev.token_ids[i * bs : (i + 1) * bs])
+            old = r.by_hash.get(h)
+            if old == prev:
+                continue
+            if old is not None:
+                self._drop(r, h)
+            r.by_hash[h] = prev
+            r.keys[prev] += 1
+
+    @staticmethod
+    def _drop(r: _Replica, engine_hash: int) -> None:
+        key = r.by_hash.pop(engine_hash, None)
+        if key is None:
+            return
+        left = r.keys[key] - 1
+        if left:
+            r.keys[key] = left
+        else:
+            del r.keys[key]
+
+    def clear(self, replica: str) -> None:
+        """Forget what ``replica`` holds (it restarted or reset its cache); its sequence
+        number is kept."""
+        r = self._replicas.get(replica)
+        if r is not None:
+            r.clear()
+
+    def remove_replica(self, replica: str) -> None:
+        self._replicas.pop(replica, None)
+
+    # -- checks --------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if a replica's maps disagree."""
+        for rid, r in self._replicas.items():
+            counted = Counter(r.by_hash.values())
+            if counted != r.keys:
+                raise AssertionError(
+                    f"replica {rid}: {len(r.by_hash)} hashes map to {len(counted)} keys, "
+                    f"but {len(r.keys)} keys with {sum(r.keys.values())} references are held"
+                )
+            if any(c <= 0 for c in r.keys.values()):
+                raise AssertionError(f"replica {rid}: a key has a non-positive count")

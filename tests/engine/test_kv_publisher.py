@@ -1,0 +1,47 @@
+"""The KV event publisher on a real PUB socket, read by a plain SUB socket."""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from engine.kv_events import AllBlocksCleared, BlockRemoved, decode_payload
+from engine.kv_publisher import KVEventPublisher
+from tests.conftest import free_port
+
+
+def test_frames_sequence_numbers_and_payload() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    pub = KVEventPublisher(endpoint, "kv")
+    pub.publish([BlockRemoved((1,))])  # before start: nothing to send it on, dropped
+    pub.start()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.connect(endpoint)
+    try:
+        # a SUB socket misses what is sent before it has joined: send until one arrives
+        deadline = time.monotonic() + 10
+        while not sub.poll(50):
+            assert time.monotonic() < deadline, "no KV event message arrived"
+            pub.publish([AllBlocksCleared()])
+        topic, seq, _payload = sub.recv_multipart()
+        assert topic == b"kv" and len(seq) == 8
+        first = int.from_bytes(seq, "big")
+        pub.publish([])  # an empty step sends nothing
+        pub.publish([BlockRemoved((7, 8))])
+        seqs = [first]
+        while True:  # skip the probes still in flight
+            frames = sub.recv_multipart()
+            seqs.append(int.from_bytes(frames[1], "big"))
+            batch = decode_payload(frames[2])
+            if batch.events != (AllBlocksCleared(),):
+                break
+        assert batch.events == (BlockRemoved((7, 8)),) and batch.data_parallel_rank == 0
+        assert seqs == list(range(first, first + len(seqs)))  # one number per message
+    finally:
+        sub.close()
+        ctx.term()
+        pub.stop()

@@ -1,0 +1,71 @@
+"""The gateway's KV event subscriber: real PUB sockets, the subscriber in its own loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import zmq
+
+from engine.kv_events import BlockStored, KVEventBatch, encode_payload
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.kv_events import KVEventSubscriber
+from policies.kv_index import KVIndex
+from tests.conftest import free_port
+
+TOKENS = tuple(range(32))
+
+
+def message(seq: int, first_hash: int) -> list[bytes]:
+    ev = BlockStored((first_hash, first_hash + 1), None, TOKENS, 16)
+    return [b"", seq.to_bytes(8, "big"), encode_payload(KVEventBatch(0.0, (ev,), 0))]
+
+
+def test_malformed_messages_are_skipped_and_removed_replicas_ignored() -> None:
+    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events="tcp://127.0.0.1:1")])
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet, index)
+    sub.handle("r0", [b"", b"\x00", b""])  # short seq frame
+    sub.handle("r0", [b"", (0).to_bytes(8, "big"), b"\xc1"])  # not msgpack
+    assert sub.malformed == 2 and index.num_blocks("r0") == 0
+    sub.handle("r0", message(0, 10))
+    assert sub.messages == 1 and index.match(TOKENS, ["r0"]) == {"r0": 2}
+    fleet.remove("r0")
+    sub.handle("r0", message(1, 20))
+    assert sub.messages == 1
+
+
+async def test_follows_the_fleet_and_reads_each_replicas_socket() -> None:
+    ctx = zmq.Context()
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    pubs = []
+    for endpoint in endpoints:
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(endpoint)
+        pubs.append(pub)
+    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events=endpoints[0])])
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
+    await sub.start()
+    try:
+        fleet.add(ReplicaConfig("r1", "http://127.0.0.1:2", kv_events=endpoints[1]))
+        seq = 0
+        async with asyncio.timeout(10):  # a SUB misses what precedes its joining: resend
+            while index.match(TOKENS, ["r0", "r1"]) != {"r0": 2, "r1": 2}:
+                for i, pub in enumerate(pubs):
+                    pub.send_multipart(message(seq, 100 * i))
+                seq += 1
+                await asyncio.sleep(0.05)
+        fleet.remove("r1")  # the reconcile loop unsubscribes and forgets it
+        async with asyncio.timeout(10):
+            while True:
+                if not index.num_blocks("r1"):
+                    break
+                await asyncio.sleep(0.05)
+        assert index.num_blocks("r0") == 2
+    finally:
+        await sub.stop()
+        for pub in pubs:
+            pub.close()
+        ctx.term()
