@@ -84,7 +84,9 @@ class SegmentContent:
         if cached is not None:
             return cached
         # Drawn from one table of int objects: a kept list costs 8 bytes per token.
-        ids = random.Random(self._rng_seed(segment.key)).choices(_IDS, k=segment.length)
+        draws = np.random.default_rng(self._rng_seed(segment.key)).integers(
+            0, len(_IDS), size=segment.length)
+        ids = list(map(_IDS.__getitem__, draws.tolist()))
         if segment.shared:
             self._ids[segment.key] = ids
         return ids
