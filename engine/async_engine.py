@@ -41,6 +41,7 @@ class AsyncEngine:
         self._on_step = on_step
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._pending: list[Callable[[], object]] = []
+        self._calls: set[asyncio.Future[Any]] = set()  # call()s not answered yet
         self._wake = asyncio.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
@@ -92,13 +93,21 @@ class AsyncEngine:
 
     async def call(self, fn: Callable[[EngineCore], Any]) -> Any:
         """Run ``fn(core)`` between steps and return its result."""
+        if self.error is not None:
+            raise EngineDeadError(f"engine loop stopped: {self.error!r}")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
         def apply() -> None:
-            if not fut.done():
+            if fut.done():
+                return
+            try:
                 fut.set_result(fn(self.core))
+            except Exception as exc:  # the caller's error, not the engine's
+                fut.set_exception(exc)
 
         self._pending.append(apply)
+        self._calls.add(fut)
+        fut.add_done_callback(self._calls.discard)
         self._wake.set()
         return await fut
 
@@ -143,3 +152,6 @@ class AsyncEngine:
             for q in self._queues.values():
                 q.put_nowait(dead)
             self._queues.clear()
+            for fut in list(self._calls):
+                if not fut.done():
+                    fut.set_exception(dead)

@@ -38,6 +38,7 @@ class KVEventPublisher:
         self.data_parallel_rank = data_parallel_rank
         self.high_water_mark = high_water_mark
         self.sent = 0
+        self.dropped = 0  # batches lost: socket buffer full, unencodable, or sender stopped
         self._queue: queue.SimpleQueue[KVEventBatch | None] = queue.SimpleQueue()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
@@ -63,9 +64,13 @@ class KVEventPublisher:
 
     def publish(self, events: Sequence[KVEvent]) -> None:
         """Queue one step's events (nothing is sent for an empty step). Never blocks."""
-        if events and self._thread is not None:
-            batch = KVEventBatch(time.time(), tuple(events), self.data_parallel_rank)
-            self._queue.put(batch)
+        if not events or self._thread is None:
+            return
+        if not self._thread.is_alive():  # the sender stopped on an error (logged): drop
+            self.dropped += 1
+            return
+        batch = KVEventBatch(time.time(), tuple(events), self.data_parallel_rank)
+        self._queue.put(batch)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Send what is queued, then close the socket."""
@@ -85,13 +90,17 @@ class KVEventPublisher:
         assert sock is not None
         seq = 0
         while (batch := self._queue.get()) is not _STOP:
-            frames = [self.topic, seq.to_bytes(8, "big"), encode_payload(batch)]
             try:
+                frames = [self.topic, seq.to_bytes(8, "big"), encode_payload(batch)]
                 sock.send_multipart(frames, flags=zmq.NOBLOCK)
             except zmq.Again:
+                self.dropped += 1
                 log.warning("KV event batch %d dropped: socket buffer full", seq)
             except zmq.ZMQError as exc:
                 log.error("KV event publisher stopped: %s", exc)
                 return
+            except Exception:  # an unencodable batch: skip it, keep publishing
+                self.dropped += 1
+                log.exception("KV event batch %d dropped: could not encode it", seq)
             seq += 1
             self.sent = seq

@@ -12,8 +12,8 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -183,7 +183,35 @@ class EngineServer:
         gen = _Generation(self, rid, chat, p, len(ids), queue)
         if p.stream:
             return StreamingResponse(gen.sse(), media_type="text/event-stream")
-        return JSONResponse(await gen.collect())
+        return JSONResponse(await _unless_disconnected(request, gen.collect(),
+                                                       lambda: self.engine.abort(rid)))
+
+
+T = TypeVar("T")
+
+
+async def _unless_disconnected(request: HTTPRequest, work: Coroutine[Any, Any, T],
+                               on_disconnect: Callable[[], None]) -> T:
+    """Await ``work``; if the client goes away first, cancel it and call ``on_disconnect``
+    (uvicorn does not cancel a handler whose client left)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        on_disconnect()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise APIError("client disconnected", status=499)
+    return task.result()
 
 
 class _Generation:

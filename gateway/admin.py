@@ -59,7 +59,7 @@ async def add_replica(request: Request) -> Response:
     try:
         data = json.loads(await request.body())
         config = from_mapping(ReplicaConfig, data, "replica")
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except ConfigError as exc:
         raise BadRequest(str(exc), code="invalid_replica") from exc
@@ -87,7 +87,7 @@ async def explain(request: Request) -> Response:
     gw = _authorize(request)
     raw = await request.body()
     endpoint: Endpoint = "completions"  # parse_body names any problem with the body
-    with contextlib.suppress(json.JSONDecodeError, TypeError):
+    with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError, TypeError):
         if "messages" in json.loads(raw):
             endpoint = "chat"
     parsed = parse_body(raw, endpoint, gw.config.affinity.body_field,

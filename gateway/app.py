@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from engine.tokenizer import PromptTokenizer, load_tokenizer
 from gateway import admin
@@ -28,6 +29,7 @@ from gateway.errors import (
     NoReplicaAvailable,
     NotFound,
     PayloadTooLarge,
+    error_response,
     handle_gateway_error,
 )
 from gateway.fleet import Fleet
@@ -110,7 +112,12 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         gw.metrics.requests.labels(replica=stream.replica, route=decision.reason,
                                    status=str(stream.status)).inc()
-        gw.policy.observe(Finished(route_req, stream.replica, ok, stream.cached_tokens()))
+        usage = stream.usage()
+        if usage is not None:
+            gw.metrics.prompt_tokens.labels(route=decision.reason).inc(usage[0])
+            gw.metrics.cached_tokens.labels(route=decision.reason).inc(usage[1])
+        gw.policy.observe(Finished(route_req, stream.replica, ok,
+                                   usage[1] if usage is not None else None))
 
     opening = asyncio.ensure_future(gw.proxy.open(
         decision.ranked, path, request.state.raw_body, forward_headers(request.headers),
@@ -120,6 +127,8 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         await asyncio.wait({opening, disconnect}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         disconnect.cancel()
+        if not opening.done() and not disconnect.done():  # this handler was cancelled
+            opening.cancel()
     if not opening.done():  # the client left before the first byte: cancel upstream
         opening.cancel()
         with contextlib.suppress(asyncio.CancelledError, GatewayError):
@@ -137,7 +146,22 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     headers["x-kvgate-route"] = decision.reason
     if stream.complete:  # nothing left to relay: skip the streaming machinery
         return Response(stream.whole_body(), status_code=stream.status, headers=headers)
-    return StreamingResponse(stream.relay(), status_code=stream.status, headers=headers)
+    return _RelayResponse(stream, headers)
+
+
+class _RelayResponse(StreamingResponse):
+    """Relays an upstream stream; settles it even if the relay never started (a client
+    that leaves before the first chunk is sent cancels the response, not the relay)."""
+
+    def __init__(self, stream: UpstreamStream, headers: dict[str, str]) -> None:
+        super().__init__(stream.relay(), status_code=stream.status, headers=headers)
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.stream.close(ok=False)  # no-op when the relay finished and closed it
 
 
 async def completions(request: Request) -> Response:
@@ -189,23 +213,22 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Star
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                         auto_decompress=False) as session:
+        # whatever started is stopped, in reverse order, even if a later start fails
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(gw.router.close)
+            session = await stack.enter_async_context(aiohttp.ClientSession(
+                connector=connector, timeout=timeout, auto_decompress=False))
             gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
                              config.max_attempts)
             gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape,
                                  on_reset=lambda rid: gw.policy.observe(ReplicaReset(rid)))
+            stack.push_async_callback(gw.monitor.stop)
             await gw.monitor.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
             if kv_events is not None:
+                stack.push_async_callback(kv_events.stop)
                 await kv_events.start()
-            try:
-                yield
-            finally:
-                if kv_events is not None:
-                    await kv_events.stop()
-                await gw.monitor.stop()
-                gw.router.close()
+            yield
 
     async def on_remove(replica_id: str) -> None:
         gw.policy.observe(ReplicaRemoved(replica_id))
@@ -221,11 +244,20 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Star
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={GatewayError: handle_gateway_error,
-                                        404: _not_found, 405: _method_not_allowed})
+                                        404: _not_found, 405: _method_not_allowed,
+                                        Exception: _internal_error})
     app.state.gw = gw
     app.state.metrics = gw.metrics
     app.state.on_remove = on_remove
     return app
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug, not a client error: logged with its traceback, answered in OpenAI's shape."""
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    request.app.state.metrics.errors.labels(kind="internal").inc()
+    return error_response(GatewayError(f"internal error: {exc.__class__.__name__}",
+                                       code="internal_error"))
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

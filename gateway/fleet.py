@@ -25,12 +25,15 @@ from policies.base import ReplicaView
 
 @dataclass(slots=True)
 class Pending:
-    """One request sent to a replica that has not yet answered with its first byte."""
+    """One request sent to a replica that has not yet answered with its first byte. It
+    holds the replica's state itself, so a replica removed and re-added under the same id
+    is never charged for the old one's requests."""
 
-    replica: str
+    state: ReplicaState | None
     tokens: int
     scrape_seq: int
     settled: bool = False
+    done: bool = False
 
 
 @dataclass(slots=True)
@@ -127,15 +130,15 @@ class Fleet:
     # -- this gateway's own accounting ----------------------------------------------------
     def sent(self, replica_id: str, tokens: int) -> Pending:
         state = self._replicas.get(replica_id)
-        seq = state.scrape_seq if state else -1
-        if state is not None:
-            state.pending_tokens += tokens
-            state.pending_since_scrape += tokens
-            state.in_flight += 1
-        return Pending(replica_id, tokens, seq)
+        if state is None:
+            return Pending(None, tokens, -1)
+        state.pending_tokens += tokens
+        state.pending_since_scrape += tokens
+        state.in_flight += 1
+        return Pending(state, tokens, state.scrape_seq)
 
     def first_byte(self, pending: Pending) -> None:
-        state = self._replicas.get(pending.replica)
+        state = pending.state
         if pending.settled or state is None:
             return
         pending.settled = True
@@ -144,10 +147,11 @@ class Fleet:
             state.pending_since_scrape -= pending.tokens
 
     def done(self, pending: Pending) -> None:
+        """Settle a request for good (idempotent)."""
         self.first_byte(pending)
-        state = self._replicas.get(pending.replica)
-        if state is not None:
-            state.in_flight -= 1
+        if not pending.done and pending.state is not None:
+            pending.done = True
+            pending.state.in_flight -= 1
 
     # -- health and scrapes ---------------------------------------------------------------
     def record_scrape(self, replica_id: str, metrics: ScrapedMetrics) -> bool:

@@ -65,9 +65,8 @@ class KVEventSubscriber:
             tasks.append(self._loop_task)
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # a reader that failed earlier re-raises its error here: it was logged already
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._readers.clear()
         self._loop_task = None
         if self._ctx is not None:
@@ -77,7 +76,12 @@ class KVEventSubscriber:
     async def _reconcile_loop(self) -> None:
         while True:
             await asyncio.sleep(self.reconcile_s)
-            await self.reconcile()
+            try:
+                await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad round must not stop the following ones
+                log.exception("KV event reconcile failed")
 
     async def reconcile(self) -> None:
         """Match the readers to the fleet's replicas and their endpoints."""
@@ -88,9 +92,10 @@ class KVEventSubscriber:
                 continue
             if failed:
                 log.error("replica %s: KV event reader failed: %r", rid, task.exception())
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            elif not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             del self._readers[rid]
             if wanted.get(rid) != endpoint:
                 self.index.clear(rid)  # gone or moved: what it held is unknown now

@@ -68,6 +68,13 @@ class GatewayMetrics:
             "Time from sending a request to a replica to its first response byte",
             ["replica"], buckets=_LATENCY_BUCKETS, registry=r)
         self.errors = Counter("kvgate_errors", "Errors by kind", ["kind"], registry=r)
+        self.prompt_tokens = Counter(
+            "kvgate_prompt_tokens", "Prompt tokens of answered requests, as replicas reported "
+            "them in usage, by route reason", ["route"], registry=r)
+        self.cached_tokens = Counter(
+            "kvgate_cached_prompt_tokens", "Prompt tokens replicas served from prefix cache "
+            "(usage.prompt_tokens_details.cached_tokens), by route reason", ["route"],
+            registry=r)
         self.retries = Counter("kvgate_retries", "Requests retried on the next replica",
                                ["replica", "cause"], registry=r)
         r.register(_FleetCollector(fleet))

@@ -120,7 +120,7 @@ class Monitor:
                     if resp.status != 200:
                         return
                     text = await resp.text()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: bad text
             log.info("replica %s: /metrics failed: %s", state.id, exc)
             return
         try:

@@ -109,8 +109,8 @@ class UpstreamStream:
         self.fleet.done(self.pending)
         self.on_done(self, ok and self.status < 400)
 
-    def cached_tokens(self) -> int | None:
-        """``usage.prompt_tokens_details.cached_tokens`` when the body reported it."""
+    def usage(self) -> tuple[int, int] | None:
+        """(prompt tokens, cached prompt tokens) from the body's ``usage``, if reported."""
         text = bytes(self.captured)
         if self.stream:
             idx = text.rfind(b'"usage"')
@@ -121,11 +121,13 @@ class UpstreamStream:
             text = text[start + 6 if start >= 0 else 0:end if end >= 0 else len(text)]
         try:
             usage = json.loads(text).get("usage") or {}
-            details = usage.get("prompt_tokens_details") or {}
-            value = details.get("cached_tokens")
+            prompt = usage.get("prompt_tokens")
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         except (ValueError, AttributeError):
             return None
-        return value if isinstance(value, int) else None
+        if isinstance(prompt, int) and isinstance(cached, int):
+            return prompt, cached
+        return None
 
 
 class Proxy:
@@ -161,7 +163,7 @@ class Proxy:
                         response.release()
                         raise _Retryable(f"answered {response.status}: {detail}")
                     first = await response.content.readany()
-            except aiohttp.ClientConnectionError as exc:
+            except aiohttp.ClientError as exc:  # refused, reset, or a malformed answer
                 self._failed(pending, response)
                 cause = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
                 if cause == "connect" and self.fleet.eject(replica, str(exc)):

@@ -75,9 +75,13 @@ def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None
                          salt, affinity)
 
 
+MAX_TOKEN_ID = (1 << 32) - 1
+
+
 def _is_ids(value: Any) -> bool:
     return isinstance(value, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+        for t in value)
 
 
 def _parse_prompt(prompt: Any) -> tuple[str | None, list[int] | None]:
@@ -100,4 +104,4 @@ def _parse_prompt(prompt: Any) -> tuple[str | None, list[int] | None]:
             return None, list(first)
     raise BadRequest(
         "'prompt' must be a non-empty string, array of strings, array of token ids "
-        "or array of token id arrays", param="prompt")
+        f"(integers 0..{MAX_TOKEN_ID}) or array of token id arrays", param="prompt")

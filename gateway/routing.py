@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from engine.tokenizer import ChatFormatError, PromptTokenizer
+from engine.tokenizer import ChatFormatError, PromptTokenizer, normalize_messages
 from gateway.errors import BadRequest, NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.request_parse import ParsedRequest
@@ -67,8 +67,8 @@ class Router:
         if parsed.prompt_ids is not None or needed == 0:
             # Nothing to encode, or only a length estimate: no need to leave the loop.
             if parsed.prompt_ids is None:
-                text = parsed.prompt_text if parsed.prompt_text is not None else str(
-                    parsed.messages)
+                text = parsed.prompt_text if parsed.prompt_text is not None else "".join(
+                    m["content"] for m in normalize_messages(parsed.messages or []))
                 ids: Sequence[int] = ()
                 total = self.tokenizer.estimate_tokens(text)
             else:

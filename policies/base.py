@@ -9,9 +9,9 @@ Rules every policy keeps:
 * ``choose`` is synchronous, pure CPU and fast: no awaits, no I/O, and it does not change
   the policy's routing state (``/admin/explain`` calls it without sending anything). A
   policy-owned random generator for tie breaks is the only state it may advance.
-* ``observe`` is where state changes: a request was routed to a replica (``Routed``), a
-  request finished (``Finished``), a replica left (``ReplicaRemoved``) or restarted and
-  lost its cache (``ReplicaReset``).
+* ``observe`` is where state changes: a request is being sent to a replica (``Routed``,
+  once per attempt), a request finished (``Finished``), a replica left
+  (``ReplicaRemoved``) or restarted and lost its cache (``ReplicaReset``).
 * ``tokens_needed`` tells the caller how many leading prompt tokens to tokenize: ``0`` for
   none, ``None`` for the whole prompt.
 """
@@ -91,7 +91,9 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Routed:
-    """The request was sent to ``replica`` (the one actually used, after any retry)."""
+    """The request is being sent to ``replica``. Observed when it is sent, before any
+    answer, so concurrent decisions see it; a retry on another replica observes a second
+    ``Routed``. ``Finished`` names the replica that finally answered."""
 
     request: RouteRequest
     replica: str

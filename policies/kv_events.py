@@ -67,7 +67,12 @@ class KVEvents(Policy):
         bs = self.config.block_size
         p = max(request.prompt_tokens, len(request.tokens))
         max_blocks = max(0, (p - 1) // bs)
-        blocks = self.index.match(request.tokens, [r.id for r in ok], max_blocks)
+        if request.cache_salt is None:
+            blocks = self.index.match(request.tokens, [r.id for r in ok], max_blocks)
+        else:
+            # KV events carry no salt: the index cannot tell whether this tenant's salted
+            # blocks are cached anywhere, so predict no hit rather than a wrong one.
+            blocks = dict.fromkeys((r.id for r in ok), 0)
         weight = self.config.prefill_weight
         rng = self._rng
         keyed = []

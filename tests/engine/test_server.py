@@ -3,6 +3,7 @@ uvicorn server on a free loopback port (sim executor with a tiny cost model)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -209,3 +210,38 @@ def test_client_disconnect_aborts_the_request(fresh: Running) -> None:
         time.sleep(0.01)
     assert core.stats.num_requests_aborted == 1
     assert core.stats.generation_tokens < 400
+
+
+def test_client_disconnect_aborts_a_non_streamed_request(fresh: Running) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "long story", "max_tokens": 400,
+                       "ignore_eos": True}).encode()
+    host, port = fresh.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        core = fresh.server.core
+        for _ in range(1000):  # wait until it is generating, then leave
+            if core.stats.generation_tokens > 0:
+                break
+            time.sleep(0.01)
+    for _ in range(1000):
+        if core.stats.num_requests_aborted == 1:
+            break
+        time.sleep(0.01)
+    assert core.stats.num_requests_aborted == 1
+    assert core.stats.generation_tokens < 400
+
+
+async def test_failing_admin_call_raises_and_the_engine_lives_on() -> None:
+    from engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine(make_core(num_blocks=16, block_size=4), sleep_modeled_time=False)
+    await engine.start()
+    try:
+        with pytest.raises(ZeroDivisionError):
+            await engine.call(lambda core: 1 / 0)
+        assert engine.alive
+        assert await engine.call(lambda core: core.config.block_size) == 4
+    finally:
+        await engine.stop()

@@ -69,3 +69,29 @@ async def test_follows_the_fleet_and_reads_each_replicas_socket() -> None:
         for pub in pubs:
             pub.close()
         ctx.term()
+
+
+async def test_a_failing_reader_does_not_stop_the_others() -> None:
+    ctx = zmq.Context()
+    good = f"tcp://127.0.0.1:{free_port()}"
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(good)
+    # "tcp://no-such-host" cannot be connected to: its reader fails at once
+    fleet = Fleet([ReplicaConfig("bad", "http://127.0.0.1:1", kv_events="tcp://no such host")])
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
+    await sub.start()
+    try:
+        await asyncio.sleep(0.2)  # several reconcile rounds meet the failed reader
+        fleet.add(ReplicaConfig("good", "http://127.0.0.1:2", kv_events=good))
+        seq = 0
+        async with asyncio.timeout(10):
+            while index.match(TOKENS, ["good"]) != {"good": 2}:
+                pub.send_multipart(message(seq, 1))
+                seq += 1
+                await asyncio.sleep(0.05)
+    finally:
+        await sub.stop()  # must not raise the failed reader's error
+        pub.close()
+        ctx.term()

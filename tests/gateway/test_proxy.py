@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import parse_config
+from policies.round_robin import RoundRobin
 from tests.conftest import ThreadServer, free_port
 from tests.gateway.fake_replica import Behaviour, fake_replica
 
@@ -37,6 +39,20 @@ def two(serve: Serve) -> tuple[ThreadServer, Behaviour, Behaviour]:
     ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
     gw = start_gateway(serve, [("a", ra.url), ("b", rb.url)])
     return gw, a, b
+
+
+def wait_for_metric(gw: ThreadServer, series: str, value: float, timeout: float = 10) -> None:
+    """Poll the gateway's /metrics until ``series`` reads ``value`` (scrapes are periodic)."""
+    deadline = time.monotonic() + timeout
+    seen = None
+    while time.monotonic() < deadline:
+        for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
+            if line.startswith(series + " "):
+                seen = float(line.split()[-1])
+        if seen is not None and abs(seen - value) < 1e-6:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{series} is {seen}, expected {value}")
 
 
 def client(gw: ThreadServer, **kw: Any) -> openai.OpenAI:
@@ -116,6 +132,7 @@ def test_client_errors_are_openai_shaped(two: tuple[ThreadServer, Behaviour, Beh
         (b'{"prompt": "x"}', 400, None, "model"),
         (b'{"model": "sim-model", "prompt": ""}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": [1, "a"]}', 400, None, "prompt"),
+        (b'{"model": "sim-model", "prompt": [1, 4294967296]}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": "x", "max_tokens": 0}', 400, None, "max_tokens"),
         (b'{"model": "sim-model", "prompt": "x", "stream": "yes"}', 400, None, "stream"),
         (b'{"model": "sim-model", "prompt": "x", "cache_salt": ""}', 400, None, "cache_salt"),
@@ -216,16 +233,14 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
                     headers=auth).json()
     assert ex["chosen"] == "a" and ex["reason"] and ex["policy"] == "round_robin"
     a.hits, a.queries = 300, 1000
-    time.sleep(0.6)
+    wait_for_metric(gw, 'kvgate_replica_token_hit_rate{replica="a"}', 0.3)
     a.hits, a.queries = 900, 2000
-    time.sleep(0.6)
+    wait_for_metric(gw, 'kvgate_replica_token_hit_rate{replica="a"}', 0.45)
     metrics = httpx.get(f"{gw.url}/metrics").text
     assert 'kvgate_requests_total{replica="b",route="round_robin",status="200"} 1.0' in metrics
     assert "kvgate_routing_decision_seconds_count" in metrics
-    hit = [ln for ln in metrics.splitlines()
-           if ln.startswith('kvgate_replica_token_hit_rate{replica="a"}')]
-    # window from the first scrape (0 of 0) to the last (900 of 2000 tokens)
-    assert hit and float(hit[0].split()[-1]) == pytest.approx(0.45, abs=0.01)
+    # the window runs from the first scrape (0 of 0 tokens) to the last (900 of 2000)
+    assert 'kvgate_replica_token_hit_rate{replica="a"} 0.45' in metrics
     r = httpx.delete(f"{gw.url}/admin/replicas/b", headers=auth)
     assert r.status_code == 200
     assert httpx.delete(f"{gw.url}/admin/replicas/b", headers=auth).status_code == 404
@@ -245,3 +260,37 @@ def test_body_limit_without_content_length(serve: Serve) -> None:
     r = httpx.post(f"{gw.url}/v1/completions", content=chunks())
     assert r.status_code == 413
     assert ok.received == []
+
+
+def test_readding_a_replica_keeps_its_accounting_apart(serve: Serve) -> None:
+    slow = Behaviour("slow", first_byte_delay_s=0.6)
+    url = serve(fake_replica(slow)).url
+    gw = start_gateway(serve, [("x", url)])
+    answers: list[int] = []
+    t = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "p"}).status_code))
+    t.start()
+    time.sleep(0.2)  # the request is in flight to the first "x"
+    assert httpx.delete(f"{gw.url}/admin/replicas/x").status_code == 200
+    assert httpx.post(f"{gw.url}/admin/replicas", json={"id": "x", "url": url}).status_code \
+        == 201
+    t.join(5)
+    assert answers == [200]
+    (x,) = httpx.get(f"{gw.url}/admin/replicas").json()["replicas"]
+    assert x["in_flight"] == 0 and x["queued_tokens"] == 0  # not charged for the old one
+
+
+def test_internal_errors_get_an_openai_body(serve: Serve) -> None:
+    from gateway.app import build_state
+
+    class Broken(RoundRobin):
+        def choose(self, request, replicas):  # type: ignore[no-untyped-def]
+            raise KeyError("boom")
+
+    ok = Behaviour("ok")
+    config = parse_config({"replicas": [{"id": "ok", "url": serve(fake_replica(ok)).url}]})
+    gw = serve(create_app(config, build_state(config, policy=Broken())))
+    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
+    assert r.status_code == 500
+    assert r.json()["error"]["code"] == "internal_error"
+    assert "KeyError" in r.json()["error"]["message"]

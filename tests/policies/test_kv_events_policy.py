@@ -81,3 +81,13 @@ def test_reset_and_removal_forget_the_replica() -> None:
     policy.observe(ReplicaRemoved("b"))
     assert policy.index.replicas() == ["a"] and policy.index.num_blocks("a") == 0
     assert policy.choose(req(DOC), views(a=0, b=0)).reason == "balance"
+
+
+def test_salted_requests_predict_no_hit() -> None:
+    """Events carry no salt: a salted request may not share the unsalted blocks."""
+    policy = KVEvents()
+    cache(policy, "b", DOC, 1)
+    salted = RouteRequest(tokens=[*DOC, 1], prompt_tokens=65, cache_salt="tenant-a")
+    d = policy.choose(salted, views(a=0, b=0))
+    assert d.matched_tokens == 0 and d.reason == "balance"
+    assert policy.choose(req([*DOC, 1]), views(a=0, b=0)).chosen == "b"

@@ -166,3 +166,4 @@ def test_health_flip_moves_only_that_replicas_keys_without_a_rebuild() -> None:
     assert moved and all(b == "r3" for b, _ in moved)
     assert "r3" not in after
     assert [policy.choose(r, fleet).chosen for r in requests] == before
+

@@ -104,3 +104,13 @@ def test_two_processes_build_the_same_ring_and_route_the_same() -> None:
         key = f"doc-{i}" if i % 3 == 0 else None
         d = policy.choose(RouteRequest(tokens, 900, affinity_key=key), views)
         assert d.chosen == ranked[i][0]
+
+
+def test_ring_layout_is_pinned() -> None:
+    """Golden points and owners: every gateway copy, of any version, must agree on them.
+    A change here (say, in the ring library) moves keys between replicas."""
+    ring = Ring([("a", 1.0), ("b", 1.0), ("c", 2.0), ("d", 1.0)], 16)
+    assert len(ring.points) == 80
+    assert ring.points[:3] == [123850353220105897, 307072897853580858, 347653229373065393]
+    keys = [0, 1 << 60, 3 << 61, 12345678901234567, (1 << 64) - 1, 7 << 58]
+    assert [ring.owner(k) for k in keys] == ["c", "d", "a", "c", "c", "c"]
