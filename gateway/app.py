@@ -91,11 +91,11 @@ async def _parse(request: Request, endpoint: Endpoint) -> ParsedRequest:
     return parsed
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+async def _cancel_on_disconnect(request: Request, task: asyncio.Task[object]) -> None:
+    """Cancel ``task`` when the client disconnects (uvicorn does not cancel handlers)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    task.cancel()
 
 
 async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
@@ -119,28 +119,25 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         gw.policy.observe(Finished(route_req, stream.replica, ok,
                                    usage[1] if usage is not None else None))
 
-    opening = asyncio.ensure_future(gw.proxy.open(
-        decision.ranked, path, request.state.raw_body, forward_headers(request.headers),
-        route_req.prompt_tokens, on_sent, on_done))
-    disconnect = asyncio.ensure_future(_wait_disconnect(request))
+    this = asyncio.current_task()
+    assert this is not None
+    watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request, this))
     try:
-        await asyncio.wait({opening, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        disconnect.cancel()
-        if not opening.done() and not disconnect.done():  # this handler was cancelled
-            opening.cancel()
-    if not opening.done():  # the client left before the first byte: cancel upstream
-        opening.cancel()
-        with contextlib.suppress(asyncio.CancelledError, GatewayError):
-            await opening
+        stream = await gw.proxy.open(
+            decision.ranked, path, request.state.raw_body, forward_headers(request.headers),
+            route_req.prompt_tokens, on_sent, on_done)
+    except asyncio.CancelledError:
+        if not watcher.done():
+            raise  # cancelled from outside
+        this.uncancel()  # the client left before the first byte; upstream is closed
         gw.metrics.errors.labels(kind="client_disconnect").inc()
         return Response(status_code=499)
-    try:
-        stream = opening.result()
     except GatewayError as exc:
         gw.metrics.requests.labels(replica="none", route=decision.reason,
                                    status=str(exc.status)).inc()
         raise
+    finally:
+        watcher.cancel()
     headers = dict(stream.headers)
     headers["x-kvgate-replica"] = stream.replica
     headers["x-kvgate-route"] = decision.reason

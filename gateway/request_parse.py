@@ -6,10 +6,11 @@ the client's own, unchanged (unknown fields survive).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import orjson
 
 from engine.tokenizer import ChatFormatError, normalize_messages
 from gateway.errors import BadRequest
@@ -33,8 +34,8 @@ class ParsedRequest:
 def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None,
                affinity_header_value: str | None = None) -> ParsedRequest:
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:  # also raised for invalid UTF-8
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")

@@ -294,3 +294,18 @@ def test_internal_errors_get_an_openai_body(serve: Serve) -> None:
     assert r.status_code == 500
     assert r.json()["error"]["code"] == "internal_error"
     assert "KeyError" in r.json()["error"]["message"]
+
+
+def test_client_leaving_before_the_first_byte_cancels_the_upstream(serve: Serve) -> None:
+    stuck = Behaviour("stuck", first_byte_delay_s=3)
+    gw = start_gateway(serve, [("stuck", serve(fake_replica(stuck)).url)])
+    body = json.dumps({"model": "sim-model", "prompt": "p"}).encode()
+    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.3)  # the request waits on the replica's first byte
+    wait_for_metric(gw, 'kvgate_errors_total{kind="client_disconnect"}', 1.0)
+    (replica,) = httpx.get(f"{gw.url}/admin/replicas").json()["replicas"]
+    assert replica["in_flight"] == 0 and replica["queued_tokens"] == 0
+    assert httpx.get(f"{gw.url}/health").status_code == 200  # the gateway carries on
