@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -39,12 +40,11 @@ from gateway.monitor import Monitor
 from gateway.proxy import Proxy, UpstreamStream, forward_headers
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.routing import Router
+from gateway.tenancy import isolate
 from policies.base import Finished, Policy, ReplicaRemoved, ReplicaReset, Routed
 from policies.registry import build_policy
 
 log = logging.getLogger("kvgate.gateway")
-
-TENANT_HEADER = "x-kvgate-tenant"
 
 
 @dataclass
@@ -87,7 +87,13 @@ async def _parse(request: Request, endpoint: Endpoint) -> ParsedRequest:
         raise NotFound(f"model {parsed.model!r} is not served by any replica; "
                        f"available: {', '.join(sorted(known))}", param="model",
                        code="model_not_found")
+    tenant = request.headers.get(gw.config.tenancy.header)
+    isolated = isolate(gw.config.tenancy, tenant, dict(parsed.body))
+    if isolated is not None:
+        raw, salt = isolated
+        parsed = dataclasses.replace(parsed, cache_salt=salt)
     request.state.raw_body = raw
+    request.state.tenant = tenant
     return parsed
 
 
@@ -102,7 +108,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     gw: GatewayState = request.app.state.gw
     assert gw.proxy is not None
     parsed = await _parse(request, endpoint)
-    routing = await gw.router.decide(parsed, request.headers.get(TENANT_HEADER))
+    routing = await gw.router.decide(parsed, request.state.tenant)
     gw.metrics.decision_seconds.observe(routing.seconds)
     route_req, decision = routing.request, routing.decision
 

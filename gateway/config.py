@@ -8,6 +8,7 @@ Example (every key but ``replicas`` has a default)::
     admin_token: null            # when set, /admin/* needs "Authorization: Bearer <token>"
     max_body_bytes: 4194304
     affinity: {header: x-kvgate-affinity-key, body_field: null}
+    tenancy: {isolate: false, header: x-kvgate-tenant, secret: "", require_tenant: false}
     policy: {name: prefix_affinity, prefix_tokens: 1024, overload: 1.25}
     replicas:
       - {id: r0, url: "http://127.0.0.1:8101"}
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gateway.tenancy import TenancyConfig
 from policies.config import ConfigError, from_mapping
 
 
@@ -110,6 +112,7 @@ class GatewayConfig:
     tokenizer_concurrency: int = 4
     tokenizer_memo: int = 2048  # prefix encodings remembered (~10 KB each); 0 = off
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
+    tenancy: TenancyConfig = field(default_factory=TenancyConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)

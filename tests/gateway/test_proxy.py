@@ -309,3 +309,22 @@ def test_client_leaving_before_the_first_byte_cancels_the_upstream(serve: Serve)
     (replica,) = httpx.get(f"{gw.url}/admin/replicas").json()["replicas"]
     assert replica["in_flight"] == 0 and replica["queued_tokens"] == 0
     assert httpx.get(f"{gw.url}/health").status_code == 200  # the gateway carries on
+
+
+def test_tenants_get_their_own_cache_salt(serve: Serve) -> None:
+    rec = Behaviour("rec")
+    gw = start_gateway(serve, [("rec", serve(fake_replica(rec)).url)],
+                       tenancy={"isolate": True, "secret": "k", "require_tenant": True})
+    url = f"{gw.url}/v1/completions"
+    for tenant, salt in (("acme", None), ("acme", None), ("globex", None), ("acme", "mine")):
+        body = {"model": "sim-model", "prompt": "same prompt", "extra": [1]}
+        if salt:
+            body["cache_salt"] = salt
+        r = httpx.post(url, json=body, headers={"x-kvgate-tenant": tenant})
+        assert r.status_code == 200, r.text
+    salts = [json.loads(raw)["cache_salt"] for raw in rec.received]
+    assert all(len(s) == 64 for s in salts)
+    assert salts[0] == salts[1] and len(set(salts)) == 3  # per tenant, and per client salt
+    assert all(json.loads(raw)["extra"] == [1] for raw in rec.received)  # fields survive
+    r = httpx.post(url, json={"model": "sim-model", "prompt": "x"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "missing_tenant"
