@@ -27,6 +27,10 @@ from engine.tokenizer_build import ASSET_DIR, EOS_TOKEN
 DEFAULT_CHARS_PER_TOKEN = 4.0
 
 
+# a remembered prefix encoding: (first tokens, tokens in text[:cut], cut, text[budget:cut])
+_Memo = tuple["array[int]", int, int, str]
+
+
 class ChatFormatError(ValueError):
     """A chat message is malformed; the message names which one and why."""
 
@@ -50,7 +54,7 @@ class PromptTokenizer:
         # prefix encodings remembered by the text they read (for repeated documents and
         # system prompts), token ids as compact u32 arrays; off when memo_size is 0
         self._memo_size = memo_size
-        self._memo: OrderedDict[tuple[int, str], tuple[array[int], int, int]] | None = (
+        self._memo: OrderedDict[tuple[int, str], _Memo] | None = (
             OrderedDict() if memo_size > 0 else None)
         self._memo_lock = threading.Lock()
         self.source = source
@@ -83,18 +87,10 @@ class PromptTokenizer:
             return PrefixEncoding(ids, True, len(ids))
         if max_tokens <= 0:
             return PrefixEncoding([], False, self.estimate_tokens(text))
-        budget = int(max_tokens * self.chars_per_token * 1.25) + 16
-        # A first try that succeeds reads only text[:budget], so it is remembered by that.
-        memo_key = (max_tokens, text[:budget]) if self._memo is not None else None
-        if memo_key is not None and budget < len(text):
-            with self._memo_lock:
-                hit = self._memo.get(memo_key)  # type: ignore[union-attr]
-                if hit is not None:
-                    self._memo.move_to_end(memo_key)  # type: ignore[union-attr]
-            if hit is not None:
-                memo_ids, n_cut, cut = hit
-                return PrefixEncoding(memo_ids, False,
-                                      max(n_cut, int(n_cut * len(text) / cut)))
+        hit = self.remembered_prefix(text, max_tokens)
+        if hit is not None:
+            return hit
+        budget = first = self._first_budget(max_tokens)
         while True:
             if budget >= len(text):
                 ids = self.encode(text)
@@ -102,19 +98,41 @@ class PromptTokenizer:
             cut = text.rfind(" ", 0, budget)
             if cut <= 0:
                 budget *= 2
-                memo_key = None
                 continue
             # [0, cut) ends right before a space: its encoding is a prefix of the full one.
             ids = self.encode(text[:cut])
             if len(ids) >= max_tokens:
-                if memo_key is not None:
-                    self._remember(memo_key, (array("I", ids[:max_tokens]), len(ids), cut))
+                if self._memo is not None:
+                    # remembered by the first budget's text; the rest it read is kept to check
+                    self._remember((max_tokens, text[:first]), (
+                        array("I", ids[:max_tokens]), len(ids), cut, text[first:max(cut, first)]))
                 estimate = max(len(ids), int(len(ids) * len(text) / cut))
                 return PrefixEncoding(ids[:max_tokens], False, estimate)
             budget *= 2
-            memo_key = None
 
-    def _remember(self, key: tuple[int, str], value: tuple[array[int], int, int]) -> None:
+    def _first_budget(self, max_tokens: int) -> int:
+        return int(max_tokens * self.chars_per_token * 1.25) + 16
+
+    def remembered_prefix(self, text: str, max_tokens: int) -> PrefixEncoding | None:
+        """``encode_prefix(text, max_tokens)`` if remembered, else None; costs
+        microseconds, so callers may try it before handing the encoding to a thread."""
+        if self._memo is None or max_tokens <= 0:
+            return None
+        budget = self._first_budget(max_tokens)
+        if budget >= len(text):
+            return None
+        key = (max_tokens, text[:budget])
+        with self._memo_lock:
+            hit = self._memo.get(key)
+            if hit is None:
+                return None
+            self._memo.move_to_end(key)
+        ids, n_cut, cut, rest = hit
+        if rest and not text.startswith(rest, budget):
+            return None  # the same start, but the encoding read further and differs there
+        return PrefixEncoding(ids, False, max(n_cut, int(n_cut * len(text) / cut)))
+
+    def _remember(self, key: tuple[int, str], value: _Memo) -> None:
         assert self._memo is not None
         with self._memo_lock:
             self._memo[key] = value

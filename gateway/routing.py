@@ -73,6 +73,9 @@ class Router:
                 total = self.tokenizer.estimate_tokens(text)
             else:
                 ids, total = self._tokenize(parsed, needed)
+        elif parsed.prompt_text is not None and (
+                hit := self.tokenizer.remembered_prefix(parsed.prompt_text, needed or 0)):
+            ids, total = hit.ids, hit.total_estimate  # a repeated document: no thread hop
         else:
             async with self._slots:
                 loop = asyncio.get_running_loop()

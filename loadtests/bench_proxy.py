@@ -101,7 +101,6 @@ def _wait_post(url: str, body: bytes, timeout: float = 30) -> None:
 async def _load(url: str, bodies: list[bytes], concurrency: int, seconds: float
                 ) -> dict[str, float]:
     latencies: list[float] = []
-    body = bodies[0]
     stop_at = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -118,8 +117,10 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, seconds: float
                 latencies.append(time.perf_counter() - t0)
 
         warm_until = time.perf_counter() + 0.5
+        n = 0
         while time.perf_counter() < warm_until:  # warm connections and caches
-            async with session.post(url, data=body) as r:
+            n += 1
+            async with session.post(url, data=bodies[n % len(bodies)]) as r:
                 await r.read()
         stop_at = time.perf_counter() + seconds
         started = time.perf_counter()

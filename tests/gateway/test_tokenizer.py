@@ -87,3 +87,20 @@ def test_prefix_memo_gives_the_same_answers() -> None:
             assert list(got.ids) == list(want.ids)
             assert (got.complete, got.total_estimate) == (want.complete, want.total_estimate)
     assert 0 < len(memo._memo or {}) <= 4
+
+
+def test_prefix_memo_checks_text_read_past_the_first_budget() -> None:
+    """A first budget without a space makes the encoder read further; a text sharing only
+    the first budget must not be served the remembered answer."""
+    plain, memo = load_tokenizer(), load_tokenizer(memo_size=8)
+    run = "parties" * 300  # 2,100 characters without a space
+    a = run + " alpha beta gamma " + sample_text(random.Random(2), 200)
+    b = run + "zz delta epsilon " + sample_text(random.Random(3), 200)
+    for text in (a, b, a, b):
+        got, want = memo.encode_prefix(text, 64), plain.encode_prefix(text, 64)
+        assert list(got.ids) == list(want.ids)
+        assert got.total_estimate == want.total_estimate
+    # both share one memo key: it holds b's answer now, checked against b's longer text
+    hit = memo.remembered_prefix(b, 64)
+    assert hit is not None and list(hit.ids) == list(plain.encode_prefix(b, 64).ids)
+    assert memo.remembered_prefix(a, 64) is None
