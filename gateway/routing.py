@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from engine.tokenizer import ChatFormatError, PromptTokenizer, normalize_messages
 from gateway.errors import BadRequest, NoReplicaAvailable
@@ -47,23 +48,41 @@ class Router:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _tokenize(self, parsed: ParsedRequest, needed: int | None
-                  ) -> tuple[Sequence[int], int]:
+                  ) -> tuple[Sequence[int], int, int | None]:
+        """(first ``needed`` token ids, prompt length, anchor length or None)."""
         if parsed.prompt_ids is not None:
             ids = parsed.prompt_ids
-            return (ids if needed is None else ids[:needed]), len(ids)
+            return (ids if needed is None else ids[:needed]), len(ids), None
+        anchor = None
         if parsed.messages is not None:
             try:
                 text = self.tokenizer.render_chat(parsed.messages)
+                anchor = self._anchor(parsed.messages, text, needed)
             except ChatFormatError as exc:
                 raise BadRequest(str(exc), param="messages") from exc
         else:
             assert parsed.prompt_text is not None
             text = parsed.prompt_text
         enc = self.tokenizer.encode_prefix(text, needed)
-        return enc.ids, enc.total_estimate
+        return enc.ids, enc.total_estimate, anchor
+
+    def _anchor(self, messages: list[Any], text: str, needed: int | None) -> int | None:
+        """Tokens of the messages up to the first user message, when the rendered prompt
+        starts with them (the part of a chat that every later turn repeats)."""
+        first_user = next((i for i, m in enumerate(messages)
+                           if isinstance(m, dict) and m.get("role") == "user"), None)
+        if first_user is None:
+            return None
+        head = self.tokenizer.render_chat(messages[: first_user + 1],
+                                          add_generation_prompt=False)
+        if not text.startswith(head):
+            return None  # a template that renders earlier messages differently later
+        enc = self.tokenizer.encode_prefix(head, needed)
+        return enc.total_estimate if enc.complete else None
 
     async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
         needed = self.policy.tokens_needed
+        anchor: int | None = None
         if parsed.prompt_ids is not None or needed == 0:
             # Nothing to encode, or only a length estimate: no need to leave the loop.
             if parsed.prompt_ids is None:
@@ -72,19 +91,19 @@ class Router:
                 ids: Sequence[int] = ()
                 total = self.tokenizer.estimate_tokens(text)
             else:
-                ids, total = self._tokenize(parsed, needed)
+                ids, total, anchor = self._tokenize(parsed, needed)
         elif parsed.prompt_text is not None and (
                 hit := self.tokenizer.remembered_prefix(parsed.prompt_text, needed or 0)):
             ids, total = hit.ids, hit.total_estimate  # a repeated document: no thread hop
         else:
             async with self._slots:
                 loop = asyncio.get_running_loop()
-                ids, total = await loop.run_in_executor(self._pool, self._tokenize, parsed,
-                                                        needed)
+                ids, total, anchor = await loop.run_in_executor(
+                    self._pool, self._tokenize, parsed, needed)
         request_id = f"{self._id_prefix}{next(self._ids)}"
         return RouteRequest(tokens=ids, prompt_tokens=total, request_id=request_id,
                             model=parsed.model, tenant=tenant, cache_salt=parsed.cache_salt,
-                            affinity_key=parsed.affinity_key)
+                            affinity_key=parsed.affinity_key, anchor_tokens=anchor)
 
     async def decide(self, parsed: ParsedRequest, tenant: str | None = None) -> Routing:
         started = time.perf_counter()

@@ -30,7 +30,9 @@ class RouteRequest:
 
     ``tokens`` holds the first ``tokens_needed`` prompt token ids (all of them when the
     policy asked for ``None``); ``prompt_tokens`` is the full prompt length (exact when the
-    whole prompt was tokenized, else an estimate from the text length).
+    whole prompt was tokenized, else an estimate from the text length). ``anchor_tokens``,
+    when known, is how many leading tokens stay the same over a conversation's turns (a
+    chat's messages up to and including its first user message).
     """
 
     tokens: Sequence[int]
@@ -40,6 +42,7 @@ class RouteRequest:
     tenant: str | None = None
     cache_salt: str | None = None
     affinity_key: str | None = None
+    anchor_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

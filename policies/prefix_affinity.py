@@ -148,8 +148,12 @@ class PrefixAffinity(Policy):
             tokens = request.tokens[: self.tokens_needed]
             data = token_bytes(tokens)
             skip = self._learner.skip(data, len(tokens)) if self._learner else 0
-            # data holds 4 bytes per token: [4*skip, 4*(skip+K)) is the hashed window
-            h.update(data[4 * skip : 4 * (skip + self.config.prefix_tokens)])
+            end = skip + self.config.prefix_tokens
+            anchor = request.anchor_tokens
+            if anchor is not None and skip < anchor < end:
+                end = anchor  # a conversation keeps its key as its history grows
+            # data holds 4 bytes per token: [4*skip, 4*end) is the hashed window
+            h.update(data[4 * skip : 4 * end])
         return int.from_bytes(h.digest(), "little")
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:

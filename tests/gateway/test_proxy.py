@@ -328,3 +328,26 @@ def test_tenants_get_their_own_cache_salt(serve: Serve) -> None:
     assert all(json.loads(raw)["extra"] == [1] for raw in rec.received)  # fields survive
     r = httpx.post(url, json={"model": "sim-model", "prompt": "x"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "missing_tenant"
+
+
+def test_a_conversation_keeps_its_replica_as_it_grows(serve: Serve) -> None:
+    """prefix_affinity keys a chat by its messages up to the first user message, so every
+    turn of a conversation lands where the earlier turns left their KV."""
+    reps = [Behaviour(f"r{i}") for i in range(4)]
+    gw = start_gateway(serve, [(b.name, serve(fake_replica(b)).url) for b in reps],
+                       policy={"name": "prefix_affinity", "prefix_tokens": 1024})
+    homes = []
+    for conv in range(6):
+        messages = [{"role": "system", "content": "You answer questions about contracts."},
+                    {"role": "user", "content": f"Conversation {conv}: what is clause {conv}?"}]
+        seen = set()
+        for turn in range(4):
+            r = httpx.post(f"{gw.url}/v1/chat/completions",
+                           json={"model": "sim-model", "messages": messages})
+            assert r.status_code == 200
+            seen.add(r.headers["x-kvgate-replica"])
+            messages += [{"role": "assistant", "content": f"Answer {turn} " * 20},
+                         {"role": "user", "content": f"And follow-up {turn}?"}]
+        assert len(seen) == 1, (conv, seen)
+        homes.append(seen.pop())
+    assert len(set(homes)) > 1  # conversations still spread over the fleet

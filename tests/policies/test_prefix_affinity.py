@@ -167,3 +167,17 @@ def test_health_flip_moves_only_that_replicas_keys_without_a_rebuild() -> None:
     assert "r3" not in after
     assert [policy.choose(r, fleet).chosen for r in requests] == before
 
+
+
+def test_anchor_bounds_the_hashed_window() -> None:
+    policy = PrefixAffinity(PrefixAffinityConfig(prefix_tokens=512, learn_common_prefix=False))
+    head = doc(7, 300)
+    turn1, turn2 = head + doc(8, 40), head + doc(8, 40) + doc(9, 400)
+    k1 = policy.key(RouteRequest(turn1, len(turn1), anchor_tokens=300))
+    k2 = policy.key(RouteRequest(turn2, len(turn2), anchor_tokens=300))
+    assert k1 == k2  # only the anchor is hashed while it is shorter than K
+    assert policy.key(RouteRequest(turn1, len(turn1))) != policy.key(
+        RouteRequest(turn2, len(turn2)))  # without it, the window runs into the new turns
+    long_head = doc(10, 900)
+    a = policy.key(RouteRequest(long_head + [1], 901, anchor_tokens=900))
+    assert a == policy.key(RouteRequest(long_head + [2], 901))  # K caps a long anchor
