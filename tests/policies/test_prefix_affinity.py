@@ -179,5 +179,5 @@ def test_anchor_bounds_the_hashed_window() -> None:
     assert policy.key(RouteRequest(turn1, len(turn1))) != policy.key(
         RouteRequest(turn2, len(turn2)))  # without it, the window runs into the new turns
     long_head = doc(10, 900)
-    a = policy.key(RouteRequest(long_head + [1], 901, anchor_tokens=900))
-    assert a == policy.key(RouteRequest(long_head + [2], 901))  # K caps a long anchor
+    a = policy.key(RouteRequest([*long_head, 1], 901, anchor_tokens=900))
+    assert a == policy.key(RouteRequest([*long_head, 2], 901))  # K caps a long anchor
