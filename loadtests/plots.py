@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,12 +52,7 @@ def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[
     ax_cdf.grid(True, which="both", alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_replica_load(path: str | Path, loads: Mapping[str, Sequence[float]],
@@ -76,6 +72,10 @@ def plot_replica_load(path: str | Path, loads: Mapping[str, Sequence[float]],
     ax.legend(fontsize="small")
     if title:
         ax.set_title(title)
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
