@@ -15,13 +15,20 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.tokenizer import ChatFormatError, PromptTokenizer, normalize_messages
 from gateway.errors import BadRequest, NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.request_parse import ParsedRequest
 from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
+
+
+class _Tokens(NamedTuple):
+    ids: Sequence[int]  # the first tokens the policy asked for
+    total: int  # prompt length (exact, or an estimate when only a prefix was encoded)
+    anchor: int | None  # tokens a conversation's turns share (chats only)
+    fingerprint: int | None  # identifies the whole prompt within this process
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +54,11 @@ class Router:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _tokenize(self, parsed: ParsedRequest, needed: int | None
-                  ) -> tuple[Sequence[int], int, int | None]:
-        """(first ``needed`` token ids, prompt length, anchor length or None)."""
+    def _tokenize(self, parsed: ParsedRequest, needed: int | None) -> _Tokens:
         if parsed.prompt_ids is not None:
             ids = parsed.prompt_ids
-            return (ids if needed is None else ids[:needed]), len(ids), None
+            return _Tokens(ids if needed is None else ids[:needed], len(ids), None,
+                           hash(tuple(ids)))
         anchor = None
         if parsed.messages is not None:
             try:
@@ -64,7 +70,7 @@ class Router:
             assert parsed.prompt_text is not None
             text = parsed.prompt_text
         enc = self.tokenizer.encode_prefix(text, needed)
-        return enc.ids, enc.total_estimate, anchor
+        return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text))
 
     def _anchor(self, messages: list[Any], text: str, needed: int | None) -> int | None:
         """Tokens of the messages up to the first user message, when the rendered prompt
@@ -82,28 +88,27 @@ class Router:
 
     async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
         needed = self.policy.tokens_needed
-        anchor: int | None = None
         if parsed.prompt_ids is not None or needed == 0:
             # Nothing to encode, or only a length estimate: no need to leave the loop.
             if parsed.prompt_ids is None:
                 text = parsed.prompt_text if parsed.prompt_text is not None else "".join(
                     m["content"] for m in normalize_messages(parsed.messages or []))
-                ids: Sequence[int] = ()
-                total = self.tokenizer.estimate_tokens(text)
+                toks = _Tokens((), self.tokenizer.estimate_tokens(text), None, None)
             else:
-                ids, total, anchor = self._tokenize(parsed, needed)
+                toks = self._tokenize(parsed, needed)
         elif parsed.prompt_text is not None and (
                 hit := self.tokenizer.remembered_prefix(parsed.prompt_text, needed or 0)):
-            ids, total = hit.ids, hit.total_estimate  # a repeated document: no thread hop
+            # a repeated document: no thread hop
+            toks = _Tokens(hit.ids, hit.total_estimate, None, hash(parsed.prompt_text))
         else:
             async with self._slots:
                 loop = asyncio.get_running_loop()
-                ids, total, anchor = await loop.run_in_executor(
-                    self._pool, self._tokenize, parsed, needed)
+                toks = await loop.run_in_executor(self._pool, self._tokenize, parsed, needed)
         request_id = f"{self._id_prefix}{next(self._ids)}"
-        return RouteRequest(tokens=ids, prompt_tokens=total, request_id=request_id,
+        return RouteRequest(tokens=toks.ids, prompt_tokens=toks.total, request_id=request_id,
                             model=parsed.model, tenant=tenant, cache_salt=parsed.cache_salt,
-                            affinity_key=parsed.affinity_key, anchor_tokens=anchor)
+                            affinity_key=parsed.affinity_key, anchor_tokens=toks.anchor,
+                            fingerprint=toks.fingerprint)
 
     async def decide(self, parsed: ParsedRequest, tenant: str | None = None) -> Routing:
         started = time.perf_counter()

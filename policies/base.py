@@ -32,7 +32,9 @@ class RouteRequest:
     policy asked for ``None``); ``prompt_tokens`` is the full prompt length (exact when the
     whole prompt was tokenized, else an estimate from the text length). ``anchor_tokens``,
     when known, is how many leading tokens stay the same over a conversation's turns (a
-    chat's messages up to and including its first user message).
+    chat's messages up to and including its first user message). ``fingerprint``, when
+    known, identifies the whole prompt (equal prompts, equal fingerprints), so policies can
+    tell a burst of one prompt from many prompts sharing a prefix.
     """
 
     tokens: Sequence[int]
@@ -43,6 +45,7 @@ class RouteRequest:
     cache_salt: str | None = None
     affinity_key: str | None = None
     anchor_tokens: int | None = None
+    fingerprint: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

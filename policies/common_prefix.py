@@ -39,8 +39,13 @@ class CommonPrefixLearner:
         self.window = window
         self.min_samples = min_samples
         self.max_depth = max_depth
-        self._recent: deque[tuple[bytes, ...]] = deque()
+        # per routed prompt: its fingerprint (or None) and the digests it counted; a prompt
+        # whose fingerprint is already in the window counts nothing (a burst of one prompt
+        # is not a prefix shared by many)
+        self._recent: deque[tuple[object, bool, tuple[bytes, ...]]] = deque()
         self._counts: Counter[bytes] = Counter()
+        self._prints: Counter[object] = Counter()
+        self._counted = 0  # prompts in the window whose digests are counted
         self._depth_of: dict[bytes, int] = {}
         self._common: frozenset[bytes] = frozenset()
         self._depth = 0
@@ -78,28 +83,46 @@ class CommonPrefixLearner:
             skip = prev = b
         return skip
 
-    def observe(self, data: memoryview, n_tokens: int, prompt_tokens: int) -> None:
-        """Count one routed prompt whose first ``n_tokens`` token ids are in ``data``."""
-        limit = min(n_tokens, prompt_tokens - 1, self.max_depth)
-        digests = tuple(self._digests(data, limit))
-        self._recent.append(digests)
-        counts = self._counts
-        for i, d in enumerate(digests):
-            counts[d] += 1
-            self._depth_of[d] = (i + 1) * self.block
+    def observe(self, data: memoryview, n_tokens: int, prompt_tokens: int,
+                fingerprint: object = None) -> None:
+        """Count one routed prompt whose first ``n_tokens`` token ids are in ``data``.
+        ``fingerprint`` identifies the whole prompt, when the caller knows it."""
+        repeat = fingerprint is not None and self._prints[fingerprint] > 0
+        digests: tuple[bytes, ...] = ()
+        if not repeat:
+            limit = min(n_tokens, prompt_tokens - 1, self.max_depth)
+            digests = tuple(self._digests(data, limit))
+            self._counted += 1
+            counts = self._counts
+            for i, d in enumerate(digests):
+                counts[d] += 1
+                self._depth_of[d] = (i + 1) * self.block
+        if fingerprint is not None:
+            self._prints[fingerprint] += 1
+        self._recent.append((fingerprint, not repeat, digests))
         if len(self._recent) > self.window:
-            for d in self._recent.popleft():
-                counts[d] -= 1
-                if counts[d] <= 0:
-                    del counts[d]
-                    del self._depth_of[d]
+            self._forget(*self._recent.popleft())
         self._since_refresh += 1
         if self._since_refresh >= max(1, len(self._recent) // 16):
             self._refresh()
 
+    def _forget(self, fingerprint: object, counted: bool, digests: tuple[bytes, ...]) -> None:
+        if fingerprint is not None:
+            self._prints[fingerprint] -= 1
+            if self._prints[fingerprint] <= 0:
+                del self._prints[fingerprint]
+        if counted:
+            self._counted -= 1
+        counts = self._counts
+        for d in digests:
+            counts[d] -= 1
+            if counts[d] <= 0:
+                del counts[d]
+                del self._depth_of[d]
+
     def _refresh(self) -> None:
         self._since_refresh = 0
-        seen = len(self._recent)
+        seen = self._counted  # distinct prompts, when fingerprints tell repeats apart
         if seen < self.min_samples:
             self._common, self._depth = frozenset(), 0
             return

@@ -202,4 +202,5 @@ class PrefixAffinity(Policy):
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed) and self._learner and event.request.affinity_key is None:
             tokens = event.request.tokens[: self.tokens_needed]
-            self._learner.observe(token_bytes(tokens), len(tokens), event.request.prompt_tokens)
+            self._learner.observe(token_bytes(tokens), len(tokens), event.request.prompt_tokens,
+                                  event.request.fingerprint)

@@ -181,3 +181,29 @@ def test_anchor_bounds_the_hashed_window() -> None:
     long_head = doc(10, 900)
     a = policy.key(RouteRequest([*long_head, 1], 901, anchor_tokens=900))
     assert a == policy.key(RouteRequest([*long_head, 2], 901))  # K caps a long anchor
+
+
+def test_a_burst_of_one_prompt_is_not_learned_as_a_shared_prefix() -> None:
+    def burst(with_fingerprint: bool) -> int:
+        policy = PrefixAffinity(PrefixAffinityConfig(common_min_samples=16))
+        same = doc(5, 3000)
+        for i in range(200):
+            others = doc(100 + i, 3000)
+            for prompt in (same, same, same, others):  # one prompt is 3/4 of the traffic
+                req = RouteRequest(prompt[: policy.tokens_needed], len(prompt),
+                                   fingerprint=hash(tuple(prompt)) if with_fingerprint else None)
+                policy.observe(Routed(req, "r0"))
+        return policy.common_prefix_tokens
+
+    assert burst(with_fingerprint=False) > 0  # without identities it looks shared
+    assert burst(with_fingerprint=True) == 0  # repeats of one prompt count once
+
+
+def test_distinct_prompts_with_fingerprints_still_learn_a_system_prompt() -> None:
+    policy = PrefixAffinity(PrefixAffinityConfig(common_min_samples=16))
+    system = doc(999, 600)
+    for i in range(100):
+        prompt = system + doc(i, 2000)
+        policy.observe(Routed(RouteRequest(prompt[: policy.tokens_needed], len(prompt),
+                                           fingerprint=i), "r0"))
+    assert policy.common_prefix_tokens == 512
