@@ -33,8 +33,12 @@ _HOP_BY_HOP = frozenset({
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
 
 
-def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
+_SERVER_OWN = _HOP_BY_HOP | {"date", "server"}  # the gateway's server writes its own
+
+
+def forward_headers(headers: Mapping[str, str], skip: frozenset[str] = _HOP_BY_HOP
+                    ) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in skip}
 
 
 @dataclass(slots=True)
@@ -52,7 +56,7 @@ class UpstreamStream:
         self.replica = replica
         self.response = response
         self.status = response.status
-        self.headers = forward_headers(response.headers)
+        self.headers = forward_headers(response.headers, _SERVER_OWN)
         self.first_chunk = first_chunk
         self.pending = pending
         self.idle_s = idle_s

@@ -351,3 +351,11 @@ def test_a_conversation_keeps_its_replica_as_it_grows(serve: Serve) -> None:
         assert len(seen) == 1, (conv, seen)
         homes.append(seen.pop())
     assert len(set(homes)) > 1  # conversations still spread over the fleet
+
+
+def test_answer_headers_are_not_doubled(two: tuple[ThreadServer, Behaviour, Behaviour]) -> None:
+    gw, _, _ = two
+    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
+    for name in ("date", "server", "content-type", "content-length"):
+        assert len(r.headers.get_list(name)) <= 1, (name, r.headers.get_list(name))
+    assert r.headers["content-type"] == "application/json"
