@@ -11,13 +11,13 @@ failed, or cancelled by a client disconnect, which closes the upstream connectio
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+import orjson
 
 from gateway.config import TimeoutConfig
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
@@ -124,7 +124,7 @@ class UpstreamStream:
             end = text.find(b"\n", idx)
             text = text[start + 6 if start >= 0 else 0:end if end >= 0 else len(text)]
         try:
-            usage = json.loads(text).get("usage") or {}
+            usage = orjson.loads(text).get("usage") or {}
             prompt = usage.get("prompt_tokens")
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         except (ValueError, AttributeError):

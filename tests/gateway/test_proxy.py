@@ -78,6 +78,9 @@ def test_openai_client_completions_and_chat(two: tuple[ThreadServer, Behaviour, 
     texts = [ch.choices[0].text for ch in c.completions.create(
         model="sim-model", prompt="stream me", stream=True)]
     assert texts == ["t0 ", "t1 ", "t2 "]
+    # the two answers that reported usage (10 prompt tokens, 4 cached each) are counted
+    wait_for_metric(gw, 'kvgate_prompt_tokens_total{route="round_robin"}', 20.0)
+    wait_for_metric(gw, 'kvgate_cached_prompt_tokens_total{route="round_robin"}', 8.0)
 
 
 def test_body_forwarded_unchanged_with_route_headers(
