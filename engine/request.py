@@ -134,10 +134,6 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_prompt_tokens
 
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[self.num_prompt_tokens :]
-
     def append_output(self, token_id: int, block_size: int) -> None:
         """Append a generated token; hash the block it completes, if any."""
         toks = self.all_token_ids

@@ -88,7 +88,8 @@ async def _parse(request: Request, endpoint: Endpoint) -> ParsedRequest:
                        f"available: {', '.join(sorted(known))}", param="model",
                        code="model_not_found")
     tenant = request.headers.get(gw.config.tenancy.header)
-    isolated = isolate(gw.config.tenancy, tenant, dict(parsed.body))
+    isolated = isolate(gw.config.tenancy, tenant, parsed.body) if gw.config.tenancy.isolate \
+        else None
     if isolated is not None:
         raw, salt = isolated
         parsed = dataclasses.replace(parsed, cache_salt=salt)

@@ -42,7 +42,7 @@ class _FleetCollector(Collector):
             rate = state.token_hit_rate()
             if rate is not None:
                 hit.add_metric([state.id], rate)
-            rates = state.hits.rates()
+            rates = state.hits.rates()  # the window's token rates, for the fleet's ratio
             hits_per_s += rates.hits_per_s
             queries_per_s += rates.queries_per_s
         fleet = GaugeMetricFamily(

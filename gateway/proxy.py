@@ -31,6 +31,7 @@ _HOP_BY_HOP = frozenset({
     "trailers", "transfer-encoding", "upgrade", "host", "content-length",
 })
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
+_SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
 
 
 _SERVER_OWN = _HOP_BY_HOP | {"date", "server"}  # the gateway's server writes its own
@@ -62,8 +63,11 @@ class UpstreamStream:
         self.idle_s = idle_s
         self.fleet = fleet
         self.on_done = on_done
-        self.captured = bytearray(first_chunk)
         self.stream = "text/event-stream" in response.headers.get("content-type", "")
+        # what usage() reads: a stream's last bytes, or a body's chunks (up to a limit)
+        self._tail = first_chunk[-_SSE_TAIL:] if self.stream else b""
+        self._body = [] if self.stream else [first_chunk]
+        self._body_bytes = len(first_chunk)
         self._closed = False
 
     @property
@@ -88,10 +92,11 @@ class UpstreamStream:
                     chunk = await content.readany()
                 if not chunk:
                     break
-                if not self.stream and len(self.captured) < _USAGE_CAPTURE_LIMIT:
-                    self.captured += chunk
-                elif self.stream:
-                    self.captured = self.captured[-4096:] + chunk  # usage is in the tail
+                if self.stream:
+                    self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
+                elif self._body_bytes < _USAGE_CAPTURE_LIMIT:
+                    self._body.append(chunk)
+                    self._body_bytes += len(chunk)
                 yield chunk
             ok = True
         except TimeoutError:
@@ -115,7 +120,7 @@ class UpstreamStream:
 
     def usage(self) -> tuple[int, int] | None:
         """(prompt tokens, cached prompt tokens) from the body's ``usage``, if reported."""
-        text = bytes(self.captured)
+        text = self._tail if self.stream else b"".join(self._body)
         if self.stream:
             idx = text.rfind(b'"usage"')
             if idx < 0:

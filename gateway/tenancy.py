@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ def tenant_salt(secret: str, tenant: str, client_salt: str | None) -> str:
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
-def isolate(config: TenancyConfig, tenant: str | None, body: dict[str, Any]
+def isolate(config: TenancyConfig, tenant: str | None, body: Mapping[str, Any]
             ) -> tuple[bytes, str] | None:
     """The rewritten body and its salt, or None to forward the body unchanged."""
     if not config.isolate:

@@ -22,16 +22,20 @@ pytestmark = pytest.mark.slow
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
 
-def start_fleet(spawn: Spawn, tmp_path: Path, policy: dict[str, object], replicas: int = 2
+SIM_ENGINE = ("--executor", "sim", "--kv-cache-gib", "1", "--model-name", "sim-llama")
+
+
+def start_fleet(spawn: Spawn, tmp_path: Path, policy: dict[str, object], replicas: int = 2,
+                engine: tuple[str, ...] = SIM_ENGINE, **gateway: object
                 ) -> tuple[str, list[str], list[subprocess.Popen[bytes]]]:
+    """``replicas`` engine processes (``engine`` arguments) behind a gateway process."""
     urls, procs = [], []
     for _ in range(replicas):
         port = free_port()
-        procs.append(spawn("engine", "--executor", "sim", "--port", str(port),
-                           "--kv-cache-gib", "1", "--model-name", "sim-llama"))
+        procs.append(spawn("engine", *engine, "--port", str(port)))
         urls.append(f"http://127.0.0.1:{port}")
     for url, proc in zip(urls, procs, strict=True):
-        wait_http(f"{url}/health", 60, proc)
+        wait_http(f"{url}/health", 120, proc)
     gport = free_port()
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump({
@@ -39,6 +43,7 @@ def start_fleet(spawn: Spawn, tmp_path: Path, policy: dict[str, object], replica
         "replicas": [{"id": f"r{i}", "url": u} for i, u in enumerate(urls)],
         "health": {"interval_s": 0.3, "timeout_s": 1, "failures_to_eject": 1},
         "scrape": {"interval_s": 0.3},
+        **gateway,
     }))
     spawn("serve", "--config", str(config), ready_url=f"http://127.0.0.1:{gport}/ready")
     return f"http://127.0.0.1:{gport}", urls, procs
@@ -59,6 +64,7 @@ def test_prefix_affinity_sends_each_document_home(spawn: Spawn, tmp_path: Path) 
     docs = [sample_text(rng, 300) for _ in range(4)]
     homes: dict[int, set[str]] = {i: set() for i in range(len(docs))}
     cached_later = []
+    prompt_total = cached_total = 0
     for turn in range(3):
         for i, doc in enumerate(docs):
             raw = client.completions.with_raw_response.create(
@@ -69,6 +75,8 @@ def test_prefix_affinity_sends_each_document_home(spawn: Spawn, tmp_path: Path) 
             done = raw.parse()
             assert done.usage is not None and done.usage.completion_tokens == 4
             details = done.usage.prompt_tokens_details
+            prompt_total += done.usage.prompt_tokens
+            cached_total += details.cached_tokens if details else 0
             if turn:
                 cached_later.append(details.cached_tokens if details else 0)
     assert all(len(h) == 1 for h in homes.values()), homes
@@ -82,10 +90,23 @@ def test_prefix_affinity_sends_each_document_home(spawn: Spawn, tmp_path: Path) 
         model="sim-llama", messages=[{"role": "user", "content": docs[0]}], stream=True,
         max_tokens=5, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
-    time.sleep(1.0)  # two scrapes
-    metrics = httpx.get(f"{gateway}/metrics").text
-    assert "kvgate_fleet_token_hit_rate" in metrics
+    usage = chunks[-1].usage
+    assert text and usage is not None and usage.completion_tokens == 5
+    prompt_total += usage.prompt_tokens
+    cached_total += usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details \
+        else 0
+
+    def samples(name: str) -> list[float]:
+        return [float(line.split()[-1]) for line in httpx.get(f"{gateway}/metrics").text
+                .splitlines() if line.startswith(name) and not line.startswith("#")]
+
+    # the gateway read every answer's usage, the streamed one from its last event
+    assert sum(samples("kvgate_prompt_tokens_total")) == prompt_total
+    assert sum(samples("kvgate_cached_prompt_tokens_total")) == cached_total
+    deadline = time.monotonic() + 10  # the fleet hit rate needs two scrapes with traffic
+    while not samples("kvgate_fleet_token_hit_rate ") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert 0 < samples("kvgate_fleet_token_hit_rate ")[0] <= 1
 
 
 def test_dead_replica_is_retried_and_ejected(spawn: Spawn, tmp_path: Path) -> None:
@@ -108,23 +129,12 @@ def test_torch_replicas_behind_the_gateway(spawn: Spawn, tmp_path: Path) -> None
     made = subprocess.run([sys.executable, "-m", "gateway.cli", "make-tiny-model", str(model),
                            "--arch", "qwen2"], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
-    urls, procs = [], []
-    for _ in range(2):
-        port = free_port()
-        procs.append(spawn("engine", "--executor", "torch", "--model", str(model),
-                           "--port", str(port), "--kv-cache-gib", "0.05",
-                           "--model-name", "tiny"))
-        urls.append(f"http://127.0.0.1:{port}")
-    for url, proc in zip(urls, procs, strict=True):
-        wait_http(f"{url}/health", 120, proc)
-    gport = free_port()
-    config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({
-        "port": gport, "policy": {"name": "prefix_affinity", "prefix_tokens": 32},
-        "tokenizer": str(model),
-        "replicas": [{"id": f"r{i}", "url": u} for i, u in enumerate(urls)]}))
-    spawn("serve", "--config", str(config), ready_url=f"http://127.0.0.1:{gport}/ready")
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gport}/v1", api_key="x", max_retries=0)
+    gateway, urls, _ = start_fleet(
+        spawn, tmp_path, {"name": "prefix_affinity", "prefix_tokens": 32},
+        engine=("--executor", "torch", "--model", str(model), "--kv-cache-gib", "0.05",
+                "--model-name", "tiny"),
+        tokenizer=str(model))
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
     doc = sample_text(random.Random(9), 60)
     first = client.completions.with_raw_response.create(
         model="tiny", prompt=doc + " first question", max_tokens=3)

@@ -9,10 +9,8 @@ import zlib
 import pytest
 import torch
 
-from engine.kernels import build_metadata, reference
+from engine.kernels import build_metadata, reference, triton_ops
 from engine.kernels.metadata import AttentionMetadata
-
-triton_ops = pytest.importorskip("engine.kernels.triton_ops")
 
 HEAD_DIM = 16
 BLOCK_SIZE = 4

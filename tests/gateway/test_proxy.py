@@ -241,7 +241,7 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
     wait_for_metric(gw, 'kvgate_replica_token_hit_rate{replica="a"}', 0.45)
     metrics = httpx.get(f"{gw.url}/metrics").text
     assert 'kvgate_requests_total{replica="b",route="round_robin",status="200"} 1.0' in metrics
-    assert "kvgate_routing_decision_seconds_count" in metrics
+    assert "kvgate_routing_decision_seconds_count 1.0" in metrics  # the one proxied
     # the window runs from the first scrape (0 of 0 tokens) to the last (900 of 2000)
     assert 'kvgate_replica_token_hit_rate{replica="a"} 0.45' in metrics
     r = httpx.delete(f"{gw.url}/admin/replicas/b", headers=auth)
