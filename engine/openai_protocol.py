@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.tokenizer import ChatFormatError, check_tools
+
 MAX_CACHE_SALT_CHARS = 128
 
 
@@ -39,6 +41,7 @@ class GenerateParams:
     prompt_text: str | None
     prompt_ids: list[int] | None
     messages: list[Any] | None
+    tools: list[Any] | None
     max_tokens: int | None
     temperature: float
     seed: int | None
@@ -99,11 +102,15 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     n = _get(body, "n", int, 1)
     if n != 1:
         raise APIError("only n=1 is supported", param="n")
-    prompt_text = prompt_ids = messages = None
+    prompt_text = prompt_ids = messages = tools = None
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise APIError("'messages' must be a non-empty list", param="messages")
+        try:
+            tools = check_tools(body.get("tools"))
+        except ChatFormatError as exc:
+            raise APIError(str(exc), param="tools") from exc
         max_tokens = _get(body, "max_completion_tokens", int, None)
         max_tokens = _get(body, "max_tokens", int, max_tokens)
     else:
@@ -140,6 +147,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         prompt_text=prompt_text,
         prompt_ids=prompt_ids,
         messages=messages,
+        tools=tools,
         max_tokens=max_tokens,
         temperature=temperature,
         seed=_get(body, "seed", int, None),

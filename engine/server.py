@@ -100,7 +100,7 @@ class EngineServer:
             return p.prompt_ids
         if p.messages is not None:
             try:
-                text = self.tokenizer.render_chat(p.messages)
+                text = self.tokenizer.render_chat(p.messages, tools=p.tools)
             except ValueError as exc:
                 raise APIError(str(exc), param="messages") from exc
         else:

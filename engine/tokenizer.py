@@ -144,18 +144,39 @@ class PromptTokenizer:
         return int(len(text) / self.chars_per_token) + 1
 
     # -- chat -----------------------------------------------------------------------------
-    def render_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
-        """Render OpenAI chat messages to the prompt text the model sees."""
+    def render_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True,
+                    tools: Sequence[Any] | None = None) -> str:
+        """Render OpenAI chat messages (and the request's ``tools``) to the prompt text the
+        model sees. Without a chat template, tools go into the system message as one JSON
+        object per line inside ``<tools>`` tags, the layout Qwen2 and Hermes templates use."""
         normalized = normalize_messages(messages)
         if self._template is not None:
             return str(self._template.render(
                 messages=normalized, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token,
+                bos_token=self.bos_token, eos_token=self.eos_token, tools=tools or None,
             ))
+        if tools:
+            listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+            block = f"# Tools\n\n<tools>\n{listed}\n</tools>"
+            if normalized[0]["role"] == "system":
+                first = normalized[0]
+                normalized[0] = {"role": "system", "content": f"{first['content']}\n\n{block}"}
+            else:
+                normalized.insert(0, {"role": "system", "content": block})
         parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in normalized]
         if add_generation_prompt:
             parts.append("<|im_start|>assistant\n")
         return "".join(parts)
+
+
+def check_tools(tools: Any) -> list[Any] | None:
+    """The request's ``tools`` (None when absent); ``ChatFormatError`` unless a list of
+    objects."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
+        raise ChatFormatError("'tools' must be an array of objects")
+    return tools
 
 
 def normalize_messages(messages: Sequence[Any]) -> list[dict[str, str]]:

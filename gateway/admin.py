@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -37,7 +38,7 @@ def _authorize(request: Request) -> GatewayState:
 def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
     state = gw.fleet.get(replica_id)
     assert state is not None
-    view = state.view()
+    view = state.view(time.monotonic(), gw.fleet.calibration.ratio())
     return {
         "id": view.id, "url": view.url, "weight": view.weight, "healthy": view.healthy,
         "last_error": state.last_error, "queued_tokens": view.queued_tokens,
@@ -46,6 +47,9 @@ def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
         "token_hit_rate": view.token_hit_rate, "epoch": view.epoch,
         "models": list(state.models),
         "dialect": state.scraped.dialect if state.scraped else None,
+        "pending_age_s": view.pending_age_s,
+        "prefill_tokens_per_s": view.prefill_tokens_per_s,
+        "replica_tokens_per_gateway_token": gw.fleet.calibration.ratio(),
     }
 
 
@@ -100,8 +104,12 @@ async def explain(request: Request) -> Response:
         "prompt_tokens": routing.request.prompt_tokens,
         "tokens_hashed": len(routing.request.tokens),
         "decision_ms": round(routing.seconds * 1000, 3),
+        # token counts above and below are the gateway's; x this for the replicas'
+        "replica_tokens_per_gateway_token": gw.fleet.calibration.ratio(parsed.model),
         "scores": [{"replica": s.replica, "score": s.score,
-                    "matched_tokens": s.matched_tokens} for s in d.scores],
+                    "matched_tokens": s.matched_tokens, **({"terms": dict(s.terms)}
+                                                           if s.terms else {})}
+                   for s in d.scores],
     })
 
 

@@ -39,7 +39,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.proxy import Proxy, UpstreamStream, forward_headers
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
-from gateway.routing import Router
+from gateway.routing import Router, work_tokens
 from gateway.tenancy import isolate
 from policies.base import Finished, Policy, ReplicaRemoved, ReplicaReset, Routed
 from policies.registry import build_policy
@@ -120,11 +120,18 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         gw.metrics.requests.labels(replica=stream.replica, route=decision.reason,
                                    status=str(stream.status)).inc()
         usage = stream.usage()
+        cached = None
         if usage is not None:
             gw.metrics.prompt_tokens.labels(route=decision.reason).inc(usage[0])
             gw.metrics.cached_tokens.labels(route=decision.reason).inc(usage[1])
-        gw.policy.observe(Finished(route_req, stream.replica, ok,
-                                   usage[1] if usage is not None else None))
+            calibration = gw.fleet.calibration
+            calibration.observe(route_req.model, usage[0], route_req.prompt_tokens)
+            cached = min(route_req.prompt_tokens,
+                         calibration.to_gateway(usage[1], route_req.model))
+        # a stream's first byte comes with its first token; a whole body's comes after
+        # the last one, so it says nothing of time to first token
+        ttft = stream.first_byte_s if stream.stream else None
+        gw.policy.observe(Finished(route_req, stream.replica, ok, cached, ttft))
 
     this = asyncio.current_task()
     assert this is not None
@@ -132,7 +139,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     try:
         stream = await gw.proxy.open(
             decision.ranked, path, request.state.raw_body, forward_headers(request.headers),
-            route_req.prompt_tokens, on_sent, on_done)
+            lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done)
     except asyncio.CancelledError:
         if not watcher.done():
             raise  # cancelled from outside

@@ -38,6 +38,8 @@ class ReplicaConfig:
     url: str
     weight: float = 1.0
     kv_events: str | None = None  # the replica's KV event PUB endpoint (policy kv_events)
+    # KV capacity in the replica's tokens, for replicas whose /metrics tell none
+    kv_capacity_tokens: int | None = None
 
     def validate(self) -> None:
         if not self.id:
@@ -47,6 +49,8 @@ class ReplicaConfig:
             raise ValueError(f"url {self.url!r} is not an http(s) URL")
         if self.weight <= 0:
             raise ValueError(f"weight must be > 0, got {self.weight!r}")
+        if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < 1:
+            raise ValueError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens!r}")
         if self.kv_events is not None and not self.kv_events.startswith(
                 ("tcp://", "ipc://", "inproc://")):
             raise ValueError(f"kv_events {self.kv_events!r} is not a tcp://, ipc:// or "

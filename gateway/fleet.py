@@ -9,7 +9,9 @@ Queued prompt tokens of a replica, as a policy sees them::
            + tokens sent since that scrape  (this gateway's, not yet answered with a byte)
 
 When a replica exposes no queue gauge (vLLM does not), every prompt token this gateway
-sent it and has not seen a first byte for counts instead.
+sent it and has not seen a first byte for counts instead. A request's tokens are the ones
+its replica must prefill (the prompt less what the policy predicts it holds), and the age
+of the oldest such request tells policies how far the replica got through them.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gateway.calibration import TokenCalibration
 from gateway.config import ReplicaConfig
 from gateway.replica_metrics import HitRateWindow, ScrapedMetrics
 from policies.base import ReplicaView
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Pending:
     """One request sent to a replica that has not yet answered with its first byte. It
     holds the replica's state itself, so a replica removed and re-added under the same id
@@ -32,6 +35,7 @@ class Pending:
     state: ReplicaState | None
     tokens: int
     scrape_seq: int
+    sent_at: float = 0.0
     settled: bool = False
     done: bool = False
 
@@ -50,6 +54,7 @@ class ReplicaState:
     pending_tokens: int = 0  # sent, no first byte yet
     pending_since_scrape: int = 0  # the part of pending_tokens sent after the last scrape
     in_flight: int = 0
+    unsettled: dict[Pending, None] = field(default_factory=dict)  # oldest first
     models: tuple[str, ...] = ()
     models_at: float = 0.0
     hits: HitRateWindow = field(init=False)
@@ -61,31 +66,43 @@ class ReplicaState:
     def id(self) -> str:
         return self.config.id
 
-    def queued_tokens(self) -> int:
-        if self.scraped is None or self.scraped.queued_tokens is None:
-            return self.pending_tokens
-        return self.scraped.queued_tokens + self.pending_since_scrape
-
     def token_hit_rate(self) -> float | None:
         if self.scraped is not None and self.scraped.hit_rate_gauge is not None:
             return self.scraped.hit_rate_gauge
         return self.hits.rates().hit_rate
 
-    def view(self) -> ReplicaView:
+    def queued_tokens(self, ratio: float = 1.0) -> int:
+        """Prompt tokens queued, in gateway tokens (a scraped gauge counts the replica's
+        tokens; ``ratio`` is replica tokens per gateway token)."""
+        if self.scraped is None or self.scraped.queued_tokens is None:
+            return self.pending_tokens
+        return int(self.scraped.queued_tokens / ratio) + self.pending_since_scrape
+
+    def view(self, now: float | None = None, ratio: float = 1.0) -> ReplicaView:
+        """A snapshot at ``now`` (default: monotonic); ``ratio`` (replica tokens per gateway
+        token) converts the replica's figures into gateway tokens."""
+        now = time.monotonic() if now is None else now
         s = self.scraped
+        oldest = next(iter(self.unsettled), None)
+        capacity = s.kv_capacity_tokens if s and s.kv_capacity_tokens else \
+            self.config.kv_capacity_tokens
+        prefill = self.hits.prefill_per_s()
         return ReplicaView(
             id=self.id, url=self.config.base_url, healthy=self.healthy,
-            weight=self.config.weight, queued_tokens=self.queued_tokens(),
+            weight=self.config.weight, queued_tokens=self.queued_tokens(ratio),
             running=s.running if s else 0, waiting=s.waiting if s else 0,
             in_flight=self.in_flight, kv_usage=s.kv_usage if s else 0.0,
-            kv_capacity_tokens=s.kv_capacity_tokens if s else None,
+            kv_capacity_tokens=None if capacity is None else int(capacity / ratio),
             token_hit_rate=self.token_hit_rate(), epoch=self.epoch,
+            prefill_tokens_per_s=None if prefill is None else prefill / ratio,
+            pending_age_s=max(0.0, now - oldest.sent_at) if oldest is not None else 0.0,
         )
 
 
 class Fleet:
     def __init__(self, replicas: list[ReplicaConfig], window_s: float = 60.0) -> None:
         self.window_s = window_s
+        self.calibration = TokenCalibration()
         self._replicas: dict[str, ReplicaState] = {}
         for config in replicas:
             self.add(config)
@@ -112,14 +129,17 @@ class Fleet:
         except KeyError:
             raise KeyError(f"no replica {replica_id!r}") from None
 
-    def views(self, model: str | None = None) -> list[ReplicaView]:
-        """Snapshots of the replicas serving ``model`` (all, when none reported models)."""
+    def views(self, model: str | None = None, now: float | None = None) -> list[ReplicaView]:
+        """Snapshots of the replicas serving ``model`` (all, when none reported models), at
+        ``now`` (monotonic seconds, or the simulator's virtual ones)."""
+        now = time.monotonic() if now is None else now
+        ratio = self.calibration.ratio(model)
         states = list(self._replicas.values())
         if model is not None:
             serving = [s for s in states if model in s.models]
             if serving:
                 states = serving
-        return [s.view() for s in states]
+        return [s.view(now, ratio) for s in states]
 
     def models(self) -> set[str]:
         return {m for s in self._replicas.values() for m in s.models}
@@ -128,20 +148,25 @@ class Fleet:
         return any(s.healthy for s in self._replicas.values())
 
     # -- this gateway's own accounting ----------------------------------------------------
-    def sent(self, replica_id: str, tokens: int) -> Pending:
+    def sent(self, replica_id: str, tokens: int, now: float | None = None) -> Pending:
+        """``tokens`` to prefill were sent to the replica at ``now`` (default: monotonic)."""
         state = self._replicas.get(replica_id)
         if state is None:
             return Pending(None, tokens, -1)
         state.pending_tokens += tokens
         state.pending_since_scrape += tokens
         state.in_flight += 1
-        return Pending(state, tokens, state.scrape_seq)
+        pending = Pending(state, tokens, state.scrape_seq,
+                          time.monotonic() if now is None else now)
+        state.unsettled[pending] = None
+        return pending
 
     def first_byte(self, pending: Pending) -> None:
         state = pending.state
         if pending.settled or state is None:
             return
         pending.settled = True
+        state.unsettled.pop(pending, None)
         state.pending_tokens -= pending.tokens
         if pending.scrape_seq == state.scrape_seq:
             state.pending_since_scrape -= pending.tokens
@@ -154,8 +179,10 @@ class Fleet:
             pending.state.in_flight -= 1
 
     # -- health and scrapes ---------------------------------------------------------------
-    def record_scrape(self, replica_id: str, metrics: ScrapedMetrics) -> bool:
-        """Store a scrape; returns True when the replica's counters reset (it restarted)."""
+    def record_scrape(self, replica_id: str, metrics: ScrapedMetrics,
+                      now: float | None = None) -> bool:
+        """Store a scrape taken at ``now`` (monotonic seconds, or the simulator's virtual
+        ones); returns True when the replica's counters reset (it restarted)."""
         state = self._replicas.get(replica_id)
         if state is None:
             return False
@@ -164,7 +191,8 @@ class Fleet:
         state.pending_since_scrape = 0
         reset = False
         if metrics.hit_tokens is not None and metrics.query_tokens is not None:
-            reset = state.hits.add(time.monotonic(), metrics.hit_tokens, metrics.query_tokens)
+            reset = state.hits.add(time.monotonic() if now is None else now,
+                                   metrics.hit_tokens, metrics.query_tokens)
         if reset:
             state.epoch += 1
         return reset

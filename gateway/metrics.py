@@ -35,8 +35,9 @@ class _FleetCollector(Collector):
                                      "Requests this gateway has in flight at the replica",
                                      labels=["replica"])
         hits_per_s = queries_per_s = 0.0
+        ratio = self.fleet.calibration.ratio()
         for state in self.fleet:
-            queued.add_metric([state.id], state.queued_tokens())
+            queued.add_metric([state.id], state.queued_tokens(ratio))
             health.add_metric([state.id], 1.0 if state.healthy else 0.0)
             inflight.add_metric([state.id], state.in_flight)
             rate = state.token_hit_rate()

@@ -53,8 +53,10 @@ class UpstreamStream:
 
     def __init__(self, replica: str, response: aiohttp.ClientResponse, first_chunk: bytes,
                  pending: Pending, idle_s: float, fleet: Fleet,
-                 on_done: Callable[[UpstreamStream, bool], None]) -> None:
+                 on_done: Callable[[UpstreamStream, bool], None], first_byte_s: float = 0.0
+                 ) -> None:
         self.replica = replica
+        self.first_byte_s = first_byte_s  # from sending to the first body byte
         self.response = response
         self.status = response.status
         self.headers = forward_headers(response.headers, _SERVER_OWN)
@@ -149,10 +151,12 @@ class Proxy:
         self.max_attempts = max_attempts
 
     async def open(self, ranked: Sequence[str], path: str, body: bytes,
-                   headers: Mapping[str, str], prompt_tokens: int,
+                   headers: Mapping[str, str], work_tokens: Callable[[str], int],
                    on_sent: Callable[[str], None],
                    on_done: Callable[[UpstreamStream, bool], None]) -> UpstreamStream:
-        """Send to ``ranked`` in order until one answers; raise if none does."""
+        """Send to ``ranked`` in order until one answers; raise if none does.
+        ``work_tokens(replica)``: the prompt tokens that replica must prefill, counted as
+        its pending work until the first byte."""
         attempts: list[Attempted] = []
         last_error: GatewayError | None = None
         for replica in ranked[: self.max_attempts]:
@@ -160,7 +164,7 @@ class Proxy:
             if state is None or (not state.healthy and attempts):
                 continue
             on_sent(replica)
-            pending = self.fleet.sent(replica, prompt_tokens)
+            pending = self.fleet.sent(replica, work_tokens(replica))
             started = time.perf_counter()
             response: aiohttp.ClientResponse | None = None
             try:
@@ -195,12 +199,12 @@ class Proxy:
                 self._failed(pending, response)
                 raise
             self.fleet.first_byte(pending)
-            self.metrics.upstream_ttfb.labels(replica=replica).observe(
-                time.perf_counter() - started)
+            first_byte_s = time.perf_counter() - started
+            self.metrics.upstream_ttfb.labels(replica=replica).observe(first_byte_s)
             for attempt in attempts:
                 self.metrics.retries.labels(replica=attempt.replica, cause=attempt.cause).inc()
             return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
-                                  self.fleet, on_done)
+                                  self.fleet, on_done, first_byte_s)
         if last_error is None:
             last_error = UpstreamError("no replica could be tried", code="upstream_error")
         raise last_error

@@ -103,6 +103,13 @@ class HitRateWindow:
             self._samples.popleft()
         return reset
 
+    def prefill_per_s(self) -> float | None:
+        """Prompt tokens computed (queried, not hit) per second; None before two samples."""
+        if len(self._samples) < 2:
+            return None
+        rates = self.rates()
+        return max(0.0, rates.queries_per_s - rates.hits_per_s)
+
     def rates(self) -> HitRates:
         if len(self._samples) < 2:
             return HitRates(None, 0.0, 0.0)

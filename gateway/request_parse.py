@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import orjson
 
-from engine.tokenizer import ChatFormatError, normalize_messages
+from engine.tokenizer import ChatFormatError, check_tools, normalize_messages
 from gateway.errors import BadRequest
 
 Endpoint = Literal["completions", "chat"]
@@ -29,6 +29,7 @@ class ParsedRequest:
     messages: list[Any] | None
     cache_salt: str | None
     affinity_key: str | None
+    tools: list[Any] | None = None
 
 
 def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None,
@@ -62,6 +63,7 @@ def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None
     prompt_text: str | None = None
     prompt_ids: list[int] | None = None
     messages: list[Any] | None = None
+    tools: list[Any] | None = None
     if endpoint == "completions":
         prompt_text, prompt_ids = _parse_prompt(body.get("prompt"))
     else:
@@ -72,8 +74,12 @@ def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None
             normalize_messages(messages)
         except ChatFormatError as exc:
             raise BadRequest(str(exc), param="messages") from exc
+        try:
+            tools = check_tools(body.get("tools"))
+        except ChatFormatError as exc:
+            raise BadRequest(str(exc), param="tools") from exc
     return ParsedRequest(endpoint, body, model, stream, prompt_text, prompt_ids, messages,
-                         salt, affinity)
+                         salt, affinity, tools)
 
 
 MAX_TOKEN_ID = (1 << 32) - 1

@@ -15,7 +15,8 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from hashlib import blake2b
+from typing import NamedTuple
 
 from engine.tokenizer import ChatFormatError, PromptTokenizer, normalize_messages
 from gateway.errors import BadRequest, NoReplicaAvailable
@@ -29,6 +30,14 @@ class _Tokens(NamedTuple):
     total: int  # prompt length (exact, or an estimate when only a prefix was encoded)
     anchor: int | None  # tokens a conversation's turns share (chats only)
     fingerprint: int | None  # identifies the whole prompt within this process
+    conversation: int | None = None  # stable key of what a chat's turns share
+
+
+def conversation_key(head: str) -> int:
+    """A stable 64-bit key of the part of a chat every turn repeats (its rendered tools and
+    messages up to the first user message): the same in every process and gateway copy."""
+    return int.from_bytes(blake2b(head.encode("utf-8", "surrogatepass"), digest_size=8,
+                                  person=b"kvgate-conv").digest(), "little")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +46,16 @@ class Routing:
     decision: Decision
     views: list[ReplicaView]
     seconds: float
+
+
+def work_tokens(request: RouteRequest, decision: Decision, replica: str) -> int:
+    """Prompt tokens ``replica`` will have to prefill for ``request``: all of them, less
+    what the decision predicts it holds. Counted as that replica's pending work until
+    its first byte, so a replica answering cached prompts does not look busy."""
+    for score in decision.scores:
+        if score.replica == replica:
+            return max(1, request.prompt_tokens - score.matched_tokens)
+    return request.prompt_tokens
 
 
 class Router:
@@ -59,56 +78,81 @@ class Router:
             ids = parsed.prompt_ids
             return _Tokens(ids if needed is None else ids[:needed], len(ids), None,
                            hash(tuple(ids)))
-        anchor = None
+        anchor = conversation = None
         if parsed.messages is not None:
             try:
-                text = self.tokenizer.render_chat(parsed.messages)
-                anchor = self._anchor(parsed.messages, text, needed)
+                text = self.tokenizer.render_chat(parsed.messages, tools=parsed.tools)
+                head = self._head(parsed, text)
             except ChatFormatError as exc:
                 raise BadRequest(str(exc), param="messages") from exc
+            if head is not None:
+                conversation = conversation_key(head)
+                enc = self.tokenizer.encode_prefix(head, needed)
+                anchor = enc.total_estimate if enc.complete else None
         else:
             assert parsed.prompt_text is not None
             text = parsed.prompt_text
         enc = self.tokenizer.encode_prefix(text, needed)
-        return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text))
+        return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text), conversation)
 
-    def _anchor(self, messages: list[Any], text: str, needed: int | None) -> int | None:
-        """Tokens of the messages up to the first user message, when the rendered prompt
+    def _head(self, parsed: ParsedRequest, text: str) -> str | None:
+        """The rendered tools and messages up to the first user message, when the prompt
         starts with them (the part of a chat that every later turn repeats)."""
+        messages = parsed.messages or []
         first_user = next((i for i, m in enumerate(messages)
                            if isinstance(m, dict) and m.get("role") == "user"), None)
         if first_user is None:
             return None
         head = self.tokenizer.render_chat(messages[: first_user + 1],
-                                          add_generation_prompt=False)
+                                          add_generation_prompt=False, tools=parsed.tools)
         if not text.startswith(head):
             return None  # a template that renders earlier messages differently later
-        enc = self.tokenizer.encode_prefix(head, needed)
-        return enc.total_estimate if enc.complete else None
+        return head
 
-    async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
-        needed = self.policy.tokens_needed
-        if parsed.prompt_ids is not None or needed == 0:
-            # Nothing to encode, or only a length estimate: no need to leave the loop.
-            if parsed.prompt_ids is None:
-                text = parsed.prompt_text if parsed.prompt_text is not None else "".join(
-                    m["content"] for m in normalize_messages(parsed.messages or []))
-                toks = _Tokens((), self.tokenizer.estimate_tokens(text), None, None)
-            else:
-                toks = self._tokenize(parsed, needed)
-        elif parsed.prompt_text is not None and (
+    def build(self, parsed: ParsedRequest, tenant: str | None = None,
+              now: float | None = None) -> RouteRequest:
+        """The ``RouteRequest`` for a parsed request, encoding on the calling thread: the
+        one builder of routing requests, for the gateway (``route_request`` runs it off the
+        event loop) and the offline simulator alike."""
+        return self._request(parsed, tenant, self._tokens(parsed, self.policy.tokens_needed),
+                             now)
+
+    def _tokens(self, parsed: ParsedRequest, needed: int | None) -> _Tokens:
+        if parsed.prompt_ids is None and needed == 0:  # only a length estimate is needed
+            text = parsed.prompt_text if parsed.prompt_text is not None else "".join(
+                m["content"] for m in normalize_messages(parsed.messages or []))
+            return _Tokens((), self.tokenizer.estimate_tokens(text), None, None)
+        if parsed.prompt_text is not None and (
                 hit := self.tokenizer.remembered_prefix(parsed.prompt_text, needed or 0)):
-            # a repeated document: no thread hop
-            toks = _Tokens(hit.ids, hit.total_estimate, None, hash(parsed.prompt_text))
-        else:
-            async with self._slots:
-                loop = asyncio.get_running_loop()
-                toks = await loop.run_in_executor(self._pool, self._tokenize, parsed, needed)
+            return _Tokens(hit.ids, hit.total_estimate, None, hash(parsed.prompt_text))
+        return self._tokenize(parsed, needed)
+
+    def _inline(self, parsed: ParsedRequest, needed: int | None) -> bool:
+        """True when ``_tokens`` costs microseconds (ids given, nothing to encode, or a
+        remembered document): no thread hop then."""
+        return parsed.prompt_ids is not None or needed == 0 or (
+            parsed.prompt_text is not None
+            and self.tokenizer.remembered_prefix(parsed.prompt_text, needed or 0) is not None)
+
+    def _request(self, parsed: ParsedRequest, tenant: str | None, toks: _Tokens,
+                 now: float | None) -> RouteRequest:
         request_id = f"{self._id_prefix}{next(self._ids)}"
         return RouteRequest(tokens=toks.ids, prompt_tokens=toks.total, request_id=request_id,
                             model=parsed.model, tenant=tenant, cache_salt=parsed.cache_salt,
                             affinity_key=parsed.affinity_key, anchor_tokens=toks.anchor,
-                            fingerprint=toks.fingerprint)
+                            fingerprint=toks.fingerprint, conversation_key=toks.conversation,
+                            arrival_s=time.monotonic() if now is None else now)
+
+    async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
+        now = time.monotonic()
+        needed = self.policy.tokens_needed
+        if self._inline(parsed, needed):
+            toks = self._tokens(parsed, needed)
+        else:
+            async with self._slots:
+                loop = asyncio.get_running_loop()
+                toks = await loop.run_in_executor(self._pool, self._tokens, parsed, needed)
+        return self._request(parsed, tenant, toks, now)
 
     async def decide(self, parsed: ParsedRequest, tenant: str | None = None) -> Routing:
         started = time.perf_counter()

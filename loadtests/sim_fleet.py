@@ -9,6 +9,13 @@ reference scenario (40 GiB pools, ~15 GiB pinned by ~20 long answers, ~25 GiB id
 modeled with short answers, so few requests run at once: a 28 GiB pool leaves ~25 GiB
 idle for cached prefixes (the simulator reports the measured mean, ``mean_idle_kv_blocks``).
 ``idle_kv_gib`` is used only for the oracle bound (the fleet's total idle KV).
+
+Replica views: by default a policy sees what the gateway would (``views="gateway"``):
+the gateway's own ``Fleet`` accounting, fed by scrapes every ``scrape_interval_s`` of
+virtual time in vLLM's dialect (running, waiting, KV usage and capacity, prefix-cache
+counters; no queue gauge, so queued tokens are the prompt tokens sent and not yet answered
+with a first token), or in kvgate's dialect (plus the engine's queued-tokens gauge).
+``views="exact"`` shows each core's state at the instant of the decision instead.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, load_profile
 from engine.request import RequestOutput, SamplingParams
 from engine.sim_executor import SimExecutor
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.replica_metrics import ScrapedMetrics
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.workloads import WorkloadRequest
 from policies.base import ReplicaView
@@ -37,6 +47,9 @@ class FleetSpec:
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     eviction: Literal["lru", "frequency"] = "lru"
+    views: Literal["gateway", "exact"] = "gateway"
+    dialect: Literal["vllm", "kvgate"] = "vllm"
+    scrape_interval_s: float = 1.0
 
     def validate(self) -> None:
         for key in ("replicas", "kv_pool_gib", "idle_kv_gib", "max_num_seqs",
@@ -48,6 +61,12 @@ class FleetSpec:
                              f"({self.kv_pool_gib})")
         if self.eviction not in ("lru", "frequency"):
             raise ValueError(f"eviction must be 'lru' or 'frequency', got {self.eviction!r}")
+        if self.views not in ("gateway", "exact"):
+            raise ValueError(f"views must be 'gateway' or 'exact', got {self.views!r}")
+        if self.dialect not in ("vllm", "kvgate"):
+            raise ValueError(f"dialect must be 'vllm' or 'kvgate', got {self.dialect!r}")
+        if self.scrape_interval_s <= 0:
+            raise ValueError(f"scrape_interval_s must be positive, got {self.scrape_interval_s!r}")
 
     def kv_bytes_per_token(self) -> int:
         return load_profile(self.profile).model.kv_bytes_per_token
@@ -81,6 +100,19 @@ class SimReplica:
             kv_capacity_tokens=core.config.num_blocks * core.config.block_size,
         )
 
+    def scraped(self, dialect: str) -> ScrapedMetrics:
+        """What a scrape of this replica's ``/metrics`` would read now."""
+        core = self.core
+        sched, stats = core.scheduler, core.scheduler.stats
+        return ScrapedMetrics(
+            dialect="vllm", running=len(sched.running), waiting=len(sched.waiting),
+            kv_usage=core.kv.usage(),
+            kv_capacity_tokens=core.config.num_blocks * core.config.block_size,
+            queued_tokens=stats.prompt_tokens_waiting if dialect == "kvgate" else None,
+            hit_tokens=float(stats.prefix_cache_hits),
+            query_tokens=float(stats.prefix_cache_queries),
+        )
+
 
 class SimFleet:
     """The replicas of one simulated fleet, plus request construction for them."""
@@ -107,10 +139,26 @@ class SimFleet:
                                                        token_range=(3, 4096)), config))
             for i in range(spec.replicas)
         ]
+        self.index = {r.id: i for i, r in enumerate(self.replicas)}
+        # the gateway's own accounting of this fleet (see the module docstring)
+        self.state = Fleet([ReplicaConfig(r.id, f"http://sim.invalid/{r.id}")
+                            for r in self.replicas])
+        self._next_scrape = 0.0
         if hashes is not None and (hashes.block_size, hashes.model_id) != (
                 spec.block_size, self.model_id):
             raise ValueError("hashes were memoized for another block size or model")
         self.hashes = hashes or PrefixHashes(spec.block_size, self.model_id)
+
+    def views(self, now: float) -> list[ReplicaView]:
+        """The replica views a policy decides on at ``now`` (see the module docstring)."""
+        if self.spec.views == "exact":
+            return [r.view() for r in self.replicas]
+        while self._next_scrape <= now:
+            for rep in self.replicas:
+                self.state.record_scrape(rep.id, rep.scraped(self.spec.dialect),
+                                         self._next_scrape)
+            self._next_scrape += self.spec.scrape_interval_s
+        return self.state.views(now=now)
 
     def add(self, replica: SimReplica, req: WorkloadRequest, token_ids: list[int],
             now: float) -> None:

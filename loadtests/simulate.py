@@ -29,16 +29,14 @@ from typing import Any
 import numpy as np
 
 from engine.cost_model import load_profile
+from gateway.fleet import Pending
+from gateway.routing import work_tokens
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
+from loadtests.scenarios import SCENARIOS
 from loadtests.sim_fleet import FleetSpec, SimFleet, SimReplica
 from loadtests.workloads import WorkloadRequest, build_spec, generate
 from policies.base import Finished, Policy, Routed, RouteRequest
-
-# Arrival rates (requests/s) for the default fleet of 8 llama3-8b-h100 replicas, chosen
-# so that round robin is busy (~90% of its prefill capacity on contracts) but stable;
-# the chat and tools rates are rough.
-DEFAULT_RATES = {"contracts": 44.0, "chat": 60.0, "tools": 40.0}
 
 
 @dataclass(slots=True)
@@ -63,10 +61,11 @@ class PolicyResult:
     wall_seconds: float
     cpu_seconds: float  # this process's CPU time: the speed figure on a shared machine
     ttft_s: list[float] = field(repr=False)
+    cached_tokens: list[int] = field(repr=False, default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["ttft_s"]
+        del out["ttft_s"], out["cached_tokens"]
         return out
 
 
@@ -90,7 +89,7 @@ class Simulation:
         self.policy = policy
         self._heap: list[tuple[float, int, int]] = []  # (step end, tie break, replica)
         self._seq = 0
-        self._inflight: dict[str, tuple[WorkloadRequest, RouteRequest, str]] = {}
+        self._inflight: dict[str, tuple[WorkloadRequest, RouteRequest, str, Pending]] = {}
         self.ttft: dict[int, float] = {}
         self.cached: dict[int, int] = {}
         self.reasons: Counter[str] = Counter()
@@ -111,13 +110,16 @@ class Simulation:
         rep = self.fleet.replicas[index]
         outputs, rep.pending, rep.busy_until = rep.pending, [], None
         for o in outputs:
-            req, route, rid = self._inflight[o.request_id]
+            req, route, rid, pending = self._inflight[o.request_id]
             if req.index not in self.ttft and o.first_token_time is not None:
                 self.ttft[req.index] = o.first_token_time - o.arrival_time
                 self.cached[req.index] = o.num_cached_tokens
+                self.fleet.state.first_byte(pending)
             if o.finished:
                 del self._inflight[o.request_id]
-                self.policy.observe(Finished(route, rid, True, o.num_cached_tokens))
+                self.fleet.state.done(pending)
+                self.policy.observe(Finished(route, rid, True, o.num_cached_tokens,
+                                             self.ttft.get(req.index)))
         if rep.core.has_unfinished():
             self._start_step(index, now)
 
@@ -129,15 +131,17 @@ class Simulation:
             prompt_tokens=len(ids),
             request_id=f"req{req.index}",
             model=self.fleet.model_id,
+            arrival_s=now,
         )
         replicas = self.fleet.replicas
         self._idle_blocks += sum(r.core.kv.pool.num_free_blocks for r in replicas)
-        decision = self.policy.choose(route, [r.view() for r in replicas])
+        decision = self.policy.choose(route, self.fleet.views(now))
         self.reasons[decision.reason] += 1
-        index = int(decision.chosen[1:])  # replica ids are "r<index>"
+        index = self.fleet.index[decision.chosen]
         rep: SimReplica = replicas[index]
         self.fleet.add(rep, req, ids, now)
-        self._inflight[f"req{req.index}"] = (req, route, rep.id)
+        pending = self.fleet.state.sent(rep.id, work_tokens(route, decision, rep.id), now)
+        self._inflight[f"req{req.index}"] = (req, route, rep.id, pending)
         self.policy.observe(Routed(route, rep.id))
         if rep.busy_until is None:
             self._start_step(index, now)
@@ -189,6 +193,7 @@ class Simulation:
             wall_seconds=wall,
             cpu_seconds=cpu,
             ttft_s=ttft,
+            cached_tokens=[self.cached[r.index] for r in requests],
         )
 
 
@@ -229,18 +234,25 @@ def _parse_params(items: Sequence[str]) -> dict[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", default="contracts", choices=sorted(DEFAULT_RATES))
+    parser.add_argument("--scenario", default="contracts", choices=sorted(SCENARIOS))
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--requests", type=int, default=40_000)
     parser.add_argument("--policies", default="round_robin,least_load,prefix_affinity,radix")
     parser.add_argument("--eviction", choices=("lru", "frequency"), default="lru")
+    parser.add_argument("--views", choices=("gateway", "exact"), default="gateway",
+                        help="what policies see: the gateway's accounting with lagging "
+                             "scrapes (default) or each replica's exact state")
+    parser.add_argument("--dialect", choices=("vllm", "kvgate"), default="vllm",
+                        help="the replicas' /metrics: vLLM's (no queue gauge) or kvgate's")
+    parser.add_argument("--scrape-interval", type=float, default=1.0,
+                        help="seconds of virtual time between scrapes")
     parser.add_argument("--rate", type=float, default=None,
                         help="arrival rate in requests/s (default: per scenario, scaled "
                              "by replicas / 8)")
-    parser.add_argument("--profile", default="llama3-8b-h100")
-    parser.add_argument("--kv-pool-gib", type=float, default=28.0)
-    parser.add_argument("--idle-kv-gib", type=float, default=25.0)
-    parser.add_argument("--max-num-seqs", type=int, default=20)
+    parser.add_argument("--profile", default=None, help="default: per scenario")
+    parser.add_argument("--kv-pool-gib", type=float, default=None, help="default: per scenario")
+    parser.add_argument("--idle-kv-gib", type=float, default=None, help="default: per scenario")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="default: per scenario")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="workload parameter, e.g. --set popularity=zipf")
@@ -252,24 +264,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    spec = build_spec(args.scenario, seed=args.seed, **_parse_params(args.set))
-    fleet = FleetSpec(replicas=args.replicas, profile=args.profile,
-                      kv_pool_gib=args.kv_pool_gib, idle_kv_gib=args.idle_kv_gib,
-                      max_num_seqs=args.max_num_seqs, eviction=args.eviction)
+    scenario = SCENARIOS[args.scenario]
+    spec = build_spec(scenario.workload, seed=args.seed,
+                      **{**scenario.params, **_parse_params(args.set)})
+    pick = lambda value, default: default if value is None else value  # noqa: E731
+    profile = pick(args.profile, scenario.profile)
+    fleet = FleetSpec(replicas=args.replicas, profile=profile,
+                      kv_pool_gib=pick(args.kv_pool_gib, scenario.kv_pool_gib),
+                      idle_kv_gib=pick(args.idle_kv_gib, scenario.idle_kv_gib),
+                      max_num_seqs=pick(args.max_num_seqs, scenario.max_num_seqs),
+                      eviction=args.eviction, views=args.views, dialect=args.dialect,
+                      scrape_interval_s=args.scrape_interval)
     fleet.validate()
-    rate = args.rate if args.rate is not None else (
-        DEFAULT_RATES[args.scenario] * args.replicas / 8)
+    rate = args.rate if args.rate is not None else scenario.rate * args.replicas / 8
     requests = generate(spec, args.requests)
     arrivals = poisson_arrivals(len(requests), rate, args.seed)
-    hashes = PrefixHashes(fleet.block_size, load_profile(args.profile).model.name)
-    bound = oracle_bound(requests, hashes, args.replicas * fleet.blocks(args.idle_kv_gib))
+    hashes = PrefixHashes(fleet.block_size, load_profile(profile).model.name)
+    bound = oracle_bound(requests, hashes, args.replicas * fleet.blocks(fleet.idle_kv_gib))
     report: dict[str, Any] = {
         "scenario": args.scenario,
         "eviction": args.eviction,
         "replicas": args.replicas,
         "requests": len(requests),
         "arrival_rate": rate,
-        "profile": args.profile,
+        "profile": profile,
         "fleet": asdict(fleet),
         "workload": asdict(spec),
         "oracle_token_hit_rate": bound.token_hit_rate,

@@ -34,7 +34,11 @@ class RouteRequest:
     when known, is how many leading tokens stay the same over a conversation's turns (a
     chat's messages up to and including its first user message). ``fingerprint``, when
     known, identifies the whole prompt (equal prompts, equal fingerprints), so policies can
-    tell a burst of one prompt from many prompts sharing a prefix.
+    tell a burst of one prompt from many prompts sharing a prefix. ``conversation_key``,
+    when known, is a stable 64-bit hash of what a chat's turns all repeat (tool schemas
+    and the messages up to the first user message), so a conversation keeps one key
+    without a session header. ``arrival_s`` is when the request arrived, in seconds on a
+    clock of the caller's (monotonic in the gateway, virtual in the simulator).
     """
 
     tokens: Sequence[int]
@@ -46,6 +50,8 @@ class RouteRequest:
     affinity_key: str | None = None
     anchor_tokens: int | None = None
     fingerprint: int | None = None
+    conversation_key: int | None = None
+    arrival_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +61,12 @@ class ReplicaView:
     ``queued_tokens`` is the replica's scraped queue of prompt tokens not yet prefilled
     plus the prompt tokens this gateway sent it since that scrape. ``epoch`` increases each
     time the replica is seen to restart (its counters reset), so policies can drop what
-    they believed it cached.
+    they believed it cached. ``prefill_tokens_per_s`` is the replica's recent rate of
+    prompt tokens computed (not served from cache), when its counters tell it.
+    ``pending_age_s`` is how long the oldest request this gateway sent it has waited for a
+    first byte (0 when none waits): the replica has been working through its queue at
+    least that long. Token
+    counts are in the gateway's tokens (converted from the replica's where they differ).
     """
 
     id: str
@@ -70,15 +81,19 @@ class ReplicaView:
     kv_capacity_tokens: int | None = None
     token_hit_rate: float | None = None
     epoch: int = 0
+    prefill_tokens_per_s: float | None = None
+    pending_age_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaScore:
-    """One replica's standing in a decision (for ``/admin/explain`` and tests)."""
+    """One replica's standing in a decision (for ``/admin/explain`` and tests);
+    ``terms`` names the parts a score was summed from, when the policy has them."""
 
     replica: str
     score: float
     matched_tokens: int = 0
+    terms: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +122,14 @@ class Routed:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The request finished on ``replica``; ``cached_tokens`` when the replica reported it."""
+    """The request finished on ``replica``; ``cached_tokens`` (in the gateway's tokens)
+    when the replica reported it, ``ttft_s`` when its first token's time is known."""
 
     request: RouteRequest
     replica: str
     ok: bool
     cached_tokens: int | None = None
+    ttft_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ gain). If none fits: the least loaded, reason ``spill``.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
@@ -36,7 +35,7 @@ from policies.base import (
 )
 from policies.common_prefix import CommonPrefixLearner
 from policies.least_load import least_loaded
-from policies.ring import Ring, token_bytes, walk
+from policies.ring import Ring, RingCache, token_bytes, walk
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +72,8 @@ class PrefixAffinityConfig:
             raise ValueError(f"max_common_prefix must be >= 0, got {self.max_common_prefix!r}")
 
 
-_Order = tuple[tuple[str, ...], tuple[float, ...]]  # replica ids and weights, in call order
-
-
-def _namespace(request: RouteRequest) -> bytes:
+def request_namespace(request: RouteRequest) -> bytes:
+    """What separates keys that must never meet: the model and the cache salt."""
     model, salt = request.model or "", request.cache_salt or ""
     return f"{len(model)}:{model}{len(salt)}:{salt}".encode()
 
@@ -85,14 +82,12 @@ class PrefixAffinity(Policy):
     """Bounded-load consistent hashing of a prefix key; see the module docstring."""
 
     name = "prefix_affinity"
-    _RING_CACHE = 4
     _SCORED = 8  # replicas walked that get a score in the decision
 
     def __init__(self, config: PrefixAffinityConfig | None = None) -> None:
         self.config = cfg = config or PrefixAffinityConfig()
         self._rng = random.Random(cfg.seed)
-        self._rings: OrderedDict[tuple[tuple[str, float], ...], Ring] = OrderedDict()
-        self._layouts: OrderedDict[_Order, tuple[Ring, list[int]]] = OrderedDict()
+        self._rings = RingCache(cfg.vnodes)
         self._learner = (
             CommonPrefixLearner(
                 block=cfg.common_block,
@@ -118,28 +113,11 @@ class PrefixAffinity(Policy):
 
     def ring(self, replicas: Sequence[ReplicaView]) -> Ring:
         """The ring over these replicas (cached; rebuilt only for a new membership)."""
-        return self._layout([r.id for r in replicas], [r.weight for r in replicas])[0]
-
-    def _layout(self, ids: list[str], weights: list[float]) -> tuple[Ring, list[int]]:
-        """The ring for this membership and its owners as positions in ``ids``; both are
-        cached, the ring by membership, the positions by the order replicas came in."""
-        order = (tuple(ids), tuple(weights))
-        layout = self._layouts.get(order)
-        if layout is None:
-            members = tuple(sorted(zip(ids, weights, strict=True)))
-            ring = self._rings.get(members)
-            if ring is None:
-                ring = self._rings[members] = Ring(members, self.config.vnodes)
-                while len(self._rings) > self._RING_CACHE:
-                    self._rings.popitem(last=False)
-            layout = self._layouts[order] = (ring, ring.indexed(ids))
-            while len(self._layouts) > self._RING_CACHE:
-                self._layouts.popitem(last=False)
-        return layout
+        return self._rings.layout([r.id for r in replicas], [r.weight for r in replicas])[0]
 
     def key(self, request: RouteRequest) -> int:
         """The request's 64-bit ring key (the same in every process)."""
-        h = blake2b(_namespace(request), digest_size=8)
+        h = blake2b(request_namespace(request), digest_size=8)
         if request.affinity_key is not None:
             h.update(b"\x01")
             h.update(request.affinity_key.encode())
@@ -164,7 +142,7 @@ class PrefixAffinity(Policy):
         weights = [r.weight for r in replicas]
         queued = [r.queued_tokens for r in replicas]
         up = [r.healthy for r in replicas]
-        ring, owners = self._layout(ids, weights)
+        ring, owners = self._rings.layout(ids, weights)
         p = request.prompt_tokens
         total_w = sum(r.weight for r in ok)
         total_q = sum(r.queued_tokens for r in ok)

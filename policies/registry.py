@@ -18,6 +18,7 @@ import yaml
 
 from policies.base import Policy
 from policies.config import ConfigError, from_mapping
+from policies.cost import Cost, CostConfig
 from policies.kv_events import KVEvents, KVEventsConfig
 from policies.least_load import LeastLoad, LeastLoadConfig
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
@@ -30,6 +31,7 @@ _POLICIES: dict[str, tuple[type, Callable[[Any], Policy]]] = {
     "prefix_affinity": (PrefixAffinityConfig, PrefixAffinity),
     "radix": (RadixConfig, Radix),
     "kv_events": (KVEventsConfig, KVEvents),
+    "cost": (CostConfig, Cost),
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)

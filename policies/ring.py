@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from hashlib import blake2b
 from typing import TypeVar
@@ -98,3 +99,32 @@ def walk(points: list[int], owners: Sequence[_T], distinct: int, key: int) -> It
             yield owner
             if len(seen) == distinct:
                 return
+
+
+class RingCache:
+    """Rings by membership, and their owners as positions in the order replicas came in;
+    both kept for the last few memberships and orders, so a decision never rebuilds one."""
+
+    _KEEP = 4
+
+    def __init__(self, vnodes: int) -> None:
+        self.vnodes = vnodes
+        self._rings: OrderedDict[tuple[tuple[str, float], ...], Ring] = OrderedDict()
+        self._layouts: OrderedDict[tuple[tuple[str, ...], tuple[float, ...]],
+                                   tuple[Ring, list[int]]] = OrderedDict()
+
+    def layout(self, ids: Sequence[str], weights: Sequence[float]) -> tuple[Ring, list[int]]:
+        """The ring over these replicas and its owners as positions in ``ids``."""
+        order = (tuple(ids), tuple(weights))
+        layout = self._layouts.get(order)
+        if layout is None:
+            members = tuple(sorted(zip(ids, weights, strict=True)))
+            ring = self._rings.get(members)
+            if ring is None:
+                ring = self._rings[members] = Ring(members, self.vnodes)
+                while len(self._rings) > self._KEEP:
+                    self._rings.popitem(last=False)
+            layout = self._layouts[order] = (ring, ring.indexed(ids))
+            while len(self._layouts) > self._KEEP:
+                self._layouts.popitem(last=False)
+        return layout

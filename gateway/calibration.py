@@ -1,0 +1,71 @@
+"""Token units: how many of a replica's tokens one of the gateway's tokens is worth.
+
+The gateway's tokenizer may not be the replicas' (the built-in BPE counts 2-6x more tokens
+than a Llama-3 tokenizer on the same text), yet capacities, scraped queues and cached-token
+counts come in the replicas' tokens. Every replica answers with ``usage.prompt_tokens``;
+set against the gateway's own count for the same prompt, that gives a ratio per model::
+
+    ratio = sum(replica prompt tokens) / sum(gateway prompt tokens)      (decayed sums)
+
+``Fleet`` divides replica figures by it, so every token count a policy sees is in gateway
+tokens. Until ``min_samples`` answers were seen the ratio is 1 (no conversion).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Sums:
+    replica: float = 0.0
+    gateway: float = 0.0
+    samples: int = 0
+
+
+class TokenCalibration:
+    """Replica tokens per gateway token, per model (``None``: requests with no model)."""
+
+    def __init__(self, min_samples: int = 8, decay: float = 0.995, max_models: int = 256
+                 ) -> None:
+        if min_samples < 1:
+            raise ValueError(f"min_samples must be >= 1, got {min_samples!r}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        self.min_samples = min_samples
+        self.decay = decay
+        self.max_models = max_models
+        self._sums: dict[str | None, _Sums] = {}
+
+    def observe(self, model: str | None, replica_tokens: int, gateway_tokens: int) -> None:
+        """One answered prompt: the replica counted ``replica_tokens``, the gateway
+        ``gateway_tokens`` (exact or estimated)."""
+        if replica_tokens <= 0 or gateway_tokens <= 0:
+            return
+        sums = self._sums.get(model)
+        if sums is None:
+            if len(self._sums) >= self.max_models:  # bounded: a client cannot grow it
+                return
+            sums = self._sums[model] = _Sums()
+        sums.replica = sums.replica * self.decay + replica_tokens
+        sums.gateway = sums.gateway * self.decay + gateway_tokens
+        sums.samples += 1
+
+    def ratio(self, model: str | None = None) -> float:
+        """Replica tokens per gateway token for ``model`` (the mean over models when it has
+        none of its own yet; 1 before any)."""
+        sums = self._sums.get(model)
+        if sums is None or sums.samples < self.min_samples:
+            known = [s for s in self._sums.values() if s.samples >= self.min_samples]
+            if not known:
+                return 1.0
+            return sum(s.replica for s in known) / sum(s.gateway for s in known)
+        return sums.replica / sums.gateway
+
+    def to_gateway(self, replica_tokens: float, model: str | None = None) -> int:
+        return round(replica_tokens / self.ratio(model))
+
+    def snapshot(self) -> dict[str, float]:
+        """Learned ratios by model, for ``/admin/replicas`` and ``/admin/explain``."""
+        return {str(m): round(s.replica / s.gateway, 4) for m, s in self._sums.items()
+                if s.samples >= self.min_samples}

@@ -1,0 +1,42 @@
+"""Named scenarios for the offline simulator: a workload, a fleet and an arrival rate.
+
+* ``contracts``: the seed's contract library (2,000 documents of ~6,000 tokens, 250 hot
+  ones get 80% of questions) on 8 H100 replicas with ~25 GiB of idle KV each.
+* ``contracts-400``: a library shaped like fleets measured in the field: 400 documents of
+  ~1,500 tokens, 50 hot ones get 80% of questions, 8 L4 replicas whose idle KV holds about
+  8 documents each, Poisson arrivals that keep round robin's replicas ~55% busy.
+* ``chat``, ``tools``: multi-turn conversations (one shared system prompt; a tree of tool
+  schema blocks).
+
+Rates are for 8 replicas; the simulator scales them by the replica count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+L4_PROFILE = str(Path(__file__).parent / "profiles" / "llama3-8b-l4.yaml")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    workload: str
+    rate: float  # requests/s for 8 replicas
+    params: dict[str, Any] = field(default_factory=dict)
+    profile: str = "llama3-8b-h100"
+    kv_pool_gib: float = 28.0
+    idle_kv_gib: float = 25.0
+    max_num_seqs: int = 20
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "contracts": Scenario("contracts", 44.0),
+    "contracts-400": Scenario(
+        "contracts", 13.0,
+        {"num_docs": 400, "hot_docs": 50, "doc_tokens": 1500, "output_tokens": [8, 16]},
+        profile=L4_PROFILE, kv_pool_gib=1.75, idle_kv_gib=1.46, max_num_seqs=8),
+    "chat": Scenario("chat", 60.0),
+    "tools": Scenario("tools", 40.0),
+}

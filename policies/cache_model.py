@@ -1,0 +1,175 @@
+"""A gateway-side model of what one replica's prefix cache probably holds.
+
+The replica is not asked: the model replays what this gateway sent it into an LRU of the
+replica's capacity, the way vLLM's and SGLang's prefix caches evict. Entries are chained
+keys of a prompt's leading tokens (see ``PromptChain``), each with a size in tokens::
+
+    prompt:  [0, B) [B, 2B) ... [(n-1)B, nB) | [nB, p)
+    entries: key_1  key_2   ... key_n         | tail (keyed by key_n and what identifies
+                                                the prompt's owner; size p - nB, the
+                                                largest seen)
+
+A prompt's entries are admitted tail first, so the head is the most recently used: as in
+vLLM, whose freed blocks go to the eviction queue tail first, a shared head (a system
+prompt, a document) outlives the one-off tails hung under it.
+
+Every entry remembers its *owner*, the prefix key (document or conversation) of the
+request that last touched it, so a caller can value what an admission would evict.
+
+Not thread-safe; one owner (the policy) drives it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from hashlib import blake2b
+from typing import NamedTuple
+
+from policies.ring import token_bytes
+
+_MASK64 = (1 << 64) - 1
+
+
+class ChainEntry(NamedTuple):
+    key: int
+    tokens: int
+
+
+class Victim(NamedTuple):
+    key: int
+    tokens: int
+    owner: int
+
+
+class ReplicaCacheModel:
+    """LRU of chain entries within ``capacity`` tokens.
+
+    ``match`` reads (no recency change); ``admit`` touches and inserts, then evicts the
+    least recently used entries until the model fits; ``victims`` tells what an admission
+    would evict without doing it.
+    """
+
+    __slots__ = ("_entries", "capacity", "used")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity!r}")
+        self.capacity = capacity
+        self.used = 0
+        # key -> [tokens, owner]; first = least recently used
+        self._entries: OrderedDict[int, list[int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._entries
+
+    def match(self, chain: Sequence[ChainEntry]) -> int:
+        """Tokens of the chain's leading entries the model holds (a held tail counts up
+        to the smaller of its stored and requested sizes)."""
+        entries = self._entries
+        matched = 0
+        for key, tokens in chain:
+            held = entries.get(key)
+            if held is None:
+                break
+            matched += min(tokens, held[0])
+            if held[0] < tokens:
+                break  # a shorter tail: the rest is not there
+        return matched
+
+    def victims(self, new_tokens: int, keep: frozenset[int] = frozenset()) -> Iterator[Victim]:
+        """The entries that admitting ``new_tokens`` more would evict, oldest first
+        (entries in ``keep``, the admission's own, are passed over)."""
+        excess = self.used + new_tokens - self.capacity
+        if excess <= 0:
+            return
+        for key, (tokens, owner) in self._entries.items():
+            if key in keep:
+                continue
+            yield Victim(key, tokens, owner)
+            excess -= tokens
+            if excess <= 0:
+                return
+
+    def admit(self, chain: Sequence[ChainEntry], owner: int) -> list[Victim]:
+        """Touch or insert the chain's entries (tail first), then evict LRU entries until
+        the model fits its capacity; returns what was evicted."""
+        entries = self._entries
+        for key, tokens in reversed(chain):
+            held = entries.get(key)
+            if held is None:
+                entries[key] = [tokens, owner]
+                self.used += tokens
+            else:
+                if tokens > held[0]:
+                    self.used += tokens - held[0]
+                    held[0] = tokens
+                held[1] = owner
+                entries.move_to_end(key)
+        return self._evict()
+
+    def resize(self, capacity: int) -> list[Victim]:
+        """A new capacity (the replica's was learned or changed); evicts to fit."""
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity!r}")
+        self.capacity = capacity
+        return self._evict()
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.used = 0
+
+    def _evict(self) -> list[Victim]:
+        out: list[Victim] = []
+        entries = self._entries
+        while self.used > self.capacity and entries:
+            key, (tokens, owner) = entries.popitem(last=False)
+            self.used -= tokens
+            out.append(Victim(key, tokens, owner))
+        return out
+
+    def keys_lru(self) -> list[int]:
+        """Keys from least to most recently used (for tests and debugging)."""
+        return list(self._entries)
+
+    def check_integrity(self) -> None:
+        total = sum(tokens for tokens, _ in self._entries.values())
+        if total != self.used:
+            raise AssertionError(f"cache model: used {self.used} != sum of entries {total} "
+                                 f"over {len(self._entries)} entries")
+        if self.used > self.capacity:
+            raise AssertionError(f"cache model: used {self.used} > capacity {self.capacity}")
+
+
+def prompt_chain(tokens: Sequence[int], prompt_tokens: int, block: int, root: int,
+                 owner_id: int = 0) -> list[ChainEntry]:
+    """The chain entries of a prompt whose first ``len(tokens)`` token ids are known and
+    whose length is ``prompt_tokens``::
+
+        key_i = H(key_{i-1}, tokens[(i-1)B : iB])         key_0 = root (model, salt)
+        tail  = H(key_n, tokens[nB:], owner_id),  size max(prompt_tokens, len(tokens)) - nB
+
+    ``owner_id`` names what the unknown rest belongs to (a conversation, a document key),
+    so two prompts agreeing on their known tokens share a tail only when they say they
+    are the same thing.
+    """
+    data = token_bytes(tokens)
+    n = len(tokens) // block
+    out: list[ChainEntry] = []
+    prev = (root & _MASK64).to_bytes(8, "little")
+    step = 4 * block  # bytes per block: token ids are u32
+    for i in range(n):
+        h = blake2b(prev, digest_size=8)
+        h.update(data[i * step : (i + 1) * step])
+        prev = h.digest()
+        out.append(ChainEntry(int.from_bytes(prev, "little"), block))
+    rest = max(prompt_tokens, len(tokens)) - n * block
+    if rest > 0:
+        h = blake2b(prev, digest_size=8, person=b"kvgate-tail")
+        h.update(data[n * step :])
+        h.update((owner_id & _MASK64).to_bytes(8, "little"))
+        out.append(ChainEntry(int.from_bytes(h.digest(), "little"), rest))
+    return out

@@ -1,0 +1,419 @@
+"""``cost``: choose the replica with the lowest predicted time to first token, counting
+what the admission would evict, with one-off prefixes kept on a small scratch set.
+
+In front of LRU prefix caches (vLLM, SGLang) one home per document tops out early: the
+documents seen once churn every cache they pass through and evict the hot ones, and a
+single load bound trades hits against the tail. This policy keeps three things:
+
+* a **cache model** per replica (``cache_model``): an LRU, within the replica's KV
+  capacity, of the prompt chains this gateway sent there;
+* a **frequency sketch** (``frequency``) over prefix keys (a document, a conversation):
+  a key seen at least ``hot_min_count`` times lately (decayed) is *hot*, else *rare*;
+* the fleet's **pace** (``pace``): seconds per prefilled token, learned from first-token
+  times, and the recent prefill load of rare prefixes.
+
+Prefix key: a stable hash of (model, cache salt) and, first found of, the affinity key
+header, the conversation key (a chat's tools and messages up to its first user message)
+or ``key_tokens`` prompt tokens after a learned common prefix (a shared system prompt).
+
+Scratch set: the first ``S`` healthy replicas on the ring walked from a fixed key, so it
+is stable and every gateway copy agrees on it; ``S`` is the rare prefixes' prefill load
+(in replicas) over ``scratch_utilization``, between ``min_scratch`` and
+``max_scratch_fraction`` of the fleet.
+
+Candidates: the replicas the model says hold part of the prompt; for a hot key its first
+``homes`` non-scratch replicas on the ring; for a rare key the scratch set; and the least
+loaded replica. For each, in seconds, with ``t`` the pace over the replica's weight::
+
+    wait     = queued tokens x t, less how long the oldest queued request has waited
+    prefill  = (prompt tokens - predicted cached tokens) x t
+    evict    = eviction_weight x t x (hot tokens the admission would evict from the model)
+    scratch  = scratch_loss x prompt tokens x t, for a hot key on a scratch replica (the
+               churn there will likely evict it before it is used again)
+    score    = wait + prefill + evict + scratch            lowest wins; ties in ring order
+
+``/admin/explain`` shows each term per candidate. Reasons: ``cache_match`` (the winner is
+predicted to hold part of the prompt), ``affinity`` (a hot key on one of its homes),
+``scratch`` (a rare key on the scratch set), ``spill`` (anything else).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import NamedTuple
+
+from policies.base import (
+    Decision,
+    Finished,
+    Policy,
+    ReplicaRemoved,
+    ReplicaReset,
+    ReplicaScore,
+    ReplicaView,
+    Routed,
+    RouteEvent,
+    RouteRequest,
+    healthy,
+)
+from policies.cache_model import ChainEntry, ReplicaCacheModel, prompt_chain
+from policies.common_prefix import CommonPrefixLearner
+from policies.frequency import FrequencySketch
+from policies.pace import DecayedRate, PrefillPace
+from policies.prefix_affinity import request_namespace
+from policies.ring import RingCache, stable_hash, token_bytes, walk
+
+_SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
+
+
+@dataclass(frozen=True, slots=True)
+class CostConfig:
+    """See ``presets/cost.yaml`` for what each key means."""
+
+    prefix_tokens: int = 1024
+    key_tokens: int = 256
+    block_tokens: int = 128
+    homes: int = 2
+    vnodes: int = 256
+    hot_min_count: int = 2
+    window_factor: float = 4.0
+    sketch_width: int = 1 << 16
+    sketch_depth: int = 4
+    min_scratch: int = 1
+    max_scratch_fraction: float = 0.5
+    scratch_utilization: float = 0.6
+    load_window_s: float = 60.0
+    eviction_weight: float = 0.5
+    scratch_loss: float = 0.5
+    prefill_s_per_token: float = 1e-4
+    capacity_fraction: float = 0.9
+    default_capacity_tokens: int = 200_000
+    learn_common_prefix: bool = True
+    common_share: float = 0.5
+    common_window: int = 1024
+    common_block: int = 256
+    common_min_samples: int = 64
+    max_common_prefix: int = 8192
+
+    def validate(self) -> None:
+        for key in ("prefix_tokens", "key_tokens", "block_tokens", "homes", "vnodes",
+                    "hot_min_count", "default_capacity_tokens", "common_window",
+                    "common_block", "common_min_samples"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
+        for key in ("window_factor", "scratch_utilization", "load_window_s",
+                    "prefill_s_per_token"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        if self.min_scratch < 0:
+            raise ValueError(f"min_scratch must be >= 0, got {self.min_scratch!r}")
+        if not 0.0 <= self.max_scratch_fraction < 1.0:
+            raise ValueError(
+                f"max_scratch_fraction must be in [0, 1), got {self.max_scratch_fraction!r}")
+        for key in ("eviction_weight", "scratch_loss"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
+        if not 0.0 < self.capacity_fraction <= 1.0:
+            raise ValueError(
+                f"capacity_fraction must be in (0, 1], got {self.capacity_fraction!r}")
+        if not 0.0 < self.common_share <= 1.0:
+            raise ValueError(f"common_share must be in (0, 1], got {self.common_share!r}")
+        if self.max_common_prefix < 0:
+            raise ValueError(f"max_common_prefix must be >= 0, got {self.max_common_prefix!r}")
+        FrequencySketch(self.sketch_width, self.sketch_depth)  # validates width and depth
+
+
+class _Prepared(NamedTuple):
+    """What ``choose`` and ``observe`` both derive from one request."""
+
+    key: int
+    chain: list[ChainEntry]
+    chain_keys: frozenset[int]
+    count: int  # the key's decayed count before this request
+
+
+class _Model(NamedTuple):
+    model: ReplicaCacheModel
+    epoch: int
+
+
+class Cost(Policy):
+    """Lowest predicted time to first token over a cache model; see the module docstring."""
+
+    name = "cost"
+
+    def __init__(self, config: CostConfig | None = None) -> None:
+        self.config = cfg = config or CostConfig()
+        self._rings = RingCache(cfg.vnodes)
+        self._mean_prompt = 0.0
+        self._sketch = FrequencySketch(cfg.sketch_width, cfg.sketch_depth,
+                                       window=self._window(0))
+        self._pace = PrefillPace(cfg.prefill_s_per_token)
+        self._all_load = DecayedRate(cfg.load_window_s)  # uncached tokens routed
+        self._rare_load = DecayedRate(cfg.load_window_s)  # ... of them for rare keys
+        self._models: dict[str, _Model] = {}
+        self._facts: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, capacity)
+        self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
+        self._scratch_size = cfg.min_scratch
+        self._routed = 0
+        self._memo: tuple[RouteRequest, _Prepared] | None = None
+        self._learner = (
+            CommonPrefixLearner(block=cfg.common_block, share=cfg.common_share,
+                                window=cfg.common_window, min_samples=cfg.common_min_samples,
+                                max_depth=cfg.max_common_prefix)
+            if cfg.learn_common_prefix and cfg.max_common_prefix >= cfg.common_block else None
+        )
+
+    # -- what a request is --------------------------------------------------------------
+    @property
+    def tokens_needed(self) -> int:  # type: ignore[override]
+        """``prefix_tokens`` plus the common prefix learned so far."""
+        return self.config.prefix_tokens + (self._learner.depth if self._learner else 0)
+
+    @property
+    def scratch_size(self) -> int:
+        return self._scratch_size
+
+    @property
+    def pace_s_per_token(self) -> float:
+        return self._pace.value_s
+
+    def key(self, request: RouteRequest) -> int:
+        """The request's prefix key (stable across processes)."""
+        h = blake2b(request_namespace(request), digest_size=8, person=b"kvgate-cost")
+        if request.affinity_key is not None:
+            h.update(b"\x01" + request.affinity_key.encode())
+        elif request.conversation_key is not None:
+            h.update(b"\x02" + request.conversation_key.to_bytes(8, "little"))
+        else:
+            tokens = request.tokens[: self.tokens_needed]
+            data = token_bytes(tokens)
+            skip = self._learner.skip(data, len(tokens)) if self._learner else 0
+            # data holds 4 bytes per token: [4*skip, 4*(skip+K)) is the hashed window
+            h.update(b"\x00")
+            h.update(data[4 * skip : 4 * (skip + self.config.key_tokens)])
+        return int.from_bytes(h.digest(), "little")
+
+    def _prepare(self, request: RouteRequest) -> _Prepared:
+        memo = self._memo
+        if memo is not None and memo[0] is request:
+            return memo[1]
+        key = self.key(request)
+        root = stable_hash(request_namespace(request))
+        owner = request.conversation_key if request.conversation_key is not None else key
+        chain = prompt_chain(request.tokens[: self.tokens_needed], request.prompt_tokens,
+                             self.config.block_tokens, root, owner)
+        prepared = _Prepared(key, chain, frozenset(e.key for e in chain),
+                             self._sketch.estimate(key))
+        self._memo = (request, prepared)
+        return prepared
+
+    def _hot(self, count: int) -> bool:
+        return count >= self.config.hot_min_count
+
+    # -- the decision ---------------------------------------------------------------------
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
+        cfg = self.config
+        ok = healthy(replicas)
+        for r in ok:
+            self._facts[r.id] = (r.epoch, r.kv_capacity_tokens)
+        rates = [r.prefill_tokens_per_s for r in ok]
+        self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
+        ids = [r.id for r in replicas]
+        ring, owners = self._rings.layout(ids, [r.weight for r in replicas])
+        up = [r.healthy for r in replicas]
+        prep = self._prepare(request)
+        p = max(1, request.prompt_tokens)
+        hot = self._hot(prep.count)
+        pace = self._pace.value_s
+        points, distinct = ring.points, len(ring)
+
+        scratch: list[int] = []
+        size = min(self._scratch_size, len(ok) - 1)
+        if size > 0:
+            for i in walk(points, owners, distinct, _SCRATCH_KEY):
+                if up[i]:
+                    scratch.append(i)
+                    if len(scratch) == size:
+                        break
+        in_scratch = set(scratch)
+
+        # candidates, in the order ties are broken by
+        candidates: dict[int, None] = {}
+        matched = self._matches(prep, replicas, up, p)
+        homes: set[int] = set()
+        if hot:
+            for i in walk(points, owners, distinct, prep.key):
+                if up[i] and i not in in_scratch:
+                    homes.add(i)
+                    candidates[i] = None
+                    if len(homes) == cfg.homes:
+                        break
+        else:
+            candidates.update(dict.fromkeys(scratch))
+        candidates.update(dict.fromkeys(i for i, m in matched.items() if m > 0))
+        candidates[self._least_loaded(replicas, up, ())] = None
+        if hot and in_scratch:
+            candidates[self._least_loaded(replicas, up, in_scratch)] = None
+
+        hot_memo: dict[int, bool] = {}
+        scored: list[tuple[float, int, int, tuple[tuple[str, float], ...]]] = []
+        for order, i in enumerate(candidates):
+            r = replicas[i]
+            t = pace / r.weight if r.weight > 0 else math.inf
+            m = matched.get(i, 0)
+            # the replica has been at its queue since its oldest unanswered request
+            wait = max(0.0, r.queued_tokens * t - r.pending_age_s)
+            prefill = (p - m) * t
+            evict = 0.0
+            if cfg.eviction_weight > 0:
+                evict = cfg.eviction_weight * pace * self._hot_victims(
+                    r.id, p - m, prep.chain_keys, hot_memo)
+            misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
+            total = wait + prefill + evict + misplaced
+            terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
+                     ("scratch_s", misplaced))
+            scored.append((total, order, i, terms))
+        scored.sort()
+        best = scored[0][2]
+        if matched.get(best, 0) > 0:
+            reason = "cache_match"
+        elif hot:
+            reason = "affinity" if best in homes else "spill"
+        else:
+            reason = "scratch" if best in in_scratch else "spill"
+        ranked_idx = [i for _, _, i, _ in scored]
+        seen = set(ranked_idx)
+        ranked_idx += [i for i, r in enumerate(replicas) if up[i] and i not in seen]
+        scores = tuple(ReplicaScore(ids[i], total, matched.get(i, 0), terms)
+                       for total, _, i, terms in scored)
+        return Decision(tuple(ids[i] for i in ranked_idx), reason, matched.get(best, 0),
+                        scores)
+
+    def _matches(self, prep: _Prepared, replicas: Sequence[ReplicaView], up: list[bool],
+                 p: int) -> dict[int, int]:
+        """Predicted cached tokens per replica index (only those holding the first entry)."""
+        out: dict[int, int] = {}
+        if not prep.chain:
+            return out
+        first = prep.chain[0].key
+        models = self._models
+        for i, r in enumerate(replicas):
+            held = models.get(r.id)
+            if up[i] and held is not None and held.epoch == r.epoch and first in held.model:
+                out[i] = min(held.model.match(prep.chain), p - 1)
+        return out
+
+    @staticmethod
+    def _least_loaded(replicas: Sequence[ReplicaView], up: list[bool],
+                      exclude: set[int] | tuple[()]) -> int:
+        best, best_load = -1, math.inf
+        for i, r in enumerate(replicas):
+            if up[i] and i not in exclude:
+                load = r.queued_tokens / r.weight if r.weight > 0 else math.inf
+                if load < best_load:
+                    best, best_load = i, load
+        if best < 0:  # everything excluded: any healthy replica
+            return next(i for i, u in enumerate(up) if u)
+        return best
+
+    def _hot_victims(self, replica: str, new_tokens: int, keep: frozenset[int],
+                     memo: dict[int, bool]) -> int:
+        """Tokens of hot prefixes that admitting ``new_tokens`` would evict there."""
+        held = self._models.get(replica)
+        if held is None:
+            return 0
+        total = 0
+        for victim in held.model.victims(new_tokens, keep):
+            hot = memo.get(victim.owner)
+            if hot is None:
+                hot = memo[victim.owner] = self._hot(self._sketch.estimate(victim.owner))
+            if hot:
+                total += victim.tokens
+        return total
+
+    # -- what happened ----------------------------------------------------------------------
+    def observe(self, event: RouteEvent) -> None:
+        if isinstance(event, Routed):
+            self._routed_to(event.request, event.replica)
+        elif isinstance(event, Finished):
+            req = event.request
+            if event.ok and event.ttft_s is not None and event.cached_tokens is not None:
+                self._pace.observe(event.ttft_s, req.prompt_tokens - event.cached_tokens)
+        elif isinstance(event, ReplicaRemoved):
+            self._models.pop(event.replica, None)
+            self._facts.pop(event.replica, None)
+        elif isinstance(event, ReplicaReset):
+            held = self._models.get(event.replica)
+            if held is not None:
+                held.model.clear()
+
+    def _model(self, replica: str) -> ReplicaCacheModel:
+        """The replica's model, emptied on a new epoch and sized to its latest capacity."""
+        cfg = self.config
+        epoch, capacity = self._facts.get(replica, (0, None))
+        size = int((capacity or cfg.default_capacity_tokens) * cfg.capacity_fraction)
+        held = self._models.get(replica)
+        if held is None or held.epoch != epoch:
+            held = self._models[replica] = _Model(ReplicaCacheModel(size), epoch)
+        elif held.model.capacity != size:
+            held.model.resize(size)
+        return held.model
+
+    def _routed_to(self, request: RouteRequest, replica: str) -> None:
+        prep = self._prepare(request)
+        self._memo = None  # the counts below change what _prepare would say
+        model = self._model(replica)
+        uncached = max(0, request.prompt_tokens - model.match(prep.chain))
+        model.admit(prep.chain, prep.key)
+        self._sketch.add(prep.key)
+        now = request.arrival_s
+        if now is not None:
+            self._all_load.add(now, uncached)
+            if not self._hot(prep.count):
+                self._rare_load.add(now, uncached)
+            self._resize_scratch(now)
+        if self._learner is not None and request.affinity_key is None \
+                and request.conversation_key is None:
+            tokens = request.tokens[: self.tokens_needed]
+            self._learner.observe(token_bytes(tokens), len(tokens), request.prompt_tokens,
+                                  request.fingerprint)
+        self._routed += 1
+        self._mean_prompt += (request.prompt_tokens - self._mean_prompt) / min(
+            self._routed, 1024)
+        if self._routed % 256 == 0:
+            fleet_tokens = sum(h.model.capacity for h in self._models.values())
+            self._sketch.window = self._window(fleet_tokens)
+
+    def _window(self, fleet_tokens: int) -> int:
+        """Adds between halvings: ``window_factor`` x the prefixes the fleet can hold."""
+        cfg = self.config
+        keys = fleet_tokens / self._mean_prompt if self._mean_prompt > 0 else 0.0
+        return int(min(cfg.sketch_width // 8, max(256, cfg.window_factor * keys)))
+
+    def _resize_scratch(self, now: float) -> None:
+        """``S`` from the rare prefill load in replicas, with a quarter replica of
+        hysteresis so the set does not flap at a boundary."""
+        cfg = self.config
+        every = self._all_load.rate(now)
+        if every <= 0:
+            return
+        rare = self._rare_load.rate(now)
+        if self._fleet_prefill is not None:
+            # the replicas' own counters see every gateway copy's traffic: the rare share
+            # of what this copy routed, times the fleet's prefill rate
+            rare = rare / every * self._fleet_prefill
+        limit = max(cfg.min_scratch, int(cfg.max_scratch_fraction * max(1, len(self._facts))))
+        need = rare * self._pace.value_s / cfg.scratch_utilization
+        size = self._scratch_size
+        if need > size:
+            size = math.ceil(need)
+        elif need < size - 1.25:
+            size = math.ceil(need + 0.25)
+        self._scratch_size = max(cfg.min_scratch, min(limit, size))
+
+    def check_integrity(self) -> None:
+        for held in self._models.values():
+            held.model.check_integrity()
