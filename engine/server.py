@@ -296,9 +296,11 @@ class _Generation:
     async def sse(self) -> AsyncIterator[str]:
         gen = self._deltas()
         try:
-            if self.chat:
-                yield self._chunk([self._choice(None, None, role=True)])
-            async for delta, reason in gen:
+            role = self.chat  # as vLLM: the role chunk goes with the first token, so a
+            async for delta, reason in gen:  # stream's first byte is its first token
+                if role:
+                    role = False
+                    yield self._chunk([self._choice(None, None, role=True)])
                 yield self._chunk([self._choice(delta, reason)])
             if self.p.include_usage:
                 yield self._chunk([], with_usage=True)

@@ -124,10 +124,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         if usage is not None:
             gw.metrics.prompt_tokens.labels(route=decision.reason).inc(usage[0])
             gw.metrics.cached_tokens.labels(route=decision.reason).inc(usage[1])
-            calibration = gw.fleet.calibration
-            calibration.observe(route_req.model, usage[0], route_req.prompt_tokens)
-            cached = min(route_req.prompt_tokens,
-                         calibration.to_gateway(usage[1], route_req.model))
+            cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens, *usage)
         # a stream's first byte comes with its first token; a whole body's comes after
         # the last one, so it says nothing of time to first token
         ttft = stream.first_byte_s if stream.stream else None

@@ -147,6 +147,13 @@ class Fleet:
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self._replicas.values())
 
+    def answered(self, model: str | None, gateway_tokens: int, replica_prompt_tokens: int,
+                 replica_cached_tokens: int) -> int:
+        """A replica's ``usage`` for a prompt this gateway counted ``gateway_tokens``:
+        teaches the token calibration; returns the cached tokens in gateway tokens."""
+        self.calibration.observe(model, replica_prompt_tokens, gateway_tokens)
+        return min(gateway_tokens, self.calibration.to_gateway(replica_cached_tokens, model))
+
     # -- this gateway's own accounting ----------------------------------------------------
     def sent(self, replica_id: str, tokens: int, now: float | None = None) -> Pending:
         """``tokens`` to prefill were sent to the replica at ``now`` (default: monotonic)."""

@@ -10,10 +10,11 @@ of the last ``2 x replicas`` routed requests), then ``choose`` is timed on ``--s
 more prompts passed as plain lists of ints (what a tokenizer returns). Tokenization is not
 part of the figures. Radix memory: ``tracemalloc``'s count of the bytes allocated while
 building and warming the policy and still live afterwards (the fleet's own few KB
-included), next to the tree's own estimate; timing runs with tracing off.
+included), next to the tree's own estimate; the same for ``cost`` (its cache models and
+frequency sketch); timing runs with tracing off.
 
 Prints and writes ``{"<policy>": {"<replicas>": {"p50_us", "p99_us"}}, "radix_memory_mb": N,
-...}``; ``radix_memory_mb`` is for 64 replicas (or the first count measured).
+"cost_memory_mb": N, ...}``; memory is for 64 replicas (or the first count measured).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from policies.base import Policy, ReplicaView, Routed, RouteRequest
 from policies.radix import Radix
 from policies.registry import POLICY_NAMES, build_policy, load_preset
 
+TRACED = ("radix", "cost")  # policies whose memory grows with traffic
 HOT_DOCS = 250
 HOT_SHARE = 0.8
 VOCAB = 150_000
@@ -85,15 +87,16 @@ class Fleet:
 def run_one(
     name: str, replicas: int, warm: list[array], timed: list[array], capacity: int
 ) -> tuple[dict[str, float], Policy, int | None]:
-    """Warm up (under tracemalloc for ``radix``), then time ``choose`` untraced."""
+    """Warm up (under tracemalloc for the policies that keep a model of the fleet's
+    caches), then time ``choose`` untraced."""
     gc.collect()
-    tracing = name == "radix"
+    tracing = name in TRACED
     if tracing:
         tracemalloc.start()
     policy = build_policy(load_preset(name))
     fleet = Fleet(replicas, capacity)
     for i, tokens in enumerate(warm):
-        req = _request(policy, tokens, f"w{i}")
+        req = _request(policy, tokens, f"w{i}", at=i * 0.02)
         rid = policy.choose(req, fleet.views()).chosen
         policy.observe(Routed(req, rid))
         fleet.routed(rid, len(tokens))
@@ -105,7 +108,7 @@ def run_one(
     samples = []
     clock = time.perf_counter_ns
     for i, tokens in enumerate(timed):
-        req = _request(policy, tokens, f"t{i}", as_list=True)
+        req = _request(policy, tokens, f"t{i}", as_list=True, at=(len(warm) + i) * 0.02)
         views = fleet.views()
         start = clock()
         rid = policy.choose(req, views).chosen
@@ -118,10 +121,12 @@ def run_one(
     return figures, policy, traced
 
 
-def _request(policy: Policy, tokens: array, rid: str, as_list: bool = False) -> RouteRequest:
+def _request(policy: Policy, tokens: array, rid: str, as_list: bool = False,
+             at: float = 0.0) -> RouteRequest:
     need = policy.tokens_needed
     head: Any = tokens if need is None else tokens[:need]
-    return RouteRequest(head.tolist() if as_list else head, len(tokens), request_id=rid)
+    return RouteRequest(head.tolist() if as_list else head, len(tokens), request_id=rid,
+                        arrival_s=at)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -149,21 +154,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for name in args.policies:
             figures, policy, traced = run_one(name, n, warm, timed, args.capacity)
             results[name][str(n)] = figures
-            if traced is not None and isinstance(policy, Radix):
-                tree = policy.tree
-                memory[str(n)] = {
-                    "tracemalloc_mb": round(traced / 2**20, 1),
-                    "estimate_mb": round(tree.estimated_bytes() / 2**20, 1),
-                    "nodes": tree.nodes,
-                    "tokens": tree.total_tokens,
-                }
-                policy.check_integrity()
+            if traced is not None:
+                entry: dict[str, Any] = {"tracemalloc_mb": round(traced / 2**20, 1)}
+                if isinstance(policy, Radix):
+                    tree = policy.tree
+                    entry.update(estimate_mb=round(tree.estimated_bytes() / 2**20, 1),
+                                 nodes=tree.nodes, tokens=tree.total_tokens)
+                memory.setdefault(name, {})[str(n)] = entry
+                policy.check_integrity()  # type: ignore[attr-defined]
             del policy
             print(f"{name:16s} {n:4d} replicas: {results[name][str(n)]}", flush=True)
-    if memory:
-        key = "64" if "64" in memory else next(iter(memory))
-        results["radix_memory_mb"] = memory[key]["tracemalloc_mb"]
-        results["radix_memory"] = memory
+    for name, by_count in memory.items():
+        key = "64" if "64" in by_count else next(iter(by_count))
+        results[f"{name}_memory_mb"] = by_count[key]["tracemalloc_mb"]
+        results[f"{name}_memory"] = by_count
     results["workload"] = {
         "documents": args.documents,
         "doc_tokens": args.doc_tokens,

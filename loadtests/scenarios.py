@@ -5,6 +5,12 @@
 * ``contracts-400``: a library shaped like fleets measured in the field: 400 documents of
   ~1,500 tokens, 50 hot ones get 80% of questions, 8 L4 replicas whose idle KV holds about
   8 documents each, Poisson arrivals that keep round robin's replicas ~55% busy.
+* ``chat-apps``: four apps with 50/25/15/10% of the conversations, each with its own
+  system prompt (500-800 tokens) and tools (400-800 tokens, in the ``tools`` field);
+  conversations of 1-12 turns (mean 3.2), turns ~8 s apart, each a chat completion with
+  the whole history; on the ``contracts-400`` fleet. Prompts go through the gateway as
+  text (rendered and tokenized by the gateway's tokenizer, which counts other tokens
+  than the replicas do).
 * ``chat``, ``tools``: multi-turn conversations (one shared system prompt; a tree of tool
   schema blocks).
 
@@ -29,6 +35,7 @@ class Scenario:
     kv_pool_gib: float = 28.0
     idle_kv_gib: float = 25.0
     max_num_seqs: int = 20
+    prompts: str = "ids"  # how the gateway sees prompts: token ids, or chat text
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -37,6 +44,8 @@ SCENARIOS: dict[str, Scenario] = {
         "contracts", 13.0,
         {"num_docs": 400, "hot_docs": 50, "doc_tokens": 1500, "output_tokens": [8, 16]},
         profile=L4_PROFILE, kv_pool_gib=1.75, idle_kv_gib=1.46, max_num_seqs=8),
+    "chat-apps": Scenario("chat-apps", 8.0, profile=L4_PROFILE, kv_pool_gib=1.75,
+                          idle_kv_gib=1.46, max_num_seqs=8, prompts="text"),
     "chat": Scenario("chat", 60.0),
     "tools": Scenario("tools", 40.0),
 }

@@ -115,9 +115,14 @@ class SimReplica:
 
 
 class SimFleet:
-    """The replicas of one simulated fleet, plus request construction for them."""
+    """The replicas of one simulated fleet, plus request construction for them.
+    ``gateways`` copies of the gateway's accounting: each copy counts only what it sent,
+    and every copy reads the same scrapes."""
 
-    def __init__(self, spec: FleetSpec, hashes: PrefixHashes | None = None) -> None:
+    def __init__(self, spec: FleetSpec, hashes: PrefixHashes | None = None,
+                 gateways: int = 1) -> None:
+        if gateways < 1:
+            raise ValueError(f"gateways must be >= 1, got {gateways!r}")
         spec.validate()
         self.spec = spec
         profile = load_profile(spec.profile)
@@ -141,24 +146,26 @@ class SimFleet:
         ]
         self.index = {r.id: i for i, r in enumerate(self.replicas)}
         # the gateway's own accounting of this fleet (see the module docstring)
-        self.state = Fleet([ReplicaConfig(r.id, f"http://sim.invalid/{r.id}")
-                            for r in self.replicas])
+        configs = [ReplicaConfig(r.id, f"http://sim.invalid/{r.id}") for r in self.replicas]
+        self.states = [Fleet(configs) for _ in range(gateways)]
         self._next_scrape = 0.0
         if hashes is not None and (hashes.block_size, hashes.model_id) != (
                 spec.block_size, self.model_id):
             raise ValueError("hashes were memoized for another block size or model")
         self.hashes = hashes or PrefixHashes(spec.block_size, self.model_id)
 
-    def views(self, now: float) -> list[ReplicaView]:
-        """The replica views a policy decides on at ``now`` (see the module docstring)."""
+    def views(self, now: float, gateway: int = 0) -> list[ReplicaView]:
+        """The replica views gateway copy ``gateway`` decides on at ``now`` (see the
+        module docstring)."""
         if self.spec.views == "exact":
             return [r.view() for r in self.replicas]
         while self._next_scrape <= now:
             for rep in self.replicas:
-                self.state.record_scrape(rep.id, rep.scraped(self.spec.dialect),
-                                         self._next_scrape)
+                scraped = rep.scraped(self.spec.dialect)
+                for state in self.states:
+                    state.record_scrape(rep.id, scraped, self._next_scrape)
             self._next_scrape += self.spec.scrape_interval_s
-        return self.state.views(now=now)
+        return self.states[gateway].views(now=now)
 
     def add(self, replica: SimReplica, req: WorkloadRequest, token_ids: list[int],
             now: float) -> None:

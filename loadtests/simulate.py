@@ -16,6 +16,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import json
 import math
@@ -24,13 +25,15 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from engine.cost_model import load_profile
+from engine.tokenizer import PromptTokenizer, load_tokenizer
 from gateway.fleet import Pending
-from gateway.routing import work_tokens
+from gateway.request_parse import ParsedRequest
+from gateway.routing import Router, work_tokens
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.scenarios import SCENARIOS
@@ -56,6 +59,9 @@ class PolicyResult:
     replica_requests: list[int]
     replica_prefill_tokens: list[int]
     load_spread: float  # max / mean of per-replica prefill tokens computed
+    # of the requests whose affinity key (document, conversation) came before, the share
+    # sent to the replica its previous request went to (chats: later turns kept home)
+    same_replica_repeats: float
     mean_idle_kv_blocks: float  # per replica, sampled at arrivals: free + cached-unused
     virtual_seconds: float
     wall_seconds: float
@@ -77,24 +83,60 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> np.ndarray:
     return np.cumsum(gaps)
 
 
+class _InFlight(NamedTuple):
+    request: WorkloadRequest
+    route: RouteRequest
+    replica: str
+    pending: Pending
+    gateway: int
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else math.nan
 
 
 class Simulation:
-    """One policy over one fleet; ``run`` consumes the request stream once."""
+    """One policy (one per gateway copy) over one fleet; ``run`` consumes the request
+    stream once.
 
-    def __init__(self, fleet: SimFleet, policy: Policy) -> None:
+    Requests go through the gateway's own path: ``Router.build`` makes each
+    ``RouteRequest`` (from token ids, or from chat messages and tools rendered and
+    tokenized by the gateway's tokenizer when ``prompts`` is ``"text"``; the replicas
+    then count other tokens than the gateway, as real ones do), views come from the
+    gateway's ``Fleet`` accounting (see ``sim_fleet``), a replica's answer teaches the
+    token calibration. With several gateway copies each request goes to one at random,
+    as behind a Kubernetes Service.
+    """
+
+    def __init__(self, fleet: SimFleet, policy: Policy | Sequence[Policy],
+                 tokenizer: PromptTokenizer | None = None, prompts: str = "ids",
+                 seed: int = 0) -> None:
+        if prompts not in ("ids", "text"):
+            raise ValueError(f"prompts must be 'ids' or 'text', got {prompts!r}")
+        policies = [policy] if isinstance(policy, Policy) else list(policy)
+        if len(policies) != len(fleet.states):
+            raise ValueError(f"{len(policies)} policies for {len(fleet.states)} gateway copies")
         self.fleet = fleet
-        self.policy = policy
+        self.policies = policies
+        self.policy = policies[0]
+        self.prompts = prompts
+        tokenizer = tokenizer or load_tokenizer(None, memo_size=4096)
+        self.routers = [Router(p, tokenizer, state, 1)
+                        for p, state in zip(policies, fleet.states, strict=True)]
+        self._pick = np.random.default_rng([seed, 11])
         self._heap: list[tuple[float, int, int]] = []  # (step end, tie break, replica)
         self._seq = 0
-        self._inflight: dict[str, tuple[WorkloadRequest, RouteRequest, str, Pending]] = {}
+        self._inflight: dict[str, _InFlight] = {}
         self.ttft: dict[int, float] = {}
         self.cached: dict[int, int] = {}
         self.reasons: Counter[str] = Counter()
+        self.chosen: dict[int, str] = {}
         self.now = 0.0
         self._idle_blocks = 0  # summed over arrivals and replicas
+
+    def close(self) -> None:
+        for router in self.routers:
+            router.close()
 
     def _start_step(self, index: int, now: float) -> None:
         rep = self.fleet.replicas[index]
@@ -110,39 +152,47 @@ class Simulation:
         rep = self.fleet.replicas[index]
         outputs, rep.pending, rep.busy_until = rep.pending, [], None
         for o in outputs:
-            req, route, rid, pending = self._inflight[o.request_id]
+            f = self._inflight[o.request_id]
+            state = self.fleet.states[f.gateway]
+            req = f.request
             if req.index not in self.ttft and o.first_token_time is not None:
                 self.ttft[req.index] = o.first_token_time - o.arrival_time
                 self.cached[req.index] = o.num_cached_tokens
-                self.fleet.state.first_byte(pending)
+                state.first_byte(f.pending)
             if o.finished:
                 del self._inflight[o.request_id]
-                self.fleet.state.done(pending)
-                self.policy.observe(Finished(route, rid, True, o.num_cached_tokens,
-                                             self.ttft.get(req.index)))
+                state.done(f.pending)
+                cached = state.answered(f.route.model, f.route.prompt_tokens,
+                                        req.prompt_tokens, o.num_cached_tokens)
+                self.policies[f.gateway].observe(Finished(f.route, f.replica, True, cached,
+                                                          self.ttft.get(req.index)))
         if rep.core.has_unfinished():
             self._start_step(index, now)
 
+    def _parsed(self, req: WorkloadRequest, ids: list[int]) -> ParsedRequest:
+        model = self.fleet.model_id
+        if self.prompts == "text":
+            return ParsedRequest("chat", {}, model, True, None, None, req.messages(), None,
+                                 None, req.tools())
+        return ParsedRequest("completions", {}, model, True, None, ids, None, None, None)
+
     def _arrive(self, req: WorkloadRequest, now: float) -> None:
         ids = req.token_ids()
-        needed = self.policy.tokens_needed
-        route = RouteRequest(
-            tokens=ids if needed is None else ids[:needed],
-            prompt_tokens=len(ids),
-            request_id=f"req{req.index}",
-            model=self.fleet.model_id,
-            arrival_s=now,
-        )
+        gateway = int(self._pick.integers(len(self.routers))) if len(self.routers) > 1 else 0
+        router = self.routers[gateway]
+        route = router.build(self._parsed(req, ids), now=now)
         replicas = self.fleet.replicas
         self._idle_blocks += sum(r.core.kv.pool.num_free_blocks for r in replicas)
-        decision = self.policy.choose(route, self.fleet.views(now))
+        decision = router.policy.choose(route, self.fleet.views(now, gateway))
         self.reasons[decision.reason] += 1
+        self.chosen[req.index] = decision.chosen
         index = self.fleet.index[decision.chosen]
         rep: SimReplica = replicas[index]
         self.fleet.add(rep, req, ids, now)
-        pending = self.fleet.state.sent(rep.id, work_tokens(route, decision, rep.id), now)
-        self._inflight[f"req{req.index}"] = (req, route, rep.id, pending)
-        self.policy.observe(Routed(route, rep.id))
+        pending = self.fleet.states[gateway].sent(
+            rep.id, work_tokens(route, decision, rep.id), now)
+        self._inflight[f"req{req.index}"] = _InFlight(req, route, rep.id, pending, gateway)
+        router.policy.observe(Routed(route, rep.id))
         if rep.busy_until is None:
             self._start_step(index, now)
 
@@ -159,6 +209,18 @@ class Simulation:
                 self.now = float(next_arrival)
                 self._arrive(requests[i], self.now)
                 i += 1
+
+    def _same_replica_repeats(self, requests: Sequence[WorkloadRequest]) -> float:
+        last: dict[str, str] = {}
+        repeats = same = 0
+        for req in sorted(requests, key=lambda r: r.index):
+            replica = self.chosen[req.index]
+            before = last.get(req.affinity_key)
+            if before is not None:
+                repeats += 1
+                same += before == replica
+            last[req.affinity_key] = replica
+        return same / repeats if repeats else 0.0
 
     def result(self, requests: Sequence[WorkloadRequest], wall: float,
                cpu: float) -> PolicyResult:
@@ -186,6 +248,7 @@ class Simulation:
             preemptions=sum(s.num_preemptions for s in stats),
             reasons=dict(self.reasons),
             replica_requests=[r.routed for r in self.fleet.replicas],
+            same_replica_repeats=self._same_replica_repeats(requests),
             replica_prefill_tokens=per_replica_prefill,
             load_spread=max(per_replica_prefill) / mean_prefill if mean_prefill else 1.0,
             mean_idle_kv_blocks=self._idle_blocks / len(requests) / len(self.fleet.replicas),
@@ -198,17 +261,24 @@ class Simulation:
 
 
 def simulate(requests: Sequence[WorkloadRequest], arrivals: Sequence[float] | np.ndarray,
-             policy: Policy, fleet_spec: FleetSpec,
-             hashes: PrefixHashes | None = None) -> PolicyResult:
-    """Run ``requests`` arriving at ``arrivals`` through a fresh fleet under ``policy``.
+             policy: Policy | Sequence[Policy], fleet_spec: FleetSpec,
+             hashes: PrefixHashes | None = None, prompts: str = "ids",
+             tokenizer: PromptTokenizer | None = None, seed: int = 0) -> PolicyResult:
+    """Run ``requests`` arriving at ``arrivals`` through a fresh fleet under ``policy``
+    (a sequence: one policy per gateway copy).
 
     ``hashes`` may be shared between runs over the same requests (it only memoizes).
     """
     if len(arrivals) != len(requests):
         raise ValueError(f"{len(arrivals)} arrival times for {len(requests)} requests")
+    copies = 1 if isinstance(policy, Policy) else len(policy)
     started, cpu = time.perf_counter(), time.process_time()
-    sim = Simulation(SimFleet(fleet_spec, hashes), policy)
-    sim.run(requests, arrivals)
+    sim = Simulation(SimFleet(fleet_spec, hashes, gateways=copies), policy, tokenizer,
+                     prompts, seed)
+    try:
+        sim.run(requests, arrivals)
+    finally:
+        sim.close()
     return sim.result(requests, time.perf_counter() - started, time.process_time() - cpu)
 
 
@@ -246,6 +316,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the replicas' /metrics: vLLM's (no queue gauge) or kvgate's")
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="seconds of virtual time between scrapes")
+    parser.add_argument("--gateways", type=int, default=1,
+                        help="gateway copies, each given a random share of the requests")
+    parser.add_argument("--prompts", choices=("ids", "text"), default=None,
+                        help="what the gateway gets: token ids, or chat text it tokenizes "
+                             "itself (default: per scenario)")
     parser.add_argument("--rate", type=float, default=None,
                         help="arrival rate in requests/s (default: per scenario, scaled "
                              "by replicas / 8)")
@@ -277,8 +352,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       scrape_interval_s=args.scrape_interval)
     fleet.validate()
     rate = args.rate if args.rate is not None else scenario.rate * args.replicas / 8
+    if hasattr(spec, "rate"):  # the workload times its own arrivals
+        spec = dataclasses.replace(spec, rate=rate)
     requests = generate(spec, args.requests)
-    arrivals = poisson_arrivals(len(requests), rate, args.seed)
+    if all(r.arrival_s is not None for r in requests):
+        arrivals = np.array([r.arrival_s for r in requests])
+    else:
+        arrivals = poisson_arrivals(len(requests), rate, args.seed)
+    prompts = args.prompts or scenario.prompts
+    tokenizer = load_tokenizer(None, memo_size=4096) if prompts == "text" else None
     hashes = PrefixHashes(fleet.block_size, load_profile(profile).model.name)
     bound = oracle_bound(requests, hashes, args.replicas * fleet.blocks(fleet.idle_kv_gib))
     report: dict[str, Any] = {
@@ -287,6 +369,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "replicas": args.replicas,
         "requests": len(requests),
         "arrival_rate": rate,
+        "gateways": args.gateways,
+        "prompts": prompts,
+        "views": args.views,
+        "dialect": args.dialect,
         "profile": profile,
         "fleet": asdict(fleet),
         "workload": asdict(spec),
@@ -300,8 +386,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         overrides.setdefault(policy_name, {})[param] = value
     report["policy_overrides"] = overrides
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        policy = build_policy(name, **overrides.get(name, {}))
-        res = simulate(requests, arrivals, policy, fleet, hashes)
+        copies = [build_policy(name, **overrides.get(name, {})) for _ in range(args.gateways)]
+        res = simulate(requests, arrivals, copies, fleet, hashes, prompts, tokenizer,
+                       args.seed)
         results[name] = res
         report["policies"][name] = res.summary()
         print(f"{name:>16}: token hit {res.token_hit_rate:.3f}  request hit "

@@ -17,6 +17,10 @@ Workloads (all deterministic from ``seed``):
 * ``chat``: multi-turn conversations whose history only grows (each turn extends the last).
 * ``tools``: one system prompt, several tool-schema blocks under it, conversations under
   each block: a branching tree of shared prefixes.
+* ``chat-apps``: several apps, each with its own system prompt and tool schemas (sent in
+  the request's ``tools`` field), taking shares of the conversations; conversations of
+  1-12 turns arrive as a Poisson process and each turn follows the last after a think
+  time, carrying the whole history. Requests carry their arrival times.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -40,7 +44,7 @@ class Segment:
 
     key: str
     length: int
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tools"]  # tools: the request's field
     shared: bool
 
 
@@ -54,6 +58,7 @@ class WorkloadRequest:
     label: str  # "hot" / "cold" for contracts, the workload name otherwise
     affinity_key: str
     content: SegmentContent = field(repr=False, compare=False)
+    arrival_s: float | None = None  # seconds from the start, for workloads that time turns
 
     @property
     def prompt_tokens(self) -> int:
@@ -64,6 +69,9 @@ class WorkloadRequest:
 
     def messages(self) -> list[dict[str, str]]:
         return self.content.messages(self.segments)
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        return self.content.tools(self.segments)
 
 
 class SegmentContent:
@@ -111,10 +119,30 @@ class SegmentContent:
             out += self.ids(seg)
         return out
 
+    def tools(self, segments: Sequence[Segment]) -> list[dict[str, Any]] | None:
+        """The ``tools`` field: each tools segment as function schemas whose descriptions
+        carry its text (about ``segment.length`` tokens once rendered)."""
+        out: list[dict[str, Any]] = []
+        for seg in segments:
+            if seg.role != "tools":
+                continue
+            words = self.text(seg).split(" ")
+            per = max(1, len(words) // 4)
+            for j in range(0, len(words), per):
+                out.append({"type": "function", "function": {
+                    "name": f"{seg.key}_{j // per}",
+                    "description": " ".join(words[j : j + per]),
+                    "parameters": {"type": "object", "properties": {
+                        "query": {"type": "string"}}, "required": ["query"]}}})
+        return out or None
+
     def messages(self, segments: Sequence[Segment]) -> list[dict[str, str]]:
-        """Consecutive segments with one role become one message, joined by blank lines."""
+        """Consecutive segments with one role become one message, joined by blank lines
+        (tools segments go to the ``tools`` field instead)."""
         out: list[dict[str, str]] = []
         for seg in segments:
+            if seg.role == "tools":
+                continue
             text = self.text(seg)
             if out and out[-1]["role"] == seg.role:
                 out[-1]["content"] += "\n\n" + text
@@ -218,8 +246,39 @@ class ToolsSpec:
             _check_range(name, getattr(self, name))
 
 
-Spec = ContractsSpec | ChatSpec | ToolsSpec
-SPECS: dict[str, type[Spec]] = {"contracts": ContractsSpec, "chat": ChatSpec, "tools": ToolsSpec}
+@dataclass(frozen=True, slots=True)
+class ChatAppsSpec:
+    """Apps with their own system prompt and tools; ``app_shares`` of the conversations
+    each. Conversations start at ``rate / mean turns`` per second (so requests arrive at
+    about ``rate``), have ``turns`` turns drawn geometric with mean ``mean_turns``, and a
+    turn follows the previous one after an exponential think time of mean ``think_s``."""
+
+    app_shares: tuple[float, ...] = (0.5, 0.25, 0.15, 0.1)
+    system_tokens: tuple[int, int] = (500, 800)
+    tool_tokens: tuple[int, int] = (400, 800)
+    turns: tuple[int, int] = (1, 12)
+    mean_turns: float = 3.2
+    think_s: float = 8.0
+    rate: float = 10.0
+    user_tokens: tuple[int, int] = (30, 200)
+    assistant_tokens: tuple[int, int] = (50, 300)
+    output_tokens: tuple[int, int] = (16, 64)
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not self.app_shares or any(s <= 0 for s in self.app_shares):
+            raise ValueError(f"app_shares must be positive numbers, got {self.app_shares!r}")
+        _check_positive(mean_turns=self.mean_turns, think_s=self.think_s, rate=self.rate)
+        for name in ("system_tokens", "tool_tokens", "turns", "user_tokens",
+                     "assistant_tokens", "output_tokens"):
+            _check_range(name, getattr(self, name))
+        if not self.turns[0] <= self.mean_turns <= self.turns[1]:
+            raise ValueError(f"mean_turns {self.mean_turns!r} is outside turns {self.turns!r}")
+
+
+Spec = ContractsSpec | ChatSpec | ToolsSpec | ChatAppsSpec
+SPECS: dict[str, type[Spec]] = {"contracts": ContractsSpec, "chat": ChatSpec, "tools": ToolsSpec,
+                                "chat-apps": ChatAppsSpec}
 
 
 def _ints(rng: np.random.Generator, bounds: tuple[int, int], n: int) -> list[int]:
@@ -289,12 +348,66 @@ def _conversations(spec: ChatSpec | ToolsSpec, n: int, content: SegmentContent,
     return out
 
 
+def chat_apps(spec: ChatAppsSpec, n: int, content: SegmentContent) -> list[WorkloadRequest]:
+    """The first ``n`` turns, by arrival time, of conversations over the apps."""
+    rng = np.random.default_rng([spec.seed, 3])
+    shares = np.asarray(spec.app_shares, dtype=np.float64)
+    shares /= shares.sum()
+    apps = []
+    for a in range(len(shares)):
+        system = Segment(f"app{a}-system", int(rng.integers(spec.system_tokens[0],
+                                                            spec.system_tokens[1] + 1)),
+                         "system", True)
+        tools = Segment(f"app{a}-tools", int(rng.integers(spec.tool_tokens[0],
+                                                          spec.tool_tokens[1] + 1)),
+                        "tools", True)
+        apps.append((system, tools))
+    lo, hi = spec.turns
+    # geometric on [lo, hi] with the requested mean (truncation is ignored in the mean)
+    p_stop = 1.0 / max(1.0, spec.mean_turns - lo + 1)
+    starts = spec.rate / spec.mean_turns
+    turns_heap: list[tuple[float, int, int]] = []  # (arrival, conversation, turn)
+    convs: list[tuple[int, int]] = []  # (app, turns)
+    t = 0.0
+    # enough conversations that their turns cover n requests, then take the first n
+    while len(turns_heap) < 2 * n + 64:
+        t += float(rng.exponential(1.0 / starts))
+        app = int(rng.choice(len(shares), p=shares))
+        turns = int(min(hi, lo + rng.geometric(p_stop) - 1))
+        conv = len(convs)
+        convs.append((app, turns))
+        at = t
+        for turn in range(turns):
+            turns_heap.append((at, conv, turn))
+            at += float(rng.exponential(spec.think_s))
+    turns_heap.sort()
+    prompts: dict[int, tuple[Segment, ...]] = {}
+    out = []
+    for at, conv, turn in turns_heap[:n]:
+        app, _ = convs[conv]
+        prefix = prompts.get(conv, apps[app])
+        user = Segment(f"c{conv}u{turn}", int(rng.integers(spec.user_tokens[0],
+                                                           spec.user_tokens[1] + 1)),
+                       "user", True)
+        prompt = (*prefix, user)
+        answer = Segment(f"c{conv}a{turn}", int(rng.integers(spec.assistant_tokens[0],
+                                                             spec.assistant_tokens[1] + 1)),
+                         "assistant", True)
+        prompts[conv] = (*prompt, answer)
+        out.append(WorkloadRequest(len(out), prompt, int(rng.integers(
+            spec.output_tokens[0], spec.output_tokens[1] + 1)), f"app{app}", f"conv{conv}",
+            content, arrival_s=at))
+    return out
+
+
 def generate(spec: Spec, n: int, content: SegmentContent | None = None) -> list[WorkloadRequest]:
     """The first ``n`` requests of the workload ``spec`` describes (same spec, same list)."""
     spec.validate()
     content = content if content is not None else SegmentContent(spec.seed)
     if isinstance(spec, ContractsSpec):
         return contracts(spec, n, content)
+    if isinstance(spec, ChatAppsSpec):
+        return chat_apps(spec, n, content)
     system = (Segment("system", spec.system_tokens, "system", True),) if spec.system_tokens else ()
     return _conversations(spec, n, content, system)
 

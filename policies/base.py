@@ -164,6 +164,10 @@ class Policy(ABC):
     def observe(self, event: RouteEvent) -> None:  # noqa: B027 - optional hook
         """Update routing state after something happened; the default keeps no state."""
 
+    def describe(self) -> dict[str, object]:
+        """What the policy has learned, for ``/admin/explain`` (JSON-ready); none here."""
+        return {}
+
 
 def healthy(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
     """The healthy replicas, or ``NoReplicaError`` naming how many were seen."""

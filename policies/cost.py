@@ -122,7 +122,10 @@ class CostConfig:
             raise ValueError(f"common_share must be in (0, 1], got {self.common_share!r}")
         if self.max_common_prefix < 0:
             raise ValueError(f"max_common_prefix must be >= 0, got {self.max_common_prefix!r}")
-        FrequencySketch(self.sketch_width, self.sketch_depth)  # validates width and depth
+        if self.sketch_width < 2 or self.sketch_width & (self.sketch_width - 1):
+            raise ValueError(f"sketch_width must be a power of two >= 2, got {self.sketch_width!r}")
+        if not 1 <= self.sketch_depth <= 8:
+            raise ValueError(f"sketch_depth must be in [1, 8], got {self.sketch_depth!r}")
 
 
 class _Prepared(NamedTuple):
@@ -131,7 +134,7 @@ class _Prepared(NamedTuple):
     key: int
     chain: list[ChainEntry]
     chain_keys: frozenset[int]
-    count: int  # the key's decayed count before this request
+    seen: int  # the key's decayed count before this request
 
 
 class _Model(NamedTuple):
@@ -226,18 +229,11 @@ class Cost(Policy):
         up = [r.healthy for r in replicas]
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
-        hot = self._hot(prep.count)
+        hot = self._hot(prep.seen)
         pace = self._pace.value_s
         points, distinct = ring.points, len(ring)
 
-        scratch: list[int] = []
-        size = min(self._scratch_size, len(ok) - 1)
-        if size > 0:
-            for i in walk(points, owners, distinct, _SCRATCH_KEY):
-                if up[i]:
-                    scratch.append(i)
-                    if len(scratch) == size:
-                        break
+        scratch = self._scratch(points, owners, distinct, up, len(ok))
         in_scratch = set(scratch)
 
         # candidates, in the order ties are broken by
@@ -291,6 +287,27 @@ class Cost(Policy):
                        for total, _, i, terms in scored)
         return Decision(tuple(ids[i] for i in ranked_idx), reason, matched.get(best, 0),
                         scores)
+
+    def _scratch(self, points: list[int], owners: list[int], distinct: int, up: list[bool],
+                 healthy_count: int) -> list[int]:
+        """Indexes of the scratch set: the first ``S`` healthy replicas on the ring walked
+        from a fixed key (never every healthy replica)."""
+        out: list[int] = []
+        size = min(self._scratch_size, healthy_count - 1)
+        if size > 0:
+            for i in walk(points, owners, distinct, _SCRATCH_KEY):
+                if up[i]:
+                    out.append(i)
+                    if len(out) == size:
+                        break
+        return out
+
+    def scratch_set(self, replicas: Sequence[ReplicaView]) -> tuple[str, ...]:
+        """The ids of the current scratch set over ``replicas``."""
+        ring, owners = self._rings.layout([r.id for r in replicas], [r.weight for r in replicas])
+        up = [r.healthy for r in replicas]
+        return tuple(replicas[i].id for i in self._scratch(ring.points, owners, len(ring), up,
+                                                           sum(up)))
 
     def _matches(self, prep: _Prepared, replicas: Sequence[ReplicaView], up: list[bool],
                  p: int) -> dict[int, int]:
@@ -372,7 +389,7 @@ class Cost(Policy):
         now = request.arrival_s
         if now is not None:
             self._all_load.add(now, uncached)
-            if not self._hot(prep.count):
+            if not self._hot(prep.seen):
                 self._rare_load.add(now, uncached)
             self._resize_scratch(now)
         if self._learner is not None and request.affinity_key is None \
@@ -413,6 +430,17 @@ class Cost(Policy):
         elif need < size - 1.25:
             size = math.ceil(need + 0.25)
         self._scratch_size = max(cfg.min_scratch, min(limit, size))
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "scratch_size": self._scratch_size,
+            "prefill_s_per_token": self._pace.value_s,
+            "pace_samples": self._pace.samples,
+            "sketch_window": self._sketch.window,
+            "common_prefix_tokens": self._learner.depth if self._learner else 0,
+            "model_tokens": {rid: held.model.used for rid, held in self._models.items()},
+            "model_capacity": {rid: held.model.capacity for rid, held in self._models.items()},
+        }
 
     def check_integrity(self) -> None:
         for held in self._models.values():

@@ -123,3 +123,43 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text("replicas:\n  - {id: a, url: 'http://h:1'}\nscrape: {interval_s: -2}\n")
     with pytest.raises(ConfigError, match=rf"{bad}.scrape: interval_s must be > 0, got -2"):
         load_config(bad)
+
+
+def test_replica_figures_are_converted_to_gateway_tokens() -> None:
+    fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
+    fleet.record_scrape("r", parse_metrics(VLLM), now=0.0)
+    fleet.record_scrape("r", parse_metrics(VLLM.replace("1000.0", "1600.0")), now=2.0)
+    pending = fleet.sent("r", 100, now=5.0)
+    assert fleet.views(now=5.0)[0].kv_capacity_tokens == 2048 * 16  # no answers yet: 1:1
+    for _ in range(fleet.calibration.min_samples):  # the replica counts half our tokens
+        fleet.calibration.observe(None, 500, 1000)
+    assert fleet.calibration.ratio() == pytest.approx(0.5)
+    view = fleet.views(now=6.5)[0]
+    assert view.kv_capacity_tokens == 2 * 2048 * 16
+    assert view.queued_tokens == 2 * 4096 + 100  # the gauge is the replica's; ours is ours
+    assert view.prefill_tokens_per_s == pytest.approx(2 * 600 / 2)
+    assert view.pending_age_s == pytest.approx(1.5)
+    fleet.first_byte(pending)
+    assert fleet.views(now=7.0)[0].pending_age_s == 0.0
+    assert fleet.calibration.to_gateway(300) == 600
+
+
+def test_calibration_is_per_model_and_bounded() -> None:
+    fleet = Fleet([])
+    cal = fleet.calibration
+    for _ in range(cal.min_samples):
+        cal.observe("a", 300, 100)
+        cal.observe("b", 100, 100)
+    assert cal.ratio("a") == pytest.approx(3.0)
+    assert cal.ratio("b") == pytest.approx(1.0)
+    assert cal.ratio("unseen") == pytest.approx(2.0)  # the mean over what is known
+    for i in range(cal.max_models + 10):
+        cal.observe(f"m{i}", 1, 1)
+    assert len(cal.snapshot()) <= cal.max_models
+
+
+def test_a_replica_without_capacity_gauges_takes_the_configured_one() -> None:
+    fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1", kv_capacity_tokens=12_000)])
+    assert fleet.views()[0].kv_capacity_tokens == 12_000
+    with pytest.raises(ConfigError, match="kv_capacity_tokens"):
+        parse_config({"replicas": [{"id": "r", "url": "http://x:1", "kv_capacity_tokens": 0}]})

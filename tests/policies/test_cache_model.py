@@ -1,0 +1,97 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.cache_model import ChainEntry, ReplicaCacheModel, prompt_chain
+
+# a prompt is a chain of entries: (key, tokens); owners are ints
+chains = st.lists(
+    st.lists(st.tuples(st.integers(0, 30), st.integers(1, 40)), min_size=1, max_size=5),
+    min_size=1, max_size=60)
+
+
+class BruteLRU:
+    """The obvious LRU: a list of [key, tokens, owner], least recently used first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.items: list[list[int]] = []
+
+    def find(self, key: int) -> list[int] | None:
+        return next((it for it in self.items if it[0] == key), None)
+
+    def match(self, chain: list[ChainEntry]) -> int:
+        got = 0
+        for key, tokens in chain:
+            held = self.find(key)
+            if held is None:
+                break
+            got += min(tokens, held[1])
+            if held[1] < tokens:
+                break
+        return got
+
+    def admit(self, chain: list[ChainEntry], owner: int) -> list[int]:
+        for key, tokens in reversed(chain):
+            held = self.find(key)
+            if held is None:
+                held = [key, tokens, owner]
+            else:
+                self.items.remove(held)
+                held[1], held[2] = max(held[1], tokens), owner
+            self.items.append(held)
+        evicted = []
+        while sum(it[1] for it in self.items) > self.capacity and self.items:
+            evicted.append(self.items.pop(0)[0])
+        return evicted
+
+
+def unique(chain: list[tuple[int, int]]) -> list[ChainEntry]:
+    seen, out = set(), []
+    for key, tokens in chain:  # a chain never repeats a key (keys are chained hashes)
+        if key not in seen:
+            seen.add(key)
+            out.append(ChainEntry(key, tokens))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(chains, st.integers(1, 200))
+def test_model_is_an_lru_of_token_sizes(prompts: list[list[tuple[int, int]]],
+                                        capacity: int) -> None:
+    model, brute = ReplicaCacheModel(capacity), BruteLRU(capacity)
+    for owner, raw in enumerate(prompts):
+        chain = unique(raw)
+        assert model.match(chain) == brute.match(chain)
+        predicted = [v.key for v in model.victims(
+            sum(e.tokens for e in chain if e.key not in model), frozenset(e.key for e in chain))]
+        evicted = [v.key for v in model.admit(chain, owner)]
+        assert evicted == brute.admit(chain, owner)
+        # victims() named what admit() evicted, in order (when nothing of the chain itself
+        # had to go and no held entry grew)
+        if not set(evicted) & {e.key for e in chain}:
+            assert evicted[: len(predicted)] == predicted[: len(evicted)]
+        assert model.keys_lru() == [it[0] for it in brute.items]
+        model.check_integrity()
+
+
+def test_a_prompt_is_admitted_tail_first() -> None:
+    model = ReplicaCacheModel(100)
+    model.admit([ChainEntry(1, 40), ChainEntry(2, 40), ChainEntry(3, 20)], owner=7)
+    assert model.keys_lru() == [3, 2, 1]  # the head is the most recently used
+    victims = model.admit([ChainEntry(9, 30)], owner=8)
+    assert [v.key for v in victims] == [3, 2]  # the tail goes first, the head stays
+    assert victims[0].owner == 7
+    assert model.match([ChainEntry(1, 40), ChainEntry(2, 40)]) == 40
+
+
+def test_prompt_chain_shares_heads_and_splits_tails_by_owner() -> None:
+    doc = list(range(300))
+    a = prompt_chain(doc + [1, 2], 400, 128, root=5, owner_id=11)
+    b = prompt_chain(doc + [3], 380, 128, root=5, owner_id=11)
+    c = prompt_chain(doc + [1, 2], 400, 128, root=5, owner_id=12)
+    other_root = prompt_chain(doc, 300, 128, root=6)
+    assert [e.tokens for e in a] == [128, 128, 144]  # two blocks, then the tail
+    assert a[:2] == b[:2] == c[:2]
+    assert a[2].key != b[2].key  # the known tokens after the last block differ
+    assert a[2].key != c[2].key  # another owner
+    assert other_root[0].key != a[0].key  # model and cache salt separate chains

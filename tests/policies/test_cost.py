@@ -1,0 +1,147 @@
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from policies.base import Finished, ReplicaRemoved, ReplicaView, Routed, RouteRequest
+from policies.config import ConfigError
+from policies.cost import Cost, CostConfig
+from policies.registry import build_policy, load_preset
+
+DOC = 1000  # tokens per document in these tests
+
+
+def views(n: int = 8, capacity: int = 4000, queued: dict[str, int] | None = None,
+          epoch: int = 0) -> list[ReplicaView]:
+    queued = queued or {}
+    return [ReplicaView(f"r{i}", queued_tokens=queued.get(f"r{i}", 0),
+                        kv_capacity_tokens=capacity, epoch=epoch) for i in range(n)]
+
+
+def doc(seed: int, extra: int = 20) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(50_000) for _ in range(DOC + extra)]
+
+
+def request(tokens: list[int], at: float = 0.0) -> RouteRequest:
+    return RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model="m", arrival_s=at)
+
+
+def route(policy: Cost, tokens: list[int], fleet: Sequence[ReplicaView], at: float = 0.0
+          ) -> str:
+    req = request(tokens, at)
+    chosen = policy.choose(req, fleet).chosen
+    policy.observe(Routed(req, chosen))
+    return chosen
+
+
+def holders(policy: Cost, tokens: list[int], fleet: Sequence[ReplicaView]) -> list[str]:
+    d = policy.choose(request(tokens), fleet)
+    return [s.replica for s in d.scores if s.matched_tokens > DOC // 2]
+
+
+def test_a_routed_document_is_found_again_and_spills_only_under_load() -> None:
+    policy = Cost()
+    fleet = views()
+    tokens = doc(1)
+    first = route(policy, tokens, fleet)
+    again = policy.choose(request(doc(1, extra=20)), fleet)
+    assert again.chosen == first and again.reason == "cache_match"
+    assert again.matched_tokens >= DOC
+    busy = policy.choose(request(tokens), views(queued={first: 200_000}))
+    assert busy.chosen != first and busy.reason == "spill"
+
+
+def test_every_score_names_its_terms() -> None:
+    policy = Cost()
+    fleet = views()
+    for seed in range(3):  # some history, so evictions and matches have values
+        route(policy, doc(seed), fleet)
+    d = policy.choose(request(doc(0)), views(queued={"r3": 5000}))
+    assert d.scores
+    for s in d.scores:
+        terms = dict(s.terms)
+        assert set(terms) == {"wait_s", "prefill_s", "evict_s", "scratch_s"}
+        assert s.score == pytest.approx(sum(terms.values()))
+    assert [s.score for s in d.scores] == sorted(s.score for s in d.scores)
+
+
+def test_a_one_off_document_never_evicts_a_hot_document_from_its_home() -> None:
+    policy = Cost(CostConfig(min_scratch=1))
+    fleet = views(capacity=4000)  # the model holds 3 documents per replica
+    hot = doc(0)
+    home = next(v.id for v in fleet if v.id not in policy.scratch_set(fleet))
+    for t in range(4):  # seen often, and placed on a home outside the scratch set
+        policy.observe(Routed(request(hot, at=t), home))
+    assert holders(policy, hot, fleet) == [home]
+    for i in range(300):  # a stream of documents nobody asks for twice
+        route(policy, doc(1000 + i), fleet, at=10 + i * 0.1)
+        policy.check_integrity()
+    assert home in holders(policy, hot, fleet)
+
+
+def test_the_scratch_set_and_homes_are_stable_when_a_replica_leaves() -> None:
+    policy = Cost(CostConfig(min_scratch=2))
+    fleet = views(n=10)
+    scratch = policy.scratch_set(fleet)
+    assert len(scratch) == 2
+    gone = next(v.id for v in fleet if v.id not in scratch)
+    smaller = [v for v in fleet if v.id != gone]
+    assert policy.scratch_set(smaller) == scratch
+    # homes of hot keys: only the departed replica's keys move (~1/R)
+    moved = 0
+    docs = [doc(5000 + i)[:300] for i in range(400)]
+    for tokens in docs:
+        for t in range(3):
+            policy.observe(Routed(request(tokens, at=t), "r0"))  # make it hot
+    for tokens in docs:
+        before = policy.choose(request(tokens), views(n=10, queued={"r0": 10**9})).chosen
+        after = policy.choose(request(tokens), [v for v in views(n=10, queued={"r0": 10**9})
+                                                if v.id != gone]).chosen
+        moved += before != after
+    assert moved / len(docs) < 2.5 / 10
+
+
+def test_a_rare_document_goes_to_the_scratch_set() -> None:
+    policy = Cost(CostConfig(min_scratch=2))
+    fleet = views()
+    d = policy.choose(request(doc(42)), fleet)
+    assert d.reason == "scratch" and d.chosen in policy.scratch_set(fleet)
+
+
+def test_a_restarted_replica_is_treated_as_empty() -> None:
+    policy = Cost()
+    tokens = doc(3)
+    home = route(policy, tokens, views())
+    assert holders(policy, tokens, views()) == [home]
+    assert holders(policy, tokens, views(epoch=1)) == []
+    policy.observe(ReplicaRemoved(home))
+    assert holders(policy, tokens, views()) == []
+
+
+def test_the_pace_is_learned_from_first_token_times() -> None:
+    policy = Cost(CostConfig(prefill_s_per_token=1e-4))
+    req = request(doc(7))
+    for _ in range(40):  # 1020 tokens to prefill in 0.51 s: 5e-4 s per token
+        policy.observe(Finished(req, "r0", True, cached_tokens=0, ttft_s=0.51))
+    assert policy.pace_s_per_token == pytest.approx(5e-4)
+
+
+def test_the_scratch_set_grows_with_the_rare_prefill_load() -> None:
+    policy = Cost(CostConfig(prefill_s_per_token=1e-3, scratch_utilization=0.55,
+                             max_scratch_fraction=0.5))
+    fleet = views(n=8)
+    # 1 one-off document of 1020 tokens per second at 1 ms per token: ~1 replica busy,
+    # 2 replicas at 51%
+    for i in range(300):
+        route(policy, doc(20_000 + i), fleet, at=float(i))
+    assert policy.scratch_size == 2
+    assert len(policy.scratch_set(fleet)) == 2
+
+
+def test_the_preset_builds_and_bad_values_are_named() -> None:
+    assert isinstance(build_policy(load_preset("cost")), Cost)
+    with pytest.raises(ConfigError, match="scratch_utilization"):
+        build_policy({"name": "cost", "scratch_utilization": 0})
+    with pytest.raises(ConfigError, match="sketch_width"):
+        build_policy({"name": "cost", "sketch_width": 1000})
