@@ -96,6 +96,7 @@ class ReplicaState:
             token_hit_rate=self.token_hit_rate(), epoch=self.epoch,
             prefill_tokens_per_s=None if prefill is None else prefill / ratio,
             pending_age_s=max(0.0, now - oldest.sent_at) if oldest is not None else 0.0,
+            pending_head_tokens=oldest.tokens if oldest is not None else 0,
         )
 
 

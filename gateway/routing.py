@@ -23,6 +23,7 @@ from gateway.errors import BadRequest, NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.request_parse import ParsedRequest
 from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
+from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks, text_chunks
 
 
 class _Tokens(NamedTuple):
@@ -31,6 +32,8 @@ class _Tokens(NamedTuple):
     anchor: int | None  # tokens a conversation's turns share (chats only)
     fingerprint: int | None  # identifies the whole prompt within this process
     conversation: int | None = None  # stable key of what a chat's turns share
+    chunks: Sequence[int] = ()  # prompt chunk hashes, for policies that asked
+    chunk_tokens: float = 0.0
 
 
 def conversation_key(head: str) -> int:
@@ -118,6 +121,24 @@ class Router:
                              now)
 
     def _tokens(self, parsed: ParsedRequest, needed: int | None) -> _Tokens:
+        toks = self._encoded(parsed, needed)
+        chars = self.policy.chunk_chars
+        if chars <= 0:
+            return toks
+        if parsed.prompt_ids is not None:
+            return toks._replace(chunks=id_chunks(parsed.prompt_ids),
+                                 chunk_tokens=float(IDS_PER_CHUNK))
+        if parsed.prompt_text is not None:
+            text = parsed.prompt_text
+        else:
+            try:
+                text = self.tokenizer.render_chat(parsed.messages or [], tools=parsed.tools)
+            except ChatFormatError as exc:
+                raise BadRequest(str(exc), param="messages") from exc
+        return toks._replace(chunks=text_chunks(text, chars),
+                             chunk_tokens=chars / self.tokenizer.chars_per_token)
+
+    def _encoded(self, parsed: ParsedRequest, needed: int | None) -> _Tokens:
         if parsed.prompt_ids is None and needed == 0:  # only a length estimate is needed
             text = parsed.prompt_text if parsed.prompt_text is not None else "".join(
                 m["content"] for m in normalize_messages(parsed.messages or []))
@@ -130,7 +151,8 @@ class Router:
     def _inline(self, parsed: ParsedRequest, needed: int | None) -> bool:
         """True when ``_tokens`` costs microseconds (ids given, nothing to encode, or a
         remembered document): no thread hop then."""
-        return parsed.prompt_ids is not None or needed == 0 or (
+        return parsed.prompt_ids is not None or (needed == 0 and (
+            self.policy.chunk_chars <= 0 or parsed.messages is None)) or (
             parsed.prompt_text is not None
             and self.tokenizer.remembered_prefix(parsed.prompt_text, needed or 0) is not None)
 
@@ -141,7 +163,8 @@ class Router:
                             model=parsed.model, tenant=tenant, cache_salt=parsed.cache_salt,
                             affinity_key=parsed.affinity_key, anchor_tokens=toks.anchor,
                             fingerprint=toks.fingerprint, conversation_key=toks.conversation,
-                            arrival_s=time.monotonic() if now is None else now)
+                            arrival_s=time.monotonic() if now is None else now,
+                            chunks=toks.chunks, chunk_tokens=toks.chunk_tokens)
 
     async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
         now = time.monotonic()

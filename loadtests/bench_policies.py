@@ -1,4 +1,5 @@
-"""Benchmark of the routing policies' ``choose()`` latency and the radix tree's memory.
+"""Benchmark of the routing policies' ``choose()`` latency and the memory of the ones that
+model the fleet's caches.
 
     python -m loadtests.bench_policies --json bench.json [--replicas 8 64 512] [--quick]
 
@@ -7,14 +8,11 @@ random token ids; each prompt is one document plus a 60-100-token question; the 
 active documents get 80% of prompts. For each replica count, every policy first routes
 ``--warmup`` prompts (``choose`` then ``observe(Routed)``, queues kept as the prompt tokens
 of the last ``2 x replicas`` routed requests), then ``choose`` is timed on ``--samples``
-more prompts passed as plain lists of ints (what a tokenizer returns). Tokenization is not
-part of the figures. Radix memory: ``tracemalloc``'s count of the bytes allocated while
-building and warming the policy and still live afterwards (the fleet's own few KB
-included), next to the tree's own estimate; the same for ``cost`` (its cache models and
-frequency sketch); timing runs with tracing off.
-
-Prints and writes ``{"<policy>": {"<replicas>": {"p50_us", "p99_us"}}, "radix_memory_mb": N,
-"cost_memory_mb": N, ...}``; memory is for 64 replicas (or the first count measured).
+more prompts passed as plain lists of ints (what a tokenizer returns). Tokenization (and,
+for a policy with ``chunk_chars``, chunk hashing) is not part of the figures. Memory of
+``radix`` and ``cost``: ``tracemalloc``'s count of the bytes allocated while building and
+warming the policy and still live afterwards (the fleet's own few KB included), next to
+the radix tree's own estimate; timing runs with tracing off.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from policies.base import Policy, ReplicaView, Routed, RouteRequest
+from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
 from policies.radix import Radix
 from policies.registry import POLICY_NAMES, build_policy, load_preset
 
@@ -125,8 +124,9 @@ def _request(policy: Policy, tokens: array, rid: str, as_list: bool = False,
              at: float = 0.0) -> RouteRequest:
     need = policy.tokens_needed
     head: Any = tokens if need is None else tokens[:need]
+    chunks = id_chunks(tokens) if policy.chunk_chars > 0 else ()
     return RouteRequest(head.tolist() if as_list else head, len(tokens), request_id=rid,
-                        arrival_s=at)
+                        arrival_s=at, chunks=chunks, chunk_tokens=float(IDS_PER_CHUNK))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

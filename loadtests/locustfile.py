@@ -114,7 +114,9 @@ class _WorkloadUser(HttpUser):
         _record(sample)
 
     def _read_stream(self, resp: Any, started: float, sample: dict[str, Any]) -> None:
-        for line in resp.iter_lines():
+        # chunk_size=None: each line as soon as it arrives (the default buffers 512 bytes,
+        # which holds the first token back until a few more have come)
+        for line in resp.iter_lines(chunk_size=None):
             if not line or not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()

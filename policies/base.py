@@ -13,7 +13,8 @@ Rules every policy keeps:
   once per attempt), a request finished (``Finished``), a replica left
   (``ReplicaRemoved``) or restarted and lost its cache (``ReplicaReset``).
 * ``tokens_needed`` tells the caller how many leading prompt tokens to tokenize: ``0`` for
-  none, ``None`` for the whole prompt.
+  none, ``None`` for the whole prompt. ``chunk_chars`` > 0 asks for the prompt's chunk
+  hashes instead (``prompt_chunks``), which cost no tokenization.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class RouteRequest:
     and the messages up to the first user message), so a conversation keeps one key
     without a session header. ``arrival_s`` is when the request arrived, in seconds on a
     clock of the caller's (monotonic in the gateway, virtual in the simulator).
+    ``chunks``, for a policy with ``chunk_chars``, identifies the prompt's consecutive
+    pieces without tokenizing it (``prompt_chunks``); each is worth about ``chunk_tokens``
+    gateway tokens.
     """
 
     tokens: Sequence[int]
@@ -52,6 +56,8 @@ class RouteRequest:
     fingerprint: int | None = None
     conversation_key: int | None = None
     arrival_s: float | None = None
+    chunks: Sequence[int] = ()
+    chunk_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +70,8 @@ class ReplicaView:
     they believed it cached. ``prefill_tokens_per_s`` is the replica's recent rate of
     prompt tokens computed (not served from cache), when its counters tell it.
     ``pending_age_s`` is how long the oldest request this gateway sent it has waited for a
-    first byte (0 when none waits): the replica has been working through its queue at
-    least that long. Token
+    first byte (0 when none waits) and ``pending_head_tokens`` what that request has to
+    prefill: the replica is likely that far into it. Token
     counts are in the gateway's tokens (converted from the replica's where they differ).
     """
 
@@ -83,6 +89,7 @@ class ReplicaView:
     epoch: int = 0
     prefill_tokens_per_s: float | None = None
     pending_age_s: float = 0.0
+    pending_head_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +163,7 @@ class Policy(ABC):
 
     name: ClassVar[str]
     tokens_needed: int | None = 0
+    chunk_chars: int = 0
 
     @abstractmethod
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:

@@ -2,12 +2,10 @@
 
 The replica is not asked: the model replays what this gateway sent it into an LRU of the
 replica's capacity, the way vLLM's and SGLang's prefix caches evict. Entries are chained
-keys of a prompt's leading tokens (see ``PromptChain``), each with a size in tokens::
+keys of a prompt's blocks (see ``prompt_chain``), each with a size in tokens::
 
-    prompt:  [0, B) [B, 2B) ... [(n-1)B, nB) | [nB, p)
-    entries: key_1  key_2   ... key_n         | tail (keyed by key_n and what identifies
-                                                the prompt's owner; size p - nB, the
-                                                largest seen)
+    prompt units: [0, B) [B, 2B) ... [(n-1)B, n)
+    entries:      key_1  key_2   ... key_m          key_i = H(key_{i-1}, block i)
 
 A prompt's entries are admitted tail first, so the head is the most recently used: as in
 vLLM, whose freed blocks go to the eviction queue tail first, a shared head (a system
@@ -25,8 +23,6 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from hashlib import blake2b
 from typing import NamedTuple
-
-from policies.ring import token_bytes
 
 _MASK64 = (1 << 64) - 1
 
@@ -77,7 +73,7 @@ class ReplicaCacheModel:
                 break
             matched += min(tokens, held[0])
             if held[0] < tokens:
-                break  # a shorter tail: the rest is not there
+                break  # held shorter than asked: the rest is not there
         return matched
 
     def victims(self, new_tokens: int, keep: frozenset[int] = frozenset()) -> Iterator[Victim]:
@@ -144,32 +140,22 @@ class ReplicaCacheModel:
             raise AssertionError(f"cache model: used {self.used} > capacity {self.capacity}")
 
 
-def prompt_chain(tokens: Sequence[int], prompt_tokens: int, block: int, root: int,
-                 owner_id: int = 0) -> list[ChainEntry]:
-    """The chain entries of a prompt whose first ``len(tokens)`` token ids are known and
-    whose length is ``prompt_tokens``::
+def prompt_chain(units: memoryview, n: int, block: int, unit_tokens: float,
+                 root: int) -> list[ChainEntry]:
+    """The chain entries of a prompt given as ``n`` unit hashes (u32 little-endian bytes in
+    ``units``), ``unit_tokens`` tokens each, in blocks of ``block`` units::
 
-        key_i = H(key_{i-1}, tokens[(i-1)B : iB])         key_0 = root (model, salt)
-        tail  = H(key_n, tokens[nB:], owner_id),  size max(prompt_tokens, len(tokens)) - nB
+        key_i = H(key_{i-1}, units[(i-1)B : iB])        key_0 = root (model, cache salt)
 
-    ``owner_id`` names what the unknown rest belongs to (a conversation, a document key),
-    so two prompts agreeing on their known tokens share a tail only when they say they
-    are the same thing.
+    The last block may be shorter; an entry's size is its units x ``unit_tokens``.
     """
-    data = token_bytes(tokens)
-    n = len(tokens) // block
     out: list[ChainEntry] = []
     prev = (root & _MASK64).to_bytes(8, "little")
-    step = 4 * block  # bytes per block: token ids are u32
-    for i in range(n):
+    step = 4 * block  # bytes per block: units are u32
+    for start in range(0, n, block):
         h = blake2b(prev, digest_size=8)
-        h.update(data[i * step : (i + 1) * step])
+        h.update(units[4 * start : 4 * start + step])
         prev = h.digest()
-        out.append(ChainEntry(int.from_bytes(prev, "little"), block))
-    rest = max(prompt_tokens, len(tokens)) - n * block
-    if rest > 0:
-        h = blake2b(prev, digest_size=8, person=b"kvgate-tail")
-        h.update(data[n * step :])
-        h.update((owner_id & _MASK64).to_bytes(8, "little"))
-        out.append(ChainEntry(int.from_bytes(h.digest(), "little"), rest))
+        size = min(block, n - start)
+        out.append(ChainEntry(int.from_bytes(prev, "little"), max(1, round(size * unit_tokens))))
     return out

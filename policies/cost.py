@@ -12,9 +12,15 @@ single load bound trades hits against the tail. This policy keeps three things:
 * the fleet's **pace** (``pace``): seconds per prefilled token, learned from first-token
   times, and the recent prefill load of rare prefixes.
 
-Prefix key: a stable hash of (model, cache salt) and, first found of, the affinity key
-header, the conversation key (a chat's tools and messages up to its first user message)
-or ``key_tokens`` prompt tokens after a learned common prefix (a shared system prompt).
+The prompt is never tokenized: the gateway hands over hashes of its ``chunk_chars``-
+character pieces (``prompt_chunks``; 16 token ids a piece when the prompt came as ids),
+each worth ``chunk_tokens`` gateway tokens. The cache model's entries are chained keys of
+``block_chunks`` pieces, so a chat's later turn, which repeats the earlier ones, matches
+them on the replica that served them.
+
+Prefix key: a stable hash of (model, cache salt) and the affinity key header, or else
+``key_chunks`` pieces after a learned common prefix (a system prompt most traffic shares):
+a document, or an app's system prompt and tools.
 
 Scratch set: the first ``S`` healthy replicas on the ring walked from a fixed key, so it
 is stable and every gateway copy agrees on it; ``S`` is the rare prefixes' prefill load
@@ -22,10 +28,13 @@ is stable and every gateway copy agrees on it; ``S`` is the rare prefixes' prefi
 ``max_scratch_fraction`` of the fleet.
 
 Candidates: the replicas the model says hold part of the prompt; for a hot key its first
-``homes`` non-scratch replicas on the ring; for a rare key the scratch set; and the least
-loaded replica. For each, in seconds, with ``t`` the pace over the replica's weight::
+non-scratch replica on the ring (every gateway copy agrees on it), and once that one's
+wait exceeds ``spill_wait`` prefills of this prompt, its next ``homes - 1`` and the least
+loaded replicas; for a rare key the scratch set and the least loaded replica. For each,
+in seconds, with ``t`` the pace over the replica's weight::
 
-    wait     = queued tokens x t, less how long the oldest queued request has waited
+    wait     = queued tokens x t, less the part of the oldest queued request the replica
+               is likely through (its age, at most its own prefill)
     prefill  = (prompt tokens - predicted cached tokens) x t
     evict    = eviction_weight x t x (hot tokens the admission would evict from the model)
     scratch  = scratch_loss x prompt tokens x t, for a hot key on a scratch replica (the
@@ -63,6 +72,7 @@ from policies.common_prefix import CommonPrefixLearner
 from policies.frequency import FrequencySketch
 from policies.pace import DecayedRate, PrefillPace
 from policies.prefix_affinity import request_namespace
+from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
 from policies.ring import RingCache, stable_hash, token_bytes, walk
 
 _SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
@@ -72,10 +82,12 @@ _SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
 class CostConfig:
     """See ``presets/cost.yaml`` for what each key means."""
 
-    prefix_tokens: int = 1024
-    key_tokens: int = 256
-    block_tokens: int = 128
+    chunk_chars: int = 64
+    block_chunks: int = 4
+    key_chunks: int = 16
+    max_chunks: int = 8192
     homes: int = 2
+    spill_wait: float = 1.0
     vnodes: int = 256
     hot_min_count: int = 2
     window_factor: float = 4.0
@@ -88,22 +100,22 @@ class CostConfig:
     eviction_weight: float = 0.5
     scratch_loss: float = 0.5
     prefill_s_per_token: float = 1e-4
-    capacity_fraction: float = 0.9
+    capacity_fraction: float = 1.0
     default_capacity_tokens: int = 200_000
     learn_common_prefix: bool = True
     common_share: float = 0.5
     common_window: int = 1024
-    common_block: int = 256
+    common_block: int = 8
     common_min_samples: int = 64
-    max_common_prefix: int = 8192
+    max_common_prefix: int = 512
 
     def validate(self) -> None:
-        for key in ("prefix_tokens", "key_tokens", "block_tokens", "homes", "vnodes",
+        for key in ("chunk_chars", "block_chunks", "key_chunks", "max_chunks", "homes", "vnodes",
                     "hot_min_count", "default_capacity_tokens", "common_window",
                     "common_block", "common_min_samples"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("window_factor", "scratch_utilization", "load_window_s",
+        for key in ("window_factor", "scratch_utilization", "load_window_s", "spill_wait",
                     "prefill_s_per_token"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
@@ -149,6 +161,7 @@ class Cost(Policy):
 
     def __init__(self, config: CostConfig | None = None) -> None:
         self.config = cfg = config or CostConfig()
+        self.chunk_chars = cfg.chunk_chars
         self._rings = RingCache(cfg.vnodes)
         self._mean_prompt = 0.0
         self._sketch = FrequencySketch(cfg.sketch_width, cfg.sketch_depth,
@@ -170,10 +183,8 @@ class Cost(Policy):
         )
 
     # -- what a request is --------------------------------------------------------------
-    @property
-    def tokens_needed(self) -> int:  # type: ignore[override]
-        """``prefix_tokens`` plus the common prefix learned so far."""
-        return self.config.prefix_tokens + (self._learner.depth if self._learner else 0)
+    tokens_needed = 0  # the prompt's chunk hashes are all this policy reads
+
 
     @property
     def scratch_size(self) -> int:
@@ -183,31 +194,40 @@ class Cost(Policy):
     def pace_s_per_token(self) -> float:
         return self._pace.value_s
 
+    def _units(self, request: RouteRequest) -> tuple[memoryview, int, float]:
+        """The prompt's chunk hashes as u32 bytes, their count, and tokens per chunk (from
+        the request's own chunks, or cut from its token ids when it has none)."""
+        if request.chunks:
+            chunks, unit = request.chunks, max(request.chunk_tokens, 1e-9)
+        else:
+            chunks, unit = id_chunks(request.tokens), float(IDS_PER_CHUNK)
+        n = min(len(chunks), self.config.max_chunks)
+        return token_bytes(chunks[:n]), n, unit
+
     def key(self, request: RouteRequest) -> int:
         """The request's prefix key (stable across processes)."""
         h = blake2b(request_namespace(request), digest_size=8, person=b"kvgate-cost")
         if request.affinity_key is not None:
             h.update(b"\x01" + request.affinity_key.encode())
-        elif request.conversation_key is not None:
-            h.update(b"\x02" + request.conversation_key.to_bytes(8, "little"))
         else:
-            tokens = request.tokens[: self.tokens_needed]
-            data = token_bytes(tokens)
-            skip = self._learner.skip(data, len(tokens)) if self._learner else 0
-            # data holds 4 bytes per token: [4*skip, 4*(skip+K)) is the hashed window
+            data, n, _ = self._units(request)
             h.update(b"\x00")
-            h.update(data[4 * skip : 4 * (skip + self.config.key_tokens)])
+            h.update(self._key_window(data, n))
         return int.from_bytes(h.digest(), "little")
+
+    def _key_window(self, data: memoryview, n: int) -> memoryview:
+        skip = self._learner.skip(data, n) if self._learner else 0
+        # data holds 4 bytes per chunk: [4*skip, 4*(skip+K)) is the hashed window
+        return data[4 * skip : 4 * (skip + self.config.key_chunks)]
 
     def _prepare(self, request: RouteRequest) -> _Prepared:
         memo = self._memo
         if memo is not None and memo[0] is request:
             return memo[1]
         key = self.key(request)
-        root = stable_hash(request_namespace(request))
-        owner = request.conversation_key if request.conversation_key is not None else key
-        chain = prompt_chain(request.tokens[: self.tokens_needed], request.prompt_tokens,
-                             self.config.block_tokens, root, owner)
+        data, n, unit = self._units(request)
+        chain = prompt_chain(data, n, self.config.block_chunks, unit,
+                             stable_hash(request_namespace(request)))
         prepared = _Prepared(key, chain, frozenset(e.key for e in chain),
                              self._sketch.estimate(key))
         self._memo = (request, prepared)
@@ -239,20 +259,26 @@ class Cost(Policy):
         # candidates, in the order ties are broken by
         candidates: dict[int, None] = {}
         matched = self._matches(prep, replicas, up, p)
-        homes: set[int] = set()
+        homes: list[int] = []
         if hot:
             for i in walk(points, owners, distinct, prep.key):
                 if up[i] and i not in in_scratch:
-                    homes.add(i)
-                    candidates[i] = None
+                    homes.append(i)
                     if len(homes) == cfg.homes:
                         break
+            # the first home, which every gateway copy agrees on; the others, and the
+            # least loaded, only once the first is a whole prefill behind
+            first = replicas[homes[0]] if homes else None
+            busy = first is None or self._wait(first, pace) > cfg.spill_wait * p * pace
+            candidates.update(dict.fromkeys(homes if busy else homes[:1]))
         else:
+            busy = True
             candidates.update(dict.fromkeys(scratch))
         candidates.update(dict.fromkeys(i for i, m in matched.items() if m > 0))
-        candidates[self._least_loaded(replicas, up, ())] = None
-        if hot and in_scratch:
-            candidates[self._least_loaded(replicas, up, in_scratch)] = None
+        if busy:
+            candidates[self._least_loaded(replicas, up, ())] = None
+            if hot and in_scratch:
+                candidates[self._least_loaded(replicas, up, in_scratch)] = None
 
         hot_memo: dict[int, bool] = {}
         scored: list[tuple[float, int, int, tuple[tuple[str, float], ...]]] = []
@@ -260,13 +286,13 @@ class Cost(Policy):
             r = replicas[i]
             t = pace / r.weight if r.weight > 0 else math.inf
             m = matched.get(i, 0)
-            # the replica has been at its queue since its oldest unanswered request
-            wait = max(0.0, r.queued_tokens * t - r.pending_age_s)
+            wait = self._wait(r, pace)
             prefill = (p - m) * t
             evict = 0.0
             if cfg.eviction_weight > 0:
+                churn = p - m if hot else round((p - m) * self._fleet_scale())
                 evict = cfg.eviction_weight * pace * self._hot_victims(
-                    r.id, p - m, prep.chain_keys, hot_memo)
+                    r.id, churn, prep.chain_keys, hot_memo)
             misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
             total = wait + prefill + evict + misplaced
             terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
@@ -308,6 +334,14 @@ class Cost(Policy):
         up = [r.healthy for r in replicas]
         return tuple(replicas[i].id for i in self._scratch(ring.points, owners, len(ring), up,
                                                            sum(up)))
+
+    @staticmethod
+    def _wait(r: ReplicaView, pace: float) -> float:
+        """Predicted seconds before ``r`` starts a new prompt: its queue, less the part of
+        its oldest unanswered request it is likely through (that request's age, never more
+        than its own prefill)."""
+        t = pace / r.weight if r.weight > 0 else math.inf
+        return max(0.0, r.queued_tokens * t - min(r.pending_age_s, r.pending_head_tokens * t))
 
     def _matches(self, prep: _Prepared, replicas: Sequence[ReplicaView], up: list[bool],
                  p: int) -> dict[int, int]:
@@ -384,7 +418,14 @@ class Cost(Policy):
         self._memo = None  # the counts below change what _prepare would say
         model = self._model(replica)
         uncached = max(0, request.prompt_tokens - model.match(prep.chain))
-        model.admit(prep.chain, prep.key)
+        chain = prep.chain
+        if not self._hot(prep.seen):
+            # a rare prefix stands for the rare prefixes other gateway copies send as well
+            # (hot ones every copy sends, and models, itself)
+            scale = self._fleet_scale()
+            if scale > 1.0:
+                chain = [e._replace(tokens=round(e.tokens * scale)) for e in chain]
+        model.admit(chain, prep.key)
         self._sketch.add(prep.key)
         now = request.arrival_s
         if now is not None:
@@ -392,17 +433,24 @@ class Cost(Policy):
             if not self._hot(prep.seen):
                 self._rare_load.add(now, uncached)
             self._resize_scratch(now)
-        if self._learner is not None and request.affinity_key is None \
-                and request.conversation_key is None:
-            tokens = request.tokens[: self.tokens_needed]
-            self._learner.observe(token_bytes(tokens), len(tokens), request.prompt_tokens,
-                                  request.fingerprint)
+        if self._learner is not None and request.affinity_key is None:
+            data, n, _ = self._units(request)
+            self._learner.observe(data, n, n, request.fingerprint)
         self._routed += 1
         self._mean_prompt += (request.prompt_tokens - self._mean_prompt) / min(
             self._routed, 1024)
         if self._routed % 256 == 0:
             fleet_tokens = sum(h.model.capacity for h in self._models.values())
             self._sketch.window = self._window(fleet_tokens)
+
+    def _fleet_scale(self) -> float:
+        """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters
+        (every copy's traffic) over what this copy routed, between 1 and 16."""
+        fleet, now = self._fleet_prefill, self._all_load.started
+        if fleet is None or now is None or self._routed < self._sketch.window:
+            return 1.0
+        own = self._all_load.rate(now)
+        return min(16.0, max(1.0, fleet / own)) if own > 0 else 1.0
 
     def _window(self, fleet_tokens: int) -> int:
         """Adds between halvings: ``window_factor`` x the prefixes the fleet can hold."""
@@ -415,8 +463,8 @@ class Cost(Policy):
         hysteresis so the set does not flap at a boundary."""
         cfg = self.config
         every = self._all_load.rate(now)
-        if every <= 0:
-            return
+        if every <= 0 or self._routed < self._sketch.window:
+            return  # until the sketch has seen a window, every prefix looks rare
         rare = self._rare_load.rate(now)
         if self._fleet_prefill is not None:
             # the replicas' own counters see every gateway copy's traffic: the rare share
@@ -437,7 +485,7 @@ class Cost(Policy):
             "prefill_s_per_token": self._pace.value_s,
             "pace_samples": self._pace.samples,
             "sketch_window": self._sketch.window,
-            "common_prefix_tokens": self._learner.depth if self._learner else 0,
+            "common_prefix_chunks": self._learner.depth if self._learner else 0,
             "model_tokens": {rid: held.model.used for rid, held in self._models.items()},
             "model_capacity": {rid: held.model.capacity for rid, held in self._models.items()},
         }

@@ -15,6 +15,11 @@ replica's prefix cache. Decision, for prompt length ``p``:
 4. Candidates but all overloaded: least loaded, reason ``spill``; no candidate: least
    loaded, reason ``balance``.
 
+Units: with ``chunk_chars`` > 0 (the default) the tree holds the prompt's chunk hashes
+(``prompt_chunks``: ``chunk_chars`` characters each), so the gateway never tokenizes the
+prompt for this policy; matches are converted to tokens by the request's
+``chunk_tokens``. With ``chunk_chars: 0`` it holds the whole prompt's token ids.
+
 Each replica's share of the tree is capped at ``capacity_fraction`` of its KV capacity in
 tokens (``ReplicaView.kv_capacity_tokens``, else ``default_capacity_tokens``) and evicted
 LRU-leaf-first; the whole tree at ``max_tree_mb`` (an estimate, see
@@ -59,6 +64,7 @@ class RadixConfig:
     default_capacity_tokens: int = 200_000
     capacity_fraction: float = 0.8
     max_tree_mb: float = 256.0
+    chunk_chars: int = 64
     seed: int = 0
 
     def validate(self) -> None:
@@ -81,6 +87,8 @@ class RadixConfig:
             raise ValueError(f"balance_rel must be >= 1.0, got {self.balance_rel!r}")
         if self.max_tree_mb <= 0:
             raise ValueError(f"max_tree_mb must be > 0, got {self.max_tree_mb!r}")
+        if self.chunk_chars < 0:
+            raise ValueError(f"chunk_chars must be >= 0, got {self.chunk_chars!r}")
 
 
 def _namespace(request: RouteRequest) -> Hashable:
@@ -91,34 +99,45 @@ class Radix(Policy):
     """Approximate radix-tree cache-aware routing; see the module docstring."""
 
     name = "radix"
-    tokens_needed = None
 
     def __init__(self, config: RadixConfig | None = None) -> None:
         self.config = cfg = config or RadixConfig()
+        self.chunk_chars = cfg.chunk_chars
+        self.tokens_needed = 0 if cfg.chunk_chars > 0 else None
+        self._unit_tokens = 1.0
         self._rng = random.Random(cfg.seed)
         self.tree = RadixTree(max_bytes=int(cfg.max_tree_mb * 1024 * 1024))
         self._seen: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, kv capacity)
         self._epochs: dict[str, int] = {}  # id -> epoch the tree's entries belong to
 
-    def budget(self, replica: str) -> int:
-        """Tokens of the tree ``replica`` may hold."""
+    def budget(self, replica: str, unit_tokens: float = 1.0) -> int:
+        """Units (tokens, or chunks of ``unit_tokens`` tokens) of the tree ``replica`` may
+        hold."""
         capacity = self._seen.get(replica, (0, None))[1] or self.config.default_capacity_tokens
-        return int(capacity * self.config.capacity_fraction)
+        return int(capacity * self.config.capacity_fraction / unit_tokens)
+
+    def _units(self, request: RouteRequest) -> tuple[bytes, float]:
+        """The request as the tree stores it, and how many tokens one unit is."""
+        if self.chunk_chars > 0 and request.chunks:
+            return bytes(token_bytes(request.chunks)), max(request.chunk_tokens, 1e-9)
+        return bytes(token_bytes(request.tokens)), 1.0
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         cfg = self.config
         ok = healthy(replicas)
         for r in ok:
             self._seen[r.id] = (r.epoch, r.kv_capacity_tokens)
-        raw = self.tree.match(_namespace(request), bytes(token_bytes(request.tokens)))
+        data, unit = self._units(request)
+        p = max(1, request.prompt_tokens)
+        raw = self.tree.match(_namespace(request), data)
         epochs = self._epochs
-        matched = {
-            r.id: raw.get(r.id, 0) for r in ok if epochs.get(r.id, r.epoch) == r.epoch
+        matched = {  # in tokens
+            r.id: min(p, round(raw.get(r.id, 0) * unit)) for r in ok
+            if epochs.get(r.id, r.epoch) == r.epoch
         }
         depths = sorted(matched.values(), reverse=True)
         need = math.floor(cfg.shared_fraction * len(ok)) + 1  # more than that fraction
         shared = depths[need - 1] if len(depths) >= need else 0
-        p = max(1, request.prompt_tokens)
         rng = self._rng
         gains = {rid: m - shared for rid, m in matched.items()}
         candidates = [
@@ -157,8 +176,9 @@ class Radix(Policy):
         if isinstance(event, Routed):
             rid = event.replica
             self._epochs.setdefault(rid, self._seen.get(rid, (0, None))[0])
-            data = bytes(token_bytes(event.request.tokens))
-            self.tree.insert(_namespace(event.request), data, rid, self.budget(rid))
+            data, unit = self._units(event.request)
+            self._unit_tokens = unit
+            self.tree.insert(_namespace(event.request), data, rid, self.budget(rid, unit))
         elif isinstance(event, ReplicaRemoved | ReplicaReset):
             self.tree.drop(event.replica)
             if isinstance(event, ReplicaRemoved):
@@ -168,5 +188,7 @@ class Radix(Policy):
     def check_integrity(self) -> None:
         """The tree's invariants, plus every replica within its token budget."""
         self.tree.check_integrity()
+        unit = self._unit_tokens  # the unit of the latest insert (tokens or chunks)
         for rid, held in self.tree.tokens.items():
-            assert held <= self.budget(rid), f"{rid} holds {held} > budget {self.budget(rid)}"
+            budget = self.budget(rid, unit)
+            assert held <= budget, f"{rid} holds {held} units > budget {budget}"

@@ -2,6 +2,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.cache_model import ChainEntry, ReplicaCacheModel, prompt_chain
+from policies.ring import token_bytes
 
 # a prompt is a chain of entries: (key, tokens); owners are ints
 chains = st.lists(
@@ -84,14 +85,13 @@ def test_a_prompt_is_admitted_tail_first() -> None:
     assert model.match([ChainEntry(1, 40), ChainEntry(2, 40)]) == 40
 
 
-def test_prompt_chain_shares_heads_and_splits_tails_by_owner() -> None:
-    doc = list(range(300))
-    a = prompt_chain(doc + [1, 2], 400, 128, root=5, owner_id=11)
-    b = prompt_chain(doc + [3], 380, 128, root=5, owner_id=11)
-    c = prompt_chain(doc + [1, 2], 400, 128, root=5, owner_id=12)
-    other_root = prompt_chain(doc, 300, 128, root=6)
-    assert [e.tokens for e in a] == [128, 128, 144]  # two blocks, then the tail
-    assert a[:2] == b[:2] == c[:2]
-    assert a[2].key != b[2].key  # the known tokens after the last block differ
-    assert a[2].key != c[2].key  # another owner
-    assert other_root[0].key != a[0].key  # model and cache salt separate chains
+def test_prompt_chain_shares_leading_blocks() -> None:
+    def chain(units: list[int], root: int = 5) -> list[ChainEntry]:
+        return prompt_chain(token_bytes(units), len(units), 4, 2.5, root)
+
+    doc = list(range(30))
+    a, b = chain([*doc, 1, 2]), chain([*doc, 3])
+    assert [e.tokens for e in a] == [10] * 8  # 32 units in blocks of 4, 2.5 tokens each
+    assert [e.tokens for e in b] == [10] * 7 + [8]  # a last block of 3 units
+    assert a[:7] == b[:7] and a[7] != b[7]  # the blocks before the difference agree
+    assert chain(doc, root=6)[0].key != a[0].key  # model and cache salt separate chains

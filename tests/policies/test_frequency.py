@@ -55,5 +55,5 @@ def test_counts_halve_every_window() -> None:
 
 @pytest.mark.parametrize("width, depth", [(1000, 4), (1, 4), (1024, 0), (1024, 9)])
 def test_bad_shapes_are_rejected(width: int, depth: int) -> None:
-    with pytest.raises(ValueError, match="width|depth"):
+    with pytest.raises(ValueError, match=r"width|depth"):
         FrequencySketch(width=width, depth=depth)

@@ -1,0 +1,105 @@
+"""Benchmark of one routing decision on the gateway's path: build the request from the
+prompt text (tokenize or chunk-hash it, as the policy asks) and choose a replica.
+
+    python -m loadtests.bench_decision --json out.json
+
+Each prompt is a fresh document (no tokenizer memo hit) of ``--words`` words (~6,000
+project-tokenizer tokens at 3,100 words) plus a question; the policy sees 8 replicas and
+has routed ``--warmup`` earlier prompts. Figures per policy: wall-clock p50/p99 of
+``Router.build`` + ``choose`` in milliseconds, and CPU milliseconds per decision (this
+process's CPU time over the decisions), also as cores per 100 decisions per second. Radix
+is measured twice: hashing text chunks (its default) and tokenizing the whole prompt
+(``chunk_chars: 0``). Compare the figures of one run with each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from typing import Any
+
+from engine.tokenizer import load_tokenizer
+from engine.tokenizer_build import sample_text
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.request_parse import ParsedRequest
+from gateway.routing import Router
+from policies.base import Routed
+from policies.registry import build_policy, load_preset
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "prefix_affinity": {},
+    "cost": {},
+    "radix": {},
+    "radix_tokens": {"name": "radix", "chunk_chars": 0},
+}
+
+
+def measure(variant: str, docs: list[str], warmup: int, samples: int, seed: int
+            ) -> dict[str, float]:
+    params = VARIANTS[variant]
+    name = params.get("name", variant)
+    policy = build_policy({**load_preset(name), **params})
+    fleet = Fleet([ReplicaConfig(f"r{i}", f"http://127.0.0.1:{9000 + i}") for i in range(8)])
+    router = Router(policy, load_tokenizer(None, memo_size=0), fleet, 1)
+    rng = random.Random(seed)
+
+    def parsed(text: str) -> ParsedRequest:
+        prompt = f"{text}\n\nQuestion: {sample_text(rng, 40)}"
+        return ParsedRequest("completions", {}, "m", True, prompt, None, None, None, None)
+
+    try:
+        for i in range(warmup):
+            req = router.build(parsed(docs[i % len(docs)]), now=float(i))
+            policy.observe(Routed(req, policy.choose(req, fleet.views()).chosen))
+        wall: list[float] = []
+        cpu0 = time.process_time()
+        for i in range(samples):
+            body = parsed(docs[warmup + i])  # a document never seen: no memo, no match
+            t0 = time.perf_counter()
+            req = router.build(body, now=float(warmup + i))
+            chosen = policy.choose(req, fleet.views()).chosen
+            wall.append(time.perf_counter() - t0)
+            policy.observe(Routed(req, chosen))
+        cpu_ms = 1000 * (time.process_time() - cpu0) / samples
+    finally:
+        router.close()
+    wall.sort()
+    return {"p50_ms": round(1000 * statistics.median(wall), 3),
+            "p99_ms": round(1000 * wall[int(0.99 * (len(wall) - 1))], 3),
+            "cpu_ms_per_decision": round(cpu_ms, 3),
+            "cores_per_100_rps": round(cpu_ms / 10, 4)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--words", type=int, nargs="+", default=[3100, 1500],
+                    help="document sizes in words (3,100 words: ~6,000 tokens)")
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    out: dict[str, Any] = {"samples": args.samples, "warmup": args.warmup}
+    for words in args.words:
+        rng = random.Random(args.seed + words)
+        docs = [sample_text(rng, words) for _ in range(args.warmup + args.samples)]
+        figures = {v: measure(v, docs, args.warmup, args.samples, args.seed)
+                   for v in args.variants}
+        out[f"{words}_words"] = figures
+        for v, f in figures.items():
+            print(f"{words:5d} words {v:16s} {f}", flush=True)
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
