@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from hashlib import blake2b
 from typing import NamedTuple
 
 from engine.tokenizer import ChatFormatError, PromptTokenizer, normalize_messages
@@ -31,16 +30,8 @@ class _Tokens(NamedTuple):
     total: int  # prompt length (exact, or an estimate when only a prefix was encoded)
     anchor: int | None  # tokens a conversation's turns share (chats only)
     fingerprint: int | None  # identifies the whole prompt within this process
-    conversation: int | None = None  # stable key of what a chat's turns share
     chunks: Sequence[int] = ()  # prompt chunk hashes, for policies that asked
     chunk_tokens: float = 0.0
-
-
-def conversation_key(head: str) -> int:
-    """A stable 64-bit key of the part of a chat every turn repeats (its rendered tools and
-    messages up to the first user message): the same in every process and gateway copy."""
-    return int.from_bytes(blake2b(head.encode("utf-8", "surrogatepass"), digest_size=8,
-                                  person=b"kvgate-conv").digest(), "little")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +72,7 @@ class Router:
             ids = parsed.prompt_ids
             return _Tokens(ids if needed is None else ids[:needed], len(ids), None,
                            hash(tuple(ids)))
-        anchor = conversation = None
+        anchor = None
         if parsed.messages is not None:
             try:
                 text = self.tokenizer.render_chat(parsed.messages, tools=parsed.tools)
@@ -89,14 +80,13 @@ class Router:
             except ChatFormatError as exc:
                 raise BadRequest(str(exc), param="messages") from exc
             if head is not None:
-                conversation = conversation_key(head)
                 enc = self.tokenizer.encode_prefix(head, needed)
                 anchor = enc.total_estimate if enc.complete else None
         else:
             assert parsed.prompt_text is not None
             text = parsed.prompt_text
         enc = self.tokenizer.encode_prefix(text, needed)
-        return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text), conversation)
+        return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text))
 
     def _head(self, parsed: ParsedRequest, text: str) -> str | None:
         """The rendered tools and messages up to the first user message, when the prompt
@@ -162,7 +152,7 @@ class Router:
         return RouteRequest(tokens=toks.ids, prompt_tokens=toks.total, request_id=request_id,
                             model=parsed.model, tenant=tenant, cache_salt=parsed.cache_salt,
                             affinity_key=parsed.affinity_key, anchor_tokens=toks.anchor,
-                            fingerprint=toks.fingerprint, conversation_key=toks.conversation,
+                            fingerprint=toks.fingerprint,
                             arrival_s=time.monotonic() if now is None else now,
                             chunks=toks.chunks, chunk_tokens=toks.chunk_tokens)
 

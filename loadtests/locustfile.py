@@ -9,8 +9,10 @@ Configuration comes from the environment (``loadtests.run`` sets it):
 ``KVGATE_WORKLOAD``   JSON ``{"params": {...}, "requests": N}``: workload spec parameters
                       (the workload name comes from the user class) and stream length.
 ``KVGATE_MODEL``      model name to put in requests (default: the first of ``/v1/models``).
-``KVGATE_RATE``       target requests/s of the whole run (each user paces itself to
-                      ``rate / users``); unset: back to back.
+``KVGATE_RATE``       requests/s of the whole run, as Poisson arrivals (open loop: the
+                      next request of the stream is due at the next arrival time and the
+                      first free user sends it then, late only when every user is busy);
+                      unset: back to back.
 ``KVGATE_SAMPLES``    path of a JSON file to write per-request samples to at test stop.
 ``KVGATE_AFFINITY``   ``1`` to send each request's document or conversation id in the
                       gateway's affinity header.
@@ -33,40 +35,42 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from locust import HttpUser, constant_throughput, events, task
+import numpy as np
+from locust import HttpUser, events, task
 
 from loadtests.workloads import WorkloadRequest, build_spec, generate
 
 AFFINITY_HEADER = "x-kvgate-affinity-key"
 
 _config: dict[str, Any] = json.loads(os.environ.get("KVGATE_WORKLOAD", "{}") or "{}")
+_RATE = float(os.environ.get("KVGATE_RATE", "0") or 0)
 _streams: dict[str, Iterator[WorkloadRequest]] = {}
 _lock = threading.Lock()
 _samples: list[dict[str, Any]] = []
+_clock: dict[str, float] = {}  # "due": when the last request taken is due
+_gaps = np.random.default_rng([int(_config.get("params", {}).get("seed", 0)), 7])
 
 
-def next_request(workload: str) -> WorkloadRequest:
+def next_request(workload: str) -> tuple[WorkloadRequest, float]:
+    """The stream's next request and when it is due (``time.monotonic()`` seconds)."""
     with _lock:
         stream = _streams.get(workload)
         if stream is None:
             spec = build_spec(workload, **_config.get("params", {}))
             stream = _streams[workload] = iter(generate(spec, int(_config.get("requests",
                                                                                100_000))))
-        return next(stream)
-
-
-def _pacing() -> Any:
-    rate = float(os.environ.get("KVGATE_RATE", "0") or 0)
-    users = int(os.environ.get("KVGATE_USERS", "1") or 1)
-    if rate <= 0:
-        return lambda _user: 0.0
-    return constant_throughput(rate / users)
+        now = time.monotonic()
+        due = _clock.setdefault("due", now)
+        if _RATE > 0:
+            due = _clock["due"] = due + float(_gaps.exponential(1.0 / _RATE))
+        return next(stream), due
 
 
 class _WorkloadUser(HttpUser):
     abstract = True
     workload = ""
-    wait_time = _pacing()
+    def wait_time(self) -> float:
+        return 0.0  # pacing is by each request's due time (see ``next_request``)
     _model: str | None = None
 
     def on_start(self) -> None:
@@ -79,7 +83,10 @@ class _WorkloadUser(HttpUser):
 
     @task
     def ask(self) -> None:
-        req = next_request(self.workload)
+        req, due = next_request(self.workload)
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)  # gevent's sleep under Locust: other users run meanwhile
         body = {
             "model": _WorkloadUser._model,
             "messages": req.messages(),

@@ -35,11 +35,9 @@ class RouteRequest:
     when known, is how many leading tokens stay the same over a conversation's turns (a
     chat's messages up to and including its first user message). ``fingerprint``, when
     known, identifies the whole prompt (equal prompts, equal fingerprints), so policies can
-    tell a burst of one prompt from many prompts sharing a prefix. ``conversation_key``,
-    when known, is a stable 64-bit hash of what a chat's turns all repeat (tool schemas
-    and the messages up to the first user message), so a conversation keeps one key
-    without a session header. ``arrival_s`` is when the request arrived, in seconds on a
-    clock of the caller's (monotonic in the gateway, virtual in the simulator).
+    tell a burst of one prompt from many prompts sharing a prefix. ``arrival_s`` is when
+    the request arrived, in seconds on a clock of the caller's (monotonic in the gateway,
+    virtual in the simulator).
     ``chunks``, for a policy with ``chunk_chars``, identifies the prompt's consecutive
     pieces without tokenizing it (``prompt_chunks``); each is worth about ``chunk_tokens``
     gateway tokens.
@@ -54,7 +52,6 @@ class RouteRequest:
     affinity_key: str | None = None
     anchor_tokens: int | None = None
     fingerprint: int | None = None
-    conversation_key: int | None = None
     arrival_s: float | None = None
     chunks: Sequence[int] = ()
     chunk_tokens: float = 0.0

@@ -22,6 +22,45 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from hashlib import blake2b
+from typing import Protocol
+
+
+class CommonPrefixSettings(Protocol):
+    """The keys a policy config has when it learns a common prefix (see its preset)."""
+
+    @property
+    def learn_common_prefix(self) -> bool: ...
+    @property
+    def common_share(self) -> float: ...
+    @property
+    def common_window(self) -> int: ...
+    @property
+    def common_block(self) -> int: ...
+    @property
+    def common_min_samples(self) -> int: ...
+    @property
+    def max_common_prefix(self) -> int: ...
+
+
+def check_settings(cfg: CommonPrefixSettings) -> None:
+    """``ValueError`` naming the first bad ``common_*`` key."""
+    for key in ("common_window", "common_block", "common_min_samples"):
+        if getattr(cfg, key) < 1:
+            raise ValueError(f"{key} must be >= 1, got {getattr(cfg, key)!r}")
+    if not 0.0 < cfg.common_share <= 1.0:
+        raise ValueError(f"common_share must be in (0, 1], got {cfg.common_share!r}")
+    if cfg.max_common_prefix < 0:
+        raise ValueError(f"max_common_prefix must be >= 0, got {cfg.max_common_prefix!r}")
+
+
+def learner_for(cfg: CommonPrefixSettings) -> CommonPrefixLearner | None:
+    """The learner ``cfg`` asks for, or None when learning is off (or cannot go a block
+    deep)."""
+    if not cfg.learn_common_prefix or cfg.max_common_prefix < cfg.common_block:
+        return None
+    return CommonPrefixLearner(block=cfg.common_block, share=cfg.common_share,
+                               window=cfg.common_window, min_samples=cfg.common_min_samples,
+                               max_depth=cfg.max_common_prefix)
 
 
 class CommonPrefixLearner:

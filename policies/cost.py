@@ -68,7 +68,7 @@ from policies.base import (
     healthy,
 )
 from policies.cache_model import ChainEntry, ReplicaCacheModel, prompt_chain
-from policies.common_prefix import CommonPrefixLearner
+from policies.common_prefix import check_settings, learner_for
 from policies.frequency import FrequencySketch
 from policies.pace import DecayedRate, PrefillPace
 from policies.prefix_affinity import request_namespace
@@ -110,9 +110,9 @@ class CostConfig:
     max_common_prefix: int = 512
 
     def validate(self) -> None:
+        check_settings(self)
         for key in ("chunk_chars", "block_chunks", "key_chunks", "max_chunks", "homes", "vnodes",
-                    "hot_min_count", "default_capacity_tokens", "common_window",
-                    "common_block", "common_min_samples"):
+                    "hot_min_count", "default_capacity_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
         for key in ("window_factor", "scratch_utilization", "load_window_s", "spill_wait",
@@ -130,10 +130,6 @@ class CostConfig:
         if not 0.0 < self.capacity_fraction <= 1.0:
             raise ValueError(
                 f"capacity_fraction must be in (0, 1], got {self.capacity_fraction!r}")
-        if not 0.0 < self.common_share <= 1.0:
-            raise ValueError(f"common_share must be in (0, 1], got {self.common_share!r}")
-        if self.max_common_prefix < 0:
-            raise ValueError(f"max_common_prefix must be >= 0, got {self.max_common_prefix!r}")
         if self.sketch_width < 2 or self.sketch_width & (self.sketch_width - 1):
             raise ValueError(f"sketch_width must be a power of two >= 2, got {self.sketch_width!r}")
         if not 1 <= self.sketch_depth <= 8:
@@ -175,12 +171,7 @@ class Cost(Policy):
         self._scratch_size = cfg.min_scratch
         self._routed = 0
         self._memo: tuple[RouteRequest, _Prepared] | None = None
-        self._learner = (
-            CommonPrefixLearner(block=cfg.common_block, share=cfg.common_share,
-                                window=cfg.common_window, min_samples=cfg.common_min_samples,
-                                max_depth=cfg.max_common_prefix)
-            if cfg.learn_common_prefix and cfg.max_common_prefix >= cfg.common_block else None
-        )
+        self._learner = learner_for(cfg)
 
     # -- what a request is --------------------------------------------------------------
     tokens_needed = 0  # the prompt's chunk hashes are all this policy reads

@@ -33,7 +33,7 @@ from policies.base import (
     RouteRequest,
     healthy,
 )
-from policies.common_prefix import CommonPrefixLearner
+from policies.common_prefix import check_settings, learner_for
 from policies.least_load import least_loaded
 from policies.ring import Ring, RingCache, token_bytes, walk
 
@@ -56,7 +56,8 @@ class PrefixAffinityConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        positive = ("prefix_tokens", "vnodes", "common_window", "common_block")
+        check_settings(self)
+        positive = ("prefix_tokens", "vnodes")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
@@ -64,12 +65,6 @@ class PrefixAffinityConfig:
             raise ValueError(f"overload must be >= 1.0, got {self.overload!r}")
         if self.fallbacks < 0:
             raise ValueError(f"fallbacks must be >= 0, got {self.fallbacks!r}")
-        if not 0.0 < self.common_share <= 1.0:
-            raise ValueError(f"common_share must be in (0, 1], got {self.common_share!r}")
-        if self.common_min_samples < 1:
-            raise ValueError(f"common_min_samples must be >= 1, got {self.common_min_samples!r}")
-        if self.max_common_prefix < 0:
-            raise ValueError(f"max_common_prefix must be >= 0, got {self.max_common_prefix!r}")
 
 
 def request_namespace(request: RouteRequest) -> bytes:
@@ -88,17 +83,7 @@ class PrefixAffinity(Policy):
         self.config = cfg = config or PrefixAffinityConfig()
         self._rng = random.Random(cfg.seed)
         self._rings = RingCache(cfg.vnodes)
-        self._learner = (
-            CommonPrefixLearner(
-                block=cfg.common_block,
-                share=cfg.common_share,
-                window=cfg.common_window,
-                min_samples=cfg.common_min_samples,
-                max_depth=cfg.max_common_prefix,
-            )
-            if cfg.learn_common_prefix and cfg.max_common_prefix >= cfg.common_block
-            else None
-        )
+        self._learner = learner_for(cfg)
 
     @property
     def tokens_needed(self) -> int:  # type: ignore[override]
