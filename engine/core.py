@@ -246,7 +246,7 @@ class EngineCore:
             raise AssertionError(f"{n} queued requests but {len(self.requests)} tracked")
         expected = sum(
             r.num_prompt_tokens - min(r.num_computed_tokens, r.num_prompt_tokens)
-            for r in self.requests.values()
+            - r.waiting_credit for r in self.requests.values()
         )
         if expected != self.stats.prompt_tokens_waiting:
             raise AssertionError(

@@ -60,7 +60,8 @@ class _CoreCollector(Collector):
         yield gauge(NUM_REQUESTS_RUNNING, "Requests in the running batch.", core.num_running)
         yield gauge(NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", core.num_waiting)
         yield gauge(KV_CACHE_USAGE, "Fraction of KV blocks in use (0-1).", core.kv.usage())
-        yield gauge(PROMPT_TOKENS_WAITING, "Prompt tokens queued and not yet prefilled.",
+        yield gauge(PROMPT_TOKENS_WAITING, "Prompt tokens queued and still to prefill "
+                    "(less the prefix-cache hits found when they were queued).",
                     stats.prompt_tokens_waiting)
         yield counter(PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
                       stats.prefix_cache_queries)

@@ -76,6 +76,7 @@ class Request:
         "request_id",
         "seed",
         "status",
+        "waiting_credit",
     )
 
     def __init__(
@@ -116,6 +117,8 @@ class Request:
         self.seed = default_seed(self.all_token_ids) if seed is None else seed
         self.status = Status.WAITING
         self.block_table: list[int] = []
+        # prompt tokens found cached when queued, left out of the waiting-tokens gauge
+        self.waiting_credit = 0
         self.num_computed_tokens = 0
         self.num_cached_blocks = 0
         self.num_cached_tokens = -1  # prefix hit at first schedule; -1 until then

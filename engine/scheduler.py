@@ -53,7 +53,8 @@ class EngineStats:
     num_requests_aborted: int = 0
     num_steps: int = 0
     num_batched_tokens: int = 0
-    # Gauge: prompt tokens of unfinished requests whose KV is not computed yet.
+    # Gauge: prompt tokens of unfinished requests whose KV is not computed yet, less those
+    # a waiting request found in the prefix cache when it was queued.
     prompt_tokens_waiting: int = 0
 
 
@@ -77,9 +78,13 @@ class Scheduler:
         req.status = Status.WAITING
         self.waiting.append(req)
         self.stats.num_requests_added += 1
-        self.stats.prompt_tokens_waiting += req.num_prompt_tokens - min(
-            req.num_computed_tokens, req.num_prompt_tokens
-        )
+        p = req.num_prompt_tokens
+        todo = p - min(req.num_computed_tokens, p)
+        # what the prefix cache holds now will most likely be a hit: the gauge counts the
+        # tokens left to prefill (the credit is settled at admission)
+        hits = len(self.kv.lookup(req)) * self.kv.block_size if todo == p else 0
+        req.waiting_credit = min(todo, hits)
+        self.stats.prompt_tokens_waiting += todo - req.waiting_credit
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
@@ -131,7 +136,8 @@ class Scheduler:
                 break
             waiting.popleft()
             p = req.num_prompt_tokens
-            stats.prompt_tokens_waiting -= min(n_hit_tokens, p)
+            stats.prompt_tokens_waiting -= min(n_hit_tokens, p) - req.waiting_credit
+            req.waiting_credit = 0
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = n_hit_tokens
                 stats.prompt_tokens += p
@@ -173,7 +179,9 @@ class Scheduler:
         else:
             raise ValueError(f"request {req.request_id} is already {req.status.value}")
         p = req.num_prompt_tokens
-        self.stats.prompt_tokens_waiting -= p - min(req.num_computed_tokens, p)
+        self.stats.prompt_tokens_waiting -= p - min(req.num_computed_tokens, p) \
+            - req.waiting_credit
+        req.waiting_credit = 0
         self.kv.free(req)
         req.status = status
         if status is Status.ABORTED:

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from hashlib import blake2b
 from typing import NamedTuple
-
-_MASK64 = (1 << 64) - 1
 
 
 class ChainEntry(NamedTuple):
@@ -63,18 +60,25 @@ class ReplicaCacheModel:
         return key in self._entries
 
     def match(self, chain: Sequence[ChainEntry]) -> int:
-        """Tokens of the chain's leading entries the model holds (a held tail counts up
-        to the smaller of its stored and requested sizes)."""
+        """Tokens of the chain's leading entries the model holds (a last entry held
+        shorter than asked counts its held size).
+
+        Admissions take whole chains, head last, so what the model holds of any chain is a
+        prefix of it (an entry is never older than one after it in a chain): the held
+        length is found by bisection, O(log n) lookups."""
         entries = self._entries
-        matched = 0
-        for key, tokens in chain:
-            held = entries.get(key)
-            if held is None:
-                break
-            matched += min(tokens, held[0])
-            if held[0] < tokens:
-                break  # held shorter than asked: the rest is not there
-        return matched
+        lo, hi = 0, len(chain)  # chain[:lo] held, chain[hi:] not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if chain[mid].key in entries:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
+            return 0
+        matched = sum(e.tokens for e in chain[: lo - 1])
+        last = chain[lo - 1]
+        return matched + min(last.tokens, entries[last.key][0])
 
     def victims(self, new_tokens: int, keep: frozenset[int] = frozenset()) -> Iterator[Victim]:
         """The entries that admitting ``new_tokens`` more would evict, oldest first
@@ -140,22 +144,24 @@ class ReplicaCacheModel:
             raise AssertionError(f"cache model: used {self.used} > capacity {self.capacity}")
 
 
-def prompt_chain(units: memoryview, n: int, block: int, unit_tokens: float,
+def prompt_chain(units: Sequence[int], block: int, unit_tokens: float,
                  root: int) -> list[ChainEntry]:
-    """The chain entries of a prompt given as ``n`` unit hashes (u32 little-endian bytes in
-    ``units``), ``unit_tokens`` tokens each, in blocks of ``block`` units::
+    """The chain entries of a prompt given as unit hashes (``unit_tokens`` tokens each),
+    in blocks of ``block`` units::
 
         key_i = H(key_{i-1}, units[(i-1)B : iB])        key_0 = root (model, cache salt)
 
-    The last block may be shorter; an entry's size is its units x ``unit_tokens``.
+    The last block may be shorter; an entry's size is its units x ``unit_tokens``. H is
+    Python's tuple hash: keys live only in this process's models, and it costs ~1/10 of
+    a digest per block.
     """
     out: list[ChainEntry] = []
-    prev = (root & _MASK64).to_bytes(8, "little")
-    step = 4 * block  # bytes per block: units are u32
+    prev = root
+    n = len(units)
+    full = max(1, round(block * unit_tokens))
     for start in range(0, n, block):
-        h = blake2b(prev, digest_size=8)
-        h.update(units[4 * start : 4 * start + step])
-        prev = h.digest()
-        size = min(block, n - start)
-        out.append(ChainEntry(int.from_bytes(prev, "little"), max(1, round(size * unit_tokens))))
+        piece = tuple(units[start : start + block])
+        prev = hash((prev, piece))
+        size = full if len(piece) == block else max(1, round(len(piece) * unit_tokens))
+        out.append(ChainEntry(prev, size))
     return out

@@ -28,9 +28,11 @@ is stable and every gateway copy agrees on it; ``S`` is the rare prefixes' prefi
 ``max_scratch_fraction`` of the fleet.
 
 Candidates: the replicas the model says hold part of the prompt; for a hot key its first
-non-scratch replica on the ring (every gateway copy agrees on it), and once that one's
-wait exceeds ``spill_wait`` prefills of this prompt, its next ``homes - 1`` and the least
-loaded replicas; for a rare key the scratch set and the least loaded replica. For each,
+non-scratch replicas on the ring (every gateway copy agrees on them): one, or as many as
+its share of the requests needs (share x replicas x ``hot_spread``: an app's system
+prompt), and once those wait more than ``spill_wait`` prefills of this prompt, up to
+``homes`` of them and the least loaded replicas; for a rare key the scratch set and the
+least loaded replica. For each,
 in seconds, with ``t`` the pace over the replica's weight::
 
     wait     = queued tokens x t, less the part of the oldest queued request the replica
@@ -83,11 +85,12 @@ class CostConfig:
     """See ``presets/cost.yaml`` for what each key means."""
 
     chunk_chars: int = 64
-    block_chunks: int = 4
+    block_chunks: int = 8
     key_chunks: int = 16
     max_chunks: int = 8192
     homes: int = 2
     spill_wait: float = 1.0
+    hot_spread: float = 1.5
     vnodes: int = 256
     hot_min_count: int = 2
     window_factor: float = 4.0
@@ -116,6 +119,7 @@ class CostConfig:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
         for key in ("window_factor", "scratch_utilization", "load_window_s", "spill_wait",
+                    "hot_spread",
                     "prefill_s_per_token"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
@@ -185,15 +189,14 @@ class Cost(Policy):
     def pace_s_per_token(self) -> float:
         return self._pace.value_s
 
-    def _units(self, request: RouteRequest) -> tuple[memoryview, int, float]:
-        """The prompt's chunk hashes as u32 bytes, their count, and tokens per chunk (from
+    def _units(self, request: RouteRequest) -> tuple[Sequence[int], float]:
+        """The prompt's chunk hashes (at most ``max_chunks``) and tokens per chunk (from
         the request's own chunks, or cut from its token ids when it has none)."""
         if request.chunks:
             chunks, unit = request.chunks, max(request.chunk_tokens, 1e-9)
         else:
             chunks, unit = id_chunks(request.tokens), float(IDS_PER_CHUNK)
-        n = min(len(chunks), self.config.max_chunks)
-        return token_bytes(chunks[:n]), n, unit
+        return chunks[: self.config.max_chunks], unit
 
     def key(self, request: RouteRequest) -> int:
         """The request's prefix key (stable across processes)."""
@@ -201,9 +204,9 @@ class Cost(Policy):
         if request.affinity_key is not None:
             h.update(b"\x01" + request.affinity_key.encode())
         else:
-            data, n, _ = self._units(request)
+            chunks, _ = self._units(request)
             h.update(b"\x00")
-            h.update(self._key_window(data, n))
+            h.update(self._key_window(token_bytes(chunks), len(chunks)))
         return int.from_bytes(h.digest(), "little")
 
     def _key_window(self, data: memoryview, n: int) -> memoryview:
@@ -216,8 +219,8 @@ class Cost(Policy):
         if memo is not None and memo[0] is request:
             return memo[1]
         key = self.key(request)
-        data, n, unit = self._units(request)
-        chain = prompt_chain(data, n, self.config.block_chunks, unit,
+        chunks, unit = self._units(request)
+        chain = prompt_chain(chunks, self.config.block_chunks, unit,
                              stable_hash(request_namespace(request)))
         prepared = _Prepared(key, chain, frozenset(e.key for e in chain),
                              self._sketch.estimate(key))
@@ -252,16 +255,22 @@ class Cost(Policy):
         matched = self._matches(prep, replicas, up, p)
         homes: list[int] = []
         if hot:
+            eligible = len(ok) - len(scratch)
+            # a prefix carrying more than a replica's share of the requests (an app's
+            # system prompt) gets as many homes as its share needs
+            share = prep.seen / self._sketch.total if self._sketch.total > 0 else 0.0
+            spread = max(1, min(eligible, math.ceil(share * eligible * cfg.hot_spread)))
             for i in walk(points, owners, distinct, prep.key):
                 if up[i] and i not in in_scratch:
                     homes.append(i)
-                    if len(homes) == cfg.homes:
+                    if len(homes) == max(cfg.homes, spread):
                         break
-            # the first home, which every gateway copy agrees on; the others, and the
-            # least loaded, only once the first is a whole prefill behind
-            first = replicas[homes[0]] if homes else None
-            busy = first is None or self._wait(first, pace) > cfg.spill_wait * p * pace
-            candidates.update(dict.fromkeys(homes if busy else homes[:1]))
+            # the first homes, which every gateway copy agrees on; the others, and the
+            # least loaded, only once those are a whole prefill behind
+            firsts = homes[:spread]
+            busy = not firsts or min(self._wait(replicas[i], pace) for i in firsts) \
+                > cfg.spill_wait * p * pace
+            candidates.update(dict.fromkeys(homes if busy else firsts))
         else:
             busy = True
             candidates.update(dict.fromkeys(scratch))
@@ -425,8 +434,9 @@ class Cost(Policy):
                 self._rare_load.add(now, uncached)
             self._resize_scratch(now)
         if self._learner is not None and request.affinity_key is None:
-            data, n, _ = self._units(request)
-            self._learner.observe(data, n, n, request.fingerprint)
+            chunks, _ = self._units(request)
+            self._learner.observe(token_bytes(chunks), len(chunks), len(chunks),
+                                  request.fingerprint)
         self._routed += 1
         self._mean_prompt += (request.prompt_tokens - self._mean_prompt) / min(
             self._routed, 1024)
