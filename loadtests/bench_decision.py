@@ -9,7 +9,9 @@ has routed ``--warmup`` earlier prompts. Figures per policy: wall-clock p50/p99 
 ``Router.build`` + ``choose`` in milliseconds, and CPU milliseconds per decision (this
 process's CPU time over the decisions), also as cores per 100 decisions per second. Radix
 is measured twice: hashing text chunks (its default) and tokenizing the whole prompt
-(``chunk_chars: 0``). Compare the figures of one run with each other.
+(``chunk_chars: 0``). Compare the figures of one run with each other. ``--chat N`` also
+measures N turns of the ``chat-apps`` workload (system prompt, tools and history rendered
+by the gateway's chat template first), the figures under ``"chat"``.
 """
 
 from __future__ import annotations
@@ -74,6 +76,38 @@ def measure(variant: str, docs: list[str], warmup: int, samples: int, seed: int
             "cores_per_100_rps": round(cpu_ms / 10, 4)}
 
 
+def measure_chat(variant: str, turns: int, warmup: int) -> dict[str, float]:
+    """Like ``measure``, on chat-apps turns sent as messages and tools."""
+    from loadtests.workloads import build_spec, generate
+
+    params = VARIANTS[variant]
+    policy = build_policy({**load_preset(params.get("name", variant)), **params})
+    fleet = Fleet([ReplicaConfig(f"r{i}", f"http://127.0.0.1:{9000 + i}") for i in range(8)])
+    router = Router(policy, load_tokenizer(None, memo_size=2048), fleet, 1)
+    requests = generate(build_spec("chat-apps"), warmup + turns)
+    bodies = [ParsedRequest("chat", {}, "m", True, None, None, r.messages(), None, None,
+                            r.tools()) for r in requests]
+    try:
+        for i, body in enumerate(bodies[:warmup]):
+            req = router.build(body, now=float(i))
+            policy.observe(Routed(req, policy.choose(req, fleet.views()).chosen))
+        wall: list[float] = []
+        cpu0 = time.process_time()
+        for i, body in enumerate(bodies[warmup:]):
+            t0 = time.perf_counter()
+            req = router.build(body, now=float(warmup + i))
+            chosen = policy.choose(req, fleet.views()).chosen
+            wall.append(time.perf_counter() - t0)
+            policy.observe(Routed(req, chosen))
+        cpu_ms = 1000 * (time.process_time() - cpu0) / turns
+    finally:
+        router.close()
+    wall.sort()
+    return {"p50_ms": round(1000 * statistics.median(wall), 3),
+            "p99_ms": round(1000 * wall[int(0.99 * (len(wall) - 1))], 3),
+            "cpu_ms_per_decision": round(cpu_ms, 3)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH")
@@ -83,6 +117,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chat", type=int, default=300, metavar="N",
+                    help="chat-apps turns to measure (0: none)")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"samples": args.samples, "warmup": args.warmup}
     for words in args.words:
@@ -93,6 +129,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out[f"{words}_words"] = figures
         for v, f in figures.items():
             print(f"{words:5d} words {v:16s} {f}", flush=True)
+    if args.chat > 0:
+        out["chat"] = {v: measure_chat(v, args.chat, args.warmup) for v in args.variants}
+        for v, f in out["chat"].items():
+            print(f" chat turns {v:16s} {f}", flush=True)
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:
