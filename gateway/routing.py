@@ -67,24 +67,26 @@ class Router:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def _render(self, parsed: ParsedRequest) -> str:
+        """The prompt text: the completion's prompt, or the chat rendered with its tools."""
+        if parsed.prompt_text is not None:
+            return parsed.prompt_text
+        try:
+            return self.tokenizer.render_chat(parsed.messages or [], tools=parsed.tools)
+        except ChatFormatError as exc:
+            raise BadRequest(str(exc), param="messages") from exc
+
     def _tokenize(self, parsed: ParsedRequest, needed: int | None) -> _Tokens:
         if parsed.prompt_ids is not None:
             ids = parsed.prompt_ids
             return _Tokens(ids if needed is None else ids[:needed], len(ids), None,
                            hash(tuple(ids)))
+        text = self._render(parsed)
         anchor = None
-        if parsed.messages is not None:
-            try:
-                text = self.tokenizer.render_chat(parsed.messages, tools=parsed.tools)
-                head = self._head(parsed, text)
-            except ChatFormatError as exc:
-                raise BadRequest(str(exc), param="messages") from exc
-            if head is not None:
-                enc = self.tokenizer.encode_prefix(head, needed)
-                anchor = enc.total_estimate if enc.complete else None
-        else:
-            assert parsed.prompt_text is not None
-            text = parsed.prompt_text
+        head = self._head(parsed, text) if parsed.messages is not None else None
+        if head is not None:
+            enc = self.tokenizer.encode_prefix(head, needed)
+            anchor = enc.total_estimate if enc.complete else None
         enc = self.tokenizer.encode_prefix(text, needed)
         return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text))
 
@@ -111,40 +113,43 @@ class Router:
                              now)
 
     def _tokens(self, parsed: ParsedRequest, needed: int | None) -> _Tokens:
-        toks = self._encoded(parsed, needed)
+        """The leading token ids the policy asked for, and the prompt's chunk hashes when
+        it asks for them (a chat is rendered once for both)."""
+        if self.policy.chunk_chars > 0 and parsed.messages is not None:
+            text = self._render(parsed)
+            toks = _Tokens((), self.tokenizer.estimate_tokens(text), None, hash(text)) \
+                if needed == 0 else self._tokenize(parsed, needed)
+            return self._chunked(parsed, toks, text)
+        return self._chunked(parsed, self._quick(parsed, needed)
+                             or self._tokenize(parsed, needed))
+
+    def _quick(self, parsed: ParsedRequest, needed: int | None) -> _Tokens | None:
+        """The encoding when it costs microseconds (ids given, only a length estimate
+        needed, or a remembered document); None when the prompt must be encoded."""
+        if parsed.prompt_ids is not None:
+            return self._tokenize(parsed, needed)
+        text = parsed.prompt_text
+        if needed == 0:
+            if text is not None:
+                return _Tokens((), self.tokenizer.estimate_tokens(text), None, hash(text))
+            joined = "".join(m["content"] for m in normalize_messages(parsed.messages or []))
+            return _Tokens((), self.tokenizer.estimate_tokens(joined), None, None)
+        if text is not None and (hit := self.tokenizer.remembered_prefix(text, needed or 0)):
+            return _Tokens(hit.ids, hit.total_estimate, None, hash(text))
+        return None
+
+    def _chunked(self, parsed: ParsedRequest, toks: _Tokens, text: str | None = None
+                 ) -> _Tokens:
+        """``toks`` with the prompt's chunk hashes, for a policy that asks for them."""
         chars = self.policy.chunk_chars
         if chars <= 0:
             return toks
         if parsed.prompt_ids is not None:
             return toks._replace(chunks=id_chunks(parsed.prompt_ids),
                                  chunk_tokens=float(IDS_PER_CHUNK))
-        if parsed.prompt_text is not None:
-            text = parsed.prompt_text
-        else:
-            try:
-                text = self.tokenizer.render_chat(parsed.messages or [], tools=parsed.tools)
-            except ChatFormatError as exc:
-                raise BadRequest(str(exc), param="messages") from exc
+        text = self._render(parsed) if text is None else text
         return toks._replace(chunks=text_chunks(text, chars),
                              chunk_tokens=chars / self.tokenizer.chars_per_token)
-
-    def _encoded(self, parsed: ParsedRequest, needed: int | None) -> _Tokens:
-        if parsed.prompt_ids is None and needed == 0:  # only a length estimate is needed
-            text = parsed.prompt_text if parsed.prompt_text is not None else "".join(
-                m["content"] for m in normalize_messages(parsed.messages or []))
-            return _Tokens((), self.tokenizer.estimate_tokens(text), None, None)
-        if parsed.prompt_text is not None and (
-                hit := self.tokenizer.remembered_prefix(parsed.prompt_text, needed or 0)):
-            return _Tokens(hit.ids, hit.total_estimate, None, hash(parsed.prompt_text))
-        return self._tokenize(parsed, needed)
-
-    def _inline(self, parsed: ParsedRequest, needed: int | None) -> bool:
-        """True when ``_tokens`` costs microseconds (ids given, nothing to encode, or a
-        remembered document): no thread hop then."""
-        return parsed.prompt_ids is not None or (needed == 0 and (
-            self.policy.chunk_chars <= 0 or parsed.messages is None)) or (
-            parsed.prompt_text is not None
-            and self.tokenizer.remembered_prefix(parsed.prompt_text, needed or 0) is not None)
 
     def _request(self, parsed: ParsedRequest, tenant: str | None, toks: _Tokens,
                  now: float | None) -> RouteRequest:
@@ -159,8 +164,14 @@ class Router:
     async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
         now = time.monotonic()
         needed = self.policy.tokens_needed
-        if self._inline(parsed, needed):
-            toks = self._tokens(parsed, needed)
+        # cheap enough for the event loop: ids, a length estimate, a remembered document,
+        # and chunk hashes of a completion's text (microseconds per KB); a chat to render
+        # or a prompt to encode goes to the pool
+        quick = None
+        if self.policy.chunk_chars <= 0 or parsed.messages is None:
+            quick = self._quick(parsed, needed)
+        if quick is not None:
+            toks = self._chunked(parsed, quick)
         else:
             async with self._slots:
                 loop = asyncio.get_running_loop()

@@ -29,6 +29,7 @@ from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.request_parse import ParsedRequest
 from gateway.routing import Router
+from loadtests.workloads import build_spec, generate
 from policies.base import Routed
 from policies.registry import build_policy, load_preset
 
@@ -40,33 +41,26 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def measure(variant: str, docs: list[str], warmup: int, samples: int, seed: int
-            ) -> dict[str, float]:
+def measure(variant: str, bodies: list[ParsedRequest], warmup: int) -> dict[str, float]:
+    """Route ``bodies[:warmup]``, then time the decisions on the rest."""
     params = VARIANTS[variant]
-    name = params.get("name", variant)
-    policy = build_policy({**load_preset(name), **params})
+    policy = build_policy({**load_preset(params.get("name", variant)), **params})
     fleet = Fleet([ReplicaConfig(f"r{i}", f"http://127.0.0.1:{9000 + i}") for i in range(8)])
-    router = Router(policy, load_tokenizer(None, memo_size=0), fleet, 1)
-    rng = random.Random(seed)
-
-    def parsed(text: str) -> ParsedRequest:
-        prompt = f"{text}\n\nQuestion: {sample_text(rng, 40)}"
-        return ParsedRequest("completions", {}, "m", True, prompt, None, None, None, None)
-
+    router = Router(policy, load_tokenizer(None, memo_size=2048), fleet, 1)
+    timed = bodies[warmup:]
     try:
-        for i in range(warmup):
-            req = router.build(parsed(docs[i % len(docs)]), now=float(i))
+        for i, body in enumerate(bodies[:warmup]):
+            req = router.build(body, now=float(i))
             policy.observe(Routed(req, policy.choose(req, fleet.views()).chosen))
         wall: list[float] = []
         cpu0 = time.process_time()
-        for i in range(samples):
-            body = parsed(docs[warmup + i])  # a document never seen: no memo, no match
+        for i, body in enumerate(timed):
             t0 = time.perf_counter()
             req = router.build(body, now=float(warmup + i))
             chosen = policy.choose(req, fleet.views()).chosen
             wall.append(time.perf_counter() - t0)
             policy.observe(Routed(req, chosen))
-        cpu_ms = 1000 * (time.process_time() - cpu0) / samples
+        cpu_ms = 1000 * (time.process_time() - cpu0) / len(timed)
     finally:
         router.close()
     wall.sort()
@@ -76,36 +70,18 @@ def measure(variant: str, docs: list[str], warmup: int, samples: int, seed: int
             "cores_per_100_rps": round(cpu_ms / 10, 4)}
 
 
-def measure_chat(variant: str, turns: int, warmup: int) -> dict[str, float]:
-    """Like ``measure``, on chat-apps turns sent as messages and tools."""
-    from loadtests.workloads import build_spec, generate
+def document_bodies(words: int, n: int, seed: int) -> list[ParsedRequest]:
+    """``n`` completions, each a fresh document of ``words`` words plus a question."""
+    rng = random.Random(seed + words)
+    return [ParsedRequest("completions", {}, "m", True,
+                          f"{sample_text(rng, words)}\n\nQuestion: {sample_text(rng, 40)}",
+                          None, None, None, None) for _ in range(n)]
 
-    params = VARIANTS[variant]
-    policy = build_policy({**load_preset(params.get("name", variant)), **params})
-    fleet = Fleet([ReplicaConfig(f"r{i}", f"http://127.0.0.1:{9000 + i}") for i in range(8)])
-    router = Router(policy, load_tokenizer(None, memo_size=2048), fleet, 1)
-    requests = generate(build_spec("chat-apps"), warmup + turns)
-    bodies = [ParsedRequest("chat", {}, "m", True, None, None, r.messages(), None, None,
-                            r.tools()) for r in requests]
-    try:
-        for i, body in enumerate(bodies[:warmup]):
-            req = router.build(body, now=float(i))
-            policy.observe(Routed(req, policy.choose(req, fleet.views()).chosen))
-        wall: list[float] = []
-        cpu0 = time.process_time()
-        for i, body in enumerate(bodies[warmup:]):
-            t0 = time.perf_counter()
-            req = router.build(body, now=float(warmup + i))
-            chosen = policy.choose(req, fleet.views()).chosen
-            wall.append(time.perf_counter() - t0)
-            policy.observe(Routed(req, chosen))
-        cpu_ms = 1000 * (time.process_time() - cpu0) / turns
-    finally:
-        router.close()
-    wall.sort()
-    return {"p50_ms": round(1000 * statistics.median(wall), 3),
-            "p99_ms": round(1000 * wall[int(0.99 * (len(wall) - 1))], 3),
-            "cpu_ms_per_decision": round(cpu_ms, 3)}
+
+def chat_bodies(n: int) -> list[ParsedRequest]:
+    """The first ``n`` turns of the chat-apps workload, as messages and tools."""
+    return [ParsedRequest("chat", {}, "m", True, None, None, r.messages(), None, None,
+                          r.tools()) for r in generate(build_spec("chat-apps"), n)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -122,15 +98,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"samples": args.samples, "warmup": args.warmup}
     for words in args.words:
-        rng = random.Random(args.seed + words)
-        docs = [sample_text(rng, words) for _ in range(args.warmup + args.samples)]
-        figures = {v: measure(v, docs, args.warmup, args.samples, args.seed)
-                   for v in args.variants}
+        docs = document_bodies(words, args.warmup + args.samples, args.seed)
+        figures = {v: measure(v, docs, args.warmup) for v in args.variants}
         out[f"{words}_words"] = figures
         for v, f in figures.items():
             print(f"{words:5d} words {v:16s} {f}", flush=True)
     if args.chat > 0:
-        out["chat"] = {v: measure_chat(v, args.chat, args.warmup) for v in args.variants}
+        chats = chat_bodies(args.warmup + args.chat)
+        out["chat"] = {v: measure(v, chats, args.warmup) for v in args.variants}
         for v, f in out["chat"].items():
             print(f" chat turns {v:16s} {f}", flush=True)
     text = json.dumps(out, indent=2)

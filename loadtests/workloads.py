@@ -348,6 +348,10 @@ def _conversations(spec: ChatSpec | ToolsSpec, n: int, content: SegmentContent,
     return out
 
 
+def _int(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
+    return int(rng.integers(bounds[0], bounds[1] + 1))
+
+
 def chat_apps(spec: ChatAppsSpec, n: int, content: SegmentContent) -> list[WorkloadRequest]:
     """The first ``n`` turns, by arrival time, of conversations over the apps."""
     rng = np.random.default_rng([spec.seed, 3])
@@ -355,22 +359,18 @@ def chat_apps(spec: ChatAppsSpec, n: int, content: SegmentContent) -> list[Workl
     shares /= shares.sum()
     apps = []
     for a in range(len(shares)):
-        system = Segment(f"app{a}-system", int(rng.integers(spec.system_tokens[0],
-                                                            spec.system_tokens[1] + 1)),
-                         "system", True)
-        tools = Segment(f"app{a}-tools", int(rng.integers(spec.tool_tokens[0],
-                                                          spec.tool_tokens[1] + 1)),
-                        "tools", True)
+        system = Segment(f"app{a}-system", _int(rng, spec.system_tokens), "system", True)
+        tools = Segment(f"app{a}-tools", _int(rng, spec.tool_tokens), "tools", True)
         apps.append((system, tools))
     lo, hi = spec.turns
     # geometric on [lo, hi] with the requested mean (truncation is ignored in the mean)
     p_stop = 1.0 / max(1.0, spec.mean_turns - lo + 1)
     starts = spec.rate / spec.mean_turns
-    turns_heap: list[tuple[float, int, int]] = []  # (arrival, conversation, turn)
+    turn_times: list[tuple[float, int, int]] = []  # (arrival, conversation, turn)
     convs: list[tuple[int, int]] = []  # (app, turns)
     t = 0.0
     # enough conversations that their turns cover n requests, then take the first n
-    while len(turns_heap) < 2 * n + 64:
+    while len(turn_times) < 2 * n + 64:
         t += float(rng.exponential(1.0 / starts))
         app = int(rng.choice(len(shares), p=shares))
         turns = int(min(hi, lo + rng.geometric(p_stop) - 1))
@@ -378,25 +378,21 @@ def chat_apps(spec: ChatAppsSpec, n: int, content: SegmentContent) -> list[Workl
         convs.append((app, turns))
         at = t
         for turn in range(turns):
-            turns_heap.append((at, conv, turn))
+            turn_times.append((at, conv, turn))
             at += float(rng.exponential(spec.think_s))
-    turns_heap.sort()
+    turn_times.sort()
     prompts: dict[int, tuple[Segment, ...]] = {}
     out = []
-    for at, conv, turn in turns_heap[:n]:
+    for at, conv, turn in turn_times[:n]:
         app, _ = convs[conv]
         prefix = prompts.get(conv, apps[app])
-        user = Segment(f"c{conv}u{turn}", int(rng.integers(spec.user_tokens[0],
-                                                           spec.user_tokens[1] + 1)),
-                       "user", True)
+        user = Segment(f"c{conv}u{turn}", _int(rng, spec.user_tokens), "user", True)
         prompt = (*prefix, user)
-        answer = Segment(f"c{conv}a{turn}", int(rng.integers(spec.assistant_tokens[0],
-                                                             spec.assistant_tokens[1] + 1)),
+        answer = Segment(f"c{conv}a{turn}", _int(rng, spec.assistant_tokens),
                          "assistant", True)
         prompts[conv] = (*prompt, answer)
-        out.append(WorkloadRequest(len(out), prompt, int(rng.integers(
-            spec.output_tokens[0], spec.output_tokens[1] + 1)), f"app{app}", f"conv{conv}",
-            content, arrival_s=at))
+        out.append(WorkloadRequest(len(out), prompt, _int(rng, spec.output_tokens), f"app{app}",
+                                   f"conv{conv}", content, arrival_s=at))
     return out
 
 

@@ -68,8 +68,8 @@ class ReplicaView:
     prompt tokens computed (not served from cache), when its counters tell it.
     ``pending_age_s`` is how long the oldest request this gateway sent it has waited for a
     first byte (0 when none waits) and ``pending_head_tokens`` what that request has to
-    prefill: the replica is likely that far into it. Token
-    counts are in the gateway's tokens (converted from the replica's where they differ).
+    prefill: the replica is likely that far into it. Token counts are in the gateway's
+    tokens (converted from the replica's where they differ).
     """
 
     id: str

@@ -32,8 +32,8 @@ non-scratch replicas on the ring (every gateway copy agrees on them): one, or as
 its share of the requests needs (share x replicas x ``hot_spread``: an app's system
 prompt), and once those wait more than ``spill_wait`` prefills of this prompt, up to
 ``homes`` of them and the least loaded replicas; for a rare key the scratch set and the
-least loaded replica. For each,
-in seconds, with ``t`` the pace over the replica's weight::
+least loaded replica. For each, in seconds, with ``t`` the pace over the replica's
+weight::
 
     wait     = queued tokens x t, less the part of the oldest queued request the replica
                is likely through (its age, at most its own prefill)
@@ -144,6 +144,7 @@ class _Prepared(NamedTuple):
     """What ``choose`` and ``observe`` both derive from one request."""
 
     key: int
+    units: memoryview  # the prompt's chunk hashes as u32 bytes (at most max_chunks)
     chain: list[ChainEntry]
     chain_keys: frozenset[int]
     seen: int  # the key's decayed count before this request
@@ -158,6 +159,7 @@ class Cost(Policy):
     """Lowest predicted time to first token over a cache model; see the module docstring."""
 
     name = "cost"
+    tokens_needed = 0  # the prompt's chunk hashes are all this policy reads
 
     def __init__(self, config: CostConfig | None = None) -> None:
         self.config = cfg = config or CostConfig()
@@ -178,9 +180,6 @@ class Cost(Policy):
         self._learner = learner_for(cfg)
 
     # -- what a request is --------------------------------------------------------------
-    tokens_needed = 0  # the prompt's chunk hashes are all this policy reads
-
-
     @property
     def scratch_size(self) -> int:
         return self._scratch_size
@@ -198,31 +197,31 @@ class Cost(Policy):
             chunks, unit = id_chunks(request.tokens), float(IDS_PER_CHUNK)
         return chunks[: self.config.max_chunks], unit
 
-    def key(self, request: RouteRequest) -> int:
+    def _key(self, request: RouteRequest, units: memoryview) -> int:
         """The request's prefix key (stable across processes)."""
         h = blake2b(request_namespace(request), digest_size=8, person=b"kvgate-cost")
         if request.affinity_key is not None:
             h.update(b"\x01" + request.affinity_key.encode())
         else:
-            chunks, _ = self._units(request)
+            n = len(units) // 4
+            skip = self._learner.skip(units, n) if self._learner else 0
+            # units holds 4 bytes per chunk: [4*skip, 4*(skip+K)) is the hashed window
             h.update(b"\x00")
-            h.update(self._key_window(token_bytes(chunks), len(chunks)))
+            h.update(units[4 * skip : 4 * (skip + self.config.key_chunks)])
         return int.from_bytes(h.digest(), "little")
 
-    def _key_window(self, data: memoryview, n: int) -> memoryview:
-        skip = self._learner.skip(data, n) if self._learner else 0
-        # data holds 4 bytes per chunk: [4*skip, 4*(skip+K)) is the hashed window
-        return data[4 * skip : 4 * (skip + self.config.key_chunks)]
-
     def _prepare(self, request: RouteRequest) -> _Prepared:
+        """Key, chain and count of ``request``, derived once for ``choose`` and the
+        ``observe(Routed)`` that follows it."""
         memo = self._memo
         if memo is not None and memo[0] is request:
             return memo[1]
-        key = self.key(request)
         chunks, unit = self._units(request)
+        units = token_bytes(chunks)
+        key = self._key(request, units)
         chain = prompt_chain(chunks, self.config.block_chunks, unit,
                              stable_hash(request_namespace(request)))
-        prepared = _Prepared(key, chain, frozenset(e.key for e in chain),
+        prepared = _Prepared(key, units, chain, frozenset(e.key for e in chain),
                              self._sketch.estimate(key))
         self._memo = (request, prepared)
         return prepared
@@ -290,9 +289,8 @@ class Cost(Policy):
             prefill = (p - m) * t
             evict = 0.0
             if cfg.eviction_weight > 0:
-                churn = p - m if hot else round((p - m) * self._fleet_scale())
                 evict = cfg.eviction_weight * pace * self._hot_victims(
-                    r.id, churn, prep.chain_keys, hot_memo)
+                    r.id, p - m, prep.chain_keys, hot_memo)
             misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
             total = wait + prefill + evict + misplaced
             terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
@@ -418,14 +416,7 @@ class Cost(Policy):
         self._memo = None  # the counts below change what _prepare would say
         model = self._model(replica)
         uncached = max(0, request.prompt_tokens - model.match(prep.chain))
-        chain = prep.chain
-        if not self._hot(prep.seen):
-            # a rare prefix stands for the rare prefixes other gateway copies send as well
-            # (hot ones every copy sends, and models, itself)
-            scale = self._fleet_scale()
-            if scale > 1.0:
-                chain = [e._replace(tokens=round(e.tokens * scale)) for e in chain]
-        model.admit(chain, prep.key)
+        model.admit(prep.chain, prep.key)
         self._sketch.add(prep.key)
         now = request.arrival_s
         if now is not None:
@@ -434,24 +425,14 @@ class Cost(Policy):
                 self._rare_load.add(now, uncached)
             self._resize_scratch(now)
         if self._learner is not None and request.affinity_key is None:
-            chunks, _ = self._units(request)
-            self._learner.observe(token_bytes(chunks), len(chunks), len(chunks),
-                                  request.fingerprint)
+            n = len(prep.units) // 4
+            self._learner.observe(prep.units, n, n, request.fingerprint)
         self._routed += 1
         self._mean_prompt += (request.prompt_tokens - self._mean_prompt) / min(
             self._routed, 1024)
         if self._routed % 256 == 0:
             fleet_tokens = sum(h.model.capacity for h in self._models.values())
             self._sketch.window = self._window(fleet_tokens)
-
-    def _fleet_scale(self) -> float:
-        """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters
-        (every copy's traffic) over what this copy routed, between 1 and 16."""
-        fleet, now = self._fleet_prefill, self._all_load.started
-        if fleet is None or now is None or self._routed < self._sketch.window:
-            return 1.0
-        own = self._all_load.rate(now)
-        return min(16.0, max(1.0, fleet / own)) if own > 0 else 1.0
 
     def _window(self, fleet_tokens: int) -> int:
         """Adds between halvings: ``window_factor`` x the prefixes the fleet can hold."""

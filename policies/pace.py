@@ -39,10 +39,6 @@ class DecayedRate:
         decay = math.exp(min(0.0, self._last - now) / self.tau_s)
         return self._acc * decay / self.tau_s
 
-    @property
-    def started(self) -> float | None:
-        return self._last
-
 
 class PrefillPace:
     """Seconds per uncached prompt token (see the module docstring)."""
