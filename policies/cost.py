@@ -289,8 +289,9 @@ class Cost(Policy):
             prefill = (p - m) * t
             evict = 0.0
             if cfg.eviction_weight > 0:
+                churn = p - m if hot else round((p - m) * self._fleet_scale())
                 evict = cfg.eviction_weight * pace * self._hot_victims(
-                    r.id, p - m, prep.chain_keys, hot_memo)
+                    r.id, churn, prep.chain_keys, hot_memo)
             misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
             total = wait + prefill + evict + misplaced
             terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
@@ -416,7 +417,14 @@ class Cost(Policy):
         self._memo = None  # the counts below change what _prepare would say
         model = self._model(replica)
         uncached = max(0, request.prompt_tokens - model.match(prep.chain))
-        model.admit(prep.chain, prep.key)
+        chain = prep.chain
+        if not self._hot(prep.seen):
+            # a rare prefix stands for the rare prefixes other gateway copies send there
+            # too (hot ones every copy sends, and models, itself)
+            scale = self._fleet_scale()
+            if scale > 1.0:
+                chain = [e._replace(tokens=round(e.tokens * scale)) for e in chain]
+        model.admit(chain, prep.key)
         self._sketch.add(prep.key)
         now = request.arrival_s
         if now is not None:
@@ -433,6 +441,17 @@ class Cost(Policy):
         if self._routed % 256 == 0:
             fleet_tokens = sum(h.model.capacity for h in self._models.values())
             self._sketch.window = self._window(fleet_tokens)
+
+    def _fleet_scale(self) -> float:
+        """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters
+        (every copy's traffic) over what this copy routed, between 1 and 16. A rare prefix's
+        admission counts that many times over, in its eviction charge and in the model,
+        since each copy sees only its share of the churn."""
+        fleet, now = self._fleet_prefill, self._all_load.last
+        if fleet is None or now is None or self._routed < self._sketch.window:
+            return 1.0
+        own = self._all_load.rate(now)
+        return min(16.0, max(1.0, fleet / own)) if own > 0 else 1.0
 
     def _window(self, fleet_tokens: int) -> int:
         """Adds between halvings: ``window_factor`` x the prefixes the fleet can hold."""

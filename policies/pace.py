@@ -33,6 +33,11 @@ class DecayedRate:
             self._last = now
         self._acc += tokens
 
+    @property
+    def last(self) -> float | None:
+        """When tokens were last added (None before any)."""
+        return self._last
+
     def rate(self, now: float) -> float:
         if self._last is None:
             return 0.0
