@@ -128,7 +128,8 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         # a stream's first byte comes with its first token; a whole body's comes after
         # the last one, so it says nothing of time to first token
         ttft = stream.first_byte_s if stream.stream else None
-        gw.policy.observe(Finished(route_req, stream.replica, ok, cached, ttft))
+        gw.policy.observe(Finished(route_req, stream.replica, ok, cached, ttft,
+                                   stream.duration_s))
 
     this = asyncio.current_task()
     assert this is not None

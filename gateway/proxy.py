@@ -57,6 +57,8 @@ class UpstreamStream:
                  ) -> None:
         self.replica = replica
         self.first_byte_s = first_byte_s  # from sending to the first body byte
+        self._opened = time.perf_counter() - first_byte_s
+        self.duration_s: float | None = None  # from sending to the last byte, once closed
         self.response = response
         self.status = response.status
         self.headers = forward_headers(response.headers, _SERVER_OWN)
@@ -113,6 +115,7 @@ class UpstreamStream:
         if self._closed:
             return
         self._closed = True
+        self.duration_s = time.perf_counter() - self._opened
         if ok:
             self.response.release()
         else:

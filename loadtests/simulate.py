@@ -164,8 +164,9 @@ class Simulation:
                 state.done(f.pending)
                 cached = state.answered(f.route.model, f.route.prompt_tokens,
                                         req.prompt_tokens, o.num_cached_tokens)
-                self.policies[f.gateway].observe(Finished(f.route, f.replica, True, cached,
-                                                          self.ttft.get(req.index)))
+                self.policies[f.gateway].observe(Finished(
+                    f.route, f.replica, True, cached, self.ttft.get(req.index),
+                    now - f.pending.sent_at))
         if rep.core.has_unfinished():
             self._start_step(index, now)
 

@@ -127,13 +127,15 @@ class Routed:
 @dataclass(frozen=True, slots=True)
 class Finished:
     """The request finished on ``replica``; ``cached_tokens`` (in the gateway's tokens)
-    when the replica reported it, ``ttft_s`` when its first token's time is known."""
+    when the replica reported it, ``ttft_s`` when its first token's time is known,
+    ``duration_s`` from sending it to its last byte."""
 
     request: RouteRequest
     replica: str
     ok: bool
     cached_tokens: int | None = None
     ttft_s: float | None = None
+    duration_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

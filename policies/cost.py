@@ -36,7 +36,8 @@ least loaded replica. For each, in seconds, with ``t`` the pace over the replica
 weight::
 
     wait     = queued tokens x t, less the part of the oldest queued request the replica
-               is likely through (its age, at most its own prefill)
+               is likely through (its age, at most its own prefill); or, when longer,
+               slot_weight x the wait for a free decode slot (``slots``)
     prefill  = (prompt tokens - predicted cached tokens) x t
     evict    = eviction_weight x t x (hot tokens the admission would evict from the model)
     scratch  = scratch_loss x prompt tokens x t, for a hot key on a scratch replica (the
@@ -76,6 +77,7 @@ from policies.pace import DecayedRate, PrefillPace
 from policies.prefix_affinity import request_namespace
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
 from policies.ring import RingCache, stable_hash, token_bytes, walk
+from policies.slots import DecodeSlots
 
 _SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
 
@@ -102,6 +104,7 @@ class CostConfig:
     load_window_s: float = 60.0
     eviction_weight: float = 0.5
     scratch_loss: float = 0.5
+    slot_weight: float = 1.0
     prefill_s_per_token: float = 1e-4
     capacity_fraction: float = 1.0
     default_capacity_tokens: int = 200_000
@@ -128,7 +131,7 @@ class CostConfig:
         if not 0.0 <= self.max_scratch_fraction < 1.0:
             raise ValueError(
                 f"max_scratch_fraction must be in [0, 1), got {self.max_scratch_fraction!r}")
-        for key in ("eviction_weight", "scratch_loss"):
+        for key in ("eviction_weight", "scratch_loss", "slot_weight"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if not 0.0 < self.capacity_fraction <= 1.0:
@@ -169,6 +172,7 @@ class Cost(Policy):
         self._sketch = FrequencySketch(cfg.sketch_width, cfg.sketch_depth,
                                        window=self._window(0))
         self._pace = PrefillPace(cfg.prefill_s_per_token)
+        self._slots = DecodeSlots()
         self._all_load = DecayedRate(cfg.load_window_s)  # uncached tokens routed
         self._rare_load = DecayedRate(cfg.load_window_s)  # ... of them for rare keys
         self._models: dict[str, _Model] = {}
@@ -235,6 +239,7 @@ class Cost(Policy):
         ok = healthy(replicas)
         for r in ok:
             self._facts[r.id] = (r.epoch, r.kv_capacity_tokens)
+            self._slots.saw(r.id, r.running, r.waiting)
         rates = [r.prefill_tokens_per_s for r in ok]
         self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
         ids = [r.id for r in replicas]
@@ -334,13 +339,20 @@ class Cost(Policy):
         return tuple(replicas[i].id for i in self._scratch(ring.points, owners, len(ring), up,
                                                            sum(up)))
 
-    @staticmethod
-    def _wait(r: ReplicaView, pace: float) -> float:
+    def _wait(self, r: ReplicaView, pace: float) -> float:
         """Predicted seconds before ``r`` starts a new prompt: its queue, less the part of
         its oldest unanswered request it is likely through (that request's age, never more
-        than its own prefill)."""
+        than its own prefill); or, when longer, the wait for a free decode slot."""
         t = pace / r.weight if r.weight > 0 else math.inf
-        return max(0.0, r.queued_tokens * t - min(r.pending_age_s, r.pending_head_tokens * t))
+        queue = max(0.0, r.queued_tokens * t - min(r.pending_age_s, r.pending_head_tokens * t))
+        return max(queue, self._slot_wait(r))
+
+    def _slot_wait(self, r: ReplicaView) -> float:
+        """Weighted seconds before a decode slot frees on ``r`` for one more request."""
+        if self.config.slot_weight <= 0:
+            return 0.0
+        in_flight = max(r.in_flight, r.running + r.waiting)
+        return self.config.slot_weight * self._slots.wait_s(r.id, in_flight)
 
     def _matches(self, prep: _Prepared, replicas: Sequence[ReplicaView], up: list[bool],
                  p: int) -> dict[int, int]:
@@ -356,13 +368,14 @@ class Cost(Policy):
                 out[i] = min(held.model.match(prep.chain), p - 1)
         return out
 
-    @staticmethod
-    def _least_loaded(replicas: Sequence[ReplicaView], up: list[bool],
+    def _least_loaded(self, replicas: Sequence[ReplicaView], up: list[bool],
                       exclude: set[int] | tuple[()]) -> int:
-        best, best_load = -1, math.inf
+        """The replica with the shortest wait for a decode slot, then the shortest queue."""
+        best, best_load = -1, (math.inf, math.inf)
         for i, r in enumerate(replicas):
             if up[i] and i not in exclude:
-                load = r.queued_tokens / r.weight if r.weight > 0 else math.inf
+                load = (self._slot_wait(r),
+                        r.queued_tokens / r.weight if r.weight > 0 else math.inf)
                 if load < best_load:
                     best, best_load = i, load
         if best < 0:  # everything excluded: any healthy replica
@@ -392,9 +405,17 @@ class Cost(Policy):
             req = event.request
             if event.ok and event.ttft_s is not None and event.cached_tokens is not None:
                 self._pace.observe(event.ttft_s, req.prompt_tokens - event.cached_tokens)
+            if event.ok and event.duration_s is not None:
+                # a slot is held from the prefill's start: the decode, plus the prefill
+                hold = event.duration_s
+                if event.ttft_s is not None:
+                    uncached = req.prompt_tokens - (event.cached_tokens or 0)
+                    hold += max(0, uncached) * self._pace.value_s - event.ttft_s
+                self._slots.held(max(0.0, hold))
         elif isinstance(event, ReplicaRemoved):
             self._models.pop(event.replica, None)
             self._facts.pop(event.replica, None)
+            self._slots.forget(event.replica)
         elif isinstance(event, ReplicaReset):
             held = self._models.get(event.replica)
             if held is not None:
@@ -485,6 +506,8 @@ class Cost(Policy):
             "scratch_size": self._scratch_size,
             "prefill_s_per_token": self._pace.value_s,
             "pace_samples": self._pace.samples,
+            "slot_hold_s": self._slots.hold_s,
+            "slots": {rid: self._slots.limit(rid) for rid in self._facts},
             "sketch_window": self._sketch.window,
             "common_prefix_chunks": self._learner.depth if self._learner else 0,
             "model_tokens": {rid: held.model.used for rid, held in self._models.items()},

@@ -1,0 +1,75 @@
+"""Decode slots: how long a new request waits for a place in a replica's running batch.
+
+An engine runs at most ``max_num_seqs`` sequences at once (vLLM, SGLang and kvgate's
+engine alike); past that, a new request waits in line until one finishes, however short
+its prompt. With long answers that wait, not prefill, is the tail of time to first token,
+and a replica with an empty prefill queue is not free.
+
+Neither engine exports its slot count, so it is learned per replica: the most sequences
+ever seen running, once others were seen waiting at that count ``confirm`` times (a
+replica short of prefill budget or KV also queues requests now and then, at any count, and
+that is no slot limit). How long a slot is held is learned fleet-wide from
+finished requests: from the end of their prefill (first token) to their last byte, plus
+their own prefill. With ``n`` requests in flight on a replica of ``s`` slots that each
+hold a slot ``d`` seconds, the ``n - s + 1``-th finish, which frees this request's slot,
+comes after about ``(n - s + 1) x d / s`` seconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class DecodeSlots:
+    """Per replica slot limits and the fleet's mean slot holding time."""
+
+    __slots__ = ("_capped", "_hold_s", "_most", "_samples", "alpha", "confirm")
+
+    def __init__(self, alpha: float = 0.02, confirm: int = 8) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        if confirm < 1:
+            raise ValueError(f"confirm must be >= 1, got {confirm!r}")
+        self.alpha = alpha
+        self.confirm = confirm
+        self._most: dict[str, int] = {}  # the most sequences seen running
+        self._capped: dict[str, int] = {}  # times others were seen waiting at that count
+        self._hold_s = 0.0
+        self._samples = 0
+
+    def saw(self, replica: str, running: int, waiting: int) -> None:
+        """A scrape: ``running`` sequences ran while ``waiting`` others waited."""
+        most = self._most.get(replica, 0)
+        if running > most:
+            self._most[replica] = most = running
+            self._capped.pop(replica, None)
+        if waiting > 0 and running == most:
+            self._capped[replica] = self._capped.get(replica, 0) + 1
+
+    def held(self, seconds: float) -> None:
+        """One finished request held a slot for ``seconds``."""
+        if not seconds >= 0 or math.isinf(seconds):
+            return
+        self._samples += 1
+        rate = max(self.alpha, 1.0 / self._samples)  # a plain mean until 1/alpha samples
+        self._hold_s += (seconds - self._hold_s) * rate
+
+    def forget(self, replica: str) -> None:
+        self._most.pop(replica, None)
+        self._capped.pop(replica, None)
+
+    def limit(self, replica: str) -> int | None:
+        """The replica's learned slot count (None until it was seen full)."""
+        return self._most.get(replica) if self._capped.get(replica, 0) >= self.confirm \
+            else None
+
+    @property
+    def hold_s(self) -> float:
+        return self._hold_s
+
+    def wait_s(self, replica: str, in_flight: int) -> float:
+        """Seconds before a slot frees for one more request, with ``in_flight`` there."""
+        slots = self.limit(replica)
+        if not slots or in_flight < slots or self._samples == 0:
+            return 0.0
+        return (in_flight - slots + 1) * self._hold_s / slots

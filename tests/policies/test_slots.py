@@ -1,0 +1,63 @@
+import pytest
+
+from policies.base import Finished, ReplicaView, Routed, RouteRequest
+from policies.cost import Cost, CostConfig
+from policies.slots import DecodeSlots
+
+
+def test_a_slot_limit_needs_requests_waiting_at_the_most_ever_running() -> None:
+    slots = DecodeSlots(confirm=3)
+    for running in (2, 5, 3, 6):  # short of prefill budget: waiting at any count
+        slots.saw("r0", running, waiting=2)
+    slots.saw("r0", 8, waiting=0)  # more ran since: 6 was no limit
+    for _ in range(2):
+        slots.saw("r0", 8, waiting=1)
+    assert slots.limit("r0") is None  # not yet confirmed
+    slots.saw("r0", 8, waiting=3)
+    assert slots.limit("r0") == 8
+    slots.saw("r0", 9, waiting=0)  # a higher count drops the limit until confirmed again
+    assert slots.limit("r0") is None
+    slots.forget("r0")
+    assert slots.limit("r0") is None
+
+
+def test_the_wait_counts_the_finishes_ahead() -> None:
+    slots = DecodeSlots(alpha=0.5, confirm=1)
+    assert slots.wait_s("r0", 100) == 0.0  # nothing known
+    slots.saw("r0", 4, waiting=1)
+    for seconds in (2.0, 2.0):
+        slots.held(seconds)
+    assert slots.hold_s == pytest.approx(2.0)
+    assert slots.wait_s("r0", 3) == 0.0  # a slot is free
+    assert slots.wait_s("r0", 4) == pytest.approx(1 * 2.0 / 4)
+    assert slots.wait_s("r0", 7) == pytest.approx(4 * 2.0 / 4)
+    slots.held(float("nan"))
+    assert slots.hold_s == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="confirm"):
+        DecodeSlots(confirm=0)
+
+
+def test_cost_waits_for_a_decode_slot_and_weight_zero_ignores_it() -> None:
+    def fleet(r0_running: int) -> list[ReplicaView]:
+        # r0: no prefill queued, but every slot busy and 4 requests waiting for one
+        return [ReplicaView("r0", running=r0_running, waiting=4 if r0_running else 0,
+                            in_flight=r0_running + 4 if r0_running else 0),
+                ReplicaView("r1", queued_tokens=2000, running=1, in_flight=1)]
+
+    req = RouteRequest(tokens=list(range(500)), prompt_tokens=500, model="m")
+    for weight, expected in ((1.0, "r1"), (0.0, "r0")):
+        policy = Cost(CostConfig(slot_weight=weight, prefill_s_per_token=1e-4,
+                                 min_scratch=0))
+        policy.observe(Routed(req, "r0"))  # r0 holds the prompt: always a candidate
+        for _ in range(8):  # r0 seen full: 8 running, others waiting
+            policy.choose(req, fleet(8))
+        for _ in range(20):  # requests hold a slot ~10 s (decode) after their first token
+            policy.observe(Finished(req, "r0", True, cached_tokens=0, ttft_s=0.1,
+                                    duration_s=10.1))
+        d = policy.choose(req, fleet(8))
+        waits = {s.replica: dict(s.terms)["wait_s"] for s in d.scores}
+        assert d.chosen == expected, waits
+        if weight:
+            # 5 finishes ahead on 8 slots, each held ~10 s: about 6 s
+            assert waits["r0"] == pytest.approx(5 * 10.0 / 8, rel=0.05)
+            assert policy.describe()["slots"] == {"r0": 8, "r1": None}
