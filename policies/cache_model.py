@@ -59,9 +59,10 @@ class ReplicaCacheModel:
     def __contains__(self, key: int) -> bool:
         return key in self._entries
 
-    def match(self, chain: Sequence[ChainEntry]) -> int:
+    def match(self, chain: Sequence[ChainEntry], before: Sequence[int] | None = None) -> int:
         """Tokens of the chain's leading entries the model holds (a last entry held
-        shorter than asked counts its held size).
+        shorter than asked counts its held size). ``before[i]``, when given, is the tokens
+        of ``chain[:i]`` (``chain_tokens``), for a caller matching one chain many times.
 
         Admissions take whole chains, head last, so what the model holds of any chain is a
         prefix of it (an entry is never older than one after it in a chain): the held
@@ -76,7 +77,7 @@ class ReplicaCacheModel:
                 hi = mid
         if lo == 0:
             return 0
-        matched = sum(e.tokens for e in chain[: lo - 1])
+        matched = before[lo - 1] if before is not None else sum(e.tokens for e in chain[: lo - 1])
         last = chain[lo - 1]
         return matched + min(last.tokens, entries[last.key][0])
 
@@ -144,24 +145,35 @@ class ReplicaCacheModel:
             raise AssertionError(f"cache model: used {self.used} > capacity {self.capacity}")
 
 
-def prompt_chain(units: Sequence[int], block: int, unit_tokens: float,
+def chain_tokens(chain: Sequence[ChainEntry]) -> list[int]:
+    """Running token totals: element ``i`` is the tokens of ``chain[:i]``."""
+    out = [0]
+    total = 0
+    for entry in chain:
+        total += entry.tokens
+        out.append(total)
+    return out
+
+
+def prompt_chain(units: memoryview | bytes, block: int, unit_tokens: float,
                  root: int) -> list[ChainEntry]:
-    """The chain entries of a prompt given as unit hashes (``unit_tokens`` tokens each),
-    in blocks of ``block`` units::
+    """The chain entries of a prompt given as unit hashes in u32 bytes (``token_bytes``),
+    ``unit_tokens`` tokens each, in blocks of ``block`` units::
 
         key_i = H(key_{i-1}, units[(i-1)B : iB])        key_0 = root (model, cache salt)
 
     The last block may be shorter; an entry's size is its units x ``unit_tokens``. H is
-    Python's tuple hash: keys live only in this process's models, and it costs ~1/10 of
-    a digest per block.
+    Python's hash of (key, block bytes): keys live only in this process's models, and it
+    costs ~1/10 of a digest per block.
     """
     out: list[ChainEntry] = []
     prev = root
-    n = len(units)
+    data = bytes(units)
+    step = 4 * block
     full = max(1, round(block * unit_tokens))
-    for start in range(0, n, block):
-        piece = tuple(units[start : start + block])
+    for start in range(0, len(data), step):
+        piece = data[start : start + step]
         prev = hash((prev, piece))
-        size = full if len(piece) == block else max(1, round(len(piece) * unit_tokens))
+        size = full if len(piece) == step else max(1, round(len(piece) // 4 * unit_tokens))
         out.append(ChainEntry(prev, size))
     return out

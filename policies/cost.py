@@ -44,9 +44,11 @@ weight::
                churn there will likely evict it before it is used again)
     score    = wait + prefill + evict + scratch            lowest wins; ties in ring order
 
-``/admin/explain`` shows each term per candidate. Reasons: ``cache_match`` (the winner is
-predicted to hold part of the prompt), ``affinity`` (a hot key on one of its homes),
-``scratch`` (a rare key on the scratch set), ``spill`` (anything else).
+``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill
+and scratch terms alone exceed the best total is ranked after them unscored). Reasons:
+``cache_match`` (the winner is predicted to hold part of the prompt), ``affinity`` (a hot
+key on one of its homes), ``scratch`` (a rare key on the scratch set), ``spill``
+(anything else).
 """
 
 from __future__ import annotations
@@ -70,7 +72,13 @@ from policies.base import (
     RouteRequest,
     healthy,
 )
-from policies.cache_model import ChainEntry, ReplicaCacheModel, prompt_chain
+from policies.cache_model import (
+    ChainEntry,
+    ReplicaCacheModel,
+    Victim,
+    chain_tokens,
+    prompt_chain,
+)
 from policies.common_prefix import check_settings, learner_for
 from policies.frequency import FrequencySketch
 from policies.pace import DecayedRate, PrefillPace
@@ -149,6 +157,7 @@ class _Prepared(NamedTuple):
     key: int
     units: memoryview  # the prompt's chunk hashes as u32 bytes (at most max_chunks)
     chain: list[ChainEntry]
+    before: list[int]  # tokens of chain[:i]
     chain_keys: frozenset[int]
     seen: int  # the key's decayed count before this request
 
@@ -176,6 +185,7 @@ class Cost(Policy):
         self._all_load = DecayedRate(cfg.load_window_s)  # uncached tokens routed
         self._rare_load = DecayedRate(cfg.load_window_s)  # ... of them for rare keys
         self._models: dict[str, _Model] = {}
+        self._heads: dict[int, set[str]] = {}  # a chain's first key -> models holding it
         self._facts: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, capacity)
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
         self._scratch_size = cfg.min_scratch
@@ -223,9 +233,10 @@ class Cost(Policy):
         chunks, unit = self._units(request)
         units = token_bytes(chunks)
         key = self._key(request, units)
-        chain = prompt_chain(chunks, self.config.block_chunks, unit,
+        chain = prompt_chain(units, self.config.block_chunks, unit,
                              stable_hash(request_namespace(request)))
-        prepared = _Prepared(key, units, chain, frozenset(e.key for e in chain),
+        prepared = _Prepared(key, units, chain, chain_tokens(chain),
+                             frozenset(e.key for e in chain),
                              self._sketch.estimate(key))
         self._memo = (request, prepared)
         return prepared
@@ -239,7 +250,7 @@ class Cost(Policy):
         ok = healthy(replicas)
         for r in ok:
             self._facts[r.id] = (r.epoch, r.kv_capacity_tokens)
-            self._slots.saw(r.id, r.running, r.waiting)
+        self._slots.saw_all(ok)
         rates = [r.prefill_tokens_per_s for r in ok]
         self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
         ids = [r.id for r in replicas]
@@ -280,25 +291,38 @@ class Cost(Policy):
             candidates.update(dict.fromkeys(scratch))
         candidates.update(dict.fromkeys(i for i, m in matched.items() if m > 0))
         if busy:
-            candidates[self._least_loaded(replicas, up, ())] = None
+            loads = self._loads(replicas, up)
+            candidates[self._least_loaded(loads, up, ())] = None
             if hot and in_scratch:
-                candidates[self._least_loaded(replicas, up, in_scratch)] = None
+                candidates[self._least_loaded(loads, up, in_scratch)] = None
 
-        hot_memo: dict[int, bool] = {}
-        scored: list[tuple[float, int, int, tuple[tuple[str, float], ...]]] = []
+        # the cheap terms first: a candidate whose wait + prefill + scratch already
+        # exceeds the best total cannot win, and its eviction walk is skipped
+        bounds: list[tuple[float, int, int, float, float, float]] = []
         for order, i in enumerate(candidates):
             r = replicas[i]
             t = pace / r.weight if r.weight > 0 else math.inf
-            m = matched.get(i, 0)
             wait = self._wait(r, pace)
-            prefill = (p - m) * t
+            prefill = (p - matched.get(i, 0)) * t
+            misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
+            bounds.append((wait + prefill + misplaced, order, i, wait, prefill, misplaced))
+        bounds.sort()
+        hot_memo: dict[int, bool] = {}
+        scored: list[tuple[float, int, int, tuple[tuple[str, float], ...]]] = []
+        pruned: list[int] = []
+        best_total = math.inf
+        for bound, order, i, wait, prefill, misplaced in bounds:
+            if bound > best_total:
+                pruned.append(i)
+                continue
             evict = 0.0
             if cfg.eviction_weight > 0:
+                m = matched.get(i, 0)
                 churn = p - m if hot else round((p - m) * self._fleet_scale())
                 evict = cfg.eviction_weight * pace * self._hot_victims(
-                    r.id, churn, prep.chain_keys, hot_memo)
-            misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
-            total = wait + prefill + evict + misplaced
+                    replicas[i].id, churn, prep.chain_keys, hot_memo)
+            total = bound + evict
+            best_total = min(best_total, total)
             terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
                      ("scratch_s", misplaced))
             scored.append((total, order, i, terms))
@@ -310,7 +334,7 @@ class Cost(Policy):
             reason = "affinity" if best in homes else "spill"
         else:
             reason = "scratch" if best in in_scratch else "spill"
-        ranked_idx = [i for _, _, i, _ in scored]
+        ranked_idx = [i for _, _, i, _ in scored] + pruned
         seen = set(ranked_idx)
         ranked_idx += [i for i, r in enumerate(replicas) if up[i] and i not in seen]
         scores = tuple(ReplicaScore(ids[i], total, matched.get(i, 0), terms)
@@ -349,7 +373,7 @@ class Cost(Policy):
 
     def _slot_wait(self, r: ReplicaView) -> float:
         """Weighted seconds before a decode slot frees on ``r`` for one more request."""
-        if self.config.slot_weight <= 0:
+        if self.config.slot_weight <= 0 or not self._slots.known:
             return 0.0
         in_flight = max(r.in_flight, r.running + r.waiting)
         return self.config.slot_weight * self._slots.wait_s(r.id, in_flight)
@@ -360,24 +384,33 @@ class Cost(Policy):
         out: dict[int, int] = {}
         if not prep.chain:
             return out
-        first = prep.chain[0].key
+        holders = self._heads.get(prep.chain[0].key)
+        if not holders:
+            return out
         models = self._models
         for i, r in enumerate(replicas):
-            held = models.get(r.id)
-            if up[i] and held is not None and held.epoch == r.epoch and first in held.model:
-                out[i] = min(held.model.match(prep.chain), p - 1)
+            if r.id in holders and up[i]:
+                held = models[r.id]
+                if held.epoch == r.epoch:
+                    out[i] = min(held.model.match(prep.chain, prep.before), p - 1)
         return out
 
-    def _least_loaded(self, replicas: Sequence[ReplicaView], up: list[bool],
+    def _loads(self, replicas: Sequence[ReplicaView], up: list[bool]
+               ) -> list[tuple[float, float]]:
+        """Per replica: the wait for a decode slot, then the queue per unit of weight."""
+        slots = self._slots.known and self.config.slot_weight > 0
+        return [(self._slot_wait(r) if slots and up[i] else 0.0,
+                 r.queued_tokens / r.weight if r.weight > 0 else math.inf)
+                for i, r in enumerate(replicas)]
+
+    @staticmethod
+    def _least_loaded(loads: list[tuple[float, float]], up: list[bool],
                       exclude: set[int] | tuple[()]) -> int:
-        """The replica with the shortest wait for a decode slot, then the shortest queue."""
+        """The healthy replica, not in ``exclude``, with the least of ``loads``."""
         best, best_load = -1, (math.inf, math.inf)
-        for i, r in enumerate(replicas):
-            if up[i] and i not in exclude:
-                load = (self._slot_wait(r),
-                        r.queued_tokens / r.weight if r.weight > 0 else math.inf)
-                if load < best_load:
-                    best, best_load = i, load
+        for i, load in enumerate(loads):
+            if up[i] and i not in exclude and load < best_load:
+                best, best_load = i, load
         if best < 0:  # everything excluded: any healthy replica
             return next(i for i, u in enumerate(up) if u)
         return best
@@ -414,12 +447,26 @@ class Cost(Policy):
                 self._slots.held(max(0.0, hold))
         elif isinstance(event, ReplicaRemoved):
             self._models.pop(event.replica, None)
+            self._forget_heads(event.replica)
             self._facts.pop(event.replica, None)
             self._slots.forget(event.replica)
         elif isinstance(event, ReplicaReset):
             held = self._models.get(event.replica)
             if held is not None:
                 held.model.clear()
+                self._forget_heads(event.replica)
+
+    def _forget_heads(self, replica: str, victims: Sequence[Victim] | None = None) -> None:
+        """Drop ``replica`` from the head index: for ``victims`` (evicted entries), or for
+        every head when its model was emptied."""
+        heads = self._heads
+        keys = list(heads) if victims is None else [v.key for v in victims]
+        for key in keys:
+            holders = heads.get(key)
+            if holders is not None:
+                holders.discard(replica)
+                if not holders:
+                    del heads[key]
 
     def _model(self, replica: str) -> ReplicaCacheModel:
         """The replica's model, emptied on a new epoch and sized to its latest capacity."""
@@ -428,16 +475,18 @@ class Cost(Policy):
         size = int((capacity or cfg.default_capacity_tokens) * cfg.capacity_fraction)
         held = self._models.get(replica)
         if held is None or held.epoch != epoch:
+            if held is not None:
+                self._forget_heads(replica)
             held = self._models[replica] = _Model(ReplicaCacheModel(size), epoch)
         elif held.model.capacity != size:
-            held.model.resize(size)
+            self._forget_heads(replica, held.model.resize(size))
         return held.model
 
     def _routed_to(self, request: RouteRequest, replica: str) -> None:
         prep = self._prepare(request)
         self._memo = None  # the counts below change what _prepare would say
         model = self._model(replica)
-        uncached = max(0, request.prompt_tokens - model.match(prep.chain))
+        uncached = max(0, request.prompt_tokens - model.match(prep.chain, prep.before))
         chain = prep.chain
         if not self._hot(prep.seen):
             # a rare prefix stands for the rare prefixes other gateway copies send there
@@ -445,7 +494,9 @@ class Cost(Policy):
             scale = self._fleet_scale()
             if scale > 1.0:
                 chain = [e._replace(tokens=round(e.tokens * scale)) for e in chain]
-        model.admit(chain, prep.key)
+        if chain:
+            self._heads.setdefault(chain[0].key, set()).add(replica)
+        self._forget_heads(replica, model.admit(chain, prep.key))
         self._sketch.add(prep.key)
         now = request.arrival_s
         if now is not None:
@@ -517,3 +568,9 @@ class Cost(Policy):
     def check_integrity(self) -> None:
         for held in self._models.values():
             held.model.check_integrity()
+        for key, holders in self._heads.items():
+            for replica in holders:
+                held = self._models.get(replica)
+                if held is None or key not in held.model:
+                    raise AssertionError(f"cost: head {key} indexed on {replica!r}, which "
+                                         "does not hold it")

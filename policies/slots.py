@@ -8,22 +8,25 @@ and a replica with an empty prefill queue is not free.
 Neither engine exports its slot count, so it is learned per replica: the most sequences
 ever seen running, once others were seen waiting at that count ``confirm`` times (a
 replica short of prefill budget or KV also queues requests now and then, at any count, and
-that is no slot limit). How long a slot is held is learned fleet-wide from
-finished requests: from the end of their prefill (first token) to their last byte, plus
-their own prefill. With ``n`` requests in flight on a replica of ``s`` slots that each
-hold a slot ``d`` seconds, the ``n - s + 1``-th finish, which frees this request's slot,
-comes after about ``(n - s + 1) x d / s`` seconds.
+that is no slot limit). How long a slot is held is learned fleet-wide from finished
+requests: from the end of their prefill (first token) to their last byte, plus their own
+prefill. With ``n`` requests in flight on a replica of ``s`` slots that each hold a slot
+``d`` seconds, the ``n - s + 1``-th finish, which frees this request's slot, comes after
+about ``(n - s + 1) x d / s`` seconds.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+
+from policies.base import ReplicaView
 
 
 class DecodeSlots:
     """Per replica slot limits and the fleet's mean slot holding time."""
 
-    __slots__ = ("_capped", "_hold_s", "_most", "_samples", "alpha", "confirm")
+    __slots__ = ("_capped", "_hold_s", "_limits", "_most", "_samples", "alpha", "confirm")
 
     def __init__(self, alpha: float = 0.02, confirm: int = 8) -> None:
         if not 0.0 < alpha <= 1.0:
@@ -34,6 +37,7 @@ class DecodeSlots:
         self.confirm = confirm
         self._most: dict[str, int] = {}  # the most sequences seen running
         self._capped: dict[str, int] = {}  # times others were seen waiting at that count
+        self._limits: dict[str, int] = {}  # the confirmed ones
         self._hold_s = 0.0
         self._samples = 0
 
@@ -43,8 +47,18 @@ class DecodeSlots:
         if running > most:
             self._most[replica] = most = running
             self._capped.pop(replica, None)
+            self._limits.pop(replica, None)
         if waiting > 0 and running == most:
-            self._capped[replica] = self._capped.get(replica, 0) + 1
+            seen = self._capped[replica] = self._capped.get(replica, 0) + 1
+            if seen >= self.confirm:
+                self._limits[replica] = most
+
+    def saw_all(self, views: Iterable[ReplicaView]) -> None:
+        """``saw`` for every view (a decision's scraped gauges)."""
+        most, saw = self._most, self.saw
+        for r in views:
+            if r.waiting > 0 or r.running > most.get(r.id, 0):
+                saw(r.id, r.running, r.waiting)
 
     def held(self, seconds: float) -> None:
         """One finished request held a slot for ``seconds``."""
@@ -57,11 +71,16 @@ class DecodeSlots:
     def forget(self, replica: str) -> None:
         self._most.pop(replica, None)
         self._capped.pop(replica, None)
+        self._limits.pop(replica, None)
 
     def limit(self, replica: str) -> int | None:
         """The replica's learned slot count (None until it was seen full)."""
-        return self._most.get(replica) if self._capped.get(replica, 0) >= self.confirm \
-            else None
+        return self._limits.get(replica)
+
+    @property
+    def known(self) -> bool:
+        """Whether any wait can be above 0: a slot limit and a holding time are known."""
+        return bool(self._limits) and self._samples > 0
 
     @property
     def hold_s(self) -> float:
@@ -69,7 +88,7 @@ class DecodeSlots:
 
     def wait_s(self, replica: str, in_flight: int) -> float:
         """Seconds before a slot frees for one more request, with ``in_flight`` there."""
-        slots = self.limit(replica)
-        if not slots or in_flight < slots or self._samples == 0:
+        slots = self._limits.get(replica)
+        if slots is None or in_flight < slots or self._samples == 0:
             return 0.0
         return (in_flight - slots + 1) * self._hold_s / slots
