@@ -570,7 +570,7 @@ class Cost(Policy):
             held.model.check_integrity()
         for key, holders in self._heads.items():
             for replica in holders:
-                held = self._models.get(replica)
-                if held is None or key not in held.model:
+                owner = self._models.get(replica)
+                if owner is None or key not in owner.model:
                     raise AssertionError(f"cost: head {key} indexed on {replica!r}, which "
                                          "does not hold it")

@@ -145,3 +145,22 @@ def test_the_preset_builds_and_bad_values_are_named() -> None:
         build_policy({"name": "cost", "scratch_utilization": 0})
     with pytest.raises(ConfigError, match="sketch_width"):
         build_policy({"name": "cost", "sketch_width": 1000})
+
+
+def test_the_head_index_follows_evictions_restarts_and_removals() -> None:
+    policy = Cost(CostConfig(default_capacity_tokens=3 * DOC))
+    rng = random.Random(5)
+    fleet = views(n=4, capacity=3 * DOC)
+    for i in range(200):
+        tokens = doc(rng.randrange(30))
+        chosen = route(policy, tokens, fleet, at=i * 0.1)
+        if i == 80:  # a restart: the model is dropped on the new epoch
+            fleet = [v if v.id != chosen else ReplicaView(v.id, kv_capacity_tokens=3 * DOC,
+                                                          epoch=1) for v in fleet]
+        if i == 150:
+            policy.observe(ReplicaRemoved("r2"))
+            fleet = [v for v in fleet if v.id != "r2"]
+        policy.check_integrity()
+        # what the index finds agrees with asking every model
+        assert set(holders(policy, tokens, fleet)) <= {v.id for v in fleet}
+    assert holders(policy, tokens, fleet) == [chosen]
