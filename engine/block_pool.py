@@ -140,12 +140,6 @@ class BlockPool:
         if hashed:
             self.evictor.push_many(hashed, list(map(bh.__getitem__, hashed)))
 
-    def cache_block(self, block_id: int, block_hash: BlockHash) -> bool:
-        """Register an in-use, computed block under ``block_hash``. Returns False (and
-        leaves the block uncached) if another block already holds that hash, which
-        happens when two requests computed the same prefix in the same step."""
-        return self.cache_blocks([block_id], [block_hash]) == 1
-
     def cache_blocks(
         self,
         block_ids: Sequence[int],
@@ -154,9 +148,11 @@ class BlockPool:
         parent: BlockHash | None = None,
         adapter: str | None = None,
     ) -> int:
-        """``cache_block`` for pairs of unregistered blocks; returns how many were newly
-        registered. ``tokens`` (the blocks' token ids, concatenated), ``parent`` (the hash
-        before ``hashes[0]``) and ``adapter`` are only used to record events."""
+        """Register in-use, computed blocks under their hashes; returns how many were newly
+        registered. A block whose hash another block already holds (two requests computed
+        the same prefix in the same step) stays uncached. ``tokens`` (the blocks' token
+        ids, concatenated), ``parent`` (the hash before ``hashes[0]``) and ``adapter`` are
+        only used to record events."""
         cached, bh = self.cached, self.block_hash
         new = dict(zip(hashes, block_ids, strict=True))
         if len(new) == len(block_ids) and cached.keys().isdisjoint(new) and bh.keys().isdisjoint(

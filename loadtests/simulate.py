@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine.cost_model import load_profile
+from engine.eviction import EVICTION_POLICIES
 from engine.tokenizer import PromptTokenizer, load_tokenizer
 from gateway.fleet import Pending
 from gateway.request_parse import ParsedRequest
@@ -308,7 +309,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--requests", type=int, default=40_000)
     parser.add_argument("--policies", default="round_robin,least_load,prefix_affinity,radix")
-    parser.add_argument("--eviction", choices=("lru", "frequency"), default="lru")
+    parser.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     parser.add_argument("--views", choices=("gateway", "exact"), default="gateway",
                         help="what policies see: the gateway's accounting with lagging "
                              "scrapes (default) or each replica's exact state")

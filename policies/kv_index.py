@@ -54,16 +54,6 @@ def chain_key(parent: int, tokens: Sequence[int]) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
 
 
-def block_keys(tokens: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
-    """Keys of the full blocks of ``tokens``; ``parent`` defaults to the root."""
-    prev = _ROOT if parent is None else parent
-    out: list[int] = []
-    for lo in range(0, len(tokens) - block_size + 1, block_size):
-        prev = chain_key(prev, tokens[lo : lo + block_size])
-        out.append(prev)
-    return out
-
-
 @dataclass(slots=True)
 class _Replica:
     by_hash: dict[int, int] = field(default_factory=dict)
