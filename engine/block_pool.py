@@ -15,7 +15,7 @@ Python loops: a 6,000-token prompt is 375 blocks, and the offline simulator push
 thousands of such requests through the pool.
 
 When ``events`` is a list (it is None unless KV events are published), every change to the
-set of cached hashes is appended to it as a ``kv_events`` record: registered blocks as
+set of cached hashes is appended to it as a ``kvwire.kv_event_format`` record: registered blocks as
 ``BlockStored``, evicted ones as ``BlockRemoved``, a reset as ``AllBlocksCleared``. The
 owner of the pool drains the list after each step.
 """
@@ -27,8 +27,8 @@ from itertools import compress, filterfalse, repeat
 from operator import add, not_, sub
 
 from engine.eviction import EvictionPolicy, drain, make_eviction
-from engine.hashing import BlockHash, hash_to_u64
-from engine.kv_events import AllBlocksCleared, BlockRemoved, KVEvent, stored_runs
+from kvwire.block_hashing import BlockHash, hash_to_u64
+from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, KVEvent, stored_runs
 
 
 class BlockPool:

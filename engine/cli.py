@@ -14,9 +14,9 @@ from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, available_profiles, load_profile
 from engine.eviction import EVICTION_POLICIES
 from engine.executor import Executor, ExecutorInfo
-from engine.hashing import model_identity
 from engine.kv_sizing import blocks_in_gib
 from engine.sim_executor import SimExecutor
+from kvwire.block_hashing import model_identity
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,7 +103,7 @@ def _torch_executor(args: argparse.Namespace) -> tuple[Executor, ExecutorInfo]:
 def build_server(args: argparse.Namespace) -> Any:
     """An :class:`engine.server.EngineServer` configured from parsed arguments."""
     from engine.server import EngineServer
-    from engine.tokenizer import load_tokenizer
+    from kvwire.tokenizer import load_tokenizer
 
     tok_path = args.tokenizer or (args.model if args.executor == "torch" else None)
     tokenizer = load_tokenizer(tok_path)
@@ -120,7 +120,7 @@ def build_server(args: argparse.Namespace) -> Any:
     core = EngineCore(executor, config)
     publisher = None
     if args.kv_events_endpoint:
-        from engine.kv_publisher import KVEventPublisher  # pyzmq only when publishing
+        from engine.kv_event_publisher import KVEventPublisher  # pyzmq only when publishing
 
         publisher = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic)
     return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,

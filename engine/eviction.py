@@ -23,7 +23,7 @@ from itertools import compress, islice, repeat
 from operator import not_
 from typing import Any, Protocol
 
-from engine.hashing import BlockHash
+from kvwire.block_hashing import BlockHash
 
 
 class EvictionPolicy(Protocol):

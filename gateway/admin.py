@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.config import ReplicaConfig
-from gateway.errors import BadRequest, NotFound, Unauthorized
 from gateway.request_parse import Endpoint, parse_body
+from kvwire.openai_schema import BadRequest, NotFound, Unauthorized
 from policies.config import ConfigError, from_mapping
 
 if TYPE_CHECKING:

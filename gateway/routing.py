@@ -17,10 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from engine.tokenizer import ChatFormatError, PromptTokenizer, normalize_messages
-from gateway.errors import BadRequest, NoReplicaAvailable
+from gateway.errors import NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.request_parse import ParsedRequest
+from kvwire.chat_messages import ChatFormatError, normalize_messages
+from kvwire.openai_schema import BadRequest
+from kvwire.tokenizer import PromptTokenizer
 from policies.base import Decision, NoReplicaError, Policy, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks, text_chunks
 

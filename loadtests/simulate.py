@@ -31,10 +31,10 @@ import numpy as np
 
 from engine.cost_model import load_profile
 from engine.eviction import EVICTION_POLICIES
-from engine.tokenizer import PromptTokenizer, load_tokenizer
 from gateway.fleet import Pending
 from gateway.request_parse import ParsedRequest
 from gateway.routing import Router, work_tokens
+from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.scenarios import SCENARIOS

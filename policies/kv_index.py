@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 _ROOT = 1337  # parent key of a chain's first block (no adapter)
 

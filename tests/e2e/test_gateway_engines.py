@@ -14,8 +14,8 @@ import openai
 import pytest
 import yaml
 
-from engine.tokenizer_build import sample_text
 from gateway.replica_metrics import parse_metrics
+from kvwire.tokenizer_build import sample_text
 from tests.conftest import free_port, wait_http
 
 pytestmark = pytest.mark.slow

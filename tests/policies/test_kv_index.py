@@ -8,8 +8,9 @@ import random
 import msgpack
 import pytest
 
-from engine.hashing import hash_to_u64
-from engine.kv_events import (
+from engine.request import SamplingParams
+from kvwire.block_hashing import hash_to_u64
+from kvwire.kv_event_format import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -18,7 +19,6 @@ from engine.kv_events import (
     decode_payload,
     encode_payload,
 )
-from engine.request import SamplingParams
 from policies.kv_index import KVIndex, chain_key, root_key
 from tests.engine.conftest import make_core
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.hashing import (
+from kvwire.block_hashing import (
     block_hashes,
     chain_seed,
     hash_to_u64,

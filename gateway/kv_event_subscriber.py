@@ -6,7 +6,7 @@ follows the fleet: it subscribes to replicas added at runtime, unsubscribes from
 ones and restarts a reader that failed. All tasks are owned by ``KVEventSubscriber``,
 started and stopped in the app's lifespan.
 
-A message is ``[topic, seq (u64 big-endian), payload]`` (see ``engine.kv_events``); a
+A message is ``[topic, seq (u64 big-endian), payload]`` (see ``kvwire.kv_event_format``); a
 malformed one is logged and skipped. Messages sent before the socket connected are not
 seen: blocks cached before that are unknown to the index until stored again.
 """
@@ -20,8 +20,8 @@ import logging
 import zmq
 import zmq.asyncio
 
-from engine.kv_events import KVWireError, decode_payload
 from gateway.fleet import Fleet
+from kvwire.kv_event_format import KVWireError, decode_payload
 from policies.base import Policy
 from policies.kv_events import KVEvents
 from policies.kv_index import KVIndex
