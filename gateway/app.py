@@ -7,10 +7,8 @@ opened in the lifespan and closed on shutdown.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -23,61 +21,25 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway import admin
 from gateway.config import GatewayConfig
 from gateway.errors import NoReplicaAvailable
-from gateway.fleet import Fleet
+from gateway.intake import take_in
 from gateway.kv_event_subscriber import KVEventSubscriber
-from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.proxy import Proxy, UpstreamStream, forward_headers
-from gateway.request_parse import Endpoint, ParsedRequest, parse_body
-from gateway.routing import Router, work_tokens
-from gateway.tenancy import isolate
-from kvwire.openai_schema import ClientDisconnected, NotFound, OpenAIError
-from kvwire.request_edge import ErrorBoundary, read_body, unless_disconnected
-from kvwire.tokenizer import PromptTokenizer, load_tokenizer
-from policies.base import Finished, Policy, ReplicaRemoved, ReplicaReset, Routed
-from policies.registry import build_policy
+from gateway.request_parse import Endpoint
+from gateway.routing import work_tokens
+from gateway.state import GatewayState, build_state
+from kvwire.openai_schema import ClientDisconnected, OpenAIError
+from kvwire.request_edge import ErrorBoundary, unless_disconnected
+from policies.base import Finished, Routed
 
 log = logging.getLogger("kvgate.gateway")
-
-
-@dataclass
-class GatewayState:
-    config: GatewayConfig
-    fleet: Fleet
-    policy: Policy
-    metrics: GatewayMetrics
-    router: Router
-    proxy: Proxy | None = None
-    monitor: Monitor | None = None
-
-
-async def _parse(request: Request, endpoint: Endpoint) -> ParsedRequest:
-    gw: GatewayState = request.app.state.gw
-    raw = await read_body(request, gw.config.max_body_bytes)
-    aff = gw.config.affinity
-    header_value = request.headers.get(aff.header) if aff.header else None
-    parsed = parse_body(raw, endpoint, aff.body_field, header_value)
-    known = gw.fleet.models()
-    if known and parsed.model not in known:
-        raise NotFound(f"model {parsed.model!r} is not served by any replica; "
-                       f"available: {', '.join(sorted(known))}", param="model",
-                       code="model_not_found")
-    tenant = request.headers.get(gw.config.tenancy.header)
-    isolated = isolate(gw.config.tenancy, tenant, parsed.body) if gw.config.tenancy.isolate \
-        else None
-    if isolated is not None:
-        raw, salt = isolated
-        parsed = dataclasses.replace(parsed, cache_salt=salt)
-    request.state.raw_body = raw
-    request.state.tenant = tenant
-    return parsed
 
 
 async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     gw: GatewayState = request.app.state.gw
     assert gw.proxy is not None
-    parsed = await _parse(request, endpoint)
-    routing = await gw.router.decide(parsed, request.state.tenant)
+    intake = await take_in(request, gw, endpoint)
+    routing = await gw.router.decide(intake.parsed, intake.tenant)
     gw.metrics.decision_seconds.observe(routing.seconds)
     route_req, decision = routing.request, routing.decision
 
@@ -100,7 +62,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
 
     try:
         stream = await unless_disconnected(request, gw.proxy.open(
-            decision.ranked, path, request.state.raw_body, forward_headers(request.headers),
+            decision.ranked, path, intake.raw, forward_headers(request.headers),
             lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done))
     except OpenAIError as exc:
         if not isinstance(exc, ClientDisconnected):
@@ -163,15 +125,6 @@ async def metrics(request: Request) -> Response:
                     headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
-                policy: Policy | None = None) -> GatewayState:
-    fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s)
-    policy = policy or build_policy(config.policy, where="policy")
-    tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
-    router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
-    return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router)
-
-
 def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGIApp:
     gw = state or build_state(config)
 
@@ -186,8 +139,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                 connector=connector, timeout=timeout, auto_decompress=False))
             gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
                              config.max_attempts)
-            gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape,
-                                 on_reset=lambda rid: gw.policy.observe(ReplicaReset(rid)))
+            gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
             stack.push_async_callback(gw.monitor.stop)
             await gw.monitor.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
@@ -195,9 +147,6 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                 stack.push_async_callback(kv_events.stop)
                 await kv_events.start()
             yield
-
-    async def on_remove(replica_id: str) -> None:
-        gw.policy.observe(ReplicaRemoved(replica_id))
 
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
@@ -211,7 +160,6 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
     boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.state.gw = gw
-    app.state.on_remove = on_remove
     return _FastPath(app, boundary)
 
 

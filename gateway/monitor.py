@@ -24,12 +24,11 @@ log = logging.getLogger("kvgate.monitor")
 
 class Monitor:
     def __init__(self, fleet: Fleet, session: aiohttp.ClientSession, health: HealthConfig,
-                 scrape: ScrapeConfig, on_reset: Callable[[str], None]) -> None:
+                 scrape: ScrapeConfig) -> None:
         self.fleet = fleet
         self.session = session
         self.health_cfg = health
         self.scrape_cfg = scrape
-        self.on_reset = on_reset
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -126,4 +125,3 @@ class Monitor:
             return
         if self.fleet.record_scrape(state.id, metrics):
             log.warning("replica %s restarted (its prefix-cache counters went back)", state.id)
-            self.on_reset(state.id)
