@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                     "port": gport, "policy": {"name": policy},
                     "replicas": [{"id": "b0", "url": targets["direct"]}]}))
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "gateway.cli", "--log-level", "WARNING", "serve",
+                    [sys.executable, "-m", "kvgate", "--log-level", "WARNING", "serve",
                      "--config", str(cfg)], env=env))
                 _wait(f"http://127.0.0.1:{gport}/ready", procs[-1])
                 targets[f"gateway_{policy}"] = f"http://127.0.0.1:{gport}"
