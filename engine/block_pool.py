@@ -15,7 +15,7 @@ Python loops: a 6,000-token prompt is 375 blocks, and the offline simulator push
 thousands of such requests through the pool.
 
 When ``events`` is a list (it is None unless KV events are published), every change to the
-set of cached hashes is appended to it as a ``kv_events`` record: registered blocks as
+set of cached hashes is appended to it as a ``kvwire.kv_event_format`` record: registered blocks as
 ``BlockStored``, evicted ones as ``BlockRemoved``, a reset as ``AllBlocksCleared``. The
 owner of the pool drains the list after each step.
 """
@@ -27,8 +27,8 @@ from itertools import compress, filterfalse, repeat
 from operator import add, not_, sub
 
 from engine.eviction import EvictionPolicy, drain, make_eviction
-from engine.hashing import BlockHash, hash_to_u64
-from engine.kv_events import AllBlocksCleared, BlockRemoved, KVEvent, stored_runs
+from kvwire.block_hashing import BlockHash, hash_to_u64
+from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, KVEvent, stored_runs
 
 
 class BlockPool:
@@ -140,12 +140,6 @@ class BlockPool:
         if hashed:
             self.evictor.push_many(hashed, list(map(bh.__getitem__, hashed)))
 
-    def cache_block(self, block_id: int, block_hash: BlockHash) -> bool:
-        """Register an in-use, computed block under ``block_hash``. Returns False (and
-        leaves the block uncached) if another block already holds that hash, which
-        happens when two requests computed the same prefix in the same step."""
-        return self.cache_blocks([block_id], [block_hash]) == 1
-
     def cache_blocks(
         self,
         block_ids: Sequence[int],
@@ -154,9 +148,11 @@ class BlockPool:
         parent: BlockHash | None = None,
         adapter: str | None = None,
     ) -> int:
-        """``cache_block`` for pairs of unregistered blocks; returns how many were newly
-        registered. ``tokens`` (the blocks' token ids, concatenated), ``parent`` (the hash
-        before ``hashes[0]``) and ``adapter`` are only used to record events."""
+        """Register in-use, computed blocks under their hashes; returns how many were newly
+        registered. A block whose hash another block already holds (two requests computed
+        the same prefix in the same step) stays uncached. ``tokens`` (the blocks' token
+        ids, concatenated), ``parent`` (the hash before ``hashes[0]``) and ``adapter`` are
+        only used to record events."""
         cached, bh = self.cached, self.block_hash
         new = dict(zip(hashes, block_ids, strict=True))
         if len(new) == len(block_ids) and cached.keys().isdisjoint(new) and bh.keys().isdisjoint(

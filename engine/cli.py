@@ -12,11 +12,11 @@ from typing import Any
 
 from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, available_profiles, load_profile
+from engine.eviction import EVICTION_POLICIES
 from engine.executor import Executor, ExecutorInfo
-from engine.hashing import model_identity
+from engine.kv_sizing import blocks_in_gib
 from engine.sim_executor import SimExecutor
-
-GIB = 1 << 30
+from kvwire.block_hashing import model_identity
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or the model dir for the torch executor)")
     parser.add_argument("--kv-cache-gib", type=float, default=25.0)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--eviction", choices=["lru", "frequency"], default="lru")
+    parser.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--max-model-len", type=int, default=None)
@@ -59,7 +59,7 @@ def make_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, E
 def _sim_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, ExecutorInfo]:
     profile = load_profile(args.profile)
     kv_bytes = profile.model.kv_bytes_per_token
-    num_blocks = int(args.kv_cache_gib * GIB) // (kv_bytes * args.block_size)
+    num_blocks = blocks_in_gib(args.kv_cache_gib, kv_bytes, args.block_size)
     vocab = int(tokenizer.vocab_size)
     # Generated ids avoid the low ids (special tokens and raw bytes) so output decodes to
     # readable text; EOS is then never produced and requests run to max_tokens.
@@ -88,7 +88,7 @@ def _torch_executor(args: argparse.Namespace) -> tuple[Executor, ExecutorInfo]:
     device = pick_device(args.device)
     dtype = default_dtype(config, device)
     kv_bytes = kv_bytes_per_token(config, dtype)
-    num_blocks = int(args.kv_cache_gib * GIB) // (kv_bytes * args.block_size)
+    num_blocks = blocks_in_gib(args.kv_cache_gib, kv_bytes, args.block_size)
     executor = TorchExecutor.from_dir(args.model, num_blocks=num_blocks,
                                       block_size=args.block_size, device=str(device),
                                       dtype=dtype)
@@ -103,7 +103,7 @@ def _torch_executor(args: argparse.Namespace) -> tuple[Executor, ExecutorInfo]:
 def build_server(args: argparse.Namespace) -> Any:
     """An :class:`engine.server.EngineServer` configured from parsed arguments."""
     from engine.server import EngineServer
-    from engine.tokenizer import load_tokenizer
+    from kvwire.tokenizer import load_tokenizer
 
     tok_path = args.tokenizer or (args.model if args.executor == "torch" else None)
     tokenizer = load_tokenizer(tok_path)
@@ -120,7 +120,7 @@ def build_server(args: argparse.Namespace) -> Any:
     core = EngineCore(executor, config)
     publisher = None
     if args.kv_events_endpoint:
-        from engine.kv_publisher import KVEventPublisher  # pyzmq only when publishing
+        from engine.kv_event_publisher import KVEventPublisher  # pyzmq only when publishing
 
         publisher = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic)
     return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,

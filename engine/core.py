@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.eviction import check_eviction_name
 from engine.executor import Executor
 from engine.kv_manager import KVCacheManager
 from engine.request import Request, RequestOutput, SamplingParams, Status
@@ -45,8 +46,7 @@ class EngineConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.eviction not in ("lru", "frequency"):
-            raise ValueError(f"eviction must be 'lru' or 'frequency', got {self.eviction!r}")
+        check_eviction_name(self.eviction)
 
     @property
     def scheduler(self) -> SchedulerConfig:

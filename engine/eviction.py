@@ -23,7 +23,7 @@ from itertools import compress, islice, repeat
 from operator import not_
 from typing import Any, Protocol
 
-from engine.hashing import BlockHash
+from kvwire.block_hashing import BlockHash
 
 
 class EvictionPolicy(Protocol):
@@ -228,9 +228,17 @@ def drain(it: Iterator[object]) -> None:
     deque(it, maxlen=0)
 
 
+EVICTION_POLICIES = ("lru", "frequency")
+
+
+def check_eviction_name(name: str) -> str:
+    """``name`` if it names an eviction policy; ValueError naming the choices if not."""
+    if name not in EVICTION_POLICIES:
+        raise ValueError(f"unknown eviction policy {name!r}; expected 'lru' or 'frequency'")
+    return name
+
+
 def make_eviction(name: str, num_blocks: int) -> LRUEviction | FrequencyEviction:
-    if name == "lru":
+    if check_eviction_name(name) == "lru":
         return LRUEviction()
-    if name == "frequency":
-        return FrequencyEviction(num_blocks)
-    raise ValueError(f"unknown eviction policy {name!r}; expected 'lru' or 'frequency'")
+    return FrequencyEviction(num_blocks)

@@ -15,21 +15,21 @@ from prometheus_client.registry import Collector
 
 from engine.core import EngineCore
 from engine.request import RequestOutput
-
-# Metric names shared with the gateway's scraper.
-NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
-NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
-KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
-PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"  # exposed with the _total suffix
-PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
-PROMPT_TOKENS = "vllm:prompt_tokens"
-GENERATION_TOKENS = "vllm:generation_tokens"
-NUM_PREEMPTIONS = "vllm:num_preemptions"
-TTFT = "vllm:time_to_first_token_seconds"
-E2E_LATENCY = "vllm:e2e_request_latency_seconds"
-QUEUE_TIME = "vllm:request_queue_time_seconds"
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-PROMPT_TOKENS_WAITING = "kvgate:num_prompt_tokens_waiting"
+from kvwire.metric_names import (
+    CACHE_CONFIG_INFO,
+    E2E_LATENCY,
+    GENERATION_TOKENS,
+    KV_CACHE_USAGE,
+    NUM_PREEMPTIONS,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+    PROMPT_TOKENS,
+    PROMPT_TOKENS_WAITING,
+    QUEUE_TIME,
+    TTFT,
+)
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                  2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)

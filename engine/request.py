@@ -8,7 +8,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.hashing import BlockHash, block_hashes
+from kvwire.block_hashing import BlockHash, block_hashes
 
 
 class Status(enum.Enum):

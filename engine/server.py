@@ -12,8 +12,8 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -23,13 +23,21 @@ from starlette.routing import Route
 
 from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.core import EngineCore
+from engine.generate_params import GenerateParams, context_error, parse_generate, usage
 from engine.metrics import EngineMetrics
-from engine.openai_protocol import APIError, GenerateParams, context_error, parse_generate, usage
 from engine.request import RequestOutput, SamplingParams
 from engine.text_stream import TextStream
+from kvwire.openai_schema import (
+    BadRequest,
+    ClientDisconnected,
+    OpenAIError,
+    ServiceUnavailable,
+    decode_json,
+)
+from kvwire.request_edge import ErrorBoundary, read_body, unless_disconnected
 
 if TYPE_CHECKING:
-    from engine.kv_publisher import KVEventPublisher
+    from engine.kv_event_publisher import KVEventPublisher
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # Prompts longer than this many characters are tokenized in a worker thread.
@@ -78,17 +86,7 @@ class EngineServer:
     # -- helpers --------------------------------------------------------------------------
 
     async def _json(self, request: HTTPRequest) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            raise APIError(f"request body of {length} bytes exceeds {MAX_BODY_BYTES}",
-                           status=413)
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise APIError(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413)
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(f"malformed JSON body: {exc}") from exc
+        return decode_json(await read_body(request, MAX_BODY_BYTES))
 
     async def _encode(self, text: str) -> list[int]:
         if len(text) <= _INLINE_TOKENIZE_CHARS:
@@ -102,12 +100,12 @@ class EngineServer:
             try:
                 text = self.tokenizer.render_chat(p.messages, tools=p.tools)
             except ValueError as exc:
-                raise APIError(str(exc), param="messages") from exc
+                raise BadRequest(str(exc), param="messages") from exc
         else:
             text = p.prompt_text or ""
         ids = await self._encode(text)
         if not ids:
-            raise APIError("prompt encodes to zero tokens", param="prompt")
+            raise BadRequest("prompt encodes to zero tokens", param="prompt")
         return ids
 
     # -- routes ---------------------------------------------------------------------------
@@ -127,7 +125,7 @@ class EngineServer:
     async def tokenize(self, request: HTTPRequest) -> Response:
         body = await self._json(request)
         if not isinstance(body, dict):
-            raise APIError("request body must be a JSON object")
+            raise BadRequest("request body must be a JSON object")
         if "messages" in body:
             p = parse_generate({**body, "max_tokens": 1}, chat=True,
                                model_name=self.model_name, vocab_size=self.tokenizer.vocab_size)
@@ -135,7 +133,7 @@ class EngineServer:
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
-                raise APIError("'prompt' must be a string", param="prompt")
+                raise BadRequest("'prompt' must be a string", param="prompt")
             ids = await self._encode(prompt)
         return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len,
                              "tokens": ids})
@@ -144,7 +142,7 @@ class EngineServer:
         body = await self._json(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise APIError("'tokens' must be a list of token ids", param="tokens")
+            raise BadRequest("'tokens' must be a list of token ids", param="tokens")
         return JSONResponse({"prompt": self.tokenizer.decode(tokens)})
 
     async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
@@ -172,46 +170,22 @@ class EngineServer:
                                     seed=p.seed, ignore_eos=p.ignore_eos,
                                     stop_token_ids=p.stop_token_ids)
         except ValueError as exc:
-            raise APIError(str(exc)) from exc
+            raise BadRequest(str(exc)) from exc
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         req = await asyncio.to_thread(self.core.make_request, rid, ids, params,
                                       cache_salt=p.cache_salt)
         try:
             queue = self.engine.add(req)
         except EngineDeadError as exc:
-            raise APIError(str(exc), status=503) from exc
+            raise ServiceUnavailable(str(exc)) from exc
         gen = _Generation(self, rid, chat, p, len(ids), queue)
         if p.stream:
             return StreamingResponse(gen.sse(), media_type="text/event-stream")
-        return JSONResponse(await _unless_disconnected(request, gen.collect(),
-                                                       lambda: self.engine.abort(rid)))
-
-
-T = TypeVar("T")
-
-
-async def _unless_disconnected(request: HTTPRequest, work: Coroutine[Any, Any, T],
-                               on_disconnect: Callable[[], None]) -> T:
-    """Await ``work``; if the client goes away first, cancel it and call ``on_disconnect``
-    (uvicorn does not cancel a handler whose client left)."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        on_disconnect()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise APIError("client disconnected", status=499)
-    return task.result()
+        try:
+            return JSONResponse(await unless_disconnected(request, gen.collect()))
+        except ClientDisconnected:
+            self.engine.abort(rid)
+            raise
 
 
 class _Generation:
@@ -237,9 +211,9 @@ class _Generation:
             while True:
                 item = await self.queue.get()
                 if isinstance(item, EngineDeadError):
-                    raise APIError(str(item), status=503)
+                    raise ServiceUnavailable(str(item))
                 if isinstance(item, BaseException):
-                    raise APIError(str(item))
+                    raise BadRequest(str(item))
                 self.num_output = item.num_output_tokens
                 self.num_cached = item.num_cached_tokens
                 delta = self.text.push(item.new_token_ids)
@@ -304,16 +278,11 @@ class _Generation:
                 yield self._chunk([self._choice(delta, reason)])
             if self.p.include_usage:
                 yield self._chunk([], with_usage=True)
-        except APIError as exc:
+        except OpenAIError as exc:
             yield f"data: {_dumps(exc.body())}\n\n"
         finally:
             await gen.aclose()
         yield "data: [DONE]\n\n"
-
-
-async def _api_error(request: HTTPRequest, exc: Exception) -> Response:
-    assert isinstance(exc, APIError)
-    return JSONResponse(exc.body(), status_code=exc.status)
 
 
 def build_app(server: EngineServer) -> Starlette:
@@ -340,6 +309,6 @@ def build_app(server: EngineServer) -> Starlette:
         Route("/reset_prefix_cache", server.reset_prefix_cache, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={APIError: _api_error})
+                    exception_handlers=ErrorBoundary().handlers())
     app.state.server = server
     return app

@@ -5,23 +5,21 @@ When ``admin_token`` is set every admin call needs ``Authorization: Bearer <toke
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.config import ReplicaConfig
-from gateway.errors import BadRequest, NotFound, Unauthorized
-from gateway.request_parse import Endpoint, parse_body
+from gateway.intake import take_in
+from gateway.state import GatewayState
+from kvwire.openai_schema import BadRequest, NotFound, Unauthorized
+from kvwire.request_edge import read_body
 from policies.config import ConfigError, from_mapping
-
-if TYPE_CHECKING:
-    from gateway.app import GatewayState
 
 
 def _authorize(request: Request) -> GatewayState:
@@ -61,7 +59,7 @@ async def list_replicas(request: Request) -> Response:
 async def add_replica(request: Request) -> Response:
     gw = _authorize(request)
     try:
-        data = json.loads(await request.body())
+        data = json.loads(await read_body(request, gw.config.max_body_bytes))
         config = from_mapping(ReplicaConfig, data, "replica")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
@@ -82,21 +80,14 @@ async def remove_replica(request: Request) -> Response:
     if gw.fleet.get(replica_id) is None:
         raise NotFound(f"no replica {replica_id!r}", code="replica_not_found")
     gw.fleet.remove(replica_id)
-    await request.app.state.on_remove(replica_id)
     return JSONResponse({"removed": replica_id})
 
 
 async def explain(request: Request) -> Response:
     """The decision the gateway would take for a request body, without sending it."""
     gw = _authorize(request)
-    raw = await request.body()
-    endpoint: Endpoint = "completions"  # parse_body names any problem with the body
-    with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError, TypeError):
-        if "messages" in json.loads(raw):
-            endpoint = "chat"
-    parsed = parse_body(raw, endpoint, gw.config.affinity.body_field,
-                        request.headers.get(gw.config.affinity.header or "x-none"))
-    routing = await gw.router.decide(parsed)
+    parsed, _, tenant = await take_in(request, gw, None)
+    routing = await gw.router.decide(parsed, tenant)
     d = routing.decision
     return JSONResponse({
         "chosen": d.chosen, "ranked": list(d.ranked), "reason": d.reason,

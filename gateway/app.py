@@ -6,12 +6,9 @@ opened in the lifespan and closed on shutdown.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,95 +18,28 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.tokenizer import PromptTokenizer, load_tokenizer
 from gateway import admin
 from gateway.config import GatewayConfig
-from gateway.errors import (
-    BadRequest,
-    GatewayError,
-    NoReplicaAvailable,
-    NotFound,
-    PayloadTooLarge,
-    error_response,
-    handle_gateway_error,
-)
-from gateway.fleet import Fleet
-from gateway.kv_events import KVEventSubscriber
-from gateway.metrics import GatewayMetrics
+from gateway.errors import NoReplicaAvailable
+from gateway.intake import take_in
+from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
 from gateway.proxy import Proxy, UpstreamStream, forward_headers
-from gateway.request_parse import Endpoint, ParsedRequest, parse_body
-from gateway.routing import Router, work_tokens
-from gateway.tenancy import isolate
-from policies.base import Finished, Policy, ReplicaRemoved, ReplicaReset, Routed
-from policies.registry import build_policy
+from gateway.request_parse import Endpoint
+from gateway.routing import work_tokens
+from gateway.state import GatewayState, build_state
+from kvwire.openai_schema import ClientDisconnected, OpenAIError
+from kvwire.request_edge import ErrorBoundary, unless_disconnected
+from policies.base import Finished, Routed
 
 log = logging.getLogger("kvgate.gateway")
-
-
-@dataclass
-class GatewayState:
-    config: GatewayConfig
-    fleet: Fleet
-    policy: Policy
-    metrics: GatewayMetrics
-    router: Router
-    proxy: Proxy | None = None
-    monitor: Monitor | None = None
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
-                              f"{limit} bytes", code="body_too_large")
-    if declared is not None and declared.isdigit():
-        return await request.body()  # within the limit: uvicorn enforces the length
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():  # no length declared: count as it arrives
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
-                                  code="body_too_large")
-    return b"".join(chunks)
-
-
-async def _parse(request: Request, endpoint: Endpoint) -> ParsedRequest:
-    gw: GatewayState = request.app.state.gw
-    raw = await _read_body(request, gw.config.max_body_bytes)
-    aff = gw.config.affinity
-    header_value = request.headers.get(aff.header) if aff.header else None
-    parsed = parse_body(raw, endpoint, aff.body_field, header_value)
-    known = gw.fleet.models()
-    if known and parsed.model not in known:
-        raise NotFound(f"model {parsed.model!r} is not served by any replica; "
-                       f"available: {', '.join(sorted(known))}", param="model",
-                       code="model_not_found")
-    tenant = request.headers.get(gw.config.tenancy.header)
-    isolated = isolate(gw.config.tenancy, tenant, parsed.body) if gw.config.tenancy.isolate \
-        else None
-    if isolated is not None:
-        raw, salt = isolated
-        parsed = dataclasses.replace(parsed, cache_salt=salt)
-    request.state.raw_body = raw
-    request.state.tenant = tenant
-    return parsed
-
-
-async def _cancel_on_disconnect(request: Request, task: asyncio.Task[object]) -> None:
-    """Cancel ``task`` when the client disconnects (uvicorn does not cancel handlers)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    task.cancel()
 
 
 async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     gw: GatewayState = request.app.state.gw
     assert gw.proxy is not None
-    parsed = await _parse(request, endpoint)
-    routing = await gw.router.decide(parsed, request.state.tenant)
+    intake = await take_in(request, gw, endpoint)
+    routing = await gw.router.decide(intake.parsed, intake.tenant)
     gw.metrics.decision_seconds.observe(routing.seconds)
     route_req, decision = routing.request, routing.decision
 
@@ -131,25 +61,15 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         gw.policy.observe(Finished(route_req, stream.replica, ok, cached, ttft,
                                    stream.duration_s))
 
-    this = asyncio.current_task()
-    assert this is not None
-    watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request, this))
     try:
-        stream = await gw.proxy.open(
-            decision.ranked, path, request.state.raw_body, forward_headers(request.headers),
-            lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done)
-    except asyncio.CancelledError:
-        if not watcher.done():
-            raise  # cancelled from outside
-        this.uncancel()  # the client left before the first byte; upstream is closed
-        gw.metrics.errors.labels(kind="client_disconnect").inc()
-        return Response(status_code=499)
-    except GatewayError as exc:
-        gw.metrics.requests.labels(replica="none", route=decision.reason,
-                                   status=str(exc.status)).inc()
+        stream = await unless_disconnected(request, gw.proxy.open(
+            decision.ranked, path, intake.raw, forward_headers(request.headers),
+            lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done))
+    except OpenAIError as exc:
+        if not isinstance(exc, ClientDisconnected):
+            gw.metrics.requests.labels(replica="none", route=decision.reason,
+                                       status=str(exc.status)).inc()
         raise
-    finally:
-        watcher.cancel()
     headers = dict(stream.headers)
     headers["x-kvgate-replica"] = stream.replica
     headers["x-kvgate-route"] = decision.reason
@@ -206,15 +126,6 @@ async def metrics(request: Request) -> Response:
                     headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
-                policy: Policy | None = None) -> GatewayState:
-    fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s)
-    policy = policy or build_policy(config.policy, where="policy")
-    tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
-    router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
-    return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router)
-
-
 def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGIApp:
     gw = state or build_state(config)
 
@@ -229,8 +140,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                 connector=connector, timeout=timeout, auto_decompress=False))
             gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
                              config.max_attempts)
-            gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape,
-                                 on_reset=lambda rid: gw.policy.observe(ReplicaReset(rid)))
+            gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
             stack.push_async_callback(gw.monitor.stop)
             await gw.monitor.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
@@ -238,9 +148,6 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                 stack.push_async_callback(kv_events.stop)
                 await kv_events.start()
             yield
-
-    async def on_remove(replica_id: str) -> None:
-        gw.policy.observe(ReplicaRemoved(replica_id))
 
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
@@ -251,14 +158,10 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/metrics", metrics, methods=["GET"]),
         *admin.routes(),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={GatewayError: handle_gateway_error,
-                                        404: _not_found, 405: _method_not_allowed,
-                                        Exception: _internal_error})
+    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.state.gw = gw
-    app.state.metrics = gw.metrics
-    app.state.on_remove = on_remove
-    return _FastPath(app)
+    return _FastPath(app, boundary)
 
 
 class _FastPath:
@@ -268,9 +171,10 @@ class _FastPath:
     _HANDLERS = {"/v1/completions": ("completions", "/v1/completions"),
                  "/v1/chat/completions": ("chat", "/v1/chat/completions")}
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: Starlette, boundary: ErrorBoundary) -> None:
         self.app = app
         self.state = app.state
+        self.boundary = boundary
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         target = self._HANDLERS.get(scope.get("path", "")) if scope["type"] == "http" else None
@@ -281,27 +185,6 @@ class _FastPath:
         request = Request(scope, receive)
         try:
             response = await _proxy(request, *target)  # type: ignore[arg-type]
-        except GatewayError as exc:
-            response = await handle_gateway_error(request, exc)
-        except Exception as exc:  # a bug: answered like the app answers it
-            response = await _internal_error(request, exc)
+        except Exception as exc:  # answered as the app answers it
+            response = self.boundary.response(request, exc)
         await response(scope, receive, send)
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    """A bug, not a client error: logged with its traceback, answered in OpenAI's shape."""
-    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    request.app.state.metrics.errors.labels(kind="internal").inc()
-    return error_response(GatewayError(f"internal error: {exc.__class__.__name__}",
-                                       code="internal_error"))
-
-
-async def _not_found(request: Request, exc: Exception) -> Response:
-    return JSONResponse(NotFound(f"no route {request.method} {request.url.path}",
-                                 code="not_found").body(), status_code=404)
-
-
-async def _method_not_allowed(request: Request, exc: Exception) -> Response:
-    err = BadRequest(f"method {request.method} not allowed on {request.url.path}",
-                     code="method_not_allowed")
-    return JSONResponse(err.body(), status_code=405)

@@ -1,7 +1,8 @@
 """Live state of every replica: health, scraped load, and this gateway's own accounting.
 
 Only the event loop thread touches a ``Fleet``; nothing here awaits. ``views()`` takes the
-immutable snapshot a policy decides on.
+immutable snapshot a policy decides on. Membership, health and restarts are told to the
+listeners registered with ``listen`` (see ``fleet_events``).
 
 Queued prompt tokens of a replica, as a policy sees them::
 
@@ -22,8 +23,9 @@ from dataclasses import dataclass, field
 
 from gateway.calibration import TokenCalibration
 from gateway.config import ReplicaConfig
+from gateway.fleet_events import FleetEvent, FleetListener, HealthChanged, ReplicaAdded
 from gateway.replica_metrics import HitRateWindow, ScrapedMetrics
-from policies.base import ReplicaView
+from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView
 
 
 @dataclass(slots=True, eq=False)
@@ -105,8 +107,21 @@ class Fleet:
         self.window_s = window_s
         self.calibration = TokenCalibration()
         self._replicas: dict[str, ReplicaState] = {}
+        self._listeners: list[FleetListener] = []
         for config in replicas:
             self.add(config)
+
+    def listen(self, listener: FleetListener) -> None:
+        self._listeners.append(listener)
+
+    def unlisten(self, listener: FleetListener) -> None:
+        """Stop telling ``listener`` (a no-op when it was not listening)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _tell(self, event: FleetEvent) -> None:
+        for listener in list(self._listeners):
+            listener(event)
 
     def __iter__(self) -> Iterator[ReplicaState]:
         return iter(list(self._replicas.values()))
@@ -122,13 +137,16 @@ class Fleet:
             raise ValueError(f"replica {config.id!r} already exists")
         state = ReplicaState(config, self.window_s)
         self._replicas[config.id] = state
+        self._tell(ReplicaAdded(config.id))
         return state
 
     def remove(self, replica_id: str) -> ReplicaState:
         try:
-            return self._replicas.pop(replica_id)
+            state = self._replicas.pop(replica_id)
         except KeyError:
             raise KeyError(f"no replica {replica_id!r}") from None
+        self._tell(ReplicaRemoved(replica_id))
+        return state
 
     def views(self, model: str | None = None, now: float | None = None) -> list[ReplicaView]:
         """Snapshots of the replicas serving ``model`` (all, when none reported models), at
@@ -203,6 +221,7 @@ class Fleet:
                                    metrics.hit_tokens, metrics.query_tokens)
         if reset:
             state.epoch += 1
+            self._tell(ReplicaReset(replica_id))
         return reset
 
     def record_health(self, replica_id: str, ok: bool, error: str | None,
@@ -217,6 +236,7 @@ class Fleet:
             if not state.healthy and state.consecutive_successes >= successes_to_readmit:
                 state.healthy = True
                 state.last_error = None
+                self._tell(HealthChanged(replica_id, True))
                 return True
         else:
             state.consecutive_successes = 0
@@ -224,6 +244,7 @@ class Fleet:
             state.last_error = error
             if state.healthy and state.consecutive_failures >= failures_to_eject:
                 state.healthy = False
+                self._tell(HealthChanged(replica_id, False))
                 return False
         return None
 
@@ -235,4 +256,5 @@ class Fleet:
         state.healthy = False
         state.consecutive_successes = 0
         state.last_error = error
+        self._tell(HealthChanged(replica_id, False))
         return True

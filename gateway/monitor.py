@@ -24,14 +24,11 @@ log = logging.getLogger("kvgate.monitor")
 
 class Monitor:
     def __init__(self, fleet: Fleet, session: aiohttp.ClientSession, health: HealthConfig,
-                 scrape: ScrapeConfig, on_reset: Callable[[str], None],
-                 on_health: Callable[[str, bool], None] | None = None) -> None:
+                 scrape: ScrapeConfig) -> None:
         self.fleet = fleet
         self.session = session
         self.health_cfg = health
         self.scrape_cfg = scrape
-        self.on_reset = on_reset
-        self.on_health = on_health
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -88,8 +85,6 @@ class Monitor:
         if changed is not None:
             log.warning("replica %s is now %s%s", state.id,
                         "healthy" if changed else "unhealthy", f" ({error})" if error else "")
-            if self.on_health is not None:
-                self.on_health(state.id, changed)
         if ok and (not state.models or time.monotonic() - state.models_at > cfg.models_refresh_s):
             await self.refresh_models(state)
 
@@ -130,4 +125,3 @@ class Monitor:
             return
         if self.fleet.record_scrape(state.id, metrics):
             log.warning("replica %s restarted (its prefix-cache counters went back)", state.id)
-            self.on_reset(state.id)

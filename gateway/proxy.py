@@ -20,9 +20,10 @@ import aiohttp
 import orjson
 
 from gateway.config import TimeoutConfig
-from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.fleet import Fleet, Pending
 from gateway.metrics import GatewayMetrics
+from kvwire.openai_schema import OpenAIError
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -161,7 +162,7 @@ class Proxy:
         ``work_tokens(replica)``: the prompt tokens that replica must prefill, counted as
         its pending work until the first byte."""
         attempts: list[Attempted] = []
-        last_error: GatewayError | None = None
+        last_error: OpenAIError | None = None
         for replica in ranked[: self.max_attempts]:
             state = self.fleet.get(replica)
             if state is None or (not state.healthy and attempts):

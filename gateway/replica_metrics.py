@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-QUEUED_TOKENS_GAUGE = "kvgate:num_prompt_tokens_waiting"
+from kvwire import metric_names as m
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ def parse_metrics(text: str) -> ScrapedMetrics:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
-            if sample.name.startswith("vllm:cache_config_info"):
+            if sample.name.startswith(m.CACHE_CONFIG_INFO):
                 cache_info = dict(sample.labels)
 
     def get(*names: str) -> float | None:
@@ -43,8 +43,8 @@ def parse_metrics(text: str) -> ScrapedMetrics:
                 return sums[name]
         return None
 
-    queued = get(QUEUED_TOKENS_GAUGE)
-    if get("vllm:num_requests_running") is not None:
+    queued = get(m.PROMPT_TOKENS_WAITING)
+    if get(m.NUM_REQUESTS_RUNNING) is not None:
         capacity = None
         try:
             capacity = int(cache_info["block_size"]) * int(cache_info["num_gpu_blocks"])
@@ -52,25 +52,25 @@ def parse_metrics(text: str) -> ScrapedMetrics:
             capacity = None
         return ScrapedMetrics(
             dialect="vllm",
-            running=int(get("vllm:num_requests_running") or 0),
-            waiting=int(get("vllm:num_requests_waiting") or 0),
-            kv_usage=float(get("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") or 0.0),
+            running=int(get(m.NUM_REQUESTS_RUNNING) or 0),
+            waiting=int(get(m.NUM_REQUESTS_WAITING) or 0),
+            kv_usage=float(get(m.KV_CACHE_USAGE, m.GPU_CACHE_USAGE) or 0.0),
             kv_capacity_tokens=capacity,
             queued_tokens=None if queued is None else int(queued),
-            hit_tokens=get("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-            query_tokens=get("vllm:prefix_cache_queries_total",
-                             "vllm:gpu_prefix_cache_queries_total"),
+            hit_tokens=get(m.PREFIX_CACHE_HITS + m.TOTAL, m.GPU_PREFIX_CACHE_HITS + m.TOTAL),
+            query_tokens=get(m.PREFIX_CACHE_QUERIES + m.TOTAL,
+                             m.GPU_PREFIX_CACHE_QUERIES + m.TOTAL),
         )
-    if get("sglang:num_running_reqs") is not None:
-        total = get("sglang:max_total_num_tokens")
+    if get(m.SGLANG_RUNNING) is not None:
+        total = get(m.SGLANG_MAX_TOTAL_TOKENS)
         return ScrapedMetrics(
             dialect="sglang",
-            running=int(get("sglang:num_running_reqs") or 0),
-            waiting=int(get("sglang:num_queue_reqs") or 0),
-            kv_usage=float(get("sglang:token_usage") or 0.0),
+            running=int(get(m.SGLANG_RUNNING) or 0),
+            waiting=int(get(m.SGLANG_WAITING) or 0),
+            kv_usage=float(get(m.SGLANG_TOKEN_USAGE) or 0.0),
             kv_capacity_tokens=None if total is None else int(total),
             queued_tokens=None if queued is None else int(queued),
-            hit_rate_gauge=get("sglang:cache_hit_rate"),
+            hit_rate_gauge=get(m.SGLANG_CACHE_HIT_RATE),
         )
     return ScrapedMetrics(dialect="unknown",
                           queued_tokens=None if queued is None else int(queued))

@@ -17,11 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from engine.tokenizer import ChatFormatError, PromptTokenizer, normalize_messages
-from gateway.errors import BadRequest, NoReplicaAvailable
+from gateway.errors import NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.request_parse import ParsedRequest
-from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
+from kvwire.chat_messages import ChatFormatError, normalize_messages
+from kvwire.openai_schema import BadRequest
+from kvwire.tokenizer import PromptTokenizer
+from policies.base import Decision, NoReplicaError, Policy, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks, text_chunks
 
 
@@ -38,7 +40,6 @@ class _Tokens(NamedTuple):
 class Routing:
     request: RouteRequest
     decision: Decision
-    views: list[ReplicaView]
     seconds: float
 
 
@@ -187,4 +188,4 @@ class Router:
         except NoReplicaError as exc:
             raise NoReplicaAvailable(f"no healthy replica for model {parsed.model!r}: {exc}") \
                 from exc
-        return Routing(request, decision, views, time.perf_counter() - started)
+        return Routing(request, decision, time.perf_counter() - started)

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import BadRequest
+from kvwire.openai_schema import BadRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,12 +23,12 @@ import statistics
 import time
 from typing import Any
 
-from engine.tokenizer import load_tokenizer
-from engine.tokenizer_build import sample_text
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.request_parse import ParsedRequest
 from gateway.routing import Router
+from kvwire.tokenizer import load_tokenizer
+from kvwire.tokenizer_build import sample_text
 from loadtests.workloads import build_spec, generate
 from policies.base import Routed
 from policies.registry import build_policy, load_preset

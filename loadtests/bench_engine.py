@@ -24,9 +24,9 @@ from typing import Any
 from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, load_profile
 from engine.executor import Batch, StepResult
-from engine.hashing import block_hashes
 from engine.request import SamplingParams
 from engine.sim_executor import SimExecutor
+from kvwire.block_hashing import block_hashes
 
 PROMPT_TOKENS = 6000
 BLOCK = 16

@@ -133,14 +133,14 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, seconds: float
 
 
 def _prompts(n: int = 64, words: int = 3000) -> list[str]:
-    from engine.tokenizer_build import sample_text
+    from kvwire.tokenizer_build import sample_text
 
     rng = random.Random(5)
     return [sample_text(rng, words) for _ in range(n)]
 
 
 def _route_decision_ms(prompts: list[str]) -> dict[str, float]:
-    from engine.tokenizer import load_tokenizer
+    from kvwire.tokenizer import load_tokenizer
     from policies.base import ReplicaView, RouteRequest
     from policies.registry import build_policy
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                     "port": gport, "policy": {"name": policy},
                     "replicas": [{"id": "b0", "url": targets["direct"]}]}))
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "gateway.cli", "--log-level", "WARNING", "serve",
+                    [sys.executable, "-m", "kvgate", "--log-level", "WARNING", "serve",
                      "--config", str(cfg)], env=env))
                 _wait(f"http://127.0.0.1:{gport}/ready", procs[-1])
                 targets[f"gateway_{policy}"] = f"http://127.0.0.1:{gport}"

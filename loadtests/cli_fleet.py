@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from engine.eviction import EVICTION_POLICIES
 from loadtests.fleet import FleetError, LocalFleet, LocalFleetSpec, stop_recorded
 
 
@@ -28,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--policy", default="round_robin", help="policy name (preset defaults)")
     up.add_argument("--profile", default=d.profile, help="sim cost profile name or YAML path")
     up.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
-    up.add_argument("--eviction", choices=("lru", "frequency"), default=d.eviction)
+    up.add_argument("--eviction", choices=EVICTION_POLICIES, default=d.eviction)
     up.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     up.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
     up.add_argument("--engine-arg", action="append", default=[], metavar="ARG",

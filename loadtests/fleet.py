@@ -106,7 +106,7 @@ class LocalFleet:
         log = self.dir / f"{name}.log"
         with open(log, "wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "--log-level", "WARNING", *argv],
+                [sys.executable, "-m", "kvgate", "--log-level", "WARNING", *argv],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -205,7 +205,7 @@ def _is_fleet_process(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"gateway.cli" in cmdline
+    return b"\0-m\0kvgate\0" in cmdline
 
 
 def stop_recorded(state_dir: Path | None = None, grace_s: float = 10.0) -> int:

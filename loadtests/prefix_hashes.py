@@ -1,6 +1,6 @@
 """Block hashes of workload prompts, memoized along shared segments.
 
-The engine's hash chain (``engine.hashing``) has the property
+The engine's hash chain (``kvwire.block_hashing``) has the property
 
     block_hashes(a + b) == block_hashes(a) + block_hashes(b, parent=last hash of a)
 
@@ -12,14 +12,14 @@ the hashes of its shared part, cut at a block boundary, and hashes only the rest
     memo:     [0, aligned)  aligned = shared_len // B * B   (looked up, not recomputed)
     hashed:   [aligned, len // B * B)                        (chained from the memo)
 
-The result is exactly what ``engine.hashing.block_hashes`` gives for the whole prompt.
+The result is exactly what ``kvwire.block_hashing.block_hashes`` gives for the whole prompt.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from engine.hashing import BlockHash, block_hashes
+from kvwire.block_hashing import BlockHash, block_hashes
 from loadtests.workloads import WorkloadRequest
 
 

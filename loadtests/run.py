@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.eviction import EVICTION_POLICIES
 from loadtests import engine_counters
 from loadtests.fleet import LocalFleet, LocalFleetSpec
 
@@ -181,7 +182,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=d.profile)
     parser.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    parser.add_argument("--eviction", choices=("lru", "frequency"), default=d.eviction)
+    parser.add_argument("--eviction", choices=EVICTION_POLICIES, default=d.eviction)
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--affinity-header", action="store_true",
                         help="send each request's document id as the affinity key")

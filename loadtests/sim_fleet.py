@@ -25,6 +25,8 @@ from typing import Literal
 
 from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, load_profile
+from engine.eviction import check_eviction_name
+from engine.kv_sizing import blocks_in_gib
 from engine.request import RequestOutput, SamplingParams
 from engine.sim_executor import SimExecutor
 from gateway.config import ReplicaConfig
@@ -33,8 +35,6 @@ from gateway.replica_metrics import ScrapedMetrics
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.workloads import WorkloadRequest
 from policies.base import ReplicaView
-
-GIB = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +59,7 @@ class FleetSpec:
         if self.idle_kv_gib > self.kv_pool_gib:
             raise ValueError(f"idle_kv_gib ({self.idle_kv_gib}) exceeds kv_pool_gib "
                              f"({self.kv_pool_gib})")
-        if self.eviction not in ("lru", "frequency"):
-            raise ValueError(f"eviction must be 'lru' or 'frequency', got {self.eviction!r}")
+        check_eviction_name(self.eviction)
         if self.views not in ("gateway", "exact"):
             raise ValueError(f"views must be 'gateway' or 'exact', got {self.views!r}")
         if self.dialect not in ("vllm", "kvgate"):
@@ -72,7 +71,7 @@ class FleetSpec:
         return load_profile(self.profile).model.kv_bytes_per_token
 
     def blocks(self, gib: float) -> int:
-        return int(gib * GIB) // (self.kv_bytes_per_token() * self.block_size)
+        return blocks_in_gib(gib, self.kv_bytes_per_token(), self.block_size)
 
 
 @dataclass(slots=True)

@@ -30,10 +30,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine.cost_model import load_profile
-from engine.tokenizer import PromptTokenizer, load_tokenizer
+from engine.eviction import EVICTION_POLICIES
 from gateway.fleet import Pending
 from gateway.request_parse import ParsedRequest
 from gateway.routing import Router, work_tokens
+from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.scenarios import SCENARIOS
@@ -309,7 +310,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--requests", type=int, default=40_000)
     parser.add_argument("--policies", default="round_robin,least_load,prefix_affinity,radix")
-    parser.add_argument("--eviction", choices=("lru", "frequency"), default="lru")
+    parser.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     parser.add_argument("--views", choices=("gateway", "exact"), default="gateway",
                         help="what policies see: the gateway's accounting with lagging "
                              "scrapes (default) or each replica's exact state")

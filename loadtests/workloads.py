@@ -103,7 +103,7 @@ class SegmentContent:
         cached = self._text.get(segment.key)
         if cached is not None:
             return cached
-        from engine.tokenizer_build import WORDS, sample_text
+        from kvwire.tokenizer_build import WORDS, sample_text
 
         rng = random.Random(self._rng_seed(segment.key))
         words = max(1, round(segment.length / self.tokens_per_word))

@@ -11,7 +11,7 @@ Lowest cost wins, ties at random (never list order); all healthy replicas are ra
 cost. Reason ``cache_match`` when the winner holds part of the prompt, else ``balance``.
 Each score is the replica's cost (lower is better) with its matched tokens.
 
-The policy owns the index; the gateway feeds it (``gateway.kv_events``) and tests may feed
+The policy owns the index; the gateway feeds it (``gateway.kv_event_subscriber``) and tests may feed
 it directly. ``choose`` only reads it. ``observe`` clears a replica that restarted and
 drops one that left; routing decisions themselves are not recorded (the index is exact).
 """

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 _ROOT = 1337  # parent key of a chain's first block (no adapter)
 
@@ -52,16 +52,6 @@ def chain_key(parent: int, tokens: Sequence[int]) -> int:
     """The key of one block of ``tokens`` after the block keyed ``parent``."""
     data = parent.to_bytes(8, "little") + struct.pack(f"<{len(tokens)}I", *tokens)
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
-
-
-def block_keys(tokens: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
-    """Keys of the full blocks of ``tokens``; ``parent`` defaults to the root."""
-    prev = _ROOT if parent is None else parent
-    out: list[int] = []
-    for lo in range(0, len(tokens) - block_size + 1, block_size):
-        prev = chain_key(prev, tokens[lo : lo + block_size])
-        out.append(prev)
-    return out
 
 
 @dataclass(slots=True)

@@ -1,9 +1,11 @@
 """A consistent hash ring of replicas with virtual nodes, keyed by a stable 64-bit hash.
 
-The ring is laid out by uhashring (``HashRing`` with our own hash function, so the point
-positions do not depend on the process: never Python's salted ``hash()``). For lookups we
-keep two parallel arrays taken from it once, so a walk costs a bisect plus a few list
-reads:
+Replica ``r`` with ``n`` virtual nodes owns the points ``stable_hash(f"{r}-{i}")`` for
+``i < n`` (the same in every process: never Python's salted ``hash()``); replicas are laid
+out in id order and a point two of them hash to goes to the later one. This is the layout
+uhashring's ``HashRing`` builds with our hash function, so keys map to the replicas they
+always did; the ring is ours so that lookups read two parallel arrays, a walk costing a
+bisect plus a few list reads:
 
     points[i]  sorted 64-bit point positions          owners[i]  replica id at points[i]
 
@@ -21,8 +23,6 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from hashlib import blake2b
 from typing import TypeVar
-
-from uhashring import HashRing
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
 _T = TypeVar("_T", bound=Hashable)
@@ -57,13 +57,12 @@ class Ring:
             raise ValueError(f"vnodes must be >= 1, got {vnodes}")
         self.members: dict[str, float] = {rid: w for rid, w in members if w > 0}
         self.vnodes = vnodes
-        nodes = {
-            rid: {"vnodes": max(1, round(vnodes * weight)), "weight": 1}
-            for rid, weight in sorted(self.members.items())
-        }
-        layout = HashRing(nodes=nodes, hash_fn=_hash_point) if nodes else None
-        self.points: list[int] = list(layout.runtime._keys) if layout else []
-        self.owners: list[str] = [layout.runtime._ring[p] for p in self.points] if layout else []
+        owner_at: dict[int, str] = {}
+        for rid, weight in sorted(self.members.items()):
+            for i in range(max(1, round(vnodes * weight))):
+                owner_at[_hash_point(f"{rid}-{i}")] = rid
+        self.points: list[int] = sorted(owner_at)
+        self.owners: list[str] = [owner_at[p] for p in self.points]
 
     def __len__(self) -> int:
         return len(self.members)

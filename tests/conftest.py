@@ -91,13 +91,13 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | N
 
 @pytest.fixture
 def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """``spawn(*args, ready_url=...)`` runs ``python -m gateway.cli ARGS`` until the test ends."""
+    """``spawn(*args, ready_url=...)`` runs ``python -m kvgate ARGS`` until the test ends."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(*args: str, ready_url: str | None = None, timeout: float = 60.0
               ) -> subprocess.Popen[bytes]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", *args], cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-m", "kvgate", *args], cwd=REPO,
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         procs.append(proc)
         if ready_url is not None:

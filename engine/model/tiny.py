@@ -65,7 +65,7 @@ def write_tiny_model(out_dir: str | Path, arch: str = "llama", seed: int = 0,
                      **sizes: int) -> Path:
     from safetensors.torch import save_file
 
-    from engine.tokenizer_build import ASSET_DIR, EOS_TOKEN, build
+    from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN, build
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

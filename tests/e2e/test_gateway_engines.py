@@ -14,8 +14,8 @@ import openai
 import pytest
 import yaml
 
-from engine.tokenizer_build import sample_text
 from gateway.replica_metrics import parse_metrics
+from kvwire.tokenizer_build import sample_text
 from tests.conftest import free_port, wait_http
 
 pytestmark = pytest.mark.slow
@@ -126,7 +126,7 @@ def test_dead_replica_is_retried_and_ejected(spawn: Spawn, tmp_path: Path) -> No
 
 def test_torch_replicas_behind_the_gateway(spawn: Spawn, tmp_path: Path) -> None:
     model = tmp_path / "tiny"
-    made = subprocess.run([sys.executable, "-m", "gateway.cli", "make-tiny-model", str(model),
+    made = subprocess.run([sys.executable, "-m", "kvgate", "make-tiny-model", str(model),
                            "--arch", "qwen2"], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     gateway, urls, _ = start_fleet(

@@ -14,7 +14,7 @@ import openai
 import pytest
 import yaml
 
-from engine.tokenizer_build import sample_text
+from kvwire.tokenizer_build import sample_text
 from tests.conftest import free_port, wait_http
 from tests.e2e.test_gateway_engines import Spawn
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from engine.tokenizer_build import WORDS, sample_text
+from kvwire.tokenizer_build import WORDS, sample_text
 from tests.e2e.test_gateway_engines import SIM_ENGINE, start_fleet
 
 pytestmark = pytest.mark.slow

@@ -37,7 +37,7 @@ def test_pool_invariants_under_random_ops(seq: list[tuple[str, int, int]], polic
         elif op == "cache" and held:
             blocks = held[x % len(held)]
             for i, b in enumerate(blocks):
-                pool.cache_block(b, h(x % 7 * 10 + i))
+                pool.cache_blocks([b], [h(x % 7 * 10 + i)])
         elif op == "hit":
             hits = pool.longest_cached_prefix([h(x % 7 * 10 + i) for i in range(n)], n)
             pool.touch(hits)
@@ -55,7 +55,7 @@ def test_pool_invariants_under_random_ops(seq: list[tuple[str, int, int]], polic
 def test_recycled_block_forgets_its_hash() -> None:
     pool = BlockPool(2)
     a = pool.allocate(2)
-    assert pool.cache_block(a[0], h(1))
+    assert pool.cache_blocks([a[0]], [h(1)]) == 1
     pool.free_blocks(a)
     b = pool.allocate(2)  # one from free, then evicts the cached one
     assert sorted(b) == sorted(a)
@@ -66,8 +66,8 @@ def test_recycled_block_forgets_its_hash() -> None:
 def test_duplicate_hash_is_not_registered_twice() -> None:
     pool = BlockPool(4)
     a, b = pool.allocate(1), pool.allocate(1)
-    assert pool.cache_block(a[0], h(5))
-    assert not pool.cache_block(b[0], h(5))
+    assert pool.cache_blocks([a[0]], [h(5)]) == 1
+    assert pool.cache_blocks([b[0]], [h(5)]) == 0
     assert pool.cached == {h(5): a[0]}
     pool.free_blocks(a + b)
     pool.check_integrity()
@@ -77,7 +77,7 @@ def test_duplicate_hash_is_not_registered_twice() -> None:
 def _cached_blocks(pool: BlockPool, keys: list[int]) -> list[int]:
     blocks = pool.allocate(len(keys))
     for b, k in zip(blocks, keys, strict=True):
-        pool.cache_block(b, h(k))
+        pool.cache_blocks([b], [h(k)])
     return blocks
 
 

@@ -6,7 +6,7 @@ from engine.cli import add_arguments, make_executor
 from engine.cost_model import CostModel, available_profiles, load_profile
 from engine.executor import Batch, SeqWork
 from engine.sim_executor import SimExecutor, sim_token
-from engine.tokenizer import load_tokenizer
+from kvwire.tokenizer import load_tokenizer
 
 
 def test_profiles_load_with_documented_shapes() -> None:

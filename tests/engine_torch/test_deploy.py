@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from engine import cli as engine_cli
-from gateway.cli import SUBCOMMANDS
 from gateway.config import load_config
+from kvgate.cli import SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

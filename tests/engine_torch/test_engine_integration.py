@@ -12,7 +12,7 @@ from engine import cli
 from engine.core import EngineConfig, EngineCore
 from engine.model.tiny import write_tiny_model
 from engine.request import SamplingParams
-from engine.tokenizer import load_tokenizer
+from kvwire.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import asyncio
 
 import zmq
 
-from engine.kv_events import BlockStored, KVEventBatch, encode_payload
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
-from gateway.kv_events import KVEventSubscriber
+from gateway.kv_event_subscriber import KVEventSubscriber
+from kvwire.kv_event_format import BlockStored, KVEventBatch, encode_payload
 from policies.kv_index import KVIndex
 from tests.conftest import free_port
 

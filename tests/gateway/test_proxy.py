@@ -161,9 +161,10 @@ def test_client_errors_are_openai_shaped(two: tuple[ThreadServer, Behaviour, Beh
 def test_body_limit(serve: Serve) -> None:
     ok = Behaviour("ok")
     gw = start_gateway(serve, [("ok", serve(fake_replica(ok)).url)], max_body_bytes=1000)
-    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x" * 2000})
-    assert r.status_code == 413
-    assert "1000" in r.json()["error"]["message"]
+    for path in ("/v1/completions", "/admin/explain"):
+        r = httpx.post(f"{gw.url}{path}", json={"model": "sim-model", "prompt": "x" * 2000})
+        assert r.status_code == 413
+        assert "1000" in r.json()["error"]["message"]
 
 
 def test_no_healthy_replica_is_503_with_retry_after(serve: Serve) -> None:
@@ -284,7 +285,7 @@ def test_readding_a_replica_keeps_its_accounting_apart(serve: Serve) -> None:
 
 
 def test_internal_errors_get_an_openai_body(serve: Serve) -> None:
-    from gateway.app import build_state
+    from gateway.state import build_state
 
     class Broken(RoundRobin):
         def choose(self, request, replicas):  # type: ignore[no-untyped-def]
@@ -330,6 +331,8 @@ def test_tenants_get_their_own_cache_salt(serve: Serve) -> None:
     assert salts[0] == salts[1] and len(set(salts)) == 3  # per tenant, and per client salt
     assert all(json.loads(raw)["extra"] == [1] for raw in rec.received)  # fields survive
     r = httpx.post(url, json={"model": "sim-model", "prompt": "x"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "missing_tenant"
+    r = httpx.post(f"{gw.url}/admin/explain", json={"model": "sim-model", "prompt": "x"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "missing_tenant"
 
 

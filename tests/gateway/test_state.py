@@ -8,7 +8,9 @@ import pytest
 
 from gateway.config import ReplicaConfig, load_config, parse_config
 from gateway.fleet import Fleet
+from gateway.fleet_events import HealthChanged, ReplicaAdded
 from gateway.replica_metrics import HitRateWindow, parse_metrics
+from policies.base import ReplicaRemoved, ReplicaReset
 from policies.config import ConfigError
 
 VLLM = """\
@@ -163,3 +165,19 @@ def test_a_replica_without_capacity_gauges_takes_the_configured_one() -> None:
     assert fleet.views()[0].kv_capacity_tokens == 12_000
     with pytest.raises(ConfigError, match="kv_capacity_tokens"):
         parse_config({"replicas": [{"id": "r", "url": "http://x:1", "kv_capacity_tokens": 0}]})
+
+
+def test_the_fleet_tells_its_listeners() -> None:
+    fleet = Fleet([ReplicaConfig(id="a", url="http://a")])
+    heard: list[object] = []
+    fleet.listen(heard.append)
+    fleet.add(ReplicaConfig(id="b", url="http://b"))
+    assert fleet.record_health("b", False, "down", 1, 1) is False
+    assert fleet.record_health("b", True, None, 1, 1) is True
+    fleet.record_scrape("a", parse_metrics(VLLM))
+    assert fleet.record_scrape("a", parse_metrics(VLLM.replace("1000.0", "10.0")))
+    fleet.remove("b")
+    fleet.unlisten(heard.append)
+    fleet.remove("a")
+    assert heard == [ReplicaAdded("b"), HealthChanged("b", False), HealthChanged("b", True),
+                     ReplicaReset("a"), ReplicaRemoved("b")]

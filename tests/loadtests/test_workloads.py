@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from engine.hashing import block_hashes
+from kvwire.block_hashing import block_hashes
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.workloads import (
@@ -104,7 +104,7 @@ def test_tools_tree_branches_under_one_system_prompt():
 
 
 def test_text_is_sized_for_the_project_tokenizer():
-    from engine.tokenizer import load_tokenizer
+    from kvwire.tokenizer import load_tokenizer
 
     tok = load_tokenizer(None)
     r = generate(ContractsSpec(doc_tokens=2000, seed=6), 3)[0]

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from engine.kv_events import BlockStored
+from kvwire.kv_event_format import BlockStored
 from policies.base import (
     NoReplicaError,
     ReplicaRemoved,

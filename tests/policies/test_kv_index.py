@@ -8,8 +8,9 @@ import random
 import msgpack
 import pytest
 
-from engine.hashing import hash_to_u64
-from engine.kv_events import (
+from engine.request import SamplingParams
+from kvwire.block_hashing import hash_to_u64
+from kvwire.kv_event_format import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -18,8 +19,7 @@ from engine.kv_events import (
     decode_payload,
     encode_payload,
 )
-from engine.request import SamplingParams
-from policies.kv_index import KVIndex, block_keys, root_key
+from policies.kv_index import KVIndex, chain_key, root_key
 from tests.engine.conftest import make_core
 
 BS = 4
@@ -159,10 +159,12 @@ def test_orphans_wrong_block_size_and_duplicates() -> None:
 
 def test_keys_are_chained_and_adapters_separate() -> None:
     toks = list(range(16))
-    keys = block_keys(toks, BS)
-    assert len(keys) == 4 and len(set(keys)) == 4
-    assert block_keys(toks[8:], BS, parent=keys[1]) == keys[2:]
-    assert block_keys([9, *toks[1:]], BS)[1:] != keys[1:]  # a change early changes all
+    keys = [root_key()]
+    for lo in range(0, 16, BS):
+        keys.append(chain_key(keys[-1], toks[lo : lo + BS]))
+    assert len(set(keys)) == 5
+    changed = chain_key(chain_key(root_key(), [9, *toks[1:BS]]), toks[BS : 2 * BS])
+    assert changed != keys[2]  # a change early changes every later key
     assert root_key("sql-lora") != root_key(None) == root_key("")
     index = KVIndex(BS)
     index.apply_event("r", BlockStored((1,), None, tuple(toks[:4]), BS, lora_name="sql-lora"))

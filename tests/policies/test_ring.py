@@ -114,3 +114,15 @@ def test_ring_layout_is_pinned() -> None:
     assert ring.points[:3] == [123850353220105897, 307072897853580858, 347653229373065393]
     keys = [0, 1 << 60, 3 << 61, 12345678901234567, (1 << 64) - 1, 7 << 58]
     assert [ring.owner(k) for k in keys] == ["c", "d", "a", "c", "c", "c"]
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (1.0, 2.5, 0.5, 1.0)])
+def test_layout_is_uhashrings_with_our_hash(weights: tuple[float, ...]) -> None:
+    """Keys keep the replicas they had when uhashring laid the ring out."""
+    from uhashring import HashRing
+
+    members = [(f"r{i}", w) for i, w in enumerate(weights)]
+    ring = Ring(members, vnodes=40)
+    nodes = {rid: {"vnodes": max(1, round(40 * w)), "weight": 1} for rid, w in sorted(members)}
+    theirs = HashRing(nodes=nodes, hash_fn=lambda label: stable_hash(label.encode()))
+    assert list(zip(ring.points, ring.owners, strict=True)) == theirs.get_points()

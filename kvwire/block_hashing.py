@@ -99,50 +99,6 @@ def block_hashes(
     return out
 
 
-class BlockHasher:
-    """Incremental form: feed tokens as they arrive, hashes appear per full block.
-
-    Keeps the partial tail so that ``extend`` may be called with any number of tokens.
-    """
-
-    __slots__ = ("_tail", "adapter", "block_size", "cache_salt", "hashes", "model_id")
-
-    def __init__(
-        self,
-        block_size: int,
-        *,
-        model_id: str,
-        cache_salt: str | None = None,
-        adapter: str | None = None,
-        hashes: Sequence[BlockHash] = (),
-    ) -> None:
-        self.block_size = block_size
-        self.model_id = model_id
-        self.cache_salt = cache_salt
-        self.adapter = adapter
-        self.hashes: list[BlockHash] = list(hashes)
-        self._tail: list[int] = []
-
-    def extend(self, token_ids: Sequence[int]) -> list[BlockHash]:
-        """Add tokens; returns the hashes of blocks completed by them."""
-        self._tail.extend(token_ids)
-        n_full = len(self._tail) // self.block_size
-        if n_full == 0:
-            return []
-        cut = n_full * self.block_size
-        new = block_hashes(
-            self._tail[:cut],
-            self.block_size,
-            model_id=self.model_id,
-            cache_salt=self.cache_salt,
-            adapter=self.adapter,
-            parent=self.hashes[-1] if self.hashes else None,
-        )
-        del self._tail[:cut]
-        self.hashes.extend(new)
-        return new
-
-
 def hash_to_u64(block_hash: BlockHash) -> int:
     """Low 64 bits of the digest read as a big-endian integer (the KV-event id form)."""
     return int.from_bytes(block_hash[-8:], "big")

@@ -5,8 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.hashing import (
-    BlockHasher,
+from kvwire.block_hashing import (
     block_hashes,
     chain_seed,
     hash_to_u64,
@@ -77,15 +76,17 @@ def test_model_and_adapter_identity_in_every_block() -> None:
 
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=80), st.integers(1, 8),
        st.lists(st.integers(1, 20), max_size=8))
-def test_incremental_equals_one_shot(toks: list[int], bs: int, cuts: list[int]) -> None:
+def test_a_chain_continued_in_pieces_equals_one_shot(toks: list[int], bs: int,
+                                                     cuts: list[int]) -> None:
     full = block_hashes(toks, bs, model_id="m", cache_salt="s")
-    hasher = BlockHasher(bs, model_id="m", cache_salt="s")
+    pieced: list[bytes] = []
     pos = 0
-    for c in cuts:
-        hasher.extend(toks[pos : pos + c])
-        pos += c
-    hasher.extend(toks[pos:])
-    assert hasher.hashes == full
+    for c in [*cuts, len(toks)]:  # pieces of whole blocks, the last one takes the rest
+        end = min(len(toks), pos + c * bs)
+        pieced += block_hashes(toks[pos:end], bs, model_id="m", cache_salt="s",
+                               parent=pieced[-1] if pieced else None)
+        pos = end
+    assert pieced == full
     # Continuing a chain from a parent equals hashing the concatenation.
     k = (len(toks) // bs // 2) * bs
     if k:

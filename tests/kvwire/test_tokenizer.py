@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.tokenizer import ChatFormatError, load_tokenizer
-from engine.tokenizer_build import ASSET_DIR, build, digest, sample_text
+from kvwire.chat_messages import ChatFormatError
+from kvwire.tokenizer import load_tokenizer
+from kvwire.tokenizer_build import ASSET_DIR, build, digest, sample_text
 
 
 def test_build_is_deterministic_and_matches_the_shipped_copy(tmp_path: Path) -> None:

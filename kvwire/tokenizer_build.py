@@ -3,12 +3,12 @@
 Nothing is downloaded: the training text is generated from a fixed word list (pseudo-English
 words made from syllables, plus common English function words) with a fixed seed, so the
 same ``tokenizer.json`` comes out on every machine. The shipped copy lives in
-``engine/assets/tokenizer/``; ``python -m engine.tokenizer_build --check`` rebuilds it and
+``kvwire/assets/tokenizer/``; ``python -m kvwire.tokenizer_build --check`` rebuilds it and
 compares.
 
 Usage::
 
-    python -m engine.tokenizer_build [--out DIR] [--check]
+    python -m kvwire.tokenizer_build [--out DIR] [--check]
 """
 
 from __future__ import annotations

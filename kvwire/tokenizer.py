@@ -2,7 +2,7 @@
 
 ``load_tokenizer(path)`` takes a directory holding ``tokenizer.json`` (and optionally
 ``tokenizer_config.json`` with a ``chat_template``) or the file itself; ``None`` loads the
-project's own BPE tokenizer (``engine/tokenizer_build.py``). Chat messages are rendered with
+project's own BPE tokenizer (``kvwire/tokenizer_build.py``). Chat messages are rendered with
 the model's chat template when there is one, else with a fixed ChatML layout, so the gateway
 and every replica see the same token stream for the same messages.
 
@@ -22,17 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.tokenizer_build import ASSET_DIR, EOS_TOKEN
+from kvwire.chat_messages import normalize_messages
+from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
 
 
 # a remembered prefix encoding: (first tokens, tokens in text[:cut], cut, text[budget:cut])
 _Memo = tuple["array[int]", int, int, str]
-
-
-class ChatFormatError(ValueError):
-    """A chat message is malformed; the message names which one and why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,47 +164,6 @@ class PromptTokenizer:
         if add_generation_prompt:
             parts.append("<|im_start|>assistant\n")
         return "".join(parts)
-
-
-def check_tools(tools: Any) -> list[Any] | None:
-    """The request's ``tools`` (None when absent); ``ChatFormatError`` unless a list of
-    objects."""
-    if tools is None:
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
-        raise ChatFormatError("'tools' must be an array of objects")
-    return tools
-
-
-def normalize_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
-    """Check OpenAI chat messages; returns them as plain ``{role, content}`` dicts."""
-    normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
-    if not normalized:
-        raise ChatFormatError("messages must contain at least one message")
-    return normalized
-
-
-def _normalize_message(message: Any, index: int) -> dict[str, str]:
-    if not isinstance(message, Mapping):
-        raise ChatFormatError(f"messages[{index}] must be an object, got {message!r:.60}")
-    role = message.get("role")
-    if not isinstance(role, str) or not role:
-        raise ChatFormatError(f"messages[{index}].role must be a non-empty string")
-    content = message.get("content", "")
-    if content is None:
-        content = ""
-    if isinstance(content, list):  # content parts: keep the text ones, in order
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") != "text":
-                raise ChatFormatError(
-                    f"messages[{index}].content[{j}] must be a text part "
-                    f"({{'type': 'text', 'text': ...}})")
-            texts.append(str(part.get("text", "")))
-        content = "".join(texts)
-    if not isinstance(content, str):
-        raise ChatFormatError(f"messages[{index}].content must be a string or a list of parts")
-    return {"role": role, "content": content}
 
 
 def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> PromptTokenizer:

@@ -3,7 +3,7 @@
 The engine loop only calls :meth:`KVEventPublisher.publish` (a put on an unbounded queue,
 never blocking); a daemon thread encodes each batch and sends it with ``NOBLOCK``, so a
 slow or absent subscriber never stalls a step (PUB drops messages past its high-water mark;
-the sequence number lets a subscriber notice). Frames follow vLLM (see ``kv_events``)::
+the sequence number lets a subscriber notice). Frames follow vLLM (see ``kvwire.kv_event_format``)::
 
     [topic, seq (u64 big-endian, 0, 1, 2, ... per process), msgpack payload]
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from engine.kv_events import KVEvent, KVEventBatch, encode_payload
+from kvwire.kv_event_format import KVEvent, KVEventBatch, encode_payload
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The ``kvgate`` command line.
+"""The ``kvgate`` command line: the product's entry point (``kvgate ...`` or
+``python -m kvgate ...``).
 
 Subcommands load their modules lazily, so ``kvgate serve`` never imports the engine's
 executors and ``kvgate engine`` never imports the gateway's app.

@@ -2,7 +2,7 @@
 
 The block pool records an event whenever the set of cached block hashes changes (a block
 registered after its KV was computed, blocks evicted, the whole cache reset); the server
-drains them after each engine step and hands them to the publisher (``kv_publisher``),
+drains them after each engine step and hands them to the publisher (``engine.kv_event_publisher``),
 one message per step::
 
     frames:   [topic, seq (u64 big-endian, from 0 per process), msgpack payload]
@@ -13,7 +13,7 @@ one message per step::
               ["AllBlocksCleared"]
 
 Block hashes on the wire are u64: the low 64 bits of the engine's digest
-(:func:`engine.hashing.hash_to_u64`). ``token_ids`` covers exactly the stored blocks,
+(:func:`kvwire.block_hashing.hash_to_u64`). ``token_ids`` covers exactly the stored blocks,
 ``parent_block_hash`` is the block before the first one (None for a chain's first block).
 
 :func:`decode_payload` also reads the newer encoding where the batch and each event are

@@ -3,10 +3,11 @@
 One ZMQ SUB socket per replica whose config names a ``kv_events`` endpoint, each read by
 its own task on the event loop (the index has one owner, so no locks). A reconcile loop
 follows the fleet: it subscribes to replicas added at runtime, unsubscribes from removed
-ones and restarts a reader that failed. All tasks are owned by ``KVEventSubscriber``,
+ones and restarts a reader that failed; it runs every ``reconcile_s`` and at once when the
+fleet tells of a replica joining or leaving. All tasks are owned by ``KVEventSubscriber``,
 started and stopped in the app's lifespan.
 
-A message is ``[topic, seq (u64 big-endian), payload]`` (see ``engine.kv_events``); a
+A message is ``[topic, seq (u64 big-endian), payload]`` (see ``kvwire.kv_event_format``); a
 malformed one is logged and skipped. Messages sent before the socket connected are not
 seen: blocks cached before that are unknown to the index until stored again.
 """
@@ -20,9 +21,10 @@ import logging
 import zmq
 import zmq.asyncio
 
-from engine.kv_events import KVWireError, decode_payload
 from gateway.fleet import Fleet
-from policies.base import Policy
+from gateway.fleet_events import FleetEvent, ReplicaAdded
+from kvwire.kv_event_format import KVWireError, decode_payload
+from policies.base import Policy, ReplicaRemoved
 from policies.kv_events import KVEvents
 from policies.kv_index import KVIndex
 
@@ -39,6 +41,11 @@ class KVEventSubscriber:
         self._ctx: zmq.asyncio.Context | None = None
         self._readers: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> endpoint, task
         self._loop_task: asyncio.Task[None] | None = None
+        self._membership_changed = asyncio.Event()
+
+    def _on_fleet_event(self, event: FleetEvent) -> None:
+        if isinstance(event, ReplicaAdded | ReplicaRemoved):
+            self._membership_changed.set()
 
     @classmethod
     def for_policy(cls, fleet: Fleet, policy: Policy) -> KVEventSubscriber | None:
@@ -56,10 +63,12 @@ class KVEventSubscriber:
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
+        self.fleet.listen(self._on_fleet_event)
         await self.reconcile()
         self._loop_task = asyncio.create_task(self._reconcile_loop(), name="kvgate-kv-events")
 
     async def stop(self) -> None:
+        self.fleet.unlisten(self._on_fleet_event)
         tasks = [t for _, t in self._readers.values()]
         if self._loop_task is not None:
             tasks.append(self._loop_task)
@@ -75,7 +84,9 @@ class KVEventSubscriber:
 
     async def _reconcile_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.reconcile_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._membership_changed.wait(), self.reconcile_s)
+            self._membership_changed.clear()
             try:
                 await self.reconcile()
             except asyncio.CancelledError:

@@ -6,8 +6,8 @@ import time
 
 import zmq
 
-from engine.kv_events import AllBlocksCleared, BlockRemoved, decode_payload
-from engine.kv_publisher import KVEventPublisher
+from engine.kv_event_publisher import KVEventPublisher
+from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, decode_payload
 from tests.conftest import free_port
 
 

@@ -1,0 +1,45 @@
+"""A request's way into the gateway, the same for proxying and for ``/admin/explain``:
+the body read under the size limit, checked, its model looked up, and, under
+``tenancy.isolate``, rewritten with the tenant's cache salt."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+from starlette.requests import Request
+
+from gateway.request_parse import Endpoint, ParsedRequest, parse_body
+from gateway.state import GatewayState
+from gateway.tenancy import isolate
+from kvwire.openai_schema import NotFound, decode_json
+from kvwire.request_edge import read_body
+
+
+class Intake(NamedTuple):
+    parsed: ParsedRequest
+    raw: bytes  # the bytes to forward: the client's own, or salted for its tenant
+    tenant: str | None
+
+
+async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None) -> Intake:
+    """``endpoint`` None: chat when the body has ``messages``, else completions."""
+    raw = await read_body(request, gw.config.max_body_bytes)
+    aff = gw.config.affinity
+    header_value = request.headers.get(aff.header) if aff.header else None
+    if endpoint is None:
+        body = decode_json(raw)
+        endpoint = "chat" if isinstance(body, dict) and "messages" in body else "completions"
+    parsed = parse_body(raw, endpoint, aff.body_field, header_value)
+    known = gw.fleet.models()
+    if known and parsed.model not in known:
+        raise NotFound(f"model {parsed.model!r} is not served by any replica; "
+                       f"available: {', '.join(sorted(known))}", param="model",
+                       code="model_not_found")
+    tenant = request.headers.get(gw.config.tenancy.header)
+    isolated = isolate(gw.config.tenancy, tenant, parsed.body) if gw.config.tenancy.isolate \
+        else None
+    if isolated is not None:
+        raw, salt = isolated
+        parsed = dataclasses.replace(parsed, cache_salt=salt)
+    return Intake(parsed, raw, tenant)

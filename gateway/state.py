@@ -1,0 +1,48 @@
+"""Everything one gateway holds: its config, the fleet, the policy, metrics and router, and
+the long-lived parts its lifespan opens (proxy, monitor)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.config import GatewayConfig
+from gateway.fleet import Fleet
+from gateway.fleet_events import FleetEvent, FleetListener
+from gateway.metrics import GatewayMetrics
+from gateway.monitor import Monitor
+from gateway.proxy import Proxy
+from gateway.routing import Router
+from kvwire.tokenizer import PromptTokenizer, load_tokenizer
+from policies.base import Policy, ReplicaRemoved, ReplicaReset
+from policies.registry import build_policy
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    fleet: Fleet
+    policy: Policy
+    metrics: GatewayMetrics
+    router: Router
+    proxy: Proxy | None = None
+    monitor: Monitor | None = None
+
+
+def policy_listener(policy: Policy) -> FleetListener:
+    """Tells ``policy`` of replicas that left or restarted."""
+
+    def listener(event: FleetEvent) -> None:
+        if isinstance(event, ReplicaRemoved | ReplicaReset):
+            policy.observe(event)
+
+    return listener
+
+
+def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
+                policy: Policy | None = None) -> GatewayState:
+    fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s)
+    policy = policy or build_policy(config.policy, where="policy")
+    fleet.listen(policy_listener(policy))
+    tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
+    router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
+    return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router)

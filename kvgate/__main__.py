@@ -1,0 +1,5 @@
+import sys
+
+from kvgate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,37 @@
+"""Names of the Prometheus metrics a replica exposes and the gateway's scraper reads.
+
+The engine exposes vLLM's names (so dashboards and alerts work against vLLM and kvgate
+alike) plus kvgate's queue gauge; the scraper also reads the older vLLM spellings and
+SGLang's dialect. Counters are exposed with a ``_total`` suffix.
+"""
+
+from __future__ import annotations
+
+# -- what the engine exposes --------------------------------------------------------------
+NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+NUM_PREEMPTIONS = "vllm:num_preemptions"
+TTFT = "vllm:time_to_first_token_seconds"
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, num_gpu_blocks
+PROMPT_TOKENS_WAITING = "kvgate:num_prompt_tokens_waiting"
+
+TOTAL = "_total"
+
+# -- older vLLM spellings the scraper also reads ------------------------------------------
+GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
+GPU_PREFIX_CACHE_QUERIES = "vllm:gpu_prefix_cache_queries"
+GPU_PREFIX_CACHE_HITS = "vllm:gpu_prefix_cache_hits"
+
+# -- SGLang's dialect ---------------------------------------------------------------------
+SGLANG_RUNNING = "sglang:num_running_reqs"
+SGLANG_WAITING = "sglang:num_queue_reqs"
+SGLANG_TOKEN_USAGE = "sglang:token_usage"
+SGLANG_MAX_TOTAL_TOKENS = "sglang:max_total_num_tokens"
+SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"

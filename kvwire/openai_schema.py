@@ -1,0 +1,214 @@
+"""The OpenAI request fields both servers read, their rules, and the one error body.
+
+Errors a client sees are ``{"error": {"message", "type", "param", "code"}}`` with OpenAI's
+types (``invalid_request_error``, ``authentication_error``, ``server_error`` ...) and a
+string ``code`` or null. Every error raised while handling a request is an
+:class:`OpenAIError`; the request edge (``kvwire.request_edge``) turns it into that body.
+
+:func:`parse_fields` checks the fields the gateway routes on and the engine serves from
+(model, stream, token limits, cache salt, prompt or chat messages and tools). The gateway
+validates with it and forwards the client's bytes unchanged; the engine adds its own
+sampling fields on top (:func:`optional` reads them with the same rules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from kvwire.chat_messages import ChatFormatError, check_tools, normalize_messages
+
+MAX_CACHE_SALT_CHARS = 128  # vLLM's limit on ``cache_salt``
+MAX_TOKEN_ID = (1 << 32) - 1
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+class OpenAIError(Exception):
+    """An error the client sees as ``{"error": {"message", "type", "param", "code"}}``;
+    ``kind`` labels it in error counters."""
+
+    status = 500
+    type = "server_error"
+    kind = "internal"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+
+class BadRequest(OpenAIError):
+    status = 400
+    type = "invalid_request_error"
+    kind = "bad_request"
+
+
+class Unauthorized(OpenAIError):
+    status = 401
+    type = "authentication_error"
+    kind = "unauthorized"
+
+
+class NotFound(OpenAIError):
+    status = 404
+    type = "invalid_request_error"
+    kind = "not_found"
+
+
+class MethodNotAllowed(OpenAIError):
+    status = 405
+    type = "invalid_request_error"
+    kind = "bad_request"
+
+
+class PayloadTooLarge(OpenAIError):
+    status = 413
+    type = "invalid_request_error"
+    kind = "too_large"
+
+
+class ClientDisconnected(OpenAIError):
+    """The client left before the answer began (nginx's 499); nobody reads the body."""
+
+    status = 499
+    type = "invalid_request_error"
+    kind = "client_disconnect"
+
+
+class ServiceUnavailable(OpenAIError):
+    status = 503
+    type = "service_unavailable"
+    kind = "unavailable"
+
+
+# -- fields -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFields:
+    """The checked fields of a completions or chat body. A completions prompt is a batch:
+    ``prompt_text``/``prompt_ids`` hold its first prompt, ``num_prompts`` its size."""
+
+    body: Mapping[str, Any]
+    model: str | None
+    stream: bool
+    max_tokens: int | None
+    cache_salt: str | None
+    prompt_text: str | None = None
+    prompt_ids: list[int] | None = None
+    num_prompts: int = 1
+    messages: list[Any] | None = None
+    tools: list[Any] | None = None
+
+
+def decode_json(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:  # also raised for invalid UTF-8
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def optional(body: Mapping[str, Any], key: str, types: type | tuple[type, ...],
+             default: Any) -> Any:
+    """``body[key]`` if it has one of ``types`` (a bool is no int), ``default`` when absent
+    or null; else BadRequest naming the key."""
+    value = body.get(key)
+    if value is None:
+        return default
+    allowed = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        names = " or ".join(t.__name__ for t in allowed)
+        raise BadRequest(f"'{key}' must be {names}, got {value!r:.80}", param=key)
+    return value
+
+
+def positive_int(body: Mapping[str, Any], key: str) -> int | None:
+    value = optional(body, key, int, None)
+    if value is not None and value < 1:
+        raise BadRequest(f"'{key}' must be a positive integer, got {value!r}", param=key)
+    return value
+
+
+def check_cache_salt(value: Any) -> str | None:
+    """The salt rule: absent, or a non-empty string of at most 128 characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_CACHE_SALT_CHARS:
+        raise BadRequest(f"'cache_salt' must be a non-empty string of at most "
+                         f"{MAX_CACHE_SALT_CHARS} characters", param="cache_salt")
+    return value
+
+
+def parse_fields(body: Any, *, chat: bool) -> RequestFields:
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise BadRequest("'model' must be a non-empty string", param="model")
+    stream = bool(optional(body, "stream", bool, False))
+    max_tokens = positive_int(body, "max_tokens")
+    max_completion_tokens = positive_int(body, "max_completion_tokens")
+    salt = check_cache_salt(body.get("cache_salt"))
+    if not chat:
+        text, ids, count = _prompt(body.get("prompt"))
+        return RequestFields(body, model, stream, max_tokens, salt, text, ids, count)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array", param="messages")
+    try:
+        normalize_messages(messages)
+    except ChatFormatError as exc:
+        raise BadRequest(str(exc), param="messages") from exc
+    try:
+        tools = check_tools(body.get("tools"))
+    except ChatFormatError as exc:
+        raise BadRequest(str(exc), param="tools") from exc
+    limit = max_tokens if max_tokens is not None else max_completion_tokens
+    return RequestFields(body, model, stream, limit, salt, messages=messages, tools=tools)
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+        for t in value)
+
+
+def _prompt(prompt: Any) -> tuple[str | None, list[int] | None, int]:
+    """(first prompt's text, or its token ids, number of prompts) of a prompt field."""
+    if prompt is None:
+        raise BadRequest("'prompt' is required", param="prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest("'prompt' must not be empty", param="prompt")
+        return prompt, None, 1
+    if isinstance(prompt, list) and prompt:
+        if _is_ids(prompt):
+            return None, list(prompt), 1
+        if all(isinstance(p, str) for p in prompt):
+            if not all(prompt):
+                raise BadRequest("'prompt' must not be empty", param="prompt")
+            return prompt[0], None, len(prompt)
+        if all(_is_ids(p) and p for p in prompt):
+            return None, list(prompt[0]), len(prompt)
+    raise BadRequest(
+        "'prompt' must be a non-empty string, array of strings, array of token ids "
+        f"(integers 0..{MAX_TOKEN_ID}) or array of token id arrays", param="prompt")

@@ -1,0 +1,111 @@
+"""Where an HTTP request meets a server: the body read under a size limit, the handler
+cancelled when its client leaves, and every exception mapped to one OpenAI error body.
+
+Both servers (the gateway and the engine) build their Starlette apps with
+:meth:`ErrorBoundary.handlers` and read bodies with :func:`read_body`, so a client sees the
+same limits and the same ``{"error": {...}}`` shape from either. ``ErrorBoundary`` counts
+every error it answers through the ``count`` callback, by the error's ``kind``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from kvwire.openai_schema import (
+    ClientDisconnected,
+    MethodNotAllowed,
+    NotFound,
+    OpenAIError,
+    PayloadTooLarge,
+)
+
+log = logging.getLogger("kvgate.http")
+T = TypeVar("T")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body; PayloadTooLarge as soon as it is known to exceed ``limit`` bytes
+    (from the declared length, or counted as it arrives when none is declared)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
+                              f"{limit} bytes", code="body_too_large")
+    if declared is not None and declared.isdigit():
+        return await request.body()  # within the limit: uvicorn enforces the length
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
+                                  code="body_too_large")
+    return b"".join(chunks)
+
+
+async def _cancel_on_disconnect(request: Request, task: asyncio.Task[object]) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    task.cancel()
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` in the calling task; ClientDisconnected if the client leaves first
+    (uvicorn does not cancel a handler whose client left, so this task cancels itself and
+    ``work`` sees the CancelledError where it waits)."""
+    this = asyncio.current_task()
+    assert this is not None
+    watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request, this))
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not watcher.done():
+            raise  # cancelled from outside
+        this.uncancel()
+        raise ClientDisconnected("client disconnected") from None
+    finally:
+        watcher.cancel()
+
+
+class ErrorBoundary:
+    """Maps any exception raised by a handler to an OpenAI error response, and counts it.
+    An exception that is no :class:`OpenAIError` is a bug: logged with its traceback and
+    answered as ``internal_error``."""
+
+    def __init__(self, count: Callable[[str], None] | None = None) -> None:
+        self.count = count
+
+    def error(self, request: Request, exc: BaseException) -> OpenAIError:
+        if isinstance(exc, OpenAIError):
+            return exc
+        if isinstance(exc, HTTPException) and exc.status_code == 404:
+            return NotFound(f"no route {request.method} {request.url.path}", code="not_found")
+        if isinstance(exc, HTTPException) and exc.status_code == 405:
+            return MethodNotAllowed(f"method {request.method} not allowed on "
+                                    f"{request.url.path}", code="method_not_allowed")
+        if isinstance(exc, HTTPException):
+            err = OpenAIError(exc.detail)
+            err.status, err.type, err.kind = exc.status_code, "invalid_request_error", "http"
+            return err
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return OpenAIError(f"internal error: {exc.__class__.__name__}", code="internal_error")
+
+    def response(self, request: Request, exc: BaseException) -> Response:
+        err = self.error(request, exc)
+        if self.count is not None:
+            self.count(err.kind)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    async def handle(self, request: Request, exc: Exception) -> Response:
+        return self.response(request, exc)
+
+    def handlers(self) -> dict[int | type[Exception], Callable[..., Awaitable[Response]]]:
+        """Starlette ``exception_handlers`` sending every error through :meth:`handle`."""
+        return {OpenAIError: self.handle, HTTPException: self.handle, Exception: self.handle}
