@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -19,16 +20,17 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import admin
+from gateway.admission import Slot
 from gateway.config import GatewayConfig
 from gateway.errors import NoReplicaAvailable
-from gateway.intake import take_in
+from gateway.intake import Intake, take_in
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
 from gateway.proxy import Proxy, UpstreamStream, forward_headers
 from gateway.request_parse import Endpoint
-from gateway.routing import work_tokens
+from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
-from kvwire.openai_schema import ClientDisconnected, OpenAIError
+from kvwire.openai_schema import OpenAIError, TooManyRequests
 from kvwire.request_edge import ErrorBoundary, unless_disconnected
 from policies.base import Finished, Routed
 
@@ -36,19 +38,54 @@ log = logging.getLogger("kvgate.gateway")
 
 
 async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
+    """Admit, route and relay one request; every way out counts one ``requests`` sample."""
     gw: GatewayState = request.app.state.gw
+    route = "none"
+    try:
+        # before the body is read: a request waiting for a place holds no more of it than
+        # the server's read buffer (one that left meanwhile fails at reading it)
+        slot = await gw.admission.enter()
+    except OpenAIError as exc:
+        gw.metrics.requests.labels(replica="none", route=route, status=str(exc.status)).inc()
+        raise
+    try:
+        intake = await take_in(request, gw, endpoint)
+        routing = await gw.router.decide(intake.parsed, intake.tenant)
+        gw.metrics.decision_seconds.observe(routing.seconds)
+        route = routing.decision.reason
+        stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
+                                                          forward_headers(request.headers)))
+    except OpenAIError as exc:
+        slot.release()
+        gw.metrics.requests.labels(replica="none", route=route, status=str(exc.status)).inc()
+        raise
+    except BaseException:
+        slot.release()
+        raise
+    headers = dict(stream.headers)
+    headers["x-kvgate-replica"] = stream.replica
+    headers["x-kvgate-route"] = route
+    if stream.complete:  # nothing left to relay: skip the streaming machinery
+        return Response(stream.whole_body(), status_code=stream.status, headers=headers)
+    return _RelayResponse(stream, headers)
+
+
+async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
+                slot: Slot, headers: dict[str, str]) -> UpstreamStream:
+    """The first ranked replica's answer (under the per-replica queue bound), with the
+    policy told where the request went and how it ended."""
     assert gw.proxy is not None
-    intake = await take_in(request, gw, endpoint)
-    routing = await gw.router.decide(intake.parsed, intake.tenant)
-    gw.metrics.decision_seconds.observe(routing.seconds)
     route_req, decision = routing.request, routing.decision
+    ranked = _under_queue_bound(gw, decision.ranked)
 
     def on_sent(replica: str) -> None:
         gw.policy.observe(Routed(route_req, replica))
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:
+        slot.release()
+        status = "502" if stream.cut is not None else str(stream.status)
         gw.metrics.requests.labels(replica=stream.replica, route=decision.reason,
-                                   status=str(stream.status)).inc()
+                                   status=status).inc()
         usage = stream.usage()
         cached = None
         if usage is not None:
@@ -61,30 +98,51 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         gw.policy.observe(Finished(route_req, stream.replica, ok, cached, ttft,
                                    stream.duration_s))
 
-    try:
-        stream = await unless_disconnected(request, gw.proxy.open(
-            decision.ranked, path, intake.raw, forward_headers(request.headers),
-            lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done))
-    except OpenAIError as exc:
-        if not isinstance(exc, ClientDisconnected):
-            gw.metrics.requests.labels(replica="none", route=decision.reason,
-                                       status=str(exc.status)).inc()
-        raise
-    headers = dict(stream.headers)
-    headers["x-kvgate-replica"] = stream.replica
-    headers["x-kvgate-route"] = decision.reason
-    if stream.complete:  # nothing left to relay: skip the streaming machinery
-        return Response(stream.whole_body(), status_code=stream.status, headers=headers)
-    return _RelayResponse(stream, headers)
+    return await gw.proxy.open(
+        ranked, path, intake.raw, headers,
+        lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done,
+        intake.parsed.stream)
+
+
+def _under_queue_bound(gw: GatewayState, ranked: tuple[str, ...]) -> tuple[str, ...]:
+    """``ranked`` less the replicas whose queue reached ``max_queued_tokens_per_replica``;
+    TooManyRequests when that leaves none."""
+    bound = gw.config.limits.max_queued_tokens_per_replica
+    if bound is None:
+        return ranked
+    ratio = gw.fleet.calibration.ratio()
+    queues = {rid: state.queued_tokens(ratio) for rid in ranked
+              if (state := gw.fleet.get(rid)) is not None}
+    kept = tuple(rid for rid in ranked if queues.get(rid, 0) < bound)
+    if kept:
+        return kept
+    # until the shortest queue drains below the bound, at its replica's prefill rate
+    rid, shortest = min(queues.items(), key=lambda item: item[1], default=("", bound))
+    state = gw.fleet.get(rid)
+    rate = state.hits.prefill_per_s() if state is not None else None
+    after = max(1, math.ceil((shortest - bound + 1) * ratio / rate)) if rate else 1
+    raise TooManyRequests(
+        f"every replica has {bound} or more prompt tokens queued; retry after {after} s",
+        code="replicas_overloaded", headers={"Retry-After": str(after)})
 
 
 class _RelayResponse(StreamingResponse):
     """Relays an upstream stream; settles it even if the relay never started (a client
-    that leaves before the first chunk is sent cancels the response, not the relay)."""
+    that leaves before the first chunk is sent cancels the response, not the relay). A
+    non-streamed body the replica cut is left unfinished: the server then drops the
+    connection, so the client cannot take it for a whole answer."""
 
     def __init__(self, stream: UpstreamStream, headers: dict[str, str]) -> None:
         super().__init__(stream.relay(), status_code=stream.status, headers=headers)
         self.stream = stream
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if self.stream.cut is None or self.stream.stream:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -131,7 +189,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(
+            limit=0, limit_per_host=config.limits.connections_per_replica, ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s)
         # whatever started is stopped, in reverse order, even if a later start fails
         async with contextlib.AsyncExitStack() as stack:
@@ -139,7 +198,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             session = await stack.enter_async_context(aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=False))
             gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
-                             config.max_attempts)
+                             config.max_attempts, config.health)
             gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
             stack.push_async_callback(gw.monitor.stop)
             await gw.monitor.start()

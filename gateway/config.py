@@ -14,8 +14,14 @@ Example (every key but ``replicas`` has a default)::
       - {id: r0, url: "http://127.0.0.1:8101"}
       - {id: r1, url: "http://127.0.0.1:8102", weight: 2}
       - {id: r2, url: "http://127.0.0.1:8103", kv_events: "tcp://127.0.0.1:5557"}
-    timeouts: {connect_s: 2, first_byte_s: 300, idle_s: 60}
-    health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1}
+    limits: {max_in_flight: 1024, max_pending: 0, max_pending_s: 30,
+             max_queued_tokens_per_replica: null, connections_per_replica: 256,
+             max_connections: 4096, keep_alive_s: 5, max_header_bytes: 65536,
+             header_timeout_s: 10, body_timeout_s: 60}
+    timeouts: {connect_s: 2, first_byte_s: 300, stream_first_byte_s: null, idle_s: 60,
+               buffer_bytes: 1048576}
+    health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
+             request_failures_to_eject: 3, ejection_s: 10}
     scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60}
 """
 
@@ -63,12 +69,20 @@ class ReplicaConfig:
 
 @dataclass(frozen=True, slots=True)
 class TimeoutConfig:
+    """``first_byte_s`` bounds the wait for any answer's first byte, over every replica
+    tried; a streamed one's wait per replica is learned from recent first tokens unless
+    ``stream_first_byte_s`` fixes it (see ``gateway.first_byte``)."""
+
     connect_s: float = 2.0
     first_byte_s: float = 300.0
+    stream_first_byte_s: float | None = None
     idle_s: float = 60.0
+    buffer_bytes: int = 1 << 20  # a non-streamed answer up to this size is read whole first
 
     def validate(self) -> None:
-        _positive(self, "connect_s", "first_byte_s", "idle_s")
+        _positive(self, "connect_s", "first_byte_s", "idle_s", "buffer_bytes")
+        if self.stream_first_byte_s is not None:
+            _positive(self, "stream_first_byte_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +92,16 @@ class HealthConfig:
     failures_to_eject: int = 2
     successes_to_readmit: int = 1
     models_refresh_s: float = 30.0
+    # requests failing in a row (5xx, first-byte timeout, cut) that eject a replica, and
+    # how long it stays out before a health check may readmit it (doubling each time it is
+    # ejected again soon after, up to 32x)
+    request_failures_to_eject: int = 3
+    ejection_s: float = 10.0
 
     def validate(self) -> None:
         _positive(self, "interval_s", "timeout_s", "failures_to_eject",
-                  "successes_to_readmit", "models_refresh_s")
+                  "successes_to_readmit", "models_refresh_s", "request_failures_to_eject",
+                  "ejection_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +113,41 @@ class ScrapeConfig:
 
     def validate(self) -> None:
         _positive(self, "interval_s", "timeout_s", "hit_rate_window_s")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """What the gateway takes on before it answers 429 (with ``Retry-After``).
+
+    ``max_in_flight``: requests being answered at once; past it a request waits for one
+    to end only while ``max_pending`` others wait (at most ``max_pending_s``), else gets
+    its 429 at once. ``max_queued_tokens_per_replica``: a replica whose queued prompt
+    tokens (as routing sees them) reach it takes no new request; when every ranked one is
+    there, 429. The server side: ``max_connections`` open connections (past it uvicorn
+    answers 503), ``keep_alive_s`` for idle ones, ``max_header_bytes`` per request head
+    (431) received within ``header_timeout_s`` (408), a body within ``body_timeout_s``
+    (408). Toward each replica at most ``connections_per_replica`` connections.
+    """
+
+    max_in_flight: int = 1024
+    max_pending: int = 0
+    max_pending_s: float = 30.0
+    max_queued_tokens_per_replica: int | None = None
+    connections_per_replica: int = 256
+    max_connections: int = 4096
+    keep_alive_s: float = 5.0
+    max_header_bytes: int = 65536
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+
+    def validate(self) -> None:
+        _positive(self, "max_in_flight", "max_pending_s", "connections_per_replica",
+                  "max_connections", "keep_alive_s", "max_header_bytes", "header_timeout_s",
+                  "body_timeout_s")
+        if self.max_pending < 0:
+            raise ValueError(f"max_pending must be >= 0, got {self.max_pending!r}")
+        if self.max_queued_tokens_per_replica is not None:
+            _positive(self, "max_queued_tokens_per_replica")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +172,7 @@ class GatewayConfig:
     tokenizer_memo: int = 2048  # prefix encodings remembered (~10 KB each); 0 = off
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     tenancy: TenancyConfig = field(default_factory=TenancyConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)

@@ -24,3 +24,11 @@ class UpstreamError(OpenAIError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     kind = "upstream_timeout"
+
+
+class BodyTimeout(OpenAIError):
+    """The request body did not arrive within ``limits.body_timeout_s``."""
+
+    status = 408
+    type = "invalid_request_error"
+    kind = "body_timeout"

@@ -50,6 +50,9 @@ class ReplicaState:
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     last_error: str | None = None
+    request_failures: int = 0  # requests failed in a row (5xx, timeouts, cuts)
+    ejected_until: float = 0.0  # monotonic: no health check readmits before this
+    ejections: int = 0  # outlier ejections in a row, each soon after the last
     scraped: ScrapedMetrics | None = None
     scrape_seq: int = 0
     epoch: int = 0
@@ -233,7 +236,8 @@ class Fleet:
         if ok:
             state.consecutive_failures = 0
             state.consecutive_successes += 1
-            if not state.healthy and state.consecutive_successes >= successes_to_readmit:
+            if not state.healthy and state.consecutive_successes >= successes_to_readmit \
+                    and time.monotonic() >= state.ejected_until:
                 state.healthy = True
                 state.last_error = None
                 self._tell(HealthChanged(replica_id, True))
@@ -247,6 +251,34 @@ class Fleet:
                 self._tell(HealthChanged(replica_id, False))
                 return False
         return None
+
+    def request_ok(self, replica_id: str) -> None:
+        state = self._replicas.get(replica_id)
+        if state is not None:
+            state.request_failures = 0
+
+    def request_failed(self, replica_id: str, error: str, failures_to_eject: int,
+                       ejection_s: float, now: float | None = None) -> bool:
+        """A request failed there (5xx, first-byte timeout, cut); after
+        ``failures_to_eject`` in a row the replica is ejected for ``ejection_s``, twice as
+        long each time it is ejected again within that long of coming back (up to 32x).
+        Health checks readmit it only after that; True when it was ejected now."""
+        state = self._replicas.get(replica_id)
+        if state is None:
+            return False
+        state.request_failures += 1
+        if state.request_failures < failures_to_eject or not state.healthy:
+            return False
+        now = time.monotonic() if now is None else now
+        soon = now - state.ejected_until < ejection_s * 2 ** state.ejections
+        state.ejections = min(state.ejections + 1, 5) if soon else 0
+        state.ejected_until = now + ejection_s * 2 ** state.ejections
+        state.request_failures = 0
+        state.healthy = False
+        state.consecutive_successes = 0
+        state.last_error = error
+        self._tell(HealthChanged(replica_id, False))
+        return True
 
     def eject(self, replica_id: str, error: str) -> bool:
         """Passive ejection after a connect error; True when it was healthy before."""

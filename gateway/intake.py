@@ -4,11 +4,13 @@ the body read under the size limit, checked, its model looked up, and, under
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import NamedTuple
 
 from starlette.requests import Request
 
+from gateway.errors import BodyTimeout
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
 from gateway.tenancy import isolate
@@ -24,7 +26,13 @@ class Intake(NamedTuple):
 
 async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None) -> Intake:
     """``endpoint`` None: chat when the body has ``messages``, else completions."""
-    raw = await read_body(request, gw.config.max_body_bytes)
+    limit_s = gw.config.limits.body_timeout_s
+    try:
+        async with asyncio.timeout(limit_s):
+            raw = await read_body(request, gw.config.max_body_bytes)
+    except TimeoutError:
+        raise BodyTimeout(f"request body not received within {limit_s} s",
+                          code="body_timeout") from None
     aff = gw.config.affinity
     header_value = request.headers.get(aff.header) if aff.header else None
     if endpoint is None:

@@ -76,6 +76,9 @@ class GatewayMetrics:
             "kvgate_cached_prompt_tokens", "Prompt tokens replicas served from prefix cache "
             "(usage.prompt_tokens_details.cached_tokens), by route reason", ["route"],
             registry=r)
+        self.cuts = Counter("kvgate_upstream_cuts", "Answers a replica broke off after the "
+                            "client got part of them (the client sees the answer end in an "
+                            "error)", ["replica", "cause"], registry=r)
         self.retries = Counter("kvgate_retries", "Requests retried on the next replica",
                                ["replica", "cause"], registry=r)
         r.register(_FleetCollector(fleet))

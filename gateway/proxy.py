@@ -1,11 +1,18 @@
-"""Forward a request to the ranked replicas and relay the answer byte for byte.
+"""Forward a request to the ranked replicas and relay the answer, never passing a cut-off
+answer for a whole one.
 
-``Proxy.open`` tries the decision's replicas in order until one answers with a first
-response byte: a connect error ejects the replica and moves on; a 5xx before the first
-byte moves on; a 4xx is the client's problem and is relayed as it is. ``UpstreamStream``
-then yields the body as it arrives (no buffering), enforcing the idle timeout between
-chunks, and settles the accounting exactly once however the stream ends (finished,
-failed, or cancelled by a client disconnect, which closes the upstream connection).
+``Proxy.open`` tries the decision's replicas in order until one answers: a connect error
+ejects the replica and moves on; a 5xx, a first-byte timeout or a body cut before anything
+reached the client moves on too, counted against the replica (``Fleet.request_failed``
+ejects it after several in a row); a 4xx is the client's problem and is relayed as it is.
+
+A non-streamed answer is read whole (up to ``buffer_bytes``) before the client sees a byte,
+so a replica dying mid-body is retried like any other failure; a longer one is relayed with
+the replica's ``content-length``. ``UpstreamStream`` then yields the rest as it arrives,
+enforcing the idle timeout between chunks, and settles the accounting exactly once however
+the stream ends. When the replica breaks off after the client got bytes, the end says so:
+a stream ends with an OpenAI error event and no ``[DONE]``; a body ends short of its
+``content-length`` with the connection dropped (``cut`` names the cause).
 """
 
 from __future__ import annotations
@@ -19,20 +26,21 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from gateway.config import TimeoutConfig
+from gateway.config import HealthConfig, TimeoutConfig
 from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.first_byte import FirstByteDeadline
 from gateway.fleet import Fleet, Pending
 from gateway.metrics import GatewayMetrics
-from kvwire.openai_schema import OpenAIError
 
 log = logging.getLogger("kvgate.proxy")
 
 _HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-    "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+    "trailers", "transfer-encoding", "upgrade", "host", "content-length", "proxy-connection",
 })
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
+_ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
 
 
 _SERVER_OWN = _HOP_BY_HOP | {"date", "server"}  # the gateway's server writes its own
@@ -40,7 +48,18 @@ _SERVER_OWN = _HOP_BY_HOP | {"date", "server"}  # the gateway's server writes it
 
 def forward_headers(headers: Mapping[str, str], skip: frozenset[str] = _HOP_BY_HOP
                     ) -> dict[str, str]:
+    """``headers`` less the hop-by-hop ones: ``skip`` and any named in ``Connection``."""
+    named = headers.get("connection")
+    if named:
+        skip = skip | {h.strip().lower() for h in named.split(",")}
     return {k: v for k, v in headers.items() if k.lower() not in skip}
+
+
+def sse_error_event(message: str, code: str) -> bytes:
+    """An OpenAI-shaped error as a server-sent event (what a cut stream ends with)."""
+    body = {"error": {"message": message, "type": "upstream_error", "param": None,
+                      "code": code}}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
 @dataclass(slots=True)
@@ -49,26 +68,41 @@ class Attempted:
     cause: str
 
 
+class _Retryable(Exception):
+    """A replica failed before the client saw anything: try the next one."""
+
+    def __init__(self, cause: str, message: str, code: str = "upstream_error") -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.code = code
+
+
 class UpstreamStream:
-    """An open upstream response whose first chunk has arrived."""
+    """An open upstream response whose first bytes have arrived (a non-streamed answer's
+    first ``buffer_bytes``, or all of it)."""
 
     def __init__(self, replica: str, response: aiohttp.ClientResponse, first_chunk: bytes,
                  pending: Pending, idle_s: float, fleet: Fleet,
-                 on_done: Callable[[UpstreamStream, bool], None], first_byte_s: float = 0.0
-                 ) -> None:
+                 on_done: Callable[[UpstreamStream, bool], None], first_byte_s: float = 0.0,
+                 on_cut: Callable[[UpstreamStream], None] | None = None) -> None:
         self.replica = replica
         self.first_byte_s = first_byte_s  # from sending to the first body byte
         self._opened = time.perf_counter() - first_byte_s
         self.duration_s: float | None = None  # from sending to the last byte, once closed
         self.response = response
         self.status = response.status
+        self.stream = "text/event-stream" in response.headers.get("content-type", "")
         self.headers = forward_headers(response.headers, _SERVER_OWN)
+        length = response.headers.get("content-length")
+        if length is not None and not self.stream:
+            self.headers["content-length"] = length  # a short body then shows as cut
         self.first_chunk = first_chunk
         self.pending = pending
         self.idle_s = idle_s
         self.fleet = fleet
         self.on_done = on_done
-        self.stream = "text/event-stream" in response.headers.get("content-type", "")
+        self.on_cut = on_cut
+        self.cut: str | None = None  # why the replica broke off, once it has
         # what usage() reads: a stream's last bytes, or a body's chunks (up to a limit)
         self._tail = first_chunk[-_SSE_TAIL:] if self.stream else b""
         self._body = [] if self.stream else [first_chunk]
@@ -77,7 +111,7 @@ class UpstreamStream:
 
     @property
     def complete(self) -> bool:
-        """True when the first chunk was the whole body (a small non-streamed answer)."""
+        """True when the first chunk was the whole body (a non-streamed answer)."""
         return self.response.content.is_eof() and not self.stream
 
     def whole_body(self) -> bytes:
@@ -105,12 +139,21 @@ class UpstreamStream:
                 yield chunk
             ok = True
         except TimeoutError:
-            log.warning("replica %s idle for over %s s: closing the stream", self.replica,
-                        self.idle_s)
+            self._broke_off("idle_timeout", f"sent nothing for over {self.idle_s} s")
         except aiohttp.ClientError as exc:
-            log.warning("replica %s broke the stream: %s", self.replica, exc)
+            self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
         finally:
             self.close(ok)
+        if self.cut is not None and self.stream:
+            yield sse_error_event(f"replica {self.replica!r} stopped mid-answer: the answer "
+                                  "is incomplete", f"upstream_{self.cut}")
+
+    def _broke_off(self, cause: str, what: str) -> None:
+        self.cut = cause
+        log.warning("replica %s %s mid-answer: the client's answer ends with an error",
+                    self.replica, what)
+        if self.on_cut is not None:
+            self.on_cut(self)
 
     def close(self, ok: bool) -> None:
         if self._closed:
@@ -147,77 +190,131 @@ class UpstreamStream:
 
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, fleet: Fleet, timeouts: TimeoutConfig,
-                 metrics: GatewayMetrics, max_attempts: int) -> None:
+                 metrics: GatewayMetrics, max_attempts: int,
+                 health: HealthConfig | None = None) -> None:
         self.session = session
         self.fleet = fleet
         self.timeouts = timeouts
         self.metrics = metrics
         self.max_attempts = max_attempts
+        self.health = health or HealthConfig()
+        self.first_byte = FirstByteDeadline(timeouts)
 
     async def open(self, ranked: Sequence[str], path: str, body: bytes,
                    headers: Mapping[str, str], work_tokens: Callable[[str], int],
                    on_sent: Callable[[str], None],
-                   on_done: Callable[[UpstreamStream, bool], None]) -> UpstreamStream:
-        """Send to ``ranked`` in order until one answers; raise if none does.
-        ``work_tokens(replica)``: the prompt tokens that replica must prefill, counted as
-        its pending work until the first byte."""
+                   on_done: Callable[[UpstreamStream, bool], None],
+                   stream: bool = False) -> UpstreamStream:
+        """The first replica of ``ranked`` (at most ``max_attempts`` tried) to answer; all
+        of them within ``first_byte_s``."""
         attempts: list[Attempted] = []
-        last_error: OpenAIError | None = None
+        last: _Retryable | None = None
+        deadline = time.monotonic() + self.timeouts.first_byte_s
         for replica in ranked[: self.max_attempts]:
             state = self.fleet.get(replica)
-            if state is None or (not state.healthy and attempts):
+            left = deadline - time.monotonic()
+            if state is None or (not state.healthy and attempts) or left <= 0:
                 continue
             on_sent(replica)
             pending = self.fleet.sent(replica, work_tokens(replica))
-            started = time.perf_counter()
-            response: aiohttp.ClientResponse | None = None
+            wait = min(left, self.first_byte.seconds(stream))
             try:
-                async with asyncio.timeout(self.timeouts.first_byte_s):
-                    response = await self.session.post(
-                        f"{state.config.base_url}{path}", data=body, headers=headers)
-                    if response.status >= 500:
-                        detail = (await response.read())[:200].decode(errors="replace")
-                        response.release()
-                        raise _Retryable(f"answered {response.status}: {detail}")
-                    first = await response.content.readany()
-            except aiohttp.ClientError as exc:  # refused, reset, or a malformed answer
-                self._failed(pending, response)
-                cause = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
-                if cause == "connect" and self.fleet.eject(replica, str(exc)):
-                    log.warning("replica %s ejected: %s", replica, exc)
-                attempts.append(Attempted(replica, cause))
-                last_error = UpstreamError(f"replica {replica!r} failed: {exc}",
-                                           code="upstream_unreachable")
-                continue
+                opened = await self._attempt(replica, state.config.base_url + path, body,
+                                             headers, pending, wait, on_done)
             except _Retryable as exc:
-                self._failed(pending, response)
-                attempts.append(Attempted(replica, "5xx"))
-                last_error = UpstreamError(f"replica {replica!r} {exc}", code="upstream_error")
+                self.fleet.done(pending)
+                attempts.append(Attempted(replica, exc.cause))
+                last = exc
+                self._count_failure(replica, exc)
                 continue
-            except TimeoutError:
-                self._failed(pending, response)
-                raise UpstreamTimeout(
-                    f"replica {replica!r} sent no byte within {self.timeouts.first_byte_s} s",
-                    code="upstream_timeout") from None
-            except BaseException:  # cancelled by a client disconnect: close the upstream
-                self._failed(pending, response)
+            except BaseException:  # cancelled by a client disconnect
+                self.fleet.done(pending)
                 raise
-            self.fleet.first_byte(pending)
-            first_byte_s = time.perf_counter() - started
-            self.metrics.upstream_ttfb.labels(replica=replica).observe(first_byte_s)
+            self.fleet.request_ok(replica)
             for attempt in attempts:
                 self.metrics.retries.labels(replica=attempt.replica, cause=attempt.cause).inc()
-            return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
-                                  self.fleet, on_done, first_byte_s)
-        if last_error is None:
-            last_error = UpstreamError("no replica could be tried", code="upstream_error")
-        raise last_error
+            return opened
+        if last is None:
+            raise UpstreamError("no replica could be tried", code="upstream_error")
+        error = UpstreamTimeout if last.cause == "timeout" else UpstreamError
+        tried = ", ".join(f"{a.replica!r} ({a.cause})" for a in attempts)
+        raise error(f"{last} (replicas tried: {tried})", code=last.code)
 
-    def _failed(self, pending: Pending, response: aiohttp.ClientResponse | None) -> None:
-        if response is not None:
-            response.close()
-        self.fleet.done(pending)
+    async def _attempt(self, replica: str, url: str, body: bytes, headers: Mapping[str, str],
+                       pending: Pending, wait: float,
+                       on_done: Callable[[UpstreamStream, bool], None]) -> UpstreamStream:
+        """One replica: its answer's first bytes, or _Retryable."""
+        started = time.perf_counter()
+        response: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout(wait):
+                response = await self.session.post(url, data=body, headers=headers)
+                if response.status >= 500:
+                    detail = await response.content.read(_ERROR_BODY_LIMIT)
+                    log.warning("replica %s answered %s: %s", replica, response.status,
+                                detail.decode(errors="replace"))
+                    raise _Retryable("5xx", f"replica {replica!r} answered {response.status}")
+                first = await response.content.readany()
+                first_byte_s = time.perf_counter() - started
+                streamed = "text/event-stream" in response.headers.get("content-type", "")
+            if not streamed and response.status < 400:
+                first = await self._buffer(replica, response, first)
+        except aiohttp.ClientError as exc:  # refused, reset, cut, or a malformed answer
+            _close(response)
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                if self.fleet.eject(replica, str(exc)):
+                    log.warning("replica %s ejected: %s", replica, exc)
+                raise _Retryable("connect", f"replica {replica!r} is unreachable: {exc}",
+                                 "upstream_unreachable") from None
+            raise _Retryable("broken", f"replica {replica!r} broke the connection: "
+                             f"{exc.__class__.__name__}") from None
+        except TimeoutError:
+            _close(response)
+            raise _Retryable("timeout", f"replica {replica!r} sent no byte within "
+                             f"{wait:.3g} s", "upstream_timeout") from None
+        except BaseException:  # _Retryable, or cancelled by a client disconnect
+            _close(response)
+            raise
+        self.fleet.first_byte(pending)
+        self.metrics.upstream_ttfb.labels(replica=replica).observe(first_byte_s)
+        if streamed and response.status < 400:
+            self.first_byte.observe(first_byte_s)
+        return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
+                              self.fleet, on_done, first_byte_s, self._cut)
+
+    async def _buffer(self, replica: str, response: aiohttp.ClientResponse,
+                      first: bytes) -> bytes:
+        """A non-streamed answer read up to ``buffer_bytes`` (the rest is relayed)."""
+        chunks, size = [first], len(first)
+        content = response.content
+        try:
+            while size < self.timeouts.buffer_bytes and not content.is_eof():
+                async with asyncio.timeout(self.timeouts.idle_s):
+                    chunk = await content.readany()
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except TimeoutError:
+            raise _Retryable("idle_timeout", f"replica {replica!r} stalled mid-answer for "
+                             f"over {self.timeouts.idle_s} s") from None
+        return b"".join(chunks)
+
+    def _count_failure(self, replica: str, exc: _Retryable) -> None:
+        if exc.cause == "connect":
+            return  # ejected already
+        if self.fleet.request_failed(replica, str(exc), self.health.request_failures_to_eject,
+                                     self.health.ejection_s):
+            log.warning("replica %s ejected after %d failed requests in a row (last: %s)",
+                        replica, self.health.request_failures_to_eject, exc)
+
+    def _cut(self, stream: UpstreamStream) -> None:
+        assert stream.cut is not None
+        self.metrics.cuts.labels(replica=stream.replica, cause=stream.cut).inc()
+        self.fleet.request_failed(stream.replica, f"answer cut ({stream.cut})",
+                                  self.health.request_failures_to_eject, self.health.ejection_s)
 
 
-class _Retryable(Exception):
-    pass
+def _close(response: aiohttp.ClientResponse | None) -> None:
+    if response is not None:
+        response.close()

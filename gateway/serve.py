@@ -16,10 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from gateway.app import create_app
     from gateway.config import load_config
+    from gateway.http_server import run_server
 
     try:
         config = load_config(args.config)
@@ -29,6 +28,5 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"kvgate serve: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=config.host, port=config.port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False)
+    run_server(app, config)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.admission import Admission
 from gateway.config import GatewayConfig
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, FleetListener
@@ -24,6 +25,7 @@ class GatewayState:
     policy: Policy
     metrics: GatewayMetrics
     router: Router
+    admission: Admission
     proxy: Proxy | None = None
     monitor: Monitor | None = None
 
@@ -45,4 +47,5 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     fleet.listen(policy_listener(policy))
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
-    return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router)
+    return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router,
+                        Admission(config.limits))

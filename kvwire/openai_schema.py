@@ -87,6 +87,12 @@ class ClientDisconnected(OpenAIError):
     kind = "client_disconnect"
 
 
+class TooManyRequests(OpenAIError):
+    status = 429
+    type = "rate_limit_error"
+    kind = "rate_limited"
+
+
 class ServiceUnavailable(OpenAIError):
     status = 503
     type = "service_unavailable"

@@ -1,0 +1,90 @@
+"""Admission control: at most ``max_in_flight`` requests answered at once, an optional
+bounded wait for a place, and 429 with ``Retry-After`` for the rest (``LimitsConfig``).
+
+A request holds a ``Slot`` from admission until its answer ends (relayed, failed or
+abandoned); ``Slot.release`` is idempotent, so every way out may call it. Waiters get
+places first come, first served; one that gives up (timeout, client gone) is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+
+from gateway.config import LimitsConfig
+from kvwire.openai_schema import TooManyRequests
+
+
+class Slot:
+    __slots__ = ("_admission", "_held", "_since")
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self._held = True
+        self._since = time.monotonic()
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._admission._leave(time.monotonic() - self._since)
+
+
+class Admission:
+    def __init__(self, limits: LimitsConfig) -> None:
+        self.limits = limits
+        self.in_flight = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()  # and some given up
+        self.waiting = 0
+        self._mean_s = 1.0  # recent mean time a slot is held
+
+    def retry_after_s(self) -> int:
+        """Seconds until a place is likely free for one more request, at least 1."""
+        ahead = self.waiting + 1
+        return max(1, math.ceil(self._mean_s * ahead / self.limits.max_in_flight))
+
+    async def enter(self) -> Slot:
+        """A place, now or after a bounded wait; TooManyRequests otherwise."""
+        limits = self.limits
+        if self.in_flight < limits.max_in_flight and not self.waiting:
+            self.in_flight += 1
+            return Slot(self)
+        if self.waiting >= limits.max_pending:
+            raise self._refusal()
+        if len(self._waiters) > 2 * limits.max_pending + 16:  # drop those who gave up
+            self._waiters = deque(w for w in self._waiters if not w.done())
+        place: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(place)
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(limits.max_pending_s):
+                await place  # _leave hands its place over: in_flight is unchanged
+        except BaseException as exc:
+            if place.done() and not place.cancelled():
+                self._leave(None)  # handed a place just as it gave up: pass it on
+            else:
+                place.cancel()
+            if isinstance(exc, TimeoutError):
+                raise self._refusal() from None
+            raise
+        finally:
+            self.waiting -= 1
+        return Slot(self)
+
+    def _refusal(self) -> TooManyRequests:
+        after = self.retry_after_s()
+        return TooManyRequests(
+            f"the gateway is at its limit of {self.limits.max_in_flight} requests in flight "
+            f"with {self.waiting} waiting; retry after {after} s",
+            code="gateway_overloaded", headers={"Retry-After": str(after)})
+
+    def _leave(self, held_s: float | None) -> None:
+        if held_s is not None:
+            self._mean_s += (held_s - self._mean_s) * 0.05
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.in_flight -= 1

@@ -1,0 +1,47 @@
+"""How long to wait for a replica's first byte before trying the next one.
+
+A streamed answer's first byte comes with its first token, so a replica that takes far
+longer than the fleet's recent first tokens is hung, not busy: the wait is ``factor`` x the
+recent 99th percentile of streamed first bytes, never under ``floor_s`` nor over the
+configured ``first_byte_s``. A non-streamed answer's first byte comes after its last token,
+which no recent figure bounds, so it gets ``first_byte_s`` itself. A fixed
+``stream_first_byte_s`` replaces the learned wait.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from gateway.config import TimeoutConfig
+
+
+class FirstByteDeadline:
+    __slots__ = ("_fresh", "_learned", "_samples", "config", "factor", "floor_s")
+
+    def __init__(self, config: TimeoutConfig, factor: float = 10.0, floor_s: float = 10.0,
+                 window: int = 512) -> None:
+        self.config = config
+        self.factor = factor
+        self.floor_s = floor_s
+        self._samples: deque[float] = deque(maxlen=window)
+        self._fresh = 0
+        self._learned: float | None = None
+
+    def observe(self, seconds: float) -> None:
+        """A streamed answer's first byte came after ``seconds``."""
+        self._samples.append(seconds)
+        self._fresh += 1
+        if self._fresh >= 32:
+            self._fresh = 0
+            ordered = sorted(self._samples)
+            self._learned = ordered[int(0.99 * (len(ordered) - 1))]
+
+    def seconds(self, stream: bool) -> float:
+        cap = self.config.first_byte_s
+        if not stream:
+            return cap
+        if self.config.stream_first_byte_s is not None:
+            return min(cap, self.config.stream_first_byte_s)
+        if self._learned is None:
+            return cap
+        return min(cap, max(self.floor_s, self.factor * self._learned))

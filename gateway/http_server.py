@@ -1,0 +1,104 @@
+"""The gateway's HTTP server: uvicorn with its limits set from ``LimitsConfig``.
+
+uvicorn's httptools protocol buffers a request head of any size for as long as the client
+takes to send it, so a few slow clients with endless headers hold memory and connections.
+``BoundedHttpProtocol`` adds two bounds to it: a head larger than ``max_header_bytes`` is
+answered 431 and the connection closed; a head not complete ``header_timeout_s`` after its
+connection opened (or after its first byte, on a kept-alive connection) is answered 408.
+Websockets are off: the gateway serves none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.config import GatewayConfig, LimitsConfig
+
+
+def _close_with(transport: asyncio.Transport, status: bytes, reason: str) -> None:
+    body = reason.encode()
+    transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                    b"content-length: " + str(len(body)).encode() +
+                    b"\r\nconnection: close\r\n\r\n" + body)
+    transport.close()
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a bounded request head (see the module)."""
+
+    limits = LimitsConfig()  # replaced per server by ``bounded_protocol``
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.limits.max_header_bytes \
+                and not self.transport.is_closing():
+            self._stop_head_timer()
+            _close_with(self.transport, b"431 Request Header Fields Too Large",
+                        f"request head exceeds {self.limits.max_header_bytes} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._in_head:  # a kept-alive connection's next request
+            self._in_head = True
+            self._head_bytes = 0
+            self._start_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._stop_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _start_head_timer(self) -> None:
+        self._stop_head_timer()
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            _close_with(self.transport, b"408 Request Timeout",
+                        f"request head not received within {self.limits.header_timeout_s} s")
+
+
+def bounded_protocol(limits: LimitsConfig) -> type[BoundedHttpProtocol]:
+    return type("BoundedHttpProtocol", (BoundedHttpProtocol,), {"limits": limits})
+
+
+def server_config(app: Any, config: GatewayConfig, **overrides: Any) -> uvicorn.Config:
+    """uvicorn's config for ``app`` under ``config.limits`` (``overrides`` for the rest)."""
+    limits = config.limits
+    options: dict[str, Any] = {
+        "host": config.host, "port": config.port, "http": bounded_protocol(limits),
+        "ws": "none", "limit_concurrency": limits.max_connections,
+        "timeout_keep_alive": limits.keep_alive_s, "log_level": "warning",
+        "access_log": False, **overrides}
+    return uvicorn.Config(app, **options)
+
+
+def run_server(app: Any, config: GatewayConfig) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM."""
+    uvicorn.Server(server_config(app, config, loop="uvloop")).run()

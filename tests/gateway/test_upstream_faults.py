@@ -1,0 +1,207 @@
+"""The gateway in front of replicas that fail in the ways real ones do: a huge 5xx body, a
+body or stream cut half way, a hang before the first byte or after it. Nothing cut may
+reach the client looking whole, and nothing hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.app import create_app
+from gateway.config import parse_config
+from tests.conftest import ThreadServer
+
+Serve = Callable[..., ThreadServer]
+ASGI = Callable[..., Any]
+COMPLETION = {"id": "x", "object": "text_completion", "created": 0, "model": "sim-model",
+              "choices": [{"index": 0, "text": "fine", "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+def faulty(fault: str, calls: list[str] | None = None, size: int = 0) -> ASGI:
+    """An OpenAI-ish replica (health, models, metrics, completions) failing with ``fault``."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        path = scope["path"]
+        if path != "/v1/completions":
+            body = b'{"object":"list","data":[{"id":"sim-model"}]}' if path == "/v1/models" \
+                else b"ok" if path == "/health" else b""
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": body})
+            return
+        raw = b""
+        while True:
+            msg = await receive()
+            raw += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        if calls is not None:
+            calls.append(fault)
+        stream = json.loads(raw).get("stream", False)
+        if fault == "hang":
+            await asyncio.sleep(3)
+        if fault == "huge_500":
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"text/plain")]})
+            for _ in range(size // 65536):
+                await send({"type": "http.response.body", "body": b"e" * 65536,
+                            "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if stream:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            chunk = {**COMPLETION, "choices": [{"index": 0, "text": "t", "finish_reason": None}]}
+            for i in range(3):
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": b"data: " + json.dumps(chunk).encode() + b"\n\n"})
+                if i == 1 and fault == "cut":
+                    raise RuntimeError("replica died mid-stream")
+                if i == 1 and fault == "stall":
+                    await asyncio.sleep(3)
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            return
+        body = json.dumps({**COMPLETION, "pad": "p" * size}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        if fault == "cut":
+            half = len(body) // 2
+            for start in range(0, half, 65536):
+                piece = body[start:min(half, start + 65536)]
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            raise RuntimeError("replica died mid-body")
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def gateway(serve: Serve, replicas: list[ThreadServer], **extra: Any) -> ThreadServer:
+    config = parse_config({
+        "replicas": [{"id": f"r{i}", "url": r.url} for i, r in enumerate(replicas)],
+        "policy": {"name": "round_robin"},
+        "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
+        "scrape": {"enabled": False},
+        **extra,
+    })
+    return serve(create_app(config))
+
+
+def post(gw: ThreadServer, stream: bool = False, timeout: float = 10) -> httpx.Response:
+    return httpx.post(f"{gw.url}/v1/completions", timeout=timeout,
+                      json={"model": "sim-model", "prompt": "x", "stream": stream})
+
+
+def metric(gw: ThreadServer, prefix: str) -> float:
+    return sum(float(line.split()[-1]) for line in httpx.get(f"{gw.url}/metrics").text
+               .splitlines() if line.startswith(prefix))
+
+
+def test_a_huge_500_is_not_read_whole_nor_shown_to_the_client(serve: Serve) -> None:
+    bad = serve(faulty("huge_500", size=64 << 20))
+    gw = gateway(serve, [bad], max_attempts=1)
+    started = time.monotonic()
+    r = post(gw)
+    assert r.status_code == 502 and time.monotonic() - started < 5
+    error = r.json()["error"]
+    assert "answered 500" in error["message"] and "eee" not in error["message"]
+
+
+def test_a_body_cut_before_the_client_saw_it_is_retried(serve: Serve) -> None:
+    calls: list[str] = []
+    gw = gateway(serve, [serve(faulty("cut", calls, size=50_000)),
+                         serve(faulty("ok", calls, size=50_000))])
+    for _ in range(2):  # round robin starts on either
+        r = post(gw)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "fine"
+    assert calls.count("ok") == 2 and calls.count("cut") >= 1
+    assert metric(gw, 'kvgate_retries_total{cause="broken"') == calls.count("cut")
+
+
+def test_a_long_body_cut_after_the_client_got_part_of_it_shows_as_broken(serve: Serve) -> None:
+    gw = gateway(serve, [serve(faulty("cut", size=3 << 20))], max_attempts=1)
+    with pytest.raises(httpx.RemoteProtocolError):
+        post(gw)
+    assert metric(gw, 'kvgate_upstream_cuts_total{cause="broken"') == 1
+    assert metric(gw, 'kvgate_requests_total{replica="r0",route="round_robin",status="502"') == 1
+
+
+@pytest.mark.parametrize("fault, code", [("cut", "upstream_broken"),
+                                         ("stall", "upstream_idle_timeout")])
+def test_a_cut_stream_ends_in_an_error_event_without_done(serve: Serve, fault: str,
+                                                          code: str) -> None:
+    gw = gateway(serve, [serve(faulty(fault))], timeouts={"idle_s": 0.5})
+    with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                      json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200
+    assert len(events) == 3 and "[DONE]" not in events[-1]
+    assert json.loads(events[-1][6:])["error"]["code"] == code
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.APIError, match="incomplete"):
+        for _ in client.completions.create(model="sim-model", prompt="x", stream=True):
+            pass
+
+
+def test_a_hung_replica_is_skipped_then_ejected(serve: Serve) -> None:
+    calls: list[str] = []
+    hung, ok = serve(faulty("hang", calls)), serve(faulty("ok", calls))
+    gw = gateway(serve, [hung, ok], timeouts={"stream_first_byte_s": 0.3},
+                 health={"interval_s": 0.2, "timeout_s": 0.5, "request_failures_to_eject": 2,
+                         "ejection_s": 30})
+    for _ in range(4):
+        started = time.monotonic()
+        with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                          json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
+            body = r.read()
+        assert r.status_code == 200 and b"[DONE]" in body
+        assert time.monotonic() - started < 2
+    # two timeouts in a row ejected it: the later requests went straight to the other
+    assert calls.count("hang") == 2 and calls.count("ok") == 4
+    assert metric(gw, 'kvgate_replica_healthy{replica="r0"}') == 0  # its /health answers
+    assert metric(gw, 'kvgate_retries_total{cause="timeout",replica="r0"}') == 2
+
+
+def test_past_max_in_flight_a_request_gets_429_at_once_or_waits_its_turn(
+        serve: Serve) -> None:
+    slow = serve(faulty("hang"))
+    gw = gateway(serve, [slow], limits={"max_in_flight": 1},
+                 timeouts={"first_byte_s": 1.5})
+    results: list[int] = []
+    first = threading.Thread(target=lambda: results.append(post(gw).status_code))
+    first.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    r = post(gw)
+    assert r.status_code == 429 and time.monotonic() - started < 0.5
+    assert int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["code"] == "gateway_overloaded"
+    first.join()
+    assert results == [504]
+    assert metric(gw, 'kvgate_requests_total{replica="none",route="none",status="429"') == 1
+
+
+def test_a_waiting_request_gets_the_place_when_one_ends(serve: Serve) -> None:
+    gw = gateway(serve, [serve(faulty("hang"))], limits={"max_in_flight": 1, "max_pending": 1},
+                 timeouts={"first_byte_s": 0.5})
+    codes: list[int] = []
+    threads = [threading.Thread(target=lambda: codes.append(post(gw).status_code))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join()
+    assert codes == [504, 504]  # the second waited for the first's place, then timed out
