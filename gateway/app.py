@@ -50,7 +50,8 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         raise
     try:
         intake = await take_in(request, gw, endpoint)
-        routing = await gw.router.decide(intake.parsed, intake.tenant)
+        routing = await gw.router.decide(intake.parsed, intake.tenant,
+                                         gw.tenancy.allowed(intake.tenant))
         gw.metrics.decision_seconds.observe(routing.seconds)
         route = routing.decision.reason
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,

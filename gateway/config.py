@@ -8,7 +8,9 @@ Example (every key but ``replicas`` has a default)::
     admin_token: null            # when set, /admin/* needs "Authorization: Bearer <token>"
     max_body_bytes: 4194304
     affinity: {header: x-kvgate-affinity-key, body_field: null}
-    tenancy: {isolate: false, header: x-kvgate-tenant, secret: "", require_tenant: false}
+    tenancy: {isolate: false, header: x-kvgate-tenant, secret_env: KVGATE_TENANT_SECRET,
+              require_tenant: false, client_salt: replace, trusted_proxies: [10.0.0.0/8],
+              partitions: [{tenants: [acme], replicas: [r2]}]}
     policy: {name: prefix_affinity, prefix_tokens: 1024, overload: 1.25}
     replicas:
       - {id: r0, url: "http://127.0.0.1:8101"}

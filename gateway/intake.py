@@ -13,7 +13,6 @@ from starlette.requests import Request
 from gateway.errors import BodyTimeout
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
-from gateway.tenancy import isolate
 from kvwire.openai_schema import NotFound, decode_json
 from kvwire.request_edge import read_body
 
@@ -44,9 +43,8 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None)
         raise NotFound(f"model {parsed.model!r} is not served by any replica; "
                        f"available: {', '.join(sorted(known))}", param="model",
                        code="model_not_found")
-    tenant = request.headers.get(gw.config.tenancy.header)
-    isolated = isolate(gw.config.tenancy, tenant, parsed.body) if gw.config.tenancy.isolate \
-        else None
+    tenant = gw.tenancy.tenant_of(request)
+    isolated = gw.tenancy.isolate(tenant, parsed.body)
     if isolated is not None:
         raw, salt = isolated
         parsed = dataclasses.replace(parsed, cache_salt=salt)

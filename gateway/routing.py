@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -86,9 +86,9 @@ class Router:
         anchor = None
         head = self._head(parsed, text) if parsed.messages is not None else None
         if head is not None:
-            enc = self.tokenizer.encode_prefix(head, needed)
+            enc = self.tokenizer.encode_prefix(head, needed, parsed.cache_salt or "")
             anchor = enc.total_estimate if enc.complete else None
-        enc = self.tokenizer.encode_prefix(text, needed)
+        enc = self.tokenizer.encode_prefix(text, needed, parsed.cache_salt or "")
         return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text))
 
     def _head(self, parsed: ParsedRequest, text: str) -> str | None:
@@ -135,7 +135,9 @@ class Router:
                 return _Tokens((), self.tokenizer.estimate_tokens(text), None, hash(text))
             joined = "".join(m["content"] for m in normalize_messages(parsed.messages or []))
             return _Tokens((), self.tokenizer.estimate_tokens(joined), None, None)
-        if text is not None and (hit := self.tokenizer.remembered_prefix(text, needed or 0)):
+        group = parsed.cache_salt or ""  # no memo hit crosses tenants
+        if text is not None and (hit := self.tokenizer.remembered_prefix(text, needed or 0,
+                                                                         group)):
             return _Tokens(hit.ids, hit.total_estimate, None, hash(text))
         return None
 
@@ -179,10 +181,17 @@ class Router:
                 toks = await loop.run_in_executor(self._pool, self._tokens, parsed, needed)
         return self._request(parsed, tenant, toks, now)
 
-    async def decide(self, parsed: ParsedRequest, tenant: str | None = None) -> Routing:
+    async def decide(self, parsed: ParsedRequest, tenant: str | None = None,
+                     allowed: Callable[[str], bool] | None = None) -> Routing:
+        """The policy's decision over the fleet's replicas for the model (only those
+        ``allowed``, when given: a tenant's partition)."""
         started = time.perf_counter()
         request = await self.route_request(parsed, tenant)
         views = self.fleet.views(parsed.model)
+        if allowed is not None:
+            views = [v for v in views if allowed(v.id)]
+            if not views:
+                raise NoReplicaAvailable(f"no replica in the partition of tenant {tenant!r}")
         try:
             decision = self.policy.choose(request, views)
         except NoReplicaError as exc:

@@ -13,6 +13,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.proxy import Proxy
 from gateway.routing import Router
+from gateway.tenancy import Tenancy
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from policies.base import Policy, ReplicaRemoved, ReplicaReset
 from policies.registry import build_policy
@@ -26,6 +27,7 @@ class GatewayState:
     metrics: GatewayMetrics
     router: Router
     admission: Admission
+    tenancy: Tenancy
     proxy: Proxy | None = None
     monitor: Monitor | None = None
 
@@ -48,4 +50,4 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
     return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router,
-                        Admission(config.limits))
+                        Admission(config.limits), Tenancy(config.tenancy))

@@ -1,53 +1,176 @@
-"""Tenant isolation: one prefix-cache namespace per tenant, through vLLM's ``cache_salt``.
+"""Tenant isolation: one prefix-cache namespace per tenant, through vLLM's ``cache_salt``,
+and optionally replicas of their own.
 
 A shared prefix cache leaks through timing: a tenant who gets a fast first token has
 learned that someone sent that prefix. With ``tenancy.isolate`` on, the gateway sets every
-request's ``cache_salt`` to a keyed hash of the tenant named by the tenant header (and of
-any salt the client sent), so no tenant can produce another tenant's salt, and replicas
-keep each tenant's blocks apart. This is the one case where the gateway rewrites a
-request body; with isolation off, bodies pass through byte for byte.
+request's ``cache_salt`` to a keyed hash (HMAC-SHA256 under a secret of at least 32 bytes)
+of its tenant, so no client can produce another tenant's salt and replicas keep each
+tenant's blocks apart. A request without a tenant is the anonymous tenant's. A salt the
+client sent is mixed in (a sub-namespace of its own tenant's; ``client_salt: replace``) or
+refused (``reject``). This is the one case where the gateway rewrites a request body; with
+isolation off, bodies pass through byte for byte.
+
+Who the tenant is: the tenant header, believed only from the networks in
+``trusted_proxies`` (the proxy that authenticates clients and sets it); from anyone else,
+or sent twice, the request is refused. ``partitions`` give tenants replicas of their own:
+a tenant listed in one is routed only to its replicas, every other tenant only to the
+replicas no partition names, so tenants who share no replica cannot probe each other's
+cache at all. Gateway-side caches on the request path (the tokenizer memo) are keyed by the
+salt, so they leak nothing across tenants either.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
-from dataclasses import dataclass
+import ipaddress
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
+from starlette.requests import Request
 
-from kvwire.openai_schema import BadRequest
+from kvwire.openai_schema import BadRequest, OpenAIError
+
+MIN_SECRET_BYTES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    tenants: list[str]
+    replicas: list[str]
+
+    def validate(self) -> None:
+        if not self.tenants or not self.replicas:
+            raise ValueError("a partition needs tenants and replicas")
 
 
 @dataclass(frozen=True, slots=True)
 class TenancyConfig:
     isolate: bool = False
     header: str = "x-kvgate-tenant"
-    secret: str = ""  # key of the salt hash; set it (and keep it) in production
+    # the salt key: given here, or read from a file or an environment variable
+    secret: str = ""
+    secret_file: str | None = None
+    secret_env: str | None = None
     require_tenant: bool = False
+    client_salt: str = "replace"  # a client's own cache_salt: replace (mix in) or reject
+    trusted_proxies: list[str] = field(default_factory=list)  # networks; see the module
+    partitions: list[Partition] = field(default_factory=list)
 
     def validate(self) -> None:
         if not self.header:
             raise ValueError("header must not be empty")
+        if self.client_salt not in ("replace", "reject"):
+            raise ValueError(f"client_salt must be 'replace' or 'reject', got "
+                             f"{self.client_salt!r}")
+        for net in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxies: {net!r} is not a network") from None
+        seen: set[str] = set()
+        for part in self.partitions:
+            for tenant in part.tenants:
+                if tenant in seen:
+                    raise ValueError(f"partitions: tenant {tenant!r} is in two partitions")
+                seen.add(tenant)
+        if self.isolate:
+            key = self.key()
+            if len(key) < MIN_SECRET_BYTES:
+                raise ValueError(f"isolate needs a secret of at least {MIN_SECRET_BYTES} "
+                                 f"bytes (secret, secret_file or secret_env); got {len(key)}")
+            if not self.trusted_proxies:
+                raise ValueError("isolate believes the tenant header only from "
+                                 "trusted_proxies: list the networks of the proxies that "
+                                 "set it")
+
+    def key(self) -> bytes:
+        """The secret's bytes, from wherever it is configured (empty when nowhere)."""
+        if self.secret:
+            return self.secret.encode()
+        if self.secret_file:
+            try:
+                return Path(self.secret_file).read_bytes().strip()
+            except OSError as exc:
+                raise ValueError(f"secret_file {self.secret_file!r}: {exc.strerror}") from exc
+        if self.secret_env:
+            value = os.environ.get(self.secret_env)
+            if value is None:
+                raise ValueError(f"secret_env {self.secret_env!r} is not set")
+            return value.encode()
+        return b""
 
 
-def tenant_salt(secret: str, tenant: str, client_salt: str | None) -> str:
+class UntrustedTenant(OpenAIError):
+    status = 403
+    type = "permission_error"
+    kind = "untrusted_tenant"
+
+
+def tenant_salt(key: bytes, tenant: str, client_salt: str | None) -> str:
     """64 hex characters (within vLLM's 128-character limit on ``cache_salt``)."""
     message = f"{len(tenant)}:{tenant}|{client_salt or ''}".encode()
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-def isolate(config: TenancyConfig, tenant: str | None, body: Mapping[str, Any]
-            ) -> tuple[bytes, str] | None:
-    """The rewritten body and its salt, or None to forward the body unchanged."""
-    if not config.isolate:
-        return None
-    if not tenant:
-        if config.require_tenant:
+class Tenancy:
+    """``TenancyConfig`` made ready for the request path (key read, networks parsed)."""
+
+    def __init__(self, config: TenancyConfig) -> None:
+        self.config = config
+        self._key = config.key() if config.isolate else b""
+        self._trusted = [ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies]
+        self._partition = {t: frozenset(p.replicas) for p in config.partitions
+                           for t in p.tenants}
+        self._partitioned = frozenset(r for p in config.partitions for r in p.replicas)
+
+    def tenant_of(self, request: Request) -> str | None:
+        """The request's tenant from its header; refused when sent twice, or under
+        isolation from a peer outside ``trusted_proxies``."""
+        header = self.config.header
+        values = request.headers.getlist(header)
+        if len(values) > 1:
+            raise BadRequest(f"header {header!r} was sent {len(values)} times; send it once",
+                             code="repeated_tenant")
+        tenant = values[0] if values else None
+        if tenant and self.config.isolate and not self._trusts(request):
+            raise UntrustedTenant(f"header {header!r} is accepted only from a trusted proxy",
+                                  code="untrusted_tenant")
+        return tenant or None
+
+    def _trusts(self, request: Request) -> bool:
+        host = request.client.host if request.client else None
+        try:
+            peer = ipaddress.ip_address(host) if host else None
+        except ValueError:
+            return False
+        return peer is not None and any(peer in net for net in self._trusted)
+
+    def allowed(self, tenant: str | None) -> Callable[[str], bool] | None:
+        """Whether a replica id may serve ``tenant`` (None: every replica may)."""
+        if not self._partition:
+            return None
+        own = self._partition.get(tenant or "")
+        if own is not None:
+            return own.__contains__
+        shared = self._partitioned
+        return lambda replica: replica not in shared
+
+    def isolate(self, tenant: str | None, body: Mapping[str, Any]) -> tuple[bytes, str] | None:
+        """The rewritten body and its salt, or None to forward the body unchanged."""
+        config = self.config
+        if not config.isolate:
+            return None
+        if not tenant and config.require_tenant:
             raise BadRequest(f"header {config.header!r} naming the tenant is required",
                              code="missing_tenant")
-        return None
-    salt = tenant_salt(config.secret, tenant, body.get("cache_salt"))
-    return orjson.dumps({**body, "cache_salt": salt}), salt
+        client = body.get("cache_salt")
+        if client is not None and config.client_salt == "reject":
+            raise BadRequest("cache_salt is set by the gateway for each tenant; do not send "
+                             "it", param="cache_salt", code="cache_salt_not_allowed")
+        salt = tenant_salt(self._key, tenant or "", client)
+        return orjson.dumps({**body, "cache_salt": salt}), salt

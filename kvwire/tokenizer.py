@@ -51,7 +51,7 @@ class PromptTokenizer:
         # prefix encodings remembered by the text they read (for repeated documents and
         # system prompts), token ids as compact u32 arrays; off when memo_size is 0
         self._memo_size = memo_size
-        self._memo: OrderedDict[tuple[int, str], _Memo] | None = (
+        self._memo: OrderedDict[tuple[str, int, str], _Memo] | None = (
             OrderedDict() if memo_size > 0 else None)
         self._memo_lock = threading.Lock()
         self.source = source
@@ -77,14 +77,17 @@ class PromptTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
 
-    def encode_prefix(self, text: str, max_tokens: int | None) -> PrefixEncoding:
-        """The first ``max_tokens`` tokens of ``text`` (all when ``None``)."""
+    def encode_prefix(self, text: str, max_tokens: int | None, group: str = ""
+                      ) -> PrefixEncoding:
+        """The first ``max_tokens`` tokens of ``text`` (all when ``None``). The memo is
+        kept per ``group`` (a trust group, e.g. a tenant's cache salt): a remembered
+        encoding is never found from another group, so its speed tells nothing."""
         if max_tokens is None:
             ids = self.encode(text)
             return PrefixEncoding(ids, True, len(ids))
         if max_tokens <= 0:
             return PrefixEncoding([], False, self.estimate_tokens(text))
-        hit = self.remembered_prefix(text, max_tokens)
+        hit = self.remembered_prefix(text, max_tokens, group)
         if hit is not None:
             return hit
         budget = first = self._first_budget(max_tokens)
@@ -101,7 +104,7 @@ class PromptTokenizer:
             if len(ids) >= max_tokens:
                 if self._memo is not None:
                     # remembered by the first budget's text; the rest it read is kept to check
-                    self._remember((max_tokens, text[:first]), (
+                    self._remember((group, max_tokens, text[:first]), (
                         array("I", ids[:max_tokens]), len(ids), cut, text[first:max(cut, first)]))
                 estimate = max(len(ids), int(len(ids) * len(text) / cut))
                 return PrefixEncoding(ids[:max_tokens], False, estimate)
@@ -110,7 +113,8 @@ class PromptTokenizer:
     def _first_budget(self, max_tokens: int) -> int:
         return int(max_tokens * self.chars_per_token * 1.25) + 16
 
-    def remembered_prefix(self, text: str, max_tokens: int) -> PrefixEncoding | None:
+    def remembered_prefix(self, text: str, max_tokens: int, group: str = ""
+                          ) -> PrefixEncoding | None:
         """``encode_prefix(text, max_tokens)`` if remembered, else None; costs
         microseconds, so callers may try it before handing the encoding to a thread."""
         if self._memo is None or max_tokens <= 0:
@@ -118,7 +122,7 @@ class PromptTokenizer:
         budget = self._first_budget(max_tokens)
         if budget >= len(text):
             return None
-        key = (max_tokens, text[:budget])
+        key = (group, max_tokens, text[:budget])
         with self._memo_lock:
             hit = self._memo.get(key)
             if hit is None:
@@ -129,7 +133,7 @@ class PromptTokenizer:
             return None  # the same start, but the encoding read further and differs there
         return PrefixEncoding(ids, False, max(n_cut, int(n_cut * len(text) / cut)))
 
-    def _remember(self, key: tuple[int, str], value: _Memo) -> None:
+    def _remember(self, key: tuple[str, int, str], value: _Memo) -> None:
         assert self._memo is not None
         with self._memo_lock:
             self._memo[key] = value

@@ -318,7 +318,8 @@ def test_client_leaving_before_the_first_byte_cancels_the_upstream(serve: Serve)
 def test_tenants_get_their_own_cache_salt(serve: Serve) -> None:
     rec = Behaviour("rec")
     gw = start_gateway(serve, [("rec", serve(fake_replica(rec)).url)],
-                       tenancy={"isolate": True, "secret": "k", "require_tenant": True})
+                       tenancy={"isolate": True, "secret": "k" * 32, "require_tenant": True,
+                                "trusted_proxies": ["127.0.0.0/8"]})
     url = f"{gw.url}/v1/completions"
     for tenant, salt in (("acme", None), ("acme", None), ("globex", None), ("acme", "mine")):
         body = {"model": "sim-model", "prompt": "same prompt", "extra": [1]}

@@ -1,0 +1,107 @@
+"""Tenancy that holds: a secret worth the name, a tenant header believed only from the
+proxy that sets it, no salt a client can forge, partitions, and no cache across tenants."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.config import parse_config
+from kvwire.tokenizer import load_tokenizer
+from policies.config import ConfigError
+from tests.conftest import ThreadServer
+from tests.gateway.fake_replica import Behaviour, fake_replica
+
+Serve = Callable[..., ThreadServer]
+SECRET = "s" * 32
+
+
+def config(replicas: list[tuple[str, str]], **tenancy: Any) -> Any:
+    return parse_config({"replicas": [{"id": i, "url": u} for i, u in replicas],
+                         "scrape": {"enabled": False}, "tenancy": tenancy})
+
+
+@pytest.mark.parametrize("tenancy, message", [
+    ({"isolate": True, "secret": "short", "trusted_proxies": ["127.0.0.1/32"]},
+     "at least 32 bytes"),
+    ({"isolate": True, "trusted_proxies": ["127.0.0.1/32"]}, "got 0"),
+    ({"isolate": True, "secret": SECRET}, "trusted_proxies"),
+    ({"isolate": True, "secret_env": "KVGATE_TEST_NO_SUCH_VAR",
+      "trusted_proxies": ["127.0.0.1/32"]}, "is not set"),
+    ({"trusted_proxies": ["not-a-net"]}, "'not-a-net' is not a network"),
+    ({"client_salt": "keep"}, "client_salt must be"),
+    ({"partitions": [{"tenants": ["a"], "replicas": ["r0"]},
+                     {"tenants": ["a"], "replicas": ["r1"]}]}, "'a' is in two partitions"),
+])
+def test_weak_tenancy_is_refused_at_load(tenancy: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config([], **tenancy)
+
+
+def test_the_secret_comes_from_a_file_or_the_environment(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    assert config([], isolate=True, secret_file=str(path),
+                  trusted_proxies=["127.0.0.1/32"]).tenancy.key() == SECRET.encode()
+    monkeypatch.setenv("KVGATE_TEST_SECRET", SECRET)
+    assert config([], isolate=True, secret_env="KVGATE_TEST_SECRET",
+                  trusted_proxies=["127.0.0.1/32"]).tenancy.key() == SECRET.encode()
+
+
+def test_tenant_headers_are_believed_once_and_only_from_trusted_proxies(serve: Serve) -> None:
+    rec = Behaviour("rec")
+    replica = serve(fake_replica(rec)).url
+    url = serve(create_app(config([("r0", replica)], isolate=True, secret=SECRET,
+                                  trusted_proxies=["127.0.0.0/8"]))).url
+    body = {"model": "sim-model", "prompt": "x"}
+    twice = httpx.post(f"{url}/v1/completions", json=body,
+                       headers=[("x-kvgate-tenant", "acme"), ("x-kvgate-tenant", "globex")])
+    assert twice.status_code == 400 and twice.json()["error"]["code"] == "repeated_tenant"
+    # a client may not pick a salt: with no tenant its salt is mixed into the anonymous one
+    forged = httpx.post(f"{url}/v1/completions", json={**body, "cache_salt": "victim"})
+    assert forged.status_code == 200
+    sent = json.loads(rec.received[-1])["cache_salt"]
+    assert sent != "victim" and len(sent) == 64
+    untrusted = serve(create_app(config([("r0", replica)], isolate=True, secret=SECRET,
+                                        trusted_proxies=["10.0.0.0/8"]))).url
+    r = httpx.post(f"{untrusted}/v1/completions", json=body,
+                   headers={"x-kvgate-tenant": "acme"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "untrusted_tenant"
+    rejecting = serve(create_app(config([("r0", replica)], isolate=True, secret=SECRET,
+                                        trusted_proxies=["127.0.0.0/8"],
+                                        client_salt="reject"))).url
+    r = httpx.post(f"{rejecting}/v1/completions", json={**body, "cache_salt": "mine"},
+                   headers={"x-kvgate-tenant": "acme"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+
+
+def test_partitions_keep_tenants_on_their_own_replicas(serve: Serve) -> None:
+    behaviours = [Behaviour(f"r{i}") for i in range(3)]
+    replicas = [(b.name, serve(fake_replica(b)).url) for b in behaviours]
+    url = serve(create_app(config(replicas, partitions=[
+        {"tenants": ["acme"], "replicas": ["r2"]}]))).url
+    for i in range(6):
+        for tenant in ("acme", "globex", None):
+            headers = {"x-kvgate-tenant": tenant} if tenant else {}
+            r = httpx.post(f"{url}/v1/completions", headers=headers,
+                           json={"model": "sim-model", "prompt": f"p{i}"})
+            assert r.status_code == 200
+            assert (r.headers["x-kvgate-replica"] == "r2") == (tenant == "acme")
+    assert len(behaviours[2].received) == 6
+
+
+def test_the_tokenizer_memo_is_kept_per_trust_group() -> None:
+    tok = load_tokenizer(None, memo_size=16)
+    text = "the parties agree that the term of this agreement shall be five years. " * 40
+    first = tok.encode_prefix(text, 64, group="tenant-a")
+    hit = tok.remembered_prefix(text, 64, "tenant-a")
+    assert hit is not None and list(hit.ids) == list(first.ids)
+    assert tok.remembered_prefix(text, 64, "tenant-b") is None
+    assert tok.remembered_prefix(text, 64) is None
