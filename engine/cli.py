@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="publish KV cache events (vLLM's ZMQ format) on a PUB socket "
                              "bound here, e.g. tcp://*:5557 (default: off)")
     parser.add_argument("--kv-events-topic", default="", help="topic frame of KV events")
+    parser.add_argument("--kv-events-replay-endpoint", default=None,
+                        help="ZMQ ROUTER endpoint serving the recent KV event batches again "
+                             "(e.g. tcp://*:5558), for subscribers that missed some")
 
 
 def make_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, ExecutorInfo]:
@@ -122,7 +125,8 @@ def build_server(args: argparse.Namespace) -> Any:
     if args.kv_events_endpoint:
         from engine.kv_event_publisher import KVEventPublisher  # pyzmq only when publishing
 
-        publisher = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic)
+        publisher = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic,
+                                     replay_endpoint=args.kv_events_replay_endpoint)
     return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,
                         sleep_modeled_time=args.executor == "sim", kv_events=publisher)
 

@@ -9,6 +9,12 @@ the sequence number lets a subscriber notice). Frames follow vLLM (see ``kvwire.
 
 The socket is created and bound in :meth:`start` (so a bad endpoint fails at startup) and
 from then on used only by the sending thread.
+
+With a ``replay_endpoint``, the last ``replay_buffer`` batches are kept and served on a
+ROUTER socket there, as vLLM does: a DEALER sends ``[b"", start seq (8 bytes BE)]`` and
+gets ``[b"", seq, payload]`` for each kept batch from that one on, then ``[b"", seq -1,
+b""]``. A subscriber that saw a sequence number jump fills the gap from it; one that
+(re)connects rebuilds from it what the engine still holds.
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
 import zmq
 
-from kvwire.kv_event_format import KVEvent, KVEventBatch, encode_payload
+from kvwire.kv_event_format import REPLAY_END, KVEvent, KVEventBatch, encode_payload
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +37,19 @@ _STOP = None
 
 class KVEventPublisher:
     def __init__(self, endpoint: str, topic: str = "", *, data_parallel_rank: int = 0,
-                 high_water_mark: int = 100_000) -> None:
+                 high_water_mark: int = 100_000, replay_endpoint: str | None = None,
+                 replay_buffer: int = 10_000) -> None:
         if not endpoint:
             raise ValueError("KV events endpoint must not be empty")
+        if replay_buffer < 1:
+            raise ValueError(f"replay_buffer must be >= 1, got {replay_buffer!r}")
+        self.replay_endpoint = replay_endpoint
+        self._kept: deque[tuple[int, bytes]] = deque(maxlen=replay_buffer)
+        self._kept_lock = threading.Lock()
+        self._replay_sock: zmq.Socket[bytes] | None = None
+        self._replay_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.replays = 0
         self.endpoint = endpoint
         self.topic = topic.encode()
         self.data_parallel_rank = data_parallel_rank
@@ -57,10 +74,25 @@ class KVEventPublisher:
             sock.close()
             ctx.term()
             raise
+        if self.replay_endpoint:
+            replay = ctx.socket(zmq.ROUTER)
+            replay.setsockopt(zmq.LINGER, 0)
+            try:
+                replay.bind(self.replay_endpoint)
+            except zmq.ZMQError:
+                replay.close()
+                sock.close()
+                ctx.term()
+                raise
+            self._replay_sock = replay
+            self._replay_thread = threading.Thread(target=self._serve_replay,
+                                                   name="kv-events-replay", daemon=True)
+            self._replay_thread.start()
         self._ctx, self._sock = ctx, sock
         self._thread = threading.Thread(target=self._run, name="kv-events-pub", daemon=True)
         self._thread.start()
-        log.info("publishing KV events on %s", self.endpoint)
+        log.info("publishing KV events on %s%s", self.endpoint,
+                 f" (replay on {self.replay_endpoint})" if self.replay_endpoint else "")
 
     def publish(self, events: Sequence[KVEvent]) -> None:
         """Queue one step's events (nothing is sent for an empty step). Never blocks."""
@@ -78,6 +110,13 @@ class KVEventPublisher:
             self._queue.put(_STOP)
             self._thread.join(timeout)
             self._thread = None
+        self._stopping.set()
+        if self._replay_thread is not None:
+            self._replay_thread.join(timeout)
+            self._replay_thread = None
+        if self._replay_sock is not None:
+            self._replay_sock.close()
+            self._replay_sock = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -91,7 +130,11 @@ class KVEventPublisher:
         seq = 0
         while (batch := self._queue.get()) is not _STOP:
             try:
-                frames = [self.topic, seq.to_bytes(8, "big"), encode_payload(batch)]
+                payload = encode_payload(batch)
+                if self._replay_sock is not None:
+                    with self._kept_lock:
+                        self._kept.append((seq, payload))
+                frames = [self.topic, seq.to_bytes(8, "big"), payload]
                 sock.send_multipart(frames, flags=zmq.NOBLOCK)
             except zmq.Again:
                 self.dropped += 1
@@ -104,3 +147,28 @@ class KVEventPublisher:
                 log.exception("KV event batch %d dropped: could not encode it", seq)
             seq += 1
             self.sent = seq
+
+    def _serve_replay(self) -> None:
+        sock = self._replay_sock
+        assert sock is not None
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        while not self._stopping.is_set():
+            try:
+                if not poller.poll(100):
+                    continue
+                frames = sock.recv_multipart()
+                if len(frames) != 3 or len(frames[2]) != 8:
+                    log.warning("KV event replay: malformed request of %d frames", len(frames))
+                    continue
+                peer, start = frames[0], int.from_bytes(frames[2], "big")
+                with self._kept_lock:
+                    kept = [item for item in self._kept if item[0] >= start]
+                for seq, payload in kept:
+                    sock.send_multipart([peer, b"", seq.to_bytes(8, "big"), payload])
+                sock.send_multipart([peer, b"", REPLAY_END, b""])
+                self.replays += 1
+            except zmq.ZMQError as exc:
+                if not self._stopping.is_set():
+                    log.error("KV event replay stopped: %s", exc)
+                return

@@ -1,6 +1,9 @@
-"""Admin endpoints: list, add and remove replicas; explain a routing decision.
+"""The admin API: list, add and remove replicas; explain a routing decision.
 
-When ``admin_token`` is set every admin call needs ``Authorization: Bearer <token>``.
+It is an app of its own (``create_admin_app``), served on the admin listener only
+(``AdminConfig``), and only when a token is configured; every call needs
+``Authorization: Bearer <token>``. A replica it adds must pass the config's URL rules and
+the admin allowlist, and is never sent a client's ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 import time
 from typing import Any
 
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -17,19 +21,27 @@ from starlette.routing import Route
 from gateway.config import ReplicaConfig
 from gateway.intake import take_in
 from gateway.state import GatewayState
-from kvwire.openai_schema import BadRequest, NotFound, Unauthorized
-from kvwire.request_edge import read_body
+from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
+from kvwire.request_edge import ErrorBoundary, read_body
 from policies.config import ConfigError, from_mapping
+
+
+class AdminOff(OpenAIError):
+    status = 403
+    type = "permission_error"
+    kind = "admin_off"
 
 
 def _authorize(request: Request) -> GatewayState:
     gw: GatewayState = request.app.state.gw
-    token = gw.config.admin_token
-    if token:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin_token>'",
-                               code="invalid_admin_token")
+    token: str | None = request.app.state.admin_token
+    if not token:
+        raise AdminOff("the admin API is off: configure admin.token (or token_file, "
+                       "token_env)", code="admin_off")
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'",
+                           code="invalid_admin_token")
     return gw
 
 
@@ -65,10 +77,14 @@ async def add_replica(request: Request) -> Response:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except ConfigError as exc:
         raise BadRequest(str(exc), code="invalid_replica") from exc
+    if not gw.config.admin.allows(config.url):
+        raise AdminOff(f"replica url {config.url!r}: its host is in neither "
+                       "admin.allow_hosts nor admin.allow_networks", param="url",
+                       code="replica_not_allowed")
     if gw.fleet.get(config.id) is not None:
         raise BadRequest(f"replica {config.id!r} already exists", param="id",
                          code="duplicate_replica")
-    state = gw.fleet.add(config)
+    state = gw.fleet.add(config, forward_auth=False)
     if gw.monitor is not None:
         await gw.monitor.check_one(state)
     return JSONResponse(_replica_json(gw, config.id), status_code=201)
@@ -112,3 +128,12 @@ def routes() -> list[Route]:
         Route("/admin/replicas/{replica_id}", remove_replica, methods=["DELETE"]),
         Route("/admin/explain", explain, methods=["POST"]),
     ]
+
+
+def create_admin_app(gw: GatewayState) -> Starlette:
+    """The admin API over ``gw`` (the main app's state, whose lifespan runs the rest)."""
+    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
+    app = Starlette(routes=routes(), exception_handlers=boundary.handlers())
+    app.state.gw = gw
+    app.state.admin_token = gw.config.admin.resolved_token()
+    return app

@@ -1,4 +1,5 @@
-"""The gateway's Starlette application: OpenAI endpoints, health, metrics, admin.
+"""The gateway's Starlette application: OpenAI endpoints, health, metrics (the admin API
+is an app of its own, ``gateway.admin.create_admin_app``, on its own listener).
 
 Long-lived parts (the upstream HTTP session, the monitor loops, the tokenizer pool) are
 opened in the lifespan and closed on shutdown.
@@ -19,14 +20,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import admin
 from gateway.admission import Slot
 from gateway.config import GatewayConfig
 from gateway.errors import NoReplicaAvailable
+from gateway.forwarding import upstream_headers
 from gateway.intake import Intake, take_in
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
-from gateway.proxy import Proxy, UpstreamStream, forward_headers
+from gateway.proxy import Proxy, UpstreamStream
 from gateway.request_parse import Endpoint
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
@@ -55,7 +56,8 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         gw.metrics.decision_seconds.observe(routing.seconds)
         route = routing.decision.reason
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
-                                                          forward_headers(request.headers)))
+                                                          upstream_headers(
+                                                              request, gw.trusted_proxies)))
     except OpenAIError as exc:
         slot.release()
         gw.metrics.requests.labels(replica="none", route=route, status=str(exc.status)).inc()
@@ -207,6 +209,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             if kv_events is not None:
                 stack.push_async_callback(kv_events.stop)
                 await kv_events.start()
+                gw.metrics.watch_kv_events(kv_events)
             yield
 
     routes = [
@@ -216,7 +219,6 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
-        *admin.routes(),
     ]
     boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())

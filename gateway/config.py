@@ -5,12 +5,14 @@ Example (every key but ``replicas`` has a default)::
     host: 127.0.0.1
     port: 8000
     tokenizer: null              # directory or tokenizer.json; null = project tokenizer
-    admin_token: null            # when set, /admin/* needs "Authorization: Bearer <token>"
+    admin: {token_env: KVGATE_ADMIN_TOKEN, host: 127.0.0.1, port: 8001,
+            allow_hosts: [], allow_networks: [10.0.0.0/8]}   # off without a token
     max_body_bytes: 4194304
     affinity: {header: x-kvgate-affinity-key, body_field: null}
     tenancy: {isolate: false, header: x-kvgate-tenant, secret_env: KVGATE_TENANT_SECRET,
-              require_tenant: false, client_salt: replace, trusted_proxies: [10.0.0.0/8],
+              require_tenant: false, client_salt: replace,
               partitions: [{tenants: [acme], replicas: [r2]}]}
+    trusted_proxies: [10.0.0.0/8]  # whose X-Forwarded-For and tenant header are believed
     policy: {name: prefix_affinity, prefix_tokens: 1024, overload: 1.25}
     replicas:
       - {id: r0, url: "http://127.0.0.1:8101"}
@@ -29,6 +31,7 @@ Example (every key but ``replicas`` has a default)::
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gateway.secret_source import resolve_secret
 from gateway.tenancy import TenancyConfig
 from policies.config import ConfigError, from_mapping
 
@@ -46,6 +50,7 @@ class ReplicaConfig:
     url: str
     weight: float = 1.0
     kv_events: str | None = None  # the replica's KV event PUB endpoint (policy kv_events)
+    kv_events_replay: str | None = None  # ... and its replay (ROUTER) endpoint
     # KV capacity in the replica's tokens, for replicas whose /metrics tell none
     kv_capacity_tokens: int | None = None
 
@@ -53,16 +58,25 @@ class ReplicaConfig:
         if not self.id:
             raise ValueError("replica id must not be empty")
         parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url {self.url!r} is not an http(s) URL")
+        if parts.query or parts.fragment or "@" in parts.netloc or "?" in self.url \
+                or "#" in self.url:
+            raise ValueError(f"url {self.url!r} must be scheme://host[:port][/base path], "
+                             "without credentials, query or fragment")
+        try:
+            parts.port  # noqa: B018  (raises on a bad port)
+        except ValueError:
+            raise ValueError(f"url {self.url!r} has a bad port") from None
         if self.weight <= 0:
             raise ValueError(f"weight must be > 0, got {self.weight!r}")
         if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < 1:
             raise ValueError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens!r}")
-        if self.kv_events is not None and not self.kv_events.startswith(
-                ("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"kv_events {self.kv_events!r} is not a tcp://, ipc:// or "
-                             "inproc:// endpoint")
+        for key in ("kv_events", "kv_events_replay"):
+            value = getattr(self, key)
+            if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"{key} {value!r} is not a tcp://, ipc:// or inproc:// "
+                                 "endpoint")
 
     @property
     def base_url(self) -> str:
@@ -118,6 +132,52 @@ class ScrapeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The admin API (``/admin/*``): served only on its own listener, ``host:port``
+    (loopback by default), and only when a token is configured (``token``, or read from
+    ``token_file`` or the environment variable ``token_env``); every call then needs
+    ``Authorization: Bearer <token>``. Replicas it adds must have a URL whose host is in
+    ``allow_hosts`` (names, as written) or an address in ``allow_networks``; client
+    ``Authorization`` headers are never forwarded to them."""
+
+    token: str | None = None
+    token_file: str | None = None
+    token_env: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8001
+    allow_hosts: list[str] = field(default_factory=list)
+    allow_networks: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        _positive(self, "port")
+        for net in self.allow_networks:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"allow_networks: {net!r} is not a network") from None
+        token = self.resolved_token()
+        if token is not None and len(token) < 16:
+            raise ValueError(f"the admin token must be at least 16 characters, got "
+                             f"{len(token)}")
+
+    def resolved_token(self) -> str | None:
+        """The token from wherever it is configured (None: the admin API is off)."""
+        return resolve_secret(self.token, self.token_file, self.token_env, "token")
+
+    def allows(self, url: str) -> bool:
+        """Whether a replica at ``url`` may be added through the admin API."""
+        host = urlsplit(url).hostname or ""
+        if host in self.allow_hosts:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False  # a name not listed: never resolved here
+        return any(address in ipaddress.ip_network(n, strict=False)
+                   for n in self.allow_networks)
+
+
+@dataclass(frozen=True, slots=True)
 class LimitsConfig:
     """What the gateway takes on before it answers 429 (with ``Retry-After``).
 
@@ -167,7 +227,10 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     tokenizer: str | None = None
-    admin_token: str | None = None
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    # networks of the proxies in front of the gateway: their X-Forwarded-For, Forwarded
+    # and (under tenancy.isolate) tenant header are believed
+    trusted_proxies: list[str] = field(default_factory=list)
     max_body_bytes: int = 4 * 1024 * 1024
     max_attempts: int = 3
     tokenizer_concurrency: int = 4
@@ -190,6 +253,14 @@ class GatewayConfig:
             seen.add(replica.id)
         if "name" not in self.policy:
             raise ValueError("policy.name is required")
+        for net in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxies: {net!r} is not a network") from None
+        if self.tenancy.isolate and not self.trusted_proxies:
+            raise ValueError("tenancy.isolate believes the tenant header only from "
+                             "trusted_proxies: list the networks of the proxies that set it")
 
 
 def _positive(obj: object, *names: str) -> None:

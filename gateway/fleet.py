@@ -46,6 +46,7 @@ class Pending:
 class ReplicaState:
     config: ReplicaConfig
     window_s: float
+    forward_auth: bool = True  # clients' Authorization headers may be sent to it
     healthy: bool = True
     consecutive_failures: int = 0
     consecutive_successes: int = 0
@@ -135,10 +136,12 @@ class Fleet:
     def get(self, replica_id: str) -> ReplicaState | None:
         return self._replicas.get(replica_id)
 
-    def add(self, config: ReplicaConfig) -> ReplicaState:
+    def add(self, config: ReplicaConfig, forward_auth: bool = True) -> ReplicaState:
+        """A new replica; ``forward_auth`` False: clients' ``Authorization`` headers are
+        not sent to it (one added at run time rather than configured)."""
         if config.id in self._replicas:
             raise ValueError(f"replica {config.id!r} already exists")
-        state = ReplicaState(config, self.window_s)
+        state = ReplicaState(config, self.window_s, forward_auth=forward_auth)
         self._replicas[config.id] = state
         self._tell(ReplicaAdded(config.id))
         return state

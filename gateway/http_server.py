@@ -11,9 +11,12 @@ Websockets are off: the gateway serves none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import GatewayConfig, LimitsConfig
@@ -93,12 +96,48 @@ def server_config(app: Any, config: GatewayConfig, **overrides: Any) -> uvicorn.
     limits = config.limits
     options: dict[str, Any] = {
         "host": config.host, "port": config.port, "http": bounded_protocol(limits),
+        # the peer address is what trust decisions read: never taken from headers here
+        "proxy_headers": False,
         "ws": "none", "limit_concurrency": limits.max_connections,
         "timeout_keep_alive": limits.keep_alive_s, "log_level": "warning",
         "access_log": False, **overrides}
     return uvicorn.Config(app, **options)
 
 
-def run_server(app: Any, config: GatewayConfig) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM."""
-    uvicorn.Server(server_config(app, config, loop="uvloop")).run()
+class _Companion(uvicorn.Server):
+    """A server run beside the main one, which alone takes the signals and stops it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def companion(config: uvicorn.Config) -> uvicorn.Server:
+    """A server to run beside the main one with ``serve_together``."""
+    return _Companion(config)
+
+
+def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM, and ``admin_app`` (when given) on the admin
+    listener, in the same event loop."""
+    main = uvicorn.Server(server_config(app, config, loop="uvloop"))
+    if admin_app is None:
+        main.run()
+        return
+    admin = companion(uvicorn.Config(
+        admin_app, host=config.admin.host, port=config.admin.port, lifespan="off",
+        proxy_headers=False,
+        http=bounded_protocol(config.limits), ws="none", log_level="warning",
+        access_log=False))
+
+    uvloop.run(serve_together(main, admin))
+
+
+async def serve_together(main: uvicorn.Server, side: uvicorn.Server) -> None:
+    """Run ``side`` for as long as ``main`` runs, in this event loop."""
+    task = asyncio.create_task(side.serve())
+    try:
+        await main.serve()
+    finally:
+        side.should_exit = True
+        await task

@@ -8,8 +8,12 @@ fleet tells of a replica joining or leaving. All tasks are owned by ``KVEventSub
 started and stopped in the app's lifespan.
 
 A message is ``[topic, seq (u64 big-endian), payload]`` (see ``kvwire.kv_event_format``); a
-malformed one is logged and skipped. Messages sent before the socket connected are not
-seen: blocks cached before that are unknown to the index until stored again.
+malformed one is logged and skipped. When the replica's config names a ``kv_events_replay``
+endpoint, what the stream missed is asked for there before the next message is applied: a
+jump in sequence numbers (messages dropped on the way), and on (re)subscribing everything
+the engine still keeps from sequence 0 (blocks it cached before this gateway listened).
+Without one, or when the replay fails, the index counts the gap and blocks cached in it
+stay unknown until stored again.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import zmq.asyncio
 
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
-from kvwire.kv_event_format import KVWireError, decode_payload
+from kvwire.kv_event_format import REPLAY_END, KVEventBatch, KVWireError, decode_payload
 from policies.base import Policy, ReplicaRemoved
 from policies.kv_events import KVEvents
 from policies.kv_index import KVIndex
@@ -38,6 +42,10 @@ class KVEventSubscriber:
         self.reconcile_s = reconcile_s
         self.messages = 0
         self.malformed = 0
+        self.gaps = 0  # sequence jumps and late starts seen (replayed or not)
+        self.replays = 0  # gaps filled from a replay endpoint
+        self.replay_failures = 0
+        self.replay_timeout_s = 2.0
         self._ctx: zmq.asyncio.Context | None = None
         self._readers: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> endpoint, task
         self._loop_task: asyncio.Task[None] | None = None
@@ -97,6 +105,7 @@ class KVEventSubscriber:
     async def reconcile(self) -> None:
         """Match the readers to the fleet's replicas and their endpoints."""
         wanted = {s.id: s.config.kv_events for s in self.fleet if s.config.kv_events}
+        replay = {s.id: s.config.kv_events_replay for s in self.fleet}
         for rid, (endpoint, task) in list(self._readers.items()):
             failed = task.done() and not task.cancelled() and task.exception() is not None
             if wanted.get(rid) == endpoint and not failed:
@@ -113,11 +122,11 @@ class KVEventSubscriber:
         for rid, endpoint in wanted.items():
             if rid not in self._readers:
                 assert endpoint is not None
-                task = asyncio.create_task(self._read(rid, endpoint),
+                task = asyncio.create_task(self._read(rid, endpoint, replay.get(rid)),
                                            name=f"kvgate-kv-events-{rid}")
                 self._readers[rid] = (endpoint, task)
 
-    async def _read(self, replica: str, endpoint: str) -> None:
+    async def _read(self, replica: str, endpoint: str, replay: str | None = None) -> None:
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
@@ -127,23 +136,71 @@ class KVEventSubscriber:
             log.info("replica %s: following KV events at %s", replica, endpoint)
             while True:
                 frames = await sock.recv_multipart()
-                self.handle(replica, frames)
+                await self.receive(replica, frames, replay)
         finally:
             sock.close()
 
+    async def receive(self, replica: str, frames: list[bytes], replay: str | None) -> None:
+        """``handle``, first filling from ``replay`` what the stream missed before it."""
+        message = self._decode(replica, frames)
+        if message is None:
+            return
+        seq = message[0]
+        last = self.index.last_seq(replica)
+        start = 0 if last is None else last + 1
+        if seq > start:
+            self.gaps += 1
+            if replay is not None:
+                await self._replay(replica, replay, start, seq)
+        self._apply(replica, *message)
+
     def handle(self, replica: str, frames: list[bytes]) -> None:
         """Apply one received message to the index (skipped if malformed)."""
+        message = self._decode(replica, frames)
+        if message is not None:
+            self._apply(replica, *message)
+
+    def _decode(self, replica: str, frames: list[bytes]) -> tuple[int, KVEventBatch] | None:
         if self.fleet.get(replica) is None:
-            return  # removed while the message was in flight
+            return None  # removed while the message was in flight
         try:
             if len(frames) != 3 or len(frames[1]) != 8:
                 raise KVWireError(f"expected [topic, 8-byte seq, payload], got "
                                   f"{len(frames)} frames")
-            seq = int.from_bytes(frames[1], "big")
-            batch = decode_payload(frames[2])
+            return int.from_bytes(frames[1], "big"), decode_payload(frames[2])
         except KVWireError as exc:
             self.malformed += 1
             log.warning("replica %s: skipping KV event message: %s", replica, exc)
-            return
+            return None
+
+    def _apply(self, replica: str, seq: int, batch: KVEventBatch) -> None:
         self.messages += 1
         self.index.apply(replica, seq, batch.events)
+
+    async def _replay(self, replica: str, endpoint: str, start: int, until: int) -> None:
+        """Apply the batches ``start <= seq < until`` the replica's replay endpoint keeps."""
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        applied = 0
+        try:
+            sock.connect(endpoint)
+            async with asyncio.timeout(self.replay_timeout_s):
+                await sock.send_multipart([b"", start.to_bytes(8, "big")])
+                while True:
+                    frames = await sock.recv_multipart()
+                    if len(frames) < 3 or frames[-2] == REPLAY_END:
+                        break
+                    seq = int.from_bytes(frames[-2], "big")
+                    if start <= seq < until and self.fleet.get(replica) is not None:
+                        self._apply(replica, seq, decode_payload(frames[-1]))
+                        applied += 1
+            self.replays += 1
+            log.info("replica %s: replayed %d KV event batches from %d", replica, applied,
+                     start)
+        except (TimeoutError, zmq.ZMQError, KVWireError) as exc:
+            self.replay_failures += 1
+            log.warning("replica %s: KV event replay from %s failed after %d batches: %r",
+                        replica, endpoint, applied, exc)
+        finally:
+            sock.close()

@@ -7,12 +7,14 @@ from the live ``Fleet`` at scrape time, so a removed replica's series disappear 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.fleet import Fleet
+from policies.kv_index import KVIndex
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
                     2.0, 5.0, 10.0, 30.0, 60.0)
@@ -54,6 +56,42 @@ class _FleetCollector(Collector):
         yield from (queued, health, hit, inflight, fleet)
 
 
+class KVEventCounts(Protocol):
+    messages: int
+    malformed: int
+    gaps: int
+    replays: int
+    replay_failures: int
+    index: KVIndex
+
+
+class _KVEventCollector(Collector):
+    def __init__(self, source: KVEventCounts) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        s, stats = self.source, self.source.index.stats
+        for name, text, value in (
+            ("kvgate_kv_event_messages", "KV event messages applied", s.messages),
+            ("kvgate_kv_event_malformed", "KV event messages skipped as malformed",
+             s.malformed),
+            ("kvgate_kv_event_gaps", "Jumps in a replica's KV event sequence (and late "
+             "starts), replayed or not", s.gaps),
+            ("kvgate_kv_event_replays", "Gaps filled from a replica's replay endpoint",
+             s.replays),
+            ("kvgate_kv_event_replay_failures", "Replays that failed", s.replay_failures),
+            ("kvgate_kv_event_lost", "KV event messages never applied (gaps not replayed)",
+             stats.gaps),
+            ("kvgate_kv_index_orphan_blocks", "Stored blocks dropped: parent unknown",
+             stats.orphans),
+            ("kvgate_kv_event_restarts", "Replicas whose KV event sequence went back "
+             "(restarted): their blocks were cleared", stats.restarts),
+        ):
+            family = CounterMetricFamily(name, text)
+            family.add_metric([], value)
+            yield family
+
+
 class GatewayMetrics:
     def __init__(self, fleet: Fleet) -> None:
         self.registry = CollectorRegistry()
@@ -82,3 +120,7 @@ class GatewayMetrics:
         self.retries = Counter("kvgate_retries", "Requests retried on the next replica",
                                ["replica", "cause"], registry=r)
         r.register(_FleetCollector(fleet))
+
+    def watch_kv_events(self, source: KVEventCounts) -> None:
+        """Export the counts of a KV event subscriber."""
+        self.registry.register(_KVEventCollector(source))

@@ -218,9 +218,10 @@ class Proxy:
             on_sent(replica)
             pending = self.fleet.sent(replica, work_tokens(replica))
             wait = min(left, self.first_byte.seconds(stream))
+            sent = headers if state.forward_auth else _without_auth(headers)
             try:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
-                                             headers, pending, wait, on_done)
+                                             sent, pending, wait, on_done)
             except _Retryable as exc:
                 self.fleet.done(pending)
                 attempts.append(Attempted(replica, exc.cause))
@@ -313,6 +314,10 @@ class Proxy:
         self.metrics.cuts.labels(replica=stream.replica, cause=stream.cut).inc()
         self.fleet.request_failed(stream.replica, f"answer cut ({stream.cut})",
                                   self.health.request_failures_to_eject, self.health.ejection_s)
+
+
+def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() != "authorization"}
 
 
 def _close(response: aiohttp.ClientResponse | None) -> None:

@@ -16,17 +16,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gateway.admin import create_admin_app
     from gateway.app import create_app
     from gateway.config import load_config
     from gateway.http_server import run_server
+    from gateway.state import build_state
 
     try:
         config = load_config(args.config)
         overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v}
         config = dataclasses.replace(config, **overrides)
-        app = create_app(config)
+        gw = build_state(config)
+        app = create_app(config, gw)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"kvgate serve: {exc}", file=sys.stderr)
         return 2
-    run_server(app, config)
+    admin_app = None
+    if config.admin.resolved_token():
+        admin_app = create_admin_app(gw)
+        print(f"kvgate serve: admin API on http://{config.admin.host}:{config.admin.port}",
+              file=sys.stderr)
+    run_server(app, config, admin_app)
     return 0

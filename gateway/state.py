@@ -11,6 +11,7 @@ from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, FleetListener
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
+from gateway.networks import Networks
 from gateway.proxy import Proxy
 from gateway.routing import Router
 from gateway.tenancy import Tenancy
@@ -27,6 +28,7 @@ class GatewayState:
     metrics: GatewayMetrics
     router: Router
     admission: Admission
+    trusted_proxies: Networks
     tenancy: Tenancy
     proxy: Proxy | None = None
     monitor: Monitor | None = None
@@ -49,5 +51,7 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     fleet.listen(policy_listener(policy))
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
+    trusted = Networks(config.trusted_proxies)
     return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router,
-                        Admission(config.limits), Tenancy(config.tenancy))
+                        Admission(config.limits), trusted,
+                        Tenancy(config.tenancy, trusted))

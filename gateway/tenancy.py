@@ -10,7 +10,7 @@ client sent is mixed in (a sub-namespace of its own tenant's; ``client_salt: rep
 refused (``reject``). This is the one case where the gateway rewrites a request body; with
 isolation off, bodies pass through byte for byte.
 
-Who the tenant is: the tenant header, believed only from the networks in
+Who the tenant is: the tenant header, believed under isolation only from the gateway's
 ``trusted_proxies`` (the proxy that authenticates clients and sets it); from anyone else,
 or sent twice, the request is refused. ``partitions`` give tenants replicas of their own:
 a tenant listed in one is routed only to its replicas, every other tenant only to the
@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 
+from gateway.networks import Networks
+from gateway.secret_source import resolve_secret
 from kvwire.openai_schema import BadRequest, OpenAIError
 
 MIN_SECRET_BYTES = 32
@@ -58,7 +57,6 @@ class TenancyConfig:
     secret_env: str | None = None
     require_tenant: bool = False
     client_salt: str = "replace"  # a client's own cache_salt: replace (mix in) or reject
-    trusted_proxies: list[str] = field(default_factory=list)  # networks; see the module
     partitions: list[Partition] = field(default_factory=list)
 
     def validate(self) -> None:
@@ -67,11 +65,6 @@ class TenancyConfig:
         if self.client_salt not in ("replace", "reject"):
             raise ValueError(f"client_salt must be 'replace' or 'reject', got "
                              f"{self.client_salt!r}")
-        for net in self.trusted_proxies:
-            try:
-                ipaddress.ip_network(net, strict=False)
-            except ValueError:
-                raise ValueError(f"trusted_proxies: {net!r} is not a network") from None
         seen: set[str] = set()
         for part in self.partitions:
             for tenant in part.tenants:
@@ -83,26 +76,11 @@ class TenancyConfig:
             if len(key) < MIN_SECRET_BYTES:
                 raise ValueError(f"isolate needs a secret of at least {MIN_SECRET_BYTES} "
                                  f"bytes (secret, secret_file or secret_env); got {len(key)}")
-            if not self.trusted_proxies:
-                raise ValueError("isolate believes the tenant header only from "
-                                 "trusted_proxies: list the networks of the proxies that "
-                                 "set it")
 
     def key(self) -> bytes:
         """The secret's bytes, from wherever it is configured (empty when nowhere)."""
-        if self.secret:
-            return self.secret.encode()
-        if self.secret_file:
-            try:
-                return Path(self.secret_file).read_bytes().strip()
-            except OSError as exc:
-                raise ValueError(f"secret_file {self.secret_file!r}: {exc.strerror}") from exc
-        if self.secret_env:
-            value = os.environ.get(self.secret_env)
-            if value is None:
-                raise ValueError(f"secret_env {self.secret_env!r} is not set")
-            return value.encode()
-        return b""
+        found = resolve_secret(self.secret, self.secret_file, self.secret_env, "secret")
+        return (found or "").encode()
 
 
 class UntrustedTenant(OpenAIError):
@@ -120,10 +98,10 @@ def tenant_salt(key: bytes, tenant: str, client_salt: str | None) -> str:
 class Tenancy:
     """``TenancyConfig`` made ready for the request path (key read, networks parsed)."""
 
-    def __init__(self, config: TenancyConfig) -> None:
+    def __init__(self, config: TenancyConfig, trusted: Networks) -> None:
         self.config = config
         self._key = config.key() if config.isolate else b""
-        self._trusted = [ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies]
+        self._trusted = trusted
         self._partition = {t: frozenset(p.replicas) for p in config.partitions
                            for t in p.tenants}
         self._partitioned = frozenset(r for p in config.partitions for r in p.replicas)
@@ -137,18 +115,10 @@ class Tenancy:
             raise BadRequest(f"header {header!r} was sent {len(values)} times; send it once",
                              code="repeated_tenant")
         tenant = values[0] if values else None
-        if tenant and self.config.isolate and not self._trusts(request):
+        if tenant and self.config.isolate and not self._trusted.peer_of(request):
             raise UntrustedTenant(f"header {header!r} is accepted only from a trusted proxy",
                                   code="untrusted_tenant")
         return tenant or None
-
-    def _trusts(self, request: Request) -> bool:
-        host = request.client.host if request.client else None
-        try:
-            peer = ipaddress.ip_address(host) if host else None
-        except ValueError:
-            return False
-        return peer is not None and any(peer in net for net in self._trusted)
 
     def allowed(self, tenant: str | None) -> Callable[[str], bool] | None:
         """Whether a replica id may serve ``tenant`` (None: every replica may)."""

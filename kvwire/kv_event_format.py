@@ -12,6 +12,10 @@ one message per step::
               ["BlockRemoved", block_hashes, medium]
               ["AllBlocksCleared"]
 
+A replay endpoint (a ROUTER socket) serves kept batches again: a DEALER sends
+``[b"", start seq (8 bytes BE)]`` and gets ``[b"", seq, payload]`` per batch from ``start``,
+then ``[b"", REPLAY_END, b""]`` (seq -1).
+
 Block hashes on the wire are u64: the low 64 bits of the engine's digest
 (:func:`kvwire.block_hashing.hash_to_u64`). ``token_ids`` covers exactly the stored blocks,
 ``parent_block_hash`` is the block before the first one (None for a chain's first block).
@@ -32,6 +36,8 @@ import msgpack
 
 U64 = (1 << 64) - 1
 
+
+REPLAY_END = (-1).to_bytes(8, "big", signed=True)  # the seq frame ending a replay
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:

@@ -177,6 +177,11 @@ class KVIndex:
         else:
             del r.keys[key]
 
+    def last_seq(self, replica: str) -> int | None:
+        """The sequence number of the last message applied from ``replica``."""
+        r = self._replicas.get(replica)
+        return None if r is None else r.last_seq
+
     def clear(self, replica: str) -> None:
         """Forget what ``replica`` holds (it restarted or reset its cache); its sequence
         number is kept."""

@@ -8,6 +8,7 @@ import os
 # is first imported (transformers imports it too).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import asyncio
 import contextlib
 import socket
 import subprocess
@@ -31,15 +32,26 @@ def free_port() -> int:
 
 
 class ThreadServer:
-    """An ASGI app served by uvicorn on 127.0.0.1 in a background thread."""
+    """An ASGI app served by uvicorn on 127.0.0.1 in a background thread; with ``side``,
+    a second app (a gateway's admin API) on another port in the same event loop."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, side: Any | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                loop="asyncio", lifespan="on")
+                                loop="asyncio", lifespan="on", proxy_headers=False)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.side_url = ""
+        run = self.server.run
+        if side is not None:
+            from gateway.http_server import companion, serve_together
+
+            side_port = free_port()
+            self.side_url = f"http://127.0.0.1:{side_port}"
+            other = companion(uvicorn.Config(side, host="127.0.0.1", port=side_port,
+                                             log_level="warning", lifespan="off"))
+            run = lambda: asyncio.run(serve_together(self.server, other))  # noqa: E731
+        self.thread = threading.Thread(target=run, daemon=True)
 
     def start(self) -> ThreadServer:
         self.thread.start()
@@ -60,8 +72,8 @@ def serve() -> Iterator[Callable[..., ThreadServer]]:
     """``serve(app)`` starts ``app`` on a free loopback port; all stop after the test."""
     started: list[ThreadServer] = []
 
-    def start(app: Any, port: int | None = None) -> ThreadServer:
-        server = ThreadServer(app, port).start()
+    def start(app: Any, port: int | None = None, side: Any | None = None) -> ThreadServer:
+        server = ThreadServer(app, port, side).start()
         started.append(server)
         return server
 

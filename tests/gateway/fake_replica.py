@@ -30,6 +30,7 @@ class Behaviour:
     queries: int = 0
     queued_tokens: int | None = None
     received: list[bytes] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each request received
     cancelled: int = 0
 
 
@@ -37,6 +38,7 @@ def fake_replica(b: Behaviour) -> Starlette:
     async def complete(request: Request) -> Response:
         raw = await request.body()
         b.received.append(raw)
+        b.headers.append(dict(request.headers))
         body = json.loads(raw)
         chat = "messages" in body
         if b.status != 200:

@@ -7,14 +7,17 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from gateway.admin import create_admin_app
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.state import build_state
 from policies.round_robin import RoundRobin
 from tests.conftest import ThreadServer, free_port
 from tests.gateway.fake_replica import Behaviour, fake_replica
@@ -22,26 +25,42 @@ from tests.gateway.fake_replica import Behaviour, fake_replica
 Serve = Callable[..., ThreadServer]
 
 
-def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -> ThreadServer:
+ADMIN_TOKEN = "admin-token-0123456789"
+AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@dataclass
+class Gateway:
+    """A gateway's main listener (``url``, ``port``) and its admin listener (``admin``)."""
+
+    url: str
+    port: int
+    admin: str
+
+
+def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -> Gateway:
     config = parse_config({
         "replicas": [{"id": rid, "url": url} for rid, url in replicas],
         "policy": extra.pop("policy", {"name": "round_robin"}),
         "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
         "scrape": {"interval_s": 0.2},
+        "admin": {"token": ADMIN_TOKEN, "allow_networks": ["127.0.0.0/8"]},
         **extra,
     })
-    return serve(create_app(config))
+    state = build_state(config)
+    pair = serve(create_app(config, state), side=create_admin_app(state))
+    return Gateway(pair.url, pair.port, pair.side_url)
 
 
 @pytest.fixture
-def two(serve: Serve) -> tuple[ThreadServer, Behaviour, Behaviour]:
+def two(serve: Serve) -> tuple[Gateway, Behaviour, Behaviour]:
     a, b = Behaviour("a"), Behaviour("b")
     ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
     gw = start_gateway(serve, [("a", ra.url), ("b", rb.url)])
     return gw, a, b
 
 
-def wait_for_metric(gw: ThreadServer, series: str, value: float, timeout: float = 10) -> None:
+def wait_for_metric(gw: Gateway, series: str, value: float, timeout: float = 10) -> None:
     """Poll the gateway's /metrics until ``series`` reads ``value`` (scrapes are periodic)."""
     deadline = time.monotonic() + timeout
     seen = None
@@ -55,11 +74,11 @@ def wait_for_metric(gw: ThreadServer, series: str, value: float, timeout: float 
     raise AssertionError(f"{series} is {seen}, expected {value}")
 
 
-def client(gw: ThreadServer, **kw: Any) -> openai.OpenAI:
+def client(gw: Gateway, **kw: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, **kw)
 
 
-def test_openai_client_completions_and_chat(two: tuple[ThreadServer, Behaviour, Behaviour]
+def test_openai_client_completions_and_chat(two: tuple[Gateway, Behaviour, Behaviour]
                                             ) -> None:
     gw, a, b = two
     c = client(gw)
@@ -84,7 +103,7 @@ def test_openai_client_completions_and_chat(two: tuple[ThreadServer, Behaviour, 
 
 
 def test_body_forwarded_unchanged_with_route_headers(
-        two: tuple[ThreadServer, Behaviour, Behaviour]) -> None:
+        two: tuple[Gateway, Behaviour, Behaviour]) -> None:
     gw, a, b = two
     raw = b'{"model":"sim-model",  "prompt":"x y z","vendor_field":{"keep":[1,2]}}'
     r = httpx.post(f"{gw.url}/v1/completions", content=raw,
@@ -120,13 +139,13 @@ def test_retry_next_replica_on_5xx_and_dead(serve: Serve) -> None:
         r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "p"})
         assert r.status_code == 200, r.text
         assert r.headers["x-kvgate-replica"] == "good"
-    reps = httpx.get(f"{gw.url}/admin/replicas").json()["replicas"]
+    reps = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()["replicas"]
     assert {r["id"]: r["healthy"] for r in reps}["dead"] is False
     metrics = httpx.get(f"{gw.url}/metrics").text
     assert 'kvgate_retries_total{cause="5xx",replica="bad"}' in metrics
 
 
-def test_client_errors_are_openai_shaped(two: tuple[ThreadServer, Behaviour, Behaviour]
+def test_client_errors_are_openai_shaped(two: tuple[Gateway, Behaviour, Behaviour]
                                          ) -> None:
     gw, _, _ = two
     url = f"{gw.url}/v1/completions"
@@ -161,8 +180,8 @@ def test_client_errors_are_openai_shaped(two: tuple[ThreadServer, Behaviour, Beh
 def test_body_limit(serve: Serve) -> None:
     ok = Behaviour("ok")
     gw = start_gateway(serve, [("ok", serve(fake_replica(ok)).url)], max_body_bytes=1000)
-    for path in ("/v1/completions", "/admin/explain"):
-        r = httpx.post(f"{gw.url}{path}", json={"model": "sim-model", "prompt": "x" * 2000})
+    for url in (f"{gw.url}/v1/completions", f"{gw.admin}/admin/explain"):
+        r = httpx.post(url, json={"model": "sim-model", "prompt": "x" * 2000}, headers=AUTH)
         assert r.status_code == 413
         assert "1000" in r.json()["error"]["message"]
 
@@ -220,20 +239,26 @@ def test_client_disconnect_cancels_upstream(serve: Serve) -> None:
 def test_models_ready_metrics_and_admin(serve: Serve) -> None:
     a, b = Behaviour("a", model="m-a", hits=0, queries=0), Behaviour("b", model="m-b")
     ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
-    gw = start_gateway(serve, [("a", ra.url)], admin_token="s3cret")
-    auth = {"authorization": "Bearer s3cret"}
-    assert httpx.get(f"{gw.url}/admin/replicas").status_code == 401
-    r = httpx.post(f"{gw.url}/admin/replicas", json={"id": "b", "url": rb.url}, headers=auth)
+    gw = start_gateway(serve, [("a", ra.url)])
+    auth = AUTH
+    assert httpx.get(f"{gw.url}/admin/replicas", headers=auth).status_code == 404  # not here
+    assert httpx.get(f"{gw.admin}/admin/replicas").status_code == 401
+    r = httpx.post(f"{gw.admin}/admin/replicas", json={"id": "b", "url": rb.url}, headers=auth)
     assert r.status_code == 201, r.text
-    bad = httpx.post(f"{gw.url}/admin/replicas", json={"id": "c", "url": "ftp://x"},
-                     headers=auth)
-    assert bad.status_code == 400 and "ftp://x" in bad.json()["error"]["message"]
+    for url in ("ftp://x", "http://127.0.0.1:9/v1?x=1", "http://u:p@127.0.0.1:9"):
+        bad = httpx.post(f"{gw.admin}/admin/replicas", json={"id": "c", "url": url},
+                         headers=auth)
+        assert bad.status_code == 400 and url in bad.json()["error"]["message"]
+    outside = httpx.post(f"{gw.admin}/admin/replicas", headers=auth,
+                         json={"id": "c", "url": "http://10.1.2.3:8000"})
+    assert outside.status_code == 403
+    assert outside.json()["error"]["code"] == "replica_not_allowed"
     models = httpx.get(f"{gw.url}/v1/models").json()
     assert sorted(m["id"] for m in models["data"]) == ["m-a", "m-b"]
     # a model routes only to the replicas serving it
     r = httpx.post(f"{gw.url}/v1/completions", json={"model": "m-b", "prompt": "x"})
     assert r.headers["x-kvgate-replica"] == "b"
-    ex = httpx.post(f"{gw.url}/admin/explain", json={"model": "m-a", "prompt": "x"},
+    ex = httpx.post(f"{gw.admin}/admin/explain", json={"model": "m-a", "prompt": "x"},
                     headers=auth).json()
     assert ex["chosen"] == "a" and ex["reason"] and ex["policy"] == "round_robin"
     a.hits, a.queries = 300, 1000
@@ -245,9 +270,9 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
     assert "kvgate_routing_decision_seconds_count 1.0" in metrics  # the one proxied
     # the window runs from the first scrape (0 of 0 tokens) to the last (900 of 2000)
     assert 'kvgate_replica_token_hit_rate{replica="a"} 0.45' in metrics
-    r = httpx.delete(f"{gw.url}/admin/replicas/b", headers=auth)
+    r = httpx.delete(f"{gw.admin}/admin/replicas/b", headers=auth)
     assert r.status_code == 200
-    assert httpx.delete(f"{gw.url}/admin/replicas/b", headers=auth).status_code == 404
+    assert httpx.delete(f"{gw.admin}/admin/replicas/b", headers=auth).status_code == 404
     assert httpx.get(f"{gw.url}/ready").json()["healthy_replicas"] == 1
 
 
@@ -275,17 +300,16 @@ def test_readding_a_replica_keeps_its_accounting_apart(serve: Serve) -> None:
         f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "p"}).status_code))
     t.start()
     time.sleep(0.2)  # the request is in flight to the first "x"
-    assert httpx.delete(f"{gw.url}/admin/replicas/x").status_code == 200
-    assert httpx.post(f"{gw.url}/admin/replicas", json={"id": "x", "url": url}).status_code \
-        == 201
+    assert httpx.delete(f"{gw.admin}/admin/replicas/x", headers=AUTH).status_code == 200
+    assert httpx.post(f"{gw.admin}/admin/replicas", json={"id": "x", "url": url},
+                      headers=AUTH).status_code == 201
     t.join(5)
     assert answers == [200]
-    (x,) = httpx.get(f"{gw.url}/admin/replicas").json()["replicas"]
+    (x,) = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()["replicas"]
     assert x["in_flight"] == 0 and x["queued_tokens"] == 0  # not charged for the old one
 
 
 def test_internal_errors_get_an_openai_body(serve: Serve) -> None:
-    from gateway.state import build_state
 
     class Broken(RoundRobin):
         def choose(self, request, replicas):  # type: ignore[no-untyped-def]
@@ -310,7 +334,7 @@ def test_client_leaving_before_the_first_byte_cancels_the_upstream(serve: Serve)
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         time.sleep(0.3)  # the request waits on the replica's first byte
     wait_for_metric(gw, 'kvgate_errors_total{kind="client_disconnect"}', 1.0)
-    (replica,) = httpx.get(f"{gw.url}/admin/replicas").json()["replicas"]
+    (replica,) = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()["replicas"]
     assert replica["in_flight"] == 0 and replica["queued_tokens"] == 0
     assert httpx.get(f"{gw.url}/health").status_code == 200  # the gateway carries on
 
@@ -318,8 +342,8 @@ def test_client_leaving_before_the_first_byte_cancels_the_upstream(serve: Serve)
 def test_tenants_get_their_own_cache_salt(serve: Serve) -> None:
     rec = Behaviour("rec")
     gw = start_gateway(serve, [("rec", serve(fake_replica(rec)).url)],
-                       tenancy={"isolate": True, "secret": "k" * 32, "require_tenant": True,
-                                "trusted_proxies": ["127.0.0.0/8"]})
+                       tenancy={"isolate": True, "secret": "k" * 32, "require_tenant": True},
+                       trusted_proxies=["127.0.0.0/8"])
     url = f"{gw.url}/v1/completions"
     for tenant, salt in (("acme", None), ("acme", None), ("globex", None), ("acme", "mine")):
         body = {"model": "sim-model", "prompt": "same prompt", "extra": [1]}
@@ -333,7 +357,8 @@ def test_tenants_get_their_own_cache_salt(serve: Serve) -> None:
     assert all(json.loads(raw)["extra"] == [1] for raw in rec.received)  # fields survive
     r = httpx.post(url, json={"model": "sim-model", "prompt": "x"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "missing_tenant"
-    r = httpx.post(f"{gw.url}/admin/explain", json={"model": "sim-model", "prompt": "x"})
+    r = httpx.post(f"{gw.admin}/admin/explain", json={"model": "sim-model", "prompt": "x"},
+                   headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["code"] == "missing_tenant"
 
 
@@ -360,7 +385,7 @@ def test_a_conversation_keeps_its_replica_as_it_grows(serve: Serve) -> None:
     assert len(set(homes)) > 1  # conversations still spread over the fleet
 
 
-def test_answer_headers_are_not_doubled(two: tuple[ThreadServer, Behaviour, Behaviour]) -> None:
+def test_answer_headers_are_not_doubled(two: tuple[Gateway, Behaviour, Behaviour]) -> None:
     gw, _, _ = two
     r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
     for name in ("date", "server", "content-type", "content-length"):

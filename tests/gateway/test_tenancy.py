@@ -23,8 +23,11 @@ SECRET = "s" * 32
 
 
 def config(replicas: list[tuple[str, str]], **tenancy: Any) -> Any:
+    """A gateway config with ``tenancy``, whose ``trusted_proxies`` go to the top level."""
+    trusted = tenancy.pop("trusted_proxies", [])
     return parse_config({"replicas": [{"id": i, "url": u} for i, u in replicas],
-                         "scrape": {"enabled": False}, "tenancy": tenancy})
+                         "scrape": {"enabled": False}, "tenancy": tenancy,
+                         "trusted_proxies": trusted})
 
 
 @pytest.mark.parametrize("tenancy, message", [
@@ -105,3 +108,19 @@ def test_the_tokenizer_memo_is_kept_per_trust_group() -> None:
     assert hit is not None and list(hit.ids) == list(first.ids)
     assert tok.remembered_prefix(text, 64, "tenant-b") is None
     assert tok.remembered_prefix(text, 64) is None
+
+
+def test_forwarded_for_is_believed_only_from_trusted_proxies(serve: Serve) -> None:
+    rec = Behaviour("rec")
+    replica = serve(fake_replica(rec)).url
+    body = {"model": "sim-model", "prompt": "x"}
+    spoof = {"x-forwarded-for": "6.6.6.6", "forwarded": "for=6.6.6.6",
+             "connection": "x-secret", "x-secret": "hop", "proxy-connection": "keep-alive"}
+    for trusted, expected in ((["10.0.0.0/8"], "127.0.0.1"),
+                              (["127.0.0.0/8"], "6.6.6.6, 127.0.0.1")):
+        url = serve(create_app(config([("r0", replica)], trusted_proxies=trusted))).url
+        assert httpx.post(f"{url}/v1/completions", json=body, headers=spoof).status_code == 200
+        seen = rec.headers[-1]
+        assert seen["x-forwarded-for"] == expected
+        assert ("forwarded" in seen) == (expected != "127.0.0.1")
+        assert "x-secret" not in seen and "proxy-connection" not in seen

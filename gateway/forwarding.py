@@ -1,0 +1,33 @@
+"""The headers a client's request is forwarded with: the client's own, less the hop-by-hop
+ones, with the client's address added to ``X-Forwarded-For``.
+
+``X-Forwarded-For`` and ``Forwarded`` a client sends are believed only from a peer in
+``trusted_proxies`` (the proxy in front of the gateway that sets them); then the peer's
+address is appended. From anyone else they are dropped and ``X-Forwarded-For`` starts
+again with the peer's address, so a replica's logs never show an address a client made up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from starlette.requests import Request
+
+from gateway.networks import Networks
+from gateway.proxy import forward_headers
+
+_FORWARDED = ("x-forwarded-for", "forwarded")
+
+
+def upstream_headers(request: Request, trusted: Networks) -> dict[str, str]:
+    headers: Mapping[str, str] = request.headers
+    out = forward_headers(headers)
+    peer = request.client.host if request.client else None
+    if not trusted.peer_of(request):
+        for name in _FORWARDED:
+            out = {k: v for k, v in out.items() if k.lower() != name}
+    if peer:
+        prior = next((v for k, v in out.items() if k.lower() == "x-forwarded-for"), None)
+        out = {k: v for k, v in out.items() if k.lower() != "x-forwarded-for"}
+        out["x-forwarded-for"] = f"{prior}, {peer}" if prior else peer
+    return out

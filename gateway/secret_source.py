@@ -1,0 +1,28 @@
+"""Secrets in the gateway's config (the admin token, the tenancy key) may be written in
+the YAML, or kept out of it: read from a file (a mounted Kubernetes Secret) or from an
+environment variable."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def resolve_secret(value: str | None, file: str | None, env: str | None,
+                   name: str) -> str | None:
+    """``value`` if set, else the stripped contents of ``file``, else the environment
+    variable ``env``; None when none is configured or what it holds is empty.
+    ValueError names ``name`` and the source that failed."""
+    if value:
+        return value
+    if file:
+        try:
+            return Path(file).read_text().strip() or None
+        except OSError as exc:
+            raise ValueError(f"{name}_file {file!r}: {exc.strerror}") from exc
+    if env:
+        found = os.environ.get(env)
+        if found is None:
+            raise ValueError(f"{name}_env {env!r} is not set")
+        return found or None
+    return None
