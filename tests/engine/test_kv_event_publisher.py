@@ -8,7 +8,7 @@ import zmq
 
 from engine.kv_event_publisher import KVEventPublisher
 from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, decode_payload
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 
 def test_frames_sequence_numbers_and_payload() -> None:

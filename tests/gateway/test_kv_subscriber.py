@@ -11,7 +11,7 @@ from gateway.fleet import Fleet
 from gateway.kv_event_subscriber import KVEventSubscriber
 from kvwire.kv_event_format import BlockStored, KVEventBatch, encode_payload
 from policies.kv_index import KVIndex
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 TOKENS = tuple(range(32))
 

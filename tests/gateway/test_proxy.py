@@ -16,8 +16,8 @@ import pytest
 from gateway.app import create_app
 from gateway.config import parse_config
 from policies.round_robin import RoundRobin
-from tests.conftest import ThreadServer, free_port
-from tests.gateway.fake_replica import Behaviour, fake_replica
+from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.servers import ThreadServer, free_port
 
 Serve = Callable[..., ThreadServer]
 
