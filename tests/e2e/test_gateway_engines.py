@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +15,7 @@ from gateway.replica_metrics import parse_metrics
 from kvwire.tokenizer_build import sample_text
 from tests.support.fleets import start_fleet
 from tests.support.processes import Processes
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -74,10 +74,10 @@ def test_prefix_affinity_sends_each_document_home(spawn: Processes, tmp_path: Pa
     # the gateway read every answer's usage, the streamed one from its last event
     assert sum(samples("kvgate_prompt_tokens_total")) == prompt_total
     assert sum(samples("kvgate_cached_prompt_tokens_total")) == cached_total
-    deadline = time.monotonic() + 10  # the fleet hit rate needs two scrapes with traffic
-    while not samples("kvgate_fleet_token_hit_rate ") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert 0 < samples("kvgate_fleet_token_hit_rate ")[0] <= 1
+    # the fleet hit rate needs two scrapes with traffic
+    (rate,) = wait_until(lambda: samples("kvgate_fleet_token_hit_rate "), 10,
+                         "the fleet hit rate")
+    assert 0 < rate <= 1
 
 
 def test_dead_replica_is_retried_and_ejected(spawn: Processes, tmp_path: Path) -> None:

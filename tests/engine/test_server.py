@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -17,6 +16,7 @@ from engine.server import EngineServer, build_app
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
 from tests.support.servers import ThreadServer
+from tests.support.waiting import wait_until
 
 MODEL = "tiny-sim"
 
@@ -190,10 +190,7 @@ def test_client_disconnect_aborts_the_request(fresh: Running) -> None:
         first = next(r.iter_lines())
         assert first.startswith("data: ")
     core = fresh.server.core
-    for _ in range(1000):  # bounded wait for the loop to apply the abort
-        if core.stats.num_requests_aborted == 1:
-            break
-        time.sleep(0.01)
+    wait_until(lambda: core.stats.num_requests_aborted, 10, "the engine to abort the request")
     assert core.stats.num_requests_aborted == 1
     assert core.stats.generation_tokens < 400
 
@@ -207,14 +204,8 @@ def test_client_disconnect_aborts_a_non_streamed_request(fresh: Running) -> None
                      b"Content-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         core = fresh.server.core
-        for _ in range(1000):  # wait until it is generating, then leave
-            if core.stats.generation_tokens > 0:
-                break
-            time.sleep(0.01)
-    for _ in range(1000):
-        if core.stats.num_requests_aborted == 1:
-            break
-        time.sleep(0.01)
+        wait_until(lambda: core.stats.generation_tokens, 10, "the engine to generate")
+    wait_until(lambda: core.stats.num_requests_aborted, 10, "the engine to abort the request")
     assert core.stats.num_requests_aborted == 1
     assert core.stats.generation_tokens < 400
 
