@@ -62,8 +62,12 @@ async def test_follows_the_fleet_and_reads_each_replicas_socket() -> None:
         await wait_until_async(
             lambda: index.match(TOKENS, ["r0", "r1"]) == {"r0": 2, "r1": 2}, 10,
             "both replicas' blocks in the index", retry=send)
+        # r1 joined after start: read from its own socket, its blocks under its own id
+        assert index.num_blocks("r0") == index.num_blocks("r1") == 2
+        assert sub.messages >= 2 and sub.malformed == 0
         fleet.remove("r1")  # the reconcile loop unsubscribes and forgets it
         await wait_until_async(lambda: not index.num_blocks("r1"), 10, "r1 to be forgotten")
+        assert index.match(TOKENS, ["r0", "r1"]) == {"r0": 2, "r1": 0}
         assert index.num_blocks("r0") == 2
     finally:
         await sub.stop()
@@ -85,16 +89,22 @@ async def test_a_failing_reader_does_not_stop_the_others(
     sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
     await sub.start()
     try:
-        await wait_until_async(
-            lambda: sum("replica bad: KV event reader failed" in r.getMessage()
-                        for r in caplog.records) >= 2, 10,
-            "reconcile rounds to meet the failed reader twice")
+        def failures() -> int:
+            return sum("replica bad: KV event reader failed" in r.getMessage()
+                       for r in caplog.records)
+
+        # each reconcile round logs the failed reader and starts it again
+        await wait_until_async(lambda: failures() >= 2, 10,
+                               "reconcile rounds to meet the failed reader twice")
         fleet.add(ReplicaConfig("good", "http://127.0.0.1:2", kv_events=good))
         seq = itertools.count()
         await wait_until_async(lambda: index.match(TOKENS, ["good"]) == {"good": 2}, 10,
                                "the good replica's blocks in the index",
                                retry=lambda: pub.send_multipart(message(next(seq), 1)))
+        assert index.num_blocks("good") == 2 and index.num_blocks("bad") == 0
+        assert sub.messages >= 1 and sub.malformed == 0
     finally:
         await sub.stop()  # must not raise the failed reader's error
         pub.close()
         ctx.term()
+    assert failures() >= 2
