@@ -48,8 +48,9 @@ def warmed(name: str) -> Policy:
     for i in range(60):
         tokens = [*docs[i % 3 if i % 4 else i % 6], *doc(100 + i, 40)]
         req = request(tokens, policy, at=i * 0.1)
-        chosen = policy.choose(req, fleet()).chosen
-        policy.observe(Routed(req, chosen))
+        views = fleet()
+        chosen = policy.choose(req, views).chosen
+        policy.observe(Routed(req, chosen, views))
         policy.observe(Finished(req, chosen, True, 600, 0.05, 0.2))
     policy.observe(ReplicaReset("r2"))
     return policy
@@ -64,11 +65,7 @@ def probes(policy: Policy) -> list[tuple[RouteRequest, list[ReplicaView]]]:
             (request(seen, policy, at=7.2), fleet(epoch_of_r1=1))]
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(
-        strict=True, reason="Radix.choose records the epoch and capacity of each replica"))
-    if name == "radix" else name
-    for name in sorted(set(POLICY_NAMES) - RECORDS_FACTS_IN_CHOOSE)])
+@pytest.mark.parametrize("name", sorted(set(POLICY_NAMES) - RECORDS_FACTS_IN_CHOOSE))
 def test_choose_is_pure(name: str) -> None:
     policy = warmed(name)
     before = snapshot(policy)
