@@ -82,7 +82,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     ranked = _under_queue_bound(gw, decision.ranked)
 
     def on_sent(replica: str) -> None:
-        gw.policy.observe(Routed(route_req, replica))
+        gw.policy.observe(Routed(route_req, replica, routing.views))
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()

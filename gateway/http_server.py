@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,11 +134,14 @@ def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None) ->
     uvloop.run(serve_together(main, admin))
 
 
-async def serve_together(main: uvicorn.Server, side: uvicorn.Server) -> None:
-    """Run ``side`` for as long as ``main`` runs, in this event loop."""
-    task = asyncio.create_task(side.serve())
+async def serve_together(main: uvicorn.Server, side: uvicorn.Server,
+                         main_sockets: list[socket.socket] | None = None,
+                         side_sockets: list[socket.socket] | None = None) -> None:
+    """Run ``side`` for as long as ``main`` runs, in this event loop (each on its config's
+    host and port, or on the sockets given)."""
+    task = asyncio.create_task(side.serve(side_sockets))
     try:
-        await main.serve()
+        await main.serve(main_sockets)
     finally:
         side.should_exit = True
         await task

@@ -23,7 +23,7 @@ from gateway.request_parse import ParsedRequest
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.openai_schema import BadRequest
 from kvwire.tokenizer import PromptTokenizer
-from policies.base import Decision, NoReplicaError, Policy, RouteRequest
+from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks, text_chunks
 
 
@@ -38,9 +38,13 @@ class _Tokens(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Routing:
+    """A decision, the request it was made for, the fleet snapshot it was made on (for
+    ``Routed``) and how long it took."""
+
     request: RouteRequest
     decision: Decision
     seconds: float
+    views: Sequence[ReplicaView] = ()
 
 
 def work_tokens(request: RouteRequest, decision: Decision, replica: str) -> int:
@@ -197,4 +201,4 @@ class Router:
         except NoReplicaError as exc:
             raise NoReplicaAvailable(f"no healthy replica for model {parsed.model!r}: {exc}") \
                 from exc
-        return Routing(request, decision, time.perf_counter() - started)
+        return Routing(request, decision, time.perf_counter() - started, views)

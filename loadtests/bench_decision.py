@@ -51,15 +51,17 @@ def measure(variant: str, bodies: list[ParsedRequest], warmup: int) -> dict[str,
     try:
         for i, body in enumerate(bodies[:warmup]):
             req = router.build(body, now=float(i))
-            policy.observe(Routed(req, policy.choose(req, fleet.views()).chosen))
+            views = fleet.views()
+            policy.observe(Routed(req, policy.choose(req, views).chosen, views))
         wall: list[float] = []
         cpu0 = time.process_time()
         for i, body in enumerate(timed):
             t0 = time.perf_counter()
             req = router.build(body, now=float(warmup + i))
-            chosen = policy.choose(req, fleet.views()).chosen
+            views = fleet.views()
+            chosen = policy.choose(req, views).chosen
             wall.append(time.perf_counter() - t0)
-            policy.observe(Routed(req, chosen))
+            policy.observe(Routed(req, chosen, views))
         cpu_ms = 1000 * (time.process_time() - cpu0) / len(timed)
     finally:
         router.close()

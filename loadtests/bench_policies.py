@@ -96,8 +96,9 @@ def run_one(
     fleet = Fleet(replicas, capacity)
     for i, tokens in enumerate(warm):
         req = _request(policy, tokens, f"w{i}", at=i * 0.02)
-        rid = policy.choose(req, fleet.views()).chosen
-        policy.observe(Routed(req, rid))
+        views = fleet.views()
+        rid = policy.choose(req, views).chosen
+        policy.observe(Routed(req, rid, views))
         fleet.routed(rid, len(tokens))
     traced = None
     if tracing:
@@ -112,7 +113,7 @@ def run_one(
         start = clock()
         rid = policy.choose(req, views).chosen
         samples.append((clock() - start) / 1000)
-        policy.observe(Routed(req, rid))
+        policy.observe(Routed(req, rid, views))
         fleet.routed(rid, len(tokens))
     samples.sort()
     p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))]

@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any
 
 from engine.eviction import EVICTION_POLICIES
-from loadtests.fleet import FleetError, LocalFleet, LocalFleetSpec, stop_recorded
+from loadtests.local_fleet import FleetError, LocalFleet, LocalFleetSpec, stop_recorded
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 
 from engine.eviction import EVICTION_POLICIES
 from loadtests import engine_counters
-from loadtests.fleet import LocalFleet, LocalFleetSpec
+from loadtests.local_fleet import LocalFleet, LocalFleetSpec
 
 HERE = Path(__file__).parent
 LOCUSTFILE = HERE / "locustfile.py"

@@ -185,7 +185,8 @@ class Simulation:
         route = router.build(self._parsed(req, ids), now=now)
         replicas = self.fleet.replicas
         self._idle_blocks += sum(r.core.kv.pool.num_free_blocks for r in replicas)
-        decision = router.policy.choose(route, self.fleet.views(now, gateway))
+        views = self.fleet.views(now, gateway)
+        decision = router.policy.choose(route, views)
         self.reasons[decision.reason] += 1
         self.chosen[req.index] = decision.chosen
         index = self.fleet.index[decision.chosen]
@@ -194,7 +195,7 @@ class Simulation:
         pending = self.fleet.states[gateway].sent(
             rep.id, work_tokens(route, decision, rep.id), now)
         self._inflight[f"req{req.index}"] = _InFlight(req, route, rep.id, pending, gateway)
-        router.policy.observe(Routed(route, rep.id))
+        router.policy.observe(Routed(route, rep.id, views))
         if rep.busy_until is None:
             self._start_step(index, now)
 

@@ -118,10 +118,14 @@ class Decision:
 class Routed:
     """The request is being sent to ``replica``. Observed when it is sent, before any
     answer, so concurrent decisions see it; a retry on another replica observes a second
-    ``Routed``. ``Finished`` names the replica that finally answered."""
+    ``Routed``. ``Finished`` names the replica that finally answered. ``replicas``, when
+    the caller has it, is the fleet snapshot the decision was made on, so a policy can
+    learn facts about the replicas (epoch, KV capacity) in ``observe``, never in
+    ``choose``."""
 
     request: RouteRequest
     replica: str
+    replicas: Sequence[ReplicaView] = ()
 
 
 @dataclass(frozen=True, slots=True)

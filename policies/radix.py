@@ -23,9 +23,11 @@ prompt for this policy; matches are converted to tokens by the request's
 Each replica's share of the tree is capped at ``capacity_fraction`` of its KV capacity in
 tokens (``ReplicaView.kv_capacity_tokens``, else ``default_capacity_tokens``) and evicted
 LRU-leaf-first; the whole tree at ``max_tree_mb`` (an estimate, see
-``RadixTree.estimated_bytes``). ``choose`` remembers the latest epoch and capacity of each
-replica it is shown (facts about the fleet, not routing state): a replica whose epoch
-changed is treated as empty at once; its entries are dropped at the next ``observe``.
+``RadixTree.estimated_bytes``). ``observe(Routed)`` learns the epoch and capacity of each
+healthy replica from the snapshot the decision was made on (``Routed.replicas``); the
+tree's entries of a replica belong to the epoch they were learned in. ``choose`` treats a
+replica whose view shows another epoch as empty at once; its entries are dropped at the
+next ``observe``.
 """
 
 from __future__ import annotations
@@ -125,8 +127,6 @@ class Radix(Policy):
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         cfg = self.config
         ok = healthy(replicas)
-        for r in ok:
-            self._seen[r.id] = (r.epoch, r.kv_capacity_tokens)
         data, unit = self._units(request)
         p = max(1, request.prompt_tokens)
         raw = self.tree.match(_namespace(request), data)
@@ -169,13 +169,18 @@ class Radix(Policy):
         return Decision(ranked, reason, matched.get(chosen.id, 0), scores)
 
     def observe(self, event: RouteEvent) -> None:
+        if isinstance(event, Routed):
+            for r in event.replicas:
+                if r.healthy:
+                    self._seen[r.id] = (r.epoch, r.kv_capacity_tokens)
         for rid, (epoch, _) in self._seen.items():
             if self._epochs.setdefault(rid, epoch) != epoch:
                 self.tree.drop(rid)
                 self._epochs[rid] = epoch
         if isinstance(event, Routed):
             rid = event.replica
-            self._epochs.setdefault(rid, self._seen.get(rid, (0, None))[0])
+            if rid in self._seen:  # else unknown: no snapshot named it
+                self._epochs.setdefault(rid, self._seen[rid][0])
             data, unit = self._units(event.request)
             self._unit_tokens = unit
             self.tree.insert(_namespace(event.request), data, rid, self.budget(rid, unit))

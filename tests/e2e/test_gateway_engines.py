@@ -5,48 +5,19 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import yaml
 
 from gateway.replica_metrics import parse_metrics
 from kvwire.tokenizer_build import sample_text
-from tests.conftest import free_port, wait_http
+from tests.support.fleets import start_fleet
+from tests.support.processes import Processes
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-Spawn = Callable[..., subprocess.Popen[bytes]]
-
-
-SIM_ENGINE = ("--executor", "sim", "--kv-cache-gib", "1", "--model-name", "sim-llama")
-
-
-def start_fleet(spawn: Spawn, tmp_path: Path, policy: dict[str, object], replicas: int = 2,
-                engine: tuple[str, ...] = SIM_ENGINE, **gateway: object
-                ) -> tuple[str, list[str], list[subprocess.Popen[bytes]]]:
-    """``replicas`` engine processes (``engine`` arguments) behind a gateway process."""
-    urls, procs = [], []
-    for _ in range(replicas):
-        port = free_port()
-        procs.append(spawn("engine", *engine, "--port", str(port)))
-        urls.append(f"http://127.0.0.1:{port}")
-    for url, proc in zip(urls, procs, strict=True):
-        wait_http(f"{url}/health", 120, proc)
-    gport = free_port()
-    config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({
-        "port": gport, "policy": policy,
-        "replicas": [{"id": f"r{i}", "url": u} for i, u in enumerate(urls)],
-        "health": {"interval_s": 0.3, "timeout_s": 1, "failures_to_eject": 1},
-        "scrape": {"interval_s": 0.3},
-        **gateway,
-    }))
-    spawn("serve", "--config", str(config), ready_url=f"http://127.0.0.1:{gport}/ready")
-    return f"http://127.0.0.1:{gport}", urls, procs
 
 
 def engine_hits(url: str) -> tuple[float, float]:
@@ -55,9 +26,9 @@ def engine_hits(url: str) -> tuple[float, float]:
     return m.hit_tokens, m.query_tokens
 
 
-def test_prefix_affinity_sends_each_document_home(spawn: Spawn, tmp_path: Path) -> None:
-    gateway, urls, _ = start_fleet(
-        spawn, tmp_path, {"name": "prefix_affinity", "prefix_tokens": 128})
+def test_prefix_affinity_sends_each_document_home(spawn: Processes, tmp_path: Path) -> None:
+    fleet = start_fleet(spawn, tmp_path, {"name": "prefix_affinity", "prefix_tokens": 128})
+    gateway, urls = fleet.gateway, fleet.urls
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
     assert [m.id for m in client.models.list().data] == ["sim-llama"]
     rng = random.Random(3)
@@ -103,38 +74,40 @@ def test_prefix_affinity_sends_each_document_home(spawn: Spawn, tmp_path: Path) 
     # the gateway read every answer's usage, the streamed one from its last event
     assert sum(samples("kvgate_prompt_tokens_total")) == prompt_total
     assert sum(samples("kvgate_cached_prompt_tokens_total")) == cached_total
-    deadline = time.monotonic() + 10  # the fleet hit rate needs two scrapes with traffic
-    while not samples("kvgate_fleet_token_hit_rate ") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert 0 < samples("kvgate_fleet_token_hit_rate ")[0] <= 1
+    # the fleet hit rate needs two scrapes with traffic
+    (rate,) = wait_until(lambda: samples("kvgate_fleet_token_hit_rate "), 10,
+                         "the fleet hit rate")
+    assert 0 < rate <= 1
 
 
-def test_dead_replica_is_retried_and_ejected(spawn: Spawn, tmp_path: Path) -> None:
-    gateway, _, procs = start_fleet(spawn, tmp_path, {"name": "round_robin"})
+def test_dead_replica_is_retried_and_ejected(spawn: Processes, tmp_path: Path) -> None:
+    fleet = start_fleet(spawn, tmp_path, {"name": "round_robin"})
+    gateway = fleet.gateway
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
-    procs[0].terminate()
-    procs[0].wait(timeout=10)
+    fleet.replicas[0].proc.terminate()
+    fleet.replicas[0].proc.wait(timeout=10)
     for i in range(4):
         done = client.completions.create(model="sim-llama", prompt=f"hello {i}", max_tokens=2)
         assert done.choices[0].text
-    replicas = httpx.get(f"{gateway}/admin/replicas").json()["replicas"]
+    replicas = httpx.get(f"{fleet.admin}/admin/replicas",
+                         headers=fleet.admin_headers).json()["replicas"]
     assert [r["healthy"] for r in replicas] == [False, True]
     bad = httpx.post(f"{gateway}/v1/completions",
                      json={"model": "sim-llama", "prompt": "x", "max_tokens": -3})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
 
 
-def test_torch_replicas_behind_the_gateway(spawn: Spawn, tmp_path: Path) -> None:
+def test_torch_replicas_behind_the_gateway(spawn: Processes, tmp_path: Path) -> None:
     model = tmp_path / "tiny"
     made = subprocess.run([sys.executable, "-m", "kvgate", "make-tiny-model", str(model),
                            "--arch", "qwen2"], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
-    gateway, urls, _ = start_fleet(
+    fleet = start_fleet(
         spawn, tmp_path, {"name": "prefix_affinity", "prefix_tokens": 32},
         engine=("--executor", "torch", "--model", str(model), "--kv-cache-gib", "0.05",
                 "--model-name", "tiny"),
         tokenizer=str(model))
-    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=f"{fleet.gateway}/v1", api_key="x", max_retries=0)
     doc = sample_text(random.Random(9), 60)
     first = client.completions.with_raw_response.create(
         model="tiny", prompt=doc + " first question", max_tokens=3)
@@ -144,5 +117,5 @@ def test_torch_replicas_behind_the_gateway(spawn: Spawn, tmp_path: Path) -> None
     usage = second.parse().usage
     assert usage is not None and usage.prompt_tokens_details is not None
     assert usage.prompt_tokens_details.cached_tokens >= 64
-    home = urls[int(first.headers["x-kvgate-replica"][1:])]
+    home = fleet.replica(first.headers["x-kvgate-replica"]).url
     assert engine_hits(home)[0] == usage.prompt_tokens_details.cached_tokens

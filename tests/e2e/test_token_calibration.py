@@ -5,8 +5,6 @@ the policies' predicted cached tokens, in the replicas' tokens, match what they 
 from __future__ import annotations
 
 import random
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,10 +13,10 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from kvwire.tokenizer_build import WORDS, sample_text
-from tests.e2e.test_gateway_engines import SIM_ENGINE, start_fleet
+from tests.support.fleets import SIM_ENGINE, start_fleet
+from tests.support.processes import Processes
 
 pytestmark = pytest.mark.slow
-Spawn = Callable[..., subprocess.Popen[bytes]]
 
 
 def word_tokenizer(directory: Path) -> Path:
@@ -35,10 +33,11 @@ def word_tokenizer(directory: Path) -> Path:
 
 @pytest.mark.parametrize("policy", ["cost", "radix"])
 def test_predicted_cached_tokens_are_in_the_replicas_units(
-        spawn: Spawn, tmp_path: Path, policy: str) -> None:
+        spawn: Processes, tmp_path: Path, policy: str) -> None:
     words = word_tokenizer(tmp_path / "words")
-    gateway, _, _ = start_fleet(spawn, tmp_path, {"name": policy},
-                                engine=(*SIM_ENGINE, "--tokenizer", str(words)))
+    fleet = start_fleet(spawn, tmp_path, {"name": policy},
+                        engine=(*SIM_ENGINE, "--tokenizer", str(words)))
+    gateway = fleet.gateway
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
     rng = random.Random(3)
     docs = [sample_text(rng, 400) for _ in range(4)]
@@ -52,7 +51,8 @@ def test_predicted_cached_tokens_are_in_the_replicas_units(
     for _ in range(8):
         text = prompt()
         body = {"model": "sim-llama", "prompt": text, "max_tokens": 2}
-        explain = httpx.post(f"{gateway}/admin/explain", json=body).json()
+        explain = httpx.post(f"{fleet.admin}/admin/explain", json=body,
+                             headers=fleet.admin_headers).json()
         ratio = explain["replica_tokens_per_gateway_token"]
         assert 0.35 < ratio < 0.7  # ~1 replica token per ~2 BPE tokens
         raw = client.completions.with_raw_response.create(**body)

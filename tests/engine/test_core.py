@@ -3,8 +3,7 @@ import pytest
 from engine.core import EngineCore
 from engine.executor import Batch, StepResult
 from engine.request import SamplingParams
-
-from .conftest import add, make_core, run_all
+from tests.support.engine_cores import add, make_core, run_all
 
 
 def tokens(out: list) -> list[int]:

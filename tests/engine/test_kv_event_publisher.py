@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import zmq
 
 from engine.kv_event_publisher import KVEventPublisher
 from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, decode_payload
-from tests.conftest import free_port
+from tests.support.servers import free_port
+from tests.support.waiting import wait_until
 
 
 def test_frames_sequence_numbers_and_payload() -> None:
@@ -23,10 +22,8 @@ def test_frames_sequence_numbers_and_payload() -> None:
     sub.connect(endpoint)
     try:
         # a SUB socket misses what is sent before it has joined: send until one arrives
-        deadline = time.monotonic() + 10
-        while not sub.poll(50):
-            assert time.monotonic() < deadline, "no KV event message arrived"
-            pub.publish([AllBlocksCleared()])
+        wait_until(lambda: sub.poll(0), 10, "a KV event message",
+                   retry=lambda: pub.publish([AllBlocksCleared()]), retry_every_s=0.05)
         topic, seq, _payload = sub.recv_multipart()
         assert topic == b"kv" and len(seq) == 8
         first = int.from_bytes(seq, "big")

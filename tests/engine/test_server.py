@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.server import EngineServer, build_app
 from kvwire.tokenizer import load_tokenizer
-
-from .conftest import make_core
+from tests.support.engine_cores import make_core
+from tests.support.servers import ThreadServer
+from tests.support.waiting import wait_until
 
 MODEL = "tiny-sim"
 
@@ -44,27 +42,14 @@ def _serve(**core_kw: object) -> Iterator[Running]:
     core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=512,
                      **core_kw)
     srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=True)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    userver = uvicorn.Server(uvicorn.Config(build_app(srv), log_level="warning", ws="none",
-                                            lifespan="on"))
-    thread = threading.Thread(target=userver.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    for _ in range(500):
-        if userver.started:
-            break
-        time.sleep(0.01)
-    assert userver.started, "server did not start"
-    running = Running(f"http://127.0.0.1:{port}", srv)
+    server = ThreadServer(build_app(srv)).start()
+    running = Running(server.url, srv)
     try:
         yield running
     finally:
         running.http.close()
         running.client.close()
-        userver.should_exit = True
-        thread.join(10)
-        sock.close()
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -205,10 +190,7 @@ def test_client_disconnect_aborts_the_request(fresh: Running) -> None:
         first = next(r.iter_lines())
         assert first.startswith("data: ")
     core = fresh.server.core
-    for _ in range(1000):  # bounded wait for the loop to apply the abort
-        if core.stats.num_requests_aborted == 1:
-            break
-        time.sleep(0.01)
+    wait_until(lambda: core.stats.num_requests_aborted, 10, "the engine to abort the request")
     assert core.stats.num_requests_aborted == 1
     assert core.stats.generation_tokens < 400
 
@@ -222,14 +204,8 @@ def test_client_disconnect_aborts_a_non_streamed_request(fresh: Running) -> None
                      b"Content-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         core = fresh.server.core
-        for _ in range(1000):  # wait until it is generating, then leave
-            if core.stats.generation_tokens > 0:
-                break
-            time.sleep(0.01)
-    for _ in range(1000):
-        if core.stats.num_requests_aborted == 1:
-            break
-        time.sleep(0.01)
+        wait_until(lambda: core.stats.generation_tokens, 10, "the engine to generate")
+    wait_until(lambda: core.stats.num_requests_aborted, 10, "the engine to abort the request")
     assert core.stats.num_requests_aborted == 1
     assert core.stats.generation_tokens < 400
 

@@ -11,7 +11,7 @@ import torch
 from engine.executor import Batch, SeqWork
 from engine.executors.torch_executor import TorchExecutor
 from engine.model.loader import load_model
-from tests.engine_torch.hf_models import VOCAB, build_hf_model
+from tests.support.hf_models import VOCAB, build_hf_model
 
 BLOCK = 4
 TOL = dict(atol=1e-4, rtol=1e-4)

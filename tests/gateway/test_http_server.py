@@ -14,7 +14,7 @@ import uvicorn
 
 from gateway.config import parse_config
 from gateway.http_server import server_config
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 
 async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]

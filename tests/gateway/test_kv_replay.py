@@ -18,7 +18,7 @@ from kvwire.kv_event_format import (
     encode_payload,
 )
 from policies.kv_index import KVIndex
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 
 def batches(n: int, seed: int = 3) -> list[tuple[KVEvent, ...]]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 
+import pytest
 import zmq
 
 from gateway.config import ReplicaConfig
@@ -11,7 +12,8 @@ from gateway.fleet import Fleet
 from gateway.kv_event_subscriber import KVEventSubscriber
 from kvwire.kv_event_format import BlockStored, KVEventBatch, encode_payload
 from policies.kv_index import KVIndex
-from tests.conftest import free_port
+from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 TOKENS = tuple(range(32))
 
@@ -50,19 +52,22 @@ async def test_follows_the_fleet_and_reads_each_replicas_socket() -> None:
     await sub.start()
     try:
         fleet.add(ReplicaConfig("r1", "http://127.0.0.1:2", kv_events=endpoints[1]))
-        seq = 0
-        async with asyncio.timeout(10):  # a SUB misses what precedes its joining: resend
-            while index.match(TOKENS, ["r0", "r1"]) != {"r0": 2, "r1": 2}:
-                for i, pub in enumerate(pubs):
-                    pub.send_multipart(message(seq, 100 * i))
-                seq += 1
-                await asyncio.sleep(0.05)
+        seq = itertools.count()
+
+        def send() -> None:  # a SUB misses what precedes its joining: resend
+            n = next(seq)
+            for i, pub in enumerate(pubs):
+                pub.send_multipart(message(n, 100 * i))
+
+        await wait_until_async(
+            lambda: index.match(TOKENS, ["r0", "r1"]) == {"r0": 2, "r1": 2}, 10,
+            "both replicas' blocks in the index", retry=send)
+        # r1 joined after start: read from its own socket, its blocks under its own id
+        assert index.num_blocks("r0") == index.num_blocks("r1") == 2
+        assert sub.messages >= 2 and sub.malformed == 0
         fleet.remove("r1")  # the reconcile loop unsubscribes and forgets it
-        async with asyncio.timeout(10):
-            while True:
-                if not index.num_blocks("r1"):
-                    break
-                await asyncio.sleep(0.05)
+        await wait_until_async(lambda: not index.num_blocks("r1"), 10, "r1 to be forgotten")
+        assert index.match(TOKENS, ["r0", "r1"]) == {"r0": 2, "r1": 0}
         assert index.num_blocks("r0") == 2
     finally:
         await sub.stop()
@@ -71,7 +76,8 @@ async def test_follows_the_fleet_and_reads_each_replicas_socket() -> None:
         ctx.term()
 
 
-async def test_a_failing_reader_does_not_stop_the_others() -> None:
+async def test_a_failing_reader_does_not_stop_the_others(
+        caplog: pytest.LogCaptureFixture) -> None:
     ctx = zmq.Context()
     good = f"tcp://127.0.0.1:{free_port()}"
     pub = ctx.socket(zmq.PUB)
@@ -83,15 +89,22 @@ async def test_a_failing_reader_does_not_stop_the_others() -> None:
     sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
     await sub.start()
     try:
-        await asyncio.sleep(0.2)  # several reconcile rounds meet the failed reader
+        def failures() -> int:
+            return sum("replica bad: KV event reader failed" in r.getMessage()
+                       for r in caplog.records)
+
+        # each reconcile round logs the failed reader and starts it again
+        await wait_until_async(lambda: failures() >= 2, 10,
+                               "reconcile rounds to meet the failed reader twice")
         fleet.add(ReplicaConfig("good", "http://127.0.0.1:2", kv_events=good))
-        seq = 0
-        async with asyncio.timeout(10):
-            while index.match(TOKENS, ["good"]) != {"good": 2}:
-                pub.send_multipart(message(seq, 1))
-                seq += 1
-                await asyncio.sleep(0.05)
+        seq = itertools.count()
+        await wait_until_async(lambda: index.match(TOKENS, ["good"]) == {"good": 2}, 10,
+                               "the good replica's blocks in the index",
+                               retry=lambda: pub.send_multipart(message(next(seq), 1)))
+        assert index.num_blocks("good") == 2 and index.num_blocks("bad") == 0
+        assert sub.messages >= 1 and sub.malformed == 0
     finally:
         await sub.stop()  # must not raise the failed reader's error
         pub.close()
         ctx.term()
+    assert failures() >= 2

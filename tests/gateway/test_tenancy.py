@@ -15,8 +15,8 @@ from gateway.app import create_app
 from gateway.config import parse_config
 from kvwire.tokenizer import load_tokenizer
 from policies.config import ConfigError
-from tests.conftest import ThreadServer
-from tests.gateway.fake_replica import Behaviour, fake_replica
+from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.servers import ThreadServer
 
 Serve = Callable[..., ThreadServer]
 SECRET = "s" * 32

@@ -17,7 +17,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import parse_config
-from tests.conftest import ThreadServer
+from tests.support.servers import ThreadServer
 
 Serve = Callable[..., ThreadServer]
 ASGI = Callable[..., Any]

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 
+import matplotlib.image as plt_image
 import numpy as np
 import pytest
 
@@ -120,12 +121,46 @@ def test_cli_writes_the_documented_json(tmp_path):
           "--set", "doc_tokens=400", "--json", str(out), "--plot", str(plot)])
     report = json.loads(out.read_text())
     assert report["scenario"] == "contracts" and report["eviction"] == "frequency"
+    assert (report["replicas"], report["requests"], report["arrival_rate"]) == (2, 300, 20)
+    assert report["fleet"]["kv_pool_gib"] == 0.6 and report["fleet"]["max_num_seqs"] == 4
+    workload = report["workload"]
+    assert (workload["num_docs"], workload["hot_docs"], workload["doc_tokens"]) == (40, 8, 400)
     assert 0 < report["oracle_token_hit_rate"] < 1
-    keys = {"token_hit_rate", "request_hit_rate", "prefill_tokens", "hot_prefill_tokens",
-            "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "spills"}
-    for name in ("round_robin", "prefix_affinity"):
-        assert keys <= set(report["policies"][name])
-    assert plot.stat().st_size > 10_000
+    rr, pa = report["policies"]["round_robin"], report["policies"]["prefix_affinity"]
+    assert rr["reasons"] == {"round_robin": 300} and rr["replica_requests"] == [150, 150]
+    assert sum(pa["reasons"].values()) == sum(pa["replica_requests"]) == 300
+    assert rr["prompt_tokens"] == pa["prompt_tokens"] > 300 * 400  # one trace for both
+    for res in (rr, pa):
+        assert res["requests"] == 300 and res["preemptions"] == 0
+        assert res["spills"] == res["reasons"].get("spill", 0)
+        # without preemptions every prompt token not served from cache is computed once
+        hits = round(res["token_hit_rate"] * res["prompt_tokens"])
+        assert res["prefill_tokens"] == res["prompt_tokens"] - hits > 0
+        assert res["prefill_tokens"] == sum(res["replica_prefill_tokens"])
+        assert res["hot_prefill_tokens"] <= res["prefill_tokens"]
+        assert 0 < res["ttft_p50_s"] <= res["ttft_p95_s"] <= res["ttft_p99_s"]
+        # the 40 documents fit in the fleet's cache: near the oracle's bound, under it
+        oracle = report["oracle_token_hit_rate"]
+        assert 0.7 * oracle < res["token_hit_rate"] < oracle
+        assert 0 < res["request_hit_rate"] <= 1
+    # the CLI ran the same simulation the library runs for these settings
+    scenario = SCENARIOS["contracts"]
+    spec = build_spec(scenario.workload, seed=0, **{**scenario.params, "num_docs": 40,
+                                                    "hot_docs": 8, "doc_tokens": 400})
+    requests = generate(spec, 300)
+    fleet = FleetSpec(replicas=2, profile=scenario.profile, kv_pool_gib=0.6, idle_kv_gib=0.4,
+                      max_num_seqs=4, eviction="frequency")
+    again = simulate(requests, poisson_arrivals(300, 20.0, 0), build_policy("round_robin"),
+                     fleet)
+    assert again.token_hit_rate == rr["token_hit_rate"]
+    assert again.ttft_p95_s == rr["ttft_p95_s"]
+    # the plot: 11 x 4.2 inches at 110 dpi, a bar and a TTFT curve in each policy's colour
+    image = plt_image.imread(plot)
+    assert image.shape == (462, 1210, 4)
+    pixels = np.round(image[..., :3] * 255).astype(int).reshape(-1, 3)
+    for colour in ("#1f77b4", "#ff7f0e"):  # matplotlib's C0 and C1
+        rgb = [int(colour[i:i + 2], 16) for i in (1, 3, 5)]
+        assert (pixels == rgb).all(axis=1).sum() > 1000, colour
 
 
 # half of contracts-400: 4 L4 replicas whose LRU caches hold ~8 documents each, 25 hot

@@ -20,7 +20,7 @@ from kvwire.kv_event_format import (
     encode_payload,
 )
 from policies.kv_index import KVIndex, chain_key, root_key
-from tests.engine.conftest import make_core
+from tests.support.engine_cores import make_core
 
 BS = 4
 

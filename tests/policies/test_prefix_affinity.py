@@ -5,6 +5,7 @@ import pytest
 
 from policies.base import ReplicaView, Routed, RouteRequest
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from tests.support.policy_state import snapshot
 
 RNG_VOCAB = 50_000
 
@@ -22,8 +23,10 @@ def test_same_prefix_same_replica_and_choose_is_pure() -> None:
     policy = PrefixAffinity()
     fleet = views({f"r{i}": 0 for i in range(8)})
     body = doc(1, 2000)
+    before = snapshot(policy)
     a = policy.choose(RouteRequest([*body, 1, 2, 3], 2003), fleet)
     b = policy.choose(RouteRequest([*body, 9, 9], 2002), fleet)
+    assert snapshot(policy) == before
     assert a.reason == b.reason == "affinity" and a.ranked == b.ranked
     assert len(a.ranked) == 3 and len(set(a.ranked)) == 3
     others = {policy.choose(RouteRequest(doc(s, 1100), 1100), fleet).chosen for s in range(40)}

@@ -3,6 +3,7 @@ from collections import Counter
 
 from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView, Routed, RouteRequest
 from policies.radix import Radix, RadixConfig
+from tests.support.policy_state import snapshot
 
 
 def doc(seed: int, n: int) -> list[int]:
@@ -17,7 +18,7 @@ def fleet(n: int = 4, **loads: int) -> list[ReplicaView]:
 def route(policy: Radix, tokens: list[int], views: list[ReplicaView], to: str | None = None) -> str:
     req = RouteRequest(tokens, len(tokens))
     rid = to or policy.choose(req, views).chosen
-    policy.observe(Routed(req, rid))
+    policy.observe(Routed(req, rid, views))
     policy.check_integrity()
     return rid
 
@@ -28,9 +29,14 @@ def test_routes_to_the_holder_and_choose_is_pure() -> None:
     body = doc(1, 3000)
     route(policy, [*body, 1], views, to="r2")
     req = RouteRequest([*body, 2, 3], 3002)
+    before = snapshot(policy)
     d = policy.choose(req, views)
     assert (d.chosen, d.reason, d.matched_tokens) == ("r2", "cache_match", 3000)
     assert policy.choose(req, views) == d and policy.tree.tokens == {"r2": 3001}
+    # nor does a view of a restarted replica, which choose only reads
+    restarted = [*views[:2], ReplicaView("r2", epoch=1), *views[3:]]
+    assert policy.choose(req, restarted).reason == "balance"
+    assert snapshot(policy) == before
 
 
 def test_ties_at_random_on_a_miss_and_on_a_match() -> None:
@@ -110,7 +116,7 @@ def test_budget_follows_kv_capacity_with_fallback() -> None:
     for i, d in enumerate(docs):
         req = RouteRequest(d, 1000)
         policy.choose(req, views)
-        policy.observe(Routed(req, "big" if i % 2 else "small"))
+        policy.observe(Routed(req, "big" if i % 2 else "small", views))
         policy.check_integrity()
     assert policy.budget("big") == 10_000 and policy.budget("small") == 2_500
     assert 9_000 <= policy.tree.tokens["big"] <= 10_000

@@ -2,13 +2,15 @@
 
 It answers like an engine (completions and chat, streamed or not, /health, /metrics in the
 vLLM dialect, /v1/models) and can be told to fail with a status, stall before its first
-byte, or stall between chunks. It records every body it receives, byte for byte.
+byte, stall between chunks, or hold a stream's last chunk until the test releases it. It
+records every body it receives, byte for byte.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
@@ -32,6 +34,7 @@ class Behaviour:
     received: list[bytes] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)  # of each request received
     cancelled: int = 0
+    release: threading.Event | None = None  # a stream's last chunk waits until it is set
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -61,6 +64,8 @@ def fake_replica(b: Behaviour) -> Starlette:
                 for i in range(b.chunks):
                     if i:
                         await asyncio.sleep(b.chunk_delay_s)
+                    if i == b.chunks - 1 and b.release is not None:
+                        await asyncio.to_thread(b.release.wait, 10)
                     delta = ({"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}
                              if chat else {"index": 0, "text": f"t{i} ", "finish_reason": None})
                     chunk = {"id": "x", "object": obj + ".chunk" if chat else obj,

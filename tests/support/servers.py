@@ -1,0 +1,72 @@
+"""Real servers on loopback: an ASGI app served by uvicorn in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+
+from tests.support.waiting import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bound(port: int | None) -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port or 0))
+    return sock
+
+
+class ThreadServer:
+    """An ASGI app served by uvicorn on 127.0.0.1 in a background thread, on ``port`` or on
+    a socket bound here to a free port (no other process can take it in between). With
+    ``side``, a second app (a gateway's admin API) is served on another free port
+    (``side_url``) in the same event loop, as ``kvgate serve`` does. Like the gateway's
+    server, it never takes client addresses from forwarding headers."""
+
+    def __init__(self, app: Any, port: int | None = None, side: Any | None = None) -> None:
+        self.sock = _bound(port)
+        self.port = int(self.sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", loop="asyncio", ws="none",
+                                lifespan="on", proxy_headers=False)
+        self.server = uvicorn.Server(config)
+        self.side_url = ""
+        self.side_sock: socket.socket | None = None
+        run: Callable[[], None] = lambda: self.server.run(sockets=[self.sock])  # noqa: E731
+        if side is not None:
+            from gateway.http_server import companion, serve_together
+
+            self.side_sock = side_sock = _bound(None)
+            self.side_url = f"http://127.0.0.1:{side_sock.getsockname()[1]}"
+            other = companion(uvicorn.Config(side, log_level="warning", lifespan="off",
+                                             proxy_headers=False))
+            run = lambda: asyncio.run(serve_together(  # noqa: E731
+                self.server, other, [self.sock], [side_sock]))
+        self.thread = threading.Thread(target=run, daemon=True)
+
+    def start(self) -> ThreadServer:
+        self.thread.start()
+
+        def started() -> bool:
+            if not self.thread.is_alive():
+                raise RuntimeError(f"server on port {self.port} exited while starting")
+            return bool(self.server.started)
+
+        wait_until(started, 20, f"the server on port {self.port} to start")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+        if self.side_sock is not None:
+            self.side_sock.close()
