@@ -47,7 +47,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         # the server's read buffer (one that left meanwhile fails at reading it)
         slot = await gw.admission.enter()
     except OpenAIError as exc:
-        gw.metrics.requests.labels(replica="none", route=route, status=str(exc.status)).inc()
+        gw.metrics.request_done("none", route, str(exc.status))
         raise
     try:
         intake = await take_in(request, gw, endpoint)
@@ -60,7 +60,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
                                                               request, gw.trusted_proxies)))
     except OpenAIError as exc:
         slot.release()
-        gw.metrics.requests.labels(replica="none", route=route, status=str(exc.status)).inc()
+        gw.metrics.request_done("none", route, str(exc.status))
         raise
     except BaseException:
         slot.release()
@@ -87,8 +87,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()
         status = "502" if stream.cut is not None else str(stream.status)
-        gw.metrics.requests.labels(replica=stream.replica, route=decision.reason,
-                                   status=status).inc()
+        gw.metrics.request_done(stream.replica, decision.reason, status)
         usage = stream.usage()
         cached = None
         if usage is not None:

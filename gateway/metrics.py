@@ -1,19 +1,24 @@
 """The gateway's own Prometheus metrics (``GET /metrics`` on the gateway).
 
 Counters and histograms are updated on the request path; per-replica gauges are computed
-from the live ``Fleet`` at scrape time, so a removed replica's series disappear with it.
+from the live ``Fleet`` at scrape time. Label children are created up front for the values
+known in advance (error kinds, rejection statuses, and per replica the policy's route
+reasons, retry and cut causes), so ``increase()`` sees a series' first increment; a
+replica's series go when it leaves the fleet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.fleet import Fleet
+from gateway.fleet_events import FleetEvent, ReplicaAdded
+from policies.base import ReplicaRemoved
 from policies.kv_index import KVIndex
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
@@ -92,8 +97,16 @@ class _KVEventCollector(Collector):
             yield family
 
 
+ERROR_KINDS = ("bad_request", "unauthorized", "not_found", "too_large", "body_timeout",
+               "client_disconnect", "rate_limited", "unavailable", "no_replica", "upstream",
+               "upstream_timeout", "untrusted_tenant", "admin_off", "internal")
+REJECTED = ("400", "403", "404", "408", "413", "429", "499", "503")  # before any replica
+RETRY_CAUSES = ("connect", "5xx", "broken", "timeout", "idle_timeout")
+CUT_CAUSES = ("broken", "idle_timeout")
+
+
 class GatewayMetrics:
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, reasons: tuple[str, ...] = ()) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("kvgate_requests", "Requests by replica, route reason and status",
@@ -120,6 +133,59 @@ class GatewayMetrics:
         self.retries = Counter("kvgate_retries", "Requests retried on the next replica",
                                ["replica", "cause"], registry=r)
         r.register(_FleetCollector(fleet))
+        self.reasons = reasons
+        self._children: dict[str, dict[tuple[Any, tuple[str, ...]], None]] = {}
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind=kind)
+        for route in reasons:
+            self.prompt_tokens.labels(route=route)
+            self.cached_tokens.labels(route=route)
+        for route in ("none", *reasons):
+            for status in REJECTED:
+                self.requests.labels(replica="none", route=route, status=status)
+        for state in fleet:
+            self._replica_added(state.id)
+        fleet.listen(self._on_fleet_event)
+
+    def _on_fleet_event(self, event: FleetEvent) -> None:
+        if isinstance(event, ReplicaAdded):
+            self._replica_added(event.replica)
+        elif isinstance(event, ReplicaRemoved):
+            self._replica_removed(event.replica)
+
+    def _replica_added(self, replica: str) -> None:
+        for route in self.reasons:
+            for status in ("200", "502"):
+                self._child(self.requests, replica, route, status)
+        for cause in RETRY_CAUSES:
+            self._child(self.retries, replica, cause)
+        for cause in CUT_CAUSES:
+            self._child(self.cuts, replica, cause)
+        self._child(self.upstream_ttfb, replica)
+
+    def _replica_removed(self, replica: str) -> None:
+        """Drop every child labelled with ``replica``, created up front or since."""
+        for metric, labels in self._children.pop(replica, {}):
+            metric.remove(*labels)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered under its replica (the first label)."""
+        if labels[0] != "none":
+            self._children.setdefault(labels[0], {})[(metric, labels)] = None
+        return metric.labels(*labels)
+
+    # -- the request path -----------------------------------------------------------------
+    def request_done(self, replica: str, route: str, status: str) -> None:
+        self._child(self.requests, replica, route, status).inc()
+
+    def retried(self, replica: str, cause: str) -> None:
+        self._child(self.retries, replica, cause).inc()
+
+    def cut(self, replica: str, cause: str) -> None:
+        self._child(self.cuts, replica, cause).inc()
+
+    def first_byte(self, replica: str, seconds: float) -> None:
+        self._child(self.upstream_ttfb, replica).observe(seconds)
 
     def watch_kv_events(self, source: KVEventCounts) -> None:
         """Export the counts of a KV event subscriber."""

@@ -233,7 +233,7 @@ class Proxy:
                 raise
             self.fleet.request_ok(replica)
             for attempt in attempts:
-                self.metrics.retries.labels(replica=attempt.replica, cause=attempt.cause).inc()
+                self.metrics.retried(attempt.replica, attempt.cause)
             return opened
         if last is None:
             raise UpstreamError("no replica could be tried", code="upstream_error")
@@ -277,7 +277,7 @@ class Proxy:
             _close(response)
             raise
         self.fleet.first_byte(pending)
-        self.metrics.upstream_ttfb.labels(replica=replica).observe(first_byte_s)
+        self.metrics.first_byte(replica, first_byte_s)
         if streamed and response.status < 400:
             self.first_byte.observe(first_byte_s)
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
@@ -311,7 +311,7 @@ class Proxy:
 
     def _cut(self, stream: UpstreamStream) -> None:
         assert stream.cut is not None
-        self.metrics.cuts.labels(replica=stream.replica, cause=stream.cut).inc()
+        self.metrics.cut(stream.replica, stream.cut)
         self.fleet.request_failed(stream.replica, f"answer cut ({stream.cut})",
                                   self.health.request_failures_to_eject, self.health.ejection_s)
 

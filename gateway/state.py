@@ -52,6 +52,6 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
     trusted = Networks(config.trusted_proxies)
-    return GatewayState(config, fleet, policy, GatewayMetrics(fleet), router,
+    return GatewayState(config, fleet, policy, GatewayMetrics(fleet, policy.reasons), router,
                         Admission(config.limits), trusted,
                         Tenancy(config.tenancy, trusted))

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from kvwire.openai_schema import (
@@ -32,7 +32,15 @@ T = TypeVar("T")
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body; PayloadTooLarge as soon as it is known to exceed ``limit`` bytes
-    (from the declared length, or counted as it arrives when none is declared)."""
+    (from the declared length, or counted as it arrives when none is declared);
+    ClientDisconnected when the client leaves before sending it all."""
+    try:
+        return await _read_body(request, limit)
+    except ClientDisconnect:
+        raise ClientDisconnected("client disconnected while sending the body") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "

@@ -165,6 +165,7 @@ class Policy(ABC):
     """Base class of every routing policy (see the module docstring for the rules)."""
 
     name: ClassVar[str]
+    reasons: ClassVar[tuple[str, ...]] = ()  # every Decision.reason it gives
     tokens_needed: int | None = 0
     chunk_chars: int = 0
 

@@ -171,6 +171,7 @@ class Cost(Policy):
     """Lowest predicted time to first token over a cache model; see the module docstring."""
 
     name = "cost"
+    reasons = ("cache_match", "affinity", "scratch", "spill")
     tokens_needed = 0  # the prompt's chunk hashes are all this policy reads
 
     def __init__(self, config: CostConfig | None = None) -> None:

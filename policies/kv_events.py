@@ -55,6 +55,7 @@ class KVEvents(Policy):
     """Least prefill-plus-queue cost over an exact per-replica block index."""
 
     name = "kv_events"
+    reasons = ("cache_match", "balance")
     tokens_needed = None
 
     def __init__(self, config: KVEventsConfig | None = None) -> None:

@@ -36,6 +36,7 @@ class LeastLoad(Policy):
     """Ranks healthy replicas by queued prompt tokens (per unit of weight), ties shuffled."""
 
     name = "least_load"
+    reasons = ("balance",)
     tokens_needed = 0
 
     def __init__(self, config: LeastLoadConfig | None = None) -> None:

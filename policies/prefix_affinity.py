@@ -77,6 +77,7 @@ class PrefixAffinity(Policy):
     """Bounded-load consistent hashing of a prefix key; see the module docstring."""
 
     name = "prefix_affinity"
+    reasons = ("affinity", "spill")
     _SCORED = 8  # replicas walked that get a score in the decision
 
     def __init__(self, config: PrefixAffinityConfig | None = None) -> None:

@@ -101,6 +101,7 @@ class Radix(Policy):
     """Approximate radix-tree cache-aware routing; see the module docstring."""
 
     name = "radix"
+    reasons = ("cache_match", "spill", "balance")
 
     def __init__(self, config: RadixConfig | None = None) -> None:
         self.config = cfg = config or RadixConfig()

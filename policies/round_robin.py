@@ -18,6 +18,7 @@ class RoundRobin(Policy):
     ``choose`` without routing (explain) leaves the rotation where it was."""
 
     name = "round_robin"
+    reasons = ("round_robin",)
     tokens_needed = 0
 
     def __init__(self, config: RoundRobinConfig | None = None) -> None:

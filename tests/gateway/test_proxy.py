@@ -390,3 +390,33 @@ def test_answer_headers_are_not_doubled(two: tuple[Gateway, Behaviour, Behaviour
     for name in ("date", "server", "content-type", "content-length"):
         assert len(r.headers.get_list(name)) <= 1, (name, r.headers.get_list(name))
     assert r.headers["content-type"] == "application/json"
+
+
+def test_series_exist_before_their_first_count_and_leave_with_their_replica(
+        two: tuple[Gateway, Behaviour, Behaviour]) -> None:
+    gw, _, _ = two
+    before = httpx.get(f"{gw.url}/metrics").text
+    for series in ('kvgate_errors_total{kind="rate_limited"} 0.0',
+                   'kvgate_requests_total{replica="none",route="none",status="429"} 0.0',
+                   'kvgate_requests_total{replica="b",route="round_robin",status="502"} 0.0',
+                   'kvgate_retries_total{cause="timeout",replica="a"} 0.0',
+                   'kvgate_upstream_cuts_total{cause="broken",replica="b"} 0.0'):
+        assert series in before, series
+    assert httpx.post(f"{gw.url}/v1/completions",
+                      json={"model": "sim-model", "prompt": "x"}).status_code == 200
+    assert httpx.delete(f"{gw.admin}/admin/replicas/b", headers=AUTH).status_code == 200
+    after = httpx.get(f"{gw.url}/metrics").text
+    assert 'replica="b"' not in after and 'replica="a"' in after
+
+
+def test_a_client_leaving_mid_upload_is_no_internal_error(
+        two: tuple[Gateway, Behaviour, Behaviour]) -> None:
+    gw, a, b = two
+    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                     b'{"model": "sim-model", "prompt": "')
+    wait_for_metric(gw, 'kvgate_errors_total{kind="client_disconnect"}', 1.0)
+    assert metric(gw, 'kvgate_errors_total{kind="internal"}') == 0
+    assert metric(gw, 'kvgate_requests_total{replica="none",route="none",status="499"}') == 1
+    assert a.received == [] and b.received == []
