@@ -201,6 +201,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                 connector=connector, timeout=timeout, auto_decompress=False))
             gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
                              config.max_attempts, config.health)
+            stack.callback(gw.proxy.close)
             gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
             stack.push_async_callback(gw.monitor.stop)
             await gw.monitor.start()

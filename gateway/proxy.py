@@ -30,6 +30,7 @@ from gateway.config import HealthConfig, TimeoutConfig
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.first_byte import FirstByteDeadline
 from gateway.fleet import Fleet, Pending
+from gateway.fleet_events import FleetEvent, HealthChanged
 from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("kvgate.proxy")
@@ -66,6 +67,16 @@ def sse_error_event(message: str, code: str) -> bytes:
 class Attempted:
     replica: str
     cause: str
+
+
+class _Waiting:
+    """A request waiting for a replica's first byte, abandoned if the replica is ejected."""
+
+    __slots__ = ("ejected", "task")
+
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
+        self.task = task
+        self.ejected = False
 
 
 class _Retryable(Exception):
@@ -199,6 +210,22 @@ class Proxy:
         self.max_attempts = max_attempts
         self.health = health or HealthConfig()
         self.first_byte = FirstByteDeadline(timeouts)
+        self._waiting: dict[str, set[_Waiting]] = {}
+        fleet.listen(self._on_fleet_event)
+
+    def close(self) -> None:
+        self.fleet.unlisten(self._on_fleet_event)
+
+    def _on_fleet_event(self, event: FleetEvent) -> None:
+        """A replica ejected (health checks, failures) takes no more waiting: the requests
+        still waiting for its first byte are moved to the next replica."""
+        if isinstance(event, HealthChanged) and not event.healthy:
+            this = asyncio.current_task()  # the one whose failure ejected it, if any
+            for waiting in self._waiting.get(event.replica, ()):
+                if waiting.task is not None and waiting.task is not this \
+                        and not waiting.ejected:
+                    waiting.ejected = True
+                    waiting.task.cancel()
 
     async def open(self, ranked: Sequence[str], path: str, body: bytes,
                    headers: Mapping[str, str], work_tokens: Callable[[str], int],
@@ -247,6 +274,8 @@ class Proxy:
         """One replica: its answer's first bytes, or _Retryable."""
         started = time.perf_counter()
         response: aiohttp.ClientResponse | None = None
+        waiting = _Waiting(asyncio.current_task())
+        self._waiting.setdefault(replica, set()).add(waiting)
         try:
             async with asyncio.timeout(wait):
                 response = await self.session.post(url, data=body, headers=headers)
@@ -273,9 +302,24 @@ class Proxy:
             _close(response)
             raise _Retryable("timeout", f"replica {replica!r} sent no byte within "
                              f"{wait:.3g} s", "upstream_timeout") from None
-        except BaseException:  # _Retryable, or cancelled by a client disconnect
+        except asyncio.CancelledError:
+            _close(response)
+            if not waiting.ejected:
+                raise  # a client disconnect
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise _Retryable("ejected", f"replica {replica!r} was ejected while the "
+                             "request waited for it") from None
+        except BaseException:  # _Retryable
             _close(response)
             raise
+        finally:
+            held = self._waiting.get(replica)
+            if held is not None:
+                held.discard(waiting)
+                if not held:
+                    del self._waiting[replica]
         self.fleet.first_byte(pending)
         self.metrics.first_byte(replica, first_byte_s)
         if streamed and response.status < 400:
@@ -302,7 +346,7 @@ class Proxy:
         return b"".join(chunks)
 
     def _count_failure(self, replica: str, exc: _Retryable) -> None:
-        if exc.cause == "connect":
+        if exc.cause in ("connect", "ejected"):
             return  # ejected already
         if self.fleet.request_failed(replica, str(exc), self.health.request_failures_to_eject,
                                      self.health.ejection_s):

@@ -15,6 +15,7 @@ import uvicorn
 from gateway.config import parse_config
 from gateway.http_server import server_config
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until
 
 
 async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -30,8 +31,7 @@ def port() -> Iterator[int]:
     server = uvicorn.Server(server_config(ok_app, config, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not server.started:
-        time.sleep(0.02)
+    wait_until(lambda: server.started, 10, "the server to start")
     yield config.port
     server.should_exit = True
     thread.join(5)

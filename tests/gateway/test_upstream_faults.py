@@ -18,6 +18,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config import parse_config
 from tests.support.servers import ThreadServer
+from tests.support.waiting import wait_until
 
 Serve = Callable[..., ThreadServer]
 ASGI = Callable[..., Any]
@@ -26,8 +27,10 @@ COMPLETION = {"id": "x", "object": "text_completion", "created": 0, "model": "si
               "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
 
 
-def faulty(fault: str, calls: list[str] | None = None, size: int = 0) -> ASGI:
-    """An OpenAI-ish replica (health, models, metrics, completions) failing with ``fault``."""
+def faulty(fault: str, calls: list[str] | None = None, size: int = 0,
+           health: dict[str, int] | None = None) -> ASGI:
+    """An OpenAI-ish replica (health, models, metrics, completions) failing with ``fault``;
+    its /health answers ``health["status"]`` when given."""
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
@@ -38,7 +41,8 @@ def faulty(fault: str, calls: list[str] | None = None, size: int = 0) -> ASGI:
         if path != "/v1/completions":
             body = b'{"object":"list","data":[{"id":"sim-model"}]}' if path == "/v1/models" \
                 else b"ok" if path == "/health" else b""
-            await send({"type": "http.response.start", "status": 200, "headers": []})
+            status = health["status"] if health is not None and path == "/health" else 200
+            await send({"type": "http.response.start", "status": status, "headers": []})
             await send({"type": "http.response.body", "body": body})
             return
         raw = b""
@@ -182,7 +186,8 @@ def test_past_max_in_flight_a_request_gets_429_at_once_or_waits_its_turn(
     results: list[int] = []
     first = threading.Thread(target=lambda: results.append(post(gw).status_code))
     first.start()
-    time.sleep(0.3)
+    wait_until(lambda: metric(gw, 'kvgate_replica_in_flight{replica="r0"}') == 1, 5,
+               "the first request to be in flight")
     started = time.monotonic()
     r = post(gw)
     assert r.status_code == 429 and time.monotonic() - started < 0.5
@@ -199,9 +204,40 @@ def test_a_waiting_request_gets_the_place_when_one_ends(serve: Serve) -> None:
     codes: list[int] = []
     threads = [threading.Thread(target=lambda: codes.append(post(gw).status_code))
                for _ in range(2)]
-    for t in threads:
-        t.start()
-        time.sleep(0.1)
+    threads[0].start()
+    wait_until(lambda: metric(gw, 'kvgate_replica_in_flight{replica="r0"}') == 1, 5,
+               "the first request to be in flight")
+    threads[1].start()
     for t in threads:
         t.join()
     assert codes == [504, 504]  # the second waited for the first's place, then timed out
+
+
+def test_requests_waiting_on_a_replica_move_when_it_is_ejected(serve: Serve) -> None:
+    calls: list[str] = []
+    health = {"status": 200}
+    hung = serve(faulty("hang", calls, health=health))
+    gw = gateway(serve, [hung, serve(faulty("ok", calls))], timeouts={"first_byte_s": 30})
+    codes: list[int] = []
+    threads = [threading.Thread(target=lambda: codes.append(post(gw).status_code))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: "hang" in calls, 5, "a request to wait on the hung replica")
+    started = time.monotonic()
+    health["status"] = 503  # its health checks now fail: it is ejected
+    for t in threads:
+        t.join(10)
+    assert codes == [200, 200] and time.monotonic() - started < 2.5
+    assert metric(gw, 'kvgate_retries_total{cause="ejected",replica="r0"}') == 1
+
+
+def test_a_replica_ejected_by_this_very_request_is_retried_cleanly(serve: Serve) -> None:
+    doomed = ThreadServer(faulty("ok")).start()
+    gw = gateway(serve, [doomed, serve(faulty("ok"))],
+                 health={"interval_s": 60, "timeout_s": 0.5})  # no check notices it first
+    doomed.stop()  # connections to it are refused from now on
+    for _ in range(4):
+        r = post(gw)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "fine"
+    assert metric(gw, 'kvgate_retries_total{cause="connect",replica="r0"}') == 1
