@@ -55,6 +55,7 @@ class LocalFleetSpec:
     gateway_port: int = 0  # 0: a free port
     engine_args: tuple[str, ...] = ()  # passed through to every ``kvgate engine``
     scrape_interval_s: float = 0.5
+    gateway_config: dict[str, Any] = field(default_factory=dict)  # more gateway YAML keys
 
     def validate(self) -> None:
         if self.replicas < 1:
@@ -155,6 +156,7 @@ class LocalFleet:
                 "replicas": [{"id": f"r{i}", "url": u} for i, u in enumerate(self.engine_urls)],
                 "scrape": {"interval_s": spec.scrape_interval_s},
                 "health": {"interval_s": 1.0},
+                **spec.gateway_config,
             }
             config_path = self.dir / "gateway.yaml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -191,6 +193,10 @@ class LocalFleet:
         self._procs.clear()
         with contextlib.suppress(FileNotFoundError):
             (self.dir / STATE_FILE).unlink()
+
+    @property
+    def gateway_pid(self) -> int | None:
+        return next((p.popen.pid for p in self._procs if p.name == "gateway"), None)
 
     def detach(self) -> None:
         """Leave the processes running; ``stop_recorded`` (``kvgate fleet down``) stops them."""
