@@ -65,26 +65,26 @@ class KVEventPublisher:
         """Bind the PUB socket and start the sending thread; ``zmq.ZMQError`` if the
         endpoint cannot be bound."""
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.PUB)
-        sock.setsockopt(zmq.SNDHWM, self.high_water_mark)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.bind(self.endpoint)
-        except zmq.ZMQError:
-            sock.close()
-            ctx.term()
-            raise
-        if self.replay_endpoint:
-            replay = ctx.socket(zmq.ROUTER)
-            replay.setsockopt(zmq.LINGER, 0)
+        bound: list[zmq.Socket[bytes]] = []
+
+        def bind(kind: int, endpoint: str) -> zmq.Socket[bytes]:
+            sock = ctx.socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            if kind == zmq.PUB:
+                sock.setsockopt(zmq.SNDHWM, self.high_water_mark)
             try:
-                replay.bind(self.replay_endpoint)
+                sock.bind(endpoint)
             except zmq.ZMQError:
-                replay.close()
-                sock.close()
+                for opened in (sock, *bound):
+                    opened.close()
                 ctx.term()
                 raise
-            self._replay_sock = replay
+            bound.append(sock)
+            return sock
+
+        sock = bind(zmq.PUB, self.endpoint)
+        if self.replay_endpoint:
+            self._replay_sock = bind(zmq.ROUTER, self.replay_endpoint)
             self._replay_thread = threading.Thread(target=self._serve_replay,
                                                    name="kv-events-replay", daemon=True)
             self._replay_thread.start()
