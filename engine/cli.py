@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default=argparse.SUPPRESS,
+                        help="as kvgate --log-level (which it replaces)")
     parser.add_argument("--kv-events-endpoint", default=None,
                         help="publish KV cache events (vLLM's ZMQ format) on a PUB socket "
                              "bound here, e.g. tcp://*:5557 (default: off)")
@@ -83,9 +84,13 @@ def _torch_executor(args: argparse.Namespace) -> tuple[Executor, ExecutorInfo]:
     # Imported here: the core and the sim path never import torch.
     from pathlib import Path
 
-    from engine.executors.torch_executor import TorchExecutor, pick_device
-    from engine.model.config import ModelConfig, kv_bytes_per_token
-    from engine.model.loader import default_dtype
+    try:
+        from engine.executors.torch_executor import TorchExecutor, pick_device
+        from engine.model.config import ModelConfig, kv_bytes_per_token
+        from engine.model.loader import default_dtype
+    except ImportError as exc:
+        raise ValueError(f"--executor torch needs the engine extra ({exc}): "
+                         "pip install 'kvgate[engine]'") from exc
 
     config = ModelConfig.from_file(Path(args.model) / "config.json")
     device = pick_device(args.device)
@@ -136,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.server import build_app
 
-    logging.basicConfig(level=args.log_level.upper(),
+    level = str(getattr(args, "log_level", "info"))
+    logging.basicConfig(level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         server = build_server(args)
@@ -148,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         server.model_name, server.core.config.num_blocks, args.block_size, args.eviction,
         args.executor)
     uvicorn.run(build_app(server), host=args.host, port=args.port,
-                log_level=args.log_level.lower(), ws="none")
+                log_level=level.lower(), ws="none")
     return 0
 
 

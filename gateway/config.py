@@ -223,7 +223,7 @@ class AffinityConfig:
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     replicas: list[ReplicaConfig] = field(default_factory=list)
-    policy: dict[str, Any] = field(default_factory=lambda: {"name": "round_robin"})
+    policy: dict[str, Any] = field(default_factory=lambda: {"name": "prefix_affinity"})
     host: str = "127.0.0.1"
     port: int = 8000
     tokenizer: str | None = None
