@@ -150,11 +150,7 @@ class AdminConfig:
 
     def validate(self) -> None:
         _positive(self, "port")
-        for net in self.allow_networks:
-            try:
-                ipaddress.ip_network(net, strict=False)
-            except ValueError:
-                raise ValueError(f"allow_networks: {net!r} is not a network") from None
+        _networks("allow_networks", self.allow_networks)
         token = self.resolved_token()
         if token is not None and len(token) < 16:
             raise ValueError(f"the admin token must be at least 16 characters, got "
@@ -253,14 +249,18 @@ class GatewayConfig:
             seen.add(replica.id)
         if "name" not in self.policy:
             raise ValueError("policy.name is required")
-        for net in self.trusted_proxies:
-            try:
-                ipaddress.ip_network(net, strict=False)
-            except ValueError:
-                raise ValueError(f"trusted_proxies: {net!r} is not a network") from None
+        _networks("trusted_proxies", self.trusted_proxies)
         if self.tenancy.isolate and not self.trusted_proxies:
             raise ValueError("tenancy.isolate believes the tenant header only from "
                              "trusted_proxies: list the networks of the proxies that set it")
+
+
+def _networks(name: str, values: list[str]) -> None:
+    for net in values:
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError:
+            raise ValueError(f"{name}: {net!r} is not a network") from None
 
 
 def _positive(obj: object, *names: str) -> None:
