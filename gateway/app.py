@@ -31,7 +31,7 @@ from gateway.proxy import Proxy, UpstreamStream
 from gateway.request_parse import Endpoint
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
-from kvwire.openai_schema import OpenAIError, TooManyRequests
+from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
 from kvwire.request_edge import ErrorBoundary, unless_disconnected
 from policies.base import Finished, Routed
 
@@ -43,6 +43,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     gw: GatewayState = request.app.state.gw
     route = "none"
     try:
+        keyed = gw.auth.tenant_of(request) if gw.auth.on else None
         # before the body is read: a request waiting for a place holds no more of it than
         # the server's read buffer (one that left meanwhile fails at reading it)
         slot = await gw.admission.enter()
@@ -50,7 +51,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         gw.metrics.request_done("none", route, str(exc.status))
         raise
     try:
-        intake = await take_in(request, gw, endpoint)
+        intake = await take_in(request, gw, endpoint, keyed)
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant))
         gw.metrics.decision_seconds.observe(routing.seconds)
@@ -174,6 +175,8 @@ async def health(request: Request) -> Response:
 
 async def ready(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
+    if gw.draining:
+        raise ServiceUnavailable("the gateway is shutting down", code="draining")
     if not gw.fleet.any_healthy():
         raise NoReplicaAvailable(f"none of {len(gw.fleet)} replicas is healthy")
     healthy = sum(1 for s in gw.fleet if s.healthy)
@@ -200,7 +203,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             session = await stack.enter_async_context(aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=False))
             gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
-                             config.max_attempts, config.health)
+                             config.max_attempts, config.health,
+                             forward_client_auth=not gw.auth.on)
             stack.callback(gw.proxy.close)
             gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
             stack.push_async_callback(gw.monitor.stop)

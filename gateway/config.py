@@ -13,10 +13,12 @@ Example (every key but ``replicas`` has a default)::
               require_tenant: false, client_salt: replace,
               partitions: [{tenants: [acme], replicas: [r2]}]}
     trusted_proxies: [10.0.0.0/8]  # whose X-Forwarded-For and tenant header are believed
+    auth: {api_keys: [{key_env: ACME_API_KEY, tenant: acme}]}  # none: /v1/* is open
+    shutdown: {grace_s: 5, timeout_s: 30}
     policy: {name: prefix_affinity, prefix_tokens: 1024, overload: 1.25}
     replicas:
       - {id: r0, url: "http://127.0.0.1:8101"}
-      - {id: r1, url: "http://127.0.0.1:8102", weight: 2}
+      - {id: r1, url: "http://127.0.0.1:8102", weight: 2, api_key_env: VLLM_API_KEY}
       - {id: r2, url: "http://127.0.0.1:8103", kv_events: "tcp://127.0.0.1:5557"}
     limits: {max_in_flight: 1024, max_pending: 0, max_pending_s: 30,
              max_queued_tokens_per_replica: null, connections_per_replica: 256,
@@ -39,6 +41,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gateway.client_auth import ClientKey
 from gateway.secret_source import resolve_secret
 from gateway.tenancy import TenancyConfig
 from policies.config import ConfigError, from_mapping
@@ -53,8 +56,14 @@ class ReplicaConfig:
     kv_events_replay: str | None = None  # ... and its replay (ROUTER) endpoint
     # KV capacity in the replica's tokens, for replicas whose /metrics tell none
     kv_capacity_tokens: int | None = None
+    # the replica's own API key (vLLM --api-key), sent to it as "Authorization: Bearer":
+    # for requests, /health, /metrics and /v1/models
+    api_key: str | None = None
+    api_key_file: str | None = None
+    api_key_env: str | None = None
 
     def validate(self) -> None:
+        self.resolved_api_key()  # a file or variable that cannot be read is named now
         if not self.id:
             raise ValueError("replica id must not be empty")
         parts = urlsplit(self.url)
@@ -81,6 +90,9 @@ class ReplicaConfig:
     @property
     def base_url(self) -> str:
         return self.url.rstrip("/")
+
+    def resolved_api_key(self) -> str | None:
+        return resolve_secret(self.api_key, self.api_key_file, self.api_key_env, "api_key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +186,29 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Client API keys (``gateway.client_auth``); none: ``/v1/*`` is open."""
+
+    api_keys: list[ClientKey] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownConfig:
+    """On SIGTERM: ``/ready`` answers 503 at once, requests are still served for
+    ``grace_s`` (load balancers notice), then the server stops taking new ones and lets
+    those in flight finish, exiting within ``timeout_s`` of the signal."""
+
+    grace_s: float = 5.0
+    timeout_s: float = 30.0
+
+    def validate(self) -> None:
+        if self.grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {self.grace_s!r}")
+        if not self.timeout_s > self.grace_s:
+            raise ValueError(f"timeout_s must be > grace_s, got {self.timeout_s!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class LimitsConfig:
     """What the gateway takes on before it answers 429 (with ``Retry-After``).
 
@@ -224,6 +259,8 @@ class GatewayConfig:
     port: int = 8000
     tokenizer: str | None = None
     admin: AdminConfig = field(default_factory=AdminConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     # networks of the proxies in front of the gateway: their X-Forwarded-For, Forwarded
     # and (under tenancy.isolate) tenant header are believed
     trusted_proxies: list[str] = field(default_factory=list)

@@ -18,7 +18,7 @@ of the oldest such request tells policies how far the replica got through them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gateway.calibration import TokenCalibration
@@ -26,6 +26,10 @@ from gateway.config import ReplicaConfig
 from gateway.fleet_events import FleetEvent, FleetListener, HealthChanged, ReplicaAdded
 from gateway.replica_metrics import HitRateWindow, ScrapedMetrics
 from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView
+
+
+def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() != "authorization"}
 
 
 @dataclass(slots=True, eq=False)
@@ -47,6 +51,7 @@ class ReplicaState:
     config: ReplicaConfig
     window_s: float
     forward_auth: bool = True  # clients' Authorization headers may be sent to it
+    auth_failures: int = 0  # answers 401/403 to this gateway's own calls (a wrong api_key)
     healthy: bool = True
     consecutive_failures: int = 0
     consecutive_successes: int = 0
@@ -64,9 +69,22 @@ class ReplicaState:
     models: tuple[str, ...] = ()
     models_at: float = 0.0
     hits: HitRateWindow = field(init=False)
+    credentials: dict[str, str] = field(init=False)  # headers carrying its api_key, if any
 
     def __post_init__(self) -> None:
         self.hits = HitRateWindow(self.window_s)
+        key = self.config.resolved_api_key()
+        self.credentials = {"authorization": f"Bearer {key}"} if key else {}
+
+    def upstream_headers(self, client: Mapping[str, str], forward_client_auth: bool
+                         ) -> Mapping[str, str]:
+        """What a client's forwarded headers become toward this replica: its own API key,
+        else the client's ``Authorization`` only when both sides allow it."""
+        if self.credentials:
+            return {**_without_auth(client), **self.credentials}
+        if forward_client_auth and self.forward_auth:
+            return client
+        return _without_auth(client)
 
     @property
     def id(self) -> str:

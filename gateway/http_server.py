@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -118,10 +120,42 @@ def companion(config: uvicorn.Config) -> uvicorn.Server:
     return _Companion(config)
 
 
-def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM, and ``admin_app`` (when given) on the admin
-    listener, in the same event loop."""
-    main = uvicorn.Server(server_config(app, config, loop="uvloop"))
+class _Draining(uvicorn.Server):
+    """On the first SIGTERM/SIGINT: ``on_drain`` (readiness goes down) at once, uvicorn's
+    graceful shutdown ``grace_s`` later (no new connections; those in flight finish within
+    the config's ``timeout_graceful_shutdown``). A second signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, grace_s: float,
+                 on_drain: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.grace_s = grace_s
+        self.on_drain = on_drain
+        self._draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self.grace_s <= 0 or self._loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self._draining = True
+        self.on_drain()
+        later = functools.partial(super().handle_exit, sig, frame)
+        self._loop.call_soon_threadsafe(self._loop.call_later, self.grace_s, later)
+
+
+def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
+               on_drain: Callable[[], None] = lambda: None) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM (draining first, see ``ShutdownConfig``), and
+    ``admin_app`` (when given) on the admin listener, in the same event loop."""
+    grace = config.shutdown.grace_s
+    main = _Draining(server_config(
+        app, config, loop="uvloop",
+        timeout_graceful_shutdown=max(1, int(config.shutdown.timeout_s - grace))),
+        grace, on_drain)
     if admin_app is None:
         main.run()
         return

@@ -23,8 +23,10 @@ class Intake(NamedTuple):
     tenant: str | None
 
 
-async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None) -> Intake:
-    """``endpoint`` None: chat when the body has ``messages``, else completions."""
+async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
+                  keyed: str | None = None) -> Intake:
+    """``endpoint`` None: chat when the body has ``messages``, else completions. With client
+    API keys on, ``keyed`` is the tenant the request's key names (its header is not read)."""
     limit_s = gw.config.limits.body_timeout_s
     try:
         async with asyncio.timeout(limit_s):
@@ -43,7 +45,7 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None)
         raise NotFound(f"model {parsed.model!r} is not served by any replica; "
                        f"available: {', '.join(sorted(known))}", param="model",
                        code="model_not_found")
-    tenant = gw.tenancy.tenant_of(request)
+    tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
     isolated = gw.tenancy.isolate(tenant, parsed.body)
     if isolated is not None:
         raw, salt = isolated

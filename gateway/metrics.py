@@ -41,12 +41,17 @@ class _FleetCollector(Collector):
         inflight = GaugeMetricFamily("kvgate_replica_in_flight",
                                      "Requests this gateway has in flight at the replica",
                                      labels=["replica"])
+        refused = CounterMetricFamily(
+            "kvgate_replica_auth_failures", "Answers 401/403 to the gateway's own calls to "
+            "the replica (/metrics, /v1/models): its api_key is missing or wrong",
+            labels=["replica"])
         hits_per_s = queries_per_s = 0.0
         ratio = self.fleet.calibration.ratio()
         for state in self.fleet:
             queued.add_metric([state.id], state.queued_tokens(ratio))
             health.add_metric([state.id], 1.0 if state.healthy else 0.0)
             inflight.add_metric([state.id], state.in_flight)
+            refused.add_metric([state.id], state.auth_failures)
             rate = state.token_hit_rate()
             if rate is not None:
                 hit.add_metric([state.id], rate)
@@ -58,7 +63,7 @@ class _FleetCollector(Collector):
             "Sum of replicas' hit-token rates over the sum of their query-token rates")
         if queries_per_s > 0:
             fleet.add_metric([], hits_per_s / queries_per_s)
-        yield from (queued, health, hit, inflight, fleet)
+        yield from (queued, health, hit, inflight, refused, fleet)
 
 
 class KVEventCounts(Protocol):

@@ -72,7 +72,8 @@ class Monitor:
         ok, error = True, None
         try:
             async with asyncio.timeout(cfg.timeout_s):
-                async with self.session.get(f"{state.config.base_url}/health") as resp:
+                async with self.session.get(f"{state.config.base_url}/health",
+                                            headers=state.credentials) as resp:
                     await resp.read()
                     if resp.status != 200:
                         ok, error = False, f"/health answered {resp.status}"
@@ -91,8 +92,10 @@ class Monitor:
     async def refresh_models(self, state: ReplicaState) -> None:
         try:
             async with asyncio.timeout(self.health_cfg.timeout_s):
-                async with self.session.get(f"{state.config.base_url}/v1/models") as resp:
+                async with self.session.get(f"{state.config.base_url}/v1/models",
+                                            headers=state.credentials) as resp:
                     if resp.status != 200:
+                        self._refused(state, "/v1/models", resp.status)
                         return
                     data = await resp.json(content_type=None)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
@@ -104,6 +107,20 @@ class Monitor:
                                  if isinstance(m, dict) and "id" in m)
             state.models_at = time.monotonic()
 
+    @staticmethod
+    def _refused(state: ReplicaState, path: str, status: int) -> None:
+        """A non-200 to one of the gateway's own calls: never silent. 401/403 means the
+        replica wants a key the gateway lacks (or a different one)."""
+        if status in (401, 403):
+            state.auth_failures += 1
+            error = (f"{path} answered {status}: the replica wants an API key; set api_key "
+                     "(or api_key_file, api_key_env) for it")
+        else:
+            error = f"{path} answered {status}"
+        if state.last_error != error:
+            log.warning("replica %s: %s", state.id, error)
+        state.last_error = error
+
     # -- scrapes --------------------------------------------------------------------------
     async def scrape_round(self) -> None:
         await asyncio.gather(*(self.scrape_one(s) for s in self.fleet if s.healthy))
@@ -111,8 +128,10 @@ class Monitor:
     async def scrape_one(self, state: ReplicaState) -> None:
         try:
             async with asyncio.timeout(self.scrape_cfg.timeout_s):
-                async with self.session.get(f"{state.config.base_url}/metrics") as resp:
+                async with self.session.get(f"{state.config.base_url}/metrics",
+                                            headers=state.credentials) as resp:
                     if resp.status != 200:
+                        self._refused(state, "/metrics", resp.status)
                         return
                     text = await resp.text()
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: bad text

@@ -202,13 +202,15 @@ class UpstreamStream:
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, fleet: Fleet, timeouts: TimeoutConfig,
                  metrics: GatewayMetrics, max_attempts: int,
-                 health: HealthConfig | None = None) -> None:
+                 health: HealthConfig | None = None, forward_client_auth: bool = True
+                 ) -> None:
         self.session = session
         self.fleet = fleet
         self.timeouts = timeouts
         self.metrics = metrics
         self.max_attempts = max_attempts
         self.health = health or HealthConfig()
+        self.forward_client_auth = forward_client_auth  # False: the key was the gateway's
         self.first_byte = FirstByteDeadline(timeouts)
         self._waiting: dict[str, set[_Waiting]] = {}
         fleet.listen(self._on_fleet_event)
@@ -245,7 +247,7 @@ class Proxy:
             on_sent(replica)
             pending = self.fleet.sent(replica, work_tokens(replica))
             wait = min(left, self.first_byte.seconds(stream))
-            sent = headers if state.forward_auth else _without_auth(headers)
+            sent = state.upstream_headers(headers, self.forward_client_auth)
             try:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done)
@@ -358,10 +360,6 @@ class Proxy:
         self.metrics.cut(stream.replica, stream.cut)
         self.fleet.request_failed(stream.replica, f"answer cut ({stream.cut})",
                                   self.health.request_failures_to_eject, self.health.ejection_s)
-
-
-def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() != "authorization"}
 
 
 def _close(response: aiohttp.ClientResponse | None) -> None:

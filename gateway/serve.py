@@ -38,5 +38,10 @@ def run(args: argparse.Namespace) -> int:
         admin_app = create_admin_app(gw)
         print(f"kvgate serve: admin API on http://{config.admin.host}:{config.admin.port}",
               file=sys.stderr)
-    run_server(app, config, admin_app)
+    def drain() -> None:
+        gw.draining = True
+        print(f"kvgate serve: draining for {config.shutdown.grace_s} s, then stopping",
+              file=sys.stderr)
+
+    run_server(app, config, admin_app, drain)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.admission import Admission
+from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, FleetListener
@@ -30,7 +31,9 @@ class GatewayState:
     admission: Admission
     trusted_proxies: Networks
     tenancy: Tenancy
+    auth: ClientAuth
     proxy: Proxy | None = None
+    draining: bool = False  # a shutdown began: /ready answers 503
     monitor: Monitor | None = None
 
 
@@ -54,4 +57,4 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     trusted = Networks(config.trusted_proxies)
     return GatewayState(config, fleet, policy, GatewayMetrics(fleet, policy.reasons), router,
                         Admission(config.limits), trusted,
-                        Tenancy(config.tenancy, trusted))
+                        Tenancy(config.tenancy, trusted), ClientAuth(config.auth.api_keys))

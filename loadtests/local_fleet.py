@@ -156,6 +156,7 @@ class LocalFleet:
                 "replicas": [{"id": f"r{i}", "url": u} for i, u in enumerate(self.engine_urls)],
                 "scrape": {"interval_s": spec.scrape_interval_s},
                 "health": {"interval_s": 1.0},
+                "shutdown": {"grace_s": 0, "timeout_s": 5},  # no load balancer to drain
                 **spec.gateway_config,
             }
             config_path = self.dir / "gateway.yaml"

@@ -65,6 +65,7 @@ def start_fleet(spawn: Processes, tmp_path: Path, policy: dict[str, object],
     config.write_text(yaml.safe_dump({
         "port": gport, "policy": policy,
         "admin": {"token": ADMIN_TOKEN, "port": aport, "allow_networks": ["127.0.0.0/8"]},
+        "shutdown": {"grace_s": 0, "timeout_s": 5},  # no load balancer to tell: stop now
         "replicas": [{"id": r.id, "url": r.url,
                       **({"kv_events": r.kv_events, "kv_events_replay": r.kv_events_replay}
                          if r.kv_events else {})}

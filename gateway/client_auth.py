@@ -1,0 +1,74 @@
+"""Client API keys: with any configured, every ``/v1/*`` request needs
+``Authorization: Bearer <key>``, and the key names the client's tenant.
+
+Keys come from the YAML, a file or an environment variable (``ClientKey``); only their
+SHA-256 digests are kept in memory. A missing or unknown key gets a 401 in OpenAI's shape.
+The client's ``Authorization`` header is the gateway's business then: it is never
+forwarded to a replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from gateway.secret_source import resolve_secret
+from kvwire.openai_schema import Unauthorized
+
+MIN_KEY_CHARS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKey:
+    """One client API key (``key``, or read from ``key_file`` or ``key_env``) and the
+    tenant it stands for (None: the anonymous tenant)."""
+
+    key: str | None = None
+    key_file: str | None = None
+    key_env: str | None = None
+    tenant: str | None = None
+
+    def validate(self) -> None:
+        value = self.resolved()
+        if value is None:
+            raise ValueError("an api key needs key, key_file or key_env")
+        if len(value) < MIN_KEY_CHARS:
+            raise ValueError(f"an api key must be at least {MIN_KEY_CHARS} characters, got "
+                             f"{len(value)}")
+
+    def resolved(self) -> str | None:
+        return resolve_secret(self.key, self.key_file, self.key_env, "key")
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+class ClientAuth:
+    """Which tenant a request's API key names; off (everyone admitted) with no keys."""
+
+    def __init__(self, keys: list[ClientKey]) -> None:
+        self._tenants: dict[bytes, str | None] = {}
+        for entry in keys:
+            value = entry.resolved()
+            assert value is not None  # validated at load
+            self._tenants[_digest(value)] = entry.tenant
+
+    @property
+    def on(self) -> bool:
+        return bool(self._tenants)
+
+    def tenant_of(self, request: Request) -> str | None:
+        """The tenant of the request's key; Unauthorized when the key is missing or
+        unknown (only called when ``on``)."""
+        given = request.headers.get("authorization", "")
+        scheme, _, key = given.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthorized("an API key is required: 'Authorization: Bearer <key>'",
+                               code="missing_api_key")
+        digest = _digest(key.strip())
+        if digest not in self._tenants:
+            raise Unauthorized("the API key is not valid", code="invalid_api_key")
+        return self._tenants[digest]
