@@ -112,7 +112,7 @@ class CostConfig:
     load_window_s: float = 60.0
     eviction_weight: float = 0.5
     scratch_loss: float = 0.5
-    slot_weight: float = 0.5
+    slot_weight: float = 0.75
     prefill_s_per_token: float = 1e-4
     capacity_fraction: float = 1.0
     default_capacity_tokens: int = 200_000
