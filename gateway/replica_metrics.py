@@ -29,13 +29,23 @@ class ScrapedMetrics:
 
 
 def parse_metrics(text: str) -> ScrapedMetrics:
+    """One snapshot of a replica. A replica running several engines (vLLM with data
+    parallelism labels each sample ``engine="0"``, ``engine="1"`` ...) is one replica of
+    their sum: counters, queue lengths and KV capacity add up; ratios (KV usage, SGLang's
+    token usage and hit rate) are averaged over the samples."""
     sums: dict[str, float] = {}
-    cache_info: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    capacity: int | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+            counts[sample.name] = counts.get(sample.name, 0) + 1
             if sample.name.startswith(m.CACHE_CONFIG_INFO):
-                cache_info = dict(sample.labels)
+                try:
+                    blocks = int(sample.labels["block_size"]) * int(sample.labels["num_gpu_blocks"])
+                except (KeyError, ValueError):
+                    continue
+                capacity = blocks + (capacity or 0)
 
     def get(*names: str) -> float | None:
         for name in names:
@@ -43,18 +53,19 @@ def parse_metrics(text: str) -> ScrapedMetrics:
                 return sums[name]
         return None
 
+    def mean(*names: str) -> float | None:
+        for name in names:
+            if name in sums:
+                return sums[name] / counts[name]
+        return None
+
     queued = get(m.PROMPT_TOKENS_WAITING)
     if get(m.NUM_REQUESTS_RUNNING) is not None:
-        capacity = None
-        try:
-            capacity = int(cache_info["block_size"]) * int(cache_info["num_gpu_blocks"])
-        except (KeyError, ValueError):
-            capacity = None
         return ScrapedMetrics(
             dialect="vllm",
             running=int(get(m.NUM_REQUESTS_RUNNING) or 0),
             waiting=int(get(m.NUM_REQUESTS_WAITING) or 0),
-            kv_usage=float(get(m.KV_CACHE_USAGE, m.GPU_CACHE_USAGE) or 0.0),
+            kv_usage=float(mean(m.KV_CACHE_USAGE, m.GPU_CACHE_USAGE) or 0.0),
             kv_capacity_tokens=capacity,
             queued_tokens=None if queued is None else int(queued),
             hit_tokens=get(m.PREFIX_CACHE_HITS + m.TOTAL, m.GPU_PREFIX_CACHE_HITS + m.TOTAL),
@@ -67,10 +78,10 @@ def parse_metrics(text: str) -> ScrapedMetrics:
             dialect="sglang",
             running=int(get(m.SGLANG_RUNNING) or 0),
             waiting=int(get(m.SGLANG_WAITING) or 0),
-            kv_usage=float(get(m.SGLANG_TOKEN_USAGE) or 0.0),
+            kv_usage=float(mean(m.SGLANG_TOKEN_USAGE) or 0.0),
             kv_capacity_tokens=None if total is None else int(total),
             queued_tokens=None if queued is None else int(queued),
-            hit_rate_gauge=get(m.SGLANG_CACHE_HIT_RATE),
+            hit_rate_gauge=mean(m.SGLANG_CACHE_HIT_RATE),
         )
     return ScrapedMetrics(dialect="unknown",
                           queued_tokens=None if queued is None else int(queued))

@@ -61,6 +61,37 @@ def test_parse_sglang_dialect() -> None:
     assert m.hit_tokens is None and m.queued_tokens is None
 
 
+# vLLM with two data-parallel engines behind one server: one sample per engine
+VLLM_TWO_RANKS = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 5.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.8
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.6
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 3000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 400.0
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 600.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1000"} 1.0
+"""
+
+
+def test_several_engine_ranks_add_up_and_ratios_average() -> None:
+    m = parse_metrics(VLLM_TWO_RANKS)
+    assert (m.running, m.waiting) == (8, 1)
+    assert m.kv_usage == pytest.approx(0.7)  # not 1.4
+    assert m.kv_capacity_tokens == 32_000
+    assert (m.hit_tokens, m.query_tokens) == (1000.0, 4000.0)
+
+
 def test_hit_rate_window_slides_and_survives_resets() -> None:
     w = HitRateWindow(window_s=10)
     assert w.rates().hit_rate is None
