@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.admission import Slot
 from gateway.config import GatewayConfig
 from gateway.errors import NoReplicaAvailable
-from gateway.forwarding import upstream_headers
+from gateway.forwarding import request_id_of, upstream_headers
 from gateway.intake import Intake, take_in
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
@@ -56,9 +56,10 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
                                          gw.tenancy.allowed(intake.tenant))
         gw.metrics.decision_seconds.observe(routing.seconds)
         route = routing.decision.reason
+        forwarded = upstream_headers(request, gw.trusted_proxies)
+        request_id = request_id_of(forwarded, routing.request.request_id)
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
-                                                          upstream_headers(
-                                                              request, gw.trusted_proxies)))
+                                                          forwarded))
     except OpenAIError as exc:
         slot.release()
         gw.metrics.request_done("none", route, str(exc.status))
@@ -69,6 +70,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     headers = dict(stream.headers)
     headers["x-kvgate-replica"] = stream.replica
     headers["x-kvgate-route"] = route
+    headers["x-request-id"] = request_id
     if stream.complete:  # nothing left to relay: skip the streaming machinery
         return Response(stream.whole_body(), status_code=stream.status, headers=headers)
     return _RelayResponse(stream, headers)

@@ -1,5 +1,6 @@
 """The headers a client's request is forwarded with: the client's own, less the hop-by-hop
-ones, with the client's address added to ``X-Forwarded-For``.
+ones, with the client's address added to ``X-Forwarded-For`` and an ``X-Request-Id``
+(the client's, or one the gateway makes) that the answer echoes.
 
 ``X-Forwarded-For`` and ``Forwarded`` a client sends are believed only from a peer in
 ``trusted_proxies`` (the proxy in front of the gateway that sets them); then the peer's
@@ -31,3 +32,18 @@ def upstream_headers(request: Request, trusted: Networks) -> dict[str, str]:
         out = {k: v for k, v in out.items() if k.lower() != "x-forwarded-for"}
         out["x-forwarded-for"] = f"{prior}, {peer}" if prior else peer
     return out
+
+
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/")
+
+
+def request_id_of(headers: dict[str, str], made: str) -> str:
+    """The request's id: the client's ``X-Request-Id`` when it is a sane one (at most 128
+    characters of letters, digits and ``-_.:/``), else ``made``; set in ``headers`` (what
+    is forwarded) either way."""
+    given = next((v for k, v in headers.items() if k.lower() == "x-request-id"), None)
+    chosen = given if given and len(given) <= 128 and set(given) <= _ID_CHARS else made
+    for key in [k for k in headers if k.lower() == "x-request-id"]:
+        del headers[key]
+    headers["x-request-id"] = chosen
+    return chosen

@@ -124,3 +124,15 @@ def test_forwarded_for_is_believed_only_from_trusted_proxies(serve: Serve) -> No
         assert seen["x-forwarded-for"] == expected
         assert ("forwarded" in seen) == (expected != "127.0.0.1")
         assert "x-secret" not in seen and "proxy-connection" not in seen
+
+
+def test_request_ids_are_kept_or_made_and_go_both_ways(serve: Serve) -> None:
+    rec = Behaviour("rec")
+    url = serve(create_app(config([("r0", serve(fake_replica(rec)).url)]))).url
+    body = {"model": "sim-model", "prompt": "x"}
+    given = httpx.post(f"{url}/v1/completions", json=body, headers={"x-request-id": "abc-1"})
+    assert given.headers["x-request-id"] == "abc-1" == rec.headers[-1]["x-request-id"]
+    made = httpx.post(f"{url}/v1/completions", json=body,
+                      headers={"x-request-id": "bad id\twith spaces"})
+    assert made.headers["x-request-id"] == rec.headers[-1]["x-request-id"] != "bad id"
+    assert " " not in made.headers["x-request-id"]
