@@ -16,7 +16,7 @@ import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -27,7 +27,10 @@ from gateway.forwarding import request_id_of, upstream_headers
 from gateway.intake import Intake, take_in
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
+from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
+from gateway.passthrough import passthrough
 from gateway.proxy import Proxy, UpstreamStream
+from gateway.relay_response import RelayResponse
 from gateway.request_parse import Endpoint
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
@@ -73,7 +76,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     headers["x-request-id"] = request_id
     if stream.complete:  # nothing left to relay: skip the streaming machinery
         return Response(stream.whole_body(), status_code=stream.status, headers=headers)
-    return _RelayResponse(stream, headers)
+    return RelayResponse(stream, headers)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
@@ -129,31 +132,6 @@ def _under_queue_bound(gw: GatewayState, ranked: tuple[str, ...]) -> tuple[str, 
     raise TooManyRequests(
         f"every replica has {bound} or more prompt tokens queued; retry after {after} s",
         code="replicas_overloaded", headers={"Retry-After": str(after)})
-
-
-class _RelayResponse(StreamingResponse):
-    """Relays an upstream stream; settles it even if the relay never started (a client
-    that leaves before the first chunk is sent cancels the response, not the relay). A
-    non-streamed body the replica cut is left unfinished: the server then drops the
-    connection, so the client cannot take it for a whole answer."""
-
-    def __init__(self, stream: UpstreamStream, headers: dict[str, str]) -> None:
-        super().__init__(stream.relay(), status_code=stream.status, headers=headers)
-        self.stream = stream
-
-    async def stream_response(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})
-        async for chunk in self.body_iterator:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        if self.stream.cut is None or self.stream.stream:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.stream.close(ok=False)  # no-op when the relay finished and closed it
 
 
 async def completions(request: Request) -> Response:
@@ -225,6 +203,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),
     ]
     boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())

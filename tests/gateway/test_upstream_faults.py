@@ -241,3 +241,46 @@ def test_a_replica_ejected_by_this_very_request_is_retried_cleanly(serve: Serve)
         r = post(gw)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "fine"
     assert metric(gw, 'kvgate_retries_total{cause="connect",replica="r0"}') == 1
+
+
+def echo_replica(name: str, seen: list[tuple[str, str]]) -> ASGI:
+    """A replica answering any POST with its name and the path it was sent."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/v1/models":
+            body = b'{"object":"list","data":[{"id":"sim-model"}]}'
+        elif scope["method"] == "POST":
+            raw = b""
+            while True:
+                msg = await receive()
+                raw += msg.get("body", b"")
+                if not msg.get("more_body"):
+                    break
+            seen.append((name, scope["path"]))
+            body = json.dumps({"replica": name, "path": scope["path"],
+                               "echo": json.loads(raw)}).encode()
+        else:
+            body = b"ok"
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/responses", "/v1/rerank",
+                                  "/v1/score", "/tokenize", "/detokenize"])
+def test_other_openai_endpoints_pass_through_by_model(serve: Serve, path: str) -> None:
+    seen: list[tuple[str, str]] = []
+    gw = gateway(serve, [serve(echo_replica("a", seen)), serve(echo_replica("b", seen))])
+    body = {"model": "sim-model", "input": ["x", "y"], "extra": {"kept": True}}
+    for _ in range(4):
+        r = httpx.post(f"{gw.url}{path}", json=body, timeout=10)
+        assert r.status_code == 200 and r.json()["echo"] == body and r.json()["path"] == path
+        assert r.headers["x-kvgate-route"] == "passthrough"
+    assert {name for name, _ in seen} == {"a", "b"}  # the load is shared
+    assert httpx.post(f"{gw.url}{path}", json={"input": "x"}).json()["error"]["param"] \
+        == "model"
+    unknown = httpx.post(f"{gw.url}{path}", json={"model": "nope", "input": "x"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"

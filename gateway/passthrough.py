@@ -1,0 +1,88 @@
+"""The OpenAI endpoints that carry no prompt to route on (embeddings, responses, rerank,
+score, tokenize, detokenize): sent by ``model`` to the least busy healthy replica serving
+it, bodies unchanged, under the same admission, retries and relay as completions.
+
+Their cost is not prefill of a reusable prefix, so they take no part in cache-aware
+routing: no policy is asked and nothing is learned from them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import NoReplicaAvailable
+from gateway.forwarding import request_id_of, upstream_headers
+from gateway.proxy import UpstreamStream
+from gateway.relay_response import RelayResponse
+from gateway.state import GatewayState
+from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, json_object
+from kvwire.request_edge import read_body, unless_disconnected
+
+PATHS = ("/v1/embeddings", "/v1/responses", "/v1/rerank", "/v1/score", "/tokenize",
+         "/detokenize")
+ROUTE = "passthrough"
+
+
+_turn = itertools.count()  # ties taken in turn, so equal replicas share the load
+
+
+def least_busy(gw: GatewayState, model: str) -> tuple[str, ...]:
+    """Healthy replicas serving ``model``, fewest requests in flight first (ties in
+    turn)."""
+    views = [v for v in gw.fleet.views(model) if v.healthy]
+    if not views:
+        raise NoReplicaAvailable(f"no healthy replica for model {model!r}")
+    start = next(_turn)
+    order = {v.id: (i - start) % len(views) for i, v in enumerate(views)}
+    views.sort(key=lambda v: (v.in_flight / v.weight if v.weight > 0 else float("inf"),
+                              order[v.id]))
+    return tuple(v.id for v in views)
+
+
+async def passthrough(request: Request) -> Response:
+    gw: GatewayState = request.app.state.gw
+    assert gw.proxy is not None
+    path = request.url.path
+    try:
+        if gw.auth.on:
+            gw.auth.tenant_of(request)
+        slot = await gw.admission.enter()
+    except OpenAIError as exc:
+        gw.metrics.request_done("none", ROUTE, str(exc.status))
+        raise
+    try:
+        raw = await read_body(request, gw.config.max_body_bytes)
+        model = json_object(raw).get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("model is required (a non-empty string)", param="model")
+        known = gw.fleet.models()
+        if known and model not in known:
+            raise NotFound(f"model {model!r} is not served by any replica", param="model",
+                           code="model_not_found")
+        forwarded = upstream_headers(request, gw.trusted_proxies)
+        request_id = request_id_of(forwarded, f"pass-{random.getrandbits(48):x}")
+
+        def on_done(stream: UpstreamStream, ok: bool) -> None:
+            slot.release()
+            status = "502" if stream.cut is not None else str(stream.status)
+            gw.metrics.request_done(stream.replica, ROUTE, status)
+
+        stream = await unless_disconnected(request, gw.proxy.open(
+            least_busy(gw, model), path, raw, forwarded, lambda replica: 0,
+            lambda replica: None, on_done))
+    except OpenAIError as exc:
+        slot.release()
+        gw.metrics.request_done("none", ROUTE, str(exc.status))
+        raise
+    except BaseException:
+        slot.release()
+        raise
+    headers = {**stream.headers, "x-kvgate-replica": stream.replica,
+               "x-kvgate-route": ROUTE, "x-request-id": request_id}
+    if stream.complete:
+        return Response(stream.whole_body(), status_code=stream.status, headers=headers)
+    return RelayResponse(stream, headers)
