@@ -9,12 +9,14 @@ places first come, first served; one that gives up (timeout, client gone) is ski
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 
 from gateway.config import LimitsConfig
-from kvwire.openai_schema import TooManyRequests
+from kvwire.openai_schema import OpenAIError, TooManyRequests
 
 
 class Slot:
@@ -88,3 +90,18 @@ class Admission:
                 waiter.set_result(None)
                 return
         self.in_flight -= 1
+
+
+@contextlib.contextmanager
+def released_on_error(slot: Slot, count: Callable[[str], None]) -> Iterator[None]:
+    """Release ``slot`` when the block raises (its answer will never end it); an error the
+    client gets is counted with its status."""
+    try:
+        yield
+    except OpenAIError as exc:
+        slot.release()
+        count(str(exc.status))
+        raise
+    except BaseException:
+        slot.release()
+        raise

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.admission import Slot
+from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
 from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
@@ -30,7 +30,7 @@ from gateway.monitor import Monitor
 from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
 from gateway.passthrough import passthrough
 from gateway.proxy import Proxy, UpstreamStream
-from gateway.relay_response import RelayResponse
+from gateway.relay_response import answer
 from gateway.request_parse import Endpoint
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
@@ -53,7 +53,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     except OpenAIError as exc:
         gw.metrics.request_done("none", route, str(exc.status))
         raise
-    try:
+    with released_on_error(slot, lambda status: gw.metrics.request_done("none", route, status)):
         intake = await take_in(request, gw, endpoint, keyed)
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant))
@@ -63,20 +63,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         request_id = request_id_of(forwarded, routing.request.request_id)
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
                                                           forwarded))
-    except OpenAIError as exc:
-        slot.release()
-        gw.metrics.request_done("none", route, str(exc.status))
-        raise
-    except BaseException:
-        slot.release()
-        raise
-    headers = dict(stream.headers)
-    headers["x-kvgate-replica"] = stream.replica
-    headers["x-kvgate-route"] = route
-    headers["x-request-id"] = request_id
-    if stream.complete:  # nothing left to relay: skip the streaming machinery
-        return Response(stream.whole_body(), status_code=stream.status, headers=headers)
-    return RelayResponse(stream, headers)
+    return answer(stream, route, request_id)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,

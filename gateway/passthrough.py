@@ -14,10 +14,11 @@ import random
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.admission import released_on_error
 from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
 from gateway.proxy import UpstreamStream
-from gateway.relay_response import RelayResponse
+from gateway.relay_response import answer
 from gateway.state import GatewayState
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, json_object
 from kvwire.request_edge import read_body, unless_disconnected
@@ -54,7 +55,8 @@ async def passthrough(request: Request) -> Response:
     except OpenAIError as exc:
         gw.metrics.request_done("none", ROUTE, str(exc.status))
         raise
-    try:
+    with released_on_error(slot, lambda status: gw.metrics.request_done("none", ROUTE,
+                                                                         status)):
         raw = await read_body(request, gw.config.max_body_bytes)
         model = json_object(raw).get("model")
         if not isinstance(model, str) or not model:
@@ -74,15 +76,4 @@ async def passthrough(request: Request) -> Response:
         stream = await unless_disconnected(request, gw.proxy.open(
             least_busy(gw, model), path, raw, forwarded, lambda replica: 0,
             lambda replica: None, on_done))
-    except OpenAIError as exc:
-        slot.release()
-        gw.metrics.request_done("none", ROUTE, str(exc.status))
-        raise
-    except BaseException:
-        slot.release()
-        raise
-    headers = {**stream.headers, "x-kvgate-replica": stream.replica,
-               "x-kvgate-route": ROUTE, "x-request-id": request_id}
-    if stream.complete:
-        return Response(stream.whole_body(), status_code=stream.status, headers=headers)
-    return RelayResponse(stream, headers)
+    return answer(stream, ROUTE, request_id)

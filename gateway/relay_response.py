@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.proxy import UpstreamStream
@@ -31,3 +31,12 @@ class RelayResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.stream.close(ok=False)  # no-op when the relay finished and closed it
+
+
+def answer(stream: UpstreamStream, route: str, request_id: str) -> Response:
+    """The client's response to ``stream``, with the gateway's own headers."""
+    headers = {**stream.headers, "x-kvgate-replica": stream.replica,
+               "x-kvgate-route": route, "x-request-id": request_id}
+    if stream.complete:  # nothing left to relay: skip the streaming machinery
+        return Response(stream.whole_body(), status_code=stream.status, headers=headers)
+    return RelayResponse(stream, headers)
