@@ -268,6 +268,7 @@ class GatewayConfig:
     max_attempts: int = 3
     tokenizer_concurrency: int = 4
     tokenizer_memo: int = 2048  # prefix encodings remembered (~10 KB each); 0 = off
+    access_log: bool = False  # one JSON line per request on the kvgate.access logger
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     tenancy: TenancyConfig = field(default_factory=TenancyConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.access_log import AccessLog
 from gateway.admission import Admission
 from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
@@ -32,6 +33,7 @@ class GatewayState:
     trusted_proxies: Networks
     tenancy: Tenancy
     auth: ClientAuth
+    access: AccessLog
     proxy: Proxy | None = None
     draining: bool = False  # a shutdown began: /ready answers 503
     monitor: Monitor | None = None
@@ -57,4 +59,5 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     trusted = Networks(config.trusted_proxies)
     return GatewayState(config, fleet, policy, GatewayMetrics(fleet, policy.reasons), router,
                         Admission(config.limits), trusted,
-                        Tenancy(config.tenancy, trusted), ClientAuth(config.auth.api_keys))
+                        Tenancy(config.tenancy, trusted), ClientAuth(config.auth.api_keys),
+                        AccessLog(config.access_log))

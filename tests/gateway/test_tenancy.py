@@ -4,6 +4,7 @@ proxy that sets it, no salt a client can forge, partitions, and no cache across 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from kvwire.tokenizer import load_tokenizer
 from policies.config import ConfigError
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.servers import ThreadServer
+from tests.support.waiting import wait_until
 
 Serve = Callable[..., ThreadServer]
 SECRET = "s" * 32
@@ -136,3 +138,33 @@ def test_request_ids_are_kept_or_made_and_go_both_ways(serve: Serve) -> None:
                       headers={"x-request-id": "bad id\twith spaces"})
     assert made.headers["x-request-id"] == rec.headers[-1]["x-request-id"] != "bad id"
     assert " " not in made.headers["x-request-id"]
+
+
+def test_the_access_log_has_a_line_per_request(serve: Serve) -> None:
+    lines: list[dict[str, object]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(json.loads(record.getMessage()))
+
+    collect = Collect()
+    logging.getLogger("kvgate.access").addHandler(collect)
+    try:
+        rec = Behaviour("rec")
+        cfg = parse_config({"replicas": [{"id": "r0", "url": serve(fake_replica(rec)).url}],
+                            "scrape": {"enabled": False}, "access_log": True})
+        url = serve(create_app(cfg)).url
+        streamed = httpx.post(f"{url}/v1/completions", headers={"x-request-id": "req-7"},
+                              json={"model": "sim-model", "prompt": "x", "stream": True})
+        whole = httpx.post(f"{url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
+        bad = httpx.post(f"{url}/v1/completions", json={"prompt": "x"})
+        assert (streamed.status_code, whole.status_code, bad.status_code) == (200, 200, 400)
+        wait_until(lambda: len(lines) == 3, 5, "three access lines")
+    finally:
+        logging.getLogger("kvgate.access").removeHandler(collect)
+    first, second, refused = lines
+    assert first["id"] == "req-7" and first["replica"] == "r0" and first["status"] == "200"
+    assert isinstance(first["ttft_s"], float) and isinstance(first["duration_s"], float)
+    assert second["model"] == "sim-model" and second["ttft_s"] is None  # no stream: no TTFT
+    assert (second["prompt_tokens"], second["cached_tokens"]) == (10, 4)
+    assert refused["status"] == "400" and refused["replica"] is None
