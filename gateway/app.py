@@ -51,9 +51,9 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         # the server's read buffer (one that left meanwhile fails at reading it)
         slot = await gw.admission.enter()
     except OpenAIError as exc:
-        _refused(gw, route, str(exc.status))
+        gw.ended(route, str(exc.status))
         raise
-    with released_on_error(slot, lambda status: _refused(gw, route, status)):
+    with released_on_error(slot, lambda status: gw.ended(route, status)):
         intake = await take_in(request, gw, endpoint, keyed)
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant))
@@ -64,12 +64,6 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
                                                           forwarded, request_id))
     return answer(stream, route, request_id)
-
-
-def _refused(gw: GatewayState, route: str, status: str) -> None:
-    """A request that ends before any replica answered it."""
-    gw.metrics.request_done("none", route, status)
-    gw.access.write(route=route, status=status)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
@@ -85,8 +79,6 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()
-        status = "502" if stream.cut is not None else str(stream.status)
-        gw.metrics.request_done(stream.replica, decision.reason, status)
         usage = stream.usage()
         cached = None
         if usage is not None:
@@ -98,11 +90,11 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         ttft = stream.first_byte_s if stream.stream else None
         gw.policy.observe(Finished(route_req, stream.replica, ok, cached, ttft,
                                    stream.duration_s))
-        gw.access.write(request_id=request_id, tenant=intake.tenant, model=route_req.model,
-                        replica=stream.replica, route=decision.reason, status=status,
-                        prompt_tokens=usage[0] if usage else None,
-                        cached_tokens=usage[1] if usage else None, ttft_s=ttft,
-                        duration_s=stream.duration_s)
+        gw.ended(decision.reason, stream.outcome, stream.replica, request_id=request_id,
+                 tenant=intake.tenant, model=route_req.model,
+                 prompt_tokens=usage[0] if usage else None,
+                 cached_tokens=usage[1] if usage else None, ttft_s=ttft,
+                 duration_s=stream.duration_s)
 
     return await gw.proxy.open(
         ranked, path, intake.raw, headers,

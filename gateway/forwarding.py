@@ -10,27 +10,24 @@ again with the peer's address, so a replica's logs never show an address a clien
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from starlette.requests import Request
 
 from gateway.networks import Networks
 from gateway.proxy import forward_headers
 
-_FORWARDED = ("x-forwarded-for", "forwarded")
-
 
 def upstream_headers(request: Request, trusted: Networks) -> dict[str, str]:
-    headers: Mapping[str, str] = request.headers
-    out = forward_headers(headers)
-    peer = request.client.host if request.client else None
+    """The client's headers to forward (names are lower case, as ASGI gives them)."""
+    out = forward_headers(request.headers)
+    prior = out.pop("x-forwarded-for", None)
     if not trusted.peer_of(request):
-        for name in _FORWARDED:
-            out = {k: v for k, v in out.items() if k.lower() != name}
+        prior = None
+        out.pop("forwarded", None)
+    peer = request.client.host if request.client else None
     if peer:
-        prior = next((v for k, v in out.items() if k.lower() == "x-forwarded-for"), None)
-        out = {k: v for k, v in out.items() if k.lower() != "x-forwarded-for"}
         out["x-forwarded-for"] = f"{prior}, {peer}" if prior else peer
+    elif prior:
+        out["x-forwarded-for"] = prior
     return out
 
 
@@ -41,9 +38,7 @@ def request_id_of(headers: dict[str, str], made: str) -> str:
     """The request's id: the client's ``X-Request-Id`` when it is a sane one (at most 128
     characters of letters, digits and ``-_.:/``), else ``made``; set in ``headers`` (what
     is forwarded) either way."""
-    given = next((v for k, v in headers.items() if k.lower() == "x-request-id"), None)
+    given = headers.get("x-request-id")
     chosen = given if given and len(given) <= 128 and set(given) <= _ID_CHARS else made
-    for key in [k for k in headers if k.lower() == "x-request-id"]:
-        del headers[key]
     headers["x-request-id"] = chosen
     return chosen

@@ -44,11 +44,6 @@ def least_busy(gw: GatewayState, model: str) -> tuple[str, ...]:
     return tuple(v.id for v in views)
 
 
-def _refused(gw: GatewayState, status: str) -> None:
-    gw.metrics.request_done("none", ROUTE, status)
-    gw.access.write(route=ROUTE, status=status)
-
-
 async def passthrough(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     assert gw.proxy is not None
@@ -58,9 +53,9 @@ async def passthrough(request: Request) -> Response:
             gw.auth.tenant_of(request)
         slot = await gw.admission.enter()
     except OpenAIError as exc:
-        _refused(gw, str(exc.status))
+        gw.ended(ROUTE, str(exc.status))
         raise
-    with released_on_error(slot, lambda status: _refused(gw, status)):
+    with released_on_error(slot, lambda status: gw.ended(ROUTE, status)):
         raw = await read_body(request, gw.config.max_body_bytes)
         model = json_object(raw).get("model")
         if not isinstance(model, str) or not model:
@@ -74,10 +69,8 @@ async def passthrough(request: Request) -> Response:
 
         def on_done(stream: UpstreamStream, ok: bool) -> None:
             slot.release()
-            status = "502" if stream.cut is not None else str(stream.status)
-            gw.metrics.request_done(stream.replica, ROUTE, status)
-            gw.access.write(request_id=request_id, model=model, replica=stream.replica,
-                            route=ROUTE, status=status, duration_s=stream.duration_s)
+            gw.ended(ROUTE, stream.outcome, stream.replica, request_id=request_id,
+                     model=model, duration_s=stream.duration_s)
 
         stream = await unless_disconnected(request, gw.proxy.open(
             least_busy(gw, model), path, raw, forwarded, lambda replica: 0,

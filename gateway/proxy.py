@@ -159,6 +159,11 @@ class UpstreamStream:
             yield sse_error_event(f"replica {self.replica!r} stopped mid-answer: the answer "
                                   "is incomplete", f"upstream_{self.cut}")
 
+    @property
+    def outcome(self) -> str:
+        """The status a metric or log should record: 502 for an answer cut short."""
+        return "502" if self.cut is not None else str(self.status)
+
     def _broke_off(self, cause: str, what: str) -> None:
         self.cut = cause
         log.warning("replica %s %s mid-answer: the client's answer ends with an error",

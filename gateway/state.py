@@ -4,6 +4,7 @@ the long-lived parts its lifespan opens (proxy, monitor)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
@@ -36,6 +37,13 @@ class GatewayState:
     access: AccessLog
     proxy: Proxy | None = None
     draining: bool = False  # a shutdown began: /ready answers 503
+
+    def ended(self, route: str, status: str, replica: str = "none", **access: Any) -> None:
+        """One request ended (answered by ``replica``, or refused before any): its one
+        ``requests`` sample and its access-log line (``access``: the line's other fields)."""
+        self.metrics.request_done(replica, route, status)
+        self.access.write(route=route, status=status,
+                          replica=None if replica == "none" else replica, **access)
     monitor: Monitor | None = None
 
 

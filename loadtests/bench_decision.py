@@ -17,7 +17,6 @@ by the gateway's chat template first), the figures under ``"chat"``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -29,6 +28,7 @@ from gateway.request_parse import ParsedRequest
 from gateway.routing import Router
 from kvwire.tokenizer import load_tokenizer
 from kvwire.tokenizer_build import sample_text
+from loadtests.json_out import print_json
 from loadtests.workloads import build_spec, generate
 from policies.base import Routed
 from policies.registry import build_policy, load_preset
@@ -110,11 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["chat"] = {v: measure(v, chats, args.warmup) for v in args.variants}
         for v, f in out["chat"].items():
             print(f" chat turns {v:16s} {f}", flush=True)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+    print_json(out, args.json)
     return out
 
 

@@ -13,7 +13,6 @@ question) in virtual time.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -27,6 +26,7 @@ from engine.executor import Batch, StepResult
 from engine.request import SamplingParams
 from engine.sim_executor import SimExecutor
 from kvwire.block_hashing import block_hashes
+from loadtests.json_out import print_json
 
 PROMPT_TOKENS = 6000
 BLOCK = 16
@@ -194,11 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                   and b32.get("prefill", {}).get("overhead_pct_of_modeled", 0) <= 5.0}
     report = {"profile": args.profile, "python": sys.version.split()[0],
               "per_step": batches, "throughput": throughput, "target": target}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    print_json(report, args.json)
     return 0
 
 

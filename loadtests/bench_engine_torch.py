@@ -10,7 +10,6 @@ of the uncached tail only); prints and writes JSON. Target: the hit is >= 5x fas
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import torch
 from engine.executor import Batch, SeqWork
 from engine.executors.torch_executor import TorchExecutor
 from engine.model.tiny import write_tiny_model
+from loadtests.json_out import print_json
 
 # a small Llama-shaped model: ~25M parameters in the decoder, GQA 4
 SMALL = dict(hidden_size=512, layers=8, heads=8, kv_heads=2, intermediate_size=1408)
@@ -91,11 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {**SMALL, "hidden_size": args.hidden_size, "layers": args.layers,
              "intermediate_size": args.intermediate_size}
     result = run_benchmark(args.prompt_tokens, args.cached_tokens, args.repeats, sizes)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    print_json(result, args.json)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ import torch
 
 from engine.kernels import build_metadata, reference
 from engine.kernels.metadata import AttentionMetadata
+from loadtests.json_out import print_json
 
 DECODE_BW_GOAL = 0.60
 PREFILL_SDPA_GOAL = 1.5
@@ -256,11 +256,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     result = run(args.quick)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    print_json(result, args.json)
     return 0 if result["correct"] else 1
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from loadtests.json_out import print_json
 from loadtests.local_fleet import LocalFleet, LocalFleetSpec
 
 WORDS = ["the", "parties", "agree", "that", "term", "of", "this", "agreement", "shall", "be",
@@ -188,10 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     runs = [run(args, limit) for limit in args.max_in_flight]
     report: dict[str, Any] = {"runs": runs}
-    out = json.dumps(report, indent=2)
-    print(out)
-    if args.json_path:
-        Path(args.json_path).write_text(out)
+    print_json(report, args.json_path)
     return report
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import statistics
 import time
@@ -29,6 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from loadtests.json_out import print_json
 from policies.base import Policy, ReplicaView, Routed, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
 from policies.radix import Radix
@@ -177,11 +177,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "capacity_tokens": args.capacity,
         "memory_method": "tracemalloc (live bytes allocated by the policy), plus estimate",
     }
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+    print_json(results, args.json)
     return results
 
 

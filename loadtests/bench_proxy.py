@@ -29,6 +29,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from loadtests.json_out import print_json
+
 BACKEND_REPLY = json.dumps({
     "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench",
     "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
@@ -220,10 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         name: round(results[name]["c32"]["rps"] / direct, 3)
         for name in ("gateway_round_robin", "gateway_prefix_affinity", "client_httpx",
                      "client_aiohttp")}
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    print_json(results, args.json)
     return 0
 
 

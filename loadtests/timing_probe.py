@@ -15,7 +15,6 @@ JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -23,6 +22,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+
+from loadtests.json_out import print_json
 
 TENANT_HEADER = "x-kvgate-tenant"
 SECRET = "timing-probe-secret-0123456789abcdef"
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--words", type=int, default=300)
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--policy", default="prefix_affinity")
+    ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
     spec = LocalFleetSpec(replicas=args.replicas, policy={"name": args.policy},
                           engine_args=("--model-name", "sim-model"),
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "auc_within_a_tenant": round(probe(url, "sim-model", "victim", "victim",
                                                args.probes, args.words, seed=2), 3),
         }
-    print(json.dumps(report, indent=2))
+    print_json(report, args.json)
     return report
 
 

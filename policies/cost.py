@@ -399,8 +399,7 @@ class Cost(Policy):
     def _loads(self, replicas: Sequence[ReplicaView], up: list[bool]
                ) -> list[tuple[float, float]]:
         """Per replica: the wait for a decode slot, then the queue per unit of weight."""
-        slots = self._slots.known and self.config.slot_weight > 0
-        return [(self._slot_wait(r) if slots and up[i] else 0.0,
+        return [(self._slot_wait(r) if up[i] else 0.0,
                  r.queued_tokens / r.weight if r.weight > 0 else math.inf)
                 for i, r in enumerate(replicas)]
 
