@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -44,6 +46,7 @@ log = logging.getLogger("kvgate.gateway")
 async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     """Admit, route and relay one request; every way out counts one ``requests`` sample."""
     gw: GatewayState = request.app.state.gw
+    arrived = time.perf_counter()
     route = "none"
     try:
         keyed = gw.auth.tenant_of(request) if gw.auth.on else None
@@ -62,14 +65,16 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         forwarded = upstream_headers(request, gw.trusted_proxies)
         request_id = request_id_of(forwarded, routing.request.request_id)
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
-                                                          forwarded, request_id))
+                                                          forwarded, request_id, arrived))
     return answer(stream, route, request_id)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
-                slot: Slot, headers: dict[str, str], request_id: str) -> UpstreamStream:
+                slot: Slot, headers: dict[str, str], request_id: str,
+                arrived: float) -> UpstreamStream:
     """The first ranked replica's answer (under the per-replica queue bound), with the
-    policy told where the request went and how it ended."""
+    policy told where the request went and how it ended (``arrived``: the request's
+    ``perf_counter`` at arrival)."""
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
     ranked = _under_queue_bound(gw, decision.ranked)
@@ -82,9 +87,10 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         usage = stream.usage()
         cached = None
         if usage is not None:
-            gw.metrics.prompt_tokens.labels(route=decision.reason).inc(usage[0])
-            gw.metrics.cached_tokens.labels(route=decision.reason).inc(usage[1])
-            cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens, *usage)
+            gw.metrics.prompt_tokens.labels(route=decision.reason).inc(usage.prompt_tokens)
+            gw.metrics.cached_tokens.labels(route=decision.reason).inc(usage.cached_tokens)
+            cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens,
+                                       usage.prompt_tokens, usage.cached_tokens)
         # a stream's first byte comes with its first token; a whole body's comes after
         # the last one, so it says nothing of time to first token
         ttft = stream.first_byte_s if stream.stream else None
@@ -95,11 +101,22 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
                  prompt_tokens=usage[0] if usage else None,
                  cached_tokens=usage[1] if usage else None, ttft_s=ttft,
                  duration_s=stream.duration_s)
+        if ok:
+            gw.metrics.answers.relayed(route_req.model, decision.reason, stream, arrived,
+                                       usage)
 
-    return await gw.proxy.open(
+    stream = await gw.proxy.open(
         ranked, path, intake.raw, headers,
         lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done,
         intake.parsed.stream)
+    if stream.stream and not _asks_usage(intake.parsed.body):
+        stream.count_events()  # its output tokens are then its content chunks
+    return stream
+
+
+def _asks_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 def _under_queue_bound(gw: GatewayState, ranked: tuple[str, ...]) -> tuple[str, ...]:

@@ -4,7 +4,8 @@ Counters and histograms are updated on the request path; per-replica gauges are 
 from the live ``Fleet`` at scrape time. Label children are created up front for the values
 known in advance (error kinds, rejection statuses, and per replica the policy's route
 reasons, retry and cut causes), so ``increase()`` sees a series' first increment; a
-replica's series go when it leaves the fleet.
+replica's series go when it leaves the fleet. Histograms of answers by model and route
+reason are ``gateway.answer_metrics``; ``process_*`` describe the gateway's process.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.answer_metrics import AnswerMetrics
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
 from policies.base import ReplicaRemoved
@@ -138,6 +140,8 @@ class GatewayMetrics:
         self.retries = Counter("kvgate_retries", "Requests retried on the next replica",
                                ["replica", "cause"], registry=r)
         r.register(_FleetCollector(fleet))
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
+        self.answers = AnswerMetrics(r, fleet.models, reasons)
         self.reasons = reasons
         self._children: dict[str, dict[tuple[Any, tuple[str, ...]], None]] = {}
         for kind in ERROR_KINDS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -48,6 +49,7 @@ async def passthrough(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     assert gw.proxy is not None
     path = request.url.path
+    arrived = time.perf_counter()
     try:
         if gw.auth.on:
             gw.auth.tenant_of(request)
@@ -71,6 +73,8 @@ async def passthrough(request: Request) -> Response:
             slot.release()
             gw.ended(ROUTE, stream.outcome, stream.replica, request_id=request_id,
                      model=model, duration_s=stream.duration_s)
+            if ok:
+                gw.metrics.answers.relayed(model, ROUTE, stream, arrived)
 
         stream = await unless_disconnected(request, gw.proxy.open(
             least_busy(gw, model), path, raw, forwarded, lambda replica: 0,
