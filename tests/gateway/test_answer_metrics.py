@@ -12,10 +12,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.server import EngineServer, build_app
 from gateway.answer_metrics import DURATION, OTHER_MODEL, OUTPUT_TOKENS, TTFT, AnswerMetrics
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.state import build_state
+from kvwire.tokenizer import load_tokenizer
+from tests.support.engine_cores import make_core
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
@@ -105,3 +108,35 @@ def test_model_label_is_bounded_to_the_fleet_models() -> None:
                                      {"model": OTHER_MODEL, "reason": "spill"}) == 0
     assert registry.get_sample_value(DURATION + "_count",
                                      {"model": OTHER_MODEL, "reason": "spill"}) == 1
+
+
+def test_output_tokens_of_engine_streams(serve: Serve) -> None:
+    """Against kvgate's engine (a chat stream opens with a role-only chunk): without usage
+    the count is the content chunks the client got; with usage, the engine's own count."""
+    core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=512)
+    engine = EngineServer(core, load_tokenizer(None), model_name="tiny-sim",
+                          sleep_modeled_time=True)
+    replica = serve(build_app(engine))
+    config = parse_config({"replicas": [{"id": "e", "url": replica.url}],
+                           "policy": {"name": "round_robin"},
+                           "health": {"interval_s": 0.2}, "scrape": {"interval_s": 0.2}})
+    state = build_state(config)
+    url = serve(create_app(config, state)).url
+    wait_until(lambda: state.fleet.models() == {"tiny-sim"}, 10, "the engine's model list")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "count the chunks"}]
+    chunks = list(client.chat.completions.create(
+        model="tiny-sim", messages=messages, max_tokens=6, stream=True,
+        extra_body={"ignore_eos": True}))
+    content = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
+    assert 0 < content <= 6
+    wait_until(lambda: _series(url, OUTPUT_TOKENS + "_count", "tiny-sim") == 1, 10,
+               "the stream recorded")
+    assert _series(url, OUTPUT_TOKENS + "_sum", "tiny-sim") == content
+    usage = list(client.chat.completions.create(
+        model="tiny-sim", messages=messages, max_tokens=6, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))[-1].usage
+    assert usage is not None and usage.completion_tokens == 6
+    wait_until(lambda: _series(url, OUTPUT_TOKENS + "_count", "tiny-sim") == 2, 10,
+               "the second stream recorded")
+    assert _series(url, OUTPUT_TOKENS + "_sum", "tiny-sim") == content + 6
