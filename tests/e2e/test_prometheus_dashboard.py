@@ -4,21 +4,19 @@ drives traffic through the gateway; then every query of the Grafana dashboard
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import openai
 import pytest
 
+from tests.support.dashboard import load_dashboard, panel_queries, variable_queries
 from tests.support.fleets import start_fleet
 from tests.support.processes import Processes
 from tests.support.prometheus import BINARY, Prometheus
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kvgate.json"
 # what Grafana would put in place of the template variables: all replicas and models, a
 # rate window of several scrapes
 VARIABLES = {"$__rate_interval": "30s", "$replica": ".*", "$model": ".*"}
@@ -26,17 +24,6 @@ VARIABLES = {"$__rate_interval": "30s", "$replica": ".*", "$model": ".*"}
 pytestmark = pytest.mark.skipif(
     BINARY is None, reason="the prometheus binary is not installed (Debian package "
     "'prometheus'; .ci/run installs it)")
-
-
-def panel_queries(dashboard: dict[str, Any]) -> list[str]:
-    """Every target's ``expr`` of every panel, rows' nested panels included."""
-    out: list[str] = []
-    stack = list(dashboard["panels"])
-    while stack:
-        panel = stack.pop(0)
-        stack.extend(panel.get("panels", []))
-        out.extend(t["expr"] for t in panel.get("targets", []) if t.get("expr"))
-    return out
 
 
 def substituted(expr: str) -> str:
@@ -76,7 +63,7 @@ def _traffic(gateway: str, seconds: float) -> int:
 
 
 def test_every_dashboard_query_returns_data(spawn: Processes, tmp_path: Path) -> None:
-    dashboard = json.loads(DASHBOARD.read_text())
+    dashboard = load_dashboard()
     queries = panel_queries(dashboard)
     assert len(queries) >= 15
     fleet = start_fleet(spawn, tmp_path, {"name": "prefix_affinity", "prefix_tokens": 64})
@@ -87,12 +74,11 @@ def test_every_dashboard_query_returns_data(spawn: Processes, tmp_path: Path) ->
         prom.wait_scraped({"kvgate-gateway", "kvgate-replicas"})
         assert _traffic(fleet.gateway, 5.0) >= 6
         # the template variables' own queries (label_values(metric, label))
-        for var in dashboard["templating"]["list"]:
-            if var["type"] != "query":
-                continue
-            metric, label = re.fullmatch(r"label_values\((\S+), (\w+)\)",
-                                         var["query"]["query"]).groups()
-            assert prom.api(f"label/{label}/values", **{"match[]": metric}), var["name"]
+        for name, query in variable_queries(dashboard).items():
+            found = re.fullmatch(r"label_values\((\S+), (\w+)\)", query)
+            assert found is not None, (name, query)
+            metric, label = found.groups()
+            assert prom.api(f"label/{label}/values", **{"match[]": metric}), name
         missing = [q for q in queries if not prom.finite(substituted(q))]
         deadline = time.monotonic() + 20  # the last scrapes after the traffic
         while missing and time.monotonic() < deadline:
