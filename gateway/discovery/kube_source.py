@@ -181,7 +181,7 @@ class KubernetesSource:
                 error = f"API answered {exc.status}: {exc.reason}"
             except (aiohttp.ClientError, TimeoutError, ConfigException, OSError) as exc:
                 error = f"{exc.__class__.__name__}: {exc}"
-            except (ValueError, KeyError, TypeError) as exc:  # a malformed answer
+            except Exception as exc:  # a malformed answer (the client raises bare Exception)
                 error = f"unexpected answer: {exc.__class__.__name__}: {exc}"
             self.stats.failed(error)
             await asyncio.sleep(delay)

@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 T = TypeVar("T")
 
+BOOLEANS = ("watch", "allowWatchBookmarks")
 _END = object()  # a watch's queue: end the stream cleanly
 _BREAK = object()  # ... break its connection
 
@@ -161,6 +162,9 @@ class FakeKubeAPI:
 
     async def _endpoint(self, request: Request) -> Response:
         query = dict(request.query_params)
+        for key in BOOLEANS:  # as the API server reads them (Go's ParseBool: True, 1, ...)
+            if key in query:
+                query[key] = "true" if query[key].lower() in ("true", "t", "1") else "false"
         self.requests.append(query)
         if self.is_down:
             return JSONResponse(_status(503, "ServiceUnavailable", "down for the test"),
