@@ -9,7 +9,7 @@ replica's series go when it leaves the fleet.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -113,7 +113,7 @@ class DiscoveryCounts(Protocol):
 
 
 class _DiscoveryCollector(Collector):
-    def __init__(self, sources: list[DiscoveryCounts]) -> None:
+    def __init__(self, sources: Sequence[DiscoveryCounts]) -> None:
         self.sources = sources
 
     def collect(self) -> Iterator[Metric]:
@@ -235,7 +235,7 @@ class GatewayMetrics:
     def first_byte(self, replica: str, seconds: float) -> None:
         self._child(self.upstream_ttfb, replica).observe(seconds)
 
-    def watch_discovery(self, sources: list[DiscoveryCounts]) -> None:
+    def watch_discovery(self, sources: Sequence[DiscoveryCounts]) -> None:
         """Export the counts of the discovery sources."""
         self.registry.register(_DiscoveryCollector(sources))
 

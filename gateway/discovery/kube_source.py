@@ -90,8 +90,8 @@ class KubernetesSource:
 
     def _lister(self, api: k8s.ApiClient) -> Lister:
         if self.config.service:
-            return k8s.DiscoveryV1Api(api).list_namespaced_endpoint_slice  # type: ignore[no-any-return]
-        return k8s.CoreV1Api(api).list_namespaced_pod  # type: ignore[no-any-return]
+            return k8s.DiscoveryV1Api(api).list_namespaced_endpoint_slice
+        return k8s.CoreV1Api(api).list_namespaced_pod
 
     def targets(self) -> Targets:
         objects = self.objects.values()
