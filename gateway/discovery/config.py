@@ -22,6 +22,7 @@ does not tell them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # gateway.config lists the sources: imported late, where needed
@@ -105,8 +106,9 @@ class DNSSourceConfig:
 class KubernetesSourceConfig:
     """The ready endpoints of ``service`` (its EndpointSlices), or the ready pods matching
     ``label_selector``, followed by list+watch; a full list at least every ``resync_s``.
-    The API is reached with ``kubeconfig`` (and ``context``) when given, else in-cluster
-    (service account) when running in a pod, else the default kubeconfig.
+    The API is reached with ``kubeconfig`` or ``context`` when either is given (the
+    default kubeconfig file for a context alone), else in-cluster (service account) when
+    running in a pod, else the default kubeconfig.
 
     A replica's port: ``port`` when set, else the port named ``port_name`` (of the
     Service, or of the pod's containers), else the only one. Its KV event ports: the ports
@@ -133,7 +135,7 @@ class KubernetesSourceConfig:
     @property
     def label(self) -> str:
         what = f"service={self.service}" if self.service else f"pods={self.label_selector}"
-        return f"kubernetes:{self.namespace or '-'}/{what}"
+        return f"kubernetes:{self.namespace}/{what}" if self.namespace else f"kubernetes:{what}"
 
     def validate(self) -> None:
         if (self.service is None) == (self.label_selector is None):
@@ -142,6 +144,8 @@ class KubernetesSourceConfig:
         if self.service == "" or self.label_selector == "":
             raise ValueError("service and label_selector must not be empty")
         _port_or_none("port", self.port)
+        if self.kubeconfig is not None and not Path(self.kubeconfig).is_file():
+            raise ValueError(f"kubeconfig {self.kubeconfig!r} is not a file")
         for key in ("resync_s", "retry_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")

@@ -18,6 +18,7 @@ from gateway.discovery.config import DNSSourceConfig
 from gateway.discovery.stats import SourceStats
 from gateway.discovery.targets import Targets, dns_targets
 from gateway.discovery.types import Publish
+from policies.config import ConfigError
 
 
 class DNSLookupFailed(Exception):
@@ -33,7 +34,11 @@ class DNSSource:
             self._resolver.nameservers = list(config.nameservers)
             self._resolver.port = config.nameserver_port
         else:
-            self._resolver = dns.asyncresolver.Resolver()  # reads /etc/resolv.conf once
+            try:
+                self._resolver = dns.asyncresolver.Resolver()  # reads /etc/resolv.conf once
+            except dns.resolver.NoResolverConfiguration as exc:
+                raise ConfigError(f"discovery {config.label}: the system names no DNS "
+                                  f"server ({exc}); set nameservers") from exc
 
     @property
     def label(self) -> str:

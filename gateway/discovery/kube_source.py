@@ -75,7 +75,8 @@ class KubernetesSource:
     async def _client(self) -> k8s.ApiClient:
         if self._api is None:
             conf = k8s.Configuration()
-            in_cluster = "KUBERNETES_SERVICE_HOST" in os.environ and not self.config.kubeconfig
+            in_cluster = "KUBERNETES_SERVICE_HOST" in os.environ \
+                and self.config.kubeconfig is None and self.config.context is None
             if in_cluster:
                 k8s_config.load_incluster_config(client_configuration=conf)
                 if self.config.namespace is None:
@@ -85,8 +86,17 @@ class KubernetesSource:
                 await k8s_config.load_kube_config(config_file=self.config.kubeconfig,
                                                   context=self.config.context,
                                                   client_configuration=conf)
+                if self.config.namespace is None:
+                    self._namespace = await asyncio.to_thread(self._kubeconfig_namespace)
             self._api = k8s.ApiClient(configuration=conf)
         return self._api
+
+    def _kubeconfig_namespace(self) -> str:
+        """The namespace of the kubeconfig context in use, else ``default``."""
+        contexts, active = k8s_config.list_kube_config_contexts(self.config.kubeconfig)
+        chosen = next((c for c in contexts if c["name"] == self.config.context), active) \
+            if self.config.context else active
+        return str((chosen or {}).get("context", {}).get("namespace") or "default")
 
     def _lister(self, api: k8s.ApiClient) -> Lister:
         if self.config.service:

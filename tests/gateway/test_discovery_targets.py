@@ -116,6 +116,8 @@ def test_dns_targets() -> None:
     ({"type": "kubernetes", "service": "a", "replica": {"api_key_env": "NOT_SET_ANYWHERE"}},
      "api_key_env 'NOT_SET_ANYWHERE' is not set"),
     ({"type": "kubernetes", "service": "a", "watch": True}, "unknown key 'watch'"),
+    ({"type": "kubernetes", "service": "a", "kubeconfig": "/nonexistent/kubeconfig"},
+     "kubeconfig '/nonexistent/kubeconfig' is not a file"),
     ("dns", "expected a mapping with a 'type' key"),
 ])
 def test_bad_source_names_the_key_and_value(source: Any, fragment: str) -> None:

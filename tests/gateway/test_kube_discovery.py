@@ -23,20 +23,20 @@ from tests.support.waiting import wait_until
 
 Serve = Callable[..., ThreadServer]
 ADMIN = {"authorization": "Bearer admin-token-0123456789"}
-SOURCE = "kubernetes:llm/service=vllm"
+SOURCE = "kubernetes:service=vllm"  # in the kubeconfig context's namespace
 
 
 def start_gateway(serve: Serve, api: ThreadServer, tmp_path: Path, **source: Any
                   ) -> tuple[ThreadServer, GatewayState]:
     path = tmp_path / "kubeconfig.yaml"
-    path.write_text(yaml.safe_dump(kubeconfig(api.url)))
+    path.write_text(yaml.safe_dump(kubeconfig(api.url, namespace="llm")))
     config = parse_config({
         "policy": {"name": "round_robin"},
         "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
         "scrape": {"enabled": False},
         "admin": {"token": ADMIN["authorization"][7:]},
-        "discovery": [{"type": "kubernetes", "namespace": "llm", "kubeconfig": str(path),
-                       "retry_s": 0.05, "resync_s": 3600, **source}],
+        "discovery": [{"type": "kubernetes", "kubeconfig": str(path), "retry_s": 0.05,
+                       "resync_s": 3600, **source}],
     })
     state = build_state(config)
     return serve(create_app(config, state), side=create_admin_app(state)), state
@@ -174,6 +174,7 @@ def test_pods_by_label_selector(serve: Serve, tmp_path: Path) -> None:
                                    port_name="http")
     converges(gateway, {"vllm-0"}, "the one ready pod")
     assert api.list_requests()[0]["labelSelector"] == "app=vllm"
+    assert set(api.authorizations) == {"Bearer test-token"}  # the kubeconfig's user
     replica = state.fleet.get("vllm-0")
     assert replica is not None and replica.config.kv_events == "tcp://127.0.0.1:5600"
     api.put(pod("vllm-1", b.port))

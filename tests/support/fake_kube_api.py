@@ -55,6 +55,7 @@ class FakeKubeAPI:
         self.history: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, object)
         self.oldest = 0  # a watch from a version below this one is answered 410
         self.requests: list[dict[str, str]] = []  # query of each request, in order
+        self.authorizations: list[str] = []  # Authorization header of each request
         self.is_down = False
         self.is_deaf = False
         self._watches: list[tuple[asyncio.Queue[Any], str, Callable[[dict[str, Any]], bool]]] \
@@ -166,6 +167,7 @@ class FakeKubeAPI:
             if key in query:
                 query[key] = "true" if query[key].lower() in ("true", "t", "1") else "false"
         self.requests.append(query)
+        self.authorizations.append(request.headers.get("authorization", ""))
         if self.is_down:
             return JSONResponse(_status(503, "ServiceUnavailable", "down for the test"),
                                 status_code=503)
@@ -237,9 +239,12 @@ def endpoint(address: str, pod: str, ready: bool | None = True, serving: bool | 
             "targetRef": {"kind": "Pod", "name": pod, "namespace": "llm"}}
 
 
-def kubeconfig(server: str) -> dict[str, Any]:
-    """A kubeconfig that reaches ``server`` over plain HTTP with a token."""
+def kubeconfig(server: str, namespace: str | None = None) -> dict[str, Any]:
+    """A kubeconfig that reaches ``server`` over plain HTTP with a token, its context in
+    ``namespace`` when given."""
+    context = {"cluster": "test", "user": "test", **({"namespace": namespace} if namespace
+                                                    else {})}
     return {"apiVersion": "v1", "kind": "Config", "current-context": "test",
             "clusters": [{"name": "test", "cluster": {"server": server}}],
             "users": [{"name": "test", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}
+            "contexts": [{"name": "test", "context": context}]}
