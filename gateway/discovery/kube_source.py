@@ -78,7 +78,8 @@ class KubernetesSource:
             in_cluster = "KUBERNETES_SERVICE_HOST" in os.environ \
                 and self.config.kubeconfig is None and self.config.context is None
             if in_cluster:
-                k8s_config.load_incluster_config(client_configuration=conf)
+                await asyncio.to_thread(k8s_config.load_incluster_config,
+                                        client_configuration=conf)  # reads token and CA
                 if self.config.namespace is None:
                     self._namespace = (await asyncio.to_thread(NAMESPACE_FILE.read_text)
                                        ).strip()
