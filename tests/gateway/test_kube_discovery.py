@@ -182,3 +182,8 @@ def test_pods_by_label_selector(serve: Serve, tmp_path: Path) -> None:
     api.delete("llm", "vllm-0")
     found = converges(gateway, {"vllm-1"}, "vllm-0 to leave when deleted")
     assert found["vllm-1"]["url"] == b.url
+    # the gateway's shutdown stops discovery: its watch is closed
+    wait_until(lambda: api.watching() == 1, 5, "one watch")
+    gateway.stop()
+    assert not gateway.thread.is_alive()
+    wait_until(lambda: api.watching() == 0, 5, "the watch to close")
