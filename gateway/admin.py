@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from gateway.config import ReplicaConfig
 from gateway.intake import take_in
+from gateway.membership import ADMIN, join, leave
 from gateway.state import GatewayState
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
 from kvwire.request_edge import ErrorBoundary, read_body
@@ -50,7 +51,8 @@ def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
     assert state is not None
     view = state.view(time.monotonic(), gw.fleet.calibration.ratio())
     return {
-        "id": view.id, "url": view.url, "weight": view.weight, "healthy": view.healthy,
+        "id": view.id, "url": view.url, "source": state.source, "weight": view.weight,
+        "healthy": view.healthy,
         "last_error": state.last_error, "queued_tokens": view.queued_tokens,
         "running": view.running, "waiting": view.waiting, "in_flight": view.in_flight,
         "kv_usage": view.kv_usage, "kv_capacity_tokens": view.kv_capacity_tokens,
@@ -84,9 +86,7 @@ async def add_replica(request: Request) -> Response:
     if gw.fleet.get(config.id) is not None:
         raise BadRequest(f"replica {config.id!r} already exists", param="id",
                          code="duplicate_replica")
-    state = gw.fleet.add(config, forward_auth=False)
-    if gw.monitor is not None:
-        await gw.monitor.check_one(state)
+    await join(gw, config, ADMIN, forward_auth=False)
     return JSONResponse(_replica_json(gw, config.id), status_code=201)
 
 
@@ -95,7 +95,7 @@ async def remove_replica(request: Request) -> Response:
     replica_id = request.path_params["replica_id"]
     if gw.fleet.get(replica_id) is None:
         raise NotFound(f"no replica {replica_id!r}", code="replica_not_found")
-    gw.fleet.remove(replica_id)
+    leave(gw, replica_id)
     return JSONResponse({"removed": replica_id})
 
 

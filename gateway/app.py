@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
+from gateway.discovery.runner import Discovery, build_source
 from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
 from gateway.intake import Intake, take_in
@@ -178,6 +179,8 @@ async def metrics(request: Request) -> Response:
 
 def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGIApp:
     gw = state or build_state(config)
+    discovery = Discovery(gw, [build_source(source) for source in config.discovery])
+    gw.metrics.watch_discovery(discovery.stats)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -196,6 +199,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
             stack.push_async_callback(gw.monitor.stop)
             await gw.monitor.start()
+            stack.push_async_callback(discovery.stop)
+            await discovery.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
             if kv_events is not None:
                 stack.push_async_callback(kv_events.stop)

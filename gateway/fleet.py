@@ -51,6 +51,7 @@ class ReplicaState:
     config: ReplicaConfig
     window_s: float
     forward_auth: bool = True  # clients' Authorization headers may be sent to it
+    source: str = "static"  # who added it: static, admin, or a discovery source's label
     auth_failures: int = 0  # answers 401/403 to this gateway's own calls (a wrong api_key)
     healthy: bool = True
     consecutive_failures: int = 0
@@ -154,12 +155,14 @@ class Fleet:
     def get(self, replica_id: str) -> ReplicaState | None:
         return self._replicas.get(replica_id)
 
-    def add(self, config: ReplicaConfig, forward_auth: bool = True) -> ReplicaState:
+    def add(self, config: ReplicaConfig, forward_auth: bool = True, source: str = "static"
+            ) -> ReplicaState:
         """A new replica; ``forward_auth`` False: clients' ``Authorization`` headers are
-        not sent to it (one added at run time rather than configured)."""
+        not sent to it (one added at run time rather than configured). ``source``: who
+        added it (see ``gateway.membership``)."""
         if config.id in self._replicas:
             raise ValueError(f"replica {config.id!r} already exists")
-        state = ReplicaState(config, self.window_s, forward_auth=forward_auth)
+        state = ReplicaState(config, self.window_s, forward_auth=forward_auth, source=source)
         self._replicas[config.id] = state
         self._tell(ReplicaAdded(config.id))
         return state
