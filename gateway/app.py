@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
 from gateway.errors import NoReplicaAvailable
-from gateway.forwarding import request_id_of, upstream_headers
+from gateway.forwarding import error_request_id, request_id_of, upstream_headers
 from gateway.intake import Intake, take_in
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
@@ -34,6 +34,7 @@ from gateway.relay_response import answer
 from gateway.request_parse import Endpoint
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
+from gateway.tracing import RequestTrace
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
 from kvwire.request_edge import ErrorBoundary, unless_disconnected
 from policies.base import Finished, Routed
@@ -44,30 +45,37 @@ log = logging.getLogger("kvgate.gateway")
 async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     """Admit, route and relay one request; every way out counts one ``requests`` sample."""
     gw: GatewayState = request.app.state.gw
+    trace = gw.tracing.start(request.headers, path)
     route = "none"
     try:
-        keyed = gw.auth.tenant_of(request) if gw.auth.on else None
-        # before the body is read: a request waiting for a place holds no more of it than
-        # the server's read buffer (one that left meanwhile fails at reading it)
-        slot = await gw.admission.enter()
-    except OpenAIError as exc:
-        gw.ended(route, str(exc.status))
+        try:
+            keyed = gw.auth.tenant_of(request) if gw.auth.on else None
+            # before the body is read: a request waiting for a place holds no more of it
+            # than the server's read buffer (one that left meanwhile fails at reading it)
+            slot = await gw.admission.enter()
+        except OpenAIError as exc:
+            gw.ended(route, str(exc.status))
+            raise
+        with released_on_error(slot, lambda status: gw.ended(route, status)):
+            intake = await take_in(request, gw, endpoint, keyed)
+            routing = await gw.router.decide(intake.parsed, intake.tenant,
+                                             gw.tenancy.allowed(intake.tenant), trace)
+            gw.metrics.decision_seconds.observe(routing.seconds)
+            route = routing.decision.reason
+            forwarded = upstream_headers(request, gw.trusted_proxies)
+            request_id = request_id_of(request, forwarded, routing.request.request_id)
+            trace.upstream(forwarded)
+            stream = await unless_disconnected(request, _open(
+                gw, routing, intake, path, slot, forwarded, request_id, trace))
+    except BaseException as exc:
+        trace.failed(exc)
         raise
-    with released_on_error(slot, lambda status: gw.ended(route, status)):
-        intake = await take_in(request, gw, endpoint, keyed)
-        routing = await gw.router.decide(intake.parsed, intake.tenant,
-                                         gw.tenancy.allowed(intake.tenant))
-        gw.metrics.decision_seconds.observe(routing.seconds)
-        route = routing.decision.reason
-        forwarded = upstream_headers(request, gw.trusted_proxies)
-        request_id = request_id_of(forwarded, routing.request.request_id)
-        stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
-                                                          forwarded, request_id))
     return answer(stream, route, request_id)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
-                slot: Slot, headers: dict[str, str], request_id: str) -> UpstreamStream:
+                slot: Slot, headers: dict[str, str], request_id: str,
+                trace: RequestTrace) -> UpstreamStream:
     """The first ranked replica's answer (under the per-replica queue bound), with the
     policy told where the request went and how it ended."""
     assert gw.proxy is not None
@@ -79,6 +87,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()
+        trace.answered(stream)
         usage = stream.usage()
         cached = None
         if usage is not None:
@@ -170,6 +179,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         # whatever started is stopped, in reverse order, even if a later start fails
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(gw.router.close)
+            gw.tracing.open()
+            stack.callback(gw.tracing.close)
             session = await stack.enter_async_context(aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=False))
             gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
@@ -195,7 +206,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/metrics", metrics, methods=["GET"]),
         *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),
     ]
-    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
+    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
+                             error_request_id)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.state.gw = gw
     return _FastPath(app, boundary)

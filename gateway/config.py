@@ -29,6 +29,8 @@ Example (every key but ``replicas`` has a default)::
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
              request_failures_to_eject: 3, ejection_s: 10}
     scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60}
+    tracing: {enabled: false, service_name: kvgate, exporter: otlp, endpoint: null,
+              sample_ratio: 1.0}   # OpenTelemetry spans; needs the otel extra
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import yaml
 from gateway.client_auth import ClientKey
 from gateway.secret_source import resolve_secret
 from gateway.tenancy import TenancyConfig
+from gateway.tracing import TracingConfig
 from policies.config import ConfigError, from_mapping
 
 
@@ -275,6 +278,7 @@ class GatewayConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def validate(self) -> None:
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")
