@@ -3,18 +3,30 @@ gateway served on loopback in front of real replicas."""
 
 from __future__ import annotations
 
+import gzip
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import yaml
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from gateway.app import create_app
 from gateway.config import parse_config
@@ -23,7 +35,8 @@ from gateway.state import build_state
 from gateway.tracing import NO_TRACE, NO_TRACING, TracingConfig, build_tracing
 from policies.config import ConfigError
 from tests.support.fake_replica import Behaviour, fake_replica
-from tests.support.servers import ThreadServer
+from tests.support.processes import Processes
+from tests.support.servers import ThreadServer, free_port
 from tests.support.waiting import wait_until
 
 Serve = Callable[..., ThreadServer]
@@ -175,3 +188,52 @@ def test_tracing_off_is_one_shared_no_op_and_never_imports_opentelemetry() -> No
 def test_bad_tracing_config_is_named(tracing: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         parse_config({"replicas": [], "tracing": tracing})
+
+
+def test_a_gateway_process_exports_over_otlp_and_flushes_on_shutdown(
+        serve: Serve, spawn: Processes, tmp_path: Path) -> None:
+    """``kvgate serve`` with ``exporter: otlp`` posts its spans to a collector (here a
+    loopback server decoding OTLP/HTTP protobuf), the last of them when it stops."""
+    received: list[ExportTraceServiceRequest] = []
+
+    async def collect(request: Request) -> Response:
+        body = await request.body()
+        if request.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        received.append(ExportTraceServiceRequest.FromString(body))
+        return Response(ExportTraceServiceResponse().SerializeToString(),
+                        media_type="application/x-protobuf")
+
+    collector = serve(Starlette(routes=[Route("/v1/traces", collect, methods=["POST"])]))
+    replica = serve(fake_replica(Behaviour("a")))
+    port = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "policy": {"name": "round_robin"},
+        "replicas": [{"id": "a", "url": replica.url}],
+        "shutdown": {"grace_s": 0, "timeout_s": 5},
+        "tracing": {"enabled": True, "service_name": "kvgate-otlp", "exporter": "otlp",
+                    "endpoint": f"{collector.url}/v1/traces"},
+    }))
+    url = f"http://127.0.0.1:{port}"
+    proc = spawn("serve", "--config", str(config), ready_url=f"{url}/ready")
+    r = httpx.post(f"{url}/v1/completions", json={"model": "sim-model", "prompt": "hi"},
+                   headers={"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"})
+    assert r.status_code == 200
+    proc.terminate()  # the batch is not due yet: shutting down sends it
+    assert proc.wait(timeout=20) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+
+    spans = {}
+    for export in received:
+        for resource_spans in export.resource_spans:
+            service = {a.key: a.value.string_value
+                       for a in resource_spans.resource.attributes}["service.name"]
+            assert service == "kvgate-otlp"
+            for scope_spans in resource_spans.scope_spans:
+                spans.update({s.name: s for s in scope_spans.spans})
+    assert set(spans) == {"kvgate.request", "kvgate.tokenize", "kvgate.route",
+                          "kvgate.upstream"}
+    request = spans["kvgate.request"]
+    assert request.trace_id.hex() == TRACE_ID and request.parent_span_id.hex() == CLIENT_SPAN
+    assert all(spans[name].parent_span_id == request.span_id
+               for name in ("kvgate.tokenize", "kvgate.route", "kvgate.upstream"))
