@@ -48,28 +48,25 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     trace = gw.tracing.start(request.headers, path)
     route = "none"
     try:
-        try:
-            keyed = gw.auth.tenant_of(request) if gw.auth.on else None
-            # before the body is read: a request waiting for a place holds no more of it
-            # than the server's read buffer (one that left meanwhile fails at reading it)
-            slot = await gw.admission.enter()
-        except OpenAIError as exc:
-            gw.ended(route, str(exc.status))
-            raise
-        with released_on_error(slot, lambda status: gw.ended(route, status)):
-            intake = await take_in(request, gw, endpoint, keyed)
-            routing = await gw.router.decide(intake.parsed, intake.tenant,
-                                             gw.tenancy.allowed(intake.tenant), trace)
-            gw.metrics.decision_seconds.observe(routing.seconds)
-            route = routing.decision.reason
-            forwarded = upstream_headers(request, gw.trusted_proxies)
-            request_id = request_id_of(request, forwarded, routing.request.request_id)
-            trace.upstream(forwarded)
-            stream = await unless_disconnected(request, _open(
-                gw, routing, intake, path, slot, forwarded, request_id, trace))
-    except BaseException as exc:
+        keyed = gw.auth.tenant_of(request) if gw.auth.on else None
+        # before the body is read: a request waiting for a place holds no more of it than
+        # the server's read buffer (one that left meanwhile fails at reading it)
+        slot = await gw.admission.enter()
+    except OpenAIError as exc:
+        gw.ended(route, str(exc.status))
         trace.failed(exc)
         raise
+    with released_on_error(slot, lambda status: gw.ended(route, status)), trace.guard():
+        intake = await take_in(request, gw, endpoint, keyed)
+        routing = await gw.router.decide(intake.parsed, intake.tenant,
+                                         gw.tenancy.allowed(intake.tenant), trace)
+        gw.metrics.decision_seconds.observe(routing.seconds)
+        route = routing.decision.reason
+        forwarded = upstream_headers(request, gw.trusted_proxies)
+        request_id = request_id_of(request, forwarded, routing.request.request_id)
+        trace.upstream(forwarded)
+        stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
+                                                          forwarded, request_id, trace))
     return answer(stream, route, request_id)
 
 

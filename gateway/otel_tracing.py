@@ -124,6 +124,7 @@ class _OtelTrace(RequestTrace):
         self._upstream = self._tracer.start_span(
             "kvgate.upstream", context=self._context, kind=SpanKind.CLIENT,
             attributes={"kvgate.request_id": request_id})
+        headers.pop("tracestate", None)  # the client's, replaced by the trace's own (if any)
         _PROPAGATOR.inject(headers, context=set_span_in_context(self._upstream))
 
     def answered(self, stream: UpstreamStream) -> None:
@@ -146,6 +147,17 @@ class _OtelTrace(RequestTrace):
             elif stream.status >= 500:
                 span.set_status(Status(StatusCode.ERROR))
             span.end()
+
+    @contextmanager
+    def _guarded(self) -> Iterator[object]:
+        try:
+            yield self
+        except BaseException as exc:
+            self.failed(exc)
+            raise
+
+    def guard(self) -> AbstractContextManager[object]:
+        return self._guarded()
 
     def failed(self, exc: BaseException) -> None:
         if self._ended:

@@ -50,37 +50,33 @@ async def passthrough(request: Request) -> Response:
     path = request.url.path
     trace = gw.tracing.start(request.headers, path)
     try:
-        try:
-            if gw.auth.on:
-                gw.auth.tenant_of(request)
-            slot = await gw.admission.enter()
-        except OpenAIError as exc:
-            gw.ended(ROUTE, str(exc.status))
-            raise
-        with released_on_error(slot, lambda status: gw.ended(ROUTE, status)):
-            raw = await read_body(request, gw.config.max_body_bytes)
-            model = json_object(raw).get("model")
-            if not isinstance(model, str) or not model:
-                raise BadRequest("model is required (a non-empty string)", param="model")
-            known = gw.fleet.models()
-            if known and model not in known:
-                raise NotFound(f"model {model!r} is not served by any replica",
-                               param="model", code="model_not_found")
-            forwarded = upstream_headers(request, gw.trusted_proxies)
-            request_id = request_id_of(request, forwarded,
-                                       f"pass-{random.getrandbits(48):x}")
-            trace.upstream(forwarded)
-
-            def on_done(stream: UpstreamStream, ok: bool) -> None:
-                slot.release()
-                trace.answered(stream)
-                gw.ended(ROUTE, stream.outcome, stream.replica, request_id=request_id,
-                         model=model, duration_s=stream.duration_s)
-
-            stream = await unless_disconnected(request, gw.proxy.open(
-                least_busy(gw, model), path, raw, forwarded, lambda replica: 0,
-                lambda replica: None, on_done))
-    except BaseException as exc:
+        if gw.auth.on:
+            gw.auth.tenant_of(request)
+        slot = await gw.admission.enter()
+    except OpenAIError as exc:
+        gw.ended(ROUTE, str(exc.status))
         trace.failed(exc)
         raise
+    with released_on_error(slot, lambda status: gw.ended(ROUTE, status)), trace.guard():
+        raw = await read_body(request, gw.config.max_body_bytes)
+        model = json_object(raw).get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("model is required (a non-empty string)", param="model")
+        known = gw.fleet.models()
+        if known and model not in known:
+            raise NotFound(f"model {model!r} is not served by any replica", param="model",
+                           code="model_not_found")
+        forwarded = upstream_headers(request, gw.trusted_proxies)
+        request_id = request_id_of(request, forwarded, f"pass-{random.getrandbits(48):x}")
+        trace.upstream(forwarded)
+
+        def on_done(stream: UpstreamStream, ok: bool) -> None:
+            slot.release()
+            trace.answered(stream)
+            gw.ended(ROUTE, stream.outcome, stream.replica, request_id=request_id,
+                     model=model, duration_s=stream.duration_s)
+
+        stream = await unless_disconnected(request, gw.proxy.open(
+            least_busy(gw, model), path, raw, forwarded, lambda replica: 0,
+            lambda replica: None, on_done))
     return answer(stream, ROUTE, request_id)

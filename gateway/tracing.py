@@ -88,6 +88,10 @@ class RequestTrace:
     def failed(self, exc: BaseException) -> None:
         """The request ended in an error before its answer began: ends every span."""
 
+    def guard(self) -> AbstractContextManager[object]:
+        """Calls ``failed`` if the block raises."""
+        return _NOTHING
+
 
 _NOTHING: AbstractContextManager[object] = nullcontext()
 NO_TRACE = RequestTrace()

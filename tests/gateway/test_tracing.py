@@ -132,6 +132,23 @@ def test_a_stream_is_traced_to_its_end_and_a_new_trace_starts_without_traceparen
         request.context.trace_id, "032x")  # type: ignore[union-attr]
 
 
+def test_tracestate_follows_the_trace_it_belongs_to(serve: Serve) -> None:
+    a = Behaviour("a")
+    url, exporter = traced_gateway(serve, [("a", serve(fake_replica(a)).url)])
+    body = {"model": "sim-model", "prompt": "x"}
+    httpx.post(f"{url}/v1/completions", json=body, headers={
+        "traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01", "tracestate": "vendor=1"})
+    assert a.headers[-1]["tracestate"] == "vendor=1"
+    assert a.headers[-1]["traceparent"].split("-")[1] == TRACE_ID
+    # a broken traceparent starts a new trace, and the state of the old one is dropped
+    httpx.post(f"{url}/v1/completions", json=body, headers={
+        "traceparent": "00-not-a-trace-01", "tracestate": "vendor=1"})
+    assert "tracestate" not in a.headers[-1]
+    assert a.headers[-1]["traceparent"].split("-")[1] != TRACE_ID
+    assert len(a.headers[-1]["traceparent"]) == 55
+    finished(exporter, 8)
+
+
 def test_failures_mark_the_spans(serve: Serve) -> None:
     broken = Behaviour("broken", status=500)
     url, exporter = traced_gateway(serve, [("broken", serve(fake_replica(broken)).url)])
