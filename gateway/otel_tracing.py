@@ -9,6 +9,7 @@ shutdown (``close``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
@@ -33,7 +34,7 @@ _RANKED_SHOWN = 8  # replica ids a route span lists
 
 def _exporter(config: TracingConfig) -> SpanExporter:
     if config.exporter == "console":
-        return ConsoleSpanExporter(service_name=config.service_name)
+        return ConsoleSpanExporter(service_name=config.service_name, out=sys.stdout)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter(endpoint=config.endpoint)

@@ -44,13 +44,13 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 
 
-def traced_gateway(serve: Serve, replicas: list[tuple[str, str]], policy: str = "round_robin"
-                   ) -> tuple[str, InMemorySpanExporter]:
+def traced_gateway(serve: Serve, replicas: list[tuple[str, str]], policy: str = "round_robin",
+                   **tracing: Any) -> tuple[str, InMemorySpanExporter]:
     config = parse_config({
         "replicas": [{"id": rid, "url": url} for rid, url in replicas],
         "policy": {"name": policy},
         "health": {"interval_s": 0.2, "timeout_s": 0.5},
-        "tracing": {"enabled": True, "service_name": "kvgate-test"},
+        "tracing": {"enabled": True, "service_name": "kvgate-test", **tracing},
     })
     exporter = InMemorySpanExporter()
     tracing = OtelTracing(config.tracing, SimpleSpanProcessor(exporter))
@@ -147,6 +147,34 @@ def test_tracestate_follows_the_trace_it_belongs_to(serve: Serve) -> None:
     assert a.headers[-1]["traceparent"].split("-")[1] != TRACE_ID
     assert len(a.headers[-1]["traceparent"]) == 55
     finished(exporter, 8)
+
+
+def test_unsampled_traces_still_propagate_and_a_sampled_caller_wins(serve: Serve) -> None:
+    a = Behaviour("a")
+    url, exporter = traced_gateway(serve, [("a", serve(fake_replica(a)).url)],
+                                   sample_ratio=0.0)
+    body = {"model": "sim-model", "prompt": "x"}
+    assert httpx.post(f"{url}/v1/completions", json=body).status_code == 200
+    flags = int(a.headers[-1]["traceparent"].rsplit("-", 1)[1], 16)
+    assert flags & 1 == 0  # the replica is told: not sampled
+    httpx.post(f"{url}/v1/completions", json=body,
+               headers={"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"})
+    spans = finished(exporter, 4)  # only the caller's sampled trace was recorded
+    assert {format(s.context.trace_id, "032x") for s in spans.values()  # type: ignore[union-attr]
+            } == {TRACE_ID}
+
+
+def test_the_console_exporter_prints_spans_when_it_stops(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    tracing = build_tracing(TracingConfig(enabled=True, exporter="console",
+                                          service_name="kvgate-console"))
+    tracing.open()
+    trace = tracing.start({}, "/v1/completions")
+    with pytest.raises(RuntimeError), trace.guard():
+        raise RuntimeError("boom")
+    tracing.close()
+    out = capsys.readouterr().out
+    assert '"name": "kvgate.request"' in out and "kvgate-console" in out and "boom" in out
 
 
 def test_failures_mark_the_spans(serve: Serve) -> None:
