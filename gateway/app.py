@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
 from gateway.errors import NoReplicaAvailable
-from gateway.forwarding import error_request_id, request_id_of, upstream_headers
+from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.intake import Intake, take_in
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
@@ -142,11 +142,12 @@ async def models(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     names = sorted(gw.fleet.models())
     return JSONResponse({"object": "list", "data": [
-        {"id": name, "object": "model", "owned_by": "kvgate"} for name in names]})
+        {"id": name, "object": "model", "owned_by": "kvgate"} for name in names]},
+        headers=request_id_header(request))
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "ok"}, headers=request_id_header(request))
 
 
 async def ready(request: Request) -> Response:
@@ -156,7 +157,8 @@ async def ready(request: Request) -> Response:
     if not gw.fleet.any_healthy():
         raise NoReplicaAvailable(f"none of {len(gw.fleet)} replicas is healthy")
     healthy = sum(1 for s in gw.fleet if s.healthy)
-    return JSONResponse({"status": "ready", "healthy_replicas": healthy})
+    return JSONResponse({"status": "ready", "healthy_replicas": healthy},
+                        headers=request_id_header(request))
 
 
 async def metrics(request: Request) -> Response:
@@ -204,7 +206,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),
     ]
     boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
-                             error_request_id)
+                             request_id_header)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.state.gw = gw
     return _FastPath(app, boundary)

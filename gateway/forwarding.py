@@ -53,11 +53,12 @@ def request_id_of(request: Request, headers: dict[str, str], made: str) -> str:
     return chosen
 
 
-def error_request_id(request: Request) -> dict[str, str]:
-    """The ``X-Request-Id`` header of an error answer: the id chosen for the request (the
-    one its replicas saw), else the client's when sane, else a new one."""
+def request_id_header(request: Request) -> dict[str, str]:
+    """The ``X-Request-Id`` header of an answer the gateway makes itself (an error, or a
+    route that goes to no replica): the id chosen for the request (the one its replicas
+    saw), else the client's when sane, else a new one."""
     chosen = request.scope.get(REQUEST_ID_KEY)
     if chosen is None:
         given = request.headers.get("x-request-id")
-        chosen = given if given is not None and _sane(given) else f"err-{uuid.uuid4().hex}"
+        chosen = given if given is not None and _sane(given) else f"gw-{uuid.uuid4().hex}"
     return {"x-request-id": chosen}

@@ -71,10 +71,20 @@ def test_gateway_errors_echo_or_make_a_request_id(
     made = httpx.request(method, gw.url + path, content=body,
                          headers={"x-request-id": "not a sane\tid"})
     assert_openai_error(made, status)
-    assert made.headers["x-request-id"].startswith("err-")
+    assert made.headers["x-request-id"].startswith("gw-")
     other = httpx.request(method, gw.url + path, content=body)
-    assert other.headers["x-request-id"].startswith("err-")
+    assert other.headers["x-request-id"].startswith("gw-")
     assert other.headers["x-request-id"] != made.headers["x-request-id"]
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/health", "/ready"])
+def test_the_gateways_own_answers_carry_an_id(one: tuple[ThreadServer, Behaviour],
+                                              path: str) -> None:
+    gw, _ = one
+    wait_until(lambda: httpx.get(f"{gw.url}/ready").status_code == 200, 10, "readiness")
+    r = httpx.get(gw.url + path, headers={"x-request-id": "probe-1"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "probe-1"
+    assert httpx.get(gw.url + path).headers["x-request-id"].startswith("gw-")
 
 
 def test_unknown_paths_get_an_openai_404(one: tuple[ThreadServer, Behaviour]) -> None:
@@ -85,7 +95,7 @@ def test_unknown_paths_get_an_openai_404(one: tuple[ThreadServer, Behaviour]) ->
     body = missing.value.body
     assert isinstance(body, dict) and body["code"] == "not_found"
     assert "/v1/no/such/thing" in body["message"]
-    assert missing.value.response.headers["x-request-id"].startswith("err-")
+    assert missing.value.response.headers["x-request-id"].startswith("gw-")
 
 
 def test_a_502_names_the_id_its_replicas_saw(serve: Serve) -> None:
