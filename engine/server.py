@@ -27,6 +27,7 @@ from engine.generate_params import GenerateParams, context_error, parse_generate
 from engine.metrics import EngineMetrics
 from engine.request import RequestOutput, SamplingParams
 from engine.text_stream import TextStream
+from kvwire.media_parts import carries_media
 from kvwire.openai_schema import (
     BadRequest,
     ClientDisconnected,
@@ -103,7 +104,11 @@ class EngineServer:
             return p.prompt_ids
         if p.messages is not None:
             try:
-                text = self.tokenizer.render_chat(p.messages, tools=p.tools)
+                if carries_media(p.messages):  # hashing megabytes: off the event loop
+                    text = await asyncio.to_thread(self.tokenizer.render_chat, p.messages,
+                                                   tools=p.tools)
+                else:
+                    text = self.tokenizer.render_chat(p.messages, tools=p.tools)
             except ValueError as exc:
                 raise BadRequest(str(exc), param="messages") from exc
         else:

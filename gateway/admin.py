@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.config import ReplicaConfig
+from gateway.forwarding import request_id_header
 from gateway.intake import take_in
 from gateway.membership import ADMIN, join, leave
 from gateway.state import GatewayState
@@ -132,7 +133,8 @@ def routes() -> list[Route]:
 
 def create_admin_app(gw: GatewayState) -> Starlette:
     """The admin API over ``gw`` (the main app's state, whose lifespan runs the rest)."""
-    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
+    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
+                             request_id_header)
     app = Starlette(routes=routes(), exception_handlers=boundary.handlers())
     app.state.gw = gw
     app.state.admin_token = gw.config.admin.resolved_token()

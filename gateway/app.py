@@ -26,7 +26,7 @@ from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
 from gateway.discovery.runner import Discovery, build_source
 from gateway.errors import NoReplicaAvailable
-from gateway.forwarding import request_id_of, upstream_headers
+from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.intake import Intake, take_in
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
@@ -37,6 +37,7 @@ from gateway.relay_response import answer
 from gateway.request_parse import Endpoint
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
+from gateway.tracing import RequestTrace
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
 from kvwire.request_edge import ErrorBoundary, unless_disconnected
 from policies.base import Finished, Routed
@@ -48,6 +49,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     """Admit, route and relay one request; every way out counts one ``requests`` sample."""
     gw: GatewayState = request.app.state.gw
     arrived = time.perf_counter()
+    trace = gw.tracing.start(request.headers, path)
     route = "none"
     try:
         keyed = gw.auth.tenant_of(request) if gw.auth.on else None
@@ -56,23 +58,26 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         slot = await gw.admission.enter()
     except OpenAIError as exc:
         gw.ended(route, str(exc.status))
+        trace.failed(exc)
         raise
-    with released_on_error(slot, lambda status: gw.ended(route, status)):
+    with released_on_error(slot, lambda status: gw.ended(route, status)), trace.guard():
         intake = await take_in(request, gw, endpoint, keyed)
         routing = await gw.router.decide(intake.parsed, intake.tenant,
-                                         gw.tenancy.allowed(intake.tenant))
+                                         gw.tenancy.allowed(intake.tenant), trace)
         gw.metrics.decision_seconds.observe(routing.seconds)
         route = routing.decision.reason
         forwarded = upstream_headers(request, gw.trusted_proxies)
-        request_id = request_id_of(forwarded, routing.request.request_id)
+        request_id = request_id_of(request, forwarded, routing.request.request_id)
+        trace.upstream(forwarded)
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
-                                                          forwarded, request_id, arrived))
+                                                          forwarded, request_id, arrived,
+                                                          trace))
     return answer(stream, route, request_id)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
                 slot: Slot, headers: dict[str, str], request_id: str,
-                arrived: float) -> UpstreamStream:
+                arrived: float, trace: RequestTrace) -> UpstreamStream:
     """The first ranked replica's answer (under the per-replica queue bound), with the
     policy told where the request went and how it ended (``arrived``: the request's
     ``perf_counter`` at arrival)."""
@@ -85,6 +90,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()
+        trace.answered(stream)
         usage = stream.usage()
         cached = None
         if usage is not None:
@@ -154,11 +160,12 @@ async def models(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     names = sorted(gw.fleet.models())
     return JSONResponse({"object": "list", "data": [
-        {"id": name, "object": "model", "owned_by": "kvgate"} for name in names]})
+        {"id": name, "object": "model", "owned_by": "kvgate"} for name in names]},
+        headers=request_id_header(request))
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "ok"}, headers=request_id_header(request))
 
 
 async def ready(request: Request) -> Response:
@@ -168,7 +175,8 @@ async def ready(request: Request) -> Response:
     if not gw.fleet.any_healthy():
         raise NoReplicaAvailable(f"none of {len(gw.fleet)} replicas is healthy")
     healthy = sum(1 for s in gw.fleet if s.healthy)
-    return JSONResponse({"status": "ready", "healthy_replicas": healthy})
+    return JSONResponse({"status": "ready", "healthy_replicas": healthy},
+                        headers=request_id_header(request))
 
 
 async def metrics(request: Request) -> Response:
@@ -190,6 +198,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         # whatever started is stopped, in reverse order, even if a later start fails
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(gw.router.close)
+            gw.tracing.open()
+            stack.callback(gw.tracing.close)
             session = await stack.enter_async_context(aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=False))
             gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
@@ -217,7 +227,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/metrics", metrics, methods=["GET"]),
         *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),
     ]
-    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
+    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
+                             request_id_header)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.state.gw = gw
     return _FastPath(app, boundary)

@@ -32,6 +32,8 @@ Example (every key but ``replicas`` has a default)::
     discovery: [{type: dns, name: vllm-headless.llm.svc.cluster.local, port: 8000},
                 {type: kubernetes, namespace: llm, service: vllm, port_name: http}]
                 # replicas found at run time, next to ``replicas`` (gateway.discovery.config)
+    tracing: {enabled: false, service_name: kvgate, exporter: otlp, endpoint: null,
+              sample_ratio: 1.0}   # OpenTelemetry spans; needs the otel extra
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from gateway.client_auth import ClientKey
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.secret_source import resolve_secret
 from gateway.tenancy import TenancyConfig
+from gateway.tracing import TracingConfig
 from policies.config import ConfigError, from_mapping
 
 
@@ -280,6 +283,7 @@ class GatewayConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def validate(self) -> None:
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")

@@ -18,6 +18,7 @@ from gateway.networks import Networks
 from gateway.proxy import Proxy
 from gateway.routing import Router
 from gateway.tenancy import Tenancy
+from gateway.tracing import Tracing, build_tracing
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from policies.base import Policy, ReplicaRemoved, ReplicaReset
 from policies.registry import build_policy
@@ -35,6 +36,7 @@ class GatewayState:
     tenancy: Tenancy
     auth: ClientAuth
     access: AccessLog
+    tracing: Tracing
     proxy: Proxy | None = None
     draining: bool = False  # a shutdown began: /ready answers 503
 
@@ -58,7 +60,9 @@ def policy_listener(policy: Policy) -> FleetListener:
 
 
 def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
-                policy: Policy | None = None) -> GatewayState:
+                policy: Policy | None = None, tracing: Tracing | None = None
+                ) -> GatewayState:
+    """``tracing``: where request traces go (default: as ``config.tracing`` says)."""
     fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s)
     policy = policy or build_policy(config.policy, where="policy")
     fleet.listen(policy_listener(policy))
@@ -68,4 +72,4 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     return GatewayState(config, fleet, policy, GatewayMetrics(fleet, policy.reasons), router,
                         Admission(config.limits), trusted,
                         Tenancy(config.tenancy, trusted), ClientAuth(config.auth.api_keys),
-                        AccessLog(config.access_log))
+                        AccessLog(config.access_log), tracing or build_tracing(config.tracing))
