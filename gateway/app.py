@@ -55,6 +55,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         raise
     with released_on_error(slot, lambda status: gw.ended(route, status)):
         intake = await take_in(request, gw, endpoint, keyed)
+        gw.capture.observe(intake.parsed, intake.tenant, len(intake.raw))
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant))
         gw.metrics.decision_seconds.observe(routing.seconds)
@@ -179,6 +180,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
             stack.push_async_callback(gw.monitor.stop)
             await gw.monitor.start()
+            stack.push_async_callback(gw.capture.stop)
+            await gw.capture.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
             if kv_events is not None:
                 stack.push_async_callback(kv_events.stop)

@@ -29,6 +29,8 @@ Example (every key but ``replicas`` has a default)::
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
              request_failures_to_eject: 3, ejection_s: 10}
     scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60}
+    capture: {path: null, sample_rate: 1.0, max_mb: 256}   # JSONL for kvgate audit
+    prefix_report: {enabled: false, recent_requests: 512, max_mb: 32}
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gateway.capture import CaptureConfig, PrefixReportConfig
 from gateway.client_auth import ClientKey
 from gateway.secret_source import resolve_secret
 from gateway.tenancy import TenancyConfig
@@ -275,6 +278,9 @@ class GatewayConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
+    # request bodies kept for the prompt-layout audit (gateway.capture)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    prefix_report: PrefixReportConfig = field(default_factory=PrefixReportConfig)
 
     def validate(self) -> None:
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")
