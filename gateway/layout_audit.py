@@ -67,7 +67,7 @@ class AuditLimits:
 class Finding:
     cause: str
     position: int  # token index in the later request where it parts from the earlier
-    context: str
+    context: str  # the text around it: «the earlier request's text | the later one's»
     requests_affected: int
     tokens_lost: int
     model: str
@@ -147,7 +147,7 @@ def _context(b: str, fix: Fix) -> str:
         return text.replace("\n", "\\n")
     before = b[max(0, fix.start - _CONTEXT_CHARS): fix.start].replace("\n", "\\n")
     after = b[fix.end: fix.end + _CONTEXT_CHARS].replace("\n", "\\n")
-    return f"{before}[{short(fix.replacement)} -> {short(b[fix.start:fix.end])}]{after}"
+    return f"{before}«{short(fix.replacement)} | {short(b[fix.start:fix.end])}»{after}"
 
 
 class _Auditor:

@@ -6,6 +6,7 @@ tests can work out independently what a fix would save."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import uuid
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ _TOOL_NAMES = ("search_contracts", "get_clause", "compare_terms")
 @dataclass(frozen=True, slots=True)
 class PlantedLog:
     records: list[dict[str, Any]]
-    before: str  # the stable text before the planted value (in the system prompt)
-    after: str  # the stable text after it, up to the end of the system prompt
+    fixed: list[dict[str, Any]]  # the same requests laid out well (the planted cause gone)
+    planted: list[str]  # per request, the text of what was planted ("" if nothing)
 
 
 def _record(i: int, body: dict[str, Any], tenant: str | None = "acme") -> dict[str, Any]:
@@ -49,11 +50,12 @@ def timestamp_log(n: int = 12, seed: int = 1) -> PlantedLog:
     rng = random.Random(seed)
     head, tail = system_parts(rng)
     before, after = head + "Current time: ", ". " + tail
-    records = []
+    records, fixed, stamps = [], [], []
     for i, q in enumerate(questions(rng, n)):
-        stamp = f"2026-12-01 10:{i * 7 % 60:02d}:{i * 13 % 60:02d}"
-        records.append(_record(i, _chat(before + stamp + after, q)))
-    return PlantedLog(records, before, after)
+        stamps.append(f"2026-12-01 10:{i * 7 % 60:02d}:{i * 13 % 60:02d}")
+        records.append(_record(i, _chat(before + stamps[-1] + after, q)))
+        fixed.append(_record(i, _chat(before + after, q)))  # the time moved out
+    return PlantedLog(records, fixed, stamps)
 
 
 def uuid_log(n: int = 12, seed: int = 2) -> PlantedLog:
@@ -61,9 +63,11 @@ def uuid_log(n: int = 12, seed: int = 2) -> PlantedLog:
     head, tail = system_parts(rng)
     before, after = head + "Request id: ", "\n" + tail
     ids = random.Random(seed)
-    records = [_record(i, _chat(before + str(uuid.UUID(int=ids.getrandbits(128))) + after, q))
-               for i, q in enumerate(questions(rng, n))]
-    return PlantedLog(records, before, after)
+    planted = [str(uuid.UUID(int=ids.getrandbits(128))) for _ in range(n)]
+    asked = questions(rng, n)
+    records = [_record(i, _chat(before + planted[i] + after, q)) for i, q in enumerate(asked)]
+    fixed = [_record(i, _chat(before + after, q)) for i, q in enumerate(asked)]
+    return PlantedLog(records, fixed, planted)
 
 
 def tools(order: int) -> list[dict[str, Any]]:
@@ -88,9 +92,11 @@ def tools(order: int) -> list[dict[str, Any]]:
 def json_key_order_log(n: int = 12, seed: int = 3) -> PlantedLog:
     rng = random.Random(seed)
     head, tail = system_parts(rng)
-    records = [_record(i, _chat(head + tail, q, tools=tools(i)))
-               for i, q in enumerate(questions(rng, n))]
-    return PlantedLog(records, head + tail, "")
+    asked = questions(rng, n)
+    records = [_record(i, _chat(head + tail, q, tools=tools(i))) for i, q in enumerate(asked)]
+    fixed = [_record(i, _chat(head + tail, q, tools=tools(0))) for i, q in enumerate(asked)]
+    listed = ["\n".join(json.dumps(t) for t in tools(i)) for i in range(n)]  # as rendered
+    return PlantedLog(records, fixed, listed)
 
 
 def chunks(seed: int = 4, count: int = 4) -> list[str]:
@@ -102,14 +108,15 @@ def chunk_order_log(n: int = 12, seed: int = 4) -> PlantedLog:
     rng = random.Random(seed)
     head, tail = system_parts(rng)
     docs = chunks(seed)
-    records = []
     orders = list(itertools.permutations(docs))
     random.Random(seed).shuffle(orders)
+    records, fixed, planted = [], [], []
     for i, q in enumerate(questions(rng, n)):
-        order = orders[i]
-        user = "Context:\n\n" + "\n\n".join(order) + "\n\n" + q
-        records.append(_record(i, _chat(head + tail, user)))
-    return PlantedLog(records, head + tail, "")
+        planted.append("\n\n".join(orders[i]))
+        records.append(_record(i, _chat(head + tail, f"Context:\n\n{planted[-1]}\n\n{q}")))
+        fixed.append(_record(i, _chat(head + tail,
+                                      "Context:\n\n" + "\n\n".join(docs) + "\n\n" + q)))
+    return PlantedLog(records, fixed, planted)
 
 
 def history_rewrite_log(conversations: int = 6, seed: int = 5) -> PlantedLog:
@@ -119,21 +126,23 @@ def history_rewrite_log(conversations: int = 6, seed: int = 5) -> PlantedLog:
     head, tail = system_parts(rng)
     system = head + tail
     records: list[dict[str, Any]] = []
+    fixed: list[dict[str, Any]] = []
+    planted: list[str] = []
     for c in range(conversations):
         u1, u2, u3 = (f"Conversation {c} turn {t}: {sample_text(rng, 15)}?" for t in range(3))
         reasoning = "Reasoning: " + sample_text(rng, 60) + "\n"
         a1 = reasoning + "Answer: " + sample_text(rng, 20)
         a2 = "Answer: " + sample_text(rng, 25)
         msgs = [{"role": "system", "content": system}, {"role": "user", "content": u1}]
-        records.append(_record(len(records), {"messages": msgs}))
         msgs2 = [*msgs, {"role": "assistant", "content": a1}, {"role": "user", "content": u2}]
-        records.append(_record(len(records), {"messages": msgs2}))
-        shortened = a1[len(reasoning):]
-        msgs3 = [*msgs, {"role": "assistant", "content": shortened},
-                 {"role": "user", "content": u2}, {"role": "assistant", "content": a2},
-                 {"role": "user", "content": u3}]
-        records.append(_record(len(records), {"messages": msgs3}))
-    return PlantedLog(records, system, "")
+        later = [{"role": "assistant", "content": a2}, {"role": "user", "content": u3}]
+        shortened = [*msgs, {"role": "assistant", "content": a1[len(reasoning):]},
+                     {"role": "user", "content": u2}, *later]
+        for turn, good in ((msgs, msgs), (msgs2, msgs2), (shortened, [*msgs2, *later])):
+            fixed.append(_record(len(records), {"messages": good}))
+            records.append(_record(len(records), {"messages": turn}))
+            planted.append(a1[len(reasoning):] if turn is shortened else "")
+    return PlantedLog(records, fixed, planted)
 
 
 def clean_log(seed: int = 6) -> list[dict[str, Any]]:
