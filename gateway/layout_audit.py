@@ -2,30 +2,34 @@
 prompt tokens a fix would make cacheable. ``kvgate audit LOG`` runs it on a capture log,
 ``GET /admin/prefix-report`` on the gateway's recent requests.
 
-Requests are rendered as the gateway renders them (``Router``'s chat rendering with the
-gateway's tokenizer), grouped by model and tenant (tenants never share a cache), and taken
-in arrival order. Each request ``b`` is compared with a few earlier ones of its group (its
-conversation's previous turn, the earlier prompt sharing the most text, the latest one);
-where ``b`` parts from one of them, ``layout_causes.find_fix`` names the cause and the edit
-that would undo it, and the audit measures, by encoding the edited prompt, how many more of
-``b``'s tokens would then be shared. That count, less the moved-out value's own tokens,
-is the divergence's ``tokens_lost``, counted only from what ``b`` already shares with any
-earlier request, and only when it reaches ``min_tokens_lost``. Fixes are applied in turn
-(each later divergence is counted as if the earlier ones were fixed); the comparison that
-would gain most is kept. Divergences of one cause in one group form a finding.
+Requests are rendered as the gateway renders them (its chat rendering and tokenizer),
+grouped by model and tenant (tenants never share a cache), and taken in arrival order.
+Each request ``b`` is compared with a few earlier ones of its group (``audit_index``: its
+conversation's previous turn, the prompt sharing the longest prefix, those sharing the
+most content further in, the latest). Where ``b`` parts from one of them,
+``layout_causes.find_fix`` names the cause and the edit of ``b`` that would undo it; the
+edit is applied and the shared prefix measured again, in the earlier prompt's tokens. The
+tokens it grows by, less a moved-out value's own tokens and counted only past what ``b``
+already shares with any earlier request, are the divergence's ``tokens_lost``; it counts
+when they reach ``min_tokens_lost``. Edits are applied in turn (a later divergence is
+counted as if the earlier ones were fixed), and the comparison that would gain most is
+kept. Divergences of one cause in one group (and, for a value, at one place) form a
+finding.
 
 Cost is bounded: the last ``max_requests`` requests, prompts cut at ``max_prompt_chars``,
-``candidates`` comparisons and ``max_fixes`` edits per request.
+``candidates`` comparisons and ``max_fixes`` edits per request; each prompt is encoded
+once, and encoding is most of the time.
 """
 
 from __future__ import annotations
 
-import bisect
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from gateway.audit_index import AuditGroup, AuditPrompt
 from gateway.capture import CaptureRecord
 from gateway.layout_causes import Fix, Turns, common_prefix_chars, find_fix
 from kvwire.chat_messages import ChatFormatError, check_tools, normalize_messages
@@ -43,6 +47,7 @@ ADVICE = {
                        "a template that rewrites them makes every turn a miss",
     "other": "move what varies per request after the part every request shares",
 }
+_BATCH = 64  # prompts encoded together
 _CONTEXT_CHARS = 40
 _SPAN_CHARS = 60
 
@@ -52,7 +57,7 @@ class AuditLimits:
     max_requests: int = 2000
     max_prompt_chars: int = 65536
     min_tokens_lost: int = 16  # per request: one KV block of a usual engine
-    candidates: int = 3
+    candidates: int = 4
     max_fixes: int = 8
 
     def __post_init__(self) -> None:
@@ -92,21 +97,6 @@ class AuditReport:
                 "prompt_tokens": self.prompt_tokens,
                 "tokens_lost": sum(f.tokens_lost for f in self.findings),
                 "findings": [f.as_json() for f in self.findings]}
-
-
-@dataclass(slots=True)
-class _Prompt:
-    index: int  # in the audit's requests
-    text: str
-    ids: list[int]
-    messages: list[dict[str, str]] | None
-
-
-@dataclass(slots=True)
-class _Group:
-    prompts: list[_Prompt] = field(default_factory=list)
-    by_text: list[tuple[str, int]] = field(default_factory=list)  # sorted, for neighbours
-    turns: dict[str, int] = field(default_factory=dict)  # first user message -> latest
 
 
 @dataclass(slots=True)
@@ -151,39 +141,16 @@ def _context(b: str, fix: Fix) -> str:
 
 
 class _Auditor:
-    def __init__(self, tokenizer: PromptTokenizer, limits: AuditLimits) -> None:
-        self.tok = tokenizer
+    def __init__(self, limits: AuditLimits) -> None:
         self.limits = limits
 
-    def candidates(self, group: _Group, b: _Prompt) -> list[tuple[_Prompt, Turns | None]]:
-        """Earlier prompts to compare ``b`` with, its conversation's previous turn first."""
-        found: list[tuple[_Prompt, Turns | None]] = []
-        seen: set[int] = set()
-        if b.messages is not None:
-            key = next((m["content"] for m in b.messages if m["role"] == "user"), None)
-            prev_i = group.turns.get(key) if key is not None else None
-            if prev_i is not None:
-                prev = group.prompts[prev_i]
-                am = prev.messages or []
-                if len(am) < len(b.messages) and b.messages[len(am) - 1] == am[-1]:
-                    found.append((prev, Turns(am, b.messages)))
-                    seen.add(prev_i)
-        at = bisect.bisect_left(group.by_text, (b.text, -1))
-        near = [group.by_text[i] for i in (at - 1, at) if 0 <= i < len(group.by_text)]
-        near.sort(key=lambda item: -common_prefix_chars(item[0], b.text))
-        for i in [n[1] for n in near[:1]] + list(range(len(group.prompts) - 1, -1, -1)):
-            if len(found) >= self.limits.candidates:
-                break
-            if i not in seen:
-                seen.add(i)
-                found.append((group.prompts[i], None))
-        return found
-
-    def chain(self, a: _Prompt, b: _Prompt, turns: Turns | None, shared: int
+    def chain(self, a: AuditPrompt, b: AuditPrompt, turns: Turns | None, shared: int
               ) -> list[_Divergence]:
         """The divergences of ``b`` from ``a``, each fixed in turn; ``shared``: the tokens
-        ``b`` already shares with some earlier request."""
-        text, ids = b.text, b.ids
+        ``b`` already shares with some earlier request. Token counts come from ``a``'s own
+        encoding: where ``b``'s text agrees with ``a``'s, so do its tokens (to within the
+        one token that may merge across the point where they part)."""
+        text = b.text
         found: list[_Divergence] = []
         for _ in range(self.limits.max_fixes):
             at = common_prefix_chars(a.text, text)
@@ -192,23 +159,24 @@ class _Auditor:
             fix = find_fix(a.text, text, at, turns)
             if fix is None:
                 break
-            before = common_prefix_tokens(a.ids, ids)
+            before = a.tokens_within(at)
             context = _context(text, fix)
             text = fix.apply(text)
-            ids = self.tok.encode(text[: self.limits.max_prompt_chars])
-            after = common_prefix_tokens(a.ids, ids)
-            moved = len(self.tok.encode(fix.replacement)) if fix.moves_out else 0
-            gained = after - max(before, shared) - moved
+            after = a.tokens_within(common_prefix_chars(a.text, text))
+            # a moved-out value's own tokens: in a, from where it starts
+            moved = (a.tokens_within(fix.start + len(fix.replacement))
+                     - a.tokens_within(fix.start)) if fix.moves_out else 0
             if after <= before:
                 break
+            gained = after - max(before, shared) - moved
             if gained >= self.limits.min_tokens_lost:
                 site = fix.start if fix.moves_out else -1
                 found.append(_Divergence(b.index, fix.cause, before, context, gained, site))
             shared = max(shared, after)
         return found
 
-    def compare(self, group: _Group, b: _Prompt) -> list[_Divergence]:
-        options = self.candidates(group, b)
+    def compare(self, group: AuditGroup, b: AuditPrompt) -> list[_Divergence]:
+        options = group.candidates(b, self.limits.candidates)
         shared = max((common_prefix_tokens(a.ids, b.ids) for a, _ in options), default=0)
         best: list[_Divergence] = []
         for a, turns in options:
@@ -224,29 +192,26 @@ def audit(records: Iterable[CaptureRecord], tokenizer: PromptTokenizer,
     CPU-bound: run it off the event loop."""
     limits = limits or AuditLimits()
     kept = list(records)[-limits.max_requests:]
-    auditor = _Auditor(tokenizer, limits)
-    groups: dict[tuple[str, str | None], _Group] = {}
+    auditor = _Auditor(limits)
+    groups: dict[tuple[str, str | None], AuditGroup] = {}
     hits: dict[tuple[str, str | None, str], list[_Divergence]] = {}
     skipped = tokens = 0
-    for n, record in enumerate(kept):
-        try:
-            text, messages = render(record, tokenizer, limits.max_prompt_chars)
-        except (ValueError, ChatFormatError, TypeError):
-            skipped += 1
-            continue
-        prompt = _Prompt(n, text, tokenizer.encode(text), messages)
-        tokens += len(prompt.ids)
-        group = groups.setdefault((record.model, record.tenant), _Group())
-        if group.prompts:
-            for d in auditor.compare(group, prompt):
-                hits.setdefault((record.model, record.tenant, d.cause), []).append(d)
-        index = len(group.prompts)
-        group.prompts.append(prompt)
-        bisect.insort(group.by_text, (text, index))
-        if messages is not None:
-            key = next((m["content"] for m in messages if m["role"] == "user"), None)
-            if key is not None:
-                group.turns[key] = index
+    for start in range(0, len(kept), _BATCH):
+        batch = []
+        for n, record in enumerate(kept[start: start + _BATCH], start):
+            try:
+                batch.append((n, record, *render(record, tokenizer, limits.max_prompt_chars)))
+            except (ValueError, ChatFormatError, TypeError):
+                skipped += 1
+        encoded = tokenizer.encode_with_ends([text for _, _, text, _ in batch])
+        for (n, record, text, messages), (ids, ends) in zip(batch, encoded, strict=True):
+            prompt = AuditPrompt(n, text, ids, array("I", ends), messages)
+            tokens += len(ids)
+            group = groups.setdefault((record.model, record.tenant), AuditGroup())
+            if group.prompts:
+                for d in auditor.compare(group, prompt):
+                    hits.setdefault((record.model, record.tenant, d.cause), []).append(d)
+            group.add(prompt)
     return AuditReport(len(kept) - skipped, skipped, tokens, _findings(hits))
 
 
