@@ -42,8 +42,13 @@ class CaptureLog:
         return self.dropped_full + self.dropped_large
 
     async def start(self) -> None:
-        """Open the file (its folder made if missing) and start the writer task."""
-        await asyncio.to_thread(self._open)
+        """Open the file (its folder made if missing) and start the writer task; an
+        ``OSError`` naming the path when it cannot be opened."""
+        try:
+            await asyncio.to_thread(self._open)
+        except OSError as exc:
+            raise OSError(exc.errno, f"capture.path {str(self.path)!r}: cannot open it for "
+                          f"appending: {exc.strerror}") from exc
         self._queue = asyncio.Queue(self.queue_size + 1)  # + the stop marker
         self._task = asyncio.create_task(self._run(), name="kvgate-capture-writer")
 

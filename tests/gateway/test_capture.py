@@ -167,3 +167,12 @@ def test_the_prefix_report_is_off_unless_configured(serve: Serve) -> None:
     assert answer.status_code == 404
     assert answer.json()["error"]["code"] == "prefix_report_off"
     assert "prefix_report.enabled" in answer.json()["error"]["message"]
+
+
+async def test_a_log_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    log = CaptureLog(str(blocker / "capture.jsonl"), 1 << 20, queue=4)
+    with pytest.raises(OSError, match=r"capture.path '.*a-file/capture.jsonl': cannot open"):
+        await log.start()
+    await log.stop()  # what a lifespan's exit stack does after a failed start
