@@ -1,4 +1,5 @@
-"""The admin API: list, add and remove replicas; explain a routing decision.
+"""The admin API: list, add and remove replicas; explain a routing decision; audit the
+prompt layout of recent requests (``/admin/prefix-report``).
 
 It is an app of its own (``create_admin_app``), served on the admin listener only
 (``AdminConfig``), and only when a token is configured; every call needs
@@ -8,6 +9,7 @@ the admin allowlist, and is never sent a client's ``Authorization`` header.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -21,6 +23,7 @@ from starlette.routing import Route
 from gateway.config import ReplicaConfig
 from gateway.forwarding import request_id_header
 from gateway.intake import take_in
+from gateway.layout_audit import audit
 from gateway.membership import ADMIN, join, leave
 from gateway.state import GatewayState
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
@@ -122,12 +125,32 @@ async def explain(request: Request) -> Response:
     })
 
 
+async def prefix_report(request: Request) -> Response:
+    """The prompt-layout audit (``kvgate audit``'s JSON) of the recent requests the gateway
+    keeps (``prefix_report`` or ``capture`` on), run in a worker thread, one at a time."""
+    gw = _authorize(request)
+    recent = gw.capture.recent
+    if recent is None:
+        raise NotFound("the prefix report is off: set prefix_report.enabled (or "
+                       "capture.path) in the gateway's config", code="prefix_report_off")
+    records = recent.snapshot()
+    async with request.app.state.report_lock:
+        report = await asyncio.to_thread(audit, records, gw.router.tokenizer)
+    body = report.as_json()
+    log = gw.capture.log
+    body["capture"] = {"recent_requests": len(records), "recent_bytes": recent.bytes,
+                       **({"written": log.written, "dropped": log.dropped,
+                           "rotations": log.rotations} if log is not None else {})}
+    return JSONResponse(body)
+
+
 def routes() -> list[Route]:
     return [
         Route("/admin/replicas", list_replicas, methods=["GET"]),
         Route("/admin/replicas", add_replica, methods=["POST"]),
         Route("/admin/replicas/{replica_id}", remove_replica, methods=["DELETE"]),
         Route("/admin/explain", explain, methods=["POST"]),
+        Route("/admin/prefix-report", prefix_report, methods=["GET"]),
     ]
 
 
@@ -138,4 +161,5 @@ def create_admin_app(gw: GatewayState) -> Starlette:
     app = Starlette(routes=routes(), exception_handlers=boundary.handlers())
     app.state.gw = gw
     app.state.admin_token = gw.config.admin.resolved_token()
+    app.state.report_lock = asyncio.Lock()
     return app

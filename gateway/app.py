@@ -62,6 +62,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         raise
     with released_on_error(slot, lambda status: gw.ended(route, status)), trace.guard():
         intake = await take_in(request, gw, endpoint, keyed)
+        gw.capture.observe(intake.parsed, intake.tenant, len(intake.raw))
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant), trace)
         gw.metrics.decision_seconds.observe(routing.seconds)
@@ -211,6 +212,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             await gw.monitor.start()
             stack.push_async_callback(discovery.stop)
             await discovery.start()
+            stack.push_async_callback(gw.capture.stop)
+            await gw.capture.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
             if kv_events is not None:
                 stack.push_async_callback(kv_events.stop)

@@ -34,6 +34,8 @@ Example (every key but ``replicas`` has a default)::
                 # replicas found at run time, next to ``replicas`` (gateway.discovery.config)
     tracing: {enabled: false, service_name: kvgate, exporter: otlp, endpoint: null,
               sample_ratio: 1.0}   # OpenTelemetry spans; needs the otel extra
+    capture: {path: null, sample_rate: 1.0, max_mb: 256}   # JSONL for kvgate audit
+    prefix_report: {enabled: false, recent_requests: 512, max_mb: 32}
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gateway.capture import CaptureConfig, PrefixReportConfig
 from gateway.client_auth import ClientKey
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.secret_source import resolve_secret
@@ -284,6 +287,9 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    # request bodies kept for the prompt-layout audit (gateway.capture)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    prefix_report: PrefixReportConfig = field(default_factory=PrefixReportConfig)
 
     def validate(self) -> None:
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")

@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
+from gateway.capture import Capture
 from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.fleet import Fleet
@@ -37,6 +38,7 @@ class GatewayState:
     auth: ClientAuth
     access: AccessLog
     tracing: Tracing
+    capture: Capture
     proxy: Proxy | None = None
     draining: bool = False  # a shutdown began: /ready answers 503
 
@@ -72,4 +74,5 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     return GatewayState(config, fleet, policy, GatewayMetrics(fleet, policy.reasons), router,
                         Admission(config.limits), trusted,
                         Tenancy(config.tenancy, trusted), ClientAuth(config.auth.api_keys),
-                        AccessLog(config.access_log), tracing or build_tracing(config.tracing))
+                        AccessLog(config.access_log), tracing or build_tracing(config.tracing),
+                        Capture(config.capture, config.prefix_report))
