@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny-model": ("engine.model.tiny", "write a small random model for demos and tests"),
     "fleet": ("loadtests.cli_fleet", "start or stop a local simulated fleet"),
     "demo": ("loadtests.cli_demo", "run a short local comparison of routing policies"),
+    "plan": ("loadtests.plan", "size a fleet's cache for a workload; recommend a policy"),
+    "top": ("gateway.top", "a live view of the fleet through the gateway's admin API"),
 }
 
 

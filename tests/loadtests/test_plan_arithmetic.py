@@ -1,0 +1,114 @@
+"""The capacity arithmetic against the seed's worked example (REFERENCE.md), and the
+shared-prefix estimate a capture's library comes from."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.cost_model import load_profile
+from engine.hf_shape import shape_from_config
+from loadtests.plan_arithmetic import (
+    GIB,
+    MIB,
+    ONE_REPLICA,
+    ROUTING_WINS,
+    TOO_BIG,
+    FleetSize,
+    Library,
+    arithmetic,
+)
+from loadtests.shared_prefixes import block_units, estimate
+
+SEED = Library(docs=2000, doc_tokens=6000, hot_docs=250, hot_share=0.8, tail_tokens=80)
+LLAMA3_8B_CONFIG = {  # Meta-Llama-3-8B's config.json, the keys sizing reads
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "torch_dtype": "bfloat16", "max_position_embeddings": 8192,
+}
+
+
+def seed_fleet(replicas: int = 8, idle_kv_gib: float = 25.0) -> FleetSize:
+    per_token = load_profile("llama3-8b-h100").model.kv_bytes_per_token
+    return FleetSize(per_token, idle_kv_gib, replicas)
+
+
+def test_the_seeds_numbers() -> None:
+    a = arithmetic(SEED, seed_fleet())
+    assert a.kv_bytes_per_token == 128 * 1024  # 2 x 32 x 8 x 128 x 2 B
+    assert a.bytes_per_doc / MIB == pytest.approx(750, rel=0.01)
+    assert a.docs_per_replica == 33
+    assert a.hot_docs_per_replica_affinity == pytest.approx(31, abs=0.5)
+    assert a.distinct_docs_fleet_affinity == 264
+    assert a.distinct_docs_fleet_round_robin == 33
+    assert a.verdict == ROUTING_WINS
+    # hot prefill: round robin recomputes 1 - 33/250 of hot documents, affinity none
+    assert a.hot_hit_round_robin == pytest.approx(33 / 250)
+    assert a.hot_hit_affinity == 1.0
+    assert a.hot_prefill_tokens_affinity == 80
+    assert 50 <= a.hot_prefill_reduction <= 100  # close to two orders of magnitude
+    assert a.replicas_for_hot_set == 8  # ceil(250 / 33)
+
+
+def test_a_config_json_gives_the_profiles_kv_size() -> None:
+    shape = shape_from_config(LLAMA3_8B_CONFIG)
+    profile = load_profile("llama3-8b-h100").model
+    assert shape.kv_bytes_per_token == profile.kv_bytes_per_token == 131072
+    assert shape.params == pytest.approx(profile.params, rel=0.01)  # 8.03e9
+    fp32 = shape_from_config({**LLAMA3_8B_CONFIG, "torch_dtype": "float32"})
+    assert fp32.kv_bytes_per_token == 2 * 131072
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        shape_from_config({**LLAMA3_8B_CONFIG, "num_hidden_layers": 0})
+    with pytest.raises(ValueError, match="'int3'"):
+        shape_from_config({**LLAMA3_8B_CONFIG, "torch_dtype": "int3"})
+
+
+@pytest.mark.parametrize(("hot", "replicas", "verdict"), [
+    (20, 8, ONE_REPLICA), (250, 8, ROUTING_WINS), (264, 8, ROUTING_WINS),
+    (265, 8, TOO_BIG), (250, 4, TOO_BIG)])
+def test_verdict_compares_the_hot_set_with_one_replica_and_the_fleet(
+        hot: int, replicas: int, verdict: str) -> None:
+    library = Library(docs=2000, doc_tokens=6000, hot_docs=hot, hot_share=0.8)
+    a = arithmetic(library, seed_fleet(replicas))
+    assert a.verdict == verdict
+    if verdict == TOO_BIG:
+        assert a.replicas_for_hot_set is not None and a.replicas_for_hot_set > replicas
+        assert a.hot_hit_affinity < 1.0
+
+
+def test_no_room_for_one_document() -> None:
+    a = arithmetic(SEED, seed_fleet(idle_kv_gib=0.5))
+    assert a.docs_per_replica == 0 and a.replicas_for_hot_set is None
+    assert a.verdict == TOO_BIG and a.hot_prefill_reduction == pytest.approx(1.0)
+    assert a.bytes_per_request == 380 * 16 * 131072  # [0, 6000) doc, [6000, 6080) question
+    assert a.bytes_per_request < 0.75 * GIB
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("docs", 0), ("doc_tokens", -1), ("hot_docs", 2001), ("hot_share", 1.5),
+    ("tail_tokens", -3)])
+def test_library_names_the_bad_key(field: str, value: float) -> None:
+    args = {"docs": 2000, "doc_tokens": 6000, "hot_docs": 250, "hot_share": 0.8,
+            field: value}
+    with pytest.raises(ValueError, match=rf"{field} .*{value}"):
+        Library(**args)  # type: ignore[arg-type]
+
+
+def test_estimate_finds_documents_and_the_hot_set() -> None:
+    # 10 documents of 64 tokens: documents 0 and 1 get 8 questions each, the others 2;
+    # then a one-off prompt that shares nothing (33 requests)
+    prompts = []
+    for doc, questions in [(0, 8), (1, 8), *((d, 2) for d in range(2, 10))]:
+        for q in range(questions):
+            ids = [1000 + doc] * 64 + [5000 + doc * 100 + q] * 20
+            prompts.append(block_units(ids))
+    prompts.append(block_units([7] * 50))
+    found = estimate(prompts, hot_share=0.4)
+    lib = found.library
+    assert lib.docs == 11  # 10 documents + 1 one-off
+    assert found.one_off_requests == 1
+    assert lib.hot_docs == 2 and lib.doc_tokens == 64  # 16 of 33 requests >= 0.4
+    assert lib.hot_share == pytest.approx(16 / 33)
+    assert lib.tail_tokens == 20
+    shapes = found.requests
+    assert {s.doc_tokens for s in shapes[:-1]} == {64}
+    assert shapes[-1].doc is None and shapes[-1].tail_tokens == 50
