@@ -45,8 +45,10 @@ def render(plan: dict[str, Any]) -> str:
     policies = plan["policies"]
     if policies:
         any_fig = next(iter(policies.values()))
-        lines += ["", f"simulated: {any_fig['requests']:,} requests per policy, LRU engines; "
-                  "hot prefill after the warm-up (the first half)",
+        cpu = sum(f["cpu_seconds"] for f in policies.values())
+        lines += ["", f"simulated: {any_fig['requests']:,} requests per policy, LRU engines, "
+                  f"{cpu:.0f} s of CPU; token hit rate and hot prefill counted after the "
+                  "warm-up (the first half)",
                   f"  {'policy':<16}{'token hit':>10}{'hot prefill tokens':>20}"
                   f"{'TTFT p50':>10}{'TTFT p95':>10}"]
         for name, f in policies.items():
@@ -55,9 +57,11 @@ def render(plan: dict[str, Any]) -> str:
                          f"{f['ttft_p95_s']:>9.3f}s")
         simulated = plan["hot_prefill_reduction_simulated"]
         if simulated is not None:
-            lines.append(f"hot prefill reduction: arithmetic {plan['hot_prefill_reduction_arithmetic']:.0f}x,"
-                         f" simulated {simulated:.1f}x (round_robin over "
-                         f"{plan['hot_prefill_reduction_best_policy']})")
+            arith = plan["hot_prefill_reduction_arithmetic"]
+            lines.append(f"hot prefill reduction: arithmetic {arith:.0f}x, simulated "
+                         f"{simulated:.1f}x (round_robin over "
+                         f"{plan['hot_prefill_reduction_best_policy']}; the simulator's "
+                         "cold documents churn the caches)")
     rec = plan["recommendation"]
     lines += ["", f"recommendation: {rec['policy']} on {rec['replicas']} replicas: {rec['why']}"]
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from loadtests.plan_arithmetic import Library
 from loadtests.scenarios import SCENARIOS, Scenario
 from loadtests.shared_prefixes import Estimate, Unit, block_units, estimate
 from loadtests.workloads import (
+    ChatAppsSpec,
     ContractsSpec,
     Segment,
     SegmentContent,
@@ -75,7 +76,7 @@ def from_scenario(name: str, hot_share: float, sim_requests: int,
     rate = scenario.rate / 8
     if isinstance(spec, ContractsSpec):
         return _contracts(f"scenario {name}", spec, sim_requests, rate, scenario)
-    if hasattr(spec, "rate"):  # the workload times its own arrivals
+    if isinstance(spec, ChatAppsSpec):  # the workload times its own arrivals
         spec = replace(spec, rate=scenario.rate)
     requests = generate(spec, max(sim_requests, 2000))
     found = estimate([[(s.key, s.length) for s in r.segments] for r in requests], hot_share)

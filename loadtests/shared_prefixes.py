@@ -4,7 +4,9 @@ Each prompt is a chain of units (16-token blocks of a captured prompt, or the se
 a generated one), each unit a key and a token length. The units go into a trie; a node
 counts the requests that pass through it. A request's document is the deepest node on its
 path that another request also reached: the longest prefix it shares. A request that
-shares nothing is a one-off document of its own (it still takes cache room).
+shares nothing is a one-off document of its own (it still takes cache room). A document
+only a little deeper than another on the same path (at most ``merge_tokens``: questions
+that happen to start alike, "Question 1..." and "Question 1...") is the same document.
 
 Documents are then ranked by requests; the hot set is the fewest top documents that
 together receive ``hot_share`` of the requests.
@@ -43,6 +45,7 @@ class _Trie:
         self.children: dict[tuple[int, Hashable], int] = {}
         self.counts: list[int] = [0]  # node 0: the empty prefix
         self.depth_tokens: list[int] = [0]
+        self.parents: list[int] = [0]
 
     def walk(self, units: Sequence[Unit], count: bool) -> list[int]:
         """The nodes of ``units``' path (root excluded), counted once more when
@@ -55,6 +58,7 @@ class _Trie:
                 self.children[(node, key)] = child
                 self.counts.append(0)
                 self.depth_tokens.append(self.depth_tokens[node] + tokens)
+                self.parents.append(node)
             if count:
                 self.counts[child] += 1
             node = child
@@ -62,7 +66,21 @@ class _Trie:
         return path
 
 
-def estimate(prompts: Sequence[Sequence[Unit]], hot_share: float = 0.8) -> Estimate:
+    def merged(self, docs: set[int], merge_tokens: int) -> dict[int, int]:
+        """Each of ``docs`` -> itself, or the document above it on its path when that is
+        at most ``merge_tokens`` shallower (resolved shallowest first)."""
+        out: dict[int, int] = {}
+        for doc in sorted(docs, key=lambda d: self.depth_tokens[d]):
+            above = self.parents[doc]
+            while above and above not in out:
+                above = self.parents[above]
+            near = above and self.depth_tokens[doc] - self.depth_tokens[above] <= merge_tokens
+            out[doc] = out[above] if near else doc
+        return out
+
+
+def estimate(prompts: Sequence[Sequence[Unit]], hot_share: float = 0.8,
+             merge_tokens: int = 32) -> Estimate:
     """The library ``prompts`` form (see the module docstring)."""
     if not prompts:
         raise ValueError("no requests to estimate a library from")
@@ -70,15 +88,17 @@ def estimate(prompts: Sequence[Sequence[Unit]], hot_share: float = 0.8) -> Estim
         raise ValueError(f"hot_share must be in (0, 1], got {hot_share!r}")
     trie = _Trie()
     paths = [trie.walk(units, count=True) for units in prompts]
+    deepest = [next((n for n in reversed(path) if trie.counts[n] >= 2), None)
+               for path in paths]
+    canonical = trie.merged({d for d in deepest if d is not None}, merge_tokens)
     shapes: list[RequestShape] = []
     uses: dict[int, int] = {}
-    for units, path in zip(prompts, paths, strict=True):
+    for units, found in zip(prompts, deepest, strict=True):
         total = sum(tokens for _, tokens in units)
-        shared = [n for n in path if trie.counts[n] >= 2]
-        if not shared:
+        if found is None:
             shapes.append(RequestShape(None, 0, total))
             continue
-        doc = shared[-1]
+        doc = canonical[found]
         doc_tokens = trie.depth_tokens[doc]
         uses[doc] = uses.get(doc, 0) + 1
         shapes.append(RequestShape(doc, doc_tokens, total - doc_tokens))
@@ -97,11 +117,11 @@ def estimate(prompts: Sequence[Sequence[Unit]], hot_share: float = 0.8) -> Estim
                           hot_share=1 / len(shapes), tail_tokens=0.0)
         return Estimate(tuple(shapes), library, frozenset(), one_offs)
     hot_set = frozenset(hot)
-    doc_tokens = sum(trie.depth_tokens[d] for d in hot) / len(hot)
+    hot_doc_tokens = sum(trie.depth_tokens[d] for d in hot) / len(hot)
     with_doc = [s for s in shapes if s.doc is not None]
     library = Library(
         docs=len(uses) + one_offs,
-        doc_tokens=doc_tokens,
+        doc_tokens=hot_doc_tokens,
         hot_docs=len(hot),
         hot_share=covered / len(shapes),
         tail_tokens=sum(s.tail_tokens for s in with_doc) / len(with_doc),

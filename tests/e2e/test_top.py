@@ -65,8 +65,9 @@ def tmux() -> Iterator[list[str]]:
 def test_top_shows_each_replica_live(fleet: EngineFleet, tmux: list[str]) -> None:
     traffic = Traffic(fleet.gateway)
     traffic.round()  # documents find their homes; the next rounds hit
-    command = (f"{sys.executable} -m kvgate top --admin {fleet.admin} --window 5 "
-               f"--interval 0.5")
+    # the pane's own size, not a COLUMNS/LINES the tmux server may have inherited
+    command = (f"env -u COLUMNS -u LINES {sys.executable} -m kvgate top "
+               f"--admin {fleet.admin} --window 5 --interval 0.5")
     subprocess.run([*tmux, "new-session", "-d", "-s", "top", "-x", "160", "-y", "30",
                     "-c", str(REPO), "-e", f"KVGATE_ADMIN_TOKEN={ADMIN_TOKEN}", command],
                    check=True)

@@ -112,3 +112,15 @@ def test_estimate_finds_documents_and_the_hot_set() -> None:
     shapes = found.requests
     assert {s.doc_tokens for s in shapes[:-1]} == {64}
     assert shapes[-1].doc is None and shapes[-1].tail_tokens == 50
+
+
+def test_questions_that_start_alike_stay_with_their_document() -> None:
+    doc = [11] * 64
+    alike = [block_units(doc + [22] * 16 + [30 + q] * 8) for q in range(2)]  # +1 block
+    others = [block_units(doc + [40 + q] * 24) for q in range(3)]
+    found = estimate([*alike, *others], hot_share=1.0)
+    assert found.library.docs == 1 and found.library.doc_tokens == 64
+    assert {s.doc_tokens for s in found.requests} == {64}
+    assert [s.tail_tokens for s in found.requests] == [24] * 5
+    apart = estimate([*alike, *others], hot_share=1.0, merge_tokens=8)
+    assert apart.library.docs == 2  # 64 and 80 tokens deep
