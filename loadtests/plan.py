@@ -144,6 +144,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
                   "dtype_bytes": shape.dtype_bytes, "profile": args.profile or args.model},
         "fleet": {"replicas": args.replicas, "idle_kv_gib": idle, "arrival_rate": rate},
         "workload": {"source": work.source, "estimated": work.estimated,
+                     "hot_docs_seen": work.hot_docs_seen,
                      "skipped_lines": work.skipped_lines, **asdict(work.library)},
         **asdict(numbers),
         "policies": {name: f.summary() for name, f in figures.items()},

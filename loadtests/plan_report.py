@@ -18,12 +18,14 @@ def _size(n_bytes: float) -> str:
 def render(plan: dict[str, Any]) -> str:
     m, fleet, w = plan["model"], plan["fleet"], plan["workload"]
     per_replica = plan["docs_per_replica"]
+    seen = w["hot_docs_seen"]
+    at_once = f" ({seen:,} in all, these at once)" if seen and seen != w["hot_docs"] else ""
     lines = [
         f"kvgate plan: {m['name']}, {fleet['replicas']} replicas x {fleet['idle_kv_gib']:g} "
         f"GiB idle KV, {fleet['arrival_rate']:g} requests/s",
         f"workload: {w['source']}{' (estimated from shared prefixes)' if w['estimated'] else ''}"
         f": {w['docs']:,} documents of ~{w['doc_tokens']:,.0f} tokens; the {w['hot_docs']:,} "
-        f"hot ones get {w['hot_share']:.0%} of requests; ~{w['tail_tokens']:.0f} tokens "
+        f"hot ones{at_once} get {w['hot_share']:.0%} of requests; ~{w['tail_tokens']:.0f} tokens "
         "of each request its own",
         "",
         f"KV per token         2 x {m['num_layers']} layers x {m['num_kv_heads']} KV heads x "

@@ -46,6 +46,7 @@ class PlanWorkload:
     rate_per_replica: float  # requests/s
     scenario: Scenario | None = None
     estimated: bool = False  # the library was estimated from shared prefixes
+    hot_docs_seen: int | None = None  # estimated: the hot set (library.hot_docs: at once)
     skipped_lines: int = 0  # capture lines without a usable prompt
 
 
@@ -80,8 +81,11 @@ def from_scenario(name: str, hot_share: float, sim_requests: int,
         spec = replace(spec, rate=scenario.rate)
     requests = generate(spec, max(sim_requests, 2000))
     found = estimate([[(s.key, s.length) for s in r.segments] for r in requests], hot_share)
-    return PlanWorkload(f"scenario {name}", found.library, tuple(requests[:sim_requests]),
-                        rate, scenario, estimated=True)
+    # hot or cold by the estimated documents, for the hot prefill figures
+    labelled = tuple(replace(r, label="hot" if shape.doc in found.hot else "cold")
+                     for r, shape in zip(requests[:sim_requests], found.requests, strict=False))
+    return PlanWorkload(f"scenario {name}", found.library, labelled, rate, scenario,
+                        estimated=True, hot_docs_seen=len(found.hot))
 
 
 def _prompts(body: dict[str, Any], tokenizer: PromptTokenizer) -> Iterator[list[int]]:
@@ -131,13 +135,16 @@ def read_capture(path: str | Path, tokenizer: PromptTokenizer,
 
 def replay_requests(found: Estimate, content: SegmentContent,
                     output_tokens: int = 32) -> list[WorkloadRequest]:
-    """The capture as simulator requests: each request's document (one shared segment)
-    then its own tail, labelled hot when its document is in the hot set."""
+    """The capture as simulator requests: each request's shared prefix as one segment per
+    shared end down its path (requests sharing an end share those segments), then its own
+    tail; labelled hot when its document is in the hot set."""
     out = []
     for i, shape in enumerate(found.requests):
         segments: list[Segment] = []
-        if shape.doc is not None:
-            segments.append(Segment(f"doc{shape.doc}", shape.doc_tokens, "user", True))
+        depth = 0
+        for end, end_depth in shape.prefix:  # [depth, end_depth)
+            segments.append(Segment(f"p{end}", end_depth - depth, "user", True))
+            depth = end_depth
         if shape.tail_tokens or not segments:
             segments.append(Segment(f"q{i}", max(1, shape.tail_tokens), "user", False))
         label = "hot" if shape.doc in found.hot else "cold"
@@ -155,4 +162,4 @@ def from_capture(path: str | Path, tokenizer: PromptTokenizer, hot_share: float,
     requests = replay_requests(found, SegmentContent(seed))[:sim_requests]
     return PlanWorkload(f"capture {path} ({len(prompts)} prompts)", found.library,
                         tuple(requests), RATE_PER_REPLICA, None, estimated=True,
-                        skipped_lines=skipped)
+                        hot_docs_seen=len(found.hot), skipped_lines=skipped)

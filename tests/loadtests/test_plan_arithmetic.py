@@ -97,10 +97,11 @@ def test_estimate_finds_documents_and_the_hot_set() -> None:
     # 10 documents of 64 tokens: documents 0 and 1 get 8 questions each, the others 2;
     # then a one-off prompt that shares nothing (33 requests)
     prompts = []
-    for doc, questions in [(0, 8), (1, 8), *((d, 2) for d in range(2, 10))]:
-        for q in range(questions):
-            ids = [1000 + doc] * 64 + [5000 + doc * 100 + q] * 20
-            prompts.append(block_units(ids))
+    asked = dict([(0, 8), (1, 8), *((d, 2) for d in range(2, 10))])
+    for q in range(8):  # interleaved: every document in use from start to end
+        for doc, questions in asked.items():
+            if q < questions:
+                prompts.append(block_units([1000 + doc] * 64 + [5000 + doc * 100 + q] * 20))
     prompts.append(block_units([7] * 50))
     found = estimate(prompts, hot_share=0.4)
     lib = found.library
@@ -109,6 +110,7 @@ def test_estimate_finds_documents_and_the_hot_set() -> None:
     assert lib.hot_docs == 2 and lib.doc_tokens == 64  # 16 of 33 requests >= 0.4
     assert lib.hot_share == pytest.approx(16 / 33)
     assert lib.tail_tokens == 20
+    assert len(found.hot) == 2
     shapes = found.requests
     assert {s.doc_tokens for s in shapes[:-1]} == {64}
     assert shapes[-1].doc is None and shapes[-1].tail_tokens == 50
@@ -122,5 +124,36 @@ def test_questions_that_start_alike_stay_with_their_document() -> None:
     assert found.library.docs == 1 and found.library.doc_tokens == 64
     assert {s.doc_tokens for s in found.requests} == {64}
     assert [s.tail_tokens for s in found.requests] == [24] * 5
-    apart = estimate([*alike, *others], hot_share=1.0, merge_tokens=8)
-    assert apart.library.docs == 2  # 64 and 80 tokens deep
+
+
+def test_a_conversation_is_one_document_a_shared_system_prompt_is_not() -> None:
+    system = [1] * 32
+    # two conversations of three turns under one system prompt: each turn extends the last
+    convs = []
+    for c in range(2):
+        turns, prompt = [], list(system)
+        for t in range(3):
+            prompt = prompt + [100 + 10 * c + t] * 48
+            turns.append(block_units(prompt))
+        convs.append(turns)
+    singles = [block_units(system + [200 + q] * 40) for q in range(3)]  # one-turn chats
+    prompts = [*convs[0], *convs[1], *singles]
+    found = estimate(prompts, hot_share=1.0)
+    # documents: each conversation (as deep as its second turn, the deepest prompt
+    # another request shares) and the system prompt, which several branch under
+    assert found.library.docs == 3
+    # one after another: the conversations and the single turns are never in use at once
+    assert len(found.hot) == 3 and found.library.hot_docs == 1
+    interleaved = estimate([convs[0][0], convs[1][0], convs[0][1], convs[1][1], *singles],
+                           hot_share=1.0)
+    assert interleaved.library.hot_docs == 2
+    shapes = found.requests
+    conv0 = {s.doc for s in shapes[:3]}
+    assert len(conv0) == 1 and conv0 != {s.doc for s in shapes[3:6]}
+    assert {s.doc for s in shapes[6:]} == {shapes[6].doc} and shapes[6].doc_tokens == 32
+    # a replay rebuilds what is shared: turn 3 shares [0, 32) with everyone, then
+    # [32, 128) with its own conversation
+    assert shapes[2].prefix[0] == (shapes[6].prefix[0][0], 32)
+    assert [depth for _, depth in shapes[2].prefix] == [32, 80, 128]
+    assert shapes[2].doc_tokens == 128 and shapes[2].tail_tokens == 48
+    assert shapes[1].prefix == shapes[2].prefix[:3]  # turn 2's whole prompt is shared
