@@ -83,8 +83,12 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
                           ("hit rate", "right"), ("req/s", "right"), ("route reasons", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     total_rps = 0.0
+    gauge_only = False
     for rep in snapshot["replicas"]:
         rates = window.rates(str(rep["id"]))
+        hit = _rate(rates.token_hit_rate, ".3f")
+        if rep.get("query_tokens") is None and rep.get("token_hit_rate") is not None:
+            hit, gauge_only = f"{rep['token_hit_rate']:.3f}*", True  # SGLang: a gauge
         total_rps += rates.requests_per_s or 0.0
         health = Text("healthy", "green") if rep["healthy"] else \
             Text(f"DOWN {rep.get('last_error') or ''}".strip(), "red")
@@ -92,10 +96,12 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
                                                          key=lambda kv: -kv[1])) or "-"
         table.add_row(str(rep["id"]), health, f"{rep['queued_tokens']:,}",
                       str(rep["in_flight"]), f"{rep['kv_usage']:.0%}",
-                      _rate(rates.token_hit_rate, ".3f"), _rate(rates.requests_per_s, ".2f"),
-                      reasons)
+                      hit, _rate(rates.requests_per_s, ".2f"), reasons)
     footer = Text(f"fleet: {len(snapshot['replicas'])} replicas, {total_rps:.2f} req/s")
     parts: list[Any] = [title, table, footer]
+    if gauge_only:
+        parts.append(Text("* the replica exports a hit-rate gauge, not counters: its own "
+                          "window"))
     if error:
         parts.append(Text(f"last read failed: {error}", "red"))
     return Group(*parts)
