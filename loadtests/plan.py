@@ -141,7 +141,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     plan: dict[str, Any] = {
         "model": {"name": shape.name, "num_layers": shape.num_layers,
                   "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
-                  "dtype_bytes": shape.dtype_bytes, "profile": args.profile or args.model},
+                  "dtype_bytes": shape.dtype_bytes, "profile": args.model or profile},
         "fleet": {"replicas": args.replicas, "idle_kv_gib": idle, "arrival_rate": rate},
         "workload": {"source": work.source, "estimated": work.estimated,
                      "hot_docs_seen": work.hot_docs_seen,
@@ -155,7 +155,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     if rr is not None and others:
         best = min(others, key=lambda n: others[n].hot_prefill_tokens)
         low = others[best].hot_prefill_tokens
-        simulated = rr.hot_prefill_tokens / low if low else float("inf")
+        simulated = rr.hot_prefill_tokens / low if low else None  # JSON has no infinity
         plan["hot_prefill_reduction_simulated"] = simulated
         plan["hot_prefill_reduction"] = simulated
     else:

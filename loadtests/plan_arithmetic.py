@@ -97,7 +97,7 @@ class Arithmetic:
     hot_hit_affinity: float
     hot_prefill_tokens_round_robin: float  # per hot request
     hot_prefill_tokens_affinity: float
-    hot_prefill_reduction: float
+    hot_prefill_reduction: float | None  # None: nothing left to prefill under affinity
 
 
 def arithmetic(library: Library, fleet: FleetSize) -> Arithmetic:
@@ -135,5 +135,5 @@ def arithmetic(library: Library, fleet: FleetSize) -> Arithmetic:
         hot_hit_affinity=hit_affinity,
         hot_prefill_tokens_round_robin=prefill_rr,
         hot_prefill_tokens_affinity=prefill_affinity,
-        hot_prefill_reduction=prefill_rr / prefill_affinity if prefill_affinity else math.inf,
+        hot_prefill_reduction=prefill_rr / prefill_affinity if prefill_affinity else None,
     )

@@ -15,6 +15,10 @@ def _size(n_bytes: float) -> str:
     return f"{n_bytes / 1024:.0f} KiB"
 
 
+def _times(ratio: float | None, fmt: str = ".0f") -> str:
+    return "all of it" if ratio is None else f"{ratio:{fmt}}x"
+
+
 def render(plan: dict[str, Any]) -> str:
     m, fleet, w = plan["model"], plan["fleet"], plan["workload"]
     per_replica = plan["docs_per_replica"]
@@ -42,7 +46,7 @@ def render(plan: dict[str, Any]) -> str:
         f"verdict              {plan['verdict']}",
         f"hot prefill          {plan['hot_prefill_tokens_round_robin']:,.0f} tokens per hot "
         f"request under round robin, {plan['hot_prefill_tokens_affinity']:,.0f} under affinity:"
-        f" {plan['hot_prefill_reduction_arithmetic']:.0f}x less (arithmetic, no cold churn)",
+        f" {_times(plan['hot_prefill_reduction_arithmetic'])} less (arithmetic, no cold churn)",
     ]
     policies = plan["policies"]
     if policies:
@@ -57,11 +61,12 @@ def render(plan: dict[str, Any]) -> str:
             lines.append(f"  {name:<16}{f['token_hit_rate']:>10.3f}"
                          f"{f['hot_prefill_tokens']:>20,}{f['ttft_p50_s']:>9.3f}s"
                          f"{f['ttft_p95_s']:>9.3f}s")
-        simulated = plan["hot_prefill_reduction_simulated"]
-        if simulated is not None:
+        best = plan["hot_prefill_reduction_best_policy"]
+        if best is not None:
             arith = plan["hot_prefill_reduction_arithmetic"]
-            lines.append(f"hot prefill reduction: arithmetic {arith:.0f}x, simulated "
-                         f"{simulated:.1f}x (round_robin over "
+            simulated = plan["hot_prefill_reduction_simulated"]
+            lines.append(f"hot prefill reduction: arithmetic {_times(arith)}, simulated "
+                         f"{_times(simulated, '.1f')} (round_robin over "
                          f"{plan['hot_prefill_reduction_best_policy']}; the simulator's "
                          "cold documents churn the caches)")
     rec = plan["recommendation"]

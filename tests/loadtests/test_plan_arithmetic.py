@@ -83,6 +83,12 @@ def test_no_room_for_one_document() -> None:
     assert a.bytes_per_request < 0.75 * GIB
 
 
+def test_nothing_left_to_prefill_is_no_ratio() -> None:
+    whole = Library(docs=2000, doc_tokens=6000, hot_docs=250, hot_share=0.8, tail_tokens=0)
+    a = arithmetic(whole, seed_fleet())
+    assert a.hot_prefill_tokens_affinity == 0 and a.hot_prefill_reduction is None
+
+
 @pytest.mark.parametrize(("field", "value"), [
     ("docs", 0), ("doc_tokens", -1), ("hot_docs", 2001), ("hot_share", 1.5),
     ("tail_tokens", -3)])
