@@ -1,5 +1,6 @@
 """The admin API: list, add and remove replicas; explain a routing decision; audit the
-prompt layout of recent requests (``/admin/prefix-report``).
+prompt layout of recent requests (``/admin/prefix-report``); a compact snapshot of the
+fleet for ``kvgate top``.
 
 It is an app of its own (``create_admin_app``), served on the admin listener only
 (``AdminConfig``), and only when a token is configured; every call needs
@@ -144,6 +145,34 @@ async def prefix_report(request: Request) -> Response:
     return JSONResponse(body)
 
 
+async def top(request: Request) -> Response:
+    """A compact snapshot for ``kvgate top``: per replica its health, queue and the
+    cumulative counters a client turns into rates over its own window (the replica's
+    prefix-cache counters as last scraped, in the replica's tokens; requests the gateway
+    routed there, by reason)."""
+    gw = _authorize(request)
+    routed = gw.metrics.requests_by_replica()
+    ratio = gw.fleet.calibration.ratio()
+    replicas = []
+    for state in gw.fleet:
+        s = state.scraped
+        reasons = routed.get(state.id, {})
+        replicas.append({
+            "id": state.id, "healthy": state.healthy, "last_error": state.last_error,
+            "queued_tokens": state.queued_tokens(ratio), "in_flight": state.in_flight,
+            "running": s.running if s else 0, "waiting": s.waiting if s else 0,
+            "kv_usage": s.kv_usage if s else 0.0,
+            "hit_tokens": s.hit_tokens if s else None,
+            "query_tokens": s.query_tokens if s else None,
+            "token_hit_rate": state.token_hit_rate(),
+            "requests": sum(reasons.values()), "reasons": reasons,
+        })
+    return JSONResponse({"policy": gw.policy.name,
+                         "hit_rate_window_s": gw.config.scrape.hit_rate_window_s,
+                         "scrape_interval_s": gw.config.scrape.interval_s,
+                         "replicas": replicas})
+
+
 def routes() -> list[Route]:
     return [
         Route("/admin/replicas", list_replicas, methods=["GET"]),
@@ -151,6 +180,7 @@ def routes() -> list[Route]:
         Route("/admin/replicas/{replica_id}", remove_replica, methods=["DELETE"]),
         Route("/admin/explain", explain, methods=["POST"]),
         Route("/admin/prefix-report", prefix_report, methods=["GET"]),
+        Route("/admin/top", top, methods=["GET"]),
     ]
 
 

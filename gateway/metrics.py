@@ -230,6 +230,19 @@ class GatewayMetrics:
     def request_done(self, replica: str, route: str, status: str) -> None:
         self._child(self.requests, replica, route, status).inc()
 
+    def requests_by_replica(self) -> dict[str, dict[str, int]]:
+        """Requests each replica answered so far (any status), by route reason."""
+        out: dict[str, dict[str, int]] = {}
+        for family in self.requests.collect():
+            for sample in family.samples:
+                replica = sample.labels["replica"]
+                if not sample.name.endswith("_total") or replica == "none":
+                    continue
+                routes = out.setdefault(replica, {})
+                route = sample.labels["route"]
+                routes[route] = routes.get(route, 0) + int(sample.value)
+        return out
+
     def retried(self, replica: str, cause: str) -> None:
         self._child(self.retries, replica, cause).inc()
 

@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("loadtests.cli_demo", "run a short local comparison of routing policies"),
     "audit": ("gateway.audit_cli", "find prompt layouts that defeat prefix caching in a "
               "capture log"),
+    "plan": ("loadtests.plan", "size a fleet's cache for a workload; recommend a policy"),
+    "top": ("gateway.top", "a live view of the fleet through the gateway's admin API"),
 }
 
 

@@ -34,8 +34,8 @@ share of them: ring hashing alone overfills some LRU caches and underfills other
 next ones follow on the ring; one home, or as many as the key's share of the requests
 needs (share x replicas x ``hot_spread``: an app's system prompt), and once those wait more
 than ``spill_wait`` prefills of this prompt, up to ``homes`` of them and the least loaded
-replicas; for a rare key the scratch set and the least loaded replica. For each, in seconds, with ``t`` the pace over the replica's
-weight::
+replicas; for a rare key the scratch set and the least loaded replica. For each, in
+seconds, with ``t`` the pace over the replica's weight::
 
     wait     = queued tokens x t, less the part of the oldest queued request the replica
                is likely through (its age, at most its own prefill); or, when longer,
@@ -333,7 +333,7 @@ class Cost(Policy):
                 m = matched.get(i, 0)
                 churn = p - m if hot else round((p - m) * self._fleet_scale())
                 evict = cfg.eviction_weight * pace * self._hot_victims(
-                    replicas[i].id, churn, prep.key, hot_memo)
+                    replicas[i].id, churn, prep.chain, hot_memo)
             total = bound + evict
             best_total = min(best_total, total)
             terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
@@ -480,7 +480,7 @@ class Cost(Policy):
             return next(i for i, u in enumerate(up) if u)
         return best
 
-    def _hot_victims(self, replica: str, new_tokens: int, keep_owner: int,
+    def _hot_victims(self, replica: str, new_tokens: int, keep: PromptChain,
                      memo: dict[int, bool]) -> int:
         """Tokens of hot prefixes that admitting ``new_tokens`` would evict there."""
         held = self._models.get(replica)
@@ -492,7 +492,7 @@ class Cost(Policy):
                 is_hot = memo[owner] = self._hot(self._sketch.estimate(owner))
             return is_hot
 
-        return held.model.evicted_tokens(new_tokens, keep_owner, hot)
+        return held.model.evicted_tokens(new_tokens, keep, hot)
 
     # -- what happened ----------------------------------------------------------------------
     def observe(self, event: RouteEvent) -> None:

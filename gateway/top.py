@@ -1,0 +1,146 @@
+"""``kvgate top``: a live view of the fleet through the gateway's admin API.
+
+Every ``--interval`` seconds (default 1) it reads ``GET /admin/top`` and redraws one row
+per replica: health, queued prompt tokens, requests in flight, KV use, token hit rate and
+requests per second over the last ``--window`` seconds (from the differences of the
+cumulative counters, see ``top_window``), and the route reasons of the requests routed
+there in that window. The replicas' prefix-cache counters move only when the gateway
+scrapes them (``scrape.interval_s``), so the window should span several scrapes.
+
+``--once`` reads two snapshots ``--interval`` apart, prints one frame and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from gateway.top_window import TopWindow
+
+TOKEN_ENV = "KVGATE_ADMIN_TOKEN"
+
+
+class AdminError(Exception):
+    """The admin API could not be read; the message says why."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--admin", default="http://127.0.0.1:8001",
+                        help="the gateway's admin listener (admin.host:admin.port)")
+    parser.add_argument("--token", default=None,
+                        help=f"the admin token (default: ${TOKEN_ENV})")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
+    parser.add_argument("--window", type=float, default=10.0,
+                        help="seconds of history behind the hit rate and requests/s")
+    parser.add_argument("--once", action="store_true", help="print one frame and exit")
+
+
+def fetch(admin: str, token: str, timeout_s: float = 2.0) -> dict[str, Any]:
+    """One ``/admin/top`` snapshot; ``AdminError`` with the gateway's message if refused."""
+    req = urllib.request.Request(f"{admin.rstrip('/')}/admin/top",
+                                 headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            data = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = exc.reason
+        raise AdminError(f"{admin} answered {exc.code}: {message}") from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise AdminError(f"cannot read {admin}/admin/top: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
+        raise AdminError(f"{admin}/admin/top did not answer a fleet snapshot")
+    return data
+
+
+def _rate(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
+          error: str | None = None) -> Group:
+    """The screen for the latest ``snapshot``, rates from ``window``."""
+    title = Text.assemble(
+        ("kvgate top", "bold"), f"  {admin}  policy {snapshot.get('policy', '?')}  "
+        f"window {window.window_s:g} s (replica counters scraped every "
+        f"{snapshot.get('scrape_interval_s', '?')} s)")
+    table = Table(expand=False)
+    for name, justify in (("replica", "left"), ("health", "left"), ("queued tok", "right"),
+                          ("in flight", "right"), ("KV use", "right"),
+                          ("hit rate", "right"), ("req/s", "right"), ("route reasons", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    total_rps = 0.0
+    gauge_only = False
+    for rep in snapshot["replicas"]:
+        rates = window.rates(str(rep["id"]))
+        hit = _rate(rates.token_hit_rate, ".3f")
+        if rep.get("query_tokens") is None and rep.get("token_hit_rate") is not None:
+            hit, gauge_only = f"{rep['token_hit_rate']:.3f}*", True  # SGLang: a gauge
+        total_rps += rates.requests_per_s or 0.0
+        health = Text("healthy", "green") if rep["healthy"] else \
+            Text(f"DOWN {rep.get('last_error') or ''}".strip(), "red")
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(rates.reasons.items(),
+                                                         key=lambda kv: -kv[1])) or "-"
+        table.add_row(str(rep["id"]), health, f"{rep['queued_tokens']:,}",
+                      str(rep["in_flight"]), f"{rep['kv_usage']:.0%}",
+                      hit, _rate(rates.requests_per_s, ".2f"), reasons)
+    footer = Text(f"fleet: {len(snapshot['replicas'])} replicas, {total_rps:.2f} req/s")
+    parts: list[Any] = [title, table, footer]
+    if gauge_only:
+        parts.append(Text("* the replica exports a hit-rate gauge, not counters: its own "
+                          "window"))
+    if error:
+        parts.append(Text(f"last read failed: {error}", "red"))
+    return Group(*parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get(TOKEN_ENV)
+    if not token:
+        print(f"kvgate top: give the admin token with --token or ${TOKEN_ENV}",
+              file=sys.stderr)
+        return 2
+    if args.interval <= 0:
+        print(f"kvgate top: --interval must be positive, got {args.interval}", file=sys.stderr)
+        return 2
+    window = TopWindow(args.window)
+    console = Console()
+    try:
+        snapshot = fetch(args.admin, token)
+        window.add(time.monotonic(), snapshot)
+        if args.once:
+            time.sleep(args.interval)
+            snapshot = fetch(args.admin, token)
+            window.add(time.monotonic(), snapshot)
+            console.print(frame(snapshot, window, args.admin))
+            return 0
+    except AdminError as exc:
+        print(f"kvgate top: {exc}", file=sys.stderr)
+        return 1
+    try:
+        with Live(frame(snapshot, window, args.admin), console=console,
+                  auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                error = None
+                try:
+                    snapshot = fetch(args.admin, token)
+                    window.add(time.monotonic(), snapshot)
+                except AdminError as exc:
+                    error = str(exc)  # keep the last frame; say why it is stale
+                live.update(frame(snapshot, window, args.admin, error), refresh=True)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,90 @@
+"""Rates over a sliding window from successive ``/admin/top`` snapshots (``kvgate top``).
+
+The snapshot carries cumulative counters per replica: the replica's prefix-cache hit and
+query tokens (as the gateway last scraped them) and the requests the gateway routed there,
+by reason. A replica's rates over the window are the differences between its oldest and
+newest samples in the window::
+
+    token hit rate = (hits_new - hits_old) / (queries_new - queries_old)
+    requests/s     = (requests_new - requests_old) / (t_new - t_old)
+
+A counter that goes backwards (the replica restarted, or left and came back) restarts that
+replica's window.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at: float  # the client's monotonic clock, seconds
+    hit_tokens: float | None
+    query_tokens: float | None
+    requests: int
+    reasons: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRates:
+    span_s: float  # seconds between the window's oldest and newest samples
+    token_hit_rate: float | None  # None: no prompt tokens queried in the window
+    requests_per_s: float | None  # None: a single sample so far
+    reasons: dict[str, int]  # requests routed in the window, by reason
+
+
+def _went_back(old: Sample, new: Sample) -> bool:
+    def back(a: float | None, b: float | None) -> bool:
+        return a is not None and b is not None and b < a
+
+    return (back(old.hit_tokens, new.hit_tokens) or back(old.query_tokens, new.query_tokens)
+            or new.requests < old.requests)
+
+
+class TopWindow:
+    """Per-replica samples over the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be positive, got {window_s!r}")
+        self.window_s = window_s
+        self._series: dict[str, deque[Sample]] = {}
+
+    def add(self, at: float, snapshot: dict[str, Any]) -> None:
+        """Record one ``/admin/top`` answer fetched at ``at``; replicas that left are
+        forgotten."""
+        seen = set()
+        for rep in snapshot.get("replicas", []):
+            rid = str(rep["id"])
+            seen.add(rid)
+            sample = Sample(at, rep.get("hit_tokens"), rep.get("query_tokens"),
+                            int(rep.get("requests", 0)), dict(rep.get("reasons") or {}))
+            series = self._series.setdefault(rid, deque())
+            if series and _went_back(series[-1], sample):
+                series.clear()
+            series.append(sample)
+            # keep the newest sample at or before the window's start as its left edge
+            while len(series) > 2 and at - series[1].at >= self.window_s:
+                series.popleft()
+        for gone in set(self._series) - seen:
+            del self._series[gone]
+
+    def rates(self, replica: str) -> ReplicaRates:
+        series = self._series.get(replica)
+        if not series:
+            return ReplicaRates(0.0, None, None, {})
+        old, new = series[0], series[-1]
+        span = new.at - old.at
+        hit_rate = None
+        if (old.hit_tokens is not None and new.hit_tokens is not None
+                and old.query_tokens is not None and new.query_tokens is not None):
+            queried = new.query_tokens - old.query_tokens
+            if queried > 0:
+                hit_rate = (new.hit_tokens - old.hit_tokens) / queried
+        reasons = {k: v - old.reasons.get(k, 0) for k, v in new.reasons.items()
+                   if v - old.reasons.get(k, 0) > 0}
+        rps = (new.requests - old.requests) / span if span > 0 else None
+        return ReplicaRates(span, hit_rate, rps, reasons)

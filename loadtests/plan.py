@@ -1,0 +1,176 @@
+"""``kvgate plan``: how much cache a fleet has for a workload, and which routing uses it.
+
+Prints the capacity arithmetic (``plan_arithmetic``), then the token hit rate and the
+prefill of hot requests per policy from a bounded offline simulation (``simulate``, LRU
+engines, the gateway's own request path), and recommends a policy and a replica count::
+
+    kvgate plan --profile llama3-8b-h100 --replicas 8 --idle-kv-gib 25 \
+        --docs 2000 --doc-tokens 6000 --hot 250 --hot-share 0.8 [--rate R] [--json]
+
+``--model DIR`` (a ``config.json``) replaces ``--profile``; ``--scenario NAME`` or
+``--workload capture.jsonl`` replace the document numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine.cost_model import load_profile
+from engine.hf_shape import shape_from_dir
+from loadtests.plan_arithmetic import ROUTING_WINS, FleetSize, arithmetic
+from loadtests.plan_report import render
+from loadtests.plan_simulation import PolicyFigures, simulate_policies
+from loadtests.plan_workload import PlanWorkload, from_capture, from_numbers, from_scenario
+from loadtests.scenarios import SCENARIOS
+
+DEFAULT_POLICIES = "round_robin,prefix_affinity,cost"
+HIT_RATE_TIE = 0.02  # token hit rates closer than this are a tie, decided by p95 TTFT
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--profile", default=None,
+                       help="a model-on-GPU profile (engine/profiles), default llama3-8b-h100")
+    model.add_argument("--model", default=None, metavar="DIR",
+                       help="a model directory (or file) with a Hugging Face config.json")
+    parser.add_argument("--gpu-profile", default="llama3-8b-h100",
+                        help="with --model: the profile whose GPU the simulator uses")
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--idle-kv-gib", type=float, default=None,
+                        help="KV per replica not pinned by running requests (default: the "
+                             "scenario's, else 25)")
+    work = parser.add_mutually_exclusive_group()
+    work.add_argument("--scenario", choices=sorted(SCENARIOS), default=None)
+    work.add_argument("--workload", default=None, metavar="CAPTURE.jsonl",
+                      help="a gateway capture: JSON lines with model and body")
+    parser.add_argument("--docs", type=int, default=2000)
+    parser.add_argument("--doc-tokens", type=int, default=6000)
+    parser.add_argument("--hot", type=int, default=250, help="documents in the hot set")
+    parser.add_argument("--hot-share", type=float, default=0.8,
+                        help="share of requests to the hot set (a capture's hot set is the "
+                             "fewest documents that receive this share)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="requests/s to the fleet (default: the workload's per-replica "
+                             "rate x replicas)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer.json (or its directory) for a capture; default: the "
+                             "--model directory's, else the gateway's built-in one")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES)
+    parser.add_argument("--sim-requests", type=int, default=2000,
+                        help="requests simulated per policy; 0 skips the simulation")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _workload(args: argparse.Namespace) -> PlanWorkload:
+    if args.scenario:
+        return from_scenario(args.scenario, args.hot_share, args.sim_requests, args.seed)
+    if args.workload:
+        from kvwire.tokenizer import load_tokenizer
+
+        source = args.tokenizer
+        if source is None and args.model and (Path(args.model) / "tokenizer.json").is_file():
+            source = args.model
+        return from_capture(args.workload, load_tokenizer(source), args.hot_share,
+                            args.sim_requests, seed=args.seed)
+    return from_numbers(args.docs, args.doc_tokens, args.hot, args.hot_share,
+                        args.sim_requests, args.seed)
+
+
+def _profile_path(args: argparse.Namespace, work: PlanWorkload, tmp: Path) -> str:
+    """The profile the simulator runs: named, the scenario's, or --model's shape on
+    --gpu-profile's GPU (written to ``tmp``)."""
+    if args.model is None:
+        return args.profile or (work.scenario.profile if work.scenario else "llama3-8b-h100")
+    shape = shape_from_dir(args.model)
+    gpu = load_profile(args.gpu_profile).gpu
+    path = tmp / "model.yaml"
+    path.write_text(yaml.safe_dump({"name": shape.name, "model": asdict(shape),
+                                    "gpu": asdict(gpu)}))
+    return str(path)
+
+
+def _recommend(plan: dict[str, Any], figures: dict[str, PolicyFigures],
+               replicas: int) -> dict[str, Any]:
+    if figures:
+        # hit rates this close are the same within a short run's noise: then the tail
+        top = max(f.token_hit_rate for f in figures.values())
+        near = [n for n, f in figures.items() if f.token_hit_rate >= top - HIT_RATE_TIE]
+        best = min(near, key=lambda n: figures[n].ttft_p95_s)
+        why = (f"simulated token hit rate {figures[best].token_hit_rate:.2f} (best "
+               f"{top:.2f}) and p95 time to first token {figures[best].ttft_p95_s:.2f} s, "
+               f"the lowest of the policies within {HIT_RATE_TIE} of the best hit rate")
+    else:
+        best = "cost" if plan["verdict"] == ROUTING_WINS else "least_load"
+        why = "from the arithmetic (no simulation)"
+    need = plan["replicas_for_hot_set"]
+    if need is None:
+        count, fit = replicas, "no replica's idle KV holds one document: add KV first"
+    elif need > replicas:
+        count, fit = need, (f"the hot set needs {need} replicas' idle KV "
+                            f"({plan['docs_per_replica']} documents each)")
+    else:
+        count, fit = replicas, (f"{need} replicas' idle KV hold the hot set; the others "
+                                "carry load and the cold documents")
+    return {"policy": best, "replicas": count, "why": f"{why}; {fit}"}
+
+
+def build_plan(args: argparse.Namespace) -> dict[str, Any]:
+    work = _workload(args)
+    scenario = work.scenario
+    idle = args.idle_kv_gib if args.idle_kv_gib is not None else (
+        scenario.idle_kv_gib if scenario else 25.0)
+    rate = args.rate if args.rate is not None else work.rate_per_replica * args.replicas
+    with tempfile.TemporaryDirectory(prefix="kvgate-plan-") as tmp:
+        profile = _profile_path(args, work, Path(tmp))
+        shape = load_profile(profile).model
+        numbers = arithmetic(work.library, FleetSize(shape.kv_bytes_per_token, idle,
+                                                     args.replicas))
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        figures = simulate_policies(work, policies, profile, args.replicas, idle,
+                                    numbers.bytes_per_request, rate, args.seed) \
+            if work.requests and args.sim_requests > 0 else {}
+    plan: dict[str, Any] = {
+        "model": {"name": shape.name, "num_layers": shape.num_layers,
+                  "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
+                  "dtype_bytes": shape.dtype_bytes, "profile": args.model or profile},
+        "fleet": {"replicas": args.replicas, "idle_kv_gib": idle, "arrival_rate": rate},
+        "workload": {"source": work.source, "estimated": work.estimated,
+                     "hot_docs_seen": work.hot_docs_seen,
+                     "skipped_lines": work.skipped_lines, **asdict(work.library)},
+        **asdict(numbers),
+        "policies": {name: f.summary() for name, f in figures.items()},
+    }
+    plan["hot_prefill_reduction_arithmetic"] = numbers.hot_prefill_reduction
+    rr, best = figures.get("round_robin"), None
+    others = {n: f for n, f in figures.items() if n != "round_robin"}
+    if rr is not None and others:
+        best = min(others, key=lambda n: others[n].hot_prefill_tokens)
+        low = others[best].hot_prefill_tokens
+        simulated = rr.hot_prefill_tokens / low if low else None  # JSON has no infinity
+        plan["hot_prefill_reduction_simulated"] = simulated
+        plan["hot_prefill_reduction"] = simulated
+    else:
+        plan["hot_prefill_reduction_simulated"] = None
+        plan["hot_prefill_reduction"] = numbers.hot_prefill_reduction
+    plan["hot_prefill_reduction_best_policy"] = best
+    plan["recommendation"] = _recommend(plan, figures, args.replicas)
+    return plan
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = build_plan(args)
+    except (ValueError, OSError) as exc:
+        print(f"kvgate plan: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan, indent=2) if args.json else render(plan))
+    return 0

@@ -1,0 +1,46 @@
+"""``kvgate top``'s frame: what one screen shows for a snapshot."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from gateway.top import frame
+from gateway.top_window import TopWindow
+
+
+def rendered(window: TopWindow, snapshot: dict[str, object]) -> str:
+    out = io.StringIO()
+    Console(file=out, width=160, color_system=None).print(
+        frame(snapshot, window, "http://127.0.0.1:8001", error="timed out"))
+    return out.getvalue()
+
+
+def test_frame_shows_rates_health_and_a_gauge_only_replica() -> None:
+    rep = {"id": "r0", "healthy": True, "queued_tokens": 1234, "in_flight": 2,
+           "kv_usage": 0.5, "token_hit_rate": 0.4}
+    down = {**rep, "id": "r1", "healthy": False, "last_error": "connect refused"}
+    sglang = {**rep, "id": "r2", "token_hit_rate": 0.25, "hit_tokens": None,
+              "query_tokens": None}
+    window = TopWindow(10)
+
+    def snap(hits: int, queries: int, affinity: int) -> dict[str, object]:
+        counted = {"hit_tokens": hits, "query_tokens": queries, "requests": affinity,
+                   "reasons": {"affinity": affinity}}
+        return {"policy": "cost", "scrape_interval_s": 1.0,
+                "replicas": [{**rep, **counted}, {**down, **counted},
+                             {**sglang, "requests": 0, "reasons": {}}]}
+
+    window.add(0.0, snap(0, 0, 0))
+    window.add(2.0, snap(750, 1000, 6))
+    screen = rendered(window, snap(750, 1000, 6))
+    lines = {line.split("│")[1].strip(): line for line in screen.splitlines()
+             if line.startswith("│")}
+    assert "policy cost" in screen and "window 10 s" in screen
+    assert "healthy" in lines["r0"] and "1,234" in lines["r0"] and "50%" in lines["r0"]
+    assert "0.750" in lines["r0"] and "3.00" in lines["r0"] and "affinity 6" in lines["r0"]
+    assert "DOWN connect refused" in lines["r1"]
+    assert "0.250*" in lines["r2"] and "hit-rate gauge" in screen
+    assert "fleet: 3 replicas, 6.00 req/s" in screen
+    assert "last read failed: timed out" in screen
