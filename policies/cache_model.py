@@ -50,7 +50,7 @@ class ReplicaCacheModel:
             raise ValueError(f"capacity must be >= 0, got {capacity!r}")
         self.capacity = capacity
         self.used = 0
-        # key -> [tokens, owner, depth in the chain]; first = least recently used
+        # key -> [tokens, owner]; first = least recently used
         self._entries: OrderedDict[int, list[int]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -87,35 +87,31 @@ class ReplicaCacheModel:
             matched = sum(e.tokens for e in chain[: lo - 1])
         return matched + min(last.tokens, entries[last.key][0])
 
-    def victims(self, new_tokens: int, keep: Sequence[ChainEntry] = ()) -> Iterator[Victim]:
+    def victims(self, new_tokens: int, keep_owner: int | None = None) -> Iterator[Victim]:
         """The entries that admitting ``new_tokens`` more would evict, oldest first
-        (entries of ``keep``, the admission's own chain, are passed over: the admission
-        touches them first). An entry remembers its depth in the chain that admitted it,
-        and a key names a whole prefix, so telling ours costs one key of ``keep`` per entry
-        looked at (a ``PromptChain`` hashes only those)."""
+        (entries owned by ``keep_owner``, the admission's own prefix key, are passed over:
+        the admission touches them before anything is evicted)."""
         excess = self.used + new_tokens - self.capacity
         if excess <= 0:
             return
-        ours = _membership(keep)
-        for key, (tokens, owner, depth) in self._entries.items():
-            if ours(key, depth):
+        for key, (tokens, owner) in self._entries.items():
+            if owner == keep_owner:
                 continue
             yield Victim(key, tokens, owner)
             excess -= tokens
             if excess <= 0:
                 return
 
-    def evicted_tokens(self, new_tokens: int, keep: Sequence[ChainEntry],
+    def evicted_tokens(self, new_tokens: int, keep_owner: int | None,
                        counts: Callable[[int], bool]) -> int:
-        """Tokens of the ``victims(new_tokens, keep)`` whose owner ``counts``, summed without
-        building them (a decision asks this of every candidate it scores)."""
+        """Tokens of the ``victims(new_tokens, keep_owner)`` whose owner ``counts``, summed
+        without building them (a decision asks this of every candidate it scores)."""
         excess = self.used + new_tokens - self.capacity
         total = 0
         if excess <= 0:
             return 0
-        ours = _membership(keep)
-        for key, (tokens, owner, depth) in self._entries.items():
-            if ours(key, depth):
+        for tokens, owner in self._entries.values():
+            if owner == keep_owner:
                 continue
             if counts(owner):
                 total += tokens
@@ -128,11 +124,10 @@ class ReplicaCacheModel:
         """Touch or insert the chain's entries (tail first), then evict LRU entries until
         the model fits its capacity; returns what was evicted."""
         entries = self._entries
-        for depth in range(len(chain) - 1, -1, -1):
-            key, tokens = chain[depth]
+        for key, tokens in reversed(chain):
             held = entries.get(key)
             if held is None:
-                entries[key] = [tokens, owner, depth]
+                entries[key] = [tokens, owner]
                 self.used += tokens
             else:
                 if tokens > held[0]:
@@ -157,7 +152,7 @@ class ReplicaCacheModel:
         out: list[Victim] = []
         entries = self._entries
         while self.used > self.capacity and entries:
-            key, (tokens, owner, _) = entries.popitem(last=False)
+            key, (tokens, owner) = entries.popitem(last=False)
             self.used -= tokens
             out.append(Victim(key, tokens, owner))
         return out
@@ -167,7 +162,7 @@ class ReplicaCacheModel:
         return list(self._entries)
 
     def check_integrity(self) -> None:
-        total = sum(held[0] for held in self._entries.values())
+        total = sum(tokens for tokens, _ in self._entries.values())
         if total != self.used:
             raise AssertionError(f"cache model: used {self.used} != sum of entries {total} "
                                  f"over {len(self._entries)} entries")
@@ -183,15 +178,6 @@ def chain_tokens(chain: Sequence[ChainEntry]) -> list[int]:
         total += entry.tokens
         out.append(total)
     return out
-
-
-def _membership(chain: Sequence[ChainEntry]) -> Callable[[int, int], bool]:
-    """``ours(key, depth)``: whether ``chain`` holds ``key`` at ``depth``."""
-    n = len(chain)
-    if n == 0:
-        return lambda key, depth: False
-    key_at = chain.key if isinstance(chain, PromptChain) else lambda i: chain[i].key
-    return lambda key, depth: depth < n and key_at(depth) == key
 
 
 def prompt_chain(units: memoryview | bytes, block: int, unit_tokens: float,

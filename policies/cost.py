@@ -41,7 +41,8 @@ seconds, with ``t`` the pace over the replica's weight::
                is likely through (its age, at most its own prefill); or, when longer,
                slot_weight x the wait for a free decode slot (``slots``)
     prefill  = (prompt tokens - predicted cached tokens) x t
-    evict    = eviction_weight x t x (hot tokens the admission would evict from the model)
+    evict    = eviction_weight x t x (hot tokens the admission would evict from the model,
+               but for entries of its own prefix key); rare_eviction_weight for a rare key
     scratch  = scratch_loss x prompt tokens x t, for a hot key on a scratch replica (the
                churn there will likely evict it before it is used again)
     score    = wait + prefill + evict + scratch            lowest wins; ties in ring order
@@ -113,7 +114,8 @@ class CostConfig:
     max_scratch_fraction: float = 0.5
     scratch_utilization: float = 0.6
     load_window_s: float = 60.0
-    eviction_weight: float = 0.75
+    eviction_weight: float = 0.5
+    rare_eviction_weight: float = 0.75
     scratch_loss: float = 0.5
     slot_weight: float = 0.75
     placement_slack: float | None = 0.05
@@ -144,7 +146,7 @@ class CostConfig:
         if not 0.0 <= self.max_scratch_fraction < 1.0:
             raise ValueError(
                 f"max_scratch_fraction must be in [0, 1), got {self.max_scratch_fraction!r}")
-        for key in ("eviction_weight", "scratch_loss", "slot_weight"):
+        for key in ("eviction_weight", "rare_eviction_weight", "scratch_loss", "slot_weight"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if self.placement_slack is not None and not self.placement_slack >= 0:
@@ -329,11 +331,12 @@ class Cost(Policy):
                 pruned.append(i)
                 continue
             evict = 0.0
-            if cfg.eviction_weight > 0:
+            if cfg.eviction_weight > 0 or cfg.rare_eviction_weight > 0:
                 m = matched.get(i, 0)
                 churn = p - m if hot else round((p - m) * self._fleet_scale())
-                evict = cfg.eviction_weight * pace * self._hot_victims(
-                    replicas[i].id, churn, prep.chain, hot_memo)
+                weight = cfg.eviction_weight if hot else cfg.rare_eviction_weight
+                evict = weight * pace * self._hot_victims(replicas[i].id, churn, prep.key,
+                                                          hot_memo)
             total = bound + evict
             best_total = min(best_total, total)
             terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
@@ -480,7 +483,7 @@ class Cost(Policy):
             return next(i for i, u in enumerate(up) if u)
         return best
 
-    def _hot_victims(self, replica: str, new_tokens: int, keep: PromptChain,
+    def _hot_victims(self, replica: str, new_tokens: int, keep_owner: int,
                      memo: dict[int, bool]) -> int:
         """Tokens of hot prefixes that admitting ``new_tokens`` would evict there."""
         held = self._models.get(replica)
@@ -492,7 +495,7 @@ class Cost(Policy):
                 is_hot = memo[owner] = self._hot(self._sketch.estimate(owner))
             return is_hot
 
-        return held.model.evicted_tokens(new_tokens, keep, hot)
+        return held.model.evicted_tokens(new_tokens, keep_owner, hot)
 
     # -- what happened ----------------------------------------------------------------------
     def observe(self, event: RouteEvent) -> None:
