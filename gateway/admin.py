@@ -84,7 +84,10 @@ async def add_replica(request: Request) -> Response:
     if gw.fleet.get(config.id) is not None:
         raise BadRequest(f"replica {config.id!r} already exists", param="id",
                          code="duplicate_replica")
-    state = gw.fleet.add(config, forward_auth=False)
+    try:
+        state = gw.fleet.add(config, forward_auth=False)
+    except ValueError as exc:  # no slot left in the workers' shared accounting
+        raise BadRequest(str(exc), param="id", code="replica_slots_full") from exc
     if gw.monitor is not None:
         await gw.monitor.check_one(state)
     return JSONResponse(_replica_json(gw, config.id), status_code=201)

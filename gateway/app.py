@@ -63,7 +63,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         request_id = request_id_of(forwarded, routing.request.request_id)
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
                                                           forwarded, request_id))
-    return answer(stream, route, request_id)
+    return answer(stream, route, request_id, gw.worker)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
@@ -82,8 +82,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         usage = stream.usage()
         cached = None
         if usage is not None:
-            gw.metrics.prompt_tokens.labels(route=decision.reason).inc(usage[0])
-            gw.metrics.cached_tokens.labels(route=decision.reason).inc(usage[1])
+            gw.metrics.bound(gw.metrics.prompt_tokens, decision.reason).inc(usage[0])
+            gw.metrics.bound(gw.metrics.cached_tokens, decision.reason).inc(usage[1])
             cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens, *usage)
         # a stream's first byte comes with its first token; a whole body's comes after
         # the last one, so it says nothing of time to first token
@@ -155,8 +155,10 @@ async def ready(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
-    return Response(generate_latest(gw.metrics.registry),
-                    headers={"Content-Type": CONTENT_TYPE_LATEST})
+    headers = {"Content-Type": CONTENT_TYPE_LATEST}
+    if gw.worker is not None:
+        headers["x-kvgate-worker"] = str(gw.worker)
+    return Response(generate_latest(gw.metrics.exposed), headers=headers)
 
 
 def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGIApp:
@@ -176,9 +178,13 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                              config.max_attempts, config.health,
                              forward_client_auth=not gw.auth.on)
             stack.callback(gw.proxy.close)
-            gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
-            stack.push_async_callback(gw.monitor.stop)
-            await gw.monitor.start()
+            if gw.box is None or gw.box.leader:  # with workers, one checks for the box
+                gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
+                stack.push_async_callback(gw.monitor.stop)
+                await gw.monitor.start()
+            if gw.box is not None:
+                stack.push_async_callback(gw.box.stop)
+                await gw.box.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
             if kv_events is not None:
                 stack.push_async_callback(kv_events.stop)

@@ -148,16 +148,18 @@ class _Draining(uvicorn.Server):
 
 
 def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
-               on_drain: Callable[[], None] = lambda: None) -> None:
+               on_drain: Callable[[], None] = lambda: None,
+               sockets: list[socket.socket] | None = None) -> None:
     """Serve ``app`` until SIGINT or SIGTERM (draining first, see ``ShutdownConfig``), and
-    ``admin_app`` (when given) on the admin listener, in the same event loop."""
+    ``admin_app`` (when given) on the admin listener, in the same event loop. ``sockets``:
+    listen there rather than on the config's host and port (a worker's own socket)."""
     grace = config.shutdown.grace_s
     main = _Draining(server_config(
         app, config, loop="uvloop",
         timeout_graceful_shutdown=max(1, int(config.shutdown.timeout_s - grace))),
         grace, on_drain)
     if admin_app is None:
-        main.run()
+        main.run(sockets)
         return
     admin = companion(uvicorn.Config(
         admin_app, host=config.admin.host, port=config.admin.port, lifespan="off",
@@ -165,7 +167,7 @@ def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
         http=bounded_protocol(config.limits), ws="none", log_level="warning",
         access_log=False))
 
-    uvloop.run(serve_together(main, admin))
+    uvloop.run(serve_together(main, admin, sockets))
 
 
 async def serve_together(main: uvicorn.Server, side: uvicorn.Server,

@@ -33,10 +33,14 @@ class RelayResponse(StreamingResponse):
             self.stream.close(ok=False)  # no-op when the relay finished and closed it
 
 
-def answer(stream: UpstreamStream, route: str, request_id: str) -> Response:
-    """The client's response to ``stream``, with the gateway's own headers."""
+def answer(stream: UpstreamStream, route: str, request_id: str,
+           worker: int | None = None) -> Response:
+    """The client's response to ``stream``, with the gateway's own headers (and the
+    worker process's index, with workers)."""
     headers = {**stream.headers, "x-kvgate-replica": stream.replica,
                "x-kvgate-route": route, "x-request-id": request_id}
+    if worker is not None:
+        headers["x-kvgate-worker"] = str(worker)
     if stream.complete:  # nothing left to relay: skip the streaming machinery
         return Response(stream.whole_body(), status_code=stream.status, headers=headers)
     return RelayResponse(stream, headers)

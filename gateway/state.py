@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
+from gateway.box_feed import BoxFeed
 from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.fleet import Fleet
@@ -17,6 +18,7 @@ from gateway.monitor import Monitor
 from gateway.networks import Networks
 from gateway.proxy import Proxy
 from gateway.routing import Router
+from gateway.shared_load import SharedLoad
 from gateway.tenancy import Tenancy
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from policies.base import Policy, ReplicaRemoved, ReplicaReset
@@ -45,6 +47,8 @@ class GatewayState:
         self.access.write(route=route, status=status,
                           replica=None if replica == "none" else replica, **access)
     monitor: Monitor | None = None
+    worker: int | None = None  # this worker's index, with worker processes
+    box: BoxFeed | None = None  # ... and its part in the fleet snapshot (box_feed)
 
 
 def policy_listener(policy: Policy) -> FleetListener:
@@ -58,8 +62,10 @@ def policy_listener(policy: Policy) -> FleetListener:
 
 
 def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
-                policy: Policy | None = None) -> GatewayState:
-    fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s)
+                policy: Policy | None = None, shared: SharedLoad | None = None
+                ) -> GatewayState:
+    """``shared``: the box's accounting, for a worker process (``gateway.workers``)."""
+    fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s, shared)
     policy = policy or build_policy(config.policy, where="policy")
     fleet.listen(policy_listener(policy))
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
