@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import socket
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -154,6 +155,9 @@ def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
     ``admin_app`` (when given) on the admin listener, in the same event loop. ``sockets``:
     listen there rather than on the config's host and port (a worker's own socket)."""
     grace = config.shutdown.grace_s
+    # what start-up built (tokenizer, policy, ring) lives as long as the process: out of
+    # the collector's sight, so full collections stop walking it again and again
+    gc.freeze()
     main = _Draining(server_config(
         app, config, loop="uvloop",
         timeout_graceful_shutdown=max(1, int(config.shutdown.timeout_s - grace))),
