@@ -69,6 +69,8 @@ def box(spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path
         "shutdown": {"grace_s": 2, "timeout_s": 20}}))
     url = f"http://127.0.0.1:{port}"
     proc = spawn("serve", "--config", str(config), "--workers", "2", ready_url=f"{url}/ready")
+    # the first worker up answers everything until the second listens too
+    _per_worker(url, lambda s: True, "both workers to listen")
     return Box(proc, url, f"http://127.0.0.1:{admin_port}"), behaviour
 
 
