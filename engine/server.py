@@ -22,11 +22,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.async_engine import AsyncEngine, EngineDeadError
-from engine.core import EngineCore
+from engine.core import EngineCore, StepOutput
 from engine.generate_params import GenerateParams, context_error, parse_generate, usage
 from engine.metrics import EngineMetrics
 from engine.request import RequestOutput, SamplingParams
 from engine.text_stream import TextStream
+from kvwire.media_parts import carries_media
 from kvwire.openai_schema import (
     BadRequest,
     ClientDisconnected,
@@ -67,10 +68,15 @@ class EngineServer:
                                   on_step=self._observe)
         self.created = int(time.time())
 
-    def _observe(self, out: Any) -> None:
-        for o in out.outputs:
-            self.metrics.observe(o)
+    def _observe(self, out: StepOutput) -> None:
+        self.metrics.observe_step(out, self.engine.clock())
         self._publish_kv_events()
+
+    def stop_early(self, rid: str, reason: str, last: RequestOutput | None) -> None:
+        """Abort a request the engine has not finished: the client left or an error
+        (``abort``), or its text matched a stop string (``stop``)."""
+        self.engine.abort(rid)
+        self.metrics.ended_early(rid, reason, last, self.engine.clock())
 
     def _publish_kv_events(self) -> None:
         events = self.core.kv.pool.events
@@ -98,7 +104,11 @@ class EngineServer:
             return p.prompt_ids
         if p.messages is not None:
             try:
-                text = self.tokenizer.render_chat(p.messages, tools=p.tools)
+                if carries_media(p.messages):  # hashing megabytes: off the event loop
+                    text = await asyncio.to_thread(self.tokenizer.render_chat, p.messages,
+                                                   tools=p.tools)
+                else:
+                    text = self.tokenizer.render_chat(p.messages, tools=p.tools)
             except ValueError as exc:
                 raise BadRequest(str(exc), param="messages") from exc
         else:
@@ -178,13 +188,14 @@ class EngineServer:
             queue = self.engine.add(req)
         except EngineDeadError as exc:
             raise ServiceUnavailable(str(exc)) from exc
+        self.metrics.started(rid)
         gen = _Generation(self, rid, chat, p, len(ids), queue)
         if p.stream:
             return StreamingResponse(gen.sse(), media_type="text/event-stream")
         try:
             return JSONResponse(await unless_disconnected(request, gen.collect()))
         except ClientDisconnected:
-            self.engine.abort(rid)
+            self.stop_early(rid, "abort", None)
             raise
 
 
@@ -203,6 +214,7 @@ class _Generation:
         self.created = int(time.time())
         self.num_output = 0
         self.num_cached = 0
+        self.last: RequestOutput | None = None
         self.done = False
 
     async def _deltas(self) -> AsyncGenerator[tuple[str, str | None], None]:
@@ -214,6 +226,7 @@ class _Generation:
                     raise ServiceUnavailable(str(item))
                 if isinstance(item, BaseException):
                     raise BadRequest(str(item))
+                self.last = item
                 self.num_output = item.num_output_tokens
                 self.num_cached = item.num_cached_tokens
                 delta = self.text.push(item.new_token_ids)
@@ -230,7 +243,8 @@ class _Generation:
                     yield delta, None
         finally:
             if not self.done:
-                self.server.engine.abort(self.rid)
+                self.server.stop_early(self.rid, "stop" if self.text.stopped else "abort",
+                                       self.last)
 
     def _usage(self) -> dict[str, Any]:
         return usage(self.num_prompt, self.num_output, self.num_cached)

@@ -1,4 +1,5 @@
-"""The admin API: list, add and remove replicas; explain a routing decision.
+"""The admin API: list, add and remove replicas; explain a routing decision; audit the
+prompt layout of recent requests (``/admin/prefix-report``).
 
 It is an app of its own (``create_admin_app``), served on the admin listener only
 (``AdminConfig``), and only when a token is configured; every call needs
@@ -8,6 +9,7 @@ the admin allowlist, and is never sent a client's ``Authorization`` header.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -19,7 +21,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.config import ReplicaConfig
+from gateway.forwarding import request_id_header
 from gateway.intake import take_in
+from gateway.layout_audit import audit
+from gateway.membership import ADMIN, join, leave
 from gateway.state import GatewayState
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
 from kvwire.request_edge import ErrorBoundary, read_body
@@ -50,7 +55,8 @@ def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
     assert state is not None
     view = state.view(time.monotonic(), gw.fleet.calibration.ratio())
     return {
-        "id": view.id, "url": view.url, "weight": view.weight, "healthy": view.healthy,
+        "id": view.id, "url": view.url, "source": state.source, "weight": view.weight,
+        "healthy": view.healthy,
         "last_error": state.last_error, "queued_tokens": view.queued_tokens,
         "running": view.running, "waiting": view.waiting, "in_flight": view.in_flight,
         "kv_usage": view.kv_usage, "kv_capacity_tokens": view.kv_capacity_tokens,
@@ -85,11 +91,9 @@ async def add_replica(request: Request) -> Response:
         raise BadRequest(f"replica {config.id!r} already exists", param="id",
                          code="duplicate_replica")
     try:
-        state = gw.fleet.add(config, forward_auth=False)
+        await join(gw, config, ADMIN, forward_auth=False)
     except ValueError as exc:  # no slot left in the workers' shared accounting
         raise BadRequest(str(exc), param="id", code="replica_slots_full") from exc
-    if gw.monitor is not None:
-        await gw.monitor.check_one(state)
     return JSONResponse(_replica_json(gw, config.id), status_code=201)
 
 
@@ -98,7 +102,7 @@ async def remove_replica(request: Request) -> Response:
     replica_id = request.path_params["replica_id"]
     if gw.fleet.get(replica_id) is None:
         raise NotFound(f"no replica {replica_id!r}", code="replica_not_found")
-    gw.fleet.remove(replica_id)
+    leave(gw, replica_id)
     return JSONResponse({"removed": replica_id})
 
 
@@ -124,19 +128,41 @@ async def explain(request: Request) -> Response:
     })
 
 
+async def prefix_report(request: Request) -> Response:
+    """The prompt-layout audit (``kvgate audit``'s JSON) of the recent requests the gateway
+    keeps (``prefix_report`` or ``capture`` on), run in a worker thread, one at a time."""
+    gw = _authorize(request)
+    recent = gw.capture.recent
+    if recent is None:
+        raise NotFound("the prefix report is off: set prefix_report.enabled (or "
+                       "capture.path) in the gateway's config", code="prefix_report_off")
+    records = recent.snapshot()
+    async with request.app.state.report_lock:
+        report = await asyncio.to_thread(audit, records, gw.router.tokenizer)
+    body = report.as_json()
+    log = gw.capture.log
+    body["capture"] = {"recent_requests": len(records), "recent_bytes": recent.bytes,
+                       **({"written": log.written, "dropped": log.dropped,
+                           "rotations": log.rotations} if log is not None else {})}
+    return JSONResponse(body)
+
+
 def routes() -> list[Route]:
     return [
         Route("/admin/replicas", list_replicas, methods=["GET"]),
         Route("/admin/replicas", add_replica, methods=["POST"]),
         Route("/admin/replicas/{replica_id}", remove_replica, methods=["DELETE"]),
         Route("/admin/explain", explain, methods=["POST"]),
+        Route("/admin/prefix-report", prefix_report, methods=["GET"]),
     ]
 
 
 def create_admin_app(gw: GatewayState) -> Starlette:
     """The admin API over ``gw`` (the main app's state, whose lifespan runs the rest)."""
-    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
+    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
+                             request_id_header)
     app = Starlette(routes=routes(), exception_handlers=boundary.handlers())
     app.state.gw = gw
     app.state.admin_token = gw.config.admin.resolved_token()
+    app.state.report_lock = asyncio.Lock()
     return app

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -22,8 +24,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
+from gateway.discovery.runner import Discovery, build_source
 from gateway.errors import NoReplicaAvailable
-from gateway.forwarding import request_id_of, upstream_headers
+from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.intake import Intake, take_in
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
@@ -34,6 +37,7 @@ from gateway.relay_response import answer
 from gateway.request_parse import Endpoint
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
+from gateway.tracing import RequestTrace
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
 from kvwire.request_edge import ErrorBoundary, unless_disconnected
 from policies.base import Finished, Routed
@@ -44,6 +48,8 @@ log = logging.getLogger("kvgate.gateway")
 async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     """Admit, route and relay one request; every way out counts one ``requests`` sample."""
     gw: GatewayState = request.app.state.gw
+    arrived = time.perf_counter()
+    trace = gw.tracing.start(request.headers, path)
     route = "none"
     try:
         keyed = gw.auth.tenant_of(request) if gw.auth.on else None
@@ -52,24 +58,30 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         slot = await gw.admission.enter()
     except OpenAIError as exc:
         gw.ended(route, str(exc.status))
+        trace.failed(exc)
         raise
-    with released_on_error(slot, lambda status: gw.ended(route, status)):
+    with released_on_error(slot, lambda status: gw.ended(route, status)), trace.guard():
         intake = await take_in(request, gw, endpoint, keyed)
+        gw.capture.observe(intake.parsed, intake.tenant, len(intake.raw))
         routing = await gw.router.decide(intake.parsed, intake.tenant,
-                                         gw.tenancy.allowed(intake.tenant))
+                                         gw.tenancy.allowed(intake.tenant), trace)
         gw.metrics.decision_seconds.observe(routing.seconds)
         route = routing.decision.reason
         forwarded = upstream_headers(request, gw.trusted_proxies)
-        request_id = request_id_of(forwarded, routing.request.request_id)
+        request_id = request_id_of(request, forwarded, routing.request.request_id)
+        trace.upstream(forwarded)
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
-                                                          forwarded, request_id))
+                                                          forwarded, request_id, arrived,
+                                                          trace))
     return answer(stream, route, request_id, gw.worker)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
-                slot: Slot, headers: dict[str, str], request_id: str) -> UpstreamStream:
+                slot: Slot, headers: dict[str, str], request_id: str,
+                arrived: float, trace: RequestTrace) -> UpstreamStream:
     """The first ranked replica's answer (under the per-replica queue bound), with the
-    policy told where the request went and how it ended."""
+    policy told where the request went and how it ended (``arrived``: the request's
+    ``perf_counter`` at arrival)."""
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
     ranked = _under_queue_bound(gw, decision.ranked)
@@ -79,12 +91,16 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()
+        trace.answered(stream)
         usage = stream.usage()
         cached = None
         if usage is not None:
-            gw.metrics.bound(gw.metrics.prompt_tokens, decision.reason).inc(usage[0])
-            gw.metrics.bound(gw.metrics.cached_tokens, decision.reason).inc(usage[1])
-            cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens, *usage)
+            gw.metrics.bound(gw.metrics.prompt_tokens, decision.reason).inc(
+                usage.prompt_tokens)
+            gw.metrics.bound(gw.metrics.cached_tokens, decision.reason).inc(
+                usage.cached_tokens)
+            cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens,
+                                       usage.prompt_tokens, usage.cached_tokens)
         # a stream's first byte comes with its first token; a whole body's comes after
         # the last one, so it says nothing of time to first token
         ttft = stream.first_byte_s if stream.stream else None
@@ -95,11 +111,22 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
                  prompt_tokens=usage[0] if usage else None,
                  cached_tokens=usage[1] if usage else None, ttft_s=ttft,
                  duration_s=stream.duration_s)
+        if ok:
+            gw.metrics.answers.relayed(route_req.model, decision.reason, stream, arrived,
+                                       usage)
 
-    return await gw.proxy.open(
+    stream = await gw.proxy.open(
         ranked, path, intake.raw, headers,
         lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done,
         intake.parsed.stream)
+    if stream.stream and not _asks_usage(intake.parsed.body):
+        stream.count_events()  # its output tokens are then its content chunks
+    return stream
+
+
+def _asks_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 def _under_queue_bound(gw: GatewayState, ranked: tuple[str, ...]) -> tuple[str, ...]:
@@ -136,11 +163,12 @@ async def models(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     names = sorted(gw.fleet.models())
     return JSONResponse({"object": "list", "data": [
-        {"id": name, "object": "model", "owned_by": "kvgate"} for name in names]})
+        {"id": name, "object": "model", "owned_by": "kvgate"} for name in names]},
+        headers=request_id_header(request))
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "ok"}, headers=request_id_header(request))
 
 
 async def ready(request: Request) -> Response:
@@ -150,7 +178,8 @@ async def ready(request: Request) -> Response:
     if not gw.fleet.any_healthy():
         raise NoReplicaAvailable(f"none of {len(gw.fleet)} replicas is healthy")
     healthy = sum(1 for s in gw.fleet if s.healthy)
-    return JSONResponse({"status": "ready", "healthy_replicas": healthy})
+    return JSONResponse({"status": "ready", "healthy_replicas": healthy},
+                        headers=request_id_header(request))
 
 
 async def metrics(request: Request) -> Response:
@@ -163,6 +192,8 @@ async def metrics(request: Request) -> Response:
 
 def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGIApp:
     gw = state or build_state(config)
+    discovery = Discovery(gw, [build_source(source) for source in config.discovery])
+    gw.metrics.watch_discovery(discovery.stats)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -172,6 +203,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         # whatever started is stopped, in reverse order, even if a later start fails
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(gw.router.close)
+            gw.tracing.open()
+            stack.callback(gw.tracing.close)
             session = await stack.enter_async_context(aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=False))
             gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
@@ -182,9 +215,13 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                 gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
                 stack.push_async_callback(gw.monitor.stop)
                 await gw.monitor.start()
+                stack.push_async_callback(discovery.stop)  # ... and discovers
+                await discovery.start()
             if gw.box is not None:
                 stack.push_async_callback(gw.box.stop)
                 await gw.box.start()
+            stack.push_async_callback(gw.capture.stop)
+            await gw.capture.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
             if kv_events is not None:
                 stack.push_async_callback(kv_events.stop)
@@ -201,7 +238,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/metrics", metrics, methods=["GET"]),
         *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),
     ]
-    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc())
+    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
+                             request_id_header)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.state.gw = gw
     return _FastPath(app, boundary)

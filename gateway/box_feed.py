@@ -7,7 +7,8 @@ leader's fleet is published as one JSON snapshot in a shared memory block every
 ``PUBLISH_S`` when it changed; each other worker (a follower) reads it as often and applies
 what is new through the same ``Fleet`` methods the leader's monitor used:
 
-- replicas added or removed (with their slot in ``shared_load``);
+- replicas added or removed, by the admin API or discovery (which only the leader runs),
+  with their slot in ``shared_load``;
 - a health check result, when the replica's check count moved (the follower's own
   thresholds then eject or readmit, as the leader's did);
 - a scrape, when its sequence moved; the models a replica serves.
@@ -52,8 +53,8 @@ def snapshot(fleet: Fleet) -> dict[str, Any]:
     variables are read again by each worker; an inline key is as the config wrote it)."""
     return {"replicas": [{
         "config": dataclasses.asdict(s.config), "slot": s.slot,
-        "forward_auth": s.forward_auth, "checks": s.checks, "check": list(s.last_check),
-        "scrape_seq": s.scrape_seq,
+        "forward_auth": s.forward_auth, "source": s.source, "checks": s.checks,
+        "check": list(s.last_check), "scrape_seq": s.scrape_seq,
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
         "models": list(s.models)} for s in fleet]}
 
@@ -186,7 +187,7 @@ class BoxFeed:
         for rid, r in wanted.items():
             state = fleet.get(rid) or fleet.add(
                 from_mapping(ReplicaConfig, r["config"], "replica"),
-                forward_auth=r["forward_auth"], slot=r["slot"])
+                forward_auth=r["forward_auth"], source=r["source"], slot=r["slot"])
             seen = self._applied.setdefault(rid, _Applied())
             if r["checks"] != seen.checks:
                 seen.checks = r["checks"]

@@ -29,6 +29,13 @@ Example (every key but ``replicas`` has a default)::
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
              request_failures_to_eject: 3, ejection_s: 10}
     scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60}
+    discovery: [{type: dns, name: vllm-headless.llm.svc.cluster.local, port: 8000},
+                {type: kubernetes, namespace: llm, service: vllm, port_name: http}]
+                # replicas found at run time, next to ``replicas`` (gateway.discovery.config)
+    tracing: {enabled: false, service_name: kvgate, exporter: otlp, endpoint: null,
+              sample_ratio: 1.0}   # OpenTelemetry spans; needs the otel extra
+    capture: {path: null, sample_rate: 1.0, max_mb: 256}   # JSONL for kvgate audit
+    prefix_report: {enabled: false, recent_requests: 512, max_mb: 32}
 """
 
 from __future__ import annotations
@@ -41,9 +48,12 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gateway.capture import CaptureConfig, PrefixReportConfig
 from gateway.client_auth import ClientKey
+from gateway.discovery.config import DiscoverySourceConfig
 from gateway.secret_source import resolve_secret
 from gateway.tenancy import TenancyConfig
+from gateway.tracing import TracingConfig
 from policies.config import ConfigError, from_mapping
 
 
@@ -254,6 +264,7 @@ class AffinityConfig:
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     replicas: list[ReplicaConfig] = field(default_factory=list)
+    discovery: list[DiscoverySourceConfig] = field(default_factory=list)
     policy: dict[str, Any] = field(default_factory=lambda: {"name": "prefix_affinity"})
     host: str = "127.0.0.1"
     port: int = 8000
@@ -275,6 +286,10 @@ class GatewayConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    # request bodies kept for the prompt-layout audit (gateway.capture)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    prefix_report: PrefixReportConfig = field(default_factory=PrefixReportConfig)
 
     def validate(self) -> None:
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")
@@ -285,6 +300,10 @@ class GatewayConfig:
             if replica.id in seen:
                 raise ValueError(f"replicas[{i}].id {replica.id!r} appears twice")
             seen.add(replica.id)
+        labels = [source.label for source in self.discovery]
+        for i, label in enumerate(labels):
+            if label in labels[:i]:
+                raise ValueError(f"discovery[{i}] ({label}) appears twice")
         if "name" not in self.policy:
             raise ValueError("policy.name is required")
         _networks("trusted_proxies", self.trusted_proxies)

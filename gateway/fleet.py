@@ -55,6 +55,7 @@ class ReplicaState:
     config: ReplicaConfig
     window_s: float
     forward_auth: bool = True  # clients' Authorization headers may be sent to it
+    source: str = "static"  # who added it: static, admin, or a discovery source's label
     auth_failures: int = 0  # answers 401/403 to this gateway's own calls (a wrong api_key)
     healthy: bool = True
     consecutive_failures: int = 0
@@ -184,11 +185,12 @@ class Fleet:
     def get(self, replica_id: str) -> ReplicaState | None:
         return self._replicas.get(replica_id)
 
-    def add(self, config: ReplicaConfig, forward_auth: bool = True,
+    def add(self, config: ReplicaConfig, forward_auth: bool = True, source: str = "static",
             slot: int | None = None) -> ReplicaState:
         """A new replica; ``forward_auth`` False: clients' ``Authorization`` headers are
-        not sent to it (one added at run time rather than configured). ``slot``: its cells
-        in the shared accounting (default: the next unused one)."""
+        not sent to it (one added at run time rather than configured). ``source``: who
+        added it (see ``gateway.membership``). ``slot``: its cells in the shared
+        accounting (default: the next unused one)."""
         if config.id in self._replicas:
             raise ValueError(f"replica {config.id!r} already exists")
         slot = self._next_slot if slot is None else slot
@@ -196,7 +198,7 @@ class Fleet:
             raise ValueError(f"no room for replica {config.id!r}: the workers' shared "
                              f"accounting has {self.shared.slots} slots, all used since start")
         self._next_slot = max(self._next_slot, slot + 1)
-        state = ReplicaState(config, self.window_s, forward_auth=forward_auth,
+        state = ReplicaState(config, self.window_s, forward_auth=forward_auth, source=source,
                              shared=self.shared, slot=slot)
         self._replicas[config.id] = state
         self._tell(ReplicaAdded(config.id))

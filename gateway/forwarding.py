@@ -10,6 +10,8 @@ again with the peer's address, so a replica's logs never show an address a clien
 
 from __future__ import annotations
 
+import uuid
+
 from starlette.requests import Request
 
 from gateway.networks import Networks
@@ -32,13 +34,31 @@ def upstream_headers(request: Request, trusted: Networks) -> dict[str, str]:
 
 
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/")
+REQUEST_ID_KEY = "kvgate.request_id"  # in the ASGI scope, once the request's id is chosen
 
 
-def request_id_of(headers: dict[str, str], made: str) -> str:
-    """The request's id: the client's ``X-Request-Id`` when it is a sane one (at most 128
-    characters of letters, digits and ``-_.:/``), else ``made``; set in ``headers`` (what
-    is forwarded) either way."""
+def _sane(given: str) -> bool:
+    """At most 128 characters of letters, digits and ``-_.:/``."""
+    return 0 < len(given) <= 128 and set(given) <= _ID_CHARS
+
+
+def request_id_of(request: Request, headers: dict[str, str], made: str) -> str:
+    """The request's id: the client's ``X-Request-Id`` when it is a sane one, else
+    ``made``; set in ``headers`` (what is forwarded) and kept in the request's scope (for
+    an error answered later) either way."""
     given = headers.get("x-request-id")
-    chosen = given if given and len(given) <= 128 and set(given) <= _ID_CHARS else made
+    chosen = given if given is not None and _sane(given) else made
     headers["x-request-id"] = chosen
+    request.scope[REQUEST_ID_KEY] = chosen
     return chosen
+
+
+def request_id_header(request: Request) -> dict[str, str]:
+    """The ``X-Request-Id`` header of an answer the gateway makes itself (an error, or a
+    route that goes to no replica): the id chosen for the request (the one its replicas
+    saw), else the client's when sane, else a new one."""
+    chosen = request.scope.get(REQUEST_ID_KEY)
+    if chosen is None:
+        given = request.headers.get("x-request-id")
+        chosen = given if given is not None and _sane(given) else f"gw-{uuid.uuid4().hex}"
+    return {"x-request-id": chosen}

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import gc
 import socket
+import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -27,8 +28,10 @@ from gateway.config import GatewayConfig, LimitsConfig
 
 
 def _close_with(transport: asyncio.Transport, status: bytes, reason: str) -> None:
+    """Answers ``status`` (with a new request id: the head was never read) and closes."""
     body = reason.encode()
     transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                    b"x-request-id: gw-" + uuid.uuid4().hex.encode() + b"\r\n"
                     b"content-length: " + str(len(body)).encode() +
                     b"\r\nconnection: close\r\n\r\n" + body)
     transport.close()

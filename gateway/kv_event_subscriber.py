@@ -130,6 +130,7 @@ class KVEventSubscriber:
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, 1)  # a discovered replica may have an IPv6 address
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         try:
             sock.connect(endpoint)
@@ -182,6 +183,7 @@ class KVEventSubscriber:
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, 1)
         applied = 0
         try:
             sock.connect(endpoint)

@@ -4,24 +4,27 @@ Counters and histograms are updated on the request path; per-replica gauges are 
 from the live ``Fleet`` at scrape time. Label children are created up front for the values
 known in advance (error kinds, rejection statuses, and per replica the policy's route
 reasons, retry and cut causes), so ``increase()`` sees a series' first increment; a
-replica's series go when it leaves the fleet.
+replica's series go when it leaves the fleet. Histograms of answers by model and route
+reason are ``gateway.answer_metrics``; ``process_*`` describe the gateway's process.
 
 With worker processes (prometheus-client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``
 set by ``gateway.workers``) ``exposed`` sums every worker's counters and histograms; the
-per-replica gauges are the box's already (``shared_load``).
+per-replica gauges are the box's already (``shared_load``); ``process_*`` are left out
+(one worker's would pass for the box's).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from gateway.answer_metrics import AnswerMetrics
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
 from policies.base import ReplicaRemoved
@@ -109,6 +112,49 @@ class _KVEventCollector(Collector):
             yield family
 
 
+class DiscoveryCounts(Protocol):
+    label: str
+    replicas: int
+    syncs: int
+    failures: int
+    relists: int
+    gone: int
+    last_sync: float | None
+
+
+class _DiscoveryCollector(Collector):
+    def __init__(self, sources: Sequence[DiscoveryCounts]) -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        replicas = GaugeMetricFamily("kvgate_discovery_replicas",
+                                     "Replicas in the last set a discovery source found",
+                                     labels=["source"])
+        last = GaugeMetricFamily("kvgate_discovery_last_sync_timestamp_seconds",
+                                 "When a discovery source last applied a set (Unix time)",
+                                 labels=["source"])
+        counters = [
+            (CounterMetricFamily("kvgate_discovery_syncs", "Sets a discovery source found "
+                                 "and applied", labels=["source"]), "syncs"),
+            (CounterMetricFamily("kvgate_discovery_failures", "Lookups, lists or watches "
+                                 "of a discovery source that failed (its last set stays)",
+                                 labels=["source"]), "failures"),
+            (CounterMetricFamily("kvgate_discovery_relists", "Full lists of a Kubernetes "
+                                 "discovery source", labels=["source"]), "relists"),
+            (CounterMetricFamily("kvgate_discovery_watch_gone", "Watches answered 410 Gone",
+                                 labels=["source"]), "gone"),
+        ]
+        for source in self.sources:
+            replicas.add_metric([source.label], source.replicas)
+            if source.last_sync is not None:
+                last.add_metric([source.label], source.last_sync)
+            for family, attr in counters:
+                family.add_metric([source.label], getattr(source, attr))
+        yield replicas
+        yield last
+        yield from (family for family, _ in counters)
+
+
 ERROR_KINDS = ("bad_request", "unauthorized", "not_found", "too_large", "body_timeout",
                "client_disconnect", "rate_limited", "unavailable", "no_replica", "upstream",
                "upstream_timeout", "untrusted_tenant", "admin_off", "internal")
@@ -145,6 +191,8 @@ class GatewayMetrics:
         self.retries = Counter("kvgate_retries", "Requests retried on the next replica",
                                ["replica", "cause"], registry=r)
         r.register(_FleetCollector(fleet))
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
+        self.answers = AnswerMetrics(r, fleet.models, reasons)
         self.exposed = r  # what GET /metrics serves
         multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if multiprocess_dir:
@@ -218,6 +266,10 @@ class GatewayMetrics:
 
     def first_byte(self, replica: str, seconds: float) -> None:
         self._child(self.upstream_ttfb, replica).observe(seconds)
+
+    def watch_discovery(self, sources: Sequence[DiscoveryCounts]) -> None:
+        """Export the counts of the discovery sources."""
+        self.registry.register(_DiscoveryCollector(sources))
 
     def watch_kv_events(self, source: KVEventCounts) -> None:
         """Export the counts of a KV event subscriber."""

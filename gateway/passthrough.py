@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -48,14 +49,17 @@ async def passthrough(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     assert gw.proxy is not None
     path = request.url.path
+    arrived = time.perf_counter()
+    trace = gw.tracing.start(request.headers, path)
     try:
         if gw.auth.on:
             gw.auth.tenant_of(request)
         slot = await gw.admission.enter()
     except OpenAIError as exc:
         gw.ended(ROUTE, str(exc.status))
+        trace.failed(exc)
         raise
-    with released_on_error(slot, lambda status: gw.ended(ROUTE, status)):
+    with released_on_error(slot, lambda status: gw.ended(ROUTE, status)), trace.guard():
         raw = await read_body(request, gw.config.max_body_bytes)
         model = json_object(raw).get("model")
         if not isinstance(model, str) or not model:
@@ -65,12 +69,16 @@ async def passthrough(request: Request) -> Response:
             raise NotFound(f"model {model!r} is not served by any replica", param="model",
                            code="model_not_found")
         forwarded = upstream_headers(request, gw.trusted_proxies)
-        request_id = request_id_of(forwarded, f"pass-{random.getrandbits(48):x}")
+        request_id = request_id_of(request, forwarded, f"pass-{random.getrandbits(48):x}")
+        trace.upstream(forwarded)
 
         def on_done(stream: UpstreamStream, ok: bool) -> None:
             slot.release()
+            trace.answered(stream)
             gw.ended(ROUTE, stream.outcome, stream.replica, request_id=request_id,
                      model=model, duration_s=stream.duration_s)
+            if ok:
+                gw.metrics.answers.relayed(model, ROUTE, stream, arrived)
 
         stream = await unless_disconnected(request, gw.proxy.open(
             least_busy(gw, model), path, raw, forwarded, lambda replica: 0,

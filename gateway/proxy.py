@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import aiohttp
 import orjson
@@ -119,6 +120,8 @@ class UpstreamStream:
         self._tail = first_chunk[-_SSE_TAIL:] if self.stream else b""
         self._body = [] if self.stream else [first_chunk]
         self._body_bytes = len(first_chunk)
+        self._events: int | None = None  # SSE events relayed, once count_events() asks
+        self.first_sent_at: float | None = None  # perf_counter when the client got a chunk
         self._closed = False
 
     @property
@@ -129,6 +132,7 @@ class UpstreamStream:
     def whole_body(self) -> bytes:
         """The body of a ``complete`` response; settles the accounting."""
         assert self.complete
+        self.first_sent_at = time.perf_counter()
         self.close(True)
         return self.first_chunk
 
@@ -136,6 +140,7 @@ class UpstreamStream:
         ok = False
         watch = IdleWatch(self.idle_s)
         try:
+            self.first_sent_at = time.perf_counter()
             if self.first_chunk:
                 yield self.first_chunk
             content = self.response.content
@@ -147,6 +152,8 @@ class UpstreamStream:
                     break
                 if self.stream:
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
+                    if self._events is not None:
+                        self._events += chunk.count(b"\n\n")
                 elif self._body_bytes < _USAGE_CAPTURE_LIMIT:
                     self._body.append(chunk)
                     self._body_bytes += len(chunk)
@@ -192,8 +199,8 @@ class UpstreamStream:
         self.fleet.done(self.pending)
         self.on_done(self, ok and self.status < 400)
 
-    def usage(self) -> tuple[int, int] | None:
-        """(prompt tokens, cached prompt tokens) from the body's ``usage``, if reported."""
+    def usage(self) -> Usage | None:
+        """The body's ``usage`` (a stream's last one), if it reports prompt tokens."""
         text = self._tail if self.stream else b"".join(self._body)
         if self.stream:
             idx = text.rfind(b'"usage"')
@@ -206,11 +213,36 @@ class UpstreamStream:
             usage = orjson.loads(text).get("usage") or {}
             prompt = usage.get("prompt_tokens")
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            completion = usage.get("completion_tokens")
         except (ValueError, AttributeError):
             return None
         if isinstance(prompt, int) and isinstance(cached, int):
-            return prompt, cached
+            return Usage(prompt, cached, completion if isinstance(completion, int) else None)
         return None
+
+    def count_events(self) -> None:
+        """Count the stream's server-sent events from now on (its first chunk included),
+        for ``content_chunks`` when the answer will carry no usage."""
+        self._events = self.first_chunk.count(b"\n\n")
+
+    def content_chunks(self) -> int | None:
+        """Events that carried content, once ``count_events`` counted them: all but
+        ``[DONE]`` and a chat stream's opening role-only chunk (one per token for vLLM and
+        kvgate's engine)."""
+        if self._events is None:
+            return None
+        n = self._events - self._tail.endswith(b"data: [DONE]\n\n")
+        if b'"role"' in self.first_chunk and b'"content":""' in self.first_chunk:
+            n -= 1
+        return max(0, n)
+
+
+class Usage(NamedTuple):
+    """What a replica reported in ``usage``, in its own tokens."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int | None
 
 
 class Proxy:

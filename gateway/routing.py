@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gateway.errors import NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.request_parse import ParsedRequest
+from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.openai_schema import BadRequest
 from kvwire.tokenizer import PromptTokenizer
@@ -72,39 +73,54 @@ class Router:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _render(self, parsed: ParsedRequest) -> str:
-        """The prompt text: the completion's prompt, or the chat rendered with its tools."""
+    @staticmethod
+    def _messages(parsed: ParsedRequest) -> list[dict[str, str]] | None:
+        """A chat's messages normalized once (media parts hashed into their placeholders),
+        so that rendering the whole chat and its head reads each part once."""
+        if parsed.messages is None or parsed.prompt_text is not None:
+            return None
+        try:
+            return normalize_messages(parsed.messages)
+        except ChatFormatError as exc:
+            raise BadRequest(str(exc), param=exc.param or "messages") from exc
+
+    def _render(self, parsed: ParsedRequest, messages: list[dict[str, str]] | None) -> str:
+        """The prompt text: the completion's prompt, or the chat (``messages``, from
+        ``_messages``) rendered with its tools."""
         if parsed.prompt_text is not None:
             return parsed.prompt_text
         try:
-            return self.tokenizer.render_chat(parsed.messages or [], tools=parsed.tools)
+            return self.tokenizer.render_chat(messages or [], tools=parsed.tools)
         except ChatFormatError as exc:
             raise BadRequest(str(exc), param="messages") from exc
 
-    def _tokenize(self, parsed: ParsedRequest, needed: int | None) -> _Tokens:
+    def _tokenize(self, parsed: ParsedRequest, needed: int | None, text: str | None = None,
+                  messages: list[dict[str, str]] | None = None) -> _Tokens:
+        """``text`` and ``messages``: the prompt already rendered, and its messages."""
         if parsed.prompt_ids is not None:
             ids = parsed.prompt_ids
             return _Tokens(ids if needed is None else ids[:needed], len(ids), None,
                            hash(tuple(ids)))
-        text = self._render(parsed)
+        if text is None:
+            messages = self._messages(parsed)
+            text = self._render(parsed, messages)
         anchor = None
-        head = self._head(parsed, text) if parsed.messages is not None else None
+        head = self._head(messages, text, parsed.tools) if messages is not None else None
         if head is not None:
             enc = self.tokenizer.encode_prefix(head, needed, parsed.cache_salt or "")
             anchor = enc.total_estimate if enc.complete else None
         enc = self.tokenizer.encode_prefix(text, needed, parsed.cache_salt or "")
         return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text))
 
-    def _head(self, parsed: ParsedRequest, text: str) -> str | None:
+    def _head(self, messages: list[dict[str, str]], text: str,
+              tools: list[Any] | None) -> str | None:
         """The rendered tools and messages up to the first user message, when the prompt
         starts with them (the part of a chat that every later turn repeats)."""
-        messages = parsed.messages or []
-        first_user = next((i for i, m in enumerate(messages)
-                           if isinstance(m, dict) and m.get("role") == "user"), None)
+        first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
         if first_user is None:
             return None
         head = self.tokenizer.render_chat(messages[: first_user + 1],
-                                          add_generation_prompt=False, tools=parsed.tools)
+                                          add_generation_prompt=False, tools=tools)
         if not text.startswith(head):
             return None  # a template that renders earlier messages differently later
         return head
@@ -121,9 +137,10 @@ class Router:
         """The leading token ids the policy asked for, and the prompt's chunk hashes when
         it asks for them (a chat is rendered once for both)."""
         if self.policy.chunk_chars > 0 and parsed.messages is not None:
-            text = self._render(parsed)
+            messages = self._messages(parsed)
+            text = self._render(parsed, messages)
             toks = _Tokens((), self.tokenizer.estimate_tokens(text), None, hash(text)) \
-                if needed == 0 else self._tokenize(parsed, needed)
+                if needed == 0 else self._tokenize(parsed, needed, text, messages)
             return self._chunked(parsed, toks, text)
         return self._chunked(parsed, self._quick(parsed, needed)
                              or self._tokenize(parsed, needed))
@@ -137,7 +154,8 @@ class Router:
         if needed == 0:
             if text is not None:
                 return _Tokens((), self.tokenizer.estimate_tokens(text), None, hash(text))
-            joined = "".join(m["content"] for m in normalize_messages(parsed.messages or []))
+            joined = "".join(m["content"] for m in normalize_messages(parsed.messages or [],
+                                                                      hash_media=False))
             return _Tokens((), self.tokenizer.estimate_tokens(joined), None, None)
         group = parsed.cache_salt or ""  # no memo hit crosses tenants
         if text is not None and (hit := self.tokenizer.remembered_prefix(text, needed or 0,
@@ -154,7 +172,7 @@ class Router:
         if parsed.prompt_ids is not None:
             return toks._replace(chunks=id_chunks(parsed.prompt_ids),
                                  chunk_tokens=float(IDS_PER_CHUNK))
-        text = self._render(parsed) if text is None else text
+        text = self._render(parsed, self._messages(parsed)) if text is None else text
         return toks._replace(chunks=text_chunks(text, chars),
                              chunk_tokens=chars / self.tokenizer.chars_per_token)
 
@@ -186,19 +204,25 @@ class Router:
         return self._request(parsed, tenant, toks, now)
 
     async def decide(self, parsed: ParsedRequest, tenant: str | None = None,
-                     allowed: Callable[[str], bool] | None = None) -> Routing:
+                     allowed: Callable[[str], bool] | None = None,
+                     trace: RequestTrace = NO_TRACE) -> Routing:
         """The policy's decision over the fleet's replicas for the model (only those
-        ``allowed``, when given: a tenant's partition)."""
+        ``allowed``, when given: a tenant's partition), traced in ``trace``."""
         started = time.perf_counter()
-        request = await self.route_request(parsed, tenant)
-        views = self.fleet.views(parsed.model)
-        if allowed is not None:
-            views = [v for v in views if allowed(v.id)]
-            if not views:
-                raise NoReplicaAvailable(f"no replica in the partition of tenant {tenant!r}")
-        try:
-            decision = self.policy.choose(request, views)
-        except NoReplicaError as exc:
-            raise NoReplicaAvailable(f"no healthy replica for model {parsed.model!r}: {exc}") \
-                from exc
+        with trace.tokenize():
+            request = await self.route_request(parsed, tenant)
+            trace.tokenized(request)
+        with trace.route():
+            views = self.fleet.views(parsed.model)
+            if allowed is not None:
+                views = [v for v in views if allowed(v.id)]
+                if not views:
+                    raise NoReplicaAvailable(
+                        f"no replica in the partition of tenant {tenant!r}")
+            try:
+                decision = self.policy.choose(request, views)
+            except NoReplicaError as exc:
+                raise NoReplicaAvailable(f"no healthy replica for model {parsed.model!r}: "
+                                         f"{exc}") from exc
+            trace.routed(decision)
         return Routing(request, decision, time.perf_counter() - started, views)

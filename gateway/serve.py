@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvgate serve: {exc}", file=sys.stderr)
         return 2
     print(f"kvgate serve: gateway on http://{config.host}:{config.port} "
-          f"(policy {gw.policy.name}, {len(config.replicas)} replicas)", file=sys.stderr)
+          f"(policy {gw.policy.name}, {len(config.replicas)} replicas"
+          + "".join(f", discovery {s.label}" for s in config.discovery) + ")",
+          file=sys.stderr)
     admin_app = None
     if config.admin.resolved_token():
         admin_app = create_admin_app(gw)

@@ -9,6 +9,7 @@ from typing import Any
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
 from gateway.box_feed import BoxFeed
+from gateway.capture import Capture
 from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.fleet import Fleet
@@ -20,6 +21,7 @@ from gateway.proxy import Proxy
 from gateway.routing import Router
 from gateway.shared_load import SharedLoad
 from gateway.tenancy import Tenancy
+from gateway.tracing import Tracing, build_tracing
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from policies.base import Policy, ReplicaRemoved, ReplicaReset
 from policies.registry import build_policy
@@ -37,6 +39,8 @@ class GatewayState:
     tenancy: Tenancy
     auth: ClientAuth
     access: AccessLog
+    tracing: Tracing
+    capture: Capture
     proxy: Proxy | None = None
     draining: bool = False  # a shutdown began: /ready answers 503
 
@@ -62,9 +66,10 @@ def policy_listener(policy: Policy) -> FleetListener:
 
 
 def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
-                policy: Policy | None = None, shared: SharedLoad | None = None
-                ) -> GatewayState:
-    """``shared``: the box's accounting, for a worker process (``gateway.workers``)."""
+                policy: Policy | None = None, tracing: Tracing | None = None,
+                shared: SharedLoad | None = None) -> GatewayState:
+    """``tracing``: where request traces go (default: as ``config.tracing`` says);
+    ``shared``: the box's accounting, for a worker process (``gateway.workers``)."""
     fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s, shared)
     policy = policy or build_policy(config.policy, where="policy")
     fleet.listen(policy_listener(policy))
@@ -74,4 +79,5 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     return GatewayState(config, fleet, policy, GatewayMetrics(fleet, policy.reasons), router,
                         Admission(config.limits), trusted,
                         Tenancy(config.tenancy, trusted), ClientAuth(config.auth.api_keys),
-                        AccessLog(config.access_log))
+                        AccessLog(config.access_log), tracing or build_tracing(config.tracing),
+                        Capture(config.capture, config.prefix_report))

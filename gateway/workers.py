@@ -12,7 +12,9 @@ without a shared accept queue.
   mode; a removed replica's series stay until restart, since the files outlive it); the
   per-replica gauges come from the shared accounting, the box's view.
 - Limits (``max_in_flight``, ``max_pending``, ``max_connections``) are the box's: each
-  worker takes its share, rounded up.
+  worker takes its share, rounded up. Each writes its own capture log (``path.w<i>``);
+  ``/admin/prefix-report`` shows worker 0's requests.
+- Discovery runs in worker 0 only; the others take membership from its snapshot.
 - A SIGTERM or SIGINT to the supervisor reaches every worker, which drains as a single
   gateway does (``ShutdownConfig``); a second stops them at once. Workers sit in their
   own process group (a terminal's Ctrl-C reaches them once, through the supervisor) and
@@ -58,10 +60,14 @@ class WorkerPlan:
     log_level: str
 
 
-def share_of(config: GatewayConfig, workers: int) -> GatewayConfig:
-    """``config`` with one worker's share of the box's limits."""
+def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConfig:
+    """``config`` for worker ``index``: its share of the box's limits, and a capture log
+    of its own (``path.w<index>``: two writers never share a file)."""
     limits = config.limits
-    return dataclasses.replace(config, limits=dataclasses.replace(
+    capture = config.capture
+    if capture.path and workers > 1:
+        capture = dataclasses.replace(capture, path=f"{capture.path}.w{index}")
+    return dataclasses.replace(config, capture=capture, limits=dataclasses.replace(
         limits, max_in_flight=math.ceil(limits.max_in_flight / workers),
         max_pending=math.ceil(limits.max_pending / workers),
         max_connections=math.ceil(limits.max_connections / workers)))
@@ -99,7 +105,7 @@ def worker_main(plan: WorkerPlan) -> None:
     from gateway.http_server import run_server
     from gateway.state import build_state
 
-    config = share_of(plan.config, plan.workers)
+    config = share_of(plan.config, plan.workers, plan.index)
     load = SharedLoad(shared_memory.SharedMemory(plan.load_block), plan.workers, plan.index,
                       plan.slots)
     feed = FeedBlock(shared_memory.SharedMemory(plan.feed_block))

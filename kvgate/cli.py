@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny-model": ("engine.model.tiny", "write a small random model for demos and tests"),
     "fleet": ("loadtests.cli_fleet", "start or stop a local simulated fleet"),
     "demo": ("loadtests.cli_demo", "run a short local comparison of routing policies"),
+    "audit": ("gateway.audit_cli", "find prompt layouts that defeat prefix caching in a "
+              "capture log"),
 }
 
 

@@ -10,7 +10,8 @@ Dependency rule (``tests/test_layers.py`` reads every import and enforces it)::
     gateway   -> policies -> kvwire
     engine    -> kvwire
     loadtests -> gateway, policies, engine, kvwire
-    kvgate    -> (the product's command line: loads the others' subcommands by name)
+    kvgate    -> kvwire (``kvgate.layout``, the prefix checks users import); its command
+                 line loads the others' subcommands by name
 
 kvwire imports none of the project's other packages; policies import neither gateway nor
 engine; engine imports neither gateway nor policies.

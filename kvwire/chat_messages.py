@@ -1,7 +1,10 @@
 """OpenAI chat messages and tools as a request carries them, checked and normalized.
 
 The gateway checks them when it parses a request, the engine when it validates one, and
-the tokenizer renders the normalized form; all three read this module.
+the tokenizer renders the normalized form; all three read this module. A message's
+content is a string or a list of parts: text parts are joined, and a media part (image,
+audio, video) is replaced in place by its content-derived placeholder
+(``kvwire.media_parts``).
 """
 
 from __future__ import annotations
@@ -9,9 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvwire.media_parts import TYPES as MEDIA_TYPES
+from kvwire.media_parts import MediaPartError, placeholder
+
 
 class ChatFormatError(ValueError):
-    """A chat message is malformed; the message names which one and why."""
+    """A chat message is malformed; the message names which one and why, ``param`` the
+    field when it is known more closely than ``messages``."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def check_tools(tools: Any) -> list[Any] | None:
@@ -24,15 +35,18 @@ def check_tools(tools: Any) -> list[Any] | None:
     return tools
 
 
-def normalize_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
-    """Check OpenAI chat messages; returns them as plain ``{role, content}`` dicts."""
-    normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
+def normalize_messages(messages: Sequence[Any], hash_media: bool = True
+                       ) -> list[dict[str, str]]:
+    """Check OpenAI chat messages; returns them as plain ``{role, content}`` dicts. With
+    ``hash_media`` False, media parts are checked but not hashed: their placeholders have
+    the right length and a zero digest (for validation and length estimates)."""
+    normalized = [_normalize_message(m, i, hash_media) for i, m in enumerate(messages)]
     if not normalized:
         raise ChatFormatError("messages must contain at least one message")
     return normalized
 
 
-def _normalize_message(message: Any, index: int) -> dict[str, str]:
+def _normalize_message(message: Any, index: int, hash_media: bool) -> dict[str, str]:
     if not isinstance(message, Mapping):
         raise ChatFormatError(f"messages[{index}] must be an object, got {message!r:.60}")
     role = message.get("role")
@@ -41,14 +55,23 @@ def _normalize_message(message: Any, index: int) -> dict[str, str]:
     content = message.get("content", "")
     if content is None:
         content = ""
-    if isinstance(content, list):  # content parts: keep the text ones, in order
+    if isinstance(content, list):  # content parts, in order: text, or media placeholders
         texts = []
         for j, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "text":
+                texts.append(str(part.get("text", "")))
+                continue
+            where = f"messages[{index}].content[{j}]"
+            if isinstance(kind, str) and kind in MEDIA_TYPES:
+                try:
+                    texts.append(placeholder(part, where, hash_media))
+                except MediaPartError as exc:
+                    raise ChatFormatError(str(exc), param=exc.field) from None
+            else:
                 raise ChatFormatError(
-                    f"messages[{index}].content[{j}] must be a text part "
-                    f"({{'type': 'text', 'text': ...}})")
-            texts.append(str(part.get("text", "")))
+                    f"{where} must be a text, image_url, input_audio or video_url part "
+                    f"({{'type': 'text', 'text': ...}}), got type {kind!r:.40}", param=where)
         content = "".join(texts)
     if not isinstance(content, str):
         raise ChatFormatError(f"messages[{index}].content must be a string or a list of parts")

@@ -2,7 +2,8 @@
 
 The engine exposes vLLM's names (so dashboards and alerts work against vLLM and kvgate
 alike) plus kvgate's queue gauge; the scraper also reads the older vLLM spellings and
-SGLang's dialect. Counters are exposed with a ``_total`` suffix.
+SGLang's dialect. Counters are exposed with a ``_total`` suffix; vLLM labels every series
+``model_name`` and ``engine`` (one sample per data-parallel rank).
 """
 
 from __future__ import annotations
@@ -19,8 +20,21 @@ NUM_PREEMPTIONS = "vllm:num_preemptions"
 TTFT = "vllm:time_to_first_token_seconds"
 E2E_LATENCY = "vllm:e2e_request_latency_seconds"
 QUEUE_TIME = "vllm:request_queue_time_seconds"
-CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, num_gpu_blocks
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
+REQUEST_PREFILL_TIME = "vllm:request_prefill_time_seconds"
+REQUEST_DECODE_TIME = "vllm:request_decode_time_seconds"
+REQUEST_INFERENCE_TIME = "vllm:request_inference_time_seconds"
+ITERATION_TOKENS = "vllm:iteration_tokens_total"  # a histogram, as in vLLM v1
+REQUEST_SUCCESS = "vllm:request_success"  # label: finished_reason
+CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, num_gpu_blocks, engine
 PROMPT_TOKENS_WAITING = "kvgate:num_prompt_tokens_waiting"
+
+# every series above carries these labels: the served model, the data-parallel rank
+MODEL_NAME_LABEL = "model_name"
+ENGINE_LABEL = "engine"
+FINISHED_REASONS = ("stop", "length", "abort")
 
 TOTAL = "_total"
 

@@ -181,9 +181,9 @@ def parse_fields(body: Any, *, chat: bool) -> RequestFields:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array", param="messages")
     try:
-        normalize_messages(messages)
+        normalize_messages(messages, hash_media=False)  # checked here, hashed when rendered
     except ChatFormatError as exc:
-        raise BadRequest(str(exc), param="messages") from exc
+        raise BadRequest(str(exc), param=exc.param or "messages") from exc
     try:
         tools = check_tools(body.get("tools"))
     except ChatFormatError as exc:

@@ -4,14 +4,15 @@ cancelled when its client leaves, and every exception mapped to one OpenAI error
 Both servers (the gateway and the engine) build their Starlette apps with
 :meth:`ErrorBoundary.handlers` and read bodies with :func:`read_body`, so a client sees the
 same limits and the same ``{"error": {...}}`` shape from either. ``ErrorBoundary`` counts
-every error it answers through the ``count`` callback, by the error's ``kind``.
+every error it answers through the ``count`` callback, by the error's ``kind``, and adds
+the headers ``tag`` gives (the gateway's ``X-Request-Id``) to every error answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from starlette.exceptions import HTTPException
@@ -87,8 +88,10 @@ class ErrorBoundary:
     An exception that is no :class:`OpenAIError` is a bug: logged with its traceback and
     answered as ``internal_error``."""
 
-    def __init__(self, count: Callable[[str], None] | None = None) -> None:
+    def __init__(self, count: Callable[[str], None] | None = None,
+                 tag: Callable[[Request], Mapping[str, str]] | None = None) -> None:
         self.count = count
+        self.tag = tag  # headers every error answer gets (the gateway's request id)
 
     def error(self, request: Request, exc: BaseException) -> OpenAIError:
         if isinstance(exc, OpenAIError):
@@ -109,7 +112,8 @@ class ErrorBoundary:
         err = self.error(request, exc)
         if self.count is not None:
             self.count(err.kind)
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        headers = err.headers if self.tag is None else {**err.headers, **self.tag(request)}
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
     async def handle(self, request: Request, exc: Exception) -> Response:
         return self.response(request, exc)

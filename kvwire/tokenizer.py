@@ -82,6 +82,12 @@ class PromptTokenizer:
             return self.encode(text)
         return list(fast([text], add_special_tokens=False)[0].ids)
 
+    def encode_with_ends(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """For each text, its ids and, for each id, the character offset where its text
+        ends (encoded in parallel by the library's own threads)."""
+        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [(list(enc.ids), [end for _, end in enc.offsets]) for enc in encs]
+
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
 

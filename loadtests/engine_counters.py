@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import metrics as names
+from kvwire import metric_names as names
 
 COUNTERS = {
     "queries": names.PREFIX_CACHE_QUERIES,

@@ -1,11 +1,11 @@
 """A gateway-side model of what one replica's prefix cache probably holds.
 
 The replica is not asked: the model replays what this gateway sent it into an LRU of the
-replica's capacity, the way vLLM's and SGLang's prefix caches evict. Entries are chained
-keys of a prompt's blocks (see ``prompt_chain``), each with a size in tokens::
+replica's capacity, the way vLLM's and SGLang's prefix caches evict. Entries are the keys
+of the prefixes ending at a prompt's blocks (``PromptChain``), each with a size in tokens::
 
-    prompt units: [0, B) [B, 2B) ... [(n-1)B, n)
-    entries:      key_1  key_2   ... key_m          key_i = H(key_{i-1}, block i)
+    prompt units: [0, B) [B, 2B) ... [(m-1)B, n)
+    entries:      key_0  key_1   ... key_{m-1}      key_i = H(root, units[0 : (i+1)B])
 
 A prompt's entries are admitted tail first, so the head is the most recently used: as in
 vLLM, whose freed blocks go to the eviction queue tail first, a shared head (a system
@@ -20,8 +20,8 @@ Not thread-safe; one owner (the policy) drives it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple, overload
 
 
 class ChainEntry(NamedTuple):
@@ -68,32 +68,57 @@ class ReplicaCacheModel:
         prefix of it (an entry is never older than one after it in a chain): the held
         length is found by bisection, O(log n) lookups."""
         entries = self._entries
+        key_at = chain.key if isinstance(chain, PromptChain) else lambda i: chain[i].key
         lo, hi = 0, len(chain)  # chain[:lo] held, chain[hi:] not
         while lo < hi:
             mid = (lo + hi) // 2
-            if chain[mid].key in entries:
+            if key_at(mid) in entries:
                 lo = mid + 1
             else:
                 hi = mid
         if lo == 0:
             return 0
-        matched = before[lo - 1] if before is not None else sum(e.tokens for e in chain[: lo - 1])
         last = chain[lo - 1]
+        if before is not None:
+            matched = before[lo - 1]
+        elif isinstance(chain, PromptChain):
+            matched = chain.tokens_before(lo - 1)
+        else:
+            matched = sum(e.tokens for e in chain[: lo - 1])
         return matched + min(last.tokens, entries[last.key][0])
 
-    def victims(self, new_tokens: int, keep: frozenset[int] = frozenset()) -> Iterator[Victim]:
+    def victims(self, new_tokens: int, keep_owner: int | None = None) -> Iterator[Victim]:
         """The entries that admitting ``new_tokens`` more would evict, oldest first
-        (entries in ``keep``, the admission's own, are passed over)."""
+        (entries owned by ``keep_owner``, the admission's own prefix key, are passed over:
+        the admission touches them before anything is evicted)."""
         excess = self.used + new_tokens - self.capacity
         if excess <= 0:
             return
         for key, (tokens, owner) in self._entries.items():
-            if key in keep:
+            if owner == keep_owner:
                 continue
             yield Victim(key, tokens, owner)
             excess -= tokens
             if excess <= 0:
                 return
+
+    def evicted_tokens(self, new_tokens: int, keep_owner: int | None,
+                       counts: Callable[[int], bool]) -> int:
+        """Tokens of the ``victims(new_tokens, keep_owner)`` whose owner ``counts``, summed
+        without building them (a decision asks this of every candidate it scores)."""
+        excess = self.used + new_tokens - self.capacity
+        total = 0
+        if excess <= 0:
+            return 0
+        for tokens, owner in self._entries.values():
+            if owner == keep_owner:
+                continue
+            if counts(owner):
+                total += tokens
+            excess -= tokens
+            if excess <= 0:
+                break
+        return total
 
     def admit(self, chain: Sequence[ChainEntry], owner: int) -> list[Victim]:
         """Touch or insert the chain's entries (tail first), then evict LRU entries until
@@ -157,23 +182,61 @@ def chain_tokens(chain: Sequence[ChainEntry]) -> list[int]:
 
 def prompt_chain(units: memoryview | bytes, block: int, unit_tokens: float,
                  root: int) -> list[ChainEntry]:
-    """The chain entries of a prompt given as unit hashes in u32 bytes (``token_bytes``),
-    ``unit_tokens`` tokens each, in blocks of ``block`` units::
+    """Every entry of the ``PromptChain`` of a prompt given as unit hashes in u32 bytes
+    (``token_bytes``), ``unit_tokens`` tokens each, in blocks of ``block`` units."""
+    return list(PromptChain(units, block, unit_tokens, root))
 
-        key_i = H(key_{i-1}, units[(i-1)B : iB])        key_0 = root (model, cache salt)
+class PromptChain(Sequence[ChainEntry]):
+    """A prompt's chain entries, each key hashed on first use: ``match`` bisects, so a
+    decision reads O(log n) keys of a chain it does not admit. Entry ``i`` covers units
+    ``[iB, (i+1)B)`` and its key is a hash of every unit before its end::
 
-    The last block may be shorter; an entry's size is its units x ``unit_tokens``. H is
-    Python's hash of (key, block bytes): keys live only in this process's models, and it
-    costs ~1/10 of a digest per block.
+        key_i = H(root, units[0 : (i+1)B])        root: model and cache salt
+
+    which, like a chain of block hashes, names the whole prefix (H is Python's hash of a
+    tuple: keys live only in this process's models). Entries hold ``block x unit_tokens``
+    tokens; the last may hold fewer.
     """
-    out: list[ChainEntry] = []
-    prev = root
-    data = bytes(units)
-    step = 4 * block
-    full = max(1, round(block * unit_tokens))
-    for start in range(0, len(data), step):
-        piece = data[start : start + step]
-        prev = hash((prev, piece))
-        size = full if len(piece) == step else max(1, round(len(piece) // 4 * unit_tokens))
-        out.append(ChainEntry(prev, size))
-    return out
+
+    __slots__ = ("_data", "_full", "_keys", "_last", "_n", "_root", "_step")
+
+    def __init__(self, units: memoryview | bytes, block: int, unit_tokens: float,
+                 root: int) -> None:
+        self._data = data = bytes(units)
+        self._step = step = 4 * block
+        self._root = root
+        self._n = n = -(-len(data) // step)
+        self._full = max(1, round(block * unit_tokens))
+        tail = len(data) - (n - 1) * step
+        self._last = self._full if tail == step else max(1, round(tail // 4 * unit_tokens))
+        self._keys: list[int | None] = [None] * n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def key(self, i: int) -> int:
+        key = self._keys[i]
+        if key is None:
+            key = self._keys[i] = hash((self._root, self._data[: (i + 1) * self._step]))
+        return key
+
+    def size(self, i: int) -> int:
+        """Tokens of entry ``i`` (``0 <= i < len``)."""
+        return self._last if i == self._n - 1 else self._full
+
+    def tokens_before(self, i: int) -> int:
+        """Tokens of entries ``[0, i)``, for ``0 <= i <= len``."""
+        return i * self._full if i < self._n else (self._n - 1) * self._full + self._last
+
+    @overload
+    def __getitem__(self, i: int) -> ChainEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ChainEntry]: ...
+    def __getitem__(self, i: int | slice) -> ChainEntry | list[ChainEntry]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"chain entry {i} of {self._n}")
+        return ChainEntry(self.key(i), self.size(i))

@@ -24,12 +24,37 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _by_type_tag(args: tuple[Any, ...]) -> dict[Any, Any]:
+    """{tag: dataclass} when every non-None member of a union is a dataclass whose
+    ``type`` field is a one-value ``Literal``; else empty."""
+    tagged: dict[Any, Any] = {}
+    for arg in args:
+        if arg is type(None):
+            continue
+        if not dataclasses.is_dataclass(arg):
+            return {}
+        hint = typing.get_type_hints(arg).get("type")
+        if get_origin(hint) is not typing.Literal or len(get_args(hint)) != 1:
+            return {}
+        tagged[get_args(hint)[0]] = arg
+    return tagged
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        tagged = _by_type_tag(args)
+        if tagged:  # a union of dataclasses told apart by their ``type`` key
+            if not isinstance(value, Mapping) or "type" not in value:
+                raise ConfigError(f"{where}: expected a mapping with a 'type' key (one of "
+                                  f"{', '.join(map(repr, tagged))}), got {value!r}")
+            if value["type"] not in tagged:
+                raise ConfigError(f"{where}.type: {value['type']!r} is not one of "
+                                  f"{', '.join(map(repr, tagged))}")
+            return from_mapping(tagged[value["type"]], value, where)
         errors = []
         for arg in args:
             if arg is type(None):

@@ -27,12 +27,14 @@ is stable and every gateway copy agrees on it; ``S`` is the rare prefixes' prefi
 (in replicas) over ``scratch_utilization``, between ``min_scratch`` and
 ``max_scratch_fraction`` of the fleet.
 
-Candidates: the replicas the model says hold part of the prompt; for a hot key its first
-non-scratch replicas on the ring (every gateway copy agrees on them): one, or as many as
-its share of the requests needs (share x replicas x ``hot_spread``: an app's system
-prompt), and once those wait more than ``spill_wait`` prefills of this prompt, up to
-``homes`` of them and the least loaded replicas; for a rare key the scratch set and the
-least loaded replica. For each, in seconds, with ``t`` the pace over the replica's
+Candidates: the replicas the model says hold part of the prompt; for a hot key its homes:
+the first is placed by ``placement`` (the first non-scratch replica on the ring walked from
+the key whose cache still has room for the hot keys placed there, or else is within a fair
+share of them: ring hashing alone overfills some LRU caches and underfills others), the
+next ones follow on the ring; one home, or as many as the key's share of the requests
+needs (share x replicas x ``hot_spread``: an app's system prompt), and once those wait more
+than ``spill_wait`` prefills of this prompt, up to ``homes`` of them and the least loaded
+replicas; for a rare key the scratch set and the least loaded replica. For each, in seconds, with ``t`` the pace over the replica's
 weight::
 
     wait     = queued tokens x t, less the part of the oldest queued request the replica
@@ -74,20 +76,21 @@ from policies.base import (
 )
 from policies.cache_model import (
     ChainEntry,
+    PromptChain,
     ReplicaCacheModel,
     Victim,
-    chain_tokens,
-    prompt_chain,
 )
 from policies.common_prefix import check_settings, learner_for
 from policies.frequency import FrequencySketch
 from policies.pace import DecayedRate, PrefillPace
+from policies.placement import HotPlacement
 from policies.prefix_affinity import request_namespace
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
 from policies.ring import RingCache, stable_hash, token_bytes, walk
 from policies.slots import DecodeSlots
 
 _SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
+_REFRESH_S = 0.25  # arrival seconds between reads of the views' slowly changing gauges
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +113,11 @@ class CostConfig:
     max_scratch_fraction: float = 0.5
     scratch_utilization: float = 0.6
     load_window_s: float = 60.0
-    eviction_weight: float = 0.5
+    eviction_weight: float = 0.75
     scratch_loss: float = 0.5
     slot_weight: float = 0.75
+    placement_slack: float | None = 0.05
+    placement_fill: float = 0.9
     prefill_s_per_token: float = 1e-4
     capacity_fraction: float = 1.0
     default_capacity_tokens: int = 200_000
@@ -142,6 +147,10 @@ class CostConfig:
         for key in ("eviction_weight", "scratch_loss", "slot_weight"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
+        if self.placement_slack is not None and not self.placement_slack >= 0:
+            raise ValueError(f"placement_slack must be >= 0 or null, got {self.placement_slack!r}")
+        if not 0.0 < self.placement_fill <= 1.0:
+            raise ValueError(f"placement_fill must be in (0, 1], got {self.placement_fill!r}")
         if not 0.0 < self.capacity_fraction <= 1.0:
             raise ValueError(
                 f"capacity_fraction must be in (0, 1], got {self.capacity_fraction!r}")
@@ -156,9 +165,7 @@ class _Prepared(NamedTuple):
 
     key: int
     units: memoryview  # the prompt's chunk hashes as u32 bytes (at most max_chunks)
-    chain: list[ChainEntry]
-    before: list[int]  # tokens of chain[:i]
-    chain_keys: frozenset[int]
+    chain: PromptChain
     seen: int  # the key's decayed count before this request
 
 
@@ -193,6 +200,11 @@ class Cost(Policy):
         self._routed = 0
         self._memo: tuple[RouteRequest, _Prepared] | None = None
         self._learner = learner_for(cfg)
+        # the last views a hot key was placed over: (replicas, healthy, scratch indexes)
+        self._eligible: tuple[Sequence[ReplicaView], list[bool], set[int]] = ((), [], set())
+        self._refreshed: tuple[float, int] | None = None  # (arrival, healthy count)
+        self._index: tuple[tuple[str, ...], dict[str, int]] = ((), {})
+        self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
 
     # -- what a request is --------------------------------------------------------------
     @property
@@ -234,11 +246,9 @@ class Cost(Policy):
         chunks, unit = self._units(request)
         units = token_bytes(chunks)
         key = self._key(request, units)
-        chain = prompt_chain(units, self.config.block_chunks, unit,
-                             stable_hash(request_namespace(request)))
-        prepared = _Prepared(key, units, chain, chain_tokens(chain),
-                             frozenset(e.key for e in chain),
-                             self._sketch.estimate(key))
+        chain = PromptChain(units, self.config.block_chunks, unit,
+                            stable_hash(request_namespace(request)))
+        prepared = _Prepared(key, units, chain, self._sketch.estimate(key))
         self._memo = (request, prepared)
         return prepared
 
@@ -249,13 +259,10 @@ class Cost(Policy):
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         cfg = self.config
         ok = healthy(replicas)
-        for r in ok:
-            self._facts[r.id] = (r.epoch, r.kv_capacity_tokens)
-        self._slots.saw_all(ok)
-        rates = [r.prefill_tokens_per_s for r in ok]
-        self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
+        self._refresh(ok, request.arrival_s)
         ids = [r.id for r in replicas]
         ring, owners = self._rings.layout(ids, [r.weight for r in replicas])
+        index = self._index_of(ids)
         up = [r.healthy for r in replicas]
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
@@ -268,7 +275,7 @@ class Cost(Policy):
 
         # candidates, in the order ties are broken by
         candidates: dict[int, None] = {}
-        matched = self._matches(prep, replicas, up, p)
+        matched = self._matches(prep, replicas, index, up, p)
         homes: list[int] = []
         if hot:
             eligible = len(ok) - len(scratch)
@@ -276,17 +283,22 @@ class Cost(Policy):
             # system prompt) gets as many homes as its share needs
             share = prep.seen / self._sketch.total if self._sketch.total > 0 else 0.0
             spread = max(1, min(eligible, math.ceil(share * eligible * cfg.hot_spread)))
+            first = self._home(prep, p, replicas, index, points, owners, distinct, up,
+                               in_scratch)
+            if first is not None:
+                homes.append(first)
             for i in walk(points, owners, distinct, prep.key):
-                if up[i] and i not in in_scratch:
+                if len(homes) >= max(cfg.homes, spread):
+                    break
+                if up[i] and i not in in_scratch and i != first:
                     homes.append(i)
-                    if len(homes) == max(cfg.homes, spread):
-                        break
             # the first homes, which every gateway copy agrees on; the others, and the
             # least loaded, only once those are a whole prefill behind
             firsts = homes[:spread]
             busy = not firsts or min(self._wait(replicas[i], pace) for i in firsts) \
                 > cfg.spill_wait * p * pace
             candidates.update(dict.fromkeys(homes if busy else firsts))
+            self._eligible = (replicas, up, in_scratch)
         else:
             busy = True
             candidates.update(dict.fromkeys(scratch))
@@ -321,7 +333,7 @@ class Cost(Policy):
                 m = matched.get(i, 0)
                 churn = p - m if hot else round((p - m) * self._fleet_scale())
                 evict = cfg.eviction_weight * pace * self._hot_victims(
-                    replicas[i].id, churn, prep.chain_keys, hot_memo)
+                    replicas[i].id, churn, prep.key, hot_memo)
             total = bound + evict
             best_total = min(best_total, total)
             terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
@@ -342,6 +354,55 @@ class Cost(Policy):
                        for total, _, i, terms in scored)
         return Decision(tuple(ids[i] for i in ranked_idx), reason, matched.get(best, 0),
                         scores)
+
+    def _refresh(self, ok: list[ReplicaView], now: float | None) -> None:
+        """Take the replicas' epochs, capacities, slot gauges and prefill rates from the
+        views: at most every ``_REFRESH_S`` of arrival time (they change with scrapes, a
+        second or more apart), and whenever the healthy count changes."""
+        last = self._refreshed
+        if now is not None and last is not None and last[1] == len(ok) \
+                and 0.0 <= now - last[0] < _REFRESH_S:
+            return
+        self._refreshed = None if now is None else (now, len(ok))
+        facts = self._facts
+        for r in ok:
+            facts[r.id] = (r.epoch, r.kv_capacity_tokens)
+        self._slots.saw_all(ok)
+        rates = [r.prefill_tokens_per_s for r in ok]
+        self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
+
+    def _index_of(self, ids: list[str]) -> dict[str, int]:
+        """Position of each id in ``ids`` (kept for the last order seen)."""
+        order = tuple(ids)
+        if self._index[0] != order:
+            self._index = (order, {rid: i for i, rid in enumerate(order)})
+        return self._index[1]
+
+    def _home(self, prep: _Prepared, p: int, replicas: Sequence[ReplicaView],
+              index: dict[str, int], points: list[int], owners: list[int], distinct: int,
+              up: list[bool], in_scratch: set[int]) -> int | None:
+        """Index of a hot key's first home: its placement (``placement``), bounded by
+        what each replica's cache holds and by a fair share of the hot keys."""
+        if self.config.placement_slack is None:
+            for i in walk(points, owners, distinct, prep.key):
+                if up[i] and i not in in_scratch:
+                    return i
+            return None
+        placed = self._placement.home_of(prep.key)
+        if placed is not None:
+            i = index.get(placed, -1)
+            if i >= 0 and up[i] and i not in in_scratch:
+                return i
+        order = (replicas[i].id for i in walk(points, owners, distinct, prep.key)
+                 if up[i] and i not in in_scratch)
+        home = self._placement.place(prep.key, p, order, self._room)
+        return None if home is None else index[home]
+
+    def _room(self, replica: str) -> int:
+        """Tokens of hot prefixes ``replica``'s cache is taken to hold."""
+        cfg = self.config
+        capacity = self._facts.get(replica, (0, None))[1] or cfg.default_capacity_tokens
+        return int(capacity * cfg.capacity_fraction * cfg.placement_fill)
 
     def _scratch(self, points: list[int], owners: list[int], distinct: int, up: list[bool],
                  healthy_count: int) -> list[int]:
@@ -379,8 +440,8 @@ class Cost(Policy):
         in_flight = max(r.in_flight, r.running + r.waiting)
         return self.config.slot_weight * self._slots.wait_s(r.id, in_flight)
 
-    def _matches(self, prep: _Prepared, replicas: Sequence[ReplicaView], up: list[bool],
-                 p: int) -> dict[int, int]:
+    def _matches(self, prep: _Prepared, replicas: Sequence[ReplicaView],
+                 index: dict[str, int], up: list[bool], p: int) -> dict[int, int]:
         """Predicted cached tokens per replica index (only those holding the first entry)."""
         out: dict[int, int] = {}
         if not prep.chain:
@@ -389,16 +450,20 @@ class Cost(Policy):
         if not holders:
             return out
         models = self._models
-        for i, r in enumerate(replicas):
-            if r.id in holders and up[i]:
-                held = models[r.id]
-                if held.epoch == r.epoch:
-                    out[i] = min(held.model.match(prep.chain, prep.before), p - 1)
-        return out
+        for rid in holders:
+            i = index.get(rid)
+            if i is not None and up[i]:
+                held = models[rid]
+                if held.epoch == replicas[i].epoch:
+                    out[i] = min(held.model.match(prep.chain), p - 1)
+        return dict(sorted(out.items()))  # in the fleet's order: ties break the same way
 
     def _loads(self, replicas: Sequence[ReplicaView], up: list[bool]
                ) -> list[tuple[float, float]]:
         """Per replica: the wait for a decode slot, then the queue per unit of weight."""
+        if self.config.slot_weight <= 0 or not self._slots.known:
+            return [(0.0, r.queued_tokens / r.weight if r.weight > 0 else math.inf)
+                    for r in replicas]
         return [(self._slot_wait(r) if up[i] else 0.0,
                  r.queued_tokens / r.weight if r.weight > 0 else math.inf)
                 for i, r in enumerate(replicas)]
@@ -415,20 +480,19 @@ class Cost(Policy):
             return next(i for i, u in enumerate(up) if u)
         return best
 
-    def _hot_victims(self, replica: str, new_tokens: int, keep: frozenset[int],
+    def _hot_victims(self, replica: str, new_tokens: int, keep_owner: int,
                      memo: dict[int, bool]) -> int:
         """Tokens of hot prefixes that admitting ``new_tokens`` would evict there."""
         held = self._models.get(replica)
         if held is None:
             return 0
-        total = 0
-        for victim in held.model.victims(new_tokens, keep):
-            hot = memo.get(victim.owner)
-            if hot is None:
-                hot = memo[victim.owner] = self._hot(self._sketch.estimate(victim.owner))
-            if hot:
-                total += victim.tokens
-        return total
+        def hot(owner: int) -> bool:
+            is_hot = memo.get(owner)
+            if is_hot is None:
+                is_hot = memo[owner] = self._hot(self._sketch.estimate(owner))
+            return is_hot
+
+        return held.model.evicted_tokens(new_tokens, keep_owner, hot)
 
     # -- what happened ----------------------------------------------------------------------
     def observe(self, event: RouteEvent) -> None:
@@ -450,6 +514,7 @@ class Cost(Policy):
             self._forget_heads(event.replica)
             self._facts.pop(event.replica, None)
             self._slots.forget(event.replica)
+            self._placement.forget_replica(event.replica)
         elif isinstance(event, ReplicaReset):
             held = self._models.get(event.replica)
             if held is not None:
@@ -486,8 +551,8 @@ class Cost(Policy):
         prep = self._prepare(request)
         self._memo = None  # the counts below change what _prepare would say
         model = self._model(replica)
-        uncached = max(0, request.prompt_tokens - model.match(prep.chain, prep.before))
-        chain = prep.chain
+        uncached = max(0, request.prompt_tokens - model.match(prep.chain))
+        chain: Sequence[ChainEntry] = prep.chain
         if not self._hot(prep.seen):
             # a rare prefix stands for the rare prefixes other gateway copies send there
             # too (hot ones every copy sends, and models, itself)
@@ -513,6 +578,11 @@ class Cost(Policy):
         if self._routed % 256 == 0:
             fleet_tokens = sum(h.model.capacity for h in self._models.values())
             self._sketch.window = self._window(fleet_tokens)
+        if self._routed % self._sketch.window == 0:
+            self._placement.prune(lambda key: self._hot(self._sketch.estimate(key)))
+            replicas, up, in_scratch = self._eligible
+            self._placement.rebalance([r.id for i, r in enumerate(replicas)
+                                       if up[i] and i not in in_scratch], self._room)
 
     def _fleet_scale(self) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters
@@ -568,6 +638,7 @@ class Cost(Policy):
     def check_integrity(self) -> None:
         for held in self._models.values():
             held.model.check_integrity()
+        self._placement.check_integrity()
         for key, holders in self._heads.items():
             for replica in holders:
                 owner = self._models.get(replica)

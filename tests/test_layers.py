@@ -16,7 +16,7 @@ ALLOWED = {
     "policies": {"policies", "kvwire"},
     "gateway": {"gateway", "policies", "kvwire"},
     "loadtests": {"loadtests", "gateway", "policies", "engine", "kvwire"},
-    "kvgate": {"kvgate"},
+    "kvgate": {"kvgate", "kvwire"},
 }
 
 

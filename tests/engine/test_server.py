@@ -180,7 +180,8 @@ def test_metrics_match_a_scripted_run(fresh: Running) -> None:
     assert m["kvgate:num_prompt_tokens_waiting"] == 0
     assert m["vllm:kv_cache_usage_perc"] == 0
     text = fresh.http.get("/metrics").text
-    assert 'vllm:cache_config_info{block_size="4",num_gpu_blocks="256"} 1.0' in text
+    assert 'vllm:cache_config_info{block_size="4",engine="0",num_gpu_blocks="256"} 1.0' \
+        in text
 
 
 def test_client_disconnect_aborts_the_request(fresh: Running) -> None:

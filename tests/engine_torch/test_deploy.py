@@ -63,7 +63,8 @@ def test_compose_services_and_paths_exist() -> None:
             assert dep in services, f"{name} depends on unknown service {dep}"
 
 
-def test_gateway_config_lists_the_engine_services() -> None:
+def test_gateway_config_lists_the_engine_services(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "")  # compose passes it, empty by default
     services = _compose()["services"]
     mount = next(v for v in services["gateway"]["volumes"] if "gateway.yaml" in v)
     config = load_config(DEPLOY / mount.split(":")[0])

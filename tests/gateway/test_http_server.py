@@ -54,6 +54,7 @@ def exchange(port: int, data: bytes, wait: float = 3.0) -> bytes:
 def test_a_huge_request_head_gets_431(port: int) -> None:
     answer = exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000)
     assert answer.startswith(b"HTTP/1.1 431")
+    assert b"\r\nx-request-id: gw-" in answer.split(b"\r\n\r\n")[0]  # a new one: no head
 
 
 def test_a_head_that_never_ends_gets_408(port: int) -> None:

@@ -1,0 +1,128 @@
+"""The capture log's writer: JSONL appended from a task of its own, off the event loop.
+
+Records wait in a bounded queue (``offer`` never blocks: past the bound a record is
+dropped and counted); the writer task takes what is waiting, serializes and appends it in a
+worker thread, one batch at a time. Size: when the file would pass half of ``max_bytes``
+it is renamed to ``PATH.1`` (replacing the previous one) and a new file is begun, so the
+two together stay under ``max_bytes`` and the newest traffic is always kept. A record
+larger than half of ``max_bytes`` is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.capture import CaptureRecord
+
+log = logging.getLogger("kvgate.capture")
+_BATCH = 256  # records written per worker-thread call
+
+
+class CaptureLog:
+    def __init__(self, path: str, max_bytes: int, queue: int) -> None:
+        self.path = Path(path)
+        self.max_file_bytes = max_bytes // 2
+        self.queue_size = queue
+        self.written = 0  # records appended
+        self.dropped_full = 0  # records lost to a full queue (counted on the event loop)
+        self.dropped_large = 0  # ... too large, or unwritable (counted by the writer)
+        self.rotations = 0
+        self._queue: asyncio.Queue[CaptureRecord | None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._file: IO[bytes] | None = None
+        self._file_bytes = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_full + self.dropped_large
+
+    async def start(self) -> None:
+        """Open the file (its folder made if missing) and start the writer task; an
+        ``OSError`` naming the path when it cannot be opened."""
+        try:
+            await asyncio.to_thread(self._open)
+        except OSError as exc:
+            raise OSError(exc.errno, f"capture.path {str(self.path)!r}: cannot open it for "
+                          f"appending: {exc.strerror}") from exc
+        self._queue = asyncio.Queue(self.queue_size + 1)  # + the stop marker
+        self._task = asyncio.create_task(self._run(), name="kvgate-capture-writer")
+
+    def offer(self, record: CaptureRecord) -> None:
+        """Queue ``record`` for the writer, or drop it (counted) when the queue is full or
+        the writer is not running."""
+        queue = self._queue
+        if queue is None or queue.qsize() >= self.queue_size:
+            self.dropped_full += 1
+            return
+        queue.put_nowait(record)
+
+    async def stop(self) -> None:
+        """Write what is queued, then stop the writer and close the file."""
+        if self._queue is not None and self._task is not None:
+            self._queue.put_nowait(None)
+            try:
+                await self._task
+            finally:
+                self._task = None
+                self._queue = None
+        await asyncio.to_thread(self._close)
+
+    async def _run(self) -> None:
+        queue = self._queue
+        assert queue is not None
+        stopping = False
+        while not stopping:
+            batch: list[CaptureRecord] = []
+            item = await queue.get()
+            while True:
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+                if len(batch) >= _BATCH or queue.empty():
+                    break
+                item = queue.get_nowait()
+            if batch:
+                try:
+                    await asyncio.to_thread(self._write, batch)
+                except OSError as exc:
+                    self.dropped_large += len(batch)
+                    log.warning("capture log %s: cannot write (%s); %d records lost",
+                                self.path, exc.strerror, len(batch))
+
+    # -- in the worker thread --------------------------------------------------------------
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("ab")
+        self._file_bytes = self._file.tell()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _rotate(self) -> None:
+        self._close()
+        os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        self.rotations += 1
+        self._open()
+
+    def _write(self, batch: list[CaptureRecord]) -> None:
+        assert self._file is not None
+        for record in batch:
+            line = record.to_json()
+            if len(line) > self.max_file_bytes:
+                self.dropped_large += 1
+                continue
+            if self._file_bytes + len(line) > self.max_file_bytes:
+                self._rotate()
+                assert self._file is not None
+            self._file.write(line)
+            self._file_bytes += len(line)
+            self.written += 1
+        self._file.flush()

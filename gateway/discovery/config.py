@@ -1,0 +1,159 @@
+"""The ``discovery:`` list of the gateway's YAML: where replicas are found at run time.
+
+Example::
+
+    discovery:
+      - type: dns                 # A/AAAA records of a headless Service, re-resolved
+        name: vllm-headless.llm.svc.cluster.local
+        port: 8000
+        interval_s: 10
+        replica: {api_key_env: VLLM_API_KEY, kv_events_port: 5557}
+      - type: kubernetes          # EndpointSlices of a Service (or pods by label)
+        namespace: llm
+        service: vllm             # or label_selector: "app=vllm"
+        port_name: http
+        replica: {api_key_file: /var/run/secrets/vllm/key}
+
+``replica`` holds what every replica the source finds gets: ``ReplicaConfig``'s settings
+less ``id`` and ``url``, plus the ports its KV events are published on when the backend
+does not tell them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # gateway.config lists the sources: imported late, where needed
+    from gateway.config import ReplicaConfig
+
+
+def host_in_url(host: str) -> str:
+    """``host`` as written in a URL or a ZMQ endpoint (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaTemplate:
+    scheme: Literal["http", "https"] = "http"
+    base_path: str = ""  # e.g. "/vllm" when replicas serve under a path
+    weight: float = 1.0
+    kv_capacity_tokens: int | None = None
+    api_key: str | None = None
+    api_key_file: str | None = None
+    api_key_env: str | None = None
+    kv_events_port: int | None = None  # when the backend names none for a replica
+    kv_events_replay_port: int | None = None
+
+    def validate(self) -> None:
+        for key in ("kv_events_port", "kv_events_replay_port"):
+            _port_or_none(key, getattr(self, key))
+        if self.base_path and not self.base_path.startswith("/"):
+            raise ValueError(f"base_path {self.base_path!r} must start with '/'")
+        self.replica("template", "127.0.0.1", 1).validate()  # the rest, as a replica
+
+    def replica(self, replica_id: str, host: str, port: int, kv_events_port: int | None = None,
+                kv_events_replay_port: int | None = None) -> ReplicaConfig:
+        """The config of the replica ``replica_id`` found at ``host:port``; its KV event
+        ports, when given, win over the template's."""
+        from gateway.config import ReplicaConfig
+
+        where = host_in_url(host)
+        events = kv_events_port or self.kv_events_port
+        replay = kv_events_replay_port or self.kv_events_replay_port
+        return ReplicaConfig(
+            id=replica_id, url=f"{self.scheme}://{where}:{port}{self.base_path}",
+            weight=self.weight, kv_capacity_tokens=self.kv_capacity_tokens,
+            api_key=self.api_key, api_key_file=self.api_key_file, api_key_env=self.api_key_env,
+            kv_events=f"tcp://{where}:{events}" if events else None,
+            kv_events_replay=f"tcp://{where}:{replay}" if events and replay else None)
+
+
+@dataclass(frozen=True, slots=True)
+class DNSSourceConfig:
+    """Every A/AAAA record of ``name``, re-resolved every ``interval_s``; the replica's id
+    is ``address:port``. A failed lookup (or one that finds no address) keeps the last
+    set it found."""
+
+    name: str
+    port: int
+    type: Literal["dns"] = "dns"
+    interval_s: float = 10.0
+    timeout_s: float = 2.0
+    record_types: list[Literal["A", "AAAA"]] = field(default_factory=lambda: ["A", "AAAA"])
+    nameservers: list[str] = field(default_factory=list)  # none: the system's resolv.conf
+    nameserver_port: int = 53
+    replica: ReplicaTemplate = field(default_factory=ReplicaTemplate)
+
+    @property
+    def label(self) -> str:
+        return f"dns:{self.name}"
+
+    def validate(self) -> None:
+        if not self.name:
+            raise ValueError("name must not be empty")
+        _port_or_none("port", self.port)
+        _port_or_none("nameserver_port", self.nameserver_port)
+        for key in ("interval_s", "timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        if not self.record_types:
+            raise ValueError("record_types must name A, AAAA or both")
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesSourceConfig:
+    """The ready endpoints of ``service`` (its EndpointSlices), or the ready pods matching
+    ``label_selector``, followed by list+watch; a full list at least every ``resync_s``.
+    The API is reached with ``kubeconfig`` or ``context`` when either is given (the
+    default kubeconfig file for a context alone), else in-cluster (service account) when
+    running in a pod, else the default kubeconfig.
+
+    A replica's port: ``port`` when set, else the port named ``port_name`` (of the
+    Service, or of the pod's containers), else the only one. Its KV event ports: the ports
+    named ``kv_events_port_name`` / ``kv_events_replay_port_name``, or (pods) the
+    annotations ``kv_events_annotation`` / ``kv_events_replay_annotation``, else the
+    template's. Its id: the pod's name (else ``address:port``)."""
+
+    type: Literal["kubernetes"] = "kubernetes"
+    namespace: str | None = None  # none: the pod's own (in cluster), else the kubeconfig's
+    service: str | None = None
+    label_selector: str | None = None
+    port_name: str | None = None
+    port: int | None = None
+    kv_events_port_name: str = "kv-events"
+    kv_events_replay_port_name: str = "kv-events-replay"
+    kv_events_annotation: str = "kvgate.io/kv-events-port"
+    kv_events_replay_annotation: str = "kvgate.io/kv-events-replay-port"
+    resync_s: float = 300.0
+    retry_s: float = 1.0  # first wait after a failed list or watch; doubles up to 30 s
+    kubeconfig: str | None = None
+    context: str | None = None
+    replica: ReplicaTemplate = field(default_factory=ReplicaTemplate)
+
+    @property
+    def label(self) -> str:
+        what = f"service={self.service}" if self.service else f"pods={self.label_selector}"
+        return f"kubernetes:{self.namespace}/{what}" if self.namespace else f"kubernetes:{what}"
+
+    def validate(self) -> None:
+        if (self.service is None) == (self.label_selector is None):
+            raise ValueError(f"set exactly one of service and label_selector, got service="
+                             f"{self.service!r}, label_selector={self.label_selector!r}")
+        if self.service == "" or self.label_selector == "":
+            raise ValueError("service and label_selector must not be empty")
+        _port_or_none("port", self.port)
+        if self.kubeconfig is not None and not Path(self.kubeconfig).is_file():
+            raise ValueError(f"kubeconfig {self.kubeconfig!r} is not a file")
+        for key in ("resync_s", "retry_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+
+
+DiscoverySourceConfig = DNSSourceConfig | KubernetesSourceConfig
+
+
+def _port_or_none(key: str, value: int | None) -> None:
+    if value is not None and not 0 < value < 65536:
+        raise ValueError(f"{key} must be a port (1-65535), got {value!r}")

@@ -1,0 +1,204 @@
+"""Kubernetes discovery: a Service's EndpointSlices, or pods by label, by list+watch.
+
+Client: kubernetes_asyncio. It runs on aiohttp (the gateway's own HTTP client, so no
+second HTTP stack), loads both in-cluster config (service account token, re-read as it
+rotates, and CA) and kubeconfig files, and its watch takes ``allowWatchBookmarks`` and a
+server-side ``timeoutSeconds`` and surfaces a 410 Gone as an error (lightkube's watch can
+ask for no bookmarks and reconnects by itself).
+
+One cycle, repeated until cancelled::
+
+    LIST (paged)                  -> the whole set; publish it (membership diffs it
+                                     against the fleet, so a pod deleted while no watch
+                                     ran is removed here)
+    until resync_s passed:
+      WATCH from the last resourceVersion, allowWatchBookmarks, timeoutSeconds <= 60
+        ADDED / MODIFIED / DELETED -> update the set; publish it
+        BOOKMARK                   -> only the resourceVersion moves on
+      (the server ended the watch: watch again from where it got to)
+    LIST again: every resync_s (a watch that went silently stale cannot hide changes
+    longer), at once after 410 Gone, after retry_s (doubling to 30 s) after any other
+    error (a broken watch, a refused request)
+
+A failed list or watch keeps the last set and is counted in ``SourceStats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio import watch as k8s_watch
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import ConfigException
+
+from gateway.discovery.config import KubernetesSourceConfig
+from gateway.discovery.stats import SourceStats
+from gateway.discovery.targets import Targets, pod_targets, slice_targets
+from gateway.discovery.types import Publish
+
+log = logging.getLogger("kvgate.discovery")
+
+SERVICE_LABEL = "kubernetes.io/service-name"
+NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+PAGE = 500  # objects per list page
+LIST_TIMEOUT_S = 30.0
+WATCH_S = 60.0  # the longest one watch request may stay open (server side)
+MAX_RETRY_S = 30.0
+
+Lister = Callable[..., Awaitable[Any]]
+
+
+class KubernetesSource:
+    def __init__(self, config: KubernetesSourceConfig) -> None:
+        self.config = config
+        self.stats = SourceStats(config.label)
+        self.objects: dict[str, Mapping[str, Any]] = {}  # name -> slice or pod, as listed
+        self.resource_version: str | None = None
+        self.events = 0  # watch events received, bookmarks included
+        self._api: k8s.ApiClient | None = None
+        self._namespace = config.namespace or "default"
+        self.selector = f"{SERVICE_LABEL}={config.service}" if config.service \
+            else str(config.label_selector)
+
+    @property
+    def label(self) -> str:
+        return self.config.label
+
+    async def _client(self) -> k8s.ApiClient:
+        if self._api is None:
+            conf = k8s.Configuration()
+            in_cluster = "KUBERNETES_SERVICE_HOST" in os.environ \
+                and self.config.kubeconfig is None and self.config.context is None
+            if in_cluster:
+                await asyncio.to_thread(k8s_config.load_incluster_config,
+                                        client_configuration=conf)  # reads token and CA
+                if self.config.namespace is None:
+                    self._namespace = (await asyncio.to_thread(NAMESPACE_FILE.read_text)
+                                       ).strip()
+            else:
+                await k8s_config.load_kube_config(config_file=self.config.kubeconfig,
+                                                  context=self.config.context,
+                                                  client_configuration=conf)
+                if self.config.namespace is None:
+                    self._namespace = await asyncio.to_thread(self._kubeconfig_namespace)
+            self._api = k8s.ApiClient(configuration=conf)
+        return self._api
+
+    def _kubeconfig_namespace(self) -> str:
+        """The namespace of the kubeconfig context in use, else ``default``."""
+        contexts, active = k8s_config.list_kube_config_contexts(self.config.kubeconfig)
+        chosen = next((c for c in contexts if c["name"] == self.config.context), active) \
+            if self.config.context else active
+        return str((chosen or {}).get("context", {}).get("namespace") or "default")
+
+    def _lister(self, api: k8s.ApiClient) -> Lister:
+        if self.config.service:
+            return k8s.DiscoveryV1Api(api).list_namespaced_endpoint_slice
+        return k8s.CoreV1Api(api).list_namespaced_pod
+
+    def targets(self) -> Targets:
+        objects = self.objects.values()
+        if self.config.service:
+            return slice_targets(self.config, objects)
+        return pod_targets(self.config, objects)
+
+    async def list(self, lister: Lister) -> None:
+        """Replace the whole set with a fresh (paged) list, and note its resourceVersion."""
+        objects: dict[str, Mapping[str, Any]] = {}
+        token: str | None = None
+        while True:
+            extra = {"_continue": token} if token else {}
+            resp = await lister(self._namespace, label_selector=self.selector, limit=PAGE,
+                                _preload_content=False, _request_timeout=LIST_TIMEOUT_S,
+                                **extra)
+            try:
+                body = await resp.json()
+            finally:
+                resp.release()
+            for item in body.get("items") or []:
+                objects[item["metadata"]["name"]] = item
+            meta = body.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                self.objects = objects
+                self.resource_version = str(meta["resourceVersion"])
+                self.stats.relists += 1
+                return
+
+    async def watch(self, lister: Lister, publish: Publish, seconds: float) -> None:
+        """Follow changes from ``resource_version`` until the server ends the watch (asked
+        to after ``seconds``; the client gives up 30 s later); ApiException(410) when
+        that version is gone."""
+        watcher = k8s_watch.Watch(return_type="object")
+        try:
+            stream = watcher.stream(
+                lister, self._namespace, label_selector=self.selector,
+                resource_version=self.resource_version, allow_watch_bookmarks=True,
+                timeout_seconds=max(1, int(seconds)),
+                _request_timeout=aiohttp.ClientTimeout(total=seconds + 30, sock_connect=10))
+            async for event in stream:
+                self.events += 1
+                kind, obj = event["type"], event["raw_object"]
+                self.resource_version = watcher.resource_version or self.resource_version
+                if kind == "BOOKMARK":
+                    continue
+                name = obj["metadata"]["name"]
+                if kind == "DELETED":
+                    self.objects.pop(name, None)
+                elif kind in ("ADDED", "MODIFIED"):
+                    self.objects[name] = obj
+                else:
+                    log.info("discovery %s: watch event %r ignored", self.label, kind)
+                    continue
+                await self._publish(publish)
+        finally:
+            await watcher.close()
+
+    async def _publish(self, publish: Publish) -> None:
+        targets = self.targets()
+        await publish(targets)
+        self.stats.synced(len(targets))
+
+    async def run(self, publish: Publish) -> None:
+        delay = self.config.retry_s
+        quick_relist = True  # after a 410: at once, unless the last watch got nothing
+        while True:
+            events = self.events
+            try:
+                lister = self._lister(await self._client())
+                await self.list(lister)
+                await self._publish(publish)
+                loop = asyncio.get_running_loop()
+                resync_at = loop.time() + self.config.resync_s
+                while (left := resync_at - loop.time()) > 0:
+                    await self.watch(lister, publish, min(WATCH_S, left))
+                    delay, quick_relist = self.config.retry_s, True
+                continue  # time for a full list
+            except ApiException as exc:
+                if exc.status == 410 and (quick_relist or self.events > events):
+                    self.stats.gone += 1
+                    quick_relist = False
+                    log.info("discovery %s: watch answered 410 Gone; listing again",
+                             self.label)
+                    continue
+                error = f"API answered {exc.status}: {exc.reason}"
+            except (aiohttp.ClientError, TimeoutError, ConfigException, OSError) as exc:
+                error = f"{exc.__class__.__name__}: {exc}"
+            except Exception as exc:  # a malformed answer (the client raises bare Exception)
+                error = f"unexpected answer: {exc.__class__.__name__}: {exc}"
+            self.stats.failed(error)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RETRY_S)
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+            self._api = None

@@ -1,0 +1,74 @@
+"""The one way replicas join and leave the fleet at run time: the admin API and every
+discovery source go through ``join``, ``leave`` and ``reconcile``, so the policy, the
+metrics and the KV event subscriber hear of it (``ReplicaAdded`` / ``ReplicaRemoved``)
+the same way whoever asked.
+
+A replica remembers its source (``static``, ``admin``, or a discovery source's label);
+``reconcile`` only ever adds or removes the replicas of the source it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.config import ReplicaConfig
+from gateway.fleet import ReplicaState
+from gateway.state import GatewayState
+
+log = logging.getLogger("kvgate.membership")
+
+STATIC = "static"
+ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    skipped: tuple[str, ...]  # ids another source already holds
+
+
+async def join(gw: GatewayState, config: ReplicaConfig, source: str,
+               forward_auth: bool = True) -> ReplicaState:
+    """Add a replica (ValueError if its id is taken) and check its health at once, so
+    routing never counts on one that is down when it joins."""
+    state = gw.fleet.add(config, forward_auth=forward_auth, source=source)
+    if gw.monitor is not None:
+        await gw.monitor.check_one(state)
+    return state
+
+
+def leave(gw: GatewayState, replica_id: str) -> ReplicaState:
+    """Remove a replica (KeyError if there is none by that id); requests in flight there
+    finish, no new one goes there."""
+    return gw.fleet.remove(replica_id)
+
+
+async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaConfig]
+                    ) -> Changes:
+    """Make the replicas of ``source`` exactly ``wanted``: those it no longer lists (or
+    lists with another config, e.g. a new address) leave, new ones join."""
+    current = {s.id: s.config for s in gw.fleet if s.source == source}
+    removed = [rid for rid, config in current.items() if wanted.get(rid) != config]
+    for rid in removed:
+        leave(gw, rid)
+    added, skipped, joining = [], [], []
+    for rid, config in wanted.items():
+        if current.get(rid) == config:
+            continue
+        holder = gw.fleet.get(rid)
+        if holder is not None:
+            skipped.append(rid)
+            log.warning("discovery %s: replica id %s is already in the fleet (from %s); "
+                        "not added", source, rid, holder.source)
+            continue
+        added.append(rid)
+        joining.append(join(gw, config, source))
+    await asyncio.gather(*joining)
+    if added or removed:
+        log.info("discovery %s: %d replicas (added %s, removed %s)", source, len(wanted),
+                 ", ".join(added) or "none", ", ".join(removed) or "none")
+    return Changes(tuple(added), tuple(removed), tuple(skipped))

@@ -1,0 +1,180 @@
+"""Request traces made with OpenTelemetry's SDK (the ``otel`` extra); see
+``gateway.tracing`` for the spans and their configuration.
+
+The gateway keeps a tracer provider of its own (never the process-global one), so two
+gateways in one process, or a host application's own tracing, do not collide. The
+exporter's thread starts in the app's lifespan (``open``) and is flushed and stopped on
+shutdown (``close``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from gateway.tracing import RequestTrace, TracingConfig
+from kvwire.openai_schema import OpenAIError
+
+if TYPE_CHECKING:
+    from gateway.proxy import UpstreamStream
+    from policies.base import Decision, RouteRequest
+
+_PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent / tracestate
+_RANKED_SHOWN = 8  # replica ids a route span lists
+
+
+def _exporter(config: TracingConfig) -> SpanExporter:
+    if config.exporter == "console":
+        return ConsoleSpanExporter(service_name=config.service_name, out=sys.stdout)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=config.endpoint)
+
+
+class OtelTracing:
+    """:class:`gateway.tracing.Tracing` with OpenTelemetry. ``processor``: where spans
+    go (default: a batch processor over the configured exporter); tests pass a simple
+    processor over an in-memory exporter."""
+
+    def __init__(self, config: TracingConfig, processor: SpanProcessor | None = None
+                 ) -> None:
+        self.config = config
+        self._processor = processor
+        self._provider = TracerProvider(
+            resource=Resource.create({"service.name": config.service_name}),
+            sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
+        self._tracer = self._provider.get_tracer("kvgate.gateway")
+        self._opened = False
+
+    def open(self) -> None:
+        if not self._opened:
+            self._opened = True
+            self._provider.add_span_processor(
+                self._processor or BatchSpanProcessor(_exporter(self.config)))
+
+    def close(self) -> None:
+        if self._opened:
+            self._provider.shutdown()
+
+    def start(self, headers: Mapping[str, str], path: str) -> RequestTrace:
+        parent = _PROPAGATOR.extract(headers)
+        span = self._tracer.start_span("kvgate.request", context=parent,
+                                       kind=SpanKind.SERVER,
+                                       attributes={"http.request.method": "POST",
+                                                   "url.path": path})
+        return _OtelTrace(self._tracer, span)
+
+
+class _OtelTrace(RequestTrace):
+    __slots__ = ("_context", "_ended", "_request", "_step", "_tracer", "_upstream")
+
+    def __init__(self, tracer: Tracer, request: Span) -> None:
+        self._tracer = tracer
+        self._request = request
+        self._context = set_span_in_context(request)
+        self._step: Span | None = None
+        self._upstream: Span | None = None
+        self._ended = False
+
+    @contextmanager
+    def _child(self, name: str) -> Iterator[object]:
+        span = self._tracer.start_span(name, context=self._context)
+        self._step = span
+        try:
+            yield span
+        except BaseException as exc:
+            _failed(span, exc)
+            raise
+        finally:
+            self._step = None
+            span.end()
+
+    def tokenize(self) -> AbstractContextManager[object]:
+        return self._child("kvgate.tokenize")
+
+    def tokenized(self, request: RouteRequest) -> None:
+        attributes = {"gen_ai.request.model": request.model,
+                      "kvgate.prompt_tokens": request.prompt_tokens}
+        if self._step is not None:
+            self._step.set_attributes(attributes)
+        self._request.set_attributes(attributes)
+
+    def route(self) -> AbstractContextManager[object]:
+        return self._child("kvgate.route")
+
+    def routed(self, decision: Decision) -> None:
+        if self._step is not None:
+            self._step.set_attributes({
+                "kvgate.route.reason": decision.reason,
+                "kvgate.route.ranked": list(decision.ranked[:_RANKED_SHOWN]),
+                "kvgate.route.matched_tokens": decision.matched_tokens})
+        self._request.set_attribute("kvgate.route.reason", decision.reason)
+
+    def upstream(self, headers: dict[str, str]) -> None:
+        request_id = headers.get("x-request-id", "")
+        self._request.set_attribute("kvgate.request_id", request_id)
+        self._upstream = self._tracer.start_span(
+            "kvgate.upstream", context=self._context, kind=SpanKind.CLIENT,
+            attributes={"kvgate.request_id": request_id})
+        headers.pop("tracestate", None)  # the client's, replaced by the trace's own (if any)
+        _PROPAGATOR.inject(headers, context=set_span_in_context(self._upstream))
+
+    def answered(self, stream: UpstreamStream) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        attributes: dict[str, str | int] = {
+            "kvgate.replica": stream.replica,
+            "http.response.status_code": int(stream.outcome)}
+        usage = stream.usage()
+        if usage is not None:
+            attributes["gen_ai.usage.input_tokens"] = usage[0]
+            attributes["kvgate.cached_tokens"] = usage[1]
+        for span in (self._upstream, self._request):
+            if span is None:
+                continue
+            span.set_attributes(attributes)
+            if stream.cut is not None:
+                span.set_status(Status(StatusCode.ERROR, f"answer cut ({stream.cut})"))
+            elif stream.status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()
+
+    @contextmanager
+    def _guarded(self) -> Iterator[object]:
+        try:
+            yield self
+        except BaseException as exc:
+            self.failed(exc)
+            raise
+
+    def guard(self) -> AbstractContextManager[object]:
+        return self._guarded()
+
+    def failed(self, exc: BaseException) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        for span in (self._upstream, self._request):
+            if span is not None:
+                _failed(span, exc)
+                span.end()
+
+
+def _failed(span: Span, exc: BaseException) -> None:
+    if isinstance(exc, OpenAIError):
+        span.set_attribute("http.response.status_code", exc.status)
+        if exc.status < 500:
+            span.set_attribute("error.type", exc.kind)
+            return  # the client's mistake (OpenTelemetry's rule for server spans)
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))

@@ -1,0 +1,142 @@
+"""The gateway's histograms of answers by model and route reason (TTFT at the gateway,
+duration, output tokens), against a scripted replica whose timing and token counts are
+known, and the bound on the ``model`` label."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import openai
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.server import EngineServer, build_app
+from gateway.answer_metrics import DURATION, OTHER_MODEL, OUTPUT_TOKENS, TTFT, AnswerMetrics
+from gateway.app import create_app
+from gateway.config import parse_config
+from gateway.state import build_state
+from kvwire.tokenizer import load_tokenizer
+from tests.support.engine_cores import make_core
+from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.servers import ThreadServer
+from tests.support.waiting import wait_until
+
+Serve = Callable[..., ThreadServer]
+MODEL = "sim-model"
+REASON = "round_robin"
+
+
+def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"{url}/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def _series(url: str, name: str, model: str = MODEL, reason: str = REASON) -> float:
+    return _samples(url).get((name, (("model", model), ("reason", reason))), 0.0)
+
+
+def _gateway(serve: Serve, behaviour: Behaviour) -> str:
+    replica = serve(fake_replica(behaviour))
+    config = parse_config({
+        "replicas": [{"id": "a", "url": replica.url}], "policy": {"name": "round_robin"},
+        "health": {"interval_s": 0.2, "timeout_s": 0.5}, "scrape": {"interval_s": 0.2}})
+    state = build_state(config)
+    url = serve(create_app(config, state)).url
+    wait_until(lambda: state.fleet.models() == {MODEL}, 10, "the replica's model list")
+    return url
+
+
+def test_stream_ttft_duration_and_content_chunks(serve: Serve) -> None:
+    b = Behaviour("a", first_byte_delay_s=0.2, chunk_delay_s=0.1, chunks=5)
+    url = _gateway(serve, b)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(model=MODEL, stream=True,
+                                            messages=[{"role": "user", "content": "hi"}])
+    assert [c.choices[0].delta.content for c in stream] == [f"t{i} " for i in range(5)]
+    wait_until(lambda: _series(url, DURATION + "_count") == 1, 10, "the answer recorded")
+    ttft = _series(url, TTFT + "_sum")
+    duration = _series(url, DURATION + "_sum")
+    assert 0.2 <= ttft < 0.2 + 0.1 * 4  # the first token, not the last
+    assert duration >= 0.2 + 0.1 * 4 and duration > ttft
+    # no usage asked for: the content chunks are counted
+    assert _series(url, OUTPUT_TOKENS + "_count") == 1
+    assert _series(url, OUTPUT_TOKENS + "_sum") == 5
+    assert _samples(url)[(OUTPUT_TOKENS + "_bucket",
+                          (("le", "5.0"), ("model", MODEL), ("reason", REASON)))] == 1
+
+
+def test_non_streamed_answer_reports_usage_tokens(serve: Serve) -> None:
+    b = Behaviour("a", first_byte_delay_s=0.15, chunks=7)
+    url = _gateway(serve, b)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    for _ in range(2):
+        out = client.completions.create(model=MODEL, prompt="hello")
+        assert out.usage is not None and out.usage.completion_tokens == 7
+    assert _series(url, OUTPUT_TOKENS + "_sum") == 14
+    assert _series(url, TTFT + "_count") == 2 and _series(url, TTFT + "_sum") >= 0.3
+    assert _series(url, DURATION + "_count") == 2
+
+
+def test_failed_answers_are_not_recorded(serve: Serve) -> None:
+    b = Behaviour("a", status=400)
+    url = _gateway(serve, b)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="hello")
+    samples = _samples(url)
+    assert samples[("kvgate_requests_total",
+                    (("replica", "a"), ("route", REASON), ("status", "400")))] == 1
+    assert _series(url, DURATION + "_count") == 0
+
+
+def test_model_label_is_bounded_to_the_fleet_models() -> None:
+    registry = CollectorRegistry()
+    answers = AnswerMetrics(registry, lambda: {"llama"}, ("affinity", "spill"))
+    answers.answered("llama", "affinity", 0.1, 0.5, 3)
+    for i in range(50):
+        answers.answered(f"made-up-{i}", "affinity", 0.1, 0.5, 3)
+    answers.answered(None, "spill", None, 0.5, None)
+    models = {s.labels["model"] for fam in registry.collect() for s in fam.samples
+              if s.name == DURATION + "_count"}
+    assert models == {"llama", OTHER_MODEL}
+    assert registry.get_sample_value(DURATION + "_count",
+                                     {"model": OTHER_MODEL, "reason": "affinity"}) == 50
+    assert registry.get_sample_value(TTFT + "_count",
+                                     {"model": OTHER_MODEL, "reason": "spill"}) == 0
+    assert registry.get_sample_value(DURATION + "_count",
+                                     {"model": OTHER_MODEL, "reason": "spill"}) == 1
+
+
+def test_output_tokens_of_engine_streams(serve: Serve) -> None:
+    """Against kvgate's engine (a chat stream opens with a role-only chunk): without usage
+    the count is the content chunks the client got; with usage, the engine's own count."""
+    core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=512)
+    engine = EngineServer(core, load_tokenizer(None), model_name="tiny-sim",
+                          sleep_modeled_time=True)
+    replica = serve(build_app(engine))
+    config = parse_config({"replicas": [{"id": "e", "url": replica.url}],
+                           "policy": {"name": "round_robin"},
+                           "health": {"interval_s": 0.2}, "scrape": {"interval_s": 0.2}})
+    state = build_state(config)
+    url = serve(create_app(config, state)).url
+    wait_until(lambda: state.fleet.models() == {"tiny-sim"}, 10, "the engine's model list")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "count the chunks"}]
+    chunks = list(client.chat.completions.create(
+        model="tiny-sim", messages=messages, max_tokens=6, stream=True,
+        extra_body={"ignore_eos": True}))
+    content = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
+    assert 0 < content <= 6
+    wait_until(lambda: _series(url, OUTPUT_TOKENS + "_count", "tiny-sim") == 1, 10,
+               "the stream recorded")
+    assert _series(url, OUTPUT_TOKENS + "_sum", "tiny-sim") == content
+    usage = list(client.chat.completions.create(
+        model="tiny-sim", messages=messages, max_tokens=6, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))[-1].usage
+    assert usage is not None and usage.completion_tokens == 6
+    wait_until(lambda: _series(url, OUTPUT_TOKENS + "_count", "tiny-sim") == 2, 10,
+               "the second stream recorded")
+    assert _series(url, OUTPUT_TOKENS + "_sum", "tiny-sim") == content + 6

@@ -1,0 +1,155 @@
+"""What discovery sources make of what they find, how their config is checked, and how
+membership applies a source's set to the fleet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.config import ReplicaConfig, parse_config
+from gateway.discovery.config import DNSSourceConfig, KubernetesSourceConfig, ReplicaTemplate
+from gateway.discovery.targets import dns_targets, pod_targets, slice_targets
+from gateway.fleet_events import FleetEvent, ReplicaAdded
+from gateway.membership import reconcile
+from gateway.state import build_state
+from policies.base import ReplicaRemoved
+from policies.config import ConfigError
+from tests.support.fake_kube_api import endpoint, endpoint_slice
+
+SERVICE = KubernetesSourceConfig(namespace="llm", service="vllm", port_name="http")
+
+
+def slice_of(*endpoints: dict[str, Any], port: int = 8000, **extra: int) -> dict[str, Any]:
+    return endpoint_slice("llm", "s", "vllm", port, list(endpoints), extra_ports=extra)
+
+
+def test_only_ready_endpoints_count_with_the_apis_defaults() -> None:
+    found = slice_targets(SERVICE, [slice_of(
+        endpoint("10.0.0.1", "p1"),  # ready
+        endpoint("10.0.0.2", "p2", ready=None),  # unset: ready
+        endpoint("10.0.0.3", "p3", ready=False),  # starting
+        endpoint("10.0.0.4", "p4", ready=False, serving=True, terminating=True),  # draining
+    )])
+    assert sorted(found) == ["p1", "p2"]
+    assert found["p1"].url == "http://10.0.0.1:8000"
+
+
+def test_terminating_serving_endpoints_only_when_none_is_ready() -> None:
+    found = slice_targets(SERVICE, [slice_of(
+        endpoint("10.0.0.3", "p3", ready=False),
+        endpoint("10.0.0.4", "p4", ready=False, serving=True, terminating=True),
+        endpoint("10.0.0.5", "p5", ready=False, serving=False, terminating=True),
+    )])
+    assert sorted(found) == ["p4"]
+
+
+def test_ports_kv_events_and_ids() -> None:
+    template = ReplicaTemplate(api_key_env="HOME", kv_events_replay_port=5558)
+    source = KubernetesSourceConfig(service="vllm", port_name="http", replica=template)
+    s = slice_of(endpoint("fd00::5", "p1"), **{"kv-events": 5557})
+    s["addressType"] = "IPv6"
+    del s["endpoints"][0]["targetRef"]
+    (config,) = slice_targets(source, [s]).values()
+    assert config.id == "[fd00::5]:8000"
+    assert config.url == "http://[fd00::5]:8000"
+    assert config.kv_events == "tcp://[fd00::5]:5557"
+    assert config.kv_events_replay == "tcp://[fd00::5]:5558"
+    assert config.api_key_env == "HOME"
+    # without a port_name: the one port that is not a KV event port; none to choose: none
+    unnamed = KubernetesSourceConfig(service="vllm")
+    assert list(slice_targets(unnamed, [slice_of(endpoint("10.0.0.1", "p1"),
+                                                 **{"kv-events": 5557})])) == ["p1"]
+    assert slice_targets(unnamed, [slice_of(endpoint("10.0.0.1", "p1"), metrics=9090)]) == {}
+    # an explicit port wins; an endpoint listed in two slices counts once
+    fixed = KubernetesSourceConfig(service="vllm", port=9000)
+    found = slice_targets(fixed, [slice_of(endpoint("10.0.0.1", "p1")),
+                                  slice_of(endpoint("10.0.0.1", "p1"))])
+    assert [c.url for c in found.values()] == ["http://10.0.0.1:9000"]
+
+
+def pod(name: str, ip: str | None = "10.0.0.9", ready: str = "True", phase: str = "Running",
+        annotations: dict[str, str] | None = None, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "annotations": annotations or {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta,
+            "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8000},
+                                               {"name": "kv-events", "containerPort": 5557}]}]},
+            "status": {"phase": phase, "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": ready}]}}
+
+
+def test_pods_ready_running_with_an_ip() -> None:
+    source = KubernetesSourceConfig(label_selector="app=vllm", port_name="http")
+    found = pod_targets(source, [
+        pod("ok"), pod("unready", ready="False"), pod("pending", phase="Pending"),
+        pod("no-ip", ip=None), pod("deleting", deleting=True),
+        pod("annotated", annotations={"kvgate.io/kv-events-port": "6000"}),
+        pod("bad-annotation", annotations={"kvgate.io/kv-events-port": "x"}),
+    ])
+    assert sorted(found) == ["annotated", "bad-annotation", "ok"]
+    assert found["ok"].kv_events == "tcp://10.0.0.9:5557"  # the named container port
+    assert found["annotated"].kv_events == "tcp://10.0.0.9:6000"  # the annotation wins
+    assert found["bad-annotation"].kv_events == "tcp://10.0.0.9:5557"
+
+
+def test_dns_targets() -> None:
+    source = DNSSourceConfig(name="vllm.llm.svc", port=8000,
+                             replica=ReplicaTemplate(scheme="https", base_path="/v"))
+    found = dns_targets(source, ["10.0.0.2", "fd00::1", "10.0.0.2"])
+    assert {k: v.url for k, v in found.items()} == {
+        "10.0.0.2:8000": "https://10.0.0.2:8000/v", "[fd00::1]:8000": "https://[fd00::1]:8000/v"}
+
+
+@pytest.mark.parametrize(("source", "fragment"), [
+    ({"type": "consul"}, "discovery[0].type: 'consul' is not one of 'dns', 'kubernetes'"),
+    ({"type": "dns", "port": 80}, "discovery[0]: missing required key 'name'"),
+    ({"type": "dns", "name": "a", "port": 0}, "port must be a port (1-65535), got 0"),
+    ({"type": "dns", "name": "a", "port": 80, "interval_s": 0}, "interval_s must be > 0"),
+    ({"type": "dns", "name": "a", "port": 80, "record_types": ["MX"]}, "'MX' is not one of"),
+    ({"type": "kubernetes"}, "set exactly one of service and label_selector"),
+    ({"type": "kubernetes", "service": "a", "label_selector": "b"}, "exactly one of"),
+    ({"type": "kubernetes", "service": "a", "replica": {"base_path": "v"}},
+     "discovery[0].replica: base_path 'v' must start with '/'"),
+    ({"type": "kubernetes", "service": "a", "replica": {"weight": 0}}, "weight must be > 0"),
+    ({"type": "kubernetes", "service": "a", "replica": {"api_key_env": "NOT_SET_ANYWHERE"}},
+     "api_key_env 'NOT_SET_ANYWHERE' is not set"),
+    ({"type": "kubernetes", "service": "a", "watch": True}, "unknown key 'watch'"),
+    ({"type": "kubernetes", "service": "a", "kubeconfig": "/nonexistent/kubeconfig"},
+     "kubeconfig '/nonexistent/kubeconfig' is not a file"),
+    ("dns", "expected a mapping with a 'type' key"),
+])
+def test_bad_source_names_the_key_and_value(source: Any, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"discovery": [source]})
+    assert fragment in str(err.value)
+
+
+def test_the_same_source_twice_is_refused() -> None:
+    dns = {"type": "dns", "name": "a", "port": 80}
+    with pytest.raises(ConfigError, match=r"discovery\[1\] \(dns:a\) appears twice"):
+        parse_config({"discovery": [dns, dns]})
+
+
+async def test_reconcile_touches_only_its_own_source() -> None:
+    gw = build_state(parse_config({"replicas": [{"id": "x", "url": "http://10.0.0.9:1"}]}))
+    events: list[FleetEvent] = []
+    gw.fleet.listen(events.append)
+
+    def replica(rid: str, host: str) -> ReplicaConfig:
+        return ReplicaConfig(id=rid, url=f"http://{host}:8000")
+
+    changes = await reconcile(gw, "dns:a", {"x": replica("x", "10.0.0.1"),
+                                            "y": replica("y", "10.0.0.2")})
+    assert changes.added == ("y",) and changes.skipped == ("x",)
+    assert {s.id: s.source for s in gw.fleet} == {"x": "static", "y": "dns:a"}
+    # y moved: it leaves and joins again (the policy forgets what it held)
+    await reconcile(gw, "dns:a", {"y": replica("y", "10.0.0.3")})
+    state = gw.fleet.get("y")
+    assert state is not None and state.config.url == "http://10.0.0.3:8000"
+    # an empty set removes y, never the static x
+    changes = await reconcile(gw, "dns:a", {})
+    assert changes.removed == ("y",) and [s.id for s in gw.fleet] == ["x"]
+    assert events == [ReplicaAdded("y"), ReplicaRemoved("y"), ReplicaAdded("y"),
+                      ReplicaRemoved("y")]
