@@ -11,6 +11,7 @@ from multiprocessing import shared_memory
 import pytest
 
 from gateway.box_feed import BoxFeed, FeedBlock
+from gateway.capture import CaptureConfig
 from gateway.config import GatewayConfig, LimitsConfig, ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.idle_watch import IdleWatch
@@ -170,13 +171,16 @@ def test_a_torn_snapshot_is_never_applied(feed_block: shared_memory.SharedMemory
         reader.close()
 
 
-def test_each_worker_takes_its_share_of_the_limits() -> None:
+def test_each_worker_takes_its_share_of_the_limits_and_its_own_capture_log() -> None:
     config = GatewayConfig(limits=LimitsConfig(max_in_flight=1025, max_pending=3,
                                                max_connections=4096))
     limits = share_of(config, 2).limits
     assert (limits.max_in_flight, limits.max_pending, limits.max_connections) == \
         (513, 2, 2048)
     assert share_of(config, 1).limits == config.limits
+    logged = GatewayConfig(capture=CaptureConfig(path="/tmp/kvgate-capture.jsonl"))
+    assert share_of(logged, 2, 1).capture.path == "/tmp/kvgate-capture.jsonl.w1"
+    assert share_of(logged, 1).capture.path == "/tmp/kvgate-capture.jsonl"
 
 
 async def test_idle_watch_cancels_a_wait_that_lasts_and_spares_busy_ones() -> None:
