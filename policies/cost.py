@@ -34,8 +34,8 @@ share of them: ring hashing alone overfills some LRU caches and underfills other
 next ones follow on the ring; one home, or as many as the key's share of the requests
 needs (share x replicas x ``hot_spread``: an app's system prompt), and once those wait more
 than ``spill_wait`` prefills of this prompt, up to ``homes`` of them and the least loaded
-replicas; for a rare key the scratch set and the least loaded replica. For each, in seconds, with ``t`` the pace over the replica's
-weight::
+replicas; for a rare key the scratch set and the least loaded replica. For each, in
+seconds, with ``t`` the pace over the replica's weight::
 
     wait     = queued tokens x t, less the part of the oldest queued request the replica
                is likely through (its age, at most its own prefill); or, when longer,
