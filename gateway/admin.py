@@ -91,7 +91,10 @@ async def add_replica(request: Request) -> Response:
     if gw.fleet.get(config.id) is not None:
         raise BadRequest(f"replica {config.id!r} already exists", param="id",
                          code="duplicate_replica")
-    await join(gw, config, ADMIN, forward_auth=False)
+    try:
+        await join(gw, config, ADMIN, forward_auth=False)
+    except ValueError as exc:  # no slot left in the workers' shared accounting
+        raise BadRequest(str(exc), param="id", code="replica_slots_full") from exc
     return JSONResponse(_replica_json(gw, config.id), status_code=201)
 
 

@@ -73,7 +73,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
                                                           forwarded, request_id, arrived,
                                                           trace))
-    return answer(stream, route, request_id)
+    return answer(stream, route, request_id, gw.worker)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
@@ -95,8 +95,10 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         usage = stream.usage()
         cached = None
         if usage is not None:
-            gw.metrics.prompt_tokens.labels(route=decision.reason).inc(usage.prompt_tokens)
-            gw.metrics.cached_tokens.labels(route=decision.reason).inc(usage.cached_tokens)
+            gw.metrics.bound(gw.metrics.prompt_tokens, decision.reason).inc(
+                usage.prompt_tokens)
+            gw.metrics.bound(gw.metrics.cached_tokens, decision.reason).inc(
+                usage.cached_tokens)
             cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens,
                                        usage.prompt_tokens, usage.cached_tokens)
         # a stream's first byte comes with its first token; a whole body's comes after
@@ -182,8 +184,10 @@ async def ready(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
-    return Response(generate_latest(gw.metrics.registry),
-                    headers={"Content-Type": CONTENT_TYPE_LATEST})
+    headers = {"Content-Type": CONTENT_TYPE_LATEST}
+    if gw.worker is not None:
+        headers["x-kvgate-worker"] = str(gw.worker)
+    return Response(generate_latest(gw.metrics.exposed), headers=headers)
 
 
 def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGIApp:
@@ -207,11 +211,15 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                              config.max_attempts, config.health,
                              forward_client_auth=not gw.auth.on)
             stack.callback(gw.proxy.close)
-            gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
-            stack.push_async_callback(gw.monitor.stop)
-            await gw.monitor.start()
-            stack.push_async_callback(discovery.stop)
-            await discovery.start()
+            if gw.box is None or gw.box.leader:  # with workers, one checks for the box
+                gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
+                stack.push_async_callback(gw.monitor.stop)
+                await gw.monitor.start()
+                stack.push_async_callback(discovery.stop)  # ... and discovers
+                await discovery.start()
+            if gw.box is not None:
+                stack.push_async_callback(gw.box.stop)
+                await gw.box.start()
             stack.push_async_callback(gw.capture.stop)
             await gw.capture.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)

@@ -13,6 +13,9 @@ When a replica exposes no queue gauge (vLLM does not), every prompt token this g
 sent it and has not seen a first byte for counts instead. A request's tokens are the ones
 its replica must prefill (the prompt less what the policy predicts it holds), and the age
 of the oldest such request tells policies how far the replica got through them.
+
+With worker processes (``serve --workers N``) those counts are the whole box's: each
+worker copies its own into shared memory (``shared_load``) and a view sums them all.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from gateway.calibration import TokenCalibration
 from gateway.config import ReplicaConfig
 from gateway.fleet_events import FleetEvent, FleetListener, HealthChanged, ReplicaAdded
 from gateway.replica_metrics import HitRateWindow, ScrapedMetrics
+from gateway.shared_load import LoadTotals, SharedLoad
 from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView
 
 
@@ -69,6 +73,10 @@ class ReplicaState:
     unsettled: dict[Pending, None] = field(default_factory=dict)  # oldest first
     models: tuple[str, ...] = ()
     models_at: float = 0.0
+    checks: int = 0  # health checks recorded (what a follower worker compares)
+    last_check: tuple[bool, str | None] = (True, None)
+    shared: SharedLoad | None = None  # the box's accounting, with worker processes
+    slot: int = -1  # this replica's cells there
     hits: HitRateWindow = field(init=False)
     credentials: dict[str, str] = field(init=False)  # headers carrying its api_key, if any
 
@@ -96,38 +104,60 @@ class ReplicaState:
             return self.scraped.hit_rate_gauge
         return self.hits.rates().hit_rate
 
-    def queued_tokens(self, ratio: float = 1.0) -> int:
+    def load(self) -> LoadTotals:
+        """What was sent and not yet answered: this gateway's, or with worker processes
+        the whole box's."""
+        if self.shared is not None:
+            return self.shared.totals(self.slot)
+        oldest = next(iter(self.unsettled), None)
+        return LoadTotals(self.pending_tokens, self.pending_since_scrape, self.in_flight,
+                          oldest.sent_at if oldest is not None else 0.0,
+                          oldest.tokens if oldest is not None else 0)
+
+    def publish(self) -> None:
+        """Copy this worker's counts to the shared block (no-op without one)."""
+        if self.shared is not None:
+            oldest = next(iter(self.unsettled), None)
+            self.shared.write(self.slot, self.pending_tokens, self.pending_since_scrape,
+                              self.in_flight, oldest.sent_at if oldest is not None else 0.0,
+                              oldest.tokens if oldest is not None else 0)
+
+    def queued_tokens(self, ratio: float = 1.0, load: LoadTotals | None = None) -> int:
         """Prompt tokens queued, in gateway tokens (a scraped gauge counts the replica's
         tokens; ``ratio`` is replica tokens per gateway token)."""
+        load = self.load() if load is None else load
         if self.scraped is None or self.scraped.queued_tokens is None:
-            return self.pending_tokens
-        return int(self.scraped.queued_tokens / ratio) + self.pending_since_scrape
+            return load.pending_tokens
+        return int(self.scraped.queued_tokens / ratio) + load.pending_since_scrape
 
     def view(self, now: float | None = None, ratio: float = 1.0) -> ReplicaView:
         """A snapshot at ``now`` (default: monotonic); ``ratio`` (replica tokens per gateway
         token) converts the replica's figures into gateway tokens."""
         now = time.monotonic() if now is None else now
         s = self.scraped
-        oldest = next(iter(self.unsettled), None)
+        load = self.load()
         capacity = s.kv_capacity_tokens if s and s.kv_capacity_tokens else \
             self.config.kv_capacity_tokens
         prefill = self.hits.prefill_per_s()
         return ReplicaView(
             id=self.id, url=self.config.base_url, healthy=self.healthy,
-            weight=self.config.weight, queued_tokens=self.queued_tokens(ratio),
+            weight=self.config.weight, queued_tokens=self.queued_tokens(ratio, load),
             running=s.running if s else 0, waiting=s.waiting if s else 0,
-            in_flight=self.in_flight, kv_usage=s.kv_usage if s else 0.0,
+            in_flight=load.in_flight, kv_usage=s.kv_usage if s else 0.0,
             kv_capacity_tokens=None if capacity is None else int(capacity / ratio),
             token_hit_rate=self.token_hit_rate(), epoch=self.epoch,
             prefill_tokens_per_s=None if prefill is None else prefill / ratio,
-            pending_age_s=max(0.0, now - oldest.sent_at) if oldest is not None else 0.0,
-            pending_head_tokens=oldest.tokens if oldest is not None else 0,
+            pending_age_s=max(0.0, now - load.oldest_sent_at) if load.oldest_sent_at else 0.0,
+            pending_head_tokens=load.oldest_tokens,
         )
 
 
 class Fleet:
-    def __init__(self, replicas: list[ReplicaConfig], window_s: float = 60.0) -> None:
+    def __init__(self, replicas: list[ReplicaConfig], window_s: float = 60.0,
+                 shared: SharedLoad | None = None) -> None:
         self.window_s = window_s
+        self.shared = shared
+        self._next_slot = 0  # slots are never reused (see shared_load)
         self.calibration = TokenCalibration()
         self._replicas: dict[str, ReplicaState] = {}
         self._listeners: list[FleetListener] = []
@@ -155,14 +185,21 @@ class Fleet:
     def get(self, replica_id: str) -> ReplicaState | None:
         return self._replicas.get(replica_id)
 
-    def add(self, config: ReplicaConfig, forward_auth: bool = True, source: str = "static"
-            ) -> ReplicaState:
+    def add(self, config: ReplicaConfig, forward_auth: bool = True, source: str = "static",
+            slot: int | None = None) -> ReplicaState:
         """A new replica; ``forward_auth`` False: clients' ``Authorization`` headers are
         not sent to it (one added at run time rather than configured). ``source``: who
-        added it (see ``gateway.membership``)."""
+        added it (see ``gateway.membership``). ``slot``: its cells in the shared
+        accounting (default: the next unused one)."""
         if config.id in self._replicas:
             raise ValueError(f"replica {config.id!r} already exists")
-        state = ReplicaState(config, self.window_s, forward_auth=forward_auth, source=source)
+        slot = self._next_slot if slot is None else slot
+        if self.shared is not None and slot >= self.shared.slots:
+            raise ValueError(f"no room for replica {config.id!r}: the workers' shared "
+                             f"accounting has {self.shared.slots} slots, all used since start")
+        self._next_slot = max(self._next_slot, slot + 1)
+        state = ReplicaState(config, self.window_s, forward_auth=forward_auth, source=source,
+                             shared=self.shared, slot=slot)
         self._replicas[config.id] = state
         self._tell(ReplicaAdded(config.id))
         return state
@@ -212,6 +249,7 @@ class Fleet:
         pending = Pending(state, tokens, state.scrape_seq,
                           time.monotonic() if now is None else now)
         state.unsettled[pending] = None
+        state.publish()
         return pending
 
     def first_byte(self, pending: Pending) -> None:
@@ -223,6 +261,7 @@ class Fleet:
         state.pending_tokens -= pending.tokens
         if pending.scrape_seq == state.scrape_seq:
             state.pending_since_scrape -= pending.tokens
+        state.publish()
 
     def done(self, pending: Pending) -> None:
         """Settle a request for good (idempotent)."""
@@ -230,6 +269,7 @@ class Fleet:
         if not pending.done and pending.state is not None:
             pending.done = True
             pending.state.in_flight -= 1
+            pending.state.publish()
 
     # -- health and scrapes ---------------------------------------------------------------
     def record_scrape(self, replica_id: str, metrics: ScrapedMetrics,
@@ -242,6 +282,7 @@ class Fleet:
         state.scraped = metrics
         state.scrape_seq += 1
         state.pending_since_scrape = 0
+        state.publish()
         reset = False
         if metrics.hit_tokens is not None and metrics.query_tokens is not None:
             reset = state.hits.add(time.monotonic() if now is None else now,
@@ -257,6 +298,8 @@ class Fleet:
         state = self._replicas.get(replica_id)
         if state is None:
             return None
+        state.checks += 1
+        state.last_check = (ok, error)
         if ok:
             state.consecutive_failures = 0
             state.consecutive_successes += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -151,16 +152,21 @@ class _Draining(uvicorn.Server):
 
 
 def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
-               on_drain: Callable[[], None] = lambda: None) -> None:
+               on_drain: Callable[[], None] = lambda: None,
+               sockets: list[socket.socket] | None = None) -> None:
     """Serve ``app`` until SIGINT or SIGTERM (draining first, see ``ShutdownConfig``), and
-    ``admin_app`` (when given) on the admin listener, in the same event loop."""
+    ``admin_app`` (when given) on the admin listener, in the same event loop. ``sockets``:
+    listen there rather than on the config's host and port (a worker's own socket)."""
     grace = config.shutdown.grace_s
+    # what start-up built (tokenizer, policy, ring) lives as long as the process: out of
+    # the collector's sight, so full collections stop walking it again and again
+    gc.freeze()
     main = _Draining(server_config(
         app, config, loop="uvloop",
         timeout_graceful_shutdown=max(1, int(config.shutdown.timeout_s - grace))),
         grace, on_drain)
     if admin_app is None:
-        main.run()
+        main.run(sockets)
         return
     admin = companion(uvicorn.Config(
         admin_app, host=config.admin.host, port=config.admin.port, lifespan="off",
@@ -168,7 +174,7 @@ def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
         http=bounded_protocol(config.limits), ws="none", log_level="warning",
         access_log=False))
 
-    uvloop.run(serve_together(main, admin))
+    uvloop.run(serve_together(main, admin, sockets))
 
 
 async def serve_together(main: uvicorn.Server, side: uvicorn.Server,

@@ -6,15 +6,22 @@ known in advance (error kinds, rejection statuses, and per replica the policy's 
 reasons, retry and cut causes), so ``increase()`` sees a series' first increment; a
 replica's series go when it leaves the fleet. Histograms of answers by model and route
 reason are ``gateway.answer_metrics``; ``process_*`` describe the gateway's process.
+
+With worker processes (prometheus-client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``
+set by ``gateway.workers``) ``exposed`` sums every worker's counters and histograms; the
+per-replica gauges are the box's already (``shared_load``); ``process_*`` are left out
+(one worker's would pass for the box's).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway.answer_metrics import AnswerMetrics
@@ -50,9 +57,10 @@ class _FleetCollector(Collector):
         hits_per_s = queries_per_s = 0.0
         ratio = self.fleet.calibration.ratio()
         for state in self.fleet:
-            queued.add_metric([state.id], state.queued_tokens(ratio))
+            load = state.load()  # the box's, with worker processes
+            queued.add_metric([state.id], state.queued_tokens(ratio, load))
             health.add_metric([state.id], 1.0 if state.healthy else 0.0)
-            inflight.add_metric([state.id], state.in_flight)
+            inflight.add_metric([state.id], load.in_flight)
             refused.add_metric([state.id], state.auth_failures)
             rate = state.token_hit_rate()
             if rate is not None:
@@ -185,7 +193,15 @@ class GatewayMetrics:
         r.register(_FleetCollector(fleet))
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
         self.answers = AnswerMetrics(r, fleet.models, reasons)
+        self.exposed = r  # what GET /metrics serves
+        multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if multiprocess_dir:
+            self.exposed = CollectorRegistry()
+            MultiProcessCollector(self.exposed, multiprocess_dir)
+            self.exposed.register(_FleetCollector(fleet))
         self.reasons = reasons
+        # label children bound once: labels() locks and checks on every call
+        self._bound: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._children: dict[str, dict[tuple[Any, tuple[str, ...]], None]] = {}
         for kind in ERROR_KINDS:
             self.errors.labels(kind=kind)
@@ -218,13 +234,25 @@ class GatewayMetrics:
     def _replica_removed(self, replica: str) -> None:
         """Drop every child labelled with ``replica``, created up front or since."""
         for metric, labels in self._children.pop(replica, {}):
+            self._bound.pop((metric, labels), None)
             metric.remove(*labels)
 
+    def bound(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, bound once."""
+        child = self._bound.get((metric, labels))
+        if child is None:
+            child = self._bound[(metric, labels)] = metric.labels(*labels)
+        return child
+
     def _child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, remembered under its replica (the first label)."""
-        if labels[0] != "none":
-            self._children.setdefault(labels[0], {})[(metric, labels)] = None
-        return metric.labels(*labels)
+        """``metric.labels(*labels)``, bound once and remembered under its replica (the
+        first label)."""
+        child = self._bound.get((metric, labels))
+        if child is None:
+            if labels[0] != "none":
+                self._children.setdefault(labels[0], {})[(metric, labels)] = None
+            child = self.bound(metric, *labels)
+        return child
 
     # -- the request path -----------------------------------------------------------------
     def request_done(self, replica: str, route: str, status: str) -> None:
@@ -259,3 +287,5 @@ class GatewayMetrics:
     def watch_kv_events(self, source: KVEventCounts) -> None:
         """Export the counts of a KV event subscriber."""
         self.registry.register(_KVEventCollector(source))
+        if self.exposed is not self.registry:  # this worker's subscriber only
+            self.exposed.register(_KVEventCollector(source))

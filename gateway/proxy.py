@@ -32,6 +32,7 @@ from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.first_byte import FirstByteDeadline
 from gateway.fleet import Fleet, Pending
 from gateway.fleet_events import FleetEvent, HealthChanged
+from gateway.idle_watch import IdleWatch
 from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("kvgate.proxy")
@@ -137,14 +138,16 @@ class UpstreamStream:
 
     async def relay(self) -> AsyncIterator[bytes]:
         ok = False
+        watch = IdleWatch(self.idle_s)
         try:
             self.first_sent_at = time.perf_counter()
             if self.first_chunk:
                 yield self.first_chunk
             content = self.response.content
             while True:
-                async with asyncio.timeout(self.idle_s):
-                    chunk = await content.readany()
+                watch.waiting()
+                chunk = await content.readany()
+                watch.got()
                 if not chunk:
                     break
                 if self.stream:
@@ -156,11 +159,17 @@ class UpstreamStream:
                     self._body_bytes += len(chunk)
                 yield chunk
             ok = True
-        except TimeoutError:
+        except asyncio.CancelledError:
+            if not watch.fired:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
             self._broke_off("idle_timeout", f"sent nothing for over {self.idle_s} s")
         except aiohttp.ClientError as exc:
             self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
         finally:
+            watch.stop()
             self.close(ok)
         if self.cut is not None and self.stream:
             yield sse_error_event(f"replica {self.replica!r} stopped mid-answer: the answer "

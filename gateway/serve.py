@@ -1,18 +1,25 @@
-"""``kvgate serve --config gateway.yaml [--host H] [--port P]``"""
+"""``kvgate serve --config gateway.yaml [--host H] [--port P] [--workers N]``"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
+from typing import TYPE_CHECKING
 
 from policies.config import ConfigError
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="gateway YAML file")
     parser.add_argument("--host", help="override the config's host")
     parser.add_argument("--port", type=int, help="override the config's port")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="gateway processes sharing the port (gateway.workers)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v}
         config = dataclasses.replace(config, **overrides)
+        if args.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {args.workers!r}")
+        if args.workers > 1:
+            return _supervise(config, args)
         gw = build_state(config)
         app = create_app(config, gw)
     except (ConfigError, FileNotFoundError) as exc:
@@ -47,3 +58,16 @@ def run(args: argparse.Namespace) -> int:
 
     run_server(app, config, admin_app, drain)
     return 0
+
+
+def _supervise(config: GatewayConfig, args: argparse.Namespace) -> int:
+    from gateway.workers import Supervisor
+
+    print(f"kvgate serve: {args.workers} workers on http://{config.host}:{config.port} "
+          f"(policy {config.policy['name']}, {len(config.replicas)} replicas)",
+          file=sys.stderr)
+    if config.admin.resolved_token():
+        print(f"kvgate serve: admin API on http://{config.admin.host}:{config.admin.port} "
+              "(worker 0)", file=sys.stderr)
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    return Supervisor(config, args.workers, level).run()

@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
+from gateway.box_feed import BoxFeed
 from gateway.capture import Capture
 from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
@@ -18,6 +19,7 @@ from gateway.monitor import Monitor
 from gateway.networks import Networks
 from gateway.proxy import Proxy
 from gateway.routing import Router
+from gateway.shared_load import SharedLoad
 from gateway.tenancy import Tenancy
 from gateway.tracing import Tracing, build_tracing
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
@@ -49,6 +51,8 @@ class GatewayState:
         self.access.write(route=route, status=status,
                           replica=None if replica == "none" else replica, **access)
     monitor: Monitor | None = None
+    worker: int | None = None  # this worker's index, with worker processes
+    box: BoxFeed | None = None  # ... and its part in the fleet snapshot (box_feed)
 
 
 def policy_listener(policy: Policy) -> FleetListener:
@@ -62,10 +66,11 @@ def policy_listener(policy: Policy) -> FleetListener:
 
 
 def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
-                policy: Policy | None = None, tracing: Tracing | None = None
-                ) -> GatewayState:
-    """``tracing``: where request traces go (default: as ``config.tracing`` says)."""
-    fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s)
+                policy: Policy | None = None, tracing: Tracing | None = None,
+                shared: SharedLoad | None = None) -> GatewayState:
+    """``tracing``: where request traces go (default: as ``config.tracing`` says);
+    ``shared``: the box's accounting, for a worker process (``gateway.workers``)."""
+    fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s, shared)
     policy = policy or build_policy(config.policy, where="policy")
     fleet.listen(policy_listener(policy))
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)

@@ -74,6 +74,14 @@ class PromptTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def _ids(self, text: str) -> list[int]:
+        """``encode(text)`` without the offsets and alignments HF ``encode`` also builds
+        (``encode_batch_fast``: about a fifth less CPU on a long prompt)."""
+        fast = getattr(self._tok, "encode_batch_fast", None)
+        if fast is None:
+            return self.encode(text)
+        return list(fast([text], add_special_tokens=False)[0].ids)
+
     def encode_with_ends(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
         """For each text, its ids and, for each id, the character offset where its text
         ends (encoded in parallel by the library's own threads)."""
@@ -99,14 +107,14 @@ class PromptTokenizer:
         budget = first = self._first_budget(max_tokens)
         while True:
             if budget >= len(text):
-                ids = self.encode(text)
+                ids = self._ids(text)
                 return PrefixEncoding(ids[:max_tokens], True, len(ids))
             cut = text.rfind(" ", 0, budget)
             if cut <= 0:
                 budget *= 2
                 continue
             # [0, cut) ends right before a space: its encoding is a prefix of the full one.
-            ids = self.encode(text[:cut])
+            ids = self._ids(text[:cut])
             if len(ids) >= max_tokens:
                 if self._memo is not None:
                     # remembered by the first budget's text; the rest it read is kept to check

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from loadtests.gateway_cpu import SCENARIOS, cpu_ms_per_request
 from loadtests.json_out import print_json
 
 BACKEND_REPLY = json.dumps({
@@ -36,6 +37,15 @@ BACKEND_REPLY = json.dumps({
     "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
     "usage": {"prompt_tokens": 6000, "completion_tokens": 1, "total_tokens": 6001},
 }).encode()
+STREAM_CHUNKS = 10  # SSE events of a streamed answer, a token each, then usage and [DONE]
+_SSE_TOKEN = b"data: " + json.dumps({
+    "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench",
+    "choices": [{"index": 0, "text": " ok", "finish_reason": None}]}).encode() + b"\n\n"
+_SSE_END = b"data: " + json.dumps({
+    "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench",
+    "choices": [], "usage": {"prompt_tokens": 6000, "completion_tokens": STREAM_CHUNKS,
+                             "total_tokens": 6000 + STREAM_CHUNKS}}).encode() \
+    + b"\n\ndata: [DONE]\n\n"
 
 
 async def backend_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -50,9 +60,14 @@ async def backend_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 return
     path = scope["path"]
     more = True
+    tail = b""  # the body's last bytes: a streamed request says so there (bodies() below)
     while more:
         message = await receive()
+        tail = (tail + message.get("body", b""))[-32:]
         more = message.get("more_body", False)
+    if b'"stream": true' in tail:
+        await _stream(send)
+        return
     if path == "/v1/models":
         body = b'{"object":"list","data":[{"id":"bench","object":"model"}]}'
     elif path in ("/health", "/metrics"):
@@ -62,6 +77,17 @@ async def backend_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _stream(send: Any) -> None:
+    """A streamed answer: ``STREAM_CHUNKS`` token events a millisecond apart (so the
+    gateway relays them as separate chunks, as it would an engine's), then usage."""
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    for _ in range(STREAM_CHUNKS):
+        await send({"type": "http.response.body", "body": _SSE_TOKEN, "more_body": True})
+        await asyncio.sleep(0.001)
+    await send({"type": "http.response.body", "body": _SSE_END})
 
 
 def _free_port() -> int:
@@ -161,10 +187,57 @@ def _route_decision_ms(prompts: list[str]) -> dict[str, float]:
             "p99": round(1000 * samples[int(0.99 * (len(samples) - 1))], 3)}
 
 
+def _start_gateway(tmp: str, policy: str, backend: str, workers: int, env: dict[str, str]
+                   ) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    cfg = Path(tmp) / f"{policy}-{workers}.yaml"
+    cfg.write_text(yaml.safe_dump({"port": port, "policy": {"name": policy},
+                                   "replicas": [{"id": "b0", "url": backend}]}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvgate", "--log-level", "WARNING", "serve", "--config",
+         str(cfg), "--workers", str(workers)], env=env)
+    _wait(f"http://127.0.0.1:{port}/ready", proc)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _cpu_table(tmp: str, policies: list[str], backend: str, workers: int,
+               env: dict[str, str], prompts: list[str], args: argparse.Namespace
+               ) -> dict[str, dict[str, float]]:
+    """``cpu_ms_per_request`` per policy and scenario, one gateway at a time (alone on
+    the machine but for the backend and the load)."""
+    table: dict[str, dict[str, float]] = {}
+    for policy in policies:
+        proc, base = _start_gateway(tmp, policy, backend, workers, env)
+        try:
+            table[policy] = {scenario: cpu_ms_per_request(
+                proc.pid, f"{base}/v1/completions", scenario, prompts, args.rate,
+                args.cpu_seconds) for scenario in SCENARIOS}
+        finally:
+            _stop(proc)
+        print("cpu", workers, policy, table[policy], file=sys.stderr)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="gateway worker processes (kvgate serve --workers)")
+    parser.add_argument("--rate", type=float, default=100.0,
+                        help="offered requests/s of the CPU-per-request runs")
+    parser.add_argument("--cpu-seconds", type=float, default=6.0,
+                        help="length of each CPU-per-request run")
+    parser.add_argument("--cpu-policies", default="round_robin,prefix_affinity,cost",
+                        help="policies whose CPU per request is measured (comma-separated)")
+    parser.add_argument("--compare-workers", type=int, default=0, metavar="N",
+                        help="also measure prefix_affinity's CPU per request with N workers "
+                        "(cpu_ms_per_request_by_workers)")
     args = parser.parse_args(argv)
 
     prompts = _prompts()
@@ -173,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
               for p in prompts]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs: list[subprocess.Popen[bytes]] = []
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"workers": args.workers}
     try:
         bport = _free_port()
         procs.append(subprocess.Popen(
@@ -193,16 +266,9 @@ def main(argv: list[str] | None = None) -> int:
             targets[f"client_{client}"] = f"http://127.0.0.1:{cport}"
         with tempfile.TemporaryDirectory() as tmp:
             for policy in ("round_robin", "prefix_affinity"):
-                gport = _free_port()
-                cfg = Path(tmp) / f"{policy}.yaml"
-                cfg.write_text(yaml.safe_dump({
-                    "port": gport, "policy": {"name": policy},
-                    "replicas": [{"id": "b0", "url": targets["direct"]}]}))
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "kvgate", "--log-level", "WARNING", "serve",
-                     "--config", str(cfg)], env=env))
-                _wait(f"http://127.0.0.1:{gport}/ready", procs[-1])
-                targets[f"gateway_{policy}"] = f"http://127.0.0.1:{gport}"
+                proc, targets[f"gateway_{policy}"] = _start_gateway(
+                    tmp, policy, targets["direct"], args.workers, env)
+                procs.append(proc)
             for client in ("httpx", "aiohttp"):
                 _wait_post(f"{targets[f'client_{client}']}/v1/completions", bodies[0])
             for name, base in targets.items():
@@ -211,11 +277,25 @@ def main(argv: list[str] | None = None) -> int:
                     results[name][f"c{conc}"] = asyncio.run(
                         _load(f"{base}/v1/completions", bodies, conc, args.seconds))
                     print(name, conc, results[name][f"c{conc}"], file=sys.stderr)
+            for proc in procs[3:]:  # the gateways: the CPU runs start their own
+                _stop(proc)
+            del procs[3:]
+            policies = [p for p in args.cpu_policies.split(",") if p]
+            results["cpu_ms_per_request"] = _cpu_table(
+                tmp, policies, targets["direct"], args.workers, env, prompts, args)
+            if args.compare_workers:
+                results["cpu_ms_per_request_by_workers"] = {
+                    str(args.workers): {"prefix_affinity":
+                                        results["cpu_ms_per_request"]["prefix_affinity"]},
+                    str(args.compare_workers): _cpu_table(
+                        tmp, ["prefix_affinity"], targets["direct"], args.compare_workers,
+                        env, prompts, args)}
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=10)
+    results["cpu_offered_rate"] = args.rate
     results["route_decision_ms"] = _route_decision_ms(prompts)
     direct = results["direct"]["c32"]["rps"]
     results["ratios"] = {

@@ -2,8 +2,8 @@
 
 It answers like an engine (completions and chat, streamed or not, /health, /metrics in the
 vLLM dialect, /v1/models) and can be told to fail with a status, stall before its first
-byte, stall between chunks, or hold a stream's last chunk until the test releases it. It
-records every body it receives, byte for byte.
+byte, stall between chunks, or hold its first byte or a stream's last chunk until the test
+releases it. It records every body it receives, byte for byte.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Behaviour:
     headers: list[dict[str, str]] = field(default_factory=list)  # of each request received
     cancelled: int = 0
     release: threading.Event | None = None  # a stream's last chunk waits until it is set
+    hold: threading.Event | None = None  # the first byte waits until it is set
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -48,6 +49,8 @@ def fake_replica(b: Behaviour) -> Starlette:
             return JSONResponse({"error": {"message": f"{b.name} failing", "type": "x",
                                            "param": None, "code": None}}, status_code=b.status)
         await asyncio.sleep(b.first_byte_delay_s)
+        if b.hold is not None:
+            await asyncio.to_thread(b.hold.wait, 30)
         obj = "chat.completion" if chat else "text_completion"
         usage = {"prompt_tokens": 10, "completion_tokens": b.chunks,
                  "total_tokens": 10 + b.chunks, "prompt_tokens_details": {"cached_tokens": 4}}

@@ -1,0 +1,203 @@
+"""What the leading worker tells the others: fleet membership and what its health checks
+and scrapes found (``serve --workers N``).
+
+Only worker 0 (the leader) checks and scrapes the replicas and serves the admin API; the
+box is checked once, not once per worker, and an admin change has one writer. The
+leader's fleet is published as one JSON snapshot in a shared memory block every
+``PUBLISH_S`` when it changed; each other worker (a follower) reads it as often and applies
+what is new through the same ``Fleet`` methods the leader's monitor used:
+
+- replicas added or removed, by the admin API or discovery (which only the leader runs),
+  with their slot in ``shared_load``;
+- a health check result, when the replica's check count moved (the follower's own
+  thresholds then eject or readmit, as the leader's did);
+- a scrape, when its sequence moved; the models a replica serves.
+
+Block layout: ``seq u64 | length u64 | crc32 u64 | JSON``. The leader writes ``seq`` odd,
+then the rest, then ``seq`` even (a seqlock); a reader copies the block and accepts it
+only when ``seq`` is the same even number before and after and the CRC matches, so a torn
+read is retried at the next poll, never applied. A follower lags the leader by at most
+about two polls. What a worker learns from its own traffic (passive ejections, the
+policy's state) stays its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import struct
+import time
+import zlib
+from multiprocessing import shared_memory
+from typing import Any
+
+import orjson
+
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.replica_metrics import ScrapedMetrics
+from gateway.shared_load import _view
+from policies.config import from_mapping
+
+log = logging.getLogger("kvgate.box_feed")
+
+PUBLISH_S = 0.05
+BLOCK_BYTES = 1 << 20
+_HEAD = struct.Struct("<QQQ")
+
+
+def snapshot(fleet: Fleet) -> dict[str, Any]:
+    """The leader's fleet as followers need it (API keys travel by reference: files and
+    variables are read again by each worker; an inline key is as the config wrote it)."""
+    return {"replicas": [{
+        "config": dataclasses.asdict(s.config), "slot": s.slot,
+        "forward_auth": s.forward_auth, "source": s.source, "checks": s.checks,
+        "check": list(s.last_check), "scrape_seq": s.scrape_seq,
+        "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
+        "models": list(s.models)} for s in fleet]}
+
+
+class FeedBlock:
+    """The shared memory block and its seqlock (see the module)."""
+
+    def __init__(self, block: shared_memory.SharedMemory) -> None:
+        self.block = block
+        self._buf = _view(block)
+        self._seq = 0
+
+    @staticmethod
+    def create() -> shared_memory.SharedMemory:
+        block = shared_memory.SharedMemory(create=True, size=BLOCK_BYTES)
+        _HEAD.pack_into(_view(block), 0, 0, 0, 0)
+        return block
+
+    def write(self, data: bytes) -> None:
+        if _HEAD.size + len(data) > len(self._buf):
+            raise ValueError(f"fleet snapshot of {len(data)} bytes exceeds the "
+                             f"{BLOCK_BYTES}-byte feed block")
+        self._seq += 1
+        struct.pack_into("<Q", self._buf, 0, 2 * self._seq - 1)
+        self._buf[_HEAD.size:_HEAD.size + len(data)] = data
+        struct.pack_into("<QQ", self._buf, 8, len(data), zlib.crc32(data))
+        struct.pack_into("<Q", self._buf, 0, 2 * self._seq)
+
+    def read(self, after: int) -> tuple[int, bytes] | None:
+        """(seq, data) when a whole snapshot newer than ``after`` is there, else None."""
+        seq, length, crc = _HEAD.unpack_from(self._buf, 0)
+        if seq == after or seq % 2 or length > len(self._buf) - _HEAD.size:
+            return None
+        data = bytes(self._buf[_HEAD.size:_HEAD.size + length])
+        if struct.unpack_from("<Q", self._buf, 0)[0] != seq or zlib.crc32(data) != crc:
+            return None  # written meanwhile: next poll
+        return seq, data
+
+    def close(self) -> None:
+        self._buf.release()
+        self.block.close()
+
+
+class _Applied:
+    __slots__ = ("checks", "scrape_seq")
+
+    def __init__(self) -> None:
+        self.checks = 0
+        self.scrape_seq = 0
+
+
+class BoxFeed:
+    """The leader's publisher or a follower's reader, a task owned by the app's lifespan
+    (``start``/``stop``)."""
+
+    def __init__(self, block: FeedBlock, fleet: Fleet, leader: bool,
+                 failures_to_eject: int, successes_to_readmit: int) -> None:
+        self.block = block
+        self.fleet = fleet
+        self.leader = leader
+        self.failures_to_eject = failures_to_eject
+        self.successes_to_readmit = successes_to_readmit
+        self.seq = 0
+        self._last = b""
+        self._signature: tuple[object, ...] | None = None
+        self._applied: dict[str, _Applied] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, first_within_s: float = 30.0) -> None:
+        """Publish now (leader), or wait for the first snapshot (follower, at most
+        ``first_within_s``); then the loop."""
+        if self.leader:
+            self.publish()
+        else:
+            deadline = time.monotonic() + first_within_s
+            # another process writes the block: nothing here to wait on but the clock
+            while not self.poll() and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(PUBLISH_S)
+            if not self.seq:
+                log.warning("no fleet snapshot from worker 0 within %s s", first_within_s)
+        self._task = asyncio.create_task(self._loop(), name="kvgate-box-feed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(PUBLISH_S)
+            try:
+                if self.leader:
+                    self.publish()
+                else:
+                    self.poll()
+            except Exception:  # one bad round must not end the loop
+                log.exception("fleet snapshot %s failed", "publish" if self.leader else "read")
+
+    def publish(self) -> None:
+        """Write the fleet's snapshot when anything in it moved (a cheap signature is
+        compared first: building the JSON costs ~20 us a replica)."""
+        signature = tuple((s.id, s.slot, s.checks, s.scrape_seq, s.models)
+                          for s in self.fleet)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        data = orjson.dumps(snapshot(self.fleet))
+        if data != self._last:
+            self.block.write(data)
+            self._last = data
+
+    def poll(self) -> bool:
+        """Apply a newer snapshot, if any; True when one was applied."""
+        got = self.block.read(self.seq)
+        if got is None:
+            return False
+        self.seq, data = got
+        self.apply(orjson.loads(data))
+        return True
+
+    def apply(self, snap: dict[str, Any]) -> None:
+        fleet = self.fleet
+        wanted = {r["config"]["id"]: r for r in snap["replicas"]}
+        for state in fleet:
+            if state.id not in wanted:
+                fleet.remove(state.id)
+                self._applied.pop(state.id, None)
+        for rid, r in wanted.items():
+            state = fleet.get(rid) or fleet.add(
+                from_mapping(ReplicaConfig, r["config"], "replica"),
+                forward_auth=r["forward_auth"], source=r["source"], slot=r["slot"])
+            seen = self._applied.setdefault(rid, _Applied())
+            if r["checks"] != seen.checks:
+                seen.checks = r["checks"]
+                ok, error = r["check"]
+                fleet.record_health(rid, ok, error, self.failures_to_eject,
+                                    self.successes_to_readmit)
+            if r["scrape_seq"] != seen.scrape_seq and r["scraped"] is not None:
+                seen.scrape_seq = r["scrape_seq"]
+                fleet.record_scrape(rid, ScrapedMetrics(**r["scraped"]))
+            models = tuple(r["models"])
+            if models != state.models:
+                state.models = models
+                state.models_at = time.monotonic()

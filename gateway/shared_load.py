@@ -1,0 +1,111 @@
+"""Per-replica accounting shared by the gateway's worker processes (``serve --workers N``).
+
+Routing depends on what the whole box has sent a replica and not yet seen answered:
+pending prompt tokens, requests in flight, the oldest unanswered request. Each worker
+keeps its own counts (``ReplicaState``) and copies them into its own cells of one shared
+memory block; a policy's view sums every worker's cells. Layout, all little-endian::
+
+    [0, 8)                         magic (u64)
+    cell(slot, worker) = HEADER + (slot * workers + worker) * CELL_BYTES
+    cell: pending_tokens i64, pending_since_scrape i64, in_flight i64,
+          oldest_sent_at f64 (monotonic, 0 = none), oldest_tokens i64
+
+A replica's slot is fixed when it joins the fleet (configured replicas in order, then each
+added one the next; slots are never reused, so a late write for a removed replica lands
+on a dead slot). Consistency: every cell has exactly one writer (its worker), written
+with aligned 8-byte stores, so no lock is needed and no update is lost. A reader may see
+one worker's cell one update old, or one field of it updated before the next: the sums are
+exact once writes stop, and never off by more than the requests moving at that moment.
+``CLOCK_MONOTONIC`` is one clock for every process of a machine, so ages compare.
+"""
+
+from __future__ import annotations
+
+import struct
+from multiprocessing import shared_memory
+from typing import NamedTuple
+
+MAGIC = 0x6B76676174656C64  # "kvgateld"
+HEADER = 8
+_CELL = struct.Struct("<qqqdq")
+CELL_BYTES = _CELL.size
+
+
+def _view(block: shared_memory.SharedMemory) -> memoryview:
+    buf = block.buf
+    if buf is None:
+        raise ValueError(f"shared memory {block.name!r} is closed")
+    return buf
+
+
+class LoadTotals(NamedTuple):
+    pending_tokens: int
+    pending_since_scrape: int
+    in_flight: int
+    oldest_sent_at: float  # 0.0 when nothing is pending
+    oldest_tokens: int
+
+
+class SharedLoad:
+    """One worker's handle on the block: writes its own cells, reads everyone's."""
+
+    def __init__(self, block: shared_memory.SharedMemory, workers: int, worker: int,
+                 slots: int) -> None:
+        if not 0 <= worker < workers:
+            raise ValueError(f"worker must be in [0, {workers}), got {worker!r}")
+        if block.size < self.size(workers, slots):
+            raise ValueError(f"shared load block {block.name!r} holds {block.size} bytes, "
+                             f"needs {self.size(workers, slots)}")
+        if struct.unpack_from("<Q", _view(block), 0)[0] != MAGIC:
+            raise ValueError(f"shared memory {block.name!r} is not a kvgate load block")
+        self._block = block
+        self._buf = _view(block)
+        self.workers = workers
+        self.worker = worker
+        self.slots = slots
+        self.clear_own()
+
+    @staticmethod
+    def size(workers: int, slots: int) -> int:
+        return HEADER + slots * workers * CELL_BYTES
+
+    @classmethod
+    def create(cls, workers: int, slots: int) -> shared_memory.SharedMemory:
+        """A new zeroed block for ``workers`` x ``slots`` (the supervisor's; it unlinks)."""
+        block = shared_memory.SharedMemory(create=True, size=cls.size(workers, slots))
+        buf = _view(block)
+        buf[: block.size] = bytes(block.size)
+        struct.pack_into("<Q", buf, 0, MAGIC)
+        return block
+
+    def _offset(self, slot: int, worker: int) -> int:
+        # [HEADER, ...): slot-major, one cell per worker within a slot
+        return HEADER + (slot * self.workers + worker) * CELL_BYTES
+
+    def clear_own(self) -> None:
+        """Zero this worker's cells (a restarted worker owns nothing in flight)."""
+        for slot in range(self.slots):
+            _CELL.pack_into(self._buf, self._offset(slot, self.worker), 0, 0, 0, 0.0, 0)
+
+    def write(self, slot: int, pending_tokens: int, pending_since_scrape: int,
+              in_flight: int, oldest_sent_at: float, oldest_tokens: int) -> None:
+        """This worker's counts for the replica in ``slot``."""
+        _CELL.pack_into(self._buf, self._offset(slot, self.worker), pending_tokens,
+                        pending_since_scrape, in_flight, oldest_sent_at, oldest_tokens)
+
+    def totals(self, slot: int) -> LoadTotals:
+        """Every worker's counts for ``slot`` summed; the oldest request of them all."""
+        pending = since = in_flight = oldest_tokens = 0
+        oldest = 0.0
+        for worker in range(self.workers):
+            p, s, f, at, t = _CELL.unpack_from(self._buf, self._offset(slot, worker))
+            pending += p
+            since += s
+            in_flight += f
+            if at and (not oldest or at < oldest):
+                oldest, oldest_tokens = at, t
+        return LoadTotals(pending, since, in_flight, oldest, oldest_tokens)
+
+    def close(self) -> None:
+        self._buf.release()
+        self._block.close()

@@ -1,0 +1,189 @@
+"""``kvgate serve --workers N``: N gateway processes on one port, under a supervisor.
+
+The supervisor (the process started) creates the shared memory blocks (``shared_load``:
+per-replica accounting; ``box_feed``: the leader's fleet snapshot) and a directory for
+prometheus-client's multiprocess mode, then starts the workers (``spawn``). Each worker
+binds the port itself with ``SO_REUSEPORT``, so the kernel spreads connections over them
+without a shared accept queue.
+
+- Worker 0 leads: it alone checks and scrapes the replicas and serves the admin API; the
+  others apply what it publishes (``box_feed``).
+- ``/metrics`` on any worker sums every worker's counters and histograms (multiprocess
+  mode; a removed replica's series stay until restart, since the files outlive it); the
+  per-replica gauges come from the shared accounting, the box's view.
+- Limits (``max_in_flight``, ``max_pending``, ``max_connections``) are the box's: each
+  worker takes its share, rounded up. Each writes its own capture log (``path.w<i>``);
+  ``/admin/prefix-report`` shows worker 0's requests.
+- Discovery runs in worker 0 only; the others take membership from its snapshot.
+- A SIGTERM or SIGINT to the supervisor reaches every worker, which drains as a single
+  gateway does (``ShutdownConfig``); a second stops them at once. Workers sit in their
+  own process group (a terminal's Ctrl-C reaches them once, through the supervisor) and
+  die with it. If a worker exits on its own the supervisor stops the rest and exits 1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import math
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass
+from multiprocessing import connection, shared_memory
+from types import FrameType
+
+from gateway.box_feed import FeedBlock
+from gateway.config import GatewayConfig
+from gateway.shared_load import SharedLoad
+
+log = logging.getLogger("kvgate.workers")
+
+SPARE_SLOTS = 256  # replicas the admin API may add over a supervisor's life
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPlan:
+    """What one worker process is started with."""
+
+    config: GatewayConfig
+    index: int
+    workers: int
+    slots: int
+    load_block: str
+    feed_block: str
+    log_level: str
+
+
+def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConfig:
+    """``config`` for worker ``index``: its share of the box's limits, and a capture log
+    of its own (``path.w<index>``: two writers never share a file)."""
+    limits = config.limits
+    capture = config.capture
+    if capture.path and workers > 1:
+        capture = dataclasses.replace(capture, path=f"{capture.path}.w{index}")
+    return dataclasses.replace(config, capture=capture, limits=dataclasses.replace(
+        limits, max_in_flight=math.ceil(limits.max_in_flight / workers),
+        max_pending=math.ceil(limits.max_pending / workers),
+        max_connections=math.ceil(limits.max_connections / workers)))
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _die_with_parent() -> None:
+    """SIGTERM this process when the supervisor dies (Linux ``PR_SET_PDEATHSIG``)."""
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() == 1:  # the supervisor died before this line
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def worker_main(plan: WorkerPlan) -> None:
+    """One worker: the gateway of ``gateway.serve`` over the shared blocks."""
+    os.setpgid(0, 0)
+    _die_with_parent()
+    logging.basicConfig(level=plan.log_level,
+                        format=f"%(asctime)s %(levelname)s %(name)s[w{plan.index}]: "
+                        "%(message)s")
+    from gateway.admin import create_admin_app
+    from gateway.app import create_app
+    from gateway.box_feed import BoxFeed
+    from gateway.http_server import run_server
+    from gateway.state import build_state
+
+    config = share_of(plan.config, plan.workers, plan.index)
+    load = SharedLoad(shared_memory.SharedMemory(plan.load_block), plan.workers, plan.index,
+                      plan.slots)
+    feed = FeedBlock(shared_memory.SharedMemory(plan.feed_block))
+    gw = build_state(config, shared=load)
+    gw.worker = plan.index
+    gw.box = BoxFeed(feed, gw.fleet, plan.index == 0, config.health.failures_to_eject,
+                     config.health.successes_to_readmit)
+    app = create_app(config, gw)
+    admin_app = None
+    if plan.index == 0 and config.admin.resolved_token():
+        admin_app = create_admin_app(gw)
+
+    def drain() -> None:
+        gw.draining = True
+
+    sock = reuse_port_socket(config.host, config.port)
+    try:
+        run_server(app, config, admin_app, drain, sockets=[sock])
+    finally:
+        sock.close()
+        feed.close()
+        load.close()
+
+
+class Supervisor:
+    def __init__(self, config: GatewayConfig, workers: int, log_level: str) -> None:
+        if workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {workers!r}")
+        self.config = config
+        self.workers = workers
+        self.log_level = log_level
+        self.signals = 0
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+
+    def _forward(self, sig: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        for proc in self.procs:
+            if proc.pid is not None and proc.exitcode is None:
+                os.kill(proc.pid, signal.SIGTERM)
+
+    def run(self) -> int:
+        """Start the workers, forward signals, wait for them all; the exit status."""
+        slots = len(self.config.replicas) + SPARE_SLOTS
+        load = SharedLoad.create(self.workers, slots)
+        feed = FeedBlock.create()
+        metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # the workers inherit it
+        ctx = multiprocessing.get_context("spawn")
+        signal.signal(signal.SIGTERM, self._forward)
+        signal.signal(signal.SIGINT, self._forward)
+        status = 0
+        try:
+            for index in range(self.workers):
+                plan = WorkerPlan(self.config, index, self.workers, slots, load.name,
+                                  feed.name, self.log_level)
+                proc = ctx.Process(target=worker_main, args=(plan,),
+                                   name=f"kvgate-worker-{index}")
+                proc.start()
+                self.procs.append(proc)
+            live = {proc.sentinel: proc for proc in self.procs}
+            while live:
+                for ready in connection.wait(list(live)):
+                    assert isinstance(ready, int)
+                    ended = live.pop(ready)
+                    ended.join()
+                    if not self.signals:
+                        print(f"kvgate serve: {ended.name} exited with {ended.exitcode}; "
+                              "stopping the others", file=sys.stderr)
+                        status = 1
+                        self._forward(signal.SIGTERM, None)
+                    elif ended.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT):
+                        status = 1  # uvicorn re-raises the signal it stopped on
+        finally:
+            self._forward(signal.SIGTERM, None)
+            for worker in self.procs:
+                worker.join(timeout=self.config.shutdown.timeout_s + 5)
+            for block in (load, feed):
+                block.close()
+                block.unlink()
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+        return status

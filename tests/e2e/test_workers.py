@@ -1,0 +1,169 @@
+"""``kvgate serve --workers 2``: two gateway processes on one port that route on the whole
+box's load, answer /metrics for both, apply admin changes together and drain together."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.processes import Process, Processes
+from tests.support.servers import ThreadServer, free_port
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "admin-token-for-tests-0123"
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _per_worker(url: str, wanted: Callable[[dict[Any, float]], bool], what: str,
+                timeout_s: float = 20) -> dict[str, dict[Any, float]]:
+    """/metrics from each of the two workers (a new connection each time, which the
+    kernel hands to either), once both satisfy ``wanted``."""
+    seen: dict[str, dict[Any, float]] = {}
+
+    def both() -> bool:
+        r = httpx.get(f"{url}/metrics", headers={"connection": "close"})
+        seen[r.headers["x-kvgate-worker"]] = _samples(r.text)
+        return len(seen) == 2 and all(wanted(s) for s in seen.values())
+
+    wait_until(both, timeout_s, what)
+    return seen
+
+
+def _gauge(samples: dict[Any, float], name: str, replica: str) -> float | None:
+    return samples.get((name, (("replica", replica),)))
+
+
+class Box:
+    def __init__(self, proc: Process, url: str, admin: str) -> None:
+        self.proc, self.url, self.admin = proc, url, admin
+
+
+@pytest.fixture
+def box(spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path
+        ) -> tuple[Box, Behaviour]:
+    behaviour = Behaviour("r0", chunks=2)
+    replica = serve(fake_replica(behaviour))
+    port, admin_port = free_port(), free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "policy": {"name": "least_load"},
+        "replicas": [{"id": "r0", "url": replica.url}],
+        "health": {"interval_s": 0.2},
+        "admin": {"token": TOKEN, "port": admin_port, "allow_hosts": ["127.0.0.1"]},
+        "shutdown": {"grace_s": 2, "timeout_s": 20}}))
+    url = f"http://127.0.0.1:{port}"
+    proc = spawn("serve", "--config", str(config), "--workers", "2", ready_url=f"{url}/ready")
+    # the first worker up answers everything until the second listens too
+    _per_worker(url, lambda s: True, "both workers to listen")
+    return Box(proc, url, f"http://127.0.0.1:{admin_port}"), behaviour
+
+
+def test_each_worker_sees_the_others_pending_tokens(box: tuple[Box, Behaviour]) -> None:
+    gateway, behaviour = box
+    behaviour.hold = threading.Event()
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    chunks: list[str] = []
+
+    def stream() -> None:
+        for chunk in client.completions.create(model="sim-model", prompt="a long prompt " * 200,
+                                               max_tokens=2, stream=True):
+            chunks.append(chunk.choices[0].text)
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    try:
+        # the replica holds its first byte: both workers must count the request, though
+        # only one of them routed it
+        seen = _per_worker(gateway.url, lambda s: (
+            _gauge(s, "kvgate_replica_in_flight", "r0") == 1
+            and (_gauge(s, "kvgate_replica_queued_tokens", "r0") or 0) > 200),
+            "both workers to see the request held at r0")
+        queued = {w: _gauge(s, "kvgate_replica_queued_tokens", "r0") for w, s in seen.items()}
+        assert queued["0"] == queued["1"]
+        assert not chunks  # no byte had come back
+    finally:
+        behaviour.hold.set()
+        thread.join(30)
+    assert chunks == ["t0 ", "t1 "]
+    _per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_in_flight", "r0") == 0
+                and _gauge(s, "kvgate_replica_queued_tokens", "r0") == 0,
+                "both workers to see it answered")
+
+
+def test_metrics_sum_both_workers(box: tuple[Box, Behaviour]) -> None:
+    gateway, _ = box
+    served: dict[str, int] = {}
+    for i in range(24):
+        # a new connection each: the kernel spreads them over the workers
+        with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused",
+                           http_client=httpx.Client(), max_retries=0) as one:
+            raw = one.completions.with_raw_response.create(model="sim-model",
+                                                           prompt=f"q{i}", max_tokens=2)
+        worker = raw.headers["x-kvgate-worker"]
+        served[worker] = served.get(worker, 0) + 1
+        assert raw.parse().choices[0].text == "r0 ok"
+    assert set(served) == {"0", "1"}, served
+
+    def requests_total(s: dict[Any, float]) -> float:
+        return sum(v for (name, labels), v in s.items()
+                   if name == "kvgate_requests_total" and ("status", "200") in labels)
+
+    _per_worker(gateway.url, lambda s: requests_total(s) == 24,
+                "both workers' /metrics to count all 24 requests")
+
+
+def test_admin_changes_reach_both_workers(box: tuple[Box, Behaviour],
+                                          serve: Callable[..., ThreadServer]) -> None:
+    gateway, _ = box
+    other = serve(fake_replica(Behaviour("r1")))
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    added = httpx.post(f"{gateway.admin}/admin/replicas", headers=auth,
+                       json={"id": "r1", "url": other.url})
+    assert added.status_code == 201, added.text
+    _per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_healthy", "r1") == 1.0,
+                "both workers to have r1, healthy")
+    removed = httpx.delete(f"{gateway.admin}/admin/replicas/r1", headers=auth)
+    assert removed.status_code == 200, removed.text
+    _per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_healthy", "r1") is None
+                and _gauge(s, "kvgate_replica_healthy", "r0") == 1.0,
+                "both workers to drop r1")
+
+
+def test_sigterm_drains_every_worker(box: tuple[Box, Behaviour]) -> None:
+    gateway, behaviour = box
+    behaviour.hold = threading.Event()
+    ends: list[str] = []
+
+    def stream() -> None:
+        body = {"model": "sim-model", "prompt": "drain", "max_tokens": 2, "stream": True}
+        with httpx.stream("POST", f"{gateway.url}/v1/completions", json=body,
+                          timeout=30) as r:
+            ends.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    wait_until(lambda: behaviour.received, 10, "the request to reach the replica")
+    gateway.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: all(httpx.get(f"{gateway.url}/ready",
+                                     headers={"connection": "close"}).status_code == 503
+                           for _ in range(6)), 5, "/ready to go down on every worker")
+    behaviour.hold.set()
+    thread.join(30)
+    assert ends[-1] == "data: [DONE]"
+    assert gateway.proc.wait(timeout=30) == 0

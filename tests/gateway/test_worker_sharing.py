@@ -1,0 +1,205 @@
+"""What worker processes share: the per-replica accounting block, the leader's fleet
+snapshot, and the per-worker share of limits; and the relay's idle watch."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Iterator
+from multiprocessing import shared_memory
+
+import pytest
+
+from gateway.box_feed import BoxFeed, FeedBlock
+from gateway.capture import CaptureConfig
+from gateway.config import GatewayConfig, LimitsConfig, ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.idle_watch import IdleWatch
+from gateway.replica_metrics import ScrapedMetrics
+from gateway.shared_load import SharedLoad
+from gateway.workers import share_of
+
+REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9"), ReplicaConfig("r1", "http://127.0.0.1:8")]
+
+
+@pytest.fixture
+def load_block() -> Iterator[shared_memory.SharedMemory]:
+    block = SharedLoad.create(workers=2, slots=4)
+    yield block
+    block.close()
+    block.unlink()
+
+
+@pytest.fixture
+def feed_block() -> Iterator[shared_memory.SharedMemory]:
+    block = FeedBlock.create()
+    yield block
+    block.close()
+    block.unlink()
+
+
+def _worker(block: shared_memory.SharedMemory, index: int) -> tuple[Fleet, SharedLoad]:
+    # a worker's own handle, as a separate process would open it
+    load = SharedLoad(shared_memory.SharedMemory(block.name), 2, index, 4)
+    return Fleet(list(REPLICAS), shared=load), load
+
+
+def test_each_worker_sees_the_box_pending_tokens(load_block: shared_memory.SharedMemory
+                                                 ) -> None:
+    a, load_a = _worker(load_block, 0)
+    b, load_b = _worker(load_block, 1)
+    try:
+        sent_a = a.sent("r0", 300, now=100.0)
+        sent_b = b.sent("r0", 50, now=90.0)
+        b.sent("r1", 7, now=95.0)
+        for fleet in (a, b):  # the same view from either worker
+            v0, v1 = fleet.views(now=101.0)
+            assert (v0.queued_tokens, v0.in_flight) == (350, 2)
+            assert (v0.pending_age_s, v0.pending_head_tokens) == (11.0, 50)  # b's, older
+            assert (v1.queued_tokens, v1.in_flight) == (7, 1)
+        a.first_byte(sent_a)
+        assert b.views(now=101.0)[0].queued_tokens == 50
+        assert b.views(now=101.0)[0].in_flight == 2  # answering, not done
+        a.done(sent_a)
+        b.done(sent_b)
+        assert a.views(now=101.0)[0].queued_tokens == 0
+        assert a.views(now=101.0)[0].in_flight == 0
+        assert a.views(now=101.0)[0].pending_age_s == 0.0
+        # a scrape resets what each worker counts as sent since it
+        b.sent("r0", 40)
+        b.record_scrape("r0", ScrapedMetrics("vllm", queued_tokens=1000))
+        a.record_scrape("r0", ScrapedMetrics("vllm", queued_tokens=1000))
+        assert a.views()[0].queued_tokens == 1000
+        a.sent("r0", 5)
+        assert b.views()[0].queued_tokens == 1005
+    finally:
+        load_a.close()
+        load_b.close()
+
+
+def test_a_restarted_worker_starts_from_zero(load_block: shared_memory.SharedMemory) -> None:
+    a, load_a = _worker(load_block, 0)
+    a.sent("r0", 300)
+    load_a.close()
+    b, load_b = _worker(load_block, 1)
+    assert b.views()[0].queued_tokens == 300
+    _, load_again = _worker(load_block, 0)  # worker 0 again: its cells are cleared
+    assert b.views()[0].queued_tokens == 0
+    load_b.close()
+    load_again.close()
+
+
+def test_slots_are_never_reused_and_run_out(load_block: shared_memory.SharedMemory) -> None:
+    fleet, load = _worker(load_block, 0)
+    try:
+        fleet.remove("r1")
+        assert fleet.add(ReplicaConfig("r1", "http://127.0.0.1:8")).slot == 2
+        assert fleet.add(ReplicaConfig("r2", "http://127.0.0.1:7")).slot == 3
+        with pytest.raises(ValueError, match="4 slots"):
+            fleet.add(ReplicaConfig("r3", "http://127.0.0.1:6"))
+    finally:
+        load.close()
+
+
+def test_load_block_rejects_a_foreign_block() -> None:
+    block = shared_memory.SharedMemory(create=True, size=SharedLoad.size(2, 4))
+    try:
+        with pytest.raises(ValueError, match="not a kvgate load block"):
+            SharedLoad(block, 2, 0, 4)
+        with pytest.raises(ValueError, match="worker must be in"):
+            SharedLoad(block, 2, 2, 4)
+    finally:
+        block.close()
+        block.unlink()
+
+
+def test_followers_apply_what_the_leader_found(feed_block: shared_memory.SharedMemory
+                                               ) -> None:
+    leader_fleet, follower_fleet = Fleet(list(REPLICAS)), Fleet(list(REPLICAS))
+    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
+                     True, failures_to_eject=2, successes_to_readmit=1)
+    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
+                       follower_fleet, False, failures_to_eject=2, successes_to_readmit=1)
+    try:
+        assert not follower.poll()  # nothing published yet
+        for _ in range(2):  # two failed checks eject r1; the follower sees each
+            leader_fleet.record_health("r1", False, "refused", 2, 1)
+            leader.publish()
+            assert follower.poll()
+        leader_fleet.record_scrape("r0", ScrapedMetrics("vllm", running=3, kv_usage=0.5))
+        leader_fleet.get("r0").models = ("m",)  # type: ignore[union-attr]
+        leader_fleet.add(ReplicaConfig("r2", "http://127.0.0.1:7", weight=2.0),
+                         forward_auth=False)
+        leader_fleet.remove("r0")
+        leader.publish()
+        assert follower.poll()
+        assert not follower.poll()  # nothing new
+        assert [s.id for s in follower_fleet] == ["r1", "r2"]
+        r1, r2 = follower_fleet.get("r1"), follower_fleet.get("r2")
+        assert r1 is not None and not r1.healthy and r1.last_error == "refused"
+        assert r2 is not None and r2.config.weight == 2.0 and r2.slot == 2
+        assert not r2.forward_auth
+        leader_fleet.record_scrape("r1", ScrapedMetrics("vllm", running=4))
+        leader_fleet.record_health("r1", True, None, 2, 1)
+        leader.publish()
+        assert follower.poll()
+        assert r1.healthy and r1.scraped is not None and r1.scraped.running == 4
+    finally:
+        leader.block.close()
+        follower.block.close()
+
+
+def test_a_torn_snapshot_is_never_applied(feed_block: shared_memory.SharedMemory) -> None:
+    writer = FeedBlock(shared_memory.SharedMemory(feed_block.name))
+    reader = FeedBlock(shared_memory.SharedMemory(feed_block.name))
+    try:
+        writer.write(b'{"replicas": []}')
+        got = reader.read(0)
+        assert got is not None and got[1] == b'{"replicas": []}'
+        assert reader.read(got[0]) is None  # seen already
+        buf = feed_block.buf
+        assert buf is not None
+        struct.pack_into("<Q", buf, 0, got[0] + 1)  # a write under way: odd sequence
+        assert reader.read(0) is None
+        struct.pack_into("<Q", buf, 0, got[0] + 2)
+        buf[24] = ord("[")  # bytes that do not match the checksum
+        assert reader.read(0) is None
+        with pytest.raises(ValueError, match="exceeds"):
+            writer.write(b"x" * (1 << 20))
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_each_worker_takes_its_share_of_the_limits_and_its_own_capture_log() -> None:
+    config = GatewayConfig(limits=LimitsConfig(max_in_flight=1025, max_pending=3,
+                                               max_connections=4096))
+    limits = share_of(config, 2).limits
+    assert (limits.max_in_flight, limits.max_pending, limits.max_connections) == \
+        (513, 2, 2048)
+    assert share_of(config, 1).limits == config.limits
+    logged = GatewayConfig(capture=CaptureConfig(path="/tmp/kvgate-capture.jsonl"))
+    assert share_of(logged, 2, 1).capture.path == "/tmp/kvgate-capture.jsonl.w1"
+    assert share_of(logged, 1).capture.path == "/tmp/kvgate-capture.jsonl"
+
+
+async def test_idle_watch_cancels_a_wait_that_lasts_and_spares_busy_ones() -> None:
+    async def relay(gaps_s: list[float], idle_s: float) -> tuple[int, bool]:
+        watch = IdleWatch(idle_s)
+        got = 0
+        try:
+            for gap in gaps_s:
+                watch.waiting()
+                await asyncio.sleep(gap)
+                watch.got()
+                got += 1
+                await asyncio.sleep(gap)  # not waiting upstream: never cancelled here
+        except asyncio.CancelledError:
+            assert watch.fired
+            return got, True
+        finally:
+            watch.stop()
+        return got, False
+
+    assert await relay([0.02] * 10, 0.05) == (10, False)  # 0.4 s in all, no gap of 0.05
+    assert await relay([0.01, 0.01, 0.2], 0.05) == (2, True)
