@@ -205,6 +205,7 @@ class Cost(Policy):
         # the last views a hot key was placed over: (replicas, healthy, scratch indexes)
         self._eligible: tuple[Sequence[ReplicaView], list[bool], set[int]] = ((), [], set())
         self._refreshed: tuple[float, int] | None = None  # (arrival, healthy count)
+        self._others = False  # other gateway copies route to this fleet (``_shared``)
         self._index: tuple[tuple[str, ...], dict[str, int]] = ((), {})
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
 
@@ -386,7 +387,7 @@ class Cost(Policy):
               up: list[bool], in_scratch: set[int]) -> int | None:
         """Index of a hot key's first home: its placement (``placement``), bounded by
         what each replica's cache holds and by a fair share of the hot keys."""
-        if self.config.placement_slack is None:
+        if self.config.placement_slack is None or self._shared():
             for i in walk(points, owners, distinct, prep.key):
                 if up[i] and i not in in_scratch:
                     return i
@@ -400,6 +401,18 @@ class Cost(Policy):
                  if up[i] and i not in in_scratch)
         home = self._placement.place(prep.key, p, order, self._room)
         return None if home is None else index[home]
+
+    def _shared(self) -> bool:
+        """Whether other gateway copies route to this fleet too (the replicas' prefill
+        counters show a third more than this copy sent, with hysteresis): copies cannot
+        agree on a bounded placement without sharing what they placed, so hot keys then
+        take their first ring replica, which every copy agrees on."""
+        scale = self._fleet_scale()
+        if scale > 1.4:
+            self._others = True
+        elif scale < 1.15:
+            self._others = False
+        return self._others
 
     def _room(self, replica: str) -> int:
         """Tokens of hot prefixes ``replica``'s cache is taken to hold."""
@@ -628,6 +641,9 @@ class Cost(Policy):
     def describe(self) -> dict[str, object]:
         return {
             "scratch_size": self._scratch_size,
+            "fleet_scale": self._fleet_scale(),
+            "other_gateway_copies": self._others,
+            "placed_hot_keys": len(self._placement),
             "prefill_s_per_token": self._pace.value_s,
             "pace_samples": self._pace.samples,
             "slot_hold_s": self._slots.hold_s,
