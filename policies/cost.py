@@ -374,6 +374,7 @@ class Cost(Policy):
         self._slots.saw_all(ok)
         rates = [r.prefill_tokens_per_s for r in ok]
         self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
+        self._notice_others()
 
     def _index_of(self, ids: list[str]) -> dict[str, int]:
         """Position of each id in ``ids`` (kept for the last order seen)."""
@@ -403,16 +404,19 @@ class Cost(Policy):
         return None if home is None else index[home]
 
     def _shared(self) -> bool:
-        """Whether other gateway copies route to this fleet too (the replicas' prefill
-        counters show a third more than this copy sent, with hysteresis): copies cannot
-        agree on a bounded placement without sharing what they placed, so hot keys then
-        take their first ring replica, which every copy agrees on."""
+        """Whether other gateway copies route to this fleet too (``_notice_others``):
+        copies cannot agree on a bounded placement without sharing what they placed, so
+        hot keys then take their first ring replica, which every copy agrees on."""
+        return self._others
+
+    def _notice_others(self) -> None:
+        """Other copies route here when the replicas' prefill counters show a third more
+        than this copy sent (and no longer once within 15% of it)."""
         scale = self._fleet_scale()
         if scale > 1.4:
             self._others = True
         elif scale < 1.15:
             self._others = False
-        return self._others
 
     def _room(self, replica: str) -> int:
         """Tokens of hot prefixes ``replica``'s cache is taken to hold."""

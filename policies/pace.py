@@ -15,15 +15,18 @@ from collections import deque
 
 
 class DecayedRate:
-    """Σ tokens x exp(-(now - t) / tau) / tau: a rate in tokens per second."""
+    """Σ tokens x exp(-(now - t) / tau) / tau: a rate in tokens per second. Before ``tau``
+    has passed since the first tokens, the sum is divided by the share of the window seen
+    so far (1 - exp(-elapsed / tau)), so a steady rate reads as itself from the start."""
 
-    __slots__ = ("_acc", "_last", "tau_s")
+    __slots__ = ("_acc", "_first", "_last", "tau_s")
 
     def __init__(self, tau_s: float) -> None:
         if tau_s <= 0:
             raise ValueError(f"tau_s must be > 0, got {tau_s!r}")
         self.tau_s = tau_s
         self._acc = 0.0
+        self._first: float | None = None
         self._last: float | None = None
 
     def add(self, now: float, tokens: float) -> None:
@@ -31,6 +34,8 @@ class DecayedRate:
             self._acc *= math.exp((self._last - now) / self.tau_s)
         if self._last is None or now > self._last:
             self._last = now
+        if self._first is None:
+            self._first = now
         self._acc += tokens
 
     @property
@@ -39,10 +44,12 @@ class DecayedRate:
         return self._last
 
     def rate(self, now: float) -> float:
-        if self._last is None:
+        if self._last is None or self._first is None:
             return 0.0
         decay = math.exp(min(0.0, self._last - now) / self.tau_s)
-        return self._acc * decay / self.tau_s
+        # the share of the window seen; the first add's own second counts as seen
+        seen = -math.expm1(-max(1.0, now - self._first) / self.tau_s)
+        return self._acc * decay / self.tau_s / seen
 
 
 class PrefillPace:

@@ -164,3 +164,22 @@ def test_the_head_index_follows_evictions_restarts_and_removals() -> None:
         # what the index finds agrees with asking every model
         assert set(holders(policy, tokens, fleet)) <= {v.id for v in fleet}
     assert holders(policy, tokens, fleet) == [chosen]
+
+
+def test_other_gateway_copies_are_noticed_from_the_replicas_prefill_counters() -> None:
+    policy = Cost(CostConfig(min_scratch=1))
+
+    def fleet(rate: float) -> list[ReplicaView]:
+        return [ReplicaView(f"r{i}", kv_capacity_tokens=4000, prefill_tokens_per_s=rate)
+                for i in range(8)]
+
+    def traffic(rate: float, start: int, n: int = 400) -> None:
+        for i in range(start, start + n):  # one-off documents, ~10k uncached tokens/s
+            route(policy, doc(20_000 + i), fleet(rate), at=i * 0.1)
+
+    traffic(1300.0, 0)  # the replicas prefill what this copy sends (8 x 1,300 tokens/s)
+    assert policy.describe()["other_gateway_copies"] is False
+    traffic(5000.0, 400, 1200)  # ... then 4x that: three more copies route there
+    assert policy.describe()["other_gateway_copies"] is True
+    traffic(1300.0, 1600, 1200)  # alone again
+    assert policy.describe()["other_gateway_copies"] is False
