@@ -34,7 +34,7 @@ from engine.request import RequestOutput, SamplingParams
 from engine.sim_executor import SimExecutor
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
-from gateway.kv_capacity_estimate import CapacityEstimator
+from gateway.kv_capacity_estimate import CapacityEstimateConfig, CapacityEstimator
 from gateway.replica_metrics import ScrapedMetrics
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.workloads import WorkloadRequest
@@ -56,6 +56,7 @@ class FleetSpec:
     views: Literal["gateway", "exact"] = "gateway"
     dialect: Literal["vllm", "kvgate", "vllm-no-capacity"] = "vllm"
     scrape_interval_s: float = 1.0
+    capacity_estimate: bool = True  # the gateway's online estimate, when none is scraped
 
     def validate(self) -> None:
         for key in ("replicas", "kv_pool_gib", "idle_kv_gib", "max_num_seqs",
@@ -155,7 +156,8 @@ class SimFleet:
         # the gateway's own accounting of this fleet (see the module docstring)
         configs = [ReplicaConfig(r.id, f"http://sim.invalid/{r.id}") for r in self.replicas]
         self.states = [Fleet(configs) for _ in range(gateways)]
-        self.capacity = [CapacityEstimator(state) for state in self.states]
+        estimate = CapacityEstimateConfig(enabled=spec.capacity_estimate)
+        self.capacity = [CapacityEstimator(state, estimate) for state in self.states]
         self._next_scrape = 0.0
         if hashes is not None and (hashes.block_size, hashes.model_id) != (
                 spec.block_size, self.model_id):

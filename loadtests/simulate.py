@@ -342,6 +342,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the replicas' /metrics: vLLM's (no queue gauge), kvgate's, or "
                              "vLLM's without cache_config_info (capacity then estimated "
                              "from KV usage)")
+    parser.add_argument("--no-capacity-estimate", dest="capacity_estimate",
+                        action="store_false",
+                        help="the gateway does not estimate KV capacity from KV usage "
+                             "(with --dialect vllm-no-capacity: policies see none)")
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="seconds of virtual time between scrapes")
     parser.add_argument("--gateways", type=int, default=1,
@@ -377,7 +381,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       idle_kv_gib=pick(args.idle_kv_gib, scenario.idle_kv_gib),
                       max_num_seqs=pick(args.max_num_seqs, scenario.max_num_seqs),
                       eviction=args.eviction, views=args.views, dialect=args.dialect,
-                      scrape_interval_s=args.scrape_interval)
+                      scrape_interval_s=args.scrape_interval,
+                      capacity_estimate=args.capacity_estimate)
     fleet.validate()
     rate = args.rate if args.rate is not None else scenario.rate * args.replicas / 8
     if hasattr(spec, "rate"):  # the workload times its own arrivals
