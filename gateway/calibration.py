@@ -62,11 +62,6 @@ class TokenCalibration:
             return sum(s.replica for s in known) / sum(s.gateway for s in known)
         return sums.replica / sums.gateway
 
-    def learned(self, model: str | None = None) -> bool:
-        """True once ``model`` has a ratio of its own (``min_samples`` answers)."""
-        sums = self._sums.get(model)
-        return sums is not None and sums.samples >= self.min_samples
-
     def to_gateway(self, replica_tokens: float, model: str | None = None) -> int:
         return round(replica_tokens / self.ratio(model))
 

@@ -14,12 +14,17 @@ A sample is taken only when it is clean (``observe`` returns why not otherwise):
 - none started or ended while the scrape was on the wire (``mark`` before, ``observe``
   after);
 - no two of them start alike (they might share blocks, counted once by the replica);
-- usage is above ``usage_floor`` (block rounding dominates below), and the token
-  calibration of every model involved is learned (prompts are counted in gateway tokens).
+- usage is above ``usage_floor`` (block rounding dominates below).
+
+Prompts are counted in gateway tokens and outputs in the replica's (one chunk a token), so a
+sample keeps both apart and the estimate converts prompts with the token calibration's
+current ratio: a sample taken before the ratio was learned is as good as any (until then
+the ratio is 1, as everywhere in the gateway, and the figure is right in gateway tokens).
 
 The estimate over a replica's last ``window`` samples, newest weighted most
 (``decay`` per newer sample)::
 
+    resident_i = prompt_gateway_i x ratio + output_i
     ratios   c_i = resident_i / usage_i ;  m = median(c_i)
     kept     samples with |c_i / m - 1| <= outlier        (a stale gauge, a stray client)
     capacity = sum(w_i resident_i) / sum(w_i usage_i)     over kept  (ratio of sums:
@@ -85,28 +90,35 @@ class CapacityWindow:
 
     def __init__(self, config: CapacityEstimateConfig) -> None:
         self.config = config
-        self._samples: deque[tuple[float, float]] = deque(maxlen=config.window)
+        # (prompt gateway tokens, output replica tokens, usage) per sample
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=config.window)
         self.skipped: Counter[str] = Counter()  # scrapes not taken, by reason
 
     def __len__(self) -> int:
         return len(self._samples)
 
-    def add(self, resident_replica_tokens: float, usage: float) -> None:
-        if resident_replica_tokens <= 0 or usage <= 0:
-            raise ValueError(f"a sample needs resident tokens and usage above 0, got "
-                             f"{resident_replica_tokens!r} and {usage!r}")
-        self._samples.append((resident_replica_tokens, usage))
+    def add(self, prompt_gateway_tokens: float, output_replica_tokens: float,
+            usage: float) -> None:
+        """The running requests' prompts and outputs so far, and the replica's usage."""
+        if min(prompt_gateway_tokens, output_replica_tokens) < 0 or usage <= 0 \
+                or prompt_gateway_tokens + output_replica_tokens <= 0:
+            raise ValueError(f"a sample needs tokens and usage above 0, got "
+                             f"{prompt_gateway_tokens!r}, {output_replica_tokens!r} output "
+                             f"tokens and usage {usage!r}")
+        self._samples.append((prompt_gateway_tokens, output_replica_tokens, usage))
 
-    def estimate(self) -> int | None:
-        """Capacity in replica tokens; None before ``min_samples`` samples agree."""
+    def estimate(self, ratio: float = 1.0) -> int | None:
+        """Capacity in replica tokens (``ratio``: replica tokens per gateway token); None
+        before ``min_samples`` samples agree."""
         cfg = self.config
         if len(self._samples) < cfg.min_samples:
             return None
-        median = statistics.median(r / u for r, u in self._samples)
+        samples = [(p * ratio + o, u) for p, o, u in self._samples]
+        median = statistics.median(r / u for r, u in samples)
         weight = 1.0
         resident = usage = 0.0
         kept = 0
-        for r, u in reversed(self._samples):  # newest first
+        for r, u in reversed(samples):  # newest first
             if abs(r / u / median - 1.0) <= cfg.outlier:
                 resident += weight * r
                 usage += weight * u
@@ -164,17 +176,22 @@ class CapacityEstimator:
         if window is None:
             window = self._windows[replica] = CapacityWindow(self.config)
         why = self._skip_reason(replica, metrics, mark)
-        if why is not None:
+        if why is None:
+            running = self.resident.running(replica)
+            window.add(sum(entry.prompt_gateway_tokens for entry in running),
+                       sum(entry.output_tokens() or 0 for entry in running), metrics.kv_usage)
+        else:
             window.skipped[why] += 1
-            return why
-        calibration = self.fleet.calibration
-        resident = 0.0
-        for entry in self.resident.running(replica):
-            output = entry.output_tokens() or 0
-            resident += entry.prompt_gateway_tokens * calibration.ratio(entry.model) + output
-        window.add(resident, metrics.kv_usage)
-        state.kv_capacity_estimate = window.estimate()
-        return "sampled"
+        # every scrape: the token calibration may have moved since the last sample
+        state.kv_capacity_estimate = window.estimate(self._ratio(replica))
+        return why or "sampled"
+
+    def _ratio(self, replica: str) -> float:
+        """Replica tokens per gateway token for the replica's model (the fleet's mean
+        when it serves several, or none is known)."""
+        state = self.fleet.get(replica)
+        model = state.models[0] if state is not None and len(state.models) == 1 else None
+        return self.fleet.calibration.ratio(model)
 
     def _skip_reason(self, replica: str, metrics: ScrapedMetrics, mark: Mark) -> str | None:
         state = self.fleet.get(replica)
@@ -196,8 +213,6 @@ class CapacityEstimator:
             return "shared_prefix"
         if metrics.kv_usage < self.config.usage_floor or metrics.kv_usage <= 0:
             return "low_usage"
-        if not all(self.fleet.calibration.learned(entry.model) for entry in running):
-            return "uncalibrated"
         return None
 
     def describe(self, replica: str) -> dict[str, object]:
@@ -206,6 +221,7 @@ class CapacityEstimator:
         window = self._windows.get(replica)
         return {
             "replica_tokens": state.kv_capacity_estimate if state is not None else None,
+            "replica_tokens_per_gateway_token": self._ratio(replica),
             "samples": len(window) if window is not None else 0,
             "skipped": dict(window.skipped) if window is not None else {},
         }

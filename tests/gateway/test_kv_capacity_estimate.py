@@ -18,13 +18,13 @@ from policies.config import ConfigError, from_mapping
 BLOCK = 16
 
 
-def synthetic_sample(rng: random.Random, capacity: int) -> tuple[float, float]:
+def synthetic_sample(rng: random.Random, capacity: int) -> tuple[float, float, float]:
     """A replica running 1-4 requests of 200-6,000 tokens: usage counts whole blocks, and
     the gauge is read with 3% noise."""
     lengths = [rng.randint(200, 6000) for _ in range(rng.randint(1, 4))]
     blocks = sum(-(-n // BLOCK) for n in lengths)
     usage = blocks * BLOCK / capacity * rng.gauss(1.0, 0.03)
-    return float(sum(lengths)), min(1.0, usage)
+    return float(sum(lengths)), 0.0, min(1.0, usage)
 
 
 def test_estimate_on_noisy_samples_with_outliers_is_within_3_percent() -> None:
@@ -32,12 +32,12 @@ def test_estimate_on_noisy_samples_with_outliers_is_within_3_percent() -> None:
     for capacity in (12_000, 50_000, 400_000):
         window = CapacityWindow(CapacityEstimateConfig())
         for i in range(200):
-            resident, usage = synthetic_sample(rng, capacity)
+            resident, _, usage = synthetic_sample(rng, capacity)
             if usage < 0.02:
                 continue
             if i % 10 == 0:  # a request of another client the gateway cannot see
                 usage = min(1.0, usage * rng.uniform(1.5, 3.0))
-            window.add(resident, usage)
+            window.add(resident, 0.0, usage)
         estimate = window.estimate()
         assert estimate is not None
         assert abs(estimate - capacity) <= 0.03 * capacity, (capacity, estimate)
@@ -46,10 +46,11 @@ def test_estimate_on_noisy_samples_with_outliers_is_within_3_percent() -> None:
 def test_no_estimate_before_min_samples_agree() -> None:
     window = CapacityWindow(CapacityEstimateConfig(min_samples=8))
     for _ in range(7):
-        window.add(1000.0, 0.1)
+        window.add(900.0, 100.0, 0.1)
     assert window.estimate() is None
-    window.add(1000.0, 0.1)
+    window.add(900.0, 100.0, 0.1)
     assert window.estimate() == 10_000
+    assert window.estimate(ratio=0.5) == 5_500  # prompts in gateway tokens, outputs not
 
 
 def test_estimate_follows_a_changed_capacity_within_a_window() -> None:
@@ -151,15 +152,26 @@ def test_unclean_scrapes_are_skipped_with_their_reason() -> None:
     same.stream(1000, head=5)
     same.stream(1100, head=5)  # the same document: blocks shared on the replica
     assert same.scrape(scrape(0.1, running=2)) == "shared_prefix"
-
-    fresh = Fleet([ReplicaConfig("r0", "http://127.0.0.1:9")])  # no answers seen yet
-    early = Replica(fresh, CapacityEstimator(fresh))
-    early.stream(1000, head=1)
-    assert early.scrape(scrape(0.1, running=1)) == "uncalibrated"
     window = estimator.window("r0")
     assert window is not None and len(window) == 0
     assert window.skipped == {"idle": 1, "waiting": 1, "other_load": 1, "low_usage": 1,
                               "unsettled": 1, "moved": 1}
+
+
+def test_samples_taken_before_the_token_ratio_was_learned_follow_it() -> None:
+    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:9")])  # no answers seen yet
+    estimator = CapacityEstimator(fleet)
+    replica = Replica(fleet, estimator)
+    replica.stream(3000, head=1, output=0)
+    for _ in range(8):
+        replica.scrape(scrape(0.1, running=1))
+    state = fleet.get("r0")
+    assert state is not None and state.kv_capacity_estimate == 30_000  # ratio 1 so far
+    for _ in range(8):  # the replica counts a third of the gateway's tokens
+        fleet.calibration.observe("m", 1000, 3000)
+    replica.scrape(scrape(0.1, running=2))  # skipped, yet the estimate is recomputed
+    assert state.kv_capacity_estimate == 10_000
+    assert fleet.views()[0].kv_capacity_tokens == 30_000  # the same, in gateway tokens
 
 
 def test_scraped_and_configured_capacity_win_over_the_estimate() -> None:
@@ -200,7 +212,8 @@ def test_a_restart_drops_the_estimate_and_a_removal_forgets_the_replica() -> Non
     assert state.kv_capacity() == (None, None)
     fleet.remove("r0")
     assert estimator.resident.running("r0") == ()
-    assert estimator.describe("r0") == {"replica_tokens": None, "samples": 0, "skipped": {}}
+    info = estimator.describe("r0")
+    assert (info["replica_tokens"], info["samples"], info["skipped"]) == (None, 0, {})
 
 
 def test_the_prompt_head_tells_shared_documents_apart() -> None:
