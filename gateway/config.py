@@ -29,7 +29,7 @@ Example (every key but ``replicas`` has a default)::
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
              request_failures_to_eject: 3, ejection_s: 10}
     scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60,
-             kv_capacity_estimate: {enabled: true, min_samples: 8, window: 64}}
+             kv_capacity_estimate: {enabled: true, min_samples: 3, window: 64}}
     discovery: [{type: dns, name: vllm-headless.llm.svc.cluster.local, port: 8000},
                 {type: kubernetes, namespace: llm, service: vllm, port_name: http}]
                 # replicas found at run time, next to ``replicas`` (gateway.discovery.config)

@@ -65,7 +65,9 @@ class CapacityEstimateConfig:
     """``scrape.kv_capacity_estimate`` in the gateway's YAML."""
 
     enabled: bool = True
-    min_samples: int = 8
+    # few: policies place prefixes by capacity from the start (samples are good to within
+    # block rounding; an outlier among the first few holds the figure back until more agree)
+    min_samples: int = 3
     window: int = 64
     decay: float = 0.97
     usage_floor: float = 0.02

@@ -88,7 +88,7 @@ def test_capacity_is_estimated_from_usage_within_15_percent(spawn: Processes,
     for rid, r in listed.items():
         estimate = r["kv_capacity_replica_tokens"]
         assert abs(estimate - truth) <= 0.15 * truth, (rid, estimate, truth)
-        assert r["kv_capacity_estimate"]["samples"] >= 8
+        assert r["kv_capacity_estimate"]["samples"] >= 3
         # what policies see, in gateway tokens
         ratio = r["replica_tokens_per_gateway_token"]
         assert abs(r["kv_capacity_tokens"] - estimate / ratio) <= 1

@@ -119,10 +119,12 @@ def test_clean_scrapes_publish_an_estimate_in_gateway_tokens() -> None:
     replica.stream(4000, head=1, output=10)  # 2,000 replica tokens + 10 generated
     state = fleet.get("r0")
     assert state is not None
-    for _ in range(8):
+    for _ in range(estimator.config.min_samples):
         assert state.kv_capacity().source is None
         assert replica.scrape(scrape(0.1, running=1)) == "sampled"
     assert state.kv_capacity() == (20_100, "estimated")
+    for _ in range(5):
+        replica.scrape(scrape(0.1, running=1))
     view = fleet.views()[0]
     assert view.kv_capacity_tokens == 40_200  # in gateway tokens
     info = estimator.describe("r0")
