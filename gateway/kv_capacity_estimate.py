@@ -95,6 +95,8 @@ class CapacityWindow:
         # (prompt gateway tokens, output replica tokens, usage) per sample
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=config.window)
         self.skipped: Counter[str] = Counter()  # scrapes not taken, by reason
+        self.ratio = 1.0  # the token ratio the last estimate was made with
+        self.ratio_learned = False  # ... and whether it was learned then
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -185,15 +187,16 @@ class CapacityEstimator:
         else:
             window.skipped[why] += 1
         # every scrape: the token calibration may have moved since the last sample
-        state.estimated_kv_replica_tokens = window.estimate(self._ratio(replica))
+        model = self._model(replica)
+        window.ratio = self.fleet.calibration.ratio(model)
+        window.ratio_learned = self.fleet.calibration.learned(model)
+        state.estimated_kv_replica_tokens = window.estimate(window.ratio)
         return why or "sampled"
 
-    def _ratio(self, replica: str) -> float:
-        """Replica tokens per gateway token for the replica's model (the fleet's mean
-        when it serves several, or none is known)."""
+    def _model(self, replica: str) -> str | None:
+        """The replica's model when it serves one (else the fleet's mean ratio serves)."""
         state = self.fleet.get(replica)
-        model = state.models[0] if state is not None and len(state.models) == 1 else None
-        return self.fleet.calibration.ratio(model)
+        return state.models[0] if state is not None and len(state.models) == 1 else None
 
     def _skip_reason(self, replica: str, metrics: ScrapedMetrics, mark: Mark) -> str | None:
         state = self.fleet.get(replica)
@@ -223,7 +226,10 @@ class CapacityEstimator:
         window = self._windows.get(replica)
         return {
             "replica_tokens": state.estimated_kv_replica_tokens if state is not None else None,
-            "replica_tokens_per_gateway_token": self._ratio(replica),
+            # the token ratio the figure was made with (at the last scrape), and whether it
+            # was learned then: until it is, the figure is right in gateway tokens only
+            "replica_tokens_per_gateway_token": window.ratio if window is not None else None,
+            "ratio_learned": window.ratio_learned if window is not None else False,
             "samples": len(window) if window is not None else 0,
             "skipped": dict(window.skipped) if window is not None else {},
         }

@@ -79,7 +79,8 @@ def test_capacity_is_estimated_from_usage_within_15_percent(spawn: Processes,
 
     def all_estimated() -> dict[str, dict[str, Any]] | None:
         listed = replicas(fleet)
-        done = all(r["kv_capacity_source"] == "estimated" for r in listed.values())
+        done = all(r["kv_capacity_source"] == "estimated"
+                   and r["kv_capacity_estimate"]["ratio_learned"] for r in listed.values())
         return listed if done else None
 
     listed, answered = streamed_traffic_until(fleet, all_estimated)
@@ -108,7 +109,8 @@ def test_a_scraped_capacity_wins_and_the_estimate_agrees_with_it(spawn: Processe
 
     def all_estimated() -> dict[str, dict[str, Any]] | None:
         listed = replicas(fleet)
-        done = all(r["kv_capacity_estimate"]["replica_tokens"] for r in listed.values())
+        done = all(r["kv_capacity_estimate"]["replica_tokens"]
+                   and r["kv_capacity_estimate"]["ratio_learned"] for r in listed.values())
         return listed if done else None
 
     listed, _ = streamed_traffic_until(fleet, all_estimated)

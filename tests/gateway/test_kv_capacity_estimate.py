@@ -169,10 +169,12 @@ def test_samples_taken_before_the_token_ratio_was_learned_follow_it() -> None:
         replica.scrape(scrape(0.1, running=1))
     state = fleet.get("r0")
     assert state is not None and state.estimated_kv_replica_tokens == 30_000  # ratio 1 so far
+    assert not estimator.describe("r0")["ratio_learned"]
     for _ in range(8):  # the replica counts a third of the gateway's tokens
         fleet.calibration.observe("m", 1000, 3000)
     replica.scrape(scrape(0.1, running=2))  # skipped, yet the estimate is recomputed
     assert state.estimated_kv_replica_tokens == 10_000
+    assert estimator.describe("r0")["ratio_learned"]
     assert fleet.views()[0].kv_capacity_tokens == 30_000  # the same, in gateway tokens
 
 
