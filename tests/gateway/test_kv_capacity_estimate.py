@@ -4,9 +4,11 @@ scrape is taken as a sample, and that a scraped or configured capacity always wi
 from __future__ import annotations
 
 import random
+from multiprocessing import shared_memory
 
 import pytest
 
+from gateway.box_feed import BoxFeed, FeedBlock
 from gateway.config import GatewayConfig, ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.kv_capacity_estimate import CapacityEstimateConfig, CapacityEstimator, CapacityWindow
@@ -229,3 +231,27 @@ def test_the_prompt_head_tells_shared_documents_apart() -> None:
     assert prompt_head_key(completion(doc_a + "Q1")) == prompt_head_key(completion(doc_a + "Q2"))
     assert prompt_head_key(completion(doc_a)) != prompt_head_key(completion(doc_b))
     assert prompt_head_key(completion(doc_a, "t1")) != prompt_head_key(completion(doc_a, "t2"))
+
+
+def test_worker_processes_take_the_leaders_estimate() -> None:
+    leader_fleet = calibrated_fleet()
+    follower_fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:9")])
+    block = FeedBlock.create()
+    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(block.name)), leader_fleet, True,
+                     failures_to_eject=2, successes_to_readmit=1)
+    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(block.name)), follower_fleet,
+                       False, failures_to_eject=2, successes_to_readmit=1)
+    try:
+        replica = Replica(leader_fleet, CapacityEstimator(leader_fleet))
+        replica.stream(1000, head=1)
+        for _ in range(3):  # only the leader scrapes
+            replica.scrape(scrape(0.1, running=1))
+            leader.publish()
+            follower.poll()
+        state = follower_fleet.get("r0")
+        assert state is not None and state.kv_capacity() == (10_000, "estimated")
+    finally:
+        leader.block.close()
+        follower.block.close()
+        block.close()
+        block.unlink()
