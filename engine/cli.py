@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-events-endpoint", default=None,
                         help="publish KV cache events (vLLM's ZMQ format) on a PUB socket "
                              "bound here, e.g. tcp://*:5557 (default: off)")
+    parser.add_argument("--no-cache-config-info", action="store_true",
+                        help="leave vllm:cache_config_info (the KV capacity) out of /metrics, "
+                             "as a replica that exports its KV usage but not its capacity")
     parser.add_argument("--kv-events-topic", default="", help="topic frame of KV events")
     parser.add_argument("--kv-events-replay-endpoint", default=None,
                         help="ZMQ ROUTER endpoint serving the recent KV event batches again "
@@ -133,7 +136,8 @@ def build_server(args: argparse.Namespace) -> Any:
         publisher = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic,
                                      replay_endpoint=args.kv_events_replay_endpoint)
     return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,
-                        sleep_modeled_time=args.executor == "sim", kv_events=publisher)
+                        sleep_modeled_time=args.executor == "sim", kv_events=publisher,
+                        cache_config_info=not args.no_cache_config_info)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,8 @@ Counters and gauges come from :class:`engine.scheduler.EngineStats` and the KV p
 by the server's engine loop from each step and the per-request times in its outputs. As in
 vLLM, every series is labelled ``model_name`` and ``engine`` (the data-parallel rank: one
 engine here, ``"0"``), exists from start-up, and ``process_*`` describe the process.
+``cache_config_info=False`` leaves out ``vllm:cache_config_info``, as a replica that tells
+its KV usage but not its capacity.
 
 Per-request phases, in the engine's clock::
 
@@ -53,9 +55,11 @@ def buckets_1_2_5(limit: int) -> tuple[int, ...]:
 
 
 class _CoreCollector(Collector):
-    def __init__(self, core: EngineCore, model_name: str, engine: str) -> None:
+    def __init__(self, core: EngineCore, model_name: str, engine: str,
+                 cache_config_info: bool = True) -> None:
         self._core = core
         self._values = [model_name, engine]
+        self._cache_config_info = cache_config_info
 
     def collect(self) -> Iterator[Metric]:
         core, labels, values = self._core, [m.MODEL_NAME_LABEL, m.ENGINE_LABEL], self._values
@@ -87,6 +91,8 @@ class _CoreCollector(Collector):
         yield counter(m.GENERATION_TOKENS, "Generated tokens.", stats.generation_tokens)
         yield counter(m.NUM_PREEMPTIONS, "Preempted requests (recomputed later).",
                       stats.num_preemptions)
+        if not self._cache_config_info:
+            return
         info = GaugeMetricFamily(m.CACHE_CONFIG_INFO, "KV cache configuration.",
                                  labels=["block_size", "num_gpu_blocks", m.ENGINE_LABEL])
         info.add_metric([str(core.block_size), str(core.kv.num_blocks), values[1]], 1.0)
@@ -108,9 +114,10 @@ class EngineMetrics:
 
     ``started``, ``observe_step`` and ``ended_early`` run on the event loop's thread."""
 
-    def __init__(self, core: EngineCore, model_name: str, engine: str = "0") -> None:
+    def __init__(self, core: EngineCore, model_name: str, engine: str = "0",
+                 cache_config_info: bool = True) -> None:
         self.registry = r = CollectorRegistry(auto_describe=False)
-        r.register(_CoreCollector(core, model_name, engine))
+        r.register(_CoreCollector(core, model_name, engine, cache_config_info))
         ProcessCollector(registry=r)
         labels, values = [m.MODEL_NAME_LABEL, m.ENGINE_LABEL], (model_name, engine)
         token_buckets = buckets_1_2_5(core.config.max_model_len)

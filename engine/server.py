@@ -53,7 +53,8 @@ class EngineServer:
     """Owns the async engine, metrics and tokenizer of one served model."""
 
     def __init__(self, core: EngineCore, tokenizer: Any, *, model_name: str,
-                 sleep_modeled_time: bool, kv_events: KVEventPublisher | None = None) -> None:
+                 sleep_modeled_time: bool, kv_events: KVEventPublisher | None = None,
+                 cache_config_info: bool = True) -> None:
         self.core = core
         # The pool records KV events only when they are published; they are drained on
         # the loop thread between steps (after a step, or inside an engine call).
@@ -63,7 +64,7 @@ class EngineServer:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = core.config.max_model_len
-        self.metrics = EngineMetrics(core, model_name)
+        self.metrics = EngineMetrics(core, model_name, cache_config_info=cache_config_info)
         self.engine = AsyncEngine(core, sleep_modeled_time=sleep_modeled_time,
                                   on_step=self._observe)
         self.created = int(time.time())

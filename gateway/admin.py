@@ -55,12 +55,17 @@ def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
     state = gw.fleet.get(replica_id)
     assert state is not None
     view = state.view(time.monotonic(), gw.fleet.calibration.ratio())
+    capacity = state.kv_capacity()
     return {
         "id": view.id, "url": view.url, "source": state.source, "weight": view.weight,
         "healthy": view.healthy,
         "last_error": state.last_error, "queued_tokens": view.queued_tokens,
         "running": view.running, "waiting": view.waiting, "in_flight": view.in_flight,
         "kv_usage": view.kv_usage, "kv_capacity_tokens": view.kv_capacity_tokens,
+        # where kv_capacity_tokens came from: scraped, configured or estimated (or null)
+        "kv_capacity_source": capacity.source,
+        "kv_capacity_replica_tokens": capacity.replica_tokens,
+        "kv_capacity_estimate": gw.kv_capacity.describe(state.id),
         "token_hit_rate": view.token_hit_rate, "epoch": view.epoch,
         "models": list(state.models),
         "dialect": state.scraped.dialect if state.scraped else None,

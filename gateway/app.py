@@ -11,8 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -35,6 +34,7 @@ from gateway.passthrough import passthrough
 from gateway.proxy import Proxy, UpstreamStream
 from gateway.relay_response import answer
 from gateway.request_parse import Endpoint
+from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
 from gateway.tracing import RequestTrace
@@ -86,12 +86,16 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     route_req, decision = routing.request, routing.decision
     ranked = _under_queue_bound(gw, decision.ranked)
 
+    held: list[Resident] = []  # the answer, while it streams, in the KV capacity estimate
+
     def on_sent(replica: str) -> None:
         gw.policy.observe(Routed(route_req, replica, routing.views))
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()
         trace.answered(stream)
+        for entry in held:
+            gw.kv_capacity.resident.ended(entry)
         usage = stream.usage()
         cached = None
         if usage is not None:
@@ -119,14 +123,13 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         ranked, path, intake.raw, headers,
         lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done,
         intake.parsed.stream)
-    if stream.stream and not _asks_usage(intake.parsed.body):
-        stream.count_events()  # its output tokens are then its content chunks
+    if stream.stream:
+        stream.count_events()  # its output tokens (so far) are its content chunks
+        if stream.duration_s is None:  # still open: the replica holds its prompt
+            held.append(gw.kv_capacity.resident.started(
+                stream.replica, route_req.model, route_req.prompt_tokens,
+                prompt_head_key(intake.parsed), stream.content_chunks))
     return stream
-
-
-def _asks_usage(body: Mapping[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 def _under_queue_bound(gw: GatewayState, ranked: tuple[str, ...]) -> tuple[str, ...]:
@@ -212,7 +215,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                              forward_client_auth=not gw.auth.on)
             stack.callback(gw.proxy.close)
             if gw.box is None or gw.box.leader:  # with workers, one checks for the box
-                gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
+                gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape,
+                                     gw.kv_capacity)
                 stack.push_async_callback(gw.monitor.stop)
                 await gw.monitor.start()
                 stack.push_async_callback(discovery.stop)  # ... and discovers

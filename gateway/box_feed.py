@@ -11,7 +11,8 @@ what is new through the same ``Fleet`` methods the leader's monitor used:
   with their slot in ``shared_load``;
 - a health check result, when the replica's check count moved (the follower's own
   thresholds then eject or readmit, as the leader's did);
-- a scrape, when its sequence moved; the models a replica serves.
+- a scrape, when its sequence moved, with the KV capacity the leader estimated from it
+  (``gateway.kv_capacity_estimate``); the models a replica serves.
 
 Block layout: ``seq u64 | length u64 | crc32 u64 | JSON``. The leader writes ``seq`` odd,
 then the rest, then ``seq`` even (a seqlock); a reader copies the block and accepts it
@@ -56,6 +57,7 @@ def snapshot(fleet: Fleet) -> dict[str, Any]:
         "forward_auth": s.forward_auth, "source": s.source, "checks": s.checks,
         "check": list(s.last_check), "scrape_seq": s.scrape_seq,
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
+        "estimated_kv_replica_tokens": s.estimated_kv_replica_tokens,
         "models": list(s.models)} for s in fleet]}
 
 
@@ -197,6 +199,7 @@ class BoxFeed:
             if r["scrape_seq"] != seen.scrape_seq and r["scraped"] is not None:
                 seen.scrape_seq = r["scrape_seq"]
                 fleet.record_scrape(rid, ScrapedMetrics(**r["scraped"]))
+                state.estimated_kv_replica_tokens = r["estimated_kv_replica_tokens"]
             models = tuple(r["models"])
             if models != state.models:
                 state.models = models

@@ -62,6 +62,14 @@ class TokenCalibration:
             return sum(s.replica for s in known) / sum(s.gateway for s in known)
         return sums.replica / sums.gateway
 
+    def learned(self, model: str | None = None) -> bool:
+        """True once ``ratio(model)`` rests on answers (the model's own, or other
+        models'), rather than the 1 assumed before any."""
+        sums = self._sums.get(model)
+        if sums is not None and sums.samples >= self.min_samples:
+            return True
+        return any(s.samples >= self.min_samples for s in self._sums.values())
+
     def to_gateway(self, replica_tokens: float, model: str | None = None) -> int:
         return round(replica_tokens / self.ratio(model))
 

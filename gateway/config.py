@@ -28,7 +28,8 @@ Example (every key but ``replicas`` has a default)::
                buffer_bytes: 1048576}
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
              request_failures_to_eject: 3, ejection_s: 10}
-    scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60}
+    scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60,
+             kv_capacity_estimate: {enabled: true, min_samples: 3, window: 64}}
     discovery: [{type: dns, name: vllm-headless.llm.svc.cluster.local, port: 8000},
                 {type: kubernetes, namespace: llm, service: vllm, port_name: http}]
                 # replicas found at run time, next to ``replicas`` (gateway.discovery.config)
@@ -51,6 +52,7 @@ import yaml
 from gateway.capture import CaptureConfig, PrefixReportConfig
 from gateway.client_auth import ClientKey
 from gateway.discovery.config import DiscoverySourceConfig
+from gateway.kv_capacity_estimate import CapacityEstimateConfig
 from gateway.secret_source import resolve_secret
 from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
@@ -148,6 +150,9 @@ class ScrapeConfig:
     timeout_s: float = 1.0
     hit_rate_window_s: float = 60.0
     enabled: bool = True
+    # capacity from kv_cache_usage_perc, for replicas whose /metrics tell none
+    kv_capacity_estimate: CapacityEstimateConfig = field(
+        default_factory=CapacityEstimateConfig)
 
     def validate(self) -> None:
         _positive(self, "interval_s", "timeout_s", "hit_rate_window_s")

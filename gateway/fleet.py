@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gateway.calibration import TokenCalibration
 from gateway.config import ReplicaConfig
@@ -34,6 +35,15 @@ from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView
 
 def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() != "authorization"}
+
+
+class KVCapacity(NamedTuple):
+    """A replica's KV capacity in its own tokens, and where the figure came from:
+    ``scraped`` (its gauges), ``configured`` (``kv_capacity_tokens``) or ``estimated``
+    (``gateway.kv_capacity_estimate``); both None when nothing tells it."""
+
+    replica_tokens: int | None
+    source: str | None
 
 
 @dataclass(slots=True, eq=False)
@@ -77,6 +87,7 @@ class ReplicaState:
     last_check: tuple[bool, str | None] = (True, None)
     shared: SharedLoad | None = None  # the box's accounting, with worker processes
     slot: int = -1  # this replica's cells there
+    estimated_kv_replica_tokens: int | None = None  # see gateway.kv_capacity_estimate
     hits: HitRateWindow = field(init=False)
     credentials: dict[str, str] = field(init=False)  # headers carrying its api_key, if any
 
@@ -122,6 +133,18 @@ class ReplicaState:
                               self.in_flight, oldest.sent_at if oldest is not None else 0.0,
                               oldest.tokens if oldest is not None else 0)
 
+    def kv_capacity(self) -> KVCapacity:
+        """Scraped beats configured beats estimated: an estimate never overrides a figure
+        the replica or its operator gave."""
+        s = self.scraped
+        if s is not None and s.kv_capacity_tokens:
+            return KVCapacity(s.kv_capacity_tokens, "scraped")
+        if self.config.kv_capacity_tokens is not None:
+            return KVCapacity(self.config.kv_capacity_tokens, "configured")
+        if self.estimated_kv_replica_tokens is not None:
+            return KVCapacity(self.estimated_kv_replica_tokens, "estimated")
+        return KVCapacity(None, None)
+
     def queued_tokens(self, ratio: float = 1.0, load: LoadTotals | None = None) -> int:
         """Prompt tokens queued, in gateway tokens (a scraped gauge counts the replica's
         tokens; ``ratio`` is replica tokens per gateway token)."""
@@ -136,8 +159,7 @@ class ReplicaState:
         now = time.monotonic() if now is None else now
         s = self.scraped
         load = self.load()
-        capacity = s.kv_capacity_tokens if s and s.kv_capacity_tokens else \
-            self.config.kv_capacity_tokens
+        capacity = self.kv_capacity().replica_tokens
         prefill = self.hits.prefill_per_s()
         return ReplicaView(
             id=self.id, url=self.config.base_url, healthy=self.healthy,

@@ -17,6 +17,7 @@ import aiohttp
 
 from gateway.config import HealthConfig, ScrapeConfig
 from gateway.fleet import Fleet, ReplicaState
+from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.replica_metrics import parse_metrics
 
 log = logging.getLogger("kvgate.monitor")
@@ -24,8 +25,9 @@ log = logging.getLogger("kvgate.monitor")
 
 class Monitor:
     def __init__(self, fleet: Fleet, session: aiohttp.ClientSession, health: HealthConfig,
-                 scrape: ScrapeConfig) -> None:
+                 scrape: ScrapeConfig, capacity: CapacityEstimator | None = None) -> None:
         self.fleet = fleet
+        self.capacity = capacity  # told each scrape, to estimate KV capacity
         self.session = session
         self.health_cfg = health
         self.scrape_cfg = scrape
@@ -126,6 +128,7 @@ class Monitor:
         await asyncio.gather(*(self.scrape_one(s) for s in self.fleet if s.healthy))
 
     async def scrape_one(self, state: ReplicaState) -> None:
+        mark = self.capacity.mark(state.id) if self.capacity is not None else None
         try:
             async with asyncio.timeout(self.scrape_cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/metrics",
@@ -144,3 +147,5 @@ class Monitor:
             return
         if self.fleet.record_scrape(state.id, metrics):
             log.warning("replica %s restarted (its prefix-cache counters went back)", state.id)
+        if self.capacity is not None:
+            self.capacity.observe(state.id, metrics, mark)

@@ -14,6 +14,7 @@ from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, FleetListener
+from gateway.kv_capacity_estimate import CapacityCollector, CapacityEstimator
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.networks import Networks
@@ -41,6 +42,7 @@ class GatewayState:
     access: AccessLog
     tracing: Tracing
     capture: Capture
+    kv_capacity: CapacityEstimator
     proxy: Proxy | None = None
     draining: bool = False  # a shutdown began: /ready answers 503
 
@@ -76,8 +78,11 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
     trusted = Networks(config.trusted_proxies)
-    return GatewayState(config, fleet, policy, GatewayMetrics(fleet, policy.reasons), router,
-                        Admission(config.limits), trusted,
-                        Tenancy(config.tenancy, trusted), ClientAuth(config.auth.api_keys),
-                        AccessLog(config.access_log), tracing or build_tracing(config.tracing),
-                        Capture(config.capture, config.prefix_report))
+    metrics = GatewayMetrics(fleet, policy.reasons)
+    metrics.registry.register(CapacityCollector(fleet))
+    return GatewayState(config, fleet, policy, metrics, router, Admission(config.limits),
+                        trusted, Tenancy(config.tenancy, trusted),
+                        ClientAuth(config.auth.api_keys), AccessLog(config.access_log),
+                        tracing or build_tracing(config.tracing),
+                        Capture(config.capture, config.prefix_report),
+                        CapacityEstimator(fleet, config.scrape.kv_capacity_estimate))

@@ -14,7 +14,10 @@ Replica views: by default a policy sees what the gateway would (``views="gateway
 the gateway's own ``Fleet`` accounting, fed by scrapes every ``scrape_interval_s`` of
 virtual time in vLLM's dialect (running, waiting, KV usage and capacity, prefix-cache
 counters; no queue gauge, so queued tokens are the prompt tokens sent and not yet answered
-with a first token), or in kvgate's dialect (plus the engine's queued-tokens gauge).
+with a first token), or in kvgate's dialect (plus the engine's queued-tokens gauge), or in
+vLLM's without ``cache_config_info`` (``vllm-no-capacity``: the gateway then estimates each
+replica's KV capacity from its usage, ``gateway.kv_capacity_estimate``, as it does over
+HTTP).
 ``views="exact"`` shows each core's state at the instant of the decision instead.
 """
 
@@ -31,10 +34,13 @@ from engine.request import RequestOutput, SamplingParams
 from engine.sim_executor import SimExecutor
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
+from gateway.kv_capacity_estimate import CapacityEstimateConfig, CapacityEstimator
 from gateway.replica_metrics import ScrapedMetrics
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.workloads import WorkloadRequest
 from policies.base import ReplicaView
+
+DIALECTS = ("vllm", "kvgate", "vllm-no-capacity")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +54,9 @@ class FleetSpec:
     block_size: int = 16
     eviction: Literal["lru", "frequency"] = "lru"
     views: Literal["gateway", "exact"] = "gateway"
-    dialect: Literal["vllm", "kvgate"] = "vllm"
+    dialect: Literal["vllm", "kvgate", "vllm-no-capacity"] = "vllm"
     scrape_interval_s: float = 1.0
+    capacity_estimate: bool = True  # the gateway's online estimate, when none is scraped
 
     def validate(self) -> None:
         for key in ("replicas", "kv_pool_gib", "idle_kv_gib", "max_num_seqs",
@@ -62,8 +69,9 @@ class FleetSpec:
         check_eviction_name(self.eviction)
         if self.views not in ("gateway", "exact"):
             raise ValueError(f"views must be 'gateway' or 'exact', got {self.views!r}")
-        if self.dialect not in ("vllm", "kvgate"):
-            raise ValueError(f"dialect must be 'vllm' or 'kvgate', got {self.dialect!r}")
+        if self.dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, got "
+                             f"{self.dialect!r}")
         if self.scrape_interval_s <= 0:
             raise ValueError(f"scrape_interval_s must be positive, got {self.scrape_interval_s!r}")
 
@@ -106,7 +114,8 @@ class SimReplica:
         return ScrapedMetrics(
             dialect="vllm", running=len(sched.running), waiting=len(sched.waiting),
             kv_usage=core.kv.usage(),
-            kv_capacity_tokens=core.config.num_blocks * core.config.block_size,
+            kv_capacity_tokens=None if dialect == "vllm-no-capacity"
+            else core.config.num_blocks * core.config.block_size,
             queued_tokens=stats.prompt_tokens_waiting if dialect == "kvgate" else None,
             hit_tokens=float(stats.prefix_cache_hits),
             query_tokens=float(stats.prefix_cache_queries),
@@ -147,6 +156,8 @@ class SimFleet:
         # the gateway's own accounting of this fleet (see the module docstring)
         configs = [ReplicaConfig(r.id, f"http://sim.invalid/{r.id}") for r in self.replicas]
         self.states = [Fleet(configs) for _ in range(gateways)]
+        estimate = CapacityEstimateConfig(enabled=spec.capacity_estimate)
+        self.capacity = [CapacityEstimator(state, estimate) for state in self.states]
         self._next_scrape = 0.0
         if hashes is not None and (hashes.block_size, hashes.model_id) != (
                 spec.block_size, self.model_id):
@@ -161,8 +172,10 @@ class SimFleet:
         while self._next_scrape <= now:
             for rep in self.replicas:
                 scraped = rep.scraped(self.spec.dialect)
-                for state in self.states:
+                for state, capacity in zip(self.states, self.capacity, strict=True):
+                    mark = capacity.mark(rep.id)
                     state.record_scrape(rep.id, scraped, self._next_scrape)
+                    capacity.observe(rep.id, scraped, mark)
             self._next_scrape += self.spec.scrape_interval_s
         return self.states[gateway].views(now=now)
 

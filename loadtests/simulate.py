@@ -23,7 +23,7 @@ import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -33,12 +33,13 @@ from engine.cost_model import load_profile
 from engine.eviction import EVICTION_POLICIES
 from gateway.fleet import Pending
 from gateway.request_parse import ParsedRequest
+from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Router, work_tokens
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.scenarios import SCENARIOS
-from loadtests.sim_fleet import FleetSpec, SimFleet, SimReplica
+from loadtests.sim_fleet import DIALECTS, FleetSpec, SimFleet, SimReplica
 from loadtests.workloads import WorkloadRequest, build_spec, generate
 from policies.base import Finished, Policy, Routed, RouteRequest
 
@@ -90,6 +91,18 @@ class _InFlight(NamedTuple):
     replica: str
     pending: Pending
     gateway: int
+    head_key: int  # the prompt's head (gateway.resident_requests)
+
+
+def _output_tokens(replica: SimReplica, request_id: str) -> Callable[[], int | None]:
+    """What the gateway counts of a streamed answer so far: its tokens generated."""
+    requests = replica.core.requests
+
+    def count() -> int | None:
+        req = requests.get(request_id)
+        return None if req is None else req.num_output_tokens
+
+    return count
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -128,6 +141,7 @@ class Simulation:
         self._heap: list[tuple[float, int, int]] = []  # (step end, tie break, replica)
         self._seq = 0
         self._inflight: dict[str, _InFlight] = {}
+        self._resident: dict[str, Resident] = {}  # streaming: first token out, not finished
         self.ttft: dict[int, float] = {}
         self.cached: dict[int, int] = {}
         self.reasons: Counter[str] = Counter()
@@ -160,8 +174,15 @@ class Simulation:
                 self.ttft[req.index] = o.first_token_time - o.arrival_time
                 self.cached[req.index] = o.num_cached_tokens
                 state.first_byte(f.pending)
+                if not o.finished:
+                    self._resident[o.request_id] = self.fleet.capacity[f.gateway].resident \
+                        .started(rep.id, f.route.model, f.route.prompt_tokens, f.head_key,
+                                 _output_tokens(rep, o.request_id))
             if o.finished:
                 del self._inflight[o.request_id]
+                resident = self._resident.pop(o.request_id, None)
+                if resident is not None:
+                    self.fleet.capacity[f.gateway].resident.ended(resident)
                 state.done(f.pending)
                 cached = state.answered(f.route.model, f.route.prompt_tokens,
                                         req.prompt_tokens, o.num_cached_tokens)
@@ -182,7 +203,8 @@ class Simulation:
         ids = req.token_ids()
         gateway = int(self._pick.integers(len(self.routers))) if len(self.routers) > 1 else 0
         router = self.routers[gateway]
-        route = router.build(self._parsed(req, ids), now=now)
+        parsed = self._parsed(req, ids)
+        route = router.build(parsed, now=now)
         replicas = self.fleet.replicas
         self._idle_blocks += sum(r.core.kv.pool.num_free_blocks for r in replicas)
         views = self.fleet.views(now, gateway)
@@ -194,7 +216,8 @@ class Simulation:
         self.fleet.add(rep, req, ids, now)
         pending = self.fleet.states[gateway].sent(
             rep.id, work_tokens(route, decision, rep.id), now)
-        self._inflight[f"req{req.index}"] = _InFlight(req, route, rep.id, pending, gateway)
+        self._inflight[f"req{req.index}"] = _InFlight(req, route, rep.id, pending, gateway,
+                                                      prompt_head_key(parsed))
         router.policy.observe(Routed(route, rep.id, views))
         if rep.busy_until is None:
             self._start_step(index, now)
@@ -315,8 +338,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--views", choices=("gateway", "exact"), default="gateway",
                         help="what policies see: the gateway's accounting with lagging "
                              "scrapes (default) or each replica's exact state")
-    parser.add_argument("--dialect", choices=("vllm", "kvgate"), default="vllm",
-                        help="the replicas' /metrics: vLLM's (no queue gauge) or kvgate's")
+    parser.add_argument("--dialect", choices=DIALECTS, default="vllm",
+                        help="the replicas' /metrics: vLLM's (no queue gauge), kvgate's, or "
+                             "vLLM's without cache_config_info (capacity then estimated "
+                             "from KV usage)")
+    parser.add_argument("--no-capacity-estimate", dest="capacity_estimate",
+                        action="store_false",
+                        help="the gateway does not estimate KV capacity from KV usage "
+                             "(with --dialect vllm-no-capacity: policies see none)")
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="seconds of virtual time between scrapes")
     parser.add_argument("--gateways", type=int, default=1,
@@ -352,7 +381,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       idle_kv_gib=pick(args.idle_kv_gib, scenario.idle_kv_gib),
                       max_num_seqs=pick(args.max_num_seqs, scenario.max_num_seqs),
                       eviction=args.eviction, views=args.views, dialect=args.dialect,
-                      scrape_interval_s=args.scrape_interval)
+                      scrape_interval_s=args.scrape_interval,
+                      capacity_estimate=args.capacity_estimate)
     fleet.validate()
     rate = args.rate if args.rate is not None else scenario.rate * args.replicas / 8
     if hasattr(spec, "rate"):  # the workload times its own arrivals

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.metrics import buckets_1_2_5
+from engine.metrics import EngineMetrics, buckets_1_2_5
 from engine.server import EngineServer, build_app
 from gateway.replica_metrics import parse_metrics
 from kvwire import metric_names as m
@@ -154,3 +155,15 @@ def test_gateway_scraper_reads_the_engine_exposition(engine: Engine) -> None:
     assert two.query_tokens == 80 and two.hit_tokens == 32
     assert two.kv_capacity_tokens == 2 * 4 * 256
     assert two.kv_usage == one.kv_usage  # a ratio: averaged, never summed
+
+
+def test_an_engine_without_cache_config_info_tells_usage_but_no_capacity() -> None:
+    core = make_core(num_blocks=64, block_size=4, vocab=(259, 4096), max_model_len=128)
+    metrics = EngineMetrics(core, MODEL, cache_config_info=False)
+    text = generate_latest(metrics.registry).decode()
+    assert m.CACHE_CONFIG_INFO not in text
+    assert m.KV_CACHE_USAGE in text
+    scraped = parse_metrics(text)
+    assert scraped.dialect == "vllm" and scraped.kv_capacity_tokens is None
+    shown = parse_metrics(generate_latest(EngineMetrics(core, MODEL).registry).decode())
+    assert shown.kv_capacity_tokens == 4 * 64

@@ -230,3 +230,30 @@ def test_gateway_views_lag_behind_the_replicas():
     exact = SimFleet(dataclasses.replace(SMALL_LRU, views="exact"))
     exact.add(exact.replicas[0], req, req.token_ids(), 0.1)
     assert exact.views(0.5)[0].waiting == 1
+
+
+def test_replicas_without_a_capacity_gauge_get_it_estimated_from_usage():
+    requests = generate(SMALL_LIBRARY, 1000)
+    arrivals = poisson_arrivals(len(requests), SMALL_RATE, 1)
+    spec = dataclasses.replace(SMALL_LRU, dialect="vllm-no-capacity")
+    fleet = SimFleet(spec)
+    sim = Simulation(fleet, build_policy("cost"))
+    try:
+        sim.run(requests, arrivals)
+    finally:
+        sim.close()
+    truth = spec.blocks(spec.kv_pool_gib) * spec.block_size
+    views = fleet.states[0].views(now=sim.now)
+    assert all(v.kv_capacity_tokens is not None for v in views)
+    for view in views:
+        assert abs(view.kv_capacity_tokens - truth) <= 0.03 * truth, (view.id, truth)
+    for state in fleet.states[0]:
+        assert state.kv_capacity().source == "estimated"
+    # with the estimate off, the gateway knows no capacity at all
+    blind = SimFleet(dataclasses.replace(spec, capacity_estimate=False))
+    sim = Simulation(blind, build_policy("round_robin"))
+    try:
+        sim.run(requests[:200], arrivals[:200])
+    finally:
+        sim.close()
+    assert {v.kv_capacity_tokens for v in blind.states[0].views(now=sim.now)} == {None}
