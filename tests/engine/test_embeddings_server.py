@@ -4,6 +4,7 @@ the cost charged and the request metrics."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import math
 import struct
@@ -15,6 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.cli import add_arguments, build_server, make_executor
 from engine.cost_model import CostModel
 from engine.embedding_schema import MAX_INPUTS
 from engine.server import EngineServer, build_app
@@ -23,6 +25,7 @@ from kvwire import metric_names as m
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import TINY_GPU, TINY_MODEL, make_core
 from tests.support.servers import ThreadServer
+from tests.support.waiting import wait_until
 
 MODEL = "tiny-sim"
 DIM = 64
@@ -54,8 +57,9 @@ class Engine:
                    for s in fam.samples if s.name == name and s.labels == want)
 
 
-def _serve(embedder: SimEmbedder | None) -> Iterator[Engine]:
-    core = make_core(num_blocks=512, block_size=4, vocab=(259, 4096), max_model_len=LIMIT)
+def _serve(embedder: SimEmbedder | None, **core_kw: Any) -> Iterator[Engine]:
+    core = make_core(num_blocks=512, block_size=4, vocab=(259, 4096), max_model_len=LIMIT,
+                     **core_kw)
     srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=True,
                        embedder=embedder)
     server = ThreadServer(build_app(srv)).start()
@@ -215,5 +219,41 @@ def test_an_engine_without_an_embedder_says_so() -> None:
         assert isinstance(err, dict) and err["param"] == "model"
         assert "does not support Embeddings API" in err["message"]
         # completions still work there
-        assert engine.client.completions.create(model=MODEL, prompt="hi", max_tokens=2
-                                                ).usage.completion_tokens == 2
+        done = engine.client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        assert done.usage is not None and done.usage.completion_tokens == 2
+
+
+def test_a_client_that_leaves_aborts_what_is_not_embedded_yet() -> None:
+    # 8 tokens a step, ~1 ms a step: 200 inputs of 128 tokens take ~3 s of steps
+    for engine in _serve(SimEmbedder(DIM, seed_of("tiny")), max_num_batched_tokens=8):
+        ids = [list(range(300 + i, 300 + i + LIMIT)) for i in range(200)]
+        with pytest.raises(httpx.ReadTimeout):
+            engine.http.post("/v1/embeddings", json={"model": MODEL, "input": ids},
+                             timeout=0.5)
+        wait_until(lambda e=engine: e.metric(m.NUM_REQUESTS_RUNNING)
+                   + e.metric(m.NUM_REQUESTS_WAITING) == 0, 10,
+                   "the engine to drop the abandoned inputs")
+        core = engine.server.core
+        stopped = engine.metric(m.REQUEST_SUCCESS + "_total", finished_reason="stop")
+        aborted = engine.metric(m.REQUEST_SUCCESS + "_total", finished_reason="abort")
+        assert aborted > 100 and stopped + aborted == 200
+        core.check_integrity()
+        assert core.kv.usage() == 0.0
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_the_cli_gives_sim_engines_an_embedder_of_the_model_width() -> None:
+    server = build_server(_args("--kv-cache-gib", "0.1"))
+    assert server.embedder is not None and server.embedder.dim == 4096  # Llama-3-8B
+    narrow = build_server(_args("--kv-cache-gib", "0.1", "--embedding-dim", "256"))
+    assert narrow.embedder.dim == 256
+    with pytest.raises(ValueError, match="embedding_dim must be >= 1"):
+        build_server(_args("--kv-cache-gib", "0.1", "--embedding-dim", "0"))
+    with pytest.raises(ValueError, match="sim executor only"):
+        make_executor(_args("--executor", "torch", "--model", "/nowhere", "--embedding-dim",
+                            "8"), load_tokenizer(None))
