@@ -230,9 +230,11 @@ def test_a_client_that_leaves_aborts_what_is_not_embedded_yet() -> None:
         with pytest.raises(httpx.ReadTimeout):
             engine.http.post("/v1/embeddings", json={"model": MODEL, "input": ids},
                              timeout=0.5)
-        wait_until(lambda e=engine: e.metric(m.NUM_REQUESTS_RUNNING)
-                   + e.metric(m.NUM_REQUESTS_WAITING) == 0, 10,
-                   "the engine to drop the abandoned inputs")
+
+        def drained(e: Engine = engine) -> bool:
+            return e.metric(m.NUM_REQUESTS_RUNNING) + e.metric(m.NUM_REQUESTS_WAITING) == 0
+
+        wait_until(drained, 10, "the engine to drop the abandoned inputs")
         core = engine.server.core
         stopped = engine.metric(m.REQUEST_SUCCESS + "_total", finished_reason="stop")
         aborted = engine.metric(m.REQUEST_SUCCESS + "_total", finished_reason="abort")
