@@ -15,6 +15,7 @@ from engine.cost_model import CostModel, available_profiles, load_profile
 from engine.eviction import EVICTION_POLICIES
 from engine.executor import Executor, ExecutorInfo
 from engine.kv_sizing import blocks_in_gib
+from engine.sim_embedding import SimEmbedder, seed_of
 from engine.sim_executor import SimExecutor
 from kvwire.block_hashing import model_identity
 
@@ -32,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer dir or tokenizer.json (default: the project's own, "
                              "or the model dir for the torch executor)")
+    parser.add_argument("--embedding-dim", type=int, default=None,
+                        help="width of the sim executor's /v1/embeddings vectors (default: "
+                             "the profile model's hidden size)")
     parser.add_argument("--kv-cache-gib", type=float, default=25.0)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
@@ -77,13 +81,18 @@ def _sim_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, E
     info = ExecutorInfo(model_name=name, model_id=model_identity(name, args.model_revision),
                         num_blocks=num_blocks,
                         max_model_len=args.max_model_len or profile.model.max_model_len,
-                        kv_bytes_per_token=kv_bytes)
+                        kv_bytes_per_token=kv_bytes,
+                        embedding_dim=profile.model.hidden_size if args.embedding_dim is None
+                        else args.embedding_dim)
     return executor, info
 
 
 def _torch_executor(args: argparse.Namespace) -> tuple[Executor, ExecutorInfo]:
     if not args.model:
         raise ValueError("--executor torch needs --model DIR")
+    if getattr(args, "embedding_dim", None) is not None:
+        raise ValueError("--embedding-dim applies to the sim executor only; the torch "
+                         "executor serves no embeddings")
     # Imported here: the core and the sim path never import torch.
     from pathlib import Path
 
@@ -129,6 +138,9 @@ def build_server(args: argparse.Namespace) -> Any:
         max_model_len=info.max_model_len,
     )
     core = EngineCore(executor, config)
+    embedder = None
+    if info.embedding_dim is not None:
+        embedder = SimEmbedder(info.embedding_dim, seed_of(info.model_id))
     publisher = None
     if args.kv_events_endpoint:
         from engine.kv_event_publisher import KVEventPublisher  # pyzmq only when publishing
@@ -137,7 +149,8 @@ def build_server(args: argparse.Namespace) -> Any:
                                      replay_endpoint=args.kv_events_replay_endpoint)
     return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,
                         sleep_modeled_time=args.executor == "sim", kv_events=publisher,
-                        cache_config_info=not args.no_cache_config_info)
+                        cache_config_info=not args.no_cache_config_info,
+                        embedder=embedder)
 
 
 def run(args: argparse.Namespace) -> int:

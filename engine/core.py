@@ -107,10 +107,17 @@ class EngineCore:
             block_hashes=block_hashes,
         )
 
-    def validate(self, num_prompt_tokens: int, max_tokens: int) -> None:
-        """ValueError if a request of this shape can never run here."""
+    def validate(self, num_prompt_tokens: int, max_tokens: int, *,
+                 pooling: bool = False) -> None:
+        """ValueError if a request of this shape can never run here. A ``pooling``
+        request (no output token) may fill the whole context."""
         limit = self.config.max_model_len
-        if num_prompt_tokens >= limit:
+        if pooling:
+            if num_prompt_tokens > limit:
+                raise ValueError(f"input has {num_prompt_tokens} tokens; the maximum "
+                                 f"context length is {limit} tokens")
+            max_tokens = 0
+        elif num_prompt_tokens >= limit:
             raise ValueError(
                 f"prompt has {num_prompt_tokens} tokens; the maximum context length is "
                 f"{limit} tokens including at least one output token"
@@ -128,7 +135,8 @@ class EngineCore:
         if req.model_id != self.config.model_id:
             raise ValueError(f"request keyed for model {req.model_id!r}, engine serves "
                              f"{self.config.model_id!r}")
-        self.validate(req.num_prompt_tokens, req.params.max_tokens)
+        self.validate(req.num_prompt_tokens, req.params.max_tokens,
+                      pooling=req.params.pooling)
         req.arrival_time = now
         self.requests[req.request_id] = req
         self.scheduler.add(req)
@@ -195,6 +203,14 @@ class EngineCore:
                 stats.prompt_tokens_waiting -= min(new, p) - old
             kv.cache_computed(req)
             if new != len(req.all_token_ids):
+                continue
+            if req.params.pooling:  # prompt computed: done, with no output token
+                req.finish_reason = "stop"
+                req.finish_time = end
+                finished.append(req)
+                outputs.append(RequestOutput(req.request_id, (), "stop", p,
+                                             req.num_cached_tokens, 0, req.arrival_time,
+                                             req.first_scheduled_time, None, end))
                 continue
             tok = next_tokens[req.request_id]
             req.append_output(tok, bs)

@@ -41,6 +41,10 @@ class ModelShape:
                 raise ValueError(f"model.{f.name} must be a positive number, got {v!r}")
 
     @property
+    def hidden_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 

@@ -69,7 +69,9 @@ class ExecutorInfo:
     """What the engine needs to know about the model behind an executor.
 
     ``model_id`` seeds the block hash chain (name and revision); ``num_blocks`` is the KV
-    pool the executor allocated (or models); ``model_name`` is the default served name.
+    pool the executor allocated (or models); ``model_name`` is the default served name;
+    ``embedding_dim`` is the width of the vectors ``/v1/embeddings`` returns, ``None``
+    where the executor serves no embeddings.
     """
 
     model_name: str
@@ -77,9 +79,12 @@ class ExecutorInfo:
     num_blocks: int
     max_model_len: int
     kv_bytes_per_token: int
+    embedding_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.embedding_dim is not None and self.embedding_dim < 1:
+            raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")

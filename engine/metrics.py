@@ -14,6 +14,10 @@ Per-request phases, in the engine's clock::
             |<------------------------- e2e ------------------------------------>|
                        |<----------------------- inference ------------------->|
 
+A pooling request (an embedding) finishes with its prefill and no output token: it counts
+in the request counters and the queue, prefill, inference and e2e times, not in TTFT,
+decode, inter-token or generation-token series.
+
 Inter-token latency is observed per output after the first: the time since the request's
 previous output over the tokens it added (one per step unless the core skips outputs).
 """
@@ -200,8 +204,14 @@ class EngineMetrics:
         self._succeeded(reason)
         self.e2e.observe(finish - out.arrival_time)
         self.prompt_tokens.observe(out.num_prompt_tokens)
-        self.generation_tokens.observe(out.num_output_tokens)
         scheduled, first = out.first_scheduled_time, out.first_token_time
+        if out.num_output_tokens == 0:  # a pooling request (embedding): all prefill
+            if scheduled is not None:
+                self.queue_time.observe(scheduled - out.arrival_time)
+                self.prefill_time.observe(finish - scheduled)
+                self.inference_time.observe(finish - scheduled)
+            return
+        self.generation_tokens.observe(out.num_output_tokens)
         if scheduled is not None:
             self.inference_time.observe(finish - scheduled)
             if first is not None:

@@ -21,13 +21,18 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Per-request generation limits. ``max_tokens`` counts output tokens."""
+    """Per-request generation limits. ``max_tokens`` counts output tokens.
+
+    ``pooling``: the request ends when its prompt is computed, with no output token and
+    finish reason ``stop`` (an embedding: the prompt's cost is a prefill); the sampling
+    fields are then unused."""
 
     max_tokens: int = 16
     temperature: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    pooling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

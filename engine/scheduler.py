@@ -163,7 +163,7 @@ class Scheduler:
                     toks[start : start + n],
                     start,
                     tuple(req.block_table),
-                    start + n == len(toks),
+                    start + n == len(toks) and not req.params.pooling,
                     req.seed,
                     req.params.temperature,
                 )

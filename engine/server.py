@@ -1,6 +1,7 @@
 """The engine's HTTP server: OpenAI completions and chat, vLLM's tokenize/reset/metrics.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``
+(:mod:`engine.embeddings`; executors that have an embedder), ``GET /v1/models``,
 ``GET /health``, ``POST /tokenize``, ``POST /detokenize``, ``POST /reset_prefix_cache``,
 ``GET /metrics``. Errors are ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -23,9 +24,11 @@ from starlette.routing import Route
 
 from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.core import EngineCore, StepOutput
+from engine.embeddings import EmbeddingsRoute
 from engine.generate_params import GenerateParams, context_error, parse_generate, usage
 from engine.metrics import EngineMetrics
 from engine.request import RequestOutput, SamplingParams
+from engine.sim_embedding import SimEmbedder
 from engine.text_stream import TextStream
 from kvwire.media_parts import carries_media
 from kvwire.openai_schema import (
@@ -54,8 +57,11 @@ class EngineServer:
 
     def __init__(self, core: EngineCore, tokenizer: Any, *, model_name: str,
                  sleep_modeled_time: bool, kv_events: KVEventPublisher | None = None,
-                 cache_config_info: bool = True) -> None:
+                 cache_config_info: bool = True,
+                 embedder: SimEmbedder | None = None) -> None:
+        """``embedder``: how this model embeds (``None``: ``/v1/embeddings`` answers 400)."""
         self.core = core
+        self.embedder = embedder
         # The pool records KV events only when they are published; they are drained on
         # the loop thread between steps (after a step, or inside an engine call).
         self.kv_events = kv_events
@@ -313,9 +319,11 @@ def build_app(server: EngineServer) -> Starlette:
             if server.kv_events is not None:
                 server.kv_events.stop()
 
+    embeddings = EmbeddingsRoute(server, max_body_bytes=MAX_BODY_BYTES)
     routes = [
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.handle, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),

@@ -9,13 +9,19 @@ from engine.executor import Batch, StepResult
 _MASK = (1 << 64) - 1
 
 
-def sim_token(seed: int, position: int, vocab_size: int) -> int:
-    """A splitmix64-style mix of (seed, position), reduced to ``[0, vocab_size)``."""
+def mix64(seed: int, position: int) -> int:
+    """A splitmix64-style mix of (seed, position) to 64 bits: the sim's deterministic
+    randomness (its tokens and its embeddings)."""
     x = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & _MASK
     x ^= x >> 31
     x = (x * 0x94D049BB133111EB) & _MASK
     x ^= x >> 29
-    return x % vocab_size
+    return x
+
+
+def sim_token(seed: int, position: int, vocab_size: int) -> int:
+    """:func:`mix64` of (seed, position), reduced to ``[0, vocab_size)``."""
+    return mix64(seed, position) % vocab_size
 
 
 class SimExecutor:

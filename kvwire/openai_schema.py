@@ -192,7 +192,8 @@ def parse_fields(body: Any, *, chat: bool) -> RequestFields:
     return RequestFields(body, model, stream, limit, salt, messages=messages, tools=tools)
 
 
-def _is_ids(value: Any) -> bool:
+def is_token_ids(value: Any) -> bool:
+    """A list of token ids (integers 0..MAX_TOKEN_ID; a bool is none), maybe empty."""
     return isinstance(value, list) and all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
         for t in value)
@@ -207,13 +208,13 @@ def _prompt(prompt: Any) -> tuple[str | None, list[int] | None, int]:
             raise BadRequest("'prompt' must not be empty", param="prompt")
         return prompt, None, 1
     if isinstance(prompt, list) and prompt:
-        if _is_ids(prompt):
+        if is_token_ids(prompt):
             return None, list(prompt), 1
         if all(isinstance(p, str) for p in prompt):
             if not all(prompt):
                 raise BadRequest("'prompt' must not be empty", param="prompt")
             return prompt[0], None, len(prompt)
-        if all(_is_ids(p) and p for p in prompt):
+        if all(is_token_ids(p) and p for p in prompt):
             return None, list(prompt[0]), len(prompt)
     raise BadRequest(
         "'prompt' must be a non-empty string, array of strings, array of token ids "

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.server import EngineServer, build_app
+from engine.sim_embedding import SimEmbedder, seed_of
 from gateway.app import create_app
 from gateway.config import parse_config
 from kvwire.tokenizer import load_tokenizer
@@ -40,6 +41,17 @@ bodies = st.fixed_dictionaries({}, optional={
     "messages": st.one_of(messages, values),
     "max_tokens": st.one_of(st.integers(-3, 8), values),
 })
+embedding_bodies = st.fixed_dictionaries({}, optional={
+    "model": st.one_of(st.just(MODEL), values),
+    "input": st.one_of(st.text(max_size=40), st.lists(st.text(max_size=10), max_size=4),
+                       st.lists(st.integers(-5, 2**33), max_size=5),
+                       st.lists(st.lists(st.integers(-5, 5000), max_size=4), max_size=3),
+                       values),
+    "encoding_format": st.one_of(st.sampled_from(["float", "base64"]), values),
+    "dimensions": st.one_of(st.integers(-2, 40), values),
+    "truncate_prompt_tokens": st.one_of(st.integers(-2, 300), values),
+    "user": values,
+})
 raw_bodies = st.one_of(
     st.binary(max_size=64),
     st.sampled_from([b"[" * 5000 + b"]" * 5000, b'{"model": "\\ud800", "prompt": "x"}',
@@ -51,8 +63,9 @@ raw_bodies = st.one_of(
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[str, str]]:
     core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=256)
-    engine = ThreadServer(build_app(EngineServer(core, load_tokenizer(None), model_name=MODEL,
-                                                 sleep_modeled_time=False))).start()
+    engine = ThreadServer(build_app(EngineServer(
+        core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=False,
+        embedder=SimEmbedder(32, seed_of(MODEL))))).start()
     config = parse_config({"replicas": [{"id": "e", "url": engine.url}],
                            "scrape": {"enabled": False},
                            "policy": {"name": "prefix_affinity"}})
@@ -88,3 +101,12 @@ def test_raw_bodies(servers: tuple[str, str], content: bytes, chat: bool) -> Non
     path = "/v1/chat/completions" if chat else "/v1/completions"
     for url in servers:
         check(url, path, content)
+        check(url, "/v1/embeddings", content)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=embedding_bodies)
+def test_embedding_bodies(servers: tuple[str, str], body: dict[str, Any]) -> None:
+    content = json.dumps(body, allow_nan=True).encode()
+    for url in servers:
+        check(url, "/v1/embeddings", content)

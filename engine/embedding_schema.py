@@ -1,0 +1,174 @@
+"""The wire shapes of ``POST /v1/embeddings``: the request (OpenAI's fields plus vLLM's
+``truncate_prompt_tokens``), the checks on its token ids, and the response body.
+
+Shapes follow vLLM's OpenAI server (``EmbeddingCompletionRequest``/``EmbeddingResponse``):
+
+    request:  {"model"?, "input": str | [str] | [int] | [[int]],
+               "encoding_format"?: "float" | "base64", "dimensions"?: int,
+               "user"?: ignored, "truncate_prompt_tokens"?: -1 | int >= 1}
+    response: {"id": "embd-...", "object": "list", "created", "model",
+               "data": [{"index": i, "object": "embedding", "embedding": [float] | str}],
+               "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0,
+                         "prompt_tokens_details": null}}
+
+``base64`` is the little-endian float32 bytes of the vector (what the ``openai`` client
+asks for by default and decodes with ``numpy.frombuffer(..., "float32")``). Limits are
+OpenAI's: at most 2048 inputs and 300,000 tokens in all per request; each input at most
+``max_model_len`` tokens (vLLM's wording for the error).
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from engine.sim_embedding import SimEmbedder
+from kvwire.openai_schema import MAX_TOKEN_ID, BadRequest, NotFound, is_token_ids, optional
+
+MAX_INPUTS = 2048
+MAX_TOTAL_TOKENS = 300_000
+ENCODING_FORMATS = ("float", "base64")
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingParams:
+    """A validated embeddings request, before tokenization: ``texts`` or ``token_ids``
+    (one entry per input, in order)."""
+
+    texts: tuple[str, ...] | None
+    token_ids: tuple[tuple[int, ...], ...] | None
+    encoding_format: str
+    dimensions: int | None
+    truncate_prompt_tokens: int | None
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.texts if self.texts is not None else self.token_ids or ())
+
+
+def parse_embedding(body: Any, *, model_name: str) -> EmbeddingParams:
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise BadRequest("'model' must be a non-empty string", param="model")
+    if model is not None and model != model_name:
+        raise NotFound(f"The model `{model}` does not exist.", param="model",
+                       code="model_not_found")
+    texts, ids = _inputs(body.get("input"))
+    fmt = optional(body, "encoding_format", str, "float")
+    if fmt not in ENCODING_FORMATS:
+        raise BadRequest(f"'encoding_format' must be one of {list(ENCODING_FORMATS)}, got "
+                         f"{fmt!r:.40}", param="encoding_format")
+    dims = optional(body, "dimensions", int, None)
+    if dims is not None and dims < 1:
+        raise BadRequest(f"'dimensions' must be a positive integer, got {dims}",
+                         param="dimensions")
+    truncate = optional(body, "truncate_prompt_tokens", int, None)
+    if truncate is not None and truncate != -1 and truncate < 1:
+        raise BadRequest(f"'truncate_prompt_tokens' must be -1 or a positive integer, got "
+                         f"{truncate}", param="truncate_prompt_tokens")
+    return EmbeddingParams(texts, ids, fmt, dims, truncate)
+
+
+def _inputs(value: Any) -> tuple[tuple[str, ...] | None, tuple[tuple[int, ...], ...] | None]:
+    if value is None:
+        raise BadRequest("'input' is required", param="input")
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise BadRequest("'input' must be a non-empty string, array of strings, array of "
+                         "token ids or array of token id arrays", param="input")
+    if len(value) > MAX_INPUTS and not is_token_ids(value):
+        raise BadRequest(f"'input' has {len(value)} inputs; at most {MAX_INPUTS} are "
+                         "allowed per request", param="input")
+    if all(isinstance(v, str) for v in value):
+        empty = next((i for i, v in enumerate(value) if not v), None)
+        if empty is not None:
+            raise BadRequest(f"input {empty} is an empty string", param="input")
+        return tuple(value), None
+    if is_token_ids(value):
+        return None, (tuple(value),)
+    if all(isinstance(v, list) for v in value):
+        for i, v in enumerate(value):
+            if not v or not is_token_ids(v):
+                raise BadRequest(f"input {i} must be a non-empty array of token ids "
+                                 "(non-negative integers)", param="input")
+        return None, tuple(tuple(v) for v in value)
+    raise BadRequest("'input' must be a string, an array of strings, an array of token ids "
+                     f"(integers 0..{MAX_TOKEN_ID}) or an array of token id arrays",
+                     param="input")
+
+
+def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
+                max_model_len: int, vocab_size: int) -> list[list[int]]:
+    """Each input's token ids, truncated as asked (the last tokens kept, as vLLM does)
+    and checked: non-empty, in the vocabulary, within the context and the request's
+    token budget. BadRequest naming the field otherwise."""
+    keep = params.truncate_prompt_tokens
+    if keep == -1:
+        keep = max_model_len
+    if keep is not None and keep > max_model_len:
+        raise BadRequest(f"truncate_prompt_tokens value ({keep}) is greater than "
+                         f"max_model_len ({max_model_len}); choose a smaller truncation "
+                         "size", param="truncate_prompt_tokens")
+    out: list[list[int]] = []
+    total = 0
+    for i, ids in enumerate(encoded):
+        ids = list(ids[-keep:]) if keep is not None else list(ids)
+        if not ids:
+            raise BadRequest(f"input {i} encodes to zero tokens", param="input")
+        if len(ids) > max_model_len:
+            raise BadRequest(
+                f"This model's maximum context length is {max_model_len} tokens. However, "
+                f"you requested {len(ids)} tokens in the input for embedding generation. "
+                "Please reduce the length of the input.", param="input")
+        bad = next((t for t in ids if t >= vocab_size), None)
+        if bad is not None:
+            raise BadRequest(f"token id {bad} in input {i} is outside the vocabulary "
+                             f"[0, {vocab_size})", param="input")
+        total += len(ids)
+        if total > MAX_TOTAL_TOKENS:
+            raise BadRequest(f"the inputs hold more than {MAX_TOTAL_TOKENS} tokens in all; "
+                             "send fewer per request", param="input")
+        out.append(ids)
+    return out
+
+
+def check_dimensions(params: EmbeddingParams, embedder: SimEmbedder) -> None:
+    if params.dimensions is not None and params.dimensions > embedder.dim:
+        raise BadRequest(f"'dimensions' must be at most {embedder.dim} for this model, got "
+                         f"{params.dimensions}", param="dimensions")
+
+
+def encode_vector(vec: Sequence[float], encoding_format: str) -> list[float] | str:
+    """The vector as the response carries it: floats, or base64 of float32 LE bytes."""
+    if encoding_format == "float":
+        return list(vec)
+    packed = array.array("f", vec)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+def render_response(*, request_id: str, model: str, params: EmbeddingParams,
+                    embedder: SimEmbedder, token_ids: Sequence[Sequence[int]]) -> bytes:
+    """Embed every input and serialise the response body (CPU work: run it in a thread)."""
+    data = [{"index": i, "object": "embedding",
+             "embedding": encode_vector(embedder.embed(ids, params.dimensions),
+                                        params.encoding_format)}
+            for i, ids in enumerate(token_ids)]
+    n = sum(len(ids) for ids in token_ids)
+    return orjson.dumps({
+        "id": request_id, "object": "list", "created": int(time.time()), "model": model,
+        "data": data,
+        "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0,
+                  "prompt_tokens_details": None},
+    })

@@ -1,0 +1,109 @@
+"""The engine's ``POST /v1/embeddings`` route.
+
+Each input runs through the engine core as a pooling request: queued, batched with other
+work and charged by the executor as a prefill (the sim executor's cost model, the prefix
+cache's hits included), finishing with no output token. Once all have finished, the
+server's embedder turns their token ids into vectors in a worker thread, which also
+serialises the body. Pooling requests count in the engine's request metrics
+(``vllm:request_success_total{finished_reason="stop"}``, prompt tokens, queue and e2e
+times), as vLLM counts them.
+
+Which executors embed: ``sim`` (:mod:`engine.sim_embedding`). ``torch`` answers 400: its
+model returns final hidden states, but a prefix hit or a chunked prefill leaves some
+prompt positions uncomputed in a step, so mean pooling would need per-request prefix
+caching off and hidden states summed across steps; not built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from engine.async_engine import EngineDeadError
+from engine.embedding_schema import check_dimensions, checked_ids, parse_embedding, render_response
+from engine.request import RequestOutput, SamplingParams
+from kvwire.openai_schema import BadRequest, ServiceUnavailable, decode_json
+from kvwire.request_edge import read_body, unless_disconnected
+
+if TYPE_CHECKING:
+    from engine.server import EngineServer
+
+_POOLING = SamplingParams(max_tokens=1, pooling=True)
+# Texts longer than this many characters in all are tokenized in a worker thread.
+_INLINE_TOKENIZE_CHARS = 2000
+
+Queues = dict[str, asyncio.Queue[RequestOutput | BaseException]]
+
+
+class EmbeddingsRoute:
+    """``handle`` serves ``POST /v1/embeddings`` for one :class:`EngineServer`."""
+
+    def __init__(self, server: EngineServer, *, max_body_bytes: int) -> None:
+        self.server = server
+        self.max_body_bytes = max_body_bytes
+
+    async def handle(self, request: HTTPRequest) -> Response:
+        srv = self.server
+        p = parse_embedding(decode_json(await read_body(request, self.max_body_bytes)),
+                            model_name=srv.model_name)
+        embedder = srv.embedder
+        if embedder is None:
+            raise BadRequest(f"The model `{srv.model_name}` does not support Embeddings API: "
+                             "this engine's executor serves no embeddings (only the sim "
+                             "executor does)", param="model")
+        check_dimensions(p, embedder)
+        encoded = await self._encode(p.texts) if p.texts is not None else p.token_ids
+        assert encoded is not None  # parse_embedding gives texts or token ids
+        ids = checked_ids(p, encoded, max_model_len=srv.max_model_len,
+                          vocab_size=srv.tokenizer.vocab_size)
+        try:
+            for one in ids:
+                srv.core.validate(len(one), 0, pooling=True)
+        except ValueError as exc:  # longer than the whole KV cache
+            raise BadRequest(str(exc), param="input") from exc
+        rid = "embd-" + uuid.uuid4().hex
+        await self._pool(request, rid, ids)
+        body = await asyncio.to_thread(render_response, request_id=rid, model=srv.model_name,
+                                       params=p, embedder=embedder, token_ids=ids)
+        return Response(body, media_type="application/json")
+
+    async def _encode(self, texts: Sequence[str]) -> list[list[int]]:
+        tokenizer = self.server.tokenizer
+        if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
+            return [tokenizer.encode(t) for t in texts]
+        return await asyncio.to_thread(lambda: [tokenizer.encode(t) for t in texts])
+
+    async def _pool(self, request: HTTPRequest, rid: str, ids: list[list[int]]) -> None:
+        """Run every input's prefill through the engine; on any error or a client gone,
+        abort those not finished."""
+        srv = self.server
+        reqs = await asyncio.to_thread(lambda: [
+            srv.core.make_request(f"{rid}-{i}", one, _POOLING) for i, one in enumerate(ids)])
+        queues: Queues = {}
+        try:
+            for req in reqs:
+                queues[req.request_id] = srv.engine.add(req)
+                srv.metrics.started(req.request_id)
+            await unless_disconnected(request, _finish_all(queues))
+        except EngineDeadError as exc:
+            raise ServiceUnavailable(str(exc)) from exc
+        finally:
+            for left in queues:
+                srv.stop_early(left, "abort", None)
+
+
+async def _finish_all(queues: Queues) -> None:
+    """Wait for each pooling request's one output (its finish), dropping it from
+    ``queues`` once seen."""
+    for request_id in list(queues):
+        item = await queues[request_id].get()
+        if isinstance(item, EngineDeadError):
+            raise ServiceUnavailable(str(item))
+        if isinstance(item, BaseException):
+            raise BadRequest(str(item), param="input")
+        del queues[request_id]
