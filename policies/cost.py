@@ -117,7 +117,7 @@ class CostConfig:
     eviction_weight: float = 0.5
     rare_eviction_weight: float = 0.75
     scratch_loss: float = 0.5
-    slot_weight: float = 0.75
+    slot_weight: float = 0.5
     placement_slack: float | None = 0.05
     placement_fill: float = 0.9
     prefill_s_per_token: float = 1e-4
