@@ -59,10 +59,9 @@ class ReplicaCacheModel:
     def __contains__(self, key: int) -> bool:
         return key in self._entries
 
-    def match(self, chain: Sequence[ChainEntry], before: Sequence[int] | None = None) -> int:
+    def match(self, chain: Sequence[ChainEntry]) -> int:
         """Tokens of the chain's leading entries the model holds (a last entry held
-        shorter than asked counts its held size). ``before[i]``, when given, is the tokens
-        of ``chain[:i]`` (``chain_tokens``), for a caller matching one chain many times.
+        shorter than asked counts its held size).
 
         Admissions take whole chains, head last, so what the model holds of any chain is a
         prefix of it (an entry is never older than one after it in a chain): the held
@@ -79,9 +78,7 @@ class ReplicaCacheModel:
         if lo == 0:
             return 0
         last = chain[lo - 1]
-        if before is not None:
-            matched = before[lo - 1]
-        elif isinstance(chain, PromptChain):
+        if isinstance(chain, PromptChain):
             matched = chain.tokens_before(lo - 1)
         else:
             matched = sum(e.tokens for e in chain[: lo - 1])
@@ -169,22 +166,6 @@ class ReplicaCacheModel:
         if self.used > self.capacity:
             raise AssertionError(f"cache model: used {self.used} > capacity {self.capacity}")
 
-
-def chain_tokens(chain: Sequence[ChainEntry]) -> list[int]:
-    """Running token totals: element ``i`` is the tokens of ``chain[:i]``."""
-    out = [0]
-    total = 0
-    for entry in chain:
-        total += entry.tokens
-        out.append(total)
-    return out
-
-
-def prompt_chain(units: memoryview | bytes, block: int, unit_tokens: float,
-                 root: int) -> list[ChainEntry]:
-    """Every entry of the ``PromptChain`` of a prompt given as unit hashes in u32 bytes
-    (``token_bytes``), ``unit_tokens`` tokens each, in blocks of ``block`` units."""
-    return list(PromptChain(units, block, unit_tokens, root))
 
 class PromptChain(Sequence[ChainEntry]):
     """A prompt's chain entries, each key hashed on first use: ``match`` bisects, so a

@@ -205,7 +205,7 @@ class Cost(Policy):
         # the last views a hot key was placed over: (replicas, healthy, scratch indexes)
         self._eligible: tuple[Sequence[ReplicaView], list[bool], set[int]] = ((), [], set())
         self._refreshed: tuple[float, int] | None = None  # (arrival, healthy count)
-        self._others = False  # other gateway copies route to this fleet (``_shared``)
+        self._others = False  # other gateway copies route to this fleet (``_notice_others``)
         self._index: tuple[tuple[str, ...], dict[str, int]] = ((), {})
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
 
@@ -388,7 +388,7 @@ class Cost(Policy):
               up: list[bool], in_scratch: set[int]) -> int | None:
         """Index of a hot key's first home: its placement (``placement``), bounded by
         what each replica's cache holds and by a fair share of the hot keys."""
-        if self.config.placement_slack is None or self._shared():
+        if self.config.placement_slack is None or self._others:
             for i in walk(points, owners, distinct, prep.key):
                 if up[i] and i not in in_scratch:
                     return i
@@ -403,15 +403,11 @@ class Cost(Policy):
         home = self._placement.place(prep.key, p, order, self._room)
         return None if home is None else index[home]
 
-    def _shared(self) -> bool:
-        """Whether other gateway copies route to this fleet too (``_notice_others``):
-        copies cannot agree on a bounded placement without sharing what they placed, so
-        hot keys then take their first ring replica, which every copy agrees on."""
-        return self._others
-
     def _notice_others(self) -> None:
-        """Other copies route here when the replicas' prefill counters show a third more
-        than this copy sent (and no longer once within 15% of it)."""
+        """Other gateway copies route to this fleet when the replicas' prefill counters
+        show 1.4x what this copy sent (and no longer once within 15% of it). Copies cannot
+        agree on a bounded placement without sharing what they placed, so hot keys then
+        take their first ring replica, which every copy agrees on (``_home``)."""
         scale = self._fleet_scale()
         if scale > 1.4:
             self._others = True
@@ -481,10 +477,8 @@ class Cost(Policy):
     def _loads(self, replicas: Sequence[ReplicaView], up: list[bool]
                ) -> list[tuple[float, float]]:
         """Per replica: the wait for a decode slot, then the queue per unit of weight."""
-        if self.config.slot_weight <= 0 or not self._slots.known:
-            return [(0.0, r.queued_tokens / r.weight if r.weight > 0 else math.inf)
-                    for r in replicas]
-        return [(self._slot_wait(r) if up[i] else 0.0,
+        slots = self._slots.known and self.config.slot_weight > 0
+        return [(self._slot_wait(r) if slots and up[i] else 0.0,
                  r.queued_tokens / r.weight if r.weight > 0 else math.inf)
                 for i, r in enumerate(replicas)]
 
@@ -506,6 +500,7 @@ class Cost(Policy):
         held = self._models.get(replica)
         if held is None:
             return 0
+
         def hot(owner: int) -> bool:
             is_hot = memo.get(owner)
             if is_hot is None:

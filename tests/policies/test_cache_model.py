@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.cache_model import ChainEntry, ReplicaCacheModel, prompt_chain
+from policies.cache_model import ChainEntry, PromptChain, ReplicaCacheModel
 from policies.ring import token_bytes
 
 # prompts over a small alphabet of units, so that they share prefixes of every length
@@ -51,7 +51,7 @@ def test_model_is_an_lru_of_token_sizes(prompts: list[list[int]], capacity: int,
                                         block: int) -> None:
     model, brute = ReplicaCacheModel(capacity), BruteLRU(capacity)
     for owner, units in enumerate(prompts):
-        chain = prompt_chain(token_bytes(units), block, 2.5, root=1)
+        chain = PromptChain(token_bytes(units), block, 2.5, root=1)  # keys hashed lazily
         assert model.match(chain) == brute.match(chain)
         keys = frozenset(e.key for e in chain)
         doc = owner % 3  # prompts of one document share an owner, as the cost policy's do
@@ -85,7 +85,7 @@ def test_a_prompt_is_admitted_tail_first() -> None:
 
 def test_prompt_chain_shares_leading_blocks() -> None:
     def chain(units: list[int], root: int = 5) -> list[ChainEntry]:
-        return prompt_chain(token_bytes(units), 4, 2.5, root)
+        return list(PromptChain(token_bytes(units), 4, 2.5, root))
 
     doc = list(range(30))
     a, b = chain([*doc, 1, 2]), chain([*doc, 3])
