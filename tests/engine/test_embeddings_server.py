@@ -19,12 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.cli import add_arguments, build_server, make_executor
 from engine.cost_model import CostModel
 from engine.embedding_schema import MAX_INPUTS
-from engine.server import EngineServer, build_app
 from engine.sim_embedding import SimEmbedder, seed_of
 from kvwire import metric_names as m
 from kvwire.tokenizer import load_tokenizer
-from tests.support.engine_cores import TINY_GPU, TINY_MODEL, make_core
-from tests.support.servers import ThreadServer
+from tests.support.engine_cores import TINY_GPU, TINY_MODEL
+from tests.support.engine_servers import LiveEngine, serve_engine
 from tests.support.waiting import wait_until
 
 MODEL = "tiny-sim"
@@ -36,12 +35,7 @@ SIMILAR = DOC.replace("thirty", "forty")
 OTHER = "Quarterly rainfall in the northern valleys exceeded every forecast made in spring."
 
 
-class Engine:
-    def __init__(self, url: str, server: EngineServer) -> None:
-        self.server = server
-        self.http = httpx.Client(base_url=url, timeout=30)
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-
+class Engine(LiveEngine):
     def post(self, **body: Any) -> httpx.Response:
         return self.http.post("/v1/embeddings", json={"model": MODEL, **body})
 
@@ -58,18 +52,8 @@ class Engine:
 
 
 def _serve(embedder: SimEmbedder | None, **core_kw: Any) -> Iterator[Engine]:
-    core = make_core(num_blocks=512, block_size=4, vocab=(259, 4096), max_model_len=LIMIT,
-                     **core_kw)
-    srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=True,
-                       embedder=embedder)
-    server = ThreadServer(build_app(srv)).start()
-    engine = Engine(server.url, srv)
-    try:
-        yield engine
-    finally:
-        engine.http.close()
-        engine.client.close()
-        server.stop()
+    yield from serve_engine(Engine, MODEL, {"embedder": embedder}, num_blocks=512,
+                            max_model_len=LIMIT, **core_kw)
 
 
 @pytest.fixture(scope="module")

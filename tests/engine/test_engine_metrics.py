@@ -6,19 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
-import openai
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.metrics import EngineMetrics, buckets_1_2_5
-from engine.server import EngineServer, build_app
 from gateway.replica_metrics import parse_metrics
 from kvwire import metric_names as m
-from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
-from tests.support.servers import ThreadServer
+from tests.support.engine_servers import LiveEngine, serve_engine
 from tests.support.waiting import wait_until
 
 MODEL = "tiny-sim"
@@ -28,12 +24,7 @@ HISTOGRAMS = (m.TTFT, m.E2E_LATENCY, m.QUEUE_TIME, m.INTER_TOKEN_LATENCY,
               m.REQUEST_DECODE_TIME, m.REQUEST_INFERENCE_TIME, m.ITERATION_TOKENS)
 
 
-class Engine:
-    def __init__(self, url: str, server: EngineServer) -> None:
-        self.server = server
-        self.http = httpx.Client(base_url=url, timeout=30)
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-
+class Engine(LiveEngine):
     def text(self) -> str:
         return self.http.get("/metrics").text
 
@@ -47,16 +38,7 @@ class Engine:
 
 @pytest.fixture
 def engine() -> Iterator[Engine]:
-    core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=512)
-    srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=True)
-    server = ThreadServer(build_app(srv)).start()
-    running = Engine(server.url, srv)
-    try:
-        yield running
-    finally:
-        running.http.close()
-        running.client.close()
-        server.stop()
+    yield from serve_engine(Engine, MODEL)
 
 
 def test_every_series_exists_at_start_up_with_vllm_labels(engine: Engine) -> None:

@@ -7,27 +7,18 @@ import json
 import socket
 from collections.abc import Iterator
 
-import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.server import EngineServer, build_app
-from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
-from tests.support.servers import ThreadServer
+from tests.support.engine_servers import LiveEngine, serve_engine
 from tests.support.waiting import wait_until
 
 MODEL = "tiny-sim"
 
 
-class Running:
-    def __init__(self, url: str, server: EngineServer) -> None:
-        self.url = url
-        self.server = server
-        self.http = httpx.Client(base_url=url, timeout=30)
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-
+class Running(LiveEngine):
     def metrics(self) -> dict[str, float]:
         text = self.http.get("/metrics").text
         out = {}
@@ -39,17 +30,7 @@ class Running:
 
 
 def _serve(**core_kw: object) -> Iterator[Running]:
-    core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=512,
-                     **core_kw)
-    srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=True)
-    server = ThreadServer(build_app(srv)).start()
-    running = Running(server.url, srv)
-    try:
-        yield running
-    finally:
-        running.http.close()
-        running.client.close()
-        server.stop()
+    yield from serve_engine(Running, MODEL, **core_kw)
 
 
 @pytest.fixture(scope="module")

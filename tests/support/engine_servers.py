@@ -1,0 +1,46 @@
+"""A tiny sim engine's OpenAI server on a loopback port, with an httpx and an openai client
+pointed at it (see ``engine_cores`` for the engine itself)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import httpx
+import openai
+
+from engine.server import EngineServer, build_app
+from kvwire.tokenizer import load_tokenizer
+from tests.support.engine_cores import make_core
+from tests.support.servers import ThreadServer
+
+
+class LiveEngine:
+    """A served engine: ``url``, its ``server`` object, and ``http`` and ``client``."""
+
+    def __init__(self, url: str, server: EngineServer) -> None:
+        self.url = url
+        self.server = server
+        self.http = httpx.Client(base_url=url, timeout=30)
+        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+E = TypeVar("E", bound=LiveEngine)
+
+
+def serve_engine(kind: type[E], model: str, server_kw: dict[str, Any] | None = None,
+                 **core_kw: Any) -> Iterator[E]:
+    """Serve a ``make_core`` engine (256 blocks of 4, a 4,096-id vocabulary, 512 tokens of
+    context unless ``core_kw`` says otherwise) as ``model`` until the generator closes."""
+    core = make_core(**{"num_blocks": 256, "block_size": 4, "vocab": (259, 4096),
+                        "max_model_len": 512, **core_kw})
+    srv = EngineServer(core, load_tokenizer(None), model_name=model, sleep_modeled_time=True,
+                       **(server_kw or {}))
+    server = ThreadServer(build_app(srv)).start()
+    live = kind(server.url, srv)
+    try:
+        yield live
+    finally:
+        live.http.close()
+        live.client.close()
+        server.stop()
