@@ -125,7 +125,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         intake.parsed.stream)
     if stream.stream:
         stream.count_events()  # its output tokens (so far) are its content chunks
-        if stream.duration_s is None:  # still open: the replica holds its prompt
+        if stream.duration_s is None and gw.kv_capacity.on:  # open: the replica holds it
             held.append(gw.kv_capacity.resident.started(
                 stream.replica, route_req.model, route_req.prompt_tokens,
                 prompt_head_key(intake.parsed), stream.content_chunks))

@@ -183,7 +183,8 @@ class BoxFeed:
         fleet = self.fleet
         wanted = {r["config"]["id"]: r for r in snap["replicas"]}
         for state in fleet:
-            if state.id not in wanted:
+            # gone, or removed and added again between two snapshots (a new slot)
+            if state.id not in wanted or state.slot != wanted[state.id]["slot"]:
                 fleet.remove(state.id)
                 self._applied.pop(state.id, None)
         for rid, r in wanted.items():

@@ -147,6 +147,9 @@ class CapacityEstimator:
         self.fleet = fleet
         self.config = config or CapacityEstimateConfig()
         self.resident = ResidentRequests()
+        # off with worker processes: a scrape sees every worker's requests running, a
+        # worker only its own, so no sample would ever be clean
+        self.on = self.config.enabled
         self._windows: dict[str, CapacityWindow] = {}
         fleet.listen(self._on_fleet_event)
 
@@ -174,7 +177,7 @@ class CapacityEstimator:
         """A scrape of ``replica`` came back (and was recorded): take it as a sample when
         it is clean. Returns ``"sampled"`` or why it was not."""
         state = self.fleet.get(replica)
-        if state is None or mark is None or not self.config.enabled:
+        if state is None or mark is None or not self.on:
             return "off"
         window = self._windows.get(replica)
         if window is None:

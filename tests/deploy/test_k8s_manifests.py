@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,10 @@ from engine import cli as engine_cli
 from gateway import serve as gateway_cli
 from gateway.config import parse_config
 from gateway.discovery.config import KubernetesSourceConfig
+from tests.support.binaries import which
 
 ROOT = Path(__file__).resolve().parents[2]
-KUBECTL = shutil.which("kubectl")
+KUBECTL = which("kubectl", "Debian's kubernetes-client")
 # the oldest Kubernetes the manifests claim to fit, and the newest schemas known
 VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import openai
 import pytest
 
 from kvwire.tokenizer_build import sample_text
+from tests.support.binaries import which
 from tests.support.fleets import ADMIN_TOKEN, EngineFleet, start_fleet
 from tests.support.processes import REPO, Processes
 from tests.support.waiting import wait_until
@@ -55,7 +55,7 @@ def rows(screen: str) -> dict[str, tuple[str, ...]]:
 
 @pytest.fixture
 def tmux() -> Iterator[list[str]]:
-    if shutil.which("tmux") is None:
+    if which("tmux", "Debian's tmux") is None:
         pytest.skip("tmux is not installed (CI installs it in .ci/run)")
     base = ["tmux", "-L", f"kvgate-top-{os.getpid()}", "-f", "/dev/null"]
     yield base

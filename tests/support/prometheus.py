@@ -4,7 +4,6 @@ with its HTTP API for queries. Its storage lives in a temporary folder."""
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -12,10 +11,11 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.support.binaries import which
 from tests.support.servers import free_port
 from tests.support.waiting import wait_http, wait_until
 
-BINARY = shutil.which("prometheus")
+BINARY = which("prometheus", "Debian's prometheus")
 
 
 class Prometheus:
