@@ -167,7 +167,8 @@ async def top(request: Request) -> Response:
         reasons = routed.get(state.id, {})
         replicas.append({
             "id": state.id, "healthy": state.healthy, "last_error": state.last_error,
-            "queued_tokens": state.queued_tokens(ratio), "in_flight": state.in_flight,
+            # the box's figures with worker processes (``load``), as queued_tokens are
+            "queued_tokens": state.queued_tokens(ratio), "in_flight": state.load().in_flight,
             "running": s.running if s else 0, "waiting": s.waiting if s else 0,
             "kv_usage": s.kv_usage if s else 0.0,
             "hit_tokens": s.hit_tokens if s else None,

@@ -120,6 +120,10 @@ class ReplicaState:
         the whole box's."""
         if self.shared is not None:
             return self.shared.totals(self.slot)
+        return self._own()
+
+    def _own(self) -> LoadTotals:
+        """This process's counts: pending tokens, in flight, the oldest unanswered."""
         oldest = next(iter(self.unsettled), None)
         return LoadTotals(self.pending_tokens, self.pending_since_scrape, self.in_flight,
                           oldest.sent_at if oldest is not None else 0.0,
@@ -128,10 +132,7 @@ class ReplicaState:
     def publish(self) -> None:
         """Copy this worker's counts to the shared block (no-op without one)."""
         if self.shared is not None:
-            oldest = next(iter(self.unsettled), None)
-            self.shared.write(self.slot, self.pending_tokens, self.pending_since_scrape,
-                              self.in_flight, oldest.sent_at if oldest is not None else 0.0,
-                              oldest.tokens if oldest is not None else 0)
+            self.shared.write(self.slot, *self._own())
 
     def kv_capacity(self) -> KVCapacity:
         """Scraped beats configured beats estimated: an estimate never overrides a figure

@@ -23,28 +23,38 @@ class Intake(NamedTuple):
     tenant: str | None
 
 
+async def read_timed_body(request: Request, gw: GatewayState) -> bytes:
+    """The request's body, within ``max_body_bytes`` and ``limits.body_timeout_s``."""
+    limit_s = gw.config.limits.body_timeout_s
+    try:
+        async with asyncio.timeout(limit_s):
+            return await read_body(request, gw.config.max_body_bytes)
+    except TimeoutError:
+        raise BodyTimeout(f"request body not received within {limit_s} s",
+                          code="body_timeout") from None
+
+
+def check_model(gw: GatewayState, model: str | None) -> None:
+    """NotFound unless a replica serves ``model`` (any model, before models are known)."""
+    known = gw.fleet.models()
+    if known and model not in known:
+        raise NotFound(f"model {model!r} is not served by any replica; "
+                       f"available: {', '.join(sorted(known))}", param="model",
+                       code="model_not_found")
+
+
 async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
                   keyed: str | None = None) -> Intake:
     """``endpoint`` None: chat when the body has ``messages``, else completions. With client
     API keys on, ``keyed`` is the tenant the request's key names (its header is not read)."""
-    limit_s = gw.config.limits.body_timeout_s
-    try:
-        async with asyncio.timeout(limit_s):
-            raw = await read_body(request, gw.config.max_body_bytes)
-    except TimeoutError:
-        raise BodyTimeout(f"request body not received within {limit_s} s",
-                          code="body_timeout") from None
+    raw = await read_timed_body(request, gw)
     aff = gw.config.affinity
     header_value = request.headers.get(aff.header) if aff.header else None
     if endpoint is None:
         body = decode_json(raw)
         endpoint = "chat" if isinstance(body, dict) and "messages" in body else "completions"
     parsed = parse_body(raw, endpoint, aff.body_field, header_value)
-    known = gw.fleet.models()
-    if known and parsed.model not in known:
-        raise NotFound(f"model {parsed.model!r} is not served by any replica; "
-                       f"available: {', '.join(sorted(known))}", param="model",
-                       code="model_not_found")
+    check_model(gw, parsed.model)
     tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
     isolated = gw.tenancy.isolate(tenant, parsed.body)
     if isolated is not None:

@@ -1,6 +1,7 @@
 """The OpenAI endpoints that carry no prompt to route on (embeddings, responses, rerank,
 score, tokenize, detokenize): sent by ``model`` to the least busy healthy replica serving
-it, bodies unchanged, under the same admission, retries and relay as completions.
+it (within the tenant's partition), bodies unchanged, under the same admission, body
+timeout, retries and relay as completions.
 
 Their cost is not prefill of a reusable prefix, so they take no part in cache-aware
 routing: no policy is asked and nothing is learned from them.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,11 +20,12 @@ from starlette.responses import Response
 from gateway.admission import released_on_error
 from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
+from gateway.intake import check_model, read_timed_body
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import answer
 from gateway.state import GatewayState
-from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, json_object
-from kvwire.request_edge import read_body, unless_disconnected
+from kvwire.openai_schema import BadRequest, OpenAIError, json_object
+from kvwire.request_edge import unless_disconnected
 
 PATHS = ("/v1/embeddings", "/v1/responses", "/v1/rerank", "/v1/score", "/tokenize",
          "/detokenize")
@@ -32,10 +35,12 @@ ROUTE = "passthrough"
 _turn = itertools.count()  # ties taken in turn, so equal replicas share the load
 
 
-def least_busy(gw: GatewayState, model: str) -> tuple[str, ...]:
-    """Healthy replicas serving ``model``, fewest requests in flight first (ties in
-    turn)."""
-    views = [v for v in gw.fleet.views(model) if v.healthy]
+def least_busy(gw: GatewayState, model: str,
+               allowed: Callable[[str], bool] | None = None) -> tuple[str, ...]:
+    """Healthy replicas serving ``model`` (and, given ``allowed``, a tenant's partition),
+    fewest requests in flight first (ties in turn)."""
+    views = [v for v in gw.fleet.views(model)
+             if v.healthy and (allowed is None or allowed(v.id))]
     if not views:
         raise NoReplicaAvailable(f"no healthy replica for model {model!r}")
     start = next(_turn)
@@ -52,22 +57,19 @@ async def passthrough(request: Request) -> Response:
     arrived = time.perf_counter()
     trace = gw.tracing.start(request.headers, path)
     try:
-        if gw.auth.on:
-            gw.auth.tenant_of(request)
+        keyed = gw.auth.tenant_of(request) if gw.auth.on else None
         slot = await gw.admission.enter()
     except OpenAIError as exc:
         gw.ended(ROUTE, str(exc.status))
         trace.failed(exc)
         raise
     with released_on_error(slot, lambda status: gw.ended(ROUTE, status)), trace.guard():
-        raw = await read_body(request, gw.config.max_body_bytes)
+        raw = await read_timed_body(request, gw)
         model = json_object(raw).get("model")
         if not isinstance(model, str) or not model:
             raise BadRequest("model is required (a non-empty string)", param="model")
-        known = gw.fleet.models()
-        if known and model not in known:
-            raise NotFound(f"model {model!r} is not served by any replica", param="model",
-                           code="model_not_found")
+        check_model(gw, model)
+        tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
         forwarded = upstream_headers(request, gw.trusted_proxies)
         request_id = request_id_of(request, forwarded, f"pass-{random.getrandbits(48):x}")
         trace.upstream(forwarded)
@@ -80,7 +82,7 @@ async def passthrough(request: Request) -> Response:
             if ok:
                 gw.metrics.answers.relayed(model, ROUTE, stream, arrived)
 
+        ranked = least_busy(gw, model, gw.tenancy.allowed(tenant))
         stream = await unless_disconnected(request, gw.proxy.open(
-            least_busy(gw, model), path, raw, forwarded, lambda replica: 0,
-            lambda replica: None, on_done))
-    return answer(stream, ROUTE, request_id)
+            ranked, path, raw, forwarded, lambda replica: 0, lambda replica: None, on_done))
+    return answer(stream, ROUTE, request_id, gw.worker)

@@ -123,6 +123,7 @@ class UpstreamStream:
         self._events: int | None = None  # SSE events relayed, once count_events() asks
         self.first_sent_at: float | None = None  # perf_counter when the client got a chunk
         self._closed = False
+        self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
 
     @property
     def complete(self) -> bool:
@@ -200,7 +201,16 @@ class UpstreamStream:
         self.on_done(self, ok and self.status < 400)
 
     def usage(self) -> Usage | None:
-        """The body's ``usage`` (a stream's last one), if it reports prompt tokens."""
+        """The body's ``usage`` (a stream's last one), if it reports prompt tokens; parsed
+        once the answer ended, then kept (the policy, metrics and a trace all ask)."""
+        if self._usage is not None:
+            return self._usage[0]
+        usage = self._read_usage()
+        if self.duration_s is not None:
+            self._usage = (usage,)
+        return usage
+
+    def _read_usage(self) -> Usage | None:
         text = self._tail if self.stream else b"".join(self._body)
         if self.stream:
             idx = text.rfind(b'"usage"')
