@@ -8,7 +8,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -284,3 +284,18 @@ def test_other_openai_endpoints_pass_through_by_model(serve: Serve, path: str) -
         == "model"
     unknown = httpx.post(f"{gw.url}{path}", json={"model": "nope", "input": "x"})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_pass_through_body_that_never_ends_gets_the_body_timeout(serve: Serve) -> None:
+    seen: list[tuple[str, str]] = []
+    gw = gateway(serve, [serve(echo_replica("a", seen))], limits={"body_timeout_s": 0.5})
+
+    def slow() -> Iterator[bytes]:
+        yield b'{"model": "sim-model", "input": '
+        time.sleep(3)  # the rest never comes in time
+        yield b'"x"}'
+
+    r = httpx.post(f"{gw.url}/v1/embeddings", content=slow(), timeout=10,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 408 and r.json()["error"]["code"] == "body_timeout"
+    assert seen == []  # nothing reached the replica
