@@ -29,8 +29,9 @@ is stable and every gateway copy agrees on it; ``S`` is the rare prefixes' prefi
 
 Candidates: the replicas the model says hold part of the prompt; for a hot key its homes:
 the first is placed by ``placement`` (the first non-scratch replica on the ring walked from
-the key whose cache still has room for the hot keys placed there, or else is within a fair
-share of them: ring hashing alone overfills some LRU caches and underfills others), the
+the key whose cache still has room for the hot keys placed before it in key order, or else
+is within a fair share of them: ring hashing alone overfills some LRU caches and underfills
+others; the homes depend on the hot set alone, so every gateway copy agrees on them), the
 next ones follow on the ring; one home, or as many as the key's share of the requests
 needs (share x replicas x ``hot_spread``: an app's system prompt), and once those wait more
 than ``spill_wait`` prefills of this prompt, up to ``homes`` of them and the least loaded
@@ -57,7 +58,7 @@ key on one of its homes), ``scratch`` (a rare key on the scratch set), ``spill``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 from typing import NamedTuple
@@ -388,7 +389,7 @@ class Cost(Policy):
               up: list[bool], in_scratch: set[int]) -> int | None:
         """Index of a hot key's first home: its placement (``placement``), bounded by
         what each replica's cache holds and by a fair share of the hot keys."""
-        if self.config.placement_slack is None or self._others:
+        if self.config.placement_slack is None:
             for i in walk(points, owners, distinct, prep.key):
                 if up[i] and i not in in_scratch:
                     return i
@@ -398,16 +399,27 @@ class Cost(Policy):
             i = index.get(placed, -1)
             if i >= 0 and up[i] and i not in in_scratch:
                 return i
-        order = (replicas[i].id for i in walk(points, owners, distinct, prep.key)
-                 if up[i] and i not in in_scratch)
-        home = self._placement.place(prep.key, p, order, self._room)
+        home = self._placement.place(prep.key, p, self._order_of(replicas, points, owners,
+                                                                 distinct, up, in_scratch),
+                                     self._room)
         return None if home is None else index[home]
 
+    @staticmethod
+    def _order_of(replicas: Sequence[ReplicaView], points: list[int], owners: list[int],
+                  distinct: int, up: list[bool], in_scratch: set[int]
+                  ) -> Callable[[int], list[str]]:
+        """A key's eligible homes (healthy, not scratch) in ring order from the key."""
+        def order(key: int) -> list[str]:
+            return [replicas[i].id for i in walk(points, owners, distinct, key)
+                    if up[i] and i not in in_scratch]
+        return order
+
     def _notice_others(self) -> None:
-        """Other gateway copies route to this fleet when the replicas' prefill counters
-        show 1.4x what this copy sent (and no longer once within 15% of it). Copies cannot
-        agree on a bounded placement without sharing what they placed, so hot keys then
-        take their first ring replica, which every copy agrees on (``_home``)."""
+        """Whether other gateway copies route to this fleet (shown in ``describe``): the
+        replicas' prefill counters show 1.4x what this copy sent (and no longer once
+        within 15% of it). Nothing needs to change then: the placement of hot keys is a
+        function of the hot set (``placement``), which every copy sees alike, and rare
+        admissions already count ``_fleet_scale`` times over."""
         scale = self._fleet_scale()
         if scale > 1.4:
             self._others = True
@@ -596,8 +608,10 @@ class Cost(Policy):
         if self._routed % self._sketch.window == 0:
             self._placement.prune(lambda key: self._hot(self._sketch.estimate(key)))
             replicas, up, in_scratch = self._eligible
-            self._placement.rebalance([r.id for i, r in enumerate(replicas)
-                                       if up[i] and i not in in_scratch], self._room)
+            ring, owners = self._rings.layout([r.id for r in replicas],
+                                              [r.weight for r in replicas])
+            self._placement.assign(self._order_of(replicas, ring.points, owners, len(ring),
+                                                  up, in_scratch), self._room)
 
     def _fleet_scale(self) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters

@@ -1,4 +1,5 @@
 import random
+from collections.abc import Callable
 
 from policies.placement import HotPlacement
 from policies.ring import Ring, stable_hash
@@ -13,16 +14,17 @@ def keys(n: int, seed: int = 0) -> list[int]:
     return [stable_hash(rng.randbytes(8)) for _ in range(n)]
 
 
+def order_of(replicas: list[str]) -> Callable[[int], list[str]]:
+    return lambda k: [r for r in RING.walk(k) if r in replicas]
+
+
 def place_all(placement: HotPlacement, ks: list[int], room: int,
               replicas: list[str] = REPLICAS) -> dict[int, str]:
-    out = {}
+    """Places each of ``ks`` in turn; their homes once all are placed."""
     for k in ks:
-        home = placement.place(k, DOC, [r for r in RING.walk(k) if r in replicas],
-                               lambda r: room)
-        assert home is not None
-        out[k] = home
+        assert placement.place(k, DOC, order_of(replicas), lambda r: room) is not None
     placement.check_integrity()
-    return out
+    return {k: placement.home_of(k) for k in ks}  # type: ignore[misc]
 
 
 def counts(homes: dict[int, str]) -> list[int]:
@@ -39,9 +41,9 @@ def test_hot_keys_fill_every_cache_before_any_overflows() -> None:
     assert counts(homes) == [8, 8, 8, 8, 9, 9]
 
 
-def test_overflow_is_shared_evenly_when_the_hot_set_exceeds_the_fleet() -> None:
+def test_no_replica_passes_its_fair_share_when_the_hot_set_exceeds_the_fleet() -> None:
     homes = place_all(HotPlacement(slack=0.05), keys(120), room=8 * DOC)
-    assert max(counts(homes)) - min(counts(homes)) <= 2
+    assert max(counts(homes)) <= 120 / 6 * 1.05
 
 
 def test_a_key_keeps_its_home_and_the_first_ring_replica_when_there_is_room() -> None:
@@ -53,30 +55,43 @@ def test_a_key_keeps_its_home_and_the_first_ring_replica_when_there_is_room() ->
     assert again == homes
 
 
-def test_only_a_departed_replicas_keys_move() -> None:
-    placement = HotPlacement()
-    ks = keys(48)
-    homes = place_all(placement, ks, room=8 * DOC)
-    placement.forget_replica("r2")
-    left = [r for r in REPLICAS if r != "r2"]
-    after = place_all(placement, ks, room=8 * DOC, replicas=left)
-    moved = {k for k in ks if after[k] != homes[k]}
-    assert moved == {k for k in ks if homes[k] == "r2"}
+def test_a_departed_replicas_keys_move_and_few_others() -> None:
+    for seed in range(5):
+        placement = HotPlacement()
+        ks = keys(48, seed)
+        homes = place_all(placement, ks, room=8 * DOC)
+        placement.forget_replica("r2")
+        left = [r for r in REPLICAS if r != "r2"]
+        after = place_all(placement, ks, room=8 * DOC, replicas=left)
+        moved = {k for k in ks if after[k] != homes[k]}
+        departed = {k for k in ks if homes[k] == "r2"}
+        # every key of r2 moves; reassigning the whole set moves at most a few others
+        assert departed <= moved and len(moved) <= len(departed) + 4, (seed, len(moved))
 
 
-def test_rebalance_unplaces_the_newest_keys_of_a_replica_past_its_bound() -> None:
+def test_homes_are_a_function_of_the_key_set_not_of_arrival_order() -> None:
+    # two gateway copies see the same hot keys in other orders (each gets a random half
+    # of the traffic): they must agree on every home, or a document gets two homes
+    ks = keys(50)
+    shuffled = ks[:]
+    random.Random(1).shuffle(shuffled)
+    a, b = HotPlacement(slack=0.05), HotPlacement(slack=0.05)
+    homes_a, homes_b = place_all(a, ks, room=8 * DOC), place_all(b, shuffled, room=8 * DOC)
+    assert homes_a == homes_b
+    assert counts(homes_a) == [8, 8, 8, 8, 9, 9]
+
+
+def test_a_replica_that_becomes_eligible_takes_its_share_at_the_next_assign() -> None:
     placement = HotPlacement(slack=0.0)
     ks = keys(30)
     # placed while only r0 and r1 could take them: 15 each, past a room of 8
     place_all(placement, ks, room=8 * DOC, replicas=["r0", "r1"])
-    assert placement.tokens_on("r0") + placement.tokens_on("r1") == 30 * DOC
-    # r2..r5 became eligible: both are now past max(room, fair share of 5 per replica)
-    moved = placement.rebalance(REPLICAS, lambda r: 8 * DOC)
+    assert placement.tokens_on("r0") == placement.tokens_on("r1") == 15 * DOC
+    # r2..r5 became eligible (left the scratch set, or joined)
+    placement.assign(order_of(REPLICAS), lambda r: 8 * DOC)
     placement.check_integrity()
-    assert moved == 14 and placement.tokens_on("r0") == placement.tokens_on("r1") == 8 * DOC
-    assert len(placement) == 16
-    homes = place_all(placement, ks, room=8 * DOC)
-    assert max(counts(homes)) <= 8
+    homes = {k: placement.home_of(k) for k in ks}
+    assert len(placement) == 30 and max(counts(homes)) <= 8  # type: ignore[arg-type]
 
 
 def test_prune_forgets_keys_no_longer_hot() -> None:
