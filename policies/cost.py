@@ -58,7 +58,7 @@ key on one of its homes), ``scratch`` (a rare key on the scratch set), ``spill``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 from typing import NamedTuple
@@ -399,20 +399,25 @@ class Cost(Policy):
             i = index.get(placed, -1)
             if i >= 0 and up[i] and i not in in_scratch:
                 return i
-        home = self._placement.place(prep.key, p, self._order_of(replicas, points, owners,
-                                                                 distinct, up, in_scratch),
-                                     self._room)
+        home = self._placement.place(
+            prep.key, p, self._order_of(replicas, points, owners, distinct, up, in_scratch),
+            self._eligible_ids(replicas, up, in_scratch), self._room)
         return None if home is None else index[home]
 
     @staticmethod
     def _order_of(replicas: Sequence[ReplicaView], points: list[int], owners: list[int],
                   distinct: int, up: list[bool], in_scratch: set[int]
-                  ) -> Callable[[int], list[str]]:
-        """A key's eligible homes (healthy, not scratch) in ring order from the key."""
-        def order(key: int) -> list[str]:
-            return [replicas[i].id for i in walk(points, owners, distinct, key)
-                    if up[i] and i not in in_scratch]
+                  ) -> Callable[[int], Iterator[str]]:
+        """A key's eligible homes (healthy, not scratch), lazily in ring order from it."""
+        def order(key: int) -> Iterator[str]:
+            return (replicas[i].id for i in walk(points, owners, distinct, key)
+                    if up[i] and i not in in_scratch)
         return order
+
+    @staticmethod
+    def _eligible_ids(replicas: Sequence[ReplicaView], up: list[bool], in_scratch: set[int]
+                      ) -> set[str]:
+        return {r.id for i, r in enumerate(replicas) if up[i] and i not in in_scratch}
 
     def _notice_others(self) -> None:
         """Whether other gateway copies route to this fleet (shown in ``describe``): the
@@ -611,7 +616,8 @@ class Cost(Policy):
             ring, owners = self._rings.layout([r.id for r in replicas],
                                               [r.weight for r in replicas])
             self._placement.assign(self._order_of(replicas, ring.points, owners, len(ring),
-                                                  up, in_scratch), self._room)
+                                                  up, in_scratch),
+                                   self._eligible_ids(replicas, up, in_scratch), self._room)
 
     def _fleet_scale(self) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters

@@ -1,7 +1,7 @@
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from policies.placement import HotPlacement
+from policies.placement import REASSIGN_ON_JOIN, HotPlacement
 from policies.ring import Ring, stable_hash
 
 REPLICAS = [f"r{i}" for i in range(6)]
@@ -14,15 +14,15 @@ def keys(n: int, seed: int = 0) -> list[int]:
     return [stable_hash(rng.randbytes(8)) for _ in range(n)]
 
 
-def order_of(replicas: list[str]) -> Callable[[int], list[str]]:
-    return lambda k: [r for r in RING.walk(k) if r in replicas]
+def order_of(replicas: list[str]) -> Callable[[int], Iterator[str]]:
+    return lambda k: (r for r in RING.walk(k) if r in replicas)
 
 
 def place_all(placement: HotPlacement, ks: list[int], room: int,
               replicas: list[str] = REPLICAS) -> dict[int, str]:
     """Places each of ``ks`` in turn; their homes once all are placed."""
     for k in ks:
-        assert placement.place(k, DOC, order_of(replicas), lambda r: room) is not None
+        assert placement.place(k, DOC, order_of(replicas), replicas, lambda r: room) is not None
     placement.check_integrity()
     return {k: placement.home_of(k) for k in ks}  # type: ignore[misc]
 
@@ -88,7 +88,7 @@ def test_a_replica_that_becomes_eligible_takes_its_share_at_the_next_assign() ->
     place_all(placement, ks, room=8 * DOC, replicas=["r0", "r1"])
     assert placement.tokens_on("r0") == placement.tokens_on("r1") == 15 * DOC
     # r2..r5 became eligible (left the scratch set, or joined)
-    placement.assign(order_of(REPLICAS), lambda r: 8 * DOC)
+    placement.assign(order_of(REPLICAS), REPLICAS, lambda r: 8 * DOC)
     placement.check_integrity()
     homes = {k: placement.home_of(k) for k in ks}
     assert len(placement) == 30 and max(counts(homes)) <= 8  # type: ignore[arg-type]
@@ -101,3 +101,17 @@ def test_prune_forgets_keys_no_longer_hot() -> None:
     assert placement.prune(lambda k: k in ks[:5]) == 15
     assert len(placement) == 5
     placement.check_integrity()
+
+
+def test_a_large_set_places_a_joining_key_alone_and_agrees_after_assign() -> None:
+    ks = keys(REASSIGN_ON_JOIN + 88)
+    shuffled = ks[:]
+    random.Random(2).shuffle(shuffled)
+    a, b = HotPlacement(slack=0.05), HotPlacement(slack=0.05)
+    place_all(a, ks, room=8 * DOC)
+    place_all(b, shuffled, room=8 * DOC)
+    for placement in (a, b):
+        placement.assign(order_of(REPLICAS), REPLICAS, lambda r: 8 * DOC)
+        placement.check_integrity()
+        assert max(placement.tokens_on(r) for r in REPLICAS) <= len(ks) / 6 * 1.05 * DOC
+    assert {k: a.home_of(k) for k in ks} == {k: b.home_of(k) for k in ks}
