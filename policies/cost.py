@@ -6,7 +6,8 @@ documents seen once churn every cache they pass through and evict the hot ones, 
 single load bound trades hits against the tail. This policy keeps three things:
 
 * a **cache model** per replica (``cache_model``): an LRU, within the replica's KV
-  capacity, of the prompt chains this gateway sent there;
+  capacity, of the prompt chains this gateway sent there, aged by the prefill the
+  replica's counters show that this gateway did not send (other gateway copies');
 * a **frequency sketch** (``frequency``) over prefix keys (a document, a conversation):
   a key seen at least ``hot_min_count`` times lately (decayed) is *hot*, else *rare*;
 * the fleet's **pace** (``pace``): seconds per prefilled token, learned from first-token
@@ -93,6 +94,11 @@ from policies.slots import DecodeSlots
 
 _SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
 _REFRESH_S = 0.25  # arrival seconds between reads of the views' slowly changing gauges
+_CHURN_BLOCK = 256  # tokens of others' prefill that enter a model as one entry
+_CHURN_OWNER = stable_hash(b"kvgate-others-prefill")  # the owner of those entries
+# what this copy routed uncached is the model's prediction; a replica's prefill counter up
+# to this factor above it is taken as the prediction's error, not as others' traffic
+_OWN_MARGIN = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +200,9 @@ class Cost(Policy):
         self._pace = PrefillPace(cfg.prefill_s_per_token)
         self._slots = DecodeSlots()
         self._all_load = DecayedRate(cfg.load_window_s)  # uncached tokens routed
+        self._own_load: dict[str, DecayedRate] = {}  # ... per replica
+        self._churn: dict[str, float] = {}  # others' prefill not yet in the model, tokens
+        self._churn_key = 0  # the last churn entry's key
         self._rare_load = DecayedRate(cfg.load_window_s)  # ... of them for rare keys
         self._models: dict[str, _Model] = {}
         self._heads: dict[int, set[str]] = {}  # a chain's first key -> models holding it
@@ -373,9 +382,36 @@ class Cost(Policy):
         for r in ok:
             facts[r.id] = (r.epoch, r.kv_capacity_tokens)
         self._slots.saw_all(ok)
+        if last is not None and now is not None and now > last[0]:
+            self._age_models(ok, now, now - last[0])
         rates = [r.prefill_tokens_per_s for r in ok]
         self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
         self._notice_others()
+
+    def _age_models(self, ok: list[ReplicaView], now: float, dt: float) -> None:
+        """Age each replica's model by the prefill it did that this copy did not send: its
+        prefill counter's rate over what this copy routed there uncached. Other gateway
+        copies (or clients that bypass the gateway) fill the replica's LRU cache too; each
+        ``_CHURN_BLOCK`` tokens of theirs enter the model as one entry no prefix owns, so
+        the model evicts as the replica does. (Each copy modelling only its own sends gave
+        two copies 0.58 token hit rate where one gets 0.69: their models kept documents
+        the other copy's traffic had evicted.)"""
+        for r in ok:
+            rate = r.prefill_tokens_per_s
+            if rate is None:
+                continue
+            own = self._own_load.get(r.id)
+            others = rate - (own.rate(now) * _OWN_MARGIN if own is not None else 0.0)
+            if others <= 0:
+                continue
+            churn = self._churn.get(r.id, 0.0) + others * dt
+            if churn >= _CHURN_BLOCK:
+                self._churn_key += 1
+                model = self._model(r.id)
+                self._forget_heads(r.id, model.admit(
+                    [ChainEntry(self._churn_key, int(churn))], _CHURN_OWNER))
+                churn -= int(churn)
+            self._churn[r.id] = churn
 
     def _index_of(self, ids: list[str]) -> dict[str, int]:
         """Position of each id in ``ids`` (kept for the last order seen)."""
@@ -547,6 +583,8 @@ class Cost(Policy):
             self._facts.pop(event.replica, None)
             self._slots.forget(event.replica)
             self._placement.forget_replica(event.replica)
+            self._own_load.pop(event.replica, None)
+            self._churn.pop(event.replica, None)
         elif isinstance(event, ReplicaReset):
             held = self._models.get(event.replica)
             if held is not None:
@@ -580,17 +618,12 @@ class Cost(Policy):
         return held.model
 
     def _routed_to(self, request: RouteRequest, replica: str) -> None:
+        cfg = self.config
         prep = self._prepare(request)
         self._memo = None  # the counts below change what _prepare would say
         model = self._model(replica)
         uncached = max(0, request.prompt_tokens - model.match(prep.chain))
         chain: Sequence[ChainEntry] = prep.chain
-        if not self._hot(prep.seen):
-            # a rare prefix stands for the rare prefixes other gateway copies send there
-            # too (hot ones every copy sends, and models, itself)
-            scale = self._fleet_scale()
-            if scale > 1.0:
-                chain = [e._replace(tokens=round(e.tokens * scale)) for e in chain]
         if chain:
             self._heads.setdefault(chain[0].key, set()).add(replica)
         self._forget_heads(replica, model.admit(chain, prep.key))
@@ -598,6 +631,10 @@ class Cost(Policy):
         now = request.arrival_s
         if now is not None:
             self._all_load.add(now, uncached)
+            own = self._own_load.get(replica)
+            if own is None:
+                own = self._own_load[replica] = DecayedRate(cfg.load_window_s)
+            own.add(now, uncached)
             if not self._hot(prep.seen):
                 self._rare_load.add(now, uncached)
             self._resize_scratch(now)
@@ -622,8 +659,8 @@ class Cost(Policy):
     def _fleet_scale(self) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters
         (every copy's traffic) over what this copy routed, between 1 and 16. A rare prefix's
-        admission counts that many times over, in its eviction charge and in the model,
-        since each copy sees only its share of the churn."""
+        admission counts that many times over in its eviction charge, since the other
+        copies send their share of such churn there too."""
         fleet, now = self._fleet_prefill, self._all_load.last
         if fleet is None or now is None or self._routed < self._sketch.window:
             return 1.0

@@ -42,7 +42,7 @@ def _gateway(serve: Serve, behaviour: Behaviour) -> str:
     replica = serve(fake_replica(behaviour))
     config = parse_config({
         "replicas": [{"id": "a", "url": replica.url}], "policy": {"name": "round_robin"},
-        "health": {"interval_s": 0.2, "timeout_s": 0.5}, "scrape": {"interval_s": 0.2}})
+        "health": {"interval_s": 0.2, "timeout_s": 5.0}, "scrape": {"interval_s": 0.2}})
     state = build_state(config)
     url = serve(create_app(config, state)).url
     wait_until(lambda: state.fleet.models() == {MODEL}, 10, "the replica's model list")

@@ -183,3 +183,25 @@ def test_other_gateway_copies_are_noticed_from_the_replicas_prefill_counters() -
     assert policy.describe()["other_gateway_copies"] is True
     traffic(1300.0, 1600, 1200)  # alone again
     assert policy.describe()["other_gateway_copies"] is False
+
+
+def test_a_replicas_prefill_that_this_copy_did_not_send_ages_its_model() -> None:
+    # another gateway copy sends its own documents to r0: r0's LRU cache evicts this
+    # copy's document, and this copy's model must stop predicting a hit there
+    def fleet(rate: float) -> list[ReplicaView]:
+        return [ReplicaView(f"r{i}", kv_capacity_tokens=4000, prefill_tokens_per_s=rate)
+                for i in range(2)]
+
+    tokens = doc(7)
+    for rate, expect_held in ((0.0, True), (2000.0, False)):
+        policy = Cost(CostConfig(min_scratch=0))
+        home = route(policy, tokens, fleet(0.0), at=0.0)
+        # 10 s later, arrivals every 0.5 s of another prompt that this copy sends nowhere
+        # near the model's capacity: r0 and r1 prefill ``rate`` tokens/s beside it
+        for i in range(20):
+            policy.choose(request(doc(100 + i, extra=0)[:40], at=0.5 * (i + 1)), fleet(rate))
+        matched = {s.replica: s.matched_tokens
+                   for s in policy.choose(request(tokens, at=11.0), fleet(rate)).scores}
+        held = matched.get(home, 0) > DOC // 2
+        assert held is expect_held, (rate, matched)
+        policy.check_integrity()
