@@ -59,30 +59,52 @@ class ReplicaCacheModel:
     def __contains__(self, key: int) -> bool:
         return key in self._entries
 
-    def match(self, chain: Sequence[ChainEntry]) -> int:
+    def match(self, chain: Sequence[ChainEntry], hint: int = 0) -> int:
         """Tokens of the chain's leading entries the model holds (a last entry held
-        shorter than asked counts its held size).
+        shorter than asked counts its held size); ``hint`` as for ``held``."""
+        return self.tokens_of(chain, self.held(chain, hint))
+
+    def held(self, chain: Sequence[ChainEntry], hint: int = 0) -> int:
+        """How many of the chain's leading entries the model holds.
 
         Admissions take whole chains, head last, so what the model holds of any chain is a
         prefix of it (an entry is never older than one after it in a chain): the held
-        length is found by bisection, O(log n) lookups."""
+        length is found by bisection, O(log n) lookups. ``hint``, the number of entries
+        another model held of this chain, is tried first (two lookups when it is right,
+        as it mostly is among the replicas that hold a document)."""
         entries = self._entries
         key_at = chain.key if isinstance(chain, PromptChain) else lambda i: chain[i].key
         lo, hi = 0, len(chain)  # chain[:lo] held, chain[hi:] not
+        if 0 < hint <= hi:
+            if key_at(hint - 1) in entries:
+                lo = hint
+                if hint < hi and key_at(hint) not in entries:
+                    hi = hint
+            else:
+                hi = hint - 1
         while lo < hi:
             mid = (lo + hi) // 2
             if key_at(mid) in entries:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo == 0:
+        return lo
+
+    def tokens_held(self, key: int, tokens: int) -> int:
+        """Of an entry of ``tokens`` tokens, how many the model holds under ``key``."""
+        entry = self._entries.get(key)
+        return 0 if entry is None else min(tokens, entry[0])
+
+    def tokens_of(self, chain: Sequence[ChainEntry], held: int) -> int:
+        """Tokens of the first ``held`` entries of ``chain``, which the model holds."""
+        if held == 0:
             return 0
-        last = chain[lo - 1]
+        last = chain[held - 1]
         if isinstance(chain, PromptChain):
-            matched = chain.tokens_before(lo - 1)
+            matched = chain.tokens_before(held - 1)
         else:
-            matched = sum(e.tokens for e in chain[: lo - 1])
-        return matched + min(last.tokens, entries[last.key][0])
+            matched = sum(e.tokens for e in chain[: held - 1])
+        return matched + min(last.tokens, self._entries[last.key][0])
 
     def victims(self, new_tokens: int, keep_owner: int | None = None) -> Iterator[Victim]:
         """The entries that admitting ``new_tokens`` more would evict, oldest first
@@ -100,17 +122,26 @@ class ReplicaCacheModel:
                 return
 
     def evicted_tokens(self, new_tokens: int, keep_owner: int | None,
-                       counts: Callable[[int], bool]) -> int:
+                       counts: Callable[[int], bool],
+                       memo: dict[int, bool] | None = None) -> int:
         """Tokens of the ``victims(new_tokens, keep_owner)`` whose owner ``counts``, summed
-        without building them (a decision asks this of every candidate it scores)."""
+        without building them (a decision asks this of every candidate it scores).
+        ``memo`` keeps ``counts``' answers by owner (a prefix's entries sit together)."""
         excess = self.used + new_tokens - self.capacity
         total = 0
         if excess <= 0:
             return 0
+        memo = {} if memo is None else memo
+        last_owner, last_counts = None, False
         for tokens, owner in self._entries.values():
             if owner == keep_owner:
                 continue
-            if counts(owner):
+            if owner != last_owner:
+                found = memo.get(owner)
+                if found is None:
+                    found = memo[owner] = counts(owner)
+                last_owner, last_counts = owner, found
+            if last_counts:
                 total += tokens
             excess -= tokens
             if excess <= 0:

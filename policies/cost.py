@@ -274,7 +274,8 @@ class Cost(Policy):
         ok = healthy(replicas)
         self._refresh(ok, request.arrival_s)
         ids = [r.id for r in replicas]
-        ring, owners = self._rings.layout(ids, [r.weight for r in replicas])
+        weights = [r.weight for r in replicas]
+        ring, owners = self._rings.layout(ids, weights)
         index = self._index_of(ids)
         up = [r.healthy for r in replicas]
         prep = self._prepare(request)
@@ -316,43 +317,61 @@ class Cost(Policy):
             busy = True
             candidates.update(dict.fromkeys(scratch))
         candidates.update(dict.fromkeys(i for i, m in matched.items() if m > 0))
-        if busy:
-            loads = self._loads(replicas, up)
-            candidates[self._least_loaded(loads, up, ())] = None
-            if hot and in_scratch:
-                candidates[self._least_loaded(loads, up, in_scratch)] = None
 
         # the cheap terms first: a candidate whose wait + prefill + scratch already
         # exceeds the best total cannot win, and its eviction walk is skipped
-        bounds: list[tuple[float, int, int, float, float, float]] = []
-        for order, i in enumerate(candidates):
-            r = replicas[i]
-            t = pace / r.weight if r.weight > 0 else math.inf
-            wait = self._wait(r, pace)
-            prefill = (p - matched.get(i, 0)) * t
-            misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
-            bounds.append((wait + prefill + misplaced, order, i, wait, prefill, misplaced))
-        bounds.sort()
         hot_memo: dict[int, bool] = {}
         scored: list[tuple[float, int, int, tuple[tuple[str, float], ...]]] = []
         pruned: list[int] = []
         best_total = math.inf
-        for bound, order, i, wait, prefill, misplaced in bounds:
-            if bound > best_total:
-                pruned.append(i)
-                continue
-            evict = 0.0
-            if cfg.eviction_weight > 0 or cfg.rare_eviction_weight > 0:
-                m = matched.get(i, 0)
-                churn = p - m if hot else round((p - m) * self._fleet_scale())
-                weight = cfg.eviction_weight if hot else cfg.rare_eviction_weight
-                evict = weight * pace * self._hot_victims(replicas[i].id, churn, prep.key,
-                                                          hot_memo)
-            total = bound + evict
-            best_total = min(best_total, total)
-            terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
-                     ("scratch_s", misplaced))
-            scored.append((total, order, i, terms))
+
+        def score(batch: list[int], first_order: int) -> None:
+            nonlocal best_total
+            bounds: list[tuple[float, int, int, float, float, float]] = []
+            for order, i in enumerate(batch, first_order):
+                r = replicas[i]
+                t = pace / r.weight if r.weight > 0 else math.inf
+                wait = self._wait(r, pace)
+                prefill = (p - matched.get(i, 0)) * t
+                misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
+                bounds.append((wait + prefill + misplaced, order, i, wait, prefill, misplaced))
+            bounds.sort()
+            for bound, order, i, wait, prefill, misplaced in bounds:
+                if bound > best_total:
+                    pruned.append(i)
+                    continue
+                evict = 0.0
+                if cfg.eviction_weight > 0 or cfg.rare_eviction_weight > 0:
+                    m = matched.get(i, 0)
+                    churn = p - m if hot else round((p - m) * self._fleet_scale())
+                    weight = cfg.eviction_weight if hot else cfg.rare_eviction_weight
+                    evict = weight * pace * self._hot_victims(replicas[i].id, churn,
+                                                              prep.key, hot_memo)
+                total = bound + evict
+                best_total = min(best_total, total)
+                terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
+                         ("scratch_s", misplaced))
+                scored.append((total, order, i, terms))
+
+        score(list(candidates), 0)
+        # the least loaded replicas (a pass over the fleet) are candidates too when the
+        # others are busy, unless they cannot win: one not yet a candidate holds nothing
+        # of the prompt, so it costs at least its whole prefill
+        if busy and (not scored or best_total > p * pace / max(weights)):
+            least, least_outside = self._least_loaded(replicas, up, in_scratch)
+            extra = [least] if least not in candidates else []
+            if hot and in_scratch and least_outside not in candidates \
+                    and least_outside != least:
+                extra.append(least_outside)
+            candidates.update(dict.fromkeys(extra))
+            score(extra, len(candidates) - len(extra))
+            # as if scored in one pass: those the new best total would have passed over
+            # count as unscored
+            passed = [entry for entry in scored if entry[0] - dict(entry[3])["evict_s"]
+                      > best_total]
+            if passed:
+                scored = [entry for entry in scored if entry not in passed]
+                pruned[:0] = [entry[2] for entry in sorted(passed)]
         scored.sort()
         best = scored[0][2]
         if matched.get(best, 0) > 0:
@@ -363,10 +382,10 @@ class Cost(Policy):
             reason = "scratch" if best in in_scratch else "spill"
         ranked_idx = [i for _, _, i, _ in scored] + pruned
         seen = set(ranked_idx)
-        ranked_idx += [i for i, r in enumerate(replicas) if up[i] and i not in seen]
-        scores = tuple(ReplicaScore(ids[i], total, matched.get(i, 0), terms)
-                       for total, _, i, terms in scored)
-        return Decision(tuple(ids[i] for i in ranked_idx), reason, matched.get(best, 0),
+        ranked_idx += [i for i in range(len(up)) if up[i] and i not in seen]
+        scores = tuple([ReplicaScore(ids[i], total, matched.get(i, 0), terms)
+                        for total, _, i, terms in scored])
+        return Decision(tuple([ids[i] for i in ranked_idx]), reason, matched.get(best, 0),
                         scores)
 
     def _refresh(self, ok: list[ReplicaView], now: float | None) -> None:
@@ -519,33 +538,52 @@ class Cost(Policy):
         if not holders:
             return out
         models = self._models
+        chain, hint = prep.chain, 0
+        lasts: dict[int, tuple[int, int, int]] = {}  # entries held -> the chain's figures
         for rid in holders:
             i = index.get(rid)
             if i is not None and up[i]:
                 held = models[rid]
                 if held.epoch == replicas[i].epoch:
-                    out[i] = min(held.model.match(prep.chain), p - 1)
+                    hint = n = held.model.held(chain, hint)
+                    if n == 0:
+                        out[i] = 0
+                        continue
+                    last = lasts.get(n)
+                    if last is None:  # tokens before the last entry held, its key, size
+                        last = lasts[n] = (chain.tokens_before(n - 1), chain.key(n - 1),
+                                           chain.size(n - 1))
+                    out[i] = min(last[0] + held.model.tokens_held(last[1], last[2]), p - 1)
         return dict(sorted(out.items()))  # in the fleet's order: ties break the same way
 
-    def _loads(self, replicas: Sequence[ReplicaView], up: list[bool]
-               ) -> list[tuple[float, float]]:
-        """Per replica: the wait for a decode slot, then the queue per unit of weight."""
-        slots = self._slots.known and self.config.slot_weight > 0
-        return [(self._slot_wait(r) if slots and up[i] else 0.0,
-                 r.queued_tokens / r.weight if r.weight > 0 else math.inf)
-                for i, r in enumerate(replicas)]
-
-    @staticmethod
-    def _least_loaded(loads: list[tuple[float, float]], up: list[bool],
-                      exclude: set[int] | tuple[()]) -> int:
-        """The healthy replica, not in ``exclude``, with the least of ``loads``."""
-        best, best_load = -1, (math.inf, math.inf)
-        for i, load in enumerate(loads):
-            if up[i] and i not in exclude and load < best_load:
-                best, best_load = i, load
-        if best < 0:  # everything excluded: any healthy replica
-            return next(i for i, u in enumerate(up) if u)
-        return best
+    def _least_loaded(self, replicas: Sequence[ReplicaView], up: list[bool],
+                      scratch: set[int]) -> tuple[int, int]:
+        """The healthy replicas with the least load (the wait for a decode slot, then the
+        queue per unit of weight): over all, and outside ``scratch`` (the first when
+        every healthy one is in it). One pass over the fleet."""
+        inf = math.inf
+        best = outside = -1
+        best_wait = best_queue = outside_wait = outside_queue = inf
+        limits = self._slots.limits if self._slots.known and self.config.slot_weight > 0 \
+            else None
+        for i, r in enumerate(replicas):  # the hot loop of a decision: kept plain
+            if not up[i]:
+                continue
+            w = r.weight
+            queue = r.queued_tokens / w if w > 0 else inf
+            wait = 0.0
+            if limits:  # a decode-slot wait is only above 0 where the slots are full
+                limit = limits.get(r.id)
+                if limit is not None and max(r.in_flight, r.running + r.waiting) >= limit:
+                    wait = self._slot_wait(r)
+            if wait < best_wait or (wait == best_wait and queue < best_queue):
+                best, best_wait, best_queue = i, wait, queue
+            if (wait < outside_wait or (wait == outside_wait and queue < outside_queue)) \
+                    and i not in scratch:
+                outside, outside_wait, outside_queue = i, wait, queue
+        if best < 0:
+            raise ValueError("no healthy replica to choose from")
+        return best, outside if outside >= 0 else best
 
     def _hot_victims(self, replica: str, new_tokens: int, keep_owner: int,
                      memo: dict[int, bool]) -> int:
@@ -554,13 +592,9 @@ class Cost(Policy):
         if held is None:
             return 0
 
-        def hot(owner: int) -> bool:
-            is_hot = memo.get(owner)
-            if is_hot is None:
-                is_hot = memo[owner] = self._hot(self._sketch.estimate(owner))
-            return is_hot
-
-        return held.model.evicted_tokens(new_tokens, keep_owner, hot)
+        sketch, hot_min = self._sketch, self.config.hot_min_count
+        return held.model.evicted_tokens(new_tokens, keep_owner,
+                                         lambda owner: sketch.estimate(owner) >= hot_min, memo)
 
     # -- what happened ----------------------------------------------------------------------
     def observe(self, event: RouteEvent) -> None:

@@ -25,8 +25,8 @@ _MASK64 = (1 << 64) - 1
 class FrequencySketch:
     """Decayed counts of 64-bit keys; see the module docstring."""
 
-    __slots__ = ("_adds", "_counts", "_rows", "_shifts", "_view", "depth", "mask", "total",
-                 "width", "window")
+    __slots__ = ("_adds", "_counts", "_pairs", "_rows", "_shifts", "_view", "depth", "mask",
+                 "total", "width", "window")
 
     def __init__(self, width: int = 1 << 16, depth: int = 4, window: int = 4096) -> None:
         if width < 2 or width & (width - 1):
@@ -43,6 +43,7 @@ class FrequencySketch:
         self._view = np.frombuffer(self._counts, dtype=np.uint32)  # for halving in bulk
         self._rows = [row * width for row in range(depth)]
         self._shifts = [row * 128 // depth for row in range(depth)]
+        self._pairs = list(zip(self._rows, self._shifts, strict=True))
         self._adds = 0
         self.total = 0.0  # decayed sum of all adds
 
@@ -56,7 +57,9 @@ class FrequencySketch:
     def estimate(self, key: int) -> int:
         """The key's decayed count (never below the true one)."""
         counts = self._counts
-        return min(counts[i] for i in self._slots(key))
+        both = key | (((key * _MIX) & _MASK64) << 64)  # as ``_slots``, inlined: hot path
+        mask = self.mask
+        return min([counts[base + ((both >> shift) & mask)] for base, shift in self._pairs])
 
     def add(self, key: int, count: int = 1) -> int:
         """Count ``key`` and return its new estimate; halves everything every ``window``."""

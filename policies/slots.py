@@ -73,6 +73,11 @@ class DecodeSlots:
         self._capped.pop(replica, None)
         self._limits.pop(replica, None)
 
+    @property
+    def limits(self) -> dict[str, int]:
+        """Learned slot counts by replica (read only)."""
+        return self._limits
+
     def limit(self, replica: str) -> int | None:
         """The replica's learned slot count (None until it was seen full)."""
         return self._limits.get(replica)
