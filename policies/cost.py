@@ -36,7 +36,9 @@ others; the homes depend on the hot set alone, so every gateway copy agrees on t
 next ones follow on the ring; one home, or as many as the key's share of the requests
 needs (share x replicas x ``hot_spread``: an app's system prompt), and once those wait more
 than ``spill_wait`` prefills of this prompt, up to ``homes`` of them and the least loaded
-replicas; for a rare key the scratch set and the least loaded replica. For each, in
+replicas; for a rare key its first ring replica outside the scratch set while that cache
+has room for it (``fill_homes``: caches still filling, so its next request hits there),
+else the scratch set and the least loaded replica. For each, in
 seconds, with ``t`` the pace over the replica's weight::
 
     wait     = queued tokens x t, less the part of the oldest queued request the replica
@@ -52,7 +54,8 @@ seconds, with ``t`` the pace over the replica's weight::
 ``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill
 and scratch terms alone exceed the best total is ranked after them unscored). Reasons:
 ``cache_match`` (the winner is predicted to hold part of the prompt), ``affinity`` (a hot
-key on one of its homes), ``scratch`` (a rare key on the scratch set), ``spill``
+key on one of its homes, or a rare one on the home whose cache has room), ``scratch`` (a
+rare key on the scratch set), ``spill``
 (anything else).
 """
 
@@ -120,10 +123,12 @@ class CostConfig:
     min_scratch: int = 1
     max_scratch_fraction: float = 0.5
     scratch_utilization: float = 0.6
+    max_scratch_utilization: float = 0.85
     load_window_s: float = 60.0
     eviction_weight: float = 0.5
     rare_eviction_weight: float = 0.75
     scratch_loss: float = 0.5
+    fill_homes: bool = True
     slot_weight: float = 0.5
     placement_slack: float | None = 0.05
     placement_fill: float = 0.9
@@ -143,7 +148,8 @@ class CostConfig:
                     "hot_min_count", "default_capacity_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("window_factor", "scratch_utilization", "load_window_s", "spill_wait",
+        for key in ("window_factor", "scratch_utilization", "max_scratch_utilization",
+                    "load_window_s", "spill_wait",
                     "hot_spread",
                     "prefill_s_per_token"):
             if not getattr(self, key) > 0:
@@ -291,6 +297,7 @@ class Cost(Policy):
         candidates: dict[int, None] = {}
         matched = self._matches(prep, replicas, index, up, p)
         homes: list[int] = []
+        rare_home: int | None = None
         if hot:
             eligible = len(ok) - len(scratch)
             # a prefix carrying more than a replica's share of the requests (an app's
@@ -315,7 +322,16 @@ class Cost(Policy):
             self._eligible = (replicas, up, in_scratch)
         else:
             busy = True
-            candidates.update(dict.fromkeys(scratch))
+            rare_home = self._roomy_home(p, replicas, points, owners, distinct, up,
+                                         in_scratch, prep.key)
+            if rare_home is not None and self._wait(replicas[rare_home], pace) \
+                    <= cfg.spill_wait * p * pace:
+                # caches still filling (a fresh gateway, a new replica): the prefix goes
+                # where it would live if it turned hot, so its second request hits
+                candidates[rare_home] = None
+                busy = False
+            else:
+                candidates.update(dict.fromkeys(scratch))
         candidates.update(dict.fromkeys(i for i, m in matched.items() if m > 0))
 
         # the cheap terms first: a candidate whose wait + prefill + scratch already
@@ -378,8 +394,10 @@ class Cost(Policy):
             reason = "cache_match"
         elif hot:
             reason = "affinity" if best in homes else "spill"
+        elif best in in_scratch:
+            reason = "scratch"
         else:
-            reason = "scratch" if best in in_scratch else "spill"
+            reason = "affinity" if best == rare_home else "spill"
         ranked_idx = [i for _, _, i, _ in scored] + pruned
         seen = set(ranked_idx)
         ranked_idx += [i for i in range(len(up)) if up[i] and i not in seen]
@@ -387,6 +405,23 @@ class Cost(Policy):
                         for total, _, i, terms in scored])
         return Decision(tuple([ids[i] for i in ranked_idx]), reason, matched.get(best, 0),
                         scores)
+
+    def _roomy_home(self, p: int, replicas: Sequence[ReplicaView], points: list[int],
+                    owners: list[int], distinct: int, up: list[bool], in_scratch: set[int],
+                    key: int) -> int | None:
+        """The key's first ring replica outside the scratch set, when its model has room
+        for ``p`` more tokens and for the hot prefixes placed there (admitting the prompt
+        would evict nothing); else None."""
+        if not self.config.fill_homes:
+            return None
+        for i in walk(points, owners, distinct, key):
+            if up[i] and i not in in_scratch:
+                rid = replicas[i].id
+                held = self._models.get(rid)
+                used = 0 if held is None else held.model.used
+                room = self._room(rid)
+                return i if max(used, self._placement.tokens_on(rid)) + p <= room else None
+        return None
 
     def _refresh(self, ok: list[ReplicaView], now: float | None) -> None:
         """Take the replicas' epochs, capacities, slot gauges and prefill rates from the
@@ -719,8 +754,18 @@ class Cost(Policy):
             # the replicas' own counters see every gateway copy's traffic: the rare share
             # of what this copy routed, times the fleet's prefill rate
             rare = rare / every * self._fleet_prefill
-        limit = max(cfg.min_scratch, int(cfg.max_scratch_fraction * max(1, len(self._facts))))
+        replicas = max(1, len(self._facts))
+        limit = max(cfg.min_scratch, int(cfg.max_scratch_fraction * replicas))
         need = rare * self._pace.value_s / cfg.scratch_utilization
+        # the hot prefixes placed need this many replicas' caches: a scratch set that
+        # leaves fewer sheds hot hits, so it runs hotter (up to max_scratch_utilization)
+        rooms = [self._room(rid) for rid in self._facts]
+        mean_room = sum(rooms) / len(rooms) if rooms else 0
+        if mean_room > 0:
+            spare = replicas - math.ceil(self._placement.total_tokens / mean_room)
+            if need > spare:
+                need = max(float(spare), rare * self._pace.value_s
+                           / cfg.max_scratch_utilization)
         size = self._scratch_size
         if need > size:
             size = math.ceil(need)

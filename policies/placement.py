@@ -62,6 +62,11 @@ class HotPlacement:
         placed = self._keys.get(key)
         return None if placed is None else placed.replica
 
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of every placed key."""
+        return sum(self._tokens.values())
+
     def tokens_on(self, replica: str) -> int:
         """Tokens of the hot keys placed on ``replica``."""
         return self._tokens.get(replica, 0)

@@ -49,7 +49,7 @@ def test_a_routed_document_is_found_again_and_spills_only_under_load() -> None:
     assert again.chosen == first and again.reason == "cache_match"
     assert again.matched_tokens >= DOC - 128  # whole blocks of 8 x 16 ids
     busy = policy.choose(request(tokens), views(queued={first: 200_000}))
-    assert busy.chosen != first and busy.reason == "spill"
+    assert busy.chosen != first and busy.reason == "scratch"  # still rare: seen once
 
 
 def test_every_score_names_its_terms() -> None:
@@ -102,11 +102,21 @@ def test_the_scratch_set_and_homes_are_stable_when_a_replica_leaves() -> None:
     assert moved / len(docs) < 2.5 / 10
 
 
-def test_a_rare_document_goes_to_the_scratch_set() -> None:
+def test_a_rare_document_fills_its_home_then_goes_to_the_scratch_set() -> None:
     policy = Cost(CostConfig(min_scratch=2))
-    fleet = views()
+    fleet = views(capacity=4000)  # room for 3 documents of 1,020 tokens
+    scratch = policy.scratch_set(fleet)
+    # caches still filling: a first-seen document goes to its home, where it would live
+    # if it turned hot, so its next request hits
     d = policy.choose(request(doc(42)), fleet)
-    assert d.reason == "scratch" and d.chosen in policy.scratch_set(fleet)
+    assert d.reason == "affinity" and d.chosen not in scratch
+    for seed in range(100, 140):  # one-off documents fill every home
+        route(policy, doc(seed), fleet)
+    d = policy.choose(request(doc(42)), fleet)
+    assert d.reason == "scratch" and d.chosen in scratch
+    off = Cost(CostConfig(min_scratch=2, fill_homes=False))
+    d = off.choose(request(doc(43)), fleet)
+    assert d.reason == "scratch" and d.chosen in off.scratch_set(fleet)
 
 
 def test_a_restarted_replica_is_treated_as_empty() -> None:
@@ -205,3 +215,23 @@ def test_a_replicas_prefill_that_this_copy_did_not_send_ages_its_model() -> None
         held = matched.get(home, 0) > DOC // 2
         assert held is expect_held, (rate, matched)
         policy.check_integrity()
+
+
+def test_the_scratch_set_runs_hotter_when_the_hot_set_needs_the_room() -> None:
+    # the same one-off load as above (2 scratch replicas at 51%, or 1 at 102%), on 4
+    # replicas whose caches hold 3 documents each, with 9 hot documents placed: they need
+    # 3 replicas' caches, so the scratch set may keep only 1 (up to max_scratch_utilization)
+    def run(max_util: float) -> int:
+        policy = Cost(CostConfig(prefill_s_per_token=1e-3, scratch_utilization=0.55,
+                                 max_scratch_utilization=max_util, max_scratch_fraction=0.5,
+                                 placement_fill=1.0))
+        fleet = views(n=4, capacity=3 * (DOC + 20))
+        for i in range(300):
+            at = float(i)
+            route(policy, doc(20_000 + i), fleet, at=at)
+            route(policy, doc(i % 9), fleet, at=at + 0.5)  # hot: every 9 s
+        assert policy.describe()["placed_hot_keys"] == 9
+        return policy.scratch_size
+
+    assert run(1.2) == 1  # 102% is within 1.2: one scratch replica, 3 for the hot set
+    assert run(0.85) == 2  # ... not within 0.85: the load wins
