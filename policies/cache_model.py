@@ -59,10 +59,18 @@ class ReplicaCacheModel:
     def __contains__(self, key: int) -> bool:
         return key in self._entries
 
-    def match(self, chain: Sequence[ChainEntry], hint: int = 0) -> int:
+    def match(self, chain: Sequence[ChainEntry]) -> int:
         """Tokens of the chain's leading entries the model holds (a last entry held
-        shorter than asked counts its held size); ``hint`` as for ``held``."""
-        return self.tokens_of(chain, self.held(chain, hint))
+        shorter than asked counts its held size)."""
+        n = self.held(chain)
+        if n == 0:
+            return 0
+        last = chain[n - 1]
+        if isinstance(chain, PromptChain):
+            before = chain.tokens_before(n - 1)
+        else:
+            before = sum(e.tokens for e in chain[: n - 1])
+        return before + self.tokens_held(last.key, last.tokens)
 
     def held(self, chain: Sequence[ChainEntry], hint: int = 0) -> int:
         """How many of the chain's leading entries the model holds.
@@ -94,17 +102,6 @@ class ReplicaCacheModel:
         """Of an entry of ``tokens`` tokens, how many the model holds under ``key``."""
         entry = self._entries.get(key)
         return 0 if entry is None else min(tokens, entry[0])
-
-    def tokens_of(self, chain: Sequence[ChainEntry], held: int) -> int:
-        """Tokens of the first ``held`` entries of ``chain``, which the model holds."""
-        if held == 0:
-            return 0
-        last = chain[held - 1]
-        if isinstance(chain, PromptChain):
-            matched = chain.tokens_before(held - 1)
-        else:
-            matched = sum(e.tokens for e in chain[: held - 1])
-        return matched + min(last.tokens, self._entries[last.key][0])
 
     def victims(self, new_tokens: int, keep_owner: int | None = None) -> Iterator[Victim]:
         """The entries that admitting ``new_tokens`` more would evict, oldest first

@@ -221,7 +221,7 @@ class Cost(Policy):
         # the last views a hot key was placed over: (replicas, healthy, scratch indexes)
         self._eligible: tuple[Sequence[ReplicaView], list[bool], set[int]] = ((), [], set())
         self._refreshed: tuple[float, int] | None = None  # (arrival, healthy count)
-        self._others = False  # other gateway copies route to this fleet (``_notice_others``)
+        self._mean_room = 0.0  # mean of ``_room`` over the replicas seen (``_refresh``)
         self._index: tuple[tuple[str, ...], dict[str, int]] = ((), {})
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
 
@@ -337,7 +337,8 @@ class Cost(Policy):
         # the cheap terms first: a candidate whose wait + prefill + scratch already
         # exceeds the best total cannot win, and its eviction walk is skipped
         hot_memo: dict[int, bool] = {}
-        scored: list[tuple[float, int, int, tuple[tuple[str, float], ...]]] = []
+        # (total, order, index, terms, bound): bound = the terms but eviction
+        scored: list[tuple[float, int, int, tuple[tuple[str, float], ...], float]] = []
         pruned: list[int] = []
         best_total = math.inf
 
@@ -367,7 +368,7 @@ class Cost(Policy):
                 best_total = min(best_total, total)
                 terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
                          ("scratch_s", misplaced))
-                scored.append((total, order, i, terms))
+                scored.append((total, order, i, terms, bound))
 
         score(list(candidates), 0)
         # the least loaded replicas (a pass over the fleet) are candidates too when the
@@ -383,11 +384,10 @@ class Cost(Policy):
             score(extra, len(candidates) - len(extra))
             # as if scored in one pass: those the new best total would have passed over
             # count as unscored
-            passed = [entry for entry in scored if entry[0] - dict(entry[3])["evict_s"]
-                      > best_total]
+            passed = sorted(entry for entry in scored if entry[4] > best_total)
             if passed:
-                scored = [entry for entry in scored if entry not in passed]
-                pruned[:0] = [entry[2] for entry in sorted(passed)]
+                scored = [entry for entry in scored if entry[4] <= best_total]
+                pruned[:0] = [entry[2] for entry in passed]
         scored.sort()
         best = scored[0][2]
         if matched.get(best, 0) > 0:
@@ -398,11 +398,11 @@ class Cost(Policy):
             reason = "scratch"
         else:
             reason = "affinity" if best == rare_home else "spill"
-        ranked_idx = [i for _, _, i, _ in scored] + pruned
+        ranked_idx = [entry[2] for entry in scored] + pruned
         seen = set(ranked_idx)
         ranked_idx += [i for i in range(len(up)) if up[i] and i not in seen]
         scores = tuple([ReplicaScore(ids[i], total, matched.get(i, 0), terms)
-                        for total, _, i, terms in scored])
+                        for total, _, i, terms, _ in scored])
         return Decision(tuple([ids[i] for i in ranked_idx]), reason, matched.get(best, 0),
                         scores)
 
@@ -440,7 +440,8 @@ class Cost(Policy):
             self._age_models(ok, now, now - last[0])
         rates = [r.prefill_tokens_per_s for r in ok]
         self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
-        self._notice_others()
+        rooms = [self._room(rid) for rid in facts]
+        self._mean_room = sum(rooms) / len(rooms) if rooms else 0.0
 
     def _age_models(self, ok: list[ReplicaView], now: float, dt: float) -> None:
         """Age each replica's model by the prefill it did that this copy did not send: its
@@ -508,18 +509,6 @@ class Cost(Policy):
     def _eligible_ids(replicas: Sequence[ReplicaView], up: list[bool], in_scratch: set[int]
                       ) -> set[str]:
         return {r.id for i, r in enumerate(replicas) if up[i] and i not in in_scratch}
-
-    def _notice_others(self) -> None:
-        """Whether other gateway copies route to this fleet (shown in ``describe``): the
-        replicas' prefill counters show 1.4x what this copy sent (and no longer once
-        within 15% of it). Nothing needs to change then: the placement of hot keys is a
-        function of the hot set (``placement``), which every copy sees alike, and rare
-        admissions already count ``_fleet_scale`` times over."""
-        scale = self._fleet_scale()
-        if scale > 1.4:
-            self._others = True
-        elif scale < 1.15:
-            self._others = False
 
     def _room(self, replica: str) -> int:
         """Tokens of hot prefixes ``replica``'s cache is taken to hold."""
@@ -759,10 +748,8 @@ class Cost(Policy):
         need = rare * self._pace.value_s / cfg.scratch_utilization
         # the hot prefixes placed need this many replicas' caches: a scratch set that
         # leaves fewer sheds hot hits, so it runs hotter (up to max_scratch_utilization)
-        rooms = [self._room(rid) for rid in self._facts]
-        mean_room = sum(rooms) / len(rooms) if rooms else 0
-        if mean_room > 0:
-            spare = replicas - math.ceil(self._placement.total_tokens / mean_room)
+        if self._mean_room > 0:
+            spare = replicas - math.ceil(self._placement.total_tokens / self._mean_room)
             if need > spare:
                 need = max(float(spare), rare * self._pace.value_s
                            / cfg.max_scratch_utilization)
@@ -777,7 +764,10 @@ class Cost(Policy):
         return {
             "scratch_size": self._scratch_size,
             "fleet_scale": self._fleet_scale(),
-            "other_gateway_copies": self._others,
+            # the replicas' counters show well over what this copy sent: nothing changes
+            # then (hot homes depend on the hot set alone, and each model is aged by the
+            # others' prefill), but an operator may want to know
+            "other_gateway_copies": self._fleet_scale() > 1.4,
             "placed_hot_keys": len(self._placement),
             "prefill_s_per_token": self._pace.value_s,
             "pace_samples": self._pace.samples,

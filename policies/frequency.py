@@ -25,8 +25,8 @@ _MASK64 = (1 << 64) - 1
 class FrequencySketch:
     """Decayed counts of 64-bit keys; see the module docstring."""
 
-    __slots__ = ("_adds", "_counts", "_pairs", "_rows", "_shifts", "_view", "depth", "mask",
-                 "total", "width", "window")
+    __slots__ = ("_adds", "_counts", "_pairs", "_view", "depth", "mask", "total", "width",
+                 "window")
 
     def __init__(self, width: int = 1 << 16, depth: int = 4, window: int = 4096) -> None:
         if width < 2 or width & (width - 1):
@@ -41,9 +41,8 @@ class FrequencySketch:
         self.window = window
         self._counts = array("I", bytes(4 * width * depth))
         self._view = np.frombuffer(self._counts, dtype=np.uint32)  # for halving in bulk
-        self._rows = [row * width for row in range(depth)]
-        self._shifts = [row * 128 // depth for row in range(depth)]
-        self._pairs = list(zip(self._rows, self._shifts, strict=True))
+        # per row: (its first counter, the shift of its window of the mixed key)
+        self._pairs = [(row * width, row * 128 // depth) for row in range(depth)]
         self._adds = 0
         self.total = 0.0  # decayed sum of all adds
 
@@ -51,15 +50,12 @@ class FrequencySketch:
         mixed = (key * _MIX) & _MASK64
         both = key | (mixed << 64)  # 128 bits; rows read disjoint windows when width <= 2^16
         mask = self.mask
-        return [base + ((both >> shift) & mask)
-                for base, shift in zip(self._rows, self._shifts, strict=True)]
+        return [base + ((both >> shift) & mask) for base, shift in self._pairs]
 
     def estimate(self, key: int) -> int:
         """The key's decayed count (never below the true one)."""
         counts = self._counts
-        both = key | (((key * _MIX) & _MASK64) << 64)  # as ``_slots``, inlined: hot path
-        mask = self.mask
-        return min([counts[base + ((both >> shift) & mask)] for base, shift in self._pairs])
+        return min([counts[i] for i in self._slots(key)])
 
     def add(self, key: int, count: int = 1) -> int:
         """Count ``key`` and return its new estimate; halves everything every ``window``."""

@@ -51,7 +51,7 @@ class HotPlacement:
             raise ValueError(f"limit must be >= 1, got {limit!r}")
         self.slack = slack
         self.limit = limit
-        self._keys: dict[int, Placed] = {}  # oldest placement first
+        self._keys: dict[int, Placed] = {}  # each wanted key's home
         self._tokens: dict[str, int] = {}
         self._want: dict[int, int] = {}  # key -> its tokens, oldest first
 
@@ -97,14 +97,8 @@ class HotPlacement:
         # the whole set at the next ``assign``, so a request never pays for thousands
         if placed is not None:
             self._drop(key)
-        loads = self._tokens
-        fair = sum(self._want.values()) / len(eligible) * (1 + self.slack)
-        home = next((r for r in order_of(key) if loads.get(r, 0) + tokens <= max(room(r), fair)),
-                    None)
-        if home is None:
-            home = min(order_of(key), key=lambda r: loads.get(r, 0))
+        home = self._first_fit(key, tokens, order_of, self._tokens, self._fair(eligible), room)
         self._keys[key] = Placed(home, tokens)
-        loads[home] = loads.get(home, 0) + tokens
         return home
 
     def assign(self, order_of: OrderOf, eligible: Collection[str],
@@ -121,16 +115,27 @@ class HotPlacement:
         keys: dict[int, Placed] = {}
         loads: dict[str, int] = {}
         if eligible:
-            want = sorted(self._want.items())
-            fair = sum(self._want.values()) / len(eligible) * (1 + self.slack)
-            for key, tokens in want:
-                home = next((r for r in order_of(key)
-                             if loads.get(r, 0) + tokens <= max(room(r), fair)), None)
-                if home is None:
-                    home = min(order_of(key), key=lambda r: loads.get(r, 0))
-                keys[key] = Placed(home, tokens)
-                loads[home] = loads.get(home, 0) + tokens
+            fair = self._fair(eligible)
+            for key, tokens in sorted(self._want.items()):
+                keys[key] = Placed(self._first_fit(key, tokens, order_of, loads, fair, room),
+                                   tokens)
         self._keys, self._tokens = keys, loads
+
+    def _fair(self, eligible: Collection[str]) -> float:
+        """A fair share of every wanted key's tokens over ``eligible``, with the slack."""
+        return sum(self._want.values()) / len(eligible) * (1 + self.slack)
+
+    @staticmethod
+    def _first_fit(key: int, tokens: int, order_of: OrderOf, loads: dict[str, int],
+                   fair: float, room: Callable[[str], int]) -> str:
+        """The first replica of ``key``'s ring order within its bound (the least loaded
+        when none is), with ``tokens`` added to its load."""
+        home = next((r for r in order_of(key) if loads.get(r, 0) + tokens <= max(room(r), fair)),
+                    None)
+        if home is None:
+            home = min(order_of(key), key=lambda r: loads.get(r, 0))
+        loads[home] = loads.get(home, 0) + tokens
+        return home
 
     def prune(self, still_hot: Callable[[int], bool]) -> int:
         """Forget keys no longer hot; returns how many."""

@@ -53,6 +53,9 @@ def test_model_is_an_lru_of_token_sizes(prompts: list[list[int]], capacity: int,
     for owner, units in enumerate(prompts):
         chain = PromptChain(token_bytes(units), block, 2.5, root=1)  # keys hashed lazily
         assert model.match(chain) == brute.match(chain)
+        held = model.held(chain)
+        # a hint (another model's answer) never changes the answer, right or wrong
+        assert all(model.held(chain, hint) == held for hint in range(len(chain) + 2))
         keys = frozenset(e.key for e in chain)
         doc = owner % 3  # prompts of one document share an owner, as the cost policy's do
         predicted = [v for v in model.victims(
