@@ -161,19 +161,19 @@ async def top(request: Request) -> Response:
     gw = _authorize(request)
     routed = gw.metrics.requests_by_replica()
     ratio = gw.fleet.calibration.ratio()
+    now = time.monotonic()
     replicas = []
     for state in gw.fleet:
         s = state.scraped
+        v = state.view(now, ratio)  # the box's load with worker processes
         reasons = routed.get(state.id, {})
         replicas.append({
-            "id": state.id, "healthy": state.healthy, "last_error": state.last_error,
-            # the box's figures with worker processes (``load``), as queued_tokens are
-            "queued_tokens": state.queued_tokens(ratio), "in_flight": state.load().in_flight,
-            "running": s.running if s else 0, "waiting": s.waiting if s else 0,
-            "kv_usage": s.kv_usage if s else 0.0,
+            "id": state.id, "healthy": v.healthy, "last_error": state.last_error,
+            "queued_tokens": v.queued_tokens, "in_flight": v.in_flight,
+            "running": v.running, "waiting": v.waiting, "kv_usage": v.kv_usage,
             "hit_tokens": s.hit_tokens if s else None,
             "query_tokens": s.query_tokens if s else None,
-            "token_hit_rate": state.token_hit_rate(),
+            "token_hit_rate": v.token_hit_rate,
             "requests": sum(reasons.values()), "reasons": reasons,
         })
     return JSONResponse({"policy": gw.policy.name,

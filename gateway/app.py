@@ -11,7 +11,8 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -124,12 +125,20 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done,
         intake.parsed.stream)
     if stream.stream:
-        stream.count_events()  # its output tokens (so far) are its content chunks
-        if stream.duration_s is None and gw.kv_capacity.on:  # open: the replica holds it
+        open_now = stream.duration_s is None and gw.kv_capacity.on
+        if open_now or not _asks_usage(intake.parsed.body):
+            stream.count_events()  # its output tokens (so far) are its content chunks
+        if open_now:  # the replica holds its prompt while it streams
             held.append(gw.kv_capacity.resident.started(
-                stream.replica, route_req.model, route_req.prompt_tokens,
-                prompt_head_key(intake.parsed), stream.content_chunks))
+                stream.replica, route_req.prompt_tokens, prompt_head_key(intake.parsed),
+                stream.content_chunks))
     return stream
+
+
+def _asks_usage(body: Mapping[str, Any]) -> bool:
+    """The stream ends with its usage (its output tokens need not be counted)."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 def _under_queue_bound(gw: GatewayState, ranked: tuple[str, ...]) -> tuple[str, ...]:

@@ -11,8 +11,9 @@ what is new through the same ``Fleet`` methods the leader's monitor used:
   with their slot in ``shared_load``;
 - a health check result, when the replica's check count moved (the follower's own
   thresholds then eject or readmit, as the leader's did);
-- a scrape, when its sequence moved, with the KV capacity the leader estimated from it
-  (``gateway.kv_capacity_estimate``); the models a replica serves.
+- a scrape, when its sequence moved, with any KV capacity the leader's state holds as
+  estimated (``gateway.kv_capacity_estimate``, which is off while the load is shared);
+  the models a replica serves.
 
 Block layout: ``seq u64 | length u64 | crc32 u64 | JSON``. The leader writes ``seq`` odd,
 then the rest, then ``seq`` even (a seqlock); a reader copies the block and accepts it
@@ -120,7 +121,6 @@ class BoxFeed:
         self.failures_to_eject = failures_to_eject
         self.successes_to_readmit = successes_to_readmit
         self.seq = 0
-        self._last = b""
         self._signature: tuple[object, ...] | None = None
         self._applied: dict[str, _Applied] = {}
         self._task: asyncio.Task[None] | None = None
@@ -165,10 +165,7 @@ class BoxFeed:
         if signature == self._signature:
             return
         self._signature = signature
-        data = orjson.dumps(snapshot(self.fleet))
-        if data != self._last:
-            self.block.write(data)
-            self._last = data
+        self.block.write(orjson.dumps(snapshot(self.fleet)))
 
     def poll(self) -> bool:
         """Apply a newer snapshot, if any; True when one was applied."""

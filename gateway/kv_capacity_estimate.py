@@ -147,9 +147,9 @@ class CapacityEstimator:
         self.fleet = fleet
         self.config = config or CapacityEstimateConfig()
         self.resident = ResidentRequests()
-        # off with worker processes: a scrape sees every worker's requests running, a
-        # worker only its own, so no sample would ever be clean
-        self.on = self.config.enabled
+        # off with worker processes (a fleet whose load is shared): a scrape sees every
+        # worker's requests running, a worker only its own, so no sample would be clean
+        self.on = self.config.enabled and fleet.shared is None
         self._windows: dict[str, CapacityWindow] = {}
         fleet.listen(self._on_fleet_event)
 

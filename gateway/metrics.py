@@ -190,7 +190,6 @@ class GatewayMetrics:
                             "error)", ["replica", "cause"], registry=r)
         self.retries = Counter("kvgate_retries", "Requests retried on the next replica",
                                ["replica", "cause"], registry=r)
-        r.register(_FleetCollector(fleet))
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
         self.answers = AnswerMetrics(r, fleet.models, reasons)
         self.exposed = r  # what GET /metrics serves
@@ -198,7 +197,7 @@ class GatewayMetrics:
         if multiprocess_dir:
             self.exposed = CollectorRegistry()
             MultiProcessCollector(self.exposed, multiprocess_dir)
-            self.exposed.register(_FleetCollector(fleet))
+        self.export(_FleetCollector(fleet))
         self.reasons = reasons
         # label children bound once: labels() locks and checks on every call
         self._bound: dict[tuple[Any, tuple[str, ...]], Any] = {}
@@ -259,9 +258,12 @@ class GatewayMetrics:
         self._child(self.requests, replica, route, status).inc()
 
     def requests_by_replica(self) -> dict[str, dict[str, int]]:
-        """Requests each replica answered so far (any status), by route reason."""
+        """Requests each replica answered so far (any status), by route reason; with
+        worker processes, every worker's (the summed figures ``/metrics`` serves)."""
         out: dict[str, dict[str, int]] = {}
-        for family in self.requests.collect():
+        families = self.requests.collect() if self.exposed is self.registry else (
+            f for f in self.exposed.collect() if f.name == "kvgate_requests")
+        for family in families:
             for sample in family.samples:
                 replica = sample.labels["replica"]
                 if not sample.name.endswith("_total") or replica == "none":
@@ -280,12 +282,18 @@ class GatewayMetrics:
     def first_byte(self, replica: str, seconds: float) -> None:
         self._child(self.upstream_ttfb, replica).observe(seconds)
 
+    def export(self, collector: Collector) -> None:
+        """Serve ``collector`` from ``GET /metrics``: it reads live state (the fleet, a
+        subscriber), so with worker processes it joins the summed multiprocess figures
+        as this process's own view."""
+        self.registry.register(collector)
+        if self.exposed is not self.registry:
+            self.exposed.register(collector)
+
     def watch_discovery(self, sources: Sequence[DiscoveryCounts]) -> None:
         """Export the counts of the discovery sources."""
-        self.registry.register(_DiscoveryCollector(sources))
+        self.export(_DiscoveryCollector(sources))
 
     def watch_kv_events(self, source: KVEventCounts) -> None:
-        """Export the counts of a KV event subscriber."""
-        self.registry.register(_KVEventCollector(source))
-        if self.exposed is not self.registry:  # this worker's subscriber only
-            self.exposed.register(_KVEventCollector(source))
+        """Export the counts of a KV event subscriber (this worker's, with workers)."""
+        self.export(_KVEventCollector(source))

@@ -31,22 +31,45 @@ HEAD_IDS = 64
 
 def prompt_head_key(parsed: ParsedRequest) -> int:
     """An identity of the prompt's first ``HEAD_CHARS`` characters (``HEAD_IDS`` ids),
-    within this process; the cache salt is part of it, as it is of the replica's blocks."""
+    within this process; the cache salt is part of it, as it is of the replica's blocks.
+    Chats read only that far into their tools and messages (``_head_text``), however large
+    the rest (a tool list, an image's data)."""
     salt = parsed.cache_salt or ""
     if parsed.prompt_ids is not None:
         return hash((salt, tuple(parsed.prompt_ids[:HEAD_IDS])))
     if parsed.prompt_text is not None:
         return hash((salt, parsed.prompt_text[:HEAD_CHARS]))
+    tools: list[str] = []
     head: list[str] = []
-    size = 0
+    _head_text(parsed.tools, tools, HEAD_CHARS)
     for message in parsed.messages or ():
         content = message.get("content") if isinstance(message, dict) else None
-        text = content if isinstance(content, str) else repr(content)
-        head.append(text[: HEAD_CHARS - size])
-        size += len(head[-1])
-        if size >= HEAD_CHARS:
+        if _head_text(content, head, HEAD_CHARS) <= 0:
             break
-    return hash((salt, repr(parsed.tools)[:HEAD_CHARS], "\0".join(head)))
+        head.append("\0")
+    return hash((salt, "".join(tools), "".join(head)))
+
+
+def _head_text(value: object, out: list[str], budget: int) -> int:
+    """Append the strings (and other scalars) of ``value``, walked depth first, to
+    ``out`` until ``budget`` characters; returns the budget left."""
+    if budget <= 0:
+        return budget
+    if isinstance(value, dict):
+        for key, item in value.items():
+            budget = _head_text(item, out, _head_text(key, out, budget))
+            if budget <= 0:
+                break
+    elif isinstance(value, list | tuple):
+        for item in value:
+            budget = _head_text(item, out, budget)
+            if budget <= 0:
+                break
+    elif value is not None:
+        text = value if isinstance(value, str) else repr(value)
+        out.append(text[:budget])
+        budget -= len(out[-1])
+    return budget
 
 
 @dataclass(slots=True, eq=False)
@@ -54,7 +77,6 @@ class Resident:
     """One request a replica is running for this gateway."""
 
     replica: str
-    model: str | None
     prompt_gateway_tokens: int
     head_key: int
     output_tokens: Callable[[], int | None]  # generated so far (None: unknown yet)
@@ -74,10 +96,10 @@ class ResidentRequests:
     def __init__(self) -> None:
         self._replicas: dict[str, _Replica] = {}
 
-    def started(self, replica: str, model: str | None, prompt_gateway_tokens: int,
-                head_key: int, output_tokens: Callable[[], int | None]) -> Resident:
+    def started(self, replica: str, prompt_gateway_tokens: int, head_key: int,
+                output_tokens: Callable[[], int | None]) -> Resident:
         """A request's first streamed byte came from ``replica``."""
-        entry = Resident(replica, model, prompt_gateway_tokens, head_key, output_tokens)
+        entry = Resident(replica, prompt_gateway_tokens, head_key, output_tokens)
         slot = self._replicas.setdefault(replica, _Replica())
         slot.running[entry] = None
         slot.changes += 1

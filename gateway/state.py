@@ -79,7 +79,7 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
     trusted = Networks(config.trusted_proxies)
     metrics = GatewayMetrics(fleet, policy.reasons)
-    metrics.registry.register(CapacityCollector(fleet))
+    metrics.export(CapacityCollector(fleet))
     return GatewayState(config, fleet, policy, metrics, router, Admission(config.limits),
                         trusted, Tenancy(config.tenancy, trusted),
                         ClientAuth(config.auth.api_keys), AccessLog(config.access_log),

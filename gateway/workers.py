@@ -111,7 +111,6 @@ def worker_main(plan: WorkerPlan) -> None:
     feed = FeedBlock(shared_memory.SharedMemory(plan.feed_block))
     gw = build_state(config, shared=load)
     gw.worker = plan.index
-    gw.kv_capacity.on = False  # no KV capacity estimate with workers (CapacityEstimator.on)
     gw.box = BoxFeed(feed, gw.fleet, plan.index == 0, config.health.failures_to_eject,
                      config.health.successes_to_readmit)
     app = create_app(config, gw)

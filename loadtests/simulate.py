@@ -174,10 +174,11 @@ class Simulation:
                 self.ttft[req.index] = o.first_token_time - o.arrival_time
                 self.cached[req.index] = o.num_cached_tokens
                 state.first_byte(f.pending)
-                if not o.finished:
-                    self._resident[o.request_id] = self.fleet.capacity[f.gateway].resident \
-                        .started(rep.id, f.route.model, f.route.prompt_tokens, f.head_key,
-                                 _output_tokens(rep, o.request_id))
+                capacity = self.fleet.capacity[f.gateway]
+                if not o.finished and capacity.on:  # as the gateway: only for the estimate
+                    self._resident[o.request_id] = capacity.resident.started(
+                        rep.id, f.route.prompt_tokens, f.head_key,
+                        _output_tokens(rep, o.request_id))
             if o.finished:
                 del self._inflight[o.request_id]
                 resident = self._resident.pop(o.request_id, None)
@@ -216,8 +217,9 @@ class Simulation:
         self.fleet.add(rep, req, ids, now)
         pending = self.fleet.states[gateway].sent(
             rep.id, work_tokens(route, decision, rep.id), now)
+        head = prompt_head_key(parsed) if self.fleet.capacity[gateway].on else 0
         self._inflight[f"req{req.index}"] = _InFlight(req, route, rep.id, pending, gateway,
-                                                      prompt_head_key(parsed))
+                                                      head)
         router.policy.observe(Routed(route, rep.id, views))
         if rep.busy_until is None:
             self._start_step(index, now)

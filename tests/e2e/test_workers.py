@@ -126,6 +126,15 @@ def test_metrics_sum_both_workers(box: tuple[Box, Behaviour]) -> None:
 
     _per_worker(gateway.url, lambda s: requests_total(s) == 24,
                 "both workers' /metrics to count all 24 requests")
+    # the live collectors (fleet, KV capacity) are served beside the summed figures too
+    capacity = ("kvgate_replica_kv_capacity_replica_tokens",
+                (("replica", "r0"), ("source", "scraped")))
+    _per_worker(gateway.url, lambda s: s.get(capacity) == 16 * 1000,
+                "both workers' /metrics to show r0's scraped KV capacity")
+    # the admin API (worker 0's) counts the box's requests, not its own worker's
+    top = httpx.get(f"{gateway.admin}/admin/top",
+                    headers={"authorization": f"Bearer {TOKEN}"}).json()
+    assert [r["requests"] for r in top["replicas"]] == [24]
 
 
 def test_admin_changes_reach_both_workers(box: tuple[Box, Behaviour],

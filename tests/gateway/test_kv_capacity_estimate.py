@@ -100,12 +100,11 @@ class Replica:
         self.fleet, self.estimator, self.rid = fleet, estimator, rid
         self.outputs: dict[int, int] = {}
 
-    def stream(self, prompt_tokens: int, head: int, output: int = 0,
-               model: str | None = "m") -> None:
+    def stream(self, prompt_tokens: int, head: int, output: int = 0) -> None:
         pending = self.fleet.sent(self.rid, prompt_tokens)
         self.fleet.first_byte(pending)
         self.outputs[head] = output
-        self.estimator.resident.started(self.rid, model, prompt_tokens, head,
+        self.estimator.resident.started(self.rid, prompt_tokens, head,
                                         lambda: self.outputs[head])
 
     def scrape(self, metrics: ScrapedMetrics) -> str:

@@ -15,6 +15,7 @@ from gateway.capture import CaptureConfig
 from gateway.config import GatewayConfig, LimitsConfig, ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.idle_watch import IdleWatch
+from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.replica_metrics import ScrapedMetrics
 from gateway.shared_load import SharedLoad
 from gateway.workers import share_of
@@ -203,3 +204,14 @@ async def test_idle_watch_cancels_a_wait_that_lasts_and_spares_busy_ones() -> No
 
     assert await relay([0.02] * 10, 0.05) == (10, False)  # 0.4 s in all, no gap of 0.05
     assert await relay([0.01, 0.01, 0.2], 0.05) == (2, True)
+
+
+def test_no_kv_capacity_is_estimated_while_the_load_is_shared(
+        load_block: shared_memory.SharedMemory) -> None:
+    # a scrape sees every worker's requests, a worker only its own: no sample is clean
+    fleet, load = _worker(load_block, 0)
+    try:
+        assert CapacityEstimator(fleet).on is False
+        assert CapacityEstimator(Fleet(list(REPLICAS))).on is True
+    finally:
+        load.close()
