@@ -4,6 +4,7 @@ scrape is taken as a sample, and that a scraped or configured capacity always wi
 from __future__ import annotations
 
 import random
+from typing import Any
 from multiprocessing import shared_memory
 
 import pytest
@@ -230,6 +231,22 @@ def test_the_prompt_head_tells_shared_documents_apart() -> None:
     assert prompt_head_key(completion(doc_a + "Q1")) == prompt_head_key(completion(doc_a + "Q2"))
     assert prompt_head_key(completion(doc_a)) != prompt_head_key(completion(doc_b))
     assert prompt_head_key(completion(doc_a, "t1")) != prompt_head_key(completion(doc_a, "t2"))
+
+    def chat(parts: list[Any], tools: list[Any] | None = None) -> ParsedRequest:
+        return ParsedRequest("chat/completions", {}, "m", True, None, None,
+                             [{"role": "user", "content": parts}], None, None, tools)
+
+    # chats are read only as far as their head: what comes after it (a large image, a
+    # long tool list) neither changes the key nor is turned into text
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 10**6}}
+    text = {"type": "text", "text": doc_a}
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {}}}
+             for i in range(10_000)]
+    assert prompt_head_key(chat([text, image])) == prompt_head_key(chat([text]))
+    assert prompt_head_key(chat([text], tools)) == prompt_head_key(chat([text], tools[:20]))
+    assert prompt_head_key(chat([text], tools)) != prompt_head_key(chat([text]))
+    assert prompt_head_key(chat([text])) != prompt_head_key(
+        chat([{"type": "text", "text": doc_b}]))
 
 
 def test_worker_processes_take_the_leaders_estimate() -> None:
