@@ -4,8 +4,8 @@ scrape is taken as a sample, and that a scraped or configured capacity always wi
 from __future__ import annotations
 
 import random
-from typing import Any
 from multiprocessing import shared_memory
+from typing import Any
 
 import pytest
 
