@@ -30,7 +30,15 @@ from typing import Any
 import orjson
 
 from engine.sim_embedding import SimEmbedder
-from kvwire.openai_schema import MAX_TOKEN_ID, BadRequest, NotFound, is_token_ids, optional
+from kvwire.openai_schema import (
+    MAX_TOKEN_ID,
+    BadRequest,
+    check_served,
+    is_token_ids,
+    model_field,
+    optional,
+    positive_int,
+)
 
 MAX_INPUTS = 2048
 MAX_TOTAL_TOKENS = 300_000
@@ -48,29 +56,17 @@ class EmbeddingParams:
     dimensions: int | None
     truncate_prompt_tokens: int | None
 
-    @property
-    def num_inputs(self) -> int:
-        return len(self.texts if self.texts is not None else self.token_ids or ())
-
 
 def parse_embedding(body: Any, *, model_name: str) -> EmbeddingParams:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise BadRequest("'model' must be a non-empty string", param="model")
-    if model is not None and model != model_name:
-        raise NotFound(f"The model `{model}` does not exist.", param="model",
-                       code="model_not_found")
+    check_served(model_field(body), model_name)
     texts, ids = _inputs(body.get("input"))
     fmt = optional(body, "encoding_format", str, "float")
     if fmt not in ENCODING_FORMATS:
         raise BadRequest(f"'encoding_format' must be one of {list(ENCODING_FORMATS)}, got "
                          f"{fmt!r:.40}", param="encoding_format")
-    dims = optional(body, "dimensions", int, None)
-    if dims is not None and dims < 1:
-        raise BadRequest(f"'dimensions' must be a positive integer, got {dims}",
-                         param="dimensions")
+    dims = positive_int(body, "dimensions")
     truncate = optional(body, "truncate_prompt_tokens", int, None)
     if truncate is not None and truncate != -1 and truncate < 1:
         raise BadRequest(f"'truncate_prompt_tokens' must be -1 or a positive integer, got "

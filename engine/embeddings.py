@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request as HTTPRequest
@@ -34,8 +33,6 @@ if TYPE_CHECKING:
     from engine.server import EngineServer
 
 _POOLING = SamplingParams(max_tokens=1, pooling=True)
-# Texts longer than this many characters in all are tokenized in a worker thread.
-_INLINE_TOKENIZE_CHARS = 2000
 
 Queues = dict[str, asyncio.Queue[RequestOutput | BaseException]]
 
@@ -57,7 +54,7 @@ class EmbeddingsRoute:
                              "this engine's executor serves no embeddings (only the sim "
                              "executor does)", param="model")
         check_dimensions(p, embedder)
-        encoded = await self._encode(p.texts) if p.texts is not None else p.token_ids
+        encoded = await self.server.encode_texts(p.texts) if p.texts is not None else p.token_ids
         assert encoded is not None  # parse_embedding gives texts or token ids
         ids = checked_ids(p, encoded, max_model_len=srv.max_model_len,
                           vocab_size=srv.tokenizer.vocab_size)
@@ -71,12 +68,6 @@ class EmbeddingsRoute:
         body = await asyncio.to_thread(render_response, request_id=rid, model=srv.model_name,
                                        params=p, embedder=embedder, token_ids=ids)
         return Response(body, media_type="application/json")
-
-    async def _encode(self, texts: Sequence[str]) -> list[list[int]]:
-        tokenizer = self.server.tokenizer
-        if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
-            return [tokenizer.encode(t) for t in texts]
-        return await asyncio.to_thread(lambda: [tokenizer.encode(t) for t in texts])
 
     async def _pool(self, request: HTTPRequest, rid: str, ids: list[list[int]]) -> None:
         """Run every input's prefill through the engine; on any error or a client gone,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvwire.openai_schema import BadRequest, NotFound, optional, parse_fields
+from kvwire.openai_schema import BadRequest, check_served, optional, parse_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +32,7 @@ class GenerateParams:
 
 def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -> GenerateParams:
     fields = parse_fields(body, chat=chat)
-    if fields.model is not None and fields.model != model_name:
-        raise NotFound(f"The model `{fields.model}` does not exist.", param="model",
-                       code="model_not_found")
+    check_served(fields.model, model_name)
     if optional(body, "n", int, 1) != 1:
         raise BadRequest("only n=1 is supported", param="n")
     if fields.num_prompts != 1:

@@ -21,7 +21,9 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
 
 
 def _int(raw: Mapping[str, Any], key: str, default: Any = None) -> int:
-    value = raw.get(key, default)
+    value = raw.get(key)
+    if value is None:  # absent, or null as many configs write an unset head_dim
+        value = default
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"config.json {key} must be a positive integer, got {value!r}")
     return value

@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from engine.kv_event_publisher import KVEventPublisher
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-# Prompts longer than this many characters are tokenized in a worker thread.
+# Prompts (or inputs, in all) longer than this many characters are tokenized in a worker
+# thread.
 _INLINE_TOKENIZE_CHARS = 2000
 
 
@@ -102,9 +103,13 @@ class EngineServer:
         return decode_json(await read_body(request, MAX_BODY_BYTES))
 
     async def _encode(self, text: str) -> list[int]:
-        if len(text) <= _INLINE_TOKENIZE_CHARS:
-            return self.tokenizer.encode(text)
-        return await asyncio.to_thread(self.tokenizer.encode, text)
+        return (await self.encode_texts([text]))[0]
+
+    async def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """The ids of each text: on the event loop when short, else in a worker thread."""
+        if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
+            return self.tokenizer.encode_many(texts)
+        return await asyncio.to_thread(self.tokenizer.encode_many, texts)
 
     async def _prompt_ids(self, p: GenerateParams) -> list[int]:
         if p.prompt_ids is not None:

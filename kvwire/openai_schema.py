@@ -154,6 +154,21 @@ def positive_int(body: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
+def model_field(body: Mapping[str, Any]) -> str | None:
+    """The request's ``model``: absent, or a non-empty string."""
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise BadRequest("'model' must be a non-empty string", param="model")
+    return model
+
+
+def check_served(model: str | None, served: str) -> None:
+    """OpenAI's 404 for a request naming a model other than the one ``served``."""
+    if model is not None and model != served:
+        raise NotFound(f"The model `{model}` does not exist.", param="model",
+                       code="model_not_found")
+
+
 def check_cache_salt(value: Any) -> str | None:
     """The salt rule: absent, or a non-empty string of at most 128 characters."""
     if value is None:
@@ -167,9 +182,7 @@ def check_cache_salt(value: Any) -> str | None:
 def parse_fields(body: Any, *, chat: bool) -> RequestFields:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise BadRequest("'model' must be a non-empty string", param="model")
+    model = model_field(body)
     stream = bool(optional(body, "stream", bool, False))
     max_tokens = positive_int(body, "max_tokens")
     max_completion_tokens = positive_int(body, "max_completion_tokens")

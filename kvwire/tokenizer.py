@@ -48,6 +48,7 @@ class PromptTokenizer:
                  special: Mapping[str, str] | None = None, source: str = "",
                  memo_size: int = 0) -> None:
         self._tok = tokenizer
+        self._fast = getattr(tokenizer, "encode_batch_fast", None)
         # prefix encodings remembered by the text they read (for repeated documents and
         # system prompts), token ids as compact u32 arrays; off when memo_size is 0
         self._memo_size = memo_size
@@ -72,15 +73,20 @@ class PromptTokenizer:
 
     # -- plain text ---------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        """The text's ids, without the offsets and alignments HF ``encode`` also builds
+        (``encode_batch_fast``, where the library has it: about a fifth less CPU on a long
+        prompt)."""
+        if self._fast is None:
+            return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return list(self._fast([text], add_special_tokens=False)[0].ids)
 
-    def _ids(self, text: str) -> list[int]:
-        """``encode(text)`` without the offsets and alignments HF ``encode`` also builds
-        (``encode_batch_fast``: about a fifth less CPU on a long prompt)."""
-        fast = getattr(self._tok, "encode_batch_fast", None)
-        if fast is None:
-            return self.encode(text)
-        return list(fast([text], add_special_tokens=False)[0].ids)
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        """``encode`` of each text, in one call (the library's own threads)."""
+        if self._fast is None:
+            encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        else:
+            encs = self._fast(list(texts), add_special_tokens=False)
+        return [list(enc.ids) for enc in encs]
 
     def encode_with_ends(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
         """For each text, its ids and, for each id, the character offset where its text
@@ -107,14 +113,14 @@ class PromptTokenizer:
         budget = first = self._first_budget(max_tokens)
         while True:
             if budget >= len(text):
-                ids = self._ids(text)
+                ids = self.encode(text)
                 return PrefixEncoding(ids[:max_tokens], True, len(ids))
             cut = text.rfind(" ", 0, budget)
             if cut <= 0:
                 budget *= 2
                 continue
             # [0, cut) ends right before a space: its encoding is a prefix of the full one.
-            ids = self._ids(text[:cut])
+            ids = self.encode(text[:cut])
             if len(ids) >= max_tokens:
                 if self._memo is not None:
                     # remembered by the first budget's text; the rest it read is kept to check

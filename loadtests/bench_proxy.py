@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from loadtests.gateway_cpu import SCENARIOS, cpu_ms_per_request
+from loadtests.gateway_cpu import SCENARIOS, cpu_ms_per_request, documents
 from loadtests.json_out import print_json
 
 BACKEND_REPLY = json.dumps({
@@ -160,13 +159,6 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, seconds: float
             "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 3)}
 
 
-def _prompts(n: int = 64, words: int = 3000) -> list[str]:
-    from kvwire.tokenizer_build import sample_text
-
-    rng = random.Random(5)
-    return [sample_text(rng, words) for _ in range(n)]
-
-
 def _route_decision_ms(prompts: list[str]) -> dict[str, float]:
     from kvwire.tokenizer import load_tokenizer
     from policies.base import ReplicaView, RouteRequest
@@ -240,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(cpu_ms_per_request_by_workers)")
     args = parser.parse_args(argv)
 
-    prompts = _prompts()
+    prompts = documents(64)
     # different documents, so routing sees distinct prefixes as in production
     bodies = [json.dumps({"model": "bench", "prompt": p, "max_tokens": 1}).encode()
               for p in prompts]

@@ -32,7 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-GIB = 1 << 30
+from engine.kv_sizing import GIB
+
 MIB = 1 << 20
 
 ROUTING_WINS = ("routing is worth more than engine tuning: the hot set is larger than one "

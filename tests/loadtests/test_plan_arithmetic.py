@@ -56,6 +56,9 @@ def test_a_config_json_gives_the_profiles_kv_size() -> None:
     assert shape.params == pytest.approx(profile.params, rel=0.01)  # 8.03e9
     fp32 = shape_from_config({**LLAMA3_8B_CONFIG, "torch_dtype": "float32"})
     assert fp32.kv_bytes_per_token == 2 * 131072
+    # null, as many configs write an unset field, takes the default as absence does
+    unset = {k: v for k, v in LLAMA3_8B_CONFIG.items() if k != "head_dim"}
+    assert shape_from_config({**unset, "head_dim": None}) == shape_from_config(unset)
     with pytest.raises(ValueError, match="num_hidden_layers"):
         shape_from_config({**LLAMA3_8B_CONFIG, "num_hidden_layers": 0})
     with pytest.raises(ValueError, match="'int3'"):
