@@ -15,12 +15,12 @@ Each becomes a ``Library`` for the arithmetic and a request stream for the simul
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.capture import CaptureRecord
 from kvwire.tokenizer import PromptTokenizer
 from loadtests.plan_arithmetic import Library
 from loadtests.scenarios import SCENARIOS, Scenario
@@ -116,12 +116,11 @@ def read_capture(path: str | Path, tokenizer: PromptTokenizer,
             if not line.strip():
                 continue
             try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
+                body = CaptureRecord.from_json(line).body  # the gateway's capture format
+            except ValueError:  # orjson's decode error is one too
                 skipped += 1
                 continue
-            body = entry.get("body") if isinstance(entry, dict) else None
-            found = list(_prompts(body, tokenizer)) if isinstance(body, dict) else []
+            found = list(_prompts(body, tokenizer))
             if not found:
                 skipped += 1
             prompts.extend(ids for ids in found if ids)
