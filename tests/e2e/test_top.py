@@ -93,8 +93,9 @@ def test_top_shows_each_replica_live(fleet: EngineFleet, tmux: list[str]) -> Non
         raise AssertionError(f"screen:\n{screen}") from None
     assert "kvgate top" in screen and "policy prefix_affinity" in screen
     for rid in ("r0", "r1"):
-        health, _queued, _in_flight, _kv, hit, rps, reasons = found[rid]
+        health, queued, in_flight, kv, hit, rps, reasons = found[rid]
         assert health == "healthy"
+        assert int(queued.replace(",", "")) >= 0 and int(in_flight) >= 0 and 0 <= int(kv) <= 100
         assert 0 < float(hit) <= 1 and float(rps) > 0
         assert "affinity" in reasons, screen
 

@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.metrics import samples
 from tests.support.processes import Process, Processes
 from tests.support.servers import ThreadServer, free_port
 from tests.support.waiting import wait_until
@@ -23,11 +23,6 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 TOKEN = "admin-token-for-tests-0123"
-
-
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def _per_worker(url: str, wanted: Callable[[dict[Any, float]], bool], what: str,
@@ -38,7 +33,7 @@ def _per_worker(url: str, wanted: Callable[[dict[Any, float]], bool], what: str,
 
     def both() -> bool:
         r = httpx.get(f"{url}/metrics", headers={"connection": "close"})
-        seen[r.headers["x-kvgate-worker"]] = _samples(r.text)
+        seen[r.headers["x-kvgate-worker"]] = samples(r.text)
         return len(seen) == 2 and all(wanted(s) for s in seen.values())
 
     wait_until(both, timeout_s, what)
@@ -66,7 +61,7 @@ def box(spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path
         "replicas": [{"id": "r0", "url": replica.url}],
         "health": {"interval_s": 0.2},
         "admin": {"token": TOKEN, "port": admin_port, "allow_hosts": ["127.0.0.1"]},
-        "shutdown": {"grace_s": 2, "timeout_s": 20}}))
+        "shutdown": {"grace_s": 5, "timeout_s": 20}}))
     url = f"http://127.0.0.1:{port}"
     proc = spawn("serve", "--config", str(config), "--workers", "2", ready_url=f"{url}/ready")
     # the first worker up answers everything until the second listens too
@@ -169,9 +164,12 @@ def test_sigterm_drains_every_worker(box: tuple[Box, Behaviour]) -> None:
     thread.start()
     wait_until(lambda: behaviour.received, 10, "the request to reach the replica")
     gateway.proc.send_signal(signal.SIGTERM)
+    # each request a new connection, which the kernel hands to either worker: 24 in a row
+    # answered 503 would pass by chance 1 time in 2**24 with one worker still ready (the
+    # grace period keeps both listening meanwhile)
     wait_until(lambda: all(httpx.get(f"{gateway.url}/ready",
                                      headers={"connection": "close"}).status_code == 503
-                           for _ in range(6)), 5, "/ready to go down on every worker")
+                           for _ in range(24)), 5, "/ready to go down on every worker")
     behaviour.hold.set()
     thread.join(30)
     assert ends[-1] == "data: [DONE]"

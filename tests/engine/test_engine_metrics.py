@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine.metrics import EngineMetrics, buckets_1_2_5
 from gateway.replica_metrics import parse_metrics
 from kvwire import metric_names as m
 from tests.support.engine_cores import make_core
 from tests.support.engine_servers import LiveEngine, serve_engine
+from tests.support.metrics import Samples, samples
 from tests.support.waiting import wait_until
 
 MODEL = "tiny-sim"
@@ -28,9 +28,8 @@ class Engine(LiveEngine):
     def text(self) -> str:
         return self.http.get("/metrics").text
 
-    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(self.text()) for s in fam.samples}
+    def samples(self) -> Samples:
+        return samples(self.text())
 
     def value(self, name: str, **labels: str) -> float:
         return self.samples()[(name, tuple(sorted({**LABELS, **labels}.items())))]

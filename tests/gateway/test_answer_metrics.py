@@ -10,7 +10,6 @@ import httpx
 import openai
 import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine.server import EngineServer, build_app
 from gateway.answer_metrics import DURATION, OTHER_MODEL, OUTPUT_TOKENS, TTFT, AnswerMetrics
@@ -20,6 +19,7 @@ from gateway.state import build_state
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
 from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.metrics import Samples, samples
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
@@ -28,10 +28,8 @@ MODEL = "sim-model"
 REASON = "round_robin"
 
 
-def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(f"{url}/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+def _samples(url: str) -> Samples:
+    return samples(httpx.get(f"{url}/metrics").text)
 
 
 def _series(url: str, name: str, model: str = MODEL, reason: str = REASON) -> float:

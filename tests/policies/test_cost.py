@@ -235,3 +235,21 @@ def test_the_scratch_set_runs_hotter_when_the_hot_set_needs_the_room() -> None:
 
     assert run(1.2) == 1  # 102% is within 1.2: one scratch replica, 3 for the hot set
     assert run(0.85) == 2  # ... not within 0.85: the load wins
+
+
+def test_a_hot_document_spills_to_the_least_loaded_once_its_homes_are_busy() -> None:
+    policy = Cost(CostConfig(min_scratch=1))
+    tokens = doc(1)
+    for _ in range(4):  # seen often enough to be hot
+        route(policy, tokens, views())
+    queued: dict[str, int] = {}
+    reasons = []
+    for _ in range(8):  # each replica it picks gets a long queue, until it spills
+        d = policy.choose(request(tokens), views(queued=queued))
+        reasons.append(d.reason)
+        if d.reason == "spill":
+            assert queued.get(d.chosen, 0) == 0  # to an idle replica, not a queued one
+            break
+        queued[d.chosen] = 200_000
+    assert reasons[-1] == "spill", reasons
+    assert set(reasons[:-1]) <= {"cache_match", "affinity"}
