@@ -65,6 +65,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
+from operator import attrgetter
 from typing import NamedTuple
 
 from policies.base import (
@@ -96,6 +97,7 @@ from policies.ring import RingCache, stable_hash, token_bytes, walk
 from policies.slots import DecodeSlots
 
 _SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
+_ID, _WEIGHT, _HEALTHY = attrgetter("id"), attrgetter("weight"), attrgetter("healthy")
 _REFRESH_S = 0.25  # arrival seconds between reads of the views' slowly changing gauges
 _CHURN_BLOCK = 256  # tokens of others' prefill that enter a model as one entry
 _CHURN_OWNER = stable_hash(b"kvgate-others-prefill")  # the owner of those entries
@@ -224,6 +226,10 @@ class Cost(Policy):
         self._mean_room = 0.0  # mean of ``_room`` over the replicas seen (``_refresh``)
         self._index: tuple[tuple[str, ...], dict[str, int]] = ((), {})
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
+        # the last scratch set: (ring points, size, healthy flags, indexes)
+        self._scratch_memo: tuple[list[int], int, list[bool], list[int]] | None = None
+        # owners known hot since the sketch last halved (counts only grow in between)
+        self._hot_owners: tuple[int, set[int]] = (0, set())
 
     # -- what a request is --------------------------------------------------------------
     @property
@@ -279,11 +285,11 @@ class Cost(Policy):
         cfg = self.config
         ok = healthy(replicas)
         self._refresh(ok, request.arrival_s)
-        ids = [r.id for r in replicas]
-        weights = [r.weight for r in replicas]
+        ids = list(map(_ID, replicas))
+        weights = list(map(_WEIGHT, replicas))
         ring, owners = self._rings.layout(ids, weights)
         index = self._index_of(ids)
-        up = [r.healthy for r in replicas]
+        up = list(map(_HEALTHY, replicas))
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
         hot = self._hot(prep.seen)
@@ -292,6 +298,13 @@ class Cost(Policy):
 
         scratch = self._scratch(points, owners, distinct, up, len(ok))
         in_scratch = set(scratch)
+        waits: dict[int, float] = {}
+
+        def wait_of(i: int) -> float:
+            w = waits.get(i)
+            if w is None:
+                w = waits[i] = self._wait(replicas[i], pace)
+            return w
 
         # candidates, in the order ties are broken by
         candidates: dict[int, None] = {}
@@ -316,7 +329,7 @@ class Cost(Policy):
             # the first homes, which every gateway copy agrees on; the others, and the
             # least loaded, only once those are a whole prefill behind
             firsts = homes[:spread]
-            busy = not firsts or min(self._wait(replicas[i], pace) for i in firsts) \
+            busy = not firsts or min(map(wait_of, firsts)) \
                 > cfg.spill_wait * p * pace
             candidates.update(dict.fromkeys(homes if busy else firsts))
             self._eligible = (replicas, up, in_scratch)
@@ -324,7 +337,7 @@ class Cost(Policy):
             busy = True
             rare_home = self._roomy_home(p, replicas, points, owners, distinct, up,
                                          in_scratch, prep.key)
-            if rare_home is not None and self._wait(replicas[rare_home], pace) \
+            if rare_home is not None and wait_of(rare_home) \
                     <= cfg.spill_wait * p * pace:
                 # caches still filling (a fresh gateway, a new replica): the prefix goes
                 # where it would live if it turned hot, so its second request hits
@@ -348,7 +361,7 @@ class Cost(Policy):
             for order, i in enumerate(batch, first_order):
                 r = replicas[i]
                 t = pace / r.weight if r.weight > 0 else math.inf
-                wait = self._wait(r, pace)
+                wait = wait_of(i)
                 prefill = (p - matched.get(i, 0)) * t
                 misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
                 bounds.append((wait + prefill + misplaced, order, i, wait, prefill, misplaced))
@@ -520,14 +533,18 @@ class Cost(Policy):
                  healthy_count: int) -> list[int]:
         """Indexes of the scratch set: the first ``S`` healthy replicas on the ring walked
         from a fixed key (never every healthy replica)."""
-        out: list[int] = []
         size = min(self._scratch_size, healthy_count - 1)
+        memo = self._scratch_memo
+        if memo is not None and memo[0] is points and memo[1] == size and memo[2] == up:
+            return memo[3]
+        out: list[int] = []
         if size > 0:
             for i in walk(points, owners, distinct, _SCRATCH_KEY):
                 if up[i]:
                     out.append(i)
                     if len(out) == size:
                         break
+        self._scratch_memo = (points, size, list(up), out)
         return out
 
     def scratch_set(self, replicas: Sequence[ReplicaView]) -> tuple[str, ...]:
@@ -617,8 +634,19 @@ class Cost(Policy):
             return 0
 
         sketch, hot_min = self._sketch, self.config.hot_min_count
-        return held.model.evicted_tokens(new_tokens, keep_owner,
-                                         lambda owner: sketch.estimate(owner) >= hot_min, memo)
+        halvings, hot = self._hot_owners
+        if halvings != sketch.halvings:
+            hot = set()
+            self._hot_owners = (sketch.halvings, hot)
+
+        def counts(owner: int) -> bool:
+            if owner in hot:
+                return True
+            if sketch.estimate(owner) >= hot_min:
+                hot.add(owner)
+                return True
+            return False
+        return held.model.evicted_tokens(new_tokens, keep_owner, counts, memo)
 
     # -- what happened ----------------------------------------------------------------------
     def observe(self, event: RouteEvent) -> None:

@@ -25,8 +25,8 @@ _MASK64 = (1 << 64) - 1
 class FrequencySketch:
     """Decayed counts of 64-bit keys; see the module docstring."""
 
-    __slots__ = ("_adds", "_counts", "_pairs", "_view", "depth", "mask", "total", "width",
-                 "window")
+    __slots__ = ("_adds", "_counts", "_pairs", "_view", "depth", "halvings", "mask", "total",
+                 "width", "window")
 
     def __init__(self, width: int = 1 << 16, depth: int = 4, window: int = 4096) -> None:
         if width < 2 or width & (width - 1):
@@ -45,6 +45,7 @@ class FrequencySketch:
         self._pairs = [(row * width, row * 128 // depth) for row in range(depth)]
         self._adds = 0
         self.total = 0.0  # decayed sum of all adds
+        self.halvings = 0  # estimates only grow between two halvings
 
     def _slots(self, key: int) -> list[int]:
         mixed = (key * _MIX) & _MASK64
@@ -77,6 +78,7 @@ class FrequencySketch:
         self._view >>= 1
         self.total /= 2
         self._adds = 0
+        self.halvings += 1
 
     def error_bound(self) -> float:
         """Over-count that an estimate exceeds with probability at most exp(-depth)."""
