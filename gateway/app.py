@@ -40,7 +40,7 @@ from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
 from gateway.tracing import RequestTrace
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
-from kvwire.request_edge import ErrorBoundary, unless_disconnected
+from kvwire.request_edge import ClientWatch, ErrorBoundary
 from policies.base import Finished, Routed
 
 log = logging.getLogger("kvgate.gateway")
@@ -71,10 +71,14 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         forwarded = upstream_headers(request, gw.trusted_proxies)
         request_id = request_id_of(request, forwarded, routing.request.request_id)
         trace.upstream(forwarded)
-        stream = await unless_disconnected(request, _open(gw, routing, intake, path, slot,
-                                                          forwarded, request_id, arrived,
-                                                          trace))
-    return answer(stream, route, request_id, gw.worker)
+        watch = ClientWatch(request.receive)  # until the answer is relayed
+        try:
+            stream = await watch.guard(_open(gw, routing, intake, path, slot, forwarded,
+                                             request_id, arrived, trace))
+            return answer(stream, route, request_id, gw.worker, watch)
+        except BaseException:
+            watch.close()
+            raise
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,

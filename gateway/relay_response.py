@@ -8,12 +8,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.proxy import UpstreamStream
-
-
-async def _cancel_when_gone(receive: Receive, task: asyncio.Task[object]) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    task.cancel()
+from kvwire.request_edge import ClientWatch
 
 
 class RelayResponse(Response):
@@ -23,12 +18,15 @@ class RelayResponse(Response):
     connection, so the client cannot take it for a whole answer.
 
     A client that leaves mid-answer cancels the relay, which drops the upstream
-    connection (the replica sees the cancel). One watcher task per answer does it, not
+    connection (the replica sees the cancel). One ``ClientWatch`` per request does it
+    (the one that watched while the request waited for its replica, when given), not
     Starlette's ``StreamingResponse`` task group: its cost per chunk and per answer was a
     measurable share of a streamed request's CPU."""
 
-    def __init__(self, stream: UpstreamStream, headers: dict[str, str]) -> None:
+    def __init__(self, stream: UpstreamStream, headers: dict[str, str],
+                 watch: ClientWatch | None = None) -> None:
         self.stream = stream
+        self.watch = watch
         self.status_code = stream.status
         self.background = None
         self.init_headers(headers)
@@ -42,28 +40,28 @@ class RelayResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        this = asyncio.current_task()
-        assert this is not None
-        watcher = asyncio.get_running_loop().create_task(_cancel_when_gone(receive, this))
+        watch = self.watch or ClientWatch(receive)
         try:
             await self._relay(send)
         except asyncio.CancelledError:
-            if not watcher.done() or watcher.cancelled():
-                raise  # cancelled from outside
-            this.uncancel()  # the client left: nothing more to send
+            if not watch.client_left():
+                raise  # cancelled from outside; else the client left: nothing more to send
         finally:
-            watcher.cancel()
+            watch.close()
             self.stream.close(ok=False)  # no-op when the relay finished and closed it
 
 
 def answer(stream: UpstreamStream, route: str, request_id: str,
-           worker: int | None = None) -> Response:
+           worker: int | None = None, watch: ClientWatch | None = None) -> Response:
     """The client's response to ``stream``, with the gateway's own headers (and the
-    worker process's index, with workers)."""
+    worker process's index, with workers); ``watch``, the request's ``ClientWatch``, goes
+    on watching while a stream is relayed (and is closed for a whole body)."""
     headers = {**stream.headers, "x-kvgate-replica": stream.replica,
                "x-kvgate-route": route, "x-request-id": request_id}
     if worker is not None:
         headers["x-kvgate-worker"] = str(worker)
     if stream.complete:  # nothing left to relay: skip the streaming machinery
+        if watch is not None:
+            watch.close()
         return Response(stream.whole_body(), status_code=stream.status, headers=headers)
-    return RelayResponse(stream, headers)
+    return RelayResponse(stream, headers, watch)

@@ -59,28 +59,61 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _cancel_on_disconnect(request: Request, task: asyncio.Task[object]) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    task.cancel()
+class ClientWatch:
+    """One task that cancels the calling task when the client leaves (uvicorn does not
+    cancel a handler whose client left). Start it once the body is read (it reads what
+    the server receives next), hand it on from waiting for an answer to relaying it, and
+    ``close`` it as soon as the answer is sent: a finished response reads as a
+    disconnect too.
+
+    In the task's ``except CancelledError``, ``client_left()`` tells the client's cancel
+    (and takes it back, so the task may go on to clean up) from one from outside."""
+
+    __slots__ = ("_fired", "_task", "_watcher")
+
+    def __init__(self, receive: Callable[[], Awaitable[Mapping[str, object]]]) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._fired = False
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Callable[[], Awaitable[Mapping[str, object]]]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._fired = True
+        self._task.cancel()
+
+    def client_left(self) -> bool:
+        """True (once) when the client's leaving cancelled the task; the cancel is taken
+        back so the task can finish its clean-up."""
+        if not self._fired:
+            return False
+        self._fired = False
+        self._task.uncancel()
+        return True
+
+    async def guard(self, work: Awaitable[T]) -> T:
+        """Await ``work``; ClientDisconnected if the client leaves first (``work`` sees
+        the CancelledError where it waits)."""
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not self.client_left():
+                raise  # cancelled from outside
+            raise ClientDisconnected("client disconnected") from None
+
+    def close(self) -> None:
+        self._watcher.cancel()
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` in the calling task; ClientDisconnected if the client leaves first
-    (uvicorn does not cancel a handler whose client left, so this task cancels itself and
-    ``work`` sees the CancelledError where it waits)."""
-    this = asyncio.current_task()
-    assert this is not None
-    watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request, this))
+    """Await ``work`` in the calling task; ClientDisconnected if the client leaves first."""
+    watch = ClientWatch(request.receive)
     try:
-        return await work
-    except asyncio.CancelledError:
-        if not watcher.done():
-            raise  # cancelled from outside
-        this.uncancel()
-        raise ClientDisconnected("client disconnected") from None
+        return await watch.guard(work)
     finally:
-        watcher.cancel()
+        watch.close()
 
 
 class ErrorBoundary:

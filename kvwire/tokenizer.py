@@ -26,6 +26,8 @@ from kvwire.chat_messages import normalize_messages
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
+_READ_MARGIN = 1.1  # characters read for a prefix over what it is expected to take
+_SEEN_ALPHA = 0.5  # weight of the latest prompt in the characters per token seen
 
 
 # a remembered prefix encoding: (first tokens, tokens in text[:cut], cut, text[budget:cut])
@@ -70,6 +72,7 @@ class PromptTokenizer:
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
         sample = "the parties agree that the term of this agreement shall be five years. " * 8
         self.chars_per_token = len(sample) / max(1, len(self.encode(sample)))
+        self._seen_chars_per_token = self.chars_per_token  # learned by encode_prefix
 
     # -- plain text ---------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -110,7 +113,11 @@ class PromptTokenizer:
         hit = self.remembered_prefix(text, max_tokens, group)
         if hit is not None:
             return hit
-        budget = first = self._first_budget(max_tokens)
+        first = self._first_budget(max_tokens)  # the memo's key length
+        # what is read: the characters the prompts seen lately took per token, with a
+        # margin (the fixed estimate is off by a fifth for some texts, either way)
+        budget = int(max_tokens * self._seen_chars_per_token * _READ_MARGIN) + 16
+        tries = 0
         while True:
             if budget >= len(text):
                 ids = self.encode(text)
@@ -121,6 +128,9 @@ class PromptTokenizer:
                 continue
             # [0, cut) ends right before a space: its encoding is a prefix of the full one.
             ids = self.encode(text[:cut])
+            if len(ids) >= 64:
+                self._seen_chars_per_token += _SEEN_ALPHA * (
+                    cut / len(ids) - self._seen_chars_per_token)
             if len(ids) >= max_tokens:
                 if self._memo is not None:
                     # remembered by the first budget's text; the rest it read is kept to check
@@ -128,7 +138,12 @@ class PromptTokenizer:
                         array("I", ids[:max_tokens]), len(ids), cut, text[first:max(cut, first)]))
                 estimate = max(len(ids), int(len(ids) * len(text) / cut))
                 return PrefixEncoding(ids[:max_tokens], False, estimate)
-            budget *= 2
+            # short: read on by what the missing tokens take at this text's own rate (from
+            # the third try on, twice as far: a text whose spaces stop still ends)
+            tries += 1
+            missing = (max_tokens - len(ids)) * cut / max(1, len(ids))
+            budget = max(budget + 64, int(cut + missing * 1.25) + 64) if tries < 3 \
+                else budget * 2
 
     def _first_budget(self, max_tokens: int) -> int:
         return int(max_tokens * self.chars_per_token * 1.25) + 16
