@@ -776,14 +776,20 @@ class Cost(Policy):
         need = rare * self._pace.value_s / cfg.scratch_utilization
         # the hot prefixes placed need this many replicas' caches: a scratch set that
         # leaves fewer sheds hot hits, so it runs hotter (up to max_scratch_utilization)
+        # (its own hysteresis: it shrinks once the hotter load is a quarter replica under
+        # one replica less, so the set does not flap where that load crosses a whole one)
+        hottest: float | None = None
         if self._mean_room > 0:
             spare = replicas - math.ceil(self._placement.total_tokens / self._mean_room)
             if need > spare:
-                need = max(float(spare), rare * self._pace.value_s
-                           / cfg.max_scratch_utilization)
+                hottest = rare * self._pace.value_s / cfg.max_scratch_utilization
+                need = max(float(spare), hottest)
         size = self._scratch_size
         if need > size:
             size = math.ceil(need)
+        elif hottest is not None:
+            if hottest <= size - 1.25:
+                size = max(spare, math.ceil(hottest))
         elif need < size - 1.25:
             size = math.ceil(need + 0.25)
         self._scratch_size = max(cfg.min_scratch, min(limit, size))

@@ -237,6 +237,30 @@ def test_the_scratch_set_runs_hotter_when_the_hot_set_needs_the_room() -> None:
     assert run(0.85) == 2  # ... not within 0.85: the load wins
 
 
+def test_a_scratch_set_the_hot_set_needs_room_from_shrinks_once_its_load_falls() -> None:
+    # 4 replicas holding 3 documents each, 9 hot documents placed (3 replicas' caches):
+    # one replica is spare. A heavy one-off load first takes 2 scratch replicas; once it
+    # falls to 0.7 of a replica (70% on one, within max_scratch_utilization 1.0, and a
+    # quarter replica under one less), the set gives the hot set its room back
+    policy = Cost(CostConfig(prefill_s_per_token=1e-3, scratch_utilization=0.55,
+                             max_scratch_utilization=1.0, max_scratch_fraction=0.5,
+                             placement_fill=1.0))
+    fleet = views(n=4, capacity=3 * (DOC + 20))
+    at, rare = 0.0, 0
+    while at < 150:  # two one-off documents a second: 2 replicas busy
+        route(policy, doc(20_000 + rare), fleet, at=at)
+        route(policy, doc(20_000 + rare + 1), fleet, at=at + 0.25)
+        route(policy, doc(rare // 2 % 9), fleet, at=at + 0.5)
+        at, rare = at + 1.0, rare + 2
+    assert policy.scratch_size == 2
+    while at < 600:  # 0.7 a second
+        route(policy, doc(20_000 + rare), fleet, at=at)
+        route(policy, doc(rare % 9), fleet, at=at + 0.5)
+        at, rare = at + 1 / 0.7, rare + 1
+    assert policy.describe()["placed_hot_keys"] == 9
+    assert policy.scratch_size == 1
+
+
 def test_a_hot_document_spills_to_the_least_loaded_once_its_homes_are_busy() -> None:
     policy = Cost(CostConfig(min_scratch=1))
     tokens = doc(1)
