@@ -60,6 +60,23 @@ class Pending:
     done: bool = False
 
 
+class _Steady(NamedTuple):
+    """A replica view's fields that change only with a scrape, health, a restart or
+    its config."""
+
+    id: str
+    url: str
+    healthy: bool
+    weight: float
+    running: int
+    waiting: int
+    kv_usage: float
+    kv_capacity_tokens: int | None
+    token_hit_rate: float | None
+    epoch: int
+    prefill_tokens_per_s: float | None
+
+
 @dataclass(slots=True)
 class ReplicaState:
     config: ReplicaConfig
@@ -90,6 +107,10 @@ class ReplicaState:
     estimated_kv_replica_tokens: int | None = None  # see gateway.kv_capacity_estimate
     hits: HitRateWindow = field(init=False)
     credentials: dict[str, str] = field(init=False)  # headers carrying its api_key, if any
+    # the view's fields that change only with a scrape, a health change, a restart or a
+    # new config, and what they were taken at (``view``)
+    _steady: tuple[tuple[object, ...], _Steady] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.hits = HitRateWindow(self.window_s)
@@ -156,23 +177,36 @@ class ReplicaState:
 
     def view(self, now: float | None = None, ratio: float = 1.0) -> ReplicaView:
         """A snapshot at ``now`` (default: monotonic); ``ratio`` (replica tokens per gateway
-        token) converts the replica's figures into gateway tokens."""
+        token) converts the replica's figures into gateway tokens. (Every request takes
+        one of each replica: what changes only with a scrape, a health change, a restart
+        or a new config is worked out once per change.)"""
         now = time.monotonic() if now is None else now
-        s = self.scraped
+        taken = (self.healthy, self.scrape_seq, self.epoch, self.estimated_kv_replica_tokens,
+                 self.config, ratio)
+        steady = self._steady
+        if steady is None or steady[0] != taken:
+            steady = self._steady = (taken, self._steady_fields(ratio))
+        f = steady[1]
         load = self.load()
-        capacity = self.kv_capacity().replica_tokens
-        prefill = self.hits.prefill_per_s()
         return ReplicaView(
-            id=self.id, url=self.config.base_url, healthy=self.healthy,
-            weight=self.config.weight, queued_tokens=self.queued_tokens(ratio, load),
-            running=s.running if s else 0, waiting=s.waiting if s else 0,
-            in_flight=load.in_flight, kv_usage=s.kv_usage if s else 0.0,
-            kv_capacity_tokens=None if capacity is None else int(capacity / ratio),
-            token_hit_rate=self.token_hit_rate(), epoch=self.epoch,
-            prefill_tokens_per_s=None if prefill is None else prefill / ratio,
+            id=f.id, url=f.url, healthy=f.healthy, weight=f.weight,
+            queued_tokens=self.queued_tokens(ratio, load), running=f.running,
+            waiting=f.waiting, in_flight=load.in_flight, kv_usage=f.kv_usage,
+            kv_capacity_tokens=f.kv_capacity_tokens, token_hit_rate=f.token_hit_rate,
+            epoch=f.epoch, prefill_tokens_per_s=f.prefill_tokens_per_s,
             pending_age_s=max(0.0, now - load.oldest_sent_at) if load.oldest_sent_at else 0.0,
             pending_head_tokens=load.oldest_tokens,
         )
+
+    def _steady_fields(self, ratio: float) -> _Steady:
+        s = self.scraped
+        capacity = self.kv_capacity().replica_tokens
+        prefill = self.hits.prefill_per_s()
+        return _Steady(
+            self.id, self.config.base_url, self.healthy, self.config.weight,
+            s.running if s else 0, s.waiting if s else 0, s.kv_usage if s else 0.0,
+            None if capacity is None else int(capacity / ratio), self.token_hit_rate(),
+            self.epoch, None if prefill is None else prefill / ratio)
 
 
 class Fleet:

@@ -12,7 +12,9 @@ more prompts passed as plain lists of ints (what a tokenizer returns). Tokenizat
 for a policy with ``chunk_chars``, chunk hashing) is not part of the figures. Memory of
 ``radix`` and ``cost``: ``tracemalloc``'s count of the bytes allocated while building and
 warming the policy and still live afterwards (the fleet's own few KB included), next to
-the radix tree's own estimate; timing runs with tracing off.
+the radix tree's own estimate; timing runs with tracing off. ``gateway_views_us``: the
+median time of the gateway's replica snapshots (``Fleet.views``) per replica count, which
+every decision starts from.
 """
 
 from __future__ import annotations
@@ -130,6 +132,30 @@ def _request(policy: Policy, tokens: array, rid: str, as_list: bool = False,
                         arrival_s=at, chunks=chunks, chunk_tokens=float(IDS_PER_CHUNK))
 
 
+def views_us(replicas: int, samples: int = 2000) -> float:
+    """Median microseconds of the gateway's ``Fleet.views`` over ``replicas`` scraped
+    replicas with requests in flight: the snapshot every decision starts from."""
+    from gateway.config import ReplicaConfig
+    from gateway.fleet import Fleet
+    from gateway.replica_metrics import ScrapedMetrics
+
+    fleet = Fleet([ReplicaConfig(f"replica-{i:03d}", f"http://127.0.0.1:{10_000 + i}")
+                   for i in range(replicas)])
+    for i, state in enumerate(fleet):
+        fleet.record_scrape(state.id, ScrapedMetrics("vllm", running=i % 4, waiting=1,
+                                                     kv_capacity_tokens=200_000,
+                                                     queued_tokens=1000, hit_tokens=5.0 * i,
+                                                     query_tokens=10.0 * i), now=0.0)
+        fleet.sent(state.id, 500 + i, now=1.0)
+    clock = time.perf_counter_ns
+    times = []
+    for _ in range(samples):
+        start = clock()
+        fleet.views(None, now=2.0)
+        times.append((clock() - start) / 1000)
+    return round(statistics.median(times), 1)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH", help="also write the results here")
@@ -165,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 policy.check_integrity()  # type: ignore[attr-defined]
             del policy
             print(f"{name:16s} {n:4d} replicas: {results[name][str(n)]}", flush=True)
+    results["gateway_views_us"] = {str(n): views_us(n) for n in args.replicas}
     for name, by_count in memory.items():
         key = "64" if "64" in by_count else next(iter(by_count))
         results[f"{name}_memory_mb"] = by_count[key]["tracemalloc_mb"]

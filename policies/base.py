@@ -22,7 +22,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +57,9 @@ class RouteRequest:
     chunk_tokens: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaView:
-    """An immutable snapshot of one replica, taken for one decision.
+class ReplicaView(NamedTuple):
+    """An immutable snapshot of one replica, taken for one decision (a named tuple: the
+    gateway builds one per replica per request).
 
     ``queued_tokens`` is the replica's scraped queue of prompt tokens not yet prefilled
     plus the prompt tokens this gateway sent it since that scrape. ``epoch`` increases each

@@ -133,6 +133,38 @@ def test_restart_bumps_epoch() -> None:
     assert fleet.get("r").view().epoch == 1  # type: ignore[union-attr]
 
 
+def test_a_view_follows_every_change_of_its_replica() -> None:
+    """Views keep the fields that change only with a scrape, health, a restart or the
+    token ratio between changes: each change must still show in the next view."""
+    fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
+    state = fleet.get("r")
+    assert state is not None
+    first = state.view(now=10.0)
+    assert (first.running, first.kv_capacity_tokens, first.healthy) == (0, None, True)
+    assert state.view(now=10.0) == first
+    fleet.record_scrape("r", parse_metrics(VLLM))
+    scraped = state.view(now=10.0)
+    assert scraped.running > 0 and scraped.kv_capacity_tokens is not None
+    assert state.view(now=10.0, ratio=2.0).kv_capacity_tokens == \
+        scraped.kv_capacity_tokens // 2
+    sent = fleet.sent("r", 50, now=10.0)
+    pending = state.view(now=12.5)
+    assert (pending.in_flight, pending.pending_age_s) == (1, 2.5)
+    assert pending.queued_tokens == scraped.queued_tokens + 50
+    fleet.first_byte(sent)
+    fleet.done(sent)
+    fleet.eject("r", "test")
+    assert state.view().healthy is False
+    fleet.record_scrape("r", parse_metrics(VLLM.replace("1000.0", "10.0")))  # restarted
+    assert state.view().epoch == 1
+    fleet.record_scrape("r", parse_metrics(SGLANG))
+    assert state.view().token_hit_rate == state.token_hit_rate() is not None
+    other = fleet.add(ReplicaConfig("q", "http://127.0.0.1:2"))
+    assert other.view().kv_capacity_tokens is None
+    other.estimated_kv_replica_tokens = 777  # as the capacity estimator sets it
+    assert other.view().kv_capacity_tokens == 777
+
+
 @pytest.mark.parametrize(("data", "message"), [
     ({"replicas": [{"id": "a", "url": "http://h:1", "wieght": 2}]}, "'wieght'"),
     ({"replicas": [{"id": "a", "url": "localhost:1"}]}, "'localhost:1'"),
