@@ -1,0 +1,10 @@
+from loadtests.bench_policies import main
+
+
+def test_the_policy_benchmark_times_choices_memory_and_views() -> None:
+    out = main(["--quick", "--replicas", "4", "--policies", "cost", "round_robin",
+                "--documents", "40", "--doc-tokens", "600"])
+    for name in ("cost", "round_robin"):
+        assert 0 < out[name]["4"]["p50_us"] <= out[name]["4"]["p99_us"]
+    assert out["cost_memory_mb"] > 0
+    assert out["gateway_views_us"]["4"] > 0
