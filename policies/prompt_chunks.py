@@ -24,6 +24,9 @@ def text_chunks(text: str, chunk_chars: int) -> list[int]:
     """CRC-32 of each ``chunk_chars`` characters of ``text``."""
     if chunk_chars < 1:
         raise ValueError(f"chunk_chars must be >= 1, got {chunk_chars!r}")
+    if text.isascii():  # a character is a byte: encoded once, cut as bytes (a third less)
+        data = text.encode("ascii")
+        return [crc32(data[i : i + chunk_chars]) for i in range(0, len(data), chunk_chars)]
     return [crc32(text[i : i + chunk_chars].encode("utf-8", "surrogatepass"))
             for i in range(0, len(text), chunk_chars)]
 
