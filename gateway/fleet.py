@@ -62,7 +62,7 @@ class Pending:
 
 class _Steady(NamedTuple):
     """A replica view's fields that change only with a scrape, health, a restart or
-    its config."""
+    its config (capacity and prefill rate in the replica's own tokens)."""
 
     id: str
     url: str
@@ -182,31 +182,32 @@ class ReplicaState:
         or a new config is worked out once per change.)"""
         now = time.monotonic() if now is None else now
         taken = (self.healthy, self.scrape_seq, self.epoch, self.estimated_kv_replica_tokens,
-                 self.config, ratio)
+                 self.config)
         steady = self._steady
         if steady is None or steady[0] != taken:
-            steady = self._steady = (taken, self._steady_fields(ratio))
+            steady = self._steady = (taken, self._steady_fields())
         f = steady[1]
         load = self.load()
+        # in the replica's tokens until here: the ratio moves with every answer
+        capacity, prefill = f.kv_capacity_tokens, f.prefill_tokens_per_s
         return ReplicaView(
             id=f.id, url=f.url, healthy=f.healthy, weight=f.weight,
             queued_tokens=self.queued_tokens(ratio, load), running=f.running,
             waiting=f.waiting, in_flight=load.in_flight, kv_usage=f.kv_usage,
-            kv_capacity_tokens=f.kv_capacity_tokens, token_hit_rate=f.token_hit_rate,
-            epoch=f.epoch, prefill_tokens_per_s=f.prefill_tokens_per_s,
+            kv_capacity_tokens=None if capacity is None else int(capacity / ratio),
+            token_hit_rate=f.token_hit_rate, epoch=f.epoch,
+            prefill_tokens_per_s=None if prefill is None else prefill / ratio,
             pending_age_s=max(0.0, now - load.oldest_sent_at) if load.oldest_sent_at else 0.0,
             pending_head_tokens=load.oldest_tokens,
         )
 
-    def _steady_fields(self, ratio: float) -> _Steady:
+    def _steady_fields(self) -> _Steady:
         s = self.scraped
-        capacity = self.kv_capacity().replica_tokens
-        prefill = self.hits.prefill_per_s()
         return _Steady(
             self.id, self.config.base_url, self.healthy, self.config.weight,
             s.running if s else 0, s.waiting if s else 0, s.kv_usage if s else 0.0,
-            None if capacity is None else int(capacity / ratio), self.token_hit_rate(),
-            self.epoch, None if prefill is None else prefill / ratio)
+            self.kv_capacity().replica_tokens, self.token_hit_rate(), self.epoch,
+            self.hits.prefill_per_s())
 
 
 class Fleet:
