@@ -226,8 +226,10 @@ class Cost(Policy):
         self._mean_room = 0.0  # mean of ``_room`` over the replicas seen (``_refresh``)
         self._index: tuple[tuple[str, ...], dict[str, int]] = ((), {})
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
-        # the last scratch set: (ring points, size, healthy flags, indexes)
-        self._scratch_memo: tuple[list[int], int, list[bool], list[int]] | None = None
+        # the last scratch set: (ring points, their owners as indexes of the views, size,
+        # healthy flags, indexes); one membership in another order shares the points
+        self._scratch_memo: tuple[list[int], list[int], int, list[bool], list[int]] | None \
+            = None
         # owners known hot since the sketch last halved (counts only grow in between)
         self._hot_owners: tuple[int, set[int]] = (0, set())
 
@@ -535,8 +537,9 @@ class Cost(Policy):
         from a fixed key (never every healthy replica)."""
         size = min(self._scratch_size, healthy_count - 1)
         memo = self._scratch_memo
-        if memo is not None and memo[0] is points and memo[1] == size and memo[2] == up:
-            return memo[3]
+        if memo is not None and memo[0] is points and memo[1] is owners \
+                and memo[2] == size and memo[3] == up:
+            return memo[4]
         out: list[int] = []
         if size > 0:
             for i in walk(points, owners, distinct, _SCRATCH_KEY):
@@ -544,7 +547,7 @@ class Cost(Policy):
                     out.append(i)
                     if len(out) == size:
                         break
-        self._scratch_memo = (points, size, list(up), out)
+        self._scratch_memo = (points, owners, size, list(up), out)
         return out
 
     def scratch_set(self, replicas: Sequence[ReplicaView]) -> tuple[str, ...]:

@@ -149,6 +149,15 @@ def test_the_scratch_set_grows_with_the_rare_prefill_load() -> None:
     assert len(policy.scratch_set(fleet)) == 2
 
 
+def test_the_scratch_set_is_the_same_whatever_order_the_replicas_come_in() -> None:
+    policy = Cost(CostConfig(min_scratch=2))
+    fleet = views(n=8)
+    first = policy.scratch_set(fleet)
+    assert len(first) == 2
+    assert set(policy.scratch_set(list(reversed(fleet)))) == set(first)
+    assert set(policy.scratch_set(fleet)) == set(first)
+
+
 def test_the_preset_builds_and_bad_values_are_named() -> None:
     assert isinstance(build_policy(load_preset("cost")), Cost)
     with pytest.raises(ConfigError, match="scratch_utilization"):
