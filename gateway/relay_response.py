@@ -42,6 +42,9 @@ class RelayResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = self.watch or ClientWatch(receive)
         try:
+            if watch.fired:  # it left while the request waited for a replica, and the
+                watch.client_left()  # cancel was absorbed there (a retry after ejection)
+                return
             await self._relay(send)
         except asyncio.CancelledError:
             if not watch.client_left():

@@ -69,13 +69,14 @@ class ClientWatch:
     In the task's ``except CancelledError``, ``client_left()`` tells the client's cancel
     (and takes it back, so the task may go on to clean up) from one from outside."""
 
-    __slots__ = ("_fired", "_task", "_watcher")
+    __slots__ = ("_fired", "_taken", "_task", "_watcher")
 
     def __init__(self, receive: Callable[[], Awaitable[Mapping[str, object]]]) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._task = task
-        self._fired = False
+        self._fired = False  # the client left
+        self._taken = False  # ... and its cancel was taken back
         self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Callable[[], Awaitable[Mapping[str, object]]]) -> None:
@@ -84,12 +85,18 @@ class ClientWatch:
         self._fired = True
         self._task.cancel()
 
+    @property
+    def fired(self) -> bool:
+        """The client left (its cancel may have been absorbed by a cancel of the task's
+        own: a replica ejected in the same turn makes one CancelledError of both)."""
+        return self._fired
+
     def client_left(self) -> bool:
         """True (once) when the client's leaving cancelled the task; the cancel is taken
         back so the task can finish its clean-up."""
-        if not self._fired:
+        if not self._fired or self._taken:
             return False
-        self._fired = False
+        self._taken = True
         self._task.uncancel()
         return True
 

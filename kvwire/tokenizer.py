@@ -121,6 +121,8 @@ class PromptTokenizer:
         while True:
             if budget >= len(text):
                 ids = self.encode(text)
+                if len(ids) >= max(64, max_tokens // 2):  # whole texts teach it too
+                    self._learn(len(text), len(ids))
                 return PrefixEncoding(ids[:max_tokens], True, len(ids))
             cut = text.rfind(" ", 0, budget)
             if cut <= 0:
@@ -129,8 +131,7 @@ class PromptTokenizer:
             # [0, cut) ends right before a space: its encoding is a prefix of the full one.
             ids = self.encode(text[:cut])
             if len(ids) >= 64:
-                self._seen_chars_per_token += _SEEN_ALPHA * (
-                    cut / len(ids) - self._seen_chars_per_token)
+                self._learn(cut, len(ids))
             if len(ids) >= max_tokens:
                 if self._memo is not None:
                     # remembered by the first budget's text; the rest it read is kept to check
@@ -144,6 +145,13 @@ class PromptTokenizer:
             missing = (max_tokens - len(ids)) * cut / max(1, len(ids))
             budget = max(budget + 64, int(cut + missing * 1.25) + 64) if tries < 3 \
                 else budget * 2
+
+    def _learn(self, chars: int, tokens: int) -> None:
+        """One more encoding's characters per token, into the figure reads are sized by
+        (threads may race here: an update lost is harmless). It moves the read length,
+        and so a long prompt's extrapolated length by a few percent: never its ids."""
+        self._seen_chars_per_token += _SEEN_ALPHA * (chars / tokens
+                                                     - self._seen_chars_per_token)
 
     def _first_budget(self, max_tokens: int) -> int:
         return int(max_tokens * self.chars_per_token * 1.25) + 16

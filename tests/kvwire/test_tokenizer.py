@@ -118,6 +118,24 @@ def test_prefix_reads_little_past_the_tokens_asked_for_whatever_the_text() -> No
                 assert sum(reads) <= 1.25 * need + 64, (name, reads, need)
 
 
+def test_the_read_length_comes_back_down_after_sparse_prompts() -> None:
+    """After prompts of many characters per token, shorter ordinary prompts (read whole,
+    since they fit the longer reads) bring the read length back down."""
+    rng = random.Random(6)
+    tok = load_tokenizer()
+    for _ in range(4):  # about 10 characters per token
+        tok.encode_prefix(" ".join(["agreement"] * 3000), 1024)
+    for _ in range(4):  # about 1,200 words: shorter than a read at 10 characters a token
+        tok.encode_prefix(sample_text(rng, 1200), 1024)
+    text = sample_text(rng, 3000)
+    reads: list[int] = []
+    real_encode = tok.encode
+    tok.encode = lambda t: reads.append(len(t)) or real_encode(t)  # type: ignore
+    tok.encode_prefix(text, 1024)
+    need = 1024 * len(text) / len(real_encode(text))
+    assert sum(reads) <= 1.25 * need + 64, (reads, need)
+
+
 def test_prefix_memo_checks_text_read_past_the_first_budget() -> None:
     """A first budget without a space makes the encoder read further; a text sharing only
     the first budget must not be served the remembered answer."""
