@@ -33,14 +33,14 @@ from gateway.monitor import Monitor
 from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
 from gateway.passthrough import passthrough
 from gateway.proxy import Proxy, UpstreamStream
-from gateway.relay_response import answer
+from gateway.relay_response import relay
 from gateway.request_parse import Endpoint
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
 from gateway.tracing import RequestTrace
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
-from kvwire.request_edge import ClientWatch, ErrorBoundary
+from kvwire.request_edge import ErrorBoundary
 from policies.base import Finished, Routed
 
 log = logging.getLogger("kvgate.gateway")
@@ -71,14 +71,9 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         forwarded = upstream_headers(request, gw.trusted_proxies)
         request_id = request_id_of(request, forwarded, routing.request.request_id)
         trace.upstream(forwarded)
-        watch = ClientWatch(request.receive)  # until the answer is relayed
-        try:
-            stream = await watch.guard(_open(gw, routing, intake, path, slot, forwarded,
-                                             request_id, arrived, trace))
-            return answer(stream, route, request_id, gw.worker, watch)
-        except BaseException:
-            watch.close()
-            raise
+        return await relay(request, _open(gw, routing, intake, path, slot, forwarded,
+                                          request_id, arrived, trace),
+                           route, request_id, gw.worker)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,

@@ -61,19 +61,16 @@ class Pending:
 
 
 class _Steady(NamedTuple):
-    """A replica view's fields that change only with a scrape, health, a restart or
-    its config (capacity and prefill rate in the replica's own tokens)."""
+    """A replica view's fields worked out from a scrape, a restart or its config
+    (capacity and prefill rate in the replica's own tokens)."""
 
-    id: str
     url: str
-    healthy: bool
     weight: float
     running: int
     waiting: int
     kv_usage: float
     kv_capacity_tokens: int | None
     token_hit_rate: float | None
-    epoch: int
     prefill_tokens_per_s: float | None
 
 
@@ -191,11 +188,11 @@ class ReplicaState:
         # in the replica's tokens until here: the ratio moves with every answer
         capacity, prefill = f.kv_capacity_tokens, f.prefill_tokens_per_s
         return ReplicaView(
-            id=f.id, url=f.url, healthy=f.healthy, weight=f.weight,
+            id=self.config.id, url=f.url, healthy=self.healthy, weight=f.weight,
             queued_tokens=self.queued_tokens(ratio, load), running=f.running,
             waiting=f.waiting, in_flight=load.in_flight, kv_usage=f.kv_usage,
             kv_capacity_tokens=None if capacity is None else int(capacity / ratio),
-            token_hit_rate=f.token_hit_rate, epoch=f.epoch,
+            token_hit_rate=f.token_hit_rate, epoch=self.epoch,
             prefill_tokens_per_s=None if prefill is None else prefill / ratio,
             pending_age_s=max(0.0, now - load.oldest_sent_at) if load.oldest_sent_at else 0.0,
             pending_head_tokens=load.oldest_tokens,
@@ -204,10 +201,9 @@ class ReplicaState:
     def _steady_fields(self) -> _Steady:
         s = self.scraped
         return _Steady(
-            self.id, self.config.base_url, self.healthy, self.config.weight,
-            s.running if s else 0, s.waiting if s else 0, s.kv_usage if s else 0.0,
-            self.kv_capacity().replica_tokens, self.token_hit_rate(), self.epoch,
-            self.hits.prefill_per_s())
+            self.config.base_url, self.config.weight, s.running if s else 0,
+            s.waiting if s else 0, s.kv_usage if s else 0.0, self.kv_capacity().replica_tokens,
+            self.token_hit_rate(), self.hits.prefill_per_s())
 
 
 class Fleet:

@@ -22,10 +22,9 @@ from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
 from gateway.intake import check_model, read_timed_body
 from gateway.proxy import UpstreamStream
-from gateway.relay_response import answer
+from gateway.relay_response import relay
 from gateway.state import GatewayState
 from kvwire.openai_schema import BadRequest, OpenAIError, json_object
-from kvwire.request_edge import unless_disconnected
 
 PATHS = ("/v1/embeddings", "/v1/responses", "/v1/rerank", "/v1/score", "/tokenize",
          "/detokenize")
@@ -83,6 +82,6 @@ async def passthrough(request: Request) -> Response:
                 gw.metrics.answers.relayed(model, ROUTE, stream, arrived)
 
         ranked = least_busy(gw, model, gw.tenancy.allowed(tenant))
-        stream = await unless_disconnected(request, gw.proxy.open(
-            ranked, path, raw, forwarded, lambda replica: 0, lambda replica: None, on_done))
-    return answer(stream, ROUTE, request_id, gw.worker)
+        return await relay(request, gw.proxy.open(
+            ranked, path, raw, forwarded, lambda replica: 0, lambda replica: None, on_done),
+            ROUTE, request_id, gw.worker)

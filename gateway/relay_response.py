@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -18,13 +20,13 @@ class RelayResponse(Response):
     connection, so the client cannot take it for a whole answer.
 
     A client that leaves mid-answer cancels the relay, which drops the upstream
-    connection (the replica sees the cancel). One ``ClientWatch`` per request does it
-    (the one that watched while the request waited for its replica, when given), not
+    connection (the replica sees the cancel). The request's ``ClientWatch`` does it (the
+    one that watched while the request waited for its replica), not
     Starlette's ``StreamingResponse`` task group: its cost per chunk and per answer was a
     measurable share of a streamed request's CPU."""
 
     def __init__(self, stream: UpstreamStream, headers: dict[str, str],
-                 watch: ClientWatch | None = None) -> None:
+                 watch: ClientWatch) -> None:
         self.stream = stream
         self.watch = watch
         self.status_code = stream.status
@@ -40,7 +42,7 @@ class RelayResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch = self.watch or ClientWatch(receive)
+        watch = self.watch
         try:
             if watch.fired:  # it left while the request waited for a replica, and the
                 watch.client_left()  # cancel was absorbed there (a retry after ejection)
@@ -54,17 +56,23 @@ class RelayResponse(Response):
             self.stream.close(ok=False)  # no-op when the relay finished and closed it
 
 
-def answer(stream: UpstreamStream, route: str, request_id: str,
-           worker: int | None = None, watch: ClientWatch | None = None) -> Response:
-    """The client's response to ``stream``, with the gateway's own headers (and the
-    worker process's index, with workers); ``watch``, the request's ``ClientWatch``, goes
-    on watching while a stream is relayed (and is closed for a whole body)."""
-    headers = {**stream.headers, "x-kvgate-replica": stream.replica,
-               "x-kvgate-route": route, "x-request-id": request_id}
-    if worker is not None:
-        headers["x-kvgate-worker"] = str(worker)
-    if stream.complete:  # nothing left to relay: skip the streaming machinery
-        if watch is not None:
+async def relay(request: Request, opening: Awaitable[UpstreamStream], route: str,
+                request_id: str, worker: int | None = None) -> Response:
+    """The client's response to the upstream answer ``opening`` brings, watched for the
+    client leaving from the wait for a replica through the relay (``ClientWatch``;
+    ClientDisconnected when it leaves before the answer opened). The response carries
+    the gateway's own headers, and the worker process's index with workers."""
+    watch = ClientWatch(request.receive)
+    try:
+        stream = await watch.guard(opening)
+        headers = {**stream.headers, "x-kvgate-replica": stream.replica,
+                   "x-kvgate-route": route, "x-request-id": request_id}
+        if worker is not None:
+            headers["x-kvgate-worker"] = str(worker)
+        if stream.complete:  # nothing left to relay: skip the streaming machinery
             watch.close()
-        return Response(stream.whole_body(), status_code=stream.status, headers=headers)
-    return RelayResponse(stream, headers, watch)
+            return Response(stream.whole_body(), status_code=stream.status, headers=headers)
+        return RelayResponse(stream, headers, watch)
+    except BaseException:
+        watch.close()
+        raise

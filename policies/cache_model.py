@@ -149,8 +149,7 @@ class ReplicaCacheModel:
         """Touch or insert the chain's entries (tail first), then evict LRU entries until
         the model fits its capacity; returns what was evicted."""
         entries = self._entries
-        pairs = chain.tail_first() if isinstance(chain, PromptChain) else reversed(chain)
-        for key, tokens in pairs:
+        for key, tokens in reversed(chain):
             held = entries.get(key)
             if held is None:
                 entries[key] = [tokens, owner]
@@ -234,14 +233,14 @@ class PromptChain(Sequence[ChainEntry]):
         """Tokens of entry ``i`` (``0 <= i < len``)."""
         return self._last if i == self._n - 1 else self._full
 
-    def tail_first(self) -> Iterator[tuple[int, int]]:
-        """(key, tokens) of every entry, the last first (the order of admission)."""
+    def __reversed__(self) -> Iterator[ChainEntry]:
+        """The entries, the last first (the order of admission), without item access."""
         n, key = self._n, self.key
         if n:
-            yield key(n - 1), self._last
+            yield ChainEntry(key(n - 1), self._last)
         full = self._full
         for i in range(n - 2, -1, -1):
-            yield key(i), full
+            yield ChainEntry(key(i), full)
 
     def tokens_before(self, i: int) -> int:
         """Tokens of entries ``[0, i)``, for ``0 <= i <= len``."""

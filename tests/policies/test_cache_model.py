@@ -96,3 +96,6 @@ def test_prompt_chain_shares_leading_blocks() -> None:
     assert [e.tokens for e in b] == [10] * 7 + [8]  # a last block of 3 units
     assert a[:7] == b[:7] and a[7] != b[7]  # the blocks before the difference agree
     assert chain(doc, root=6)[0].key != a[0].key  # model and cache salt separate chains
+    for units in ([*doc, 3], doc[:4], doc[:1], []):  # admitted tail first: the same entries
+        lazy = PromptChain(token_bytes(units), 4, 2.5, 5)
+        assert list(reversed(lazy)) == chain(units)[::-1]
