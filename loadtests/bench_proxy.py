@@ -9,7 +9,10 @@ proxy over httpx and over aiohttp (``client_httpx``, ``client_aiohttp``: how the
 upstream client was chosen); then times the routing decision
 (tokenizing the first 1,024 tokens of a 6,000-token prompt and choosing) in process,
 and the CPU that tokenizing costs when calls come back to back and 10 ms apart
-(``prefix_tokenize_cpu_ms``).
+(``prefix_tokenize_cpu_ms``). ``cpu_ms_per_request`` is the gateway's CPU per request
+per policy at a fixed offered rate (``gateway_cpu``); ``cpu_ms_per_request_floor`` is the
+same for a minimal streaming pass-through on the same server and client, which routes,
+counts and logs nothing: the floor under any gateway built on them.
 Each server runs in its own process; compare the figures as ratios.
 """
 
@@ -240,6 +243,26 @@ def _cpu_table(tmp: str, policies: list[str], backend: str, workers: int,
     return table
 
 
+def _floor_cpu(backend: str, env: dict[str, str], prompts: list[str],
+               args: argparse.Namespace) -> dict[str, float]:
+    """``cpu_ms_per_request`` of the minimal streaming pass-through on the gateway's own
+    server and client (``proxy_clients.aiohttp_stream_app``): what relaying alone costs."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "loadtests.proxy_clients:aiohttp_stream_app",
+         "--port", str(port), "--loop", "uvloop", "--http", "httptools",
+         "--log-level", "warning", "--no-access-log"], env=dict(env, BENCH_BACKEND=backend))
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", proc)
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        out = {scenario: cpu_ms_per_request(proc.pid, url, scenario, prompts, args.rate,
+                                            args.cpu_seconds) for scenario in SCENARIOS}
+    finally:
+        _stop(proc)
+    print("cpu floor", out, file=sys.stderr)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -300,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             policies = [p for p in args.cpu_policies.split(",") if p]
             results["cpu_ms_per_request"] = _cpu_table(
                 tmp, policies, targets["direct"], args.workers, env, prompts, args)
+            results["cpu_ms_per_request_floor"] = {
+                "aiohttp_stream_proxy": _floor_cpu(targets["direct"], env, prompts, args)}
             if args.compare_workers:
                 results["cpu_ms_per_request_by_workers"] = {
                     str(args.workers): {"prefix_affinity":

@@ -1,10 +1,14 @@
-"""Two minimal pass-through proxies, one per upstream HTTP client, for choosing the client.
+"""Minimal pass-through proxies on the gateway's own stack (uvicorn, httptools, uvloop).
 
     uvicorn loadtests.proxy_clients:httpx_app     (BENCH_BACKEND=http://127.0.0.1:PORT)
     uvicorn loadtests.proxy_clients:aiohttp_app
+    uvicorn loadtests.proxy_clients:aiohttp_stream_app
 
-Both read the request body, POST it to the backend and return the backend's body: the
-same work, so ``bench_proxy`` can compare the clients' overhead under concurrency.
+The first two, one per upstream HTTP client, read the request body, POST it to the
+backend and return the backend's body: the same work, so ``bench_proxy`` can compare the
+clients' overhead under concurrency. The third relays the answer chunk by chunk as it
+arrives, as the gateway does, and does nothing else: no routing, no accounting, no
+metrics. Its CPU per request is the floor of the stack the gateway is built on.
 """
 
 from __future__ import annotations
@@ -85,5 +89,22 @@ class _AiohttpProxy:
             await _reply(send, r.status, await r.read())
 
 
+class _AiohttpStreamProxy(_AiohttpProxy):
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" or scope["path"] != "/v1/completions":
+            await super().__call__(scope, receive, send)  # lifespan, /health, /ready
+            return
+        body = await _read(receive)
+        assert self.session is not None
+        async with self.session.post(BACKEND + scope["path"], data=body) as r:
+            await send({"type": "http.response.start", "status": r.status,
+                        "headers": [(b"content-type",
+                                     r.headers.get("content-type", "").encode())]})
+            async for chunk in r.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+
 httpx_app = _HttpxProxy()
 aiohttp_app = _AiohttpProxy()
+aiohttp_stream_app = _AiohttpStreamProxy()

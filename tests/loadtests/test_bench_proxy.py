@@ -6,3 +6,50 @@ def test_the_prefix_tokenizing_cost_is_timed_back_to_back_and_spaced() -> None:
     out = _prefix_tokenize_ms(documents(4, words=1500))
     assert set(out) == {"back_to_back", "spaced_10ms"}
     assert all(v > 0 for v in out.values())
+
+
+def test_the_floor_proxy_relays_the_backend_answer_unchanged_and_is_measured() -> None:
+    """The minimal streaming pass-through answers what the backend answers, byte for byte,
+    streamed or not, and ``_floor_cpu`` measures its CPU per request for each kind."""
+    import argparse
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    from loadtests.bench_proxy import _floor_cpu, _free_port, _stop, _wait
+    from loadtests.gateway_cpu import bodies
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    port = _free_port()
+    backend = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "loadtests.bench_proxy:backend_app", "--port",
+         str(port), "--log-level", "warning", "--no-access-log"], env=env)
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", backend)
+        base = f"http://127.0.0.1:{port}"
+        prompts = documents(2, words=50)
+        proxy_port = _free_port()
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "loadtests.proxy_clients:aiohttp_stream_app",
+             "--port", str(proxy_port), "--log-level", "warning", "--no-access-log"],
+            env=dict(env, BENCH_BACKEND=base))
+        try:
+            _wait(f"http://127.0.0.1:{proxy_port}/health", proxy)
+            for stream in (True, False):
+                body = bodies(prompts, stream)[0]
+
+                def answer(url: str, body: bytes = body) -> bytes:
+                    req = urllib.request.Request(url + "/v1/completions", data=body)
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        return r.read()
+                direct = answer(base)
+                assert direct == answer(f"http://127.0.0.1:{proxy_port}")
+                assert (b"data: [DONE]" in direct) == stream
+        finally:
+            _stop(proxy)
+        args = argparse.Namespace(rate=50.0, cpu_seconds=0.4)
+        out = _floor_cpu(base, env, prompts, args)
+        assert set(out) == {"stream_repeated", "stream_fresh", "plain_repeated"}
+    finally:
+        _stop(backend)
