@@ -9,6 +9,11 @@ compares.
 Usage::
 
     python -m kvwire.tokenizer_build [--out DIR] [--check]
+    python -m kvwire.tokenizer_build --out DIR --vocab-size 16000
+
+Another ``--vocab-size`` gives another tokenizer of the same text, one that counts other
+tokens than the gateway's: what replicas with their own tokenizer look like (a fleet
+test's engines can load it with ``--tokenizer DIR``).
 """
 
 from __future__ import annotations
@@ -83,8 +88,11 @@ def corpus(lines: int = 4000, seed: int = 7) -> Iterator[str]:
     yield "0 1 2 3 4 5 6 7 8 9 10 100 1000 2026 (a) (b) (c) \"quoted\" 'single' - ; : ? ! %"
 
 
-def build(out_dir: Path) -> Path:
+def build(out_dir: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     """Train the tokenizer and write ``out_dir/tokenizer.json``; returns its path."""
+    if vocab_size < 512:
+        raise ValueError(f"vocab_size must be >= 512 (the byte alphabet and specials), "
+                         f"got {vocab_size!r}")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -92,7 +100,7 @@ def build(out_dir: Path) -> Path:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -114,7 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ASSET_DIR)
     parser.add_argument("--check", action="store_true",
                         help="rebuild into a temporary folder and compare with the shipped copy")
+    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
+                        help="another size makes another tokenizer (not with --check)")
     args = parser.parse_args(argv)
+    if args.check and args.vocab_size != VOCAB_SIZE:
+        parser.error("--check compares the shipped tokenizer: leave --vocab-size out")
+    if args.vocab_size != VOCAB_SIZE and args.out.resolve() == ASSET_DIR.resolve():
+        parser.error(f"--vocab-size {args.vocab_size} would replace the shipped tokenizer: "
+                     "give --out")
     if args.check:
         import tempfile
 
@@ -123,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             same = digest(built) == digest(ASSET_DIR / "tokenizer.json")
         print("identical" if same else "DIFFERENT")
         return 0 if same else 1
-    path = build(args.out)
+    path = build(args.out, args.vocab_size)
     print(f"wrote {path} sha256={digest(path)}")
     return 0
 

@@ -16,6 +16,8 @@ Configuration comes from the environment (``loadtests.run`` sets it):
 ``KVGATE_SAMPLES``    path of a JSON file to write per-request samples to at test stop.
 ``KVGATE_AFFINITY``   ``1`` to send each request's document or conversation id in the
                       gateway's affinity header.
+``KVGATE_TOKENS_PER_WORD`` tokens per word of the replicas' tokenizer: the text's segments
+                      get ``length / this`` words (default: the gateway tokenizer's rate).
 
 Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (send to first
 content chunk), both named after the workload.
@@ -38,7 +40,13 @@ from typing import Any
 import numpy as np
 from locust import HttpUser, events, task
 
-from loadtests.workloads import WorkloadRequest, build_spec, generate
+from loadtests.workloads import (
+    TEXT_TOKENS_PER_WORD,
+    SegmentContent,
+    WorkloadRequest,
+    build_spec,
+    generate,
+)
 
 AFFINITY_HEADER = "x-kvgate-affinity-key"
 
@@ -57,8 +65,10 @@ def next_request(workload: str) -> tuple[WorkloadRequest, float]:
         stream = _streams.get(workload)
         if stream is None:
             spec = build_spec(workload, **_config.get("params", {}))
-            stream = _streams[workload] = iter(generate(spec, int(_config.get("requests",
-                                                                               100_000))))
+            content = SegmentContent(spec.seed, float(os.environ.get(
+                "KVGATE_TOKENS_PER_WORD", TEXT_TOKENS_PER_WORD)))
+            stream = _streams[workload] = iter(generate(
+                spec, int(_config.get("requests", 100_000)), content))
         now = time.monotonic()
         due = _clock.setdefault("due", now)
         if _RATE > 0:

@@ -15,6 +15,12 @@ its prefill capacity). The offline simulator with the same settings predicts the
 
     round_robin      token hit 0.13   TTFT p95 1.47 s
     prefix_affinity  token hit 0.54   TTFT p95 0.65 s   (eviction frequency)
+
+``--engine-tokenizer DIR`` gives the replicas a tokenizer of their own (one built with
+``python -m kvwire.tokenizer_build --out DIR --vocab-size 16000`` counts about two thirds
+of the gateway's tokens), as a fleet the gateway did not set up has. Documents are then
+sized in the replicas' tokens (words per token measured on that tokenizer), so the fleet
+keeps its shape and only the gateway's count differs: what its token calibration is for.
 """
 
 from __future__ import annotations
@@ -63,6 +69,23 @@ class RunConfig:
     workload: dict[str, Any] = field(default_factory=lambda: dict(SCALED_CONTRACTS))
     seed: int = 0
     affinity_header: bool = False
+    engine_tokenizer: str | None = None  # the replicas' own tokenizer (dir or .json)
+
+
+def replica_tokens_per_word(tokenizer_path: str | None) -> float:
+    """Tokens per word of the workload's text as the replicas count them: measured on
+    ``tokenizer_path``, or the gateway's own rate when the replicas share its tokenizer."""
+    from loadtests.workloads import TEXT_TOKENS_PER_WORD
+
+    if tokenizer_path is None:
+        return TEXT_TOKENS_PER_WORD
+    import random
+
+    from kvwire.tokenizer import load_tokenizer
+    from kvwire.tokenizer_build import sample_text
+
+    text = sample_text(random.Random(11), 4000)
+    return len(load_tokenizer(tokenizer_path).encode(text)) / len(text.split())
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
@@ -83,6 +106,7 @@ def _locust(cfg: RunConfig, url: str, workdir: Path, progress: Progress | None,
         "KVGATE_USERS": str(cfg.users),
         "KVGATE_SAMPLES": str(samples),
         "KVGATE_AFFINITY": "1" if cfg.affinity_header else "0",
+        "KVGATE_TOKENS_PER_WORD": str(replica_tokens_per_word(cfg.engine_tokenizer)),
     })
     argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE),
             USER_CLASSES[cfg.scenario], "--headless", "-u", str(cfg.users),
@@ -114,7 +138,9 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
     """One policy: fresh fleet, counters before, Locust run, counters after."""
     spec = LocalFleetSpec(replicas=cfg.replicas, policy={"name": policy},
                           profile=cfg.profile, kv_cache_gib=cfg.kv_cache_gib,
-                          max_num_seqs=cfg.max_num_seqs, eviction=cfg.eviction)
+                          max_num_seqs=cfg.max_num_seqs, eviction=cfg.eviction,
+                          engine_args=("--tokenizer", cfg.engine_tokenizer)
+                          if cfg.engine_tokenizer else ())
     with LocalFleet(spec, workdir / f"fleet-{policy}") as fleet:
         before = [engine_counters.scrape(u) for u in fleet.engine_urls]
         samples_path = _locust(cfg, fleet.gateway_url, workdir, progress, policy)
@@ -186,6 +212,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--affinity-header", action="store_true",
                         help="send each request's document id as the affinity key")
+    parser.add_argument("--engine-tokenizer", default=None, metavar="DIR",
+                        help="the replicas' own tokenizer (default: the gateway's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="workload parameter over the scaled defaults")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
@@ -203,7 +231,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      rate=args.rate, profile=args.profile, kv_cache_gib=args.kv_cache_gib,
                      max_num_seqs=args.max_num_seqs,
                      eviction=args.eviction, workload=workload, seed=args.seed,
-                     affinity_header=args.affinity_header)
+                     affinity_header=args.affinity_header,
+                     engine_tokenizer=args.engine_tokenizer)
 
 
 class ProgressLine:

@@ -31,3 +31,25 @@ def test_two_policies_on_a_local_fleet(tmp_path):
     report = (tmp_path / "report" / "report.md").read_text()
     assert "| round_robin |" in report and "| prefix_affinity |" in report
     assert (tmp_path / "report" / "hit_rate_ttft.png").stat().st_size > 10_000
+
+
+def test_replicas_with_their_own_tokenizer_get_documents_sized_in_their_tokens(tmp_path):
+    from kvwire.tokenizer_build import build
+    from loadtests.run import replica_tokens_per_word
+
+    engine_tok = build(tmp_path / "tok16k", vocab_size=16000).parent
+    ours, theirs = replica_tokens_per_word(None), replica_tokens_per_word(str(engine_tok))
+    assert theirs < 0.8 * ours  # a tokenizer that counts other tokens than the gateway's
+    doc_tokens = 600
+    cfg = RunConfig(
+        policies=("cost",), duration_s=8, replicas=2, users=4, rate=3.0, kv_cache_gib=0.5,
+        max_num_seqs=4, engine_tokenizer=str(engine_tok),
+        workload={"num_docs": 6, "hot_docs": 2, "doc_tokens": doc_tokens,
+                  "question_tokens": [20, 30], "output_tokens": [2, 4]},
+    )
+    r = run(cfg)["policies"]["cost"]
+    assert r["requests_failed"] == 0 and r["requests_ok"] >= 8
+    # the replicas counted about doc_tokens per document in their own tokens (the gateway's
+    # tokenizer would have counted ours / theirs as many)
+    per_request = r["prompt_tokens"] / r["requests_ok"]
+    assert 0.85 * doc_tokens < per_request < 1.25 * (doc_tokens + 30)
