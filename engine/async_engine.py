@@ -3,7 +3,9 @@
 The core is single-threaded: only the loop task touches it. Handlers queue additions,
 aborts and admin calls, which the loop applies between steps; the step itself runs in a
 one-thread executor so the event loop stays free. With ``sleep_modeled_time`` (the sim
-executor) the loop then sleeps for what is left of the modeled step duration.
+executor) the loop then sleeps for what is left of the modeled step duration, and counts
+how much later than modeled each step really ended (``modeled_s``, ``late_s``): a host
+too busy for its fleet shows there, not as a slower GPU profile.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class AsyncEngine:
         self._pool: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
         self.error: BaseException | None = None
+        self.modeled_s = 0.0  # with sleep_modeled_time: the steps' modeled seconds
+        self.late_s = 0.0  # ... and the seconds they ended after that
 
     @property
     def alive(self) -> bool:
@@ -132,6 +136,8 @@ class AsyncEngine:
                 if self.sleep_modeled_time:
                     remaining = out.seconds - (self.clock() - t0)
                     await asyncio.sleep(max(0.0, remaining))
+                    self.modeled_s += out.seconds
+                    self.late_s += max(0.0, self.clock() - t0 - out.seconds)
                 else:
                     await asyncio.sleep(0)
                 if self._on_step is not None:

@@ -24,7 +24,7 @@ previous output over the tokens it added (one per step unless the core skips out
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -103,6 +103,25 @@ class _CoreCollector(Collector):
         yield info
 
 
+class _PaceCollector(Collector):
+    def __init__(self, modeled_late: Callable[[], tuple[float, float]],
+                 values: tuple[str, str]) -> None:
+        self._read = modeled_late
+        self._values = list(values)
+
+    def collect(self) -> Iterator[Metric]:
+        modeled, late = self._read()
+        labels = [m.MODEL_NAME_LABEL, m.ENGINE_LABEL]
+        for name, doc, value in (
+                (m.STEP_MODELED_SECONDS, "Seconds the sim executor's steps were modeled to "
+                 "take.", modeled),
+                (m.STEP_LATE_SECONDS, "Seconds those steps ended after their modeled end "
+                 "(a host too busy for its fleet).", late)):
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(self._values, value)
+            yield c
+
+
 class _Live:
     """What the metrics keep of a request between its outputs."""
 
@@ -153,6 +172,11 @@ class EngineMetrics:
         self.success = {reason: self._success.labels(*values, reason)
                         for reason in m.FINISHED_REASONS}
         self._live: dict[str, _Live] = {}
+
+    def track_pace(self, modeled_late: Callable[[], tuple[float, float]]) -> None:
+        """Export the sim executor's modeled step seconds and how late they ended
+        (``modeled_late()``: both totals, read at each scrape)."""
+        self.registry.register(_PaceCollector(modeled_late, self._values))
 
     def started(self, request_id: str) -> None:
         """A request went to the engine; it ends in a finished output or ``ended_early``."""

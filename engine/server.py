@@ -74,6 +74,8 @@ class EngineServer:
         self.metrics = EngineMetrics(core, model_name, cache_config_info=cache_config_info)
         self.engine = AsyncEngine(core, sleep_modeled_time=sleep_modeled_time,
                                   on_step=self._observe)
+        if sleep_modeled_time:
+            self.metrics.track_pace(lambda: (self.engine.modeled_s, self.engine.late_s))
         self.created = int(time.time())
 
     def _observe(self, out: StepOutput) -> None:

@@ -30,6 +30,10 @@ ITERATION_TOKENS = "vllm:iteration_tokens_total"  # a histogram, as in vLLM v1
 REQUEST_SUCCESS = "vllm:request_success"  # label: finished_reason
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, num_gpu_blocks, engine
 PROMPT_TOKENS_WAITING = "kvgate:num_prompt_tokens_waiting"
+# the sim executor only: seconds its steps were modeled to take, and how much later than
+# that they ended (a host too busy for its fleet: every first token comes that much later)
+STEP_MODELED_SECONDS = "kvgate:engine_step_modeled_seconds"
+STEP_LATE_SECONDS = "kvgate:engine_step_late_seconds"
 
 # every series above carries these labels: the served model, the data-parallel rank
 MODEL_NAME_LABEL = "model_name"

@@ -21,6 +21,8 @@ COUNTERS = {
     "prompt_tokens": names.PROMPT_TOKENS,
     "generation_tokens": names.GENERATION_TOKENS,
     "preemptions": names.NUM_PREEMPTIONS,
+    "step_modeled_s": names.STEP_MODELED_SECONDS,  # sim executors only (else 0)
+    "step_late_s": names.STEP_LATE_SECONDS,
 }
 
 

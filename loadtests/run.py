@@ -133,6 +133,10 @@ def _locust(cfg: RunConfig, url: str, workdir: Path, progress: Progress | None,
     return samples
 
 
+def _share(part: float, whole: float) -> float | None:
+    return round(part / whole, 4) if whole > 0 else None
+
+
 def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                progress: Progress | None = None) -> dict[str, Any]:
     """One policy: fresh fleet, counters before, Locust run, counters after."""
@@ -170,6 +174,12 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                                    for r in counters.per_replica],
         "routes": dict(Counter(s.get("route") for s in ok)),
         "preemptions": int(counters.total("preemptions")),
+        # how much later than their cost model the engine steps ended, as a share of the
+        # modeled time: a host too busy for its fleet (every first token that much later)
+        "engine_lateness": _share(counters.total("step_late_s"),
+                                  counters.total("step_modeled_s")),
+        "replica_engine_lateness": [_share(r["step_late_s"], r["step_modeled_s"])
+                                    for r in counters.per_replica],
         "ttft_s": ttft,
     }
 

@@ -204,3 +204,44 @@ async def test_failing_admin_call_raises_and_the_engine_lives_on() -> None:
         assert await engine.call(lambda core: core.config.block_size) == 4
     finally:
         await engine.stop()
+
+
+async def test_sim_steps_count_their_modeled_seconds_and_how_late_they_ended() -> None:
+    """A step whose work outlasts its modeled time (a host too busy for its fleet) shows
+    as lateness, in ``late_s`` and in /metrics' counters."""
+    import time
+
+    from prometheus_client import generate_latest
+
+    from engine.async_engine import AsyncEngine
+    from engine.metrics import EngineMetrics
+    from engine.request import SamplingParams
+    from kvwire import metric_names as m
+    from tests.support.metrics import samples
+
+    core = make_core(num_blocks=16, block_size=4)
+    step = core.step
+    slow_s = 0.03
+
+    def slow_step(now: float):  # type: ignore[no-untyped-def]
+        time.sleep(slow_s)  # the host, not the model: real seconds past the modeled ones
+        return step(now)
+    core.step = slow_step  # type: ignore[method-assign]
+    engine = AsyncEngine(core, sleep_modeled_time=True)
+    metrics = EngineMetrics(core, "tiny")
+    metrics.track_pace(lambda: (engine.modeled_s, engine.late_s))
+    await engine.start()
+    try:
+        queue = engine.add(core.make_request("r1", [1, 2, 3, 4, 5],
+                                             SamplingParams(max_tokens=3, ignore_eos=True)))
+        while not (await queue.get()).finished:  # type: ignore[union-attr]
+            pass
+    finally:
+        await engine.stop()
+    steps = 3  # a prefill step and two decode steps
+    assert engine.modeled_s > 0
+    assert engine.late_s >= steps * slow_s - engine.modeled_s
+    got = samples(generate_latest(metrics.registry).decode())
+    labels = (("engine", "0"), ("model_name", "tiny"))
+    assert got[(m.STEP_MODELED_SECONDS + "_total", labels)] == engine.modeled_s
+    assert got[(m.STEP_LATE_SECONDS + "_total", labels)] == engine.late_s

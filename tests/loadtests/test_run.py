@@ -26,6 +26,9 @@ def test_two_policies_on_a_local_fleet(tmp_path):
         assert r["prefill_tokens"] == r["prompt_tokens"] - hits
         assert sum(r["replica_requests"]) == r["requests_ok"]
         assert 0 < r["ttft_p50_s"] <= r["ttft_p95_s"] <= r["ttft_p99_s"]
+        # the sim engines' steps ran for a modeled time, and how late they ended was read
+        assert r["engine_lateness"] is not None and r["engine_lateness"] >= 0
+        assert len(r["replica_engine_lateness"]) == cfg.replicas
     assert out["policies"]["round_robin"]["routes"] == {"round_robin":
                                                        out["policies"]["round_robin"]["requests_ok"]}
     report = (tmp_path / "report" / "report.md").read_text()
