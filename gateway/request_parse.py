@@ -28,6 +28,7 @@ class ParsedRequest:
     cache_salt: str | None
     affinity_key: str | None
     tools: list[Any] | None = None
+    raw_bytes: int | None = None  # the body's size as sent (None: not known)
 
 
 def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None,
@@ -44,4 +45,4 @@ def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None
             affinity = str(value)
     return ParsedRequest(endpoint, body, fields.model, fields.stream, fields.prompt_text,
                          fields.prompt_ids, fields.messages, fields.cache_salt, affinity,
-                         fields.tools)
+                         fields.tools, len(raw))
