@@ -97,9 +97,9 @@ class _AiohttpStreamProxy(_AiohttpProxy):
         body = await _read(receive)
         assert self.session is not None
         async with self.session.post(BACKEND + scope["path"], data=body) as r:
+            kind = r.headers.get("content-type")
             await send({"type": "http.response.start", "status": r.status,
-                        "headers": [(b"content-type",
-                                     r.headers.get("content-type", "").encode())]})
+                        "headers": [(b"content-type", kind.encode())] if kind else []})
             async for chunk in r.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})

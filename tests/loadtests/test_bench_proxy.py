@@ -1,3 +1,5 @@
+import pytest
+
 from loadtests.bench_proxy import _prefix_tokenize_ms
 from loadtests.gateway_cpu import documents
 
@@ -8,6 +10,7 @@ def test_the_prefix_tokenizing_cost_is_timed_back_to_back_and_spaced() -> None:
     assert all(v > 0 for v in out.values())
 
 
+@pytest.mark.slow
 def test_the_floor_proxy_relays_the_backend_answer_unchanged_and_is_measured() -> None:
     """The minimal streaming pass-through answers what the backend answers, byte for byte,
     streamed or not, and ``_floor_cpu`` measures its CPU per request for each kind."""
