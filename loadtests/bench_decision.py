@@ -11,16 +11,22 @@ process's CPU time over the decisions), also as cores per 100 decisions per seco
 is measured twice: hashing text chunks (its default) and tokenizing the whole prompt
 (``chunk_chars: 0``). Compare the figures of one run with each other. ``--chat N`` also
 measures N turns of the ``chat-apps`` workload (system prompt, tools and history rendered
-by the gateway's chat template first), the figures under ``"chat"``.
+by the gateway's chat template first), the figures under ``"chat"``, and again on the
+gateway's own path (``Router.route_request`` on an event loop, which renders a small chat
+inline and sends a larger one, or one to encode, to the tokenizer pool) under
+``"chat_gateway_path"``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import statistics
 import time
 from typing import Any
+
+import orjson
 
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
@@ -41,14 +47,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def measure(variant: str, bodies: list[ParsedRequest], warmup: int) -> dict[str, float]:
-    """Route ``bodies[:warmup]``, then time the decisions on the rest."""
+def measure(variant: str, bodies: list[ParsedRequest], warmup: int,
+            gateway_path: bool = False) -> dict[str, float]:
+    """Route ``bodies[:warmup]``, then time the decisions on the rest: ``Router.build``
+    on this thread, or with ``gateway_path`` the gateway's ``Router.route_request`` on an
+    event loop (the tokenizer pool where it sends work there, the CPU of its threads
+    counted)."""
     params = VARIANTS[variant]
     policy = build_policy({**load_preset(params.get("name", variant)), **params})
     fleet = Fleet([ReplicaConfig(f"r{i}", f"http://127.0.0.1:{9000 + i}") for i in range(8)])
     router = Router(policy, load_tokenizer(None, memo_size=2048), fleet, 1)
     timed = bodies[warmup:]
-    try:
+
+    async def run() -> tuple[list[float], float]:
         for i, body in enumerate(bodies[:warmup]):
             req = router.build(body, now=float(i))
             views = fleet.views()
@@ -57,12 +68,15 @@ def measure(variant: str, bodies: list[ParsedRequest], warmup: int) -> dict[str,
         cpu0 = time.process_time()
         for i, body in enumerate(timed):
             t0 = time.perf_counter()
-            req = router.build(body, now=float(warmup + i))
+            req = await router.route_request(body, None) if gateway_path \
+                else router.build(body, now=float(warmup + i))
             views = fleet.views()
             chosen = policy.choose(req, views).chosen
             wall.append(time.perf_counter() - t0)
             policy.observe(Routed(req, chosen, views))
-        cpu_ms = 1000 * (time.process_time() - cpu0) / len(timed)
+        return wall, 1000 * (time.process_time() - cpu0) / len(timed)
+    try:
+        wall, cpu_ms = asyncio.run(run())
     finally:
         router.close()
     wall.sort()
@@ -81,9 +95,15 @@ def document_bodies(words: int, n: int, seed: int) -> list[ParsedRequest]:
 
 
 def chat_bodies(n: int) -> list[ParsedRequest]:
-    """The first ``n`` turns of the chat-apps workload, as messages and tools."""
-    return [ParsedRequest("chat", {}, "m", True, None, None, r.messages(), None, None,
-                          r.tools()) for r in generate(build_spec("chat-apps"), n)]
+    """The first ``n`` turns of the chat-apps workload, as messages and tools, each with
+    the size of the body a client would send them in."""
+    out = []
+    for r in generate(build_spec("chat-apps"), n):
+        messages, tools = r.messages(), r.tools()
+        size = len(orjson.dumps({"model": "m", "messages": messages, "tools": tools}))
+        out.append(ParsedRequest("chat", {}, "m", True, None, None, messages, None, None,
+                                 tools, size))
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -110,6 +130,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["chat"] = {v: measure(v, chats, args.warmup) for v in args.variants}
         for v, f in out["chat"].items():
             print(f" chat turns {v:16s} {f}", flush=True)
+        out["chat_gateway_path"] = {v: measure(v, chats, args.warmup, gateway_path=True)
+                                    for v in args.variants}
+        for v, f in out["chat_gateway_path"].items():
+            print(f" chat turns {v:16s} {f} (gateway path)", flush=True)
     print_json(out, args.json)
     return out
 

@@ -382,7 +382,7 @@ def chat_apps(spec: ChatAppsSpec, n: int, content: SegmentContent) -> list[Workl
             at += float(rng.exponential(spec.think_s))
     turn_times.sort()
     prompts: dict[int, tuple[Segment, ...]] = {}
-    out = []
+    out: list[WorkloadRequest] = []
     for at, conv, turn in turn_times[:n]:
         app, _ = convs[conv]
         prefix = prompts.get(conv, apps[app])
