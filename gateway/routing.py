@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from gateway.errors import NoReplicaAvailable
 from gateway.fleet import Fleet
+from gateway.head_anchors import HeadAnchors
 from gateway.request_parse import ParsedRequest
 from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
@@ -86,6 +87,7 @@ class Router:
         self._slots = asyncio.Semaphore(concurrency)
         self._ids = itertools.count()
         self._id_prefix = f"{os.getpid():x}-"
+        self._anchors = HeadAnchors()  # a conversation's later turns repeat its head
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -123,10 +125,13 @@ class Router:
             text = self._render(parsed, messages)
         anchor = None
         head = self._head(messages, text, parsed.tools) if messages is not None else None
+        group = parsed.cache_salt or ""
         if head is not None:
-            enc = self.tokenizer.encode_prefix(head, needed, parsed.cache_salt or "")
-            anchor = enc.total_estimate if enc.complete else None
-        enc = self.tokenizer.encode_prefix(text, needed, parsed.cache_salt or "")
+            def count(head: str = head) -> int | None:
+                enc = self.tokenizer.encode_prefix(head, needed, group)
+                return enc.total_estimate if enc.complete else None
+            anchor = self._anchors.anchor(head, needed, group, count)
+        enc = self.tokenizer.encode_prefix(text, needed, group)
         return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text))
 
     def _head(self, messages: list[dict[str, str]], text: str,
