@@ -14,26 +14,23 @@ pool's threads.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from hashlib import blake2b
 
-_Key = tuple[str, int | None, int, bytes]
+from kvwire.bounded_memo import BoundedMemo
+
+_UNKNOWN = object()
 
 
 class HeadAnchors:
     """``anchor(head, needed, group, compute)``: ``compute()`` the first time, remembered."""
 
-    __slots__ = ("_lock", "_memo", "capacity", "hits")
+    __slots__ = ("_memo", "hits")
 
     def __init__(self, capacity: int = 4096) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity!r}")
-        self.capacity = capacity
-        self.hits = 0
-        self._memo: OrderedDict[_Key, int | None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._memo: BoundedMemo[tuple[str, int | None, bytes], int | None] = \
+            BoundedMemo(capacity)
+        self.hits = 0  # answers from the memo (races between threads may drop a count)
 
     def __len__(self) -> int:
         return len(self._memo)
@@ -41,16 +38,11 @@ class HeadAnchors:
     def anchor(self, head: str, needed: int | None, group: str,
                compute: Callable[[], int | None]) -> int | None:
         digest = blake2b(head.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        key = (group, needed, len(head), digest)
-        with self._lock:
-            if key in self._memo:
-                self._memo.move_to_end(key)
-                self.hits += 1
-                return self._memo[key]
-        value = compute()  # outside the lock: encoding takes milliseconds
-        with self._lock:
-            self._memo[key] = value
-            self._memo.move_to_end(key)
-            while len(self._memo) > self.capacity:
-                self._memo.popitem(last=False)
+        key = (group, needed, digest)
+        found = self._memo.get(key, _UNKNOWN)
+        if found is not _UNKNOWN:
+            self.hits += 1
+            return found  # type: ignore[return-value]
+        value = compute()  # not under the memo's lock: encoding takes milliseconds
+        self._memo.put(key, value)
         return value

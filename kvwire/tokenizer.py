@@ -14,14 +14,13 @@ the cut is widened until it yields enough tokens or covers the whole text.
 from __future__ import annotations
 
 import json
-import threading
 from array import array
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import normalize_messages
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 
@@ -53,10 +52,8 @@ class PromptTokenizer:
         self._fast = getattr(tokenizer, "encode_batch_fast", None)
         # prefix encodings remembered by the text they read (for repeated documents and
         # system prompts), token ids as compact u32 arrays; off when memo_size is 0
-        self._memo_size = memo_size
-        self._memo: OrderedDict[tuple[str, int, str], _Memo] | None = (
-            OrderedDict() if memo_size > 0 else None)
-        self._memo_lock = threading.Lock()
+        self._memo: BoundedMemo[tuple[str, int, str], _Memo] | None = (
+            BoundedMemo(memo_size) if memo_size > 0 else None)
         self.source = source
         special = dict(special or {})
         self.eos_token: str = special.get("eos_token", EOS_TOKEN)
@@ -135,7 +132,7 @@ class PromptTokenizer:
             if len(ids) >= max_tokens:
                 if self._memo is not None:
                     # remembered by the first budget's text; the rest it read is kept to check
-                    self._remember((group, max_tokens, text[:first]), (
+                    self._memo.put((group, max_tokens, text[:first]), (
                         array("I", ids[:max_tokens]), len(ids), cut, text[first:max(cut, first)]))
                 estimate = max(len(ids), int(len(ids) * len(text) / cut))
                 return PrefixEncoding(ids[:max_tokens], False, estimate)
@@ -165,24 +162,13 @@ class PromptTokenizer:
         budget = self._first_budget(max_tokens)
         if budget >= len(text):
             return None
-        key = (group, max_tokens, text[:budget])
-        with self._memo_lock:
-            hit = self._memo.get(key)
-            if hit is None:
-                return None
-            self._memo.move_to_end(key)
+        hit = self._memo.get((group, max_tokens, text[:budget]), None)
+        if hit is None:
+            return None
         ids, n_cut, cut, rest = hit
         if rest and not text.startswith(rest, budget):
             return None  # the same start, but the encoding read further and differs there
         return PrefixEncoding(ids, False, max(n_cut, int(n_cut * len(text) / cut)))
-
-    def _remember(self, key: tuple[str, int, str], value: _Memo) -> None:
-        assert self._memo is not None
-        with self._memo_lock:
-            self._memo[key] = value
-            self._memo.move_to_end(key)
-            while len(self._memo) > self._memo_size:
-                self._memo.popitem(last=False)
 
     def estimate_tokens(self, text: str) -> int:
         return int(len(text) / self.chars_per_token) + 1
