@@ -60,10 +60,12 @@ def buckets_1_2_5(limit: int) -> tuple[int, ...]:
 
 class _CoreCollector(Collector):
     def __init__(self, core: EngineCore, model_name: str, engine: str,
-                 cache_config_info: bool = True) -> None:
+                 cache_config_info: bool = True,
+                 pace: Callable[[], tuple[float, float]] | None = None) -> None:
         self._core = core
         self._values = [model_name, engine]
         self._cache_config_info = cache_config_info
+        self._pace = pace
 
     def collect(self) -> Iterator[Metric]:
         core, labels, values = self._core, [m.MODEL_NAME_LABEL, m.ENGINE_LABEL], self._values
@@ -95,31 +97,18 @@ class _CoreCollector(Collector):
         yield counter(m.GENERATION_TOKENS, "Generated tokens.", stats.generation_tokens)
         yield counter(m.NUM_PREEMPTIONS, "Preempted requests (recomputed later).",
                       stats.num_preemptions)
+        if self._pace is not None:
+            modeled, late = self._pace()
+            yield counter(m.STEP_MODELED_SECONDS, "Seconds the sim executor's steps were "
+                          "modeled to take.", modeled)
+            yield counter(m.STEP_LATE_SECONDS, "Seconds those steps ended after their "
+                          "modeled end (a host too busy for its fleet).", late)
         if not self._cache_config_info:
             return
         info = GaugeMetricFamily(m.CACHE_CONFIG_INFO, "KV cache configuration.",
                                  labels=["block_size", "num_gpu_blocks", m.ENGINE_LABEL])
         info.add_metric([str(core.block_size), str(core.kv.num_blocks), values[1]], 1.0)
         yield info
-
-
-class _PaceCollector(Collector):
-    def __init__(self, modeled_late: Callable[[], tuple[float, float]],
-                 values: tuple[str, str]) -> None:
-        self._read = modeled_late
-        self._values = list(values)
-
-    def collect(self) -> Iterator[Metric]:
-        modeled, late = self._read()
-        labels = [m.MODEL_NAME_LABEL, m.ENGINE_LABEL]
-        for name, doc, value in (
-                (m.STEP_MODELED_SECONDS, "Seconds the sim executor's steps were modeled to "
-                 "take.", modeled),
-                (m.STEP_LATE_SECONDS, "Seconds those steps ended after their modeled end "
-                 "(a host too busy for its fleet).", late)):
-            c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric(self._values, value)
-            yield c
 
 
 class _Live:
@@ -138,9 +127,12 @@ class EngineMetrics:
     ``started``, ``observe_step`` and ``ended_early`` run on the event loop's thread."""
 
     def __init__(self, core: EngineCore, model_name: str, engine: str = "0",
-                 cache_config_info: bool = True) -> None:
+                 cache_config_info: bool = True,
+                 pace: Callable[[], tuple[float, float]] | None = None) -> None:
+        """``pace``: the sim executor's modeled step seconds and how late those steps
+        ended (both totals, read at each scrape); None for an executor with no model."""
         self.registry = r = CollectorRegistry(auto_describe=False)
-        r.register(_CoreCollector(core, model_name, engine, cache_config_info))
+        r.register(_CoreCollector(core, model_name, engine, cache_config_info, pace))
         ProcessCollector(registry=r)
         labels, values = [m.MODEL_NAME_LABEL, m.ENGINE_LABEL], (model_name, engine)
         token_buckets = buckets_1_2_5(core.config.max_model_len)
@@ -172,11 +164,6 @@ class EngineMetrics:
         self.success = {reason: self._success.labels(*values, reason)
                         for reason in m.FINISHED_REASONS}
         self._live: dict[str, _Live] = {}
-
-    def track_pace(self, modeled_late: Callable[[], tuple[float, float]]) -> None:
-        """Export the sim executor's modeled step seconds and how late they ended
-        (``modeled_late()``: both totals, read at each scrape)."""
-        self.registry.register(_PaceCollector(modeled_late, self._values))
 
     def started(self, request_id: str) -> None:
         """A request went to the engine; it ends in a finished output or ``ended_early``."""

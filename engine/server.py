@@ -71,11 +71,12 @@ class EngineServer:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = core.config.max_model_len
-        self.metrics = EngineMetrics(core, model_name, cache_config_info=cache_config_info)
+        self.metrics = EngineMetrics(
+            core, model_name, cache_config_info=cache_config_info,
+            pace=(lambda: (self.engine.modeled_s, self.engine.late_s))
+            if sleep_modeled_time else None)
         self.engine = AsyncEngine(core, sleep_modeled_time=sleep_modeled_time,
                                   on_step=self._observe)
-        if sleep_modeled_time:
-            self.metrics.track_pace(lambda: (self.engine.modeled_s, self.engine.late_s))
         self.created = int(time.time())
 
     def _observe(self, out: StepOutput) -> None:

@@ -102,6 +102,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def uvicorn_app(app: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """Serve the ASGI ``app`` ("module:attr") on a free loopback port in its own process,
+    on the gateway's own server stack; returns the process and its base URL."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", app, "--port", str(port), "--loop", "uvloop",
+         "--http", "httptools", "--log-level", "warning", "--no-access-log"], env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
     import urllib.request
 
@@ -247,16 +257,13 @@ def _floor_cpu(backend: str, env: dict[str, str], prompts: list[str],
                args: argparse.Namespace) -> dict[str, float]:
     """``cpu_ms_per_request`` of the minimal streaming pass-through on the gateway's own
     server and client (``proxy_clients.aiohttp_stream_app``): what relaying alone costs."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "loadtests.proxy_clients:aiohttp_stream_app",
-         "--port", str(port), "--loop", "uvloop", "--http", "httptools",
-         "--log-level", "warning", "--no-access-log"], env=dict(env, BENCH_BACKEND=backend))
+    proc, base = uvicorn_app("loadtests.proxy_clients:aiohttp_stream_app",
+                             dict(env, BENCH_BACKEND=backend))
     try:
-        _wait(f"http://127.0.0.1:{port}/health", proc)
-        url = f"http://127.0.0.1:{port}/v1/completions"
-        out = {scenario: cpu_ms_per_request(proc.pid, url, scenario, prompts, args.rate,
-                                            args.cpu_seconds) for scenario in SCENARIOS}
+        _wait(f"{base}/health", proc)
+        out = {scenario: cpu_ms_per_request(proc.pid, f"{base}/v1/completions", scenario,
+                                            prompts, args.rate, args.cpu_seconds)
+               for scenario in SCENARIOS}
     finally:
         _stop(proc)
     print("cpu floor", out, file=sys.stderr)
@@ -288,22 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, Any] = {"workers": args.workers}
     try:
-        bport = _free_port()
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "loadtests.bench_proxy:backend_app",
-             "--port", str(bport), "--loop", "uvloop", "--http", "httptools",
-             "--log-level", "warning", "--no-access-log"], env=env))
-        _wait(f"http://127.0.0.1:{bport}/health", procs[-1])
-        targets = {"direct": f"http://127.0.0.1:{bport}"}
+        proc, direct = uvicorn_app("loadtests.bench_proxy:backend_app", env)
+        procs.append(proc)
+        _wait(f"{direct}/health", proc)
+        targets = {"direct": direct}
         # the upstream client choice: the same minimal proxy over each client
         for client in ("httpx", "aiohttp"):
-            cport = _free_port()
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", f"loadtests.proxy_clients:{client}_app",
-                 "--port", str(cport), "--loop", "uvloop", "--http", "httptools",
-                 "--log-level", "warning", "--no-access-log"],
-                env=dict(env, BENCH_BACKEND=targets["direct"])))
-            targets[f"client_{client}"] = f"http://127.0.0.1:{cport}"
+            proc, targets[f"client_{client}"] = uvicorn_app(
+                f"loadtests.proxy_clients:{client}_app", dict(env, BENCH_BACKEND=direct))
+            procs.append(proc)
         with tempfile.TemporaryDirectory() as tmp:
             for policy in ("round_robin", "prefix_affinity"):
                 proc, targets[f"gateway_{policy}"] = _start_gateway(

@@ -26,6 +26,7 @@ keeps its shape and only the gateway's count differs: what its token calibration
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -72,6 +73,7 @@ class RunConfig:
     engine_tokenizer: str | None = None  # the replicas' own tokenizer (dir or .json)
 
 
+@functools.cache
 def replica_tokens_per_word(tokenizer_path: str | None) -> float:
     """Tokens per word of the workload's text as the replicas count them: measured on
     ``tokenizer_path``, or the gateway's own rate when the replicas share its tokenizer."""

@@ -228,8 +228,7 @@ async def test_sim_steps_count_their_modeled_seconds_and_how_late_they_ended() -
         return step(now)
     core.step = slow_step  # type: ignore[method-assign]
     engine = AsyncEngine(core, sleep_modeled_time=True)
-    metrics = EngineMetrics(core, "tiny")
-    metrics.track_pace(lambda: (engine.modeled_s, engine.late_s))
+    metrics = EngineMetrics(core, "tiny", pace=lambda: (engine.modeled_s, engine.late_s))
     await engine.start()
     try:
         queue = engine.add(core.make_request("r1", [1, 2, 3, 4, 5],

@@ -16,29 +16,20 @@ def test_the_floor_proxy_relays_the_backend_answer_unchanged_and_is_measured() -
     streamed or not, and ``_floor_cpu`` measures its CPU per request for each kind."""
     import argparse
     import os
-    import subprocess
-    import sys
     import urllib.request
 
-    from loadtests.bench_proxy import _floor_cpu, _free_port, _stop, _wait
+    from loadtests.bench_proxy import _floor_cpu, _stop, _wait, uvicorn_app
     from loadtests.gateway_cpu import bodies
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    port = _free_port()
-    backend = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "loadtests.bench_proxy:backend_app", "--port",
-         str(port), "--log-level", "warning", "--no-access-log"], env=env)
+    backend, base = uvicorn_app("loadtests.bench_proxy:backend_app", env)
     try:
-        _wait(f"http://127.0.0.1:{port}/health", backend)
-        base = f"http://127.0.0.1:{port}"
+        _wait(f"{base}/health", backend)
         prompts = documents(2, words=50)
-        proxy_port = _free_port()
-        proxy = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "loadtests.proxy_clients:aiohttp_stream_app",
-             "--port", str(proxy_port), "--log-level", "warning", "--no-access-log"],
-            env=dict(env, BENCH_BACKEND=base))
+        proxy, proxied = uvicorn_app("loadtests.proxy_clients:aiohttp_stream_app",
+                                     dict(env, BENCH_BACKEND=base))
         try:
-            _wait(f"http://127.0.0.1:{proxy_port}/health", proxy)
+            _wait(f"{proxied}/health", proxy)
             for stream in (True, False):
                 body = bodies(prompts, stream)[0]
 
@@ -47,7 +38,7 @@ def test_the_floor_proxy_relays_the_backend_answer_unchanged_and_is_measured() -
                     with urllib.request.urlopen(req, timeout=10) as r:
                         return r.read()
                 direct = answer(base)
-                assert direct == answer(f"http://127.0.0.1:{proxy_port}")
+                assert direct == answer(proxied)
                 assert (b"data: [DONE]" in direct) == stream
         finally:
             _stop(proxy)
