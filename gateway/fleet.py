@@ -21,7 +21,7 @@ worker copies its own into shared memory (``shared_load``) and a view sums them 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -215,8 +215,21 @@ class Fleet:
         self.calibration = TokenCalibration()
         self._replicas: dict[str, ReplicaState] = {}
         self._listeners: list[FleetListener] = []
+        self._on_change: Callable[[], None] | None = None
         for config in replicas:
             self.add(config)
+
+    def on_change(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` (one at a time; None stops) on the loop thread whenever
+        membership, a health check, a scrape or a replica's models moved: what a leading
+        worker tells the others (``box_feed``). It must not block."""
+        self._on_change = callback
+
+    def changed(self) -> None:
+        """Tell the ``on_change`` callback that something it publishes moved (the fleet's
+        own methods call it; so does the monitor when a replica's models change)."""
+        if self._on_change is not None:
+            self._on_change()
 
     def listen(self, listener: FleetListener) -> None:
         self._listeners.append(listener)
@@ -256,6 +269,7 @@ class Fleet:
                              shared=self.shared, slot=slot)
         self._replicas[config.id] = state
         self._tell(ReplicaAdded(config.id))
+        self.changed()
         return state
 
     def remove(self, replica_id: str) -> ReplicaState:
@@ -264,6 +278,7 @@ class Fleet:
         except KeyError:
             raise KeyError(f"no replica {replica_id!r}") from None
         self._tell(ReplicaRemoved(replica_id))
+        self.changed()
         return state
 
     def views(self, model: str | None = None, now: float | None = None) -> list[ReplicaView]:
@@ -344,6 +359,7 @@ class Fleet:
         if reset:
             state.epoch += 1
             self._tell(ReplicaReset(replica_id))
+        self.changed()
         return reset
 
     def record_health(self, replica_id: str, ok: bool, error: str | None,
@@ -354,6 +370,7 @@ class Fleet:
             return None
         state.checks += 1
         state.last_check = (ok, error)
+        self.changed()  # the check count moved, whatever the health
         if ok:
             state.consecutive_failures = 0
             state.consecutive_successes += 1

@@ -108,6 +108,7 @@ class Monitor:
             state.models = tuple(str(m["id"]) for m in items
                                  if isinstance(m, dict) and "id" in m)
             state.models_at = time.monotonic()
+            self.fleet.changed()
 
     @staticmethod
     def _refused(state: ReplicaState, path: str, status: int) -> None:

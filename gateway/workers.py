@@ -1,8 +1,9 @@
 """``kvgate serve --workers N``: N gateway processes on one port, under a supervisor.
 
 The supervisor (the process started) creates the shared memory blocks (``shared_load``:
-per-replica accounting; ``box_feed``: the leader's fleet snapshot) and a directory for
-prometheus-client's multiprocess mode, then starts the workers (``spawn``). Each worker
+per-replica accounting; ``box_feed``: the leader's fleet snapshot), a doorbell pipe per
+follower (rung when a snapshot is new) and a directory for prometheus-client's
+multiprocess mode, then starts the workers (``spawn``). Each worker
 binds the port itself with ``SO_REUSEPORT``, so the kernel spreads connections over them
 without a shared accept queue.
 
@@ -58,6 +59,9 @@ class WorkerPlan:
     load_block: str
     feed_block: str
     log_level: str
+    # doorbells (``box_feed``): worker 0's ends of every follower's pipe, or a follower's
+    rings: tuple[connection.Connection, ...] = ()
+    bell: connection.Connection | None = None
 
 
 def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConfig:
@@ -112,7 +116,7 @@ def worker_main(plan: WorkerPlan) -> None:
     gw = build_state(config, shared=load)
     gw.worker = plan.index
     gw.box = BoxFeed(feed, gw.fleet, plan.index == 0, config.health.failures_to_eject,
-                     config.health.successes_to_readmit)
+                     config.health.successes_to_readmit, rings=plan.rings, bell=plan.bell)
     app = create_app(config, gw)
     admin_app = None
     if plan.index == 0 and config.admin.resolved_token():
@@ -157,14 +161,21 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._forward)
         signal.signal(signal.SIGINT, self._forward)
         status = 0
+        # one doorbell per follower: (its end, worker 0's end); the workers get copies
+        bells = [ctx.Pipe(duplex=False) for _ in range(self.workers - 1)]
         try:
             for index in range(self.workers):
                 plan = WorkerPlan(self.config, index, self.workers, slots, load.name,
-                                  feed.name, self.log_level)
+                                  feed.name, self.log_level,
+                                  rings=tuple(ring for _, ring in bells) if index == 0 else (),
+                                  bell=bells[index - 1][0] if index else None)
                 proc = ctx.Process(target=worker_main, args=(plan,),
                                    name=f"kvgate-worker-{index}")
                 proc.start()
                 self.procs.append(proc)
+            for pair in bells:
+                for end in pair:
+                    end.close()
             live = {proc.sentinel: proc for proc in self.procs}
             while live:
                 for ready in connection.wait(list(live)):

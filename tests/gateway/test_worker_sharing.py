@@ -4,12 +4,14 @@ snapshot, and the per-worker share of limits; and the relay's idle watch."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import struct
 from collections.abc import Iterator
 from multiprocessing import shared_memory
 
 import pytest
 
+from gateway import box_feed
 from gateway.box_feed import BoxFeed, FeedBlock
 from gateway.capture import CaptureConfig
 from gateway.config import GatewayConfig, LimitsConfig, ReplicaConfig
@@ -148,6 +150,58 @@ def test_followers_apply_what_the_leader_found(feed_block: shared_memory.SharedM
     finally:
         leader.block.close()
         follower.block.close()
+
+
+async def test_a_rung_follower_applies_a_change_at_once_and_an_idle_one_sleeps(
+        feed_block: shared_memory.SharedMemory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader publishes a change PUBLISH_S after it and rings; the follower reads then,
+    not at its next poll (the fallback is set to a minute here, so only the doorbell can
+    deliver the change in time). Idle, the follower does not read at all."""
+    monkeypatch.setattr(box_feed, "FALLBACK_S", 60.0)
+    bell, ring = multiprocessing.Pipe(duplex=False)
+    leader_fleet, follower_fleet = Fleet(list(REPLICAS)), Fleet(list(REPLICAS))
+    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
+                     True, failures_to_eject=1, successes_to_readmit=1, rings=[ring])
+    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
+                       follower_fleet, False, failures_to_eject=1, successes_to_readmit=1,
+                       bell=bell)
+    reads = 0
+    poll = follower.poll
+
+    def counted() -> bool:
+        nonlocal reads
+        reads += 1
+        return poll()
+
+    follower.poll = counted  # type: ignore[method-assign]
+    try:
+        await leader.start()
+        await follower.start(first_within_s=5.0)
+        await asyncio.sleep(0.1)  # the ring of the first snapshot, read already
+        reads = 0
+        await asyncio.sleep(0.5)
+        assert reads == 0  # nothing rang: no wake-up at all
+        leader_fleet.record_health("r1", False, "refused", 1, 1)
+        r1 = follower_fleet.get("r1")
+        assert r1 is not None
+        for _ in range(100):
+            if not r1.healthy:
+                break
+            await asyncio.sleep(0.02)
+        assert not r1.healthy and r1.last_error == "refused"
+        assert 1 <= reads <= 2
+        ring.close()  # the leader's end gone: the follower stops listening, never spins
+        for _ in range(100):
+            if not follower._listening:
+                break
+            await asyncio.sleep(0.02)
+        assert not follower._listening
+    finally:
+        await follower.stop()
+        await leader.stop()
+        leader.block.close()
+        follower.block.close()
+        bell.close()
 
 
 def test_a_torn_snapshot_is_never_applied(feed_block: shared_memory.SharedMemory) -> None:
