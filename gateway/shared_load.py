@@ -7,8 +7,8 @@ memory block; a policy's view sums every worker's cells. Layout, all little-endi
 
     [0, 8)                         magic (u64)
     cell(slot, worker) = HEADER + (slot * workers + worker) * CELL_BYTES
-    cell: pending_tokens i64, pending_since_scrape i64, in_flight i64,
-          oldest_sent_at f64 (monotonic, 0 = none), oldest_tokens i64
+    cell: pending_tokens i64, in_flight i64, oldest_sent_at f64 (monotonic, 0 = none),
+          oldest_tokens i64
 
 A replica's slot is fixed when it joins the fleet (configured replicas in order, then each
 added one the next; slots are never reused, so a late write for a removed replica lands
@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 MAGIC = 0x6B76676174656C64  # "kvgateld"
 HEADER = 8
-_CELL = struct.Struct("<qqqdq")
+_CELL = struct.Struct("<qqdq")
 CELL_BYTES = _CELL.size
 
 
@@ -40,7 +40,6 @@ def _view(block: shared_memory.SharedMemory) -> memoryview:
 
 class LoadTotals(NamedTuple):
     pending_tokens: int
-    pending_since_scrape: int
     in_flight: int
     oldest_sent_at: float  # 0.0 when nothing is pending
     oldest_tokens: int
@@ -85,26 +84,25 @@ class SharedLoad:
     def clear_own(self) -> None:
         """Zero this worker's cells (a restarted worker owns nothing in flight)."""
         for slot in range(self.slots):
-            _CELL.pack_into(self._buf, self._offset(slot, self.worker), 0, 0, 0, 0.0, 0)
+            _CELL.pack_into(self._buf, self._offset(slot, self.worker), 0, 0, 0.0, 0)
 
-    def write(self, slot: int, pending_tokens: int, pending_since_scrape: int,
-              in_flight: int, oldest_sent_at: float, oldest_tokens: int) -> None:
+    def write(self, slot: int, pending_tokens: int, in_flight: int, oldest_sent_at: float,
+              oldest_tokens: int) -> None:
         """This worker's counts for the replica in ``slot``."""
         _CELL.pack_into(self._buf, self._offset(slot, self.worker), pending_tokens,
-                        pending_since_scrape, in_flight, oldest_sent_at, oldest_tokens)
+                        in_flight, oldest_sent_at, oldest_tokens)
 
     def totals(self, slot: int) -> LoadTotals:
         """Every worker's counts for ``slot`` summed; the oldest request of them all."""
-        pending = since = in_flight = oldest_tokens = 0
+        pending = in_flight = oldest_tokens = 0
         oldest = 0.0
         for worker in range(self.workers):
-            p, s, f, at, t = _CELL.unpack_from(self._buf, self._offset(slot, worker))
+            p, f, at, t = _CELL.unpack_from(self._buf, self._offset(slot, worker))
             pending += p
-            since += s
             in_flight += f
             if at and (not oldest or at < oldest):
                 oldest, oldest_tokens = at, t
-        return LoadTotals(pending, since, in_flight, oldest, oldest_tokens)
+        return LoadTotals(pending, in_flight, oldest, oldest_tokens)
 
     def close(self) -> None:
         self._buf.release()

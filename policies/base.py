@@ -61,8 +61,9 @@ class ReplicaView(NamedTuple):
     """An immutable snapshot of one replica, taken for one decision (a named tuple: the
     gateway builds one per replica per request).
 
-    ``queued_tokens`` is the replica's scraped queue of prompt tokens not yet prefilled
-    plus the prompt tokens this gateway sent it since that scrape. ``epoch`` increases each
+    ``queued_tokens`` is the prompt tokens this gateway sent the replica and has not seen a
+    first byte for, plus what the replica's scraped queue gauge held beyond those at the
+    last scrape (other senders'; see ``gateway.fleet``). ``epoch`` increases each
     time the replica is seen to restart (its counters reset), so policies can drop what
     they believed it cached. ``prefill_tokens_per_s`` is the replica's recent rate of
     prompt tokens computed (not served from cache), when its counters tell it.

@@ -106,24 +106,32 @@ def test_hit_rate_window_slides_and_survives_resets() -> None:
     assert w.rates().hit_rate == 1.0
 
 
-def test_queued_tokens_count_scrape_plus_sent_since() -> None:
+def test_queued_tokens_count_own_pending_plus_others_in_the_gauge() -> None:
     fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
     state = fleet.get("r")
     assert state is not None
     early = fleet.sent("r", 100)
     assert state.queued_tokens() == 100  # no scrape yet: the gateway's own count
-    fleet.record_scrape("r", parse_metrics(VLLM))  # the replica reports 4096 queued
+    fleet.record_scrape("r", parse_metrics(VLLM))  # 4096 queued: 100 ours, 3996 others'
     assert state.queued_tokens() == 4096
     late = fleet.sent("r", 30)
     assert state.queued_tokens() == 4126
-    fleet.first_byte(early)  # sent before the scrape: already inside the gauge
-    assert state.queued_tokens() == 4126
+    fleet.first_byte(early)  # ours answered: out of the queue at once, not at the next scrape
+    assert state.queued_tokens() == 4026
     fleet.first_byte(late)
     fleet.first_byte(late)  # settling twice changes nothing
-    assert state.queued_tokens() == 4096
+    assert state.queued_tokens() == 3996
     fleet.done(early)
     fleet.done(late)
     assert state.in_flight == 0 and state.pending_tokens == 0
+    # a scrape taken before the replica saw a request just sent (its front end still
+    # reading it) reads 0: the request still counts, the replica is not taken for idle
+    just_sent = fleet.sent("r", 500)
+    fleet.record_scrape("r", parse_metrics(VLLM.replace(
+        "kvgate:num_prompt_tokens_waiting 4096", "kvgate:num_prompt_tokens_waiting 0")))
+    assert state.queued_tokens() == 500
+    fleet.done(just_sent)
+    assert state.queued_tokens() == 0
 
 
 def test_restart_bumps_epoch() -> None:
