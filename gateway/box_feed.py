@@ -67,6 +67,7 @@ def snapshot(fleet: Fleet) -> dict[str, Any]:
         "config": dataclasses.asdict(s.config), "slot": s.slot,
         "forward_auth": s.forward_auth, "source": s.source, "checks": s.checks,
         "check": list(s.last_check), "scrape_seq": s.scrape_seq,
+        "pending_at_scrape": s.pending_at_scrape,
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
         "estimated_kv_replica_tokens": s.estimated_kv_replica_tokens,
         "models": list(s.models)} for s in fleet]}
@@ -143,11 +144,13 @@ class BoxFeed:
         self._task: asyncio.Task[None] | None = None
         self._soon: asyncio.TimerHandle | None = None
         self._listening = False
+        self._event_loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self, first_within_s: float = 30.0) -> None:
         """Publish now and on every change (leader), or wait for the first snapshot
         (follower, at most ``first_within_s``) and then for rings; then the fallback
         loop."""
+        self._event_loop = asyncio.get_running_loop()
         if self.leader:
             self.publish()
             self.fleet.on_change(self._changed)
@@ -159,7 +162,7 @@ class BoxFeed:
             if not self.seq:
                 log.warning("no fleet snapshot from worker 0 within %s s", first_within_s)
             if self.bell is not None:
-                asyncio.get_running_loop().add_reader(self.bell.fileno(), self._rung)
+                self._event_loop.add_reader(self.bell.fileno(), self._rung)
                 self._listening = True
         self._task = asyncio.create_task(self._loop(), name="kvgate-box-feed")
 
@@ -177,8 +180,8 @@ class BoxFeed:
             self._task = None
 
     def _stop_listening(self) -> None:
-        if self._listening and self.bell is not None:
-            asyncio.get_running_loop().remove_reader(self.bell.fileno())
+        if self._listening and self.bell is not None and self._event_loop is not None:
+            self._event_loop.remove_reader(self.bell.fileno())
             self._listening = False
 
     async def _loop(self) -> None:
@@ -198,8 +201,8 @@ class BoxFeed:
 
     def _changed(self) -> None:
         """The leader's fleet moved: publish ``PUBLISH_S`` after the first change."""
-        if self._soon is None:
-            self._soon = asyncio.get_running_loop().call_later(PUBLISH_S, self._publish_soon)
+        if self._soon is None and self._event_loop is not None:
+            self._soon = self._event_loop.call_later(PUBLISH_S, self._publish_soon)
 
     def _publish_soon(self) -> None:
         self._soon = None
@@ -215,7 +218,11 @@ class BoxFeed:
                     break
         except BlockingIOError:
             pass
-        self._round()
+        except OSError as exc:  # a broken doorbell: the fallback loop reads on
+            log.warning("doorbell unreadable, reading every %s s instead: %s", FALLBACK_S, exc)
+            self._stop_listening()
+        finally:
+            self._round()
 
     def _ring(self) -> None:
         for conn in self.rings:
@@ -223,8 +230,10 @@ class BoxFeed:
                 os.write(conn.fileno(), b"\x01")
             except BlockingIOError:
                 pass  # the pipe is full: that follower has rings to read already
-            except OSError as exc:  # a follower gone: the supervisor stops the box
-                log.debug("doorbell: %s", exc)
+            except BrokenPipeError:
+                pass  # a follower gone: the supervisor stops the box
+            except OSError as exc:
+                log.warning("doorbell: %s", exc)
 
     def publish(self) -> None:
         """Write the fleet's snapshot when anything in it moved (a cheap signature is
@@ -266,7 +275,10 @@ class BoxFeed:
                                     self.successes_to_readmit)
             if r["scrape_seq"] != seen.scrape_seq and r["scraped"] is not None:
                 seen.scrape_seq = r["scrape_seq"]
-                fleet.record_scrape(rid, ScrapedMetrics(**r["scraped"]))
+                # the box's pending when the leader took it, not now: what the gauge holds
+                # beyond it is other senders' (``Fleet``)
+                fleet.record_scrape(rid, ScrapedMetrics(**r["scraped"]),
+                                    pending_then=r["pending_at_scrape"])
                 state.estimated_kv_replica_tokens = r["estimated_kv_replica_tokens"]
             models = tuple(r["models"])
             if models != state.models:

@@ -100,7 +100,7 @@ class ReplicaState:
     scrape_seq: int = 0
     epoch: int = 0
     pending_tokens: int = 0  # sent, no first byte yet
-    pending_at_scrape: int = 0  # pending_tokens (the box's, with workers) at the last scrape
+    pending_at_scrape: int = 0  # pending_tokens (the box's, with workers) when last scraped
     in_flight: int = 0
     unsettled: dict[Pending, None] = field(default_factory=dict)  # oldest first
     models: tuple[str, ...] = ()
@@ -349,15 +349,18 @@ class Fleet:
 
     # -- health and scrapes ---------------------------------------------------------------
     def record_scrape(self, replica_id: str, metrics: ScrapedMetrics,
-                      now: float | None = None) -> bool:
+                      now: float | None = None, pending_then: int | None = None) -> bool:
         """Store a scrape taken at ``now`` (monotonic seconds, or the simulator's virtual
-        ones); returns True when the replica's counters reset (it restarted)."""
+        ones); returns True when the replica's counters reset (it restarted).
+        ``pending_then``: the pending tokens when the scrape was taken, where that was
+        elsewhere (a follower worker applying the leader's; default: the pending now)."""
         state = self._replicas.get(replica_id)
         if state is None:
             return False
         state.scraped = metrics
         state.scrape_seq += 1
-        state.pending_at_scrape = state.load().pending_tokens
+        state.pending_at_scrape = state.load().pending_tokens if pending_then is None \
+            else pending_then
         state.publish()
         reset = False
         if metrics.hit_tokens is not None and metrics.query_tokens is not None:
@@ -377,7 +380,14 @@ class Fleet:
             return None
         state.checks += 1
         state.last_check = (ok, error)
-        self.changed()  # the check count moved, whatever the health
+        try:
+            return self._count_check(replica_id, state, ok, error, failures_to_eject,
+                                     successes_to_readmit)
+        finally:
+            self.changed()  # the check count moved, whatever the health
+
+    def _count_check(self, replica_id: str, state: ReplicaState, ok: bool, error: str | None,
+                     failures_to_eject: int, successes_to_readmit: int) -> bool | None:
         if ok:
             state.consecutive_failures = 0
             state.consecutive_successes += 1

@@ -173,7 +173,7 @@ class Supervisor:
                                    name=f"kvgate-worker-{index}")
                 proc.start()
                 self.procs.append(proc)
-            for pair in bells:
+            for pair in bells:  # the workers hold their copies
                 for end in pair:
                     end.close()
             live = {proc.sentinel: proc for proc in self.procs}
@@ -193,6 +193,9 @@ class Supervisor:
             self._forward(signal.SIGTERM, None)
             for worker in self.procs:
                 worker.join(timeout=self.config.shutdown.timeout_s + 5)
+            for pair in bells:
+                for end in pair:
+                    end.close()  # a no-op when closed already
             for block in (load, feed):
                 block.close()
                 block.unlink()

@@ -246,11 +246,28 @@ def _cpu_table(tmp: str, policies: list[str], backend: str, workers: int,
         try:
             table[policy] = {scenario: cpu_ms_per_request(
                 proc.pid, f"{base}/v1/completions", scenario, prompts, args.rate,
-                args.cpu_seconds) for scenario in SCENARIOS}
+                args.cpu_seconds, workers) for scenario in SCENARIOS}
         finally:
             _stop(proc)
         print("cpu", workers, policy, table[policy], file=sys.stderr)
     return table
+
+
+def _workers_table(tmp: str, backend: str, counts: tuple[int, int], env: dict[str, str],
+                   prompts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """prefix_affinity's ``cpu_ms_per_request`` with each worker count, measured in
+    ``args.worker_rounds`` rounds that alternate the two (this machine's speed drifts by
+    a fifth over minutes: one measurement after the other compares the drift); the
+    median per scenario, and each round's figures under ``rounds``."""
+    rounds: list[dict[str, dict[str, float]]] = []
+    for _ in range(args.worker_rounds):
+        rounds.append({str(n): _cpu_table(tmp, ["prefix_affinity"], backend, n, env, prompts,
+                                          args)["prefix_affinity"] for n in counts})
+    out: dict[str, Any] = {str(n): {"prefix_affinity": {
+        scenario: round(statistics.median(r[str(n)][scenario] for r in rounds), 3)
+        for scenario in SCENARIOS}} for n in counts}
+    out["rounds"] = rounds
+    return out
 
 
 def _floor_cpu(backend: str, env: dict[str, str], prompts: list[str],
@@ -284,7 +301,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="policies whose CPU per request is measured (comma-separated)")
     parser.add_argument("--compare-workers", type=int, default=0, metavar="N",
                         help="also measure prefix_affinity's CPU per request with N workers "
+                        "against --workers, in alternating rounds "
                         "(cpu_ms_per_request_by_workers)")
+    parser.add_argument("--worker-rounds", type=int, default=3,
+                        help="rounds of the --compare-workers measurement")
     args = parser.parse_args(argv)
 
     prompts = documents(64)
@@ -326,12 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             results["cpu_ms_per_request_floor"] = {
                 "aiohttp_stream_proxy": _floor_cpu(targets["direct"], env, prompts, args)}
             if args.compare_workers:
-                results["cpu_ms_per_request_by_workers"] = {
-                    str(args.workers): {"prefix_affinity":
-                                        results["cpu_ms_per_request"]["prefix_affinity"]},
-                    str(args.compare_workers): _cpu_table(
-                        tmp, ["prefix_affinity"], targets["direct"], args.compare_workers,
-                        env, prompts, args)}
+                results["cpu_ms_per_request_by_workers"] = _workers_table(
+                    tmp, targets["direct"], (args.workers, args.compare_workers), env,
+                    prompts, args)
     finally:
         for proc in procs:
             proc.terminate()

@@ -68,7 +68,8 @@ def test_each_worker_sees_the_box_pending_tokens(load_block: shared_memory.Share
         assert a.views(now=101.0)[0].queued_tokens == 0
         assert a.views(now=101.0)[0].in_flight == 0
         assert a.views(now=101.0)[0].pending_age_s == 0.0
-        # a scrape resets what each worker counts as sent since it
+        # a scrape's gauge counts beyond the box's pending then (other senders'); the box's
+        # own pending counts until its first byte
         b.sent("r0", 40)
         b.record_scrape("r0", ScrapedMetrics("vllm", queued_tokens=1000))
         a.record_scrape("r0", ScrapedMetrics("vllm", queued_tokens=1000))
@@ -190,6 +191,17 @@ async def test_a_rung_follower_applies_a_change_at_once_and_an_idle_one_sleeps(
             await asyncio.sleep(0.02)
         assert not r1.healthy and r1.last_error == "refused"
         assert 1 <= reads <= 2
+        leader_fleet.record_scrape("r0", ScrapedMetrics("vllm", running=7))
+        leader_fleet.add(ReplicaConfig("r2", "http://127.0.0.1:7"))
+        for _ in range(100):
+            r0 = follower_fleet.get("r0")
+            if follower_fleet.get("r2") is not None and r0 is not None \
+                    and r0.scraped is not None:
+                break
+            await asyncio.sleep(0.02)
+        r0 = follower_fleet.get("r0")
+        assert follower_fleet.get("r2") is not None
+        assert r0 is not None and r0.scraped is not None and r0.scraped.running == 7
         ring.close()  # the leader's end gone: the follower stops listening, never spins
         for _ in range(100):
             if not follower._listening:
@@ -202,6 +214,33 @@ async def test_a_rung_follower_applies_a_change_at_once_and_an_idle_one_sleeps(
         leader.block.close()
         follower.block.close()
         bell.close()
+
+
+def test_a_follower_counts_the_gauge_against_the_box_pending_when_it_was_scraped(
+        load_block: shared_memory.SharedMemory, feed_block: shared_memory.SharedMemory
+        ) -> None:
+    """A follower applies the leader's scrape a little later. A request answered in
+    between is still in the gauge: counted against the box's pending now, it would read
+    as another sender's queue on an idle replica."""
+    leader_fleet, load_a = _worker(load_block, 0)
+    follower_fleet, load_b = _worker(load_block, 1)
+    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
+                     True, failures_to_eject=2, successes_to_readmit=1)
+    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
+                       follower_fleet, False, failures_to_eject=2, successes_to_readmit=1)
+    try:
+        sent = follower_fleet.sent("r0", 8000)
+        leader_fleet.record_scrape("r0", ScrapedMetrics("vllm", queued_tokens=8000))
+        leader.publish()
+        follower_fleet.done(sent)  # answered before the follower reads the snapshot
+        assert follower.poll()
+        assert leader_fleet.views()[0].queued_tokens == 0
+        assert follower_fleet.views()[0].queued_tokens == 0
+    finally:
+        leader.block.close()
+        follower.block.close()
+        load_a.close()
+        load_b.close()
 
 
 def test_a_torn_snapshot_is_never_applied(feed_block: shared_memory.SharedMemory) -> None:
