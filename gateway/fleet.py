@@ -232,7 +232,8 @@ class Fleet:
     def on_change(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` (one at a time; None stops) on the loop thread whenever
         membership, a health check, a scrape or a replica's models moved: what a leading
-        worker tells the others (``box_feed``). It must not block."""
+        worker tells the others (``box_feed``). It must not block or raise (it is called
+        halfway through the fleet's updates)."""
         self._on_change = callback
 
     def changed(self) -> None:
@@ -380,14 +381,7 @@ class Fleet:
             return None
         state.checks += 1
         state.last_check = (ok, error)
-        try:
-            return self._count_check(replica_id, state, ok, error, failures_to_eject,
-                                     successes_to_readmit)
-        finally:
-            self.changed()  # the check count moved, whatever the health
-
-    def _count_check(self, replica_id: str, state: ReplicaState, ok: bool, error: str | None,
-                     failures_to_eject: int, successes_to_readmit: int) -> bool | None:
+        self.changed()  # the check count moved, whatever the health
         if ok:
             state.consecutive_failures = 0
             state.consecutive_successes += 1

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from loadtests.bench_proxy import _prefix_tokenize_ms
@@ -51,28 +53,30 @@ def test_the_floor_proxy_relays_the_backend_answer_unchanged_and_is_measured() -
 
 def _slow_decisions(base: str) -> tuple[float, float]:
     """(decisions, decisions over 1 ms) from a gateway's summed /metrics."""
-    import re
     import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
         text = r.read().decode()
     buckets: dict[str, float] = {}
-    for m in re.finditer(r'kvgate_routing_decision_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} '
-                         r'([0-9.e+]+)', text):
-        buckets[m.group(1)] = buckets.get(m.group(1), 0.0) + float(m.group(2))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kvgate_routing_decision_seconds_bucket":
+                le = sample.labels["le"]
+                buckets[le] = buckets.get(le, 0.0) + sample.value
     return buckets["+Inf"], buckets["+Inf"] - buckets["0.001"]
 
 
 @pytest.mark.slow
 def test_with_workers_the_warm_up_leaves_no_document_unencoded_in_any_worker(
-        tmp_path: object) -> None:
+        tmp_path: Path) -> None:
     """Each worker keeps its own tokenizer memo and a connection stays with one worker:
     after ``warm_up`` for two workers, a measured run of repeated documents encodes none
     (no routing decision over 1 ms, where an encode of 1,024 tokens takes 1.5-2.7), so
     the CPU per request measured is the steady state's."""
     import asyncio
     import os
-    import tempfile
 
     from loadtests.bench_proxy import _start_gateway, _stop, _wait, uvicorn_app
     from loadtests.gateway_cpu import offered_load, scenario_bodies, warm_up
@@ -81,7 +85,7 @@ def test_with_workers_the_warm_up_leaves_no_document_unencoded_in_any_worker(
     backend, base = uvicorn_app("loadtests.bench_proxy:backend_app", env)
     try:
         _wait(f"{base}/health", backend)
-        gateway, url = _start_gateway(tempfile.mkdtemp(), "prefix_affinity", base, 2, env)
+        gateway, url = _start_gateway(str(tmp_path), "prefix_affinity", base, 2, env)
         try:
             prompts = documents(16)
             warm_up(f"{url}/v1/completions", "stream_repeated", prompts, 100.0, workers=2)
