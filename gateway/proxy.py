@@ -43,6 +43,7 @@ _HOP_BY_HOP = frozenset({
 })
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
+_DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
 
 
@@ -123,6 +124,7 @@ class UpstreamStream:
         self._events: int | None = None  # SSE events relayed, once count_events() asks
         self.first_sent_at: float | None = None  # perf_counter when the client got a chunk
         self._closed = False
+        self._delivered = False  # a stream's [DONE] reached the client
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
 
     @property
@@ -144,6 +146,7 @@ class UpstreamStream:
             self.first_sent_at = time.perf_counter()
             if self.first_chunk:
                 yield self.first_chunk
+                self._delivered = self.stream and self._tail.endswith(_DONE_EVENT)
             content = self.response.content
             while True:
                 watch.waiting()
@@ -159,6 +162,9 @@ class UpstreamStream:
                     self._body.append(chunk)
                     self._body_bytes += len(chunk)
                 yield chunk
+                # the client has the stream's last event: a client that hangs up now,
+                # before the replica's end of body arrives, got the whole answer
+                self._delivered = self.stream and self._tail.endswith(_DONE_EVENT)
             ok = True
         except asyncio.CancelledError:
             if not watch.fired:
@@ -198,7 +204,7 @@ class UpstreamStream:
         else:
             self.response.close()  # drops the connection: the replica sees the cancel
         self.fleet.done(self.pending)
-        self.on_done(self, ok and self.status < 400)
+        self.on_done(self, (ok or self._delivered) and self.status < 400)
 
     def usage(self) -> Usage | None:
         """The body's ``usage`` (a stream's last one), if it reports prompt tokens; parsed
@@ -241,7 +247,7 @@ class UpstreamStream:
         kvgate's engine)."""
         if self._events is None:
             return None
-        n = self._events - self._tail.endswith(b"data: [DONE]\n\n")
+        n = self._events - self._tail.endswith(_DONE_EVENT)
         if b'"role"' in self.first_chunk and b'"content":""' in self.first_chunk:
             n -= 1
         return max(0, n)

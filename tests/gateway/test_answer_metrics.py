@@ -138,3 +138,20 @@ def test_output_tokens_of_engine_streams(serve: Serve) -> None:
     wait_until(lambda: _series(url, OUTPUT_TOKENS + "_count", "tiny-sim") == 2, 10,
                "the second stream recorded")
     assert _series(url, OUTPUT_TOKENS + "_sum", "tiny-sim") == content + 6
+
+
+def test_a_stream_the_client_closes_after_done_is_a_whole_answer(serve: Serve) -> None:
+    """A client that hangs up once it has ``[DONE]``, before the replica ends its body,
+    got the whole answer: it is recorded as answered, not as a disconnect."""
+    b = Behaviour("a", chunks=3, linger_s=5.0)
+    url = _gateway(serve, b)
+    body = {"model": MODEL, "prompt": "hi", "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=10) as response:
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            if line == "data: [DONE]":
+                break
+    assert lines[-1] == "data: [DONE]"
+    wait_until(lambda: _series(url, DURATION + "_count") == 1, 4, "the answer recorded")
+    assert _series(url, OUTPUT_TOKENS + "_sum") == 3

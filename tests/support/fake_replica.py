@@ -36,6 +36,7 @@ class Behaviour:
     cancelled: int = 0
     release: threading.Event | None = None  # a stream's last chunk waits until it is set
     hold: threading.Event | None = None  # the first byte waits until it is set
+    linger_s: float = 0.0  # a stream's body stays open this long after its [DONE]
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -75,6 +76,7 @@ def fake_replica(b: Behaviour) -> Starlette:
                              "created": 0, "model": body.get("model"), "choices": [delta]}
                     yield f"data: {json.dumps(chunk)}\n\n".encode()
                 yield b"data: [DONE]\n\n"
+                await asyncio.sleep(b.linger_s)
             except asyncio.CancelledError:
                 b.cancelled += 1
                 raise
