@@ -31,8 +31,9 @@ is stable and every gateway copy agrees on it; ``S`` is the rare prefixes' prefi
 Candidates: the replicas the model says hold part of the prompt; for a hot key its homes:
 the first is placed by ``placement`` (the first non-scratch replica on the ring walked from
 the key whose cache still has room for the hot keys placed before it in key order, or else
-is within a fair share of them: ring hashing alone overfills some LRU caches and underfills
-others; the homes depend on the hot set alone, so every gateway copy agrees on them), the
+the first scratch replica whose cache has room (``placement_overflow``), or else one within
+a fair share of them: ring hashing alone overfills some LRU caches and underfills others;
+the homes depend on the hot set alone, so every gateway copy agrees on them), the
 next ones follow on the ring; one home, or as many as the key's share of the requests
 needs (share x replicas x ``hot_spread``: an app's system prompt), and once those wait more
 than ``spill_wait`` prefills of this prompt, up to ``homes`` of them and the least loaded
@@ -47,8 +48,9 @@ seconds, with ``t`` the pace over the replica's weight::
     prefill  = (prompt tokens - predicted cached tokens) x t
     evict    = eviction_weight x t x (hot tokens the admission would evict from the model,
                but for entries of its own prefix key); rare_eviction_weight for a rare key
-    scratch  = scratch_loss x prompt tokens x t, for a hot key on a scratch replica (the
-               churn there will likely evict it before it is used again)
+    scratch  = scratch_loss x prompt tokens x t, for a hot key on a scratch replica that
+               is not its home (the churn there will likely evict it before it is used
+               again)
     score    = wait + prefill + evict + scratch            lowest wins; ties in ring order
 
 ``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill
@@ -90,7 +92,7 @@ from policies.cache_model import (
 from policies.common_prefix import check_settings, learner_for
 from policies.frequency import FrequencySketch
 from policies.pace import DecayedRate, PrefillPace
-from policies.placement import HotPlacement
+from policies.placement import HotPlacement, Overflow
 from policies.prefix_affinity import request_namespace
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
 from policies.ring import RingCache, stable_hash, token_bytes, walk
@@ -134,6 +136,7 @@ class CostConfig:
     slot_weight: float = 0.5
     placement_slack: float | None = 0.05
     placement_fill: float = 0.9
+    placement_overflow: bool = True
     prefill_s_per_token: float = 1e-4
     capacity_fraction: float = 1.0
     default_capacity_tokens: int = 200_000
@@ -313,6 +316,7 @@ class Cost(Policy):
         matched = self._matches(prep, replicas, index, up, p)
         homes: list[int] = []
         rare_home: int | None = None
+        first: int | None = None  # a hot key's placed home (on the scratch set: overflow)
         if hot:
             eligible = len(ok) - len(scratch)
             # a prefix carrying more than a replica's share of the requests (an app's
@@ -365,7 +369,8 @@ class Cost(Policy):
                 t = pace / r.weight if r.weight > 0 else math.inf
                 wait = wait_of(i)
                 prefill = (p - matched.get(i, 0)) * t
-                misplaced = cfg.scratch_loss * p * t if hot and i in in_scratch else 0.0
+                misplaced = cfg.scratch_loss * p * t \
+                    if hot and i in in_scratch and i != first else 0.0
                 bounds.append((wait + prefill + misplaced, order, i, wait, prefill, misplaced))
             bounds.sort()
             for bound, order, i, wait, prefill, misplaced in bounds:
@@ -503,22 +508,34 @@ class Cost(Policy):
         placed = self._placement.home_of(prep.key)
         if placed is not None:
             i = index.get(placed, -1)
-            if i >= 0 and up[i] and i not in in_scratch:
+            if i >= 0 and up[i] and (i not in in_scratch or self.config.placement_overflow):
                 return i
         home = self._placement.place(
             prep.key, p, self._order_of(replicas, points, owners, distinct, up, in_scratch),
-            self._eligible_ids(replicas, up, in_scratch), self._room)
+            self._eligible_ids(replicas, up, in_scratch), self._room,
+            self._overflow(replicas, points, owners, distinct, up, in_scratch))
         return None if home is None else index[home]
 
     @staticmethod
     def _order_of(replicas: Sequence[ReplicaView], points: list[int], owners: list[int],
-                  distinct: int, up: list[bool], in_scratch: set[int]
+                  distinct: int, up: list[bool], in_scratch: set[int], scratch: bool = False
                   ) -> Callable[[int], Iterator[str]]:
-        """A key's eligible homes (healthy, not scratch), lazily in ring order from it."""
+        """A key's eligible homes (healthy, not scratch; with ``scratch``, the scratch
+        replicas instead), lazily in ring order from it."""
         def order(key: int) -> Iterator[str]:
             return (replicas[i].id for i in walk(points, owners, distinct, key)
-                    if up[i] and i not in in_scratch)
+                    if up[i] and (i in in_scratch) == scratch)
         return order
+
+    def _overflow(self, replicas: Sequence[ReplicaView], points: list[int], owners: list[int],
+                  distinct: int, up: list[bool], in_scratch: set[int]) -> Overflow | None:
+        """The scratch set, as where hot keys go that no home has room for
+        (``placement_overflow``)."""
+        if not self.config.placement_overflow or not in_scratch:
+            return None
+        return Overflow({replicas[i].id for i in in_scratch},
+                        self._order_of(replicas, points, owners, distinct, up, in_scratch,
+                                       scratch=True))
 
     @staticmethod
     def _eligible_ids(replicas: Sequence[ReplicaView], up: list[bool], in_scratch: set[int]
@@ -743,7 +760,9 @@ class Cost(Policy):
                                               [r.weight for r in replicas])
             self._placement.assign(self._order_of(replicas, ring.points, owners, len(ring),
                                                   up, in_scratch),
-                                   self._eligible_ids(replicas, up, in_scratch), self._room)
+                                   self._eligible_ids(replicas, up, in_scratch), self._room,
+                                   self._overflow(replicas, ring.points, owners, len(ring),
+                                                  up, in_scratch))
 
     def _fleet_scale(self) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters
@@ -806,6 +825,7 @@ class Cost(Policy):
             # others' prefill), but an operator may want to know
             "other_gateway_copies": self._fleet_scale() > 1.4,
             "placed_hot_keys": len(self._placement),
+            "placed_hot_tokens": {rid: self._placement.tokens_on(rid) for rid in self._facts},
             "prefill_s_per_token": self._pace.value_s,
             "pace_samples": self._pace.samples,
             "slot_hold_s": self._slots.hold_s,

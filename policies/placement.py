@@ -10,6 +10,13 @@ already placed there would exceed its bound (consistent hashing with bounded loa
     room(r)  = the tokens the replica's cache holds (the caller's estimate)
     fair     = tokens of all placed keys / eligible replicas x (1 + slack)
 
+With an overflow set (``cost``: its scratch replicas), a key that fits no eligible
+replica's room goes to the first overflow replica in ring order whose room still holds it,
+instead of overfilling a home: in front of LRU caches and a hot set of N equally popular
+keys over room for C, every home hits C/N of them, while a home filled to its room hits
+nearly all and the overflow keys still hit on the overflow set as often as its churn
+allows. Only when the overflow set is full too does the fair share apply.
+
 Keys are walked in ascending order of the key, never in the order they turned hot, so the
 homes are a function of the key set (and the rooms): gateway copies that each see a random
 share of the traffic see the same hot keys and agree on every home without talking. (With
@@ -37,6 +44,14 @@ OrderOf = Callable[[int], Iterator[str]]  # a key's eligible replicas, in ring o
 class Placed(NamedTuple):
     replica: str
     tokens: int
+
+
+class Overflow(NamedTuple):
+    """Where hot keys go that no eligible replica has room for: ``replicas``, and a key's
+    order over them (ring order from the key)."""
+
+    replicas: Collection[str]
+    order_of: OrderOf
 
 
 class HotPlacement:
@@ -72,16 +87,17 @@ class HotPlacement:
         return self._tokens.get(replica, 0)
 
     def place(self, key: int, tokens: int, order_of: OrderOf, eligible: Collection[str],
-              room: Callable[[str], int]) -> str | None:
-        """The home of ``key``: its current one if that is still in ``eligible``, else (the
-        key is new, or its home left) the key joins the placed set and every home is
-        assigned again (``assign``). ``order_of(key)`` yields the eligible replicas in ring
-        order from a key, lazily: most keys stop at the first. ``None`` when nothing is
-        eligible."""
+              room: Callable[[str], int], overflow: Overflow | None = None) -> str | None:
+        """The home of ``key``: its current one if that is still in ``eligible`` (or in the
+        overflow set), else (the key is new, or its home left) the key joins the placed set
+        and every home is assigned again (``assign``). ``order_of(key)`` yields the eligible
+        replicas in ring order from a key, lazily: most keys stop at the first. ``None``
+        when nothing is eligible."""
         if not eligible:
             return None
         placed = self._keys.get(key)
-        if placed is not None and placed.replica in eligible:
+        if placed is not None and (placed.replica in eligible or (
+                overflow is not None and placed.replica in overflow.replicas)):
             return placed.replica
         if key not in self._want and len(self._want) >= self.limit:
             oldest = next(iter(self._want))
@@ -90,19 +106,20 @@ class HotPlacement:
                 self._drop(oldest)
         self._want[key] = tokens
         if len(self._want) <= REASSIGN_ON_JOIN:
-            self.assign(order_of, eligible, room)
+            self.assign(order_of, eligible, room, overflow)
             placed = self._keys.get(key)
             return None if placed is None else placed.replica
         # a large set: only the new key is placed now (first fit over the current homes),
         # the whole set at the next ``assign``, so a request never pays for thousands
         if placed is not None:
             self._drop(key)
-        home = self._first_fit(key, tokens, order_of, self._tokens, self._fair(eligible), room)
+        home = self._first_fit(key, tokens, order_of, self._tokens, self._fair(eligible), room,
+                               overflow)
         self._keys[key] = Placed(home, tokens)
         return home
 
     def assign(self, order_of: OrderOf, eligible: Collection[str],
-               room: Callable[[str], int]) -> None:
+               room: Callable[[str], int], overflow: Overflow | None = None) -> None:
         """Homes for every placed key as a function of the key set alone, never of the
         order keys arrived in, so gateway copies that hold the same hot keys agree on
         every home (consistent hashing with bounded loads, keys taken in ascending
@@ -110,15 +127,17 @@ class HotPlacement:
 
             bound(r) = max(room(r), fair)     fair = all keys' tokens / eligible x (1 + slack)
 
-        or else the least loaded one. A replica leaving moves its keys and few others.
+        or else the least loaded one; with an ``overflow`` set, each key takes the first
+        replica within its room alone, then the first overflow replica within its room,
+        and only then the fair share. A replica leaving moves its keys and few others.
         Cost: one short ring walk per key (a few ms for 2,000 keys over 64 replicas)."""
         keys: dict[int, Placed] = {}
         loads: dict[str, int] = {}
         if eligible:
             fair = self._fair(eligible)
             for key, tokens in sorted(self._want.items()):
-                keys[key] = Placed(self._first_fit(key, tokens, order_of, loads, fair, room),
-                                   tokens)
+                keys[key] = Placed(self._first_fit(key, tokens, order_of, loads, fair, room,
+                                                   overflow), tokens)
         self._keys, self._tokens = keys, loads
 
     def _fair(self, eligible: Collection[str]) -> float:
@@ -127,11 +146,20 @@ class HotPlacement:
 
     @staticmethod
     def _first_fit(key: int, tokens: int, order_of: OrderOf, loads: dict[str, int],
-                   fair: float, room: Callable[[str], int]) -> str:
-        """The first replica of ``key``'s ring order within its bound (the least loaded
-        when none is), with ``tokens`` added to its load."""
-        home = next((r for r in order_of(key) if loads.get(r, 0) + tokens <= max(room(r), fair)),
-                    None)
+                   fair: float, room: Callable[[str], int],
+                   overflow: Overflow | None = None) -> str:
+        """The first replica of ``key``'s ring order within its bound (with an overflow
+        set: its room, then the overflow replicas' rooms, then the fair share; the least
+        loaded when none is), with ``tokens`` added to its load."""
+        def fits(r: str, bound: float) -> bool:
+            return loads.get(r, 0) + tokens <= bound
+
+        home = None
+        if overflow is not None:
+            home = next((r for r in order_of(key) if fits(r, room(r))), None) \
+                or next((r for r in overflow.order_of(key) if fits(r, room(r))), None)
+        if home is None:
+            home = next((r for r in order_of(key) if fits(r, max(room(r), fair))), None)
         if home is None:
             home = min(order_of(key), key=lambda r: loads.get(r, 0))
         loads[home] = loads.get(home, 0) + tokens

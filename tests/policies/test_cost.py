@@ -286,3 +286,26 @@ def test_a_hot_document_spills_to_the_least_loaded_once_its_homes_are_busy() -> 
         queued[d.chosen] = 200_000
     assert reasons[-1] == "spill", reasons
     assert set(reasons[:-1]) <= {"cache_match", "affinity"}
+
+
+def test_a_hot_document_no_home_has_room_for_lives_on_the_scratch_set() -> None:
+    # 4 replicas holding 3 documents each, one of them scratch: 11 hot documents fill the
+    # 3 homes (9) and leave 2 on the scratch replica, which is then their home (affinity,
+    # no scratch charge), instead of a fourth document on a home that holds 3
+    policy = Cost(CostConfig(placement_fill=1.0, max_scratch_fraction=0.25))
+    fleet = views(n=4, capacity=3 * (DOC + 20))
+    for i in range(440):
+        route(policy, doc(i % 11), fleet, at=i * 0.1)
+    (scratch,) = policy.scratch_set(fleet)
+    placed = policy.describe()["placed_hot_tokens"]
+    assert isinstance(placed, dict)
+    assert {r: t // (DOC + 20) for r, t in placed.items()} == {
+        r.id: 2 if r.id == scratch else 3 for r in fleet}
+    # the replicas restarted (their caches empty): each document goes to its home
+    fresh = views(n=4, capacity=3 * (DOC + 20), epoch=1)
+    decisions = [policy.choose(request(doc(k), at=50.0), fresh) for k in range(11)]
+    on_scratch = [d for d in decisions if d.chosen == scratch]
+    assert len(on_scratch) == 2
+    for d in on_scratch:
+        assert d.reason == "affinity"
+        assert dict(d.scores[0].terms)["scratch_s"] == 0.0

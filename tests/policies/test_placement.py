@@ -1,7 +1,7 @@
 import random
 from collections.abc import Callable, Iterator
 
-from policies.placement import REASSIGN_ON_JOIN, HotPlacement
+from policies.placement import REASSIGN_ON_JOIN, HotPlacement, Overflow
 from policies.ring import Ring, stable_hash
 
 REPLICAS = [f"r{i}" for i in range(6)]
@@ -39,6 +39,29 @@ def test_hot_keys_fill_every_cache_before_any_overflows() -> None:
     # 8 documents thrash on); bounded placement fills each to 8, then shares the rest
     assert ring_only[0] < 8 < ring_only[-1]
     assert counts(homes) == [8, 8, 8, 8, 9, 9]
+
+
+def test_keys_no_home_has_room_for_overflow_to_the_overflow_set_then_share() -> None:
+    homes, scratch = REPLICAS[:4], REPLICAS[4:]
+    overflow = Overflow(scratch, order_of(scratch))
+
+    def placed(n: int) -> dict[str, int]:
+        placement = HotPlacement(slack=0.05)
+        for k in keys(n):
+            assert placement.place(k, DOC, order_of(homes), homes, lambda r: 8 * DOC,
+                                   overflow) is not None
+            assert placement.place(k, DOC, order_of(homes), homes, lambda r: 1,
+                                   overflow) == placement.home_of(k)  # kept, wherever
+        placement.check_integrity()
+        return {r: placement.tokens_on(r) // DOC for r in REPLICAS}
+
+    # 40 keys: each home filled to its room (8), the 8 left on the overflow set's room
+    assert placed(40) == {**dict.fromkeys(homes, 8), **dict.fromkeys(scratch, 4)}
+    # 60: homes and overflow full (48), the rest on the homes within a fair share
+    sixty = placed(60)
+    assert all(sixty[r] == 8 for r in scratch)
+    assert sum(sixty[r] for r in homes) == 44
+    assert max(sixty[r] for r in homes) <= 60 / 4 * 1.05
 
 
 def test_no_replica_passes_its_fair_share_when_the_hot_set_exceeds_the_fleet() -> None:
