@@ -35,9 +35,8 @@ the first scratch replica whose cache has room (``placement_overflow``), or else
 a fair share of them: ring hashing alone overfills some LRU caches and underfills others;
 the homes depend on the hot set alone, so every gateway copy agrees on them), the
 next ones follow on the ring; one home, or as many as the key's share of the requests
-needs (share x replicas x ``hot_spread``: an app's system prompt), one more when the first
-is a scratch replica (one-off prefills queue there), and once those wait more than
-``spill_wait`` prefills of this prompt, up to ``homes`` of them and the least loaded
+needs (share x replicas x ``hot_spread``: an app's system prompt), and once those wait more
+than ``spill_wait`` prefills of this prompt, up to ``homes`` of them and the least loaded
 replicas; for a rare key its first ring replica outside the scratch set while that cache
 has room for it (``fill_homes``: caches still filling, so its next request hits there),
 else the scratch set and the least loaded replica. For each, in
@@ -335,9 +334,7 @@ class Cost(Policy):
                     homes.append(i)
             # the first homes, which every gateway copy agrees on; the others, and the
             # least loaded, only once those are a whole prefill behind
-            # (a home on the scratch set, where one-off prefills queue, is weighed against
-            # the next one from the start)
-            firsts = homes[:spread + (first is not None and first in in_scratch)]
+            firsts = homes[:spread]
             busy = not firsts or min(map(wait_of, firsts)) \
                 > cfg.spill_wait * p * pace
             candidates.update(dict.fromkeys(homes if busy else firsts))
