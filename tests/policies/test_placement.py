@@ -138,3 +138,37 @@ def test_a_large_set_places_a_joining_key_alone_and_agrees_after_assign() -> Non
         placement.check_integrity()
         assert max(placement.tokens_on(r) for r in REPLICAS) <= len(ks) / 6 * 1.05 * DOC
     assert {k: a.home_of(k) for k in ks} == {k: b.home_of(k) for k in ks}
+
+
+def _reference_homes(ks: dict[int, int], homes: list[str], scratch: list[str],
+                     room: dict[str, int], slack: float) -> dict[int, str]:
+    """The overflow placement by its definition, with no shortcuts: keys in ascending
+    order, each to the first home within its room, else the first overflow replica within
+    its room, else the first home within the fair share, else the least loaded home."""
+    loads = dict.fromkeys(homes + scratch, 0)
+    fair = sum(ks.values()) / len(homes) * (1 + slack)
+    out = {}
+    for key, tokens in sorted(ks.items()):
+        ring_homes = list(order_of(homes)(key))
+        fits = [r for r in ring_homes if loads[r] + tokens <= room[r]] \
+            or [r for r in order_of(scratch)(key) if loads[r] + tokens <= room[r]] \
+            or [r for r in ring_homes if loads[r] + tokens <= max(room[r], fair)] \
+            or [min(ring_homes, key=lambda r: loads[r])]
+        out[key] = fits[0]
+        loads[fits[0]] += tokens
+    return out
+
+
+def test_the_overflow_placement_matches_its_definition_with_keys_of_any_size() -> None:
+    for seed in range(20):
+        rng = random.Random(seed)
+        homes, scratch = REPLICAS[:4], REPLICAS[4:]
+        room = {r: rng.randrange(2, 12) * DOC for r in REPLICAS}
+        ks = {k: rng.randrange(DOC // 2, 2 * DOC) for k in keys(rng.randrange(5, 80), seed)}
+        placement = HotPlacement(slack=0.05)
+        for k, tokens in ks.items():
+            placement.place(k, tokens, order_of(homes), homes, room.__getitem__,
+                            Overflow(scratch, order_of(scratch)))
+        placement.check_integrity()
+        assert {k: placement.home_of(k) for k in ks} == \
+            _reference_homes(ks, homes, scratch, room, 0.05), seed
