@@ -12,7 +12,9 @@ the replica's ``content-length``. ``UpstreamStream`` then yields the rest as it 
 enforcing the idle timeout between chunks, and settles the accounting exactly once however
 the stream ends. When the replica breaks off after the client got bytes, the end says so:
 a stream ends with an OpenAI error event and no ``[DONE]``; a body ends short of its
-``content-length`` with the connection dropped (``cut`` names the cause).
+``content-length`` with the connection dropped (``cut`` names the cause). A stream whose
+``[DONE]`` reached the client is whole however its body ends after that (the client
+hanging up at once, as the openai client does, or the replica never closing it).
 """
 
 from __future__ import annotations
@@ -172,7 +174,8 @@ class UpstreamStream:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            self._broke_off("idle_timeout", f"sent nothing for over {self.idle_s} s")
+            if not self._delivered:  # after [DONE] only the end of body was missing
+                self._broke_off("idle_timeout", f"sent nothing for over {self.idle_s} s")
         except aiohttp.ClientError as exc:
             self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
         finally:

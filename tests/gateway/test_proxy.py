@@ -221,6 +221,21 @@ def test_idle_timeout_ends_the_stream(serve: Serve) -> None:
     assert b"t0" in body and b"t1" not in body and b"[DONE]" not in body
 
 
+def test_a_replica_that_keeps_its_body_open_after_done_ends_a_whole_stream(serve: Serve
+                                                                         ) -> None:
+    # the idle timeout ends it, but the answer was whole: no error event after [DONE]
+    linger = Behaviour("linger", chunks=3, linger_s=3)
+    gw = start_gateway(serve, [("linger", serve(fake_replica(linger)).url)],
+                       timeouts={"idle_s": 0.5})
+    with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                      json={"model": "sim-model", "prompt": "p", "stream": True}) as r:
+        body = b"".join(r.iter_raw())
+    assert body.endswith(b"data: [DONE]\n\n") and b"error" not in body
+    metrics = httpx.get(f"{gw.url}/metrics").text
+    assert 'kvgate_requests_total{replica="linger",route="round_robin",status="200"} 1.0' \
+        in metrics
+
+
 def test_client_disconnect_cancels_upstream(serve: Serve) -> None:
     slow = Behaviour("slow", chunk_delay_s=0.3, chunks=50)
     gw = start_gateway(serve, [("slow", serve(fake_replica(slow)).url)])
