@@ -210,13 +210,18 @@ def test_first_byte_timeout_is_504(serve: Serve) -> None:
     assert r.json()["error"]["code"] == "upstream_timeout"
 
 
-def test_idle_timeout_ends_the_stream(serve: Serve) -> None:
-    stall = Behaviour("stall", chunk_delay_s=2, chunks=3)
-    gw = start_gateway(serve, [("stall", serve(fake_replica(stall)).url)],
+def _streamed_with_idle_timeout(serve: Serve, replica: Behaviour) -> tuple[str, bytes]:
+    """A gateway (idle timeout 0.5 s) in front of ``replica``: its URL, and the raw body
+    of one streamed completion through it."""
+    gw = start_gateway(serve, [(replica.name, serve(fake_replica(replica)).url)],
                        timeouts={"idle_s": 0.5})
     with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
                       json={"model": "sim-model", "prompt": "p", "stream": True}) as r:
-        body = b"".join(r.iter_raw())
+        return gw.url, b"".join(r.iter_raw())
+
+
+def test_idle_timeout_ends_the_stream(serve: Serve) -> None:
+    _, body = _streamed_with_idle_timeout(serve, Behaviour("stall", chunk_delay_s=2, chunks=3))
     # ended after the first chunk: the replica would have sent all three and [DONE]
     assert b"t0" in body and b"t1" not in body and b"[DONE]" not in body
 
@@ -224,14 +229,9 @@ def test_idle_timeout_ends_the_stream(serve: Serve) -> None:
 def test_a_replica_that_keeps_its_body_open_after_done_ends_a_whole_stream(serve: Serve
                                                                          ) -> None:
     # the idle timeout ends it, but the answer was whole: no error event after [DONE]
-    linger = Behaviour("linger", chunks=3, linger_s=3)
-    gw = start_gateway(serve, [("linger", serve(fake_replica(linger)).url)],
-                       timeouts={"idle_s": 0.5})
-    with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
-                      json={"model": "sim-model", "prompt": "p", "stream": True}) as r:
-        body = b"".join(r.iter_raw())
+    url, body = _streamed_with_idle_timeout(serve, Behaviour("linger", chunks=3, linger_s=3))
     assert body.endswith(b"data: [DONE]\n\n") and b"error" not in body
-    metrics = httpx.get(f"{gw.url}/metrics").text
+    metrics = httpx.get(f"{url}/metrics").text
     assert 'kvgate_requests_total{replica="linger",route="round_robin",status="200"} 1.0' \
         in metrics
 
