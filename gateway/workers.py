@@ -134,6 +134,15 @@ def worker_main(plan: WorkerPlan) -> None:
         load.close()
 
 
+def _close_doorbells(bells: list[tuple[connection.Connection, connection.Connection]]
+                     ) -> None:
+    """Close the supervisor's copies of both ends of every doorbell (closing twice is
+    harmless), so a follower reads end-of-file once worker 0 is gone."""
+    for pair in bells:
+        for end in pair:
+            end.close()
+
+
 class Supervisor:
     def __init__(self, config: GatewayConfig, workers: int, log_level: str) -> None:
         if workers < 1:
@@ -173,9 +182,7 @@ class Supervisor:
                                    name=f"kvgate-worker-{index}")
                 proc.start()
                 self.procs.append(proc)
-            for pair in bells:  # the workers hold their copies
-                for end in pair:
-                    end.close()
+            _close_doorbells(bells)  # the workers hold their copies
             live = {proc.sentinel: proc for proc in self.procs}
             while live:
                 for ready in connection.wait(list(live)):
@@ -193,9 +200,7 @@ class Supervisor:
             self._forward(signal.SIGTERM, None)
             for worker in self.procs:
                 worker.join(timeout=self.config.shutdown.timeout_s + 5)
-            for pair in bells:
-                for end in pair:
-                    end.close()  # a no-op when closed already
+            _close_doorbells(bells)  # a no-op when closed already
             for block in (load, feed):
                 block.close()
                 block.unlink()

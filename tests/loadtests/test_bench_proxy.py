@@ -1,9 +1,36 @@
+import argparse
+import asyncio
+import os
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from loadtests.bench_proxy import _prefix_tokenize_ms
-from loadtests.gateway_cpu import documents
+from loadtests.bench_proxy import (
+    _floor_cpu,
+    _prefix_tokenize_ms,
+    _start_gateway,
+    _stop,
+    _wait,
+    uvicorn_app,
+)
+from loadtests.gateway_cpu import bodies, documents, offered_load, scenario_bodies, warm_up
+from tests.support.metrics import samples
+
+ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture
+def backend() -> Iterator[str]:
+    """The benchmark's fake backend in its own process: its base URL."""
+    proc, base = uvicorn_app("loadtests.bench_proxy:backend_app", ENV)
+    try:
+        _wait(f"{base}/health", proc)
+        yield base
+    finally:
+        _stop(proc)
 
 
 def test_the_prefix_tokenizing_cost_is_timed_back_to_back_and_spaced() -> None:
@@ -13,91 +40,61 @@ def test_the_prefix_tokenizing_cost_is_timed_back_to_back_and_spaced() -> None:
 
 
 @pytest.mark.slow
-def test_the_floor_proxy_relays_the_backend_answer_unchanged_and_is_measured() -> None:
+def test_the_floor_proxy_relays_the_backend_answer_unchanged_and_is_measured(backend: str
+                                                                             ) -> None:
     """The minimal streaming pass-through answers what the backend answers, byte for byte,
     streamed or not, and ``_floor_cpu`` measures its CPU per request for each kind."""
-    import argparse
-    import os
-    import urllib.request
-
-    from loadtests.bench_proxy import _floor_cpu, _stop, _wait, uvicorn_app
-    from loadtests.gateway_cpu import bodies
-
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    backend, base = uvicorn_app("loadtests.bench_proxy:backend_app", env)
+    prompts = documents(2, words=50)
+    proxy, proxied = uvicorn_app("loadtests.proxy_clients:aiohttp_stream_app",
+                                 dict(ENV, BENCH_BACKEND=backend))
     try:
-        _wait(f"{base}/health", backend)
-        prompts = documents(2, words=50)
-        proxy, proxied = uvicorn_app("loadtests.proxy_clients:aiohttp_stream_app",
-                                     dict(env, BENCH_BACKEND=base))
-        try:
-            _wait(f"{proxied}/health", proxy)
-            for stream in (True, False):
-                body = bodies(prompts, stream)[0]
+        _wait(f"{proxied}/health", proxy)
+        for stream in (True, False):
+            body = bodies(prompts, stream)[0]
 
-                def answer(url: str, body: bytes = body) -> bytes:
-                    req = urllib.request.Request(url + "/v1/completions", data=body)
-                    with urllib.request.urlopen(req, timeout=10) as r:
-                        return r.read()
-                direct = answer(base)
-                assert direct == answer(proxied)
-                assert (b"data: [DONE]" in direct) == stream
-        finally:
-            _stop(proxy)
-        args = argparse.Namespace(rate=50.0, cpu_seconds=0.4)
-        out = _floor_cpu(base, env, prompts, args)
-        assert set(out) == {"stream_repeated", "stream_fresh", "plain_repeated"}
+            def answer(url: str, body: bytes = body) -> bytes:
+                req = urllib.request.Request(url + "/v1/completions", data=body)
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    return r.read()
+            direct = answer(backend)
+            assert direct == answer(proxied)
+            assert (b"data: [DONE]" in direct) == stream
     finally:
-        _stop(backend)
+        _stop(proxy)
+    args = argparse.Namespace(rate=50.0, cpu_seconds=0.4)
+    out = _floor_cpu(backend, ENV, prompts, args)
+    assert set(out) == {"stream_repeated", "stream_fresh", "plain_repeated"}
 
 
 def _slow_decisions(base: str) -> tuple[float, float]:
-    """(decisions, decisions over 1 ms) from a gateway's summed /metrics."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    """(decisions, decisions over 1 ms) from a gateway's /metrics (summed over workers)."""
+    got = samples(httpx.get(f"{base}/metrics", timeout=10).text)
     buckets: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "kvgate_routing_decision_seconds_bucket":
-                le = sample.labels["le"]
-                buckets[le] = buckets.get(le, 0.0) + sample.value
+    for (name, labels), value in got.items():
+        if name == "kvgate_routing_decision_seconds_bucket":
+            le = dict(labels)["le"]
+            buckets[le] = buckets.get(le, 0.0) + value
     return buckets["+Inf"], buckets["+Inf"] - buckets["0.001"]
 
 
 @pytest.mark.slow
 def test_with_workers_the_warm_up_leaves_no_document_unencoded_in_any_worker(
-        tmp_path: Path) -> None:
+        tmp_path: Path, backend: str) -> None:
     """Each worker keeps its own tokenizer memo and a connection stays with one worker:
     after ``warm_up`` for two workers, a measured run of repeated documents encodes none
     (no routing decision over 1 ms, where an encode of 1,024 tokens takes 1.5-2.7), so
     the CPU per request measured is the steady state's."""
-    import asyncio
-    import os
-
-    from loadtests.bench_proxy import _start_gateway, _stop, _wait, uvicorn_app
-    from loadtests.gateway_cpu import offered_load, scenario_bodies, warm_up
-
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    backend, base = uvicorn_app("loadtests.bench_proxy:backend_app", env)
+    gateway, url = _start_gateway(str(tmp_path), "prefix_affinity", backend, 2, ENV)
     try:
-        _wait(f"{base}/health", backend)
-        gateway, url = _start_gateway(str(tmp_path), "prefix_affinity", base, 2, env)
-        try:
-            prompts = documents(16)
-            warm_up(f"{url}/v1/completions", "stream_repeated", prompts, 100.0, workers=2)
-            total0, slow0 = _slow_decisions(url)
-            assert slow0 >= len(prompts)  # the warm-up did encode every document
-            bodies = scenario_bodies("stream_repeated", prompts, 0)
-            measured = [next(bodies) for _ in range(160)]
-            assert asyncio.run(offered_load(f"{url}/v1/completions", measured, 100.0)) == 160
-            total1, slow1 = _slow_decisions(url)
-            assert total1 - total0 == 160
-            assert slow1 - slow0 <= 2  # a scheduling hiccup, not 1 in 25 as before
-        finally:
-            _stop(gateway)
+        prompts = documents(16)
+        warm_up(f"{url}/v1/completions", "stream_repeated", prompts, 100.0, workers=2)
+        total0, slow0 = _slow_decisions(url)
+        assert slow0 >= len(prompts)  # the warm-up did encode every document
+        stream = scenario_bodies("stream_repeated", prompts, 0)
+        measured = [next(stream) for _ in range(160)]
+        assert asyncio.run(offered_load(f"{url}/v1/completions", measured, 100.0)) == 160
+        total1, slow1 = _slow_decisions(url)
+        assert total1 - total0 == 160
+        assert slow1 - slow0 <= 2  # a scheduling hiccup, not 1 in 25 as before
     finally:
-        _stop(backend)
+        _stop(gateway)
