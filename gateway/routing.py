@@ -37,6 +37,7 @@ class _Tokens(NamedTuple):
     fingerprint: int | None  # identifies the whole prompt within this process
     chunks: Sequence[int] = ()  # prompt chunk hashes, for policies that asked
     chunk_tokens: float = 0.0
+    anchor_chunks: int | None = None  # the anchor in chunks, for a policy that asked
 
 
 # a chat within all three bounds is rendered and chunk-hashed on the event loop when the
@@ -163,6 +164,10 @@ class Router:
             text = self._render(parsed, messages)
             toks = _Tokens((), self.tokenizer.estimate_tokens(text), None, hash(text)) \
                 if needed == 0 else self._tokenize(parsed, needed, text, messages)
+            if self.policy.wants_anchor and messages is not None:
+                head = self._head(messages, text, parsed.tools)
+                if head is not None:  # the whole chunks the head covers
+                    toks = toks._replace(anchor_chunks=len(head) // self.policy.chunk_chars)
             return self._chunked(parsed, toks, text)
         return self._chunked(parsed, self._quick(parsed, needed)
                              or self._tokenize(parsed, needed))
@@ -187,14 +192,19 @@ class Router:
 
     def _chunked(self, parsed: ParsedRequest, toks: _Tokens, text: str | None = None
                  ) -> _Tokens:
-        """``toks`` with the prompt's chunk hashes, for a policy that asks for them."""
+        """``toks`` with the prompt's chunk hashes (its first ``chunks_needed``), for a
+        policy that asks for them."""
         chars = self.policy.chunk_chars
         if chars <= 0:
             return toks
+        limit = self.policy.chunks_needed
         if parsed.prompt_ids is not None:
-            return toks._replace(chunks=id_chunks(parsed.prompt_ids),
-                                 chunk_tokens=float(IDS_PER_CHUNK))
+            ids = parsed.prompt_ids if limit is None else parsed.prompt_ids[
+                : limit * IDS_PER_CHUNK]
+            return toks._replace(chunks=id_chunks(ids), chunk_tokens=float(IDS_PER_CHUNK))
         text = self._render(parsed, self._messages(parsed)) if text is None else text
+        if limit is not None:
+            text = text[: limit * chars]
         return toks._replace(chunks=text_chunks(text, chars),
                              chunk_tokens=chars / self.tokenizer.chars_per_token)
 
@@ -206,7 +216,8 @@ class Router:
                             affinity_key=parsed.affinity_key, anchor_tokens=toks.anchor,
                             fingerprint=toks.fingerprint,
                             arrival_s=time.monotonic() if now is None else now,
-                            chunks=toks.chunks, chunk_tokens=toks.chunk_tokens)
+                            chunks=toks.chunks, chunk_tokens=toks.chunk_tokens,
+                            anchor_chunks=toks.anchor_chunks)
 
     async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
         now = time.monotonic()

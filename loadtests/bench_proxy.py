@@ -175,20 +175,29 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, seconds: float
 
 
 def _route_decision_ms(prompts: list[str]) -> dict[str, float]:
+    """Wall milliseconds of prefix_affinity's decision on the gateway's path: the request
+    built by the gateway's own builder (from the prompt text), then ``choose``."""
+    from gateway.fleet import Fleet
+    from gateway.request_parse import ParsedRequest
+    from gateway.routing import Router
     from kvwire.tokenizer import load_tokenizer
-    from policies.base import ReplicaView, RouteRequest
+    from policies.base import ReplicaView
     from policies.registry import build_policy
 
-    tok = load_tokenizer()
     policy = build_policy({"name": "prefix_affinity", "prefix_tokens": 1024})
+    router = Router(policy, load_tokenizer(), Fleet([]), 1)
     views = [ReplicaView(id=f"r{i}", queued_tokens=1000 * i) for i in range(8)]
     samples = []
-    for i in range(400):
-        text = prompts[i % len(prompts)]
-        t0 = time.perf_counter()
-        enc = tok.encode_prefix(text, policy.tokens_needed)
-        policy.choose(RouteRequest(enc.ids, enc.total_estimate), views)
-        samples.append(time.perf_counter() - t0)
+    try:
+        for i in range(400):
+            text = prompts[i % len(prompts)]
+            t0 = time.perf_counter()
+            parsed = ParsedRequest("completions", {}, "bench", True, text, None, None, None,
+                                   None)
+            policy.choose(router.build(parsed), views)
+            samples.append(time.perf_counter() - t0)
+    finally:
+        router.close()
     samples.sort()
     return {"p50": round(1000 * statistics.median(samples), 3),
             "p99": round(1000 * samples[int(0.99 * (len(samples) - 1))], 3)}
@@ -217,11 +226,25 @@ def _prefix_tokenize_ms(prompts: list[str]) -> dict[str, float]:
     return out
 
 
+def policy_spec(spec: str) -> dict[str, object]:
+    """``name`` or ``name:key=value:key=value`` (values in YAML) as a policy mapping:
+    ``prefix_affinity:chunk_chars=0`` is prefix_affinity keyed on token ids."""
+    name, *settings = spec.split(":")
+    out: dict[str, object] = {"name": name}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise ValueError(f"policy setting {setting!r} of {spec!r}: expected key=value")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
 def _start_gateway(tmp: str, policy: str, backend: str, workers: int, env: dict[str, str]
                    ) -> tuple[subprocess.Popen[bytes], str]:
+    """A gateway for the ``policy_spec`` ``policy`` in front of ``backend``."""
     port = _free_port()
     cfg = Path(tmp) / f"{policy}-{workers}.yaml"
-    cfg.write_text(yaml.safe_dump({"port": port, "policy": {"name": policy},
+    cfg.write_text(yaml.safe_dump({"port": port, "policy": policy_spec(policy),
                                    "replicas": [{"id": "b0", "url": backend}]}))
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvgate", "--log-level", "WARNING", "serve", "--config",
@@ -297,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="offered requests/s of the CPU-per-request runs")
     parser.add_argument("--cpu-seconds", type=float, default=6.0,
                         help="length of each CPU-per-request run")
-    parser.add_argument("--cpu-policies", default="round_robin,prefix_affinity,cost",
-                        help="policies whose CPU per request is measured (comma-separated)")
+    parser.add_argument("--cpu-policies",
+                        default="round_robin,prefix_affinity,prefix_affinity:chunk_chars=0,cost",
+                        help="policies whose CPU per request is measured (comma-separated; "
+                        "name:key=value sets a setting: prefix_affinity:chunk_chars=0 keys "
+                        "on token ids, so the gateway tokenizes for it)")
     parser.add_argument("--compare-workers", type=int, default=0, metavar="N",
                         help="also measure prefix_affinity's CPU per request with N workers "
                         "against --workers, in alternating rounds "

@@ -14,7 +14,9 @@ Rules every policy keeps:
   (``ReplicaRemoved``) or restarted and lost its cache (``ReplicaReset``).
 * ``tokens_needed`` tells the caller how many leading prompt tokens to tokenize: ``0`` for
   none, ``None`` for the whole prompt. ``chunk_chars`` > 0 asks for the prompt's chunk
-  hashes instead (``prompt_chunks``), which cost no tokenization.
+  hashes instead (``prompt_chunks``), which cost no tokenization: the first
+  ``chunks_needed`` of them (``None``: all); ``wants_anchor`` also asks for a chat's anchor
+  in them (``RouteRequest.anchor_chunks``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class RouteRequest:
     virtual in the simulator).
     ``chunks``, for a policy with ``chunk_chars``, identifies the prompt's consecutive
     pieces without tokenizing it (``prompt_chunks``); each is worth about ``chunk_tokens``
-    gateway tokens.
+    gateway tokens; ``anchor_chunks``, when asked for and known, is the anchor in those
+    pieces (the whole pieces a chat's head covers).
     """
 
     tokens: Sequence[int]
@@ -55,6 +58,7 @@ class RouteRequest:
     arrival_s: float | None = None
     chunks: Sequence[int] = ()
     chunk_tokens: float = 0.0
+    anchor_chunks: int | None = None
 
 
 class ReplicaView(NamedTuple):
@@ -169,6 +173,8 @@ class Policy(ABC):
     reasons: ClassVar[tuple[str, ...]] = ()  # every Decision.reason it gives
     tokens_needed: int | None = 0
     chunk_chars: int = 0
+    chunks_needed: int | None = None
+    wants_anchor: bool = False
 
     @abstractmethod
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:

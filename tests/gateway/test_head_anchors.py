@@ -42,8 +42,9 @@ def chat_turn(system: str, first: str, turns: int) -> ParsedRequest:
 
 def test_a_later_turn_gets_its_conversations_anchor_without_encoding_the_head() -> None:
     tokenizer = load_tokenizer()
-    router = Router(build_policy({"name": "prefix_affinity"}), tokenizer, Fleet([]), 1)
-    fresh = Router(build_policy({"name": "prefix_affinity"}), tokenizer, Fleet([]), 1)
+    token_keyed = {"name": "prefix_affinity", "chunk_chars": 0}
+    router = Router(build_policy(token_keyed), tokenizer, Fleet([]), 1)
+    fresh = Router(build_policy(token_keyed), tokenizer, Fleet([]), 1)
     original = tokenizer.encode_prefix
     try:
         system = "You answer questions about the contracts of the firm. " * 4
@@ -67,3 +68,32 @@ def test_a_later_turn_gets_its_conversations_anchor_without_encoding_the_head() 
         tokenizer.encode_prefix = original  # type: ignore[method-assign]
         router.close()
         fresh.close()
+
+
+def test_a_pieces_keyed_conversation_keeps_its_key_and_is_never_encoded() -> None:
+    """prefix_affinity's default keys on pieces: a chat's anchor is the whole pieces its
+    head covers, so later turns keep the first turn's key, and nothing is tokenized."""
+    tokenizer = load_tokenizer()
+    policy = build_policy({"name": "prefix_affinity", "learn_common_prefix": False})
+    router = Router(policy, tokenizer, Fleet([]), 1)
+    original = tokenizer.encode_prefix
+    encoded: list[str] = []
+
+    def counting(text: str, *args: object, **kw: object):  # type: ignore[no-untyped-def]
+        encoded.append(text)
+        return original(text, *args, **kw)  # type: ignore[arg-type]
+    tokenizer.encode_prefix = counting  # type: ignore[method-assign]
+    try:
+        system = "You answer questions about the contracts of the firm. " * 20
+        first = router.build(chat_turn(system, "What does clause 4 say?", 1))
+        later = router.build(chat_turn(system, "What does clause 4 say?", 6))
+        other = router.build(chat_turn(system, "And clause 9?", 1))
+        head = tokenizer.render_chat(chat_turn(system, "What does clause 4 say?", 1).messages
+                                     or [], add_generation_prompt=False)
+        assert first.anchor_chunks == later.anchor_chunks == len(head) // 64
+        assert first.tokens == () and not encoded
+        assert policy.key(first) == policy.key(later)  # type: ignore[attr-defined]
+        assert policy.key(first) != policy.key(other)  # type: ignore[attr-defined]
+    finally:
+        tokenizer.encode_prefix = original  # type: ignore[method-assign]
+        router.close()

@@ -1,5 +1,6 @@
 """The routing key of a chat with media parts, for a policy that reads token ids
-(prefix_affinity) and one that reads text pieces (radix): the image is in it."""
+(prefix_affinity with ``chunk_chars: 0``) and ones that read text pieces (prefix_affinity's
+default, radix): the image is in it."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def picture() -> str:
     return "data:image/jpeg;base64," + base64.b64encode(os.urandom(1 << 20)).decode()
 
 
-@pytest.mark.parametrize("policy", [{"name": "prefix_affinity", "prefix_tokens": 256},
-                                    {"name": "radix", "chunk_chars": 64}])
+@pytest.mark.parametrize("policy", [
+    {"name": "prefix_affinity", "prefix_tokens": 256, "chunk_chars": 0},
+    {"name": "prefix_affinity", "prefix_tokens": 256},
+    {"name": "radix", "chunk_chars": 64}])
 def test_the_image_is_in_the_routing_key(policy: dict[str, Any]) -> None:
     router = Router(build_policy(policy), load_tokenizer(), Fleet([]), 1)
     try:
@@ -46,7 +49,7 @@ def test_the_image_is_in_the_routing_key(policy: dict[str, Any]) -> None:
         assert key(a) == key(a)
         ka, kb = key(a), key(b)
         assert ka != kb
-        if policy["name"] == "prefix_affinity":
+        if policy.get("chunk_chars") == 0:
             shared = next(i for i, (x, y) in enumerate(zip(ka[0], kb[0], strict=True))
                           if x != y)
             assert shared > 50  # the system prompt is shared, the image is not

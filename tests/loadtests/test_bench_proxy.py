@@ -14,6 +14,7 @@ from loadtests.bench_proxy import (
     _start_gateway,
     _stop,
     _wait,
+    policy_spec,
     uvicorn_app,
 )
 from loadtests.gateway_cpu import bodies, documents, offered_load, scenario_bodies, warm_up
@@ -83,8 +84,10 @@ def test_with_workers_the_warm_up_leaves_no_document_unencoded_in_any_worker(
     """Each worker keeps its own tokenizer memo and a connection stays with one worker:
     after ``warm_up`` for two workers, a measured run of repeated documents encodes none
     (no routing decision over 1 ms, where an encode of 1,024 tokens takes 1.5-2.7), so
-    the CPU per request measured is the steady state's."""
-    gateway, url = _start_gateway(str(tmp_path), "prefix_affinity", backend, 2, ENV)
+    the CPU per request measured is the steady state's. prefix_affinity keyed on token ids:
+    its default keys on text pieces and encodes nothing."""
+    gateway, url = _start_gateway(str(tmp_path), "prefix_affinity:chunk_chars=0", backend, 2,
+                                  ENV)
     try:
         prompts = documents(16)
         warm_up(f"{url}/v1/completions", "stream_repeated", prompts, 100.0, workers=2)
@@ -98,3 +101,11 @@ def test_with_workers_the_warm_up_leaves_no_document_unencoded_in_any_worker(
         assert slow1 - slow0 <= 2  # a scheduling hiccup, not 1 in 25 as before
     finally:
         _stop(gateway)
+
+
+def test_a_policy_spec_sets_the_policys_settings() -> None:
+    assert policy_spec("cost") == {"name": "cost"}
+    assert policy_spec("prefix_affinity:chunk_chars=0:overload=1.5") == {
+        "name": "prefix_affinity", "chunk_chars": 0, "overload": 1.5}
+    with pytest.raises(ValueError, match="'chunk_chars' of 'prefix_affinity:chunk_chars'"):
+        policy_spec("prefix_affinity:chunk_chars")

@@ -5,6 +5,7 @@ import pytest
 
 from policies.base import ReplicaView, Routed, RouteRequest
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from policies.prompt_chunks import id_chunks, text_chunks
 from tests.support.policy_state import snapshot
 
 RNG_VOCAB = 50_000
@@ -13,6 +14,11 @@ RNG_VOCAB = 50_000
 def doc(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(RNG_VOCAB) for _ in range(n)]
+
+
+def token_keyed(**settings: object) -> PrefixAffinity:
+    """The policy keying on token ids (``chunk_chars: 0``): its caller tokenizes."""
+    return PrefixAffinity(PrefixAffinityConfig(chunk_chars=0, **settings))  # type: ignore[arg-type]
 
 
 def views(loads: dict[str, int]) -> list[ReplicaView]:
@@ -106,7 +112,7 @@ def test_spill_goes_to_least_loaded() -> None:
 
 def test_shared_system_prompt_is_learned_and_skipped() -> None:
     """A 1,500-token system prompt before each contract must not collapse the key."""
-    policy = PrefixAffinity()
+    policy = token_keyed()
     fleet = views({f"r{i}": 0 for i in range(8)})
     system = doc(999, 1500)
     contracts = [doc(s, 6000) for s in range(60)]
@@ -135,7 +141,7 @@ def test_shared_system_prompt_is_learned_and_skipped() -> None:
 
 
 def test_two_system_prompts_under_half_the_traffic_each_are_not_skipped() -> None:
-    policy = PrefixAffinity(PrefixAffinityConfig(common_share=0.6, common_min_samples=16))
+    policy = token_keyed(common_share=0.6, common_min_samples=16)
     fleet = views({f"r{i}": 0 for i in range(8)})
     systems = [doc(1, 600), doc(2, 600)]
     for i in range(200):
@@ -173,7 +179,7 @@ def test_health_flip_moves_only_that_replicas_keys_without_a_rebuild() -> None:
 
 
 def test_anchor_bounds_the_hashed_window() -> None:
-    policy = PrefixAffinity(PrefixAffinityConfig(prefix_tokens=512, learn_common_prefix=False))
+    policy = token_keyed(prefix_tokens=512, learn_common_prefix=False)
     head = doc(7, 300)
     turn1, turn2 = head + doc(8, 40), head + doc(8, 40) + doc(9, 400)
     k1 = policy.key(RouteRequest(turn1, len(turn1), anchor_tokens=300))
@@ -188,7 +194,7 @@ def test_anchor_bounds_the_hashed_window() -> None:
 
 def test_a_burst_of_one_prompt_is_not_learned_as_a_shared_prefix() -> None:
     def burst(with_fingerprint: bool) -> int:
-        policy = PrefixAffinity(PrefixAffinityConfig(common_min_samples=16))
+        policy = token_keyed(common_min_samples=16)
         same = doc(5, 3000)
         for i in range(200):
             others = doc(100 + i, 3000)
@@ -203,10 +209,77 @@ def test_a_burst_of_one_prompt_is_not_learned_as_a_shared_prefix() -> None:
 
 
 def test_distinct_prompts_with_fingerprints_still_learn_a_system_prompt() -> None:
-    policy = PrefixAffinity(PrefixAffinityConfig(common_min_samples=16))
+    policy = token_keyed(common_min_samples=16)
     system = doc(999, 600)
     for i in range(100):
         prompt = system + doc(i, 2000)
         policy.observe(Routed(RouteRequest(prompt[: policy.tokens_needed], len(prompt),
                                            fingerprint=i), "r0"))
     assert policy.common_prefix_tokens == 512
+
+
+def text_request(text: str, **fields: object) -> RouteRequest:
+    """A completion as the gateway's builder hands it to a pieces-keyed policy."""
+    return RouteRequest((), len(text) // 4, chunks=text_chunks(text, 64), chunk_tokens=16.0,
+                        **fields)  # type: ignore[arg-type]
+
+
+def words(seed: int, n: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(f"w{rng.randrange(RNG_VOCAB)}" for _ in range(n))
+
+
+def test_pieces_key_documents_and_skip_a_learned_system_prompt() -> None:
+    """By default the key hashes 64-character pieces: K = 1,024 tokens is 64 pieces, and
+    a shared system prompt longer than that is learned (in steps of 16 pieces) and skipped."""
+    policy = PrefixAffinity()
+    assert policy.tokens_needed == 0 and policy.chunk_chars == 64
+    fleet = views({f"r{i}": 0 for i in range(8)})
+    system = words(999, 1200)  # ~8,000 characters: past the 64 pieces K reads
+    contracts = [words(s, 1500) for s in range(60)]
+
+    def route(i: int) -> str:
+        req = text_request(system + contracts[i % 60] + words(10_000 + i, 20), fingerprint=i)
+        d = policy.choose(req, fleet)
+        policy.observe(Routed(req, d.chosen))
+        return d.chosen
+
+    assert len({route(i) for i in range(60)}) == 1, "every key inside the system prompt"
+    for i in range(60, 400):
+        route(i)
+    learned = policy.common_prefix_tokens  # pieces x 16
+    assert 64 * 16 < learned <= len(system) // 64 * 16 and learned % 256 == 0, learned
+    by_contract: dict[int, set[str]] = {}
+    for i in range(400, 640):
+        by_contract.setdefault(i % 60, set()).add(route(i))
+    assert all(len(s) == 1 for s in by_contract.values()), "a contract moved"
+    assert len(Counter(next(iter(s)) for s in by_contract.values())) >= 6
+
+
+def test_a_chats_anchor_in_pieces_bounds_the_window() -> None:
+    policy = PrefixAffinity(PrefixAffinityConfig(learn_common_prefix=False))
+    head = words(7, 300)  # ~2,000 characters: shorter than the 64 pieces K reads
+    turn1, turn2 = head + words(8, 40), head + words(8, 40) + words(9, 600)
+    anchor = len(head) // 64
+    k1 = policy.key(text_request(turn1, anchor_chunks=anchor))
+    assert k1 == policy.key(text_request(turn2, anchor_chunks=anchor))
+    assert policy.key(text_request(turn1)) != policy.key(text_request(turn2))
+
+
+def test_a_request_of_token_ids_alone_is_keyed_by_its_id_pieces() -> None:
+    """A caller that hands over token ids and no pieces (the policy benchmark, a test)
+    gets the key the gateway's builder gives those ids: their 16-id pieces."""
+    policy = PrefixAffinity()
+    ids = doc(3, 3000)
+    assert policy.key(RouteRequest(ids, len(ids))) == policy.key(
+        RouteRequest((), len(ids), chunks=id_chunks(ids), chunk_tokens=16.0))
+    assert policy.key(RouteRequest(ids, len(ids))) != policy.key(
+        RouteRequest(doc(4, 3000), 3000))
+
+
+def test_chunk_chars_below_zero_or_a_block_under_one_piece_is_refused() -> None:
+    with pytest.raises(ValueError, match="chunk_chars must be >= 0, got -1"):
+        PrefixAffinityConfig(chunk_chars=-1).validate()
+    with pytest.raises(ValueError, match="common_block must be >= 16 tokens"):
+        PrefixAffinityConfig(common_block=8).validate()
+    PrefixAffinityConfig(common_block=8, chunk_chars=0).validate()

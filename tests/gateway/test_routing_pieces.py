@@ -1,0 +1,32 @@
+"""The gateway's request builder hashes only the prompt pieces a policy reads."""
+
+from __future__ import annotations
+
+from gateway.fleet import Fleet
+from gateway.request_parse import ParsedRequest
+from gateway.routing import Router
+from kvwire.tokenizer import load_tokenizer
+from policies.prompt_chunks import id_chunks, text_chunks
+from policies.registry import build_policy
+
+TEXT = "The parties agree that the term of this agreement is five years. " * 400  # 26 KB
+
+
+def completion(text: str | None = None, ids: list[int] | None = None) -> ParsedRequest:
+    return ParsedRequest("completions", {}, "m", True, text, ids, None, None, None)
+
+
+def test_prefix_affinity_gets_the_pieces_its_key_reads_and_cost_gets_all() -> None:
+    affinity = Router(build_policy({"name": "prefix_affinity"}), load_tokenizer(), Fleet([]), 1)
+    cost = Router(build_policy({"name": "cost"}), load_tokenizer(), Fleet([]), 1)
+    try:
+        request = affinity.build(completion(TEXT))
+        assert affinity.policy.chunks_needed == 64  # K = 1,024 tokens, 16 a piece
+        assert list(request.chunks) == text_chunks(TEXT, 64)[:64]
+        assert request.prompt_tokens > 5000  # the whole prompt's length, estimated
+        ids = list(range(3000))
+        assert list(affinity.build(completion(ids=ids)).chunks) == id_chunks(ids)[:64]
+        assert list(cost.build(completion(TEXT)).chunks) == text_chunks(TEXT, 64)
+    finally:
+        affinity.close()
+        cost.close()
