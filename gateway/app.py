@@ -1,7 +1,7 @@
 """The gateway's Starlette application: OpenAI endpoints, health, metrics (the admin API
 is an app of its own, ``gateway.admin.create_admin_app``, on its own listener).
 
-Long-lived parts (the upstream HTTP session, the monitor loops, the tokenizer pool) are
+Long-lived parts (the upstream HTTP clients, the monitor loops, the tokenizer pool) are
 opened in the lifespan and closed on shutdown.
 """
 
@@ -39,6 +39,7 @@ from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
 from gateway.tracing import RequestTrace
+from gateway.upstream_http import client_for
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
 from kvwire.request_edge import ErrorBoundary
 from policies.base import Finished, Routed
@@ -216,9 +217,12 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             stack.callback(gw.router.close)
             gw.tracing.open()
             stack.callback(gw.tracing.close)
+            # health checks and scrapes (aiohttp); proxied requests (the gateway's own client)
             session = await stack.enter_async_context(aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=False))
-            gw.proxy = Proxy(session, gw.fleet, config.timeouts, gw.metrics,
+            upstream = client_for(config)
+            stack.push_async_callback(upstream.close)
+            gw.proxy = Proxy(upstream, gw.fleet, config.timeouts, gw.metrics,
                              config.max_attempts, config.health,
                              forward_client_auth=not gw.auth.on)
             stack.callback(gw.proxy.close)

@@ -26,7 +26,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import aiohttp
 import orjson
 
 from gateway.config import HealthConfig, TimeoutConfig
@@ -36,6 +35,12 @@ from gateway.fleet import Fleet, Pending
 from gateway.fleet_events import FleetEvent, HealthChanged
 from gateway.idle_watch import IdleWatch
 from gateway.metrics import GatewayMetrics
+from gateway.upstream_http import (
+    UpstreamClient,
+    UpstreamFailure,
+    UpstreamResponse,
+    UpstreamUnreachable,
+)
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -97,7 +102,7 @@ class UpstreamStream:
     """An open upstream response whose first bytes have arrived (a non-streamed answer's
     first ``buffer_bytes``, or all of it)."""
 
-    def __init__(self, replica: str, response: aiohttp.ClientResponse, first_chunk: bytes,
+    def __init__(self, replica: str, response: UpstreamResponse, first_chunk: bytes,
                  pending: Pending, idle_s: float, fleet: Fleet,
                  on_done: Callable[[UpstreamStream, bool], None], first_byte_s: float = 0.0,
                  on_cut: Callable[[UpstreamStream], None] | None = None) -> None:
@@ -132,7 +137,7 @@ class UpstreamStream:
     @property
     def complete(self) -> bool:
         """True when the first chunk was the whole body (a non-streamed answer)."""
-        return self.response.content.is_eof() and not self.stream
+        return self.response.is_eof() and not self.stream
 
     def whole_body(self) -> bytes:
         """The body of a ``complete`` response; settles the accounting."""
@@ -149,10 +154,10 @@ class UpstreamStream:
             if self.first_chunk:
                 yield self.first_chunk
                 self._delivered = self.stream and self._tail.endswith(_DONE_EVENT)
-            content = self.response.content
+            response = self.response
             while True:
                 watch.waiting()
-                chunk = await content.readany()
+                chunk = await response.readany()
                 watch.got()
                 if not chunk:
                     break
@@ -176,7 +181,7 @@ class UpstreamStream:
                 task.uncancel()
             if not self._delivered:  # after [DONE] only the end of body was missing
                 self._broke_off("idle_timeout", f"sent nothing for over {self.idle_s} s")
-        except aiohttp.ClientError as exc:
+        except UpstreamFailure as exc:
             self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
         finally:
             watch.stop()
@@ -265,11 +270,11 @@ class Usage(NamedTuple):
 
 
 class Proxy:
-    def __init__(self, session: aiohttp.ClientSession, fleet: Fleet, timeouts: TimeoutConfig,
+    def __init__(self, client: UpstreamClient, fleet: Fleet, timeouts: TimeoutConfig,
                  metrics: GatewayMetrics, max_attempts: int,
                  health: HealthConfig | None = None, forward_client_auth: bool = True
                  ) -> None:
-        self.session = session
+        self.client = client
         self.fleet = fleet
         self.timeouts = timeouts
         self.metrics = metrics
@@ -340,25 +345,25 @@ class Proxy:
                        on_done: Callable[[UpstreamStream, bool], None]) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable."""
         started = time.perf_counter()
-        response: aiohttp.ClientResponse | None = None
+        response: UpstreamResponse | None = None
         waiting = _Waiting(asyncio.current_task())
         self._waiting.setdefault(replica, set()).add(waiting)
         try:
             async with asyncio.timeout(wait):
-                response = await self.session.post(url, data=body, headers=headers)
+                response = await self.client.post(url, body, headers)
                 if response.status >= 500:
-                    detail = await response.content.read(_ERROR_BODY_LIMIT)
+                    detail = await response.read(_ERROR_BODY_LIMIT)
                     log.warning("replica %s answered %s: %s", replica, response.status,
                                 detail.decode(errors="replace"))
                     raise _Retryable("5xx", f"replica {replica!r} answered {response.status}")
-                first = await response.content.readany()
+                first = await response.readany()
                 first_byte_s = time.perf_counter() - started
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
             if not streamed and response.status < 400:
                 first = await self._buffer(replica, response, first)
-        except aiohttp.ClientError as exc:  # refused, reset, cut, or a malformed answer
+        except UpstreamFailure as exc:  # refused, reset, cut, or a malformed answer
             _close(response)
-            if isinstance(exc, aiohttp.ClientConnectorError):
+            if isinstance(exc, UpstreamUnreachable):
                 if self.fleet.eject(replica, str(exc)):
                     log.warning("replica %s ejected: %s", replica, exc)
                 raise _Retryable("connect", f"replica {replica!r} is unreachable: {exc}",
@@ -394,15 +399,14 @@ class Proxy:
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut)
 
-    async def _buffer(self, replica: str, response: aiohttp.ClientResponse,
+    async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:
         """A non-streamed answer read up to ``buffer_bytes`` (the rest is relayed)."""
         chunks, size = [first], len(first)
-        content = response.content
         try:
-            while size < self.timeouts.buffer_bytes and not content.is_eof():
+            while size < self.timeouts.buffer_bytes and not response.is_eof():
                 async with asyncio.timeout(self.timeouts.idle_s):
-                    chunk = await content.readany()
+                    chunk = await response.readany()
                 if not chunk:
                     break
                 chunks.append(chunk)
@@ -427,6 +431,6 @@ class Proxy:
                                   self.health.request_failures_to_eject, self.health.ejection_s)
 
 
-def _close(response: aiohttp.ClientResponse | None) -> None:
+def _close(response: UpstreamResponse | None) -> None:
     if response is not None:
         response.close()

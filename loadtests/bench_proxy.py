@@ -5,14 +5,15 @@
 Runs, in one go and on the same load generator, 6,000-token completion requests against
 (1) the backend directly, (2) the gateway with ``round_robin``, (3) the gateway with
 ``prefix_affinity``, at 1 and 32 concurrent connections, and (4) a minimal pass-through
-proxy over httpx and over aiohttp (``client_httpx``, ``client_aiohttp``: how the gateway's
-upstream client was chosen); then times the routing decision
-(tokenizing the first 1,024 tokens of a 6,000-token prompt and choosing) in process,
-and the CPU that tokenizing costs when calls come back to back and 10 ms apart
-(``prefix_tokenize_cpu_ms``). ``cpu_ms_per_request`` is the gateway's CPU per request
-per policy at a fixed offered rate (``gateway_cpu``); ``cpu_ms_per_request_floor`` is the
-same for a minimal streaming pass-through on the same server and client, which routes,
-counts and logs nothing: the floor under any gateway built on them.
+proxy over httpx, aiohttp and the gateway's own client (``client_httpx``,
+``client_aiohttp``, ``client_kvgate``: how the gateway's upstream client was chosen); then
+times prefix_affinity's routing decision on the gateway's request builder in process, and
+the CPU that tokenizing the first 1,024 tokens of a new document costs when calls come
+back to back and 10 ms apart (``prefix_tokenize_cpu_ms``: what a token-keyed policy pays).
+``cpu_ms_per_request`` is the gateway's CPU per request per policy at a fixed offered rate
+(``gateway_cpu``); ``cpu_ms_per_request_floor`` is the same for minimal streaming
+pass-throughs on the same server, which route, count and log nothing: over the gateway's
+own client (the floor under the gateway) and over aiohttp's.
 Each server runs in its own process; compare the figures as ratios.
 """
 
@@ -294,19 +295,24 @@ def _workers_table(tmp: str, backend: str, counts: tuple[int, int], env: dict[st
 
 
 def _floor_cpu(backend: str, env: dict[str, str], prompts: list[str],
-               args: argparse.Namespace) -> dict[str, float]:
-    """``cpu_ms_per_request`` of the minimal streaming pass-through on the gateway's own
-    server and client (``proxy_clients.aiohttp_stream_app``): what relaying alone costs."""
-    proc, base = uvicorn_app("loadtests.proxy_clients:aiohttp_stream_app",
-                             dict(env, BENCH_BACKEND=backend))
-    try:
-        _wait(f"{base}/health", proc)
-        out = {scenario: cpu_ms_per_request(proc.pid, f"{base}/v1/completions", scenario,
-                                            prompts, args.rate, args.cpu_seconds)
-               for scenario in SCENARIOS}
-    finally:
-        _stop(proc)
-    print("cpu floor", out, file=sys.stderr)
+               args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """``cpu_ms_per_request`` of the minimal streaming pass-throughs on the gateway's own
+    server: with its own client (``proxy_clients.kvgate_stream_app``, what relaying alone
+    costs the gateway) and with aiohttp's (``aiohttp_stream_app``)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, app in (("kvgate_client_stream_proxy", "kvgate_stream_app"),
+                      ("aiohttp_stream_proxy", "aiohttp_stream_app")):
+        proc, base = uvicorn_app(f"loadtests.proxy_clients:{app}",
+                                 dict(env, BENCH_BACKEND=backend))
+        try:
+            _wait(f"{base}/health", proc)
+            out[name] = {scenario: cpu_ms_per_request(proc.pid, f"{base}/v1/completions",
+                                                      scenario, prompts, args.rate,
+                                                      args.cpu_seconds)
+                         for scenario in SCENARIOS}
+        finally:
+            _stop(proc)
+        print("cpu floor", name, out[name], file=sys.stderr)
     return out
 
 
@@ -346,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         _wait(f"{direct}/health", proc)
         targets = {"direct": direct}
         # the upstream client choice: the same minimal proxy over each client
-        for client in ("httpx", "aiohttp"):
+        for client in ("httpx", "aiohttp", "kvgate"):
             proc, targets[f"client_{client}"] = uvicorn_app(
                 f"loadtests.proxy_clients:{client}_app", dict(env, BENCH_BACKEND=direct))
             procs.append(proc)
@@ -355,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc, targets[f"gateway_{policy}"] = _start_gateway(
                     tmp, policy, targets["direct"], args.workers, env)
                 procs.append(proc)
-            for client in ("httpx", "aiohttp"):
+            for client in ("httpx", "aiohttp", "kvgate"):
                 _wait_post(f"{targets[f'client_{client}']}/v1/completions", bodies[0])
             for name, base in targets.items():
                 results[name] = {}
@@ -363,14 +369,14 @@ def main(argv: list[str] | None = None) -> int:
                     results[name][f"c{conc}"] = asyncio.run(
                         _load(f"{base}/v1/completions", bodies, conc, args.seconds))
                     print(name, conc, results[name][f"c{conc}"], file=sys.stderr)
-            for proc in procs[3:]:  # the gateways: the CPU runs start their own
+            for proc in procs[4:]:  # the gateways: the CPU runs start their own
                 _stop(proc)
-            del procs[3:]
+            del procs[4:]
             policies = [p for p in args.cpu_policies.split(",") if p]
             results["cpu_ms_per_request"] = _cpu_table(
                 tmp, policies, targets["direct"], args.workers, env, prompts, args)
-            results["cpu_ms_per_request_floor"] = {
-                "aiohttp_stream_proxy": _floor_cpu(targets["direct"], env, prompts, args)}
+            results["cpu_ms_per_request_floor"] = _floor_cpu(targets["direct"], env, prompts,
+                                                             args)
             if args.compare_workers:
                 results["cpu_ms_per_request_by_workers"] = _workers_table(
                     tmp, targets["direct"], (args.workers, args.compare_workers), env,
@@ -387,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     results["ratios"] = {
         name: round(results[name]["c32"]["rps"] / direct, 3)
         for name in ("gateway_round_robin", "gateway_prefix_affinity", "client_httpx",
-                     "client_aiohttp")}
+                     "client_aiohttp", "client_kvgate")}
     print_json(results, args.json)
     return 0
 

@@ -2,13 +2,17 @@
 
     uvicorn loadtests.proxy_clients:httpx_app     (BENCH_BACKEND=http://127.0.0.1:PORT)
     uvicorn loadtests.proxy_clients:aiohttp_app
+    uvicorn loadtests.proxy_clients:kvgate_app
     uvicorn loadtests.proxy_clients:aiohttp_stream_app
+    uvicorn loadtests.proxy_clients:kvgate_stream_app
 
-The first two, one per upstream HTTP client, read the request body, POST it to the
-backend and return the backend's body: the same work, so ``bench_proxy`` can compare the
-clients' overhead under concurrency. The third relays the answer chunk by chunk as it
-arrives, as the gateway does, and does nothing else: no routing, no accounting, no
-metrics. Its CPU per request is the floor of the stack the gateway is built on.
+The first three, one per upstream HTTP client (httpx, aiohttp, the gateway's own
+``gateway.upstream_http``), read the request body, POST it to the backend and return the
+backend's body: the same work, so ``bench_proxy`` can compare the clients' overhead under
+concurrency. The stream apps relay the answer chunk by chunk as it arrives, as the gateway
+does, and do nothing else: no routing, no accounting, no metrics. The one on the gateway's
+own client is the floor of the stack the gateway is built on; the aiohttp one, of the same
+server with a general client.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 import aiohttp
 import httpx
+
+from gateway.upstream_http import UpstreamClient
 
 BACKEND = os.environ.get("BENCH_BACKEND", "http://127.0.0.1:9")
 
@@ -105,6 +111,52 @@ class _AiohttpStreamProxy(_AiohttpProxy):
             await send({"type": "http.response.body", "body": b""})
 
 
+class _KvgateProxy:
+    client: UpstreamClient | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            async def opened() -> None:
+                self.client = UpstreamClient()
+
+            async def closed() -> None:
+                assert self.client is not None
+                await self.client.close()
+            await _lifespan(receive, send, opened, closed)
+            return
+        body = await _read(receive)
+        assert self.client is not None
+        r = await self.client.post(BACKEND + scope["path"], body, {})
+        try:
+            whole = bytearray()
+            while chunk := await r.readany():
+                whole += chunk
+        finally:
+            r.release()
+        await _reply(send, r.status, bytes(whole))
+
+
+class _KvgateStreamProxy(_KvgateProxy):
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" or scope["path"] != "/v1/completions":
+            await super().__call__(scope, receive, send)  # lifespan, /health, /ready
+            return
+        body = await _read(receive)
+        assert self.client is not None
+        r = await self.client.post(BACKEND + scope["path"], body, {})
+        try:
+            kind = r.headers.get("content-type")
+            await send({"type": "http.response.start", "status": r.status,
+                        "headers": [(b"content-type", kind.encode())] if kind else []})
+            while chunk := await r.readany():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            r.release()
+
+
 httpx_app = _HttpxProxy()
 aiohttp_app = _AiohttpProxy()
 aiohttp_stream_app = _AiohttpStreamProxy()
+kvgate_app = _KvgateProxy()
+kvgate_stream_app = _KvgateStreamProxy()

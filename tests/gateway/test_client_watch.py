@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import RelayResponse
+from gateway.upstream_http import UpstreamClient
 from kvwire.request_edge import ClientWatch
 
 
@@ -74,13 +74,14 @@ def test_the_relay_sends_nothing_to_a_client_that_left_while_it_waited() -> None
             sent.append(message)
 
         try:
-            async with aiohttp.ClientSession() as session:
-                watch = await _absorbed_leave(gone)
-                response = await session.post(f"http://127.0.0.1:{port}/v1/completions")
-                first = await response.content.readany()
-                stream = UpstreamStream("r", response, first, fleet.sent("r", 10), 5.0,
-                                        fleet, lambda s, ok: ended.append(ok))
-                await RelayResponse(stream, {}, watch)({"type": "http"}, gone, send)
+            client = UpstreamClient()
+            watch = await _absorbed_leave(gone)
+            response = await client.post(f"http://127.0.0.1:{port}/v1/completions", b"", {})
+            first = await response.readany()
+            stream = UpstreamStream("r", response, first, fleet.sent("r", 10), 5.0,
+                                    fleet, lambda s, ok: ended.append(ok))
+            await RelayResponse(stream, {}, watch)({"type": "http"}, gone, send)
+            await client.close()
         finally:
             await runner.cleanup()
         return sent, ended

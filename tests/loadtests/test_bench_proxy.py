@@ -43,28 +43,31 @@ def test_the_prefix_tokenizing_cost_is_timed_back_to_back_and_spaced() -> None:
 @pytest.mark.slow
 def test_the_floor_proxy_relays_the_backend_answer_unchanged_and_is_measured(backend: str
                                                                              ) -> None:
-    """The minimal streaming pass-through answers what the backend answers, byte for byte,
-    streamed or not, and ``_floor_cpu`` measures its CPU per request for each kind."""
+    """The minimal pass-throughs answer what the backend answers, byte for byte, streamed
+    or not, and ``_floor_cpu`` measures the streaming ones' CPU per request for each kind."""
     prompts = documents(2, words=50)
-    proxy, proxied = uvicorn_app("loadtests.proxy_clients:aiohttp_stream_app",
-                                 dict(ENV, BENCH_BACKEND=backend))
-    try:
-        _wait(f"{proxied}/health", proxy)
-        for stream in (True, False):
-            body = bodies(prompts, stream)[0]
+    for app in ("aiohttp_stream_app", "kvgate_stream_app", "kvgate_app"):
+        proxy, proxied = uvicorn_app(f"loadtests.proxy_clients:{app}",
+                                     dict(ENV, BENCH_BACKEND=backend))
+        try:
+            _wait(f"{proxied}/health", proxy)
+            for stream in (True, False):
+                body = bodies(prompts, stream)[0]
 
-            def answer(url: str, body: bytes = body) -> bytes:
-                req = urllib.request.Request(url + "/v1/completions", data=body)
-                with urllib.request.urlopen(req, timeout=10) as r:
-                    return r.read()
-            direct = answer(backend)
-            assert direct == answer(proxied)
-            assert (b"data: [DONE]" in direct) == stream
-    finally:
-        _stop(proxy)
+                def answer(url: str, body: bytes = body) -> bytes:
+                    req = urllib.request.Request(url + "/v1/completions", data=body)
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        return r.read()
+                direct = answer(backend)
+                assert direct == answer(proxied), app
+                assert (b"data: [DONE]" in direct) == stream
+        finally:
+            _stop(proxy)
     args = argparse.Namespace(rate=50.0, cpu_seconds=0.4)
     out = _floor_cpu(backend, ENV, prompts, args)
-    assert set(out) == {"stream_repeated", "stream_fresh", "plain_repeated"}
+    assert set(out) == {"kvgate_client_stream_proxy", "aiohttp_stream_proxy"}
+    assert all(set(kinds) == {"stream_repeated", "stream_fresh", "plain_repeated"}
+               for kinds in out.values())
 
 
 def _slow_decisions(base: str) -> tuple[float, float]:

@@ -1,0 +1,260 @@
+"""The gateway's HTTP/1.1 client against scripted servers (real sockets on loopback): each
+framing of an answer, keep-alive reuse and its limits, and every way a replica can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from gateway.upstream_http import UpstreamBroken, UpstreamClient, UpstreamUnreachable
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request's head and body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return head, await reader.readexactly(length)
+
+
+class Server:
+    """A loopback server answering each request with ``handler(reader, writer, n)`` (n:
+    the request's number on its connection); the handler says whether to keep the
+    connection open for another request."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
+
+    async def __aenter__(self) -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            n = 0
+            try:
+                while True:
+                    head, body = await read_request(reader)
+                    self.heads.append(head)
+                    self.bodies.append(body)
+                    if not await self.handler(reader, writer, n):
+                        break
+                    n += 1
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1/completions"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+
+def answer(body: bytes, *headers: str) -> bytes:
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return (f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{extra}"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def read_all(client: UpstreamClient, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
+    response = await client.post(url, body, {"x-request-id": "t1"})
+    out = b""
+    while chunk := await response.readany():
+        out += chunk
+    response.release()
+    return response.status, out  # the answer's own: release() hands on the connection only
+
+
+def test_a_kept_alive_connection_carries_the_next_request() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(answer(b'{"n": %d}' % n))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        server = Server(handler)
+        async with server as url:
+            client = UpstreamClient()
+            assert await read_all(client, url, b'{"a": 1}') == (200, b'{"n": 0}')
+            assert await read_all(client, url) == (200, b'{"n": 1}')
+            await client.close()
+        assert server.connections == 1
+        head = server.heads[0].decode()
+        assert head.startswith("POST /v1/completions HTTP/1.1\r\n")
+        assert "\r\nhost: 127.0.0.1:" in head and "\r\nx-request-id: t1\r\n" in head
+        assert server.bodies[0] == b'{"a": 1}'
+    asyncio.run(main())
+
+
+def test_chunked_and_close_delimited_answers_arrive_whole_and_close_is_not_kept() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        if n == 0:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n")
+            for part in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+                writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+            writer.write(b"0\r\n\r\n")
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nto the end")
+        return False  # the body ends with the connection
+
+    async def main() -> None:
+        server = Server(handler)
+        async with server as url:
+            client = UpstreamClient()
+            response = await client.post(url, b"{}", {})
+            assert response.headers["content-type"] == "text/event-stream"
+            parts = []
+            while chunk := await response.readany():
+                parts.append(chunk)
+            assert b"".join(parts) == b"data: 1\n\ndata: [DONE]\n\n" and len(parts) == 2
+            response.release()
+            assert await read_all(client, url) == (200, b"to the end")
+            assert await read_all(client, url) == (200, b"data: 1\n\ndata: [DONE]\n\n")
+            await client.close()
+        assert server.connections == 2  # the close-delimited answer's was not kept
+    asyncio.run(main())
+
+
+def test_a_replica_closing_a_kept_connection_as_a_request_comes_is_sent_again() -> None:
+    """The replica closes its idle connection just as the next request is written: the
+    client sends it again on a new connection, and the caller sees one answer."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        if n == 1:
+            return False  # read the second request, close without a byte
+        writer.write(answer(b"ok"))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        server = Server(handler)
+        async with server as url:
+            client = UpstreamClient()
+            assert await read_all(client, url) == (200, b"ok")
+            assert await read_all(client, url) == (200, b"ok")
+            await client.close()
+        assert server.connections == 2 and len(server.bodies) == 3
+    asyncio.run(main())
+
+
+def test_a_new_connection_closed_without_an_answer_is_broken() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        return False
+
+    async def main() -> None:
+        async with Server(handler) as url:
+            client = UpstreamClient()
+            with pytest.raises(UpstreamBroken, match="the connection broke"):
+                await client.post(url, b"{}", {})
+            await client.close()
+    asyncio.run(main())
+
+
+def test_an_answer_cut_mid_body_raises_where_it_is_read() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(answer(b"0123456789")[:-4])  # six of its ten body bytes
+        await writer.drain()
+        return False
+
+    async def main() -> None:
+        async with Server(handler) as url:
+            client = UpstreamClient()
+            response = await client.post(url, b"{}", {})
+            assert await response.readany() == b"012345"
+            with pytest.raises(UpstreamBroken):
+                await response.readany()
+            assert not response.is_eof()
+            response.close()
+            await client.close()
+    asyncio.run(main())
+
+
+def test_a_closed_port_is_unreachable_and_a_line_break_in_a_header_is_refused() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again before the client connects
+
+    async def main() -> None:
+        client = UpstreamClient()
+        with pytest.raises(UpstreamUnreachable, match=f"127.0.0.1:{port}"):
+            await client.post(f"http://127.0.0.1:{port}/v1/completions", b"{}", {})
+        with pytest.raises(ValueError, match="'x-evil' holds a line break"):
+            await client.post(f"http://127.0.0.1:{port}/", b"", {"x-evil": "a\r\nb: c"})
+        with pytest.raises(ValueError, match="not an http"):
+            await client.post("ftp://127.0.0.1/", b"", {})
+        await client.close()
+    asyncio.run(main())
+
+
+def test_at_most_the_limit_of_connections_are_open_to_one_replica() -> None:
+    release = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\no")
+        await writer.drain()
+        await release.wait()
+        writer.write(b"k")
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        server = Server(handler)
+        async with server as url:
+            client = UpstreamClient(limit_per_origin=2)
+            first = await client.post(url, b"1", {})
+            second = await client.post(url, b"2", {})
+            third = asyncio.create_task(client.post(url, b"3", {}))
+            await asyncio.sleep(0.1)
+            assert not third.done() and server.connections == 2  # waits for a connection
+            release.set()
+            assert await first.read(2) == b"ok"
+            first.release()
+            response = await asyncio.wait_for(third, 5)
+            assert await response.read(2) == b"ok" and server.connections == 2
+            assert await second.read(2) == b"ok"
+            second.close()
+            response.release()
+            await client.close()
+    asyncio.run(main())
+
+
+def test_a_large_answer_read_slowly_arrives_intact() -> None:
+    """Reading pauses while 256 KB wait unread and resumes as they are read: a 4 MB
+    body read in small sips comes through byte for byte."""
+    body = bytes(range(256)) * (16 * 1024)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(answer(body))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with Server(handler) as url:
+            client = UpstreamClient()
+            response = await client.post(url, b"{}", {})
+            await asyncio.sleep(0.2)  # the replica sends all it can meanwhile
+            assert response._buffered < 2 * 1024 * 1024  # paused long before the end
+            got = bytearray()
+            while chunk := await response.readany():
+                got += chunk
+                await asyncio.sleep(0)
+            assert bytes(got) == body
+            response.release()
+            await client.close()
+    asyncio.run(main())
