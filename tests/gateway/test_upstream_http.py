@@ -4,8 +4,12 @@ framing of an answer, keep-alive reuse and its limits, and every way a replica c
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
+import ssl
+import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -257,4 +261,39 @@ def test_a_large_answer_read_slowly_arrives_intact() -> None:
             assert bytes(got) == body
             response.release()
             await client.close()
+    asyncio.run(main())
+
+
+def test_an_https_replica_is_reached_over_verified_tls(tmp_path: Path) -> None:
+    """A replica behind TLS answers when its certificate verifies, and is unreachable
+    (naming TLS) when it does not."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl binary to make a certificate with")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True,
+                   capture_output=True)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b"secret"))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=served)
+        url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/completions"
+        try:
+            trusting = UpstreamClient(ssl_context=ssl.create_default_context(cafile=cert))
+            assert await read_all(trusting, url) == (200, b"secret")
+            await trusting.close()
+            default = UpstreamClient()  # the system's CAs: the certificate is unknown
+            with pytest.raises(UpstreamUnreachable, match="TLS with 127.0.0.1"):
+                await default.post(url, b"{}", {})
+            await default.close()
+        finally:
+            server.close()
     asyncio.run(main())
