@@ -29,10 +29,11 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
+
+from gateway.config import GatewayConfig
 
 _HIGH_WATER = 256 * 1024  # bytes of answer waiting unread before reading pauses
 
@@ -411,7 +412,7 @@ class UpstreamClient:
         self._targets.clear()
 
 
-def client_for(config: Any) -> UpstreamClient:
-    """The client a gateway configured by ``config`` (a ``GatewayConfig``) uses."""
+def client_for(config: GatewayConfig) -> UpstreamClient:
+    """The client a gateway configured by ``config`` uses."""
     return UpstreamClient(limit_per_origin=config.limits.connections_per_replica,
                           connect_s=config.timeouts.connect_s)
