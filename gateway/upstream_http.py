@@ -392,7 +392,11 @@ class UpstreamClient:
                 raise ValueError(f"header {name!r} holds a line break")
             lines.append(f"{name}: {value}\r\n")
         lines.append("\r\n")
-        data = "".join(lines).encode("latin-1") + body
+        head = "".join(lines)
+        try:  # header bytes as the client sent them (the server decoded them as latin-1)
+            data = head.encode("latin-1") + body
+        except UnicodeEncodeError:  # a configured value beyond latin-1: its UTF-8
+            data = head.encode("utf-8") + body
         for fresh in (False, True):
             conn = await origin.take(fresh)
             try:

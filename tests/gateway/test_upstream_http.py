@@ -291,9 +291,32 @@ def test_an_https_replica_is_reached_over_verified_tls(tmp_path: Path) -> None:
             assert await read_all(trusting, url) == (200, b"secret")
             await trusting.close()
             default = UpstreamClient()  # the system's CAs: the certificate is unknown
-            with pytest.raises(UpstreamUnreachable, match="TLS with 127.0.0.1"):
+            with pytest.raises(UpstreamUnreachable, match=r"TLS with 127\.0\.0\.1"):
                 await default.post(url, b"{}", {})
             await default.close()
         finally:
             server.close()
+    asyncio.run(main())
+
+
+def test_header_values_go_out_as_the_client_sent_them() -> None:
+    """A value the server decoded as latin-1 goes out as those bytes again; one beyond
+    latin-1 (a configured key, say) as UTF-8."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(answer(b"ok"))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        server = Server(handler)
+        async with server as url:
+            client = UpstreamClient()
+            for value in ("caf\xe9", "key-\u20ac"):
+                response = await client.post(url, b"{}", {"x-note": value})
+                assert await response.read(2) == b"ok"
+                response.release()
+            await client.close()
+        assert b"\r\nx-note: caf\xe9\r\n" in server.heads[0]
+        assert "\r\nx-note: key-\u20ac\r\n".encode() in server.heads[1]
     asyncio.run(main())
