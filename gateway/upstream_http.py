@@ -13,7 +13,7 @@ gateway sends and its replicas answer:
   the replica closed or that answered ``connection: close``;
 - answers with a ``content-length``, chunked, or read until the connection closes, parsed
   by ``httptools`` (llhttp): the body is handed over as it arrives, without decompressing
-  it; reading pauses while ``high_water`` bytes wait unread.
+  it; reading pauses while 256 KB wait unread.
 
 Errors: ``UpstreamUnreachable`` when no connection could be made (refused, unresolvable:
 the replica is unreachable); ``UpstreamBroken`` when the connection broke or the answer was
@@ -36,6 +36,7 @@ import httptools
 from gateway.config import GatewayConfig
 
 _HIGH_WATER = 256 * 1024  # bytes of answer waiting unread before reading pauses
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class UpstreamFailure(Exception):
@@ -273,12 +274,9 @@ class _Origin:
 
     def __init__(self, scheme: str, host: str, port: int, limit: int, idle_s: float,
                  connect_s: float, ssl_context: ssl.SSLContext | None) -> None:
-        self.scheme, self.host, self.port = scheme, host, port
-        self.host_header = host if port == (443 if scheme == "https" else 80) \
-            else f"{host}:{port}"
-        if ":" in host and not host.startswith("["):  # an IPv6 literal
-            self.host_header = f"[{host}]" if port == (443 if scheme == "https" else 80) \
-                else f"[{host}]:{port}"
+        self.host, self.port = host, port
+        named = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
+        self.host_header = named if port == _DEFAULT_PORTS[scheme] else f"{named}:{port}"
         self._slots = asyncio.Semaphore(limit)
         self._idle: deque[_Connection] = deque()  # the most recently used last
         self._idle_s = idle_s
@@ -363,7 +361,7 @@ class UpstreamClient:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port or _DEFAULT_PORTS[parts.scheme]
         key = (parts.scheme, parts.hostname, port)
         origin = self._origins.get(key)
         if origin is None:

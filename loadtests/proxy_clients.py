@@ -56,39 +56,60 @@ async def _reply(send: Any, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class _HttpxProxy:
-    client: httpx.AsyncClient | None = None
+class _Passthrough:
+    """What every pass-through shares: its client opened and closed with the lifespan,
+    then ``serve`` per request."""
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise NotImplementedError
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            async def opened() -> None:
-                self.client = httpx.AsyncClient(
-                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            await _lifespan(receive, send, self.open, self.close)
+        else:
+            await self.serve(scope, receive, send)
 
-            async def closed() -> None:
-                assert self.client is not None
-                await self.client.aclose()
-            await _lifespan(receive, send, opened, closed)
-            return
+
+async def _stream_start(send: Any, status: int, kind: str | None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", kind.encode())] if kind else []})
+
+
+class _HttpxProxy(_Passthrough):
+    client: httpx.AsyncClient | None = None
+
+    async def open(self) -> None:
+        self.client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+    async def close(self) -> None:
+        assert self.client is not None
+        await self.client.aclose()
+
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = await _read(receive)
         assert self.client is not None
         r = await self.client.post(BACKEND + scope["path"], content=body)
         await _reply(send, r.status_code, r.content)
 
 
-class _AiohttpProxy:
+class _AiohttpProxy(_Passthrough):
     session: aiohttp.ClientSession | None = None
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            async def opened() -> None:
-                self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    async def open(self) -> None:
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
-            async def closed() -> None:
-                assert self.session is not None
-                await self.session.close()
-            await _lifespan(receive, send, opened, closed)
-            return
+    async def close(self) -> None:
+        assert self.session is not None
+        await self.session.close()
+
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = await _read(receive)
         assert self.session is not None
         async with self.session.post(BACKEND + scope["path"], data=body) as r:
@@ -96,34 +117,30 @@ class _AiohttpProxy:
 
 
 class _AiohttpStreamProxy(_AiohttpProxy):
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan" or scope["path"] != "/v1/completions":
-            await super().__call__(scope, receive, send)  # lifespan, /health, /ready
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] != "/v1/completions":
+            await super().serve(scope, receive, send)  # /health, /ready
             return
         body = await _read(receive)
         assert self.session is not None
         async with self.session.post(BACKEND + scope["path"], data=body) as r:
-            kind = r.headers.get("content-type")
-            await send({"type": "http.response.start", "status": r.status,
-                        "headers": [(b"content-type", kind.encode())] if kind else []})
+            await _stream_start(send, r.status, r.headers.get("content-type"))
             async for chunk in r.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
 
 
-class _KvgateProxy:
+class _KvgateProxy(_Passthrough):
     client: UpstreamClient | None = None
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            async def opened() -> None:
-                self.client = UpstreamClient()
+    async def open(self) -> None:
+        self.client = UpstreamClient()
 
-            async def closed() -> None:
-                assert self.client is not None
-                await self.client.close()
-            await _lifespan(receive, send, opened, closed)
-            return
+    async def close(self) -> None:
+        assert self.client is not None
+        await self.client.close()
+
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = await _read(receive)
         assert self.client is not None
         r = await self.client.post(BACKEND + scope["path"], body, {})
@@ -137,17 +154,15 @@ class _KvgateProxy:
 
 
 class _KvgateStreamProxy(_KvgateProxy):
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan" or scope["path"] != "/v1/completions":
-            await super().__call__(scope, receive, send)  # lifespan, /health, /ready
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] != "/v1/completions":
+            await super().serve(scope, receive, send)  # /health, /ready
             return
         body = await _read(receive)
         assert self.client is not None
         r = await self.client.post(BACKEND + scope["path"], body, {})
         try:
-            kind = r.headers.get("content-type")
-            await send({"type": "http.response.start", "status": r.status,
-                        "headers": [(b"content-type", kind.encode())] if kind else []})
+            await _stream_start(send, r.status, r.headers.get("content-type"))
             while chunk := await r.readany():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})

@@ -125,7 +125,7 @@ class PrefixAffinity(Policy):
     @property
     def chunks_needed(self) -> int | None:  # type: ignore[override]
         """The pieces the key may read (as ``tokens_needed``, in pieces)."""
-        return self._window() if self.chunk_chars > 0 else 0
+        return self._window() if self.chunk_chars > 0 else None
 
     def _window(self) -> int:
         """Units (tokens, or pieces) of the prompt the key may read: K past the common

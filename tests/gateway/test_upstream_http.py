@@ -4,7 +4,6 @@ framing of an answer, keep-alive reuse and its limits, and every way a replica c
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import ssl
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.upstream_http import UpstreamBroken, UpstreamClient, UpstreamUnreachable
+from tests.support.binaries import which
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 
@@ -65,6 +65,16 @@ def answer(body: bytes, *headers: str) -> bytes:
     extra = "".join(f"{h}\r\n" for h in headers)
     return (f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{extra}"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+def answering(body: bytes) -> Handler:
+    """A handler answering ``body`` to every request and keeping the connection."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(answer(body))
+        await writer.drain()
+        return True
+    return handler
 
 
 async def read_all(client: UpstreamClient, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
@@ -134,13 +144,13 @@ def test_chunked_and_close_delimited_answers_arrive_whole_and_close_is_not_kept(
 def test_a_replica_closing_a_kept_connection_as_a_request_comes_is_sent_again() -> None:
     """The replica closes its idle connection just as the next request is written: the
     client sends it again on a new connection, and the caller sees one answer."""
+    ok = answering(b"ok")
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       n: int) -> bool:
         if n == 1:
             return False  # read the second request, close without a byte
-        writer.write(answer(b"ok"))
-        await writer.drain()
-        return True
+        return await ok(reader, writer, n)
 
     async def main() -> None:
         server = Server(handler)
@@ -242,14 +252,8 @@ def test_a_large_answer_read_slowly_arrives_intact() -> None:
     body read in small sips comes through byte for byte."""
     body = bytes(range(256)) * (16 * 1024)
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      n: int) -> bool:
-        writer.write(answer(body))
-        await writer.drain()
-        return True
-
     async def main() -> None:
-        async with Server(handler) as url:
+        async with Server(answering(body)) as url:
             client = UpstreamClient()
             response = await client.post(url, b"{}", {})
             await asyncio.sleep(0.2)  # the replica sends all it can meanwhile
@@ -267,10 +271,11 @@ def test_a_large_answer_read_slowly_arrives_intact() -> None:
 def test_an_https_replica_is_reached_over_verified_tls(tmp_path: Path) -> None:
     """A replica behind TLS answers when its certificate verifies, and is unreachable
     (naming TLS) when it does not."""
-    if shutil.which("openssl") is None:
+    openssl = which("openssl", "apt-get install openssl")
+    if openssl is None:
         pytest.skip("no openssl binary to make a certificate with")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True,
                    capture_output=True)
@@ -302,14 +307,8 @@ def test_an_https_replica_is_reached_over_verified_tls(tmp_path: Path) -> None:
 def test_header_values_go_out_as_the_client_sent_them() -> None:
     """A value the server decoded as latin-1 goes out as those bytes again; one beyond
     latin-1 (a configured key, say) as UTF-8."""
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      n: int) -> bool:
-        writer.write(answer(b"ok"))
-        await writer.drain()
-        return True
-
     async def main() -> None:
-        server = Server(handler)
+        server = Server(answering(b"ok"))
         async with server as url:
             client = UpstreamClient()
             for value in ("caf\xe9", "key-\u20ac"):

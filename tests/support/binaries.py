@@ -1,4 +1,4 @@
-"""Programs some tests drive (kubectl, prometheus, tmux): found on PATH, or those tests
+"""Programs some tests drive (kubectl, prometheus, tmux, openssl): found on PATH, or those tests
 skip; where ``KVGATE_REQUIRE_BINARIES`` is set (``.ci/run`` sets it, after installing
 them) a missing one fails instead, so CI never passes by skipping."""
 
