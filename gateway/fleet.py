@@ -177,16 +177,20 @@ class ReplicaState:
         last scraped gauge held beyond its pending then (see the module; the gauge counts
         the replica's tokens, ``ratio`` is replica tokens per gateway token)."""
         load = self.load() if load is None else load
-        if self.scraped is None or self.scraped.queued_tokens is None:
-            return load.pending_tokens
-        others = int(self.scraped.queued_tokens / ratio) - self.pending_at_scrape
-        return load.pending_tokens + max(0, others)
+        return self._queued(load.pending_tokens, ratio)
+
+    def _queued(self, pending: int, ratio: float) -> int:
+        s = self.scraped
+        if s is None or s.queued_tokens is None:
+            return pending
+        others = int(s.queued_tokens / ratio) - self.pending_at_scrape
+        return pending + others if others > 0 else pending
 
     def view(self, now: float | None = None, ratio: float = 1.0) -> ReplicaView:
         """A snapshot at ``now`` (default: monotonic); ``ratio`` (replica tokens per gateway
         token) converts the replica's figures into gateway tokens. (Every request takes
         one of each replica: what changes only with a scrape, a health change, a restart
-        or a new config is worked out once per change.)"""
+        or a new config is worked out once per change, and the rest is read in place.)"""
         now = time.monotonic() if now is None else now
         taken = (self.healthy, self.scrape_seq, self.epoch, self.estimated_kv_replica_tokens,
                  self.config)
@@ -194,19 +198,21 @@ class ReplicaState:
         if steady is None or steady[0] != taken:
             steady = self._steady = (taken, self._steady_fields())
         f = steady[1]
-        load = self.load()
+        if self.shared is not None:
+            pending, in_flight, sent_at, head = self.shared.totals(self.slot)
+        else:
+            pending, in_flight = self.pending_tokens, self.in_flight
+            oldest = next(iter(self.unsettled), None)
+            sent_at, head = (0.0, 0) if oldest is None else (oldest.sent_at, oldest.tokens)
         # in the replica's tokens until here: the ratio moves with every answer
         capacity, prefill = f.kv_capacity_tokens, f.prefill_tokens_per_s
-        return ReplicaView(
-            id=self.config.id, url=f.url, healthy=self.healthy, weight=f.weight,
-            queued_tokens=self.queued_tokens(ratio, load), running=f.running,
-            waiting=f.waiting, in_flight=load.in_flight, kv_usage=f.kv_usage,
-            kv_capacity_tokens=None if capacity is None else int(capacity / ratio),
-            token_hit_rate=f.token_hit_rate, epoch=self.epoch,
-            prefill_tokens_per_s=None if prefill is None else prefill / ratio,
-            pending_age_s=max(0.0, now - load.oldest_sent_at) if load.oldest_sent_at else 0.0,
-            pending_head_tokens=load.oldest_tokens,
-        )
+        age = now - sent_at if sent_at else 0.0
+        return ReplicaView._make((  # positional: the fields in their order
+            self.config.id, f.url, self.healthy, f.weight, self._queued(pending, ratio),
+            f.running, f.waiting, in_flight, f.kv_usage,
+            None if capacity is None else int(capacity / ratio), f.token_hit_rate,
+            self.epoch, None if prefill is None else prefill / ratio,
+            age if age > 0.0 else 0.0, head))
 
     def _steady_fields(self) -> _Steady:
         s = self.scraped

@@ -16,13 +16,21 @@ shallowest and stopping at the first that is not common:
 
 ``depth`` is the deepest common boundary seen in any traffic; callers tokenize
 ``depth + K`` tokens so the learner keeps seeing one key's worth past what it knows.
+
+The counted digests form a tree (a digest's parent is the one a block shorter), and a
+digest is counted at least as often as any child, so finding the common ones walks the tree
+from its roots and goes down only under common digests: the work is the window's distinct
+first blocks plus the common prefixes' children, not every digest counted.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable, Hashable, Sequence
 from hashlib import blake2b
 from typing import Protocol
+
+_ROOT = b""  # the parent of first-block digests in the tree of counted digests
 
 
 class CommonPrefixSettings(Protocol):
@@ -81,12 +89,13 @@ class CommonPrefixLearner:
         # per routed prompt: its fingerprint (or None) and the digests it counted; a prompt
         # whose fingerprint is already in the window counts nothing (a burst of one prompt
         # is not a prefix shared by many)
-        self._recent: deque[tuple[object, bool, tuple[bytes, ...]]] = deque()
-        self._counts: Counter[bytes] = Counter()
+        self._recent: deque[tuple[object, bool, tuple[Hashable, ...]]] = deque()
+        self._counts: Counter[Hashable] = Counter()
         self._prints: Counter[object] = Counter()
         self._counted = 0  # prompts in the window whose digests are counted
-        self._depth_of: dict[bytes, int] = {}
-        self._common: frozenset[bytes] = frozenset()
+        # the tree of counted digests: each digest's children (``_ROOT``'s: first blocks)
+        self._children: dict[Hashable, set[Hashable]] = {_ROOT: set()}
+        self._common: frozenset[Hashable] = frozenset()
         self._depth = 0
         self._since_refresh = 0
 
@@ -111,53 +120,84 @@ class CommonPrefixLearner:
         strictly less than ``n_tokens`` so something is left to hash)."""
         if not self._common:
             return 0
-        common = self._common
-        limit = min(n_tokens - 1, self._depth)
         h = blake2b(digest_size=16)
-        prev = skip = 0
-        for b in range(self.block, limit + 1, self.block):
-            h.update(data[4 * prev : 4 * b])
-            if h.copy().digest() not in common:
+        block = 4 * self.block
+
+        def digest(i: int) -> bytes:
+            h.update(data[i * block : (i + 1) * block])
+            return h.copy().digest()
+        return self.skip_digests(digest, n_tokens)
+
+    def skip_digests(self, digest: Callable[[int], Hashable], n_tokens: int) -> int:
+        """``skip`` for a caller with digests of its own: ``digest(i)`` names the prompt's
+        first ``(i + 1) * block`` tokens (asked for ``i = 0, 1, ...`` in order), the same
+        way in every call."""
+        common = self._common
+        if not common:
+            return 0
+        skip = 0
+        for i in range(min(n_tokens - 1, self._depth) // self.block):
+            if digest(i) not in common:
                 break
-            skip = prev = b
+            skip += self.block
         return skip
+
+    def boundaries(self, n_tokens: int, prompt_tokens: int) -> int:
+        """How many digests ``observe_digests`` counts for a prompt of ``prompt_tokens``
+        whose first ``n_tokens`` are known."""
+        return min(n_tokens, prompt_tokens - 1, self.max_depth) // self.block
 
     def observe(self, data: memoryview, n_tokens: int, prompt_tokens: int,
                 fingerprint: object = None) -> None:
         """Count one routed prompt whose first ``n_tokens`` token ids are in ``data``.
         ``fingerprint`` identifies the whole prompt, when the caller knows it."""
         repeat = fingerprint is not None and self._prints[fingerprint] > 0
-        digests: tuple[bytes, ...] = ()
+        digests = () if repeat else \
+            self._digests(data, self.boundaries(n_tokens, prompt_tokens) * self.block)
+        self.observe_digests(digests, fingerprint)
+
+    def observe_digests(self, digests: Sequence[Hashable], fingerprint: object = None) -> None:
+        """``observe`` for a caller with digests of its own (as ``skip_digests`` takes
+        them): the first ``boundaries(...)`` of the prompt's."""
+        repeat = fingerprint is not None and self._prints[fingerprint] > 0
+        counted: tuple[Hashable, ...] = ()
         if not repeat:
-            limit = min(n_tokens, prompt_tokens - 1, self.max_depth)
-            digests = tuple(self._digests(data, limit))
+            counted = tuple(digests)
             self._counted += 1
-            counts = self._counts
-            for i, d in enumerate(digests):
+            counts, children = self._counts, self._children
+            parent: Hashable = _ROOT
+            for d in counted:
+                if d not in counts:
+                    children[parent].add(d)
+                    children[d] = set()
                 counts[d] += 1
-                self._depth_of[d] = (i + 1) * self.block
+                parent = d
         if fingerprint is not None:
             self._prints[fingerprint] += 1
-        self._recent.append((fingerprint, not repeat, digests))
+        self._recent.append((fingerprint, not repeat, counted))
         if len(self._recent) > self.window:
             self._forget(*self._recent.popleft())
         self._since_refresh += 1
         if self._since_refresh >= max(1, len(self._recent) // 16):
             self._refresh()
 
-    def _forget(self, fingerprint: object, counted: bool, digests: tuple[bytes, ...]) -> None:
+    def _forget(self, fingerprint: object, counted: bool,
+                digests: tuple[Hashable, ...]) -> None:
         if fingerprint is not None:
             self._prints[fingerprint] -= 1
             if self._prints[fingerprint] <= 0:
                 del self._prints[fingerprint]
         if counted:
             self._counted -= 1
-        counts = self._counts
-        for d in digests:
+        counts, children = self._counts, self._children
+        # deepest first: a digest's count reaches 0 no later than its parent's
+        for i in range(len(digests) - 1, -1, -1):
+            d = digests[i]
             counts[d] -= 1
             if counts[d] <= 0:
                 del counts[d]
-                del self._depth_of[d]
+                del children[d]
+                children[digests[i - 1] if i else _ROOT].discard(d)
 
     def _refresh(self) -> None:
         self._since_refresh = 0
@@ -166,6 +206,13 @@ class CommonPrefixLearner:
             self._common, self._depth = frozenset(), 0
             return
         need = self.share * seen
-        common = frozenset(d for d, c in self._counts.items() if c >= need)
-        self._common = common
-        self._depth = max((self._depth_of[d] for d in common), default=0)
+        counts, children = self._counts, self._children
+        common: list[Hashable] = []
+        level = [d for d in children[_ROOT] if counts[d] >= need]
+        depth = 0
+        while level:
+            common.extend(level)
+            depth += self.block
+            level = [c for d in level for c in children[d] if counts[c] >= need]
+        self._common = frozenset(common)
+        self._depth = depth

@@ -223,6 +223,7 @@ class Cost(Policy):
         self._routed = 0
         self._memo: tuple[RouteRequest, _Prepared] | None = None
         self._learner = learner_for(cfg)
+        self._chain_digests = cfg.common_block == cfg.block_chunks
         # the last views a hot key was placed over: (replicas, healthy, scratch indexes)
         self._eligible: tuple[Sequence[ReplicaView], list[bool], set[int]] = ((), [], set())
         self._refreshed: tuple[float, int] | None = None  # (arrival, healthy count)
@@ -254,14 +255,19 @@ class Cost(Policy):
             chunks, unit = id_chunks(request.tokens), float(IDS_PER_CHUNK)
         return chunks[: self.config.max_chunks], unit
 
-    def _key(self, request: RouteRequest, units: memoryview) -> int:
+    def _key(self, request: RouteRequest, units: memoryview, chain: PromptChain) -> int:
         """The request's prefix key (stable across processes)."""
         h = blake2b(request_namespace(request), digest_size=8, person=b"kvgate-cost")
         if request.affinity_key is not None:
             h.update(b"\x01" + request.affinity_key.encode())
         else:
             n = len(units) // 4
-            skip = self._learner.skip(units, n) if self._learner else 0
+            learner, skip = self._learner, 0
+            if learner is not None:
+                # the chain's keys name the same prefixes as the learner's digests when
+                # their blocks agree (the preset's), and are hashed once for both
+                skip = learner.skip_digests(chain.key, n) if self._chain_digests \
+                    else learner.skip(units, n)
             # units holds 4 bytes per chunk: [4*skip, 4*(skip+K)) is the hashed window
             h.update(b"\x00")
             h.update(units[4 * skip : 4 * (skip + self.config.key_chunks)])
@@ -275,9 +281,9 @@ class Cost(Policy):
             return memo[1]
         chunks, unit = self._units(request)
         units = token_bytes(chunks)
-        key = self._key(request, units)
         chain = PromptChain(units, self.config.block_chunks, unit,
                             stable_hash(request_namespace(request)))
+        key = self._key(request, units, chain)
         prepared = _Prepared(key, units, chain, self._sketch.estimate(key))
         self._memo = (request, prepared)
         return prepared
@@ -744,9 +750,14 @@ class Cost(Policy):
             if not self._hot(prep.seen):
                 self._rare_load.add(now, uncached)
             self._resize_scratch(now)
-        if self._learner is not None and request.affinity_key is None:
+        learner = self._learner
+        if learner is not None and request.affinity_key is None:
             n = len(prep.units) // 4
-            self._learner.observe(prep.units, n, n, request.fingerprint)
+            if self._chain_digests:
+                learner.observe_digests(prep.chain.keys()[: learner.boundaries(n, n)],
+                                        request.fingerprint)
+            else:
+                learner.observe(prep.units, n, n, request.fingerprint)
         self._routed += 1
         self._mean_prompt += (request.prompt_tokens - self._mean_prompt) / min(
             self._routed, 1024)
