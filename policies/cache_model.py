@@ -196,50 +196,43 @@ class ReplicaCacheModel:
 
 
 class PromptChain(Sequence[ChainEntry]):
-    """A prompt's chain entries, each key hashed on first use (with those before it): entry
-    ``i`` covers units ``[iB, (i+1)B)`` and its key chains the previous one's::
+    """A prompt's chain entries, each key hashed on first use: ``match`` bisects, so a
+    decision reads O(log n) keys of a chain it does not admit. Entry ``i`` covers units
+    ``[iB, (i+1)B)`` and its key is a hash of every unit before its end::
 
-        key_i = H(key_{i-1}, units[iB : (i+1)B])        key_{-1} = root: model, cache salt
+        key_i = H(root, units[0 : (i+1)B])        root: model and cache salt
 
-    which, like a chain of block hashes, names the whole prefix at O(B) work per entry (H is
-    Python's hash of a tuple: keys live only in this process's models). ``match`` bisects,
-    so a decision hashes a chain it does not admit only as far as its deepest probe.
-    Entries hold ``block x unit_tokens`` tokens; the last may hold fewer.
+    which, like a chain of block hashes, names the whole prefix (H is Python's hash of a
+    tuple, over a view of the units rather than a copy: keys live only in this process's
+    models). Entries hold ``block x unit_tokens`` tokens; the last may hold fewer.
     """
 
     __slots__ = ("_data", "_full", "_keys", "_last", "_n", "_root", "_step")
 
     def __init__(self, units: memoryview | bytes, block: int, unit_tokens: float,
                  root: int) -> None:
-        self._data = data = bytes(units)
+        self._data = data = memoryview(bytes(units))
         self._step = step = 4 * block
         self._root = root
         self._n = n = -(-len(data) // step)
         self._full = max(1, round(block * unit_tokens))
         tail = len(data) - (n - 1) * step
         self._last = self._full if tail == step else max(1, round(tail // 4 * unit_tokens))
-        self._keys: list[int] = []
+        self._keys: list[int | None] = [None] * n
 
     def __len__(self) -> int:
         return self._n
 
     def key(self, i: int) -> int:
-        """Key of entry ``i`` (``0 <= i < len``)."""
-        keys = self._keys
-        if i < len(keys):
-            return keys[i]
-        data, step = self._data, self._step
-        h = keys[-1] if keys else self._root
-        for start in range(len(keys) * step, (i + 1) * step, step):
-            h = hash((h, data[start : start + step]))
-            keys.append(h)
-        return h
+        key = self._keys[i]
+        if key is None:
+            key = self._keys[i] = hash((self._root, self._data[: (i + 1) * self._step]))
+        return key
 
-    def keys(self) -> list[int]:
-        """Every entry's key, in order."""
-        if self._n:
-            self.key(self._n - 1)
-        return self._keys
+    def keys(self, count: int | None = None) -> list[int]:
+        """The first ``count`` entries' keys (default: all), in order."""
+        key = self.key
+        return [key(i) for i in range(self._n if count is None else min(count, self._n))]
 
     def size(self, i: int) -> int:
         """Tokens of entry ``i`` (``0 <= i < len``)."""
@@ -247,12 +240,12 @@ class PromptChain(Sequence[ChainEntry]):
 
     def __reversed__(self) -> Iterator[ChainEntry]:
         """The entries, the last first (the order of admission), without item access."""
-        keys = self.keys()
-        if keys:
-            yield ChainEntry(keys[-1], self._last)
+        n, key = self._n, self.key
+        if n:
+            yield ChainEntry(key(n - 1), self._last)
         full = self._full
-        for i in range(len(keys) - 2, -1, -1):
-            yield ChainEntry(keys[i], full)
+        for i in range(n - 2, -1, -1):
+            yield ChainEntry(key(i), full)
 
     def tokens_before(self, i: int) -> int:
         """Tokens of entries ``[0, i)``, for ``0 <= i <= len``."""

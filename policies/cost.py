@@ -754,7 +754,7 @@ class Cost(Policy):
         if learner is not None and request.affinity_key is None:
             n = len(prep.units) // 4
             if self._chain_digests:
-                learner.observe_digests(prep.chain.keys()[: learner.boundaries(n, n)],
+                learner.observe_digests(prep.chain.keys(learner.boundaries(n, n)),
                                         request.fingerprint)
             else:
                 learner.observe(prep.units, n, n, request.fingerprint)
