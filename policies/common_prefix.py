@@ -26,7 +26,7 @@ first blocks plus the common prefixes' children, not every digest counted.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from hashlib import blake2b
 from typing import Protocol
 
@@ -93,8 +93,11 @@ class CommonPrefixLearner:
         self._counts: Counter[Hashable] = Counter()
         self._prints: Counter[object] = Counter()
         self._counted = 0  # prompts in the window whose digests are counted
-        # the tree of counted digests: each digest's children (``_ROOT``'s: first blocks)
-        self._children: dict[Hashable, set[Hashable]] = {_ROOT: set()}
+        # the tree of counted digests (``_ROOT``'s children: first blocks), a digest's
+        # first child in ``_first`` and any others in ``_more``: most digests of a chain
+        # have one child, and a container for each would be most of the learner's memory
+        self._first: dict[Hashable, Hashable] = {}
+        self._more: dict[Hashable, set[Hashable]] = {}
         self._common: frozenset[Hashable] = frozenset()
         self._depth = 0
         self._since_refresh = 0
@@ -164,12 +167,14 @@ class CommonPrefixLearner:
         if not repeat:
             counted = tuple(digests)
             self._counted += 1
-            counts, children = self._counts, self._children
+            counts, first = self._counts, self._first
             parent: Hashable = _ROOT
             for d in counted:
                 if d not in counts:
-                    children[parent].add(d)
-                    children[d] = set()
+                    if parent in first:
+                        self._more.setdefault(parent, set()).add(d)
+                    else:
+                        first[parent] = d
                 counts[d] += 1
                 parent = d
         if fingerprint is not None:
@@ -189,15 +194,34 @@ class CommonPrefixLearner:
                 del self._prints[fingerprint]
         if counted:
             self._counted -= 1
-        counts, children = self._counts, self._children
+        counts = self._counts
         # deepest first: a digest's count reaches 0 no later than its parent's
         for i in range(len(digests) - 1, -1, -1):
             d = digests[i]
             counts[d] -= 1
             if counts[d] <= 0:
                 del counts[d]
-                del children[d]
-                children[digests[i - 1] if i else _ROOT].discard(d)
+                self._unlink(digests[i - 1] if i else _ROOT, d)
+
+    def _unlink(self, parent: Hashable, child: Hashable) -> None:
+        """Takes ``child`` (counted no more, and childless) out of the tree."""
+        first, more = self._first, self._more
+        others = more.get(parent)
+        if first[parent] == child:
+            if others:
+                first[parent] = others.pop()
+            else:
+                del first[parent]
+        elif others is not None:
+            others.discard(child)
+        if others is not None and not others:
+            del more[parent]
+
+    def _children(self, parent: Hashable) -> Iterator[Hashable]:
+        child = self._first.get(parent, _ROOT)
+        if child is not _ROOT:
+            yield child
+            yield from self._more.get(parent, ())
 
     def _refresh(self) -> None:
         self._since_refresh = 0
@@ -208,11 +232,11 @@ class CommonPrefixLearner:
         need = self.share * seen
         counts, children = self._counts, self._children
         common: list[Hashable] = []
-        level = [d for d in children[_ROOT] if counts[d] >= need]
+        level = [d for d in children(_ROOT) if counts[d] >= need]
         depth = 0
         while level:
             common.extend(level)
             depth += self.block
-            level = [c for d in level for c in children[d] if counts[c] >= need]
+            level = [c for d in level for c in children(d) if counts[c] >= need]
         self._common = frozenset(common)
         self._depth = depth

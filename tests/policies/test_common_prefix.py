@@ -66,6 +66,9 @@ def test_the_learner_agrees_with_a_recount_of_its_window(seed: int) -> None:
         probe = rng.choice(heads) + [rng.randrange(4) for _ in range(rng.randrange(1, 20))]
         assert learner.skip(ids(probe), len(probe)) == brute.skip(probe), step
         depths.add(expected)
+        # every digest counted hangs in the tree once, and nothing else does
+        links = len(learner._first) + sum(map(len, learner._more.values()))
+        assert links == len(learner._counts), step
     assert len(depths) > 3  # the common prefix grew and shrank as the traffic moved
 
 
