@@ -15,7 +15,7 @@ Each becomes a ``Library`` for the arithmetic and a request stream for the simul
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,7 @@ def from_scenario(name: str, hot_share: float, sim_requests: int,
                         estimated=True, hot_docs_seen=len(found.hot))
 
 
-def _prompts(body: dict[str, Any], tokenizer: PromptTokenizer) -> Iterator[list[int]]:
+def _prompts(body: Mapping[str, Any], tokenizer: PromptTokenizer) -> Iterator[list[int]]:
     prompt, messages = body.get("prompt"), body.get("messages")
     if isinstance(messages, list) and messages:
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
