@@ -146,11 +146,12 @@ class CostConfig:
     common_block: int = 8
     common_min_samples: int = 64
     max_common_prefix: int = 512
+    common_lookahead: int = 128
 
     def validate(self) -> None:
         check_settings(self)
         for key in ("chunk_chars", "block_chunks", "key_chunks", "max_chunks", "homes", "vnodes",
-                    "hot_min_count", "default_capacity_tokens"):
+                    "hot_min_count", "default_capacity_tokens", "common_lookahead"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
         for key in ("window_factor", "scratch_utilization", "max_scratch_utilization",
@@ -752,12 +753,15 @@ class Cost(Policy):
             self._resize_scratch(now)
         learner = self._learner
         if learner is not None and request.affinity_key is None:
-            n = len(prep.units) // 4
+            # the learner counts common_lookahead pieces past the prefix it has learned (a
+            # longer one is learned a step at a time), not a whole long prompt
+            units = len(prep.units) // 4
+            n = min(units, learner.depth + cfg.common_lookahead)
             if self._chain_digests:
-                learner.observe_digests(prep.chain.keys(learner.boundaries(n, n)),
+                learner.observe_digests(prep.chain.keys(learner.boundaries(n, units)),
                                         request.fingerprint)
             else:
-                learner.observe(prep.units, n, n, request.fingerprint)
+                learner.observe(prep.units, n, units, request.fingerprint)
         self._routed += 1
         self._mean_prompt += (request.prompt_tokens - self._mean_prompt) / min(
             self._routed, 1024)

@@ -92,3 +92,20 @@ def test_cost_learns_a_shared_system_prompt_and_keys_what_follows(common_block: 
     # keyed past the learned prefix
     assert policy._prepare(req(1)).key != policy._prepare(req(2)).key
     assert policy.describe()["common_prefix_chunks"] == 64
+
+
+def test_cost_learns_a_system_prompt_longer_than_its_lookahead_a_step_at_a_time() -> None:
+    # each prompt is counted 16 pieces past what was learned: 64 pieces take 4 steps
+    policy = Cost(CostConfig(common_lookahead=16, common_window=64, common_min_samples=16))
+    rng = random.Random(1)
+    system = [rng.randrange(50_000) for _ in range(1024)]  # 64 pieces
+    fleet = [ReplicaView(f"r{i}", kv_capacity_tokens=1_000_000) for i in range(4)]
+    depths = []
+    for doc in range(400):
+        r = random.Random(doc)
+        tokens = system + [r.randrange(50_000) for _ in range(800)]
+        req = RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model="m")
+        policy.observe(Routed(req, policy.choose(req, fleet).chosen))
+        depths.append(policy.describe()["common_prefix_chunks"])
+    assert sorted(set(depths)) == [0, 16, 32, 48, 64]  # never past the lookahead at once
+    assert depths[-1] == 64
