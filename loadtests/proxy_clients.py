@@ -18,12 +18,13 @@ server with a general client.
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import httpx
 
-from gateway.upstream_http import UpstreamClient
+from gateway.upstream_http import UpstreamClient, UpstreamResponse
 
 BACKEND = os.environ.get("BENCH_BACKEND", "http://127.0.0.1:9")
 
@@ -76,9 +77,19 @@ class _Passthrough:
             await self.serve(scope, receive, send)
 
 
-async def _stream_start(send: Any, status: int, kind: str | None) -> None:
+async def _relay(send: Any, status: int, kind: str | None, chunks: AsyncIterator[bytes]
+                 ) -> None:
+    """An answer passed on chunk by chunk as it arrives."""
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", kind.encode())] if kind else []})
+    async for chunk in chunks:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _chunks(response: UpstreamResponse) -> AsyncIterator[bytes]:
+    while chunk := await response.readany():
+        yield chunk
 
 
 class _HttpxProxy(_Passthrough):
@@ -124,10 +135,7 @@ class _AiohttpStreamProxy(_AiohttpProxy):
         body = await _read(receive)
         assert self.session is not None
         async with self.session.post(BACKEND + scope["path"], data=body) as r:
-            await _stream_start(send, r.status, r.headers.get("content-type"))
-            async for chunk in r.content.iter_any():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+            await _relay(send, r.status, r.headers.get("content-type"), r.content.iter_any())
 
 
 class _KvgateProxy(_Passthrough):
@@ -145,12 +153,10 @@ class _KvgateProxy(_Passthrough):
         assert self.client is not None
         r = await self.client.post(BACKEND + scope["path"], body, {})
         try:
-            whole = bytearray()
-            while chunk := await r.readany():
-                whole += chunk
+            whole = b"".join([chunk async for chunk in _chunks(r)])
         finally:
             r.release()
-        await _reply(send, r.status, bytes(whole))
+        await _reply(send, r.status, whole)
 
 
 class _KvgateStreamProxy(_KvgateProxy):
@@ -162,10 +168,7 @@ class _KvgateStreamProxy(_KvgateProxy):
         assert self.client is not None
         r = await self.client.post(BACKEND + scope["path"], body, {})
         try:
-            await _stream_start(send, r.status, r.headers.get("content-type"))
-            while chunk := await r.readany():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+            await _relay(send, r.status, r.headers.get("content-type"), _chunks(r))
         finally:
             r.release()
 

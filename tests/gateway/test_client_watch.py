@@ -73,16 +73,16 @@ def test_the_relay_sends_nothing_to_a_client_that_left_while_it_waited() -> None
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
+        client = UpstreamClient()
         try:
-            client = UpstreamClient()
             watch = await _absorbed_leave(gone)
             response = await client.post(f"http://127.0.0.1:{port}/v1/completions", b"", {})
             first = await response.readany()
             stream = UpstreamStream("r", response, first, fleet.sent("r", 10), 5.0,
                                     fleet, lambda s, ok: ended.append(ok))
             await RelayResponse(stream, {}, watch)({"type": "http"}, gone, send)
-            await client.close()
         finally:
+            await client.close()
             await runner.cleanup()
         return sent, ended
 
