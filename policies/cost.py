@@ -45,7 +45,7 @@ seconds, with ``t`` the pace over the replica's weight::
     wait     = queued tokens x t, less the part of the oldest queued request the replica
                is likely through (its age, at most its own prefill); or, when longer,
                slot_weight x the wait for a free decode slot (``slots``)
-    prefill  = (prompt tokens - predicted cached tokens) x t
+    prefill  = prefill_weight x (prompt tokens - predicted cached tokens) x t
     evict    = eviction_weight x t x (hot tokens the admission would evict from the model,
                but for entries of its own prefix key); rare_eviction_weight for a rare key
     scratch  = scratch_loss x prompt tokens x t, for a hot key on a scratch replica that
@@ -132,8 +132,9 @@ class CostConfig:
     eviction_weight: float = 0.5
     rare_eviction_weight: float = 0.75
     scratch_loss: float = 0.5
+    prefill_weight: float = 2.0
     fill_homes: bool = True
-    slot_weight: float = 0.5
+    slot_weight: float = 2.0
     placement_slack: float | None = 0.05
     placement_fill: float = 0.9
     placement_overflow: bool = True
@@ -156,7 +157,7 @@ class CostConfig:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
         for key in ("window_factor", "scratch_utilization", "max_scratch_utilization",
                     "load_window_s", "spill_wait",
-                    "hot_spread",
+                    "hot_spread", "prefill_weight",
                     "prefill_s_per_token"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
@@ -375,7 +376,7 @@ class Cost(Policy):
                 r = replicas[i]
                 t = pace / r.weight if r.weight > 0 else math.inf
                 wait = wait_of(i)
-                prefill = (p - matched.get(i, 0)) * t
+                prefill = (p - matched.get(i, 0)) * t * cfg.prefill_weight
                 misplaced = cfg.scratch_loss * p * t \
                     if hot and i in in_scratch and i != first else 0.0
                 bounds.append((wait + prefill + misplaced, order, i, wait, prefill, misplaced))
@@ -401,7 +402,7 @@ class Cost(Policy):
         # the least loaded replicas (a pass over the fleet) are candidates too when the
         # others are busy, unless they cannot win: one not yet a candidate holds nothing
         # of the prompt, so it costs at least its whole prefill
-        if busy and (not scored or best_total > p * pace / max(weights)):
+        if busy and (not scored or best_total > cfg.prefill_weight * p * pace / max(weights)):
             least, least_outside = self._least_loaded(replicas, up, in_scratch)
             extra = [least] if least not in candidates else []
             if hot and in_scratch and least_outside not in candidates \

@@ -52,6 +52,23 @@ def test_a_routed_document_is_found_again_and_spills_only_under_load() -> None:
     assert busy.chosen != first and busy.reason == "scratch"  # still rare: seen once
 
 
+@pytest.mark.parametrize("weight, stays", [(1.0, False), (2.0, True)])
+def test_a_holder_a_prefill_and_a_half_behind_keeps_its_prefix_once_prefill_counts_double(
+        weight: float, stays: bool) -> None:
+    policy = Cost(CostConfig(prefill_weight=weight, prefill_s_per_token=1e-4))
+    tokens = doc(2)
+    first = route(policy, tokens, views())
+    # its queue: 1.5 prefills of the prompt; every other replica idle, holding nothing
+    d = policy.choose(request(tokens), views(queued={first: 3 * len(tokens) // 2}))
+    assert (d.chosen == first) is stays
+    terms = dict(d.scores[0].terms)
+    if stays:
+        assert terms["wait_s"] == pytest.approx(1.5 * len(tokens) * 1e-4)
+    else:  # an idle replica's whole prefill beats the holder's wait (ranked next)
+        assert terms["prefill_s"] == pytest.approx(len(tokens) * 1e-4)
+        assert d.ranked[1] == first
+
+
 def test_every_score_names_its_terms() -> None:
     policy = Cost()
     fleet = views()
@@ -164,6 +181,8 @@ def test_the_preset_builds_and_bad_values_are_named() -> None:
         build_policy({"name": "cost", "scratch_utilization": 0})
     with pytest.raises(ConfigError, match="sketch_width"):
         build_policy({"name": "cost", "sketch_width": 1000})
+    with pytest.raises(ConfigError, match="prefill_weight"):
+        build_policy({"name": "cost", "prefill_weight": 0})
 
 
 def test_the_head_index_follows_evictions_restarts_and_removals() -> None:
