@@ -15,7 +15,7 @@ Example (every key but ``replicas`` has a default)::
     trusted_proxies: [10.0.0.0/8]  # whose X-Forwarded-For and tenant header are believed
     auth: {api_keys: [{key_env: ACME_API_KEY, tenant: acme}]}  # none: /v1/* is open
     shutdown: {grace_s: 5, timeout_s: 30}
-    policy: {name: prefix_affinity, prefix_tokens: 1024, overload: 1.25}
+    policy: {name: cost}         # or {name: prefix_affinity, prefix_tokens: 1024, ...}
     replicas:
       - {id: r0, url: "http://127.0.0.1:8101"}
       - {id: r1, url: "http://127.0.0.1:8102", weight: 2, api_key_env: VLLM_API_KEY}
@@ -270,7 +270,7 @@ class AffinityConfig:
 class GatewayConfig:
     replicas: list[ReplicaConfig] = field(default_factory=list)
     discovery: list[DiscoverySourceConfig] = field(default_factory=list)
-    policy: dict[str, Any] = field(default_factory=lambda: {"name": "prefix_affinity"})
+    policy: dict[str, Any] = field(default_factory=lambda: {"name": "cost"})
     host: str = "127.0.0.1"
     port: int = 8000
     tokenizer: str | None = None
