@@ -67,6 +67,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
+from itertools import compress
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -296,13 +297,13 @@ class Cost(Policy):
     # -- the decision ---------------------------------------------------------------------
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         cfg = self.config
-        ok = healthy(replicas)
+        up = list(map(_HEALTHY, replicas))
+        ok = list(compress(replicas, up)) or healthy(replicas)  # healthy() names the error
         self._refresh(ok, request.arrival_s)
         ids = list(map(_ID, replicas))
         weights = list(map(_WEIGHT, replicas))
         ring, owners = self._rings.layout(ids, weights)
         index = self._index_of(ids)
-        up = list(map(_HEALTHY, replicas))
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
         hot = self._hot(prep.seen)
@@ -427,12 +428,13 @@ class Cost(Policy):
         else:
             reason = "affinity" if best == rare_home else "spill"
         ranked_idx = [entry[2] for entry in scored] + pruned
-        seen = set(ranked_idx)
-        ranked_idx += [i for i in range(len(up)) if up[i] and i not in seen]
+        rest = up.copy()  # the other healthy replicas follow in the fleet's order
+        for i in ranked_idx:
+            rest[i] = False
         scores = tuple([ReplicaScore(ids[i], total, matched.get(i, 0), terms)
                         for total, _, i, terms, _ in scored])
-        return Decision(tuple([ids[i] for i in ranked_idx]), reason, matched.get(best, 0),
-                        scores)
+        return Decision(tuple([ids[i] for i in ranked_idx] + list(compress(ids, rest))),
+                        reason, matched.get(best, 0), scores)
 
     def _roomy_home(self, p: int, replicas: Sequence[ReplicaView], points: list[int],
                     owners: list[int], distinct: int, up: list[bool], in_scratch: set[int],
@@ -603,7 +605,7 @@ class Cost(Policy):
         out: dict[int, int] = {}
         if not prep.chain:
             return out
-        holders = self._heads.get(prep.chain[0].key)
+        holders = self._heads.get(prep.chain.key(0))
         if not holders:
             return out
         models = self._models
