@@ -252,3 +252,12 @@ def test_the_fleet_tells_its_listeners() -> None:
     fleet.remove("a")
     assert heard == [ReplicaAdded("b"), HealthChanged("b", False), HealthChanged("b", True),
                      ReplicaReset("a"), ReplicaRemoved("b")]
+
+
+def test_a_config_without_a_policy_routes_with_cost() -> None:
+    from policies.cost import Cost
+    from policies.registry import build_policy
+
+    cfg = parse_config({"replicas": [{"id": "r", "url": "http://x:1"}]})
+    assert cfg.policy == {"name": "cost"}
+    assert isinstance(build_policy(cfg.policy), Cost)
