@@ -26,7 +26,7 @@ first blocks plus the common prefixes' children, not every digest counted.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from hashlib import blake2b
 from typing import Protocol
 
@@ -107,16 +107,15 @@ class CommonPrefixLearner:
         """Deepest common boundary in tokens (0 until enough traffic was seen)."""
         return self._depth
 
-    def _digests(self, data: memoryview, limit: int) -> list[bytes]:
-        """Chain digests of ``data`` (u32 tokens as bytes) at boundaries ``<= limit``."""
-        out: list[bytes] = []
+    def _digests(self, data: memoryview, limit: int) -> Iterator[bytes]:
+        """Chain digests of ``data`` (u32 tokens as bytes) at boundaries ``<= limit``,
+        hashed as they are read (a repeated prompt's are never read)."""
         h = blake2b(digest_size=16)
         prev = 0
         for b in range(self.block, limit + 1, self.block):
             h.update(data[4 * prev : 4 * b])
-            out.append(h.copy().digest())
+            yield h.copy().digest()
             prev = b
-        return out
 
     def skip(self, data: memoryview, n_tokens: int) -> int:
         """Tokens of common prefix at the start of this prompt (a multiple of ``block``,
@@ -154,14 +153,14 @@ class CommonPrefixLearner:
                 fingerprint: object = None) -> None:
         """Count one routed prompt whose first ``n_tokens`` token ids are in ``data``.
         ``fingerprint`` identifies the whole prompt, when the caller knows it."""
-        repeat = fingerprint is not None and self._prints[fingerprint] > 0
-        digests = () if repeat else \
-            self._digests(data, self.boundaries(n_tokens, prompt_tokens) * self.block)
-        self.observe_digests(digests, fingerprint)
+        self.observe_digests(
+            self._digests(data, self.boundaries(n_tokens, prompt_tokens) * self.block),
+            fingerprint)
 
-    def observe_digests(self, digests: Sequence[Hashable], fingerprint: object = None) -> None:
+    def observe_digests(self, digests: Iterable[Hashable], fingerprint: object = None) -> None:
         """``observe`` for a caller with digests of its own (as ``skip_digests`` takes
-        them): the first ``boundaries(...)`` of the prompt's."""
+        them): the first ``boundaries(...)`` of the prompt's, read only when the prompt is
+        not a repeat."""
         repeat = fingerprint is not None and self._prints[fingerprint] > 0
         counted: tuple[Hashable, ...] = ()
         if not repeat:

@@ -758,13 +758,13 @@ class Cost(Policy):
         if learner is not None and request.affinity_key is None:
             # the learner counts common_lookahead pieces past the prefix it has learned (a
             # longer one is learned a step at a time), not a whole long prompt
-            units = len(prep.units) // 4
-            n = min(units, learner.depth + cfg.common_lookahead)
+            pieces = len(prep.units) // 4
+            n = min(pieces, learner.depth + cfg.common_lookahead)
             if self._chain_digests:
-                learner.observe_digests(prep.chain.keys(learner.boundaries(n, units)),
+                learner.observe_digests(prep.chain.keys(learner.boundaries(n, pieces)),
                                         request.fingerprint)
             else:
-                learner.observe(prep.units, n, units, request.fingerprint)
+                learner.observe(prep.units, n, pieces, request.fingerprint)
         self._routed += 1
         self._mean_prompt += (request.prompt_tokens - self._mean_prompt) / min(
             self._routed, 1024)
