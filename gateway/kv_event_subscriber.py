@@ -1,4 +1,5 @@
-"""Feeds the ``kv_events`` policy's index from the replicas' KV event streams.
+"""Feeds a policy's exact index (``Policy.kv_index``: the ``kv_events`` policy's, and
+``cost``'s) from the replicas' KV event streams.
 
 One ZMQ SUB socket per replica whose config names a ``kv_events`` endpoint, each read by
 its own task on the event loop (the index has one owner, so no locks). A reconcile loop
@@ -59,15 +60,16 @@ class KVEventSubscriber:
     def for_policy(cls, fleet: Fleet, policy: Policy) -> KVEventSubscriber | None:
         """A subscriber feeding ``policy``'s index, or None when the policy keeps none."""
         endpoints = [s.id for s in fleet if s.config.kv_events]
-        if not isinstance(policy, KVEvents):
+        index = policy.kv_index
+        if index is None:
             if endpoints:
                 log.info("policy %s ignores the kv_events endpoints of %s", policy.name,
                          ", ".join(endpoints))
             return None
-        if not endpoints:
+        if not endpoints and isinstance(policy, KVEvents):
             log.warning("policy kv_events: no replica has a kv_events endpoint yet; "
                         "routing by load only")
-        return cls(fleet, policy.index)
+        return cls(fleet, index)
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()

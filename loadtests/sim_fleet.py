@@ -19,6 +19,10 @@ vLLM's without ``cache_config_info`` (``vllm-no-capacity``: the gateway then est
 replica's KV capacity from its usage, ``gateway.kv_capacity_estimate``, as it does over
 HTTP).
 ``views="exact"`` shows each core's state at the instant of the decision instead.
+
+KV events (``kv_events``): each core's block pool records its events, and the simulator
+applies a step's to the policies' exact indexes (``Policy.kv_index``) when the step ends,
+as an engine publishes them after each step.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class FleetSpec:
     dialect: Literal["vllm", "kvgate", "vllm-no-capacity"] = "vllm"
     scrape_interval_s: float = 1.0
     capacity_estimate: bool = True  # the gateway's online estimate, when none is scraped
+    kv_events: bool = False  # the engines publish KV events (to policies with an index)
 
     def validate(self) -> None:
         for key in ("replicas", "kv_pool_gib", "idle_kv_gib", "max_num_seqs",
@@ -92,6 +97,7 @@ class SimReplica:
     pending: list[RequestOutput] = field(default_factory=list)
     routed: int = 0
     routed_prompt_tokens: int = 0
+    kv_seq: int = 0  # sequence number of the next KV event message
 
     def view(self) -> ReplicaView:
         core = self.core

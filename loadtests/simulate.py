@@ -148,6 +148,11 @@ class Simulation:
         self.chosen: dict[int, str] = {}
         self.now = 0.0
         self._idle_blocks = 0  # summed over arrivals and replicas
+        # the exact indexes the engines' KV events feed (none unless the fleet publishes)
+        self._kv_indexes = [p.kv_index for p in policies if p.kv_index is not None] \
+            if fleet.spec.kv_events else []
+        for rep in fleet.replicas if self._kv_indexes else ():
+            rep.core.kv.pool.events = []
 
     def close(self) -> None:
         for router in self.routers:
@@ -163,9 +168,20 @@ class Simulation:
         self._seq += 1
         heapq.heappush(self._heap, (rep.busy_until, self._seq, index))
 
+    def _publish(self, rep: SimReplica) -> None:
+        """Apply ``rep``'s KV events since its last step to the policies' indexes."""
+        events = rep.core.kv.pool.events
+        if events:
+            for kv in self._kv_indexes:
+                kv.apply(rep.id, rep.kv_seq, events)
+            rep.kv_seq += 1
+            events.clear()
+
     def _end_step(self, index: int, now: float) -> None:
         rep = self.fleet.replicas[index]
         outputs, rep.pending, rep.busy_until = rep.pending, [], None
+        if self._kv_indexes:
+            self._publish(rep)
         for o in outputs:
             f = self._inflight[o.request_id]
             state = self.fleet.states[f.gateway]
@@ -348,6 +364,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         action="store_false",
                         help="the gateway does not estimate KV capacity from KV usage "
                              "(with --dialect vllm-no-capacity: policies see none)")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="the engines publish KV events to policies with an exact index "
+                             "(kv_events, cost)")
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="seconds of virtual time between scrapes")
     parser.add_argument("--gateways", type=int, default=1,
@@ -384,7 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       max_num_seqs=pick(args.max_num_seqs, scenario.max_num_seqs),
                       eviction=args.eviction, views=args.views, dialect=args.dialect,
                       scrape_interval_s=args.scrape_interval,
-                      capacity_estimate=args.capacity_estimate)
+                      capacity_estimate=args.capacity_estimate, kv_events=args.kv_events)
     fleet.validate()
     rate = args.rate if args.rate is not None else scenario.rate * args.replicas / 8
     if hasattr(spec, "rate"):  # the workload times its own arrivals
@@ -408,6 +427,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompts": prompts,
         "views": args.views,
         "dialect": args.dialect,
+        "kv_events": args.kv_events,
         "profile": profile,
         "fleet": asdict(fleet),
         "workload": asdict(spec),

@@ -17,6 +17,9 @@ Rules every policy keeps:
   hashes instead (``prompt_chunks``), which cost no tokenization: the first
   ``chunks_needed`` of them (``None``: all); ``wants_anchor`` also asks for a chat's anchor
   in them (``RouteRequest.anchor_chunks``).
+* ``kv_index``, when not None, is an exact index of what each replica caches that the
+  policy reads; the gateway feeds it from the replicas' KV events
+  (``gateway.kv_event_subscriber``), the simulator from its engines' block pools.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
+
+if TYPE_CHECKING:
+    from policies.kv_index import KVIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +181,7 @@ class Policy(ABC):
     chunk_chars: int = 0
     chunks_needed: int | None = None
     wants_anchor: bool = False
+    kv_index: KVIndex | None = None
 
     @abstractmethod
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:

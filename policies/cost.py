@@ -53,6 +53,18 @@ seconds, with ``t`` the pace over the replica's weight::
                again)
     score    = wait + prefill + evict + scratch            lowest wins; ties in ring order
 
+Where a replica publishes KV events (``kv_events``), what it holds is known exactly: the
+gateway then tokenizes the whole prompt (``tokens_needed`` turns ``None`` once the index
+has heard from a replica) and the exact index (``kv_index``) replaces the model's
+prediction of cached tokens for every replica it hears from; but for a prompt whose
+chain went there in the last ``kv_event_grace_s`` (its blocks may not be stored yet), which
+keeps the larger of the two. Until a first prompt matches a block in the index, a prompt
+that matches none keeps the model's prediction: it may be new, or the gateway's tokens
+may not be the engines' (another tokenizer), which no block would ever match; after
+``_UNMATCHED_LIMIT`` such prompts (while the index held blocks) the index is no longer
+read and the prompt no longer tokenized (``describe``: ``kv_events_unmatched``). The
+model still predicts what an admission evicts.
+
 ``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill
 and scratch terms alone exceed the best total is ranked after them unscored). Reasons:
 ``cache_match`` (the winner is predicted to hold part of the prompt), ``affinity`` (a hot
@@ -92,6 +104,7 @@ from policies.cache_model import (
 )
 from policies.common_prefix import check_settings, learner_for
 from policies.frequency import FrequencySketch
+from policies.kv_index import KVIndex
 from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
 from policies.prefix_affinity import request_namespace
@@ -107,6 +120,10 @@ _CHURN_OWNER = stable_hash(b"kvgate-others-prefill")  # the owner of those entri
 # what this copy routed uncached is the model's prediction; a replica's prefill counter up
 # to this factor above it is taken as the prediction's error, not as others' traffic
 _OWN_MARGIN = 1.25
+# prompts that matched no block the index held, none matching before them, after which the
+# gateway's tokens are taken not to be the engines' (another tokenizer): the index is no
+# longer read
+_UNMATCHED_LIMIT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,17 +166,21 @@ class CostConfig:
     common_min_samples: int = 64
     max_common_prefix: int = 512
     common_lookahead: int = 128
+    kv_events: bool = True
+    kv_block_size: int = 16
+    kv_event_grace_s: float = 5.0
 
     def validate(self) -> None:
         check_settings(self)
         for key in ("chunk_chars", "block_chunks", "key_chunks", "max_chunks", "homes", "vnodes",
-                    "hot_min_count", "default_capacity_tokens", "common_lookahead"):
+                    "hot_min_count", "default_capacity_tokens", "common_lookahead",
+                    "kv_block_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
         for key in ("window_factor", "scratch_utilization", "max_scratch_utilization",
                     "load_window_s", "spill_wait",
                     "hot_spread", "prefill_weight",
-                    "prefill_s_per_token"):
+                    "prefill_s_per_token", "kv_event_grace_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
         if self.min_scratch < 0:
@@ -202,11 +223,10 @@ class Cost(Policy):
 
     name = "cost"
     reasons = ("cache_match", "affinity", "scratch", "spill")
-    tokens_needed = 0  # the prompt's chunk hashes are all this policy reads
-
     def __init__(self, config: CostConfig | None = None) -> None:
         self.config = cfg = config or CostConfig()
         self.chunk_chars = cfg.chunk_chars
+        self.kv_index = KVIndex(cfg.kv_block_size) if cfg.kv_events else None
         self._rings = RingCache(cfg.vnodes)
         self._mean_prompt = 0.0
         self._sketch = FrequencySketch(cfg.sketch_width, cfg.sketch_depth,
@@ -220,6 +240,14 @@ class Cost(Policy):
         self._rare_load = DecayedRate(cfg.load_window_s)  # ... of them for rare keys
         self._models: dict[str, _Model] = {}
         self._heads: dict[int, set[str]] = {}  # a chain's first key -> models holding it
+        # replica -> first key of a chain routed there -> when (with KV events: the blocks
+        # it stores are not in the index until its prefill is done)
+        self._sending: dict[str, dict[int, float]] = {}
+        # prompts the index matched nowhere (while it held blocks) before one matched; once
+        # one has, the gateway's tokens are the engines' and the index is the truth
+        self._unmatched = 0
+        self._index_agrees = False
+        self._index_memo: tuple[RouteRequest, bool] | None = None  # choose's last: matched?
         self._facts: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, capacity)
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
         self._scratch_size = cfg.min_scratch
@@ -241,6 +269,17 @@ class Cost(Policy):
         self._hot_owners: tuple[int, set[int]] = (0, set())
 
     # -- what a request is --------------------------------------------------------------
+    @property
+    def tokens_needed(self) -> int | None:  # type: ignore[override]
+        """None (the whole prompt, to match in the exact index) once some replica's KV
+        events reach it; else 0: the prompt's chunk hashes are all this policy reads."""
+        return None if self._use_index() else 0
+
+    def _use_index(self) -> bool:
+        kv = self.kv_index
+        return kv is not None and kv.fed and (self._index_agrees
+                                               or self._unmatched < _UNMATCHED_LIMIT)
+
     @property
     def scratch_size(self) -> int:
         return self._scratch_size
@@ -323,6 +362,8 @@ class Cost(Policy):
         # candidates, in the order ties are broken by
         candidates: dict[int, None] = {}
         matched = self._matches(prep, replicas, index, up, p)
+        if self._use_index():
+            matched = self._indexed(request, prep, replicas, up, p, matched)
         homes: list[int] = []
         rare_home: int | None = None
         first: int | None = None  # a hot key's placed home (on the scratch set: overflow)
@@ -627,6 +668,38 @@ class Cost(Policy):
                     out[i] = min(last[0] + held.model.tokens_held(last[1], last[2]), p - 1)
         return dict(sorted(out.items()))  # in the fleet's order: ties break the same way
 
+    def _indexed(self, request: RouteRequest, prep: _Prepared, replicas: Sequence[ReplicaView],
+                 up: list[bool], p: int, matched: dict[int, int]) -> dict[int, int]:
+        """``matched`` with the exact index's cached tokens for each replica it hears from
+        (see the module docstring)."""
+        kv = self.kv_index
+        if kv is None or not request.tokens or request.cache_salt is not None:
+            return matched  # KV events carry no salt: a salted prompt is not found there
+        tracked = [i for i, r in enumerate(replicas) if up[i] and kv.tracks(r.id)]
+        if not tracked:
+            return matched
+        bs = kv.block_size
+        head = prep.chain.key(0) if prep.chain else None
+        blocks = kv.match(request.tokens, [replicas[i].id for i in tracked], (p - 1) // bs)
+        if any(blocks.values()):
+            self._index_memo = (request, True)  # taken in observe(Routed)
+        elif not self._index_agrees:
+            # no prompt has matched yet: a new prompt, or the gateway's tokens are not the
+            # engines' (counted in observe(Routed) when the index held blocks)
+            if any(kv.num_blocks(replicas[i].id) for i in tracked):
+                self._index_memo = (request, False)
+            return matched
+        out = dict(matched)
+        for i in tracked:
+            held = blocks[replicas[i].id] * bs
+            if self._sending_now(replicas[i].id, head, request.arrival_s):
+                held = max(held, out.get(i, 0))  # sent there lately: maybe not stored yet
+            if held:
+                out[i] = held
+            else:
+                out.pop(i, None)
+        return dict(sorted(out.items()))  # in the fleet's order: ties break the same way
+
     def _least_loaded(self, replicas: Sequence[ReplicaView], up: list[bool],
                       scratch: set[int]) -> tuple[int, int]:
         """The healthy replicas with the least load (the wait for a decode slot, then the
@@ -694,6 +767,8 @@ class Cost(Policy):
                     hold += max(0, uncached) * self._pace.value_s - event.ttft_s
                 self._slots.held(max(0.0, hold))
         elif isinstance(event, ReplicaRemoved):
+            if self.kv_index is not None:
+                self.kv_index.remove_replica(event.replica)
             self._models.pop(event.replica, None)
             self._forget_heads(event.replica)
             self._facts.pop(event.replica, None)
@@ -701,11 +776,39 @@ class Cost(Policy):
             self._placement.forget_replica(event.replica)
             self._own_load.pop(event.replica, None)
             self._churn.pop(event.replica, None)
+            self._sending.pop(event.replica, None)
         elif isinstance(event, ReplicaReset):
+            if self.kv_index is not None:
+                self.kv_index.clear(event.replica)
+            self._sending.pop(event.replica, None)
             held = self._models.get(event.replica)
             if held is not None:
                 held.model.clear()
                 self._forget_heads(event.replica)
+
+    def _sent(self, replica: str, head: int, now: float | None) -> None:
+        """Remember that a chain starting with ``head`` went to ``replica`` at ``now``; past
+        4,096 such chains there, those older than ``kv_event_grace_s`` are forgotten."""
+        sending = self._sending.setdefault(replica, {})
+        sending.pop(head, None)  # kept in the order sent
+        sending[head] = math.inf if now is None else now
+        if len(sending) > 4096 and now is not None:
+            old = now - self.config.kv_event_grace_s
+            for key in [k for k, t in sending.items() if t < old]:
+                del sending[key]
+            if len(sending) > 4096:  # all recent: keep the newest half
+                for key in list(sending)[: len(sending) // 2]:
+                    del sending[key]
+
+    def _sending_now(self, replica: str, head: int | None, now: float | None) -> bool:
+        """Whether a chain starting with ``head`` went to ``replica`` within the last
+        ``kv_event_grace_s`` (its blocks may not be stored there yet)."""
+        if head is None:
+            return False
+        sent = self._sending.get(replica, {}).get(head)
+        if sent is None:
+            return False
+        return now is None or sent == math.inf or now - sent < self.config.kv_event_grace_s
 
     def _forget_heads(self, replica: str, victims: Sequence[Victim] | None = None) -> None:
         """Drop ``replica`` from the head index: for ``victims`` (evicted entries), or for
@@ -742,6 +845,15 @@ class Cost(Policy):
         chain: Sequence[ChainEntry] = prep.chain
         if chain:
             self._heads.setdefault(chain[0].key, set()).add(replica)
+            if self.kv_index is not None:
+                self._sent(replica, chain[0].key, request.arrival_s)
+        memo = self._index_memo
+        if memo is not None and memo[0] is request:
+            if memo[1]:
+                self._index_agrees = True
+            else:
+                self._unmatched += 1
+            self._index_memo = None
         self._forget_heads(replica, model.admit(chain, prep.key))
         self._sketch.add(prep.key)
         now = request.arrival_s
@@ -852,6 +964,11 @@ class Cost(Policy):
             "common_prefix_chunks": self._learner.depth if self._learner else 0,
             "model_tokens": {rid: held.model.used for rid, held in self._models.items()},
             "model_capacity": {rid: held.model.capacity for rid, held in self._models.items()},
+            "kv_event_replicas": [] if self.kv_index is None else self.kv_index.replicas(),
+            # the index held blocks but no prompt matched them: the gateway's tokenizer is
+            # likely not the engines', and the cache model is used instead
+            "kv_events_unmatched": not self._index_agrees
+            and self._unmatched >= _UNMATCHED_LIMIT,
         }
 
     def check_integrity(self) -> None:

@@ -60,7 +60,7 @@ class KVEvents(Policy):
 
     def __init__(self, config: KVEventsConfig | None = None) -> None:
         self.config = config or KVEventsConfig()
-        self.index = KVIndex(self.config.block_size)
+        self.index = self.kv_index = KVIndex(self.config.block_size)
         self._rng = random.Random(self.config.seed)
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:

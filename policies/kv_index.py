@@ -30,6 +30,8 @@ Not thread-safe: one owner (the gateway's event loop) feeds it and reads it.
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +48,16 @@ def root_key(lora_name: str | None = None) -> int:
         return _ROOT
     digest = blake2b(lora_name.encode(), digest_size=8, person=b"kvgate-lora").digest()
     return int.from_bytes(digest, "little")
+
+
+def _u32_le(tokens: Sequence[int]) -> bytes:
+    """``tokens`` as u32 little-endian bytes (as ``chain_key`` hashes them)."""
+    ids = array("I", tokens)
+    if ids.itemsize != 4:
+        return struct.pack(f"<{len(tokens)}I", *tokens)
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return ids.tobytes()
 
 
 def chain_key(parent: int, tokens: Sequence[int]) -> int:
@@ -90,6 +102,15 @@ class KVIndex:
     def replicas(self) -> list[str]:
         return list(self._replicas)
 
+    @property
+    def fed(self) -> bool:
+        """Whether any replica's events have reached the index."""
+        return bool(self._replicas)
+
+    def tracks(self, replica: str) -> bool:
+        """Whether ``replica``'s events reach the index (it may hold nothing yet)."""
+        return replica in self._replicas
+
     def num_blocks(self, replica: str) -> int:
         """Distinct block keys held by ``replica``."""
         r = self._replicas.get(replica)
@@ -108,14 +129,25 @@ class KVIndex:
         alive = [rid for rid, keys in sets.items() if keys]
         bs = self.block_size
         limit = len(tokens) // bs if max_blocks is None else min(max_blocks, len(tokens) // bs)
+        if not alive or limit <= 0:
+            return out
+        data = _u32_le(tokens[: limit * bs])
+        step = 4 * bs
         prev = _ROOT
-        for i in range(limit):
-            if not alive:
-                break
-            prev = chain_key(prev, tokens[i * bs : (i + 1) * bs])  # block i: [iB, (i+1)B)
-            alive = [rid for rid in alive if prev in sets[rid]]  # type: ignore[operator]
-            for rid in alive:
-                out[rid] = i + 1
+        for i in range(limit):  # block i: tokens [iB, (i+1)B), bytes [i*step, (i+1)*step)
+            prev = int.from_bytes(blake2b(prev.to_bytes(8, "little")
+                                          + data[i * step : (i + 1) * step],
+                                          digest_size=8).digest(), "little")
+            still = [rid for rid in alive if prev in sets[rid]]  # type: ignore[operator]
+            if len(still) < len(alive):
+                for rid in alive:
+                    if rid not in still:
+                        out[rid] = i
+                alive = still
+                if not alive:
+                    break
+        for rid in alive:
+            out[rid] = limit
         return out
 
     # -- updates -------------------------------------------------------------------------

@@ -73,3 +73,45 @@ def check_routing(http: httpx.Client, client: openai.OpenAI, fleet: EngineFleet)
     # A cache reset on an idle engine is published too (AllBlocksCleared).
     http.post(f"{fleet.replica(home).url}/reset_prefix_cache").raise_for_status()
     wait_until(lambda: explain(doc)["matched_tokens"] == 0, 15, "the reset to reach the index")
+
+
+def test_cost_reads_what_a_replica_cached_for_another_sender(spawn: Processes,
+                                                             tmp_path: Path) -> None:
+    fleet = start_fleet(spawn, tmp_path, {"name": "cost", "kv_event_grace_s": 0.5},
+                        kv_events=True)
+    target = fleet.replicas[1]
+    rng = random.Random(11)
+    doc = sample_text(rng, 300)
+    with httpx.Client(timeout=30) as http, openai.OpenAI(
+            base_url=f"{fleet.gateway}/v1", api_key="unused", max_retries=0) as client:
+
+        def explain() -> dict[str, Any]:
+            body = {"model": MODEL, "prompt": doc, "max_tokens": 4}
+            return http.post(f"{fleet.admin}/admin/explain", json=body,
+                             headers=fleet.admin_headers).json()
+
+        def send() -> None:
+            http.post(f"{target.url}/v1/completions",
+                      json={"model": MODEL, "prompt": doc, "max_tokens": 1}).raise_for_status()
+
+        # sent to the replica directly (as by another gateway copy, or a client that
+        # bypasses this one): the cache model cannot know of it, the replica's events tell
+        send()
+        decision = wait_until(lambda: (d := explain())["matched_tokens"] > 0 and d, 15,
+                              f"{target.id} to report the document's blocks", retry=send)
+        assert decision["policy"] == "cost" and decision["chosen"] == target.id
+        assert decision["reason"] == "cache_match" and decision["matched_tokens"] >= 400
+        assert target.id in decision["policy_state"]["kv_event_replicas"]
+
+        answer = client.completions.with_raw_response.create(model=MODEL, prompt=doc,
+                                                              max_tokens=4)
+        assert answer.headers["x-kvgate-replica"] == target.id
+        assert answer.headers["x-kvgate-route"] == "cache_match"
+        usage = answer.parse().usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        assert usage.prompt_tokens_details.cached_tokens == decision["matched_tokens"]
+
+        # the replica drops its cache: once the prompt's grace is over, it is predicted cold
+        http.post(f"{target.url}/reset_prefix_cache").raise_for_status()
+        wait_until(lambda: explain()["matched_tokens"] == 0, 15,
+                   "the reset to reach the index")

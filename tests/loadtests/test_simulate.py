@@ -199,6 +199,23 @@ def test_two_gateway_copies_each_route_a_share_and_keep_the_cache_win():
     assert two.token_hit_rate > 2 * rr.token_hit_rate
 
 
+def test_engines_publishing_kv_events_let_two_gateway_copies_hit_as_one_does():
+    requests = generate(SMALL_LIBRARY, 2000)
+    arrivals = poisson_arrivals(len(requests), SMALL_RATE, 1)
+    one = simulate(requests, arrivals, build_policy("cost"), SMALL_LRU)
+    published = dataclasses.replace(SMALL_LRU, kv_events=True)
+    copies = [build_policy("cost"), build_policy("cost")]
+    blind = simulate(requests, arrivals, [build_policy("cost"), build_policy("cost")],
+                     SMALL_LRU, seed=5)
+    seeing = simulate(requests, arrivals, copies, published, seed=5)
+    # each copy's model misses what the other sent; the engines' events tell both
+    assert seeing.token_hit_rate > blind.token_hit_rate + 0.02
+    assert seeing.token_hit_rate > one.token_hit_rate - 0.01
+    for policy in copies:
+        assert policy.kv_index is not None and policy.tokens_needed is None
+        assert sum(policy.kv_index.num_blocks(f"r{i}") for i in range(4)) > 0
+
+
 def test_chat_apps_go_through_the_gateway_as_text_and_keep_conversations_home():
     spec = build_spec("chat-apps", rate=6.0, system_tokens=[150, 250], tool_tokens=[100, 200],
                       user_tokens=[20, 60], assistant_tokens=[20, 80], output_tokens=[4, 8])
