@@ -1,8 +1,11 @@
-"""A local fleet on loopback: N engine processes behind one gateway process.
+"""A local fleet on loopback: N engine processes behind one gateway process (or several
+copies of it, each on its own port, as replicas of a gateway Deployment).
 
 ``LocalFleet`` starts ``kvgate engine`` replicas (sim executor by default) on free ports,
 waits for each ``/health``, writes a gateway YAML config naming them and the policy,
-starts ``kvgate serve`` and waits for its ``/ready``. ``stop`` ends every process it
+starts ``kvgate serve`` and waits for its ``/ready``. With ``kv_events`` every engine
+publishes its KV events (and serves replays) on ZMQ endpoints of its own, which the
+gateway config names. ``stop`` ends every process it
 started (SIGTERM, then SIGKILL after a grace period). A state file (``fleet.json`` in the
 fleet's directory) records the processes so that ``kvgate fleet down`` in another shell
 can stop a fleet left running.
@@ -56,10 +59,14 @@ class LocalFleetSpec:
     engine_args: tuple[str, ...] = ()  # passed through to every ``kvgate engine``
     scrape_interval_s: float = 0.5
     gateway_config: dict[str, Any] = field(default_factory=dict)  # more gateway YAML keys
+    kv_events: bool = False
+    gateways: int = 1  # gateway copies, each on its own port, all with the same config
 
     def validate(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas!r}")
+        if self.gateways < 1:
+            raise ValueError(f"gateways must be >= 1, got {self.gateways!r}")
         if "name" not in self.policy:
             raise ValueError("policy needs a 'name'")
 
@@ -93,7 +100,8 @@ class LocalFleet:
         self.spec = spec
         self.dir = state_dir or default_state_dir()
         self.engine_urls: list[str] = []
-        self.gateway_url = ""
+        self.gateway_url = ""  # the first copy's
+        self.gateway_urls: list[str] = []
         self._procs: list[_Proc] = []
 
     def __enter__(self) -> LocalFleet:
@@ -135,6 +143,7 @@ class LocalFleet:
                              "stop it with `kvgate fleet down` first")
         try:
             engines = []
+            replicas: list[dict[str, Any]] = []
             for i in range(spec.replicas):
                 port = free_port(spec.host)
                 argv = ["engine", "--executor", spec.executor, "--profile", spec.profile,
@@ -144,26 +153,41 @@ class LocalFleet:
                         "--host", spec.host, "--port", str(port), "--log-level", "warning",
                         *spec.engine_args]
                 url = f"http://{spec.host}:{port}"
+                replica: dict[str, Any] = {"id": f"r{i}", "url": url}
+                if spec.kv_events:
+                    events = f"tcp://{spec.host}:{free_port(spec.host)}"
+                    replay = f"tcp://{spec.host}:{free_port(spec.host)}"
+                    argv += ["--kv-events-endpoint", events,
+                             "--kv-events-replay-endpoint", replay]
+                    replica.update(kv_events=events, kv_events_replay=replay)
                 engines.append((self._spawn(f"engine-r{i}", argv), url))
                 self.engine_urls.append(url)
+                replicas.append(replica)
             for proc, url in engines:
                 self._wait_ready(proc, f"{url}/health", timeout_s)
-            port = spec.gateway_port or free_port(spec.host)
-            config = {
-                "host": spec.host,
-                "port": port,
-                "policy": dict(spec.policy),
-                "replicas": [{"id": f"r{i}", "url": u} for i, u in enumerate(self.engine_urls)],
-                "scrape": {"interval_s": spec.scrape_interval_s},
-                "health": {"interval_s": 1.0},
-                "shutdown": {"grace_s": 0, "timeout_s": 5},  # no load balancer to drain
-                **spec.gateway_config,
-            }
-            config_path = self.dir / "gateway.yaml"
-            config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-            gateway = self._spawn("gateway", ["serve", "--config", str(config_path)])
-            self.gateway_url = f"http://{spec.host}:{port}"
-            self._wait_ready(gateway, f"{self.gateway_url}/ready", timeout_s)
+            gateways = []
+            for copy in range(spec.gateways):
+                port = spec.gateway_port + copy if spec.gateway_port else free_port(spec.host)
+                config = {
+                    "host": spec.host,
+                    "port": port,
+                    "policy": dict(spec.policy),
+                    "replicas": replicas,
+                    "scrape": {"interval_s": spec.scrape_interval_s},
+                    "health": {"interval_s": 1.0},
+                    "shutdown": {"grace_s": 0, "timeout_s": 5},  # no load balancer to drain
+                    **spec.gateway_config,
+                }
+                name = "gateway" if copy == 0 else f"gateway-{copy + 1}"
+                config_path = self.dir / f"{name}.yaml"
+                config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+                url = f"http://{spec.host}:{port}"
+                gateways.append((self._spawn(name, ["serve", "--config", str(config_path)]),
+                                 url))
+                self.gateway_urls.append(url)
+            self.gateway_url = self.gateway_urls[0]
+            for proc, url in gateways:
+                self._wait_ready(proc, f"{url}/ready", timeout_s)
             self._write_state()
         except BaseException:
             self.stop()
@@ -173,6 +197,7 @@ class LocalFleet:
         state = {
             "spec": asdict(self.spec),
             "gateway_url": self.gateway_url,
+            "gateway_urls": self.gateway_urls,
             "engine_urls": self.engine_urls,
             "processes": [{"name": p.name, "pid": p.popen.pid, "log": str(p.log)}
                           for p in self._procs],
@@ -181,7 +206,7 @@ class LocalFleet:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the gateway, then the engines; idempotent."""
-        for proc in reversed(self._procs):  # the gateway was started last
+        for proc in reversed(self._procs):  # the gateways were started last
             if proc.popen.poll() is None:
                 proc.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s

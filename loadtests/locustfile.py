@@ -18,6 +18,8 @@ Configuration comes from the environment (``loadtests.run`` sets it):
                       gateway's affinity header.
 ``KVGATE_TOKENS_PER_WORD`` tokens per word of the replicas' tokenizer: the text's segments
                       get ``length / this`` words (default: the gateway tokenizer's rate).
+``KVGATE_HOSTS``      JSON list of base URLs of gateway copies: each request goes to one
+                      of them at random (as behind a Kubernetes Service); unset: ``--host``.
 
 Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (send to first
 content chunk), both named after the workload.
@@ -57,6 +59,16 @@ _lock = threading.Lock()
 _samples: list[dict[str, Any]] = []
 _clock: dict[str, float] = {}  # "due": when the last request taken is due
 _gaps = np.random.default_rng([int(_config.get("params", {}).get("seed", 0)), 7])
+_HOSTS: list[str] = json.loads(os.environ.get("KVGATE_HOSTS") or "[]")
+_pick = np.random.default_rng([int(_config.get("params", {}).get("seed", 0)), 11])
+
+
+def _gateway() -> int:
+    """Which gateway copy the next request goes to (0: the ``--host``)."""
+    if len(_HOSTS) < 2:
+        return 0
+    with _lock:
+        return int(_pick.integers(len(_HOSTS)))
 
 
 def next_request(workload: str) -> tuple[WorkloadRequest, float]:
@@ -107,9 +119,12 @@ class _WorkloadUser(HttpUser):
         headers = {}
         if os.environ.get("KVGATE_AFFINITY") == "1":
             headers[AFFINITY_HEADER] = req.affinity_key
-        sample: dict[str, Any] = {"index": req.index, "label": req.label, "ok": False}
+        gateway = _gateway()
+        url = f"{_HOSTS[gateway]}/v1/chat/completions" if _HOSTS else "/v1/chat/completions"
+        sample: dict[str, Any] = {"index": req.index, "label": req.label, "ok": False,
+                                  "gateway": gateway}
         started = time.perf_counter()
-        with self.client.post("/v1/chat/completions", json=body, headers=headers,
+        with self.client.post(url, json=body, headers=headers,
                               stream=True, catch_response=True, name=self.workload) as resp:
             sample["replica"] = resp.headers.get("x-kvgate-replica")
             sample["route"] = resp.headers.get("x-kvgate-route")

@@ -21,6 +21,10 @@ its prefill capacity). The offline simulator with the same settings predicts the
 of the gateway's tokens), as a fleet the gateway did not set up has. Documents are then
 sized in the replicas' tokens (words per token measured on that tokenizer), so the fleet
 keeps its shape and only the gateway's count differs: what its token calibration is for.
+
+``--kv-events`` has the engines publish KV events that the gateway subscribes to (for the
+policies with an exact index: ``kv_events``, ``cost``); ``--gateways N`` starts N gateway
+copies and sends each request to one of them at random, as a Kubernetes Service does.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.eviction import EVICTION_POLICIES
 from loadtests import engine_counters
@@ -71,6 +77,8 @@ class RunConfig:
     seed: int = 0
     affinity_header: bool = False
     engine_tokenizer: str | None = None  # the replicas' own tokenizer (dir or .json)
+    kv_events: bool = False  # the engines publish KV events, the gateway subscribes
+    gateways: int = 1  # gateway copies; each request goes to one at random
 
 
 @functools.cache
@@ -97,8 +105,9 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
     return {f"p{q}": float(np.percentile(a, q)) for q in (50, 95, 99)}
 
 
-def _locust(cfg: RunConfig, url: str, workdir: Path, progress: Progress | None,
+def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Progress | None,
             policy: str) -> Path:
+    url = urls[0]
     samples = workdir / f"{policy}.samples.json"
     env = dict(os.environ)
     env.update({
@@ -109,6 +118,7 @@ def _locust(cfg: RunConfig, url: str, workdir: Path, progress: Progress | None,
         "KVGATE_SAMPLES": str(samples),
         "KVGATE_AFFINITY": "1" if cfg.affinity_header else "0",
         "KVGATE_TOKENS_PER_WORD": str(replica_tokens_per_word(cfg.engine_tokenizer)),
+        "KVGATE_HOSTS": json.dumps(list(urls)) if len(urls) > 1 else "",
     })
     argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE),
             USER_CLASSES[cfg.scenario], "--headless", "-u", str(cfg.users),
@@ -135,6 +145,16 @@ def _locust(cfg: RunConfig, url: str, workdir: Path, progress: Progress | None,
     return samples
 
 
+def _kv_event_messages(gateway_url: str) -> int:
+    """KV event messages the gateway's index applied (0 when its policy keeps none)."""
+    with urllib.request.urlopen(f"{gateway_url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "kvgate_kv_event_messages":
+            return int(sum(s.value for s in family.samples))
+    return 0
+
+
 def _share(part: float, whole: float) -> float | None:
     return round(part / whole, 4) if whole > 0 else None
 
@@ -146,17 +166,21 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                           profile=cfg.profile, kv_cache_gib=cfg.kv_cache_gib,
                           max_num_seqs=cfg.max_num_seqs, eviction=cfg.eviction,
                           engine_args=("--tokenizer", cfg.engine_tokenizer)
-                          if cfg.engine_tokenizer else ())
+                          if cfg.engine_tokenizer else (),
+                          kv_events=cfg.kv_events, gateways=cfg.gateways)
     with LocalFleet(spec, workdir / f"fleet-{policy}") as fleet:
         before = [engine_counters.scrape(u) for u in fleet.engine_urls]
-        samples_path = _locust(cfg, fleet.gateway_url, workdir, progress, policy)
+        samples_path = _locust(cfg, tuple(fleet.gateway_urls), workdir, progress, policy)
         after = [engine_counters.scrape(u) for u in fleet.engine_urls]
+        kv_messages = [_kv_event_messages(u) for u in fleet.gateway_urls] \
+            if cfg.kv_events else []
     counters = engine_counters.deltas(before, after)
     samples = json.loads(samples_path.read_text())
     ok = [s for s in samples if s.get("ok")]
     ttft = [s["ttft_s"] for s in ok]
     e2e = [s["e2e_s"] for s in ok]
     replicas = Counter(s.get("replica") for s in ok)
+    gateways = Counter(s.get("gateway", 0) for s in ok)
     hot_ttft = [s["ttft_s"] for s in ok if s.get("label") == "hot"]
     tt, ee, hh = _percentiles(ttft), _percentiles(e2e), _percentiles(hot_ttft)
     return {
@@ -172,6 +196,9 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         "hot_ttft_p95_s": hh["p95"],
         "e2e_p50_s": ee["p50"], "e2e_p95_s": ee["p95"],
         "replica_requests": [replicas.get(f"r{i}", 0) for i in range(cfg.replicas)],
+        "gateway_requests": [gateways.get(i, 0) for i in range(cfg.gateways)],
+        # per gateway copy: KV event messages its policy's index applied
+        "kv_event_messages": kv_messages,
         "replica_prefill_tokens": [int(r["queries"] - r["hits"])
                                    for r in counters.per_replica],
         "routes": dict(Counter(s.get("route") for s in ok)),
@@ -226,6 +253,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send each request's document id as the affinity key")
     parser.add_argument("--engine-tokenizer", default=None, metavar="DIR",
                         help="the replicas' own tokenizer (default: the gateway's)")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="the engines publish KV events and the gateway subscribes")
+    parser.add_argument("--gateways", type=int, default=d.gateways,
+                        help="gateway copies; each request goes to one at random")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="workload parameter over the scaled defaults")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
@@ -244,7 +275,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      max_num_seqs=args.max_num_seqs,
                      eviction=args.eviction, workload=workload, seed=args.seed,
                      affinity_header=args.affinity_header,
-                     engine_tokenizer=args.engine_tokenizer)
+                     engine_tokenizer=args.engine_tokenizer, kv_events=args.kv_events,
+                     gateways=args.gateways)
 
 
 class ProgressLine:

@@ -56,3 +56,17 @@ def test_replicas_with_their_own_tokenizer_get_documents_sized_in_their_tokens(t
     # tokenizer would have counted ours / theirs as many)
     per_request = r["prompt_tokens"] / r["requests_ok"]
     assert 0.85 * doc_tokens < per_request < 1.25 * (doc_tokens + 30)
+
+
+def test_two_gateway_copies_in_front_of_engines_publishing_kv_events(tmp_path):
+    cfg = RunConfig(
+        policies=("cost",), duration_s=10, replicas=2, users=4, rate=4.0, kv_cache_gib=0.5,
+        max_num_seqs=4, kv_events=True, gateways=2,
+        workload={"num_docs": 6, "hot_docs": 2, "doc_tokens": 600, "output_tokens": [2, 4]},
+    )
+    r = run(cfg)["policies"]["cost"]
+    assert r["requests_failed"] == 0 and r["requests_ok"] >= 10
+    # each request went to one copy at random; both copies' indexes heard the engines
+    assert len(r["gateway_requests"]) == 2 and min(r["gateway_requests"]) > 0
+    assert sum(r["gateway_requests"]) == r["requests_ok"]
+    assert len(r["kv_event_messages"]) == 2 and min(r["kv_event_messages"]) > 0
