@@ -283,7 +283,9 @@ class GatewayConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_attempts: int = 3
     tokenizer_concurrency: int = 4
-    tokenizer_memo: int = 2048  # prefix encodings remembered (~10 KB each); 0 = off
+    # prefix encodings remembered (~10 KB each), and a quarter as many prefixes of whole
+    # prompts (up to 32 KB each: policies that read every token); 0 = off
+    tokenizer_memo: int = 2048
     access_log: bool = False  # one JSON line per request on the kvgate.access logger
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     tenancy: TenancyConfig = field(default_factory=TenancyConfig)

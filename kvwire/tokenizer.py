@@ -23,6 +23,7 @@ from typing import Any
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import normalize_messages
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
+from kvwire.whole_encoding import WholeEncodings
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
 _READ_MARGIN = 1.1  # characters read for a prefix over what it is expected to take
@@ -54,6 +55,9 @@ class PromptTokenizer:
         # system prompts), token ids as compact u32 arrays; off when memo_size is 0
         self._memo: BoundedMemo[tuple[str, int, str], _Memo] | None = (
             BoundedMemo(memo_size) if memo_size > 0 else None)
+        # whole prompts through remembered prefixes (``whole_encoding``), with the memo
+        self.whole = WholeEncodings(self.encode, max(2, memo_size // 4)) \
+            if memo_size > 0 else None
         self.source = source
         special = dict(special or {})
         self.eos_token: str = special.get("eos_token", EOS_TOKEN)
@@ -103,7 +107,7 @@ class PromptTokenizer:
         kept per ``group`` (a trust group, e.g. a tenant's cache salt): a remembered
         encoding is never found from another group, so its speed tells nothing."""
         if max_tokens is None:
-            ids = self.encode(text)
+            ids = self.encode(text) if self.whole is None else self.whole.encode(text, group)
             return PrefixEncoding(ids, True, len(ids))
         if max_tokens <= 0:
             return PrefixEncoding([], False, self.estimate_tokens(text))

@@ -1,0 +1,61 @@
+import random
+
+from kvwire.tokenizer import load_tokenizer
+from kvwire.tokenizer_build import sample_text
+from kvwire.whole_encoding import CHECKS, MARK, WholeEncodings, cuts
+
+
+def test_cuts_sit_right_before_a_space_and_depend_only_on_the_text_before_them() -> None:
+    text = sample_text(random.Random(1), 900)
+    at = cuts(text)
+    assert at and all(text[c] == " " for c in at) and at == sorted(set(at))
+    longer = text + " and more words" * 300
+    assert cuts(longer)[: len(at) - 1] == at[:-1]  # the last may move: its mark is near the end
+
+
+def test_documents_and_growing_chats_reuse_their_prefix_and_encode_exactly() -> None:
+    tok = load_tokenizer(None, memo_size=64)
+    assert tok.whole is not None
+    rng = random.Random(2)
+    docs = [sample_text(rng, 1200) for _ in range(3)]
+    texts = [f"{docs[i % 3]}\n\nQuestion: {sample_text(rng, 30)}" for i in range(30)]
+    chat = ""
+    for _ in range(8):  # each turn repeats the ones before it
+        chat += f"<|im_start|>user\n{sample_text(rng, 200)}<|im_end|>\n"
+        texts.append(chat)
+    for text in texts:
+        assert tok.encode_prefix(text, None).ids == tok.encode(text)
+    assert tok.whole.reuse and tok.whole.checked == CHECKS
+    assert tok.whole.hits >= 27 + 5
+
+
+def test_a_tenant_never_reuses_another_tenants_prefix() -> None:
+    tok = load_tokenizer(None, memo_size=64)
+    assert tok.whole is not None
+    text = sample_text(random.Random(3), 1500)
+    tok.encode_prefix(text + " one", None, group="a")
+    tok.encode_prefix(text + " two", None, group="b")
+    assert tok.whole.hits == 0
+    tok.encode_prefix(text + " three", None, group="a")
+    assert tok.whole.hits == 1
+
+
+def test_a_tokenizer_that_splits_otherwise_turns_reuse_off() -> None:
+    def encode(text: str) -> list[int]:
+        # a tokenizer whose first token depends on the whole text: no split is exact
+        return [len(text), *map(ord, text)]
+
+    whole = WholeEncodings(encode)
+    text = "word " * (3 * MARK // 5)
+    assert whole.encode(text) == encode(text)  # split, checked, differs
+    assert not whole.reuse
+    assert whole.encode(text + "y") == encode(text + "y")
+
+
+def test_the_memo_holds_at_most_its_capacity() -> None:
+    tok = load_tokenizer(None, memo_size=16)
+    assert tok.whole is not None
+    rng = random.Random(4)
+    for _ in range(20):
+        tok.encode_prefix(sample_text(rng, 800), None)
+    assert len(tok.whole._memo) == 4
