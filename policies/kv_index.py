@@ -7,9 +7,11 @@ ids the event carries, chained like Dynamo's router::
     key_0 = H(root(lora_name),  tokens[0:B])
     key_i = H(key_{i-1},        tokens[iB:(i+1)B])
 
-H is blake2b with an 8-byte digest over the parent key (u64 little-endian) and the block's
-token ids (u32 little-endian each). The gateway computes the same keys from a prompt, so a
-replica holds the prompt's first ``k`` blocks when it holds keys ``key_0 .. key_{k-1}``.
+H is Python's hash of the pair (parent key, the block's token ids as u32 little-endian
+bytes): keys live only in this process's index (each gateway worker keeps its own), so a
+64-bit hash that is not stable across processes does, at a fifth of blake2b's cost. The
+gateway computes the same keys from a prompt, so a replica holds the prompt's first ``k``
+blocks when it holds keys ``key_0 .. key_{k-1}``.
 
 Per replica::
 
@@ -62,8 +64,7 @@ def _u32_le(tokens: Sequence[int]) -> bytes:
 
 def chain_key(parent: int, tokens: Sequence[int]) -> int:
     """The key of one block of ``tokens`` after the block keyed ``parent``."""
-    data = parent.to_bytes(8, "little") + struct.pack(f"<{len(tokens)}I", *tokens)
-    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+    return hash((parent, _u32_le(tokens)))
 
 
 @dataclass(slots=True)
@@ -133,21 +134,27 @@ class KVIndex:
             return out
         data = _u32_le(tokens[: limit * bs])
         step = 4 * bs
-        prev = _ROOT
-        for i in range(limit):  # block i: tokens [iB, (i+1)B), bytes [i*step, (i+1)*step)
-            prev = int.from_bytes(blake2b(prev.to_bytes(8, "little")
-                                          + data[i * step : (i + 1) * step],
-                                          digest_size=8).digest(), "little")
+        prev, i = _ROOT, 0  # block i: tokens [iB, (i+1)B), bytes [i*step, (i+1)*step)
+        while i < limit and len(alive) > 1:
+            prev = hash((prev, data[i * step : (i + 1) * step]))
             still = [rid for rid in alive if prev in sets[rid]]  # type: ignore[operator]
-            if len(still) < len(alive):
-                for rid in alive:
-                    if rid not in still:
-                        out[rid] = i
-                alive = still
-                if not alive:
+            for rid in alive:
+                if rid not in still:
+                    out[rid] = i
+            alive, i = still, i + 1
+        if len(alive) == 1:  # the common case: one holder, read on alone
+            (rid,) = alive
+            held = sets[rid]
+            assert held is not None
+            while i < limit:
+                prev = hash((prev, data[i * step : (i + 1) * step]))
+                if prev not in held:
                     break
-        for rid in alive:
-            out[rid] = limit
+                i += 1
+            out[rid] = i
+        else:
+            for rid in alive:
+                out[rid] = limit
         return out
 
     # -- updates -------------------------------------------------------------------------
@@ -187,9 +194,10 @@ class KVIndex:
         else:
             self.stats.orphans += n
             return
-        bs = self.block_size
+        step = 4 * self.block_size
+        data = _u32_le(ev.token_ids)
         for i, h in enumerate(ev.block_hashes):
-            prev = chain_key(prev, ev.token_ids[i * bs : (i + 1) * bs])
+            prev = hash((prev, data[i * step : (i + 1) * step]))  # chain_key, sliced
             old = r.by_hash.get(h)
             if old == prev:
                 continue
