@@ -366,7 +366,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(with --dialect vllm-no-capacity: policies see none)")
     parser.add_argument("--kv-events", action="store_true",
                         help="the engines publish KV events to policies with an exact index "
-                             "(kv_events, cost)")
+                             "(kv_events, cost); with --prompts text the engines' token ids "
+                             "are not the gateway's, so no prompt matches them")
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="seconds of virtual time between scrapes")
     parser.add_argument("--gateways", type=int, default=1,
