@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="extra argument for every `kvgate engine` (e.g. --engine-arg=--model "
                          "--engine-arg=DIR for the torch executor)")
     up.add_argument("--detach", action="store_true", help="return once the fleet is ready")
+    up.add_argument("--no-kv-events", dest="kv_events", action="store_false",
+                    help="the engines publish no KV events (by default they do, and the "
+                         "gateway subscribes for the policies that read them: cost, "
+                         "kv_events)")
     down = sub.add_parser("down", help="stop the fleet started with --detach")
     for p in (up, down):
         p.add_argument("--state-dir", type=Path, default=None,
@@ -47,7 +51,7 @@ def _up(args: argparse.Namespace) -> int:
                           executor=args.executor, profile=args.profile,
                           kv_cache_gib=args.kv_cache_gib, eviction=args.eviction,
                           max_num_seqs=args.max_num_seqs, gateway_port=args.port,
-                          engine_args=tuple(args.engine_arg))
+                          engine_args=tuple(args.engine_arg), kv_events=args.kv_events)
     fleet = LocalFleet(spec, args.state_dir)
     stop = threading.Event()
 

@@ -1,0 +1,57 @@
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def kvgate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvgate", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def kv_event_messages(gateway: str) -> float:
+    with urllib.request.urlopen(f"{gateway}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("kvgate_kv_event_messages"))
+
+
+@pytest.mark.parametrize("flags, published", [((), True), (("--no-kv-events",), False)])
+def test_fleet_up_has_its_engines_publish_kv_events_unless_told_not_to(
+        tmp_path: Path, flags: tuple[str, ...], published: bool) -> None:
+    state = tmp_path / "fleet"
+    up = kvgate("fleet", "up", "--detach", "--port", "0", "--replicas", "1", "--policy",
+                "cost", "--kv-cache-gib", "0.5", "--state-dir", str(state), *flags)
+    try:
+        assert up.returncode == 0, up.stderr
+        gateway = json.loads((state / "fleet.json").read_text())["gateway_url"]
+        replica = yaml.safe_load((state / "gateway.yaml").read_text())["replicas"][0]
+        assert ("kv_events" in replica) is published
+        with urllib.request.urlopen(f"{gateway}/v1/models", timeout=10) as resp:
+            model = json.loads(resp.read())["data"][0]["id"]
+
+        def send() -> None:
+            body = json.dumps({"model": model, "prompt": "the parties agree " * 60,
+                               "max_tokens": 2}).encode()
+            request = urllib.request.Request(f"{gateway}/v1/completions", body,
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                assert resp.status == 200
+
+        send()
+        if published:
+            wait_until(lambda: kv_event_messages(gateway) > 0, 15,
+                       "the engine's KV events to reach the gateway", retry=send)
+        else:
+            assert kv_event_messages(gateway) == 0
+    finally:
+        down = kvgate("fleet", "down", "--state-dir", str(state))
+        assert down.returncode == 0, down.stderr
