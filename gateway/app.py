@@ -68,6 +68,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant), trace)
         gw.metrics.decision_seconds.observe(routing.seconds)
+        gw.metrics.built_on[routing.pooled].inc()
         route = routing.decision.reason
         forwarded = upstream_headers(request, gw.trusted_proxies)
         request_id = request_id_of(request, forwarded, routing.request.request_id)

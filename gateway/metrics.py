@@ -178,6 +178,12 @@ class GatewayMetrics:
             "Time from sending a request to a replica to its first response byte",
             ["replica"], buckets=_LATENCY_BUCKETS, registry=r)
         self.errors = Counter("kvgate_errors", "Errors by kind", ["kind"], registry=r)
+        built = Counter(
+            "kvgate_prompts_built", "Routing requests built, by where: on the tokenizer pool "
+            "(a prompt encoded, or a large chat rendered) or inline on the event loop (token "
+            "ids, a length estimate, a remembered document, text hashes)", ["where"],
+            registry=r)
+        self.built_on = {True: built.labels(where="pool"), False: built.labels(where="inline")}
         self.prompt_tokens = Counter(
             "kvgate_prompt_tokens", "Prompt tokens of answered requests, as replicas reported "
             "them in usage, by route reason", ["route"], registry=r)

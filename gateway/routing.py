@@ -65,6 +65,7 @@ class Routing:
     decision: Decision
     seconds: float
     views: Sequence[ReplicaView] = ()
+    pooled: bool = False  # built on the tokenizer pool (see Router._route)
 
 
 def work_tokens(request: RouteRequest, decision: Decision, replica: str) -> int:
@@ -220,6 +221,12 @@ class Router:
                             anchor_chunks=toks.anchor_chunks)
 
     async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
+        return (await self._route(parsed, tenant))[0]
+
+    async def _route(self, parsed: ParsedRequest, tenant: str | None
+                     ) -> tuple[RouteRequest, bool]:
+        """The request, and whether it was built on the tokenizer pool (encoded, or a
+        large chat rendered there) rather than on the event loop."""
         now = time.monotonic()
         needed = self.policy.tokens_needed
         # cheap enough for the event loop: ids, a length estimate, a remembered document,
@@ -229,14 +236,13 @@ class Router:
         if self.policy.chunk_chars <= 0 or parsed.messages is None:
             quick = self._quick(parsed, needed)
         elif needed == 0 and _inline_chat(parsed):
-            return self._request(parsed, tenant, self._tokens(parsed, needed), now)
+            return self._request(parsed, tenant, self._tokens(parsed, needed), now), False
         if quick is not None:
-            toks = self._chunked(parsed, quick)
-        else:
-            async with self._slots:
-                loop = asyncio.get_running_loop()
-                toks = await loop.run_in_executor(self._pool, self._tokens, parsed, needed)
-        return self._request(parsed, tenant, toks, now)
+            return self._request(parsed, tenant, self._chunked(parsed, quick), now), False
+        async with self._slots:
+            loop = asyncio.get_running_loop()
+            toks = await loop.run_in_executor(self._pool, self._tokens, parsed, needed)
+        return self._request(parsed, tenant, toks, now), True
 
     async def decide(self, parsed: ParsedRequest, tenant: str | None = None,
                      allowed: Callable[[str], bool] | None = None,
@@ -245,7 +251,7 @@ class Router:
         ``allowed``, when given: a tenant's partition), traced in ``trace``."""
         started = time.perf_counter()
         with trace.tokenize():
-            request = await self.route_request(parsed, tenant)
+            request, pooled = await self._route(parsed, tenant)
             trace.tokenized(request)
         with trace.route():
             views = self.fleet.views(parsed.model)
@@ -260,4 +266,4 @@ class Router:
                 raise NoReplicaAvailable(f"no healthy replica for model {parsed.model!r}: "
                                          f"{exc}") from exc
             trace.routed(decision)
-        return Routing(request, decision, time.perf_counter() - started, views)
+        return Routing(request, decision, time.perf_counter() - started, views, pooled)
