@@ -56,14 +56,14 @@ seconds, with ``t`` the pace over the replica's weight::
 Where a replica publishes KV events (``kv_events``), what it holds is known exactly: the
 gateway then tokenizes the whole prompt (``tokens_needed`` turns ``None`` once the index
 has heard from a replica) and the exact index (``kv_index``) replaces the model's
-prediction of cached tokens for every replica it hears from; but for a prompt whose
-chain went there in the last ``kv_event_grace_s`` (its blocks may not be stored yet), which
-keeps the larger of the two. Until a first prompt matches a block in the index, a prompt
-that matches none keeps the model's prediction: it may be new, or the gateway's tokens
-may not be the engines' (another tokenizer), which no block would ever match; after
-``_UNMATCHED_LIMIT`` such prompts (while the index held blocks) the index is no longer
-read and the prompt no longer tokenized (``describe``: ``kv_events_unmatched``). The
-model still predicts what an admission evicts.
+prediction of cached tokens for every replica it hears from; but for a prompt whose prefix
+key (its document, its conversation) went there in the last ``kv_event_grace_s`` (its
+blocks may not be stored yet), which keeps the larger of the two. Until a first prompt
+matches a block in the index, a prompt that matches none keeps the model's prediction: it
+may be new, or the gateway's tokens may not be the engines' (another tokenizer), which no
+block would ever match; after ``_UNMATCHED_LIMIT`` such prompts (while the index held
+blocks) the index is no longer read and the prompt no longer tokenized (``describe``:
+``kv_events_unmatched``). The model still predicts what an admission evicts.
 
 ``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill
 and scratch terms alone exceed the best total is ranked after them unscored). Reasons:
@@ -223,6 +223,7 @@ class Cost(Policy):
 
     name = "cost"
     reasons = ("cache_match", "affinity", "scratch", "spill")
+
     def __init__(self, config: CostConfig | None = None) -> None:
         self.config = cfg = config or CostConfig()
         self.chunk_chars = cfg.chunk_chars
@@ -240,8 +241,8 @@ class Cost(Policy):
         self._rare_load = DecayedRate(cfg.load_window_s)  # ... of them for rare keys
         self._models: dict[str, _Model] = {}
         self._heads: dict[int, set[str]] = {}  # a chain's first key -> models holding it
-        # replica -> first key of a chain routed there -> when (with KV events: the blocks
-        # it stores are not in the index until its prefill is done)
+        # replica -> prefix key (document, conversation) routed there -> when (with KV
+        # events: the blocks it stores are not in the index until its prefill is done)
         self._sending: dict[str, dict[int, float]] = {}
         # prompts the index matched nowhere (while it held blocks) before one matched; once
         # one has, the gateway's tokens are the engines' and the index is the truth
@@ -679,7 +680,6 @@ class Cost(Policy):
         if not tracked:
             return matched
         bs = kv.block_size
-        head = prep.chain.key(0) if prep.chain else None
         blocks = kv.match(request.tokens, [replicas[i].id for i in tracked], (p - 1) // bs)
         if any(blocks.values()):
             self._index_memo = (request, True)  # taken in observe(Routed)
@@ -692,7 +692,7 @@ class Cost(Policy):
         out = dict(matched)
         for i in tracked:
             held = blocks[replicas[i].id] * bs
-            if self._sending_now(replicas[i].id, head, request.arrival_s):
+            if self._sending_now(replicas[i].id, prep.key, request.arrival_s):
                 held = max(held, out.get(i, 0))  # sent there lately: maybe not stored yet
             if held:
                 out[i] = held
@@ -786,12 +786,12 @@ class Cost(Policy):
                 held.model.clear()
                 self._forget_heads(event.replica)
 
-    def _sent(self, replica: str, head: int, now: float | None) -> None:
-        """Remember that a chain starting with ``head`` went to ``replica`` at ``now``; past
-        4,096 such chains there, those older than ``kv_event_grace_s`` are forgotten."""
+    def _sent(self, replica: str, key: int, now: float | None) -> None:
+        """Remember that a prompt of prefix key ``key`` went to ``replica`` at ``now``; past
+        4,096 such keys there, those older than ``kv_event_grace_s`` are forgotten."""
         sending = self._sending.setdefault(replica, {})
-        sending.pop(head, None)  # kept in the order sent
-        sending[head] = math.inf if now is None else now
+        sending.pop(key, None)  # kept in the order sent
+        sending[key] = math.inf if now is None else now
         if len(sending) > 4096 and now is not None:
             old = now - self.config.kv_event_grace_s
             for key in [k for k, t in sending.items() if t < old]:
@@ -800,12 +800,10 @@ class Cost(Policy):
                 for key in list(sending)[: len(sending) // 2]:
                     del sending[key]
 
-    def _sending_now(self, replica: str, head: int | None, now: float | None) -> bool:
-        """Whether a chain starting with ``head`` went to ``replica`` within the last
+    def _sending_now(self, replica: str, key: int, now: float | None) -> bool:
+        """Whether a prompt of prefix key ``key`` went to ``replica`` within the last
         ``kv_event_grace_s`` (its blocks may not be stored there yet)."""
-        if head is None:
-            return False
-        sent = self._sending.get(replica, {}).get(head)
+        sent = self._sending.get(replica, {}).get(key)
         if sent is None:
             return False
         return now is None or sent == math.inf or now - sent < self.config.kv_event_grace_s
@@ -845,8 +843,8 @@ class Cost(Policy):
         chain: Sequence[ChainEntry] = prep.chain
         if chain:
             self._heads.setdefault(chain[0].key, set()).add(replica)
-            if self.kv_index is not None:
-                self._sent(replica, chain[0].key, request.arrival_s)
+        if self.kv_index is not None:
+            self._sent(replica, prep.key, request.arrival_s)
         memo = self._index_memo
         if memo is not None and memo[0] is request:
             if memo[1]:
