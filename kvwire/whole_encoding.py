@@ -66,18 +66,18 @@ class WholeEncodings:
         """``encode(text)``, reusing the longest remembered prefix of it."""
         if not self.reuse or len(text) < 2 * MARK:
             return self._encode(text)
-        at = cuts(text)
-        for cut in reversed(at):
-            held = self._memo.get((group, cut, hash(text[:cut])), None)
+        keys = [(group, cut, hash(text[:cut])) for cut in cuts(text)]
+        for key in reversed(keys):
+            held = self._memo.get(key, None)
             if held is not None:
                 with self._lock:
                     self.hits += 1
-                return self._joined(text, cut, held.tolist())
+                return self._joined(text, key[1], held.tolist())
         # a miss: encoded in two parts (as fast as in one), the first remembered
-        cut = at[-2] if len(at) > 1 else at[-1]
-        head = self._encode(text[:cut])
-        self._memo.put((group, cut, hash(text[:cut])), array("I", head))
-        return self._joined(text, cut, head)
+        key = keys[-2] if len(keys) > 1 else keys[-1]
+        head = self._encode(text[: key[1]])
+        self._memo.put(key, array("I", head))
+        return self._joined(text, key[1], head)
 
     def _joined(self, text: str, cut: int, head: list[int]) -> list[int]:
         ids = head + self._encode(text[cut:])

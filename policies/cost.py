@@ -787,18 +787,14 @@ class Cost(Policy):
                 self._forget_heads(event.replica)
 
     def _sent(self, replica: str, key: int, now: float | None) -> None:
-        """Remember that a prompt of prefix key ``key`` went to ``replica`` at ``now``; past
-        4,096 such keys there, those older than ``kv_event_grace_s`` are forgotten."""
+        """Remember that a prompt of prefix key ``key`` went to ``replica`` at ``now``
+        (the 4,096 latest keys there: a key older than the grace only needs forgetting)."""
         sending = self._sending.setdefault(replica, {})
         sending.pop(key, None)  # kept in the order sent
         sending[key] = math.inf if now is None else now
-        if len(sending) > 4096 and now is not None:
-            old = now - self.config.kv_event_grace_s
-            for key in [k for k, t in sending.items() if t < old]:
-                del sending[key]
-            if len(sending) > 4096:  # all recent: keep the newest half
-                for key in list(sending)[: len(sending) // 2]:
-                    del sending[key]
+        if len(sending) > 4096:
+            for old in list(sending)[:2048]:
+                del sending[old]
 
     def _sending_now(self, replica: str, key: int, now: float | None) -> bool:
         """Whether a prompt of prefix key ``key`` went to ``replica`` within the last

@@ -60,7 +60,7 @@ class KVEvents(Policy):
 
     def __init__(self, config: KVEventsConfig | None = None) -> None:
         self.config = config or KVEventsConfig()
-        self.index = self.kv_index = KVIndex(self.config.block_size)
+        self.kv_index: KVIndex = KVIndex(self.config.block_size)
         self._rng = random.Random(self.config.seed)
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
@@ -69,7 +69,7 @@ class KVEvents(Policy):
         p = max(request.prompt_tokens, len(request.tokens))
         max_blocks = max(0, (p - 1) // bs)
         if request.cache_salt is None:
-            blocks = self.index.match(request.tokens, [r.id for r in ok], max_blocks)
+            blocks = self.kv_index.match(request.tokens, [r.id for r in ok], max_blocks)
         else:
             # KV events carry no salt: the index cannot tell whether this tenant's salted
             # blocks are cached anywhere, so predict no hit rather than a wrong one.
@@ -89,6 +89,6 @@ class KVEvents(Policy):
 
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, ReplicaReset):
-            self.index.clear(event.replica)
+            self.kv_index.clear(event.replica)
         elif isinstance(event, ReplicaRemoved):
-            self.index.remove_replica(event.replica)
+            self.kv_index.remove_replica(event.replica)

@@ -31,15 +31,13 @@ Not thread-safe: one owner (the gateway's event loop) feeds it and reads it.
 
 from __future__ import annotations
 
-import struct
-import sys
-from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 
 from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from policies.ring import token_bytes
 
 _ROOT = 1337  # parent key of a chain's first block (no adapter)
 
@@ -52,19 +50,15 @@ def root_key(lora_name: str | None = None) -> int:
     return int.from_bytes(digest, "little")
 
 
-def _u32_le(tokens: Sequence[int]) -> bytes:
-    """``tokens`` as u32 little-endian bytes (as ``chain_key`` hashes them)."""
-    ids = array("I", tokens)
-    if ids.itemsize != 4:
-        return struct.pack(f"<{len(tokens)}I", *tokens)
-    if sys.byteorder != "little":
-        ids.byteswap()
-    return ids.tobytes()
+def _packed(tokens: Sequence[int]) -> bytes:
+    """Token ids as the u32 little-endian bytes keys hash (hashable, unlike a view)."""
+    return token_bytes(tokens).tobytes()
 
 
 def chain_key(parent: int, tokens: Sequence[int]) -> int:
-    """The key of one block of ``tokens`` after the block keyed ``parent``."""
-    return hash((parent, _u32_le(tokens)))
+    """The key of one block of ``tokens`` after the block keyed ``parent`` (``match`` and
+    ``apply`` compute the same over slices of tokens packed once)."""
+    return hash((parent, _packed(tokens)))
 
 
 @dataclass(slots=True)
@@ -132,7 +126,7 @@ class KVIndex:
         limit = len(tokens) // bs if max_blocks is None else min(max_blocks, len(tokens) // bs)
         if not alive or limit <= 0:
             return out
-        data = _u32_le(tokens[: limit * bs])
+        data = _packed(tokens[: limit * bs])
         step = 4 * bs
         prev, i = _ROOT, 0  # block i: tokens [iB, (i+1)B), bytes [i*step, (i+1)*step)
         while i < limit and len(alive) > 1:
@@ -195,7 +189,7 @@ class KVIndex:
             self.stats.orphans += n
             return
         step = 4 * self.block_size
-        data = _u32_le(ev.token_ids)
+        data = _packed(ev.token_ids)
         for i, h in enumerate(ev.block_hashes):
             prev = hash((prev, data[i * step : (i + 1) * step]))  # chain_key, sliced
             old = r.by_hash.get(h)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.metrics import samples
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -19,9 +20,9 @@ def kvgate(*args: str) -> subprocess.CompletedProcess[str]:
 
 def kv_event_messages(gateway: str) -> float:
     with urllib.request.urlopen(f"{gateway}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("kvgate_kv_event_messages"))
+        got = samples(resp.read().decode())
+    return sum(value for (name, _), value in got.items()
+               if name == "kvgate_kv_event_messages_total")
 
 
 @pytest.mark.parametrize("flags, published", [((), True), (("--no-kv-events",), False)])

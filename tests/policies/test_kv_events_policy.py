@@ -22,7 +22,7 @@ DOC = list(range(100, 164))  # 64 tokens: 4 blocks of 16
 
 def cache(policy: KVEvents, replica: str, tokens: list[int], first_hash: int) -> None:
     n = len(tokens) // 16
-    policy.index.apply_event(replica, BlockStored(
+    policy.kv_index.apply_event(replica, BlockStored(
         tuple(range(first_hash, first_hash + n)), None, tuple(tokens[: n * 16]), 16))
 
 
@@ -79,7 +79,7 @@ def test_reset_and_removal_forget_the_replica() -> None:
     policy.observe(ReplicaReset("a"))
     assert policy.choose(req(DOC), views(a=0, b=0)).chosen == "b"
     policy.observe(ReplicaRemoved("b"))
-    assert policy.index.replicas() == ["a"] and policy.index.num_blocks("a") == 0
+    assert policy.kv_index.replicas() == ["a"] and policy.kv_index.num_blocks("a") == 0
     assert policy.choose(req(DOC), views(a=0, b=0)).reason == "balance"
 
 
