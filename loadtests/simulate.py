@@ -36,6 +36,7 @@ from gateway.request_parse import ParsedRequest
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Router, work_tokens
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
+from loadtests.hot_misses import hot_misses
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.scenarios import SCENARIOS
@@ -50,6 +51,8 @@ class PolicyResult:
     request_hit_rate: float
     prefill_tokens: int
     hot_prefill_tokens: int
+    # contracts: the hot requests' recomputed shared tokens by cause (``hot_misses``)
+    hot_misses: dict[str, dict[str, int]]
     ttft_p50_s: float
     ttft_p95_s: float
     ttft_p99_s: float
@@ -283,6 +286,8 @@ class Simulation:
             request_hit_rate=sum(1 for c in self.cached.values() if c > 0) / len(requests),
             prefill_tokens=sum(per_replica_prefill),
             hot_prefill_tokens=hot,
+            hot_misses=hot_misses(requests, self.chosen, self.cached,
+                                  self.fleet.spec.block_size),
             ttft_p50_s=percentile(ttft, 50),
             ttft_p95_s=percentile(ttft, 95),
             ttft_p99_s=percentile(ttft, 99),
@@ -451,6 +456,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{res.request_hit_rate:.3f}  ttft p50/p95/p99 {res.ttft_p50_s:.3f}/"
               f"{res.ttft_p95_s:.3f}/{res.ttft_p99_s:.3f} s  spills {res.spills}  "
               f"({len(requests) / res.cpu_seconds:,.0f} req per CPU second)", file=sys.stderr)
+        if any(m["requests"] for m in res.hot_misses.values()):
+            print(f"{'':>18}hot misses (requests / shared tokens): " + ", ".join(
+                f"{cause} {m['requests']:,} / {m['tokens']:,}"
+                for cause, m in res.hot_misses.items()), file=sys.stderr)
     print(f"{'oracle':>16}: token hit {bound.token_hit_rate:.3f}", file=sys.stderr)
     if args.json_path:
         with open(args.json_path, "w") as f:
