@@ -446,7 +446,7 @@ class Cost(Policy):
         # others are busy, unless they cannot win: one not yet a candidate holds nothing
         # of the prompt, so it costs at least its whole prefill
         if busy and (not scored or best_total > cfg.prefill_weight * p * pace / max(weights)):
-            least, least_outside = self._least_loaded(replicas, up, in_scratch)
+            least, least_outside = self._least_loaded(replicas, up, in_scratch, prep.key)
             extra = [least] if least not in candidates else []
             if hot and in_scratch and least_outside not in candidates \
                     and least_outside != least:
@@ -701,18 +701,31 @@ class Cost(Policy):
         return dict(sorted(out.items()))  # in the fleet's order: ties break the same way
 
     def _least_loaded(self, replicas: Sequence[ReplicaView], up: list[bool],
-                      scratch: set[int]) -> tuple[int, int]:
+                      scratch: set[int], key: int) -> tuple[int, int]:
         """The healthy replicas with the least load (the wait for a decode slot, then the
         queue per unit of weight): over all, and outside ``scratch`` (the first when
-        every healthy one is in it). One pass over the fleet."""
+        every healthy one is in it). One pass over the fleet.
+
+        Between equally loaded replicas (idle ones, most often) the one over all is a
+        scratch replica where there is one: its cache churns already, while a home's
+        holds hot prefixes; otherwise ties go to the first in the fleet's order counted
+        from ``key`` (the prefix key), so one prefix's spills land on one replica and no
+        replica takes every prefix's. Taken first in the fleet's order instead, the
+        fleet's first replica took most spills and lost the most hot documents (offline,
+        LRU engines, 20,000 requests: contracts token hit 0.655 -> 0.664, contracts-400
+        0.720 -> 0.725)."""
         inf = math.inf
         best = outside = -1
         best_wait = best_queue = outside_wait = outside_queue = inf
         limits = self._slots.limits if self._slots.known and self.config.slot_weight > 0 \
             else None
-        for i, r in enumerate(replicas):  # the hot loop of a decision: kept plain
+        n = len(replicas)
+        start = key % n if n else 0
+        for j in range(start, start + n):  # the hot loop of a decision: kept plain
+            i = j if j < n else j - n
             if not up[i]:
                 continue
+            r = replicas[i]
             w = r.weight
             queue = r.queued_tokens / w if w > 0 else inf
             wait = 0.0
@@ -720,7 +733,9 @@ class Cost(Policy):
                 limit = limits.get(r.id)
                 if limit is not None and max(r.in_flight, r.running + r.waiting) >= limit:
                     wait = self._slot_wait(r)
-            if wait < best_wait or (wait == best_wait and queue < best_queue):
+            if wait < best_wait or (wait == best_wait and (
+                    queue < best_queue or (queue == best_queue and i in scratch
+                                           and best not in scratch))):
                 best, best_wait, best_queue = i, wait, queue
             if (wait < outside_wait or (wait == outside_wait and queue < outside_queue)) \
                     and i not in scratch:

@@ -328,3 +328,41 @@ def test_a_hot_document_no_home_has_room_for_lives_on_the_scratch_set() -> None:
     for d in on_scratch:
         assert d.reason == "affinity"
         assert dict(d.scores[0].terms)["scratch_s"] == 0.0
+
+
+def _spill_of(policy: Cost, tokens: list[int], n: int = 8) -> str:
+    """Where ``tokens`` (hot) spills once each replica it picks has a long queue."""
+    queued: dict[str, int] = {}
+    for _ in range(n):
+        d = policy.choose(request(tokens), views(n, queued=queued))
+        if d.reason == "spill":
+            return d.chosen
+        queued[d.chosen] = 200_000
+    raise AssertionError(f"never spilled: {queued}")
+
+
+def test_spills_among_idle_replicas_go_by_the_prefix_not_to_the_fleets_first() -> None:
+    policy = Cost(CostConfig(min_scratch=1, max_scratch_fraction=0.125))
+    docs = [doc(i) for i in range(12)]
+    for _ in range(4):  # each seen often enough to be hot
+        for tokens in docs:
+            route(policy, tokens, views())
+    spills = []
+    for tokens in docs:
+        chosen = _spill_of(policy, tokens)
+        assert _spill_of(policy, tokens) == chosen  # one prefix, one spill target
+        spills.append(chosen)
+    # the fleet's first replica took every spill when ties went by the fleet's order
+    assert len(set(spills)) >= 3, spills
+
+
+def test_between_equally_loaded_replicas_the_least_loaded_is_a_scratch_one() -> None:
+    policy = Cost()
+    fleet = views(6, queued={f"r{i}": 500 for i in range(6)})
+    up = [True] * 6
+    for key in range(6):
+        least, outside = policy._least_loaded(fleet, up, {3, 4}, key)
+        assert least in (3, 4) and outside not in (3, 4)
+    # a less loaded replica still wins, scratch or not
+    fleet = views(6, queued={**{f"r{i}": 500 for i in range(6)}, "r1": 100})
+    assert policy._least_loaded(fleet, up, {3, 4}, 5) == (1, 1)
