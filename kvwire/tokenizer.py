@@ -23,7 +23,7 @@ from typing import Any
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import normalize_messages
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
-from kvwire.whole_encoding import WholeEncodings
+from kvwire.whole_encoding import WholeEncodings, space_cut
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
 _READ_MARGIN = 1.1  # characters read for a prefix over what it is expected to take
@@ -125,11 +125,12 @@ class PromptTokenizer:
                 if len(ids) >= max(64, max_tokens // 2):  # whole texts teach it too
                     self._learn(len(text), len(ids))
                 return PrefixEncoding(ids[:max_tokens], True, len(ids))
-            cut = text.rfind(" ", 0, budget)
+            cut = space_cut(text, 0, budget)
             if cut <= 0:
                 budget *= 2
                 continue
-            # [0, cut) ends right before a space: its encoding is a prefix of the full one.
+            # [0, cut) ends right before a space after a non-space: its encoding is a prefix
+            # of the full one.
             ids = self.encode(text[:cut])
             if len(ids) >= 64:
                 self._learn(cut, len(ids))

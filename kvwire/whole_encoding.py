@@ -6,12 +6,14 @@ of a prompt repeats an earlier one, so its encoding is remembered at *cuts* and 
 rest is encoded::
 
     mark_k = k x MARK characters                      k = 1, 2, ... (up to MAX_CHARS)
-    cut_k  = the last space in [mark_k - MARK, mark_k) (a cut depends on text[:mark_k] only)
+    cut_k  = the last space after a non-space in [mark_k - MARK, mark_k)  (``space_cut``;
+             a cut depends on text[:mark_k] only)
     encode(text) = remembered ids of text[:cut] + encode(text[cut:])   (the longest cut held)
 
 The same property ``encode_prefix`` relies on makes this exact: a byte-level pre-tokenizer
-never joins the characters on both sides of a position right before a space, so the text
-before a cut encodes to a prefix of the whole encoding and the text from it to the rest.
+never joins the characters on both sides of a position right before a space that follows
+a non-space, so the text before a cut encodes to a prefix of the whole encoding and the
+text from it to the rest. A text with no such position is encoded whole.
 The first ``CHECKS`` split encodings are checked against a whole encoding; one that
 differs (a tokenizer without that property) turns reuse off for good, so a wrong split can
 cost only those few encodings.
@@ -41,11 +43,23 @@ log = logging.getLogger(__name__)
 Encode = Callable[[str], list[int]]
 
 
+def space_cut(text: str, start: int, end: int) -> int:
+    """The last position in ``[start, end)`` that holds a space after a character that is
+    not whitespace, or -1: the text splits there as it encodes whole. (Before a space
+    that follows whitespace, a run of spaces or ``"  \n"``, byte-level tokenizers with
+    merged whitespace tokens join both sides.)"""
+    cut = text.rfind(" ", start, end)
+    while cut > 0 and text[cut - 1].isspace():
+        cut = text.rfind(" ", start, cut - 1)
+    return cut if cut > 0 else -1
+
+
 def cuts(text: str) -> list[int]:
-    """The text's cut positions, ascending (see the module docstring)."""
+    """The text's cut positions, ascending (see the module docstring); none for a text
+    with no space after a word in any of its ``MARK``-character windows (most CJK text)."""
     out: list[int] = []
     for mark in range(MARK, min(len(text), MAX_CHARS) + 1, MARK):
-        cut = text.rfind(" ", mark - MARK, mark)
+        cut = space_cut(text, mark - MARK, mark)
         if cut > 0 and (not out or cut > out[-1]):
             out.append(cut)
     return out
@@ -67,6 +81,8 @@ class WholeEncodings:
         if not self.reuse or len(text) < 2 * MARK:
             return self._encode(text)
         keys = [(group, cut, hash(text[:cut])) for cut in cuts(text)]
+        if not keys:
+            return self._encode(text)
         for key in reversed(keys):
             held = self._memo.get(key, None)
             if held is not None:

@@ -1,5 +1,7 @@
 import random
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from kvwire.tokenizer import load_tokenizer
 from kvwire.tokenizer_build import sample_text
 from kvwire.whole_encoding import CHECKS, MARK, WholeEncodings, cuts
@@ -59,3 +61,54 @@ def test_the_memo_holds_at_most_its_capacity() -> None:
     for _ in range(20):
         tok.encode_prefix(sample_text(rng, 800), None)
     assert len(tok.whole._memo) == 4
+
+
+def _merged_space_tokenizer() -> Tokenizer:
+    """A byte-level BPE that has learned runs of spaces (code indentation) and ``"  \\n"``."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    rng = random.Random(6)
+    corpus = [_code(rng, 60) for _ in range(40)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
+
+def _code(rng: random.Random, lines: int) -> str:
+    """Indented lines, some ending in a markdown hard break (two spaces, newline)."""
+    out = []
+    for _ in range(lines):
+        indent = " " * rng.choice((0, 4, 8, 12, 16, 24))
+        words = " ".join(rng.choice(("return", "x", "value", "if", "for", "y"))
+                         for _ in range(rng.randint(1, 6)))
+        out.append(indent + words + ("  " if rng.random() < 0.3 else ""))
+    return "\n".join(out) + "\n"
+
+
+def test_a_cut_never_splits_a_run_of_whitespace() -> None:
+    tok = _merged_space_tokenizer()
+    assert any(t.startswith("ĠĠ") for t in tok.get_vocab())  # it did learn merged spaces
+
+    def encode(text: str) -> list[int]:
+        return list(tok.encode(text).ids)
+
+    whole = WholeEncodings(encode)
+    whole.checked = CHECKS  # the split encodings are trusted: each is compared here
+    rng = random.Random(7)
+    for _ in range(12):
+        text = _code(rng, 400)
+        for cut in cuts(text):
+            assert text[cut] == " " and not text[cut - 1].isspace()
+        assert whole.encode(text) == encode(text)  # a miss, split once
+        assert whole.encode(text + "more") == encode(text + "more")  # a hit
+    assert whole.reuse and whole.hits == 12
+
+
+def test_a_long_text_without_spaces_is_encoded_whole() -> None:
+    tok = load_tokenizer(None, memo_size=64)
+    assert tok.whole is not None
+    for text in ("x" * 3000, "中文" * 1500, "a\u3000b" * 900):
+        assert cuts(text) == []
+        assert tok.encode_prefix(text, None).ids == tok.encode(text)
+    assert tok.whole.reuse
