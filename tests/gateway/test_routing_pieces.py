@@ -30,3 +30,15 @@ def test_prefix_affinity_gets_the_pieces_its_key_reads_and_cost_gets_all() -> No
     finally:
         affinity.close()
         cost.close()
+
+
+def test_a_policy_that_reads_whole_prompts_gets_a_long_prompt_without_spaces() -> None:
+    # kv_events needs every token: the whole encoding has no cut to reuse in such a text
+    tokenizer = load_tokenizer(None, memo_size=2048)  # the gateway's default memo
+    router = Router(build_policy({"name": "kv_events"}), tokenizer, Fleet([]), 1)
+    try:
+        for text in ("合同条款" * 1200, "x" * 5000):
+            request = router.build(completion(text))
+            assert list(request.tokens) == tokenizer.encode(text)
+    finally:
+        router.close()
