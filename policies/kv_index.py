@@ -16,6 +16,11 @@ blocks when it holds keys ``key_0 .. key_{k-1}``.
 Per replica::
 
     by_hash   engine hash -> key          (to apply BlockRemoved, and to find a parent)
+    copies    engine hash -> stores not yet removed   (vLLM keeps one physical block per
+                                                       request that computed it: two
+                                                       requests filling the same prefix at
+                                                       once store one hash twice, and each
+                                                       copy's eviction removes it once)
     keys      key -> number of engine hashes with that key   (a salted copy of the same
                                                               tokens has another hash)
 
@@ -64,11 +69,13 @@ def chain_key(parent: int, tokens: Sequence[int]) -> int:
 @dataclass(slots=True)
 class _Replica:
     by_hash: dict[int, int] = field(default_factory=dict)
+    copies: Counter[int] = field(default_factory=Counter)
     keys: Counter[int] = field(default_factory=Counter)
     last_seq: int | None = None
 
     def clear(self) -> None:
         self.by_hash.clear()
+        self.copies.clear()
         self.keys.clear()
 
 
@@ -194,14 +201,23 @@ class KVIndex:
             prev = hash((prev, data[i * step : (i + 1) * step]))  # chain_key, sliced
             old = r.by_hash.get(h)
             if old == prev:
+                r.copies[h] += 1  # another physical copy of the same block
                 continue
             if old is not None:
-                self._drop(r, h)
+                self._drop(r, h, every_copy=True)
             r.by_hash[h] = prev
+            r.copies[h] = 1
             r.keys[prev] += 1
 
     @staticmethod
-    def _drop(r: _Replica, engine_hash: int) -> None:
+    def _drop(r: _Replica, engine_hash: int, every_copy: bool = False) -> None:
+        """One copy of ``engine_hash`` removed (``every_copy``: all of them); the block
+        leaves the index with its last copy."""
+        copies = r.copies.get(engine_hash, 0) - 1
+        if copies > 0 and not every_copy:
+            r.copies[engine_hash] = copies
+            return
+        r.copies.pop(engine_hash, None)
         key = r.by_hash.pop(engine_hash, None)
         if key is None:
             return
@@ -239,3 +255,7 @@ class KVIndex:
                 )
             if any(c <= 0 for c in r.keys.values()):
                 raise AssertionError(f"replica {rid}: a key has a non-positive count")
+            if r.copies.keys() != r.by_hash.keys() or any(c <= 0 for c in r.copies.values()):
+                raise AssertionError(
+                    f"replica {rid}: copies of {len(r.copies)} hashes counted for "
+                    f"{len(r.by_hash)} hashes held, or a count not above 0")

@@ -147,7 +147,6 @@ def test_orphans_wrong_block_size_and_duplicates() -> None:
     # the same tokens under two engine hashes (a salted copy): one key, two references
     index.apply_event("r", stored([5, 6], None, toks))
     index.apply_event("r", stored([7], None, toks[:4]))
-    index.apply_event("r", stored([5], None, toks[:4]))  # repeated: no double count
     index.check_integrity()
     index.apply_event("r", BlockRemoved((6,)))
     index.apply_event("r", BlockRemoved((5,)))
@@ -155,6 +154,30 @@ def test_orphans_wrong_block_size_and_duplicates() -> None:
     index.apply_event("r", BlockRemoved((7, 12345)))  # an unknown hash is ignored
     index.check_integrity()
     assert index.match(toks, ["r"])["r"] == 0 and index.num_blocks("r") == 0
+
+
+def test_a_block_stored_twice_stays_until_both_copies_are_removed() -> None:
+    # vLLM keeps one physical block per request that computed it: two requests filling
+    # the same prefix in one step store its hashes twice, and each copy's eviction
+    # removes them once
+    index = KVIndex(BS)
+    toks = list(range(8))
+    index.apply_event("r", stored([5, 6], None, toks))
+    index.apply_event("r", stored([5, 6], None, toks))
+    index.check_integrity()
+    assert index.num_blocks("r") == 2
+    index.apply_event("r", BlockRemoved((5, 6)))  # one copy evicted
+    assert index.match(toks, ["r"])["r"] == 2
+    index.apply_event("r", stored([9], 6, list(range(8, 12))))  # a child of the copy held
+    assert index.match([*toks, *range(8, 12)], ["r"])["r"] == 3
+    assert index.stats.orphans == 0
+    index.apply_event("r", BlockRemoved((5, 6)))  # the other copy
+    index.check_integrity()
+    assert index.match(toks, ["r"])["r"] == 0
+    # a hash stored again with other tokens (another engine's meaning) replaces every copy
+    index.apply_event("r", stored([9], None, toks[:4]))
+    index.check_integrity()
+    assert index.num_blocks("r") == 1 and index.match(toks, ["r"])["r"] == 1
 
 
 def test_keys_are_chained_and_adapters_separate() -> None:
