@@ -120,7 +120,10 @@ class KVEventSubscriber:
                     await task
             del self._readers[rid]
             if wanted.get(rid) != endpoint:
-                self.index.clear(rid)  # gone or moved: what it held is unknown now
+                # gone, moved or no longer publishing: what it held is unknown now, and
+                # another endpoint's messages are numbered from its own start (a policy
+                # reads the replica's cache otherwise until they arrive)
+                self.index.remove_replica(rid)
         for rid, endpoint in wanted.items():
             if rid not in self._readers:
                 assert endpoint is not None

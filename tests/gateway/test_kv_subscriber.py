@@ -108,3 +108,38 @@ async def test_a_failing_reader_does_not_stop_the_others(
         pub.close()
         ctx.term()
     assert failures() >= 2
+
+
+async def test_a_replica_that_moves_to_another_endpoint_starts_afresh_there() -> None:
+    ctx = zmq.Context()
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    pubs = []
+    for endpoint in endpoints:
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(endpoint)
+        pubs.append(pub)
+    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events=endpoints[0])])
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
+    await sub.start()
+    try:
+        old = itertools.count()
+        await wait_until_async(lambda: index.num_blocks("r0") == 2, 10, "the first engine's",
+                               retry=lambda: pubs[0].send_multipart(message(next(old), 10)))
+        # the same replica id, now another engine process, well into its own numbering
+        fleet.remove("r0")
+        fleet.add(ReplicaConfig("r0", "http://127.0.0.1:2", kv_events=endpoints[1]))
+        await wait_until_async(lambda: not index.tracks("r0"), 10,
+                               "the moved replica's blocks to be forgotten")
+        new = itertools.count(1000)
+        await wait_until_async(lambda: index.num_blocks("r0") == 2, 10, "the new engine's",
+                               retry=lambda: pubs[1].send_multipart(message(next(new), 50)))
+        assert index.last_seq("r0") is not None and index.last_seq("r0") >= 1000
+        assert index.stats.gaps == 0  # numbered from its own start, not the old engine's
+        assert index.match(TOKENS, ["r0"]) == {"r0": 2}
+    finally:
+        await sub.stop()
+        for pub in pubs:
+            pub.close()
+        ctx.term()
