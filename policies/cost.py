@@ -61,8 +61,9 @@ key (its document, its conversation) went there in the last ``kv_event_grace_s``
 blocks may not be stored yet), which keeps the larger of the two. Until a first prompt
 matches a block in the index, a prompt that matches none keeps the model's prediction: it
 may be new, or the gateway's tokens may not be the engines' (another tokenizer), which no
-block would ever match; after ``_UNMATCHED_LIMIT`` such prompts (while the index held
-blocks) the index is no longer read and the prompt no longer tokenized (``describe``:
+block would ever match; after ``_UNMATCHED_LIMIT`` such prompts that the model says a
+publishing replica holds (one with blocks in the index, sent there before the grace) the
+index is no longer read and the prompt no longer tokenized (``describe``:
 ``kv_events_unmatched``). The model still predicts what an admission evicts.
 
 ``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill
@@ -685,8 +686,13 @@ class Cost(Policy):
             self._index_memo = (request, True)  # taken in observe(Routed)
         elif not self._index_agrees:
             # no prompt has matched yet: a new prompt, or the gateway's tokens are not the
-            # engines' (counted in observe(Routed) when the index held blocks)
-            if any(kv.num_blocks(replicas[i].id) for i in tracked):
+            # engines' (another tokenizer). Only a prompt the model says a publishing
+            # replica holds (sent there before the grace, and its index holds blocks) tells
+            # the two apart; counted in observe(Routed). A new or a short prompt does not,
+            # so a burst of them cannot turn the index off.
+            if any(matched.get(i, 0) >= bs and kv.num_blocks(replicas[i].id)
+                   and not self._sending_now(replicas[i].id, prep.key, request.arrival_s)
+                   for i in tracked):
                 self._index_memo = (request, False)
             return matched
         out = dict(matched)

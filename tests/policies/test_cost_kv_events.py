@@ -95,10 +95,15 @@ def test_before_any_match_a_prompt_the_index_lacks_keeps_the_models_prediction()
 def test_engines_with_another_tokenizer_turn_the_index_off() -> None:
     policy = Cost()
     assert policy.kv_index is not None
-    store(policy.kv_index, "r0", doc(6), 1)  # blocks of tokens no prompt of ours has
-    for n in range(_UNMATCHED_LIMIT):
-        assert policy.tokens_needed is None
-        route(policy, doc(1000 + n % 8), at=float(n))
+    for i, r in enumerate(views()):  # blocks of tokens no prompt of ours has
+        store(policy.kv_index, r.id, doc(6 + 100 * i), 1000 * i)
+    # 8 documents, each again 8 s later (past the grace): from its second request on, the
+    # model says a replica holds it and that replica's index holds none of it
+    routed = 0
+    while policy.tokens_needed is None and routed < _UNMATCHED_LIMIT + 100:
+        route(policy, doc(1000 + routed % 8), at=float(routed))
+        routed += 1
+    assert routed == _UNMATCHED_LIMIT + 8
     assert policy.tokens_needed == 0
     assert policy.describe()["kv_events_unmatched"] is True
     # from then on the model alone predicts: a routed document is found again
@@ -133,3 +138,17 @@ def test_a_reset_clears_and_a_removal_drops_the_replicas_index() -> None:
 def test_without_kv_events_the_policy_keeps_no_index() -> None:
     policy = Cost(CostConfig(kv_events=False))
     assert policy.kv_index is None and policy.tokens_needed == 0
+
+
+def test_new_and_short_prompts_do_not_turn_the_index_off() -> None:
+    # a burst of documents seen once, and of prompts shorter than a block: nothing the
+    # index could have matched, so nothing tells another tokenizer from a new prompt
+    policy = Cost()
+    assert policy.kv_index is not None
+    for i, r in enumerate(views()):
+        store(policy.kv_index, r.id, doc(6 + 100 * i), 1000 * i)
+    for n in range(2 * _UNMATCHED_LIMIT):
+        route(policy, doc(5000 + n), at=float(n))
+        route(policy, doc(9000 + n % 8)[:12], at=float(n))
+    assert policy.tokens_needed is None
+    assert policy.describe()["kv_events_unmatched"] is False
