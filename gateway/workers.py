@@ -62,6 +62,7 @@ class WorkerPlan:
     # doorbells (``box_feed``): worker 0's ends of every follower's pipe, or a follower's
     rings: tuple[connection.Connection, ...] = ()
     bell: connection.Connection | None = None
+    supervisor: int = 0  # the supervisor's process id
 
 
 def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConfig:
@@ -87,19 +88,22 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _die_with_parent() -> None:
-    """SIGTERM this process when the supervisor dies (Linux ``PR_SET_PDEATHSIG``)."""
+def die_with_parent(supervisor: int) -> None:
+    """SIGTERM this process when the supervisor (process id ``supervisor``) dies (Linux
+    ``PR_SET_PDEATHSIG``), or now when it died before this call. Compared with the
+    supervisor's own id, not with 1: in a container without an init the supervisor *is*
+    process 1, and a worker reparented after its death gets another parent."""
     pr_set_pdeathsig = 1
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() == 1:  # the supervisor died before this line
+    if os.getppid() != supervisor:  # the supervisor died before this line
         os.kill(os.getpid(), signal.SIGTERM)
 
 
 def worker_main(plan: WorkerPlan) -> None:
     """One worker: the gateway of ``gateway.serve`` over the shared blocks."""
     os.setpgid(0, 0)
-    _die_with_parent()
+    die_with_parent(plan.supervisor)
     logging.basicConfig(level=plan.log_level,
                         format=f"%(asctime)s %(levelname)s %(name)s[w{plan.index}]: "
                         "%(message)s")
@@ -177,7 +181,8 @@ class Supervisor:
                 plan = WorkerPlan(self.config, index, self.workers, slots, load.name,
                                   feed.name, self.log_level,
                                   rings=tuple(ring for _, ring in bells) if index == 0 else (),
-                                  bell=bells[index - 1][0] if index else None)
+                                  bell=bells[index - 1][0] if index else None,
+                                  supervisor=os.getpid())
                 proc = ctx.Process(target=worker_main, args=(plan,),
                                    name=f"kvgate-worker-{index}")
                 proc.start()

@@ -3,7 +3,10 @@ box's load, answer /metrics for both, apply admin changes together and drain tog
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -14,11 +17,12 @@ import openai
 import pytest
 import yaml
 
+from tests.support.binaries import which
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.metrics import samples
 from tests.support.processes import Process, Processes
 from tests.support.servers import ThreadServer, free_port
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_http, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -174,3 +178,36 @@ def test_sigterm_drains_every_worker(box: tuple[Box, Behaviour]) -> None:
     thread.join(30)
     assert ends[-1] == "data: [DONE]"
     assert gateway.proc.wait(timeout=30) == 0
+
+
+def test_workers_serve_when_the_supervisor_is_process_1(
+        serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+    # as in a container whose entry point is `kvgate serve` with no init: the supervisor
+    # is process 1 of its PID namespace (the network is the host's)
+    unshare = which("unshare", "Debian's util-linux")
+    if unshare is None:
+        pytest.skip("unshare is not installed")
+    if subprocess.run([unshare, "-Urpf", "true"], capture_output=True).returncode != 0:
+        pytest.skip("this sandbox refuses a new PID namespace")
+    replica = serve(fake_replica(Behaviour("r0")))
+    port = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"port": port, "replicas": [
+        {"id": "r0", "url": replica.url}], "health": {"interval_s": 0.2}}))
+    proc = subprocess.Popen(
+        [unshare, "-Urpf", "--kill-child", sys.executable, "-m", "kvgate", "serve",
+         "--config", str(config), "--workers", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/ready", 60, proc)
+        _per_worker(url, lambda s: proc.poll() is None, "both workers to listen")
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+        model = client.models.list().data[0].id
+        answer = client.completions.create(model=model, prompt="hello", max_tokens=2)
+        assert answer.choices
+        assert proc.poll() is None  # every worker still serving
+    finally:
+        proc.kill()  # its PID 1 goes with it (--kill-child), and the workers with that
+        _, err = proc.communicate(timeout=30)
+    assert b"exited with" not in err, err.decode()[-2000:]
