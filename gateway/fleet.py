@@ -41,6 +41,11 @@ from gateway.replica_metrics import HitRateWindow, ScrapedMetrics
 from gateway.shared_load import LoadTotals, SharedLoad
 from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView
 
+# seconds before a removed replica's slot in the workers' shared accounting is given to
+# another: followers apply a removal within a snapshot (50 ms to 1 s), and a request
+# routed there meanwhile shows in the slot's cells
+SLOT_QUARANTINE_S = 10.0
+
 
 def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() != "authorization"}
@@ -228,7 +233,10 @@ class Fleet:
                  shared: SharedLoad | None = None) -> None:
         self.window_s = window_s
         self.shared = shared
-        self._next_slot = 0  # slots are never reused (see shared_load)
+        self._next_slot = 0
+        # with shared accounting: slots whose replica left -> when (``_free_slot``)
+        self._released: dict[int, float] = {}
+        self.slot_quarantine_s = SLOT_QUARANTINE_S
         self.calibration = TokenCalibration()
         self._replicas: dict[str, ReplicaState] = {}
         self._listeners: list[FleetListener] = []
@@ -278,10 +286,12 @@ class Fleet:
         accounting (default: the next unused one)."""
         if config.id in self._replicas:
             raise ValueError(f"replica {config.id!r} already exists")
-        slot = self._next_slot if slot is None else slot
+        slot = self._free_slot() if slot is None else slot
         if self.shared is not None and slot >= self.shared.slots:
             raise ValueError(f"no room for replica {config.id!r}: the workers' shared "
-                             f"accounting has {self.shared.slots} slots, all used since start")
+                             f"accounting has {self.shared.slots} slots, all in use or "
+                             "left by replicas with requests still in flight")
+        self._released.pop(slot, None)
         self._next_slot = max(self._next_slot, slot + 1)
         state = ReplicaState(config, self.window_s, forward_auth=forward_auth, source=source,
                              shared=self.shared, slot=slot)
@@ -290,11 +300,26 @@ class Fleet:
         self.changed()
         return state
 
+    def _free_slot(self) -> int:
+        """A slot for a new replica: one a replica left at least ``slot_quarantine_s``
+        ago whose cells every worker has zeroed (nothing of it in flight, in any worker;
+        its old state would write there again only for such a request), else the next
+        never used. Without reuse, discovery's churn (pods replaced, DNS answers that
+        vary) used up the slots and the box stopped taking replicas."""
+        if self.shared is not None and self._released:
+            now, idle = time.monotonic(), LoadTotals(0, 0, 0.0, 0)
+            for slot, left in self._released.items():
+                if now - left >= self.slot_quarantine_s and self.shared.totals(slot) == idle:
+                    return slot
+        return self._next_slot
+
     def remove(self, replica_id: str) -> ReplicaState:
         try:
             state = self._replicas.pop(replica_id)
         except KeyError:
             raise KeyError(f"no replica {replica_id!r}") from None
+        if self.shared is not None:
+            self._released[state.slot] = time.monotonic()
         self._tell(ReplicaRemoved(replica_id))
         self.changed()
         return state

@@ -11,11 +11,14 @@ memory block; a policy's view sums every worker's cells. Layout, all little-endi
           oldest_tokens i64
 
 A replica's slot is fixed when it joins the fleet (configured replicas in order, then each
-added one the next; slots are never reused, so a late write for a removed replica lands
-on a dead slot). Consistency: every cell has exactly one writer (its worker), written
-with aligned 8-byte stores, so no lock is needed and no update is lost. A reader may see
-one worker's cell one update old, or one field of it updated before the next: the sums are
-exact once writes stop, and never off by more than the requests moving at that moment.
+added one the next free). The leader's ``Fleet`` hands a removed replica's slot to another
+only after a quarantine and once every worker's cells for it read zero, so a late write
+for a removed replica lands on a slot nobody else holds.
+
+Consistency: every cell has exactly one writer (its worker), written with aligned 8-byte
+stores, so no lock is needed and no update is lost. A reader may see one worker's cell one
+update old, or one field of it updated before the next: the sums are exact once writes
+stop, and never off by more than the requests moving at that moment.
 ``CLOCK_MONOTONIC`` is one clock for every process of a machine, so ages compare.
 """
 

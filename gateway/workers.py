@@ -45,7 +45,7 @@ from gateway.shared_load import SharedLoad
 
 log = logging.getLogger("kvgate.workers")
 
-SPARE_SLOTS = 256  # replicas the admin API may add over a supervisor's life
+SPARE_SLOTS = 256  # replicas in the fleet beyond the configured ones at any one time
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,16 +93,36 @@ def test_a_restarted_worker_starts_from_zero(load_block: shared_memory.SharedMem
     load_again.close()
 
 
-def test_slots_are_never_reused_and_run_out(load_block: shared_memory.SharedMemory) -> None:
-    fleet, load = _worker(load_block, 0)
+def test_a_removed_replicas_slot_is_reused_once_idle_and_quarantined(
+        load_block: shared_memory.SharedMemory) -> None:
+    leader, load = _worker(load_block, 0)
+    follower, load_f = _worker(load_block, 1)
     try:
-        fleet.remove("r1")
-        assert fleet.add(ReplicaConfig("r1", "http://127.0.0.1:8")).slot == 2
-        assert fleet.add(ReplicaConfig("r2", "http://127.0.0.1:7")).slot == 3
-        with pytest.raises(ValueError, match="4 slots"):
-            fleet.add(ReplicaConfig("r3", "http://127.0.0.1:6"))
+        # the follower still streams an answer from r1 when the leader removes it
+        held = follower.sent("r1", 40)
+        follower.first_byte(held)
+        leader.remove("r1")
+        assert leader.add(ReplicaConfig("r1", "http://127.0.0.1:8")).slot == 2  # quarantined
+        leader.remove("r1")
+        leader.slot_quarantine_s = 0.0
+        # slot 1 still has the follower's answer in flight; slot 2 is idle
+        assert leader.add(ReplicaConfig("a", "http://127.0.0.1:7")).slot == 2
+        assert leader.add(ReplicaConfig("b", "http://127.0.0.1:6")).slot == 3
+        with pytest.raises(ValueError, match="4 slots"):  # every slot held or in flight
+            leader.add(ReplicaConfig("c", "http://127.0.0.1:5"))
+        follower.done(held)  # its answer ended: slot 1 is free
+        assert leader.add(ReplicaConfig("c", "http://127.0.0.1:5")).slot == 1
+        # discovery's churn, pods replaced one at a time, never runs out
+        for n in range(50):
+            leader.remove("c" if n == 0 else f"pod-{n - 1}")
+            state = leader.add(ReplicaConfig(f"pod-{n}", "http://127.0.0.1:5"))
+            assert state.slot < 4
+            sent = leader.sent(f"pod-{n}", 10)
+            leader.done(sent)
+        assert len(leader) == 4
     finally:
         load.close()
+        load_f.close()
 
 
 def test_load_block_rejects_a_foreign_block() -> None:
