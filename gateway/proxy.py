@@ -36,6 +36,7 @@ from gateway.fleet_events import FleetEvent, HealthChanged
 from gateway.idle_watch import IdleWatch
 from gateway.metrics import GatewayMetrics
 from gateway.upstream_http import (
+    UpstreamBroken,
     UpstreamClient,
     UpstreamFailure,
     UpstreamResponse,
@@ -47,6 +48,8 @@ log = logging.getLogger("kvgate.proxy")
 _HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
     "trailers", "transfer-encoding", "upgrade", "host", "content-length", "proxy-connection",
+    # the gateway sends the whole body at once: a replica's 100 Continue would be noise
+    "expect",
 })
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
@@ -160,6 +163,12 @@ class UpstreamStream:
                 chunk = await response.readany()
                 watch.got()
                 if not chunk:
+                    if self.stream and response.until_close \
+                            and not self._tail.endswith(_DONE_EVENT):
+                        # its end is the connection's, which a replica that died also
+                        # closes: only the stream's last event tells a whole answer
+                        raise UpstreamBroken("the connection closed before the stream's "
+                                             "last event")
                     break
                 if self.stream:
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
@@ -182,7 +191,8 @@ class UpstreamStream:
             if not self._delivered:  # after [DONE] only the end of body was missing
                 self._broke_off("idle_timeout", f"sent nothing for over {self.idle_s} s")
         except UpstreamFailure as exc:
-            self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
+            if not self._delivered:  # after [DONE] only the end of body was missing
+                self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
         finally:
             watch.stop()
             self.close(ok)

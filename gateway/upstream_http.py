@@ -121,6 +121,12 @@ class UpstreamResponse:
         """The whole body was read."""
         return self._complete and not self._chunks
 
+    @property
+    def until_close(self) -> bool:
+        """The answer has neither a length nor chunks: the connection's end is its end,
+        and a replica that died mid-answer ends it the same way."""
+        return self._until_close
+
     def release(self) -> None:
         """Done with the answer: the connection goes back for the next request when the
         answer was read whole and may be kept; else it is closed."""
@@ -149,6 +155,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._answer: UpstreamResponse | None = None
         self._got_bytes = False
+        self._interim = False  # parsing a 1xx answer's head
         self._paused = False
         self.reused = False
         self.held = False  # counts against the origin's limit
@@ -179,9 +186,10 @@ class _Connection(asyncio.Protocol):
         self._origin.forget(self)
         if answer is None or answer._complete:
             return
-        if answer._head.done() and answer._until_close and answer._error is None:
-            answer._complete = True  # the body ran to the end of the connection
-            answer._wake()
+        if answer._head.done() and answer._until_close and answer._error is None \
+                and exc is None:
+            answer._complete = True  # the body ran to the end of the connection (a reset
+            answer._wake()  # connection is not an end: the answer broke)
         elif not self._got_bytes and self.reused:
             answer._fail(_Stale("the replica closed a kept-alive connection"))
         else:
@@ -197,7 +205,12 @@ class _Connection(asyncio.Protocol):
         answer = self._answer
         if answer is None:
             return
-        answer.status = status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (100 Continue, 103 Early Hints): the
+            self._interim = True  # final one follows on this connection
+            answer.headers.clear()
+            return
+        answer.status = status
         headers = answer.headers
         answer._until_close = "content-length" not in headers \
             and "chunked" not in headers.get("transfer-encoding", "").lower() \
@@ -219,6 +232,9 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         answer = self._answer
         if answer is None:
+            return
+        if self._interim:  # the end of an interim answer, not of the request's
+            self._interim = False
             return
         answer._complete = True
         answer._keep = self._parser.should_keep_alive()  # the parser resets on return

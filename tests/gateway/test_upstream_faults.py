@@ -309,3 +309,86 @@ def test_a_pass_through_body_that_never_ends_gets_the_body_timeout(serve: Serve)
     assert head.startswith(b"HTTP/1.1 408")
     assert json.loads(payload)["error"]["code"] == "body_timeout"
     assert seen == []  # nothing reached the replica
+
+
+class RawReplica:
+    """A replica written at the socket level, for framings uvicorn never sends: each
+    connection gets one answer; /v1/completions streams two events as ``mode`` says."""
+
+    EVENT = b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text":"t"}]}\n\n'
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(body) < length:
+                body += conn.recv(65536)
+            path = head.split(b" ")[1]
+            if path != b"/v1/completions":
+                reply = b'{"object":"list","data":[{"id":"sim-model"}]}' \
+                    if path == b"/v1/models" else b"ok"
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(reply), reply))
+                return
+            done = b"data: [DONE]\n\n"
+            if self.mode.startswith("chunked"):  # [DONE], then gone before the last chunk
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n" + b"".join(
+                                 b"%x\r\n%s\r\n" % (len(e), e) for e in (self.EVENT, done)))
+            else:  # no length, no chunks: the connection's end is the answer's
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"connection: close\r\n\r\n" + self.EVENT + self.EVENT
+                             + (done if "done" in self.mode else b""))
+            time.sleep(0.1)
+            if self.mode.endswith("rst"):  # a reset, as a killed process's kernel sends
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                b"\x01\x00\x00\x00\x00\x00\x00\x00")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("mode, whole", [("until_close_fin", False),
+                                         ("until_close_rst", False),
+                                         ("until_close_done_fin", True),
+                                         ("chunked_done_rst", True)])
+def test_a_stream_is_whole_exactly_when_its_last_event_came(serve: Serve, mode: str,
+                                                            whole: bool) -> None:
+    replica = RawReplica(mode)
+    try:
+        gw = gateway(serve, [replica], max_attempts=1)  # type: ignore[list-item]
+        with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                          json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert r.status_code == 200
+        assert events[0] == RawReplica.EVENT.decode().strip()
+        if whole:
+            assert events[-1] == "data: [DONE]"
+            assert metric(gw, "kvgate_upstream_cuts_total") == 0
+        else:  # a replica that died mid-answer: never passed off as a whole answer
+            assert len(events) == 3 and "[DONE]" not in events[-1]
+            assert json.loads(events[-1][6:])["error"]["code"] == "upstream_broken"
+            assert metric(gw, 'kvgate_upstream_cuts_total{cause="broken"') == 1
+    finally:
+        replica.close()

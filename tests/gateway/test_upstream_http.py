@@ -319,3 +319,32 @@ def test_header_values_go_out_as_the_client_sent_them() -> None:
         assert b"\r\nx-note: caf\xe9\r\n" in server.heads[0]
         assert "\r\nx-note: key-\u20ac\r\n".encode() in server.heads[1]
     asyncio.run(main())
+
+
+def test_an_interim_answer_is_skipped_and_the_final_one_read_on_the_same_connection(
+        ) -> None:
+    # a replica that sends 100 Continue (or 103 Early Hints) before its answer: the
+    # answer is the final one, and the connection carries the next request only after it
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n")
+        writer.write(answer(b'{"answer to": %d}' % n))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        server = Server(handler)
+        async with server as url:
+            client = UpstreamClient()
+            for n in range(3):
+                status, body = await read_all(client, url)
+                assert (status, body) == (200, b'{"answer to": %d}' % n)
+            response = await client.post(url, b"{}", {})
+            assert "link" not in response.headers  # the interim answer's headers are gone
+            response.close()
+            await client.close()
+        assert server.connections == 1  # one kept-alive connection carried every request
+    asyncio.run(main())
