@@ -142,7 +142,11 @@ class _Draining(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining or self.grace_s <= 0 or self._loop is None:
+        if self._draining:  # a second signal: no more waiting for answers in flight
+            self.should_exit = self.force_exit = True
+            return
+        if self.grace_s <= 0 or self._loop is None:
+            self._draining = True
             super().handle_exit(sig, frame)
             return
         self._draining = True

@@ -3,18 +3,21 @@ the grace period, every stream in flight completes, and the process exits in tim
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.fleets import SIM_ENGINE
 from tests.support.processes import Processes
-from tests.support.servers import free_port
+from tests.support.servers import ThreadServer, free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -63,3 +66,37 @@ def test_sigterm_drains_with_streams_in_flight(spawn: Processes, tmp_path: Path)
     # uvicorn re-raises the signal once it has stopped, so the exit status names it
     assert gateway.wait(timeout=30) in (0, -signal.SIGTERM)
     assert time.monotonic() - signalled < 30
+
+
+def test_a_second_signal_stops_at_once_with_answers_in_flight(
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+    held = threading.Event()
+    replica = serve(fake_replica(Behaviour("r0", release=held)))  # streams never end
+    port = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "replicas": [{"id": "r0", "url": replica.url}],
+        "shutdown": {"grace_s": 1, "timeout_s": 60}}))
+    url = f"http://127.0.0.1:{port}"
+    gateway = spawn("serve", "--config", str(config), ready_url=f"{url}/ready")
+    started = threading.Semaphore(0)
+
+    def stream() -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                "POST", f"{url}/v1/completions", timeout=60,
+                json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
+            for _ in r.iter_lines():
+                started.release()
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    assert started.acquire(timeout=30)
+    try:
+        gateway.send_signal(signal.SIGTERM)
+        wait_until(lambda: httpx.get(f"{url}/ready").status_code == 503, 5, "draining")
+        signalled = time.monotonic()
+        gateway.send_signal(signal.SIGTERM)  # the operator does not want to wait
+        gateway.wait(timeout=30)
+        assert time.monotonic() - signalled < 5  # not the time the answer could take
+    finally:
+        held.set()
