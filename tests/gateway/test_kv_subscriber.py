@@ -23,6 +23,18 @@ def message(seq: int, first_hash: int) -> list[bytes]:
     return [b"", seq.to_bytes(8, "big"), encode_payload(KVEventBatch(0.0, (ev,), 0))]
 
 
+def publishers(ctx: zmq.Context, n: int) -> tuple[list[str], list[zmq.Socket]]:
+    """``n`` PUB sockets bound on loopback, and their endpoints."""
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(n)]
+    pubs = []
+    for endpoint in endpoints:
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(endpoint)
+        pubs.append(pub)
+    return endpoints, pubs
+
+
 def test_malformed_messages_are_skipped_and_removed_replicas_ignored() -> None:
     fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events="tcp://127.0.0.1:1")])
     index = KVIndex(16)
@@ -39,13 +51,7 @@ def test_malformed_messages_are_skipped_and_removed_replicas_ignored() -> None:
 
 async def test_follows_the_fleet_and_reads_each_replicas_socket() -> None:
     ctx = zmq.Context()
-    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    pubs = []
-    for endpoint in endpoints:
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.LINGER, 0)
-        pub.bind(endpoint)
-        pubs.append(pub)
+    endpoints, pubs = publishers(ctx, 2)
     fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events=endpoints[0])])
     index = KVIndex(16)
     sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
@@ -112,13 +118,7 @@ async def test_a_failing_reader_does_not_stop_the_others(
 
 async def test_a_replica_that_moves_to_another_endpoint_starts_afresh_there() -> None:
     ctx = zmq.Context()
-    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    pubs = []
-    for endpoint in endpoints:
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.LINGER, 0)
-        pub.bind(endpoint)
-        pubs.append(pub)
+    endpoints, pubs = publishers(ctx, 2)
     fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events=endpoints[0])])
     index = KVIndex(16)
     sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
