@@ -143,8 +143,11 @@ class Router:
         first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
         if first_user is None:
             return None
-        head = self.tokenizer.render_chat(messages[: first_user + 1],
-                                          add_generation_prompt=False, tools=tools)
+        try:
+            head = self.tokenizer.render_chat(messages[: first_user + 1],
+                                              add_generation_prompt=False, tools=tools)
+        except ChatFormatError:  # a template that takes the whole chat but not its head
+            return None
         if not text.startswith(head):
             return None  # a template that renders earlier messages differently later
         return head

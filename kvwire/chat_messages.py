@@ -59,10 +59,14 @@ def _normalize_message(message: Any, index: int, hash_media: bool) -> dict[str, 
         texts = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind == "text":
-                texts.append(str(part.get("text", "")))
-                continue
             where = f"messages[{index}].content[{j}]"
+            if kind == "text":
+                text = part.get("text", "")
+                if not isinstance(text, str):
+                    raise ChatFormatError(f"{where}.text must be a string, got "
+                                          f"{type(text).__name__}", param=f"{where}.text")
+                texts.append(text)
+                continue
             if isinstance(kind, str) and kind in MEDIA_TYPES:
                 try:
                     texts.append(placeholder(part, where, hash_media))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwire.bounded_memo import BoundedMemo
-from kvwire.chat_messages import normalize_messages
+from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 from kvwire.whole_encoding import WholeEncodings, space_cut
 
@@ -32,6 +32,13 @@ _SEEN_ALPHA = 0.5  # weight of the latest prompt in the characters per token see
 
 # a remembered prefix encoding: (first tokens, tokens in text[:cut], cut, text[budget:cut])
 _Memo = tuple["array[int]", int, int, str]
+
+
+def _template_refuses(message: str) -> None:
+    """``raise_exception`` in chat templates: the template refuses the conversation."""
+    from jinja2 import TemplateError
+
+    raise TemplateError(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,7 @@ class PromptTokenizer:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _template_refuses  # as transformers defines it
             self._template = env.from_string(chat_template)
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
         sample = "the parties agree that the term of this agreement shall be five years. " * 8
@@ -186,10 +194,18 @@ class PromptTokenizer:
         object per line inside ``<tools>`` tags, the layout Qwen2 and Hermes templates use."""
         normalized = normalize_messages(messages)
         if self._template is not None:
-            return str(self._template.render(
-                messages=normalized, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token, tools=tools or None,
-            ))
+            from jinja2 import TemplateError
+
+            try:
+                return str(self._template.render(
+                    messages=normalized, add_generation_prompt=add_generation_prompt,
+                    bos_token=self.bos_token, eos_token=self.eos_token, tools=tools or None,
+                ))
+            except (TemplateError, TypeError, ValueError, LookupError,
+                    AttributeError) as exc:  # the template refuses these messages (a system
+                # role it does not take, roles out of turn) or cannot render them
+                raise ChatFormatError(f"the model's chat template refused the messages: "
+                                      f"{exc}") from None
         if tools:
             listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
             block = f"# Tools\n\n<tools>\n{listed}\n</tools>"

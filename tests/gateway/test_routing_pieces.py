@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
 from gateway.fleet import Fleet
 from gateway.request_parse import ParsedRequest
 from gateway.routing import Router
+from kvwire.openai_schema import BadRequest
 from kvwire.tokenizer import load_tokenizer
+from kvwire.tokenizer_build import ASSET_DIR
 from policies.prompt_chunks import id_chunks, text_chunks
 from policies.registry import build_policy
 
@@ -40,5 +48,26 @@ def test_a_policy_that_reads_whole_prompts_gets_a_long_prompt_without_spaces() -
         for text in ("合同条款" * 1200, "x" * 5000):
             request = router.build(completion(text))
             assert list(request.tokens) == tokenizer.encode(text)
+    finally:
+        router.close()
+
+
+@pytest.mark.parametrize("policy", ["cost", "radix"])  # those render the chat
+def test_a_chat_the_models_template_refuses_is_a_bad_request(tmp_path: Path,
+                                                             policy: str) -> None:
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")}))
+    router = Router(build_policy({"name": policy}), load_tokenizer(tmp_path), Fleet([]), 1)
+    chat = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hi"}]
+    try:
+        with pytest.raises(BadRequest, match="System role not supported") as raised:
+            router.build(ParsedRequest("chat", {}, "m", True, None, None, chat, None, None))
+        assert raised.value.status == 400
+        ok = router.build(ParsedRequest("chat", {}, "m", True, None, None, chat[1:], None,
+                                        None))
+        assert ok.prompt_tokens > 0
     finally:
         router.close()

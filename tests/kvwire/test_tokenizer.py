@@ -151,3 +151,35 @@ def test_prefix_memo_checks_text_read_past_the_first_budget() -> None:
     hit = memo.remembered_prefix(b, 64)
     assert hit is not None and list(hit.ids) == list(plain.encode_prefix(b, 64).ids)
     assert memo.remembered_prefix(a, 64) is None
+
+
+def test_a_template_that_refuses_the_messages_is_a_chat_format_error(tmp_path: Path) -> None:
+    # as Mistral's and Gemma's templates do: raise_exception(...) on a system role, or on
+    # roles out of turn
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                "{{ raise_exception('System role not supported') }}{% endif %}"
+                "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    tok = load_tokenizer(tmp_path)
+    assert tok.render_chat([{"role": "user", "content": "hi"}]).startswith("[user] hi")
+    with pytest.raises(ChatFormatError, match="System role not supported"):
+        tok.render_chat([{"role": "system", "content": "be nice"},
+                         {"role": "user", "content": "hi"}])
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(ASSET_DIR / "tokenizer.json", broken / "tokenizer.json")
+    (broken / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{{ messages[0]['content'] + 1 }}"}))  # fails as it renders
+    with pytest.raises(ChatFormatError, match="chat template"):
+        load_tokenizer(broken).render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_a_text_part_must_hold_a_string() -> None:
+    tok = load_tokenizer()
+    deep: object = "x"
+    for _ in range(990):  # deeper than repr() can go
+        deep = [deep]
+    for text in ({"a": 1}, deep, 7):
+        with pytest.raises(ChatFormatError, match=r"messages\[0\].content\[0\].text must be"):
+            tok.render_chat([{"role": "user", "content": [{"type": "text", "text": text}]}])
