@@ -174,6 +174,8 @@ async def chat_completions(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
+    if gw.auth.on:  # every /v1 route needs a client's key when keys are configured
+        gw.auth.tenant_of(request)
     names = sorted(gw.fleet.models())
     return JSONResponse({"object": "list", "data": [
         {"id": name, "object": "model", "owned_by": "kvgate"} for name in names]},

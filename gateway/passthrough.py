@@ -1,7 +1,9 @@
 """The OpenAI endpoints that carry no prompt to route on (embeddings, responses, rerank,
 score, tokenize, detokenize): sent by ``model`` to the least busy healthy replica serving
-it (within the tenant's partition), bodies unchanged, under the same admission, body
-timeout, retries and relay as completions.
+it (within the tenant's partition), bodies unchanged but for the tenant's ``cache_salt``
+under ``tenancy.isolate`` (all but tokenize and detokenize run the model over the client's
+text, so a shared prefix cache would time one tenant's prompts by another's), under the
+same admission, body timeout, retries and relay as completions.
 
 Their cost is not prefill of a reusable prefix, so they take no part in cache-aware
 routing: no policy is asked and nothing is learned from them.
@@ -29,6 +31,8 @@ from kvwire.openai_schema import BadRequest, OpenAIError, json_object
 PATHS = ("/v1/embeddings", "/v1/responses", "/v1/rerank", "/v1/score", "/tokenize",
          "/detokenize")
 ROUTE = "passthrough"
+# what runs no model over the request's text (no prefix cache to keep tenants apart in)
+_NO_CACHE = frozenset({"/tokenize", "/detokenize"})
 
 
 _turn = itertools.count()  # ties taken in turn, so equal replicas share the load
@@ -64,11 +68,16 @@ async def passthrough(request: Request) -> Response:
         raise
     with released_on_error(slot, lambda status: gw.ended(ROUTE, status)), trace.guard():
         raw = await read_timed_body(request, gw)
-        model = json_object(raw).get("model")
+        body = json_object(raw)
+        model = body.get("model")
         if not isinstance(model, str) or not model:
             raise BadRequest("model is required (a non-empty string)", param="model")
         check_model(gw, model)
         tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
+        if path not in _NO_CACHE:  # the model runs over the client's text: a tenant's
+            isolated = gw.tenancy.isolate(tenant, body)  # prefixes are its own there too
+            if isolated is not None:
+                raw = isolated[0]
         forwarded = upstream_headers(request, gw.trusted_proxies)
         request_id = request_id_of(request, forwarded, f"pass-{random.getrandbits(48):x}")
         trace.upstream(forwarded)

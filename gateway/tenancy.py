@@ -143,4 +143,8 @@ class Tenancy:
             raise BadRequest("cache_salt is set by the gateway for each tenant; do not send "
                              "it", param="cache_salt", code="cache_salt_not_allowed")
         salt = tenant_salt(self._key, tenant or "", client)
-        return orjson.dumps({**body, "cache_salt": salt}), salt
+        try:
+            return orjson.dumps({**body, "cache_salt": salt}), salt
+        except orjson.JSONEncodeError as exc:  # nested deeper than it writes (254 levels)
+            raise BadRequest(f"request body cannot be forwarded with the tenant's cache "
+                             f"salt: {exc}", code="invalid_json") from None

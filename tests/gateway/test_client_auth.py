@@ -56,6 +56,10 @@ def test_keys_admit_clients_and_name_their_tenant(serve: Serve,
     assert salts == [tenant_salt(SECRET.encode(), "acme", None),
                      tenant_salt(SECRET.encode(), "globex", None)]
     assert all("authorization" not in h for h in rec.headers)  # the key stays here
+    # every /v1 route asks for a key, the model list too
+    assert httpx.get(f"{url}/v1/models").status_code == 401
+    listed = httpx.get(f"{url}/v1/models", headers={"authorization": f"Bearer {ACME_KEY}"})
+    assert listed.status_code == 200 and listed.json()["object"] == "list"
 
 
 def test_short_or_unreadable_keys_are_refused_at_load() -> None:

@@ -392,3 +392,39 @@ def test_a_stream_is_whole_exactly_when_its_last_event_came(serve: Serve, mode: 
             assert metric(gw, 'kvgate_upstream_cuts_total{cause="broken"') == 1
     finally:
         replica.close()
+
+
+@pytest.mark.parametrize("path, salted", [("/v1/responses", True), ("/v1/embeddings", True),
+                                          ("/v1/rerank", True), ("/v1/score", True),
+                                          ("/tokenize", False), ("/detokenize", False)])
+def test_under_isolation_pass_through_bodies_carry_the_tenants_salt(serve: Serve, path: str,
+                                                                     salted: bool) -> None:
+    seen: list[tuple[str, str]] = []
+    gw = gateway(serve, [serve(echo_replica("a", seen))],
+                 tenancy={"isolate": True, "secret": "s" * 32, "client_salt": "reject"},
+                 trusted_proxies=["127.0.0.0/8"])
+    body = {"model": "sim-model", "input": "x"}
+    echoed = []
+    for tenant in ("acme", "globex"):
+        r = httpx.post(f"{gw.url}{path}", json=body, headers={"x-kvgate-tenant": tenant})
+        assert r.status_code == 200
+        echoed.append(r.json()["echo"])
+    if salted:  # each tenant's own salt, which the client neither sees nor picks
+        salts = [e.pop("cache_salt") for e in echoed]
+        assert salts[0] != salts[1] and all(len(s) == 64 for s in salts)
+    assert echoed == [body, body]
+    forged = httpx.post(f"{gw.url}{path}", json={**body, "cache_salt": "victim"},
+                        headers={"x-kvgate-tenant": "acme"})
+    if salted:
+        assert forged.status_code == 400 and forged.json()["error"]["param"] == "cache_salt"
+
+
+def test_a_body_too_deep_to_salt_is_a_bad_request(serve: Serve) -> None:
+    gw = gateway(serve, [serve(echo_replica("a", []))],
+                 tenancy={"isolate": True, "secret": "s" * 32}, trusted_proxies=["127.0.0.0/8"])
+    deep: object = 1
+    for _ in range(300):  # within what the gateway reads, deeper than it writes
+        deep = [deep]
+    r = httpx.post(f"{gw.url}/v1/completions",
+                   json={"model": "sim-model", "prompt": "x", "metadata": deep})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
