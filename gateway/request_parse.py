@@ -41,8 +41,11 @@ def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None
     affinity = affinity_header_value
     if affinity is None and affinity_field:
         value = body.get(affinity_field)
-        if value is not None:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             affinity = str(value)
+        elif value is not None:
+            raise BadRequest(f"'{affinity_field}' (the affinity key) must be a string or a "
+                             f"number, got {type(value).__name__}", param=affinity_field)
     return ParsedRequest(endpoint, body, fields.model, fields.stream, fields.prompt_text,
                          fields.prompt_ids, fields.messages, fields.cache_salt, affinity,
                          fields.tools, len(raw))

@@ -71,3 +71,22 @@ def test_a_chat_the_models_template_refuses_is_a_bad_request(tmp_path: Path,
         assert ok.prompt_tokens > 0
     finally:
         router.close()
+
+
+def test_the_affinity_field_is_a_string_or_a_number() -> None:
+    from gateway.request_parse import parse_body
+
+    def body(value: object) -> bytes:
+        return b'{"model": "m", "prompt": "x", "session": %s}' % value_json(value)
+
+    def value_json(value: object) -> bytes:
+        if value == "deep":  # deeper than str() can go, within what the gateway reads
+            return b"[" * 990 + b'"x"' + b"]" * 990
+        return json.dumps(value).encode()
+
+    assert parse_body(body("chat-7"), "completions", "session").affinity_key == "chat-7"
+    assert parse_body(body(42), "completions", "session").affinity_key == "42"
+    assert parse_body(body(None), "completions", "session").affinity_key is None
+    for bad in ({"a": 1}, "deep", True):
+        with pytest.raises(BadRequest, match=r"'session' .* must be a string or a number"):
+            parse_body(body(bad), "completions", "session")
