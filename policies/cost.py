@@ -802,6 +802,7 @@ class Cost(Policy):
             if self.kv_index is not None:
                 self.kv_index.clear(event.replica)
             self._sending.pop(event.replica, None)
+            self._slots.forget(event.replica)  # a restart may run fewer sequences at once
             held = self._models.get(event.replica)
             if held is not None:
                 held.model.clear()
@@ -901,6 +902,10 @@ class Cost(Policy):
         if self._routed % self._sketch.window == 0:
             self._placement.prune(lambda key: self._hot(self._sketch.estimate(key)))
             replicas, up, in_scratch = self._eligible
+            # the views of the last hot decision, less the replicas removed since
+            facts = self._facts
+            up = [u and r.id in facts for u, r in zip(up, replicas, strict=True)]
+            in_scratch = {i for i in in_scratch if up[i]}
             ring, owners = self._rings.layout([r.id for r in replicas],
                                               [r.weight for r in replicas])
             self._placement.assign(self._order_of(replicas, ring.points, owners, len(ring),

@@ -3,7 +3,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from policies.base import Finished, ReplicaRemoved, ReplicaView, Routed, RouteRequest
+from policies.base import (
+    Finished,
+    ReplicaRemoved,
+    ReplicaReset,
+    ReplicaView,
+    Routed,
+    RouteRequest,
+)
 from policies.config import ConfigError
 from policies.cost import Cost, CostConfig
 from policies.registry import build_policy, load_preset
@@ -366,3 +373,34 @@ def test_between_equally_loaded_replicas_the_least_loaded_is_a_scratch_one() -> 
     # a less loaded replica still wins, scratch or not
     fleet = views(6, queued={**{f"r{i}": 500 for i in range(6)}, "r1": 100})
     assert policy._least_loaded(fleet, up, {3, 4}, 5) == (1, 1)
+
+
+def test_a_restart_forgets_the_replicas_learned_decode_slots() -> None:
+    policy = Cost()
+    full = [ReplicaView(f"r{i}", kv_capacity_tokens=4000, running=64 if i == 0 else 0,
+                        waiting=5 if i == 0 else 0) for i in range(4)]
+    for n in range(12):  # r0 seen full, others waiting, scrape after scrape
+        policy.choose(request(doc(n), at=float(n)), full)
+    slots = policy.describe()["slots"]
+    assert isinstance(slots, dict) and slots["r0"] == 64
+    policy.observe(ReplicaReset("r0"))  # it may come back running fewer at once
+    slots = policy.describe()["slots"]
+    assert isinstance(slots, dict) and slots.get("r0") is None
+
+
+def test_no_hot_prefix_is_placed_on_a_removed_replica_again() -> None:
+    policy = Cost(CostConfig(min_scratch=1))
+    six = views(n=6)
+    for i in range(24):  # hot documents, placed over all six, still hot at the window
+        for _ in range(6):
+            route(policy, doc(i), six, at=float(i))
+    assert policy._placement.tokens_on("r5") > 0
+    policy.observe(ReplicaRemoved("r5"))
+    five = views(n=5)
+    window = policy.describe()["sketch_window"]
+    assert isinstance(window, int) and window > 144
+    for n in range(window - 144):  # one-off documents only, up to the sketch window,
+        route(policy, doc(10_000 + n), five, at=100.0 + n)  # which homes the hot set again
+    assert len(policy._placement) == 24
+    policy.check_integrity()
+    assert policy._placement.tokens_on("r5") == 0
