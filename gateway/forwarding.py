@@ -2,10 +2,11 @@
 ones, with the client's address added to ``X-Forwarded-For`` and an ``X-Request-Id``
 (the client's, or one the gateway makes) that the answer echoes.
 
-``X-Forwarded-For`` and ``Forwarded`` a client sends are believed only from a peer in
-``trusted_proxies`` (the proxy in front of the gateway that sets them); then the peer's
-address is appended. From anyone else they are dropped and ``X-Forwarded-For`` starts
-again with the peer's address, so a replica's logs never show an address a client made up.
+``X-Forwarded-For``, ``Forwarded``, ``X-Real-IP`` and the other headers a proxy sets about
+its client are believed only from a peer in ``trusted_proxies`` (the proxy in front of
+the gateway that sets them); then the peer's address is appended to ``X-Forwarded-For``.
+From anyone else they are dropped and ``X-Forwarded-For`` starts again with the peer's
+address, so a replica's logs never show an address a client made up.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from starlette.requests import Request
 from gateway.networks import Networks
 from gateway.proxy import forward_headers
 
+# what only the proxy in front of the gateway may say about a request (its client's address,
+# the host and scheme it was asked for): dropped from anyone else
+_PROXY_SET = ("forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto",
+              "x-forwarded-port", "x-client-ip", "true-client-ip")
+
 
 def upstream_headers(request: Request, trusted: Networks) -> dict[str, str]:
     """The client's headers to forward (names are lower case, as ASGI gives them)."""
@@ -24,7 +30,8 @@ def upstream_headers(request: Request, trusted: Networks) -> dict[str, str]:
     prior = out.pop("x-forwarded-for", None)
     if not trusted.peer_of(request):
         prior = None
-        out.pop("forwarded", None)
+        for name in _PROXY_SET:
+            out.pop(name, None)
     peer = request.client.host if request.client else None
     if peer:
         out["x-forwarded-for"] = f"{prior}, {peer}" if prior else peer

@@ -118,14 +118,16 @@ def test_forwarded_for_is_believed_only_from_trusted_proxies(serve: Serve) -> No
     body = {"model": "sim-model", "prompt": "x"}
     spoof = {"x-forwarded-for": "6.6.6.6", "forwarded": "for=6.6.6.6",
              "connection": "x-secret", "x-secret": "hop", "proxy-connection": "keep-alive",
-             "expect": "100-continue"}
+             "expect": "100-continue", "x-real-ip": "6.6.6.6", "x-forwarded-host": "evil",
+             "x-forwarded-proto": "https"}
     for trusted, expected in ((["10.0.0.0/8"], "127.0.0.1"),
                               (["127.0.0.0/8"], "6.6.6.6, 127.0.0.1")):
         url = serve(create_app(config([("r0", replica)], trusted_proxies=trusted))).url
         assert httpx.post(f"{url}/v1/completions", json=body, headers=spoof).status_code == 200
         seen = rec.headers[-1]
         assert seen["x-forwarded-for"] == expected
-        assert ("forwarded" in seen) == (expected != "127.0.0.1")
+        for name in ("forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto"):
+            assert (name in seen) == (expected != "127.0.0.1")  # from the trusted proxy only
         assert "x-secret" not in seen and "proxy-connection" not in seen
         assert "expect" not in seen  # the gateway holds the whole body: nothing to continue
 
