@@ -25,6 +25,7 @@ from gateway.tenancy import Tenancy
 from gateway.tracing import Tracing, build_tracing
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from policies.base import Policy, ReplicaRemoved, ReplicaReset
+from policies.per_model import PerModel
 from policies.registry import build_policy
 
 
@@ -73,7 +74,9 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     """``tracing``: where request traces go (default: as ``config.tracing`` says);
     ``shared``: the box's accounting, for a worker process (``gateway.workers``)."""
     fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s, shared)
-    policy = policy or build_policy(config.policy, where="policy")
+    if policy is None:  # one state per model: a decision sees its model's replicas only
+        policy = PerModel(build_policy(config.policy, where="policy"),
+                          lambda: build_policy(config.policy, where="policy"))
     fleet.listen(policy_listener(policy))
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)

@@ -1,0 +1,88 @@
+"""One policy state per model: each model's decisions learn over its own replicas only."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from policies.base import ReplicaRemoved, ReplicaView, Routed, RouteRequest
+from policies.cost import Cost
+from policies.per_model import PerModel
+from policies.registry import build_policy
+
+DOC = 1000
+
+
+def doc(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(50_000) for _ in range(DOC + 20)]
+
+
+def fleet(model: str) -> list[ReplicaView]:
+    return [ReplicaView(f"{model}{i}", kv_capacity_tokens=8000) for i in range(4)]
+
+
+def per_model(**kwargs: object) -> PerModel:
+    return PerModel(build_policy({"name": "cost"}), lambda: build_policy({"name": "cost"}),
+                    **kwargs)  # type: ignore[arg-type]
+
+
+def route(policy: PerModel, model: str, tokens: list[int], at: float) -> str:
+    req = RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model=model, arrival_s=at)
+    chosen = policy.choose(req, fleet(model)).chosen
+    policy.observe(Routed(req, chosen))
+    return chosen
+
+
+def test_two_models_on_their_own_replicas_learn_apart() -> None:
+    policy = per_model()
+    for n in range(600):  # the two models' requests alternate, each with hot documents
+        model = "a" if n % 2 else "b"
+        assert route(policy, model, doc(n % 20 + (100 if model == "b" else 0)),
+                     float(n)).startswith(model)
+    a, b = policy.policy_for("a"), policy.policy_for("b")
+    assert isinstance(a, Cost) and isinstance(b, Cost) and a is not b
+    for model, state in (("a", a), ("b", b)):
+        placed = state.describe()["placed_hot_tokens"]
+        assert isinstance(placed, dict) and placed
+        assert all(rid.startswith(model) for rid in placed)  # never the other's replicas
+        a.check_integrity()
+        b.check_integrity()
+    described = policy.describe()["models"]
+    assert isinstance(described, dict) and set(described) == {"a", "b"}
+
+
+def test_one_model_is_the_first_policy_as_it_was() -> None:
+    first = build_policy({"name": "cost"})
+    policy = PerModel(first, lambda: build_policy({"name": "cost"}))
+    route(policy, "a", doc(1), 0.0)
+    assert policy.policy_for("a") is first
+    assert policy.describe() == first.describe()
+    assert policy.name == "cost" and policy.reasons == first.reasons
+
+
+def test_instances_share_the_kv_index_and_hear_of_replicas_that_leave() -> None:
+    policy = per_model()
+    route(policy, "a", doc(1), 0.0)
+    route(policy, "b", doc(2), 0.0)
+    a, b = policy.policy_for("a"), policy.policy_for("b")
+    assert a.kv_index is not None and a.kv_index is b.kv_index is policy.kv_index
+    holders_before = b.choose(RouteRequest(tokens=doc(2), prompt_tokens=DOC + 20, model="b",
+                                           arrival_s=1.0), fleet("b")).matched_tokens
+    assert holders_before > 0
+    for i in range(4):
+        policy.observe(ReplicaRemoved(f"b{i}"))
+    after = b.choose(RouteRequest(tokens=doc(2), prompt_tokens=DOC + 20, model="b",
+                                  arrival_s=2.0), fleet("b")).matched_tokens
+    assert after == 0
+
+
+def test_past_max_models_later_models_share_the_first() -> None:
+    policy = per_model(max_models=2)
+    for model in ("a", "b", "c", "d"):
+        route(policy, model, doc(ord(model)), 0.0)
+    assert policy.policy_for("c") is policy.policy_for("a") is policy.first
+    assert policy.policy_for("b") is not policy.first
+    with pytest.raises(ValueError, match="max_models"):
+        per_model(max_models=0)
