@@ -36,6 +36,9 @@ import httptools
 from gateway.config import GatewayConfig
 
 _HIGH_WATER = 256 * 1024  # bytes of answer waiting unread before reading pauses
+# bytes a replica may send before its answer's head is complete (status line, headers,
+# interim answers): the parser keeps what it reads of a header, so an endless one is cut
+_MAX_HEAD_BYTES = 1 << 20
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -155,6 +158,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._answer: UpstreamResponse | None = None
         self._got_bytes = False
+        self._head_bytes = 0  # of the answer now awaited, before its head completed
         self._interim = False  # parsing a 1xx answer's head
         self._paused = False
         self.reused = False
@@ -170,6 +174,12 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self._got_bytes = True
+        if not self._answer._head.done():
+            self._head_bytes += len(data)
+            if self._head_bytes > _MAX_HEAD_BYTES:
+                self._broken(UpstreamBroken(f"the answer's head passed {_MAX_HEAD_BYTES} "
+                                            "bytes"))
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -250,6 +260,7 @@ class _Connection(asyncio.Protocol):
             raise error("the connection closed before the request was sent")
         answer = self._answer = UpstreamResponse(self)
         self._got_bytes = False
+        self._head_bytes = 0
         self.transport.write(data)
         await answer._head
         return answer

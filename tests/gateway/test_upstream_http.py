@@ -348,3 +348,22 @@ def test_an_interim_answer_is_skipped_and_the_final_one_read_on_the_same_connect
             await client.close()
         assert server.connections == 1  # one kept-alive connection carried every request
     asyncio.run(main())
+
+
+def test_an_endless_head_is_cut_at_its_bound() -> None:
+    # a replica whose one header never ends: the parser would keep all of it
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nx-big: ")
+        for _ in range(64):  # 4 MiB, more than the bound
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        return False
+
+    async def main() -> None:
+        async with Server(handler) as url:
+            client = UpstreamClient()
+            with pytest.raises(UpstreamBroken, match="head passed"):
+                await client.post(url, b"{}", {})
+            await client.close()
+    asyncio.run(main())
