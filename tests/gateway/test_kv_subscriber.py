@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import AsyncIterator
+from typing import NamedTuple
 
 import pytest
 import zmq
@@ -23,8 +26,21 @@ def message(seq: int, first_hash: int) -> list[bytes]:
     return [b"", seq.to_bytes(8, "big"), encode_payload(KVEventBatch(0.0, (ev,), 0))]
 
 
-def publishers(ctx: zmq.Context, n: int) -> tuple[list[str], list[zmq.Socket]]:
-    """``n`` PUB sockets bound on loopback, and their endpoints."""
+class Following(NamedTuple):
+    """A running subscriber over a fleet whose r0 publishes at ``endpoints[0]``."""
+
+    fleet: Fleet
+    index: KVIndex
+    sub: KVEventSubscriber
+    endpoints: list[str]
+    pubs: list[zmq.Socket]
+
+
+@contextlib.asynccontextmanager
+async def following(n: int) -> AsyncIterator[Following]:
+    """``n`` PUB sockets bound on loopback and a started subscriber following r0 on the
+    first; everything stopped and closed on the way out."""
+    ctx = zmq.Context()
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(n)]
     pubs = []
     for endpoint in endpoints:
@@ -32,7 +48,17 @@ def publishers(ctx: zmq.Context, n: int) -> tuple[list[str], list[zmq.Socket]]:
         pub.setsockopt(zmq.LINGER, 0)
         pub.bind(endpoint)
         pubs.append(pub)
-    return endpoints, pubs
+    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events=endpoints[0])])
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
+    await sub.start()
+    try:
+        yield Following(fleet, index, sub, endpoints, pubs)
+    finally:
+        await sub.stop()
+        for pub in pubs:
+            pub.close()
+        ctx.term()
 
 
 def test_malformed_messages_are_skipped_and_removed_replicas_ignored() -> None:
@@ -50,13 +76,7 @@ def test_malformed_messages_are_skipped_and_removed_replicas_ignored() -> None:
 
 
 async def test_follows_the_fleet_and_reads_each_replicas_socket() -> None:
-    ctx = zmq.Context()
-    endpoints, pubs = publishers(ctx, 2)
-    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events=endpoints[0])])
-    index = KVIndex(16)
-    sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
-    await sub.start()
-    try:
+    async with following(2) as (fleet, index, sub, endpoints, pubs):
         fleet.add(ReplicaConfig("r1", "http://127.0.0.1:2", kv_events=endpoints[1]))
         seq = itertools.count()
 
@@ -75,11 +95,6 @@ async def test_follows_the_fleet_and_reads_each_replicas_socket() -> None:
         await wait_until_async(lambda: not index.num_blocks("r1"), 10, "r1 to be forgotten")
         assert index.match(TOKENS, ["r0", "r1"]) == {"r0": 2, "r1": 0}
         assert index.num_blocks("r0") == 2
-    finally:
-        await sub.stop()
-        for pub in pubs:
-            pub.close()
-        ctx.term()
 
 
 async def test_a_failing_reader_does_not_stop_the_others(
@@ -117,13 +132,7 @@ async def test_a_failing_reader_does_not_stop_the_others(
 
 
 async def test_a_replica_that_moves_to_another_endpoint_starts_afresh_there() -> None:
-    ctx = zmq.Context()
-    endpoints, pubs = publishers(ctx, 2)
-    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events=endpoints[0])])
-    index = KVIndex(16)
-    sub = KVEventSubscriber(fleet, index, reconcile_s=0.05)
-    await sub.start()
-    try:
+    async with following(2) as (fleet, index, _, endpoints, pubs):
         old = itertools.count()
         await wait_until_async(lambda: index.num_blocks("r0") == 2, 10, "the first engine's",
                                retry=lambda: pubs[0].send_multipart(message(next(old), 10)))
@@ -138,8 +147,3 @@ async def test_a_replica_that_moves_to_another_endpoint_starts_afresh_there() ->
         assert index.last_seq("r0") is not None and index.last_seq("r0") >= 1000
         assert index.stats.gaps == 0  # numbered from its own start, not the old engine's
         assert index.match(TOKENS, ["r0"]) == {"r0": 2}
-    finally:
-        await sub.stop()
-        for pub in pubs:
-            pub.close()
-        ctx.term()

@@ -163,18 +163,23 @@ def test_a_replica_closing_a_kept_connection_as_a_request_comes_is_sent_again() 
     asyncio.run(main())
 
 
+def post_is_broken(handler: Handler, match: str) -> None:
+    """A request to a server answering with ``handler`` raises UpstreamBroken (``match``)."""
+    async def main() -> None:
+        async with Server(handler) as url:
+            client = UpstreamClient()
+            with pytest.raises(UpstreamBroken, match=match):
+                await client.post(url, b"{}", {})
+            await client.close()
+    asyncio.run(main())
+
+
 def test_a_new_connection_closed_without_an_answer_is_broken() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       n: int) -> bool:
         return False
 
-    async def main() -> None:
-        async with Server(handler) as url:
-            client = UpstreamClient()
-            with pytest.raises(UpstreamBroken, match="the connection broke"):
-                await client.post(url, b"{}", {})
-            await client.close()
-    asyncio.run(main())
+    post_is_broken(handler, "the connection broke")
 
 
 def test_an_answer_cut_mid_body_raises_where_it_is_read() -> None:
@@ -352,18 +357,16 @@ def test_an_interim_answer_is_skipped_and_the_final_one_read_on_the_same_connect
 
 def test_an_endless_head_is_cut_at_its_bound() -> None:
     # a replica whose one header never ends: the parser would keep all of it
+    sent = [0]
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       n: int) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nx-big: ")
-        for _ in range(64):  # 4 MiB, more than the bound
+        for _ in range(256):  # up to 16 MiB, while the client reads
             writer.write(b"a" * 65536)
             await writer.drain()
+            sent[0] += 65536
         return False
 
-    async def main() -> None:
-        async with Server(handler) as url:
-            client = UpstreamClient()
-            with pytest.raises(UpstreamBroken, match="head passed"):
-                await client.post(url, b"{}", {})
-            await client.close()
-    asyncio.run(main())
+    post_is_broken(handler, "head passed")
+    assert sent[0] < 8 << 20  # the client hung up near its 1 MiB bound, not at the end
