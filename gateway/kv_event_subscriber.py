@@ -66,7 +66,7 @@ class KVEventSubscriber:
                 log.info("policy %s ignores the kv_events endpoints of %s", policy.name,
                          ", ".join(endpoints))
             return None
-        if not endpoints and isinstance(getattr(policy, "first", policy), KVEvents):
+        if not endpoints and policy.name == KVEvents.name:
             log.warning("policy kv_events: no replica has a kv_events endpoint yet; "
                         "routing by load only")
         return cls(fleet, index)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
+
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
@@ -36,8 +38,6 @@ _Memo = tuple["array[int]", int, int, str]
 
 def _template_refuses(message: str) -> None:
     """``raise_exception`` in chat templates: the template refuses the conversation."""
-    from jinja2 import TemplateError
-
     raise TemplateError(message)
 
 
@@ -194,8 +194,6 @@ class PromptTokenizer:
         object per line inside ``<tools>`` tags, the layout Qwen2 and Hermes templates use."""
         normalized = normalize_messages(messages)
         if self._template is not None:
-            from jinja2 import TemplateError
-
             try:
                 return str(self._template.render(
                     messages=normalized, add_generation_prompt=add_generation_prompt,

@@ -49,8 +49,8 @@ def space_cut(text: str, start: int, end: int) -> int:
     that follows whitespace, a run of spaces or ``"  \n"``, byte-level tokenizers with
     merged whitespace tokens join both sides.)"""
     cut = text.rfind(" ", start, end)
-    while cut > 0 and text[cut - 1].isspace():
-        cut = text.rfind(" ", start, cut - 1)
+    while cut > 0 and text[cut - 1].isspace():  # the one before it may qualify
+        cut = text.rfind(" ", start, cut)
     return cut if cut > 0 else -1
 
 

@@ -67,17 +67,25 @@ class PerModel(Policy):
     def _all(self) -> list[Policy]:
         return list(self._by_model.values()) or [self.first]
 
-    @property
-    def tokens_needed(self) -> int | None:  # type: ignore[override]
-        """The most any instance needs (None, the whole prompt, when one does): the
-        request builder asks before it knows which instance decides."""
-        needs = [p.tokens_needed for p in self._all()]
+    @staticmethod
+    def _most(needs: list[int | None]) -> int | None:
+        """The most of ``needs``: None (all of it) when any is None."""
         return None if None in needs else max(needs)  # type: ignore[type-var]
 
     @property
+    def tokens_needed(self) -> int | None:  # type: ignore[override]
+        """The most any instance needs (None, the whole prompt, when one does): the
+        request builder asks before it knows which instance decides. Asked for every
+        request: one model's instance answers alone."""
+        if len(self._by_model) <= 1:
+            return self.first.tokens_needed
+        return self._most([p.tokens_needed for p in self._by_model.values()])
+
+    @property
     def chunks_needed(self) -> int | None:  # type: ignore[override]
-        needs = [p.chunks_needed for p in self._all()]
-        return None if None in needs else max(needs)  # type: ignore[type-var]
+        if len(self._by_model) <= 1:
+            return self.first.chunks_needed
+        return self._most([p.chunks_needed for p in self._by_model.values()])
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         return self.policy_for(request.model).choose(request, replicas)

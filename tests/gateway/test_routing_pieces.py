@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.fleet import Fleet
-from gateway.request_parse import ParsedRequest
+from gateway.request_parse import ParsedRequest, parse_body
 from gateway.routing import Router
 from kvwire.openai_schema import BadRequest
 from kvwire.tokenizer import load_tokenizer
@@ -74,8 +74,6 @@ def test_a_chat_the_models_template_refuses_is_a_bad_request(tmp_path: Path,
 
 
 def test_the_affinity_field_is_a_string_or_a_number() -> None:
-    from gateway.request_parse import parse_body
-
     def body(value: object) -> bytes:
         return b'{"model": "m", "prompt": "x", "session": %s}' % value_json(value)
 

@@ -4,7 +4,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kvwire.tokenizer import load_tokenizer
 from kvwire.tokenizer_build import sample_text
-from kvwire.whole_encoding import CHECKS, MARK, WholeEncodings, cuts
+from kvwire.whole_encoding import CHECKS, MARK, WholeEncodings, cuts, space_cut
 
 
 def test_cuts_sit_right_before_a_space_and_depend_only_on_the_text_before_them() -> None:
@@ -84,6 +84,12 @@ def _code(rng: random.Random, lines: int) -> str:
                          for _ in range(rng.randint(1, 6)))
         out.append(indent + words + ("  " if rng.random() < 0.3 else ""))
     return "\n".join(out) + "\n"
+
+
+def test_a_cut_is_the_last_space_after_a_non_space() -> None:
+    assert space_cut("ab  cd", 0, 6) == 2  # before the run of spaces, not inside it
+    assert space_cut("ab cd  \nef", 0, 10) == 5  # before "  \n", not inside it
+    assert space_cut("   ab", 0, 5) == -1 and space_cut("abc", 0, 3) == -1
 
 
 def test_a_cut_never_splits_a_run_of_whitespace() -> None:
