@@ -189,8 +189,10 @@ class EngineMetrics:
             added = out.num_output_tokens - live.num_output
             self.inter_token.observe(max(0.0, at - live.last_time) / added)
             live.last_time, live.num_output = at, out.num_output_tokens
-        if out.finish_reason is not None and out.finish_time is not None:
-            self._live.pop(out.request_id, None)
+        if out.finish_reason is not None and out.finish_time is not None \
+                and self._live.pop(out.request_id, None) is not None:
+            # counted once: not when the server ended it early (``ended_early``) while the
+            # step that finished it was running, before its abort reached the engine
             self._finished(out, out.finish_reason, out.finish_time)
 
     def ended_early(self, request_id: str, reason: str, last: RequestOutput | None,

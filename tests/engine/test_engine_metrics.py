@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from engine.metrics import EngineMetrics, buckets_1_2_5
+from engine.request import SamplingParams
 from gateway.replica_metrics import parse_metrics
 from kvwire import metric_names as m
 from tests.support.engine_cores import make_core
@@ -148,3 +149,21 @@ def test_an_engine_without_cache_config_info_tells_usage_but_no_capacity() -> No
     assert scraped.dialect == "vllm" and scraped.kv_capacity_tokens is None
     shown = parse_metrics(generate_latest(EngineMetrics(core, MODEL).registry).decode())
     assert shown.kv_capacity_tokens == 4 * 64
+
+
+def test_a_request_ended_early_as_its_last_step_ran_is_counted_once() -> None:
+    # the client left and the server counted an abort, while the step that finished the
+    # request was running (the abort reaches the engine only after it)
+    core = make_core(num_blocks=16, block_size=4)
+    metrics = EngineMetrics(core, MODEL)
+    core.add_request(core.make_request("r1", [1, 2, 3, 4, 5],
+                                       SamplingParams(max_tokens=1, ignore_eos=True)))
+    metrics.started("r1")
+    metrics.ended_early("r1", "abort", None, 0.0)
+    out = core.step(0.0)
+    assert [o.finish_reason for o in out.outputs] == ["length"]
+    metrics.observe_step(out, out.seconds)
+    got = samples(generate_latest(metrics.registry).decode())
+    counted = {dict(labels)["finished_reason"]: value for (name, labels), value in got.items()
+               if name == m.REQUEST_SUCCESS + "_total" and value}
+    assert counted == {"abort": 1.0}
