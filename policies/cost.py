@@ -51,7 +51,12 @@ seconds, with ``t`` the pace over the replica's weight::
     scratch  = scratch_loss x prompt tokens x t, for a hot key on a scratch replica that
                is not its home (the churn there will likely evict it before it is used
                again)
-    score    = wait + prefill + evict + scratch            lowest wins; ties in ring order
+    late     = tail_weight x how far the predicted first token (wait + uncached tokens x
+               t) falls past (1 + tail_slack) x prompt tokens x t, what an idle replica
+               holding none of the prompt would give: a request that late is in the tail
+               round robin's fleet would not have, while a shorter wait costs the tail
+               nothing
+    score    = wait + prefill + evict + scratch + late     lowest wins; ties in ring order
 
 Where a replica publishes KV events (``kv_events``), what it holds is known exactly: the
 gateway then tokenizes the whole prompt (``tokens_needed`` turns ``None`` once the index
@@ -154,6 +159,8 @@ class CostConfig:
     prefill_weight: float = 2.0
     fill_homes: bool = True
     slot_weight: float = 2.0
+    tail_slack: float = 0.2
+    tail_weight: float = 0.5
     placement_slack: float | None = 0.05
     placement_fill: float = 0.9
     placement_overflow: bool = True
@@ -189,7 +196,8 @@ class CostConfig:
         if not 0.0 <= self.max_scratch_fraction < 1.0:
             raise ValueError(
                 f"max_scratch_fraction must be in [0, 1), got {self.max_scratch_fraction!r}")
-        for key in ("eviction_weight", "rare_eviction_weight", "scratch_loss", "slot_weight"):
+        for key in ("eviction_weight", "rare_eviction_weight", "scratch_loss", "slot_weight",
+                    "tail_slack", "tail_weight"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if self.placement_slack is not None and not self.placement_slack >= 0:
@@ -415,7 +423,7 @@ class Cost(Policy):
 
         def score(batch: list[int], first_order: int) -> None:
             nonlocal best_total
-            bounds: list[tuple[float, int, int, float, float, float]] = []
+            bounds: list[tuple[float, int, int, float, float, float, float]] = []
             for order, i in enumerate(batch, first_order):
                 r = replicas[i]
                 t = pace / r.weight if r.weight > 0 else math.inf
@@ -423,9 +431,14 @@ class Cost(Policy):
                 prefill = (p - matched.get(i, 0)) * t * cfg.prefill_weight
                 misplaced = cfg.scratch_loss * p * t \
                     if hot and i in in_scratch and i != first else 0.0
-                bounds.append((wait + prefill + misplaced, order, i, wait, prefill, misplaced))
+                # past the first token an idle replica would give the whole prompt
+                # uncached, with tail_slack, this request would be in the tail
+                late = cfg.tail_weight * max(
+                    0.0, wait + (p - matched.get(i, 0)) * t - (1.0 + cfg.tail_slack) * p * t)
+                bounds.append((wait + prefill + misplaced + late, order, i, wait, prefill,
+                               misplaced, late))
             bounds.sort()
-            for bound, order, i, wait, prefill, misplaced in bounds:
+            for bound, order, i, wait, prefill, misplaced, late in bounds:
                 if bound > best_total:
                     pruned.append(i)
                     continue
@@ -439,7 +452,7 @@ class Cost(Policy):
                 total = bound + evict
                 best_total = min(best_total, total)
                 terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
-                         ("scratch_s", misplaced))
+                         ("scratch_s", misplaced), ("late_s", late))
                 scored.append((total, order, i, terms, bound))
 
         score(list(candidates), 0)

@@ -85,9 +85,44 @@ def test_every_score_names_its_terms() -> None:
     assert d.scores
     for s in d.scores:
         terms = dict(s.terms)
-        assert set(terms) == {"wait_s", "prefill_s", "evict_s", "scratch_s"}
+        assert set(terms) == {"wait_s", "prefill_s", "evict_s", "scratch_s", "late_s"}
         assert s.score == pytest.approx(sum(terms.values()))
     assert [s.score for s in d.scores] == sorted(s.score for s in d.scores)
+
+
+@pytest.mark.parametrize("tail_weight", [0.0, 2.0])
+def test_a_one_off_document_queued_into_the_tail_goes_to_an_idle_replica_instead(
+        tail_weight: float) -> None:
+    pace = 1e-4
+    policy = Cost(CostConfig(min_scratch=1, prefill_s_per_token=pace, tail_weight=tail_weight))
+    fleet = views(n=2, capacity=3100)  # the home's model holds 3 documents, no more
+    (scratch,) = policy.scratch_set(fleet)
+    home = next(v.id for v in fleet if v.id != scratch)
+    for seed in range(3):  # hot documents filling the home
+        for t in range(3):
+            req = request(doc(seed), at=t)
+            policy.choose(req, fleet)
+            policy.observe(Routed(req, home))
+    rare = doc(99)
+    p = len(rare)
+    # the scratch replica half a prefill behind: its first token 1.5 prefills away, past
+    # the tail's 1.2; the idle home would evict a hot document, which costs more than that
+    # wait alone
+    d = policy.choose(request(rare, at=10), views(n=2, capacity=3100, queued={scratch: p // 2}))
+    terms = {s.replica: dict(s.terms) for s in d.scores}
+    assert terms[home]["evict_s"] > 0.5 * p * pace
+    assert terms[home]["late_s"] == 0.0
+    assert d.chosen == (scratch if tail_weight == 0 else home)
+    if tail_weight == 0:
+        assert terms[scratch]["late_s"] == 0.0
+    else:  # scored, or passed over once its wait, prefill and lateness exceeded the best
+        assert scratch not in terms or terms[scratch]["late_s"] == pytest.approx(
+            tail_weight * 0.3 * p * pace)
+        assert d.ranked == (home, scratch)
+    # a shorter wait, its first token within the slack, costs nothing beyond itself
+    d = policy.choose(request(rare, at=10), views(n=2, capacity=3100, queued={scratch: p // 10}))
+    assert d.chosen == scratch
+    assert dict(d.scores[0].terms)["late_s"] == 0.0
 
 
 def test_a_one_off_document_never_evicts_a_hot_document_from_its_home() -> None:
