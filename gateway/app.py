@@ -92,6 +92,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
 
     def on_sent(replica: str) -> None:
         gw.policy.observe(Routed(route_req, replica, routing.views))
+        if gw.peers is not None:
+            gw.peers.routed(route_req, replica)
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()
@@ -239,6 +241,9 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             if gw.box is not None:
                 stack.push_async_callback(gw.box.stop)
                 await gw.box.start()
+            if gw.peers is not None:
+                stack.push_async_callback(gw.peers.stop)
+                await gw.peers.start()
             stack.push_async_callback(gw.capture.stop)
             await gw.capture.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)

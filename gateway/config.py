@@ -37,6 +37,8 @@ Example (every key but ``replicas`` has a default)::
               sample_ratio: 1.0}   # OpenTelemetry spans; needs the otel extra
     capture: {path: null, sample_rate: 1.0, max_mb: 256}   # JSONL for kvgate audit
     prefix_report: {enabled: false, recent_requests: 512, max_mb: 32}
+    peers: {listen: "0.0.0.0:8002", addresses: ["kvgate-peers.llm.svc:8002"],
+            secret_env: KVGATE_PEER_SECRET}   # gateway copies share what they route
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from gateway.capture import CaptureConfig, PrefixReportConfig
 from gateway.client_auth import ClientKey
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.kv_capacity_estimate import CapacityEstimateConfig
+from gateway.peer_config import PeersConfig
 from gateway.secret_source import resolve_secret
 from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
@@ -297,6 +300,8 @@ class GatewayConfig:
     # request bodies kept for the prompt-layout audit (gateway.capture)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     prefix_report: PrefixReportConfig = field(default_factory=PrefixReportConfig)
+    # the other gateway copies in front of this fleet (gateway.peers); off by default
+    peers: PeersConfig = field(default_factory=PeersConfig)
 
     def validate(self) -> None:
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")

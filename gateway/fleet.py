@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from gateway.calibration import TokenCalibration
 from gateway.config import ReplicaConfig
@@ -71,6 +71,7 @@ class Pending:
     sent_at: float = 0.0
     settled: bool = False
     done: bool = False
+    seq: int = 0  # its number for the gateway's peers (0: not told them)
 
 
 class _Steady(NamedTuple):
@@ -228,6 +229,14 @@ class ReplicaState:
             self.token_hit_rate(), self.hits.prefill_per_s())
 
 
+class Outbox(Protocol):
+    """Who hears of this gateway's pending requests (``gateway.peers``)."""
+
+    def sent(self, pending: Pending, replica: str) -> None: ...
+
+    def settled(self, pending: Pending, done: bool) -> None: ...
+
+
 class Fleet:
     def __init__(self, replicas: list[ReplicaConfig], window_s: float = 60.0,
                  shared: SharedLoad | None = None) -> None:
@@ -238,6 +247,8 @@ class Fleet:
         self._released: dict[int, float] = {}
         self.slot_quarantine_s = SLOT_QUARANTINE_S
         self.calibration = TokenCalibration()
+        # told of what this gateway sends and when it settles (``gateway.peers``)
+        self.outbox: Outbox | None = None
         self._replicas: dict[str, ReplicaState] = {}
         self._listeners: list[FleetListener] = []
         self._on_change: Callable[[], None] | None = None
@@ -350,8 +361,10 @@ class Fleet:
         return min(gateway_tokens, self.calibration.to_gateway(replica_cached_tokens, model))
 
     # -- this gateway's own accounting ----------------------------------------------------
-    def sent(self, replica_id: str, tokens: int, now: float | None = None) -> Pending:
-        """``tokens`` to prefill were sent to the replica at ``now`` (default: monotonic)."""
+    def sent(self, replica_id: str, tokens: int, now: float | None = None,
+             relay: bool = True) -> Pending:
+        """``tokens`` to prefill were sent to the replica at ``now`` (default: monotonic);
+        ``relay``: by this gateway, so its peers are told (``outbox``), not by a peer."""
         state = self._replicas.get(replica_id)
         if state is None:
             return Pending(None, tokens)
@@ -361,6 +374,8 @@ class Fleet:
                           time.monotonic() if now is None else now)
         state.unsettled[pending] = None
         state.publish()
+        if relay and self.outbox is not None:
+            self.outbox.sent(pending, replica_id)
         return pending
 
     def first_byte(self, pending: Pending) -> None:
@@ -371,6 +386,8 @@ class Fleet:
         state.unsettled.pop(pending, None)
         state.pending_tokens -= pending.tokens
         state.publish()
+        if pending.seq and self.outbox is not None:
+            self.outbox.settled(pending, False)
 
     def done(self, pending: Pending) -> None:
         """Settle a request for good (idempotent)."""
@@ -379,6 +396,8 @@ class Fleet:
             pending.done = True
             pending.state.in_flight -= 1
             pending.state.publish()
+            if pending.seq and self.outbox is not None:
+                self.outbox.settled(pending, True)
 
     # -- health and scrapes ---------------------------------------------------------------
     def record_scrape(self, replica_id: str, metrics: ScrapedMetrics,

@@ -112,6 +112,45 @@ class _KVEventCollector(Collector):
             yield family
 
 
+class PeerCounts(Protocol):
+    frames_sent: int
+    frames_dropped: int
+    frames_received: int
+    malformed: int
+    refused: int
+    links_up: int
+    peers_in: int
+
+
+class _PeerCollector(Collector):
+    def __init__(self, source: PeerCounts) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.source
+        for name, text, value in (
+            ("kvgate_peer_frames_sent", "Frames sent to peer gateway copies", s.frames_sent),
+            ("kvgate_peer_frames_dropped", "Frames not sent: the peer was down or too far "
+             "behind", s.frames_dropped),
+            ("kvgate_peer_frames_received", "Frames applied from peer gateway copies",
+             s.frames_received),
+            ("kvgate_peer_malformed", "Peer connections dropped for a malformed frame",
+             s.malformed),
+            ("kvgate_peer_refused", "Peer handshakes refused (the secrets differ)",
+             s.refused),
+        ):
+            family = CounterMetricFamily(name, text)
+            family.add_metric([], value)
+            yield family
+        for name, text, value in (
+            ("kvgate_peer_links_up", "Connections this copy sends its peers on", s.links_up),
+            ("kvgate_peer_links_in", "Connections peers send this copy on", s.peers_in),
+        ):
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], value)
+            yield gauge
+
+
 class DiscoveryCounts(Protocol):
     label: str
     replicas: int
@@ -299,6 +338,10 @@ class GatewayMetrics:
     def watch_discovery(self, sources: Sequence[DiscoveryCounts]) -> None:
         """Export the counts of the discovery sources."""
         self.export(_DiscoveryCollector(sources))
+
+    def watch_peers(self, source: PeerCounts) -> None:
+        """Export the counts of the peer links (``gateway.peers``)."""
+        self.export(_PeerCollector(source))
 
     def watch_kv_events(self, source: KVEventCounts) -> None:
         """Export the counts of a KV event subscriber (this worker's, with workers)."""

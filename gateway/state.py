@@ -18,6 +18,7 @@ from gateway.kv_capacity_estimate import CapacityCollector, CapacityEstimator
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.networks import Networks
+from gateway.peers import Peers
 from gateway.proxy import Proxy
 from gateway.routing import Router
 from gateway.shared_load import SharedLoad
@@ -56,6 +57,7 @@ class GatewayState:
     monitor: Monitor | None = None
     worker: int | None = None  # this worker's index, with worker processes
     box: BoxFeed | None = None  # ... and its part in the fleet snapshot (box_feed)
+    peers: Peers | None = None  # the other gateway copies (peers in the config)
 
 
 def policy_listener(policy: Policy) -> FleetListener:
@@ -83,9 +85,17 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     trusted = Networks(config.trusted_proxies)
     metrics = GatewayMetrics(fleet, policy.reasons)
     metrics.export(CapacityCollector(fleet))
-    return GatewayState(config, fleet, policy, metrics, router, Admission(config.limits),
-                        trusted, Tenancy(config.tenancy, trusted),
-                        ClientAuth(config.auth.api_keys), AccessLog(config.access_log),
-                        tracing or build_tracing(config.tracing),
-                        Capture(config.capture, config.prefix_report),
-                        CapacityEstimator(fleet, config.scrape.kv_capacity_estimate))
+    gw = GatewayState(config, fleet, policy, metrics, router, Admission(config.limits),
+                      trusted, Tenancy(config.tenancy, trusted),
+                      ClientAuth(config.auth.api_keys), AccessLog(config.access_log),
+                      tracing or build_tracing(config.tracing),
+                      Capture(config.capture, config.prefix_report),
+                      CapacityEstimator(fleet, config.scrape.kv_capacity_estimate))
+    if config.peers.on:
+        if shared is not None:
+            raise ValueError("peers are not supported with worker processes (--workers): "
+                             "run one worker per gateway copy")
+        gw.peers = Peers(config.peers, fleet, policy)
+        fleet.outbox = gw.peers
+        metrics.watch_peers(gw.peers.counts)
+    return gw

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -61,6 +62,7 @@ class LocalFleetSpec:
     gateway_config: dict[str, Any] = field(default_factory=dict)  # more gateway YAML keys
     kv_events: bool = False
     gateways: int = 1  # gateway copies, each on its own port, all with the same config
+    peers: bool = False  # the copies tell each other what they route (gateway.peers)
 
     def validate(self) -> None:
         if self.replicas < 1:
@@ -166,6 +168,9 @@ class LocalFleet:
             for proc, url in engines:
                 self._wait_ready(proc, f"{url}/health", timeout_s)
             gateways = []
+            peers = [free_port(spec.host) for _ in range(spec.gateways)] \
+                if spec.peers and spec.gateways > 1 else []
+            secret = secrets.token_hex(16)
             for copy in range(spec.gateways):
                 port = spec.gateway_port + copy if spec.gateway_port else free_port(spec.host)
                 config = {
@@ -178,6 +183,10 @@ class LocalFleet:
                     "shutdown": {"grace_s": 0, "timeout_s": 5},  # no load balancer to drain
                     **spec.gateway_config,
                 }
+                if peers:
+                    config["peers"] = {"listen": f"{spec.host}:{peers[copy]}",
+                                       "addresses": [f"{spec.host}:{p}" for p in peers],
+                                       "secret": secret}
                 name = "gateway" if copy == 0 else f"gateway-{copy + 1}"
                 config_path = self.dir / f"{name}.yaml"
                 config_path.write_text(yaml.safe_dump(config, sort_keys=False))

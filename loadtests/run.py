@@ -79,6 +79,7 @@ class RunConfig:
     engine_tokenizer: str | None = None  # the replicas' own tokenizer (dir or .json)
     kv_events: bool = False  # the engines publish KV events, the gateway subscribes
     gateways: int = 1  # gateway copies; each request goes to one at random
+    peers: bool = False  # ... telling each other what they route (gateway.peers)
 
 
 @functools.cache
@@ -167,7 +168,8 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                           max_num_seqs=cfg.max_num_seqs, eviction=cfg.eviction,
                           engine_args=("--tokenizer", cfg.engine_tokenizer)
                           if cfg.engine_tokenizer else (),
-                          kv_events=cfg.kv_events, gateways=cfg.gateways)
+                          kv_events=cfg.kv_events, gateways=cfg.gateways,
+                          peers=cfg.peers)
     with LocalFleet(spec, workdir / f"fleet-{policy}") as fleet:
         before = [engine_counters.scrape(u) for u in fleet.engine_urls]
         samples_path = _locust(cfg, tuple(fleet.gateway_urls), workdir, progress, policy)
@@ -257,6 +259,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the engines publish KV events and the gateway subscribes")
     parser.add_argument("--gateways", type=int, default=d.gateways,
                         help="gateway copies; each request goes to one at random")
+    parser.add_argument("--peers", action="store_true",
+                        help="the gateway copies tell each other what they route")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="workload parameter over the scaled defaults")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
@@ -276,7 +280,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      eviction=args.eviction, workload=workload, seed=args.seed,
                      affinity_header=args.affinity_header,
                      engine_tokenizer=args.engine_tokenizer, kv_events=args.kv_events,
-                     gateways=args.gateways)
+                     gateways=args.gateways, peers=args.peers)
 
 
 class ProgressLine:

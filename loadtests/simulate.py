@@ -95,6 +95,8 @@ class _InFlight(NamedTuple):
     pending: Pending
     gateway: int
     head_key: int  # the prompt's head (gateway.resident_requests)
+    # with peers: the request as the other copies count it (copy, its pending)
+    peers: tuple[tuple[int, Pending], ...] = ()
 
 
 def _output_tokens(replica: SimReplica, request_id: str) -> Callable[[], int | None]:
@@ -122,12 +124,14 @@ class Simulation:
     then count other tokens than the gateway, as real ones do), views come from the
     gateway's ``Fleet`` accounting (see ``sim_fleet``), a replica's answer teaches the
     token calibration. With several gateway copies each request goes to one at random,
-    as behind a Kubernetes Service.
+    as behind a Kubernetes Service; with ``peers`` each copy is told of the others'
+    routes and pending prefill at once (``gateway.peers``: a LAN's round trip is far
+    below a step).
     """
 
     def __init__(self, fleet: SimFleet, policy: Policy | Sequence[Policy],
                  tokenizer: PromptTokenizer | None = None, prompts: str = "ids",
-                 seed: int = 0) -> None:
+                 seed: int = 0, peers: bool = False) -> None:
         if prompts not in ("ids", "text"):
             raise ValueError(f"prompts must be 'ids' or 'text', got {prompts!r}")
         policies = [policy] if isinstance(policy, Policy) else list(policy)
@@ -137,6 +141,7 @@ class Simulation:
         self.policies = policies
         self.policy = policies[0]
         self.prompts = prompts
+        self.peers = peers and len(policies) > 1
         tokenizer = tokenizer or load_tokenizer(None, memo_size=4096)
         self.routers = [Router(p, tokenizer, state, 1)
                         for p, state in zip(policies, fleet.states, strict=True)]
@@ -193,6 +198,8 @@ class Simulation:
                 self.ttft[req.index] = o.first_token_time - o.arrival_time
                 self.cached[req.index] = o.num_cached_tokens
                 state.first_byte(f.pending)
+                for copy, pending in f.peers:
+                    self.fleet.states[copy].first_byte(pending)
                 capacity = self.fleet.capacity[f.gateway]
                 if not o.finished and capacity.on:  # as the gateway: only for the estimate
                     self._resident[o.request_id] = capacity.resident.started(
@@ -204,6 +211,8 @@ class Simulation:
                 if resident is not None:
                     self.fleet.capacity[f.gateway].resident.ended(resident)
                 state.done(f.pending)
+                for copy, pending in f.peers:
+                    self.fleet.states[copy].done(pending)
                 cached = state.answered(f.route.model, f.route.prompt_tokens,
                                         req.prompt_tokens, o.num_cached_tokens)
                 self.policies[f.gateway].observe(Finished(
@@ -234,12 +243,18 @@ class Simulation:
         index = self.fleet.index[decision.chosen]
         rep: SimReplica = replicas[index]
         self.fleet.add(rep, req, ids, now)
-        pending = self.fleet.states[gateway].sent(
-            rep.id, work_tokens(route, decision, rep.id), now)
+        work = work_tokens(route, decision, rep.id)
+        pending = self.fleet.states[gateway].sent(rep.id, work, now)
         head = prompt_head_key(parsed) if self.fleet.capacity[gateway].on else 0
-        self._inflight[f"req{req.index}"] = _InFlight(req, route, rep.id, pending, gateway,
-                                                      head)
         router.policy.observe(Routed(route, rep.id, views))
+        told: tuple[tuple[int, Pending], ...] = ()
+        if self.peers:  # as gateway.peers: the others count it and learn from it
+            told = tuple((copy, self.fleet.states[copy].sent(rep.id, work, now))
+                         for copy in range(len(self.routers)) if copy != gateway)
+            for copy, _ in told:
+                self.policies[copy].observe(Routed(route, rep.id))
+        self._inflight[f"req{req.index}"] = _InFlight(req, route, rep.id, pending, gateway,
+                                                      head, told)
         if rep.busy_until is None:
             self._start_step(index, now)
 
@@ -312,9 +327,11 @@ class Simulation:
 def simulate(requests: Sequence[WorkloadRequest], arrivals: Sequence[float] | np.ndarray,
              policy: Policy | Sequence[Policy], fleet_spec: FleetSpec,
              hashes: PrefixHashes | None = None, prompts: str = "ids",
-             tokenizer: PromptTokenizer | None = None, seed: int = 0) -> PolicyResult:
+             tokenizer: PromptTokenizer | None = None, seed: int = 0,
+             peers: bool = False) -> PolicyResult:
     """Run ``requests`` arriving at ``arrivals`` through a fresh fleet under ``policy``
-    (a sequence: one policy per gateway copy).
+    (a sequence: one policy per gateway copy; ``peers``: the copies tell each other what
+    they route).
 
     ``hashes`` may be shared between runs over the same requests (it only memoizes).
     """
@@ -323,7 +340,7 @@ def simulate(requests: Sequence[WorkloadRequest], arrivals: Sequence[float] | np
     copies = 1 if isinstance(policy, Policy) else len(policy)
     started, cpu = time.perf_counter(), time.process_time()
     sim = Simulation(SimFleet(fleet_spec, hashes, gateways=copies), policy, tokenizer,
-                     prompts, seed)
+                     prompts, seed, peers)
     try:
         sim.run(requests, arrivals)
     finally:
@@ -377,6 +394,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of virtual time between scrapes")
     parser.add_argument("--gateways", type=int, default=1,
                         help="gateway copies, each given a random share of the requests")
+    parser.add_argument("--peers", action="store_true",
+                        help="the gateway copies tell each other what they route and the "
+                             "prefill they left pending (the gateway's peers)")
     parser.add_argument("--prompts", choices=("ids", "text"), default=None,
                         help="what the gateway gets: token ids, or chat text it tokenizes "
                              "itself (default: per scenario)")
@@ -430,6 +450,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "requests": len(requests),
         "arrival_rate": rate,
         "gateways": args.gateways,
+        "peers": args.peers,
         "prompts": prompts,
         "views": args.views,
         "dialect": args.dialect,
@@ -449,7 +470,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
         copies = [build_policy(name, **overrides.get(name, {})) for _ in range(args.gateways)]
         res = simulate(requests, arrivals, copies, fleet, hashes, prompts, tokenizer,
-                       args.seed)
+                       args.seed, args.peers)
         results[name] = res
         report["policies"][name] = res.summary()
         print(f"{name:>16}: token hit {res.token_hit_rate:.3f}  request hit "

@@ -216,6 +216,21 @@ def test_engines_publishing_kv_events_let_two_gateway_copies_hit_as_one_does():
         assert sum(policy.kv_index.num_blocks(f"r{i}") for i in range(4)) > 0
 
 
+def test_peered_gateway_copies_hit_as_one_does_and_share_its_tail():
+    requests = generate(SMALL_LIBRARY, 2000)
+    arrivals = poisson_arrivals(len(requests), SMALL_RATE, 1)
+    one = simulate(requests, arrivals, build_policy("cost"), SMALL_LRU)
+    blind = simulate(requests, arrivals, [build_policy("cost"), build_policy("cost")],
+                     SMALL_LRU, seed=5)
+    peered = simulate(requests, arrivals, [build_policy("cost"), build_policy("cost")],
+                      SMALL_LRU, seed=5, peers=True)
+    # each copy counts the other's pending prefill and learns where it sent a document
+    assert peered.token_hit_rate > blind.token_hit_rate + 0.01
+    assert peered.token_hit_rate > one.token_hit_rate - 0.01
+    assert peered.ttft_p95_s < blind.ttft_p95_s
+    assert peered.ttft_p95_s < 1.1 * one.ttft_p95_s
+
+
 def test_chat_apps_go_through_the_gateway_as_text_and_keep_conversations_home():
     spec = build_spec("chat-apps", rate=6.0, system_tokens=[150, 250], tool_tokens=[100, 200],
                       user_tokens=[20, 60], assistant_tokens=[20, 80], output_tokens=[4, 8])

@@ -1,0 +1,69 @@
+"""``peers``: the gateway copies in front of one fleet that tell each other what they
+route (``gateway.peers``). Off unless ``listen`` or ``addresses`` is set; then a secret
+of at least 16 characters is required (``secret``, ``secret_file`` or ``secret_env``),
+which every copy proves when it connects.
+
+Example (two copies behind a Kubernetes Service, found through a headless one)::
+
+    peers: {listen: "0.0.0.0:8002", addresses: ["kvgate-peers.llm.svc:8002"],
+            secret_env: KVGATE_PEER_SECRET}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.secret_source import resolve_secret
+
+MIN_SECRET = 16
+
+
+def split_address(value: str, where: str, any_port: bool = False) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for an IPv6 address) as (host, port); ``any_port``:
+    port 0 (a listener's: the system picks one) is allowed."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() \
+            or not (0 if any_port else 1) <= int(port) < 65536:
+        raise ValueError(f"{where}: {value!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class PeersConfig:
+    # host:port this copy hears its peers on (null: it only sends)
+    listen: str | None = None
+    # host:port of the copies; a name resolving to several addresses (a headless Service)
+    # is one peer per address, looked up again every resolve_s; this copy's own address
+    # is found and skipped
+    addresses: list[str] = field(default_factory=list)
+    secret: str | None = None
+    secret_file: str | None = None
+    secret_env: str | None = None
+    resolve_s: float = 10.0
+    # frames waiting for one peer at most (more are dropped and counted: a slow peer never
+    # holds this copy's memory)
+    queue_frames: int = 4096
+    # a peer's request still pending after this long is let go (its word lost)
+    pending_s: float = 600.0
+
+    @property
+    def on(self) -> bool:
+        return self.listen is not None or bool(self.addresses)
+
+    def validate(self) -> None:
+        if self.listen is not None:
+            split_address(self.listen, "listen", any_port=True)
+        for i, address in enumerate(self.addresses):
+            split_address(address, f"addresses[{i}]")
+        for key in ("resolve_s", "queue_frames", "pending_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        if self.on:
+            secret = self.resolved_secret()
+            if secret is None or len(secret) < MIN_SECRET:
+                raise ValueError(f"peers need a secret of at least {MIN_SECRET} characters "
+                                 "(secret, secret_file or secret_env): every copy proves "
+                                 f"it to the others, got {0 if secret is None else len(secret)}")
+
+    def resolved_secret(self) -> str | None:
+        return resolve_secret(self.secret, self.secret_file, self.secret_env, "secret")

@@ -1,0 +1,89 @@
+"""Two ``kvgate serve`` processes in front of one replica, peered (``gateway.peers``): a
+request through one raises the queue the other sees for its replica before the first
+byte returns, and both let go of it once answered."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.metrics import samples
+from tests.support.processes import Processes
+from tests.support.servers import ThreadServer, free_port
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+SECRET = "peer-secret-for-tests-0123"
+
+
+def _metrics(url: str) -> dict[Any, float]:
+    return samples(httpx.get(f"{url}/metrics").text)
+
+
+def _replica(url: str, name: str) -> float | None:
+    return _metrics(url).get((name, (("replica", "r0"),)))
+
+
+def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+    behaviour = Behaviour("r0", chunks=2)
+    replica = serve(fake_replica(behaviour))
+    ports = [free_port() for _ in range(2)]
+    peer_ports = [free_port() for _ in range(2)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    for i in range(2):
+        config = tmp_path / f"gateway{i}.yaml"
+        config.write_text(yaml.safe_dump({
+            "port": ports[i], "policy": {"name": "cost"},
+            "replicas": [{"id": "r0", "url": replica.url}],
+            "health": {"interval_s": 0.2},
+            # each lists both copies, itself included, as a headless Service would
+            "peers": {"listen": f"127.0.0.1:{peer_ports[i]}",
+                      "addresses": [f"127.0.0.1:{p}" for p in peer_ports],
+                      "secret": SECRET}}))
+        spawn("serve", "--config", str(config), ready_url=f"{urls[i]}/ready")
+    def linked(url: str) -> bool:
+        seen = _metrics(url)
+        return seen.get(("kvgate_peer_links_up", ())) == 1 \
+            and seen.get(("kvgate_peer_links_in", ())) == 1
+
+    for url in urls:  # one link out each (the one to itself found and dropped), one in
+        wait_until(functools.partial(linked, url), 20, f"{url} to link with the other copy")
+
+    behaviour.hold = threading.Event()
+    client = openai.OpenAI(base_url=f"{urls[0]}/v1", api_key="unused", max_retries=0)
+    chunks: list[str] = []
+
+    def stream() -> None:
+        for chunk in client.completions.create(model="sim-model", prompt="a long prompt " * 200,
+                                               max_tokens=2, stream=True):
+            chunks.append(chunk.choices[0].text)
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    try:
+        # the replica holds its first byte: the copy that did not route it counts it too
+        wait_until(lambda: _replica(urls[1], "kvgate_replica_in_flight") == 1
+                   and (_replica(urls[1], "kvgate_replica_queued_tokens") or 0) > 200,
+                   20, "the other copy to see the request held at r0")
+        assert _replica(urls[1], "kvgate_replica_queued_tokens") == \
+            _replica(urls[0], "kvgate_replica_queued_tokens")
+        assert not chunks  # no byte had come back
+    finally:
+        behaviour.hold.set()
+        thread.join(30)
+    assert chunks == ["t0 ", "t1 "]
+    wait_until(lambda: _replica(urls[1], "kvgate_replica_in_flight") == 0
+               and _replica(urls[1], "kvgate_replica_queued_tokens") == 0,
+               20, "the other copy to see it answered")
+    assert _metrics(urls[1]).get(("kvgate_peer_frames_received_total", ()), 0) >= 4

@@ -1,0 +1,242 @@
+"""Gateway copies telling each other what they route (``gateway.peers``): the wire, and
+two copies' ``Peers`` over real loopback TCP."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from gateway.config import GatewayConfig, ReplicaConfig, parse_config
+from gateway.fleet import Fleet
+from gateway.peer_config import PeersConfig
+from gateway.peer_wire import (
+    DONE,
+    FIRST_BYTE,
+    HEAD_BYTES,
+    RoutedElsewhere,
+    Sent,
+    Settled,
+    WireError,
+    frame_length,
+    parse_frame,
+    routed_frame,
+    sent_frame,
+    seq_frame,
+)
+from gateway.peers import Peers
+from gateway.serve import add_arguments, run
+from gateway.state import build_state
+from policies.base import Routed, RouteRequest
+from policies.config import ConfigError
+from policies.cost import Cost, CostConfig
+from policies.prompt_chunks import text_chunks
+from tests.support.waiting import wait_until_async
+
+SECRET = "a-peer-secret-of-some-length"
+REPLICAS = [ReplicaConfig(f"r{i}", f"http://127.0.0.1:{9 + i}") for i in range(4)]
+
+
+def _parse(frame: bytes) -> object:
+    length, kind = frame_length(frame[:HEAD_BYTES])
+    assert length == len(frame) - HEAD_BYTES
+    return parse_frame(kind, frame[HEAD_BYTES:], 5.0)
+
+
+def _document(seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(f"w{rng.randrange(100_000)}" for _ in range(800))
+
+
+def _request(text: str, **fields: object) -> RouteRequest:
+    return RouteRequest(tokens=(), prompt_tokens=len(text) // 4, model="m",
+                        chunks=text_chunks(text, 64), chunk_tokens=16.0, arrival_s=0.0,
+                        **fields)  # type: ignore[arg-type]
+
+
+def test_frames_read_back_as_written() -> None:
+    req = _request(_document(1), tenant="acme", cache_salt="s1", affinity_key="conv-7",
+                   anchor_chunks=3)
+    got = _parse(routed_frame(req, "r2"))
+    assert isinstance(got, RoutedElsewhere) and got.replica == "r2"
+    assert list(got.request.chunks) == list(req.chunks)
+    assert (got.request.model, got.request.tenant, got.request.cache_salt,
+            got.request.affinity_key, got.request.anchor_chunks, got.request.prompt_tokens,
+            got.request.chunk_tokens, got.request.arrival_s) == \
+        ("m", "acme", "s1", "conv-7", 3, req.prompt_tokens, 16.0, 5.0)
+    assert got.request.tokens == ()  # never the prompt's token ids
+    assert _parse(sent_frame(9, "r-é", 1234)) == Sent(9, "r-é", 1234)
+    assert _parse(seq_frame(FIRST_BYTE, 9)) == Settled(FIRST_BYTE, 9)
+    assert _parse(seq_frame(DONE, 2**40)) == Settled(DONE, 2**40)
+
+
+@pytest.mark.parametrize("mangle, error", [
+    (lambda f: f[:HEAD_BYTES + 5], "malformed frame of kind 1"),  # the body cut short
+    (lambda f: f[:-1], "replica id of 1 bytes, header says 2"),
+    (lambda f: b"\x00\x00\x00\x00" + f[4:], "outside"),  # length 0
+    (lambda f: b"\xff\xff\xff\x7f" + f[4:], "outside"),  # 2 GB
+    (lambda f: f[:4] + b"\x63" + f[5:], "unknown frame kind 99"),
+])
+def test_a_malformed_frame_is_named(mangle: Callable[[bytes], bytes], error: str) -> None:
+    frame = mangle(sent_frame(1, "r0", 10))
+    with pytest.raises(WireError, match=error):
+        length, kind = frame_length(frame[:HEAD_BYTES])
+        parse_frame(kind, frame[HEAD_BYTES:HEAD_BYTES + length], 0.0)
+
+
+def test_a_routed_frame_with_a_non_string_field_is_refused() -> None:
+    frame = routed_frame(_request("x" * 200), "r0").replace(b'"model":"m"', b'"model":7  ')
+    with pytest.raises(WireError, match="'model' is int"):
+        _parse(frame)
+
+
+def test_peers_need_a_long_secret_and_addresses_that_parse() -> None:
+    base = {"replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}]}
+    with pytest.raises(ConfigError, match="secret of at least 16"):
+        parse_config({**base, "peers": {"listen": "127.0.0.1:0"}})
+    with pytest.raises(ConfigError, match="got 5"):
+        parse_config({**base, "peers": {"listen": "127.0.0.1:0", "secret": "short"}})
+    with pytest.raises(ConfigError, match=r"addresses\[1\]: 'gw-b' is not host:port"):
+        parse_config({**base, "peers": {"addresses": ["gw-a:8002", "gw-b"],
+                                        "secret": SECRET}})
+    assert not parse_config(base).peers.on  # off unless configured
+
+
+def test_peers_are_refused_with_worker_processes(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text("replicas: [{id: r0, url: 'http://127.0.0.1:9'}]\n"
+                    f"peers: {{listen: '127.0.0.1:0', secret: {SECRET}}}\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run(parser.parse_args(["--config", str(path), "--workers", "2"])) == 2
+    assert "peers are not supported with --workers 2" in capsys.readouterr().err
+
+
+class _Copy:
+    """One gateway copy's fleet, policy and peers."""
+
+    def __init__(self, addresses: list[str], secret: str = SECRET) -> None:
+        self.fleet = Fleet(list(REPLICAS))
+        self.policy = Cost(CostConfig(prefill_s_per_token=1e-4))
+        self.peers = Peers(PeersConfig(listen="127.0.0.1:0", addresses=addresses,
+                                       secret=secret), self.fleet, self.policy)
+        self.fleet.outbox = self.peers
+
+    def queued(self, replica: str) -> tuple[int, int]:
+        view = next(v for v in self.fleet.views() if v.id == replica)
+        return view.queued_tokens, view.in_flight
+
+    def address(self) -> str:
+        assert self.peers.address is not None
+        return f"{self.peers.address[0]}:{self.peers.address[1]}"
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[_Copy, _Copy]]:
+    """``b`` listens; ``a`` sends to it."""
+    b = _Copy([])
+    await b.peers.start()
+    a = _Copy([b.address()])
+    await a.peers.start()
+    try:
+        await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
+        yield a, b
+    finally:
+        await a.peers.stop()
+        await b.peers.stop()
+
+
+async def test_a_peer_sees_the_prefill_another_copy_left_pending(
+        pair: tuple[_Copy, _Copy]) -> None:
+    a, b = pair
+    pending = a.fleet.sent("r1", 1500)
+    await wait_until_async(lambda: b.queued("r1") == (1500, 1), 5.0,
+                           "b sees a's pending prefill")
+    assert b.queued("r0") == (0, 0)
+    a.fleet.first_byte(pending)
+    await wait_until_async(lambda: b.queued("r1") == (0, 1), 5.0, "b sees a's first byte")
+    a.fleet.done(pending)
+    await wait_until_async(lambda: b.queued("r1") == (0, 0), 5.0, "b sees a's request end")
+    b.fleet.sent("r2", 10)  # b's own are not echoed back (b has no link)
+    assert b.peers.counts.frames_sent == 0 and a.peers.counts.frames_received == 0
+
+
+async def test_a_peer_learns_where_another_copy_sent_a_document(
+        pair: tuple[_Copy, _Copy]) -> None:
+    a, b = pair
+    text = _document(3)
+    views = b.fleet.views()
+    assert not any(s.matched_tokens for s in b.policy.choose(_request(text), views).scores)
+    req = _request(text)
+    a.policy.observe(Routed(req, "r3"))
+    a.peers.routed(req, "r3")
+    await wait_until_async(lambda: b.peers.counts.frames_received == 1, 5.0,
+                           "b hears a's route")
+    d = b.policy.choose(_request(text + " and a question"), views)
+    assert d.chosen == "r3" and d.reason == "cache_match"
+    assert d.matched_tokens >= req.prompt_tokens // 2
+
+
+async def test_a_peer_that_leaves_takes_its_pending_prefill_with_it(
+        pair: tuple[_Copy, _Copy]) -> None:
+    a, b = pair
+    a.fleet.sent("r0", 700)
+    await wait_until_async(lambda: b.queued("r0") == (700, 1), 5.0,
+                           "b sees a's pending prefill")
+    await a.peers.stop()
+    await wait_until_async(lambda: b.queued("r0") == (0, 0), 5.0,
+                           "b lets go of a's requests")
+
+
+async def test_a_copy_with_another_secret_is_refused_and_changes_nothing() -> None:
+    b = _Copy([])
+    await b.peers.start()
+    a = _Copy([b.address()], secret="another-secret-entirely")
+    await a.peers.start()
+    try:
+        await wait_until_async(
+            lambda: b.peers.counts.refused == 1 and a.peers.counts.refused == 1, 5.0,
+            "both count the refusal")
+        a.fleet.sent("r0", 700)
+        await asyncio.sleep(0.1)
+        assert b.queued("r0") == (0, 0) and b.peers.counts.peers_in == 0
+        assert a.peers.counts.links_up == 0 and a.peers.counts.frames_dropped == 1
+    finally:
+        await a.peers.stop()
+        await b.peers.stop()
+
+
+async def test_a_copy_listed_among_its_own_peers_skips_itself() -> None:
+    b = _Copy([])
+    await b.peers.start()
+    a = _Copy([b.address()])
+    # a's own listener joins its addresses once bound, as a headless Service lists it
+    await a.peers.start()
+    try:
+        own = a.address()
+        a.peers.config = PeersConfig(listen="127.0.0.1:0", addresses=[b.address(), own],
+                                     secret=SECRET)
+        await a.peers._resolve()
+        await wait_until_async(lambda: any(link.is_self for link in a.peers._links.values()),
+                               5.0, "a finds itself")
+        await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
+        a.fleet.sent("r0", 5)
+        await wait_until_async(lambda: b.queued("r0") == (5, 1), 5.0, "b hears a")
+        assert a.queued("r0") == (5, 1)  # counted once: never heard back from itself
+        assert a.peers.counts.peers_in == 0
+    finally:
+        await a.peers.stop()
+        await b.peers.stop()
+
+
+async def test_the_gateway_builds_its_peers_from_the_config() -> None:
+    config = GatewayConfig(replicas=list(REPLICAS),
+                           peers=PeersConfig(listen="127.0.0.1:0", secret=SECRET))
+    gw = build_state(config)
+    assert gw.peers is not None and gw.fleet.outbox is gw.peers
+    gw.router.close()
