@@ -20,6 +20,7 @@ from engine import cli as engine_cli
 from gateway import serve as gateway_cli
 from gateway.config import parse_config
 from gateway.discovery.config import KubernetesSourceConfig
+from gateway.peer_config import split_address
 from tests.support.binaries import which
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def by_kind(objects: dict[tuple[str, str], Obj], kind: str) -> dict[str, Obj]:
 def test_the_bundle_holds_what_a_fleet_needs(objects: dict[tuple[str, str], Obj]) -> None:
     kinds = sorted(k for k, _ in objects)
     assert kinds == ["ConfigMap", "Deployment", "Deployment", "Role", "RoleBinding",
-                     "Service", "Service", "ServiceAccount", "ServiceMonitor",
+                     "Service", "Service", "Service", "ServiceAccount", "ServiceMonitor",
                      "ServiceMonitor"]
     assert {o["metadata"].get("namespace") for o in objects.values()} == {"llm"}
 
@@ -134,6 +135,10 @@ def test_gateway(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.Monkey
     token_env = raw["admin"]["token_env"]
     assert env[token_env]["valueFrom"]["secretKeyRef"]["name"] == "kvgate-admin"
     monkeypatch.setenv(token_env, "a-token-long-enough-0123")
+    # so does the peers' secret
+    peer_env = raw["peers"]["secret_env"]
+    assert env[peer_env]["valueFrom"]["secretKeyRef"]["name"] == "kvgate-peers"
+    monkeypatch.setenv(peer_env, "a-peer-secret-long-enough-0123")
     config = parse_config(raw, "gateway.yaml")
     assert config.admin.host == "127.0.0.1"
     assert pod["terminationGracePeriodSeconds"] > config.shutdown.timeout_s
@@ -145,6 +150,19 @@ def test_gateway(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.Monkey
     assert config.admin.port not in by_name.values()
     assert service["spec"]["selector"].items() <= \
         deployment["spec"]["template"]["metadata"]["labels"].items()
+    # the copies find each other on a headless Service of every gateway pod, ready or not,
+    # on the port their peers listen on
+    (address,) = config.peers.addresses
+    peer_host, peer_port = split_address(address, "peers.addresses")
+    peers = objects[("Service", peer_host)]
+    assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"]
+    assert peers["spec"]["selector"].items() <= \
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    (peer_service_port,) = peers["spec"]["ports"]
+    assert config.peers.listen is not None
+    assert peer_service_port["port"] == peer_port
+    assert by_name[peer_service_port["targetPort"]] == \
+        split_address(config.peers.listen, "peers.listen", any_port=True)[1]
     # discovery finds the engines' headless Service by name and port name
     (source,) = config.discovery
     assert isinstance(source, KubernetesSourceConfig)

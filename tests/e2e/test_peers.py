@@ -5,17 +5,16 @@ byte returns, and both let go of it once answered."""
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 import yaml
 
 from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.held_streams import held_stream
 from tests.support.metrics import samples
 from tests.support.processes import Processes
 from tests.support.servers import ThreadServer, free_port
@@ -60,18 +59,7 @@ def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
     for url in urls:  # one link out each (the one to itself found and dropped), one in
         wait_until(functools.partial(linked, url), 20, f"{url} to link with the other copy")
 
-    behaviour.hold = threading.Event()
-    client = openai.OpenAI(base_url=f"{urls[0]}/v1", api_key="unused", max_retries=0)
-    chunks: list[str] = []
-
-    def stream() -> None:
-        for chunk in client.completions.create(model="sim-model", prompt="a long prompt " * 200,
-                                               max_tokens=2, stream=True):
-            chunks.append(chunk.choices[0].text)
-
-    thread = threading.Thread(target=stream)
-    thread.start()
-    try:
+    with held_stream(behaviour, urls[0]) as chunks:
         # the replica holds its first byte: the copy that did not route it counts it too
         wait_until(lambda: _replica(urls[1], "kvgate_replica_in_flight") == 1
                    and (_replica(urls[1], "kvgate_replica_queued_tokens") or 0) > 200,
@@ -79,9 +67,6 @@ def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
         assert _replica(urls[1], "kvgate_replica_queued_tokens") == \
             _replica(urls[0], "kvgate_replica_queued_tokens")
         assert not chunks  # no byte had come back
-    finally:
-        behaviour.hold.set()
-        thread.join(30)
     assert chunks == ["t0 ", "t1 "]
     wait_until(lambda: _replica(urls[1], "kvgate_replica_in_flight") == 0
                and _replica(urls[1], "kvgate_replica_queued_tokens") == 0,

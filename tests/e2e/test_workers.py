@@ -19,6 +19,7 @@ import yaml
 
 from tests.support.binaries import which
 from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.held_streams import held_stream
 from tests.support.metrics import samples
 from tests.support.processes import Process, Processes
 from tests.support.servers import ThreadServer, free_port
@@ -75,18 +76,7 @@ def box(spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path
 
 def test_each_worker_sees_the_others_pending_tokens(box: tuple[Box, Behaviour]) -> None:
     gateway, behaviour = box
-    behaviour.hold = threading.Event()
-    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
-    chunks: list[str] = []
-
-    def stream() -> None:
-        for chunk in client.completions.create(model="sim-model", prompt="a long prompt " * 200,
-                                               max_tokens=2, stream=True):
-            chunks.append(chunk.choices[0].text)
-
-    thread = threading.Thread(target=stream)
-    thread.start()
-    try:
+    with held_stream(behaviour, gateway.url) as chunks:
         # the replica holds its first byte: both workers must count the request, though
         # only one of them routed it
         seen = _per_worker(gateway.url, lambda s: (
@@ -96,9 +86,6 @@ def test_each_worker_sees_the_others_pending_tokens(box: tuple[Box, Behaviour]) 
         queued = {w: _gauge(s, "kvgate_replica_queued_tokens", "r0") for w, s in seen.items()}
         assert queued["0"] == queued["1"]
         assert not chunks  # no byte had come back
-    finally:
-        behaviour.hold.set()
-        thread.join(30)
     assert chunks == ["t0 ", "t1 "]
     _per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_in_flight", "r0") == 0
                 and _gauge(s, "kvgate_replica_queued_tokens", "r0") == 0,
