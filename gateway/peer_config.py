@@ -40,9 +40,11 @@ class PeersConfig:
     secret_file: str | None = None
     secret_env: str | None = None
     resolve_s: float = 10.0
-    # frames waiting for one peer at most (more are dropped and counted: a slow peer never
-    # holds this copy's memory)
+    # frames and bytes waiting for one peer at most (a peer further behind is disconnected,
+    # which lets go of what this copy had pending there: a slow peer never holds this
+    # copy's memory, and never keeps load it missed the end of)
     queue_frames: int = 4096
+    queue_bytes: int = 16 * 1024 * 1024
     # a peer's request still pending after this long is let go (its word lost)
     pending_s: float = 600.0
 
@@ -55,7 +57,7 @@ class PeersConfig:
             split_address(self.listen, "listen", any_port=True)
         for i, address in enumerate(self.addresses):
             split_address(address, f"addresses[{i}]")
-        for key in ("resolve_s", "queue_frames", "pending_s"):
+        for key in ("resolve_s", "queue_frames", "queue_bytes", "pending_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
         if self.on:

@@ -1,12 +1,20 @@
 """The frames gateway copies exchange (``gateway.peers``): what each one routed and the
 prefill it left pending on a replica.
 
-A connection carries one direction. The listening copy speaks first: a challenge of
-``NONCE_BYTES`` random bytes. The connecting copy answers with a hello: its instance id
-and HMAC-SHA256(secret, nonce | instance id); the listener replies one status byte
-(``STATUS_OK``, ``STATUS_BAD_SECRET``, or ``STATUS_SELF`` when the hello carries its own
-instance id: an address that reaches the copy itself). Then the connecting copy sends
-frames, ``u32 length | u8 kind | body``, little-endian:
+A connection carries one direction: from the copy that connects (the sender) to the one
+that listens. Both prove the shared secret before any frame moves, each over a nonce the
+other chose, and each learns the other's random instance id:
+
+    sender   -> listener  SENDER_HELLO    nonce_s (16), id_s (16)
+    listener -> sender    LISTENER_HELLO  nonce_l (16), id_l (16),
+                                          HMAC(secret, "listener" | nonce_s | id_l | id_s)
+    sender   -> listener  SENDER_PROOF    HMAC(secret, "sender" | nonce_l | id_s | id_l)
+    listener -> sender    one status byte: STATUS_OK or STATUS_BAD_SECRET
+
+A sender that meets its own id (an address that reaches the copy itself), or the id of a
+copy it already has a connection to (a second address of the same copy), closes before
+proving anything. Then the sender sends frames, ``u32 length | u8 kind | body``,
+little-endian:
 
     SENT        u64 seq, u32 tokens, u16 n, replica id (n bytes, UTF-8)
                 prefill tokens sent to the replica, pending until FIRST_BYTE
@@ -15,16 +23,20 @@ frames, ``u32 length | u8 kind | body``, little-endian:
     ROUTED      u32 prompt tokens, f64 tokens per chunk, i32 anchor chunks (-1: none),
                 u32 m, JSON meta (m bytes: replica, model, tenant, cache salt, affinity
                 key), then the prompt's chunk hashes as u32 each
+    HEARTBEAT   (empty)        the sender is alive (sent when it has been quiet)
 
 ROUTED carries what a policy learns from a request (``policies.base.Routed``) but never
 the prompt's text or token ids: only the hashes of its pieces (``prompt_chunks``).
-A frame longer than ``MAX_FRAME`` is refused (the connection is dropped).
+A frame longer than ``MAX_FRAME`` is refused (the connection is dropped). Nothing is
+encrypted, and frames carry no MAC of their own: the handshake keeps copies without the
+secret out, not someone on the network path.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import struct
 import sys
 from array import array
@@ -39,11 +51,12 @@ from policies.ring import token_bytes
 NONCE_BYTES = 16
 ID_BYTES = 16
 MAC_BYTES = 32
-HELLO_BYTES = ID_BYTES + MAC_BYTES
-STATUS_OK, STATUS_BAD_SECRET, STATUS_SELF = 0, 1, 2
+SENDER_HELLO_BYTES = NONCE_BYTES + ID_BYTES
+LISTENER_HELLO_BYTES = NONCE_BYTES + ID_BYTES + MAC_BYTES
+STATUS_OK, STATUS_BAD_SECRET = 0, 1
 MAX_FRAME = 1 << 20
 
-SENT, FIRST_BYTE, DONE, ROUTED = 1, 2, 3, 4
+SENT, FIRST_BYTE, DONE, ROUTED, HEARTBEAT = 1, 2, 3, 4, 5
 _HEAD = struct.Struct("<IB")  # length of what follows the length, kind
 _SENT = struct.Struct("<QIH")
 _SEQ = struct.Struct("<Q")
@@ -54,14 +67,35 @@ class WireError(ValueError):
     """A frame that cannot be read: the connection that sent it is dropped."""
 
 
-def hello_mac(secret: bytes, nonce: bytes, instance: bytes) -> bytes:
-    return hmac.new(secret, nonce + instance, hashlib.sha256).digest()
+def _mac(secret: bytes, role: bytes, nonce: bytes, prover: bytes, verifier: bytes) -> bytes:
+    return hmac.new(secret, role + nonce + prover + verifier, hashlib.sha256).digest()
 
 
-def check_hello(secret: bytes, nonce: bytes, hello: bytes) -> bytes | None:
-    """The instance id of a hello that proves the secret; None when it does not."""
-    instance, mac = hello[:ID_BYTES], hello[ID_BYTES:]
-    return instance if hmac.compare_digest(mac, hello_mac(secret, nonce, instance)) else None
+def listener_hello(secret: bytes, sender_hello: bytes, nonce: bytes, listener: bytes
+                   ) -> bytes:
+    """The listener's answer to ``sender_hello``: its nonce, its id and its proof."""
+    sender_nonce, sender = sender_hello[:NONCE_BYTES], sender_hello[NONCE_BYTES:]
+    return nonce + listener + _mac(secret, b"listener", sender_nonce, listener, sender)
+
+
+def check_listener(secret: bytes, sender_nonce: bytes, sender: bytes, hello: bytes
+                   ) -> tuple[bytes, bytes] | None:
+    """(the listener's nonce, its id) when its hello proves the secret; else None."""
+    nonce, listener = hello[:NONCE_BYTES], hello[NONCE_BYTES:NONCE_BYTES + ID_BYTES]
+    mac = hello[NONCE_BYTES + ID_BYTES:]
+    if not hmac.compare_digest(mac, _mac(secret, b"listener", sender_nonce, listener, sender)):
+        return None
+    return nonce, listener
+
+
+def sender_proof(secret: bytes, listener_nonce: bytes, sender: bytes, listener: bytes
+                 ) -> bytes:
+    return _mac(secret, b"sender", listener_nonce, sender, listener)
+
+
+def check_sender(secret: bytes, listener_nonce: bytes, sender: bytes, listener: bytes,
+                 proof: bytes) -> bool:
+    return hmac.compare_digest(proof, sender_proof(secret, listener_nonce, sender, listener))
 
 
 def _frame(kind: int, body: bytes) -> bytes:
@@ -77,6 +111,9 @@ def sent_frame(seq: int, replica: str, tokens: int) -> bytes:
 
 def seq_frame(kind: int, seq: int) -> bytes:
     return _frame(kind, _SEQ.pack(seq))
+
+
+HEARTBEAT_FRAME = _frame(HEARTBEAT, b"")
 
 
 # chunk hashes carried at most: a prompt's first 64K pieces (4 MB of text at 64 characters)
@@ -117,7 +154,12 @@ class RoutedElsewhere:
     replica: str
 
 
-Frame = Sent | Settled | RoutedElsewhere
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The sender is alive."""
+
+
+Frame = Sent | Settled | RoutedElsewhere | Heartbeat
 
 
 def frame_length(head: bytes) -> tuple[int, int]:
@@ -145,6 +187,8 @@ def parse_frame(kind: int, body: bytes, arrival_s: float) -> Frame:
             return Settled(kind, seq)
         if kind == ROUTED:
             return _parse_routed(body, arrival_s)
+        if kind == HEARTBEAT:
+            return Heartbeat()
     except (struct.error, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
         raise WireError(f"a malformed frame of kind {kind}: {exc}") from None
     raise WireError(f"unknown frame kind {kind}")
@@ -153,11 +197,19 @@ def parse_frame(kind: int, body: bytes, arrival_s: float) -> Frame:
 def _parse_routed(body: bytes, arrival_s: float) -> RoutedElsewhere:
     prompt_tokens, chunk_tokens, anchor, m = _ROUTED.unpack_from(body)
     at = _ROUTED.size
+    if m > len(body) - at:
+        raise WireError(f"a routed frame's meta of {m} bytes overruns its {len(body)}-byte "
+                        "body")
+    if not (math.isfinite(chunk_tokens) and chunk_tokens > 0):
+        raise WireError(f"a routed frame's tokens per chunk is {chunk_tokens!r}, not a "
+                        "positive number")
     meta: Any = orjson.loads(body[at:at + m])
     rest = body[at + m:]
-    if not isinstance(meta, dict) or len(rest) % 4:
-        raise WireError("a routed frame whose meta is not an object or whose chunks are "
-                        "not whole u32s")
+    if not isinstance(meta, dict):
+        raise WireError(f"a routed frame's meta is {type(meta).__name__}, not an object")
+    if len(rest) % 4:
+        raise WireError(f"a routed frame's chunk hashes take {len(rest)} bytes, not whole "
+                        "u32s")
     fields = {}
     for key in ("replica", "model", "tenant", "salt", "affinity"):
         value = meta.get(key)

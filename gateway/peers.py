@@ -14,12 +14,17 @@ one TCP connection per peer (``peer_wire``):
   its text or token ids): the other copies' policies learn from it as from their own.
 
 Measured offline (LRU engines, ``loadtests.simulate --gateways 2 --peers``), see the
-README. Delivery is best effort: a frame for a peer that is down, or one more than
-``queue_frames`` behind, is dropped and counted; when a connection drops, the receiver lets
-go of everything that peer had pending, and a pending request unheard of for
-``pending_s`` is let go too. Each copy has a random instance id: an address that reaches
-the copy itself (its own pod behind a headless Service) is found in the handshake and
-skipped. Not with worker processes (``serve --workers``): the config is refused.
+README. Delivery is best effort, and never leaves load counted that was settled: a
+connection more than ``queue_frames`` frames or ``queue_bytes`` behind is closed (its
+queue dropped and counted), and when a connection closes or falls silent for
+``SILENT_S`` (a sender with nothing to say sends a heartbeat every ``HEARTBEAT_S``) the
+receiver lets go of everything that peer had pending; a pending request unheard of for
+``pending_s`` is let go too. Frames for a replica the receiving copy does not know are
+skipped. Each copy has a random instance id, sent in the handshake: an address that
+reaches the copy itself (its own pod behind a headless Service), or a second address of a
+copy already linked, is found there and not used. At most ``MAX_HANDSHAKES`` connections
+may be proving the secret at once. Not with worker processes (``serve --workers``): the
+config is refused.
 """
 
 from __future__ import annotations
@@ -38,21 +43,25 @@ from gateway.peer_wire import (
     DONE,
     FIRST_BYTE,
     HEAD_BYTES,
-    HELLO_BYTES,
+    HEARTBEAT_FRAME,
     ID_BYTES,
+    LISTENER_HELLO_BYTES,
+    MAC_BYTES,
     NONCE_BYTES,
+    SENDER_HELLO_BYTES,
     STATUS_BAD_SECRET,
     STATUS_OK,
-    STATUS_SELF,
     RoutedElsewhere,
     Sent,
     Settled,
     WireError,
-    check_hello,
+    check_listener,
+    check_sender,
     frame_length,
-    hello_mac,
+    listener_hello,
     parse_frame,
     routed_frame,
+    sender_proof,
     sent_frame,
     seq_frame,
 )
@@ -62,10 +71,14 @@ log = logging.getLogger("kvgate.peers")
 
 HANDSHAKE_S = 5.0
 WRITE_S = 5.0
+HEARTBEAT_S = 5.0  # a quiet sender says it is alive this often
+SILENT_S = 20.0  # a connection heard nothing from this long is taken as gone
 BACKOFF_S = (0.2, 5.0)  # first and longest wait before connecting again
-REFUSED_BACKOFF_S = 30.0  # after a peer refused this copy's secret
+REFUSED_BACKOFF_S = 30.0  # after a peer refused this copy's secret, or failed to prove it
+DUPLICATE_BACKOFF_S = 30.0  # an address of a copy already linked: looked at again after
 SWEEP_S = 10.0
 MAX_PENDING = 65_536  # a peer's requests pending at once, at most (the oldest let go)
+MAX_HANDSHAKES = 64  # connections proving the secret at once (more are closed at once)
 
 
 @dataclass(slots=True)
@@ -81,6 +94,11 @@ class PeerCounts:
     peers_in: int = 0  # connections from peers, authenticated
 
 
+class _Overflow(ConnectionError):
+    """The peer fell too far behind: the connection is closed, so the peer lets go of
+    everything this copy had pending there instead of missing the settling frames."""
+
+
 class _Link:
     """This copy's connection to one peer address: frames queue while it is up, and one
     task writes them; it connects again after a failure."""
@@ -89,17 +107,26 @@ class _Link:
         self.host, self.port = host, port
         self.peers = peers
         self.queue: deque[bytes] = deque()
+        self.queued_bytes = 0
+        self.overflow = False
         self.wake = asyncio.Event()
         self.up = False
+        self.remote: bytes | None = None  # the peer's instance id, once linked
         self.is_self = False
         self.task: asyncio.Task[None] | None = None
 
     def push(self, frame: bytes) -> None:
-        counts = self.peers.counts
-        if not self.up or len(self.queue) >= self.peers.config.queue_frames:
-            counts.frames_dropped += 1
+        if not self.up or self.overflow:
+            self.peers.counts.frames_dropped += 1
+            return
+        cfg = self.peers.config
+        if len(self.queue) >= cfg.queue_frames or self.queued_bytes + len(frame) > cfg.queue_bytes:
+            self.overflow = True  # the writer closes the connection
+            self.wake.set()
+            self.peers.counts.frames_dropped += 1
             return
         self.queue.append(frame)
+        self.queued_bytes += len(frame)
         self.wake.set()
 
     async def run(self) -> None:
@@ -107,8 +134,7 @@ class _Link:
         while True:
             wait = backoff
             try:
-                if await self._session():
-                    return  # the address is this copy's own
+                wait = await self._session() or BACKOFF_S[0]
                 backoff = BACKOFF_S[0]
             except PermissionError as exc:
                 log.error("peer %s:%d: %s", self.host, self.port, exc)
@@ -116,56 +142,90 @@ class _Link:
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
                 log.debug("peer %s:%d: %s", self.host, self.port, exc)
                 backoff = min(BACKOFF_S[1], backoff * 2)
+            except Exception:  # a defect here must not end the link for good
+                log.exception("peer %s:%d: the link failed", self.host, self.port)
+                backoff = BACKOFF_S[1]
+            if self.is_self:
+                return  # the address is this copy's own
             await asyncio.sleep(wait)
 
-    async def _session(self) -> bool:
-        """One connection, until it fails; True when the address is this copy's own."""
+    async def _session(self) -> float | None:
+        """One connection, until it fails; a wait before the next when it was not used
+        (a second address of a copy already linked)."""
         peers = self.peers
         async with asyncio.timeout(HANDSHAKE_S):
             reader, writer = await asyncio.open_connection(self.host, self.port)
         try:
             async with asyncio.timeout(HANDSHAKE_S):
-                nonce = await reader.readexactly(NONCE_BYTES)
-                writer.write(peers.instance + hello_mac(peers.secret, nonce, peers.instance))
+                nonce = os.urandom(NONCE_BYTES)
+                writer.write(nonce + peers.instance)
+                hello = await reader.readexactly(LISTENER_HELLO_BYTES)
+                proven = check_listener(peers.secret, nonce, peers.instance, hello)
+                if proven is None:
+                    peers.counts.refused += 1
+                    raise PermissionError("the peer did not prove the secret (the copies' "
+                                          "peers.secret differ, or it is not a kvgate peer)")
+                listener_nonce, remote = proven
+                if remote == peers.instance:
+                    self.is_self = True
+                    return None
+                if peers.linked(remote):
+                    return DUPLICATE_BACKOFF_S  # linked through another address already
+                self.remote = remote  # claimed before any wait: a second address backs off
+                writer.write(sender_proof(peers.secret, listener_nonce, peers.instance, remote))
                 (status,) = await reader.readexactly(1)
-            if status == STATUS_SELF:
-                self.is_self = True
-                return True
             if status != STATUS_OK:
                 peers.counts.refused += 1
                 raise PermissionError("refused this copy's secret: the copies' peers.secret "
                                       "differ")
             closed = asyncio.ensure_future(reader.read(1))  # the peer sends nothing more
+            closed.add_done_callback(_retrieve)
             self.up = True
             peers.counts.links_up += 1
             try:
                 await self._write(writer, closed)
             finally:
-                self.up = False
+                self.up, self.overflow = False, False
                 peers.counts.links_up -= 1
+                peers.counts.frames_dropped += len(self.queue)
                 self.queue.clear()
+                self.queued_bytes = 0
                 closed.cancel()
         finally:
+            self.remote = None
             writer.close()
-        return False
+        return None
 
     async def _write(self, writer: asyncio.StreamWriter, closed: asyncio.Future[bytes]) -> None:
         counts = self.peers.counts
         while not closed.done():
             waiting = asyncio.ensure_future(self.wake.wait())
             try:
-                await asyncio.wait((waiting, closed), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((waiting, closed), timeout=HEARTBEAT_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waiting.cancel()
             self.wake.clear()
+            if self.overflow:
+                raise _Overflow(f"more than {self.peers.config.queue_frames} frames or "
+                                f"{self.peers.config.queue_bytes} bytes behind")
             if self.queue:
                 frames = list(self.queue)
                 self.queue.clear()
-                writer.write(b"".join(frames))
-                async with asyncio.timeout(WRITE_S):
-                    await writer.drain()
-                counts.frames_sent += len(frames)
+                self.queued_bytes = 0
+            else:
+                frames = [HEARTBEAT_FRAME]
+            writer.write(b"".join(frames))
+            async with asyncio.timeout(WRITE_S):
+                await writer.drain()
+            counts.frames_sent += len(frames)
         raise ConnectionResetError("the peer closed the connection")
+
+
+def _retrieve(future: asyncio.Future[bytes]) -> None:
+    """Take a finished future's exception (a reset connection), so none goes unheard."""
+    if not future.cancelled():
+        future.exception()
 
 
 class Peers:
@@ -188,12 +248,18 @@ class Peers:
         self._sweeper: asyncio.Task[None] | None = None
         self._tables: set[_PeerTable] = set()
         self._serving: set[asyncio.Task[None]] = set()
+        self._handshakes = 0
         self.address: tuple[str, int] | None = None  # where the listener is bound
+
+    def linked(self, remote: bytes) -> bool:
+        """Whether a link to the copy with instance id ``remote`` is up (or proving
+        itself)."""
+        return any(link.remote == remote for link in self._links.values())
 
     # -- what this copy sends ---------------------------------------------------------------
     def routed(self, request: RouteRequest, replica: str) -> None:
         """This copy sends ``request`` to ``replica`` (its policy observed ``Routed``)."""
-        if self._links:
+        if self.counts.links_up:
             try:
                 self._broadcast(routed_frame(request, replica))
             except WireError as exc:
@@ -203,17 +269,17 @@ class Peers:
         """``Fleet`` outbox: prefill left pending on ``replica``."""
         self._seq += 1
         pending.seq = self._seq
-        if self._links:
+        if self.counts.links_up:
             self._broadcast(sent_frame(self._seq, replica, pending.tokens))
 
     def settled(self, pending: Pending, done: bool) -> None:
         """``Fleet`` outbox: the first byte came (``done``: the request ended)."""
-        if self._links:
+        if self.counts.links_up:
             self._broadcast(seq_frame(DONE if done else FIRST_BYTE, pending.seq))
 
     def _broadcast(self, frame: bytes) -> None:
         for link in self._links.values():
-            if not link.is_self:
+            if link.up:
                 link.push(frame)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -281,6 +347,9 @@ class Peers:
 
     # -- what peers send -----------------------------------------------------------------------
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._handshakes >= MAX_HANDSHAKES:
+            writer.close()
+            return
         task = asyncio.create_task(self._serve(reader, writer), name="kvgate-peer-in")
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
@@ -289,18 +358,20 @@ class Peers:
         peer = writer.get_extra_info("peername")
         table = _PeerTable(self.fleet)
         try:
-            nonce = os.urandom(NONCE_BYTES)
-            writer.write(nonce)
-            async with asyncio.timeout(HANDSHAKE_S):
-                hello = await reader.readexactly(HELLO_BYTES)
-            instance = check_hello(self.secret, nonce, hello)
-            if instance is None:
+            self._handshakes += 1
+            try:
+                async with asyncio.timeout(HANDSHAKE_S):
+                    hello = await reader.readexactly(SENDER_HELLO_BYTES)
+                    nonce = os.urandom(NONCE_BYTES)
+                    writer.write(listener_hello(self.secret, hello, nonce, self.instance))
+                    proof = await reader.readexactly(MAC_BYTES)
+            finally:
+                self._handshakes -= 1
+            sender = hello[NONCE_BYTES:]
+            if not check_sender(self.secret, nonce, sender, self.instance, proof):
                 self.counts.refused += 1
                 log.warning("a peer at %s did not prove the secret: refused", peer)
                 writer.write(bytes([STATUS_BAD_SECRET]))
-                return
-            if instance == self.instance:
-                writer.write(bytes([STATUS_SELF]))
                 return
             writer.write(bytes([STATUS_OK]))
             self.counts.peers_in += 1
@@ -320,14 +391,20 @@ class Peers:
             writer.close()
 
     async def _receive(self, reader: asyncio.StreamReader, table: _PeerTable) -> None:
-        counts = self.counts
+        counts, fleet = self.counts, self.fleet
         while True:
-            length, kind = frame_length(await reader.readexactly(HEAD_BYTES))
-            body = await reader.readexactly(length)
+            async with asyncio.timeout(SILENT_S):  # a sender sends heartbeats when quiet
+                length, kind = frame_length(await reader.readexactly(HEAD_BYTES))
+                body = await reader.readexactly(length)
             frame = parse_frame(kind, body, time.monotonic())
             counts.frames_received += 1
             if isinstance(frame, RoutedElsewhere):
-                self.policy.observe(Routed(frame.request, frame.replica))
+                if fleet.get(frame.replica) is None:
+                    continue  # a replica this copy does not route to (not yet, or no more)
+                try:
+                    self.policy.observe(Routed(frame.request, frame.replica))
+                except Exception:  # the policy's defect: the link and the rest stand
+                    log.exception("the policy failed on a peer's route to %s", frame.replica)
             elif isinstance(frame, Sent):
                 table.sent(frame)
             elif isinstance(frame, Settled):
@@ -342,6 +419,11 @@ class _PeerTable:
         self.pending: dict[int, Pending] = {}
 
     def sent(self, frame: Sent) -> None:
+        if self.fleet.get(frame.replica) is None:
+            return  # a replica this copy does not route to
+        old = self.pending.pop(frame.seq, None)
+        if old is not None:  # a seq seen twice: the first is settled, never leaked
+            self.fleet.done(old)
         if len(self.pending) >= MAX_PENDING:
             self.fleet.done(self.pending.pop(next(iter(self.pending))))
         self.pending[frame.seq] = self.fleet.sent(frame.replica, frame.tokens, relay=False)
@@ -365,4 +447,3 @@ class _PeerTable:
                 return
             del self.pending[seq]
             self.fleet.done(pending)
-

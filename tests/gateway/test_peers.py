@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
+from gateway import peers as peers_module
 from gateway.config import GatewayConfig, ReplicaConfig, parse_config
 from gateway.fleet import Fleet
 from gateway.peer_config import PeersConfig
@@ -18,17 +20,23 @@ from gateway.peer_wire import (
     DONE,
     FIRST_BYTE,
     HEAD_BYTES,
+    LISTENER_HELLO_BYTES,
+    NONCE_BYTES,
+    STATUS_BAD_SECRET,
+    STATUS_OK,
     RoutedElsewhere,
     Sent,
     Settled,
     WireError,
+    check_listener,
     frame_length,
     parse_frame,
     routed_frame,
+    sender_proof,
     sent_frame,
     seq_frame,
 )
-from gateway.peers import Peers
+from gateway.peers import Peers, _PeerTable
 from gateway.serve import add_arguments, run
 from gateway.state import build_state
 from policies.base import Routed, RouteRequest
@@ -120,10 +128,11 @@ def test_peers_are_refused_with_worker_processes(tmp_path: Path,
 class _Copy:
     """One gateway copy's fleet, policy and peers."""
 
-    def __init__(self, addresses: list[str], secret: str = SECRET) -> None:
+    def __init__(self, addresses: list[str], secret: str = SECRET,
+                 listen: str = "127.0.0.1:0") -> None:
         self.fleet = Fleet(list(REPLICAS))
         self.policy = Cost(CostConfig(prefill_s_per_token=1e-4))
-        self.peers = Peers(PeersConfig(listen="127.0.0.1:0", addresses=addresses,
+        self.peers = Peers(PeersConfig(listen=listen, addresses=addresses,
                                        secret=secret), self.fleet, self.policy)
         self.fleet.outbox = self.peers
 
@@ -199,16 +208,149 @@ async def test_a_copy_with_another_secret_is_refused_and_changes_nothing() -> No
     a = _Copy([b.address()], secret="another-secret-entirely")
     await a.peers.start()
     try:
-        await wait_until_async(
-            lambda: b.peers.counts.refused == 1 and a.peers.counts.refused == 1, 5.0,
-            "both count the refusal")
+        # the listener proves the secret first: the sender finds it does not match and
+        # sends nothing
+        await wait_until_async(lambda: a.peers.counts.refused >= 1, 5.0, "a refuses b")
         a.fleet.sent("r0", 700)
         await asyncio.sleep(0.1)
         assert b.queued("r0") == (0, 0) and b.peers.counts.peers_in == 0
-        assert a.peers.counts.links_up == 0 and a.peers.counts.frames_dropped == 1
+        assert a.peers.counts.links_up == 0 and a.peers.counts.frames_sent == 0
     finally:
         await a.peers.stop()
         await b.peers.stop()
+
+
+async def _raw_sender(b: _Copy, secret: str = SECRET
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+    """A connection to ``b`` that proves ``secret`` by hand: (reader, writer, status)."""
+    assert b.peers.address is not None
+    reader, writer = await asyncio.open_connection(*b.peers.address)
+    nonce, me = os.urandom(NONCE_BYTES), os.urandom(16)
+    writer.write(nonce + me)
+    hello = await reader.readexactly(LISTENER_HELLO_BYTES)
+    proven = check_listener(SECRET.encode(), nonce, me, hello)
+    assert proven is not None  # b proved the secret it holds
+    writer.write(sender_proof(secret.encode(), proven[0], me, proven[1]))
+    (status,) = await reader.readexactly(1)
+    return reader, writer, status
+
+
+async def test_a_sender_that_cannot_prove_the_secret_is_refused() -> None:
+    b = _Copy([])
+    await b.peers.start()
+    try:
+        _, writer, status = await _raw_sender(b, secret="another-secret-entirely")
+        assert status == STATUS_BAD_SECRET and b.peers.counts.refused == 1
+        writer.close()
+    finally:
+        await b.peers.stop()
+
+
+async def test_a_listener_that_cannot_prove_the_secret_hears_nothing() -> None:
+    heard: list[bytes] = []
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(32)
+        writer.write(os.urandom(LISTENER_HELLO_BYTES))  # no proof it could make
+        heard.append(await reader.read(4096))
+        writer.close()
+
+    server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    a = _Copy([f"127.0.0.1:{port}"])
+    await a.peers.start()
+    try:
+        await wait_until_async(lambda: a.peers.counts.refused >= 1, 5.0, "a refuses it")
+        await wait_until_async(lambda: heard, 5.0, "the impostor to give up")
+        assert heard == [b""] and a.peers.counts.links_up == 0
+    finally:
+        await a.peers.stop()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_copy_reached_at_two_addresses_is_linked_once() -> None:
+    b = _Copy([], listen="0.0.0.0:0")
+    await b.peers.start()
+    port = b.address().rsplit(":", 1)[1]
+    # two loopback addresses of one listener, as a dual-stack Service or two names give
+    a = _Copy([f"127.0.0.1:{port}", f"127.0.0.2:{port}"])
+    await a.peers.start()
+    try:
+        await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
+        await asyncio.sleep(0.3)  # the other address had its chance
+        assert a.peers.counts.links_up == 1 and b.peers.counts.peers_in == 1
+        a.fleet.sent("r0", 1500)
+        await wait_until_async(lambda: b.queued("r0") == (1500, 1), 5.0, "b hears a")
+        await asyncio.sleep(0.1)
+        assert b.queued("r0") == (1500, 1)  # counted once
+    finally:
+        await a.peers.stop()
+        await b.peers.stop()
+
+
+async def test_a_silent_peer_is_taken_as_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peers_module, "SILENT_S", 0.3)
+    b = _Copy([])
+    await b.peers.start()
+    try:
+        _, writer, status = await _raw_sender(b)
+        assert status == STATUS_OK
+        writer.write(sent_frame(1, "r0", 800))  # then nothing: its node died, no FIN
+        await wait_until_async(lambda: b.queued("r0") == (800, 1), 5.0, "b hears it")
+        await wait_until_async(lambda: b.queued("r0") == (0, 0), 5.0,
+                               "b lets go of the silent peer's request")
+        assert b.peers.counts.peers_in == 0
+        writer.close()
+    finally:
+        await b.peers.stop()
+
+
+async def test_a_quiet_link_stays_up_on_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peers_module, "SILENT_S", 0.5)
+    monkeypatch.setattr(peers_module, "HEARTBEAT_S", 0.1)
+    b = _Copy([])
+    await b.peers.start()
+    a = _Copy([b.address()])
+    await a.peers.start()
+    try:
+        await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
+        a.fleet.sent("r0", 300)
+        await asyncio.sleep(1.0)  # twice the silence allowed, with nothing but heartbeats
+        assert b.queued("r0") == (300, 1) and b.peers.counts.peers_in == 1
+    finally:
+        await a.peers.stop()
+        await b.peers.stop()
+
+
+async def test_a_peer_too_far_behind_is_disconnected_not_left_with_load(
+        pair: tuple[_Copy, _Copy]) -> None:
+    a, b = pair
+    a.peers.config = PeersConfig(listen="127.0.0.1:0", addresses=[b.address()],
+                                 secret=SECRET, queue_frames=2)
+    first = a.fleet.sent("r0", 100)
+    await wait_until_async(lambda: b.queued("r0") == (100, 1), 5.0, "b hears a")
+    for _ in range(3):  # three frames queued before the writer runs: one too many
+        a.fleet.sent("r1", 10)
+    a.fleet.done(first)  # its DONE is lost with the connection, and b lets go anyway
+    await wait_until_async(lambda: b.queued("r0") == (0, 0) and b.queued("r1") == (0, 0),
+                           5.0, "b lets go of everything a had pending")
+    await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a links again")
+    a.fleet.sent("r2", 7)
+    await wait_until_async(lambda: b.queued("r2") == (7, 1), 5.0, "b hears a again")
+
+
+def test_a_seq_seen_twice_and_an_unknown_replica_leave_no_load() -> None:
+    fleet = Fleet(list(REPLICAS))
+    table = _PeerTable(fleet)
+    table.sent(Sent(7, "r0", 1000))
+    table.sent(Sent(7, "r0", 1000))
+    table.sent(Sent(8, "gone", 1000))  # a replica this copy does not route to
+    table.settled(Settled(DONE, 7))
+    table.let_go(float("inf"))
+    view = next(v for v in fleet.views() if v.id == "r0")
+    assert (view.queued_tokens, view.in_flight) == (0, 0)
+    assert fleet.get("gone") is None
 
 
 async def test_a_copy_listed_among_its_own_peers_skips_itself() -> None:
