@@ -23,8 +23,13 @@ receiver lets go of everything that peer had pending; a pending request unheard 
 skipped. Each copy has a random instance id, sent in the handshake: an address that
 reaches the copy itself (its own pod behind a headless Service), or a second address of a
 copy already linked, is found there and not used. At most ``MAX_HANDSHAKES`` connections
-may be proving the secret at once. Not with worker processes (``serve --workers``): the
-config is refused.
+may be proving the secret at once. With worker processes (``serve --workers``) every worker
+links to the peers and sends its own routes, and all of them listen on the peers port
+(``SO_REUSEPORT``: the kernel spreads the peers' connections over them); they share one
+instance id, so a link to the box itself is found whichever worker answers; a peer's
+pending prefill lands in the box's shared accounting (``shared_load``), which every worker
+reads, and its routes teach the policy of the worker that received them, as the box's own
+requests teach the worker that served them.
 """
 
 from __future__ import annotations
@@ -231,7 +236,11 @@ def _retrieve(future: asyncio.Future[bytes]) -> None:
 class Peers:
     """This copy's links to its peers and its listener for theirs (see the module)."""
 
-    def __init__(self, config: PeersConfig, fleet: Fleet, policy: Policy) -> None:
+    def __init__(self, config: PeersConfig, fleet: Fleet, policy: Policy,
+                 box: bytes | None = None) -> None:
+        """``box``: the instance id of a worker process's box (``serve --workers``): every
+        worker of it listens on the one port (``SO_REUSEPORT``), and each sends its own
+        routes."""
         secret = config.resolved_secret()
         if secret is None:
             raise ValueError("peers need a secret")
@@ -239,7 +248,8 @@ class Peers:
         self.fleet = fleet
         self.policy = policy
         self.secret = secret.encode()
-        self.instance = os.urandom(ID_BYTES)
+        self.instance = os.urandom(ID_BYTES) if box is None else box
+        self._reuse_port = box is not None
         self.counts = PeerCounts()
         self._links: dict[tuple[str, int], _Link] = {}
         self._seq = 0
@@ -287,7 +297,8 @@ class Peers:
         cfg = self.config
         if cfg.listen is not None:
             host, port = split_address(cfg.listen, "peers.listen", any_port=True)
-            self._server = await asyncio.start_server(self._accept, host, port)
+            self._server = await asyncio.start_server(self._accept, host, port,
+                                                      reuse_port=self._reuse_port or None)
             sockname = self._server.sockets[0].getsockname()
             self.address = (sockname[0], sockname[1])
         self._sweeper = asyncio.create_task(self._sweep(), name="kvgate-peers-sweep")

@@ -36,9 +36,6 @@ def run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {args.workers!r}")
         if args.workers > 1:
-            if config.peers.on:
-                raise ConfigError(f"{args.config}: peers are not supported with --workers "
-                                  f"{args.workers}: run one worker per gateway copy")
             return _supervise(config, args)
         gw = build_state(config)
         app = create_app(config, gw)

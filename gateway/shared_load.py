@@ -24,6 +24,7 @@ stop, and never off by more than the requests moving at that moment.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from multiprocessing import shared_memory
 from typing import NamedTuple
@@ -66,6 +67,11 @@ class SharedLoad:
         self.worker = worker
         self.slots = slots
         self.clear_own()
+
+    @property
+    def box_id(self) -> bytes:
+        """16 bytes naming the box (its block, which every worker of it opens)."""
+        return hashlib.blake2b(self._block.name.encode(), digest_size=16).digest()
 
     @staticmethod
     def size(workers: int, slots: int) -> int:

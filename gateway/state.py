@@ -92,10 +92,9 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
                       Capture(config.capture, config.prefix_report),
                       CapacityEstimator(fleet, config.scrape.kv_capacity_estimate))
     if config.peers.on:
-        if shared is not None:
-            raise ValueError("peers are not supported with worker processes (--workers): "
-                             "run one worker per gateway copy")
-        gw.peers = Peers(config.peers, fleet, policy)
+        # a box's workers share one instance id (a link from one of them to its own box
+        # is found as its own whichever worker answers) and the peers port
+        gw.peers = Peers(config.peers, fleet, policy, shared.box_id if shared else None)
         fleet.outbox = gw.peers
         metrics.watch_peers(gw.peers.counts)
     return gw

@@ -1,6 +1,6 @@
-"""Two ``kvgate serve`` processes in front of one replica, peered (``gateway.peers``): a
-request through one raises the queue the other sees for its replica before the first
-byte returns, and both let go of it once answered."""
+"""Two ``kvgate serve`` gateways in front of one replica, peered (``gateway.peers``), each
+one process or two workers: a request through one raises the queue the other sees for its
+replica before the first byte returns, and both let go of it once answered."""
 
 from __future__ import annotations
 
@@ -26,15 +26,17 @@ SECRET = "peer-secret-for-tests-0123"
 
 
 def _metrics(url: str) -> dict[Any, float]:
-    return samples(httpx.get(f"{url}/metrics").text)
+    return samples(httpx.get(f"{url}/metrics", headers={"connection": "close"}).text)
 
 
 def _replica(url: str, name: str) -> float | None:
     return _metrics(url).get((name, (("replica", "r0"),)))
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
-        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path,
+        workers: int) -> None:
     behaviour = Behaviour("r0", chunks=2)
     replica = serve(fake_replica(behaviour))
     ports = [free_port() for _ in range(2)]
@@ -50,14 +52,22 @@ def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
             "peers": {"listen": f"127.0.0.1:{peer_ports[i]}",
                       "addresses": [f"127.0.0.1:{p}" for p in peer_ports],
                       "secret": SECRET}}))
-        spawn("serve", "--config", str(config), ready_url=f"{urls[i]}/ready")
-    def linked(url: str) -> bool:
-        seen = _metrics(url)
-        return seen.get(("kvgate_peer_links_up", ())) == 1 \
-            and seen.get(("kvgate_peer_links_in", ())) == 1
+        spawn("serve", "--config", str(config), "--workers", str(workers),
+              ready_url=f"{urls[i]}/ready")
 
-    for url in urls:  # one link out each (the one to itself found and dropped), one in
-        wait_until(functools.partial(linked, url), 20, f"{url} to link with the other copy")
+    def linked(url: str, seen: dict[str, bool]) -> bool:
+        """Whether every worker (a new connection each time: the kernel hands it to
+        either) has its link out up; with one process, and one link in from the other
+        copy (with workers, the other box's links spread over them)."""
+        r = httpx.get(f"{url}/metrics", headers={"connection": "close"})
+        got = samples(r.text)
+        seen[r.headers.get("x-kvgate-worker", "0")] = \
+            got.get(("kvgate_peer_links_up", ())) == 1 and (
+                workers > 1 or got.get(("kvgate_peer_links_in", ())) == 1)
+        return len(seen) == workers and all(seen.values())
+
+    for url in urls:  # one link out each: the one to its own box is found and dropped
+        wait_until(functools.partial(linked, url, {}), 20, f"{url} to link with the other")
 
     with held_stream(behaviour, urls[0]) as chunks:
         # the replica holds its first byte: the copy that did not route it counts it too
@@ -71,4 +81,5 @@ def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
     wait_until(lambda: _replica(urls[1], "kvgate_replica_in_flight") == 0
                and _replica(urls[1], "kvgate_replica_queued_tokens") == 0,
                20, "the other copy to see it answered")
-    assert _metrics(urls[1]).get(("kvgate_peer_frames_received_total", ()), 0) >= 4
+    if workers == 1:  # (with workers, each worker counts only the frames it received)
+        assert _metrics(urls[1]).get(("kvgate_peer_frames_received_total", ()), 0) >= 4

@@ -3,12 +3,10 @@ two copies' ``Peers`` over real loopback TCP."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import random
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import pytest
 
@@ -37,7 +35,6 @@ from gateway.peer_wire import (
     seq_frame,
 )
 from gateway.peers import Peers, _PeerTable
-from gateway.serve import add_arguments, run
 from gateway.state import build_state
 from policies.base import Routed, RouteRequest
 from policies.config import ConfigError
@@ -112,17 +109,6 @@ def test_peers_need_a_long_secret_and_addresses_that_parse() -> None:
         parse_config({**base, "peers": {"addresses": ["gw-a:8002", "gw-b"],
                                         "secret": SECRET}})
     assert not parse_config(base).peers.on  # off unless configured
-
-
-def test_peers_are_refused_with_worker_processes(tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "gw.yaml"
-    path.write_text("replicas: [{id: r0, url: 'http://127.0.0.1:9'}]\n"
-                    f"peers: {{listen: '127.0.0.1:0', secret: {SECRET}}}\n")
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    assert run(parser.parse_args(["--config", str(path), "--workers", "2"])) == 2
-    assert "peers are not supported with --workers 2" in capsys.readouterr().err
 
 
 class _Copy:
