@@ -292,21 +292,18 @@ async def test_a_silent_peer_is_taken_as_gone(monkeypatch: pytest.MonkeyPatch) -
         await b.peers.stop()
 
 
-async def test_a_quiet_link_stays_up_on_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fast_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(peers_module, "SILENT_S", 0.5)
     monkeypatch.setattr(peers_module, "HEARTBEAT_S", 0.1)
-    b = _Copy([])
-    await b.peers.start()
-    a = _Copy([b.address()])
-    await a.peers.start()
-    try:
-        await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
-        a.fleet.sent("r0", 300)
-        await asyncio.sleep(1.0)  # twice the silence allowed, with nothing but heartbeats
-        assert b.queued("r0") == (300, 1) and b.peers.counts.peers_in == 1
-    finally:
-        await a.peers.stop()
-        await b.peers.stop()
+
+
+async def test_a_quiet_link_stays_up_on_heartbeats(fast_heartbeats: None,
+                                                   pair: tuple[_Copy, _Copy]) -> None:
+    a, b = pair
+    a.fleet.sent("r0", 300)
+    await asyncio.sleep(1.0)  # twice the silence allowed, with nothing but heartbeats
+    assert b.queued("r0") == (300, 1) and b.peers.counts.peers_in == 1
 
 
 async def test_a_peer_too_far_behind_is_disconnected_not_left_with_load(
