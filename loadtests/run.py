@@ -49,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.eviction import EVICTION_POLICIES
 from loadtests import engine_counters
+from loadtests.hot_misses import hot_misses
 from loadtests.local_fleet import LocalFleet, LocalFleetSpec
 
 HERE = Path(__file__).parent
@@ -104,6 +105,26 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
         return {"p50": None, "p95": None, "p99": None}
     a = np.asarray(values)
     return {f"p{q}": float(np.percentile(a, q)) for q in (50, 95, 99)}
+
+
+# shared tokens a hot request recomputed, at least, to count as a miss: the replicas count
+# a document in their own tokens (and the chat template's), not quite the workload's
+MISS_TOLERANCE = 64
+
+
+def _hot_misses(cfg: RunConfig, ok: list[dict[str, Any]]) -> dict[str, dict[str, int]] | None:
+    """The contracts scenario's hot misses by cause (``hot_misses``), as the simulator
+    reports them, from the answered requests' replicas and cached tokens."""
+    from loadtests.workloads import build_spec, generate
+
+    known = [s for s in ok if s.get("replica") and s.get("cached_tokens") is not None]
+    if cfg.scenario != "contracts" or not known:
+        return None
+    spec = build_spec("contracts", **{**cfg.workload, "seed": cfg.seed})
+    requests = generate(spec, max(s["index"] for s in known) + 1)
+    return hot_misses([requests[s["index"]] for s in known],
+                      {s["index"]: s["replica"] for s in known},
+                      {s["index"]: s["cached_tokens"] for s in known}, MISS_TOLERANCE)
 
 
 def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Progress | None,
@@ -204,6 +225,7 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         "replica_prefill_tokens": [int(r["queries"] - r["hits"])
                                    for r in counters.per_replica],
         "routes": dict(Counter(s.get("route") for s in ok)),
+        "hot_misses": _hot_misses(cfg, ok),
         "preemptions": int(counters.total("preemptions")),
         # how much later than their cost model the engine steps ended, as a share of the
         # modeled time: a host too busy for its fleet (every first token that much later)

@@ -29,6 +29,12 @@ def test_two_policies_on_a_local_fleet(tmp_path):
         # the sim engines' steps ran for a modeled time, and how late they ended was read
         assert r["engine_lateness"] is not None and r["engine_lateness"] >= 0
         assert len(r["replica_engine_lateness"]) == cfg.replicas
+        # where the hot documents were lost, as the simulator reports it: each of the 4
+        # hot documents' first request misses, if it came
+        misses = r["hot_misses"]
+        assert set(misses) == {"first", "moved", "evicted"}
+        assert 1 <= misses["first"]["requests"] <= 4
+        assert misses["first"]["tokens"] > 500 * misses["first"]["requests"]
     assert out["policies"]["round_robin"]["routes"] == {"round_robin":
                                                        out["policies"]["round_robin"]["requests_ok"]}
     report = (tmp_path / "report" / "report.md").read_text()
