@@ -107,6 +107,7 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
     return {f"p{q}": float(np.percentile(a, q)) for q in (50, 95, 99)}
 
 
+STREAM_REQUESTS = 200_000  # the workload stream the Locust clients draw from
 # shared tokens a hot request recomputed, at least, to count as a miss: the replicas count
 # a document in their own tokens (and the chat template's), not quite the workload's
 MISS_TOLERANCE = 64
@@ -121,7 +122,9 @@ def _hot_misses(cfg: RunConfig, ok: list[dict[str, Any]]) -> dict[str, dict[str,
     if cfg.scenario != "contracts" or not known:
         return None
     spec = build_spec("contracts", **{**cfg.workload, "seed": cfg.seed})
-    requests = generate(spec, max(s["index"] for s in known) + 1)
+    # the stream the clients drew from: which document a request asks for depends on the
+    # stream's length, not only on its index
+    requests = generate(spec, STREAM_REQUESTS)
     return hot_misses([requests[s["index"]] for s in known],
                       {s["index"]: s["replica"] for s in known},
                       {s["index"]: s["cached_tokens"] for s in known}, MISS_TOLERANCE)
@@ -134,7 +137,7 @@ def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Prog
     env = dict(os.environ)
     env.update({
         "KVGATE_WORKLOAD": json.dumps({"params": {**cfg.workload, "seed": cfg.seed},
-                                       "requests": 200_000}),
+                                       "requests": STREAM_REQUESTS}),
         "KVGATE_RATE": str(cfg.rate),
         "KVGATE_USERS": str(cfg.users),
         "KVGATE_SAMPLES": str(samples),
