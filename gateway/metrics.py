@@ -76,6 +76,15 @@ class _FleetCollector(Collector):
         yield from (queued, health, hit, inflight, refused, fleet)
 
 
+def _unlabelled(family: type[CounterMetricFamily] | type[GaugeMetricFamily],
+                rows: Sequence[tuple[str, str, float]]) -> Iterator[Metric]:
+    """One family of ``family``'s kind per (name, help, value), without labels."""
+    for name, text, value in rows:
+        metric = family(name, text)
+        metric.add_metric([], value)
+        yield metric
+
+
 class KVEventCounts(Protocol):
     messages: int
     malformed: int
@@ -91,7 +100,7 @@ class _KVEventCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s, stats = self.source, self.source.index.stats
-        for name, text, value in (
+        yield from _unlabelled(CounterMetricFamily, (
             ("kvgate_kv_event_messages", "KV event messages applied", s.messages),
             ("kvgate_kv_event_malformed", "KV event messages skipped as malformed",
              s.malformed),
@@ -106,10 +115,7 @@ class _KVEventCollector(Collector):
              stats.orphans),
             ("kvgate_kv_event_restarts", "Replicas whose KV event sequence went back "
              "(restarted): their blocks were cleared", stats.restarts),
-        ):
-            family = CounterMetricFamily(name, text)
-            family.add_metric([], value)
-            yield family
+        ))
 
 
 class PeerCounts(Protocol):
@@ -128,7 +134,7 @@ class _PeerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.source
-        for name, text, value in (
+        yield from _unlabelled(CounterMetricFamily, (
             ("kvgate_peer_frames_sent", "Frames sent to peer gateway copies", s.frames_sent),
             ("kvgate_peer_frames_dropped", "Frames not sent: the peer was down or too far "
              "behind", s.frames_dropped),
@@ -138,17 +144,11 @@ class _PeerCollector(Collector):
              s.malformed),
             ("kvgate_peer_refused", "Peer handshakes refused (the secrets differ)",
              s.refused),
-        ):
-            family = CounterMetricFamily(name, text)
-            family.add_metric([], value)
-            yield family
-        for name, text, value in (
+        ))
+        yield from _unlabelled(GaugeMetricFamily, (
             ("kvgate_peer_links_up", "Connections this copy sends its peers on", s.links_up),
             ("kvgate_peer_links_in", "Connections peers send this copy on", s.peers_in),
-        ):
-            gauge = GaugeMetricFamily(name, text)
-            gauge.add_metric([], value)
-            yield gauge
+        ))
 
 
 class DiscoveryCounts(Protocol):

@@ -121,7 +121,8 @@ class _Link:
         self.task: asyncio.Task[None] | None = None
 
     def push(self, frame: bytes) -> None:
-        if not self.up or self.overflow:
+        """Queue ``frame`` (the link is up: ``Peers._broadcast`` asks only those)."""
+        if self.overflow:
             self.peers.counts.frames_dropped += 1
             return
         cfg = self.peers.config

@@ -428,13 +428,14 @@ class Cost(Policy):
                 r = replicas[i]
                 t = pace / r.weight if r.weight > 0 else math.inf
                 wait = wait_of(i)
-                prefill = (p - matched.get(i, 0)) * t * cfg.prefill_weight
+                uncached = (p - matched.get(i, 0)) * t
+                prefill = uncached * cfg.prefill_weight
                 misplaced = cfg.scratch_loss * p * t \
                     if hot and i in in_scratch and i != first else 0.0
                 # past the first token an idle replica would give the whole prompt
                 # uncached, with tail_slack, this request would be in the tail
-                late = cfg.tail_weight * max(
-                    0.0, wait + (p - matched.get(i, 0)) * t - (1.0 + cfg.tail_slack) * p * t)
+                late = cfg.tail_weight * max(0.0, wait + uncached
+                                             - (1.0 + cfg.tail_slack) * p * t)
                 bounds.append((wait + prefill + misplaced + late, order, i, wait, prefill,
                                misplaced, late))
             bounds.sort()

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+from collections.abc import Callable
 
 import matplotlib.image as plt_image
 import numpy as np
@@ -11,7 +12,14 @@ from engine.request import SamplingParams
 from engine.sim_executor import SimExecutor
 from loadtests.scenarios import SCENARIOS
 from loadtests.sim_fleet import FleetSpec, SimFleet
-from loadtests.simulate import Simulation, build_policy, main, poisson_arrivals, simulate
+from loadtests.simulate import (
+    PolicyResult,
+    Simulation,
+    build_policy,
+    main,
+    poisson_arrivals,
+    simulate,
+)
 from loadtests.workloads import ContractsSpec, build_spec, generate
 
 # Small enough to evict and preempt: 64 blocks of 16 tokens per replica, prompts of
@@ -173,12 +181,32 @@ SMALL_LIBRARY = ContractsSpec(num_docs=200, hot_docs=25, doc_tokens=1500,
 SMALL_RATE = 6.5
 
 
-def test_cost_earns_more_hits_than_prefix_affinity_in_front_of_lru_caches():
+@pytest.fixture(scope="module")
+def small() -> Callable[[str], PolicyResult]:
+    """The small library's runs by kind, each simulated once (they are deterministic):
+    one gateway with a policy by name, or two ``cost`` copies (``two``), peered
+    (``peered``). ``small.requests`` and ``small.arrivals`` are what they ran."""
     requests = generate(SMALL_LIBRARY, 2000)
     arrivals = poisson_arrivals(len(requests), SMALL_RATE, 1)
-    rr = simulate(requests, arrivals, build_policy("round_robin"), SMALL_LRU)
-    pa = simulate(requests, arrivals, build_policy("prefix_affinity"), SMALL_LRU)
-    cost = simulate(requests, arrivals, build_policy("cost"), SMALL_LRU)
+    done: dict[str, PolicyResult] = {}
+
+    def run(kind: str) -> PolicyResult:
+        if kind not in done:
+            if kind in ("two", "peered"):
+                done[kind] = simulate(requests, arrivals,
+                                      [build_policy("cost"), build_policy("cost")],
+                                      SMALL_LRU, seed=5, peers=kind == "peered")
+            else:
+                done[kind] = simulate(requests, arrivals, build_policy(kind), SMALL_LRU)
+        return done[kind]
+
+    run.requests, run.arrivals = requests, arrivals  # type: ignore[attr-defined]
+    return run
+
+
+def test_cost_earns_more_hits_than_prefix_affinity_in_front_of_lru_caches(small):
+    requests = small.requests
+    rr, pa, cost = small("round_robin"), small("prefix_affinity"), small("cost")
     assert cost.token_hit_rate > pa.token_hit_rate + 0.015
     assert cost.ttft_p95_s < rr.ttft_p95_s and cost.ttft_p95_s < pa.ttft_p95_s
     assert cost.reasons.get("scratch", 0) > 0
@@ -188,26 +216,18 @@ def test_cost_earns_more_hits_than_prefix_affinity_in_front_of_lru_caches():
     assert hot_cost > hot_pa  # one-off documents kept away from the hot ones
 
 
-def test_two_gateway_copies_each_route_a_share_and_keep_the_cache_win():
-    requests = generate(SMALL_LIBRARY, 2000)
-    arrivals = poisson_arrivals(len(requests), SMALL_RATE, 1)
-    rr = simulate(requests, arrivals, build_policy("round_robin"), SMALL_LRU)
-    two = simulate(requests, arrivals, [build_policy("cost"), build_policy("cost")],
-                   SMALL_LRU, seed=5)
-    assert sum(two.replica_requests) == len(requests)
+def test_two_gateway_copies_each_route_a_share_and_keep_the_cache_win(small):
+    rr, two = small("round_robin"), small("two")
+    assert sum(two.replica_requests) == len(small.requests)
     # each copy models only what it sent: the win shrinks (see the README) but stays
     assert two.token_hit_rate > 2 * rr.token_hit_rate
 
 
-def test_engines_publishing_kv_events_let_two_gateway_copies_hit_as_one_does():
-    requests = generate(SMALL_LIBRARY, 2000)
-    arrivals = poisson_arrivals(len(requests), SMALL_RATE, 1)
-    one = simulate(requests, arrivals, build_policy("cost"), SMALL_LRU)
+def test_engines_publishing_kv_events_let_two_gateway_copies_hit_as_one_does(small):
+    one, blind = small("cost"), small("two")
     published = dataclasses.replace(SMALL_LRU, kv_events=True)
     copies = [build_policy("cost"), build_policy("cost")]
-    blind = simulate(requests, arrivals, [build_policy("cost"), build_policy("cost")],
-                     SMALL_LRU, seed=5)
-    seeing = simulate(requests, arrivals, copies, published, seed=5)
+    seeing = simulate(small.requests, small.arrivals, copies, published, seed=5)
     # each copy's model misses what the other sent; the engines' events tell both
     assert seeing.token_hit_rate > blind.token_hit_rate + 0.02
     assert seeing.token_hit_rate > one.token_hit_rate - 0.01
@@ -216,14 +236,8 @@ def test_engines_publishing_kv_events_let_two_gateway_copies_hit_as_one_does():
         assert sum(policy.kv_index.num_blocks(f"r{i}") for i in range(4)) > 0
 
 
-def test_peered_gateway_copies_hit_as_one_does_and_share_its_tail():
-    requests = generate(SMALL_LIBRARY, 2000)
-    arrivals = poisson_arrivals(len(requests), SMALL_RATE, 1)
-    one = simulate(requests, arrivals, build_policy("cost"), SMALL_LRU)
-    blind = simulate(requests, arrivals, [build_policy("cost"), build_policy("cost")],
-                     SMALL_LRU, seed=5)
-    peered = simulate(requests, arrivals, [build_policy("cost"), build_policy("cost")],
-                      SMALL_LRU, seed=5, peers=True)
+def test_peered_gateway_copies_hit_as_one_does_and_share_its_tail(small):
+    one, blind, peered = small("cost"), small("two"), small("peered")
     # each copy counts the other's pending prefill and learns where it sent a document
     assert peered.token_hit_rate > blind.token_hit_rate + 0.01
     assert peered.token_hit_rate > one.token_hit_rate - 0.01
