@@ -20,26 +20,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from loadtests.replica_prompts import ReplicaPrompts, WorkloadIds
 from loadtests.workloads import WorkloadRequest
 
 CAUSES = ("first", "moved", "evicted")
 
 
-def shared_tokens(req: WorkloadRequest) -> int:
-    """Tokens of ``req``'s leading shared segments."""
-    total = 0
-    for seg in req.segments:
-        if not seg.shared:
-            break
-        total += seg.length
-    return total
-
-
 def hot_misses(requests: Sequence[WorkloadRequest], chosen: Mapping[int, str],
-               cached: Mapping[int, int], block_size: int) -> dict[str, dict[str, int]]:
+               cached: Mapping[int, int], block_size: int,
+               prompts: ReplicaPrompts | None = None) -> dict[str, dict[str, int]]:
     """Per cause (``CAUSES``): the hot requests that missed and the shared tokens they
     recomputed. ``chosen`` and ``cached`` map a request's index to the replica it was
-    sent to and the tokens that replica found cached."""
+    sent to and the tokens that replica found cached; ``prompts`` says how many tokens the
+    shared segments take on the replicas (default: the workload's own ids)."""
+    prompts = prompts or WorkloadIds()
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size!r}")
     out = {cause: {"requests": 0, "tokens": 0} for cause in CAUSES}
@@ -50,7 +44,7 @@ def hot_misses(requests: Sequence[WorkloadRequest], chosen: Mapping[int, str],
         last[req.affinity_key] = replica
         if req.label != "hot":
             continue
-        lost = shared_tokens(req) - cached[req.index]
+        lost = prompts.shared_len(req) - cached[req.index]
         if lost < block_size:
             continue
         cause = "first" if previous is None else "evicted" if previous == replica else "moved"

@@ -11,7 +11,8 @@ A block is never used by more requests than its parent, so taking blocks by desc
 count (parents first on ties) yields a prefix-closed set, the best static one.
 
 Blocks outside the shared leading segments (the one-off tail) are used once and never
-counted; only ``PrefixHashes.shared_hashes`` is consulted.
+counted; only ``PrefixHashes.shared_hashes`` is consulted. Token counts are the replicas'
+(``prompts``: the workload's own ids by default).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loadtests.prefix_hashes import PrefixHashes
+from loadtests.replica_prompts import ReplicaPrompts, WorkloadIds, shared_segments
 from loadtests.workloads import WorkloadRequest
 
 
@@ -34,8 +36,9 @@ class OracleBound:
 
 
 def oracle_bound(requests: Sequence[WorkloadRequest], hashes: PrefixHashes,
-                 capacity_blocks: int) -> OracleBound:
+                 capacity_blocks: int, prompts: ReplicaPrompts | None = None) -> OracleBound:
     """Upper bound on the token hit rate of any static placement of ``capacity_blocks``."""
+    prompts = prompts or WorkloadIds()
     bs = hashes.block_size
     # Requests with the same shared prefix and the same cap use the same blocks: count
     # such groups first, then spread each group's count over its blocks.
@@ -43,25 +46,22 @@ def oracle_bound(requests: Sequence[WorkloadRequest], hashes: PrefixHashes,
     by_group: dict[tuple[tuple[str, ...], int], WorkloadRequest] = {}
     prompt_tokens = 0
     for req in requests:
-        prompt_tokens += req.prompt_tokens
-        shared = []
-        shared_len = 0
-        for seg in req.segments:
-            if not seg.shared:
-                break
-            shared.append(seg.key)
-            shared_len += seg.length
-        usable = min(shared_len // bs, (req.prompt_tokens - 1) // bs)
+        prompt_len = prompts.prompt_len(req)
+        prompt_tokens += prompt_len
+        shared = tuple(seg.key for seg in shared_segments(req))
+        if not shared:
+            continue
+        usable = min(prompts.shared_len(req) // bs, (prompt_len - 1) // bs)
         if usable <= 0:
             continue
-        key = (tuple(shared), usable)
+        key = (shared, usable)
         groups[key] += 1
         by_group.setdefault(key, req)
     uses: Counter[bytes] = Counter()
     depth: dict[bytes, int] = {}
     for key, count in groups.items():
         req = by_group[key]
-        chain = hashes.shared_hashes(req, req.token_ids())[: key[1]]
+        chain = hashes.shared_hashes(req, prompts.ids(req), prompts.shared_len(req))[: key[1]]
         for i, h in enumerate(chain):
             uses[h] += count
             depth[h] = i

@@ -50,14 +50,17 @@ class PrefixHashes:
                 return n, hit
         return 0, []
 
-    def shared_hashes(self, request: WorkloadRequest, token_ids: list[int]) -> list[BlockHash]:
-        """Hashes of the full blocks inside the request's shared leading segments."""
+    def shared_hashes(self, request: WorkloadRequest, token_ids: list[int],
+                      shared_len: int | None = None) -> list[BlockHash]:
+        """Hashes of the full blocks inside the request's shared leading segments, which
+        take ``shared_len`` of ``token_ids`` (default: the segments' lengths)."""
         keys = self._shared_prefix(request)
         if not keys:
             return []
         done, hashes = self._lookup(keys)
         if done < len(keys):
-            shared_len = sum(s.length for s in request.segments[: len(keys)])
+            if shared_len is None:
+                shared_len = sum(s.length for s in request.segments[: len(keys)])
             start = len(hashes) * self.block_size
             end = shared_len // self.block_size * self.block_size
             parent = hashes[-1] if hashes else None
@@ -68,9 +71,10 @@ class PrefixHashes:
                 self._memo.popitem(last=False)
         return hashes
 
-    def hashes(self, request: WorkloadRequest, token_ids: list[int]) -> list[BlockHash]:
+    def hashes(self, request: WorkloadRequest, token_ids: list[int],
+               shared_len: int | None = None) -> list[BlockHash]:
         """Hashes of every full block of the prompt ``token_ids`` of ``request``."""
-        shared = self.shared_hashes(request, token_ids)
+        shared = self.shared_hashes(request, token_ids, shared_len)
         start = len(shared) * self.block_size
         end = len(token_ids) // self.block_size * self.block_size
         if start == end:

@@ -108,15 +108,17 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 
 
 STREAM_REQUESTS = 200_000  # the workload stream the Locust clients draw from
-# shared tokens a hot request recomputed, at least, to count as a miss: the replicas count
-# a document in their own tokens (and the chat template's), not quite the workload's
-MISS_TOLERANCE = 64
+ENGINE_BLOCK_SIZE = 16  # the engines' (``kvgate engine --block-size``' default)
 
 
 def _hot_misses(cfg: RunConfig, ok: list[dict[str, Any]]) -> dict[str, dict[str, int]] | None:
     """The contracts scenario's hot misses by cause (``hot_misses``), as the simulator
-    reports them, from the answered requests' replicas and cached tokens."""
-    from loadtests.workloads import build_spec, generate
+    reports them, from the answered requests' replicas and cached tokens. A document's
+    shared tokens are counted as the engines count them: its chat rendered and tokenized by
+    their tokenizer, as the clients sent it."""
+    from kvwire.tokenizer import load_tokenizer
+    from loadtests.replica_prompts import RenderedPrompts
+    from loadtests.workloads import SegmentContent, build_spec, generate
 
     known = [s for s in ok if s.get("replica") and s.get("cached_tokens") is not None]
     if cfg.scenario != "contracts" or not known:
@@ -124,10 +126,13 @@ def _hot_misses(cfg: RunConfig, ok: list[dict[str, Any]]) -> dict[str, dict[str,
     spec = build_spec("contracts", **{**cfg.workload, "seed": cfg.seed})
     # the stream the clients drew from: which document a request asks for depends on the
     # stream's length, not only on its index
-    requests = generate(spec, STREAM_REQUESTS)
+    content = SegmentContent(spec.seed, replica_tokens_per_word(cfg.engine_tokenizer))
+    requests = generate(spec, STREAM_REQUESTS, content)
+    engines = RenderedPrompts(load_tokenizer(cfg.engine_tokenizer))
     return hot_misses([requests[s["index"]] for s in known],
                       {s["index"]: s["replica"] for s in known},
-                      {s["index"]: s["cached_tokens"] for s in known}, MISS_TOLERANCE)
+                      {s["index"]: s["cached_tokens"] for s in known}, ENGINE_BLOCK_SIZE,
+                      engines)
 
 
 def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Progress | None,

@@ -186,12 +186,15 @@ class SimFleet:
         return self.states[gateway].views(now=now)
 
     def add(self, replica: SimReplica, req: WorkloadRequest, token_ids: list[int],
-            now: float) -> None:
+            now: float, shared_len: int | None = None) -> None:
+        """Queue ``req`` (prompt ``token_ids``, of which its shared segments take
+        ``shared_len``; default: the segments' lengths) on ``replica``."""
         core = replica.core
         # ignore_eos: every answer has exactly ``max_tokens`` tokens, as in the HTTP runs.
         params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True, seed=req.index)
         request = core.make_request(f"req{req.index}", token_ids, params,
-                                    block_hashes=self.hashes.hashes(req, token_ids))
+                                    block_hashes=self.hashes.hashes(req, token_ids,
+                                                                    shared_len))
         core.add_request(request, now=now)
         replica.routed += 1
-        replica.routed_prompt_tokens += req.prompt_tokens
+        replica.routed_prompt_tokens += len(token_ids)

@@ -39,6 +39,7 @@ from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.hot_misses import hot_misses
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
+from loadtests.replica_prompts import RenderedPrompts, ReplicaPrompts, WorkloadIds
 from loadtests.scenarios import SCENARIOS
 from loadtests.sim_fleet import DIALECTS, FleetSpec, SimFleet, SimReplica
 from loadtests.workloads import WorkloadRequest, build_spec, generate
@@ -120,18 +121,23 @@ class Simulation:
 
     Requests go through the gateway's own path: ``Router.build`` makes each
     ``RouteRequest`` (from token ids, or from chat messages and tools rendered and
-    tokenized by the gateway's tokenizer when ``prompts`` is ``"text"``; the replicas
-    then count other tokens than the gateway, as real ones do), views come from the
+    tokenized by the gateway's tokenizer when ``prompts`` is ``"text"``), views come from the
     gateway's ``Fleet`` accounting (see ``sim_fleet``), a replica's answer teaches the
     token calibration. With several gateway copies each request goes to one at random,
     as behind a Kubernetes Service; with ``peers`` each copy is told of the others'
     routes and pending prefill at once (``gateway.peers``: a LAN's round trip is far
     below a step).
+
+    What the replicas compute is ``replica_prompts``: by default the workload's own ids, a
+    tokenizer unlike the gateway's; ``RenderedPrompts`` renders and tokenizes each chat as
+    a real engine does (``loadtests.run``'s engines: with the gateway's tokenizer, their
+    figures are comparable to these).
     """
 
     def __init__(self, fleet: SimFleet, policy: Policy | Sequence[Policy],
                  tokenizer: PromptTokenizer | None = None, prompts: str = "ids",
-                 seed: int = 0, peers: bool = False) -> None:
+                 seed: int = 0, peers: bool = False,
+                 replica_prompts: ReplicaPrompts | None = None) -> None:
         if prompts not in ("ids", "text"):
             raise ValueError(f"prompts must be 'ids' or 'text', got {prompts!r}")
         policies = [policy] if isinstance(policy, Policy) else list(policy)
@@ -141,6 +147,7 @@ class Simulation:
         self.policies = policies
         self.policy = policies[0]
         self.prompts = prompts
+        self.replica_prompts = replica_prompts or WorkloadIds()
         self.peers = peers and len(policies) > 1
         tokenizer = tokenizer or load_tokenizer(None, memo_size=4096)
         self.routers = [Router(p, tokenizer, state, 1)
@@ -214,7 +221,7 @@ class Simulation:
                 for copy, pending in f.peers:
                     self.fleet.states[copy].done(pending)
                 cached = state.answered(f.route.model, f.route.prompt_tokens,
-                                        req.prompt_tokens, o.num_cached_tokens)
+                                        o.num_prompt_tokens, o.num_cached_tokens)
                 self.policies[f.gateway].observe(Finished(
                     f.route, f.replica, True, cached, self.ttft.get(req.index),
                     now - f.pending.sent_at))
@@ -229,7 +236,7 @@ class Simulation:
         return ParsedRequest("completions", {}, model, True, None, ids, None, None, None)
 
     def _arrive(self, req: WorkloadRequest, now: float) -> None:
-        ids = req.token_ids()
+        ids = self.replica_prompts.ids(req)
         gateway = int(self._pick.integers(len(self.routers))) if len(self.routers) > 1 else 0
         router = self.routers[gateway]
         parsed = self._parsed(req, ids)
@@ -242,7 +249,7 @@ class Simulation:
         self.chosen[req.index] = decision.chosen
         index = self.fleet.index[decision.chosen]
         rep: SimReplica = replicas[index]
-        self.fleet.add(rep, req, ids, now)
+        self.fleet.add(rep, req, ids, now, self.replica_prompts.shared_len(req))
         work = work_tokens(route, decision, rep.id)
         pending = self.fleet.states[gateway].sent(rep.id, work, now)
         head = prompt_head_key(parsed) if self.fleet.capacity[gateway].on else 0
@@ -294,7 +301,9 @@ class Simulation:
             for s in stats
         ]
         mean_prefill = sum(per_replica_prefill) / len(per_replica_prefill)
-        hot = sum(r.prompt_tokens - self.cached[r.index] for r in requests if r.label == "hot")
+        prompts = self.replica_prompts
+        hot = sum(prompts.prompt_len(r) - self.cached[r.index] for r in requests
+                  if r.label == "hot")
         ttft = [self.ttft[r.index] for r in requests]
         return PolicyResult(
             token_hit_rate=hits / queries if queries else 0.0,
@@ -302,7 +311,7 @@ class Simulation:
             prefill_tokens=sum(per_replica_prefill),
             hot_prefill_tokens=hot,
             hot_misses=hot_misses(requests, self.chosen, self.cached,
-                                  self.fleet.spec.block_size),
+                                  self.fleet.spec.block_size, prompts),
             ttft_p50_s=percentile(ttft, 50),
             ttft_p95_s=percentile(ttft, 95),
             ttft_p99_s=percentile(ttft, 99),
@@ -328,7 +337,8 @@ def simulate(requests: Sequence[WorkloadRequest], arrivals: Sequence[float] | np
              policy: Policy | Sequence[Policy], fleet_spec: FleetSpec,
              hashes: PrefixHashes | None = None, prompts: str = "ids",
              tokenizer: PromptTokenizer | None = None, seed: int = 0,
-             peers: bool = False) -> PolicyResult:
+             peers: bool = False, replica_prompts: ReplicaPrompts | None = None
+             ) -> PolicyResult:
     """Run ``requests`` arriving at ``arrivals`` through a fresh fleet under ``policy``
     (a sequence: one policy per gateway copy; ``peers``: the copies tell each other what
     they route).
@@ -340,7 +350,7 @@ def simulate(requests: Sequence[WorkloadRequest], arrivals: Sequence[float] | np
     copies = 1 if isinstance(policy, Policy) else len(policy)
     started, cpu = time.perf_counter(), time.process_time()
     sim = Simulation(SimFleet(fleet_spec, hashes, gateways=copies), policy, tokenizer,
-                     prompts, seed, peers)
+                     prompts, seed, peers, replica_prompts)
     try:
         sim.run(requests, arrivals)
     finally:
@@ -400,6 +410,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", choices=("ids", "text"), default=None,
                         help="what the gateway gets: token ids, or chat text it tokenizes "
                              "itself (default: per scenario)")
+    parser.add_argument("--engine-tokenizer", default="ids", metavar="ids|gateway|DIR",
+                        help="what the replicas tokenize: 'ids' (default) gives them the "
+                        "workload's own token ids, a tokenizer unlike the gateway's; "
+                        "'gateway' or a tokenizer directory makes them render each chat "
+                        "and tokenize it, as loadtests.run's engines do (needs --prompts "
+                        "text; about 3x slower)")
     parser.add_argument("--rate", type=float, default=None,
                         help="arrival rate in requests/s (default: per scenario, scaled "
                              "by replicas / 8)")
@@ -415,6 +431,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="policy parameter over its preset, e.g. prefix_affinity.overload=2")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--plot", dest="plot_path", default=None)
+
+
+def _replica_prompts(engine_tokenizer: str, prompts: str) -> ReplicaPrompts:
+    """``--engine-tokenizer``: what the replicas compute of each request."""
+    if engine_tokenizer == "ids":
+        return WorkloadIds()
+    if prompts != "text":
+        raise SystemExit(f"--engine-tokenizer {engine_tokenizer} needs --prompts text (the "
+                         "replicas tokenize the chat the gateway is sent)")
+    try:
+        tokenizer = load_tokenizer(None if engine_tokenizer == "gateway" else engine_tokenizer)
+    except (FileNotFoundError, OSError, ValueError) as exc:
+        raise SystemExit(f"--engine-tokenizer {engine_tokenizer}: {exc}") from None
+    return RenderedPrompts(tokenizer)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -441,8 +471,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         arrivals = poisson_arrivals(len(requests), rate, args.seed)
     prompts = args.prompts or scenario.prompts
     tokenizer = load_tokenizer(None, memo_size=4096) if prompts == "text" else None
+    replica_prompts = _replica_prompts(args.engine_tokenizer, prompts)
     hashes = PrefixHashes(fleet.block_size, load_profile(profile).model.name)
-    bound = oracle_bound(requests, hashes, args.replicas * fleet.blocks(fleet.idle_kv_gib))
+    bound = oracle_bound(requests, hashes, args.replicas * fleet.blocks(fleet.idle_kv_gib),
+                         replica_prompts)
     report: dict[str, Any] = {
         "scenario": args.scenario,
         "eviction": args.eviction,
@@ -452,6 +484,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gateways": args.gateways,
         "peers": args.peers,
         "prompts": prompts,
+        "engine_tokenizer": args.engine_tokenizer,
         "views": args.views,
         "dialect": args.dialect,
         "kv_events": args.kv_events,
@@ -470,7 +503,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
         copies = [build_policy(name, **overrides.get(name, {})) for _ in range(args.gateways)]
         res = simulate(requests, arrivals, copies, fleet, hashes, prompts, tokenizer,
-                       args.seed, args.peers)
+                       args.seed, args.peers, replica_prompts)
         results[name] = res
         report["policies"][name] = res.summary()
         print(f"{name:>16}: token hit {res.token_hit_rate:.3f}  request hit "

@@ -1,6 +1,7 @@
 import pytest
 
-from loadtests.hot_misses import CAUSES, hot_misses, shared_tokens
+from loadtests.hot_misses import CAUSES, hot_misses
+from loadtests.replica_prompts import WorkloadIds
 from loadtests.sim_fleet import FleetSpec
 from loadtests.simulate import build_policy, poisson_arrivals, simulate
 from loadtests.workloads import (
@@ -31,7 +32,7 @@ def test_each_miss_is_counted_once_under_its_cause():
     assert out["first"] == {"requests": 2, "tokens": 320}
     assert out["moved"] == {"requests": 1, "tokens": 160}
     assert out["evicted"] == {"requests": 1, "tokens": 128}
-    assert shared_tokens(requests[0]) == 160
+    assert WorkloadIds().shared_len(requests[0]) == 160
 
 
 def test_a_move_after_a_cold_request_of_the_same_key_counts_from_where_that_went():

@@ -1,0 +1,113 @@
+"""What a replica counts of a workload request: its prompt's token ids, and how many of them
+its shared leading segments (system prompt, document, earlier turns) take.
+
+Two kinds of replica:
+
+* ``WorkloadIds``: the workload's own ids, segment by segment, a tokenizer unlike the
+  gateway's (the simulator's default). Segment lengths are exact.
+* ``RenderedPrompts``: a replica that renders the chat (messages and ``tools``) and
+  tokenizes it, as a real engine does and as ``loadtests.run``'s engines do. A document's
+  token count then depends on its text (a 1,500-token segment takes 1,360 to 1,700), and
+  the question that follows it takes more than its nominal length (its key and the chat
+  template's tokens). Its shared length is where the prompt's ids leave those of the same
+  chat rendered with its shared segments alone: the boundary token that the text after the
+  document merges with is not shared.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+from kvwire.tokenizer import PromptTokenizer
+from loadtests.workloads import Segment, WorkloadRequest
+
+
+def shared_segments(req: WorkloadRequest) -> tuple[Segment, ...]:
+    """``req``'s leading shared segments."""
+    out = []
+    for seg in req.segments:
+        if not seg.shared:
+            break
+        out.append(seg)
+    return tuple(out)
+
+
+class ReplicaPrompts(Protocol):
+    def ids(self, req: WorkloadRequest) -> list[int]:
+        """The prompt's token ids, as the replica computes them."""
+        ...
+
+    def prompt_len(self, req: WorkloadRequest) -> int:
+        """``len(ids(req))``."""
+        ...
+
+    def shared_len(self, req: WorkloadRequest) -> int:
+        """How many of ``ids(req)`` lead the shared segments (the same for every request
+        with the same shared segments)."""
+        ...
+
+
+class WorkloadIds:
+    """The workload's own ids (``WorkloadRequest.token_ids``)."""
+
+    def ids(self, req: WorkloadRequest) -> list[int]:
+        return req.token_ids()
+
+    def prompt_len(self, req: WorkloadRequest) -> int:
+        return req.prompt_tokens
+
+    def shared_len(self, req: WorkloadRequest) -> int:
+        return sum(seg.length for seg in shared_segments(req))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class RenderedPrompts:
+    """A replica with ``tokenizer`` that renders each request's chat and tokenizes it.
+
+    Memoized: a request's ids by its index (the last ``capacity``), its prompt length by
+    its index, the shared length by its shared segments' keys."""
+
+    def __init__(self, tokenizer: PromptTokenizer, capacity: int = 256) -> None:
+        self.tokenizer = tokenizer
+        self.capacity = capacity
+        self._ids: OrderedDict[int, list[int]] = OrderedDict()
+        self._lengths: dict[int, int] = {}
+        self._shared: dict[tuple[str, ...], int] = {}
+
+    def _encode(self, req: WorkloadRequest, segments: Sequence[Segment]) -> list[int]:
+        tok, content = self.tokenizer, req.content
+        return tok.encode(tok.render_chat(content.messages(segments),
+                                          tools=content.tools(segments)))
+
+    def ids(self, req: WorkloadRequest) -> list[int]:
+        got = self._ids.get(req.index)
+        if got is None:
+            got = self._ids[req.index] = self._encode(req, req.segments)
+            if len(self._ids) > self.capacity:
+                self._ids.popitem(last=False)
+            self._lengths[req.index] = len(got)
+        return got
+
+    def prompt_len(self, req: WorkloadRequest) -> int:
+        got = self._lengths.get(req.index)
+        return len(self.ids(req)) if got is None else got
+
+    def shared_len(self, req: WorkloadRequest) -> int:
+        segments = shared_segments(req)
+        if not segments:
+            return 0
+        key = tuple(seg.key for seg in segments)
+        got = self._shared.get(key)
+        if got is None:
+            alone = self._encode(req, segments)
+            got = self._shared[key] = _common_prefix(self.ids(req), alone)
+        return got
