@@ -16,12 +16,29 @@ Two kinds of replica:
 
 from __future__ import annotations
 
+import functools
+import random
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
 from kvwire.tokenizer import PromptTokenizer
-from loadtests.workloads import Segment, WorkloadRequest
+from loadtests.workloads import TEXT_TOKENS_PER_WORD, Segment, WorkloadRequest
+
+
+@functools.cache
+def replica_tokens_per_word(tokenizer_path: str | None) -> float:
+    """Tokens per word of the workload's text as the replicas count them: measured on
+    ``tokenizer_path``, or the gateway's own rate when the replicas share its tokenizer.
+    Text drawn at this rate (``SegmentContent(seed, rate)``) gives each segment about its
+    nominal length in the replicas' tokens, as ``loadtests.run``'s clients draw it."""
+    if tokenizer_path is None:
+        return TEXT_TOKENS_PER_WORD
+    from kvwire.tokenizer import load_tokenizer
+    from kvwire.tokenizer_build import sample_text
+
+    text = sample_text(random.Random(11), 4000)
+    return len(load_tokenizer(tokenizer_path).encode(text)) / len(text.split())
 
 
 def shared_segments(req: WorkloadRequest) -> tuple[Segment, ...]:

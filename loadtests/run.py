@@ -30,7 +30,6 @@ copies and sends each request to one of them at random, as a Kubernetes Service 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import subprocess
@@ -51,6 +50,7 @@ from engine.eviction import EVICTION_POLICIES
 from loadtests import engine_counters
 from loadtests.hot_misses import hot_misses
 from loadtests.local_fleet import LocalFleet, LocalFleetSpec
+from loadtests.replica_prompts import replica_tokens_per_word
 
 HERE = Path(__file__).parent
 LOCUSTFILE = HERE / "locustfile.py"
@@ -81,23 +81,6 @@ class RunConfig:
     kv_events: bool = False  # the engines publish KV events, the gateway subscribes
     gateways: int = 1  # gateway copies; each request goes to one at random
     peers: bool = False  # ... telling each other what they route (gateway.peers)
-
-
-@functools.cache
-def replica_tokens_per_word(tokenizer_path: str | None) -> float:
-    """Tokens per word of the workload's text as the replicas count them: measured on
-    ``tokenizer_path``, or the gateway's own rate when the replicas share its tokenizer."""
-    from loadtests.workloads import TEXT_TOKENS_PER_WORD
-
-    if tokenizer_path is None:
-        return TEXT_TOKENS_PER_WORD
-    import random
-
-    from kvwire.tokenizer import load_tokenizer
-    from kvwire.tokenizer_build import sample_text
-
-    text = sample_text(random.Random(11), 4000)
-    return len(load_tokenizer(tokenizer_path).encode(text)) / len(text.split())
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:

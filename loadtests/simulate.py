@@ -39,10 +39,15 @@ from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.hot_misses import hot_misses
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
-from loadtests.replica_prompts import RenderedPrompts, ReplicaPrompts, WorkloadIds
+from loadtests.replica_prompts import (
+    RenderedPrompts,
+    ReplicaPrompts,
+    WorkloadIds,
+    replica_tokens_per_word,
+)
 from loadtests.scenarios import SCENARIOS
 from loadtests.sim_fleet import DIALECTS, FleetSpec, SimFleet, SimReplica
-from loadtests.workloads import WorkloadRequest, build_spec, generate
+from loadtests.workloads import SegmentContent, WorkloadRequest, build_spec, generate
 from policies.base import Finished, Policy, Routed, RouteRequest
 
 
@@ -464,14 +469,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rate = args.rate if args.rate is not None else scenario.rate * args.replicas / 8
     if hasattr(spec, "rate"):  # the workload times its own arrivals
         spec = dataclasses.replace(spec, rate=rate)
-    requests = generate(spec, args.requests)
+    prompts = args.prompts or scenario.prompts
+    replica_prompts = _replica_prompts(args.engine_tokenizer, prompts)
+    # text drawn as loadtests.run's clients draw it: each segment about its nominal length
+    # in the replicas' tokens
+    engine_path = None if args.engine_tokenizer in ("ids", "gateway") else args.engine_tokenizer
+    requests = generate(spec, args.requests,
+                        SegmentContent(spec.seed, replica_tokens_per_word(engine_path)))
     if all(r.arrival_s is not None for r in requests):
         arrivals = np.array([r.arrival_s for r in requests])
     else:
         arrivals = poisson_arrivals(len(requests), rate, args.seed)
-    prompts = args.prompts or scenario.prompts
     tokenizer = load_tokenizer(None, memo_size=4096) if prompts == "text" else None
-    replica_prompts = _replica_prompts(args.engine_tokenizer, prompts)
     hashes = PrefixHashes(fleet.block_size, load_profile(profile).model.name)
     bound = oracle_bound(requests, hashes, args.replicas * fleet.blocks(fleet.idle_kv_gib),
                          replica_prompts)

@@ -7,7 +7,7 @@ from kvwire.tokenizer import load_tokenizer
 from loadtests.hot_misses import hot_misses
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
-from loadtests.replica_prompts import RenderedPrompts, WorkloadIds
+from loadtests.replica_prompts import RenderedPrompts, WorkloadIds, replica_tokens_per_word
 from loadtests.sim_fleet import FleetSpec
 from loadtests.simulate import build_policy, main, poisson_arrivals, simulate
 from loadtests.workloads import ChatSpec, ContractsSpec, ToolsSpec, generate
@@ -90,3 +90,22 @@ def test_the_cli_renders_for_the_replicas_only_with_text_prompts(tmp_path):
     prompts = RenderedPrompts(load_tokenizer(None))
     assert report["policies"]["prefix_affinity"]["prompt_tokens"] == sum(
         prompts.prompt_len(r) for r in generate(spec, 80))
+
+
+def test_replicas_with_their_own_tokenizer_count_documents_near_their_length(tmp_path):
+    from kvwire.tokenizer_build import build
+
+    engine_tok = str(build(tmp_path / "tok", vocab_size=3000).parent)
+    # a tokenizer that counts other tokens than the gateway's
+    assert abs(replica_tokens_per_word(engine_tok) / replica_tokens_per_word(None) - 1) > 0.05
+    out = tmp_path / "out.json"
+    main(["--scenario", "contracts", "--replicas", "2", "--requests", "40", "--policies",
+          "cost", "--kv-pool-gib", "0.6", "--idle-kv-gib", "0.4", "--rate", "10",
+          "--set", "num_docs=6", "--set", "hot_docs=2", "--set", "doc_tokens=1200",
+          "--prompts", "text", "--engine-tokenizer", engine_tok, "--json", str(out)])
+    counted = json.loads(out.read_text())["policies"]["cost"]["prompt_tokens"]
+    # the text is drawn at the replicas' rate, as loadtests.run's clients draw it (drawn
+    # at the gateway's, these prompts would count ~1.12x)
+    nominal = sum(r.prompt_tokens for r in generate(ContractsSpec(
+        num_docs=6, hot_docs=2, doc_tokens=1200), 40))
+    assert 0.95 * nominal < counted < 1.07 * nominal
