@@ -98,3 +98,25 @@ def test_dockerfile_sources_exist_and_commands_parse(dockerfile: Path) -> None:
             assert "VOLUME" in names and "[\"/models/model\"]" in dict(ops)["VOLUME"]
         else:
             assert args.executor == "sim"
+
+
+def _installed_packages() -> set[str]:
+    """The top-level packages ``pip install .`` installs: those of the repository that
+    ``[tool.setuptools.packages.find]`` includes."""
+    import fnmatch
+    import tomllib
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]
+    return {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()
+            and any(fnmatch.fnmatch(p.name, pattern) for pattern in find["include"])}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_dockerfile_copies_every_package_it_installs(dockerfile: Path) -> None:
+    copied = {src.strip("./").split("/")[0] for op, rest in _instructions(dockerfile)
+              if op == "COPY" for src in shlex.split(rest)[:-1]}
+    packages = _installed_packages()
+    # the entry point (kvgate) is a package of its own: an image without it has no CLI
+    assert {"kvgate", "gateway", "engine"} <= packages
+    assert sorted(packages - copied) == [], f"{dockerfile.name} installs without them"
