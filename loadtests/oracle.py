@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loadtests.prefix_hashes import PrefixHashes
-from loadtests.replica_prompts import ReplicaPrompts, WorkloadIds, shared_segments
+from loadtests.replica_prompts import ReplicaPrompts, WorkloadIds
 from loadtests.workloads import WorkloadRequest
 
 
@@ -48,7 +48,7 @@ def oracle_bound(requests: Sequence[WorkloadRequest], hashes: PrefixHashes,
     for req in requests:
         prompt_len = prompts.prompt_len(req)
         prompt_tokens += prompt_len
-        shared = tuple(seg.key for seg in shared_segments(req))
+        shared = tuple(seg.key for seg in req.shared_segments())
         if not shared:
             continue
         usable = min(prompts.shared_len(req) // bs, (prompt_len - 1) // bs)

@@ -34,12 +34,7 @@ class PrefixHashes:
         self._memo: OrderedDict[tuple[str, ...], list[BlockHash]] = OrderedDict()
 
     def _shared_prefix(self, request: WorkloadRequest) -> tuple[str, ...]:
-        keys = []
-        for seg in request.segments:
-            if not seg.shared:
-                break
-            keys.append(seg.key)
-        return tuple(keys)
+        return tuple(seg.key for seg in request.shared_segments())
 
     def _lookup(self, keys: tuple[str, ...]) -> tuple[int, list[BlockHash]]:
         """Longest memoized leading run of ``keys``: (its segment count, its hashes)."""

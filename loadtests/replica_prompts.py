@@ -41,16 +41,6 @@ def replica_tokens_per_word(tokenizer_path: str | None) -> float:
     return len(load_tokenizer(tokenizer_path).encode(text)) / len(text.split())
 
 
-def shared_segments(req: WorkloadRequest) -> tuple[Segment, ...]:
-    """``req``'s leading shared segments."""
-    out = []
-    for seg in req.segments:
-        if not seg.shared:
-            break
-        out.append(seg)
-    return tuple(out)
-
-
 class ReplicaPrompts(Protocol):
     def ids(self, req: WorkloadRequest) -> list[int]:
         """The prompt's token ids, as the replica computes them."""
@@ -76,7 +66,7 @@ class WorkloadIds:
         return req.prompt_tokens
 
     def shared_len(self, req: WorkloadRequest) -> int:
-        return sum(seg.length for seg in shared_segments(req))
+        return sum(seg.length for seg in req.shared_segments())
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -119,7 +109,7 @@ class RenderedPrompts:
         return len(self.ids(req)) if got is None else got
 
     def shared_len(self, req: WorkloadRequest) -> int:
-        segments = shared_segments(req)
+        segments = req.shared_segments()
         if not segments:
             return 0
         key = tuple(seg.key for seg in segments)

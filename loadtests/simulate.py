@@ -438,18 +438,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", dest="plot_path", default=None)
 
 
-def _replica_prompts(engine_tokenizer: str, prompts: str) -> ReplicaPrompts:
-    """``--engine-tokenizer``: what the replicas compute of each request."""
+def _replica_prompts(engine_tokenizer: str, prompts: str) -> tuple[ReplicaPrompts, float]:
+    """``--engine-tokenizer``: what the replicas compute of each request, and the tokens
+    per word to draw the text at (``replica_tokens_per_word``: each segment about its
+    nominal length in the replicas' tokens, as ``loadtests.run``'s clients draw it)."""
     if engine_tokenizer == "ids":
-        return WorkloadIds()
+        return WorkloadIds(), replica_tokens_per_word(None)
     if prompts != "text":
         raise SystemExit(f"--engine-tokenizer {engine_tokenizer} needs --prompts text (the "
                          "replicas tokenize the chat the gateway is sent)")
+    path = None if engine_tokenizer == "gateway" else engine_tokenizer
     try:
-        tokenizer = load_tokenizer(None if engine_tokenizer == "gateway" else engine_tokenizer)
-    except (FileNotFoundError, OSError, ValueError) as exc:
+        return RenderedPrompts(load_tokenizer(path)), replica_tokens_per_word(path)
+    except (OSError, ValueError) as exc:
         raise SystemExit(f"--engine-tokenizer {engine_tokenizer}: {exc}") from None
-    return RenderedPrompts(tokenizer)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -470,12 +472,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if hasattr(spec, "rate"):  # the workload times its own arrivals
         spec = dataclasses.replace(spec, rate=rate)
     prompts = args.prompts or scenario.prompts
-    replica_prompts = _replica_prompts(args.engine_tokenizer, prompts)
-    # text drawn as loadtests.run's clients draw it: each segment about its nominal length
-    # in the replicas' tokens
-    engine_path = None if args.engine_tokenizer in ("ids", "gateway") else args.engine_tokenizer
-    requests = generate(spec, args.requests,
-                        SegmentContent(spec.seed, replica_tokens_per_word(engine_path)))
+    replica_prompts, tokens_per_word = _replica_prompts(args.engine_tokenizer, prompts)
+    requests = generate(spec, args.requests, SegmentContent(spec.seed, tokens_per_word))
     if all(r.arrival_s is not None for r in requests):
         arrivals = np.array([r.arrival_s for r in requests])
     else:

@@ -64,6 +64,15 @@ class WorkloadRequest:
     def prompt_tokens(self) -> int:
         return sum(s.length for s in self.segments)
 
+    def shared_segments(self) -> tuple[Segment, ...]:
+        """The leading shared segments (system prompt, document, earlier turns)."""
+        out = []
+        for seg in self.segments:
+            if not seg.shared:
+                break
+            out.append(seg)
+        return tuple(out)
+
     def token_ids(self) -> list[int]:
         return self.content.token_ids(self.segments)
 
