@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.peer_wire import MAX_FRAME
 from gateway.secret_source import resolve_secret
 
 MIN_SECRET = 16
@@ -60,6 +61,9 @@ class PeersConfig:
         for key in ("resolve_s", "queue_frames", "queue_bytes", "pending_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        if self.queue_bytes < MAX_FRAME:  # one large frame would overflow the link each time
+            raise ValueError(f"queue_bytes must be at least one frame's limit ({MAX_FRAME}), "
+                             f"got {self.queue_bytes!r}")
         if self.on:
             secret = self.resolved_secret()
             if secret is None or len(secret) < MIN_SECRET:

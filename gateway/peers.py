@@ -56,6 +56,7 @@ from gateway.peer_wire import (
     SENDER_HELLO_BYTES,
     STATUS_BAD_SECRET,
     STATUS_OK,
+    Heartbeat,
     RoutedElsewhere,
     Sent,
     Settled,
@@ -215,13 +216,10 @@ class _Link:
             if self.overflow:
                 raise _Overflow(f"more than {self.peers.config.queue_frames} frames or "
                                 f"{self.peers.config.queue_bytes} bytes behind")
-            if self.queue:
-                frames = list(self.queue)
-                self.queue.clear()
-                self.queued_bytes = 0
-            else:
-                frames = [HEARTBEAT_FRAME]
-            writer.write(b"".join(frames))
+            frames = list(self.queue)  # none: a heartbeat (not counted as a frame sent)
+            self.queue.clear()
+            self.queued_bytes = 0
+            writer.write(b"".join(frames) if frames else HEARTBEAT_FRAME)
             async with asyncio.timeout(WRITE_S):
                 await writer.drain()
             counts.frames_sent += len(frames)
@@ -259,7 +257,7 @@ class Peers:
         self._sweeper: asyncio.Task[None] | None = None
         self._tables: set[_PeerTable] = set()
         self._serving: set[asyncio.Task[None]] = set()
-        self._handshakes = 0
+        self._handshaking: set[asyncio.Task[None]] = set()  # connections not yet proven
         self.address: tuple[str, int] | None = None  # where the listener is bound
 
     def linked(self, remote: bytes) -> bool:
@@ -359,18 +357,21 @@ class Peers:
 
     # -- what peers send -----------------------------------------------------------------------
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._handshakes >= MAX_HANDSHAKES:
+        if len(self._handshaking) >= MAX_HANDSHAKES:
             writer.close()
             return
+        # counted from here, not from the task's first step: a burst of connections is
+        # accepted before any of their tasks runs
         task = asyncio.create_task(self._serve(reader, writer), name="kvgate-peer-in")
         self._serving.add(task)
+        self._handshaking.add(task)
         task.add_done_callback(self._serving.discard)
+        task.add_done_callback(self._handshaking.discard)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         table = _PeerTable(self.fleet)
         try:
-            self._handshakes += 1
             try:
                 async with asyncio.timeout(HANDSHAKE_S):
                     hello = await reader.readexactly(SENDER_HELLO_BYTES)
@@ -378,7 +379,7 @@ class Peers:
                     writer.write(listener_hello(self.secret, hello, nonce, self.instance))
                     proof = await reader.readexactly(MAC_BYTES)
             finally:
-                self._handshakes -= 1
+                self._handshaking.discard(asyncio.current_task())  # type: ignore[arg-type]
             sender = hello[NONCE_BYTES:]
             if not check_sender(self.secret, nonce, sender, self.instance, proof):
                 self.counts.refused += 1
@@ -409,6 +410,8 @@ class Peers:
                 length, kind = frame_length(await reader.readexactly(HEAD_BYTES))
                 body = await reader.readexactly(length)
             frame = parse_frame(kind, body, time.monotonic())
+            if isinstance(frame, Heartbeat):
+                continue  # the peer is alive: no frame to count
             counts.frames_received += 1
             if isinstance(frame, RoutedElsewhere):
                 if fleet.get(frame.replica) is None:

@@ -4,7 +4,6 @@ replica before the first byte returns, and both let go of it once answered."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import yaml
 
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.held_streams import held_stream
-from tests.support.metrics import samples
+from tests.support.metrics import Samples, per_worker, samples
 from tests.support.processes import Processes
 from tests.support.servers import ThreadServer, free_port
 from tests.support.waiting import wait_until
@@ -55,19 +54,14 @@ def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
         spawn("serve", "--config", str(config), "--workers", str(workers),
               ready_url=f"{urls[i]}/ready")
 
-    def linked(url: str, seen: dict[str, bool]) -> bool:
-        """Whether every worker (a new connection each time: the kernel hands it to
-        either) has its link out up; with one process, and one link in from the other
+    def linked(got: Samples) -> bool:
+        """A worker's link out is up; with one process, and one link in from the other
         copy (with workers, the other box's links spread over them)."""
-        r = httpx.get(f"{url}/metrics", headers={"connection": "close"})
-        got = samples(r.text)
-        seen[r.headers.get("x-kvgate-worker", "0")] = \
-            got.get(("kvgate_peer_links_up", ())) == 1 and (
-                workers > 1 or got.get(("kvgate_peer_links_in", ())) == 1)
-        return len(seen) == workers and all(seen.values())
+        return got.get(("kvgate_peer_links_up", ())) == 1 and (
+            workers > 1 or got.get(("kvgate_peer_links_in", ())) == 1)
 
     for url in urls:  # one link out each: the one to its own box is found and dropped
-        wait_until(functools.partial(linked, url, {}), 20, f"{url} to link with the other")
+        per_worker(url, linked, f"{url} to link with the other", workers)
 
     with held_stream(behaviour, urls[0]) as chunks:
         # the replica holds its first byte: the copy that did not route it counts it too
@@ -81,5 +75,8 @@ def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
     wait_until(lambda: _replica(urls[1], "kvgate_replica_in_flight") == 0
                and _replica(urls[1], "kvgate_replica_queued_tokens") == 0,
                20, "the other copy to see it answered")
-    if workers == 1:  # (with workers, each worker counts only the frames it received)
-        assert _metrics(urls[1]).get(("kvgate_peer_frames_received_total", ()), 0) >= 4
+    # its SENT, FIRST_BYTE, DONE and ROUTED frames (heartbeats are not counted), summed
+    # over the workers: each counts those its links in received
+    frames = per_worker(urls[1], lambda s: True, "every worker's counts", workers)
+    assert sum(s.get(("kvgate_peer_frames_received_total", ()), 0)
+               for s in frames.values()) >= 4

@@ -20,7 +20,7 @@ import yaml
 from tests.support.binaries import which
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.held_streams import held_stream
-from tests.support.metrics import samples
+from tests.support.metrics import per_worker
 from tests.support.processes import Process, Processes
 from tests.support.servers import ThreadServer, free_port
 from tests.support.waiting import wait_http, wait_until
@@ -28,21 +28,6 @@ from tests.support.waiting import wait_http, wait_until
 pytestmark = pytest.mark.slow
 
 TOKEN = "admin-token-for-tests-0123"
-
-
-def _per_worker(url: str, wanted: Callable[[dict[Any, float]], bool], what: str,
-                timeout_s: float = 20) -> dict[str, dict[Any, float]]:
-    """/metrics from each of the two workers (a new connection each time, which the
-    kernel hands to either), once both satisfy ``wanted``."""
-    seen: dict[str, dict[Any, float]] = {}
-
-    def both() -> bool:
-        r = httpx.get(f"{url}/metrics", headers={"connection": "close"})
-        seen[r.headers["x-kvgate-worker"]] = samples(r.text)
-        return len(seen) == 2 and all(wanted(s) for s in seen.values())
-
-    wait_until(both, timeout_s, what)
-    return seen
 
 
 def _gauge(samples: dict[Any, float], name: str, replica: str) -> float | None:
@@ -70,7 +55,7 @@ def box(spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path
     url = f"http://127.0.0.1:{port}"
     proc = spawn("serve", "--config", str(config), "--workers", "2", ready_url=f"{url}/ready")
     # the first worker up answers everything until the second listens too
-    _per_worker(url, lambda s: True, "both workers to listen")
+    per_worker(url, lambda s: True, "both workers to listen")
     return Box(proc, url, f"http://127.0.0.1:{admin_port}"), behaviour
 
 
@@ -79,7 +64,7 @@ def test_each_worker_sees_the_others_pending_tokens(box: tuple[Box, Behaviour]) 
     with held_stream(behaviour, gateway.url) as chunks:
         # the replica holds its first byte: both workers must count the request, though
         # only one of them routed it
-        seen = _per_worker(gateway.url, lambda s: (
+        seen = per_worker(gateway.url, lambda s: (
             _gauge(s, "kvgate_replica_in_flight", "r0") == 1
             and (_gauge(s, "kvgate_replica_queued_tokens", "r0") or 0) > 200),
             "both workers to see the request held at r0")
@@ -87,7 +72,7 @@ def test_each_worker_sees_the_others_pending_tokens(box: tuple[Box, Behaviour]) 
         assert queued["0"] == queued["1"]
         assert not chunks  # no byte had come back
     assert chunks == ["t0 ", "t1 "]
-    _per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_in_flight", "r0") == 0
+    per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_in_flight", "r0") == 0
                 and _gauge(s, "kvgate_replica_queued_tokens", "r0") == 0,
                 "both workers to see it answered")
 
@@ -110,12 +95,12 @@ def test_metrics_sum_both_workers(box: tuple[Box, Behaviour]) -> None:
         return sum(v for (name, labels), v in s.items()
                    if name == "kvgate_requests_total" and ("status", "200") in labels)
 
-    _per_worker(gateway.url, lambda s: requests_total(s) == 24,
+    per_worker(gateway.url, lambda s: requests_total(s) == 24,
                 "both workers' /metrics to count all 24 requests")
     # the live collectors (fleet, KV capacity) are served beside the summed figures too
     capacity = ("kvgate_replica_kv_capacity_replica_tokens",
                 (("replica", "r0"), ("source", "scraped")))
-    _per_worker(gateway.url, lambda s: s.get(capacity) == 16 * 1000,
+    per_worker(gateway.url, lambda s: s.get(capacity) == 16 * 1000,
                 "both workers' /metrics to show r0's scraped KV capacity")
     # the admin API (worker 0's) counts the box's requests, not its own worker's
     top = httpx.get(f"{gateway.admin}/admin/top",
@@ -131,11 +116,11 @@ def test_admin_changes_reach_both_workers(box: tuple[Box, Behaviour],
     added = httpx.post(f"{gateway.admin}/admin/replicas", headers=auth,
                        json={"id": "r1", "url": other.url})
     assert added.status_code == 201, added.text
-    _per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_healthy", "r1") == 1.0,
+    per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_healthy", "r1") == 1.0,
                 "both workers to have r1, healthy")
     removed = httpx.delete(f"{gateway.admin}/admin/replicas/r1", headers=auth)
     assert removed.status_code == 200, removed.text
-    _per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_healthy", "r1") is None
+    per_worker(gateway.url, lambda s: _gauge(s, "kvgate_replica_healthy", "r1") is None
                 and _gauge(s, "kvgate_replica_healthy", "r0") == 1.0,
                 "both workers to drop r1")
 
@@ -191,7 +176,7 @@ def test_workers_serve_when_the_supervisor_is_process_1(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/ready", 60, proc)
-        _per_worker(url, lambda s: proc.poll() is None, "both workers to listen")
+        per_worker(url, lambda s: proc.poll() is None, "both workers to listen")
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
         model = client.models.list().data[0].id
         answer = client.completions.create(model=model, prompt="hello", max_tokens=2)

@@ -108,6 +108,9 @@ def test_peers_need_a_long_secret_and_addresses_that_parse() -> None:
     with pytest.raises(ConfigError, match=r"addresses\[1\]: 'gw-b' is not host:port"):
         parse_config({**base, "peers": {"addresses": ["gw-a:8002", "gw-b"],
                                         "secret": SECRET}})
+    with pytest.raises(ConfigError, match="queue_bytes must be at least"):
+        parse_config({**base, "peers": {"listen": "127.0.0.1:0", "secret": SECRET,
+                                        "queue_bytes": 1000}})
     assert not parse_config(base).peers.on  # off unless configured
 
 
@@ -175,6 +178,18 @@ async def test_a_peer_learns_where_another_copy_sent_a_document(
     d = b.policy.choose(_request(text + " and a question"), views)
     assert d.chosen == "r3" and d.reason == "cache_match"
     assert d.matched_tokens >= req.prompt_tokens // 2
+
+
+async def test_a_route_to_a_replica_the_peer_does_not_route_to_is_skipped(
+        pair: tuple[_Copy, _Copy], monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = pair
+    observed: list[str] = []
+    monkeypatch.setattr(b.policy, "observe", lambda event: observed.append(event.replica))
+    a.peers.routed(_request(_document(4)), "gone")
+    a.peers.routed(_request(_document(5)), "r2")
+    await wait_until_async(lambda: b.peers.counts.frames_received == 2, 5.0,
+                           "b hears both routes")
+    assert observed == ["r2"]
 
 
 async def test_a_peer_that_leaves_takes_its_pending_prefill_with_it(
@@ -304,13 +319,20 @@ async def test_a_quiet_link_stays_up_on_heartbeats(fast_heartbeats: None,
     a.fleet.sent("r0", 300)
     await asyncio.sleep(1.0)  # twice the silence allowed, with nothing but heartbeats
     assert b.queued("r0") == (300, 1) and b.peers.counts.peers_in == 1
+    # about ten heartbeats went by: the frame counts are the one SENT frame's
+    assert a.peers.counts.frames_sent == 1 and b.peers.counts.frames_received == 1
 
 
+@pytest.mark.parametrize("bound", ["queue_frames", "queue_bytes"])
 async def test_a_peer_too_far_behind_is_disconnected_not_left_with_load(
-        pair: tuple[_Copy, _Copy]) -> None:
+        pair: tuple[_Copy, _Copy], bound: str) -> None:
     a, b = pair
+    # room for two of the frames queued below (set past validation, which asks at least
+    # a frame's limit of queue_bytes)
+    room = {"queue_frames": 2} if bound == "queue_frames" else \
+        {"queue_bytes": 2 * len(sent_frame(1, "r1", 10)) + 1}
     a.peers.config = PeersConfig(listen="127.0.0.1:0", addresses=[b.address()],
-                                 secret=SECRET, queue_frames=2)
+                                 secret=SECRET, **room)
     first = a.fleet.sent("r0", 100)
     await wait_until_async(lambda: b.queued("r0") == (100, 1), 5.0, "b hears a")
     for _ in range(3):  # three frames queued before the writer runs: one too many
@@ -329,11 +351,11 @@ def test_a_seq_seen_twice_and_an_unknown_replica_leave_no_load() -> None:
     table.sent(Sent(7, "r0", 1000))
     table.sent(Sent(7, "r0", 1000))
     table.sent(Sent(8, "gone", 1000))  # a replica this copy does not route to
+    assert fleet.get("gone") is None and 8 not in table.pending  # nothing kept for it
     table.settled(Settled(DONE, 7))
-    table.let_go(float("inf"))
     view = next(v for v in fleet.views() if v.id == "r0")
     assert (view.queued_tokens, view.in_flight) == (0, 0)
-    assert fleet.get("gone") is None and 8 not in table.pending  # nothing kept for it
+    assert table.pending == {}
 
 
 async def test_a_copy_listed_among_its_own_peers_skips_itself() -> None:
