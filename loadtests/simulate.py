@@ -420,7 +420,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "workload's own token ids, a tokenizer unlike the gateway's; "
                         "'gateway' or a tokenizer directory makes them render each chat "
                         "and tokenize it, as loadtests.run's engines do (needs --prompts "
-                        "text; about 3x slower)")
+                        "text; each prompt is encoded once, before the runs)")
     parser.add_argument("--rate", type=float, default=None,
                         help="arrival rate in requests/s (default: per scenario, scaled "
                              "by replicas / 8)")
