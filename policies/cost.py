@@ -10,6 +10,7 @@ single load bound trades hits against the tail. This policy keeps three things:
   replica's counters show that this gateway did not send (other gateway copies');
 * a **frequency sketch** (``frequency``) over prefix keys (a document, a conversation):
   a key seen at least ``hot_min_count`` times lately (decayed) is *hot*, else *rare*;
+  one placed on a home stays hot while it keeps ``hot_keep_count`` (hysteresis);
 * the fleet's **pace** (``pace``): seconds per prefilled token, learned from first-token
   times, and the recent prefill load of rare prefixes.
 
@@ -130,6 +131,10 @@ _OWN_MARGIN = 1.25
 # gateway's tokens are taken not to be the engines' (another tokenizer): the index is no
 # longer read
 _UNMATCHED_LIMIT = 1024
+# requests judged hot or rare (routed after the sketch's first window) before the scratch
+# set is first sized from their load: sized from the first few, it grew and shrank again,
+# and moved the homes placed on the replicas in between each time
+_JUDGED_MIN = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,7 @@ class CostConfig:
     hot_spread: float = 1.5
     vnodes: int = 256
     hot_min_count: int = 2
+    hot_keep_count: int = 1
     window_factor: float = 4.0
     sketch_width: int = 1 << 16
     sketch_depth: int = 4
@@ -191,6 +197,9 @@ class CostConfig:
                     "prefill_s_per_token", "kv_event_grace_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        if not 1 <= self.hot_keep_count <= self.hot_min_count:
+            raise ValueError(f"hot_keep_count must be in [1, hot_min_count "
+                             f"({self.hot_min_count})], got {self.hot_keep_count!r}")
         if self.min_scratch < 0:
             raise ValueError(f"min_scratch must be >= 0, got {self.min_scratch!r}")
         if not 0.0 <= self.max_scratch_fraction < 1.0:
@@ -247,7 +256,11 @@ class Cost(Policy):
         self._own_load: dict[str, DecayedRate] = {}  # ... per replica
         self._churn: dict[str, float] = {}  # others' prefill not yet in the model, tokens
         self._churn_key = 0  # the last churn entry's key
-        self._rare_load = DecayedRate(cfg.load_window_s)  # ... of them for rare keys
+        # ... of them once the sketch has seen a window (before, every key looks rare), and
+        # of those for rare keys: the scratch set's size
+        self._judged_load = DecayedRate(cfg.load_window_s)
+        self._judged = 0
+        self._rare_load = DecayedRate(cfg.load_window_s)
         self._models: dict[str, _Model] = {}
         self._heads: dict[int, set[str]] = {}  # a chain's first key -> models holding it
         # replica -> prefix key (document, conversation) routed there -> when (with KV
@@ -340,8 +353,17 @@ class Cost(Policy):
         self._memo = (request, prepared)
         return prepared
 
-    def _hot(self, count: int) -> bool:
-        return count >= self.config.hot_min_count
+    def _hot(self, key: int, count: int) -> bool:
+        """Whether prefix ``key``, counted ``count`` lately, is hot: ``hot_min_count``, or
+        ``hot_keep_count`` once it is placed on a home. Without the lower bar a hot key
+        whose count dipped under ``hot_min_count`` at a halving (a few requests a window,
+        drawn at random) went to the scratch set and left the placement for a window,
+        and the homes of the keys after it were placed again: offline, on contracts-400,
+        a fifth of the misses of hot documents sent elsewhere than their previous
+        replica."""
+        cfg = self.config
+        return count >= cfg.hot_min_count or (
+            count >= cfg.hot_keep_count and self._placement.home_of(key) is not None)
 
     # -- the decision ---------------------------------------------------------------------
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
@@ -355,7 +377,7 @@ class Cost(Policy):
         index = self._index_of(ids)
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
-        hot = self._hot(prep.seen)
+        hot = self._hot(prep.key, prep.seen)
         pace = self._pace.value_s
         points, distinct = ring.points, len(ring)
 
@@ -771,7 +793,7 @@ class Cost(Policy):
         if held is None:
             return 0
 
-        sketch, hot_min = self._sketch, self.config.hot_min_count
+        sketch = self._sketch
         halvings, hot = self._hot_owners
         if halvings != sketch.halvings:
             hot = set()
@@ -780,7 +802,7 @@ class Cost(Policy):
         def counts(owner: int) -> bool:
             if owner in hot:
                 return True
-            if sketch.estimate(owner) >= hot_min:
+            if self._hot(owner, sketch.estimate(owner)):
                 hot.add(owner)
                 return True
             return False
@@ -893,8 +915,11 @@ class Cost(Policy):
             if own is None:
                 own = self._own_load[replica] = DecayedRate(cfg.load_window_s)
             own.add(now, uncached)
-            if not self._hot(prep.seen):
-                self._rare_load.add(now, uncached)
+            if self._sketch.halvings:
+                self._judged += 1
+                self._judged_load.add(now, uncached)
+                if not self._hot(prep.key, prep.seen):
+                    self._rare_load.add(now, uncached)
             self._resize_scratch(now)
         learner = self._learner
         if learner is not None and request.affinity_key is None:
@@ -914,7 +939,7 @@ class Cost(Policy):
             fleet_tokens = sum(h.model.capacity for h in self._models.values())
             self._sketch.window = self._window(fleet_tokens)
         if self._routed % self._sketch.window == 0:
-            self._placement.prune(lambda key: self._hot(self._sketch.estimate(key)))
+            self._placement.prune(lambda key: self._hot(key, self._sketch.estimate(key)))
             replicas, up, in_scratch = self._eligible
             # the views of the last hot decision, less the replicas removed since
             facts = self._facts
@@ -949,8 +974,8 @@ class Cost(Policy):
         """``S`` from the rare prefill load in replicas, with a quarter replica of
         hysteresis so the set does not flap at a boundary."""
         cfg = self.config
-        every = self._all_load.rate(now)
-        if every <= 0 or self._routed < self._sketch.window:
+        every = self._judged_load.rate(now)
+        if every <= 0 or self._judged < _JUDGED_MIN:
             return  # until the sketch has seen a window, every prefix looks rare
         rare = self._rare_load.rate(now)
         if self._fleet_prefill is not None:

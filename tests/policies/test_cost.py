@@ -204,8 +204,32 @@ def test_the_scratch_set_grows_with_the_rare_prefill_load() -> None:
     # 2 replicas at 51%
     for i in range(300):
         route(policy, doc(20_000 + i), fleet, at=float(i))
+    # the sketch halved at 256 requests; 44 judged rare since are too few to size it by
+    assert policy.scratch_size == 1
+    for i in range(300, 400):
+        route(policy, doc(20_000 + i), fleet, at=float(i))
     assert policy.scratch_size == 2
     assert len(policy.scratch_set(fleet)) == 2
+
+
+@pytest.mark.parametrize("keep, stays", [(1, True), (2, False)])
+def test_a_placed_hot_document_whose_count_dips_at_a_halving_keeps_its_home(
+        keep: int, stays: bool) -> None:
+    policy = Cost(CostConfig(hot_keep_count=keep, fill_homes=False))
+    fleet = views()
+    hot = doc(9)
+    for t in range(3):  # counted 3: hot, and placed on a home
+        route(policy, hot, fleet, at=float(t))
+    fresh = views(epoch=1)  # caches emptied: where a document goes is its home, or scratch
+    home = policy.choose(request(hot, at=3.0), fresh)
+    assert home.reason == "affinity" and home.chosen not in policy.scratch_set(fleet)
+    for i in range(256):  # one-off documents: the sketch halves, the count falls to 1
+        route(policy, doc(30_000 + i, extra=0)[:200], fleet, at=4.0 + i * 0.01)
+    assert policy._sketch.estimate(policy._prepare(request(hot)).key) == 1
+    d = policy.choose(request(hot, at=10.0), fresh)
+    assert (d.chosen == home.chosen) is stays
+    assert (d.reason == "scratch") is not stays
+    assert policy.describe()["placed_hot_keys"] == (1 if stays else 0)
 
 
 def test_the_scratch_set_is_the_same_whatever_order_the_replicas_come_in() -> None:
@@ -225,6 +249,8 @@ def test_the_preset_builds_and_bad_values_are_named() -> None:
         build_policy({"name": "cost", "sketch_width": 1000})
     with pytest.raises(ConfigError, match="prefill_weight"):
         build_policy({"name": "cost", "prefill_weight": 0})
+    with pytest.raises(ConfigError, match="hot_keep_count"):
+        build_policy({"name": "cost", "hot_keep_count": 3})
 
 
 def test_the_head_index_follows_evictions_restarts_and_removals() -> None:
