@@ -27,7 +27,6 @@ from pathlib import Path
 import aiohttp
 
 SCENARIOS = ("stream_repeated", "stream_fresh", "plain_repeated")
-WARM_ROUNDS_PER_WORKER = 4  # a document missed by a worker: about (1 - 1/N)^(4N) < 2%
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -113,18 +112,46 @@ async def offered_load(url: str, payloads: Sequence[bytes], rate: float,
     return ok
 
 
+async def cover_workers(url: str, payloads: Sequence[bytes], workers: int,
+                        max_tries: int = 64) -> list[int]:
+    """Send each payload, each time on a connection of its own (the kernel hands each to
+    a worker anew), until ``workers`` worker processes have answered it (the
+    ``x-kvgate-worker`` header); a few payloads at a time. Returns the requests sent per
+    payload; raises when one has not reached every worker after ``max_tries``."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def cover(body: bytes) -> int:
+            seen: set[str] = set()
+            for tries in range(1, max_tries + 1):
+                async with session.post(url, data=body,
+                                        headers={"content-type": "application/json"}) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"{url} answered {r.status}")
+                    seen.add(r.headers.get("x-kvgate-worker", "-"))
+                if len(seen) >= workers:
+                    return tries
+            raise RuntimeError(f"a document reached workers {sorted(seen)} of {workers} in "
+                               f"{max_tries} requests, each on a new connection")
+
+        out: list[int] = []
+        for start in range(0, len(payloads), 8):
+            out += await asyncio.gather(*(cover(b) for b in payloads[start : start + 8]))
+    return out
+
+
 def warm_up(url: str, scenario: str, repeated: Sequence[str], rate: float,
             workers: int = 1) -> None:
     """Requests of ``scenario``'s kind before a measurement (connections open, memo
     filled). With ``workers`` processes each keeps its own tokenizer memo, and a
-    connection stays with one of them: the repeated pool is first sent
-    ``WARM_ROUNDS_PER_WORKER x workers`` times over, each request on a new connection, so
-    every worker has seen each document (with one pass alone, 31 of the 800 decisions of a
-    two-worker run took over 1 ms: the second worker's first encodings)."""
+    connection stays with one of them: each repeated document is first sent on new
+    connections until every worker has answered it (``cover_workers``; with one pass
+    alone, 31 of the 800 decisions of a two-worker run took over 1 ms: the second worker's
+    first encodings; with a fixed 8 passes over 16 documents a worker still missed one in
+    some runs)."""
     if workers > 1 and scenario != "stream_fresh":
-        rounds = WARM_ROUNDS_PER_WORKER * workers
-        spread = list(_take(scenario_bodies(scenario, repeated, 0), rounds * len(repeated)))
-        asyncio.run(offered_load(url, spread, rate * 4, fresh_connections=True))
+        pool = list(_take(scenario_bodies(scenario, repeated, 0), len(repeated)))
+        asyncio.run(cover_workers(url, pool, workers))
     warm = list(_take(scenario_bodies(scenario, repeated, len(repeated)), len(repeated)))
     asyncio.run(offered_load(url, warm, rate))
 
