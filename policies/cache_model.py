@@ -20,7 +20,7 @@ Not thread-safe; one owner (the policy) drives it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, overload
 
 
@@ -149,7 +149,12 @@ class ReplicaCacheModel:
         """Touch or insert the chain's entries (tail first), then evict LRU entries until
         the model fits its capacity; returns what was evicted."""
         entries = self._entries
-        for key, tokens in reversed(chain):
+        pairs: Iterable[tuple[int, int]]
+        if isinstance(chain, PromptChain):  # its keys and sizes, no entry built
+            pairs = chain.pairs_reversed()
+        else:
+            pairs = reversed(chain)
+        for key, tokens in pairs:
             held = entries.get(key)
             if held is None:
                 entries[key] = [tokens, owner]
@@ -231,21 +236,31 @@ class PromptChain(Sequence[ChainEntry]):
 
     def keys(self, count: int | None = None) -> list[int]:
         """The first ``count`` entries' keys (default: all), in order."""
-        key = self.key
-        return [key(i) for i in range(self._n if count is None else min(count, self._n))]
+        n = self._n if count is None else min(count, self._n)
+        keys, root, data, step = self._keys, self._root, self._data, self._step
+        for i in range(n):
+            if keys[i] is None:
+                keys[i] = hash((root, data[: (i + 1) * step]))
+        return keys[:n]  # type: ignore[return-value]
+
+    def pairs_reversed(self) -> Iterator[tuple[int, int]]:
+        """(key, tokens) of every entry, the last first (the order of admission)."""
+        keys = self.keys()
+        n = len(keys)
+        if n:
+            full = self._full
+            sizes = [full] * n
+            sizes[-1] = self._last
+            return zip(reversed(keys), reversed(sizes), strict=True)
+        return iter(())
 
     def size(self, i: int) -> int:
         """Tokens of entry ``i`` (``0 <= i < len``)."""
         return self._last if i == self._n - 1 else self._full
 
     def __reversed__(self) -> Iterator[ChainEntry]:
-        """The entries, the last first (the order of admission), without item access."""
-        n, key = self._n, self.key
-        if n:
-            yield ChainEntry(key(n - 1), self._last)
-        full = self._full
-        for i in range(n - 2, -1, -1):
-            yield ChainEntry(key(i), full)
+        """The entries, the last first (the order of admission)."""
+        return (ChainEntry(key, tokens) for key, tokens in self.pairs_reversed())
 
     def tokens_before(self, i: int) -> int:
         """Tokens of entries ``[0, i)``, for ``0 <= i <= len``."""
