@@ -149,11 +149,9 @@ class ReplicaCacheModel:
         """Touch or insert the chain's entries (tail first), then evict LRU entries until
         the model fits its capacity; returns what was evicted."""
         entries = self._entries
-        pairs: Iterable[tuple[int, int]]
-        if isinstance(chain, PromptChain):  # its keys and sizes, no entry built
-            pairs = chain.pairs_reversed()
-        else:
-            pairs = reversed(chain)
+        # a prompt chain's keys and sizes, without an entry tuple per block
+        pairs: Iterable[tuple[int, int]] = chain.pairs_reversed() \
+            if isinstance(chain, PromptChain) else reversed(chain)
         for key, tokens in pairs:
             held = entries.get(key)
             if held is None:
