@@ -149,7 +149,7 @@ class CostConfig:
     spill_wait: float = 1.0
     hot_spread: float = 1.5
     vnodes: int = 256
-    hot_min_count: int = 2
+    hot_min_count: int = 3
     hot_keep_count: int = 1
     window_factor: float = 4.0
     sketch_width: int = 1 << 16

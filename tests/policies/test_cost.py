@@ -250,7 +250,7 @@ def test_the_preset_builds_and_bad_values_are_named() -> None:
     with pytest.raises(ConfigError, match="prefill_weight"):
         build_policy({"name": "cost", "prefill_weight": 0})
     with pytest.raises(ConfigError, match="hot_keep_count"):
-        build_policy({"name": "cost", "hot_keep_count": 3})
+        build_policy({"name": "cost", "hot_keep_count": 4})
 
 
 def test_the_head_index_follows_evictions_restarts_and_removals() -> None:
