@@ -100,10 +100,10 @@ class ReplicaView(NamedTuple):
     pending_head_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaScore:
+class ReplicaScore(NamedTuple):
     """One replica's standing in a decision (for ``/admin/explain`` and tests);
-    ``terms`` names the parts a score was summed from, when the policy has them."""
+    ``terms`` names the parts a score was summed from, when the policy has them. (A named
+    tuple: a decision builds one per scored candidate.)"""
 
     replica: str
     score: float

@@ -276,3 +276,33 @@ class PromptChain(Sequence[ChainEntry]):
         if not 0 <= i < self._n:
             raise IndexError(f"chain entry {i} of {self._n}")
         return ChainEntry(self.key(i), self.size(i))
+
+
+def match_models(models: Sequence[ReplicaCacheModel], chain: PromptChain, hint: int = 0
+                 ) -> tuple[list[int], int]:
+    """``match(chain)`` of each model (tokens of the chain it holds) and the entries the
+    last one holds. Each model is first asked for the entries the one before held (or
+    ``hint``): two lookups when that is right, as it mostly is among the models that hold
+    a document, and the keys and sizes they read are shared."""
+    out: list[int] = []
+    n = len(chain)
+    probe: tuple[int, int | None, int | None, int, int] | None = None
+    for model in models:
+        entries = model._entries
+        if probe is None or probe[0] != hint:
+            probe = (hint, None, None, 0, 0) if not 0 < hint <= n else (
+                hint, chain.key(hint - 1), chain.key(hint) if hint < n else None,
+                chain.tokens_before(hint - 1), chain.size(hint - 1))
+        _, last, after, before, size = probe
+        if last is not None:
+            entry = entries.get(last)
+            if entry is not None and (after is None or after not in entries):
+                out.append(before + (size if size < entry[0] else entry[0]))
+                continue
+        hint = model.held(chain, hint)
+        if hint == 0:
+            out.append(0)
+            continue
+        size, held = chain.size(hint - 1), entries[chain.key(hint - 1)][0]
+        out.append(chain.tokens_before(hint - 1) + (size if size < held else held))
+    return out, hint

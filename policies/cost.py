@@ -87,8 +87,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 from itertools import compress
-from operator import attrgetter
-from typing import NamedTuple
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 from policies.base import (
     Decision,
@@ -108,6 +108,7 @@ from policies.cache_model import (
     PromptChain,
     ReplicaCacheModel,
     Victim,
+    match_models,
 )
 from policies.common_prefix import check_settings, learner_for
 from policies.frequency import FrequencySketch
@@ -116,11 +117,14 @@ from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
 from policies.prefix_affinity import request_namespace
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
-from policies.ring import RingCache, stable_hash, token_bytes, walk
+from policies.ring import Ring, RingCache, stable_hash, token_bytes, walk
 from policies.slots import DecodeSlots
 
 _SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
-_ID, _WEIGHT, _HEALTHY = attrgetter("id"), attrgetter("weight"), attrgetter("healthy")
+# a view's fields by position (it is a named tuple): cheaper than by name, once per replica
+# per decision
+_ID, _WEIGHT, _HEALTHY = (itemgetter(ReplicaView._fields.index(name))
+                          for name in ("id", "weight", "healthy"))
 _REFRESH_S = 0.25  # arrival seconds between reads of the views' slowly changing gauges
 _CHURN_BLOCK = 256  # tokens of others' prefill that enter a model as one entry
 _CHURN_OWNER = stable_hash(b"kvgate-others-prefill")  # the owner of those entries
@@ -135,6 +139,8 @@ _UNMATCHED_LIMIT = 1024
 # set is first sized from their load: sized from the first few, it grew and shrank again,
 # and moved the homes placed on the replicas in between each time
 _JUDGED_MIN = 128
+_NAMESPACES_KEPT = 1024  # (model, cache salt) pairs whose key hashes are kept
+_HINTS_KEPT = 1 << 14  # prefix keys whose entries held at the last match are kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,13 +282,18 @@ class Cost(Policy):
         self._scratch_size = cfg.min_scratch
         self._routed = 0
         self._memo: tuple[RouteRequest, _Prepared] | None = None
+        self._namespaces: dict[tuple[str | None, str | None], tuple[Any, int]] = {}
+        self._held_hints: dict[int, int] = {}  # prefix key -> entries held at its last match
         self._learner = learner_for(cfg)
         self._chain_digests = cfg.common_block == cfg.block_chunks
-        # the last views a hot key was placed over: (replicas, healthy, scratch indexes)
-        self._eligible: tuple[Sequence[ReplicaView], list[bool], set[int]] = ((), [], set())
+        # the replicas of the last hot decision: (ids, weights, healthy, scratch indexes)
+        self._eligible: tuple[list[str], list[float], list[bool], set[int]] = (
+            [], [], [], set())
         self._refreshed: tuple[float, int] | None = None  # (arrival, healthy count)
         self._mean_room = 0.0  # mean of ``_room`` over the replicas seen (``_refresh``)
-        self._index: tuple[tuple[str, ...], dict[str, int]] = ((), {})
+        # the last layout: (ids, weights, ring, owners as indexes, index of each id)
+        self._index: tuple[list[str], list[float], Ring, list[int], dict[str, int]] = (
+            [], [], Ring((), cfg.vnodes), [], {})
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
         # the last scratch set: (ring points, their owners as indexes of the views, size,
         # healthy flags, indexes); one membership in another order shares the points
@@ -318,11 +329,25 @@ class Cost(Policy):
             chunks, unit = request.chunks, max(request.chunk_tokens, 1e-9)
         else:
             chunks, unit = id_chunks(request.tokens), float(IDS_PER_CHUNK)
-        return chunks[: self.config.max_chunks], unit
+        limit = self.config.max_chunks
+        return (chunks[:limit] if len(chunks) > limit else chunks), unit
+
+    def _namespace(self, request: RouteRequest) -> tuple[Any, int]:
+        """For the request's model and cache salt: a hash of them to start its prefix key
+        from, and its chain's root (kept for the last ``_NAMESPACES_KEPT`` pairs)."""
+        name = (request.model, request.cache_salt)
+        found = self._namespaces.get(name)
+        if found is None:
+            if len(self._namespaces) >= _NAMESPACES_KEPT:
+                self._namespaces.clear()
+            space = request_namespace(request)
+            found = self._namespaces[name] = (
+                blake2b(space, digest_size=8, person=b"kvgate-cost"), stable_hash(space))
+        return found
 
     def _key(self, request: RouteRequest, units: memoryview, chain: PromptChain) -> int:
         """The request's prefix key (stable across processes)."""
-        h = blake2b(request_namespace(request), digest_size=8, person=b"kvgate-cost")
+        h = self._namespace(request)[0].copy()
         if request.affinity_key is not None:
             h.update(b"\x01" + request.affinity_key.encode())
         else:
@@ -346,8 +371,7 @@ class Cost(Policy):
             return memo[1]
         chunks, unit = self._units(request)
         units = token_bytes(chunks)
-        chain = PromptChain(units, self.config.block_chunks, unit,
-                            stable_hash(request_namespace(request)))
+        chain = PromptChain(units, self.config.block_chunks, unit, self._namespace(request)[1])
         key = self._key(request, units, chain)
         prepared = _Prepared(key, units, chain, self._sketch.estimate(key))
         self._memo = (request, prepared)
@@ -369,26 +393,28 @@ class Cost(Policy):
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         cfg = self.config
         up = list(map(_HEALTHY, replicas))
-        ok = list(compress(replicas, up)) or healthy(replicas)  # healthy() names the error
-        self._refresh(ok, request.arrival_s)
+        n_ok = up.count(True)
+        if not n_ok:
+            healthy(replicas)  # names the error
+        self._refresh(replicas, up, n_ok, request.arrival_s)
         ids = list(map(_ID, replicas))
         weights = list(map(_WEIGHT, replicas))
-        ring, owners = self._rings.layout(ids, weights)
-        index = self._index_of(ids)
+        ring, owners, index = self._layout(ids, weights)
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
         hot = self._hot(prep.key, prep.seen)
         pace = self._pace.value_s
         points, distinct = ring.points, len(ring)
 
-        scratch = self._scratch(points, owners, distinct, up, len(ok))
+        scratch = self._scratch(points, owners, distinct, up, n_ok)
         in_scratch = set(scratch)
         waits: dict[int, float] = {}
+        slots = cfg.slot_weight > 0 and self._slots.known
 
         def wait_of(i: int) -> float:
             w = waits.get(i)
             if w is None:
-                w = waits[i] = self._wait(replicas[i], pace)
+                w = waits[i] = self._wait(replicas[i], pace, slots)
             return w
 
         # candidates, in the order ties are broken by
@@ -400,13 +426,12 @@ class Cost(Policy):
         rare_home: int | None = None
         first: int | None = None  # a hot key's placed home (on the scratch set: overflow)
         if hot:
-            eligible = len(ok) - len(scratch)
+            eligible = n_ok - len(scratch)
             # a prefix carrying more than a replica's share of the requests (an app's
             # system prompt) gets as many homes as its share needs
             share = prep.seen / self._sketch.total if self._sketch.total > 0 else 0.0
             spread = max(1, min(eligible, math.ceil(share * eligible * cfg.hot_spread)))
-            first = self._home(prep, p, replicas, index, points, owners, distinct, up,
-                               in_scratch)
+            first = self._home(prep, p, ids, index, points, owners, distinct, up, in_scratch)
             if first is not None:
                 homes.append(first)
             for i in walk(points, owners, distinct, prep.key):
@@ -420,7 +445,7 @@ class Cost(Policy):
             busy = not firsts or min(map(wait_of, firsts)) \
                 > cfg.spill_wait * p * pace
             candidates.update(dict.fromkeys(homes if busy else firsts))
-            self._eligible = (replicas, up, in_scratch)
+            self._eligible = (ids, weights, up, in_scratch)
         else:
             busy = True
             rare_home = self._roomy_home(p, replicas, points, owners, distinct, up,
@@ -443,21 +468,29 @@ class Cost(Policy):
         pruned: list[int] = []
         best_total = math.inf
 
+        # the terms' constant factors, taken once (each product as the terms multiply it)
+        prefill_weight, tail_weight = cfg.prefill_weight, cfg.tail_weight
+        misplaced_p, late_p = cfg.scratch_loss * p, (1.0 + cfg.tail_slack) * p
+        evicts = cfg.eviction_weight > 0 or cfg.rare_eviction_weight > 0
+        evict_s = (cfg.eviction_weight if hot else cfg.rare_eviction_weight) * pace
+        churn_scale = 1.0 if hot or not evicts else self._fleet_scale()
+        hot_owner = self._hot_owner()
+        inf = math.inf
+
         def score(batch: list[int], first_order: int) -> None:
             nonlocal best_total
             bounds: list[tuple[float, int, int, float, float, float, float]] = []
             for order, i in enumerate(batch, first_order):
-                r = replicas[i]
-                t = pace / r.weight if r.weight > 0 else math.inf
+                w = replicas[i].weight
+                t = pace / w if w > 0 else inf
                 wait = wait_of(i)
                 uncached = (p - matched.get(i, 0)) * t
-                prefill = uncached * cfg.prefill_weight
-                misplaced = cfg.scratch_loss * p * t \
-                    if hot and i in in_scratch and i != first else 0.0
+                prefill = uncached * prefill_weight
+                misplaced = misplaced_p * t if hot and i in in_scratch and i != first else 0.0
                 # past the first token an idle replica would give the whole prompt
                 # uncached, with tail_slack, this request would be in the tail
-                late = cfg.tail_weight * max(0.0, wait + uncached
-                                             - (1.0 + cfg.tail_slack) * p * t)
+                over = wait + uncached - late_p * t
+                late = tail_weight * over if over > 0.0 else 0.0
                 bounds.append((wait + prefill + misplaced + late, order, i, wait, prefill,
                                misplaced, late))
             bounds.sort()
@@ -466,14 +499,14 @@ class Cost(Policy):
                     pruned.append(i)
                     continue
                 evict = 0.0
-                if cfg.eviction_weight > 0 or cfg.rare_eviction_weight > 0:
+                if evicts:
                     m = matched.get(i, 0)
-                    churn = p - m if hot else round((p - m) * self._fleet_scale())
-                    weight = cfg.eviction_weight if hot else cfg.rare_eviction_weight
-                    evict = weight * pace * self._hot_victims(replicas[i].id, churn,
-                                                              prep.key, hot_memo)
+                    churn = p - m if hot else round((p - m) * churn_scale)
+                    evict = evict_s * self._hot_victims(replicas[i].id, churn, prep.key,
+                                                        hot_owner, hot_memo)
                 total = bound + evict
-                best_total = min(best_total, total)
+                if total < best_total:
+                    best_total = total
                 terms = (("wait_s", wait), ("prefill_s", prefill), ("evict_s", evict),
                          ("scratch_s", misplaced), ("late_s", late))
                 scored.append((total, order, i, terms, bound))
@@ -532,15 +565,18 @@ class Cost(Policy):
                 return i if max(used, self._placement.tokens_on(rid)) + p <= room else None
         return None
 
-    def _refresh(self, ok: list[ReplicaView], now: float | None) -> None:
+    def _refresh(self, replicas: Sequence[ReplicaView], up: list[bool], n_ok: int,
+                 now: float | None) -> None:
         """Take the replicas' epochs, capacities, slot gauges and prefill rates from the
-        views: at most every ``_REFRESH_S`` of arrival time (they change with scrapes, a
-        second or more apart), and whenever the healthy count changes."""
+        healthy views (``up``, ``n_ok`` of them): at most every ``_REFRESH_S`` of arrival
+        time (they change with scrapes, a second or more apart), and whenever the healthy
+        count changes."""
         last = self._refreshed
-        if now is not None and last is not None and last[1] == len(ok) \
+        if now is not None and last is not None and last[1] == n_ok \
                 and 0.0 <= now - last[0] < _REFRESH_S:
             return
-        self._refreshed = None if now is None else (now, len(ok))
+        self._refreshed = None if now is None else (now, n_ok)
+        ok = list(compress(replicas, up))
         facts = self._facts
         for r in ok:
             facts[r.id] = (r.epoch, r.kv_capacity_tokens)
@@ -577,16 +613,21 @@ class Cost(Policy):
                 churn -= int(churn)
             self._churn[r.id] = churn
 
-    def _index_of(self, ids: list[str]) -> dict[str, int]:
-        """Position of each id in ``ids`` (kept for the last order seen)."""
-        order = tuple(ids)
-        if self._index[0] != order:
-            self._index = (order, {rid: i for i, rid in enumerate(order)})
-        return self._index[1]
+    def _layout(self, ids: list[str], weights: list[float]
+                ) -> tuple[Ring, list[int], dict[str, int]]:
+        """The ring over these replicas, its owners as positions in ``ids``, and each id's
+        position (kept for the last membership and order seen: compared as lists, which
+        is cheaper than the ring cache's tuple keys, and most decisions see the last)."""
+        last = self._index
+        if last[0] != ids or last[1] != weights:
+            ring, owners = self._rings.layout(ids, weights)
+            last = self._index = (ids, weights, ring, owners,
+                                  {rid: i for i, rid in enumerate(ids)})
+        return last[2], last[3], last[4]
 
-    def _home(self, prep: _Prepared, p: int, replicas: Sequence[ReplicaView],
-              index: dict[str, int], points: list[int], owners: list[int], distinct: int,
-              up: list[bool], in_scratch: set[int]) -> int | None:
+    def _home(self, prep: _Prepared, p: int, ids: Sequence[str], index: dict[str, int],
+              points: list[int], owners: list[int], distinct: int, up: list[bool],
+              in_scratch: set[int]) -> int | None:
         """Index of a hot key's first home: its placement (``placement``), bounded by
         what each replica's cache holds and by a fair share of the hot keys."""
         if self.config.placement_slack is None:
@@ -600,36 +641,35 @@ class Cost(Policy):
             if i >= 0 and up[i] and (i not in in_scratch or self.config.placement_overflow):
                 return i
         home = self._placement.place(
-            prep.key, p, self._order_of(replicas, points, owners, distinct, up, in_scratch),
-            self._eligible_ids(replicas, up, in_scratch), self._room,
-            self._overflow(replicas, points, owners, distinct, up, in_scratch))
+            prep.key, p, self._order_of(ids, points, owners, distinct, up, in_scratch),
+            self._eligible_ids(ids, up, in_scratch), self._room,
+            self._overflow(ids, points, owners, distinct, up, in_scratch))
         return None if home is None else index[home]
 
     @staticmethod
-    def _order_of(replicas: Sequence[ReplicaView], points: list[int], owners: list[int],
+    def _order_of(ids: Sequence[str], points: list[int], owners: list[int],
                   distinct: int, up: list[bool], in_scratch: set[int], scratch: bool = False
                   ) -> Callable[[int], Iterator[str]]:
         """A key's eligible homes (healthy, not scratch; with ``scratch``, the scratch
         replicas instead), lazily in ring order from it."""
         def order(key: int) -> Iterator[str]:
-            return (replicas[i].id for i in walk(points, owners, distinct, key)
+            return (ids[i] for i in walk(points, owners, distinct, key)
                     if up[i] and (i in in_scratch) == scratch)
         return order
 
-    def _overflow(self, replicas: Sequence[ReplicaView], points: list[int], owners: list[int],
+    def _overflow(self, ids: Sequence[str], points: list[int], owners: list[int],
                   distinct: int, up: list[bool], in_scratch: set[int]) -> Overflow | None:
         """The scratch set, as where hot keys go that no home has room for
         (``placement_overflow``)."""
         if not self.config.placement_overflow or not in_scratch:
             return None
-        return Overflow({replicas[i].id for i in in_scratch},
-                        self._order_of(replicas, points, owners, distinct, up, in_scratch,
+        return Overflow({ids[i] for i in in_scratch},
+                        self._order_of(ids, points, owners, distinct, up, in_scratch,
                                        scratch=True))
 
     @staticmethod
-    def _eligible_ids(replicas: Sequence[ReplicaView], up: list[bool], in_scratch: set[int]
-                      ) -> set[str]:
-        return {r.id for i, r in enumerate(replicas) if up[i] and i not in in_scratch}
+    def _eligible_ids(ids: Sequence[str], up: list[bool], in_scratch: set[int]) -> set[str]:
+        return {rid for i, rid in enumerate(ids) if up[i] and i not in in_scratch}
 
     def _room(self, replica: str) -> int:
         """Tokens of hot prefixes ``replica``'s cache is taken to hold."""
@@ -663,13 +703,17 @@ class Cost(Policy):
         return tuple(replicas[i].id for i in self._scratch(ring.points, owners, len(ring), up,
                                                            sum(up)))
 
-    def _wait(self, r: ReplicaView, pace: float) -> float:
+    def _wait(self, r: ReplicaView, pace: float, slots: bool) -> float:
         """Predicted seconds before ``r`` starts a new prompt: its queue, less the part of
         its oldest unanswered request it is likely through (that request's age, never more
-        than its own prefill); or, when longer, the wait for a free decode slot."""
-        t = pace / r.weight if r.weight > 0 else math.inf
-        queue = max(0.0, r.queued_tokens * t - min(r.pending_age_s, r.pending_head_tokens * t))
-        return max(queue, self._slot_wait(r))
+        than its own prefill); or, when longer and ``slots`` are weighed (``slot_weight``,
+        once learned), the wait for a free decode slot."""
+        w = r.weight
+        t = pace / w if w > 0 else math.inf
+        queue = r.queued_tokens * t - min(r.pending_age_s, r.pending_head_tokens * t)
+        if queue < 0.0:
+            queue = 0.0
+        return max(queue, self._slot_wait(r)) if slots else queue
 
     def _slot_wait(self, r: ReplicaView) -> float:
         """Weighted seconds before a decode slot frees on ``r`` for one more request."""
@@ -688,22 +732,26 @@ class Cost(Policy):
         if not holders:
             return out
         models = self._models
-        chain, hint = prep.chain, 0
-        lasts: dict[int, tuple[int, int, int]] = {}  # entries held -> the chain's figures
+        chain, top = prep.chain, p - 1
+        # entries held where this prefix was last matched: the first model's hint (mostly
+        # right: a document's blocks, then the question's), so it need not bisect
+        hints = self._held_hints
+        first = hints.get(prep.key, 0)
+        where, holding = [], []
         for rid in holders:
             i = index.get(rid)
             if i is not None and up[i]:
                 held = models[rid]
                 if held.epoch == replicas[i].epoch:
-                    hint = n = held.model.held(chain, hint)
-                    if n == 0:
-                        out[i] = 0
-                        continue
-                    last = lasts.get(n)
-                    if last is None:  # tokens before the last entry held, its key, size
-                        last = lasts[n] = (chain.tokens_before(n - 1), chain.key(n - 1),
-                                           chain.size(n - 1))
-                    out[i] = min(last[0] + held.model.tokens_held(last[1], last[2]), p - 1)
+                    where.append(i)
+                    holding.append(held.model)
+        tokens, hint = match_models(holding, chain, first)
+        for i, n in zip(where, tokens, strict=True):
+            out[i] = n if n < top else top
+        if hint != first and hint:
+            if len(hints) >= _HINTS_KEPT:
+                hints.clear()
+            hints[prep.key] = hint
         return dict(sorted(out.items()))  # in the fleet's order: ties break the same way
 
     def _indexed(self, request: RouteRequest, prep: _Prepared, replicas: Sequence[ReplicaView],
@@ -786,13 +834,10 @@ class Cost(Policy):
             raise ValueError("no healthy replica to choose from")
         return best, outside if outside >= 0 else best
 
-    def _hot_victims(self, replica: str, new_tokens: int, keep_owner: int,
-                     memo: dict[int, bool]) -> int:
-        """Tokens of hot prefixes that admitting ``new_tokens`` would evict there."""
-        held = self._models.get(replica)
-        if held is None:
-            return 0
-
+    def _hot_owner(self) -> Callable[[int], bool]:
+        """Whether a cache entry's owner (a prefix key) is hot: ``_hot`` of its count,
+        with the owners found hot kept until the sketch halves (counts only grow
+        between two halvings)."""
         sketch = self._sketch
         halvings, hot = self._hot_owners
         if halvings != sketch.halvings:
@@ -806,7 +851,15 @@ class Cost(Policy):
                 hot.add(owner)
                 return True
             return False
-        return held.model.evicted_tokens(new_tokens, keep_owner, counts, memo)
+        return counts
+
+    def _hot_victims(self, replica: str, new_tokens: int, keep_owner: int,
+                     hot_owner: Callable[[int], bool], memo: dict[int, bool]) -> int:
+        """Tokens of hot prefixes that admitting ``new_tokens`` would evict there."""
+        held = self._models.get(replica)
+        if held is None:
+            return 0
+        return held.model.evicted_tokens(new_tokens, keep_owner, hot_owner, memo)
 
     # -- what happened ----------------------------------------------------------------------
     def observe(self, event: RouteEvent) -> None:
@@ -940,17 +993,16 @@ class Cost(Policy):
             self._sketch.window = self._window(fleet_tokens)
         if self._routed % self._sketch.window == 0:
             self._placement.prune(lambda key: self._hot(key, self._sketch.estimate(key)))
-            replicas, up, in_scratch = self._eligible
-            # the views of the last hot decision, less the replicas removed since
+            ids, weights, up, in_scratch = self._eligible
+            # the replicas of the last hot decision, less those removed since
             facts = self._facts
-            up = [u and r.id in facts for u, r in zip(up, replicas, strict=True)]
+            up = [u and rid in facts for u, rid in zip(up, ids, strict=True)]
             in_scratch = {i for i in in_scratch if up[i]}
-            ring, owners = self._rings.layout([r.id for r in replicas],
-                                              [r.weight for r in replicas])
-            self._placement.assign(self._order_of(replicas, ring.points, owners, len(ring),
+            ring, owners = self._rings.layout(ids, weights)
+            self._placement.assign(self._order_of(ids, ring.points, owners, len(ring),
                                                   up, in_scratch),
-                                   self._eligible_ids(replicas, up, in_scratch), self._room,
-                                   self._overflow(replicas, ring.points, owners, len(ring),
+                                   self._eligible_ids(ids, up, in_scratch), self._room,
+                                   self._overflow(ids, ring.points, owners, len(ring),
                                                   up, in_scratch))
 
     def _fleet_scale(self) -> float:

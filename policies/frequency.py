@@ -55,8 +55,9 @@ class FrequencySketch:
 
     def estimate(self, key: int) -> int:
         """The key's decayed count (never below the true one)."""
-        counts = self._counts
-        return min([counts[i] for i in self._slots(key)])
+        counts, mask = self._counts, self.mask
+        both = key | (((key * _MIX) & _MASK64) << 64)  # as ``_slots``, inlined: hot path
+        return min([counts[base + ((both >> shift) & mask)] for base, shift in self._pairs])
 
     def add(self, key: int, count: int = 1) -> int:
         """Count ``key`` and return its new estimate; halves everything every ``window``."""

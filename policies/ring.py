@@ -39,7 +39,11 @@ def _hash_point(label: str) -> int:
 
 def token_bytes(tokens: Sequence[int]) -> memoryview:
     """Token ids as little-endian u32 bytes (``OverflowError`` for ids outside u32)."""
-    arr = tokens if isinstance(tokens, array) and tokens.typecode == "I" else array("I", tokens)
+    if isinstance(tokens, array) and tokens.typecode == "I":
+        arr = tokens
+    else:
+        arr = array("I")  # fromlist: a tenth faster than array("I", tokens) from a list
+        arr.fromlist(tokens if isinstance(tokens, list) else list(tokens))
     if not _LITTLE_ENDIAN:
         arr = array("I", arr)
         arr.byteswap()

@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.cache_model import ChainEntry, PromptChain, ReplicaCacheModel
+from policies.cache_model import ChainEntry, PromptChain, ReplicaCacheModel, match_models
 from policies.ring import token_bytes
 
 # prompts over a small alphabet of units, so that they share prefixes of every length
@@ -74,6 +74,30 @@ def test_model_is_an_lru_of_token_sizes(prompts: list[list[int]], capacity: int,
             assert evicted[: len(predicted)] == [v.key for v in predicted][: len(evicted)]
         assert model.keys_lru() == [it[0] for it in brute.items]
         model.check_integrity()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(prompts_st, min_size=1, max_size=5), st.integers(0, 1 << 16),
+       st.lists(st.integers(0, 3), max_size=6), st.integers(1, 120), st.integers(0, 26),
+       st.sampled_from([1, 2, 3]))
+def test_matching_several_models_at_once_is_each_ones_match(
+        fleet: list[list[list[int]]], pick: int, question: list[int], capacity: int,
+        hint: int, block: int) -> None:
+    # one chain against the models of several replicas, each holding what its own prompts
+    # left (some holding the chain's document whole, some part of it or nothing): the
+    # chain is one of those prompts (the document) with a question of its own after it
+    models = []
+    for prompts in fleet:
+        model = ReplicaCacheModel(capacity)
+        for owner, units in enumerate(prompts):
+            model.admit(PromptChain(token_bytes(units), block, 2.5, root=1), owner)
+        models.append(model)
+    documents = [units for prompts in fleet for units in prompts]
+    chain = PromptChain(token_bytes(documents[pick % len(documents)] + question), block, 2.5,
+                        root=1)
+    tokens, last = match_models(models, chain, hint)  # a hint right or wrong
+    assert tokens == [model.match(chain) for model in models]
+    assert last == models[-1].held(chain)
 
 
 def test_a_prompt_is_admitted_tail_first() -> None:
