@@ -481,9 +481,12 @@ class Cost(Policy):
             nonlocal best_total
             bounds: list[tuple[float, int, int, float, float, float, float]] = []
             for order, i in enumerate(batch, first_order):
-                w = replicas[i].weight
+                r = replicas[i]
+                w = r.weight
                 t = pace / w if w > 0 else inf
-                wait = wait_of(i)
+                wait = waits.get(i)
+                if wait is None:  # wait_of(i), inlined
+                    wait = waits[i] = self._wait(r, pace, slots)
                 uncached = (p - matched.get(i, 0)) * t
                 prefill = uncached * prefill_weight
                 misplaced = misplaced_p * t if hot and i in in_scratch and i != first else 0.0

@@ -25,8 +25,8 @@ _MASK64 = (1 << 64) - 1
 class FrequencySketch:
     """Decayed counts of 64-bit keys; see the module docstring."""
 
-    __slots__ = ("_adds", "_counts", "_pairs", "_view", "depth", "halvings", "mask", "total",
-                 "width", "window")
+    __slots__ = ("_adds", "_counts", "_four", "_pairs", "_view", "depth", "halvings", "mask",
+                 "total", "width", "window")
 
     def __init__(self, width: int = 1 << 16, depth: int = 4, window: int = 4096) -> None:
         if width < 2 or width & (width - 1):
@@ -43,6 +43,8 @@ class FrequencySketch:
         self._view = np.frombuffer(self._counts, dtype=np.uint32)  # for halving in bulk
         # per row: (its first counter, the shift of its window of the mixed key)
         self._pairs = [(row * width, row * 128 // depth) for row in range(depth)]
+        # rows read bits [0, 32), [32, 64) of the key and of the mixed key: unrolled
+        self._four = depth == 4 and width <= 1 << 32
         self._adds = 0
         self.total = 0.0  # decayed sum of all adds
         self.halvings = 0  # estimates only grow between two halvings
@@ -56,7 +58,13 @@ class FrequencySketch:
     def estimate(self, key: int) -> int:
         """The key's decayed count (never below the true one)."""
         counts, mask = self._counts, self.mask
-        both = key | (((key * _MIX) & _MASK64) << 64)  # as ``_slots``, inlined: hot path
+        mixed = (key * _MIX) & _MASK64
+        if self._four:  # ``_slots`` unrolled for the default depth: a decision's hot path
+            width = self.width
+            return min(counts[key & mask], counts[width + ((key >> 32) & mask)],
+                       counts[2 * width + (mixed & mask)],
+                       counts[3 * width + ((mixed >> 32) & mask)])
+        both = key | (mixed << 64)
         return min([counts[base + ((both >> shift) & mask)] for base, shift in self._pairs])
 
     def add(self, key: int, count: int = 1) -> int:

@@ -57,3 +57,15 @@ def test_counts_halve_every_window() -> None:
 def test_bad_shapes_are_rejected(width: int, depth: int) -> None:
     with pytest.raises(ValueError, match=r"width|depth"):
         FrequencySketch(width=width, depth=depth)
+
+
+@pytest.mark.parametrize("depth", [1, 3, 4, 8])
+@pytest.mark.parametrize("width", [2, 1024, 1 << 16])
+def test_estimate_reads_the_counters_add_raised(depth: int, width: int) -> None:
+    # the estimate (unrolled for depth 4) reads each row's counter where add() wrote it
+    sketch = FrequencySketch(width=width, depth=depth, window=10**9)
+    rng = random.Random(depth * width)
+    for key in keys(300, seed=depth):
+        new = sketch.add(key, rng.randint(1, 5))
+        assert sketch.estimate(key) == new
+        assert sketch.estimate(key) == min(sketch._counts[i] for i in sketch._slots(key))
