@@ -88,7 +88,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 from itertools import compress
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from policies.base import (
     Decision,
@@ -282,7 +282,7 @@ class Cost(Policy):
         self._scratch_size = cfg.min_scratch
         self._routed = 0
         self._memo: tuple[RouteRequest, _Prepared] | None = None
-        self._namespaces: dict[tuple[str | None, str | None], tuple[Any, int]] = {}
+        self._namespaces: dict[tuple[str | None, str | None], tuple[blake2b, int]] = {}
         self._held_hints: dict[int, int] = {}  # prefix key -> entries held at its last match
         self._learner = learner_for(cfg)
         self._chain_digests = cfg.common_block == cfg.block_chunks
@@ -332,7 +332,7 @@ class Cost(Policy):
         limit = self.config.max_chunks
         return (chunks[:limit] if len(chunks) > limit else chunks), unit
 
-    def _namespace(self, request: RouteRequest) -> tuple[Any, int]:
+    def _namespace(self, request: RouteRequest) -> tuple[blake2b, int]:
         """For the request's model and cache salt: a hash of them to start its prefix key
         from, and its chain's root (kept for the last ``_NAMESPACES_KEPT`` pairs)."""
         name = (request.model, request.cache_salt)
