@@ -198,16 +198,24 @@ class ReplicaCacheModel:
             raise AssertionError(f"cache model: used {self.used} > capacity {self.capacity}")
 
 
+_STRETCH = 16  # entries hashed from one base key (see PromptChain)
+
+
 class PromptChain(Sequence[ChainEntry]):
     """A prompt's chain entries, each key hashed on first use: ``match`` bisects, so a
-    decision reads O(log n) keys of a chain it does not admit. Entry ``i`` covers units
-    ``[iB, (i+1)B)`` and its key is a hash of every unit before its end::
+    decision reads a few keys of a chain it does not admit. Entry ``i`` covers units
+    ``[iB, (i+1)B)``; its key hashes the units from the start of its stretch of ``S``
+    (``_STRETCH``) entries to its end, after the key that ends the stretch before::
 
-        key_i = H(root, units[0 : (i+1)B])        root: model and cache salt
+        key_i = H(base_a, units[aSB : (i+1)B])    a = i // S
+        base_0 = root (model and cache salt),  base_a = key_{aS-1}
 
-    which, like a chain of block hashes, names the whole prefix (H is Python's hash of a
-    tuple, over a view of the units rather than a copy: keys live only in this process's
-    models). Entries hold ``block x unit_tokens`` tokens; the last may hold fewer.
+    so, like a chain of block hashes, it names the whole prefix, while a key costs at most
+    ``S`` blocks of hashing plus one key per stretch before it: hashing every prefix
+    whole cost the square of the chain's length to admit (about 12 ms for a 128k-token
+    prompt, on the event loop). H is Python's hash of a tuple, over a view of the units
+    rather than a copy: keys live only in this process's models. Entries hold
+    ``block x unit_tokens`` tokens; the last may hold fewer.
     """
 
     __slots__ = ("_data", "_full", "_keys", "_last", "_n", "_root", "_step")
@@ -227,18 +235,30 @@ class PromptChain(Sequence[ChainEntry]):
         return self._n
 
     def key(self, i: int) -> int:
-        key = self._keys[i]
+        keys = self._keys
+        key = keys[i]
         if key is None:
-            key = self._keys[i] = hash((self._root, self._data[: (i + 1) * self._step]))
+            data, step, base = self._data, self._step, self._root
+            start = i - i % _STRETCH
+            for end in range(_STRETCH - 1, start, _STRETCH):  # the stretches' last keys
+                found = keys[end]
+                if found is None:
+                    found = keys[end] = hash((base, data[(end + 1 - _STRETCH) * step
+                                                         : (end + 1) * step]))
+                base = found
+            key = keys[i] = hash((base, data[start * step : (i + 1) * step]))
         return key
 
     def keys(self, count: int | None = None) -> list[int]:
         """The first ``count`` entries' keys (default: all), in order."""
         n = self._n if count is None else min(count, self._n)
-        keys, root, data, step = self._keys, self._root, self._data, self._step
+        keys, base, data, step = self._keys, self._root, self._data, self._step
+        start = 0
         for i in range(n):
+            if i - start == _STRETCH:
+                base, start = keys[i - 1], i
             if keys[i] is None:
-                keys[i] = hash((root, data[: (i + 1) * step]))
+                keys[i] = hash((base, data[start * step : (i + 1) * step]))
         return keys[:n]  # type: ignore[return-value]
 
     def pairs_reversed(self) -> Iterator[tuple[int, int]]:

@@ -123,3 +123,29 @@ def test_prompt_chain_shares_leading_blocks() -> None:
     for units in ([*doc, 3], doc[:4], doc[:1], []):  # admitted tail first: the same entries
         lazy = PromptChain(token_bytes(units), 4, 2.5, 5)
         assert list(reversed(lazy)) == chain(units)[::-1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=90), st.lists(st.integers(0, 3), max_size=20),
+       st.randoms(use_true_random=False), st.sampled_from([1, 2, 3]))
+def test_chain_keys_name_whole_prefixes_in_any_order(units: list[int], more: list[int],
+                                                     rng, block: int) -> None:
+    # keys past a stretch of entries hash from the stretch before's last key: asked in
+    # any order (as a bisection does) they are the keys asked in order, and two prompts
+    # share exactly the keys of the blocks they share whole
+    chain = PromptChain(token_bytes(units), block, 2.5, root=1)
+    ordered = chain.keys()
+    lazy = PromptChain(token_bytes(units), block, 2.5, root=1)
+    order = list(range(len(lazy)))
+    rng.shuffle(order)
+    asked = {i: lazy.key(i) for i in order}
+    assert [asked[i] for i in range(len(lazy))] == ordered
+    other = PromptChain(token_bytes(units + more), block, 2.5, root=1).keys()
+    shared = len(units) // block
+    assert other[:shared] == ordered[:shared]
+    if units:  # a unit changed: the keys of its block and every block after it change
+        for at in (0, len(units) - 1):
+            changed = [*units[:at], units[at] + 1, *units[at + 1:], *more]
+            keys = PromptChain(token_bytes(changed), block, 2.5, root=1).keys()
+            assert not set(keys) & set(ordered[at // block:])
+
