@@ -16,7 +16,8 @@ the radix tree's own estimate; timing runs with tracing off. ``observe_p50_us``:
 median of the ``observe(Routed)`` after each timed choice (a policy that learns from what it
 routed pays it on every request too). ``gateway_views_us``: the
 median time of the gateway's replica snapshots (``Fleet.views``) per replica count, which
-every decision starts from.
+every decision starts from. ``cost_long_prompt``: ``cost``'s median ``choose`` and
+``observe`` on ``--long-tokens``-token prompts (a long-context request), 8 replicas.
 """
 
 from __future__ import annotations
@@ -137,6 +138,35 @@ def _request(policy: Policy, tokens: array, rid: str, as_list: bool = False,
                         arrival_s=at, chunks=chunks, chunk_tokens=float(IDS_PER_CHUNK))
 
 
+def long_prompt_us(tokens: int, replicas: int = 8, documents: int = 8, asks: int = 4,
+                   seed: int = 3) -> dict[str, float]:
+    """``cost``'s median ``choose`` and ``observe(Routed)`` on ``tokens``-token prompts
+    (``documents`` documents asked ``asks`` times each, in turn, each time with another
+    question): what one long-context request costs the event loop to route and to
+    remember."""
+    rng = random.Random(seed)
+    library = make_library(documents, tokens, rng)
+    policy = build_policy(load_preset("cost"))
+    fleet = Fleet(replicas, 4 * tokens)
+    chosen, observed = [], []
+    clock = time.perf_counter_ns
+    for ask in range(asks):
+        for d, doc in enumerate(library):
+            question = array("I", (rng.randrange(VOCAB) for _ in range(80)))
+            req = _request(policy, doc + question, f"l{ask}-{d}", as_list=True,
+                           at=(ask * documents + d) * 0.02)
+            views = fleet.views()
+            start = clock()
+            rid = policy.choose(req, views).chosen
+            mid = clock()
+            policy.observe(Routed(req, rid, views))
+            chosen.append((mid - start) / 1000)
+            observed.append((clock() - mid) / 1000)
+            fleet.routed(rid, len(doc) + len(question))
+    return {"tokens": tokens, "choose_p50_us": round(statistics.median(chosen), 1),
+            "observe_p50_us": round(statistics.median(observed), 1)}
+
+
 def views_us(replicas: int, samples: int = 2000) -> float:
     """Median microseconds of the gateway's ``Fleet.views`` over ``replicas`` scraped
     replicas with requests in flight and a token ratio learned anew between calls (as
@@ -175,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--capacity", type=int, default=200_000, help="KV capacity in tokens")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="small run: 200 docs, 2,000 warm-up")
+    ap.add_argument("--long-tokens", type=int, default=131_072,
+                    help="cost's choose and observe on prompts this long, 8 replicas "
+                    "(cost_long_prompt; 0: skip)")
     args = ap.parse_args(argv)
     if args.quick:
         args.documents, args.warmup, args.samples = 200, 2000, 500
@@ -199,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             del policy
             print(f"{name:16s} {n:4d} replicas: {results[name][str(n)]}", flush=True)
     results["gateway_views_us"] = {str(n): views_us(n) for n in args.replicas}
+    if "cost" in args.policies and args.long_tokens > 0:
+        results["cost_long_prompt"] = long_prompt_us(args.long_tokens)
+        print(f"cost, {args.long_tokens}-token prompts: {results['cost_long_prompt']}",
+              flush=True)
     for name, by_count in memory.items():
         key = "64" if "64" in by_count else next(iter(by_count))
         results[f"{name}_memory_mb"] = by_count[key]["tracemalloc_mb"]
