@@ -253,12 +253,14 @@ class PromptChain(Sequence[ChainEntry]):
         """The first ``count`` entries' keys (default: all), in order."""
         n = self._n if count is None else min(count, self._n)
         keys, base, data, step = self._keys, self._root, self._data, self._step
-        start = 0
+        start = last = 0
         for i in range(n):
             if i - start == _STRETCH:
-                base, start = keys[i - 1], i
-            if keys[i] is None:
-                keys[i] = hash((base, data[start * step : (i + 1) * step]))
+                base, start = last, i
+            key = keys[i]
+            if key is None:
+                key = keys[i] = hash((base, data[start * step : (i + 1) * step]))
+            last = key
         return keys[:n]  # type: ignore[return-value]
 
     def pairs_reversed(self) -> Iterator[tuple[int, int]]:
