@@ -140,6 +140,7 @@ _UNMATCHED_LIMIT = 1024
 # and moved the homes placed on the replicas in between each time
 _JUDGED_MIN = 128
 _NAMESPACES_KEPT = 1024  # (model, cache salt) pairs whose key hashes are kept
+_NAMESPACE_KEPT_BYTES = 512  # ... when their names take at most this many bytes
 _HINTS_KEPT = 1 << 14  # prefix keys whose entries held at the last match are kept
 
 
@@ -334,15 +335,17 @@ class Cost(Policy):
 
     def _namespace(self, request: RouteRequest) -> tuple[blake2b, int]:
         """For the request's model and cache salt: a hash of them to start its prefix key
-        from, and its chain's root (kept for the last ``_NAMESPACES_KEPT`` pairs)."""
+        from, and its chain's root (kept for the last ``_NAMESPACES_KEPT`` pairs of short
+        names: a model name is as long as a client makes it)."""
         name = (request.model, request.cache_salt)
         found = self._namespaces.get(name)
         if found is None:
-            if len(self._namespaces) >= _NAMESPACES_KEPT:
-                self._namespaces.clear()
             space = request_namespace(request)
-            found = self._namespaces[name] = (
-                blake2b(space, digest_size=8, person=b"kvgate-cost"), stable_hash(space))
+            found = (blake2b(space, digest_size=8, person=b"kvgate-cost"), stable_hash(space))
+            if len(space) <= _NAMESPACE_KEPT_BYTES:
+                if len(self._namespaces) >= _NAMESPACES_KEPT:
+                    self._namespaces.clear()
+                self._namespaces[name] = found
         return found
 
     def _key(self, request: RouteRequest, units: memoryview, chain: PromptChain) -> int:
@@ -714,7 +717,7 @@ class Cost(Policy):
         w = r.weight
         t = pace / w if w > 0 else math.inf
         queue = r.queued_tokens * t - min(r.pending_age_s, r.pending_head_tokens * t)
-        if queue < 0.0:
+        if not queue > 0.0:  # NaN too (a weight of 0 and nothing queued), as max(0.0, ·)
             queue = 0.0
         return max(queue, self._slot_wait(r)) if slots else queue
 

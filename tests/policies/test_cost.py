@@ -465,3 +465,27 @@ def test_no_hot_prefix_is_placed_on_a_removed_replica_again() -> None:
     assert len(policy._placement) == 24
     policy.check_integrity()
     assert policy._placement.tokens_on("r5") == 0
+
+
+def test_a_replica_of_weight_zero_holding_the_prompt_is_never_chosen() -> None:
+    # its wait is 0 x inf (nothing queued, no speed): scored as never starting, not NaN
+    policy = Cost()
+    tokens = doc(7)
+    fleet = views()
+    holder = route(policy, tokens, fleet)
+    weightless = [v._replace(weight=0.0) if v.id == holder else v for v in fleet]
+    decision = policy.choose(request(doc(7)), weightless)
+    assert decision.chosen != holder
+    assert all(s.score == s.score for s in decision.scores)  # no NaN among them
+
+
+def test_long_model_names_are_not_kept_by_the_key_memo() -> None:
+    # a client names the model: a long name is hashed per request, not kept
+    policy = Cost()
+    fleet = views()
+    for i in range(3):
+        long_name = f"{i}" + "m" * 10_000
+        req = RouteRequest(tokens=doc(i), prompt_tokens=DOC, model=long_name, arrival_s=0.0)
+        policy.observe(Routed(req, policy.choose(req, fleet).chosen))
+    route(policy, doc(9), fleet)
+    assert sum(len(name[0] or "") for name in policy._namespaces) < 100
