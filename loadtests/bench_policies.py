@@ -111,22 +111,31 @@ def run_one(
         traced = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
     samples, observed = [], []
-    clock = time.perf_counter_ns
     for i, tokens in enumerate(timed):
         req = _request(policy, tokens, f"t{i}", as_list=True, at=(len(warm) + i) * 0.02)
-        views = fleet.views()
-        start = clock()
-        rid = policy.choose(req, views).chosen
-        chosen = clock()
-        policy.observe(Routed(req, rid, views))
-        samples.append((chosen - start) / 1000)
-        observed.append((clock() - chosen) / 1000)
-        fleet.routed(rid, len(tokens))
+        choose_us, observe_us = _timed_route(policy, fleet, req, len(tokens))
+        samples.append(choose_us)
+        observed.append(observe_us)
     samples.sort()
     p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
     figures = {"p50_us": round(statistics.median(samples), 1), "p99_us": round(p99, 1),
                "observe_p50_us": round(statistics.median(observed), 1)}
     return figures, policy, traced
+
+
+def _timed_route(policy: Policy, fleet: Fleet, req: RouteRequest, tokens: int
+                 ) -> tuple[float, float]:
+    """Route ``req`` over ``fleet``: microseconds of ``choose`` and of the
+    ``observe(Routed)`` after it."""
+    clock = time.perf_counter_ns
+    views = fleet.views()
+    start = clock()
+    rid = policy.choose(req, views).chosen
+    chosen = clock()
+    policy.observe(Routed(req, rid, views))
+    observed = clock()
+    fleet.routed(rid, tokens)
+    return (chosen - start) / 1000, (observed - chosen) / 1000
 
 
 def _request(policy: Policy, tokens: array, rid: str, as_list: bool = False,
@@ -149,20 +158,14 @@ def long_prompt_us(tokens: int, replicas: int = 8, documents: int = 8, asks: int
     policy = build_policy(load_preset("cost"))
     fleet = Fleet(replicas, 4 * tokens)
     chosen, observed = [], []
-    clock = time.perf_counter_ns
     for ask in range(asks):
         for d, doc in enumerate(library):
-            question = array("I", (rng.randrange(VOCAB) for _ in range(80)))
-            req = _request(policy, doc + question, f"l{ask}-{d}", as_list=True,
+            prompt = doc + array("I", (rng.randrange(VOCAB) for _ in range(80)))
+            req = _request(policy, prompt, f"l{ask}-{d}", as_list=True,
                            at=(ask * documents + d) * 0.02)
-            views = fleet.views()
-            start = clock()
-            rid = policy.choose(req, views).chosen
-            mid = clock()
-            policy.observe(Routed(req, rid, views))
-            chosen.append((mid - start) / 1000)
-            observed.append((clock() - mid) / 1000)
-            fleet.routed(rid, len(doc) + len(question))
+            choose_us, observe_us = _timed_route(policy, fleet, req, len(prompt))
+            chosen.append(choose_us)
+            observed.append(observe_us)
     return {"tokens": tokens, "choose_p50_us": round(statistics.median(chosen), 1),
             "observe_p50_us": round(statistics.median(observed), 1)}
 

@@ -62,7 +62,11 @@ class ReplicaCacheModel:
     def match(self, chain: Sequence[ChainEntry]) -> int:
         """Tokens of the chain's leading entries the model holds (a last entry held
         shorter than asked counts its held size)."""
-        n = self.held(chain)
+        return self.tokens_of(chain, self.held(chain))
+
+    def tokens_of(self, chain: Sequence[ChainEntry], n: int) -> int:
+        """Tokens the model holds of the chain's first ``n`` entries, ``n`` being what it
+        holds of the chain (``held``): a last entry held shorter counts its held size."""
         if n == 0:
             return 0
         last = chain[n - 1]
@@ -322,9 +326,5 @@ def match_models(models: Sequence[ReplicaCacheModel], chain: PromptChain, hint: 
                 out.append(before + (size if size < entry[0] else entry[0]))
                 continue
         hint = model.held(chain, hint)
-        if hint == 0:
-            out.append(0)
-            continue
-        size, held = chain.size(hint - 1), entries[chain.key(hint - 1)][0]
-        out.append(chain.tokens_before(hint - 1) + (size if size < held else held))
+        out.append(model.tokens_of(chain, hint))
     return out, hint

@@ -117,7 +117,7 @@ from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
 from policies.prefix_affinity import request_namespace
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
-from policies.ring import Ring, RingCache, stable_hash, token_bytes, walk
+from policies.ring import RingCache, stable_hash, token_bytes, walk
 from policies.slots import DecodeSlots
 
 _SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
@@ -292,9 +292,7 @@ class Cost(Policy):
             [], [], [], set())
         self._refreshed: tuple[float, int] | None = None  # (arrival, healthy count)
         self._mean_room = 0.0  # mean of ``_room`` over the replicas seen (``_refresh``)
-        # the last layout: (ids, weights, ring, owners as indexes, index of each id)
-        self._index: tuple[list[str], list[float], Ring, list[int], dict[str, int]] = (
-            [], [], Ring((), cfg.vnodes), [], {})
+        self._index: tuple[list[str], dict[str, int]] = ([], {})  # the last order seen
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
         # the last scratch set: (ring points, their owners as indexes of the views, size,
         # healthy flags, indexes); one membership in another order shares the points
@@ -402,7 +400,8 @@ class Cost(Policy):
         self._refresh(replicas, up, n_ok, request.arrival_s)
         ids = list(map(_ID, replicas))
         weights = list(map(_WEIGHT, replicas))
-        ring, owners, index = self._layout(ids, weights)
+        ring, owners = self._rings.layout(ids, weights)
+        index = self._index_of(ids)
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
         hot = self._hot(prep.key, prep.seen)
@@ -412,12 +411,11 @@ class Cost(Policy):
         scratch = self._scratch(points, owners, distinct, up, n_ok)
         in_scratch = set(scratch)
         waits: dict[int, float] = {}
-        slots = cfg.slot_weight > 0 and self._slots.known
 
         def wait_of(i: int) -> float:
             w = waits.get(i)
             if w is None:
-                w = waits[i] = self._wait(replicas[i], pace, slots)
+                w = waits[i] = self._wait(replicas[i], pace)
             return w
 
         # candidates, in the order ties are broken by
@@ -484,12 +482,9 @@ class Cost(Policy):
             nonlocal best_total
             bounds: list[tuple[float, int, int, float, float, float, float]] = []
             for order, i in enumerate(batch, first_order):
-                r = replicas[i]
-                w = r.weight
+                w = replicas[i].weight
                 t = pace / w if w > 0 else inf
-                wait = waits.get(i)
-                if wait is None:  # wait_of(i), inlined
-                    wait = waits[i] = self._wait(r, pace, slots)
+                wait = wait_of(i)
                 uncached = (p - matched.get(i, 0)) * t
                 prefill = uncached * prefill_weight
                 misplaced = misplaced_p * t if hot and i in in_scratch and i != first else 0.0
@@ -619,17 +614,11 @@ class Cost(Policy):
                 churn -= int(churn)
             self._churn[r.id] = churn
 
-    def _layout(self, ids: list[str], weights: list[float]
-                ) -> tuple[Ring, list[int], dict[str, int]]:
-        """The ring over these replicas, its owners as positions in ``ids``, and each id's
-        position (kept for the last membership and order seen: compared as lists, which
-        is cheaper than the ring cache's tuple keys, and most decisions see the last)."""
-        last = self._index
-        if last[0] != ids or last[1] != weights:
-            ring, owners = self._rings.layout(ids, weights)
-            last = self._index = (ids, weights, ring, owners,
-                                  {rid: i for i, rid in enumerate(ids)})
-        return last[2], last[3], last[4]
+    def _index_of(self, ids: list[str]) -> dict[str, int]:
+        """Position of each id in ``ids`` (kept for the last order seen)."""
+        if self._index[0] != ids:
+            self._index = (list(ids), {rid: i for i, rid in enumerate(ids)})
+        return self._index[1]
 
     def _home(self, prep: _Prepared, p: int, ids: Sequence[str], index: dict[str, int],
               points: list[int], owners: list[int], distinct: int, up: list[bool],
@@ -709,17 +698,16 @@ class Cost(Policy):
         return tuple(replicas[i].id for i in self._scratch(ring.points, owners, len(ring), up,
                                                            sum(up)))
 
-    def _wait(self, r: ReplicaView, pace: float, slots: bool) -> float:
+    def _wait(self, r: ReplicaView, pace: float) -> float:
         """Predicted seconds before ``r`` starts a new prompt: its queue, less the part of
         its oldest unanswered request it is likely through (that request's age, never more
-        than its own prefill); or, when longer and ``slots`` are weighed (``slot_weight``,
-        once learned), the wait for a free decode slot."""
+        than its own prefill); or, when longer, the wait for a free decode slot."""
         w = r.weight
         t = pace / w if w > 0 else math.inf
         queue = r.queued_tokens * t - min(r.pending_age_s, r.pending_head_tokens * t)
         if not queue > 0.0:  # NaN too (a weight of 0 and nothing queued), as max(0.0, ·)
             queue = 0.0
-        return max(queue, self._slot_wait(r)) if slots else queue
+        return max(queue, self._slot_wait(r))
 
     def _slot_wait(self, r: ReplicaView) -> float:
         """Weighted seconds before a decode slot frees on ``r`` for one more request."""

@@ -50,20 +50,15 @@ class FrequencySketch:
         self.halvings = 0  # estimates only grow between two halvings
 
     def _slots(self, key: int) -> list[int]:
-        """Each row's counter for ``key``."""
-        mask = self.mask
         mixed = (key * _MIX) & _MASK64
-        if self._four:  # unrolled for the default depth: every decision reads a few keys
-            width = self.width
-            return [key & mask, width + ((key >> 32) & mask), 2 * width + (mixed & mask),
-                    3 * width + ((mixed >> 32) & mask)]
         both = key | (mixed << 64)  # 128 bits; rows read disjoint windows when width <= 2^16
+        mask = self.mask
         return [base + ((both >> shift) & mask) for base, shift in self._pairs]
 
     def estimate(self, key: int) -> int:
         """The key's decayed count (never below the true one)."""
         counts = self._counts
-        if self._four:  # ``_slots`` inlined: half the time, and a decision asks a few
+        if self._four:  # ``_slots`` unrolled: half the time, and a decision asks a few
             mask, width = self.mask, self.width
             mixed = (key * _MIX) & _MASK64
             return min(counts[key & mask], counts[width + ((key >> 32) & mask)],

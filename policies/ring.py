@@ -115,9 +115,13 @@ class RingCache:
         self._rings: OrderedDict[tuple[tuple[str, float], ...], Ring] = OrderedDict()
         self._layouts: OrderedDict[tuple[tuple[str, ...], tuple[float, ...]],
                                    tuple[Ring, list[int]]] = OrderedDict()
+        self._last: tuple[list[str], list[float], tuple[Ring, list[int]]] | None = None
 
     def layout(self, ids: Sequence[str], weights: Sequence[float]) -> tuple[Ring, list[int]]:
         """The ring over these replicas and its owners as positions in ``ids``."""
+        last = self._last
+        if last is not None and last[0] == ids and last[1] == weights:
+            return last[2]  # most decisions see the last membership: compared as lists
         order = (tuple(ids), tuple(weights))
         layout = self._layouts.get(order)
         if layout is None:
@@ -130,4 +134,5 @@ class RingCache:
             layout = self._layouts[order] = (ring, ring.indexed(ids))
             while len(self._layouts) > self._KEEP:
                 self._layouts.popitem(last=False)
+        self._last = (list(ids), list(weights), layout)
         return layout

@@ -9,7 +9,7 @@ import pytest
 
 from policies.base import ReplicaView, RouteRequest
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
-from policies.ring import Ring, stable_hash, token_bytes
+from policies.ring import Ring, RingCache, stable_hash, token_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 VNODES = PrefixAffinityConfig().vnodes
@@ -126,3 +126,18 @@ def test_layout_is_uhashrings_with_our_hash(weights: tuple[float, ...]) -> None:
     nodes = {rid: {"vnodes": max(1, round(40 * w)), "weight": 1} for rid, w in sorted(members)}
     theirs = HashRing(nodes=nodes, hash_fn=lambda label: stable_hash(label.encode()))
     assert list(zip(ring.points, ring.owners, strict=True)) == theirs.get_points()
+
+
+def test_a_layout_follows_the_ids_even_when_the_callers_list_is_changed_in_place() -> None:
+    # the last layout is kept for the last ids and weights seen: a copy of them, so a
+    # caller that reuses its list gets the layout of what the list holds now
+    cache = RingCache(16)
+    ids, weights = ["a", "b", "c"], [1.0, 1.0, 1.0]
+    first = cache.layout(ids, weights)
+    assert cache.layout(["a", "b", "c"], [1.0, 1.0, 1.0]) is first
+    ids[0], ids[2] = "c", "a"
+    ring, owners = cache.layout(ids, weights)
+    assert [ids[i] for i in owners] == ring.owners
+    weights[1] = 2.0
+    assert cache.layout(ids, weights)[0].members == {"c": 1.0, "b": 2.0, "a": 1.0}
+
