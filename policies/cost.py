@@ -27,7 +27,7 @@ a document, or an app's system prompt and tools.
 Scratch set: the first ``S`` healthy replicas on the ring walked from a fixed key, so it
 is stable and every gateway copy agrees on it; ``S`` is the rare prefixes' prefill load
 (in replicas) over ``scratch_utilization``, between ``min_scratch`` and
-``max_scratch_fraction`` of the fleet.
+``max_scratch_fraction`` of the fleet; it grows a replica at a time, a sketch window apart.
 
 Candidates: the replicas the model says hold part of the prompt; for a hot key its homes:
 the first is placed by ``placement`` (the first non-scratch replica on the ring walked from
@@ -281,6 +281,7 @@ class Cost(Policy):
         self._facts: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, capacity)
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
         self._scratch_size = cfg.min_scratch
+        self._grown_at = -(1 << 62)  # self._routed when the scratch set last grew
         self._routed = 0
         self._memo: tuple[RouteRequest, _Prepared] | None = None
         self._namespaces: dict[tuple[str | None, str | None], tuple[blake2b, int]] = {}
@@ -1018,7 +1019,8 @@ class Cost(Policy):
 
     def _resize_scratch(self, now: float) -> None:
         """``S`` from the rare prefill load in replicas, with a quarter replica of
-        hysteresis so the set does not flap at a boundary."""
+        hysteresis so the set does not flap at a boundary; it grows by one replica at a
+        time, at most once per sketch window of routed requests."""
         cfg = self.config
         every = self._judged_load.rate(now)
         if every <= 0 or self._judged < _JUDGED_MIN:
@@ -1045,7 +1047,14 @@ class Cost(Policy):
                 need = max(float(spare), hottest)
         size = self._scratch_size
         if need > size:
-            size = math.ceil(need)
+            # one replica at a time, a sketch window of routed requests apart: early in a
+            # run the rare load reads high (prefixes not yet counted hot, caches still
+            # filling), and a set grown to it at once shrank again, moving the homes of
+            # the replica in between both times
+            if self._routed - self._grown_at < self._sketch.window:
+                return
+            self._grown_at = self._routed
+            size += 1
         elif hottest is not None:
             if hottest <= size - 1.25:
                 size = max(spare, math.ceil(hottest))

@@ -1,5 +1,6 @@
 import random
 from collections.abc import Sequence
+from itertools import pairwise
 
 import pytest
 
@@ -210,6 +211,22 @@ def test_the_scratch_set_grows_with_the_rare_prefill_load() -> None:
         route(policy, doc(20_000 + i), fleet, at=float(i))
     assert policy.scratch_size == 2
     assert len(policy.scratch_set(fleet)) == 2
+
+
+def test_the_scratch_set_grows_a_replica_at_a_time_a_sketch_window_apart() -> None:
+    # two one-off documents a second at 1 ms per token: ~2 replicas busy, 4 at 51%
+    policy = Cost(CostConfig(prefill_s_per_token=1e-3, scratch_utilization=0.55,
+                             max_scratch_fraction=0.5))
+    fleet = views(n=8)
+    sizes = []
+    for i in range(1600):
+        route(policy, doc(20_000 + i), fleet, at=i / 2)
+        sizes.append(policy.scratch_size)
+    grew = [i for i in range(1, len(sizes)) if sizes[i] > sizes[i - 1]]
+    assert [sizes[i] - sizes[i - 1] for i in grew] == [1] * len(grew)
+    assert all(b - a >= policy._sketch.window for a, b in pairwise(grew))
+    assert sizes[-1] == 4  # where it gets, the load's need: 2.04 / 0.55 -> 4
+    assert len(grew) == 3
 
 
 @pytest.mark.parametrize("keep, stays", [(1, True), (2, False)])
