@@ -148,4 +148,3 @@ def test_chain_keys_name_whole_prefixes_in_any_order(units: list[int], more: lis
             changed = [*units[:at], units[at] + 1, *units[at + 1:], *more]
             keys = PromptChain(token_bytes(changed), block, 2.5, root=1).keys()
             assert not set(keys) & set(ordered[at // block:])
-

@@ -140,4 +140,3 @@ def test_a_layout_follows_the_ids_even_when_the_callers_list_is_changed_in_place
     assert [ids[i] for i in owners] == ring.owners
     weights[1] = 2.0
     assert cache.layout(ids, weights)[0].members == {"c": 1.0, "b": 2.0, "a": 1.0}
-
