@@ -37,10 +37,14 @@ a fair share of them: ring hashing alone overfills some LRU caches and underfill
 the homes depend on the hot set alone, so every gateway copy agrees on them), the
 next ones follow on the ring; one home, or as many as the key's share of the requests
 needs (share x replicas x ``hot_spread``: an app's system prompt), and once those wait more
-than ``spill_wait`` prefills of this prompt, up to ``homes`` of them and the least loaded
-replicas; for a rare key its first ring replica outside the scratch set while that cache
-has room for it (``fill_homes``: caches still filling, so its next request hits there),
-else the scratch set and the least loaded replica. For each, in
+than ``spill_wait`` prefills of what waiting there saves, up to ``homes`` of them and the
+least loaded replicas (what it saves: the part of the prompt the first homes hold, and of
+the rest the chance that the first home, an LRU cache, still holds it when the key comes
+again, by Che's approximation from the key's request rate and the cache's turnover:
+``spill_survival``; where the hot set outgrows the fleet's KV and the caches thrash, a
+queued home is no longer waited for); for a rare key its first ring replica outside the
+scratch set while that cache has room for it (``fill_homes``: caches still filling, so its
+next request hits there), else the scratch set and the least loaded replica. For each, in
 seconds, with ``t`` the pace over the replica's weight::
 
     wait     = queued tokens x t, less the part of the oldest queued request the replica
@@ -177,6 +181,7 @@ class CostConfig:
     placement_slack: float | None = 0.05
     placement_fill: float = 0.9
     placement_overflow: bool = True
+    spill_survival: bool = True
     prefill_s_per_token: float = 1e-4
     capacity_fraction: float = 1.0
     default_capacity_tokens: int = 200_000
@@ -260,6 +265,7 @@ class Cost(Policy):
         self._pace = PrefillPace(cfg.prefill_s_per_token)
         self._slots = DecodeSlots()
         self._all_load = DecayedRate(cfg.load_window_s)  # uncached tokens routed
+        self._requests = DecayedRate(cfg.load_window_s)  # requests routed
         self._own_load: dict[str, DecayedRate] = {}  # ... per replica
         self._churn: dict[str, float] = {}  # others' prefill not yet in the model, tokens
         self._churn_key = 0  # the last churn entry's key
@@ -442,10 +448,10 @@ class Cost(Policy):
                 if up[i] and i not in in_scratch and i != first:
                     homes.append(i)
             # the first homes, which every gateway copy agrees on; the others, and the
-            # least loaded, only once those are a whole prefill behind
+            # least loaded, only once those are behind by the prefill waiting there saves
             firsts = homes[:spread]
-            busy = not firsts or min(map(wait_of, firsts)) \
-                > cfg.spill_wait * p * pace
+            busy = not firsts or min(map(wait_of, firsts)) > cfg.spill_wait * pace * \
+                self._saved_at_home(p, firsts, matched, replicas, share, request.arrival_s)
             candidates.update(dict.fromkeys(homes if busy else firsts))
             self._eligible = (ids, weights, up, in_scratch)
         else:
@@ -549,6 +555,33 @@ class Cost(Policy):
                         for total, _, i, terms, _ in scored])
         return Decision(tuple([ids[i] for i in ranked_idx] + list(compress(ids, rest))),
                         reason, matched.get(best, 0), scores)
+
+    def _saved_at_home(self, p: int, firsts: list[int], matched: dict[int, int],
+                       replicas: Sequence[ReplicaView], share: float, now: float | None
+                       ) -> float:
+        """Prompt tokens that waiting for a hot key's first homes saves (``spill_survival``):
+        what they hold of the prompt, and of the rest the chance that the first home still
+        holds it when the key is asked again; without it, the whole prompt."""
+        if not self.config.spill_survival or now is None:
+            return p
+        held = max(matched.get(i, 0) for i in firsts)
+        return held + (p - held) * self._survival(replicas[firsts[0]], share, now)
+
+    def _survival(self, r: ReplicaView, share: float, now: float) -> float:
+        """Che's approximation for an LRU cache: the chance that a prefix with ``share`` of
+        the requests is asked again before it reaches the LRU end of ``r``'s cache, which
+        takes (capacity, plus the room still free) / (tokens the cache takes in a second)
+        seconds. Where caches thrash (a hot set larger than the fleet's KV) it is low and a
+        queued home is not worth waiting for: the prompt would be evicted before its next
+        use anyway."""
+        held = self._models.get(r.id)
+        own = self._own_load.get(r.id)
+        inflow = max(own.rate(now) if own is not None else 0.0, r.prefill_tokens_per_s or 0.0)
+        if held is None or inflow <= 0:
+            return 1.0
+        model = held.model
+        turnover = (2 * model.capacity - min(model.used, model.capacity)) / inflow
+        return -math.expm1(-share * self._requests.rate(now) * turnover)
 
     def _roomy_home(self, p: int, replicas: Sequence[ReplicaView], points: list[int],
                     owners: list[int], distinct: int, up: list[bool], in_scratch: set[int],
@@ -959,6 +992,7 @@ class Cost(Policy):
         now = request.arrival_s
         if now is not None:
             self._all_load.add(now, uncached)
+            self._requests.add(now, 1.0)
             own = self._own_load.get(replica)
             if own is None:
                 own = self._own_load[replica] = DecayedRate(cfg.load_window_s)

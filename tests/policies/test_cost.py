@@ -392,6 +392,29 @@ def test_a_hot_document_spills_to_the_least_loaded_once_its_homes_are_busy() -> 
     assert set(reasons[:-1]) <= {"cache_match", "affinity"}
 
 
+@pytest.mark.parametrize("prefill_per_s, spills", [(None, False), (1e7, True)])
+def test_a_queued_home_is_waited_for_only_where_its_cache_would_keep_the_prompt(
+        prefill_per_s: float | None, spills: bool) -> None:
+    tokens = doc(3)
+    for survival in (False, True):
+        policy = Cost(CostConfig(min_scratch=1, spill_survival=survival))
+        for k in range(4):  # seen often enough to be hot, among one-off documents
+            route(policy, tokens, views(), at=float(k))
+            for j in range(10):
+                route(policy, doc(100 + 10 * k + j), views(), at=k + 0.05 * (j + 1))
+        # the replicas restarted (nothing cached); its home has half a prefill queued and
+        # takes in prefill at prefill_per_s (with 1e7 its cache turns over in a millisecond)
+        home = policy.choose(request(tokens, at=4.0), views(epoch=1)).chosen
+        fleet = [v._replace(prefill_tokens_per_s=prefill_per_s) if v.id == home else v
+                 for v in views(queued={home: len(tokens) // 2}, epoch=1)]
+        d = policy.choose(request(tokens, at=4.0), fleet)
+        # it leaves the home for an idle replica (its second home) only where the home's
+        # cache would not keep the prompt, and only with spill_survival
+        assert (d.chosen != home) is (spills and survival), (survival, d.reason)
+        assert dict(d.scores[0].terms)["wait_s"] == (0.0 if d.chosen != home else
+                                                     pytest.approx(len(tokens) // 2 * 1e-4))
+
+
 def test_a_hot_document_no_home_has_room_for_lives_on_the_scratch_set() -> None:
     # 4 replicas holding 3 documents each, one of them scratch: 11 hot documents fill the
     # 3 homes (9) and leave 2 on the scratch replica, which is then their home (affinity,
