@@ -450,8 +450,11 @@ class Cost(Policy):
             # the first homes, which every gateway copy agrees on; the others, and the
             # least loaded, only once those are behind by the prefill waiting there saves
             firsts = homes[:spread]
-            busy = not firsts or min(map(wait_of, firsts)) > cfg.spill_wait * pace * \
-                self._saved_at_home(p, firsts, matched, replicas, share, request.arrival_s)
+            waited = min(map(wait_of, firsts)) if firsts else 0.0
+            # (an idle first home is never busy: the saving is not asked for then)
+            busy = not firsts or (waited > 0.0 and waited > cfg.spill_wait * pace
+                                  * self._saved_at_home(p, firsts, matched, replicas, share,
+                                                        request.arrival_s))
             candidates.update(dict.fromkeys(homes if busy else firsts))
             self._eligible = (ids, weights, up, in_scratch)
         else:
@@ -565,6 +568,8 @@ class Cost(Policy):
         if not self.config.spill_survival or now is None:
             return p
         held = max(matched.get(i, 0) for i in firsts)
+        if held >= p:
+            return held
         return held + (p - held) * self._survival(replicas[firsts[0]], share, now)
 
     def _survival(self, r: ReplicaView, share: float, now: float) -> float:
