@@ -3,7 +3,10 @@
 Key: a stable 64-bit hash of (model, cache salt, ``tokens[skip : skip + K]``), or of
 (model, cache salt, ``request.affinity_key``) when the request carries one. ``skip`` is the
 length of a prefix most traffic shares (a system prompt), learned from traffic (see
-``common_prefix``), so such a prefix does not put every request on one key.
+``common_prefix``), so such a prefix does not put every request on one key. The window may
+end before K (``key_depth``, ``key_rungs``): where what comes back is shorter than K (a
+document, then its question), or where a conversation's later turn extends an earlier
+window (it takes that one's key).
 
 Units: with ``chunk_chars`` > 0 (the default) the key hashes the prompt's pieces
 (``prompt_chunks``: hashes of ``chunk_chars`` characters, or of 16 token ids when the
@@ -43,6 +46,7 @@ from policies.base import (
     healthy,
 )
 from policies.common_prefix import check_settings, learner_for
+from policies.key_depth import KeyDepth, Window
 from policies.least_load import least_loaded
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
 from policies.ring import Ring, RingCache, token_bytes, walk
@@ -55,6 +59,7 @@ class PrefixAffinityConfig:
     """See ``presets/prefix_affinity.yaml`` for what each key means."""
 
     prefix_tokens: int = 1024
+    key_rungs: int = 4
     overload: float = 1.25
     vnodes: int = 1024
     fallbacks: int = 2
@@ -70,7 +75,7 @@ class PrefixAffinityConfig:
 
     def validate(self) -> None:
         check_settings(self)
-        positive = ("prefix_tokens", "vnodes")
+        positive = ("prefix_tokens", "key_rungs", "vnodes")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
@@ -115,6 +120,7 @@ class PrefixAffinity(Policy):
         # K and the learner in the key's units: tokens, or pieces
         self._units = cfg.in_pieces() if cfg.chunk_chars > 0 else cfg
         self._learner = learner_for(self._units)
+        self._depth = KeyDepth(self._units.prefix_tokens, cfg.key_rungs)
 
     @property
     def tokens_needed(self) -> int:  # type: ignore[override]
@@ -160,21 +166,26 @@ class PrefixAffinity(Policy):
         return self._rings.layout([r.id for r in replicas], [r.weight for r in replicas])[0]
 
     def key(self, request: RouteRequest) -> int:
-        """The request's 64-bit ring key (the same in every process)."""
-        h = blake2b(request_namespace(request), digest_size=8)
+        """The request's 64-bit ring key (the same in every process that has seen its
+        prefix: ``key_depth``)."""
         if request.affinity_key is not None:
+            h = blake2b(request_namespace(request), digest_size=8)
             h.update(b"\x01")
             h.update(request.affinity_key.encode())
-        else:
-            h.update(b"\x00")
-            data, n, anchor = self._key_units(request)
-            skip = self._learner.skip(data, n) if self._learner else 0
-            end = skip + self._units.prefix_tokens
-            if anchor is not None and skip < anchor < end:
-                end = anchor  # a conversation keeps its key as its history grows
-            # data holds 4 bytes per unit: [4*skip, 4*end) is the hashed window
-            h.update(data[4 * skip : 4 * end])
-        return int.from_bytes(h.digest(), "little")
+            return int.from_bytes(h.digest(), "little")
+        return self._depth.pick(self._window_of(request))
+
+    def _window_of(self, request: RouteRequest) -> Window:
+        """What the key is picked from: at most K units after the common prefix, ending at
+        the anchor when the prompt has one inside them."""
+        data, n, anchor = self._key_units(request)
+        skip = self._learner.skip(data, n) if self._learner else 0
+        end = min(n, skip + self._units.prefix_tokens)
+        if anchor is not None and skip < anchor < end:
+            end = anchor  # a conversation keeps its key as its history grows
+        h = blake2b(request_namespace(request), digest_size=8)
+        h.update(b"\x00")
+        return self._depth.window(h, data, skip, end)
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         ok = healthy(replicas)
@@ -220,8 +231,12 @@ class PrefixAffinity(Policy):
         return Decision((spill, *rest), "spill", 0, scores)
 
     def observe(self, event: RouteEvent) -> None:
-        if isinstance(event, Routed) and self._learner and event.request.affinity_key is None:
-            request = event.request
+        if not isinstance(event, Routed) or event.request.affinity_key is not None:
+            return
+        request = event.request
+        window = self._window_of(request)  # before the learner moves on
+        self._depth.observe(window, self._depth.pick(window))
+        if self._learner:
             data, n, _ = self._key_units(request)
             length = request.prompt_tokens  # the prompt's length in units
             if self.chunk_chars > 0:  # only the pieces read are there: estimated

@@ -256,6 +256,31 @@ def test_pieces_key_documents_and_skip_a_learned_system_prompt() -> None:
     assert len(Counter(next(iter(s)) for s in by_contract.values())) >= 6
 
 
+def test_documents_shorter_than_k_are_keyed_by_themselves_not_their_questions() -> None:
+    """Documents of ~2,000 characters (about half of K) each followed by a question: from
+    a document's second request on, it keeps one replica (the key's rungs), and documents
+    spread over the fleet."""
+    policy = PrefixAffinity(PrefixAffinityConfig(learn_common_prefix=False))
+    fleet = views({f"r{i}": 0 for i in range(8)})
+    contracts = [words(s, 300) for s in range(40)]
+    questions = iter(words(10_000 + i, 20) for i in range(10_000))
+
+    def route(i: int) -> str:
+        req = text_request(contracts[i] + next(questions))
+        chosen = policy.choose(req, fleet).chosen
+        policy.observe(Routed(req, chosen))
+        return chosen
+
+    for i in range(40):
+        route(i)
+    by_contract = {i: {route(i) for _ in range(6)} for i in range(40)}
+    assert all(len(s) == 1 for s in by_contract.values()), "a contract moved"
+    assert len(Counter(next(iter(s)) for s in by_contract.values())) >= 6
+    fixed = PrefixAffinity(PrefixAffinityConfig(learn_common_prefix=False, key_rungs=1))
+    assert len({fixed.choose(text_request(contracts[0] + next(questions)), fleet).chosen
+                for _ in range(12)}) > 1, "with one rung the question is in the key"
+
+
 def test_a_chats_anchor_in_pieces_bounds_the_window() -> None:
     policy = PrefixAffinity(PrefixAffinityConfig(learn_common_prefix=False))
     head = words(7, 300)  # ~2,000 characters: shorter than the 64 pieces K reads
