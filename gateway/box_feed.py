@@ -68,6 +68,7 @@ def snapshot(fleet: Fleet) -> dict[str, Any]:
         "forward_auth": s.forward_auth, "source": s.source, "checks": s.checks,
         "check": list(s.last_check), "scrape_seq": s.scrape_seq,
         "pending_at_scrape": s.pending_at_scrape,
+        "in_flight_at_scrape": s.in_flight_at_scrape,
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
         "estimated_kv_replica_tokens": s.estimated_kv_replica_tokens,
         "models": list(s.models)} for s in fleet]}
@@ -278,7 +279,8 @@ class BoxFeed:
                 # the box's pending when the leader took it, not now: what the gauge holds
                 # beyond it is other senders' (``Fleet``)
                 fleet.record_scrape(rid, ScrapedMetrics(**r["scraped"]),
-                                    pending_then=r["pending_at_scrape"])
+                                    pending_then=r["pending_at_scrape"],
+                                    in_flight_then=r["in_flight_at_scrape"])
                 state.estimated_kv_replica_tokens = r["estimated_kv_replica_tokens"]
             models = tuple(r["models"])
             if models != state.models:

@@ -80,7 +80,11 @@ class ReplicaView(NamedTuple):
     ``pending_age_s`` is how long the oldest request this gateway sent it has waited for a
     first byte (0 when none waits) and ``pending_head_tokens`` what that request has to
     prefill: the replica is likely that far into it. Token counts are in the gateway's
-    tokens (converted from the replica's where they differ).
+    tokens (converted from the replica's where they differ). ``running`` and ``waiting``
+    are the replica's gauges at the last scrape; ``in_flight`` is this gateway's requests
+    there now, and ``others_in_flight`` what the gauges held beyond this gateway's in
+    flight at that scrape (other senders'): the two add up to the requests there now
+    without the scrape's lag on this gateway's own.
     """
 
     id: str
@@ -98,6 +102,7 @@ class ReplicaView(NamedTuple):
     prefill_tokens_per_s: float | None = None
     pending_age_s: float = 0.0
     pending_head_tokens: int = 0
+    others_in_flight: int = 0
 
 
 class ReplicaScore(NamedTuple):

@@ -752,7 +752,7 @@ class Cost(Policy):
         """Weighted seconds before a decode slot frees on ``r`` for one more request."""
         if self.config.slot_weight <= 0 or not self._slots.known:
             return 0.0
-        in_flight = max(r.in_flight, r.running + r.waiting)
+        in_flight = r.in_flight + r.others_in_flight
         return self.config.slot_weight * self._slots.wait_s(r.id, in_flight)
 
     def _matches(self, prep: _Prepared, replicas: Sequence[ReplicaView],
@@ -854,7 +854,7 @@ class Cost(Policy):
             wait = 0.0
             if limits:  # a decode-slot wait is only above 0 where the slots are full
                 limit = limits.get(r.id)
-                if limit is not None and max(r.in_flight, r.running + r.waiting) >= limit:
+                if limit is not None and r.in_flight + r.others_in_flight >= limit:
                     wait = self._slot_wait(r)
             if wait < best_wait or (wait == best_wait and (
                     queue < best_queue or (queue == best_queue and i in scratch

@@ -134,6 +134,27 @@ def test_queued_tokens_count_own_pending_plus_others_in_the_gauge() -> None:
     assert state.queued_tokens() == 0
 
 
+def test_a_view_counts_its_own_requests_in_flight_now_and_others_as_last_scraped() -> None:
+    fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
+    state = fleet.get("r")
+    assert state is not None
+    ours = [fleet.sent("r", 10) for _ in range(3)]
+    fleet.record_scrape("r", parse_metrics(VLLM))  # 4 running, 5 waiting: 3 ours
+    view = state.view()
+    assert (view.running, view.waiting, view.in_flight, view.others_in_flight) == (4, 5, 3, 6)
+    for pending in ours:  # answered: gone at once, not at the next scrape
+        fleet.done(pending)
+    view = state.view()
+    assert (view.running, view.waiting, view.in_flight, view.others_in_flight) == (4, 5, 0, 6)
+    fleet.record_scrape("r", parse_metrics(VLLM))  # none of ours there now: all others'
+    assert state.view().others_in_flight == 9
+    many = [fleet.sent("r", 10) for _ in range(12)]  # more than the gauges show (some
+    fleet.record_scrape("r", parse_metrics(VLLM))  # still in the replica's front end)
+    assert state.view().others_in_flight == 0 and state.view().in_flight == 12
+    for pending in many:
+        fleet.done(pending)
+
+
 def test_restart_bumps_epoch() -> None:
     fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
     assert not fleet.record_scrape("r", parse_metrics(VLLM))

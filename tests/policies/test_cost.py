@@ -489,6 +489,25 @@ def test_a_restart_forgets_the_replicas_learned_decode_slots() -> None:
     assert isinstance(slots, dict) and slots.get("r0") is None
 
 
+def test_a_decode_slot_is_waited_for_by_the_requests_there_now_not_at_the_last_scrape(
+        ) -> None:
+    """The scraped gauges lag a scrape interval: requests of this gateway's that they
+    showed running have since finished (``in_flight``), and only what they held beyond
+    this gateway's own then (``others_in_flight``) still counts as other senders'."""
+    policy = Cost()
+    full = [ReplicaView(f"r{i}", kv_capacity_tokens=4000, running=8, waiting=4)
+            for i in range(4)]
+    for n in range(12):  # each seen full with others waiting: 8 slots
+        policy.choose(request(doc(n), at=float(n)), full)
+    policy.observe(Finished(request(doc(0), at=12.0), "r0", True, 0, None, 2.0))
+    assert policy.describe()["slots"] == {f"r{i}": 8 for i in range(4)}
+    stale = full[0]._replace(in_flight=0, others_in_flight=0)  # the 12 were ours: done
+    assert policy._slot_wait(stale) == 0.0
+    ours = full[0]._replace(in_flight=12, others_in_flight=0)  # ours, still there
+    others = full[0]._replace(in_flight=0, others_in_flight=12)  # another sender's
+    assert policy._slot_wait(ours) == policy._slot_wait(others) > 0.0
+
+
 def test_no_hot_prefix_is_placed_on_a_removed_replica_again() -> None:
     policy = Cost(CostConfig(min_scratch=1))
     six = views(n=6)
