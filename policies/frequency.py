@@ -69,12 +69,20 @@ class FrequencySketch:
     def add(self, key: int, count: int = 1) -> int:
         """Count ``key`` and return its new estimate; halves everything every ``window``."""
         counts = self._counts
-        slots = self._slots(key)
+        if self._four:  # ``_slots`` unrolled, as in ``estimate``
+            mask, width = self.mask, self.width
+            mixed = (key * _MIX) & _MASK64
+            slots = (key & mask, width + ((key >> 32) & mask), 2 * width + (mixed & mask),
+                     3 * width + ((mixed >> 32) & mask))
+        else:
+            slots = self._slots(key)
         # conservative update: raise only the counters at the minimum (tighter estimates)
-        new = min(counts[i] for i in slots) + count
+        new = min([counts[i] for i in slots]) + count
+        if new > 0xFFFFFFFF:
+            new = 0xFFFFFFFF
         for i in slots:
             if counts[i] < new:
-                counts[i] = min(new, 0xFFFFFFFF)
+                counts[i] = new
         self.total += count
         self._adds += 1
         if self._adds >= self.window:

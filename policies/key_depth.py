@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from array import array
 from hashlib import blake2b
-from typing import NamedTuple
 
 from policies.frequency import FrequencySketch
 
@@ -53,22 +52,33 @@ _MASK64 = (1 << 64) - 1
 _MIN_GROWN = 2  # units an earlier window must share with a prompt to pass it its key
 
 
-def _mix(x: int) -> int:
-    """A prefix hash's bits avalanched (MurmurHash3's 64-bit finalizer): a shorter rung's
-    key."""
-    x ^= x >> 33
-    x = (x * 0xFF51AFD7ED558CCD) & _MASK64
-    x ^= x >> 33
-    x = (x * 0xC4CEB9FE1A85EC53) & _MASK64
-    return x ^ (x >> 33)
+class Window:
+    """A prompt's key window: what ``KeyDepth`` picks the key from. Its prefix hashes are
+    worked out when first asked for (a window seen whole before never needs them)."""
 
+    __slots__ = ("_data", "_prefixes", "_seed", "_span", "full", "rungs")
 
-class Window(NamedTuple):
-    """A prompt's key window: what ``KeyDepth`` picks the key from."""
+    def __init__(self, rungs: list[int], full: bool, seed: int, data: memoryview,
+                 span: tuple[int, int]) -> None:
+        self.rungs = rungs  # keys of the rungs' prefixes, shallowest first; the last: all
+        self.full = full  # the window is K units long (the prompt goes on past it)
+        self._seed = seed
+        self._data = data
+        self._span = span  # [start, stop) in units
+        self._prefixes: list[int] | None = None
 
-    rungs: list[int]  # keys of the rungs' prefixes, shallowest first; the last: the window's
-    prefixes: list[int]  # chained hashes of the window's first 1, 2, ... units
-    full: bool  # the window is K units long (the prompt goes on past it)
+    @property
+    def prefixes(self) -> list[int]:
+        """Chained hashes of the window's first 1, 2, ... units."""
+        if self._prefixes is None:
+            x = self._seed
+            out: list[int] = []
+            start, stop = self._span
+            for unit in self._data[4 * start : 4 * stop].cast("I"):
+                x = ((x ^ unit) * _MUL) & _MASK64  # after i+1 units: [start, start + i + 1)
+                out.append(x)
+            self._prefixes = out
+        return self._prefixes
 
 
 def rung_ends(deepest: int, rungs: int) -> tuple[int, ...]:
@@ -103,24 +113,24 @@ class KeyDepth:
     def window(self, h: blake2b, data: memoryview, start: int, end: int) -> Window:
         """The window of ``data`` (4 bytes a unit): units ``[start, min(start + K, end))``
         after what ``h`` hashed (the model and cache salt: keys that must never meet; left
-        as it was). A rung's key is its prefix hash avalanched, but for a whole K units:
-        ``h``'s digest of them (the key with a single rung)."""
+        as it was). Each rung's key is ``h``'s digest of its units, so the last, for a
+        whole K, is the key with a single rung."""
         stop = min(start + self.deepest, end)
-        x = int.from_bytes(h.copy().digest(), "little")  # the chain's seed
-        prefixes: list[int] = []
-        for unit in data[4 * start : 4 * stop].cast("I"):
-            x = ((x ^ unit) * _MUL) & _MASK64  # after i+1 units: [start, start + i + 1)
-            prefixes.append(x)
-        n = len(prefixes)
-        full = n == self.deepest
-        rungs = [_mix(prefixes[e - 1]) for e in self.ends if e < n]
-        if full:
-            whole = h.copy()
-            whole.update(data[4 * start : 4 * stop])
-            rungs.append(int.from_bytes(whole.digest(), "little"))
-        else:
-            rungs.append(_mix(x))  # [start, stop): the prompt (or its head) ends first
-        return Window(rungs, prefixes, full)
+        h = h.copy()
+        seed = int.from_bytes(h.digest(), "little")  # the prefix hashes' (its empty rung)
+        rungs: list[int] = []
+        done = start
+        for length in self.ends:
+            cut = start + length
+            if cut >= stop:
+                break
+            # [4*done, 4*cut): the units this rung adds to the one before it
+            h.update(data[4 * done : 4 * cut])
+            done = cut
+            rungs.append(int.from_bytes(h.copy().digest(), "little"))
+        h.update(data[4 * done : 4 * stop])
+        rungs.append(int.from_bytes(h.digest(), "little"))  # [start, stop)
+        return Window(rungs, stop - start == self.deepest, seed, data, (start, stop))
 
     def pick(self, window: Window) -> int:
         """The key of a prompt's window; see the module docstring."""
