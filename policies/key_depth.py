@@ -182,8 +182,7 @@ class KeyDepth:
             if came_back:
                 sketch.add(digest ^ _BACK)
         sketch.add(rungs[-1])
-        prefixes = window.prefixes
-        if not window.full and len(prefixes) > _MIN_GROWN:
-            self._pass_on(prefixes[-2], key)  # for its later turns
+        if not window.full and len(window.prefixes) > _MIN_GROWN:
+            self._pass_on(window.prefixes[-2], key)  # for its later turns
         if key not in rungs:
             self._pass_on(rungs[-1], key)  # a key it took: kept when it is seen whole
