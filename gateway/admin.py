@@ -61,6 +61,8 @@ def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
         "healthy": view.healthy,
         "last_error": state.last_error, "queued_tokens": view.queued_tokens,
         "running": view.running, "waiting": view.waiting, "in_flight": view.in_flight,
+        # what the last scrape's running and waiting held beyond this gateway's in flight
+        "others_in_flight": view.others_in_flight,
         "kv_usage": view.kv_usage, "kv_capacity_tokens": view.kv_capacity_tokens,
         # where kv_capacity_tokens came from: scraped, configured or estimated (or null)
         "kv_capacity_source": capacity.source,
