@@ -173,12 +173,13 @@ class PrefixAffinity(Policy):
             h.update(b"\x01")
             h.update(request.affinity_key.encode())
             return int.from_bytes(h.digest(), "little")
-        return self._depth.pick(self._window_of(request))
+        return self._depth.pick(self._window_of(request, *self._key_units(request)))
 
-    def _window_of(self, request: RouteRequest) -> Window:
-        """What the key is picked from: at most K units after the common prefix, ending at
-        the anchor when the prompt has one inside them."""
-        data, n, anchor = self._key_units(request)
+    def _window_of(self, request: RouteRequest, data: memoryview, n: int,
+                   anchor: int | None) -> Window:
+        """What the key is picked from (``data``, ``n``, ``anchor``: ``_key_units``): at
+        most K units after the common prefix, ending at the anchor when the prompt has one
+        inside them."""
         skip = self._learner.skip(data, n) if self._learner else 0
         end = min(n, skip + self._units.prefix_tokens)
         if anchor is not None and skip < anchor < end:
@@ -234,10 +235,10 @@ class PrefixAffinity(Policy):
         if not isinstance(event, Routed) or event.request.affinity_key is not None:
             return
         request = event.request
-        window = self._window_of(request)  # before the learner moves on
+        data, n, anchor = self._key_units(request)
+        window = self._window_of(request, data, n, anchor)  # before the learner moves on
         self._depth.observe(window, self._depth.pick(window))
         if self._learner:
-            data, n, _ = self._key_units(request)
             length = request.prompt_tokens  # the prompt's length in units
             if self.chunk_chars > 0:  # only the pieces read are there: estimated
                 per_piece = request.chunk_tokens if request.chunks else IDS_PER_CHUNK
