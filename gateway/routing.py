@@ -27,7 +27,7 @@ from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.openai_schema import BadRequest
 from kvwire.tokenizer import PromptTokenizer
 from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
-from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks, text_chunks
+from policies.prompt_chunks import IDS_PER_CHUNK, ChunkMemo, id_chunks
 
 
 class _Tokens(NamedTuple):
@@ -90,6 +90,7 @@ class Router:
         self._ids = itertools.count()
         self._id_prefix = f"{os.getpid():x}-"
         self._anchors = HeadAnchors()  # a conversation's later turns repeat its head
+        self._chunk_memo: ChunkMemo | None = None  # made for the policy's chunk_chars
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -209,7 +210,10 @@ class Router:
         text = self._render(parsed, self._messages(parsed)) if text is None else text
         if limit is not None:
             text = text[: limit * chars]
-        return toks._replace(chunks=text_chunks(text, chars),
+        memo = self._chunk_memo
+        if memo is None or memo.chunk_chars != chars:
+            memo = self._chunk_memo = ChunkMemo(chars)
+        return toks._replace(chunks=memo.chunks(text, parsed.cache_salt or ""),
                              chunk_tokens=chars / self.tokenizer.chars_per_token)
 
     def _request(self, parsed: ParsedRequest, tenant: str | None, toks: _Tokens,

@@ -8,10 +8,16 @@ is cut every ``IDS_PER_CHUNK`` ids instead.
 
 Each piece's hash is CRC-32 of its UTF-8 bytes: stable across processes, and computed in
 C. The last piece may be shorter.
+
+``ChunkMemo`` keeps the hashes of recent texts, so a document asked again with another
+question hashes only its question (what the gateway pays for every prompt a policy matches
+whole: 0.1 ms of CPU for a 27 KB one on this project's 2-core machine).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from zlib import crc32
 
@@ -36,3 +42,78 @@ def id_chunks(ids: Sequence[int]) -> list[int]:
     data = token_bytes(ids)
     step = 4 * IDS_PER_CHUNK
     return [crc32(data[i : i + step]) for i in range(0, len(data), step)]
+
+
+class ChunkMemo:
+    """``text_chunks`` of recent texts, kept per (group, first ``probe_chars`` characters):
+    a text that starts as a remembered one (the same document or system prompt, another
+    question) takes the remembered hashes of the whole pieces the two share and hashes
+    only the rest. The answer is always ``text_chunks(text, chunk_chars)``.
+
+    Bounded: at most ``max_texts`` texts of ``max_chars`` characters in all (the oldest
+    go first); a text shorter than ``2 x probe_chars`` is hashed and not kept. ``group``
+    keeps callers apart (the gateway passes the request's cache salt, so no tenant's text
+    is found through another's). Thread-safe: the gateway's tokenizer threads use it too.
+    """
+
+    def __init__(self, chunk_chars: int, probe_chars: int = 1024, max_texts: int = 512,
+                 max_chars: int = 8 << 20) -> None:
+        for name, value in (("chunk_chars", chunk_chars), ("probe_chars", probe_chars),
+                            ("max_texts", max_texts), ("max_chars", max_chars)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
+        self.chunk_chars = chunk_chars
+        self.probe_chars = probe_chars
+        self.max_texts = max_texts
+        self.max_chars = max_chars
+        self.chars = 0  # characters of the texts kept
+        self.hits = 0  # texts that reused remembered hashes
+        self._texts: OrderedDict[tuple[str, str], tuple[str, list[int]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def chunks(self, text: str, group: str = "") -> list[int]:
+        """``text_chunks(text, chunk_chars)``, from the remembered text that starts the
+        same where there is one."""
+        c = self.chunk_chars
+        if len(text) < 2 * self.probe_chars or len(text) > self.max_chars:
+            return text_chunks(text, c)
+        key = (group, text[: self.probe_chars])
+        with self._lock:
+            found = self._texts.get(key)
+        shared = 0
+        if found is None:
+            out = text_chunks(text, c)
+        else:
+            old, old_chunks = found
+            shared = _shared_pieces(text, old, c)
+            out = old_chunks[:shared] + text_chunks(text[shared * c :], c) \
+                if shared * c < len(text) else old_chunks[:shared]
+        with self._lock:
+            self.hits += shared > 0
+            gone = self._texts.pop(key, None)
+            if gone is not None:
+                self.chars -= len(gone[0])
+            self._texts[key] = (text, out)
+            self.chars += len(text)
+            while len(self._texts) > self.max_texts or self.chars > self.max_chars:
+                _, (dropped, _) = self._texts.popitem(last=False)
+                self.chars -= len(dropped)
+        return out
+
+
+def _shared_pieces(a: str, b: str, chunk_chars: int) -> int:
+    """How many whole ``chunk_chars`` pieces ``a`` and ``b`` share from their start: the
+    longest run of equal leading pieces, by bisection that compares only the window past
+    the pieces known equal (about twice the shared length in all)."""
+    lo, hi = 0, min(len(a), len(b)) // chunk_chars  # pieces [0, lo) equal; beyond hi not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        start, end = lo * chunk_chars, mid * chunk_chars
+        if a[start:end] == b[start:end]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
