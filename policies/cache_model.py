@@ -149,9 +149,9 @@ class ReplicaCacheModel:
                 break
         return total
 
-    def admit(self, chain: Sequence[ChainEntry], owner: int) -> list[Victim]:
+    def admit(self, chain: Sequence[ChainEntry], owner: int) -> list[int]:
         """Touch or insert the chain's entries (tail first), then evict LRU entries until
-        the model fits its capacity; returns what was evicted."""
+        the model fits its capacity; returns the keys evicted, oldest first."""
         entries = self._entries
         # a prompt chain's keys and sizes, without an entry tuple per block
         pairs: Iterable[tuple[int, int]] = chain.pairs_reversed() \
@@ -169,8 +169,9 @@ class ReplicaCacheModel:
                 entries.move_to_end(key)
         return self._evict()
 
-    def resize(self, capacity: int) -> list[Victim]:
-        """A new capacity (the replica's was learned or changed); evicts to fit."""
+    def resize(self, capacity: int) -> list[int]:
+        """A new capacity (the replica's was learned or changed); evicts to fit and returns
+        the keys evicted."""
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity!r}")
         self.capacity = capacity
@@ -180,13 +181,15 @@ class ReplicaCacheModel:
         self._entries.clear()
         self.used = 0
 
-    def _evict(self) -> list[Victim]:
-        out: list[Victim] = []
+    def _evict(self) -> list[int]:
+        out: list[int] = []
         entries = self._entries
-        while self.used > self.capacity and entries:
-            key, (tokens, owner) = entries.popitem(last=False)
-            self.used -= tokens
-            out.append(Victim(key, tokens, owner))
+        used, capacity = self.used, self.capacity
+        while used > capacity and entries:
+            key, held = entries.popitem(last=False)
+            used -= held[0]
+            out.append(key)
+        self.used = used
         return out
 
     def keys_lru(self) -> list[int]:

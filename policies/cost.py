@@ -111,7 +111,6 @@ from policies.cache_model import (
     ChainEntry,
     PromptChain,
     ReplicaCacheModel,
-    Victim,
     match_models,
 )
 from policies.common_prefix import check_settings, learner_for
@@ -948,11 +947,11 @@ class Cost(Policy):
             return False
         return now is None or sent == math.inf or now - sent < self.config.kv_event_grace_s
 
-    def _forget_heads(self, replica: str, victims: Sequence[Victim] | None = None) -> None:
-        """Drop ``replica`` from the head index: for ``victims`` (evicted entries), or for
-        every head when its model was emptied."""
+    def _forget_heads(self, replica: str, evicted: Sequence[int] | None = None) -> None:
+        """Drop ``replica`` from the head index: for the ``evicted`` keys, or for every
+        head when its model was emptied."""
         heads = self._heads
-        keys = list(heads) if victims is None else [v.key for v in victims]
+        keys = list(heads) if evicted is None else evicted
         for key in keys:
             holders = heads.get(key)
             if holders is not None:

@@ -66,7 +66,7 @@ def test_model_is_an_lru_of_token_sizes(prompts: list[list[int]], capacity: int,
             v.tokens for v in predicted if v.owner % 2 == 0)
         # ... which is exact while the document's entries held are all in this chain
         exact = not any(it[2] == doc and it[0] not in keys for it in brute.items)
-        evicted = [v.key for v in model.admit(chain, doc)]
+        evicted = model.admit(chain, doc)
         assert evicted == brute.admit(chain, doc)
         # victims() named what admit() evicted, in order (when nothing of the chain itself
         # was among them or had to go)
@@ -104,9 +104,9 @@ def test_a_prompt_is_admitted_tail_first() -> None:
     model = ReplicaCacheModel(100)
     model.admit([ChainEntry(1, 40), ChainEntry(2, 40), ChainEntry(3, 20)], owner=7)
     assert model.keys_lru() == [3, 2, 1]  # the head is the most recently used
-    victims = model.admit([ChainEntry(9, 30)], owner=8)
-    assert [v.key for v in victims] == [3, 2]  # the tail goes first, the head stays
-    assert victims[0].owner == 7
+    # the tail goes first, the head stays: as victims() foretells, with their owner
+    assert [(v.key, v.owner) for v in model.victims(30, keep_owner=8)] == [(3, 7), (2, 7)]
+    assert model.admit([ChainEntry(9, 30)], owner=8) == [3, 2]
     assert model.match([ChainEntry(1, 40), ChainEntry(2, 40)]) == 40
 
 
