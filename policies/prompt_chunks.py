@@ -16,14 +16,25 @@ whole: 0.1 ms of CPU for a 27 KB one on this project's 2-core machine).
 
 from __future__ import annotations
 
+import functools
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import chain
 from zlib import crc32
 
 from policies.ring import token_bytes
 
 IDS_PER_CHUNK = 16
+
+
+_RUN = 64  # pieces a struct cuts at once
+
+
+@functools.lru_cache(maxsize=8)
+def _run_struct(chunk_chars: int) -> struct.Struct:
+    return struct.Struct(f"{chunk_chars}s" * _RUN)
 
 
 def text_chunks(text: str, chunk_chars: int) -> list[int]:
@@ -32,7 +43,13 @@ def text_chunks(text: str, chunk_chars: int) -> list[int]:
         raise ValueError(f"chunk_chars must be >= 1, got {chunk_chars!r}")
     if text.isascii():  # a character is a byte: encoded once, cut as bytes (a third less)
         data = text.encode("ascii")
-        return [crc32(data[i : i + chunk_chars]) for i in range(0, len(data), chunk_chars)]
+        n = len(data)
+        # whole runs of _RUN pieces cut in C (a fifth less again), the rest one by one
+        pieces = _run_struct(chunk_chars)
+        end = n - n % pieces.size
+        out = list(map(crc32, chain.from_iterable(pieces.iter_unpack(memoryview(data)[:end]))))
+        out += [crc32(data[i : i + chunk_chars]) for i in range(end, n, chunk_chars)]
+        return out
     return [crc32(text[i : i + chunk_chars].encode("utf-8", "surrogatepass"))
             for i in range(0, len(text), chunk_chars)]
 

@@ -9,6 +9,7 @@ from policies.prompt_chunks import ChunkMemo, text_chunks
 
 
 @pytest.mark.parametrize("text", ["", "a", "plain ascii words " * 20, "naïve café " * 20,
+                                  "ascii past whole runs of pieces " * 100, "x" * 2048,
                                   "混合 text with 漢字 " * 9, "\ud800 lone surrogate"])
 def test_text_chunks_are_the_crc_of_each_chunk_of_characters(text: str) -> None:
     want = [crc32(text[i:i + 16].encode("utf-8", "surrogatepass"))
