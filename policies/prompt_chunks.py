@@ -74,7 +74,7 @@ class ChunkMemo:
     """
 
     def __init__(self, chunk_chars: int, probe_chars: int = 1024, max_texts: int = 512,
-                 max_chars: int = 8 << 20) -> None:
+                 max_chars: int = 4 << 20) -> None:
         for name, value in (("chunk_chars", chunk_chars), ("probe_chars", probe_chars),
                             ("max_texts", max_texts), ("max_chars", max_chars)):
             if value < 1:
