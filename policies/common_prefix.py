@@ -167,15 +167,18 @@ class CommonPrefixLearner:
             counted = tuple(digests)
             self._counted += 1
             counts, first = self._counts, self._first
-            parent: Hashable = _ROOT
-            for d in counted:
-                if d not in counts:
-                    if parent in first:
-                        self._more.setdefault(parent, set()).add(d)
-                    else:
-                        first[parent] = d
-                counts[d] += 1
-                parent = d
+            if all(map(counts.__contains__, counted)):
+                counts.update(counted)  # a prefix seen before: every digest in the tree
+            else:
+                parent: Hashable = _ROOT
+                for d in counted:
+                    if d not in counts:
+                        if parent in first:
+                            self._more.setdefault(parent, set()).add(d)
+                        else:
+                            first[parent] = d
+                    counts[d] += 1
+                    parent = d
         if fingerprint is not None:
             self._prints[fingerprint] += 1
         self._recent.append((fingerprint, not repeat, counted))
