@@ -40,6 +40,22 @@ def test_prefix_affinity_gets_the_pieces_its_key_reads_and_cost_gets_all() -> No
         cost.close()
 
 
+def test_a_document_asked_again_reuses_its_pieces_and_a_salt_keeps_its_own() -> None:
+    cost = Router(build_policy({"name": "cost"}), load_tokenizer(), Fleet([]), 1)
+    try:
+        asks = [(TEXT + " What is the term?", None), (TEXT + " And the fee?", None),
+                (TEXT + " And the fee?", "tenant-b"), (TEXT + "!", "tenant-b")]
+        for text, salt in asks:
+            parsed = ParsedRequest("completions", {}, "m", True, text, None, None, salt, None)
+            assert list(cost.build(parsed).chunks) == text_chunks(text, 64)
+        memo = cost._chunk_memo
+        assert memo is not None
+        # the second ask reused the first's pieces; the salted ones only each other's
+        assert memo.hits == 2 and len(memo) == 2
+    finally:
+        cost.close()
+
+
 def test_a_policy_that_reads_whole_prompts_gets_a_long_prompt_without_spaces() -> None:
     # kv_events needs every token: the whole encoding has no cut to reuse in such a text
     tokenizer = load_tokenizer(None, memo_size=2048)  # the gateway's default memo
