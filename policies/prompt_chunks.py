@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import functools
 import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import chain
 from zlib import crc32
 
+from kvwire.bounded_memo import BoundedMemo
 from policies.ring import token_bytes
 
 IDS_PER_CHUNK = 16
@@ -67,40 +66,41 @@ class ChunkMemo:
     question) takes the remembered hashes of the whole pieces the two share and hashes
     only the rest. The answer is always ``text_chunks(text, chunk_chars)``.
 
-    Bounded: at most ``max_texts`` texts of ``max_chars`` characters in all (the oldest
-    go first); a text shorter than ``2 x probe_chars`` is hashed and not kept. ``group``
-    keeps callers apart (the gateway passes the request's cache salt, so no tenant's text
-    is found through another's). Thread-safe: the gateway's tokenizer threads use it too.
+    Bounded (a ``BoundedMemo``): at most ``max_texts`` texts of ``max_chars`` characters in
+    all, the least recently used go first; a text shorter than ``2 x probe_chars`` is
+    hashed and not kept. ``group`` keeps callers apart (the gateway passes the request's
+    cache salt, so no tenant's text is found through another's). Thread-safe: the gateway's
+    tokenizer threads use it too.
     """
 
     def __init__(self, chunk_chars: int, probe_chars: int = 1024, max_texts: int = 512,
                  max_chars: int = 4 << 20) -> None:
-        for name, value in (("chunk_chars", chunk_chars), ("probe_chars", probe_chars),
-                            ("max_texts", max_texts), ("max_chars", max_chars)):
+        for name, value in (("chunk_chars", chunk_chars), ("probe_chars", probe_chars)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value!r}")
         self.chunk_chars = chunk_chars
         self.probe_chars = probe_chars
-        self.max_texts = max_texts
         self.max_chars = max_chars
-        self.chars = 0  # characters of the texts kept
-        self.hits = 0  # texts that reused remembered hashes
-        self._texts: OrderedDict[tuple[str, str], tuple[str, list[int]]] = OrderedDict()
-        self._lock = threading.Lock()
+        self.hits = 0  # texts that reused remembered hashes (a count for tests)
+        self._texts: BoundedMemo[tuple[str, str], tuple[str, list[int]]] = BoundedMemo(
+            max_texts, weight=_text_chars, max_weight=max_chars)
 
     def __len__(self) -> int:
         return len(self._texts)
 
+    @property
+    def chars(self) -> int:
+        """Characters of the texts kept."""
+        return self._texts.weight
+
     def chunks(self, text: str, group: str = "") -> list[int]:
         """``text_chunks(text, chunk_chars)``, from the remembered text that starts the
         same where there is one."""
-        c = self.chunk_chars
+        c, memo = self.chunk_chars, self._texts
         if len(text) < 2 * self.probe_chars or len(text) > self.max_chars:
-            return text_chunks(text, c)
+            return text_chunks(text, c)  # not worth keeping, or more than it may keep
         key = (group, text[: self.probe_chars])
-        with self._lock:
-            found = self._texts.get(key)
-        shared = 0
+        found = memo.get(key, None)
         if found is None:
             out = text_chunks(text, c)
         else:
@@ -108,17 +108,13 @@ class ChunkMemo:
             shared = _shared_pieces(text, old, c)
             out = old_chunks[:shared] + text_chunks(text[shared * c :], c) \
                 if shared * c < len(text) else old_chunks[:shared]
-        with self._lock:
             self.hits += shared > 0
-            gone = self._texts.pop(key, None)
-            if gone is not None:
-                self.chars -= len(gone[0])
-            self._texts[key] = (text, out)
-            self.chars += len(text)
-            while len(self._texts) > self.max_texts or self.chars > self.max_chars:
-                _, (dropped, _) = self._texts.popitem(last=False)
-                self.chars -= len(dropped)
+        memo.put(key, (text, out))
         return out
+
+
+def _text_chars(entry: tuple[str, list[int]]) -> int:
+    return len(entry[0])
 
 
 def _shared_pieces(a: str, b: str, chunk_chars: int) -> int:

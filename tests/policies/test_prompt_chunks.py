@@ -83,6 +83,10 @@ def test_chunk_memo_keeps_no_short_or_huge_text() -> None:
     memo.chunks("short text")  # under 2 x probe_chars: hashed, not kept
     memo.chunks("x" * 1001)  # over max_chars: hashed, not kept
     assert len(memo) == 0 and memo.chars == 0
+    kept = _BASES[0][:600]
+    memo.chunks(kept)
+    memo.chunks("y" * 1001)  # ... and it does not push out what is kept
+    assert len(memo) == 1 and memo.chars == 600
 
 
 def test_chunk_memo_names_a_bad_size() -> None:
