@@ -37,6 +37,7 @@ from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Router, work_tokens
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.hot_misses import hot_misses
+from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.oracle import oracle_bound
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.replica_prompts import (
@@ -59,6 +60,10 @@ class PolicyResult:
     hot_prefill_tokens: int
     # contracts: the hot requests' recomputed shared tokens by cause (``hot_misses``)
     hot_misses: dict[str, dict[str, int]]
+    # token hit rate per workload label; the requests at or above the p95 time to first
+    # token by label and replica (``label_stats``)
+    label_token_hit_rates: dict[str, float]
+    ttft_tail: dict[str, Any]
     ttft_p50_s: float
     ttft_p95_s: float
     ttft_p99_s: float
@@ -317,6 +322,9 @@ class Simulation:
             hot_prefill_tokens=hot,
             hot_misses=hot_misses(requests, self.chosen, self.cached,
                                   self.fleet.spec.block_size, prompts),
+            label_token_hit_rates=label_token_hit_rates(requests, self.cached, prompts),
+            ttft_tail=ttft_tail(requests, self.ttft, self.chosen,
+                                [r.id for r in self.fleet.replicas]),
             ttft_p50_s=percentile(ttft, 50),
             ttft_p95_s=percentile(ttft, 95),
             ttft_p99_s=percentile(ttft, 99),
@@ -521,6 +529,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"{'':>18}hot misses (requests / shared tokens): " + ", ".join(
                 f"{cause} {m['requests']:,} / {m['tokens']:,}"
                 for cause, m in res.hot_misses.items()), file=sys.stderr)
+        if len(res.label_token_hit_rates) > 1:
+            tail = res.ttft_tail
+            print(f"{'':>18}token hit by label: " + ", ".join(
+                f"{label} {rate:.3f}" for label, rate in res.label_token_hit_rates.items())
+                + "; at or above p95: " + ", ".join(
+                    f"{label} {n}" for label, n in tail["by_label"].items())
+                + " (by replica: " + " ".join(map(str, tail["by_replica"])) + ")",
+                file=sys.stderr)
     print(f"{'oracle':>16}: token hit {bound.token_hit_rate:.3f}", file=sys.stderr)
     if args.json_path:
         with open(args.json_path, "w") as f:
