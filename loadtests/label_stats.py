@@ -8,51 +8,46 @@
 Both say *why* a total moved: a policy that keeps one-off documents on a few scratch
 replicas earns fewer of their rare repeats than one that hashes each to a home of its own,
 and one-off documents queued behind each other on one busy scratch replica fill the tail.
-Token counts are the replicas' (``prompts``: the workload's own ids by default).
+The simulator and ``loadtests.run`` report both from their requests (token counts are the
+replicas').
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from loadtests.replica_prompts import ReplicaPrompts, WorkloadIds
-from loadtests.workloads import WorkloadRequest
 
-
-def label_token_hit_rates(requests: Sequence[WorkloadRequest], cached: Mapping[int, int],
-                          prompts: ReplicaPrompts | None = None) -> dict[str, float]:
-    """Per label: cached tokens / prompt tokens of its requests (``cached`` by request
-    index), labels in the order they first come."""
-    prompts = prompts or WorkloadIds()
+def label_token_hit_rates(rows: Iterable[tuple[str, int, int]]) -> dict[str, float]:
+    """Per label, over ``(label, prompt tokens, cached tokens)`` rows (one a request):
+    cached / prompt tokens, labels in the order they first come."""
     total: Counter[str] = Counter()
     hit: Counter[str] = Counter()
-    for req in requests:
-        total[req.label] += prompts.prompt_len(req)
-        hit[req.label] += cached[req.index]
+    for label, prompt, cached in rows:
+        total[label] += prompt
+        hit[label] += cached
     return {label: hit[label] / n if n else 0.0 for label, n in total.items()}
 
 
-def ttft_tail(requests: Sequence[WorkloadRequest], ttft: Mapping[int, float],
-              chosen: Mapping[int, str], replica_ids: Sequence[str], q: float = 95.0
-              ) -> dict[str, Any]:
-    """The requests at or above the ``q``-th percentile of time to first token:
-    ``threshold_s``, ``requests``, and their counts ``by_label`` and ``by_replica`` (in
-    ``replica_ids``' order)."""
+def ttft_tail(rows: Sequence[tuple[str, str, float]], replica_ids: Sequence[str],
+              q: float = 95.0) -> dict[str, Any]:
+    """Over ``(label, replica, time to first token)`` rows (one a request), those at or
+    above the ``q``-th percentile of the times: ``threshold_s``, ``requests``, and their
+    counts ``by_label`` and ``by_replica`` (in ``replica_ids``' order)."""
     if not 0.0 < q < 100.0:
         raise ValueError(f"q must be in (0, 100), got {q!r}")
-    if not requests:
+    if not rows:
         return {"threshold_s": None, "requests": 0, "by_label": {},
                 "by_replica": [0] * len(replica_ids)}
-    threshold = float(np.percentile([ttft[r.index] for r in requests], q))
-    slow = [r for r in requests if ttft[r.index] >= threshold]
-    where = Counter(chosen[r.index] for r in slow)
+    threshold = float(np.percentile([ttft for _, _, ttft in rows], q))
+    slow = [(label, replica) for label, replica, ttft in rows if ttft >= threshold]
+    where = Counter(replica for _, replica in slow)
     unknown = set(where) - set(replica_ids)
     if unknown:
         raise ValueError(f"requests went to replicas not in replica_ids: {sorted(unknown)}")
     return {"threshold_s": threshold, "requests": len(slow),
-            "by_label": dict(Counter(r.label for r in slow)),
+            "by_label": dict(Counter(label for label, _ in slow)),
             "by_replica": [where.get(rid, 0) for rid in replica_ids]}

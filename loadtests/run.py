@@ -49,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.eviction import EVICTION_POLICIES
 from loadtests import engine_counters
 from loadtests.hot_misses import hot_misses
+from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.local_fleet import LocalFleet, LocalFleetSpec
 from loadtests.replica_prompts import replica_tokens_per_word
 
@@ -217,6 +218,14 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                                    for r in counters.per_replica],
         "routes": dict(Counter(s.get("route") for s in ok)),
         "hot_misses": _hot_misses(cfg, ok),
+        # as the simulator's: token hit rate per label (from what each client was told),
+        # and the requests at or above the p95 time to first token by label and replica
+        "label_token_hit_rates": label_token_hit_rates(
+            (s.get("label") or "", s["prompt_tokens"], s.get("cached_tokens") or 0)
+            for s in ok if s.get("prompt_tokens")),
+        "ttft_tail": ttft_tail([(s.get("label") or "", s["replica"], s["ttft_s"])
+                                for s in ok if s.get("replica")],
+                               [f"r{i}" for i in range(cfg.replicas)]),
         "preemptions": int(counters.total("preemptions")),
         # how much later than their cost model the engine steps ended, as a share of the
         # modeled time: a host too busy for its fleet (every first token that much later)

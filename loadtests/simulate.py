@@ -322,9 +322,10 @@ class Simulation:
             hot_prefill_tokens=hot,
             hot_misses=hot_misses(requests, self.chosen, self.cached,
                                   self.fleet.spec.block_size, prompts),
-            label_token_hit_rates=label_token_hit_rates(requests, self.cached, prompts),
-            ttft_tail=ttft_tail(requests, self.ttft, self.chosen,
-                                [r.id for r in self.fleet.replicas]),
+            label_token_hit_rates=label_token_hit_rates(
+                (r.label, prompts.prompt_len(r), self.cached[r.index]) for r in requests),
+            ttft_tail=ttft_tail([(r.label, self.chosen[r.index], self.ttft[r.index])
+                                 for r in requests], [r.id for r in self.fleet.replicas]),
             ttft_p50_s=percentile(ttft, 50),
             ttft_p95_s=percentile(ttft, 95),
             ttft_p99_s=percentile(ttft, 99),

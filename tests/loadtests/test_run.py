@@ -35,6 +35,14 @@ def test_two_policies_on_a_local_fleet(tmp_path):
         assert set(misses) == {"first", "moved", "evicted"}
         assert 1 <= misses["first"]["requests"] <= 4
         assert misses["first"]["tokens"] > 500 * misses["first"]["requests"]
+        # hits by label add up to what the clients were told; the tail is on the replicas
+        rates = r["label_token_hit_rates"]
+        assert set(rates) <= {"hot", "cold"} and "hot" in rates
+        assert all(0.0 <= rate < 1.0 for rate in rates.values())
+        tail = r["ttft_tail"]
+        assert tail["threshold_s"] == pytest.approx(r["ttft_p95_s"])
+        assert sum(tail["by_replica"]) == sum(tail["by_label"].values()) == tail["requests"]
+        assert 1 <= tail["requests"] <= r["requests_ok"] // 10 + 1
     assert out["policies"]["round_robin"]["routes"] == {"round_robin":
                                                        out["policies"]["round_robin"]["requests_ok"]}
     report = (tmp_path / "report" / "report.md").read_text()
