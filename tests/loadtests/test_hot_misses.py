@@ -2,15 +2,13 @@ import pytest
 
 from loadtests.hot_misses import CAUSES, hot_misses
 from loadtests.replica_prompts import WorkloadIds
-from loadtests.sim_fleet import FleetSpec
-from loadtests.simulate import build_policy, poisson_arrivals, simulate
+from loadtests.simulate import build_policy, simulate
 from loadtests.workloads import (
-    ContractsSpec,
     Segment,
     SegmentContent,
     WorkloadRequest,
-    generate,
 )
+from tests.support.small_library import SMALL_FLEET, small_library
 
 _CONTENT = SegmentContent(seed=1)
 
@@ -49,10 +47,8 @@ def test_a_bad_block_size_is_named():
 
 
 def test_the_simulator_reports_them_within_the_hot_prefill():
-    spec = ContractsSpec(num_docs=60, hot_docs=24, doc_tokens=400, seed=2)
-    fleet = FleetSpec(replicas=4, kv_pool_gib=0.4, idle_kv_gib=0.24, max_num_seqs=4)
-    requests = generate(spec, 800)
-    arrivals = poisson_arrivals(len(requests), 20.0, 1)
+    requests, arrivals = small_library(800)
+    fleet = SMALL_FLEET
     hot_docs = {r.affinity_key for r in requests if r.label == "hot"}
     rr = simulate(requests, arrivals, build_policy("round_robin"), fleet)
     pa = simulate(requests, arrivals, build_policy("prefix_affinity", prefix_tokens=256), fleet)

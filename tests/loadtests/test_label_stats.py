@@ -2,9 +2,8 @@ import pytest
 
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.replica_prompts import WorkloadIds
-from loadtests.sim_fleet import FleetSpec
-from loadtests.simulate import build_policy, poisson_arrivals, simulate
-from loadtests.workloads import ContractsSpec, generate
+from loadtests.simulate import build_policy, simulate
+from tests.support.small_library import SMALL_FLEET, small_library
 
 
 def test_each_label_counts_its_own_requests_tokens():
@@ -34,11 +33,8 @@ def test_the_tail_is_counted_by_label_and_by_replica():
 
 
 def test_the_simulator_reports_them_consistently_with_its_totals():
-    spec = ContractsSpec(num_docs=60, hot_docs=24, doc_tokens=400, seed=2)
-    fleet = FleetSpec(replicas=4, kv_pool_gib=0.4, idle_kv_gib=0.24, max_num_seqs=4)
-    requests = generate(spec, 600)
-    arrivals = poisson_arrivals(len(requests), 20.0, 1)
-    res = simulate(requests, arrivals, build_policy("cost"), fleet)
+    requests, arrivals = small_library(600)
+    res = simulate(requests, arrivals, build_policy("cost"), SMALL_FLEET)
     prompts = WorkloadIds()
     by_label: dict[str, list[int]] = {}
     for req, cached in zip(requests, res.cached_tokens, strict=True):

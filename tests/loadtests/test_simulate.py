@@ -21,6 +21,7 @@ from loadtests.simulate import (
     simulate,
 )
 from loadtests.workloads import ContractsSpec, build_spec, generate
+from tests.support.small_library import SMALL_FLEET, small_library
 
 # Small enough to evict and preempt: 64 blocks of 16 tokens per replica, prompts of
 # ~14 blocks, up to 8 running.
@@ -99,10 +100,8 @@ def test_simulator_reproduces_engine_counters_exactly():
 
 def test_affinity_beats_round_robin_on_a_small_library():
     # the hot set (24 x 400 tokens) is three replicas' idle KV (0.24 GiB = 1966 tokens)
-    spec = ContractsSpec(num_docs=60, hot_docs=24, doc_tokens=400, seed=2)
-    fleet = FleetSpec(replicas=4, kv_pool_gib=0.4, idle_kv_gib=0.24, max_num_seqs=4)
-    requests = generate(spec, 1200)
-    arrivals = poisson_arrivals(len(requests), 20.0, 1)
+    requests, arrivals = small_library(1200)
+    fleet = SMALL_FLEET
     rr = simulate(requests, arrivals, build_policy("round_robin"), fleet)
     pa = simulate(requests, arrivals, build_policy("prefix_affinity", prefix_tokens=256), fleet)
     assert pa.token_hit_rate > 2 * rr.token_hit_rate
