@@ -18,6 +18,7 @@ from engine.kv_sizing import blocks_in_gib
 from engine.sim_embedding import SimEmbedder, seed_of
 from engine.sim_executor import SimExecutor
 from kvwire.block_hashing import model_identity
+from kvwire.kv_event_format import ENCODINGS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave vllm:cache_config_info (the KV capacity) out of /metrics, "
                              "as a replica that exports its KV usage but not its capacity")
     parser.add_argument("--kv-events-topic", default="", help="topic frame of KV events")
+    parser.add_argument("--kv-events-encoding", choices=ENCODINGS, default="array",
+                        help="each KV event as a tagged array (vLLM's classic form) or as a "
+                             "map with a 'type' key (the newer form, the only one vLLM's "
+                             "router reads)")
     parser.add_argument("--kv-events-replay-endpoint", default=None,
                         help="ZMQ ROUTER endpoint serving the recent KV event batches again "
                              "(e.g. tcp://*:5558), for subscribers that missed some")
@@ -146,7 +151,8 @@ def build_server(args: argparse.Namespace) -> Any:
         from engine.kv_event_publisher import KVEventPublisher  # pyzmq only when publishing
 
         publisher = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic,
-                                     replay_endpoint=args.kv_events_replay_endpoint)
+                                     replay_endpoint=args.kv_events_replay_endpoint,
+                                     encoding=args.kv_events_encoding)
     return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,
                         sleep_modeled_time=args.executor == "sim", kv_events=publisher,
                         cache_config_info=not args.no_cache_config_info,

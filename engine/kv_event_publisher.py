@@ -28,7 +28,13 @@ from collections.abc import Sequence
 
 import zmq
 
-from kvwire.kv_event_format import REPLAY_END, KVEvent, KVEventBatch, encode_payload
+from kvwire.kv_event_format import (
+    ENCODINGS,
+    REPLAY_END,
+    KVEvent,
+    KVEventBatch,
+    encode_payload,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +44,12 @@ _STOP = None
 class KVEventPublisher:
     def __init__(self, endpoint: str, topic: str = "", *, data_parallel_rank: int = 0,
                  high_water_mark: int = 100_000, replay_endpoint: str | None = None,
-                 replay_buffer: int = 10_000) -> None:
+                 replay_buffer: int = 10_000, encoding: str = "array") -> None:
         if not endpoint:
             raise ValueError("KV events endpoint must not be empty")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"KV events encoding must be one of {ENCODINGS}, got {encoding!r}")
+        self.encoding = encoding
         if replay_buffer < 1:
             raise ValueError(f"replay_buffer must be >= 1, got {replay_buffer!r}")
         self.replay_endpoint = replay_endpoint
@@ -130,7 +139,7 @@ class KVEventPublisher:
         seq = 0
         while (batch := self._queue.get()) is not _STOP:
             try:
-                payload = encode_payload(batch)
+                payload = encode_payload(batch, self.encoding)
                 if self._replay_sock is not None:
                     with self._kept_lock:
                         self._kept.append((seq, payload))

@@ -12,6 +12,10 @@ one message per step::
               ["BlockRemoved", block_hashes, medium]
               ["AllBlocksCleared"]
 
+The newer form has each event as a map tagged by its ``"type"`` key instead (``{"type":
+"BlockStored", "block_hashes": ..., ...}``); vLLM's router reads only that one, so the
+engine publishes it on request (``kvgate engine --kv-events-encoding map``).
+
 A replay endpoint (a ROUTER socket) serves kept batches again: a DEALER sends
 ``[b"", start seq (8 bytes BE)]`` and gets ``[b"", seq, payload]`` per batch from ``start``,
 then ``[b"", REPLAY_END, b""]`` (seq -1).
@@ -81,7 +85,21 @@ class KVWireError(ValueError):
     """A payload does not follow the KV event wire format; the message says where."""
 
 
-# -- encoding (array form, as vLLM's default) ---------------------------------------------
+# -- the fields of each event type, in their array order -----------------------------------
+
+_FIELDS: dict[str, tuple[str, ...]] = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
+                    "lora_id", "medium", "lora_name"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+
+# -- encoding ------------------------------------------------------------------------------
+
+# each event as a tagged array (the classic form), or as a map tagged by its "type" key
+# (the newer form, the only one vLLM's router reads); the batch stays an array either way
+ENCODINGS = ("array", "map")
 
 
 def _event_array(ev: KVEvent) -> list[Any]:
@@ -93,20 +111,21 @@ def _event_array(ev: KVEvent) -> list[Any]:
     return ["AllBlocksCleared"]
 
 
-def encode_payload(batch: KVEventBatch) -> bytes:
-    """The msgpack payload frame of ``batch``."""
-    events = [_event_array(ev) for ev in batch.events]
+def _event_map(ev: KVEvent) -> dict[str, Any]:
+    kind, *values = _event_array(ev)
+    return {"type": kind, **dict(zip(_FIELDS[kind], values, strict=True))}
+
+
+def encode_payload(batch: KVEventBatch, encoding: str = "array") -> bytes:
+    """The msgpack payload frame of ``batch``, its events in ``encoding`` (``ENCODINGS``)."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
+    encode = _event_array if encoding == "array" else _event_map
+    events = [encode(ev) for ev in batch.events]
     return msgpack.packb([batch.ts, events, batch.data_parallel_rank], use_bin_type=True)
 
 
 # -- decoding (array and map forms, at both levels) ---------------------------------------
-
-_FIELDS: dict[str, tuple[str, ...]] = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
-                    "lora_id", "medium", "lora_name"),
-    "BlockRemoved": ("block_hashes", "medium"),
-    "AllBlocksCleared": (),
-}
 
 
 def wire_hash(value: Any) -> int:

@@ -21,6 +21,7 @@ COUNTERS = {
     "prompt_tokens": names.PROMPT_TOKENS,
     "generation_tokens": names.GENERATION_TOKENS,
     "preemptions": names.NUM_PREEMPTIONS,
+    "requests": names.REQUEST_SUCCESS,  # finished requests (any finish reason)
     "step_modeled_s": names.STEP_MODELED_SECONDS,  # sim executors only (else 0)
     "step_late_s": names.STEP_LATE_SECONDS,
 }

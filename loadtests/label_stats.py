@@ -32,22 +32,25 @@ def label_token_hit_rates(rows: Iterable[tuple[str, int, int]]) -> dict[str, flo
     return {label: hit[label] / n if n else 0.0 for label, n in total.items()}
 
 
-def ttft_tail(rows: Sequence[tuple[str, str, float]], replica_ids: Sequence[str],
+def ttft_tail(rows: Sequence[tuple[str, str | None, float]], replica_ids: Sequence[str],
               q: float = 95.0) -> dict[str, Any]:
     """Over ``(label, replica, time to first token)`` rows (one a request), those at or
     above the ``q``-th percentile of the times: ``threshold_s``, ``requests``, and their
-    counts ``by_label`` and ``by_replica`` (in ``replica_ids``' order)."""
+    counts ``by_label`` and ``by_replica`` (in ``replica_ids``' order). A row whose replica
+    is None (a router that does not say where it sent a request) counts in ``requests``
+    and ``by_label``, and in ``unattributed`` instead of ``by_replica``."""
     if not 0.0 < q < 100.0:
         raise ValueError(f"q must be in (0, 100), got {q!r}")
     if not rows:
         return {"threshold_s": None, "requests": 0, "by_label": {},
-                "by_replica": [0] * len(replica_ids)}
+                "by_replica": [0] * len(replica_ids), "unattributed": 0}
     threshold = float(np.percentile([ttft for _, _, ttft in rows], q))
     slow = [(label, replica) for label, replica, ttft in rows if ttft >= threshold]
-    where = Counter(replica for _, replica in slow)
+    where = Counter(replica for _, replica in slow if replica is not None)
     unknown = set(where) - set(replica_ids)
     if unknown:
         raise ValueError(f"requests went to replicas not in replica_ids: {sorted(unknown)}")
     return {"threshold_s": threshold, "requests": len(slow),
             "by_label": dict(Counter(label for label, _ in slow)),
-            "by_replica": [where.get(rid, 0) for rid in replica_ids]}
+            "by_replica": [where.get(rid, 0) for rid in replica_ids],
+            "unattributed": sum(1 for _, replica in slow if replica is None)}

@@ -1,5 +1,6 @@
 """A local fleet on loopback: N engine processes behind one gateway process (or several
-copies of it, each on its own port, as replicas of a gateway Deployment).
+copies of it, each on its own port, as replicas of a gateway Deployment; or none, for a
+router of another project).
 
 ``LocalFleet`` starts ``kvgate engine`` replicas (sim executor by default) on free ports,
 waits for each ``/health``, writes a gateway YAML config naming them and the policy,
@@ -62,13 +63,14 @@ class LocalFleetSpec:
     gateway_config: dict[str, Any] = field(default_factory=dict)  # more gateway YAML keys
     kv_events: bool = False
     gateways: int = 1  # gateway copies, each on its own port, all with the same config
+    # (0: the engines alone, for a router of another project put in front of them)
     peers: bool = False  # the copies tell each other what they route (gateway.peers)
 
     def validate(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas!r}")
-        if self.gateways < 1:
-            raise ValueError(f"gateways must be >= 1, got {self.gateways!r}")
+        if self.gateways < 0:
+            raise ValueError(f"gateways must be >= 0, got {self.gateways!r}")
         if "name" not in self.policy:
             raise ValueError("policy needs a 'name'")
 
@@ -102,6 +104,7 @@ class LocalFleet:
         self.spec = spec
         self.dir = state_dir or default_state_dir()
         self.engine_urls: list[str] = []
+        self.replicas: list[dict[str, Any]] = []  # each engine as the gateway config names it
         self.gateway_url = ""  # the first copy's
         self.gateway_urls: list[str] = []
         self._procs: list[_Proc] = []
@@ -165,6 +168,7 @@ class LocalFleet:
                 engines.append((self._spawn(f"engine-r{i}", argv), url))
                 self.engine_urls.append(url)
                 replicas.append(replica)
+            self.replicas = replicas
             for proc, url in engines:
                 self._wait_ready(proc, f"{url}/health", timeout_s)
             gateways = []
@@ -194,7 +198,7 @@ class LocalFleet:
                 gateways.append((self._spawn(name, ["serve", "--config", str(config_path)]),
                                  url))
                 self.gateway_urls.append(url)
-            self.gateway_url = self.gateway_urls[0]
+            self.gateway_url = self.gateway_urls[0] if self.gateway_urls else ""
             for proc, url in gateways:
                 self._wait_ready(proc, f"{url}/ready", timeout_s)
             self._write_state()

@@ -22,7 +22,8 @@ Configuration comes from the environment (``loadtests.run`` sets it):
                       of them at random (as behind a Kubernetes Service); unset: ``--host``.
 
 Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (send to first
-content chunk), both named after the workload.
+content chunk), both named after the workload. A failed request's sample says why
+(``error``).
 
 Headless::
 
@@ -40,6 +41,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import requests
 from locust import HttpUser, events, task
 
 from loadtests.workloads import (
@@ -129,16 +131,16 @@ class _WorkloadUser(HttpUser):
             sample["replica"] = resp.headers.get("x-kvgate-replica")
             sample["route"] = resp.headers.get("x-kvgate-route")
             if resp.status_code != 200:
-                resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                _fail(resp, sample, f"HTTP {resp.status_code}: {resp.text[:200]}")
                 _record(sample)
                 return
             try:
                 self._read_stream(resp, started, sample)
-            except (ValueError, KeyError) as exc:
-                resp.failure(f"bad stream: {exc}")
+            except (ValueError, KeyError, requests.RequestException) as exc:
+                _fail(resp, sample, f"bad stream: {exc}"[:300])
             else:
                 if sample.get("ttft_s") is None:
-                    resp.failure("stream ended without content")
+                    _fail(resp, sample, "stream ended without content")
                 else:
                     sample["ok"] = True
                     resp.success()
@@ -171,6 +173,12 @@ class _WorkloadUser(HttpUser):
                 sample["prompt_tokens"] = usage.get("prompt_tokens")
                 details = usage.get("prompt_tokens_details") or {}
                 sample["cached_tokens"] = details.get("cached_tokens")
+
+
+def _fail(resp: Any, sample: dict[str, Any], why: str) -> None:
+    """Mark the request failed in Locust's stats and say why in its sample."""
+    sample["error"] = why
+    resp.failure(why)
 
 
 def _record(sample: dict[str, Any]) -> None:

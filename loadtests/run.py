@@ -25,11 +25,19 @@ keeps its shape and only the gateway's count differs: what its token calibration
 ``--kv-events`` has the engines publish KV events that the gateway subscribes to (for the
 policies with an exact index: ``kv_events``, ``cost``); ``--gateways N`` starts N gateway
 copies and sends each request to one of them at random, as a Kubernetes Service does.
+
+A policy named ``sglang:cache_aware`` or ``vllm:kv_aware`` (or another policy of SGLang's
+or vLLM's router) puts that router in front of the same fleet instead of a gateway, for a
+side-by-side run with the same requests (``loadtests.third_party``: run it without
+network, under ``unshare -rn``).
+The engines' counters give its hit rate; it does not say which replica served a request,
+so its replica counts are the engines' finished requests and its tail is by label only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -47,7 +55,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.eviction import EVICTION_POLICIES
-from loadtests import engine_counters
+from loadtests import engine_counters, third_party
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.local_fleet import LocalFleet, LocalFleetSpec
@@ -82,6 +90,8 @@ class RunConfig:
     kv_events: bool = False  # the engines publish KV events, the gateway subscribes
     gateways: int = 1  # gateway copies; each request goes to one at random
     peers: bool = False  # ... telling each other what they route (gateway.peers)
+    sglang_router: str | None = None  # the sglang-router program, for sglang:<policy>
+    vllm_router: str | None = None  # the vllm-router program, for vllm:<policy>
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
@@ -120,7 +130,7 @@ def _hot_misses(cfg: RunConfig, ok: list[dict[str, Any]]) -> dict[str, dict[str,
 
 
 def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Progress | None,
-            policy: str) -> Path:
+            policy: str, model: str | None = None) -> Path:
     url = urls[0]
     samples = workdir / f"{policy}.samples.json"
     env = dict(os.environ)
@@ -134,6 +144,8 @@ def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Prog
         "KVGATE_TOKENS_PER_WORD": str(replica_tokens_per_word(cfg.engine_tokenizer)),
         "KVGATE_HOSTS": json.dumps(list(urls)) if len(urls) > 1 else "",
     })
+    if model:
+        env["KVGATE_MODEL"] = model
     argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE),
             USER_CLASSES[cfg.scenario], "--headless", "-u", str(cfg.users),
             "-r", str(cfg.users), "-t", f"{int(cfg.duration_s)}s", "--host", url,
@@ -169,26 +181,52 @@ def _kv_event_messages(gateway_url: str) -> int:
     return 0
 
 
+def _engine_args(cfg: RunConfig, other: third_party.ThirdPartyRouter | None
+                 ) -> tuple[str, ...]:
+    """What every engine is started with: its own tokenizer, if given; for a third-party
+    router fed by KV events, the form of the events it reads."""
+    args: tuple[str, ...] = ("--tokenizer", cfg.engine_tokenizer) if cfg.engine_tokenizer \
+        else ()
+    if other is not None and other.needs_kv_events:
+        args += ("--kv-events-encoding", other.kind.kv_event_encoding)
+    return args
+
+
+def _program(cfg: RunConfig, router: str) -> str:
+    """The program of a third-party router: as configured, else found."""
+    given = {"sglang": cfg.sglang_router, "vllm": cfg.vllm_router}.get(router)
+    return third_party.require_program(router, given)
+
+
 def _share(part: float, whole: float) -> float | None:
     return round(part / whole, 4) if whole > 0 else None
 
 
 def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                progress: Progress | None = None) -> dict[str, Any]:
-    """One policy: fresh fleet, counters before, Locust run, counters after."""
+    """One policy (or a third-party router, ``loadtests.third_party``): fresh fleet, counters
+    before, Locust run, counters after."""
+    other = third_party.parse(policy)
     spec = LocalFleetSpec(replicas=cfg.replicas, policy={"name": policy},
                           profile=cfg.profile, kv_cache_gib=cfg.kv_cache_gib,
                           max_num_seqs=cfg.max_num_seqs, eviction=cfg.eviction,
-                          engine_args=("--tokenizer", cfg.engine_tokenizer)
-                          if cfg.engine_tokenizer else (),
-                          kv_events=cfg.kv_events, gateways=cfg.gateways,
+                          engine_args=_engine_args(cfg, other),
+                          kv_events=cfg.kv_events or bool(other and other.needs_kv_events),
+                          gateways=0 if other else cfg.gateways,
                           peers=cfg.peers)
-    with LocalFleet(spec, workdir / f"fleet-{policy}") as fleet:
+    with LocalFleet(spec, workdir / f"fleet-{policy}") as fleet, contextlib.ExitStack() as stack:
+        urls, model = tuple(fleet.gateway_urls), None
+        if other:
+            workers = [third_party.Worker(r["url"], r.get("kv_events"),
+                                          r.get("kv_events_replay")) for r in fleet.replicas]
+            model = third_party.served_model(fleet.engine_urls[0])
+            urls = (stack.enter_context(third_party.running(
+                other, _program(cfg, other.router), workers, model, workdir)),)
         before = [engine_counters.scrape(u) for u in fleet.engine_urls]
-        samples_path = _locust(cfg, tuple(fleet.gateway_urls), workdir, progress, policy)
+        samples_path = _locust(cfg, urls, workdir, progress, policy, model)
         after = [engine_counters.scrape(u) for u in fleet.engine_urls]
         kv_messages = [_kv_event_messages(u) for u in fleet.gateway_urls] \
-            if cfg.kv_events else []
+            if cfg.kv_events and not other else []
     counters = engine_counters.deltas(before, after)
     samples = json.loads(samples_path.read_text())
     ok = [s for s in samples if s.get("ok")]
@@ -207,10 +245,16 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         "client_cached_tokens": sum(s.get("cached_tokens") or 0 for s in ok),
         "requests_ok": len(ok),
         "requests_failed": len(samples) - len(ok),
+        # why they failed: each reason the clients saw (at most 200 characters) and how often
+        "failures": dict(Counter(s.get("error") or "unknown" for s in samples
+                                 if not s.get("ok")).most_common(10)),
         "ttft_p50_s": tt["p50"], "ttft_p95_s": tt["p95"], "ttft_p99_s": tt["p99"],
         "hot_ttft_p95_s": hh["p95"],
         "e2e_p50_s": ee["p50"], "e2e_p95_s": ee["p95"],
-        "replica_requests": [replicas.get(f"r{i}", 0) for i in range(cfg.replicas)],
+        # where the gateway said it sent each request; a third-party router does not say,
+        # so there the engines' counts of finished requests
+        "replica_requests": [int(r["requests"]) for r in counters.per_replica] if other
+        else [replicas.get(f"r{i}", 0) for i in range(cfg.replicas)],
         "gateway_requests": [gateways.get(i, 0) for i in range(cfg.gateways)],
         # per gateway copy: KV event messages its policy's index applied
         "kv_event_messages": kv_messages,
@@ -223,8 +267,8 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         "label_token_hit_rates": label_token_hit_rates(
             (s.get("label") or "", s["prompt_tokens"], s.get("cached_tokens") or 0)
             for s in ok if s.get("prompt_tokens")),
-        "ttft_tail": ttft_tail([(s.get("label") or "", s["replica"], s["ttft_s"])
-                                for s in ok if s.get("replica")],
+        "ttft_tail": ttft_tail([(s.get("label") or "", s.get("replica"), s["ttft_s"])
+                                for s in ok],
                                [f"r{i}" for i in range(cfg.replicas)]),
         "preemptions": int(counters.total("preemptions")),
         # how much later than their cost model the engine steps ended, as a share of the
@@ -242,6 +286,11 @@ def run(cfg: RunConfig, report_dir: Path | None = None, json_path: Path | None =
     """Every policy in turn; writes the JSON and the Markdown report when asked."""
     if cfg.scenario not in USER_CLASSES:
         raise ValueError(f"unknown scenario {cfg.scenario!r} (known: {', '.join(USER_CLASSES)})")
+    others = [o for o in map(third_party.parse, cfg.policies) if o]  # a bad name up front
+    if others:
+        third_party.require_isolation()
+        for other in others:
+            _program(cfg, other.router)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="kvgate-run-") as tmp:
         workdir = Path(tmp)
@@ -283,6 +332,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gateway copies; each request goes to one at random")
     parser.add_argument("--peers", action="store_true",
                         help="the gateway copies tell each other what they route")
+    for kind in third_party.KINDS.values():
+        parser.add_argument(f"--{kind.program}", default=None, metavar="PATH",
+                            help=f"the {kind.program} program, for policies named "
+                            f"{kind.name}:<policy> (default: ${kind.env}, else PATH); run "
+                            "only without network (loadtests.third_party)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="workload parameter over the scaled defaults")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
@@ -302,7 +356,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      eviction=args.eviction, workload=workload, seed=args.seed,
                      affinity_header=args.affinity_header,
                      engine_tokenizer=args.engine_tokenizer, kv_events=args.kv_events,
-                     gateways=args.gateways, peers=args.peers)
+                     gateways=args.gateways, peers=args.peers,
+                     sglang_router=args.sglang_router, vllm_router=args.vllm_router)
 
 
 class ProgressLine:
@@ -331,7 +386,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    out = run(config_from_args(args), args.report_dir, args.json_path, ProgressLine())
+    try:
+        out = run(config_from_args(args), args.report_dir, args.json_path, ProgressLine())
+    except third_party.ThirdPartyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(file=sys.stderr)
     from loadtests.report import table
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import msgpack
+import pytest
 import zmq
 
 from engine.kv_event_publisher import KVEventPublisher
-from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, decode_payload
+from kvwire.kv_event_format import ENCODINGS, AllBlocksCleared, BlockRemoved, decode_payload
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until
 
 
-def test_frames_sequence_numbers_and_payload() -> None:
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_frames_sequence_numbers_and_payload(encoding: str) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    pub = KVEventPublisher(endpoint, "kv")
+    pub = KVEventPublisher(endpoint, "kv", encoding=encoding)
     pub.publish([BlockRemoved((1,))])  # before start: nothing to send it on, dropped
     pub.start()
     ctx = zmq.Context()
@@ -38,7 +41,16 @@ def test_frames_sequence_numbers_and_payload() -> None:
                 break
         assert batch.events == (BlockRemoved((7, 8)),) and batch.data_parallel_rank == 0
         assert seqs == list(range(first, first + len(seqs)))  # one number per message
+        # each event as a tagged array, or as a map with its "type" (vLLM's router reads that)
+        event = msgpack.unpackb(frames[2])[1][0]
+        assert event == (["BlockRemoved", [7, 8], "GPU"] if encoding == "array"
+                         else {"type": "BlockRemoved", "block_hashes": [7, 8], "medium": "GPU"})
     finally:
         sub.close()
         ctx.term()
         pub.stop()
+
+
+def test_an_unknown_encoding_is_refused() -> None:
+    with pytest.raises(ValueError, match="'json'"):
+        KVEventPublisher("tcp://127.0.0.1:1", encoding="json")

@@ -30,6 +30,16 @@ def test_the_tail_is_counted_by_label_and_by_replica():
     with pytest.raises(ValueError, match="replicas not in replica_ids"):
         ttft_tail(rows, ["r0"])
     assert ttft_tail([], ["r0"])["by_replica"] == [0]
+    assert tail["unattributed"] == 0
+
+
+def test_requests_a_router_did_not_attribute_count_in_the_tail_but_not_by_replica():
+    rows = [("hot", None, 0.1 * i) for i in range(19)] + [("cold", "r1", 5.0)]
+    tail = ttft_tail(rows, ["r0", "r1"], q=90)
+    assert tail["requests"] == 2  # 1.8 s (unattributed) and 5.0 s (r1)
+    assert tail["by_label"] == {"hot": 1, "cold": 1}
+    assert tail["by_replica"] == [0, 1]
+    assert tail["unattributed"] == 1
 
 
 def test_the_simulator_reports_them_consistently_with_its_totals():
