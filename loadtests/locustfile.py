@@ -1,6 +1,7 @@
 """Locust users for the kvgate workloads: streaming chat completions, TTFT as its own metric.
 
-One user class per workload (``ContractsUser``, ``ChatUser``, ``ToolsUser``). All users
+One user class per workload (``ContractsUser``, ``ChatUser``, ``ToolsUser``,
+``ChatAppsUser``: apps whose tools go in the ``tools`` field). All users
 of a run take the next request of one deterministic stream (``loadtests.workloads``), so
 a run issues the same prompts in the same order whatever the number of users.
 
@@ -12,7 +13,8 @@ Configuration comes from the environment (``loadtests.run`` sets it):
 ``KVGATE_RATE``       requests/s of the whole run, as Poisson arrivals (open loop: the
                       next request of the stream is due at the next arrival time and the
                       first free user sends it then, late only when every user is busy);
-                      unset: back to back.
+                      unset: back to back. A workload that times its own requests
+                      (``chat-apps``: turns a think time apart) is sent on its own times.
 ``KVGATE_SAMPLES``    path of a JSON file to write per-request samples to at test stop.
 ``KVGATE_AFFINITY``   ``1`` to send each request's document or conversation id in the
                       gateway's affinity header.
@@ -84,10 +86,14 @@ def next_request(workload: str) -> tuple[WorkloadRequest, float]:
             stream = _streams[workload] = iter(generate(
                 spec, int(_config.get("requests", 100_000)), content))
         now = time.monotonic()
+        req = next(stream)
+        start = _clock.setdefault("start", now)
+        if req.arrival_s is not None:  # a workload that times its own turns (chat-apps)
+            return req, start + req.arrival_s
         due = _clock.setdefault("due", now)
         if _RATE > 0:
             due = _clock["due"] = due + float(_gaps.exponential(1.0 / _RATE))
-        return next(stream), due
+        return req, due
 
 
 class _WorkloadUser(HttpUser):
@@ -118,6 +124,9 @@ class _WorkloadUser(HttpUser):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        tools = req.tools()
+        if tools:
+            body["tools"] = tools
         headers = {}
         if os.environ.get("KVGATE_AFFINITY") == "1":
             headers[AFFINITY_HEADER] = req.affinity_key
@@ -204,3 +213,7 @@ class ChatUser(_WorkloadUser):
 
 class ToolsUser(_WorkloadUser):
     workload = "tools"
+
+
+class ChatAppsUser(_WorkloadUser):
+    workload = "chat-apps"

@@ -64,7 +64,8 @@ from loadtests.replica_prompts import replica_tokens_per_word
 HERE = Path(__file__).parent
 LOCUSTFILE = HERE / "locustfile.py"
 L4_PROFILE = str(HERE / "profiles" / "llama3-8b-l4.yaml")
-USER_CLASSES = {"contracts": "ContractsUser", "chat": "ChatUser", "tools": "ToolsUser"}
+USER_CLASSES = {"contracts": "ContractsUser", "chat": "ChatUser", "tools": "ToolsUser",
+                "chat-apps": "ChatAppsUser"}
 SCALED_CONTRACTS: dict[str, Any] = {"num_docs": 400, "hot_docs": 80, "doc_tokens": 1500,
                                     "output_tokens": [8, 16]}
 
@@ -347,6 +348,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     from loadtests.simulate import _parse_params
 
     workload = dict(SCALED_CONTRACTS) if args.scenario == "contracts" else {}
+    if args.scenario == "chat-apps":  # it times its own turns: at --rate requests/s
+        workload["rate"] = args.rate
     workload.update(_parse_params(args.set))
     return RunConfig(scenario=args.scenario,
                      policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),

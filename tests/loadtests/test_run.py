@@ -84,3 +84,28 @@ def test_two_gateway_copies_in_front_of_engines_publishing_kv_events(tmp_path):
     assert len(r["gateway_requests"]) == 2 and min(r["gateway_requests"]) > 0
     assert sum(r["gateway_requests"]) == r["requests_ok"]
     assert len(r["kv_event_messages"]) == 2 and min(r["kv_event_messages"]) > 0
+
+
+def test_chat_apps_turns_with_tools_on_their_own_times(tmp_path):
+    # four apps' chats, each turn carrying its app's tools in the `tools` field
+    cfg = RunConfig(
+        scenario="chat-apps", policies=("cost",), duration_s=10, replicas=2, users=8,
+        rate=30.0, kv_cache_gib=0.5, max_num_seqs=4,
+        workload={"rate": 2.5, "think_s": 2.0, "output_tokens": [2, 4]},
+    )
+    r = run(cfg)["policies"]["cost"]
+    # sent on the workload's own times (conversations start at rate / mean turns, their
+    # later turns think_s apart), not as Poisson arrivals at cfg.rate (300 in 10 s, as
+    # many as 8 users can send)
+    from loadtests.workloads import build_spec, generate
+
+    stream = generate(build_spec("chat-apps", **cfg.workload), 200)
+    assert r["requests_failed"] == 0
+    assert 5 <= r["requests_ok"] <= sum(1 for req in stream if req.arrival_s < 12.0)
+    rates = r["label_token_hit_rates"]
+    assert set(rates) <= {"app0", "app1", "app2", "app3"} and "app0" in rates
+    # an app's system prompt and tools come first in every one of its prompts: they hit
+    assert r["token_hit_rate"] > 0.3
+    # the tools reached the engines: a prompt holds the app's system prompt (500-800
+    # tokens) and its tools (400-800), rendered
+    assert r["prompt_tokens"] / r["requests_ok"] > 900
