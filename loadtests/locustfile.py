@@ -25,7 +25,7 @@ Configuration comes from the environment (``loadtests.run`` sets it):
 
 Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (send to first
 content chunk), both named after the workload. A failed request's sample says why
-(``error``).
+(``error``); one still unanswered when the run stops is marked ``unfinished``.
 
 Headless::
 
@@ -132,8 +132,11 @@ class _WorkloadUser(HttpUser):
             headers[AFFINITY_HEADER] = req.affinity_key
         gateway = _gateway()
         url = f"{_HOSTS[gateway]}/v1/chat/completions" if _HOSTS else "/v1/chat/completions"
+        # kept from the start: a request still unanswered when the run stops is counted
+        # (``unfinished``), not lost
         sample: dict[str, Any] = {"index": req.index, "label": req.label, "ok": False,
-                                  "gateway": gateway}
+                                  "gateway": gateway, "unfinished": True}
+        _record(sample)
         started = time.perf_counter()
         with self.client.post(url, json=body, headers=headers,
                               stream=True, catch_response=True, name=self.workload) as resp:
@@ -141,7 +144,7 @@ class _WorkloadUser(HttpUser):
             sample["route"] = resp.headers.get("x-kvgate-route")
             if resp.status_code != 200:
                 _fail(resp, sample, f"HTTP {resp.status_code}: {resp.text[:200]}")
-                _record(sample)
+                del sample["unfinished"]
                 return
             try:
                 self._read_stream(resp, started, sample)
@@ -154,7 +157,7 @@ class _WorkloadUser(HttpUser):
                     sample["ok"] = True
                     resp.success()
         sample["e2e_s"] = time.perf_counter() - started
-        _record(sample)
+        del sample["unfinished"]
 
     def _read_stream(self, resp: Any, started: float, sample: dict[str, Any]) -> None:
         # chunk_size=None: each line as soon as it arrives (the default buffers 512 bytes,

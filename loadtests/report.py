@@ -44,7 +44,10 @@ def table(policies: Mapping[str, Mapping[str, Any]]) -> str:
             if title == "policy":
                 cells.append(name)
             elif key is None:
-                cells.append(f"{r['requests_ok']:,} / {r['requests_failed']:,}")
+                cell = f"{r['requests_ok']:,} / {r['requests_failed']:,}"
+                if r.get("requests_unfinished"):
+                    cell += f" ({r['requests_unfinished']:,} unanswered at the end)"
+                cells.append(cell)
             else:
                 cells.append(_cell(r.get(key)))
         lines.append("| " + " | ".join(cells) + " |")

@@ -231,6 +231,8 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
     counters = engine_counters.deltas(before, after)
     samples = json.loads(samples_path.read_text())
     ok = [s for s in samples if s.get("ok")]
+    # sent, but still unanswered when the clients stopped (a router that queued them)
+    unfinished = sum(1 for s in samples if s.get("unfinished"))
     ttft = [s["ttft_s"] for s in ok]
     e2e = [s["e2e_s"] for s in ok]
     replicas = Counter(s.get("replica") for s in ok)
@@ -245,10 +247,12 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         "client_prompt_tokens": sum(s.get("prompt_tokens") or 0 for s in ok),
         "client_cached_tokens": sum(s.get("cached_tokens") or 0 for s in ok),
         "requests_ok": len(ok),
-        "requests_failed": len(samples) - len(ok),
+        "requests_failed": len(samples) - len(ok) - unfinished,
+        "requests_unfinished": unfinished,
         # why they failed: each reason the clients saw (at most 200 characters) and how often
         "failures": dict(Counter(s.get("error") or "unknown" for s in samples
-                                 if not s.get("ok")).most_common(10)),
+                                 if not s.get("ok") and not s.get("unfinished"))
+                         .most_common(10)),
         "ttft_p50_s": tt["p50"], "ttft_p95_s": tt["p95"], "ttft_p99_s": tt["p99"],
         "hot_ttft_p95_s": hh["p95"],
         "e2e_p50_s": ee["p50"], "e2e_p95_s": ee["p95"],

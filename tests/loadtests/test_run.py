@@ -17,7 +17,8 @@ def test_two_policies_on_a_local_fleet(tmp_path):
     assert json.loads((tmp_path / "out.json").read_text())["policies"] == out["policies"]
     for name in cfg.policies:
         r = out["policies"][name]
-        assert r["requests_failed"] == 0
+        assert r["requests_failed"] == 0 and r["failures"] == {}
+        assert r["requests_unfinished"] == 0
         assert r["requests_ok"] >= 10
         # the engines' counters and what clients were told agree token for token
         assert r["prompt_tokens"] == r["client_prompt_tokens"] > 0
