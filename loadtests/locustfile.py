@@ -25,7 +25,8 @@ Configuration comes from the environment (``loadtests.run`` sets it):
 
 Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (send to first
 content chunk), both named after the workload. A failed request's sample says why
-(``error``); one still unanswered when the run stops is marked ``unfinished``.
+(``error``); one still unanswered when the run stops is marked ``unfinished``; each says
+how late it was sent (``late_s``: the load is an open loop only while a user is free).
 
 Headless::
 
@@ -135,7 +136,9 @@ class _WorkloadUser(HttpUser):
         # kept from the start: a request still unanswered when the run stops is counted
         # (``unfinished``), not lost
         sample: dict[str, Any] = {"index": req.index, "label": req.label, "ok": False,
-                                  "gateway": gateway, "unfinished": True}
+                                  "gateway": gateway, "unfinished": True,
+                                  # sent after its due time: every client was busy
+                                  "late_s": max(0.0, -delay)}
         _record(sample)
         started = time.perf_counter()
         with self.client.post(url, json=body, headers=headers,

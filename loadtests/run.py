@@ -249,6 +249,9 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         "requests_ok": len(ok),
         "requests_failed": len(samples) - len(ok) - unfinished,
         "requests_unfinished": unfinished,
+        # how late the clients sent requests after their due times: above 0 where every
+        # client was waiting on an answer (the offered load then falls short of --rate)
+        "send_late_s": _percentiles([s.get("late_s", 0.0) for s in samples]),
         # why they failed: each reason the clients saw (at most 200 characters) and how often
         "failures": dict(Counter(s.get("error") or "unknown" for s in samples
                                  if not s.get("ok") and not s.get("unfinished"))

@@ -1,5 +1,6 @@
 """The Locust users under a real headless Locust run: a request still unanswered when the
-run stops is kept in the samples as unfinished, not lost."""
+run stops is kept in the samples as unfinished, not lost; one sent after its due time
+says how late."""
 
 import json
 import os
@@ -7,15 +8,46 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
+from typing import Any
 
 from loadtests.run import LOCUSTFILE
 from tests.support.processes import REPO
 
 
-def test_a_request_unanswered_when_the_run_stops_is_counted_unfinished(tmp_path):
-    # a replica that takes every request and never answers
+def _locust(tmp_path: Path, replica: socket.socket, users: int, rate: float
+            ) -> list[dict[str, Any]]:
+    """The samples of a 2 s headless run of ContractsUser against ``replica``."""
+    samples = tmp_path / "samples.json"
+    env = dict(os.environ, KVGATE_MODEL="m", KVGATE_RATE=str(rate),
+               KVGATE_SAMPLES=str(samples),
+               KVGATE_WORKLOAD=json.dumps({"params": {"num_docs": 4, "hot_docs": 1},
+                                           "requests": 100}))
+    run = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "ContractsUser",
+         "--headless", "-u", str(users), "-r", str(users), "-t", "2s", "--stop-timeout", "1",
+         "--host", f"http://127.0.0.1:{replica.getsockname()[1]}", "--only-summary",
+         "--loglevel", "WARNING"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert samples.exists(), run.stderr[-2000:]
+    return json.loads(samples.read_text())
+
+
+def _replica(answer_after_s: float | None) -> tuple[socket.socket, list[socket.socket]]:
+    """A listening socket that takes every request and answers HTTP 500 after
+    ``answer_after_s`` (None: never); and the connections it holds."""
     server = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
+
+    def serve(conn: socket.socket) -> None:
+        try:
+            while conn.recv(65536):
+                time.sleep(answer_after_s or 0.0)
+                conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n"
+                             b"\r\nbusy")
+        except OSError:  # closed: the test is over
+            return
 
     def accept() -> None:
         while True:
@@ -24,25 +56,37 @@ def test_a_request_unanswered_when_the_run_stops_is_counted_unfinished(tmp_path)
             except OSError:
                 return
             held.append(conn)
+            if answer_after_s is not None:
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    samples = tmp_path / "samples.json"
-    env = dict(os.environ, KVGATE_MODEL="m", KVGATE_RATE="5", KVGATE_SAMPLES=str(samples),
-               KVGATE_WORKLOAD=json.dumps({"params": {"num_docs": 4, "hot_docs": 1},
-                                           "requests": 100}))
+    return server, held
+
+
+def test_a_request_unanswered_when_the_run_stops_is_counted_unfinished(tmp_path):
+    server, held = _replica(None)
     try:
-        run = subprocess.run(
-            [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "ContractsUser",
-             "--headless", "-u", "3", "-r", "3", "-t", "2s", "--stop-timeout", "1",
-             "--host", f"http://127.0.0.1:{server.getsockname()[1]}", "--only-summary",
-             "--loglevel", "WARNING"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        written = _locust(tmp_path, server, users=3, rate=5)
     finally:
         server.close()
         for conn in held:
             conn.close()
-    assert samples.exists(), run.stderr[-2000:]
-    written = json.loads(samples.read_text())
     # three users, each stuck on its first request
     assert len(written) == 3
     assert all(s["unfinished"] and not s["ok"] for s in written)
+
+
+def test_a_request_sent_after_its_due_time_says_how_late(tmp_path):
+    # one user, requests due every 20 ms, each answered (500) after 0.5 s: the user sends
+    # the k-th about 0.5 (k - 1) s after it was due
+    server, held = _replica(0.5)
+    try:
+        written = _locust(tmp_path, server, users=1, rate=50)
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    late = [s["late_s"] for s in written]
+    assert 2 <= len(late) <= 6
+    assert late[0] < 0.2 and late[-1] > 0.4 * (len(late) - 1)
+    assert all(s["error"].startswith("HTTP 500") for s in written if not s.get("unfinished"))

@@ -19,6 +19,7 @@ def test_two_policies_on_a_local_fleet(tmp_path):
         r = out["policies"][name]
         assert r["requests_failed"] == 0 and r["failures"] == {}
         assert r["requests_unfinished"] == 0
+        assert 0.0 <= r["send_late_s"]["p50"] <= r["send_late_s"]["p99"]
         assert r["requests_ok"] >= 10
         # the engines' counters and what clients were told agree token for token
         assert r["prompt_tokens"] == r["client_prompt_tokens"] > 0
