@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache-config-info", action="store_true",
                         help="leave vllm:cache_config_info (the KV capacity) out of /metrics, "
                              "as a replica that exports its KV usage but not its capacity")
+    parser.add_argument("--served-by", default=None, metavar="NAME",
+                        help="name this replica in every response's x-kvgate-served-by "
+                             "header (which replica answered, behind any router)")
     parser.add_argument("--kv-events-topic", default="", help="topic frame of KV events")
     parser.add_argument("--kv-events-encoding", choices=ENCODINGS, default="array",
                         help="each KV event as a tagged array (vLLM's classic form) or as a "
@@ -162,13 +165,16 @@ def build_server(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from engine.server import build_app
+    from engine.server import ServedBy, build_app
 
     level = str(getattr(args, "log_level", "info"))
     logging.basicConfig(level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         server = build_server(args)
+        app: Any = build_app(server)
+        if args.served_by:
+            app = ServedBy(app, args.served_by)
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvgate engine: {exc}", file=sys.stderr)
         return 2
@@ -176,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         "serving %s: %d KV blocks of %d tokens, eviction %s, executor %s",
         server.model_name, server.core.config.num_blocks, args.block_size, args.eviction,
         args.executor)
-    uvicorn.run(build_app(server), host=args.host, port=args.port,
+    uvicorn.run(app, host=args.host, port=args.port,
                 log_level=level.lower(), ws="none")
     return 0
 

@@ -314,6 +314,33 @@ class _Generation:
         yield "data: [DONE]\n\n"
 
 
+class ServedBy:
+    """ASGI wrapper that names the replica in every response's ``x-kvgate-served-by``
+    header (``kvgate engine --served-by``), so a client behind any router can tell which
+    replica answered."""
+
+    HEADER = b"x-kvgate-served-by"
+
+    def __init__(self, app: Any, name: str) -> None:
+        if not name or not all(0x21 <= ord(c) <= 0x7E for c in name):
+            raise ValueError(f"served-by name must be visible ASCII without spaces, got "
+                             f"{name!r}")
+        self.app = app
+        self.header = (self.HEADER, name.encode())
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_named(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_named)
+
+
 def build_app(server: EngineServer) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

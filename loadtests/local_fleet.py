@@ -156,6 +156,7 @@ class LocalFleet:
                         "--max-num-seqs", str(spec.max_num_seqs),
                         "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
                         "--host", spec.host, "--port", str(port), "--log-level", "warning",
+                        "--served-by", f"r{i}",  # which replica answered, behind any router
                         *spec.engine_args]
                 url = f"http://{spec.host}:{port}"
                 replica: dict[str, Any] = {"id": f"r{i}", "url": url}

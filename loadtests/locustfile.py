@@ -143,7 +143,10 @@ class _WorkloadUser(HttpUser):
         started = time.perf_counter()
         with self.client.post(url, json=body, headers=headers,
                               stream=True, catch_response=True, name=self.workload) as resp:
-            sample["replica"] = resp.headers.get("x-kvgate-replica")
+            # the gateway's word, else the engine's own (``kvgate engine --served-by``), which
+            # other routers pass on
+            sample["replica"] = (resp.headers.get("x-kvgate-replica")
+                                 or resp.headers.get("x-kvgate-served-by"))
             sample["route"] = resp.headers.get("x-kvgate-route")
             if resp.status_code != 200:
                 _fail(resp, sample, f"HTTP {resp.status_code}: {resp.text[:200]}")

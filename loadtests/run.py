@@ -30,8 +30,9 @@ A policy named ``sglang:cache_aware`` or ``vllm:kv_aware`` (or another policy of
 or vLLM's router) puts that router in front of the same fleet instead of a gateway, for a
 side-by-side run with the same requests (``loadtests.third_party``: run it without
 network, under ``unshare -rn``).
-The engines' counters give its hit rate; it does not say which replica served a request,
-so its replica counts are the engines' finished requests and its tail is by label only.
+The engines' counters give its hit rate, and each engine names itself in its answers
+(``kvgate engine --served-by``), which these routers pass on: the replica counts, the tail
+by replica and the hot misses' causes are reported for them too.
 """
 
 from __future__ import annotations
@@ -259,10 +260,10 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         "ttft_p50_s": tt["p50"], "ttft_p95_s": tt["p95"], "ttft_p99_s": tt["p99"],
         "hot_ttft_p95_s": hh["p95"],
         "e2e_p50_s": ee["p50"], "e2e_p95_s": ee["p95"],
-        # where the gateway said it sent each request; a third-party router does not say,
-        # so there the engines' counts of finished requests
-        "replica_requests": [int(r["requests"]) for r in counters.per_replica] if other
-        else [replicas.get(f"r{i}", 0) for i in range(cfg.replicas)],
+        # which replica answered each request (the gateway's header, or the engine's own);
+        # where some answer says neither, the engines' counts of finished requests
+        "replica_requests": [replicas.get(f"r{i}", 0) for i in range(cfg.replicas)]
+        if None not in replicas else [int(r["requests"]) for r in counters.per_replica],
         "gateway_requests": [gateways.get(i, 0) for i in range(cfg.gateways)],
         # per gateway copy: KV event messages its policy's index applied
         "kv_event_messages": kv_messages,

@@ -95,10 +95,13 @@ def test_sglang_and_vllm_routers_in_front_of_a_local_fleet(tmp_path):
         assert round(r["token_hit_rate"] * r["prompt_tokens"]) == r["client_cached_tokens"]
         # six documents asked again and again: a cache-aware choice earns hits
         assert r["token_hit_rate"] > 0.2, name
-        # where requests went, from the engines' own counts (the routers do not say)
+        # which replica answered: the engines name themselves, and the routers pass it on
         assert sum(r["replica_requests"]) == r["requests_ok"]
         assert r["routes"] == {"null": r["requests_ok"]}  # no kvgate route header
         tail = r["ttft_tail"]
-        assert tail["unattributed"] == tail["requests"] >= 1
-        assert sum(tail["by_replica"]) == 0
+        assert tail["unattributed"] == 0
+        assert sum(tail["by_replica"]) == tail["requests"] >= 1
+        # so the hot documents' misses are told by cause, as for kvgate's policies
+        assert set(r["hot_misses"]) == {"first", "moved", "evicted"}
+        assert 1 <= r["hot_misses"]["first"]["requests"] <= 2
         assert f"| {name} |" in run.stdout
