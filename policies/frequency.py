@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -72,8 +73,8 @@ class FrequencySketch:
         if self._four:  # ``_slots`` unrolled, as in ``estimate``
             mask, width = self.mask, self.width
             mixed = (key * _MIX) & _MASK64
-            slots = (key & mask, width + ((key >> 32) & mask), 2 * width + (mixed & mask),
-                     3 * width + ((mixed >> 32) & mask))
+            slots: Sequence[int] = (key & mask, width + ((key >> 32) & mask),
+                                    2 * width + (mixed & mask), 3 * width + ((mixed >> 32) & mask))
         else:
             slots = self._slots(key)
         # conservative update: raise only the counters at the minimum (tighter estimates)
