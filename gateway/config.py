@@ -22,7 +22,7 @@ Example (every key but ``replicas`` has a default)::
       - {id: r2, url: "http://127.0.0.1:8103", kv_events: "tcp://127.0.0.1:5557"}
     limits: {max_in_flight: 1024, max_pending: 0, max_pending_s: 30,
              max_queued_tokens_per_replica: null, connections_per_replica: 256,
-             max_connections: 4096, keep_alive_s: 5, max_header_bytes: 65536,
+             max_connections: 4096, keep_alive_s: 75, max_header_bytes: 65536,
              header_timeout_s: 10, body_timeout_s: 60}
     timeouts: {connect_s: 2, first_byte_s: 300, stream_first_byte_s: null, idle_s: 60,
                buffer_bytes: 1048576}
@@ -246,7 +246,11 @@ class LimitsConfig:
     max_queued_tokens_per_replica: int | None = None
     connections_per_replica: int = 256
     max_connections: int = 4096
-    keep_alive_s: float = 5.0
+    # longer than the idle timeouts of what usually stands in front (load balancers close
+    # idle connections after 60 s by default, client pools sooner): a server that closes
+    # an idle connection first races the client's next request on it, which then fails
+    # unanswered (a POST is not sent again); idle connections count in max_connections
+    keep_alive_s: float = 75.0
     max_header_bytes: int = 65536
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0

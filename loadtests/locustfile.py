@@ -149,7 +149,10 @@ class _WorkloadUser(HttpUser):
                                  or resp.headers.get("x-kvgate-served-by"))
             sample["route"] = resp.headers.get("x-kvgate-route")
             if resp.status_code != 200:
-                _fail(resp, sample, f"HTTP {resp.status_code}: {resp.text[:200]}")
+                # status 0: no answer at all (Locust keeps the connection error)
+                why = f"HTTP {resp.status_code}: {resp.text[:200]}" if resp.status_code else \
+                    f"no answer: {getattr(resp, 'error', None)!r}"[:300]
+                _fail(resp, sample, why)
                 del sample["unfinished"]
                 return
             try:

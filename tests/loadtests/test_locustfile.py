@@ -34,9 +34,11 @@ def _locust(tmp_path: Path, replica: socket.socket, users: int, rate: float
     return json.loads(samples.read_text())
 
 
-def _replica(answer_after_s: float | None) -> tuple[socket.socket, list[socket.socket]]:
+def _replica(answer_after_s: float | None, hang_up: bool = False
+             ) -> tuple[socket.socket, list[socket.socket]]:
     """A listening socket that takes every request and answers HTTP 500 after
-    ``answer_after_s`` (None: never); and the connections it holds."""
+    ``answer_after_s`` (None: never), or with ``hang_up`` closes each connection at once;
+    and the connections it holds."""
     server = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
 
@@ -55,6 +57,9 @@ def _replica(answer_after_s: float | None) -> tuple[socket.socket, list[socket.s
                 conn, _ = server.accept()
             except OSError:
                 return
+            if hang_up:
+                conn.close()
+                continue
             held.append(conn)
             if answer_after_s is not None:
                 threading.Thread(target=serve, args=(conn,), daemon=True).start()
@@ -90,3 +95,15 @@ def test_a_request_sent_after_its_due_time_says_how_late(tmp_path):
     assert 2 <= len(late) <= 6
     assert late[0] < 0.2 and late[-1] > 0.4 * (len(late) - 1)
     assert all(s["error"].startswith("HTTP 500") for s in written if not s.get("unfinished"))
+
+
+def test_a_request_without_an_answer_says_what_the_connection_did(tmp_path):
+    server, _ = _replica(None, hang_up=True)
+    try:
+        written = _locust(tmp_path, server, users=1, rate=5)
+    finally:
+        server.close()
+    assert written and all(not s["ok"] for s in written)
+    done = [s for s in written if not s.get("unfinished")]
+    assert done and all(s["error"].startswith("no answer: ") for s in done)
+    assert all("Connection" in s["error"] or "closed" in s["error"] for s in done), done
