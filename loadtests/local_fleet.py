@@ -29,6 +29,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 import yaml
 
 STATE_FILE = "fleet.json"
+ENGINE_BLOCK_SIZE = 16  # the engines' KV block size (``kvgate engine --block-size``' default)
 
 
 def default_state_dir() -> Path:
@@ -89,6 +91,21 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def wait_ready(name: str, popen: subprocess.Popen[bytes], log: Path,
+               ready: Callable[[], bool], timeout_s: float, where: str = "") -> None:
+    """Poll ``ready`` until it holds; a ``FleetError`` with the tail of ``log`` if the
+    process exits first, or one naming ``where`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise FleetError(f"{name} exited with {popen.returncode}:\n{tail}")
+        if ready():
+            return
+        time.sleep(0.1)
+    raise FleetError(f"{name} not ready {where} after {timeout_s:.0f} s (log: {log})")
+
+
 @dataclass(slots=True)
 class _Proc:
     name: str
@@ -129,16 +146,8 @@ class LocalFleet:
         return proc
 
     def _wait_ready(self, proc: _Proc, url: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.popen.poll() is not None:
-                tail = proc.log.read_text(errors="replace")[-2000:]
-                raise FleetError(f"{proc.name} exited with {proc.popen.returncode}:\n{tail}")
-            if http_ok(url):
-                return
-            time.sleep(0.1)
-        raise FleetError(f"{proc.name} not ready at {url} after {timeout_s:.0f} s "
-                         f"(log: {proc.log})")
+        wait_ready(proc.name, proc.popen, proc.log, lambda: http_ok(url), timeout_s,
+                   f"at {url}")
 
     def start(self, timeout_s: float = 60.0) -> None:
         spec = self.spec

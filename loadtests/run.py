@@ -59,7 +59,7 @@ from engine.eviction import EVICTION_POLICIES
 from loadtests import engine_counters, third_party
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
-from loadtests.local_fleet import LocalFleet, LocalFleetSpec
+from loadtests.local_fleet import ENGINE_BLOCK_SIZE, LocalFleet, LocalFleetSpec
 from loadtests.replica_prompts import replica_tokens_per_word
 
 HERE = Path(__file__).parent
@@ -92,8 +92,8 @@ class RunConfig:
     kv_events: bool = False  # the engines publish KV events, the gateway subscribes
     gateways: int = 1  # gateway copies; each request goes to one at random
     peers: bool = False  # ... telling each other what they route (gateway.peers)
-    sglang_router: str | None = None  # the sglang-router program, for sglang:<policy>
-    vllm_router: str | None = None  # the vllm-router program, for vllm:<policy>
+    # third-party routers' programs by router name (third_party.KINDS), for router:<policy>
+    router_programs: dict[str, str] = field(default_factory=dict)
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
@@ -104,7 +104,6 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 
 
 STREAM_REQUESTS = 200_000  # the workload stream the Locust clients draw from
-ENGINE_BLOCK_SIZE = 16  # the engines' (``kvgate engine --block-size``' default)
 
 
 def _hot_misses(cfg: RunConfig, ok: list[dict[str, Any]]) -> dict[str, dict[str, int]] | None:
@@ -196,8 +195,7 @@ def _engine_args(cfg: RunConfig, other: third_party.ThirdPartyRouter | None
 
 def _program(cfg: RunConfig, router: str) -> str:
     """The program of a third-party router: as configured, else found."""
-    given = {"sglang": cfg.sglang_router, "vllm": cfg.vllm_router}.get(router)
-    return third_party.require_program(router, given)
+    return third_party.require_program(router, cfg.router_programs.get(router))
 
 
 def _share(part: float, whole: float) -> float | None:
@@ -228,7 +226,7 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         samples_path = _locust(cfg, urls, workdir, progress, policy, model)
         after = [engine_counters.scrape(u) for u in fleet.engine_urls]
         kv_messages = [_kv_event_messages(u) for u in fleet.gateway_urls] \
-            if cfg.kv_events and not other else []
+            if cfg.kv_events else []
     counters = engine_counters.deltas(before, after)
     samples = json.loads(samples_path.read_text())
     ok = [s for s in samples if s.get("ok")]
@@ -342,7 +340,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", action="store_true",
                         help="the gateway copies tell each other what they route")
     for kind in third_party.KINDS.values():
-        parser.add_argument(f"--{kind.program}", default=None, metavar="PATH",
+        parser.add_argument(f"--{kind.program}", dest=f"{kind.name}_program", default=None,
+                            metavar="PATH",
                             help=f"the {kind.program} program, for policies named "
                             f"{kind.name}:<policy> (default: ${kind.env}, else PATH); run "
                             "only without network (loadtests.third_party)")
@@ -368,7 +367,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      affinity_header=args.affinity_header,
                      engine_tokenizer=args.engine_tokenizer, kv_events=args.kv_events,
                      gateways=args.gateways, peers=args.peers,
-                     sglang_router=args.sglang_router, vllm_router=args.vllm_router)
+                     router_programs={
+                         name: path for name in third_party.KINDS
+                         if (path := getattr(args, f"{name}_program")) is not None})
 
 
 class ProgressLine:

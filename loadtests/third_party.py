@@ -34,13 +34,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.local_fleet import free_port, http_ok
+from loadtests.local_fleet import ENGINE_BLOCK_SIZE, free_port, wait_ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +62,6 @@ KINDS: dict[str, RouterKind] = {
                         "round_robin", "sticky_least_loaded", "random"),
                        kv_event_policies=("kv_aware",), kv_event_encoding="map"),
 }
-KV_BLOCK_SIZE = 16  # the engines' (``kvgate engine --block-size``' default)
 
 
 class ThirdPartyError(RuntimeError):
@@ -164,14 +162,14 @@ def argv(router: ThirdPartyRouter, program: str, host: str, port: int,
                 out += ["--kv-event-source", f"{w.url}={w.kv_events}"]
                 if w.kv_events_replay:
                     out += ["--kv-event-replay-source", f"{w.url}={w.kv_events_replay}"]
-            out += ["--kv-event-block-size", str(KV_BLOCK_SIZE), "--kv-event-model", model]
+            out += ["--kv-event-block-size", str(ENGINE_BLOCK_SIZE), "--kv-event-model", model]
         return out
     raise ValueError(f"unknown router {router.router!r}")
 
 
 def ready(url: str, workers: int) -> bool:
-    """Whether the router at ``url`` is up with every one of its ``workers`` healthy (these
-    routers answer ``/health`` before they have registered them)."""
+    """Whether the router at ``url`` is up with every one of its ``workers`` healthy (not
+    ``/health``: these routers answer it before they have registered them)."""
     try:
         with urllib.request.urlopen(f"{url}/workers", timeout=1.0) as resp:
             listed = json.loads(resp.read()).get("workers", [])
@@ -192,8 +190,8 @@ def running(router: ThirdPartyRouter, program: str, workers: Sequence[Worker], m
             workdir: Path, host: str = "127.0.0.1", timeout_s: float = 60.0
             ) -> Iterator[str]:
     """Start ``router`` in front of ``workers`` (serving ``model``), wait until it is
-    ``ready``, yield its URL;
-    stop it (SIGTERM, then SIGKILL after 10 s) on the way out."""
+    ``ready`` (a ``FleetError`` if it exits first or is not within ``timeout_s``), yield its
+    URL; stop it (SIGTERM, then SIGKILL after 10 s) on the way out."""
     require_isolation()
     port = free_port(host)
     log = workdir / f"{router.router}-{router.policy}.log"
@@ -203,15 +201,8 @@ def running(router: ThirdPartyRouter, program: str, workers: Sequence[Worker], m
                                 start_new_session=True)
     try:
         url = f"http://{host}:{port}"
-        deadline = time.monotonic() + timeout_s
-        while not (http_ok(f"{url}/health") and ready(url, len(workers))):
-            if proc.poll() is not None:
-                raise ThirdPartyError(f"{router.name} exited with {proc.returncode}:\n"
-                                      f"{log.read_text(errors='replace')[-2000:]}")
-            if time.monotonic() > deadline:
-                raise ThirdPartyError(f"{router.name} not ready at {url} after "
-                                      f"{timeout_s:.0f} s (log: {log})")
-            time.sleep(0.2)
+        wait_ready(router.name, proc, log, lambda: ready(url, len(workers)), timeout_s,
+                   f"at {url}")
         yield url
     finally:
         if proc.poll() is None:

@@ -2,6 +2,7 @@
 run stops is kept in the samples as unfinished, not lost; one sent after its due time
 says how late."""
 
+import contextlib
 import json
 import os
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,29 +18,30 @@ from loadtests.run import LOCUSTFILE
 from tests.support.processes import REPO
 
 
-def _locust(tmp_path: Path, replica: socket.socket, users: int, rate: float
-            ) -> list[dict[str, Any]]:
-    """The samples of a 2 s headless run of ContractsUser against ``replica``."""
-    samples = tmp_path / "samples.json"
-    env = dict(os.environ, KVGATE_MODEL="m", KVGATE_RATE=str(rate),
-               KVGATE_SAMPLES=str(samples),
-               KVGATE_WORKLOAD=json.dumps({"params": {"num_docs": 4, "hot_docs": 1},
-                                           "requests": 100}))
-    run = subprocess.run(
-        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "ContractsUser",
-         "--headless", "-u", str(users), "-r", str(users), "-t", "2s", "--stop-timeout", "1",
-         "--host", f"http://127.0.0.1:{replica.getsockname()[1]}", "--only-summary",
-         "--loglevel", "WARNING"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+def _samples(tmp_path: Path, users: int, rate: float, answer_after_s: float | None = None,
+             hang_up: bool = False) -> list[dict[str, Any]]:
+    """The samples of a 2 s headless run of ContractsUser against a replica that takes
+    every request and answers HTTP 500 after ``answer_after_s`` (None: never), or with
+    ``hang_up`` closes each connection at once."""
+    with _replica(answer_after_s, hang_up) as port:
+        samples = tmp_path / "samples.json"
+        env = dict(os.environ, KVGATE_MODEL="m", KVGATE_RATE=str(rate),
+                   KVGATE_SAMPLES=str(samples),
+                   KVGATE_WORKLOAD=json.dumps({"params": {"num_docs": 4, "hot_docs": 1},
+                                               "requests": 100}))
+        run = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "ContractsUser",
+             "--headless", "-u", str(users), "-r", str(users), "-t", "2s",
+             "--stop-timeout", "1", "--host", f"http://127.0.0.1:{port}", "--only-summary",
+             "--loglevel", "WARNING"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert samples.exists(), run.stderr[-2000:]
     return json.loads(samples.read_text())
 
 
-def _replica(answer_after_s: float | None, hang_up: bool = False
-             ) -> tuple[socket.socket, list[socket.socket]]:
-    """A listening socket that takes every request and answers HTTP 500 after
-    ``answer_after_s`` (None: never), or with ``hang_up`` closes each connection at once;
-    and the connections it holds."""
+@contextlib.contextmanager
+def _replica(answer_after_s: float | None, hang_up: bool) -> Iterator[int]:
+    """The port of such a replica while the block runs; every connection closed after."""
     server = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
 
@@ -65,17 +68,16 @@ def _replica(answer_after_s: float | None, hang_up: bool = False
                 threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    return server, held
-
-
-def test_a_request_unanswered_when_the_run_stops_is_counted_unfinished(tmp_path):
-    server, held = _replica(None)
     try:
-        written = _locust(tmp_path, server, users=3, rate=5)
+        yield server.getsockname()[1]
     finally:
         server.close()
         for conn in held:
             conn.close()
+
+
+def test_a_request_unanswered_when_the_run_stops_is_counted_unfinished(tmp_path):
+    written = _samples(tmp_path, users=3, rate=5)
     # three users, each stuck on its first request
     assert len(written) == 3
     assert all(s["unfinished"] and not s["ok"] for s in written)
@@ -84,13 +86,7 @@ def test_a_request_unanswered_when_the_run_stops_is_counted_unfinished(tmp_path)
 def test_a_request_sent_after_its_due_time_says_how_late(tmp_path):
     # one user, requests due every 20 ms, each answered (500) after 0.5 s: the user sends
     # the k-th about 0.5 (k - 1) s after it was due
-    server, held = _replica(0.5)
-    try:
-        written = _locust(tmp_path, server, users=1, rate=50)
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
+    written = _samples(tmp_path, users=1, rate=50, answer_after_s=0.5)
     late = [s["late_s"] for s in written]
     assert 2 <= len(late) <= 6
     assert late[0] < 0.2 and late[-1] > 0.4 * (len(late) - 1)
@@ -98,11 +94,7 @@ def test_a_request_sent_after_its_due_time_says_how_late(tmp_path):
 
 
 def test_a_request_without_an_answer_says_what_the_connection_did(tmp_path):
-    server, _ = _replica(None, hang_up=True)
-    try:
-        written = _locust(tmp_path, server, users=1, rate=5)
-    finally:
-        server.close()
+    written = _samples(tmp_path, users=1, rate=5, hang_up=True)
     assert written and all(not s["ok"] for s in written)
     done = [s for s in written if not s.get("unfinished")]
     assert done and all(s["error"].startswith("no answer: ") for s in done)
