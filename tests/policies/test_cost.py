@@ -547,4 +547,4 @@ def test_long_model_names_are_not_kept_by_the_key_memo() -> None:
         req = RouteRequest(tokens=doc(i), prompt_tokens=DOC, model=long_name, arrival_s=0.0)
         policy.observe(Routed(req, policy.choose(req, fleet).chosen))
     route(policy, doc(9), fleet)
-    assert sum(len(name[0] or "") for name in policy._namespaces) < 100
+    assert sum(len(name[0] or "") for name in policy._keys.kept_names()) < 100

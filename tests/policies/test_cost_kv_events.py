@@ -6,7 +6,8 @@ import random
 
 from kvwire.kv_event_format import BlockRemoved, BlockStored
 from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView, Routed, RouteRequest
-from policies.cost import _UNMATCHED_LIMIT, Cost, CostConfig
+from policies.cost import Cost, CostConfig
+from policies.index_matches import UNMATCHED_LIMIT
 from policies.kv_index import KVIndex
 from policies.registry import build_policy
 
@@ -100,10 +101,10 @@ def test_engines_with_another_tokenizer_turn_the_index_off() -> None:
     # 8 documents, each again 8 s later (past the grace): from its second request on, the
     # model says a replica holds it and that replica's index holds none of it
     routed = 0
-    while policy.tokens_needed is None and routed < _UNMATCHED_LIMIT + 100:
+    while policy.tokens_needed is None and routed < UNMATCHED_LIMIT + 100:
         route(policy, doc(1000 + routed % 8), at=float(routed))
         routed += 1
-    assert routed == _UNMATCHED_LIMIT + 8
+    assert routed == UNMATCHED_LIMIT + 8
     assert policy.tokens_needed == 0
     assert policy.describe()["kv_events_unmatched"] is True
     # from then on the model alone predicts: a routed document is found again
@@ -147,7 +148,7 @@ def test_new_and_short_prompts_do_not_turn_the_index_off() -> None:
     assert policy.kv_index is not None
     for i, r in enumerate(views()):
         store(policy.kv_index, r.id, doc(6 + 100 * i), 1000 * i)
-    for n in range(2 * _UNMATCHED_LIMIT):
+    for n in range(2 * UNMATCHED_LIMIT):
         route(policy, doc(5000 + n), at=float(n))
         route(policy, doc(9000 + n % 8)[:12], at=float(n))
     assert policy.tokens_needed is None
