@@ -47,6 +47,7 @@ def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
             "port": ports[i], "policy": {"name": "cost"},
             "replicas": [{"id": "r0", "url": replica.url}],
             "health": {"interval_s": 0.2},
+            "shutdown": {"grace_s": 0},  # no load balancer to tell: stop at once
             # each lists both copies, itself included, as a headless Service would
             "peers": {"listen": f"127.0.0.1:{peer_ports[i]}",
                       "addresses": [f"127.0.0.1:{p}" for p in peer_ports],

@@ -40,8 +40,10 @@ class Box:
 
 
 @pytest.fixture
-def box(spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path
-        ) -> tuple[Box, Behaviour]:
+def box(request: pytest.FixtureRequest, spawn: Processes,
+        serve: Callable[..., ThreadServer], tmp_path: Path) -> tuple[Box, Behaviour]:
+    """Two workers in front of one fake replica; the shutdown grace in seconds is the
+    fixture's parameter (0 unless a test asks: each stop waits it out)."""
     behaviour = Behaviour("r0", chunks=2)
     replica = serve(fake_replica(behaviour))
     port, admin_port = free_port(), free_port()
@@ -51,7 +53,7 @@ def box(spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path
         "replicas": [{"id": "r0", "url": replica.url}],
         "health": {"interval_s": 0.2},
         "admin": {"token": TOKEN, "port": admin_port, "allow_hosts": ["127.0.0.1"]},
-        "shutdown": {"grace_s": 5, "timeout_s": 20}}))
+        "shutdown": {"grace_s": getattr(request, "param", 0), "timeout_s": 20}}))
     url = f"http://127.0.0.1:{port}"
     proc = spawn("serve", "--config", str(config), "--workers", "2", ready_url=f"{url}/ready")
     # the first worker up answers everything until the second listens too
@@ -125,6 +127,7 @@ def test_admin_changes_reach_both_workers(box: tuple[Box, Behaviour],
                 "both workers to drop r1")
 
 
+@pytest.mark.parametrize("box", [5], indirect=True)
 def test_sigterm_drains_every_worker(box: tuple[Box, Behaviour]) -> None:
     gateway, behaviour = box
     behaviour.hold = threading.Event()

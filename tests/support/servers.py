@@ -36,8 +36,10 @@ class ThreadServer:
         self.sock = _bound(port)
         self.port = int(self.sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
+        # stop() cancels what still runs a second after it asks (a replica told to stall)
         config = uvicorn.Config(app, log_level="warning", loop="asyncio", ws="none",
-                                lifespan="on", proxy_headers=False)
+                                lifespan="on", proxy_headers=False,
+                                timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
         self.side_url = ""
         self.side_sock: socket.socket | None = None
