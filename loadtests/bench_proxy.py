@@ -14,7 +14,9 @@ back to back and 10 ms apart (``prefix_tokenize_cpu_ms``: what a token-keyed pol
 (``gateway_cpu``); ``cpu_ms_per_request_floor`` is the same for minimal streaming
 pass-throughs on the same server, which route, count and log nothing: over the gateway's
 own client (the floor under the gateway) and over aiohttp's.
-Each server runs in its own process; compare the figures as ratios.
+Each server runs in its own process; compare the figures as ratios. The throughput
+measurements run in ``--rounds`` rounds: each target's figures are its median round's, each
+ratio the median of the ratios within a round (``c32_rps_by_round`` has every round's).
 """
 
 from __future__ import annotations
@@ -175,6 +177,41 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, seconds: float
             "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 3)}
 
 
+def _throughput_rounds(targets: dict[str, str], bodies: list[bytes],
+                       args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
+    """``args.rounds`` rounds of every target at 1 and 32 connections, in turn (each round
+    in the other order from the last): this machine's speed drifts between measurements
+    (the direct backend's c32 figure moved from 4,437 to 9,241 requests/s between two runs
+    made one after the other), so a ratio is taken within a round."""
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for k in range(args.rounds):
+        names = list(targets) if k % 2 == 0 else list(reversed(targets))
+        measured: dict[str, dict[str, Any]] = {}
+        for name in names:
+            measured[name] = {}
+            for conc in (1, 32):
+                measured[name][f"c{conc}"] = asyncio.run(
+                    _load(f"{targets[name]}/v1/completions", bodies, conc, args.seconds))
+                print(f"round {k}", name, conc, measured[name][f"c{conc}"], file=sys.stderr)
+        rounds.append(measured)
+    return rounds
+
+
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run of median requests/s (its figures kept together; the lower middle one of an
+    even count)."""
+    return sorted(runs, key=lambda run: run["rps"])[(len(runs) - 1) // 2]
+
+
+def ratios_by_round(rps: dict[str, list[float]], names: tuple[str, ...]) -> dict[str, float]:
+    """Per name, the median over rounds of its c32 requests/s over the direct backend's in
+    the same round (``rps``: each target's figure per round, ``direct`` among them)."""
+    direct = rps["direct"]
+    return {name: round(statistics.median(
+        mine / base for mine, base in zip(rps[name], direct, strict=True)), 3)
+        for name in names}
+
+
 def _route_decision_ms(prompts: list[str]) -> dict[str, float]:
     """Wall milliseconds of prefix_affinity's decision on the gateway's path: the request
     built by the gateway's own builder (from the prompt text), then ``choose``."""
@@ -320,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of the throughput measurements; ratios are taken within "
+                        "a round, then their median")
     parser.add_argument("--workers", type=int, default=1,
                         help="gateway worker processes (kvgate serve --workers)")
     parser.add_argument("--rate", type=float, default=100.0,
@@ -338,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-rounds", type=int, default=3,
                         help="rounds of the --compare-workers measurement")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
 
     prompts = documents(64)
     # different documents, so routing sees distinct prefixes as in production
@@ -363,12 +405,12 @@ def main(argv: list[str] | None = None) -> int:
                 procs.append(proc)
             for client in ("httpx", "aiohttp", "kvgate"):
                 _wait_post(f"{targets[f'client_{client}']}/v1/completions", bodies[0])
-            for name, base in targets.items():
-                results[name] = {}
-                for conc in (1, 32):
-                    results[name][f"c{conc}"] = asyncio.run(
-                        _load(f"{base}/v1/completions", bodies, conc, args.seconds))
-                    print(name, conc, results[name][f"c{conc}"], file=sys.stderr)
+            rounds = _throughput_rounds(targets, bodies, args)
+            for name in targets:
+                results[name] = {conc: _median_run([r[name][conc] for r in rounds])
+                                 for conc in ("c1", "c32")}
+            results["c32_rps_by_round"] = {name: [r[name]["c32"]["rps"] for r in rounds]
+                                           for name in targets}
             for proc in procs[4:]:  # the gateways: the CPU runs start their own
                 _stop(proc)
             del procs[4:]
@@ -389,11 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     results["cpu_offered_rate"] = args.rate
     results["route_decision_ms"] = _route_decision_ms(prompts)
     results["prefix_tokenize_cpu_ms"] = _prefix_tokenize_ms(prompts)
-    direct = results["direct"]["c32"]["rps"]
-    results["ratios"] = {
-        name: round(results[name]["c32"]["rps"] / direct, 3)
-        for name in ("gateway_round_robin", "gateway_prefix_affinity", "client_httpx",
-                     "client_aiohttp", "client_kvgate")}
+    results["ratios"] = ratios_by_round(
+        results["c32_rps_by_round"], ("gateway_round_robin", "gateway_prefix_affinity",
+                                          "client_httpx", "client_aiohttp", "client_kvgate"))
     print_json(results, args.json)
     return 0
 

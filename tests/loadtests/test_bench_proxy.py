@@ -10,11 +10,14 @@ import pytest
 
 from loadtests.bench_proxy import (
     _floor_cpu,
+    _median_run,
     _prefix_tokenize_ms,
     _start_gateway,
     _stop,
+    _throughput_rounds,
     _wait,
     policy_spec,
+    ratios_by_round,
     uvicorn_app,
 )
 from loadtests.gateway_cpu import bodies, documents, offered_load, scenario_bodies, warm_up
@@ -110,3 +113,29 @@ def test_a_policy_spec_sets_the_policys_settings() -> None:
         "name": "prefix_affinity", "chunk_chars": 0, "overload": 1.5}
     with pytest.raises(ValueError, match="'chunk_chars' of 'prefix_affinity:chunk_chars'"):
         policy_spec("prefix_affinity:chunk_chars")
+
+
+def test_a_ratio_is_taken_within_a_round_and_the_median_kept() -> None:
+    # the machine ran twice as fast in round 1: within each round the gateway gets half
+    # of direct, which a ratio of the medians (2,500 / 8,000) would not say
+    rps = {"direct": [4000.0, 8000.0, 9000.0], "gateway": [2000.0, 4000.0, 2500.0]}
+    assert ratios_by_round(rps, ("gateway",)) == {"gateway": 0.5}
+    with pytest.raises(ValueError):
+        ratios_by_round({"direct": [1.0, 2.0], "gateway": [1.0]}, ("gateway",))
+    runs = [{"rps": 3.0, "p50_ms": 1.0}, {"rps": 1.0, "p50_ms": 3.0},
+            {"rps": 2.0, "p50_ms": 2.0}]
+    assert _median_run(runs) == {"rps": 2.0, "p50_ms": 2.0}
+    assert _median_run(runs[:2]) == {"rps": 1.0, "p50_ms": 3.0}
+
+
+def test_every_target_is_measured_every_round(backend: str) -> None:
+    bodies_ = bodies(documents(2, words=50), False)
+    args = argparse.Namespace(rounds=2, seconds=0.2)
+    rounds = _throughput_rounds({"direct": backend, "again": backend}, bodies_, args)
+    assert len(rounds) == 2
+    for measured in rounds:
+        assert set(measured) == {"direct", "again"}
+        for name in measured:
+            assert measured[name]["c1"]["rps"] > 0 and measured[name]["c32"]["rps"] > 0
+    # the second round runs the targets in the other order
+    assert list(rounds[0]) == ["direct", "again"] and list(rounds[1]) == ["again", "direct"]
