@@ -200,6 +200,14 @@ class UpstreamStream:
             yield sse_error_event(f"replica {self.replica!r} stopped mid-answer: the answer "
                                   "is incomplete", f"upstream_{self.cut}")
 
+    def read_whole(self) -> bool:
+        """The upstream body was read to its end, whole: the chunk just relayed is the
+        last (``relay`` yields nothing more). A stream that ends with its connection is
+        whole only once its last event came; else the relay goes on to tell it cut."""
+        response = self.response
+        return response.is_eof() and not (self.stream and response.until_close
+                                          and not self._tail.endswith(_DONE_EVENT))
+
     @property
     def outcome(self) -> str:
         """The status a metric or log should record: 502 for an answer cut short."""

@@ -36,9 +36,14 @@ class RelayResponse(Response):
     async def _relay(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
-        async for chunk in self.stream.relay():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        if self.stream.cut is None or self.stream.stream:
+        stream = self.stream
+        ended = False
+        async for chunk in stream.relay():
+            # the upstream body's last bytes go out with the end of the client's body: one
+            # socket write, not two (a write costs more than the rest of a chunk's relay)
+            ended = stream.read_whole()
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended and (stream.cut is None or stream.stream):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -101,6 +101,7 @@ from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
 from policies.prefix_keys import PrefixKeys
 from policies.replica_models import ReplicaModels
+from policies.request_memo import RequestMemo
 from policies.ring import RingCache, walk
 from policies.scratch_set import ScratchSet
 from policies.slots import DecodeSlots
@@ -145,7 +146,7 @@ class Cost(Policy):
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
         self._scratch = ScratchSet(cfg)
         self._routed = 0
-        self._memo: tuple[RouteRequest, _Prepared] | None = None
+        self._memo: RequestMemo[_Prepared] = RequestMemo()
         self._keys = PrefixKeys(cfg)
         # the replicas of the last hot decision: (ids, weights, healthy, scratch indexes)
         self._eligible: tuple[list[str], list[float], list[bool], set[int]] = (
@@ -175,12 +176,11 @@ class Cost(Policy):
     def _prepare(self, request: RouteRequest) -> _Prepared:
         """Key, chain and count of ``request``, derived once for ``choose`` and the
         ``observe(Routed)`` that follows it."""
-        memo = self._memo
-        if memo is not None and memo[0] is request:
-            return memo[1]
-        prefix = self._keys.prefix(request)
-        prepared = _Prepared(*prefix, self._sketch.estimate(prefix.key))
-        self._memo = (request, prepared)
+        prepared = self._memo.get(request)
+        if prepared is None:
+            prefix = self._keys.prefix(request)
+            prepared = self._memo.put(request, _Prepared(*prefix,
+                                                         self._sketch.estimate(prefix.key)))
         return prepared
 
     def _hot(self, key: int, count: int) -> bool:
@@ -596,7 +596,7 @@ class Cost(Policy):
 
     def _routed_to(self, request: RouteRequest, replica: str) -> None:
         prep = self._prepare(request)
-        self._memo = None  # the counts below change what _prepare would say
+        self._memo.clear()  # the counts below change what _prepare would say
         now = request.arrival_s
         uncached = self._models.admit(replica, *self._model_size(replica), prep.chain, prep.key,
                                       request.prompt_tokens, now)

@@ -34,6 +34,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from hashlib import blake2b
+from typing import NamedTuple
 
 from policies.base import (
     Decision,
@@ -49,6 +50,7 @@ from policies.common_prefix import check_settings, learner_for
 from policies.key_depth import KeyDepth, Window
 from policies.least_load import least_loaded
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
+from policies.request_memo import RequestMemo
 from policies.ring import Ring, RingCache, token_bytes, walk
 
 PIECE_TOKENS = IDS_PER_CHUNK  # tokens a piece stands for, in the settings' units
@@ -98,6 +100,14 @@ class PrefixAffinityConfig:
                        max_common_prefix=self.max_common_prefix // PIECE_TOKENS)
 
 
+class _Keyed(NamedTuple):
+    """A request's key units (``_key_units``), the window read from them, and its key."""
+
+    units: tuple[memoryview, int, int | None]
+    window: Window
+    key: int
+
+
 def request_namespace(request: RouteRequest) -> bytes:
     """What separates keys that must never meet: the model and the cache salt."""
     model, salt = request.model or "", request.cache_salt or ""
@@ -121,6 +131,8 @@ class PrefixAffinity(Policy):
         self._units = cfg.in_pieces() if cfg.chunk_chars > 0 else cfg
         self._learner = learner_for(self._units)
         self._depth = KeyDepth(self._units.prefix_tokens, cfg.key_rungs)
+        # the last request keyed: its key units, window and key
+        self._keyed: RequestMemo[_Keyed] = RequestMemo()
 
     @property
     def tokens_needed(self) -> int:  # type: ignore[override]
@@ -173,7 +185,18 @@ class PrefixAffinity(Policy):
             h.update(b"\x01")
             h.update(request.affinity_key.encode())
             return int.from_bytes(h.digest(), "little")
-        return self._depth.pick(self._window_of(request, *self._key_units(request)))
+        return self._keyed_window(request).key
+
+    def _keyed_window(self, request: RouteRequest) -> _Keyed:
+        """``request``'s key units, window and key, derived once for its ``choose`` and
+        the ``observe(Routed)`` that follows, which counts the window the request was
+        routed by (another request keyed in between: derived again)."""
+        keyed = self._keyed.get(request)
+        if keyed is None:
+            units = self._key_units(request)
+            window = self._window_of(request, *units)
+            keyed = self._keyed.put(request, _Keyed(units, window, self._depth.pick(window)))
+        return keyed
 
     def _window_of(self, request: RouteRequest, data: memoryview, n: int,
                    anchor: int | None) -> Window:
@@ -235,9 +258,9 @@ class PrefixAffinity(Policy):
         if not isinstance(event, Routed) or event.request.affinity_key is not None:
             return
         request = event.request
-        data, n, anchor = self._key_units(request)
-        window = self._window_of(request, data, n, anchor)  # before the learner moves on
-        self._depth.observe(window, self._depth.pick(window))
+        (data, n, _), window, key = self._keyed_window(request)
+        self._keyed.clear()  # counted: a later choose of this request keys it afresh
+        self._depth.observe(window, key)  # before the learner moves on
         if self._learner:
             length = request.prompt_tokens  # the prompt's length in units
             if self.chunk_chars > 0:  # only the pieces read are there: estimated

@@ -308,3 +308,26 @@ def test_chunk_chars_below_zero_or_a_block_under_one_piece_is_refused() -> None:
     with pytest.raises(ValueError, match="common_block must be >= 16 tokens"):
         PrefixAffinityConfig(common_block=8).validate()
     PrefixAffinityConfig(common_block=8, chunk_chars=0).validate()
+
+
+def test_observe_after_choose_counts_what_a_fresh_derivation_counts() -> None:
+    """``observe(Routed)`` reads the key that ``choose`` derived for the same request;
+    the policy then learns exactly what it learns when observe derives the key itself
+    (prompts sharing a system prompt, documents coming back, one-off questions)."""
+    system = doc(900, 300)
+    docs = [doc(s, 1500) for s in range(12)]
+    rng = random.Random(4)
+    reused, fresh = PrefixAffinity(), PrefixAffinity()
+    fleet = views({f"r{i}": 0 for i in range(6)})
+    for i in range(400):
+        tokens = [*system, *docs[rng.randrange(12)], *doc(1000 + i, 60)]
+        text = " ".join(map(str, tokens))
+        for policy, keep in ((reused, True), (fresh, False)):
+            req = text_request(text)
+            chosen = policy.choose(req, fleet).chosen
+            if not keep:
+                policy._keyed.clear()  # observe derives it again
+            policy.observe(Routed(req, chosen, fleet))
+        if i % 100 == 99:
+            assert snapshot(reused) == snapshot(fresh)
+    assert reused.common_prefix_tokens > 0  # the learner moved on meanwhile

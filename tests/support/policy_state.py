@@ -6,11 +6,13 @@ import pickle
 import random
 
 from policies.base import Policy
+from policies.request_memo import RequestMemo
 from policies.ring import RingCache
 
 # Random generators (``choose`` may draw tie breaks from them) and memos of pure functions
-# (ring layouts by membership): neither is routing state.
-NOT_STATE = (random.Random, RingCache)
+# (ring layouts by membership, what was derived from the last request): none is routing
+# state.
+NOT_STATE = (random.Random, RingCache, RequestMemo)
 
 
 def snapshot(policy: Policy) -> bytes:
