@@ -6,6 +6,13 @@ takes to send it, so a few slow clients with endless headers hold memory and con
 answered 431 and the connection closed; a head not complete ``header_timeout_s`` after its
 connection opened (or after its first byte, on a kept-alive connection) is answered 408.
 Websockets are off: the gateway serves none.
+
+Each ``transport.write`` is a system call, and on loopback one costs more than the rest of
+a streamed chunk's relay. uvicorn writes a response's head on its own, then its body;
+``HeadWithBody`` holds a head for the rest of the loop's turn so that the body's first
+bytes, when they follow in that turn (a whole answer; a stream's first chunk, which the
+gateway has in hand before it starts the response), go out in the same write. A head
+with nothing after it goes out at the end of the turn.
 """
 
 from __future__ import annotations
@@ -37,6 +44,61 @@ def _close_with(transport: asyncio.Transport, status: bytes, reason: str) -> Non
     transport.close()
 
 
+class HeadWithBody:
+    """A connection's transport whose response heads wait for the rest of the loop's turn
+    for the bytes after them, to go out in one write (see the module docstring). What is
+    held is written before anything else the transport is asked to do with the stream."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+        elif isinstance(data, bytes) and data.startswith(b"HTTP/1.1 ") \
+                and data.endswith(b"\r\n\r\n"):  # a response head
+            self._held = bytes(data)
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def writelines(self, lines: Any) -> None:
+        self.flush()
+        self._transport.writelines(lines)
+
+    def flush(self) -> None:
+        """Write what is held, if anything (and the connection still takes it)."""
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._held = None
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + len(self._held or b"")
+
+    def __getattr__(self, name: str) -> Any:  # the rest, as the transport has it
+        return getattr(self._transport, name)
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a bounded request head (see the module)."""
 
@@ -49,7 +111,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
         self._start_head_timer()
 
     def data_received(self, data: bytes) -> None:

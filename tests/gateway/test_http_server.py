@@ -1,19 +1,21 @@
 """The gateway's HTTP server bounds what a client can make it hold: the request head's
-size and the time to send it."""
+size and the time to send it; and it writes a response head with the body's first bytes
+when they follow at once, without holding it for a body that comes later."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 import uvicorn
 
 from gateway.config import parse_config
-from gateway.http_server import server_config
+from gateway.http_server import HeadWithBody, server_config
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until
 
@@ -67,3 +69,101 @@ def test_normal_requests_and_kept_alive_ones_pass(port: int) -> None:
     two = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 2
     answer = exchange(port, two, wait=1.0)
     assert answer.count(b"HTTP/1.1 200") == 2
+
+
+class _Recorder:
+    """A transport that records what is asked of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bytes]] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", bytes(data)))
+
+    def close(self) -> None:
+        self.calls.append(("close", b""))
+        self.closing = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info:{name}"
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
+
+
+def _held(steps: Callable[[HeadWithBody], Awaitable[None]]) -> list[tuple[str, bytes]]:
+    async def main() -> list[tuple[str, bytes]]:
+        recorder = _Recorder()
+        await steps(HeadWithBody(recorder, asyncio.get_running_loop()))  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # a turn of the loop for anything scheduled
+        return recorder.calls
+
+    return asyncio.run(main())
+
+
+def test_a_head_and_the_body_after_it_in_the_same_turn_go_out_in_one_write() -> None:
+    async def steps(t: HeadWithBody) -> None:
+        t.write(HEAD)
+        t.write(b"ok")
+        t.write(b"more")  # anything later is written as it comes
+
+    assert _held(steps) == [("write", HEAD + b"ok"), ("write", b"more")]
+
+
+def test_a_head_alone_goes_out_at_the_end_of_the_turn() -> None:
+    async def steps(t: HeadWithBody) -> None:
+        t.write(HEAD)
+        await asyncio.sleep(0.01)  # the body comes turns later (a stream's first token)
+        t.write(b"ok")
+
+    assert _held(steps) == [("write", HEAD), ("write", b"ok")]
+
+
+def test_a_held_head_is_written_before_the_connection_closes() -> None:
+    async def steps(t: HeadWithBody) -> None:
+        t.write(HEAD)
+        t.close()
+
+    assert _held(steps) == [("write", HEAD), ("close", b"")]
+
+
+def test_bodies_pass_at_once_and_the_rest_of_the_transport_is_the_connections() -> None:
+    async def steps(t: HeadWithBody) -> None:
+        t.write(b"HTTP/1.1 in a body, not a head")
+        assert t.get_extra_info("peername") == "info:peername"
+
+    assert _held(steps) == [("write", b"HTTP/1.1 in a body, not a head")]
+
+
+async def slow_body_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await asyncio.sleep(0.5)
+        await send({"type": "http.response.body", "body": b"late"})
+
+
+def test_a_head_is_not_held_for_a_body_that_comes_later() -> None:
+    config = parse_config({"port": free_port()})
+    server = uvicorn.Server(server_config(slow_body_app, config, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 10, "the server to start")
+        with socket.create_connection(("127.0.0.1", config.port)) as sock:
+            sock.settimeout(3)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            started = time.monotonic()
+            first = sock.recv(65536)
+            took = time.monotonic() - started
+            rest = b""
+            while b"late" not in first + rest:
+                rest += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200") and b"late" not in first
+        assert took < 0.4  # the head came before the body was sent
+    finally:
+        server.should_exit = True
+        thread.join(5)

@@ -5,6 +5,7 @@ arrive together, the client's last chunk and the end of its body go out in one m
 from __future__ import annotations
 
 import asyncio
+from collections.abc import MutableMapping
 from typing import Any
 
 from gateway.config import ReplicaConfig
@@ -70,7 +71,7 @@ def _relayed(end_apart_s: float | None) -> tuple[list[tuple[bytes, bool, float]]
             await stay.wait()  # the client stays
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.body":
                 sent.append((message["body"], message["more_body"], loop.time() - start))
 
