@@ -44,6 +44,11 @@ def _close_with(transport: asyncio.Transport, status: bytes, reason: str) -> Non
     transport.close()
 
 
+# a body up to this size is joined to its head (cheaper than a gathered write); a larger
+# one goes out with it in one gathered write (``writelines``), not copied
+_JOIN_BYTES = 64 * 1024
+
+
 class HeadWithBody:
     """A connection's transport whose response heads wait for the rest of the loop's turn
     for the bytes after them, to go out in one write (see the module docstring). What is
@@ -60,10 +65,13 @@ class HeadWithBody:
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held + data)
+            if len(data) <= _JOIN_BYTES:
+                self._transport.write(held + data)
+            else:  # one gathered write, without copying a large body
+                self._transport.writelines((held, data))
         elif isinstance(data, bytes) and data.startswith(b"HTTP/1.1 ") \
                 and data.endswith(b"\r\n\r\n"):  # a response head
-            self._held = bytes(data)
+            self._held = data
             self._loop.call_soon(self.flush)
         else:
             self._transport.write(data)

@@ -3,7 +3,9 @@
 A routed request is seen twice in a row: ``choose`` derives its key (hashes, a window),
 then ``observe(Routed)`` needs the same. ``RequestMemo`` keeps the last request's by
 identity, so the second call reads it instead of deriving it again. It is a cache of a
-pure function of the request and the policy's state at ``choose``, not routing state.
+pure function of the request and the policy's state at ``choose``, not routing state:
+the policy clears it wherever that state changes (``prefix_affinity`` and ``cost`` change
+it only in ``observe(Routed)``, which reads the value and then clears it).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 import pytest
 import uvicorn
@@ -81,6 +81,9 @@ class _Recorder:
     def write(self, data: bytes) -> None:
         self.calls.append(("write", bytes(data)))
 
+    def writelines(self, lines: Iterable[bytes]) -> None:  # one gathered write
+        self.calls.append(("writelines", b"".join(lines)))
+
     def close(self) -> None:
         self.calls.append(("close", b""))
         self.closing = True
@@ -112,6 +115,16 @@ def test_a_head_and_the_body_after_it_in_the_same_turn_go_out_in_one_write() -> 
         t.write(b"more")  # anything later is written as it comes
 
     assert _held(steps) == [("write", HEAD + b"ok"), ("write", b"more")]
+
+
+def test_a_large_body_goes_out_with_its_head_in_one_gathered_write() -> None:
+    body = b"x" * (1 << 20)
+
+    async def steps(t: HeadWithBody) -> None:
+        t.write(HEAD)
+        t.write(body)
+
+    assert _held(steps) == [("writelines", HEAD + body)]
 
 
 def test_a_head_alone_goes_out_at_the_end_of_the_turn() -> None:
