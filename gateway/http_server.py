@@ -144,6 +144,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._stop_head_timer()
         super().on_headers_complete()
 
+    def eof_received(self) -> bool | None:
+        # the client shut its half: the loop closes the connection when this returns (as
+        # uvicorn asks), so a head held for a body that will not come (HEAD) goes now
+        self.transport.flush()
+        return super().eof_received()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
         super().connection_lost(exc)
