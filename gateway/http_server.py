@@ -25,7 +25,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 import uvloop
@@ -144,11 +144,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._stop_head_timer()
         super().on_headers_complete()
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> None:
         # the client shut its half: the loop closes the connection when this returns (as
         # uvicorn asks), so a head held for a body that will not come (HEAD) goes now
-        self.transport.flush()
-        return super().eof_received()
+        cast(HeadWithBody, self.transport).flush()
+        super().eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()

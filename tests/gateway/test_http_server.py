@@ -39,11 +39,15 @@ def port() -> Iterator[int]:
     thread.join(5)
 
 
-def exchange(port: int, data: bytes, wait: float = 3.0) -> bytes:
+def exchange(port: int, data: bytes, wait: float = 3.0, half_close: bool = False) -> bytes:
+    """What came back for ``data`` (with ``half_close``, the client's half of the
+    connection shut after it)."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.settimeout(wait)
         with contextlib.suppress(OSError):  # closed on us mid-send: read what it said
             sock.sendall(data)
+            if half_close:
+                sock.shutdown(socket.SHUT_WR)
         chunks = []
         try:
             while chunk := sock.recv(65536):
@@ -71,26 +75,14 @@ def test_normal_requests_and_kept_alive_ones_pass(port: int) -> None:
     assert answer.count(b"HTTP/1.1 200") == 2
 
 
-def _half_closed(port: int, request: bytes) -> bytes:
-    """``request`` sent, then the client's half of the connection shut; what came back."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.settimeout(3.0)
-        sock.sendall(request)
-        sock.shutdown(socket.SHUT_WR)
-        chunks = []
-        with contextlib.suppress(TimeoutError, ConnectionResetError):
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        return b"".join(chunks)
-
-
 def test_an_answer_without_a_body_reaches_a_client_that_half_closed(port: int) -> None:
     # a HEAD answer is a head alone, held to the end of the turn; the client's end of
     # input, read meanwhile, makes the loop close the connection: the head goes out first
-    heads = [_half_closed(port, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n") for _ in range(40)]
+    heads = [exchange(port, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", half_close=True)
+             for _ in range(40)]
     assert all(h.startswith(b"HTTP/1.1 200") for h in heads), \
         f"{sum(not h for h in heads)} of {len(heads)} got no answer"
-    got = _half_closed(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", half_close=True)
     assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"\r\nok\r\n0\r\n\r\n"), got
 
 
