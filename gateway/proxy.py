@@ -2,9 +2,12 @@
 answer for a whole one.
 
 ``Proxy.open`` tries the decision's replicas in order until one answers: a connect error
-ejects the replica and moves on; a 5xx, a first-byte timeout or a body cut before anything
-reached the client moves on too, counted against the replica (``Fleet.request_failed``
-ejects it after several in a row); a 4xx is the client's problem and is relayed as it is.
+ejects the replica and moves on; a 5xx, a first-byte timeout, a body cut before anything
+reached the client, or a stream that ends before its first event moves on too, counted
+against the replica (``Fleet.request_failed`` ejects it after several in a row); a 4xx is
+the client's problem and is relayed as it is. Every try shares the request's one
+first-byte deadline: a later try gets what is left of it (none under ``_LEAST_TRY_S``),
+and one that the deadline, not its own wait, cut short is not counted against its replica.
 
 A non-streamed answer is read whole (up to ``buffer_bytes``) before the client sees a byte,
 so a replica dying mid-body is retried like any other failure; a longer one is relayed with
@@ -12,9 +15,11 @@ the replica's ``content-length``. ``UpstreamStream`` then yields the rest as it 
 enforcing the idle timeout between chunks, and settles the accounting exactly once however
 the stream ends. When the replica breaks off after the client got bytes, the end says so:
 a stream ends with an OpenAI error event and no ``[DONE]``; a body ends short of its
-``content-length`` with the connection dropped (``cut`` names the cause). A stream whose
-``[DONE]`` reached the client is whole however its body ends after that (the client
-hanging up at once, as the openai client does, or the replica never closing it).
+``content-length`` with the connection dropped (``cut`` names the cause). A stream is
+relayed in whole events (a piece of one waits for its end), so the error event follows
+whole events. A stream whose ``[DONE]`` reached the client is whole however its body ends
+after that (the client hanging up at once, as the openai client does, or the replica never
+closing it).
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ _HOP_BY_HOP = frozenset({
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
+_LEAST_TRY_S = 0.1  # a later try needs this much of the first-byte deadline left
 
 
 _SERVER_OWN = _HOP_BY_HOP | {"date", "server"}  # the gateway's server writes its own
@@ -135,6 +142,7 @@ class UpstreamStream:
         self.first_sent_at: float | None = None  # perf_counter when the client got a chunk
         self._closed = False
         self._delivered = False  # a stream's [DONE] reached the client
+        self._held = b""  # a stream's last event until its end came (_whole_events)
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
 
     @property
@@ -154,10 +162,13 @@ class UpstreamStream:
         watch = IdleWatch(self.idle_s)
         try:
             self.first_sent_at = time.perf_counter()
-            if self.first_chunk:
-                yield self.first_chunk
-                self._delivered = self.stream and self._tail.endswith(_DONE_EVENT)
             response = self.response
+            first = self.first_chunk
+            if self.stream and not response.is_eof():
+                first = self._whole_events(first)
+            if first:
+                yield first
+                self._delivered = self.stream and self._tail.endswith(_DONE_EVENT)
             while True:
                 watch.waiting()
                 chunk = await response.readany()
@@ -174,6 +185,12 @@ class UpstreamStream:
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
                     if self._events is not None:
                         self._events += chunk.count(b"\n\n")
+                    if not response.is_eof():
+                        chunk = self._whole_events(chunk)
+                        if not chunk:
+                            continue
+                    elif self._held:  # the body's end: what was held goes with it
+                        chunk, self._held = self._held + chunk, b""
                 elif self._body_bytes < _USAGE_CAPTURE_LIMIT:
                     self._body.append(chunk)
                     self._body_bytes += len(chunk)
@@ -199,6 +216,21 @@ class UpstreamStream:
         if self.cut is not None and self.stream:
             yield sse_error_event(f"replica {self.replica!r} stopped mid-answer: the answer "
                                   "is incomplete", f"upstream_{self.cut}")
+
+    def _whole_events(self, data: bytes) -> bytes:
+        """Of what was held back and ``data``, the bytes up to the end of the last whole
+        server-sent event; the rest is held back until its event ends, so that the error
+        event a cut stream ends with follows whole events, not a piece of one."""
+        if not self._held and data.endswith(b"\n\n"):
+            return data  # the usual chunk: whole events
+        held = self._held + data if self._held else data
+        end = 0  # after the last blank line, if any
+        for blank in _EVENT_ENDS:
+            at = held.rfind(blank)
+            if at >= 0 and at + len(blank) > end:
+                end = at + len(blank)
+        self._held = held[end:]
+        return held[:end]
 
     def read_whole(self) -> bool:
         """The upstream body was read to its end, whole: the chunk just relayed is the
@@ -327,19 +359,29 @@ class Proxy:
         attempts: list[Attempted] = []
         last: _Retryable | None = None
         deadline = time.monotonic() + self.timeouts.first_byte_s
+        per_try = self.first_byte.seconds(stream)
         for replica in ranked[: self.max_attempts]:
             state = self.fleet.get(replica)
             left = deadline - time.monotonic()
-            if state is None or (not state.healthy and attempts) or left <= 0:
+            # a later try gets what is left of the request's deadline, unless that is too
+            # little to be worth a replica's work (a first try always has its whole wait)
+            if state is None or (not state.healthy and attempts) \
+                    or left < min(_LEAST_TRY_S, per_try / 2):
                 continue
             on_sent(replica)
             pending = self.fleet.sent(replica, work_tokens(replica))
-            wait = min(left, self.first_byte.seconds(stream))
+            wait = min(left, per_try)
             sent = state.upstream_headers(headers, self.forward_client_auth)
             try:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done)
             except _Retryable as exc:
+                if exc.cause == "timeout" and wait < per_try:
+                    # the request's deadline ran out, not the replica's wait: not its fault
+                    exc = _Retryable("deadline", f"the request's first-byte deadline "
+                                     f"({self.timeouts.first_byte_s:g} s) ran out while "
+                                     f"replica {replica!r} had {wait:.3g} s of it",
+                                     "upstream_timeout")
                 self.fleet.done(pending)
                 attempts.append(Attempted(replica, exc.cause))
                 last = exc
@@ -354,7 +396,7 @@ class Proxy:
             return opened
         if last is None:
             raise UpstreamError("no replica could be tried", code="upstream_error")
-        error = UpstreamTimeout if last.cause == "timeout" else UpstreamError
+        error = UpstreamTimeout if last.cause in ("timeout", "deadline") else UpstreamError
         tried = ", ".join(f"{a.replica!r} ({a.cause})" for a in attempts)
         raise error(f"{last} (replicas tried: {tried})", code=last.code)
 
@@ -377,6 +419,8 @@ class Proxy:
                 first = await response.readany()
                 first_byte_s = time.perf_counter() - started
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
+                if streamed and not first and response.status < 400:
+                    raise UpstreamBroken("the stream ended before its first event")
             if not streamed and response.status < 400:
                 first = await self._buffer(replica, response, first)
         except UpstreamFailure as exc:  # refused, reset, cut, or a malformed answer
@@ -435,8 +479,8 @@ class Proxy:
         return b"".join(chunks)
 
     def _count_failure(self, replica: str, exc: _Retryable) -> None:
-        if exc.cause in ("connect", "ejected"):
-            return  # ejected already
+        if exc.cause in ("connect", "ejected", "deadline"):
+            return  # ejected already, or the request's time ran out there
         if self.fleet.request_failed(replica, str(exc), self.health.request_failures_to_eject,
                                      self.health.ejection_s):
             log.warning("replica %s ejected after %d failed requests in a row (last: %s)",

@@ -93,10 +93,10 @@ class UpstreamResponse:
         """The body bytes arrived since the last call (waiting for some); ``b""`` at the
         end of the body."""
         while not self._chunks:
+            if self._error is not None:  # also after the end: bytes past it were malformed
+                raise self._error
             if self._complete:
                 return b""
-            if self._error is not None:
-                raise self._error
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
@@ -121,8 +121,9 @@ class UpstreamResponse:
         return bytes(out[:limit])
 
     def is_eof(self) -> bool:
-        """The whole body was read."""
-        return self._complete and not self._chunks
+        """The whole body was read (and nothing malformed came after it: a replica that
+        sends bytes past the end of its answer got its length wrong)."""
+        return self._complete and not self._chunks and self._error is None
 
     @property
     def until_close(self) -> bool:

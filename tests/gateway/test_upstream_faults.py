@@ -57,6 +57,11 @@ def faulty(fault: str, calls: list[str] | None = None, size: int = 0,
         stream = json.loads(raw).get("stream", False)
         if fault == "hang":
             await asyncio.sleep(3)
+        if fault == "late_503":
+            await asyncio.sleep(0.8)
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b"busy"})
+            return
         if fault == "huge_500":
             await send({"type": "http.response.start", "status": 500,
                         "headers": [(b"content-type", b"text/plain")]})
@@ -352,6 +357,20 @@ class RawReplica:
                              % (len(reply), reply))
                 return
             done = b"data: [DONE]\n\n"
+            if self.mode == "head_only":  # a stream's head, then gone: no byte of it
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"connection: close\r\n\r\n")
+                return
+            if self.mode == "short_length":  # a whole answer under too short a length
+                reply = json.dumps(COMPLETION).encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(reply) - 10, reply))
+                time.sleep(0.1)
+                return
+            if self.mode == "cut_in_event":  # gone half way through its second event
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"connection: close\r\n\r\n" + self.EVENT + self.EVENT[:30])
+                return
             if self.mode.startswith("chunked"):  # [DONE], then gone before the last chunk
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                              b"transfer-encoding: chunked\r\n\r\n" + b"".join(
@@ -428,3 +447,72 @@ def test_a_body_too_deep_to_salt_is_a_bad_request(serve: Serve) -> None:
     r = httpx.post(f"{gw.url}/v1/completions",
                    json={"model": "sim-model", "prompt": "x", "metadata": deep})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def _streamed_events(gw: ThreadServer) -> list[str]:
+    with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                      json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_a_stream_that_ends_before_its_first_event_is_retried(serve: Serve) -> None:
+    # the replica sent a stream's head and closed: the client saw nothing, so the request
+    # goes to the next replica, not to the client as a cut stream
+    broken, good = RawReplica("head_only"), RawReplica("until_close_done_fin")
+    try:
+        gw = gateway(serve, [broken, good])  # type: ignore[list-item]
+        for _ in range(4):  # round robin: half of them go to the broken one first
+            assert _streamed_events(gw)[-1] == "data: [DONE]"
+        assert metric(gw, 'kvgate_retries_total{cause="broken",replica="r0"}') >= 1
+        assert metric(gw, "kvgate_upstream_cuts_total") == 0
+    finally:
+        broken.close()
+        good.close()
+
+
+def test_a_stream_cut_inside_an_event_ends_with_whole_events(serve: Serve) -> None:
+    replica = RawReplica("cut_in_event")
+    try:
+        gw = gateway(serve, [replica], max_attempts=1)  # type: ignore[list-item]
+        events = _streamed_events(gw)
+        # the half event never reaches the client; the error event follows whole ones
+        assert [json.loads(e[6:]).get("object") for e in events[:-1]] == ["text_completion"]
+        assert json.loads(events[-1][6:])["error"]["code"] == "upstream_broken"
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIError, match="stopped mid-answer"):
+            for _ in client.completions.create(model="sim-model", prompt="x", stream=True):
+                pass
+    finally:
+        replica.close()
+
+
+def test_an_answer_longer_than_its_length_is_retried_not_relayed_short(serve: Serve) -> None:
+    short, good = RawReplica("short_length"), serve(faulty("none"))
+    try:
+        gw = gateway(serve, [short, good])  # type: ignore[list-item]
+        for _ in range(4):
+            r = post(gw)
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == "fine"
+        assert metric(gw, 'kvgate_retries_total{cause="broken",replica="r0"}') >= 1
+    finally:
+        short.close()
+
+
+def test_a_try_cut_short_by_the_requests_deadline_is_not_the_replicas_fault(
+        serve: Serve) -> None:
+    # the first replica answers 503 late; the second gets what is left of the first-byte
+    # deadline, too little: the 504 says so, and the second replica stays in the fleet
+    slow_503, hung = serve(faulty("late_503")), serve(faulty("hang"))
+    gw = gateway(serve, [slow_503, hung], timeouts={"first_byte_s": 1.0},
+                 health={"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1,
+                         "request_failures_to_eject": 1})
+    r = post(gw)  # round robin's first: r0, then r1
+    assert r.status_code == 504, r.text
+    message = r.json()["error"]["message"]
+    assert "first-byte deadline (1 s) ran out while replica 'r1'" in message
+    assert "'r0' (5xx), 'r1' (deadline)" in message
+    healthy = {line.split('"')[1]: float(line.split()[-1]) for line in
+               httpx.get(f"{gw.url}/metrics").text.splitlines()
+               if line.startswith("kvgate_replica_healthy{")}
+    assert healthy == {"r0": 0.0, "r1": 1.0}  # only the one that answered 503 is out
