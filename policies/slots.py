@@ -8,7 +8,7 @@ and a replica with an empty prefill queue is not free.
 Neither engine exports its slot count, so it is learned per replica: the most sequences
 ever seen running, once others were seen waiting at that count ``confirm`` times (a
 replica short of prefill budget or KV also queues requests now and then, at any count, and
-that is no slot limit). How long a slot is held is learned fleet-wide from finished
+that is no slot limit; nor is a scrape taken as requests came in, before any ran). How long a slot is held is learned fleet-wide from finished
 requests: from the end of their prefill (first token) to their last byte, plus their own
 prefill. With ``n`` requests in flight on a replica (this gateway's now, and other senders'
 as last scraped: ``ReplicaView.others_in_flight``) of ``s`` slots that each hold a slot
@@ -49,7 +49,7 @@ class DecodeSlots:
             self._most[replica] = most = running
             self._capped.pop(replica, None)
             self._limits.pop(replica, None)
-        if waiting > 0 and running == most:
+        if waiting > 0 and running == most > 0:  # none running: requests just came in
             seen = self._capped[replica] = self._capped.get(replica, 0) + 1
             if seen >= self.confirm:
                 self._limits[replica] = most
@@ -95,6 +95,6 @@ class DecodeSlots:
     def wait_s(self, replica: str, in_flight: int) -> float:
         """Seconds before a slot frees for one more request, with ``in_flight`` there."""
         slots = self._limits.get(replica)
-        if slots is None or in_flight < slots or self._samples == 0:
+        if not slots or in_flight < slots or self._samples == 0:
             return 0.0
         return (in_flight - slots + 1) * self._hold_s / slots

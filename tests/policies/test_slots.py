@@ -63,3 +63,22 @@ def test_cost_waits_for_a_decode_slot_and_weight_zero_ignores_it() -> None:
             # score, so r0 is ranked second without its eviction walk
             assert waits == {"r1": pytest.approx(2000 * 1e-4)}
             assert policy.describe()["slots"] == {"r0": 8, "r1": None}
+
+
+def test_requests_waiting_while_none_runs_teach_no_limit() -> None:
+    # a scrape taken as requests came in, before the engine ran any: no slot limit of 0,
+    # and cost keeps routing (a limit of 0 once divided every decision by zero)
+    slots = DecodeSlots(confirm=2)
+    for _ in range(10):
+        slots.saw("r0", 0, waiting=1)
+        slots.held(1.0)
+    assert slots.limit("r0") is None and slots.wait_s("r0", 5) == 0.0
+    policy = Cost(CostConfig(min_scratch=0))
+    req = RouteRequest(tokens=list(range(50)), prompt_tokens=50, model="m")
+    for _ in range(20):
+        views = [ReplicaView("r0", running=0, waiting=1, in_flight=1)]
+        d = policy.choose(req, views)
+        policy.observe(Routed(req, d.chosen))
+        policy.observe(Finished(req, d.chosen, True, cached_tokens=0, ttft_s=0.1,
+                                duration_s=0.5))
+    assert d.chosen == "r0" and policy.describe()["slots"] == {"r0": None}
