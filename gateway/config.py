@@ -285,7 +285,7 @@ class GatewayConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     # networks of the proxies in front of the gateway: their X-Forwarded-For, Forwarded
-    # and (under tenancy.isolate) tenant header are believed
+    # and (under tenancy.isolate or with partitions) tenant header are believed
     trusted_proxies: list[str] = field(default_factory=list)
     max_body_bytes: int = 4 * 1024 * 1024
     max_attempts: int = 3
@@ -323,9 +323,12 @@ class GatewayConfig:
         if "name" not in self.policy:
             raise ValueError("policy.name is required")
         _networks("trusted_proxies", self.trusted_proxies)
-        if self.tenancy.isolate and not self.trusted_proxies:
-            raise ValueError("tenancy.isolate believes the tenant header only from "
-                             "trusted_proxies: list the networks of the proxies that set it")
+        if (self.tenancy.isolate or self.tenancy.partitions) and not self.trusted_proxies \
+                and not self.auth.api_keys:
+            what = "tenancy.isolate" if self.tenancy.isolate else "tenancy.partitions"
+            raise ValueError(f"{what} believes the tenant header only from trusted_proxies: "
+                             "list the networks of the proxies that set it (or give clients "
+                             "API keys that name their tenants: auth.api_keys)")
 
 
 def _networks(name: str, values: list[str]) -> None:

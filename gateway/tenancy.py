@@ -10,8 +10,8 @@ client sent is mixed in (a sub-namespace of its own tenant's; ``client_salt: rep
 refused (``reject``). This is the one case where the gateway rewrites a request body; with
 isolation off, bodies pass through byte for byte.
 
-Who the tenant is: the tenant header, believed under isolation only from the gateway's
-``trusted_proxies`` (the proxy that authenticates clients and sets it); from anyone else,
+Who the tenant is: the tenant header, believed under isolation or with partitions only
+from the gateway's ``trusted_proxies`` (the proxy that authenticates clients and sets it); from anyone else,
 or sent twice, the request is refused. ``partitions`` give tenants replicas of their own:
 a tenant listed in one is routed only to its replicas, every other tenant only to the
 replicas no partition names, so tenants who share no replica cannot probe each other's
@@ -107,15 +107,16 @@ class Tenancy:
         self._partitioned = frozenset(r for p in config.partitions for r in p.replicas)
 
     def tenant_of(self, request: Request) -> str | None:
-        """The request's tenant from its header; refused when sent twice, or under
-        isolation from a peer outside ``trusted_proxies``."""
+        """The request's tenant from its header; refused when sent twice, or (under
+        isolation, or with partitions) from a peer outside ``trusted_proxies``."""
         header = self.config.header
         values = request.headers.getlist(header)
         if len(values) > 1:
             raise BadRequest(f"header {header!r} was sent {len(values)} times; send it once",
                              code="repeated_tenant")
         tenant = values[0] if values else None
-        if tenant and self.config.isolate and not self._trusted.peer_of(request):
+        if tenant and (self.config.isolate or self.config.partitions) \
+                and not self._trusted.peer_of(request):
             raise UntrustedTenant(f"header {header!r} is accepted only from a trusted proxy",
                                   code="untrusted_tenant")
         return tenant or None

@@ -91,7 +91,7 @@ def test_partitions_keep_tenants_on_their_own_replicas(serve: Serve) -> None:
     behaviours = [Behaviour(f"r{i}") for i in range(3)]
     replicas = [(b.name, serve(fake_replica(b)).url) for b in behaviours]
     url = serve(create_app(config(replicas, partitions=[
-        {"tenants": ["acme"], "replicas": ["r2"]}]))).url
+        {"tenants": ["acme"], "replicas": ["r2"]}], trusted_proxies=["127.0.0.1/32"]))).url
     for i in range(6):
         for tenant in ("acme", "globex", None):
             headers = {"x-kvgate-tenant": tenant} if tenant else {}
@@ -100,6 +100,21 @@ def test_partitions_keep_tenants_on_their_own_replicas(serve: Serve) -> None:
             assert r.status_code == 200
             assert (r.headers["x-kvgate-replica"] == "r2") == (tenant == "acme")
     assert len(behaviours[2].received) == 6
+
+
+def test_a_partitions_tenant_header_is_believed_only_from_a_trusted_proxy(
+        serve: Serve) -> None:
+    # else any client could name a partitioned tenant and reach its replicas and cache
+    behaviours = [Behaviour(f"r{i}") for i in range(2)]
+    replicas = [(b.name, serve(fake_replica(b)).url) for b in behaviours]
+    url = serve(create_app(config(replicas, partitions=[
+        {"tenants": ["acme"], "replicas": ["r1"]}], trusted_proxies=["10.0.0.0/8"]))).url
+    r = httpx.post(f"{url}/v1/completions", headers={"x-kvgate-tenant": "acme"},
+                   json={"model": "sim-model", "prompt": "p"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "untrusted_tenant"
+    assert behaviours[1].received == []
+    with pytest.raises(ConfigError, match="tenancy.partitions believes the tenant header"):
+        config(replicas, partitions=[{"tenants": ["acme"], "replicas": ["r1"]}])
 
 
 def test_the_tokenizer_memo_is_kept_per_trust_group() -> None:
