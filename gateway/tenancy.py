@@ -11,12 +11,12 @@ refused (``reject``). This is the one case where the gateway rewrites a request 
 isolation off, bodies pass through byte for byte.
 
 Who the tenant is: the tenant header, believed under isolation or with partitions only
-from the gateway's ``trusted_proxies`` (the proxy that authenticates clients and sets it); from anyone else,
-or sent twice, the request is refused. ``partitions`` give tenants replicas of their own:
-a tenant listed in one is routed only to its replicas, every other tenant only to the
-replicas no partition names, so tenants who share no replica cannot probe each other's
-cache at all. Gateway-side caches on the request path (the tokenizer memo) are keyed by the
-salt, so they leak nothing across tenants either.
+from the gateway's ``trusted_proxies`` (the proxy that authenticates clients and sets it);
+from anyone else, or sent twice, the request is refused. ``partitions`` give tenants
+replicas of their own: a tenant listed in one is routed only to its replicas, every other
+tenant only to the replicas no partition names, so tenants who share no replica cannot
+probe each other's cache at all. Gateway-side caches on the request path (the tokenizer
+memo) are keyed by the salt, so they leak nothing across tenants either.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def test_a_partitions_tenant_header_is_believed_only_from_a_trusted_proxy(
                    json={"model": "sim-model", "prompt": "p"})
     assert r.status_code == 403 and r.json()["error"]["code"] == "untrusted_tenant"
     assert behaviours[1].received == []
-    with pytest.raises(ConfigError, match="tenancy.partitions believes the tenant header"):
+    with pytest.raises(ConfigError, match=r"tenancy\.partitions believes the tenant header"):
         config(replicas, partitions=[{"tenants": ["acme"], "replicas": ["r1"]}])
 
 
