@@ -3,7 +3,9 @@
 uvicorn's httptools protocol buffers a request head of any size for as long as the client
 takes to send it, so a few slow clients with endless headers hold memory and connections.
 ``BoundedHttpProtocol`` adds two bounds to it: a head larger than ``max_header_bytes`` is
-answered 431 and the connection closed; a head not complete ``header_timeout_s`` after its
+answered 431 and the connection closed (measured up to its blank line before each read
+is parsed, so a head that arrives whole in one read is bounded too; pipelined heads that
+share a read with the request before them are bounded by the read); a head not complete ``header_timeout_s`` after its
 connection opened (or after its first byte, on a kept-alive connection) is answered 408.
 Websockets are off: the gateway serves none.
 
@@ -116,6 +118,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_bytes = 0
+        self._head_carry = b""  # the last bytes of the head so far
+        self._next = False  # a request ended: the next one's head starts its timer
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -123,21 +127,45 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._start_head_timer()
 
     def data_received(self, data: bytes) -> None:
-        if self._in_head:
-            self._head_bytes += len(data)
+        if self._in_head and self._head_size(data) > self.limits.max_header_bytes:
+            # measured before parsing: a head that ends in this read is as bounded as one
+            # that does not
+            if not self.transport.is_closing():
+                self._stop_head_timer()
+                _close_with(self.transport, b"431 Request Header Fields Too Large",
+                            f"request head exceeds {self.limits.max_header_bytes} bytes")
+            return
         super().data_received(data)
         if self._in_head and self._head_bytes > self.limits.max_header_bytes \
-                and not self.transport.is_closing():
+                and not self.transport.is_closing():  # a pipelined request's head
             self._stop_head_timer()
             _close_with(self.transport, b"431 Request Header Fields Too Large",
                         f"request head exceeds {self.limits.max_header_bytes} bytes")
 
+    def _head_size(self, data: bytes) -> int:
+        """The request head's size so far with ``data``: up to its blank line when that is
+        in ``data``, else all of it."""
+        before, carried = self._head_bytes, self._head_carry
+        window = carried + data if carried else data
+        self._head_bytes = before + len(data)
+        ends = [at for at in (window.find(b"\r\n\r\n"), window.find(b"\n\n")) if at >= 0]
+        if not ends:
+            self._head_carry = window[-3:]  # a blank line may straddle two reads
+            return self._head_bytes
+        at = min(ends)
+        return before - len(carried) + at + (4 if window.startswith(b"\r\n\r\n", at) else 2)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if not self._in_head:  # a kept-alive connection's next request
-            self._in_head = True
-            self._head_bytes = 0
+        if self._next:  # a kept-alive connection's next request
+            self._next = False
             self._start_head_timer()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # the next bytes are the next request's head: counted from its first byte
+        self._in_head, self._next = True, True
+        self._head_bytes, self._head_carry = 0, b""
 
     def on_headers_complete(self) -> None:
         self._in_head = False

@@ -63,6 +63,30 @@ def test_a_huge_request_head_gets_431(port: int) -> None:
     assert b"\r\nx-request-id: gw-" in answer.split(b"\r\n\r\n")[0]  # a new one: no head
 
 
+@pytest.mark.parametrize("size", [8193, 20_000, 60_000])
+def test_a_head_over_the_limit_gets_431_even_when_it_ends_in_one_read(port: int,
+                                                                     size: int) -> None:
+    # the whole head (and its blank line) arrives in one read, as a small one does
+    head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: "
+    head += b"a" * (size - len(head) - 4) + b"\r\n\r\n"
+    assert len(head) == size
+    assert exchange(port, head).startswith(b"HTTP/1.1 431")
+    # ... and so does the next request's head on a kept-alive connection
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(3)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(head)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 431")
+
+
+def test_a_head_at_the_limit_with_a_body_in_the_same_read_passes(port: int) -> None:
+    body = b"b" * 30_000
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Pad: " % len(body)
+    head += b"a" * (8192 - len(head) - 4) + b"\r\n\r\n"
+    assert exchange(port, head + body, wait=1.0).startswith(b"HTTP/1.1 200")
+
+
 def test_a_head_that_never_ends_gets_408(port: int) -> None:
     started = time.monotonic()
     answer = exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: a")
