@@ -165,7 +165,10 @@ def _sampled(parsed: ParsedRequest, tenant: str | None, rate: float) -> bool:
                        if isinstance(m, Mapping) and m.get("role") == "user"), None)
     if first_user is None:
         return random.random() < rate
-    key = orjson.dumps([parsed.model, tenant, first_user])
+    try:
+        key = orjson.dumps([parsed.model, tenant, first_user])
+    except orjson.JSONEncodeError:  # content nested deeper than orjson writes
+        return random.random() < rate
     return zlib.crc32(key) < rate * 2**32
 
 

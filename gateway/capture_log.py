@@ -5,7 +5,8 @@ dropped and counted); the writer task takes what is waiting, serializes and appe
 worker thread, one batch at a time. Size: when the file would pass half of ``max_bytes``
 it is renamed to ``PATH.1`` (replacing the previous one) and a new file is begun, so the
 two together stay under ``max_bytes`` and the newest traffic is always kept. A record
-larger than half of ``max_bytes`` is dropped.
+larger than half of ``max_bytes``, or nested deeper than orjson writes, is dropped; a batch
+the writer fails on is dropped and logged, and the writer goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import logging
 import os
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
+
+import orjson
 
 if TYPE_CHECKING:
     from gateway.capture import CaptureRecord
@@ -94,6 +97,9 @@ class CaptureLog:
                     self.dropped_large += len(batch)
                     log.warning("capture log %s: cannot write (%s); %d records lost",
                                 self.path, exc.strerror, len(batch))
+                except Exception:  # the writer must outlive a record it cannot write
+                    self.dropped_large += len(batch)
+                    log.exception("capture log %s: %d records lost", self.path, len(batch))
 
     # -- in the worker thread --------------------------------------------------------------
     def _open(self) -> None:
@@ -115,7 +121,11 @@ class CaptureLog:
     def _write(self, batch: list[CaptureRecord]) -> None:
         assert self._file is not None
         for record in batch:
-            line = record.to_json()
+            try:
+                line = record.to_json()
+            except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels)
+                self.dropped_large += 1
+                continue
             if len(line) > self.max_file_bytes:
                 self.dropped_large += 1
                 continue

@@ -84,6 +84,35 @@ async def test_a_full_queue_drops_and_counts_instead_of_waiting(tmp_path: Path) 
     assert len((tmp_path / "c.jsonl").read_bytes().splitlines()) == 8
 
 
+def _nested(depth: int) -> object:
+    deep: object = "x"
+    for _ in range(depth):
+        deep = [deep]
+    return deep
+
+
+async def test_a_record_too_deep_to_write_is_dropped_and_the_writer_goes_on(
+        tmp_path: Path) -> None:
+    # orjson reads 1024 levels and writes 254: such a body is served, then not logged
+    capture = Capture(CaptureConfig(path=str(tmp_path / "c.jsonl"), sample_rate=0.5),
+                      PrefixReportConfig())
+    await capture.start()
+    assert capture.log is not None
+    deep = json.dumps({"model": "m", "prompt": "x", "metadata": _nested(300)}).encode()
+    chat = json.dumps({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi", "extra": _nested(300)}]}
+    ]}).encode()
+    capture.log.offer(record_of(parse_body(deep, "completions"), "acme", len(deep)))
+    capture.observe(parse_body(chat, "chat"), "acme", len(chat))  # sampled: no error
+    for i in range(3):
+        capture.log.offer(record(i))
+    await capture.stop()
+    # the completion is dropped; the chat too when it was sampled (at random: its first
+    # user message cannot be serialized to pick it by)
+    assert capture.log.written == 3 and capture.log.dropped_large in (1, 2)
+    assert len((tmp_path / "c.jsonl").read_bytes().splitlines()) == 3
+
+
 def test_the_ring_is_bounded_in_count_and_bytes() -> None:
     capture = Capture(CaptureConfig(), PrefixReportConfig(enabled=True, recent_requests=5,
                                                           max_mb=1))
