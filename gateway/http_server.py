@@ -5,8 +5,9 @@ takes to send it, so a few slow clients with endless headers hold memory and con
 ``BoundedHttpProtocol`` adds two bounds to it: a head larger than ``max_header_bytes`` is
 answered 431 and the connection closed (measured up to its blank line before each read
 is parsed, so a head that arrives whole in one read is bounded too; pipelined heads that
-share a read with the request before them are bounded by the read); a head not complete ``header_timeout_s`` after its
-connection opened (or after its first byte, on a kept-alive connection) is answered 408.
+share a read with the request before them are bounded by the read); a head not complete
+``header_timeout_s`` after its connection opened (or after its first byte, on a kept-alive
+connection) is answered 408.
 Websockets are off: the gateway serves none.
 
 Each ``transport.write`` is a system call, and on loopback one costs more than the rest of

@@ -8,12 +8,13 @@ and a replica with an empty prefill queue is not free.
 Neither engine exports its slot count, so it is learned per replica: the most sequences
 ever seen running, once others were seen waiting at that count ``confirm`` times (a
 replica short of prefill budget or KV also queues requests now and then, at any count, and
-that is no slot limit; nor is a scrape taken as requests came in, before any ran). How long a slot is held is learned fleet-wide from finished
-requests: from the end of their prefill (first token) to their last byte, plus their own
-prefill. With ``n`` requests in flight on a replica (this gateway's now, and other senders'
-as last scraped: ``ReplicaView.others_in_flight``) of ``s`` slots that each hold a slot
-``d`` seconds, the ``n - s + 1``-th finish, which frees this request's slot, comes after
-about ``(n - s + 1) x d / s`` seconds.
+that is no slot limit; nor is a scrape taken as requests came in, before any ran). How
+long a slot is held is learned fleet-wide from finished requests: from the end of their
+prefill (first token) to their last byte, plus their own prefill. With ``n`` requests in
+flight on a replica (this gateway's now, and other senders' as last scraped:
+``ReplicaView.others_in_flight``) of ``s`` slots that each hold a slot ``d`` seconds, the
+``n - s + 1``-th finish, which frees this request's slot, comes after about ``(n - s + 1)
+x d / s`` seconds.
 """
 
 from __future__ import annotations
