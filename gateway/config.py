@@ -44,6 +44,7 @@ Example (every key but ``replicas`` has a default)::
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,8 @@ class ReplicaConfig:
             parts.port  # noqa: B018  (raises on a bad port)
         except ValueError:
             raise ValueError(f"url {self.url!r} has a bad port") from None
-        if self.weight <= 0:
-            raise ValueError(f"weight must be > 0, got {self.weight!r}")
+        if not 0 < self.weight < math.inf:
+            raise ValueError(f"weight must be > 0 and finite, got {self.weight!r}")
         if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < 1:
             raise ValueError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens!r}")
         for key in ("kv_events", "kv_events_replay"):

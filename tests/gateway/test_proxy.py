@@ -17,6 +17,7 @@ from gateway.admin import create_admin_app
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.state import build_state
+from policies.config import ConfigError
 from policies.round_robin import RoundRobin
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.servers import ThreadServer, free_port
@@ -262,6 +263,21 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
         bad = httpx.post(f"{gw.admin}/admin/replicas", json={"id": "c", "url": url},
                          headers=auth)
         assert bad.status_code == 400 and url in bad.json()["error"]["message"]
+    deep = b'{"id": "c", "url": "http://127.0.0.1:9", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    for raw, code in ((b'{"id": "c", "url": "http://127.0.0.1:9", "weight": NaN}', "invalid_json"),
+                      (b'{"id": "c", "url": "http://127.0.0.1:9", "weight": 1e999}',
+                       "invalid_json"),
+                      (b'{"id": "c", "url": "http://127.0.0.1:9", "weight": -1}',
+                       "invalid_replica"),
+                      (deep, "invalid_json")):
+        bad = httpx.post(f"{gw.admin}/admin/replicas", content=raw, headers=auth)
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == code, bad.text
+    assert [r["id"] for r in httpx.get(f"{gw.admin}/admin/replicas", headers=auth)
+            .json()["replicas"]] == ["a", "b"]  # none of them was added
+    for weight in (float("nan"), float("inf")):  # as YAML's .nan and .inf give them
+        with pytest.raises(ConfigError, match="weight must be > 0 and finite"):
+            parse_config({"replicas": [{"id": "c", "url": "http://127.0.0.1:9",
+                                        "weight": weight}]})
     outside = httpx.post(f"{gw.admin}/admin/replicas", headers=auth,
                          json={"id": "c", "url": "http://10.1.2.3:8000"})
     assert outside.status_code == 403
