@@ -251,8 +251,15 @@ class EngineCore:
         return outputs
 
     def reset_prefix_cache(self) -> int:
-        """Forget all cached prefixes; returns how many block hashes were dropped."""
-        return self.kv.reset_prefix_cache()
+        """Forget all cached prefixes; returns how many block hashes were dropped. A
+        running request's blocks, uncached now, are cached again from its first block as
+        it goes on: its next blocks' hashes chain on blocks no longer stored, so caching
+        only those would store blocks no lookup reaches (and events whose parent the
+        subscribers just dropped)."""
+        dropped = self.kv.reset_prefix_cache()
+        for req in self.requests.values():
+            req.num_cached_blocks = 0
+        return dropped
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()

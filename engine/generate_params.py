@@ -74,13 +74,17 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     )
 
 
-def context_error(num_prompt: int, max_tokens: int, max_model_len: int) -> BadRequest:
+def context_error(num_prompt: int, max_tokens: int, max_model_len: int,
+                  chat: bool = True) -> BadRequest:
+    """The context-length error, naming the chat's ``messages`` or the completion's
+    ``prompt`` when the prompt alone is too long."""
+    what = "messages" if chat else "prompt"
     return BadRequest(
         f"This model's maximum context length is {max_model_len} tokens. However, you "
-        f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the messages, "
-        f"{max_tokens} in the completion). Please reduce the length of the messages or "
+        f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the {what}, "
+        f"{max_tokens} in the completion). Please reduce the length of the {what} or "
         f"completion.",
-        param="max_tokens" if num_prompt < max_model_len else "messages",
+        param="max_tokens" if num_prompt < max_model_len else what,
     )
 
 

@@ -166,8 +166,13 @@ class EngineServer:
     async def detokenize(self, request: HTTPRequest) -> Response:
         body = await self._json(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
             raise BadRequest("'tokens' must be a list of token ids", param="tokens")
+        vocab = self.tokenizer.vocab_size
+        bad = next((t for t in tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise BadRequest(f"'tokens' holds {bad}, outside the vocabulary [0, {vocab})",
+                             param="tokens")
         return JSONResponse({"prompt": self.tokenizer.decode(tokens)})
 
     async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
@@ -186,9 +191,12 @@ class EngineServer:
                            vocab_size=self.tokenizer.vocab_size)
         ids = await self._prompt_ids(p)
         limit = self.max_model_len
-        max_tokens = p.max_tokens if p.max_tokens is not None else max(1, limit - len(ids))
+        # unasked, an answer may run to the end of the context, or of the KV cache where
+        # that is smaller (it could never hold more)
+        room = min(limit, self.core.config.num_blocks * self.core.config.block_size)
+        max_tokens = p.max_tokens if p.max_tokens is not None else max(1, room - len(ids))
         if len(ids) + max_tokens > limit:
-            raise context_error(len(ids), max_tokens, limit)
+            raise context_error(len(ids), max_tokens, limit, chat)
         try:
             self.core.validate(len(ids), max_tokens)
             params = SamplingParams(max_tokens=max_tokens, temperature=p.temperature,

@@ -3,6 +3,7 @@ import pytest
 from engine.core import EngineCore
 from engine.executor import Batch, StepResult
 from engine.request import SamplingParams
+from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.support.engine_cores import add, make_core, run_all
 
 
@@ -209,3 +210,27 @@ def test_batches_follow_the_executor_contract() -> None:
     assert list(seqs[2].token_ids) == [7]
     for s in seqs:
         assert len(s.block_ids) * 4 >= s.context_len
+
+
+def test_a_reset_while_a_request_runs_keeps_the_events_chained() -> None:
+    # every stored block's parent is stored when the event says so, across a reset made
+    # while a request is decoding (its later blocks chain on blocks the reset dropped)
+    core = make_core(num_blocks=32, block_size=4)
+    core.kv.pool.events = []
+    add(core, "a", list(range(10)), max_tokens=20, ignore_eos=True)
+    stored: set[int] = set()
+    for step in range(30):
+        if step == 3:
+            core.reset_prefix_cache()
+        if core.has_unfinished():
+            core.step()
+        for event in core.kv.pool.events:
+            if isinstance(event, AllBlocksCleared):
+                stored.clear()
+            elif isinstance(event, BlockRemoved):
+                stored.difference_update(event.block_hashes)
+            elif isinstance(event, BlockStored):
+                assert event.parent_block_hash is None or event.parent_block_hash in stored
+                stored.update(event.block_hashes)
+        core.kv.pool.events.clear()
+    assert not core.has_unfinished() and len(stored) == 7  # its 29 tokens, cached again

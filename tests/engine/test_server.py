@@ -131,6 +131,25 @@ def test_malformed_json_and_client_errors(live: Running) -> None:
         live.client.completions.create(model="other", prompt="x")
 
 
+def test_detokenize_names_an_id_outside_the_vocabulary(live: Running) -> None:
+    for bad in (-1, 4096, 2**40):
+        r = live.http.post("/detokenize", json={"tokens": [5, bad]})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "tokens" and str(bad) in r.text
+    assert live.http.post("/detokenize", json={"tokens": [72, 105]}).status_code == 200
+
+
+def test_a_chat_without_max_tokens_runs_where_the_cache_is_smaller_than_the_context(
+) -> None:
+    # 32 blocks of 4: 128 tokens of KV under a 512-token context
+    for engine in serve_engine(Running, MODEL, num_blocks=32):
+        answer = engine.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        assert answer.choices[0].finish_reason in ("stop", "length")
+        assert answer.usage is not None
+        assert answer.usage.prompt_tokens + answer.usage.completion_tokens <= 128
+
+
 def test_salted_requests_do_not_share_cache(live: Running) -> None:
     prompt = "salt isolation " * 30
     for salt in ("tenant-a", "tenant-b"):
