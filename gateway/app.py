@@ -211,6 +211,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
     gw = state or build_state(config)
     discovery = Discovery(gw, [build_source(source) for source in config.discovery])
     gw.metrics.watch_discovery(discovery.stats)
+    if gw.box is not None:  # worker processes: the leader's counts reach every worker
+        gw.box.discovery = discovery.stats
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

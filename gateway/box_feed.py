@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 
 from gateway.config import ReplicaConfig
+from gateway.discovery.stats import SourceStats
 from gateway.fleet import Fleet
 from gateway.replica_metrics import ScrapedMetrics
 from gateway.shared_load import _view
@@ -56,13 +57,14 @@ log = logging.getLogger("kvgate.box_feed")
 
 PUBLISH_S = 0.05
 FALLBACK_S = 1.0
-BLOCK_BYTES = 1 << 20
+BLOCK_BYTES = 16 << 20  # shared memory is paged in as written: a snapshot copies its length
 _HEAD = struct.Struct("<QQQ")
 
 
-def snapshot(fleet: Fleet) -> dict[str, Any]:
+def snapshot(fleet: Fleet, discovery: Sequence[SourceStats] = ()) -> dict[str, Any]:
     """The leader's fleet as followers need it (API keys travel by reference: files and
-    variables are read again by each worker; an inline key is as the config wrote it)."""
+    variables are read again by each worker; an inline key is as the config wrote it), and
+    what its discovery sources (which only it runs) counted, which every worker exports."""
     return {"replicas": [{
         "config": dataclasses.asdict(s.config), "slot": s.slot,
         "forward_auth": s.forward_auth, "source": s.source, "checks": s.checks,
@@ -71,7 +73,9 @@ def snapshot(fleet: Fleet) -> dict[str, Any]:
         "in_flight_at_scrape": s.in_flight_at_scrape,
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
         "estimated_kv_replica_tokens": s.estimated_kv_replica_tokens,
-        "models": list(s.models)} for s in fleet]}
+        "auth_failures": s.auth_failures,
+        "models": list(s.models)} for s in fleet],
+        "discovery": [dataclasses.asdict(stats) for stats in discovery]}
 
 
 class FeedBlock:
@@ -141,6 +145,8 @@ class BoxFeed:
         for conn in (*self.rings, *(() if bell is None else (bell,))):
             os.set_blocking(conn.fileno(), False)
         self._signature: tuple[object, ...] | None = None
+        # the discovery sources' counts: the leader's, published; a follower's, copied in
+        self.discovery: Sequence[SourceStats] = ()
         self._applied: dict[str, _Applied] = {}
         self._task: asyncio.Task[None] | None = None
         self._soon: asyncio.TimerHandle | None = None
@@ -239,12 +245,13 @@ class BoxFeed:
     def publish(self) -> None:
         """Write the fleet's snapshot when anything in it moved (a cheap signature is
         compared first: building the JSON costs ~20 us a replica)."""
-        signature = tuple((s.id, s.slot, s.checks, s.scrape_seq, s.models)
-                          for s in self.fleet)
+        signature = (tuple((s.id, s.slot, s.checks, s.scrape_seq, s.models, s.auth_failures)
+                           for s in self.fleet),
+                     tuple(dataclasses.astuple(stats) for stats in self.discovery))
         if signature == self._signature:
             return
         self._signature = signature
-        self.block.write(orjson.dumps(snapshot(self.fleet)))
+        self.block.write(orjson.dumps(snapshot(self.fleet, self.discovery)))
         self._ring()
 
     def poll(self) -> bool:
@@ -258,6 +265,9 @@ class BoxFeed:
 
     def apply(self, snap: dict[str, Any]) -> None:
         fleet = self.fleet
+        for stats, counted in zip(self.discovery, snap.get("discovery", ()), strict=False):
+            for name, value in counted.items():
+                setattr(stats, name, value)
         wanted = {r["config"]["id"]: r for r in snap["replicas"]}
         for state in fleet:
             # gone, or removed and added again between two snapshots (a new slot)
@@ -282,6 +292,7 @@ class BoxFeed:
                                     pending_then=r["pending_at_scrape"],
                                     in_flight_then=r["in_flight_at_scrape"])
                 state.estimated_kv_replica_tokens = r["estimated_kv_replica_tokens"]
+            state.auth_failures = r.get("auth_failures", 0)
             models = tuple(r["models"])
             if models != state.models:
                 state.models = models

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import aiohttp
+import orjson
 
 from gateway.config import HealthConfig, ScrapeConfig
 from gateway.fleet import Fleet, ReplicaState
@@ -21,6 +22,12 @@ from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.replica_metrics import parse_metrics
 
 log = logging.getLogger("kvgate.monitor")
+
+# a replica's /v1/models is read up to these bounds (a LoRA server may list thousands of
+# adapters): what routing keeps of it stays small, for every worker to share
+MODELS_BYTES = 1 << 20
+MAX_MODELS = 1024
+MODEL_ID_CHARS = 256
 
 
 class Monitor:
@@ -99,14 +106,23 @@ class Monitor:
                     if resp.status != 200:
                         self._refused(state, "/v1/models", resp.status)
                         return
-                    data = await resp.json(content_type=None)
+                    raw = bytearray()
+                    async for chunk in resp.content.iter_chunked(1 << 16):
+                        raw += chunk
+                        if len(raw) > MODELS_BYTES:
+                            raise ValueError(f"its list is over {MODELS_BYTES} bytes")
+            data = orjson.loads(raw)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             log.info("replica %s: /v1/models failed: %s", state.id, exc)
             return
         items = data.get("data") if isinstance(data, dict) else None
         if isinstance(items, list):
-            state.models = tuple(str(m["id"]) for m in items
-                                 if isinstance(m, dict) and "id" in m)
+            models = tuple(str(m["id"])[:MODEL_ID_CHARS] for m in items
+                           if isinstance(m, dict) and "id" in m)
+            if len(models) > MAX_MODELS:
+                log.warning("replica %s serves %d models; routing knows its first %d",
+                            state.id, len(models), MAX_MODELS)
+            state.models = models[:MAX_MODELS]
             state.models_at = time.monotonic()
             self.fleet.changed()
 

@@ -75,7 +75,8 @@ def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConf
     return dataclasses.replace(config, capture=capture, limits=dataclasses.replace(
         limits, max_in_flight=math.ceil(limits.max_in_flight / workers),
         max_pending=math.ceil(limits.max_pending / workers),
-        max_connections=math.ceil(limits.max_connections / workers)))
+        max_connections=math.ceil(limits.max_connections / workers),
+        connections_per_replica=math.ceil(limits.connections_per_replica / workers)))
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -103,6 +104,7 @@ def die_with_parent(supervisor: int) -> None:
 def worker_main(plan: WorkerPlan) -> None:
     """One worker: the gateway of ``gateway.serve`` over the shared blocks."""
     os.setpgid(0, 0)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor's to act on: it drains us
     die_with_parent(plan.supervisor)
     logging.basicConfig(level=plan.log_level,
                         format=f"%(asctime)s %(levelname)s %(name)s[w{plan.index}]: "
@@ -171,8 +173,9 @@ class Supervisor:
         metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # the workers inherit it
         ctx = multiprocessing.get_context("spawn")
-        signal.signal(signal.SIGTERM, self._forward)
-        signal.signal(signal.SIGINT, self._forward)
+        # a hang-up (the terminal closed) drains the box too, and the blocks are unlinked
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._forward)
         status = 0
         # one doorbell per follower: (its end, worker 0's end); the workers get copies
         bells = [ctx.Pipe(duplex=False) for _ in range(self.workers - 1)]

@@ -16,6 +16,7 @@ import pytest
 from gateway.admin import create_admin_app
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.monitor import MAX_MODELS
 from gateway.state import build_state
 from policies.config import ConfigError
 from policies.round_robin import RoundRobin
@@ -303,6 +304,18 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
     assert r.status_code == 200
     assert httpx.delete(f"{gw.admin}/admin/replicas/b", headers=auth).status_code == 404
     assert httpx.get(f"{gw.url}/ready").json()["healthy_replicas"] == 1
+
+
+def test_a_replica_listing_thousands_of_adapters_is_kept_to_the_first_of_them(
+        serve: Serve) -> None:
+    lora = Behaviour("lora", adapters=5000)
+    gw = start_gateway(serve, [("lora", serve(fake_replica(lora)).url)])
+    wait_until(lambda: len(httpx.get(f"{gw.url}/v1/models").json()["data"]) > 1, 10,
+               "the replica's models")
+    ids = [m["id"] for m in httpx.get(f"{gw.url}/v1/models").json()["data"]]
+    assert len(ids) == MAX_MODELS and ids[0] == "sim-model"
+    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
+    assert r.status_code == 200
 
 
 def test_body_limit_without_content_length(serve: Serve) -> None:

@@ -12,9 +12,10 @@ from multiprocessing import shared_memory
 import pytest
 
 from gateway import box_feed
-from gateway.box_feed import BoxFeed, FeedBlock
+from gateway.box_feed import BLOCK_BYTES, BoxFeed, FeedBlock
 from gateway.capture import CaptureConfig
 from gateway.config import GatewayConfig, LimitsConfig, ReplicaConfig
+from gateway.discovery.stats import SourceStats
 from gateway.fleet import Fleet
 from gateway.idle_watch import IdleWatch
 from gateway.kv_capacity_estimate import CapacityEstimator
@@ -168,6 +169,15 @@ def test_followers_apply_what_the_leader_found(feed_block: shared_memory.SharedM
         leader.publish()
         assert follower.poll()
         assert r1.healthy and r1.scraped is not None and r1.scraped.running == 4
+        # what only the leader counts (its calls refused, its discovery's rounds) is
+        # every worker's to export: a scrape may reach any of them
+        leader.discovery = [SourceStats("dns", replicas=2, syncs=7, last_sync=5.0)]
+        follower.discovery = [SourceStats("dns")]
+        leader_fleet.get("r1").auth_failures = 3  # type: ignore[union-attr]
+        leader.publish()
+        assert follower.poll()
+        assert r1.auth_failures == 3
+        assert follower.discovery[0] == SourceStats("dns", replicas=2, syncs=7, last_sync=5.0)
     finally:
         leader.block.close()
         follower.block.close()
@@ -279,7 +289,7 @@ def test_a_torn_snapshot_is_never_applied(feed_block: shared_memory.SharedMemory
         buf[24] = ord("[")  # bytes that do not match the checksum
         assert reader.read(0) is None
         with pytest.raises(ValueError, match="exceeds"):
-            writer.write(b"x" * (1 << 20))
+            writer.write(b"x" * BLOCK_BYTES)
     finally:
         writer.close()
         reader.close()
@@ -287,10 +297,11 @@ def test_a_torn_snapshot_is_never_applied(feed_block: shared_memory.SharedMemory
 
 def test_each_worker_takes_its_share_of_the_limits_and_its_own_capture_log() -> None:
     config = GatewayConfig(limits=LimitsConfig(max_in_flight=1025, max_pending=3,
-                                               max_connections=4096))
+                                               max_connections=4096,
+                                               connections_per_replica=3))
     limits = share_of(config, 2).limits
-    assert (limits.max_in_flight, limits.max_pending, limits.max_connections) == \
-        (513, 2, 2048)
+    assert (limits.max_in_flight, limits.max_pending, limits.max_connections,
+            limits.connections_per_replica) == (513, 2, 2048, 2)
     assert share_of(config, 1).limits == config.limits
     logged = GatewayConfig(capture=CaptureConfig(path="/tmp/kvgate-capture.jsonl"))
     assert share_of(logged, 2, 1).capture.path == "/tmp/kvgate-capture.jsonl.w1"

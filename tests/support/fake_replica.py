@@ -37,6 +37,7 @@ class Behaviour:
     release: threading.Event | None = None  # a stream's last chunk waits until it is set
     hold: threading.Event | None = None  # the first byte waits until it is set
     linger_s: float = 0.0  # a stream's body stays open this long after its [DONE]
+    adapters: int = 0  # /v1/models lists this many adapters after the model
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -87,7 +88,9 @@ def fake_replica(b: Behaviour) -> Starlette:
         return PlainTextResponse("ok", status_code=200 if b.healthy else 503)
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": b.model, "object": "model"}]})
+        return JSONResponse({"object": "list", "data": [
+            {"id": b.model, "object": "model"},
+            *({"id": f"{b.model}-lora-{i}", "object": "model"} for i in range(b.adapters))]})
 
     async def metrics(request: Request) -> Response:
         lines = [
