@@ -1,5 +1,7 @@
 """Admission control: at most ``max_in_flight`` requests answered at once, an optional
-bounded wait for a place, and 429 with ``Retry-After`` for the rest (``LimitsConfig``).
+bounded wait for a place, and 429 with ``Retry-After`` for the rest (``LimitsConfig``);
+and the bytes of request bodies being received (``BodyBytes``), which are read before a
+request takes a place.
 
 A request holds a ``Slot`` from admission until its answer ends (relayed, failed or
 abandoned); ``Slot.release`` is idempotent, so every way out may call it. Waiters get
@@ -33,9 +35,33 @@ class Slot:
             self._admission._leave(time.monotonic() - self._since)
 
 
+class BodyBytes:
+    """The bytes of request bodies being received, at most ``limit`` at once (``take`` as
+    they arrive, ``give`` back once the body is whole or abandoned). A body is read before
+    its request waits for a place, so what a slow client holds is what it sent."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, n: int) -> None:
+        if self.held + n > self.limit:
+            raise TooManyRequests(
+                f"the gateway is receiving {self.held} bytes of request bodies, at its "
+                f"limit of {self.limit}; retry after 1 s", code="gateway_overloaded",
+                headers={"Retry-After": "1"})
+        self.held += n
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
 class Admission:
     def __init__(self, limits: LimitsConfig) -> None:
         self.limits = limits
+        self.bodies = BodyBytes(limits.max_receiving_bytes)
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()  # and some given up
         self.waiting = 0
@@ -67,18 +93,19 @@ class Admission:
                 self._leave(None)  # handed a place just as it gave up: pass it on
             else:
                 place.cancel()
-            if isinstance(exc, TimeoutError):
-                raise self._refusal() from None
+            if isinstance(exc, TimeoutError):  # counting the others waiting, not this one
+                raise self._refusal(self.waiting - 1) from None
             raise
         finally:
             self.waiting -= 1
         return Slot(self)
 
-    def _refusal(self) -> TooManyRequests:
+    def _refusal(self, waiting: int | None = None) -> TooManyRequests:
         after = self.retry_after_s()
+        waiting = self.waiting if waiting is None else waiting
         return TooManyRequests(
             f"the gateway is at its limit of {self.limits.max_in_flight} requests in flight "
-            f"with {self.waiting} waiting; retry after {after} s",
+            f"with {waiting} waiting; retry after {after} s",
             code="gateway_overloaded", headers={"Retry-After": str(after)})
 
     def _leave(self, held_s: float | None) -> None:

@@ -55,15 +55,15 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
     route = "none"
     try:
         keyed = gw.auth.tenant_of(request) if gw.auth.on else None
-        # before the body is read: a request waiting for a place holds no more of it than
-        # the server's read buffer (one that left meanwhile fails at reading it)
+        # the body before a place: a client that sends a head and no body holds no place,
+        # only the bytes it sent (``Admission.bodies``), for at most ``body_timeout_s``
+        intake = await take_in(request, gw, endpoint, keyed)
         slot = await gw.admission.enter()
     except OpenAIError as exc:
         gw.ended(route, str(exc.status))
         trace.failed(exc)
         raise
     with released_on_error(slot, lambda status: gw.ended(route, status)), trace.guard():
-        intake = await take_in(request, gw, endpoint, keyed)
         gw.capture.observe(intake.parsed, intake.tenant, len(intake.raw))
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant), trace)

@@ -23,7 +23,7 @@ Example (every key but ``replicas`` has a default)::
     limits: {max_in_flight: 1024, max_pending: 0, max_pending_s: 30,
              max_queued_tokens_per_replica: null, connections_per_replica: 256,
              max_connections: 4096, keep_alive_s: 75, max_header_bytes: 65536,
-             header_timeout_s: 10, body_timeout_s: 60}
+             header_timeout_s: 10, body_timeout_s: 60, max_receiving_bytes: 268435456}
     timeouts: {connect_s: 2, first_byte_s: 300, stream_first_byte_s: null, idle_s: 60,
                buffer_bytes: 1048576}
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
@@ -238,7 +238,9 @@ class LimitsConfig:
     there, 429. The server side: ``max_connections`` open connections (past it uvicorn
     answers 503), ``keep_alive_s`` for idle ones, ``max_header_bytes`` per request head
     (431) received within ``header_timeout_s`` (408), a body within ``body_timeout_s``
-    (408). Toward each replica at most ``connections_per_replica`` connections.
+    (408), all bodies still being received within ``max_receiving_bytes`` (429; a body is
+    read before its request takes one of the ``max_in_flight`` places). Toward each replica
+    at most ``connections_per_replica`` connections.
     """
 
     max_in_flight: int = 1024
@@ -255,11 +257,15 @@ class LimitsConfig:
     max_header_bytes: int = 65536
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
+    # bytes of request bodies still being received, all requests together: a body is read
+    # before its request takes a place, so a client that sends a head and no body holds
+    # none; past this, 429
+    max_receiving_bytes: int = 256 * 1024 * 1024
 
     def validate(self) -> None:
         _positive(self, "max_in_flight", "max_pending_s", "connections_per_replica",
                   "max_connections", "keep_alive_s", "max_header_bytes", "header_timeout_s",
-                  "body_timeout_s")
+                  "body_timeout_s", "max_receiving_bytes")
         if self.max_pending < 0:
             raise ValueError(f"max_pending must be >= 0, got {self.max_pending!r}")
         if self.max_queued_tokens_per_replica is not None:

@@ -28,7 +28,7 @@ async def read_timed_body(request: Request, gw: GatewayState) -> bytes:
     limit_s = gw.config.limits.body_timeout_s
     try:
         async with asyncio.timeout(limit_s):
-            return await read_body(request, gw.config.max_body_bytes)
+            return await read_body(request, gw.config.max_body_bytes, gw.admission.bodies)
     except TimeoutError:
         raise BodyTimeout(f"request body not received within {limit_s} s",
                           code="body_timeout") from None

@@ -61,13 +61,13 @@ async def passthrough(request: Request) -> Response:
     trace = gw.tracing.start(request.headers, path)
     try:
         keyed = gw.auth.tenant_of(request) if gw.auth.on else None
+        raw = await read_timed_body(request, gw)  # before a place, as ``gateway.app``'s
         slot = await gw.admission.enter()
     except OpenAIError as exc:
         gw.ended(ROUTE, str(exc.status))
         trace.failed(exc)
         raise
     with released_on_error(slot, lambda status: gw.ended(ROUTE, status)), trace.guard():
-        raw = await read_timed_body(request, gw)
         body = json_object(raw)
         model = body.get("model")
         if not isinstance(model, str) or not model:

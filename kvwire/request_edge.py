@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -31,32 +31,48 @@ log = logging.getLogger("kvgate.http")
 T = TypeVar("T")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+class ByteBudget(Protocol):
+    """Bytes shared by the bodies being received: ``take`` raises when there is no room."""
+
+    def take(self, n: int) -> None: ...
+    def give(self, n: int) -> None: ...
+
+
+async def read_body(request: Request, limit: int, budget: ByteBudget | None = None) -> bytes:
     """The whole body; PayloadTooLarge as soon as it is known to exceed ``limit`` bytes
     (from the declared length, or counted as it arrives when none is declared);
-    ClientDisconnected when the client leaves before sending it all."""
+    ClientDisconnected when the client leaves before sending it all. With a ``budget``,
+    the bytes received are taken from it as they arrive and given back at the end."""
     try:
-        return await _read_body(request, limit)
+        return await _read_body(request, limit, budget)
     except ClientDisconnect:
         raise ClientDisconnected("client disconnected while sending the body") from None
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, budget: ByteBudget | None) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
                               f"{limit} bytes", code="body_too_large")
-    if declared is not None and declared.isdigit():
+    if budget is None and declared is not None and declared.isdigit():
         return await request.body()  # within the limit: uvicorn enforces the length
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
-                                  code="body_too_large")
-    return b"".join(chunks)
+    try:
+        async for chunk in request.stream():
+            if size + len(chunk) > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
+                                      code="body_too_large")
+            if budget is not None:
+                budget.take(len(chunk))
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        if budget is not None:
+            budget.give(size)
+    body = b"".join(chunks)
+    request._body = body  # Starlette's own: a later ``request.body()`` reads it
+    return body
 
 
 class ClientWatch:

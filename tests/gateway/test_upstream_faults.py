@@ -204,6 +204,48 @@ def test_past_max_in_flight_a_request_gets_429_at_once_or_waits_its_turn(
     assert metric(gw, 'kvgate_requests_total{replica="none",route="none",status="429"') == 1
 
 
+def test_clients_that_send_a_head_and_no_body_take_no_place(serve: Serve) -> None:
+    # 4 connections hold a head each, their bodies never coming: with 2 places, other
+    # clients are still answered (the bodies are read before a request takes a place)
+    gw = gateway(serve, [serve(faulty("none"))], limits={"max_in_flight": 2,
+                                                         "body_timeout_s": 5})
+    idle = []
+    for _ in range(4):
+        sock = socket.create_connection(("127.0.0.1", gw.port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"content-type: application/json\r\ncontent-length: 100\r\n\r\n")
+        idle.append(sock)
+    try:
+        time.sleep(0.3)
+        for _ in range(3):
+            assert post(gw).status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_bodies_being_received_are_bounded_in_bytes(serve: Serve) -> None:
+    gw = gateway(serve, [serve(faulty("none"))], limits={"max_receiving_bytes": 4000})
+    # one client sends 3,000 bytes of a 5,000-byte body and waits: the next body that
+    # would take the bytes being received past 4,000 is refused, one that fits is not
+    sock = socket.create_connection(("127.0.0.1", gw.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 5000\r\n"
+                 b"content-type: application/json\r\n\r\n" + b" " * 3000)
+    try:
+        time.sleep(0.3)
+        big = httpx.post(f"{gw.url}/v1/completions", timeout=10, json={
+            "model": "sim-model", "prompt": "x" * 2000})
+        assert big.status_code == 429 and big.json()["error"]["code"] == "gateway_overloaded"
+        assert big.headers["retry-after"] == "1"
+        assert post(gw).status_code == 200
+    finally:
+        sock.close()
+    wait_until(lambda: post(gw).status_code == 200 and httpx.post(
+        f"{gw.url}/v1/completions", timeout=10,
+        json={"model": "sim-model", "prompt": "x" * 2000}).status_code == 200, 5,
+        "the abandoned body's bytes to be given back")
+
+
 def test_a_waiting_request_gets_the_place_when_one_ends(serve: Serve) -> None:
     gw = gateway(serve, [serve(faulty("hang"))], limits={"max_in_flight": 1, "max_pending": 1},
                  timeouts={"first_byte_s": 0.5})
