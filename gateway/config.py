@@ -234,13 +234,14 @@ class LimitsConfig:
     ``max_in_flight``: requests being answered at once; past it a request waits for one
     to end only while ``max_pending`` others wait (at most ``max_pending_s``), else gets
     its 429 at once. ``max_queued_tokens_per_replica``: a replica whose queued prompt
-    tokens (as routing sees them) reach it takes no new request; when every ranked one is
-    there, 429. The server side: ``max_connections`` open connections (past it uvicorn
-    answers 503), ``keep_alive_s`` for idle ones, ``max_header_bytes`` per request head
-    (431) received within ``header_timeout_s`` (408), a body within ``body_timeout_s``
-    (408), all bodies still being received within ``max_receiving_bytes`` (429; a body is
-    read before its request takes one of the ``max_in_flight`` places). Toward each replica
-    at most ``connections_per_replica`` connections.
+    tokens (as routing sees them) reach it takes no new request; when every ranked one
+    is there, 429. The server side: ``max_connections`` open connections (past it a new
+    connection is answered 503 and closed; those open are served), ``keep_alive_s`` for
+    idle ones, ``max_header_bytes`` per request head (431) received within
+    ``header_timeout_s`` (408), a body within ``body_timeout_s`` (408), all bodies still
+    being received within ``max_receiving_bytes`` (429; a body is read before its
+    request takes one of the ``max_in_flight`` places). Toward each replica at most
+    ``connections_per_replica`` connections.
     """
 
     max_in_flight: int = 1024

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, cast
 
+import orjson
 import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -37,11 +38,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.config import GatewayConfig, LimitsConfig
 
 
-def _close_with(transport: asyncio.Transport, status: bytes, reason: str) -> None:
-    """Answers ``status`` (with a new request id: the head was never read) and closes."""
-    body = reason.encode()
-    transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                    b"x-request-id: gw-" + uuid.uuid4().hex.encode() + b"\r\n"
+def _close_with(transport: asyncio.Transport, status: bytes, reason: str, code: str,
+                extra: bytes = b"") -> None:
+    """Answers ``status`` with an OpenAI-shaped error (and a new request id: the head was
+    never read; ``extra``: more header lines) and closes."""
+    body = orjson.dumps({"error": {"message": reason, "type": "invalid_request_error"
+                                   if status < b"500" else "service_unavailable",
+                                   "param": None, "code": code}})
+    transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+                    b"x-request-id: gw-" + uuid.uuid4().hex.encode() + b"\r\n" + extra +
                     b"content-length: " + str(len(body)).encode() +
                     b"\r\nconnection: close\r\n\r\n" + body)
     transport.close()
@@ -125,6 +130,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
+        if len(self.server_state.connections) > self.limits.max_connections:
+            # one connection too many is refused, not every request on the others (which
+            # is what uvicorn's limit_concurrency does, with a plain-text 503)
+            _close_with(self.transport, b"503 Service Unavailable",
+                        f"the gateway holds its limit of {self.limits.max_connections} "
+                        "connections; retry after 1 s", "too_many_connections",
+                        b"retry-after: 1\r\n")
+            return
         self._start_head_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -134,14 +147,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             if not self.transport.is_closing():
                 self._stop_head_timer()
                 _close_with(self.transport, b"431 Request Header Fields Too Large",
-                            f"request head exceeds {self.limits.max_header_bytes} bytes")
+                            f"request head exceeds {self.limits.max_header_bytes} bytes",
+                            "header_too_large")
             return
         super().data_received(data)
         if self._in_head and self._head_bytes > self.limits.max_header_bytes \
                 and not self.transport.is_closing():  # a pipelined request's head
             self._stop_head_timer()
             _close_with(self.transport, b"431 Request Header Fields Too Large",
-                        f"request head exceeds {self.limits.max_header_bytes} bytes")
+                        f"request head exceeds {self.limits.max_header_bytes} bytes",
+                        "header_too_large")
 
     def _head_size(self, data: bytes) -> int:
         """The request head's size so far with ``data``: up to its blank line when that is
@@ -196,7 +211,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_timer = None
         if self._in_head and not self.transport.is_closing():
             _close_with(self.transport, b"408 Request Timeout",
-                        f"request head not received within {self.limits.header_timeout_s} s")
+                        f"request head not received within {self.limits.header_timeout_s} s",
+                        "header_timeout")
 
 
 def bounded_protocol(limits: LimitsConfig) -> type[BoundedHttpProtocol]:
@@ -210,7 +226,7 @@ def server_config(app: Any, config: GatewayConfig, **overrides: Any) -> uvicorn.
         "host": config.host, "port": config.port, "http": bounded_protocol(limits),
         # the peer address is what trust decisions read: never taken from headers here
         "proxy_headers": False,
-        "ws": "none", "limit_concurrency": limits.max_connections,
+        "ws": "none",
         "timeout_keep_alive": limits.keep_alive_s, "log_level": "warning",
         "access_log": False, **overrides}
     return uvicorn.Config(app, **options)

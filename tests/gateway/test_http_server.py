@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -85,6 +86,30 @@ def test_a_head_at_the_limit_with_a_body_in_the_same_read_passes(port: int) -> N
     head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Pad: " % len(body)
     head += b"a" * (8192 - len(head) - 4) + b"\r\n\r\n"
     assert exchange(port, head + body, wait=1.0).startswith(b"HTTP/1.1 200")
+
+
+def test_past_max_connections_only_the_new_connection_is_refused() -> None:
+    config = parse_config({"port": free_port(), "limits": {"max_connections": 3}})
+    server = uvicorn.Server(server_config(ok_app, config, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 10, "the server to start")
+    held = [socket.create_connection(("127.0.0.1", config.port)) for _ in range(3)]
+    try:
+        time.sleep(0.2)
+        answer = exchange(config.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"\r\nretry-after: 1" in head
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        for sock in held:  # the connections within the limit are served
+            sock.settimeout(3)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in held:
+            sock.close()
+        server.should_exit = True
+        thread.join(5)
 
 
 def test_a_head_that_never_ends_gets_408(port: int) -> None:
