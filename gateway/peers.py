@@ -16,21 +16,20 @@ one TCP connection per peer (``peer_wire``):
 Measured offline (LRU engines, ``loadtests.simulate --gateways 2 --peers``), see the
 README. Delivery is best effort, and never leaves load counted that was settled: a
 connection more than ``queue_frames`` frames or ``queue_bytes`` behind is closed (its
-queue dropped and counted), and when a connection closes or falls silent for
-``SILENT_S`` (a sender with nothing to say sends a heartbeat every ``HEARTBEAT_S``) the
-receiver lets go of everything that peer had pending; a pending request unheard of for
-``pending_s`` is let go too. Frames for a replica the receiving copy does not know are
-skipped. Each copy has a random instance id, sent in the handshake: an address that
-reaches the copy itself (its own pod behind a headless Service), or a second address of a
-copy already linked, is found there and not used. At most ``MAX_HANDSHAKES`` connections
-may be proving the secret at once. With worker processes (``serve --workers``) every worker
-links to the peers and sends its own routes, and all of them listen on the peers port
-(``SO_REUSEPORT``: the kernel spreads the peers' connections over them); they share one
-instance id, so a link to the box itself is found whichever worker answers; a peer's
-pending prefill lands in the box's shared accounting (``shared_load``), which every worker
-reads, and its routes teach the policy of the worker that received them, as the box's own
-requests teach the worker that served them.
-"""
+queue dropped and counted), and when a connection closes or falls silent for ``SILENT_S``
+(a sender with nothing to say sends a heartbeat every ``HEARTBEAT_S``) the receiver lets
+go of everything that peer had pending; a pending request unheard of for ``pending_s`` is
+let go too. Frames for a replica the receiving copy does not know are skipped. Each copy
+has a random instance id, sent in the handshake: an address that reaches the copy itself
+(its own pod behind a headless Service), or a second address of a copy already linked, is
+found there and not used. At most ``MAX_HANDSHAKES`` connections may be proving the secret
+at once, ``MAX_HANDSHAKES_PER_ADDRESS`` of them from one address. With worker processes
+(``serve --workers``) every worker links to the peers and sends its own routes, and all of
+them listen on the peers port (``SO_REUSEPORT``: the kernel spreads the peers' connections
+over them); they share one instance id, so a link to the box itself is found whichever
+worker answers; a peer's pending prefill lands in the box's shared accounting
+(``shared_load``), which every worker reads, and its routes teach the policy of the worker
+that received them, as the box's own requests teach the worker that served them. """
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ import logging
 import os
 import socket
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from gateway.fleet import Fleet, Pending
@@ -85,6 +84,7 @@ DUPLICATE_BACKOFF_S = 30.0  # an address of a copy already linked: looked at aga
 SWEEP_S = 10.0
 MAX_PENDING = 65_536  # a peer's requests pending at once, at most (the oldest let go)
 MAX_HANDSHAKES = 64  # connections proving the secret at once (more are closed at once)
+MAX_HANDSHAKES_PER_ADDRESS = 4  # ... of them from one address
 
 
 @dataclass(slots=True)
@@ -257,7 +257,9 @@ class Peers:
         self._sweeper: asyncio.Task[None] | None = None
         self._tables: set[_PeerTable] = set()
         self._serving: set[asyncio.Task[None]] = set()
-        self._handshaking: set[asyncio.Task[None]] = set()  # connections not yet proven
+        # connections not yet proven, and the address each came from
+        self._handshaking: dict[asyncio.Task[None], str] = {}
+        self._handshaking_from: Counter[str] = Counter()
         self.address: tuple[str, int] | None = None  # where the listener is bound
 
     def linked(self, remote: bytes) -> bool:
@@ -357,16 +359,32 @@ class Peers:
 
     # -- what peers send -----------------------------------------------------------------------
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._handshaking) >= MAX_HANDSHAKES:
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        # one address holds at most a few of the places: connections that never prove the
+        # secret, renewed as they time out, must not keep real peers from linking
+        if len(self._handshaking) >= MAX_HANDSHAKES \
+                or self._handshaking_from[host] >= MAX_HANDSHAKES_PER_ADDRESS:
             writer.close()
             return
         # counted from here, not from the task's first step: a burst of connections is
         # accepted before any of their tasks runs
         task = asyncio.create_task(self._serve(reader, writer), name="kvgate-peer-in")
         self._serving.add(task)
-        self._handshaking.add(task)
+        self._handshaking[task] = host
+        self._handshaking_from[host] += 1
         task.add_done_callback(self._serving.discard)
-        task.add_done_callback(self._handshaking.discard)
+        task.add_done_callback(self._handshaken)
+
+    def _handshaken(self, task: asyncio.Task[None]) -> None:
+        """``task``'s connection proved the secret, failed to, or ended: its place is free."""
+        host = self._handshaking.pop(task, None)
+        if host is not None:
+            left = self._handshaking_from[host] - 1
+            if left > 0:
+                self._handshaking_from[host] = left
+            else:
+                del self._handshaking_from[host]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -379,7 +397,7 @@ class Peers:
                     writer.write(listener_hello(self.secret, hello, nonce, self.instance))
                     proof = await reader.readexactly(MAC_BYTES)
             finally:
-                self._handshaking.discard(asyncio.current_task())  # type: ignore[arg-type]
+                self._handshaken(asyncio.current_task())  # type: ignore[arg-type]
             sender = hello[NONCE_BYTES:]
             if not check_sender(self.secret, nonce, sender, self.instance, proof):
                 self.counts.refused += 1

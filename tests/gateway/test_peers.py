@@ -4,6 +4,7 @@ two copies' ``Peers`` over real loopback TCP."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 from collections.abc import AsyncIterator, Callable
@@ -34,7 +35,7 @@ from gateway.peer_wire import (
     sent_frame,
     seq_frame,
 )
-from gateway.peers import Peers, _PeerTable
+from gateway.peers import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS, Peers, _PeerTable
 from gateway.state import build_state
 from policies.base import Routed, RouteRequest
 from policies.config import ConfigError
@@ -244,6 +245,36 @@ async def test_a_sender_that_cannot_prove_the_secret_is_refused() -> None:
         assert status == STATUS_BAD_SECRET and b.peers.counts.refused == 1
         writer.close()
     finally:
+        await b.peers.stop()
+
+
+async def test_connections_that_never_prove_the_secret_do_not_keep_peers_out() -> None:
+    # one address holds open more connections than there are handshake places, saying
+    # nothing: past its share they are closed at once, and a real peer still links
+    b = _Copy([])
+    await b.peers.start()
+    assert b.peers.address is not None
+    idle = []
+    try:
+        for _ in range(MAX_HANDSHAKES + 4):
+            idle.append(await asyncio.open_connection(
+                b.peers.address[0], b.peers.address[1], local_addr=("127.0.0.2", 0)))
+        await asyncio.sleep(0.1)
+        closed = 0
+        for reader, _ in idle:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    closed += await reader.read(1) == b""
+        assert closed == len(idle) - MAX_HANDSHAKES_PER_ADDRESS
+        a = _Copy([b.address()])
+        await a.peers.start()
+        try:
+            await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
+        finally:
+            await a.peers.stop()
+    finally:
+        for _, writer in idle:
+            writer.close()
         await b.peers.stop()
 
 
