@@ -38,7 +38,7 @@ import logging
 import os
 import socket
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 from gateway.fleet import Fleet, Pending
@@ -449,7 +449,9 @@ class _PeerTable:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.pending: dict[int, Pending] = {}
+        # oldest first; an OrderedDict takes its first entry in constant time, where a dict
+        # scans past every entry deleted before it (let go of 60,000: over a second)
+        self.pending: OrderedDict[int, Pending] = OrderedDict()
 
     def sent(self, frame: Sent) -> None:
         if self.fleet.get(frame.replica) is None:
@@ -458,7 +460,7 @@ class _PeerTable:
         if old is not None:  # a seq seen twice: the first is settled, never leaked
             self.fleet.done(old)
         if len(self.pending) >= MAX_PENDING:
-            self.fleet.done(self.pending.pop(next(iter(self.pending))))
+            self.fleet.done(self.pending.popitem(last=False)[1])
         self.pending[frame.seq] = self.fleet.sent(frame.replica, frame.tokens, relay=False)
 
     def settled(self, frame: Settled) -> None:
@@ -473,10 +475,10 @@ class _PeerTable:
 
     def let_go(self, cutoff: float) -> None:
         """Settle the requests sent before ``cutoff`` (in order: the oldest first)."""
-        while self.pending:
-            seq = next(iter(self.pending))
-            pending = self.pending[seq]
+        table = self.pending
+        while table:
+            seq, pending = next(iter(table.items()))
             if pending.sent_at >= cutoff:
                 return
-            del self.pending[seq]
+            del table[seq]
             self.fleet.done(pending)
