@@ -36,8 +36,10 @@ def check_tools(tools: Any) -> list[Any] | None:
 
 
 def normalize_messages(messages: Sequence[Any], hash_media: bool = True
-                       ) -> list[dict[str, str]]:
-    """Check OpenAI chat messages; returns them as plain ``{role, content}`` dicts. With
+                       ) -> list[dict[str, Any]]:
+    """Check OpenAI chat messages; returns them as plain ``{role, content}`` dicts, with an
+    assistant turn's ``tool_calls`` and a tool turn's ``tool_call_id`` where given (a chat
+    template renders them: without them, a history's calls would all read the same). With
     ``hash_media`` False, media parts are checked but not hashed: their placeholders have
     the right length and a zero digest (for validation and length estimates)."""
     normalized = [_normalize_message(m, i, hash_media) for i, m in enumerate(messages)]
@@ -46,7 +48,7 @@ def normalize_messages(messages: Sequence[Any], hash_media: bool = True
     return normalized
 
 
-def _normalize_message(message: Any, index: int, hash_media: bool) -> dict[str, str]:
+def _normalize_message(message: Any, index: int, hash_media: bool) -> dict[str, Any]:
     if not isinstance(message, Mapping):
         raise ChatFormatError(f"messages[{index}] must be an object, got {message!r:.60}")
     role = message.get("role")
@@ -79,4 +81,35 @@ def _normalize_message(message: Any, index: int, hash_media: bool) -> dict[str, 
         content = "".join(texts)
     if not isinstance(content, str):
         raise ChatFormatError(f"messages[{index}].content must be a string or a list of parts")
-    return {"role": role, "content": content}
+    out: dict[str, Any] = {"role": role, "content": content}
+    calls = message.get("tool_calls")
+    if calls is not None:
+        out["tool_calls"] = _tool_calls(calls, f"messages[{index}].tool_calls")
+    call_id = message.get("tool_call_id")
+    if call_id is not None:
+        if not isinstance(call_id, str):
+            raise ChatFormatError(f"messages[{index}].tool_call_id must be a string",
+                                  param=f"messages[{index}].tool_call_id")
+        out["tool_call_id"] = call_id
+    return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant turn's ``tool_calls``: a list of ``{id, type: function, function:
+    {name, arguments}}``, the name and arguments strings."""
+    if not isinstance(calls, list):
+        raise ChatFormatError(f"{where} must be an array of tool calls", param=where)
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments", ""), str):
+            raise ChatFormatError(
+                f"{where}[{j}] must be {{'type': 'function', 'function': {{'name': ..., "
+                f"'arguments': '<JSON text>'}}}}", param=f"{where}[{j}]")
+        call_id = call.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise ChatFormatError(f"{where}[{j}].id must be a string", param=f"{where}[{j}].id")
+        out.append({"id": call_id, "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
+    return out

@@ -212,10 +212,21 @@ class PromptTokenizer:
                 normalized[0] = {"role": "system", "content": f"{first['content']}\n\n{block}"}
             else:
                 normalized.insert(0, {"role": "system", "content": block})
-        parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in normalized]
+        parts = [f"<|im_start|>{m['role']}\n{m['content']}{_calls(m)}<|im_end|>\n"
+                 for m in normalized]
         if add_generation_prompt:
             parts.append("<|im_start|>assistant\n")
         return "".join(parts)
+
+
+def _calls(message: Mapping[str, Any]) -> str:
+    """An assistant turn's tool calls as the built-in layout writes them (Hermes and Qwen2
+    templates' ``<tool_call>`` blocks); empty for any other turn."""
+    return "".join(
+        "\n<tool_call>\n" + json.dumps({"name": call["function"]["name"],
+                                        "arguments": call["function"]["arguments"]},
+                                       ensure_ascii=False) + "\n</tool_call>"
+        for call in message.get("tool_calls") or ())
 
 
 def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> PromptTokenizer:

@@ -59,6 +59,37 @@ def test_fixed_chat_layout_and_errors() -> None:
         tok.render_chat([{"role": "user", "content": [{"type": "image_url"}]}])
 
 
+def _history(tool: str) -> list[dict[str, object]]:
+    return [{"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": tool, "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18C"}]
+
+
+def test_a_historys_tool_calls_are_rendered(tmp_path: Path) -> None:
+    # two histories that differ only in the call made are two prompts, in the built-in
+    # layout and to a model's template alike (which gets the calls as given)
+    tok = load_tokenizer()
+    weather, delete = tok.render_chat(_history("get_weather")), tok.render_chat(
+        _history("delete_all_files"))
+    assert '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}' \
+        "\n</tool_call>" in weather
+    assert tok.encode(weather) != tok.encode(delete)
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}"
+                "{% for c in m.tool_calls or [] %}<call {{ c.function.name }}>{% endfor %}"
+                "{% if m.tool_call_id %} ({{ m.tool_call_id }}){% endif %}{% endfor %}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    assert load_tokenizer(tmp_path).render_chat(_history("get_weather"), False) == (
+        "[user] weather in Paris?[assistant] <call get_weather>[tool] 18C (call_1)")
+    for bad, param in ((5, r"messages\[1\]\.tool_calls"),
+                       ([{"function": {"name": 5}}], r"messages\[1\]\.tool_calls\[0\]")):
+        with pytest.raises(ChatFormatError, match=param):
+            tok.render_chat([{"role": "user", "content": "x"},
+                             {"role": "assistant", "content": "", "tool_calls": bad}])
+
+
 def test_model_chat_template_is_used(tmp_path: Path) -> None:
     shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
     template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
