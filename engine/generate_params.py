@@ -30,6 +30,23 @@ class GenerateParams:
     stop_token_ids: tuple[int, ...]
 
 
+# what the engine does not do, refused rather than ignored: (field, the values that ask
+# for nothing, chats only)
+_UNSUPPORTED = (("logprobs", (None, False, 0), False), ("top_logprobs", (None, 0), True),
+                ("echo", (None, False), False), ("best_of", (None, 1), False),
+                ("suffix", (None, ""), False))
+
+
+def _refuse_unsupported(body: Any, chat: bool) -> None:
+    for field, nothing, chats in _UNSUPPORTED:
+        if chats and not chat:
+            continue
+        value = body.get(field) if isinstance(body, dict) else None
+        if not any(value is v or (type(value) is type(v) and value == v) for v in nothing):
+            raise BadRequest(f"{field!r} is not supported by this engine (got {value!r:.40})",
+                             param=field)
+
+
 def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -> GenerateParams:
     fields = parse_fields(body, chat=chat)
     check_served(fields.model, model_name)
@@ -37,6 +54,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         raise BadRequest("only n=1 is supported", param="n")
     if fields.num_prompts != 1:
         raise BadRequest("'prompt' must be one prompt per request", param="prompt")
+    _refuse_unsupported(body, chat)
     ids = fields.prompt_ids
     bad = next((t for t in ids if t >= vocab_size), None) if ids is not None else None
     if bad is not None:

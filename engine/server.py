@@ -376,5 +376,6 @@ def build_app(server: EngineServer) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers=ErrorBoundary().handlers())
+    app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.server = server
     return app

@@ -201,6 +201,7 @@ def create_admin_app(gw: GatewayState) -> Starlette:
     boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
                              request_id_header)
     app = Starlette(routes=routes(), exception_handlers=boundary.handlers())
+    app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.gw = gw
     app.state.admin_token = gw.config.admin.resolved_token()
     app.state.report_lock = asyncio.Lock()

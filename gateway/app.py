@@ -267,6 +267,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
     boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
                              request_id_header)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
+    app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.gw = gw
     return _FastPath(app, boundary)
 

@@ -111,6 +111,9 @@ def test_stop_string_truncates(live: Running) -> None:
     ({"prompt": "x", "model": "nope"}, 404, "model"),
     ({"prompt": [1, 2, 99999]}, 400, "prompt"),
     ({"prompt": ""}, 400, "prompt"),
+    ({"prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    ({"prompt": "x", "echo": True}, 400, "echo"),
+    ({"prompt": "x", "best_of": 3}, 400, "best_of"),
 ])
 def test_bad_input_gets_openai_errors(live: Running, body: dict, status: int,
                                       param: str) -> None:
@@ -120,6 +123,12 @@ def test_bad_input_gets_openai_errors(live: Running, body: dict, status: int,
     assert err["param"] == param
     assert err["type"] == "invalid_request_error"
     assert set(err) == {"message", "type", "param", "code"}
+
+
+def test_fields_asking_for_nothing_unsupported_pass(live: Running) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "logprobs": None, "echo": False,
+            "best_of": 1}
+    assert live.http.post("/v1/completions", json=body).status_code == 200
 
 
 def test_malformed_json_and_client_errors(live: Running) -> None:

@@ -179,6 +179,9 @@ def test_client_errors_are_openai_shaped(two: tuple[Gateway, Behaviour, Behaviou
     r = httpx.post(f"{gw.url}/v1/chat/completions",
                    json={"model": "sim-model", "messages": [{"content": "no role"}]})
     assert r.status_code == 400 and "role" in r.json()["error"]["message"]
+    # a trailing slash is another path: an error, not a redirect to the client's Host
+    r = httpx.post(f"{gw.url}/v1/completions/", json={"model": "sim-model", "prompt": "x"})
+    assert r.status_code == 404 and "location" not in r.headers and r.json()["error"]
 
 
 def test_body_limit(serve: Serve) -> None:
