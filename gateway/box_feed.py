@@ -164,7 +164,9 @@ class BoxFeed:
         else:
             deadline = time.monotonic() + first_within_s
             # another process writes the block: nothing here to wait on but the clock
-            while not self.poll() and time.monotonic() < deadline:  # noqa: ASYNC110
+            while not self.poll() and time.monotonic() < deadline:
+                if self._leader_gone():
+                    raise RuntimeError("worker 0 exited before it published the fleet")
                 await asyncio.sleep(PUBLISH_S)
             if not self.seq:
                 log.warning("no fleet snapshot from worker 0 within %s s", first_within_s)
@@ -214,6 +216,18 @@ class BoxFeed:
     def _publish_soon(self) -> None:
         self._soon = None
         self._round()
+
+    def _leader_gone(self) -> bool:
+        """Whether the doorbell's writer (worker 0) is gone: its end closed (rings that
+        came meanwhile are emptied). False without a doorbell."""
+        if self.bell is None:
+            return False
+        try:
+            while True:
+                if not os.read(self.bell.fileno(), 4096):
+                    return True
+        except BlockingIOError:
+            return False
 
     def _rung(self) -> None:
         """A follower's doorbell: empty it, then read the block."""

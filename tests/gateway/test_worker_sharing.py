@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import struct
+import time
 from collections.abc import Iterator
 from multiprocessing import shared_memory
 
@@ -181,6 +182,23 @@ def test_followers_apply_what_the_leader_found(feed_block: shared_memory.SharedM
     finally:
         leader.block.close()
         follower.block.close()
+
+
+async def test_a_follower_whose_leader_died_before_publishing_stops_at_once(
+        feed_block: shared_memory.SharedMemory) -> None:
+    bell, ring = multiprocessing.Pipe(duplex=False)
+    ring.close()  # worker 0 exited (at start-up) before it published anything
+    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
+                       Fleet(list(REPLICAS)), False, failures_to_eject=1,
+                       successes_to_readmit=1, bell=bell)
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="worker 0 exited before it published"):
+            await follower.start(first_within_s=30.0)
+        assert time.monotonic() - started < 2.0
+    finally:
+        follower.block.close()
+        bell.close()
 
 
 async def test_a_rung_follower_applies_a_change_at_once_and_an_idle_one_sleeps(
