@@ -47,6 +47,11 @@ class BlockPool:
         )
         self.num_evictions = 0
         self.events: list[KVEvent] | None = None
+        # in-use blocks holding a hash another block registered first (two requests
+        # computed one prefix in the same step), by hash and by block: when the registered
+        # one is evicted, one of them takes the hash over (see ``allocate``)
+        self._dups: dict[BlockHash, set[int]] = {}
+        self._dup_of: dict[int, BlockHash] = {}
 
     # -- queries -----------------------------------------------------------------------
 
@@ -115,7 +120,9 @@ class BlockPool:
             # Drop each victim's hash from both maps.
             dropped = list(map(self.block_hash.pop, victims))
             drain(map(self.cached.__delitem__, dropped))
-            if self.events is not None:
+            if self._dups:
+                dropped = [h for h in dropped if not self._take_over(h)]
+            if self.events is not None and dropped:
                 self.events.append(BlockRemoved(tuple(map(hash_to_u64, dropped))))
             self.num_evictions += len(victims)
             out += victims
@@ -136,7 +143,11 @@ class BlockPool:
         bh = self.block_hash
         hashed = list(filter(bh.__contains__, zero))
         if len(hashed) != len(zero):
-            self._free.extend(filterfalse(bh.__contains__, zero))
+            unhashed = list(filterfalse(bh.__contains__, zero))
+            if self._dup_of:
+                for b in unhashed:
+                    self._drop_dup(b)
+            self._free.extend(unhashed)
         if hashed:
             self.evictor.push_many(hashed, list(map(bh.__getitem__, hashed)))
 
@@ -150,7 +161,8 @@ class BlockPool:
     ) -> int:
         """Register in-use, computed blocks under their hashes; returns how many were newly
         registered. A block whose hash another block already holds (two requests computed
-        the same prefix in the same step) stays uncached. ``tokens`` (the blocks' token
+        the same prefix in the same step) stays uncached, remembered as a duplicate: it
+        takes the hash over if the other is evicted first. ``tokens`` (the blocks' token
         ids, concatenated), ``parent`` (the hash before ``hashes[0]``) and ``adapter`` are
         only used to record events."""
         cached, bh = self.cached, self.block_hash
@@ -160,6 +172,9 @@ class BlockPool:
         ):
             cached.update(new)
             bh.update(zip(block_ids, hashes, strict=True))
+            if self._dup_of:  # any registered now under a hash of its own
+                for b in block_ids:
+                    self._drop_dup(b)
             if self.events is not None:
                 self._record_stored(hashes, [True] * len(hashes), tokens, parent, adapter)
             return len(new)
@@ -169,6 +184,11 @@ class BlockPool:
             if ok:
                 cached[h] = b
                 bh[b] = h
+                if b in self._dup_of:  # registered now under a hash of its own
+                    self._drop_dup(b)
+            elif b not in bh and cached[h] != b and b not in self._dup_of:
+                self._dups.setdefault(h, set()).add(b)
+                self._dup_of[b] = h
             fresh.append(ok)
         if self.events is not None:
             self._record_stored(hashes, fresh, tokens, parent, adapter)
@@ -185,6 +205,29 @@ class BlockPool:
             None if parent is None else hash_to_u64(parent), len(tokens) // len(hashes),
             adapter))
 
+    def _take_over(self, h: BlockHash) -> bool:
+        """``h``'s registered block was evicted: an in-use block holding the same content
+        takes the hash over (so the blocks chained after it stay reachable and their
+        events' parent stays stored); whether one did."""
+        held = self._dups.pop(h, None)
+        if not held:
+            return False
+        b = held.pop()
+        del self._dup_of[b]
+        if held:
+            self._dups[h] = held
+        self.cached[h] = b
+        self.block_hash[b] = h
+        return True
+
+    def _drop_dup(self, b: int) -> None:
+        h = self._dup_of.pop(b, None)
+        if h is not None:
+            held = self._dups[h]
+            held.discard(b)
+            if not held:
+                del self._dups[h]
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached hash. Evictable blocks become free; in-use blocks stay in
         use but uncached. Returns how many hashes were dropped."""
@@ -192,6 +235,8 @@ class BlockPool:
         self._free.extend(self.evictor.clear())
         self.block_hash.clear()
         self.cached.clear()
+        self._dups.clear()
+        self._dup_of.clear()
         if self.events is not None:
             self.events.append(AllBlocksCleared())
         return n
@@ -227,3 +272,7 @@ class BlockPool:
         for h, b in self.cached.items():
             if bh.get(b) != h:
                 raise AssertionError(f"hash map points to block {b} which holds another hash")
+        for b, h in self._dup_of.items():
+            if self.ref[b] == 0 or b in bh or b not in self._dups.get(h, ()) \
+                    or h not in self.cached:
+                raise AssertionError(f"duplicate block {b} is free, hashed, or of no cached hash")

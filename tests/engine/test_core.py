@@ -234,3 +234,35 @@ def test_a_reset_while_a_request_runs_keeps_the_events_chained() -> None:
                 stored.update(event.block_hashes)
         core.kv.pool.events.clear()
     assert not core.has_unfinished() and len(stored) == 7  # its 29 tokens, cached again
+
+
+def test_a_duplicate_block_takes_over_its_hash_when_the_registered_one_is_evicted() -> None:
+    # a and b share a prompt and are admitted in one step: b's prompt blocks duplicate a's.
+    # a finishes at once and other prompts evict its blocks while b decodes on: b's blocks
+    # take the hashes over, so b's later blocks chain on stored blocks and stay reachable
+    core = make_core(num_blocks=15, block_size=4)
+    core.kv.pool.events = []
+    prompt = list(range(100, 112))  # 3 blocks
+    add(core, "a", prompt, max_tokens=1, ignore_eos=True)
+    add(core, "b", prompt, max_tokens=24, ignore_eos=True)
+    b = core.requests["b"]
+    stored: set[int] = set()
+    for step in range(60):
+        if step == 2:
+            for i in range(3):
+                add(core, f"o{i}", list(range(200 + 20 * i, 212 + 20 * i)), max_tokens=1)
+        if core.has_unfinished():
+            core.step()
+        core.check_integrity()
+        for event in core.kv.pool.events:
+            if isinstance(event, BlockRemoved):
+                stored.difference_update(event.block_hashes)
+            elif isinstance(event, BlockStored):
+                assert event.parent_block_hash is None or event.parent_block_hash in stored
+                stored.update(event.block_hashes)
+        core.kv.pool.events.clear()
+    assert not core.has_unfinished() and core.kv.pool.num_evictions > 0
+    # b's whole sequence (prompt and answer, 35 tokens computed: 8 blocks) is found again
+    assert len(b.all_token_ids) == 36
+    again = core.make_request("again", list(b.all_token_ids), SamplingParams(max_tokens=1))
+    assert len(core.kv.pool.longest_cached_prefix(again.block_hashes, 99)) == 8
