@@ -22,12 +22,13 @@ from kvwire.openai_schema import OpenAIError, TooManyRequests
 
 
 class Slot:
-    __slots__ = ("_admission", "_held", "_since")
+    __slots__ = ("_admission", "_held", "_since", "waited")
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, waited: bool = False) -> None:
         self._admission = admission
         self._held = True
         self._since = time.monotonic()
+        self.waited = waited  # it waited for a place (its client may have left meanwhile)
 
     def release(self) -> None:
         if self._held:
@@ -98,7 +99,7 @@ class Admission:
             raise
         finally:
             self.waiting -= 1
-        return Slot(self)
+        return Slot(self, waited=True)
 
     def _refusal(self, waiting: int | None = None) -> TooManyRequests:
         after = self.retry_after_s()

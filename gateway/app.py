@@ -27,7 +27,7 @@ from gateway.config import GatewayConfig
 from gateway.discovery.runner import Discovery, build_source
 from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
-from gateway.intake import Intake, take_in
+from gateway.intake import Intake, take_in, take_place
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
 from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
@@ -58,7 +58,7 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         # the body before a place: a client that sends a head and no body holds no place,
         # only the bytes it sent (``Admission.bodies``), for at most ``body_timeout_s``
         intake = await take_in(request, gw, endpoint, keyed)
-        slot = await gw.admission.enter()
+        slot = await take_place(request, gw)
     except OpenAIError as exc:
         gw.ended(route, str(exc.status))
         trace.failed(exc)

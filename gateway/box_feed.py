@@ -74,7 +74,7 @@ def snapshot(fleet: Fleet, discovery: Sequence[SourceStats] = ()) -> dict[str, A
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
         "estimated_kv_replica_tokens": s.estimated_kv_replica_tokens,
         "auth_failures": s.auth_failures,
-        "models": list(s.models)} for s in fleet],
+        "models": list(s.models), "models_cut": s.models_cut} for s in fleet],
         "discovery": [dataclasses.asdict(stats) for stats in discovery]}
 
 
@@ -259,8 +259,8 @@ class BoxFeed:
     def publish(self) -> None:
         """Write the fleet's snapshot when anything in it moved (a cheap signature is
         compared first: building the JSON costs ~20 us a replica)."""
-        signature = (tuple((s.id, s.slot, s.checks, s.scrape_seq, s.models, s.auth_failures)
-                           for s in self.fleet),
+        signature = (tuple((s.id, s.slot, s.checks, s.scrape_seq, s.models, s.models_cut,
+                            s.auth_failures) for s in self.fleet),
                      tuple(dataclasses.astuple(stats) for stats in self.discovery))
         if signature == self._signature:
             return
@@ -307,6 +307,7 @@ class BoxFeed:
                                     in_flight_then=r["in_flight_at_scrape"])
                 state.estimated_kv_replica_tokens = r["estimated_kv_replica_tokens"]
             state.auth_failures = r.get("auth_failures", 0)
+            state.models_cut = r.get("models_cut", False)
             models = tuple(r["models"])
             if models != state.models:
                 state.models = models

@@ -316,6 +316,10 @@ class GatewayConfig:
     peers: PeersConfig = field(default_factory=PeersConfig)
 
     def validate(self) -> None:
+        if self.limits.max_receiving_bytes < self.max_body_bytes:
+            raise ValueError(f"limits.max_receiving_bytes ({self.limits.max_receiving_bytes}) "
+                             f"must be at least max_body_bytes ({self.max_body_bytes}): a "
+                             "body that long could never be received")
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")
         if self.tokenizer_memo < 0:
             raise ValueError(f"tokenizer_memo must be >= 0, got {self.tokenizer_memo!r}")

@@ -120,6 +120,7 @@ class ReplicaState:
     in_flight: int = 0
     unsettled: dict[Pending, None] = field(default_factory=dict)  # oldest first
     models: tuple[str, ...] = ()
+    models_cut: bool = False  # it serves more models than ``models`` holds
     models_at: float = 0.0
     checks: int = 0  # health checks recorded (what a follower worker compares)
     last_check: tuple[bool, str | None] = (True, None)
@@ -361,6 +362,10 @@ class Fleet:
 
     def models(self) -> set[str]:
         return {m for s in self._replicas.values() for m in s.models}
+
+    def models_cut(self) -> bool:
+        """Whether a replica serves more models than the gateway keeps of its list."""
+        return any(s.models_cut for s in self._replicas.values())
 
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self._replicas.values())

@@ -126,6 +126,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_carry = b""  # the last bytes of the head so far
         self._next = False  # a request ended: the next one's head starts its timer
+        self._ended_in_read = False  # ... during the read being parsed
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -151,6 +152,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                             "header_too_large")
             return
         super().data_received(data)
+        if self._ended_in_read:  # a request ended in this read: the next head may have
+            self._ended_in_read = False  # begun in it, its blank line still to come
+            if self._in_head:
+                self._head_carry = data[-3:]
         if self._in_head and self._head_bytes > self.limits.max_header_bytes \
                 and not self.transport.is_closing():  # a pipelined request's head
             self._stop_head_timer()
@@ -182,6 +187,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # the next bytes are the next request's head: counted from its first byte
         self._in_head, self._next = True, True
         self._head_bytes, self._head_carry = 0, b""
+        self._ended_in_read = True
 
     def on_headers_complete(self) -> None:
         self._in_head = False

@@ -10,10 +10,11 @@ from typing import NamedTuple
 
 from starlette.requests import Request
 
+from gateway.admission import Slot
 from gateway.errors import BodyTimeout
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
-from kvwire.openai_schema import NotFound, decode_json
+from kvwire.openai_schema import ClientDisconnected, NotFound, decode_json
 from kvwire.request_edge import read_body
 
 
@@ -34,10 +35,21 @@ async def read_timed_body(request: Request, gw: GatewayState) -> bytes:
                           code="body_timeout") from None
 
 
+async def take_place(request: Request, gw: GatewayState) -> Slot:
+    """A place for a request whose body was read (``Admission.enter``); ClientDisconnected
+    when its client left while it waited for one (nobody would read its answer)."""
+    slot = await gw.admission.enter()
+    if slot.waited and await request.is_disconnected():
+        slot.release()
+        raise ClientDisconnected("the client left while its request waited for a place")
+    return slot
+
+
 def check_model(gw: GatewayState, model: str | None) -> None:
-    """NotFound unless a replica serves ``model`` (any model, before models are known)."""
+    """NotFound unless a replica serves ``model`` (any model, before models are known, or
+    while a replica lists more than the gateway keeps)."""
     known = gw.fleet.models()
-    if known and model not in known:
+    if known and model not in known and not gw.fleet.models_cut():
         raise NotFound(f"model {model!r} is not served by any replica; "
                        f"available: {', '.join(sorted(known))}", param="model",
                        code="model_not_found")

@@ -24,7 +24,8 @@ from gateway.replica_metrics import parse_metrics
 log = logging.getLogger("kvgate.monitor")
 
 # a replica's /v1/models is read up to these bounds (a LoRA server may list thousands of
-# adapters): what routing keeps of it stays small, for every worker to share
+# adapters): what routing keeps of it stays small, for every worker to share; a model past
+# them is not refused (``Fleet.models_cut``)
 MODELS_BYTES = 1 << 20
 MAX_MODELS = 1024
 MODEL_ID_CHARS = 256
@@ -110,7 +111,13 @@ class Monitor:
                     async for chunk in resp.content.iter_chunked(1 << 16):
                         raw += chunk
                         if len(raw) > MODELS_BYTES:
-                            raise ValueError(f"its list is over {MODELS_BYTES} bytes")
+                            break
+            if len(raw) > MODELS_BYTES:  # the models it listed before stay known, and
+                state.models_cut = True  # a model not among them is still sent to it
+                log.warning("replica %s: /v1/models is over %d bytes; models not known "
+                            "are sent to it too", state.id, MODELS_BYTES)
+                self.fleet.changed()
+                return
             data = orjson.loads(raw)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             log.info("replica %s: /v1/models failed: %s", state.id, exc)
@@ -120,9 +127,10 @@ class Monitor:
             models = tuple(str(m["id"])[:MODEL_ID_CHARS] for m in items
                            if isinstance(m, dict) and "id" in m)
             if len(models) > MAX_MODELS:
-                log.warning("replica %s serves %d models; routing knows its first %d",
-                            state.id, len(models), MAX_MODELS)
+                log.warning("replica %s serves %d models; routing knows its first %d and "
+                            "sends it the others too", state.id, len(models), MAX_MODELS)
             state.models = models[:MAX_MODELS]
+            state.models_cut = len(models) > MAX_MODELS
             state.models_at = time.monotonic()
             self.fleet.changed()
 

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from gateway.admission import released_on_error
 from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
-from gateway.intake import check_model, read_timed_body
+from gateway.intake import check_model, read_timed_body, take_place
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
 from gateway.state import GatewayState
@@ -62,7 +62,7 @@ async def passthrough(request: Request) -> Response:
     try:
         keyed = gw.auth.tenant_of(request) if gw.auth.on else None
         raw = await read_timed_body(request, gw)  # before a place, as ``gateway.app``'s
-        slot = await gw.admission.enter()
+        slot = await take_place(request, gw)
     except OpenAIError as exc:
         gw.ended(ROUTE, str(exc.status))
         trace.failed(exc)

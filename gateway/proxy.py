@@ -60,6 +60,7 @@ _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its 
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
+_HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
 _LEAST_TRY_S = 0.1  # a later try needs this much of the first-byte deadline left
 
@@ -142,7 +143,8 @@ class UpstreamStream:
         self.first_sent_at: float | None = None  # perf_counter when the client got a chunk
         self._closed = False
         self._delivered = False  # a stream's [DONE] reached the client
-        self._held = b""  # a stream's last event until its end came (_whole_events)
+        self._held: list[bytes] = []  # a stream's last event until it ends (_whole_events)
+        self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
 
     @property
@@ -180,6 +182,8 @@ class UpstreamStream:
                         # closes: only the stream's last event tells a whole answer
                         raise UpstreamBroken("the connection closed before the stream's "
                                              "last event")
+                    if self._held:  # the body ended whole: what was held is its end
+                        yield self._take_held()
                     break
                 if self.stream:
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
@@ -190,7 +194,7 @@ class UpstreamStream:
                         if not chunk:
                             continue
                     elif self._held:  # the body's end: what was held goes with it
-                        chunk, self._held = self._held + chunk, b""
+                        chunk = self._take_held() + chunk
                 elif self._body_bytes < _USAGE_CAPTURE_LIMIT:
                     self._body.append(chunk)
                     self._body_bytes += len(chunk)
@@ -220,17 +224,35 @@ class UpstreamStream:
     def _whole_events(self, data: bytes) -> bytes:
         """Of what was held back and ``data``, the bytes up to the end of the last whole
         server-sent event; the rest is held back until its event ends, so that the error
-        event a cut stream ends with follows whole events, not a piece of one."""
-        if not self._held and data.endswith(b"\n\n"):
+        event a cut stream ends with follows whole events, not a piece of one. Only the
+        new bytes are searched (with the held ones' last 3, for a blank line across two
+        reads); an event held past ``_HOLD_BYTES`` goes out as it comes."""
+        held = self._held
+        if not held and data.endswith(b"\n\n"):
             return data  # the usual chunk: whole events
-        held = self._held + data if self._held else data
-        end = 0  # after the last blank line, if any
+        before = held[-1][-3:] if held else b""
+        window = before + data
+        end = 0  # after the last blank line, if any, in ``window``
         for blank in _EVENT_ENDS:
-            at = held.rfind(blank)
+            at = window.rfind(blank)
             if at >= 0 and at + len(blank) > end:
                 end = at + len(blank)
-        self._held = held[end:]
-        return held[:end]
+        cut = max(0, end - len(before))  # ... in ``data``
+        if not end:
+            held.append(data)
+            self._held_bytes += len(data)
+            return self._take_held() if self._held_bytes > _HOLD_BYTES else b""
+        out = self._take_held() + data[:cut] if held else data[:cut]
+        if cut < len(data):
+            held.append(data[cut:])
+            self._held_bytes = len(data) - cut
+        return out
+
+    def _take_held(self) -> bytes:
+        out = b"".join(self._held)
+        self._held.clear()
+        self._held_bytes = 0
+        return out
 
     def read_whole(self) -> bool:
         """The upstream body was read to its end, whole: the chunk just relayed is the
@@ -376,7 +398,7 @@ class Proxy:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done)
             except _Retryable as exc:
-                if exc.cause == "timeout" and wait < per_try:
+                if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
                     exc = _Retryable("deadline", f"the request's first-byte deadline "
                                      f"({self.timeouts.first_byte_s:g} s) ran out while "

@@ -77,7 +77,8 @@ def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConf
         max_pending=math.ceil(limits.max_pending / workers),
         max_connections=math.ceil(limits.max_connections / workers),
         connections_per_replica=math.ceil(limits.connections_per_replica / workers),
-        max_receiving_bytes=math.ceil(limits.max_receiving_bytes / workers)))
+        max_receiving_bytes=max(config.max_body_bytes,
+                                math.ceil(limits.max_receiving_bytes / workers))))
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:

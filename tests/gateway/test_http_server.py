@@ -81,6 +81,22 @@ def test_a_head_over_the_limit_gets_431_even_when_it_ends_in_one_read(port: int,
         assert sock.recv(65536).startswith(b"HTTP/1.1 431")
 
 
+def test_a_pipelined_head_whose_blank_line_spans_two_reads_is_measured_right(
+        port: int) -> None:
+    # request 2's head starts in request 1's read and ends, with its body, in the next
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(3)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 30000\r\n\r")
+        time.sleep(0.2)
+        sock.sendall(b"\n" + b"b" * 30000)
+        answer = b""
+        with contextlib.suppress(TimeoutError):
+            while answer.count(b"HTTP/1.1 ") < 2 and (chunk := sock.recv(65536)):
+                answer += chunk
+    assert answer.count(b"HTTP/1.1 200") == 2, answer[:300]
+
+
 def test_a_head_at_the_limit_with_a_body_in_the_same_read_passes(port: int) -> None:
     body = b"b" * 30_000
     head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Pad: " % len(body)

@@ -317,8 +317,13 @@ def test_a_replica_listing_thousands_of_adapters_is_kept_to_the_first_of_them(
                "the replica's models")
     ids = [m["id"] for m in httpx.get(f"{gw.url}/v1/models").json()["data"]]
     assert len(ids) == MAX_MODELS and ids[0] == "sim-model"
-    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
-    assert r.status_code == 200
+    # a model past the first ones is still the replica's to serve, not a 404
+    for model in ("sim-model", "sim-model-lora-4000"):
+        r = httpx.post(f"{gw.url}/v1/completions", json={"model": model, "prompt": "x"})
+        assert r.status_code == 200, r.text
+    with pytest.raises(ConfigError, match=r"max_receiving_bytes \(1000\) must be at least"):
+        parse_config({"replicas": [{"id": "a", "url": "http://127.0.0.1:9"}],
+                      "limits": {"max_receiving_bytes": 1000}})
 
 
 def test_body_limit_without_content_length(serve: Serve) -> None:

@@ -184,6 +184,41 @@ def test_a_hung_replica_is_skipped_then_ejected(serve: Serve) -> None:
     assert metric(gw, 'kvgate_retries_total{cause="timeout",replica="r0"}') == 2
 
 
+def test_a_hung_replica_whose_wait_is_the_whole_deadline_is_ejected(serve: Serve) -> None:
+    # a non-streamed request's first try waits the whole first-byte deadline: a replica
+    # that times out there is counted, as any timeout is, and two in a row eject it
+    calls: list[str] = []
+    hung, ok = serve(faulty("hang", calls)), serve(faulty("ok", calls))
+    gw = gateway(serve, [hung, ok], timeouts={"first_byte_s": 0.6},
+                 health={"interval_s": 0.2, "timeout_s": 0.5, "request_failures_to_eject": 2,
+                         "ejection_s": 30})
+    answers = [post(gw) for _ in range(6)]
+    timed_out = [r for r in answers if r.status_code == 504]
+    assert len(timed_out) == 2 and [r.status_code for r in answers[-2:]] == [200, 200]
+    assert all("'r0' (timeout)" in r.json()["error"]["message"] for r in timed_out)
+    assert metric(gw, 'kvgate_replica_healthy{replica="r0"}') == 0
+
+
+def test_a_request_whose_client_left_while_it_waited_for_a_place_is_not_sent(
+        serve: Serve) -> None:
+    calls: list[str] = []
+    gw = gateway(serve, [serve(faulty("hang", calls))], timeouts={"first_byte_s": 10},
+                 limits={"max_in_flight": 1, "max_pending": 1, "max_pending_s": 10})
+    first = threading.Thread(target=lambda: post(gw))
+    first.start()
+    wait_until(lambda: metric(gw, 'kvgate_replica_in_flight{replica="r0"}') == 1, 5,
+               "the first request to be in flight")
+    body = json.dumps({"model": "sim-model", "prompt": "gone"}).encode()
+    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.5)  # it waits for the place the first one holds; then it leaves
+    first.join()
+    wait_until(lambda: metric(gw, 'kvgate_requests_total{replica="none",route="none",'
+                                  'status="499"') == 1, 5, "the left request to be counted")
+    assert calls == ["hang"]  # only the first reached the replica
+
+
 def test_past_max_in_flight_a_request_gets_429_at_once_or_waits_its_turn(
         serve: Serve) -> None:
     slow = serve(faulty("hang"))
@@ -363,6 +398,7 @@ class RawReplica:
     connection gets one answer; /v1/completions streams two events as ``mode`` says."""
 
     EVENT = b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text":"t"}]}\n\n'
+    BIG = b'data: {"id":"x","pad":"' + b"p" * (3 << 20) + b'"}\n\n'
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -407,6 +443,19 @@ class RawReplica:
                 reply = json.dumps(COMPLETION).encode()
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\n\r\n%s" % (len(reply) - 10, reply))
+                time.sleep(0.1)
+                return
+            if self.mode in ("tail_line", "big_event"):
+                # chunked; the last event ends in one newline only (tail_line), or one
+                # event of 3 MiB comes in pieces; the end of the body comes in a later write
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n")
+                pieces = [self.EVENT, self.EVENT[:-1]] if self.mode == "tail_line" else [
+                    self.BIG[i : i + 65536] for i in range(0, len(self.BIG), 65536)] + [done]
+                for piece in pieces:
+                    conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                time.sleep(0.1)
+                conn.sendall(b"0\r\n\r\n")
                 time.sleep(0.1)
                 return
             if self.mode == "cut_in_event":  # gone half way through its second event
@@ -511,6 +560,27 @@ def test_a_stream_that_ends_before_its_first_event_is_retried(serve: Serve) -> N
     finally:
         broken.close()
         good.close()
+
+
+@pytest.mark.parametrize("mode", ["tail_line", "big_event"])
+def test_a_whole_stream_is_relayed_whole_however_its_events_are_cut(serve: Serve,
+                                                                   mode: str) -> None:
+    # a last event ending in one newline, its body's end in a later read; an event of
+    # 3 MiB in 64 KiB pieces (longer than an unfinished event is held): every byte arrives
+    replica = RawReplica(mode)
+    try:
+        gw = gateway(serve, [replica], max_attempts=1)  # type: ignore[list-item]
+        with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                          json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
+            body = r.read()
+        assert r.status_code == 200
+        if mode == "tail_line":
+            assert body == RawReplica.EVENT + RawReplica.EVENT[:-1]
+        else:
+            assert body == RawReplica.BIG + b"data: [DONE]\n\n"
+        assert metric(gw, "kvgate_upstream_cuts_total") == 0
+    finally:
+        replica.close()
 
 
 def test_a_stream_cut_inside_an_event_ends_with_whole_events(serve: Serve) -> None:
