@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from engine.core import EngineConfig, EngineCore
@@ -38,14 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="width of the sim executor's /v1/embeddings vectors (default: "
                              "the profile model's hidden size)")
     parser.add_argument("--kv-cache-gib", type=float, default=25.0)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=_at_least(1), default=16)
     parser.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--log-level", default=argparse.SUPPRESS,
+    parser.add_argument("--port", type=_port, default=8000)
+    parser.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="as kvgate --log-level (which it replaces)")
     parser.add_argument("--kv-events-endpoint", default=None,
                         help="publish KV cache events (vLLM's ZMQ format) on a PUB socket "
@@ -64,6 +66,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-events-replay-endpoint", default=None,
                         help="ZMQ ROUTER endpoint serving the recent KV event batches again "
                              "(e.g. tcp://*:5558), for subscribers that missed some")
+
+
+def _at_least(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
+        return value
+    return parse
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1-65535, got {value}")
+    return value
 
 
 def make_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, ExecutorInfo]:

@@ -354,8 +354,10 @@ def _networks(name: str, values: list[str]) -> None:
 def _positive(obj: object, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if value <= 0:
+        if not value > 0:  # NaN too
             raise ValueError(f"{name} must be > 0, got {value!r}")
+        if name == "port" and value > 65535:
+            raise ValueError(f"port must be at most 65535, got {value!r}")
 
 
 def parse_config(data: Any, where: str = "config") -> GatewayConfig:

@@ -31,8 +31,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config)
-        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v}
+        overrides = {k: v for k, v in (("host", args.host), ("port", args.port))
+                     if v is not None}
         config = dataclasses.replace(config, **overrides)
+        try:
+            config.validate()  # the command line's values as the file's
+        except ValueError as exc:
+            raise ConfigError(f"{args.config}: {exc}") from exc
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {args.workers!r}")
         if args.workers > 1:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -37,7 +38,8 @@ class AdminError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin", default="http://127.0.0.1:8001",
-                        help="the gateway's admin listener (admin.host:admin.port)")
+                        help="the gateway's admin listener: http://admin.host:admin.port "
+                             "(or host:port)")
     parser.add_argument("--token", default=None,
                         help=f"the admin token (default: ${TOKEN_ENV})")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
@@ -113,9 +115,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvgate top: give the admin token with --token or ${TOKEN_ENV}",
               file=sys.stderr)
         return 2
-    if args.interval <= 0:
-        print(f"kvgate top: --interval must be positive, got {args.interval}", file=sys.stderr)
-        return 2
+    for flag, value in (("--interval", args.interval), ("--window", args.window)):
+        if not 0 < value < math.inf:  # NaN too
+            print(f"kvgate top: {flag} must be a positive number of seconds, got {value}",
+                  file=sys.stderr)
+            return 2
+    if "://" not in args.admin:  # host:port, as the config writes it
+        args.admin = f"http://{args.admin}"
     window = TopWindow(args.window)
     console = Console()
     try:

@@ -12,8 +12,10 @@ About 4 minutes with the defaults.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from loadtests.report import table
@@ -48,13 +50,28 @@ def demo_config(args: argparse.Namespace) -> RunConfig:
                      kv_events=True)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = demo_config(args)
     docs, hot = SCALED_CONTRACTS["num_docs"], SCALED_CONTRACTS["hot_docs"]
     print(f"kvgate demo: {cfg.replicas} simulated Llama-3-8B replicas, a library of {docs} "
           f"contracts ({hot} hot ones get 80% of the questions), {cfg.rate:g} questions/s, "
           f"{cfg.duration_s:g} s per policy.", file=sys.stderr)
-    out = run_load(cfg, args.out, args.out / "results.json", ProgressLine())
+    # SIGTERM stops the demo as Ctrl-C does: the fleet it started is stopped on the way out
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        out = run_load(cfg, args.out, args.out / "results.json", ProgressLine())
+    except ValueError as exc:  # a fleet that cannot be built (no replicas, ...)
+        print(f"kvgate demo: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # its fleet stopped on the way out
+        print("\nkvgate demo: stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(file=sys.stderr)
     policies = out["policies"]
     print(table(policies))

@@ -93,8 +93,8 @@ class PolicyResult:
 
 def poisson_arrivals(n: int, rate: float, seed: int) -> np.ndarray:
     """``n`` arrival times of a Poisson process of ``rate`` requests/s, from t=0."""
-    if rate <= 0:
-        raise ValueError(f"arrival rate must be positive, got {rate!r}")
+    if not 0 < rate < math.inf:  # NaN too
+        raise ValueError(f"arrival rate must be a positive number, got {rate!r}")
     gaps = np.random.default_rng([seed, 7]).exponential(1.0 / rate, n)
     return np.cumsum(gaps)
 
@@ -557,7 +557,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.simulate",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
-    run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.requests < 1:
+        parser.error(f"--requests must be >= 1, got {args.requests}")
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError) as exc:  # a setting the run cannot take
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

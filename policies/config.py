@@ -8,6 +8,7 @@ that raises ``ValueError`` for cross-field rules; its message is wrapped the sam
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -88,8 +89,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not math.isfinite(value):  # YAML's .nan and .inf pass every bound check
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):

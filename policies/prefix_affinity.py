@@ -81,6 +81,8 @@ class PrefixAffinityConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
+        if self.key_rungs > 64:  # K, K/2, ... : past 64 halvings every rung is 1 token
+            raise ValueError(f"key_rungs must be at most 64, got {self.key_rungs!r}")
         if self.chunk_chars < 0:
             raise ValueError(f"chunk_chars must be >= 0, got {self.chunk_chars!r}")
         if self.chunk_chars > 0 and self.learn_common_prefix \

@@ -45,7 +45,7 @@ def build_policy(config: Mapping[str, Any], where: str = "policy") -> Policy:
         known = ", ".join(POLICY_NAMES)
         raise ConfigError(f"{where}: missing required key 'name' (one of {known})")
     name = config["name"]
-    if name not in _POLICIES:
+    if not isinstance(name, str) or name not in _POLICIES:
         raise ConfigError(
             f"{where}.name: unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})"
         )

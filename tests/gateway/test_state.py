@@ -203,6 +203,9 @@ def test_a_view_follows_every_change_of_its_replica() -> None:
     ({"port": "80"}, "config.port"),
     ({"timeouts": {"idle_s": 0}}, "config.timeouts: idle_s must be > 0"),
     ({"health": {"interval": 1}}, "'interval'"),
+    ({"port": 99999}, "port must be at most 65535, got 99999"),
+    ({"admin": {"port": 70000}}, "port must be at most 65535, got 70000"),
+    ({"scrape": {"interval_s": float("nan")}}, "expected a finite number, got nan"),
 ])
 def test_config_errors_name_key_and_value(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
 
+from gateway import top
 from gateway.top_window import TopWindow
 
 
@@ -54,3 +56,15 @@ def test_a_restarted_replica_starts_over_and_a_removed_one_is_forgotten() -> Non
 def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="window_s"):
         TopWindow(0)
+
+
+@pytest.mark.parametrize("flag", ["--window", "--interval"])
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_kvgate_top_refuses_a_window_or_interval_that_is_no_duration(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    top.add_arguments(parser)
+    args = parser.parse_args(["--token", "t", flag, value])
+    assert top.run(args) == 2
+    assert f"{flag} must be a positive number of seconds" in capsys.readouterr().err
+
