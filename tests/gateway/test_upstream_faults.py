@@ -260,11 +260,12 @@ def test_clients_that_send_a_head_and_no_body_take_no_place(serve: Serve) -> Non
 
 
 def test_bodies_being_received_are_bounded_in_bytes(serve: Serve) -> None:
-    gw = gateway(serve, [serve(faulty("none"))], limits={"max_receiving_bytes": 4000})
-    # one client sends 3,000 bytes of a 5,000-byte body and waits: the next body that
+    gw = gateway(serve, [serve(faulty("none"))], limits={"max_receiving_bytes": 4000},
+                 max_body_bytes=4000)
+    # one client sends 3,000 bytes of a 3,500-byte body and waits: the next body that
     # would take the bytes being received past 4,000 is refused, one that fits is not
     sock = socket.create_connection(("127.0.0.1", gw.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 5000\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 3500\r\n"
                  b"content-type: application/json\r\n\r\n" + b" " * 3000)
     try:
         time.sleep(0.3)
