@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from loadtests.arg_types import positive_int
 from loadtests.json_out import print_json
 from policies.base import Policy, ReplicaView, Routed, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
@@ -199,13 +200,13 @@ def views_us(replicas: int, samples: int = 2000) -> float:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH", help="also write the results here")
-    ap.add_argument("--replicas", type=int, nargs="+", default=[8, 64, 512])
+    ap.add_argument("--replicas", type=positive_int, nargs="+", default=[8, 64, 512])
     ap.add_argument("--policies", nargs="+", default=list(POLICY_NAMES), choices=POLICY_NAMES)
-    ap.add_argument("--documents", type=int, default=2000)
-    ap.add_argument("--doc-tokens", type=int, default=6000)
-    ap.add_argument("--warmup", type=int, default=20_000)
-    ap.add_argument("--samples", type=int, default=2000)
-    ap.add_argument("--capacity", type=int, default=200_000, help="KV capacity in tokens")
+    ap.add_argument("--documents", type=positive_int, default=2000)
+    ap.add_argument("--doc-tokens", type=positive_int, default=6000)
+    ap.add_argument("--warmup", type=positive_int, default=20_000)
+    ap.add_argument("--samples", type=positive_int, default=2000)
+    ap.add_argument("--capacity", type=positive_int, default=200_000, help="KV capacity in tokens")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="small run: 200 docs, 2,000 warm-up")
     ap.add_argument("--long-tokens", type=int, default=131_072,

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from loadtests.arg_types import positive_float, positive_int
 from loadtests.report import table
 from loadtests.run import SCALED_CONTRACTS, ProgressLine, RunConfig
 from loadtests.run import run as run_load
@@ -26,9 +27,11 @@ DEMO_POLICIES = ("round_robin", "prefix_affinity", "cost")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=45.0, help="seconds per policy")
-    parser.add_argument("--replicas", type=int, default=RunConfig().replicas)
-    parser.add_argument("--rate", type=float, default=RunConfig().rate, help="target requests/s")
+    parser.add_argument("--duration", type=positive_float, default=45.0,
+                        help="seconds per policy")
+    parser.add_argument("--replicas", type=positive_int, default=RunConfig().replicas)
+    parser.add_argument("--rate", type=positive_float, default=RunConfig().rate,
+                        help="target requests/s")
     parser.add_argument("--out", type=Path, default=Path("kvgate-demo"),
                         help="folder for the plot, report and JSON")
 

@@ -1,0 +1,23 @@
+"""argparse types for counts and rates: a value no run can use is refused at parse time,
+naming the flag, instead of failing later with a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = float(text)
+    if not 0 < value < math.inf:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
