@@ -373,4 +373,7 @@ def load_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-    return parse_config(data, where=str(path))
+    config = parse_config(data, where=str(path))
+    from policies.registry import build_policy  # checked here, to name the file
+    build_policy(config.policy, where=f"{path}.policy")
+    return config

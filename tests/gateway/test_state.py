@@ -220,6 +220,9 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text("replicas:\n  - {id: a, url: 'http://h:1'}\nscrape: {interval_s: -2}\n")
     with pytest.raises(ConfigError, match=rf"{bad}.scrape: interval_s must be > 0, got -2"):
         load_config(bad)
+    bad.write_text("replicas:\n  - {id: a, url: 'http://h:1'}\npolicy: {name: cost, nosuch: 1}\n")
+    with pytest.raises(ConfigError, match=rf"{bad}\.policy: unknown key 'nosuch'"):
+        load_config(bad)
 
 
 def test_replica_figures_are_converted_to_gateway_tokens() -> None:
