@@ -25,7 +25,7 @@ import yaml
 
 from engine.cost_model import load_profile
 from engine.hf_shape import shape_from_dir
-from loadtests.arg_types import positive_float, positive_int
+from loadtests.arg_types import non_negative_int, positive_float
 from loadtests.plan_arithmetic import ROUTING_WINS, FleetSize, arithmetic
 from loadtests.plan_report import render
 from loadtests.plan_simulation import PolicyFigures, simulate_policies
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokenizer.json (or its directory) for a capture; default: the "
                              "--model directory's, else the gateway's built-in one")
     parser.add_argument("--policies", default=DEFAULT_POLICIES)
-    parser.add_argument("--sim-requests", type=positive_int, default=2000,
+    parser.add_argument("--sim-requests", type=non_negative_int, default=2000,
                         help="requests simulated per policy; 0 skips the simulation")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")

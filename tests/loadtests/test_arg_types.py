@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from loadtests import cli_demo, plan
-from loadtests.arg_types import positive_float, positive_int
+from loadtests.arg_types import non_negative_int, positive_float, positive_int
 
 
 @pytest.mark.parametrize("text", ["0", "-1"])
@@ -16,6 +16,9 @@ def test_a_count_below_one_is_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=f"must be >= 1, got {text}"):
         positive_int(text)
     assert positive_int("3") == 3
+    assert non_negative_int("0") == 0  # kvgate plan --sim-requests 0: no simulation
+    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 0, got -1"):
+        non_negative_int("-1")
 
 
 @pytest.mark.parametrize("text", ["0", "-2.5", "nan", "inf"])
