@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="as kvgate --log-level (which it replaces)")
-    parser.add_argument("--kv-events-endpoint", default=None,
+    parser.add_argument("--kv-events-endpoint", default=None, type=_zmq_endpoint,
                         help="publish KV cache events (vLLM's ZMQ format) on a PUB socket "
                              "bound here, e.g. tcp://*:5557 (default: off)")
     parser.add_argument("--no-cache-config-info", action="store_true",
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="each KV event as a tagged array (vLLM's classic form) or as a "
                              "map with a 'type' key (the newer form, the only one vLLM's "
                              "router reads)")
-    parser.add_argument("--kv-events-replay-endpoint", default=None,
+    parser.add_argument("--kv-events-replay-endpoint", default=None, type=_zmq_endpoint,
                         help="ZMQ ROUTER endpoint serving the recent KV event batches again "
                              "(e.g. tcp://*:5558), for subscribers that missed some")
 
@@ -75,6 +75,15 @@ def _at_least(least: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
         return value
     return parse
+
+
+def _zmq_endpoint(text: str) -> str:
+    """A ZMQ endpoint: transport://address (tcp://*:5557, ipc:///tmp/kv)."""
+    transport, sep, address = text.partition("://")
+    if not sep or transport not in ("tcp", "ipc", "inproc") or not address:
+        raise argparse.ArgumentTypeError(
+            f"must be a ZMQ endpoint such as tcp://*:5557 or ipc:///path, got {text!r}")
+    return text
 
 
 def _port(text: str) -> int:

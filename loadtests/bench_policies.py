@@ -202,19 +202,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", metavar="PATH", help="also write the results here")
     ap.add_argument("--replicas", type=positive_int, nargs="+", default=[8, 64, 512])
     ap.add_argument("--policies", nargs="+", default=list(POLICY_NAMES), choices=POLICY_NAMES)
-    ap.add_argument("--documents", type=positive_int, default=2000)
+    ap.add_argument("--documents", type=positive_int, default=None, help="(default 2,000)")
     ap.add_argument("--doc-tokens", type=positive_int, default=6000)
-    ap.add_argument("--warmup", type=positive_int, default=20_000)
-    ap.add_argument("--samples", type=positive_int, default=2000)
+    ap.add_argument("--warmup", type=positive_int, default=None, help="(default 20,000)")
+    ap.add_argument("--samples", type=positive_int, default=None, help="(default 2,000)")
     ap.add_argument("--capacity", type=positive_int, default=200_000, help="KV capacity in tokens")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="small run: 200 docs, 2,000 warm-up")
+    ap.add_argument("--quick", action="store_true",
+                    help="small run: 200 docs, 2,000 warm-up, 500 samples (unless given)")
     ap.add_argument("--long-tokens", type=int, default=131_072,
                     help="cost's choose and observe on prompts this long, 8 replicas "
                     "(cost_long_prompt; 0: skip)")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.documents, args.warmup, args.samples = 200, 2000, 500
+    sizes = (200, 2000, 500) if args.quick else (2000, 20_000, 2000)
+    for name, size in zip(("documents", "warmup", "samples"), sizes, strict=True):
+        if getattr(args, name) is None:  # what the command line gave stays
+            setattr(args, name, size)
     rng = random.Random(args.seed)
     library = make_library(args.documents, args.doc_tokens, rng)
     warm = prompts(library, args.warmup, rng)
