@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from engine.core import EngineConfig, EngineCore
@@ -18,6 +17,7 @@ from engine.executor import Executor, ExecutorInfo
 from engine.kv_sizing import blocks_in_gib
 from engine.sim_embedding import SimEmbedder, seed_of
 from engine.sim_executor import SimExecutor
+from kvwire.arg_types import port, positive_int
 from kvwire.block_hashing import model_identity
 from kvwire.kv_event_format import ENCODINGS
 
@@ -39,13 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="width of the sim executor's /v1/embeddings vectors (default: "
                              "the profile model's hidden size)")
     parser.add_argument("--kv-cache-gib", type=float, default=25.0)
-    parser.add_argument("--block-size", type=_at_least(1), default=16)
+    parser.add_argument("--block-size", type=positive_int, default=16)
     parser.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=_port, default=8000)
+    parser.add_argument("--port", type=port, default=8000)
     parser.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="as kvgate --log-level (which it replaces)")
@@ -68,15 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(e.g. tcp://*:5558), for subscribers that missed some")
 
 
-def _at_least(least: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
-        return value
-    return parse
-
-
 def _zmq_endpoint(text: str) -> str:
     """A ZMQ endpoint: transport://address (tcp://*:5557, ipc:///tmp/kv)."""
     transport, sep, address = text.partition("://")
@@ -84,13 +75,6 @@ def _zmq_endpoint(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"must be a ZMQ endpoint such as tcp://*:5557 or ipc:///path, got {text!r}")
     return text
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port in 1-65535, got {value}")
-    return value
 
 
 def make_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, ExecutorInfo]:

@@ -42,9 +42,9 @@ def _close_with(transport: asyncio.Transport, status: bytes, reason: str, code: 
                 extra: bytes = b"") -> None:
     """Answers ``status`` with an OpenAI-shaped error (and a new request id: the head was
     never read; ``extra``: more header lines) and closes."""
-    body = orjson.dumps({"error": {"message": reason, "type": "invalid_request_error"
-                                   if status < b"500" else "service_unavailable",
-                                   "param": None, "code": code}})
+    kind = "invalid_request_error" if int(status[:3]) < 500 else "service_unavailable"
+    body = orjson.dumps({"error": {"message": reason, "type": kind, "param": None,
+                                   "code": code}})
     transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
                     b"x-request-id: gw-" + uuid.uuid4().hex.encode() + b"\r\n" + extra +
                     b"content-length: " + str(len(body)).encode() +

@@ -38,7 +38,7 @@ import logging
 import os
 import socket
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from gateway.fleet import Fleet, Pending
@@ -259,7 +259,6 @@ class Peers:
         self._serving: set[asyncio.Task[None]] = set()
         # connections not yet proven, and the address each came from
         self._handshaking: dict[asyncio.Task[None], str] = {}
-        self._handshaking_from: Counter[str] = Counter()
         self.address: tuple[str, int] | None = None  # where the listener is bound
 
     def linked(self, remote: bytes) -> bool:
@@ -363,28 +362,22 @@ class Peers:
         host = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         # one address holds at most a few of the places: connections that never prove the
         # secret, renewed as they time out, must not keep real peers from linking
-        if len(self._handshaking) >= MAX_HANDSHAKES \
-                or self._handshaking_from[host] >= MAX_HANDSHAKES_PER_ADDRESS:
+        waiting = self._handshaking
+        if len(waiting) >= MAX_HANDSHAKES or sum(
+                h == host for h in waiting.values()) >= MAX_HANDSHAKES_PER_ADDRESS:
             writer.close()
             return
         # counted from here, not from the task's first step: a burst of connections is
         # accepted before any of their tasks runs
         task = asyncio.create_task(self._serve(reader, writer), name="kvgate-peer-in")
         self._serving.add(task)
-        self._handshaking[task] = host
-        self._handshaking_from[host] += 1
+        waiting[task] = host
         task.add_done_callback(self._serving.discard)
         task.add_done_callback(self._handshaken)
 
     def _handshaken(self, task: asyncio.Task[None]) -> None:
         """``task``'s connection proved the secret, failed to, or ended: its place is free."""
-        host = self._handshaking.pop(task, None)
-        if host is not None:
-            left = self._handshaking_from[host] - 1
-            if left > 0:
-                self._handshaking_from[host] = left
-            else:
-                del self._handshaking_from[host]
+        self._handshaking.pop(task, None)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from loadtests.arg_types import positive_int
+from kvwire.arg_types import positive_int
 from loadtests.json_out import print_json
 from policies.base import Policy, ReplicaView, Routed, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from loadtests.arg_types import positive_float, positive_int
+from kvwire.arg_types import positive_float, positive_int
 from loadtests.report import table
 from loadtests.run import SCALED_CONTRACTS, ProgressLine, RunConfig
 from loadtests.run import run as run_load

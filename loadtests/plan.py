@@ -25,7 +25,7 @@ import yaml
 
 from engine.cost_model import load_profile
 from engine.hf_shape import shape_from_dir
-from loadtests.arg_types import non_negative_int, positive_float
+from kvwire.arg_types import non_negative_int, positive_float
 from loadtests.plan_arithmetic import ROUTING_WINS, FleetSize, arithmetic
 from loadtests.plan_report import render
 from loadtests.plan_simulation import PolicyFigures, simulate_policies

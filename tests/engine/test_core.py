@@ -212,6 +212,20 @@ def test_batches_follow_the_executor_contract() -> None:
         assert len(s.block_ids) * 4 >= s.context_len
 
 
+def replay_events(core: EngineCore, stored: set[int]) -> None:
+    """Apply the pool's KV events since the last call to ``stored`` (the hashes a
+    subscriber holds), checking that every stored block's parent is held when it comes."""
+    for event in core.kv.pool.events:
+        if isinstance(event, AllBlocksCleared):
+            stored.clear()
+        elif isinstance(event, BlockRemoved):
+            stored.difference_update(event.block_hashes)
+        elif isinstance(event, BlockStored):
+            assert event.parent_block_hash is None or event.parent_block_hash in stored
+            stored.update(event.block_hashes)
+    core.kv.pool.events.clear()
+
+
 def test_a_reset_while_a_request_runs_keeps_the_events_chained() -> None:
     # every stored block's parent is stored when the event says so, across a reset made
     # while a request is decoding (its later blocks chain on blocks the reset dropped)
@@ -224,15 +238,7 @@ def test_a_reset_while_a_request_runs_keeps_the_events_chained() -> None:
             core.reset_prefix_cache()
         if core.has_unfinished():
             core.step()
-        for event in core.kv.pool.events:
-            if isinstance(event, AllBlocksCleared):
-                stored.clear()
-            elif isinstance(event, BlockRemoved):
-                stored.difference_update(event.block_hashes)
-            elif isinstance(event, BlockStored):
-                assert event.parent_block_hash is None or event.parent_block_hash in stored
-                stored.update(event.block_hashes)
-        core.kv.pool.events.clear()
+        replay_events(core, stored)
     assert not core.has_unfinished() and len(stored) == 7  # its 29 tokens, cached again
 
 
@@ -254,13 +260,7 @@ def test_a_duplicate_block_takes_over_its_hash_when_the_registered_one_is_evicte
         if core.has_unfinished():
             core.step()
         core.check_integrity()
-        for event in core.kv.pool.events:
-            if isinstance(event, BlockRemoved):
-                stored.difference_update(event.block_hashes)
-            elif isinstance(event, BlockStored):
-                assert event.parent_block_hash is None or event.parent_block_hash in stored
-                stored.update(event.block_hashes)
-        core.kv.pool.events.clear()
+        replay_events(core, stored)
     assert not core.has_unfinished() and core.kv.pool.num_evictions > 0
     # b's whole sequence (prompt and answer, 35 tokens computed: 8 blocks) is found again
     assert len(b.all_token_ids) == 36

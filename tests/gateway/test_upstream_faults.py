@@ -165,12 +165,18 @@ def test_a_cut_stream_ends_in_an_error_event_without_done(serve: Serve, fault: s
             pass
 
 
-def test_a_hung_replica_is_skipped_then_ejected(serve: Serve) -> None:
+def hung_then_ok(serve: Serve, timeouts: dict[str, float]) -> tuple[ThreadServer, list[str]]:
+    """A gateway over a hung replica (r0) and a good one (r1) that ejects a replica after
+    two failed requests in a row, and the replicas' record of the requests they got."""
     calls: list[str] = []
     hung, ok = serve(faulty("hang", calls)), serve(faulty("ok", calls))
-    gw = gateway(serve, [hung, ok], timeouts={"stream_first_byte_s": 0.3},
-                 health={"interval_s": 0.2, "timeout_s": 0.5, "request_failures_to_eject": 2,
-                         "ejection_s": 30})
+    return gateway(serve, [hung, ok], timeouts=timeouts,
+                   health={"interval_s": 0.2, "timeout_s": 0.5,
+                           "request_failures_to_eject": 2, "ejection_s": 30}), calls
+
+
+def test_a_hung_replica_is_skipped_then_ejected(serve: Serve) -> None:
+    gw, calls = hung_then_ok(serve, {"stream_first_byte_s": 0.3})
     for _ in range(4):
         started = time.monotonic()
         with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
@@ -187,11 +193,7 @@ def test_a_hung_replica_is_skipped_then_ejected(serve: Serve) -> None:
 def test_a_hung_replica_whose_wait_is_the_whole_deadline_is_ejected(serve: Serve) -> None:
     # a non-streamed request's first try waits the whole first-byte deadline: a replica
     # that times out there is counted, as any timeout is, and two in a row eject it
-    calls: list[str] = []
-    hung, ok = serve(faulty("hang", calls)), serve(faulty("ok", calls))
-    gw = gateway(serve, [hung, ok], timeouts={"first_byte_s": 0.6},
-                 health={"interval_s": 0.2, "timeout_s": 0.5, "request_failures_to_eject": 2,
-                         "ejection_s": 30})
+    gw, _ = hung_then_ok(serve, {"first_byte_s": 0.6})
     answers = [post(gw) for _ in range(6)]
     timed_out = [r for r in answers if r.status_code == 504]
     assert len(timed_out) == 2 and [r.status_code for r in answers[-2:]] == [200, 200]

@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
+from kvwire.arg_types import non_negative_int, positive_float, positive_int
 from loadtests import cli_demo, plan
-from loadtests.arg_types import non_negative_int, positive_float, positive_int
 
 
 @pytest.mark.parametrize("text", ["0", "-1"])

@@ -1,5 +1,6 @@
-"""argparse types for counts and rates: a value no run can use is refused at parse time,
-naming the flag, instead of failing later with a traceback."""
+"""argparse types for counts, rates and ports on the command lines (the engine's, the load
+tools'): a value no run can use is refused at parse time, naming the flag, instead of
+failing later with a traceback."""
 
 from __future__ import annotations
 
@@ -28,4 +29,12 @@ def positive_float(text: str) -> float:
     value = float(text)
     if not 0 < value < math.inf:  # NaN too
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 1-65535."""
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1-65535, got {value}")
     return value
