@@ -9,12 +9,22 @@ fleet tells of a replica joining or leaving. All tasks are owned by ``KVEventSub
 started and stopped in the app's lifespan.
 
 A message is ``[topic, seq (u64 big-endian), payload]`` (see ``kvwire.kv_event_format``); a
-malformed one is logged and skipped. When the replica's config names a ``kv_events_replay``
-endpoint, what the stream missed is asked for there before the next message is applied: a
-jump in sequence numbers (messages dropped on the way), and on (re)subscribing everything
-the engine still keeps from sequence 0 (blocks it cached before this gateway listened).
-Without one, or when the replay fails, the index counts the gap and blocks cached in it
-stay unknown until stored again.
+malformed one is logged and skipped (a malformed event inside a batch alone is skipped, and
+counted). A message over ``MAX_MESSAGE_BYTES`` is refused by the socket (ZMQ drops that
+connection; the gap it leaves is replayed). When the replica's config names a
+``kv_events_replay`` endpoint, what the stream missed is asked for there:
+
+* on (re)subscribing, at once: everything the engine still keeps from sequence 0 (blocks
+  it cached before this gateway listened, or while the replica was out of the fleet);
+* when the replica restarted: its sequence numbers went back (the numbers its new process
+  sent before the one received are replayed), or the index was ``reset`` (its prefix-cache
+  counters went back at a scrape: everything from sequence 0 again, at once);
+* before a message whose sequence number jumps (messages dropped on the way).
+
+A live message that a catch-up replay applied already (queued on the SUB socket meanwhile:
+the same number and the same bytes) is skipped; any other numbered at or below it is a
+restart. Without a replay endpoint, or when the replay fails, the index counts the gap and
+blocks cached in it stay unknown until stored again.
 """
 
 from __future__ import annotations
@@ -35,6 +45,10 @@ from policies.kv_index import KVIndex
 
 log = logging.getLogger("kvgate.kv_events")
 
+MAX_MESSAGE_BYTES = 16 << 20  # one engine step's events: far below this
+_DUPLICATES_KEPT = 1024  # replayed batches a live duplicate is recognised among
+_POLL_MS = 250  # how soon a reader notices that its replica's index was reset
+
 
 class KVEventSubscriber:
     def __init__(self, fleet: Fleet, index: KVIndex, reconcile_s: float = 1.0) -> None:
@@ -42,7 +56,7 @@ class KVEventSubscriber:
         self.index = index
         self.reconcile_s = reconcile_s
         self.messages = 0
-        self.malformed = 0
+        self.malformed = 0  # messages skipped, and events skipped inside a batch
         self.gaps = 0  # sequence jumps and late starts seen (replayed or not)
         self.replays = 0  # gaps filled from a replay endpoint
         self.replay_failures = 0
@@ -51,6 +65,9 @@ class KVEventSubscriber:
         self._readers: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> endpoint, task
         self._loop_task: asyncio.Task[None] | None = None
         self._membership_changed = asyncio.Event()
+        # replica -> the last batches a catch-up replay applied (sequence number -> hash of
+        # the payload) and the highest number, until a live message numbered past it
+        self._replayed: dict[str, tuple[int, dict[int, int]]] = {}
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         if isinstance(event, ReplicaAdded | ReplicaRemoved):
@@ -137,14 +154,34 @@ class KVEventSubscriber:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IPV6, 1)  # a discovered replica may have an IPv6 address
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._replayed.pop(replica, None)
+        caught_up = -1  # the index's reset count for this replica when last replayed from 0
         try:
             sock.connect(endpoint)
             log.info("replica %s: following KV events at %s", replica, endpoint)
             while True:
+                resets = self.index.resets[replica]
+                if replay is not None and caught_up != resets:
+                    caught_up = resets
+                    if self.index.last_seq(replica) is None:
+                        await self.catch_up(replica, replay)
+                if await sock.poll(_POLL_MS) == 0:
+                    continue
                 frames = await sock.recv_multipart()
                 await self.receive(replica, frames, replay)
         finally:
+            self._replayed.pop(replica, None)
             sock.close()
+
+    async def catch_up(self, replica: str, replay: str) -> None:
+        """Apply every batch the replica's replay endpoint keeps, from sequence 0 (its
+        index knows no sequence number: newly followed, or reset)."""
+        applied: dict[int, int] = {}
+        last = await self._replay(replica, replay, 0, None, applied)
+        if last is not None:
+            self._replayed[replica] = (last, {seq: digest for seq, digest in applied.items()
+                                              if seq > last - _DUPLICATES_KEPT})
 
     async def receive(self, replica: str, frames: list[bytes], replay: str | None) -> None:
         """``handle``, first filling from ``replay`` what the stream missed before it."""
@@ -152,7 +189,20 @@ class KVEventSubscriber:
         if message is None:
             return
         seq = message[0]
+        replayed = self._replayed.get(replica)
+        if replayed is not None:
+            if replayed[1].get(seq) == hash(frames[2]):
+                return  # a replay applied it already
+            if seq > replayed[0]:
+                del self._replayed[replica]
         last = self.index.last_seq(replica)
+        if last is not None and seq <= last:
+            # numbered from a new start: the engine restarted, and what its new process
+            # sent before this message (if any) is replayed below
+            log.warning("replica %s: KV event sequence went back from %d to %d: it "
+                        "restarted", replica, last, seq)
+            self.index.reset(replica)
+            last = None
         start = 0 if last is None else last + 1
         if seq > start:
             self.gaps += 1
@@ -181,15 +231,24 @@ class KVEventSubscriber:
 
     def _apply(self, replica: str, seq: int, batch: KVEventBatch) -> None:
         self.messages += 1
+        if batch.malformed:
+            self.malformed += batch.malformed
+            log.warning("replica %s: skipped %d malformed KV events of message %d", replica,
+                        batch.malformed, seq)
         self.index.apply(replica, seq, batch.events)
 
-    async def _replay(self, replica: str, endpoint: str, start: int, until: int) -> None:
-        """Apply the batches ``start <= seq < until`` the replica's replay endpoint keeps."""
+    async def _replay(self, replica: str, endpoint: str, start: int, until: int | None,
+                      applied_hashes: dict[int, int] | None = None) -> int | None:
+        """Apply the batches ``start <= seq < until`` (``until`` None: every one from
+        ``start``) the replica's replay endpoint keeps; the last sequence number applied,
+        or None. ``applied_hashes`` gets the hash of each payload applied."""
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IPV6, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         applied = 0
+        last: int | None = None
         try:
             sock.connect(endpoint)
             async with asyncio.timeout(self.replay_timeout_s):
@@ -199,9 +258,13 @@ class KVEventSubscriber:
                     if len(frames) < 3 or frames[-2] == REPLAY_END:
                         break
                     seq = int.from_bytes(frames[-2], "big")
-                    if start <= seq < until and self.fleet.get(replica) is not None:
+                    if start <= seq and (until is None or seq < until) \
+                            and (last is None or seq > last) \
+                            and self.fleet.get(replica) is not None:
                         self._apply(replica, seq, decode_payload(frames[-1]))
-                        applied += 1
+                        applied, last = applied + 1, seq
+                        if applied_hashes is not None:
+                            applied_hashes[seq] = hash(frames[-1])
             self.replays += 1
             log.info("replica %s: replayed %d KV event batches from %d", replica, applied,
                      start)
@@ -211,3 +274,4 @@ class KVEventSubscriber:
                         replica, endpoint, applied, exc)
         finally:
             sock.close()
+        return last

@@ -79,6 +79,7 @@ class KVEventBatch:
     ts: float
     events: tuple[KVEvent, ...]
     data_parallel_rank: int | None = None
+    malformed: int = 0  # events skipped on decoding: not of the wire format
 
 
 class KVWireError(ValueError):
@@ -197,7 +198,8 @@ def decode_event(raw: Any) -> KVEvent | None:
 
 
 def decode_payload(payload: bytes) -> KVEventBatch:
-    """A payload frame of either form; unknown event types are dropped."""
+    """A payload frame of either form; unknown event types are dropped, and a malformed
+    event is skipped and counted (``malformed``) while the others are kept."""
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException) as exc:
@@ -211,9 +213,18 @@ def decode_payload(payload: bytes) -> KVEventBatch:
         raise KVWireError(f"payload must be [ts, events, rank] or a map, got {raw!r:.200}")
     if not isinstance(events, list | tuple):
         raise KVWireError(f"payload events must be a list, got {events!r:.200}")
-    decoded = tuple(ev for ev in map(decode_event, events) if ev is not None)
-    return KVEventBatch(float(ts) if isinstance(ts, int | float) else 0.0, decoded,
-                        rank if isinstance(rank, int) else None)
+    decoded: list[KVEvent] = []
+    malformed = 0
+    for raw_event in events:
+        try:
+            ev = decode_event(raw_event)
+        except KVWireError:
+            malformed += 1
+            continue
+        if ev is not None:
+            decoded.append(ev)
+    return KVEventBatch(float(ts) if isinstance(ts, int | float) else 0.0, tuple(decoded),
+                        rank if isinstance(rank, int) else None, malformed)
 
 
 def stored_runs(

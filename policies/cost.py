@@ -583,7 +583,7 @@ class Cost(Policy):
             self._exact.forget(event.replica)
         elif isinstance(event, ReplicaReset):
             if self.kv_index is not None:
-                self.kv_index.clear(event.replica)
+                self.kv_index.reset(event.replica)
             self._exact.forget(event.replica)
             self._slots.forget(event.replica)  # a restart may run fewer sequences at once
             self._models.reset(event.replica)

@@ -70,7 +70,8 @@ class IndexMatches:
         if not tracked:
             return matched
         bs = kv.block_size
-        blocks = kv.match(request.tokens, [replicas[i].id for i in tracked], (p - 1) // bs)
+        blocks = kv.match(request.tokens, [replicas[i].id for i in tracked], (p - 1) // bs,
+                          request.model)
         now = request.arrival_s
         if any(blocks.values()):
             self._memo = (request, True)

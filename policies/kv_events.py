@@ -69,7 +69,8 @@ class KVEvents(Policy):
         p = max(request.prompt_tokens, len(request.tokens))
         max_blocks = max(0, (p - 1) // bs)
         if request.cache_salt is None:
-            blocks = self.kv_index.match(request.tokens, [r.id for r in ok], max_blocks)
+            blocks = self.kv_index.match(request.tokens, [r.id for r in ok], max_blocks,
+                                         request.model)
         else:
             # KV events carry no salt: the index cannot tell whether this tenant's salted
             # blocks are cached anywhere, so predict no hit rather than a wrong one.
@@ -89,6 +90,6 @@ class KVEvents(Policy):
 
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, ReplicaReset):
-            self.kv_index.clear(event.replica)
+            self.kv_index.reset(event.replica)
         elif isinstance(event, ReplicaRemoved):
             self.kv_index.remove_replica(event.replica)

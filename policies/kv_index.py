@@ -4,7 +4,7 @@ Engines name blocks by their own hashes (opaque u64 ids here: another engine, a 
 version or a cache salt changes them). The index re-keys every stored block from the token
 ids the event carries, chained like Dynamo's router::
 
-    key_0 = H(root(lora_name),  tokens[0:B])
+    key_0 = H(root(adapter),    tokens[0:B])
     key_i = H(key_{i-1},        tokens[iB:(i+1)B])
 
 H is Python's hash of the pair (parent key, the block's token ids as u32 little-endian
@@ -24,12 +24,20 @@ Per replica::
     keys      key -> number of engine hashes with that key   (a salted copy of the same
                                                               tokens has another hash)
 
+The root names the LoRA adapter a block was computed with: its ``lora_name`` (what clients
+send as the request's ``model``), or for an engine that sends only a ``lora_id``, that id (such
+blocks are never matched: no request names an adapter by its id). A prompt is matched from
+the root of its ``model`` when the index has seen blocks of an adapter by that name, else from
+the base model's.
+
 A stored block whose parent hash the index does not know (evicted meanwhile, or stored
 before this index subscribed) is dropped and counted in ``orphans``: the engine cannot
 reach it by a prefix lookup either until its parent comes back. ``apply`` takes one
 message's sequence number: a number not above the last one means the engine restarted
 (sequence numbers start at 0 per process), so the replica is cleared first; a jump forward
-means messages were lost and is counted in ``gaps``.
+means messages were lost and is counted in ``gaps``. ``reset`` forgets a replica's blocks
+and its sequence number (a restart seen elsewhere: its counters went back), so that its next
+message starts it afresh and whoever feeds the index replays what it missed.
 
 Not thread-safe: one owner (the gateway's event loop) feeds it and reads it.
 """
@@ -45,13 +53,19 @@ from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, 
 from policies.ring import token_bytes
 
 _ROOT = 1337  # parent key of a chain's first block (no adapter)
+MAX_ADAPTERS = 4096  # adapter names kept to match prompts by (a LoRA fleet's adapters)
 
 
-def root_key(lora_name: str | None = None) -> int:
-    """The parent key of block 0: fixed, or derived from the adapter's name."""
-    if not lora_name:
+def root_key(lora_name: str | None = None, lora_id: int | None = None) -> int:
+    """The parent key of block 0: fixed, or derived from the adapter's name (or, for an
+    engine that names it only by id, from its id)."""
+    if lora_name:
+        label = lora_name.encode()
+    elif lora_id is not None and lora_id != 0:
+        label = f"#lora-id:{lora_id}".encode()
+    else:
         return _ROOT
-    digest = blake2b(lora_name.encode(), digest_size=8, person=b"kvgate-lora").digest()
+    digest = blake2b(label, digest_size=8, person=b"kvgate-lora").digest()
     return int.from_bytes(digest, "little")
 
 
@@ -98,6 +112,8 @@ class KVIndex:
         self.block_size = block_size
         self.stats = IndexStats()
         self._replicas: dict[str, _Replica] = {}
+        self._adapters: dict[str, int] = {}  # adapter name -> its root key
+        self.resets: Counter[str] = Counter()  # ``reset`` calls per replica
 
     # -- queries -------------------------------------------------------------------------
 
@@ -123,9 +139,11 @@ class KVIndex:
         return r is not None and key in r.keys
 
     def match(self, tokens: Sequence[int], replicas: Iterable[str],
-              max_blocks: int | None = None) -> dict[str, int]:
+              max_blocks: int | None = None, model: str | None = None) -> dict[str, int]:
         """For each replica, how many leading full blocks of ``tokens`` it holds (at most
-        ``max_blocks``). Keys are computed only while some replica still matches."""
+        ``max_blocks``), as computed for ``model`` (an adapter's blocks when the index
+        knows an adapter by that name, else the base model's). Keys are computed only
+        while some replica still matches."""
         sets = {rid: (r.keys if (r := self._replicas.get(rid)) else None) for rid in replicas}
         out = dict.fromkeys(sets, 0)
         alive = [rid for rid, keys in sets.items() if keys]
@@ -135,7 +153,8 @@ class KVIndex:
             return out
         data = _packed(tokens[: limit * bs])
         step = 4 * bs
-        prev, i = _ROOT, 0  # block i: tokens [iB, (i+1)B), bytes [i*step, (i+1)*step)
+        prev = _ROOT if model is None else self._adapters.get(model, _ROOT)
+        i = 0  # block i: tokens [iB, (i+1)B), bytes [i*step, (i+1)*step)
         while i < limit and len(alive) > 1:
             prev = hash((prev, data[i * step : (i + 1) * step]))
             still = [rid for rid in alive if prev in sets[rid]]  # type: ignore[operator]
@@ -164,8 +183,9 @@ class KVIndex:
         """Apply one message (sequence number ``seq``) from ``replica``."""
         r = self._replicas.setdefault(replica, _Replica())
         if r.last_seq is not None:
-            if seq <= r.last_seq:
+            if seq <= r.last_seq:  # numbered from a new start: the engine restarted
                 self.stats.restarts += 1
+                self.resets[replica] += 1
                 r.clear()
             elif seq > r.last_seq + 1:
                 self.stats.gaps += seq - r.last_seq - 1
@@ -189,7 +209,10 @@ class KVIndex:
             self.stats.wrong_block_size += 1
             return
         if ev.parent_block_hash is None:
-            prev = root_key(ev.lora_name)
+            prev = root_key(ev.lora_name, ev.lora_id)
+            if ev.lora_name and ev.lora_name not in self._adapters \
+                    and len(self._adapters) < MAX_ADAPTERS:
+                self._adapters[ev.lora_name] = prev
         elif (found := r.by_hash.get(ev.parent_block_hash)) is not None:
             prev = found
         else:
@@ -239,8 +262,20 @@ class KVIndex:
         if r is not None:
             r.clear()
 
+    def reset(self, replica: str) -> None:
+        """Forget what ``replica`` holds and its sequence number: it restarted (its next
+        message is numbered from its new start) or what it holds is to be replayed."""
+        r = self._replicas.get(replica)
+        if r is None:
+            return  # nothing heard from it yet: its first message starts it
+        r.clear()
+        r.last_seq = None
+        self.stats.restarts += 1
+        self.resets[replica] += 1
+
     def remove_replica(self, replica: str) -> None:
         self._replicas.pop(replica, None)
+        self.resets.pop(replica, None)
 
     # -- checks --------------------------------------------------------------------------
 

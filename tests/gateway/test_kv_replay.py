@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 from engine.kv_event_publisher import KVEventPublisher
 from gateway.config import ReplicaConfig
@@ -49,46 +50,81 @@ def frames(seq: int, events: tuple[KVEvent, ...]) -> list[bytes]:
 
 
 def held(index: KVIndex) -> dict[int, int]:
-    r = index._replicas["r0"]
-    return dict(r.keys)
+    r = index._replicas.get("r0")
+    return {} if r is None else dict(r.keys)
 
 
-async def test_a_gap_and_a_late_start_are_filled_from_the_replay_socket() -> None:
-    steps = batches(15)
-    pub_at, replay_at = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+async def published(steps: list[tuple[KVEvent, ...]], pub_at: str, replay_at: str
+                    ) -> KVEventPublisher:
+    """A started engine publisher that has sent (and keeps for replay) ``steps``."""
     publisher = KVEventPublisher(pub_at, replay_endpoint=replay_at)
     publisher.start()
-    try:
-        for events in steps:
-            publisher.publish(events)
-        for _ in range(500):  # the sending thread keeps each batch as it sends it
-            if publisher.sent == len(steps):
-                break
-            await asyncio.sleep(0.01)
-        assert publisher.sent == len(steps)
-        reference = KVIndex(16)
-        for seq, events in enumerate(steps):
-            reference.apply("r0", seq, events)
-        assert held(reference)
+    for events in steps:
+        publisher.publish(events)
+    for _ in range(500):  # the sending thread keeps each batch as it sends it
+        if publisher.sent == len(steps):
+            break
+        await asyncio.sleep(0.01)
+    assert publisher.sent == len(steps)
+    return publisher
 
-        fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events=pub_at,
-                                     kv_events_replay=replay_at)])
+
+def reference_of(steps: list[tuple[KVEvent, ...]]) -> dict[int, int]:
+    reference = KVIndex(16)
+    for seq, events in enumerate(steps):
+        reference.apply("r0", seq, events)
+    assert held(reference)
+    return held(reference)
+
+
+async def settle(predicate: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def silent_fleet(replay_at: str) -> Fleet:
+    """r0 replays at ``replay_at`` while its live stream (a port nobody binds) says
+    nothing: what reaches the index comes from replays and the messages a test hands
+    ``receive``."""
+    return Fleet([ReplicaConfig("r0", "http://127.0.0.1:1",
+                                kv_events=f"tcp://127.0.0.1:{free_port()}",
+                                kv_events_replay=replay_at)])
+
+
+async def test_a_gap_is_filled_from_the_replay_socket_and_a_late_start_at_once() -> None:
+    steps = batches(15)
+    pub_at, replay_at = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    publisher = await published(steps, pub_at, replay_at)
+    try:
+        reference = reference_of(steps)
+        fleet = silent_fleet(replay_at)
+        # a gateway that starts late (or restarted, or took the replica back into its
+        # fleet) rebuilds from the first kept batch at once, without a live message
         index = KVIndex(16)
         sub = KVEventSubscriber(fleet, index)
         await sub.start()
-        for seq, events in enumerate(steps):
-            if not 5 <= seq <= 9:  # messages 5-9 lost on the way
-                await sub.receive("r0", frames(seq, events), replay_at)
-        assert held(index) == held(reference)
-        assert (sub.gaps, sub.replays, index.stats.gaps) == (1, 1, 0)
+        await settle(lambda: held(index) == reference, "the catch-up replay")
+        assert sub.replays == 1 and index.last_seq("r0") == 14
+        # the live messages it replayed (queued on the way) are not applied twice, and
+        # do not look like a restart
+        for seq, payload in list(publisher._kept)[-2:]:  # the bytes it published
+            await sub.receive("r0", [b"", seq.to_bytes(8, "big"), payload], replay_at)
+        assert index.stats.restarts == 0 and sub.messages == 15
+        await sub.stop()
 
-        # a gateway that starts late (or restarted) rebuilds from the first kept batch
-        late = KVIndex(16)
-        fresh = KVEventSubscriber(fleet, late)
-        await fresh.start()
-        await fresh.receive("r0", frames(14, steps[14]), replay_at)
-        assert held(late) == held(reference) and fresh.replays == 1
-        await fresh.stop()
+        # a gap: messages 5-9 lost on the way, filled before message 10 is applied
+        index = KVIndex(16)
+        index.apply("r0", 0, steps[0])  # heard from already: no catch-up on start
+        sub = KVEventSubscriber(fleet, index)
+        await sub.start()
+        for seq, events in enumerate(steps[1:], 1):
+            if not 5 <= seq <= 9:
+                await sub.receive("r0", frames(seq, events), replay_at)
+        assert held(index) == reference
+        assert (sub.gaps, sub.replays, index.stats.gaps) == (1, 1, 0)
         await sub.stop()
 
         # without a replay endpoint the gap is counted and the blocks in it stay unknown
@@ -97,6 +133,39 @@ async def test_a_gap_and_a_late_start_are_filled_from_the_replay_socket() -> Non
         for seq, events in enumerate(steps):
             if not 5 <= seq <= 9:
                 await plain.receive("r0", frames(seq, events), None)
-        assert lossy.stats.gaps == 5 and held(lossy) != held(reference)
+        assert lossy.stats.gaps == 5 and held(lossy) != reference
     finally:
+        publisher.stop()
+
+
+async def test_a_restarted_engine_is_rebuilt_from_its_new_start() -> None:
+    """Its sequence going back, or its counters going back at a scrape (the index
+    ``reset``), has what the new process sent replayed from 0: the blocks it announced
+    before the gateway heard of the restart are not lost."""
+    old_steps, new_steps = batches(12, seed=1), batches(6, seed=2)
+    pub_at, replay_at = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    fleet = silent_fleet(replay_at)
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet, index)
+    publisher = await published(old_steps, pub_at, replay_at)
+    try:
+        await sub.start()
+        await settle(lambda: held(index) == reference_of(old_steps), "the old engine's")
+        publisher.stop()
+        publisher = await published(new_steps, pub_at, replay_at)
+        new = reference_of(new_steps)
+        # the new process's message 4 arrives (0-3 were missed while reconnecting)
+        await sub.receive("r0", frames(4, new_steps[4]), replay_at)
+        assert held(index) == reference_of(new_steps[:5])
+        assert index.stats.restarts == 1
+        await sub.receive("r0", frames(5, new_steps[5]), replay_at)
+        assert held(index) == new
+
+        # a scrape saw its counters go back: the index is reset and replayed at once
+        index.reset("r0")
+        assert not held(index)
+        await settle(lambda: held(index) == new, "the replay after a reset")
+        assert index.last_seq("r0") == 5
+    finally:
+        await sub.stop()
         publisher.stop()

@@ -192,6 +192,16 @@ def test_keys_are_chained_and_adapters_separate() -> None:
     index = KVIndex(BS)
     index.apply_event("r", BlockStored((1,), None, tuple(toks[:4]), BS, lora_name="sql-lora"))
     assert index.match(toks, ["r"])["r"] == 0 and index.num_blocks("r") == 1
+    # a request for the adapter (its name as the model) finds the adapter's blocks; the
+    # base model's, or another name, does not
+    assert index.match(toks, ["r"], model="sql-lora")["r"] == 1
+    assert index.match(toks, ["r"], model="llama-3-8b")["r"] == 0
+    # an engine that names the adapter only by id (no lora_name): never the base model's
+    index.apply_event("q", BlockStored((2,), None, tuple(toks[:4]), BS, lora_id=3))
+    assert index.num_blocks("q") == 1
+    assert index.match(toks, ["q"])["q"] == index.match(toks, ["q"], model="3")["q"] == 0
+    index.apply_event("q", BlockStored((5,), None, tuple(toks[:4]), BS, lora_id=0))
+    assert index.match(toks, ["q"])["q"] == 1  # lora_id 0: no adapter
 
 
 # -- the wire format -----------------------------------------------------------------------
@@ -238,12 +248,22 @@ def test_map_encoding_unknown_fields_and_hash_forms() -> None:
     b"\xc1",  # not msgpack
     msgpack.packb("hello"),
     msgpack.packb([1.0, "not a list", 0]),
-    msgpack.packb([1.0, [["BlockStored", "nope", None, [1], 4]], 0]),
-    msgpack.packb([1.0, [["BlockStored", [1], None, [1, 2, 3, 4], 0]], 0]),
-    msgpack.packb([1.0, [["BlockRemoved", [1.5]]], 0]),
-    msgpack.packb([1.0, [{"kind": "BlockStored"}], 0]),
-    msgpack.packb([1.0, [42], 0]),
 ])
 def test_malformed_payloads_raise_wire_errors(payload: bytes) -> None:
     with pytest.raises(KVWireError):
         decode_payload(payload)
+
+
+@pytest.mark.parametrize("bad", [
+    ["BlockStored", "nope", None, [1], 4],
+    ["BlockStored", [1], None, [1, 2, 3, 4], 0],
+    ["BlockRemoved", [1.5]],
+    {"kind": "BlockStored"},
+    42,
+])
+def test_a_malformed_event_is_skipped_and_counted_and_its_batch_kept(bad: object) -> None:
+    good = ["BlockStored", [7], None, [1, 2, 3, 4], 4]
+    batch = decode_payload(msgpack.packb([1.0, [good, bad, ["AllBlocksCleared"]], 0]))
+    assert batch.malformed == 1
+    assert batch.events == (BlockStored((7,), None, (1, 2, 3, 4), 4, None, None, None),
+                            AllBlocksCleared())
