@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gateway.config import GatewayConfig, load_config
+from tests.deploy.builds import dockerfile_builds
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -51,3 +52,17 @@ def test_admin_token_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "short")
     with pytest.raises(ValueError, match="at least 16 characters"):
         _gateway_config()
+
+
+def test_images_are_the_dockerfiles_documented_builds() -> None:
+    """What compose builds is tagged as each Dockerfile's header builds it by hand (and as
+    the Kubernetes manifests name it), not as an untagged ``latest`` beside it."""
+    documented = dockerfile_builds()
+    built = 0
+    for name, svc in _services().items():
+        if "build" not in svc:
+            continue
+        dockerfile = svc["build"]["dockerfile"]
+        assert svc["image"] == documented[dockerfile], (name, dockerfile)
+        built += 1
+    assert built == len(_services())

@@ -62,3 +62,67 @@ def test_every_series_read_is_exported() -> None:
     assert {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
             "kvgate_time_to_first_token_seconds_bucket",
             "vllm:time_to_first_token_seconds_bucket"} <= read
+
+
+# per-replica gauges that every gateway copy reports whole (the replica's queue as routing
+# sees it, peers included; its health; its hit rate from its own counters): N copies report
+# the same value N times, so across copies take one (max, min, avg), never their sum.
+# kvgate_replica_in_flight is each copy's own share and sums rightly.
+WHOLE_REPLICA_GAUGES = ("kvgate_replica_queued_tokens", "kvgate_replica_healthy",
+                        "kvgate_replica_token_hit_rate", "kvgate_fleet_token_hit_rate")
+# aggregations whose result does not change when a series is repeated
+UNCHANGED_BY_COPIES = {"max", "min", "avg", "group", "topk", "bottomk", "quantile"}
+AGGREGATIONS = UNCHANGED_BY_COPIES | {"sum", "count", "count_values", "stddev", "stdvar"}
+STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+WORD_BEFORE = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*$")
+
+
+def enclosing_calls(expr: str, at: int) -> list[str]:
+    """The names before the parentheses around ``expr[at]``, innermost first (an
+    aggregation's ``by (...)``/``without (...)`` clause skipped; "" for bare parentheses)."""
+    expr = STRING.sub(lambda m: '"' + "_" * (len(m.group()) - 2) + '"', expr)
+    names, depth, i = [], 0, at
+    while i > 0:
+        i -= 1
+        if expr[i] == ")":
+            depth += 1
+        elif expr[i] == "(" and depth:
+            depth -= 1
+        elif expr[i] == "(":
+            head = expr[:i].rstrip()
+            if head.endswith(")"):  # sum by (replica)(...): skip the clause
+                close, inner = len(head) - 1, 0
+                for j in range(close, -1, -1):
+                    inner += {")": 1, "(": -1}.get(head[j], 0)
+                    if inner == 0:
+                        break
+                clause = WORD_BEFORE.search(head[:j])
+                if clause and clause.group(1) in ("by", "without"):
+                    head = head[:clause.start()]
+            word = WORD_BEFORE.search(head)
+            names.append(word.group(1) if word else "")
+    return names
+
+
+def test_whole_replica_gauges_are_never_summed_across_copies() -> None:
+    dashboard = load_dashboard()
+    exprs = [*panel_queries(dashboard), *variable_queries(dashboard).values()]
+    read = 0
+    for expr in exprs:
+        for gauge in WHOLE_REPLICA_GAUGES:
+            for match in re.finditer(rf"\b{gauge}\b", expr):
+                read += 1
+                aggregations = [n for n in enclosing_calls(expr, match.start())
+                                if n in AGGREGATIONS]
+                if aggregations:  # the innermost one combines the copies' series
+                    assert aggregations[0] in UNCHANGED_BY_COPIES, \
+                        f"{aggregations[0]} over {gauge} counts it once per gateway copy: {expr}"
+    assert read, "the dashboard reads none of the whole-replica gauges"
+
+
+def test_enclosing_calls() -> None:
+    expr = 'max by (replica)(kvgate_replica_queued_tokens{a=~"(x)"})'
+    assert enclosing_calls(expr, expr.index("kvgate_")) == ["max"]
+    expr = "sum(rate(x[1m])) by (replica) / sum without (pod)((kvgate_replica_healthy))"
+    assert enclosing_calls(expr, expr.index("kvgate_")) == ["", "sum"]
+    assert enclosing_calls(expr, expr.index("x[")) == ["rate", "sum"]

@@ -2,14 +2,15 @@
 the Kubernetes JSON schemas (kubernetes-validate, strict: unknown fields fail), the
 ServiceMonitors (a CRD it has no schema for) by their required structure here, and the
 parts that must agree with each other and with kvgate itself (the gateway config, the
-commands, the ports, the RBAC discovery needs)."""
+commands, the ports, the RBAC discovery needs, the tokenizer the gateway shares with the
+engines, the images the README and Dockerfiles build, the network policies)."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
@@ -21,6 +22,7 @@ from gateway import serve as gateway_cli
 from gateway.config import parse_config
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.peer_config import split_address
+from tests.deploy.builds import README, builds_in, dockerfile_builds, split_image
 from tests.support.binaries import which
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,9 +55,9 @@ def by_kind(objects: dict[tuple[str, str], Obj], kind: str) -> dict[str, Obj]:
 
 def test_the_bundle_holds_what_a_fleet_needs(objects: dict[tuple[str, str], Obj]) -> None:
     kinds = sorted(k for k, _ in objects)
-    assert kinds == ["ConfigMap", "Deployment", "Deployment", "Role", "RoleBinding",
-                     "Service", "Service", "Service", "ServiceAccount", "ServiceMonitor",
-                     "ServiceMonitor"]
+    assert kinds == ["ConfigMap", "Deployment", "Deployment", "NetworkPolicy",
+                     "NetworkPolicy", "Role", "RoleBinding", "Service", "Service", "Service",
+                     "ServiceAccount", "ServiceMonitor", "ServiceMonitor"]
     assert {o["metadata"].get("namespace") for o in objects.values()} == {"llm"}
 
 
@@ -209,3 +211,207 @@ def test_engine(objects: dict[tuple[str, str], Obj]) -> None:
     assert service["spec"]["selector"].items() <= \
         deployment["spec"]["template"]["metadata"]["labels"].items()
     assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
+
+
+def gateway_config_of(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.MonkeyPatch
+                      ) -> Any:
+    """The gateway's config, parsed by kvgate from the ConfigMap its command reads (its
+    secrets' variables set to stand-ins)."""
+    deployment = objects[("Deployment", "kvgate-gateway")]
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(deployment)
+    parser = argparse.ArgumentParser()
+    gateway_cli.add_arguments(parser)
+    args = parser.parse_args(c["args"])
+    mount = next(m for m in c["volumeMounts"] if args.config.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    raw = yaml.safe_load(objects[("ConfigMap", volume["configMap"]["name"])]
+                         ["data"][Path(args.config).name])
+    monkeypatch.setenv(raw["admin"]["token_env"], "a-token-long-enough-0123")
+    monkeypatch.setenv(raw["peers"]["secret_env"], "a-peer-secret-long-enough-0123")
+    return parse_config(raw, "gateway.yaml")
+
+
+def on_claim(deployment: Obj, path: str) -> tuple[str, PurePosixPath, Obj, Obj]:
+    """Where ``path`` in the deployment's container lies: (claim name, path inside the
+    claim, the volume mount, the volume). Fails when no PersistentVolumeClaim holds it."""
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(deployment)
+    for mount in sorted(c.get("volumeMounts", []), key=lambda m: -len(m["mountPath"])):
+        root = PurePosixPath(mount["mountPath"])
+        target = PurePosixPath(path)
+        if target != root and root not in target.parents:
+            continue
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        claim = volume.get("persistentVolumeClaim")
+        assert claim, f"{path} lies on volume {mount['name']!r}, which is no claim"
+        inside = PurePosixPath("/", mount.get("subPath", ""), target.relative_to(root))
+        return claim["claimName"], inside, mount, volume
+    raise AssertionError(f"{path} lies on no volume of {deployment['metadata']['name']}")
+
+
+def tokenizer_file(path: PurePosixPath) -> PurePosixPath:
+    """The tokenizer.json that kvwire.tokenizer.load_tokenizer reads for ``path`` (a
+    directory, or the file itself)."""
+    return path if path.suffix == ".json" else path / "tokenizer.json"
+
+
+def test_gateway_tokenizes_with_the_engines_model(objects: dict[tuple[str, str], Obj],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engines publish KV events in their tokenizer's ids and the cost policy matches
+    prompts against them: the gateway must read the very tokenizer.json the engines read,
+    from the same claim, mounted read-only (its root filesystem stays read-only)."""
+    engine = objects[("Deployment", "kvgate-engine")]
+    parser = argparse.ArgumentParser()
+    engine_cli.add_arguments(parser)
+    args = parser.parse_args(container(engine)["args"])
+    # engine.cli: --tokenizer, else the torch executor's model directory
+    engine_path = args.tokenizer or (args.model if args.executor == "torch" else None)
+    assert engine_path is not None, "the engines tokenize with the project's tokenizer"
+    engine_claim, engine_inside, _, _ = on_claim(engine, engine_path)
+
+    config = gateway_config_of(objects, monkeypatch)
+    assert config.tokenizer is not None, \
+        "gateway.yaml names no tokenizer: the gateway's token ids are not the engines'"
+    gateway = objects[("Deployment", "kvgate-gateway")]
+    claim, inside, mount, volume = on_claim(gateway, config.tokenizer)
+    assert claim == engine_claim
+    assert tokenizer_file(inside) == tokenizer_file(engine_inside)
+    assert mount.get("readOnly") is True
+    assert volume["persistentVolumeClaim"].get("readOnly") is True
+    pod = gateway["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    security = container(gateway)["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def test_images_are_the_documented_builds(objects: dict[tuple[str, str], Obj]) -> None:
+    """Each Deployment runs the image (name and tag; a registry in front of it is the
+    operator's newName) that its Dockerfile's header and the README's Kubernetes section
+    build, never an implicit ``latest``."""
+    documented = dockerfile_builds()
+    readme = builds_in(readme_section("On Kubernetes"))
+    for name, dockerfile in (("kvgate-gateway", "deploy/gateway/Dockerfile"),
+                             ("kvgate-engine", "deploy/engine/Dockerfile")):
+        image = container(objects[("Deployment", name)])["image"]
+        built = documented[dockerfile]
+        assert readme.get(dockerfile) == built, \
+            f"README builds {readme.get(dockerfile)!r} from {dockerfile}, not {built!r}"
+        assert split_image(built)[1] is not None, f"{dockerfile} builds {built}: no tag"
+        assert split_image(image) == split_image(built), \
+            f"{name} runs {image}, but {dockerfile} builds {built}"
+
+
+def container_port(c: Obj, port: int | str) -> int:
+    """A NetworkPolicy's port (a number, or a name the container gives one) as a number."""
+    if isinstance(port, int):
+        return port
+    by_name = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert port in by_name, f"no container port named {port!r}"
+    return int(by_name[port])
+
+
+def selects(selector: Obj, labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, "matchExpressions: not checked here"
+    return bool(selector.get("matchLabels", {}).items() <= labels.items())
+
+
+def policies_for(objects: dict[tuple[str, str], Obj], deployment: Obj) -> list[Obj]:
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    return [p for p in by_kind(objects, "NetworkPolicy").values()
+            if selects(p["spec"]["podSelector"], labels)]
+
+
+def ingress_rules(policies: list[Obj]) -> list[Obj]:
+    assert policies, "no NetworkPolicy selects these pods: any pod may connect"
+    for policy in policies:
+        assert "Ingress" in policy["spec"]["policyTypes"], policy["metadata"]["name"]
+    return [rule for policy in policies for rule in policy["spec"].get("ingress", [])]
+
+
+def test_engines_take_only_the_gateway_and_monitoring(objects: dict[tuple[str, str], Obj],
+                                                      monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """The engines' API (with POST /reset_prefix_cache) and KV event ports answer the
+    gateway's pods, in their namespace; their metrics port Prometheus too, picked by a
+    namespace and pod selector (the operator adjusts both); no other source, no other port.
+    Their pods mount no service account token."""
+    engine = objects[("Deployment", "kvgate-engine")]
+    gateway = objects[("Deployment", "kvgate-gateway")]
+    gateway_labels = gateway["spec"]["template"]["metadata"]["labels"]
+    c = container(engine)
+    # what the gateway's discovery connects to, and what the ServiceMonitor scrapes
+    (source,) = gateway_config_of(objects, monkeypatch).discovery
+    assert isinstance(source, KubernetesSourceConfig)
+    service_ports = {p["name"]: p["targetPort"]
+                     for p in objects[("Service", "kvgate-engine")]["spec"]["ports"]}
+    gateway_needs = {container_port(c, service_ports[name]) for name in
+                     (source.port_name, source.kv_events_port_name,
+                      source.kv_events_replay_port_name)}
+    (scraped,) = objects[("ServiceMonitor", "kvgate-engine")]["spec"]["endpoints"]
+    metrics_port = container_port(c, service_ports[scraped["port"]])
+
+    from_gateway: set[int] = set()
+    from_monitoring: set[int] = set()
+    for rule in ingress_rules(policies_for(objects, engine)):
+        assert rule.get("from"), "an ingress rule admits every source"
+        assert rule.get("ports"), "an ingress rule admits every port"
+        ports = {container_port(c, p["port"]) for p in rule["ports"]}
+        assert all(p.get("protocol", "TCP") == "TCP" for p in rule["ports"])
+        for peer in rule["from"]:
+            assert "ipBlock" not in peer, "an address range reaches the engines"
+            assert peer.get("podSelector", {}).get("matchLabels"), \
+                "a rule admits every pod of a namespace"
+            if "namespaceSelector" not in peer:  # the engines' namespace: the gateway only
+                assert selects(peer["podSelector"], gateway_labels), peer
+                from_gateway |= ports
+            else:  # another namespace: monitoring, named, on the metrics port only
+                assert peer["namespaceSelector"].get("matchLabels"), \
+                    "a rule admits pods of every namespace"
+                assert not selects(peer["podSelector"], gateway_labels)
+                from_monitoring |= ports
+    assert from_gateway == gateway_needs
+    assert from_monitoring == {metrics_port}
+    pod = engine["spec"]["template"]["spec"]
+    assert pod.get("automountServiceAccountToken") is False, "engine pods mount an API token"
+    # the gateway keeps its token: discovery reads the API with it
+    account = objects[("ServiceAccount", gateway["spec"]["template"]["spec"]
+                       ["serviceAccountName"])]
+    assert gateway["spec"]["template"]["spec"].get("automountServiceAccountToken", True)
+    assert account.get("automountServiceAccountToken", True)
+
+
+def test_gateway_network_policy_keeps_clients(objects: dict[tuple[str, str], Obj],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients reach the gateway's OpenAI port from anywhere (as its Service promises);
+    its peers port takes only the other copies; nothing admits the admin port."""
+    gateway = objects[("Deployment", "kvgate-gateway")]
+    labels = gateway["spec"]["template"]["metadata"]["labels"]
+    c = container(gateway)
+    config = gateway_config_of(objects, monkeypatch)
+    assert config.peers.listen is not None
+    peers_port = split_address(config.peers.listen, "peers.listen", any_port=True)[1]
+    (service_port,) = objects[("Service", "kvgate-gateway")]["spec"]["ports"]
+    open_to_all: set[int] = set()
+    from_copies: set[int] = set()
+    for rule in ingress_rules(policies_for(objects, gateway)):
+        assert rule.get("ports"), "an ingress rule admits every port"
+        ports = {container_port(c, p["port"]) for p in rule["ports"]}
+        assert config.admin.port not in ports
+        if not rule.get("from"):
+            open_to_all |= ports
+            continue
+        for peer in rule["from"]:
+            assert set(peer) == {"podSelector"} and selects(peer["podSelector"], labels), peer
+            from_copies |= ports
+    assert open_to_all == {config.port, container_port(c, service_port["targetPort"])}
+    assert peers_port in from_copies and peers_port not in open_to_all
