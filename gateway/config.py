@@ -24,7 +24,7 @@ Example (every key but ``replicas`` has a default)::
              max_queued_tokens_per_replica: null, connections_per_replica: 256,
              max_connections: 4096, keep_alive_s: 75, max_header_bytes: 65536,
              header_timeout_s: 10, body_timeout_s: 60, max_receiving_bytes: 268435456}
-    timeouts: {connect_s: 2, first_byte_s: 300, stream_first_byte_s: null, idle_s: 60,
+    timeouts: {connect_s: 2, first_byte_s: 600, stream_first_byte_s: null, idle_s: 60,
                buffer_bytes: 1048576}
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
              request_failures_to_eject: 3, ejection_s: 10}
@@ -118,7 +118,7 @@ class TimeoutConfig:
     ``stream_first_byte_s`` fixes it (see ``gateway.first_byte``)."""
 
     connect_s: float = 2.0
-    first_byte_s: float = 300.0
+    first_byte_s: float = 600.0  # the openai client's own default timeout
     stream_first_byte_s: float | None = None
     idle_s: float = 60.0
     buffer_bytes: int = 1 << 20  # a non-streamed answer up to this size is read whole first

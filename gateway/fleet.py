@@ -118,6 +118,9 @@ class ReplicaState:
     pending_at_scrape: int = 0  # pending_tokens (the box's, with workers) when last scraped
     in_flight_at_scrape: int = 0  # in_flight (the box's, with workers) when last scraped
     in_flight: int = 0
+    # monotonic: when it last gave this worker's requests a first byte or a whole answer
+    # (a try waiting on it past its wait is then waiting on a busy replica, not a hung one)
+    progress_at: float = 0.0
     unsettled: dict[Pending, None] = field(default_factory=dict)  # oldest first
     models: tuple[str, ...] = ()
     models_cut: bool = False  # it serves more models than ``models`` holds

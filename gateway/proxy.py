@@ -4,10 +4,16 @@ answer for a whole one.
 ``Proxy.open`` tries the decision's replicas in order until one answers: a connect error
 ejects the replica and moves on; a 5xx, a first-byte timeout, a body cut before anything
 reached the client, or a stream that ends before its first event moves on too, counted
-against the replica (``Fleet.request_failed`` ejects it after several in a row); a 4xx is
-the client's problem and is relayed as it is. Every try shares the request's one
-first-byte deadline: a later try gets what is left of it (none under ``_LEAST_TRY_S``),
-and one that the deadline, not its own wait, cut short is not counted against its replica.
+against the replica (``Fleet.request_failed`` ejects it after several in a row); a 4xx (and
+a 501: not implemented there) is the client's problem and is relayed as it is. A 5xx is
+counted against its replica only once another replica answered the request: when a second
+one answers it with a 5xx too, the request is what fails (input that breaks the engine),
+no further replica is tried, neither is counted, and the client gets the replica's error
+message. Every try shares the request's one first-byte deadline: a later try gets what is
+left of it (none under ``_LEAST_TRY_S``), and one that the deadline, not its own wait, cut
+short is not counted against its replica. A try's own wait (``gateway.first_byte``) is
+extended while its replica shows progress (it gave another request its first byte, or
+finished one, since the wait began or was last extended): a busy replica is slow, not hung.
 
 A non-streamed answer is read whole (up to ``buffer_bytes``) before the client sees a byte,
 so a replica dying mid-body is retried like any other failure; a longer one is relayed with
@@ -19,7 +25,7 @@ a stream ends with an OpenAI error event and no ``[DONE]``; a body ends short of
 relayed in whole events (a piece of one waits for its end), so the error event follows
 whole events. A stream whose ``[DONE]`` reached the client is whole however its body ends
 after that (the client hanging up at once, as the openai client does, or the replica never
-closing it).
+closing it); an OpenAI completion stream whose body ends without ``[DONE]`` is cut.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import orjson
 from gateway.config import HealthConfig, TimeoutConfig
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.first_byte import FirstByteDeadline
-from gateway.fleet import Fleet, Pending
+from gateway.fleet import Fleet, Pending, ReplicaState
 from gateway.fleet_events import FleetEvent, HealthChanged
 from gateway.idle_watch import IdleWatch
 from gateway.metrics import GatewayMetrics
@@ -59,10 +65,15 @@ _HOP_BY_HOP = frozenset({
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
+_DONE_DATA = _DONE_EVENT.rstrip()
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
 _HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
 _LEAST_TRY_S = 0.1  # a later try needs this much of the first-byte deadline left
+_CHECK_AHEAD_S = 0.05  # a try's wait is checked for progress this long before it ends
+_ERROR_MESSAGE_CHARS = 300  # of a replica's 5xx message, told to the client
+# the streams that end with [DONE] when whole (OpenAI's completions and chat completions)
+DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
 
 
 _SERVER_OWN = _HOP_BY_HOP | {"date", "server"}  # the gateway's server writes its own
@@ -116,8 +127,10 @@ class UpstreamStream:
     def __init__(self, replica: str, response: UpstreamResponse, first_chunk: bytes,
                  pending: Pending, idle_s: float, fleet: Fleet,
                  on_done: Callable[[UpstreamStream, bool], None], first_byte_s: float = 0.0,
-                 on_cut: Callable[[UpstreamStream], None] | None = None) -> None:
+                 on_cut: Callable[[UpstreamStream], None] | None = None,
+                 ends_with_done: bool = False) -> None:
         self.replica = replica
+        self.ends_with_done = ends_with_done  # a stream is whole only once [DONE] came
         self.first_byte_s = first_byte_s  # from sending to the first body byte
         self._opened = time.perf_counter() - first_byte_s
         self.duration_s: float | None = None  # from sending to the last byte, once closed
@@ -170,18 +183,18 @@ class UpstreamStream:
                 first = self._whole_events(first)
             if first:
                 yield first
-                self._delivered = self.stream and self._tail.endswith(_DONE_EVENT)
+                self._delivered = self.stream and _ends_done(self._tail)
             while True:
                 watch.waiting()
                 chunk = await response.readany()
                 watch.got()
                 if not chunk:
-                    if self.stream and response.until_close \
-                            and not self._tail.endswith(_DONE_EVENT):
+                    if self.stream and (response.until_close or self.ends_with_done) \
+                            and not _ends_done(self._tail):
                         # its end is the connection's, which a replica that died also
-                        # closes: only the stream's last event tells a whole answer
-                        raise UpstreamBroken("the connection closed before the stream's "
-                                             "last event")
+                        # closes, or an OpenAI stream's body ended without its last event:
+                        # only that event tells a whole answer
+                        raise UpstreamBroken("the stream ended before its last event")
                     if self._held:  # the body ended whole: what was held is its end
                         yield self._take_held()
                     break
@@ -201,7 +214,7 @@ class UpstreamStream:
                 yield chunk
                 # the client has the stream's last event: a client that hangs up now,
                 # before the replica's end of body arrives, got the whole answer
-                self._delivered = self.stream and self._tail.endswith(_DONE_EVENT)
+                self._delivered = self.stream and _ends_done(self._tail)
             ok = True
         except asyncio.CancelledError:
             if not watch.fired:
@@ -259,8 +272,9 @@ class UpstreamStream:
         last (``relay`` yields nothing more). A stream that ends with its connection is
         whole only once its last event came; else the relay goes on to tell it cut."""
         response = self.response
-        return response.is_eof() and not (self.stream and response.until_close
-                                          and not self._tail.endswith(_DONE_EVENT))
+        return response.is_eof() and not (
+            self.stream and (response.until_close or self.ends_with_done)
+            and not _ends_done(self._tail))
 
     @property
     def outcome(self) -> str:
@@ -284,7 +298,11 @@ class UpstreamStream:
         else:
             self.response.close()  # drops the connection: the replica sees the cancel
         self.fleet.done(self.pending)
-        self.on_done(self, (ok or self._delivered) and self.status < 400)
+        whole = (ok or self._delivered) and self.status < 400
+        state = self.pending.state
+        if whole and state is not None:
+            state.progress_at = time.monotonic()
+        self.on_done(self, whole)
 
     def usage(self) -> Usage | None:
         """The body's ``usage`` (a stream's last one), if it reports prompt tokens; parsed
@@ -327,7 +345,7 @@ class UpstreamStream:
         kvgate's engine)."""
         if self._events is None:
             return None
-        n = self._events - self._tail.endswith(_DONE_EVENT)
+        n = self._events - _ends_done(self._tail)
         if b'"role"' in self.first_chunk and b'"content":""' in self.first_chunk:
             n -= 1
         return max(0, n)
@@ -380,23 +398,27 @@ class Proxy:
         of them within ``first_byte_s``."""
         attempts: list[Attempted] = []
         last: _Retryable | None = None
+        suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
         deadline = time.monotonic() + self.timeouts.first_byte_s
-        per_try = self.first_byte.seconds(stream)
+        done_ends = path in DONE_PATHS
+        least_wait = self.first_byte.seconds(stream)  # a typical prompt's
         for replica in ranked[: self.max_attempts]:
             state = self.fleet.get(replica)
             left = deadline - time.monotonic()
             # a later try gets what is left of the request's deadline, unless that is too
             # little to be worth a replica's work (a first try always has its whole wait)
             if state is None or (not state.healthy and attempts) \
-                    or left < min(_LEAST_TRY_S, per_try / 2):
+                    or left < min(_LEAST_TRY_S, least_wait / 2):
                 continue
             on_sent(replica)
             pending = self.fleet.sent(replica, work_tokens(replica))
+            per_try = self.first_byte.seconds(stream, pending.tokens)
             wait = min(left, per_try)
             sent = state.upstream_headers(headers, self.forward_client_auth)
             try:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
-                                             sent, pending, wait, on_done)
+                                             sent, pending, wait, on_done, deadline,
+                                             done_ends)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -407,15 +429,28 @@ class Proxy:
                 self.fleet.done(pending)
                 attempts.append(Attempted(replica, exc.cause))
                 last = exc
+                if exc.cause == "5xx":
+                    if suspect is not None:
+                        # a second replica fails on it: the request is the cause
+                        suspect = None
+                        last = _Retryable("5xx", f"{exc} (as did every replica tried: the "
+                                          "request itself fails there)")
+                        break
+                    suspect = (replica, exc)
+                    continue
                 self._count_failure(replica, exc)
                 continue
             except BaseException:  # cancelled by a client disconnect
                 self.fleet.done(pending)
                 raise
+            if suspect is not None:  # another replica answered: the 5xx was its replica's
+                self._count_failure(*suspect)
             self.fleet.request_ok(replica)
             for attempt in attempts:
                 self.metrics.retried(attempt.replica, attempt.cause)
             return opened
+        if suspect is not None:  # no other replica told otherwise: counted
+            self._count_failure(*suspect)
         if last is None:
             raise UpstreamError("no replica could be tried", code="upstream_error")
         error = UpstreamTimeout if last.cause in ("timeout", "deadline") else UpstreamError
@@ -424,20 +459,27 @@ class Proxy:
 
     async def _attempt(self, replica: str, url: str, body: bytes, headers: Mapping[str, str],
                        pending: Pending, wait: float,
-                       on_done: Callable[[UpstreamStream, bool], None]) -> UpstreamStream:
-        """One replica: its answer's first bytes, or _Retryable."""
+                       on_done: Callable[[UpstreamStream, bool], None],
+                       deadline: float | None = None,
+                       ends_with_done: bool = False) -> UpstreamStream:
+        """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
+        to ``deadline`` (monotonic), while the replica shows progress."""
         started = time.perf_counter()
         response: UpstreamResponse | None = None
         waiting = _Waiting(asyncio.current_task())
         self._waiting.setdefault(replica, set()).add(waiting)
+        patience: _Patience | None = None
         try:
-            async with asyncio.timeout(wait):
+            async with asyncio.timeout(wait) as timer:
+                if deadline is not None and pending.state is not None:
+                    patience = _Patience(timer, pending.state, wait, deadline)
                 response = await self.client.post(url, body, headers)
-                if response.status >= 500:
+                if response.status >= 500 and response.status != 501:
                     detail = await response.read(_ERROR_BODY_LIMIT)
                     log.warning("replica %s answered %s: %s", replica, response.status,
                                 detail.decode(errors="replace"))
-                    raise _Retryable("5xx", f"replica {replica!r} answered {response.status}")
+                    raise _Retryable("5xx", f"replica {replica!r} answered {response.status}"
+                                     f"{_error_message(detail)}")
                 first = await response.readany()
                 first_byte_s = time.perf_counter() - started
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
@@ -457,7 +499,8 @@ class Proxy:
         except TimeoutError:
             _close(response)
             raise _Retryable("timeout", f"replica {replica!r} sent no byte within "
-                             f"{wait:.3g} s", "upstream_timeout") from None
+                             f"{wait:.3g} s while showing no progress",
+                             "upstream_timeout") from None
         except asyncio.CancelledError:
             _close(response)
             if not waiting.ejected:
@@ -471,6 +514,8 @@ class Proxy:
             _close(response)
             raise
         finally:
+            if patience is not None:
+                patience.cancel()
             held = self._waiting.get(replica)
             if held is not None:
                 held.discard(waiting)
@@ -478,10 +523,14 @@ class Proxy:
                     del self._waiting[replica]
         self.fleet.first_byte(pending)
         self.metrics.first_byte(replica, first_byte_s)
-        if streamed and response.status < 400:
-            self.first_byte.observe(first_byte_s)
+        if response.status < 400:
+            if pending.state is not None:
+                pending.state.progress_at = time.monotonic()
+            if streamed:
+                self.first_byte.observe(first_byte_s, pending.tokens)
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
-                              self.fleet, on_done, first_byte_s, self._cut)
+                              self.fleet, on_done, first_byte_s, self._cut,
+                              ends_with_done and streamed)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:
@@ -513,6 +562,54 @@ class Proxy:
         self.metrics.cut(stream.replica, stream.cut)
         self.fleet.request_failed(stream.replica, f"answer cut ({stream.cut})",
                                   self.health.request_failures_to_eject, self.health.ejection_s)
+
+
+class _Patience:
+    """Pushes a try's ``timer`` back by ``wait`` (up to ``deadline``, monotonic) each time
+    it is about to fire after the replica made progress since it was set or last pushed."""
+
+    __slots__ = ("_deadline", "_handle", "_loop", "_since", "_state", "_timer", "_wait")
+
+    def __init__(self, timer: asyncio.Timeout, state: ReplicaState, wait: float,
+                 deadline: float) -> None:
+        self._loop = asyncio.get_running_loop()  # its time() is time.monotonic()
+        self._timer, self._state, self._wait, self._deadline = timer, state, wait, deadline
+        self._since = self._loop.time()
+        self._handle = self._loop.call_at(self._since + wait - _CHECK_AHEAD_S, self._check)
+
+    def _check(self) -> None:
+        when = self._timer.when()
+        if when is None or self._timer.expired() or when >= self._deadline \
+                or self._state.progress_at <= self._since:
+            return  # no progress: the wait ends
+        now = self._loop.time()
+        self._since = now
+        until = min(self._deadline, now + self._wait)
+        self._timer.reschedule(until)
+        self._handle = self._loop.call_at(max(now, until - _CHECK_AHEAD_S), self._check)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+def _ends_done(tail: bytes) -> bool:
+    """Whether a stream's last bytes are its ``[DONE]`` event (its blank line perhaps
+    still to come)."""
+    return tail.rstrip(b"\r\n").endswith(_DONE_DATA)
+
+
+def _error_message(detail: bytes) -> str:
+    """': <message>' of a replica's OpenAI-shaped error body, cut short; '' for any other
+    body (its raw text, a trace perhaps, is logged, not shown to the client)."""
+    try:
+        data = orjson.loads(detail)
+    except ValueError:
+        return ""
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if not message or not isinstance(message, str):
+        return ""
+    return ": " + message[:_ERROR_MESSAGE_CHARS]
 
 
 def _close(response: UpstreamResponse | None) -> None:

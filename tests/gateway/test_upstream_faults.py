@@ -5,6 +5,7 @@ reach the client looking whole, and nothing hangs."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import socket
 import threading
@@ -54,9 +55,20 @@ def faulty(fault: str, calls: list[str] | None = None, size: int = 0,
                 break
         if calls is not None:
             calls.append(fault)
-        stream = json.loads(raw).get("stream", False)
+        request = json.loads(raw)
+        stream = request.get("stream", False)
         if fault == "hang":
             await asyncio.sleep(3)
+        if fault == "slow_long" and request.get("prompt") == "long":
+            await asyncio.sleep(1.2)  # a long prefill, while the others are answered
+        if fault in ("poison_500", "not_implemented"):
+            status = 500 if fault == "poison_500" else 501
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": json.dumps({"error": {
+                "message": "EngineCore failed on this input", "type": "InternalServerError",
+                "code": status}}).encode()})
+            return
         if fault == "late_503":
             await asyncio.sleep(0.8)
             await send({"type": "http.response.start", "status": 503, "headers": []})
@@ -448,12 +460,14 @@ class RawReplica:
                              b"content-length: %d\r\n\r\n%s" % (len(reply) - 10, reply))
                 time.sleep(0.1)
                 return
-            if self.mode in ("tail_line", "big_event"):
+            if self.mode in ("tail_line", "big_event", "no_done"):
                 # chunked; the last event ends in one newline only (tail_line), or one
-                # event of 3 MiB comes in pieces; the end of the body comes in a later write
+                # event of 3 MiB comes in pieces, or the body ends whole but for [DONE]
+                # (no_done); the end of the body comes in a later write
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                              b"transfer-encoding: chunked\r\n\r\n")
-                pieces = [self.EVENT, self.EVENT[:-1]] if self.mode == "tail_line" else [
+                pieces = [self.EVENT, self.EVENT, done[:-1]] if self.mode == "tail_line" \
+                    else [self.EVENT, self.EVENT] if self.mode == "no_done" else [
                     self.BIG[i : i + 65536] for i in range(0, len(self.BIG), 65536)] + [done]
                 for piece in pieces:
                     conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
@@ -578,10 +592,24 @@ def test_a_whole_stream_is_relayed_whole_however_its_events_are_cut(serve: Serve
             body = r.read()
         assert r.status_code == 200
         if mode == "tail_line":
-            assert body == RawReplica.EVENT + RawReplica.EVENT[:-1]
+            assert body == RawReplica.EVENT * 2 + b"data: [DONE]\n"
         else:
             assert body == RawReplica.BIG + b"data: [DONE]\n\n"
         assert metric(gw, "kvgate_upstream_cuts_total") == 0
+    finally:
+        replica.close()
+
+
+def test_a_completion_stream_that_ends_without_done_is_shown_cut(serve: Serve) -> None:
+    # its body ended cleanly (chunked), but an OpenAI stream is whole only with [DONE]
+    replica = RawReplica("no_done")
+    try:
+        gw = gateway(serve, [replica], max_attempts=1)  # type: ignore[list-item]
+        events = _streamed_events(gw)
+        assert events[:2] == [RawReplica.EVENT.decode().strip()] * 2
+        assert len(events) == 3 and "stopped mid-answer" in events[2]
+        assert json.loads(events[2][6:])["error"]["code"] == "upstream_broken"
+        assert metric(gw, 'kvgate_upstream_cuts_total{cause="broken",replica="r0"}') == 1
     finally:
         replica.close()
 
@@ -612,6 +640,74 @@ def test_an_answer_longer_than_its_length_is_retried_not_relayed_short(serve: Se
         assert metric(gw, 'kvgate_retries_total{cause="broken",replica="r0"}') >= 1
     finally:
         short.close()
+
+
+def _healthy(gw: ThreadServer) -> dict[str, float]:
+    return {line.split('"')[1]: float(line.split()[-1]) for line in
+            httpx.get(f"{gw.url}/metrics").text.splitlines()
+            if line.startswith("kvgate_replica_healthy{")}
+
+
+def test_a_request_two_replicas_fail_on_is_not_tried_further_nor_held_against_them(
+        serve: Serve) -> None:
+    # input that makes the engine fail: one client call must not take the fleet out
+    calls: list[str] = []
+    gw = gateway(serve, [serve(faulty("poison_500", calls)) for _ in range(3)],
+                 health={"interval_s": 0.2, "timeout_s": 0.5,
+                         "request_failures_to_eject": 1})
+    for _ in range(3):
+        r = post(gw)
+        assert r.status_code == 502, r.text
+        message = r.json()["error"]["message"]
+        assert "answered 500: EngineCore failed on this input" in message
+        assert "the request itself fails there" in message
+    assert len(calls) == 6  # two tries each, not three
+    assert _healthy(gw) == {"r0": 1.0, "r1": 1.0, "r2": 1.0}
+    assert httpx.get(f"{gw.url}/ready").status_code == 200
+
+
+def test_a_5xx_another_replica_answered_past_is_counted(serve: Serve) -> None:
+    gw = gateway(serve, [serve(faulty("poison_500")), serve(faulty("ok"))],
+                 health={"interval_s": 60, "timeout_s": 0.5, "request_failures_to_eject": 1,
+                         "ejection_s": 30})
+    assert post(gw).status_code == 200  # r0 first (round robin), then r1
+    assert _healthy(gw) == {"r0": 0.0, "r1": 1.0}
+
+
+def test_a_501_is_the_clients_answer(serve: Serve) -> None:
+    calls: list[str] = []
+    gw = gateway(serve, [serve(faulty("not_implemented", calls)), serve(faulty("ok", calls))],
+                 health={"interval_s": 0.2, "timeout_s": 0.5, "request_failures_to_eject": 1})
+    r = post(gw)
+    assert r.status_code == 501 and calls == ["not_implemented"]
+    assert r.json()["error"]["message"] == "EngineCore failed on this input"
+    assert _healthy(gw) == {"r0": 1.0, "r1": 1.0}
+
+
+def test_a_slow_first_token_on_a_replica_making_progress_is_waited_for(serve: Serve) -> None:
+    # a try's wait (0.3 s here) is for hung replicas: one that answers other requests
+    # meanwhile is busy, and the long prompt's answer is waited for there, not retried
+    calls: list[str] = []
+    gw = gateway(serve, [serve(faulty("slow_long", calls)), serve(faulty("ok", calls))],
+                 timeouts={"stream_first_byte_s": 0.3},
+                 health={"interval_s": 0.2, "timeout_s": 0.5, "request_failures_to_eject": 1})
+    def stream(prompt: str) -> tuple[int, bytes]:
+        with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10, json={
+                "model": "sim-model", "prompt": prompt, "stream": True}) as r:
+            return r.status_code, r.read()
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        slow = pool.submit(stream, "long")  # round robin's first: r0
+        time.sleep(0.05)
+        quick = []
+        for _ in range(12):  # r1, r0, r1, ...: r0 keeps answering these
+            quick.append(pool.submit(stream, "short"))
+            time.sleep(0.1)
+        status, body = slow.result()
+        assert all(f.result()[0] == 200 for f in quick)
+    assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
+    assert metric(gw, "kvgate_retries_total") == 0
+    assert _healthy(gw) == {"r0": 1.0, "r1": 1.0}
 
 
 def test_a_try_cut_short_by_the_requests_deadline_is_not_the_replicas_fault(
