@@ -71,7 +71,8 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         gw.metrics.built_on[routing.pooled].inc()
         route = routing.decision.reason
         forwarded = upstream_headers(request, gw.trusted_proxies)
-        request_id = request_id_of(request, forwarded, routing.request.request_id)
+        request_id = request_id_of(request, forwarded, routing.request.request_id,
+                                   intake.parsed.body.get("request_id"))
         trace.upstream(forwarded)
         return await relay(request, _open(gw, routing, intake, path, slot, forwarded,
                                           request_id, arrived, trace),

@@ -49,12 +49,15 @@ def _sane(given: str) -> bool:
     return 0 < len(given) <= 128 and set(given) <= _ID_CHARS
 
 
-def request_id_of(request: Request, headers: dict[str, str], made: str) -> str:
-    """The request's id: the client's ``X-Request-Id`` when it is a sane one, else
-    ``made``; set in ``headers`` (what is forwarded) and kept in the request's scope (for
-    an error answered later) either way."""
+def request_id_of(request: Request, headers: dict[str, str], made: str,
+                  in_body: object = None) -> str:
+    """The request's id: the client's ``X-Request-Id`` when it is a sane one, else the
+    body's ``request_id`` (``in_body``: vLLM's own field, which the header would override
+    there) when sane, else ``made``; set in ``headers`` (what is forwarded) and kept in the
+    request's scope (for an error answered later) either way."""
     given = headers.get("x-request-id")
-    chosen = given if given is not None and _sane(given) else made
+    chosen = given if given is not None and _sane(given) else \
+        in_body if isinstance(in_body, str) and _sane(in_body) else made
     headers["x-request-id"] = chosen
     request.scope[REQUEST_ID_KEY] = chosen
     return chosen

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -88,7 +88,9 @@ class Router:
                                         thread_name_prefix="kvgate-tokenize")
         self._slots = asyncio.Semaphore(concurrency)
         self._ids = itertools.count()
-        self._id_prefix = f"{os.getpid():x}-"
+        # random per process: ids unique across gateway copies and restarts (a replica
+        # refuses an id it is already running; every container's gateway is pid 1)
+        self._id_prefix = f"{secrets.token_hex(6)}-"
         self._anchors = HeadAnchors()  # a conversation's later turns repeat its head
         self._chunk_memo: ChunkMemo | None = None  # made for the policy's chunk_chars
 

@@ -157,6 +157,15 @@ def test_request_ids_are_kept_or_made_and_go_both_ways(serve: Serve) -> None:
                       headers={"x-request-id": "bad id\twith spaces"})
     assert made.headers["x-request-id"] == rec.headers[-1]["x-request-id"] != "bad id"
     assert " " not in made.headers["x-request-id"]
+    # vLLM's own body field: the header the gateway adds would override it there
+    in_body = httpx.post(f"{url}/v1/completions", json={**body, "request_id": "trace-42"})
+    assert in_body.headers["x-request-id"] == "trace-42" == rec.headers[-1]["x-request-id"]
+    # made ids differ between gateway copies (every container's gateway is pid 1), and
+    # between restarts: a replica refuses an id it is already running
+    other = serve(create_app(config([("r0", serve(fake_replica(rec)).url)]))).url
+    ids = {httpx.post(f"{u}/v1/completions", json=body).headers["x-request-id"]
+           for u in (url, other) for _ in range(2)}
+    assert len(ids) == 4
 
 
 def test_the_access_log_has_a_line_per_request(serve: Serve) -> None:
