@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvwire.media_parts import TYPES as MEDIA_TYPES
-from kvwire.media_parts import MediaPartError, placeholder
+from kvwire.media_parts import MediaPartError, media_type, placeholder
+
+# parts whose text is the model's to read: the key that holds it
+_TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal",
+               "thinking": "thinking"}
 
 
 class ChatFormatError(ValueError):
@@ -60,24 +63,33 @@ def _normalize_message(message: Any, index: int, hash_media: bool) -> dict[str, 
     if isinstance(content, list):  # content parts, in order: text, or media placeholders
         texts = []
         for j, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, Mapping) else None
             where = f"messages[{index}].content[{j}]"
-            if kind == "text":
-                text = part.get("text", "")
+            if isinstance(part, str):  # a bare string is a text part
+                texts.append(part)
+                continue
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind is None and isinstance(part, Mapping):
+                kind = next((k for k in _TEXT_PARTS if k in part), None)
+            field = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+            if field is not None:
+                assert isinstance(part, Mapping)
+                text = part.get(field, "")
                 if not isinstance(text, str):
-                    raise ChatFormatError(f"{where}.text must be a string, got "
-                                          f"{type(text).__name__}", param=f"{where}.text")
+                    raise ChatFormatError(f"{where}.{field} must be a string, got "
+                                          f"{type(text).__name__}", param=f"{where}.{field}")
                 texts.append(text)
                 continue
-            if isinstance(kind, str) and kind in MEDIA_TYPES:
+            if media_type(part) is not None:
+                assert isinstance(part, Mapping)
                 try:
                     texts.append(placeholder(part, where, hash_media))
                 except MediaPartError as exc:
                     raise ChatFormatError(str(exc), param=exc.field) from None
             else:
                 raise ChatFormatError(
-                    f"{where} must be a text, image_url, input_audio or video_url part "
-                    f"({{'type': 'text', 'text': ...}}), got type {kind!r:.40}", param=where)
+                    f"{where} must be a text, refusal, thinking, image_url, image_embeds, "
+                    f"input_audio, audio_url or video_url part ({{'type': 'text', 'text': "
+                    f"...}}), got type {kind!r:.40}", param=where)
         content = "".join(texts)
     if not isinstance(content, str):
         raise ChatFormatError(f"messages[{index}].content must be a string or a list of parts")

@@ -29,8 +29,13 @@ DIGEST_HEX_CHARS = 32  # 128 bits of SHA-256: no two contents share a placeholde
 _NO_DIGEST = "0" * DIGEST_HEX_CHARS
 
 # the part's type -> (the object it carries, the placeholder's kind)
-_KINDS = {"image_url": "image", "input_audio": "audio", "video_url": "video"}
+_KINDS = {"image_url": "image", "input_audio": "audio", "video_url": "video",
+          "audio_url": "audio", "image_embeds": "image"}
 TYPES = frozenset(_KINDS)
+# a part without ``type`` carries one of these keys (vLLM reads such parts too), its value
+# the URL itself (or the embeddings)
+UNTYPED_KEYS = ("image_url", "audio_url", "input_audio", "image_embeds", "video_url")
+_SCHEMES = ("http://", "https://", "data:", "file://")
 
 
 class MediaPartError(ValueError):
@@ -52,8 +57,18 @@ def _identity(part: Mapping[str, Any], where: str) -> tuple[str, tuple[str, ...]
     """The placeholder's kind and the strings that identify the part's content; raises
     MediaPartError naming the first bad field."""
     kind = part.get("type")
+    untyped = kind is None
+    if untyped:
+        kind = next(k for k in UNTYPED_KEYS if part.get(k) is not None)
     assert isinstance(kind, str) and kind in _KINDS
     inner = part.get(kind)
+    if kind == "image_embeds":  # base64 tensors, or a map of them: their text identifies
+        if not isinstance(inner, str | Mapping) or not inner:
+            raise MediaPartError(f"{where}.{kind}", "must be a non-empty string or object")
+        return _KINDS[kind], (inner if isinstance(inner, str) else
+                              repr(sorted((str(k), str(v)) for k, v in inner.items())),)
+    if untyped and isinstance(inner, str) and kind != "input_audio":
+        inner = {"url": inner}  # {"image_url": "<url>"}: the URL itself
     if not isinstance(inner, Mapping):
         raise MediaPartError(f"{where}.{kind}", "must be an object")
     if kind == "input_audio":
@@ -61,15 +76,16 @@ def _identity(part: Mapping[str, Any], where: str) -> tuple[str, tuple[str, ...]
         fmt = _string(inner.get("format"), f"{where}.{kind}.format", "e.g. 'wav' or 'mp3'")
         return _KINDS[kind], (fmt, data)
     url = _string(inner.get("url"), f"{where}.{kind}.url",
-                  "an http(s) URL or a data: URI")
-    if not url.startswith(("http://", "https://", "data:")):
+                  "an http(s) or file URL, or a data: URI")
+    if not url.startswith(_SCHEMES):
         raise MediaPartError(f"{where}.{kind}.url",
-                             f"must be an http(s) URL or a data: URI, got {url[:40]!r}")
+                             f"must be an http(s) or file URL, or a data: URI, got {url[:40]!r}")
     return _KINDS[kind], (url,)
 
 
 def placeholder(part: Mapping[str, Any], where: str, digest: bool = True) -> str:
-    """The text that stands for media ``part`` (its ``type`` one of :data:`TYPES`) at
+    """The text that stands for media ``part`` (its ``type`` one of :data:`TYPES`, or no
+    ``type`` and one of :data:`UNTYPED_KEYS`) at
     ``where`` (its path, for errors). With ``digest`` False the part is only checked and
     the placeholder has the same length with a zero digest (for checks and length
     estimates that must not hash megabytes)."""
@@ -89,8 +105,17 @@ def carries_media(messages: Any) -> bool:
         return False
     for message in messages:
         content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, list) and any(
-                isinstance(p, Mapping) and isinstance(p.get("type"), str) and p["type"] in TYPES
-                for p in content):
+        if isinstance(content, list) and any(media_type(p) is not None for p in content):
             return True
     return False
+
+
+def media_type(part: Any) -> str | None:
+    """The media type of a content part (one of :data:`TYPES`, its ``type`` or, without
+    one, the key it carries), else None."""
+    if not isinstance(part, Mapping):
+        return None
+    kind = part.get("type")
+    if kind is None:
+        return next((k for k in UNTYPED_KEYS if part.get(k) is not None), None)
+    return kind if isinstance(kind, str) and kind in TYPES else None

@@ -97,3 +97,22 @@ def test_carries_media() -> None:
     assert not carries_media([{"role": "user", "content": [{"type": "text", "text": "x"}]}])
     assert not carries_media([{"role": "user", "content": "x"}, "junk"])
     assert not carries_media(None)
+
+
+def test_every_part_vllm_reads_is_read() -> None:
+    # what vLLM's chat parser takes must not be refused before a replica sees it
+    bare: Any = "plain string part "
+    assert content(user(bare)).startswith("Look: plain string part ")
+    assert "I can't help." in content(user({"type": "refusal", "refusal": "I can't help."}))
+    assert "hmm" in content(user({"type": "thinking", "thinking": "hmm"}))
+    # a part without ``type`` that carries its URL as a string stands as the typed one
+    assert content(user({"image_url": PNG_A})) == content(user(image(PNG_A)))
+    assert content(user({"text": "bare"})) == "Look: bare What is it?"
+    for part in ({"type": "audio_url", "audio_url": {"url": "https://x/a.wav"}},
+                 {"type": "image_embeds", "image_embeds": "QUJD"},
+                 image("file:///data/pictures/a.png")):
+        text = content(user(part))
+        assert "<|" in text and carries_media(user(part))
+        assert parse_fields({"model": "m", "messages": user(part)}, chat=True).messages
+    assert carries_media(user({"image_url": PNG_A}))
+    assert not carries_media(user({"type": "refusal", "refusal": "no"}))
