@@ -71,6 +71,9 @@ def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
         "token_hit_rate": view.token_hit_rate, "epoch": view.epoch,
         "models": list(state.models),
         "dialect": state.scraped.dialect if state.scraped else None,
+        # its scrapes failed since: the load figures above are this gateway's own
+        "scrape_stale": state.scraped.stale if state.scraped else None,
+        "scrape_failures": state.scrape_failures,
         "pending_age_s": view.pending_age_s,
         "prefill_tokens_per_s": view.prefill_tokens_per_s,
         "replica_tokens_per_gateway_token": gw.fleet.calibration.ratio(),

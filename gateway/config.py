@@ -28,7 +28,8 @@ Example (every key but ``replicas`` has a default)::
                buffer_bytes: 1048576}
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
              request_failures_to_eject: 3, ejection_s: 10}
-    scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60,
+    scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60, stale_after_failures: 3,
+             max_bytes: 8388608,
              kv_capacity_estimate: {enabled: true, min_samples: 3, window: 64}}
     discovery: [{type: dns, name: vllm-headless.llm.svc.cluster.local, port: 8000},
                 {type: kubernetes, namespace: llm, service: vllm, port_name: http}]
@@ -154,12 +155,17 @@ class ScrapeConfig:
     timeout_s: float = 1.0
     hit_rate_window_s: float = 60.0
     enabled: bool = True
+    # scrapes failing in a row after which a replica's last load figures are dropped
+    # (routing then counts only what this gateway sent it), and a page's size bound
+    stale_after_failures: int = 3
+    max_bytes: int = 8 << 20
     # capacity from kv_cache_usage_perc, for replicas whose /metrics tell none
     kv_capacity_estimate: CapacityEstimateConfig = field(
         default_factory=CapacityEstimateConfig)
 
     def validate(self) -> None:
-        _positive(self, "interval_s", "timeout_s", "hit_rate_window_s")
+        _positive(self, "interval_s", "timeout_s", "hit_rate_window_s",
+                  "stale_after_failures", "max_bytes")
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,7 @@ class ReplicaState:
     ejections: int = 0  # outlier ejections in a row, each soon after the last
     scraped: ScrapedMetrics | None = None
     scrape_seq: int = 0
+    scrape_failures: int = 0  # scrapes failed in a row (the leader's)
     epoch: int = 0
     pending_tokens: int = 0  # sent, no first byte yet
     pending_at_scrape: int = 0  # pending_tokens (the box's, with workers) when last scraped

@@ -19,7 +19,7 @@ import orjson
 from gateway.config import HealthConfig, ScrapeConfig
 from gateway.fleet import Fleet, ReplicaState
 from gateway.kv_capacity_estimate import CapacityEstimator
-from gateway.replica_metrics import parse_metrics
+from gateway.replica_metrics import parse_metrics, stale_copy
 
 log = logging.getLogger("kvgate.monitor")
 
@@ -29,6 +29,7 @@ log = logging.getLogger("kvgate.monitor")
 MODELS_BYTES = 1 << 20
 MAX_MODELS = 1024
 MODEL_ID_CHARS = 256
+_PARSE_INLINE_BYTES = 256 << 10  # a /metrics page past this is parsed on a thread
 
 
 class Monitor:
@@ -134,6 +135,14 @@ class Monitor:
             state.models_at = time.monotonic()
             self.fleet.changed()
 
+    def _scrape_failed(self, state: ReplicaState) -> None:
+        state.scrape_failures += 1
+        if state.scrape_failures == self.scrape_cfg.stale_after_failures \
+                and state.scraped is not None and not state.scraped.stale:
+            log.warning("replica %s: %d scrapes failed in a row: its last load figures are "
+                        "dropped", state.id, state.scrape_failures)
+            self.fleet.record_scrape(state.id, stale_copy(state.scraped))
+
     @staticmethod
     def _refused(state: ReplicaState, path: str, status: int) -> None:
         """A non-200 to one of the gateway's own calls: never silent. 401/403 means the
@@ -153,23 +162,37 @@ class Monitor:
         await asyncio.gather(*(self.scrape_one(s) for s in self.fleet if s.healthy))
 
     async def scrape_one(self, state: ReplicaState) -> None:
+        """Scrape one replica's /metrics: read up to ``max_bytes`` (decoded leniently),
+        parsed off the event loop when large; a failure is counted, and after
+        ``stale_after_failures`` in a row its last load figures are dropped."""
+        cfg = self.scrape_cfg
         mark = self.capacity.mark(state.id) if self.capacity is not None else None
         try:
-            async with asyncio.timeout(self.scrape_cfg.timeout_s):
+            async with asyncio.timeout(cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/metrics",
                                             headers=state.credentials) as resp:
                     if resp.status != 200:
                         self._refused(state, "/metrics", resp.status)
+                        self._scrape_failed(state)
                         return
-                    text = await resp.text()
-        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: bad text
+                    raw = bytearray()
+                    async for chunk in resp.content.iter_chunked(1 << 16):
+                        raw += chunk
+                        if len(raw) > cfg.max_bytes:
+                            raise ValueError(f"the page is over {cfg.max_bytes} bytes")
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             log.info("replica %s: /metrics failed: %s", state.id, exc)
+            self._scrape_failed(state)
             return
+        text = raw.decode("utf-8", errors="replace")
         try:
-            metrics = parse_metrics(text)
-        except ValueError as exc:
-            log.warning("replica %s: unparsable /metrics: %s", state.id, exc)
+            metrics = parse_metrics(text) if len(raw) <= _PARSE_INLINE_BYTES \
+                else await asyncio.to_thread(parse_metrics, text)
+        except Exception as exc:  # the parser raises more than ValueError on odd input
+            log.warning("replica %s: unparsable /metrics: %r", state.id, exc)
+            self._scrape_failed(state)
             return
+        state.scrape_failures = 0
         if self.fleet.record_scrape(state.id, metrics):
             log.warning("replica %s restarted (its prefix-cache counters went back)", state.id)
         if self.capacity is not None:

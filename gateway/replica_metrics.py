@@ -7,6 +7,7 @@ rate over a sliding window, noticing counter resets (a restarted replica).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -26,6 +27,14 @@ class ScrapedMetrics:
     hit_tokens: float | None = None  # counters (vLLM); None when not exposed
     query_tokens: float | None = None
     hit_rate_gauge: float | None = None  # SGLang exposes a ratio instead of counters
+    stale: bool = False  # its replica's scrapes failed since: load figures dropped
+
+
+def stale_copy(metrics: ScrapedMetrics) -> ScrapedMetrics:
+    """What is still believed of ``metrics`` once its replica's scrapes keep failing: its
+    KV capacity (a property of the replica), none of its load or counters."""
+    return ScrapedMetrics(metrics.dialect, kv_capacity_tokens=metrics.kv_capacity_tokens,
+                          stale=True)
 
 
 def parse_metrics(text: str) -> ScrapedMetrics:
@@ -38,7 +47,10 @@ def parse_metrics(text: str) -> ScrapedMetrics:
     capacity: int | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+            value = float(sample.value)
+            if not math.isfinite(value):  # NaN or +-Inf: no figure routing can use
+                continue
+            sums[sample.name] = sums.get(sample.name, 0.0) + value
             counts[sample.name] = counts.get(sample.name, 0) + 1
             if sample.name.startswith(m.CACHE_CONFIG_INFO):
                 try:

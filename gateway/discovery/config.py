@@ -3,7 +3,7 @@
 Example::
 
     discovery:
-      - type: dns                 # A/AAAA records of a headless Service, re-resolved
+      - type: dns                 # A (else AAAA) records of a headless Service
         name: vllm-headless.llm.svc.cluster.local
         port: 8000
         interval_s: 10
@@ -72,9 +72,10 @@ class ReplicaTemplate:
 
 @dataclass(frozen=True, slots=True)
 class DNSSourceConfig:
-    """Every A/AAAA record of ``name``, re-resolved every ``interval_s``; the replica's id
-    is ``address:port``. A failed lookup (or one that finds no address) keeps the last
-    set it found."""
+    """The A (else AAAA) records of ``name``, re-resolved every ``interval_s``: the first
+    of ``record_types`` the name has records of (a dual-stack pod has one of each, one
+    engine); the replica's id is ``address:port``. A failed lookup (or one that finds no
+    address) keeps the last set it found."""
 
     name: str
     port: int

@@ -1,4 +1,4 @@
-"""DNS discovery: a headless Service's A/AAAA records, re-resolved every ``interval_s``.
+"""DNS discovery: a headless Service's A (else AAAA) records, re-resolved every ``interval_s``.
 
 Resolved with dnspython's asyncio resolver (pure Python, on the event loop, never
 blocking it; nameservers and their port can be set, which the tests need). A lookup that
@@ -45,10 +45,14 @@ class DNSSource:
         return self.config.label
 
     async def addresses(self) -> list[str]:
-        """Every address of the name; DNSLookupFailed when a lookup fails or none has
-        any (a name that does not exist counts as failed, not as an empty fleet)."""
+        """The name's addresses of the first of ``record_types`` it has records of (a
+        dual-stack pod has an A and an AAAA record: both would count one engine twice);
+        DNSLookupFailed when a lookup fails or none has any (a name that does not exist
+        counts as failed, not as an empty fleet)."""
         found: list[str] = []
         for record_type in self.config.record_types:
+            if found:
+                break
             try:
                 answer = await self._resolver.resolve(
                     self.config.name, record_type, search=True,

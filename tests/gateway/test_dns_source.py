@@ -28,11 +28,15 @@ def source(dns: FakeDNS, name: str = "vllm.llm.svc", **extra: object) -> DNSSour
                                      **extra))  # type: ignore[arg-type]
 
 
-async def test_a_and_aaaa_records(dns: FakeDNS) -> None:
-    dns.set("vllm.llm.svc", ["10.0.0.1", "10.0.0.2", "fd00::1"])
-    assert sorted(await source(dns).addresses()) == ["10.0.0.1", "10.0.0.2", "fd00::1"]
-    only_a = source(dns, record_types=["A"])
-    assert sorted(await only_a.addresses()) == ["10.0.0.1", "10.0.0.2"]
+async def test_a_records_else_aaaa_records(dns: FakeDNS) -> None:
+    # dual-stack pods have one record of each family: taking both counted each engine
+    # twice, splitting its traffic, load and cache placement in two
+    dns.set("vllm.llm.svc", ["10.0.0.1", "10.0.0.2", "fd00::1", "fd00::2"])
+    assert sorted(await source(dns).addresses()) == ["10.0.0.1", "10.0.0.2"]
+    v6_first = source(dns, record_types=["AAAA", "A"])
+    assert sorted(await v6_first.addresses()) == ["fd00::1", "fd00::2"]
+    dns.set("v6.llm.svc", ["fd00::3"])  # an IPv6-only fleet: its AAAA records
+    assert await source(dns, name="v6.llm.svc").addresses() == ["fd00::3"]
 
 
 async def test_failures_name_the_lookup(dns: FakeDNS) -> None:

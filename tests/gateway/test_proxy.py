@@ -472,3 +472,42 @@ def test_a_client_leaving_mid_upload_is_no_internal_error(
     assert metric(gw, 'kvgate_errors_total{kind="internal"}') == 0
     assert metric(gw, 'kvgate_requests_total{replica="none",route="none",status="499"}') == 1
     assert a.received == [] and b.received == []
+
+
+def _replica_json(gw: Gateway, rid: str) -> dict[str, Any]:
+    r = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH)
+    assert r.status_code == 200, r.text
+    return next(x for x in r.json()["replicas"] if x["id"] == rid)
+
+
+def test_odd_metric_pages_and_failing_scrapes(serve: Serve) -> None:
+    # NaN and infinite samples are skipped (NaN made /admin/replicas answer 500, +Inf
+    # froze the replica's figures), a byte that is not UTF-8 spoils no scrape, and a
+    # page over scrape.max_bytes is refused
+    a = Behaviour("a", queued_tokens=50_000)
+    a.metrics_extra = (b"# TYPE vllm:gpu_cache_usage_perc gauge\n"
+                       b"vllm:gpu_cache_usage_perc{model_name=\"m\"} NaN\n"
+                       b"# TYPE vllm:num_preemptions gauge\n"
+                       b"vllm:num_preemptions{model_name=\"m\"} +Inf\n"
+                       b"# TYPE odd gauge\nodd{x=\"\xff\xfe\"} 1.0\n")
+    gw = start_gateway(serve, [("a", serve(fake_replica(a)).url)],
+                       scrape={"interval_s": 0.1, "stale_after_failures": 3,
+                               "max_bytes": 64 << 10})
+    wait_until(lambda: _replica_json(gw, "a")["queued_tokens"] >= 50_000, 5,
+               "the odd page's queue gauge")
+    seen = _replica_json(gw, "a")
+    assert seen["kv_usage"] == 0.25 and seen["scrape_stale"] is False
+    # its scrapes start failing: after three in a row, the last load figures are dropped
+    # (they stood for ever, steering requests away from an idle replica)
+    a.metrics_status = 500
+    wait_until(lambda: _replica_json(gw, "a")["scrape_stale"] is True, 5, "stale figures")
+    seen = _replica_json(gw, "a")
+    assert seen["queued_tokens"] == 0 and seen["kv_usage"] == 0.0
+    assert seen["kv_capacity_tokens"] is not None  # what the replica is, not its load
+    a.metrics_status = 200
+    wait_until(lambda: _replica_json(gw, "a")["scrape_stale"] is False, 5, "fresh figures")
+    assert _replica_json(gw, "a")["queued_tokens"] >= 50_000
+    a.metrics_extra = b"# TYPE pad gauge\n" + b"".join(
+        b'pad{i="%d"} 1.0\n' % i for i in range(10_000))  # ~150 KB, over the bound
+    wait_until(lambda: _replica_json(gw, "a")["scrape_stale"] is True, 5,
+               "the oversized page refused")

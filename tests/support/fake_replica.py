@@ -38,6 +38,8 @@ class Behaviour:
     hold: threading.Event | None = None  # the first byte waits until it is set
     linger_s: float = 0.0  # a stream's body stays open this long after its [DONE]
     adapters: int = 0  # /v1/models lists this many adapters after the model
+    metrics_status: int = 200  # /metrics answers this
+    metrics_extra: bytes = b""  # raw bytes after /metrics' lines (odd values, padding)
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -110,7 +112,10 @@ def fake_replica(b: Behaviour) -> Starlette:
         if b.queued_tokens is not None:
             lines += ["# TYPE kvgate:num_prompt_tokens_waiting gauge",
                       f"kvgate:num_prompt_tokens_waiting {float(b.queued_tokens)}"]
-        return PlainTextResponse("\n".join(lines) + "\n")
+        if b.metrics_status != 200:
+            return PlainTextResponse("metrics broken", status_code=b.metrics_status)
+        return Response(("\n".join(lines) + "\n").encode() + b.metrics_extra,
+                        media_type="text/plain")
 
     return Starlette(routes=[
         Route("/v1/completions", complete, methods=["POST"]),
