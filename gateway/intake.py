@@ -45,6 +45,13 @@ async def take_place(request: Request, gw: GatewayState) -> Slot:
     return slot
 
 
+def default_model(gw: GatewayState) -> str | None:
+    """The model a request that names none is for: the fleet's one model (vLLM serves a
+    request without ``model`` with its own), else None (several, or none known yet)."""
+    known = gw.fleet.models()
+    return next(iter(known)) if len(known) == 1 and not gw.fleet.models_cut() else None
+
+
 def check_model(gw: GatewayState, model: str | None) -> None:
     """NotFound unless a replica serves ``model`` (any model, before models are known, or
     while a replica lists more than the gateway keeps)."""
@@ -65,7 +72,7 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
     if endpoint is None:
         body = decode_json(raw)
         endpoint = "chat" if isinstance(body, dict) and "messages" in body else "completions"
-    parsed = parse_body(raw, endpoint, aff.body_field, header_value)
+    parsed = parse_body(raw, endpoint, aff.body_field, header_value, default_model(gw))
     check_model(gw, parsed.model)
     tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
     isolated = gw.tenancy.isolate(tenant, parsed.body)

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from gateway.admission import released_on_error
 from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
-from gateway.intake import check_model, read_timed_body, take_place
+from gateway.intake import check_model, default_model, read_timed_body, take_place
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
 from gateway.state import GatewayState
@@ -70,8 +70,11 @@ async def passthrough(request: Request) -> Response:
     with released_on_error(slot, lambda status: gw.ended(ROUTE, status)), trace.guard():
         body = json_object(raw)
         model = body.get("model")
+        if model is None:
+            model = default_model(gw)
         if not isinstance(model, str) or not model:
-            raise BadRequest("model is required (a non-empty string)", param="model")
+            raise BadRequest("model is required (a non-empty string; this fleet serves "
+                             "several models, or none is known yet)", param="model")
         check_model(gw, model)
         tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
         if path not in _NO_CACHE:  # the model runs over the client's text: a tenant's

@@ -32,11 +32,19 @@ class ParsedRequest:
 
 
 def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None,
-               affinity_header_value: str | None = None) -> ParsedRequest:
+               affinity_header_value: str | None = None,
+               default_model: str | None = None) -> ParsedRequest:
+    """The request's fields; one without ``model`` is for ``default_model`` (the fleet's
+    one model; its body is forwarded as it came), and refused when there is none."""
     body = json_object(raw)
     if body.get("model") is None:
-        raise BadRequest("'model' is required and must be a non-empty string", param="model")
-    fields = parse_fields(body, chat=endpoint == "chat")
+        if default_model is None:
+            raise BadRequest("'model' is required and must be a non-empty string (this "
+                             "fleet serves several models, or none is known yet)",
+                             param="model")
+        fields = parse_fields({**body, "model": default_model}, chat=endpoint == "chat")
+    else:
+        fields = parse_fields(body, chat=endpoint == "chat")
     assert fields.model is not None
     affinity = affinity_header_value
     if affinity is None and affinity_field:

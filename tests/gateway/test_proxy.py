@@ -155,7 +155,7 @@ def test_client_errors_are_openai_shaped(two: tuple[Gateway, Behaviour, Behaviou
     url = f"{gw.url}/v1/completions"
     cases = [
         (b"{not json", 400, "invalid_json", None),
-        (b'{"prompt": "x"}', 400, None, "model"),
+        (b'{"model": "", "prompt": "x"}', 400, None, "model"),
         (b'{"model": "sim-model", "prompt": ""}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": [1, "a"]}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": [1, 4294967296]}', 400, None, "prompt"),
@@ -511,3 +511,24 @@ def test_odd_metric_pages_and_failing_scrapes(serve: Serve) -> None:
         b'pad{i="%d"} 1.0\n' % i for i in range(10_000))  # ~150 KB, over the bound
     wait_until(lambda: _replica_json(gw, "a")["scrape_stale"] is True, 5,
                "the oversized page refused")
+
+
+def test_a_request_without_a_model_is_for_the_fleets_one_model(serve: Serve) -> None:
+    # as vLLM serves it with its own model; with several models it must name one
+    a, b = Behaviour("a", model="m-a"), Behaviour("b", model="m-b")
+    gw = start_gateway(serve, [("a", serve(fake_replica(a)).url)])
+    wait_until(lambda: httpx.get(f"{gw.url}/v1/models").json()["data"], 5, "models")
+    for path, body in (("/v1/completions", {"prompt": "x"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                               "content": "hi"}]})):
+        r = httpx.post(f"{gw.url}{path}", json=body)
+        assert r.status_code == 200, r.text
+        assert json.loads(a.received[-1]) == body  # forwarded as it came
+    rb = serve(fake_replica(b))
+    assert httpx.post(f"{gw.admin}/admin/replicas", json={"id": "b", "url": rb.url},
+                      headers=AUTH).status_code == 201
+    wait_until(lambda: len(httpx.get(f"{gw.url}/v1/models").json()["data"]) == 2, 5,
+               "both models")
+    r = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert "several models" in r.json()["error"]["message"]

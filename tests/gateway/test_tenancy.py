@@ -185,7 +185,7 @@ def test_the_access_log_has_a_line_per_request(serve: Serve) -> None:
         streamed = httpx.post(f"{url}/v1/completions", headers={"x-request-id": "req-7"},
                               json={"model": "sim-model", "prompt": "x", "stream": True})
         whole = httpx.post(f"{url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
-        bad = httpx.post(f"{url}/v1/completions", json={"prompt": "x"})
+        bad = httpx.post(f"{url}/v1/completions", json={"model": "sim-model", "prompt": 5})
         assert (streamed.status_code, whole.status_code, bad.status_code) == (200, 200, 400)
         wait_until(lambda: len(lines) == 3, 5, "three access lines")
     finally:
