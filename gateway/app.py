@@ -181,7 +181,8 @@ async def models(request: Request) -> Response:
         gw.auth.tenant_of(request)
     names = sorted(gw.fleet.models())
     return JSONResponse({"object": "list", "data": [
-        {"id": name, "object": "model", "owned_by": "kvgate"} for name in names]},
+        {"id": name, "object": "model", "created": gw.started, "owned_by": "kvgate",
+         "root": name, "parent": None} for name in names]},
         headers=request_id_header(request))
 
 

@@ -3,7 +3,8 @@ the long-lived parts its lifespan opens (proxy, monitor)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.access_log import AccessLog
@@ -47,6 +48,7 @@ class GatewayState:
     kv_capacity: CapacityEstimator
     proxy: Proxy | None = None
     draining: bool = False  # a shutdown began: /ready answers 503
+    started: int = field(default_factory=lambda: int(time.time()))  # /v1/models' created
 
     def ended(self, route: str, status: str, replica: str = "none", **access: Any) -> None:
         """One request ended (answered by ``replica``, or refused before any): its one

@@ -155,8 +155,12 @@ class ErrorBoundary:
         if isinstance(exc, HTTPException) and exc.status_code == 404:
             return NotFound(f"no route {request.method} {request.url.path}", code="not_found")
         if isinstance(exc, HTTPException) and exc.status_code == 405:
-            return MethodNotAllowed(f"method {request.method} not allowed on "
-                                    f"{request.url.path}", code="method_not_allowed")
+            refused = MethodNotAllowed(f"method {request.method} not allowed on "
+                                       f"{request.url.path}", code="method_not_allowed")
+            allow = (exc.headers or {}).get("Allow")  # RFC 9110: a 405 names what is
+            if allow:
+                refused.headers = {**refused.headers, "allow": allow}
+            return refused
         if isinstance(exc, HTTPException):
             err = OpenAIError(exc.detail)
             err.status, err.type, err.kind = exc.status_code, "invalid_request_error", "http"

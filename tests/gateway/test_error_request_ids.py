@@ -53,7 +53,7 @@ BAD_REQUESTS = [
     ("POST", "/v1/completions", b"{not json", 400),
     ("POST", "/v1/chat/completions", b'{"model": "sim-model", "messages": []}', 400),
     ("POST", "/v1/completions", b'{"model": "other", "prompt": "x"}', 404),
-    ("POST", "/v1/embeddings", b'{"input": "x"}', 400),
+    ("POST", "/v1/embeddings", b'{"model": "", "input": "x"}', 400),
     ("GET", "/v1/no/such/path", b"", 404),
     ("POST", "/v1/models", b"", 405),
 ]
@@ -134,3 +134,14 @@ def test_admin_errors_carry_an_id(one: tuple[ThreadServer, Behaviour]) -> None:
     r = httpx.get(f"{gw.side_url}/admin/replicas", headers={"x-request-id": "adm-1"})
     assert_openai_error(r, 401)
     assert r.headers["x-request-id"] == "adm-1"
+
+
+def test_a_405_names_the_methods_and_models_carry_their_fields(
+        one: tuple[ThreadServer, Behaviour]) -> None:
+    gw, _ = one
+    r = httpx.post(f"{gw.url}/v1/models")
+    assert r.status_code == 405 and "GET" in r.headers["allow"]  # RFC 9110
+    wait_until(lambda: httpx.get(f"{gw.url}/v1/models").json()["data"], 10, "models")
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    (model,) = client.models.list().data
+    assert model.id == "sim-model" and isinstance(model.created, int) and model.created > 0
