@@ -8,6 +8,7 @@ opened in the lifespan and closed on shutdown.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import math
 import time
@@ -17,6 +18,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -46,9 +48,18 @@ from policies.base import Finished, Routed
 
 log = logging.getLogger("kvgate.gateway")
 
+try:
+    _VERSION = importlib.metadata.version("kvgate")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree
+    _VERSION = "unknown"
 
-async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
-    """Admit, route and relay one request; every way out counts one ``requests`` sample."""
+
+_UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Response:
+    """Admit, route and relay one request; every way out counts one ``requests`` sample.
+    ``endpoint`` None (``/invocations``): chat or completions as its body says."""
     gw: GatewayState = request.app.state.gw
     arrived = time.perf_counter()
     trace = gw.tracing.start(request.headers, path)
@@ -74,7 +85,8 @@ async def _proxy(request: Request, endpoint: Endpoint, path: str) -> Response:
         request_id = request_id_of(request, forwarded, routing.request.request_id,
                                    intake.parsed.body.get("request_id"))
         trace.upstream(forwarded)
-        return await relay(request, _open(gw, routing, intake, path, slot, forwarded,
+        upstream = _UPSTREAM_PATHS[intake.parsed.endpoint] if endpoint is None else path
+        return await relay(request, _open(gw, routing, intake, upstream, slot, forwarded,
                                           request_id, arrived, trace),
                            route, request_id, gw.worker)
 
@@ -175,6 +187,16 @@ async def chat_completions(request: Request) -> Response:
     return await _proxy(request, "chat", "/v1/chat/completions")
 
 
+async def invocations(request: Request) -> Response:
+    """SageMaker's (and vLLM's) one inference path: a chat when the body has
+    ``messages``, else a completion, sent to the replica's OpenAI path for it."""
+    return await _proxy(request, None, "/invocations")
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": _VERSION}, headers=request_id_header(request))
+
+
 async def models(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     if gw.auth.on:  # every /v1 route needs a client's key when keys are configured
@@ -262,6 +284,9 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ping", health, methods=["GET", "POST"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/invocations", invocations, methods=["POST"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),
@@ -271,7 +296,16 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.gw = gw
-    return _FastPath(app, boundary)
+    fast = _FastPath(app, boundary)
+    cors = config.cors
+    if not cors.allow_origins:
+        return fast
+    wrapped = CORSMiddleware(fast, allow_origins=list(cors.allow_origins),  # type: ignore[arg-type]
+                             allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                             allow_credentials=cors.allow_credentials,
+                             expose_headers=["x-request-id", "x-kvgate-replica"])
+    wrapped.state = app.state  # type: ignore[attr-defined]
+    return wrapped  # type: ignore[return-value]
 
 
 class _FastPath:

@@ -7,7 +7,8 @@ Example (every key but ``replicas`` has a default)::
     tokenizer: null              # directory or tokenizer.json; null = project tokenizer
     admin: {token_env: KVGATE_ADMIN_TOKEN, host: 127.0.0.1, port: 8001,
             allow_hosts: [], allow_networks: [10.0.0.0/8]}   # off without a token
-    max_body_bytes: 4194304
+    max_body_bytes: 16777216     # an inline image or two
+    cors: {allow_origins: [], allow_credentials: false}   # browsers: off unless named
     affinity: {header: x-kvgate-affinity-key, body_field: null}
     tenancy: {isolate: false, header: x-kvgate-tenant, secret_env: KVGATE_TENANT_SECRET,
               require_tenant: false, client_salt: replace,
@@ -169,6 +170,19 @@ class ScrapeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CorsConfig:
+    """Cross-origin requests from browsers: off unless origins are named (``["*"]``: any,
+    as vLLM's server allows by default); ``allow_credentials`` lets them send cookies."""
+
+    allow_origins: list[str] = field(default_factory=list)
+    allow_credentials: bool = False
+
+    def validate(self) -> None:
+        if self.allow_credentials and "*" in self.allow_origins:
+            raise ValueError("allow_credentials needs named origins, not '*'")
+
+
+@dataclass(frozen=True, slots=True)
 class AdminConfig:
     """The admin API (``/admin/*``): served only on its own listener, ``host:port``
     (loopback by default), and only when a token is configured (``token``, or read from
@@ -301,7 +315,7 @@ class GatewayConfig:
     # networks of the proxies in front of the gateway: their X-Forwarded-For, Forwarded
     # and (under tenancy.isolate or with partitions) tenant header are believed
     trusted_proxies: list[str] = field(default_factory=list)
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 16 * 1024 * 1024
     max_attempts: int = 3
     tokenizer_concurrency: int = 4
     # prefix encodings remembered (~10 KB each), and a quarter as many prefixes of whole
@@ -314,6 +328,7 @@ class GatewayConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
+    cors: CorsConfig = field(default_factory=CorsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     # request bodies kept for the prompt-layout audit (gateway.capture)
     capture: CaptureConfig = field(default_factory=CaptureConfig)

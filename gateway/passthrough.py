@@ -29,7 +29,7 @@ from gateway.state import GatewayState
 from kvwire.openai_schema import BadRequest, OpenAIError, json_object
 
 PATHS = ("/v1/embeddings", "/v1/responses", "/v1/rerank", "/v1/score", "/tokenize",
-         "/detokenize")
+         "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank")
 ROUTE = "passthrough"
 # what runs no model over the request's text (no prefix cache to keep tenants apart in)
 _NO_CACHE = frozenset({"/tokenize", "/detokenize"})

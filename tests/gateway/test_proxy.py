@@ -532,3 +532,35 @@ def test_a_request_without_a_model_is_for_the_fleets_one_model(serve: Serve) -> 
     r = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert "several models" in r.json()["error"]["message"]
+
+
+def test_vllms_other_paths_and_cors(serve: Serve) -> None:
+    a = Behaviour("a")
+    gw = start_gateway(serve, [("a", serve(fake_replica(a)).url)],
+                       cors={"allow_origins": ["https://app.example"]})
+    # /invocations (SageMaker's, and vLLM's): a chat or a completion, as the body says
+    chat = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
+    for body, path in ((chat, "/v1/chat/completions"),
+                       ({"model": "sim-model", "prompt": "x"}, "/v1/completions")):
+        r = httpx.post(f"{gw.url}/invocations", json=body)
+        assert r.status_code == 200 and a.paths[-1] == path, r.text
+    assert httpx.get(f"{gw.url}/ping").status_code == 200
+    assert httpx.post(f"{gw.url}/ping").status_code == 200
+    assert httpx.get(f"{gw.url}/version").json()["version"]
+    # a browser's preflight and its request, from a named origin only
+    origin = {"origin": "https://app.example"}
+    pre = httpx.options(f"{gw.url}/v1/chat/completions", headers={
+        **origin, "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type"})
+    assert pre.status_code == 200
+    assert pre.headers["access-control-allow-origin"] == "https://app.example"
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json=chat, headers=origin)
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "https://app.example"
+    other = httpx.post(f"{gw.url}/v1/chat/completions", json=chat,
+                       headers={"origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in other.headers
+    # none by default
+    plain = start_gateway(serve, [("a", serve(fake_replica(a)).url)])
+    r = httpx.post(f"{plain.url}/v1/chat/completions", json=chat, headers=origin)
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers

@@ -33,6 +33,7 @@ class Behaviour:
     queued_tokens: int | None = None
     received: list[bytes] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)  # of each request received
+    paths: list[str] = field(default_factory=list)  # ... and its path
     cancelled: int = 0
     release: threading.Event | None = None  # a stream's last chunk waits until it is set
     hold: threading.Event | None = None  # the first byte waits until it is set
@@ -47,6 +48,7 @@ def fake_replica(b: Behaviour) -> Starlette:
         raw = await request.body()
         b.received.append(raw)
         b.headers.append(dict(request.headers))
+        b.paths.append(request.url.path)
         body = json.loads(raw)
         chat = "messages" in body
         if b.status != 200:
