@@ -20,15 +20,16 @@ from typing import Any
 
 from kvwire.arg_types import positive_float, positive_int
 from loadtests.report import table
-from loadtests.run import SCALED_CONTRACTS, ProgressLine, RunConfig
+from loadtests.run import SCALED_CONTRACTS, ProgressLine, RunConfig, duration_seconds
 from loadtests.run import run as run_load
 
 DEMO_POLICIES = ("round_robin", "prefix_affinity", "cost")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=positive_float, default=45.0,
-                        help="seconds per policy")
+    parser.add_argument("--duration", type=duration_seconds, default=45.0,
+                        help="seconds per policy (at least 1; Locust runs the nearest whole "
+                        "second)")
     parser.add_argument("--replicas", type=positive_int, default=RunConfig().replicas)
     parser.add_argument("--rate", type=positive_float, default=RunConfig().rate,
                         help="target requests/s")

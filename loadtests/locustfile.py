@@ -25,8 +25,13 @@ Configuration comes from the environment (``loadtests.run`` sets it):
 
 Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (send to first
 content chunk), both named after the workload. A failed request's sample says why
-(``error``); one still unanswered when the run stops is marked ``unfinished``; each says
-how late it was sent (``late_s``: the load is an open loop only while a user is free).
+(``error``); a stream counts as answered only when it ends with ``data: [DONE]`` and every
+choice's finish reason, none ``abort`` (a stream cut short, or an engine's aborted
+request, is a failure, whatever content came first); an answer sent whole (JSON, not a
+stream) likewise needs its choices and their finish reasons. One still unanswered when the
+run stops is marked ``unfinished`` with how long it had waited then (``waited_s``; its
+``ttft_s`` if a first token came); each says how late it was sent (``late_s``: the load
+is an open loop only while a user is free).
 
 Headless::
 
@@ -57,6 +62,8 @@ from loadtests.workloads import (
 )
 
 AFFINITY_HEADER = "x-kvgate-affinity-key"
+# finish reasons of an answer that did not end as asked: the engine gave up on it
+FAILED_FINISH_REASONS = frozenset({"abort", "error"})
 
 _config: dict[str, Any] = json.loads(os.environ.get("KVGATE_WORKLOAD", "{}") or "{}")
 _RATE = float(os.environ.get("KVGATE_RATE", "0") or 0)
@@ -160,8 +167,8 @@ class _WorkloadUser(HttpUser):
                                   "gateway": gateway, "unfinished": True,
                                   # sent after its due time: every client was busy
                                   "late_s": max(0.0, -delay)}
-        _record(sample)
         started = time.perf_counter()
+        _record(sample, started)
         with self.client.post(url, json=body, headers=headers,
                               stream=True, catch_response=True, name=self.workload) as resp:
             # the gateway's word, else the engine's own (``kvgate engine --served-by``), which
@@ -176,20 +183,38 @@ class _WorkloadUser(HttpUser):
                 _fail(resp, sample, why)
                 del sample["unfinished"]
                 return
+            whole = "text/event-stream" not in resp.headers.get("content-type", "")
             try:
-                self._read_stream(resp, started, sample)
-            except (ValueError, KeyError, requests.RequestException) as exc:
-                _fail(resp, sample, f"bad stream: {exc}"[:300])
+                if whole:  # an answer sent whole (a router that does not stream)
+                    problem = self._read_whole(resp, started, sample)
+                else:
+                    problem = self._read_stream(resp, started, sample)
+            except (ValueError, KeyError, TypeError, AttributeError,
+                    requests.RequestException) as exc:
+                _fail(resp, sample, f"bad {'answer' if whole else 'stream'}: {exc}"[:300])
             else:
-                if sample.get("ttft_s") is None:
-                    _fail(resp, sample, "stream ended without content")
+                if problem is None and sample.get("ttft_s") is None:
+                    problem = "stream ended without content"
+                if problem is not None:
+                    _fail(resp, sample, problem)
                 else:
                     sample["ok"] = True
                     resp.success()
         sample["e2e_s"] = time.perf_counter() - started
         del sample["unfinished"]
 
-    def _read_stream(self, resp: Any, started: float, sample: dict[str, Any]) -> None:
+    def _first_token(self, started: float, sample: dict[str, Any]) -> None:
+        if sample.get("ttft_s") is None:
+            ttft = time.perf_counter() - started
+            sample["ttft_s"] = ttft
+            events.request.fire(request_type="TTFT", name=self.workload,
+                                response_time=ttft * 1000.0, response_length=0,
+                                exception=None, context={})
+
+    def _read_stream(self, resp: Any, started: float, sample: dict[str, Any]) -> str | None:
+        """Read a streamed answer; what was wrong with its end, None if nothing."""
+        finish: dict[int, str | None] = {}  # each choice seen: its finish reason
+        done = False
         # chunk_size=None: each line as soon as it arrives (the default buffers 512 bytes,
         # which holds the first token back until a few more have come)
         for line in resp.iter_lines(chunk_size=None):
@@ -197,24 +222,56 @@ class _WorkloadUser(HttpUser):
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
+                done = True
                 break
             chunk = json.loads(data)
             if "error" in chunk:
                 raise ValueError(str(chunk["error"])[:200])
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
-                if sample.get("ttft_s") is None and (delta.get("content")
-                                                     or choice.get("finish_reason")):
-                    ttft = time.perf_counter() - started
-                    sample["ttft_s"] = ttft
-                    events.request.fire(request_type="TTFT", name=self.workload,
-                                        response_time=ttft * 1000.0, response_length=0,
-                                        exception=None, context={})
-            usage = chunk.get("usage")
-            if usage:
-                sample["prompt_tokens"] = usage.get("prompt_tokens")
-                details = usage.get("prompt_tokens_details") or {}
-                sample["cached_tokens"] = details.get("cached_tokens")
+                reason = choice.get("finish_reason")
+                index = int(choice.get("index") or 0)
+                finish[index] = reason or finish.get(index)
+                if delta.get("content") or reason:
+                    self._first_token(started, sample)
+            _usage(chunk, sample)
+        return _finish_problem(finish, "stream", done)
+
+    def _read_whole(self, resp: Any, started: float, sample: dict[str, Any]) -> str | None:
+        """Read an answer sent whole; what was wrong with it, None if nothing."""
+        body = resp.json()
+        self._first_token(started, sample)  # its content came all at once
+        if not isinstance(body, dict):
+            raise ValueError(f"not an object: {str(body)[:100]}")
+        if "error" in body:
+            raise ValueError(str(body["error"])[:200])
+        _usage(body, sample)
+        return _finish_problem({int(c.get("index") or 0): c.get("finish_reason")
+                                for c in body.get("choices") or ()}, "answer")
+
+
+def _finish_problem(finish: dict[int, str | None], what: str, done: bool = True
+                    ) -> str | None:
+    """What is wrong with an answer's end, None if nothing: given each choice's finish
+    reason, and for a stream whether its ``[DONE]`` came."""
+    failed = sorted({r for r in finish.values() if r in FAILED_FINISH_REASONS})
+    if failed:
+        return f"finish_reason {failed[0]}"
+    if not done:
+        return "stream ended without [DONE] (cut short)"
+    if not finish:
+        return f"{what} ended without choices"
+    if any(reason is None for reason in finish.values()):
+        return f"{what} ended without a finish_reason"
+    return None
+
+
+def _usage(obj: dict[str, Any], sample: dict[str, Any]) -> None:
+    usage = obj.get("usage")
+    if usage:
+        sample["prompt_tokens"] = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        sample["cached_tokens"] = details.get("cached_tokens")
 
 
 def _fail(resp: Any, sample: dict[str, Any], why: str) -> None:
@@ -223,17 +280,25 @@ def _fail(resp: Any, sample: dict[str, Any], why: str) -> None:
     resp.failure(why)
 
 
-def _record(sample: dict[str, Any]) -> None:
+_sent: dict[int, float] = {}  # id of a sample -> when its request was sent (perf_counter)
+
+
+def _record(sample: dict[str, Any], sent: float) -> None:
     with _lock:
         _samples.append(sample)
+        _sent[id(sample)] = sent
 
 
 @events.test_stop.add_listener
 def _write_samples(**_kwargs: Any) -> None:
     path = os.environ.get("KVGATE_SAMPLES")
     if path:
+        now = time.perf_counter()
         with _lock, open(path, "w") as f:
-            json.dump(_samples, f)
+            # a request unanswered when the run stopped: how long it had waited by then (a
+            # lower bound on its time to first token, if none came)
+            json.dump([dict(s, waited_s=now - _sent[id(s)]) if s.get("unfinished") else s
+                       for s in _samples], f)
 
 
 class ContractsUser(_WorkloadUser):

@@ -19,10 +19,13 @@ def _pyplot():  # type: ignore[no-untyped-def]
 
 
 def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[float]]],
-                  *, oracle: float | None = None, title: str = "") -> Path:
-    """Two panels: token hit rate per policy (bars, oracle as a line) and the TTFT CDF.
+                  *, upper_bound: float | None = None, static_oracle: float | None = None,
+                  title: str = "") -> Path:
+    """Two panels: token hit rate per policy (bars; the simulator's ``upper_bound`` and
+    ``static_oracle`` as lines, ``loadtests.oracle``) and the TTFT CDF.
 
-    ``results`` maps a policy name to ``(token hit rate, TTFT samples in seconds)``.
+    ``results`` maps a policy name to ``(token hit rate, TTFT samples in seconds)``; a load
+    run's TTFT samples include lower bounds for requests unanswered at its end.
     """
     plt = _pyplot()
     names = list(results)
@@ -30,11 +33,17 @@ def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[
     rates = [results[n][0] for n in names]
     bars = ax_hit.bar(names, rates, color=[f"C{i}" for i in range(len(names))])
     ax_hit.bar_label(bars, labels=[f"{r:.2f}" for r in rates])
-    if oracle is not None:
-        ax_hit.axhline(oracle, color="black", linestyle="--", linewidth=1,
-                       label=f"oracle bound {oracle:.2f}")
-        ax_hit.legend(loc="upper left")
-    ax_hit.set_ylim(0, 1)
+    if upper_bound is not None:
+        ax_hit.axhline(upper_bound, color="black", linestyle="--", linewidth=1,
+                       label=f"upper bound (unlimited cache) {upper_bound:.2f}")
+    if static_oracle is not None:
+        ax_hit.axhline(static_oracle, color="grey", linestyle=":", linewidth=1,
+                       label=f"static oracle (fixed blocks, not a bound) {static_oracle:.2f}")
+    if upper_bound is not None or static_oracle is not None:
+        ax_hit.legend(loc="upper left", fontsize="small")
+    # room above the bars for the lines' legend
+    ax_hit.set_ylim(0, 1 if upper_bound is None and static_oracle is None else 1.25)
+    ax_hit.set_yticks(np.linspace(0, 1, 6))
     ax_hit.set_ylabel("token hit rate (cached / prompt tokens)")
     ax_hit.tick_params(axis="x", rotation=15)
     for i, name in enumerate(names):

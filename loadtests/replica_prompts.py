@@ -81,7 +81,7 @@ class RenderedPrompts:
     """A replica with ``tokenizer`` that renders each request's chat and tokenizes it.
 
     Each request is encoded once: its ids are kept by its index as 4 bytes a token (the
-    oracle reads every prompt, then each policy's run again; 3,900 prompts of ~1,600 tokens
+    oracles read every prompt, then each policy's run again; 3,900 prompts of ~1,600 tokens
     keep 25 MB), the shared length by its shared segments' keys."""
 
     def __init__(self, tokenizer: PromptTokenizer) -> None:

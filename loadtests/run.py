@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -104,6 +105,38 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 
 
 STREAM_REQUESTS = 200_000  # the workload stream the Locust clients draw from
+# after the run's time, how long Locust lets requests in flight finish before it stops
+# their clients (those still unanswered then are ``unfinished``)
+STOP_TIMEOUT_S = 30
+
+
+def locust_run_time(duration_s: float) -> str:
+    """Locust's ``-t`` for a run of ``duration_s``: whole seconds (``parse_timespan`` takes
+    no fractions), to the nearest one. Under 1 s is refused: ``-t 0s`` means no limit."""
+    if not 1 <= duration_s < math.inf:  # NaN too
+        raise ValueError(f"duration must be a finite number of seconds >= 1 (Locust runs "
+                         f"whole seconds, and -t 0s runs without end), got {duration_s!r}")
+    return f"{math.floor(duration_s + 0.5)}s"
+
+
+def duration_seconds(text: str) -> float:
+    """argparse type of a run's ``--duration``: seconds, at least 1, rounded to the whole
+    second Locust will run (``locust_run_time``)."""
+    try:
+        value = float(text)
+        run_time = locust_run_time(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds >= 1 (Locust runs whole seconds, and 0 would run "
+            f"without end), got {text}") from None
+    return float(run_time[:-1])  # what Locust will run, as the report says
+
+
+def _ttft(sample: dict[str, Any]) -> float:
+    """A request's time to first token: its own, or for one unanswered when the run
+    stopped without a first token, how long it had waited by then (a lower bound)."""
+    ttft = sample.get("ttft_s")
+    return float(ttft if ttft is not None else sample["waited_s"])
 
 
 def _hot_misses(cfg: RunConfig, ok: list[dict[str, Any]]) -> dict[str, dict[str, int]] | None:
@@ -149,8 +182,8 @@ def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Prog
         env["KVGATE_MODEL"] = model
     argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE),
             USER_CLASSES[cfg.scenario], "--headless", "-u", str(cfg.users),
-            "-r", str(cfg.users), "-t", f"{int(cfg.duration_s)}s", "--host", url,
-            "--stop-timeout", "30", "--only-summary", "--loglevel", "WARNING",
+            "-r", str(cfg.users), "-t", locust_run_time(cfg.duration_s), "--host", url,
+            "--stop-timeout", str(STOP_TIMEOUT_S), "--only-summary", "--loglevel", "WARNING",
             "--csv", str(workdir / policy)]
     log = workdir / f"{policy}.locust.log"
     started = time.monotonic()
@@ -232,11 +265,17 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
     ok = [s for s in samples if s.get("ok")]
     # sent, but still unanswered when the clients stopped (a router that queued them)
     unfinished = sum(1 for s in samples if s.get("unfinished"))
-    ttft = [s["ttft_s"] for s in ok]
+    # time to first token of every request that did not fail: left out, the unanswered
+    # ones would make a router that queues requests look fast. One unanswered at the end
+    # counts with its first token's time, or without one with how long it had waited by
+    # then: a lower bound (``ttft_censored`` of them). Failed requests are not timed.
+    timed = [s for s in samples if s.get("ok") or s.get("unfinished")]
+    censored = sum(1 for s in timed if s.get("ttft_s") is None)
+    ttft = [_ttft(s) for s in timed]
     e2e = [s["e2e_s"] for s in ok]
     replicas = Counter(s.get("replica") for s in ok)
     gateways = Counter(s.get("gateway", 0) for s in ok)
-    hot_ttft = [s["ttft_s"] for s in ok if s.get("label") == "hot"]
+    hot_ttft = [_ttft(s) for s in timed if s.get("label") == "hot"]
     tt, ee, hh = _percentiles(ttft), _percentiles(e2e), _percentiles(hot_ttft)
     return {
         "token_hit_rate": counters.token_hit_rate,
@@ -256,6 +295,8 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                                  if not s.get("ok") and not s.get("unfinished"))
                          .most_common(10)),
         "ttft_p50_s": tt["p50"], "ttft_p95_s": tt["p95"], "ttft_p99_s": tt["p99"],
+        # of the TTFT values, how many are lower bounds (unanswered, no first token yet)
+        "ttft_censored": censored,
         "hot_ttft_p95_s": hh["p95"],
         "e2e_p50_s": ee["p50"], "e2e_p95_s": ee["p95"],
         # which replica answered each request (the gateway's header, or the engine's own);
@@ -274,8 +315,8 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         "label_token_hit_rates": label_token_hit_rates(
             (s.get("label") or "", s["prompt_tokens"], s.get("cached_tokens") or 0)
             for s in ok if s.get("prompt_tokens")),
-        "ttft_tail": ttft_tail([(s.get("label") or "", s.get("replica"), s["ttft_s"])
-                                for s in ok],
+        "ttft_tail": ttft_tail([(s.get("label") or "", s.get("replica"), _ttft(s))
+                                for s in timed],
                                [f"r{i}" for i in range(cfg.replicas)]),
         "preemptions": int(counters.total("preemptions")),
         # how much later than their cost model the engine steps ended, as a share of the
@@ -293,6 +334,7 @@ def run(cfg: RunConfig, report_dir: Path | None = None, json_path: Path | None =
     """Every policy in turn; writes the JSON and the Markdown report when asked."""
     if cfg.scenario not in USER_CLASSES:
         raise ValueError(f"unknown scenario {cfg.scenario!r} (known: {', '.join(USER_CLASSES)})")
+    locust_run_time(cfg.duration_s)  # a duration Locust cannot run: before any fleet starts
     others = [o for o in map(third_party.parse, cfg.policies) if o]  # a bad name up front
     if others:
         third_party.require_isolation()
@@ -320,7 +362,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = RunConfig()
     parser.add_argument("--scenario", default=d.scenario, choices=sorted(USER_CLASSES))
     parser.add_argument("--policies", default=",".join(d.policies))
-    parser.add_argument("--duration", type=float, default=d.duration_s, help="seconds per policy")
+    parser.add_argument("--duration", type=duration_seconds, default=d.duration_s,
+                        help="seconds per policy (at least 1; Locust runs the nearest whole "
+                        "second)")
     parser.add_argument("--replicas", type=int, default=d.replicas)
     parser.add_argument("--users", type=int, default=d.users)
     parser.add_argument("--rate", type=float, default=d.rate, help="target requests/s")

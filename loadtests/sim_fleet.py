@@ -8,7 +8,7 @@ KV sizing: ``kv_pool_gib`` of KV per replica, of which running requests pin a pa
 reference scenario (40 GiB pools, ~15 GiB pinned by ~20 long answers, ~25 GiB idle) is
 modeled with short answers, so few requests run at once: a 28 GiB pool leaves ~25 GiB
 idle for cached prefixes (the simulator reports the measured mean, ``mean_idle_kv_blocks``).
-``idle_kv_gib`` is used only for the oracle bound (the fleet's total idle KV).
+``idle_kv_gib`` is used only for the static oracle (the fleet's total idle KV).
 
 Replica views: by default a policy sees what the gateway would (``views="gateway"``):
 the gateway's own ``Fleet`` accounting, fed by scrapes every ``scrape_interval_s`` of

@@ -1,6 +1,6 @@
 """The Locust users under a real headless Locust run: a request still unanswered when the
 run stops is kept in the samples as unfinished, not lost; one sent after its due time
-says how late."""
+says how late; an answer cut short or aborted is a failure, whatever content came first."""
 
 import contextlib
 import json
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.run import LOCUSTFILE
+from tests.loadtests.answer_modes import answer_modes
 from tests.support.processes import REPO
 
 
@@ -24,17 +25,23 @@ def _samples(tmp_path: Path, users: int, rate: float, answer_after_s: float | No
     every request and answers HTTP 500 after ``answer_after_s`` (None: never), or with
     ``hang_up`` closes each connection at once."""
     with _replica(answer_after_s, hang_up) as port:
-        samples = tmp_path / "samples.json"
-        env = dict(os.environ, KVGATE_MODEL="m", KVGATE_RATE=str(rate),
-                   KVGATE_SAMPLES=str(samples),
-                   KVGATE_WORKLOAD=json.dumps({"params": {"num_docs": 4, "hot_docs": 1},
-                                               "requests": 100}))
-        run = subprocess.run(
-            [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "ContractsUser",
-             "--headless", "-u", str(users), "-r", str(users), "-t", "2s",
-             "--stop-timeout", "1", "--host", f"http://127.0.0.1:{port}", "--only-summary",
-             "--loglevel", "WARNING"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        return _locust_samples(tmp_path, f"http://127.0.0.1:{port}", users, rate)
+
+
+def _locust_samples(tmp_path: Path, host: str, users: int, rate: float
+                    ) -> list[dict[str, Any]]:
+    """The samples of a 2 s headless run of ContractsUser against ``host``."""
+    samples = tmp_path / "samples.json"
+    env = dict(os.environ, KVGATE_MODEL="m", KVGATE_RATE=str(rate),
+               KVGATE_SAMPLES=str(samples),
+               KVGATE_WORKLOAD=json.dumps({"params": {"num_docs": 4, "hot_docs": 1},
+                                           "requests": 100}))
+    run = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "ContractsUser",
+         "--headless", "-u", str(users), "-r", str(users), "-t", "2s",
+         "--stop-timeout", "1", "--host", host, "--only-summary",
+         "--loglevel", "WARNING"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert samples.exists(), run.stderr[-2000:]
     return json.loads(samples.read_text())
 
@@ -81,6 +88,41 @@ def test_a_request_unanswered_when_the_run_stops_is_counted_unfinished(tmp_path)
     # three users, each stuck on its first request
     assert len(written) == 3
     assert all(s["unfinished"] and not s["ok"] for s in written)
+    # sent in a 2 s run whose clients were stopped 1 s after it: how long each had waited
+    # by then (at least that second; the first, sent at the start, 3 s)
+    assert all(1.0 <= s["waited_s"] < 10 for s in written)
+    assert max(s["waited_s"] for s in written) > 2.5
+
+
+# why each way of answering (tests.loadtests.answer_modes) fails, None: answered
+EXPECTED_ERRORS = {
+    "whole": None, "json_whole": None,
+    "truncated": "stream ended without [DONE] (cut short)",
+    "no_done": "stream ended without [DONE] (cut short)",
+    "abort": "finish_reason abort",
+    "no_finish": "stream ended without a finish_reason",
+    "json_abort": "finish_reason abort",
+    "json_no_choices": "answer ended without choices",
+    "json_no_finish": "answer ended without a finish_reason",
+}
+
+
+def test_an_answer_cut_short_or_aborted_is_a_failure_with_its_reason(tmp_path, serve):
+    server = serve(answer_modes(list(EXPECTED_ERRORS)))
+    written = _locust_samples(tmp_path, server.url, users=4, rate=30)
+    done = [s for s in written if not s.get("unfinished")]
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for s in done:
+        by_mode.setdefault(s["replica"], []).append(s)
+    assert set(by_mode) == set(EXPECTED_ERRORS), sorted(by_mode)  # each way, at least once
+    for mode, samples in by_mode.items():
+        for s in samples:
+            # each got its first content token, and still only a whole answer is ok
+            assert s["ttft_s"] > 0 and s["e2e_s"] >= s["ttft_s"]
+            assert s["ok"] == (EXPECTED_ERRORS[mode] is None), (mode, s)
+            assert s.get("error") == EXPECTED_ERRORS[mode], (mode, s)
+    # the usage of an answer sent whole is read too
+    assert all(s["prompt_tokens"] == 10 for s in by_mode["json_whole"])
 
 
 def test_a_request_sent_after_its_due_time_says_how_late(tmp_path):

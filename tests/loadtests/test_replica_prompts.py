@@ -5,7 +5,7 @@ import pytest
 from kvwire.block_hashing import block_hashes
 from kvwire.tokenizer import load_tokenizer
 from loadtests.hot_misses import hot_misses
-from loadtests.oracle import oracle_bound
+from loadtests.oracle import static_oracle, upper_bound
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.replica_prompts import RenderedPrompts, WorkloadIds, replica_tokens_per_word
 from loadtests.sim_fleet import FleetSpec
@@ -59,7 +59,7 @@ def test_a_whole_cached_document_is_no_miss_in_the_replicas_tokens(tokenizer):
     assert hot_misses(reqs, chosen, cached, 16)["evicted"]["requests"] > 0
 
 
-def test_the_simulator_and_the_oracle_count_the_replicas_tokens(tokenizer):
+def test_the_simulator_and_the_oracles_count_the_replicas_tokens(tokenizer):
     fleet = FleetSpec(replicas=2, kv_pool_gib=0.3, idle_kv_gib=0.2, max_num_seqs=4)
     requests = generate(SMALL, 60)
     arrivals = poisson_arrivals(len(requests), 10.0, 1)
@@ -69,8 +69,9 @@ def test_the_simulator_and_the_oracle_count_the_replicas_tokens(tokenizer):
     res = simulate(requests, arrivals, build_policy("prefix_affinity"), fleet,
                    prompts="text", replica_prompts=prompts)
     assert res.prompt_tokens == rendered and res.token_hit_rate > 0.3
-    bound = oracle_bound(requests, PrefixHashes(16, "m"), 400, prompts)
-    assert bound.prompt_tokens == rendered
+    static = static_oracle(requests, PrefixHashes(16, "m"), 400, prompts)
+    bound = upper_bound(requests, PrefixHashes(16, "m"), prompts)
+    assert static.prompt_tokens == bound.prompt_tokens == rendered
     assert res.token_hit_rate <= bound.token_hit_rate
 
 

@@ -132,7 +132,8 @@ def test_cli_writes_the_documented_json(tmp_path):
     assert report["fleet"]["kv_pool_gib"] == 0.6 and report["fleet"]["max_num_seqs"] == 4
     workload = report["workload"]
     assert (workload["num_docs"], workload["hot_docs"], workload["doc_tokens"]) == (40, 8, 400)
-    assert 0 < report["oracle_token_hit_rate"] < 1
+    static, bound = report["static_oracle_token_hit_rate"], report["upper_bound_token_hit_rate"]
+    assert 0 < static <= bound < 1
     rr, pa = report["policies"]["round_robin"], report["policies"]["prefix_affinity"]
     assert rr["reasons"] == {"round_robin": 300} and rr["replica_requests"] == [150, 150]
     assert sum(pa["reasons"].values()) == sum(pa["replica_requests"]) == 300
@@ -146,9 +147,8 @@ def test_cli_writes_the_documented_json(tmp_path):
         assert res["prefill_tokens"] == sum(res["replica_prefill_tokens"])
         assert res["hot_prefill_tokens"] <= res["prefill_tokens"]
         assert 0 < res["ttft_p50_s"] <= res["ttft_p95_s"] <= res["ttft_p99_s"]
-        # the 40 documents fit in the fleet's cache: near the oracle's bound, under it
-        oracle = report["oracle_token_hit_rate"]
-        assert 0.7 * oracle < res["token_hit_rate"] < oracle
+        # the 40 documents fit in the fleet's cache: near the static oracle, under the bound
+        assert 0.7 * static < res["token_hit_rate"] < bound
         assert 0 < res["request_hit_rate"] <= 1
     # the CLI ran the same simulation the library runs for these settings
     scenario = SCENARIOS["contracts"]
@@ -302,3 +302,36 @@ def test_replicas_without_a_capacity_gauge_get_it_estimated_from_usage():
     finally:
         sim.close()
     assert {v.kv_capacity_tokens for v in blind.states[0].views(now=sim.now)} == {None}
+
+
+def test_on_chat_apps_a_policy_beats_the_static_oracle_and_nothing_beats_the_bound(
+        tmp_path, capsys):
+    # caches turn over as conversations come and go: cost reaches more than any fixed set
+    # of blocks in the fleet's idle KV holds (0.837 against 0.811), so the report names
+    # that figure a static oracle, not a bound, and gives a bound no policy can pass
+    out = tmp_path / "out.json"
+    main(["--scenario", "chat-apps", "--requests", "1500", "--policies", "cost",
+          "--json", str(out), "--plot", str(tmp_path / "out.png")])
+    report = json.loads(out.read_text())
+    assert "oracle_token_hit_rate" not in report  # once read as a bound
+    static, bound = report["static_oracle_token_hit_rate"], report["upper_bound_token_hit_rate"]
+    cost = report["policies"]["cost"]["token_hit_rate"]
+    assert static < cost <= bound < 1
+    err = capsys.readouterr().err
+    assert "static oracle: token hit" in err and "not a bound" in err
+    assert f"upper bound: token hit {bound:.3f}" in err
+
+
+def test_an_unlimited_cache_on_one_replica_reaches_the_upper_bound():
+    from loadtests.oracle import upper_bound
+    from loadtests.prefix_hashes import PrefixHashes
+
+    requests = generate(WORKLOAD, 200)
+    fleet = FleetSpec(replicas=1, kv_pool_gib=8.0, idle_kv_gib=7.0, max_num_seqs=8)
+    # a request every 2 s: each one's prompt is cached before the next arrives
+    res = simulate(requests, np.arange(len(requests)) * 2.0, build_policy("round_robin"),
+                   fleet)
+    bound = upper_bound(requests, PrefixHashes(fleet.block_size,
+                                               load_profile(fleet.profile).model.name))
+    assert res.preemptions == 0 and res.prompt_tokens == bound.prompt_tokens
+    assert res.token_hit_rate == pytest.approx(bound.token_hit_rate) and bound.hit_tokens > 0

@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 
 from kvwire.block_hashing import block_hashes
-from loadtests.oracle import oracle_bound
+from loadtests.oracle import static_oracle, upper_bound
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.workloads import (
     ChatSpec,
@@ -120,7 +120,7 @@ def test_memoized_hashes_equal_the_engine_chain(spec):
         assert memo.hashes(r, ids) == block_hashes(ids, 16, model_id="m")
 
 
-def test_oracle_bound_on_a_hand_counted_stream():
+def test_static_oracle_on_a_hand_counted_stream():
     spec = ContractsSpec(num_docs=4, hot_docs=1, hot_fraction=0.5, doc_tokens=64,
                          doc_jitter=0.0, question_tokens=(10, 10), seed=8)
     reqs = generate(spec, 40)
@@ -128,12 +128,33 @@ def test_oracle_bound_on_a_hand_counted_stream():
     prompt = sum(r.prompt_tokens for r in reqs)
     memo = PrefixHashes(16, "m")
     # room for every document: each one's first request misses, the rest hit 64 tokens
-    full = oracle_bound(reqs, memo, capacity_blocks=16)
+    full = static_oracle(reqs, memo, capacity_blocks=16)
     assert full.hit_tokens == sum(64 * (c - 1) for c in counts.values())
     # room for one document: the most asked one
-    one = oracle_bound(reqs, memo, capacity_blocks=4)
+    one = static_oracle(reqs, memo, capacity_blocks=4)
     assert one.hit_tokens == 64 * (max(counts.values()) - 1)
     assert one.token_hit_rate == pytest.approx(one.hit_tokens / prompt)
+    # an unlimited cache: every document's first request misses its 4 blocks, the rest hit
+    # them, and no question's tail (10 tokens) fills a block
+    bound = upper_bound(reqs, memo)
+    assert bound.hit_tokens == full.hit_tokens and bound.prompt_tokens == prompt
+
+
+def test_the_upper_bound_is_an_unlimited_caches_count_turn_after_turn():
+    # one conversation at a time, each turn sent after the last: an unlimited cache hits
+    # the longest cached prefix of each prompt (up to the engine's cap), then caches the
+    # prompt's every full block (the last one too, which the cap never looks up)
+    reqs = generate(ChatSpec(active=1, seed=4), 12)
+    seen: set[bytes] = set()
+    hits = 0
+    for r in reqs:
+        chain = block_hashes(r.token_ids(), 16, model_id="m")
+        cap = (r.prompt_tokens - 1) // 16
+        hits += sum(1 for _ in itertools.takewhile(seen.__contains__, chain[:cap]))
+        seen.update(chain)
+    bound = upper_bound(reqs, PrefixHashes(16, "m"))
+    assert bound.hit_tokens == 16 * hits > 0
+    assert bound.distinct_blocks == len(seen)
 
 
 def test_bad_spec_values_are_named():
