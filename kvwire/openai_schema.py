@@ -13,6 +13,7 @@ sampling fields on top (:func:`optional` reads them with the same rules).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -142,9 +143,38 @@ def optional(body: Mapping[str, Any], key: str, types: type | tuple[type, ...],
         return default
     allowed = types if isinstance(types, tuple) else (types,)
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        lax = _lax(value, allowed)
+        if lax is not None:
+            return lax
         names = " or ".join(t.__name__ for t in allowed)
         raise BadRequest(f"'{key}' must be {names}, got {value!r:.80}", param=key)
     return value
+
+
+_TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
+
+
+def _lax(value: Any, allowed: tuple[type, ...]) -> Any:
+    """``value`` read as one of ``allowed`` the way vLLM's request models (pydantic, lax)
+    read it: ``3.0`` or ``"3"`` as an int, ``"0.5"`` as a float, ``"true"`` as a bool;
+    None when it cannot be."""
+    if isinstance(value, bool):
+        return None
+    if int in allowed:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            return int(value)
+    if float in allowed and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+    if bool in allowed and isinstance(value, str | int):
+        text = str(value).strip().lower()
+        return True if text in _TRUE else False if text in _FALSE else None
+    return None
 
 
 def positive_int(body: Mapping[str, Any], key: str) -> int | None:

@@ -152,7 +152,7 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(live: Engine) -> None:
     ({"input": "x", "encoding_format": 1}, "encoding_format", "must be str"),
     ({"input": "x", "dimensions": 0}, "dimensions", "positive"),
     ({"input": "x", "dimensions": DIM + 1}, "dimensions", f"at most {DIM}"),
-    ({"input": "x", "dimensions": "8"}, "dimensions", "must be int"),
+    ({"input": "x", "dimensions": "eight"}, "dimensions", "must be int"),
     ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "-1 or"),
     ({"input": "x", "truncate_prompt_tokens": LIMIT + 1}, "truncate_prompt_tokens",
      "greater than max_model_len"),

@@ -160,7 +160,7 @@ def test_client_errors_are_openai_shaped(two: tuple[Gateway, Behaviour, Behaviou
         (b'{"model": "sim-model", "prompt": [1, "a"]}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": [1, 4294967296]}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": "x", "max_tokens": 0}', 400, None, "max_tokens"),
-        (b'{"model": "sim-model", "prompt": "x", "stream": "yes"}', 400, None, "stream"),
+        (b'{"model": "sim-model", "prompt": "x", "stream": "maybe"}', 400, None, "stream"),
         (b'{"model": "sim-model", "prompt": "x", "cache_salt": ""}', 400, None, "cache_salt"),
         (b'{"model": "nope", "prompt": "x"}', 404, "model_not_found", "model"),
     ]
