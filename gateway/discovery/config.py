@@ -74,7 +74,8 @@ class ReplicaTemplate:
 class DNSSourceConfig:
     """The A (else AAAA) records of ``name``, re-resolved every ``interval_s``: the first
     of ``record_types`` the name has records of (a dual-stack pod has one of each, one
-    engine); the replica's id is ``address:port``. A failed lookup (or one that finds no
+    engine), or with ``all_record_types`` every one of them (single-stack pods of either
+    family, each its own engine); the replica's id is ``address:port``. A failed lookup (or one that finds no
     address) keeps the last set it found."""
 
     name: str
@@ -83,6 +84,7 @@ class DNSSourceConfig:
     interval_s: float = 10.0
     timeout_s: float = 2.0
     record_types: list[Literal["A", "AAAA"]] = field(default_factory=lambda: ["A", "AAAA"])
+    all_record_types: bool = False
     nameservers: list[str] = field(default_factory=list)  # none: the system's resolv.conf
     nameserver_port: int = 53
     replica: ReplicaTemplate = field(default_factory=ReplicaTemplate)

@@ -46,12 +46,13 @@ class DNSSource:
 
     async def addresses(self) -> list[str]:
         """The name's addresses of the first of ``record_types`` it has records of (a
-        dual-stack pod has an A and an AAAA record: both would count one engine twice);
+        dual-stack pod has an A and an AAAA record: both would count one engine twice), or
+        of every type with ``all_record_types``;
         DNSLookupFailed when a lookup fails or none has any (a name that does not exist
         counts as failed, not as an empty fleet)."""
         found: list[str] = []
         for record_type in self.config.record_types:
-            if found:
+            if found and not self.config.all_record_types:
                 break
             try:
                 answer = await self._resolver.resolve(

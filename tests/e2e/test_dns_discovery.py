@@ -73,6 +73,7 @@ def run(spawn: Processes, tmp_path: Path, dns: FakeDNS) -> None:
         "scrape": {"interval_s": 0.3},
         "discovery": [{"type": "dns", "name": NAME, "port": port, "interval_s": 0.2,
                        "timeout_s": 1, "nameservers": ["127.0.0.1"],
+                       "all_record_types": True,  # single-stack pods of either family
                        "nameserver_port": dns.port}],
     }))
     gateway = f"http://127.0.0.1:{gport}"

@@ -35,6 +35,8 @@ async def test_a_records_else_aaaa_records(dns: FakeDNS) -> None:
     assert sorted(await source(dns).addresses()) == ["10.0.0.1", "10.0.0.2"]
     v6_first = source(dns, record_types=["AAAA", "A"])
     assert sorted(await v6_first.addresses()) == ["fd00::1", "fd00::2"]
+    every = source(dns, all_record_types=True)  # single-stack pods of either family
+    assert len(await every.addresses()) == 4
     dns.set("v6.llm.svc", ["fd00::3"])  # an IPv6-only fleet: its AAAA records
     assert await source(dns, name="v6.llm.svc").addresses() == ["fd00::3"]
 
