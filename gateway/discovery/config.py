@@ -75,8 +75,8 @@ class DNSSourceConfig:
     """The A (else AAAA) records of ``name``, re-resolved every ``interval_s``: the first
     of ``record_types`` the name has records of (a dual-stack pod has one of each, one
     engine), or with ``all_record_types`` every one of them (single-stack pods of either
-    family, each its own engine); the replica's id is ``address:port``. A failed lookup (or one that finds no
-    address) keeps the last set it found."""
+    family, each its own engine); the replica's id is ``address:port``. A failed lookup
+    (or one that finds no address) keeps the last set it found."""
 
     name: str
     port: int
