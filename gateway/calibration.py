@@ -8,12 +8,17 @@ set against the gateway's own count for the same prompt, that gives a ratio per 
     ratio = sum(replica prompt tokens) / sum(gateway prompt tokens)      (decayed sums)
 
 ``Fleet`` divides replica figures by it, so every token count a policy sees is in gateway
-tokens. Until ``min_samples`` answers were seen the ratio is 1 (no conversion).
+tokens. Until ``min_samples`` answers were seen the ratio is 1 (no conversion). An answer
+whose ratio is past ``MAX_RATIO`` either way is not taken: no two tokenizers differ that
+much, and one absurd ``usage`` from one replica moved every replica's figures for
+thousands of answers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+MAX_RATIO = 16.0  # replica tokens per gateway token believed, and its inverse
 
 
 @dataclass(slots=True)
@@ -40,7 +45,8 @@ class TokenCalibration:
     def observe(self, model: str | None, replica_tokens: int, gateway_tokens: int) -> None:
         """One answered prompt: the replica counted ``replica_tokens``, the gateway
         ``gateway_tokens`` (exact or estimated)."""
-        if replica_tokens <= 0 or gateway_tokens <= 0:
+        if replica_tokens <= 0 or gateway_tokens <= 0 \
+                or not 1.0 / MAX_RATIO <= replica_tokens / gateway_tokens <= MAX_RATIO:
             return
         sums = self._sums.get(model)
         if sums is None:

@@ -46,7 +46,6 @@ Example (every key but ``replicas`` has a default)::
 from __future__ import annotations
 
 import ipaddress
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,7 @@ from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
 from policies.config import ConfigError, from_mapping
 
+MAX_WEIGHT = 100.0  # a replica's weight: a share relative to the others'
 
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
@@ -95,8 +95,9 @@ class ReplicaConfig:
             parts.port  # noqa: B018  (raises on a bad port)
         except ValueError:
             raise ValueError(f"url {self.url!r} has a bad port") from None
-        if not 0 < self.weight < math.inf:
-            raise ValueError(f"weight must be > 0 and finite, got {self.weight!r}")
+        if not 0 < self.weight <= MAX_WEIGHT:
+            raise ValueError(f"weight must be > 0 and at most {MAX_WEIGHT:g} (a relative "
+                             f"share: a ring holds vnodes x weight points), got {self.weight!r}")
         if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < 1:
             raise ValueError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens!r}")
         for key in ("kv_events", "kv_events_replay"):

@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 import orjson
 
@@ -330,9 +330,9 @@ class UpstreamStream:
             completion = usage.get("completion_tokens")
         except (ValueError, AttributeError):
             return None
-        if isinstance(prompt, int) and isinstance(cached, int):
-            return Usage(prompt, cached, completion if isinstance(completion, int) else None)
-        return None
+        if _count(prompt) and _count(cached) and cached <= prompt:
+            return Usage(prompt, cached, completion if _count(completion) else None)
+        return None  # missing, or not counts (negative, a bool, more cached than sent)
 
     def count_events(self) -> None:
         """Count the stream's server-sent events from now on (its first chunk included),
@@ -590,6 +590,11 @@ class _Patience:
 
     def cancel(self) -> None:
         self._handle.cancel()
+
+
+def _count(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is a token count: an int (not a bool), not negative."""
+    return type(value) is int and value >= 0
 
 
 def _ends_done(tail: bytes) -> bool:

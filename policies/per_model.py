@@ -9,13 +9,16 @@ us), and each model's caches aged at half speed. ``PerModel`` keeps one instance
 (made by ``make``, the first one given), all sharing the first's KV event index (it is kept
 per replica), and tells every instance of replicas that leave or restart.
 
-At most ``max_models`` instances are made (a model name a client makes up is refused
-before routing once the fleet's models are known, but not before): later models share the
-first instance. Not thread-safe, as the policies it holds.
+At most ``max_models`` instances are kept (a model name a client makes up is refused
+before routing once the fleet's models are known, but not before): a new model past them
+takes the place of the one used least recently (a model that left the fleet, as a fleet
+rolls model versions or adapters; the first instance, which holds the shared index, keeps
+its place). Not thread-safe, as the policies it holds.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from policies.base import (
@@ -42,7 +45,7 @@ class PerModel(Policy):
         self.first = first
         self._make = make
         self.max_models = max_models
-        self._by_model: dict[str | None, Policy] = {}
+        self._by_model: OrderedDict[str | None, Policy] = OrderedDict()  # least recent 1st
         self.name = first.name  # type: ignore[misc]
         self.reasons = first.reasons  # type: ignore[misc]
         self.chunk_chars = first.chunk_chars
@@ -52,16 +55,23 @@ class PerModel(Policy):
     def policy_for(self, model: str | None) -> Policy:
         """The instance deciding for ``model`` (made on first use)."""
         policy = self._by_model.get(model)
-        if policy is None:
-            if not self._by_model:
-                policy = self.first
-            elif len(self._by_model) >= self.max_models:
-                return self.first
-            else:
-                policy = self._make()
-                if policy.kv_index is not None:
-                    policy.kv_index = self.kv_index  # one index, fed once, per replica
-            self._by_model[model] = policy
+        if policy is not None:
+            if len(self._by_model) > 1:
+                self._by_model.move_to_end(model)
+            return policy
+        if not self._by_model:
+            policy = self.first
+        else:
+            if len(self._by_model) >= self.max_models:
+                stale = next((m for m, p in self._by_model.items() if p is not self.first),
+                             None)
+                if stale is None:
+                    return self.first
+                del self._by_model[stale]
+            policy = self._make()
+            if policy.kv_index is not None:
+                policy.kv_index = self.kv_index  # one index, fed once, per replica
+        self._by_model[model] = policy
         return policy
 
     def _all(self) -> list[Policy]:

@@ -564,3 +564,20 @@ def test_vllms_other_paths_and_cors(serve: Serve) -> None:
     plain = start_gateway(serve, [("a", serve(fake_replica(a)).url)])
     r = httpx.post(f"{plain.url}/v1/chat/completions", json=chat, headers=origin)
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": -500, "completion_tokens": 3},
+    {"prompt_tokens": 10, "completion_tokens": -3, "prompt_tokens_details": {"cached_tokens": -7}},
+    {"prompt_tokens": True, "completion_tokens": 3},
+    {"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 11}},
+])
+def test_a_replicas_absurd_usage_is_ignored_not_a_500(serve: Serve, usage: dict[str, Any]
+                                                      ) -> None:
+    a = Behaviour("a", usage=usage)
+    gw = start_gateway(serve, [("a", serve(fake_replica(a)).url)])
+    for stream in (False, True):
+        r = httpx.post(f"{gw.url}/v1/completions",
+                       json={"model": "sim-model", "prompt": "x", "stream": stream})
+        assert r.status_code == 200, r.text
+    assert metric(gw, 'kvgate_requests_total{replica="a",route="round_robin",status="200"}') == 2

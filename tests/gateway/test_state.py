@@ -256,6 +256,10 @@ def test_calibration_is_per_model_and_bounded() -> None:
     for i in range(cal.max_models + 10):
         cal.observe(f"m{i}", 1, 1)
     assert len(cal.snapshot()) <= cal.max_models
+    # one absurd usage figure is not believed (2**53 tokens moved the ratio 1e12-fold)
+    cal.observe("a", 2**53, 100)
+    cal.observe("a", 1, 10_000)
+    assert cal.ratio("a") == pytest.approx(3.0)
 
 
 def test_a_replica_without_capacity_gauges_takes_the_configured_one() -> None:
@@ -288,3 +292,10 @@ def test_a_config_without_a_policy_routes_with_cost() -> None:
     cfg = parse_config({"replicas": [{"id": "r", "url": "http://x:1"}]})
     assert cfg.policy == {"name": "cost"}
     assert isinstance(build_policy(cfg.policy), Cost)
+
+
+def test_a_weight_is_a_bounded_share() -> None:
+    # weight 2000 built a ring of 512,000 points on the event loop: 6 s of a frozen gateway
+    with pytest.raises(ConfigError, match="weight must be > 0 and at most 100"):
+        parse_config({"replicas": [{"id": "r", "url": "http://x:1", "weight": 2000}]})
+    assert parse_config({"replicas": [{"id": "r", "url": "http://x:1", "weight": 100}]})

@@ -78,11 +78,23 @@ def test_instances_share_the_kv_index_and_hear_of_replicas_that_leave() -> None:
     assert after == 0
 
 
-def test_past_max_models_later_models_share_the_first() -> None:
-    policy = per_model(max_models=2)
-    for model in ("a", "b", "c", "d"):
+def test_past_max_models_a_new_model_takes_the_least_recent_ones_place() -> None:
+    # a fleet rolling model versions: models that left must not leave later ones sharing
+    # the first model's state (which mixed their placements)
+    policy = per_model(max_models=3)
+    for model in ("a", "b", "c"):
         route(policy, model, doc(ord(model)), 0.0)
-    assert policy.policy_for("c") is policy.policy_for("a") is policy.first
-    assert policy.policy_for("b") is not policy.first
+    b = policy._by_model["b"]
+    route(policy, "d", doc(ord("d")), 0.0)  # b is the least recent but the first's (a)
+    assert set(policy._by_model) == {"a", "c", "d"}
+    d = policy._by_model["d"]
+    assert d is not policy.first and d is not b
+    assert policy.policy_for("a") is policy.first  # the first keeps its place
+    route(policy, "e", doc(ord("e")), 0.0)  # c now the least recent
+    assert set(policy._by_model) == {"a", "d", "e"}
+    assert len({id(policy.policy_for(m)) for m in ("a", "d", "e")}) == 3
+    one = per_model(max_models=1)
+    route(one, "a", doc(1), 0.0)
+    assert one.policy_for("b") is one.first  # nothing else to give up
     with pytest.raises(ValueError, match="max_models"):
         per_model(max_models=0)

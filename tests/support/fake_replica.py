@@ -39,6 +39,7 @@ class Behaviour:
     hold: threading.Event | None = None  # the first byte waits until it is set
     linger_s: float = 0.0  # a stream's body stays open this long after its [DONE]
     adapters: int = 0  # /v1/models lists this many adapters after the model
+    usage: dict[str, object] | None = None  # answers carry this usage instead of its own
     metrics_status: int = 200  # /metrics answers this
     metrics_extra: bytes = b""  # raw bytes after /metrics' lines (odd values, padding)
 
@@ -60,6 +61,8 @@ def fake_replica(b: Behaviour) -> Starlette:
         obj = "chat.completion" if chat else "text_completion"
         usage = {"prompt_tokens": 10, "completion_tokens": b.chunks,
                  "total_tokens": 10 + b.chunks, "prompt_tokens_details": {"cached_tokens": 4}}
+        if b.usage is not None:
+            usage = b.usage  # type: ignore[assignment]
         if not body.get("stream"):
             choice = ({"index": 0, "message": {"role": "assistant", "content": f"{b.name} ok"},
                        "finish_reason": "stop"} if chat else
