@@ -143,6 +143,9 @@ class Cost(Policy):
         self._models = ReplicaModels(cfg.load_window_s)
         self._exact = IndexMatches(cfg.kv_event_grace_s)  # reads kv_index, where fed
         self._facts: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, capacity)
+        self._facts_changed = 0  # bumped when a replica joins or leaves ``_facts``
+        # (the index dict, _facts_changed) -> whether it leaves a known replica out
+        self._partial_memo: tuple[dict[str, int], int, bool] | None = None
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
         self._scratch = ScratchSet(cfg)
         self._routed = 0
@@ -255,7 +258,8 @@ class Cost(Policy):
                                   * self._saved_at_home(p, firsts, matched, replicas, share,
                                                         request.arrival_s))
             candidates.update(dict.fromkeys(homes if busy else firsts))
-            self._eligible = (ids, weights, up, in_scratch)
+            if not self._partial(index):  # the placement is the whole fleet's
+                self._eligible = (ids, weights, up, in_scratch)
         else:
             busy = True
             rare_home = self._roomy_home(p, replicas, points, owners, distinct, up,
@@ -372,6 +376,16 @@ class Cost(Policy):
         return held + (p - held) * self._models.survival(replicas[firsts[0]], share,
                                                          self._requests.rate(now), now)
 
+    def _partial(self, index: dict[str, int]) -> bool:
+        """Whether a decision's replicas (``index``) leave out a replica this policy knows
+        (seen healthy, not removed): a tenant's partition, not the fleet."""
+        memo = self._partial_memo
+        if memo is not None and memo[0] is index and memo[1] == self._facts_changed:
+            return memo[2]
+        partial = any(rid not in index for rid in self._facts)
+        self._partial_memo = (index, self._facts_changed, partial)
+        return partial
+
     def _roomy_home(self, p: int, replicas: Sequence[ReplicaView], points: list[int],
                     owners: list[int], distinct: int, up: list[bool], in_scratch: set[int],
                     key: int) -> int | None:
@@ -403,6 +417,8 @@ class Cost(Policy):
         ok = list(compress(replicas, up))
         facts = self._facts
         for r in ok:
+            if r.id not in facts:
+                self._facts_changed += 1
             facts[r.id] = (r.epoch, r.kv_capacity_tokens)
         self._slots.saw_all(ok)
         if last is not None and now is not None and now > last[0]:
@@ -433,6 +449,14 @@ class Cost(Policy):
             i = index.get(placed, -1)
             if i >= 0 and up[i] and (i not in in_scratch or self.config.placement_overflow):
                 return i
+        if self._partial(index):
+            # a decision over part of the fleet (a tenant's partition): placing the key
+            # here would place every hot key again over that part (and the next decision
+            # over the whole fleet back): the key's first ring replica there, read only
+            for i in walk(points, owners, distinct, prep.key):
+                if up[i] and i not in in_scratch:
+                    return i
+            return None
         home = self._placement.place(
             prep.key, p, self._order_of(ids, points, owners, distinct, up, in_scratch),
             self._eligible_ids(ids, up, in_scratch), self._room,
@@ -577,7 +601,8 @@ class Cost(Policy):
             if self.kv_index is not None:
                 self.kv_index.remove_replica(event.replica)
             self._models.remove(event.replica)
-            self._facts.pop(event.replica, None)
+            if self._facts.pop(event.replica, None) is not None:
+                self._facts_changed += 1
             self._slots.forget(event.replica)
             self._placement.forget_replica(event.replica)
             self._exact.forget(event.replica)

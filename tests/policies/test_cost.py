@@ -548,3 +548,26 @@ def test_long_model_names_are_not_kept_by_the_key_memo() -> None:
         policy.observe(Routed(req, policy.choose(req, fleet).chosen))
     route(policy, doc(9), fleet)
     assert sum(len(name[0] or "") for name in policy._keys.kept_names()) < 100
+
+
+def test_a_decision_over_a_tenants_partition_leaves_the_fleets_homes_alone() -> None:
+    # a partitioned tenant's decisions see part of the fleet: placing hot keys over that
+    # part re-homed every hot prefix onto it, and the next decision over the whole fleet
+    # moved them all back
+    policy = Cost(CostConfig(min_scratch=1))
+    fleet = views(n=6)
+    hot = [doc(7000 + i) for i in range(6)]
+    for t in range(4):
+        for tokens in hot:
+            route(policy, tokens, fleet, at=t)
+    placed = policy.describe()["placed_hot_tokens"]
+    homes = [policy.choose(request(tokens, at=5), fleet).chosen for tokens in hot]
+    partition = fleet[:2]
+    new_hot = doc(9999)
+    for t in range(4):  # a new hot key, and the others, asked for inside the partition
+        for tokens in [new_hot, *hot]:
+            chosen = route(policy, tokens, partition, at=6 + t)
+            assert chosen in {"r0", "r1"}
+    assert policy.describe()["placed_hot_tokens"] == placed
+    assert [policy.choose(request(tokens, at=20), fleet).chosen for tokens in hot] == homes
+    policy.check_integrity()
