@@ -120,7 +120,8 @@ class ReplicaState:
     in_flight_at_scrape: int = 0  # in_flight (the box's, with workers) when last scraped
     in_flight: int = 0
     # monotonic: when it last gave this worker's requests a first byte or a whole answer
-    # (a try waiting on it past its wait is then waiting on a busy replica, not a hung one)
+    # (a try waiting on it past its wait is then waiting on a busy replica, not a hung one;
+    # ``progress``: any worker's)
     progress_at: float = 0.0
     unsettled: dict[Pending, None] = field(default_factory=dict)  # oldest first
     models: tuple[str, ...] = ()
@@ -179,7 +180,18 @@ class ReplicaState:
     def publish(self) -> None:
         """Copy this worker's counts to the shared block (no-op without one)."""
         if self.shared is not None:
-            self.shared.write(self.slot, *self._own())
+            self.shared.write(self.slot, *self._own(), self.progress_at)
+
+    def made_progress(self) -> None:
+        """It gave a request its first byte, or a whole answer: alive, if busy."""
+        self.progress_at = time.monotonic()
+        self.publish()
+
+    def progress(self) -> float:
+        """When it last made progress for any of the box's workers (monotonic)."""
+        if self.shared is not None:
+            return max(self.progress_at, self.shared.progress_at(self.slot))
+        return self.progress_at
 
     def kv_capacity(self) -> KVCapacity:
         """Scraped beats configured beats estimated: an estimate never overrides a figure

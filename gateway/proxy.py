@@ -301,7 +301,7 @@ class UpstreamStream:
         whole = (ok or self._delivered) and self.status < 400
         state = self.pending.state
         if whole and state is not None:
-            state.progress_at = time.monotonic()
+            state.made_progress()
         self.on_done(self, whole)
 
     def usage(self) -> Usage | None:
@@ -485,6 +485,8 @@ class Proxy:
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
                 if streamed and not first and response.status < 400:
                     raise UpstreamBroken("the stream ended before its first event")
+            if patience is not None:  # its timer is done with
+                patience.cancel()
             if not streamed and response.status < 400:
                 first = await self._buffer(replica, response, first)
         except UpstreamFailure as exc:  # refused, reset, cut, or a malformed answer
@@ -498,6 +500,11 @@ class Proxy:
                              f"{exc.__class__.__name__}") from None
         except TimeoutError:
             _close(response)
+            if patience is not None and patience.at_deadline:
+                raise _Retryable("deadline", f"the request's first-byte deadline "
+                                 f"({self.timeouts.first_byte_s:g} s) ran out while replica "
+                                 f"{replica!r} was busy with other requests",
+                                 "upstream_timeout") from None
             raise _Retryable("timeout", f"replica {replica!r} sent no byte within "
                              f"{wait:.3g} s while showing no progress",
                              "upstream_timeout") from None
@@ -525,7 +532,7 @@ class Proxy:
         self.metrics.first_byte(replica, first_byte_s)
         if response.status < 400:
             if pending.state is not None:
-                pending.state.progress_at = time.monotonic()
+                pending.state.made_progress()
             if streamed:
                 self.first_byte.observe(first_byte_s, pending.tokens)
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
@@ -568,24 +575,31 @@ class _Patience:
     """Pushes a try's ``timer`` back by ``wait`` (up to ``deadline``, monotonic) each time
     it is about to fire after the replica made progress since it was set or last pushed."""
 
-    __slots__ = ("_deadline", "_handle", "_loop", "_since", "_state", "_timer", "_wait")
+    __slots__ = ("_deadline", "_handle", "_loop", "_since", "_state", "_timer", "_wait",
+                 "at_deadline")
 
     def __init__(self, timer: asyncio.Timeout, state: ReplicaState, wait: float,
                  deadline: float) -> None:
         self._loop = asyncio.get_running_loop()  # its time() is time.monotonic()
         self._timer, self._state, self._wait, self._deadline = timer, state, wait, deadline
         self._since = self._loop.time()
+        self.at_deadline = False  # pushed back to the request's deadline: if it fires
+        # now, the deadline cut a replica that was making progress short
         self._handle = self._loop.call_at(self._since + wait - _CHECK_AHEAD_S, self._check)
 
     def _check(self) -> None:
         when = self._timer.when()
         if when is None or self._timer.expired() or when >= self._deadline \
-                or self._state.progress_at <= self._since:
-            return  # no progress: the wait ends
+                or self._state.progress() <= self._since:
+            return  # no progress (or no more time): the wait ends
         now = self._loop.time()
         self._since = now
         until = min(self._deadline, now + self._wait)
-        self._timer.reschedule(until)
+        try:
+            self._timer.reschedule(until)
+        except RuntimeError:  # the try's block ended meanwhile
+            return
+        self.at_deadline = until >= self._deadline
         self._handle = self._loop.call_at(max(now, until - _CHECK_AHEAD_S), self._check)
 
     def cancel(self) -> None:

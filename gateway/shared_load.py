@@ -8,7 +8,8 @@ memory block; a policy's view sums every worker's cells. Layout, all little-endi
     [0, 8)                         magic (u64)
     cell(slot, worker) = HEADER + (slot * workers + worker) * CELL_BYTES
     cell: pending_tokens i64, in_flight i64, oldest_sent_at f64 (monotonic, 0 = none),
-          oldest_tokens i64
+          oldest_tokens i64, progress_at f64 (monotonic: when the replica last gave this
+          worker's requests a first byte or a whole answer; 0 = never)
 
 A replica's slot is fixed when it joins the fleet (configured replicas in order, then each
 added one the next free). The leader's ``Fleet`` hands a removed replica's slot to another
@@ -31,7 +32,7 @@ from typing import NamedTuple
 
 MAGIC = 0x6B76676174656C64  # "kvgateld"
 HEADER = 8
-_CELL = struct.Struct("<qqdq")
+_CELL = struct.Struct("<qqdqd")
 CELL_BYTES = _CELL.size
 
 
@@ -93,25 +94,30 @@ class SharedLoad:
     def clear_own(self) -> None:
         """Zero this worker's cells (a restarted worker owns nothing in flight)."""
         for slot in range(self.slots):
-            _CELL.pack_into(self._buf, self._offset(slot, self.worker), 0, 0, 0.0, 0)
+            _CELL.pack_into(self._buf, self._offset(slot, self.worker), 0, 0, 0.0, 0, 0.0)
 
     def write(self, slot: int, pending_tokens: int, in_flight: int, oldest_sent_at: float,
-              oldest_tokens: int) -> None:
+              oldest_tokens: int, progress_at: float = 0.0) -> None:
         """This worker's counts for the replica in ``slot``."""
         _CELL.pack_into(self._buf, self._offset(slot, self.worker), pending_tokens,
-                        in_flight, oldest_sent_at, oldest_tokens)
+                        in_flight, oldest_sent_at, oldest_tokens, progress_at)
 
     def totals(self, slot: int) -> LoadTotals:
         """Every worker's counts for ``slot`` summed; the oldest request of them all."""
         pending = in_flight = oldest_tokens = 0
         oldest = 0.0
         for worker in range(self.workers):
-            p, f, at, t = _CELL.unpack_from(self._buf, self._offset(slot, worker))
+            p, f, at, t, _ = _CELL.unpack_from(self._buf, self._offset(slot, worker))
             pending += p
             in_flight += f
             if at and (not oldest or at < oldest):
                 oldest, oldest_tokens = at, t
         return LoadTotals(pending, in_flight, oldest, oldest_tokens)
+
+    def progress_at(self, slot: int) -> float:
+        """The latest progress any worker saw the replica in ``slot`` make."""
+        return max(_CELL.unpack_from(self._buf, self._offset(slot, worker))[4]
+                   for worker in range(self.workers))
 
     def close(self) -> None:
         self._buf.release()

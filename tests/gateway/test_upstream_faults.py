@@ -33,6 +33,8 @@ def faulty(fault: str, calls: list[str] | None = None, size: int = 0,
            health: dict[str, int] | None = None) -> ASGI:
     """An OpenAI-ish replica (health, models, metrics, completions) failing with ``fault``;
     its /health answers ``health["status"]`` when given."""
+    serial = asyncio.Lock()
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
@@ -61,6 +63,9 @@ def faulty(fault: str, calls: list[str] | None = None, size: int = 0,
             await asyncio.sleep(3)
         if fault == "slow_long" and request.get("prompt") == "long":
             await asyncio.sleep(1.2)  # a long prefill, while the others are answered
+        if fault == "serial":  # one request at a time, 0.4 s each: busy, not hung
+            async with serial:
+                await asyncio.sleep(0.4)
         if fault in ("poison_500", "not_implemented"):
             status = 500 if fault == "poison_500" else 501
             await send({"type": "http.response.start", "status": status,
@@ -710,6 +715,26 @@ def test_a_slow_first_token_on_a_replica_making_progress_is_waited_for(serve: Se
     assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
     assert metric(gw, "kvgate_retries_total") == 0
     assert _healthy(gw) == {"r0": 1.0, "r1": 1.0}
+
+
+def test_a_busy_replica_the_deadline_cut_short_is_not_ejected(serve: Serve) -> None:
+    # its waits were extended while it answered the others; those the request's deadline
+    # then ended were not its fault (three of them ejected a healthy replica)
+    gw = gateway(serve, [serve(faulty("serial"))], max_attempts=1,
+                 timeouts={"stream_first_byte_s": 0.5, "first_byte_s": 1.2},
+                 health={"interval_s": 60, "timeout_s": 0.5, "request_failures_to_eject": 1,
+                         "ejection_s": 30})
+
+    def stream() -> int:
+        with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10, json={
+                "model": "sim-model", "prompt": "x", "stream": True}) as r:
+            r.read()
+            return r.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        codes = sorted(pool.map(lambda _: stream(), range(6)))
+    assert codes.count(200) >= 2 and 504 in codes, codes  # 0.4 s each, 1.2 s for all
+    assert _healthy(gw) == {"r0": 1.0}
 
 
 def test_a_try_cut_short_by_the_requests_deadline_is_not_the_replicas_fault(

@@ -49,6 +49,27 @@ def _worker(block: shared_memory.SharedMemory, index: int) -> tuple[Fleet, Share
     return Fleet(list(REPLICAS), shared=load), load
 
 
+def test_a_replicas_progress_is_seen_by_every_worker(load_block: shared_memory.SharedMemory
+                                                    ) -> None:
+    # a try's wait is extended while its replica makes progress: progress another
+    # worker's request saw counts (a worker saw none of its own, and gave up on a busy one)
+    a, load_a = _worker(load_block, 0)
+    b, load_b = _worker(load_block, 1)
+    try:
+        ra, rb = a.get("r0"), b.get("r0")
+        assert ra is not None and rb is not None
+        assert ra.progress() == rb.progress() == 0.0
+        rb.made_progress()
+        assert ra.progress_at == 0.0 and ra.progress() == rb.progress() > 0.0
+        sent = a.sent("r0", 10)  # a's own writes keep b's progress in the block
+        assert ra.progress() == rb.progress_at
+        a.done(sent)
+        assert a.get("r1").progress() == 0.0  # type: ignore[union-attr]
+    finally:
+        load_a.close()
+        load_b.close()
+
+
 def test_each_worker_sees_the_box_pending_tokens(load_block: shared_memory.SharedMemory
                                                  ) -> None:
     a, load_a = _worker(load_block, 0)
