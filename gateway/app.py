@@ -272,6 +272,9 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                 await gw.peers.start()
             stack.push_async_callback(gw.capture.stop)
             await gw.capture.start()
+            if gw.metrics.mirror is not None:
+                stack.push_async_callback(gw.metrics.mirror.stop)
+                await gw.metrics.mirror.start()
             kv_events = KVEventSubscriber.for_policy(gw.fleet, gw.policy)
             if kv_events is not None:
                 stack.push_async_callback(kv_events.stop)

@@ -9,8 +9,11 @@ reason are ``gateway.answer_metrics``; ``process_*`` describe the gateway's proc
 
 With worker processes (prometheus-client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``
 set by ``gateway.workers``) ``exposed`` sums every worker's counters and histograms; the
-per-replica gauges are the box's already (``shared_load``); ``process_*`` are left out
-(one worker's would pass for the box's).
+per-replica gauges are the box's already (``shared_load``), and so are the discovery
+counts (the leader's, copied to every worker) and the KV event counts (every worker reads
+every replica's stream); the peer links' counts, each worker's own, are copied into summed
+metrics every second (``gateway.metric_mirror``); ``process_*`` are left out (one
+worker's would pass for the box's).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from prometheus_client.registry import Collector
 from gateway.answer_metrics import AnswerMetrics
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
+from gateway.metric_mirror import MetricMirror
 from policies.base import ReplicaRemoved
 from policies.kv_index import KVIndex
 
@@ -238,10 +242,13 @@ class GatewayMetrics:
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
         self.answers = AnswerMetrics(r, fleet.models, reasons)
         self.exposed = r  # what GET /metrics serves
+        # with worker processes: per-worker counts, copied into the summed figures
+        self.mirror: MetricMirror | None = None
         multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if multiprocess_dir:
             self.exposed = CollectorRegistry()
             MultiProcessCollector(self.exposed, multiprocess_dir)
+            self.mirror = MetricMirror(r)
         self.export(_FleetCollector(fleet))
         self.reasons = reasons
         # label children bound once: labels() locks and checks on every call
@@ -327,22 +334,26 @@ class GatewayMetrics:
     def first_byte(self, replica: str, seconds: float) -> None:
         self._child(self.upstream_ttfb, replica).observe(seconds)
 
-    def export(self, collector: Collector) -> None:
+    def export(self, collector: Collector, per_worker: bool = False) -> None:
         """Serve ``collector`` from ``GET /metrics``: it reads live state (the fleet, a
-        subscriber), so with worker processes it joins the summed multiprocess figures
-        as this process's own view."""
+        subscriber). With worker processes a collector of the box's state (the fleet's)
+        joins the summed multiprocess figures as it is; one of a worker's own counts
+        (``per_worker``) is summed over the workers through ``mirror``."""
+        if per_worker and self.mirror is not None:
+            self.mirror.add(collector)
+            return
         self.registry.register(collector)
         if self.exposed is not self.registry:
             self.exposed.register(collector)
 
     def watch_discovery(self, sources: Sequence[DiscoveryCounts]) -> None:
         """Export the counts of the discovery sources."""
-        self.export(_DiscoveryCollector(sources))
+        self.export(_DiscoveryCollector(sources))  # the leader's, every worker's copy
 
     def watch_peers(self, source: PeerCounts) -> None:
         """Export the counts of the peer links (``gateway.peers``)."""
-        self.export(_PeerCollector(source))
+        self.export(_PeerCollector(source), per_worker=True)
 
     def watch_kv_events(self, source: KVEventCounts) -> None:
         """Export the counts of a KV event subscriber (this worker's, with workers)."""
-        self.export(_KVEventCollector(source))
+        self.export(_KVEventCollector(source))  # every worker reads every stream

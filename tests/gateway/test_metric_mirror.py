@@ -1,0 +1,61 @@
+"""Per-worker counts summed over worker processes: two real processes in prometheus-client's
+multiprocess mode each copy their own counts, and the summed exposition reads both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+WORKER = """
+import sys
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from gateway.metric_mirror import MetricMirror
+
+counts = {"sent": int(sys.argv[1]), "links": 1}
+
+class Own:
+    def collect(self):
+        sent = CounterMetricFamily("kvgate_peer_frames_sent", "frames sent")
+        sent.add_metric([], counts["sent"])
+        links = GaugeMetricFamily("kvgate_peer_links_up", "links up")
+        links.add_metric([], counts["links"])
+        yield sent
+        yield links
+
+mirror = MetricMirror(CollectorRegistry())
+mirror.add(Own())
+counts["sent"] += int(sys.argv[2])  # sent more since: copied by its increase
+mirror.copy()
+mirror.copy()  # nothing new: nothing added
+print("copied", flush=True)
+sys.stdin.readline()  # alive until the test has read the sums
+"""
+
+
+def _samples(path: Path) -> dict[str, float]:
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, str(path))
+    return {s.name: s.value for family in registry.collect() for s in family.samples}
+
+
+def test_each_workers_own_counts_are_summed(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(first), str(more)],
+                                env=env, cwd=Path(__file__).parents[2], text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+               for first, more in ((3, 2), (4, 0))]
+    try:
+        for worker in workers:
+            assert worker.stdout is not None and worker.stdout.readline() == "copied\n"
+        samples = _samples(tmp_path)
+        assert samples["kvgate_peer_frames_sent_total"] == 9.0  # 3 + 2, and 4
+        assert samples["kvgate_peer_links_up"] == 2.0  # the live workers' sum
+    finally:
+        for worker in workers:
+            worker.communicate("\n", timeout=30)
