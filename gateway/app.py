@@ -54,7 +54,9 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree
     _VERSION = "unknown"
 
 
-_UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# the OpenAI path of each routed endpoint (``/invocations`` picks one by its body)
+_PATHS: dict[Endpoint, str] = {"completions": "/v1/completions",
+                               "chat": "/v1/chat/completions"}
 
 
 async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Response:
@@ -85,7 +87,7 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         request_id = request_id_of(request, forwarded, routing.request.request_id,
                                    intake.parsed.body.get("request_id"))
         trace.upstream(forwarded)
-        upstream = _UPSTREAM_PATHS[intake.parsed.endpoint] if endpoint is None else path
+        upstream = _PATHS[intake.parsed.endpoint] if endpoint is None else path
         return await relay(request, _open(gw, routing, intake, upstream, slot, forwarded,
                                           request_id, arrived, trace),
                            route, request_id, gw.worker)
@@ -180,11 +182,11 @@ def _under_queue_bound(gw: GatewayState, ranked: tuple[str, ...]) -> tuple[str, 
 
 
 async def completions(request: Request) -> Response:
-    return await _proxy(request, "completions", "/v1/completions")
+    return await _proxy(request, "completions", _PATHS["completions"])
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _proxy(request, "chat", "/v1/chat/completions")
+    return await _proxy(request, "chat", _PATHS["chat"])
 
 
 async def invocations(request: Request) -> Response:
@@ -303,20 +305,17 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
     cors = config.cors
     if not cors.allow_origins:
         return fast
-    wrapped = CORSMiddleware(fast, allow_origins=list(cors.allow_origins),  # type: ignore[arg-type]
-                             allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
-                             allow_credentials=cors.allow_credentials,
-                             expose_headers=["x-request-id", "x-kvgate-replica"])
-    wrapped.state = app.state  # type: ignore[attr-defined]
-    return wrapped  # type: ignore[return-value]
+    return CORSMiddleware(fast, allow_origins=list(cors.allow_origins),
+                          allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                          allow_credentials=cors.allow_credentials,
+                          expose_headers=["x-request-id", "x-kvgate-replica"])
 
 
 class _FastPath:
     """The two proxy endpoints without Starlette's router and middleware layers (a
     measurable share of a proxied request's CPU); everything else goes to the app."""
 
-    _HANDLERS = {"/v1/completions": ("completions", "/v1/completions"),
-                 "/v1/chat/completions": ("chat", "/v1/chat/completions")}
+    _HANDLERS = {path: (endpoint, path) for endpoint, path in _PATHS.items()}
 
     def __init__(self, app: Starlette, boundary: ErrorBoundary) -> None:
         self.app = app

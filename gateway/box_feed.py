@@ -32,7 +32,6 @@ state) stays its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -49,6 +48,7 @@ import orjson
 from gateway.config import ReplicaConfig
 from gateway.discovery.stats import SourceStats
 from gateway.fleet import Fleet
+from gateway.periodic import stop_tasks
 from gateway.replica_metrics import ScrapedMetrics
 from gateway.shared_load import _view
 from policies.config import from_mapping
@@ -182,11 +182,8 @@ class BoxFeed:
             self._soon.cancel()
             self._soon = None
         self._stop_listening()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
 
     def _stop_listening(self) -> None:
         if self._listening and self.bell is not None and self._event_loop is not None:

@@ -72,7 +72,8 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
     if endpoint is None:
         body = decode_json(raw)
         endpoint = "chat" if isinstance(body, dict) and "messages" in body else "completions"
-    parsed = parse_body(raw, endpoint, aff.body_field, header_value, default_model(gw))
+    parsed = parse_body(raw, endpoint, aff.body_field, header_value,
+                        lambda: default_model(gw))
     check_model(gw, parsed.model)
     tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
     isolated = gw.tenancy.isolate(tenant, parsed.body)

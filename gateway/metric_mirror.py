@@ -17,13 +17,11 @@ The copy runs in one task per worker, owned by the app's lifespan (``start``, ``
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.registry import Collector
 
-log = logging.getLogger("kvgate.metrics")
+from gateway.periodic import every, stop_tasks
 
 
 class MetricMirror:
@@ -75,20 +73,11 @@ class MetricMirror:
         (gauge.labels(**labels) if labels else gauge).set(value)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="kvgate-metric-mirror")
+        self._task = asyncio.create_task(
+            every(self.interval_s, self.copy, "copying per-worker counts"),
+            name="kvgate-metric-mirror")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
         self.copy()  # the last figures, for a scrape after this worker is gone
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                self.copy()
-            except Exception:  # one bad copy must not end the loop
-                log.exception("copying per-worker counts failed")

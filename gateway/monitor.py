@@ -8,10 +8,8 @@ replica never delays the others.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -19,6 +17,7 @@ import orjson
 from gateway.config import HealthConfig, ScrapeConfig
 from gateway.fleet import Fleet, ReplicaState
 from gateway.kv_capacity_estimate import CapacityEstimator
+from gateway.periodic import every, stop_tasks
 from gateway.replica_metrics import parse_metrics, stale_copy
 
 log = logging.getLogger("kvgate.monitor")
@@ -48,31 +47,17 @@ class Monitor:
         if self.scrape_cfg.enabled:
             await self.scrape_round()
         self._tasks = [
-            asyncio.create_task(self._loop(self.health_round, self.health_cfg.interval_s),
-                                name="kvgate-health"),
+            asyncio.create_task(every(self.health_cfg.interval_s, self.health_round,
+                                      "health round"), name="kvgate-health"),
         ]
         if self.scrape_cfg.enabled:
             self._tasks.append(asyncio.create_task(
-                self._loop(self.scrape_round, self.scrape_cfg.interval_s),
+                every(self.scrape_cfg.interval_s, self.scrape_round, "scrape round"),
                 name="kvgate-scrape"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(self._tasks)
         self._tasks = []
-
-    async def _loop(self, round_fn: Callable[[], object], interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await round_fn()  # type: ignore[misc]
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug in one round must not end the loop
-                log.exception("monitor round failed")
 
     # -- health ---------------------------------------------------------------------------
     async def health_round(self) -> None:

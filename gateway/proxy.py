@@ -66,6 +66,7 @@ _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its 
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
+_DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
 _HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
@@ -416,9 +417,11 @@ class Proxy:
             wait = min(left, per_try)
             sent = state.upstream_headers(headers, self.forward_client_auth)
             try:
+                # a wait that is the rest of the deadline (a non-streamed answer's) cannot
+                # be pushed back: no progress check is armed for it
                 opened = await self._attempt(replica, state.config.base_url + path, body,
-                                             sent, pending, wait, on_done, deadline,
-                                             done_ends)
+                                             sent, pending, wait, on_done,
+                                             deadline if wait < left else None, done_ends)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -460,10 +463,9 @@ class Proxy:
     async def _attempt(self, replica: str, url: str, body: bytes, headers: Mapping[str, str],
                        pending: Pending, wait: float,
                        on_done: Callable[[UpstreamStream, bool], None],
-                       deadline: float | None = None,
-                       ends_with_done: bool = False) -> UpstreamStream:
+                       deadline: float | None, ends_with_done: bool) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
-        to ``deadline`` (monotonic), while the replica shows progress."""
+        to ``deadline`` (monotonic; None: never), while the replica shows progress."""
         started = time.perf_counter()
         response: UpstreamResponse | None = None
         waiting = _Waiting(asyncio.current_task())
@@ -595,10 +597,7 @@ class _Patience:
         now = self._loop.time()
         self._since = now
         until = min(self._deadline, now + self._wait)
-        try:
-            self._timer.reschedule(until)
-        except RuntimeError:  # the try's block ended meanwhile
-            return
+        self._timer.reschedule(until)
         self.at_deadline = until >= self._deadline
         self._handle = self._loop.call_at(max(now, until - _CHECK_AHEAD_S), self._check)
 
@@ -613,8 +612,8 @@ def _count(value: object) -> TypeGuard[int]:
 
 def _ends_done(tail: bytes) -> bool:
     """Whether a stream's last bytes are its ``[DONE]`` event (its blank line perhaps
-    still to come)."""
-    return tail.rstrip(b"\r\n").endswith(_DONE_DATA)
+    still to come). Asked after every chunk relayed: only the tail's last bytes are read."""
+    return tail[-_DONE_WINDOW:].rstrip(b"\r\n").endswith(_DONE_DATA)
 
 
 def _error_message(detail: bytes) -> str:

@@ -7,7 +7,7 @@ read for the prompt; the bytes the replica receives are the client's own, unchan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,16 +33,18 @@ class ParsedRequest:
 
 def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None,
                affinity_header_value: str | None = None,
-               default_model: str | None = None) -> ParsedRequest:
-    """The request's fields; one without ``model`` is for ``default_model`` (the fleet's
-    one model; its body is forwarded as it came), and refused when there is none."""
+               default_model: Callable[[], str | None] | None = None) -> ParsedRequest:
+    """The request's fields; one without ``model`` is for ``default_model()`` (the
+    fleet's one model, asked only then; its body is forwarded as it came), and refused when
+    there is none."""
     body = json_object(raw)
     if body.get("model") is None:
-        if default_model is None:
+        model = None if default_model is None else default_model()
+        if model is None:
             raise BadRequest("'model' is required and must be a non-empty string (this "
                              "fleet serves several models, or none is known yet)",
                              param="model")
-        fields = parse_fields({**body, "model": default_model}, chat=endpoint == "chat")
+        fields = parse_fields({**body, "model": model}, chat=endpoint == "chat")
     else:
         fields = parse_fields(body, chat=endpoint == "chat")
     assert fields.model is not None

@@ -97,7 +97,7 @@ class SharedLoad:
             _CELL.pack_into(self._buf, self._offset(slot, self.worker), 0, 0, 0.0, 0, 0.0)
 
     def write(self, slot: int, pending_tokens: int, in_flight: int, oldest_sent_at: float,
-              oldest_tokens: int, progress_at: float = 0.0) -> None:
+              oldest_tokens: int, progress_at: float) -> None:
         """This worker's counts for the replica in ``slot``."""
         _CELL.pack_into(self._buf, self._offset(slot, self.worker), pending_tokens,
                         in_flight, oldest_sent_at, oldest_tokens, progress_at)

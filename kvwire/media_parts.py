@@ -56,11 +56,9 @@ def _string(value: Any, field: str, what: str) -> str:
 def _identity(part: Mapping[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
     """The placeholder's kind and the strings that identify the part's content; raises
     MediaPartError naming the first bad field."""
-    kind = part.get("type")
-    untyped = kind is None
-    if untyped:
-        kind = next(k for k in UNTYPED_KEYS if part.get(k) is not None)
-    assert isinstance(kind, str) and kind in _KINDS
+    untyped = part.get("type") is None
+    kind = media_type(part)
+    assert kind is not None
     inner = part.get(kind)
     if kind == "image_embeds":  # base64 tensors, or a map of them: their text identifies
         if not isinstance(inner, str | Mapping) or not inner:

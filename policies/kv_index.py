@@ -184,9 +184,7 @@ class KVIndex:
         r = self._replicas.setdefault(replica, _Replica())
         if r.last_seq is not None:
             if seq <= r.last_seq:  # numbered from a new start: the engine restarted
-                self.stats.restarts += 1
-                self.resets[replica] += 1
-                r.clear()
+                self.reset(replica)
             elif seq > r.last_seq + 1:
                 self.stats.gaps += seq - r.last_seq - 1
         r.last_seq = seq
@@ -254,13 +252,6 @@ class KVIndex:
         """The sequence number of the last message applied from ``replica``."""
         r = self._replicas.get(replica)
         return None if r is None else r.last_seq
-
-    def clear(self, replica: str) -> None:
-        """Forget what ``replica`` holds (it restarted or reset its cache); its sequence
-        number is kept."""
-        r = self._replicas.get(replica)
-        if r is not None:
-            r.clear()
 
     def reset(self, replica: str) -> None:
         """Forget what ``replica`` holds and its sequence number: it restarted (its next

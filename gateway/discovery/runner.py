@@ -8,7 +8,6 @@ ends with an error (a bug: sources retry their own failures) is logged and resta
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from gateway.discovery.config import DiscoverySourceConfig, DNSSourceConfig
@@ -16,6 +15,7 @@ from gateway.discovery.stats import SourceStats
 from gateway.discovery.targets import Targets
 from gateway.discovery.types import Publish, Source
 from gateway.membership import reconcile
+from gateway.periodic import stop_tasks
 from gateway.state import GatewayState
 from policies.config import ConfigError
 
@@ -73,11 +73,7 @@ class Discovery:
             await asyncio.sleep(RESTART_S)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(self._tasks)
         self._tasks = []
         for source in self.sources:
             await source.close()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -509,9 +510,7 @@ class RawReplica:
                                          ("chunked_done_rst", True)])
 def test_a_stream_is_whole_exactly_when_its_last_event_came(serve: Serve, mode: str,
                                                             whole: bool) -> None:
-    replica = RawReplica(mode)
-    try:
-        gw = gateway(serve, [replica], max_attempts=1)  # type: ignore[list-item]
+    with over_raw(serve, mode) as gw:
         with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
                           json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
             events = [line for line in r.iter_lines() if line.startswith("data: ")]
@@ -524,8 +523,6 @@ def test_a_stream_is_whole_exactly_when_its_last_event_came(serve: Serve, mode: 
             assert len(events) == 3 and "[DONE]" not in events[-1]
             assert json.loads(events[-1][6:])["error"]["code"] == "upstream_broken"
             assert metric(gw, 'kvgate_upstream_cuts_total{cause="broken"') == 1
-    finally:
-        replica.close()
 
 
 @pytest.mark.parametrize("path, salted", [("/v1/responses", True), ("/v1/embeddings", True),
@@ -564,6 +561,16 @@ def test_a_body_too_deep_to_salt_is_a_bad_request(serve: Serve) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
 
 
+@contextlib.contextmanager
+def over_raw(serve: Serve, mode: str) -> Iterator[ThreadServer]:
+    """A gateway (one try per request) over one ``RawReplica`` answering as ``mode``."""
+    replica = RawReplica(mode)
+    try:
+        yield gateway(serve, [replica], max_attempts=1)  # type: ignore[list-item]
+    finally:
+        replica.close()
+
+
 def _streamed_events(gw: ThreadServer) -> list[str]:
     with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
                       json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
@@ -591,9 +598,7 @@ def test_a_whole_stream_is_relayed_whole_however_its_events_are_cut(serve: Serve
                                                                    mode: str) -> None:
     # a last event ending in one newline, its body's end in a later read; an event of
     # 3 MiB in 64 KiB pieces (longer than an unfinished event is held): every byte arrives
-    replica = RawReplica(mode)
-    try:
-        gw = gateway(serve, [replica], max_attempts=1)  # type: ignore[list-item]
+    with over_raw(serve, mode) as gw:
         with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
                           json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
             body = r.read()
@@ -603,28 +608,20 @@ def test_a_whole_stream_is_relayed_whole_however_its_events_are_cut(serve: Serve
         else:
             assert body == RawReplica.BIG + b"data: [DONE]\n\n"
         assert metric(gw, "kvgate_upstream_cuts_total") == 0
-    finally:
-        replica.close()
 
 
 def test_a_completion_stream_that_ends_without_done_is_shown_cut(serve: Serve) -> None:
     # its body ended cleanly (chunked), but an OpenAI stream is whole only with [DONE]
-    replica = RawReplica("no_done")
-    try:
-        gw = gateway(serve, [replica], max_attempts=1)  # type: ignore[list-item]
+    with over_raw(serve, "no_done") as gw:
         events = _streamed_events(gw)
         assert events[:2] == [RawReplica.EVENT.decode().strip()] * 2
         assert len(events) == 3 and "stopped mid-answer" in events[2]
         assert json.loads(events[2][6:])["error"]["code"] == "upstream_broken"
         assert metric(gw, 'kvgate_upstream_cuts_total{cause="broken",replica="r0"}') == 1
-    finally:
-        replica.close()
 
 
 def test_a_stream_cut_inside_an_event_ends_with_whole_events(serve: Serve) -> None:
-    replica = RawReplica("cut_in_event")
-    try:
-        gw = gateway(serve, [replica], max_attempts=1)  # type: ignore[list-item]
+    with over_raw(serve, "cut_in_event") as gw:
         events = _streamed_events(gw)
         # the half event never reaches the client; the error event follows whole ones
         assert [json.loads(e[6:]).get("object") for e in events[:-1]] == ["text_completion"]
@@ -633,8 +630,6 @@ def test_a_stream_cut_inside_an_event_ends_with_whole_events(serve: Serve) -> No
         with pytest.raises(openai.APIError, match="stopped mid-answer"):
             for _ in client.completions.create(model="sim-model", prompt="x", stream=True):
                 pass
-    finally:
-        replica.close()
 
 
 def test_an_answer_longer_than_its_length_is_retried_not_relayed_short(serve: Serve) -> None:

@@ -1,0 +1,38 @@
+"""The gateway's background loops: a round every interval, and stopping the tasks that run
+them (each owner starts its tasks in the app's lifespan and stops them there)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+log = logging.getLogger("kvgate.periodic")
+
+
+async def every(interval_s: float, round_fn: Callable[[], Awaitable[object] | object],
+                what: str) -> None:
+    """Run ``round_fn`` (a coroutine function, or a plain one) every ``interval_s`` until
+    cancelled; a round that fails is logged as ``what`` and the next one still runs."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            result = round_fn()
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug in one round must not end the loop
+            log.exception("%s failed", what)
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[None] | None]) -> None:
+    """Cancel ``tasks`` (None: never started) and wait until each has ended."""
+    started = [task for task in tasks if task is not None]
+    for task in started:
+        task.cancel()
+    for task in started:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
