@@ -139,6 +139,22 @@ def _torch_executor(args: argparse.Namespace) -> tuple[Executor, ExecutorInfo]:
     return executor, info
 
 
+def _fit_context(info: ExecutorInfo, block_size: int, asked: int | None) -> int:
+    """The context length served: the model's, cut to what the KV cache holds (with a
+    warning); one asked for (``--max-model-len``) that the cache cannot hold is an error,
+    as in vLLM (a request that long could never run)."""
+    capacity = info.num_blocks * block_size
+    if info.max_model_len <= capacity:
+        return info.max_model_len
+    if asked is not None:
+        raise ValueError(f"--max-model-len {asked} is larger than the {capacity} tokens the "
+                         "KV cache can hold; raise --kv-cache-gib or lower --max-model-len")
+    logging.getLogger(__name__).warning(
+        "the model's context of %d tokens is larger than the %d tokens the KV cache holds: "
+        "serving a context of %d", info.max_model_len, capacity, capacity)
+    return capacity
+
+
 def build_server(args: argparse.Namespace) -> Any:
     """An :class:`engine.server.EngineServer` configured from parsed arguments."""
     from engine.server import EngineServer
@@ -154,7 +170,7 @@ def build_server(args: argparse.Namespace) -> Any:
         eviction=args.eviction,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=info.max_model_len,
+        max_model_len=_fit_context(info, args.block_size, args.max_model_len),
     )
     core = EngineCore(executor, config)
     embedder = None

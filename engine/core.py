@@ -220,7 +220,8 @@ class EngineCore:
                 req.first_token_time = end
             params = req.params
             reason = None
-            if (tok in eos_ids and not params.ignore_eos) or tok in params.stop_token_ids:
+            if ((tok in eos_ids and not params.ignore_eos) or tok in params.stop_token_ids) \
+                    and req.num_output_tokens > params.min_tokens:
                 reason = "stop"
             elif req.num_output_tokens >= params.max_tokens or len(req.all_token_ids) >= max_len:
                 reason = "length"

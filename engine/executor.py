@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from engine.request import SamplingParams
+
 
 @dataclass(frozen=True, slots=True)
 class SeqWork:
@@ -31,6 +33,12 @@ class SeqWork:
     sample: bool
     seed: int = 0
     temperature: float = 0.0
+    # what an executor sampling from logits also reads: the request's parameters (its
+    # seed counts only where ``params.seed`` is set), its tokens so far (prompt, then
+    # output from ``num_prompt``) for the penalties and ``min_tokens``
+    params: SamplingParams | None = None
+    history: Sequence[int] = ()
+    num_prompt: int = 0
 
     @property
     def context_len(self) -> int:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvwire.openai_schema import BadRequest, check_served, optional, parse_fields
@@ -28,23 +28,31 @@ class GenerateParams:
     cache_salt: str | None
     stop: tuple[str, ...]
     stop_token_ids: tuple[int, ...]
+    # a stop string or stop token id kept in the text (the end-of-sequence token's too)
+    include_stop: bool = False
+    limit_param: str = "max_tokens"  # the field max_tokens came from
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams' other fields
 
 
 # what the engine does not do, refused rather than ignored: (field, the values that ask
-# for nothing, chats only)
-_UNSUPPORTED = (("logprobs", (None, False, 0), False), ("top_logprobs", (None, 0), True),
+# for nothing, chats only). A completion's logprobs=0 asks for the sampled token's.
+_UNSUPPORTED = (("logprobs", (None, False), False), ("top_logprobs", (None, 0), True),
                 ("echo", (None, False), False), ("best_of", (None, 1), False),
-                ("suffix", (None, ""), False))
+                ("suffix", (None, ""), False), ("prompt_logprobs", (None,), False),
+                ("guided_json", (None,), False), ("guided_regex", (None,), False),
+                ("guided_choice", (None,), False), ("guided_grammar", (None,), False),
+                ("structured_outputs", (None,), False))
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def _refuse_unsupported(body: Any, chat: bool) -> None:
-    for field, nothing, chats in _UNSUPPORTED:
+    for name, nothing, chats in _UNSUPPORTED:
         if chats and not chat:
             continue
-        value = body.get(field) if isinstance(body, dict) else None
+        value = body.get(name) if isinstance(body, dict) else None
         if not any(value is v or (type(value) is type(v) and value == v) for v in nothing):
-            raise BadRequest(f"{field!r} is not supported by this engine (got {value!r:.40})",
-                             param=field)
+            raise BadRequest(f"{name!r} is not supported by this engine (got {value!r:.40})",
+                             param=name)
 
 
 def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -> GenerateParams:
@@ -64,9 +72,17 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     if max_tokens is None and not chat:
         max_tokens = 16
     temperature = float(optional(body, "temperature", (int, float), 1.0))
-    if temperature < 0:
+    if not temperature >= 0 or temperature == float("inf"):
         raise BadRequest(f"temperature must be >= 0, got {temperature}", param="temperature")
     options = optional(body, "stream_options", dict, {})
+    if options and not fields.stream:
+        raise BadRequest("'stream_options' can only be set when 'stream' is true",
+                         param="stream_options")
+    if chat:
+        _check_chat_only(body, fields.tools)
+    seed = optional(body, "seed", int, None)
+    if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
+        raise BadRequest(f"'seed' must be a 64-bit signed integer, got {seed}", param="seed")
     stop = optional(body, "stop", (str, list), [])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop):
@@ -82,27 +98,104 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         tools=fields.tools,
         max_tokens=max_tokens,
         temperature=temperature,
-        seed=optional(body, "seed", int, None),
+        seed=seed,
         stream=fields.stream,
         include_usage=bool(options.get("include_usage", False)),
         ignore_eos=bool(optional(body, "ignore_eos", bool, False)),
         cache_salt=fields.cache_salt,
         stop=tuple(stop),
         stop_token_ids=tuple(stop_ids),
+        include_stop=bool(optional(body, "include_stop_str_in_output", bool, False)),
+        limit_param="max_completion_tokens" if chat and body.get("max_completion_tokens")
+        is not None else "max_tokens",
+        sampling=_sampling(body, vocab_size),
     )
 
 
+# sampling fields as vLLM names them, their types, defaults and the range each must be in
+_SAMPLING = (
+    ("top_k", int, 0, lambda v: v >= -1, "-1, 0 (every token) or >= 1"),
+    ("top_p", (int, float), 1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("min_p", (int, float), 0.0, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("presence_penalty", (int, float), 0.0, lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    ("frequency_penalty", (int, float), 0.0, lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    ("repetition_penalty", (int, float), 1.0, lambda v: 0 < v < float("inf"), "> 0"),
+    ("min_tokens", int, 0, lambda v: v >= 0, ">= 0"),
+)
+
+
+def _sampling(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """The sampling fields beyond temperature and seed, checked, as ``SamplingParams``'
+    keyword arguments (those at their defaults left out)."""
+    out: dict[str, Any] = {}
+    for name, types, default, ok, bounds in _SAMPLING:
+        value = optional(body, name, types, default)
+        if not ok(value):
+            raise BadRequest(f"'{name}' must be {bounds}, got {value!r}", param=name)
+        if value != default:
+            out[name] = value
+    bias = optional(body, "logit_bias", dict, {})
+    pairs = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise BadRequest(f"'logit_bias' keys must be token ids, got {key!r:.40}",
+                             param="logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise BadRequest(f"'logit_bias' token id {token} is outside the vocabulary "
+                             f"[0, {vocab_size})", param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not -100 <= value <= 100:
+            raise BadRequest(f"'logit_bias' values must be numbers in [-100, 100], got "
+                             f"{value!r:.40} for token {token}", param="logit_bias")
+        pairs.append((token, float(value)))
+    if pairs:
+        out["logit_bias"] = tuple(pairs)
+    return out
+
+
+def _check_chat_only(body: dict[str, Any], tools: list[Any] | None) -> None:
+    """What a chat asks that this engine cannot honour (constrained output), refused."""
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind not in ("text", "json_object", "json_schema", "structural_tag"):
+            raise BadRequest(f"'response_format.type' must be 'text', 'json_object', "
+                             f"'json_schema' or 'structural_tag', got {kind!r:.40}",
+                             param="response_format")
+        if kind != "text":
+            raise BadRequest(f"'response_format' of type {kind!r} (constrained output) is "
+                             "not supported by this engine", param="response_format")
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("none", "auto"):
+        return
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") \
+            if isinstance(choice.get("function"), dict) else None
+        known = {t.get("function", {}).get("name") for t in tools or ()
+                 if isinstance(t, dict) and isinstance(t.get("function"), dict)}
+        if name not in known:
+            raise BadRequest(f"tool {name!r:.60} in 'tool_choice' has not been passed in "
+                             "'tools'", param="tool_choice")
+    elif choice != "required":
+        raise BadRequest(f"'tool_choice' must be 'none', 'auto', 'required' or a named "
+                         f"function, got {choice!r:.40}", param="tool_choice")
+    raise BadRequest("'tool_choice' that forces a tool call (constrained output) is not "
+                     "supported by this engine", param="tool_choice")
+
+
 def context_error(num_prompt: int, max_tokens: int, max_model_len: int,
-                  chat: bool = True) -> BadRequest:
+                  chat: bool = True, limit_param: str = "max_tokens") -> BadRequest:
     """The context-length error, naming the chat's ``messages`` or the completion's
-    ``prompt`` when the prompt alone is too long."""
+    ``prompt`` when the prompt alone is too long, else the output limit's field."""
     what = "messages" if chat else "prompt"
     return BadRequest(
         f"This model's maximum context length is {max_model_len} tokens. However, you "
         f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the {what}, "
         f"{max_tokens} in the completion). Please reduce the length of the {what} or "
         f"completion.",
-        param="max_tokens" if num_prompt < max_model_len else what,
+        param=limit_param if num_prompt < max_model_len else what,
     )
 
 

@@ -21,7 +21,14 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Per-request generation limits. ``max_tokens`` counts output tokens.
+    """Per-request generation limits and sampling, as vLLM's. ``max_tokens`` counts output
+    tokens; until ``min_tokens`` of them, the end-of-sequence and ``stop_token_ids`` neither
+    end the request nor (where the executor samples from logits) get sampled.
+
+    The sampling fields (``top_k``, ``top_p``, ``min_p``, the penalties, ``logit_bias`` as
+    (token id, bias) pairs) are applied by an executor that samples from logits; the
+    simulated executor draws its tokens from the seed alone. Without a ``seed`` such an
+    executor samples afresh each time; the simulated one derives a seed from the prompt.
 
     ``pooling``: the request ends when its prompt is computed, with no output token and
     finish reason ``stop`` (an embedding: the prompt's cost is a prefill); the sampling
@@ -33,12 +40,41 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     pooling: bool = False
+    min_tokens: int = 0
+    top_k: int = 0  # 0 (or -1): every token
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens ({self.max_tokens})], "
+                             f"got {self.min_tokens}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1 or 0 (off) or >= 1, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def filters(self) -> bool:
+        """Whether any field beyond temperature and seed changes what is sampled."""
+        return bool(self.top_k > 0 or self.top_p < 1 or self.min_p > 0
+                    or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1 or self.logit_bias or self.min_tokens)
 
 
 def default_seed(prompt_token_ids: Sequence[int]) -> int:

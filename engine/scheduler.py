@@ -166,6 +166,9 @@ class Scheduler:
                     start + n == len(toks) and not req.params.pooling,
                     req.seed,
                     req.params.temperature,
+                    req.params,
+                    toks,
+                    req.num_prompt_tokens,
                 )
             )
         return SchedulerOutput(Batch(tuple(seqs)), tuple(sched), tuple(counts), tuple(admitted))

@@ -196,14 +196,16 @@ class EngineServer:
         room = min(limit, self.core.config.num_blocks * self.core.config.block_size)
         max_tokens = p.max_tokens if p.max_tokens is not None else max(1, room - len(ids))
         if len(ids) + max_tokens > limit:
-            raise context_error(len(ids), max_tokens, limit, chat)
+            raise context_error(len(ids), max_tokens, limit, chat, p.limit_param)
         try:
             self.core.validate(len(ids), max_tokens)
             params = SamplingParams(max_tokens=max_tokens, temperature=p.temperature,
                                     seed=p.seed, ignore_eos=p.ignore_eos,
-                                    stop_token_ids=p.stop_token_ids)
+                                    stop_token_ids=p.stop_token_ids, **p.sampling)
         except ValueError as exc:
-            raise BadRequest(str(exc)) from exc
+            # SamplingParams names its field first ("min_tokens must be ...")
+            name = str(exc).split(" ", 1)[0]
+            raise BadRequest(str(exc), param=name if name in p.sampling else None) from exc
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         req = await asyncio.to_thread(self.core.make_request, rid, ids, params,
                                       cache_salt=p.cache_salt)
@@ -233,12 +235,15 @@ class _Generation:
         self.p = p
         self.num_prompt = num_prompt
         self.queue = queue
-        self.text = TextStream(server.tokenizer, p.stop)
+        self.text = TextStream(server.tokenizer, p.stop, include_stop=p.include_stop,
+                               min_tokens=p.sampling.get("min_tokens", 0))
         self.created = int(time.time())
         self.num_output = 0
         self.num_cached = 0
         self.last: RequestOutput | None = None
         self.done = False
+        # what ended it, as vLLM reports: the stop token id or (``text.stop``) string
+        self.stop_reason: int | str | None = None
 
     async def _deltas(self) -> AsyncGenerator[tuple[str, str | None], None]:
         """(text delta, finish reason or None) per engine output; aborts on early exit."""
@@ -252,8 +257,16 @@ class _Generation:
                 self.last = item
                 self.num_output = item.num_output_tokens
                 self.num_cached = item.num_cached_tokens
-                delta = self.text.push(item.new_token_ids)
                 reason = item.finish_reason
+                ids = item.new_token_ids
+                if reason == "stop" and ids and not self.p.include_stop:
+                    # ended by the end-of-sequence token or a stop token id: its text is
+                    # not part of the answer (as vLLM, unless include_stop_str_in_output)
+                    ids = ids[:-1]
+                if reason == "stop" and ids != item.new_token_ids \
+                        and item.new_token_ids[-1] in self.p.stop_token_ids:
+                    self.stop_reason = item.new_token_ids[-1]
+                delta = self.text.push(ids)
                 if self.text.stopped:
                     reason = "stop"
                 elif reason is not None:
@@ -269,6 +282,9 @@ class _Generation:
                 self.server.stop_early(self.rid, "stop" if self.text.stopped else "abort",
                                        self.last)
 
+    def _stop_reason(self) -> int | str | None:
+        return self.text.stop if self.text.stopped else self.stop_reason
+
     def _usage(self) -> dict[str, Any]:
         return usage(self.num_prompt, self.num_output, self.num_cached)
 
@@ -281,9 +297,11 @@ class _Generation:
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
                                                               "content": text},
-                                      "logprobs": None, "finish_reason": reason}
+                                      "logprobs": None, "finish_reason": reason,
+                                      "stop_reason": self._stop_reason()}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+                      "stop_reason": self._stop_reason()}
         return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.server.model_name,
                 "choices": [choice], "usage": self._usage()}
@@ -298,11 +316,13 @@ class _Generation:
 
     def _choice(self, delta: str | None, reason: str | None, role: bool = False) -> dict[str, Any]:
         if not self.chat:
-            return {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
+            return {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason,
+                    "stop_reason": self._stop_reason() if reason else None}
         d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if delta:
             d["content"] = delta
-        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason,
+                "stop_reason": self._stop_reason() if reason else None}
 
     async def sse(self) -> AsyncIterator[str]:
         gen = self._deltas()

@@ -16,28 +16,40 @@ class Decoder(Protocol):
 
 
 class TextStream:
-    def __init__(self, tokenizer: Decoder, stop: Sequence[str] = ()) -> None:
+    """``include_stop``: the stop string stays in the text; ``min_tokens``: stop strings
+    are looked for only once that many tokens were pushed (in the text from the push that
+    reaches it on, and the stop string's length before)."""
+
+    def __init__(self, tokenizer: Decoder, stop: Sequence[str] = (), *,
+                 include_stop: bool = False, min_tokens: int = 0) -> None:
         self._tok = tokenizer
         self._stop = tuple(stop)
         self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._include = include_stop
+        self._min_tokens = min_tokens
         self._ids: list[int] = []
         self._text = ""
         self._emitted = 0
         self.stopped = False
+        self.stop: str | None = None  # the stop string that ended the text
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add tokens; returns the newly releasable text. Sets ``stopped`` (and drops the
         stop string and everything after it) when a stop string appears."""
         if self.stopped:
             return ""
+        before = len(self._text)
         self._ids.extend(token_ids)
         text = self._tok.decode(self._ids)
-        if self._stop:
+        if self._stop and len(self._ids) >= self._min_tokens:
             lo = max(0, self._emitted - self._hold)
-            cut = min((i for s in self._stop if (i := text.find(s, lo)) >= 0), default=-1)
-            if cut >= 0:
-                self.stopped = True
-                self._text = text[:cut]
+            if len(self._ids) - len(token_ids) < self._min_tokens:
+                lo = max(lo, before - self._hold)  # text before min_tokens is not searched
+            found = [(i, s) for s in self._stop if (i := text.find(s, lo)) >= 0]
+            if found:
+                cut, stop = min(found)
+                self.stopped, self.stop = True, stop
+                self._text = text[:cut + len(stop) if self._include else cut]
                 return self._release(len(self._text))
         self._text = text
         end = len(text) - self._hold

@@ -231,7 +231,8 @@ def parse_fields(body: Any, *, chat: bool) -> RequestFields:
         tools = check_tools(body.get("tools"))
     except ChatFormatError as exc:
         raise BadRequest(str(exc), param="tools") from exc
-    limit = max_tokens if max_tokens is not None else max_completion_tokens
+    # as OpenAI and vLLM: max_completion_tokens (max_tokens' successor) wins over it
+    limit = max_completion_tokens if max_completion_tokens is not None else max_tokens
     return RequestFields(body, model, stream, limit, salt, messages=messages, tools=tools)
 
 

@@ -7,6 +7,7 @@ the core's block pool size (see ``engine.model.kv_bytes_per_token`` to size it f
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from engine.executor import Batch, SeqWork, StepResult
 from engine.model.config import ModelConfig, kv_bytes_per_token
 from engine.model.llama import CausalLM, KVCache
 from engine.model.loader import load_model
+from engine.request import SamplingParams
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -121,11 +123,75 @@ class TorchExecutor:
             raise ValueError(f"request {s.request_id}: context {s.context_len} exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
 
-    @staticmethod
-    def _sample(s: SeqWork, logits: torch.Tensor) -> int:
-        if s.temperature <= 0:
+    def _sample(self, s: SeqWork, logits: torch.Tensor) -> int:
+        """The next token of ``s`` from its last position's ``logits``, as vLLM samples:
+        logit bias, penalties and ``min_tokens`` first, then greedy below
+        ``GREEDY_BELOW`` of temperature, else temperature, top-k, top-p and min-p."""
+        p = s.params
+        if p is not None and p.filters:
+            logits = adjust_logits(logits.float(), p, s.history, s.num_prompt,
+                                   self.eos_token_ids)
+        if s.temperature < GREEDY_BELOW:
             return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float().cpu() / s.temperature, dim=-1)
+        if p is not None and p.filters:
+            probs = truncate(probs, p)
+        if p is not None and p.seed is None:
+            return int(torch.multinomial(probs, 1))  # sampled afresh each time
         # seeded by request seed and position: reproducible however steps are batched
-        gen = torch.Generator(device="cpu").manual_seed(s.seed * 1_000_003 + s.context_len)
-        probs = torch.softmax(logits.cpu() / s.temperature, dim=-1)
+        seed = (s.seed * 1_000_003 + s.context_len) & _SEED_MASK
+        gen = torch.Generator(device="cpu").manual_seed(seed)
         return int(torch.multinomial(probs, 1, generator=gen))
+
+
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (vLLM's epsilon)
+_SEED_MASK = (1 << 63) - 1  # torch's generator takes a 64-bit seed
+
+
+def adjust_logits(logits: torch.Tensor, p: SamplingParams, history: Sequence[int],
+                  num_prompt: int, eos_ids: frozenset[int]) -> torch.Tensor:
+    """``logits`` (float32, one row) with ``p``'s logit bias, repetition penalty (over the
+    prompt and output), presence and frequency penalties (over the output) applied, and
+    the end-of-sequence and stop ids masked until ``min_tokens`` outputs."""
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for token, bias in p.logit_bias:
+        if 0 <= token < vocab:
+            logits[token] += bias
+    output = list(history[num_prompt:])
+    if p.repetition_penalty != 1 and history:
+        seen = torch.unique(torch.tensor(list(history), dtype=torch.long,
+                                         device=logits.device))
+        seen = seen[seen < vocab]
+        picked = logits[seen]
+        logits[seen] = torch.where(picked > 0, picked / p.repetition_penalty,
+                                   picked * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and output:
+        ids = torch.tensor(output, dtype=torch.long, device=logits.device)
+        counts = torch.bincount(ids[ids < vocab], minlength=vocab)[:vocab].to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(
+            logits.dtype)
+    if len(output) < p.min_tokens:
+        banned = [t for t in (*(() if p.ignore_eos else eos_ids), *p.stop_token_ids)
+                  if 0 <= t < vocab]
+        if banned:
+            logits[banned] = -math.inf
+    return logits
+
+
+def truncate(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """``probs`` with the tokens outside ``p``'s top-k, top-p (the smallest set whose
+    probability reaches top_p) and min-p (below min_p x the top probability) zeroed."""
+    keep = torch.ones_like(probs, dtype=torch.bool)
+    if p.top_k > 0 and p.top_k < probs.shape[-1]:
+        kth = torch.topk(probs, p.top_k).values[-1]
+        keep &= probs >= kth
+    if p.top_p < 1:
+        ordered, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(ordered, dim=-1) - ordered  # mass ranked above each token
+        inside = torch.empty_like(keep)
+        inside[order] = before < p.top_p
+        keep &= inside
+    if p.min_p > 0:
+        keep &= probs >= p.min_p * probs.max()
+    return torch.where(keep, probs, torch.zeros_like(probs))

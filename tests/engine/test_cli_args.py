@@ -19,3 +19,18 @@ def test_kvgate_engine_refuses_a_port_past_65535_and_a_block_of_no_tokens() -> N
     assert parser.parse_args(["--log-level", "warning"]).log_level == "WARNING"
     assert parser.parse_args(["--kv-events-endpoint", "tcp://*:5557"]).kv_events_endpoint \
         == "tcp://*:5557"
+
+
+def test_a_context_longer_than_the_kv_cache_is_cut_to_it_or_refused_when_asked_for(
+        caplog: pytest.LogCaptureFixture) -> None:
+    parser = argparse.ArgumentParser()
+    engine_cli.add_arguments(parser)
+    small = ["--kv-cache-gib", "0.05"]  # Llama-3-8B: 128 KiB a token, 409 tokens
+    server = engine_cli.build_server(parser.parse_args(small))
+    capacity = server.core.config.num_blocks * server.core.config.block_size
+    assert server.max_model_len == capacity < 8192  # the profile's 8,192 cut to the cache
+    assert "larger than the" in caplog.text
+    with pytest.raises(ValueError, match="--max-model-len 4096 is larger than the"):
+        engine_cli.build_server(parser.parse_args([*small, "--max-model-len", "4096"]))
+    fits = engine_cli.build_server(parser.parse_args([*small, "--max-model-len", "300"]))
+    assert fits.max_model_len == 300

@@ -266,3 +266,24 @@ def test_a_duplicate_block_takes_over_its_hash_when_the_registered_one_is_evicte
     assert len(b.all_token_ids) == 36
     again = core.make_request("again", list(b.all_token_ids), SamplingParams(max_tokens=1))
     assert len(core.kv.pool.longest_cached_prefix(again.block_hashes, 99)) == 8
+
+
+def test_a_stop_token_ends_a_request_only_after_min_tokens() -> None:
+    core = make_core()
+    add(core, "a", list(range(8)), max_tokens=6)
+    third = tokens(run_all(core)["a"])[2]
+    for min_tokens, produced in ((0, 3), (4, 6)):
+        params = SamplingParams(max_tokens=6, stop_token_ids=(third,), min_tokens=min_tokens)
+        core.add_request(core.make_request(f"m{min_tokens}", list(range(8)), params))
+        out = run_all(core)[f"m{min_tokens}"]
+        assert len(tokens(out)) == produced
+        assert out[-1].finish_reason == ("stop" if min_tokens == 0 else "length")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("min_tokens", 7), ("top_k", -2), ("top_p", 0.0), ("top_p", 1.5), ("min_p", 2.0),
+    ("presence_penalty", 2.5), ("frequency_penalty", -3.0), ("repetition_penalty", 0.0),
+])
+def test_sampling_params_out_of_range_are_named(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(max_tokens=6, **{field: value})

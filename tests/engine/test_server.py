@@ -11,6 +11,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.sim_executor import sim_token
 from tests.support.engine_cores import make_core
 from tests.support.engine_servers import LiveEngine, serve_engine
 from tests.support.waiting import wait_until
@@ -114,6 +115,18 @@ def test_stop_string_truncates(live: Running) -> None:
     ({"prompt": "x", "logprobs": 2}, 400, "logprobs"),
     ({"prompt": "x", "echo": True}, 400, "echo"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
+    ({"prompt": "x", "logprobs": 0}, 400, "logprobs"),  # the sampled token's: unsupported
+    ({"prompt": "x", "seed": 2**70}, 400, "seed"),
+    ({"prompt": "x", "seed": -(2**64)}, 400, "seed"),
+    ({"prompt": "x", "top_p": 2}, 400, "top_p"),
+    ({"prompt": "x", "top_k": -5}, 400, "top_k"),
+    ({"prompt": "x", "presence_penalty": 5}, 400, "presence_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ({"prompt": "x", "max_tokens": 3, "min_tokens": 10}, 400, "min_tokens"),
+    ({"prompt": "x", "logit_bias": {"99999": 5}}, 400, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"7": 500}}, 400, "logit_bias"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json"),
 ])
 def test_bad_input_gets_openai_errors(live: Running, body: dict, status: int,
                                       param: str) -> None:
@@ -123,6 +136,61 @@ def test_bad_input_gets_openai_errors(live: Running, body: dict, status: int,
     assert err["param"] == param
     assert err["type"] == "invalid_request_error"
     assert set(err) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format"),
+    ({"response_format": {"type": "bogus"}}, "response_format"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+])
+def test_a_chat_asking_for_constrained_output_is_refused(live: Running, extra: dict,
+                                                          param: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+    r = live.http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    plain = {**body, "response_format": {"type": "text"}, "tool_choice": "auto",
+             "max_tokens": 2}
+    assert live.http.post("/v1/chat/completions", json=plain).status_code == 200
+
+
+def test_max_completion_tokens_wins_over_max_tokens(live: Running) -> None:
+    chat = live.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "count"}], max_tokens=5,
+        max_completion_tokens=2)
+    assert chat.usage.completion_tokens == 2
+    r = live.http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}],
+        "max_completion_tokens": 100_000})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "max_completion_tokens"
+
+
+def test_stop_strings_and_tokens_as_vllm_reports_them(live: Running) -> None:
+    base = live.client.completions.create(model=MODEL, prompt="stop test", max_tokens=12,
+                                          seed=3).choices[0].text
+    stop = base[6:9]
+    kept = live.client.completions.create(model=MODEL, prompt="stop test", max_tokens=12,
+                                          seed=3, stop=[stop],
+                                          extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].text == base[: base.index(stop) + len(stop)]
+    assert kept.choices[0].model_extra["stop_reason"] == stop
+    # a stop token's text is left out; the token is named as what stopped it
+    first3 = live.client.completions.create(model=MODEL, prompt="stop test", max_tokens=3,
+                                            seed=3)
+    executor = live.server.core.executor  # the sim's 4th token, drawn from the seed
+    fourth = executor._lo + sim_token(3, first3.usage.prompt_tokens + 3, executor._span)
+    cut = live.client.completions.create(model=MODEL, prompt="stop test", max_tokens=12,
+                                         seed=3, extra_body={"stop_token_ids": [fourth]})
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.usage.completion_tokens == 4
+    assert cut.choices[0].text == first3.choices[0].text
+    assert cut.choices[0].model_extra["stop_reason"] == fourth
+    plain = live.client.completions.create(model=MODEL, prompt="stop test", max_tokens=2)
+    assert plain.choices[0].model_extra["stop_reason"] is None
 
 
 def test_fields_asking_for_nothing_unsupported_pass(live: Running) -> None:

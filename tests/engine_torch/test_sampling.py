@@ -1,0 +1,102 @@
+"""The torch executor samples as vLLM does: the sampling fields change what is sampled,
+a seed of any 64-bit value or a temperature near 0 cannot stop the engine, and without
+a seed each request is sampled afresh."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import cli
+from engine.core import EngineConfig, EngineCore
+from engine.executors.torch_executor import adjust_logits, truncate
+from engine.model.tiny import write_tiny_model
+from engine.request import SamplingParams
+from kvwire.tokenizer import load_tokenizer
+
+PROMPT = [5, 17, 42, 99, 7, 3, 250, 11]
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> EngineCore:
+    model_dir: Path = write_tiny_model(tmp_path_factory.mktemp("tiny"), "llama", seed=1)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--executor", "torch", "--model", str(model_dir),
+                              "--device", "cpu", "--kv-cache-gib", "0.001"])
+    executor, info = cli.make_executor(args, load_tokenizer(model_dir))
+    return EngineCore(executor, EngineConfig(
+        model_id=info.model_id, num_blocks=info.num_blocks, block_size=args.block_size,
+        max_model_len=info.max_model_len))
+
+
+def generate(core: EngineCore, **params: object) -> list[int]:
+    rid = f"r{generate.count}"  # type: ignore[attr-defined]
+    generate.count += 1  # type: ignore[attr-defined]
+    core.add_request(core.make_request(rid, PROMPT, SamplingParams(
+        max_tokens=8, ignore_eos=True, **params)))  # type: ignore[arg-type]
+    tokens: list[int] = []
+    while core.has_unfinished():
+        for out in core.step().outputs:
+            tokens.extend(out.new_token_ids)
+    return tokens
+
+
+generate.count = 0  # type: ignore[attr-defined]
+
+
+def test_any_64_bit_seed_and_a_temperature_near_zero_sample(core: EngineCore) -> None:
+    greedy = generate(core, temperature=0.0)
+    for seed in (2**63 - 1, -(2**63), 10**13):
+        assert len(generate(core, temperature=1.0, seed=seed)) == 8
+    assert generate(core, temperature=1e-40, seed=1) == greedy  # below 1e-5: greedy
+    assert generate(core, temperature=1.0, seed=9) == generate(core, temperature=1.0, seed=9)
+
+
+def test_top_k_top_p_and_min_p_narrow_the_draw(core: EngineCore) -> None:
+    greedy = generate(core, temperature=0.0)
+    hot = {"temperature": 100.0, "seed": 4}  # nearly flat: any token could come
+    assert generate(core, **hot) != greedy
+    for narrow in ({"top_k": 1}, {"top_p": 1e-9}, {"min_p": 1.0}):
+        assert generate(core, **hot, **narrow) == greedy, narrow
+
+
+def test_without_a_seed_each_request_is_sampled_afresh(core: EngineCore) -> None:
+    draws = {tuple(generate(core, temperature=100.0)) for _ in range(3)}
+    assert len(draws) > 1
+
+
+def test_logit_bias_steers_the_draw(core: EngineCore) -> None:
+    assert generate(core, temperature=0.0, logit_bias=((123, 100.0),)) == [123] * 8
+
+
+def test_penalties_and_min_tokens_adjust_the_logits() -> None:
+    logits = torch.tensor([2.0, -2.0, 1.0, 0.5, 0.0])
+    history = [0, 1, 1, 3]  # prompt [0, 1], output [1, 3]
+    rep = adjust_logits(logits, SamplingParams(repetition_penalty=2.0), history, 2,
+                        frozenset())
+    assert rep.tolist() == [1.0, -4.0, 1.0, 0.25, 0.0]  # seen: positive halved, negative doubled
+    pen = adjust_logits(logits, SamplingParams(frequency_penalty=1.0, presence_penalty=0.5),
+                        history, 2, frozenset())
+    assert pen.tolist() == [2.0, -3.5, 1.0, -1.0, 0.0]  # output counts only
+    eos = adjust_logits(logits, SamplingParams(max_tokens=8, min_tokens=3,
+                                               stop_token_ids=(2,)), history, 2,
+                        frozenset({4}))
+    assert eos[2] == eos[4] == -math.inf and eos[0] == 2.0  # 2 outputs < 3
+    done = adjust_logits(logits, SamplingParams(max_tokens=8, min_tokens=2), history, 2,
+                         frozenset({4}))
+    assert done.tolist() == logits.tolist()
+
+
+def test_truncate_keeps_the_top_p_mass_and_min_p() -> None:
+    probs = torch.tensor([0.1, 0.5, 0.25, 0.15])
+    kept = truncate(probs, SamplingParams(top_p=0.7))
+    assert kept.tolist() == pytest.approx([0.0, 0.5, 0.25, 0.0])  # 0.5 < 0.7 <= 0.75
+    assert truncate(probs, SamplingParams(min_p=0.4)).tolist() == pytest.approx(
+        [0.0, 0.5, 0.25, 0.0])  # at least 0.4 x 0.5
+    assert truncate(probs, SamplingParams(top_k=2)).tolist() == pytest.approx(
+        [0.0, 0.5, 0.25, 0.0])
