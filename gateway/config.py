@@ -25,8 +25,8 @@ Example (every key but ``replicas`` has a default)::
              max_queued_tokens_per_replica: null, connections_per_replica: 256,
              max_connections: 4096, keep_alive_s: 75, max_header_bytes: 65536,
              header_timeout_s: 10, body_timeout_s: 60, max_receiving_bytes: 268435456}
-    timeouts: {connect_s: 2, first_byte_s: 600, stream_first_byte_s: null, idle_s: 60,
-               buffer_bytes: 1048576}
+    timeouts: {connect_s: 2, first_byte_s: 600, stream_first_byte_s: null, stall_s: 30,
+               idle_s: 60, buffer_bytes: 1048576}
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
              request_failures_to_eject: 3, ejection_s: 10}
     scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60, stale_after_failures: 3,
@@ -118,16 +118,19 @@ class ReplicaConfig:
 class TimeoutConfig:
     """``first_byte_s`` bounds the wait for any answer's first byte, over every replica
     tried; a streamed one's wait per replica is learned from recent first tokens unless
-    ``stream_first_byte_s`` fixes it (see ``gateway.first_byte``)."""
+    ``stream_first_byte_s`` fixes it; where no wait is learned (a non-streamed answer, the
+    first streams), a replica whose scrapes show it is not working is left after
+    ``stall_s`` (see ``gateway.first_byte``)."""
 
     connect_s: float = 2.0
     first_byte_s: float = 600.0  # the openai client's own default timeout
     stream_first_byte_s: float | None = None
+    stall_s: float = 30.0
     idle_s: float = 60.0
     buffer_bytes: int = 1 << 20  # a non-streamed answer up to this size is read whole first
 
     def validate(self) -> None:
-        _positive(self, "connect_s", "first_byte_s", "idle_s", "buffer_bytes")
+        _positive(self, "connect_s", "first_byte_s", "stall_s", "idle_s", "buffer_bytes")
         if self.stream_first_byte_s is not None:
             _positive(self, "stream_first_byte_s")
 

@@ -5,9 +5,11 @@ longer than the fleet's recent first tokens is hung, not busy: the wait is ``fac
 recent 99th percentile of streamed first bytes, scaled up for a prompt longer than the
 recent median (its prefill takes longer), never under ``floor_s`` nor over the configured
 ``first_byte_s``; and the proxy extends it while the replica shows progress. A non-streamed
-answer's first byte comes after its last token, which no recent figure bounds, so it gets
-``first_byte_s`` itself. A fixed
-``stream_first_byte_s`` replaces the learned wait.
+answer's first byte comes after its last token, which no recent figure bounds; it, and a
+stream before any wait is learned, get ``stall_s`` where the replica's scrapes show whether
+it is working (``watched``: the proxy then waits on while it is, and leaves a hung replica,
+one that passes its health checks but computes nothing, after ``stall_s``), else
+``first_byte_s`` itself. A fixed ``stream_first_byte_s`` replaces the learned wait.
 """
 
 from __future__ import annotations
@@ -44,14 +46,16 @@ class FirstByteDeadline:
             self._learned = ordered[int(0.99 * (len(ordered) - 1))]
             self._median_tokens = max(1, sorted(self._tokens)[len(self._tokens) // 2])
 
-    def seconds(self, stream: bool, tokens: int = 0) -> float:
-        """The wait for one try's first byte, for a prompt of ``tokens`` (0: unknown)."""
+    def seconds(self, stream: bool, tokens: int = 0, watched: bool = False) -> float:
+        """The wait for one try's first byte, for a prompt of ``tokens`` (0: unknown), on
+        a replica whose progress its scrapes show (``watched``) or not."""
         cap = self.config.first_byte_s
+        unlearned = min(cap, self.config.stall_s) if watched else cap
         if not stream:
-            return cap
+            return unlearned
         if self.config.stream_first_byte_s is not None:
             return min(cap, self.config.stream_first_byte_s)
         if self._learned is None:
-            return cap
+            return unlearned
         longer = max(1.0, tokens / self._median_tokens)
         return min(cap, max(self.floor_s, self.factor * self._learned * longer))

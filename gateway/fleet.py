@@ -45,7 +45,7 @@ from typing import NamedTuple, Protocol
 from gateway.calibration import TokenCalibration
 from gateway.config import ReplicaConfig
 from gateway.fleet_events import FleetEvent, FleetListener, HealthChanged, ReplicaAdded
-from gateway.replica_metrics import HitRateWindow, ScrapedMetrics
+from gateway.replica_metrics import HitRateWindow, ScrapedMetrics, moved
 from gateway.shared_load import LoadTotals, SharedLoad
 from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView
 
@@ -182,8 +182,14 @@ class ReplicaState:
         if self.shared is not None:
             self.shared.write(self.slot, *self._own(), self.progress_at)
 
+    @property
+    def watched(self) -> bool:
+        """Whether its progress can be seen in its scrapes (they come, and are fresh)."""
+        return self.scraped is not None and not self.scraped.stale
+
     def made_progress(self) -> None:
-        """It gave a request its first byte, or a whole answer: alive, if busy."""
+        """It gave a request its first byte or a whole answer, or its scrapes show it
+        working (``replica_metrics.moved``): alive, if busy."""
         self.progress_at = time.monotonic()
         self.publish()
 
@@ -444,6 +450,8 @@ class Fleet:
         state = self._replicas.get(replica_id)
         if state is None:
             return False
+        if moved(state.scraped, metrics):
+            state.made_progress()
         state.scraped = metrics
         state.scrape_seq += 1
         load = state.load()

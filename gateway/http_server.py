@@ -254,13 +254,17 @@ def companion(config: uvicorn.Config) -> uvicorn.Server:
 class _Draining(uvicorn.Server):
     """On the first SIGTERM/SIGINT: ``on_drain`` (readiness goes down) at once, uvicorn's
     graceful shutdown ``grace_s`` later (no new connections; those in flight finish within
-    the config's ``timeout_graceful_shutdown``). A second signal stops at once."""
+    the config's ``timeout_graceful_shutdown``), and ``on_cutoff`` a second before that
+    runs out (the answers still being relayed are ended, each visibly cut, rather than
+    dropped mid-body by uvicorn's cancel). A second signal stops at once."""
 
     def __init__(self, config: uvicorn.Config, grace_s: float,
-                 on_drain: Callable[[], None]) -> None:
+                 on_drain: Callable[[], None],
+                 on_cutoff: Callable[[], object] = lambda: None) -> None:
         super().__init__(config)
         self.grace_s = grace_s
         self.on_drain = on_drain
+        self.on_cutoff = on_cutoff
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -272,6 +276,10 @@ class _Draining(uvicorn.Server):
         if self._draining:  # a second signal: no more waiting for answers in flight
             self.should_exit = self.force_exit = True
             return
+        graceful = self.config.timeout_graceful_shutdown or 0
+        if self._loop is not None and graceful:
+            cutoff = max(0.0, self.grace_s) + max(graceful / 2, graceful - 1.0)
+            self._loop.call_soon_threadsafe(self._loop.call_later, cutoff, self.on_cutoff)
         if self.grace_s <= 0 or self._loop is None:
             self._draining = True
             super().handle_exit(sig, frame)
@@ -284,7 +292,8 @@ class _Draining(uvicorn.Server):
 
 def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
                on_drain: Callable[[], None] = lambda: None,
-               sockets: list[socket.socket] | None = None) -> None:
+               sockets: list[socket.socket] | None = None,
+               on_cutoff: Callable[[], object] = lambda: None) -> None:
     """Serve ``app`` until SIGINT or SIGTERM (draining first, see ``ShutdownConfig``), and
     ``admin_app`` (when given) on the admin listener, in the same event loop. ``sockets``:
     listen there rather than on the config's host and port (a worker's own socket)."""
@@ -295,7 +304,7 @@ def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
     main = _Draining(server_config(
         app, config, loop="uvloop",
         timeout_graceful_shutdown=max(1, int(config.shutdown.timeout_s - grace))),
-        grace, on_drain)
+        grace, on_drain, on_cutoff)
     if admin_app is None:
         main.run(sockets)
         return

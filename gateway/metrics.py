@@ -237,8 +237,10 @@ class GatewayMetrics:
         self.cuts = Counter("kvgate_upstream_cuts", "Answers a replica broke off after the "
                             "client got part of them (the client sees the answer end in an "
                             "error)", ["replica", "cause"], registry=r)
-        self.retries = Counter("kvgate_retries", "Requests retried on the next replica",
-                               ["replica", "cause"], registry=r)
+        self.retries = Counter("kvgate_retries", "Requests tried again: on the next replica "
+                               "(after a failure of this cause there), or sent again to it on "
+                               "a new connection (cause resent: a kept-alive one closed as "
+                               "the request went out)", ["replica", "cause"], registry=r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
         self.answers = AnswerMetrics(r, fleet.models, reasons)
         self.exposed = r  # what GET /metrics serves

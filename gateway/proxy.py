@@ -53,6 +53,7 @@ from gateway.upstream_http import (
     UpstreamResponse,
     UpstreamUnreachable,
 )
+from kvwire.request_edge import ClientWatch
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -63,6 +64,7 @@ _HOP_BY_HOP = frozenset({
     "expect",
 })
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
+_SHUTDOWN = "shutdown"  # the cut of an answer the gateway's shutdown ended
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
@@ -129,8 +131,13 @@ class UpstreamStream:
                  pending: Pending, idle_s: float, fleet: Fleet,
                  on_done: Callable[[UpstreamStream, bool], None], first_byte_s: float = 0.0,
                  on_cut: Callable[[UpstreamStream], None] | None = None,
-                 ends_with_done: bool = False) -> None:
+                 ends_with_done: bool = False,
+                 relaying: set[UpstreamStream] | None = None) -> None:
         self.replica = replica
+        self.relaying = relaying  # the proxy's streams being relayed (``stop``)
+        self.client: ClientWatch | None = None  # watches the client during the relay
+        self.left = False  # the client left before its answer was whole
+        self._stopping: str | None = None  # why the gateway ends the relay (``stop``)
         self.ends_with_done = ends_with_done  # a stream is whole only once [DONE] came
         self.first_byte_s = first_byte_s  # from sending to the first body byte
         self._opened = time.perf_counter() - first_byte_s
@@ -173,9 +180,17 @@ class UpstreamStream:
         self.close(True)
         return self.first_chunk
 
+    def stop(self, cause: str) -> None:
+        """End the relay as cut (``cause``): the gateway is going away. The client's
+        answer ends with an error event (a stream) or a dropped connection."""
+        self._stopping = cause
+        self.response.close()
+
     async def relay(self) -> AsyncIterator[bytes]:
         ok = False
         watch = IdleWatch(self.idle_s)
+        if self.relaying is not None:
+            self.relaying.add(self)
         try:
             self.first_sent_at = time.perf_counter()
             response = self.response
@@ -189,6 +204,8 @@ class UpstreamStream:
                 watch.waiting()
                 chunk = await response.readany()
                 watch.got()
+                if self._stopping is not None:
+                    raise UpstreamBroken("the gateway ended the relay")
                 if not chunk:
                     if self.stream and (response.until_close or self.ends_with_done) \
                             and not _ends_done(self._tail):
@@ -219,6 +236,10 @@ class UpstreamStream:
             ok = True
         except asyncio.CancelledError:
             if not watch.fired:
+                # the client left (or the task was cancelled from outside): not whole,
+                # unless it had the stream's last event
+                self.left = not self._delivered and (self.client is None or
+                                                     self.client.fired)
                 raise
             task = asyncio.current_task()
             if task is not None:
@@ -226,12 +247,17 @@ class UpstreamStream:
             if not self._delivered:  # after [DONE] only the end of body was missing
                 self._broke_off("idle_timeout", f"sent nothing for over {self.idle_s} s")
         except UpstreamFailure as exc:
-            if not self._delivered:  # after [DONE] only the end of body was missing
+            if self._stopping is not None:
+                self._broke_off(self._stopping, "was cut off by the gateway's shutdown")
+            elif not self._delivered:  # after [DONE] only the end of body was missing
                 self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
         finally:
             watch.stop()
             self.close(ok)
-        if self.cut is not None and self.stream:
+        if self.cut == _SHUTDOWN and self.stream:
+            yield sse_error_event("the gateway is shutting down: the answer is incomplete",
+                                  "gateway_shutdown")
+        elif self.cut is not None and self.stream:
             yield sse_error_event(f"replica {self.replica!r} stopped mid-answer: the answer "
                                   "is incomplete", f"upstream_{self.cut}")
 
@@ -279,8 +305,11 @@ class UpstreamStream:
 
     @property
     def outcome(self) -> str:
-        """The status a metric or log should record: 502 for an answer cut short."""
-        return "502" if self.cut is not None else str(self.status)
+        """The status a metric or log should record: 502 for an answer the replica cut
+        short, 503 for one the gateway's shutdown cut, 499 for one the client left."""
+        if self.cut is not None:
+            return "503" if self.cut == _SHUTDOWN else "502"
+        return "499" if self.left else str(self.status)
 
     def _broke_off(self, cause: str, what: str) -> None:
         self.cut = cause
@@ -293,6 +322,8 @@ class UpstreamStream:
         if self._closed:
             return
         self._closed = True
+        if self.relaying is not None:
+            self.relaying.discard(self)
         self.duration_s = time.perf_counter() - self._opened
         if ok:
             self.response.release()
@@ -373,8 +404,17 @@ class Proxy:
         self.health = health or HealthConfig()
         self.forward_client_auth = forward_client_auth  # False: the key was the gateway's
         self.first_byte = FirstByteDeadline(timeouts)
+        self.relaying: set[UpstreamStream] = set()  # answers being relayed now
         self._waiting: dict[str, set[_Waiting]] = {}
         fleet.listen(self._on_fleet_event)
+
+    def stop_relays(self) -> int:
+        """Cut every answer still being relayed (the shutdown's time is up): each client
+        sees its answer end broken, and each is counted so. Returns how many."""
+        streams = list(self.relaying)
+        for stream in streams:
+            stream.stop(_SHUTDOWN)
+        return len(streams)
 
     def close(self) -> None:
         self.fleet.unlisten(self._on_fleet_event)
@@ -413,7 +453,7 @@ class Proxy:
                 continue
             on_sent(replica)
             pending = self.fleet.sent(replica, work_tokens(replica))
-            per_try = self.first_byte.seconds(stream, pending.tokens)
+            per_try = self.first_byte.seconds(stream, pending.tokens, state.watched)
             wait = min(left, per_try)
             sent = state.upstream_headers(headers, self.forward_client_auth)
             try:
@@ -476,6 +516,8 @@ class Proxy:
                 if deadline is not None and pending.state is not None:
                     patience = _Patience(timer, pending.state, wait, deadline)
                 response = await self.client.post(url, body, headers)
+                if response.resent:
+                    self.metrics.retried(replica, "resent")
                 if response.status >= 500 and response.status != 501:
                     detail = await response.read(_ERROR_BODY_LIMIT)
                     log.warning("replica %s answered %s: %s", replica, response.status,
@@ -539,7 +581,7 @@ class Proxy:
                 self.first_byte.observe(first_byte_s, pending.tokens)
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
-                              ends_with_done and streamed)
+                              ends_with_done and streamed, self.relaying)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:

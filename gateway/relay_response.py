@@ -29,6 +29,7 @@ class RelayResponse(Response):
                  watch: ClientWatch) -> None:
         self.stream = stream
         self.watch = watch
+        stream.client = watch
         self.status_code = stream.status
         self.background = None
         self.init_headers(headers)
@@ -51,6 +52,7 @@ class RelayResponse(Response):
         try:
             if watch.fired:  # it left while the request waited for a replica, and the
                 watch.client_left()  # cancel was absorbed there (a retry after ejection)
+                self.stream.left = True
                 return
             await self._relay(send)
         except asyncio.CancelledError:

@@ -27,6 +27,8 @@ class ScrapedMetrics:
     hit_tokens: float | None = None  # counters (vLLM); None when not exposed
     query_tokens: float | None = None
     hit_rate_gauge: float | None = None  # SGLang exposes a ratio instead of counters
+    # prompt plus generated tokens counted so far (a counter's total); None when not exposed
+    work_tokens: float | None = None
     stale: bool = False  # its replica's scrapes failed since: load figures dropped
 
 
@@ -83,6 +85,8 @@ def parse_metrics(text: str) -> ScrapedMetrics:
             hit_tokens=get(m.PREFIX_CACHE_HITS + m.TOTAL, m.GPU_PREFIX_CACHE_HITS + m.TOTAL),
             query_tokens=get(m.PREFIX_CACHE_QUERIES + m.TOTAL,
                              m.GPU_PREFIX_CACHE_QUERIES + m.TOTAL),
+            work_tokens=_work(get(m.PROMPT_TOKENS + m.TOTAL),
+                              get(m.GENERATION_TOKENS + m.TOTAL)),
         )
     if get(m.SGLANG_RUNNING) is not None:
         total = get(m.SGLANG_MAX_TOTAL_TOKENS)
@@ -94,9 +98,25 @@ def parse_metrics(text: str) -> ScrapedMetrics:
             kv_capacity_tokens=None if total is None else int(total),
             queued_tokens=None if queued is None else int(queued),
             hit_rate_gauge=mean(m.SGLANG_CACHE_HIT_RATE),
+            work_tokens=_work(get(m.SGLANG_PROMPT_TOKENS + m.TOTAL),
+                              get(m.SGLANG_GENERATION_TOKENS + m.TOTAL)),
         )
     return ScrapedMetrics(dialect="unknown",
                           queued_tokens=None if queued is None else int(queued))
+
+
+def _work(prompt: float | None, generated: float | None) -> float | None:
+    return None if prompt is None and generated is None else (prompt or 0.0) + (generated or 0.0)
+
+
+def moved(before: ScrapedMetrics | None, after: ScrapedMetrics) -> bool:
+    """Whether a replica did work between two fresh scrapes: its token counters grew, or
+    its KV usage or request counts changed (a long prefill fills KV before any counter
+    moves). A hung replica's stand still."""
+    if before is None or before.stale or after.stale:
+        return False
+    return (before.work_tokens != after.work_tokens or before.kv_usage != after.kv_usage
+            or before.running != after.running or before.waiting != after.waiting)
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvgate serve: draining for {config.shutdown.grace_s} s, then stopping",
               file=sys.stderr)
 
-    run_server(app, config, admin_app, drain)
+    run_server(app, config, admin_app, drain, on_cutoff=gw.stop_relays)
     return 0
 
 

@@ -50,6 +50,10 @@ class GatewayState:
     draining: bool = False  # a shutdown began: /ready answers 503
     started: int = field(default_factory=lambda: int(time.time()))  # /v1/models' created
 
+    def stop_relays(self) -> int:
+        """The shutdown's time is up: cut the answers still being relayed (``Proxy``)."""
+        return 0 if self.proxy is None else self.proxy.stop_relays()
+
     def ended(self, route: str, status: str, replica: str = "none", **access: Any) -> None:
         """One request ended (answered by ``replica``, or refused before any): its one
         ``requests`` sample and its access-log line (``access``: the line's other fields)."""

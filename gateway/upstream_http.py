@@ -19,7 +19,10 @@ Errors: ``UpstreamUnreachable`` when no connection could be made (refused, unres
 the replica is unreachable); ``UpstreamBroken`` when the connection broke or the answer was
 malformed; a connect that takes over ``connect_s`` is ``UpstreamBroken`` too. A request
 that finds a kept-alive connection closed under it before any byte of the answer came is
-sent again once on a new connection (the replica closed it idle as the request was sent).
+sent again once on a new connection (the replica closed it idle as the request was sent),
+when the close came within ``STALE_WINDOW_S`` of the send: a replica that held the request
+longer may have worked on it, and its close is a broken connection. The answer to a
+request sent again says so (``resent``).
 """
 
 from __future__ import annotations
@@ -58,11 +61,16 @@ class _Stale(UpstreamBroken):
     """A reused connection closed before any byte of the answer came."""
 
 
+STALE_WINDOW_S = 0.1  # a kept-alive connection closed within this of a send: closed idle
+
+
 class UpstreamResponse:
     """One request's answer: ``status``, ``headers`` (lower-case names) and the body
-    through ``readany`` / ``read``; ``release`` or ``close`` it when done."""
+    through ``readany`` / ``read``; ``release`` or ``close`` it when done. ``resent``: the
+    request went out twice (a kept-alive connection closed as it was sent)."""
 
     def __init__(self, conn: _Connection) -> None:
+        self.resent = False
         self._conn: _Connection | None = conn
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -159,6 +167,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._answer: UpstreamResponse | None = None
         self._got_bytes = False
+        self._sent_at = 0.0  # monotonic: when the request it carries was written
         self._head_bytes = 0  # of the answer now awaited, before its head completed
         self._interim = False  # parsing a 1xx answer's head
         self._paused = False
@@ -201,7 +210,8 @@ class _Connection(asyncio.Protocol):
                 and exc is None:
             answer._complete = True  # the body ran to the end of the connection (a reset
             answer._wake()  # connection is not an end: the answer broke)
-        elif not self._got_bytes and self.reused:
+        elif not self._got_bytes and self.reused \
+                and time.monotonic() - self._sent_at <= STALE_WINDOW_S:
             answer._fail(_Stale("the replica closed a kept-alive connection"))
         else:
             what = exc.__class__.__name__ if exc is not None else "closed"
@@ -262,6 +272,7 @@ class _Connection(asyncio.Protocol):
         answer = self._answer = UpstreamResponse(self)
         self._got_bytes = False
         self._head_bytes = 0
+        self._sent_at = time.monotonic()
         self.transport.write(data)
         await answer._head
         return answer
@@ -426,7 +437,9 @@ class UpstreamClient:
         for fresh in (False, True):
             conn = await origin.take(fresh)
             try:
-                return await conn.send(data)
+                answer = await conn.send(data)
+                answer.resent = fresh
+                return answer
             except _Stale:
                 conn.close()
                 continue  # once more, on a new connection

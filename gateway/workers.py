@@ -135,7 +135,8 @@ def worker_main(plan: WorkerPlan) -> None:
 
     sock = reuse_port_socket(config.host, config.port)
     try:
-        run_server(app, config, admin_app, drain, sockets=[sock])
+        run_server(app, config, admin_app, drain, sockets=[sock],
+                   on_cutoff=gw.stop_relays)
     finally:
         sock.close()
         feed.close()

@@ -4,6 +4,7 @@ the grace period, every stream in flight completes, and the process exits in tim
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import threading
 import time
@@ -98,5 +99,47 @@ def test_a_second_signal_stops_at_once_with_answers_in_flight(
         gateway.send_signal(signal.SIGTERM)  # the operator does not want to wait
         gateway.wait(timeout=30)
         assert time.monotonic() - signalled < 5  # not the time the answer could take
+    finally:
+        held.set()
+
+
+def test_streams_that_outlast_the_shutdown_end_visibly_cut(
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+    held = threading.Event()
+    replica = serve(fake_replica(Behaviour("r0", release=held)))  # streams never end
+    port = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "replicas": [{"id": "r0", "url": replica.url}], "access_log": True,
+        "shutdown": {"grace_s": 0.5, "timeout_s": 3}}))
+    url = f"http://127.0.0.1:{port}"
+    gateway = spawn("serve", "--config", str(config), ready_url=f"{url}/ready")
+    lines: list[str] = []
+    started = threading.Semaphore(0)
+
+    def stream() -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                "POST", f"{url}/v1/completions", timeout=60,
+                json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
+            for line in r.iter_lines():
+                started.release()
+                lines.append(line)
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    try:
+        assert started.acquire(timeout=30)
+        gateway.send_signal(signal.SIGTERM)
+        thread.join(30)
+        assert not thread.is_alive()
+        # ended by the gateway before uvicorn's own cancel: an error event, no [DONE]
+        events = [line for line in lines if line.startswith("data: ")]
+        assert "gateway_shutdown" in events[-1] and "data: [DONE]" not in events
+        gateway.wait(timeout=30)
+        assert gateway.stderr is not None
+        records = [json.loads(line[line.index("{"):])
+                   for line in gateway.stderr.read().decode().splitlines()
+                   if '"status"' in line]
+        assert [r["status"] for r in records] == ["503"]  # counted cut, not 200
     finally:
         held.set()

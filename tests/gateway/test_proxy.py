@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -215,6 +216,44 @@ def test_first_byte_timeout_is_504(serve: Serve) -> None:
     assert r.json()["error"]["code"] == "upstream_timeout"
 
 
+def _replica_scraped(gw: Gateway, rid: str) -> bool:
+    seen = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()
+    return any(r["id"] == rid and r.get("kv_usage") == 0.25 for r in seen["replicas"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_replica_that_passes_its_health_checks_but_computes_nothing_is_left_after_stall_s(
+        serve: Serve, stream: bool) -> None:
+    hung, fine = Behaviour("hung", first_byte_delay_s=8), Behaviour("fine")
+    gw = start_gateway(serve, [("hung", serve(fake_replica(hung)).url),
+                               ("fine", serve(fake_replica(fine)).url)],
+                       timeouts={"stall_s": 1.0})
+    wait_until(lambda: _replica_scraped(gw, "hung"), 10, "a scrape of the hung replica")
+    began = time.monotonic()
+    for _ in range(2):  # round robin: one of the two starts on the hung replica
+        r = httpx.post(f"{gw.url}/v1/completions", timeout=20,
+                       json={"model": "sim-model", "prompt": "x", "stream": stream})
+        assert r.status_code == 200
+    # its figures stand still: each try there was left after stall_s, not first_byte_s
+    # (600 s), and the request answered by the other replica
+    assert len(fine.received) == 2 and len(hung.received) >= 1
+    assert time.monotonic() - began < 6
+    assert metric(gw, 'kvgate_retries_total{cause="timeout",replica="hung"}') \
+        == len(hung.received)
+
+
+def test_a_replica_whose_scrapes_show_it_working_is_waited_for_past_stall_s(serve: Serve
+                                                                            ) -> None:
+    busy = Behaviour("busy", first_byte_delay_s=2.5, progressing=True)
+    gw = start_gateway(serve, [("busy", serve(fake_replica(busy)).url)],
+                       timeouts={"stall_s": 0.5})
+    wait_until(lambda: _replica_scraped(gw, "busy"), 10, "a scrape of the busy replica")
+    r = httpx.post(f"{gw.url}/v1/completions", timeout=20,
+                   json={"model": "sim-model", "prompt": "x"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "busy ok"
+    assert len(busy.received) == 1
+
+
 def _streamed_with_idle_timeout(serve: Serve, replica: Behaviour) -> tuple[str, bytes]:
     """A gateway (idle timeout 0.5 s) in front of ``replica``: its URL, and the raw body
     of one streamed completion through it."""
@@ -252,6 +291,11 @@ def test_client_disconnect_cancels_upstream(serve: Serve) -> None:
         assert b"200" in sock.recv(4096)
     wait_until(lambda: slow.cancelled, 5, "the upstream stream to be cancelled")
     assert slow.cancelled == 1
+    # recorded as the client's leaving, not as a whole answer
+    wait_for_metric(gw, 'kvgate_requests_total{replica="slow",route="round_robin",'
+                        'status="499"}', 1.0)
+    assert not metric(gw, 'kvgate_requests_total{replica="slow",route="round_robin",'
+                          'status="200"}')
 
 
 def test_models_ready_metrics_and_admin(serve: Serve) -> None:

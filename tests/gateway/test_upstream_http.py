@@ -156,10 +156,39 @@ def test_a_replica_closing_a_kept_connection_as_a_request_comes_is_sent_again() 
         server = Server(handler)
         async with server as url:
             client = UpstreamClient()
-            assert await read_all(client, url) == (200, b"ok")
-            assert await read_all(client, url) == (200, b"ok")
+            first = await client.post(url, b"{}", {})
+            assert not first.resent and await first.read(100) == b"ok"
+            first.release()
+            again = await client.post(url, b"{}", {})
+            assert again.resent and await again.read(100) == b"ok"  # the caller is told
+            again.release()
             await client.close()
         assert server.connections == 2 and len(server.bodies) == 3
+    asyncio.run(main())
+
+
+def test_a_replica_that_held_a_request_then_closed_its_kept_connection_is_not_sent_it_again(
+        ) -> None:
+    """The replica takes the request on a kept-alive connection, works on it, and closes
+    without a byte: it may have run it, so the request is not sent again."""
+    ok = answering(b"ok")
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        if n == 1:
+            await asyncio.sleep(0.5)  # past STALE_WINDOW_S
+            return False
+        return await ok(reader, writer, n)
+
+    async def main() -> None:
+        server = Server(handler)
+        async with server as url:
+            client = UpstreamClient()
+            assert await read_all(client, url) == (200, b"ok")
+            with pytest.raises(UpstreamBroken, match="the connection broke"):
+                await client.post(url, b"{}", {})
+            await client.close()
+        assert server.connections == 1 and len(server.bodies) == 2
     asyncio.run(main())
 
 

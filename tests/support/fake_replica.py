@@ -42,6 +42,8 @@ class Behaviour:
     usage: dict[str, object] | None = None  # answers carry this usage instead of its own
     metrics_status: int = 200  # /metrics answers this
     metrics_extra: bytes = b""  # raw bytes after /metrics' lines (odd values, padding)
+    progressing: bool = False  # /metrics counts more generated tokens at every scrape
+    generated: int = 0
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -114,6 +116,10 @@ def fake_replica(b: Behaviour) -> Starlette:
             "# TYPE vllm:cache_config_info gauge",
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1.0',
         ]
+        if b.progressing:
+            b.generated += 7
+            lines += ["# TYPE vllm:generation_tokens counter",
+                      f'vllm:generation_tokens_total{{model_name="m"}} {float(b.generated)}']
         if b.queued_tokens is not None:
             lines += ["# TYPE kvgate:num_prompt_tokens_waiting gauge",
                       f"kvgate:num_prompt_tokens_waiting {float(b.queued_tokens)}"]
