@@ -13,6 +13,16 @@ class NoReplicaAvailable(ServiceUnavailable):
                          headers={"Retry-After": str(retry_after_s)})
 
 
+class FleetBusy(ServiceUnavailable):
+    """Every replica tried answered that it is overloaded (429 or 503)."""
+
+    kind = "fleet_busy"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, code="fleet_busy",
+                         headers={"Retry-After": str(retry_after_s)})
+
+
 class UpstreamError(OpenAIError):
     """Every replica tried failed before sending a first byte."""
 

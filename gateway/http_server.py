@@ -115,8 +115,24 @@ class HeadWithBody:
         return getattr(self._transport, name)
 
 
+MAX_PIPELINED = 64  # requests queued behind the one being answered, on one connection
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a bounded request head (see the module)."""
+    """uvicorn's httptools protocol with a bounded request head (see the module), and
+    bounded in what a connection holds:
+
+    - pipelined requests: uvicorn parses every request a read brings and reads on after
+      each answer, however many wait; a client that pipelines without reading the answers
+      grew the process by hundreds of MB. Reading now waits until the requests queued are
+      answered, and a connection with more than ``MAX_PIPELINED`` queued gets 429 and is
+      closed;
+    - a request answered before its body came whole (408 for a body too slow, 413, 401, a
+      path with no handler): uvicorn read and dropped the rest of the body for as long as
+      the client sent it, keeping the connection (and a place under ``max_connections``);
+      the connection is now closed once the answer is out.
+
+    Malformed HTTP gets an OpenAI-shaped 400, as every other error."""
 
     limits = LimitsConfig()  # replaced per server by ``bounded_protocol``
 
@@ -152,6 +168,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                             "header_too_large")
             return
         super().data_received(data)
+        if len(self.pipeline) > MAX_PIPELINED and not self.transport.is_closing():
+            _close_with(self.transport, b"429 Too Many Requests",
+                        f"more than {MAX_PIPELINED} pipelined requests wait on this "
+                        "connection; read the answers before sending more",
+                        "too_many_pipelined_requests")
+            return
         if self._ended_in_read:  # a request ended in this read: the next head may have
             self._ended_in_read = False  # begun in it, its blank line still to come
             if self._in_head:
@@ -188,6 +210,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_head, self._next = True, True
         self._head_bytes, self._head_carry = 0, b""
         self._ended_in_read = True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if self.pipeline:  # read on only once the queued requests are answered
+            self.flow.pause_reading()
+        elif self.cycle is not None and self.cycle.more_body:
+            self.transport.close()  # answered before its body came whole: not read on
+
+    def send_400_response(self, msg: str) -> None:
+        _close_with(self.transport, b"400 Bad Request", msg, "invalid_http")
 
     def on_headers_complete(self) -> None:
         self._in_head = False

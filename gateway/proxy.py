@@ -32,15 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypeGuard
 
 import orjson
 
 from gateway.config import HealthConfig, TimeoutConfig
-from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.errors import FleetBusy, UpstreamError, UpstreamTimeout
 from gateway.first_byte import FirstByteDeadline
 from gateway.fleet import Fleet, Pending, ReplicaState
 from gateway.fleet_events import FleetEvent, HealthChanged
@@ -117,10 +118,24 @@ class _Waiting:
 class _Retryable(Exception):
     """A replica failed before the client saw anything: try the next one."""
 
-    def __init__(self, cause: str, message: str, code: str = "upstream_error") -> None:
+    def __init__(self, cause: str, message: str, code: str = "upstream_error",
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.cause = cause
         self.code = code
+        self.retry_after_s = retry_after_s  # a busy replica's Retry-After
+
+
+_BUSY = frozenset({429, 503})  # a replica shedding load: not broken, and not the request's
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header's seconds (its HTTP-date form is not read), within [0, 1 h]."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return None if seconds is None or not 0 <= seconds <= 3600 else seconds
 
 
 class UpstreamStream:
@@ -137,6 +152,8 @@ class UpstreamStream:
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
         self.left = False  # the client left before its answer was whole
+        # the relay's idle timeout (``relay``), which also bounds each send to the client
+        self.idle: IdleWatch | None = None
         self._stopping: str | None = None  # why the gateway ends the relay (``stop``)
         self.ends_with_done = ends_with_done  # a stream is whole only once [DONE] came
         self.first_byte_s = first_byte_s  # from sending to the first body byte
@@ -180,15 +197,20 @@ class UpstreamStream:
         self.close(True)
         return self.first_chunk
 
+    def client_gone(self) -> None:
+        """The client left (or stopped reading): recorded so unless it had the stream's
+        last event."""
+        self.left = not self._delivered
+
     def stop(self, cause: str) -> None:
         """End the relay as cut (``cause``): the gateway is going away. The client's
         answer ends with an error event (a stream) or a dropped connection."""
         self._stopping = cause
         self.response.close()
 
-    async def relay(self) -> AsyncIterator[bytes]:
+    async def relay(self) -> AsyncGenerator[bytes, None]:
         ok = False
-        watch = IdleWatch(self.idle_s)
+        watch = self.idle = IdleWatch(self.idle_s)
         if self.relaying is not None:
             self.relaying.add(self)
         try:
@@ -238,8 +260,8 @@ class UpstreamStream:
             if not watch.fired:
                 # the client left (or the task was cancelled from outside): not whole,
                 # unless it had the stream's last event
-                self.left = not self._delivered and (self.client is None or
-                                                     self.client.fired)
+                if self.client is None or self.client.fired:
+                    self.client_gone()
                 raise
             task = asyncio.current_task()
             if task is not None:
@@ -440,6 +462,7 @@ class Proxy:
         attempts: list[Attempted] = []
         last: _Retryable | None = None
         suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
+        busy_after: list[float | None] = []  # the Retry-After of each busy replica
         deadline = time.monotonic() + self.timeouts.first_byte_s
         done_ends = path in DONE_PATHS
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
@@ -472,6 +495,9 @@ class Proxy:
                 self.fleet.done(pending)
                 attempts.append(Attempted(replica, exc.cause))
                 last = exc
+                if exc.cause == "busy":  # shedding load: the next replica may not be
+                    busy_after.append(exc.retry_after_s)
+                    continue
                 if exc.cause == "5xx":
                     if suspect is not None:
                         # a second replica fails on it: the request is the cause
@@ -496,6 +522,10 @@ class Proxy:
             self._count_failure(*suspect)
         if last is None:
             raise UpstreamError("no replica could be tried", code="upstream_error")
+        if all(a.cause == "busy" for a in attempts):
+            after = min((s for s in busy_after if s is not None), default=1.0)
+            raise FleetBusy(f"every replica tried is overloaded: {last}",
+                            max(1, math.ceil(after)))
         error = UpstreamTimeout if last.cause in ("timeout", "deadline") else UpstreamError
         tried = ", ".join(f"{a.replica!r} ({a.cause})" for a in attempts)
         raise error(f"{last} (replicas tried: {tried})", code=last.code)
@@ -518,6 +548,12 @@ class Proxy:
                 response = await self.client.post(url, body, headers)
                 if response.resent:
                     self.metrics.retried(replica, "resent")
+                if response.status in _BUSY:
+                    detail = await response.read(_ERROR_BODY_LIMIT)
+                    raise _Retryable("busy", f"replica {replica!r} is overloaded (it answered "
+                                     f"{response.status}{_error_message(detail)})",
+                                     "fleet_busy",
+                                     _retry_after(response.headers.get("retry-after")))
                 if response.status >= 500 and response.status != 501:
                     detail = await response.read(_ERROR_BODY_LIMIT)
                     log.warning("replica %s answered %s: %s", replica, response.status,

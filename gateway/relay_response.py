@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 
 from starlette.requests import Request
@@ -11,6 +12,8 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.proxy import UpstreamStream
 from kvwire.request_edge import ClientWatch
+
+log = logging.getLogger("kvgate.proxy")
 
 
 class RelayResponse(Response):
@@ -39,25 +42,50 @@ class RelayResponse(Response):
                     "headers": self.raw_headers})
         stream = self.stream
         ended = False
-        async for chunk in stream.relay():
-            # the upstream body's last bytes go out with the end of the client's body: one
-            # socket write, not two (a write costs more than the rest of a chunk's relay)
-            ended = stream.read_whole()
-            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
-        if not ended and (stream.cut is None or stream.stream):
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        chunks = stream.relay()
+        try:
+            async for chunk in chunks:
+                # the upstream body's last bytes go out with the end of the client's body:
+                # one socket write, not two (a write costs more than the rest of a chunk's
+                # relay)
+                ended = stream.read_whole()
+                idle = stream.idle
+                if idle is not None:  # a client that stops reading: the send waits on
+                    idle.waiting()  # (uvicorn's flow control) for at most idle_s
+                await send({"type": "http.response.body", "body": chunk,
+                            "more_body": not ended})
+                if idle is not None:
+                    idle.got()
+            if not ended and (stream.cut is None or stream.stream):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            idle = stream.idle
+            if idle is None or not idle.fired or idle.since is None:
+                raise
+            # the client read nothing for idle_s: it is gone in all but name. The answer
+            # is left unfinished (the server drops the connection) and the replica's
+            # connection closed, freeing its place and the replica's work
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            stream.client_gone()
+            log.warning("client stopped reading its answer from replica %s for %s s: "
+                        "dropped", stream.replica, idle.idle_s)
+        finally:
+            await chunks.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = self.watch
         try:
             if watch.fired:  # it left while the request waited for a replica, and the
                 watch.client_left()  # cancel was absorbed there (a retry after ejection)
-                self.stream.left = True
+                self.stream.client_gone()
                 return
             await self._relay(send)
         except asyncio.CancelledError:
             if not watch.client_left():
                 raise  # cancelled from outside; else the client left: nothing more to send
+            self.stream.client_gone()
         finally:
             watch.close()
             self.stream.close(ok=False)  # no-op when the relay finished and closed it

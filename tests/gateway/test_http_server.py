@@ -260,3 +260,43 @@ def test_a_head_is_not_held_for_a_body_that_comes_later() -> None:
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+def test_pipelined_requests_are_answered_in_turn_and_bounded(port: int) -> None:
+    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    few = exchange(port, request * 10, wait=1.0)
+    assert few.count(b"HTTP/1.1 200") == 10
+    # a client pipelining hundreds without reading the answers: refused, not queued
+    flood = exchange(port, request * 500, wait=2.0)
+    assert b"HTTP/1.1 429" in flood and b"too_many_pipelined_requests" in flood
+    assert flood.count(b"HTTP/1.1 200") < 100
+
+
+def test_a_request_answered_before_its_body_came_closes_its_connection(port: int) -> None:
+    # the app answers without reading the body; the client trickles the rest of it
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(3)
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 10)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        closed_at = None
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5:
+            try:
+                sock.sendall(b"a")
+                if sock.recv(65536) == b"":
+                    closed_at = time.monotonic()
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed_at = time.monotonic()
+                break
+        assert closed_at is not None  # not held open while the body trickles in
+
+
+def test_malformed_http_gets_an_openai_shaped_400(port: int) -> None:
+    answer = exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head
+    assert json.loads(body)["error"]["code"] == "invalid_http"

@@ -75,10 +75,17 @@ def faulty(fault: str, calls: list[str] | None = None, size: int = 0,
                 "message": "EngineCore failed on this input", "type": "InternalServerError",
                 "code": status}}).encode()})
             return
-        if fault == "late_503":
+        if fault in ("busy_429", "busy_503"):  # shedding load, as a loaded server does
+            await send({"type": "http.response.start", "status": int(fault[-3:]),
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"retry-after", b"7" if fault == "busy_503" else b"3")]})
+            await send({"type": "http.response.body", "body": json.dumps({"error": {
+                "message": "server overloaded", "type": "x", "code": None}}).encode()})
+            return
+        if fault == "late_500":
             await asyncio.sleep(0.8)
-            await send({"type": "http.response.start", "status": 503, "headers": []})
-            await send({"type": "http.response.body", "body": b"busy"})
+            await send({"type": "http.response.start", "status": 500, "headers": []})
+            await send({"type": "http.response.body", "body": b"broken"})
             return
         if fault == "huge_500":
             await send({"type": "http.response.start", "status": 500,
@@ -676,6 +683,32 @@ def test_a_5xx_another_replica_answered_past_is_counted(serve: Serve) -> None:
     assert _healthy(gw) == {"r0": 0.0, "r1": 1.0}
 
 
+@pytest.mark.parametrize("busy", ["busy_429", "busy_503"])
+def test_a_replica_shedding_load_is_passed_over_not_held_against_it(serve: Serve,
+                                                                     busy: str) -> None:
+    calls: list[str] = []
+    gw = gateway(serve, [serve(faulty(busy, calls)), serve(faulty("ok", calls))],
+                 health={"interval_s": 0.2, "timeout_s": 0.5, "request_failures_to_eject": 1})
+    for _ in range(4):
+        assert post(gw).status_code == 200
+    assert calls.count("ok") == 4 and calls.count(busy) >= 2
+    assert _healthy(gw) == {"r0": 1.0, "r1": 1.0}  # loaded, not broken
+    assert metric(gw, 'kvgate_retries_total{cause="busy",replica="r0"}') \
+        == calls.count(busy)
+
+
+def test_a_fleet_that_is_all_shedding_load_answers_503_with_its_retry_after(
+        serve: Serve) -> None:
+    gw = gateway(serve, [serve(faulty("busy_503")), serve(faulty("busy_429"))],
+                 health={"interval_s": 0.2, "timeout_s": 0.5, "request_failures_to_eject": 1})
+    r = post(gw)
+    assert r.status_code == 503, r.text
+    assert r.headers["retry-after"] == "3"  # the sooner of the replicas' (7 s and 3 s)
+    error = r.json()["error"]
+    assert error["code"] == "fleet_busy" and "server overloaded" in error["message"]
+    assert _healthy(gw) == {"r0": 1.0, "r1": 1.0}
+
+
 def test_a_501_is_the_clients_answer(serve: Serve) -> None:
     calls: list[str] = []
     gw = gateway(serve, [serve(faulty("not_implemented", calls)), serve(faulty("ok", calls))],
@@ -734,10 +767,10 @@ def test_a_busy_replica_the_deadline_cut_short_is_not_ejected(serve: Serve) -> N
 
 def test_a_try_cut_short_by_the_requests_deadline_is_not_the_replicas_fault(
         serve: Serve) -> None:
-    # the first replica answers 503 late; the second gets what is left of the first-byte
+    # the first replica answers 500 late; the second gets what is left of the first-byte
     # deadline, too little: the 504 says so, and the second replica stays in the fleet
-    slow_503, hung = serve(faulty("late_503")), serve(faulty("hang"))
-    gw = gateway(serve, [slow_503, hung], timeouts={"first_byte_s": 1.0},
+    slow_500, hung = serve(faulty("late_500")), serve(faulty("hang"))
+    gw = gateway(serve, [slow_500, hung], timeouts={"first_byte_s": 1.0},
                  health={"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1,
                          "request_failures_to_eject": 1})
     r = post(gw)  # round robin's first: r0, then r1
@@ -748,4 +781,4 @@ def test_a_try_cut_short_by_the_requests_deadline_is_not_the_replicas_fault(
     healthy = {line.split('"')[1]: float(line.split()[-1]) for line in
                httpx.get(f"{gw.url}/metrics").text.splitlines()
                if line.startswith("kvgate_replica_healthy{")}
-    assert healthy == {"r0": 0.0, "r1": 1.0}  # only the one that answered 503 is out
+    assert healthy == {"r0": 0.0, "r1": 1.0}  # only the one that answered 500 is out

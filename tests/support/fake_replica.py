@@ -42,6 +42,7 @@ class Behaviour:
     usage: dict[str, object] | None = None  # answers carry this usage instead of its own
     metrics_status: int = 200  # /metrics answers this
     metrics_extra: bytes = b""  # raw bytes after /metrics' lines (odd values, padding)
+    pad: int = 0  # characters of padding in each streamed chunk's text
     progressing: bool = False  # /metrics counts more generated tokens at every scrape
     generated: int = 0
 
@@ -80,8 +81,9 @@ def fake_replica(b: Behaviour) -> Starlette:
                         await asyncio.sleep(b.chunk_delay_s)
                     if i == b.chunks - 1 and b.release is not None:
                         await asyncio.to_thread(b.release.wait, 10)
-                    delta = ({"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}
-                             if chat else {"index": 0, "text": f"t{i} ", "finish_reason": None})
+                    text = f"t{i} " + "x" * b.pad
+                    delta = ({"index": 0, "delta": {"content": text}, "finish_reason": None}
+                             if chat else {"index": 0, "text": text, "finish_reason": None})
                     chunk = {"id": "x", "object": obj + ".chunk" if chat else obj,
                              "created": 0, "model": body.get("model"), "choices": [delta]}
                     yield f"data: {json.dumps(chunk)}\n\n".encode()
