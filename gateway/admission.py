@@ -73,12 +73,19 @@ class Admission:
         ahead = self.waiting + 1
         return max(1, math.ceil(self._mean_s * ahead / self.limits.max_in_flight))
 
+    def enter_now(self) -> Slot | None:
+        """A place at once, if one is free and nobody waits for it; else None."""
+        if self.in_flight < self.limits.max_in_flight and not self.waiting:
+            self.in_flight += 1
+            return Slot(self)
+        return None
+
     async def enter(self) -> Slot:
         """A place, now or after a bounded wait; TooManyRequests otherwise."""
         limits = self.limits
-        if self.in_flight < limits.max_in_flight and not self.waiting:
-            self.in_flight += 1
-            return Slot(self)
+        slot = self.enter_now()
+        if slot is not None:
+            return slot
         if self.waiting >= limits.max_pending:
             raise self._refusal()
         if len(self._waiters) > 2 * limits.max_pending + 16:  # drop those who gave up

@@ -83,7 +83,8 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         gw.metrics.decision_seconds.observe(routing.seconds)
         gw.metrics.built_on[routing.pooled].inc()
         route = routing.decision.reason
-        forwarded = upstream_headers(request, gw.trusted_proxies)
+        forwarded = upstream_headers(request, gw.trusted_proxies,
+                                     (gw.tenancy.config.header, intake.tenant))
         request_id = request_id_of(request, forwarded, routing.request.request_id,
                                    intake.parsed.body.get("request_id"))
         trace.upstream(forwarded)
@@ -201,9 +202,10 @@ async def version(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
-    if gw.auth.on:  # every /v1 route needs a client's key when keys are configured
-        gw.auth.tenant_of(request)
-    names = sorted(gw.fleet.models())
+    # every /v1 route needs a client's key when keys are configured; a tenant's list
+    # names only the models of the replicas it may use (its partition)
+    tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
+    names = sorted(gw.fleet.models(gw.tenancy.allowed(tenant)))
     return JSONResponse({"object": "list", "data": [
         {"id": name, "object": "model", "created": gw.started, "owned_by": "kvgate",
          "root": name, "parent": None} for name in names]},

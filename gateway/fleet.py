@@ -382,8 +382,10 @@ class Fleet:
                 states = serving
         return [s.view(now, ratio) for s in states]
 
-    def models(self) -> set[str]:
-        return {m for s in self._replicas.values() for m in s.models}
+    def models(self, allowed: Callable[[str], bool] | None = None) -> set[str]:
+        """The models the replicas serve (those ``allowed``, a tenant's partition)."""
+        return {m for s in self._replicas.values() if allowed is None or allowed(s.id)
+                for m in s.models}
 
     def models_cut(self) -> bool:
         """Whether a replica serves more models than the gateway keeps of its list."""

@@ -24,9 +24,18 @@ _PROXY_SET = ("forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto",
               "x-forwarded-port", "x-client-ip", "true-client-ip")
 
 
-def upstream_headers(request: Request, trusted: Networks) -> dict[str, str]:
-    """The client's headers to forward (names are lower case, as ASGI gives them)."""
+def upstream_headers(request: Request, trusted: Networks,
+                     tenant: tuple[str, str | None] | None = None) -> dict[str, str]:
+    """The client's headers to forward (names are lower case, as ASGI gives them).
+    ``tenant``: (the tenant header's name, the tenant the gateway settled on): the header
+    then says that tenant, or is left out, whatever the client sent (a key's tenant is
+    not the one a client may claim in the header)."""
     out = forward_headers(request.headers)
+    if tenant is not None:
+        name, value = tenant
+        out.pop(name, None)
+        if value is not None:
+            out[name] = value
     prior = out.pop("x-forwarded-for", None)
     if not trusted.peer_of(request):
         prior = None

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import gc
+import logging
+import resource
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -324,6 +327,34 @@ class _Draining(uvicorn.Server):
         self._loop.call_soon_threadsafe(self._loop.call_later, self.grace_s, later)
 
 
+_FILES_PER_CONNECTION = 2  # a client's connection, and about one to a replica for it
+_FILES_SPARE = 256  # the process's own: listeners, scrapes, logs, the tokenizer's
+
+
+def fit_open_files(config: GatewayConfig) -> GatewayConfig:
+    """``config`` with ``limits.max_connections`` the process can hold open: its soft
+    limit on open files is raised to the hard one as far as the connections need; where
+    even that is too few, ``max_connections`` is cut to fit (with a warning), so that the
+    connection past it still gets its 503 rather than a reset (an accept that fails for
+    want of a file descriptor answers nothing)."""
+    wanted = config.limits.max_connections * _FILES_PER_CONNECTION + _FILES_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return config
+    fits = max(1, (soft - _FILES_SPARE) // _FILES_PER_CONNECTION)
+    logging.getLogger("kvgate").warning(
+        "limits.max_connections %d needs about %d open files; the process may hold %d "
+        "(ulimit -n): serving at most %d connections", config.limits.max_connections,
+        wanted, soft, fits)
+    return dataclasses.replace(config, limits=dataclasses.replace(config.limits,
+                                                                   max_connections=fits))
+
+
 def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
                on_drain: Callable[[], None] = lambda: None,
                sockets: list[socket.socket] | None = None,
@@ -331,6 +362,7 @@ def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
     """Serve ``app`` until SIGINT or SIGTERM (draining first, see ``ShutdownConfig``), and
     ``admin_app`` (when given) on the admin listener, in the same event loop. ``sockets``:
     listen there rather than on the config's host and port (a worker's own socket)."""
+    config = fit_open_files(config)
     grace = config.shutdown.grace_s
     # what start-up built (tokenizer, policy, ring) lives as long as the process: out of
     # the collector's sight, so full collections stop walking it again and again

@@ -15,7 +15,7 @@ from gateway.errors import BodyTimeout
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
 from kvwire.openai_schema import ClientDisconnected, NotFound, decode_json
-from kvwire.request_edge import read_body
+from kvwire.request_edge import read_body, unless_disconnected
 
 
 class Intake(NamedTuple):
@@ -37,9 +37,18 @@ async def read_timed_body(request: Request, gw: GatewayState) -> bytes:
 
 async def take_place(request: Request, gw: GatewayState) -> Slot:
     """A place for a request whose body was read (``Admission.enter``); ClientDisconnected
-    when its client left while it waited for one (nobody would read its answer)."""
-    slot = await gw.admission.enter()
-    if slot.waited and await request.is_disconnected():
+    when its client left while it waited for one (nobody would read its answer). A
+    request that waits is watched for its client leaving: it gives its place in the queue
+    up then, rather than holding it (and a live client's 429) until its turn."""
+    slot = gw.admission.enter_now()
+    if slot is not None:
+        return slot
+    try:
+        slot = await unless_disconnected(request, gw.admission.enter())
+    except ClientDisconnected:
+        raise ClientDisconnected("the client left while its request waited for a place") \
+            from None
+    if await request.is_disconnected():
         slot.release()
         raise ClientDisconnected("the client left while its request waited for a place")
     return slot
@@ -52,10 +61,11 @@ def default_model(gw: GatewayState) -> str | None:
     return next(iter(known)) if len(known) == 1 and not gw.fleet.models_cut() else None
 
 
-def check_model(gw: GatewayState, model: str | None) -> None:
-    """NotFound unless a replica serves ``model`` (any model, before models are known, or
-    while a replica lists more than the gateway keeps)."""
-    known = gw.fleet.models()
+def check_model(gw: GatewayState, model: str | None, tenant: str | None = None) -> None:
+    """NotFound unless a replica ``tenant`` may use serves ``model`` (any model, before
+    models are known, or while a replica lists more than the gateway keeps); the error
+    names only the models the tenant may use."""
+    known = gw.fleet.models(gw.tenancy.allowed(tenant))
     if known and model not in known and not gw.fleet.models_cut():
         raise NotFound(f"model {model!r} is not served by any replica; "
                        f"available: {', '.join(sorted(known))}", param="model",
@@ -74,8 +84,8 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
         endpoint = "chat" if isinstance(body, dict) and "messages" in body else "completions"
     parsed = parse_body(raw, endpoint, aff.body_field, header_value,
                         lambda: default_model(gw))
-    check_model(gw, parsed.model)
     tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
+    check_model(gw, parsed.model, tenant)
     isolated = gw.tenancy.isolate(tenant, parsed.body)
     if isolated is not None:
         raw, salt = isolated

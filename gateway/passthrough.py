@@ -75,13 +75,14 @@ async def passthrough(request: Request) -> Response:
         if not isinstance(model, str) or not model:
             raise BadRequest("model is required (a non-empty string; this fleet serves "
                              "several models, or none is known yet)", param="model")
-        check_model(gw, model)
         tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
+        check_model(gw, model, tenant)
         if path not in _NO_CACHE:  # the model runs over the client's text: a tenant's
             isolated = gw.tenancy.isolate(tenant, body)  # prefixes are its own there too
             if isolated is not None:
                 raw = isolated[0]
-        forwarded = upstream_headers(request, gw.trusted_proxies)
+        forwarded = upstream_headers(request, gw.trusted_proxies,
+                                     (gw.tenancy.config.header, tenant))
         request_id = request_id_of(request, forwarded, f"pass-{random.getrandbits(48):x}")
         trace.upstream(forwarded)
 

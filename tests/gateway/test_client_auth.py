@@ -56,6 +56,8 @@ def test_keys_admit_clients_and_name_their_tenant(serve: Serve,
     assert salts == [tenant_salt(SECRET.encode(), "acme", None),
                      tenant_salt(SECRET.encode(), "globex", None)]
     assert all("authorization" not in h for h in rec.headers)  # the key stays here
+    # the replica is told the key's tenant, never the one the client claimed
+    assert [h.get("x-kvgate-tenant") for h in rec.headers] == ["acme", "globex"]
     # every /v1 route asks for a key, the model list too
     assert httpx.get(f"{url}/v1/models").status_code == 401
     listed = httpx.get(f"{url}/v1/models", headers={"authorization": f"Bearer {ACME_KEY}"})

@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -300,3 +302,24 @@ def test_malformed_http_gets_an_openai_shaped_400(port: int) -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head
     assert json.loads(body)["error"]["code"] == "invalid_http"
+
+
+def test_max_connections_fits_the_open_files_the_process_may_hold() -> None:
+    # in a process of its own: its hard limit is lowered for good
+    script = (
+        "import resource\n"
+        "from gateway.config import parse_config\n"
+        "from gateway.http_server import fit_open_files\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))\n"
+        "raised = fit_open_files(parse_config({'limits': {'max_connections': 1000}}))\n"
+        "print(raised.limits.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (300, 1000))\n"
+        "cut = fit_open_files(parse_config({'limits': {'max_connections': 4096}}))\n"
+        "print(cut.limits.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=60)
+    # the soft limit raised to what 4,096 connections need; where the hard limit is too
+    # low, the connections cut to fit it
+    assert out.stdout.split() == ["1000", str(1000 * 2 + 256), str((1000 - 256) // 2), "1000"]
+    assert "serving at most 372 connections" in out.stderr

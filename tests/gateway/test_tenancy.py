@@ -196,3 +196,22 @@ def test_the_access_log_has_a_line_per_request(serve: Serve) -> None:
     assert second["model"] == "sim-model" and second["ttft_s"] is None  # no stream: no TTFT
     assert (second["prompt_tokens"], second["cached_tokens"]) == (10, 4)
     assert refused["status"] == "400" and refused["replica"] is None
+
+
+def test_a_tenant_sees_only_the_models_of_the_replicas_it_may_use(serve: Serve) -> None:
+    shared, secret = Behaviour("r0", model="shared-model"), Behaviour("r1", model="secret-model")
+    replicas = [(b.name, serve(fake_replica(b)).url) for b in (shared, secret)]
+    url = serve(create_app(config(replicas, partitions=[
+        {"tenants": ["acme"], "replicas": ["r1"]}], trusted_proxies=["127.0.0.1/32"]))).url
+
+    def listed(tenant: str | None) -> list[str]:
+        headers = {"x-kvgate-tenant": tenant} if tenant else {}
+        r = httpx.get(f"{url}/v1/models", headers=headers)
+        return [m["id"] for m in r.json()["data"]]
+
+    wait_until(lambda: listed("acme") == ["secret-model"], 10, "the replicas' models")
+    assert listed(None) == listed("globex") == ["shared-model"]
+    r = httpx.post(f"{url}/v1/completions", json={"model": "secret-model", "prompt": "p"})
+    assert r.status_code == 404  # the other tenant's model is not listed as available
+    assert r.json()["error"]["message"].endswith("available: shared-model")
+    assert secret.received == []
