@@ -31,13 +31,16 @@ class ParsedRequest:
     raw_bytes: int | None = None  # the body's size as sent (None: not known)
 
 
-def parse_body(raw: bytes, endpoint: Endpoint, affinity_field: str | None = None,
+def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None = None,
                affinity_header_value: str | None = None,
                default_model: Callable[[], str | None] | None = None) -> ParsedRequest:
     """The request's fields; one without ``model`` is for ``default_model()`` (the
     fleet's one model, asked only then; its body is forwarded as it came), and refused when
-    there is none."""
+    there is none. ``endpoint`` None: chat when the body has ``messages``, else
+    completions."""
     body = json_object(raw)
+    if endpoint is None:
+        endpoint = "chat" if "messages" in body else "completions"
     if body.get("model") is None:
         model = None if default_model is None else default_model()
         if model is None:

@@ -640,3 +640,20 @@ def test_a_replicas_absurd_usage_is_ignored_not_a_500(serve: Serve, usage: dict[
                        json={"model": "sim-model", "prompt": "x", "stream": stream})
         assert r.status_code == 200, r.text
     assert metric(gw, 'kvgate_requests_total{replica="a",route="round_robin",status="200"}') == 2
+
+
+def test_bodies_past_a_mib_are_parsed_and_checked_as_small_ones(
+        two: tuple[Gateway, Behaviour, Behaviour]) -> None:
+    gw, a, b = two
+    turns = [{"role": "user", "content": f"clause {i} " + "x" * 200} for i in range(12_000)]
+    chat = {"model": "sim-model", "messages": turns}
+    assert len(json.dumps(chat)) > 2 << 20  # parsed on a thread, off the event loop
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json=chat, timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].endswith("ok")
+    assert json.loads((a.received + b.received)[-1])["messages"][-1] == turns[-1]
+    # the endpoint told from the body (SageMaker's /invocations), and an error named
+    r = httpx.post(f"{gw.url}/invocations", json=chat, timeout=30)
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+    bad = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30,
+                     json={**chat, "messages": [*turns, 42]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("messages")
