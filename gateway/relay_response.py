@@ -61,6 +61,8 @@ class RelayResponse(Response):
         except asyncio.CancelledError:
             idle = stream.idle
             if idle is None or not idle.fired or idle.since is None:
+                if self.watch.fired:  # the client left during a send: recorded before
+                    stream.client_gone()  # the relay's end (below) counts the answer
                 raise
             # the client read nothing for idle_s: it is gone in all but name. The answer
             # is left unfinished (the server drops the connection) and the replica's

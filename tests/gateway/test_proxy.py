@@ -298,6 +298,21 @@ def test_client_disconnect_cancels_upstream(serve: Serve) -> None:
                           'status="200"}')
 
 
+def test_a_client_that_leaves_while_the_gateway_waits_to_write_to_it_is_counted_499(
+        serve: Serve) -> None:
+    big = Behaviour("big", chunks=400, pad=65536)  # 26 MB: past every socket buffer
+    gw = start_gateway(serve, [("big", serve(fake_replica(big)).url)])
+    body = json.dumps({"model": "sim-model", "prompt": "p", "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(1.0)  # reads nothing: the gateway's sends wait on it; then it leaves
+    wait_until(lambda: big.cancelled, 10, "the replica's stream to be dropped")
+    wait_for_metric(gw, 'kvgate_requests_total{replica="big",route="round_robin",'
+                        'status="499"}', 1.0)
+
+
 def test_a_client_that_stops_reading_its_stream_is_dropped_after_idle_s(serve: Serve) -> None:
     big = Behaviour("big", chunks=400, pad=65536)  # 26 MB: past every socket buffer
     gw = start_gateway(serve, [("big", serve(fake_replica(big)).url)],
