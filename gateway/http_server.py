@@ -133,7 +133,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     - a request answered before its body came whole (408 for a body too slow, 413, 401, a
       path with no handler): uvicorn read and dropped the rest of the body for as long as
       the client sent it, keeping the connection (and a place under ``max_connections``);
-      the connection is now closed once the answer is out.
+      the rest is now read and dropped for ``header_timeout_s`` at most (a client that
+      sends its head, then its body, keeps its connection), then the connection closed.
 
     Malformed HTTP gets an OpenAI-shaped 400, as every other error."""
 
@@ -147,6 +148,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._next = False  # a request ended: the next one's head starts its timer
         self._ended_in_read = False  # ... during the read being parsed
         self._head_timer: asyncio.TimerHandle | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None  # an answered body's rest
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
@@ -208,6 +210,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._start_head_timer()
 
     def on_message_complete(self) -> None:
+        if self._drain_timer is not None:  # the answered body's rest came: kept alive
+            self._drain_timer.cancel()
+            self._drain_timer = None
         super().on_message_complete()
         # the next bytes are the next request's head: counted from its first byte
         self._in_head, self._next = True, True
@@ -221,7 +226,15 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self.pipeline:  # read on only once the queued requests are answered
             self.flow.pause_reading()
         elif self.cycle is not None and self.cycle.more_body:
-            self.transport.close()  # answered before its body came whole: not read on
+            # answered before its body came whole: the rest is read and dropped for a
+            # while (it may be on its way), not for as long as the client sends it
+            self._drain_timer = self.loop.call_later(self.limits.header_timeout_s,
+                                                     self._undrained)
+
+    def _undrained(self) -> None:
+        self._drain_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         _close_with(self.transport, b"400 Bad Request", msg, "invalid_http")
@@ -239,6 +252,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         super().connection_lost(exc)
 
     def _start_head_timer(self) -> None:

@@ -296,6 +296,18 @@ def test_a_request_answered_before_its_body_came_closes_its_connection(port: int
         assert closed_at is not None  # not held open while the body trickles in
 
 
+def test_a_body_that_follows_its_answer_at_once_keeps_the_connection(port: int) -> None:
+    # a client that sends its head, then its body: answered in between (the app reads
+    # no body), it may go on using the connection
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(3)
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(0.05)
+        sock.sendall(b"0123456789" + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
 def test_malformed_http_gets_an_openai_shaped_400(port: int) -> None:
     answer = exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
                             b"Transfer-Encoding: chunked\r\n\r\n")
