@@ -371,13 +371,16 @@ class Fleet:
         return state
 
     def views(self, model: str | None = None, now: float | None = None) -> list[ReplicaView]:
-        """Snapshots of the replicas serving ``model`` (all, when none reported models), at
-        ``now`` (monotonic seconds, or the simulator's virtual ones)."""
+        """Snapshots of the replicas serving ``model``, at ``now`` (monotonic seconds, or the
+        simulator's virtual ones). A model none lists goes to those that may serve it
+        unlisted: a replica whose list is longer than the gateway keeps, or not known
+        yet; failing those, to all."""
         now = time.monotonic() if now is None else now
         ratio = self.calibration.ratio(model)
         states = list(self._replicas.values())
         if model is not None:
-            serving = [s for s in states if model in s.models]
+            serving = [s for s in states if model in s.models] \
+                or [s for s in states if s.models_cut or not s.models]
             if serving:
                 states = serving
         return [s.view(now, ratio) for s in states]

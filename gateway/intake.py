@@ -61,11 +61,19 @@ def default_model(gw: GatewayState) -> str | None:
     return next(iter(known)) if len(known) == 1 and not gw.fleet.models_cut() else None
 
 
-def check_model(gw: GatewayState, model: str | None, tenant: str | None = None) -> None:
+async def check_model(gw: GatewayState, model: str | None, tenant: str | None = None
+                      ) -> None:
     """NotFound unless a replica ``tenant`` may use serves ``model`` (any model, before
     models are known, or while a replica lists more than the gateway keeps); the error
-    names only the models the tenant may use."""
-    known = gw.fleet.models(gw.tenancy.allowed(tenant))
+    names only the models the tenant may use. A model none lists is looked for again
+    first (``Monitor.refresh_all_models``: loaded at run time, or a replica restarted with
+    it), where this process checks the replicas."""
+    allowed = gw.tenancy.allowed(tenant)
+    known = gw.fleet.models(allowed)
+    if known and model not in known and not gw.fleet.models_cut() \
+            and gw.monitor is not None:
+        await gw.monitor.refresh_all_models()
+        known = gw.fleet.models(allowed)
     if known and model not in known and not gw.fleet.models_cut():
         raise NotFound(f"model {model!r} is not served by any replica; "
                        f"available: {', '.join(sorted(known))}", param="model",
@@ -90,7 +98,7 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
         parsed = await asyncio.to_thread(parse_body, raw, endpoint, aff.body_field,
                                          header_value, lambda: fallback)
     tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
-    check_model(gw, parsed.model, tenant)
+    await check_model(gw, parsed.model, tenant)
     isolated = gw.tenancy.isolate(tenant, parsed.body)
     if isolated is not None:
         raw, salt = isolated

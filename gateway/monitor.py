@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 import aiohttp
@@ -29,6 +30,7 @@ MODELS_BYTES = 1 << 20
 MAX_MODELS = 1024
 MODEL_ID_CHARS = 256
 _PARSE_INLINE_BYTES = 256 << 10  # a /metrics page past this is parsed on a thread
+_MODELS_ROUND_S = 1.0  # the least time between two model rounds asked for by requests
 
 
 class Monitor:
@@ -40,6 +42,8 @@ class Monitor:
         self.health_cfg = health
         self.scrape_cfg = scrape
         self._tasks: list[asyncio.Task[None]] = []
+        self._models_round: asyncio.Task[None] | None = None  # ``refresh_all_models``
+        self._models_round_at = -math.inf
 
     async def start(self) -> None:
         """One health round (so /ready is right from the start), then the loops."""
@@ -56,8 +60,28 @@ class Monitor:
                 name="kvgate-scrape"))
 
     async def stop(self) -> None:
+        if self._models_round is not None:
+            self._tasks.append(self._models_round)
+            self._models_round = None
         await stop_tasks(self._tasks)
         self._tasks = []
+
+    async def refresh_all_models(self) -> None:
+        """Every healthy replica's model list asked for again now: a request named a model
+        none of them listed (an adapter loaded at run time, a replica restarted with
+        another model). Callers share one round; a new one starts at most once every
+        ``_MODELS_ROUND_S``, so requests for unknown models cost the replicas little."""
+        task = self._models_round
+        if task is None or task.done():
+            if time.monotonic() - self._models_round_at < _MODELS_ROUND_S:
+                return
+            self._models_round_at = time.monotonic()
+            task = self._models_round = asyncio.create_task(self._models_of_all(),
+                                                            name="kvgate-models-round")
+        await asyncio.shield(task)
+
+    async def _models_of_all(self) -> None:
+        await asyncio.gather(*(self.refresh_models(s) for s in self.fleet if s.healthy))
 
     # -- health ---------------------------------------------------------------------------
     async def health_round(self) -> None:
@@ -82,7 +106,9 @@ class Monitor:
         if changed is not None:
             log.warning("replica %s is now %s%s", state.id,
                         "healthy" if changed else "unhealthy", f" ({error})" if error else "")
-        if ok and (not state.models or time.monotonic() - state.models_at > cfg.models_refresh_s):
+        # a replica back in the fleet may serve other models (a restart, a new deployment)
+        if ok and (changed or not state.models
+                   or time.monotonic() - state.models_at > cfg.models_refresh_s):
             await self.refresh_models(state)
 
     async def refresh_models(self, state: ReplicaState) -> None:
@@ -180,5 +206,6 @@ class Monitor:
         state.scrape_failures = 0
         if self.fleet.record_scrape(state.id, metrics):
             log.warning("replica %s restarted (its prefix-cache counters went back)", state.id)
+            await self.refresh_models(state)  # it may serve other models now
         if self.capacity is not None:
             self.capacity.observe(state.id, metrics, mark)

@@ -76,7 +76,7 @@ async def passthrough(request: Request) -> Response:
             raise BadRequest("model is required (a non-empty string; this fleet serves "
                              "several models, or none is known yet)", param="model")
         tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
-        check_model(gw, model, tenant)
+        await check_model(gw, model, tenant)
         if path not in _NO_CACHE:  # the model runs over the client's text: a tenant's
             isolated = gw.tenancy.isolate(tenant, body)  # prefixes are its own there too
             if isolated is not None:

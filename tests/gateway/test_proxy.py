@@ -386,15 +386,19 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
 def test_a_replica_listing_thousands_of_adapters_is_kept_to_the_first_of_them(
         serve: Serve) -> None:
     lora = Behaviour("lora", adapters=5000)
-    gw = start_gateway(serve, [("lora", serve(fake_replica(lora)).url)])
-    wait_until(lambda: len(httpx.get(f"{gw.url}/v1/models").json()["data"]) > 1, 10,
+    other = Behaviour("other", model="other-model")
+    gw = start_gateway(serve, [("lora", serve(fake_replica(lora)).url),
+                               ("other", serve(fake_replica(other)).url)])
+    wait_until(lambda: len(httpx.get(f"{gw.url}/v1/models").json()["data"]) > 2, 10,
                "the replica's models")
     ids = [m["id"] for m in httpx.get(f"{gw.url}/v1/models").json()["data"]]
-    assert len(ids) == MAX_MODELS and ids[0] == "sim-model"
-    # a model past the first ones is still the replica's to serve, not a 404
-    for model in ("sim-model", "sim-model-lora-4000"):
+    assert len(ids) == MAX_MODELS + 1 and "sim-model" in ids and "other-model" in ids
+    # a model past the first ones is still the replica's to serve, not a 404, and only
+    # its: not the replica of another model
+    for model in ("sim-model", *["sim-model-lora-4000"] * 4):
         r = httpx.post(f"{gw.url}/v1/completions", json={"model": model, "prompt": "x"})
-        assert r.status_code == 200, r.text
+        assert r.status_code == 200 and r.headers["x-kvgate-replica"] == "lora", r.text
+    assert other.received == []
     with pytest.raises(ConfigError, match=r"max_receiving_bytes \(1000\) must be at least"):
         parse_config({"replicas": [{"id": "a", "url": "http://127.0.0.1:9"}],
                       "limits": {"max_receiving_bytes": 1000}})
@@ -672,3 +676,17 @@ def test_bodies_past_a_mib_are_parsed_and_checked_as_small_ones(
     bad = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30,
                      json={**chat, "messages": [*turns, 42]})
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("messages")
+
+
+def test_a_model_loaded_at_run_time_is_found_by_its_first_request(serve: Serve) -> None:
+    b = Behaviour("b")
+    gw = start_gateway(serve, [("b", serve(fake_replica(b)).url)])
+    wait_until(lambda: "sim-model" in [m["id"] for m in httpx.get(f"{gw.url}/v1/models")
+                                       .json()["data"]], 10, "the replica's models")
+    b.adapters = 1  # an adapter loaded on the replica (vLLM's /v1/load_lora_adapter)
+    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model-lora-0",
+                                                     "prompt": "x"})
+    assert r.status_code == 200, r.text  # looked for again, not refused for 30 s
+    missing = httpx.post(f"{gw.url}/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found"
