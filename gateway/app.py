@@ -28,6 +28,7 @@ from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
 from gateway.discovery.runner import Discovery, build_source
 from gateway.errors import NoReplicaAvailable
+from gateway.fleet import ModelInfo
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.intake import Intake, take_in, take_place
 from gateway.kv_event_subscriber import KVEventSubscriber
@@ -207,9 +208,20 @@ async def models(request: Request) -> Response:
     tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
     names = sorted(gw.fleet.models(gw.tenancy.allowed(tenant)))
     return JSONResponse({"object": "list", "data": [
-        {"id": name, "object": "model", "created": gw.started, "owned_by": "kvgate",
-         "root": name, "parent": None} for name in names]},
+        _model_card(name, gw.fleet.model_info(name), gw.started) for name in names]},
         headers=request_id_header(request))
+
+
+def _model_card(name: str, info: ModelInfo | None, created: int) -> dict[str, object]:
+    """A /v1/models entry as vLLM writes one: an adapter's ``parent`` is its base model,
+    its ``root`` where it was loaded from; a base model's ``root`` is itself."""
+    info = info or ModelInfo()
+    card: dict[str, object] = {"id": name, "object": "model", "created": created,
+                               "owned_by": "kvgate", "root": info.root or name,
+                               "parent": info.parent}
+    if info.max_model_len is not None:
+        card["max_model_len"] = info.max_model_len
+    return card
 
 
 async def health(request: Request) -> Response:

@@ -47,7 +47,7 @@ import orjson
 
 from gateway.config import ReplicaConfig
 from gateway.discovery.stats import SourceStats
-from gateway.fleet import Fleet
+from gateway.fleet import Fleet, ModelInfo
 from gateway.periodic import stop_tasks
 from gateway.replica_metrics import ScrapedMetrics
 from gateway.shared_load import _view
@@ -74,7 +74,10 @@ def snapshot(fleet: Fleet, discovery: Sequence[SourceStats] = ()) -> dict[str, A
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
         "estimated_kv_replica_tokens": s.estimated_kv_replica_tokens,
         "auth_failures": s.auth_failures,
-        "models": list(s.models), "models_cut": s.models_cut} for s in fleet],
+        "models": list(s.models), "models_cut": s.models_cut,
+        # what the listing said beyond the ids, where it said anything
+        "model_info": {m: list(i) for m, i in s.model_info.items() if any(i)}}
+        for s in fleet],
         "discovery": [dataclasses.asdict(stats) for stats in discovery]}
 
 
@@ -309,3 +312,6 @@ class BoxFeed:
             if models != state.models:
                 state.models = models
                 state.models_at = time.monotonic()
+            said = r.get("model_info", {})
+            state.model_info = {m: ModelInfo(*said[m]) if m in said else ModelInfo()
+                                for m in models}

@@ -59,6 +59,15 @@ def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() != "authorization"}
 
 
+class ModelInfo(NamedTuple):
+    """A model as a replica's /v1/models lists it, beyond its id (vLLM's fields: an
+    adapter's ``parent`` is its base model, its ``root`` where it was loaded from)."""
+
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
 class KVCapacity(NamedTuple):
     """A replica's KV capacity in its own tokens, and where the figure came from:
     ``scraped`` (its gauges), ``configured`` (``kv_capacity_tokens``) or ``estimated``
@@ -126,6 +135,8 @@ class ReplicaState:
     unsettled: dict[Pending, None] = field(default_factory=dict)  # oldest first
     models: tuple[str, ...] = ()
     models_cut: bool = False  # it serves more models than ``models`` holds
+    # each model of ``models`` and what its /v1/models said of it beyond its id
+    model_info: dict[str, ModelInfo] = field(default_factory=dict)
     models_at: float = 0.0
     checks: int = 0  # health checks recorded (what a follower worker compares)
     last_check: tuple[bool, str | None] = (True, None)
@@ -389,6 +400,19 @@ class Fleet:
         """The models the replicas serve (those ``allowed``, a tenant's partition)."""
         return {m for s in self._replicas.values() if allowed is None or allowed(s.id)
                 for m in s.models}
+
+    def model_info(self, model: str) -> ModelInfo | None:
+        """What the first replica listing ``model`` said of it; None: none lists it."""
+        for s in self._replicas.values():
+            info = s.model_info.get(model)
+            if info is not None:
+                return info
+        return None
+
+    def is_adapter(self, model: str | None) -> bool | None:
+        """Whether ``model`` is a LoRA adapter (listed with a parent); None: not listed."""
+        info = None if model is None else self.model_info(model)
+        return None if info is None else info.parent is not None
 
     def models_cut(self) -> bool:
         """Whether a replica serves more models than the gateway keeps of its list."""

@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 
 from gateway.config import HealthConfig, ScrapeConfig
-from gateway.fleet import Fleet, ReplicaState
+from gateway.fleet import Fleet, ModelInfo, ReplicaState
 from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.periodic import every, stop_tasks
 from gateway.replica_metrics import parse_metrics, stale_copy
@@ -31,6 +31,14 @@ MAX_MODELS = 1024
 MODEL_ID_CHARS = 256
 _PARSE_INLINE_BYTES = 256 << 10  # a /metrics page past this is parsed on a thread
 _MODELS_ROUND_S = 1.0  # the least time between two model rounds asked for by requests
+
+
+def model_info(listed: dict[str, object]) -> ModelInfo:
+    """A /v1/models entry's fields beyond its id, where they have the types vLLM gives."""
+    root, parent, length = listed.get("root"), listed.get("parent"), listed.get("max_model_len")
+    return ModelInfo(root[:MODEL_ID_CHARS] if isinstance(root, str) else None,
+                     parent[:MODEL_ID_CHARS] if isinstance(parent, str) else None,
+                     length if type(length) is int and length > 0 else None)
 
 
 class Monitor:
@@ -136,13 +144,14 @@ class Monitor:
             return
         items = data.get("data") if isinstance(data, dict) else None
         if isinstance(items, list):
-            models = tuple(str(m["id"])[:MODEL_ID_CHARS] for m in items
-                           if isinstance(m, dict) and "id" in m)
-            if len(models) > MAX_MODELS:
+            listed = [m for m in items if isinstance(m, dict) and "id" in m]
+            if len(listed) > MAX_MODELS:
                 log.warning("replica %s serves %d models; routing knows its first %d and "
-                            "sends it the others too", state.id, len(models), MAX_MODELS)
-            state.models = models[:MAX_MODELS]
-            state.models_cut = len(models) > MAX_MODELS
+                            "sends it the others too", state.id, len(listed), MAX_MODELS)
+            info = {str(m["id"])[:MODEL_ID_CHARS]: model_info(m) for m in listed[:MAX_MODELS]}
+            state.models = tuple(info)
+            state.model_info = info
+            state.models_cut = len(listed) > MAX_MODELS
             state.models_at = time.monotonic()
             self.fleet.changed()
 

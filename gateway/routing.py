@@ -227,7 +227,8 @@ class Router:
                             fingerprint=toks.fingerprint,
                             arrival_s=time.monotonic() if now is None else now,
                             chunks=toks.chunks, chunk_tokens=toks.chunk_tokens,
-                            anchor_chunks=toks.anchor_chunks)
+                            anchor_chunks=toks.anchor_chunks,
+                            adapter=self.fleet.is_adapter(parsed.model))
 
     async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
         return (await self._route(parsed, tenant))[0]

@@ -49,7 +49,8 @@ class RouteRequest:
     ``chunks``, for a policy with ``chunk_chars``, identifies the prompt's consecutive
     pieces without tokenizing it (``prompt_chunks``); each is worth about ``chunk_tokens``
     gateway tokens; ``anchor_chunks``, when asked for and known, is the anchor in those
-    pieces (the whole pieces a chat's head covers).
+    pieces (the whole pieces a chat's head covers). ``adapter``: whether ``model`` is a
+    LoRA adapter (a replica lists it with a ``parent``); None when not known.
     """
 
     tokens: Sequence[int]
@@ -65,6 +66,7 @@ class RouteRequest:
     chunks: Sequence[int] = ()
     chunk_tokens: float = 0.0
     anchor_chunks: int | None = None
+    adapter: bool | None = None
 
 
 class ReplicaView(NamedTuple):

@@ -71,7 +71,7 @@ class IndexMatches:
             return matched
         bs = kv.block_size
         blocks = kv.match(request.tokens, [replicas[i].id for i in tracked], (p - 1) // bs,
-                          request.model)
+                          request.model, request.adapter)
         now = request.arrival_s
         if any(blocks.values()):
             self._memo = (request, True)

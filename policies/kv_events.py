@@ -70,7 +70,7 @@ class KVEvents(Policy):
         max_blocks = max(0, (p - 1) // bs)
         if request.cache_salt is None:
             blocks = self.kv_index.match(request.tokens, [r.id for r in ok], max_blocks,
-                                         request.model)
+                                         request.model, request.adapter)
         else:
             # KV events carry no salt: the index cannot tell whether this tenant's salted
             # blocks are cached anywhere, so predict no hit rather than a wrong one.

@@ -27,8 +27,10 @@ Per replica::
 The root names the LoRA adapter a block was computed with: its ``lora_name`` (what clients
 send as the request's ``model``), or for an engine that sends only a ``lora_id``, that id (such
 blocks are never matched: no request names an adapter by its id). A prompt is matched from
-the root of its ``model`` when the index has seen blocks of an adapter by that name, else from
-the base model's.
+the root of its ``model`` when the index has seen blocks of an adapter by that name; one
+known to be an adapter (``adapter``) the index has seen no block of matches nothing (an
+engine hashes the adapter into its blocks: the base model's are no hit for it); any other
+from the base model's.
 
 A stored block whose parent hash the index does not know (evicted meanwhile, or stored
 before this index subscribed) is dropped and counted in ``orphans``: the engine cannot
@@ -139,13 +141,20 @@ class KVIndex:
         return r is not None and key in r.keys
 
     def match(self, tokens: Sequence[int], replicas: Iterable[str],
-              max_blocks: int | None = None, model: str | None = None) -> dict[str, int]:
+              max_blocks: int | None = None, model: str | None = None,
+              adapter: bool | None = None) -> dict[str, int]:
         """For each replica, how many leading full blocks of ``tokens`` it holds (at most
         ``max_blocks``), as computed for ``model`` (an adapter's blocks when the index
-        knows an adapter by that name, else the base model's). Keys are computed only
-        while some replica still matches."""
+        knows an adapter by that name; none for one known to be an adapter, ``adapter``,
+        it knows no block of; else the base model's). Keys are computed only while some
+        replica still matches."""
         sets = {rid: (r.keys if (r := self._replicas.get(rid)) else None) for rid in replicas}
         out = dict.fromkeys(sets, 0)
+        root = _ROOT if model is None else self._adapters.get(model)
+        if root is None:
+            if adapter:
+                return out
+            root = _ROOT
         alive = [rid for rid, keys in sets.items() if keys]
         bs = self.block_size
         limit = len(tokens) // bs if max_blocks is None else min(max_blocks, len(tokens) // bs)
@@ -153,7 +162,7 @@ class KVIndex:
             return out
         data = _packed(tokens[: limit * bs])
         step = 4 * bs
-        prev = _ROOT if model is None else self._adapters.get(model, _ROOT)
+        prev = root
         i = 0  # block i: tokens [iB, (i+1)B), bytes [i*step, (i+1)*step)
         while i < limit and len(alive) > 1:
             prev = hash((prev, data[i * step : (i + 1) * step]))

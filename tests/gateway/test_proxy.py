@@ -687,6 +687,11 @@ def test_a_model_loaded_at_run_time_is_found_by_its_first_request(serve: Serve) 
     r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model-lora-0",
                                                      "prompt": "x"})
     assert r.status_code == 200, r.text  # looked for again, not refused for 30 s
+    # listed as vLLM lists them: an adapter names its base model and where it came from
+    cards = {m["id"]: m for m in httpx.get(f"{gw.url}/v1/models").json()["data"]}
+    assert cards["sim-model-lora-0"]["parent"] == "sim-model"
+    assert cards["sim-model-lora-0"]["root"] == "/adapters/0"
+    assert cards["sim-model"]["parent"] is None and cards["sim-model"]["max_model_len"] == 4096
     missing = httpx.post(f"{gw.url}/v1/completions", json={"model": "nope", "prompt": "x"})
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "model_not_found"

@@ -104,3 +104,24 @@ def test_the_affinity_field_is_a_string_or_a_number() -> None:
     for bad in ({"a": 1}, "deep", True):
         with pytest.raises(BadRequest, match=r"'session' .* must be a string or a number"):
             parse_body(body(bad), "completions", "session")
+
+
+def test_a_request_says_whether_its_model_is_an_adapter_as_the_replicas_list_it() -> None:
+    from gateway.config import ReplicaConfig
+    from gateway.fleet import ModelInfo
+
+    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:9")])
+    state = fleet.get("r0")
+    assert state is not None
+    state.models = ("m", "m-lora")
+    state.model_info = {"m": ModelInfo("m", None, 4096), "m-lora": ModelInfo("/a", "m")}
+    router = Router(build_policy({"name": "kv_events"}), load_tokenizer(), fleet, 1)
+    try:
+        base = completion("hello")
+        lora = ParsedRequest("completions", {}, "m-lora", True, "hello", None, None, None, None)
+        assert router.build(base).adapter is False  # "m": the base model
+        assert router.build(lora).adapter is True
+        unknown = ParsedRequest("completions", {}, "x", True, "hi", None, None, None, None)
+        assert router.build(unknown).adapter is None
+    finally:
+        router.close()

@@ -202,6 +202,11 @@ def test_keys_are_chained_and_adapters_separate() -> None:
     assert index.match(toks, ["q"])["q"] == index.match(toks, ["q"], model="3")["q"] == 0
     index.apply_event("q", BlockStored((5,), None, tuple(toks[:4]), BS, lora_id=0))
     assert index.match(toks, ["q"])["q"] == 1  # lora_id 0: no adapter
+    # an adapter the index has seen no block of by name (an engine naming it by id, or
+    # none computed yet) finds nothing: the base model's blocks are no hit for it
+    assert index.match(toks, ["q"], model="sql-lora-2", adapter=True)["q"] == 0
+    assert index.match(toks, ["q"], model="llama-3-8b", adapter=False)["q"] == 1
+    assert index.match(toks, ["r"], model="sql-lora", adapter=True)["r"] == 1
 
 
 # -- the wire format -----------------------------------------------------------------------

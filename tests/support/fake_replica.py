@@ -99,9 +99,11 @@ def fake_replica(b: Behaviour) -> Starlette:
         return PlainTextResponse("ok", status_code=200 if b.healthy else 503)
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": b.model, "object": "model"},
-            *({"id": f"{b.model}-lora-{i}", "object": "model"} for i in range(b.adapters))]})
+        return JSONResponse({"object": "list", "data": [  # as vLLM lists models and adapters
+            {"id": b.model, "object": "model", "root": b.model, "parent": None,
+             "max_model_len": 4096},
+            *({"id": f"{b.model}-lora-{i}", "object": "model", "root": f"/adapters/{i}",
+               "parent": b.model} for i in range(b.adapters))]})
 
     async def metrics(request: Request) -> Response:
         lines = [
