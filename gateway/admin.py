@@ -122,7 +122,8 @@ async def explain(request: Request) -> Response:
     """The decision the gateway would take for a request body, without sending it."""
     gw = _authorize(request)
     parsed, _, tenant = await take_in(request, gw, None)
-    routing = await gw.router.decide(parsed, tenant, gw.tenancy.allowed(tenant))
+    routing = await gw.router.decide(parsed, tenant, gw.tenancy.allowed(tenant),
+                                     explain=True)
     d = routing.decision
     return JSONResponse({
         "chosen": d.chosen, "ranked": list(d.ranked), "reason": d.reason,

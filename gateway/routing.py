@@ -256,9 +256,10 @@ class Router:
 
     async def decide(self, parsed: ParsedRequest, tenant: str | None = None,
                      allowed: Callable[[str], bool] | None = None,
-                     trace: RequestTrace = NO_TRACE) -> Routing:
+                     trace: RequestTrace = NO_TRACE, explain: bool = False) -> Routing:
         """The policy's decision over the fleet's replicas for the model (only those
-        ``allowed``, when given: a tenant's partition), traced in ``trace``."""
+        ``allowed``, when given: a tenant's partition), traced in ``trace``; with
+        ``explain``, the one it would take (``Policy.explain``), for /admin/explain."""
         started = time.perf_counter()
         with trace.tokenize():
             request, pooled = await self._route(parsed, tenant)
@@ -271,7 +272,8 @@ class Router:
                     raise NoReplicaAvailable(
                         f"no replica in the partition of tenant {tenant!r}")
             try:
-                decision = self.policy.choose(request, views)
+                decision = (self.policy.explain if explain else self.policy.choose)(
+                    request, views)
             except NoReplicaError as exc:
                 raise NoReplicaAvailable(f"no healthy replica for model {parsed.model!r}: "
                                          f"{exc}") from exc

@@ -24,6 +24,7 @@ Rules every policy keeps:
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -193,6 +194,18 @@ class Policy(ABC):
     @abstractmethod
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         """Rank the healthy replicas for ``request``; raise ``NoReplicaError`` if none."""
+
+    def explain(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
+        """The decision ``choose`` would take, for ``/admin/explain``: ``choose`` with the
+        policy's tie-breaking draws (``_rng``, where it has one) put back as they were, so
+        that explaining a request does not change where the next one goes."""
+        rng: random.Random | None = getattr(self, "_rng", None)
+        drawn = rng.getstate() if rng is not None else None
+        try:
+            return self.choose(request, replicas)
+        finally:
+            if rng is not None:
+                rng.setstate(drawn)  # type: ignore[arg-type]
 
     def observe(self, event: RouteEvent) -> None:  # noqa: B027 - optional hook
         """Update routing state after something happened; the default keeps no state."""

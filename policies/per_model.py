@@ -100,6 +100,9 @@ class PerModel(Policy):
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         return self.policy_for(request.model).choose(request, replicas)
 
+    def explain(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
+        return self.policy_for(request.model).explain(request, replicas)
+
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed | Finished):
             self.policy_for(event.request.model).observe(event)

@@ -46,3 +46,18 @@ def test_least_load_uses_weight_and_health() -> None:
 def test_no_healthy_replica(policy) -> None:
     with pytest.raises(NoReplicaError, match="among 1"):
         policy.choose(REQ, [ReplicaView("a", healthy=False)])
+
+
+@pytest.mark.parametrize("name", ["least_load", "radix", "kv_events", "prefix_affinity"])
+def test_explaining_a_decision_leaves_the_next_one_as_it_was(name: str) -> None:
+    from policies.per_model import PerModel
+    from policies.registry import build_policy
+
+    fleet = [ReplicaView(f"r{i}") for i in range(4)]  # idle: every choice is a tie
+    explained, plain = (PerModel(build_policy({"name": name}),
+                                 lambda: build_policy({"name": name})) for _ in range(2))
+    for i in range(20):
+        request = RouteRequest(tokens=[i] * 40, prompt_tokens=40, model="m")
+        for _ in range(3):
+            explained.explain(request, fleet)
+        assert explained.choose(request, fleet).chosen == plain.choose(request, fleet).chosen
