@@ -90,6 +90,13 @@ async def add_replica(request: Request) -> Response:
     try:
         # orjson: no NaN or Infinity, and a nesting bound with an error of its own
         data = orjson.loads(await read_body(request, gw.config.max_body_bytes))
+        for key in ("api_key_env", "api_key_file"):
+            if isinstance(data, dict) and data.get(key) is not None:
+                # read from the gateway's own environment or disk and sent to the URL
+                # given: an admin caller could have any secret of the gateway's sent away
+                raise BadRequest(f"{key!r} is for replicas in the config file; a replica "
+                                 "added here takes its key as api_key", param=key,
+                                 code="invalid_replica")
         config = from_mapping(ReplicaConfig, data, "replica")
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc

@@ -46,6 +46,7 @@ Example (every key but ``replicas`` has a default)::
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,9 @@ from policies.config import ConfigError, from_mapping
 
 MAX_WEIGHT = 100.0  # a replica's weight: a share relative to the others'
 
+_REPLICA_ID = re.compile(r"[A-Za-z0-9._:@\[\]-]{1,253}")
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
     id: str
@@ -81,9 +85,11 @@ class ReplicaConfig:
     api_key_env: str | None = None
 
     def validate(self) -> None:
+        if not _REPLICA_ID.fullmatch(self.id):
+            raise ValueError(f"replica id {self.id!r:.80} must be 1-253 characters of letters, "
+                             "digits and . _ : @ [ ] - (it is a metric label and a path "
+                             "segment of the admin API)")
         self.resolved_api_key()  # a file or variable that cannot be read is named now
-        if not self.id:
-            raise ValueError("replica id must not be empty")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url {self.url!r} is not an http(s) URL")

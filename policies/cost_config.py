@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policies.common_prefix import check_settings
+from policies.size_bounds import check_sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class CostConfig:
 
     def validate(self) -> None:
         check_settings(self)
+        check_sizes(self)
         for key in ("chunk_chars", "block_chunks", "key_chunks", "max_chunks", "homes", "vnodes",
                     "hot_min_count", "default_capacity_tokens", "common_lookahead",
                     "kv_block_size"):

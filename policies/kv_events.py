@@ -34,6 +34,7 @@ from policies.base import (
     healthy,
 )
 from policies.kv_index import KVIndex
+from policies.size_bounds import check_sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class KVEventsConfig:
     seed: int = 0
 
     def validate(self) -> None:
+        check_sizes(self)
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size!r}")
         if self.prefill_weight < 0:

@@ -52,6 +52,7 @@ from policies.least_load import least_loaded
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
 from policies.request_memo import RequestMemo
 from policies.ring import Ring, RingCache, token_bytes, walk
+from policies.size_bounds import check_sizes
 
 PIECE_TOKENS = IDS_PER_CHUNK  # tokens a piece stands for, in the settings' units
 
@@ -77,6 +78,9 @@ class PrefixAffinityConfig:
 
     def validate(self) -> None:
         check_settings(self)
+        check_sizes(self)
+        if self.min_queue_tokens < 0:
+            raise ValueError(f"min_queue_tokens must be >= 0, got {self.min_queue_tokens!r}")
         positive = ("prefix_tokens", "key_rungs", "vnodes")
         for key in positive:
             if getattr(self, key) < 1:

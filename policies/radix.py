@@ -52,6 +52,7 @@ from policies.base import (
 from policies.least_load import least_loaded
 from policies.radix_tree import RadixTree
 from policies.ring import token_bytes
+from policies.size_bounds import check_sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ class RadixConfig:
     seed: int = 0
 
     def validate(self) -> None:
+        check_sizes(self)
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold!r}")
         if not 0.0 <= self.shared_fraction < 1.0:

@@ -341,6 +341,16 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
         bad = httpx.post(f"{gw.admin}/admin/replicas", json={"id": "c", "url": url},
                          headers=auth)
         assert bad.status_code == 400 and url in bad.json()["error"]["message"]
+    # the gateway's own secrets (its environment, its files) are not the admin's to send
+    # to a URL of theirs; an id the admin API could not address again is refused
+    for extra, param in (({"api_key_env": "PATH"}, "api_key_env"),
+                         ({"api_key_file": "/etc/hostname"}, "api_key_file")):
+        bad = httpx.post(f"{gw.admin}/admin/replicas", headers=auth,
+                         json={"id": "c", "url": "http://127.0.0.1:9", **extra})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param
+    bad = httpx.post(f"{gw.admin}/admin/replicas", headers=auth,
+                     json={"id": "a/b", "url": "http://127.0.0.1:9"})
+    assert bad.status_code == 400 and "'a/b'" in bad.json()["error"]["message"]
     deep = b'{"id": "c", "url": "http://127.0.0.1:9", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     for raw, code in ((b'{"id": "c", "url": "http://127.0.0.1:9", "weight": NaN}', "invalid_json"),
                       (b'{"id": "c", "url": "http://127.0.0.1:9", "weight": 1e999}',

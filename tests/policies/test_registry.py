@@ -57,3 +57,13 @@ def test_yaml_round_trip_and_where() -> None:
 def test_unknown_preset() -> None:
     with pytest.raises(ConfigError, match="'fastest'"):
         load_preset("fastest")
+
+
+@pytest.mark.parametrize("name, key", [("prefix_affinity", "vnodes"), ("cost", "vnodes"),
+                                       ("cost", "max_chunks"), ("radix", "chunk_chars"),
+                                       ("kv_events", "block_size"),
+                                       ("prefix_affinity", "common_window")])
+def test_a_setting_that_sizes_what_a_policy_builds_is_bounded(name: str, key: str) -> None:
+    # taken as written, vnodes 10^12 built a ring of 10^12 points on the first request
+    with pytest.raises(ConfigError, match=rf"{key} must be at most \d+, got 1000000000000"):
+        build_policy({**load_preset(name), key: 10**12})
