@@ -52,7 +52,11 @@ def _up(args: argparse.Namespace) -> int:
                           kv_cache_gib=args.kv_cache_gib, eviction=args.eviction,
                           max_num_seqs=args.max_num_seqs, gateway_port=args.port,
                           engine_args=tuple(args.engine_arg), kv_events=args.kv_events)
-    fleet = LocalFleet(spec, args.state_dir)
+    try:
+        fleet = LocalFleet(spec, args.state_dir)
+    except ValueError as exc:  # the spec (--replicas 0, ...)
+        print(f"kvgate fleet up: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -95,6 +99,10 @@ def _restore(handlers: Mapping[signal.Signals, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.fleet_command == "up":
         return _up(args)
-    n = stop_recorded(args.state_dir)
+    try:
+        n = stop_recorded(args.state_dir)
+    except FleetError as exc:
+        print(f"kvgate fleet down: {exc}", file=sys.stderr)
+        return 1
     print(f"stopped {n} processes" if n else "no fleet recorded")
     return 0

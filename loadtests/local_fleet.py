@@ -69,18 +69,33 @@ class LocalFleetSpec:
     peers: bool = False  # the copies tell each other what they route (gateway.peers)
 
     def validate(self) -> None:
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {self.replicas!r}")
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            raise ValueError(f"replicas must be in [1, {MAX_REPLICAS}] (each is an engine "
+                             f"process on this machine), got {self.replicas!r}")
         if self.gateways < 0:
             raise ValueError(f"gateways must be >= 0, got {self.gateways!r}")
         if "name" not in self.policy:
             raise ValueError("policy needs a 'name'")
 
 
+MAX_REPLICAS = 256  # engine processes one machine's local fleet starts
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def check_port_free(host: str, port: int) -> None:
+    """``FleetError`` when ``port`` is taken: a process already there would answer the
+    readiness poll of a gateway that never bound it."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise FleetError(f"port {port} on {host} is in use ({exc.strerror}): pick "
+                             "another with --port, or stop what holds it") from None
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
@@ -187,6 +202,8 @@ class LocalFleet:
             secret = secrets.token_hex(16)
             for copy in range(spec.gateways):
                 port = spec.gateway_port + copy if spec.gateway_port else free_port(spec.host)
+                if spec.gateway_port:
+                    check_port_free(spec.host, port)
                 config = {
                     "host": spec.host,
                     "port": port,
@@ -211,6 +228,9 @@ class LocalFleet:
             self.gateway_url = self.gateway_urls[0] if self.gateway_urls else ""
             for proc, url in gateways:
                 self._wait_ready(proc, f"{url}/ready", timeout_s)
+                if proc.popen.poll() is not None:  # ready, but another process answered
+                    raise FleetError(f"{proc.name} exited with {proc.popen.returncode}:\n"
+                                     + proc.log.read_text(errors="replace")[-2000:])
             self._write_state()
         except BaseException:
             self.stop()
@@ -268,8 +288,13 @@ def stop_recorded(state_dir: Path | None = None, grace_s: float = 10.0) -> int:
     path = (state_dir or default_state_dir()) / STATE_FILE
     if not path.exists():
         return 0
-    state = json.loads(path.read_text())
-    pids = [p["pid"] for p in reversed(state["processes"]) if _is_fleet_process(p["pid"])]
+    try:
+        state = json.loads(path.read_text())
+        pids = [int(p["pid"]) for p in reversed(state["processes"])]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise FleetError(f"{path} is not a fleet's state file ({exc.__class__.__name__}: "
+                         f"{exc}); stop its processes by hand") from None
+    pids = [pid for pid in pids if _is_fleet_process(pid)]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

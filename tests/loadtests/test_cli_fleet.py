@@ -56,3 +56,32 @@ def test_fleet_up_has_its_engines_publish_kv_events_unless_told_not_to(
     finally:
         down = kvgate("fleet", "down", "--state-dir", str(state))
         assert down.returncode == 0, down.stderr
+
+
+def test_fleet_up_on_a_port_in_use_fails_rather_than_handing_out_another_servers_url(
+        tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:  # something else holds the port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        up = kvgate("fleet", "up", "--detach", "--port", str(port), "--replicas", "1",
+                    "--state-dir", str(tmp_path / "fleet"))
+        assert up.returncode != 0
+        assert f"port {port} on 127.0.0.1 is in use" in up.stderr
+        assert not (tmp_path / "fleet" / "fleet.json").exists()
+
+
+def test_fleet_up_and_down_refuse_bad_input_in_one_line(tmp_path: Path) -> None:
+    for replicas in ("0", "100000"):
+        up = kvgate("fleet", "up", "--detach", "--replicas", replicas, "--state-dir",
+                    str(tmp_path / "fleet"))
+        assert up.returncode == 2 and "replicas must be in [1, 256]" in up.stderr
+        assert "Traceback" not in up.stderr
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "fleet.json").write_text("{broken")
+    down = kvgate("fleet", "down", "--state-dir", str(broken))
+    assert down.returncode == 1 and "is not a fleet's state file" in down.stderr
+    assert "Traceback" not in down.stderr
