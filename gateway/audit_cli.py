@@ -79,8 +79,13 @@ def run(args: argparse.Namespace) -> int:
                              min_tokens_lost=args.min_tokens_lost)
         tokenizer = load_tokenizer(args.tokenizer)
         records, bad = read_records([Path(p) for p in args.logs], limits.max_requests)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, OverflowError) as exc:
         print(f"kvgate audit: {exc}", file=sys.stderr)
+        return 2
+    if not records:  # nothing audited is no finding: say so, and fail
+        print(f"kvgate audit: no capture record in {', '.join(args.logs)}"
+              + (f" ({bad} lines not readable)" if bad else " (empty)")
+              + ": write one with the gateway's capture.path", file=sys.stderr)
         return 2
     report = audit(records, tokenizer, limits)
     if bad:

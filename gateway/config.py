@@ -402,6 +402,8 @@ def load_config(path: str | Path) -> GatewayConfig:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a YAML file (its bytes are not UTF-8 text)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     config = parse_config(data, where=str(path))

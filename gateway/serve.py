@@ -40,11 +40,14 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.config}: {exc}") from exc
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {args.workers!r}")
+        if not config.replicas and not config.discovery and not config.admin.resolved_token():
+            raise ConfigError(f"{args.config}: names no replica, no discovery and no admin "
+                              "API to add one: the gateway would refuse every request")
         if args.workers > 1:
             return _supervise(config, args)
         gw = build_state(config)
         app = create_app(config, gw)
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"kvgate serve: {exc}", file=sys.stderr)
         return 2
     print(f"kvgate serve: gateway on http://{config.host}:{config.port} "

@@ -238,7 +238,11 @@ def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> Prompt
     file = base / "tokenizer.json" if base.is_dir() else base
     if not file.is_file():
         raise FileNotFoundError(f"tokenizer file not found: {file}")
-    tokenizer = Tokenizer.from_file(str(file))
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as exc:  # the tokenizers library raises a bare Exception
+        raise ValueError(f"tokenizer file {file} cannot be read as a tokenizer: {exc}") \
+            from None
     chat_template = None
     special: dict[str, str] = {}
     config_file = file.parent / "tokenizer_config.json"

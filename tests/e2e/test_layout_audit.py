@@ -82,3 +82,14 @@ def test_capture_then_audit_and_live_report(spawn: Processes, tmp_path: Path) ->
 
     missing = audit_cli(str(tmp_path / "nope.jsonl"))
     assert missing.returncode == 2 and "kvgate audit:" in missing.stderr
+
+
+def test_a_log_with_no_capture_record_is_an_error_not_a_clean_report(tmp_path: Path) -> None:
+    garbage, empty = tmp_path / "garbage.jsonl", tmp_path / "empty.jsonl"
+    garbage.write_bytes(b"\x00\xff not json\n{\"half\": \n")
+    empty.write_text("")
+    for path, said in ((garbage, "2 lines not readable"), (empty, "empty")):
+        done = audit_cli(str(path))
+        assert done.returncode == 2, done.stdout
+        assert "no capture record" in done.stderr and said in done.stderr
+        assert "no lost prefix sharing found" not in done.stdout

@@ -1,0 +1,41 @@
+"""``kvgate serve`` refuses, in one line and before it binds anything, what could never
+serve: a config that names nowhere to send requests, a config file that is no text, a
+tokenizer file that is no tokenizer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.processes import REPO
+
+
+def serve(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvgate", "serve", "--config", str(config)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("content, said", [
+    (yaml.safe_dump({"port": 18999}), "names no replica, no discovery and no admin API"),
+    (b"\x00\xff\xfe binary", "not a YAML file"),
+    ("tokenizer", "cannot be read as a tokenizer"),
+])
+def test_a_gateway_that_could_never_serve_is_refused_at_start(
+        tmp_path: Path, content: str | bytes, said: str) -> None:
+    config = tmp_path / "gateway.yaml"
+    if content == "tokenizer":
+        broken = tmp_path / "tokenizer.json"
+        broken.write_text("")
+        content = yaml.safe_dump({"replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
+                                  "tokenizer": str(broken)})
+    if isinstance(content, bytes):
+        config.write_bytes(content)
+    else:
+        config.write_text(content)
+    done = serve(config)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr
