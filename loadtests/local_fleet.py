@@ -79,6 +79,7 @@ class LocalFleetSpec:
 
 
 MAX_REPLICAS = 256  # engine processes one machine's local fleet starts
+_PORT_TRIES = 3  # starts of an engine whose ports were taken between picking and binding
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -160,6 +161,27 @@ class LocalFleet:
         self._procs.append(proc)
         return proc
 
+    def _spawn_engine(self, i: int) -> tuple[_Proc, str, dict[str, Any]]:
+        """Engine ``r{i}`` on free ports: its process, URL and entry in the gateway's
+        config."""
+        spec = self.spec
+        port = free_port(spec.host)
+        argv = ["engine", "--executor", spec.executor, "--profile", spec.profile,
+                "--kv-cache-gib", str(spec.kv_cache_gib), "--eviction", spec.eviction,
+                "--max-num-seqs", str(spec.max_num_seqs),
+                "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
+                "--host", spec.host, "--port", str(port), "--log-level", "warning",
+                "--served-by", f"r{i}",  # which replica answered, behind any router
+                *spec.engine_args]
+        url = f"http://{spec.host}:{port}"
+        replica: dict[str, Any] = {"id": f"r{i}", "url": url}
+        if spec.kv_events:
+            events = f"tcp://{spec.host}:{free_port(spec.host)}"
+            replay = f"tcp://{spec.host}:{free_port(spec.host)}"
+            argv += ["--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay]
+            replica.update(kv_events=events, kv_events_replay=replay)
+        return self._spawn(f"engine-r{i}", argv), url, replica
+
     def _wait_ready(self, proc: _Proc, url: str, timeout_s: float) -> None:
         wait_ready(proc.name, proc.popen, proc.log, lambda: http_ok(url), timeout_s,
                    f"at {url}")
@@ -171,31 +193,22 @@ class LocalFleet:
             raise FleetError(f"a fleet is already recorded in {self.dir / STATE_FILE}; "
                              "stop it with `kvgate fleet down` first")
         try:
-            engines = []
-            replicas: list[dict[str, Any]] = []
+            engines = [self._spawn_engine(i) for i in range(spec.replicas)]
             for i in range(spec.replicas):
-                port = free_port(spec.host)
-                argv = ["engine", "--executor", spec.executor, "--profile", spec.profile,
-                        "--kv-cache-gib", str(spec.kv_cache_gib), "--eviction", spec.eviction,
-                        "--max-num-seqs", str(spec.max_num_seqs),
-                        "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
-                        "--host", spec.host, "--port", str(port), "--log-level", "warning",
-                        "--served-by", f"r{i}",  # which replica answered, behind any router
-                        *spec.engine_args]
-                url = f"http://{spec.host}:{port}"
-                replica: dict[str, Any] = {"id": f"r{i}", "url": url}
-                if spec.kv_events:
-                    events = f"tcp://{spec.host}:{free_port(spec.host)}"
-                    replay = f"tcp://{spec.host}:{free_port(spec.host)}"
-                    argv += ["--kv-events-endpoint", events,
-                             "--kv-events-replay-endpoint", replay]
-                    replica.update(kv_events=events, kv_events_replay=replay)
-                engines.append((self._spawn(f"engine-r{i}", argv), url))
-                self.engine_urls.append(url)
-                replicas.append(replica)
-            self.replicas = replicas
-            for proc, url in engines:
-                self._wait_ready(proc, f"{url}/health", timeout_s)
+                for tries_left in range(_PORT_TRIES - 1, -1, -1):
+                    proc, url, _ = engines[i]
+                    try:
+                        self._wait_ready(proc, f"{url}/health", timeout_s)
+                        break
+                    except FleetError as exc:
+                        # a port free when picked was taken before the engine bound it
+                        # (another process's outgoing connection): pick others
+                        if "address already in use" not in str(exc).lower() or not tries_left:
+                            raise
+                        self._procs.remove(proc)
+                        engines[i] = self._spawn_engine(i)
+            self.engine_urls = [url for _, url, _ in engines]
+            self.replicas = replicas = [replica for _, _, replica in engines]
             gateways = []
             peers = [free_port(spec.host) for _ in range(spec.gateways)] \
                 if spec.peers and spec.gateways > 1 else []

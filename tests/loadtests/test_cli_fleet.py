@@ -85,3 +85,28 @@ def test_fleet_up_and_down_refuse_bad_input_in_one_line(tmp_path: Path) -> None:
     down = kvgate("fleet", "down", "--state-dir", str(broken))
     assert down.returncode == 1 and "is not a fleet's state file" in down.stderr
     assert "Traceback" not in down.stderr
+
+
+def test_an_engine_whose_port_was_taken_before_it_bound_is_started_on_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from loadtests import local_fleet
+
+    with socket.socket() as taken:  # another process's socket lands on the picked port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        picks = iter([port])
+        real = local_fleet.free_port
+        monkeypatch.setattr(local_fleet, "free_port",
+                            lambda host="127.0.0.1": next(picks, None) or real(host))
+        fleet = local_fleet.LocalFleet(local_fleet.LocalFleetSpec(replicas=1, gateways=0),
+                                       tmp_path / "fleet")
+        try:
+            fleet.start()
+            (url,) = fleet.engine_urls
+            assert not url.endswith(f":{port}")
+            assert fleet.replicas[0]["url"] == url
+        finally:
+            fleet.stop()
