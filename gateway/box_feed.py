@@ -308,10 +308,8 @@ class BoxFeed:
                 state.estimated_kv_replica_tokens = r["estimated_kv_replica_tokens"]
             state.auth_failures = r.get("auth_failures", 0)
             state.models_cut = r.get("models_cut", False)
-            models = tuple(r["models"])
-            if models != state.models:
-                state.models = models
-                state.models_at = time.monotonic()
             said = r.get("model_info", {})
-            state.model_info = {m: ModelInfo(*said[m]) if m in said else ModelInfo()
-                                for m in models}
+            info = {m: ModelInfo(*said[m]) if m in said else ModelInfo() for m in r["models"]}
+            if info != state.model_info:
+                state.model_info = info
+                state.models_at = time.monotonic()

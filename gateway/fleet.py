@@ -133,10 +133,9 @@ class ReplicaState:
     # ``progress``: any worker's)
     progress_at: float = 0.0
     unsettled: dict[Pending, None] = field(default_factory=dict)  # oldest first
-    models: tuple[str, ...] = ()
-    models_cut: bool = False  # it serves more models than ``models`` holds
-    # each model of ``models`` and what its /v1/models said of it beyond its id
+    # each model its /v1/models lists, in its order, and what it said of it beyond its id
     model_info: dict[str, ModelInfo] = field(default_factory=dict)
+    models_cut: bool = False  # it serves more models than ``model_info`` holds
     models_at: float = 0.0
     checks: int = 0  # health checks recorded (what a follower worker compares)
     last_check: tuple[bool, str | None] = (True, None)
@@ -192,6 +191,10 @@ class ReplicaState:
         """Copy this worker's counts to the shared block (no-op without one)."""
         if self.shared is not None:
             self.shared.write(self.slot, *self._own(), self.progress_at)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(self.model_info)
 
     @property
     def watched(self) -> bool:
@@ -390,8 +393,8 @@ class Fleet:
         ratio = self.calibration.ratio(model)
         states = list(self._replicas.values())
         if model is not None:
-            serving = [s for s in states if model in s.models] \
-                or [s for s in states if s.models_cut or not s.models]
+            serving = [s for s in states if model in s.model_info] \
+                or [s for s in states if s.models_cut or not s.model_info]
             if serving:
                 states = serving
         return [s.view(now, ratio) for s in states]
@@ -399,7 +402,7 @@ class Fleet:
     def models(self, allowed: Callable[[str], bool] | None = None) -> set[str]:
         """The models the replicas serve (those ``allowed``, a tenant's partition)."""
         return {m for s in self._replicas.values() if allowed is None or allowed(s.id)
-                for m in s.models}
+                for m in s.model_info}
 
     def model_info(self, model: str) -> ModelInfo | None:
         """What the first replica listing ``model`` said of it; None: none lists it."""

@@ -115,7 +115,7 @@ class Monitor:
             log.warning("replica %s is now %s%s", state.id,
                         "healthy" if changed else "unhealthy", f" ({error})" if error else "")
         # a replica back in the fleet may serve other models (a restart, a new deployment)
-        if ok and (changed or not state.models
+        if ok and (changed or not state.model_info
                    or time.monotonic() - state.models_at > cfg.models_refresh_s):
             await self.refresh_models(state)
 
@@ -149,7 +149,6 @@ class Monitor:
                 log.warning("replica %s serves %d models; routing knows its first %d and "
                             "sends it the others too", state.id, len(listed), MAX_MODELS)
             info = {str(m["id"])[:MODEL_ID_CHARS]: model_info(m) for m in listed[:MAX_MODELS]}
-            state.models = tuple(info)
             state.model_info = info
             state.models_cut = len(listed) > MAX_MODELS
             state.models_at = time.monotonic()

@@ -258,10 +258,6 @@ class UpstreamStream:
             ok = True
         except asyncio.CancelledError:
             if not watch.fired:
-                # the client left (or the task was cancelled from outside): not whole,
-                # unless it had the stream's last event
-                if self.client is None or self.client.fired:
-                    self.client_gone()
                 raise
             task = asyncio.current_task()
             if task is not None:
@@ -275,6 +271,9 @@ class UpstreamStream:
                 self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
         finally:
             watch.stop()
+            # the client left, mid-read or mid-send (then the relay is closed here)
+            if not ok and self.client is not None and self.client.fired:
+                self.client_gone()
             self.close(ok)
         if self.cut == _SHUTDOWN and self.stream:
             yield sse_error_event("the gateway is shutting down: the answer is incomplete",

@@ -49,21 +49,20 @@ class RelayResponse(Response):
                 # one socket write, not two (a write costs more than the rest of a chunk's
                 # relay)
                 ended = stream.read_whole()
-                idle = stream.idle
-                if idle is not None:  # a client that stops reading: the send waits on
-                    idle.waiting()  # (uvicorn's flow control) for at most idle_s
+                idle = stream.idle  # armed by the relay before its first chunk
+                assert idle is not None
+                # a client that stops reading: the send waits (uvicorn's flow control)
+                # for at most idle_s
+                idle.waiting()
                 await send({"type": "http.response.body", "body": chunk,
                             "more_body": not ended})
-                if idle is not None:
-                    idle.got()
+                idle.got()
             if not ended and (stream.cut is None or stream.stream):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             idle = stream.idle
             if idle is None or not idle.fired or idle.since is None:
-                if self.watch.fired:  # the client left during a send: recorded before
-                    stream.client_gone()  # the relay's end (below) counts the answer
-                raise
+                raise  # the client left (the relay's end, below, records it) or outside
             # the client read nothing for idle_s: it is gone in all but name. The answer
             # is left unfinished (the server drops the connection) and the replica's
             # connection closed, freeing its place and the replica's work

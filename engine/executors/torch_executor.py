@@ -128,14 +128,15 @@ class TorchExecutor:
         logit bias, penalties and ``min_tokens`` first, then greedy below
         ``GREEDY_BELOW`` of temperature, else temperature, top-k, top-p and min-p."""
         p = s.params
-        if p is not None and p.filters:
-            logits = adjust_logits(logits.float(), p, s.history, s.num_prompt,
+        filtered = p if p is not None and p.filters else None
+        if filtered is not None:
+            logits = adjust_logits(logits.float(), filtered, s.history, s.num_prompt,
                                    self.eos_token_ids)
         if s.temperature < GREEDY_BELOW:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits.float().cpu() / s.temperature, dim=-1)
-        if p is not None and p.filters:
-            probs = truncate(probs, p)
+        if filtered is not None:
+            probs = truncate(probs, filtered)
         if p is not None and p.seed is None:
             return int(torch.multinomial(probs, 1))  # sampled afresh each time
         # seeded by request seed and position: reproducible however steps are batched

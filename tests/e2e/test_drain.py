@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ import yaml
 
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.fleets import SIM_ENGINE
-from tests.support.processes import Processes
+from tests.support.processes import Process, Processes
 from tests.support.servers import ThreadServer, free_port
 from tests.support.waiting import wait_until
 
@@ -69,51 +70,19 @@ def test_sigterm_drains_with_streams_in_flight(spawn: Processes, tmp_path: Path)
     assert time.monotonic() - signalled < 30
 
 
-def test_a_second_signal_stops_at_once_with_answers_in_flight(
-        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
-    held = threading.Event()
-    replica = serve(fake_replica(Behaviour("r0", release=held)))  # streams never end
+def endless_stream(spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path,
+                   held: threading.Event, **config: Any
+                   ) -> tuple[Process, str, list[str], threading.Thread]:
+    """A gateway (``config`` on top of one replica whose streams never end until ``held``
+    is set) with one stream under way: the process, its URL, the stream's lines so far,
+    and the thread reading them."""
+    replica = serve(fake_replica(Behaviour("r0", release=held)))
     port = free_port()
-    config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({
-        "port": port, "replicas": [{"id": "r0", "url": replica.url}],
-        "shutdown": {"grace_s": 1, "timeout_s": 60}}))
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({
+        "port": port, "replicas": [{"id": "r0", "url": replica.url}], **config}))
     url = f"http://127.0.0.1:{port}"
-    gateway = spawn("serve", "--config", str(config), ready_url=f"{url}/ready")
-    started = threading.Semaphore(0)
-
-    def stream() -> None:
-        with contextlib.suppress(httpx.HTTPError), httpx.stream(
-                "POST", f"{url}/v1/completions", timeout=60,
-                json={"model": "sim-model", "prompt": "x", "stream": True}) as r:
-            for _ in r.iter_lines():
-                started.release()
-
-    thread = threading.Thread(target=stream, daemon=True)
-    thread.start()
-    assert started.acquire(timeout=30)
-    try:
-        gateway.send_signal(signal.SIGTERM)
-        wait_until(lambda: httpx.get(f"{url}/ready").status_code == 503, 5, "draining")
-        signalled = time.monotonic()
-        gateway.send_signal(signal.SIGTERM)  # the operator does not want to wait
-        gateway.wait(timeout=30)
-        assert time.monotonic() - signalled < 5  # not the time the answer could take
-    finally:
-        held.set()
-
-
-def test_streams_that_outlast_the_shutdown_end_visibly_cut(
-        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
-    held = threading.Event()
-    replica = serve(fake_replica(Behaviour("r0", release=held)))  # streams never end
-    port = free_port()
-    config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({
-        "port": port, "replicas": [{"id": "r0", "url": replica.url}], "access_log": True,
-        "shutdown": {"grace_s": 0.5, "timeout_s": 3}}))
-    url = f"http://127.0.0.1:{port}"
-    gateway = spawn("serve", "--config", str(config), ready_url=f"{url}/ready")
+    gateway = spawn("serve", "--config", str(path), ready_url=f"{url}/ready")
     lines: list[str] = []
     started = threading.Semaphore(0)
 
@@ -127,8 +96,33 @@ def test_streams_that_outlast_the_shutdown_end_visibly_cut(
 
     thread = threading.Thread(target=stream, daemon=True)
     thread.start()
+    assert started.acquire(timeout=30)
+    return gateway, url, lines, thread
+
+
+def test_a_second_signal_stops_at_once_with_answers_in_flight(
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+    held = threading.Event()
     try:
-        assert started.acquire(timeout=30)
+        gateway, url, _, _ = endless_stream(spawn, serve, tmp_path, held,
+                                            shutdown={"grace_s": 1, "timeout_s": 60})
+        gateway.send_signal(signal.SIGTERM)
+        wait_until(lambda: httpx.get(f"{url}/ready").status_code == 503, 5, "draining")
+        signalled = time.monotonic()
+        gateway.send_signal(signal.SIGTERM)  # the operator does not want to wait
+        gateway.wait(timeout=30)
+        assert time.monotonic() - signalled < 5  # not the time the answer could take
+    finally:
+        held.set()
+
+
+def test_streams_that_outlast_the_shutdown_end_visibly_cut(
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+    held = threading.Event()
+    try:
+        gateway, _, lines, thread = endless_stream(
+            spawn, serve, tmp_path, held, access_log=True,
+            shutdown={"grace_s": 0.5, "timeout_s": 3})
         gateway.send_signal(signal.SIGTERM)
         thread.join(30)
         assert not thread.is_alive()

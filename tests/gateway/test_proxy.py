@@ -280,14 +280,21 @@ def test_a_replica_that_keeps_its_body_open_after_done_ends_a_whole_stream(serve
         in metrics
 
 
+def streamed_request(gw: Gateway) -> socket.socket:
+    """A raw connection to the gateway that has sent one streamed completion (and reads
+    only what the test reads)."""
+    body = json.dumps({"model": "sim-model", "prompt": "p", "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", gw.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
 def test_client_disconnect_cancels_upstream(serve: Serve) -> None:
     slow = Behaviour("slow", chunk_delay_s=0.3, chunks=50)
     gw = start_gateway(serve, [("slow", serve(fake_replica(slow)).url)])
-    body = json.dumps({"model": "sim-model", "prompt": "p", "stream": True}).encode()
-    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    with streamed_request(gw) as sock:
         assert b"200" in sock.recv(4096)
     wait_until(lambda: slow.cancelled, 5, "the upstream stream to be cancelled")
     assert slow.cancelled == 1
@@ -302,11 +309,7 @@ def test_a_client_that_leaves_while_the_gateway_waits_to_write_to_it_is_counted_
         serve: Serve) -> None:
     big = Behaviour("big", chunks=400, pad=65536)  # 26 MB: past every socket buffer
     gw = start_gateway(serve, [("big", serve(fake_replica(big)).url)])
-    body = json.dumps({"model": "sim-model", "prompt": "p", "stream": True}).encode()
-    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    with streamed_request(gw):
         time.sleep(1.0)  # reads nothing: the gateway's sends wait on it; then it leaves
     wait_until(lambda: big.cancelled, 10, "the replica's stream to be dropped")
     wait_for_metric(gw, 'kvgate_requests_total{replica="big",route="round_robin",'
@@ -317,11 +320,7 @@ def test_a_client_that_stops_reading_its_stream_is_dropped_after_idle_s(serve: S
     big = Behaviour("big", chunks=400, pad=65536)  # 26 MB: past every socket buffer
     gw = start_gateway(serve, [("big", serve(fake_replica(big)).url)],
                        timeouts={"idle_s": 0.5})
-    body = json.dumps({"model": "sim-model", "prompt": "p", "stream": True}).encode()
-    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    with streamed_request(gw):
         # reads nothing: the gateway's sends wait on it, for idle_s at most
         wait_until(lambda: big.cancelled, 10, "the replica's stream to be dropped")
         wait_for_metric(gw, 'kvgate_requests_total{replica="big",route="round_robin",'

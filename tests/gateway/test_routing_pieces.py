@@ -113,7 +113,6 @@ def test_a_request_says_whether_its_model_is_an_adapter_as_the_replicas_list_it(
     fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:9")])
     state = fleet.get("r0")
     assert state is not None
-    state.models = ("m", "m-lora")
     state.model_info = {"m": ModelInfo("m", None, 4096), "m-lora": ModelInfo("/a", "m")}
     router = Router(build_policy({"name": "kv_events"}), load_tokenizer(), fleet, 1)
     try:

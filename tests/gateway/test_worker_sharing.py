@@ -17,7 +17,7 @@ from gateway.box_feed import BLOCK_BYTES, BoxFeed, FeedBlock
 from gateway.capture import CaptureConfig
 from gateway.config import GatewayConfig, LimitsConfig, ReplicaConfig
 from gateway.discovery.stats import SourceStats
-from gateway.fleet import Fleet
+from gateway.fleet import Fleet, ModelInfo
 from gateway.idle_watch import IdleWatch
 from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.replica_metrics import ScrapedMetrics
@@ -174,7 +174,7 @@ def test_followers_apply_what_the_leader_found(feed_block: shared_memory.SharedM
             leader.publish()
             assert follower.poll()
         leader_fleet.record_scrape("r0", ScrapedMetrics("vllm", running=3, kv_usage=0.5))
-        leader_fleet.get("r0").models = ("m",)  # type: ignore[union-attr]
+        leader_fleet.get("r0").model_info = {"m": ModelInfo()}  # type: ignore[union-attr]
         leader_fleet.add(ReplicaConfig("r2", "http://127.0.0.1:7", weight=2.0),
                          forward_auth=False)
         leader_fleet.remove("r0")
