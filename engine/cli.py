@@ -14,12 +14,14 @@ from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, available_profiles, load_profile
 from engine.eviction import EVICTION_POLICIES
 from engine.executor import Executor, ExecutorInfo
-from engine.kv_sizing import blocks_in_gib
+from engine.kv_sizing import GIB, RECORD_BYTES_PER_BLOCK, blocks_in_gib, host_memory_bytes
 from engine.sim_embedding import SimEmbedder, seed_of
 from engine.sim_executor import SimExecutor
-from kvwire.arg_types import port, positive_int
+from kvwire.arg_types import port, positive_float, positive_int
 from kvwire.block_hashing import model_identity
 from kvwire.kv_event_format import ENCODINGS
+
+DEFAULT_KV_CACHE_GIB = 25.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,12 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--embedding-dim", type=int, default=None,
                         help="width of the sim executor's /v1/embeddings vectors (default: "
                              "the profile model's hidden size)")
-    parser.add_argument("--kv-cache-gib", type=float, default=25.0)
+    parser.add_argument("--kv-cache-gib", type=positive_float, default=None,
+                        help=f"KV cache size, at most the device's memory (default "
+                             f"{DEFAULT_KV_CACHE_GIB:g}, or half a device's memory where it "
+                             "has less)")
     parser.add_argument("--block-size", type=positive_int, default=16)
     parser.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=positive_int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192)
+    parser.add_argument("--max-model-len", type=positive_int, default=None)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port, default=8000)
     parser.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
@@ -86,10 +91,40 @@ def make_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, E
     raise ValueError(f"unknown executor {args.executor!r}; expected 'sim' or 'torch'")
 
 
+def _kv_blocks(args: argparse.Namespace, kv_bytes_per_token: int, device: str = "",
+               device_bytes: int | None = None) -> int:
+    """The KV blocks served: ``--kv-cache-gib`` of them (by default 25 GiB, or half the
+    ``device_bytes`` of memory of ``device`` where it has less). ``ValueError`` naming the
+    flag when that is no block, more than the device's memory, or more blocks than the
+    engine can keep a record of in this machine's memory."""
+    gib = args.kv_cache_gib
+    if device_bytes is not None:
+        whose, have = device, device_bytes
+        if gib is None and have < DEFAULT_KV_CACHE_GIB * GIB:
+            gib = have / 2 / GIB
+            logging.getLogger(__name__).warning(
+                "%s has %.3g GiB of memory, less than the default --kv-cache-gib %g: "
+                "using %.3g GiB", whose, have / GIB, DEFAULT_KV_CACHE_GIB, gib)
+        elif gib is not None and gib * GIB > have:
+            raise ValueError(f"--kv-cache-gib {gib:g} is more than the {have / GIB:.4g} GiB "
+                             f"of memory {whose} has")
+    gib = DEFAULT_KV_CACHE_GIB if gib is None else gib
+    num_blocks = blocks_in_gib(gib, kv_bytes_per_token, args.block_size)
+    if num_blocks < 1:
+        raise ValueError(f"--kv-cache-gib {gib:g} holds no block of {args.block_size} "
+                         f"tokens ({kv_bytes_per_token} bytes a token)")
+    records, host = num_blocks * RECORD_BYTES_PER_BLOCK, host_memory_bytes()
+    if host is not None and records > host:
+        raise ValueError(f"--kv-cache-gib {gib:g} is {num_blocks:,} blocks, whose records "
+                         f"alone need {records / GIB:.4g} GiB, more than the {host / GIB:.4g} "
+                         "GiB of memory this machine has")
+    return num_blocks
+
+
 def _sim_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, ExecutorInfo]:
     profile = load_profile(args.profile)
     kv_bytes = profile.model.kv_bytes_per_token
-    num_blocks = blocks_in_gib(args.kv_cache_gib, kv_bytes, args.block_size)
+    num_blocks = _kv_blocks(args, kv_bytes)  # simulated: no memory for the KV itself
     vocab = int(tokenizer.vocab_size)
     # Generated ids avoid the low ids (special tokens and raw bytes) so output decodes to
     # readable text; EOS is then never produced and requests run to max_tokens.
@@ -116,18 +151,25 @@ def _torch_executor(args: argparse.Namespace) -> tuple[Executor, ExecutorInfo]:
     from pathlib import Path
 
     try:
-        from engine.executors.torch_executor import TorchExecutor, pick_device
+        from engine.executors.torch_executor import (
+            TorchExecutor,
+            device_memory_bytes,
+            pick_device,
+        )
         from engine.model.config import ModelConfig, kv_bytes_per_token
         from engine.model.loader import default_dtype
     except ImportError as exc:
         raise ValueError(f"--executor torch needs the engine extra ({exc}): "
                          "pip install 'kvgate[engine]'") from exc
 
+    try:
+        device = pick_device(args.device)
+    except ValueError as exc:
+        raise ValueError(f"--device {exc}") from None
     config = ModelConfig.from_file(Path(args.model) / "config.json")
-    device = pick_device(args.device)
     dtype = default_dtype(config, device)
     kv_bytes = kv_bytes_per_token(config, dtype)
-    num_blocks = blocks_in_gib(args.kv_cache_gib, kv_bytes, args.block_size)
+    num_blocks = _kv_blocks(args, kv_bytes, f"device {device}", device_memory_bytes(device))
     executor = TorchExecutor.from_dir(args.model, num_blocks=num_blocks,
                                       block_size=args.block_size, device=str(device),
                                       dtype=dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 
 def positive_int(text: str) -> int:
@@ -38,3 +39,23 @@ def port(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port in 1-65535, got {value}")
     return value
+
+
+def float_between(low: float, high: float, unit: str = "", *,
+                  open_low: bool = False) -> Callable[[str], float]:
+    """A type for a finite number in [``low``, ``high``], or (``low``, ``high``] with
+    ``open_low``; ``unit`` follows the bounds in the message (``" seconds"``)."""
+    bounds = f"> {low:g} and <= {high:g}{unit}" if open_low else \
+        f"between {low:g} and {high:g}{unit}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not (low < value if open_low else low <= value) or not value <= high:  # NaN too
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+
+    parse.__name__ = f"number {bounds}"
+    return parse

@@ -25,7 +25,7 @@ import yaml
 
 from engine.cost_model import load_profile
 from engine.hf_shape import shape_from_dir
-from kvwire.arg_types import non_negative_int, positive_float
+from kvwire.arg_types import float_between, non_negative_int, positive_float
 from loadtests.plan_arithmetic import ROUTING_WINS, FleetSize, arithmetic
 from loadtests.plan_report import render
 from loadtests.plan_simulation import PolicyFigures, simulate_policies
@@ -33,6 +33,9 @@ from loadtests.plan_workload import PlanWorkload, from_capture, from_numbers, fr
 from loadtests.scenarios import SCENARIOS
 
 DEFAULT_POLICIES = "round_robin,prefix_affinity,cost"
+# a replica's idle KV: more than none, at most 4 TiB (past any server's memory today; the
+# simulation keeps a record for every block of it)
+IDLE_KV_GIB = float_between(0.0, 4096.0, " GiB", open_low=True)
 HIT_RATE_TIE = 0.02  # token hit rates closer than this are a tie, decided by p95 TTFT
 
 
@@ -45,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-profile", default="llama3-8b-h100",
                         help="with --model: the profile whose GPU the simulator uses")
     parser.add_argument("--replicas", type=int, default=8)
-    parser.add_argument("--idle-kv-gib", type=float, default=None,
-                        help="KV per replica not pinned by running requests (default: the "
-                             "scenario's, else 25)")
+    parser.add_argument("--idle-kv-gib", type=IDLE_KV_GIB, default=None,
+                        help="KV per replica not pinned by running requests, up to 4096 "
+                             "(default: the scenario's, else 25)")
     work = parser.add_mutually_exclusive_group()
     work.add_argument("--scenario", choices=sorted(SCENARIOS), default=None)
     work.add_argument("--workload", default=None, metavar="CAPTURE.jsonl",

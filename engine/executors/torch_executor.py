@@ -23,9 +23,35 @@ from engine.request import SamplingParams
 
 
 def pick_device(name: str = "auto") -> torch.device:
+    """The device ``name`` names ("auto": CUDA where there is one, else the CPU);
+    ``ValueError`` naming it when it is no device, or none this machine has."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{name!r} is not a torch device (cpu, cuda, cuda:N, mps): "
+                         f"{exc}") from None
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu, ...
+    available = getattr(backend, "is_available", None)
+    if callable(available) and not available():
+        raise ValueError(f"{name!r}: this machine has no {device.type} device")
+    count = getattr(backend, "device_count", None)
+    if device.index is not None and callable(count) and device.index >= count():
+        raise ValueError(f"{name!r}: this machine has {count()} {device.type} device(s), "
+                         f"numbered from 0")
+    return device
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The memory of ``device`` (the host's for the CPU; None where torch does not say)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu":
+        from engine.kv_sizing import host_memory_bytes
+
+        return host_memory_bytes()
+    return None
 
 
 class TorchExecutor:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from kvwire.arg_types import positive_int
 
 ARCHS = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2")}
 
@@ -90,18 +93,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", type=Path, help="output directory (created if missing)")
     parser.add_argument("--arch", choices=sorted(ARCHS), default="llama")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hidden-size", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--intermediate-size", type=int, default=128)
-    parser.add_argument("--max-position", type=int, default=4096)
+    parser.add_argument("--hidden-size", type=positive_int, default=64)
+    parser.add_argument("--layers", type=positive_int, default=2)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--kv-heads", type=positive_int, default=2)
+    parser.add_argument("--intermediate-size", type=positive_int, default=128)
+    parser.add_argument("--max-position", type=positive_int, default=4096)
+
+
+MAX_PARAMS = 1 << 28  # 1 GiB of float32 weights: past that, no longer a tiny model
+
+
+def parameter_count(hidden_size: int, layers: int, heads: int, kv_heads: int,
+                    intermediate_size: int, vocab_size: int) -> int:
+    """Weights of the model ``tiny_config`` describes (embedding and head counted apart,
+    norms left out): per layer the q/o projections (hidden x hidden), k/v (hidden x
+    kv_heads x head_dim) and the three MLP matrices (hidden x intermediate)."""
+    kv_width = kv_heads * (hidden_size // heads)
+    per_layer = 2 * hidden_size * hidden_size + 2 * hidden_size * kv_width \
+        + 3 * hidden_size * intermediate_size
+    return layers * per_layer + 2 * vocab_size * hidden_size
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvwire.tokenizer_build import VOCAB_SIZE
+
     if args.hidden_size % args.heads or args.heads % args.kv_heads:
-        print(f"error: --hidden-size {args.hidden_size} must divide by --heads {args.heads} "
-              f"and --heads by --kv-heads {args.kv_heads}")
+        print(f"kvgate make-tiny-model: --hidden-size {args.hidden_size} must divide by "
+              f"--heads {args.heads} and --heads by --kv-heads {args.kv_heads}",
+              file=sys.stderr)
+        return 2
+    params = parameter_count(args.hidden_size, args.layers, args.heads, args.kv_heads,
+                             args.intermediate_size, VOCAB_SIZE)
+    if params > MAX_PARAMS:
+        print(f"kvgate make-tiny-model: --hidden-size {args.hidden_size}, --layers "
+              f"{args.layers} and --intermediate-size {args.intermediate_size} make "
+              f"{params:.3g} parameters; a tiny model has at most {MAX_PARAMS:,} (1 GiB "
+              "of float32 weights)", file=sys.stderr)
         return 2
     out = write_tiny_model(args.dir, args.arch, args.seed, hidden_size=args.hidden_size,
                            layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,

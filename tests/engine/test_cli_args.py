@@ -34,3 +34,26 @@ def test_a_context_longer_than_the_kv_cache_is_cut_to_it_or_refused_when_asked_f
         engine_cli.build_server(parser.parse_args([*small, "--max-model-len", "4096"]))
     fits = engine_cli.build_server(parser.parse_args([*small, "--max-model-len", "300"]))
     assert fits.max_model_len == 300
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--kv-cache-gib", "1e12"], "--kv-cache-gib 1e+12 is 512,000,000,000,000 blocks, whose "
+                                 "records alone need"),
+    (["--kv-cache-gib", "1e-9"], "--kv-cache-gib 1e-09 holds no block of 16 tokens"),
+])
+def test_kvgate_engine_refuses_a_kv_cache_no_machine_holds_in_one_line(
+        argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert engine_cli.main(argv) == 2  # before the server starts
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--kv-cache-gib", "inf"], ["--kv-cache-gib", "nan"],
+                                  ["--kv-cache-gib", "-1"], ["--max-num-seqs", "0"],
+                                  ["--max-num-batched-tokens", "-5"], ["--max-model-len", "0"]])
+def test_kvgate_engine_refuses_sizes_of_nothing_at_parse_time(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    engine_cli.add_arguments(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(argv)
+    assert exited.value.code == 2

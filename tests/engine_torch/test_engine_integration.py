@@ -53,3 +53,17 @@ def test_prefix_hit_through_the_core_gives_the_cold_answer(model_dir: Path) -> N
     assert warm.stats.prefix_cache_hits == 48
     cold_tokens = _generate(_core(model_dir), "b", second)
     assert hit_tokens == cold_tokens and len(cold_tokens) == 6
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--device", "banana"], "--device 'banana' is not a torch device"),
+    (["--device", "cpu:7"], "--device 'cpu:7': this machine has 1 cpu device(s)"),
+    (["--device", "cpu", "--kv-cache-gib", "1e5"],
+     "--kv-cache-gib 100000 is more than the"),
+])
+def test_kvgate_engine_refuses_a_device_it_cannot_use_before_loading_the_model(
+        model_dir: Path, argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    assert cli.main(["--executor", "torch", "--model", str(model_dir), *argv]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1 and "Traceback" not in err

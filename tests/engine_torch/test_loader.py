@@ -37,6 +37,32 @@ def test_tiny_model_matches_transformers(arch: str, tmp_path: Path) -> None:
     assert ex.eos_token_id == 0
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--heads", "0"], "argument --heads: must be >= 1, got 0"),
+    (["--layers", "-2"], "argument --layers: must be >= 1, got -2"),
+    (["--kv-heads", "0"], "argument --kv-heads: must be >= 1, got 0"),
+    (["--hidden-size", "0"], "argument --hidden-size: must be >= 1, got 0"),
+])
+def test_make_tiny_model_refuses_a_size_of_nothing(
+        argv: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="kvgate make-tiny-model")
+    add_arguments(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args([str(tmp_path / "m"), *argv])
+    assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_make_tiny_model_refuses_a_model_that_is_not_tiny(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "m"
+    big = ["--hidden-size", "8192", "--heads", "64", "--kv-heads", "8", "--layers", "64"]
+    assert run(parser.parse_args([str(out), *big])) == 2
+    assert "9.93e+09 parameters; a tiny model has at most" in capsys.readouterr().err
+    assert not out.exists()  # refused before anything was written
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny"), "qwen2")

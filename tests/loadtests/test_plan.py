@@ -3,6 +3,7 @@ and a gateway capture."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import subprocess
@@ -155,3 +156,18 @@ def test_bad_inputs_say_what_is_wrong(args: tuple[str, ...], message: str) -> No
     done = plan(*args, "--sim-requests", "0")
     assert done.returncode == 2
     assert message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "1e12"])
+def test_idle_kv_no_replica_has_is_refused_before_planning(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests import plan as plan_cli
+
+    parser = argparse.ArgumentParser(prog="kvgate plan")
+    plan_cli.add_arguments(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--idle-kv-gib", value])
+    assert exited.value.code == 2
+    assert f"argument --idle-kv-gib: must be > 0 and <= 4096 GiB, got {value}" \
+        in capsys.readouterr().err
+    assert parser.parse_args(["--idle-kv-gib", "4096"]).idle_kv_gib == 4096
