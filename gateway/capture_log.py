@@ -44,14 +44,23 @@ class CaptureLog:
     def dropped(self) -> int:
         return self.dropped_full + self.dropped_large
 
+    @staticmethod
+    def check_path(path: str) -> None:
+        """Open ``path`` for appending as ``start`` will (its folder made if missing) and
+        close it again: at start-up, before anything is served, an ``OSError`` naming the
+        path and the system's reason when the log could not be written."""
+        try:
+            _open_for_appending(Path(path)).close()
+        except OSError as exc:
+            raise _cannot_open(Path(path), exc) from exc
+
     async def start(self) -> None:
         """Open the file (its folder made if missing) and start the writer task; an
         ``OSError`` naming the path when it cannot be opened."""
         try:
             await asyncio.to_thread(self._open)
         except OSError as exc:
-            raise OSError(exc.errno, f"capture.path {str(self.path)!r}: cannot open it for "
-                          f"appending: {exc.strerror}") from exc
+            raise _cannot_open(self.path, exc) from exc
         self._queue = asyncio.Queue(self.queue_size + 1)  # + the stop marker
         self._task = asyncio.create_task(self._run(), name="kvgate-capture-writer")
 
@@ -103,8 +112,7 @@ class CaptureLog:
 
     # -- in the worker thread --------------------------------------------------------------
     def _open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("ab")
+        self._file = _open_for_appending(self.path)
         self._file_bytes = self._file.tell()
 
     def _close(self) -> None:
@@ -136,3 +144,13 @@ class CaptureLog:
             self._file_bytes += len(line)
             self.written += 1
         self._file.flush()
+
+
+def _open_for_appending(path: Path) -> IO[bytes]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("ab")
+
+
+def _cannot_open(path: Path, exc: OSError) -> OSError:
+    return OSError(exc.errno, f"capture.path {str(path)!r}: cannot open it for appending: "
+                   f"{exc.strerror}")

@@ -43,6 +43,13 @@ def run(args: argparse.Namespace) -> int:
         if not config.replicas and not config.discovery and not config.admin.resolved_token():
             raise ConfigError(f"{args.config}: names no replica, no discovery and no admin "
                               "API to add one: the gateway would refuse every request")
+        if config.capture.path is not None:
+            from gateway.capture_log import CaptureLog
+
+            try:
+                CaptureLog.check_path(config.capture.path)  # before any port is bound
+            except OSError as exc:
+                raise ConfigError(f"{args.config}: {exc.strerror}") from exc
         if args.workers > 1:
             return _supervise(config, args)
         gw = build_state(config)

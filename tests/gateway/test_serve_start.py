@@ -4,6 +4,7 @@ tokenizer file that is no tokenizer."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,25 @@ def test_a_gateway_that_could_never_serve_is_refused_at_start(
     done = serve(config)
     assert done.returncode == 2, done.stderr
     assert said in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("where, reason", [
+    ("a-file/capture.jsonl", "File exists"),  # its folder would be a file
+    ("a-folder", "Is a directory"),
+])
+def test_a_capture_log_that_cannot_be_written_is_refused_at_start(
+        tmp_path: Path, where: str, reason: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway import serve as serve_cli
+
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-folder").mkdir()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
+        "capture": {"path": str(tmp_path / where)}}))
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    assert serve_cli.run(parser.parse_args(["--config", str(config)])) == 2  # nothing bound
+    err = capsys.readouterr().err
+    assert f"capture.path {str(tmp_path / where)!r}: cannot open it for appending: " \
+        f"{reason}" in err and err.count("\n") == 1
