@@ -372,6 +372,24 @@ class GatewayConfig:
             raise ValueError(f"{what} believes the tenant header only from trusted_proxies: "
                              "list the networks of the proxies that set it (or give clients "
                              "API keys that name their tenants: auth.api_keys)")
+        unknown = self.unknown_partition_replicas()
+        if unknown and not self.replicas_join_later():
+            known = ", ".join(repr(r.id) for r in self.replicas) or "none"
+            raise ValueError(f"tenancy.partitions name unknown replicas "
+                             f"{', '.join(map(repr, unknown))} (the replicas are {known}); "
+                             "with no discovery and no admin API to add them, their tenants "
+                             "could never be served")
+
+    def unknown_partition_replicas(self) -> list[str]:
+        """Replica ids ``tenancy.partitions`` name that no configured replica has (one that
+        discovery or the admin API adds may take them later), in the order named."""
+        ids = {replica.id for replica in self.replicas}
+        named = (r for part in self.tenancy.partitions for r in part.replicas)
+        return [r for r in dict.fromkeys(named) if r not in ids]
+
+    def replicas_join_later(self) -> bool:
+        """Whether replicas may join after start-up: through discovery or the admin API."""
+        return bool(self.discovery) or self.admin.resolved_token() is not None
 
 
 def _networks(name: str, values: list[str]) -> None:

@@ -43,6 +43,12 @@ def run(args: argparse.Namespace) -> int:
         if not config.replicas and not config.discovery and not config.admin.resolved_token():
             raise ConfigError(f"{args.config}: names no replica, no discovery and no admin "
                               "API to add one: the gateway would refuse every request")
+        unknown = config.unknown_partition_replicas()
+        if unknown:  # validate() refused them where no replica can join later
+            logging.getLogger("kvgate").warning(
+                "tenancy.partitions name %s, which no configured replica has as its id: "
+                "their tenants get no replica until discovery or the admin API adds one "
+                "with that id", ", ".join(map(repr, unknown)))
         if config.capture.path is not None:
             from gateway.capture_log import CaptureLog
 

@@ -3,6 +3,7 @@ proxy that sets it, no salt a client can forge, partitions, and no cache across 
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from collections.abc import Callable
@@ -47,6 +48,34 @@ def config(replicas: list[tuple[str, str]], **tenancy: Any) -> Any:
 def test_weak_tenancy_is_refused_at_load(tenancy: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config([], **tenancy)
+
+
+def test_a_partition_naming_no_replica_is_refused_unless_replicas_can_join_later(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway import serve as serve_cli
+
+    replicas = [("r0", "http://127.0.0.1:9"), ("r1", "http://127.0.0.1:9")]
+    partitions = [{"tenants": ["acme"], "replicas": ["r1", "r9"]},
+                  {"tenants": ["beta"], "replicas": ["rX"]}]
+    with pytest.raises(ConfigError, match=r"tenancy\.partitions name unknown replicas 'r9', "
+                                          r"'rX' \(the replicas are 'r0', 'r1'\)"):
+        config(replicas, partitions=partitions, trusted_proxies=["10.0.0.0/8"])
+    # discovery may bring r9 and rX: served, with a warning at start (seen here on a start
+    # that then stops at its unwritable capture log, before binding anything)
+    (tmp_path / "a-folder").mkdir()
+    path = tmp_path / "gateway.yaml"
+    path.write_text(json.dumps({
+        "replicas": [{"id": i, "url": u} for i, u in replicas],
+        "discovery": [{"type": "dns", "name": "vllm.local", "port": 8000}],
+        "tenancy": {"partitions": partitions}, "trusted_proxies": ["10.0.0.0/8"],
+        "capture": {"path": str(tmp_path / "a-folder")}}))
+    args = argparse.Namespace(config=str(path), host=None, port=None, workers=1)
+    with caplog.at_level(logging.WARNING, "kvgate"):
+        assert serve_cli.run(args) == 2
+    assert "cannot open it for appending" in capsys.readouterr().err
+    assert "tenancy.partitions name 'r9', 'rX', which no configured replica has" \
+        in caplog.text
 
 
 def test_the_secret_comes_from_a_file_or_the_environment(tmp_path: Path,
