@@ -62,6 +62,7 @@ from gateway.peer_config import PeersConfig
 from gateway.secret_source import resolve_secret
 from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
+from kvwire import yaml_strict
 from policies.config import ConfigError, from_mapping
 
 MAX_WEIGHT = 100.0  # a replica's weight: a share relative to the others'
@@ -417,11 +418,13 @@ def load_config(path: str | Path) -> GatewayConfig:
     """Read and validate a YAML file; errors name the file, the key and the bad value."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml_strict.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a YAML file (its bytes are not UTF-8 text)") from None
+    except yaml_strict.DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     config = parse_config(data, where=str(path))

@@ -91,11 +91,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not math.isfinite(value):  # YAML's .nan and .inf pass every bound check
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+            raise ConfigError(f"{where}: expected a finite number, got "
+                              f"{_got(value, integer=False)}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+            raise ConfigError(f"{where}: expected an integer, got {_got(value, integer=True)}")
         return value
     if tp is str:
         if not isinstance(value, str):
@@ -104,6 +105,36 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if isinstance(tp, type) and not isinstance(value, tp):
         raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
     return value
+
+
+def _got(value: Any, integer: bool) -> str:
+    """``value`` as an error about a number shows it: a string that reads as a number says
+    how to write it so that YAML reads a number (YAML 1.1 reads ``1e300`` and ``1.0e300``
+    as text: a float needs a dot and a signed exponent, ``1.0e+300``)."""
+    if not isinstance(value, str):
+        return repr(value)
+    try:
+        number = float(value.replace("_", ""))
+    except ValueError:
+        return repr(value)
+    if not math.isfinite(number):
+        return repr(value)
+    mantissa, e, exponent = value.strip().lower().partition("e")
+    if integer and number.is_integer() and abs(number) < 1e18:
+        fix = f"write it as {int(number)}"
+    elif integer:
+        fix = "write a whole number"
+    elif e:
+        if "." not in mantissa:
+            mantissa += ".0"
+        if exponent[:1] not in ("+", "-"):
+            exponent = "+" + exponent
+        fix = f"write it as {mantissa}e{exponent} or as a smaller number"
+    else:
+        fix = "write it without quotes"
+    why = "YAML reads a number with an exponent as text unless it has a dot and a signed " \
+        "exponent" if e else "quoted, it is text"
+    return f"the string {value!r} ({why}: {fix})"
 
 
 def from_mapping(cls: type[T], data: Any, where: str = "config") -> T:

@@ -225,6 +225,39 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
         load_config(bad)
 
 
+def test_a_key_written_twice_is_refused_naming_it_and_its_lines(tmp_path: Path) -> None:
+    bad = tmp_path / "gw.yaml"
+    bad.write_text("port: 8000\nreplicas:\n  - {id: a, url: 'http://h:1'}\nport: 9000\n")
+    with pytest.raises(ConfigError, match=rf"^{bad}: line 4: key 'port' appears twice in one "
+                                          r"mapping \(first on line 1\)$"):
+        load_config(bad)
+    bad.write_text("replicas:\n  - {id: a, url: 'http://h:1', id: b}\n")
+    with pytest.raises(ConfigError, match=r"line 2: key 'id' appears twice"):
+        load_config(bad)
+    merged = tmp_path / "merged.yaml"  # a merge key's values may be written over
+    merged.write_text("replicas:\n  - &r {id: a, url: 'http://h:1'}\n  - {<<: *r, id: b}\n")
+    assert [r.id for r in load_config(merged).replicas] == ["a", "b"]
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("scrape: {interval_s: 1e300}", "scrape.interval_s: expected a finite number, got the "
+     "string '1e300' (YAML reads a number with an exponent as text unless it has a dot and "
+     "a signed exponent: write it as 1.0e+300 or as a smaller number)"),
+    ("max_body_bytes: 1e7", "max_body_bytes: expected an integer, got the string '1e7' "
+     "(YAML reads a number with an exponent as text unless it has a dot and a signed "
+     "exponent: write it as 10000000)"),
+    ("scrape: {interval_s: '5'}", "got the string '5' (quoted, it is text: write it "
+     "without quotes)"),
+])
+def test_a_number_yaml_read_as_text_says_how_to_write_it(
+        tmp_path: Path, text: str, said: str) -> None:
+    bad = tmp_path / "gw.yaml"
+    bad.write_text(f"replicas:\n  - {{id: a, url: 'http://h:1'}}\n{text}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(bad)
+    assert said in str(refused.value)
+
+
 def test_replica_figures_are_converted_to_gateway_tokens() -> None:
     fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
     fleet.record_scrape("r", parse_metrics(VLLM), now=0.0)
