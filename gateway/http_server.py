@@ -308,7 +308,8 @@ class _Draining(uvicorn.Server):
     graceful shutdown ``grace_s`` later (no new connections; those in flight finish within
     the config's ``timeout_graceful_shutdown``), and ``on_cutoff`` a second before that
     runs out (the answers still being relayed are ended, each visibly cut, rather than
-    dropped mid-body by uvicorn's cancel). A second signal stops at once."""
+    dropped mid-body by uvicorn's cancel). A second signal stops at once: the answers in
+    flight are cut the same way, and the process ends with a log line, no traceback."""
 
     def __init__(self, config: uvicorn.Config, grace_s: float,
                  on_drain: Callable[[], None],
@@ -327,6 +328,8 @@ class _Draining(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining:  # a second signal: no more waiting for answers in flight
             self.should_exit = self.force_exit = True
+            if self._loop is not None:  # ... which end now, each visibly cut
+                self._loop.call_soon_threadsafe(self.on_cutoff)
             return
         graceful = self.config.timeout_graceful_shutdown or 0
         if self._loop is not None and graceful:
@@ -340,6 +343,47 @@ class _Draining(uvicorn.Server):
         self.on_drain()
         later = functools.partial(super().handle_exit, sig, frame)
         self._loop.call_soon_threadsafe(self._loop.call_later, self.grace_s, later)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if self.force_exit:
+            await self._stop_at_once()
+
+    async def _stop_at_once(self) -> None:
+        """After a second signal uvicorn waits for nothing and skips the app's shutdown;
+        the requests still running and the app's lifespan, still waiting for its shutdown,
+        would then be cancelled with the event loop, each logging a traceback. Here the
+        requests (their answers cut at the signal) get a moment to end, the rest are
+        cancelled, and the app's shutdown runs (stopping its tasks, closing its clients),
+        within ``_FORCED_STOP_S`` in all."""
+        log = logging.getLogger("kvgate")
+        tasks = set(self.server_state.tasks)
+        log.warning("a second signal: stopping at once, %d request(s) cut", len(tasks))
+        if tasks:
+            await asyncio.wait(tasks, timeout=_FORCED_STOP_S / 2)
+        quiet = _QuietCancel()
+        errors = logging.getLogger("uvicorn.error")
+        errors.addFilter(quiet)  # a cancelled request is no error at this point
+        try:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_FORCED_STOP_S / 2):
+                    await self.lifespan.shutdown()
+        finally:
+            errors.removeFilter(quiet)
+
+
+_FORCED_STOP_S = 2.0  # what a second signal leaves for requests to end and the app to stop
+
+
+class _QuietCancel(logging.Filter):
+    """Drops the records of requests cancelled by a forced stop."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1],
+                                                   asyncio.CancelledError))
 
 
 _FILES_PER_CONNECTION = 2  # a client's connection, and about one to a replica for it

@@ -112,6 +112,9 @@ def test_a_second_signal_stops_at_once_with_answers_in_flight(
         gateway.send_signal(signal.SIGTERM)  # the operator does not want to wait
         gateway.wait(timeout=30)
         assert time.monotonic() - signalled < 5  # not the time the answer could take
+        assert gateway.stderr is not None
+        err = gateway.stderr.read().decode()
+        assert "stopping at once" in err and "Traceback" not in err, err  # quietly
     finally:
         held.set()
 
