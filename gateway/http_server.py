@@ -121,6 +121,34 @@ class HeadWithBody:
 MAX_PIPELINED = 64  # requests queued behind the one being answered, on one connection
 
 
+class _Leaving:
+    """A connection's ``leaving_hooks`` (``kvwire.request_edge.ClientWatch``): callbacks
+    called once when it is lost. Adding one reads on (a handler may start watching with
+    reading paused: a body past uvicorn's high-water mark), so that a close is seen."""
+
+    __slots__ = ("_callbacks", "_protocol")
+
+    def __init__(self, protocol: HttpToolsProtocol) -> None:
+        self._protocol = protocol
+        self._callbacks: dict[Callable[[], None], None] = {}
+
+    def add(self, callback: Callable[[], None]) -> None:
+        protocol = self._protocol
+        if protocol.parser is None:  # already lost
+            callback()
+            return
+        self._callbacks[callback] = None
+        protocol.flow.resume_reading()
+
+    def discard(self, callback: Callable[[], None]) -> None:
+        self._callbacks.pop(callback, None)
+
+    def fire(self) -> None:
+        callbacks, self._callbacks = self._callbacks, {}
+        for callback in callbacks:
+            callback()
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a bounded request head (see the module), and
     bounded in what a connection holds:
@@ -149,6 +177,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._ended_in_read = False  # ... during the read being parsed
         self._head_timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None  # an answered body's rest
+        self._leaving = _Leaving(self)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
@@ -196,12 +225,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         before, carried = self._head_bytes, self._head_carry
         window = carried + data if carried else data
         self._head_bytes = before + len(data)
-        ends = [at for at in (window.find(b"\r\n\r\n"), window.find(b"\n\n")) if at >= 0]
-        if not ends:
+        # a bare blank line counts where it comes before the first CRLF one: searched only
+        # up to that (a body that follows a head in the same read is not scanned twice)
+        crlf = window.find(b"\r\n\r\n")
+        bare = window.find(b"\n\n", 0, crlf) if crlf >= 0 else window.find(b"\n\n")
+        if bare >= 0:
+            return before - len(carried) + bare + 2
+        if crlf < 0:
             self._head_carry = window[-3:]  # a blank line may straddle two reads
             return self._head_bytes
-        at = min(ends)
-        return before - len(carried) + at + (4 if window.startswith(b"\r\n\r\n", at) else 2)
+        return before - len(carried) + crlf + 4
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -243,6 +276,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_head = False
         self._stop_head_timer()
         super().on_headers_complete()
+        # a request's handler watches for its client leaving through these (ClientWatch)
+        self.cycle.leaving_hooks = self._leaving  # type: ignore[attr-defined]
 
     def eof_received(self) -> None:
         # the client shut its half: the loop closes the connection when this returns (as
@@ -255,6 +290,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self._drain_timer is not None:
             self._drain_timer.cancel()
         super().connection_lost(exc)
+        self._leaving.fire()
 
     def _start_head_timer(self) -> None:
         self._stop_head_timer()

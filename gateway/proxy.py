@@ -138,6 +138,10 @@ def _retry_after(value: str | None) -> float | None:
     return None if seconds is None or not 0 <= seconds <= 3600 else seconds
 
 
+def _told(stream: UpstreamStream, ok: bool) -> None:
+    """A stream's ``on_done`` once it was called."""
+
+
 class UpstreamStream:
     """An open upstream response whose first bytes have arrived (a non-streamed answer's
     first ``buffer_bytes``, or all of it)."""
@@ -355,7 +359,10 @@ class UpstreamStream:
         state = self.pending.state
         if whole and state is not None:
             state.made_progress()
-        self.on_done(self, whole)
+        # let go of the callback once called: what it holds may hold this stream (a cycle
+        # left to the garbage collector with everything the request made)
+        on_done, self.on_done = self.on_done, _told
+        on_done(self, whole)
 
     def usage(self) -> Usage | None:
         """The body's ``usage`` (a stream's last one), if it reports prompt tokens; parsed

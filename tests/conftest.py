@@ -21,11 +21,13 @@ from tests.support.servers import ThreadServer
 @pytest.fixture
 def serve() -> Iterator[Callable[..., ThreadServer]]:
     """``serve(app)`` starts ``app`` on a free loopback port (``side=`` a second app on
-    another, in the same event loop); all stop after the test."""
+    another, in the same event loop; ``http=`` uvicorn's protocol, as the gateway's
+    ``bounded_protocol``); all stop after the test."""
     started: list[ThreadServer] = []
 
-    def start(app: Any, port: int | None = None, side: Any | None = None) -> ThreadServer:
-        server = ThreadServer(app, port, side).start()
+    def start(app: Any, port: int | None = None, side: Any | None = None,
+              http: Any = "auto") -> ThreadServer:
+        server = ThreadServer(app, port, side, http).start()
         started.append(server)
         return server
 

@@ -17,6 +17,7 @@ import pytest
 from gateway.admin import create_admin_app
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http_server import bounded_protocol
 from gateway.monitor import MAX_MODELS
 from gateway.state import build_state
 from policies.config import ConfigError
@@ -51,7 +52,9 @@ def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -
         **extra,
     })
     state = build_state(config)
-    pair = serve(create_app(config, state), side=create_admin_app(state))
+    # the gateway's own HTTP protocol, as kvgate serve runs it (its client-leaving hooks)
+    pair = serve(create_app(config, state), side=create_admin_app(state),
+                 http=bounded_protocol(config.limits))
     return Gateway(pair.url, pair.port, pair.side_url)
 
 
@@ -469,12 +472,61 @@ def test_client_leaving_before_the_first_byte_cancels_the_upstream(serve: Serve)
     with socket.create_connection(("127.0.0.1", gw.port)) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:1000])
+        time.sleep(0.3)  # the gateway waits for the rest, which then comes at once
+        sock.sendall(body[1000:])
         wait_until(lambda: stuck.received, 5, "the replica to receive the request")
     wait_for_metric(gw, 'kvgate_errors_total{kind="client_disconnect"}', 1.0)
     (replica,) = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()["replicas"]
     assert replica["in_flight"] == 0 and replica["queued_tokens"] == 0
     assert httpx.get(f"{gw.url}/health").status_code == 200  # the gateway carries on
+
+
+def test_client_leaving_after_a_body_past_the_servers_high_water_cancels_the_upstream(
+        serve: Serve) -> None:
+    # uvicorn stops reading past 64 KiB of unread body; the watch for the client leaving
+    # must read on, or the close is never seen
+    stuck = Behaviour("stuck", first_byte_delay_s=5)
+    gw = start_gateway(serve, [("stuck", serve(fake_replica(stuck)).url)])
+    body = json.dumps({"model": "sim-model", "prompt": "p " * 150_000}).encode()
+    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:1000])
+        time.sleep(0.3)  # the gateway waits for the rest, which then comes at once
+        sock.sendall(body[1000:])
+        wait_until(lambda: stuck.received, 5, "the replica to receive the request")
+    wait_for_metric(gw, 'kvgate_errors_total{kind="client_disconnect"}', 1.0)
+    (replica,) = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()["replicas"]
+    assert replica["in_flight"] == 0 and replica["queued_tokens"] == 0
+
+
+def test_proxied_requests_leave_nothing_for_the_garbage_collector(serve: Serve) -> None:
+    # a request's objects are freed when it ends, not kept in reference cycles (a
+    # cancelled watch task's traceback, a callback holding its stream) for the collector
+    import gc
+
+    from gateway.proxy import UpstreamStream
+    from kvwire.request_edge import ClientWatch
+
+    gw = start_gateway(serve, [("ok", serve(fake_replica(Behaviour("ok", chunks=3))).url)])
+    url = f"{gw.url}/v1/completions"
+    httpx.post(url, json={"model": "sim-model", "prompt": "warm"})
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for stream in (False, True, False, True):
+            r = httpx.post(url, json={"model": "sim-model", "prompt": "p", "stream": stream})
+            assert r.status_code == 200
+        wait_for_metric(gw, 'kvgate_requests_total{replica="ok",route="round_robin",'
+                            'status="200"}', 5.0)
+        gc.collect()
+        kept = [type(o).__name__ for o in gc.garbage
+                if isinstance(o, (UpstreamStream, ClientWatch))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert kept == []
 
 
 def test_tenants_get_their_own_cache_salt(serve: Serve) -> None:

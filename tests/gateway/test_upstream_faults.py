@@ -20,6 +20,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http_server import bounded_protocol
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
@@ -131,7 +132,7 @@ def gateway(serve: Serve, replicas: list[ThreadServer], **extra: Any) -> ThreadS
         "scrape": {"enabled": False},
         **extra,
     })
-    return serve(create_app(config))
+    return serve(create_app(config), http=bounded_protocol(config.limits))
 
 
 def post(gw: ThreadServer, stream: bool = False, timeout: float = 10) -> httpx.Response:

@@ -32,13 +32,14 @@ class ThreadServer:
     (``side_url``) in the same event loop, as ``kvgate serve`` does. Like the gateway's
     server, it never takes client addresses from forwarding headers."""
 
-    def __init__(self, app: Any, port: int | None = None, side: Any | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, side: Any | None = None,
+                 http: Any = "auto") -> None:
         self.sock = _bound(port)
         self.port = int(self.sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         # stop() cancels what still runs a second after it asks (a replica told to stall)
         config = uvicorn.Config(app, log_level="warning", loop="asyncio", ws="none",
-                                lifespan="on", proxy_headers=False,
+                                http=http, lifespan="on", proxy_headers=False,
                                 timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
         self.side_url = ""
