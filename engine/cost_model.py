@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from kvwire import yaml_strict
+
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 
@@ -100,7 +102,10 @@ def load_profile(name_or_path: str) -> Profile:
         raise ValueError(
             f"unknown profile {name_or_path!r}; available: {', '.join(available_profiles())}"
         )
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml_strict.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"profile {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"profile {path} must be a mapping")
     unknown = set(data) - {"name", "model", "gpu"}

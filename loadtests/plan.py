@@ -25,7 +25,7 @@ import yaml
 
 from engine.cost_model import load_profile
 from engine.hf_shape import shape_from_dir
-from kvwire.arg_types import float_between, non_negative_int, positive_float
+from kvwire.arg_types import float_between, non_negative_int, positive_float, positive_int
 from loadtests.plan_arithmetic import ROUTING_WINS, FleetSize, arithmetic
 from loadtests.plan_report import render
 from loadtests.plan_simulation import PolicyFigures, simulate_policies
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a model directory (or file) with a Hugging Face config.json")
     parser.add_argument("--gpu-profile", default="llama3-8b-h100",
                         help="with --model: the profile whose GPU the simulator uses")
-    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--replicas", type=positive_int, default=8)
     parser.add_argument("--idle-kv-gib", type=IDLE_KV_GIB, default=None,
                         help="KV per replica not pinned by running requests, up to 4096 "
                              "(default: the scenario's, else 25)")
@@ -55,10 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--scenario", choices=sorted(SCENARIOS), default=None)
     work.add_argument("--workload", default=None, metavar="CAPTURE.jsonl",
                       help="a gateway capture: JSON lines with model and body")
-    parser.add_argument("--docs", type=int, default=2000)
-    parser.add_argument("--doc-tokens", type=int, default=6000)
-    parser.add_argument("--hot", type=int, default=250, help="documents in the hot set")
-    parser.add_argument("--hot-share", type=float, default=0.8,
+    parser.add_argument("--docs", type=positive_int, default=2000)
+    parser.add_argument("--doc-tokens", type=positive_int, default=6000)
+    parser.add_argument("--hot", type=positive_int, default=250, help="documents in the hot set")
+    parser.add_argument("--hot-share", type=float_between(0.0, 1.0), default=0.8,
                         help="share of requests to the hot set (a capture's hot set is the "
                              "fewest documents that receive this share)")
     parser.add_argument("--rate", type=positive_float, default=None,

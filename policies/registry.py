@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any
 
-import yaml
-
+from kvwire import yaml_strict
 from policies.base import Policy
 from policies.config import ConfigError, from_mapping
 from policies.cost import Cost, CostConfig
@@ -60,7 +59,7 @@ def load_preset(name: str) -> dict[str, Any]:
     if name not in _POLICIES:
         raise ConfigError(f"preset: unknown preset {name!r} (known: {', '.join(POLICY_NAMES)})")
     text = resources.files("policies").joinpath("presets", f"{name}.yaml").read_text("utf-8")
-    data = yaml.safe_load(text)
+    data = yaml_strict.safe_load(text)
     if not isinstance(data, dict):
         raise ConfigError(f"preset {name}.yaml: expected a mapping, got {data!r}")
     return data

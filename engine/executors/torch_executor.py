@@ -21,6 +21,8 @@ from engine.model.llama import CausalLM, KVCache
 from engine.model.loader import load_model
 from engine.request import SamplingParams
 
+_NO_COMPUTE = frozenset(("meta",))  # torch devices with shapes but no data
+
 
 def pick_device(name: str = "auto") -> torch.device:
     """The device ``name`` names ("auto": CUDA where there is one, else the CPU);
@@ -32,6 +34,8 @@ def pick_device(name: str = "auto") -> torch.device:
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"{name!r} is not a torch device (cpu, cuda, cuda:N, mps): "
                          f"{exc}") from None
+    if device.type in _NO_COMPUTE:
+        raise ValueError(f"{name!r} holds no data to compute on (cpu, cuda, cuda:N, mps)")
     backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu, ...
     available = getattr(backend, "is_available", None)
     if callable(available) and not available():

@@ -3,7 +3,7 @@ import argparse
 import pytest
 
 from engine.cli import add_arguments, make_executor
-from engine.cost_model import CostModel, available_profiles, load_profile
+from engine.cost_model import PROFILE_DIR, CostModel, available_profiles, load_profile
 from engine.executor import Batch, SeqWork
 from engine.sim_executor import SimExecutor, sim_token
 from kvwire.tokenizer import load_tokenizer
@@ -17,6 +17,17 @@ def test_profiles_load_with_documented_shapes() -> None:
     assert (a100.gpu.peak_tflops, a100.gpu.hbm_tb_per_s) == (312.0, 2.0)
     with pytest.raises(ValueError, match="unknown profile"):
         load_profile("gpt-9")
+
+
+def test_a_profile_file_with_a_key_twice_or_bad_yaml_is_refused_naming_it(tmp_path) -> None:
+    twice = tmp_path / "mine.yaml"
+    twice.write_text((PROFILE_DIR / "llama3-8b-h100.yaml").read_text() + "name: other\n")
+    with pytest.raises(ValueError, match=r"mine.yaml: line \d+: key 'name' appears twice"):
+        load_profile(str(twice))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed\n")
+    with pytest.raises(ValueError, match=r"broken\.yaml"):
+        load_profile(str(broken))
 
 
 def test_roofline_regimes() -> None:

@@ -58,6 +58,7 @@ def test_prefix_hit_through_the_core_gives_the_cold_answer(model_dir: Path) -> N
 @pytest.mark.parametrize("argv, said", [
     (["--device", "banana"], "--device 'banana' is not a torch device"),
     (["--device", "cpu:7"], "--device 'cpu:7': this machine has 1 cpu device(s)"),
+    (["--device", "meta"], "--device 'meta' holds no data to compute on"),
     (["--device", "cpu", "--kv-cache-gib", "1e5"],
      "--kv-cache-gib 100000 is more than the"),
 ])

@@ -150,7 +150,7 @@ def test_capture_documents_estimated_from_shared_prefixes(tmp_path: Path) -> Non
     (("--hot", "3000"), "hot_docs (3000) must be < num_docs (2000)"),
     (("--workload", "/nonexistent/capture.jsonl"), "No such file"),
     (("--model", "/nonexistent"), "no config.json"),
-    (("--replicas", "0"), "replicas must be positive"),
+    (("--replicas", "0"), "argument --replicas: must be >= 1, got 0"),
 ])
 def test_bad_inputs_say_what_is_wrong(args: tuple[str, ...], message: str) -> None:
     done = plan(*args, "--sim-requests", "0")
@@ -171,3 +171,22 @@ def test_idle_kv_no_replica_has_is_refused_before_planning(
     assert f"argument --idle-kv-gib: must be > 0 and <= 4096 GiB, got {value}" \
         in capsys.readouterr().err
     assert parser.parse_args(["--idle-kv-gib", "4096"]).idle_kv_gib == 4096
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--docs", "0"), "argument --docs: must be >= 1, got 0"),
+    (("--doc-tokens", "-5"), "argument --doc-tokens: must be >= 1, got -5"),
+    (("--hot", "0"), "argument --hot: must be >= 1, got 0"),
+    (("--hot-share", "2"), "argument --hot-share: must be between 0 and 1, got 2"),
+    (("--hot-share", "nan"), "argument --hot-share: must be between 0 and 1, got nan"),
+])
+def test_workload_numbers_are_checked_by_their_flags_name(
+        args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests import plan as plan_cli
+
+    parser = argparse.ArgumentParser(prog="kvgate plan")
+    plan_cli.add_arguments(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(list(args))
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
