@@ -30,14 +30,14 @@ from gateway.discovery.runner import Discovery, build_source
 from gateway.errors import NoReplicaAvailable
 from gateway.fleet import ModelInfo
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
-from gateway.intake import Intake, take_in, take_place
+from gateway.intake import Intake, read_timed_body, take_in, take_place
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
 from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
 from gateway.passthrough import passthrough
 from gateway.proxy import Proxy, UpstreamStream
 from gateway.relay_response import relay
-from gateway.request_parse import Endpoint
+from gateway.request_parse import Endpoint, generates
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
@@ -193,8 +193,19 @@ async def chat_completions(request: Request) -> Response:
 
 async def invocations(request: Request) -> Response:
     """SageMaker's (and vLLM's) one inference path: a chat when the body has
-    ``messages``, else a completion, sent to the replica's OpenAI path for it."""
-    return await _proxy(request, None, "/invocations")
+    ``messages``, a completion when it has ``prompt`` (or ``prompt_embeds``), each routed
+    and sent to the replica's OpenAI path for it; any other body (embeddings, rerank,
+    score, classify, pooling: vLLM tells them by the model's task) goes, as the other
+    pass-through endpoints do, to the replica's own ``/invocations``."""
+    gw: GatewayState = request.app.state.gw
+    try:  # read within the limits, and kept on the request for the handler that serves it
+        raw = await read_timed_body(request, gw)
+    except OpenAIError as exc:
+        gw.ended("none", str(exc.status))
+        raise
+    if generates(raw):
+        return await _proxy(request, None, "/invocations")
+    return await passthrough(request)
 
 
 async def version(request: Request) -> Response:

@@ -49,13 +49,16 @@ def upstream_headers(request: Request, trusted: Networks,
     return out
 
 
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/")
+MAX_REQUEST_ID_CHARS = 256
 REQUEST_ID_KEY = "kvgate.request_id"  # in the ASGI scope, once the request's id is chosen
 
 
 def _sane(given: str) -> bool:
-    """At most 128 characters of letters, digits and ``-_.:/``."""
-    return 0 < len(given) <= 128 and set(given) <= _ID_CHARS
+    """At most ``MAX_REQUEST_ID_CHARS`` visible ASCII characters (no space, no control
+    character: an id cannot split a log line or a header); a client's tracing ids, base64
+    and UUIDs in braces among them."""
+    return 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isascii() and given.isprintable() \
+        and " " not in given
 
 
 def request_id_of(request: Request, headers: dict[str, str], made: str,

@@ -118,9 +118,9 @@ def render(record: CaptureRecord, tokenizer: PromptTokenizer, max_chars: int
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise ValueError("a chat request without 'messages'")
-        normalized = normalize_messages(messages)
+        normalized = normalize_messages(messages, lenient=True)
         tools = check_tools(body.get("tools"))
-        return tokenizer.render_chat(messages, tools=tools)[:max_chars], normalized
+        return tokenizer.render_chat(normalized, tools=tools)[:max_chars], normalized
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

@@ -1,7 +1,8 @@
 """Validate an OpenAI request body and pull out what routing needs.
 
-The body is checked with the same rules the engine applies (``kvwire.openai_schema``) and
-read for the prompt; the bytes the replica receives are the client's own, unchanged
+The body is checked with the rules the engine applies (``kvwire.openai_schema``), leniently
+where the replica is the judge (content parts the gateway does not know, ``prompt_embeds``),
+and read for the prompt; the bytes the replica receives are the client's own, unchanged
 (unknown fields survive).
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvwire.openai_schema import BadRequest, json_object, parse_fields
+from kvwire.openai_schema import BadRequest, decode_json, json_object, parse_fields
 
 Endpoint = Literal["completions", "chat"]
 
@@ -47,9 +48,10 @@ def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None
             raise BadRequest("'model' is required and must be a non-empty string (this "
                              "fleet serves several models, or none is known yet)",
                              param="model")
-        fields = parse_fields({**body, "model": model}, chat=endpoint == "chat")
+        fields = parse_fields({**body, "model": model}, chat=endpoint == "chat",
+                              lenient=True)
     else:
-        fields = parse_fields(body, chat=endpoint == "chat")
+        fields = parse_fields(body, chat=endpoint == "chat", lenient=True)
     assert fields.model is not None
     affinity = affinity_header_value
     if affinity is None and affinity_field:
@@ -62,3 +64,17 @@ def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None
     return ParsedRequest(endpoint, body, fields.model, fields.stream, fields.prompt_text,
                          fields.prompt_ids, fields.messages, fields.cache_salt, affinity,
                          fields.tools, len(raw))
+
+
+_GENERATE_KEYS = ("messages", "prompt", "prompt_embeds")
+
+
+def generates(raw: bytes) -> bool:
+    """Whether an ``/invocations`` body is a chat or a completion (``messages``,
+    ``prompt`` or ``prompt_embeds``), to be routed as one; a body that is no JSON object
+    is too (its error is a chat's or a completion's)."""
+    try:
+        body = decode_json(raw)
+    except BadRequest:
+        return True
+    return not isinstance(body, dict) or any(key in body for key in _GENERATE_KEYS)

@@ -104,7 +104,7 @@ class Router:
         if parsed.messages is None or parsed.prompt_text is not None:
             return None
         try:
-            return normalize_messages(parsed.messages)
+            return normalize_messages(parsed.messages, lenient=True)
         except ChatFormatError as exc:
             raise BadRequest(str(exc), param=exc.param or "messages") from exc
 
@@ -188,8 +188,8 @@ class Router:
         if needed == 0:
             if text is not None:
                 return _Tokens((), self.tokenizer.estimate_tokens(text), None, hash(text))
-            joined = "".join(m["content"] for m in normalize_messages(parsed.messages or [],
-                                                                      hash_media=False))
+            joined = "".join(m["content"] for m in normalize_messages(
+                parsed.messages or [], hash_media=False, lenient=True))
             return _Tokens((), self.tokenizer.estimate_tokens(joined), None, None)
         group = parsed.cache_salt or ""  # no memo hit crosses tenants
         if text is not None and (hit := self.tokenizer.remembered_prefix(text, needed or 0,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvwire.media_parts import MediaPartError, media_type, placeholder
+from kvwire.media_parts import MediaPartError, media_type, opaque_placeholder, placeholder
 
 # parts whose text is the model's to read: the key that holds it
 _TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal",
@@ -38,20 +38,29 @@ def check_tools(tools: Any) -> list[Any] | None:
     return tools
 
 
-def normalize_messages(messages: Sequence[Any], hash_media: bool = True
-                       ) -> list[dict[str, Any]]:
+def normalize_messages(messages: Sequence[Any], hash_media: bool = True,
+                       lenient: bool = False) -> list[dict[str, Any]]:
     """Check OpenAI chat messages; returns them as plain ``{role, content}`` dicts, with an
     assistant turn's ``tool_calls`` and a tool turn's ``tool_call_id`` where given (a chat
     template renders them: without them, a history's calls would all read the same). With
     ``hash_media`` False, media parts are checked but not hashed: their placeholders have
-    the right length and a zero digest (for validation and length estimates)."""
-    normalized = [_normalize_message(m, i, hash_media) for i, m in enumerate(messages)]
+    the right length and a zero digest (for validation and length estimates).
+
+    A text part whose text is null reads as empty (vLLM skips it). ``lenient`` (the
+    gateway, which forwards the request for its replica to judge): a content part of a
+    type this module does not know, or a media part it cannot read (vLLM's cached media
+    named by ``uuid`` alone, ``input_image``, embeddings of audio or video), stands in
+    the prompt as a placeholder derived from the whole part (``opaque_placeholder``)
+    instead of being refused; the engine, which must serve what it reads, is strict."""
+    normalized = [_normalize_message(m, i, hash_media, lenient)
+                  for i, m in enumerate(messages)]
     if not normalized:
         raise ChatFormatError("messages must contain at least one message")
     return normalized
 
 
-def _normalize_message(message: Any, index: int, hash_media: bool) -> dict[str, Any]:
+def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
+                       ) -> dict[str, Any]:
     if not isinstance(message, Mapping):
         raise ChatFormatError(f"messages[{index}] must be an object, got {message!r:.60}")
     role = message.get("role")
@@ -74,6 +83,8 @@ def _normalize_message(message: Any, index: int, hash_media: bool) -> dict[str, 
             if field is not None:
                 assert isinstance(part, Mapping)
                 text = part.get(field, "")
+                if text is None:
+                    text = ""
                 if not isinstance(text, str):
                     raise ChatFormatError(f"{where}.{field} must be a string, got "
                                           f"{type(text).__name__}", param=f"{where}.{field}")
@@ -84,7 +95,11 @@ def _normalize_message(message: Any, index: int, hash_media: bool) -> dict[str, 
                 try:
                     texts.append(placeholder(part, where, hash_media))
                 except MediaPartError as exc:
-                    raise ChatFormatError(str(exc), param=exc.field) from None
+                    if not lenient:
+                        raise ChatFormatError(str(exc), param=exc.field) from None
+                    texts.append(opaque_placeholder(part, hash_media))
+            elif lenient and isinstance(part, Mapping):
+                texts.append(opaque_placeholder(part, hash_media))
             else:
                 raise ChatFormatError(
                     f"{where} must be a text, refusal, thinking, image_url, image_embeds, "

@@ -25,6 +25,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 DIGEST_HEX_CHARS = 32  # 128 bits of SHA-256: no two contents share a placeholder
 _NO_DIGEST = "0" * DIGEST_HEX_CHARS
 
@@ -95,6 +97,19 @@ def placeholder(part: Mapping[str, Any], where: str, digest: bool = True) -> str
         h.update(piece.encode())
         h.update(b"\0")  # ("wa", "vX") and ("wav", "X") hash apart
     return f"<|{kind}:{h.hexdigest()[:DIGEST_HEX_CHARS]}|>"
+
+
+def opaque_placeholder(part: Mapping[str, Any], digest: bool = True) -> str:
+    """The text that stands for a content part read as a whole: a part of a type the
+    gateway does not know (or cannot read) but forwards for its replica to judge. Its
+    digest is of the part's JSON with sorted keys, so the same part keys the same."""
+    if not digest:
+        return f"<|part:{_NO_DIGEST}|>"
+    try:
+        data = orjson.dumps(part, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson cannot write (an integer past 64 bits)
+        data = repr(part).encode()
+    return f"<|part:{hashlib.sha256(data).hexdigest()[:DIGEST_HEX_CHARS]}|>"
 
 
 def carries_media(messages: Any) -> bool:

@@ -13,6 +13,7 @@ sampling fields on top (:func:`optional` reads them with the same rules).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 import orjson
 
 from kvwire.chat_messages import ChatFormatError, check_tools, normalize_messages
+from kvwire.media_parts import DIGEST_HEX_CHARS
 
 MAX_CACHE_SALT_CHARS = 128  # vLLM's limit on ``cache_salt``
 MAX_TOKEN_ID = (1 << 32) - 1
@@ -209,7 +211,12 @@ def check_cache_salt(value: Any) -> str | None:
     return value
 
 
-def parse_fields(body: Any, *, chat: bool) -> RequestFields:
+def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFields:
+    """The fields every request is checked for. ``lenient`` (the gateway, which forwards
+    the body for its replica to judge): content parts it does not know stand in by a
+    digest (``normalize_messages``), and a completion may carry ``prompt_embeds``
+    instead of ``prompt`` (vLLM's ``--enable-prompt-embeds``), read as a placeholder
+    derived from them."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     model = model_field(body)
@@ -218,13 +225,19 @@ def parse_fields(body: Any, *, chat: bool) -> RequestFields:
     max_completion_tokens = positive_int(body, "max_completion_tokens")
     salt = check_cache_salt(body.get("cache_salt"))
     if not chat:
-        text, ids, count = _prompt(body.get("prompt"))
+        embeds = body.get("prompt_embeds") if lenient else None
+        text: str | None
+        if embeds is not None and body.get("prompt") is None:
+            text, ids, count = _embeds_prompt(embeds)
+        else:
+            text, ids, count = _prompt(body.get("prompt"))
         return RequestFields(body, model, stream, max_tokens, salt, text, ids, count)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array", param="messages")
     try:
-        normalize_messages(messages, hash_media=False)  # checked here, hashed when rendered
+        # checked here, hashed when rendered
+        normalize_messages(messages, hash_media=False, lenient=lenient)
     except ChatFormatError as exc:
         raise BadRequest(str(exc), param=exc.param or "messages") from exc
     try:
@@ -241,6 +254,18 @@ def is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
         for t in value)
+
+
+def _embeds_prompt(embeds: Any) -> tuple[str, None, int]:
+    """(placeholder text, None, number of prompts) of a ``prompt_embeds`` field: one
+    base64 tensor or a list of them, the first one's digest standing for its prompt."""
+    first = embeds[0] if isinstance(embeds, list) and embeds else embeds
+    if not isinstance(first, str) or not first \
+            or (isinstance(embeds, list) and not all(isinstance(e, str) for e in embeds)):
+        raise BadRequest("'prompt_embeds' must be a base64 string or an array of them",
+                         param="prompt_embeds")
+    digest = hashlib.sha256(first.encode()).hexdigest()[:DIGEST_HEX_CHARS]
+    return f"<|embeds:{digest}|>", None, len(embeds) if isinstance(embeds, list) else 1
 
 
 def _prompt(prompt: Any) -> tuple[str | None, list[int] | None, int]:

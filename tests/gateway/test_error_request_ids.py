@@ -77,6 +77,21 @@ def test_gateway_errors_echo_or_make_a_request_id(
     assert other.headers["x-request-id"] != made.headers["x-request-id"]
 
 
+def test_a_clients_id_is_kept_whatever_visible_characters_it_has(
+        one: tuple[ThreadServer, Behaviour]) -> None:
+    # tracing ids, base64 and braced UUIDs reach the replica and come back as sent; a
+    # space or a control character (a log line split) or past 256 characters does not
+    gw, replica = one
+    chat = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
+    for given, kept in (("{6f1c}=a+b/c==", True), ("x" * 256, True), ("x" * 257, False),
+                        ("two words", False), ("caf\u00e9".encode(), False)):
+        r = httpx.post(f"{gw.url}/v1/chat/completions", json=chat,
+                       headers={"x-request-id": given})
+        assert r.status_code == 200, r.text
+        assert (r.headers["x-request-id"] == given) is kept, given
+        assert replica.headers[-1]["x-request-id"] == r.headers["x-request-id"]
+
+
 @pytest.mark.parametrize("path", ["/v1/models", "/health", "/ready"])
 def test_the_gateways_own_answers_carry_an_id(one: tuple[ThreadServer, Behaviour],
                                               path: str) -> None:

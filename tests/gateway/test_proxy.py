@@ -683,6 +683,25 @@ def test_vllms_other_paths_and_cors(serve: Serve) -> None:
                        ({"model": "sim-model", "prompt": "x"}, "/v1/completions")):
         r = httpx.post(f"{gw.url}/invocations", json=body)
         assert r.status_code == 200 and a.paths[-1] == path, r.text
+    # ... any other body (embeddings, rerank: vLLM tells them by the model's task) to the
+    # replica's own /invocations, unchanged
+    embed = {"model": "sim-model", "input": "some text", "encoding_format": "float"}
+    r = httpx.post(f"{gw.url}/invocations", json=embed)
+    assert r.status_code == 200 and r.json()["data"][0]["embedding"] == [0.5, -0.5], r.text
+    assert a.paths[-1] == "/invocations" and json.loads(a.received[-1]) == embed
+    assert r.headers["x-kvgate-route"] == "passthrough"
+    # content parts the gateway cannot read, and prompt embeddings, are the replica's to
+    # judge (vLLM serves them): forwarded unchanged, not refused
+    parts = [{"type": "input_image", "image_url": "https://example.com/cat.png"},
+             {"type": "image_url", "uuid": "cached-image-7"},
+             {"type": "text", "text": None}, {"type": "text", "text": "what is this?"}]
+    for body, path in (
+            ({"model": "sim-model", "messages": [{"role": "user", "content": parts}]},
+             "/v1/chat/completions"),
+            ({"model": "sim-model", "prompt_embeds": "AAAAPw=="}, "/v1/completions")):
+        r = httpx.post(f"{gw.url}/invocations", json=body)
+        assert r.status_code == 200 and a.paths[-1] == path, r.text
+        assert json.loads(a.received[-1]) == body
     assert httpx.get(f"{gw.url}/ping").status_code == 200
     assert httpx.post(f"{gw.url}/ping").status_code == 200
     assert httpx.get(f"{gw.url}/version").json()["version"]

@@ -116,3 +116,41 @@ def test_every_part_vllm_reads_is_read() -> None:
         assert parse_fields({"model": "m", "messages": user(part)}, chat=True).messages
     assert carries_media(user({"image_url": PNG_A}))
     assert not carries_media(user({"type": "refusal", "refusal": "no"}))
+
+
+def test_parts_only_a_replica_can_read_stand_in_by_a_digest_of_the_whole_part() -> None:
+    # the gateway forwards them (vLLM reads them); the engine, which must serve what it
+    # reads, refuses them
+    def chat(*parts: object) -> list[dict[str, object]]:
+        return [{"role": "user", "content": [*parts, {"type": "text", "text": "and?"}]}]
+
+    unknown = {"type": "input_image", "image_url": "https://example.com/a.png"}
+    by_uuid = {"type": "image_url", "uuid": "cached-7"}
+    for part in (unknown, by_uuid):
+        with pytest.raises(ChatFormatError):
+            normalize_messages(chat(part))
+        (once,) = normalize_messages(chat(part), lenient=True)
+        (again,) = normalize_messages(chat(dict(reversed(list(part.items())))), lenient=True)
+        assert once["content"].startswith("<|part:") and once["content"].endswith("and?")
+        assert once == again  # the part's keys in any order
+    (one,) = normalize_messages(chat(unknown), lenient=True)
+    (other,) = normalize_messages(chat({**unknown, "image_url": "https://example.com/b.png"}),
+                                  lenient=True)
+    assert one != other
+    (checked,) = normalize_messages(chat(unknown), hash_media=False, lenient=True)
+    assert checked["content"] == "<|part:" + "0" * 32 + "|>and?"
+    # a text part whose text is null reads as empty, as vLLM skips it
+    (skipped,) = normalize_messages(chat({"type": "text", "text": None}))
+    assert skipped["content"] == "and?"
+
+
+def test_prompt_embeds_stand_for_the_prompt_where_the_replica_judges_them() -> None:
+    body = {"model": "m", "prompt_embeds": "AAAAPw=="}
+    with pytest.raises(BadRequest, match="'prompt' is required"):
+        parse_fields(body, chat=False)
+    fields = parse_fields(body, chat=False, lenient=True)
+    assert fields.prompt_text is not None and fields.prompt_text.startswith("<|embeds:")
+    assert parse_fields({**body, "prompt_embeds": ["AAAAPw==", "AAAAQA=="]}, chat=False,
+                        lenient=True).num_prompts == 2
+    with pytest.raises(BadRequest, match="prompt_embeds"):
+        parse_fields({**body, "prompt_embeds": 7}, chat=False, lenient=True)

@@ -132,7 +132,15 @@ def fake_replica(b: Behaviour) -> Starlette:
         return Response(("\n".join(lines) + "\n").encode() + b.metrics_extra,
                         media_type="text/plain")
 
+    async def invocations(request: Request) -> Response:  # vLLM's, for a pooling model
+        raw = await request.body()
+        b.received.append(raw)
+        b.paths.append(request.url.path)
+        return JSONResponse({"object": "list", "data": [
+            {"object": "embedding", "index": 0, "embedding": [0.5, -0.5]}]})
+
     return Starlette(routes=[
+        Route("/invocations", invocations, methods=["POST"]),
         Route("/v1/completions", complete, methods=["POST"]),
         Route("/v1/chat/completions", complete, methods=["POST"]),
         Route("/health", health), Route("/v1/models", models), Route("/metrics", metrics),
