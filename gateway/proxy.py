@@ -67,6 +67,7 @@ _HOP_BY_HOP = frozenset({
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
 _SHUTDOWN = "shutdown"  # the cut of an answer the gateway's shutdown ended
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
+_IDENTITY = frozenset(("identity", ""))  # content-encodings whose bytes are the body
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
@@ -165,7 +166,10 @@ class UpstreamStream:
         self.duration_s: float | None = None  # from sending to the last byte, once closed
         self.response = response
         self.status = response.status
-        self.stream = "text/event-stream" in response.headers.get("content-type", "")
+        # an encoded stream (gzip from a compressing hop) has no events to read: it is
+        # relayed as a body, bytes unchanged, a cut shown by the dropped connection
+        self.stream = "text/event-stream" in response.headers.get("content-type", "") \
+            and response.headers.get("content-encoding", "identity").lower() in _IDENTITY
         self.headers = forward_headers(response.headers, _SERVER_OWN)
         length = response.headers.get("content-length")
         if length is not None and not self.stream:
