@@ -122,7 +122,12 @@ class RequestFields:
     tools: list[Any] | None = None
 
 
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Python's json (vLLM's) skips
+
+
 def decode_json(raw: bytes) -> Any:
+    if raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # also raised for invalid UTF-8
@@ -153,7 +158,9 @@ def optional(body: Mapping[str, Any], key: str, types: type | tuple[type, ...],
     return value
 
 
-_TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
+# pydantic's lax booleans (vLLM's request models)
+_TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})
+_FALSE = frozenset({"false", "0", "no", "off", "f", "n"})
 
 
 def _lax(value: Any, allowed: tuple[type, ...]) -> Any:

@@ -13,6 +13,7 @@ from kvwire.openai_schema import BadRequest, optional, parse_fields
     (3.0, int, 3), ("3", int, 3), ("+3", int, 3), (" 12 ", int, 12),
     ("0.5", float, 0.5), ("2", (int, float), 2),
     ("true", bool, True), ("False", bool, False), ("1", bool, True), (0, bool, False),
+    ("t", bool, True), ("N", bool, False),
 ])
 def test_lax_values_are_read(value: Any, types: Any, read: Any) -> None:
     got = optional({"k": value}, "k", types, None)
@@ -33,3 +34,9 @@ def test_a_request_vllm_takes_is_taken() -> None:
     fields = parse_fields({"model": "m", "prompt": "x", "max_tokens": "3", "stream": "true",
                            "temperature": "0.5"}, chat=False)
     assert fields.stream is True
+
+
+def test_a_body_with_a_byte_order_mark_is_read_as_vllm_reads_it() -> None:
+    from kvwire.openai_schema import decode_json
+
+    assert decode_json(b'\xef\xbb\xbf{"model": "m"}') == {"model": "m"}
