@@ -32,22 +32,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import zmq
 import zmq.asyncio
 
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
-from kvwire.kv_event_format import REPLAY_END, KVEventBatch, KVWireError, decode_payload
+from kvwire.kv_event_format import (
+    REPLAY_END,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+    KVWireError,
+    decode_payload,
+)
 from policies.base import Policy, ReplicaRemoved
 from policies.kv_events import KVEvents
-from policies.kv_index import KVIndex
+from policies.kv_index import MIN_BLOCK_LIMIT, KVIndex
 
 log = logging.getLogger("kvgate.kv_events")
 
-MAX_MESSAGE_BYTES = 16 << 20  # one engine step's events: far below this
+# one engine step's events (a few thousand blocks stored or removed, their token ids: a
+# few hundred KB) is far below this
+MAX_MESSAGE_BYTES = 4 << 20
 _DUPLICATES_KEPT = 1024  # replayed batches a live duplicate is recognised among
 _POLL_MS = 250  # how soon a reader notices that its replica's index was reset
+_THREAD_DECODE_BYTES = 256 << 10  # a payload past this is decoded off the event loop
+_SLICE_HASHES = 8192  # a batch is applied this many block hashes at a time, the loop
+# served in between (a message of millions of hashes held it for seconds)
+_REPLAY_BACKOFF_S = (1.0, 60.0)  # after a failed replay, none for this long (doubling)
 
 
 class KVEventSubscriber:
@@ -68,6 +83,11 @@ class KVEventSubscriber:
         # replica -> the last batches a catch-up replay applied (sequence number -> hash of
         # the payload) and the highest number, until a live message numbered past it
         self._replayed: dict[str, tuple[int, dict[int, int]]] = {}
+        # replica -> (no replay before this monotonic time, the next backoff): a replay
+        # endpoint that fails is not asked at every gap, which held the live stream 2 s
+        # each time
+        self._replay_backoff: dict[str, tuple[float, float]] = {}
+        self._overflows_logged = 0
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         if isinstance(event, ReplicaAdded | ReplicaRemoved):
@@ -162,7 +182,7 @@ class KVEventSubscriber:
             log.info("replica %s: following KV events at %s", replica, endpoint)
             while True:
                 resets = self.index.resets[replica]
-                if replay is not None and caught_up != resets:
+                if replay is not None and caught_up != resets and self._may_replay(replica):
                     caught_up = resets
                     if self.index.last_seq(replica) is None:
                         await self.catch_up(replica, replay)
@@ -184,8 +204,12 @@ class KVEventSubscriber:
                                               if seq > last - _DUPLICATES_KEPT})
 
     async def receive(self, replica: str, frames: list[bytes], replay: str | None) -> None:
-        """``handle``, first filling from ``replay`` what the stream missed before it."""
-        message = self._decode(replica, frames)
+        """``handle``, first filling from ``replay`` what the stream missed before it (a
+        large payload decoded on a thread, a large batch applied in slices)."""
+        decoded: KVEventBatch | KVWireError | None = None
+        if len(frames) == 3 and len(frames[2]) > _THREAD_DECODE_BYTES:
+            decoded = await asyncio.to_thread(_decoded, frames[2])
+        message = self._decode(replica, frames, decoded)
         if message is None:
             return
         seq = message[0]
@@ -206,9 +230,23 @@ class KVEventSubscriber:
         start = 0 if last is None else last + 1
         if seq > start:
             self.gaps += 1
-            if replay is not None:
+            if replay is not None and self._may_replay(replica):
                 await self._replay(replica, replay, start, seq)
-        self._apply(replica, *message)
+        if sum(_hashes(ev) for ev in message[1].events) <= _SLICE_HASHES:
+            self._apply(replica, *message)
+            return
+        first = True
+        for part in _slices(message[1]):
+            if not first:
+                await asyncio.sleep(0)  # the loop serves others between slices
+                if self.fleet.get(replica) is None:
+                    return  # removed meanwhile
+            self._apply(replica, message[0], part, count=first)
+            first = False
+
+    def _may_replay(self, replica: str) -> bool:
+        backoff = self._replay_backoff.get(replica)
+        return backoff is None or time.monotonic() >= backoff[0]
 
     def handle(self, replica: str, frames: list[bytes]) -> None:
         """Apply one received message to the index (skipped if malformed)."""
@@ -216,26 +254,52 @@ class KVEventSubscriber:
         if message is not None:
             self._apply(replica, *message)
 
-    def _decode(self, replica: str, frames: list[bytes]) -> tuple[int, KVEventBatch] | None:
+    def _decode(self, replica: str, frames: list[bytes],
+                decoded: KVEventBatch | KVWireError | None = None
+                ) -> tuple[int, KVEventBatch] | None:
+        """(sequence number, batch) of a message, its payload ``decoded`` already where
+        given; None when it is skipped (counted and logged when malformed)."""
         if self.fleet.get(replica) is None:
             return None  # removed while the message was in flight
         try:
             if len(frames) != 3 or len(frames[1]) != 8:
                 raise KVWireError(f"expected [topic, 8-byte seq, payload], got "
                                   f"{len(frames)} frames")
-            return int.from_bytes(frames[1], "big"), decode_payload(frames[2])
+            if decoded is None:
+                decoded = _decoded(frames[2])
+            if isinstance(decoded, KVWireError):
+                raise decoded
+            return int.from_bytes(frames[1], "big"), decoded
         except KVWireError as exc:
             self.malformed += 1
             log.warning("replica %s: skipping KV event message: %s", replica, exc)
             return None
 
-    def _apply(self, replica: str, seq: int, batch: KVEventBatch) -> None:
-        self.messages += 1
-        if batch.malformed:
+    def _apply(self, replica: str, seq: int, batch: KVEventBatch | tuple[KVEvent, ...],
+               count: bool = True) -> None:
+        """Apply one message's batch (or, ``count`` False, a later slice of it)."""
+        events = batch.events if isinstance(batch, KVEventBatch) else batch
+        if count:
+            self.messages += 1
+        if isinstance(batch, KVEventBatch) and batch.malformed:
             self.malformed += batch.malformed
             log.warning("replica %s: skipped %d malformed KV events of message %d", replica,
                         batch.malformed, seq)
-        self.index.apply(replica, seq, batch.events)
+        state = self.fleet.get(replica)
+        capacity = state.kv_capacity().replica_tokens if state is not None else None
+        if capacity:  # no replica holds more blocks than its KV has room for
+            self.index.set_limit(replica, max(MIN_BLOCK_LIMIT,
+                                              2 * capacity // self.index.block_size))
+        overflows = self.index.stats.overflows
+        if count:
+            self.index.apply(replica, seq, events)
+        else:
+            for ev in events:
+                self.index.apply_event(replica, ev)
+        if self.index.stats.overflows > overflows:
+            log.warning("replica %s: its KV events name more blocks than it can hold (%d): "
+                        "its index was cleared (removals lost, or not an engine's stream)",
+                        replica, self.index.limit_of(replica))
 
     async def _replay(self, replica: str, endpoint: str, start: int, until: int | None,
                       applied_hashes: dict[int, int] | None = None) -> int | None:
@@ -261,17 +325,70 @@ class KVEventSubscriber:
                     if start <= seq and (until is None or seq < until) \
                             and (last is None or seq > last) \
                             and self.fleet.get(replica) is not None:
-                        self._apply(replica, seq, decode_payload(frames[-1]))
-                        applied, last = applied + 1, seq
+                        message = self._decode(replica, [b"", frames[-2], frames[-1]])
+                        if message is not None:  # a malformed batch is skipped, counted
+                            self._apply(replica, *message)
+                            applied += 1
+                        last = seq
                         if applied_hashes is not None:
                             applied_hashes[seq] = hash(frames[-1])
             self.replays += 1
+            self._replay_backoff.pop(replica, None)
             log.info("replica %s: replayed %d KV event batches from %d", replica, applied,
                      start)
-        except (TimeoutError, zmq.ZMQError, KVWireError) as exc:
+        except (TimeoutError, zmq.ZMQError) as exc:
             self.replay_failures += 1
-            log.warning("replica %s: KV event replay from %s failed after %d batches: %r",
-                        replica, endpoint, applied, exc)
+            wait = self._replay_backoff.get(replica, (0.0, _REPLAY_BACKOFF_S[0]))[1]
+            self._replay_backoff[replica] = (time.monotonic() + wait,
+                                             min(2 * wait, _REPLAY_BACKOFF_S[1]))
+            log.warning("replica %s: KV event replay from %s failed after %d batches: %r; "
+                        "no replay for %g s (gaps are counted meanwhile)", replica, endpoint,
+                        applied, exc, wait)
         finally:
             sock.close()
         return last
+
+
+def _decoded(payload: bytes) -> KVEventBatch | KVWireError:
+    """``decode_payload``, its error returned (from a thread, as a value)."""
+    try:
+        return decode_payload(payload)
+    except KVWireError as exc:
+        return exc
+
+
+def _hashes(ev: KVEvent) -> int:
+    return len(ev.block_hashes) if isinstance(ev, BlockStored | BlockRemoved) else 1
+
+
+def _slices(batch: KVEventBatch) -> list[tuple[KVEvent, ...]]:
+    """``batch``'s events in slices of about ``_SLICE_HASHES`` block hashes, an event of
+    more split in order (a stored run's later blocks chained to its earlier ones), so that
+    applying them one after another is applying the batch."""
+    out: list[tuple[KVEvent, ...]] = []
+    current: list[KVEvent] = []
+    size = 0
+    for ev in batch.events:
+        for piece in _split(ev):
+            current.append(piece)
+            size += _hashes(piece)
+            if size >= _SLICE_HASHES:
+                out.append(tuple(current))
+                current, size = [], 0
+    if current:
+        out.append(tuple(current))
+    return out
+
+
+def _split(ev: KVEvent) -> list[KVEvent]:
+    n = _SLICE_HASHES
+    if isinstance(ev, BlockRemoved) and len(ev.block_hashes) > n:
+        return [BlockRemoved(ev.block_hashes[i:i + n], ev.medium)
+                for i in range(0, len(ev.block_hashes), n)]
+    if isinstance(ev, BlockStored) and len(ev.block_hashes) > n \
+            and len(ev.token_ids) == len(ev.block_hashes) * ev.block_size:
+        b, hashes = ev.block_size, ev.block_hashes
+        return [BlockStored(hashes[i:i + n], ev.parent_block_hash if i == 0 else hashes[i - 1],
+                            ev.token_ids[i * b:(i + n) * b], b, ev.lora_id, ev.medium,
+                            ev.lora_name) for i in range(0, len(hashes), n)]
+    return [ev]

@@ -119,7 +119,15 @@ class _KVEventCollector(Collector):
              stats.orphans),
             ("kvgate_kv_event_restarts", "Replicas whose KV event sequence went back "
              "(restarted): their blocks were cleared", stats.restarts),
+            ("kvgate_kv_index_overflows", "Replicas whose KV events named more blocks than "
+             "they can hold: their blocks were cleared", stats.overflows),
         ))
+        index = self.source.index
+        blocks = GaugeMetricFamily("kvgate_kv_index_blocks", "Blocks the exact index holds "
+                                   "for a replica (from its KV events)", labels=["replica"])
+        for replica in index.replicas():
+            blocks.add_metric([replica], index.num_blocks(replica))
+        yield blocks
 
 
 class PeerCounts(Protocol):

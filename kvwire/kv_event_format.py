@@ -144,8 +144,10 @@ def _fields(raw: Any) -> tuple[str, dict[str, Any]] | None:
     """(event type, known fields) of an array or map event; None for an unknown type."""
     if isinstance(raw, Mapping):
         kind = raw.get("type")
+        if not isinstance(kind, str):
+            return _bad_event(raw)
         if kind not in _FIELDS:
-            return None if isinstance(kind, str) else _bad_event(raw)
+            return None
         return kind, {k: raw[k] for k in _FIELDS[kind] if k in raw}
     if isinstance(raw, list | tuple) and raw and isinstance(raw[0], str):
         kind = raw[0]
@@ -159,12 +161,24 @@ def _bad_event(raw: Any) -> Any:
     raise KVWireError(f"event must be a tagged array or a map with 'type', got {raw!r:.200}")
 
 
-def _int_list(value: Any, what: str) -> tuple[int, ...]:
+MAX_TOKEN_ID = (1 << 32) - 1  # token ids are hashed as u32
+
+
+def _token_ids(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, list | tuple) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKEN_ID
+        for v in value
     ):
-        raise KVWireError(f"{what} must be a list of ints, got {value!r:.200}")
+        raise KVWireError(f"{what} must be a list of token ids (0..{MAX_TOKEN_ID}), got "
+                          f"{value!r:.200}")
     return tuple(value)
+
+
+def _optional(value: Any, kind: type, what: str) -> Any:
+    """``value`` when None or of ``kind`` (a bool is no int), else KVWireError."""
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    raise KVWireError(f"{what} must be {kind.__name__} or null, got {value!r:.200}")
 
 
 def decode_event(raw: Any) -> KVEvent | None:
@@ -179,7 +193,7 @@ def decode_event(raw: Any) -> KVEvent | None:
     if not isinstance(hashes, list | tuple):
         raise KVWireError(f"{kind}.block_hashes must be a list, got {hashes!r:.200}")
     block_hashes = tuple(wire_hash(h) for h in hashes)
-    medium = f.get("medium")
+    medium = _optional(f.get("medium"), str, f"{kind}.medium")
     if kind == "BlockRemoved":
         return BlockRemoved(block_hashes, medium)
     parent = f.get("parent_block_hash")
@@ -189,11 +203,11 @@ def decode_event(raw: Any) -> KVEvent | None:
     return BlockStored(
         block_hashes=block_hashes,
         parent_block_hash=None if parent is None else wire_hash(parent),
-        token_ids=_int_list(f.get("token_ids"), "BlockStored.token_ids"),
+        token_ids=_token_ids(f.get("token_ids"), "BlockStored.token_ids"),
         block_size=size,
-        lora_id=f.get("lora_id"),
+        lora_id=_optional(f.get("lora_id"), int, "BlockStored.lora_id"),
         medium=medium,
-        lora_name=f.get("lora_name"),
+        lora_name=_optional(f.get("lora_name"), str, "BlockStored.lora_name"),
     )
 
 
@@ -202,8 +216,8 @@ def decode_payload(payload: bytes) -> KVEventBatch:
     event is skipped and counted (``malformed``) while the others are kept."""
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise KVWireError(f"payload is not msgpack: {exc}") from exc
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:  # TypeError: a map
+        raise KVWireError(f"payload is not msgpack: {exc}") from exc  # key unhashable
     if isinstance(raw, Mapping):
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
     elif isinstance(raw, list | tuple) and len(raw) >= 2:

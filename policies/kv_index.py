@@ -56,6 +56,10 @@ from policies.ring import token_bytes
 
 _ROOT = 1337  # parent key of a chain's first block (no adapter)
 MAX_ADAPTERS = 4096  # adapter names kept to match prompts by (a LoRA fleet's adapters)
+# blocks a replica may hold in the index (about 200 bytes each) until its KV capacity is
+# known: 2^20 blocks of 16 tokens is 16M tokens, past any one replica's KV
+DEFAULT_BLOCK_LIMIT = 1 << 20
+MIN_BLOCK_LIMIT = 1 << 16  # the least a known capacity limits a replica to
 
 
 def root_key(lora_name: str | None = None, lora_id: int | None = None) -> int:
@@ -103,6 +107,7 @@ class IndexStats:
     wrong_block_size: int = 0  # stored events dropped: not the index's block size
     gaps: int = 0  # messages lost (sequence jumped forward)
     restarts: int = 0  # sequence went back: the replica was cleared
+    overflows: int = 0  # a replica named more blocks than its limit: it was cleared
 
 
 class KVIndex:
@@ -116,6 +121,7 @@ class KVIndex:
         self._replicas: dict[str, _Replica] = {}
         self._adapters: dict[str, int] = {}  # adapter name -> its root key
         self.resets: Counter[str] = Counter()  # ``reset`` calls per replica
+        self._limits: dict[str, int] = {}  # replica -> most blocks it may hold here
 
     # -- queries -------------------------------------------------------------------------
 
@@ -135,6 +141,18 @@ class KVIndex:
         """Distinct block keys held by ``replica``."""
         r = self._replicas.get(replica)
         return len(r.keys) if r else 0
+
+    def limit_of(self, replica: str) -> int:
+        """The most blocks ``replica`` may hold in the index (``set_limit``)."""
+        return self._limits.get(replica, DEFAULT_BLOCK_LIMIT)
+
+    def set_limit(self, replica: str, blocks: int) -> None:
+        """Bound what ``replica`` holds here to ``blocks`` (twice its KV capacity, say):
+        a stream that names more (its removals lost, or no engine's) clears it, counted
+        in ``stats.overflows``, rather than growing the gateway without bound."""
+        if blocks < 1:
+            raise ValueError(f"blocks must be >= 1, got {blocks!r}")
+        self._limits[replica] = blocks
 
     def holds(self, replica: str, key: int) -> bool:
         r = self._replicas.get(replica)
@@ -203,14 +221,14 @@ class KVIndex:
     def apply_event(self, replica: str, ev: KVEvent) -> None:
         r = self._replicas.setdefault(replica, _Replica())
         if isinstance(ev, BlockStored):
-            self._stored(r, ev)
+            self._stored(r, ev, self._limits.get(replica, DEFAULT_BLOCK_LIMIT))
         elif isinstance(ev, BlockRemoved):
             for h in ev.block_hashes:
                 self._drop(r, h)
         elif isinstance(ev, AllBlocksCleared):
             r.clear()
 
-    def _stored(self, r: _Replica, ev: BlockStored) -> None:
+    def _stored(self, r: _Replica, ev: BlockStored, limit: int) -> None:
         n = len(ev.block_hashes)
         if ev.block_size != self.block_size or len(ev.token_ids) != n * ev.block_size:
             self.stats.wrong_block_size += 1
@@ -224,6 +242,10 @@ class KVIndex:
             prev = found
         else:
             self.stats.orphans += n
+            return
+        if len(r.by_hash) + n > limit:
+            r.clear()  # its next chains start afresh (their parents are gone: orphans)
+            self.stats.overflows += 1
             return
         step = 4 * self.block_size
         data = _packed(ev.token_ids)
@@ -276,6 +298,7 @@ class KVIndex:
     def remove_replica(self, replica: str) -> None:
         self._replicas.pop(replica, None)
         self.resets.pop(replica, None)
+        self._limits.pop(replica, None)
 
     # -- checks --------------------------------------------------------------------------
 

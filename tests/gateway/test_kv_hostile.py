@@ -1,0 +1,181 @@
+"""KV event streams no engine sends: wrong types inside a batch, a bad batch kept on the
+replay endpoint, a replay endpoint that is down, batches of millions of blocks, a stream
+that never removes what it stores. Each is skipped and counted, or bounded; the reader
+goes on with the next message."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import pytest
+import zmq
+import zmq.asyncio
+
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.kv_event_subscriber import KVEventSubscriber
+from kvwire.kv_event_format import (
+    REPLAY_END,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+    encode_payload,
+)
+from policies.kv_index import KVIndex
+from tests.support.servers import free_port
+
+TOKENS = tuple(range(32))
+
+
+def frames(seq: int, events: tuple[KVEvent, ...] | None = None,
+           raw: bytes | None = None) -> list[bytes]:
+    payload = raw if raw is not None else encode_payload(KVEventBatch(0.0, events or (), 0))
+    return [b"", seq.to_bytes(8, "big"), payload]
+
+
+def good(seq: int) -> list[bytes]:
+    h = 100 + 2 * seq
+    return frames(seq, (BlockStored((h, h + 1), None, TOKENS, 16),))
+
+
+def packed(events: list[object]) -> bytes:
+    return msgpack.packb([0.0, events, 0], use_bin_type=True)
+
+
+def stored_map(**changed: object) -> dict[str, object]:
+    return {"type": "BlockStored", "block_hashes": [7, 8], "parent_block_hash": None,
+            "token_ids": list(TOKENS), "block_size": 16, "lora_id": None, "medium": "GPU",
+            "lora_name": None, **changed}
+
+
+HOSTILE = {
+    "type_a_list": packed([stored_map(type=["BlockStored"])]),
+    "lora_name_a_number": packed([stored_map(lora_name=7)]),
+    "lora_name_a_map": packed([stored_map(lora_name={"a": 1})]),
+    "token_id_negative": packed([stored_map(token_ids=[-1] * 32)]),
+    "token_id_past_u32": packed([stored_map(token_ids=[1 << 40] * 32)]),
+    # a map whose key is an array: msgpack cannot make it a dict key
+    "array_key": b"\x93\xcb" + b"\x00" * 8 + b"\x91\x81\x91\x01\x01\x00",
+}
+
+
+def fleet(**config: str) -> Fleet:
+    return Fleet([ReplicaConfig("r0", "http://127.0.0.1:1",
+                                kv_events=f"tcp://127.0.0.1:{free_port()}", **config)])
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_message_is_skipped_and_counted_and_the_next_ones_applied(name: str
+                                                                           ) -> None:
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet(), index)
+    sub.handle("r0", good(0))
+    sub.handle("r0", frames(1, raw=HOSTILE[name]))  # raised out of the reader before
+    for seq in range(2, 5):
+        sub.handle("r0", good(seq))
+    assert sub.malformed == 1
+    assert index.last_seq("r0") == 4 and index.num_blocks("r0") == 2  # the same tokens
+    assert index.match(TOKENS, ["r0"]) == {"r0": 2}
+
+
+async def test_a_bad_batch_kept_for_replay_is_skipped_not_replayed_for_ever() -> None:
+    # the replay endpoint keeps batches 0-2, the middle one malformed: the catch-up
+    # applies the others and goes on following the live stream
+    ctx = zmq.asyncio.Context()
+    replay_at = f"tcp://127.0.0.1:{free_port()}"
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(replay_at)
+
+    async def serve_replays() -> None:
+        while True:
+            peer, _, _ = await router.recv_multipart()
+            for seq, payload in ((0, good(0)[2]), (1, HOSTILE["type_a_list"]),
+                                 (2, good(2)[2])):
+                await router.send_multipart([peer, b"", seq.to_bytes(8, "big"), payload])
+            await router.send_multipart([peer, b"", REPLAY_END, b""])
+
+    serving = asyncio.create_task(serve_replays())
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet(kv_events_replay=replay_at), index)
+    await sub.start()
+    try:
+        for _ in range(250):
+            if index.last_seq("r0") == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert index.last_seq("r0") == 2 and sub.replays == 1 and sub.malformed == 1
+        await sub.receive("r0", good(3), replay_at)  # the live stream carries on
+        assert index.last_seq("r0") == 3 and sub.replay_failures == 0
+    finally:
+        await sub.stop()
+        serving.cancel()
+        router.close()
+        ctx.term()
+
+
+async def test_a_replay_endpoint_that_is_down_is_not_asked_at_every_gap() -> None:
+    down = f"tcp://127.0.0.1:{free_port()}"  # nothing listens
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet(kv_events_replay=down), index)
+    sub.replay_timeout_s = 0.2
+    sub._ctx = zmq.asyncio.Context()
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for seq in range(0, 20, 2):  # every other message lost
+            await sub.receive("r0", good(seq), down)
+        took = loop.time() - started
+        assert sub.gaps == 9 and sub.replay_failures == 1 and sub.messages == 10
+        assert took < 1.0  # one failed replay waited, not nine
+        assert index.stats.gaps == 9  # counted as lost
+    finally:
+        sub._ctx.destroy(linger=0)
+
+
+async def test_a_batch_of_many_blocks_is_applied_in_slices_as_one() -> None:
+    # 20,000 blocks stored in one run, then half of them removed: the same index as
+    # applying the batch at once, the event loop served between slices
+    n = 20_000
+    hashes = tuple(range(1, n + 1))
+    tokens = tuple(i % 50_000 for i in range(16 * n))
+    events: tuple[KVEvent, ...] = (BlockStored(hashes, None, tokens, 16),
+                                   BlockRemoved(hashes[n // 2:]))
+    reference = KVIndex(16)
+    reference.apply("r0", 0, events)
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet(), index)
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(ticking())
+    try:
+        await sub.receive("r0", frames(0, events), None)  # ~400 KB: decoded on a thread
+    finally:
+        ticker.cancel()
+    assert index._replicas["r0"].keys == reference._replicas["r0"].keys
+    assert index.num_blocks("r0") == n // 2 and sub.messages == 1
+    assert ticks > 3
+    index.check_integrity()
+
+
+def test_a_stream_that_names_more_blocks_than_a_replica_holds_is_bounded() -> None:
+    index = KVIndex(16)
+    index.set_limit("r0", 8)
+    for seq in range(3):  # 2 + 2 + 2 blocks: within the limit
+        h = 10 * seq
+        index.apply("r0", seq, (BlockStored((h, h + 1), None, TOKENS, 16),))
+    assert index.num_blocks("r0") == 2  # the same two blocks of tokens each time
+    chain = tuple(range(1000, 1010))  # 10 blocks more than the 6 held: past 8
+    index.apply("r0", 3, (BlockStored(chain, None, tuple(range(160)), 16),))
+    assert index.stats.overflows == 1 and index.num_blocks("r0") == 0
+    index.check_integrity()
+    with pytest.raises(ValueError, match="blocks must be >= 1"):
+        index.set_limit("r0", 0)
