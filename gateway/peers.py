@@ -23,7 +23,12 @@ let go too. Frames for a replica the receiving copy does not know are skipped. E
 has a random instance id, sent in the handshake: an address that reaches the copy itself
 (its own pod behind a headless Service), or a second address of a copy already linked, is
 found there and not used. At most ``MAX_HANDSHAKES`` connections may be proving the secret
-at once, ``MAX_HANDSHAKES_PER_ADDRESS`` of them from one address. With worker processes
+at once, ``MAX_HANDSHAKES_PER_ADDRESS`` of them from one address; when all places are
+taken, a new connection takes the place of the oldest one that has held it past
+``HANDSHAKE_HOLD_S`` (a peer proves the secret in one round trip), so connections that
+never prove it cannot keep a real peer out however many addresses they come from. A
+refused handshake is logged at most once per ``REFUSED_LOG_S``, with the count since.
+With worker processes
 (``serve --workers``) every worker links to the peers and sends its own routes, and all of
 them listen on the peers port (``SO_REUSEPORT``: the kernel spreads the peers' connections
 over them); they share one instance id, so a link to the box itself is found whichever
@@ -85,6 +90,8 @@ SWEEP_S = 10.0
 MAX_PENDING = 65_536  # a peer's requests pending at once, at most (the oldest let go)
 MAX_HANDSHAKES = 64  # connections proving the secret at once (more are closed at once)
 MAX_HANDSHAKES_PER_ADDRESS = 4  # ... of them from one address
+HANDSHAKE_HOLD_S = 0.5  # a place held this long goes to a new connection when all are taken
+REFUSED_LOG_S = 10.0  # refused handshakes are logged at most this often
 
 
 @dataclass(slots=True)
@@ -258,7 +265,9 @@ class Peers:
         self._tables: set[_PeerTable] = set()
         self._serving: set[asyncio.Task[None]] = set()
         # connections not yet proven, and the address each came from
-        self._handshaking: dict[asyncio.Task[None], str] = {}
+        # connections proving the secret, oldest first: (their address, accepted at)
+        self._handshaking: dict[asyncio.Task[None], tuple[str, float]] = {}
+        self._refused_log: tuple[float, int] = (-REFUSED_LOG_S, 0)  # (logged at, since)
         self.address: tuple[str, int] | None = None  # where the listener is bound
 
     def linked(self, remote: bytes) -> bool:
@@ -363,15 +372,22 @@ class Peers:
         # one address holds at most a few of the places: connections that never prove the
         # secret, renewed as they time out, must not keep real peers from linking
         waiting = self._handshaking
-        if len(waiting) >= MAX_HANDSHAKES or sum(
-                h == host for h in waiting.values()) >= MAX_HANDSHAKES_PER_ADDRESS:
+        now = time.monotonic()
+        if sum(h == host for h, _ in waiting.values()) >= MAX_HANDSHAKES_PER_ADDRESS:
             writer.close()
             return
+        if len(waiting) >= MAX_HANDSHAKES:  # the oldest gives its place up, if held long
+            oldest, (_, since) = next(iter(waiting.items()))
+            if now - since < HANDSHAKE_HOLD_S:
+                writer.close()
+                return
+            del waiting[oldest]
+            oldest.cancel()
         # counted from here, not from the task's first step: a burst of connections is
         # accepted before any of their tasks runs
         task = asyncio.create_task(self._serve(reader, writer), name="kvgate-peer-in")
         self._serving.add(task)
-        waiting[task] = host
+        waiting[task] = (host, now)
         task.add_done_callback(self._serving.discard)
         task.add_done_callback(self._handshaken)
 
@@ -394,7 +410,7 @@ class Peers:
             sender = hello[NONCE_BYTES:]
             if not check_sender(self.secret, nonce, sender, self.instance, proof):
                 self.counts.refused += 1
-                log.warning("a peer at %s did not prove the secret: refused", peer)
+                self._log_refused(peer)
                 writer.write(bytes([STATUS_BAD_SECRET]))
                 return
             writer.write(bytes([STATUS_OK]))
@@ -413,6 +429,18 @@ class Peers:
             self._tables.discard(table)
             table.let_go(float("inf"))
             writer.close()
+
+    def _log_refused(self, peer: object) -> None:
+        """A handshake refused: logged at most once per ``REFUSED_LOG_S`` (a flood of
+        wrong secrets wrote a line each), with how many were refused since."""
+        logged_at, since = self._refused_log
+        now = time.monotonic()
+        if now - logged_at < REFUSED_LOG_S:
+            self._refused_log = (logged_at, since + 1)
+            return
+        self._refused_log = (now, 0)
+        more = f" ({since} more refused in the last {REFUSED_LOG_S:g} s)" if since else ""
+        log.warning("a peer at %s did not prove the secret: refused%s", peer, more)
 
     async def _receive(self, reader: asyncio.StreamReader, table: _PeerTable) -> None:
         counts, fleet = self.counts, self.fleet

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 from collections.abc import AsyncIterator, Callable
@@ -35,7 +36,14 @@ from gateway.peer_wire import (
     sent_frame,
     seq_frame,
 )
-from gateway.peers import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS, Peers, _PeerTable
+from gateway.peers import (
+    HANDSHAKE_HOLD_S,
+    HANDSHAKE_S,
+    MAX_HANDSHAKES,
+    MAX_HANDSHAKES_PER_ADDRESS,
+    Peers,
+    _PeerTable,
+)
 from gateway.state import build_state
 from policies.base import Routed, RouteRequest
 from policies.config import ConfigError
@@ -272,6 +280,41 @@ async def test_connections_that_never_prove_the_secret_do_not_keep_peers_out() -
             await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
         finally:
             await a.peers.stop()
+    finally:
+        for _, writer in idle:
+            writer.close()
+        await b.peers.stop()
+
+
+async def test_silent_connections_from_many_addresses_give_their_places_up(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # every handshake place taken by connections that say nothing, from as many
+    # addresses as it takes: a real peer still links, long before they time out
+    b = _Copy([])
+    await b.peers.start()
+    assert b.peers.address is not None
+    idle = []
+    try:
+        for i in range(MAX_HANDSHAKES):
+            idle.append(await asyncio.open_connection(
+                b.peers.address[0], b.peers.address[1],
+                local_addr=(f"127.0.1.{2 + i // MAX_HANDSHAKES_PER_ADDRESS}", 0)))
+        await asyncio.sleep(HANDSHAKE_HOLD_S + 0.1)
+        a = _Copy([b.address()])
+        await a.peers.start()
+        try:
+            await wait_until_async(lambda: a.peers.counts.links_up == 1, HANDSHAKE_S / 2,
+                                   "a's link to b while its places were taken")
+        finally:
+            await a.peers.stop()
+        # refused handshakes are logged once per while, not each
+        with caplog.at_level(logging.WARNING, logger="kvgate.peers"):
+            for _ in range(5):
+                _, writer, status = await _raw_sender(b, secret="another-secret-entirely")
+                assert status == STATUS_BAD_SECRET
+                writer.close()
+        refused = [r for r in caplog.records if "did not prove the secret" in r.message]
+        assert len(refused) == 1 and b.peers.counts.refused == 5
     finally:
         for _, writer in idle:
             writer.close()
