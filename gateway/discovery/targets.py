@@ -34,11 +34,14 @@ def dns_targets(source: DNSSourceConfig, addresses: Iterable[str]) -> Targets:
 
 
 def _named_ports(ports: Iterable[Mapping[str, Any]]) -> dict[str | None, int]:
+    """A slice's TCP ports by name; one out of 1..65535 (no API server writes one) is
+    left out, as if the slice did not name it."""
     named: dict[str | None, int] = {}
     for p in ports:
-        if isinstance(p, Mapping) and isinstance(p.get("port"), int) \
+        port = p.get("port") if isinstance(p, Mapping) else None
+        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 \
                 and p.get("protocol", "TCP") == "TCP":
-            named.setdefault(p.get("name") or None, p["port"])
+            named.setdefault(p.get("name") or None, port)
     return named
 
 

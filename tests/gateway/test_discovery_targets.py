@@ -35,6 +35,15 @@ def test_only_ready_endpoints_count_with_the_apis_defaults() -> None:
     assert found["p1"].url == "http://10.0.0.1:8000"
 
 
+def test_ports_no_api_server_writes_are_left_out() -> None:
+    # a serving port past 65535 makes no replica (it would stay unhealthy for good); a KV
+    # event port past it is not followed
+    assert slice_targets(SERVICE, [slice_of(endpoint("10.0.0.1", "p1"), port=70000)]) == {}
+    (config,) = slice_targets(SERVICE, [slice_of(endpoint("10.0.0.1", "p1"),
+                                                 **{"kv-events": 99999})]).values()
+    assert config.url == "http://10.0.0.1:8000" and config.kv_events is None
+
+
 def test_terminating_serving_endpoints_only_when_none_is_ready() -> None:
     found = slice_targets(SERVICE, [slice_of(
         endpoint("10.0.0.3", "p3", ready=False),
