@@ -76,7 +76,8 @@ class DNSSourceConfig:
     of ``record_types`` the name has records of (a dual-stack pod has one of each, one
     engine), or with ``all_record_types`` every one of them (single-stack pods of either
     family, each its own engine); the replica's id is ``address:port``. A failed lookup
-    (or one that finds no address) keeps the last set it found."""
+    (or one that finds no address) keeps the last set it found; a replica is removed once
+    it is missing from ``remove_after`` answers in a row."""
 
     name: str
     port: int
@@ -87,6 +88,7 @@ class DNSSourceConfig:
     all_record_types: bool = False
     nameservers: list[str] = field(default_factory=list)  # none: the system's resolv.conf
     nameserver_port: int = 53
+    remove_after: int = 2
     replica: ReplicaTemplate = field(default_factory=ReplicaTemplate)
 
     @property
@@ -103,6 +105,8 @@ class DNSSourceConfig:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
         if not self.record_types:
             raise ValueError("record_types must name A, AAAA or both")
+        if not 1 <= self.remove_after <= 100:
+            raise ValueError(f"remove_after must be in [1, 100], got {self.remove_after!r}")
 
 
 @dataclass(frozen=True, slots=True)

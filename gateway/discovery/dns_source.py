@@ -3,7 +3,8 @@
 Resolved with dnspython's asyncio resolver (pure Python, on the event loop, never
 blocking it; nameservers and their port can be set, which the tests need). A lookup that
 fails, or that finds no address at all, keeps the last set: a DNS outage never empties
-the fleet. It is counted and logged (``SourceStats``).
+the fleet. It is counted and logged (``SourceStats``). A replica missing from an answer
+is removed once it is missing from ``remove_after`` answers in a row (``RemovalGrace``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dns.exception
 import dns.resolver
 
 from gateway.discovery.config import DNSSourceConfig
+from gateway.discovery.removal_grace import RemovalGrace
 from gateway.discovery.stats import SourceStats
 from gateway.discovery.targets import Targets, dns_targets
 from gateway.discovery.types import Publish
@@ -29,6 +31,7 @@ class DNSSource:
     def __init__(self, config: DNSSourceConfig) -> None:
         self.config = config
         self.stats = SourceStats(config.label)
+        self._grace = RemovalGrace(config.remove_after)
         if config.nameservers:
             self._resolver = dns.asyncresolver.Resolver(configure=False)
             self._resolver.nameservers = list(config.nameservers)
@@ -73,7 +76,8 @@ class DNSSource:
         """Resolve, publish, sleep; until cancelled."""
         while True:
             try:
-                targets: Targets = dns_targets(self.config, await self.addresses())
+                targets: Targets = self._grace.apply(
+                    dns_targets(self.config, await self.addresses()))
             except DNSLookupFailed as exc:
                 self.stats.failed(str(exc))
             else:

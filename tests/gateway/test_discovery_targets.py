@@ -162,3 +162,24 @@ async def test_reconcile_touches_only_its_own_source() -> None:
     assert changes.removed == ("y",) and [s.id for s in gw.fleet] == ["x"]
     assert events == [ReplicaAdded("y"), ReplicaRemoved("y"), ReplicaAdded("y"),
                       ReplicaRemoved("y")]
+
+
+def test_a_replica_missing_from_one_dns_answer_is_kept_until_missing_from_enough() -> None:
+    from gateway.discovery.removal_grace import RemovalGrace
+
+    def found(*rids: str) -> dict[str, ReplicaConfig]:
+        return {rid: ReplicaConfig(rid, f"http://{rid}:8000") for rid in rids}
+
+    grace = RemovalGrace(2)
+    assert sorted(grace.apply(found("a", "b"))) == ["a", "b"]
+    assert sorted(grace.apply(found("a"))) == ["a", "b"]  # b missing once: kept
+    assert sorted(grace.apply(found("a", "b"))) == ["a", "b"]  # back: its count starts over
+    assert sorted(grace.apply(found("a"))) == ["a", "b"]
+    assert sorted(grace.apply(found("a"))) == ["a"]  # missing twice in a row: removed
+    assert sorted(grace.apply(found("a"))) == ["a"]
+    assert sorted(RemovalGrace(1).apply(found("a"))) == ["a"]
+    with pytest.raises(ValueError, match="after must be >= 1"):
+        RemovalGrace(0)
+    with pytest.raises(ConfigError, match="remove_after"):
+        parse_config({"discovery": [{"type": "dns", "name": "x", "port": 8000,
+                                     "remove_after": 0}]})
