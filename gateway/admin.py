@@ -111,7 +111,8 @@ async def add_replica(request: Request) -> Response:
                          code="duplicate_replica")
     try:
         await join(gw, config, ADMIN, forward_auth=False)
-    except ValueError as exc:  # no slot left in the workers' shared accounting
+    except ValueError as exc:  # no room: the fleet at its limit, or no slot left in the
+        # workers' shared accounting
         raise BadRequest(str(exc), param="id", code="replica_slots_full") from exc
     return JSONResponse(_replica_json(gw, config.id), status_code=201)
 

@@ -52,6 +52,9 @@ from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView
 # seconds before a removed replica's slot in the workers' shared accounting is given to
 # another: followers apply a removal within a snapshot (50 ms to 1 s), and a request
 # routed there meanwhile shows in the slot's cells
+# replicas one gateway follows at most (health checks and scrapes of each): a discovery
+# answer of thousands of records must not add them all
+MAX_REPLICAS = 4096
 SLOT_QUARANTINE_S = 10.0
 
 
@@ -346,6 +349,9 @@ class Fleet:
         accounting (default: the next unused one)."""
         if config.id in self._replicas:
             raise ValueError(f"replica {config.id!r} already exists")
+        if len(self._replicas) >= MAX_REPLICAS:
+            raise ValueError(f"no room for replica {config.id!r}: the fleet holds its limit "
+                             f"of {MAX_REPLICAS} replicas")
         slot = self._free_slot() if slot is None else slot
         if self.shared is not None and slot >= self.shared.slots:
             raise ValueError(f"no room for replica {config.id!r}: the workers' shared "

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.config import ReplicaConfig
-from gateway.fleet import ReplicaState
+from gateway.fleet import MAX_REPLICAS, ReplicaState
 from gateway.state import GatewayState
 
 log = logging.getLogger("kvgate.membership")
@@ -28,7 +28,7 @@ ADMIN = "admin"
 class Changes:
     added: tuple[str, ...]
     removed: tuple[str, ...]
-    skipped: tuple[str, ...]  # ids another source already holds
+    skipped: tuple[str, ...]  # ids another source already holds, or past the fleet's limit
 
 
 async def join(gw: GatewayState, config: ReplicaConfig, source: str,
@@ -55,7 +55,10 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
     removed = [rid for rid, config in current.items() if wanted.get(rid) != config]
     for rid in removed:
         leave(gw, rid)
-    added, skipped, joining = [], [], []
+    added: list[str] = []
+    skipped: list[str] = []
+    full: list[str] = []  # past the fleet's limit
+    joining = []
     for rid, config in wanted.items():
         if current.get(rid) == config:
             continue
@@ -65,10 +68,24 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
             log.warning("discovery %s: replica id %s is already in the fleet (from %s); "
                         "not added", source, rid, holder.source)
             continue
+        if len(gw.fleet) + len(added) >= MAX_REPLICAS:
+            full.append(rid)
+            continue
         added.append(rid)
         joining.append(join(gw, config, source))
     await asyncio.gather(*joining)
+    if full:
+        log.warning("discovery %s: the fleet holds its limit of %d replicas: %s not added",
+                    source, MAX_REPLICAS, _some(full))
     if added or removed:
         log.info("discovery %s: %d replicas (added %s, removed %s)", source, len(wanted),
-                 ", ".join(added) or "none", ", ".join(removed) or "none")
-    return Changes(tuple(added), tuple(removed), tuple(skipped))
+                 _some(added), _some(removed))
+    return Changes(tuple(added), tuple(removed), tuple(skipped + full))
+
+
+def _some(ids: list[str], shown: int = 10) -> str:
+    """``ids`` for a log line: the first ``shown``, then how many more."""
+    if not ids:
+        return "none"
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(ids[:shown]) + more

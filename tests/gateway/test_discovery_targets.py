@@ -183,3 +183,21 @@ def test_a_replica_missing_from_one_dns_answer_is_kept_until_missing_from_enough
     with pytest.raises(ConfigError, match="remove_after"):
         parse_config({"discovery": [{"type": "dns", "name": "x", "port": 8000,
                                      "remove_after": 0}]})
+
+
+async def test_a_source_cannot_grow_the_fleet_past_its_limit(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import gateway.fleet
+    import gateway.membership
+
+    for module in (gateway.fleet, gateway.membership):
+        monkeypatch.setattr(module, "MAX_REPLICAS", 3)
+    gw = build_state(parse_config({"replicas": [{"id": "x", "url": "http://10.0.0.9:1"}]}))
+    wanted = {f"r{i}": ReplicaConfig(id=f"r{i}", url=f"http://10.0.1.{i}:8000")
+              for i in range(5)}
+    changes = await reconcile(gw, "dns:a", wanted)
+    assert changes.added == ("r0", "r1") and changes.skipped == ("r2", "r3", "r4")
+    assert len(gw.fleet) == 3
+    assert "holds its limit of 3 replicas: r2, r3, r4 not added" in caplog.text
+    with pytest.raises(ValueError, match="limit of 3 replicas"):
+        gw.fleet.add(ReplicaConfig(id="z", url="http://10.0.0.8:1"))
