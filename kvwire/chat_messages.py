@@ -48,10 +48,11 @@ def normalize_messages(messages: Sequence[Any], hash_media: bool = True,
 
     A text part whose text is null reads as empty (vLLM skips it). ``lenient`` (the
     gateway, which forwards the request for its replica to judge): a content part of a
-    type this module does not know, or a media part it cannot read (vLLM's cached media
-    named by ``uuid`` alone, ``input_image``, embeddings of audio or video), stands in
+    type this module does not know (``input_image``, embeddings of audio or video), or a
+    media part named by its ``uuid`` alone (vLLM's cache of media it has seen), stands in
     the prompt as a placeholder derived from the whole part (``opaque_placeholder``)
-    instead of being refused; the engine, which must serve what it reads, is strict."""
+    instead of being refused; a media part that is malformed (an empty URL) is refused
+    either way, and the engine, which must serve what it reads, is strict."""
     normalized = [_normalize_message(m, i, hash_media, lenient)
                   for i, m in enumerate(messages)]
     if not normalized:
@@ -95,8 +96,9 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
                 try:
                     texts.append(placeholder(part, where, hash_media))
                 except MediaPartError as exc:
-                    if not lenient:
+                    if not (lenient and part.get("uuid") is not None):
                         raise ChatFormatError(str(exc), param=exc.field) from None
+                    # media named by its uuid alone (vLLM's cache of media it has seen)
                     texts.append(opaque_placeholder(part, hash_media))
             elif lenient and isinstance(part, Mapping):
                 texts.append(opaque_placeholder(part, hash_media))

@@ -139,6 +139,9 @@ def test_parts_only_a_replica_can_read_stand_in_by_a_digest_of_the_whole_part() 
     assert one != other
     (checked,) = normalize_messages(chat(unknown), hash_media=False, lenient=True)
     assert checked["content"] == "<|part:" + "0" * 32 + "|>and?"
+    with pytest.raises(ChatFormatError, match="url"):  # malformed: refused either way
+        normalize_messages(chat({"type": "image_url", "image_url": {"url": ""}}),
+                           lenient=True)
     # a text part whose text is null reads as empty, as vLLM skips it
     (skipped,) = normalize_messages(chat({"type": "text", "text": None}))
     assert skipped["content"] == "and?"
