@@ -13,7 +13,9 @@ back to back and 10 ms apart (``prefix_tokenize_cpu_ms``: what a token-keyed pol
 ``cpu_ms_per_request`` is the gateway's CPU per request per policy at a fixed offered rate
 (``gateway_cpu``); ``cpu_ms_per_request_floor`` is the same for minimal streaming
 pass-throughs on the same server, which route, count and log nothing: over the gateway's
-own client (the floor under the gateway) and over aiohttp's.
+own client (the floor under the gateway) and over aiohttp's. Both are medians of
+``--cpu-rounds`` rounds that alternate the order (``cpu_ms_per_request_by_round``: each
+round's; one run of a few seconds varies by a fifth here).
 Each server runs in its own process; compare the figures as ratios. The throughput
 measurements run in ``--rounds`` rounds: each target's figures are its median round's, each
 ratio the median of the ratios within a round (``c32_rps_by_round`` has every round's).
@@ -331,14 +333,26 @@ def _workers_table(tmp: str, backend: str, counts: tuple[int, int], env: dict[st
     return out
 
 
+def median_table(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per name and scenario, the median of the rounds' CPU figures (one run of a few
+    seconds varies by a fifth on this machine: a median of alternating rounds tells a
+    smaller change)."""
+    if not rounds:
+        raise ValueError("no rounds to take medians of")
+    return {name: {scenario: round(statistics.median(r[name][scenario] for r in rounds), 3)
+                   for scenario in scenarios} for name, scenarios in rounds[0].items()}
+
+
+FLOORS = ("kvgate_client_stream_proxy", "aiohttp_stream_proxy")
+
+
 def _floor_cpu(backend: str, env: dict[str, str], prompts: list[str],
                args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """``cpu_ms_per_request`` of the minimal streaming pass-throughs on the gateway's own
     server: with its own client (``proxy_clients.kvgate_stream_app``, what relaying alone
     costs the gateway) and with aiohttp's (``aiohttp_stream_app``)."""
     out: dict[str, dict[str, float]] = {}
-    for name, app in (("kvgate_client_stream_proxy", "kvgate_stream_app"),
-                      ("aiohttp_stream_proxy", "aiohttp_stream_app")):
+    for name, app in zip(FLOORS, ("kvgate_stream_app", "aiohttp_stream_app"), strict=True):
         proc, base = uvicorn_app(f"loadtests.proxy_clients:{app}",
                                  dict(env, BENCH_BACKEND=backend))
         try:
@@ -364,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="gateway worker processes (kvgate serve --workers)")
     parser.add_argument("--rate", type=float, default=100.0,
                         help="offered requests/s of the CPU-per-request runs")
+    parser.add_argument("--cpu-rounds", type=int, default=3,
+                        help="rounds of the CPU-per-request runs (policies and floors in "
+                             "alternating order): the median per scenario, each round under "
+                             "cpu_ms_per_request_by_round")
     parser.add_argument("--cpu-seconds", type=float, default=6.0,
                         help="length of each CPU-per-request run")
     parser.add_argument("--cpu-policies",
@@ -380,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.cpu_rounds < 1:
+        parser.error(f"--cpu-rounds must be >= 1, got {args.cpu_rounds}")
 
     prompts = documents(64)
     # different documents, so routing sees distinct prefixes as in production
@@ -415,10 +435,17 @@ def main(argv: list[str] | None = None) -> int:
                 _stop(proc)
             del procs[4:]
             policies = [p for p in args.cpu_policies.split(",") if p]
-            results["cpu_ms_per_request"] = _cpu_table(
-                tmp, policies, targets["direct"], args.workers, env, prompts, args)
-            results["cpu_ms_per_request_floor"] = _floor_cpu(targets["direct"], env, prompts,
-                                                             args)
+            cpu_rounds: list[dict[str, dict[str, float]]] = []
+            for i in range(args.cpu_rounds):  # the policies and floors in alternating order
+                order = policies if i % 2 == 0 else policies[::-1]
+                table = {**_cpu_table(tmp, order, targets["direct"], args.workers, env,
+                                      prompts, args),
+                         **_floor_cpu(targets["direct"], env, prompts, args)}
+                cpu_rounds.append({name: table[name] for name in [*policies, *FLOORS]})
+            medians = median_table(cpu_rounds)
+            results["cpu_ms_per_request"] = {p: medians[p] for p in policies}
+            results["cpu_ms_per_request_floor"] = {f: medians[f] for f in FLOORS}
+            results["cpu_ms_per_request_by_round"] = cpu_rounds
             if args.compare_workers:
                 results["cpu_ms_per_request_by_workers"] = _workers_table(
                     tmp, targets["direct"], (args.workers, args.compare_workers), env,

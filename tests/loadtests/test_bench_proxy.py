@@ -16,6 +16,7 @@ from loadtests.bench_proxy import (
     _stop,
     _throughput_rounds,
     _wait,
+    median_table,
     policy_spec,
     ratios_by_round,
     uvicorn_app,
@@ -126,6 +127,14 @@ def test_a_ratio_is_taken_within_a_round_and_the_median_kept() -> None:
             {"rps": 2.0, "p50_ms": 2.0}]
     assert _median_run(runs) == {"rps": 2.0, "p50_ms": 2.0}
     assert _median_run(runs[:2]) == {"rps": 1.0, "p50_ms": 3.0}
+
+
+def test_cpu_figures_are_the_median_of_their_rounds() -> None:
+    rounds = [{"p": {"stream": 2.0, "plain": 1.0}}, {"p": {"stream": 1.0, "plain": 3.0}},
+              {"p": {"stream": 1.5, "plain": 2.0}}]
+    assert median_table(rounds) == {"p": {"stream": 1.5, "plain": 2.0}}
+    with pytest.raises(ValueError, match="no rounds"):
+        median_table([])
 
 
 def test_every_target_is_measured_every_round(backend: str) -> None:
