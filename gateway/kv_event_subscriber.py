@@ -87,7 +87,6 @@ class KVEventSubscriber:
         # endpoint that fails is not asked at every gap, which held the live stream 2 s
         # each time
         self._replay_backoff: dict[str, tuple[float, float]] = {}
-        self._overflows_logged = 0
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         if isinstance(event, ReplicaAdded | ReplicaRemoved):
@@ -285,13 +284,13 @@ class KVEventSubscriber:
             self.malformed += batch.malformed
             log.warning("replica %s: skipped %d malformed KV events of message %d", replica,
                         batch.malformed, seq)
-        state = self.fleet.get(replica)
-        capacity = state.kv_capacity().replica_tokens if state is not None else None
-        if capacity:  # no replica holds more blocks than its KV has room for
-            self.index.set_limit(replica, max(MIN_BLOCK_LIMIT,
-                                              2 * capacity // self.index.block_size))
         overflows = self.index.stats.overflows
-        if count:
+        if count:  # a message's first slice: its limit read once, then its sequence number
+            state = self.fleet.get(replica)
+            capacity = state.kv_capacity().replica_tokens if state is not None else None
+            if capacity:  # no replica holds more blocks than its KV has room for
+                self.index.set_limit(replica, max(MIN_BLOCK_LIMIT,
+                                                  2 * capacity // self.index.block_size))
             self.index.apply(replica, seq, events)
         else:
             for ev in events:

@@ -161,15 +161,15 @@ def _bad_event(raw: Any) -> Any:
     raise KVWireError(f"event must be a tagged array or a map with 'type', got {raw!r:.200}")
 
 
-MAX_TOKEN_ID = (1 << 32) - 1  # token ids are hashed as u32
+U32 = (1 << 32) - 1  # token ids are hashed as u32
 
 
 def _token_ids(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, list | tuple) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKEN_ID
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= U32
         for v in value
     ):
-        raise KVWireError(f"{what} must be a list of token ids (0..{MAX_TOKEN_ID}), got "
+        raise KVWireError(f"{what} must be a list of token ids (0..{U32}), got "
                           f"{value!r:.200}")
     return tuple(value)
 
