@@ -12,8 +12,7 @@ import importlib.metadata
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -30,6 +29,7 @@ from gateway.discovery.runner import Discovery, build_source
 from gateway.errors import NoReplicaAvailable
 from gateway.fleet import ModelInfo
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
+from gateway.generate_request import PATH as GENERATE_PATH
 from gateway.intake import Intake, read_timed_body, take_in, take_place
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
@@ -37,7 +37,7 @@ from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
 from gateway.passthrough import passthrough
 from gateway.proxy import Proxy, UpstreamStream
 from gateway.relay_response import relay
-from gateway.request_parse import Endpoint, generates
+from gateway.request_parse import Endpoint, ParsedRequest, generates
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
@@ -55,9 +55,14 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree
     _VERSION = "unknown"
 
 
-# the OpenAI path of each routed endpoint (``/invocations`` picks one by its body)
+# the path of each routed endpoint (``/invocations`` picks an OpenAI one by its body;
+# ``/generate`` is SGLang's native one)
 _PATHS: dict[Endpoint, str] = {"completions": "/v1/completions",
-                               "chat": "/v1/chat/completions"}
+                               "chat": "/v1/chat/completions",
+                               "generate": GENERATE_PATH}
+# the body's own request id field on each (vLLM's; SGLang's ``rid``)
+_BODY_ID: dict[Endpoint, str] = {"completions": "request_id", "chat": "request_id",
+                                 "generate": "rid"}
 
 
 async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Response:
@@ -87,7 +92,7 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         forwarded = upstream_headers(request, gw.trusted_proxies,
                                      (gw.tenancy.config.header, intake.tenant))
         request_id = request_id_of(request, forwarded, routing.request.request_id,
-                                   intake.parsed.body.get("request_id"))
+                                   intake.parsed.body.get(_BODY_ID[intake.parsed.endpoint]))
         trace.upstream(forwarded)
         upstream = _PATHS[intake.parsed.endpoint] if endpoint is None else path
         return await relay(request, _open(gw, routing, intake, upstream, slot, forwarded,
@@ -146,7 +151,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         intake.parsed.stream)
     if stream.stream:
         open_now = stream.duration_s is None and gw.kv_capacity.on
-        if open_now or not _asks_usage(intake.parsed.body):
+        if open_now or not _asks_usage(intake.parsed):
             stream.count_events()  # its output tokens (so far) are its content chunks
         if open_now:  # the replica holds its prompt while it streams
             held.append(gw.kv_capacity.resident.started(
@@ -155,9 +160,12 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     return stream
 
 
-def _asks_usage(body: Mapping[str, Any]) -> bool:
-    """The stream ends with its usage (its output tokens need not be counted)."""
-    options = body.get("stream_options")
+def _asks_usage(parsed: ParsedRequest) -> bool:
+    """The stream ends with its usage (its output tokens need not be counted): every
+    ``/generate`` event carries its counts."""
+    if parsed.endpoint == "generate":
+        return True
+    options = parsed.body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
@@ -189,6 +197,10 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     return await _proxy(request, "chat", _PATHS["chat"])
+
+
+async def generate(request: Request) -> Response:
+    return await _proxy(request, "generate", _PATHS["generate"])
 
 
 async def invocations(request: Request) -> Response:
@@ -312,6 +324,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route(GENERATE_PATH, generate, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ping", health, methods=["GET", "POST"]),

@@ -84,7 +84,7 @@ class CaptureRecord:
     ts: float
     model: str
     tenant: str | None
-    endpoint: str  # "chat" or "completions"
+    endpoint: str  # "chat", "completions" or "generate" (SGLang's native one)
     body: Mapping[str, Any]
     size: int = 0
 
@@ -105,7 +105,7 @@ class CaptureRecord:
         body, model, endpoint = data.get("body"), data.get("model"), data.get("endpoint")
         if not isinstance(body, dict):
             raise ValueError("'body' must be an object")
-        if endpoint not in ("chat", "completions"):
+        if endpoint not in ("chat", "completions", "generate"):
             endpoint = "chat" if "messages" in body else "completions"
         tenant = data.get("tenant")
         ts = data.get("ts")

@@ -121,7 +121,8 @@ def render(record: CaptureRecord, tokenizer: PromptTokenizer, max_chars: int
         normalized = normalize_messages(messages, lenient=True)
         tools = check_tools(body.get("tools"))
         return tokenizer.render_chat(normalized, tools=tools)[:max_chars], normalized
-    prompt = body.get("prompt")
+    prompt = body.get("prompt") if record.endpoint != "generate" else \
+        body.get("text") if body.get("text") is not None else body.get("input_ids")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):

@@ -36,10 +36,11 @@ import math
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 import orjson
 
+from gateway import generate_request
 from gateway.config import HealthConfig, TimeoutConfig
 from gateway.errors import FleetBusy, UpstreamError, UpstreamTimeout
 from gateway.first_byte import FirstByteDeadline
@@ -77,8 +78,9 @@ _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
 _LEAST_TRY_S = 0.1  # a later try needs this much of the first-byte deadline left
 _CHECK_AHEAD_S = 0.05  # a try's wait is checked for progress this long before it ends
 _ERROR_MESSAGE_CHARS = 300  # of a replica's 5xx message, told to the client
-# the streams that end with [DONE] when whole (OpenAI's completions and chat completions)
-DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
+# the streams that end with [DONE] when whole
+# (OpenAI's completions and chat completions, SGLang's /generate)
+DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", generate_request.PATH))
 
 
 _SERVER_OWN = _HOP_BY_HOP | {"date", "server"}  # the gateway's server writes its own
@@ -379,16 +381,9 @@ class UpstreamStream:
         return usage
 
     def _read_usage(self) -> Usage | None:
-        text = self._tail if self.stream else b"".join(self._body)
-        if self.stream:
-            idx = text.rfind(b'"usage"')
-            if idx < 0:
-                return None
-            start = text.rfind(b"data: ", 0, idx)
-            end = text.find(b"\n", idx)
-            text = text[start + 6 if start >= 0 else 0:end if end >= 0 else len(text)]
+        usage = _stream_usage(self._tail) if self.stream else \
+            _body_usage(b"".join(self._body))
         try:
-            usage = orjson.loads(text).get("usage") or {}
             prompt = usage.get("prompt_tokens")
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             completion = usage.get("completion_tokens")
@@ -413,6 +408,32 @@ class UpstreamStream:
         if b'"role"' in self.first_chunk and b'"content":""' in self.first_chunk:
             n -= 1
         return max(0, n)
+
+
+def _stream_usage(tail: bytes) -> Any:
+    """The last ``usage`` in a stream's ``tail`` (that of the event holding it), else the
+    last ``meta_info``'s counts (SGLang's ``/generate``); None when neither reads."""
+    idx = tail.rfind(b'"usage"')
+    if idx < 0:
+        return generate_request.stream_counts(tail)
+    start = tail.rfind(b"data: ", 0, idx)
+    end = tail.find(b"\n", idx)
+    try:
+        return orjson.loads(tail[start + 6 if start >= 0 else 0:end if end >= 0 else None]
+                            ).get("usage") or {}
+    except (ValueError, AttributeError):
+        return None
+
+
+def _body_usage(body: bytes) -> Any:
+    """A whole body's ``usage``, else its ``meta_info``'s counts; None when neither."""
+    try:
+        answer = orjson.loads(body)
+    except ValueError:
+        return None
+    if isinstance(answer, dict) and "usage" in answer:
+        return answer["usage"] or {}
+    return generate_request.counts_of(answer)
 
 
 class Usage(NamedTuple):

@@ -12,9 +12,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvwire.openai_schema import BadRequest, decode_json, json_object, parse_fields
+from gateway.generate_request import generate_fields
+from kvwire.openai_schema import (
+    BadRequest,
+    RequestFields,
+    decode_json,
+    json_object,
+    parse_fields,
+)
 
-Endpoint = Literal["completions", "chat"]
+Endpoint = Literal["completions", "chat", "generate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,21 +44,23 @@ def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None
                default_model: Callable[[], str | None] | None = None) -> ParsedRequest:
     """The request's fields; one without ``model`` is for ``default_model()`` (the
     fleet's one model, asked only then; its body is forwarded as it came), and refused when
-    there is none. ``endpoint`` None: chat when the body has ``messages``, else
+    there is none. ``endpoint`` None: chat when the body has ``messages``, SGLang's
+    native ``/generate`` when it has ``text`` or ``input_ids`` and no ``prompt``, else
     completions."""
     body = json_object(raw)
     if endpoint is None:
-        endpoint = "chat" if "messages" in body else "completions"
+        endpoint = "chat" if "messages" in body else "generate" \
+            if "prompt" not in body and ("text" in body or "input_ids" in body) \
+            else "completions"
     if body.get("model") is None:
         model = None if default_model is None else default_model()
         if model is None:
             raise BadRequest("'model' is required and must be a non-empty string (this "
                              "fleet serves several models, or none is known yet)",
                              param="model")
-        fields = parse_fields({**body, "model": model}, chat=endpoint == "chat",
-                              lenient=True)
+        fields = _fields({**body, "model": model}, endpoint)
     else:
-        fields = parse_fields(body, chat=endpoint == "chat", lenient=True)
+        fields = _fields(body, endpoint)
     assert fields.model is not None
     affinity = affinity_header_value
     if affinity is None and affinity_field:
@@ -64,6 +73,12 @@ def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None
     return ParsedRequest(endpoint, body, fields.model, fields.stream, fields.prompt_text,
                          fields.prompt_ids, fields.messages, fields.cache_salt, affinity,
                          fields.tools, len(raw))
+
+
+def _fields(body: dict[str, Any], endpoint: Endpoint) -> RequestFields:
+    if endpoint == "generate":
+        return generate_fields(body)
+    return parse_fields(body, chat=endpoint == "chat", lenient=True)
 
 
 _GENERATE_KEYS = ("messages", "prompt", "prompt_embeds")

@@ -8,9 +8,9 @@ Each becomes a ``Library`` for the arithmetic and a request stream for the simul
   library is read from its spec, any other's is estimated from the prefixes its requests
   share;
 * a capture (the gateway's JSONL, one ``{"model", "body"}`` per line, ``body`` with
-  ``prompt`` or ``messages``): prompts are tokenized, documents estimated from shared
-  prefixes (``shared_prefixes``), and each request replayed in order as its document
-  followed by a tail of its own length.
+  ``prompt`` or ``messages``, or ``/generate``'s ``text`` or ``input_ids``): prompts are
+  tokenized, documents estimated from shared prefixes (``shared_prefixes``), and each
+  request replayed in order as its document followed by a tail of its own length.
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ def from_scenario(name: str, hot_share: float, sim_requests: int,
 
 def _prompts(body: Mapping[str, Any], tokenizer: PromptTokenizer) -> Iterator[list[int]]:
     prompt, messages = body.get("prompt"), body.get("messages")
+    if prompt is None:  # SGLang's /generate
+        prompt = body.get("text") if body.get("text") is not None else body.get("input_ids")
     if isinstance(messages, list) and messages:
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         yield tokenizer.encode(tokenizer.render_chat(messages, tools=tools))
@@ -127,8 +129,8 @@ def read_capture(path: str | Path, tokenizer: PromptTokenizer,
             if limit is not None and len(prompts) >= limit:
                 break
     if not prompts:
-        raise ValueError(f"{path}: no line has a 'body' with 'prompt' or 'messages' "
-                         f"({skipped} lines skipped)")
+        raise ValueError(f"{path}: no line has a 'body' with 'prompt', 'messages', 'text' "
+                         f"or 'input_ids' ({skipped} lines skipped)")
     return prompts[:limit], skipped
 
 

@@ -1,9 +1,10 @@
 """A small, scriptable OpenAI-style replica for exercising the gateway's failure paths.
 
 It answers like an engine (completions and chat, streamed or not, /health, /metrics in the
-vLLM dialect, /v1/models) and can be told to fail with a status, stall before its first
-byte, stall between chunks, or hold its first byte or a stream's last chunk until the test
-releases it. It records every body it receives, byte for byte.
+vLLM dialect, /v1/models; and SGLang's native /generate) and can be told to fail with a
+status, stall before its first byte, stall between chunks, or hold its first byte or a
+stream's last chunk until the test releases it. It records every body it receives, byte
+for byte.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Behaviour:
     pad: int = 0  # characters of padding in each streamed chunk's text
     progressing: bool = False  # /metrics counts more generated tokens at every scrape
     generated: int = 0
+    done: bool = True  # a stream ends with [DONE] (False: it ends without, as if cut)
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -87,11 +89,47 @@ def fake_replica(b: Behaviour) -> Starlette:
                     chunk = {"id": "x", "object": obj + ".chunk" if chat else obj,
                              "created": 0, "model": body.get("model"), "choices": [delta]}
                     yield f"data: {json.dumps(chunk)}\n\n".encode()
-                yield b"data: [DONE]\n\n"
+                if b.done:
+                    yield b"data: [DONE]\n\n"
                 await asyncio.sleep(b.linger_s)
             except asyncio.CancelledError:
                 b.cancelled += 1
                 raise
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def generate(request: Request) -> Response:
+        """SGLang's native /generate: ``text`` (or a batch of texts) or ``input_ids``;
+        a stream's events carry the whole text so far and ``meta_info``, then [DONE]."""
+        raw = await request.body()
+        b.received.append(raw)
+        b.headers.append(dict(request.headers))
+        b.paths.append(request.url.path)
+        body = json.loads(raw)
+        if b.status != 200:
+            return JSONResponse({"error": {"message": f"{b.name} failing"}},
+                                status_code=b.status)
+
+        def meta(done: int, finished: bool) -> dict[str, object]:
+            return {"id": body.get("rid") or "r", "prompt_tokens": 10,
+                    "completion_tokens": done, "cached_tokens": 4,
+                    "finish_reason": {"type": "length", "length": done} if finished else None}
+
+        if not body.get("stream"):
+            one = {"text": f"{b.name} ok", "meta_info": meta(b.chunks, True)}
+            texts = body.get("text")
+            return JSONResponse([one] * len(texts) if isinstance(texts, list) else one)
+
+        async def events():  # type: ignore[no-untyped-def]
+            text = ""
+            for i in range(b.chunks):
+                if i:
+                    await asyncio.sleep(b.chunk_delay_s)
+                text += f"t{i} " + "x" * b.pad
+                out = {"text": text, "meta_info": meta(i + 1, i == b.chunks - 1)}
+                yield f"data: {json.dumps(out)}\n\n".encode()
+            if b.done:
+                yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -143,5 +181,6 @@ def fake_replica(b: Behaviour) -> Starlette:
         Route("/invocations", invocations, methods=["POST"]),
         Route("/v1/completions", complete, methods=["POST"]),
         Route("/v1/chat/completions", complete, methods=["POST"]),
+        Route("/generate", generate, methods=["POST"]),
         Route("/health", health), Route("/v1/models", models), Route("/metrics", metrics),
     ])

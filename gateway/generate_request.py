@@ -1,0 +1,144 @@
+"""SGLang's native ``POST /generate``: the fields routing needs, and its usage.
+
+A body carries its prompt as ``text`` (a string, or a batch of them) or as ``input_ids``
+(token ids, or a batch of id lists), never both; a batch is routed by its first prompt,
+as a completions batch is. ``input_embeds`` alone stands in by a digest of its first
+vector, as ``prompt_embeds`` does. ``model`` is optional (SGLang serves one model per
+server): without it the request is for the fleet's one model. Generation settings
+(``sampling_params``, ``return_logprob``, ``lora_path``...) are the replica's to judge;
+only ``stream`` is read.
+
+Every answer carries its counts in ``meta_info`` (``prompt_tokens``, ``cached_tokens``,
+``completion_tokens``), a stream's in each event; ``usage_of`` reads them as OpenAI's
+``usage`` is read, so calibration, metrics and the policies learn from ``/generate`` too.
+A stream ends with ``data: [DONE]``, as OpenAI's do: without it, it was cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kvwire.media_parts import DIGEST_HEX_CHARS
+from kvwire.openai_schema import (
+    MAX_TOKEN_ID,
+    BadRequest,
+    RequestFields,
+    is_token_ids,
+    model_field,
+    optional,
+)
+
+PATH = "/generate"
+_DECODER = json.JSONDecoder()
+
+
+def generate_fields(body: Any) -> RequestFields:
+    """The checked fields of a ``/generate`` body (``BadRequest`` naming the bad one)."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    model = model_field(body)
+    stream = bool(optional(body, "stream", bool, False))
+    text, ids = body.get("text"), body.get("input_ids")
+    if text is not None and ids is not None:
+        raise BadRequest("give either 'text' or 'input_ids', not both", param="text")
+    if text is not None:
+        first, count = _texts(text)
+        return RequestFields(body, model, stream, None, None, prompt_text=first,
+                             num_prompts=count)
+    if ids is not None:
+        first_ids, count = _ids(ids)
+        return RequestFields(body, model, stream, None, None, prompt_ids=first_ids,
+                             num_prompts=count)
+    embeds = body.get("input_embeds")
+    if embeds is not None:
+        return RequestFields(body, model, stream, None, None,
+                             prompt_text=_embeds_placeholder(embeds))
+    raise BadRequest("'text' or 'input_ids' is required", param="text")
+
+
+def _texts(text: Any) -> tuple[str, int]:
+    """(first prompt, number of prompts) of ``text``."""
+    if isinstance(text, str) and text:
+        return text, 1
+    if isinstance(text, list) and text and all(isinstance(t, str) and t for t in text):
+        return text[0], len(text)
+    raise BadRequest("'text' must be a non-empty string or a non-empty array of them",
+                     param="text")
+
+
+def _ids(ids: Any) -> tuple[list[int], int]:
+    """(first prompt's ids, number of prompts) of ``input_ids``."""
+    if isinstance(ids, list) and ids:
+        if is_token_ids(ids):
+            return list(ids), 1
+        if all(is_token_ids(p) and p for p in ids):
+            return list(ids[0]), len(ids)
+    raise BadRequest(f"'input_ids' must be a non-empty array of token ids (integers "
+                     f"0..{MAX_TOKEN_ID}) or an array of them", param="input_ids")
+
+
+def _embeds_placeholder(embeds: Any) -> str:
+    """The text that stands for an ``input_embeds`` prompt: a digest of its first vector
+    (a request's embeddings as one list of vectors, or a batch of such lists)."""
+    first = embeds
+    while isinstance(first, list) and first and isinstance(first[0], list):
+        first = first[0]
+    if not isinstance(first, list) or not first \
+            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in first):
+        raise BadRequest("'input_embeds' must be an array of embedding vectors (arrays of "
+                         "numbers)", param="input_embeds")
+    digest = hashlib.sha256(repr(first).encode()).hexdigest()[:DIGEST_HEX_CHARS]
+    return f"<|embeds:{digest}|>"
+
+
+def counts_of(answer: Any) -> Mapping[str, Any] | None:
+    """An answer's counts as OpenAI's ``usage`` names them (None: it has none): its
+    ``meta_info``, or the sum over a batch's answers."""
+    if isinstance(answer, list):
+        parts = [counts_of(item) for item in answer]
+        if not parts or any(p is None for p in parts):
+            return None
+        total: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
+        for part in parts:
+            assert part is not None
+            for key in ("prompt_tokens", "completion_tokens"):
+                total[key] = _add(total[key], part.get(key))
+            total["prompt_tokens_details"]["cached_tokens"] = _add(
+                total["prompt_tokens_details"]["cached_tokens"],
+                part["prompt_tokens_details"]["cached_tokens"])
+        return total
+    meta = answer.get("meta_info") if isinstance(answer, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    return {"prompt_tokens": meta.get("prompt_tokens"),
+            "completion_tokens": meta.get("completion_tokens"),
+            "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)}}
+
+
+_META = b'"meta_info"'
+
+
+def stream_counts(tail: bytes) -> Mapping[str, Any] | None:
+    """The counts of the last ``meta_info`` in a stream's ``tail`` (its last bytes),
+    read on its own: an event's cumulative ``text`` may be longer than the tail, while
+    its ``meta_info`` comes after it."""
+    idx = tail.rfind(_META)
+    if idx < 0:
+        return None
+    text = tail[idx + len(_META):].decode("utf-8", "replace")
+    value = text.partition(":")[2].lstrip()
+    try:
+        meta, _ = _DECODER.raw_decode(value)
+    except ValueError:
+        return None
+    return counts_of({"meta_info": meta})
+
+
+def _add(a: Any, b: Any) -> Any:
+    """``a + b`` for counts; None (no count) when either is not an int."""
+    ok = all(isinstance(x, int) and not isinstance(x, bool) for x in (a, b))
+    return a + b if ok else None

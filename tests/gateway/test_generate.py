@@ -1,0 +1,155 @@
+"""SGLang's native /generate through the gateway, in front of loopback replicas that
+speak it: routed on its prompt, relayed whole, its meta_info counted as usage."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from gateway.capture import CaptureRecord, record_of
+from gateway.generate_request import counts_of, generate_fields, stream_counts
+from gateway.layout_audit import render
+from gateway.request_parse import parse_body
+from kvwire.openai_schema import BadRequest
+from kvwire.tokenizer import load_tokenizer
+from tests.gateway.test_proxy import Gateway, Serve, start_gateway, wait_for_metric
+from tests.support.fake_replica import Behaviour, fake_replica
+
+
+@pytest.fixture
+def two(serve: Serve) -> tuple[Gateway, Behaviour, Behaviour]:
+    a, b = Behaviour("a"), Behaviour("b")
+    ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
+    return start_gateway(serve, [("a", ra.url), ("b", rb.url)]), a, b
+
+
+def _events(body: bytes) -> list[bytes]:
+    return [e for e in body.split(b"\n\n") if e]
+
+
+def test_generate_relayed_and_counted(two: tuple[Gateway, Behaviour, Behaviour]) -> None:
+    gw, a, b = two
+    raw = b'{"text": "The capital of France is", "sampling_params": {"max_new_tokens": 3},' \
+          b' "rid": "my-rid-1"}'
+    r = httpx.post(f"{gw.url}/generate", content=raw,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["prompt_tokens"] == 10
+    assert r.headers["x-request-id"] == "my-rid-1"  # SGLang's rid names the request
+    assert a.received + b.received == [raw]  # the body as sent, to the replica's /generate
+    assert a.paths + b.paths == ["/generate"]
+    # a batch of texts: one answer per text, summed
+    r = httpx.post(f"{gw.url}/generate", json={"text": ["one", "two"]})
+    assert r.status_code == 200 and len(r.json()) == 2
+    wait_for_metric(gw, 'kvgate_prompt_tokens_total{route="round_robin"}', 30.0)
+    wait_for_metric(gw, 'kvgate_cached_prompt_tokens_total{route="round_robin"}', 12.0)
+
+
+def test_generate_stream_with_long_cumulative_text(serve: Serve) -> None:
+    """Each event carries the whole text so far (SGLang's default): the last one is
+    longer than the bytes of a stream the gateway keeps, and its counts still read."""
+    long = Behaviour("long", chunks=4, pad=5000)
+    gw = start_gateway(serve, [("long", serve(fake_replica(long)).url)])
+    with httpx.stream("POST", f"{gw.url}/generate",
+                      json={"input_ids": [1, 2, 3], "stream": True}) as r:
+        assert r.status_code == 200
+        body = r.read()
+    events = _events(body)
+    assert events[-1] == b"data: [DONE]"
+    assert len(events) == 5 and len(events[-2]) > 20_000
+    wait_for_metric(gw, 'kvgate_prompt_tokens_total{route="round_robin"}', 10.0)
+    wait_for_metric(gw, 'kvgate_cached_prompt_tokens_total{route="round_robin"}', 4.0)
+
+
+def test_generate_stream_without_done_is_shown_cut(serve: Serve) -> None:
+    cut = Behaviour("cut", chunks=2, done=False)
+    gw = start_gateway(serve, [("cut", serve(fake_replica(cut)).url)])
+    with httpx.stream("POST", f"{gw.url}/generate",
+                      json={"text": "hello", "stream": True}) as r:
+        body = r.read()
+    last = json.loads(_events(body)[-1].removeprefix(b"data: "))
+    assert last["error"]["code"] == "upstream_broken"
+    assert b"[DONE]" not in body
+
+
+def test_generate_routed_by_its_prompt(serve: Serve) -> None:
+    """prefix_affinity keys /generate on its prompt: the same input_ids (or text) go to
+    one replica, whichever comes first."""
+    behaviours = [Behaviour(f"r{i}") for i in range(4)]
+    gw = start_gateway(serve, [(b.name, serve(fake_replica(b)).url) for b in behaviours],
+                       policy={"name": "prefix_affinity"})
+    for body in ({"input_ids": list(range(100, 400))}, {"text": "a long document " * 50}):
+        chosen = {httpx.post(f"{gw.url}/generate", json=body).headers["x-kvgate-replica"]
+                  for _ in range(6)}
+        assert len(chosen) == 1, chosen
+    firsts = {httpx.post(f"{gw.url}/generate", json={"input_ids": [i] * 300}).headers[
+        "x-kvgate-replica"] for i in range(1, 13)}
+    assert len(firsts) > 1  # different prompts spread
+
+
+_BAD = [
+    ({"sampling_params": {}}, "text"),
+    ({"text": "a", "input_ids": [1]}, "text"),
+    ({"text": ""}, "text"),
+    ({"text": ["a", 3]}, "text"),
+    ({"input_ids": [1, -2]}, "input_ids"),
+    ({"input_ids": []}, "input_ids"),
+    ({"input_ids": [[1], []]}, "input_ids"),
+    ({"input_embeds": [["x"]]}, "input_embeds"),
+    ({"text": "a", "model": 3}, "model"),
+    ({"text": "a", "stream": "yes please"}, "stream"),
+]
+
+
+def test_generate_bad_input_named(two: tuple[Gateway, Behaviour, Behaviour]) -> None:
+    gw, a, b = two
+    for body, param in _BAD:
+        r = httpx.post(f"{gw.url}/generate", json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == param, body
+    assert a.received + b.received == []
+    r = httpx.post(f"{gw.url}/generate", json={"text": "a", "model": "other"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_generate_fields() -> None:
+    batch = generate_fields({"input_ids": [[5, 6], [7]], "stream": True})
+    assert (batch.prompt_ids, batch.num_prompts, batch.stream) == ([5, 6], 2, True)
+    embeds = generate_fields({"input_embeds": [[0.5, 1.0], [2.0, 3.0]]})
+    assert embeds.prompt_text == generate_fields({"input_embeds": [[[0.5, 1.0]]]}).prompt_text
+    assert embeds.prompt_text != generate_fields({"input_embeds": [[0.5, 2.0]]}).prompt_text
+    with pytest.raises(BadRequest, match="either 'text' or 'input_ids'"):
+        generate_fields({"text": "a", "input_ids": [1]})
+
+
+def test_counts_read_from_meta_info() -> None:
+    meta = {"prompt_tokens": 7, "completion_tokens": 2, "cached_tokens": 3}
+    assert counts_of({"text": "x", "meta_info": meta}) == {
+        "prompt_tokens": 7, "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 3}}
+    assert counts_of([{"meta_info": meta}, {"meta_info": meta}])["prompt_tokens"] == 14
+    assert counts_of([{"meta_info": meta}, {"text": "no counts"}]) is None
+    assert counts_of({"text": "x"}) is None
+    event = b'data: {"text": "' + b"y" * 100 + b'", "meta_info": ' + json.dumps(
+        {**meta, "finish_reason": {"type": "stop", "matched": "}"}}).encode() + b"}\n\n"
+    stream = event + b"data: [DONE]\n\n"
+    tail = stream[stream.index(b"yyy"):]  # the event's start is cut off
+    counts = stream_counts(tail)
+    assert counts is not None and counts["prompt_tokens"] == 7
+    assert stream_counts(b'data: {"meta_info": {"prompt_tok') is None
+
+
+def test_generate_captured_and_rendered() -> None:
+    """A captured /generate request keeps its endpoint, and the layout audit reads its
+    prompt from ``text`` or ``input_ids``."""
+    tok = load_tokenizer()
+    for body, prompt in (({"text": "hello there"}, "hello there"),
+                         ({"input_ids": tok.encode("ids here")}, "ids here")):
+        parsed = parse_body(json.dumps(body).encode(), "generate",
+                            default_model=lambda: "m")
+        line = record_of(parsed, None, 10, now=0.0).to_json()
+        record = CaptureRecord.from_json(line)
+        assert record.endpoint == "generate"
+        assert render(record, tok, 1000)[0] == prompt
