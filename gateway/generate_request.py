@@ -4,7 +4,8 @@ A body carries its prompt as ``text`` (a string, or a batch of them) or as ``inp
 (token ids, or a batch of id lists), never both; a batch is routed by its first prompt,
 as a completions batch is. ``input_embeds`` alone stands in by a digest of its first
 vector, as ``prompt_embeds`` does. ``model`` is optional (SGLang serves one model per
-server): without it the request is for the fleet's one model. Generation settings
+server): without it the request is for the fleet's one model. ``cache_salt`` keys the
+prompt apart, as on the OpenAI paths. Generation settings
 (``sampling_params``, ``return_logprob``, ``lora_path``...) are the replica's to judge;
 only ``stream`` is read.
 
@@ -26,6 +27,7 @@ from kvwire.openai_schema import (
     MAX_TOKEN_ID,
     BadRequest,
     RequestFields,
+    check_cache_salt,
     is_token_ids,
     model_field,
     optional,
@@ -41,20 +43,21 @@ def generate_fields(body: Any) -> RequestFields:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     model = model_field(body)
     stream = bool(optional(body, "stream", bool, False))
+    salt = check_cache_salt(body.get("cache_salt"))
     text, ids = body.get("text"), body.get("input_ids")
     if text is not None and ids is not None:
         raise BadRequest("give either 'text' or 'input_ids', not both", param="text")
     if text is not None:
         first, count = _texts(text)
-        return RequestFields(body, model, stream, None, None, prompt_text=first,
+        return RequestFields(body, model, stream, None, salt, prompt_text=first,
                              num_prompts=count)
     if ids is not None:
         first_ids, count = _ids(ids)
-        return RequestFields(body, model, stream, None, None, prompt_ids=first_ids,
+        return RequestFields(body, model, stream, None, salt, prompt_ids=first_ids,
                              num_prompts=count)
     embeds = body.get("input_embeds")
     if embeds is not None:
-        return RequestFields(body, model, stream, None, None,
+        return RequestFields(body, model, stream, None, salt,
                              prompt_text=_embeds_placeholder(embeds))
     raise BadRequest("'text' or 'input_ids' is required", param="text")
 

@@ -100,6 +100,7 @@ _BAD = [
     ({"input_embeds": [["x"]]}, "input_embeds"),
     ({"text": "a", "model": 3}, "model"),
     ({"text": "a", "stream": "yes please"}, "stream"),
+    ({"text": "a", "cache_salt": ""}, "cache_salt"),
 ]
 
 
@@ -115,8 +116,9 @@ def test_generate_bad_input_named(two: tuple[Gateway, Behaviour, Behaviour]) -> 
 
 
 def test_generate_fields() -> None:
-    batch = generate_fields({"input_ids": [[5, 6], [7]], "stream": True})
-    assert (batch.prompt_ids, batch.num_prompts, batch.stream) == ([5, 6], 2, True)
+    batch = generate_fields({"input_ids": [[5, 6], [7]], "stream": True, "cache_salt": "t"})
+    assert (batch.prompt_ids, batch.num_prompts, batch.stream, batch.cache_salt) == \
+        ([5, 6], 2, True, "t")
     embeds = generate_fields({"input_embeds": [[0.5, 1.0], [2.0, 3.0]]})
     assert embeds.prompt_text == generate_fields({"input_embeds": [[[0.5, 1.0]]]}).prompt_text
     assert embeds.prompt_text != generate_fields({"input_embeds": [[0.5, 2.0]]}).prompt_text
