@@ -71,9 +71,13 @@ class AsyncEngine:
 
     def add(self, req: Request) -> asyncio.Queue[RequestOutput | BaseException]:
         """Queue a request; its outputs (or an exception) arrive on the returned queue.
-        The request is validated by the core when the loop applies it."""
+        The request is validated by the core when the loop applies it. ValueError, and
+        nothing queued, when a request of that id is in flight (a client names its own
+        ids on SGLang's ``/generate``)."""
         if self.error is not None:
             raise EngineDeadError("engine loop is not running") from self.error
+        if req.request_id in self._queues:
+            raise ValueError(f"request id {req.request_id!r} is in flight already")
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[req.request_id] = queue
         arrival = self.clock()

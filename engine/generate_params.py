@@ -1,6 +1,7 @@
 """A completions or chat body as the engine serves it: the shared OpenAI fields
 (``kvwire.openai_schema``) plus the sampling fields only the engine reads, and the
-``usage`` object of its answers."""
+``usage`` object of its answers. The sampling fields' readers serve SGLang's native
+``/generate`` too (``engine.native_schema``)."""
 
 from __future__ import annotations
 
@@ -71,25 +72,13 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     max_tokens = fields.max_tokens
     if max_tokens is None and not chat:
         max_tokens = 16
-    temperature = float(optional(body, "temperature", (int, float), 1.0))
-    if not temperature >= 0 or temperature == float("inf"):
-        raise BadRequest(f"temperature must be >= 0, got {temperature}", param="temperature")
     options = optional(body, "stream_options", dict, {})
     if options and not fields.stream:
         raise BadRequest("'stream_options' can only be set when 'stream' is true",
                          param="stream_options")
     if chat:
         _check_chat_only(body, fields.tools)
-    seed = optional(body, "seed", int, None)
-    if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
-        raise BadRequest(f"'seed' must be a 64-bit signed integer, got {seed}", param="seed")
-    stop = optional(body, "stop", (str, list), [])
-    stop = [stop] if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) and s for s in stop):
-        raise BadRequest("'stop' must be a string or a list of non-empty strings", param="stop")
-    stop_ids = optional(body, "stop_token_ids", list, [])
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
-        raise BadRequest("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    stop, stop_ids = stop_fields(body)
     return GenerateParams(
         chat=chat,
         prompt_text=fields.prompt_text,
@@ -97,19 +86,50 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         messages=fields.messages,
         tools=fields.tools,
         max_tokens=max_tokens,
-        temperature=temperature,
-        seed=seed,
+        temperature=temperature_field(body),
+        seed=seed_field(body, "seed"),
         stream=fields.stream,
         include_usage=bool(options.get("include_usage", False)),
         ignore_eos=bool(optional(body, "ignore_eos", bool, False)),
         cache_salt=fields.cache_salt,
-        stop=tuple(stop),
-        stop_token_ids=tuple(stop_ids),
+        stop=stop,
+        stop_token_ids=stop_ids,
         include_stop=bool(optional(body, "include_stop_str_in_output", bool, False)),
         limit_param="max_completion_tokens" if chat and body.get("max_completion_tokens")
         is not None else "max_tokens",
-        sampling=_sampling(body, vocab_size),
+        sampling=sampling_fields(body, vocab_size),
     )
+
+
+# The fields below are read the same way from an OpenAI body and from the
+# ``sampling_params`` of SGLang's native ``/generate`` (``engine.native_generate``).
+
+
+def temperature_field(body: dict[str, Any]) -> float:
+    temperature = float(optional(body, "temperature", (int, float), 1.0))
+    if not temperature >= 0 or temperature == float("inf"):
+        raise BadRequest(f"temperature must be >= 0, got {temperature}", param="temperature")
+    return temperature
+
+
+def seed_field(body: dict[str, Any], key: str) -> int | None:
+    seed = optional(body, key, int, None)
+    if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
+        raise BadRequest(f"'{key}' must be a 64-bit signed integer, got {seed}", param=key)
+    return seed
+
+
+def stop_fields(body: dict[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(stop strings, stop token ids) of ``stop`` (a string or a list of them) and
+    ``stop_token_ids``."""
+    stop = optional(body, "stop", (str, list), [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest("'stop' must be a string or a list of non-empty strings", param="stop")
+    stop_ids = optional(body, "stop_token_ids", list, [])
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
+        raise BadRequest("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    return tuple(stop), tuple(stop_ids)
 
 
 # sampling fields as vLLM names them, their types, defaults and the range each must be in
@@ -124,7 +144,7 @@ _SAMPLING = (
 )
 
 
-def _sampling(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+def sampling_fields(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     """The sampling fields beyond temperature and seed, checked, as ``SamplingParams``'
     keyword arguments (those at their defaults left out)."""
     out: dict[str, Any] = {}

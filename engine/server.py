@@ -1,7 +1,9 @@
-"""The engine's HTTP server: OpenAI completions and chat, vLLM's tokenize/reset/metrics.
+"""The engine's HTTP server: OpenAI completions and chat, SGLang's native generate,
+vLLM's tokenize/reset/metrics.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``
-(:mod:`engine.embeddings`; executors that have an embedder), ``GET /v1/models``,
+(:mod:`engine.embeddings`; executors that have an embedder), ``POST /generate``
+(SGLang's native API, :mod:`engine.native_generate`), ``GET /v1/models``,
 ``GET /health``, ``POST /tokenize``, ``POST /detokenize``, ``POST /reset_prefix_cache``,
 ``GET /metrics``. Errors are ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -13,7 +15,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,10 +28,11 @@ from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.core import EngineCore, StepOutput
 from engine.embeddings import EmbeddingsRoute
 from engine.generate_params import GenerateParams, context_error, parse_generate, usage
+from engine.generation import Generation
 from engine.metrics import EngineMetrics
+from engine.native_generate import NativeGenerateRoute
 from engine.request import RequestOutput, SamplingParams
 from engine.sim_embedding import SimEmbedder
-from engine.text_stream import TextStream
 from kvwire.media_parts import carries_media
 from kvwire.openai_schema import (
     BadRequest,
@@ -185,28 +188,30 @@ class EngineServer:
     async def chat_completions(self, request: HTTPRequest) -> Response:
         return await self._generate(request, chat=True)
 
-    async def _generate(self, request: HTTPRequest, *, chat: bool) -> Response:
-        body = await self._json(request)
-        p = parse_generate(body, chat=chat, model_name=self.model_name,
-                           vocab_size=self.tokenizer.vocab_size)
-        ids = await self._prompt_ids(p)
-        limit = self.max_model_len
-        # unasked, an answer may run to the end of the context, or of the KV cache where
-        # that is smaller (it could never hold more)
-        room = min(limit, self.core.config.num_blocks * self.core.config.block_size)
-        max_tokens = p.max_tokens if p.max_tokens is not None else max(1, room - len(ids))
-        if len(ids) + max_tokens > limit:
-            raise context_error(len(ids), max_tokens, limit, chat, p.limit_param)
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens, prompt and answer, one request may hold here: the context, or
+        the KV cache where that is smaller (it could never hold more)."""
+        return min(self.max_model_len,
+                   self.core.config.num_blocks * self.core.config.block_size)
+
+    async def submit(self, rid: str, ids: list[int], p: GenerateParams, max_tokens: int
+                     ) -> asyncio.Queue[RequestOutput | BaseException]:
+        """Queue one generation of ``max_tokens`` tokens at most on the engine (0: the
+        prompt's prefill alone, as a pooling request) and count it in the metrics; its
+        outputs arrive on the returned queue. BadRequest when it can never run here or
+        its sampling fields do not fit ``max_tokens``; ValueError when ``rid`` is in
+        flight already."""
         try:
-            self.core.validate(len(ids), max_tokens)
-            params = SamplingParams(max_tokens=max_tokens, temperature=p.temperature,
+            self.core.validate(len(ids), max_tokens, pooling=max_tokens == 0)
+            params = SamplingParams(max_tokens=max(1, max_tokens), temperature=p.temperature,
                                     seed=p.seed, ignore_eos=p.ignore_eos,
-                                    stop_token_ids=p.stop_token_ids, **p.sampling)
+                                    stop_token_ids=p.stop_token_ids, pooling=max_tokens == 0,
+                                    **p.sampling)
         except ValueError as exc:
             # SamplingParams names its field first ("min_tokens must be ...")
             name = str(exc).split(" ", 1)[0]
             raise BadRequest(str(exc), param=name if name in p.sampling else None) from exc
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         req = await asyncio.to_thread(self.core.make_request, rid, ids, params,
                                       cache_salt=p.cache_salt)
         try:
@@ -214,6 +219,21 @@ class EngineServer:
         except EngineDeadError as exc:
             raise ServiceUnavailable(str(exc)) from exc
         self.metrics.started(rid)
+        return queue
+
+    async def _generate(self, request: HTTPRequest, *, chat: bool) -> Response:
+        body = await self._json(request)
+        p = parse_generate(body, chat=chat, model_name=self.model_name,
+                           vocab_size=self.tokenizer.vocab_size)
+        ids = await self._prompt_ids(p)
+        limit = self.max_model_len
+        # unasked, an answer may run to the end of what a request may hold here
+        max_tokens = p.max_tokens if p.max_tokens is not None \
+            else max(1, self.max_request_tokens - len(ids))
+        if len(ids) + max_tokens > limit:
+            raise context_error(len(ids), max_tokens, limit, chat, p.limit_param)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        queue = await self.submit(rid, ids, p, max_tokens)
         gen = _Generation(self, rid, chat, p, len(ids), queue)
         if p.stream:
             return StreamingResponse(gen.sse(), media_type="text/event-stream")
@@ -224,66 +244,14 @@ class EngineServer:
             raise
 
 
-class _Generation:
-    """One request's outputs turned into a response body or SSE chunks."""
+class _Generation(Generation):
+    """One request's outputs turned into an OpenAI response body or SSE chunks."""
 
     def __init__(self, server: EngineServer, rid: str, chat: bool, p: GenerateParams,
                  num_prompt: int, queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
-        self.server = server
-        self.rid = rid
+        super().__init__(server, rid, p, num_prompt, queue)
         self.chat = chat
-        self.p = p
-        self.num_prompt = num_prompt
-        self.queue = queue
-        self.text = TextStream(server.tokenizer, p.stop, include_stop=p.include_stop,
-                               min_tokens=p.sampling.get("min_tokens", 0))
         self.created = int(time.time())
-        self.num_output = 0
-        self.num_cached = 0
-        self.last: RequestOutput | None = None
-        self.done = False
-        # what ended it, as vLLM reports: the stop token id or (``text.stop``) string
-        self.stop_reason: int | str | None = None
-
-    async def _deltas(self) -> AsyncGenerator[tuple[str, str | None], None]:
-        """(text delta, finish reason or None) per engine output; aborts on early exit."""
-        try:
-            while True:
-                item = await self.queue.get()
-                if isinstance(item, EngineDeadError):
-                    raise ServiceUnavailable(str(item))
-                if isinstance(item, BaseException):
-                    raise BadRequest(str(item))
-                self.last = item
-                self.num_output = item.num_output_tokens
-                self.num_cached = item.num_cached_tokens
-                reason = item.finish_reason
-                ids = item.new_token_ids
-                if reason == "stop" and ids and not self.p.include_stop:
-                    # ended by the end-of-sequence token or a stop token id: its text is
-                    # not part of the answer (as vLLM, unless include_stop_str_in_output)
-                    ids = ids[:-1]
-                if reason == "stop" and ids != item.new_token_ids \
-                        and item.new_token_ids[-1] in self.p.stop_token_ids:
-                    self.stop_reason = item.new_token_ids[-1]
-                delta = self.text.push(ids)
-                if self.text.stopped:
-                    reason = "stop"
-                elif reason is not None:
-                    delta += self.text.flush()
-                if reason is not None:
-                    self.done = item.finished
-                    yield delta, reason
-                    return
-                if delta:
-                    yield delta, None
-        finally:
-            if not self.done:
-                self.server.stop_early(self.rid, "stop" if self.text.stopped else "abort",
-                                       self.last)
-
-    def _stop_reason(self) -> int | str | None:
-        return self.text.stop if self.text.stopped else self.stop_reason
 
     def _usage(self) -> dict[str, Any]:
         return usage(self.num_prompt, self.num_output, self.num_cached)
@@ -383,10 +351,12 @@ def build_app(server: EngineServer) -> Starlette:
                 server.kv_events.stop()
 
     embeddings = EmbeddingsRoute(server, max_body_bytes=MAX_BODY_BYTES)
+    native = NativeGenerateRoute(server, max_body_bytes=MAX_BODY_BYTES)
     routes = [
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings.handle, methods=["POST"]),
+        Route("/generate", native.handle, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),

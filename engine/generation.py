@@ -1,0 +1,89 @@
+"""One generation's engine outputs read as text, whatever wire format answers it.
+
+:class:`Generation` reads the queue :meth:`AsyncEngine.add` returned for one request and
+turns each output into a text delta (stop strings cut, a stop token's text left out, as
+vLLM does), keeping the counts an answer reports. The OpenAI routes
+(``engine.server``) and SGLang's native ``/generate`` (``engine.native_generate``)
+render it, each in its own shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
+
+from engine.async_engine import EngineDeadError
+from engine.generate_params import GenerateParams
+from engine.request import RequestOutput
+from engine.text_stream import TextStream
+from kvwire.openai_schema import BadRequest, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from engine.server import EngineServer
+
+
+class Generation:
+    """One request's outputs as text deltas. ``_deltas`` is read once; leaving it before
+    the engine finished the request (the client left, an error, a stop string) aborts
+    the request there."""
+
+    def __init__(self, server: EngineServer, rid: str, p: GenerateParams, num_prompt: int,
+                 queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
+        self.server = server
+        self.rid = rid
+        self.p = p
+        self.num_prompt = num_prompt
+        self.queue = queue
+        self.text = TextStream(server.tokenizer, p.stop, include_stop=p.include_stop,
+                               min_tokens=p.sampling.get("min_tokens", 0))
+        self.token_ids: list[int] = []  # every output token so far, a stop token's too
+        self.num_output = 0
+        self.num_cached = 0
+        self.last: RequestOutput | None = None
+        self.done = False  # the engine finished the request
+        self.ended = False  # ``_deltas`` is over: the request finished or was aborted
+        # what ended it, as vLLM reports: the stop token id or (``text.stop``) string
+        self.stop_reason: int | str | None = None
+
+    async def _deltas(self) -> AsyncGenerator[tuple[str, str | None], None]:
+        """(text delta, finish reason or None) per engine output; aborts on early exit."""
+        try:
+            while True:
+                item = await self.queue.get()
+                if isinstance(item, EngineDeadError):
+                    raise ServiceUnavailable(str(item))
+                if isinstance(item, BaseException):
+                    raise BadRequest(str(item))
+                self.last = item
+                self.num_output = item.num_output_tokens
+                self.num_cached = item.num_cached_tokens
+                self.token_ids.extend(item.new_token_ids)
+                reason = item.finish_reason
+                ids = item.new_token_ids
+                if reason == "stop" and ids and not self.p.include_stop:
+                    # ended by the end-of-sequence token or a stop token id: its text is
+                    # not part of the answer (as vLLM, unless include_stop_str_in_output)
+                    ids = ids[:-1]
+                if reason == "stop" and ids != item.new_token_ids \
+                        and item.new_token_ids[-1] in self.p.stop_token_ids:
+                    self.stop_reason = item.new_token_ids[-1]
+                delta = self.text.push(ids)
+                if self.text.stopped:
+                    reason = "stop"
+                elif reason is not None:
+                    delta += self.text.flush()
+                if reason is not None:
+                    self.done = item.finished
+                    yield delta, reason
+                    return
+                if delta:
+                    yield delta, None
+        finally:
+            self.ended = True
+            if not self.done:
+                self.server.stop_early(self.rid, "stop" if self.text.stopped else "abort",
+                                       self.last)
+
+    def _stop_reason(self) -> int | str | None:
+        return self.text.stop if self.text.stopped else self.stop_reason

@@ -1,0 +1,138 @@
+"""The engine's ``POST /generate``: SGLang's native API (:mod:`engine.native_schema`).
+
+Each prompt runs through the same engine core as the OpenAI routes: it is queued and
+batched with them, reuses and fills the same prefix cache, publishes the same KV events
+and counts in the same metrics; ``meta_info.cached_tokens`` is its prefix-cache hit. A
+client's ``rid`` is the engine's request id (400 while one of that id is in flight).
+
+Answers as SGLang gives them: one JSON object, or a list of them for a batch; streamed,
+``data: {...}`` events each carrying the whole text and output ids so far (SGLang's
+default, not incremental) and the ``meta_info`` of that point (``finish_reason`` null
+until the last), every ``stream_interval`` output tokens that added text, then
+``data: [DONE]``. A batch is answered whole, never streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from engine.generation import Generation
+from engine.native_schema import NativeItem, answer_limit, finish_reason, parse_native
+from engine.request import RequestOutput
+from kvwire.openai_schema import BadRequest, OpenAIError, decode_json
+from kvwire.request_edge import read_body, unless_disconnected
+
+if TYPE_CHECKING:
+    from engine.server import EngineServer
+
+
+class NativeGenerateRoute:
+    """``handle`` serves ``POST /generate`` for one :class:`EngineServer`."""
+
+    def __init__(self, server: EngineServer, *, max_body_bytes: int) -> None:
+        self.server = server
+        self.max_body_bytes = max_body_bytes
+
+    async def handle(self, request: HTTPRequest) -> Response:
+        srv = self.server
+        req = parse_native(decode_json(await read_body(request, self.max_body_bytes)),
+                           model_name=srv.model_name, vocab_size=srv.tokenizer.vocab_size)
+        started_s = time.monotonic()
+        prompts = await self._prompt_ids(req.items)
+        # every prompt checked before any is queued: a batch runs whole or not at all
+        limits = [answer_limit(item, len(ids), max_model_len=srv.max_model_len,
+                               max_request_tokens=srv.max_request_tokens)
+                  for item, ids in zip(req.items, prompts, strict=True)]
+        gens: list[_NativeGeneration] = []
+        try:
+            for item, ids, limit in zip(req.items, prompts, limits, strict=True):
+                try:
+                    queue = await srv.submit(item.rid, ids, item.params, limit)
+                except ValueError as exc:  # its rid is in flight
+                    raise BadRequest(str(exc), param="rid") from exc
+                gens.append(_NativeGeneration(srv, item, len(ids), limit, queue, started_s))
+            if req.stream:
+                return StreamingResponse(gens[0].sse(), media_type="text/event-stream")
+            answers = await unless_disconnected(request, _collect_all(gens))
+        except BaseException:
+            for gen in gens:
+                if not gen.ended:
+                    srv.stop_early(gen.rid, "abort", None)
+            raise
+        return JSONResponse(answers if req.batch else answers[0])
+
+    async def _prompt_ids(self, items: tuple[NativeItem, ...]) -> list[list[int]]:
+        """Each item's prompt ids, the texts encoded in one call."""
+        texts = [item.params.prompt_text for item in items
+                 if item.params.prompt_text is not None]
+        encoded = iter(await self.server.encode_texts(texts) if texts else ())
+        out = []
+        for item in items:
+            ids = item.params.prompt_ids
+            if ids is None:
+                ids = next(encoded)
+                if not ids:
+                    raise BadRequest("'text' encodes to zero tokens", param="text")
+            out.append(ids)
+        return out
+
+
+async def _collect_all(gens: list[_NativeGeneration]) -> list[dict[str, Any]]:
+    # the engine runs them all at once; their queues hold what is not read yet
+    return [await gen.collect() for gen in gens]
+
+
+class _NativeGeneration(Generation):
+    """One prompt's outputs turned into SGLang's answer object or stream events."""
+
+    def __init__(self, server: EngineServer, item: NativeItem, num_prompt: int,
+                 max_tokens: int, queue: asyncio.Queue[RequestOutput | BaseException],
+                 started_s: float) -> None:
+        super().__init__(server, item.rid, item.params, num_prompt, queue)
+        self.max_tokens = max_tokens
+        self.interval = item.stream_interval
+        self.started_s = started_s
+        self.answer = ""
+
+    def _body(self, reason: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": None if reason is None else finish_reason(
+                reason, max_tokens=self.max_tokens, stop=self.text.stop,
+                token_ids=self.token_ids),
+            "prompt_tokens": self.num_prompt,
+            "completion_tokens": self.num_output,
+            "cached_tokens": max(0, self.num_cached),
+        }
+        if reason is not None:
+            meta["e2e_latency"] = time.monotonic() - self.started_s
+        return {"text": self.answer, "output_ids": list(self.token_ids), "meta_info": meta}
+
+    async def collect(self) -> dict[str, Any]:
+        reason = None
+        async for delta, reason in self._deltas():  # noqa: B007
+            self.answer += delta
+        return self._body(reason)
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        gen = self._deltas()
+        sent = 0  # output tokens the last event carried
+        try:
+            async for delta, reason in gen:
+                self.answer += delta
+                if reason is None and self.num_output - sent < self.interval:
+                    continue
+                sent = self.num_output
+                yield b"data: " + orjson.dumps(self._body(reason)) + b"\n\n"
+        except OpenAIError as exc:
+            yield b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+        finally:
+            await gen.aclose()
+        yield b"data: [DONE]\n\n"
