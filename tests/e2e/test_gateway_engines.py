@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -67,11 +68,33 @@ def test_prefix_affinity_sends_each_document_home(spawn: Processes, tmp_path: Pa
     cached_total += usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details \
         else 0
 
+    # SGLang's native /generate, routed by its prompt as a completion is: the same ids go
+    # to one replica, where their second run hits the cache; its meta_info is its usage
+    ids = httpx.post(f"{gateway}/tokenize", json={"model": "sim-llama",
+                                                  "prompt": docs[1]}).json()["tokens"]
+    runs = [httpx.post(f"{gateway}/generate", json={
+        "input_ids": ids, "rid": f"gen-{i}", "sampling_params": {"max_new_tokens": 3}})
+        for i in range(2)]
+    assert [r.status_code for r in runs] == [200, 200], runs[0].text
+    assert len({r.headers["x-kvgate-replica"] for r in runs}) == 1
+    assert runs[1].headers["x-request-id"] == "gen-1"  # rid names the request
+    metas = [r.json()["meta_info"] for r in runs]
+    assert metas[1]["cached_tokens"] >= 400 and metas[1]["completion_tokens"] == 3
+    with httpx.stream("POST", f"{gateway}/generate", json={
+            "text": docs[2], "stream": True, "sampling_params": {"max_new_tokens": 4}}) as r:
+        assert r.headers["x-kvgate-replica"] in homes[2]  # the document's home
+        events = [e for e in r.read().split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    metas.append(json.loads(events[-2].removeprefix(b"data: "))["meta_info"])
+    assert metas[-1]["completion_tokens"] == 4 and metas[-1]["cached_tokens"] >= 400
+    prompt_total += sum(m["prompt_tokens"] for m in metas)
+    cached_total += sum(m["cached_tokens"] for m in metas)
+
     def samples(name: str) -> list[float]:
         return [float(line.split()[-1]) for line in httpx.get(f"{gateway}/metrics").text
                 .splitlines() if line.startswith(name) and not line.startswith("#")]
 
-    # the gateway read every answer's usage, the streamed one from its last event
+    # the gateway read every answer's usage, a streamed one from its last event
     assert sum(samples("kvgate_prompt_tokens_total")) == prompt_total
     assert sum(samples("kvgate_cached_prompt_tokens_total")) == cached_total
     # the fleet hit rate needs two scrapes with traffic
