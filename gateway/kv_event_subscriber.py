@@ -205,10 +205,7 @@ class KVEventSubscriber:
     async def receive(self, replica: str, frames: list[bytes], replay: str | None) -> None:
         """``handle``, first filling from ``replay`` what the stream missed before it (a
         large payload decoded on a thread, a large batch applied in slices)."""
-        decoded: KVEventBatch | KVWireError | None = None
-        if len(frames) == 3 and len(frames[2]) > _THREAD_DECODE_BYTES:
-            decoded = await asyncio.to_thread(_decoded, frames[2])
-        message = self._decode(replica, frames, decoded)
+        message = await self._decode_off_loop(replica, frames)
         if message is None:
             return
         seq = message[0]
@@ -231,6 +228,18 @@ class KVEventSubscriber:
             self.gaps += 1
             if replay is not None and self._may_replay(replica):
                 await self._replay(replica, replay, start, seq)
+        await self._apply_sliced(replica, message)
+
+    async def _decode_off_loop(self, replica: str, frames: list[bytes]
+                               ) -> tuple[int, KVEventBatch] | None:
+        """``_decode``, a large payload decoded on a thread."""
+        decoded: KVEventBatch | KVWireError | None = None
+        if len(frames) == 3 and len(frames[2]) > _THREAD_DECODE_BYTES:
+            decoded = await asyncio.to_thread(_decoded, frames[2])
+        return self._decode(replica, frames, decoded)
+
+    async def _apply_sliced(self, replica: str, message: tuple[int, KVEventBatch]) -> None:
+        """``_apply``, a batch of many blocks in slices with the loop served between."""
         if sum(_hashes(ev) for ev in message[1].events) <= _SLICE_HASHES:
             self._apply(replica, *message)
             return
@@ -324,9 +333,10 @@ class KVEventSubscriber:
                     if start <= seq and (until is None or seq < until) \
                             and (last is None or seq > last) \
                             and self.fleet.get(replica) is not None:
-                        message = self._decode(replica, [b"", frames[-2], frames[-1]])
+                        message = await self._decode_off_loop(
+                            replica, [b"", frames[-2], frames[-1]])
                         if message is not None:  # a malformed batch is skipped, counted
-                            self._apply(replica, *message)
+                            await self._apply_sliced(replica, message)
                             applied += 1
                         last = seq
                         if applied_hashes is not None:

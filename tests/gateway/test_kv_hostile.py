@@ -6,6 +6,7 @@ goes on with the next message."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgpack
 import pytest
@@ -168,6 +169,51 @@ async def test_a_batch_of_many_blocks_is_applied_in_slices_as_one() -> None:
     assert index._replicas["r0"].keys == reference._replicas["r0"].keys
     assert index.num_blocks("r0") == n // 2 and sub.messages == 2
     assert served >= 1  # the loop ran between the removal's slices
+    index.check_integrity()
+
+
+async def test_a_replayed_batch_of_many_blocks_is_applied_in_slices() -> None:
+    # a catch-up replays a removal of 10,000 blocks: applied in slices, the event loop
+    # served between them, as a live one is
+    n = 20_000
+    hashes = tuple(range(1, n + 1))
+    stored = frames(0, (BlockStored(hashes, None, tuple(i % 50_000 for i in range(16 * n)),
+                                    16),))
+    removal = encode_payload(KVEventBatch(0.0, (BlockRemoved(hashes[n // 2:]),), 0))
+    ctx = zmq.asyncio.Context()
+    replay_at = f"tcp://127.0.0.1:{free_port()}"
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(replay_at)
+
+    async def serve_replay() -> None:
+        peer, _, _ = await router.recv_multipart()
+        await router.send_multipart([peer, b"", (1).to_bytes(8, "big"), removal])
+        await router.send_multipart([peer, b"", REPLAY_END, b""])
+
+    serving = asyncio.create_task(serve_replay())
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet(), index)
+    sub._ctx = ctx
+    await sub.receive("r0", stored, None)
+    slices: list[int] = []  # block hashes of each part applied
+    apply = sub._apply
+
+    def counted(replica: str, seq: int, batch: Any, count: bool = True) -> None:
+        events = batch.events if isinstance(batch, KVEventBatch) else batch
+        slices.append(sum(len(ev.block_hashes) for ev in events))
+        apply(replica, seq, batch, count)
+
+    sub._apply = counted  # type: ignore[method-assign]
+    try:
+        await sub._replay("r0", replay_at, 1, None)
+    finally:
+        serving.cancel()
+        router.close()
+        ctx.term()
+    assert len(slices) == 2 and sum(slices) == n // 2  # two slices, the loop between
+    assert index.num_blocks("r0") == n // 2 and index.last_seq("r0") == 1
+    assert sub.replays == 1 and sub.messages == 2
     index.check_integrity()
 
 
