@@ -6,6 +6,8 @@ goes on with the next message."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
@@ -62,6 +64,31 @@ HOSTILE = {
 }
 
 
+@contextlib.asynccontextmanager
+async def replay_endpoint(ctx: zmq.asyncio.Context, batches: list[tuple[int, bytes]]
+                          ) -> AsyncIterator[str]:
+    """A replay endpoint on loopback (its address) that answers every request with
+    ``batches`` (sequence number, payload), then the end marker."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(address)
+
+    async def serve() -> None:
+        while True:
+            peer, _, _ = await router.recv_multipart()
+            for seq, payload in batches:
+                await router.send_multipart([peer, b"", seq.to_bytes(8, "big"), payload])
+            await router.send_multipart([peer, b"", REPLAY_END, b""])
+
+    serving = asyncio.create_task(serve())
+    try:
+        yield address
+    finally:
+        serving.cancel()
+        router.close()
+
+
 def fleet(**config: str) -> Fleet:
     return Fleet([ReplicaConfig("r0", "http://127.0.0.1:1",
                                 kv_events=f"tcp://127.0.0.1:{free_port()}", **config)])
@@ -85,36 +112,22 @@ async def test_a_bad_batch_kept_for_replay_is_skipped_not_replayed_for_ever() ->
     # the replay endpoint keeps batches 0-2, the middle one malformed: the catch-up
     # applies the others and goes on following the live stream
     ctx = zmq.asyncio.Context()
-    replay_at = f"tcp://127.0.0.1:{free_port()}"
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(replay_at)
-
-    async def serve_replays() -> None:
-        while True:
-            peer, _, _ = await router.recv_multipart()
-            for seq, payload in ((0, good(0)[2]), (1, HOSTILE["type_a_list"]),
-                                 (2, good(2)[2])):
-                await router.send_multipart([peer, b"", seq.to_bytes(8, "big"), payload])
-            await router.send_multipart([peer, b"", REPLAY_END, b""])
-
-    serving = asyncio.create_task(serve_replays())
     index = KVIndex(16)
-    sub = KVEventSubscriber(fleet(kv_events_replay=replay_at), index)
-    await sub.start()
-    try:
-        for _ in range(250):
-            if index.last_seq("r0") == 2:
-                break
-            await asyncio.sleep(0.02)
-        assert index.last_seq("r0") == 2 and sub.replays == 1 and sub.malformed == 1
-        await sub.receive("r0", good(3), replay_at)  # the live stream carries on
-        assert index.last_seq("r0") == 3 and sub.replay_failures == 0
-    finally:
-        await sub.stop()
-        serving.cancel()
-        router.close()
-        ctx.term()
+    batches = [(0, good(0)[2]), (1, HOSTILE["type_a_list"]), (2, good(2)[2])]
+    async with replay_endpoint(ctx, batches) as replay_at:
+        sub = KVEventSubscriber(fleet(kv_events_replay=replay_at), index)
+        await sub.start()
+        try:
+            for _ in range(250):
+                if index.last_seq("r0") == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert index.last_seq("r0") == 2 and sub.replays == 1 and sub.malformed == 1
+            await sub.receive("r0", good(3), replay_at)  # the live stream carries on
+            assert index.last_seq("r0") == 3 and sub.replay_failures == 0
+        finally:
+            await sub.stop()
+    ctx.term()
 
 
 async def test_a_replay_endpoint_that_is_down_is_not_asked_at_every_gap() -> None:
@@ -181,17 +194,6 @@ async def test_a_replayed_batch_of_many_blocks_is_applied_in_slices() -> None:
                                     16),))
     removal = encode_payload(KVEventBatch(0.0, (BlockRemoved(hashes[n // 2:]),), 0))
     ctx = zmq.asyncio.Context()
-    replay_at = f"tcp://127.0.0.1:{free_port()}"
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(replay_at)
-
-    async def serve_replay() -> None:
-        peer, _, _ = await router.recv_multipart()
-        await router.send_multipart([peer, b"", (1).to_bytes(8, "big"), removal])
-        await router.send_multipart([peer, b"", REPLAY_END, b""])
-
-    serving = asyncio.create_task(serve_replay())
     index = KVIndex(16)
     sub = KVEventSubscriber(fleet(), index)
     sub._ctx = ctx
@@ -201,16 +203,14 @@ async def test_a_replayed_batch_of_many_blocks_is_applied_in_slices() -> None:
 
     def counted(replica: str, seq: int, batch: Any, count: bool = True) -> None:
         events = batch.events if isinstance(batch, KVEventBatch) else batch
-        slices.append(sum(len(ev.block_hashes) for ev in events))
+        slices.append(sum(len(ev.block_hashes) for ev in events
+                          if isinstance(ev, BlockStored | BlockRemoved)))
         apply(replica, seq, batch, count)
 
     sub._apply = counted  # type: ignore[method-assign]
-    try:
+    async with replay_endpoint(ctx, [(1, removal)]) as replay_at:
         await sub._replay("r0", replay_at, 1, None)
-    finally:
-        serving.cancel()
-        router.close()
-        ctx.term()
+    ctx.term()
     assert len(slices) == 2 and sum(slices) == n // 2  # two slices, the loop between
     assert index.num_blocks("r0") == n // 2 and index.last_seq("r0") == 1
     assert sub.replays == 1 and sub.messages == 2
