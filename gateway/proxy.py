@@ -122,11 +122,12 @@ class _Retryable(Exception):
     """A replica failed before the client saw anything: try the next one."""
 
     def __init__(self, cause: str, message: str, code: str = "upstream_error",
-                 retry_after_s: float | None = None) -> None:
+                 retry_after_s: float | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.cause = cause
         self.code = code
         self.retry_after_s = retry_after_s  # a busy replica's Retry-After
+        self.status = status  # the replica's, when it answered an error
 
 
 _BUSY = frozenset({429, 503})  # a replica shedding load: not broken, and not the request's
@@ -534,7 +535,7 @@ class Proxy:
                         # a second replica fails on it: the request is the cause
                         suspect = None
                         last = _Retryable("5xx", f"{exc} (as did every replica tried: the "
-                                          "request itself fails there)")
+                                          "request itself fails there)", status=exc.status)
                         break
                     suspect = (replica, exc)
                     continue
@@ -559,7 +560,11 @@ class Proxy:
                             max(1, math.ceil(after)))
         error = UpstreamTimeout if last.cause in ("timeout", "deadline") else UpstreamError
         tried = ", ".join(f"{a.replica!r} ({a.cause})" for a in attempts)
-        raise error(f"{last} (replicas tried: {tried})", code=last.code)
+        failed = error(f"{last} (replicas tried: {tried})", code=last.code)
+        if last.status is not None and all(a.cause == "5xx" for a in attempts):
+            failed.status = last.status  # every replica answered an error: the client gets
+            # the replica's status, as it would from the replica itself
+        raise failed
 
     async def _attempt(self, replica: str, url: str, body: bytes, headers: Mapping[str, str],
                        pending: Pending, wait: float,
@@ -590,7 +595,7 @@ class Proxy:
                     log.warning("replica %s answered %s: %s", replica, response.status,
                                 detail.decode(errors="replace"))
                     raise _Retryable("5xx", f"replica {replica!r} answered {response.status}"
-                                     f"{_error_message(detail)}")
+                                     f"{_error_message(detail)}", status=response.status)
                 first = await response.readany()
                 first_byte_s = time.perf_counter() - started
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
