@@ -14,8 +14,8 @@ from gateway.layout_audit import render
 from gateway.request_parse import parse_body
 from kvwire.openai_schema import BadRequest
 from kvwire.tokenizer import load_tokenizer
-from tests.gateway.test_proxy import Gateway, Serve, start_gateway, wait_for_metric
 from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.gateway_harness import Gateway, Serve, start_gateway, wait_for_metric
 
 
 @pytest.fixture

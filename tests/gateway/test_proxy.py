@@ -6,56 +6,29 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from gateway.admin import create_admin_app
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.http_server import bounded_protocol
 from gateway.monitor import MAX_MODELS
 from gateway.state import build_state
 from policies.config import ConfigError
 from policies.round_robin import RoundRobin
 from tests.support.fake_replica import Behaviour, fake_replica
-from tests.support.servers import ThreadServer, free_port
+from tests.support.gateway_harness import (
+    AUTH,
+    Gateway,
+    Serve,
+    metric,
+    start_gateway,
+    wait_for_metric,
+)
+from tests.support.servers import free_port
 from tests.support.waiting import wait_until
-
-Serve = Callable[..., ThreadServer]
-
-
-ADMIN_TOKEN = "admin-token-0123456789"
-AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-@dataclass
-class Gateway:
-    """A gateway's main listener (``url``, ``port``) and its admin listener (``admin``)."""
-
-    url: str
-    port: int
-    admin: str
-
-
-def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -> Gateway:
-    config = parse_config({
-        "replicas": [{"id": rid, "url": url} for rid, url in replicas],
-        "policy": extra.pop("policy", {"name": "round_robin"}),
-        "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
-        "scrape": {"interval_s": 0.2},
-        "admin": {"token": ADMIN_TOKEN, "allow_networks": ["127.0.0.0/8"]},
-        **extra,
-    })
-    state = build_state(config)
-    # the gateway's own HTTP protocol, as kvgate serve runs it (its client-leaving hooks)
-    pair = serve(create_app(config, state), side=create_admin_app(state),
-                 http=bounded_protocol(config.limits))
-    return Gateway(pair.url, pair.port, pair.side_url)
 
 
 @pytest.fixture
@@ -64,20 +37,6 @@ def two(serve: Serve) -> tuple[Gateway, Behaviour, Behaviour]:
     ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
     gw = start_gateway(serve, [("a", ra.url), ("b", rb.url)])
     return gw, a, b
-
-
-def metric(gw: Gateway, series: str) -> float | None:
-    """The value of ``series`` on the gateway's /metrics, or None when it is absent."""
-    for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return None
-
-
-def wait_for_metric(gw: Gateway, series: str, value: float) -> None:
-    """Wait until ``series`` reads ``value`` (the gateway's scrapes are periodic)."""
-    wait_until(lambda: (seen := metric(gw, series)) is not None and abs(seen - value) < 1e-6,
-               10, f"{series} to read {value}")
 
 
 def client(gw: Gateway, **kw: Any) -> openai.OpenAI:

@@ -1,0 +1,64 @@
+"""An in-process gateway in front of loopback replicas, for tests: its main and admin
+listeners on the gateway's own HTTP protocol, and its /metrics read back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from gateway.admin import create_admin_app
+from gateway.app import create_app
+from gateway.config import parse_config
+from gateway.http_server import bounded_protocol
+from gateway.state import build_state
+from tests.support.servers import ThreadServer
+from tests.support.waiting import wait_until
+
+Serve = Callable[..., ThreadServer]
+
+ADMIN_TOKEN = "admin-token-0123456789"
+AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@dataclass
+class Gateway:
+    """A gateway's main listener (``url``, ``port``) and its admin listener (``admin``)."""
+
+    url: str
+    port: int
+    admin: str
+
+
+def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -> Gateway:
+    """A gateway (round robin unless ``policy`` says) in front of ``replicas`` (id, url),
+    health-checked and scraped every 0.2 s, its admin API open to loopback."""
+    config = parse_config({
+        "replicas": [{"id": rid, "url": url} for rid, url in replicas],
+        "policy": extra.pop("policy", {"name": "round_robin"}),
+        "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
+        "scrape": {"interval_s": 0.2},
+        "admin": {"token": ADMIN_TOKEN, "allow_networks": ["127.0.0.0/8"]},
+        **extra,
+    })
+    state = build_state(config)
+    # the gateway's own HTTP protocol, as kvgate serve runs it (its client-leaving hooks)
+    pair = serve(create_app(config, state), side=create_admin_app(state),
+                 http=bounded_protocol(config.limits))
+    return Gateway(pair.url, pair.port, pair.side_url)
+
+
+def metric(gw: Gateway, series: str) -> float | None:
+    """The value of ``series`` on the gateway's /metrics, or None when it is absent."""
+    for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def wait_for_metric(gw: Gateway, series: str, value: float) -> None:
+    """Wait until ``series`` reads ``value`` (the gateway's scrapes are periodic)."""
+    wait_until(lambda: (seen := metric(gw, series)) is not None and abs(seen - value) < 1e-6,
+               10, f"{series} to read {value}")
