@@ -10,8 +10,9 @@ prompt apart, as on the OpenAI paths. Generation settings
 only ``stream`` is read.
 
 Every answer carries its counts in ``meta_info`` (``prompt_tokens``, ``cached_tokens``,
-``completion_tokens``), a stream's in each event; ``usage_of`` reads them as OpenAI's
-``usage`` is read, so calibration, metrics and the policies learn from ``/generate`` too.
+``completion_tokens``), a stream's in each event; ``counts_of`` and ``stream_counts`` read
+them as OpenAI's ``usage`` is read, so calibration, metrics and the policies learn from
+``/generate`` too.
 A stream ends with ``data: [DONE]``, as OpenAI's do: without it, it was cut.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -122,23 +124,33 @@ def counts_of(answer: Any) -> Mapping[str, Any] | None:
             "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)}}
 
 
-_META = b'"meta_info"'
+META_KEY = b'"meta_info"'
+META_HEAD_BYTES = 4096  # of an event's meta_info kept from its start: its counts come first
+_COUNT_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens")
+_COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens|cached_tokens)"\s*:\s*(\d+)')
 
 
-def stream_counts(tail: bytes) -> Mapping[str, Any] | None:
-    """The counts of the last ``meta_info`` in a stream's ``tail`` (its last bytes),
-    read on its own: an event's cumulative ``text`` may be longer than the tail, while
-    its ``meta_info`` comes after it."""
-    idx = tail.rfind(_META)
-    if idx < 0:
+def stream_counts(tail: bytes, head: bytes = b"") -> Mapping[str, Any] | None:
+    """The counts of a stream's last ``meta_info``: read whole from the ``tail`` (its last
+    bytes) when it holds it (an event's cumulative ``text`` may be longer than the tail,
+    while its ``meta_info`` comes after it); else, where the event is longer still (its
+    log probabilities so far), each count's last value in the ``head`` kept of that
+    ``meta_info`` and in the tail: the keys are written once per ``meta_info``, and nowhere
+    else unescaped."""
+    idx = tail.rfind(META_KEY)
+    if idx >= 0:
+        text = tail[idx + len(META_KEY):].decode("utf-8", "replace")
+        value = text.partition(":")[2].lstrip()
+        try:
+            meta, _ = _DECODER.raw_decode(value)
+        except ValueError:
+            meta = None
+        if isinstance(meta, dict):
+            return counts_of({"meta_info": meta})
+    found = {key.decode(): int(value) for key, value in _COUNTS.findall(head + b"\n" + tail)}
+    if "prompt_tokens" not in found:
         return None
-    text = tail[idx + len(_META):].decode("utf-8", "replace")
-    value = text.partition(":")[2].lstrip()
-    try:
-        meta, _ = _DECODER.raw_decode(value)
-    except ValueError:
-        return None
-    return counts_of({"meta_info": meta})
+    return counts_of({"meta_info": {key: found[key] for key in _COUNT_KEYS if key in found}})
 
 
 def _add(a: Any, b: Any) -> Any:

@@ -155,7 +155,8 @@ class UpstreamStream:
                  on_done: Callable[[UpstreamStream, bool], None], first_byte_s: float = 0.0,
                  on_cut: Callable[[UpstreamStream], None] | None = None,
                  ends_with_done: bool = False,
-                 relaying: set[UpstreamStream] | None = None) -> None:
+                 relaying: set[UpstreamStream] | None = None,
+                 meta_counts: bool = False) -> None:
         self.replica = replica
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
@@ -186,6 +187,12 @@ class UpstreamStream:
         self.cut: str | None = None  # why the replica broke off, once it has
         # what usage() reads: a stream's last bytes, or a body's chunks (up to a limit)
         self._tail = first_chunk[-_SSE_TAIL:] if self.stream else b""
+        # SGLang's /generate: the head of the last event's meta_info, whose counts an event
+        # longer than the tail (its whole text and log probabilities so far) leaves out
+        self._meta: bytes | None = None
+        if meta_counts and self.stream:
+            self._meta = b""
+            self._note_meta(b"", first_chunk)
         self._body = [] if self.stream else [first_chunk]
         self._body_bytes = len(first_chunk)
         self._events: int | None = None  # SSE events relayed, once count_events() asks
@@ -250,6 +257,8 @@ class UpstreamStream:
                         yield self._take_held()
                     break
                 if self.stream:
+                    if self._meta is not None:
+                        self._note_meta(self._tail, chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
                     if self._events is not None:
                         self._events += chunk.count(b"\n\n")
@@ -381,8 +390,22 @@ class UpstreamStream:
             self._usage = (usage,)
         return usage
 
+    def _note_meta(self, before: bytes, chunk: bytes) -> None:
+        """Keep the head of the last ``meta_info`` in ``chunk`` (or across its start and
+        the ``before`` it)."""
+        at = chunk.rfind(generate_request.META_KEY)
+        if at >= 0:
+            self._meta = chunk[at:at + generate_request.META_HEAD_BYTES]
+            return
+        width = len(generate_request.META_KEY) - 1
+        edge = before[-width:] + chunk[:width]
+        at = edge.find(generate_request.META_KEY)
+        if at >= 0:
+            start = at - len(edge[:width])  # where the key starts, in before's last bytes
+            self._meta = (before[start:] + chunk)[:generate_request.META_HEAD_BYTES]
+
     def _read_usage(self) -> Usage | None:
-        usage = _stream_usage(self._tail) if self.stream else \
+        usage = _stream_usage(self._tail, self._meta) if self.stream else \
             _body_usage(b"".join(self._body))
         try:
             prompt = usage.get("prompt_tokens")
@@ -411,12 +434,13 @@ class UpstreamStream:
         return max(0, n)
 
 
-def _stream_usage(tail: bytes) -> Any:
-    """The last ``usage`` in a stream's ``tail`` (that of the event holding it), else the
-    last ``meta_info``'s counts (SGLang's ``/generate``); None when neither reads."""
+def _stream_usage(tail: bytes, meta: bytes | None) -> Any:
+    """The last ``usage`` in a stream's ``tail`` (that of the event holding it), else
+    (SGLang's ``/generate``) the last ``meta_info``'s counts, read from the tail and the
+    head of that ``meta`` kept; None when neither reads."""
     idx = tail.rfind(b'"usage"')
     if idx < 0:
-        return generate_request.stream_counts(tail)
+        return None if meta is None else generate_request.stream_counts(tail, meta)
     start = tail.rfind(b"data: ", 0, idx)
     end = tail.find(b"\n", idx)
     try:
@@ -497,6 +521,7 @@ class Proxy:
         busy_after: list[float | None] = []  # the Retry-After of each busy replica
         deadline = time.monotonic() + self.timeouts.first_byte_s
         done_ends = path in DONE_PATHS
+        meta_counts = path == generate_request.PATH
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
         for replica in ranked[: self.max_attempts]:
             state = self.fleet.get(replica)
@@ -516,7 +541,8 @@ class Proxy:
                 # be pushed back: no progress check is armed for it
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done,
-                                             deadline if wait < left else None, done_ends)
+                                             deadline if wait < left else None, done_ends,
+                                             meta_counts)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -569,7 +595,8 @@ class Proxy:
     async def _attempt(self, replica: str, url: str, body: bytes, headers: Mapping[str, str],
                        pending: Pending, wait: float,
                        on_done: Callable[[UpstreamStream, bool], None],
-                       deadline: float | None, ends_with_done: bool) -> UpstreamStream:
+                       deadline: float | None, ends_with_done: bool,
+                       meta_counts: bool = False) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
         to ``deadline`` (monotonic; None: never), while the replica shows progress."""
         started = time.perf_counter()
@@ -653,7 +680,7 @@ class Proxy:
                 self.first_byte.observe(first_byte_s, pending.tokens)
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
-                              ends_with_done and streamed, self.relaying)
+                              ends_with_done and streamed, self.relaying, meta_counts)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:

@@ -4,6 +4,7 @@ speak it: routed on its prompt, relayed whole, its meta_info counted as usage.""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from gateway.capture import CaptureRecord, record_of
 from gateway.generate_request import counts_of, generate_fields, stream_counts
 from gateway.layout_audit import render
+from gateway.proxy import UpstreamStream
 from gateway.request_parse import parse_body
 from kvwire.openai_schema import BadRequest
 from kvwire.tokenizer import load_tokenizer
@@ -59,6 +61,20 @@ def test_generate_stream_with_long_cumulative_text(serve: Serve) -> None:
     events = _events(body)
     assert events[-1] == b"data: [DONE]"
     assert len(events) == 5 and len(events[-2]) > 20_000
+    wait_for_metric(gw, 'kvgate_prompt_tokens_total{route="round_robin"}', 10.0)
+    wait_for_metric(gw, 'kvgate_cached_prompt_tokens_total{route="round_robin"}', 4.0)
+
+
+def test_generate_stream_counts_past_long_log_probabilities(serve: Serve) -> None:
+    """SGLang writes meta_info's prompt count before the log probabilities so far and the
+    other counts after them: in an event longer than the tail kept, the counts are read
+    from the head of its meta_info and the tail."""
+    logprobs = Behaviour("logprobs", chunks=4, logprobs=200)
+    gw = start_gateway(serve, [("logprobs", serve(fake_replica(logprobs)).url)])
+    with httpx.stream("POST", f"{gw.url}/generate",
+                      json={"text": "hello", "stream": True, "return_logprob": True}) as r:
+        events = _events(r.read())
+    assert len(events[-2]) > 12_000 and events[-1] == b"data: [DONE]"
     wait_for_metric(gw, 'kvgate_prompt_tokens_total{route="round_robin"}', 10.0)
     wait_for_metric(gw, 'kvgate_cached_prompt_tokens_total{route="round_robin"}', 4.0)
 
@@ -141,6 +157,12 @@ def test_counts_read_from_meta_info() -> None:
     counts = stream_counts(tail)
     assert counts is not None and counts["prompt_tokens"] == 7
     assert stream_counts(b'data: {"meta_info": {"prompt_tok') is None
+    # an event longer than the tail: the head of its meta_info, then the tail
+    head = b'"meta_info": {"id": "r", "prompt_tokens": 12, "output_token_logprobs": [[-1'
+    tail = b'5, 3, null]], "completion_tokens": 9, "cached_tokens": 5}}\n\ndata: [DONE]\n\n'
+    assert stream_counts(tail, head) == {"prompt_tokens": 12, "completion_tokens": 9,
+                                         "prompt_tokens_details": {"cached_tokens": 5}}
+    assert stream_counts(tail, b"") is None  # no prompt count: no usage
 
 
 def test_generate_captured_and_rendered() -> None:
@@ -155,3 +177,14 @@ def test_generate_captured_and_rendered() -> None:
         record = CaptureRecord.from_json(line)
         assert record.endpoint == "generate"
         assert render(record, tok, 1000)[0] == prompt
+
+
+def test_meta_info_head_kept_across_reads() -> None:
+    """The head of the last meta_info is kept when its key falls across two reads."""
+    event = b'data: {"text": "ab", "meta_info": {"prompt_tokens": 3, "cached_tokens": 1}}'
+    cut = event.index(b"meta_") + 2  # the key split between the reads
+    kept = SimpleNamespace(_meta=b"")
+    UpstreamStream._note_meta(kept, event[:cut], event[cut:])  # type: ignore[arg-type]
+    assert kept._meta == event[event.index(b'"meta_info"'):]
+    UpstreamStream._note_meta(kept, event, b'data: {"meta_info": {"prompt_tokens": 4}}')
+    assert kept._meta == b'"meta_info": {"prompt_tokens": 4}}'

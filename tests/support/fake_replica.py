@@ -47,6 +47,7 @@ class Behaviour:
     progressing: bool = False  # /metrics counts more generated tokens at every scrape
     generated: int = 0
     done: bool = True  # a stream ends with [DONE] (False: it ends without, as if cut)
+    logprobs: int = 0  # /generate: log probability entries per output token in meta_info
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -111,9 +112,13 @@ def fake_replica(b: Behaviour) -> Starlette:
                                 status_code=b.status)
 
         def meta(done: int, finished: bool) -> dict[str, object]:
-            return {"id": body.get("rid") or "r", "prompt_tokens": 10,
-                    "completion_tokens": done, "cached_tokens": 4,
-                    "finish_reason": {"type": "length", "length": done} if finished else None}
+            # SGLang's order: the prompt's count, the log probabilities so far, the others
+            logprobs = {"output_token_logprobs": [[-0.25, 7, None]] * (done * b.logprobs)} \
+                if b.logprobs else {}
+            return {"id": body.get("rid") or "r",
+                    "finish_reason": {"type": "length", "length": done} if finished else None,
+                    "prompt_tokens": 10, **logprobs, "completion_tokens": done,
+                    "cached_tokens": 4}
 
         if not body.get("stream"):
             one = {"text": f"{b.name} ok", "meta_info": meta(b.chunks, True)}
