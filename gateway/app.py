@@ -109,6 +109,9 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
     ranked = _under_queue_bound(gw, decision.ranked)
+    # a batch is routed by its first prompt; its work is counted as that many of it, and
+    # its summed usage teaches no calibration (it is not the first prompt's)
+    batch = intake.parsed.num_prompts
 
     held: list[Resident] = []  # the answer, while it streams, in the KV capacity estimate
 
@@ -129,8 +132,9 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
                 usage.prompt_tokens)
             gw.metrics.bound(gw.metrics.cached_tokens, decision.reason).inc(
                 usage.cached_tokens)
-            cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens,
-                                       usage.prompt_tokens, usage.cached_tokens)
+            if batch == 1:
+                cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens,
+                                           usage.prompt_tokens, usage.cached_tokens)
         # a stream's first byte comes with its first token; a whole body's comes after
         # the last one, so it says nothing of time to first token
         ttft = stream.first_byte_s if stream.stream else None
@@ -147,7 +151,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
 
     stream = await gw.proxy.open(
         ranked, path, intake.raw, headers,
-        lambda replica: work_tokens(route_req, decision, replica), on_sent, on_done,
+        lambda replica: batch * work_tokens(route_req, decision, replica), on_sent, on_done,
         intake.parsed.stream)
     if stream.stream:
         open_now = stream.duration_s is None and gw.kv_capacity.on
@@ -155,7 +159,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
             stream.count_events()  # its output tokens (so far) are its content chunks
         if open_now:  # the replica holds its prompt while it streams
             held.append(gw.kv_capacity.resident.started(
-                stream.replica, route_req.prompt_tokens, prompt_head_key(intake.parsed),
+                stream.replica, batch * route_req.prompt_tokens, prompt_head_key(intake.parsed),
                 stream.content_chunks))
     return stream
 

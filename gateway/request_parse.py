@@ -37,6 +37,7 @@ class ParsedRequest:
     affinity_key: str | None
     tools: list[Any] | None = None
     raw_bytes: int | None = None  # the body's size as sent (None: not known)
+    num_prompts: int = 1  # a batch's size (routed by its first prompt)
 
 
 def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None = None,
@@ -72,7 +73,7 @@ def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None
                              f"number, got {type(value).__name__}", param=affinity_field)
     return ParsedRequest(endpoint, body, fields.model, fields.stream, fields.prompt_text,
                          fields.prompt_ids, fields.messages, fields.cache_salt, affinity,
-                         fields.tools, len(raw))
+                         fields.tools, len(raw), fields.num_prompts)
 
 
 def _fields(body: dict[str, Any], endpoint: Endpoint) -> RequestFields:

@@ -17,7 +17,13 @@ from gateway.request_parse import parse_body
 from kvwire.openai_schema import BadRequest
 from kvwire.tokenizer import load_tokenizer
 from tests.support.fake_replica import Behaviour, fake_replica
-from tests.support.gateway_harness import Gateway, Serve, start_gateway, wait_for_metric
+from tests.support.gateway_harness import (
+    AUTH,
+    Gateway,
+    Serve,
+    start_gateway,
+    wait_for_metric,
+)
 
 
 @pytest.fixture
@@ -47,6 +53,25 @@ def test_generate_relayed_and_counted(two: tuple[Gateway, Behaviour, Behaviour])
     assert r.status_code == 200 and len(r.json()) == 2
     wait_for_metric(gw, 'kvgate_prompt_tokens_total{route="round_robin"}', 30.0)
     wait_for_metric(gw, 'kvgate_cached_prompt_tokens_total{route="round_robin"}', 12.0)
+
+
+def test_a_batch_teaches_no_calibration(two: tuple[Gateway, Behaviour, Behaviour]) -> None:
+    """A batch's usage is summed over its prompts while the gateway counted its first
+    prompt alone: the token calibration learns only from single prompts."""
+    gw, _, _ = two
+
+    def ratio() -> float:
+        listed = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()
+        return listed["replicas"][0]["replica_tokens_per_gateway_token"]
+
+    ids = list(range(1000, 1020))  # 20 tokens; the replicas count 10 for each prompt
+    for _ in range(12):
+        assert httpx.post(f"{gw.url}/generate", json={"input_ids": [ids] * 4}).status_code \
+            == 200
+    assert ratio() == 1.0  # unlearned (12 batches would have made it 2)
+    for _ in range(12):
+        assert httpx.post(f"{gw.url}/generate", json={"input_ids": ids}).status_code == 200
+    assert ratio() == pytest.approx(10 / 20)
 
 
 def test_generate_stream_with_long_cumulative_text(serve: Serve) -> None:
