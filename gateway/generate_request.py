@@ -1,9 +1,10 @@
 """SGLang's native ``POST /generate``: the fields routing needs, and its usage.
 
 A body carries its prompt as ``text`` (a string, or a batch of them) or as ``input_ids``
-(token ids, or a batch of id lists), never both; a batch is routed by its first prompt,
-as a completions batch is. ``input_embeds`` alone stands in by a digest of its first
-vector, as ``prompt_embeds`` does. ``model`` is optional (SGLang serves one model per
+(token ids, or a batch of id lists); a batch is routed by its first prompt, as a
+completions batch is. Any other prompt (``input_embeds``; none, both, an empty or a
+malformed one) is routed by a digest of those fields and left for the replica to judge,
+as SGLang's router leaves it. ``model`` is optional (SGLang serves one model per
 server): without it the request is for the fleet's one model. ``cache_salt`` keys the
 prompt apart, as on the OpenAI paths. Generation settings
 (``sampling_params``, ``return_logprob``, ``lora_path``...) are the replica's to judge;
@@ -18,15 +19,13 @@ A stream ends with ``data: [DONE]``, as OpenAI's do: without it, it was cut.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from kvwire.media_parts import DIGEST_HEX_CHARS
+from kvwire.media_parts import opaque_placeholder
 from kvwire.openai_schema import (
-    MAX_TOKEN_ID,
     BadRequest,
     RequestFields,
     check_cache_salt,
@@ -36,67 +35,40 @@ from kvwire.openai_schema import (
 )
 
 PATH = "/generate"
+_PROMPT_FIELDS = ("text", "input_ids", "input_embeds")  # SGLang's, one of them a request's
 _DECODER = json.JSONDecoder()
 
 
 def generate_fields(body: Any) -> RequestFields:
-    """The checked fields of a ``/generate`` body (``BadRequest`` naming the bad one)."""
+    """The fields of a ``/generate`` body the gateway acts on (``BadRequest`` naming a bad
+    one): ``model``, ``stream``, ``cache_salt``, and the prompt to route by."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     model = model_field(body)
     stream = bool(optional(body, "stream", bool, False))
     salt = check_cache_salt(body.get("cache_salt"))
+    text, ids, count = _prompt_of(body)
+    return RequestFields(body, model, stream, None, salt, prompt_text=text, prompt_ids=ids,
+                         num_prompts=count)
+
+
+def _prompt_of(body: dict[str, Any]) -> tuple[str | None, list[int] | None, int]:
+    """(the first prompt's text, or its token ids, the number of prompts). A prompt the
+    gateway cannot read (none, both ``text`` and ``input_ids``, an empty or malformed one,
+    ``input_embeds``) is routed by a digest of those fields, one prompt, and forwarded for
+    the replica to judge, as SGLang's router forwards it."""
     text, ids = body.get("text"), body.get("input_ids")
-    if text is not None and ids is not None:
-        raise BadRequest("give either 'text' or 'input_ids', not both", param="text")
-    if text is not None:
-        first, count = _texts(text)
-        return RequestFields(body, model, stream, None, salt, prompt_text=first,
-                             num_prompts=count)
-    if ids is not None:
-        first_ids, count = _ids(ids)
-        return RequestFields(body, model, stream, None, salt, prompt_ids=first_ids,
-                             num_prompts=count)
-    embeds = body.get("input_embeds")
-    if embeds is not None:
-        return RequestFields(body, model, stream, None, salt,
-                             prompt_text=_embeds_placeholder(embeds))
-    raise BadRequest("'text' or 'input_ids' is required", param="text")
-
-
-def _texts(text: Any) -> tuple[str, int]:
-    """(first prompt, number of prompts) of ``text``."""
-    if isinstance(text, str) and text:
-        return text, 1
-    if isinstance(text, list) and text and all(isinstance(t, str) and t for t in text):
-        return text[0], len(text)
-    raise BadRequest("'text' must be a non-empty string or a non-empty array of them",
-                     param="text")
-
-
-def _ids(ids: Any) -> tuple[list[int], int]:
-    """(first prompt's ids, number of prompts) of ``input_ids``."""
-    if isinstance(ids, list) and ids:
-        if is_token_ids(ids):
-            return list(ids), 1
-        if all(is_token_ids(p) and p for p in ids):
-            return list(ids[0]), len(ids)
-    raise BadRequest(f"'input_ids' must be a non-empty array of token ids (integers "
-                     f"0..{MAX_TOKEN_ID}) or an array of them", param="input_ids")
-
-
-def _embeds_placeholder(embeds: Any) -> str:
-    """The text that stands for an ``input_embeds`` prompt: a digest of its first vector
-    (a request's embeddings as one list of vectors, or a batch of such lists)."""
-    first = embeds
-    while isinstance(first, list) and first and isinstance(first[0], list):
-        first = first[0]
-    if not isinstance(first, list) or not first \
-            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in first):
-        raise BadRequest("'input_embeds' must be an array of embedding vectors (arrays of "
-                         "numbers)", param="input_embeds")
-    digest = hashlib.sha256(repr(first).encode()).hexdigest()[:DIGEST_HEX_CHARS]
-    return f"<|embeds:{digest}|>"
+    if ids is None:
+        if isinstance(text, str) and text:
+            return text, None, 1
+        if isinstance(text, list) and text and all(isinstance(t, str) and t for t in text):
+            return text[0], None, len(text)
+    elif text is None:
+        if ids and is_token_ids(ids):
+            return None, list(ids), 1
+        if isinstance(ids, list) and ids and all(p and is_token_ids(p) for p in ids):
+            return None, list(ids[0]), len(ids)
+    return opaque_placeholder({key: body.get(key) for key in _PROMPT_FIELDS}), None, 1
 
 
 def counts_of(answer: Any) -> Mapping[str, Any] | None:
