@@ -28,6 +28,11 @@ class EngineDeadError(RuntimeError):
     """The engine loop stopped on an unexpected error."""
 
 
+class RequestInterrupted(Exception):
+    """Put on a request's queue by :meth:`AsyncEngine.interrupt`: whoever reads the queue
+    ends the request as aborted (and aborts it on the engine)."""
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -98,6 +103,20 @@ class AsyncEngine:
         self._queues.pop(request_id, None)
         self._pending.append(lambda: self.core.abort_request(request_id, now=self.clock()))
         self._wake.set()
+
+    def in_flight(self) -> list[str]:
+        """The ids of the requests whose outputs are still awaited."""
+        return list(self._queues)
+
+    def interrupt(self, request_id: str, message: str) -> bool:
+        """Tell the reader of a request in flight to end it as aborted
+        (:class:`RequestInterrupted`, whose text is ``message``); False when no request
+        of that id is in flight."""
+        queue = self._queues.get(request_id)
+        if queue is None:
+            return False
+        queue.put_nowait(RequestInterrupted(message))
+        return True
 
     async def call(self, fn: Callable[[EngineCore], Any]) -> Any:
         """Run ``fn(core)`` between steps and return its result."""

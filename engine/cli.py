@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache-config-info", action="store_true",
                         help="leave vllm:cache_config_info (the KV capacity) out of /metrics, "
                              "as a replica that exports its KV usage but not its capacity")
+    parser.add_argument("--weight-version", default="default", metavar="VERSION",
+                        help="the weight version SGLang's /generate meta_info and "
+                             "/get_model_info name (as SGLang's --weight-version)")
     parser.add_argument("--served-by", default=None, metavar="NAME",
                         help="name this replica in every response's x-kvgate-served-by "
                              "header (which replica answered, behind any router)")
@@ -228,7 +231,7 @@ def build_server(args: argparse.Namespace) -> Any:
     return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,
                         sleep_modeled_time=args.executor == "sim", kv_events=publisher,
                         cache_config_info=not args.no_cache_config_info,
-                        embedder=embedder)
+                        embedder=embedder, weight_version=args.weight_version)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from engine.eviction import check_eviction_name
 from engine.executor import Executor
 from engine.kv_manager import KVCacheManager
-from engine.request import Request, RequestOutput, SamplingParams, Status
+from engine.request import Request, RequestOutput, SamplingParams, Status, TokenLogprob
 from engine.scheduler import EngineStats, Scheduler, SchedulerConfig
 
 
@@ -172,7 +172,8 @@ class EngineCore:
                 req.first_scheduled_time = now
         result = self.executor.execute(sched.batch)
         end = now + result.seconds
-        outputs = self._update(sched.requests, sched.num_new_tokens, result.next_tokens, end)
+        outputs = self._update(sched.requests, sched.num_new_tokens, result.next_tokens, end,
+                               result.logprobs)
         stats = self.stats
         stats.num_steps += 1
         n_tokens = sched.batch.num_tokens
@@ -185,6 +186,7 @@ class EngineCore:
         counts: tuple[int, ...],
         next_tokens: dict[str, int],
         end: float,
+        logprobs: dict[str, TokenLogprob],
     ) -> list[RequestOutput]:
         kv = self.kv
         bs = self.config.block_size
@@ -231,6 +233,7 @@ class EngineCore:
                 finished.append(req)
             elif not (every or first):
                 continue
+            logprob = logprobs.get(req.request_id)
             outputs.append(
                 RequestOutput(
                     req.request_id,
@@ -243,6 +246,7 @@ class EngineCore:
                     req.first_scheduled_time,
                     req.first_token_time,
                     req.finish_time,
+                    () if logprob is None else (logprob,),
                 )
             )
         if finished:

@@ -16,10 +16,10 @@ Index regions of one sequence in a step::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +57,12 @@ class Batch:
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """``next_tokens`` has one entry per sequence with ``sample=True``; ``seconds`` is the
-    step's duration: modeled (sim) or measured (torch)."""
+    step's duration: modeled (sim) or measured (torch); ``logprobs`` one entry per sampled
+    sequence whose ``params.logprobs`` is set."""
 
     next_tokens: dict[str, int]
     seconds: float
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
 
 
 class Executor(Protocol):

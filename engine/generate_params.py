@@ -32,6 +32,7 @@ class GenerateParams:
     # a stop string or stop token id kept in the text (the end-of-sequence token's too)
     include_stop: bool = False
     limit_param: str = "max_tokens"  # the field max_tokens came from
+    skip_special_tokens: bool = True  # special tokens' text left out of the answer
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams' other fields
 
 

@@ -13,9 +13,9 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
-from engine.async_engine import EngineDeadError
+from engine.async_engine import EngineDeadError, RequestInterrupted
 from engine.generate_params import GenerateParams
-from engine.request import RequestOutput
+from engine.request import RequestOutput, TokenLogprob
 from engine.text_stream import TextStream
 from kvwire.openai_schema import BadRequest, ServiceUnavailable
 
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 class Generation:
     """One request's outputs as text deltas. ``_deltas`` is read once; leaving it before
     the engine finished the request (the client left, an error, a stop string) aborts
-    the request there."""
+    the request there. A request interrupted on the engine (``/abort_request``) ends with
+    the reason ``abort`` and ``interrupted`` its message."""
 
     def __init__(self, server: EngineServer, rid: str, p: GenerateParams, num_prompt: int,
                  queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
@@ -35,9 +36,13 @@ class Generation:
         self.p = p
         self.num_prompt = num_prompt
         self.queue = queue
-        self.text = TextStream(server.tokenizer, p.stop, include_stop=p.include_stop,
+        self.text = TextStream(server.decoder(p.skip_special_tokens), p.stop,
+                               include_stop=p.include_stop,
                                min_tokens=p.sampling.get("min_tokens", 0))
         self.token_ids: list[int] = []  # every output token so far, a stop token's too
+        # one per token of ``token_ids`` where the request asked for log-probabilities
+        self.logprobs: list[TokenLogprob] = []
+        self.interrupted: str | None = None
         self.num_output = 0
         self.num_cached = 0
         self.last: RequestOutput | None = None
@@ -53,12 +58,17 @@ class Generation:
                 item = await self.queue.get()
                 if isinstance(item, EngineDeadError):
                     raise ServiceUnavailable(str(item))
+                if isinstance(item, RequestInterrupted):
+                    self.interrupted = str(item)
+                    yield self.text.flush(), "abort"
+                    return
                 if isinstance(item, BaseException):
                     raise BadRequest(str(item))
                 self.last = item
                 self.num_output = item.num_output_tokens
                 self.num_cached = item.num_cached_tokens
                 self.token_ids.extend(item.new_token_ids)
+                self.logprobs.extend(item.logprobs)
                 reason = item.finish_reason
                 ids = item.new_token_ids
                 if reason == "stop" and ids and not self.p.include_stop:

@@ -8,8 +8,11 @@ client's ``rid`` is the engine's request id (400 while one of that id is in flig
 Answers as SGLang gives them: one JSON object, or a list of them for a batch; streamed,
 ``data: {...}`` events each carrying the whole text and output ids so far (SGLang's
 default, not incremental) and the ``meta_info`` of that point (``finish_reason`` null
-until the last), every ``stream_interval`` output tokens that added text, then
-``data: [DONE]``. A batch is answered whole, never streamed.
+until the last), then ``data: [DONE]``. Events go out, as SGLang sends them, at output
+lengths 1, 1 + k, 1 + 2k ... (``stream_interval`` k; a length whose token added no text
+goes with the next that does) and at the end. A stream that fails ends with an event
+whose ``finish_reason`` is ``{"type": "abort", "message", "status_code", "err_type"}``.
+A batch is answered whole, never streamed. Log probabilities: :mod:`engine.native_logprobs`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.generation import Generation
+from engine.native_logprobs import LogprobFields, check_logprob_start
 from engine.native_schema import NativeItem, answer_limit, finish_reason, parse_native
 from engine.request import RequestOutput
 from kvwire.openai_schema import BadRequest, OpenAIError, decode_json
@@ -46,6 +50,8 @@ class NativeGenerateRoute:
                            model_name=srv.model_name, vocab_size=srv.tokenizer.vocab_size)
         started_s = time.monotonic()
         prompts = await self._prompt_ids(req.items)
+        for item, ids in zip(req.items, prompts, strict=True):
+            check_logprob_start(item.logprobs, len(ids))
         # every prompt checked before any is queued: a batch runs whole or not at all
         limits = [answer_limit(item, len(ids), max_model_len=srv.max_model_len,
                                max_request_tokens=srv.max_request_tokens)
@@ -57,7 +63,8 @@ class NativeGenerateRoute:
                     queue = await srv.submit(item.rid, ids, item.params, limit)
                 except ValueError as exc:  # its rid is in flight
                     raise BadRequest(str(exc), param="rid") from exc
-                gens.append(_NativeGeneration(srv, item, len(ids), limit, queue, started_s))
+                gens.append(_NativeGeneration(srv, item, ids if req.prompt_ids_back else None,
+                                              len(ids), limit, queue, started_s))
             if req.stream:
                 return StreamingResponse(gens[0].sse(), media_type="text/event-stream")
             answers = await unless_disconnected(request, _collect_all(gens))
@@ -92,28 +99,52 @@ async def _collect_all(gens: list[_NativeGeneration]) -> list[dict[str, Any]]:
 class _NativeGeneration(Generation):
     """One prompt's outputs turned into SGLang's answer object or stream events."""
 
-    def __init__(self, server: EngineServer, item: NativeItem, num_prompt: int,
-                 max_tokens: int, queue: asyncio.Queue[RequestOutput | BaseException],
-                 started_s: float) -> None:
+    def __init__(self, server: EngineServer, item: NativeItem, prompt_ids: list[int] | None,
+                 num_prompt: int, max_tokens: int,
+                 queue: asyncio.Queue[RequestOutput | BaseException], started_s: float
+                 ) -> None:
+        """``prompt_ids``: sent back in each answer (``return_prompt_token_ids``)."""
         super().__init__(server, item.rid, item.params, num_prompt, queue)
+        self.prompt_ids = prompt_ids
         self.max_tokens = max_tokens
         self.interval = item.stream_interval
         self.started_s = started_s
         self.answer = ""
+        self.logprob_fields = None if item.logprobs is None else LogprobFields(
+            item.logprobs, server.decoder(skip_special_tokens=False))
+        self.failure: OpenAIError | None = None  # what ended the stream, if it failed
+
+    def _finish_reason(self, reason: str | None) -> dict[str, Any] | None:
+        if reason is None:
+            return None
+        if self.failure is not None:
+            fail = self.failure
+            return {"type": "abort", "message": fail.message, "status_code": fail.status,
+                    "err_type": fail.type}
+        if reason == "abort":
+            return {"type": "abort", "message": self.interrupted or "Aborted",
+                    "status_code": None, "err_type": None}
+        return finish_reason(reason, max_tokens=self.max_tokens, stop=self.text.stop,
+                             token_ids=self.token_ids)
 
     def _body(self, reason: str | None) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": self.rid,
-            "finish_reason": None if reason is None else finish_reason(
-                reason, max_tokens=self.max_tokens, stop=self.text.stop,
-                token_ids=self.token_ids),
+            "finish_reason": self._finish_reason(reason),
             "prompt_tokens": self.num_prompt,
+            "weight_version": self.server.weight_version,
             "completion_tokens": self.num_output,
             "cached_tokens": max(0, self.num_cached),
         }
         if reason is not None:
             meta["e2e_latency"] = time.monotonic() - self.started_s
-        return {"text": self.answer, "output_ids": list(self.token_ids), "meta_info": meta}
+        if self.logprob_fields is not None:
+            self.logprob_fields.extend(self.token_ids, self.logprobs)
+            meta.update(self.logprob_fields.fields())
+        body = {"text": self.answer, "output_ids": list(self.token_ids), "meta_info": meta}
+        if self.prompt_ids is not None:
+            body["prompt_token_ids"] = self.prompt_ids
+        return body
 
     async def collect(self) -> dict[str, Any]:
         reason = None
@@ -123,16 +154,18 @@ class _NativeGeneration(Generation):
 
     async def sse(self) -> AsyncIterator[bytes]:
         gen = self._deltas()
-        sent = 0  # output tokens the last event carried
+        due = 1  # the output length the next event waits for: 1, 1 + k, 1 + 2k ...
         try:
             async for delta, reason in gen:
                 self.answer += delta
-                if reason is None and self.num_output - sent < self.interval:
+                if reason is None and self.num_output < due:
                     continue
-                sent = self.num_output
+                # the first due length past this one
+                due += -(-(self.num_output + 1 - due) // self.interval) * self.interval
                 yield b"data: " + orjson.dumps(self._body(reason)) + b"\n\n"
         except OpenAIError as exc:
-            yield b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+            self.failure = exc
+            yield b"data: " + orjson.dumps(self._body("abort")) + b"\n\n"
         finally:
             await gen.aclose()
         yield b"data: [DONE]\n\n"

@@ -6,19 +6,29 @@ Shapes follow SGLang's runtime (``GenerateReqInput``, ``SamplingParams``)::
     request:  {"text": str | [str]  or  "input_ids": [int] | [[int]],
                "sampling_params"?: {...} | [{...}, one per prompt],
                "rid"?: str | [str], "stream"?: bool, "model"?: str, "cache_salt"?: str,
-               "return_logprob"?: false, ...}
+               "return_logprob"?: bool, "top_logprobs_num"?: int,
+               "logprob_start_len"?: -1, "return_text_in_logprobs"?: bool,
+               "return_prompt_token_ids"?: bool, ...}
     answer:   {"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
-               "completion_tokens", "cached_tokens", "e2e_latency" (once finished)}}
+               "weight_version", "completion_tokens", "cached_tokens",
+               "e2e_latency" (once finished), log probabilities (when asked)}}
 
 A list in ``text`` or ``input_ids`` is a batch, answered with a list of answers in order;
 its ``rid`` is a list of ids, or one string each prompt's id is made from (``rid_0``,
-``rid_1`` ...). ``finish_reason`` is ``{"type": "length", "length": max_new_tokens}`` or
-``{"type": "stop", "matched": <token id or stop string>}``. ``max_new_tokens`` defaults
-to 128, cut to what fits; 0 computes the prompt alone. Fields this engine cannot honour
-(log probabilities, constrained output, multimodal inputs, LoRA, sessions, hidden states)
-are refused naming the field, unless they ask for nothing; top-level fields SGLang's
-routers add (``routed_dp_rank``, ``log_metrics`` ...) are ignored, as SGLang ignores
-fields it does not know; a sampling parameter it does not know is refused.
+``rid_1`` ...); ``return_logprob``, ``logprob_start_len`` and ``top_logprobs_num`` may
+give one value per prompt. ``finish_reason`` is ``{"type": "length", "length":
+max_new_tokens}``, ``{"type": "stop", "matched": <token id or stop string>}`` or
+``{"type": "abort", "message", "status_code", "err_type"}``. ``max_new_tokens``
+defaults to 128, cut to what fits; 0 computes the prompt alone.
+
+Log probabilities are of output tokens only: a ``logprob_start_len`` that asks for
+prompt positions is refused. Fields this engine cannot honour (prompt log
+probabilities, ``token_ids_logprob``, constrained output, multimodal inputs, LoRA,
+sessions, hidden states, entropy ...) are refused naming the field, unless they ask for
+nothing; top-level fields SGLang's routers add (``routed_dp_rank``, ``log_metrics`` ...)
+are ignored, as SGLang ignores fields it does not know; a sampling parameter it does not
+know is refused. ``custom_params`` is accepted and unused, as SGLang does without a
+``custom_logit_processor`` (which is refused).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from engine.generate_params import (
     stop_fields,
     temperature_field,
 )
+from engine.native_logprobs import LogprobAsk, logprob_asks
 from kvwire.openai_schema import (
     BadRequest,
     check_cache_salt,
@@ -48,23 +59,32 @@ from kvwire.openai_schema import (
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's, when the request names none
 MAX_BATCH = 2048  # prompts in one request (the embeddings route's limit too)
 
-# top-level fields asking for what the engine does not do, and the values that ask for
-# nothing (a batch may give one value per prompt)
-_UNSUPPORTED = (("return_logprob", (None, False)), ("input_embeds", (None,)),
-                ("image_data", (None,)), ("video_data", (None,)), ("audio_data", (None,)),
-                ("return_hidden_states", (None, False)), ("return_routed_experts", (None, False)),
-                ("lora_path", (None,)), ("custom_logit_processor", (None,)),
-                ("session_params", (None,)), ("extra_key", (None, "")),
-                ("bootstrap_host", (None,)), ("bootstrap_port", (None,)),
-                ("bootstrap_room", (None,)))
+# top-level fields of SGLang's GenerateReqInput asking for what the engine does not do,
+# and the values that ask for nothing (a batch may give one value per prompt)
+_OFF, _NONE = (None, False), (None,)
+_UNSUPPORTED = (
+    ("input_embeds", _NONE), ("image_data", _NONE), ("video_data", _NONE),
+    ("audio_data", _NONE), ("mm_hashes", _NONE), ("mm_content_hashes", _NONE),
+    ("use_audio_in_video", _OFF), ("video_config", _NONE), ("images_config", _NONE),
+    ("max_dynamic_patch", _NONE), ("min_dynamic_patch", _NONE),
+    ("image_max_dynamic_patch", _NONE), ("video_max_dynamic_patch", _NONE),
+    ("positional_embed_overrides", _NONE), ("multi_item_delimiter_indices", _NONE),
+    ("token_ids_logprob", _NONE), ("return_sampling_mask", _OFF),
+    ("return_flat_raw_top_logprobs", _OFF), ("return_flat_raw_top_logprobs_b64", _OFF),
+    ("return_hidden_states", _OFF), ("return_routed_experts", _OFF),
+    ("return_indexer_topk", _OFF), ("return_entropy", _OFF), ("return_bytes", _OFF),
+    ("lora_path", _NONE), ("lora_id", _NONE), ("custom_logit_processor", _NONE),
+    ("session_params", _NONE), ("extra_key", (None, "")), ("bootstrap_host", _NONE),
+    ("bootstrap_port", _NONE), ("bootstrap_room", _NONE), ("bootstrap_pair_key", _NONE),
+    ("max_thinking_tokens", _NONE), ("require_reasoning", _OFF), ("background", _OFF))
 # sampling parameters that constrain the output, refused unless null
-_CONSTRAINED = ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "custom_params")
+_CONSTRAINED = ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex")
 _SAMPLING_KNOWN = frozenset({
     "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
     "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "stop",
     "stop_token_ids", "ignore_eos", "no_stop_trim", "sampling_seed", "n",
     "skip_special_tokens", "spaces_between_special_tokens", "stream_interval",
-    *_CONSTRAINED})
+    "custom_params", *_CONSTRAINED})
 # read by ``sampling_fields`` under the same names as vLLM's
 _SHARED = ("top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
            "repetition_penalty", "logit_bias")
@@ -74,13 +94,15 @@ _SHARED = ("top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
 class NativeItem:
     """One prompt of a ``/generate`` body: its request id, its fields as the engine's
     (``params.max_tokens`` None: SGLang's default), where its sampling parameters sit
-    (``sampling_params.`` or ``sampling_params[i].``, naming a field in an error), and
-    the output tokens each streamed event waits for (``stream_interval``)."""
+    (``sampling_params.`` or ``sampling_params[i].``, naming a field in an error), the
+    output tokens each streamed event waits for (``stream_interval``), and the log
+    probabilities it asks for (None: none)."""
 
     rid: str
     params: GenerateParams
     where: str
     stream_interval: int
+    logprobs: LogprobAsk | None = None
 
     @property
     def prompt_field(self) -> str:
@@ -92,6 +114,7 @@ class NativeRequest:
     items: tuple[NativeItem, ...]
     batch: bool  # answered with a list
     stream: bool
+    prompt_ids_back: bool = False  # return_prompt_token_ids: answers carry the prompt's ids
 
 
 def parse_native(body: Any, *, model_name: str, vocab_size: int) -> NativeRequest:
@@ -113,6 +136,8 @@ def parse_native(body: Any, *, model_name: str, vocab_size: int) -> NativeReques
                          "stream its prompts one request each", param="stream")
     rids = _rids(body.get("rid"), n, batch)
     salt = check_cache_salt(body.get("cache_salt"))
+    asks = logprob_asks(body, n, batch, vocab_size)
+    prompt_ids_back = bool(optional(body, "return_prompt_token_ids", bool, False))
     per_item = body.get("sampling_params")
     if isinstance(per_item, list) and batch:
         if len(per_item) != n:
@@ -122,17 +147,17 @@ def parse_native(body: Any, *, model_name: str, vocab_size: int) -> NativeReques
     else:
         found = [("sampling_params.", per_item)] * n
     items = []
-    for i, (where, sp) in enumerate(found):
+    for i, ((where, sp), ask) in enumerate(zip(found, asks, strict=True)):
         if sp is not None and not isinstance(sp, dict):
             raise BadRequest("'sampling_params' must be an object (or, for a batch, a list "
-                             "of them)", param=where.rstrip("."))
+                             f"of them), got {sp!r:.40}", param=where.rstrip("."))
         with _under(where):
             params, interval = _item_params(
                 sp or {}, vocab_size, text=texts[i] if texts is not None else None,
                 ids=ids[i] if ids is not None else None, stream=stream, salt=salt,
-                where=where)
-        items.append(NativeItem(rids[i], params, where, interval))
-    return NativeRequest(tuple(items), batch, stream)
+                where=where, top=None if ask is None else ask.top)
+        items.append(NativeItem(rids[i], params, where, interval, ask))
+    return NativeRequest(tuple(items), batch, stream, prompt_ids_back)
 
 
 def answer_limit(item: NativeItem, num_prompt: int, *, max_model_len: int,
@@ -199,10 +224,12 @@ def _prompts(body: dict[str, Any], vocab_size: int
         elif isinstance(text, list) and text and all(isinstance(t, str) for t in text):
             texts, batch = text, True
         else:
-            raise BadRequest("'text' must be a string or a non-empty list of strings",
-                             param="text")
-        if not all(texts):
-            raise BadRequest("'text' must not be empty", param="text")
+            raise BadRequest(f"'text' must be a string or a non-empty list of strings, got "
+                             f"{text!r:.40}", param="text")
+        empty = next((i for i, t in enumerate(texts) if not t), None)
+        if empty is not None:
+            raise BadRequest("'text' must not be empty" if not batch else
+                             f"'text' holds an empty string at index {empty}", param="text")
         _check_batch(len(texts), batch, "text")
         return texts, None, batch
     if isinstance(ids, list) and ids and is_token_ids(ids):
@@ -212,7 +239,8 @@ def _prompts(body: dict[str, Any], vocab_size: int
         lists, batch = ids, True
     else:
         raise BadRequest("'input_ids' must be a non-empty list of token ids (non-negative "
-                         "integers) or a non-empty list of them", param="input_ids")
+                         f"integers) or a non-empty list of them, got {ids!r:.60}",
+                         param="input_ids")
     _check_batch(len(lists), batch, "input_ids")
     bad = next((t for one in lists for t in one if t >= vocab_size), None)
     if bad is not None:
@@ -242,27 +270,29 @@ def _rids(value: Any, n: int, batch: bool) -> list[str]:
         return list(value)
     shape = f"a non-empty string or a list of {n}, one per prompt" if batch \
         else "a non-empty string"
-    raise BadRequest(f"'rid' must be {shape}", param="rid")
+    raise BadRequest(f"'rid' must be {shape}, got {value!r:.60}", param="rid")
 
 
 def _item_params(sp: dict[str, Any], vocab_size: int, *, text: str | None,
-                 ids: list[int] | None, stream: bool, salt: str | None, where: str
-                 ) -> tuple[GenerateParams, int]:
-    """One prompt and its sampling parameters as the engine's fields, and its
-    ``stream_interval``."""
+                 ids: list[int] | None, stream: bool, salt: str | None, where: str,
+                 top: int | None) -> tuple[GenerateParams, int]:
+    """One prompt and its sampling parameters as the engine's fields (``top``: the
+    alternatives each token's log probability comes with; None: no log probabilities),
+    and its ``stream_interval``."""
     unknown = next((k for k in sp if k not in _SAMPLING_KNOWN), None)
     if unknown is not None:
         raise BadRequest(f"unknown sampling parameter {unknown!r:.60}", param=unknown)
     for name in _CONSTRAINED:
         if sp.get(name) is not None:
             raise BadRequest(f"{name!r} (constrained output) is not supported by this "
-                             "engine", param=name)
-    if optional(sp, "n", int, 1) != 1:
-        raise BadRequest("only n=1 is supported", param="n")
-    if not optional(sp, "skip_special_tokens", bool, True):
-        raise BadRequest("special tokens are always left out of this engine's text; "
-                         "'skip_special_tokens' must be true", param="skip_special_tokens")
-    optional(sp, "spaces_between_special_tokens", bool, True)  # no special tokens kept
+                             f"engine (got {sp[name]!r:.40})", param=name)
+    optional(sp, "custom_params", dict, None)  # read by a custom logit processor alone
+    n = optional(sp, "n", int, 1)
+    if n != 1:
+        raise BadRequest(f"only n=1 is supported, got {n}", param="n")
+    skip_special = bool(optional(sp, "skip_special_tokens", bool, True))
+    # a slow tokenizer's option; fast tokenizers (SGLang's, and this engine's) ignore it
+    optional(sp, "spaces_between_special_tokens", bool, True)
     max_new = optional(sp, "max_new_tokens", int, None)
     if max_new is not None and max_new < 0:
         raise BadRequest(f"'max_new_tokens' must be at least 0, got {max_new}",
@@ -278,6 +308,8 @@ def _item_params(sp: dict[str, Any], vocab_size: int, *, text: str | None,
     stop, stop_ids = stop_fields(sp)
     sampling = sampling_fields({**{k: sp[k] for k in _SHARED if k in sp},
                                 "min_tokens": least}, vocab_size)
+    if top is not None:
+        sampling["logprobs"] = top
     params = GenerateParams(
         chat=False, prompt_text=text, prompt_ids=ids, messages=None, tools=None,
         max_tokens=max_new, temperature=temperature_field(sp),
@@ -285,6 +317,7 @@ def _item_params(sp: dict[str, Any], vocab_size: int, *, text: str | None,
         ignore_eos=bool(optional(sp, "ignore_eos", bool, False)), cache_salt=salt,
         stop=stop, stop_token_ids=stop_ids,
         include_stop=bool(optional(sp, "no_stop_trim", bool, False)),
-        limit_param=where + "max_new_tokens", sampling=sampling)
+        limit_param=where + "max_new_tokens", skip_special_tokens=skip_special,
+        sampling=sampling)
     return params, interval
 

@@ -7,6 +7,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvwire.block_hashing import BlockHash, block_hashes
 
@@ -32,7 +33,10 @@ class SamplingParams:
 
     ``pooling``: the request ends when its prompt is computed, with no output token and
     finish reason ``stop`` (an embedding: the prompt's cost is a prefill); the sampling
-    fields are then unused."""
+    fields are then unused.
+
+    ``logprobs``: each output token comes with its log-probability and that many of the
+    most likely alternatives (None: none; 0: the sampled token's alone)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -48,6 +52,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -68,6 +73,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be None or >= 0, got {self.logprobs}")
 
     @property
     def filters(self) -> bool:
@@ -207,10 +214,21 @@ def _hash(
     )
 
 
+class TokenLogprob(NamedTuple):
+    """One sampled token's log-probability under the distribution it was drawn from, and
+    the ``SamplingParams.logprobs`` most likely tokens of that distribution as
+    (token id, log-probability), most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
     """What one step produced for one request. Times are in the driver's clock (the
-    ``now`` it passed to ``EngineCore.step`` plus the step's seconds)."""
+    ``now`` it passed to ``EngineCore.step`` plus the step's seconds). ``logprobs`` has
+    one entry per new token where the request asked for them (``SamplingParams.logprobs``),
+    else none."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
@@ -222,6 +240,7 @@ class RequestOutput:
     first_scheduled_time: float | None
     first_token_time: float | None
     finish_time: float | None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def finished(self) -> bool:

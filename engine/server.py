@@ -3,15 +3,18 @@ vLLM's tokenize/reset/metrics.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``
 (:mod:`engine.embeddings`; executors that have an embedder), ``POST /generate``
-(SGLang's native API, :mod:`engine.native_generate`), ``GET /v1/models``,
-``GET /health``, ``POST /tokenize``, ``POST /detokenize``, ``POST /reset_prefix_cache``,
-``GET /metrics``. Errors are ``{"error": {"message", "type", "param", "code"}}``.
+(SGLang's native API, :mod:`engine.native_generate`) and SGLang's control endpoints
+(``/abort_request``, ``/get_model_info``, ``/v1/loads``, ``/get_load``, ``/flush_cache``:
+:mod:`engine.native_control`), ``GET /v1/models``, ``GET /health``, ``POST /tokenize``,
+``POST /detokenize``, ``POST /reset_prefix_cache``, ``GET /metrics``. Errors are
+``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -30,9 +33,11 @@ from engine.embeddings import EmbeddingsRoute
 from engine.generate_params import GenerateParams, context_error, parse_generate, usage
 from engine.generation import Generation
 from engine.metrics import EngineMetrics
+from engine.native_control import NativeControlRoutes
 from engine.native_generate import NativeGenerateRoute
 from engine.request import RequestOutput, SamplingParams
 from engine.sim_embedding import SimEmbedder
+from engine.text_stream import Decoder, SpecialKeeping
 from kvwire.media_parts import carries_media
 from kvwire.openai_schema import (
     BadRequest,
@@ -62,9 +67,13 @@ class EngineServer:
     def __init__(self, core: EngineCore, tokenizer: Any, *, model_name: str,
                  sleep_modeled_time: bool, kv_events: KVEventPublisher | None = None,
                  cache_config_info: bool = True,
-                 embedder: SimEmbedder | None = None) -> None:
-        """``embedder``: how this model embeds (``None``: ``/v1/embeddings`` answers 400)."""
+                 embedder: SimEmbedder | None = None,
+                 weight_version: str = "default") -> None:
+        """``embedder``: how this model embeds (``None``: ``/v1/embeddings`` answers 400);
+        ``weight_version``: the version SGLang's ``meta_info.weight_version`` and
+        ``/get_model_info`` name."""
         self.core = core
+        self.weight_version = weight_version
         self.embedder = embedder
         # The pool records KV events only when they are published; they are drained on
         # the loop thread between steps (after a step, or inside an engine call).
@@ -91,6 +100,14 @@ class EngineServer:
         (``abort``), or its text matched a stop string (``stop``)."""
         self.engine.abort(rid)
         self.metrics.ended_early(rid, reason, last, self.engine.clock())
+
+    def decoder(self, skip_special_tokens: bool = True) -> Decoder:
+        """The served tokenizer's decoder, or one that keeps special tokens' text."""
+        return self.tokenizer if skip_special_tokens else self._special_keeping
+
+    @functools.cached_property
+    def _special_keeping(self) -> SpecialKeeping:
+        return SpecialKeeping(self.tokenizer.source)  # loaded on first use
 
     def _publish_kv_events(self) -> None:
         events = self.core.kv.pool.events
@@ -352,11 +369,17 @@ def build_app(server: EngineServer) -> Starlette:
 
     embeddings = EmbeddingsRoute(server, max_body_bytes=MAX_BODY_BYTES)
     native = NativeGenerateRoute(server, max_body_bytes=MAX_BODY_BYTES)
+    control = NativeControlRoutes(server)
     routes = [
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings.handle, methods=["POST"]),
         Route("/generate", native.handle, methods=["POST"]),
+        Route("/abort_request", control.abort_request, methods=["POST"]),
+        Route("/get_model_info", control.get_model_info, methods=["GET"]),
+        Route("/v1/loads", control.loads, methods=["GET"]),
+        Route("/get_load", control.get_load, methods=["GET"]),
+        Route("/flush_cache", control.flush_cache, methods=["GET", "POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),

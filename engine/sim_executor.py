@@ -1,10 +1,18 @@
 """The ``sim`` executor: no model. Step time from the roofline cost model; next tokens
-derived deterministically from the sequence's seed and the position being generated."""
+derived deterministically from the sequence's seed and the position being generated.
+
+Its log-probabilities are a stand-in, not a model's: its tokens are drawn uniformly from
+its token range, so each has the log-probability of that distribution, ``-log(span)``;
+with every token equally likely, the "most likely" alternatives it names are the drawn
+token and the ids after it (wrapping within the range)."""
 
 from __future__ import annotations
 
+import math
+
 from engine.cost_model import CostModel
-from engine.executor import Batch, StepResult
+from engine.executor import Batch, SeqWork, StepResult
+from engine.request import TokenLogprob
 
 _MASK = (1 << 64) - 1
 
@@ -52,11 +60,23 @@ class SimExecutor:
     def execute(self, batch: Batch) -> StepResult:
         pairs = []
         next_tokens: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprob] = {}
         lo, span = self._lo, self._span
         for s in batch.seqs:
             n = len(s.token_ids)
             pairs.append((s.start, n))
             if s.sample:
-                next_tokens[s.request_id] = lo + sim_token(s.seed, s.start + n, span)
+                token = lo + sim_token(s.seed, s.start + n, span)
+                next_tokens[s.request_id] = token
+                if s.params is not None and s.params.logprobs is not None:
+                    logprobs[s.request_id] = self._logprob(s, token)
         self.num_steps += 1
-        return StepResult(next_tokens, self.cost_model.step_seconds(pairs))
+        return StepResult(next_tokens, self.cost_model.step_seconds(pairs), logprobs)
+
+    def _logprob(self, s: SeqWork, token: int) -> TokenLogprob:
+        """The uniform draw's log-probability, and ``params.logprobs`` tied alternatives."""
+        lp = -math.log(self._span)
+        k = min(s.params.logprobs or 0, self._span) if s.params is not None else 0
+        first = token - self._lo
+        return TokenLogprob(lp, tuple((self._lo + (first + i) % self._span, lp)
+                                      for i in range(k)))

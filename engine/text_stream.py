@@ -15,6 +15,20 @@ class Decoder(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
+class SpecialKeeping:
+    """Decodes with special tokens' text kept (SGLang's ``skip_special_tokens: false``),
+    from the tokenizer file ``path`` (the served tokenizer's ``source``), whose own
+    ``decode`` leaves them out."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(path)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=False))
+
+
 class TextStream:
     """``include_stop``: the stop string stays in the text; ``min_tokens``: stop strings
     are looked for only once that many tokens were pushed (in the text from the push that

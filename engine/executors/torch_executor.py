@@ -19,7 +19,7 @@ from engine.executor import Batch, SeqWork, StepResult
 from engine.model.config import ModelConfig, kv_bytes_per_token
 from engine.model.llama import CausalLM, KVCache
 from engine.model.loader import load_model
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
 
 _NO_COMPUTE = frozenset(("meta",))  # torch devices with shapes but no data
 
@@ -108,11 +108,17 @@ class TorchExecutor:
             return StepResult(next_tokens={}, seconds=0.0)
         sampled = [s for s in batch.seqs if s.sample]
         logits = self.last_logits(batch.seqs, only=[s.sample for s in batch.seqs])
-        next_tokens = {s.request_id: self._sample(s, row) for s, row in zip(sampled, logits,
-                                                                             strict=True)}
+        next_tokens: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprob] = {}
+        for s, row in zip(sampled, logits, strict=True):
+            token, logprob = self._sample(s, row)
+            next_tokens[s.request_id] = token
+            if logprob is not None:
+                logprobs[s.request_id] = logprob
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return StepResult(next_tokens=next_tokens, seconds=time.perf_counter() - begin)
+        return StepResult(next_tokens=next_tokens, seconds=time.perf_counter() - begin,
+                          logprobs=logprobs)
 
     @torch.inference_mode()
     def last_logits(self, seqs: Sequence[SeqWork], only: Sequence[bool] | None = None,
@@ -153,30 +159,50 @@ class TorchExecutor:
             raise ValueError(f"request {s.request_id}: context {s.context_len} exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
 
-    def _sample(self, s: SeqWork, logits: torch.Tensor) -> int:
+    def _sample(self, s: SeqWork, logits: torch.Tensor) -> tuple[int, TokenLogprob | None]:
         """The next token of ``s`` from its last position's ``logits``, as vLLM samples:
         logit bias, penalties and ``min_tokens`` first, then greedy below
-        ``GREEDY_BELOW`` of temperature, else temperature, top-k, top-p and min-p."""
+        ``GREEDY_BELOW`` of temperature, else temperature, top-k, top-p and min-p. With
+        ``params.logprobs`` set, also its log-probability (see :func:`token_logprob`)."""
         p = s.params
         filtered = p if p is not None and p.filters else None
         if filtered is not None:
             logits = adjust_logits(logits.float(), filtered, s.history, s.num_prompt,
                                    self.eos_token_ids)
-        if s.temperature < GREEDY_BELOW:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float().cpu() / s.temperature, dim=-1)
-        if filtered is not None:
-            probs = truncate(probs, filtered)
-        if p is not None and p.seed is None:
-            return int(torch.multinomial(probs, 1))  # sampled afresh each time
-        # seeded by request seed and position: reproducible however steps are batched
-        seed = (s.seed * 1_000_003 + s.context_len) & _SEED_MASK
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        return int(torch.multinomial(probs, 1, generator=gen))
+        greedy = s.temperature < GREEDY_BELOW
+        if greedy:
+            token = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(logits.float().cpu() / s.temperature, dim=-1)
+            if filtered is not None:
+                probs = truncate(probs, filtered)
+            if p is not None and p.seed is None:
+                token = int(torch.multinomial(probs, 1))  # sampled afresh each time
+            else:
+                # seeded by request seed and position: reproducible however steps batch
+                seed = (s.seed * 1_000_003 + s.context_len) & _SEED_MASK
+                gen = torch.Generator(device="cpu").manual_seed(seed)
+                token = int(torch.multinomial(probs, 1, generator=gen))
+        if p is None or p.logprobs is None:
+            return token, None
+        return token, token_logprob(logits, token, 1.0 if greedy else s.temperature,
+                                    p.logprobs)
 
 
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (vLLM's epsilon)
 _SEED_MASK = (1 << 63) - 1  # torch's generator takes a 64-bit seed
+
+
+def token_logprob(logits: torch.Tensor, token: int, temperature: float, top: int
+                  ) -> TokenLogprob:
+    """``token``'s log-probability under ``softmax(logits / temperature)``, the
+    distribution it was sampled from before top-k, top-p and min-p cut it (SGLang's
+    default; greedy tokens at temperature 1), and the ``top`` most likely tokens of it."""
+    logp = torch.log_softmax(logits.float().cpu() / temperature, dim=-1)
+    k = min(top, logp.shape[-1])
+    values, ids = torch.topk(logp, k) if k else (logp[:0], logp[:0].long())
+    return TokenLogprob(float(logp[token]), tuple(zip(ids.tolist(), values.tolist(),
+                                                      strict=True)))
 
 
 def adjust_logits(logits: torch.Tensor, p: SamplingParams, history: Sequence[int],

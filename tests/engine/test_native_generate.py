@@ -52,8 +52,9 @@ def test_a_text_prompt_is_answered_as_sglang_answers_it(live: LiveEngine) -> Non
     assert set(out) == {"text", "output_ids", "meta_info"}
     meta = out["meta_info"]
     assert set(meta) == {"id", "finish_reason", "prompt_tokens", "completion_tokens",
-                         "cached_tokens", "e2e_latency"}
+                         "cached_tokens", "e2e_latency", "weight_version"}
     assert meta["id"] == "native-1"
+    assert meta["weight_version"] == "default"
     assert meta["finish_reason"] == {"type": "length", "length": 6}
     assert meta["completion_tokens"] == len(out["output_ids"]) == 6
     assert meta["prompt_tokens"] == live.http.post(
@@ -117,8 +118,12 @@ def test_a_stream_carries_the_whole_text_so_far_and_ends_with_done(live: LiveEng
     assert last["text"] == whole["text"] and last["output_ids"] == whole["output_ids"]
     paced = _events(live, {**body, "sampling_params": {"max_new_tokens": 5,
                                                        "stream_interval": 2}})
-    assert [e["meta_info"]["completion_tokens"] for e in paced[:-1]] == [2, 4, 5]
+    # as SGLang: at output lengths 1, 1 + k, 1 + 2k ..., and the last
+    assert [e["meta_info"]["completion_tokens"] for e in paced[:-1]] == [1, 3, 5]
     assert paced[-2]["text"] == last["text"]
+    paced = _events(live, {**body, "sampling_params": {"max_new_tokens": 6,
+                                                       "stream_interval": 4}})
+    assert [e["meta_info"]["completion_tokens"] for e in paced[:-1]] == [1, 5, 6]
 
 
 def test_stop_strings_and_stop_tokens_name_what_they_matched(live: LiveEngine) -> None:
@@ -212,14 +217,23 @@ def test_a_rid_in_flight_is_refused_and_a_stream_left_is_aborted() -> None:
     ({"text": "x", "sampling_params": {"n": 2}}, "sampling_params.n"),
     ({"text": "x", "sampling_params": {"regex": "a+"}}, "sampling_params.regex"),
     ({"text": "x", "sampling_params": {"json_schema": "{}"}}, "sampling_params.json_schema"),
-    ({"text": "x", "sampling_params": {"skip_special_tokens": False}},
+    ({"text": "x", "sampling_params": {"skip_special_tokens": [1]}},
      "sampling_params.skip_special_tokens"),
+    ({"text": "x", "sampling_params": {"custom_params": [1]}}, "sampling_params.custom_params"),
     ({"text": "x", "sampling_params": {"max_new_token": 3}}, "sampling_params.max_new_token"),
     ({"text": "x", "sampling_params": [{}]}, "sampling_params"),
     ({"text": ["a", "b"], "sampling_params": [{}, {"top_k": -7}]},
      "sampling_params[1].top_k"),
     ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
-    ({"text": "x", "return_logprob": True}, "return_logprob"),
+    ({"text": "x", "return_logprob": "yes"}, "return_logprob"),
+    ({"text": "x", "return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
+    ({"text": "x", "return_logprob": True, "logprob_start_len": 99}, "logprob_start_len"),
+    ({"text": "x", "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
+    ({"text": ["a", "b"], "return_logprob": [True]}, "return_logprob"),
+    ({"text": "x", "return_logprob": True, "token_ids_logprob": [300]}, "token_ids_logprob"),
+    ({"text": "x", "return_entropy": True}, "return_entropy"),
+    ({"text": "x", "custom_logit_processor": "{}"}, "custom_logit_processor"),
+    ({"text": "x", "max_thinking_tokens": 5}, "max_thinking_tokens"),
     ({"text": "x", "image_data": "http://x/cat.png"}, "image_data"),
     ({"text": "x", "lora_path": "adapter"}, "lora_path"),
     ({"text": "x", "stream": "sometimes"}, "stream"),
@@ -241,10 +255,12 @@ def test_bad_input_gets_a_400_naming_the_field(live: LiveEngine, body: dict,
 
 def test_fields_asking_for_nothing_pass_and_an_unknown_model_is_not_found(
         live: LiveEngine) -> None:
-    body = {"text": "x", "return_logprob": False, "logprob_start_len": -1,
+    body = {"text": "x", "return_logprob": False, "logprob_start_len": 0,
             "top_logprobs_num": 0, "image_data": None, "routed_dp_rank": 0,
+            "return_entropy": False, "return_prompt_token_ids": False, "token_ids_logprob": None,
             "log_metrics": True, "sampling_params": {"max_new_tokens": 1, "regex": None,
-                                                     "skip_special_tokens": True}}
+                                                     "skip_special_tokens": True,
+                                                     "custom_params": {"k": 1}}}
     assert _generate(live, body)["meta_info"]["completion_tokens"] == 1
     r = live.http.post("/generate", json={"text": "x", "model": "other"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"

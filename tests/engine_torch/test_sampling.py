@@ -15,7 +15,7 @@ from engine import cli
 from engine.core import EngineConfig, EngineCore
 from engine.executors.torch_executor import adjust_logits, truncate
 from engine.model.tiny import write_tiny_model
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
 from kvwire.tokenizer import load_tokenizer
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11]
@@ -55,6 +55,36 @@ def test_any_64_bit_seed_and_a_temperature_near_zero_sample(core: EngineCore) ->
         assert len(generate(core, temperature=1.0, seed=seed)) == 8
     assert generate(core, temperature=1e-40, seed=1) == greedy  # below 1e-5: greedy
     assert generate(core, temperature=1.0, seed=9) == generate(core, temperature=1.0, seed=9)
+
+
+def test_each_token_comes_with_its_log_probability_under_the_sampled_distribution(
+        core: EngineCore) -> None:
+    vocab = core.executor.config.vocab_size  # type: ignore[attr-defined]
+
+    def first(**params: object) -> TokenLogprob:
+        rid = f"lp{generate.count}"  # type: ignore[attr-defined]
+        generate.count += 1  # type: ignore[attr-defined]
+        core.add_request(core.make_request(rid, PROMPT, SamplingParams(
+            max_tokens=2, ignore_eos=True, logprobs=vocab, **params)))  # type: ignore[arg-type]
+        outs = []
+        while core.has_unfinished():
+            outs.extend(o for o in core.step().outputs if o.request_id == rid)
+        assert all(len(o.logprobs) == len(o.new_token_ids) == 1 for o in outs)
+        token, lp = outs[0].new_token_ids[0], outs[0].logprobs[0]
+        assert dict(lp.top)[token] == pytest.approx(lp.logprob)
+        return lp
+
+    greedy = first(temperature=0.0)
+    ranked = [v for _, v in greedy.top]
+    assert len(ranked) == vocab and ranked == sorted(ranked, reverse=True)
+    assert math.fsum(math.exp(v) for v in ranked) == pytest.approx(1.0, abs=1e-4)
+    assert greedy.logprob == ranked[0]  # greedy takes the most likely token
+    # at temperature 2 the same logits give log_softmax(logits / 2)
+    hot = first(temperature=2.0, seed=3)
+    logits = torch.tensor([v for _, v in sorted(greedy.top)])
+    expected = torch.log_softmax(logits / 2.0, dim=-1)
+    got = torch.tensor([v for _, v in sorted(hot.top)])
+    assert torch.allclose(got, expected, atol=1e-4)
 
 
 def test_top_k_top_p_and_min_p_narrow_the_draw(core: EngineCore) -> None:
