@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import time
 import uuid
@@ -103,11 +102,7 @@ class EngineServer:
 
     def decoder(self, skip_special_tokens: bool = True) -> Decoder:
         """The served tokenizer's decoder, or one that keeps special tokens' text."""
-        return self.tokenizer if skip_special_tokens else self._special_keeping
-
-    @functools.cached_property
-    def _special_keeping(self) -> SpecialKeeping:
-        return SpecialKeeping(self.tokenizer.source)  # loaded on first use
+        return self.tokenizer if skip_special_tokens else SpecialKeeping(self.tokenizer)
 
     def _publish_kv_events(self) -> None:
         events = self.core.kv.pool.events

@@ -10,23 +10,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from kvwire.tokenizer import PromptTokenizer
+
 
 class Decoder(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class SpecialKeeping:
-    """Decodes with special tokens' text kept (SGLang's ``skip_special_tokens: false``),
-    from the tokenizer file ``path`` (the served tokenizer's ``source``), whose own
-    ``decode`` leaves them out."""
+    """``tokenizer``'s decoding with special tokens' text kept (SGLang's
+    ``skip_special_tokens: false``; its own ``decode`` leaves them out)."""
 
-    def __init__(self, path: str) -> None:
-        from tokenizers import Tokenizer
-
-        self._tok = Tokenizer.from_file(path)
+    def __init__(self, tokenizer: PromptTokenizer) -> None:
+        self._tok = tokenizer
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=False))
+        return self._tok.decode(ids, skip_special_tokens=False)
 
 
 class TextStream:

@@ -106,8 +106,9 @@ class PromptTokenizer:
         encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [(list(enc.ids), [end for _, end in enc.offsets]) for enc in encs]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``ids``; special tokens' text left out unless told otherwise."""
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def encode_prefix(self, text: str, max_tokens: int | None, group: str = ""
                       ) -> PrefixEncoding:
