@@ -10,9 +10,12 @@
   for vLLM and kvgate's engine.
 
 Only answers that completed with a status under 400 are recorded (the rest are counted in
-``kvgate_requests`` by status). The ``model`` label takes the fleet's served models; any
-other name is recorded as ``other``, so the number of series stays bounded whatever
-clients send. Label children are cached per (model, reason): a request costs one dict
+``kvgate_requests`` by status). The ``model`` label takes the fleet's served models, at
+most ``MAX_MODEL_LABELS`` of them (the first answered; a fleet serving a thousand LoRA
+adapters made 125,000 series, 15 MB of /metrics, one adapter at a time); any other name is
+recorded as ``other``, so the number of series stays bounded whatever clients send. A
+model the fleet no longer serves gives its place, and its series are removed, when a new
+one needs it. Label children are cached per (model, reason): a request costs one dict
 lookup and three observations.
 """
 
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from gateway.proxy import UpstreamStream, Usage
 
 OTHER_MODEL = "other"
+MAX_MODEL_LABELS = 32  # distinct model label values, ``other`` aside
 
 TTFT = "kvgate_time_to_first_token_seconds"
 DURATION = "kvgate_request_duration_seconds"
@@ -62,6 +66,7 @@ class AnswerMetrics:
             "stream's content chunks)", labels, buckets=_TOKEN_BUCKETS, registry=registry)
         self._models = models
         self._children: dict[tuple[str, str], _Children] = {}
+        self._labels: dict[str, set[str]] = {}  # model label -> its reasons labelled
         for reason in reasons:
             self._labelled(OTHER_MODEL, reason)
 
@@ -70,20 +75,40 @@ class AnswerMetrics:
                              self.duration.labels(model, reason),
                              self.output_tokens.labels(model, reason))
         self._children[(model, reason)] = children
+        self._labels.setdefault(model, set()).add(reason)
         return children
 
     def children(self, model: str | None, reason: str) -> _Children:
-        """The label children of (``model``, ``reason``), created on first use; an
-        unknown model is ``other``."""
+        """The label children of (``model``, ``reason``), created on first use; a model
+        the fleet does not serve, or one past ``MAX_MODEL_LABELS``, is ``other``."""
         found = self._children.get((model or OTHER_MODEL, reason))
         if found is not None:
             return found
-        if model is None or model not in self._models():
+        if model is None or not self._may_label(model):
             model = OTHER_MODEL
             found = self._children.get((model, reason))
             if found is not None:
                 return found
         return self._labelled(model, reason)
+
+    def _may_label(self, model: str) -> bool:
+        """Whether ``model`` has, or may take, a label of its own: the fleet serves it, and
+        it has one, or there is room, or a model the fleet no longer serves gives its
+        place (its series removed)."""
+        served = self._models()
+        if model not in served:
+            return False
+        if model in self._labels \
+                or len(self._labels) - (OTHER_MODEL in self._labels) < MAX_MODEL_LABELS:
+            return True
+        gone = next((m for m in self._labels if m != OTHER_MODEL and m not in served), None)
+        if gone is None:
+            return False
+        for reason in self._labels.pop(gone):
+            del self._children[(gone, reason)]
+            for histogram in (self.ttft, self.duration, self.output_tokens):
+                histogram.remove(gone, reason)
+        return True
 
     def answered(self, model: str | None, reason: str, ttft_s: float | None,
                  duration_s: float, output_tokens: int | None) -> None:

@@ -12,7 +12,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from engine.server import EngineServer, build_app
-from gateway.answer_metrics import DURATION, OTHER_MODEL, OUTPUT_TOKENS, TTFT, AnswerMetrics
+from gateway.answer_metrics import (
+    DURATION,
+    MAX_MODEL_LABELS,
+    OTHER_MODEL,
+    OUTPUT_TOKENS,
+    TTFT,
+    AnswerMetrics,
+)
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.state import build_state
@@ -155,3 +162,28 @@ def test_a_stream_the_client_closes_after_done_is_a_whole_answer(serve: Serve) -
     assert lines[-1] == "data: [DONE]"
     wait_until(lambda: _series(url, DURATION + "_count") == 1, 4, "the answer recorded")
     assert _series(url, OUTPUT_TOKENS + "_sum") == 3
+
+
+def test_model_labels_are_capped_and_given_back_by_models_that_left() -> None:
+    """A fleet serving many LoRA adapters: the first MAX_MODEL_LABELS answered get a label,
+    the rest are ``other``; one that leaves the fleet gives its place, its series gone."""
+    registry = CollectorRegistry()
+    served = {f"lora-{i}" for i in range(MAX_MODEL_LABELS + 20)}
+    answers = AnswerMetrics(registry, lambda: served, ("affinity",))
+    for i in range(MAX_MODEL_LABELS + 20):
+        answers.answered(f"lora-{i}", "affinity", 0.1, 0.5, 3)
+
+    def labelled() -> set[str]:
+        return {s.labels["model"] for fam in registry.collect() for s in fam.samples
+                if s.name == DURATION + "_count"}
+
+    assert labelled() == {f"lora-{i}" for i in range(MAX_MODEL_LABELS)} | {OTHER_MODEL}
+    assert registry.get_sample_value(DURATION + "_count",
+                                     {"model": OTHER_MODEL, "reason": "affinity"}) == 20
+    served.discard("lora-0")  # unloaded: the next new model takes its place
+    answers.answered(f"lora-{MAX_MODEL_LABELS}", "spill", 0.1, 0.5, 3)
+    assert "lora-0" not in labelled() and f"lora-{MAX_MODEL_LABELS}" in labelled()
+    assert len(labelled()) == MAX_MODEL_LABELS + 1
+    answers.answered("lora-1", "spill", 0.1, 0.5, 3)  # a labelled model's new reason
+    assert registry.get_sample_value(DURATION + "_count",
+                                     {"model": "lora-1", "reason": "spill"}) == 1
