@@ -315,6 +315,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                 await gw.peers.start()
             stack.push_async_callback(gw.capture.stop)
             await gw.capture.start()
+            if gw.capture.log is not None:
+                gw.metrics.watch_capture(gw.capture.log)
             if gw.metrics.mirror is not None:
                 stack.push_async_callback(gw.metrics.mirror.stop)
                 await gw.metrics.mirror.start()

@@ -163,6 +163,30 @@ class _PeerCollector(Collector):
         ))
 
 
+class CaptureCounts(Protocol):
+    written: int
+    dropped_full: int
+    dropped_large: int
+
+
+class _CaptureCollector(Collector):
+    def __init__(self, source: CaptureCounts) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.source
+        yield from _unlabelled(CounterMetricFamily, (
+            ("kvgate_capture_records_written", "Requests written to the capture log",
+             s.written),
+        ))
+        dropped = CounterMetricFamily("kvgate_capture_records_dropped", "Requests the "
+                                      "capture log lost: its queue was full, or the record "
+                                      "too large or not writable", labels=["cause"])
+        dropped.add_metric(["queue_full"], s.dropped_full)
+        dropped.add_metric(["unwritten"], s.dropped_large)
+        yield dropped
+
+
 class DiscoveryCounts(Protocol):
     label: str
     replicas: int
@@ -359,6 +383,10 @@ class GatewayMetrics:
     def watch_discovery(self, sources: Sequence[DiscoveryCounts]) -> None:
         """Export the counts of the discovery sources."""
         self.export(_DiscoveryCollector(sources))  # the leader's, every worker's copy
+
+    def watch_capture(self, source: CaptureCounts) -> None:
+        """Export the counts of the capture log (this worker's, summed over workers)."""
+        self.export(_CaptureCollector(source), per_worker=True)
 
     def watch_peers(self, source: PeerCounts) -> None:
         """Export the counts of the peer links (``gateway.peers``)."""

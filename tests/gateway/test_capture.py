@@ -24,7 +24,7 @@ from policies.config import ConfigError
 from tests.support import prompt_logs
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.servers import ThreadServer
-from tests.support.waiting import wait_until_async
+from tests.support.waiting import wait_until, wait_until_async
 
 Serve = Callable[..., ThreadServer]
 ADMIN_TOKEN = "admin-token-0123456789"
@@ -205,3 +205,20 @@ async def test_a_log_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
     with pytest.raises(OSError, match=r"capture.path '.*a-file/capture.jsonl': cannot open"):
         await log.start()
     await log.stop()  # what a lifespan's exit stack does after a failed start
+
+
+def test_the_capture_log_counts_on_metrics(serve: Serve, tmp_path: Path) -> None:
+    replica = serve(fake_replica(Behaviour("a")))
+    url, _ = start(serve, replica.url, capture={"path": str(tmp_path / "c.jsonl")})
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    for i in range(3):
+        client.completions.create(model="sim-model", prompt=f"request {i}")
+
+    def counts() -> dict[str, float]:
+        return {line.split()[0]: float(line.split()[-1])
+                for line in httpx.get(f"{url}/metrics").text.splitlines()
+                if line.startswith("kvgate_capture_records")}
+
+    wait_until(lambda: counts().get("kvgate_capture_records_written_total") == 3, 10,
+               "three records written")
+    assert counts()['kvgate_capture_records_dropped_total{cause="queue_full"}'] == 0
