@@ -410,6 +410,10 @@ class Fleet:
         return {m for s in self._replicas.values() if allowed is None or allowed(s.id)
                 for m in s.model_info}
 
+    def lists(self, model: str) -> bool:
+        """Whether a replica lists ``model`` among those it serves."""
+        return any(model in s.model_info for s in self._replicas.values())
+
     def model_info(self, model: str) -> ModelInfo | None:
         """What the first replica listing ``model`` said of it; None: none lists it."""
         for s in self._replicas.values():

@@ -84,7 +84,8 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s, shared)
     if policy is None:  # one state per model: a decision sees its model's replicas only
         policy = PerModel(build_policy(config.policy, where="policy"),
-                          lambda: build_policy(config.policy, where="policy"))
+                          lambda: build_policy(config.policy, where="policy"),
+                          listed=fleet.lists)
     fleet.listen(policy_listener(policy))
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)

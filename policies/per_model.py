@@ -10,10 +10,12 @@ us), and each model's caches aged at half speed. ``PerModel`` keeps one instance
 per replica), and tells every instance of replicas that leave or restart.
 
 At most ``max_models`` instances are kept (a model name a client makes up is refused
-before routing once the fleet's models are known, but not before): a new model past them
-takes the place of the one used least recently (a model that left the fleet, as a fleet
-rolls model versions or adapters; the first instance, which holds the shared index, keeps
-its place). Not thread-safe, as the policies it holds.
+before routing once the fleet's models are known, but not before, nor where a replica lists
+more models than the gateway keeps): a new model past them takes the place of the one used
+least recently (a model that left the fleet, as a fleet rolls model versions or adapters;
+the first instance, which holds the shared index, keeps its place). Names that ``listed``
+says no replica lists share one instance, so that made-up names cannot push the fleet's
+models out one by one. Not thread-safe, as the policies it holds.
 """
 
 from __future__ import annotations
@@ -39,12 +41,14 @@ class PerModel(Policy):
     docstring."""
 
     def __init__(self, first: Policy, make: Callable[[], Policy],
-                 max_models: int = MAX_MODELS) -> None:
+                 max_models: int = MAX_MODELS,
+                 listed: Callable[[str], bool] | None = None) -> None:
         if max_models < 1:
             raise ValueError(f"max_models must be >= 1, got {max_models!r}")
         self.first = first
         self._make = make
         self.max_models = max_models
+        self._listed = listed
         self._by_model: OrderedDict[str | None, Policy] = OrderedDict()  # least recent 1st
         self.name = first.name  # type: ignore[misc]
         self.reasons = first.reasons  # type: ignore[misc]
@@ -53,12 +57,15 @@ class PerModel(Policy):
         self.kv_index = first.kv_index
 
     def policy_for(self, model: str | None) -> Policy:
-        """The instance deciding for ``model`` (made on first use)."""
+        """The instance deciding for ``model`` (made on first use; one for every name no
+        replica lists)."""
         policy = self._by_model.get(model)
         if policy is not None:
             if len(self._by_model) > 1:
                 self._by_model.move_to_end(model)
             return policy
+        if model is not None and self._listed is not None and not self._listed(model):
+            return self.policy_for(None)
         if not self._by_model:
             policy = self.first
         else:

@@ -98,3 +98,19 @@ def test_past_max_models_a_new_model_takes_the_least_recent_ones_place() -> None
     assert one.policy_for("b") is one.first  # nothing else to give up
     with pytest.raises(ValueError, match="max_models"):
         per_model(max_models=0)
+
+
+def test_names_no_replica_lists_share_one_state() -> None:
+    """Where a replica lists more models than the gateway keeps, a name none lists is
+    routed, not refused: made-up names share one state instead of pushing the fleet's
+    models out of the bounded set one by one."""
+    listed = {"a", "b"}
+    policy = per_model(max_models=3, listed=listed.__contains__)
+    route(policy, "a", doc(1), 0.0)
+    route(policy, "b", doc(2), 1.0)
+    a, b = policy.policy_for("a"), policy.policy_for("b")
+    for n in range(20):
+        route(policy, f"made-up-{n}", doc(n), 2.0 + n)
+    assert policy.policy_for("a") is a and policy.policy_for("b") is b
+    assert policy.policy_for("made-up-x") is policy.policy_for(None)
+    assert len(policy.describe()["models"]) == 3  # type: ignore[arg-type]
