@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.openai_logprobs import logprobs_asked
 from kvwire.openai_schema import BadRequest, check_served, optional, parse_fields
 
 
@@ -33,13 +34,14 @@ class GenerateParams:
     include_stop: bool = False
     limit_param: str = "max_tokens"  # the field max_tokens came from
     skip_special_tokens: bool = True  # special tokens' text left out of the answer
-    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams' other fields
+    # SamplingParams' other fields; ``logprobs``: the alternatives asked per output token
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 # what the engine does not do, refused rather than ignored: (field, the values that ask
-# for nothing, chats only). A completion's logprobs=0 asks for the sampled token's.
-_UNSUPPORTED = (("logprobs", (None, False), False), ("top_logprobs", (None, 0), True),
-                ("echo", (None, False), False), ("best_of", (None, 1), False),
+# for nothing, chats only). ``echo`` would need the prompt's log probabilities beside
+# ``logprobs``, which the executors do not compute.
+_UNSUPPORTED = (("echo", (None, False), False), ("best_of", (None, 1), False),
                 ("suffix", (None, ""), False), ("prompt_logprobs", (None,), False),
                 ("guided_json", (None,), False), ("guided_regex", (None,), False),
                 ("guided_choice", (None,), False), ("guided_grammar", (None,), False),
@@ -80,6 +82,10 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     if chat:
         _check_chat_only(body, fields.tools)
     stop, stop_ids = stop_fields(body)
+    sampling = sampling_fields(body, vocab_size)
+    logprobs = logprobs_asked(body, chat)
+    if logprobs is not None:
+        sampling["logprobs"] = logprobs
     return GenerateParams(
         chat=chat,
         prompt_text=fields.prompt_text,
@@ -98,7 +104,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         include_stop=bool(optional(body, "include_stop_str_in_output", bool, False)),
         limit_param="max_completion_tokens" if chat and body.get("max_completion_tokens")
         is not None else "max_tokens",
-        sampling=sampling_fields(body, vocab_size),
+        sampling=sampling,
     )
 
 

@@ -42,6 +42,8 @@ class Generation:
         self.token_ids: list[int] = []  # every output token so far, a stop token's too
         # one per token of ``token_ids`` where the request asked for log-probabilities
         self.logprobs: list[TokenLogprob] = []
+        # then every output with new tokens is yielded, its text released or not
+        self.wants_logprobs = p.sampling.get("logprobs") is not None
         self.interrupted: str | None = None
         self.num_output = 0
         self.num_cached = 0
@@ -52,7 +54,8 @@ class Generation:
         self.stop_reason: int | str | None = None
 
     async def _deltas(self) -> AsyncGenerator[tuple[str, str | None], None]:
-        """(text delta, finish reason or None) per engine output; aborts on early exit."""
+        """(text delta, finish reason or None) per engine output that released text,
+        finished, or (log probabilities asked) brought tokens; aborts on early exit."""
         try:
             while True:
                 item = await self.queue.get()
@@ -87,7 +90,7 @@ class Generation:
                     self.done = item.finished
                     yield delta, reason
                     return
-                if delta:
+                if delta or (self.wants_logprobs and item.new_token_ids):
                     yield delta, None
         finally:
             self.ended = True

@@ -34,6 +34,7 @@ from engine.generation import Generation
 from engine.metrics import EngineMetrics
 from engine.native_control import NativeControlRoutes
 from engine.native_generate import NativeGenerateRoute
+from engine.openai_logprobs import LogprobRenderer
 from engine.request import RequestOutput, SamplingParams
 from engine.sim_embedding import SimEmbedder
 from engine.text_stream import Decoder, SpecialKeeping
@@ -264,6 +265,22 @@ class _Generation(Generation):
         super().__init__(server, rid, p, num_prompt, queue)
         self.chat = chat
         self.created = int(time.time())
+        k = p.sampling.get("logprobs")
+        self.renderer = None if k is None else LogprobRenderer(
+            k, server.decoder(skip_special_tokens=False))
+        self.num_rendered = 0  # output tokens whose log probabilities went out
+        self.num_chars = 0  # characters of text that went out
+
+    def _logprobs(self) -> dict[str, Any] | None:
+        """The log probabilities of the tokens that arrived since the last call (a
+        completion's ``text_offset`` from the text sent before them), if asked."""
+        if self.renderer is None:
+            return None
+        ids, lps = self.token_ids[self.num_rendered:], self.logprobs[self.num_rendered:]
+        self.num_rendered = len(self.token_ids)
+        if self.chat:
+            return self.renderer.chat(ids, lps)
+        return self.renderer.completion(ids, lps, offset=self.num_chars)
 
     def _usage(self) -> dict[str, Any]:
         return usage(self.num_prompt, self.num_output, self.num_cached)
@@ -274,13 +291,14 @@ class _Generation(Generation):
         async for delta, reason in self._deltas():  # noqa: B007
             parts.append(delta)
         text = "".join(parts)
+        logprobs = self._logprobs()
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
                                                               "content": text},
-                                      "logprobs": None, "finish_reason": reason,
+                                      "logprobs": logprobs, "finish_reason": reason,
                                       "stop_reason": self._stop_reason()}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason,
                       "stop_reason": self._stop_reason()}
         return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.server.model_name,
@@ -295,13 +313,19 @@ class _Generation(Generation):
         return f"data: {_dumps(obj)}\n\n"
 
     def _choice(self, delta: str | None, reason: str | None, role: bool = False) -> dict[str, Any]:
+        """One chunk's choice: ``delta`` and the log probabilities of the tokens that came
+        with it (their text may be held back for a later chunk, or cut by a stop string);
+        a role chunk carries none."""
+        logprobs = None if role else self._logprobs()
+        self.num_chars += len(delta or "")
         if not self.chat:
-            return {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason,
+            return {"index": 0, "text": delta or "", "logprobs": logprobs,
+                    "finish_reason": reason,
                     "stop_reason": self._stop_reason() if reason else None}
         d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-        if delta:
-            d["content"] = delta
-        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason,
+        if delta or logprobs is not None:
+            d["content"] = delta or ""
+        return {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": reason,
                 "stop_reason": self._stop_reason() if reason else None}
 
     async def sse(self) -> AsyncIterator[str]:

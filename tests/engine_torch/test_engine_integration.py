@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import httpx
 import pytest
 
 from engine import cli
 from engine.core import EngineConfig, EngineCore
 from engine.model.tiny import write_tiny_model
 from engine.request import SamplingParams
+from engine.server import EngineServer, build_app
 from kvwire.tokenizer import load_tokenizer
+from tests.support.servers import ThreadServer
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +71,26 @@ def test_kvgate_engine_refuses_a_device_it_cannot_use_before_loading_the_model(
     assert cli.main(["--executor", "torch", "--model", str(model_dir), *argv]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_greedy_chat_on_the_torch_executor_reports_the_likeliest_token_first(
+        model_dir: Path) -> None:
+    server = EngineServer(_core(model_dir), load_tokenizer(model_dir), model_name="tiny",
+                          sleep_modeled_time=False)
+    running = ThreadServer(build_app(server)).start()
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as http:
+            r = http.post("/v1/chat/completions", json={
+                "model": "tiny", "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": True,
+                "top_logprobs": 3})
+    finally:
+        running.stop()
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    for entry in content:
+        top = entry["top_logprobs"]
+        values = [t["logprob"] for t in top]
+        assert len(top) == 3 and values == sorted(values, reverse=True) and values[0] <= 0
+        assert (top[0]["token"], top[0]["logprob"]) == (entry["token"], entry["logprob"])
