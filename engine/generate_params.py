@@ -34,6 +34,7 @@ class GenerateParams:
     include_stop: bool = False
     limit_param: str = "max_tokens"  # the field max_tokens came from
     skip_special_tokens: bool = True  # special tokens' text left out of the answer
+    n: int = 1  # sequences of the prompt, one engine request each
     # SamplingParams' other fields; ``logprobs``: the alternatives asked per output token
     sampling: dict[str, Any] = field(default_factory=dict)
 
@@ -47,6 +48,8 @@ _UNSUPPORTED = (("echo", (None, False), False), ("best_of", (None, 1), False),
                 ("guided_choice", (None,), False), ("guided_grammar", (None,), False),
                 ("structured_outputs", (None,), False))
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+# the most sequences one request may ask for (``n``): each is an engine request
+MAX_N = 64
 
 
 def _refuse_unsupported(body: Any, chat: bool) -> None:
@@ -62,8 +65,9 @@ def _refuse_unsupported(body: Any, chat: bool) -> None:
 def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -> GenerateParams:
     fields = parse_fields(body, chat=chat)
     check_served(fields.model, model_name)
-    if optional(body, "n", int, 1) != 1:
-        raise BadRequest("only n=1 is supported", param="n")
+    n = optional(body, "n", int, 1)
+    if not 1 <= n <= MAX_N:
+        raise BadRequest(f"'n' must be in [1, {MAX_N}], got {n}", param="n")
     if fields.num_prompts != 1:
         raise BadRequest("'prompt' must be one prompt per request", param="prompt")
     _refuse_unsupported(body, chat)
@@ -88,6 +92,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         sampling["logprobs"] = logprobs
     return GenerateParams(
         chat=chat,
+        n=n,
         prompt_text=fields.prompt_text,
         prompt_ids=ids,
         messages=fields.messages,

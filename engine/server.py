@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -29,12 +28,11 @@ from starlette.routing import Route
 from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.core import EngineCore, StepOutput
 from engine.embeddings import EmbeddingsRoute
-from engine.generate_params import GenerateParams, context_error, parse_generate, usage
-from engine.generation import Generation
+from engine.generate_params import GenerateParams, context_error, parse_generate
 from engine.metrics import EngineMetrics
 from engine.native_control import NativeControlRoutes
 from engine.native_generate import NativeGenerateRoute
-from engine.openai_logprobs import LogprobRenderer
+from engine.openai_answer import OpenAIAnswer, OpenAIGeneration, abort_unended, child_params
 from engine.request import RequestOutput, SamplingParams
 from engine.sim_embedding import SimEmbedder
 from engine.text_stream import Decoder, SpecialKeeping
@@ -42,7 +40,6 @@ from kvwire.media_parts import carries_media
 from kvwire.openai_schema import (
     BadRequest,
     ClientDisconnected,
-    OpenAIError,
     ServiceUnavailable,
     decode_json,
 )
@@ -55,10 +52,6 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 # Prompts (or inputs, in all) longer than this many characters are tokenized in a worker
 # thread.
 _INLINE_TOKENIZE_CHARS = 2000
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
 class EngineServer:
@@ -246,104 +239,24 @@ class EngineServer:
         if len(ids) + max_tokens > limit:
             raise context_error(len(ids), max_tokens, limit, chat, p.limit_param)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        queue = await self.submit(rid, ids, p, max_tokens)
-        gen = _Generation(self, rid, chat, p, len(ids), queue)
-        if p.stream:
-            return StreamingResponse(gen.sse(), media_type="text/event-stream")
+        gens: list[OpenAIGeneration] = []
         try:
-            return JSONResponse(await unless_disconnected(request, gen.collect()))
-        except ClientDisconnected:
-            self.stop_early(rid, "abort", None)
+            for i in range(p.n):  # n sequences: the prefix cache shares the prompt's blocks
+                child = child_params(p, i)
+                crid = rid if p.n == 1 else f"{rid}-{i}"
+                queue = await self.submit(crid, ids, child, max_tokens)
+                gens.append(OpenAIGeneration(self, crid, i, chat, child, len(ids), queue))
+        except BaseException:
+            abort_unended(gens)
             raise
-
-
-class _Generation(Generation):
-    """One request's outputs turned into an OpenAI response body or SSE chunks."""
-
-    def __init__(self, server: EngineServer, rid: str, chat: bool, p: GenerateParams,
-                 num_prompt: int, queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
-        super().__init__(server, rid, p, num_prompt, queue)
-        self.chat = chat
-        self.created = int(time.time())
-        k = p.sampling.get("logprobs")
-        self.renderer = None if k is None else LogprobRenderer(
-            k, server.decoder(skip_special_tokens=False))
-        self.num_rendered = 0  # output tokens whose log probabilities went out
-        self.num_chars = 0  # characters of text that went out
-
-    def _logprobs(self) -> dict[str, Any] | None:
-        """The log probabilities of the tokens that arrived since the last call (a
-        completion's ``text_offset`` from the text sent before them), if asked."""
-        if self.renderer is None:
-            return None
-        ids, lps = self.token_ids[self.num_rendered:], self.logprobs[self.num_rendered:]
-        self.num_rendered = len(self.token_ids)
-        if self.chat:
-            return self.renderer.chat(ids, lps)
-        return self.renderer.completion(ids, lps, offset=self.num_chars)
-
-    def _usage(self) -> dict[str, Any]:
-        return usage(self.num_prompt, self.num_output, self.num_cached)
-
-    async def collect(self) -> dict[str, Any]:
-        parts: list[str] = []
-        reason = None
-        async for delta, reason in self._deltas():  # noqa: B007
-            parts.append(delta)
-        text = "".join(parts)
-        logprobs = self._logprobs()
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
-                                                              "content": text},
-                                      "logprobs": logprobs, "finish_reason": reason,
-                                      "stop_reason": self._stop_reason()}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason,
-                      "stop_reason": self._stop_reason()}
-        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.server.model_name,
-                "choices": [choice], "usage": self._usage()}
-
-    def _chunk(self, choices: list[dict[str, Any]], with_usage: bool = False) -> str:
-        obj: dict[str, Any] = {
-            "id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created, "model": self.server.model_name, "choices": choices}
-        if self.p.include_usage:
-            obj["usage"] = self._usage() if with_usage else None
-        return f"data: {_dumps(obj)}\n\n"
-
-    def _choice(self, delta: str | None, reason: str | None, role: bool = False) -> dict[str, Any]:
-        """One chunk's choice: ``delta`` and the log probabilities of the tokens that came
-        with it (their text may be held back for a later chunk, or cut by a stop string);
-        a role chunk carries none."""
-        logprobs = None if role else self._logprobs()
-        self.num_chars += len(delta or "")
-        if not self.chat:
-            return {"index": 0, "text": delta or "", "logprobs": logprobs,
-                    "finish_reason": reason,
-                    "stop_reason": self._stop_reason() if reason else None}
-        d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-        if delta or logprobs is not None:
-            d["content"] = delta or ""
-        return {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": reason,
-                "stop_reason": self._stop_reason() if reason else None}
-
-    async def sse(self) -> AsyncIterator[str]:
-        gen = self._deltas()
+        answer = OpenAIAnswer(rid, chat, p, gens)
+        if p.stream:
+            return StreamingResponse(answer.sse(), media_type="text/event-stream")
         try:
-            role = self.chat  # as vLLM: the role chunk goes with the first token, so a
-            async for delta, reason in gen:  # stream's first byte is its first token
-                if role:
-                    role = False
-                    yield self._chunk([self._choice(None, None, role=True)])
-                yield self._chunk([self._choice(delta, reason)])
-            if self.p.include_usage:
-                yield self._chunk([], with_usage=True)
-        except OpenAIError as exc:
-            yield f"data: {_dumps(exc.body())}\n\n"
-        finally:
-            await gen.aclose()
-        yield "data: [DONE]\n\n"
+            return JSONResponse(await unless_disconnected(request, answer.collect()))
+        except ClientDisconnected:
+            abort_unended(gens)
+            raise
 
 
 class ServedBy:

@@ -1,0 +1,169 @@
+"""An OpenAI completions or chat answer of ``n`` choices, as vLLM gives it.
+
+Each choice is one engine request (:class:`OpenAIGeneration`) on the same prompt (the
+prefix cache shares its blocks); :class:`OpenAIAnswer` answers them as one body, or as
+one SSE stream whose chunks name their choice's ``index``. The choices stream one after
+the other (the engine runs them all at once; each queue holds what is not read yet).
+Usage is vLLM's: the prompt counted once, the completion tokens of every choice summed;
+``cached_tokens`` is the first choice's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from engine.generate_params import GenerateParams, usage
+from engine.generation import Generation
+from engine.openai_logprobs import LogprobRenderer
+from engine.request import RequestOutput
+from kvwire.openai_schema import OpenAIError
+
+if TYPE_CHECKING:
+    from engine.server import EngineServer
+
+_INT64 = 1 << 64
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def child_params(p: GenerateParams, index: int) -> GenerateParams:
+    """Choice ``index``'s parameters: a seeded request's ``seed + index`` (wrapped into 64
+    bits), as vLLM seeds the sequences of ``n`` > 1, so they differ yet reproduce."""
+    if p.seed is None or index == 0:
+        return p
+    seed = (p.seed + index + (1 << 63)) % _INT64 - (1 << 63)
+    return dataclasses.replace(p, seed=seed)
+
+
+def abort_unended(gens: Sequence[Generation]) -> None:
+    """Abort the engine requests of ``gens`` whose outputs were not read to their end."""
+    for gen in gens:
+        if not gen.ended:
+            gen.ended = True
+            gen.server.stop_early(gen.rid, "abort", gen.last)
+
+
+class OpenAIGeneration(Generation):
+    """One choice's outputs as an OpenAI choice object or stream choices."""
+
+    def __init__(self, server: EngineServer, rid: str, index: int, chat: bool,
+                 p: GenerateParams, num_prompt: int,
+                 queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
+        super().__init__(server, rid, p, num_prompt, queue)
+        self.index = index
+        self.chat = chat
+        k = p.sampling.get("logprobs")
+        self.renderer = None if k is None else LogprobRenderer(
+            k, server.decoder(skip_special_tokens=False))
+        self.num_rendered = 0  # output tokens whose log probabilities went out
+        self.num_chars = 0  # characters of text that went out
+
+    def _logprobs(self) -> dict[str, Any] | None:
+        """The log probabilities of the tokens that arrived since the last call (a
+        completion's ``text_offset`` from the text sent before them), if asked."""
+        if self.renderer is None:
+            return None
+        ids, lps = self.token_ids[self.num_rendered:], self.logprobs[self.num_rendered:]
+        self.num_rendered = len(self.token_ids)
+        if self.chat:
+            return self.renderer.chat(ids, lps)
+        return self.renderer.completion(ids, lps, offset=self.num_chars)
+
+    async def collect(self) -> dict[str, Any]:
+        """The whole choice, once the engine finished it."""
+        parts: list[str] = []
+        reason = None
+        async for delta, reason in self._deltas():  # noqa: B007
+            parts.append(delta)
+        text = "".join(parts)
+        logprobs = self._logprobs()
+        if self.chat:
+            return {"index": self.index, "message": {"role": "assistant", "content": text},
+                    "logprobs": logprobs, "finish_reason": reason,
+                    "stop_reason": self._stop_reason()}
+        return {"index": self.index, "text": text, "logprobs": logprobs,
+                "finish_reason": reason, "stop_reason": self._stop_reason()}
+
+    def _choice(self, delta: str | None, reason: str | None, role: bool = False
+                ) -> dict[str, Any]:
+        """One chunk's choice: ``delta`` and the log probabilities of the tokens that came
+        with it (their text may be held back for a later chunk, or cut by a stop string);
+        a role chunk carries none."""
+        logprobs = None if role else self._logprobs()
+        self.num_chars += len(delta or "")
+        stop_reason = self._stop_reason() if reason else None
+        if not self.chat:
+            return {"index": self.index, "text": delta or "", "logprobs": logprobs,
+                    "finish_reason": reason, "stop_reason": stop_reason}
+        d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        if delta or logprobs is not None:
+            d["content"] = delta or ""
+        return {"index": self.index, "delta": d, "logprobs": logprobs,
+                "finish_reason": reason, "stop_reason": stop_reason}
+
+    async def choices(self) -> AsyncIterator[dict[str, Any]]:
+        """The stream choices of this choice, in order."""
+        gen = self._deltas()
+        try:
+            role = self.chat  # as vLLM: the role chunk goes with the first token, so a
+            async for delta, reason in gen:  # stream's first byte is its first token
+                if role:
+                    role = False
+                    yield self._choice(None, None, role=True)
+                yield self._choice(delta, reason)
+        finally:
+            await gen.aclose()
+
+
+class OpenAIAnswer:
+    """The response of one request: ``gens`` are its choices, in index order."""
+
+    def __init__(self, rid: str, chat: bool, p: GenerateParams,
+                 gens: Sequence[OpenAIGeneration]) -> None:
+        self.rid = rid
+        self.chat = chat
+        self.p = p
+        self.gens = gens
+        self.server = gens[0].server
+        self.created = int(time.time())
+
+    def _usage(self) -> dict[str, Any]:
+        return usage(self.gens[0].num_prompt, sum(g.num_output for g in self.gens),
+                     self.gens[0].num_cached)
+
+    async def collect(self) -> dict[str, Any]:
+        try:
+            choices = [await gen.collect() for gen in self.gens]
+        finally:
+            abort_unended(self.gens)
+        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.server.model_name,
+                "choices": choices, "usage": self._usage()}
+
+    def _chunk(self, choices: list[dict[str, Any]], with_usage: bool = False) -> str:
+        obj: dict[str, Any] = {
+            "id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created, "model": self.server.model_name, "choices": choices}
+        if self.p.include_usage:
+            obj["usage"] = self._usage() if with_usage else None
+        return f"data: {_dumps(obj)}\n\n"
+
+    async def sse(self) -> AsyncIterator[str]:
+        try:
+            for gen in self.gens:
+                async for choice in gen.choices():
+                    yield self._chunk([choice])
+            if self.p.include_usage:
+                yield self._chunk([], with_usage=True)
+        except OpenAIError as exc:
+            yield f"data: {_dumps(exc.body())}\n\n"
+        finally:
+            abort_unended(self.gens)
+        yield "data: [DONE]\n\n"
