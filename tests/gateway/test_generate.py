@@ -22,15 +22,14 @@ from tests.support.gateway_harness import (
     Gateway,
     Serve,
     start_gateway,
+    two_replicas,
     wait_for_metric,
 )
 
 
 @pytest.fixture
 def two(serve: Serve) -> tuple[Gateway, Behaviour, Behaviour]:
-    a, b = Behaviour("a"), Behaviour("b")
-    ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
-    return start_gateway(serve, [("a", ra.url), ("b", rb.url)]), a, b
+    return two_replicas(serve)
 
 
 def _events(body: bytes) -> list[bytes]:

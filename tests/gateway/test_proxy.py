@@ -25,6 +25,7 @@ from tests.support.gateway_harness import (
     Serve,
     metric,
     start_gateway,
+    two_replicas,
     wait_for_metric,
 )
 from tests.support.servers import free_port
@@ -33,10 +34,7 @@ from tests.support.waiting import wait_until
 
 @pytest.fixture
 def two(serve: Serve) -> tuple[Gateway, Behaviour, Behaviour]:
-    a, b = Behaviour("a"), Behaviour("b")
-    ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
-    gw = start_gateway(serve, [("a", ra.url), ("b", rb.url)])
-    return gw, a, b
+    return two_replicas(serve)
 
 
 def client(gw: Gateway, **kw: Any) -> openai.OpenAI:

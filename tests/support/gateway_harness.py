@@ -14,6 +14,7 @@ from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.http_server import bounded_protocol
 from gateway.state import build_state
+from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
@@ -48,6 +49,13 @@ def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -
     pair = serve(create_app(config, state), side=create_admin_app(state),
                  http=bounded_protocol(config.limits))
     return Gateway(pair.url, pair.port, pair.side_url)
+
+
+def two_replicas(serve: Serve) -> tuple[Gateway, Behaviour, Behaviour]:
+    """A round-robin gateway in front of two scriptable replicas, ``a`` and ``b``."""
+    a, b = Behaviour("a"), Behaviour("b")
+    ra, rb = serve(fake_replica(a)), serve(fake_replica(b))
+    return start_gateway(serve, [("a", ra.url), ("b", rb.url)]), a, b
 
 
 def metric(gw: Gateway, series: str) -> float | None:
