@@ -15,8 +15,10 @@ most ``MAX_MODEL_LABELS`` of them (the first answered; a fleet serving a thousan
 adapters made 125,000 series, 15 MB of /metrics, one adapter at a time); any other name is
 recorded as ``other``, so the number of series stays bounded whatever clients send. A
 model the fleet no longer serves gives its place, and its series are removed, when a new
-one needs it. Label children are cached per (model, reason): a request costs one dict
-lookup and three observations.
+one needs it; with worker processes (prometheus-client's multiprocess mode, which cannot
+remove a series) no model gives its place: each worker labels the first 32 it answers.
+Label children are cached per (model, reason): a request costs one dict lookup and three
+observations.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class AnswerMetrics:
     """``models`` names the models the fleet serves now (asked only on a cache miss)."""
 
     def __init__(self, registry: CollectorRegistry, models: Callable[[], set[str]],
-                 reasons: tuple[str, ...] = ()) -> None:
+                 reasons: tuple[str, ...] = (), evict: bool = True) -> None:
         labels = ["model", "reason"]
         self.ttft = Histogram(TTFT, "Request arrival to the first answer chunk relayed to "
                               "the client (a stream's first token)", labels,
@@ -65,6 +67,7 @@ class AnswerMetrics:
             OUTPUT_TOKENS, "Output tokens per answer (usage.completion_tokens, else a "
             "stream's content chunks)", labels, buckets=_TOKEN_BUCKETS, registry=registry)
         self._models = models
+        self._evict = evict  # a model that left may give its place (not in multiprocess mode)
         self._children: dict[tuple[str, str], _Children] = {}
         self._labels: dict[str, set[str]] = {}  # model label -> its reasons labelled
         for reason in reasons:
@@ -101,6 +104,8 @@ class AnswerMetrics:
         if model in self._labels \
                 or len(self._labels) - (OTHER_MODEL in self._labels) < MAX_MODEL_LABELS:
             return True
+        if not self._evict:
+            return False
         gone = next((m for m in self._labels if m != OTHER_MODEL and m not in served), None)
         if gone is None:
             return False

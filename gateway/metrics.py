@@ -274,11 +274,12 @@ class GatewayMetrics:
                                "a new connection (cause resent: a kept-alive one closed as "
                                "the request went out)", ["replica", "cause"], registry=r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
-        self.answers = AnswerMetrics(r, fleet.models, reasons)
+        multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        # (multiprocess mode cannot remove a series: no model label is given back there)
+        self.answers = AnswerMetrics(r, fleet.models, reasons, evict=not multiprocess_dir)
         self.exposed = r  # what GET /metrics serves
         # with worker processes: per-worker counts, copied into the summed figures
         self.mirror: MetricMirror | None = None
-        multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if multiprocess_dir:
             self.exposed = CollectorRegistry()
             MultiProcessCollector(self.exposed, multiprocess_dir)

@@ -106,6 +106,7 @@ def sse_error_event(message: str, code: str) -> bytes:
 class Attempted:
     replica: str
     cause: str
+    status: int | None = None  # the replica's error status, when it answered one
 
 
 class _Waiting:
@@ -551,7 +552,7 @@ class Proxy:
                                      f"replica {replica!r} had {wait:.3g} s of it",
                                      "upstream_timeout")
                 self.fleet.done(pending)
-                attempts.append(Attempted(replica, exc.cause))
+                attempts.append(Attempted(replica, exc.cause, exc.status))
                 last = exc
                 if exc.cause == "busy":  # shedding load: the next replica may not be
                     busy_after.append(exc.retry_after_s)
@@ -586,10 +587,16 @@ class Proxy:
                             max(1, math.ceil(after)))
         error = UpstreamTimeout if last.cause in ("timeout", "deadline") else UpstreamError
         tried = ", ".join(f"{a.replica!r} ({a.cause})" for a in attempts)
-        failed = error(f"{last} (replicas tried: {tried})", code=last.code)
-        if last.status is not None and all(a.cause == "5xx" for a in attempts):
-            failed.status = last.status  # every replica answered an error: the client gets
-            # the replica's status, as it would from the replica itself
+        # the request itself fails on every replica tried: sending it again will not help
+        # (the openai client retries a 5xx unless told not to)
+        futile = sum(a.cause == "5xx" for a in attempts) > 1
+        failed = error(f"{last} (replicas tried: {tried})", code=last.code,
+                       headers={"x-should-retry": "false"} if futile else None)
+        statuses = {a.status for a in attempts}
+        if len(statuses) == 1 and all(a.cause == "5xx" for a in attempts):
+            # every replica answered the same error: the client gets its status, as it
+            # would from the replica itself (different ones: the gateway's 502)
+            failed.status = attempts[0].status or failed.status
         raise failed
 
     async def _attempt(self, replica: str, url: str, body: bytes, headers: Mapping[str, str],

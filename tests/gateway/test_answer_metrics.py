@@ -187,3 +187,19 @@ def test_model_labels_are_capped_and_given_back_by_models_that_left() -> None:
     answers.answered("lora-1", "spill", 0.1, 0.5, 3)  # a labelled model's new reason
     assert registry.get_sample_value(DURATION + "_count",
                                      {"model": "lora-1", "reason": "spill"}) == 1
+
+
+def test_no_model_label_is_given_back_where_series_cannot_be_removed() -> None:
+    """Worker processes (multiprocess mode cannot remove a series): each labels its first
+    MAX_MODEL_LABELS models for good, the rest ``other``."""
+    registry = CollectorRegistry()
+    served = {f"m{i}" for i in range(MAX_MODEL_LABELS + 1)}
+    answers = AnswerMetrics(registry, lambda: served, ("affinity",), evict=False)
+    for i in range(MAX_MODEL_LABELS):
+        answers.answered(f"m{i}", "affinity", 0.1, 0.5, 3)
+    served.discard("m0")
+    answers.answered(f"m{MAX_MODEL_LABELS}", "affinity", 0.1, 0.5, 3)
+    assert registry.get_sample_value(DURATION + "_count",
+                                     {"model": "m0", "reason": "affinity"}) == 1
+    assert registry.get_sample_value(DURATION + "_count",
+                                     {"model": OTHER_MODEL, "reason": "affinity"}) == 1

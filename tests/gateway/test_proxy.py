@@ -718,3 +718,20 @@ def test_a_model_loaded_at_run_time_is_found_by_its_first_request(serve: Serve) 
     missing = httpx.post(f"{gw.url}/v1/completions", json={"model": "nope", "prompt": "x"})
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_replica_errors_keep_their_status_when_they_agree(serve: Serve) -> None:
+    """Every replica tried answered 500: the client gets 500, told not to retry it (the
+    openai client then sends it once); replicas answering different errors: 502."""
+    same = [Behaviour(n, status=500) for n in ("a", "b")]
+    gw = start_gateway(serve, [(b.name, serve(fake_replica(b)).url) for b in same])
+    with pytest.raises(openai.InternalServerError) as failed:
+        openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=2
+                      ).completions.create(model="sim-model", prompt="x")
+    assert failed.value.status_code == 500
+    assert failed.value.response.headers["x-should-retry"] == "false"
+    assert len(same[0].received) + len(same[1].received) == 2  # one call, two replicas
+    mixed = [Behaviour("c", status=500), Behaviour("d", status=504)]
+    gw = start_gateway(serve, [(b.name, serve(fake_replica(b)).url) for b in mixed])
+    r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"

@@ -699,6 +699,7 @@ def test_a_request_two_replicas_fail_on_is_not_tried_further_nor_held_against_th
         message = r.json()["error"]["message"]
         assert "answered 500: EngineCore failed on this input" in message
         assert "the request itself fails there" in message
+        assert r.headers["x-should-retry"] == "false"  # sending it again will not help
     assert len(calls) == 6  # two tries each, not three
     assert _healthy(gw) == {"r0": 1.0, "r1": 1.0, "r2": 1.0}
     assert httpx.get(f"{gw.url}/ready").status_code == 200
