@@ -321,9 +321,12 @@ class KVEventSubscriber:
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         applied = 0
         last: int | None = None
+        loop = asyncio.get_running_loop()
         try:
             sock.connect(endpoint)
-            async with asyncio.timeout(self.replay_timeout_s):
+            # ``replay_timeout_s`` for each answer, not for the whole replay: a long one
+            # decoded and applied on a busy machine is progress, not a failure
+            async with asyncio.timeout(self.replay_timeout_s) as waiting:
                 await sock.send_multipart([b"", start.to_bytes(8, "big")])
                 while True:
                     frames = await sock.recv_multipart()
@@ -341,6 +344,7 @@ class KVEventSubscriber:
                         last = seq
                         if applied_hashes is not None:
                             applied_hashes[seq] = hash(frames[-1])
+                    waiting.reschedule(loop.time() + self.replay_timeout_s)
             self.replays += 1
             self._replay_backoff.pop(replica, None)
             log.info("replica %s: replayed %d KV event batches from %d", replica, applied,

@@ -85,7 +85,9 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     if policy is None:  # one state per model: a decision sees its model's replicas only
         policy = PerModel(build_policy(config.policy, where="policy"),
                           lambda: build_policy(config.policy, where="policy"),
-                          listed=fleet.lists)
+                          # before any replica's model list is known, every name counts as
+                          # listed (its own state from the first request, as without lists)
+                          listed=lambda model: fleet.lists(model) or not fleet.models())
     fleet.listen(policy_listener(policy))
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)

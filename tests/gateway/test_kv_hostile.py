@@ -65,10 +65,10 @@ HOSTILE = {
 
 
 @contextlib.asynccontextmanager
-async def replay_endpoint(ctx: zmq.asyncio.Context, batches: list[tuple[int, bytes]]
-                          ) -> AsyncIterator[str]:
+async def replay_endpoint(ctx: zmq.asyncio.Context, batches: list[tuple[int, bytes]],
+                          gap_s: float = 0.0) -> AsyncIterator[str]:
     """A replay endpoint on loopback (its address) that answers every request with
-    ``batches`` (sequence number, payload), then the end marker."""
+    ``batches`` (sequence number, payload), ``gap_s`` apart, then the end marker."""
     address = f"tcp://127.0.0.1:{free_port()}"
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
@@ -78,6 +78,7 @@ async def replay_endpoint(ctx: zmq.asyncio.Context, batches: list[tuple[int, byt
         while True:
             peer, _, _ = await router.recv_multipart()
             for seq, payload in batches:
+                await asyncio.sleep(gap_s)
                 await router.send_multipart([peer, b"", seq.to_bytes(8, "big"), payload])
             await router.send_multipart([peer, b"", REPLAY_END, b""])
 
@@ -215,6 +216,21 @@ async def test_a_replayed_batch_of_many_blocks_is_applied_in_slices() -> None:
     assert index.num_blocks("r0") == n // 2 and index.last_seq("r0") == 1
     assert sub.replays == 1 and sub.messages == 2
     index.check_integrity()
+
+
+async def test_a_long_replay_that_keeps_answering_is_not_cut_off() -> None:
+    # five batches 0.15 s apart take longer than the replay's 0.4 s timeout, which is
+    # for each answer: the replay completes
+    ctx = zmq.asyncio.Context()
+    index = KVIndex(16)
+    sub = KVEventSubscriber(fleet(), index)
+    sub._ctx = ctx
+    sub.replay_timeout_s = 0.4
+    batches = [(seq, good(seq)[2]) for seq in range(5)]
+    async with replay_endpoint(ctx, batches, gap_s=0.15) as replay_at:
+        assert await sub._replay("r0", replay_at, 0, None) == 4
+    ctx.term()
+    assert sub.replays == 1 and sub.replay_failures == 0 and index.last_seq("r0") == 4
 
 
 def test_a_stream_that_names_more_blocks_than_a_replica_holds_is_bounded() -> None:

@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ReplicaConfig, load_config, parse_config
-from gateway.fleet import Fleet
+from gateway.fleet import Fleet, ModelInfo
 from gateway.fleet_events import HealthChanged, ReplicaAdded
 from gateway.replica_metrics import HitRateWindow, parse_metrics
+from gateway.state import build_state
 from policies.base import ReplicaRemoved, ReplicaReset
 from policies.config import ConfigError
+from policies.per_model import PerModel
 
 VLLM = """\
 # TYPE vllm:num_requests_running gauge
@@ -332,3 +334,21 @@ def test_a_weight_is_a_bounded_share() -> None:
     with pytest.raises(ConfigError, match="weight must be > 0 and at most 100"):
         parse_config({"replicas": [{"id": "r", "url": "http://x:1", "weight": 2000}]})
     assert parse_config({"replicas": [{"id": "r", "url": "http://x:1", "weight": 100}]})
+
+
+def test_a_gateway_keeps_a_model_state_from_before_the_model_lists_came() -> None:
+    """Before any replica's model list is known every name has a state of its own (as
+    without lists); once the lists come, a listed model keeps it, an unlisted name gets
+    the shared one."""
+    config = parse_config({"replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
+                           "policy": {"name": "cost"}})
+    state = build_state(config)
+    policy = state.policy
+    assert isinstance(policy, PerModel)
+    early = policy.policy_for("llama")  # no list known yet
+    assert early is not policy.policy_for(None)
+    replica = state.fleet.get("r0")
+    assert replica is not None
+    replica.model_info = {"llama": ModelInfo()}  # the replica's list arrives
+    assert policy.policy_for("llama") is early
+    assert policy.policy_for("made-up") is policy.policy_for(None)

@@ -114,3 +114,4 @@ def test_names_no_replica_lists_share_one_state() -> None:
     assert policy.policy_for("a") is a and policy.policy_for("b") is b
     assert policy.policy_for("made-up-x") is policy.policy_for(None)
     assert len(policy.describe()["models"]) == 3  # type: ignore[arg-type]
+
