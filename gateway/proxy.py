@@ -581,15 +581,17 @@ class Proxy:
             self._count_failure(*suspect)
         if last is None:
             raise UpstreamError("no replica could be tried", code="upstream_error")
-        if all(a.cause == "busy" for a in attempts):
-            after = min((s for s in busy_after if s is not None), default=1.0)
-            raise FleetBusy(f"every replica tried is overloaded: {last}",
-                            max(1, math.ceil(after)))
-        error = UpstreamTimeout if last.cause in ("timeout", "deadline") else UpstreamError
         tried = ", ".join(f"{a.replica!r} ({a.cause})" for a in attempts)
         # the request itself fails on every replica tried: sending it again will not help
         # (the openai client retries a 5xx unless told not to)
         futile = sum(a.cause == "5xx" for a in attempts) > 1
+        if busy_after and not futile:  # a replica shedding load may take it later
+            after = min((s for s in busy_after if s is not None), default=1.0)
+            overloaded = "every replica tried is overloaded" \
+                if len(busy_after) == len(attempts) else "a replica tried is overloaded"
+            raise FleetBusy(f"{overloaded}: {last} (replicas tried: {tried})",
+                            max(1, math.ceil(after)))
+        error = UpstreamTimeout if last.cause in ("timeout", "deadline") else UpstreamError
         failed = error(f"{last} (replicas tried: {tried})", code=last.code,
                        headers={"x-should-retry": "false"} if futile else None)
         statuses = {a.status for a in attempts}

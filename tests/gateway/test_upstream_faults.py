@@ -739,6 +739,21 @@ def test_a_fleet_that_is_all_shedding_load_answers_503_with_its_retry_after(
     assert _healthy(gw) == {"r0": 1.0, "r1": 1.0}
 
 
+def test_a_failure_beside_a_replica_shedding_load_answers_503_with_its_retry_after(
+        serve: Serve) -> None:
+    # one replica fails the request, the other sheds it: the busy one may take it later
+    gw = gateway(serve, [serve(faulty("poison_500")), serve(faulty("busy_503"))],
+                 health={"interval_s": 60, "timeout_s": 0.5})
+    for _ in range(2):  # either replica first
+        r = post(gw)
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] == "7"
+        error = r.json()["error"]
+        assert error["code"] == "fleet_busy"
+        assert "a replica tried is overloaded" in error["message"]
+        assert "(5xx)" in error["message"] and "(busy)" in error["message"]
+
+
 def test_a_501_is_the_clients_answer(serve: Serve) -> None:
     calls: list[str] = []
     gw = gateway(serve, [serve(faulty("not_implemented", calls)), serve(faulty("ok", calls))],
