@@ -69,7 +69,6 @@ class AnswerMetrics:
         self._models = models
         self._evict = evict  # a model that left may give its place (not in multiprocess mode)
         self._children: dict[tuple[str, str], _Children] = {}
-        self._labels: dict[str, set[str]] = {}  # model label -> its reasons labelled
         for reason in reasons:
             self._labelled(OTHER_MODEL, reason)
 
@@ -78,7 +77,6 @@ class AnswerMetrics:
                              self.duration.labels(model, reason),
                              self.output_tokens.labels(model, reason))
         self._children[(model, reason)] = children
-        self._labels.setdefault(model, set()).add(reason)
         return children
 
     def children(self, model: str | None, reason: str) -> _Children:
@@ -101,18 +99,18 @@ class AnswerMetrics:
         served = self._models()
         if model not in served:
             return False
-        if model in self._labels \
-                or len(self._labels) - (OTHER_MODEL in self._labels) < MAX_MODEL_LABELS:
+        labelled = {m for m, _ in self._children if m != OTHER_MODEL}
+        if model in labelled or len(labelled) < MAX_MODEL_LABELS:
             return True
         if not self._evict:
             return False
-        gone = next((m for m in self._labels if m != OTHER_MODEL and m not in served), None)
+        gone = next((m for m in labelled if m not in served), None)
         if gone is None:
             return False
-        for reason in self._labels.pop(gone):
-            del self._children[(gone, reason)]
+        for key in [key for key in self._children if key[0] == gone]:
+            del self._children[key]
             for histogram in (self.ttft, self.duration, self.output_tokens):
-                histogram.remove(gone, reason)
+                histogram.remove(*key)
         return True
 
     def answered(self, model: str | None, reason: str, ttft_s: float | None,

@@ -414,6 +414,10 @@ class Fleet:
         """Whether a replica lists ``model`` among those it serves."""
         return any(model in s.model_info for s in self._replicas.values())
 
+    def models_known(self) -> bool:
+        """Whether some replica's model list is known (without building the set of them)."""
+        return any(s.model_info for s in self._replicas.values())
+
     def model_info(self, model: str) -> ModelInfo | None:
         """What the first replica listing ``model`` said of it; None: none lists it."""
         for s in self._replicas.values():

@@ -19,7 +19,6 @@ A stream ends with ``data: [DONE]``, as OpenAI's do: without it, it was cut.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -36,7 +35,6 @@ from kvwire.openai_schema import (
 
 PATH = "/generate"
 _PROMPT_FIELDS = ("text", "input_ids", "input_embeds")  # SGLang's, one of them a request's
-_DECODER = json.JSONDecoder()
 
 
 def generate_fields(body: Any) -> RequestFields:
@@ -103,22 +101,11 @@ _COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens|cached_tokens)"\s*:\s*
 
 
 def stream_counts(tail: bytes, head: bytes = b"") -> Mapping[str, Any] | None:
-    """The counts of a stream's last ``meta_info``: read whole from the ``tail`` (its last
-    bytes) when it holds it (an event's cumulative ``text`` may be longer than the tail,
-    while its ``meta_info`` comes after it); else, where the event is longer still (its
-    log probabilities so far), each count's last value in the ``head`` kept of that
-    ``meta_info`` and in the tail: the keys are written once per ``meta_info``, and nowhere
-    else unescaped."""
-    idx = tail.rfind(META_KEY)
-    if idx >= 0:
-        text = tail[idx + len(META_KEY):].decode("utf-8", "replace")
-        value = text.partition(":")[2].lstrip()
-        try:
-            meta, _ = _DECODER.raw_decode(value)
-        except ValueError:
-            meta = None
-        if isinstance(meta, dict):
-            return counts_of({"meta_info": meta})
+    """The counts of a stream's last ``meta_info``: each count's last value in the
+    ``head`` kept of that ``meta_info`` and then in the ``tail`` (the stream's last bytes:
+    an event's cumulative text, and with log probabilities its ``meta_info`` too, may be
+    longer than the tail). The keys are written once per ``meta_info``, and nowhere else
+    unescaped, so the last of each is the last event's."""
     found = {key.decode(): int(value) for key, value in _COUNTS.findall(head + b"\n" + tail)}
     if "prompt_tokens" not in found:
         return None

@@ -87,7 +87,7 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
                           lambda: build_policy(config.policy, where="policy"),
                           # before any replica's model list is known, every name counts as
                           # listed (its own state from the first request, as without lists)
-                          listed=lambda model: fleet.lists(model) or not fleet.models())
+                          listed=lambda model: fleet.lists(model) or not fleet.models_known())
     fleet.listen(policy_listener(policy))
     tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_memo)
     router = Router(policy, tokenizer, fleet, config.tokenizer_concurrency)
