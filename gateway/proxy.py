@@ -88,11 +88,18 @@ _SERVER_OWN = _HOP_BY_HOP | {"date", "server"}  # the gateway's server writes it
 
 def forward_headers(headers: Mapping[str, str], skip: frozenset[str] = _HOP_BY_HOP
                     ) -> dict[str, str]:
-    """``headers`` less the hop-by-hop ones: ``skip`` and any named in ``Connection``."""
+    """``headers`` less the hop-by-hop ones: ``skip`` and any named in ``Connection``.
+    A name that comes more than once (``items()`` of Starlette's ``Headers`` gives each
+    line) keeps all its values, joined by ", " (RFC 9110's combined field value)."""
     named = headers.get("connection")
     if named:
         skip = skip | {h.strip().lower() for h in named.split(",")}
-    return {k: v for k, v in headers.items() if k.lower() not in skip}
+    out: dict[str, str] = {}
+    for k, v in headers.items():
+        if k.lower() not in skip:
+            had = out.get(k)
+            out[k] = v if had is None else f"{had}, {v}"
+    return out
 
 
 def sse_error_event(message: str, code: str) -> bytes:

@@ -105,10 +105,17 @@ async def relay(request: Request, opening: Awaitable[UpstreamStream], route: str
                    "x-kvgate-route": route, "x-request-id": request_id}
         if worker is not None:
             headers["x-kvgate-worker"] = str(worker)
+        response: Response
         if stream.complete:  # nothing left to relay: skip the streaming machinery
             watch.close()
-            return Response(stream.whole_body(), status_code=stream.status, headers=headers)
-        return RelayResponse(stream, headers, watch)
+            response = Response(stream.whole_body(), status_code=stream.status,
+                                headers=headers)
+        else:
+            response = RelayResponse(stream, headers, watch)
+        # a repeated set-cookie goes out line by line, as the replica sent it
+        response.raw_headers.extend((b"set-cookie", value.encode("latin-1"))
+                                    for value in stream.response.more_cookies)
+        return response
     except BaseException:
         watch.close()
         raise

@@ -65,15 +65,19 @@ STALE_WINDOW_S = 0.1  # a kept-alive connection closed within this of a send: cl
 
 
 class UpstreamResponse:
-    """One request's answer: ``status``, ``headers`` (lower-case names) and the body
-    through ``readany`` / ``read``; ``release`` or ``close`` it when done. ``resent``: the
-    request went out twice (a kept-alive connection closed as it was sent)."""
+    """One request's answer: ``status``, ``headers`` (lower-case names; a repeated one's
+    values joined by ", ", as RFC 9110 lets a recipient combine them, except
+    ``set-cookie``, whose first value is there and the others in ``more_cookies``: a
+    cookie's own commas would run into the joins) and the body through ``readany`` /
+    ``read``; ``release`` or ``close`` it when done. ``resent``: the request went out
+    twice (a kept-alive connection closed as it was sent)."""
 
     def __init__(self, conn: _Connection) -> None:
         self.resent = False
         self._conn: _Connection | None = conn
         self.status = 0
         self.headers: dict[str, str] = {}
+        self.more_cookies: list[str] = []
         self._head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiter: asyncio.Future[None] | None = None
         self._chunks: deque[bytes] = deque()
@@ -219,8 +223,17 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks --------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._answer is not None:
-            self._answer.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        answer = self._answer
+        if answer is not None:
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            had = answer.headers.get(key)
+            if had is None:
+                answer.headers[key] = text
+            elif key == "set-cookie":
+                answer.more_cookies.append(text)
+            else:
+                answer.headers[key] = f"{had}, {text}"
 
     def on_headers_complete(self) -> None:
         answer = self._answer
@@ -230,6 +243,7 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200:  # an interim answer (100 Continue, 103 Early Hints): the
             self._interim = True  # final one follows on this connection
             answer.headers.clear()
+            answer.more_cookies.clear()
             return
         answer.status = status
         headers = answer.headers

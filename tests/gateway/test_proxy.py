@@ -526,6 +526,23 @@ def test_answer_headers_are_not_doubled(two: tuple[Gateway, Behaviour, Behaviour
     assert r.headers["content-type"] == "application/json"
 
 
+def test_repeated_header_lines_keep_every_value(serve: Serve) -> None:
+    lines = (("x-trace", "one"), ("x-trace", "two"),
+             ("set-cookie", "a=1; Expires=Wed, 09 Jun 2027"), ("set-cookie", "b=2"))
+    b = Behaviour("b", answer_headers=lines)
+    gw = start_gateway(serve, [("b", serve(fake_replica(b)).url)])
+    for stream in (False, True):
+        r = httpx.post(f"{gw.url}/v1/completions",
+                       json={"model": "sim-model", "prompt": "x", "stream": stream},
+                       headers=[("x-tag", "red"), ("x-tag", "blue")])
+        assert r.status_code == 200, r.text
+        # a client's repeated header reaches the replica whole (RFC 9110: one line, the
+        # values joined), and the replica's reach the client: cookies line by line
+        assert ("x-tag", "red, blue") in b.header_lines[-1]
+        assert r.headers.get_list("x-trace") == ["one, two"]
+        assert r.headers.get_list("set-cookie") == ["a=1; Expires=Wed, 09 Jun 2027", "b=2"]
+
+
 def test_series_exist_before_their_first_count_and_leave_with_their_replica(
         two: tuple[Gateway, Behaviour, Behaviour]) -> None:
     gw, _, _ = two

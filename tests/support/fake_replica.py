@@ -48,6 +48,9 @@ class Behaviour:
     generated: int = 0
     done: bool = True  # a stream ends with [DONE] (False: it ends without, as if cut)
     logprobs: int = 0  # /generate: log probability entries per output token in meta_info
+    # completions: header lines added to each answer (a name may come more than once)
+    answer_headers: tuple[tuple[str, str], ...] = ()
+    header_lines: list[list[tuple[str, str]]] = field(default_factory=list)  # as received
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -55,6 +58,7 @@ def fake_replica(b: Behaviour) -> Starlette:
         raw = await request.body()
         b.received.append(raw)
         b.headers.append(dict(request.headers))
+        b.header_lines.append(request.headers.items())
         b.paths.append(request.url.path)
         body = json.loads(raw)
         chat = "messages" in body
@@ -73,9 +77,9 @@ def fake_replica(b: Behaviour) -> Starlette:
             choice = ({"index": 0, "message": {"role": "assistant", "content": f"{b.name} ok"},
                        "finish_reason": "stop"} if chat else
                       {"index": 0, "text": f"{b.name} ok", "finish_reason": "stop"})
-            return JSONResponse({"id": "x", "object": obj, "created": 0,
-                                 "model": body.get("model"), "choices": [choice],
-                                 "usage": usage})
+            return with_lines(JSONResponse({"id": "x", "object": obj, "created": 0,
+                                            "model": body.get("model"), "choices": [choice],
+                                            "usage": usage}))
 
         async def events():  # type: ignore[no-untyped-def]
             try:
@@ -97,7 +101,11 @@ def fake_replica(b: Behaviour) -> Starlette:
                 b.cancelled += 1
                 raise
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return with_lines(StreamingResponse(events(), media_type="text/event-stream"))
+
+    def with_lines(response: Response) -> Response:
+        response.raw_headers.extend((k.encode(), v.encode()) for k, v in b.answer_headers)
+        return response
 
     async def generate(request: Request) -> Response:
         """SGLang's native /generate: ``text`` (or a batch of texts) or ``input_ids``;
