@@ -2,8 +2,9 @@
 
 Each choice is one engine request (:class:`OpenAIGeneration`) on the same prompt (the
 prefix cache shares its blocks); :class:`OpenAIAnswer` answers them as one body, or as
-one SSE stream whose chunks name their choice's ``index``. The choices stream one after
-the other (the engine runs them all at once; each queue holds what is not read yet).
+one SSE stream whose chunks name their choice's ``index``. The engine runs the choices at
+once and a stream interleaves their chunks as they come, as vLLM's does (a client showing
+every choice sees each start with its first token, not after the choices before it).
 Usage is vLLM's: the prompt counted once, the completion tokens of every choice summed;
 ``cached_tokens`` is the first choice's.
 """
@@ -155,11 +156,43 @@ class OpenAIAnswer:
             obj["usage"] = self._usage() if with_usage else None
         return f"data: {_dumps(obj)}\n\n"
 
+    async def _interleaved(self) -> AsyncIterator[dict[str, Any]]:
+        """Every choice's stream choices, each as soon as it comes: a task per choice
+        feeds one queue; the tasks end with the iteration, however it ends."""
+        if len(self.gens) == 1:
+            async for choice in self.gens[0].choices():
+                yield choice
+            return
+        merged: asyncio.Queue[dict[str, Any] | Exception | None] = asyncio.Queue()
+
+        async def feed(gen: OpenAIGeneration) -> None:
+            try:
+                async for choice in gen.choices():
+                    merged.put_nowait(choice)
+                merged.put_nowait(None)
+            except Exception as exc:  # an OpenAIError: the stream ends with it
+                merged.put_nowait(exc)
+
+        feeders = [asyncio.create_task(feed(gen)) for gen in self.gens]
+        try:
+            left = len(feeders)
+            while left:
+                item = await merged.get()
+                if item is None:
+                    left -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in feeders:
+                task.cancel()
+            await asyncio.gather(*feeders, return_exceptions=True)
+
     async def sse(self) -> AsyncIterator[str]:
         try:
-            for gen in self.gens:
-                async for choice in gen.choices():
-                    yield self._chunk([choice])
+            async for choice in self._interleaved():
+                yield self._chunk([choice])
             if self.p.include_usage:
                 yield self._chunk([], with_usage=True)
         except OpenAIError as exc:

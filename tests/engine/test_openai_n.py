@@ -54,6 +54,10 @@ def test_a_streamed_chat_of_n_choices_names_each_chunks_choice(live: LiveEngine)
     for i in (0, 1):
         assert text[i] == whole["choices"][i]["message"]["content"]
         assert content[i] == whole["choices"][i]["logprobs"]["content"]
+    # the choices run at once and their chunks go out as they come, not one choice after
+    # the other
+    order = [chunk["choices"][0]["index"] for chunk in datas[:-1]]
+    assert order.index(1) < len(order) - 1 - order[::-1].index(0), order
     usage = datas[-1]["usage"]
     assert datas[-1]["choices"] == [] and usage["completion_tokens"] == 12
     assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]  # the prompt once
