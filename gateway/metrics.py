@@ -235,7 +235,7 @@ ERROR_KINDS = ("bad_request", "unauthorized", "not_found", "too_large", "body_ti
                "upstream_timeout", "untrusted_tenant", "admin_off", "internal")
 REJECTED = ("400", "403", "404", "408", "413", "429", "499", "503")  # before any replica
 RETRY_CAUSES = ("connect", "5xx", "broken", "timeout", "idle_timeout", "ejected")
-CUT_CAUSES = ("broken", "idle_timeout")
+CUT_CAUSES = ("broken", "idle_timeout", "ejected")
 
 
 class GatewayMetrics:

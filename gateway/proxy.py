@@ -172,6 +172,7 @@ class UpstreamStream:
         # the relay's idle timeout (``relay``), which also bounds each send to the client
         self.idle: IdleWatch | None = None
         self._stopping: str | None = None  # why the gateway ends the relay (``stop``)
+        self._ejected = False  # its replica was ejected mid-relay (``replica_ejected``)
         self.ends_with_done = ends_with_done  # a stream is whole only once [DONE] came
         self.first_byte_s = first_byte_s  # from sending to the first body byte
         self._opened = time.perf_counter() - first_byte_s
@@ -227,6 +228,16 @@ class UpstreamStream:
         """The client left (or stopped reading): recorded so unless it had the stream's
         last event."""
         self.left = not self._delivered
+
+    def replica_ejected(self, grace_s: float) -> None:
+        """Its replica was ejected (health checks, failures): a wait for its next bytes
+        that lasts ``grace_s`` (one that already has: now) ends the relay as cut
+        (``ejected``), not only one that lasts the idle timeout. A stream still flowing
+        goes on: its bytes say the replica is alive."""
+        watch = self.idle
+        if watch is not None and grace_s < watch.idle_s:
+            self._ejected = True
+            watch.shorten(grace_s)
 
     def stop(self, cause: str) -> None:
         """End the relay as cut (``cause``): the gateway is going away. The client's
@@ -291,7 +302,9 @@ class UpstreamStream:
             if task is not None:
                 task.uncancel()
             if not self._delivered:  # after [DONE] only the end of body was missing
-                self._broke_off("idle_timeout", f"sent nothing for over {self.idle_s} s")
+                self._broke_off("ejected" if self._ejected else "idle_timeout",
+                                f"sent nothing for over {watch.idle_s} s"
+                                + (" after it was ejected" if self._ejected else ""))
         except UpstreamFailure as exc:
             if self._stopping is not None:
                 self._broke_off(self._stopping, "was cut off by the gateway's shutdown")
@@ -507,7 +520,9 @@ class Proxy:
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         """A replica ejected (health checks, failures) takes no more waiting: the requests
-        still waiting for its first byte are moved to the next replica."""
+        still waiting for its first byte are moved to the next replica, and its answers
+        being relayed are cut once they wait a health check interval for their next bytes
+        (a hung replica's stream ended only at the idle timeout, a minute by default)."""
         if isinstance(event, HealthChanged) and not event.healthy:
             this = asyncio.current_task()  # the one whose failure ejected it, if any
             for waiting in self._waiting.get(event.replica, ()):
@@ -515,6 +530,8 @@ class Proxy:
                         and not waiting.ejected:
                     waiting.ejected = True
                     waiting.task.cancel()
+            for stream in [s for s in self.relaying if s.replica == event.replica]:
+                stream.replica_ejected(self.health.interval_s)
 
     async def open(self, ranked: Sequence[str], path: str, body: bytes,
                    headers: Mapping[str, str], work_tokens: Callable[[str], int],

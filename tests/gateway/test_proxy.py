@@ -230,6 +230,26 @@ def test_idle_timeout_ends_the_stream(serve: Serve) -> None:
     assert b"t0" in body and b"t1" not in body and b"[DONE]" not in body
 
 
+def test_a_stalled_stream_of_an_ejected_replica_is_cut_without_waiting_out_the_idle_timeout(
+        serve: Serve) -> None:
+    hung = Behaviour("hung", chunk_delay_s=4, chunks=3)
+    gw = start_gateway(serve, [("hung", serve(fake_replica(hung)).url)],
+                       timeouts={"idle_s": 30})
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                      json={"model": "sim-model", "prompt": "p", "stream": True}) as r:
+        pieces = r.iter_raw()
+        first = next(chunk for chunk in pieces if chunk.strip())
+        hung.healthy = False  # its health checks fail now: the gateway ejects it
+        body = first + b"".join(pieces)
+    # cut a health check interval (0.2 s) after the ejection, not 30 s after the last chunk
+    # nor when the replica's next chunk came (4 s)
+    assert time.monotonic() - started < 3.5
+    assert b"t0" in body and b"t1" not in body and b"[DONE]" not in body
+    assert b'"code":"upstream_ejected"' in body
+    assert metric(gw, 'kvgate_upstream_cuts_total{cause="ejected",replica="hung"}') == 1.0
+
+
 def test_a_replica_that_keeps_its_body_open_after_done_ends_a_whole_stream(serve: Serve
                                                                          ) -> None:
     # the idle timeout ends it, but the answer was whole: no error event after [DONE]
