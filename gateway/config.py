@@ -241,6 +241,19 @@ class AuthConfig:
 
     api_keys: list[ClientKey] = field(default_factory=list)
 
+    def validate(self) -> None:
+        """One key names one tenant: a key listed twice (for two tenants, the last
+        would win unseen) is refused, naming the entries, never the key."""
+        first: dict[str, int] = {}
+        for i, entry in enumerate(self.api_keys):
+            value = entry.resolved()
+            if value in first:
+                j = first[value]
+                raise ValueError(f"api_keys[{i}] (tenant {entry.tenant!r}) has the same key as "
+                                 f"api_keys[{j}] (tenant {self.api_keys[j].tenant!r})")
+            if value is not None:
+                first[value] = i
+
 
 @dataclass(frozen=True, slots=True)
 class ShutdownConfig:

@@ -10,8 +10,10 @@ from pathlib import Path
 
 def resolve_secret(value: str | None, file: str | None, env: str | None,
                    name: str) -> str | None:
-    """``value`` if set, else the stripped contents of ``file``, else the environment
-    variable ``env``; None when none is configured or what it holds is empty.
+    """``value`` if set, else the stripped contents of ``file``, else the stripped value
+    of the environment variable ``env`` (a Kubernetes Secret made from a file keeps its
+    trailing newline, which no header can carry); None when none is configured or what
+    it holds is empty.
     ValueError names ``name`` and the source that failed."""
     if value:
         return value
@@ -24,5 +26,5 @@ def resolve_secret(value: str | None, file: str | None, env: str | None,
         found = os.environ.get(env)
         if found is None:
             raise ValueError(f"{name}_env {env!r} is not set")
-        return found or None
+        return found.strip() or None
     return None

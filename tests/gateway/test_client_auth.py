@@ -35,7 +35,8 @@ def post(url: str, key: str | None = None, **headers: str) -> httpx.Response:
 
 def test_keys_admit_clients_and_name_their_tenant(serve: Serve,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GLOBEX_KEY", "globex-key-0123456789")
+    # a Kubernetes Secret made from a file keeps the file's newline: the key is read without
+    monkeypatch.setenv("GLOBEX_KEY", "globex-key-0123456789\n")
     rec = Behaviour("rec")
     config = parse_config({
         "replicas": [{"id": "r0", "url": serve(fake_replica(rec)).url}],
@@ -70,6 +71,14 @@ def test_short_or_unreadable_keys_are_refused_at_load() -> None:
     with pytest.raises(ConfigError, match="KVGATE_TEST_UNSET"):
         parse_config({"replicas": [{"id": "r", "url": "http://127.0.0.1:1",
                                     "api_key_env": "KVGATE_TEST_UNSET"}]})
+
+
+def test_a_key_listed_twice_is_refused_naming_its_tenants_not_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"api_keys\[1\] \(tenant 'beta'\) has the same key "
+                                          r"as api_keys\[0\] \(tenant 'acme'\)") as err:
+        parse_config({"auth": {"api_keys": [{"key": ACME_KEY, "tenant": "acme"},
+                                            {"key": ACME_KEY, "tenant": "beta"}]}})
+    assert ACME_KEY not in str(err.value)
 
 
 def keyed_replica(key: str) -> Any:
