@@ -35,6 +35,10 @@ class GenerateParams:
     limit_param: str = "max_tokens"  # the field max_tokens came from
     skip_special_tokens: bool = True  # special tokens' text left out of the answer
     n: int = 1  # sequences of the prompt, one engine request each
+    # a chat's rendering: the assistant header after the messages, or the final
+    # (assistant) message left open for the model to continue
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     # SamplingParams' other fields; ``logprobs``: the alternatives asked per output token
     sampling: dict[str, Any] = field(default_factory=dict)
 
@@ -85,6 +89,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
                          param="stream_options")
     if chat:
         _check_chat_only(body, fields.tools)
+    generation_prompt, continue_final = _turn_fields(body, fields.messages) if chat \
+        else (True, False)
     stop, stop_ids = stop_fields(body)
     sampling = sampling_fields(body, vocab_size)
     logprobs = logprobs_asked(body, chat)
@@ -110,6 +116,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         limit_param="max_completion_tokens" if chat and body.get("max_completion_tokens")
         is not None else "max_tokens",
         sampling=sampling,
+        add_generation_prompt=generation_prompt,
+        continue_final_message=continue_final,
     )
 
 
@@ -185,6 +193,22 @@ def sampling_fields(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     if pairs:
         out["logit_bias"] = tuple(pairs)
     return out
+
+
+def _turn_fields(body: dict[str, Any], messages: list[Any] | None) -> tuple[bool, bool]:
+    """A chat's ``add_generation_prompt`` (true unless given) and ``continue_final_message``
+    (false unless given), as vLLM reads them: not both true, and a message to continue
+    must be the assistant's."""
+    generation_prompt = bool(optional(body, "add_generation_prompt", bool, True))
+    continue_final = bool(optional(body, "continue_final_message", bool, False))
+    if generation_prompt and continue_final:
+        raise BadRequest("'continue_final_message' and 'add_generation_prompt' cannot both "
+                         "be true", param="continue_final_message")
+    role = messages[-1].get("role") if continue_final and messages else "assistant"
+    if role != "assistant":
+        raise BadRequest(f"'continue_final_message' needs the last message to be the "
+                         f"assistant's, got role {role!r:.40}", param="continue_final_message")
+    return generation_prompt, continue_final
 
 
 def _check_chat_only(body: dict[str, Any], tools: list[Any] | None) -> None:

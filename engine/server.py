@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -127,12 +128,15 @@ class EngineServer:
         if p.prompt_ids is not None:
             return p.prompt_ids
         if p.messages is not None:
+            render = functools.partial(
+                self.tokenizer.render_chat, p.messages, tools=p.tools,
+                add_generation_prompt=p.add_generation_prompt,
+                continue_final_message=p.continue_final_message)
             try:
                 if carries_media(p.messages):  # hashing megabytes: off the event loop
-                    text = await asyncio.to_thread(self.tokenizer.render_chat, p.messages,
-                                                   tools=p.tools)
+                    text = await asyncio.to_thread(render)
                 else:
-                    text = self.tokenizer.render_chat(p.messages, tools=p.tools)
+                    text = render()
             except ValueError as exc:
                 raise BadRequest(str(exc), param="messages") from exc
         else:

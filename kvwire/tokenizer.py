@@ -189,14 +189,28 @@ class PromptTokenizer:
 
     # -- chat -----------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True,
-                    tools: Sequence[Any] | None = None) -> str:
+                    tools: Sequence[Any] | None = None, continue_final_message: bool = False
+                    ) -> str:
         """Render OpenAI chat messages (and the request's ``tools``) to the prompt text the
         model sees. Without a chat template, tools go into the system message as one JSON
-        object per line inside ``<tools>`` tags, the layout Qwen2 and Hermes templates use."""
+        object per line inside ``<tools>`` tags, the layout Qwen2 and Hermes templates use.
+
+        ``continue_final_message`` (with ``add_generation_prompt`` false; ChatFormatError
+        with both): the text ends right after the final message's content, without its
+        end of turn, so the model continues that message. A template renders the messages
+        with a tag after that content and the text is cut at the tag, as transformers'
+        ``apply_chat_template`` (which vLLM calls) does; a template that trims the content
+        loses the tag's space too, and then the text is cut before the trimmed spacing."""
+        if add_generation_prompt and continue_final_message:
+            raise ChatFormatError("'add_generation_prompt' and 'continue_final_message' "
+                                  "cannot both be true")
         normalized = normalize_messages(messages)
         if self._template is not None:
+            if continue_final_message:
+                final = normalized[-1]
+                normalized[-1] = {**final, "content": final["content"] + _CONTINUE_TAG}
             try:
-                return str(self._template.render(
+                text = str(self._template.render(
                     messages=normalized, add_generation_prompt=add_generation_prompt,
                     bos_token=self.bos_token, eos_token=self.eos_token, tools=tools or None,
                 ))
@@ -205,6 +219,7 @@ class PromptTokenizer:
                 # role it does not take, roles out of turn) or cannot render them
                 raise ChatFormatError(f"the model's chat template refused the messages: "
                                       f"{exc}") from None
+            return _cut_at_tag(text) if continue_final_message else text
         if tools:
             listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
             block = f"# Tools\n\n<tools>\n{listed}\n</tools>"
@@ -215,9 +230,28 @@ class PromptTokenizer:
                 normalized.insert(0, {"role": "system", "content": block})
         parts = [f"<|im_start|>{m['role']}\n{m['content']}{_calls(m)}<|im_end|>\n"
                  for m in normalized]
+        if continue_final_message:  # the final turn open after its content
+            final = normalized[-1]
+            parts[-1] = f"<|im_start|>{final['role']}\n{final['content']}"
         if add_generation_prompt:
             parts.append("<|im_start|>assistant\n")
         return "".join(parts)
+
+
+# put after the content of the message a template's text is cut at (transformers' own tag)
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _cut_at_tag(text: str) -> str:
+    """``text`` up to the last :data:`_CONTINUE_TAG`, less the spacing before it where the
+    template trimmed the tag's own; ChatFormatError when the template dropped it."""
+    at = text.rfind(_CONTINUE_TAG.strip())
+    if at < 0:
+        raise ChatFormatError("'continue_final_message' is set but the model's chat template "
+                              "does not render the final message's content")
+    if text.startswith(_CONTINUE_TAG, at):
+        return text[:at]
+    return text[:at].rstrip()  # the template trimmed the content: its spacing is gone
 
 
 def _calls(message: Mapping[str, Any]) -> str:
