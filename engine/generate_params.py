@@ -39,6 +39,9 @@ class GenerateParams:
     # (assistant) message left open for the model to continue
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # the prompt tokens kept, the last ones (``truncate_prompt_tokens``; -1: as many as the
+    # model's context holds; None: all)
+    truncate_prompt_tokens: int | None = None
     # SamplingParams' other fields; ``logprobs``: the alternatives asked per output token
     sampling: dict[str, Any] = field(default_factory=dict)
 
@@ -91,6 +94,10 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         _check_chat_only(body, fields.tools)
     generation_prompt, continue_final = _turn_fields(body, fields.messages) if chat \
         else (True, False)
+    truncate = optional(body, "truncate_prompt_tokens", int, None)
+    if truncate is not None and truncate != -1 and truncate < 1:
+        raise BadRequest(f"'truncate_prompt_tokens' must be an integer >= 1 or -1, got "
+                         f"{truncate}", param="truncate_prompt_tokens")
     stop, stop_ids = stop_fields(body)
     sampling = sampling_fields(body, vocab_size)
     logprobs = logprobs_asked(body, chat)
@@ -118,6 +125,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         sampling=sampling,
         add_generation_prompt=generation_prompt,
         continue_final_message=continue_final,
+        truncate_prompt_tokens=truncate,
     )
 
 
@@ -239,6 +247,21 @@ def _check_chat_only(body: dict[str, Any], tools: list[Any] | None) -> None:
                          f"function, got {choice!r:.40}", param="tool_choice")
     raise BadRequest("'tool_choice' that forces a tool call (constrained output) is not "
                      "supported by this engine", param="tool_choice")
+
+
+def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """The last ``keep`` of a prompt's ``ids``, as vLLM truncates a prompt on the left
+    (``truncate_prompt_tokens``): -1 keeps ``max_model_len``, None all; more than the
+    model's context is a BadRequest."""
+    if keep is None:
+        return ids
+    if keep == -1:
+        keep = max_model_len
+    if keep > max_model_len:
+        raise BadRequest(f"'truncate_prompt_tokens' ({keep}) is greater than the model's "
+                         f"maximum context length ({max_model_len})",
+                         param="truncate_prompt_tokens")
+    return ids[-keep:]
 
 
 def context_error(num_prompt: int, max_tokens: int, max_model_len: int,

@@ -29,7 +29,12 @@ from starlette.routing import Route
 from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.core import EngineCore, StepOutput
 from engine.embeddings import EmbeddingsRoute
-from engine.generate_params import GenerateParams, context_error, parse_generate
+from engine.generate_params import (
+    GenerateParams,
+    context_error,
+    parse_generate,
+    truncate_prompt,
+)
 from engine.metrics import EngineMetrics
 from engine.native_control import NativeControlRoutes
 from engine.native_generate import NativeGenerateRoute
@@ -235,7 +240,8 @@ class EngineServer:
         body = await self._json(request)
         p = parse_generate(body, chat=chat, model_name=self.model_name,
                            vocab_size=self.tokenizer.vocab_size)
-        ids = await self._prompt_ids(p)
+        ids = truncate_prompt(await self._prompt_ids(p), p.truncate_prompt_tokens,
+                              self.max_model_len)
         limit = self.max_model_len
         # unasked, an answer may run to the end of what a request may hold here
         max_tokens = p.max_tokens if p.max_tokens is not None \

@@ -56,3 +56,35 @@ def test_a_final_message_that_cannot_be_continued_is_refused(
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["param"] == "continue_final_message" and said in error["message"]
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(live: LiveEngine) -> None:
+    ids = list(range(300, 320))
+    cut = live.client.completions.create(model=MODEL, prompt=ids, max_tokens=4,
+                                         extra_body={"truncate_prompt_tokens": 5})
+    tail = live.client.completions.create(model=MODEL, prompt=ids[-5:], max_tokens=4)
+    whole = live.client.completions.create(model=MODEL, prompt=ids, max_tokens=4)
+    assert cut.usage is not None and cut.usage.prompt_tokens == 5
+    # the sim draws its tokens from the prompt: the last five ids were the prompt
+    assert cut.choices[0].text == tail.choices[0].text != whole.choices[0].text
+    text = live.client.completions.create(model=MODEL, prompt="one two three four five",
+                                          max_tokens=1, extra_body={"truncate_prompt_tokens": 2})
+    assert text.usage is not None and text.usage.prompt_tokens == 2
+    chat = live.client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=1,
+                                               extra_body={"truncate_prompt_tokens": 3})
+    assert chat.usage is not None and chat.usage.prompt_tokens == 3
+    # -1: as many as the context holds (512 here), so the 600 ids become 512
+    r = live.http.post("/v1/completions", json={
+        "model": MODEL, "prompt": list(range(300, 900)), "max_tokens": 1,
+        "truncate_prompt_tokens": -1})
+    assert r.status_code == 400 and "(512 in the prompt" in r.json()["error"]["message"]
+    kept = live.client.completions.create(model=MODEL, prompt=ids, max_tokens=1,
+                                          extra_body={"truncate_prompt_tokens": -1})
+    assert kept.usage is not None and kept.usage.prompt_tokens == 20
+
+
+@pytest.mark.parametrize("value", [0, -2, 513, "all"])
+def test_truncate_prompt_tokens_out_of_range_is_refused(live: LiveEngine, value: Any) -> None:
+    r = live.http.post("/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                "truncate_prompt_tokens": value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
