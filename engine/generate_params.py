@@ -42,6 +42,8 @@ class GenerateParams:
     # the prompt tokens kept, the last ones (``truncate_prompt_tokens``; -1: as many as the
     # model's context holds; None: all)
     truncate_prompt_tokens: int | None = None
+    # log probabilities name tokens ``token_id:<id>`` instead of by their text
+    return_tokens_as_token_ids: bool = False
     # SamplingParams' other fields; ``logprobs``: the alternatives asked per output token
     sampling: dict[str, Any] = field(default_factory=dict)
 
@@ -126,6 +128,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         add_generation_prompt=generation_prompt,
         continue_final_message=continue_final,
         truncate_prompt_tokens=truncate,
+        return_tokens_as_token_ids=bool(optional(body, "return_tokens_as_token_ids", bool,
+                                                 False)),
     )
 
 

@@ -62,7 +62,7 @@ class OpenAIGeneration(Generation):
         self.chat = chat
         k = p.sampling.get("logprobs")
         self.renderer = None if k is None else LogprobRenderer(
-            k, server.decoder(skip_special_tokens=False))
+            k, server.decoder(skip_special_tokens=False), p.return_tokens_as_token_ids)
         self.num_rendered = 0  # output tokens whose log probabilities went out
         self.num_chars = 0  # characters of text that went out
 

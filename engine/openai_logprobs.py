@@ -20,6 +20,12 @@ and tokens whose text a stop string cut, too. A token's text is its own decoding
 special tokens kept; values below -9999 (``-inf``) are reported as -9999, as vLLM does.
 A completion's ``text_offset`` counts the tokens' texts from where its answer (a stream:
 its chunk's text) starts.
+
+``return_tokens_as_token_ids`` names each token ``"token_id:<id>"`` instead of its text (in
+``tokens`` and ``top_logprobs`` keys, and a chat's ``token`` fields), so that a client
+reads the ids whatever their text. As vLLM: a chat entry's own ``bytes`` stay its text's,
+its ``top_logprobs`` entries' are their names', and ``text_offset`` advances by the
+length of each name.
 """
 
 from __future__ import annotations
@@ -73,11 +79,12 @@ def _candidates(token: int, lp: TokenLogprob) -> list[tuple[int, float]]:
 
 class LogprobRenderer:
     """Renders output tokens' log probabilities for one answer, ``k`` alternatives each;
-    each token's text is decoded once."""
+    each token's text is decoded once. ``as_token_ids``: tokens named by their ids."""
 
-    def __init__(self, k: int, decoder: Decoder) -> None:
+    def __init__(self, k: int, decoder: Decoder, as_token_ids: bool = False) -> None:
         self.k = k
         self._decoder = decoder
+        self._as_token_ids = as_token_ids
         self._texts: dict[int, str] = {}
 
     def _text(self, token: int) -> str:
@@ -86,19 +93,23 @@ class LogprobRenderer:
             text = self._texts[token] = self._decoder.decode([token])
         return text
 
+    def _name(self, token: int) -> str:
+        """How the answer names ``token``: its text, or ``token_id:<id>``."""
+        return f"token_id:{token}" if self._as_token_ids else self._text(token)
+
     def completion(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob],
                    offset: int = 0) -> dict[str, Any]:
         """A completion's ``logprobs`` object for ``token_ids`` (``logprobs[i]`` is
         ``token_ids[i]``'s); ``offset``: where the first token's text starts."""
         tokens, values, tops, offsets = [], [], [], []
         for token, lp in zip(token_ids, logprobs, strict=True):
-            text = self._text(token)
-            tokens.append(text)
+            name = self._name(token)
+            tokens.append(name)
             values.append(max(lp.logprob, _FLOOR))
-            tops.append({self._text(t): max(v, _FLOOR)
+            tops.append({self._name(t): max(v, _FLOOR)
                          for t, v in _candidates(token, lp)[: self.k + 1]})
             offsets.append(offset)
-            offset += len(text)
+            offset += len(name)
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
                 "top_logprobs": tops}
 
@@ -107,13 +118,13 @@ class LogprobRenderer:
         """A chat's ``logprobs`` object for ``token_ids``."""
         content = []
         for token, lp in zip(token_ids, logprobs, strict=True):
-            entry = self._chat_entry(token, lp.logprob)
-            entry["top_logprobs"] = [self._chat_entry(t, v)
+            entry = self._chat_entry(token, lp.logprob, self._text(token))
+            entry["top_logprobs"] = [self._chat_entry(t, v, self._name(t))
                                      for t, v in _candidates(token, lp)[: self.k]]
             content.append(entry)
         return {"content": content}
 
-    def _chat_entry(self, token: int, logprob: float) -> dict[str, Any]:
-        text = self._text(token)
-        return {"token": text, "logprob": max(logprob, _FLOOR),
-                "bytes": list(text.encode("utf-8", errors="replace"))}
+    def _chat_entry(self, token: int, logprob: float, spelt: str) -> dict[str, Any]:
+        """An entry naming ``token``, its ``bytes`` those of ``spelt``."""
+        return {"token": self._name(token), "logprob": max(logprob, _FLOOR),
+                "bytes": list(spelt.encode("utf-8", errors="replace"))}

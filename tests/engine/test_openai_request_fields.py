@@ -88,3 +88,35 @@ def test_truncate_prompt_tokens_out_of_range_is_refused(live: LiveEngine, value:
     r = live.http.post("/v1/completions", json={"model": MODEL, "prompt": "x",
                                                 "truncate_prompt_tokens": value})
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+def _token_id(name: str) -> int:
+    assert name.startswith("token_id:"), name
+    return int(name.removeprefix("token_id:"))
+
+
+def test_return_tokens_as_token_ids_names_each_token_by_its_id(live: LiveEngine) -> None:
+    tok = live.server.tokenizer
+    body: dict[str, Any] = {"model": MODEL, "prompt": "the colour of", "max_tokens": 5,
+                            "seed": 5, "logprobs": 2}
+    texts = live.http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    ids = live.http.post("/v1/completions", json={
+        **body, "return_tokens_as_token_ids": True}).json()["choices"][0]["logprobs"]
+    assert [tok.decode([_token_id(t)], False) for t in ids["tokens"]] == texts["tokens"]
+    for by_id, by_text in zip(ids["top_logprobs"], texts["top_logprobs"], strict=True):
+        assert {tok.decode([_token_id(t)], False) for t in by_id} == set(by_text)
+    # as vLLM: the offsets advance by the length of each token's name
+    names = ids["tokens"]
+    assert ids["text_offset"] == [sum(len(t) for t in names[:i]) for i in range(len(names))]
+    chat: dict[str, Any] = {"model": MODEL, "messages": STORY[:1], "max_tokens": 5, "seed": 5,
+                            "logprobs": True, "top_logprobs": 2}
+    plain = live.http.post("/v1/chat/completions", json=chat).json()
+    named = live.http.post("/v1/chat/completions", json={
+        **chat, "return_tokens_as_token_ids": True}).json()
+    for entry, text in zip(named["choices"][0]["logprobs"]["content"],
+                           plain["choices"][0]["logprobs"]["content"], strict=True):
+        assert tok.decode([_token_id(entry["token"])], False) == text["token"]
+        assert entry["bytes"] == text["bytes"]  # the entry's own bytes are its text's
+        for top in entry["top_logprobs"]:
+            _token_id(top["token"])
+            assert top["bytes"] == list(top["token"].encode())  # as vLLM: the name's
