@@ -44,6 +44,9 @@ class GenerateParams:
     truncate_prompt_tokens: int | None = None
     # log probabilities name tokens ``token_id:<id>`` instead of by their text
     return_tokens_as_token_ids: bool = False
+    # with ``include_usage``: every streamed chunk carries the usage so far
+    # (``stream_options.continuous_usage_stats``)
+    continuous_usage: bool = False
     # SamplingParams' other fields; ``logprobs``: the alternatives asked per output token
     sampling: dict[str, Any] = field(default_factory=dict)
 
@@ -92,6 +95,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     if options and not fields.stream:
         raise BadRequest("'stream_options' can only be set when 'stream' is true",
                          param="stream_options")
+    include_usage = bool(options.get("include_usage", False))
+    continuous = bool(optional(options, "continuous_usage_stats", bool, False))
     if chat:
         _check_chat_only(body, fields.tools)
     generation_prompt, continue_final = _turn_fields(body, fields.messages) if chat \
@@ -116,7 +121,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         temperature=temperature_field(body),
         seed=seed_field(body, "seed"),
         stream=fields.stream,
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=include_usage,
         ignore_eos=bool(optional(body, "ignore_eos", bool, False)),
         cache_salt=fields.cache_salt,
         stop=stop,
@@ -130,6 +135,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         truncate_prompt_tokens=truncate,
         return_tokens_as_token_ids=bool(optional(body, "return_tokens_as_token_ids", bool,
                                                  False)),
+        continuous_usage=include_usage and continuous,
     )
 
 

@@ -6,7 +6,9 @@ one SSE stream whose chunks name their choice's ``index``. The engine runs the c
 once and a stream interleaves their chunks as they come, as vLLM's does (a client showing
 every choice sees each start with its first token, not after the choices before it).
 Usage is vLLM's: the prompt counted once, the completion tokens of every choice summed;
-``cached_tokens`` is the first choice's.
+``cached_tokens`` is the first choice's. With ``continuous_usage_stats`` every streamed
+chunk also carries, as vLLM's do, the usage of its own choice so far: the prompt's tokens
+and the tokens that choice has produced (none yet in a chat's role chunk).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from engine.generate_params import GenerateParams, usage
 from engine.generation import Generation
@@ -49,6 +51,19 @@ def abort_unended(gens: Sequence[Generation]) -> None:
         if not gen.ended:
             gen.ended = True
             gen.server.stop_early(gen.rid, "abort", gen.last)
+
+
+class StreamChoice(NamedTuple):
+    """One stream chunk's choice, and its generation's counts when it was made."""
+
+    choice: dict[str, Any]
+    num_prompt: int
+    num_output: int
+
+    def usage(self) -> dict[str, int]:
+        """The usage a chunk carries with ``continuous_usage_stats``, in vLLM's shape."""
+        return {"prompt_tokens": self.num_prompt, "completion_tokens": self.num_output,
+                "total_tokens": self.num_prompt + self.num_output}
 
 
 class OpenAIGeneration(Generation):
@@ -109,7 +124,7 @@ class OpenAIGeneration(Generation):
         return {"index": self.index, "delta": d, "logprobs": logprobs,
                 "finish_reason": reason, "stop_reason": stop_reason}
 
-    async def choices(self) -> AsyncIterator[dict[str, Any]]:
+    async def choices(self) -> AsyncIterator[StreamChoice]:
         """The stream choices of this choice, in order."""
         gen = self._deltas()
         try:
@@ -117,8 +132,9 @@ class OpenAIGeneration(Generation):
             async for delta, reason in gen:  # stream's first byte is its first token
                 if role:
                     role = False
-                    yield self._choice(None, None, role=True)
-                yield self._choice(delta, reason)
+                    yield StreamChoice(self._choice(None, None, role=True), self.num_prompt, 0)
+                yield StreamChoice(self._choice(delta, reason), self.num_prompt,
+                                   self.num_output)
         finally:
             await gen.aclose()
 
@@ -148,22 +164,23 @@ class OpenAIAnswer:
                 "created": self.created, "model": self.server.model_name,
                 "choices": choices, "usage": self._usage()}
 
-    def _chunk(self, choices: list[dict[str, Any]], with_usage: bool = False) -> str:
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
+               ) -> str:
         obj: dict[str, Any] = {
             "id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created, "model": self.server.model_name, "choices": choices}
         if self.p.include_usage:
-            obj["usage"] = self._usage() if with_usage else None
+            obj["usage"] = usage
         return f"data: {_dumps(obj)}\n\n"
 
-    async def _interleaved(self) -> AsyncIterator[dict[str, Any]]:
+    async def _interleaved(self) -> AsyncIterator[StreamChoice]:
         """Every choice's stream choices, each as soon as it comes: a task per choice
         feeds one queue; the tasks end with the iteration, however it ends."""
         if len(self.gens) == 1:
             async for choice in self.gens[0].choices():
                 yield choice
             return
-        merged: asyncio.Queue[dict[str, Any] | Exception | None] = asyncio.Queue()
+        merged: asyncio.Queue[StreamChoice | Exception | None] = asyncio.Queue()
 
         async def feed(gen: OpenAIGeneration) -> None:
             try:
@@ -191,10 +208,11 @@ class OpenAIAnswer:
 
     async def sse(self) -> AsyncIterator[str]:
         try:
-            async for choice in self._interleaved():
-                yield self._chunk([choice])
+            async for piece in self._interleaved():
+                yield self._chunk([piece.choice],
+                                  piece.usage() if self.p.continuous_usage else None)
             if self.p.include_usage:
-                yield self._chunk([], with_usage=True)
+                yield self._chunk([], self._usage())
         except OpenAIError as exc:
             yield f"data: {_dumps(exc.body())}\n\n"
         finally:

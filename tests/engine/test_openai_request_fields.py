@@ -5,6 +5,7 @@ batched completion prompts."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -120,3 +121,42 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(live: LiveEngine)
         for top in entry["top_logprobs"]:
             _token_id(top["token"])
             assert top["bytes"] == list(top["token"].encode())  # as vLLM: the name's
+
+
+def _stream(live: LiveEngine, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed answer's chunks, parsed."""
+    r = live.http.post(path, json={**body, "model": MODEL, "stream": True})
+    assert r.status_code == 200, r.text
+    datas = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert datas[-1] == "[DONE]"
+    return [json.loads(d) for d in datas[:-1]]
+
+
+def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(
+        live: LiveEngine) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = _stream(live, "/v1/completions", {"prompt": "count with me", "max_tokens": 4,
+                                               "n": 2, "stream_options": options})
+    prompt = chunks[-1]["usage"]["prompt_tokens"]
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        usage = chunk["usage"]
+        assert usage["prompt_tokens"] == prompt
+        assert usage["total_tokens"] == prompt + usage["completion_tokens"]
+        seen[choice["index"]].append(usage["completion_tokens"])
+    for counts in seen.values():  # each choice's own count, as vLLM's
+        assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 4
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+    chat = _stream(live, "/v1/chat/completions", {"messages": STORY[:1], "max_tokens": 3,
+                                                  "stream_options": options})
+    assert chat[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chat[0]["usage"]["completion_tokens"] == 0  # the role chunk: nothing yet
+    assert chat[-2]["usage"]["completion_tokens"] == 3
+    # without it the usage is the last chunk's alone; without include_usage, nowhere
+    plain = _stream(live, "/v1/completions", {"prompt": "count", "max_tokens": 2,
+                                              "stream_options": {"include_usage": True}})
+    assert all(c["usage"] is None for c in plain[:-1]) and plain[-1]["usage"] is not None
+    bare = _stream(live, "/v1/completions", {"prompt": "count", "max_tokens": 2,
+                                             "stream_options": {"continuous_usage_stats": True}})
+    assert all("usage" not in c for c in bare)
