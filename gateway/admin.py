@@ -102,10 +102,7 @@ async def add_replica(request: Request) -> Response:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except ConfigError as exc:
         raise BadRequest(str(exc), code="invalid_replica") from exc
-    if not gw.config.admin.allows(config.url):
-        raise AdminOff(f"replica url {config.url!r}: its host is in neither "
-                       "admin.allow_hosts nor admin.allow_networks", param="url",
-                       code="replica_not_allowed")
+    _check_reachable(gw, config)
     if gw.fleet.get(config.id) is not None:
         raise BadRequest(f"replica {config.id!r} already exists", param="id",
                          code="duplicate_replica")
@@ -115,6 +112,30 @@ async def add_replica(request: Request) -> Response:
         # workers' shared accounting
         raise BadRequest(str(exc), param="id", code="replica_slots_full") from exc
     return JSONResponse(_replica_json(gw, config.id), status_code=201)
+
+
+def _check_reachable(gw: GatewayState, config: ReplicaConfig) -> None:
+    """The places an added replica makes the gateway connect to (its URL, its KV event
+    endpoints) are all on hosts the admin API may name: else an admin caller could have
+    the gateway open connections anywhere. A KV event endpoint that is not ``tcp://``
+    (``ipc://``: a path on the gateway's own machine) is for replicas in the config file."""
+    allows = gw.config.admin.allows
+    if not allows(config.url):
+        raise AdminOff(f"replica url {config.url!r}: its host is in neither "
+                       "admin.allow_hosts nor admin.allow_networks", param="url",
+                       code="replica_not_allowed")
+    for key in ("kv_events", "kv_events_replay"):
+        endpoint = getattr(config, key)
+        if endpoint is None:
+            continue
+        if not endpoint.startswith("tcp://"):
+            raise AdminOff(f"{key} {endpoint!r:.120}: a replica added here takes tcp:// "
+                           "endpoints only (others are for replicas in the config file)",
+                           param=key, code="replica_not_allowed")
+        if not allows(endpoint):
+            raise AdminOff(f"{key} {endpoint!r:.120}: its host is in neither "
+                           "admin.allow_hosts nor admin.allow_networks", param=key,
+                           code="replica_not_allowed")
 
 
 async def remove_replica(request: Request) -> Response:

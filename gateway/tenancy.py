@@ -107,18 +107,21 @@ class Tenancy:
         self._partitioned = frozenset(r for p in config.partitions for r in p.replicas)
 
     def tenant_of(self, request: Request) -> str | None:
-        """The request's tenant from its header; refused when sent twice, or (under
-        isolation, or with partitions) from a peer outside ``trusted_proxies``."""
+        """The request's tenant from its header, believed only from a peer in
+        ``trusted_proxies``: from another, refused under isolation or with partitions,
+        else not believed (the request is the anonymous tenant's, and its replica is
+        told no tenant). Refused when sent twice."""
         header = self.config.header
         values = request.headers.getlist(header)
         if len(values) > 1:
             raise BadRequest(f"header {header!r} was sent {len(values)} times; send it once",
                              code="repeated_tenant")
         tenant = values[0] if values else None
-        if tenant and (self.config.isolate or self.config.partitions) \
-                and not self._trusted.peer_of(request):
-            raise UntrustedTenant(f"header {header!r} is accepted only from a trusted proxy",
-                                  code="untrusted_tenant")
+        if tenant and not self._trusted.peer_of(request):
+            if self.config.isolate or self.config.partitions:
+                raise UntrustedTenant(f"header {header!r} is accepted only from a trusted "
+                                      "proxy", code="untrusted_tenant")
+            return None
         return tenant or None
 
     def allowed(self, tenant: str | None) -> Callable[[str], bool] | None:

@@ -349,6 +349,13 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
                          json={"id": "c", "url": "http://10.1.2.3:8000"})
     assert outside.status_code == 403
     assert outside.json()["error"]["code"] == "replica_not_allowed"
+    # nor may its KV event endpoints take the gateway elsewhere (or to a local path)
+    for key, endpoint in (("kv_events", "tcp://10.1.2.3:5557"),
+                          ("kv_events_replay", "tcp://10.9.9.9:5558"),
+                          ("kv_events", "ipc:///tmp/some.sock")):
+        outside = httpx.post(f"{gw.admin}/admin/replicas", headers=auth,
+                             json={"id": "c", "url": "http://127.0.0.1:9", key: endpoint})
+        assert outside.status_code == 403 and outside.json()["error"]["param"] == key
     models = httpx.get(f"{gw.url}/v1/models").json()
     assert sorted(m["id"] for m in models["data"]) == ["m-a", "m-b"]
     # a model routes only to the replicas serving it
