@@ -48,6 +48,7 @@ from kvwire.openai_schema import (
     ClientDisconnected,
     ServiceUnavailable,
     decode_json,
+    optional,
 )
 from kvwire.request_edge import ErrorBoundary, read_body, unless_disconnected
 
@@ -169,6 +170,7 @@ class EngineServer:
         body = await self._json(request)
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        strs = bool(optional(body, "return_token_strs", bool, False))
         if "messages" in body:
             p = parse_generate({**body, "max_tokens": 1}, chat=True,
                                model_name=self.model_name, vocab_size=self.tokenizer.vocab_size)
@@ -178,8 +180,10 @@ class EngineServer:
             if not isinstance(prompt, str):
                 raise BadRequest("'prompt' must be a string", param="prompt")
             ids = await self._encode(prompt)
+        # as vLLM's: ``token_strs`` null unless asked for
         return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len,
-                             "tokens": ids})
+                             "tokens": ids,
+                             "token_strs": self.tokenizer.token_strs(ids) if strs else None})
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         body = await self._json(request)

@@ -106,6 +106,18 @@ class PromptTokenizer:
         encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [(list(enc.ids), [end for _, end in enc.offsets]) for enc in encs]
 
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Each id's token as the vocabulary spells it (a byte-level BPE's ``Ġthe``, not
+        `` the``), as transformers' ``convert_ids_to_tokens``; ValueError naming an id the
+        vocabulary lacks."""
+        out = []
+        for i in ids:
+            token = self._tok.id_to_token(i)
+            if token is None:
+                raise ValueError(f"token id {i} is not in the vocabulary")
+            out.append(str(token))
+        return out
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """The text of ``ids``; special tokens' text left out unless told otherwise."""
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))

@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer
 
+from kvwire.tokenizer_build import ASSET_DIR
 from tests.support.engine_servers import LiveEngine, serve_engine
 
 MODEL = "tiny-sim"
@@ -160,3 +162,15 @@ def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(
     bare = _stream(live, "/v1/completions", {"prompt": "count", "max_tokens": 2,
                                              "stream_options": {"continuous_usage_stats": True}})
     assert all("usage" not in c for c in bare)
+
+
+def test_tokenize_returns_each_tokens_vocabulary_spelling_when_asked(
+        live: LiveEngine) -> None:
+    spelt = Tokenizer.from_file(str(ASSET_DIR / "tokenizer.json")).get_vocab()
+    vocab = {i: t for t, i in spelt.items()}
+    for body in ({"prompt": "the parties agree"}, {"messages": STORY}):
+        answer = live.http.post("/tokenize", json={**body, "return_token_strs": True}).json()
+        assert answer["token_strs"] == [vocab[i] for i in answer["tokens"]]
+        assert any(s.startswith("\u0120") for s in answer["token_strs"])  # "Ġ", not " "
+        plain = live.http.post("/tokenize", json=body).json()
+        assert plain["tokens"] == answer["tokens"] and plain["token_strs"] is None
