@@ -27,7 +27,9 @@ import functools
 import gc
 import logging
 import resource
+import signal
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -360,6 +362,29 @@ class _Draining(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's signals (SIGINT, SIGTERM) and SIGHUP (a closed terminal, a hangup
+        from whatever started the gateway), unless SIGHUP is ignored (``nohup``; a worker
+        process, whose supervisor acts on it): by default it ended the process at once,
+        its answers dropped without the error that marks them cut. As uvicorn does, the
+        handlers in place before are put back afterwards, and the signals taken are then
+        raised again for them."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        taken = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            taken.append(signal.SIGHUP)
+        before = {sig: signal.signal(sig, self.handle_exit) for sig in taken}
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+        for captured in reversed(self._captured_signals):
+            signal.raise_signal(captured)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining:  # a second signal: no more waiting for answers in flight

@@ -119,14 +119,21 @@ def test_a_second_signal_stops_at_once_with_answers_in_flight(
         held.set()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_streams_that_outlast_the_shutdown_end_visibly_cut(
-        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path,
+        sig: signal.Signals) -> None:
     held = threading.Event()
+    # the gateway starts with SIGHUP's default action (a handler here is reset to it in the
+    # child; an ignored SIGHUP, as under nohup, would stay ignored there)
+    before = signal.signal(signal.SIGHUP, lambda *_: None)
     try:
         gateway, _, lines, thread = endless_stream(
             spawn, serve, tmp_path, held, access_log=True,
             shutdown={"grace_s": 0.5, "timeout_s": 3})
-        gateway.send_signal(signal.SIGTERM)
+        signal.signal(signal.SIGHUP, before)
+        # SIGHUP (a closed terminal) drains as SIGTERM does; it stopped the process at once
+        gateway.send_signal(sig)
         thread.join(30)
         assert not thread.is_alive()
         # ended by the gateway before uvicorn's own cancel: an error event, no [DONE]
@@ -139,4 +146,5 @@ def test_streams_that_outlast_the_shutdown_end_visibly_cut(
                    if '"status"' in line]
         assert [r["status"] for r in records] == ["503"]  # counted cut, not 200
     finally:
+        signal.signal(signal.SIGHUP, before)
         held.set()
