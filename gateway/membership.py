@@ -33,12 +33,16 @@ class Changes:
 
 async def join(gw: GatewayState, config: ReplicaConfig, source: str,
                forward_auth: bool = True) -> ReplicaState:
-    """Add a replica (ValueError if its id is taken) and check its health at once, so
-    routing never counts on one that is down when it joins."""
+    """Add a replica (ValueError if its id is taken, or no room is left) and check its
+    health at once, so routing never counts on one that is down when it joins."""
     state = gw.fleet.add(config, forward_auth=forward_auth, source=source)
+    await _checked(gw, state)
+    return state
+
+
+async def _checked(gw: GatewayState, state: ReplicaState) -> None:
     if gw.monitor is not None:
         await gw.monitor.check_one(state)
-    return state
 
 
 def leave(gw: GatewayState, replica_id: str) -> ReplicaState:
@@ -68,11 +72,17 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
             log.warning("discovery %s: replica id %s is already in the fleet (from %s); "
                         "not added", source, rid, holder.source)
             continue
-        if len(gw.fleet) + len(added) >= MAX_REPLICAS:
+        if len(gw.fleet) >= MAX_REPLICAS:
             full.append(rid)
             continue
+        try:
+            state = gw.fleet.add(config, source=source)
+        except ValueError as exc:  # no slot left in the workers' shared accounting
+            full.append(rid)
+            log.warning("discovery %s: replica %s not added: %s", source, rid, exc)
+            continue
         added.append(rid)
-        joining.append(join(gw, config, source))
+        joining.append(_checked(gw, state))
     await asyncio.gather(*joining)
     if full:
         log.warning("discovery %s: the fleet holds its limit of %d replicas: %s not added",

@@ -38,6 +38,25 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5
                     2.0, 5.0, 10.0, 30.0, 60.0)
 
 
+class _CurrentReplicas(Collector):
+    """The worker processes' summed series (prometheus-client's multiprocess mode) less
+    those of replicas no longer in the fleet: each process's file keeps every series it
+    ever wrote (a removed one cannot be taken out), so series of replicas that left came
+    back on every scrape, a few dozen per replica, without end under discovery churn."""
+
+    def __init__(self, summed: Collector, fleet: Fleet) -> None:
+        self.summed = summed
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        current = {state.id for state in self.fleet}
+        current.add("none")  # requests no replica took
+        for family in self.summed.collect():
+            family.samples = [s for s in family.samples
+                              if s.labels.get("replica", "none") in current]
+            yield family
+
+
 class _FleetCollector(Collector):
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
@@ -282,7 +301,8 @@ class GatewayMetrics:
         self.mirror: MetricMirror | None = None
         if multiprocess_dir:
             self.exposed = CollectorRegistry()
-            MultiProcessCollector(self.exposed, multiprocess_dir)
+            self.exposed.register(_CurrentReplicas(
+                MultiProcessCollector(None, multiprocess_dir), fleet))
             self.mirror = MetricMirror(r)
         self.export(_FleetCollector(fleet))
         self.reasons = reasons

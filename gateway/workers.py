@@ -41,11 +41,14 @@ from types import FrameType
 
 from gateway.box_feed import FeedBlock
 from gateway.config import GatewayConfig
+from gateway.fleet import MAX_REPLICAS
 from gateway.shared_load import SharedLoad
 
 log = logging.getLogger("kvgate.workers")
 
-SPARE_SLOTS = 256  # replicas in the fleet beyond the configured ones at any one time
+# slots in the workers' shared accounting beyond the fleet's limit: those of replicas that
+# left within the quarantine (``fleet.SLOT_QUARANTINE_S``), not yet given to others
+SPARE_SLOTS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +173,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Start the workers, forward signals, wait for them all; the exit status."""
-        slots = len(self.config.replicas) + SPARE_SLOTS
+        slots = max(MAX_REPLICAS, len(self.config.replicas)) + SPARE_SLOTS
         load = SharedLoad.create(self.workers, slots)
         feed = FeedBlock.create()
         metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")

@@ -201,3 +201,24 @@ async def test_a_source_cannot_grow_the_fleet_past_its_limit(
     assert "holds its limit of 3 replicas: r2, r3, r4 not added" in caplog.text
     with pytest.raises(ValueError, match="limit of 3 replicas"):
         gw.fleet.add(ReplicaConfig(id="z", url="http://10.0.0.8:1"))
+
+
+async def test_a_source_past_the_workers_shared_slots_adds_what_fits_and_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gateway.shared_load import SharedLoad
+
+    block = SharedLoad.create(1, 2)  # room for the configured replica and one more
+    try:
+        shared = SharedLoad(block, 1, 0, 2)
+        gw = build_state(parse_config({"replicas": [{"id": "x", "url": "http://10.0.0.9:1"}]}),
+                         shared=shared)
+        wanted = {f"r{i}": ReplicaConfig(id=f"r{i}", url=f"http://10.0.1.{i}:8000")
+                  for i in range(3)}
+        # no error escapes (a discovery source restarted over it, forever): what has no
+        # slot is skipped and named
+        changes = await reconcile(gw, "dns:a", wanted)
+        assert changes.added == ("r0",) and changes.skipped == ("r1", "r2")
+        assert "replica r1 not added" in caplog.text and "slots" in caplog.text
+    finally:
+        block.close()
+        block.unlink()
