@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,10 @@ class GenerateParams:
     include_stop: bool = False
     limit_param: str = "max_tokens"  # the field max_tokens came from
     skip_special_tokens: bool = True  # special tokens' text left out of the answer
-    n: int = 1  # sequences of the prompt, one engine request each
+    n: int = 1  # sequences of each prompt, one engine request each
+    # a completions batch: every prompt (a text or token ids), the first one too, which
+    # ``prompt_text``/``prompt_ids`` also hold; empty for one prompt (see ``each_prompt``)
+    batch: tuple[str | list[int], ...] = ()
     # a chat's rendering: the assistant header after the messages, or the final
     # (assistant) message left open for the model to continue
     add_generation_prompt: bool = True
@@ -60,7 +64,8 @@ _UNSUPPORTED = (("echo", (None, False), False), ("best_of", (None, 1), False),
                 ("guided_choice", (None,), False), ("guided_grammar", (None,), False),
                 ("structured_outputs", (None,), False))
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-# the most sequences one request may ask for (``n``): each is an engine request
+# the most sequences one request may ask for: ``n`` of each of its prompts, each an
+# engine request
 MAX_N = 64
 
 
@@ -80,14 +85,18 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     n = optional(body, "n", int, 1)
     if not 1 <= n <= MAX_N:
         raise BadRequest(f"'n' must be in [1, {MAX_N}], got {n}", param="n")
-    if fields.num_prompts != 1:
-        raise BadRequest("'prompt' must be one prompt per request", param="prompt")
+    if fields.num_prompts * n > MAX_N:
+        raise BadRequest(f"'prompt' holds {fields.num_prompts} prompts, which with n={n} "
+                         f"makes {fields.num_prompts * n} sequences, more than {MAX_N}",
+                         param="prompt")
     _refuse_unsupported(body, chat)
-    ids = fields.prompt_ids
-    bad = next((t for t in ids if t >= vocab_size), None) if ids is not None else None
-    if bad is not None:
-        raise BadRequest(f"token id {bad} in 'prompt' is outside the vocabulary "
-                         f"[0, {vocab_size})", param="prompt")
+    batch = _batch(body, fields.num_prompts)
+    for ids in [fields.prompt_ids, *batch]:
+        bad = next((t for t in ids if t >= vocab_size), None) \
+            if isinstance(ids, list) else None
+        if bad is not None:
+            raise BadRequest(f"token id {bad} in 'prompt' is outside the vocabulary "
+                             f"[0, {vocab_size})", param="prompt")
     max_tokens = fields.max_tokens
     if max_tokens is None and not chat:
         max_tokens = 16
@@ -114,7 +123,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         chat=chat,
         n=n,
         prompt_text=fields.prompt_text,
-        prompt_ids=ids,
+        prompt_ids=fields.prompt_ids,
+        batch=batch,
         messages=fields.messages,
         tools=fields.tools,
         max_tokens=max_tokens,
@@ -137,6 +147,22 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
                                                  False)),
         continuous_usage=include_usage and continuous,
     )
+
+
+def _batch(body: dict[str, Any], num_prompts: int) -> tuple[str | list[int], ...]:
+    """Every prompt of a completions batch (``prompt`` a list of texts or of token id lists,
+    as ``parse_fields`` checked it); () for one prompt."""
+    if num_prompts == 1:
+        return ()
+    return tuple(p if isinstance(p, str) else list(p) for p in body["prompt"])
+
+
+def each_prompt(p: GenerateParams) -> list[GenerateParams]:
+    """A request's prompts, each with its own parameters, in order: a batch's one per
+    prompt (``n`` sequences of each), else the request's own."""
+    return [dataclasses.replace(p, prompt_text=x if isinstance(x, str) else None,
+                                prompt_ids=None if isinstance(x, str) else x, batch=())
+            for x in p.batch] or [p]
 
 
 # The fields below are read the same way from an OpenAI body and from the

@@ -1,14 +1,16 @@
-"""An OpenAI completions or chat answer of ``n`` choices, as vLLM gives it.
+"""An OpenAI completions or chat answer of ``n`` choices for each of its prompts (a
+completions batch has several), as vLLM gives it.
 
-Each choice is one engine request (:class:`OpenAIGeneration`) on the same prompt (the
-prefix cache shares its blocks); :class:`OpenAIAnswer` answers them as one body, or as
-one SSE stream whose chunks name their choice's ``index``. The engine runs the choices at
-once and a stream interleaves their chunks as they come, as vLLM's does (a client showing
+Each choice is one engine request (:class:`OpenAIGeneration`); the ``n`` of one prompt
+share its blocks in the prefix cache. Prompt j's sequence i is choice ``j * n + i``.
+:class:`OpenAIAnswer` answers them as one body, choices in index order, or as one SSE
+stream whose chunks name their choice's ``index``. The engine runs the choices at once
+and a stream interleaves their chunks as they come, as vLLM's does (a client showing
 every choice sees each start with its first token, not after the choices before it).
-Usage is vLLM's: the prompt counted once, the completion tokens of every choice summed;
-``cached_tokens`` is the first choice's. With ``continuous_usage_stats`` every streamed
-chunk also carries, as vLLM's do, the usage of its own choice so far: the prompt's tokens
-and the tokens that choice has produced (none yet in a chat's role chunk).
+Usage is vLLM's: each prompt counted once, the completion tokens of every choice summed;
+``cached_tokens`` sums each prompt's first choice's. With ``continuous_usage_stats`` every
+streamed chunk also carries, as vLLM's do, the usage of its own choice so far: its
+prompt's tokens and the tokens that choice has produced (none yet in a chat's role chunk).
 """
 
 from __future__ import annotations
@@ -71,9 +73,12 @@ class OpenAIGeneration(Generation):
 
     def __init__(self, server: EngineServer, rid: str, index: int, chat: bool,
                  p: GenerateParams, num_prompt: int,
-                 queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
+                 queue: asyncio.Queue[RequestOutput | BaseException], sequence: int = 0
+                 ) -> None:
+        """``index``: the choice's; ``sequence``: which of its prompt's ``n`` it is."""
         super().__init__(server, rid, p, num_prompt, queue)
         self.index = index
+        self.sequence = sequence
         self.chat = chat
         k = p.sampling.get("logprobs")
         self.renderer = None if k is None else LogprobRenderer(
@@ -152,8 +157,9 @@ class OpenAIAnswer:
         self.created = int(time.time())
 
     def _usage(self) -> dict[str, Any]:
-        return usage(self.gens[0].num_prompt, sum(g.num_output for g in self.gens),
-                     self.gens[0].num_cached)
+        firsts = [g for g in self.gens if g.sequence == 0]  # one per prompt
+        return usage(sum(g.num_prompt for g in firsts), sum(g.num_output for g in self.gens),
+                     sum(max(0, g.num_cached) for g in firsts))
 
     async def collect(self) -> dict[str, Any]:
         try:

@@ -32,6 +32,7 @@ from engine.embeddings import EmbeddingsRoute
 from engine.generate_params import (
     GenerateParams,
     context_error,
+    each_prompt,
     parse_generate,
     truncate_prompt,
 )
@@ -152,6 +153,19 @@ class EngineServer:
             raise BadRequest("prompt encodes to zero tokens", param="prompt")
         return ids
 
+    async def _each_prompt_ids(self, prompts: Sequence[GenerateParams]) -> list[list[int]]:
+        """Each prompt's ids: a chat's rendered, a batch's texts encoded in one call."""
+        if len(prompts) == 1:
+            return [await self._prompt_ids(prompts[0])]
+        texts = [q.prompt_text or "" for q in prompts if q.prompt_ids is None]
+        encoded = iter(await self.encode_texts(texts) if texts else ())
+        out = [q.prompt_ids if q.prompt_ids is not None else next(encoded) for q in prompts]
+        empty = next((j for j, ids in enumerate(out) if not ids), None)
+        if empty is not None:
+            raise BadRequest(f"prompt {empty} of the batch encodes to zero tokens",
+                             param="prompt")
+        return out
+
     # -- routes ---------------------------------------------------------------------------
 
     async def health(self, request: HTTPRequest) -> Response:
@@ -244,22 +258,28 @@ class EngineServer:
         body = await self._json(request)
         p = parse_generate(body, chat=chat, model_name=self.model_name,
                            vocab_size=self.tokenizer.vocab_size)
-        ids = truncate_prompt(await self._prompt_ids(p), p.truncate_prompt_tokens,
-                              self.max_model_len)
+        prompts = each_prompt(p)
+        id_lists = [truncate_prompt(ids, p.truncate_prompt_tokens, self.max_model_len)
+                    for ids in await self._each_prompt_ids(prompts)]
         limit = self.max_model_len
         # unasked, an answer may run to the end of what a request may hold here
-        max_tokens = p.max_tokens if p.max_tokens is not None \
-            else max(1, self.max_request_tokens - len(ids))
-        if len(ids) + max_tokens > limit:
-            raise context_error(len(ids), max_tokens, limit, chat, p.limit_param)
+        limits = [p.max_tokens if p.max_tokens is not None
+                  else max(1, self.max_request_tokens - len(ids)) for ids in id_lists]
+        for ids, max_tokens in zip(id_lists, limits, strict=True):  # all before any runs
+            if len(ids) + max_tokens > limit:
+                raise context_error(len(ids), max_tokens, limit, chat, p.limit_param)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         gens: list[OpenAIGeneration] = []
         try:
-            for i in range(p.n):  # n sequences: the prefix cache shares the prompt's blocks
-                child = child_params(p, i)
-                crid = rid if p.n == 1 else f"{rid}-{i}"
-                queue = await self.submit(crid, ids, child, max_tokens)
-                gens.append(OpenAIGeneration(self, crid, i, chat, child, len(ids), queue))
+            for j, (q, ids, max_tokens) in enumerate(zip(prompts, id_lists, limits,
+                                                         strict=True)):
+                for i in range(p.n):  # n sequences: the prefix cache shares the prompt
+                    index = j * p.n + i  # as vLLM: prompt j's sequence i
+                    child = child_params(q, i)
+                    crid = rid if len(prompts) * p.n == 1 else f"{rid}-{index}"
+                    queue = await self.submit(crid, ids, child, max_tokens)
+                    gens.append(OpenAIGeneration(self, crid, index, chat, child, len(ids),
+                                                 queue, sequence=i))
         except BaseException:
             abort_unended(gens)
             raise

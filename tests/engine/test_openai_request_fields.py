@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
+from engine.generate_params import MAX_N
 from kvwire.tokenizer_build import ASSET_DIR
 from tests.support.engine_servers import LiveEngine, serve_engine
 
@@ -174,3 +175,81 @@ def test_tokenize_returns_each_tokens_vocabulary_spelling_when_asked(
         assert any(s.startswith("\u0120") for s in answer["token_strs"])  # "Ġ", not " "
         plain = live.http.post("/tokenize", json=body).json()
         assert plain["tokens"] == answer["tokens"] and plain["token_strs"] is None
+
+
+def _alone(live: LiveEngine, prompt: str | list[int], **kw: Any) -> dict[str, Any]:
+    r = live.http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, **kw})
+    assert r.status_code == 200, r.text
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
+def test_a_batch_of_prompts_answers_n_choices_for_each_in_vllms_order(
+        live: LiveEngine) -> None:
+    prompts = ["the colour of the sky", "a recipe for bread"]
+    # unseeded, the sim draws from the prompt: a choice's text tells which prompt it had
+    singles = [_alone(live, text, max_tokens=3) for text in prompts]
+    texts = [s["choices"][0]["text"] for s in singles]
+    assert texts[0] != texts[1]
+    out = live.client.completions.create(model=MODEL, prompt=prompts, max_tokens=3, n=2)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert [c.text for c in out.choices] == [texts[0], texts[0], texts[1], texts[1]]
+    assert out.usage is not None and out.usage.completion_tokens == 12
+    assert out.usage.prompt_tokens == sum(s["usage"]["prompt_tokens"] for s in singles)
+    ids = live.client.completions.create(model=MODEL, prompt=[[300, 301], [302, 303, 304]],
+                                         max_tokens=2)
+    assert [c.text for c in ids.choices] == [
+        _alone(live, [300, 301], max_tokens=2)["choices"][0]["text"],
+        _alone(live, [302, 303, 304], max_tokens=2)["choices"][0]["text"]]
+    assert ids.usage is not None and ids.usage.prompt_tokens == 5
+    # seeded: each prompt's sequence i takes seed + i
+    seeded = live.client.completions.create(model=MODEL, prompt=prompts, max_tokens=3, n=2,
+                                            seed=7)
+    for choice in seeded.choices:
+        prompt, i = divmod(choice.index, 2)
+        alone = _alone(live, prompts[prompt], max_tokens=3, seed=7 + i)
+        assert choice.text == alone["choices"][0]["text"]
+
+
+def test_a_streamed_batch_interleaves_every_choice_and_sums_the_usage(
+        live: LiveEngine) -> None:
+    body: dict[str, Any] = {"prompt": ["first prompt here", "and a second one"],
+                            "max_tokens": 6, "n": 2}
+    whole = _alone(live, **body)
+    chunks = _stream(live, "/v1/completions", {**body,
+                                               "stream_options": {"include_usage": True}})
+    text = dict.fromkeys(range(4), "")
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        text[choice["index"]] += choice["text"]
+    assert [text[i] for i in range(4)] == [c["text"] for c in whole["choices"]]
+    order = [chunk["choices"][0]["index"] for chunk in chunks[:-1]]
+    assert order.index(3) < len(order) - 1 - order[::-1].index(0), order  # as they come
+    usage = chunks[-1]["usage"]  # (the second asking finds the prompts cached)
+    assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+    assert usage["completion_tokens"] == whole["usage"]["completion_tokens"] == 24
+
+
+def test_a_batchs_cached_tokens_are_every_prompts(live: LiveEngine) -> None:
+    prompts = [" ".join(f"clause {i} binds the {word}." for i in range(30))
+               for word in ("buyer", "seller")]
+    counts = [_alone(live, text, max_tokens=1)["usage"]["prompt_tokens"] for text in prompts]
+    out = _alone(live, prompts, max_tokens=1)
+    assert out["usage"]["prompt_tokens"] == sum(counts)
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] \
+        == sum((n - 1) // 4 * 4 for n in counts)  # whole blocks of 4, less the last token
+
+
+@pytest.mark.parametrize(("prompt", "n", "status"), [
+    (["x"] * MAX_N, 1, 200), (["x"] * (MAX_N + 1), 1, 400),
+    (["x", "y"], MAX_N // 2, 200), (["x", "y"], MAX_N // 2 + 1, 400),
+    ([[300], [300, 99999]], 1, 400)])
+def test_a_batch_is_bounded_in_sequences_and_by_the_vocabulary(
+        live: LiveEngine, prompt: list[Any], n: int, status: int) -> None:
+    r = live.http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "n": n,
+                                                "max_tokens": 1})
+    assert r.status_code == status, r.text
+    if status == 200:
+        assert len(r.json()["choices"]) == MAX_N
+    else:
+        assert r.json()["error"]["param"] == "prompt"
