@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import socket
 import sys
 from typing import TYPE_CHECKING
 
@@ -33,11 +34,14 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         overrides = {k: v for k, v in (("host", args.host), ("port", args.port))
                      if v is not None}
+        if args.port is not None and not 0 < args.port <= 65535:
+            raise ConfigError(f"--port must be in [1, 65535], got {args.port!r}")
         config = dataclasses.replace(config, **overrides)
         try:
             config.validate()  # the command line's values as the file's
         except ValueError as exc:
             raise ConfigError(f"{args.config}: {exc}") from exc
+        _check_listeners(config, args.config, args.host is not None)
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {args.workers!r}")
         if not config.replicas and not config.discovery and not config.admin.resolved_token():
@@ -79,6 +83,25 @@ def run(args: argparse.Namespace) -> int:
 
     run_server(app, config, admin_app, drain, on_cutoff=gw.stop_relays)
     return 0
+
+
+def _check_listeners(config: GatewayConfig, path: str, host_given: bool) -> None:
+    """The addresses the gateway will listen on resolve, and the admin API's is not the
+    gateway's own port: named now, before start-up, rather than as a bare resolver error
+    when binding (or, for the admin listener, only at shutdown)."""
+    listeners = [("--host" if host_given else "host", config.host, config.port)]
+    if config.admin.resolved_token():
+        admin = config.admin
+        listeners.append(("admin.host", admin.host, admin.port))
+        if admin.port == config.port:
+            raise ConfigError(f"{path}: admin.port {admin.port} is the gateway's own port; "
+                              "the admin API needs a listener of its own")
+    for key, host, port in listeners:
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise ConfigError(f"{path}: {key} {host!r} cannot be listened on: {why}") from None
 
 
 def _supervise(config: GatewayConfig, args: argparse.Namespace) -> int:

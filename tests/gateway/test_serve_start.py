@@ -20,8 +20,18 @@ def serve(config: Path) -> subprocess.CompletedProcess[str]:
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
+R0 = [{"id": "r0", "url": "http://127.0.0.1:9"}]
+
+
 @pytest.mark.parametrize("content, said", [
     (yaml.safe_dump({"port": 18999}), "names no replica, no discovery and no admin API"),
+    (yaml.safe_dump({"replicas": R0, "host": "not a host!!"}),
+     "host 'not a host!!' cannot be listened on"),
+    (yaml.safe_dump({"replicas": R0, "admin": {"token": "t" * 24, "host": "zzz.."}}),
+     "admin.host 'zzz..' cannot be listened on"),
+    (yaml.safe_dump({"replicas": R0, "port": 18998, "admin": {"token": "t" * 24,
+                                                              "port": 18998}}),
+     "admin.port 18998 is the gateway's own port"),
     (b"\x00\xff\xfe binary", "not a YAML file"),
     ("tokenizer", "cannot be read as a tokenizer"),
 ])
