@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from starlette.applications import Starlette
@@ -128,14 +129,28 @@ def _check_reachable(gw: GatewayState, config: ReplicaConfig) -> None:
         endpoint = getattr(config, key)
         if endpoint is None:
             continue
-        if not endpoint.startswith("tcp://"):
-            raise AdminOff(f"{key} {endpoint!r:.120}: a replica added here takes tcp:// "
-                           "endpoints only (others are for replicas in the config file)",
+        if not _plain_tcp(endpoint):
+            raise AdminOff(f"{key} {endpoint!r:.120}: a replica added here takes plain "
+                           "tcp://host:port endpoints only (others, and ZeroMQ's "
+                           "source;destination form, are for replicas in the config file)",
                            param=key, code="replica_not_allowed")
         if not allows(endpoint):
             raise AdminOff(f"{key} {endpoint!r:.120}: its host is in neither "
                            "admin.allow_hosts nor admin.allow_networks", param=key,
                            code="replica_not_allowed")
+
+
+def _plain_tcp(endpoint: str) -> bool:
+    """``tcp://host:port`` and nothing else: the host the check reads is then the one
+    ZeroMQ connects to (in ``tcp://a:1;b:2`` it connects to b, from a)."""
+    parts = urlsplit(endpoint)
+    try:
+        port = parts.port
+    except ValueError:
+        return False
+    return parts.scheme == "tcp" and bool(parts.hostname) and port is not None \
+        and not (parts.path or parts.query or parts.fragment or "@" in parts.netloc
+                 or ";" in endpoint or "?" in endpoint or "#" in endpoint)
 
 
 async def remove_replica(request: Request) -> Response:

@@ -33,6 +33,7 @@ def upstream_headers(request: Request, trusted: Networks,
     out = forward_headers(request.headers)
     if tenant is not None:
         name, value = tenant
+        name = name.lower()  # the forwarded names are lower case; the config's may not be
         out.pop(name, None)
         if value is not None:
             out[name] = value

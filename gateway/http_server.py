@@ -507,20 +507,8 @@ async def serve_together(main: uvicorn.Server, side: uvicorn.Server,
                          main_sockets: list[socket.socket] | None = None,
                          side_sockets: list[socket.socket] | None = None) -> None:
     """Run ``side`` for as long as ``main`` runs, in this event loop (each on its config's
-    host and port, or on the sockets given). A side that stops on its own (its address
-    could not be bound) stops ``main`` too, logged: a gateway without the admin API it was
-    configured with is not one to leave running unseen."""
+    host and port, or on the sockets given)."""
     task = asyncio.create_task(side.serve(side_sockets))
-
-    def side_ended(done: asyncio.Task[None]) -> None:
-        if not main.should_exit:
-            failure = None if done.cancelled() else done.exception()
-            logging.getLogger("kvgate").error(
-                "the listener on %s:%s stopped (%s): stopping the gateway", side.config.host,
-                side.config.port, failure if failure is not None else "it could not start")
-            main.should_exit = True
-
-    task.add_done_callback(side_ended)
     try:
         await main.serve(main_sockets)
     finally:

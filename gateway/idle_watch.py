@@ -44,14 +44,11 @@ class IdleWatch:
         due = now + self.idle_s if self.since is None else self.since + self.idle_s
         self._handle = self._loop.call_at(due, self._check)
 
-    def shorten(self, idle_s: float) -> None:
-        """From now on a wait lasting ``idle_s`` fires (when shorter than the bound so far);
-        a wait that has already lasted that long fires now."""
-        if idle_s >= self.idle_s:
-            return
-        self.idle_s = idle_s
-        self._handle.cancel()
-        self._check()
+    def fire(self) -> None:
+        """Cancel the task now, as a wait that lasted ``idle_s`` does (``fired``)."""
+        if not self.fired:
+            self.fired = True
+            self._task.cancel()
 
     def stop(self) -> None:
         self._handle.cancel()

@@ -90,15 +90,17 @@ def forward_headers(headers: Mapping[str, str], skip: frozenset[str] = _HOP_BY_H
                     ) -> dict[str, str]:
     """``headers`` less the hop-by-hop ones: ``skip`` and any named in ``Connection``.
     A name that comes more than once (``items()`` of Starlette's ``Headers`` gives each
-    line) keeps all its values, joined by ", " (RFC 9110's combined field value)."""
-    named = headers.get("connection")
+    line) keeps all its values, joined by ", " (RFC 9110's combined field value; a
+    ``Cookie``'s by "; ", as RFC 6265 joins them), and every ``Connection`` line counts."""
+    lines = headers.items()
+    named = [v for k, v in lines if k.lower() == "connection"]
     if named:
-        skip = skip | {h.strip().lower() for h in named.split(",")}
+        skip = skip | {h.strip().lower() for v in named for h in v.split(",")}
     out: dict[str, str] = {}
-    for k, v in headers.items():
+    for k, v in lines:
         if k.lower() not in skip:
             had = out.get(k)
-            out[k] = v if had is None else f"{had}, {v}"
+            out[k] = v if had is None else f"{had}{'; ' if k == 'cookie' else ', '}{v}"
     return out
 
 
@@ -172,7 +174,8 @@ class UpstreamStream:
         # the relay's idle timeout (``relay``), which also bounds each send to the client
         self.idle: IdleWatch | None = None
         self._stopping: str | None = None  # why the gateway ends the relay (``stop``)
-        self._ejected = False  # its replica was ejected mid-relay (``replica_ejected``)
+        self._ejected = False  # cut for its replica's ejection (``replica_ejected``)
+        self._reading_since: float | None = None  # monotonic start of a wait for the replica
         self.ends_with_done = ends_with_done  # a stream is whole only once [DONE] came
         self.first_byte_s = first_byte_s  # from sending to the first body byte
         self._opened = time.perf_counter() - first_byte_s
@@ -229,15 +232,28 @@ class UpstreamStream:
         last event."""
         self.left = not self._delivered
 
-    def replica_ejected(self, grace_s: float) -> None:
-        """Its replica was ejected (health checks, failures): a wait for its next bytes
-        that lasts ``grace_s`` (one that already has: now) ends the relay as cut
-        (``ejected``), not only one that lasts the idle timeout. A stream still flowing
-        goes on: its bytes say the replica is alive."""
-        watch = self.idle
-        if watch is not None and grace_s < watch.idle_s:
-            self._ejected = True
-            watch.shorten(grace_s)
+    def replica_ejected(self, grace_s: float, still_out: Callable[[], bool]) -> None:
+        """Its replica was ejected (health checks, failures): while it stays out
+        (``still_out``), a wait for its next bytes that lasts ``grace_s`` (one that already
+        has: now) ends the relay as cut (``ejected``), not only one that lasts the idle
+        timeout. A stream still flowing goes on (its bytes say the replica is alive), and
+        so does a wait for the client to take what was sent: only the replica's silence
+        counts, and only until it is readmitted. A check every ``grace_s`` at most."""
+        loop = asyncio.get_running_loop()
+
+        def check() -> None:
+            watch = self.idle
+            if self._closed or watch is None or not still_out():
+                return
+            since = self._reading_since
+            waited = 0.0 if since is None else time.monotonic() - since
+            if since is not None and waited >= grace_s and grace_s < watch.idle_s:
+                self._ejected = True
+                watch.fire()  # the relay is waiting in ``readany``: cancelled there
+                return
+            loop.call_later(grace_s - waited, check)
+
+        check()
 
     def stop(self, cause: str) -> None:
         """End the relay as cut (``cause``): the gateway is going away. The client's
@@ -261,7 +277,9 @@ class UpstreamStream:
                 self._delivered = self.stream and _ends_done(self._tail)
             while True:
                 watch.waiting()
+                self._reading_since = time.monotonic()
                 chunk = await response.readany()
+                self._reading_since = None
                 watch.got()
                 if self._stopping is not None:
                     raise UpstreamBroken("the gateway ended the relay")
@@ -303,8 +321,9 @@ class UpstreamStream:
                 task.uncancel()
             if not self._delivered:  # after [DONE] only the end of body was missing
                 self._broke_off("ejected" if self._ejected else "idle_timeout",
-                                f"sent nothing for over {watch.idle_s} s"
-                                + (" after it was ejected" if self._ejected else ""))
+                                "was ejected, then sent nothing for a health check "
+                                "interval" if self._ejected
+                                else f"sent nothing for over {self.idle_s} s")
         except UpstreamFailure as exc:
             if self._stopping is not None:
                 self._broke_off(self._stopping, "was cut off by the gateway's shutdown")
@@ -530,8 +549,14 @@ class Proxy:
                         and not waiting.ejected:
                     waiting.ejected = True
                     waiting.task.cancel()
-            for stream in [s for s in self.relaying if s.replica == event.replica]:
-                stream.replica_ejected(self.health.interval_s)
+            replica = event.replica
+
+            def still_out() -> bool:
+                state = self.fleet.get(replica)
+                return state is not None and not state.healthy
+
+            for stream in [s for s in self.relaying if s.replica == replica]:
+                stream.replica_ejected(self.health.interval_s, still_out)
 
     async def open(self, ranked: Sequence[str], path: str, body: bytes,
                    headers: Mapping[str, str], work_tokens: Callable[[str], int],

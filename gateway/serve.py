@@ -93,10 +93,15 @@ def _check_listeners(config: GatewayConfig, path: str, host_given: bool) -> None
     if config.admin.resolved_token():
         admin = config.admin
         listeners.append(("admin.host", admin.host, admin.port))
-        if admin.port == config.port:
-            raise ConfigError(f"{path}: admin.port {admin.port} is the gateway's own port; "
-                              "the admin API needs a listener of its own")
+        every = ("", "0.0.0.0", "::")  # a host that listens on every address
+        if admin.port == config.port and (admin.host == config.host or admin.host in every
+                                          or config.host in every):
+            raise ConfigError(f"{path}: admin.port {admin.port} is the gateway's own port "
+                              "on the same address; the admin API needs a listener of its "
+                              "own")
     for key, host, port in listeners:
+        if not host:
+            continue  # every interface, as asyncio reads an empty host
         try:
             socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as exc:

@@ -250,6 +250,19 @@ def test_a_stalled_stream_of_an_ejected_replica_is_cut_without_waiting_out_the_i
     assert metric(gw, 'kvgate_upstream_cuts_total{cause="ejected",replica="hung"}') == 1.0
 
 
+def test_a_flowing_stream_of_an_ejected_replica_goes_on_to_its_end(serve: Serve) -> None:
+    flowing = Behaviour("flowing", chunk_delay_s=0.05, chunks=40)
+    gw = start_gateway(serve, [("flowing", serve(fake_replica(flowing)).url)])
+    with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                      json={"model": "sim-model", "prompt": "p", "stream": True}) as r:
+        pieces = r.iter_raw()
+        first = next(chunk for chunk in pieces if chunk.strip())
+        flowing.healthy = False  # ejected within 0.2 s, its chunks 0.05 s apart
+        body = first + b"".join(pieces)
+        assert metric(gw, 'kvgate_replica_healthy{replica="flowing"}') == 0.0
+    assert b"t39" in body and body.endswith(b"data: [DONE]\n\n") and b"error" not in body
+
+
 def test_a_replica_that_keeps_its_body_open_after_done_ends_a_whole_stream(serve: Serve
                                                                          ) -> None:
     # the idle timeout ends it, but the answer was whole: no error event after [DONE]
@@ -352,7 +365,9 @@ def test_models_ready_metrics_and_admin(serve: Serve) -> None:
     # nor may its KV event endpoints take the gateway elsewhere (or to a local path)
     for key, endpoint in (("kv_events", "tcp://10.1.2.3:5557"),
                           ("kv_events_replay", "tcp://10.9.9.9:5558"),
-                          ("kv_events", "ipc:///tmp/some.sock")):
+                          ("kv_events", "ipc:///tmp/some.sock"),
+                          ("kv_events", "tcp://127.0.0.1:0;10.1.2.3:5557"),
+                          ("kv_events_replay", "tcp://127.0.0.1")):
         outside = httpx.post(f"{gw.admin}/admin/replicas", headers=auth,
                              json={"id": "c", "url": "http://127.0.0.1:9", key: endpoint})
         assert outside.status_code == 403 and outside.json()["error"]["param"] == key
@@ -561,11 +576,16 @@ def test_repeated_header_lines_keep_every_value(serve: Serve) -> None:
     for stream in (False, True):
         r = httpx.post(f"{gw.url}/v1/completions",
                        json={"model": "sim-model", "prompt": "x", "stream": stream},
-                       headers=[("x-tag", "red"), ("x-tag", "blue")])
+                       headers=[("x-tag", "red"), ("x-tag", "blue"), ("cookie", "a=1"),
+                                ("cookie", "b=2"), ("connection", "keep-alive"),
+                                ("connection", "x-hop"), ("x-hop", "secret")])
         assert r.status_code == 200, r.text
         # a client's repeated header reaches the replica whole (RFC 9110: one line, the
-        # values joined), and the replica's reach the client: cookies line by line
-        assert ("x-tag", "red, blue") in b.header_lines[-1]
+        # values joined; cookies as RFC 6265 joins them), every Connection line's names
+        # left out, and the replica's reach the client: its cookies line by line
+        lines = b.header_lines[-1]
+        assert ("x-tag", "red, blue") in lines and ("cookie", "a=1; b=2") in lines
+        assert "x-hop" not in dict(lines)
         assert r.headers.get_list("x-trace") == ["one, two"]
         assert r.headers.get_list("set-cookie") == ["a=1; Expires=Wed, 09 Jun 2027", "b=2"]
 

@@ -118,10 +118,12 @@ def test_tenant_headers_are_believed_once_and_only_from_trusted_proxies(serve: S
     # believed: its replica is told no tenant (a proxy behind this gateway that trusts it
     # would take the claim for the gateway's)
     for trusted, told in ((["10.0.0.0/8"], None), (["127.0.0.0/8"], "acme")):
-        plain = serve(create_app(config([("r0", replica)], trusted_proxies=trusted))).url
-        r = httpx.post(f"{plain}/v1/completions", json=body, headers={"x-kvgate-tenant": "acme"})
-        assert r.status_code == 200
-        assert rec.headers[-1].get("x-kvgate-tenant") == told
+        for name in ("x-kvgate-tenant", "X-Tenant"):  # the configured name in any case
+            plain = serve(create_app(config([("r0", replica)], trusted_proxies=trusted,
+                                            header=name))).url
+            r = httpx.post(f"{plain}/v1/completions", json=body, headers={name: "acme"})
+            assert r.status_code == 200
+            assert rec.headers[-1].get(name.lower()) == told, (name, trusted)
 
 
 def test_partitions_keep_tenants_on_their_own_replicas(serve: Serve) -> None:
