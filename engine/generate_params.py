@@ -301,15 +301,18 @@ def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> lis
 
 
 def context_error(num_prompt: int, max_tokens: int, max_model_len: int,
-                  chat: bool = True, limit_param: str = "max_tokens") -> BadRequest:
-    """The context-length error, naming the chat's ``messages`` or the completion's
-    ``prompt`` when the prompt alone is too long, else the output limit's field."""
+                  chat: bool = True, limit_param: str = "max_tokens",
+                  batch_index: int | None = None) -> BadRequest:
+    """The context-length error (vLLM's words), naming the chat's ``messages`` or the
+    completion's ``prompt`` when the prompt alone is too long, else the output limit's
+    field; ``batch_index``: which prompt of a completions batch it is."""
     what = "messages" if chat else "prompt"
+    which = "" if batch_index is None else f" (prompt {batch_index} of the batch)"
     return BadRequest(
         f"This model's maximum context length is {max_model_len} tokens. However, you "
         f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the {what}, "
         f"{max_tokens} in the completion). Please reduce the length of the {what} or "
-        f"completion.",
+        f"completion.{which}",
         param=limit_param if num_prompt < max_model_len else what,
     )
 

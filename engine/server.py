@@ -265,9 +265,11 @@ class EngineServer:
         # unasked, an answer may run to the end of what a request may hold here
         limits = [p.max_tokens if p.max_tokens is not None
                   else max(1, self.max_request_tokens - len(ids)) for ids in id_lists]
-        for ids, max_tokens in zip(id_lists, limits, strict=True):  # all before any runs
-            if len(ids) + max_tokens > limit:
-                raise context_error(len(ids), max_tokens, limit, chat, p.limit_param)
+        batch = len(id_lists) > 1
+        for j, (ids, max_tokens) in enumerate(zip(id_lists, limits, strict=True)):
+            if len(ids) + max_tokens > limit:  # every prompt checked before any runs
+                raise context_error(len(ids), max_tokens, limit, chat, p.limit_param,
+                                    j if batch else None)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         gens: list[OpenAIGeneration] = []
         try:

@@ -253,3 +253,13 @@ def test_a_batch_is_bounded_in_sequences_and_by_the_vocabulary(
         assert len(r.json()["choices"]) == MAX_N
     else:
         assert r.json()["error"]["param"] == "prompt"
+
+
+def test_a_batch_prompt_past_the_context_is_named_by_its_place(live: LiveEngine) -> None:
+    r = live.http.post("/v1/completions", json={"model": MODEL, "max_tokens": 8,
+                                                "prompt": [[300] * 4, [300] * 600]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert r.json()["error"]["message"].endswith("(prompt 1 of the batch)")
+    alone = live.http.post("/v1/completions", json={"model": MODEL, "max_tokens": 8,
+                                                    "prompt": [300] * 600})
+    assert alone.status_code == 400 and "batch" not in alone.json()["error"]["message"]
