@@ -110,11 +110,26 @@ class Router:
 
     def _render(self, parsed: ParsedRequest, messages: list[dict[str, str]] | None) -> str:
         """The prompt text: the completion's prompt, or the chat (``messages``, from
-        ``_messages``) rendered with its tools."""
+        ``_messages``) rendered with its tools, as the replica renders it: its final
+        assistant message left open with ``continue_final_message``, no assistant header
+        with ``add_generation_prompt: false`` (vLLM's fields; a pair the replica would
+        refuse, or a final message that cannot be continued, is rendered as a plain chat
+        and left to the replica to judge)."""
         if parsed.prompt_text is not None:
             return parsed.prompt_text
+        body = parsed.body
+        if body.get("continue_final_message") is True and messages \
+                and messages[-1].get("role") == "assistant":
+            try:
+                return self.tokenizer.render_chat(messages or [], tools=parsed.tools,
+                                                  add_generation_prompt=False,
+                                                  continue_final_message=True)
+            except ChatFormatError:
+                pass
         try:
-            return self.tokenizer.render_chat(messages or [], tools=parsed.tools)
+            return self.tokenizer.render_chat(
+                messages or [], tools=parsed.tools,
+                add_generation_prompt=body.get("add_generation_prompt") is not False)
         except ChatFormatError as exc:
             raise BadRequest(str(exc), param="messages") from exc
 

@@ -124,3 +124,26 @@ def test_a_request_says_whether_its_model_is_an_adapter_as_the_replicas_list_it(
         assert router.build(unknown).adapter is None
     finally:
         router.close()
+
+
+def test_a_chat_is_rendered_as_the_replica_renders_its_turn() -> None:
+    tokenizer = load_tokenizer()
+    router = Router(build_policy({"name": "kv_events"}), tokenizer, Fleet([]), 1)
+    chat = [{"role": "user", "content": "Write a haiku"},
+            {"role": "assistant", "content": "Autumn moon"}]
+    try:
+        for body, render in (
+                ({}, {}),
+                ({"add_generation_prompt": False}, {"add_generation_prompt": False}),
+                ({"continue_final_message": True, "add_generation_prompt": False},
+                 {"add_generation_prompt": False, "continue_final_message": True})):
+            parsed = ParsedRequest("chat", body, "m", True, None, None, chat, None, None)
+            want = tokenizer.encode(tokenizer.render_chat(chat, **render))
+            assert list(router.build(parsed).tokens) == want, body
+        # a final message that cannot be continued: the plain chat, the replica to judge
+        user_last = ParsedRequest("chat", {"continue_final_message": True}, "m", True, None,
+                                  None, chat[:1], None, None)
+        assert list(router.build(user_last).tokens) \
+            == tokenizer.encode(tokenizer.render_chat(chat[:1]))
+    finally:
+        router.close()
