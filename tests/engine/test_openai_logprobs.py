@@ -4,7 +4,6 @@ log-probability is the uniform draw's, ``-log(span)``, its alternatives tied wit
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -28,12 +27,7 @@ def _uniform(live: LiveEngine) -> float:
 
 
 def _events(live: LiveEngine, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """A streamed answer's chunks, parsed."""
-    r = live.http.post(path, json={**body, "model": MODEL, "stream": True})
-    assert r.status_code == 200, r.text
-    datas = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
-    assert datas[-1] == "[DONE]"
-    return [json.loads(d) for d in datas[:-1]]
+    return live.stream(path, {**body, "model": MODEL})
 
 
 def test_a_completion_lists_each_tokens_logprob_and_the_k_plus_one_candidates(

@@ -3,7 +3,6 @@ sequence on the same prompt, answered as vLLM answers (sim executor, seeded)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,10 +39,8 @@ def test_a_streamed_chat_of_n_choices_names_each_chunks_choice(live: LiveEngine)
     body: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "max_tokens": 6, "seed": 1,
                             "n": 2, "logprobs": True, "top_logprobs": 1}
     whole = live.http.post("/v1/chat/completions", json=body).json()
-    r = live.http.post("/v1/chat/completions", json={
-        **body, "stream": True, "stream_options": {"include_usage": True}})
-    datas = [json.loads(line[6:]) for line in r.text.splitlines()
-             if line.startswith("data: {")]
+    datas = live.stream("/v1/chat/completions",
+                        {**body, "stream_options": {"include_usage": True}})
     text = {0: "", 1: ""}
     content: dict[int, list[Any]] = {0: [], 1: []}
     for chunk in datas[:-1]:

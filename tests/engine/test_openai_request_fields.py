@@ -5,7 +5,6 @@ batched completion prompts."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,12 +126,7 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(live: LiveEngine)
 
 
 def _stream(live: LiveEngine, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """A streamed answer's chunks, parsed."""
-    r = live.http.post(path, json={**body, "model": MODEL, "stream": True})
-    assert r.status_code == 200, r.text
-    datas = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
-    assert datas[-1] == "[DONE]"
-    return [json.loads(d) for d in datas[:-1]]
+    return live.stream(path, {**body, "model": MODEL})
 
 
 def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(

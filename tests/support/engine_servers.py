@@ -3,6 +3,7 @@ pointed at it (see ``engine_cores`` for the engine itself)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -23,6 +24,15 @@ class LiveEngine:
         self.server = server
         self.http = httpx.Client(base_url=url, timeout=30)
         self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+    def stream(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The chunks of a streamed answer to ``body`` on ``path``, parsed; it must end
+        with ``[DONE]``."""
+        r = self.http.post(path, json={**body, "stream": True})
+        assert r.status_code == 200, r.text
+        datas = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert datas[-1] == "[DONE]", datas[-3:]
+        return [json.loads(d) for d in datas[:-1]]
 
 
 E = TypeVar("E", bound=LiveEngine)
