@@ -92,15 +92,17 @@ def forward_headers(headers: Mapping[str, str], skip: frozenset[str] = _HOP_BY_H
     A name that comes more than once (``items()`` of Starlette's ``Headers`` gives each
     line) keeps all its values, joined by ", " (RFC 9110's combined field value; a
     ``Cookie``'s by "; ", as RFC 6265 joins them), and every ``Connection`` line counts."""
-    lines = headers.items()
-    named = [v for k, v in lines if k.lower() == "connection"]
-    if named:
-        skip = skip | {h.strip().lower() for v in named for h in v.split(",")}
     out: dict[str, str] = {}
-    for k, v in lines:
-        if k.lower() not in skip:
+    named: list[str] = []  # the Connection lines' values
+    for k, v in headers.items():
+        low = k.lower()
+        if low == "connection":
+            named.append(v)
+        if low not in skip:
             had = out.get(k)
-            out[k] = v if had is None else f"{had}{'; ' if k == 'cookie' else ', '}{v}"
+            out[k] = v if had is None else f"{had}{'; ' if low == 'cookie' else ', '}{v}"
+    for name in {h.strip().lower() for v in named for h in v.split(",")}:
+        out.pop(name, None)  # (the names are lower case, as ASGI and the client give them)
     return out
 
 
@@ -175,7 +177,7 @@ class UpstreamStream:
         self.idle: IdleWatch | None = None
         self._stopping: str | None = None  # why the gateway ends the relay (``stop``)
         self._ejected = False  # cut for its replica's ejection (``replica_ejected``)
-        self._reading_since: float | None = None  # monotonic start of a wait for the replica
+        self._reading = False  # waiting in ``readany`` (the wait began at ``idle.since``)
         self.ends_with_done = ends_with_done  # a stream is whole only once [DONE] came
         self.first_byte_s = first_byte_s  # from sending to the first body byte
         self._opened = time.perf_counter() - first_byte_s
@@ -245,8 +247,8 @@ class UpstreamStream:
             watch = self.idle
             if self._closed or watch is None or not still_out():
                 return
-            since = self._reading_since
-            waited = 0.0 if since is None else time.monotonic() - since
+            since = watch.since if self._reading else None
+            waited = 0.0 if since is None else loop.time() - since
             if since is not None and waited >= grace_s and grace_s < watch.idle_s:
                 self._ejected = True
                 watch.fire()  # the relay is waiting in ``readany``: cancelled there
@@ -277,9 +279,9 @@ class UpstreamStream:
                 self._delivered = self.stream and _ends_done(self._tail)
             while True:
                 watch.waiting()
-                self._reading_since = time.monotonic()
+                self._reading = True
                 chunk = await response.readany()
-                self._reading_since = None
+                self._reading = False
                 watch.got()
                 if self._stopping is not None:
                     raise UpstreamBroken("the gateway ended the relay")
