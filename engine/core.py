@@ -173,7 +173,7 @@ class EngineCore:
         result = self.executor.execute(sched.batch)
         end = now + result.seconds
         outputs = self._update(sched.requests, sched.num_new_tokens, result.next_tokens, end,
-                               result.logprobs)
+                               result.logprobs, result.prompt_logprobs)
         stats = self.stats
         stats.num_steps += 1
         n_tokens = sched.batch.num_tokens
@@ -187,6 +187,7 @@ class EngineCore:
         next_tokens: dict[str, int],
         end: float,
         logprobs: dict[str, TokenLogprob],
+        prompt_logprobs: dict[str, tuple[TokenLogprob, ...]],
     ) -> list[RequestOutput]:
         kv = self.kv
         bs = self.config.block_size
@@ -203,6 +204,9 @@ class EngineCore:
             p = req.num_prompt_tokens
             if old < p:
                 stats.prompt_tokens_waiting -= min(new, p) - old
+                chunk = prompt_logprobs.get(req.request_id)
+                if chunk:
+                    _keep_prompt_logprobs(req, old + 1, chunk)
             kv.cache_computed(req)
             if new != len(req.all_token_ids):
                 continue
@@ -247,6 +251,8 @@ class EngineCore:
                     req.first_token_time,
                     req.finish_time,
                     () if logprob is None else (logprob,),
+                    tuple(req.prompt_logprobs) if first and params.prompt_logprobs is not None
+                    else None,
                 )
             )
         if finished:
@@ -280,3 +286,15 @@ class EngineCore:
             raise AssertionError(
                 f"prompt_tokens_waiting {self.stats.prompt_tokens_waiting} != {expected}"
             )
+
+
+def _keep_prompt_logprobs(req: Request, first: int, chunk: tuple[TokenLogprob, ...]) -> None:
+    """Add a step's entries for prompt tokens ``[first, first + len(chunk))`` to those
+    ``req`` holds for ``[1, 1 + len(req.prompt_logprobs))``: a chunk recomputed after a
+    preemption brings only entries the request has already."""
+    have = req.prompt_logprobs
+    skip = 1 + len(have) - first  # entries of the chunk held already
+    if skip < 0:
+        raise AssertionError(f"request {req.request_id}: prompt log probabilities of tokens "
+                             f"[{1 + len(have)}, {first}) were never computed")
+    have.extend(chunk[skip:])

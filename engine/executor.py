@@ -11,6 +11,12 @@ Index regions of one sequence in a step::
     computed this step:         [start, start + len(token_ids)) == [start, context_len)
     block table covers:         [0, context_len)  ->  block_ids[i] holds positions
                                 [i * block_size, (i + 1) * block_size)
+
+Prompt log-probabilities (``params.prompt_logprobs`` set): position ``j``'s logits predict
+token ``j + 1``, so a chunk computing ``[start, context_len)`` yields prompt tokens
+``[start + 1, min(context_len + 1, num_prompt))`` (:attr:`SeqWork.prompt_tokens`); token 0
+is predicted by nothing. The scheduler never gives such a request a prefix hit, so its
+chunks cover every prompt token in order.
 """
 
 from __future__ import annotations
@@ -44,6 +50,14 @@ class SeqWork:
     def context_len(self) -> int:
         return self.start + len(self.token_ids)
 
+    @property
+    def prompt_tokens(self) -> range:
+        """The indices of the prompt tokens whose log-probabilities this chunk yields:
+        none unless ``params.prompt_logprobs`` is set."""
+        if self.params is None or self.params.prompt_logprobs is None:
+            return range(0)
+        return range(self.start + 1, min(self.context_len + 1, self.num_prompt))
+
 
 @dataclass(frozen=True, slots=True)
 class Batch:
@@ -58,11 +72,15 @@ class Batch:
 class StepResult:
     """``next_tokens`` has one entry per sequence with ``sample=True``; ``seconds`` is the
     step's duration: modeled (sim) or measured (torch); ``logprobs`` one entry per sampled
-    sequence whose ``params.logprobs`` is set."""
+    sequence whose ``params.logprobs`` is set; ``prompt_logprobs`` one entry per sequence
+    whose :attr:`SeqWork.prompt_tokens` is not empty: one ``TokenLogprob`` (with its
+    ``rank`` and ``params.prompt_logprobs`` alternatives) per token of that range, in
+    order."""
 
     next_tokens: dict[str, int]
     seconds: float
     logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[TokenLogprob, ...]] = field(default_factory=dict)
 
 
 class Executor(Protocol):

@@ -33,7 +33,12 @@ class KVCacheManager:
     def lookup(self, req: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``req``'s known tokens. The hit never
         covers the last token (its logits must be computed), so at most
-        ``(num_tokens - 1) // B`` blocks. Takes no references."""
+        ``(num_tokens - 1) // B`` blocks. A request asking for its prompt's log
+        probabilities finds nothing: cached positions have no logits (as vLLM V1, which
+        skips reading the prefix cache for it; its blocks are still cached when computed).
+        Takes no references."""
+        if req.params.prompt_logprobs is not None:
+            return []
         max_blocks = (len(req.all_token_ids) - 1) // self.block_size
         return self.pool.longest_cached_prefix(req.block_hashes, max_blocks)
 

@@ -36,7 +36,10 @@ class SamplingParams:
     fields are then unused.
 
     ``logprobs``: each output token comes with its log-probability and that many of the
-    most likely alternatives (None: none; 0: the sampled token's alone)."""
+    most likely alternatives (None: none; 0: the sampled token's alone).
+    ``prompt_logprobs``: so does each prompt token after the first (vLLM's field); such a
+    request reads nothing from the prefix cache (cached positions have no logits), as
+    vLLM's, and caches its own blocks as any other."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -53,6 +56,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -75,6 +79,9 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be None or >= 0, got {self.logprobs}")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise ValueError(f"prompt_logprobs must be None or >= 0, got "
+                             f"{self.prompt_logprobs}")
 
     @property
     def filters(self) -> bool:
@@ -121,6 +128,7 @@ class Request:
         "num_preemptions",
         "num_prompt_tokens",
         "params",
+        "prompt_logprobs",
         "request_id",
         "seed",
         "status",
@@ -171,6 +179,8 @@ class Request:
         self.num_cached_blocks = 0
         self.num_cached_tokens = -1  # prefix hit at first schedule; -1 until then
         self.num_preemptions = 0
+        # with ``params.prompt_logprobs``: the entries of prompt tokens [1, 1 + len) so far
+        self.prompt_logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
         self.arrival_time = 0.0
         self.first_scheduled_time: float | None = None
@@ -215,12 +225,15 @@ def _hash(
 
 
 class TokenLogprob(NamedTuple):
-    """One sampled token's log-probability under the distribution it was drawn from, and
-    the ``SamplingParams.logprobs`` most likely tokens of that distribution as
-    (token id, log-probability), most likely first."""
+    """One token's log-probability under the distribution it was drawn from (a prompt
+    token's: the one its position predicted), and the ``SamplingParams.logprobs`` (or
+    ``prompt_logprobs``) most likely tokens of that distribution as
+    (token id, log-probability), most likely first. ``rank``: the token's place in that
+    distribution (1: the most likely), where reported (prompt tokens)."""
 
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +241,9 @@ class RequestOutput:
     """What one step produced for one request. Times are in the driver's clock (the
     ``now`` it passed to ``EngineCore.step`` plus the step's seconds). ``logprobs`` has
     one entry per new token where the request asked for them (``SamplingParams.logprobs``),
-    else none."""
+    else none; ``prompt_logprobs`` one per prompt token after the first, on the output of
+    the first token of a request that asked for them (``SamplingParams.prompt_logprobs``),
+    else None."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
@@ -241,6 +256,7 @@ class RequestOutput:
     first_token_time: float | None
     finish_time: float | None
     logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def finished(self) -> bool:

@@ -4,14 +4,16 @@ derived deterministically from the sequence's seed and the position being genera
 Its log-probabilities are a stand-in, not a model's: its tokens are drawn uniformly from
 its token range, so each has the log-probability of that distribution, ``-log(span)``;
 with every token equally likely, the "most likely" alternatives it names are the drawn
-token and the ids after it (wrapping within the range)."""
+token and the ids after it (wrapping within the range). A prompt token stands in the same
+way, as if drawn there: that log-probability, rank 1 (first among its ties), and the ids
+after it as its alternatives."""
 
 from __future__ import annotations
 
 import math
 
 from engine.cost_model import CostModel
-from engine.executor import Batch, SeqWork, StepResult
+from engine.executor import Batch, StepResult
 from engine.request import TokenLogprob
 
 _MASK = (1 << 64) - 1
@@ -61,6 +63,7 @@ class SimExecutor:
         pairs = []
         next_tokens: dict[str, int] = {}
         logprobs: dict[str, TokenLogprob] = {}
+        prompt_logprobs: dict[str, tuple[TokenLogprob, ...]] = {}
         lo, span = self._lo, self._span
         for s in batch.seqs:
             n = len(s.token_ids)
@@ -69,14 +72,20 @@ class SimExecutor:
                 token = lo + sim_token(s.seed, s.start + n, span)
                 next_tokens[s.request_id] = token
                 if s.params is not None and s.params.logprobs is not None:
-                    logprobs[s.request_id] = self._logprob(s, token)
+                    logprobs[s.request_id] = self._logprob(token, s.params.logprobs)
+            tokens = s.prompt_tokens
+            if tokens and s.params is not None and s.params.prompt_logprobs is not None:
+                k = s.params.prompt_logprobs
+                prompt_logprobs[s.request_id] = tuple(
+                    self._logprob(s.history[i], k, rank=1) for i in tokens)
         self.num_steps += 1
-        return StepResult(next_tokens, self.cost_model.step_seconds(pairs), logprobs)
+        return StepResult(next_tokens, self.cost_model.step_seconds(pairs), logprobs,
+                          prompt_logprobs)
 
-    def _logprob(self, s: SeqWork, token: int) -> TokenLogprob:
-        """The uniform draw's log-probability, and ``params.logprobs`` tied alternatives."""
+    def _logprob(self, token: int, k: int, rank: int | None = None) -> TokenLogprob:
+        """The uniform draw's log-probability, and ``k`` tied alternatives: ``token`` (where
+        it is in the range) and the ids after it."""
         lp = -math.log(self._span)
-        k = min(s.params.logprobs or 0, self._span) if s.params is not None else 0
         first = token - self._lo
         return TokenLogprob(lp, tuple((self._lo + (first + i) % self._span, lp)
-                                      for i in range(k)))
+                                      for i in range(min(k, self._span))), rank)

@@ -72,6 +72,8 @@ class TorchExecutor:
         eos = self.config.eos_token_ids
         self.eos_token_id: int | None = eos[0] if eos else None
         self.eos_token_ids: frozenset[int] = frozenset(eos)
+        # the most float32 logits one slice of prompt log probabilities holds
+        self.prompt_logprob_elements = PROMPT_LOGPROB_ELEMENTS
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
@@ -106,25 +108,48 @@ class TorchExecutor:
         begin = time.perf_counter()
         if not batch.seqs:
             return StepResult(next_tokens={}, seconds=0.0)
-        sampled = [s for s in batch.seqs if s.sample]
-        logits = self.last_logits(batch.seqs, only=[s.sample for s in batch.seqs])
-        next_tokens: dict[str, int] = {}
-        logprobs: dict[str, TokenLogprob] = {}
-        for s, row in zip(sampled, logits, strict=True):
-            token, logprob = self._sample(s, row)
-            next_tokens[s.request_id] = token
-            if logprob is not None:
-                logprobs[s.request_id] = logprob
+        with torch.inference_mode():
+            hidden, starts = self._forward(batch.seqs)
+            sampled = [s for s in batch.seqs if s.sample]
+            ends = [starts[i + 1] - 1 for i, s in enumerate(batch.seqs) if s.sample]
+            logits = self.model.logits(
+                hidden[torch.tensor(ends, dtype=torch.long, device=self.device)])
+            next_tokens: dict[str, int] = {}
+            logprobs: dict[str, TokenLogprob] = {}
+            for s, row in zip(sampled, logits, strict=True):
+                token, logprob = self._sample(s, row)
+                next_tokens[s.request_id] = token
+                if logprob is not None:
+                    logprobs[s.request_id] = logprob
+            prompt_logprobs: dict[str, tuple[TokenLogprob, ...]] = {}
+            for i, s in enumerate(batch.seqs):
+                tokens = s.prompt_tokens
+                if tokens and s.params is not None and s.params.prompt_logprobs is not None:
+                    # token t is predicted by position t - 1, the chunk's row t - 1 - start:
+                    # tokens [start + 1, ...) by rows [starts[i], starts[i] + len(tokens))
+                    rows = hidden[starts[i]: starts[i] + len(tokens)]
+                    prompt_logprobs[s.request_id] = self.prompt_logprobs(
+                        rows, s.history[tokens.start:tokens.stop], s.params.prompt_logprobs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepResult(next_tokens=next_tokens, seconds=time.perf_counter() - begin,
-                          logprobs=logprobs)
+                          logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     @torch.inference_mode()
     def last_logits(self, seqs: Sequence[SeqWork], only: Sequence[bool] | None = None,
                     all_positions: bool = False) -> torch.Tensor:
         """Run one step and return float32 logits: of each sequence's last token (those
         with ``only[i]`` true, when given), or of every token when ``all_positions``."""
+        hidden, starts = self._forward(seqs)
+        if all_positions:
+            return self.model.logits(hidden)
+        ends = [starts[i + 1] - 1 for i in range(len(seqs)) if only is None or only[i]]
+        return self.model.logits(
+            hidden[torch.tensor(ends, dtype=torch.long, device=self.device)])
+
+    def _forward(self, seqs: Sequence[SeqWork]) -> tuple[torch.Tensor, list[int]]:
+        """Run one step: the hidden states of every token of ``seqs``, and where each
+        sequence's rows start (``starts[i]:starts[i + 1]``, one more entry than seqs)."""
         for s in seqs:
             self._validate(s)
         meta = kernels.build_metadata(
@@ -134,12 +159,31 @@ class TorchExecutor:
                                  device=self.device)
         positions = torch.cat([torch.arange(s.start, s.context_len) for s in seqs])
         hidden = self.model(input_ids, positions.to(self.device), self.kv_caches, meta)
-        if all_positions:
-            return self.model.logits(hidden)
-        ends = [meta.query_start_host[i + 1] - 1 for i in range(len(seqs))
-                if only is None or only[i]]
-        return self.model.logits(
-            hidden[torch.tensor(ends, dtype=torch.long, device=self.device)])
+        return hidden, list(meta.query_start_host)
+
+    def prompt_logprobs(self, hidden: torch.Tensor, targets: Sequence[int], top: int
+                        ) -> tuple[TokenLogprob, ...]:
+        """For each row of ``hidden``, ``targets[i]``'s log-probability under
+        ``log_softmax(logits)`` (the raw logits, no temperature, as vLLM), its rank (how
+        many tokens are at least as likely, itself included) and the ``top`` most likely
+        tokens. Rows go through the vocabulary projection ``prompt_logprob_elements //
+        vocab`` at a time, so a long chunk never holds all its float32 logits at once."""
+        vocab = self.config.vocab_size
+        step = max(1, self.prompt_logprob_elements // vocab)
+        ids = torch.tensor(list(targets), dtype=torch.long, device=hidden.device)
+        out: list[TokenLogprob] = []
+        for lo in range(0, len(ids), step):
+            logp = torch.log_softmax(self.model.logits(hidden[lo:lo + step]), dim=-1)
+            want = ids[lo:lo + step, None]
+            chosen = logp.gather(1, want)
+            ranks = (logp >= chosen).sum(-1)
+            k = min(top, logp.shape[-1])
+            values, tops = torch.topk(logp, k, dim=-1)
+            del logp
+            for value, rank, vs, ts in zip(chosen[:, 0].tolist(), ranks.tolist(),
+                                           values.tolist(), tops.tolist(), strict=True):
+                out.append(TokenLogprob(value, tuple(zip(ts, vs, strict=True)), rank))
+        return tuple(out)
 
     def _validate(self, s: SeqWork) -> None:
         if not s.token_ids:
@@ -189,6 +233,9 @@ class TorchExecutor:
                                     p.logprobs)
 
 
+# the most float32 logits one slice of prompt log probabilities holds, by default (32 Mi:
+# 128 MiB, 256 positions of a 128k vocabulary; log_softmax holds as much again)
+PROMPT_LOGPROB_ELEMENTS = 1 << 25
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (vLLM's epsilon)
 _SEED_MASK = (1 << 63) - 1  # torch's generator takes a 64-bit seed
 
