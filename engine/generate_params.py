@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.openai_logprobs import logprobs_asked
+from engine.openai_logprobs import logprobs_asked, prompt_logprobs_asked
 from kvwire.openai_schema import BadRequest, check_served, optional, parse_fields
 
 
@@ -51,15 +51,20 @@ class GenerateParams:
     # with ``include_usage``: every streamed chunk carries the usage so far
     # (``stream_options.continuous_usage_stats``)
     continuous_usage: bool = False
-    # SamplingParams' other fields; ``logprobs``: the alternatives asked per output token
+    # SamplingParams' other fields; ``logprobs``: the alternatives asked per output token,
+    # ``prompt_logprobs`` per prompt token
     sampling: dict[str, Any] = field(default_factory=dict)
+    # the answer starts with the prompt (a completion's) or the last message's content (a
+    # chat's, where that message has the answer's role); ``echo_only``: a completion's
+    # ``max_tokens: 0`` with echo, answered with the prompt alone (as vLLM, one token is
+    # generated and left out of the text, but counted in the usage)
+    echo: bool = False
+    echo_only: bool = False
 
 
 # what the engine does not do, refused rather than ignored: (field, the values that ask
-# for nothing, chats only). ``echo`` would need the prompt's log probabilities beside
-# ``logprobs``, which the executors do not compute.
-_UNSUPPORTED = (("echo", (None, False), False), ("best_of", (None, 1), False),
-                ("suffix", (None, ""), False), ("prompt_logprobs", (None,), False),
+# for nothing, chats only)
+_UNSUPPORTED = (("best_of", (None, 1), False), ("suffix", (None, ""), False),
                 ("guided_json", (None,), False), ("guided_regex", (None,), False),
                 ("guided_choice", (None,), False), ("guided_grammar", (None,), False),
                 ("structured_outputs", (None,), False))
@@ -80,6 +85,10 @@ def _refuse_unsupported(body: Any, chat: bool) -> None:
 
 
 def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -> GenerateParams:
+    echo = bool(optional(body, "echo", bool, False)) if isinstance(body, dict) else False
+    echo_only = echo and not chat and optional(body, "max_tokens", int, None) == 0
+    if echo_only:  # as vLLM: the prompt is computed with one token, which is left out
+        body = {**body, "max_tokens": 1}
     fields = parse_fields(body, chat=chat)
     check_served(fields.model, model_name)
     n = optional(body, "n", int, 1)
@@ -119,6 +128,11 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     logprobs = logprobs_asked(body, chat)
     if logprobs is not None:
         sampling["logprobs"] = logprobs
+    prompt_logprobs = prompt_logprobs_asked(body, fields.stream, vocab_size)
+    if prompt_logprobs is None and echo and not chat:
+        prompt_logprobs = logprobs  # as vLLM: an echoed prompt's tokens get theirs too
+    if prompt_logprobs is not None:
+        sampling["prompt_logprobs"] = prompt_logprobs
     return GenerateParams(
         chat=chat,
         n=n,
@@ -146,6 +160,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         return_tokens_as_token_ids=bool(optional(body, "return_tokens_as_token_ids", bool,
                                                  False)),
         continuous_usage=include_usage and continuous,
+        echo=echo,
+        echo_only=echo_only,
     )
 
 

@@ -42,6 +42,8 @@ class Generation:
         self.token_ids: list[int] = []  # every output token so far, a stop token's too
         # one per token of ``token_ids`` where the request asked for log-probabilities
         self.logprobs: list[TokenLogprob] = []
+        # the prompt's, where asked (``prompt_logprobs``): one per prompt token after the first
+        self.prompt_logprobs: tuple[TokenLogprob, ...] | None = None
         # then every output with new tokens is yielded, its text released or not
         self.wants_logprobs = p.sampling.get("logprobs") is not None
         self.interrupted: str | None = None
@@ -72,6 +74,8 @@ class Generation:
                 self.num_cached = item.num_cached_tokens
                 self.token_ids.extend(item.new_token_ids)
                 self.logprobs.extend(item.logprobs)
+                if item.prompt_logprobs is not None:
+                    self.prompt_logprobs = item.prompt_logprobs
                 reason = item.finish_reason
                 ids = item.new_token_ids
                 if reason == "stop" and ids and not self.p.include_stop:

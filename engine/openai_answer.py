@@ -11,6 +11,13 @@ Usage is vLLM's: each prompt counted once, the completion tokens of every choice
 ``cached_tokens`` sums each prompt's first choice's. With ``continuous_usage_stats`` every
 streamed chunk also carries, as vLLM's do, the usage of its own choice so far: its
 prompt's tokens and the tokens that choice has produced (none yet in a chat's role chunk).
+
+``echo`` (vLLM's): a completion's text starts with its prompt (its text, or its ids
+decoded), its ``logprobs`` with the prompt's tokens; a stream sends them with its first
+chunk. A chat's content starts with the last message's where that message has the
+answer's role; a stream sends it in a chunk of its own after the role chunk.
+``prompt_logprobs`` answer in a completion's every choice and at the top of a chat's
+answer (null where not asked), never in a stream's chunks.
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from engine.generate_params import GenerateParams, usage
 from engine.generation import Generation
-from engine.openai_logprobs import LogprobRenderer
-from engine.request import RequestOutput
+from engine.openai_logprobs import LogprobRenderer, render_prompt_logprobs
+from engine.request import RequestOutput, TokenLogprob
 from kvwire.openai_schema import OpenAIError
 
 if TYPE_CHECKING:
@@ -45,6 +52,23 @@ def child_params(p: GenerateParams, index: int) -> GenerateParams:
         return p
     seed = (p.seed + index + (1 << 63)) % _INT64 - (1 << 63)
     return dataclasses.replace(p, seed=seed)
+
+
+def chat_echo(p: GenerateParams) -> str:
+    """What a chat's ``echo`` puts before the answer, as vLLM: the last message's content
+    (its text parts joined by newlines) where that message has the answer's role (the
+    assistant's after a generation prompt, else the last message's own), else nothing."""
+    if not p.echo or not p.messages or not isinstance(p.messages[-1], dict):
+        return ""
+    last = p.messages[-1]
+    role = "assistant" if p.add_generation_prompt else last.get("role")
+    content = last.get("content")
+    if last.get("role") != role or not content:
+        return ""
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content
+                         if isinstance(part, dict) and part.get("type") == "text")
+    return content if isinstance(content, str) else ""
 
 
 def abort_unended(gens: Sequence[Generation]) -> None:
@@ -73,29 +97,57 @@ class OpenAIGeneration(Generation):
 
     def __init__(self, server: EngineServer, rid: str, index: int, chat: bool,
                  p: GenerateParams, num_prompt: int,
-                 queue: asyncio.Queue[RequestOutput | BaseException], sequence: int = 0
-                 ) -> None:
-        """``index``: the choice's; ``sequence``: which of its prompt's ``n`` it is."""
+                 queue: asyncio.Queue[RequestOutput | BaseException], sequence: int = 0,
+                 prompt_ids: Sequence[int] = ()) -> None:
+        """``index``: the choice's; ``sequence``: which of its prompt's ``n`` it is;
+        ``prompt_ids``: its prompt's tokens (what ``echo`` and ``prompt_logprobs`` name)."""
         super().__init__(server, rid, p, num_prompt, queue)
         self.index = index
         self.sequence = sequence
         self.chat = chat
+        self.prompt_ids = prompt_ids
         k = p.sampling.get("logprobs")
         self.renderer = None if k is None else LogprobRenderer(
             k, server.decoder(skip_special_tokens=False), p.return_tokens_as_token_ids)
         self.num_rendered = 0  # output tokens whose log probabilities went out
         self.num_chars = 0  # characters of text that went out
+        self.echoing = p.echo and not chat  # a completion's prompt, until it went out
+        self.chat_echo = chat_echo(p) if chat else ""
 
-    def _logprobs(self) -> dict[str, Any] | None:
-        """The log probabilities of the tokens that arrived since the last call (a
-        completion's ``text_offset`` from the text sent before them), if asked."""
+    def _echo(self) -> tuple[str, list[int], list[TokenLogprob | None]]:
+        """A completion's echoed prompt the first time it is asked for (its text, its ids,
+        their log probabilities: none for the first), else nothing."""
+        if not self.echoing:
+            return "", [], []
+        self.echoing = False
+        p = self.p
+        text = p.prompt_text if p.prompt_text is not None and \
+            p.truncate_prompt_tokens is None else \
+            self.server.decoder(skip_special_tokens=False).decode(self.prompt_ids)
+        return text, list(self.prompt_ids), [None, *(self.prompt_logprobs or ())]
+
+    def _logprobs(self, echo_ids: Sequence[int] = (),
+                  echo_lps: Sequence[TokenLogprob | None] = ()) -> dict[str, Any] | None:
+        """The log probabilities of the tokens that arrived since the last call, after an
+        echoed prompt's (a completion's ``text_offset`` from the text sent before them),
+        if asked; with ``echo_only`` the prompt's alone."""
         if self.renderer is None:
             return None
         ids, lps = self.token_ids[self.num_rendered:], self.logprobs[self.num_rendered:]
         self.num_rendered = len(self.token_ids)
         if self.chat:
             return self.renderer.chat(ids, lps)
-        return self.renderer.completion(ids, lps, offset=self.num_chars)
+        if self.p.echo_only:
+            ids, lps = [], []
+        return self.renderer.completion([*echo_ids, *ids], [*echo_lps, *lps],
+                                        offset=self.num_chars)
+
+    def prompt_logprobs_json(self) -> list[dict[str, Any] | None] | None:
+        """vLLM's ``prompt_logprobs`` of this choice's prompt, None where not asked."""
+        if self.prompt_logprobs is None:
+            return None
+        return render_prompt_logprobs(self.prompt_ids, self.prompt_logprobs,
+                                      self.server.decoder(skip_special_tokens=False))
 
     async def collect(self) -> dict[str, Any]:
         """The whole choice, once the engine finished it."""
@@ -104,25 +156,32 @@ class OpenAIGeneration(Generation):
         async for delta, reason in self._deltas():  # noqa: B007
             parts.append(delta)
         text = "".join(parts)
-        logprobs = self._logprobs()
         if self.chat:
-            return {"index": self.index, "message": {"role": "assistant", "content": text},
-                    "logprobs": logprobs, "finish_reason": reason,
+            return {"index": self.index,
+                    "message": {"role": "assistant", "content": self.chat_echo + text},
+                    "logprobs": self._logprobs(), "finish_reason": reason,
                     "stop_reason": self._stop_reason()}
-        return {"index": self.index, "text": text, "logprobs": logprobs,
-                "finish_reason": reason, "stop_reason": self._stop_reason()}
+        head, ids, lps = self._echo()
+        logprobs = self._logprobs(ids, lps)
+        return {"index": self.index, "text": head + ("" if self.p.echo_only else text),
+                "logprobs": logprobs, "finish_reason": reason,
+                "stop_reason": self._stop_reason(),
+                "prompt_logprobs": self.prompt_logprobs_json()}
 
     def _choice(self, delta: str | None, reason: str | None, role: bool = False
                 ) -> dict[str, Any]:
         """One chunk's choice: ``delta`` and the log probabilities of the tokens that came
-        with it (their text may be held back for a later chunk, or cut by a stop string);
-        a role chunk carries none."""
-        logprobs = None if role else self._logprobs()
-        self.num_chars += len(delta or "")
+        with it (their text may be held back for a later chunk, or cut by a stop string),
+        after a completion's echoed prompt in its first; a role chunk carries none."""
         stop_reason = self._stop_reason() if reason else None
         if not self.chat:
-            return {"index": self.index, "text": delta or "", "logprobs": logprobs,
+            head, ids, lps = self._echo()
+            text = head + ("" if self.p.echo_only else delta or "")
+            logprobs = self._logprobs(ids, lps)
+            self.num_chars += len(text)
+            return {"index": self.index, "text": text, "logprobs": logprobs,
                     "finish_reason": reason, "stop_reason": stop_reason}
+        logprobs = None if role else self._logprobs()
         d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if delta or logprobs is not None:
             d["content"] = delta or ""
@@ -138,6 +197,11 @@ class OpenAIGeneration(Generation):
                 if role:
                     role = False
                     yield StreamChoice(self._choice(None, None, role=True), self.num_prompt, 0)
+                    if self.chat_echo:
+                        yield StreamChoice(
+                            {"index": self.index, "delta": {"content": self.chat_echo},
+                             "logprobs": None, "finish_reason": None, "stop_reason": None},
+                            self.num_prompt, 0)
                 yield StreamChoice(self._choice(delta, reason), self.num_prompt,
                                    self.num_output)
         finally:
@@ -166,9 +230,13 @@ class OpenAIAnswer:
             choices = [await gen.collect() for gen in self.gens]
         finally:
             abort_unended(self.gens)
-        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.server.model_name,
-                "choices": choices, "usage": self._usage()}
+        answer: dict[str, Any] = {"id": self.rid,
+                  "object": "chat.completion" if self.chat else "text_completion",
+                  "created": self.created, "model": self.server.model_name,
+                  "choices": choices, "usage": self._usage()}
+        if self.chat:  # as vLLM: a chat's (one prompt) at the top, a completion's per choice
+            answer["prompt_logprobs"] = self.gens[0].prompt_logprobs_json()
+        return answer
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
                ) -> str:

@@ -21,6 +21,15 @@ special tokens kept; values below -9999 (``-inf``) are reported as -9999, as vLL
 A completion's ``text_offset`` counts the tokens' texts from where its answer (a stream:
 its chunk's text) starts.
 
+``prompt_logprobs: k`` (vLLM's extension, chats too) is answered, beside the above, with
+one entry per prompt token: null for the first, then a dict keyed by token id (a string
+in JSON) of ``{"logprob", "rank", "decoded_token"}``: the prompt token first, then the
+``k`` most likely not repeating it. A completion's ``echo`` starts its ``logprobs`` with
+the prompt's tokens (the first one's ``token_logprobs`` and ``top_logprobs`` null), their
+alternatives those ``logprobs: k`` asks, so ``prompt_logprobs`` is ``logprobs`` unless
+given. As vLLM: ``k`` is at most :data:`MAX_LOGPROBS` (-1, the whole vocabulary, is more),
+and a stream takes none above 0.
+
 ``return_tokens_as_token_ids`` names each token ``"token_id:<id>"`` instead of its text (in
 ``tokens`` and ``top_logprobs`` keys, and a chat's ``token`` fields), so that a client
 reads the ids whatever their text. As vLLM: a chat entry's own ``bytes`` stay its text's,
@@ -35,7 +44,7 @@ from typing import Any
 
 from engine.request import TokenLogprob
 from engine.text_stream import Decoder
-from kvwire.openai_schema import BadRequest
+from kvwire.openai_schema import BadRequest, optional
 
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 _FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
@@ -63,6 +72,26 @@ def logprobs_asked(body: dict[str, Any], chat: bool) -> int | None:
     if type(k) is not int:
         raise BadRequest(f"'logprobs' must be an integer, got {k!r:.40}", param="logprobs")
     return _bounded(k, "logprobs")
+
+
+def prompt_logprobs_asked(body: dict[str, Any], stream: bool, vocab_size: int) -> int | None:
+    """How many alternatives per prompt token a body's ``prompt_logprobs`` asks for (None:
+    none; -1: the whole vocabulary), as vLLM bounds it; BadRequest naming the field
+    otherwise."""
+    k = optional(body, "prompt_logprobs", int, None)
+    if k is None:
+        return None
+    if stream and (k > 0 or k == -1):
+        raise BadRequest("'prompt_logprobs' are not available when 'stream' is true",
+                         param="prompt_logprobs")
+    if k < 0 and k != -1:
+        raise BadRequest(f"'prompt_logprobs' must be >= 0, or -1 for the whole vocabulary, "
+                         f"got {k}", param="prompt_logprobs")
+    asked = vocab_size if k == -1 else k
+    if asked > MAX_LOGPROBS:
+        raise BadRequest(f"'prompt_logprobs' asks for {asked} alternatives per token, more "
+                         f"than the most allowed, {MAX_LOGPROBS}", param="prompt_logprobs")
+    return asked
 
 
 def _bounded(k: int, name: str) -> int:
@@ -97,17 +126,21 @@ class LogprobRenderer:
         """How the answer names ``token``: its text, or ``token_id:<id>``."""
         return f"token_id:{token}" if self._as_token_ids else self._text(token)
 
-    def completion(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob],
+    def completion(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob | None],
                    offset: int = 0) -> dict[str, Any]:
         """A completion's ``logprobs`` object for ``token_ids`` (``logprobs[i]`` is
-        ``token_ids[i]``'s); ``offset``: where the first token's text starts."""
-        tokens, values, tops, offsets = [], [], [], []
+        ``token_ids[i]``'s; None for an echoed prompt's first token, which has none);
+        ``offset``: where the first token's text starts."""
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
         for token, lp in zip(token_ids, logprobs, strict=True):
             name = self._name(token)
             tokens.append(name)
-            values.append(max(lp.logprob, _FLOOR))
-            tops.append({self._name(t): max(v, _FLOOR)
-                         for t, v in _candidates(token, lp)[: self.k + 1]})
+            values.append(None if lp is None else max(lp.logprob, _FLOOR))
+            tops.append(None if lp is None else {
+                self._name(t): max(v, _FLOOR) for t, v in _candidates(token, lp)[: self.k + 1]})
             offsets.append(offset)
             offset += len(name)
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
@@ -128,3 +161,25 @@ class LogprobRenderer:
         """An entry naming ``token``, its ``bytes`` those of ``spelt``."""
         return {"token": self._name(token), "logprob": max(logprob, _FLOOR),
                 "bytes": list(spelt.encode("utf-8", errors="replace"))}
+
+
+def render_prompt_logprobs(prompt_ids: Sequence[int], entries: Sequence[TokenLogprob],
+                           decoder: Decoder) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs`` list for a prompt: None for its first token, then for each
+    later token (``entries[i]`` is ``prompt_ids[i + 1]``'s) a dict keyed by token id of its
+    ``logprob`` (-inf as -9999), ``rank`` and ``decoded_token`` (special tokens kept): the
+    token first, then its alternatives ranked 1, 2, ... without it."""
+    texts: dict[int, str] = {}
+
+    def text(token: int) -> str:
+        if token not in texts:
+            texts[token] = decoder.decode([token])
+        return texts[token]
+
+    out: list[dict[str, Any] | None] = [None]
+    for token, lp in zip(prompt_ids[1:], entries, strict=True):
+        ranked = [(token, lp.logprob, lp.rank), *((t, v, r) for r, (t, v)
+                                                  in enumerate(lp.top, 1) if t != token)]
+        out.append({str(t): {"logprob": max(v, _FLOOR), "rank": r,
+                             "decoded_token": text(t)} for t, v, r in ranked})
+    return out

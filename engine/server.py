@@ -281,7 +281,7 @@ class EngineServer:
                     crid = rid if len(prompts) * p.n == 1 else f"{rid}-{index}"
                     queue = await self.submit(crid, ids, child, max_tokens)
                     gens.append(OpenAIGeneration(self, crid, index, chat, child, len(ids),
-                                                 queue, sequence=i))
+                                                 queue, sequence=i, prompt_ids=ids))
         except BaseException:
             abort_unended(gens)
             raise

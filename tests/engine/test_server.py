@@ -112,7 +112,7 @@ def test_stop_string_truncates(live: Running) -> None:
     ({"prompt": "x", "model": "nope"}, 404, "model"),
     ({"prompt": [1, 2, 99999]}, 400, "prompt"),
     ({"prompt": ""}, 400, "prompt"),
-    ({"prompt": "x", "echo": True}, 400, "echo"),
+    ({"prompt": "x", "suffix": "after"}, 400, "suffix"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
     ({"prompt": "x", "seed": 2**70}, 400, "seed"),
     ({"prompt": "x", "seed": -(2**64)}, 400, "seed"),
