@@ -55,6 +55,7 @@ from gateway.upstream_http import (
     UpstreamResponse,
     UpstreamUnreachable,
 )
+from kvwire.openai_schema import ServiceUnavailable
 from kvwire.request_edge import ClientWatch
 
 log = logging.getLogger("kvgate.proxy")
@@ -121,13 +122,20 @@ class Attempted:
 
 
 class _Waiting:
-    """A request waiting for a replica's first byte, abandoned if the replica is ejected."""
+    """A request waiting for a replica's first byte, abandoned if the replica is ejected
+    (``why``: ``ejected``, it goes on to the next replica) or the gateway's shutdown time
+    is up (``shutdown``: the client gets a 503)."""
 
-    __slots__ = ("ejected", "task")
+    __slots__ = ("task", "why")
 
     def __init__(self, task: asyncio.Task[object] | None) -> None:
         self.task = task
-        self.ejected = False
+        self.why: str | None = None
+
+    def abandon(self, why: str) -> None:
+        if self.task is not None and self.why is None:
+            self.why = why
+            self.task.cancel()
 
 
 class _Retryable(Exception):
@@ -529,12 +537,17 @@ class Proxy:
         fleet.listen(self._on_fleet_event)
 
     def stop_relays(self) -> int:
-        """Cut every answer still being relayed (the shutdown's time is up): each client
-        sees its answer end broken, and each is counted so. Returns how many."""
+        """The shutdown's time is up: cut every answer still being relayed (each client
+        sees its answer end broken, and each is counted so), and end every request still
+        waiting for a first byte with a 503 (``gateway_shutdown``) before the server
+        cancels it without an answer of ours. Returns how many of each there were."""
         streams = list(self.relaying)
         for stream in streams:
             stream.stop(_SHUTDOWN)
-        return len(streams)
+        waiting = [w for held in self._waiting.values() for w in held]
+        for w in waiting:
+            w.abandon(_SHUTDOWN)
+        return len(streams) + len(waiting)
 
     def close(self) -> None:
         self.fleet.unlisten(self._on_fleet_event)
@@ -546,11 +559,9 @@ class Proxy:
         (a hung replica's stream ended only at the idle timeout, a minute by default)."""
         if isinstance(event, HealthChanged) and not event.healthy:
             this = asyncio.current_task()  # the one whose failure ejected it, if any
-            for waiting in self._waiting.get(event.replica, ()):
-                if waiting.task is not None and waiting.task is not this \
-                        and not waiting.ejected:
-                    waiting.ejected = True
-                    waiting.task.cancel()
+            for waiting in list(self._waiting.get(event.replica, ())):
+                if waiting.task is not this:
+                    waiting.abandon("ejected")
             replica = event.replica
 
             def still_out() -> bool:
@@ -713,11 +724,15 @@ class Proxy:
                              "upstream_timeout") from None
         except asyncio.CancelledError:
             _close(response)
-            if not waiting.ejected:
-                raise  # a client disconnect
+            if waiting.why is None:
+                raise  # a client disconnect, or the server's own cancel
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+            if waiting.why == _SHUTDOWN:
+                raise ServiceUnavailable(
+                    f"the gateway shut down before replica {replica!r} sent a first byte",
+                    code="gateway_shutdown") from None
             raise _Retryable("ejected", f"replica {replica!r} was ejected while the "
                              "request waited for it") from None
         except BaseException:  # _Retryable

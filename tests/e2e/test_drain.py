@@ -148,3 +148,40 @@ def test_streams_that_outlast_the_shutdown_end_visibly_cut(
     finally:
         signal.signal(signal.SIGHUP, before)
         held.set()
+
+
+def test_a_request_still_waiting_for_its_first_byte_at_the_cutoff_gets_a_503(
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+    """Uvicorn cancels what is left when the shutdown's time is up: a request still
+    waiting for its replica's first byte got its plain-text 500, uncounted, with a
+    traceback in the log. The gateway ends it first, as an OpenAI 503."""
+    held = threading.Event()
+    behaviour = Behaviour("r0", hold=held)
+    replica = serve(fake_replica(behaviour))
+    port = free_port()
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({
+        "port": port, "replicas": [{"id": "r0", "url": replica.url}], "access_log": True,
+        "shutdown": {"grace_s": 0.5, "timeout_s": 3}}))
+    url = f"http://127.0.0.1:{port}"
+    gateway = spawn("serve", "--config", str(path), ready_url=f"{url}/ready")
+    answers: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{url}/v1/completions", timeout=60, json={"model": "sim-model", "prompt": "x"})))
+    try:
+        thread.start()
+        wait_until(lambda: len(behaviour.received) == 1, 10,
+                   "the request to reach the replica")
+        gateway.send_signal(signal.SIGTERM)
+        thread.join(30)
+        assert [a.status_code for a in answers] == [503]
+        assert answers[0].json()["error"]["code"] == "gateway_shutdown"
+        gateway.wait(timeout=30)
+        assert gateway.stderr is not None
+        err = gateway.stderr.read().decode()
+        assert "Traceback" not in err, err
+        records = [json.loads(line[line.index("{"):]) for line in err.splitlines()
+                   if '"status"' in line]
+        assert [r["status"] for r in records] == ["503"]
+    finally:
+        held.set()
