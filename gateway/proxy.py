@@ -273,6 +273,7 @@ class UpstreamStream:
 
     async def relay(self) -> AsyncGenerator[bytes, None]:
         ok = False
+        last = b""  # a held [DONE] event that goes out after an upstream break
         watch = self.idle = IdleWatch(self.idle_s)
         if self.relaying is not None:
             self.relaying.add(self)
@@ -284,7 +285,7 @@ class UpstreamStream:
                 first = self._whole_events(first)
             if first:
                 yield first
-                self._delivered = self.stream and _ends_done(self._tail)
+                self._delivered = self.stream and not self._held and _ends_done(self._tail)
             while True:
                 watch.waiting()
                 self._reading = True
@@ -319,9 +320,10 @@ class UpstreamStream:
                     self._body.append(chunk)
                     self._body_bytes += len(chunk)
                 yield chunk
-                # the client has the stream's last event: a client that hangs up now,
-                # before the replica's end of body arrives, got the whole answer
-                self._delivered = self.stream and _ends_done(self._tail)
+                # the client has the stream's last event (none of it held back): a client
+                # that hangs up now, before the replica's end of body arrives, got the
+                # whole answer
+                self._delivered = self.stream and not self._held and _ends_done(self._tail)
             ok = True
         except asyncio.CancelledError:
             if not watch.fired:
@@ -329,6 +331,7 @@ class UpstreamStream:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+            last = self._held_done()
             if not self._delivered:  # after [DONE] only the end of body was missing
                 self._broke_off("ejected" if self._ejected else "idle_timeout",
                                 "was ejected, then sent nothing for a health check "
@@ -337,14 +340,19 @@ class UpstreamStream:
         except UpstreamFailure as exc:
             if self._stopping is not None:
                 self._broke_off(self._stopping, "was cut off by the gateway's shutdown")
-            elif not self._delivered:  # after [DONE] only the end of body was missing
-                self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
+            else:
+                last = self._held_done()
+                if not self._delivered:  # after [DONE] only the end of body was missing
+                    self._broke_off("broken",
+                                    f"broke the connection ({exc.__class__.__name__})")
         finally:
             watch.stop()
             # the client left, mid-read or mid-send (then the relay is closed here)
             if not ok and self.client is not None and self.client.fired:
                 self.client_gone()
             self.close(ok)
+        if last:
+            yield last
         if self.cut == _SHUTDOWN and self.stream:
             yield sse_error_event("the gateway is shutting down: the answer is incomplete",
                                   "gateway_shutdown")
@@ -378,6 +386,15 @@ class UpstreamStream:
             held.append(data[cut:])
             self._held_bytes = len(data) - cut
         return out
+
+    def _held_done(self) -> bytes:
+        """The bytes held back when they end with the stream's ``[DONE]`` (its blank line
+        not come): the answer is whole, and they go out as a body ending there would send
+        them (counted delivered); else nothing."""
+        if not (self._held and _ends_done(self._tail)):
+            return b""
+        self._delivered = True
+        return self._take_held()
 
     def _take_held(self) -> bytes:
         out = b"".join(self._held)

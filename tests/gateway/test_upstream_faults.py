@@ -512,9 +512,11 @@ class RawReplica:
                              b"connection: close\r\n\r\n" + self.EVENT + self.EVENT[:30])
                 return
             if self.mode.startswith("chunked"):  # [DONE], then gone before the last chunk
+                # (chunked_open_done: its blank line never came either)
+                last = done[:-1] if "open_done" in self.mode else done
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                              b"transfer-encoding: chunked\r\n\r\n" + b"".join(
-                                 b"%x\r\n%s\r\n" % (len(e), e) for e in (self.EVENT, done)))
+                                 b"%x\r\n%s\r\n" % (len(e), e) for e in (self.EVENT, last)))
             else:  # no length, no chunks: the connection's end is the answer's
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                              b"connection: close\r\n\r\n" + self.EVENT + self.EVENT
@@ -531,7 +533,8 @@ class RawReplica:
 @pytest.mark.parametrize("mode, whole", [("until_close_fin", False),
                                          ("until_close_rst", False),
                                          ("until_close_done_fin", True),
-                                         ("chunked_done_rst", True)])
+                                         ("chunked_done_rst", True),
+                                         ("chunked_open_done_rst", True)])
 def test_a_stream_is_whole_exactly_when_its_last_event_came(serve: Serve, mode: str,
                                                             whole: bool) -> None:
     with over_raw(serve, mode) as gw:
