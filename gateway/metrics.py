@@ -309,6 +309,9 @@ class GatewayMetrics:
         # label children bound once: labels() locks and checks on every call
         self._bound: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._children: dict[str, dict[tuple[Any, tuple[str, ...]], None]] = {}
+        self._members: set[str] = set()  # the fleet's replicas now
+        # replicas that left but whose requests then ended: their series went again
+        self._departed: set[str] = set()
         for kind in ERROR_KINDS:
             self.errors.labels(kind=kind)
         for route in reasons:
@@ -328,6 +331,8 @@ class GatewayMetrics:
             self._replica_removed(event.replica)
 
     def _replica_added(self, replica: str) -> None:
+        self._members.add(replica)
+        self._drop_departed()
         for route in self.reasons:
             for status in ("200", "502"):
                 self._child(self.requests, replica, route, status)
@@ -339,9 +344,19 @@ class GatewayMetrics:
 
     def _replica_removed(self, replica: str) -> None:
         """Drop every child labelled with ``replica``, created up front or since."""
-        for metric, labels in self._children.pop(replica, {}):
-            self._bound.pop((metric, labels), None)
-            metric.remove(*labels)
+        self._members.discard(replica)
+        self._departed.add(replica)
+        self._drop_departed()
+
+    def _drop_departed(self) -> None:
+        """Drop the children of replicas that left: at their leaving, and those a request
+        still under way there then brought back when it ended, at the fleet's next change
+        (else each replica that ever left could keep a few series for good)."""
+        for replica in self._departed - self._members:
+            for metric, labels in self._children.pop(replica, {}):
+                self._bound.pop((metric, labels), None)
+                metric.remove(*labels)
+        self._departed.clear()
 
     def bound(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, bound once."""
@@ -357,6 +372,8 @@ class GatewayMetrics:
         if child is None:
             if labels[0] != "none":
                 self._children.setdefault(labels[0], {})[(metric, labels)] = None
+                if labels[0] not in self._members:
+                    self._departed.add(labels[0])
             child = self.bound(metric, *labels)
         return child
 

@@ -799,3 +799,30 @@ def test_replica_errors_keep_their_status_when_they_agree(serve: Serve) -> None:
     gw = start_gateway(serve, [(b.name, serve(fake_replica(b)).url) for b in mixed])
     r = httpx.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
     assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
+
+
+def test_series_of_a_removed_replica_that_a_late_answer_brought_back_leave_at_the_next_change(
+        serve: Serve) -> None:
+    slow = Behaviour("slow", first_byte_delay_s=0.6)
+    url = serve(fake_replica(slow)).url
+    other = serve(fake_replica(Behaviour("y"))).url
+    gw = start_gateway(serve, [("x", url)])
+
+    def series_of_x() -> list[str]:
+        return [line for line in httpx.get(f"{gw.url}/metrics").text.splitlines()
+                if 'replica="x"' in line and not line.startswith("#")]
+
+    answers: list[int] = []
+    t = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "p"}).status_code))
+    t.start()
+    wait_until(lambda: httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH)
+               .json()["replicas"][0]["in_flight"], 5, "the request to be in flight to x")
+    assert httpx.delete(f"{gw.admin}/admin/replicas/x", headers=AUTH).status_code == 200
+    assert series_of_x() == []
+    t.join(5)
+    assert answers == [200]  # its end counted x's series again ...
+    assert series_of_x()
+    assert httpx.post(f"{gw.admin}/admin/replicas", json={"id": "y", "url": other},
+                      headers=AUTH).status_code == 201
+    assert series_of_x() == []  # ... until the fleet's next change
