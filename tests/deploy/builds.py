@@ -1,5 +1,5 @@
 """The image builds the project documents: the ``docker build -f FILE -t IMAGE .`` lines in
-the Dockerfiles' header comments and in the README, which the manifests (compose,
+the Dockerfiles' header comments and in docs/deploy.md, which the manifests (compose,
 kustomize) must name the images of."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 BUILD = re.compile(r"docker build -f (\S+) -t (\S+) \.")
 
 

@@ -3,7 +3,7 @@ the Kubernetes JSON schemas (kubernetes-validate, strict: unknown fields fail), 
 ServiceMonitors (a CRD it has no schema for) by their required structure here, and the
 parts that must agree with each other and with kvgate itself (the gateway config, the
 commands, the ports, the RBAC discovery needs, the tokenizer the gateway shares with the
-engines, the images the README and Dockerfiles build, the network policies)."""
+engines, the images docs/deploy.md and the Dockerfiles build, the network policies)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from gateway import serve as gateway_cli
 from gateway.config import parse_config
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.peer_config import split_address
-from tests.deploy.builds import README, builds_in, dockerfile_builds, split_image
+from tests.deploy.builds import DEPLOY_DOC, builds_in, dockerfile_builds, split_image
 from tests.support.binaries import which
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -287,8 +287,8 @@ def test_gateway_tokenizes_with_the_engines_model(objects: dict[tuple[str, str],
     assert security["capabilities"]["drop"] == ["ALL"]
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text()
+def doc_section(title: str) -> str:
+    text = DEPLOY_DOC.read_text()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start:end if end >= 0 else len(text)]
@@ -296,16 +296,16 @@ def readme_section(title: str) -> str:
 
 def test_images_are_the_documented_builds(objects: dict[tuple[str, str], Obj]) -> None:
     """Each Deployment runs the image (name and tag; a registry in front of it is the
-    operator's newName) that its Dockerfile's header and the README's Kubernetes section
+    operator's newName) that its Dockerfile's header and docs/deploy.md's Kubernetes section
     build, never an implicit ``latest``."""
     documented = dockerfile_builds()
-    readme = builds_in(readme_section("On Kubernetes"))
+    doc = builds_in(doc_section("On Kubernetes"))
     for name, dockerfile in (("kvgate-gateway", "deploy/gateway/Dockerfile"),
                              ("kvgate-engine", "deploy/engine/Dockerfile")):
         image = container(objects[("Deployment", name)])["image"]
         built = documented[dockerfile]
-        assert readme.get(dockerfile) == built, \
-            f"README builds {readme.get(dockerfile)!r} from {dockerfile}, not {built!r}"
+        assert doc.get(dockerfile) == built, \
+            f"docs/deploy.md builds {doc.get(dockerfile)!r} from {dockerfile}, not {built!r}"
         assert split_image(built)[1] is not None, f"{dockerfile} builds {built}: no tag"
         assert split_image(image) == split_image(built), \
             f"{name} runs {image}, but {dockerfile} builds {built}"

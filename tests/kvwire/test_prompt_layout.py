@@ -1,6 +1,6 @@
 """``kvgate.layout``: prefix fingerprints in token ids and the shared-prefix assertion, on
 a ``render()`` like the one teams write (a fixed system prompt, then the user's message),
-and the README's example run as a test module of its own."""
+and docs/prompt-layouts.md's example run as a test module of its own."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kvgate.layout import (
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from kvwire.tokenizer_build import ASSET_DIR
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+LAYOUT_DOC = Path(__file__).resolve().parents[2] / "docs" / "prompt-layouts.md"
 SYSTEM_PROMPT = ("You are the contracts assistant of the legal team. Answer only from the "
                  "clauses given, cite each clause by its number, and say so when the "
                  "clauses do not answer the question.\n")
@@ -113,14 +113,14 @@ def test_fingerprints_are_of_token_ids_not_characters(tok: PromptTokenizer) -> N
             == prefix_fingerprint(with_newline + "given below.", tok, m))
 
 
-def readme_example() -> str:
-    text = README.read_text()
+def documented_example() -> str:
+    text = LAYOUT_DOC.read_text()
     marker = text.index("<!-- prefix-check-example")
     return text[marker:].split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readme_example_runs_and_catches_a_timestamp(tmp_path: Path) -> None:
-    code = readme_example()
+def test_the_documented_example_runs_and_catches_a_timestamp(tmp_path: Path) -> None:
+    code = documented_example()
     (tmp_path / "test_example.py").write_text(code)
     # the same example with the time put at the top of the system prompt
     stamped = code.replace("def render(", 'STAMPS = iter(["2026-12-01 10:00:03", '

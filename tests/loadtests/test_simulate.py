@@ -218,7 +218,7 @@ def test_cost_earns_more_hits_than_prefix_affinity_in_front_of_lru_caches(small)
 def test_two_gateway_copies_each_route_a_share_and_keep_the_cache_win(small):
     rr, two = small("round_robin"), small("two")
     assert sum(two.replica_requests) == len(small.requests)
-    # each copy models only what it sent: the win shrinks (see the README) but stays
+    # each copy models only what it sent: the win shrinks (see docs/peers.md) but stays
     assert two.token_hit_rate > 2 * rr.token_hit_rate
 
 
