@@ -13,8 +13,8 @@ one TCP connection per peer (``peer_wire``):
 * every request routed (``policies.base.Routed``, with the prompt's piece hashes, never
   its text or token ids): the other copies' policies learn from it as from their own.
 
-Measured offline (LRU engines, ``loadtests.simulate --gateways 2 --peers``), see the
-README. Delivery is best effort, and never leaves load counted that was settled: a
+Measured offline (LRU engines, ``loadtests.simulate --gateways 2 --peers``), see
+docs/peers.md. Delivery is best effort, and never leaves load counted that was settled: a
 connection more than ``queue_frames`` frames or ``queue_bytes`` behind is closed (its
 queue dropped and counted), and when a connection closes or falls silent for ``SILENT_S``
 (a sender with nothing to say sends a heartbeat every ``HEARTBEAT_S``) the receiver lets
