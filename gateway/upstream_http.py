@@ -31,7 +31,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import httptools
@@ -323,23 +323,32 @@ class _Connection(asyncio.Protocol):
 
 class _Origin:
     """The connections to one scheme, host and port: at most ``limit`` in use at once
-    (so at most that many open: a new one is made only when none is idle)."""
+    (so at most that many open: a new one is made only when none is idle). An idle one is
+    closed ``idle_s`` after its last answer, by a timer, whether or not another request
+    comes (a replica that left keeps none open); once none is left or in use,
+    ``on_unused`` is told (the client forgets the origin)."""
 
     def __init__(self, scheme: str, host: str, port: int, limit: int, idle_s: float,
-                 connect_s: float, ssl_context: ssl.SSLContext | None) -> None:
+                 connect_s: float, ssl_context: ssl.SSLContext | None,
+                 on_unused: Callable[[_Origin], None] | None = None) -> None:
         self.host, self.port = host, port
+        self.key = (scheme, host, port)
         named = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
         self.host_header = named if port == _DEFAULT_PORTS[scheme] else f"{named}:{port}"
         self._slots = asyncio.Semaphore(limit)
+        self.in_use = 0  # slots taken
         self._idle: deque[_Connection] = deque()  # the most recently used last
         self._idle_s = idle_s
         self._connect_s = connect_s
         self._ssl = ssl_context if scheme == "https" else None
+        self._on_unused = on_unused
+        self._timer: asyncio.TimerHandle | None = None  # the next expiry of an idle one
 
     async def take(self, fresh: bool = False) -> _Connection:
         """A connection for one request: a kept-alive one (unless ``fresh``), else a new
         one."""
         await self._slots.acquire()
+        self.in_use += 1
         try:
             now = time.monotonic()
             while self._idle and not fresh:
@@ -350,8 +359,12 @@ class _Origin:
                 conn.close()  # expired: the replica may close it any moment
             return await self.connect()
         except BaseException:
-            self._slots.release()
+            self._release()
             raise
+
+    def _release(self) -> None:
+        self.in_use -= 1
+        self._slots.release()
 
     async def connect(self) -> _Connection:
         """A new connection (its slot already taken)."""
@@ -377,17 +390,35 @@ class _Origin:
         conn.held = False
         conn.idle_since = time.monotonic()
         self._idle.append(conn)
-        self._slots.release()
+        self._release()
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._idle_s, self._expire)
+
+    def _expire(self) -> None:
+        """Close the connections idle for ``idle_s`` (the oldest first in the deque); wake
+        again for the next, or tell ``on_unused`` when none is left or in use."""
+        self._timer = None
+        idle, now = self._idle, time.monotonic()
+        while idle and now - idle[0].idle_since >= self._idle_s:
+            idle.popleft().close()
+        if idle:
+            self._timer = asyncio.get_running_loop().call_later(
+                self._idle_s - (now - idle[0].idle_since), self._expire)
+        elif not self.in_use and self._on_unused is not None:
+            self._on_unused(self)
 
     def forget(self, conn: _Connection) -> None:
         """``conn`` closed: its slot is free (once), and it is no longer kept."""
         if conn.held:
             conn.held = False
-            self._slots.release()
+            self._release()
         elif conn in self._idle:
             self._idle.remove(conn)
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         while self._idle:
             self._idle.pop().close()
 
@@ -423,13 +454,22 @@ class UpstreamClient:
                 context = self._ssl = ssl.create_default_context()
             origin = self._origins[key] = _Origin(parts.scheme, parts.hostname, port,
                                                   self._limit, self._idle_s,
-                                                  self._connect_s, context)
+                                                  self._connect_s, context, self._unused)
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
         if len(self._targets) < 4096:  # a fleet's endpoints: bounded whatever the URLs
             self._targets[url] = (origin, path)
         return origin, path
+
+    def _unused(self, origin: _Origin) -> None:
+        """``origin`` holds no connection, idle or in use: forgotten (with the URLs that
+        led to it), so replicas that come and go leave no origins behind; the next
+        request to it makes it again."""
+        if self._origins.get(origin.key) is origin:
+            del self._origins[origin.key]
+            self._targets = {url: target for url, target in self._targets.items()
+                             if target[0] is not origin}
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]
                    ) -> UpstreamResponse:

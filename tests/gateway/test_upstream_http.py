@@ -399,3 +399,28 @@ def test_an_endless_head_is_cut_at_its_bound() -> None:
 
     post_is_broken(handler, "head passed")
     assert sent[0] < 8 << 20  # the client hung up near its 1 MiB bound, not at the end
+
+
+def test_an_idle_connection_is_closed_after_idle_s_with_no_request_to_come() -> None:
+    """A replica that leaves the fleet gets no more requests: its kept-alive connections
+    were closed only when a later request to it took one, so they stayed open for good
+    (and the client kept its origin). Now a timer closes them, and the origin goes."""
+    closed = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(answer(b"{}"))
+        await writer.drain()
+        if not await reader.read(1):  # the client closed the kept-alive connection
+            closed.set()
+        return False
+
+    async def main() -> None:
+        async with Server(handler) as url:
+            client = UpstreamClient(idle_s=0.2)
+            assert await read_all(client, url) == (200, b"{}")
+            await asyncio.wait_for(closed.wait(), 2)
+            assert client._origins == {} and client._targets == {}
+            assert await read_all(client, url) == (200, b"{}")  # made again when asked
+            await client.close()
+    asyncio.run(main())
