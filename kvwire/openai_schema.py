@@ -186,10 +186,11 @@ def _lax(value: Any, allowed: tuple[type, ...]) -> Any:
     return None
 
 
-def positive_int(body: Mapping[str, Any], key: str) -> int | None:
+def positive_int(body: Mapping[str, Any], key: str, least: int = 1) -> int | None:
     value = optional(body, key, int, None)
-    if value is not None and value < 1:
-        raise BadRequest(f"'{key}' must be a positive integer, got {value!r}", param=key)
+    if value is not None and value < least:
+        kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
+        raise BadRequest(f"'{key}' must be {kind}, got {value!r}", param=key)
     return value
 
 
@@ -228,7 +229,10 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     model = model_field(body)
     stream = bool(optional(body, "stream", bool, False))
-    max_tokens = positive_int(body, "max_tokens")
+    # a completion that echoes its prompt may ask for no token (vLLM answers the prompt
+    # alone: a loglikelihood client's request)
+    echo = not chat and body.get("echo") is True
+    max_tokens = positive_int(body, "max_tokens", 0 if echo else 1)
     max_completion_tokens = positive_int(body, "max_completion_tokens")
     salt = check_cache_salt(body.get("cache_salt"))
     if not chat:

@@ -121,6 +121,8 @@ def test_client_errors_are_openai_shaped(two: tuple[Gateway, Behaviour, Behaviou
         (b'{"model": "sim-model", "prompt": [1, "a"]}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": [1, 4294967296]}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": "x", "max_tokens": 0}', 400, None, "max_tokens"),
+        (b'{"model": "sim-model", "prompt": "x", "max_tokens": -1, "echo": true}', 400, None,
+         "max_tokens"),
         (b'{"model": "sim-model", "prompt": "x", "stream": "maybe"}', 400, None, "stream"),
         (b'{"model": "sim-model", "prompt": "x", "cache_salt": ""}', 400, None, "cache_salt"),
         (b'{"model": "nope", "prompt": "x"}', 404, "model_not_found", "model"),
@@ -135,6 +137,10 @@ def test_client_errors_are_openai_shaped(two: tuple[Gateway, Behaviour, Behaviou
             assert err["code"] == code
         if param:
             assert err["param"] == param
+    # a completion echoing its prompt may ask for no token (a loglikelihood client's)
+    r = httpx.post(url, json={"model": "sim-model", "prompt": "x", "max_tokens": 0,
+                              "echo": True})
+    assert r.status_code == 200, r.text
     r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "sim-model", "messages": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     r = httpx.post(f"{gw.url}/v1/chat/completions",
