@@ -207,17 +207,21 @@ class TorchExecutor:
         """The next token of ``s`` from its last position's ``logits``, as vLLM samples:
         logit bias, penalties and ``min_tokens`` first, then greedy below
         ``GREEDY_BELOW`` of temperature, else temperature, top-k, top-p and min-p. With
-        ``params.logprobs`` set, also its log-probability (see :func:`token_logprob`)."""
+        ``params.logprobs`` set, also its log-probability (see :func:`token_logprob`).
+        Logits a request's values (an extreme repetition penalty) or the model made
+        non-finite are sampled as :func:`finite_logits` reads them; nothing here raises
+        for one request's values."""
         p = s.params
         filtered = p if p is not None and p.filters else None
         if filtered is not None:
             logits = adjust_logits(logits.float(), filtered, s.history, s.num_prompt,
                                    self.eos_token_ids)
+        logits = finite_logits(logits)
         greedy = s.temperature < GREEDY_BELOW
         if greedy:
             token = int(torch.argmax(logits))
         else:
-            probs = torch.softmax(logits.float().cpu() / s.temperature, dim=-1)
+            probs = tempered(logits.cpu(), s.temperature).softmax(dim=-1)
             if filtered is not None:
                 probs = truncate(probs, filtered)
             if p is not None and p.seed is None:
@@ -238,6 +242,7 @@ class TorchExecutor:
 PROMPT_LOGPROB_ELEMENTS = 1 << 25
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (vLLM's epsilon)
 _SEED_MASK = (1 << 63) - 1  # torch's generator takes a 64-bit seed
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def token_logprob(logits: torch.Tensor, token: int, temperature: float, top: int
@@ -245,11 +250,30 @@ def token_logprob(logits: torch.Tensor, token: int, temperature: float, top: int
     """``token``'s log-probability under ``softmax(logits / temperature)``, the
     distribution it was sampled from before top-k, top-p and min-p cut it (SGLang's
     default; greedy tokens at temperature 1), and the ``top`` most likely tokens of it."""
-    logp = torch.log_softmax(logits.float().cpu() / temperature, dim=-1)
+    logp = torch.log_softmax(tempered(finite_logits(logits).cpu(), temperature), dim=-1)
     k = min(top, logp.shape[-1])
     values, ids = torch.topk(logp, k) if k else (logp[:0], logp[:0].long())
     return TokenLogprob(float(logp[token]), tuple(zip(ids.tolist(), values.tolist(),
                                                       strict=True)))
+
+
+def finite_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` (one row, as float32) a sampler can always draw from: NaN as -inf (never
+    drawn), +inf as the largest finite float32 (drawn among themselves, as their limit);
+    a row with no finite value left as zeros (every token alike)."""
+    logits = logits.float()
+    if bool(torch.isfinite(logits).all()):
+        return logits
+    logits = torch.nan_to_num(logits, nan=-math.inf, posinf=_FLOAT32_MAX, neginf=-math.inf)
+    if bool(logits.max() == -math.inf):
+        return torch.zeros_like(logits)
+    return logits
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` less its largest value: the same softmax, but finite
+    logits divided by a small temperature cannot overflow to inf (whose softmax is NaN)."""
+    return (logits - logits.max()) / temperature
 
 
 def adjust_logits(logits: torch.Tensor, p: SamplingParams, history: Sequence[int],

@@ -130,3 +130,29 @@ def test_truncate_keeps_the_top_p_mass_and_min_p() -> None:
         [0.0, 0.5, 0.25, 0.0])  # at least 0.4 x 0.5
     assert truncate(probs, SamplingParams(top_k=2)).tolist() == pytest.approx(
         [0.0, 0.5, 0.25, 0.0])
+
+
+def test_extreme_penalties_sample_and_the_engine_goes_on(core: EngineCore) -> None:
+    # 1e-40 divides positive logits to inf (a NaN softmax, which multinomial refused,
+    # stopping the engine); 1e30 multiplies negative ones to -inf
+    for params in ({"repetition_penalty": 1e-40}, {"repetition_penalty": 1e-40, "seed": 3},
+                   {"repetition_penalty": 1e30, "seed": 3, "top_p": 0.5, "logprobs": 2},
+                   {"repetition_penalty": 1e-40, "temperature": 0.0}):
+        tokens = generate(core, **{"temperature": 1.0, **params})
+        assert len(tokens) == 8, params
+    # the prompt's tokens have inf logits under 1e-40: it draws among them alone
+    assert set(generate(core, temperature=1.0, repetition_penalty=1e-40, seed=5)) \
+        <= set(PROMPT)
+    assert core.has_unfinished() is False and len(generate(core, temperature=0.0)) == 8
+
+
+def test_non_finite_logits_are_read_as_their_limits() -> None:
+    from engine.executors.torch_executor import finite_logits, token_logprob
+
+    inf, nan = math.inf, math.nan
+    row = finite_logits(torch.tensor([1.0, inf, nan, -inf, inf]))
+    probs = (row - row.max()).softmax(-1)
+    assert probs.tolist() == [0.0, 0.5, 0.0, 0.0, 0.5]
+    assert finite_logits(torch.tensor([nan, nan])).tolist() == [0.0, 0.0]
+    lp = token_logprob(torch.tensor([3e38, -3e38, 0.0]), 0, 1e-4, 2)
+    assert lp.logprob == 0.0 and all(math.isfinite(v) for _, v in lp.top[:1])
