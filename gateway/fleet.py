@@ -117,6 +117,9 @@ class ReplicaState:
     source: str = "static"  # who added it: static, admin, or a discovery source's label
     auth_failures: int = 0  # answers 401/403 to this gateway's own calls (a wrong api_key)
     healthy: bool = True
+    # added at run time and not checked yet: out of routing until its first health check
+    # passes (a replica still starting, or a wrong address, got requests meanwhile)
+    awaiting_check: bool = False
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     last_error: str | None = None
@@ -342,11 +345,12 @@ class Fleet:
         return self._replicas.get(replica_id)
 
     def add(self, config: ReplicaConfig, forward_auth: bool = True, source: str = "static",
-            slot: int | None = None) -> ReplicaState:
+            slot: int | None = None, checked_first: bool = False) -> ReplicaState:
         """A new replica; ``forward_auth`` False: clients' ``Authorization`` headers are
         not sent to it (one added at run time rather than configured). ``source``: who
         added it (see ``gateway.membership``). ``slot``: its cells in the shared
-        accounting (default: the next unused one)."""
+        accounting (default: the next unused one). ``checked_first``: it takes no request
+        until a health check passes (``record_health``)."""
         if config.id in self._replicas:
             raise ValueError(f"replica {config.id!r} already exists")
         if len(self._replicas) >= MAX_REPLICAS:
@@ -360,7 +364,8 @@ class Fleet:
         self._released.pop(slot, None)
         self._next_slot = max(self._next_slot, slot + 1)
         state = ReplicaState(config, self.window_s, forward_auth=forward_auth, source=source,
-                             shared=self.shared, slot=slot)
+                             shared=self.shared, slot=slot, healthy=not checked_first,
+                             awaiting_check=checked_first)
         self._replicas[config.id] = state
         self._tell(ReplicaAdded(config.id))
         self.changed()
@@ -525,6 +530,13 @@ class Fleet:
         state.checks += 1
         state.last_check = (ok, error)
         self.changed()  # the check count moved, whatever the health
+        if state.awaiting_check:
+            state.awaiting_check = False
+            if ok:  # a replica just added: in at its first check that passes (no news)
+                state.consecutive_failures, state.consecutive_successes = 0, 1
+                state.healthy = True
+                self._tell(HealthChanged(replica_id, True))
+                return None
         if ok:
             state.consecutive_failures = 0
             state.consecutive_successes += 1

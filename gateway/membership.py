@@ -34,8 +34,9 @@ class Changes:
 async def join(gw: GatewayState, config: ReplicaConfig, source: str,
                forward_auth: bool = True) -> ReplicaState:
     """Add a replica (ValueError if its id is taken, or no room is left) and check its
-    health at once, so routing never counts on one that is down when it joins."""
-    state = gw.fleet.add(config, forward_auth=forward_auth, source=source)
+    health at once: routing counts on it only once that check passed."""
+    state = gw.fleet.add(config, forward_auth=forward_auth, source=source,
+                         checked_first=gw.monitor is not None)
     await _checked(gw, state)
     return state
 
@@ -76,7 +77,7 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
             full.append(rid)
             continue
         try:
-            state = gw.fleet.add(config, source=source)
+            state = gw.fleet.add(config, source=source, checked_first=gw.monitor is not None)
         except ValueError as exc:  # no slot left in the workers' shared accounting
             full.append(rid)
             log.warning("discovery %s: replica %s not added: %s", source, rid, exc)

@@ -832,3 +832,54 @@ def test_series_of_a_removed_replica_that_a_late_answer_brought_back_leave_at_th
     assert httpx.post(f"{gw.admin}/admin/replicas", json={"id": "y", "url": other},
                       headers=AUTH).status_code == 201
     assert series_of_x() == []  # ... until the fleet's next change
+
+
+def test_a_replica_added_at_run_time_is_used_only_once_its_first_check_passed(
+        serve: Serve) -> None:
+    """A replica that accepts connections but does not answer yet (still starting) was
+    in the fleet, healthy, while its first health check waited: scraped, and routed to
+    by a request for a model no checked replica had listed."""
+    gw = start_gateway(serve, [("a", serve(fake_replica(Behaviour("a"))).url)])
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    silent.settimeout(0.05)
+    heard: list[bytes] = []
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = silent.accept()
+            except TimeoutError:
+                continue
+            held.append(conn)
+            conn.settimeout(5)
+            heard.append(conn.recv(65536).split(b"\r\n", 1)[0])  # and never answered
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    added: list[httpx.Response] = []
+    adding = threading.Thread(target=lambda: added.append(httpx.post(
+        f"{gw.admin}/admin/replicas", headers=AUTH, timeout=10,
+        json={"id": "new", "url": f"http://127.0.0.1:{silent.getsockname()[1]}"})))
+    try:
+        adding.start()
+        wait_until(lambda: heard, 5, "the new replica's health check")
+        for _ in range(4):  # round robin would send every other one to the new replica
+            r = httpx.post(f"{gw.url}/v1/completions", timeout=10,
+                           json={"model": "sim-model", "prompt": "p"})
+            assert r.status_code == 200 and r.headers["x-kvgate-replica"] == "a"
+        adding.join(10)
+        assert [a.status_code for a in added] == [201]
+        assert all(line.startswith(b"GET /health") for line in heard), heard
+        (new,) = [r for r in httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH)
+                  .json()["replicas"] if r["id"] == "new"]
+        assert new["healthy"] is False
+    finally:
+        stop.set()
+        acceptor.join(10)
+        silent.close()
+        for conn in held:
+            conn.close()
