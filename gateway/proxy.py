@@ -364,12 +364,14 @@ class UpstreamStream:
         """Of what was held back and ``data``, the bytes up to the end of the last whole
         server-sent event; the rest is held back until its event ends, so that the error
         event a cut stream ends with follows whole events, not a piece of one. Only the
-        new bytes are searched (with the held ones' last 3, for a blank line across two
+        new bytes are searched (with the held ones' last 3, for a blank line across
         reads); an event held past ``_HOLD_BYTES`` goes out as it comes."""
         held = self._held
         if not held and data.endswith(b"\n\n"):
             return data  # the usual chunk: whole events
         before = held[-1][-3:] if held else b""
+        if len(before) < 3 and len(held) > 1:  # held in pieces shorter than that
+            before = b"".join(held[-3:])[-3:]
         window = before + data
         end = 0  # after the last blank line, if any, in ``window``
         for blank in _EVENT_ENDS:

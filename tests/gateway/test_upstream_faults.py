@@ -22,6 +22,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.http_server import bounded_protocol
+from gateway.proxy import UpstreamStream
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
@@ -830,3 +831,13 @@ def test_a_try_cut_short_by_the_requests_deadline_is_not_the_replicas_fault(
                httpx.get(f"{gw.url}/metrics").text.splitlines()
                if line.startswith("kvgate_replica_healthy{")}
     assert healthy == {"r0": 0.0, "r1": 1.0}  # only the one that answered 500 is out
+
+
+def test_a_blank_line_split_over_three_reads_ends_its_event_at_once() -> None:
+    """``\\r\\n\\r\\n`` arriving as ``\\r``, ``\\n`` and ``\\r\\n``: the event it ends goes out
+    with the third read (the boundary was missed and the event held to the next one)."""
+    stream = object.__new__(UpstreamStream)
+    stream._held, stream._held_bytes = [], 0
+    assert stream._whole_events(b"data: 1\r") == b""
+    assert stream._whole_events(b"\n") == b""
+    assert stream._whole_events(b"\r\n") == b"data: 1\r\n\r\n"
