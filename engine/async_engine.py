@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +34,18 @@ class RequestInterrupted(Exception):
     ends the request as aborted (and aborts it on the engine)."""
 
 
+class _Waiter:
+    """One request's output queue. ``live`` once the core holds that request: until then
+    an output under its id is an earlier request's, aborted while a step ran, whose id
+    was given again (an RL client's ``/abort_request`` then resubmit)."""
+
+    __slots__ = ("live", "queue")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.live = False
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -46,7 +59,7 @@ class AsyncEngine:
         self.sleep_modeled_time = sleep_modeled_time
         self.clock = clock
         self._on_step = on_step
-        self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._queues: dict[str, _Waiter] = {}
         self._pending: list[Callable[[], object]] = []
         self._calls: set[asyncio.Future[Any]] = set()  # call()s not answered yet
         self._wake = asyncio.Event()
@@ -83,23 +96,26 @@ class AsyncEngine:
             raise EngineDeadError("engine loop is not running") from self.error
         if req.request_id in self._queues:
             raise ValueError(f"request id {req.request_id!r} is in flight already")
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._queues[req.request_id] = queue
+        waiter = self._queues[req.request_id] = _Waiter()
         arrival = self.clock()
 
         def apply() -> None:
             try:
                 self.core.add_request(req, now=arrival)
             except ValueError as exc:
-                self._queues.pop(req.request_id, None)
-                queue.put_nowait(exc)
+                if self._queues.get(req.request_id) is waiter:
+                    del self._queues[req.request_id]
+                waiter.queue.put_nowait(exc)
+            else:
+                waiter.live = True
 
         self._pending.append(apply)
         self._wake.set()
-        return queue
+        return waiter.queue
 
     def abort(self, request_id: str) -> None:
-        """Drop a request (client went away). Safe to call for finished requests."""
+        """Drop a request (client went away). Safe to call for finished requests. Its id
+        may be given again at once: outputs of a step that was running go to nobody."""
         self._queues.pop(request_id, None)
         self._pending.append(lambda: self.core.abort_request(request_id, now=self.clock()))
         self._wake.set()
@@ -112,10 +128,10 @@ class AsyncEngine:
         """Tell the reader of a request in flight to end it as aborted
         (:class:`RequestInterrupted`, whose text is ``message``); False when no request
         of that id is in flight."""
-        queue = self._queues.get(request_id)
-        if queue is None:
+        waiter = self._queues.get(request_id)
+        if waiter is None:
             return False
-        queue.put_nowait(RequestInterrupted(message))
+        waiter.queue.put_nowait(RequestInterrupted(message))
         return True
 
     async def call(self, fn: Callable[[EngineCore], Any]) -> Any:
@@ -143,6 +159,27 @@ class AsyncEngine:
         for fn in pending:
             fn()
 
+    def _deliver(self, out: StepOutput) -> StepOutput:
+        """Put each output on its request's queue; the step's outputs less those of
+        earlier requests whose ids were given again (no metrics count them either)."""
+        queues = self._queues
+        stale = False
+        for o in out.outputs:
+            waiter = queues.get(o.request_id)
+            if waiter is None:
+                continue
+            if not waiter.live:
+                stale = True
+                continue
+            waiter.queue.put_nowait(o)
+            if o.finished:
+                del queues[o.request_id]
+        if not stale:
+            return out
+        kept = [o for o in out.outputs
+                if (w := queues.get(o.request_id)) is None or w.live]
+        return dataclasses.replace(out, outputs=kept)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         core = self.core
@@ -163,23 +200,17 @@ class AsyncEngine:
                     self.late_s += max(0.0, self.clock() - t0 - out.seconds)
                 else:
                     await asyncio.sleep(0)
+                out = self._deliver(out)
                 if self._on_step is not None:
                     self._on_step(out)
-                queues = self._queues
-                for o in out.outputs:
-                    q = queues.get(o.request_id)
-                    if q is not None:
-                        q.put_nowait(o)
-                        if o.finished:
-                            del queues[o.request_id]
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in the core or executor: fail every caller
             log.exception("engine loop stopped")
             self.error = exc
             dead = EngineDeadError(f"engine loop stopped: {exc!r}")
-            for q in self._queues.values():
-                q.put_nowait(dead)
+            for waiter in self._queues.values():
+                waiter.queue.put_nowait(dead)
             self._queues.clear()
             for fut in list(self._calls):
                 if not fut.done():
