@@ -324,8 +324,9 @@ class KVEventSubscriber:
         loop = asyncio.get_running_loop()
         try:
             sock.connect(endpoint)
-            # ``replay_timeout_s`` for each answer, not for the whole replay: a long one
-            # decoded and applied on a busy machine is progress, not a failure
+            # ``replay_timeout_s`` for each batch that moves the replay on, not for the
+            # whole replay: a long one decoded and applied on a busy machine is progress,
+            # not a failure; frames that move nothing on (repeats, out of range) are not
             async with asyncio.timeout(self.replay_timeout_s) as waiting:
                 await sock.send_multipart([b"", start.to_bytes(8, "big")])
                 while True:
@@ -344,7 +345,7 @@ class KVEventSubscriber:
                         last = seq
                         if applied_hashes is not None:
                             applied_hashes[seq] = hash(frames[-1])
-                    waiting.reschedule(loop.time() + self.replay_timeout_s)
+                        waiting.reschedule(loop.time() + self.replay_timeout_s)
             self.replays += 1
             self._replay_backoff.pop(replica, None)
             log.info("replica %s: replayed %d KV event batches from %d", replica, applied,

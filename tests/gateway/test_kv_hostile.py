@@ -233,6 +233,23 @@ async def test_a_long_replay_that_keeps_answering_is_not_cut_off() -> None:
     assert sub.replays == 1 and sub.replay_failures == 0 and index.last_seq("r0") == 4
 
 
+async def test_a_replay_endpoint_repeating_one_batch_without_end_times_out() -> None:
+    # every answer moved the replay's timer on: an endpoint sending the same batch for
+    # ever held the replica's reader (the live stream unread) for good
+    ctx = zmq.asyncio.Context()
+    sub = KVEventSubscriber(fleet(), KVIndex(16))
+    sub._ctx = ctx
+    sub.replay_timeout_s = 0.3
+    batches = [(0, good(0)[2])] * 100_000
+    async with replay_endpoint(ctx, batches, gap_s=0.001) as replay_at:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await sub._replay("r0", replay_at, 0, None) == 0
+        assert loop.time() - started < 3
+    ctx.term()
+    assert sub.replays == 0 and sub.replay_failures == 1
+
+
 def test_a_stream_that_names_more_blocks_than_a_replica_holds_is_bounded() -> None:
     index = KVIndex(16)
     index.set_limit("r0", 8)
