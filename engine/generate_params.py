@@ -72,6 +72,13 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 # the most sequences one request may ask for: ``n`` of each of its prompts, each an
 # engine request
 MAX_N = 64
+# the most stop strings one request may give, and their characters in all: vLLM sets no
+# bound and OpenAI allows 4; every output token of every sequence is searched for each
+# string (from its own length before the new text), so these keep that search to a few
+# microseconds a token, far above what eval harnesses and chat templates send (a handful
+# of strings, tens of characters each)
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 4096
 
 
 def _refuse_unsupported(body: Any, chat: bool) -> None:
@@ -204,8 +211,15 @@ def stop_fields(body: dict[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]
     ``stop_token_ids``."""
     stop = optional(body, "stop", (str, list), [])
     stop = [stop] if isinstance(stop, str) else stop
+    if len(stop) > MAX_STOP_STRINGS:
+        raise BadRequest(f"'stop' holds {len(stop)} strings, more than {MAX_STOP_STRINGS}",
+                         param="stop")
     if not all(isinstance(s, str) and s for s in stop):
         raise BadRequest("'stop' must be a string or a list of non-empty strings", param="stop")
+    chars = sum(len(s) for s in stop)
+    if chars > MAX_STOP_CHARS:
+        raise BadRequest(f"'stop' holds {chars} characters, more than {MAX_STOP_CHARS}",
+                         param="stop")
     stop_ids = optional(body, "stop_token_ids", list, [])
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
         raise BadRequest("'stop_token_ids' must be a list of integers", param="stop_token_ids")

@@ -91,8 +91,7 @@ class TextStream:
         self._ids.extend(token_ids)
         if len(self._ids) > self._read:
             self._read_window(final=False)
-        if self._stop and len(self._ids) >= self._min_tokens \
-                and self._find_stop(before - self._hold):
+        if self._stop and len(self._ids) >= self._min_tokens and self._find_stop(before):
             return self._release(self._end)
         return self._release(self._end - self._hold)
 
@@ -120,12 +119,13 @@ class TextStream:
         self._settled = self._end
         self._prefix, self._read, self._context_chars = self._read, len(ids), None
 
-    def _find_stop(self, lo: int) -> bool:
-        """Look for the stop strings in the text from ``lo`` on; at the first one, cut the
-        text there (after it with ``include_stop``) and stop."""
-        start = max(0, lo - self._dropped)
+    def _find_stop(self, new: int) -> bool:
+        """Look for the stop strings that end past ``new`` (each from its own length
+        before it: a search costs their length and the new text, however long the longest
+        one); at the first, cut the text there (after it with ``include_stop``) and stop."""
+        at = new + 1 - self._dropped
         buf = self._buf
-        found = [(i, s) for s in self._stop if (i := buf.find(s, start)) >= 0]
+        found = [(i, s) for s in self._stop if (i := buf.find(s, max(0, at - len(s)))) >= 0]
         if not found:
             return False
         cut, stop = min(found)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from engine.generate_params import MAX_N
+from engine.generate_params import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from kvwire.tokenizer_build import ASSET_DIR
 from tests.support.engine_servers import LiveEngine, serve_engine
 
@@ -257,3 +257,18 @@ def test_a_batch_prompt_past_the_context_is_named_by_its_place(live: LiveEngine)
     alone = live.http.post("/v1/completions", json={"model": MODEL, "max_tokens": 8,
                                                     "prompt": [300] * 600})
     assert alone.status_code == 400 and "batch" not in alone.json()["error"]["message"]
+
+
+def test_stop_strings_are_bounded_in_number_and_length(live: LiveEngine) -> None:
+    base = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+    ok = live.http.post("/v1/completions", json={
+        **base, "stop": [f"q{i}" for i in range(MAX_STOP_STRINGS)]})
+    assert ok.status_code == 200, ok.text
+    for stop, what in (([f"q{i}" for i in range(MAX_STOP_STRINGS + 1)], "strings"),
+                       (["x" * (MAX_STOP_CHARS + 1)], "characters")):
+        r = live.http.post("/v1/completions", json={**base, "stop": stop})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
+        assert what in r.json()["error"]["message"]
+        r = live.http.post("/generate", json={"text": "hi", "sampling_params": {
+            "max_new_tokens": 4, "stop": stop}})
+        assert r.status_code == 400 and "stop" in r.text, r.text
