@@ -170,6 +170,10 @@ def _torch_executor(args: argparse.Namespace) -> tuple[Executor, ExecutorInfo]:
     except ValueError as exc:
         raise ValueError(f"--device {exc}") from None
     config = ModelConfig.from_file(Path(args.model) / "config.json")
+    asked, positions = args.max_model_len, config.max_position_embeddings
+    if asked is not None and asked > positions:  # as vLLM: the model has no positions past
+        raise ValueError(f"--max-model-len {asked} is greater than the model's "
+                         f"max_position_embeddings={positions} (its config.json)")
     dtype = default_dtype(config, device)
     kv_bytes = kv_bytes_per_token(config, dtype)
     num_blocks = _kv_blocks(args, kv_bytes, f"device {device}", device_memory_bytes(device))

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import cli
 from engine.executor import SeqWork
 from engine.executors.torch_executor import TorchExecutor
 from engine.model import ModelConfig, ModelLoadError, kv_bytes_per_token
 from engine.model.loader import check_model_dir, load_model
 from engine.model.tiny import add_arguments, run, write_tiny_model
+from kvwire.tokenizer import load_tokenizer
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -148,3 +150,15 @@ def test_config_layouts_and_rope_variants() -> None:
         ModelConfig.from_dict({**base, "num_key_value_heads": 3})
     with pytest.raises(ModelLoadError, match="lacks 'hidden_size'"):
         ModelConfig.from_dict({k: v for k, v in base.items() if k != "hidden_size"})
+
+
+def test_a_context_past_the_models_positions_is_refused_at_start(tmp_path: Path) -> None:
+    model_dir = write_tiny_model(tmp_path, "llama", max_position=256)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    argv = ["--executor", "torch", "--model", str(model_dir), "--device", "cpu",
+            "--kv-cache-gib", "0.001", "--max-model-len"]
+    with pytest.raises(ValueError, match=r"max-model-len 257 .*max_position_embeddings=256"):
+        cli.make_executor(parser.parse_args([*argv, "257"]), load_tokenizer(model_dir))
+    _, info = cli.make_executor(parser.parse_args([*argv, "256"]), load_tokenizer(model_dir))
+    assert info.max_model_len == 256
