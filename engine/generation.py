@@ -78,13 +78,14 @@ class Generation:
                     self.prompt_logprobs = item.prompt_logprobs
                 reason = item.finish_reason
                 ids = item.new_token_ids
-                if reason == "stop" and ids and not self.p.include_stop:
+                if reason == "stop" and ids:
                     # ended by the end-of-sequence token or a stop token id: its text is
-                    # not part of the answer (as vLLM, unless include_stop_str_in_output)
-                    ids = ids[:-1]
-                if reason == "stop" and ids != item.new_token_ids \
-                        and item.new_token_ids[-1] in self.p.stop_token_ids:
-                    self.stop_reason = item.new_token_ids[-1]
+                    # not part of the answer (as vLLM, unless include_stop_str_in_output);
+                    # a stop token id is named as what stopped it, kept in the text or not
+                    if ids[-1] in self.p.stop_token_ids:
+                        self.stop_reason = ids[-1]
+                    if not self.p.include_stop:
+                        ids = ids[:-1]
                 delta = self.text.push(ids)
                 if self.text.stopped:
                     reason = "stop"

@@ -187,6 +187,13 @@ def test_stop_strings_and_tokens_as_vllm_reports_them(live: Running) -> None:
     assert cut.usage.completion_tokens == 4
     assert cut.choices[0].text == first3.choices[0].text
     assert cut.choices[0].model_extra["stop_reason"] == fourth
+    # kept in the text, the token is named all the same
+    kept_id = live.client.completions.create(
+        model=MODEL, prompt="stop test", max_tokens=12, seed=3,
+        extra_body={"stop_token_ids": [fourth], "include_stop_str_in_output": True})
+    assert kept_id.choices[0].finish_reason == "stop"
+    assert kept_id.choices[0].model_extra["stop_reason"] == fourth
+    assert kept_id.choices[0].text.startswith(first3.choices[0].text)
     plain = live.client.completions.create(model=MODEL, prompt="stop test", max_tokens=2)
     assert plain.choices[0].model_extra["stop_reason"] is None
 
