@@ -17,8 +17,8 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -57,9 +57,12 @@ if TYPE_CHECKING:
     from engine.kv_event_publisher import KVEventPublisher
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+T = TypeVar("T")
 # Prompts (or inputs, in all) longer than this many characters are tokenized in a worker
 # thread.
 _INLINE_TOKENIZE_CHARS = 2000
+# Token lists longer than this (to decode, to check, to spell) are read in a worker thread.
+_INLINE_DETOKENIZE_TOKENS = 2000
 
 
 class EngineServer:
@@ -194,22 +197,36 @@ class EngineServer:
             if not isinstance(prompt, str):
                 raise BadRequest("'prompt' must be a string", param="prompt")
             ids = await self._encode(prompt)
-        # as vLLM's: ``token_strs`` null unless asked for
+        token_strs = None  # as vLLM's: null unless asked for
+        if strs:
+            token_strs = await self._off_loop_if_long(self.tokenizer.token_strs, ids)
         return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len,
-                             "tokens": ids,
-                             "token_strs": self.tokenizer.token_strs(ids) if strs else None})
+                             "tokens": ids, "token_strs": token_strs})
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         body = await self._json(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
-        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        if not isinstance(tokens, list):
+            raise BadRequest("'tokens' must be a list of token ids", param="tokens")
+        return JSONResponse({"prompt": await self._off_loop_if_long(self._detokenize, tokens)})
+
+    def _detokenize(self, tokens: list[Any]) -> str:
+        if not all(type(t) is int for t in tokens):
             raise BadRequest("'tokens' must be a list of token ids", param="tokens")
         vocab = self.tokenizer.vocab_size
         bad = next((t for t in tokens if not 0 <= t < vocab), None)
         if bad is not None:
             raise BadRequest(f"'tokens' holds {bad}, outside the vocabulary [0, {vocab})",
                              param="tokens")
-        return JSONResponse({"prompt": self.tokenizer.decode(tokens)})
+        return str(self.tokenizer.decode(tokens))
+
+    @staticmethod
+    async def _off_loop_if_long(fn: Callable[[list[Any]], T], tokens: list[Any]) -> T:
+        """``fn(tokens)``: on the event loop when the list is short, else in a worker
+        thread."""
+        if len(tokens) <= _INLINE_DETOKENIZE_TOKENS:
+            return fn(tokens)
+        return await asyncio.to_thread(fn, tokens)
 
     async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
         dropped = await self.engine.call(self._reset_prefix_cache)
