@@ -42,7 +42,7 @@ from engine.native_generate import NativeGenerateRoute
 from engine.openai_answer import OpenAIAnswer, OpenAIGeneration, abort_unended, child_params
 from engine.request import RequestOutput, SamplingParams
 from engine.sim_embedding import SimEmbedder
-from engine.text_stream import Decoder, SpecialKeeping
+from engine.text_stream import Decoder, SpecialKeeping, TextStream
 from kvwire.media_parts import carries_media
 from kvwire.openai_schema import (
     BadRequest,
@@ -218,7 +218,14 @@ class EngineServer:
         if bad is not None:
             raise BadRequest(f"'tokens' holds {bad}, outside the vocabulary [0, {vocab})",
                              param="tokens")
-        return str(self.tokenizer.decode(tokens))
+        if len(tokens) <= _INLINE_DETOKENIZE_TOKENS:
+            return str(self.tokenizer.decode(tokens))
+        # the tokenizer holds the GIL while it decodes: a long list goes through in
+        # pieces, between which the event loop's thread runs
+        stream = TextStream(self.tokenizer)
+        parts = [stream.push(tokens[i:i + _INLINE_DETOKENIZE_TOKENS])
+                 for i in range(0, len(tokens), _INLINE_DETOKENIZE_TOKENS)]
+        return "".join(parts) + stream.flush()
 
     @staticmethod
     async def _off_loop_if_long(fn: Callable[[list[Any]], T], tokens: list[Any]) -> T:

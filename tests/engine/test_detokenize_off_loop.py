@@ -59,4 +59,4 @@ async def test_long_token_lists_are_read_off_the_event_loop() -> None:
         r = await http.post("/tokenize", json={"prompt": "hello world, " * 2000,
                                                "return_token_strs": True})
         assert r.status_code == 200 and len(r.json()["token_strs"]) == r.json()["count"]
-    assert tok.on_loop == [True, False, False]
+    assert tok.on_loop[0] is True and len(tok.on_loop) > 2 and not any(tok.on_loop[1:])
