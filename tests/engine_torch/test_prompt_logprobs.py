@@ -5,19 +5,17 @@ prefix waits: a request asking for them computes every position."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine import cli
-from engine.core import EngineConfig, EngineCore
+from engine.core import EngineCore
 from engine.executor import SeqWork
 from engine.executors.torch_executor import TorchExecutor
 from engine.model.tiny import write_tiny_model
 from engine.request import SamplingParams, TokenLogprob
-from kvwire.tokenizer import load_tokenizer
+from tests.support.torch_cores import torch_core
 
 SHARED = [(7 * i + 3) % 250 + 5 for i in range(32)]  # two blocks of 16
 PROMPT = [*SHARED, 11, 250, 42, 9, 77, 3, 18]
@@ -30,14 +28,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _core(model_dir: Path, max_num_batched_tokens: int) -> EngineCore:
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    args = parser.parse_args(["--executor", "torch", "--model", str(model_dir),
-                              "--device", "cpu", "--kv-cache-gib", "0.001"])
-    executor, info = cli.make_executor(args, load_tokenizer(model_dir))
-    return EngineCore(executor, EngineConfig(
-        model_id=info.model_id, num_blocks=info.num_blocks, block_size=args.block_size,
-        max_model_len=info.max_model_len, max_num_batched_tokens=max_num_batched_tokens))
+    return torch_core(model_dir, max_num_batched_tokens=max_num_batched_tokens)
 
 
 def _reference(model_dir: Path) -> list[TokenLogprob]:

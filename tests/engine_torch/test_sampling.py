@@ -4,34 +4,23 @@ a seed each request is sampled afresh."""
 
 from __future__ import annotations
 
-import argparse
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-from engine import cli
-from engine.core import EngineConfig, EngineCore
+from engine.core import EngineCore
 from engine.executors.torch_executor import adjust_logits, truncate
 from engine.model.tiny import write_tiny_model
 from engine.request import SamplingParams, TokenLogprob
-from kvwire.tokenizer import load_tokenizer
+from tests.support.torch_cores import torch_core
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11]
 
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory: pytest.TempPathFactory) -> EngineCore:
-    model_dir: Path = write_tiny_model(tmp_path_factory.mktemp("tiny"), "llama", seed=1)
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    args = parser.parse_args(["--executor", "torch", "--model", str(model_dir),
-                              "--device", "cpu", "--kv-cache-gib", "0.001"])
-    executor, info = cli.make_executor(args, load_tokenizer(model_dir))
-    return EngineCore(executor, EngineConfig(
-        model_id=info.model_id, num_blocks=info.num_blocks, block_size=args.block_size,
-        max_model_len=info.max_model_len))
+    return torch_core(write_tiny_model(tmp_path_factory.mktemp("tiny"), "llama", seed=1))
 
 
 def generate(core: EngineCore, **params: object) -> list[int]:

@@ -436,10 +436,9 @@ def test_body_limit_without_content_length(serve: Serve) -> None:
     assert ok.received == []
 
 
-def test_readding_a_replica_keeps_its_accounting_apart(serve: Serve) -> None:
-    slow = Behaviour("slow", first_byte_delay_s=0.6)
-    url = serve(fake_replica(slow)).url
-    gw = start_gateway(serve, [("x", url)])
+def remove_x_with_a_request_in_flight(gw: Gateway) -> tuple[threading.Thread, list[int]]:
+    """Replica x (the gateway's only one, slow to answer) removed while a request is in
+    flight there: the thread sending it, and its status once answered."""
     answers: list[int] = []
     t = threading.Thread(target=lambda: answers.append(httpx.post(
         f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "p"}).status_code))
@@ -447,6 +446,14 @@ def test_readding_a_replica_keeps_its_accounting_apart(serve: Serve) -> None:
     wait_until(lambda: httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH)
                .json()["replicas"][0]["in_flight"], 5, "the request to be in flight to x")
     assert httpx.delete(f"{gw.admin}/admin/replicas/x", headers=AUTH).status_code == 200
+    return t, answers
+
+
+def test_readding_a_replica_keeps_its_accounting_apart(serve: Serve) -> None:
+    slow = Behaviour("slow", first_byte_delay_s=0.6)
+    url = serve(fake_replica(slow)).url
+    gw = start_gateway(serve, [("x", url)])
+    t, answers = remove_x_with_a_request_in_flight(gw)
     assert httpx.post(f"{gw.admin}/admin/replicas", json={"id": "x", "url": url},
                       headers=AUTH).status_code == 201
     t.join(5)
@@ -818,13 +825,7 @@ def test_series_of_a_removed_replica_that_a_late_answer_brought_back_leave_at_th
         return [line for line in httpx.get(f"{gw.url}/metrics").text.splitlines()
                 if 'replica="x"' in line and not line.startswith("#")]
 
-    answers: list[int] = []
-    t = threading.Thread(target=lambda: answers.append(httpx.post(
-        f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "p"}).status_code))
-    t.start()
-    wait_until(lambda: httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH)
-               .json()["replicas"][0]["in_flight"], 5, "the request to be in flight to x")
-    assert httpx.delete(f"{gw.admin}/admin/replicas/x", headers=AUTH).status_code == 200
+    t, answers = remove_x_with_a_request_in_flight(gw)
     assert series_of_x() == []
     t.join(5)
     assert answers == [200]  # its end counted x's series again ...
