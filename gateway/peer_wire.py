@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 import struct
 import sys
 from array import array
@@ -118,6 +117,9 @@ HEARTBEAT_FRAME = _frame(HEARTBEAT, b"")
 
 # chunk hashes carried at most: a prompt's first 64K pieces (4 MB of text at 64 characters)
 MAX_CHUNKS = (MAX_FRAME - 4096) // 4
+# the most tokens a piece may stand for (a piece is 64 characters or 16 token ids; a
+# figure far past that, 1e308, overflowed the receiver's prompt chains)
+MAX_CHUNK_TOKENS = 65536.0
 
 
 def routed_frame(request: RouteRequest, replica: str) -> bytes:
@@ -200,11 +202,13 @@ def _parse_routed(body: bytes, arrival_s: float) -> RoutedElsewhere:
     if m > len(body) - at:
         raise WireError(f"a routed frame's meta of {m} bytes overruns its {len(body)}-byte "
                         "body")
-    if not (math.isfinite(chunk_tokens) and chunk_tokens > 0):
-        raise WireError(f"a routed frame's tokens per chunk is {chunk_tokens!r}, not a "
-                        "positive number")
     meta: Any = orjson.loads(body[at:at + m])
     rest = body[at + m:]
+    # a request of no piece hashes (a policy that keys on none: round_robin, least_load,
+    # kv_events, chunk_chars 0) carries 0; one with hashes, what a piece is worth
+    if not (0 < chunk_tokens <= MAX_CHUNK_TOKENS if rest else chunk_tokens == 0):
+        raise WireError(f"a routed frame's tokens per chunk is {chunk_tokens!r}, not "
+                        + (f"in (0, {MAX_CHUNK_TOKENS}]" if rest else "0 without chunks"))
     if not isinstance(meta, dict):
         raise WireError(f"a routed frame's meta is {type(meta).__name__}, not an object")
     if len(rest) % 4:

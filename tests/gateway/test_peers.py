@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -86,6 +87,20 @@ def test_frames_read_back_as_written() -> None:
     assert _parse(sent_frame(9, "r-é", 1234)) == Sent(9, "r-é", 1234)
     assert _parse(seq_frame(FIRST_BYTE, 9)) == Settled(FIRST_BYTE, 9)
     assert _parse(seq_frame(DONE, 2**40)) == Settled(DONE, 2**40)
+
+
+def test_a_request_of_no_piece_hashes_reads_back_and_odd_piece_worths_are_refused() -> None:
+    # every policy but cost and those hashing text pieces builds requests of no pieces
+    # (chunk_tokens 0): the receiver refused them and dropped the link at every request
+    bare = RouteRequest(tokens=(), prompt_tokens=40, model="m", arrival_s=0.0)
+    got = _parse(routed_frame(bare, "r1"))
+    assert isinstance(got, RoutedElsewhere) and got.replica == "r1"
+    assert list(got.request.chunks) == [] and got.request.chunk_tokens == 0
+    for worth, chunks in ((0.0, True), (1e308, True), (float("nan"), True), (16.0, False)):
+        req = dataclasses.replace(_request(_document(2) if chunks else ""),
+                                  chunk_tokens=worth)
+        with pytest.raises(WireError, match="tokens per chunk"):
+            _parse(routed_frame(req, "r1"))
 
 
 @pytest.mark.parametrize("mangle, error", [
