@@ -68,7 +68,8 @@ def snapshot(fleet: Fleet, discovery: Sequence[SourceStats] = ()) -> dict[str, A
     return {"replicas": [{
         "config": dataclasses.asdict(s.config), "slot": s.slot,
         "forward_auth": s.forward_auth, "source": s.source, "checks": s.checks,
-        "check": list(s.last_check), "scrape_seq": s.scrape_seq,
+        "check": list(s.last_check), "healthy": s.healthy,
+        "awaiting_check": s.awaiting_check, "scrape_seq": s.scrape_seq,
         "pending_at_scrape": s.pending_at_scrape,
         "in_flight_at_scrape": s.in_flight_at_scrape,
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
@@ -291,13 +292,16 @@ class BoxFeed:
         for rid, r in wanted.items():
             state = fleet.get(rid) or fleet.add(
                 from_mapping(ReplicaConfig, r["config"], "replica"),
-                forward_auth=r["forward_auth"], source=r["source"], slot=r["slot"])
+                forward_auth=r["forward_auth"], source=r["source"], slot=r["slot"],
+                checked_first=r["awaiting_check"])
             seen = self._applied.setdefault(rid, _Applied())
             if r["checks"] != seen.checks:
                 seen.checks = r["checks"]
                 ok, error = r["check"]
                 fleet.record_health(rid, ok, error, self.failures_to_eject,
                                     self.successes_to_readmit)
+            # the leader's word, whatever checks this follower missed or counted apart
+            fleet.follow_health(rid, r["healthy"], r["awaiting_check"])
             if r["scrape_seq"] != seen.scrape_seq and r["scraped"] is not None:
                 seen.scrape_seq = r["scrape_seq"]
                 # the box's pending when the leader took it, not now: what the gauge holds

@@ -584,6 +584,17 @@ class Fleet:
         self._tell(HealthChanged(replica_id, False))
         return True
 
+    def follow_health(self, replica_id: str, healthy: bool, awaiting_check: bool) -> None:
+        """Take another process's word for a replica's health (a worker following the
+        box's first worker, which runs the checks)."""
+        state = self._replicas.get(replica_id)
+        if state is None:
+            return
+        state.awaiting_check = awaiting_check
+        if state.healthy != healthy:
+            state.healthy = healthy
+            self._tell(HealthChanged(replica_id, healthy))
+
     def eject(self, replica_id: str, error: str) -> bool:
         """Passive ejection after a connect error; True when it was healthy before."""
         state = self._replicas.get(replica_id)

@@ -205,6 +205,35 @@ def test_followers_apply_what_the_leader_found(feed_block: shared_memory.SharedM
         follower.block.close()
 
 
+def test_followers_keep_a_replica_out_while_the_leader_does(
+        feed_block: shared_memory.SharedMemory) -> None:
+    # a replica added at run time is out until the leader's first check passes: the
+    # followers added it healthy, and one failed check (of two to eject) left it in
+    leader_fleet, follower_fleet = Fleet(list(REPLICAS)), Fleet(list(REPLICAS))
+    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
+                     True, failures_to_eject=2, successes_to_readmit=1)
+    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
+                       follower_fleet, False, failures_to_eject=2, successes_to_readmit=1)
+
+    def healthy() -> tuple[bool, ...]:
+        return tuple(next(v.healthy for v in f.views() if v.id == "new")
+                     for f in (leader_fleet, follower_fleet))
+
+    try:
+        leader_fleet.add(ReplicaConfig("new", "http://127.0.0.1:7"), checked_first=True)
+        leader.publish()
+        assert follower.poll() and healthy() == (False, False)
+        leader_fleet.record_health("new", False, "refused", 2, 1)  # still starting
+        leader.publish()
+        assert follower.poll() and healthy() == (False, False)
+        leader_fleet.record_health("new", True, None, 2, 1)
+        leader.publish()
+        assert follower.poll() and healthy() == (True, True)
+    finally:
+        leader.block.close()
+        follower.block.close()
+
+
 async def test_a_follower_whose_leader_died_before_publishing_stops_at_once(
         feed_block: shared_memory.SharedMemory) -> None:
     bell, ring = multiprocessing.Pipe(duplex=False)
