@@ -50,9 +50,17 @@ def token_bytes(tokens: Sequence[int]) -> memoryview:
     return memoryview(arr).cast("B")
 
 
+# the most points a ring holds (weights scaled down past it): a ring is built on the event
+# loop, and weights of 100 on every replica once made it 100 times the ring of weights 1
+MAX_POINTS = 1 << 18
+
+
 class Ring:
-    """An immutable ring over ``members`` (replica id, weight); ``vnodes`` points per unit
-    of weight; members with weight <= 0 are left off. Build a new one when they change."""
+    """An immutable ring over ``members`` (replica id, weight); ``vnodes`` points per
+    unit of weight, where the least weight is the unit when it is over 1 (weights are
+    relative: all 100 is all 1; a fleet with a weight of 1 or less keeps its layout), at
+    most ``MAX_POINTS`` in all; members with weight <= 0 are left off. Build a new one
+    when they change."""
 
     __slots__ = ("members", "owners", "points", "vnodes")
 
@@ -61,9 +69,12 @@ class Ring:
             raise ValueError(f"vnodes must be >= 1, got {vnodes}")
         self.members: dict[str, float] = {rid: w for rid, w in members if w > 0}
         self.vnodes = vnodes
+        unit = max(1.0, min(self.members.values(), default=1.0))
+        counts = {rid: vnodes * w / unit for rid, w in self.members.items()}
+        scale = min(1.0, MAX_POINTS / max(1.0, sum(counts.values())))
         owner_at: dict[int, str] = {}
-        for rid, weight in sorted(self.members.items()):
-            for i in range(max(1, round(vnodes * weight))):
+        for rid, count in sorted(counts.items()):
+            for i in range(max(1, round(count * scale))):
                 owner_at[_hash_point(f"{rid}-{i}")] = rid
         self.points: list[int] = sorted(owner_at)
         self.owners: list[str] = [owner_at[p] for p in self.points]
@@ -106,9 +117,11 @@ def walk(points: list[int], owners: Sequence[_T], distinct: int, key: int) -> It
 
 class RingCache:
     """Rings by membership, and their owners as positions in the order replicas came in;
-    both kept for the last few memberships and orders, so a decision never rebuilds one."""
+    both kept for the memberships and orders used last (up to ``_KEEP``, the least
+    recently used let go first: a tenant's partition is a membership of its own), so a
+    decision never rebuilds one."""
 
-    _KEEP = 4
+    _KEEP = 16
 
     def __init__(self, vnodes: int) -> None:
         self.vnodes = vnodes
@@ -124,10 +137,14 @@ class RingCache:
             return last[2]  # most decisions see the last membership: compared as lists
         order = (tuple(ids), tuple(weights))
         layout = self._layouts.get(order)
-        if layout is None:
+        if layout is not None:
+            self._layouts.move_to_end(order)
+        else:
             members = tuple(sorted(zip(ids, weights, strict=True)))
             ring = self._rings.get(members)
-            if ring is None:
+            if ring is not None:
+                self._rings.move_to_end(members)
+            else:
                 ring = self._rings[members] = Ring(members, self.vnodes)
                 while len(self._rings) > self._KEEP:
                     self._rings.popitem(last=False)

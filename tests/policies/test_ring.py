@@ -4,12 +4,13 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from policies.base import ReplicaView, RouteRequest
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
-from policies.ring import Ring, RingCache, stable_hash, token_bytes
+from policies.ring import MAX_POINTS, Ring, RingCache, stable_hash, token_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 VNODES = PrefixAffinityConfig().vnodes
@@ -126,6 +127,34 @@ def test_layout_is_uhashrings_with_our_hash(weights: tuple[float, ...]) -> None:
     nodes = {rid: {"vnodes": max(1, round(40 * w)), "weight": 1} for rid, w in sorted(members)}
     theirs = HashRing(nodes=nodes, hash_fn=lambda label: stable_hash(label.encode()))
     assert list(zip(ring.points, ring.owners, strict=True)) == theirs.get_points()
+
+
+def test_weights_are_relative_and_a_ring_is_bounded() -> None:
+    # weights of 100 on every replica built 100 times the points of weights 1 (8 replicas
+    # at prefix_affinity's 1,024 virtual nodes: 1.5 s on the event loop)
+    assert Ring([("a", 100.0), ("b", 200.0)], 8).points == \
+        Ring([("a", 1.0), ("b", 2.0)], 8).points
+    assert len(Ring([("a", 0.5), ("b", 100.0)], 1024).points) <= MAX_POINTS
+
+
+def test_the_rings_of_many_memberships_in_turn_are_built_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # five tenants' partitions in turn: with four rings kept, one was built at every
+    # decision
+    built: list[int] = []
+    real = Ring.__init__
+
+    def counting(self: Ring, members: Any, vnodes: int) -> None:
+        built.append(1)
+        real(self, members, vnodes)
+
+    monkeypatch.setattr(Ring, "__init__", counting)
+    cache = RingCache(16)
+    partitions = [[f"r{p}{i}" for i in range(3)] for p in range(6)]
+    for _ in range(3):
+        for ids in partitions:
+            cache.layout(ids, [1.0] * 3)
+    assert len(built) == 6
 
 
 def test_a_layout_follows_the_ids_even_when_the_callers_list_is_changed_in_place() -> None:
