@@ -111,6 +111,7 @@ from policies.slots import DecodeSlots
 _ID, _WEIGHT, _HEALTHY = (itemgetter(ReplicaView._fields.index(name))
                           for name in ("id", "weight", "healthy"))
 _REFRESH_S = 0.25  # arrival seconds between reads of the views' slowly changing gauges
+_MEMBERSHIPS_KEPT = 16  # memberships whose last refresh is remembered (as rings are)
 
 
 class _Prepared(NamedTuple):
@@ -154,7 +155,9 @@ class Cost(Policy):
         # the replicas of the last hot decision: (ids, weights, healthy, scratch indexes)
         self._eligible: tuple[list[str], list[float], list[bool], set[int]] = (
             [], [], [], set())
-        self._refreshed: tuple[float, int] | None = None  # (arrival, healthy count)
+        # per membership (its ring): (arrival, healthy count) of its last refresh
+        self._refreshed: dict[object, tuple[float, int]] = {}
+        self._rates: dict[str, float | None] = {}  # each replica's scraped prefill rate
         self._mean_room = 0.0  # mean of ``_room`` over the replicas seen (``_refresh``)
         self._index: tuple[list[str], dict[str, int]] = ([], {})  # the last order seen
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
@@ -205,10 +208,10 @@ class Cost(Policy):
         n_ok = up.count(True)
         if not n_ok:
             healthy(replicas)  # names the error
-        self._refresh(replicas, up, n_ok, request.arrival_s)
         ids = list(map(_ID, replicas))
         weights = list(map(_WEIGHT, replicas))
         ring, owners = self._rings.layout(ids, weights)
+        self._refresh(replicas, up, n_ok, request.arrival_s, ring)
         index = self._index_of(ids)
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
@@ -404,26 +407,35 @@ class Cost(Policy):
         return None
 
     def _refresh(self, replicas: Sequence[ReplicaView], up: list[bool], n_ok: int,
-                 now: float | None) -> None:
+                 now: float | None, membership: object) -> None:
         """Take the replicas' epochs, capacities, slot gauges and prefill rates from the
-        healthy views (``up``, ``n_ok`` of them): at most every ``_REFRESH_S`` of arrival
-        time (they change with scrapes, a second or more apart), and whenever the healthy
-        count changes."""
-        last = self._refreshed
+        healthy views (``up``, ``n_ok`` of them): for each ``membership`` (the fleet, a
+        tenant's partition: its ring), at most every ``_REFRESH_S`` of arrival time (they
+        change with scrapes, a second or more apart), and whenever the healthy count
+        changes. (Throttled over all memberships at once, a partition whose decisions
+        followed another's within that time was never refreshed.)"""
+        memo = self._refreshed
+        last = memo.pop(membership, None)  # put back last: the memberships used lately
         if now is not None and last is not None and last[1] == n_ok \
                 and 0.0 <= now - last[0] < _REFRESH_S:
+            memo[membership] = last
             return
-        self._refreshed = None if now is None else (now, n_ok)
+        if now is not None:
+            memo[membership] = (now, n_ok)
+            if len(memo) > _MEMBERSHIPS_KEPT:
+                del memo[next(iter(memo))]
         ok = list(compress(replicas, up))
         facts = self._facts
         for r in ok:
             if r.id not in facts:
                 self._facts_changed += 1
             facts[r.id] = (r.epoch, r.kv_capacity_tokens)
+            self._rates[r.id] = r.prefill_tokens_per_s
         self._slots.saw_all(ok)
-        if last is not None and now is not None and now > last[0]:
-            self._models.age(ok, now, now - last[0], self._model_size)
-        rates = [r.prefill_tokens_per_s for r in ok]
+        if now is not None:
+            self._models.age(ok, now, self._model_size)
+        # every known replica's latest rate (a partition's views hold only its own)
+        rates = [self._rates.get(rid) for rid in facts]
         self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
         rooms = [self._room(rid) for rid in facts]
         self._mean_room = sum(rooms) / len(rooms) if rooms else 0.0
@@ -603,6 +615,7 @@ class Cost(Policy):
             self._models.remove(event.replica)
             if self._facts.pop(event.replica, None) is not None:
                 self._facts_changed += 1
+            self._rates.pop(event.replica, None)
             self._slots.forget(event.replica)
             self._placement.forget_replica(event.replica)
             self._exact.forget(event.replica)

@@ -41,8 +41,8 @@ class _Model(NamedTuple):
 class ReplicaModels:
     """The cache models of a fleet's replicas; see the module docstring."""
 
-    __slots__ = ("_churn", "_churn_key", "_heads", "_hints", "_load_window_s", "_models",
-                 "_own_load")
+    __slots__ = ("_aged_at", "_churn", "_churn_key", "_heads", "_hints", "_load_window_s",
+                 "_models", "_own_load")
 
     def __init__(self, load_window_s: float) -> None:
         self._load_window_s = load_window_s
@@ -51,6 +51,7 @@ class ReplicaModels:
         self._hints: dict[int, int] = {}  # prefix key -> entries held at its last match
         self._own_load: dict[str, DecayedRate] = {}  # uncached tokens routed, per replica
         self._churn: dict[str, float] = {}  # others' prefill not yet in a model, tokens
+        self._aged_at: dict[str, float] = {}  # when each replica's model was last aged
         self._churn_key = 0  # the last churn entry's key
 
     def get(self, replica: str) -> ReplicaCacheModel | None:
@@ -123,15 +124,20 @@ class ReplicaModels:
             own.add(now, uncached)
         return uncached
 
-    def age(self, views: Iterable[ReplicaView], now: float, dt: float,
+    def age(self, views: Iterable[ReplicaView], now: float,
             size_of: Callable[[str], tuple[int, int]]) -> None:
-        """Age each replica's model by the prefill it did in the last ``dt`` seconds that
-        this copy did not send (see the module docstring). ``size_of(replica)``: its
-        (epoch, model size)."""
+        """Age each replica's model by the prefill it did since its model was last aged
+        that this copy did not send (see the module docstring): each replica by its own
+        time, since decisions over a tenant's partition see only its replicas.
+        ``size_of(replica)``: its (epoch, model size)."""
+        aged_at = self._aged_at
         for r in views:
+            since = aged_at.get(r.id)
+            aged_at[r.id] = now
             rate = r.prefill_tokens_per_s
-            if rate is None:
+            if rate is None or since is None or now <= since:
                 continue
+            dt = now - since
             own = self._own_load.get(r.id)
             others = rate - (own.rate(now) * _OWN_MARGIN if own is not None else 0.0)
             if others <= 0:
@@ -177,6 +183,7 @@ class ReplicaModels:
         self._forget_heads(replica)
         self._own_load.pop(replica, None)
         self._churn.pop(replica, None)
+        self._aged_at.pop(replica, None)
 
     def reset(self, replica: str) -> None:
         """Empty the model of a replica that restarted (its cache is empty)."""

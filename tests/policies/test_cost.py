@@ -571,3 +571,24 @@ def test_a_decision_over_a_tenants_partition_leaves_the_fleets_homes_alone() -> 
     assert policy.describe()["placed_hot_tokens"] == placed
     assert [policy.choose(request(tokens, at=20), fleet).chosen for tokens in hot] == homes
     policy.check_integrity()
+
+
+@pytest.mark.parametrize("apart_s", [0.3, 0.05])
+def test_each_tenants_partition_ages_its_replicas_by_their_own_time(apart_s: float) -> None:
+    # decisions over two partitions in turn: each aged its replicas by the time since the
+    # other's decision (half the others' prefill), and a partition whose decisions came
+    # within 0.25 s of the other's was never refreshed (never aged, its replicas unknown)
+    def views(ids: list[str]) -> list[ReplicaView]:
+        return [ReplicaView(r, kv_capacity_tokens=10**9, prefill_tokens_per_s=5000.0)
+                for r in ids]
+
+    policy, t, i = Cost(), 0.0, 0
+    while t < 60.0:
+        for ids, at in ((["a0", "a1"], t), (["b0", "b1"], t + apart_s)):
+            policy.choose(RouteRequest(tokens=list(range(i, i + 20)), prompt_tokens=20,
+                                       arrival_s=at), views(ids))
+            i += 20
+        t += 0.6
+    aged = {rid: model.used for rid, model in policy._models.models()}
+    assert sorted(aged) == ["a0", "a1", "b0", "b1"]
+    assert all(290_000 < used <= 300_000 for used in aged.values()), aged

@@ -70,12 +70,14 @@ def test_prefill_this_copy_did_not_send_ages_the_model() -> None:
     models = ReplicaModels(load_window_s=60.0)
     views, index, up = fleet(1), {"r0": 0}, [True]
     models.admit("r0", 0, 2048, chain(5), owner=5, prompt_tokens=1024, now=0.0)
+    models.age([ReplicaView("r0", prefill_tokens_per_s=1500.0)], now=0.0,
+               size_of=lambda rid: (0, 2048))  # first seen: its time starts
     # this copy sent 1,024 tokens in the last second; the replica prefilled 1,500
-    models.age([ReplicaView("r0", prefill_tokens_per_s=1500.0)], now=1.0, dt=1.0,
+    models.age([ReplicaView("r0", prefill_tokens_per_s=1500.0)], now=1.0,
                size_of=lambda rid: (0, 2048))
     assert models.matches(chain(5), 5, views, index, up, 1024) == {0: 1023}
     # ... then 5,000 a second: the others' prefill no longer fits beside the document
-    models.age([ReplicaView("r0", prefill_tokens_per_s=5000.0)], now=2.0, dt=1.0,
+    models.age([ReplicaView("r0", prefill_tokens_per_s=5000.0)], now=2.0,
                size_of=lambda rid: (0, 2048))
     assert models.matches(chain(5), 5, views, index, up, 1024) == {}
     models.check_integrity()
