@@ -173,9 +173,13 @@ class Radix(Policy):
 
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed):
+            # the snapshot's facts, for the replica routed to and those already known: a
+            # snapshot taken before a replica left (a decision, then its removal, then the
+            # send) would bring a removed one back for good
+            seen = self._seen
             for r in event.replicas:
-                if r.healthy:
-                    self._seen[r.id] = (r.epoch, r.kv_capacity_tokens)
+                if r.healthy and (r.id in seen or r.id == event.replica):
+                    seen[r.id] = (r.epoch, r.kv_capacity_tokens)
         for rid, (epoch, _) in self._seen.items():
             if self._epochs.setdefault(rid, epoch) != epoch:
                 self.tree.drop(rid)

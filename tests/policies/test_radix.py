@@ -134,3 +134,16 @@ def test_whole_tree_memory_bound() -> None:
         route(policy, doc(i, 2000), views, to=f"r{i % 4}")
         assert policy.tree.estimated_bytes() <= 0.05 * 1024 * 1024
     assert policy.tree.nodes > 0
+
+
+def test_a_replica_removed_between_a_decision_and_its_send_is_not_brought_back() -> None:
+    # the send's event carries the decision's snapshot, which still named the replica
+    # discovery removed meanwhile: it was learned again and never forgotten
+    policy = Radix()
+    for k in range(50):
+        views = [ReplicaView("stay"), ReplicaView(f"pod-{k}")]
+        request = RouteRequest(tokens=[k] * 40, prompt_tokens=40)
+        policy.choose(request, views)
+        policy.observe(ReplicaRemoved(f"pod-{k}"))
+        policy.observe(Routed(request, "stay", views))
+    assert set(policy._seen) == set(policy._epochs) == {"stay"}
