@@ -6,6 +6,7 @@ keeps its own counts (``ReplicaState``) and copies them into its own cells of on
 memory block; a policy's view sums every worker's cells. Layout, all little-endian::
 
     [0, 8)                         magic (u64)
+    [8, 24)                        the box's id: 16 random bytes (``box_id``)
     cell(slot, worker) = HEADER + (slot * workers + worker) * CELL_BYTES
     cell: pending_tokens i64, in_flight i64, oldest_sent_at f64 (monotonic, 0 = none),
           oldest_tokens i64, progress_at f64 (monotonic: when the replica last gave this
@@ -25,13 +26,14 @@ stop, and never off by more than the requests moving at that moment.
 
 from __future__ import annotations
 
-import hashlib
+import os
 import struct
 from multiprocessing import shared_memory
 from typing import NamedTuple
 
 MAGIC = 0x6B76676174656C64  # "kvgateld"
-HEADER = 8
+BOX_ID = slice(8, 24)  # 16 random bytes the supervisor writes: the box's name to peers
+HEADER = 24
 _CELL = struct.Struct("<qqdqd")
 CELL_BYTES = _CELL.size
 
@@ -71,8 +73,10 @@ class SharedLoad:
 
     @property
     def box_id(self) -> bytes:
-        """16 bytes naming the box (its block, which every worker of it opens)."""
-        return hashlib.blake2b(self._block.name.encode(), digest_size=16).digest()
+        """16 random bytes naming the box, written in its block (which every worker of it
+        opens) by the supervisor. (A hash of the block's name had its 32 random bits: two
+        boxes whose blocks were named alike took each other for themselves.)"""
+        return bytes(self._buf[BOX_ID])
 
     @staticmethod
     def size(workers: int, slots: int) -> int:
@@ -85,6 +89,7 @@ class SharedLoad:
         buf = _view(block)
         buf[: block.size] = bytes(block.size)
         struct.pack_into("<Q", buf, 0, MAGIC)
+        buf[BOX_ID] = os.urandom(BOX_ID.stop - BOX_ID.start)
         return block
 
     def _offset(self, slot: int, worker: int) -> int:

@@ -21,7 +21,7 @@ from gateway.fleet import Fleet, ModelInfo
 from gateway.idle_watch import IdleWatch
 from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.replica_metrics import ScrapedMetrics
-from gateway.shared_load import SharedLoad
+from gateway.shared_load import BOX_ID, SharedLoad
 from gateway.workers import share_of
 
 REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9"), ReplicaConfig("r1", "http://127.0.0.1:8")]
@@ -146,6 +146,22 @@ def test_a_removed_replicas_slot_is_reused_once_idle_and_quarantined(
     finally:
         load.close()
         load_f.close()
+
+
+def test_a_box_is_named_by_16_random_bytes_every_worker_reads_alike(
+        load_block: shared_memory.SharedMemory) -> None:
+    # its peers id was a hash of the block's name, which holds 32 random bits
+    (_, one), (_, two) = _worker(load_block, 0), _worker(load_block, 1)
+    other_block = SharedLoad.create(workers=2, slots=4)
+    other = SharedLoad(shared_memory.SharedMemory(other_block.name), 2, 0, 4)
+    try:
+        assert one.box_id == two.box_id != other.box_id
+        assert one.box_id == bytes(load_block.buf[BOX_ID]) != bytes(16)  # drawn at create
+    finally:
+        for load in (one, two, other):
+            load.close()
+        other_block.close()
+        other_block.unlink()
 
 
 def test_load_block_rejects_a_foreign_block() -> None:
