@@ -159,7 +159,8 @@ class Cost(Policy):
         self._refreshed: dict[object, tuple[float, int]] = {}
         self._rates: dict[str, float | None] = {}  # each replica's scraped prefill rate
         self._mean_room = 0.0  # mean of ``_room`` over the replicas seen (``_refresh``)
-        self._index: tuple[list[str], dict[str, int]] = ([], {})  # the last order seen
+        # the last order seen: its ids, each id's position, and the positions in id order
+        self._index: tuple[list[str], dict[str, int], list[int]] = ([], {}, [])
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
         # owners known hot since the sketch last halved (counts only grow in between)
         self._hot_owners: tuple[int, set[int]] = (0, set())
@@ -443,7 +444,8 @@ class Cost(Policy):
     def _index_of(self, ids: list[str]) -> dict[str, int]:
         """Position of each id in ``ids`` (kept for the last order seen)."""
         if self._index[0] != ids:
-            self._index = (list(ids), {rid: i for i, rid in enumerate(ids)})
+            self._index = (list(ids), {rid: i for i, rid in enumerate(ids)},
+                           sorted(range(len(ids)), key=ids.__getitem__))
         return self._index[1]
 
     def _home(self, prep: _Prepared, p: int, ids: Sequence[str], index: dict[str, int],
@@ -539,12 +541,13 @@ class Cost(Policy):
 
         Between equally loaded replicas (idle ones, most often) the one over all is a
         scratch replica where there is one: its cache churns already, while a home's
-        holds hot prefixes; otherwise ties go to the first in the fleet's order counted
-        from ``key`` (the prefix key), so one prefix's spills land on one replica and no
+        holds hot prefixes; otherwise ties go to the first in id order counted from
+        ``key`` (the prefix key), so one prefix's spills land on one replica and no
         replica takes every prefix's. Taken first in the fleet's order instead, the
         fleet's first replica took most spills and lost the most hot documents (offline,
         LRU engines, 20,000 requests: contracts token hit 0.655 -> 0.664, contracts-400
-        0.720 -> 0.725)."""
+        0.720 -> 0.725); in id order, not the order the fleet's replicas were added in
+        (discovery's answers), so gateway copies spill a prefix to the same replica."""
         inf = math.inf
         best = outside = -1
         best_wait = best_queue = outside_wait = outside_queue = inf
@@ -552,8 +555,9 @@ class Cost(Policy):
             else None
         n = len(replicas)
         start = key % n if n else 0
+        by_id = self._index[2] if len(self._index[2]) == n else range(n)
         for j in range(start, start + n):  # the hot loop of a decision: kept plain
-            i = j if j < n else j - n
+            i = by_id[j if j < n else j - n]
             if not up[i]:
                 continue
             r = replicas[i]

@@ -592,3 +592,16 @@ def test_each_tenants_partition_ages_its_replicas_by_their_own_time(apart_s: flo
     aged = {rid: model.used for rid, model in policy._models.models()}
     assert sorted(aged) == ["a0", "a1", "b0", "b1"]
     assert all(290_000 < used <= 300_000 for used in aged.values()), aged
+
+
+def test_equally_idle_replicas_are_told_apart_in_id_order_not_the_fleets() -> None:
+    # gateway copies whose discovery listed the replicas in another order spilled one
+    # prefix to different idle replicas
+    chosen = set()
+    for order in (["r0", "r1", "r2", "r3"], ["r2", "r0", "r3", "r1"]):
+        policy = Cost()
+        views = [ReplicaView(rid) for rid in order]
+        policy._index_of(order)
+        best, _ = policy._least_loaded(views, [True] * 4, set(), key=6)
+        chosen.add(order[best])
+    assert chosen == {"r2"}  # 6 % 4 in id order
