@@ -101,7 +101,8 @@ class Monitor:
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/health",
-                                            headers=state.credentials) as resp:
+                                            headers=state.credentials,
+                                            allow_redirects=False) as resp:
                     await resp.read()
                     if resp.status != 200:
                         ok, error = False, f"/health answered {resp.status}"
@@ -123,7 +124,8 @@ class Monitor:
         try:
             async with asyncio.timeout(self.health_cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/v1/models",
-                                            headers=state.credentials) as resp:
+                                            headers=state.credentials,
+                                            allow_redirects=False) as resp:
                     if resp.status != 200:
                         self._refused(state, "/v1/models", resp.status)
                         return
@@ -189,7 +191,8 @@ class Monitor:
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/metrics",
-                                            headers=state.credentials) as resp:
+                                            headers=state.credentials,
+                                            allow_redirects=False) as resp:
                     if resp.status != 200:
                         self._refused(state, "/metrics", resp.status)
                         self._scrape_failed(state)

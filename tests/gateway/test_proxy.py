@@ -884,3 +884,36 @@ def test_a_replica_added_at_run_time_is_used_only_once_its_first_check_passed(
         silent.close()
         for conn in held:
             conn.close()
+
+
+def test_a_replicas_redirects_are_not_followed_by_checks_or_scrapes(serve: Serve) -> None:
+    # a replica answering 302 to an address the admin API would refuse had the gateway
+    # fetch /health, /v1/models and /metrics there, and publish that model list
+    reached: list[str] = []
+
+    async def inner(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body",
+                    "body": b'{"object": "list", "data": [{"id": "secret-model"}]}'})
+
+    target = serve(inner).url
+
+    async def redirecting(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 302,
+                    "headers": [(b"location", f"{target}{scope['path']}".encode())]})
+        await send({"type": "http.response.body", "body": b""})
+
+    gw = start_gateway(serve, [("r0", serve(redirecting).url)])
+    wait_until(lambda: "302" in str(httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH)
+                                    .json()["replicas"][0]["last_error"]), 5,
+               "a health check to fail on the redirect")
+    time.sleep(0.5)  # a few check and scrape rounds
+    (r0,) = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()["replicas"]
+    assert r0["healthy"] is False
+    assert reached == []
+    assert "secret-model" not in httpx.get(f"{gw.url}/v1/models").text
