@@ -31,6 +31,7 @@ def upstream_headers(request: Request, trusted: Networks,
     then says that tenant, or is left out, whatever the client sent (a key's tenant is
     not the one a client may claim in the header)."""
     out = forward_headers(request.headers)
+    out.pop("origin", None)  # a browser's: CORS is the gateway's to answer, not a replica's
     if tenant is not None:
         name, value = tenant
         name = name.lower()  # the forwarded names are lower case; the config's may not be

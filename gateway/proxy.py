@@ -84,7 +84,13 @@ _ERROR_MESSAGE_CHARS = 300  # of a replica's 5xx message, told to the client
 DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", generate_request.PATH))
 
 
-_SERVER_OWN = _HOP_BY_HOP | {"date", "server"}  # the gateway's server writes its own
+# what the gateway writes itself: its server's date and name, and CORS, which only the
+# gateway's ``cors`` config answers (a replica's own, such as vLLM's allow-any-origin
+# default, opened a gateway configured with no origins to every web page)
+_SERVER_OWN = _HOP_BY_HOP | {
+    "date", "server", "access-control-allow-origin", "access-control-allow-credentials",
+    "access-control-allow-methods", "access-control-allow-headers",
+    "access-control-expose-headers", "access-control-max-age"}
 
 
 def forward_headers(headers: Mapping[str, str], skip: frozenset[str] = _HOP_BY_HOP

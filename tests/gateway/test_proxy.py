@@ -917,3 +917,17 @@ def test_a_replicas_redirects_are_not_followed_by_checks_or_scrapes(serve: Serve
     assert r0["healthy"] is False
     assert reached == []
     assert "secret-model" not in httpx.get(f"{gw.url}/v1/models").text
+
+
+def test_a_replicas_cors_headers_never_reach_a_browser(serve: Serve) -> None:
+    # vLLM answers any Origin with access-control-allow-origin: *; relayed, it opened a
+    # gateway configured with no CORS origins to every web page's simple POSTs
+    open_cors = Behaviour("r0", answer_headers=(("access-control-allow-origin", "*"),
+                                                ("access-control-allow-credentials", "true")))
+    gw = start_gateway(serve, [("r0", serve(fake_replica(open_cors)).url)])
+    r = httpx.post(f"{gw.url}/v1/completions", headers={
+        "origin": "https://elsewhere.example", "content-type": "text/plain"},
+        content=b'{"model": "sim-model", "prompt": "p"}')
+    assert r.status_code == 200
+    assert not [k for k in r.headers if k.startswith("access-control-")]
+    assert "origin" not in open_cors.headers[-1]  # the replica is not asked either
