@@ -172,7 +172,8 @@ class _Connection(asyncio.Protocol):
         self._answer: UpstreamResponse | None = None
         self._got_bytes = False
         self._sent_at = 0.0  # monotonic: when the request it carries was written
-        self._head_bytes = 0  # of the answer now awaited, before its head completed
+        self._head_bytes = 0  # of the answer now awaited: its head, then its trailers
+        self._overrun: str | None = None  # why a parser callback gave up on the answer
         self._interim = False  # parsing a 1xx answer's head
         self._paused = False
         self.reused = False
@@ -199,7 +200,7 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._broken(UpstreamBroken("the replica asked for a protocol upgrade"))
         except httptools.HttpParserError as exc:
-            self._broken(UpstreamBroken(f"malformed answer ({exc})"))
+            self._broken(UpstreamBroken(self._overrun or f"malformed answer ({exc})"))
 
     def eof_received(self) -> bool | None:
         return False  # close the transport: connection_lost follows
@@ -224,7 +225,15 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks --------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
         answer = self._answer
-        if answer is not None:
+        if answer is not None and answer._head.done():
+            # a chunked body's trailer, after the head: never relayed, so not kept; bounded
+            # with the head (a replica sending trailer lines without end grew the gateway's
+            # memory by gigabytes, its bytes keeping the idle timeout away)
+            self._head_bytes += len(name) + len(value)
+            if self._head_bytes > _MAX_HEAD_BYTES:
+                self._overrun = f"the answer's head and trailers passed {_MAX_HEAD_BYTES} bytes"
+                raise ValueError(self._overrun)
+        elif answer is not None:
             key = name.decode("latin-1").lower()
             text = value.decode("latin-1")
             had = answer.headers.get(key)
@@ -286,6 +295,7 @@ class _Connection(asyncio.Protocol):
         answer = self._answer = UpstreamResponse(self)
         self._got_bytes = False
         self._head_bytes = 0
+        self._overrun = None
         self._sent_at = time.monotonic()
         self.transport.write(data)
         await answer._head

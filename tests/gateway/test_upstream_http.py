@@ -424,3 +424,28 @@ def test_an_idle_connection_is_closed_after_idle_s_with_no_request_to_come() -> 
             assert await read_all(client, url) == (200, b"{}")  # made again when asked
             await client.close()
     asyncio.run(main())
+
+
+def test_trailer_lines_without_end_break_the_answer() -> None:
+    """A chunked body, then trailer lines for ever: each one was kept (gigabytes in
+    seconds), its bytes keeping the idle timeout away. Now they count with the head."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+        try:
+            for i in range(100_000):
+                writer.write(b"x-t%d: %s\r\n" % (i, b"v" * 100))
+                await writer.drain()
+        except ConnectionError:
+            pass
+        return False
+
+    async def main() -> None:
+        async with Server(handler) as url:
+            client = UpstreamClient()
+            response = await client.post(url, b"{}", {})
+            with pytest.raises(UpstreamBroken, match="trailers passed"):
+                while await asyncio.wait_for(response.readany(), 10):
+                    pass
+            await client.close()
+    asyncio.run(main())
