@@ -7,6 +7,7 @@ opened in the lifespan and closed on shutdown.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.metadata
 import logging
@@ -30,7 +31,7 @@ from gateway.errors import NoReplicaAvailable
 from gateway.fleet import ModelInfo
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.generate_request import PATH as GENERATE_PATH
-from gateway.intake import Intake, read_timed_body, take_in, take_place
+from gateway.intake import PARSE_ON_THREAD_BYTES, Intake, read_timed_body, take_in, take_place
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
 from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
@@ -214,12 +215,17 @@ async def invocations(request: Request) -> Response:
     score, classify, pooling: vLLM tells them by the model's task) goes, as the other
     pass-through endpoints do, to the replica's own ``/invocations``."""
     gw: GatewayState = request.app.state.gw
-    try:  # read within the limits, and kept on the request for the handler that serves it
+    try:
+        if gw.auth.on:  # a key before the body, as every /v1 route asks it
+            gw.auth.tenant_of(request)
+        # read within the limits, and kept on the request for the handler that serves it
         raw = await read_timed_body(request, gw)
     except OpenAIError as exc:
         gw.ended("none", str(exc.status))
         raise
-    if generates(raw):
+    # a large body is looked at on a thread (16 MiB of JSON held the event loop a second)
+    small = len(raw) <= PARSE_ON_THREAD_BYTES
+    if generates(raw) if small else await asyncio.to_thread(generates, raw):
         return await _proxy(request, None, "/invocations")
     return await passthrough(request)
 

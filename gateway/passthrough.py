@@ -11,6 +11,7 @@ routing: no policy is asked and nothing is learned from them.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 import time
@@ -22,7 +23,13 @@ from starlette.responses import Response
 from gateway.admission import released_on_error
 from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
-from gateway.intake import check_model, default_model, read_timed_body, take_place
+from gateway.intake import (
+    PARSE_ON_THREAD_BYTES,
+    check_model,
+    default_model,
+    read_timed_body,
+    take_place,
+)
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
 from gateway.state import GatewayState
@@ -68,7 +75,9 @@ async def passthrough(request: Request) -> Response:
         trace.failed(exc)
         raise
     with released_on_error(slot, lambda status: gw.ended(ROUTE, status)), trace.guard():
-        body = json_object(raw)
+        # a large body is parsed (and salted) on a thread: 16 MiB of JSON held the loop 3 s
+        large = len(raw) > PARSE_ON_THREAD_BYTES
+        body = await asyncio.to_thread(json_object, raw) if large else json_object(raw)
         model = body.get("model")
         if model is None:
             model = default_model(gw)
@@ -78,7 +87,8 @@ async def passthrough(request: Request) -> Response:
         tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
         await check_model(gw, model, tenant)
         if path not in _NO_CACHE:  # the model runs over the client's text: a tenant's
-            isolated = gw.tenancy.isolate(tenant, body)  # prefixes are its own there too
+            isolated = await asyncio.to_thread(gw.tenancy.isolate, tenant, body) if large \
+                else gw.tenancy.isolate(tenant, body)  # prefixes are its own there too
             if isolated is not None:
                 raw = isolated[0]
         forwarded = upstream_headers(request, gw.trusted_proxies,

@@ -4,6 +4,8 @@ for every call to it, and a replica refusing the gateway says so."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -134,3 +136,21 @@ def test_a_replica_key_is_used_and_a_missing_one_is_reported(serve: Serve) -> No
     line = next(m for m in metrics.splitlines()
                 if m.startswith('kvgate_replica_auth_failures_total{replica="r0"}'))
     assert float(line.split()[-1]) >= 1
+
+
+def test_invocations_asks_for_a_key_before_it_reads_the_body(serve: Serve) -> None:
+    # it read (and parsed, on the event loop) a body of any size first: a client with no
+    # key stalled every request with 16 MiB bodies
+    config = parse_config({
+        "replicas": [{"id": "r0", "url": serve(fake_replica(Behaviour("r0"))).url}],
+        "scrape": {"enabled": False}, "limits": {"body_timeout_s": 5},
+        "auth": {"api_keys": [{"key": ACME_KEY, "tenant": "acme"}]}})
+    url = serve(create_app(config)).url
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=3) as conn:
+        conn.sendall(b"POST /invocations HTTP/1.1\r\nhost: x\r\ncontent-type: application/"
+                     b"json\r\ncontent-length: 1000000\r\n\r\n{")  # the rest never comes
+        started = time.monotonic()
+        head = conn.recv(65536)
+    assert head.startswith(b"HTTP/1.1 401") and time.monotonic() - started < 2
+    assert post(url, ACME_KEY).status_code == 200
