@@ -22,10 +22,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.capture import unpack
 from gateway.config import ReplicaConfig
 from gateway.forwarding import request_id_header
 from gateway.intake import take_in
-from gateway.layout_audit import audit
+from gateway.layout_audit import AuditReport, audit
 from gateway.membership import ADMIN, join, leave
 from gateway.state import GatewayState
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
@@ -193,12 +194,16 @@ async def prefix_report(request: Request) -> Response:
     if recent is None:
         raise NotFound("the prefix report is off: set prefix_report.enabled (or "
                        "capture.path) in the gateway's config", code="prefix_report_off")
-    records = recent.snapshot()
+    lines = recent.snapshot()
+
+    def report_of() -> AuditReport:
+        return audit(unpack(lines), gw.router.tokenizer)
+
     async with request.app.state.report_lock:
-        report = await asyncio.to_thread(audit, records, gw.router.tokenizer)
+        report = await asyncio.to_thread(report_of)
     body = report.as_json()
     log = gw.capture.log
-    body["capture"] = {"recent_requests": len(records), "recent_bytes": recent.bytes,
+    body["capture"] = {"recent_requests": len(lines), "recent_bytes": recent.bytes,
                        **({"written": log.written, "dropped": log.dropped,
                            "rotations": log.rotations} if log is not None else {})}
     return JSONResponse(body)

@@ -5,6 +5,7 @@ replica."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,15 @@ import pytest
 
 from gateway.admin import create_admin_app
 from gateway.app import create_app
-from gateway.capture import Capture, CaptureConfig, CaptureRecord, PrefixReportConfig, record_of
+from gateway.capture import (
+    Capture,
+    CaptureConfig,
+    CaptureRecord,
+    PrefixReportConfig,
+    RecentPrompts,
+    record_of,
+    unpack,
+)
 from gateway.capture_log import CaptureLog
 from gateway.config import parse_config
 from gateway.request_parse import parse_body
@@ -120,13 +129,29 @@ def test_the_ring_is_bounded_in_count_and_bytes() -> None:
     assert ring is not None and capture.log is None
     for i in range(8):
         ring.add(record(i))
-    assert [int(r.body["prompt"].split()[1]) for r in ring.snapshot()] == [3, 4, 5, 6, 7]
+    assert [int(r.body["prompt"].split()[1]) for r in unpack(ring.snapshot())] == \
+        [3, 4, 5, 6, 7]
     big = [CaptureRecord(0, "m", None, "completions", {"prompt": "x"}, 400_000)
            for _ in range(4)]
     for r in big:
         ring.add(r)
     assert len(ring) == 2 and ring.bytes == 800_000  # 1 MiB holds two of them
     assert Capture(CaptureConfig(), PrefixReportConfig()).on is False
+
+
+def test_the_ring_holds_a_bodys_bytes_not_its_python_objects() -> None:
+    # 16 MiB of empty lists kept as parsed objects took about 400 MiB
+    ring = RecentPrompts(8, 64 << 20)
+    raw = b'{"model": "m", "prompt": "hi", "pad": [' + b"[]," * 200_000 + b'[]]}'
+    tracemalloc.start()
+    try:
+        ring.add(record_of(parse_body(raw, "completions"), None, len(raw)))
+        held = tracemalloc.get_traced_memory()[0]  # the parsed body is gone by now
+    finally:
+        tracemalloc.stop()
+    assert held < 3 * len(raw)
+    (kept,) = unpack(ring.snapshot())
+    assert kept.body["prompt"] == "hi" and len(kept.body["pad"]) == 200_001
 
 
 def test_a_record_keeps_no_salt_and_names_the_tenant() -> None:
