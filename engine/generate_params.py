@@ -79,6 +79,9 @@ MAX_N = 64
 # of strings, tens of characters each)
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 4096
+# stop token ids, each looked for in every sampled token (a list of a million held every
+# step for as many comparisons per sequence)
+MAX_STOP_TOKEN_IDS = 1024
 
 
 def _refuse_unsupported(body: Any, chat: bool) -> None:
@@ -221,6 +224,9 @@ def stop_fields(body: dict[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]
         raise BadRequest(f"'stop' holds {chars} characters, more than {MAX_STOP_CHARS}",
                          param="stop")
     stop_ids = optional(body, "stop_token_ids", list, [])
+    if len(stop_ids) > MAX_STOP_TOKEN_IDS:
+        raise BadRequest(f"'stop_token_ids' holds {len(stop_ids)} ids, more than "
+                         f"{MAX_STOP_TOKEN_IDS}", param="stop_token_ids")
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
         raise BadRequest("'stop_token_ids' must be a list of integers", param="stop_token_ids")
     return tuple(stop), tuple(stop_ids)

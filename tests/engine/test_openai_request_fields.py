@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from engine.generate_params import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from engine.generate_params import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from kvwire.tokenizer_build import ASSET_DIR
 from tests.support.engine_servers import LiveEngine, serve_engine
 
@@ -272,3 +272,9 @@ def test_stop_strings_are_bounded_in_number_and_length(live: LiveEngine) -> None
         r = live.http.post("/generate", json={"text": "hi", "sampling_params": {
             "max_new_tokens": 4, "stop": stop}})
         assert r.status_code == 400 and "stop" in r.text, r.text
+    # and the stop token ids, each looked for in every sampled token
+    many = list(range(MAX_STOP_TOKEN_IDS + 1))
+    r = live.http.post("/v1/completions", json={**base, "stop_token_ids": many})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids", r.text
+    r = live.http.post("/v1/completions", json={**base, "stop_token_ids": many[:-1]})
+    assert r.status_code == 200, r.text
