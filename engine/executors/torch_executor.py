@@ -111,9 +111,7 @@ class TorchExecutor:
         with torch.inference_mode():
             hidden, starts = self._forward(batch.seqs)
             sampled = [s for s in batch.seqs if s.sample]
-            ends = [starts[i + 1] - 1 for i, s in enumerate(batch.seqs) if s.sample]
-            logits = self.model.logits(
-                hidden[torch.tensor(ends, dtype=torch.long, device=self.device)])
+            logits = self._last_logits(hidden, starts, [s.sample for s in batch.seqs])
             next_tokens: dict[str, int] = {}
             logprobs: dict[str, TokenLogprob] = {}
             for s, row in zip(sampled, logits, strict=True):
@@ -143,7 +141,12 @@ class TorchExecutor:
         hidden, starts = self._forward(seqs)
         if all_positions:
             return self.model.logits(hidden)
-        ends = [starts[i + 1] - 1 for i in range(len(seqs)) if only is None or only[i]]
+        return self._last_logits(hidden, starts, [True] * len(seqs) if only is None else only)
+
+    def _last_logits(self, hidden: torch.Tensor, starts: list[int], only: Sequence[bool]
+                     ) -> torch.Tensor:
+        """The logits of the last row of each sequence ``i`` with ``only[i]`` true."""
+        ends = [starts[i + 1] - 1 for i, keep in enumerate(only) if keep]
         return self.model.logits(
             hidden[torch.tensor(ends, dtype=torch.long, device=self.device)])
 
@@ -209,19 +212,19 @@ class TorchExecutor:
         ``GREEDY_BELOW`` of temperature, else temperature, top-k, top-p and min-p. With
         ``params.logprobs`` set, also its log-probability (see :func:`token_logprob`).
         Logits a request's values (an extreme repetition penalty) or the model made
-        non-finite are sampled as :func:`finite_logits` reads them; nothing here raises
-        for one request's values."""
+        non-finite are sampled as :func:`finite_logits` reads them (on the CPU, where the
+        draw is made; a greedy pick of unadjusted logits reads them as they are, with no
+        second reduction on the device): nothing here raises for one request's values."""
         p = s.params
         filtered = p if p is not None and p.filters else None
         if filtered is not None:
-            logits = adjust_logits(logits.float(), filtered, s.history, s.num_prompt,
-                                   self.eos_token_ids)
-        logits = finite_logits(logits)
+            logits = finite_logits(adjust_logits(logits.float(), filtered, s.history,
+                                                 s.num_prompt, self.eos_token_ids))
         greedy = s.temperature < GREEDY_BELOW
         if greedy:
             token = int(torch.argmax(logits))
         else:
-            probs = tempered(logits.cpu(), s.temperature).softmax(dim=-1)
+            probs = tempered(finite_logits(logits.cpu()), s.temperature).softmax(dim=-1)
             if filtered is not None:
                 probs = truncate(probs, filtered)
             if p is not None and p.seed is None:
@@ -250,7 +253,7 @@ def token_logprob(logits: torch.Tensor, token: int, temperature: float, top: int
     """``token``'s log-probability under ``softmax(logits / temperature)``, the
     distribution it was sampled from before top-k, top-p and min-p cut it (SGLang's
     default; greedy tokens at temperature 1), and the ``top`` most likely tokens of it."""
-    logp = torch.log_softmax(tempered(finite_logits(logits).cpu(), temperature), dim=-1)
+    logp = torch.log_softmax(tempered(finite_logits(logits.cpu()), temperature), dim=-1)
     k = min(top, logp.shape[-1])
     values, ids = torch.topk(logp, k) if k else (logp[:0], logp[:0].long())
     return TokenLogprob(float(logp[token]), tuple(zip(ids.tolist(), values.tolist(),
