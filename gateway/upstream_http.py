@@ -162,6 +162,10 @@ class UpstreamResponse:
             conn.close()
 
 
+class _Overrun(ValueError):
+    """Raised by a parser callback: the answer passed a bound."""
+
+
 class _Connection(asyncio.Protocol):
     """One connection to a replica, parsing the answer of the request it carries."""
 
@@ -173,7 +177,6 @@ class _Connection(asyncio.Protocol):
         self._got_bytes = False
         self._sent_at = 0.0  # monotonic: when the request it carries was written
         self._head_bytes = 0  # of the answer now awaited: its head, then its trailers
-        self._overrun: str | None = None  # why a parser callback gave up on the answer
         self._interim = False  # parsing a 1xx answer's head
         self._paused = False
         self.reused = False
@@ -200,7 +203,10 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._broken(UpstreamBroken("the replica asked for a protocol upgrade"))
         except httptools.HttpParserError as exc:
-            self._broken(UpstreamBroken(self._overrun or f"malformed answer ({exc})"))
+            # a callback's own refusal (trailers past the bound) is the error's context
+            cause = exc.__context__
+            self._broken(UpstreamBroken(str(cause) if isinstance(cause, _Overrun)
+                                        else f"malformed answer ({exc})"))
 
     def eof_received(self) -> bool | None:
         return False  # close the transport: connection_lost follows
@@ -231,8 +237,8 @@ class _Connection(asyncio.Protocol):
             # memory by gigabytes, its bytes keeping the idle timeout away)
             self._head_bytes += len(name) + len(value)
             if self._head_bytes > _MAX_HEAD_BYTES:
-                self._overrun = f"the answer's head and trailers passed {_MAX_HEAD_BYTES} bytes"
-                raise ValueError(self._overrun)
+                raise _Overrun(f"the answer's head and trailers passed {_MAX_HEAD_BYTES} "
+                               "bytes")
         elif answer is not None:
             key = name.decode("latin-1").lower()
             text = value.decode("latin-1")
@@ -295,7 +301,6 @@ class _Connection(asyncio.Protocol):
         answer = self._answer = UpstreamResponse(self)
         self._got_bytes = False
         self._head_bytes = 0
-        self._overrun = None
         self._sent_at = time.monotonic()
         self.transport.write(data)
         await answer._head
