@@ -143,7 +143,8 @@ class Cost(Policy):
         self._requests = DecayedRate(cfg.load_window_s)  # requests routed
         self._models = ReplicaModels(cfg.load_window_s)
         self._exact = IndexMatches(cfg.kv_event_grace_s)  # reads kv_index, where fed
-        self._facts: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, capacity)
+        # id -> (epoch, capacity, scraped prefill tokens/s), as last refreshed
+        self._facts: dict[str, tuple[int, int | None, float | None]] = {}
         self._facts_changed = 0  # bumped when a replica joins or leaves ``_facts``
         # (the index dict, _facts_changed) -> whether it leaves a known replica out
         self._partial_memo: tuple[dict[str, int], int, bool] | None = None
@@ -157,7 +158,6 @@ class Cost(Policy):
             [], [], [], set())
         # per membership (its ring): (arrival, healthy count) of its last refresh
         self._refreshed: dict[object, tuple[float, int]] = {}
-        self._rates: dict[str, float | None] = {}  # each replica's scraped prefill rate
         self._mean_room = 0.0  # mean of ``_room`` over the replicas seen (``_refresh``)
         # the last order seen: its ids, each id's position, and the positions in id order
         self._index: tuple[list[str], dict[str, int], list[int]] = ([], {}, [])
@@ -430,13 +430,12 @@ class Cost(Policy):
         for r in ok:
             if r.id not in facts:
                 self._facts_changed += 1
-            facts[r.id] = (r.epoch, r.kv_capacity_tokens)
-            self._rates[r.id] = r.prefill_tokens_per_s
+            facts[r.id] = (r.epoch, r.kv_capacity_tokens, r.prefill_tokens_per_s)
         self._slots.saw_all(ok)
         if now is not None:
             self._models.age(ok, now, self._model_size)
         # every known replica's latest rate (a partition's views hold only its own)
-        rates = [self._rates.get(rid) for rid in facts]
+        rates = [fact[2] for fact in facts.values()]
         self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
         rooms = [self._room(rid) for rid in facts]
         self._mean_room = sum(rooms) / len(rooms) if rooms else 0.0
@@ -505,7 +504,7 @@ class Cost(Policy):
     def _room(self, replica: str) -> int:
         """Tokens of hot prefixes ``replica``'s cache is taken to hold."""
         cfg = self.config
-        capacity = self._facts.get(replica, (0, None))[1] or cfg.default_capacity_tokens
+        capacity = self._facts.get(replica, (0, None, None))[1] or cfg.default_capacity_tokens
         return int(capacity * cfg.capacity_fraction * cfg.placement_fill)
 
     def scratch_set(self, replicas: Sequence[ReplicaView]) -> tuple[str, ...]:
@@ -619,7 +618,6 @@ class Cost(Policy):
             self._models.remove(event.replica)
             if self._facts.pop(event.replica, None) is not None:
                 self._facts_changed += 1
-            self._rates.pop(event.replica, None)
             self._slots.forget(event.replica)
             self._placement.forget_replica(event.replica)
             self._exact.forget(event.replica)
@@ -633,7 +631,7 @@ class Cost(Policy):
     def _model_size(self, replica: str) -> tuple[int, int]:
         """The replica's epoch, and the tokens its model holds: its latest capacity."""
         cfg = self.config
-        epoch, capacity = self._facts.get(replica, (0, None))
+        epoch, capacity, _ = self._facts.get(replica, (0, None, None))
         return epoch, int((capacity or cfg.default_capacity_tokens) * cfg.capacity_fraction)
 
     def _routed_to(self, request: RouteRequest, replica: str) -> None:
