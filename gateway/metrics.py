@@ -309,7 +309,7 @@ class GatewayMetrics:
         # label children bound once: labels() locks and checks on every call
         self._bound: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._children: dict[str, dict[tuple[Any, tuple[str, ...]], None]] = {}
-        self._members: set[str] = set()  # the fleet's replicas now
+        self._fleet = fleet
         # replicas that left but whose requests then ended: their series went again
         self._departed: set[str] = set()
         for kind in ERROR_KINDS:
@@ -331,7 +331,6 @@ class GatewayMetrics:
             self._replica_removed(event.replica)
 
     def _replica_added(self, replica: str) -> None:
-        self._members.add(replica)
         self._drop_departed()
         for route in self.reasons:
             for status in ("200", "502"):
@@ -344,7 +343,6 @@ class GatewayMetrics:
 
     def _replica_removed(self, replica: str) -> None:
         """Drop every child labelled with ``replica``, created up front or since."""
-        self._members.discard(replica)
         self._departed.add(replica)
         self._drop_departed()
 
@@ -352,7 +350,9 @@ class GatewayMetrics:
         """Drop the children of replicas that left: at their leaving, and those a request
         still under way there then brought back when it ended, at the fleet's next change
         (else each replica that ever left could keep a few series for good)."""
-        for replica in self._departed - self._members:
+        for replica in self._departed:
+            if self._fleet.get(replica) is not None:  # back in the fleet
+                continue
             for metric, labels in self._children.pop(replica, {}):
                 self._bound.pop((metric, labels), None)
                 metric.remove(*labels)
@@ -372,7 +372,7 @@ class GatewayMetrics:
         if child is None:
             if labels[0] != "none":
                 self._children.setdefault(labels[0], {})[(metric, labels)] = None
-                if labels[0] not in self._members:
+                if self._fleet.get(labels[0]) is None:
                     self._departed.add(labels[0])
             child = self.bound(metric, *labels)
         return child
