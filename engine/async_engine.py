@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from engine.core import EngineCore, StepOutput
+from engine.core import EngineCore, StepFailed, StepOutput
 from engine.request import Request, RequestOutput
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,17 @@ log = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped on an unexpected error."""
+
+
+class RequestFailed(RuntimeError):
+    """Put on a request's queue when the step that ran it failed (see
+    :class:`~engine.core.StepFailed`): the request is over, the engine goes on."""
+
+
+# steps failing one after another before the loop stops (a device that fails every step,
+# a lost GPU, is dead: /health says so and the replica is restarted, rather than failing
+# every request it is sent while it looks alive)
+FAILED_STEPS_IN_A_ROW = 3
 
 
 class RequestInterrupted(Exception):
@@ -66,6 +77,8 @@ class AsyncEngine:
         self._pool: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
         self.error: BaseException | None = None
+        self.failed_steps = 0  # steps whose executor raised (their requests failed)
+        self._failed_in_a_row = 0
         self.modeled_s = 0.0  # with sleep_modeled_time: the steps' modeled seconds
         self.late_s = 0.0  # ... and the seconds they ended after that
 
@@ -180,6 +193,24 @@ class AsyncEngine:
                 if (w := queues.get(o.request_id)) is None or w.live]
         return dataclasses.replace(out, outputs=kept)
 
+    def _fail(self, failed: StepFailed) -> None:
+        """End the failed step's requests with :class:`RequestFailed`; re-raise its
+        cause (the loop stops) when ``FAILED_STEPS_IN_A_ROW`` steps failed in a row."""
+        self.failed_steps += 1
+        self._failed_in_a_row += 1
+        log.error("a step of requests %s failed", ", ".join(failed.request_ids),
+                  exc_info=failed.cause)
+        if self._failed_in_a_row >= FAILED_STEPS_IN_A_ROW:
+            raise failed.cause
+        error = RequestFailed(f"the engine step running this request failed "
+                              f"({type(failed.cause).__name__}); the engine's log has the "
+                              f"traceback")
+        for request_id in failed.request_ids:
+            waiter = self._queues.get(request_id)
+            if waiter is not None and waiter.live:
+                del self._queues[request_id]
+                waiter.queue.put_nowait(error)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         core = self.core
@@ -192,7 +223,12 @@ class AsyncEngine:
                         await self._wake.wait()
                     continue
                 t0 = self.clock()
-                out = await loop.run_in_executor(self._pool, core.step, t0)
+                try:
+                    out = await loop.run_in_executor(self._pool, core.step, t0)
+                except StepFailed as failed:
+                    self._fail(failed)
+                    continue
+                self._failed_in_a_row = 0
                 if self.sleep_modeled_time:
                     remaining = out.seconds - (self.clock() - t0)
                     await asyncio.sleep(max(0.0, remaining))

@@ -53,6 +53,17 @@ class EngineConfig:
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len)
 
 
+class StepFailed(Exception):
+    """The executor raised on a step's batch. The batch's requests (``request_ids``) were
+    aborted, their blocks freed and nothing of the step kept, so the core goes on with the
+    rest; ``cause`` is what the executor raised."""
+
+    def __init__(self, cause: Exception, request_ids: tuple[str, ...]) -> None:
+        super().__init__(f"a step of {len(request_ids)} requests failed: {cause!r}")
+        self.cause = cause
+        self.request_ids = request_ids
+
+
 @dataclass(frozen=True, slots=True)
 class StepOutput:
     outputs: list[RequestOutput]
@@ -163,14 +174,22 @@ class EngineCore:
         return len(self.scheduler.waiting)
 
     def step(self, now: float = 0.0) -> StepOutput:
-        """Schedule one batch, execute it, and apply its results."""
+        """Schedule one batch, execute it, and apply its results. :class:`StepFailed`
+        when the executor raises: the batch's requests are aborted (the blocks the step
+        wrote were never cached, so no lookup reads them)."""
         sched = self.scheduler.schedule()
         if not sched.requests:
             return StepOutput([], 0.0, 0, 0)
         for req in sched.newly_admitted:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
-        result = self.executor.execute(sched.batch)
+        try:
+            result = self.executor.execute(sched.batch)
+        except Exception as exc:
+            ids = tuple(req.request_id for req in sched.requests)
+            for request_id in ids:
+                self.abort_request(request_id, now)
+            raise StepFailed(exc, ids) from exc
         end = now + result.seconds
         outputs = self._update(sched.requests, sched.num_new_tokens, result.next_tokens, end,
                                result.logprobs, result.prompt_logprobs)

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
-from engine.async_engine import EngineDeadError
+from engine.async_engine import EngineDeadError, RequestFailed
 from engine.embedding_schema import check_dimensions, checked_ids, parse_embedding, render_response
 from engine.request import RequestOutput, SamplingParams
-from kvwire.openai_schema import BadRequest, ServiceUnavailable, decode_json
+from kvwire.openai_schema import BadRequest, OpenAIError, ServiceUnavailable, decode_json
 from kvwire.request_edge import read_body, unless_disconnected
 
 if TYPE_CHECKING:
@@ -95,6 +95,8 @@ async def _finish_all(queues: Queues) -> None:
         item = await queues[request_id].get()
         if isinstance(item, EngineDeadError):
             raise ServiceUnavailable(str(item))
+        if isinstance(item, RequestFailed):
+            raise OpenAIError(str(item), code="engine_step_failed")
         if isinstance(item, BaseException):
             raise BadRequest(str(item), param="input")
         del queues[request_id]

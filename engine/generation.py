@@ -13,11 +13,11 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
-from engine.async_engine import EngineDeadError, RequestInterrupted
+from engine.async_engine import EngineDeadError, RequestFailed, RequestInterrupted
 from engine.generate_params import GenerateParams
 from engine.request import RequestOutput, TokenLogprob
 from engine.text_stream import TextStream
-from kvwire.openai_schema import BadRequest, ServiceUnavailable
+from kvwire.openai_schema import BadRequest, OpenAIError, ServiceUnavailable
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
@@ -63,6 +63,8 @@ class Generation:
                 item = await self.queue.get()
                 if isinstance(item, EngineDeadError):
                     raise ServiceUnavailable(str(item))
+                if isinstance(item, RequestFailed):
+                    raise OpenAIError(str(item), code="engine_step_failed")
                 if isinstance(item, RequestInterrupted):
                     self.interrupted = str(item)
                     yield self.text.flush(), "abort"

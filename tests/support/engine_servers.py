@@ -4,12 +4,13 @@ pointed at it (see ``engine_cores`` for the engine itself)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import httpx
 import openai
 
+from engine.executor import Executor
 from engine.server import EngineServer, build_app
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
@@ -39,11 +40,15 @@ E = TypeVar("E", bound=LiveEngine)
 
 
 def serve_engine(kind: type[E], model: str, server_kw: dict[str, Any] | None = None,
+                 executor: Callable[[Executor], Executor] | None = None,
                  **core_kw: Any) -> Iterator[E]:
     """Serve a ``make_core`` engine (256 blocks of 4, a 4,096-id vocabulary, 512 tokens of
-    context unless ``core_kw`` says otherwise) as ``model`` until the generator closes."""
+    context unless ``core_kw`` says otherwise) as ``model`` until the generator closes;
+    ``executor``: what the core runs in place of its sim executor, given that one."""
     core = make_core(**{"num_blocks": 256, "block_size": 4, "vocab": (259, 4096),
                         "max_model_len": 512, **core_kw})
+    if executor is not None:
+        core.executor = executor(core.executor)
     srv = EngineServer(core, load_tokenizer(None), model_name=model, sleep_modeled_time=True,
                        **(server_kw or {}))
     server = ThreadServer(build_app(srv)).start()

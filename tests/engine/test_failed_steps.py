@@ -1,0 +1,82 @@
+"""A step whose executor raises fails that step's requests (a 500 naming the failure, or
+an error event in a stream) and the engine goes on serving; steps failing one after
+another (a lost device) stop it, and /health says so."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from engine.async_engine import FAILED_STEPS_IN_A_ROW
+from engine.core import StepFailed
+from engine.executor import Batch, Executor, StepResult
+from tests.support.engine_cores import add, make_core, run_all
+from tests.support.engine_servers import LiveEngine, serve_engine
+
+POISON = 4000  # a prompt holding this id makes the step computing it raise
+
+
+class FaultyExecutor:
+    """The core's own executor, raising on a batch that computes ``POISON``: a fault
+    injected at the device's boundary."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.block_size = inner.block_size
+        self.eos_token_id = inner.eos_token_id
+
+    def execute(self, batch: Batch) -> StepResult:
+        if any(POISON in s.token_ids for s in batch.seqs):
+            raise RuntimeError("device fault")
+        return self.inner.execute(batch)
+
+
+def test_core_aborts_the_failed_batch_and_goes_on() -> None:
+    core = make_core(num_blocks=32, vocab=(100, 200))
+    core.executor = FaultyExecutor(core.executor)
+    add(core, "good", list(range(100, 110)), max_tokens=3)
+    add(core, "bad", [101, 102, POISON, 103], max_tokens=3)
+    with pytest.raises(StepFailed) as failed:
+        core.step(0.0)
+    assert failed.value.request_ids == ("good", "bad")
+    assert isinstance(failed.value.cause, RuntimeError)
+    core.check_integrity()
+    assert not core.has_unfinished() and core.kv.usage() == 0
+    assert core.stats.num_requests_aborted == 2
+    add(core, "after", list(range(100, 110)), max_tokens=3)
+    outs = run_all(core)
+    assert outs["after"][-1].finish_reason == "length"
+
+
+@pytest.fixture
+def live() -> Iterator[LiveEngine]:
+    yield from serve_engine(LiveEngine, "faulty", executor=FaultyExecutor)
+
+
+def test_a_failed_step_fails_its_request_and_the_engine_serves_on(live: LiveEngine) -> None:
+    bad = {"model": "faulty", "prompt": [300, POISON, 301], "max_tokens": 4}
+    r = live.http.post("/v1/completions", json=bad)
+    assert r.status_code == 500, r.text
+    error = r.json()["error"]
+    assert error["code"] == "engine_step_failed" and "RuntimeError" in error["message"]
+    r = live.http.post("/v1/completions", json={**bad, "stream": True})
+    assert r.status_code == 200
+    datas = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert json.loads(datas[0])["error"]["code"] == "engine_step_failed"
+    good = live.client.completions.create(model="faulty", prompt=[300, 301, 302], max_tokens=4)
+    assert good.choices[0].finish_reason == "length"
+    assert live.http.get("/health").status_code == 200
+    metrics = live.http.get("/metrics").text
+    aborted = 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="faulty"}'
+    assert f"{aborted} 2.0" in metrics, [m for m in metrics.splitlines() if aborted in m]
+
+
+def test_steps_failing_in_a_row_stop_the_engine(live: LiveEngine) -> None:
+    bad = {"model": "faulty", "prompt": [300, POISON], "max_tokens": 4}
+    for _ in range(FAILED_STEPS_IN_A_ROW - 1):
+        assert live.http.post("/v1/completions", json=bad).status_code == 500
+    assert live.http.get("/health").status_code == 200
+    assert live.http.post("/v1/completions", json=bad).status_code == 503
+    assert live.http.get("/health").status_code == 503
