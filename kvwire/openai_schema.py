@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +162,9 @@ def optional(body: Mapping[str, Any], key: str, types: type | tuple[type, ...],
 # pydantic's lax booleans (vLLM's request models)
 _TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})
 _FALSE = frozenset({"false", "0", "no", "off", "f", "n"})
+# an integer as pydantic reads one from a string: ASCII digits, one sign, and no more
+# digits than Python converts (4,300)
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,4300}")
 
 
 def _lax(value: Any, allowed: tuple[type, ...]) -> Any:
@@ -172,7 +176,7 @@ def _lax(value: Any, allowed: tuple[type, ...]) -> Any:
     if int in allowed:
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
             return int(value)
     if float in allowed and isinstance(value, str):
         try:

@@ -30,6 +30,15 @@ def test_values_no_reading_makes_fit_are_refused(value: Any, types: Any) -> None
     assert bad.value.param == "k" and bad.value.status == 400
 
 
+@pytest.mark.parametrize("value", ["--3", "+-3", "\u00b2", "\u0661\u0662", "9" * 5000])
+def test_a_number_no_int_reading_takes_is_a_400_naming_it(value: str) -> None:
+    # signs doubled, digits that are not ASCII, more digits than Python converts: each
+    # was passed to int(), whose ValueError answered 500
+    with pytest.raises(BadRequest) as bad:
+        parse_fields({"prompt": "x", "max_tokens": value}, chat=False)
+    assert bad.value.param == "max_tokens" and value[:20] in bad.value.message
+
+
 def test_a_request_vllm_takes_is_taken() -> None:
     fields = parse_fields({"model": "m", "prompt": "x", "max_tokens": "3", "stream": "true",
                            "temperature": "0.5"}, chat=False)
