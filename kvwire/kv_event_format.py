@@ -26,7 +26,9 @@ Block hashes on the wire are u64: the low 64 bits of the engine's digest
 
 :func:`decode_payload` also reads the newer encoding where the batch and each event are
 maps (events tagged by a ``"type"`` key), ignores unknown fields and unknown event types,
-and accepts hashes as ints of any sign or size or as raw digest bytes. This module is pure
+and accepts hashes as ints of any sign or size or as raw digest bytes. Events of another
+``medium`` than ``"GPU"`` (vLLM's KV offloading to CPU memory) are dropped: the index they
+feed is of the GPU's prefix cache. This module is pure
 Python plus msgpack, so the engine core, the gateway and the offline simulator share it.
 """
 
@@ -42,6 +44,8 @@ U64 = (1 << 64) - 1
 
 
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)  # the seq frame ending a replay
+# the tier whose blocks a prefix lookup hits (vLLM names it so; older vLLM sends no medium)
+GPU_MEDIUM = "GPU"
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
@@ -182,18 +186,24 @@ def _optional(value: Any, kind: type, what: str) -> Any:
 
 
 def decode_event(raw: Any) -> KVEvent | None:
-    """One event of either form; None for an event type this decoder does not know."""
+    """One event of either form; None for an event type this decoder does not know, and
+    for one of another tier than the GPU's prefix cache (``GPU_MEDIUM``): vLLM's KV
+    offloading publishes the blocks it copies to CPU memory (``medium`` "CPU", no token
+    ids, block size 0) and evicts from there under the GPU blocks' own hashes, and such
+    an eviction says nothing of the GPU's copy."""
     parsed = _fields(raw)
     if parsed is None:
         return None
     kind, f = parsed
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()
+    medium = _optional(f.get("medium"), str, f"{kind}.medium")
+    if medium is not None and medium.upper() != GPU_MEDIUM:
+        return None
     hashes = f.get("block_hashes")
     if not isinstance(hashes, list | tuple):
         raise KVWireError(f"{kind}.block_hashes must be a list, got {hashes!r:.200}")
     block_hashes = tuple(wire_hash(h) for h in hashes)
-    medium = _optional(f.get("medium"), str, f"{kind}.medium")
     if kind == "BlockRemoved":
         return BlockRemoved(block_hashes, medium)
     parent = f.get("parent_block_hash")
