@@ -24,6 +24,7 @@ from jinja2 import TemplateError
 
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import ChatFormatError, normalize_messages
+from kvwire.chat_template import compile_template
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 from kvwire.whole_encoding import WholeEncodings, space_cut
 
@@ -34,11 +35,6 @@ _SEEN_ALPHA = 0.5  # weight of the latest prompt in the characters per token see
 
 # a remembered prefix encoding: (first tokens, tokens in text[:cut], cut, text[budget:cut])
 _Memo = tuple["array[int]", int, int, str]
-
-
-def _template_refuses(message: str) -> None:
-    """``raise_exception`` in chat templates: the template refuses the conversation."""
-    raise TemplateError(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +68,8 @@ class PromptTokenizer:
         self.eos_token_id: int | None = tokenizer.token_to_id(self.eos_token)
         self.vocab_size: int = tokenizer.get_vocab_size()
         self._template = None
-        if chat_template:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _template_refuses  # as transformers defines it
-            self._template = env.from_string(chat_template)
+        if chat_template:  # compiled as transformers compiles it (vLLM renders with it)
+            self._template = compile_template(chat_template)
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
         sample = "the parties agree that the term of this agreement shall be five years. " * 8
         self.chars_per_token = len(sample) / max(1, len(self.encode(sample)))

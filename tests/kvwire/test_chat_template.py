@@ -1,0 +1,60 @@
+"""A model's chat template renders a chat as transformers' ``apply_chat_template`` (which
+vLLM calls) renders it: the same text for the same messages and tools."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from kvwire.tokenizer import PromptTokenizer, load_tokenizer
+from kvwire.tokenizer_build import ASSET_DIR
+
+# Qwen2.5's way with tools (each one ``tojson``), a loop cut short with ``break``, the
+# assistant's text in a ``generation`` block, and the date line of Llama 3's
+TEMPLATE = (
+    "{{- strftime_now('') }}"
+    "{%- if tools %}<|im_start|>system\n# Tools\n\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools><|im_end|>\n"
+    "{%- endif %}"
+    "{%- for m in messages %}{%- if loop.index > 8 %}{% break %}{%- endif %}"
+    "<|im_start|>{{ m['role'] }}\n"
+    "{%- if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{% endgeneration %}"
+    "{%- else %}{{ m['content'] }}{%- endif %}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+TOOLS = [{"type": "function", "function": {
+    "name": "find_clause", "description": "Finds a clause <by number> & returns it: 'é'",
+    "parameters": {"type": "object", "required": ["n"],
+                   "properties": {"n": {"type": "integer"}}}}}]
+
+
+def _templated(tmp_path: Path, template: str) -> PromptTokenizer:
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return load_tokenizer(tmp_path)
+
+
+def _transformers(template: str, messages: list[Any], tools: list[Any] | None) -> str:
+    rendered, _ = render_jinja_template(conversations=[messages], tools=tools,
+                                        chat_template=template, add_generation_prompt=True)
+    return rendered[0]
+
+
+def test_tools_and_messages_render_as_transformers_renders_them(tmp_path: Path) -> None:
+    # a tool's schema in its own key order, its <, &, ' and é as they are: Jinja's own
+    # tojson sorted the keys and escaped them, a text the model is not served
+    tok = _templated(tmp_path, TEMPLATE)
+    chat = [{"role": "system", "content": "You read contracts."},
+            {"role": "user", "content": "What does clause 4 say?"},
+            {"role": "assistant", "content": "It sets the term."},
+            {"role": "user", "content": "And clause 5?"}]
+    for tools in (TOOLS, None):
+        ours = tok.render_chat(chat, tools=tools)
+        assert ours == _transformers(TEMPLATE, chat, tools)
+    assert '{"type": "function", "function": {"name": "find_clause"' in \
+        tok.render_chat(chat, tools=TOOLS)
+    assert "<by number> & returns it: 'é'" in tok.render_chat(chat, tools=TOOLS)
