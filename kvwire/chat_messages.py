@@ -2,9 +2,9 @@
 
 The gateway checks them when it parses a request, the engine when it validates one, and
 the tokenizer renders the normalized form; all three read this module. A message's
-content is a string or a list of parts: text parts are joined, and a media part (image,
-audio, video) is replaced in place by its content-derived placeholder
-(``kvwire.media_parts``).
+content is a string or a list of parts, joined by newlines as vLLM joins them (an empty
+or null text is no part); a media part (image, audio, video) stands in place by its
+content-derived placeholder (``kvwire.media_parts``).
 """
 
 from __future__ import annotations
@@ -46,13 +46,16 @@ def normalize_messages(messages: Sequence[Any], hash_media: bool = True,
     ``hash_media`` False, media parts are checked but not hashed: their placeholders have
     the right length and a zero digest (for validation and length estimates).
 
-    A text part whose text is null reads as empty (vLLM skips it). ``lenient`` (the
-    gateway, which forwards the request for its replica to judge): a content part of a
-    type this module does not know (``input_image``, embeddings of audio or video), or a
-    media part named by its ``uuid`` alone (vLLM's cache of media it has seen), stands in
-    the prompt as a placeholder derived from the whole part (``opaque_placeholder``)
-    instead of being refused; a media part that is malformed (an empty URL) is refused
-    either way, and the engine, which must serve what it reads, is strict."""
+    A message's parts are joined by newlines, as vLLM joins them for a chat template
+    that takes text; a text part whose text is null or empty is left out (vLLM skips it).
+
+    ``lenient`` (the gateway, which forwards the request for its replica to judge): a
+    content part of a type this module does not know (``input_image``, embeddings of
+    audio or video), or a media part named by its ``uuid`` alone (vLLM's cache of media
+    it has seen), stands in the prompt as a placeholder derived from the whole part
+    (``opaque_placeholder``) instead of being refused; a media part that is malformed (an
+    empty URL) is refused either way, and the engine, which must serve what it reads, is
+    strict."""
     normalized = [_normalize_message(m, i, hash_media, lenient)
                   for i, m in enumerate(messages)]
     if not normalized:
@@ -75,7 +78,8 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
         for j, part in enumerate(content):
             where = f"messages[{index}].content[{j}]"
             if isinstance(part, str):  # a bare string is a text part
-                texts.append(part)
+                if part:
+                    texts.append(part)
                 continue
             kind = part.get("type") if isinstance(part, Mapping) else None
             if kind is None and isinstance(part, Mapping):
@@ -89,7 +93,8 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
                 if not isinstance(text, str):
                     raise ChatFormatError(f"{where}.{field} must be a string, got "
                                           f"{type(text).__name__}", param=f"{where}.{field}")
-                texts.append(text)
+                if text:  # vLLM leaves an empty text out (no empty line for it)
+                    texts.append(text)
                 continue
             if media_type(part) is not None:
                 assert isinstance(part, Mapping)
@@ -107,7 +112,7 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
                     f"{where} must be a text, refusal, thinking, image_url, image_embeds, "
                     f"input_audio, audio_url or video_url part ({{'type': 'text', 'text': "
                     f"...}}), got type {kind!r:.40}", param=where)
-        content = "".join(texts)
+        content = "\n".join(texts)  # as vLLM gives a chat template a message of parts
     if not isinstance(content, str):
         raise ChatFormatError(f"messages[{index}].content must be a string or a list of parts")
     out: dict[str, Any] = {"role": role, "content": content}

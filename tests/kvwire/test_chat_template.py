@@ -58,3 +58,17 @@ def test_tools_and_messages_render_as_transformers_renders_them(tmp_path: Path) 
     assert '{"type": "function", "function": {"name": "find_clause"' in \
         tok.render_chat(chat, tools=TOOLS)
     assert "<by number> & returns it: 'é'" in tok.render_chat(chat, tools=TOOLS)
+
+
+def test_a_message_of_parts_reads_as_vllm_joins_them(tmp_path: Path) -> None:
+    # vLLM gives a template that takes text a message's parts joined by newlines, an
+    # empty or null text left out; they were joined with nothing between them
+    parts = [{"type": "text", "text": "Clause 4:"}, {"type": "text", "text": None},
+             "It sets the term.", {"type": "text", "text": ""},
+             {"type": "text", "text": "What does it mean?"}]
+    joined = "Clause 4:\nIt sets the term.\nWhat does it mean?"
+    for tok in (load_tokenizer(), _templated(tmp_path, TEMPLATE)):
+        assert tok.render_chat([{"role": "user", "content": parts}]) \
+            == tok.render_chat([{"role": "user", "content": joined}])
+    assert _templated(tmp_path, TEMPLATE).render_chat([{"role": "user", "content": parts}]) \
+        == _transformers(TEMPLATE, [{"role": "user", "content": joined}], None)

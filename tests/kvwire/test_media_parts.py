@@ -38,7 +38,7 @@ PNG_B = "data:image/png;base64," + base64.b64encode(b"\x89PNG picture B" * 50).d
 
 def test_a_media_part_stands_where_it_was_by_its_content() -> None:
     a = content(user(image(PNG_A)))
-    assert a.startswith("Look: <|image:") and a.endswith("|> What is it?")
+    assert a.startswith("Look: \n<|image:") and a.endswith("|>\n What is it?")
     assert content(user(image(PNG_A))) == a  # the same picture, the same placeholder
     assert content(user(image(PNG_B))) != a
     assert content(user(image("https://example.com/a.png"))) != a
@@ -102,12 +102,12 @@ def test_carries_media() -> None:
 def test_every_part_vllm_reads_is_read() -> None:
     # what vLLM's chat parser takes must not be refused before a replica sees it
     bare: Any = "plain string part "
-    assert content(user(bare)).startswith("Look: plain string part ")
+    assert content(user(bare)).startswith("Look: \nplain string part \n")
     assert "I can't help." in content(user({"type": "refusal", "refusal": "I can't help."}))
     assert "hmm" in content(user({"type": "thinking", "thinking": "hmm"}))
     # a part without ``type`` that carries its URL as a string stands as the typed one
     assert content(user({"image_url": PNG_A})) == content(user(image(PNG_A)))
-    assert content(user({"text": "bare"})) == "Look: bare What is it?"
+    assert content(user({"text": "bare"})) == "Look: \nbare\n What is it?"
     for part in ({"type": "audio_url", "audio_url": {"url": "https://x/a.wav"}},
                  {"type": "image_embeds", "image_embeds": "QUJD"},
                  image("file:///data/pictures/a.png")):
@@ -138,7 +138,7 @@ def test_parts_only_a_replica_can_read_stand_in_by_a_digest_of_the_whole_part() 
                                   lenient=True)
     assert one != other
     (checked,) = normalize_messages(chat(unknown), hash_media=False, lenient=True)
-    assert checked["content"] == "<|part:" + "0" * 32 + "|>and?"
+    assert checked["content"] == "<|part:" + "0" * 32 + "|>\nand?"
     with pytest.raises(ChatFormatError, match="url"):  # malformed: refused either way
         normalize_messages(chat({"type": "image_url", "image_url": {"url": ""}}),
                            lenient=True)
