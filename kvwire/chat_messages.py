@@ -41,7 +41,8 @@ def check_tools(tools: Any) -> list[Any] | None:
 def normalize_messages(messages: Sequence[Any], hash_media: bool = True,
                        lenient: bool = False) -> list[dict[str, Any]]:
     """Check OpenAI chat messages; returns them as plain ``{role, content}`` dicts, with an
-    assistant turn's ``tool_calls`` and a tool turn's ``tool_call_id`` where given (a chat
+    assistant turn's ``tool_calls``, a tool turn's ``tool_call_id`` and a message's ``name``
+    where given (a chat
     template renders them: without them, a history's calls would all read the same). With
     ``hash_media`` False, media parts are checked but not hashed: their placeholders have
     the right length and a zero digest (for validation and length estimates).
@@ -125,6 +126,12 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
             raise ChatFormatError(f"messages[{index}].tool_call_id must be a string",
                                   param=f"messages[{index}].tool_call_id")
         out["tool_call_id"] = call_id
+    name = message.get("name")  # a participant's name, which some templates render
+    if name is not None:
+        if not isinstance(name, str):
+            raise ChatFormatError(f"messages[{index}].name must be a string, got {name!r:.60}",
+                                  param=f"messages[{index}].name")
+        out["name"] = name
     return out
 
 

@@ -20,15 +20,18 @@ templates rely on it:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
 from jinja2 import TemplateError, nodes
 from jinja2.environment import Template
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from kvwire.chat_messages import ChatFormatError
 
 
 def _raise_exception(message: str) -> None:
@@ -58,6 +61,33 @@ class _Generation(Extension):
     @staticmethod
     def _content(caller: Callable[[], str]) -> str:
         return caller()
+
+
+def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Normalized messages (``normalize_messages``) as vLLM gives them to a chat template:
+    an assistant turn's tool calls with their ``arguments`` read from JSON text into
+    values (empty: ``{}``), so that ``arguments | tojson`` writes the object, not a string
+    of it, and no ``tool_calls`` where the list is empty. ChatFormatError naming a call
+    whose arguments are no JSON text (vLLM refuses it too)."""
+    out = []
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if calls is None:
+            out.append(dict(message))
+            continue
+        read = []
+        for j, call in enumerate(calls):
+            text = call["function"]["arguments"]
+            try:
+                arguments = orjson.loads(text) if text else {}
+            except orjson.JSONDecodeError:
+                where = f"messages[{i}].tool_calls[{j}].function.arguments"
+                raise ChatFormatError(f"{where} must be JSON text, got {text!r:.60}",
+                                      param=where) from None
+            read.append({**call, "function": {**call["function"], "arguments": arguments}})
+        out.append({**message, "tool_calls": read} if read else
+                   {k: v for k, v in message.items() if k != "tool_calls"})
+    return out
 
 
 def compile_template(source: str) -> Template:

@@ -24,7 +24,7 @@ from jinja2 import TemplateError
 
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import ChatFormatError, normalize_messages
-from kvwire.chat_template import compile_template
+from kvwire.chat_template import compile_template, template_messages
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 from kvwire.whole_encoding import WholeEncodings, space_cut
 
@@ -213,9 +213,11 @@ class PromptTokenizer:
             if continue_final_message:
                 final = normalized[-1]
                 normalized[-1] = {**final, "content": final["content"] + _CONTINUE_TAG}
+            given = template_messages(normalized)
             try:
                 text = str(self._template.render(
-                    messages=normalized, add_generation_prompt=add_generation_prompt,
+                    messages=given,
+                    add_generation_prompt=add_generation_prompt,
                     bos_token=self.bos_token, eos_token=self.eos_token, tools=tools or None,
                 ))
             except (TemplateError, TypeError, ValueError, LookupError,

@@ -8,8 +8,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from kvwire.chat_messages import ChatFormatError
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from kvwire.tokenizer_build import ASSET_DIR
 
@@ -72,3 +74,37 @@ def test_a_message_of_parts_reads_as_vllm_joins_them(tmp_path: Path) -> None:
             == tok.render_chat([{"role": "user", "content": joined}])
     assert _templated(tmp_path, TEMPLATE).render_chat([{"role": "user", "content": parts}]) \
         == _transformers(TEMPLATE, [{"role": "user", "content": joined}], None)
+
+
+def test_a_historys_tool_calls_and_names_reach_the_template_as_vllm_gives_them(
+        tmp_path: Path) -> None:
+    # a call's arguments as the object its JSON text writes (Qwen's and Hermes' templates
+    # write ``arguments | tojson``: it was a string of a string), a message's name kept
+    template = ("{%- for m in messages %}[{{ m.role }}{% if m.name %} {{ m.name }}{% endif %}]"
+                " {{ m.content }}{%- for c in m.tool_calls or [] %}\n<tool_call>"
+                "{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+                "{{ c.function.arguments | tojson }}}</tool_call>{%- endfor %}\n{%- endfor %}")
+    tok = _templated(tmp_path, template)
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "n": 2}'}}
+    chat = [{"role": "user", "name": "ada", "content": "weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                call, {**call, "function": {"name": "now", "arguments": ""}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18C"}]
+    given = [{"role": "user", "name": "ada", "content": "weather in Paris?"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {**call, "function": {"name": "get_weather",
+                                       "arguments": {"city": "Paris", "n": 2}}},
+                 {**call, "function": {"name": "now", "arguments": {}}}]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "18C"}]
+    ours = tok.render_chat(chat, add_generation_prompt=False)
+    assert ours == _transformers(template, given, None)
+    assert '"arguments": {"city": "Paris", "n": 2}' in ours and "[user ada]" in ours
+    bad = [chat[0], {"role": "assistant", "content": None, "tool_calls": [
+        {**call, "function": {"name": "f", "arguments": "{city: Paris"}}]}]
+    with pytest.raises(ChatFormatError) as refused:
+        tok.render_chat(bad)
+    assert refused.value.param == "messages[1].tool_calls[0].function.arguments"
+    assert "{city: Paris" in str(refused.value)
+    with pytest.raises(ChatFormatError, match=r"messages\[0\]\.name must be a string, got 7"):
+        tok.render_chat([{"role": "user", "name": 7, "content": "x"}])
