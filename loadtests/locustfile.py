@@ -23,15 +23,19 @@ Configuration comes from the environment (``loadtests.run`` sets it):
 ``KVGATE_HOSTS``      JSON list of base URLs of gateway copies: each request goes to one
                       of them at random (as behind a Kubernetes Service); unset: ``--host``.
 
-Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (send to first
-content chunk), both named after the workload. A failed request's sample says why
+Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (to the first
+content chunk), both named after the workload and timed, like the sample's ``ttft_s`` and
+``e2e_s``, from when the request was due (its send, unless every user was busy then: the
+simulator's times count from arrivals alike). A failed request's sample says why
 (``error``); a stream counts as answered only when it ends with ``data: [DONE]`` and every
 choice's finish reason, none ``abort`` (a stream cut short, or an engine's aborted
 request, is a failure, whatever content came first); an answer sent whole (JSON, not a
 stream) likewise needs its choices and their finish reasons. One still unanswered when the
 run stops is marked ``unfinished`` with how long it had waited then (``waited_s``; its
 ``ttft_s`` if a first token came); each says how late it was sent (``late_s``: the load
-is an open loop only while a user is free).
+is an open loop only while a user is free). Requests that fell due before the run's time
+was up but that no user was free to send are written too, ``unsent``, with how long they
+had waited when the run stopped.
 
 Headless::
 
@@ -161,13 +165,15 @@ class _WorkloadUser(HttpUser):
             headers[AFFINITY_HEADER] = req.affinity_key
         gateway = _gateway()
         url = f"{_HOSTS[gateway]}/v1/chat/completions" if _HOSTS else "/v1/chat/completions"
+        # sent after its due time: every client was busy until then
+        late = max(0.0, time.monotonic() - due)
         # kept from the start: a request still unanswered when the run stops is counted
         # (``unfinished``), not lost
         sample: dict[str, Any] = {"index": req.index, "label": req.label, "ok": False,
-                                  "gateway": gateway, "unfinished": True,
-                                  # sent after its due time: every client was busy
-                                  "late_s": max(0.0, -delay)}
-        started = time.perf_counter()
+                                  "gateway": gateway, "unfinished": True, "late_s": late}
+        # its times count from when it was due, as the simulator's from its arrival: a
+        # router that keeps every client busy is not timed only once one is free
+        started = time.perf_counter() - late
         _record(sample, started)
         with self.client.post(url, json=body, headers=headers,
                               stream=True, catch_response=True, name=self.workload) as resp:
@@ -289,6 +295,39 @@ def _record(sample: dict[str, Any], sent: float) -> None:
         _sent[id(sample)] = sent
 
 
+@events.test_stopping.add_listener
+def _run_ends(**_kwargs: Any) -> None:
+    """The run's time is up: requests due from now on are not the run's."""
+    with _lock:
+        _clock.setdefault("end", time.monotonic())
+
+
+def _unsent(now: float) -> list[dict[str, Any]]:
+    """The requests that fell due before the run's end but that no client was free to
+    send (the caller holds ``_lock``): each with how long it had waited at ``now``
+    (``time.monotonic()``), a lower bound on its time to first token. Without them, a
+    router that keeps every client waiting would be timed on fewer requests than one
+    that answers at the offered rate."""
+    end, start = _clock.get("end", now), _clock.get("start")
+    if start is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for stream in _streams.values():
+        due = _clock.get("due", start)
+        for req in stream:
+            if req.arrival_s is not None:
+                due = start + req.arrival_s
+            elif _RATE > 0:
+                due += float(_gaps.exponential(1.0 / _RATE))
+            else:  # back to back: nothing is due that a client did not take
+                break
+            if due >= end:
+                break
+            out.append({"index": req.index, "label": req.label, "ok": False,
+                        "unsent": True, "late_s": now - due, "waited_s": now - due})
+    return out
+
+
 @events.test_stop.add_listener
 def _write_samples(**_kwargs: Any) -> None:
     path = os.environ.get("KVGATE_SAMPLES")
@@ -298,7 +337,7 @@ def _write_samples(**_kwargs: Any) -> None:
             # a request unanswered when the run stopped: how long it had waited by then (a
             # lower bound on its time to first token, if none came)
             json.dump([dict(s, waited_s=now - _sent[id(s)]) if s.get("unfinished") else s
-                       for s in _samples], f)
+                       for s in _samples] + _unsent(time.monotonic()), f)
 
 
 class ContractsUser(_WorkloadUser):

@@ -45,12 +45,17 @@ def table(policies: Mapping[str, Mapping[str, Any]]) -> str:
                 cells.append(name)
             elif key is None:
                 cell = f"{r['requests_ok']:,} / {r['requests_failed']:,}"
+                notes = []
                 if r.get("requests_unfinished"):
-                    cell += f" ({r['requests_unfinished']:,} unanswered at the end"
-                    if r.get("ttft_censored"):
-                        cell += (f"; {r['ttft_censored']:,} without a first token, in TTFT "
+                    notes.append(f"{r['requests_unfinished']:,} unanswered at the end")
+                if r.get("requests_unsent"):
+                    notes.append(f"{r['requests_unsent']:,} due but never sent: every "
+                                 "client was busy")
+                if notes and r.get("ttft_censored"):
+                    notes.append(f"{r['ttft_censored']:,} without a first token, in TTFT "
                                  "at their wait so far: a lower bound")
-                    cell += ")"
+                if notes:
+                    cell += f" ({'; '.join(notes)})"
                 cells.append(cell)
             else:
                 cells.append(_cell(r.get(key)))
@@ -95,10 +100,12 @@ def write_report(report_dir: Path, cfg: Any, results: Mapping[str, Mapping[str, 
         f"{cfg.duration_s:g} s per policy, a fresh fleet per policy.",
         "Token hit rate and prefill tokens come from the engines' own counters "
         "(`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`, scraped "
-        "before and after); TTFT is measured by the client (first streamed content), "
-        "over the requests answered and those unanswered when the run stopped (one with no "
-        "first token yet at how long it had waited: a lower bound); failed requests are "
-        "counted, not timed.",
+        "before and after); TTFT is measured by the client from when each request was due "
+        "(its Poisson arrival, later than its send only when every client was busy) to its "
+        "first streamed content, over the requests answered, those unanswered when the run "
+        "stopped and those due by then that no client was free to send (one with no first "
+        "token yet at how long it had waited: a lower bound); failed requests are counted, "
+        "not timed.",
         "",
         table(rows),
         "",

@@ -133,8 +133,9 @@ def duration_seconds(text: str) -> float:
 
 
 def _ttft(sample: dict[str, Any]) -> float:
-    """A request's time to first token: its own, or for one unanswered when the run
-    stopped without a first token, how long it had waited by then (a lower bound)."""
+    """A request's time to first token, from when it was due: its own, or for one
+    unanswered when the run stopped without a first token (or never sent: every client
+    was busy), how long it had waited by then (a lower bound)."""
     ttft = sample.get("ttft_s")
     return float(ttft if ttft is not None else sample["waited_s"])
 
@@ -265,11 +266,14 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
     ok = [s for s in samples if s.get("ok")]
     # sent, but still unanswered when the clients stopped (a router that queued them)
     unfinished = sum(1 for s in samples if s.get("unfinished"))
-    # time to first token of every request that did not fail: left out, the unanswered
-    # ones would make a router that queues requests look fast. One unanswered at the end
-    # counts with its first token's time, or without one with how long it had waited by
-    # then: a lower bound (``ttft_censored`` of them). Failed requests are not timed.
-    timed = [s for s in samples if s.get("ok") or s.get("unfinished")]
+    # due before the run's end, but never sent: every client was waiting on an answer
+    unsent = sum(1 for s in samples if s.get("unsent"))
+    # time to first token (from when the request was due) of every request that did not
+    # fail: left out, the unanswered and unsent ones would make a router that queues
+    # requests look fast. One unanswered at the end counts with its first token's time,
+    # or without one (or never sent) with how long it had waited by then: a lower bound
+    # (``ttft_censored`` of them). Failed requests are not timed.
+    timed = [s for s in samples if s.get("ok") or s.get("unfinished") or s.get("unsent")]
     censored = sum(1 for s in timed if s.get("ttft_s") is None)
     ttft = [_ttft(s) for s in timed]
     e2e = [s["e2e_s"] for s in ok]
@@ -285,17 +289,20 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
         "client_prompt_tokens": sum(s.get("prompt_tokens") or 0 for s in ok),
         "client_cached_tokens": sum(s.get("cached_tokens") or 0 for s in ok),
         "requests_ok": len(ok),
-        "requests_failed": len(samples) - len(ok) - unfinished,
+        "requests_failed": len(samples) - len(ok) - unfinished - unsent,
         "requests_unfinished": unfinished,
-        # how late the clients sent requests after their due times: above 0 where every
-        # client was waiting on an answer (the offered load then falls short of --rate)
+        "requests_unsent": unsent,
+        # how late the clients sent requests after their due times (the unsent ones: how
+        # late they were at the end): above 0 where every client was waiting on an answer
+        # (the offered load then falls short of --rate)
         "send_late_s": _percentiles([s.get("late_s", 0.0) for s in samples]),
         # why they failed: each reason the clients saw (at most 200 characters) and how often
         "failures": dict(Counter(s.get("error") or "unknown" for s in samples
-                                 if not s.get("ok") and not s.get("unfinished"))
-                         .most_common(10)),
+                                 if not (s.get("ok") or s.get("unfinished")
+                                         or s.get("unsent"))).most_common(10)),
         "ttft_p50_s": tt["p50"], "ttft_p95_s": tt["p95"], "ttft_p99_s": tt["p99"],
-        # of the TTFT values, how many are lower bounds (unanswered, no first token yet)
+        # of the TTFT values, how many are lower bounds (unanswered with no first token
+        # yet, or never sent)
         "ttft_censored": censored,
         "hot_ttft_p95_s": hh["p95"],
         "e2e_p50_s": ee["p50"], "e2e_p95_s": ee["p95"],

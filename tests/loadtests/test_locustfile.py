@@ -18,13 +18,25 @@ from loadtests.run import LOCUSTFILE
 from tests.loadtests.answer_modes import answer_modes
 from tests.support.processes import REPO
 
+# a whole streamed answer: a first token, a finish reason, usage and [DONE]
+_STREAM = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in (
+    {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+    {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1}})) \
+    + b"data: [DONE]\n\n"
+_ANSWERS = {
+    "busy": b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nbusy",
+    "stream": b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: "
+              + str(len(_STREAM)).encode() + b"\r\n\r\n" + _STREAM,
+}
+
 
 def _samples(tmp_path: Path, users: int, rate: float, answer_after_s: float | None = None,
-             hang_up: bool = False) -> list[dict[str, Any]]:
+             hang_up: bool = False, answer: str = "busy") -> list[dict[str, Any]]:
     """The samples of a 2 s headless run of ContractsUser against a replica that takes
-    every request and answers HTTP 500 after ``answer_after_s`` (None: never), or with
-    ``hang_up`` closes each connection at once."""
-    with _replica(answer_after_s, hang_up) as port:
+    every request and answers it (``_ANSWERS[answer]``: HTTP 500, or a whole stream) after
+    ``answer_after_s`` (None: never), or with ``hang_up`` closes each connection at once."""
+    with _replica(answer_after_s, hang_up, _ANSWERS[answer]) as port:
         return _locust_samples(tmp_path, f"http://127.0.0.1:{port}", users, rate)
 
 
@@ -47,7 +59,7 @@ def _locust_samples(tmp_path: Path, host: str, users: int, rate: float
 
 
 @contextlib.contextmanager
-def _replica(answer_after_s: float | None, hang_up: bool) -> Iterator[int]:
+def _replica(answer_after_s: float | None, hang_up: bool, answer: bytes) -> Iterator[int]:
     """The port of such a replica while the block runs; every connection closed after."""
     server = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
@@ -56,8 +68,7 @@ def _replica(answer_after_s: float | None, hang_up: bool) -> Iterator[int]:
         try:
             while conn.recv(65536):
                 time.sleep(answer_after_s or 0.0)
-                conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n"
-                             b"\r\nbusy")
+                conn.sendall(answer)
         except OSError:  # closed: the test is over
             return
 
@@ -84,7 +95,7 @@ def _replica(answer_after_s: float | None, hang_up: bool) -> Iterator[int]:
 
 
 def test_a_request_unanswered_when_the_run_stops_is_counted_unfinished(tmp_path):
-    written = _samples(tmp_path, users=3, rate=5)
+    written = [s for s in _samples(tmp_path, users=3, rate=5) if not s.get("unsent")]
     # three users, each stuck on its first request
     assert len(written) == 3
     assert all(s["unfinished"] and not s["ok"] for s in written)
@@ -128,11 +139,35 @@ def test_an_answer_cut_short_or_aborted_is_a_failure_with_its_reason(tmp_path, s
 def test_a_request_sent_after_its_due_time_says_how_late(tmp_path):
     # one user, requests due every 20 ms, each answered (500) after 0.5 s: the user sends
     # the k-th about 0.5 (k - 1) s after it was due
-    written = _samples(tmp_path, users=1, rate=50, answer_after_s=0.5)
+    written = [s for s in _samples(tmp_path, users=1, rate=50, answer_after_s=0.5)
+               if not s.get("unsent")]
     late = [s["late_s"] for s in written]
     assert 2 <= len(late) <= 6
     assert late[0] < 0.2 and late[-1] > 0.4 * (len(late) - 1)
     assert all(s["error"].startswith("HTTP 500") for s in written if not s.get("unfinished"))
+
+
+def test_a_late_request_is_timed_from_its_due_time_and_unsent_ones_are_written(tmp_path):
+    # one user, requests due every 20 ms (Poisson), each answered after 0.5 s: the user
+    # sends the k-th about 0.5 (k - 1) s after it was due, and most never
+    written = _samples(tmp_path, users=1, rate=50, answer_after_s=0.5, answer="stream")
+    sent = [s for s in written if not s.get("unsent")]
+    answered = [s for s in sent if s["ok"]]
+    assert 2 <= len(answered) <= len(sent) <= 6
+    for s in answered:
+        # its time to first token counts its wait for a free user, as the simulator's
+        # counts from the arrival: at least the answer's 0.5 s on top of its lateness
+        assert s["ttft_s"] >= s["late_s"] + 0.45, s
+        assert s["e2e_s"] >= s["ttft_s"]
+    assert max(s["ttft_s"] for s in answered) > 0.9
+    # ~100 fell due in the 2 s run: those no user was free to send are written too, each
+    # with how long it had waited when the run stopped (in the order they fell due)
+    unsent = [s for s in written if s.get("unsent")]
+    assert 50 <= len(unsent) <= 180
+    assert all(not s["ok"] and "error" not in s for s in unsent)
+    waited = [s["waited_s"] for s in unsent]
+    assert waited == sorted(waited, reverse=True) and waited[-1] > 0
+    assert [s["index"] for s in written] == list(range(len(written)))
 
 
 def test_a_request_without_an_answer_says_what_the_connection_did(tmp_path):
