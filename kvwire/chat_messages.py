@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvwire.media_parts import MediaPartError, media_type, opaque_placeholder, placeholder
+from kvwire.media_parts import (
+    MediaPartError,
+    media_type,
+    opaque_placeholder,
+    placeholder,
+    shown,
+)
 
 # parts whose text is the model's to read: the key that holds it
 _TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal",
@@ -34,7 +40,9 @@ def check_tools(tools: Any) -> list[Any] | None:
     if tools is None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
-        raise ChatFormatError("'tools' must be an array of objects")
+        bad = tools if not isinstance(tools, list) else next(
+            t for t in tools if not isinstance(t, Mapping))
+        raise ChatFormatError(f"'tools' must be an array of objects, got {shown(bad)}")
     return tools
 
 
@@ -67,10 +75,12 @@ def normalize_messages(messages: Sequence[Any], hash_media: bool = True,
 def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
                        ) -> dict[str, Any]:
     if not isinstance(message, Mapping):
-        raise ChatFormatError(f"messages[{index}] must be an object, got {message!r:.60}")
+        raise ChatFormatError(f"messages[{index}] must be an object, got {shown(message)}",
+                              param=f"messages[{index}]")
     role = message.get("role")
     if not isinstance(role, str) or not role:
-        raise ChatFormatError(f"messages[{index}].role must be a non-empty string")
+        raise ChatFormatError(f"messages[{index}].role must be a non-empty string, got "
+                              f"{shown(role)}", param=f"messages[{index}].role")
     content = message.get("content", "")
     if content is None:
         content = ""
@@ -112,10 +122,11 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
                 raise ChatFormatError(
                     f"{where} must be a text, refusal, thinking, image_url, image_embeds, "
                     f"input_audio, audio_url or video_url part ({{'type': 'text', 'text': "
-                    f"...}}), got type {kind!r:.40}", param=where)
+                    f"...}}), got type {shown(kind)}", param=where)
         content = "\n".join(texts)  # as vLLM gives a chat template a message of parts
     if not isinstance(content, str):
-        raise ChatFormatError(f"messages[{index}].content must be a string or a list of parts")
+        raise ChatFormatError(f"messages[{index}].content must be a string or a list of "
+                              f"parts, got {shown(content)}", param=f"messages[{index}].content")
     out: dict[str, Any] = {"role": role, "content": content}
     calls = message.get("tool_calls")
     if calls is not None:
@@ -123,13 +134,13 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
     call_id = message.get("tool_call_id")
     if call_id is not None:
         if not isinstance(call_id, str):
-            raise ChatFormatError(f"messages[{index}].tool_call_id must be a string",
-                                  param=f"messages[{index}].tool_call_id")
+            raise ChatFormatError(f"messages[{index}].tool_call_id must be a string, got "
+                                  f"{shown(call_id)}", param=f"messages[{index}].tool_call_id")
         out["tool_call_id"] = call_id
     name = message.get("name")  # a participant's name, which some templates render
     if name is not None:
         if not isinstance(name, str):
-            raise ChatFormatError(f"messages[{index}].name must be a string, got {name!r:.60}",
+            raise ChatFormatError(f"messages[{index}].name must be a string, got {shown(name)}",
                                   param=f"messages[{index}].name")
         out["name"] = name
     return out
@@ -139,7 +150,8 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     """An assistant turn's ``tool_calls``: a list of ``{id, type: function, function:
     {name, arguments}}``, the name and arguments strings."""
     if not isinstance(calls, list):
-        raise ChatFormatError(f"{where} must be an array of tool calls", param=where)
+        raise ChatFormatError(f"{where} must be an array of tool calls, got {shown(calls)}",
+                              param=where)
     out = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, Mapping) else None
@@ -147,10 +159,11 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
                 or not isinstance(fn.get("arguments", ""), str):
             raise ChatFormatError(
                 f"{where}[{j}] must be {{'type': 'function', 'function': {{'name': ..., "
-                f"'arguments': '<JSON text>'}}}}", param=f"{where}[{j}]")
+                f"'arguments': '<JSON text>'}}}}, got {shown(call)}", param=f"{where}[{j}]")
         call_id = call.get("id")
         if call_id is not None and not isinstance(call_id, str):
-            raise ChatFormatError(f"{where}[{j}].id must be a string", param=f"{where}[{j}].id")
+            raise ChatFormatError(f"{where}[{j}].id must be a string, got {shown(call_id)}",
+                                  param=f"{where}[{j}].id")
         out.append({"id": call_id, "type": "function",
                     "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
     return out

@@ -22,6 +22,7 @@ Parts accepted (OpenAI's chat shapes, as vLLM serves them)::
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +39,25 @@ TYPES = frozenset(_KINDS)
 # the URL itself (or the embeddings)
 UNTYPED_KEYS = ("image_url", "audio_url", "input_audio", "image_embeds", "video_url")
 _SCHEMES = ("http://", "https://", "data:", "file://")
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``value`` as an error message names it, in about ``limit`` characters and at no
+    more cost: a string's start, a number, an array's length, an object's first keys.
+    Never a whole ``repr``, which costs a huge value's size and overflows the stack on
+    a deeply nested one (JSON allows 1,024 levels; ``repr`` stops near 1,000)."""
+    if isinstance(value, str):
+        return repr(value[:limit]) + ("..." if len(value) > limit else "")
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return f"an array of {len(value)}"
+    if isinstance(value, Mapping):
+        keys = ", ".join(repr(str(k)[:20]) for k in itertools.islice(value, 4))
+        return f"an object {{{keys}{', ...' if len(value) > 4 else ''}}}"
+    return type(value).__name__
 
 
 class MediaPartError(ValueError):
@@ -106,10 +126,32 @@ def opaque_placeholder(part: Mapping[str, Any], digest: bool = True) -> str:
     if not digest:
         return f"<|part:{_NO_DIGEST}|>"
     try:
-        data = orjson.dumps(part, option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # what orjson cannot write (an integer past 64 bits)
-        data = repr(part).encode()
-    return f"<|part:{hashlib.sha256(data).hexdigest()[:DIGEST_HEX_CHARS]}|>"
+        h = hashlib.sha256(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
+    except TypeError:  # what orjson cannot write (nested past 254 levels, a huge integer)
+        h = _walked_digest(part)
+    return f"<|part:{h.hexdigest()[:DIGEST_HEX_CHARS]}|>"
+
+
+def _walked_digest(value: Any) -> Any:
+    """A SHA-256 of ``value`` walked without recursion (any depth), keys sorted; each
+    item is tagged with its kind and length, so no two values write the same bytes."""
+    h = hashlib.sha256()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            h.update(b"{%d;" % len(item))
+            for key in sorted(item, key=str, reverse=True):  # popped in sorted order
+                stack.append(item[key])
+                stack.append(str(key))
+        elif isinstance(item, list | tuple):
+            h.update(b"[%d;" % len(item))
+            stack.extend(reversed(item))
+        else:
+            raw = (item.encode(errors="surrogatepass") if isinstance(item, str)
+                   else f"{type(item).__name__}:{item!r}".encode())
+            h.update(b"%d;" % len(raw) + raw)
+    return h
 
 
 def carries_media(messages: Any) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from kvwire.chat_messages import ChatFormatError, check_tools, normalize_messages
-from kvwire.media_parts import DIGEST_HEX_CHARS
+from kvwire.media_parts import DIGEST_HEX_CHARS, shown
 
 MAX_CACHE_SALT_CHARS = 128  # vLLM's limit on ``cache_salt``
 MAX_TOKEN_ID = (1 << 32) - 1
@@ -155,7 +155,7 @@ def optional(body: Mapping[str, Any], key: str, types: type | tuple[type, ...],
         if lax is not None:
             return lax
         names = " or ".join(t.__name__ for t in allowed)
-        raise BadRequest(f"'{key}' must be {names}, got {value!r:.80}", param=key)
+        raise BadRequest(f"'{key}' must be {names}, got {shown(value, 80)}", param=key)
     return value
 
 
@@ -202,7 +202,8 @@ def model_field(body: Mapping[str, Any]) -> str | None:
     """The request's ``model``: absent, or a non-empty string."""
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
-        raise BadRequest("'model' must be a non-empty string", param="model")
+        raise BadRequest(f"'model' must be a non-empty string, got {shown(model)}",
+                         param="model")
     return model
 
 
@@ -219,7 +220,8 @@ def check_cache_salt(value: Any) -> str | None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_CACHE_SALT_CHARS:
         raise BadRequest(f"'cache_salt' must be a non-empty string of at most "
-                         f"{MAX_CACHE_SALT_CHARS} characters", param="cache_salt")
+                         f"{MAX_CACHE_SALT_CHARS} characters, got {shown(value)}",
+                         param="cache_salt")
     return value
 
 
@@ -249,7 +251,8 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
         return RequestFields(body, model, stream, max_tokens, salt, text, ids, count)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty array", param="messages")
+        raise BadRequest(f"'messages' must be a non-empty array, got {shown(messages)}",
+                         param="messages")
     try:
         # checked here, hashed when rendered
         normalize_messages(messages, hash_media=False, lenient=lenient)
@@ -266,9 +269,7 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
 
 def is_token_ids(value: Any) -> bool:
     """A list of token ids (integers 0..MAX_TOKEN_ID; a bool is none), maybe empty."""
-    return isinstance(value, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
-        for t in value)
+    return isinstance(value, list) and all(map(_is_token_id, value))
 
 
 def _embeds_prompt(embeds: Any) -> tuple[str, None, int]:
@@ -277,8 +278,8 @@ def _embeds_prompt(embeds: Any) -> tuple[str, None, int]:
     first = embeds[0] if isinstance(embeds, list) and embeds else embeds
     if not isinstance(first, str) or not first \
             or (isinstance(embeds, list) and not all(isinstance(e, str) for e in embeds)):
-        raise BadRequest("'prompt_embeds' must be a base64 string or an array of them",
-                         param="prompt_embeds")
+        raise BadRequest(f"'prompt_embeds' must be a base64 string or an array of them, "
+                         f"got {shown(embeds)}", param="prompt_embeds")
     digest = hashlib.sha256(first.encode()).hexdigest()[:DIGEST_HEX_CHARS]
     return f"<|embeds:{digest}|>", None, len(embeds) if isinstance(embeds, list) else 1
 
@@ -302,4 +303,25 @@ def _prompt(prompt: Any) -> tuple[str | None, list[int] | None, int]:
             return None, list(prompt[0]), len(prompt)
     raise BadRequest(
         "'prompt' must be a non-empty string, array of strings, array of token ids "
-        f"(integers 0..{MAX_TOKEN_ID}) or array of token id arrays", param="prompt")
+        f"(integers 0..{MAX_TOKEN_ID}) or array of token id arrays, got {_bad_prompt(prompt)}",
+        param="prompt")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
+
+
+def _bad_prompt(prompt: Any) -> str:
+    """What a refused prompt holds that no kind of prompt takes: the first such item of
+    an array (``prompt[2] = -1``), else the prompt itself."""
+    if not isinstance(prompt, list) or not prompt:
+        return shown(prompt)
+    for i, item in enumerate(prompt):
+        if isinstance(item, str) or _is_token_id(item):
+            continue
+        if not isinstance(item, list) or not item:
+            return f"prompt[{i}] = {shown(item)}"
+        j = next((j for j, t in enumerate(item) if not _is_token_id(t)), None)
+        if j is not None:
+            return f"prompt[{i}][{j}] = {shown(item[j])}"
+    return "an array mixing strings, token ids and token id arrays"

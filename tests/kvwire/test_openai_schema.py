@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from kvwire.openai_schema import BadRequest, optional, parse_fields
+from kvwire.chat_messages import normalize_messages
+from kvwire.openai_schema import BadRequest, decode_json, optional, parse_fields
 
 
 @pytest.mark.parametrize(("value", "types", "read"), [
@@ -49,3 +50,65 @@ def test_a_body_with_a_byte_order_mark_is_read_as_vllm_reads_it() -> None:
     from kvwire.openai_schema import decode_json
 
     assert decode_json(b'\xef\xbb\xbf{"model": "m"}') == {"model": "m"}
+
+
+def _deep(levels: int = 1015) -> bytes:
+    return b"[" * levels + b"]" * levels  # within the JSON parser's 1,024 levels
+
+
+@pytest.mark.parametrize(("where", "param"), [
+    (b'"max_tokens": %s', "max_tokens"),
+    (b'"stream": %s', "stream"),
+    (b'"messages": [%s]', "messages[0]"),
+    (b'"messages": [{"role": "user", "content": [{"type": %s}]}]', "messages[0].content[0]"),
+])
+def test_a_deeply_nested_value_is_a_400_naming_its_field(where: bytes, param: str) -> None:
+    # the error's repr() of a value nested 1,000 levels deep raised RecursionError: 500
+    body = decode_json(b'{"messages": [{"role": "user", "content": "x"}], '
+                       + where % _deep() + b"}")
+    with pytest.raises(BadRequest) as bad:
+        parse_fields(body, chat=True)
+    assert bad.value.param == param and "array of 1" in bad.value.message
+    if param != "messages[0].content[0]":  # the gateway forwards a part it cannot read
+        with pytest.raises(BadRequest) as bad:
+            parse_fields(body, chat=True, lenient=True)
+        assert bad.value.param == param and "array of 1" in bad.value.message
+
+
+def test_a_deeply_nested_part_the_gateway_forwards_stands_by_a_digest() -> None:
+    # the gateway reads a part of a type it does not know as a whole; nested past what
+    # orjson writes, it was hashed through repr(), which raised RecursionError: 500
+    def chat(value: bytes) -> list[Any]:
+        return decode_json(b'[{"role": "user", "content": [{"type": "input_image", "x": '
+                           + value + b'}, "and?"]}]')
+
+    deep = normalize_messages(chat(_deep()), lenient=True)[0]["content"]
+    assert deep.startswith("<|part:") and deep.endswith("|>\nand?")
+    assert normalize_messages(chat(_deep()), lenient=True)[0]["content"] == deep
+    assert normalize_messages(chat(_deep(1014)), lenient=True)[0]["content"] != deep
+
+
+@pytest.mark.parametrize(("body", "param", "named"), [
+    ({"model": 5}, "model", "got 5"),
+    ({"cache_salt": ["s"]}, "cache_salt", "got an array of 1"),
+    ({"tools": [{"type": "function"}, "f"]}, "tools", "got 'f'"),
+    ({"messages": {"role": "user"}}, "messages", "got an object {'role'}"),
+    ({"messages": [{"role": 7, "content": "x"}]}, "messages[0].role", "got 7"),
+    ({"messages": [{"role": "user", "content": 7.5}]}, "messages[0].content", "got 7.5"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": 9}]},
+     "messages[0].tool_call_id", "got 9"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": "call"}]},
+     "messages[0].tool_calls", "got 'call'"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": 1}]}]},
+     "messages[0].tool_calls[0]", "got an object {'id'}"),
+    ({"prompt": [[1, 2], [3, -4]]}, "prompt", "prompt[1][1] = -4"),
+    ({"prompt": "x" * 10_000, "max_tokens": "x" * 10_000}, "max_tokens", "'xxx"),
+])
+def test_a_refused_field_is_named_with_its_value(body: dict[str, Any], param: str,
+                                                 named: str) -> None:
+    chat = "prompt" not in body
+    with pytest.raises(BadRequest) as bad:
+        parse_fields({"messages": [{"role": "user", "content": "x"}], **body}
+                     if chat else body, chat=chat)
+    assert bad.value.param == param and named in bad.value.message
+    assert len(bad.value.message) < 400
