@@ -79,6 +79,10 @@ _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
 _LEAST_TRY_S = 0.1  # a later try needs this much of the first-byte deadline left
 _CHECK_AHEAD_S = 0.05  # a try's wait is checked for progress this long before it ends
 _ERROR_MESSAGE_CHARS = 300  # of a replica's 5xx message, told to the client
+# how vLLM and SGLang tell an error inside a stream they answered 200: an event whose data
+# is an OpenAI error (``{"error": {"message", "type", "code"}}``), then [DONE]
+_ERROR_EVENTS = (b'data: {"error"', b'data:{"error"')
+_ERROR_LOOK_BACK = len(_ERROR_EVENTS[0]) - 1  # bytes of the tail searched with a chunk
 # the streams that end with [DONE] when whole
 # (OpenAI's completions and chat completions, SGLang's /generate)
 DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", generate_request.PATH))
@@ -230,6 +234,9 @@ class UpstreamStream:
         self._held: list[bytes] = []  # a stream's last event until it ends (_whole_events)
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
+        # the status an error event in the stream gave (its code), once one came: the
+        # answer failed, however its body ends
+        self.error_status = _error_event(first_chunk) if self.stream else None
 
     @property
     def complete(self) -> bool:
@@ -313,6 +320,8 @@ class UpstreamStream:
                 if self.stream:
                     if self._meta is not None:
                         self._note_meta(self._tail, chunk)
+                    if self.error_status is None:
+                        self.error_status = _error_event(self._tail[-_ERROR_LOOK_BACK:] + chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
                     if self._events is not None:
                         self._events += chunk.count(b"\n\n")
@@ -422,9 +431,12 @@ class UpstreamStream:
     @property
     def outcome(self) -> str:
         """The status a metric or log should record: 502 for an answer the replica cut
-        short, 503 for one the gateway's shutdown cut, 499 for one the client left."""
+        short, 503 for one the gateway's shutdown cut, an error event's code (502 when it
+        gives none) for a stream that told an error, 499 for one the client left."""
         if self.cut is not None:
             return "503" if self.cut == _SHUTDOWN else "502"
+        if self.error_status is not None:
+            return str(self.error_status)
         return "499" if self.left else str(self.status)
 
     def _broke_off(self, cause: str, what: str) -> None:
@@ -446,7 +458,7 @@ class UpstreamStream:
         else:
             self.response.close()  # drops the connection: the replica sees the cancel
         self.fleet.done(self.pending)
-        whole = (ok or self._delivered) and self.status < 400
+        whole = (ok or self._delivered) and self.status < 400 and self.error_status is None
         state = self.pending.state
         if whole and state is not None:
             state.made_progress()
@@ -724,6 +736,18 @@ class Proxy:
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
                 if streamed and not first and response.status < 400:
                     raise UpstreamBroken("the stream ended before its first event")
+                if streamed and response.status < 400 \
+                        and first.lstrip(b"\r\n").startswith(_ERROR_EVENTS):
+                    # the stream opens with an error (vLLM's engine failed on it): a 5xx
+                    # the client has seen nothing of yet, tried elsewhere as one
+                    first = await _first_event(response, first)
+                    status = _error_event(first)
+                    if status is not None and status >= 500:
+                        data = first.lstrip(b"\r\n")[len(b"data:"):].split(b"\n", 1)[0]
+                        log.warning("replica %s answered %s in its stream: %s", replica,
+                                    status, data.decode(errors="replace"))
+                        raise _Retryable("5xx", f"replica {replica!r} answered {status} in "
+                                         f"its stream{_error_message(data)}", status=status)
             if patience is not None:  # its timer is done with
                 patience.cancel()
             if not streamed and response.status < 400:
@@ -855,6 +879,38 @@ def _ends_done(tail: bytes) -> bool:
     """Whether a stream's last bytes are its ``[DONE]`` event (its blank line perhaps
     still to come). Asked after every chunk relayed: only the tail's last bytes are read."""
     return tail[-_DONE_WINDOW:].rstrip(b"\r\n").endswith(_DONE_DATA)
+
+
+async def _first_event(response: UpstreamResponse, first: bytes) -> bytes:
+    """``first`` and what follows it up to the end of a stream's first event (or of its
+    body, or ``_ERROR_BODY_LIMIT`` bytes)."""
+    while not any(end in first for end in _EVENT_ENDS) and len(first) < _ERROR_BODY_LIMIT:
+        chunk = await response.readany()
+        if not chunk:
+            break
+        first += chunk
+    return first
+
+
+def _error_event(window: bytes) -> int | None:
+    """The status an error event in a stream's ``window`` of bytes tells: its ``code``
+    when that is a 4xx or 5xx, else (none, or the event not whole in ``window``) 502;
+    None when ``window`` holds no error event. An event's data is JSON, whose strings
+    escape their quotes: ``data: {"error"`` starts a line of an event, never content."""
+    for start in _ERROR_EVENTS:
+        at = window.find(start)
+        if at >= 0:
+            break
+    else:
+        return None
+    end = window.find(b"\n", at)
+    try:
+        data = orjson.loads(window[at + len(b"data:"):end if end >= 0 else None])
+    except ValueError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if type(code) is int and 400 <= code < 600 else 502
 
 
 def _error_message(detail: bytes) -> str:

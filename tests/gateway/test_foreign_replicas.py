@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import zmq
 
 from gateway.config import ReplicaConfig
@@ -9,8 +10,9 @@ from gateway.fleet import Fleet
 from gateway.kv_event_subscriber import KVEventSubscriber
 from policies.kv_index import KVIndex
 from tests.support import foreign_vllm as vllm
+from tests.support.gateway_harness import Gateway, Serve, metric, start_gateway
 from tests.support.servers import free_port
-from tests.support.waiting import wait_until_async
+from tests.support.waiting import wait_until, wait_until_async
 
 CHAIN = list(range(48))  # three blocks of 16
 OTHER = list(range(100, 116))
@@ -48,3 +50,52 @@ async def test_blocks_offloaded_to_cpu_and_evicted_there_stay_on_the_gpu() -> No
         await sub.stop()
         pub.close()
         ctx.term()
+
+
+def _chat(gw: Gateway, stream: bool = True) -> httpx.Response:
+    return httpx.post(f"{gw.url}/v1/chat/completions", timeout=10, json={
+        "model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def _vllm_pair(serve: Serve, a: vllm.Script, b: vllm.Script) -> Gateway:
+    ra, rb = serve(vllm.vllm_app(a)), serve(vllm.vllm_app(b))
+    gw = start_gateway(serve, [("a", ra.url), ("b", rb.url)])
+    wait_until(lambda: httpx.get(f"{gw.url}/ready").status_code == 200, 10, "ready")
+    return gw
+
+
+def test_a_stream_that_opens_with_a_5xx_error_event_is_tried_on_the_next_replica(
+        serve: Serve) -> None:
+    """vLLM answers 200 and tells an engine failure as the stream's first event: the
+    client has seen nothing yet, so it is a 5xx like any other."""
+    died = vllm.error_body("EngineCore encountered an issue", 500)
+    a, b = vllm.Script(stream_error=died), vllm.Script()
+    gw = _vllm_pair(serve, a, b)
+    answer = _chat(gw)
+    assert answer.status_code == 200 and answer.headers["x-kvgate-replica"] == "b"
+    assert '"error"' not in answer.text and answer.text.endswith("data: [DONE]\n\n")
+    assert a.received == 1 and b.received == 1
+    a.stream_error = b.stream_error = died  # every replica: the client gets the message
+    failed = _chat(gw)
+    assert failed.status_code == 500
+    assert "EngineCore encountered an issue" in failed.json()["error"]["message"]
+
+
+def test_a_stream_that_tells_an_error_is_counted_failed_not_answered(serve: Serve) -> None:
+    """An error event after content (or one coded 4xx, the request's fault) is relayed as
+    vLLM sent it, [DONE] and all, and recorded with its code, not as an answer."""
+    a = vllm.Script(tokens=4, stream_error=vllm.error_body("out of memory", 500),
+                    error_after=2)
+    b = vllm.Script(stream_error=vllm.error_body("bad logits processor", 400))
+    gw = _vllm_pair(serve, a, b)
+    for _ in range(2):
+        answer = _chat(gw)
+        assert answer.status_code == 200 and '"error"' in answer.text
+    wait_until(lambda: metric(gw, 'kvgate_requests_total{replica="a",route="round_robin",'
+                                  'status="500"}') == 1.0, 10, "a's failure counted")
+    assert metric(gw, 'kvgate_requests_total{replica="b",route="round_robin",'
+                      'status="400"}') == 1.0
+    assert metric(gw, 'kvgate_requests_total{replica="a",route="round_robin",'
+                      'status="200"}') == 0.0
+    assert metric(gw, 'kvgate_time_to_first_token_seconds_count{model="m",'
+                      'reason="round_robin"}') in (None, 0.0)
