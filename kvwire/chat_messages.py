@@ -35,14 +35,38 @@ class ChatFormatError(ValueError):
 
 
 def check_tools(tools: Any) -> list[Any] | None:
-    """The request's ``tools`` (None when absent); ``ChatFormatError`` unless a list of
-    objects."""
+    """The request's ``tools`` (None when absent), as vLLM's request model takes them:
+    each ``{"type": "function", "function": {"name": str, "description": str or null,
+    "parameters": object or null}}`` (``type`` may be left out), or a ``custom`` tool
+    (``{"type": "custom", "custom": {...}}``); ``ChatFormatError`` naming the first
+    field that is not."""
     if tools is None:
         return None
-    if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
-        bad = tools if not isinstance(tools, list) else next(
-            t for t in tools if not isinstance(t, Mapping))
-        raise ChatFormatError(f"'tools' must be an array of objects, got {shown(bad)}")
+    if not isinstance(tools, list):
+        raise ChatFormatError(f"'tools' must be an array of objects, got {shown(tools)}",
+                              param="tools")
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping):
+            raise ChatFormatError(f"{where} must be an object, got {shown(tool)}", param=where)
+        kind = tool.get("type", "function")
+        if kind == "custom" and isinstance(tool.get("custom"), Mapping):
+            continue
+        if kind != "function":
+            raise ChatFormatError(f"{where}.type must be 'function' or 'custom', got "
+                                  f"{shown(kind)}", param=f"{where}.type")
+        fn = tool.get("function")
+        if not isinstance(fn, Mapping):
+            raise ChatFormatError(f"{where}.function must be an object ({{'name': ..., "
+                                  f"'parameters': {{...}}}}), got {shown(fn)}",
+                                  param=f"{where}.function")
+        for key, types, what in (("name", str, "a string"),
+                                 ("description", (str, type(None)), "a string"),
+                                 ("parameters", (Mapping, type(None)), "an object")):
+            value = fn.get(key)
+            if not isinstance(value, types):
+                raise ChatFormatError(f"{where}.function.{key} must be {what}, got "
+                                      f"{shown(value)}", param=f"{where}.function.{key}")
     return tools
 
 

@@ -261,7 +261,7 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
     try:
         tools = check_tools(body.get("tools"))
     except ChatFormatError as exc:
-        raise BadRequest(str(exc), param="tools") from exc
+        raise BadRequest(str(exc), param=exc.param or "tools") from exc
     # as OpenAI and vLLM: max_completion_tokens (max_tokens' successor) wins over it
     limit = max_completion_tokens if max_completion_tokens is not None else max_tokens
     return RequestFields(body, model, stream, limit, salt, messages=messages, tools=tools)

@@ -91,7 +91,8 @@ def test_a_deeply_nested_part_the_gateway_forwards_stands_by_a_digest() -> None:
 @pytest.mark.parametrize(("body", "param", "named"), [
     ({"model": 5}, "model", "got 5"),
     ({"cache_salt": ["s"]}, "cache_salt", "got an array of 1"),
-    ({"tools": [{"type": "function"}, "f"]}, "tools", "got 'f'"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}, "f"]}, "tools[1]",
+     "got 'f'"),
     ({"messages": {"role": "user"}}, "messages", "got an object {'role'}"),
     ({"messages": [{"role": 7, "content": "x"}]}, "messages[0].role", "got 7"),
     ({"messages": [{"role": "user", "content": 7.5}]}, "messages[0].content", "got 7.5"),
@@ -112,3 +113,33 @@ def test_a_refused_field_is_named_with_its_value(body: dict[str, Any], param: st
                      if chat else body, chat=chat)
     assert bad.value.param == param and named in bad.value.message
     assert len(bad.value.message) < 400
+
+
+FIND = {"type": "function", "function": {"name": "find", "description": "Finds a clause.",
+                                         "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(("tool", "param"), [
+    ({"type": "web_search"}, "tools[1].type"),
+    ({"type": "function"}, "tools[1].function"),
+    ({"type": "function", "function": {"description": "no name"}}, "tools[1].function.name"),
+    ({"type": "function", "function": {"name": 5}}, "tools[1].function.name"),
+    ({"function": {"name": "f", "description": ["x"]}}, "tools[1].function.description"),
+    ({"function": {"name": "f", "parameters": "{}"}}, "tools[1].function.parameters"),
+])
+def test_a_tool_vllms_request_model_refuses_is_a_400_naming_it(tool: Any, param: str) -> None:
+    # any object was taken, and a tool with no name rendered into the model's prompt
+    with pytest.raises(BadRequest) as bad:
+        parse_fields({"messages": [{"role": "user", "content": "x"}], "tools": [FIND, tool]},
+                     chat=True)
+    assert bad.value.param == param
+
+
+def test_the_tools_vllm_takes_are_taken() -> None:
+    tools = [FIND, {"function": {"name": "now"}},  # type left out: a function
+             {"type": "function", "function": {"name": "f", "description": None,
+                                               "parameters": None, "strict": True}},
+             {"type": "custom", "custom": {"name": "grammar_tool"}}]
+    fields = parse_fields({"messages": [{"role": "user", "content": "x"}], "tools": tools},
+                          chat=True)
+    assert fields.tools == tools
