@@ -175,6 +175,16 @@ class SimFleet:
         module docstring)."""
         if self.spec.views == "exact":
             return [r.view() for r in self.replicas]
+        self.scrape_until(now)
+        return self.states[gateway].views(now=now)
+
+    def scrape_until(self, now: float) -> None:
+        """Take the scrapes due at or before ``now``, each of the replicas as they are now:
+        the simulator calls it before each event, so a scrape reads the replicas as they
+        were at its own time, not at the next decision's (steps that ended between the
+        two would have been in it: less lag than the gateway's)."""
+        if self.spec.views == "exact":
+            return
         while self._next_scrape <= now:
             for rep in self.replicas:
                 scraped = rep.scraped(self.spec.dialect)
@@ -183,7 +193,6 @@ class SimFleet:
                     state.record_scrape(rep.id, scraped, self._next_scrape)
                     capacity.observe(rep.id, scraped, mark)
             self._next_scrape += self.spec.scrape_interval_s
-        return self.states[gateway].views(now=now)
 
     def add(self, replica: SimReplica, req: WorkloadRequest, token_ids: list[int],
             now: float, shared_len: int | None = None) -> None:

@@ -281,6 +281,8 @@ class Simulation:
         i, n = 0, len(requests)
         while i < n or heap:
             next_arrival = arrivals[i] if i < n else math.inf
+            # the scrapes due before this event read the replicas as they are until it
+            self.fleet.scrape_until(min(heap[0][0], next_arrival) if heap else next_arrival)
             if heap and heap[0][0] <= next_arrival:
                 self.now, _, index = heapq.heappop(heap)
                 self._end_step(index, self.now)

@@ -277,6 +277,35 @@ def test_gateway_views_lag_behind_the_replicas():
     assert exact.views(0.5)[0].waiting == 1
 
 
+def test_a_scrape_reads_the_replicas_at_its_own_time_not_at_the_next_decision():
+    from policies.round_robin import RoundRobin
+
+    class Seen(RoundRobin):
+        """Round robin that keeps the views of each decision."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[list[tuple[int, int]]] = []
+
+        def choose(self, request, replicas):
+            self.seen.append([(v.running, v.in_flight) for v in replicas])
+            return super().choose(request, replicas)
+
+    spec = FleetSpec(replicas=1, kv_pool_gib=1.0, idle_kv_gib=0.5, max_num_seqs=4,
+                     scrape_interval_s=1.0)
+    workload = ContractsSpec(num_docs=4, hot_docs=1, doc_tokens=200,
+                             output_tokens=(150, 150), seed=1)
+    requests = generate(workload, 2)
+    policy = Seen()
+    sim = Simulation(SimFleet(spec), policy)
+    # the first request runs from 0.1 s to ~1.45 s (150 tokens), the second comes at 1.9 s
+    sim.run(requests, [0.1, 1.9])
+    assert 1.9 + 1.0 < sim.now < 1.9 + 2.0  # the second took as long as the first
+    # decided at 1.9 s on the scrape of 1.0 s, when the first was running (the gateway
+    # knows its own request has ended: none in flight)
+    assert policy.seen == [[(0, 0)], [(1, 0)]]
+
+
 def test_replicas_without_a_capacity_gauge_get_it_estimated_from_usage():
     requests = generate(SMALL_LIBRARY, 1000)
     arrivals = poisson_arrivals(len(requests), SMALL_RATE, 1)
