@@ -914,13 +914,17 @@ def _error_event(window: bytes) -> int | None:
 
 
 def _error_message(detail: bytes) -> str:
-    """': <message>' of a replica's OpenAI-shaped error body, cut short; '' for any other
-    body (its raw text, a trace perhaps, is logged, not shown to the client)."""
+    """': <message>' of a replica's OpenAI-shaped error body, cut short: nested under
+    ``error`` (OpenAI's, vLLM's since 0.10.2) or flat beside ``"object": "error"``
+    (older vLLM's, SGLang's); '' for any other body (its raw text, a trace perhaps, is
+    logged, not shown to the client)."""
     try:
         data = orjson.loads(detail)
     except ValueError:
         return ""
     error = data.get("error") if isinstance(data, dict) else None
+    if error is None and isinstance(data, dict) and data.get("object") == "error":
+        error = data
     message = error.get("message") if isinstance(error, dict) else None
     if not message or not isinstance(message, str):
         return ""

@@ -99,3 +99,14 @@ def test_a_stream_that_tells_an_error_is_counted_failed_not_answered(serve: Serv
                       'status="200"}') == 0.0
     assert metric(gw, 'kvgate_time_to_first_token_seconds_count{model="m",'
                       'reason="round_robin"}') in (None, 0.0)
+
+
+def test_the_message_of_a_flat_error_body_reaches_the_client(serve: Serve) -> None:
+    """vLLM before 0.10.2, and SGLang, answer errors flat: ``{"object": "error",
+    "message": ...}``."""
+    oom = vllm.error_body("CUDA out of memory", 500, nested=False)
+    gw = _vllm_pair(serve, vllm.Script(status=500, error=oom),
+                    vllm.Script(status=500, error=oom))
+    failed = _chat(gw, stream=False)
+    assert failed.status_code == 500
+    assert "CUDA out of memory" in failed.json()["error"]["message"]
