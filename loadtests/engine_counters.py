@@ -46,9 +46,12 @@ def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
 
 @dataclass(frozen=True, slots=True)
 class FleetCounters:
-    """Per-replica counter deltas over a run, and their fleet totals."""
+    """Per-replica counter deltas over a run, and their fleet totals. ``restarted``: the
+    indexes of the replicas whose counters went back during the run (a restarted engine
+    counts from 0): their deltas are what they counted since."""
 
     per_replica: tuple[Mapping[str, float], ...]
+    restarted: tuple[int, ...] = ()
 
     def total(self, key: str) -> float:
         return sum(r[key] for r in self.per_replica)
@@ -66,7 +69,17 @@ class FleetCounters:
 
 def deltas(before: Sequence[Mapping[str, float]],
            after: Sequence[Mapping[str, float]]) -> FleetCounters:
+    """Each replica's counts between its scrapes ``before`` and ``after``; a replica whose
+    counters went back restarted meanwhile, and counts what it counted since (its counts
+    before the restart are lost; taken as ``after - before``, they came out negative)."""
     if len(before) != len(after):
         raise ValueError(f"{len(before)} scrapes before but {len(after)} after")
-    return FleetCounters(tuple({k: a[k] - b[k] for k in COUNTERS}
-                               for b, a in zip(before, after, strict=True)))
+    per_replica: list[Mapping[str, float]] = []
+    restarted: list[int] = []
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+        if any(a[k] < b[k] for k in COUNTERS):
+            restarted.append(i)
+            per_replica.append({k: a[k] for k in COUNTERS})
+        else:
+            per_replica.append({k: a[k] - b[k] for k in COUNTERS})
+    return FleetCounters(tuple(per_replica), tuple(restarted))

@@ -326,6 +326,9 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                                 for s in timed],
                                [f"r{i}" for i in range(cfg.replicas)]),
         "preemptions": int(counters.total("preemptions")),
+        # replicas whose counters went back (restarted during the run): they count from
+        # their restart
+        "replicas_restarted": [f"r{i}" for i in counters.restarted],
         # how much later than their cost model the engine steps ended, as a share of the
         # modeled time: a host too busy for its fleet (every first token that much later)
         "engine_lateness": _share(counters.total("step_late_s"),

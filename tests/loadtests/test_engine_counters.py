@@ -28,3 +28,16 @@ def test_fleet_hit_rate_is_taken_over_deltas():
     assert d.prefill_tokens == 1200
     with pytest.raises(ValueError, match="scrapes"):
         deltas(before, after[:1])
+
+
+def test_a_replica_whose_counters_went_back_counts_what_it_counted_since_its_restart():
+    before = [parse_counters(TEXT), parse_counters(TEXT)]
+    # the second restarted during the run: 300 tokens looked up since, 100 found
+    after = [dict(before[0], queries=2500.0, hits=1400.0),
+             dict(before[1], queries=300.0, hits=100.0)]
+    d = deltas(before, after)
+    assert d.restarted == (1,)
+    assert d.per_replica[1]["queries"] == 300 and d.per_replica[1]["hits"] == 100
+    assert d.total("queries") == 1300 and d.total("hits") == 900
+    assert d.token_hit_rate == pytest.approx(900 / 1300)
+    assert deltas(before, before).restarted == ()
