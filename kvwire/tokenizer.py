@@ -33,7 +33,8 @@ _READ_MARGIN = 1.1  # characters read for a prefix over what it is expected to t
 _SEEN_ALPHA = 0.5  # weight of the latest prompt in the characters per token seen
 
 
-# a remembered prefix encoding: (first tokens, tokens in text[:cut], cut, text[budget:cut])
+# a remembered prefix encoding: (first tokens, tokens in text[:cut], cut,
+# text[budget:cut + 1])
 _Memo = tuple["array[int]", int, int, str]
 
 
@@ -149,9 +150,12 @@ class PromptTokenizer:
                 self._learn(cut, len(ids))
             if len(ids) >= max_tokens:
                 if self._memo is not None:
-                    # remembered by the first budget's text; the rest it read is kept to check
+                    # remembered by the first budget's text; the rest it read is kept to
+                    # check, through the space at the cut: the same text followed by another
+                    # character there (a word's end) encodes its last token otherwise
                     self._memo.put((group, max_tokens, text[:first]), (
-                        array("I", ids[:max_tokens]), len(ids), cut, text[first:max(cut, first)]))
+                        array("I", ids[:max_tokens]), len(ids), cut,
+                        text[first:max(cut + 1, first)]))
                 estimate = max(len(ids), int(len(ids) * len(text) / cut))
                 return PrefixEncoding(ids[:max_tokens], False, estimate)
             # short: read on by what the missing tokens take at this text's own rate (from

@@ -214,3 +214,21 @@ def test_a_text_part_must_hold_a_string() -> None:
     for text in ({"a": 1}, deep, 7):
         with pytest.raises(ChatFormatError, match=r"messages\[0\].content\[0\].text must be"):
             tok.render_chat([{"role": "user", "content": [{"type": "text", "text": text}]}])
+
+
+def test_a_remembered_prefix_is_not_served_to_a_text_going_on_otherwise_at_its_cut() -> None:
+    """A prefix is read up to a space after a word (its cut) and remembered by the text
+    before it: a later text with the same characters there but a word going on where the
+    space was (``... stout`` + ``ing``) encodes its last token before the cut otherwise, and
+    was served the remembered ids."""
+    plain, memo = load_tokenizer(), load_tokenizer(memo_size=512)
+    text = sample_text(random.Random(3), 400)
+    served = 0
+    for n in range(20, 240):
+        memo.encode_prefix(text, n)
+        cut = next(held[2] for key, held in memo._memo._entries.items()  # type: ignore
+                   if key[1] == n)
+        going_on = text[:cut] + "ing" + text[cut:]
+        assert list(memo.encode_prefix(going_on, n).ids) == plain.encode(going_on)[:n], n
+        served += 1
+    assert served == 220
