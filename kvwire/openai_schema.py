@@ -237,7 +237,7 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
     stream = bool(optional(body, "stream", bool, False))
     # a completion that echoes its prompt may ask for no token (vLLM answers the prompt
     # alone: a loglikelihood client's request)
-    echo = not chat and body.get("echo") is True
+    echo = not chat and bool(optional(body, "echo", bool, False))  # read as the engine does
     max_tokens = positive_int(body, "max_tokens", 0 if echo else 1)
     max_completion_tokens = positive_int(body, "max_completion_tokens")
     salt = check_cache_salt(body.get("cache_salt"))

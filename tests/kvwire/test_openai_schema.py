@@ -40,6 +40,13 @@ def test_a_number_no_int_reading_takes_is_a_400_naming_it(value: str) -> None:
     assert bad.value.param == "max_tokens" and value[:20] in bad.value.message
 
 
+@pytest.mark.parametrize("echo", [True, "true", 1, "yes"])
+def test_an_echoed_prompt_may_ask_for_no_token_however_echo_is_written(echo: Any) -> None:
+    # vLLM and the engine read echo "true" as true; max_tokens 0 was then refused here
+    fields = parse_fields({"prompt": "x", "echo": echo, "max_tokens": 0}, chat=False)
+    assert fields.max_tokens == 0
+
+
 def test_a_request_vllm_takes_is_taken() -> None:
     fields = parse_fields({"model": "m", "prompt": "x", "max_tokens": "3", "stream": "true",
                            "temperature": "0.5"}, chat=False)
