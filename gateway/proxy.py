@@ -752,6 +752,11 @@ class Proxy:
                 patience.cancel()
             if not streamed and response.status < 400:
                 first = await self._buffer(replica, response, first)
+                if response.until_close and response.is_eof() and not _whole_json(
+                        first, response.headers.get("content-type", "")):
+                    # no length, no chunks: a replica that died mid-body ended it too
+                    raise UpstreamBroken("the body ended with its connection before its "
+                                         "JSON did")
         except UpstreamFailure as exc:  # refused, reset, cut, or a malformed answer
             _close(response)
             if isinstance(exc, UpstreamUnreachable):
@@ -879,6 +884,17 @@ def _ends_done(tail: bytes) -> bool:
     """Whether a stream's last bytes are its ``[DONE]`` event (its blank line perhaps
     still to come). Asked after every chunk relayed: only the tail's last bytes are read."""
     return tail[-_DONE_WINDOW:].rstrip(b"\r\n").endswith(_DONE_DATA)
+
+
+def _whole_json(body: bytes, content_type: str) -> bool:
+    """Whether ``body`` is whole as far as its type tells: a JSON body parses."""
+    if "json" not in content_type.lower():
+        return True
+    try:
+        orjson.loads(body)
+    except ValueError:
+        return False
+    return True
 
 
 async def _first_event(response: UpstreamResponse, first: bytes) -> bytes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import zmq
 
@@ -10,6 +12,7 @@ from gateway.fleet import Fleet
 from gateway.kv_event_subscriber import KVEventSubscriber
 from policies.kv_index import KVIndex
 from tests.support import foreign_vllm as vllm
+from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import Gateway, Serve, metric, start_gateway
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until, wait_until_async
@@ -110,3 +113,25 @@ def test_the_message_of_a_flat_error_body_reaches_the_client(serve: Serve) -> No
     failed = _chat(gw, stream=False)
     assert failed.status_code == 500
     assert "CUDA out of memory" in failed.json()["error"]["message"]
+
+
+_ANSWER = json.dumps({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "message": {"role": "assistant",
+                                                           "content": "a whole answer"},
+                                   "finish_reason": "stop"}]}).encode()
+_HTTP10 = b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n"
+
+
+def test_a_json_body_that_ends_with_its_connection_is_whole_only_when_it_parses(
+        serve: Serve) -> None:
+    """An HTTP/1.0 answer (or one with no length and no chunks) ends where the connection
+    does, as does one whose replica died mid-body: a cut JSON body is retried, never
+    relayed as a 200."""
+    with raw_replica(lambda: _HTTP10 + _ANSWER[:40]) as cut, \
+            raw_replica(lambda: _HTTP10 + _ANSWER) as whole:
+        gw = start_gateway(serve, [("cut", cut), ("whole", whole)])
+        wait_until(lambda: httpx.get(f"{gw.url}/ready").status_code == 200, 10, "ready")
+        for _ in range(2):  # round robin: each replica first once
+            answer = _chat(gw, stream=False)
+            assert answer.status_code == 200 and answer.headers["x-kvgate-replica"] == "whole"
+            assert answer.json()["choices"][0]["message"]["content"] == "a whole answer"
