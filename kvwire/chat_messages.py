@@ -20,6 +20,10 @@ from kvwire.media_parts import (
     shown,
 )
 
+# a message given as parts keeps them (their texts and placeholders) under this key, as a
+# tuple: no JSON body holds one, so only this module's own output carries it
+PARTS = "content_parts"
+
 # parts whose text is the model's to read: the key that holds it
 _TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal",
                "thinking": "thinking"}
@@ -81,6 +85,8 @@ def normalize_messages(messages: Sequence[Any], hash_media: bool = True,
 
     A message's parts are joined by newlines, as vLLM joins them for a chat template
     that takes text; a text part whose text is null or empty is left out (vLLM skips it).
+    The texts and placeholders are also kept, as a tuple under :data:`PARTS`, for a
+    template that reads a message's content as parts (``kvwire.chat_template``).
 
     ``lenient`` (the gateway, which forwards the request for its replica to judge): a
     content part of a type this module does not know (``input_image``, embeddings of
@@ -108,6 +114,7 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
     content = message.get("content", "")
     if content is None:
         content = ""
+    parts = message.get(PARTS)  # normalized already (rendered after routing read it)
     if isinstance(content, list):  # content parts, in order: text, or media placeholders
         texts = []
         for j, part in enumerate(content):
@@ -147,11 +154,14 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
                     f"{where} must be a text, refusal, thinking, image_url, image_embeds, "
                     f"input_audio, audio_url or video_url part ({{'type': 'text', 'text': "
                     f"...}}), got type {shown(kind)}", param=where)
+        parts = tuple(texts)
         content = "\n".join(texts)  # as vLLM gives a chat template a message of parts
     if not isinstance(content, str):
         raise ChatFormatError(f"messages[{index}].content must be a string or a list of "
                               f"parts, got {shown(content)}", param=f"messages[{index}].content")
     out: dict[str, Any] = {"role": role, "content": content}
+    if isinstance(parts, tuple):
+        out[PARTS] = parts
     calls = message.get("tool_calls")
     if calls is not None:
         out["tool_calls"] = _tool_calls(calls, f"messages[{index}].tool_calls")

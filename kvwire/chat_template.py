@@ -15,14 +15,20 @@ templates rely on it:
   assistant's text with them for training);
 - ``raise_exception(message)`` (the template refuses the chat: a ``TemplateError``) and
   ``strftime_now(format)``, the local time (a Llama 3 template's date line).
+
+The messages are given as vLLM gives them (``template_messages``), and, as vLLM, a
+template that loops over a message's content (Gemma 3's, Llama 4's: ``{% for item in
+message['content'] %}``) gets each message's content as a list of ``{"type": "text",
+"text": ...}`` parts; any other gets it as one text (``ChatTemplate.content_parts``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from jinja2 import TemplateError, nodes
@@ -31,7 +37,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from kvwire.chat_messages import ChatFormatError
+from kvwire.chat_messages import PARTS, ChatFormatError
 
 
 def _raise_exception(message: str) -> None:
@@ -63,17 +69,29 @@ class _Generation(Extension):
         return caller()
 
 
-def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def template_messages(messages: Sequence[Mapping[str, Any]], content_parts: bool = False
+                      ) -> list[dict[str, Any]]:
     """Normalized messages (``normalize_messages``) as vLLM gives them to a chat template:
     an assistant turn's tool calls with their ``arguments`` read from JSON text into
     values (empty: ``{}``), so that ``arguments | tojson`` writes the object, not a string
     of it, and no ``tool_calls`` where the list is empty. ChatFormatError naming a call
-    whose arguments are no JSON text (vLLM refuses it too)."""
+    whose arguments are no JSON text (vLLM refuses it too).
+
+    With ``content_parts`` (a template that loops over a message's content), each
+    message's content is a list of text parts: the parts it was given as (media by their
+    placeholders), or its text as one part; a tool turn's stays one text, as vLLM keeps
+    it for templates that read a tool's result as text."""
     out = []
-    for i, message in enumerate(messages):
+    for i, given in enumerate(messages):
+        message = {k: v for k, v in given.items() if k != PARTS}
+        if content_parts and message["role"] != "tool":
+            parts = given.get(PARTS)
+            texts = parts if isinstance(parts, tuple) else \
+                (message["content"],) if message["content"] else ()
+            message["content"] = [{"type": "text", "text": text} for text in texts]
         calls = message.get("tool_calls")
         if calls is None:
-            out.append(dict(message))
+            out.append(message)
             continue
         read = []
         for j, call in enumerate(calls):
@@ -90,12 +108,62 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     return out
 
 
-def compile_template(source: str) -> Template:
-    """``source`` compiled in transformers' environment (see the module docstring);
-    jinja2's ``TemplateSyntaxError`` when it is no template."""
+def _loops_over_content(root: nodes.Template) -> bool:
+    """Whether a template loops over a message's content (``{% for item in
+    message['content'] %}``, the message a loop variable over ``messages`` or a variable
+    set from them), as vLLM tells a template that takes content as parts from one that
+    takes text (its "openai" and "string" content formats)."""
+    messages = list(_names_set_from(root, "messages"))
+    message_names = [loop.target.name for loop in root.find_all(nodes.For)
+                     if isinstance(loop.target, nodes.Name)
+                     and any(_reads(loop.iter, name) for name in messages)]
+    return any(isinstance(loop.target, nodes.Name)
+               and any(_reads(loop.iter, name, "content") for name in message_names)
+               for loop in root.find_all(nodes.For))
+
+
+def _reads(node: nodes.Node, name: str, key: str | None = None) -> bool:
+    """Whether ``node`` is ``name`` (``name[key]`` or ``name.key`` with a ``key``),
+    maybe filtered, tested or sliced."""
+    if isinstance(node, nodes.Filter | nodes.Test):
+        return node.node is not None and _reads(node.node, name, key)
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+        return _reads(node.node, name, key)
+    if key is None:
+        return isinstance(node, nodes.Name) and node.ctx == "load" and node.name == name
+    if isinstance(node, nodes.Getitem):
+        return _reads(node.node, name) and isinstance(node.arg, nodes.Const) \
+            and node.arg.value == key
+    return isinstance(node, nodes.Getattr) and _reads(node.node, name) and node.attr == key
+
+
+def _names_set_from(root: nodes.Node, name: str) -> Iterator[str]:
+    """``name`` and, breadth first, every variable ``{% set %}`` from it or from those."""
+    yield name
+    seen, todo = {name}, deque([name])
+    while todo:
+        source = todo.popleft()
+        for assign in root.find_all(nodes.Assign):
+            target = assign.target
+            if isinstance(target, nodes.Name) and target.name not in seen \
+                    and _reads(assign.node, source):
+                seen.add(target.name)
+                todo.append(target.name)
+                yield target.name
+
+
+class ChatTemplate(NamedTuple):
+    template: Template
+    content_parts: bool  # it loops over a message's content: give it as parts
+
+
+def compile_template(source: str) -> ChatTemplate:
+    """``source`` compiled in transformers' environment (see the module docstring), and
+    whether it reads content as parts; jinja2's ``TemplateSyntaxError`` when it is no
+    template."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[_Generation, loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return ChatTemplate(env.from_string(source), _loops_over_content(env.parse(source)))

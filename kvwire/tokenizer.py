@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 
 from kvwire.bounded_memo import BoundedMemo
-from kvwire.chat_messages import ChatFormatError, normalize_messages
+from kvwire.chat_messages import PARTS, ChatFormatError, normalize_messages
 from kvwire.chat_template import compile_template, template_messages
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 from kvwire.whole_encoding import WholeEncodings, space_cut
@@ -68,9 +68,10 @@ class PromptTokenizer:
         self.bos_token: str = special.get("bos_token", "")
         self.eos_token_id: int | None = tokenizer.token_to_id(self.eos_token)
         self.vocab_size: int = tokenizer.get_vocab_size()
-        self._template = None
+        self._template: Template | None = None
+        self._content_parts = False  # the template reads a message's content as parts
         if chat_template:  # compiled as transformers compiles it (vLLM renders with it)
-            self._template = compile_template(chat_template)
+            self._template, self._content_parts = compile_template(chat_template)
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
         sample = "the parties agree that the term of this agreement shall be five years. " * 8
         self.chars_per_token = len(sample) / max(1, len(self.encode(sample)))
@@ -217,7 +218,11 @@ class PromptTokenizer:
             if continue_final_message:
                 final = normalized[-1]
                 normalized[-1] = {**final, "content": final["content"] + _CONTINUE_TAG}
-            given = template_messages(normalized)
+                parts = final.get(PARTS)
+                if isinstance(parts, tuple):  # the tag after the last part's text
+                    normalized[-1][PARTS] = (*parts[:-1], parts[-1] + _CONTINUE_TAG) \
+                        if parts else (_CONTINUE_TAG,)
+            given = template_messages(normalized, self._content_parts)
             try:
                 text = str(self._template.render(
                     messages=given,

@@ -108,3 +108,63 @@ def test_a_historys_tool_calls_and_names_reach_the_template_as_vllm_gives_them(
     assert "{city: Paris" in str(refused.value)
     with pytest.raises(ChatFormatError, match=r"messages\[0\]\.name must be a string, got 7"):
         tok.render_chat([{"role": "user", "name": 7, "content": "x"}])
+
+
+# Gemma 3's way with content: a text as it is, parts each trimmed (an image its own token)
+PARTS_TEMPLATE = (
+    "{{ bos_token }}{%- set loop_messages = messages %}"
+    "{%- for message in loop_messages %}<start_of_turn>{{ message['role'] }}\n"
+    "{%- if message['content'] is string %}{{ message['content'] | trim }}"
+    "{%- else %}{%- for item in message['content'] %}{%- if item['type'] == 'image' %}"
+    "<start_of_image>{%- elif item['type'] == 'text' %}{{ item['text'] | trim }}{%- endif %}"
+    "{%- endfor %}{%- endif %}<end_of_turn>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<start_of_turn>model\n{%- endif %}")
+
+
+def test_a_template_that_loops_over_content_gets_parts_as_vllm_gives_them(
+        tmp_path: Path) -> None:
+    # vLLM gives such a template (its "openai" content format) each message's content as
+    # a list of text parts, a text as one part; it got the parts joined into one text
+    tok = _templated(tmp_path, PARTS_TEMPLATE)
+    chat = [{"role": "user", "content": [{"type": "text", "text": " Clause 4: "},
+                                         {"type": "text", "text": "what does it mean? "}]},
+            {"role": "assistant", "content": " It sets the term. "},
+            {"role": "user", "content": "And clause 5?"}]
+    given = [{"role": "user", "content": [{"type": "text", "text": " Clause 4: "},
+                                          {"type": "text", "text": "what does it mean? "}]},
+             {"role": "assistant", "content": [{"type": "text", "text": " It sets the term. "}]},
+             {"role": "user", "content": [{"type": "text", "text": "And clause 5?"}]}]
+    ours = tok.render_chat(chat)
+    assert ours == _transformers(PARTS_TEMPLATE, given, None)
+    assert "Clause 4:what does it mean?<end_of_turn>" in ours
+    # rendered again from its normalized messages (the gateway renders what it read)
+    from kvwire.chat_messages import normalize_messages
+
+    assert tok.render_chat(normalize_messages(chat)) == ours
+    # the final message left open: cut after its last part
+    open_turn = [*chat[:1], {"role": "assistant", "content": [
+        {"type": "text", "text": "It sets"}, {"type": "text", "text": "the term"}]}]
+    assert tok.render_chat(open_turn, add_generation_prompt=False,
+                           continue_final_message=True).endswith(
+        "<start_of_turn>assistantIt setsthe term")
+    # a template that reads content as text is given text, as before
+    assert _templated(tmp_path, TEMPLATE).render_chat(chat) == _transformers(
+        TEMPLATE, [{**m, "content": "\n".join(p["text"] for p in m["content"])}
+                   for m in given], None)
+
+
+@pytest.mark.parametrize(("source", "parts"), [
+    ("{% for m in messages %}{% for c in m.content %}{{ c.text }}{% endfor %}{% endfor %}",
+     True),
+    ("{% set rest = messages[1:] %}{% for m in rest %}"
+     "{% for c in m['content'] | list %}{{ c['text'] }}{% endfor %}{% endfor %}", True),
+    ("{% for m in messages %}{{ m['content'] }}{% endfor %}", False),
+    ("{% for m in messages %}{% for c in m.tool_calls or [] %}{% endfor %}{% endfor %}",
+     False),
+    ("{% for t in tools %}{% for c in t.content %}{% endfor %}{% endfor %}", False),
+])
+def test_a_template_reads_parts_where_vllm_finds_a_loop_over_content(
+        source: str, parts: bool) -> None:
+    from kvwire.chat_template import compile_template
+
+    assert compile_template(source).content_parts is parts
