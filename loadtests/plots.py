@@ -25,7 +25,8 @@ def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[
     ``static_oracle`` as lines, ``loadtests.oracle``) and the TTFT CDF.
 
     ``results`` maps a policy name to ``(token hit rate, TTFT samples in seconds)``; a load
-    run's TTFT samples include lower bounds for requests unanswered at its end.
+    run's TTFT samples count from each request's due time and include lower bounds for
+    requests unanswered at its end or due and never sent.
     """
     plt = _pyplot()
     names = list(results)
