@@ -86,7 +86,7 @@ def _identity(part: Mapping[str, Any], where: str) -> tuple[str, tuple[str, ...]
         if not isinstance(inner, str | Mapping) or not inner:
             raise MediaPartError(f"{where}.{kind}", "must be a non-empty string or object")
         return _KINDS[kind], (inner if isinstance(inner, str) else
-                              repr(sorted((str(k), str(v)) for k, v in inner.items())),)
+                              _json_digest(inner).hexdigest(),)
     if untyped and isinstance(inner, str) and kind != "input_audio":
         inner = {"url": inner}  # {"image_url": "<url>"}: the URL itself
     if not isinstance(inner, Mapping):
@@ -125,11 +125,15 @@ def opaque_placeholder(part: Mapping[str, Any], digest: bool = True) -> str:
     digest is of the part's JSON with sorted keys, so the same part keys the same."""
     if not digest:
         return f"<|part:{_NO_DIGEST}|>"
+    return f"<|part:{_json_digest(part).hexdigest()[:DIGEST_HEX_CHARS]}|>"
+
+
+def _json_digest(value: Any) -> Any:
+    """A SHA-256 of ``value`` as JSON with sorted keys, of any size or depth."""
     try:
-        h = hashlib.sha256(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
+        return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
     except TypeError:  # what orjson cannot write (nested past 254 levels, a huge integer)
-        h = _walked_digest(part)
-    return f"<|part:{h.hexdigest()[:DIGEST_HEX_CHARS]}|>"
+        return _walked_digest(value)
 
 
 def _walked_digest(value: Any) -> Any:

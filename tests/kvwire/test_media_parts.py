@@ -157,3 +157,24 @@ def test_prompt_embeds_stand_for_the_prompt_where_the_replica_judges_them() -> N
                         lenient=True).num_prompts == 2
     with pytest.raises(BadRequest, match="prompt_embeds"):
         parse_fields({**body, "prompt_embeds": 7}, chat=False, lenient=True)
+
+
+def test_image_embeds_given_as_an_object_of_any_depth_stand_by_their_content() -> None:
+    # an object's values were written with str(), which overflowed the stack on one
+    # nested 1,000 levels deep (JSON allows 1,024): a 500 from the gateway and the engine
+    from kvwire.openai_schema import decode_json
+
+    def embeds(value: bytes) -> list[dict[str, Any]]:
+        return decode_json(b'[{"role": "user", "content": [{"type": "image_embeds", '
+                           b'"image_embeds": ' + value + b'}, "What is it?"]}]')
+
+    deep = b"[" * 1010 + b"1" + b"]" * 1010
+    for value in (b'{"pixel_values": ' + deep + b', "grid": "AAA="}', b'{"a": "QUJD"}'):
+        (message,) = normalize_messages(embeds(value))
+        assert message["content"].startswith("<|image:")
+        assert parse_fields({"messages": embeds(value)}, chat=True).messages
+    system = {"role": "system", "content": "You describe pictures."}
+    assert content([system, *embeds(b'{"a": "QUJD", "b": [1, 2]}')]) == \
+        content([system, *embeds(b'{"b": [1, 2], "a": "QUJD"}')])
+    assert content([system, *embeds(b'{"a": "QUJD"}')]) != \
+        content([system, *embeds(b'{"a": "QUJE"}')])
