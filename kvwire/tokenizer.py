@@ -229,14 +229,18 @@ class PromptTokenizer:
                     add_generation_prompt=add_generation_prompt,
                     bos_token=self.bos_token, eos_token=self.eos_token, tools=tools or None,
                 ))
-            except (TemplateError, TypeError, ValueError, LookupError,
-                    AttributeError) as exc:  # the template refuses these messages (a system
-                # role it does not take, roles out of turn) or cannot render them
+            except (TemplateError, TypeError, ValueError, LookupError, AttributeError,
+                    RecursionError) as exc:  # the template refuses these messages (a system
+                # role it does not take, roles out of turn) or cannot render them (a value
+                # nested past what tojson writes: vLLM answers that with a 400 too)
                 raise ChatFormatError(f"the model's chat template refused the messages: "
                                       f"{exc}") from None
             return _cut_at_tag(text) if continue_final_message else text
         if tools:
-            listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+            try:
+                listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+            except RecursionError:  # JSON allows 1,024 levels; json.dumps about 1,000
+                raise ChatFormatError("'tools' is nested too deeply to render") from None
             block = f"# Tools\n\n<tools>\n{listed}\n</tools>"
             if normalized[0]["role"] == "system":
                 first = normalized[0]

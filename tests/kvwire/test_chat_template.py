@@ -168,3 +168,26 @@ def test_a_template_reads_parts_where_vllm_finds_a_loop_over_content(
     from kvwire.chat_template import compile_template
 
     assert compile_template(source).content_parts is parts
+
+
+def test_a_value_nested_past_what_json_dumps_writes_is_refused_as_a_chat_format_error(
+        tmp_path: Path) -> None:
+    # a tool schema or call arguments nested 1,000 levels deep (JSON allows 1,024) raised
+    # RecursionError as tojson or the built-in layout wrote it: a 500 (vLLM answers 400)
+    from kvwire.openai_schema import decode_json
+
+    deep = b"[" * 1010 + b"]" * 1010
+    tools = decode_json(b'[{"type": "function", "function": {"name": "f", '
+                        b'"parameters": {"x": ' + deep + b"}}}]")
+    call = {"id": "c", "type": "function",
+            "function": {"name": "f", "arguments": (b"[" * 1015 + b"]" * 1015).decode()}}
+    chat = [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [call]}]
+    template = ("{% for t in tools or [] %}{{ t | tojson }}{% endfor %}{% for m in messages %}"
+                "{% for c in m.tool_calls or [] %}{{ c.function.arguments | tojson }}"
+                "{% endfor %}{% endfor %}")
+    for tok in (load_tokenizer(), _templated(tmp_path, template)):
+        with pytest.raises(ChatFormatError):
+            tok.render_chat(chat[:1], tools=tools)
+    with pytest.raises(ChatFormatError):
+        _templated(tmp_path, template).render_chat(chat)
