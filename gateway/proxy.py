@@ -321,7 +321,8 @@ class UpstreamStream:
                     if self._meta is not None:
                         self._note_meta(self._tail, chunk)
                     if self.error_status is None:
-                        self.error_status = _error_event(self._tail[-_ERROR_LOOK_BACK:] + chunk)
+                        self.error_status = _error_event(chunk) \
+                            or _error_event_across(self._tail, chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
                     if self._events is not None:
                         self._events += chunk.count(b"\n\n")
@@ -436,7 +437,10 @@ class UpstreamStream:
         if self.cut is not None:
             return "503" if self.cut == _SHUTDOWN else "502"
         if self.error_status is not None:
-            return str(self.error_status)
+            # an event split across reads told no code where it was seen: the stream's
+            # last bytes hold it whole (vLLM and SGLang end with it and [DONE])
+            return str(self.error_status if self.error_status != 502
+                       else _error_event(self._tail) or 502)
         return "499" if self.left else str(self.status)
 
     def _broke_off(self, cause: str, what: str) -> None:
@@ -906,6 +910,15 @@ async def _first_event(response: UpstreamResponse, first: bytes) -> bytes:
             break
         first += chunk
     return first
+
+
+def _error_event_across(tail: bytes, chunk: bytes) -> int | None:
+    """``_error_event`` of an error event that starts in ``tail`` and goes on in the
+    ``chunk`` after it (the chunk alone searched already: only its edge is copied)."""
+    edge = tail[-_ERROR_LOOK_BACK:] + chunk[:_ERROR_LOOK_BACK]
+    if not any(start in edge for start in _ERROR_EVENTS):
+        return None
+    return _error_event(tail[-_ERROR_LOOK_BACK:] + chunk)
 
 
 def _error_event(window: bytes) -> int | None:

@@ -86,9 +86,10 @@ def test_a_stream_that_opens_with_a_5xx_error_event_is_tried_on_the_next_replica
 
 def test_a_stream_that_tells_an_error_is_counted_failed_not_answered(serve: Serve) -> None:
     """An error event after content (or one coded 4xx, the request's fault) is relayed as
-    vLLM sent it, [DONE] and all, and recorded with its code, not as an answer."""
+    vLLM sent it, [DONE] and all, and recorded with its code (read whole, though it came
+    in two reads), not as an answer."""
     a = vllm.Script(tokens=4, stream_error=vllm.error_body("out of memory", 500),
-                    error_after=2)
+                    error_after=2, split_error=True)
     b = vllm.Script(stream_error=vllm.error_body("bad logits processor", 400))
     gw = _vllm_pair(serve, a, b)
     for _ in range(2):

@@ -11,6 +11,7 @@ blocks' own hashes: ``medium`` "CPU", no token ids, no parent and block size 0.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ class Script:
     tokens: int = 3
     stream_error: dict[str, Any] | None = None
     error_after: int = 0
+    split_error: bool = False  # the error event written in two pieces, its code in the second
     received: int = 0
 
 
@@ -96,7 +98,12 @@ def vllm_app(script: Script, model: str = "m") -> Starlette:
         async def events() -> AsyncIterator[bytes]:
             for i in range(script.tokens):
                 if script.stream_error is not None and i == script.error_after:
-                    yield f"data: {json.dumps(script.stream_error)}\n\n".encode()
+                    event = f"data: {json.dumps(script.stream_error)}\n\n".encode()
+                    if script.split_error:
+                        yield event[:20]
+                        await asyncio.sleep(0.05)  # a read of its own
+                        event = event[20:]
+                    yield event
                     break
                 yield chunk({"role": "assistant", "content": ""} if i == 0 else
                             {"content": f"t{i}"}, "stop" if i == script.tokens - 1 else None)
