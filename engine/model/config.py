@@ -99,9 +99,15 @@ class ModelConfig:
         heads = int(raw["num_attention_heads"])
         head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
         qwen = ARCHITECTURES[arch] == "qwen2"
-        window = raw.get("sliding_window")
-        if qwen and not raw.get("use_sliding_window", False):
-            window = None
+        window = _sliding_window(raw, arch)
+        positions = int(raw.get("max_position_embeddings", 4096))
+        if window is not None and window < positions:
+            # attention here sees the whole context: exact only while it fits the window
+            raise ModelLoadError(
+                f"sliding_window={window} is smaller than max_position_embeddings="
+                f"{positions}: sliding-window attention is not implemented (set "
+                f"max_position_embeddings to at most {window} in config.json to serve "
+                f"the model up to its window)")
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         attention_bias = bool(raw.get("attention_bias", False))
@@ -116,13 +122,13 @@ class ModelConfig:
             head_dim=int(head_dim),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope=_rope(raw),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            max_position_embeddings=positions,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=qwen or attention_bias,
             o_bias=attention_bias and not qwen,
             mlp_bias=bool(raw.get("mlp_bias", False)),
             eos_token_ids=tuple(int(e) for e in eos_ids),
-            sliding_window=int(window) if window else None,
+            sliding_window=window,
             dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
         )
 
@@ -136,6 +142,32 @@ class ModelConfig:
         except json.JSONDecodeError as exc:
             raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
         return cls.from_dict(raw)
+
+
+def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
+    """The window of the layers that attend through one, as transformers reads the
+    config: Llama has none; Mistral's defaults to 4096; Qwen2's applies only with
+    ``use_sliding_window``, to the layers ``layer_types`` names sliding (else those from
+    ``max_window_layers``, 28 by default)."""
+    if arch == "LlamaForCausalLM":
+        return None
+    window = raw.get("sliding_window", 4096)
+    if ARCHITECTURES[arch] == "qwen2":
+        if not raw.get("use_sliding_window", False):
+            return None
+        layer_types = raw.get("layer_types")
+        if layer_types is not None:
+            sliding = "sliding_attention" in layer_types
+        else:
+            sliding = int(raw.get("max_window_layers", 28)) < int(raw["num_hidden_layers"])
+        if not sliding:
+            return None
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ModelLoadError(f"sliding_window must be a positive integer or null, got "
+                             f"{window!r}")
+    return window
 
 
 def _rope(raw: dict[str, Any]) -> RopeConfig:

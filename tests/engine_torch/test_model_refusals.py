@@ -1,0 +1,73 @@
+"""A checkpoint the torch executor cannot compute exactly is refused when it is loaded, by
+an error that names the config field and its value; one it can compute loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.model import ModelConfig, ModelLoadError
+from engine.model.loader import load_model
+from engine.model.tiny import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny"), "llama", hidden_size=32,
+                            heads=2, kv_heads=1, intermediate_size=32, layers=1)
+
+
+def _config(tiny_dir: Path, **changes: Any) -> dict[str, Any]:
+    return {**json.loads((tiny_dir / "config.json").read_text()), **changes}
+
+
+def _with_config(tiny_dir: Path, out: Path, **changes: Any) -> Path:
+    out.mkdir()
+    (out / "model.safetensors").symlink_to(tiny_dir / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(_config(tiny_dir, **changes)))
+    return out
+
+
+MISTRAL = dict(architectures=["MistralForCausalLM"], model_type="mistral")
+QWEN2 = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+
+
+@pytest.mark.parametrize("changes, window", [
+    (dict(MISTRAL, sliding_window=4096, max_position_embeddings=32768), 4096),
+    (dict(MISTRAL, max_position_embeddings=32768), 4096),  # transformers' default window
+    (dict(QWEN2, use_sliding_window=True, sliding_window=512, max_window_layers=0,
+          max_position_embeddings=4096), 512),
+    (dict(QWEN2, use_sliding_window=True, sliding_window=512, max_position_embeddings=4096,
+          layer_types=["sliding_attention"]), 512),
+])
+def test_a_sliding_window_shorter_than_the_context_is_refused(
+        tiny_dir: Path, changes: dict[str, Any], window: int) -> None:
+    with pytest.raises(ModelLoadError, match=rf"sliding_window={window} is smaller than "
+                                             r"max_position_embeddings=\d+: sliding-window"):
+        ModelConfig.from_dict(_config(tiny_dir, **changes))
+
+
+@pytest.mark.parametrize("changes", [
+    dict(MISTRAL, sliding_window=4096, max_position_embeddings=4096),
+    dict(MISTRAL, sliding_window=None, max_position_embeddings=32768),
+    dict(QWEN2, use_sliding_window=False, sliding_window=512, max_position_embeddings=4096),
+    # only layers from max_window_layers slide, and there are none
+    dict(QWEN2, use_sliding_window=True, sliding_window=512, max_window_layers=28,
+         max_position_embeddings=4096),
+    dict(architectures=["LlamaForCausalLM"], sliding_window=16),  # Llama has none
+])
+def test_full_attention_configs_load(tiny_dir: Path, changes: dict[str, Any]) -> None:
+    config = ModelConfig.from_dict(_config(tiny_dir, **changes))
+    assert config.sliding_window is None or config.sliding_window >= \
+        config.max_position_embeddings
+
+
+def test_a_sliding_window_model_is_refused_at_load(tiny_dir: Path, tmp_path: Path) -> None:
+    model_dir = _with_config(tiny_dir, tmp_path / "m", **MISTRAL, sliding_window=16,
+                             max_position_embeddings=256)
+    with pytest.raises(ModelLoadError, match="sliding_window=16 is smaller than "
+                                             "max_position_embeddings=256"):
+        load_model(model_dir)
