@@ -757,7 +757,7 @@ class Proxy:
             if not streamed and response.status < 400:
                 first = await self._buffer(replica, response, first)
                 if response.until_close and response.is_eof() and not _whole_json(
-                        first, response.headers.get("content-type", "")):
+                        first, response.headers):
                     # no length, no chunks: a replica that died mid-body ended it too
                     raise UpstreamBroken("the body ended with its connection before its "
                                          "JSON did")
@@ -890,9 +890,11 @@ def _ends_done(tail: bytes) -> bool:
     return tail[-_DONE_WINDOW:].rstrip(b"\r\n").endswith(_DONE_DATA)
 
 
-def _whole_json(body: bytes, content_type: str) -> bool:
-    """Whether ``body`` is whole as far as its type tells: a JSON body parses."""
-    if "json" not in content_type.lower():
+def _whole_json(body: bytes, headers: Mapping[str, str]) -> bool:
+    """Whether ``body`` is whole as far as its type tells: a JSON body (not encoded)
+    parses."""
+    if "json" not in headers.get("content-type", "").lower() \
+            or headers.get("content-encoding", "identity").lower() not in _IDENTITY:
         return True
     try:
         orjson.loads(body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import httpx
@@ -60,10 +61,19 @@ def _chat(gw: Gateway, stream: bool = True) -> httpx.Response:
         "model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
 
 
+def _healthy(gw: Gateway, *replicas: str) -> None:
+    """Wait until every one of ``replicas`` is in (round robin then takes them in order)."""
+    def all_in() -> bool:
+        return all(metric(gw, f'kvgate_replica_healthy{{replica="{rid}"}}') == 1.0
+                   for rid in replicas)
+
+    wait_until(all_in, 10, f"replicas {replicas} healthy")
+
+
 def _vllm_pair(serve: Serve, a: vllm.Script, b: vllm.Script) -> Gateway:
     ra, rb = serve(vllm.vllm_app(a)), serve(vllm.vllm_app(b))
     gw = start_gateway(serve, [("a", ra.url), ("b", rb.url)])
-    wait_until(lambda: httpx.get(f"{gw.url}/ready").status_code == 200, 10, "ready")
+    _healthy(gw, "a", "b")
     return gw
 
 
@@ -131,8 +141,22 @@ def test_a_json_body_that_ends_with_its_connection_is_whole_only_when_it_parses(
     with raw_replica(lambda: _HTTP10 + _ANSWER[:40]) as cut, \
             raw_replica(lambda: _HTTP10 + _ANSWER) as whole:
         gw = start_gateway(serve, [("cut", cut), ("whole", whole)])
-        wait_until(lambda: httpx.get(f"{gw.url}/ready").status_code == 200, 10, "ready")
+        _healthy(gw, "cut", "whole")
         for _ in range(2):  # round robin: each replica first once
             answer = _chat(gw, stream=False)
             assert answer.status_code == 200 and answer.headers["x-kvgate-replica"] == "whole"
             assert answer.json()["choices"][0]["message"]["content"] == "a whole answer"
+
+
+def test_an_encoded_body_that_ends_with_its_connection_is_relayed_as_it_came(
+        serve: Serve) -> None:
+    """A compressed body's bytes are not JSON: they are relayed unread, as any encoded
+    answer is."""
+    packed = gzip.compress(_ANSWER)
+    head = b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n\r\n"
+    with raw_replica(lambda: head + packed) as zipped:
+        gw = start_gateway(serve, [("zipped", zipped)])
+        _healthy(gw, "zipped")
+        answer = _chat(gw, stream=False)
+        assert answer.status_code == 200 and answer.headers["content-encoding"] == "gzip"
+        assert answer.json()["choices"][0]["message"]["content"] == "a whole answer"
