@@ -89,6 +89,12 @@ class ModelConfig:
             raise ModelLoadError(
                 f"unsupported architecture {arch or raw.get('model_type')!r}; supported: "
                 f"{sorted(ARCHITECTURES)}")
+        for key in ("quantization_config", "compression_config"):
+            quant = raw.get(key)
+            if quant:  # quantized weights need their scales: not implemented
+                method = quant.get("quant_method") if isinstance(quant, dict) else quant
+                raise ModelLoadError(f"{key} (quant_method {method!r}) is not supported; "
+                                     f"only float32, float16 and bfloat16 weights are")
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise ModelLoadError(f"hidden_act {act!r} is not supported (only 'silu')")

@@ -4,6 +4,7 @@ an error that names the config field and its value; one it can compute loads."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,34 @@ def test_a_sliding_window_model_is_refused_at_load(tiny_dir: Path, tmp_path: Pat
     with pytest.raises(ModelLoadError, match="sliding_window=16 is smaller than "
                                              "max_position_embeddings=256"):
         load_model(model_dir)
+
+
+@pytest.mark.parametrize("changes, said", [
+    (dict(quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic"}),
+     "quantization_config (quant_method 'fp8') is not supported"),
+    (dict(quantization_config={"quant_method": "gptq", "bits": 4}),
+     "quantization_config (quant_method 'gptq') is not supported"),
+    (dict(compression_config={"quant_method": "compressed-tensors"}),
+     "compression_config (quant_method 'compressed-tensors') is not supported"),
+])
+def test_a_quantized_checkpoint_is_refused_at_load(
+        tiny_dir: Path, tmp_path: Path, changes: dict[str, Any], said: str) -> None:
+    # refused from its config, even where its tensors would pass for plain weights
+    with pytest.raises(ModelLoadError, match=re.escape(said)):
+        load_model(_with_config(tiny_dir, tmp_path / "q", **changes))
+
+
+@pytest.mark.parametrize("changes, said", [
+    (dict(architectures=["MixtralForCausalLM"], num_local_experts=8),
+     "unsupported architecture 'MixtralForCausalLM'"),
+    (dict(architectures=None, model_type="qwen2_moe"), "unsupported architecture 'qwen2_moe'"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_type 'yarn'"),
+    (dict(rope_scaling={"type": "longrope", "factor": 4.0}), "rope_type 'longrope'"),
+    (dict(rope_scaling={"type": "su", "factor": 4.0}), "rope_type 'su'"),
+    (dict(rope_scaling={"type": "dynamic", "factor": 2.0}), "rope_type 'dynamic'"),
+    (dict(hidden_act="gelu_pytorch_tanh"), "hidden_act 'gelu_pytorch_tanh'"),
+])
+def test_other_math_is_refused_naming_its_value(
+        tiny_dir: Path, changes: dict[str, Any], said: str) -> None:
+    with pytest.raises(ModelLoadError, match=re.escape(said)):
+        ModelConfig.from_dict(_config(tiny_dir, **changes))
