@@ -143,11 +143,25 @@ class ModelConfig:
         path = Path(path)
         if not path.is_file():
             raise ModelLoadError(f"{path} not found")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+        raw = read_json(path)
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{path} must hold a JSON object, got {type(raw).__name__}")
         return cls.from_dict(raw)
+
+
+MAX_JSON_BYTES = 64 << 20  # config.json, the shard index: metadata, never near this size
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``, read only when it is at most ``MAX_JSON_BYTES`` long."""
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise ModelLoadError(f"{path} is {size} bytes; a model's JSON files are read up to "
+                             f"{MAX_JSON_BYTES}")
+    try:
+        return json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
 
 
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 
-from engine.model.config import ModelConfig, ModelLoadError, torch_dtype
+from engine.model.config import ModelConfig, ModelLoadError, read_json, torch_dtype
 from engine.model.llama import CausalLM
 from engine.model.rope import inverse_frequencies
 
@@ -17,9 +16,22 @@ _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The shards ``model.safetensors.index.json`` names, else every ``*.safetensors``.
+    A shard is named by a path inside the directory (no ``..``, not absolute); the files
+    themselves may be links elsewhere, as in a Hugging Face cache snapshot."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        raw = read_json(index)
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelLoadError(f"{index}: 'weight_map' must be a non-empty object of "
+                                 f"tensor name to shard file")
+        for name in set(weight_map.values()):
+            shard = PurePosixPath(name) if isinstance(name, str) else None
+            if shard is None or not name or shard.is_absolute() or ".." in shard.parts \
+                    or "\\" in name:
+                raise ModelLoadError(f"{index} names shard {str(name)[:200]!r}, which is "
+                                     f"not a file of {model_dir}")
         files = sorted({model_dir / name for name in weight_map.values()})
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
@@ -78,12 +90,15 @@ def load_model(
                 if name not in expected:
                     raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for "
                                          f"{config.architecture}")
-                tensor = f.get_tensor(name)
-                if tuple(tensor.shape) != expected[name]:
+                if name in state:
+                    raise ModelLoadError(f"{file.name}: tensor {name!r} is also in an "
+                                         f"earlier shard")
+                shape = tuple(f.get_slice(name).get_shape())  # read before its data
+                if shape != expected[name]:
                     raise ModelLoadError(
-                        f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                        f"{file.name}: tensor {name!r} has shape {shape}, "
                         f"config.json implies {expected[name]}")
-                state[name] = tensor.to(device=device, dtype=dtype)
+                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     missing = sorted(set(expected) - set(state))
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
