@@ -209,7 +209,7 @@ class TorchExecutor:
     def _sample(self, s: SeqWork, logits: torch.Tensor) -> tuple[int, TokenLogprob | None]:
         """The next token of ``s`` from its last position's ``logits``, as vLLM samples:
         logit bias, penalties and ``min_tokens`` first, then greedy below
-        ``GREEDY_BELOW`` of temperature, else temperature, top-k, top-p and min-p. With
+        ``GREEDY_BELOW`` of temperature, else temperature, min-p, top-k and top-p. With
         ``params.logprobs`` set, also its log-probability (see :func:`token_logprob`).
         Logits a request's values (an extreme repetition penalty) or the model made
         non-finite are sampled as :func:`finite_logits` reads them (on the CPU, where the
@@ -311,18 +311,23 @@ def adjust_logits(logits: torch.Tensor, p: SamplingParams, history: Sequence[int
 
 
 def truncate(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """``probs`` with the tokens outside ``p``'s top-k, top-p (the smallest set whose
-    probability reaches top_p) and min-p (below min_p x the top probability) zeroed."""
+    """``probs`` with the tokens outside ``p``'s cuts zeroed, in vLLM's order: min-p
+    (below min_p x the top probability), then top-k (below the k-th probability), then
+    top-p over what those two kept, renormalised (the smallest set of its most likely
+    tokens whose share of the kept mass reaches top_p)."""
     keep = torch.ones_like(probs, dtype=torch.bool)
+    if p.min_p > 0:
+        keep &= probs >= p.min_p * probs.max()
     if p.top_k > 0 and p.top_k < probs.shape[-1]:
         kth = torch.topk(probs, p.top_k).values[-1]
         keep &= probs >= kth
     if p.top_p < 1:
-        ordered, order = torch.sort(probs, descending=True)
-        before = torch.cumsum(ordered, dim=-1) - ordered  # mass ranked above each token
+        kept = torch.where(keep, probs, torch.zeros_like(probs))
+        ordered, order = torch.sort(kept, descending=True)
+        # share of the kept mass ranked above each token
+        total = ordered.sum().clamp_min(torch.finfo(probs.dtype).tiny)
+        before = (torch.cumsum(ordered, dim=-1) - ordered) / total
         inside = torch.empty_like(keep)
         inside[order] = before < p.top_p
         keep &= inside
-    if p.min_p > 0:
-        keep &= probs >= p.min_p * probs.max()
     return torch.where(keep, probs, torch.zeros_like(probs))
