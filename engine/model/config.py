@@ -196,6 +196,10 @@ def _rope(raw: dict[str, Any]) -> RopeConfig:
     params.update(scaling)
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if partial != 1:
+        raise ModelLoadError(f"partial_rotary_factor {partial!r} is not supported (only 1: "
+                             f"rotary embedding over the whole head)")
     if rope_type == "default":
         return RopeConfig(theta=theta)
     if "factor" not in params:
@@ -203,12 +207,18 @@ def _rope(raw: dict[str, Any]) -> RopeConfig:
     if rope_type == "linear":
         return RopeConfig(theta=theta, rope_type="linear", factor=float(params["factor"]))
     if rope_type == "llama3":
+        # as transformers: each of these is required, none has a default
+        for key in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            if key not in params:
+                raise ModelLoadError(f"rope scaling 'llama3' lacks {key!r}")
+        low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        if not 0 < low < high:
+            raise ModelLoadError(f"rope scaling 'llama3' needs 0 < low_freq_factor < "
+                                 f"high_freq_factor, got {low} and {high}")
         return RopeConfig(
             theta=theta, rope_type="llama3", factor=float(params["factor"]),
-            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(
-                params.get("original_max_position_embeddings", 8192)),
+            low_freq_factor=low, high_freq_factor=high,
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
     raise ModelLoadError(f"rope_type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
 

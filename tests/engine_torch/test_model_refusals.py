@@ -103,3 +103,28 @@ def test_other_math_is_refused_naming_its_value(
         tiny_dir: Path, changes: dict[str, Any], said: str) -> None:
     with pytest.raises(ModelLoadError, match=re.escape(said)):
         ModelConfig.from_dict(_config(tiny_dir, **changes))
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("changes, said", [
+    (dict(rope_scaling={k: v for k, v in LLAMA3.items()
+                        if k != "original_max_position_embeddings"}),
+     "rope scaling 'llama3' lacks 'original_max_position_embeddings'"),
+    (dict(rope_scaling={k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}),
+     "rope scaling 'llama3' lacks 'low_freq_factor'"),
+    (dict(rope_scaling={**LLAMA3, "high_freq_factor": 1.0}),
+     "0 < low_freq_factor < high_freq_factor, got 1.0 and 1.0"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor 0.5 is not supported"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                           "partial_rotary_factor": 0.25}),
+     "partial_rotary_factor 0.25 is not supported"),
+])
+def test_rope_parameters_transformers_requires_are_required(
+        tiny_dir: Path, changes: dict[str, Any], said: str) -> None:
+    # a default put in their place would rotate by other frequencies than the model's
+    with pytest.raises(ModelLoadError, match=re.escape(said)):
+        ModelConfig.from_dict(_config(tiny_dir, **changes))
+    assert ModelConfig.from_dict(_config(tiny_dir, rope_scaling=LLAMA3)).rope.factor == 8
