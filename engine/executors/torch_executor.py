@@ -194,6 +194,11 @@ class TorchExecutor:
         if len(s.block_ids) * self.block_size < s.context_len:
             raise ValueError(f"request {s.request_id}: {len(s.block_ids)} blocks cannot hold "
                              f"{s.context_len} positions")
+        vocab = self.config.vocab_size
+        token = next((t for t in s.token_ids if not 0 <= t < vocab), None)
+        if token is not None:  # checked here: on a GPU the embedding lookup would assert
+            raise ValueError(f"request {s.request_id}: token id {token} is outside the "
+                             f"model's vocabulary [0, {vocab}) (its config.json vocab_size)")
         bad = [b for b in s.block_ids if not 0 <= b < self.num_blocks]
         if bad:
             raise ValueError(f"request {s.request_id}: block ids {bad[:4]} outside "

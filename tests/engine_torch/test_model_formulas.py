@@ -222,3 +222,14 @@ def test_half_precision_checkpoints(dtype: torch.dtype, tmp_path: Path) -> None:
     assert half.kv_caches[0][0].dtype == dtype
     got = half.last_logits([SeqWork("a", PROMPT, 0, blocks, True)], all_positions=True)
     torch.testing.assert_close(got.double(), ref, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("token", [VOCAB, -1])
+def test_a_token_outside_the_models_vocabulary_is_named(token: int, tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, _config("mistral_mha"))
+    ex = TorchExecutor(load_model(tmp_path, backend="torch"), num_blocks=8, block_size=BLOCK)
+    with pytest.raises(ValueError, match=rf"request x: token id {token} is outside the "
+                                         rf"model's vocabulary \[0, {VOCAB}\)"):
+        ex.last_logits([SeqWork("x", [1, token, 2], 0, _blocks(0, 3), True)])
+    ok = ex.last_logits([SeqWork("y", PROMPT, 0, _blocks(0, len(PROMPT)), True)])
+    assert ok.shape == (1, VOCAB) and bool(torch.isfinite(ok).all())
