@@ -214,7 +214,7 @@ def test_keys_are_chained_and_adapters_separate() -> None:
 
 def test_array_encoding_round_trip() -> None:
     events = (stored([1, (1 << 64) - 1], None, list(range(8))),
-              BlockStored((3,), 1, tuple(range(4)), BS, 7, "CPU", "x"),
+              BlockStored((3,), 1, tuple(range(4)), BS, 7, "GPU", "x"),
               BlockRemoved((1,)), AllBlocksCleared())
     raw = encode_payload(KVEventBatch(12.5, events, 0))
     assert msgpack.unpackb(raw)[1][2] == ["BlockRemoved", [1], "GPU"]
