@@ -38,7 +38,7 @@ class CostConfig:
     fill_homes: bool = True
     slot_weight: float = 2.0
     tail_slack: float = 0.2
-    tail_weight: float = 0.5
+    tail_weight: float = 1.0
     placement_slack: float | None = 0.05
     placement_fill: float = 0.9
     placement_overflow: bool = True
