@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from engine.sim_embedding import SimEmbedder
+from kvwire.media_parts import shown
 from kvwire.openai_schema import (
     MAX_TOKEN_ID,
     BadRequest,
@@ -65,7 +66,7 @@ def parse_embedding(body: Any, *, model_name: str) -> EmbeddingParams:
     fmt = optional(body, "encoding_format", str, "float")
     if fmt not in ENCODING_FORMATS:
         raise BadRequest(f"'encoding_format' must be one of {list(ENCODING_FORMATS)}, got "
-                         f"{fmt!r:.40}", param="encoding_format")
+                         f"{shown(fmt)}", param="encoding_format")
     dims = positive_int(body, "dimensions")
     truncate = optional(body, "truncate_prompt_tokens", int, None)
     if truncate is not None and truncate != -1 and truncate < 1:

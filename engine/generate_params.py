@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.openai_logprobs import logprobs_asked, prompt_logprobs_asked
+from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, check_served, optional, parse_fields
 
 
@@ -90,7 +91,7 @@ def _refuse_unsupported(body: Any, chat: bool) -> None:
             continue
         value = body.get(name) if isinstance(body, dict) else None
         if not any(value is v or (type(value) is type(v) and value == v) for v in nothing):
-            raise BadRequest(f"{name!r} is not supported by this engine (got {value!r:.40})",
+            raise BadRequest(f"{name!r} is not supported by this engine (got {shown(value)})",
                              param=name)
 
 
@@ -251,7 +252,7 @@ def sampling_fields(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     for name, types, default, ok, bounds in _SAMPLING:
         value = optional(body, name, types, default)
         if not ok(value):
-            raise BadRequest(f"'{name}' must be {bounds}, got {value!r}", param=name)
+            raise BadRequest(f"'{name}' must be {bounds}, got {shown(value)}", param=name)
         if value != default:
             out[name] = value
     bias = optional(body, "logit_bias", dict, {})
@@ -260,7 +261,7 @@ def sampling_fields(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
         try:
             token = int(key)
         except ValueError:
-            raise BadRequest(f"'logit_bias' keys must be token ids, got {key!r:.40}",
+            raise BadRequest(f"'logit_bias' keys must be token ids, got {shown(key)}",
                              param="logit_bias") from None
         if not 0 <= token < vocab_size:
             raise BadRequest(f"'logit_bias' token id {token} is outside the vocabulary "
@@ -268,7 +269,7 @@ def sampling_fields(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not -100 <= value <= 100:
             raise BadRequest(f"'logit_bias' values must be numbers in [-100, 100], got "
-                             f"{value!r:.40} for token {token}", param="logit_bias")
+                             f"{shown(value)} for token {token}", param="logit_bias")
         pairs.append((token, float(value)))
     if pairs:
         out["logit_bias"] = tuple(pairs)
@@ -287,7 +288,7 @@ def _turn_fields(body: dict[str, Any], messages: list[Any] | None) -> tuple[bool
     role = messages[-1].get("role") if continue_final and messages else "assistant"
     if role != "assistant":
         raise BadRequest(f"'continue_final_message' needs the last message to be the "
-                         f"assistant's, got role {role!r:.40}", param="continue_final_message")
+                         f"assistant's, got role {shown(role)}", param="continue_final_message")
     return generation_prompt, continue_final
 
 
@@ -295,13 +296,16 @@ def _check_chat_only(body: dict[str, Any], tools: list[Any] | None) -> None:
     """What a chat asks that this engine cannot honour (constrained output), refused."""
     fmt = body.get("response_format")
     if fmt is not None:
-        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if not isinstance(fmt, dict):
+            raise BadRequest(f"'response_format' must be an object, got {shown(fmt)}",
+                             param="response_format")
+        kind = fmt.get("type")
         if kind not in ("text", "json_object", "json_schema", "structural_tag"):
             raise BadRequest(f"'response_format.type' must be 'text', 'json_object', "
-                             f"'json_schema' or 'structural_tag', got {kind!r:.40}",
+                             f"'json_schema' or 'structural_tag', got {shown(kind)}",
                              param="response_format")
         if kind != "text":
-            raise BadRequest(f"'response_format' of type {kind!r} (constrained output) is "
+            raise BadRequest(f"'response_format' of type {shown(kind)} (constrained output) is "
                              "not supported by this engine", param="response_format")
     choice = body.get("tool_choice")
     if choice is None or choice in ("none", "auto"):
@@ -312,11 +316,11 @@ def _check_chat_only(body: dict[str, Any], tools: list[Any] | None) -> None:
         known = {t.get("function", {}).get("name") for t in tools or ()
                  if isinstance(t, dict) and isinstance(t.get("function"), dict)}
         if name not in known:
-            raise BadRequest(f"tool {name!r:.60} in 'tool_choice' has not been passed in "
+            raise BadRequest(f"tool {shown(name)} in 'tool_choice' has not been passed in "
                              "'tools'", param="tool_choice")
     elif choice != "required":
         raise BadRequest(f"'tool_choice' must be 'none', 'auto', 'required' or a named "
-                         f"function, got {choice!r:.40}", param="tool_choice")
+                         f"function, got {shown(choice)}", param="tool_choice")
     raise BadRequest("'tool_choice' that forces a tool call (constrained output) is not "
                      "supported by this engine", param="tool_choice")
 

@@ -26,6 +26,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.core import EngineCore
+from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, decode_json
 from kvwire.request_edge import read_body
 
@@ -49,10 +50,10 @@ class NativeControlRoutes:
     async def abort_request(self, request: HTTPRequest) -> Response:
         body = decode_json(await read_body(request, _MAX_BODY_BYTES))
         if not isinstance(body, dict):
-            raise BadRequest(f"request body must be a JSON object, got {body!r:.40}")
+            raise BadRequest(f"request body must be a JSON object, got {shown(body)}")
         abort_all = body.get("abort_all", False)
         if not isinstance(abort_all, bool):
-            raise BadRequest(f"'abort_all' must be a boolean, got {abort_all!r:.40}",
+            raise BadRequest(f"'abort_all' must be a boolean, got {shown(abort_all)}",
                              param="abort_all")
         rid = body.get("rid")
         engine = self.server.engine
@@ -62,7 +63,7 @@ class NativeControlRoutes:
             rids = [rid]
         else:
             raise BadRequest(f"'rid' must be a non-empty string (or 'abort_all' true), got "
-                             f"{rid!r:.40}", param="rid")
+                             f"{shown(rid)}", param="rid")
         for one in rids:
             engine.interrupt(one, ABORT_MESSAGE)
         return Response(status_code=200)

@@ -47,6 +47,7 @@ from engine.generate_params import (
     temperature_field,
 )
 from engine.native_logprobs import LogprobAsk, logprob_asks
+from kvwire.media_parts import shown
 from kvwire.openai_schema import (
     BadRequest,
     check_cache_salt,
@@ -126,7 +127,7 @@ def parse_native(body: Any, *, model_name: str, vocab_size: int) -> NativeReques
         values = value if isinstance(value, list) else [value]
         if not all(any(v is n or (type(v) is type(n) and v == n) for n in nothing)
                    for v in values):
-            raise BadRequest(f"{name!r} is not supported by this engine (got {value!r:.40})",
+            raise BadRequest(f"{name!r} is not supported by this engine (got {shown(value)})",
                              param=name)
     texts, ids, batch = _prompts(body, vocab_size)
     n = len(texts if texts is not None else ids or ())
@@ -150,7 +151,7 @@ def parse_native(body: Any, *, model_name: str, vocab_size: int) -> NativeReques
     for i, ((where, sp), ask) in enumerate(zip(found, asks, strict=True)):
         if sp is not None and not isinstance(sp, dict):
             raise BadRequest("'sampling_params' must be an object (or, for a batch, a list "
-                             f"of them), got {sp!r:.40}", param=where.rstrip("."))
+                             f"of them), got {shown(sp)}", param=where.rstrip("."))
         with _under(where):
             params, interval = _item_params(
                 sp or {}, vocab_size, text=texts[i] if texts is not None else None,
@@ -225,7 +226,7 @@ def _prompts(body: dict[str, Any], vocab_size: int
             texts, batch = text, True
         else:
             raise BadRequest(f"'text' must be a string or a non-empty list of strings, got "
-                             f"{text!r:.40}", param="text")
+                             f"{shown(text)}", param="text")
         empty = next((i for i, t in enumerate(texts) if not t), None)
         if empty is not None:
             raise BadRequest("'text' must not be empty" if not batch else
@@ -239,7 +240,7 @@ def _prompts(body: dict[str, Any], vocab_size: int
         lists, batch = ids, True
     else:
         raise BadRequest("'input_ids' must be a non-empty list of token ids (non-negative "
-                         f"integers) or a non-empty list of them, got {ids!r:.60}",
+                         f"integers) or a non-empty list of them, got {shown(ids)}",
                          param="input_ids")
     _check_batch(len(lists), batch, "input_ids")
     bad = next((t for one in lists for t in one if t >= vocab_size), None)
@@ -265,12 +266,12 @@ def _rids(value: Any, n: int, batch: bool) -> list[str]:
         seen: set[str] = set()
         for rid in value:
             if rid in seen:
-                raise BadRequest(f"'rid' holds {rid!r:.80} twice", param="rid")
+                raise BadRequest(f"'rid' holds {shown(rid)} twice", param="rid")
             seen.add(rid)
         return list(value)
     shape = f"a non-empty string or a list of {n}, one per prompt" if batch \
         else "a non-empty string"
-    raise BadRequest(f"'rid' must be {shape}, got {value!r:.60}", param="rid")
+    raise BadRequest(f"'rid' must be {shape}, got {shown(value)}", param="rid")
 
 
 def _item_params(sp: dict[str, Any], vocab_size: int, *, text: str | None,
@@ -281,11 +282,11 @@ def _item_params(sp: dict[str, Any], vocab_size: int, *, text: str | None,
     and its ``stream_interval``."""
     unknown = next((k for k in sp if k not in _SAMPLING_KNOWN), None)
     if unknown is not None:
-        raise BadRequest(f"unknown sampling parameter {unknown!r:.60}", param=unknown)
+        raise BadRequest(f"unknown sampling parameter {shown(unknown)}", param=unknown)
     for name in _CONSTRAINED:
         if sp.get(name) is not None:
             raise BadRequest(f"{name!r} (constrained output) is not supported by this "
-                             f"engine (got {sp[name]!r:.40})", param=name)
+                             f"engine (got {shown(sp[name])})", param=name)
     optional(sp, "custom_params", dict, None)  # read by a custom logit processor alone
     n = optional(sp, "n", int, 1)
     if n != 1:

@@ -44,6 +44,7 @@ from typing import Any
 
 from engine.request import TokenLogprob
 from engine.text_stream import Decoder
+from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, optional
 
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
@@ -57,10 +58,10 @@ def logprobs_asked(body: dict[str, Any], chat: bool) -> int | None:
     if chat:
         want, top = body.get("logprobs"), body.get("top_logprobs")
         if want is not None and type(want) is not bool:
-            raise BadRequest(f"'logprobs' must be a boolean, got {want!r:.40}",
+            raise BadRequest(f"'logprobs' must be a boolean, got {shown(want)}",
                              param="logprobs")
         if top is not None and type(top) is not int:
-            raise BadRequest(f"'top_logprobs' must be an integer, got {top!r:.40}",
+            raise BadRequest(f"'top_logprobs' must be an integer, got {shown(top)}",
                              param="top_logprobs")
         if top and not want:
             raise BadRequest("when using 'top_logprobs', 'logprobs' must be set to true",
@@ -70,7 +71,7 @@ def logprobs_asked(body: dict[str, Any], chat: bool) -> int | None:
     if k is None:
         return None
     if type(k) is not int:
-        raise BadRequest(f"'logprobs' must be an integer, got {k!r:.40}", param="logprobs")
+        raise BadRequest(f"'logprobs' must be an integer, got {shown(k)}", param="logprobs")
     return _bounded(k, "logprobs")
 
 

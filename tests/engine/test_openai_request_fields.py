@@ -5,6 +5,7 @@ batched completion prompts."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -278,3 +279,37 @@ def test_stop_strings_are_bounded_in_number_and_length(live: LiveEngine) -> None
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids", r.text
     r = live.http.post("/v1/completions", json={**base, "stop_token_ids": many[:-1]})
     assert r.status_code == 200, r.text
+
+
+def _post_nested(live: LiveEngine, path: str, body: dict[str, Any], field: str) -> Any:
+    """``body`` posted with ``field`` an array nested 1,000 levels deep (JSON allows 1,024;
+    Python's own json module writes fewer)."""
+    text = json.dumps({**body, field: "NESTED"}).replace('"NESTED"', "[" * 1000 + "1" + "]" * 1000)
+    return live.http.post(path, content=text, headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(("path", "field", "extra"), [
+    ("/v1/completions", "logprobs", {}),
+    ("/v1/chat/completions", "logprobs", {}),
+    ("/v1/chat/completions", "top_logprobs", {"logprobs": True}),
+    ("/v1/chat/completions", "tool_choice", {}),
+    ("/v1/chat/completions", "response_format", {}),
+    ("/v1/completions", "best_of", {}),
+    ("/v1/completions", "temperature", {}),
+])
+def test_a_deeply_nested_value_is_a_400_naming_its_field(live: LiveEngine, path: str,
+                                                        field: str, extra: dict) -> None:
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2, **extra}
+    if path.endswith("chat/completions"):
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    r = _post_nested(live, path, body, field)
+    assert r.status_code == 400, r.text
+    assert field in r.json()["error"]["message"] and "array of 1" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("field", ["rid", "sampling_params"])
+def test_a_deeply_nested_value_on_generate_is_a_400(live: LiveEngine, field: str) -> None:
+    r = _post_nested(live, "/generate", {"text": "hi"}, field)
+    assert r.status_code == 400, r.text
