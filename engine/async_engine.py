@@ -202,9 +202,9 @@ class AsyncEngine:
                   exc_info=failed.cause)
         if self._failed_in_a_row >= FAILED_STEPS_IN_A_ROW:
             raise failed.cause
-        error = RequestFailed(f"the engine step running this request failed "
-                              f"({type(failed.cause).__name__}); the engine's log has the "
-                              f"traceback")
+        error = RequestFailed(f"the engine step running this request failed: "
+                              f"{type(failed.cause).__name__}: {str(failed.cause)[:200]} "
+                              f"(the engine's log has the traceback)")
         for request_id in failed.request_ids:
             waiter = self._queues.get(request_id)
             if waiter is not None and waiter.live:
