@@ -57,7 +57,7 @@ class EmbeddingsRoute:
         encoded = await self.server.encode_texts(p.texts) if p.texts is not None else p.token_ids
         assert encoded is not None  # parse_embedding gives texts or token ids
         ids = checked_ids(p, encoded, max_model_len=srv.max_model_len,
-                          vocab_size=srv.tokenizer.vocab_size)
+                          vocab_size=srv.vocab_size)
         try:
             for one in ids:
                 srv.core.validate(len(one), 0, pooling=True)

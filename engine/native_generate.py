@@ -47,7 +47,7 @@ class NativeGenerateRoute:
     async def handle(self, request: HTTPRequest) -> Response:
         srv = self.server
         req = parse_native(decode_json(await read_body(request, self.max_body_bytes)),
-                           model_name=srv.model_name, vocab_size=srv.tokenizer.vocab_size)
+                           model_name=srv.model_name, vocab_size=srv.vocab_size)
         started_s = time.monotonic()
         prompts = await self._prompt_ids(req.items)
         for item, ids in zip(req.items, prompts, strict=True):

@@ -85,6 +85,12 @@ class EngineServer:
         if kv_events is not None:
             core.kv.pool.events = []
         self.tokenizer = tokenizer
+        # the ids a request may name: the tokenizer's, and no more than the model's
+        # embedding rows (an executor running a model names them: ``vocab_size``); an id
+        # past those would fail the step computing it, and every request batched with it
+        model_vocab = getattr(core.executor, "vocab_size", None)
+        self.vocab_size: int = tokenizer.vocab_size if model_vocab is None \
+            else min(tokenizer.vocab_size, model_vocab)
         self.model_name = model_name
         self.max_model_len = core.config.max_model_len
         self.metrics = EngineMetrics(
@@ -190,7 +196,7 @@ class EngineServer:
         strs = bool(optional(body, "return_token_strs", bool, False))
         if "messages" in body:
             p = parse_generate({**body, "max_tokens": 1}, chat=True,
-                               model_name=self.model_name, vocab_size=self.tokenizer.vocab_size)
+                               model_name=self.model_name, vocab_size=self.vocab_size)
             ids = await self._prompt_ids(p)
         else:
             prompt = body.get("prompt")
@@ -281,7 +287,7 @@ class EngineServer:
     async def _generate(self, request: HTTPRequest, *, chat: bool) -> Response:
         body = await self._json(request)
         p = parse_generate(body, chat=chat, model_name=self.model_name,
-                           vocab_size=self.tokenizer.vocab_size)
+                           vocab_size=self.vocab_size)
         prompts = each_prompt(p)
         id_lists = [truncate_prompt(ids, p.truncate_prompt_tokens, self.max_model_len)
                     for ids in await self._each_prompt_ids(prompts)]

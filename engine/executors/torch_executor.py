@@ -72,6 +72,7 @@ class TorchExecutor:
         eos = self.config.eos_token_ids
         self.eos_token_id: int | None = eos[0] if eos else None
         self.eos_token_ids: frozenset[int] = frozenset(eos)
+        self.vocab_size = self.config.vocab_size  # the ids a step may compute
         # the most float32 logits one slice of prompt log probabilities holds
         self.prompt_logprob_elements = PROMPT_LOGPROB_ELEMENTS
         param = next(model.parameters())

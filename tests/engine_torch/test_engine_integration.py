@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import httpx
 import pytest
+from safetensors.torch import save_file
 
 from engine import cli
 from engine.core import EngineConfig, EngineCore
-from engine.model.tiny import write_tiny_model
+from engine.model.tiny import random_weights, write_tiny_model
 from engine.request import SamplingParams
 from engine.server import EngineServer, build_app
 from kvwire.tokenizer import load_tokenizer
@@ -94,3 +96,28 @@ def test_a_greedy_chat_on_the_torch_executor_reports_the_likeliest_token_first(
         values = [t["logprob"] for t in top]
         assert len(top) == 3 and values == sorted(values, reverse=True) and values[0] <= 0
         assert (top[0]["token"], top[0]["logprob"]) == (entry["token"], entry["logprob"])
+
+
+def test_a_prompt_id_past_the_models_vocabulary_is_a_400(tmp_path: Path) -> None:
+    """A checkpoint whose embedding holds fewer rows than its tokenizer's vocabulary: an id
+    past the rows is refused up front, never computed (that fails the whole step)."""
+    out = write_tiny_model(tmp_path, "llama", seed=2)
+    config = json.loads((out / "config.json").read_text())
+    config["vocab_size"] = 300
+    (out / "config.json").write_text(json.dumps(config))
+    save_file(random_weights(config, 2), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    server = EngineServer(_core(out), load_tokenizer(out), model_name="tiny",
+                          sleep_modeled_time=False)
+    running = ThreadServer(build_app(server)).start()
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as http:
+            bad = http.post("/v1/completions", json={"model": "tiny", "prompt": [5, 300],
+                                                     "max_tokens": 2})
+            good = http.post("/v1/completions", json={"model": "tiny", "prompt": [5, 299],
+                                                      "max_tokens": 2, "ignore_eos": True})
+    finally:
+        running.stop()
+    assert bad.status_code == 400, bad.text
+    assert "300" in bad.json()["error"]["message"] and bad.json()["error"]["param"] == "prompt"
+    assert good.status_code == 200, good.text
