@@ -8,6 +8,11 @@ EndpointSlice conditions, as the API defines them: ``ready`` unset means ready;
 endpoint counts. When none of the Service's endpoints is ready, the serving ones that are
 terminating count instead (kube-proxy's fallback: a rollout that left only draining pods
 still answers rather than failing every request).
+
+A dual-stack Service has a slice per address family listing the same pods: a pod's
+address is taken from its IPv4 slice when that one counts it, else its IPv6 one, whatever
+order the slices come in (the API lists them by name, a watch appends a new one), so a
+pod never moves from one of its addresses to the other between two lists.
 """
 
 from __future__ import annotations
@@ -56,13 +61,22 @@ def _serving_port(source: KubernetesSourceConfig, named: dict[str | None, int]
     return next(iter(others.values())) if len(others) == 1 else None
 
 
+ADDRESS_TYPES = {"IPv4": 0, "IPv6": 1}  # a pod in two slices: the first family that counts it
+
+
+def _slice_order(s: Mapping[str, Any]) -> tuple[int, str]:
+    family = ADDRESS_TYPES.get(str(s.get("addressType")), len(ADDRESS_TYPES))
+    return family, str((s.get("metadata") or {}).get("name", ""))
+
+
 def slice_targets(source: KubernetesSourceConfig, slices: Iterable[Mapping[str, Any]]
                   ) -> Targets:
     """The replicas behind a Service's EndpointSlices (see the module's rule on
-    conditions); an endpoint listed in two slices (as during a slice's update) once."""
+    conditions and address families); an endpoint listed in two slices (as during a
+    slice's update, or in both families' slices) once."""
     ready: Targets = {}
     draining: Targets = {}
-    for s in slices:
+    for s in sorted(slices, key=_slice_order):
         name = s.get("metadata", {}).get("name", "?")
         named = _named_ports(s.get("ports") or [])
         port = _serving_port(source, named)

@@ -222,3 +222,22 @@ async def test_a_source_past_the_workers_shared_slots_adds_what_fits_and_goes_on
     finally:
         block.close()
         block.unlink()
+
+
+def test_a_dual_stack_service_gives_each_pod_one_address_whatever_the_slice_order() -> None:
+    # a dual-stack Service has an IPv4 and an IPv6 EndpointSlice for the same pods; the
+    # API lists slices by name and a watch appends a recreated one, so the order changes
+    # at every relist: the replica must not move between its two addresses (each move
+    # removes it and adds it again, and the policy forgets what it holds)
+    v4 = slice_of(endpoint("10.0.0.1", "p1"), endpoint("10.0.0.2", "p2"))
+    v4["metadata"]["name"] = "vllm-zq7k2"
+    v6 = slice_of(endpoint("fd00::1", "p1"), endpoint("fd00::2", "p2"))
+    v6["metadata"]["name"] = "vllm-9cx4m"
+    v6["addressType"] = "IPv6"
+    first = slice_targets(SERVICE, [v4, v6])
+    assert first == slice_targets(SERVICE, [v6, v4])
+    assert {rid: c.url for rid, c in first.items()} == {
+        "p1": "http://10.0.0.1:8000", "p2": "http://10.0.0.2:8000"}
+    # a pod only the IPv6 slice lists ready yet is found there
+    v4["endpoints"][1]["conditions"] = {"ready": False}
+    assert slice_targets(SERVICE, [v6, v4])["p2"].url == "http://[fd00::2]:8000"
