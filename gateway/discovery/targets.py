@@ -4,7 +4,7 @@ Pure functions over the API's JSON (``discovery.k8s.io/v1`` EndpointSlices, ``v1
 and over resolved addresses; each returns ``{replica id: ReplicaConfig}``.
 
 EndpointSlice conditions, as the API defines them: ``ready`` unset means ready;
-``serving`` unset means serving; ``terminating`` unset means not terminating. A ready
+``serving`` unset means as ``ready`` says; ``terminating`` unset means not terminating. A ready
 endpoint counts. When none of the Service's endpoints is ready, the serving ones that are
 terminating count instead (kube-proxy's fallback: a rollout that left only draining pods
 still answers rather than failing every request).
@@ -99,7 +99,8 @@ def slice_targets(source: KubernetesSourceConfig, slices: Iterable[Mapping[str, 
             config = source.replica.replica(rid, address, port, events, replay)
             if cond.get("ready") is not False:
                 ready.setdefault(rid, config)
-            elif cond.get("serving") is not False and cond.get("terminating") is True:
+            # not ready here, so serving unset means not serving
+            elif cond.get("serving") is True and cond.get("terminating") is True:
                 draining.setdefault(rid, config)
     return ready or draining
 

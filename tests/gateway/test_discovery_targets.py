@@ -51,6 +51,12 @@ def test_terminating_serving_endpoints_only_when_none_is_ready() -> None:
         endpoint("10.0.0.5", "p5", ready=False, serving=False, terminating=True),
     )])
     assert sorted(found) == ["p4"]
+    # serving unset defers to ready (the API's rule): a terminating endpoint that is not
+    # ready and does not say it serves takes no traffic
+    assert slice_targets(SERVICE, [slice_of(
+        endpoint("10.0.0.6", "p6", ready=False, terminating=True))]) == {}
+    assert sorted(slice_targets(SERVICE, [slice_of(
+        endpoint("10.0.0.7", "p7", ready=None, terminating=True))])) == ["p7"]
 
 
 def test_ports_kv_events_and_ids() -> None:
