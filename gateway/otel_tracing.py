@@ -10,10 +10,12 @@ shutdown (``close``).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
@@ -66,27 +68,50 @@ class OtelTracing:
             self._provider.shutdown()
 
     def start(self, headers: Mapping[str, str], path: str) -> RequestTrace:
-        parent = _PROPAGATOR.extract(headers)
-        span = self._tracer.start_span("kvgate.request", context=parent,
-                                       kind=SpanKind.SERVER,
-                                       attributes={"http.request.method": "POST",
-                                                   "url.path": path})
-        return _OtelTrace(self._tracer, span)
+        return _OtelTrace(self._tracer, headers, path)
 
 
 class _OtelTrace(RequestTrace):
-    __slots__ = ("_context", "_ended", "_request", "_step", "_tracer", "_upstream")
+    """The request span is begun (dated from ``start``) when the request first gets past
+    its key check (tokenize, route, upstream) or fails: only then is the caller's
+    ``traceparent`` read and its sampling decision followed. A request refused for its key
+    or identity (401, 403) starts a trace of its own, sampled at ``sample_ratio``: a
+    client without a valid key can neither force spans to be recorded nor join a trace."""
 
-    def __init__(self, tracer: Tracer, request: Span) -> None:
+    __slots__ = ("_begun_ns", "_context", "_ended", "_headers", "_path", "_request_span",
+                 "_step", "_tracer", "_upstream")
+
+    def __init__(self, tracer: Tracer, headers: Mapping[str, str], path: str) -> None:
         self._tracer = tracer
-        self._request = request
-        self._context = set_span_in_context(request)
+        self._headers: Mapping[str, str] | None = headers
+        self._path = path
+        self._begun_ns = time.time_ns()
+        self._request_span: Span | None = None
+        self._context: Context | None = None
         self._step: Span | None = None
         self._upstream: Span | None = None
         self._ended = False
 
+    def _begin(self, follow_caller: bool = True) -> Span:
+        """The request span, begun now if it was not (a child of the caller's context
+        when ``follow_caller``)."""
+        if self._request_span is None:
+            headers, self._headers = self._headers, None
+            parent = _PROPAGATOR.extract(headers) if follow_caller and headers else None
+            self._request_span = self._tracer.start_span(
+                "kvgate.request", context=parent, kind=SpanKind.SERVER,
+                start_time=self._begun_ns,
+                attributes={"http.request.method": "POST", "url.path": self._path})
+            self._context = set_span_in_context(self._request_span)
+        return self._request_span
+
+    @property
+    def _request(self) -> Span:
+        return self._begin()
+
     @contextmanager
     def _child(self, name: str) -> Iterator[object]:
+        self._begin()
         span = self._tracer.start_span(name, context=self._context)
         self._step = span
         try:
@@ -121,7 +146,7 @@ class _OtelTrace(RequestTrace):
 
     def upstream(self, headers: dict[str, str]) -> None:
         request_id = headers.get("x-request-id", "")
-        self._request.set_attribute("kvgate.request_id", request_id)
+        self._request.set_attribute("kvgate.request_id", request_id)  # begins it
         self._upstream = self._tracer.start_span(
             "kvgate.upstream", context=self._context, kind=SpanKind.CLIENT,
             attributes={"kvgate.request_id": request_id})
@@ -164,7 +189,9 @@ class _OtelTrace(RequestTrace):
         if self._ended:
             return
         self._ended = True
-        for span in (self._upstream, self._request):
+        refused = isinstance(exc, OpenAIError) and exc.status in (401, 403)
+        request = self._begin(follow_caller=not refused)
+        for span in (self._upstream, request):
             if span is not None:
                 _failed(span, exc)
                 span.end()

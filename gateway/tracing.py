@@ -36,7 +36,8 @@ class TracingConfig:
     URL; unset, OpenTelemetry's ``OTEL_EXPORTER_OTLP_*`` variables or
     ``http://localhost:4318/v1/traces``) or ``console`` (spans printed as JSON on standard
     output). ``sample_ratio``: the share of new traces kept; a request that comes with a
-    ``traceparent`` follows its caller's sampling decision."""
+    ``traceparent`` follows its caller's sampling decision once past its key check (one
+    refused for its key or identity, 401 or 403, is a new trace like any other)."""
 
     enabled: bool = False
     service_name: str = "kvgate"

@@ -33,6 +33,7 @@ from gateway.config import parse_config
 from gateway.otel_tracing import OtelTracing
 from gateway.state import build_state
 from gateway.tracing import NO_TRACE, NO_TRACING, TracingConfig, build_tracing
+from kvwire.openai_schema import Unauthorized
 from policies.config import ConfigError
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.processes import Processes
@@ -162,6 +163,44 @@ def test_unsampled_traces_still_propagate_and_a_sampled_caller_wins(serve: Serve
     spans = finished(exporter, 4)  # only the caller's sampled trace was recorded
     assert {format(s.context.trace_id, "032x") for s in spans.values()  # type: ignore[union-attr]
             } == {TRACE_ID}
+
+
+def test_a_client_without_a_valid_key_cannot_force_or_join_a_trace(serve: Serve) -> None:
+    """A caller's sampled ``traceparent`` is followed only once its key is checked: a
+    request refused for its key is sampled as a new trace, at ``sample_ratio``."""
+    key = "sk-observe-" + "k" * 32
+    a = Behaviour("a")
+    config = parse_config({
+        "replicas": [{"id": "a", "url": serve(fake_replica(a)).url}],
+        "policy": {"name": "round_robin"},
+        "auth": {"api_keys": [{"key": key, "tenant": "acme"}]},
+        "tracing": {"enabled": True, "sample_ratio": 0.0}})
+    exporter = InMemorySpanExporter()
+    tracing = OtelTracing(config.tracing, SimpleSpanProcessor(exporter))
+    url = serve(create_app(config, build_state(config, tracing=tracing))).url
+    body = {"model": "sim-model", "prompt": "x"}
+    sampled = {"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"}
+    for path in ("/v1/completions", "/v1/embeddings"):
+        for auth in ({}, {"authorization": "Bearer wrong"}):
+            r = httpx.post(f"{url}{path}", json=body, headers={**sampled, **auth})
+            assert r.status_code == 401
+    r = httpx.post(f"{url}/v1/completions", json=body,
+                   headers={**sampled, "authorization": f"Bearer {key}"})
+    assert r.status_code == 200
+    spans = finished(exporter, 4)  # only the keyed caller's trace
+    assert {format(s.context.trace_id, "032x") for s in spans.values()  # type: ignore[union-attr]
+            } == {TRACE_ID}
+
+    # sampled as new traces, a refused request's span is a root of its own
+    tracing = OtelTracing(TracingConfig(enabled=True), SimpleSpanProcessor(exporter))
+    tracing.open()
+    trace = tracing.start(sampled, "/v1/completions")
+    trace.failed(Unauthorized("the API key is not valid", code="invalid_api_key"))
+    (refused,) = [s for s in exporter.get_finished_spans()
+                  if s.attributes is not None
+                  and s.attributes.get("http.response.status_code") == 401]
+    assert refused.parent is None and refused.context is not None
+    assert format(refused.context.trace_id, "032x") != TRACE_ID
 
 
 def test_the_console_exporter_prints_spans_when_it_stops(
