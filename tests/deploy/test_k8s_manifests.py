@@ -175,7 +175,11 @@ def test_gateway(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.Monkey
             source.kv_events_replay_port_name} <= engine_ports
 
 
-def test_discovery_rbac(objects: dict[tuple[str, str], Obj]) -> None:
+def test_discovery_rbac(objects: dict[tuple[str, str], Obj],
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's account reads exactly what its discovery source lists and watches
+    (gateway.discovery.kube_source: a LIST, then WATCHes, never a GET): EndpointSlices for
+    a Service, pods for a label selector; nothing else, no other verb."""
     deployment = objects[("Deployment", "kvgate-gateway")]
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     assert ("ServiceAccount", account) in objects
@@ -186,10 +190,12 @@ def test_discovery_rbac(objects: dict[tuple[str, str], Obj]) -> None:
     granted = {(group, resource, verb) for rule in role["rules"]
                for group in rule["apiGroups"] for resource in rule["resources"]
                for verb in rule["verbs"]}
-    for group, resource in (("discovery.k8s.io", "endpointslices"), ("", "pods")):
-        for verb in ("get", "list", "watch"):
-            assert (group, resource, verb) in granted
-    assert all(verb in ("get", "list", "watch") for _, _, verb in granted)  # read only
+    assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
+    (source,) = gateway_config_of(objects, monkeypatch).discovery
+    assert isinstance(source, KubernetesSourceConfig)
+    group, resource = ("discovery.k8s.io", "endpointslices") if source.service \
+        else ("", "pods")
+    assert granted == {(group, resource, "list"), (group, resource, "watch")}
 
 
 def test_engine(objects: dict[tuple[str, str], Obj]) -> None:
