@@ -71,6 +71,19 @@ def fetch(admin: str, token: str, timeout_s: float = 2.0) -> dict[str, Any]:
     return data
 
 
+def _printable(value: object) -> str:
+    """``value`` as text a terminal shows and never obeys: control characters (an
+    escape sequence's ESC, a carriage return) and format characters (a bidirectional
+    override) written as escapes. Replica ids, route reasons and a replica's last error
+    (which may quote its error body) come from the gateway's snapshot."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else
+                   f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+                   for ch in text)
+
+
 def _rate(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -79,9 +92,9 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
           error: str | None = None) -> Group:
     """The screen for the latest ``snapshot``, rates from ``window``."""
     title = Text.assemble(
-        ("kvgate top", "bold"), f"  {admin}  policy {snapshot.get('policy', '?')}  "
-        f"window {window.window_s:g} s (replica counters scraped every "
-        f"{snapshot.get('scrape_interval_s', '?')} s)")
+        ("kvgate top", "bold"), f"  {admin}  policy "
+        f"{_printable(snapshot.get('policy', '?'))}  window {window.window_s:g} s (replica "
+        f"counters scraped every {_printable(snapshot.get('scrape_interval_s', '?'))} s)")
     table = Table(expand=False)
     for name, justify in (("replica", "left"), ("health", "left"), ("queued tok", "right"),
                           ("in flight", "right"), ("KV use", "right"),
@@ -96,12 +109,13 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
             hit, gauge_only = f"{rep['token_hit_rate']:.3f}*", True  # SGLang: a gauge
         total_rps += rates.requests_per_s or 0.0
         health = Text("healthy", "green") if rep["healthy"] else \
-            Text(f"DOWN {rep.get('last_error') or ''}".strip(), "red")
-        reasons = ", ".join(f"{k} {v}" for k, v in sorted(rates.reasons.items(),
-                                                         key=lambda kv: -kv[1])) or "-"
-        table.add_row(str(rep["id"]), health, f"{rep['queued_tokens']:,}",
+            Text(f"DOWN {_printable(rep.get('last_error') or '')}".strip(), "red")
+        reasons = ", ".join(f"{_printable(k)} {v}" for k, v in sorted(
+            rates.reasons.items(), key=lambda kv: -kv[1])) or "-"
+        # Text, not str: a str cell is read as rich markup ('[/]' in an id raised)
+        table.add_row(Text(_printable(rep["id"])), health, f"{rep['queued_tokens']:,}",
                       str(rep["in_flight"]), f"{rep['kv_usage']:.0%}",
-                      hit, _rate(rates.requests_per_s, ".2f"), reasons)
+                      hit, _rate(rates.requests_per_s, ".2f"), Text(reasons))
     footer = Text(f"fleet: {len(snapshot['replicas'])} replicas, {total_rps:.2f} req/s")
     parts: list[Any] = [title, table, footer]
     if gauge_only:

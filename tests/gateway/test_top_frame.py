@@ -44,3 +44,23 @@ def test_frame_shows_rates_health_and_a_gauge_only_replica() -> None:
     assert "0.250*" in lines["r2"] and "hit-rate gauge" in screen
     assert "fleet: 3 replicas, 6.00 req/s" in screen
     assert "last read failed: timed out" in screen
+
+
+def test_text_from_replicas_is_shown_as_text_never_as_terminal_codes_or_markup() -> None:
+    """A replica's error message (its own error body's words), ids and reasons reach the
+    operator's terminal as printable text: escape sequences and rich markup are shown, not
+    obeyed."""
+    rep = {"id": "r0[/]", "healthy": False, "queued_tokens": 0, "in_flight": 0,
+           "kv_usage": 0.0, "token_hit_rate": None, "hit_tokens": 1, "query_tokens": 2,
+           "requests": 0, "reasons": {}, "last_error": "\x1b]0;owned\x07\x1b[2J\r\n[red]x"}
+    window = TopWindow(10)
+    snapshot: dict[str, object] = {"policy": "cost\x1b[5m", "scrape_interval_s": 1.0,
+                                   "replicas": [rep]}
+    window.add(0.0, snapshot)
+    window.add(1.0, {**snapshot, "replicas": [
+        {**rep, "requests": 1, "reasons": {"[bold]odd\x1b[2J": 1}}]})
+    screen = rendered(window, snapshot)
+    assert "\x1b" not in screen and "\x07" not in screen and "\r" not in screen
+    assert "policy cost\\x1b[5m" in screen and "r0[/]" in screen
+    assert "DOWN \\x1b]0;owned\\x07\\x1b[2J\\x0d\\x0a[red]x" in screen
+    assert "[bold]odd\\x1b[2J 1" in screen
