@@ -41,3 +41,16 @@ def split_image(image: str) -> tuple[str, str | None]:
     last = image.rsplit("/", 1)[-1]
     name, _, tag = last.partition(":")
     return name, tag or None
+
+
+USER = re.compile(r"^USER\s+(\S+)\s*$", re.MULTILINE)
+USERADD = re.compile(r"\buseradd\b[^\n]*?--uid\s+(\d+)[^\n]*?\s(\w+)\s*$", re.MULTILINE)
+
+
+def dockerfile_user(dockerfile: str) -> tuple[str, dict[str, int]]:
+    """The last ``USER`` of ``dockerfile`` (a path under the repository) as written, and
+    the users its ``useradd --uid N ... NAME`` lines create (name -> uid)."""
+    text = (ROOT / dockerfile).read_text()
+    users = USER.findall(text)
+    assert users, f"{dockerfile} runs as root: no USER"
+    return users[-1], {name: int(uid) for uid, name in USERADD.findall(text)}

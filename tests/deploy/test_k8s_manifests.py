@@ -22,7 +22,13 @@ from gateway import serve as gateway_cli
 from gateway.config import parse_config
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.peer_config import split_address
-from tests.deploy.builds import DEPLOY_DOC, builds_in, dockerfile_builds, split_image
+from tests.deploy.builds import (
+    DEPLOY_DOC,
+    builds_in,
+    dockerfile_builds,
+    dockerfile_user,
+    split_image,
+)
 from tests.support.binaries import which
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -421,3 +427,29 @@ def test_gateway_network_policy_keeps_clients(objects: dict[tuple[str, str], Obj
             from_copies |= ports
     assert open_to_all == {config.port, container_port(c, service_port["targetPort"])}
     assert peers_port in from_copies and peers_port not in open_to_all
+
+
+def test_pods_run_as_the_user_their_image_was_built_for(objects: dict[tuple[str, str], Obj]
+                                                        ) -> None:
+    """Each image runs as a non-root user it creates, named by its number (the kubelet
+    cannot check a user name against runAsNonRoot), and each Deployment runs its pods as
+    that very uid: the engine's CUDA base (Ubuntu 24.04) already holds a user 1000, so a
+    user added there without --uid is 1001 and a pod run as 1000 was someone else."""
+    for name, dockerfile in (("kvgate-gateway", "deploy/gateway/Dockerfile"),
+                             ("kvgate-engine", "deploy/engine/Dockerfile")):
+        user, created = dockerfile_user(dockerfile)
+        uid, _, gid = user.partition(":")
+        assert uid.isdigit(), f"{dockerfile}: USER {user} is not a number"
+        assert int(uid) in created.values() and int(uid) != 0, \
+            f"{dockerfile}: USER {user} is not a user it adds with --uid ({created})"
+        pod = objects[("Deployment", name)]["spec"]["template"]["spec"]
+        security = {**pod.get("securityContext", {}),
+                    **container(objects[("Deployment", name)]).get("securityContext", {})}
+        assert security.get("runAsNonRoot") is True, name
+        assert security.get("runAsUser") == int(uid), \
+            f"{name} runs as {security.get('runAsUser')}, its image as {uid}"
+        if gid:
+            assert security.get("runAsGroup") == int(gid), name
+    # the simulated engine compose runs: the same rule
+    user, created = dockerfile_user("deploy/engine/Dockerfile.cpu")
+    assert user.partition(":")[0].isdigit() and int(user.partition(":")[0]) in created.values()
