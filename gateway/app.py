@@ -120,6 +120,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         gw.policy.observe(Routed(route_req, replica, routing.views))
         if gw.peers is not None:
             gw.peers.routed(route_req, replica)
+        if gw.worker_routes is not None:
+            gw.worker_routes.routed(route_req, replica)
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()
@@ -319,6 +321,9 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             if gw.peers is not None:
                 stack.push_async_callback(gw.peers.stop)
                 await gw.peers.start()
+            if gw.worker_routes is not None:
+                stack.callback(gw.worker_routes.stop)
+                gw.worker_routes.start()
             stack.push_async_callback(gw.capture.stop)
             await gw.capture.start()
             if gw.capture.log is not None:

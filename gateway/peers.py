@@ -44,6 +44,7 @@ import os
 import socket
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.fleet import Fleet, Pending
@@ -269,6 +270,9 @@ class Peers:
         self._handshaking: dict[asyncio.Task[None], tuple[str, float]] = {}
         self._refused_log: tuple[float, int] = (-REFUSED_LOG_S, 0)  # (logged at, since)
         self.address: tuple[str, int] | None = None  # where the listener is bound
+        # with worker processes: tells the box's other workers a peer's route
+        # (``worker_routes``), which only this worker's link received
+        self.forward: Callable[[RouteRequest, str], None] | None = None
 
     def linked(self, remote: bytes) -> bool:
         """Whether a link to the copy with instance id ``remote`` is up (or proving
@@ -459,6 +463,8 @@ class Peers:
                     self.policy.observe(Routed(frame.request, frame.replica))
                 except Exception:  # the policy's defect: the link and the rest stand
                     log.exception("the policy failed on a peer's route to %s", frame.replica)
+                if self.forward is not None:  # the box's other workers learn it too
+                    self.forward(frame.request, frame.replica)
             elif isinstance(frame, Sent):
                 table.sent(frame)
             elif isinstance(frame, Settled):

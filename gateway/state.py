@@ -25,6 +25,7 @@ from gateway.routing import Router
 from gateway.shared_load import SharedLoad
 from gateway.tenancy import Tenancy
 from gateway.tracing import Tracing, build_tracing
+from gateway.worker_routes import WorkerRoutes
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from policies.base import Policy, ReplicaRemoved, ReplicaReset
 from policies.per_model import PerModel
@@ -64,6 +65,8 @@ class GatewayState:
     worker: int | None = None  # this worker's index, with worker processes
     box: BoxFeed | None = None  # ... and its part in the fleet snapshot (box_feed)
     peers: Peers | None = None  # the other gateway copies (peers in the config)
+    # the routes this worker and the box's other workers tell each other (--workers N)
+    worker_routes: WorkerRoutes | None = None
 
 
 def policy_listener(policy: Policy) -> FleetListener:

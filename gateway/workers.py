@@ -16,6 +16,8 @@ without a shared accept queue.
   worker takes its share, rounded up. Each writes its own capture log (``path.w<i>``);
   ``/admin/prefix-report`` shows worker 0's requests.
 - Discovery runs in worker 0 only; the others take membership from its snapshot.
+- Each worker tells the others every route it makes (``worker_routes``: a Unix socket
+  pair per worker, made here), so every worker's policy learns from the box's traffic.
 - A SIGTERM or SIGINT to the supervisor reaches every worker, which drains as a single
   gateway does (``ShutdownConfig``); a second stops them at once. Workers sit in their
   own process group (a terminal's Ctrl-C reaches them once, through the supervisor) and
@@ -43,6 +45,7 @@ from gateway.box_feed import FeedBlock
 from gateway.config import GatewayConfig
 from gateway.fleet import MAX_REPLICAS
 from gateway.shared_load import SharedLoad
+from gateway.worker_routes import WorkerRoutes, route_pair
 
 log = logging.getLogger("kvgate.workers")
 
@@ -66,6 +69,10 @@ class WorkerPlan:
     rings: tuple[connection.Connection, ...] = ()
     bell: connection.Connection | None = None
     supervisor: int = 0  # the supervisor's process id
+    # routes told between the workers (``worker_routes``): this worker's inbox, and the
+    # other workers' inboxes' sending ends
+    routes_inbox: socket.socket | None = None
+    routes_out: tuple[socket.socket, ...] = ()
 
 
 def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConfig:
@@ -128,6 +135,10 @@ def worker_main(plan: WorkerPlan) -> None:
     gw.worker = plan.index
     gw.box = BoxFeed(feed, gw.fleet, plan.index == 0, config.health.failures_to_eject,
                      config.health.successes_to_readmit, rings=plan.rings, bell=plan.bell)
+    if plan.routes_inbox is not None:
+        gw.worker_routes = WorkerRoutes(plan.routes_inbox, plan.routes_out, gw.policy)
+        if gw.peers is not None:
+            gw.peers.forward = gw.worker_routes.routed
     app = create_app(config, gw)
     admin_app = None
     if plan.index == 0 and config.admin.resolved_token():
@@ -152,6 +163,13 @@ def _close_doorbells(bells: list[tuple[connection.Connection, connection.Connect
     harmless), so a follower reads end-of-file once worker 0 is gone."""
     for pair in bells:
         for end in pair:
+            end.close()
+
+
+def _close_route_sockets(routes: list[tuple[socket.socket, socket.socket]]) -> None:
+    """Close the supervisor's copies of the workers' route sockets (twice is harmless)."""
+    for ends in routes:
+        for end in ends:
             end.close()
 
 
@@ -185,18 +203,24 @@ class Supervisor:
         status = 0
         # one doorbell per follower: (its end, worker 0's end); the workers get copies
         bells = [ctx.Pipe(duplex=False) for _ in range(self.workers - 1)]
+        # one route inbox per worker: (its end, the end the others send to)
+        routes = [route_pair() for _ in range(self.workers)] if self.workers > 1 else []
         try:
             for index in range(self.workers):
                 plan = WorkerPlan(self.config, index, self.workers, slots, load.name,
                                   feed.name, self.log_level,
                                   rings=tuple(ring for _, ring in bells) if index == 0 else (),
                                   bell=bells[index - 1][0] if index else None,
-                                  supervisor=os.getpid())
+                                  supervisor=os.getpid(),
+                                  routes_inbox=routes[index][0] if routes else None,
+                                  routes_out=tuple(out for j, (_, out) in enumerate(routes)
+                                                   if j != index))
                 proc = ctx.Process(target=worker_main, args=(plan,),
                                    name=f"kvgate-worker-{index}")
                 proc.start()
                 self.procs.append(proc)
             _close_doorbells(bells)  # the workers hold their copies
+            _close_route_sockets(routes)
             live = {proc.sentinel: proc for proc in self.procs}
             while live:
                 for ready in connection.wait(list(live)):
@@ -215,6 +239,7 @@ class Supervisor:
             for worker in self.procs:
                 worker.join(timeout=self.config.shutdown.timeout_s + 5)
             _close_doorbells(bells)  # a no-op when closed already
+            _close_route_sockets(routes)
             for block in (load, feed):
                 block.close()
                 block.unlink()

@@ -191,3 +191,42 @@ def test_workers_serve_when_the_supervisor_is_process_1(
         proc.kill()  # its PID 1 goes with it (--kill-child), and the workers with that
         _, err = proc.communicate(timeout=30)
     assert b"exited with" not in err, err.decode()[-2000:]
+
+
+def test_a_route_either_worker_makes_teaches_the_other(
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+    """cost's cache model in worker 0 (the admin API's) holds a document that worker 1
+    routed: the workers tell each other their routes (``worker_routes``)."""
+    replicas = [serve(fake_replica(Behaviour(f"r{i}"))) for i in range(3)]
+    port, admin_port = free_port(), free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "policy": {"name": "cost"},
+        "replicas": [{"id": f"r{i}", "url": r.url} for i, r in enumerate(replicas)],
+        "health": {"interval_s": 0.2},
+        "admin": {"token": TOKEN, "port": admin_port, "allow_hosts": ["127.0.0.1"]}}))
+    url, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
+    spawn("serve", "--config", str(config), "--workers", "2", ready_url=f"{url}/ready")
+    per_worker(url, lambda s: True, "both workers to listen")
+    headers = {"authorization": f"Bearer {TOKEN}"}
+
+    def held(prompt: str, replica: str) -> float:
+        """The share of ``prompt`` worker 0's policy predicts ``replica`` holds."""
+        r = httpx.post(f"{admin}/admin/explain", headers=headers,
+                       json={"model": "sim-model", "prompt": prompt, "max_tokens": 2}).json()
+        return sum(s["matched_tokens"] for s in r["scores"]
+                   if s["replica"] == replica) / r["prompt_tokens"]
+
+    for i in range(60):
+        doc = " ".join(f"clause{i}x{j} of contract {i} reads plainly" for j in range(60))
+        with httpx.Client() as http:  # a new connection: the kernel picks the worker
+            r = http.post(f"{url}/v1/completions",
+                          json={"model": "sim-model", "prompt": doc, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        if r.headers["x-kvgate-worker"] == "1":
+            break
+    else:
+        pytest.fail("no request of 60 reached worker 1")
+    replica = r.headers["x-kvgate-replica"]
+    wait_until(lambda: held(doc, replica) > 0.9, 10,
+               f"worker 0 to learn that worker 1 sent the document to {replica}")

@@ -1,0 +1,91 @@
+"""The routes a box's worker processes tell each other (``gateway.worker_routes``), over the
+socket pairs the supervisor makes: a route one worker makes teaches the other's policy."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from gateway.peer_wire import routed_frame
+from gateway.worker_routes import WorkerRoutes, route_pair
+from policies.base import ReplicaView, Routed, RouteRequest
+from policies.cost import Cost
+
+FLEET = [ReplicaView(f"r{i}", kv_capacity_tokens=40_000) for i in range(4)]
+
+
+def document(seed: int, pieces: int = 64) -> RouteRequest:
+    rng = random.Random(seed)
+    chunks = [rng.randrange(1 << 32) for _ in range(pieces)]
+    return RouteRequest(tokens=(), prompt_tokens=pieces * 16, model="m", arrival_s=0.0,
+                        chunks=chunks, chunk_tokens=16.0)
+
+
+def _holds(policy: Cost, request: RouteRequest) -> dict[str, int]:
+    decision = policy.choose(request, FLEET)
+    return {s.replica: s.matched_tokens for s in decision.scores if s.matched_tokens}
+
+
+async def _two_workers() -> tuple[WorkerRoutes, WorkerRoutes]:
+    (inbox_a, to_a), (inbox_b, to_b) = route_pair(), route_pair()
+    a = WorkerRoutes(inbox_a, [to_b], Cost())
+    b = WorkerRoutes(inbox_b, [to_a], Cost())
+    a.start()
+    b.start()
+    return a, b
+
+
+def test_a_route_one_worker_makes_teaches_the_others_policy() -> None:
+    async def run() -> None:
+        a, b = await _two_workers()
+        try:
+            doc = document(1)
+            chosen = a.policy.choose(doc, FLEET).chosen
+            a.policy.observe(Routed(doc, chosen))
+            assert _holds(b.policy, doc) == {}  # nothing told yet
+            a.routed(doc, chosen)
+            for _ in range(50):
+                await asyncio.sleep(0.01)
+                if b.received:
+                    break
+            assert (a.sent, b.received, b.malformed) == (1, 1, 0)
+            held = _holds(b.policy, doc)
+            assert list(held) == [chosen] and held[chosen] >= 60 * 16
+            assert _holds(b.policy, document(2)) == {}
+        finally:
+            a.stop()
+            b.stop()
+
+    asyncio.run(run())
+
+
+def test_a_full_inbox_drops_routes_and_a_malformed_message_is_skipped() -> None:
+    async def run() -> None:
+        a, b = await _two_workers()
+        try:
+            # b stalls (reads nothing): a's sends fill its inbox, then are dropped
+            asyncio.get_running_loop().remove_reader(b.inbox.fileno())
+            doc = document(3)
+            for _ in range(2_000):
+                a.routed(doc, "r0")
+            assert a.dropped > 0 and a.sent + a.dropped == 2_000
+            # a reader skips what is not a whole frame and reads on
+            (inbox, to_inbox) = route_pair()
+            c = WorkerRoutes(inbox, [], Cost())
+            c.start()
+            to_inbox.send(b"\x05\x00")
+            to_inbox.send(routed_frame(doc, "r1")[:-3])
+            to_inbox.send(routed_frame(doc, "r1"))
+            for _ in range(50):
+                await asyncio.sleep(0.01)
+                if c.received:
+                    break
+            assert (c.malformed, c.received) == (2, 1)
+            assert list(_holds(c.policy, doc)) == ["r1"]
+            c.stop()
+            to_inbox.close()
+        finally:
+            a.stop()
+            b.stop()
+
+    asyncio.run(run())
