@@ -453,3 +453,27 @@ def test_pods_run_as_the_user_their_image_was_built_for(objects: dict[tuple[str,
     # the simulated engine compose runs: the same rule
     user, created = dockerfile_user("deploy/engine/Dockerfile.cpu")
     assert user.partition(":")[0].isdigit() and int(user.partition(":")[0]) in created.values()
+
+
+def test_root_filesystems_are_read_only(objects: dict[tuple[str, str], Obj]) -> None:
+    """Every container runs with a read-only root filesystem, no privilege escalation and
+    no capability; what it writes lies on emptyDir volumes: /tmp (the engine's Triton
+    compiles its launchers there) and, for the engine, its user's home (~/.triton keeps the
+    compiled kernels)."""
+    for name, writes in (("kvgate-gateway", ["/tmp"]),
+                         ("kvgate-engine", ["/tmp", "/home/kvgate/.triton/cache"])):
+        deployment = objects[("Deployment", name)]
+        pod = deployment["spec"]["template"]["spec"]
+        c = container(deployment)
+        security = c.get("securityContext", {})
+        assert security.get("readOnlyRootFilesystem") is True, name
+        assert security.get("allowPrivilegeEscalation") is False, name
+        assert security.get("capabilities", {}).get("drop") == ["ALL"], name
+        for path in writes:
+            mounts = [m for m in c["volumeMounts"] if path == m["mountPath"]
+                      or PurePosixPath(m["mountPath"]) in PurePosixPath(path).parents]
+            assert mounts, f"{name} writes {path}, on its read-only root filesystem"
+            mount = max(mounts, key=lambda m: len(m["mountPath"]))
+            assert not mount.get("readOnly"), (name, path)
+            volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+            assert "emptyDir" in volume, (name, path, volume)
