@@ -12,6 +12,7 @@ from typing import Any
 from engine.openai_logprobs import logprobs_asked, prompt_logprobs_asked
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, check_served, optional, parse_fields
+from kvwire.template_kwargs import with_template_kwargs
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +151,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         prompt_text=fields.prompt_text,
         prompt_ids=fields.prompt_ids,
         batch=batch,
-        messages=fields.messages,
+        # a chat's messages carry its chat_template_kwargs to the rendering
+        messages=with_template_kwargs(fields.messages, fields.chat_template_kwargs),
         tools=fields.tools,
         max_tokens=max_tokens,
         temperature=temperature_field(body),

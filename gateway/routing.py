@@ -25,6 +25,7 @@ from gateway.request_parse import ParsedRequest
 from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.openai_schema import BadRequest
+from kvwire.template_kwargs import TemplateKwargsError, check_template_kwargs
 from kvwire.tokenizer import PromptTokenizer
 from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, ChunkMemo, id_chunks
@@ -54,6 +55,17 @@ def _inline_chat(parsed: ParsedRequest) -> bool:
     return parsed.raw_bytes is not None and parsed.raw_bytes <= INLINE_CHAT_BYTES \
         and len(parsed.messages or ()) <= INLINE_CHAT_MESSAGES \
         and len(parsed.tools or ()) <= INLINE_CHAT_TOOLS
+
+
+def _template_kwargs(parsed: ParsedRequest) -> dict[str, Any] | None:
+    """The chat's ``chat_template_kwargs``, which the replica's template renders with
+    (checked when the body was parsed; a body built otherwise, the simulator's, is checked
+    here)."""
+    value = parsed.body.get("chat_template_kwargs") if parsed.messages is not None else None
+    try:
+        return check_template_kwargs(value)
+    except TemplateKwargsError as exc:
+        raise BadRequest(str(exc), param=exc.param) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,18 +130,21 @@ class Router:
         if parsed.prompt_text is not None:
             return parsed.prompt_text
         body = parsed.body
+        variables = _template_kwargs(parsed)
         if body.get("continue_final_message") is True and messages \
                 and messages[-1].get("role") == "assistant":
             try:
                 return self.tokenizer.render_chat(messages or [], tools=parsed.tools,
                                                   add_generation_prompt=False,
-                                                  continue_final_message=True)
+                                                  continue_final_message=True,
+                                                  template_kwargs=variables)
             except ChatFormatError:
                 pass
         try:
             return self.tokenizer.render_chat(
                 messages or [], tools=parsed.tools,
-                add_generation_prompt=body.get("add_generation_prompt") is not False)
+                add_generation_prompt=body.get("add_generation_prompt") is not False,
+                template_kwargs=variables)
         except ChatFormatError as exc:
             raise BadRequest(str(exc), param="messages") from exc
 
@@ -144,7 +159,8 @@ class Router:
             messages = self._messages(parsed)
             text = self._render(parsed, messages)
         anchor = None
-        head = self._head(messages, text, parsed.tools) if messages is not None else None
+        head = self._head(messages, text, parsed.tools, _template_kwargs(parsed)) \
+            if messages is not None else None
         group = parsed.cache_salt or ""
         if head is not None:
             def count(head: str = head) -> int | None:
@@ -155,7 +171,8 @@ class Router:
         return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text))
 
     def _head(self, messages: list[dict[str, str]], text: str,
-              tools: list[Any] | None) -> str | None:
+              tools: list[Any] | None, variables: dict[str, Any] | None = None
+              ) -> str | None:
         """The rendered tools and messages up to the first user message, when the prompt
         starts with them (the part of a chat that every later turn repeats)."""
         first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
@@ -163,7 +180,8 @@ class Router:
             return None
         try:
             head = self.tokenizer.render_chat(messages[: first_user + 1],
-                                              add_generation_prompt=False, tools=tools)
+                                              add_generation_prompt=False, tools=tools,
+                                              template_kwargs=variables)
         except ChatFormatError:  # a template that takes the whole chat but not its head
             return None
         if not text.startswith(head):
@@ -187,7 +205,7 @@ class Router:
             toks = _Tokens((), self.tokenizer.estimate_tokens(text), None, hash(text)) \
                 if needed == 0 else self._tokenize(parsed, needed, text, messages)
             if self.policy.wants_anchor and messages is not None:
-                head = self._head(messages, text, parsed.tools)
+                head = self._head(messages, text, parsed.tools, _template_kwargs(parsed))
                 if head is not None:  # the whole chunks the head covers
                     toks = toks._replace(anchor_chunks=len(head) // self.policy.chunk_chars)
             return self._chunked(parsed, toks, text)

@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
-from jinja2 import TemplateError, nodes
+from jinja2 import TemplateError, meta, nodes
 from jinja2.environment import Template
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
@@ -155,15 +155,20 @@ def _names_set_from(root: nodes.Node, name: str) -> Iterator[str]:
 class ChatTemplate(NamedTuple):
     template: Template
     content_parts: bool  # it loops over a message's content: give it as parts
+    # the variables it reads and does not set itself (``chat_template_kwargs`` reach it
+    # only by these names, as vLLM passes them)
+    variables: frozenset[str] = frozenset()
 
 
 def compile_template(source: str) -> ChatTemplate:
-    """``source`` compiled in transformers' environment (see the module docstring), and
-    whether it reads content as parts; jinja2's ``TemplateSyntaxError`` when it is no
-    template."""
+    """``source`` compiled in transformers' environment (see the module docstring),
+    whether it reads content as parts, and the variables it reads; jinja2's
+    ``TemplateSyntaxError`` when it is no template."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[_Generation, loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return ChatTemplate(env.from_string(source), _loops_over_content(env.parse(source)))
+    parsed = env.parse(source)
+    return ChatTemplate(env.from_string(source), _loops_over_content(parsed),
+                        frozenset(meta.find_undeclared_variables(parsed)))

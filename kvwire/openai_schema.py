@@ -6,9 +6,10 @@ string ``code`` or null. Every error raised while handling a request is an
 :class:`OpenAIError`; the request edge (``kvwire.request_edge``) turns it into that body.
 
 :func:`parse_fields` checks the fields the gateway routes on and the engine serves from
-(model, stream, token limits, cache salt, prompt or chat messages and tools). The gateway
-validates with it and forwards the client's bytes unchanged; the engine adds its own
-sampling fields on top (:func:`optional` reads them with the same rules).
+(model, stream, token limits, cache salt, prompt or chat messages, tools and
+chat_template_kwargs). The gateway validates with it and forwards the client's bytes
+unchanged; the engine adds its own sampling fields on top (:func:`optional` reads them
+with the same rules).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import orjson
 
 from kvwire.chat_messages import ChatFormatError, check_tools, normalize_messages
 from kvwire.media_parts import DIGEST_HEX_CHARS, shown
+from kvwire.template_kwargs import TemplateKwargsError, check_template_kwargs
 
 MAX_CACHE_SALT_CHARS = 128  # vLLM's limit on ``cache_salt``
 MAX_TOKEN_ID = (1 << 32) - 1
@@ -121,6 +123,8 @@ class RequestFields:
     num_prompts: int = 1
     messages: list[Any] | None = None
     tools: list[Any] | None = None
+    # a chat's extra chat template variables (``kvwire.template_kwargs``)
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Python's json (vLLM's) skips
@@ -262,9 +266,14 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
         tools = check_tools(body.get("tools"))
     except ChatFormatError as exc:
         raise BadRequest(str(exc), param=exc.param or "tools") from exc
+    try:
+        template_kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
+    except TemplateKwargsError as exc:
+        raise BadRequest(str(exc), param=exc.param) from exc
     # as OpenAI and vLLM: max_completion_tokens (max_tokens' successor) wins over it
     limit = max_completion_tokens if max_completion_tokens is not None else max_tokens
-    return RequestFields(body, model, stream, limit, salt, messages=messages, tools=tools)
+    return RequestFields(body, model, stream, limit, salt, messages=messages, tools=tools,
+                         chat_template_kwargs=template_kwargs)
 
 
 def is_token_ids(value: Any) -> bool:

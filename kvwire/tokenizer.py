@@ -25,6 +25,7 @@ from jinja2 import Template, TemplateError
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import PARTS, ChatFormatError, normalize_messages
 from kvwire.chat_template import compile_template, template_messages
+from kvwire.template_kwargs import template_variables
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 from kvwire.whole_encoding import WholeEncodings, space_cut
 
@@ -70,8 +71,10 @@ class PromptTokenizer:
         self.vocab_size: int = tokenizer.get_vocab_size()
         self._template: Template | None = None
         self._content_parts = False  # the template reads a message's content as parts
+        self._variables: frozenset[str] = frozenset()  # the variables it reads
         if chat_template:  # compiled as transformers compiles it (vLLM renders with it)
-            self._template, self._content_parts = compile_template(chat_template)
+            self._template, self._content_parts, self._variables = \
+                compile_template(chat_template)
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
         sample = "the parties agree that the term of this agreement shall be five years. " * 8
         self.chars_per_token = len(sample) / max(1, len(self.encode(sample)))
@@ -198,8 +201,8 @@ class PromptTokenizer:
 
     # -- chat -----------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True,
-                    tools: Sequence[Any] | None = None, continue_final_message: bool = False
-                    ) -> str:
+                    tools: Sequence[Any] | None = None, continue_final_message: bool = False,
+                    template_kwargs: Mapping[str, Any] | None = None) -> str:
         """Render OpenAI chat messages (and the request's ``tools``) to the prompt text the
         model sees. Without a chat template, tools go into the system message as one JSON
         object per line inside ``<tools>`` tags, the layout Qwen2 and Hermes templates use.
@@ -209,7 +212,14 @@ class PromptTokenizer:
         end of turn, so the model continues that message. A template renders the messages
         with a tag after that content and the text is cut at the tag, as transformers'
         ``apply_chat_template`` (which vLLM calls) does; a template that trims the content
-        loses the tag's space too, and then the text is cut before the trimmed spacing."""
+        loses the tag's space too, and then the text is cut before the trimmed spacing.
+
+        ``template_kwargs``: the request's ``chat_template_kwargs``, checked
+        (``kvwire.template_kwargs``; a ``TemplatedChat`` carries its own), given to the
+        template as vLLM gives them: those it reads, over the special tokens; the built-in
+        layout reads none."""
+        if template_kwargs is None:
+            template_kwargs = getattr(messages, "template_kwargs", None)
         if add_generation_prompt and continue_final_message:
             raise ChatFormatError("'add_generation_prompt' and 'continue_final_message' "
                                   "cannot both be true")
@@ -223,12 +233,13 @@ class PromptTokenizer:
                     normalized[-1][PARTS] = (*parts[:-1], parts[-1] + _CONTINUE_TAG) \
                         if parts else (_CONTINUE_TAG,)
             given = template_messages(normalized, self._content_parts)
+            variables = template_variables(template_kwargs, self._variables)
             try:
-                text = str(self._template.render(
-                    messages=given,
-                    add_generation_prompt=add_generation_prompt,
-                    bos_token=self.bos_token, eos_token=self.eos_token, tools=tools or None,
-                ))
+                text = str(self._template.render({
+                    "bos_token": self.bos_token, "eos_token": self.eos_token, **variables,
+                    "messages": given, "add_generation_prompt": add_generation_prompt,
+                    "tools": tools or None,
+                }))
             except (TemplateError, TypeError, ValueError, LookupError, AttributeError,
                     RecursionError) as exc:  # the template refuses these messages (a system
                 # role it does not take, roles out of turn) or cannot render them (a value
