@@ -37,12 +37,14 @@ _MIB = 1 << 20
 class CaptureConfig:
     """The capture log: off while ``path`` is null. ``sample_rate`` in (0, 1]; the log and
     its one rotated predecessor (``path.1``) together stay under ``max_mb``; ``queue``
-    records may wait for the writer, past which new ones are dropped (and counted)."""
+    records, ``queue_mb`` of them at most, may wait for the writer, past which new ones
+    are dropped (and counted)."""
 
     path: str | None = None
     sample_rate: float = 1.0
     max_mb: float = 256.0
     queue: int = 1024
+    queue_mb: float = 64.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -56,6 +58,8 @@ class CaptureConfig:
             raise ValueError(f"max_mb must be > 0, got {self.max_mb!r}")
         if self.queue < 1:
             raise ValueError(f"queue must be >= 1, got {self.queue!r}")
+        if not self.queue_mb > 0:
+            raise ValueError(f"queue_mb must be > 0, got {self.queue_mb!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,14 +142,22 @@ class RecentPrompts:
         self._max_bytes = max_bytes
         self._bytes = 0
 
+    def keeps(self, size: int) -> bool:
+        """Whether a record of ``size`` bytes (as received) would be kept."""
+        return size <= self._max_bytes
+
     def add(self, record: CaptureRecord) -> None:
-        if record.size > self._max_bytes:
+        if not self.keeps(record.size):
             return
         try:
             line = record.to_json()
         except orjson.JSONEncodeError:  # nested deeper than orjson writes: not kept
             return
-        size = max(record.size, len(line))
+        self.add_line(line, record.size)
+
+    def add_line(self, line: bytes, size: int) -> None:
+        """Keep ``line``, a record's JSON line, of ``size`` bytes as received."""
+        size = max(size, len(line))
         self._records.append((line, size))
         self._bytes += size
         while len(self._records) > self._count or self._bytes > self._max_bytes:
@@ -191,7 +203,8 @@ class Capture:
     def __init__(self, log_config: CaptureConfig, report: PrefixReportConfig) -> None:
         self.config = log_config
         self.log = CaptureLog(log_config.path, int(log_config.max_mb * _MIB),
-                              log_config.queue) if log_config.path else None
+                              log_config.queue, int(log_config.queue_mb * _MIB)) \
+            if log_config.path else None
         keep_ring = report.enabled or self.log is not None
         self.recent = RecentPrompts(report.recent_requests, int(report.max_mb * _MIB)) \
             if keep_ring else None
@@ -201,13 +214,28 @@ class Capture:
         return self.log is not None or self.recent is not None
 
     def observe(self, parsed: ParsedRequest, tenant: str | None, size: int) -> None:
+        """Keep the request in the ring and offer it to the log when sampled: serialized
+        once, the same line for both."""
         if not self.on:
             return
+        ring = self.recent is not None and self.recent.keeps(size)
+        log = self.log is not None and _sampled(parsed, tenant, self.config.sample_rate)
+        if not (ring or log):
+            return
         record = record_of(parsed, tenant, size)
-        if self.recent is not None:
-            self.recent.add(record)
-        if self.log is not None and _sampled(parsed, tenant, self.config.sample_rate):
-            self.log.offer(record)
+        try:
+            line = record.to_json()
+        except orjson.JSONEncodeError:  # nested deeper than orjson writes: not kept
+            if log:
+                assert self.log is not None
+                self.log.dropped_large += 1
+            return
+        if ring:
+            assert self.recent is not None
+            self.recent.add_line(line, size)
+        if log:
+            assert self.log is not None
+            self.log.offer(line)
 
     async def start(self) -> None:
         if self.log is not None:

@@ -1,8 +1,10 @@
 """The capture log's writer: JSONL appended from a task of its own, off the event loop.
 
-Records wait in a bounded queue (``offer`` never blocks: past the bound a record is
-dropped and counted); the writer task takes what is waiting, serializes and appends it in a
-worker thread, one batch at a time. Size: when the file would pass half of ``max_bytes``
+Records wait as their JSON lines in a queue bounded in count and in bytes (``offer`` never
+blocks: past either bound a record is dropped and counted; a record's parsed body, kept
+instead, held many times its bytes, and a writer stalled on a slow disk let ``queue`` of
+the largest bodies pile up); the writer task appends what is waiting in a worker thread,
+one batch at a time. Size: when the file would pass half of ``max_bytes``
 it is renamed to ``PATH.1`` (replacing the previous one) and a new file is begun, so the
 two together stay under ``max_bytes`` and the newest traffic is always kept. A record
 larger than half of ``max_bytes``, or nested deeper than orjson writes, is dropped; a batch
@@ -27,15 +29,18 @@ _BATCH = 256  # records written per worker-thread call
 
 
 class CaptureLog:
-    def __init__(self, path: str, max_bytes: int, queue: int) -> None:
+    def __init__(self, path: str, max_bytes: int, queue: int,
+                 queue_bytes: int = 64 << 20) -> None:
         self.path = Path(path)
         self.max_file_bytes = max_bytes // 2
         self.queue_size = queue
+        self.queue_bytes = queue_bytes  # bytes of lines that may wait for the writer
+        self.queued_bytes = 0  # ... waiting now
         self.written = 0  # records appended
         self.dropped_full = 0  # records lost to a full queue (counted on the event loop)
         self.dropped_large = 0  # ... too large, or unwritable (counted by the writer)
         self.rotations = 0
-        self._queue: asyncio.Queue[CaptureRecord | None] | None = None
+        self._queue: asyncio.Queue[bytes | None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
@@ -64,14 +69,32 @@ class CaptureLog:
         self._queue = asyncio.Queue(self.queue_size + 1)  # + the stop marker
         self._task = asyncio.create_task(self._run(), name="kvgate-capture-writer")
 
-    def offer(self, record: CaptureRecord) -> None:
-        """Queue ``record`` for the writer, or drop it (counted) when the queue is full or
-        the writer is not running."""
+    def offer(self, record: CaptureRecord | bytes) -> None:
+        """Queue ``record`` (or its JSON line, ``CaptureRecord.to_json``) for the writer,
+        or drop it (counted): when the queue holds ``queue`` records or would pass
+        ``queue_bytes``, or the writer is not running (``dropped_full``); when it is nested
+        deeper than orjson writes or its line is larger than a file may be
+        (``dropped_large``)."""
         queue = self._queue
         if queue is None or queue.qsize() >= self.queue_size:
             self.dropped_full += 1
             return
-        queue.put_nowait(record)
+        if isinstance(record, bytes):
+            line = record
+        else:
+            try:
+                line = record.to_json()
+            except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels)
+                self.dropped_large += 1
+                return
+        if len(line) > self.max_file_bytes:
+            self.dropped_large += 1
+            return
+        if self.queued_bytes + len(line) > self.queue_bytes:
+            self.dropped_full += 1
+            return
+        self.queued_bytes += len(line)
+        queue.put_nowait(line)
 
     async def stop(self) -> None:
         """Write what is queued, then stop the writer and close the file."""
@@ -89,13 +112,14 @@ class CaptureLog:
         assert queue is not None
         stopping = False
         while not stopping:
-            batch: list[CaptureRecord] = []
+            batch: list[bytes] = []
             item = await queue.get()
             while True:
                 if item is None:
                     stopping = True
                     break
                 batch.append(item)
+                self.queued_bytes -= len(item)
                 if len(batch) >= _BATCH or queue.empty():
                     break
                 item = queue.get_nowait()
@@ -126,17 +150,9 @@ class CaptureLog:
         self.rotations += 1
         self._open()
 
-    def _write(self, batch: list[CaptureRecord]) -> None:
+    def _write(self, batch: list[bytes]) -> None:
         assert self._file is not None
-        for record in batch:
-            try:
-                line = record.to_json()
-            except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels)
-                self.dropped_large += 1
-                continue
-            if len(line) > self.max_file_bytes:
-                self.dropped_large += 1
-                continue
+        for line in batch:
             if self._file_bytes + len(line) > self.max_file_bytes:
                 self._rotate()
                 assert self._file is not None

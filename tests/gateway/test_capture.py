@@ -49,6 +49,7 @@ def record(i: int, words: int = 40) -> CaptureRecord:
     ({"capture": {"path": "x.jsonl", "sample_rate": 0}},
      "config.capture: sample_rate must be in (0, 1], got 0.0"),
     ({"capture": {"path": "x.jsonl", "max_mb": -1}}, "config.capture: max_mb must be > 0"),
+    ({"capture": {"path": "x.jsonl", "queue_mb": 0}}, "config.capture: queue_mb must be > 0"),
     ({"capture": {"path": " "}}, "config.capture: path must be a file path or null"),
     ({"capture": {"file": "x"}}, "config.capture: unknown key 'file'"),
     ({"prefix_report": {"recent_requests": 0}},
@@ -91,6 +92,24 @@ async def test_a_full_queue_drops_and_counts_instead_of_waiting(tmp_path: Path) 
     await log.stop()
     assert log.written == 8
     assert len((tmp_path / "c.jsonl").read_bytes().splitlines()) == 8
+
+
+async def test_the_queue_is_bounded_in_bytes_and_holds_lines_not_bodies(
+        tmp_path: Path) -> None:
+    """A writer that falls behind (a slow disk) holds at most ``queue_mb`` (64) of lines,
+    however many of ``queue``'s 1,024 places large bodies would take."""
+    capture = Capture(CaptureConfig(path=str(tmp_path / "c.jsonl"), max_mb=4),
+                      PrefixReportConfig())
+    await capture.start()
+    log = capture.log
+    assert log is not None
+    raw = json.dumps({"model": "m", "prompt": "x" * (1 << 20)}).encode()
+    parsed = parse_body(raw, "completions")
+    for _ in range(80):  # no await in between: the writer cannot run
+        capture.observe(parsed, "acme", len(raw))
+    assert log.dropped_full == 17 and log.queued_bytes <= 64 << 20
+    await capture.stop()
+    assert log.written == 63 and log.dropped == 17
 
 
 def _nested(depth: int) -> object:
