@@ -20,8 +20,9 @@ leaves (``forget``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 from gateway.request_parse import ParsedRequest
 
@@ -51,25 +52,28 @@ def prompt_head_key(parsed: ParsedRequest) -> int:
 
 
 def _head_text(value: object, out: list[str], budget: int) -> int:
-    """Append the strings (and other scalars) of ``value``, walked depth first, to
-    ``out`` until ``budget`` characters; returns the budget left."""
-    if budget <= 0:
-        return budget
-    if isinstance(value, dict):
-        for key, item in value.items():
-            budget = _head_text(item, out, _head_text(key, out, budget))
-            if budget <= 0:
-                break
-    elif isinstance(value, list | tuple):
-        for item in value:
-            budget = _head_text(item, out, budget)
-            if budget <= 0:
-                break
-    elif value is not None:
-        text = value if isinstance(value, str) else repr(value)
-        out.append(text[:budget])
-        budget -= len(out[-1])
+    """Append the strings (and other scalars) of ``value``, walked depth first (a dict's
+    keys each before its value), to ``out`` until ``budget`` characters; returns the
+    budget left. The walk keeps its own stack of iterators, one per level it is inside,
+    so a value nested as deep as JSON allows (1,024 levels, past Python's recursion
+    limit) is read as any other, and stops as soon as the budget is spent."""
+    stack: list[Iterator[object]] = [iter((value,))]
+    while stack and budget > 0:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, dict):
+            stack.append(chain.from_iterable(item.items()))
+        elif isinstance(item, list | tuple):
+            stack.append(iter(item))
+        elif item is not None:
+            text = item if isinstance(item, str) else repr(item)
+            out.append(text[:budget])
+            budget -= len(out[-1])
     return budget
+
+
+_END = object()  # an iterator's end, in _head_text
 
 
 @dataclass(slots=True, eq=False)
