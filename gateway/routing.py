@@ -145,8 +145,8 @@ class Router:
                 messages or [], tools=parsed.tools,
                 add_generation_prompt=body.get("add_generation_prompt") is not False,
                 template_kwargs=variables)
-        except ChatFormatError as exc:
-            raise BadRequest(str(exc), param="messages") from exc
+        except ChatFormatError as exc:  # the field named, where rendering tells it
+            raise BadRequest(str(exc), param=exc.param or "messages") from exc
 
     def _tokenize(self, parsed: ParsedRequest, needed: int | None, text: str | None = None,
                   messages: list[dict[str, str]] | None = None) -> _Tokens:

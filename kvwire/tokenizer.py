@@ -240,10 +240,16 @@ class PromptTokenizer:
                     "messages": given, "add_generation_prompt": add_generation_prompt,
                     "tools": tools or None,
                 }))
-            except (TemplateError, TypeError, ValueError, LookupError, AttributeError,
-                    RecursionError) as exc:  # the template refuses these messages (a system
-                # role it does not take, roles out of turn) or cannot render them (a value
-                # nested past what tojson writes: vLLM answers that with a 400 too)
+            except RecursionError:  # a value nested past what tojson writes (vLLM answers
+                # that with a 400 too): named by the field that holds the deepest one
+                field = max((("tools", tools), ("messages", given),
+                             ("chat_template_kwargs", variables)),
+                            key=lambda named: _nesting(named[1]))[0]
+                raise ChatFormatError(f"'{field}' is nested too deeply for the model's chat "
+                                      f"template to render", param=field) from None
+            except (TemplateError, TypeError, ValueError, LookupError,
+                    AttributeError) as exc:  # the template refuses these messages (a system
+                # role it does not take, roles out of turn)
                 raise ChatFormatError(f"the model's chat template refused the messages: "
                                       f"{exc}") from None
             return _cut_at_tag(text) if continue_final_message else text
@@ -251,7 +257,8 @@ class PromptTokenizer:
             try:
                 listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
             except RecursionError:  # JSON allows 1,024 levels; json.dumps about 1,000
-                raise ChatFormatError("'tools' is nested too deeply to render") from None
+                raise ChatFormatError("'tools' is nested too deeply to render",
+                                      param="tools") from None
             block = f"# Tools\n\n<tools>\n{listed}\n</tools>"
             if normalized[0]["role"] == "system":
                 first = normalized[0]
@@ -282,6 +289,21 @@ def _cut_at_tag(text: str) -> str:
     if text.startswith(_CONTINUE_TAG, at):
         return text[:at]
     return text[:at].rstrip()  # the template trimmed the content: its spacing is gone
+
+
+def _nesting(value: Any) -> int:
+    """How deep ``value``'s lists and objects nest (a scalar: 0), walked with a stack of
+    its own (a value too deep for Python's recursion limit is what it measures)."""
+    deepest = 0
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, Mapping):
+            item = list(item.values())
+        if isinstance(item, list | tuple):
+            deepest = max(deepest, depth + 1)
+            todo.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 def _calls(message: Mapping[str, Any]) -> str:

@@ -1,13 +1,18 @@
 """A chat whose tool schema nests as deep as JSON allows (past Python's recursion limit) is
-relayed when the replica serves it; never a 500."""
+relayed when the replica serves it, or refused with a 400 naming ``tools`` when the
+gateway cannot render it to route; never a 500."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from kvwire.tokenizer_build import ASSET_DIR
 from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import start_gateway
 
@@ -40,3 +45,23 @@ def test_a_streamed_chat_with_a_deep_tool_schema_is_relayed(serve: Any) -> None:
                        timeout=10)
         assert r.status_code == 200, r.text
         assert '"content": "ok"' in r.text and r.text.rstrip().endswith("data: [DONE]")
+
+
+@pytest.mark.parametrize("templated", [False, True])
+def test_a_tool_schema_too_deep_to_render_is_a_bad_request_naming_tools(
+        serve: Any, tmp_path: Path, templated: bool) -> None:
+    extra: dict[str, Any] = {}
+    if templated:  # Qwen's and Hermes' way: each tool written with tojson
+        shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+            "{%- for tool in tools %}{{ tool | tojson }}\n{%- endfor %}"
+            "{%- for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%- endfor %}")}))
+        extra["tokenizer"] = str(tmp_path)
+    with raw_replica(_answer) as url:
+        gw = start_gateway(serve, [("a", url)], policy={"name": "kv_events"}, **extra)
+        r = httpx.post(f"{gw.url}/v1/chat/completions", content=BODY, headers=HEADERS,
+                       timeout=10)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "tools", error
+        assert "nested too deeply" in error["message"]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from kvwire.chat_messages import ChatFormatError
 from kvwire.openai_schema import BadRequest, parse_fields
 from kvwire.template_kwargs import TemplatedChat
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
@@ -79,6 +80,16 @@ def test_the_variables_the_template_reads_render_as_transformers_renders_them(
     # the built-in layout reads none
     assert load_tokenizer().render_chat(CHAT, template_kwargs={"enable_thinking": False}) \
         == load_tokenizer().render_chat(CHAT)
+
+
+def test_a_variable_nested_too_deeply_to_render_is_named(tmp_path: Path) -> None:
+    tok = _templated(tmp_path)
+    deep: Any = "x"
+    for _ in range(1010):
+        deep = [deep]
+    with pytest.raises(ChatFormatError) as raised:
+        tok.render_chat(CHAT, template_kwargs={"documents": deep})
+    assert raised.value.param == "chat_template_kwargs"
 
 
 @pytest.mark.parametrize(("value", "param", "words"), [
