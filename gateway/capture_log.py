@@ -6,7 +6,8 @@ instead, held many times its bytes, and a writer stalled on a slow disk let ``qu
 the largest bodies pile up); the writer task appends what is waiting in a worker thread,
 one batch at a time. Size: when the file would pass half of ``max_bytes``
 it is renamed to ``PATH.1`` (replacing the previous one) and a new file is begun, so the
-two together stay under ``max_bytes`` and the newest traffic is always kept. A record
+two together stay under ``max_bytes`` and the newest traffic is always kept; a file it
+makes is readable by its owner only (0600, whatever the umask). A record
 larger than half of ``max_bytes``, or nested deeper than orjson writes, is dropped; a batch
 the writer fails on is dropped and logged, and the writer goes on.
 """
@@ -163,8 +164,15 @@ class CaptureLog:
 
 
 def _open_for_appending(path: Path) -> IO[bytes]:
+    """``path`` opened for appending; a file it makes is its owner's alone (0600: it holds
+    every tenant's prompts), one that exists keeps its mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("ab")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _cannot_open(path: Path, exc: OSError) -> OSError:

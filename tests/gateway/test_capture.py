@@ -5,6 +5,8 @@ replica."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -266,3 +268,23 @@ def test_the_capture_log_counts_on_metrics(serve: Serve, tmp_path: Path) -> None
     wait_until(lambda: counts().get("kvgate_capture_records_written_total") == 3, 10,
                "three records written")
     assert counts()['kvgate_capture_records_dropped_total{cause="queue_full"}'] == 0
+
+
+async def test_the_log_files_it_makes_are_its_owners_alone(tmp_path: Path) -> None:
+    """Every tenant's prompts: neither the log nor its rotated part is readable by others,
+    whatever the umask (a common 022 made them world-readable)."""
+    path = tmp_path / "c.jsonl"
+    log = CaptureLog(str(path), 4_000, queue=64)
+    old_umask = os.umask(0o022)
+    try:
+        await log.start()
+        for i in range(40):
+            log.offer(record(i))
+            await wait_until_async(lambda: log._queue is not None and log._queue.empty(),
+                                   10, "the writer to take the queue")
+        await log.stop()
+    finally:
+        os.umask(old_umask)
+    assert log.rotations >= 1
+    for made in (path, path.with_name("c.jsonl.1")):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o600, made
