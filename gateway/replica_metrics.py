@@ -15,6 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvwire import metric_names as m
 
+# the labels that tell one data-parallel group's SGLang schedulers apart
+_RANK_LABELS = frozenset({"tp_rank", "pp_rank"})
+
 
 @dataclass(frozen=True, slots=True)
 class ScrapedMetrics:
@@ -43,14 +46,31 @@ def parse_metrics(text: str) -> ScrapedMetrics:
     """One snapshot of a replica. A replica running several engines (vLLM with data
     parallelism labels each sample ``engine="0"``, ``engine="1"`` ...) is one replica of
     their sum: counters, queue lengths and KV capacity add up; ratios (KV usage, SGLang's
-    token usage and hit rate) are averaged over the samples."""
+    token usage and hit rate) are averaged over the samples. SGLang's scheduler samples
+    labelled ``tp_rank``/``pp_rank`` are several reports of one group (its pipeline stages,
+    or every TP rank with ``--enable-metrics-for-all-schedulers``): each group counts once
+    (its busiest rank's load, its smallest stage's ``max_total_num_tokens``), and groups
+    (``dp_rank``) add up."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     capacity: int | None = None
+    # SGLang's schedulers of one data-parallel group (its pipeline stages, and with
+    # --enable-metrics-for-all-schedulers its TP ranks) each report the group's requests
+    # and KV pool: one figure per group, the samples told apart by these labels alone
+    groups: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             value = float(sample.value)
             if not math.isfinite(value):  # NaN or +-Inf: no figure routing can use
+                continue
+            if _RANK_LABELS & sample.labels.keys():
+                group = (sample.name, frozenset((k, v) for k, v in sample.labels.items()
+                                                if k not in _RANK_LABELS))
+                seen = groups.get(group)
+                # the busiest rank's load; the smallest stage's pool bounds the group's
+                groups[group] = value if seen is None else \
+                    min(seen, value) if sample.name == m.SGLANG_MAX_TOTAL_TOKENS \
+                    else max(seen, value)
                 continue
             sums[sample.name] = sums.get(sample.name, 0.0) + value
             counts[sample.name] = counts.get(sample.name, 0) + 1
@@ -60,6 +80,9 @@ def parse_metrics(text: str) -> ScrapedMetrics:
                 except (KeyError, ValueError):
                     continue
                 capacity = blocks + (capacity or 0)
+    for (name, _), value in groups.items():
+        sums[name] = sums.get(name, 0.0) + value
+        counts[name] = counts.get(name, 0) + 1
 
     def get(*names: str) -> float | None:
         for name in names:
