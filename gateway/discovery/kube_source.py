@@ -15,10 +15,13 @@ One cycle, repeated until cancelled::
       WATCH from the last resourceVersion, allowWatchBookmarks, timeoutSeconds <= 60
         ADDED / MODIFIED / DELETED -> update the set; publish it
         BOOKMARK                   -> only the resourceVersion moves on
-      (the server ended the watch: watch again from where it got to)
+      (the server ended the watch: watch again from where it got to; one it ended
+      within MIN_WATCH_S with no event is an error, as client-go's reflector takes it,
+      not a reason to watch again at once: a server or proxy that ends every watch so
+      would otherwise be asked again as fast as it answers)
     LIST again: every resync_s (a watch that went silently stale cannot hide changes
     longer), at once after 410 Gone, after retry_s (doubling to 30 s) after any other
-    error (a broken watch, a refused request)
+    error (a broken watch, a watch ended at once, a refused request)
 
 A failed list or watch keeps the last set and is counted in ``SourceStats``.
 """
@@ -52,6 +55,11 @@ PAGE = 500  # objects per list page
 LIST_TIMEOUT_S = 30.0
 WATCH_S = 60.0  # the longest one watch request may stay open (server side)
 MAX_RETRY_S = 30.0
+MIN_WATCH_S = 1.0  # a watch the server ends sooner, with no event, failed
+
+
+class ShortWatch(Exception):
+    """The server ended a watch at once with no event (see MIN_WATCH_S)."""
 
 Lister = Callable[..., Awaitable[Any]]
 
@@ -138,6 +146,8 @@ class KubernetesSource:
         to after ``seconds``; the client gives up 30 s later); ApiException(410) when
         that version is gone."""
         watcher = k8s_watch.Watch(return_type="object")
+        loop = asyncio.get_running_loop()
+        started, events = loop.time(), self.events
         try:
             stream = watcher.stream(
                 lister, self._namespace, label_selector=self.selector,
@@ -161,6 +171,9 @@ class KubernetesSource:
                 await self._publish(publish)
         finally:
             await watcher.close()
+        if self.events == events and loop.time() - started < MIN_WATCH_S:
+            raise ShortWatch(f"the server ended the watch within {MIN_WATCH_S:g} s, "
+                             "with no event")
 
     async def _publish(self, publish: Publish) -> None:
         targets = self.targets()
@@ -190,7 +203,8 @@ class KubernetesSource:
                              self.label)
                     continue
                 error = f"API answered {exc.status}: {exc.reason}"
-            except (aiohttp.ClientError, TimeoutError, ConfigException, OSError) as exc:
+            except (aiohttp.ClientError, TimeoutError, ConfigException, OSError,
+                    ShortWatch) as exc:
                 error = f"{exc.__class__.__name__}: {exc}"
             except Exception as exc:  # a malformed answer (the client raises bare Exception)
                 error = f"unexpected answer: {exc.__class__.__name__}: {exc}"

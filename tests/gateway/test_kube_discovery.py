@@ -4,6 +4,7 @@ with real replicas behind."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,15 +12,19 @@ from typing import Any
 import httpx
 import openai
 import yaml
+from starlette.responses import Response
 
 from gateway.admin import create_admin_app
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.discovery.config import KubernetesSourceConfig
+from gateway.discovery.kube_source import KubernetesSource
+from gateway.discovery.targets import Targets
 from gateway.state import GatewayState, build_state
 from tests.support.fake_kube_api import FakeKubeAPI, endpoint, endpoint_slice, kubeconfig
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.servers import ThreadServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_async
 
 Serve = Callable[..., ThreadServer]
 ADMIN = {"authorization": "Bearer admin-token-0123456789"}
@@ -133,6 +138,7 @@ def test_endpoint_slices_list_watch_bookmarks_gone_and_a_dropped_watch(
     # a watch gone silently stale misses vllm-c turning unready; history is compacted, so
     # the next watch is answered 410 Gone, and the list that follows catches up
     wait_until(api.watching, 10, "a watch again")
+    api.bookmark()  # the watch got an event: its end is no short watch (a failure)
     api.deaf()
     put("vllm-c", ready=False, serving=True, terminating=True)
     api.compact()
@@ -187,3 +193,47 @@ def test_pods_by_label_selector(serve: Serve, tmp_path: Path) -> None:
     gateway.stop()
     assert not gateway.thread.is_alive()
     wait_until(lambda: api.watching() == 0, 5, "the watch to close")
+
+
+class EndsWatchesAtOnce(FakeKubeAPI):
+    """Ends every watch as soon as it is asked for, with no event (a proxy in front of the
+    API server that does not stream, a server shutting down behind a balancer)."""
+
+    def _watch(self, query: dict[str, str], matches: Callable[[dict[str, Any]], bool]
+               ) -> Response:
+        return Response(b"", media_type="application/json")
+
+
+def kube_source(api: ThreadServer, tmp_path: Path) -> KubernetesSource:
+    path = tmp_path / "kubeconfig.yaml"
+    path.write_text(yaml.safe_dump(kubeconfig(api.url, namespace="llm")))
+    return KubernetesSource(KubernetesSourceConfig(
+        service="vllm", port_name="http", kubeconfig=str(path), retry_s=0.05,
+        resync_s=3600))
+
+
+async def running(source: KubernetesSource, until: Callable[[], object], what: str) -> None:
+    async def publish(targets: Targets) -> None:
+        return None
+
+    task = asyncio.create_task(source.run(publish))
+    try:
+        await wait_until_async(until, 10, what)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await source.close()
+
+
+async def test_a_watch_ended_at_once_is_a_failure_not_a_reason_to_watch_again_at_once(
+        serve: Serve, tmp_path: Path) -> None:
+    api = EndsWatchesAtOnce()
+    server = serve(api.app())
+    api.put(endpoint_slice("llm", "s", "vllm", 8000, [endpoint("10.0.0.1", "vllm-a")]))
+    source = kube_source(server, tmp_path)
+    # watched again as fast as the server answered, dozens of times a second; now each
+    # such end counts as a failure and is followed by the back-off and a fresh list
+    await running(source, lambda: source.stats.failures >= 3, "short watches as failures")
+    assert len(api.watch_requests()) <= source.stats.failures + 1
+    assert source.stats.relists >= source.stats.failures
+
