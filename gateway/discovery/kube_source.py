@@ -29,6 +29,7 @@ A failed list or watch keeps the last set and is counted in ``SourceStats``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -55,6 +56,7 @@ PAGE = 500  # objects per list page
 LIST_TIMEOUT_S = 30.0
 WATCH_S = 60.0  # the longest one watch request may stay open (server side)
 MAX_RETRY_S = 30.0
+REFUSAL_BYTES = 64 << 10  # read of a refused request's answer
 MIN_WATCH_S = 1.0  # a watch the server ends sooner, with no event, failed
 
 
@@ -62,6 +64,21 @@ class ShortWatch(Exception):
     """The server ended a watch at once with no event (see MIN_WATCH_S)."""
 
 Lister = Callable[..., Awaitable[Any]]
+
+
+async def _refusal(resp: aiohttp.ClientResponse) -> str:
+    """What a refused request's answer says: its Status's reason and message (a 403 names
+    the verb and resource RBAC did not grant), else the HTTP reason; read up to
+    REFUSAL_BYTES."""
+    raw = await resp.content.read(REFUSAL_BYTES)
+    try:
+        status = json.loads(raw)
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and isinstance(status.get("message"), str):
+        reason = status.get("reason") or resp.reason
+        return f"{reason}: {status['message'][:REFUSAL_BYTES // 64]}"
+    return str(resp.reason)
 
 
 class KubernetesSource:
@@ -128,6 +145,8 @@ class KubernetesSource:
                                 _preload_content=False, _request_timeout=LIST_TIMEOUT_S,
                                 **extra)
             try:
+                if not 200 <= resp.status < 300:  # unread content: the client raised nothing
+                    raise ApiException(status=resp.status, reason=await _refusal(resp))
                 body = await resp.json()
             finally:
                 resp.release()

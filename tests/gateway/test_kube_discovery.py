@@ -237,3 +237,15 @@ async def test_a_watch_ended_at_once_is_a_failure_not_a_reason_to_watch_again_at
     assert len(api.watch_requests()) <= source.stats.failures + 1
     assert source.stats.relists >= source.stats.failures
 
+
+
+async def test_a_refused_list_is_named_by_the_apis_answer(serve: Serve, tmp_path: Path
+                                                         ) -> None:
+    api = FakeKubeAPI()
+    server = serve(api.app())
+    api.down()  # every request answered 503 with a Status, as a 403 (no RBAC) would be
+    source = kube_source(server, tmp_path)
+    await running(source, lambda: source.stats.failures >= 1, "a failed list")
+    assert source.stats.last_error == \
+        "API answered 503: ServiceUnavailable: down for the test"
+    assert source.stats.relists == 0
