@@ -7,16 +7,27 @@
 Fields unknown at the end (a request refused before routing has no replica) are null.
 Token counts are the replica's own (its ``usage``); ``ttft_s`` is the first byte of a
 stream, which comes with its first token.
+
+The lines reach standard error from a thread of their own: a request's line is handed
+over, never written on the event loop, so a reader of standard error that falls behind
+(a full pipe) holds no request up. At most ``WAITING_LINES`` wait; past that, lines are
+dropped, and a warning on ``kvgate.gateway`` says how many once the writer is through.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
-from typing import Any
+import sys
+import threading
+from collections import deque
+from typing import IO, Any
 
 import orjson
 
 log = logging.getLogger("kvgate.access")
+WAITING_LINES = 8192  # lines that may wait for standard error (about 2 MiB)
+_DRAIN_AT_EXIT_S = 2.0
 
 
 class AccessLog:
@@ -29,8 +40,8 @@ class AccessLog:
         if on:
             log.setLevel(logging.INFO)
             log.propagate = False
-            if not any(isinstance(h, logging.StreamHandler) for h in log.handlers):
-                handler = logging.StreamHandler()
+            if not any(isinstance(h, StderrWriter) for h in log.handlers):
+                handler = StderrWriter(sys.stderr, WAITING_LINES)
                 handler.setFormatter(logging.Formatter("%(message)s"))
                 log.addHandler(handler)
 
@@ -48,3 +59,68 @@ class AccessLog:
             "ttft_s": None if ttft_s is None else round(ttft_s, 6),
             "duration_s": None if duration_s is None else round(duration_s, 6)}
         log.info(orjson.dumps(line).decode())
+
+
+class StderrWriter(logging.Handler):
+    """A handler whose ``emit`` only queues the line (at most ``max_waiting``; past that
+    it is dropped and counted in ``dropped``); a daemon thread, started at the first
+    line, writes what waits to ``stream``. ``drain`` waits for the queue to empty; it runs
+    at exit, for at most two seconds."""
+
+    def __init__(self, stream: IO[str], max_waiting: int) -> None:
+        super().__init__()
+        self.stream = stream
+        self.max_waiting = max_waiting
+        self.dropped = 0  # lines lost, in all
+        self._untold = 0  # ... since the last warning
+        self._waiting: deque[str] = deque()
+        self._writing = False
+        self._changed = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+        atexit.register(self.drain, _DRAIN_AT_EXIT_S)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:  # logging's rule: a line that cannot be made is reported
+            self.handleError(record)
+            return
+        with self._changed:
+            if len(self._waiting) >= self.max_waiting:
+                self.dropped += 1
+                self._untold += 1
+                return
+            self._waiting.append(line)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="kvgate-access-log")
+                self._thread.start()
+            self._changed.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait, at most ``timeout_s``, until every waiting line is written."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: not self._waiting and not self._writing, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._writing = False
+                self._changed.notify_all()
+                self._changed.wait_for(lambda: bool(self._waiting))
+                lines = "".join(f"{line}\n" for line in self._waiting)
+                count = len(self._waiting)
+                self._waiting.clear()
+                untold, self._untold = self._untold, 0
+                self._writing = True
+            try:
+                self.stream.write(lines)
+                self.stream.flush()
+            except (OSError, ValueError):  # standard error closed, or gone
+                with self._changed:
+                    self.dropped += count
+                    untold += count
+            if untold:
+                logging.getLogger("kvgate.gateway").warning(
+                    "access log: %d lines dropped (standard error did not keep up)", untold)
