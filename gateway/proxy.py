@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,7 +83,15 @@ _ERROR_MESSAGE_CHARS = 300  # of a replica's 5xx message, told to the client
 # how vLLM and SGLang tell an error inside a stream they answered 200: an event whose data
 # is an OpenAI error (``{"error": {"message", "type", "code"}}``), then [DONE]
 _ERROR_EVENTS = (b'data: {"error"', b'data:{"error"')
-_ERROR_LOOK_BACK = len(_ERROR_EVENTS[0]) - 1  # bytes of the tail searched with a chunk
+# a stream the replica aborted before its end, though it ends with [DONE]: vLLM's
+# finish_reason (pydantic's JSON, or another writer's with spaces), SGLang /generate's
+# meta_info.finish_reason (orjson's, or json's); JSON strings escape their quotes, so no
+# content holds these bytes
+_ABORTS = (b'"finish_reason":"abort"', b'"finish_reason": "abort"',
+           b'"finish_reason":{"type":"abort"', b'"finish_reason": {"type": "abort"')
+_STATUS_CODE = re.compile(rb'"status_code":\s*(\d{3})\b')
+# bytes of the tail searched with a chunk, for a marker split across reads
+_ERROR_LOOK_BACK = max(len(marker) for marker in (*_ERROR_EVENTS, *_ABORTS)) - 1
 # the streams that end with [DONE] when whole
 # (OpenAI's completions and chat completions, SGLang's /generate)
 DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", generate_request.PATH))
@@ -915,10 +924,11 @@ async def _first_event(response: UpstreamResponse, first: bytes) -> bytes:
 
 
 def _error_event_across(tail: bytes, chunk: bytes) -> int | None:
-    """``_error_event`` of an error event that starts in ``tail`` and goes on in the
-    ``chunk`` after it (the chunk alone searched already: only its edge is copied)."""
+    """``_error_event`` of an error event (or abort) that starts in ``tail`` and goes on
+    in the ``chunk`` after it (the chunk alone searched already: only its edge is
+    copied)."""
     edge = tail[-_ERROR_LOOK_BACK:] + chunk[:_ERROR_LOOK_BACK]
-    if not any(start in edge for start in _ERROR_EVENTS):
+    if not any(start in edge for start in (*_ERROR_EVENTS, *_ABORTS)):
         return None
     return _error_event(tail[-_ERROR_LOOK_BACK:] + chunk)
 
@@ -926,22 +936,29 @@ def _error_event_across(tail: bytes, chunk: bytes) -> int | None:
 def _error_event(window: bytes) -> int | None:
     """The status an error event in a stream's ``window`` of bytes tells: its ``code``
     when that is a 4xx or 5xx, else (none, or the event not whole in ``window``) 502;
-    None when ``window`` holds no error event. An event's data is JSON, whose strings
-    escape their quotes: ``data: {"error"`` starts a line of an event, never content."""
+    for an aborted answer (``_ABORTS``), SGLang's ``status_code`` after it on its line
+    when that is a 4xx or 5xx, else 502; None when ``window`` holds neither. An event's
+    data is JSON, whose strings escape their quotes: ``data: {"error"`` starts a line of
+    an event, never content."""
     for start in _ERROR_EVENTS:
         at = window.find(start)
         if at >= 0:
-            break
-    else:
-        return None
-    end = window.find(b"\n", at)
-    try:
-        data = orjson.loads(window[at + len(b"data:"):end if end >= 0 else None])
-    except ValueError:
-        data = None
-    error = data.get("error") if isinstance(data, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if type(code) is int and 400 <= code < 600 else 502
+            end = window.find(b"\n", at)
+            try:
+                data = orjson.loads(window[at + len(b"data:"):end if end >= 0 else None])
+            except ValueError:
+                data = None
+            error = data.get("error") if isinstance(data, dict) else None
+            code = error.get("code") if isinstance(error, dict) else None
+            return code if type(code) is int and 400 <= code < 600 else 502
+    for marker in _ABORTS:
+        at = window.find(marker)
+        if at >= 0:
+            end = window.find(b"\n", at)
+            found = _STATUS_CODE.search(window, at, end if end >= 0 else len(window))
+            code = int(found.group(1)) if found else 502
+            return code if 400 <= code < 600 else 502
+    return None
 
 
 def _error_message(detail: bytes) -> str:
