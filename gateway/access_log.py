@@ -4,7 +4,9 @@
     {"id", "tenant", "model", "replica", "route", "status", "prompt_tokens",
      "cached_tokens", "ttft_s", "duration_s"}
 
-Fields unknown at the end (a request refused before routing has no replica) are null.
+Fields unknown at the end (a request refused before routing has no replica) are null. A
+text field is cut at ``FIELD_CHARS`` characters, its length told after the cut (a model
+name comes from the client, unchecked while no replica lists its models).
 Token counts are the replica's own (its ``usage``); ``ttft_s`` is the first byte of a
 stream, which comes with its first token.
 
@@ -27,6 +29,7 @@ import orjson
 
 log = logging.getLogger("kvgate.access")
 WAITING_LINES = 8192  # lines that may wait for standard error (about 2 MiB)
+FIELD_CHARS = 256  # of a text field (a model's id, as the gateway keeps a listed one)
 _DRAIN_AT_EXIT_S = 2.0
 
 
@@ -53,12 +56,19 @@ class AccessLog:
         if not self.on:
             return
         line: dict[str, Any] = {
-            "id": request_id, "tenant": tenant, "model": model, "replica": replica,
-            "route": route, "status": status, "prompt_tokens": prompt_tokens,
+            "id": _cut(request_id), "tenant": _cut(tenant), "model": _cut(model),
+            "replica": _cut(replica), "route": _cut(route), "status": _cut(status),
+            "prompt_tokens": prompt_tokens,
             "cached_tokens": cached_tokens,
             "ttft_s": None if ttft_s is None else round(ttft_s, 6),
             "duration_s": None if duration_s is None else round(duration_s, 6)}
         log.info(orjson.dumps(line).decode())
+
+
+def _cut(text: str | None) -> str | None:
+    if text is None or len(text) <= FIELD_CHARS:
+        return text
+    return f"{text[:FIELD_CHARS]}... ({len(text)} characters)"
 
 
 class StderrWriter(logging.Handler):

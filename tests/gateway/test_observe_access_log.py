@@ -3,16 +3,28 @@ up, and what is dropped is counted."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
 from gateway.access_log import AccessLog
+from gateway.app import create_app
+from gateway.config import parse_config
+from tests.support.servers import ThreadServer
+from tests.support.waiting import wait_until
+
+Serve = Callable[..., ThreadServer]
 
 ACCESS = logging.getLogger("kvgate.access")
 
@@ -80,3 +92,40 @@ def _read_all(fd: int) -> bytes:
         while chunk := f.read1(1 << 16):
             chunks.append(chunk)
     return b"".join(chunks)
+
+
+def test_a_long_model_name_is_cut_in_its_line(serve: Serve) -> None:
+    """A replica that lists no models: any model name is forwarded, and the client's
+    2 MB name made a 2 MB access-log line."""
+    async def complete(request: Request) -> Response:
+        return JSONResponse({"id": "x", "object": "text_completion", "created": 0,
+                             "model": "m", "choices": [{"index": 0, "text": "ok",
+                                                        "finish_reason": "stop"}],
+                             "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+                                       "total_tokens": 4}})
+
+    replica = serve(Starlette(routes=[
+        Route("/v1/completions", complete, methods=["POST"]),
+        Route("/health", lambda request: PlainTextResponse("ok"))]))
+    lines: list[dict[str, object]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(json.loads(record.getMessage()))
+
+    collect = Collect()
+    ACCESS.addHandler(collect)
+    try:
+        config = parse_config({"replicas": [{"id": "r0", "url": replica.url}],
+                               "scrape": {"enabled": False}, "access_log": True})
+        url = serve(create_app(config)).url
+        model = "m" * 2_000_000
+        r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "x"},
+                       timeout=30)
+        assert r.status_code == 200
+        wait_until(lambda: len(lines) == 1, 5, "the access line")
+    finally:
+        ACCESS.removeHandler(collect)
+    (line,) = lines
+    assert line["model"] == "m" * 256 + "... (2000000 characters)"
+    assert line["status"] == "200" and line["prompt_tokens"] == 3
