@@ -9,7 +9,8 @@ newest samples in the window::
     requests/s     = (requests_new - requests_old) / (t_new - t_old)
 
 A counter that goes backwards (the replica restarted, or left and came back) restarts that
-replica's window.
+replica's window. The hit rate starts from the window's oldest sample that has the
+counters: a replica's first samples may have none (not yet scraped).
 """
 
 from __future__ import annotations
@@ -79,11 +80,15 @@ class TopWindow:
         old, new = series[0], series[-1]
         span = new.at - old.at
         hit_rate = None
-        if (old.hit_tokens is not None and new.hit_tokens is not None
-                and old.query_tokens is not None and new.query_tokens is not None):
-            queried = new.query_tokens - old.query_tokens
+        if new.hit_tokens is not None and new.query_tokens is not None:
+            # from the window's oldest sample that has the counters (a replica not yet
+            # scraped at the window's start has none there)
+            first = next(s for s in series
+                         if s.hit_tokens is not None and s.query_tokens is not None)
+            assert first.hit_tokens is not None and first.query_tokens is not None
+            queried = new.query_tokens - first.query_tokens
             if queried > 0:
-                hit_rate = (new.hit_tokens - old.hit_tokens) / queried
+                hit_rate = (new.hit_tokens - first.hit_tokens) / queried
         reasons = {k: v - old.reasons.get(k, 0) for k, v in new.reasons.items()
                    if v - old.reasons.get(k, 0) > 0}
         rps = (new.requests - old.requests) / span if span > 0 else None

@@ -53,6 +53,18 @@ def test_a_restarted_replica_starts_over_and_a_removed_one_is_forgotten() -> Non
     assert w.rates("b").requests_per_s is None
 
 
+def test_the_hit_rate_starts_at_the_first_sample_with_counters() -> None:
+    """A replica added (or a gateway started) just before top's first read has no
+    scraped counters in it: the hit rate showed '-' until that sample left the window."""
+    w = TopWindow(window_s=10)
+    w.add(0.0, snap(("a", None, None, {})))
+    w.add(1.0, snap(("a", 100, 1000, {"affinity": 1})))
+    w.add(2.0, snap(("a", 400, 2000, {"affinity": 2})))
+    r = w.rates("a")
+    assert r.token_hit_rate == pytest.approx(0.3)
+    assert r.span_s == 2.0 and r.requests_per_s == pytest.approx(1.0)
+
+
 def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="window_s"):
         TopWindow(0)
