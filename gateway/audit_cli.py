@@ -31,15 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_records(paths: Iterable[Path], keep: int) -> tuple[list[CaptureRecord], int]:
-    """The last ``keep`` records of the logs, and how many lines could not be read."""
-    kept: deque[CaptureRecord] = deque(maxlen=keep)
-    bad = 0
-    for line in _lines(paths):
+    """The last ``keep`` records of the logs, and how many lines among them (after the
+    first one kept) could not be read: the report counts them as requests it skipped."""
+    kept: deque[tuple[int, CaptureRecord]] = deque(maxlen=keep)  # (line number, record)
+    bad: deque[int] = deque()  # line numbers not read, from the first kept record on
+    for n, line in enumerate(_lines(paths)):
         try:
-            kept.append(CaptureRecord.from_json(line))
+            kept.append((n, CaptureRecord.from_json(line)))
         except ValueError:  # orjson.JSONDecodeError is one too
-            bad += 1
-    return list(kept), bad
+            bad.append(n)
+        if len(kept) == keep:
+            while bad and bad[0] < kept[0][0]:
+                bad.popleft()
+    return [record for _, record in kept], len(bad)
 
 
 def _lines(paths: Iterable[Path]) -> Iterator[bytes]:
