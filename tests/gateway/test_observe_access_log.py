@@ -13,14 +13,11 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
 
 from gateway.access_log import AccessLog
 from gateway.app import create_app
 from gateway.config import parse_config
+from tests.support.observe_replicas import unlisted_replica
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
@@ -97,16 +94,7 @@ def _read_all(fd: int) -> bytes:
 def test_a_long_model_name_is_cut_in_its_line(serve: Serve) -> None:
     """A replica that lists no models: any model name is forwarded, and the client's
     2 MB name made a 2 MB access-log line."""
-    async def complete(request: Request) -> Response:
-        return JSONResponse({"id": "x", "object": "text_completion", "created": 0,
-                             "model": "m", "choices": [{"index": 0, "text": "ok",
-                                                        "finish_reason": "stop"}],
-                             "usage": {"prompt_tokens": 3, "completion_tokens": 1,
-                                       "total_tokens": 4}})
-
-    replica = serve(Starlette(routes=[
-        Route("/v1/completions", complete, methods=["POST"]),
-        Route("/health", lambda request: PlainTextResponse("ok"))]))
+    replica = serve(unlisted_replica())
     lines: list[dict[str, object]] = []
 
     class Collect(logging.Handler):

@@ -36,6 +36,7 @@ from gateway.tracing import NO_TRACE, NO_TRACING, TracingConfig, build_tracing
 from kvwire.openai_schema import Unauthorized
 from policies.config import ConfigError
 from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.observe_replicas import unlisted_replica
 from tests.support.processes import Processes
 from tests.support.servers import ThreadServer, free_port
 from tests.support.waiting import wait_until
@@ -201,6 +202,21 @@ def test_a_client_without_a_valid_key_cannot_force_or_join_a_trace(serve: Serve)
                   and s.attributes.get("http.response.status_code") == 401]
     assert refused.parent is None and refused.context is not None
     assert format(refused.context.trace_id, "032x") != TRACE_ID
+
+
+def test_a_long_model_name_is_cut_in_the_spans(serve: Serve) -> None:
+    """A replica that lists no models: any model name is forwarded, and the client's
+    2 MB name went whole into two span attributes, and to the collector."""
+    replica = serve(unlisted_replica())
+    url, exporter = traced_gateway(serve, [("r0", replica.url)])
+    r = httpx.post(f"{url}/v1/completions", json={"model": "m" * 2_000_000, "prompt": "x"},
+                   timeout=30)
+    assert r.status_code == 200
+    spans = finished(exporter, 4)
+    for name in ("kvgate.request", "kvgate.tokenize"):
+        attributes = spans[name].attributes
+        assert attributes is not None
+        assert attributes["gen_ai.request.model"] == "m" * 256, name
 
 
 def test_the_console_exporter_prints_spans_when_it_stops(
