@@ -12,7 +12,6 @@ from typing import Any
 from engine.openai_logprobs import logprobs_asked, prompt_logprobs_asked
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, check_served, optional, parse_fields
-from kvwire.template_kwargs import with_template_kwargs
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +44,8 @@ class GenerateParams:
     # (assistant) message left open for the model to continue
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # a chat's ``chat_template_kwargs``, checked (``kvwire.template_kwargs``)
+    chat_template_kwargs: dict[str, Any] | None = None
     # the prompt tokens kept, the last ones (``truncate_prompt_tokens``; -1: as many as the
     # model's context holds; None: all)
     truncate_prompt_tokens: int | None = None
@@ -151,8 +152,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         prompt_text=fields.prompt_text,
         prompt_ids=fields.prompt_ids,
         batch=batch,
-        # a chat's messages carry its chat_template_kwargs to the rendering
-        messages=with_template_kwargs(fields.messages, fields.chat_template_kwargs),
+        messages=fields.messages,
+        chat_template_kwargs=fields.chat_template_kwargs,
         tools=fields.tools,
         max_tokens=max_tokens,
         temperature=temperature_field(body),

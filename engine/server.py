@@ -147,14 +147,16 @@ class EngineServer:
             render = functools.partial(
                 self.tokenizer.render_chat, p.messages, tools=p.tools,
                 add_generation_prompt=p.add_generation_prompt,
-                continue_final_message=p.continue_final_message)
+                continue_final_message=p.continue_final_message,
+                template_kwargs=p.chat_template_kwargs)
             try:
                 if carries_media(p.messages):  # hashing megabytes: off the event loop
                     text = await asyncio.to_thread(render)
                 else:
                     text = render()
-            except ValueError as exc:
-                raise BadRequest(str(exc), param="messages") from exc
+            except ValueError as exc:  # a ChatFormatError names the field at fault
+                raise BadRequest(str(exc), param=getattr(exc, "param", None) or "messages") \
+                    from exc
         else:
             text = p.prompt_text or ""
         ids = await self._encode(text)

@@ -88,22 +88,3 @@ def template_variables(kwargs: Mapping[str, Any] | None, reads: Iterable[str]
     names = reads if isinstance(reads, frozenset | set) else frozenset(reads)
     return {k: v for k, v in kwargs.items()
             if k in names and k not in _CONSUMED and k not in _OWN and k not in _REFUSED}
-
-
-class TemplatedChat(list[Any]):
-    """A chat's messages with the ``chat_template_kwargs`` of their request, for a
-    renderer handed the messages alone (``PromptTokenizer.render_chat`` reads them)."""
-
-    __slots__ = ("template_kwargs",)
-
-    def __init__(self, messages: Iterable[Any], template_kwargs: Mapping[str, Any]) -> None:
-        super().__init__(messages)
-        self.template_kwargs = template_kwargs
-
-
-def with_template_kwargs(messages: list[Any] | None, kwargs: Mapping[str, Any] | None
-                         ) -> list[Any] | None:
-    """``messages`` carrying ``kwargs`` when there are any (``TemplatedChat``)."""
-    if messages is None or not kwargs:
-        return messages
-    return TemplatedChat(messages, kwargs)

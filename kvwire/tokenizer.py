@@ -215,11 +215,8 @@ class PromptTokenizer:
         loses the tag's space too, and then the text is cut before the trimmed spacing.
 
         ``template_kwargs``: the request's ``chat_template_kwargs``, checked
-        (``kvwire.template_kwargs``; a ``TemplatedChat`` carries its own), given to the
-        template as vLLM gives them: those it reads, over the special tokens; the built-in
-        layout reads none."""
-        if template_kwargs is None:
-            template_kwargs = getattr(messages, "template_kwargs", None)
+        (``kvwire.template_kwargs``), given to the template as vLLM gives them: those it
+        reads, over the special tokens; the built-in layout reads none."""
         if add_generation_prompt and continue_final_message:
             raise ChatFormatError("'add_generation_prompt' and 'continue_final_message' "
                                   "cannot both be true")

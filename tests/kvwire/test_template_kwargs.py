@@ -14,7 +14,6 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from kvwire.chat_messages import ChatFormatError
 from kvwire.openai_schema import BadRequest, parse_fields
-from kvwire.template_kwargs import TemplatedChat
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from kvwire.tokenizer_build import ASSET_DIR
 
@@ -74,9 +73,6 @@ def test_the_variables_the_template_reads_render_as_transformers_renders_them(
         == plain + "<think>\n\n</think>"
     assert tok.render_chat(CHAT, template_kwargs={"house_rules": "Answer in French."}) \
         .startswith("<s><|im_start|>system\nAnswer in French.")
-    # the engine hands its renderer the messages alone: they carry the variables
-    carried = TemplatedChat(CHAT, {"enable_thinking": False})
-    assert tok.render_chat(carried) == _transformers({"enable_thinking": False})
     # the built-in layout reads none
     assert load_tokenizer().render_chat(CHAT, template_kwargs={"enable_thinking": False}) \
         == load_tokenizer().render_chat(CHAT)
