@@ -158,13 +158,15 @@ class BlockPool:
         tokens: Sequence[int] = (),
         parent: BlockHash | None = None,
         adapter: str | None = None,
+        cache_salt: str | None = None,
     ) -> int:
         """Register in-use, computed blocks under their hashes; returns how many were newly
         registered. A block whose hash another block already holds (two requests computed
         the same prefix in the same step) stays uncached, remembered as a duplicate: it
         takes the hash over if the other is evicted first. ``tokens`` (the blocks' token
-        ids, concatenated), ``parent`` (the hash before ``hashes[0]``) and ``adapter`` are
-        only used to record events."""
+        ids, concatenated), ``parent`` (the hash before ``hashes[0]``), ``adapter`` and
+        ``cache_salt`` (the chain's, which hashes[0] was salted with when it has no
+        ``parent``) are only used to record events."""
         cached, bh = self.cached, self.block_hash
         new = dict(zip(hashes, block_ids, strict=True))
         if len(new) == len(block_ids) and cached.keys().isdisjoint(new) and bh.keys().isdisjoint(
@@ -176,7 +178,8 @@ class BlockPool:
                 for b in block_ids:
                     self._drop_dup(b)
             if self.events is not None:
-                self._record_stored(hashes, [True] * len(hashes), tokens, parent, adapter)
+                self._record_stored(hashes, [True] * len(hashes), tokens, parent, adapter,
+                                    cache_salt)
             return len(new)
         fresh: list[bool] = []
         for b, h in zip(block_ids, hashes, strict=True):
@@ -191,19 +194,19 @@ class BlockPool:
                 self._dup_of[b] = h
             fresh.append(ok)
         if self.events is not None:
-            self._record_stored(hashes, fresh, tokens, parent, adapter)
+            self._record_stored(hashes, fresh, tokens, parent, adapter, cache_salt)
         return fresh.count(True)
 
     def _record_stored(self, hashes: Sequence[BlockHash], fresh: Sequence[bool],
                        tokens: Sequence[int], parent: BlockHash | None,
-                       adapter: str | None) -> None:
+                       adapter: str | None, cache_salt: str | None) -> None:
         assert self.events is not None
         if not hashes or len(tokens) % len(hashes):
             raise ValueError(f"{len(tokens)} tokens do not fill {len(hashes)} blocks")
         self.events.extend(stored_runs(
             list(map(hash_to_u64, hashes)), fresh, tokens,
             None if parent is None else hash_to_u64(parent), len(tokens) // len(hashes),
-            adapter))
+            adapter, cache_salt))
 
     def _take_over(self, h: BlockHash) -> bool:
         """``h``'s registered block was evicted: an in-use block holding the same content

@@ -89,7 +89,8 @@ class KVCacheManager:
             bs = self.block_size
             parent = req.block_hashes[start - 1] if start else None
             self.pool.cache_blocks(req.block_table[start:n], new_hashes,
-                                   req.all_token_ids[start * bs : n * bs], parent, req.adapter)
+                                   req.all_token_ids[start * bs : n * bs], parent, req.adapter,
+                                   req.cache_salt)
         self.pool.evictor.record_uses(new_hashes)
         req.num_cached_blocks = n
 

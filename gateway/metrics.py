@@ -136,6 +136,8 @@ class _KVEventCollector(Collector):
              stats.gaps),
             ("kvgate_kv_index_orphan_blocks", "Stored blocks dropped: parent unknown",
              stats.orphans),
+            ("kvgate_kv_index_keyed_elsewhere_blocks", "Stored blocks dropped: hashed over "
+             "more than their tokens (a cache salt, an image)", stats.keyed_elsewhere),
             ("kvgate_kv_event_restarts", "Replicas whose KV event sequence went back "
              "(restarted): their blocks were cleared", stats.restarts),
             ("kvgate_kv_index_overflows", "Replicas whose KV events named more blocks than "

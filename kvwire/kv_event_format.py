@@ -8,7 +8,7 @@ one message per step::
     frames:   [topic, seq (u64 big-endian, from 0 per process), msgpack payload]
     payload:  [ts, [event, ...], data_parallel_rank]
     events:   ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-               lora_id, medium, lora_name]
+               lora_id, medium, lora_name(, extra_keys)]
               ["BlockRemoved", block_hashes, medium]
               ["AllBlocksCleared"]
 
@@ -28,7 +28,15 @@ Block hashes on the wire are u64: the low 64 bits of the engine's digest
 maps (events tagged by a ``"type"`` key), ignores unknown fields and unknown event types,
 and accepts hashes as ints of any sign or size or as raw digest bytes. Events of another
 ``medium`` than ``"GPU"`` (vLLM's KV offloading to CPU memory) are dropped: the index they
-feed is of the GPU's prefix cache. This module is pure
+feed is of the GPU's prefix cache.
+
+``extra_keys`` (one entry per stored block, or absent) are what a block's hash was computed
+over besides its tokens and parent: vLLM's adapter name, multimodal content hashes, the
+request's cache salt (block 0 of a salted chain), prompt embedding hashes. A gateway keys
+blocks by their tokens (and adapter) alone, so a block whose hash has other extra keys (and
+every block chained after it) is one that no prompt's tokens can name:
+:meth:`BlockStored.token_keyed` says how many of an event's blocks come before the first such
+block. The engine publishes a salted chain's salt there as vLLM does. This module is pure
 Python plus msgpack, so the engine core, the gateway and the offline simulator share it.
 """
 
@@ -58,6 +66,19 @@ class BlockStored:
     lora_id: int | None = None
     medium: str | None = "GPU"
     lora_name: str | None = None
+    # per block, what its hash covers besides its tokens and parent (see the module)
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
+
+    def token_keyed(self) -> int:
+        """How many leading blocks are keyed by their tokens (and adapter) alone: those
+        before the first whose extra keys hold more than the adapter's name."""
+        extra = self.extra_keys
+        if extra is None:
+            return len(self.block_hashes)
+        for i, keys in enumerate(extra[:len(self.block_hashes)]):
+            if keys and any(key != self.lora_name for key in keys):
+                return i
+        return len(self.block_hashes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +115,7 @@ class KVWireError(ValueError):
 
 _FIELDS: dict[str, tuple[str, ...]] = {
     "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
-                    "lora_id", "medium", "lora_name"),
+                    "lora_id", "medium", "lora_name", "extra_keys"),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
@@ -109,8 +130,12 @@ ENCODINGS = ("array", "map")
 
 def _event_array(ev: KVEvent) -> list[Any]:
     if isinstance(ev, BlockStored):
-        return ["BlockStored", list(ev.block_hashes), ev.parent_block_hash, list(ev.token_ids),
-                ev.block_size, ev.lora_id, ev.medium, ev.lora_name]
+        fields: list[Any] = ["BlockStored", list(ev.block_hashes), ev.parent_block_hash,
+                             list(ev.token_ids), ev.block_size, ev.lora_id, ev.medium,
+                             ev.lora_name]
+        if ev.extra_keys is not None:  # left out when none, as vLLM omits defaults
+            fields.append([None if keys is None else list(keys) for keys in ev.extra_keys])
+        return fields
     if isinstance(ev, BlockRemoved):
         return ["BlockRemoved", list(ev.block_hashes), ev.medium]
     return ["AllBlocksCleared"]
@@ -118,7 +143,7 @@ def _event_array(ev: KVEvent) -> list[Any]:
 
 def _event_map(ev: KVEvent) -> dict[str, Any]:
     kind, *values = _event_array(ev)
-    return {"type": kind, **dict(zip(_FIELDS[kind], values, strict=True))}
+    return {"type": kind, **dict(zip(_FIELDS[kind], values, strict=False))}
 
 
 def encode_payload(batch: KVEventBatch, encoding: str = "array") -> bytes:
@@ -218,7 +243,19 @@ def decode_event(raw: Any) -> KVEvent | None:
         lora_id=_optional(f.get("lora_id"), int, "BlockStored.lora_id"),
         medium=medium,
         lora_name=_optional(f.get("lora_name"), str, "BlockStored.lora_name"),
+        extra_keys=_extra_keys(f.get("extra_keys")),
     )
+
+
+def _extra_keys(value: Any) -> tuple[tuple[Any, ...] | None, ...] | None:
+    """``extra_keys``: null, or a list of one entry per block, each null or a list."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not all(
+            keys is None or isinstance(keys, list | tuple) for keys in value):
+        raise KVWireError("BlockStored.extra_keys must be a list of lists or nulls, got "
+                          f"{value!r:.200}")
+    return tuple(None if keys is None else tuple(keys) for keys in value)
 
 
 def decode_payload(payload: bytes) -> KVEventBatch:
@@ -253,12 +290,14 @@ def decode_payload(payload: bytes) -> KVEventBatch:
 
 def stored_runs(
     hashes: Sequence[int], new: Sequence[bool], tokens: Sequence[int], parent: int | None,
-    block_size: int, lora_name: str | None = None,
+    block_size: int, lora_name: str | None = None, cache_salt: str | None = None,
 ) -> list[BlockStored]:
     """One ``BlockStored`` per run of consecutive newly cached blocks.
 
     ``hashes[i]`` covers ``tokens[i * block_size : (i + 1) * block_size]``; ``new[i]`` says
-    whether block i was newly cached; ``parent`` is the hash before ``hashes[0]``.
+    whether block i was newly cached; ``parent`` is the hash before ``hashes[0]``. A chain's
+    first block (no ``parent``) salted with ``cache_salt`` names the salt in its extra keys,
+    as vLLM publishes it.
     """
     out: list[BlockStored] = []
     start = -1
@@ -270,8 +309,10 @@ def stored_runs(
         if start >= 0:
             run_parent = parent if start == 0 else hashes[start - 1]
             # blocks [start, i) hold tokens [start * B, i * B)
+            salted = cache_salt and start == 0 and parent is None
             out.append(BlockStored(tuple(hashes[start:i]), run_parent,
                                    tuple(tokens[start * block_size : i * block_size]),
-                                   block_size, None, "GPU", lora_name))
+                                   block_size, None, "GPU", lora_name,
+                                   ((cache_salt,),) + (None,) * (i - 1) if salted else None))
             start = -1
     return out

@@ -34,7 +34,11 @@ from the base model's.
 
 A stored block whose parent hash the index does not know (evicted meanwhile, or stored
 before this index subscribed) is dropped and counted in ``orphans``: the engine cannot
-reach it by a prefix lookup either until its parent comes back. ``apply`` takes one
+reach it by a prefix lookup either until its parent comes back. A stored block hashed over
+more than its tokens and adapter (``BlockStored.token_keyed``: a salted chain's, one holding
+an image) is dropped too, with the rest of its event, and counted in ``keyed_elsewhere``: a
+prompt's tokens alone would match it where the engine would not (a salted tenant's document
+found for an unsalted request), and its children, stored later, are orphans. ``apply`` takes one
 message's sequence number: a number not above the last one means the engine restarted
 (sequence numbers start at 0 per process), so the replica is cleared first; a jump forward
 means messages were lost and is counted in ``gaps``. ``reset`` forgets a replica's blocks
@@ -104,6 +108,8 @@ class IndexStats:
     """Counts of what the index could not apply exactly."""
 
     orphans: int = 0  # stored blocks dropped: parent hash unknown
+    # stored blocks dropped: hashed over more than their tokens (a cache salt, an image)
+    keyed_elsewhere: int = 0
     wrong_block_size: int = 0  # stored events dropped: not the index's block size
     gaps: int = 0  # messages lost (sequence jumped forward)
     restarts: int = 0  # sequence went back: the replica was cleared
@@ -249,7 +255,12 @@ class KVIndex:
             return
         step = 4 * self.block_size
         data = _packed(ev.token_ids)
-        for i, h in enumerate(ev.block_hashes):
+        keyed = ev.token_keyed()
+        if keyed < n:
+            # hashed over more than their tokens (a cache salt, an image): no prompt's
+            # tokens name them, and those chained after them are orphans
+            self.stats.keyed_elsewhere += n - keyed
+        for i, h in enumerate(ev.block_hashes[:keyed]):
             prev = hash((prev, data[i * step : (i + 1) * step]))  # chain_key, sliced
             old = r.by_hash.get(h)
             if old == prev:

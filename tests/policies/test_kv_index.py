@@ -51,7 +51,10 @@ def test_index_matches_the_engines_own_lookup() -> None:
             prompt = doc + [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]
             probes.append(prompt)
             params = SamplingParams(max_tokens=rng.randrange(1, 6), ignore_eos=True)
-            core.add_request(core.make_request(f"q{n_req}", prompt, params))
+            # a salted request's blocks are its tenant's alone: an unsalted probe of the
+            # same tokens hits none of them in the engine, and must match none here
+            salt = "tenant-a" if rng.random() < 0.3 else None
+            core.add_request(core.make_request(f"q{n_req}", prompt, params, cache_salt=salt))
             n_req += 1
         if core.has_unfinished():
             core.step()
@@ -72,6 +75,28 @@ def test_index_matches_the_engines_own_lookup() -> None:
             hits += engine_blocks > 0
     assert core.kv.pool.num_evictions > 0 and index.stats.restarts == 0
     assert hits > checked // 4  # the workload did exercise hits
+    assert index.stats.keyed_elsewhere > 0  # ... and salted chains
+
+
+def test_a_block_hashed_over_more_than_its_tokens_is_not_indexed() -> None:
+    """vLLM's extra keys: a salted chain's first block, or an image's, is named by no
+    prompt's tokens, and neither is the rest of its event; an adapter's name alone (vLLM
+    puts it in every block of an adapter's chain) is what the index keys by anyway."""
+    index = KVIndex(BS)
+    toks = list(range(100, 112))
+    salted = BlockStored((1, 2, 3), None, tuple(toks), BS, extra_keys=(("tenant-a",), None,
+                                                                       None))
+    image = BlockStored((4, 5, 6), None, tuple(toks), BS,
+                        extra_keys=(None, (("mm", "sha256:ab"),), None))
+    index.apply("r", 0, [salted, image])
+    assert index.num_blocks("r") == 1 and index.stats.keyed_elsewhere == 5
+    assert index.match(toks, ["r"])["r"] == 1  # the image's block 0, before the image
+    index.apply("r", 1, [BlockStored((7,), 3, tuple(range(4)), BS)])  # after the salted
+    assert index.stats.orphans == 1
+    adapter = BlockStored((8, 9), None, tuple(toks[:8]), BS, lora_name="sql-lora",
+                          extra_keys=(("sql-lora",), ("sql-lora",)))
+    index.apply("q", 0, [adapter])
+    assert index.match(toks, ["q"], model="sql-lora")["q"] == 2
 
 
 def test_index_against_brute_force_prefix_sets() -> None:
@@ -240,7 +265,8 @@ def test_map_encoding_unknown_fields_and_hash_forms() -> None:
     low = hash_to_u64(digest)
     assert batch.ts == 3.0 and batch.data_parallel_rank is None
     assert batch.events == (
-        BlockStored(((1 << 64) - 1, low), low, tuple(range(8)), 4, None, "GPU", None),
+        BlockStored(((1 << 64) - 1, low), low, tuple(range(8)), 4, None, "GPU", None,
+                    (("salt",),)),
         BlockRemoved(((1 << 63) + 5,), None),
         BlockRemoved((9,), "GPU"),
         AllBlocksCleared(),
