@@ -143,11 +143,15 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         ttft = stream.first_byte_s if stream.stream else None
         gw.policy.observe(Finished(route_req, stream.replica, ok, cached, ttft,
                                    stream.duration_s))
+        # the client's times, from its request's arrival: a retried request waited for
+        # every try (the policy's are the replica's, from the last try's send)
         gw.ended(decision.reason, stream.outcome, stream.replica, request_id=request_id,
                  tenant=intake.tenant, model=route_req.model,
                  prompt_tokens=usage[0] if usage else None,
-                 cached_tokens=usage[1] if usage else None, ttft_s=ttft,
-                 duration_s=stream.duration_s)
+                 cached_tokens=usage[1] if usage else None,
+                 ttft_s=None if ttft is None else stream.first_byte_at - arrived,
+                 duration_s=None if stream.duration_s is None
+                 else time.perf_counter() - arrived)
         if ok:
             gw.metrics.answers.relayed(route_req.model, decision.reason, stream, arrived,
                                        usage)

@@ -208,6 +208,7 @@ class UpstreamStream:
         self.ends_with_done = ends_with_done  # a stream is whole only once [DONE] came
         self.first_byte_s = first_byte_s  # from sending to the first body byte
         self._opened = time.perf_counter() - first_byte_s
+        self.first_byte_at = self._opened + first_byte_s  # its perf_counter
         self.duration_s: float | None = None  # from sending to the last byte, once closed
         self.response = response
         self.status = response.status

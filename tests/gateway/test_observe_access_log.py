@@ -17,6 +17,7 @@ import pytest
 from gateway.access_log import AccessLog
 from gateway.app import create_app
 from gateway.config import parse_config
+from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.observe_replicas import unlisted_replica
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
@@ -117,3 +118,36 @@ def test_a_long_model_name_is_cut_in_its_line(serve: Serve) -> None:
     (line,) = lines
     assert line["model"] == "m" * 256 + "... (2000000 characters)"
     assert line["status"] == "200" and line["prompt_tokens"] == 3
+
+
+def test_a_retried_requests_times_count_from_its_arrival(serve: Serve) -> None:
+    """A replica that takes 0.4 s to answer 500, and one that answers at once: a request
+    tried on the first waited through both, and its line says so."""
+    slow_behaviour = Behaviour("slow", status=500, first_byte_delay_s=0.4)
+    slow, fast = serve(fake_replica(slow_behaviour)), serve(fake_replica(Behaviour("fast")))
+    lines: list[dict[str, object]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(json.loads(record.getMessage()))
+
+    collect = Collect()
+    ACCESS.addHandler(collect)
+    try:
+        config = parse_config({"replicas": [{"id": "slow", "url": slow.url},
+                                            {"id": "fast", "url": fast.url}],
+                               "policy": {"name": "round_robin"},
+                               "health": {"failures_to_eject": 10},
+                               "scrape": {"enabled": False}, "access_log": True})
+        url = serve(create_app(config)).url
+        for stream in (False, False, True, True):
+            r = httpx.post(f"{url}/v1/completions", timeout=30, json={
+                "model": "sim-model", "prompt": "x", "stream": stream})
+            assert r.status_code == 200 and r.headers["x-kvgate-replica"] == "fast"
+        wait_until(lambda: len(lines) == 4, 5, "the access lines")
+    finally:
+        ACCESS.removeHandler(collect)
+    waited = [line for line in lines if float(str(line["duration_s"])) >= 0.4]
+    assert len(waited) == len(slow_behaviour.received) > 0, lines
+    for line in waited:
+        assert line["ttft_s"] is None or float(str(line["ttft_s"])) >= 0.4, line

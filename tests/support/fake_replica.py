@@ -62,10 +62,10 @@ def fake_replica(b: Behaviour) -> Starlette:
         b.paths.append(request.url.path)
         body = json.loads(raw)
         chat = "messages" in body
+        await asyncio.sleep(b.first_byte_delay_s)  # an error takes as long to come
         if b.status != 200:
             return JSONResponse({"error": {"message": f"{b.name} failing", "type": "x",
                                            "param": None, "code": None}}, status_code=b.status)
-        await asyncio.sleep(b.first_byte_delay_s)
         if b.hold is not None:
             await asyncio.to_thread(b.hold.wait, 30)
         obj = "chat.completion" if chat else "text_completion"
