@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import logging
 import math
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -42,13 +43,32 @@ from gateway.request_parse import Endpoint, ParsedRequest, generates
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
-from gateway.tracing import RequestTrace
+from gateway.tracing import RequestTrace, Tracing
 from gateway.upstream_http import client_for
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
 from kvwire.request_edge import ErrorBoundary
 from policies.base import Finished, Routed
 
 log = logging.getLogger("kvgate.gateway")
+# seconds a stopping gateway waits for its last spans to be exported
+TRACING_CLOSE_S = 3.0
+
+
+async def close_tracing(tracing: Tracing, wait_s: float = TRACING_CLOSE_S) -> None:
+    """Export the spans left and stop, on a thread of its own, waiting ``wait_s`` at most:
+    on the event loop, a collector that accepts connections and never answers held a
+    stopping gateway for its exporter's timeout (10 s), past what the drain allows."""
+    done = threading.Event()
+
+    def close() -> None:
+        try:
+            tracing.close()
+        finally:
+            done.set()
+
+    threading.Thread(target=close, name="kvgate-tracing-close", daemon=True).start()
+    if not await asyncio.to_thread(done.wait, wait_s):
+        log.warning("tracing: the spans not exported %g s after stopping are dropped", wait_s)
 
 try:
     _VERSION = importlib.metadata.version("kvgate")
@@ -302,7 +322,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(gw.router.close)
             gw.tracing.open()
-            stack.callback(gw.tracing.close)
+            stack.push_async_callback(close_tracing, gw.tracing)
             # health checks and scrapes (aiohttp); proxied requests (the gateway's own client)
             session = await stack.enter_async_context(aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=False))
