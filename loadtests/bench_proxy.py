@@ -318,17 +318,18 @@ def _cpu_table(tmp: str, policies: list[str], backend: str, workers: int,
 
 def _workers_table(tmp: str, backend: str, counts: tuple[int, int], env: dict[str, str],
                    prompts: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """prefix_affinity's ``cpu_ms_per_request`` with each worker count, measured in
-    ``args.worker_rounds`` rounds that alternate the two (this machine's speed drifts by
-    a fifth over minutes: one measurement after the other compares the drift); the
-    median per scenario, and each round's figures under ``rounds``."""
-    rounds: list[dict[str, dict[str, float]]] = []
+    """``cpu_ms_per_request`` of each of ``args.worker_policies`` with each worker count,
+    measured in ``args.worker_rounds`` rounds that alternate the two (this machine's speed
+    drifts by a fifth over minutes: one measurement after the other compares the drift);
+    the median per scenario, and each round's figures under ``rounds``."""
+    policies = args.worker_policies.split(",")
+    rounds: list[dict[str, dict[str, dict[str, float]]]] = []
     for _ in range(args.worker_rounds):
-        rounds.append({str(n): _cpu_table(tmp, ["prefix_affinity"], backend, n, env, prompts,
-                                          args)["prefix_affinity"] for n in counts})
-    out: dict[str, Any] = {str(n): {"prefix_affinity": {
-        scenario: round(statistics.median(r[str(n)][scenario] for r in rounds), 3)
-        for scenario in SCENARIOS}} for n in counts}
+        rounds.append({str(n): _cpu_table(tmp, policies, backend, n, env, prompts, args)
+                       for n in counts})
+    out: dict[str, Any] = {str(n): {policy: {
+        scenario: round(statistics.median(r[str(n)][policy][scenario] for r in rounds), 3)
+        for scenario in SCENARIOS} for policy in policies} for n in counts}
     out["rounds"] = rounds
     return out
 
@@ -390,9 +391,12 @@ def main(argv: list[str] | None = None) -> int:
                         "name:key=value sets a setting: prefix_affinity:chunk_chars=0 keys "
                         "on token ids, so the gateway tokenizes for it)")
     parser.add_argument("--compare-workers", type=int, default=0, metavar="N",
-                        help="also measure prefix_affinity's CPU per request with N workers "
+                        help="also measure --worker-policies' CPU per request with N workers "
                         "against --workers, in alternating rounds "
                         "(cpu_ms_per_request_by_workers)")
+    parser.add_argument("--worker-policies", default="prefix_affinity",
+                        help="the policies of the --compare-workers measurement "
+                        "(comma-separated)")
     parser.add_argument("--worker-rounds", type=int, default=3,
                         help="rounds of the --compare-workers measurement")
     args = parser.parse_args(argv)
