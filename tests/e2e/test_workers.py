@@ -204,7 +204,8 @@ def test_a_route_either_worker_makes_teaches_the_other(
         "port": port, "policy": {"name": "cost"},
         "replicas": [{"id": f"r{i}", "url": r.url} for i, r in enumerate(replicas)],
         "health": {"interval_s": 0.2},
-        "admin": {"token": TOKEN, "port": admin_port, "allow_hosts": ["127.0.0.1"]}}))
+        "admin": {"token": TOKEN, "port": admin_port, "allow_hosts": ["127.0.0.1"]},
+        "shutdown": {"grace_s": 0}}))
     url, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
     spawn("serve", "--config", str(config), "--workers", "2", ready_url=f"{url}/ready")
     per_worker(url, lambda s: True, "both workers to listen")

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 def test_two_policies_on_a_local_fleet(tmp_path):
     cfg = RunConfig(
         policies=("round_robin", "prefix_affinity"),
-        duration_s=10, replicas=2, users=4, rate=4.0, kv_cache_gib=0.5, max_num_seqs=4,
+        duration_s=7, replicas=2, users=4, rate=4.0, kv_cache_gib=0.5, max_num_seqs=4,
         workload={"num_docs": 12, "hot_docs": 4, "doc_tokens": 600, "output_tokens": [2, 4]},
     )
     out = run(cfg, tmp_path / "report", tmp_path / "out.json")
