@@ -3,6 +3,7 @@ up, and what is dropped is counted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -92,10 +93,9 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def test_a_long_model_name_is_cut_in_its_line(serve: Serve) -> None:
-    """A replica that lists no models: any model name is forwarded, and the client's
-    2 MB name made a 2 MB access-log line."""
-    replica = serve(unlisted_replica())
+@contextlib.contextmanager
+def access_lines() -> Iterator[list[dict[str, object]]]:
+    """The access log's lines, parsed, as they are written while the block runs."""
     lines: list[dict[str, object]] = []
 
     class Collect(logging.Handler):
@@ -105,6 +105,16 @@ def test_a_long_model_name_is_cut_in_its_line(serve: Serve) -> None:
     collect = Collect()
     ACCESS.addHandler(collect)
     try:
+        yield lines
+    finally:
+        ACCESS.removeHandler(collect)
+
+
+def test_a_long_model_name_is_cut_in_its_line(serve: Serve) -> None:
+    """A replica that lists no models: any model name is forwarded, and the client's
+    2 MB name made a 2 MB access-log line."""
+    replica = serve(unlisted_replica())
+    with access_lines() as lines:
         config = parse_config({"replicas": [{"id": "r0", "url": replica.url}],
                                "scrape": {"enabled": False}, "access_log": True})
         url = serve(create_app(config)).url
@@ -113,8 +123,6 @@ def test_a_long_model_name_is_cut_in_its_line(serve: Serve) -> None:
                        timeout=30)
         assert r.status_code == 200
         wait_until(lambda: len(lines) == 1, 5, "the access line")
-    finally:
-        ACCESS.removeHandler(collect)
     (line,) = lines
     assert line["model"] == "m" * 256 + "... (2000000 characters)"
     assert line["status"] == "200" and line["prompt_tokens"] == 3
@@ -125,19 +133,10 @@ def test_a_retried_requests_times_count_from_its_arrival(serve: Serve) -> None:
     tried on the first waited through both, and its line says so."""
     slow_behaviour = Behaviour("slow", status=500, first_byte_delay_s=0.4)
     slow, fast = serve(fake_replica(slow_behaviour)), serve(fake_replica(Behaviour("fast")))
-    lines: list[dict[str, object]] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(json.loads(record.getMessage()))
-
-    collect = Collect()
-    ACCESS.addHandler(collect)
-    try:
+    with access_lines() as lines:
         config = parse_config({"replicas": [{"id": "slow", "url": slow.url},
                                             {"id": "fast", "url": fast.url}],
                                "policy": {"name": "round_robin"},
-                               "health": {"failures_to_eject": 10},
                                "scrape": {"enabled": False}, "access_log": True})
         url = serve(create_app(config)).url
         for stream in (False, False, True, True):
@@ -145,8 +144,6 @@ def test_a_retried_requests_times_count_from_its_arrival(serve: Serve) -> None:
                 "model": "sim-model", "prompt": "x", "stream": stream})
             assert r.status_code == 200 and r.headers["x-kvgate-replica"] == "fast"
         wait_until(lambda: len(lines) == 4, 5, "the access lines")
-    finally:
-        ACCESS.removeHandler(collect)
     waited = [line for line in lines if float(str(line["duration_s"])) >= 0.4]
     assert len(waited) == len(slow_behaviour.received) > 0, lines
     for line in waited:
