@@ -44,13 +44,17 @@ def test_a_route_one_worker_makes_teaches_the_others_policy() -> None:
             a.policy.observe(Routed(doc, chosen))
             assert _holds(b.policy, doc) == {}  # nothing told yet
             a.routed(doc, chosen)
+            others = [document(seed) for seed in (5, 6)]
+            for other in others:  # sent with the first, in one message
+                a.routed(other, "r3")
             for _ in range(50):
                 await asyncio.sleep(0.01)
                 if b.received:
                     break
-            assert (a.sent, b.received, b.malformed) == (1, 1, 0)
+            assert (a.sent, b.received, b.malformed) == (3, 3, 0)
             held = _holds(b.policy, doc)
             assert list(held) == [chosen] and held[chosen] >= 60 * 16
+            assert all(list(_holds(b.policy, other)) == ["r3"] for other in others)
             assert _holds(b.policy, document(2)) == {}
         finally:
             a.stop()
@@ -68,6 +72,8 @@ def test_a_full_inbox_drops_routes_and_a_malformed_message_is_skipped() -> None:
             doc = document(3)
             for _ in range(2_000):
                 a.routed(doc, "r0")
+            assert a.sent + a.dropped == 0  # sent together, after FLUSH_S
+            await asyncio.sleep(0.1)
             assert a.dropped > 0 and a.sent + a.dropped == 2_000
             # a reader skips what is not a whole frame and reads on
             (inbox, to_inbox) = route_pair()
