@@ -246,7 +246,10 @@ class UpstreamStream:
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
         # the status an error event in the stream gave (its code), once one came: the
         # answer failed, however its body ends
-        self.error_status = _error_event(first_chunk) if self.stream else None
+        # (a whole answer: one the replica aborted, vLLM's finish_reason "abort" or
+        # SGLang's {"type": "abort"}, read off the bytes the gateway holds)
+        self.error_status = _error_event(first_chunk) if self.stream \
+            else _aborted(first_chunk)
 
     @property
     def complete(self) -> bool:
@@ -960,6 +963,13 @@ def _error_event(window: bytes) -> int | None:
             code = int(found.group(1)) if found else 502
             return code if 400 <= code < 600 else 502
     return None
+
+
+def _aborted(body: bytes) -> int | None:
+    """The status of a whole answer the replica aborted (``_ABORTS``; SGLang's
+    ``status_code``, else 502), None for any other. A JSON string escapes its quotes, so
+    ``"abort"`` is no content's; one search, and the markers only after a hit."""
+    return _error_event(body) if b'"abort"' in body else None
 
 
 def _error_message(detail: bytes) -> str:

@@ -78,3 +78,26 @@ def test_an_aborted_stream_is_recorded_as_failed(serve: Any, answer: bytes, path
         counted = {k: v for k, v in _counted(gw).items() if v}
         assert counted.get(status) == 1.0, counted
         assert counted.get("answered", 0.0) == (1.0 if status == "200" else 0.0), counted
+
+
+def _whole(answer: dict[str, Any]) -> bytes:
+    body = json.dumps(answer).encode()  # json's spacing: ", " and ": "
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % len(body) + body)
+
+
+@pytest.mark.parametrize(("finish", "status"), [("abort", "502"), ("stop", "200")])
+def test_a_whole_answer_the_replica_aborted_is_recorded_as_failed(
+        serve: Any, finish: str, status: str) -> None:
+    answer = _whole({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+                     "model": "m", "choices": [{"index": 0, "finish_reason": finish,
+                                                "message": {"role": "assistant",
+                                                            "content": 'say "abort"'}}]})
+    with raw_replica(lambda: answer) as url:
+        gw = start_gateway(serve, [("a", url)])
+        r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=10, json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == finish
+        counted = {k: v for k, v in _counted(gw).items() if v}
+        assert counted.get(status) == 1.0, counted
+        assert counted.get("answered", 0.0) == (1.0 if status == "200" else 0.0), counted
