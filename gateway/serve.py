@@ -1,4 +1,5 @@
-"""``kvgate serve --config gateway.yaml [--host H] [--port P] [--workers N]``"""
+"""``kvgate serve --config gateway.yaml [--host H] [--port P] [--workers N]
+[--no-worker-routes]``"""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="override the config's port")
     parser.add_argument("--workers", type=int, default=1,
                         help="gateway processes sharing the port (gateway.workers)")
+    parser.add_argument("--no-worker-routes", dest="worker_routes", action="store_false",
+                        help="with --workers: each worker's policy learns from its own "
+                        "requests only (less CPU per request, fewer cache hits; "
+                        "gateway.worker_routes)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,4 +124,5 @@ def _supervise(config: GatewayConfig, args: argparse.Namespace) -> int:
         print(f"kvgate serve: admin API on http://{config.admin.host}:{config.admin.port} "
               "(worker 0)", file=sys.stderr)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-    return Supervisor(config, args.workers, level).run()
+    return Supervisor(config, args.workers, level,
+                      share_routes=getattr(args, "worker_routes", True)).run()

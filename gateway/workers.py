@@ -17,7 +17,8 @@ without a shared accept queue.
   ``/admin/prefix-report`` shows worker 0's requests.
 - Discovery runs in worker 0 only; the others take membership from its snapshot.
 - Each worker tells the others every route it makes (``worker_routes``: a Unix socket
-  pair per worker, made here), so every worker's policy learns from the box's traffic.
+  pair per worker, made here), so every worker's policy learns from the box's traffic;
+  ``--no-worker-routes`` keeps each to its own (less CPU, fewer hits).
 - A SIGTERM or SIGINT to the supervisor reaches every worker, which drains as a single
   gateway does (``ShutdownConfig``); a second stops them at once. Workers sit in their
   own process group (a terminal's Ctrl-C reaches them once, through the supervisor) and
@@ -174,12 +175,14 @@ def _close_route_sockets(routes: list[tuple[socket.socket, socket.socket]]) -> N
 
 
 class Supervisor:
-    def __init__(self, config: GatewayConfig, workers: int, log_level: str) -> None:
+    def __init__(self, config: GatewayConfig, workers: int, log_level: str,
+                 share_routes: bool = True) -> None:
         if workers < 1:
             raise ValueError(f"--workers must be >= 1, got {workers!r}")
         self.config = config
         self.workers = workers
         self.log_level = log_level
+        self.share_routes = share_routes  # the workers tell each other their routes
         self.signals = 0
         self.procs: list[multiprocessing.process.BaseProcess] = []
 
@@ -204,7 +207,8 @@ class Supervisor:
         # one doorbell per follower: (its end, worker 0's end); the workers get copies
         bells = [ctx.Pipe(duplex=False) for _ in range(self.workers - 1)]
         # one route inbox per worker: (its end, the end the others send to)
-        routes = [route_pair() for _ in range(self.workers)] if self.workers > 1 else []
+        routes = [route_pair() for _ in range(self.workers)] \
+            if self.workers > 1 and self.share_routes else []
         try:
             for index in range(self.workers):
                 plan = WorkerPlan(self.config, index, self.workers, slots, load.name,

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -193,10 +194,13 @@ def test_workers_serve_when_the_supervisor_is_process_1(
     assert b"exited with" not in err, err.decode()[-2000:]
 
 
+@pytest.mark.parametrize("told", [True, False])
 def test_a_route_either_worker_makes_teaches_the_other(
-        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path) -> None:
+        spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path,
+        told: bool) -> None:
     """cost's cache model in worker 0 (the admin API's) holds a document that worker 1
-    routed: the workers tell each other their routes (``worker_routes``)."""
+    routed: the workers tell each other their routes (``worker_routes``), unless
+    ``--no-worker-routes``."""
     replicas = [serve(fake_replica(Behaviour(f"r{i}"))) for i in range(3)]
     port, admin_port = free_port(), free_port()
     config = tmp_path / "gateway.yaml"
@@ -207,7 +211,8 @@ def test_a_route_either_worker_makes_teaches_the_other(
         "admin": {"token": TOKEN, "port": admin_port, "allow_hosts": ["127.0.0.1"]},
         "shutdown": {"grace_s": 0}}))
     url, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
-    spawn("serve", "--config", str(config), "--workers", "2", ready_url=f"{url}/ready")
+    spawn("serve", "--config", str(config), "--workers", "2",
+          *(() if told else ("--no-worker-routes",)), ready_url=f"{url}/ready")
     per_worker(url, lambda s: True, "both workers to listen")
     headers = {"authorization": f"Bearer {TOKEN}"}
 
@@ -229,5 +234,9 @@ def test_a_route_either_worker_makes_teaches_the_other(
     else:
         pytest.fail("no request of 60 reached worker 1")
     replica = r.headers["x-kvgate-replica"]
+    if not told:
+        time.sleep(0.5)  # a told route arrives within a few ms
+        assert held(doc, replica) == 0.0
+        return
     wait_until(lambda: held(doc, replica) > 0.9, 10,
                f"worker 0 to learn that worker 1 sent the document to {replica}")
