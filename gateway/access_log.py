@@ -4,7 +4,8 @@
     {"id", "tenant", "model", "replica", "route", "status", "prompt_tokens",
      "cached_tokens", "ttft_s", "duration_s"}
 
-Fields unknown at the end (a request refused before routing has no replica) are null. A
+Fields unknown at the end (a request refused before routing has no replica) are null; a
+request the gateway answered itself has the id its answer carries and its duration. A
 text field is cut at ``FIELD_CHARS`` characters, its length told after the cut (a model
 name comes from the client, unchecked while no replica lists its models).
 Token counts are the replica's own (its ``usage``); ``ttft_s`` is the first byte of a

@@ -100,10 +100,11 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         intake = await take_in(request, gw, endpoint, keyed)
         slot = await take_place(request, gw)
     except OpenAIError as exc:
-        gw.ended(route, str(exc.status))
+        gw.refused(request, route, str(exc.status), arrived)
         trace.failed(exc)
         raise
-    with released_on_error(slot, lambda status: gw.ended(route, status)), trace.guard():
+    with released_on_error(slot, lambda status: gw.refused(request, route, status, arrived,
+                                                           intake.tenant)), trace.guard():
         gw.capture.observe(intake.parsed, intake.tenant, len(intake.raw))
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant), trace)

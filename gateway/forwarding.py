@@ -85,4 +85,5 @@ def request_id_header(request: Request) -> dict[str, str]:
     if chosen is None:
         given = request.headers.get("x-request-id")
         chosen = given if given is not None and _sane(given) else f"gw-{uuid.uuid4().hex}"
+        request.scope[REQUEST_ID_KEY] = chosen  # the same in the access log and the answer
     return {"x-request-id": chosen}

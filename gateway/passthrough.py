@@ -71,10 +71,11 @@ async def passthrough(request: Request) -> Response:
         raw = await read_timed_body(request, gw)  # before a place, as ``gateway.app``'s
         slot = await take_place(request, gw)
     except OpenAIError as exc:
-        gw.ended(ROUTE, str(exc.status))
+        gw.refused(request, ROUTE, str(exc.status), arrived)
         trace.failed(exc)
         raise
-    with released_on_error(slot, lambda status: gw.ended(ROUTE, status)), trace.guard():
+    with released_on_error(slot, lambda status: gw.refused(request, ROUTE, status, arrived,
+                                                           keyed)), trace.guard():
         # a large body is parsed (and salted) on a thread: 16 MiB of JSON held the loop 3 s
         large = len(raw) > PARSE_ON_THREAD_BYTES
         body = await asyncio.to_thread(json_object, raw) if large else json_object(raw)

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.requests import Request
+
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
 from gateway.box_feed import BoxFeed
@@ -15,6 +17,7 @@ from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, FleetListener
+from gateway.forwarding import request_id_header
 from gateway.kv_capacity_estimate import CapacityCollector, CapacityEstimator
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
@@ -54,6 +57,13 @@ class GatewayState:
     def stop_relays(self) -> int:
         """The shutdown's time is up: cut the answers still being relayed (``Proxy``)."""
         return 0 if self.proxy is None else self.proxy.stop_relays()
+
+    def refused(self, request: Request, route: str, status: str, arrived: float,
+                tenant: str | None = None) -> None:
+        """``ended`` for a request the gateway answered itself (an error before or instead
+        of a replica's answer): its line has the id its answer carries and its duration."""
+        self.ended(route, status, request_id=request_id_header(request)["x-request-id"],
+                   tenant=tenant, duration_s=time.perf_counter() - arrived)
 
     def ended(self, route: str, status: str, replica: str = "none", **access: Any) -> None:
         """One request ended (answered by ``replica``, or refused before any): its one

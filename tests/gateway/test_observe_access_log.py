@@ -148,3 +148,19 @@ def test_a_retried_requests_times_count_from_its_arrival(serve: Serve) -> None:
     assert len(waited) == len(slow_behaviour.received) > 0, lines
     for line in waited:
         assert line["ttft_s"] is None or float(str(line["ttft_s"])) >= 0.4, line
+
+
+def test_a_refused_requests_line_has_its_answers_id_and_its_duration(serve: Serve) -> None:
+    replica = serve(fake_replica(Behaviour("r0")))
+    with access_lines() as lines:
+        config = parse_config({"replicas": [{"id": "r0", "url": replica.url}],
+                               "scrape": {"enabled": False}, "access_log": True})
+        url = serve(create_app(config)).url
+        bad = httpx.post(f"{url}/v1/completions", timeout=10,
+                         json={"model": "sim-model", "prompt": "x", "max_tokens": -1})
+        named = httpx.post(f"{url}/v1/embeddings", timeout=10, content=b"{not json",
+                           headers={"x-request-id": "client-7"})
+        wait_until(lambda: len(lines) == 2, 5, "the access lines")
+    assert bad.status_code == 400 and named.status_code == 400
+    assert [line["id"] for line in lines] == [bad.headers["x-request-id"], "client-7"]
+    assert all(line["status"] == "400" and line["duration_s"] is not None for line in lines)
