@@ -126,9 +126,17 @@ class AsyncEngine:
         self._wake.set()
         return waiter.queue
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str,
+              queue: asyncio.Queue[RequestOutput | BaseException] | None = None) -> None:
         """Drop a request (client went away). Safe to call for finished requests. Its id
-        may be given again at once: outputs of a step that was running go to nobody."""
+        may be given again at once: outputs of a step that was running go to nobody.
+        ``queue``: the one ``add`` returned for the request meant; when the id is in flight
+        under another (given again once this request ended: a failed step ends it before
+        its reader knows), nothing is dropped."""
+        if queue is not None:
+            waiter = self._queues.get(request_id)
+            if waiter is not None and waiter.queue is not queue:
+                return
         self._queues.pop(request_id, None)
         self._pending.append(lambda: self.core.abort_request(request_id, now=self.clock()))
         self._wake.set()

@@ -85,7 +85,7 @@ class EmbeddingsRoute:
             raise ServiceUnavailable(str(exc)) from exc
         finally:
             for left in queues:
-                srv.stop_early(left, "abort", None)
+                srv.stop_early(left, "abort", None, queues[left])
 
 
 async def _finish_all(queues: Queues) -> None:

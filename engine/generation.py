@@ -103,7 +103,7 @@ class Generation:
             self.ended = True
             if not self.done:
                 self.server.stop_early(self.rid, "stop" if self.text.stopped else "abort",
-                                       self.last)
+                                       self.last, self.queue)
 
     def _stop_reason(self) -> int | str | None:
         return self.text.stop if self.text.stopped else self.stop_reason

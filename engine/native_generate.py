@@ -71,7 +71,7 @@ class NativeGenerateRoute:
         except BaseException:
             for gen in gens:
                 if not gen.ended:
-                    srv.stop_early(gen.rid, "abort", None)
+                    srv.stop_early(gen.rid, "abort", None, gen.queue)
             raise
         return JSONResponse(answers if req.batch else answers[0])
 

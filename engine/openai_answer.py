@@ -76,7 +76,7 @@ def abort_unended(gens: Sequence[Generation]) -> None:
     for gen in gens:
         if not gen.ended:
             gen.ended = True
-            gen.server.stop_early(gen.rid, "abort", gen.last)
+            gen.server.stop_early(gen.rid, "abort", gen.last, gen.queue)
 
 
 class StreamChoice(NamedTuple):

@@ -105,10 +105,12 @@ class EngineServer:
         self.metrics.observe_step(out, self.engine.clock())
         self._publish_kv_events()
 
-    def stop_early(self, rid: str, reason: str, last: RequestOutput | None) -> None:
+    def stop_early(self, rid: str, reason: str, last: RequestOutput | None,
+                   queue: asyncio.Queue[RequestOutput | BaseException] | None = None) -> None:
         """Abort a request the engine has not finished: the client left or an error
-        (``abort``), or its text matched a stop string (``stop``)."""
-        self.engine.abort(rid)
+        (``abort``), or its text matched a stop string (``stop``); ``queue``: its outputs'
+        (a request of the same id added since is left alone)."""
+        self.engine.abort(rid, queue)
         self.metrics.ended_early(rid, reason, last, self.engine.clock())
 
     def decoder(self, skip_special_tokens: bool = True) -> Decoder:
@@ -131,16 +133,31 @@ class EngineServer:
     async def _json(self, request: HTTPRequest) -> Any:
         return decode_json(await read_body(request, MAX_BODY_BYTES))
 
-    async def _encode(self, text: str) -> list[int]:
-        return (await self.encode_texts([text]))[0]
+    async def _encode(self, text: str, for_model: bool = True) -> list[int]:
+        return (await self.encode_texts([text], for_model))[0]
 
-    async def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
-        """The ids of each text: on the event loop when short, else in a worker thread."""
+    async def encode_texts(self, texts: Sequence[str], for_model: bool = True
+                           ) -> list[list[int]]:
+        """The ids of each text: on the event loop when short, else in a worker thread.
+        ``for_model``: the model computes them, so an id past its vocabulary (a tokenizer
+        with more ids than the checkpoint's embedding rows) is a 400 here, not a step that
+        fails every request batched with it."""
         if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
-            return self.tokenizer.encode_many(texts)
-        return await asyncio.to_thread(self.tokenizer.encode_many, texts)
+            encoded = self.tokenizer.encode_many(texts)
+        else:
+            encoded = await asyncio.to_thread(self.tokenizer.encode_many, texts)
+        limit = self.vocab_size
+        if for_model and limit < self.tokenizer.vocab_size:
+            for ids in encoded:
+                bad = next((t for t in ids if t >= limit), None)
+                if bad is not None:
+                    raise BadRequest(
+                        f"the prompt encodes to token id {bad}, past the model's vocabulary "
+                        f"[0, {limit}) (the tokenizer holds {self.tokenizer.vocab_size} ids)",
+                        param="prompt")
+        return encoded
 
-    async def _prompt_ids(self, p: GenerateParams) -> list[int]:
+    async def _prompt_ids(self, p: GenerateParams, for_model: bool = True) -> list[int]:
         if p.prompt_ids is not None:
             return p.prompt_ids
         if p.messages is not None:
@@ -159,7 +176,7 @@ class EngineServer:
                     from exc
         else:
             text = p.prompt_text or ""
-        ids = await self._encode(text)
+        ids = await self._encode(text, for_model)
         if not ids:
             raise BadRequest("prompt encodes to zero tokens", param="prompt")
         return ids
@@ -199,12 +216,12 @@ class EngineServer:
         if "messages" in body:
             p = parse_generate({**body, "max_tokens": 1}, chat=True,
                                model_name=self.model_name, vocab_size=self.vocab_size)
-            ids = await self._prompt_ids(p)
+            ids = await self._prompt_ids(p, for_model=False)
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
                 raise BadRequest("'prompt' must be a string", param="prompt")
-            ids = await self._encode(prompt)
+            ids = await self._encode(prompt, for_model=False)
         token_strs = None  # as vLLM's: null unless asked for
         if strs:
             token_strs = await self._off_loop_if_long(self.tokenizer.token_strs, ids)

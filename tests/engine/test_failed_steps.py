@@ -4,14 +4,16 @@ another (a lost device) stop it, and /health says so."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
 import pytest
 
-from engine.async_engine import FAILED_STEPS_IN_A_ROW
+from engine.async_engine import FAILED_STEPS_IN_A_ROW, AsyncEngine, RequestFailed
 from engine.core import StepFailed
 from engine.executor import Batch, Executor, StepResult
+from engine.request import SamplingParams
 from tests.support.engine_cores import add, make_core, run_all
 from tests.support.engine_servers import LiveEngine, serve_engine
 
@@ -80,3 +82,31 @@ def test_steps_failing_in_a_row_stop_the_engine(live: LiveEngine) -> None:
     assert live.http.get("/health").status_code == 200
     assert live.http.post("/v1/completions", json=bad).status_code == 503
     assert live.http.get("/health").status_code == 503
+
+
+def test_an_id_given_again_after_a_failed_step_is_not_aborted_by_the_first_reader() -> None:
+    """SGLang's clients name their request ids: one may come again while the reader of
+    the failed request it had is still to end, whose abort must leave the new one be."""
+
+    async def run() -> None:
+        core = make_core(num_blocks=32, vocab=(100, 200))
+        core.executor = FaultyExecutor(core.executor)
+        engine = AsyncEngine(core, sleep_modeled_time=False)
+        await engine.start()
+        try:
+            params = SamplingParams(max_tokens=3, ignore_eos=True)
+            first = engine.add(core.make_request("rid", [101, POISON], params))
+            failed = await asyncio.wait_for(first.get(), 5)
+            assert isinstance(failed, RequestFailed)
+            again = engine.add(core.make_request("rid", [101, 102, 103], params))
+            engine.abort("rid", first)  # the first reader ends: its request, not this one
+            outputs = []
+            while not outputs or not outputs[-1].finished:
+                item = await asyncio.wait_for(again.get(), 5)
+                assert not isinstance(item, BaseException), item
+                outputs.append(item)
+            assert outputs[-1].finish_reason == "length"
+        finally:
+            await engine.stop()
+
+    asyncio.run(run())

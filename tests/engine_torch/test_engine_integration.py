@@ -116,8 +116,14 @@ def test_a_prompt_id_past_the_models_vocabulary_is_a_400(tmp_path: Path) -> None
                                                      "max_tokens": 2})
             good = http.post("/v1/completions", json={"model": "tiny", "prompt": [5, 299],
                                                       "max_tokens": 2, "ignore_eos": True})
+            # a text whose ids reach past the rows too (this tokenizer's words do)
+            text = http.post("/v1/completions", json={"model": "tiny", "max_tokens": 2,
+                                                      "prompt": "the quick brown fox jumps"})
+            counted = http.post("/tokenize", json={"prompt": "the quick brown fox jumps"})
     finally:
         running.stop()
     assert bad.status_code == 400, bad.text
     assert "300" in bad.json()["error"]["message"] and bad.json()["error"]["param"] == "prompt"
     assert good.status_code == 200, good.text
+    assert text.status_code == 400 and "past the model's vocabulary" in text.text, text.text
+    assert counted.status_code == 200 and max(counted.json()["tokens"]) >= 300
