@@ -93,14 +93,16 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
     arrived = time.perf_counter()
     trace = gw.tracing.start(request.headers, path)
     route = "none"
+    tenant = None
     try:
-        keyed = gw.auth.tenant_of(request) if gw.auth.on else None
+        tenant = keyed = gw.auth.tenant_of(request) if gw.auth.on else None
         # the body before a place: a client that sends a head and no body holds no place,
         # only the bytes it sent (``Admission.bodies``), for at most ``body_timeout_s``
         intake = await take_in(request, gw, endpoint, keyed)
+        tenant = intake.tenant
         slot = await take_place(request, gw)
     except OpenAIError as exc:
-        gw.refused(request, route, str(exc.status), arrived)
+        gw.refused(request, route, str(exc.status), arrived, tenant)
         trace.failed(exc)
         raise
     with released_on_error(slot, lambda status: gw.refused(request, route, status, arrived,
@@ -343,12 +345,12 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             if gw.box is not None:
                 stack.push_async_callback(gw.box.stop)
                 await gw.box.start()
+            if gw.worker_routes is not None:  # stopped after the peers that may forward
+                stack.callback(gw.worker_routes.stop)
+                gw.worker_routes.start()
             if gw.peers is not None:
                 stack.push_async_callback(gw.peers.stop)
                 await gw.peers.start()
-            if gw.worker_routes is not None:
-                stack.callback(gw.worker_routes.stop)
-                gw.worker_routes.start()
             stack.push_async_callback(gw.capture.stop)
             await gw.capture.start()
             if gw.capture.log is not None:

@@ -66,12 +66,13 @@ async def passthrough(request: Request) -> Response:
     path = request.url.path
     arrived = time.perf_counter()
     trace = gw.tracing.start(request.headers, path)
+    keyed = None
     try:
         keyed = gw.auth.tenant_of(request) if gw.auth.on else None
         raw = await read_timed_body(request, gw)  # before a place, as ``gateway.app``'s
         slot = await take_place(request, gw)
     except OpenAIError as exc:
-        gw.refused(request, ROUTE, str(exc.status), arrived)
+        gw.refused(request, ROUTE, str(exc.status), arrived, keyed)
         trace.failed(exc)
         raise
     with released_on_error(slot, lambda status: gw.refused(request, ROUTE, status, arrived,

@@ -75,6 +75,11 @@ class WorkerRoutes:
         self._waiting: list[bytes] = []  # frames not sent yet
         self._flush: asyncio.TimerHandle | None = None
 
+    @property
+    def reading(self) -> bool:
+        """Whether the inbox is read (started, and some other worker still holds its end)."""
+        return self._loop is not None
+
     def start(self) -> None:
         """Read the inbox on the running loop."""
         self._loop = asyncio.get_running_loop()
@@ -87,9 +92,7 @@ class WorkerRoutes:
         if self._flush is not None:
             self._flush.cancel()
         self.send_waiting()
-        if self._loop is not None:
-            self._loop.remove_reader(self.inbox.fileno())
-            self._loop = None
+        self._stop_reading()
         for sock in (self.inbox, *self.outboxes):
             sock.close()
 
@@ -153,9 +156,16 @@ class WorkerRoutes:
             except OSError as exc:  # the inbox is gone: the box is stopping
                 log.debug("worker routes: %s", exc)
                 return
-            if not message:
+            if not message:  # every sender closed its end: the box is stopping
+                self._stop_reading()
                 return
             self._take(memoryview(message), now)
+
+    def _stop_reading(self) -> None:
+        """No more reads (an inbox at its end stays readable: read again, it spun)."""
+        if self._loop is not None:
+            self._loop.remove_reader(self.inbox.fileno())
+            self._loop = None
 
     def _take(self, message: memoryview, now: float) -> None:
         """The frames of one message; the rest of a message is skipped at a malformed
@@ -175,4 +185,8 @@ class WorkerRoutes:
             at += HEAD_BYTES + length
             if isinstance(frame, RoutedElsewhere):
                 self.received += 1
-                self.policy.observe(Routed(frame.request, frame.replica))
+                try:
+                    self.policy.observe(Routed(frame.request, frame.replica))
+                except Exception:  # the policy's defect: the message's other routes stand
+                    log.exception("the policy failed on another worker's route to %s",
+                                  frame.replica)

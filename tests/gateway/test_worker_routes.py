@@ -95,3 +95,43 @@ def test_a_full_inbox_drops_routes_and_a_malformed_message_is_skipped() -> None:
             b.stop()
 
     asyncio.run(run())
+
+
+class _Fails(Cost):
+    """A policy whose observe fails on its first route."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def observe(self, event: object) -> None:  # type: ignore[override]
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("a policy's defect")
+        super().observe(event)  # type: ignore[arg-type]
+
+
+def test_a_policy_failing_on_a_route_loses_none_of_the_others() -> None:
+    async def run() -> None:
+        inbox, to_inbox = route_pair()
+        policy = _Fails()
+        reader = WorkerRoutes(inbox, [], policy)
+        reader.start()
+        docs = [document(seed) for seed in (7, 8, 9)]
+        to_inbox.send(b"".join(routed_frame(doc, "r2") for doc in docs))  # one message
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if reader.received == 3:
+                break
+        assert (reader.received, policy.calls, reader.malformed) == (3, 3, 0)
+        assert [list(_holds(policy, doc)) for doc in docs] == [[], ["r2"], ["r2"]]
+        # every other worker gone: its inbox at its end is read no more (it spun)
+        to_inbox.close()
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if not reader.reading:
+                break
+        assert not reader.reading
+        reader.stop()
+
+    asyncio.run(run())
