@@ -184,6 +184,31 @@ class _PeerCollector(Collector):
         ))
 
 
+class WorkerRouteCounts(Protocol):
+    sent: int
+    received: int
+    dropped: int
+    malformed: int
+
+
+class _WorkerRouteCollector(Collector):
+    def __init__(self, source: WorkerRouteCounts) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.source
+        yield from _unlabelled(CounterMetricFamily, (
+            ("kvgate_worker_routes_sent", "Routes told to the box's other workers (one per "
+             "worker told)", s.sent),
+            ("kvgate_worker_routes_dropped", "Routes not told: another worker's buffer was "
+             "full, or it had stopped", s.dropped),
+            ("kvgate_worker_routes_received", "Routes the box's other workers told",
+             s.received),
+            ("kvgate_worker_routes_malformed", "Messages from other workers skipped as "
+             "malformed", s.malformed),
+        ))
+
+
 class CaptureCounts(Protocol):
     written: int
     dropped_full: int
@@ -419,6 +444,11 @@ class GatewayMetrics:
         self.registry.register(collector)
         if self.exposed is not self.registry:
             self.exposed.register(collector)
+
+    def watch_worker_routes(self, source: WorkerRouteCounts) -> None:
+        """Export the counts of the routes told between worker processes (each worker's,
+        summed over the box)."""
+        self.export(_WorkerRouteCollector(source), per_worker=True)
 
     def watch_discovery(self, sources: Sequence[DiscoveryCounts]) -> None:
         """Export the counts of the discovery sources."""

@@ -240,3 +240,5 @@ def test_a_route_either_worker_makes_teaches_the_other(
         return
     wait_until(lambda: held(doc, replica) > 0.9, 10,
                f"worker 0 to learn that worker 1 sent the document to {replica}")
+    per_worker(url, lambda s: s.get(("kvgate_worker_routes_received_total", ()), 0) >= 1,
+               "the box's /metrics to count the route told")
