@@ -244,12 +244,10 @@ class UpstreamStream:
         self._held: list[bytes] = []  # a stream's last event until it ends (_whole_events)
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
-        # the status an error event in the stream gave (its code), once one came: the
+        # the status an error event in the stream gave (its code), or the replica's abort
+        # of the answer (a whole one's as far as the gateway holds it), once one came: the
         # answer failed, however its body ends
-        # (a whole answer: one the replica aborted, vLLM's finish_reason "abort" or
-        # SGLang's {"type": "abort"}, read off the bytes the gateway holds)
-        self.error_status = _error_event(first_chunk) if self.stream \
-            else _aborted(first_chunk)
+        self.error_status = _error_event(first_chunk)
 
     @property
     def complete(self) -> bool:
@@ -333,9 +331,9 @@ class UpstreamStream:
                 if self.stream:
                     if self._meta is not None:
                         self._note_meta(self._tail, chunk)
-                    if self.error_status is None:
-                        self.error_status = _error_event(chunk) \
-                            or _error_event_across(self._tail, chunk)
+                    if self.error_status is None:  # (an event may start in the tail)
+                        self.error_status = _error_event(self._tail[-_ERROR_LOOK_BACK:]
+                                                         + chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
                     if self._events is not None:
                         self._events += chunk.count(b"\n\n")
@@ -927,23 +925,17 @@ async def _first_event(response: UpstreamResponse, first: bytes) -> bytes:
     return first
 
 
-def _error_event_across(tail: bytes, chunk: bytes) -> int | None:
-    """``_error_event`` of an error event (or abort) that starts in ``tail`` and goes on
-    in the ``chunk`` after it (the chunk alone searched already: only its edge is
-    copied)."""
-    edge = tail[-_ERROR_LOOK_BACK:] + chunk[:_ERROR_LOOK_BACK]
-    if not any(start in edge for start in (*_ERROR_EVENTS, *_ABORTS)):
-        return None
-    return _error_event(tail[-_ERROR_LOOK_BACK:] + chunk)
-
-
 def _error_event(window: bytes) -> int | None:
     """The status an error event in a stream's ``window`` of bytes tells: its ``code``
     when that is a 4xx or 5xx, else (none, or the event not whole in ``window``) 502;
     for an aborted answer (``_ABORTS``), SGLang's ``status_code`` after it on its line
-    when that is a 4xx or 5xx, else 502; None when ``window`` holds neither. An event's
-    data is JSON, whose strings escape their quotes: ``data: {"error"`` starts a line of
-    an event, never content."""
+    when that is a 4xx or 5xx, else 502; None when ``window`` holds neither (a whole
+    answer's bytes are searched the same way: an abort is all they can hold). An event's data is JSON, whose strings
+    escape their quotes: ``data: {"error"`` starts a line of an event, never content, and
+    ``"abort"`` is no content's. Every marker holds one of two quoted words: a chunk is
+    searched for those two, and for the markers only after a hit."""
+    if b'"error"' not in window and b'"abort"' not in window:
+        return None
     for start in _ERROR_EVENTS:
         at = window.find(start)
         if at >= 0:
@@ -963,13 +955,6 @@ def _error_event(window: bytes) -> int | None:
             code = int(found.group(1)) if found else 502
             return code if 400 <= code < 600 else 502
     return None
-
-
-def _aborted(body: bytes) -> int | None:
-    """The status of a whole answer the replica aborted (``_ABORTS``; SGLang's
-    ``status_code``, else 502), None for any other. A JSON string escapes its quotes, so
-    ``"abort"`` is no content's; one search, and the markers only after a hit."""
-    return _error_event(body) if b'"abort"' in body else None
 
 
 def _error_message(detail: bytes) -> str:
