@@ -77,7 +77,6 @@ class AsyncEngine:
         self._pool: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
         self.error: BaseException | None = None
-        self.failed_steps = 0  # steps whose executor raised (their requests failed)
         self._failed_in_a_row = 0
         self.modeled_s = 0.0  # with sleep_modeled_time: the steps' modeled seconds
         self.late_s = 0.0  # ... and the seconds they ended after that
@@ -204,7 +203,6 @@ class AsyncEngine:
     def _fail(self, failed: StepFailed) -> None:
         """End the failed step's requests with :class:`RequestFailed`; re-raise its
         cause (the loop stops) when ``FAILED_STEPS_IN_A_ROW`` steps failed in a row."""
-        self.failed_steps += 1
         self._failed_in_a_row += 1
         log.error("a step of requests %s failed", ", ".join(failed.request_ids),
                   exc_info=failed.cause)

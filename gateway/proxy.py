@@ -930,10 +930,11 @@ def _error_event(window: bytes) -> int | None:
     when that is a 4xx or 5xx, else (none, or the event not whole in ``window``) 502;
     for an aborted answer (``_ABORTS``), SGLang's ``status_code`` after it on its line
     when that is a 4xx or 5xx, else 502; None when ``window`` holds neither (a whole
-    answer's bytes are searched the same way: an abort is all they can hold). An event's data is JSON, whose strings
-    escape their quotes: ``data: {"error"`` starts a line of an event, never content, and
-    ``"abort"`` is no content's. Every marker holds one of two quoted words: a chunk is
-    searched for those two, and for the markers only after a hit."""
+    answer's bytes are searched the same way: an abort is all they can hold). An event's
+    data is JSON, whose strings escape their quotes: ``data: {"error"`` starts a line of
+    an event, never content, and ``"abort"`` is no content's. Every marker holds one of
+    two quoted words: a chunk is searched for those two, and for the markers only after a
+    hit."""
     if b'"error"' not in window and b'"abort"' not in window:
         return None
     for start in _ERROR_EVENTS:

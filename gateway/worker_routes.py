@@ -159,7 +159,7 @@ class WorkerRoutes:
             if not message:  # every sender closed its end: the box is stopping
                 self._stop_reading()
                 return
-            self._take(memoryview(message), now)
+            self._take(message, now)
 
     def _stop_reading(self) -> None:
         """No more reads (an inbox at its end stays readable: read again, it spun)."""
@@ -167,14 +167,14 @@ class WorkerRoutes:
             self._loop.remove_reader(self.inbox.fileno())
             self._loop = None
 
-    def _take(self, message: memoryview, now: float) -> None:
+    def _take(self, message: bytes, now: float) -> None:
         """The frames of one message; the rest of a message is skipped at a malformed
         one (its frames' bounds are lost)."""
         at = 0
         while at < len(message):
             try:
-                length, kind = frame_length(bytes(message[at:at + HEAD_BYTES]))
-                body = bytes(message[at + HEAD_BYTES:at + HEAD_BYTES + length])
+                length, kind = frame_length(message[at:at + HEAD_BYTES])
+                body = message[at + HEAD_BYTES:at + HEAD_BYTES + length]
                 if len(body) != length:
                     raise WireError(f"a {len(body)}-byte body, its head says {length}")
                 frame = parse_frame(kind, body, now)
