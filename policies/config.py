@@ -90,7 +90,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not math.isfinite(value):  # YAML's .nan and .inf pass every bound check
+                or not _finite(value):  # YAML's .nan and .inf pass every bound check
             raise ConfigError(f"{where}: expected a finite number, got "
                               f"{_got(value, integer=False)}")
         return float(value)
@@ -105,6 +105,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if isinstance(tp, type) and not isinstance(value, tp):
         raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
     return value
+
+
+def _finite(value: int | float) -> bool:
+    """Whether ``value`` is a finite float (an integer past a float's range is not: YAML
+    reads 400 digits as an int, which ``float()`` refuses with an ``OverflowError``)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _got(value: Any, integer: bool) -> str:
@@ -145,7 +154,8 @@ def from_mapping(cls: type[T], data: Any, where: str = "config") -> T:
         raise ConfigError(f"{where}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
+    # by repr: YAML keys need not be strings (``1:``, ``on:`` read as an int, a bool)
+    unknown = sorted(set(data) - set(fields), key=repr)
     if unknown:
         known = ", ".join(sorted(fields))
         raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known keys: {known})")
