@@ -14,6 +14,7 @@ from gateway.admission import Slot
 from gateway.errors import BodyTimeout
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
+from kvwire.media_parts import shown
 from kvwire.openai_schema import ClientDisconnected, NotFound
 from kvwire.request_edge import read_body, unless_disconnected
 
@@ -61,6 +62,9 @@ def default_model(gw: GatewayState) -> str | None:
     return next(iter(known)) if len(known) == 1 and not gw.fleet.models_cut() else None
 
 
+MODEL_SHOWN_CHARS = 256  # of an unknown model's name, in its 404
+
+
 async def check_model(gw: GatewayState, model: str | None, tenant: str | None = None
                       ) -> None:
     """NotFound unless a replica ``tenant`` may use serves ``model`` (any model, before
@@ -75,8 +79,9 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
         await gw.monitor.refresh_all_models()
         known = gw.fleet.models(allowed)
     if known and model not in known and not gw.fleet.models_cut():
-        raise NotFound(f"model {model!r} is not served by any replica; "
-                       f"available: {', '.join(sorted(known))}", param="model",
+        # the name's start only: a body may hold megabytes of it
+        raise NotFound(f"model {shown(model, MODEL_SHOWN_CHARS)} is not served by any "
+                       f"replica; available: {', '.join(sorted(known))}", param="model",
                        code="model_not_found")
 
 
