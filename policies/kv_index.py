@@ -299,8 +299,10 @@ class KVIndex:
         """Forget what ``replica`` holds and its sequence number: it restarted (its next
         message is numbered from its new start) or what it holds is to be replayed."""
         r = self._replicas.get(replica)
-        if r is None:
-            return  # nothing heard from it yet: its first message starts it
+        if r is None or (r.last_seq is None and not r.by_hash):
+            # nothing heard from it yet, or nothing since it was last reset (every model's
+            # policy resets the one index they share): its first message starts it
+            return
         r.clear()
         r.last_seq = None
         self.stats.restarts += 1

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from policies.base import ReplicaRemoved, ReplicaView, Routed, RouteRequest
+from kvwire.kv_event_format import BlockStored
+from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView, Routed, RouteRequest
 from policies.cost import Cost
 from policies.per_model import PerModel
 from policies.registry import build_policy
@@ -76,6 +77,24 @@ def test_instances_share_the_kv_index_and_hear_of_replicas_that_leave() -> None:
     after = b.choose(RouteRequest(tokens=doc(2), prompt_tokens=DOC + 20, model="b",
                                   arrival_s=2.0), fleet("b")).matched_tokens
     assert after == 0
+
+
+@pytest.mark.parametrize("name", ["cost", "kv_events"])
+def test_a_restart_heard_by_every_models_state_is_counted_once(name: str) -> None:
+    # each model's instance resets the index they share: one restart was counted (and
+    # the replica's resets, which start a replay of its events) once per model
+    policy = PerModel(build_policy({"name": name}), lambda: build_policy({"name": name}))
+    for model in ("a", "b", "c"):
+        policy.policy_for(model)
+    index = policy.kv_index
+    assert index is not None
+    index.apply("a0", 0, [BlockStored((7,), None, tuple(range(16)), 16)])
+    policy.observe(ReplicaReset("a0"))
+    assert index.stats.restarts == 1 and index.resets["a0"] == 1
+    assert index.num_blocks("a0") == 0 and index.last_seq("a0") is None
+    index.apply("a0", 0, [BlockStored((7,), None, tuple(range(16)), 16)])
+    policy.observe(ReplicaReset("a0"))  # a second restart, after it was heard from again
+    assert index.stats.restarts == 2 and index.resets["a0"] == 2
 
 
 def test_past_max_models_a_new_model_takes_the_least_recent_ones_place() -> None:
