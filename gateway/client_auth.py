@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from gateway.secret_source import resolve_secret
+from gateway.secret_source import check_bearer, resolve_secret
 from kvwire.openai_schema import Unauthorized
 
 MIN_KEY_CHARS = 16
@@ -37,6 +37,7 @@ class ClientKey:
         if len(value) < MIN_KEY_CHARS:
             raise ValueError(f"an api key must be at least {MIN_KEY_CHARS} characters, got "
                              f"{len(value)}")
+        check_bearer(value, "an api key")
 
     def resolved(self) -> str | None:
         return resolve_secret(self.key, self.key_file, self.key_env, "key")

@@ -59,7 +59,7 @@ from gateway.client_auth import ClientKey
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.kv_capacity_estimate import CapacityEstimateConfig
 from gateway.peer_config import PeersConfig
-from gateway.secret_source import resolve_secret
+from gateway.secret_source import check_bearer, resolve_secret
 from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
 from kvwire import yaml_strict
@@ -90,7 +90,9 @@ class ReplicaConfig:
             raise ValueError(f"replica id {self.id!r:.80} must be 1-253 characters of letters, "
                              "digits and . _ : @ [ ] - (it is a metric label and a path "
                              "segment of the admin API)")
-        self.resolved_api_key()  # a file or variable that cannot be read is named now
+        key = self.resolved_api_key()  # a file or variable that cannot be read is named now
+        if key is not None:
+            check_bearer(key, "api_key")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url {self.url!r} is not an http(s) URL")
@@ -217,6 +219,8 @@ class AdminConfig:
         if token is not None and len(token) < 16:
             raise ValueError(f"the admin token must be at least 16 characters, got "
                              f"{len(token)}")
+        if token is not None:
+            check_bearer(token, "the admin token")
 
     def resolved_token(self) -> str | None:
         """The token from wherever it is configured (None: the admin API is off)."""

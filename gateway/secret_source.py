@@ -28,3 +28,21 @@ def resolve_secret(value: str | None, file: str | None, env: str | None,
             raise ValueError(f"{name}_env {env!r} is not set")
         return found.strip() or None
     return None
+
+
+def check_bearer(value: str, name: str) -> None:
+    """ValueError naming ``name`` (never the value) unless ``value`` can be presented as
+    written in an ``Authorization: Bearer`` header: an HTTP server strips the spaces around
+    a header's value, refuses control characters and reads the bytes as Latin-1 (a client
+    writes UTF-8), so a secret with any of those matched no request; every call was
+    refused 401."""
+    if value != value.strip(" \t"):
+        raise ValueError(f"{name} starts or ends with a space or tab, which no HTTP header "
+                         "carries; remove it")
+    for i, char in enumerate(value):
+        if not " " <= char <= "~" and char != "\t":
+            kind = "a control character" if char < " " or char == "\x7f" else \
+                "a non-ASCII character"
+            raise ValueError(f"{name} holds {kind} (character {i + 1} of {len(value)}), "
+                             "which an Authorization header cannot carry as written; use "
+                             "printable ASCII")
