@@ -17,15 +17,18 @@ finished one, since the wait began or was last extended): a busy replica is slow
 
 A non-streamed answer is read whole (up to ``buffer_bytes``) before the client sees a byte,
 so a replica dying mid-body is retried like any other failure; a longer one is relayed with
-the replica's ``content-length``. ``UpstreamStream`` then yields the rest as it arrives,
-enforcing the idle timeout between chunks, and settles the accounting exactly once however
-the stream ends. When the replica breaks off after the client got bytes, the end says so:
-a stream ends with an OpenAI error event and no ``[DONE]``; a body ends short of its
-``content-length`` with the connection dropped (``cut`` names the cause). A stream is
-relayed in whole events (a piece of one waits for its end), so the error event follows
-whole events. A stream whose ``[DONE]`` reached the client is whole however its body ends
-after that (the client hanging up at once, as the openai client does, or the replica never
-closing it); an OpenAI completion stream whose body ends without ``[DONE]`` is cut.
+the replica's ``content-length``, its bytes searched for an abort as a stream's are (a
+whole answer that is an error object under a 200 is failed too), and one that ends with
+its connection is whole only when its JSON ended. ``UpstreamStream`` then yields the rest
+as it arrives, enforcing the idle timeout between chunks, and settles the accounting
+exactly once however the stream ends. When the replica breaks off after the client got
+bytes, the end says so: a stream ends with an OpenAI error event and no ``[DONE]``; a body
+ends short of its ``content-length`` with the connection dropped (``cut`` names the
+cause). A stream is relayed in whole events (a piece of one waits for its end), so the
+error event follows whole events. A stream whose ``[DONE]`` reached the client is whole
+however its body ends after that (the client hanging up at once, as the openai client
+does, or the replica never closing it); an OpenAI completion stream whose body ends
+without ``[DONE]`` is cut.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ _ERROR_EVENTS = (b'data: {"error"', b'data:{"error"')
 _ABORTS = (b'"finish_reason":"abort"', b'"finish_reason": "abort"',
            b'"finish_reason":{"type":"abort"', b'"finish_reason": {"type": "abort"')
 _STATUS_CODE = re.compile(rb'"status_code":\s*(\d{3})\b')
+# a whole answer that is an error object (OpenAI's and vLLM's, or older vLLM's and SGLang's)
+_ERROR_OBJECT = re.compile(rb'\s*\{\s*(?:"error"\s*:|"object"\s*:\s*"error")')
 # bytes of the tail searched with a chunk, for a marker split across reads
 _ERROR_LOOK_BACK = max(len(marker) for marker in (*_ERROR_EVENTS, *_ABORTS)) - 1
 # the streams that end with [DONE] when whole
@@ -227,8 +232,9 @@ class UpstreamStream:
         self.on_done = on_done
         self.on_cut = on_cut
         self.cut: str | None = None  # why the replica broke off, once it has
-        # what usage() reads: a stream's last bytes, or a body's chunks (up to a limit)
-        self._tail = first_chunk[-_SSE_TAIL:] if self.stream else b""
+        # what usage() reads: a stream's last bytes, or a body's chunks (up to a limit,
+        # ``_body_held`` while they are all of it); a body's last bytes tell how it ends
+        self._tail = first_chunk[-_SSE_TAIL:]
         # SGLang's /generate: the head of the last event's meta_info, whose counts an event
         # longer than the tail (its whole text and log probabilities so far) leaves out
         self._meta: bytes | None = None
@@ -237,6 +243,7 @@ class UpstreamStream:
             self._note_meta(b"", first_chunk)
         self._body = [] if self.stream else [first_chunk]
         self._body_bytes = len(first_chunk)
+        self._body_held = True
         self._events: int | None = None  # SSE events relayed, once count_events() asks
         self.first_sent_at: float | None = None  # perf_counter when the client got a chunk
         self._closed = False
@@ -245,9 +252,12 @@ class UpstreamStream:
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
         # the status an error event in the stream gave (its code), or the replica's abort
-        # of the answer (a whole one's as far as the gateway holds it), once one came: the
-        # answer failed, however its body ends
+        # of the answer (a whole one's anywhere in its body), or a whole answer that is an
+        # error object under a success status, once one came: the answer failed, however
+        # its body ends
         self.error_status = _error_event(first_chunk)
+        if self.error_status is None and not self.stream and self.status < 400:
+            self.error_status = _error_object(first_chunk)
 
     @property
     def complete(self) -> bool:
@@ -325,6 +335,9 @@ class UpstreamStream:
                         # closes, or an OpenAI stream's body ended without its last event:
                         # only that event tells a whole answer
                         raise UpstreamBroken("the stream ended before its last event")
+                    if self._json_cut():
+                        raise UpstreamBroken("the body ended with its connection before "
+                                             "its JSON did")
                     if self._held:  # the body ended whole: what was held is its end
                         yield self._take_held()
                     break
@@ -343,9 +356,16 @@ class UpstreamStream:
                             continue
                     elif self._held:  # the body's end: what was held goes with it
                         chunk = self._take_held() + chunk
-                elif self._body_bytes < _USAGE_CAPTURE_LIMIT:
-                    self._body.append(chunk)
-                    self._body_bytes += len(chunk)
+                else:
+                    if self.error_status is None:  # an abort told past the first bytes
+                        self.error_status = _error_event(self._tail[-_ERROR_LOOK_BACK:]
+                                                         + chunk)
+                    self._tail = (self._tail + chunk)[-_SSE_TAIL:]
+                    if self._body_bytes < _USAGE_CAPTURE_LIMIT:
+                        self._body.append(chunk)
+                        self._body_bytes += len(chunk)
+                    else:
+                        self._body_held = False
                 yield chunk
                 # the client has the stream's last event (none of it held back): a client
                 # that hangs up now, before the replica's end of body arrives, got the
@@ -438,7 +458,19 @@ class UpstreamStream:
         response = self.response
         return response.is_eof() and not (
             self.stream and (response.until_close or self.ends_with_done)
-            and not _ends_done(self._tail))
+            and not _ends_done(self._tail)) and not self._json_cut()
+
+    def _json_cut(self) -> bool:
+        """A JSON body (not encoded) that ends with its connection ended before its JSON
+        did: it does not parse, when the gateway holds all of it; else its last byte ends
+        no object or array. (A replica that died mid-body closed the connection too.)"""
+        response = self.response
+        if self.stream or not (response.until_close and response.is_eof()):
+            return False
+        if self._body_held:
+            return not _whole_json(b"".join(self._body), response.headers)
+        return _json_body(response.headers) and not self._tail.rstrip().endswith(
+            (b"}", b"]"))
 
     @property
     def outcome(self) -> str:
@@ -901,11 +933,16 @@ def _ends_done(tail: bytes) -> bool:
     return tail[-_DONE_WINDOW:].rstrip(b"\r\n").endswith(_DONE_DATA)
 
 
+def _json_body(headers: Mapping[str, str]) -> bool:
+    """Whether an answer's body is JSON, not encoded."""
+    return "json" in headers.get("content-type", "").lower() \
+        and headers.get("content-encoding", "identity").lower() in _IDENTITY
+
+
 def _whole_json(body: bytes, headers: Mapping[str, str]) -> bool:
     """Whether ``body`` is whole as far as its type tells: a JSON body (not encoded)
     parses."""
-    if "json" not in headers.get("content-type", "").lower() \
-            or headers.get("content-encoding", "identity").lower() not in _IDENTITY:
+    if not _json_body(headers):
         return True
     try:
         orjson.loads(body)
@@ -956,6 +993,22 @@ def _error_event(window: bytes) -> int | None:
             code = int(found.group(1)) if found else 502
             return code if 400 <= code < 600 else 502
     return None
+
+
+def _error_object(body: bytes) -> int | None:
+    """The status of a whole answer that is an OpenAI error object (vLLM's
+    ``{"error": {...}}``, older vLLM's and SGLang's ``{"object": "error", ...}``): its
+    ``code`` when that is a 4xx or 5xx, else (none, or the body not all here) 502; None
+    for any other body (only its first bytes are read, unless they open an error)."""
+    if _ERROR_OBJECT.match(body) is None:
+        return None
+    try:
+        data = orjson.loads(body)
+    except ValueError:
+        return 502
+    error = data.get("error", data) if isinstance(data, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if type(code) is int and 400 <= code < 600 else 502
 
 
 def _error_message(detail: bytes) -> str:

@@ -1,0 +1,157 @@
+"""A non-streamed answer longer than ``buffer_bytes`` is relayed as it arrives, after the
+client got its status line: what its bytes say (an abort, an error) and how its body ends
+(cut with its connection) still decide how the answer is recorded, and a cut body reaches
+the client unfinished, never as a whole one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import MutableMapping
+from typing import Any, NamedTuple
+
+import pytest
+
+from gateway.config import ReplicaConfig, TimeoutConfig
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Proxy, UpstreamStream
+from gateway.relay_response import RelayResponse
+from gateway.upstream_http import UpstreamClient
+from kvwire.request_edge import ClientWatch
+
+_BUFFER = 1024  # the proxy's buffer_bytes: every answer below is longer
+_TEXT = "word " * 600  # 3,000 bytes of content
+
+
+def _answer(finish: str, **extra: Any) -> bytes:
+    """A vLLM completion body (pydantic's compact JSON): its text, then its finish."""
+    return json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 1,
+                       "model": "m", "choices": [{"index": 0, "text": _TEXT,
+                                                  "logprobs": None, "finish_reason": finish}],
+                       "usage": {"prompt_tokens": 5, "completion_tokens": 600,
+                                 "total_tokens": 605}, **extra},
+                      separators=(",", ":")).encode()
+
+
+def _with_length(body: bytes, status: str = "200 OK") -> bytes:
+    return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (status.encode(), len(body)) + body)
+
+
+def _until_close(body: bytes) -> bytes:
+    """An answer with neither a length nor chunks: the connection's close ends it."""
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n" + body
+
+
+class _Relayed(NamedTuple):
+    messages: list[tuple[bytes, bool]]  # the client's body messages (body, more_body)
+    ended: list[tuple[str, bool]]  # how the answer was settled: (outcome, whole)
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(body for body, _ in self.messages)
+
+    @property
+    def finished(self) -> bool:
+        """The client's body was ended (the server closes it as a whole one)."""
+        return bool(self.messages) and not self.messages[-1][1]
+
+
+def _relay(raw: bytes) -> _Relayed:
+    """``raw`` written by a replica in two writes (its head and first KiB, then the rest)
+    and the connection closed, relayed through the proxy to a client that stays."""
+    async def main() -> _Relayed:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            split = raw.index(b"\r\n\r\n") + 4 + _BUFFER
+            writer.write(raw[:split])
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            writer.write(raw[split:])
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+            closed.set()
+
+        closed = asyncio.Event()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        fleet = Fleet([ReplicaConfig("r", f"http://127.0.0.1:{port}")])
+        client = UpstreamClient()
+        proxy = Proxy(client, fleet, TimeoutConfig(buffer_bytes=_BUFFER, idle_s=5),
+                      GatewayMetrics(fleet), 1)
+        ended: list[tuple[str, bool]] = []
+        messages: list[tuple[bytes, bool]] = []
+        stay = asyncio.Event()
+
+        async def receive() -> dict[str, str]:
+            await stay.wait()  # the client stays
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                messages.append((message["body"], message["more_body"]))
+
+        def done(stream: UpstreamStream, ok: bool) -> None:
+            ended.append((stream.outcome, ok))
+
+        try:
+            stream = await proxy.open(["r"], "/v1/completions", b"{}", {}, lambda r: 1,
+                                      lambda r: None, done)
+            if stream.complete:
+                messages.append((stream.whole_body(), False))
+            else:
+                await RelayResponse(stream, {}, ClientWatch(receive))(
+                    {"type": "http"}, receive, send)
+        finally:
+            stay.set()
+            proxy.close()
+            await client.close()
+            await asyncio.wait_for(closed.wait(), 5)
+            server.close()
+            await server.wait_closed()
+        return _Relayed(messages, ended)
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("frame", [_with_length, _until_close])
+def test_a_long_whole_answer_is_relayed_whole_and_counted_answered(frame: Any) -> None:
+    body = _answer("stop")
+    relayed = _relay(frame(body))
+    assert relayed.body == body and relayed.finished
+    assert relayed.ended == [("200", True)]
+
+
+@pytest.mark.parametrize("frame", [_with_length, _until_close])
+def test_a_long_whole_answer_the_replica_aborted_past_the_buffer_is_counted_failed(
+        frame: Any) -> None:
+    body = _answer("abort")
+    assert body.index(b'"abort"') > _BUFFER  # told after the client got its status line
+    relayed = _relay(frame(body))
+    assert relayed.body == body  # relayed as the replica wrote it
+    assert relayed.ended == [("502", False)]
+
+
+def test_a_long_body_that_ends_with_its_connection_before_its_json_did_is_shown_cut() -> None:
+    body = _answer("stop")
+    relayed = _relay(_until_close(body[:-40]))
+    assert relayed.body == body[:-40]
+    assert not relayed.finished  # the server drops the connection: the client sees a cut
+    assert relayed.ended == [("502", False)]
+
+
+# its code where the gateway held all of it, else 502
+@pytest.mark.parametrize(("size", "status"), [(_BUFFER // 2, "500"), (_BUFFER * 3, "502")])
+def test_an_error_object_answered_with_a_200_is_counted_failed(size: int, status: str
+                                                               ) -> None:
+    error = {"error": {"message": "engine died: " + "x" * size, "type": "InternalError",
+                       "param": None, "code": 500}}
+    body = json.dumps(error, separators=(",", ":")).encode()
+    relayed = _relay(_with_length(body))
+    assert relayed.body == body and relayed.finished
+    assert relayed.ended == [(status, False)]
