@@ -57,10 +57,14 @@ MAX_POINTS = 1 << 18
 
 class Ring:
     """An immutable ring over ``members`` (replica id, weight); ``vnodes`` points per
-    unit of weight, where the least weight is the unit when it is over 1 (weights are
-    relative: all 100 is all 1; a fleet with a weight of 1 or less keeps its layout), at
-    most ``MAX_POINTS`` in all; members with weight <= 0 are left off. Build a new one
-    when they change."""
+    unit of weight, at most ``MAX_POINTS`` in all (past it every member's points are
+    scaled down alike); members with weight <= 0 are left off. Build a new one when they
+    change.
+
+    A member's points depend on its own weight alone, never on the others' (while the
+    ring is under ``MAX_POINTS``): a unit taken from the least weight doubled every other
+    member's points when a replica of half their weight joined, and moved 46% of the keys
+    of eight replicas of weight 2 instead of the newcomer's 6%."""
 
     __slots__ = ("members", "owners", "points", "vnodes")
 
@@ -69,8 +73,7 @@ class Ring:
             raise ValueError(f"vnodes must be >= 1, got {vnodes}")
         self.members: dict[str, float] = {rid: w for rid, w in members if w > 0}
         self.vnodes = vnodes
-        unit = max(1.0, min(self.members.values(), default=1.0))
-        counts = {rid: vnodes * w / unit for rid, w in self.members.items()}
+        counts = {rid: vnodes * w for rid, w in self.members.items()}
         scale = min(1.0, MAX_POINTS / max(1.0, sum(counts.values())))
         owner_at: dict[int, str] = {}
         for rid, count in sorted(counts.items()):

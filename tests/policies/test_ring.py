@@ -129,12 +129,26 @@ def test_layout_is_uhashrings_with_our_hash(weights: tuple[float, ...]) -> None:
     assert list(zip(ring.points, ring.owners, strict=True)) == theirs.get_points()
 
 
-def test_weights_are_relative_and_a_ring_is_bounded() -> None:
+def test_a_ring_is_bounded() -> None:
     # weights of 100 on every replica built 100 times the points of weights 1 (8 replicas
     # at prefix_affinity's 1,024 virtual nodes: 1.5 s on the event loop)
-    assert Ring([("a", 100.0), ("b", 200.0)], 8).points == \
-        Ring([("a", 1.0), ("b", 2.0)], 8).points
     assert len(Ring([("a", 0.5), ("b", 100.0)], 1024).points) <= MAX_POINTS
+
+
+@pytest.mark.parametrize(("fleet", "joining"), [
+    ([(f"big-{i}", 2.0) for i in range(8)], ("small", 1.0)),  # half the others' weight
+    ([(f"r{i}", 1.5) for i in range(4)] + [(f"s{i}", 3.0) for i in range(4)], ("t", 0.5)),
+])
+def test_a_lighter_replica_joining_moves_only_the_keys_it_takes(
+        fleet: list[tuple[str, float]], joining: tuple[str, float]) -> None:
+    # the least weight was the unit of every member's points: a lighter replica joining
+    # (or the only lightest leaving) changed every other's, and moved 46% of the keys
+    before, after = Ring(fleet, 256), Ring([*fleet, joining], 256)
+    sample = keys(6000)
+    moved = [k for k in sample if before.owner(k) != after.owner(k)]
+    assert all(after.owner(k) == joining[0] for k in moved), "a key moved between the others"
+    share = joining[1] / (sum(w for _, w in fleet) + joining[1])
+    assert len(moved) / len(sample) < 1.5 * share, (len(moved) / len(sample), share)
 
 
 def test_the_rings_of_many_memberships_in_turn_are_built_once(
