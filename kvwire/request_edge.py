@@ -56,21 +56,33 @@ async def _read_body(request: Request, limit: int, budget: ByteBudget | None) ->
                               f"{limit} bytes", code="body_too_large")
     if budget is None and declared is not None and declared.isdigit():
         return await request.body()  # within the limit: uvicorn enforces the length
-    chunks: list[bytes] = []
+    # the first chunk as it came; from a second one on, all in one buffer: a body trickled
+    # in small reads (one a few bytes) held an object per read, dozens of times its
+    # bytes, while the budget counted its bytes
+    body = b""
+    grown: bytearray | None = None
     size = 0
     try:
         async for chunk in request.stream():
+            if not chunk:
+                continue
             if size + len(chunk) > limit:
                 raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
                                       code="body_too_large")
             if budget is not None:
                 budget.take(len(chunk))
-            chunks.append(chunk)
+            if not size:
+                body = chunk
+            else:
+                if grown is None:
+                    grown = bytearray(body)
+                grown += chunk
             size += len(chunk)
     finally:
         if budget is not None:
             budget.give(size)
-    body = b"".join(chunks)
+    if grown is not None:
+        body = bytes(grown)
     request._body = body  # Starlette's own: a later ``request.body()`` reads it
     return body
 
