@@ -148,3 +148,33 @@ def test_chain_keys_name_whole_prefixes_in_any_order(units: list[int], more: lis
             changed = [*units[:at], units[at] + 1, *units[at + 1:], *more]
             keys = PromptChain(token_bytes(changed), block, 2.5, root=1).keys()
             assert not set(keys) & set(ordered[at // block:])
+
+
+ops_st = st.lists(st.one_of(
+    st.tuples(st.just("admit"), st.lists(st.integers(0, 3), max_size=24)),
+    st.tuples(st.just("resize"), st.integers(0, 120)),
+    st.tuples(st.just("clear"), st.just(0)),
+), min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops_st, st.integers(0, 120), st.sampled_from([1, 2, 3]))
+def test_capacity_changes_and_resets_keep_the_model_an_lru(ops: list, capacity: int,
+                                                            block: int) -> None:
+    # a replica's capacity learned or changed (``resize``) and a replica restarted
+    # (``clear``) between admissions: evictions, order and matches stay the obvious LRU's
+    model, brute = ReplicaCacheModel(capacity), BruteLRU(capacity)
+    for owner, (op, arg) in enumerate(ops):
+        if op == "admit":
+            chain = PromptChain(token_bytes(arg), block, 2.5, root=1)
+            assert model.match(chain) == brute.match(chain)
+            assert model.admit(chain, owner % 3) == brute.admit(chain, owner % 3)
+        elif op == "resize":
+            brute.capacity = arg
+            assert model.resize(arg) == brute.admit([], 0)  # what no longer fits, oldest 1st
+        else:
+            model.clear()
+            brute.items.clear()
+        assert model.keys_lru() == [it[0] for it in brute.items]
+        assert model.used == sum(it[1] for it in brute.items) and len(model) == len(brute.items)
+        model.check_integrity()
