@@ -46,8 +46,10 @@ def _authorize(request: Request) -> GatewayState:
     if not token:
         raise AdminOff("the admin API is off: configure admin.token (or token_file, "
                        "token_env)", code="admin_off")
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    # the scheme in any case, as RFC 9110 reads it (and client API keys are read)
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" \
+            or not hmac.compare_digest(given.strip().encode(), token.encode()):
         raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'",
                            code="invalid_admin_token")
     return gw
