@@ -208,7 +208,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             _close_with(self.transport, b"429 Too Many Requests",
                         f"more than {MAX_PIPELINED} pipelined requests wait on this "
                         "connection; read the answers before sending more",
-                        "too_many_pipelined_requests")
+                        "too_many_pipelined_requests", b"retry-after: 1\r\n")
             return
         if self._ended_in_read:  # a request ended in this read: the next head may have
             self._ended_in_read = False  # begun in it, its blank line still to come

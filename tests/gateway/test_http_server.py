@@ -271,6 +271,8 @@ def test_pipelined_requests_are_answered_in_turn_and_bounded(port: int) -> None:
     # a client pipelining hundreds without reading the answers: refused, not queued
     flood = exchange(port, request * 500, wait=2.0)
     assert b"HTTP/1.1 429" in flood and b"too_many_pipelined_requests" in flood
+    refusal = flood[flood.index(b"HTTP/1.1 429"):]
+    assert b"\r\nretry-after: 1\r\n" in refusal.split(b"\r\n\r\n")[0]  # as every 429
     assert flood.count(b"HTTP/1.1 200") < 100
 
 
