@@ -12,16 +12,137 @@ live workers' sum). prometheus-client's multiprocess mode writes those to each p
 files, and ``GET /metrics`` on any worker sums them.
 
 The copy runs in one task per worker, owned by the app's lifespan (``start``, ``stop``).
+
+``MetricFiles``: a worker's own files of that mode, whose series can be taken out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
+import warnings
+from collections.abc import Collection
+from typing import Any, ClassVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, values
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.registry import Collector
 
 from gateway.periodic import every, stop_tasks
+
+
+class MetricFiles:
+    """This process's files of prometheus-client's multiprocess mode
+    (``<kind>_<pid>.db``: ``counter``, ``histogram``, ``gauge_livesum`` ...), written as
+    prometheus-client's own ``MmapedValue`` writes them, with a way out: prometheus-client
+    never takes a series out of a file (its ``remove`` warns and leaves it), so a worker's
+    files held every replica that ever joined, a few dozen series each, and a fleet whose
+    replicas churn (pods named anew on each rollout) grew the files, the work of every
+    scrape that reads them and the worker's value objects without end. ``drop`` rewrites
+    the files without the series it is given."""
+
+    def __init__(self, directory: str, process: int) -> None:
+        self.directory = directory
+        self.process = process
+        self.lock = threading.Lock()  # one for every value, as prometheus-client's
+        self._files: dict[str, MmapedDict] = {}
+
+    def _path(self, kind: str) -> str:
+        return os.path.join(self.directory, f"{kind}_{self.process}.db")
+
+    def file(self, kind: str) -> MmapedDict:
+        """The open file of ``kind`` (caller holds ``lock``)."""
+        opened = self._files.get(kind)
+        if opened is None:
+            opened = self._files[kind] = MmapedDict(self._path(kind))
+        return opened
+
+    def drop(self, label: str, dropped: Collection[str]) -> int:
+        """Rewrite the files without the series whose ``label`` is one of ``dropped``; how
+        many went. A process reading a file meanwhile reads the old one or the new one,
+        each whole (the new one is renamed over the old)."""
+        gone = 0
+        with self.lock:
+            for kind, old in list(self._files.items()):
+                series = list(old.read_all_values())
+                # a key is mmap_key's JSON: [metric, sample, labels, help]
+                kept = [s for s in series if orjson.loads(s[0])[2].get(label) not in dropped]
+                if len(kept) == len(series):
+                    continue
+                gone += len(series) - len(kept)
+                path = self._path(kind)
+                fresh = f"{path}.new"  # not *.db: no reader globs it
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(fresh)  # left by a process that stopped while writing it
+                new = MmapedDict(fresh)
+                for key, value, timestamp in kept:
+                    new.write_value(key, value, timestamp)
+                new.close()
+                os.replace(fresh, path)
+                old.close()
+                self._files[kind] = MmapedDict(path)
+        return gone
+
+    def close(self) -> None:
+        with self.lock:
+            for opened in self._files.values():
+                opened.close()
+            self._files.clear()
+
+
+class FileValue:
+    """``prometheus_client.values.ValueClass`` in a worker process (``worker_files``): one
+    series' float in ``files``. A value whose series was dropped and is written again
+    comes back in the file. (Workers are spawned: no fork to follow.)"""
+
+    _multiprocess = True
+    files: ClassVar[MetricFiles]
+    __slots__ = ("_key", "_kind", "_timestamp", "_value")
+
+    def __init__(self, typ: str, metric_name: str, name: str, labelnames: Any,
+                 labelvalues: Any, help_text: str, multiprocess_mode: str = "",
+                 **kwargs: Any) -> None:
+        self._kind = f"{typ}_{multiprocess_mode}" if typ == "gauge" else typ
+        self._key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
+        with self.files.lock:
+            self._value, self._timestamp = self.files.file(self._kind).read_value(self._key)
+
+    def inc(self, amount: float) -> None:
+        with self.files.lock:
+            self._value += amount
+            self._timestamp = 0.0
+            self.files.file(self._kind).write_value(self._key, self._value, 0.0)
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        with self.files.lock:
+            self._value = value
+            self._timestamp = timestamp or 0.0
+            self.files.file(self._kind).write_value(self._key, value, self._timestamp)
+
+    def set_exemplar(self, exemplar: object) -> None:
+        return  # none in multiprocess mode, as prometheus-client's
+
+    def get(self) -> float:
+        with self.files.lock:
+            return self._value
+
+    def get_exemplar(self) -> None:
+        return None
+
+
+def worker_files(directory: str) -> MetricFiles:
+    """This process's ``MetricFiles`` in ``directory``: every metric made from now on
+    writes there (installed once, before the process makes any)."""
+    if values.ValueClass is not FileValue:
+        FileValue.files = MetricFiles(directory, os.getpid())
+        values.ValueClass = FileValue  # type: ignore[misc,assignment]
+        # ``remove`` is implemented here: drop a child, then ``drop`` its series
+        warnings.filterwarnings("ignore", "Removal of labels has not been implemented",
+                                UserWarning, "prometheus_client")
+    return FileValue.files
 
 
 class MetricMirror:

@@ -13,7 +13,9 @@ per-replica gauges are the box's already (``shared_load``), and so are the disco
 counts (the leader's, copied to every worker) and the KV event counts (every worker reads
 every replica's stream); the peer links' counts, each worker's own, are copied into summed
 metrics every second (``gateway.metric_mirror``); ``process_*`` are left out (one
-worker's would pass for the box's).
+worker's would pass for the box's). A replica that left goes from ``/metrics`` at once and
+from the workers' files soon after (``MetricFiles``), so the files hold the fleet's
+replicas, not every one that ever joined.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from prometheus_client.registry import Collector
 from gateway.answer_metrics import AnswerMetrics
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
-from gateway.metric_mirror import MetricMirror
+from gateway.metric_mirror import MetricMirror, worker_files
 from policies.base import ReplicaRemoved
 from policies.kv_index import KVIndex
 
@@ -40,9 +42,9 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5
 
 class _CurrentReplicas(Collector):
     """The worker processes' summed series (prometheus-client's multiprocess mode) less
-    those of replicas no longer in the fleet: each process's file keeps every series it
-    ever wrote (a removed one cannot be taken out), so series of replicas that left came
-    back on every scrape, a few dozen per replica, without end under discovery churn."""
+    those of replicas no longer in the fleet: a worker's files keep a replica's series
+    a while after it left (``GatewayMetrics._drop_filed``), and another worker's until it
+    has heard of the leaving."""
 
     def __init__(self, summed: Collector, fleet: Fleet) -> None:
         self.summed = summed
@@ -286,6 +288,9 @@ CUT_CAUSES = ("broken", "idle_timeout", "ejected")
 
 class GatewayMetrics:
     def __init__(self, fleet: Fleet, reasons: tuple[str, ...] = ()) -> None:
+        multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        # with worker processes: this worker's files, before any metric writes to them
+        self.files = worker_files(multiprocess_dir) if multiprocess_dir else None
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("kvgate_requests", "Requests by replica, route reason and status",
@@ -320,7 +325,6 @@ class GatewayMetrics:
                                "a new connection (cause resent: a kept-alive one closed as "
                                "the request went out)", ["replica", "cause"], registry=r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
-        multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         # (multiprocess mode cannot remove a series: no model label is given back there)
         self.answers = AnswerMetrics(r, fleet.models, reasons, evict=not multiprocess_dir)
         self.exposed = r  # what GET /metrics serves
@@ -339,6 +343,8 @@ class GatewayMetrics:
         self._fleet = fleet
         # replicas that left but whose requests then ended: their series went again
         self._departed: set[str] = set()
+        # replicas whose series went from the registry but not yet from ``files``
+        self._filed: set[str] = set()
         for kind in ERROR_KINDS:
             self.errors.labels(kind=kind)
         for route in reasons:
@@ -383,7 +389,19 @@ class GatewayMetrics:
             for metric, labels in self._children.pop(replica, {}):
                 self._bound.pop((metric, labels), None)
                 metric.remove(*labels)
+            self._filed.add(replica)
         self._departed.clear()
+        self._drop_filed()
+
+    def _drop_filed(self) -> None:
+        """With worker processes, take the series of replicas that left out of this
+        worker's files too (``MetricFiles``), once they are a fifth of what the files
+        hold: a rewrite costs the whole files, so one per departure cost a rollout of R
+        replicas R times R replicas' series."""
+        if self.files is None or len(self._filed) * 4 < len(self._fleet):
+            return
+        self.files.drop("replica", {r for r in self._filed if self._fleet.get(r) is None})
+        self._filed.clear()
 
     def bound(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, bound once."""

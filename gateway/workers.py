@@ -10,7 +10,7 @@ without a shared accept queue.
 - Worker 0 leads: it alone checks and scrapes the replicas and serves the admin API; the
   others apply what it publishes (``box_feed``).
 - ``/metrics`` on any worker sums every worker's counters and histograms (multiprocess
-  mode; a removed replica's series stay until restart, since the files outlive it); the
+  mode; a removed replica's series leave each worker's files, ``MetricFiles``); the
   per-replica gauges come from the shared accounting, the box's view.
 - Limits (``max_in_flight``, ``max_pending``, ``max_connections``) are the box's: each
   worker takes its share, rounded up. Each writes its own capture log (``path.w<i>``);

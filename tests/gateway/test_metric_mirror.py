@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 
 WORKER = """
@@ -38,10 +39,12 @@ sys.stdin.readline()  # alive until the test has read the sums
 """
 
 
-def _samples(path: Path) -> dict[str, float]:
+def _samples(path: Path, labels: dict[str, str] | None = None) -> dict[str, float]:
+    """The summed samples in ``path`` labelled ``labels`` (default: none)."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry, str(path))
-    return {s.name: s.value for family in registry.collect() for s in family.samples}
+    return {s.name: s.value for family in registry.collect() for s in family.samples
+            if s.labels == (labels or {})}
 
 
 def test_each_workers_own_counts_are_summed(tmp_path: Path) -> None:
@@ -59,3 +62,32 @@ def test_each_workers_own_counts_are_summed(tmp_path: Path) -> None:
     finally:
         for worker in workers:
             worker.communicate("\n", timeout=30)
+
+
+CHURN = """
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+
+fleet = Fleet([ReplicaConfig("r-live", "http://127.0.0.1:9")])
+metrics = GatewayMetrics(fleet, ("affinity",))
+metrics.request_done("r-live", "affinity", "200")
+for i in range(40):  # a rollout after another: each pod named anew
+    fleet.add(ReplicaConfig(f"pod-{i}", "http://127.0.0.1:9"))
+    metrics.request_done(f"pod-{i}", "affinity", "200")
+    metrics.first_byte(f"pod-{i}", 0.01)
+    fleet.remove(f"pod-{i}")
+metrics.request_done("r-live", "affinity", "200")  # written after the rewrites
+"""
+
+
+def test_replicas_that_left_leave_a_workers_metric_files(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", CHURN], env=env, cwd=Path(__file__).parents[2],
+                   check=True, timeout=60)
+    keys = [key for path in tmp_path.glob("*.db")
+            for key, _, _, _ in MmapedDict.read_all_values_from_file(str(path))]
+    assert keys and not [key for key in keys if "pod-" in key]
+    assert sum(path.stat().st_size for path in tmp_path.iterdir()) <= 4 * 65536
+    assert _samples(tmp_path, {"replica": "r-live", "route": "affinity", "status": "200"}
+                    )["kvgate_requests_total"] == 2.0
