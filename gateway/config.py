@@ -390,6 +390,12 @@ class GatewayConfig:
             raise ValueError(f"{what} believes the tenant header only from trusted_proxies: "
                              "list the networks of the proxies that set it (or give clients "
                              "API keys that name their tenants: auth.api_keys)")
+        if self.tenancy.require_tenant:
+            for i, entry in enumerate(self.auth.api_keys):
+                if not entry.tenant:  # a key's tenant is the only one its requests have
+                    raise ValueError(f"auth.api_keys[{i}] names no tenant, and "
+                                     "tenancy.require_tenant refuses every request "
+                                     "without one: give it a tenant")
         unknown = self.unknown_partition_replicas()
         if unknown and not self.replicas_join_later():
             known = ", ".join(repr(r.id) for r in self.replicas) or "none"

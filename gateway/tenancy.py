@@ -71,6 +71,10 @@ class TenancyConfig:
                 if tenant in seen:
                     raise ValueError(f"partitions: tenant {tenant!r} is in two partitions")
                 seen.add(tenant)
+        if self.require_tenant and not self.isolate:
+            # read only with isolate: without it, requests with no tenant were served
+            raise ValueError("require_tenant needs isolate: true (requests without a tenant "
+                             "are refused only under isolation)")
         if self.isolate:
             key = self.key()
             if len(key) < MIN_SECRET_BYTES:

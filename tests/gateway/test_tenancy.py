@@ -42,12 +42,23 @@ def config(replicas: list[tuple[str, str]], **tenancy: Any) -> Any:
       "trusted_proxies": ["127.0.0.1/32"]}, "is not set"),
     ({"trusted_proxies": ["not-a-net"]}, "'not-a-net' is not a network"),
     ({"client_salt": "keep"}, "client_salt must be"),
+    ({"require_tenant": True, "trusted_proxies": ["127.0.0.1/32"]},
+     "require_tenant needs isolate"),
     ({"partitions": [{"tenants": ["a"], "replicas": ["r0"]},
                      {"tenants": ["a"], "replicas": ["r1"]}]}, "'a' is in two partitions"),
 ])
 def test_weak_tenancy_is_refused_at_load(tenancy: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config([], **tenancy)
+
+
+def test_a_client_key_without_a_tenant_is_refused_at_load_when_tenants_are_required(
+        ) -> None:
+    tenancy = {"isolate": True, "secret": SECRET, "require_tenant": True}
+    keys = [{"key": "k" * 16, "tenant": "acme"}, {"key": "j" * 16}]
+    with pytest.raises(ConfigError, match=r"auth.api_keys\[1\] names no tenant"):
+        parse_config({"replicas": [], "tenancy": tenancy, "auth": {"api_keys": keys}})
+    parse_config({"replicas": [], "tenancy": tenancy, "auth": {"api_keys": keys[:1]}})
 
 
 def test_a_partition_naming_no_replica_is_refused_unless_replicas_can_join_later(
