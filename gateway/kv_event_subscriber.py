@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
 
 import zmq
 import zmq.asyncio
@@ -395,14 +396,18 @@ def _slices(batch: KVEventBatch) -> list[tuple[KVEvent, ...]]:
 
 
 def _split(ev: KVEvent) -> list[KVEvent]:
+    """``ev`` in pieces of at most ``_SLICE_HASHES`` blocks, every other field kept (a
+    stored run's extra keys sliced with its blocks: block 0's cache salt stays on it)."""
     n = _SLICE_HASHES
     if isinstance(ev, BlockRemoved) and len(ev.block_hashes) > n:
-        return [BlockRemoved(ev.block_hashes[i:i + n], ev.medium)
+        return [replace(ev, block_hashes=ev.block_hashes[i:i + n])
                 for i in range(0, len(ev.block_hashes), n)]
     if isinstance(ev, BlockStored) and len(ev.block_hashes) > n \
             and len(ev.token_ids) == len(ev.block_hashes) * ev.block_size:
-        b, hashes = ev.block_size, ev.block_hashes
-        return [BlockStored(hashes[i:i + n], ev.parent_block_hash if i == 0 else hashes[i - 1],
-                            ev.token_ids[i * b:(i + n) * b], b, ev.lora_id, ev.medium,
-                            ev.lora_name) for i in range(0, len(hashes), n)]
+        b, hashes, extra = ev.block_size, ev.block_hashes, ev.extra_keys
+        return [replace(ev, block_hashes=hashes[i:i + n],
+                        parent_block_hash=ev.parent_block_hash if i == 0 else hashes[i - 1],
+                        token_ids=ev.token_ids[i * b:(i + n) * b],
+                        extra_keys=None if extra is None else extra[i:i + n])
+                for i in range(0, len(hashes), n)]
     return [ev]
