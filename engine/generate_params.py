@@ -67,10 +67,16 @@ class GenerateParams:
 
 # what the engine does not do, refused rather than ignored: (field, the values that ask
 # for nothing, chats only)
-_UNSUPPORTED = (("best_of", (None, 1), False), ("suffix", (None, ""), False),
-                ("guided_json", (None,), False), ("guided_regex", (None,), False),
-                ("guided_choice", (None,), False), ("guided_grammar", (None,), False),
-                ("structured_outputs", (None,), False))
+_UNSUPPORTED: tuple[tuple[str, tuple[Any, ...], bool], ...] = (
+    ("best_of", (None, 1), False), ("suffix", (None, ""), False),
+    ("guided_json", (None,), False), ("guided_regex", (None,), False),
+    ("guided_choice", (None,), False), ("guided_grammar", (None,), False),
+    ("structured_outputs", (None,), False),
+    # vLLM's sampling fields that restrict or search the output
+    ("use_beam_search", (None, False), False), ("allowed_token_ids", (None,), False),
+    ("bad_words", (None, []), False), ("logprob_token_ids", (None,), False),
+    # vLLM refuses a priority unless it schedules by priority; this engine does not
+    ("priority", (None, 0), False))
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 # the most sequences one request may ask for: ``n`` of each of its prompts, each an
 # engine request
@@ -128,8 +134,9 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
                          param="stream_options")
     include_usage = bool(options.get("include_usage", False))
     continuous = bool(optional(options, "continuous_usage_stats", bool, False))
+    _check_response_format(body)
     if chat:
-        _check_chat_only(body, fields.tools)
+        _check_tool_choice(body, fields.tools)
     generation_prompt, continue_final = _turn_fields(body, fields.messages) if chat \
         else (True, False)
     truncate = optional(body, "truncate_prompt_tokens", int, None)
@@ -165,6 +172,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         stop=stop,
         stop_token_ids=stop_ids,
         include_stop=bool(optional(body, "include_stop_str_in_output", bool, False)),
+        skip_special_tokens=_skip_special_tokens(body),
         limit_param="max_completion_tokens" if chat and body.get("max_completion_tokens")
         is not None else "max_tokens",
         sampling=sampling,
@@ -177,6 +185,13 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         echo=echo,
         echo_only=echo_only,
     )
+
+
+def _skip_special_tokens(body: dict[str, Any]) -> bool:
+    """vLLM's ``skip_special_tokens`` (true unless given); ``spaces_between_special_tokens``
+    is checked and unused: a fast tokenizer (vLLM's and this engine's) ignores it."""
+    optional(body, "spaces_between_special_tokens", bool, True)
+    return bool(optional(body, "skip_special_tokens", bool, True))
 
 
 def _batch(body: dict[str, Any], num_prompts: int) -> tuple[str | list[int], ...]:
@@ -295,8 +310,9 @@ def _turn_fields(body: dict[str, Any], messages: list[Any] | None) -> tuple[bool
     return generation_prompt, continue_final
 
 
-def _check_chat_only(body: dict[str, Any], tools: list[Any] | None) -> None:
-    """What a chat asks that this engine cannot honour (constrained output), refused."""
+def _check_response_format(body: dict[str, Any]) -> None:
+    """A ``response_format`` asking for constrained output (a completion's too, as vLLM
+    reads it on both routes), refused."""
     fmt = body.get("response_format")
     if fmt is not None:
         if not isinstance(fmt, dict):
@@ -310,6 +326,10 @@ def _check_chat_only(body: dict[str, Any], tools: list[Any] | None) -> None:
         if kind != "text":
             raise BadRequest(f"'response_format' of type {shown(kind)} (constrained output) is "
                              "not supported by this engine", param="response_format")
+
+
+def _check_tool_choice(body: dict[str, Any], tools: list[Any] | None) -> None:
+    """A chat's ``tool_choice`` that forces a tool call (constrained output), refused."""
     choice = body.get("tool_choice")
     if choice is None or choice in ("none", "auto"):
         return

@@ -33,10 +33,10 @@ from kvwire.request_edge import read_body
 if TYPE_CHECKING:
     from engine.server import EngineServer
 
-try:
-    _VERSION = importlib.metadata.version("kvgate")
+try:  # what SGLang's /v1/loads and vLLM's /version name
+    ENGINE_VERSION = importlib.metadata.version("kvgate")
 except importlib.metadata.PackageNotFoundError:  # run from a source tree
-    _VERSION = "0+unknown"
+    ENGINE_VERSION = "0+unknown"
 ABORT_MESSAGE = "Aborted by /abort_request"
 _MAX_BODY_BYTES = 64 * 1024
 
@@ -86,7 +86,7 @@ class NativeControlRoutes:
             "total_tokens": load["num_total_tokens"],
             "avg_token_usage": load["token_usage"],
         }
-        return JSONResponse({"timestamp": datetime.now(UTC).isoformat(), "version": _VERSION,
+        return JSONResponse({"timestamp": datetime.now(UTC).isoformat(), "version": ENGINE_VERSION,
                              "dp_rank_count": 1, "loads": [load], "aggregate": aggregate})
 
     async def get_load(self, request: HTTPRequest) -> Response:

@@ -6,8 +6,8 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embe
 (SGLang's native API, :mod:`engine.native_generate`) and SGLang's control endpoints
 (``/abort_request``, ``/get_model_info``, ``/v1/loads``, ``/get_load``, ``/flush_cache``:
 :mod:`engine.native_control`), ``GET /v1/models``, ``GET /health``, ``POST /tokenize``,
-``POST /detokenize``, ``POST /reset_prefix_cache``, ``GET /metrics``. Errors are
-``{"error": {"message", "type", "param", "code"}}``.
+``POST /detokenize``, ``POST /reset_prefix_cache``, ``GET /metrics``, ``GET /version``.
+Errors are ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from engine.generate_params import (
     truncate_prompt,
 )
 from engine.metrics import EngineMetrics
-from engine.native_control import NativeControlRoutes
+from engine.native_control import ENGINE_VERSION, NativeControlRoutes
 from engine.native_generate import NativeGenerateRoute
 from engine.openai_answer import OpenAIAnswer, OpenAIGeneration, abort_unended, child_params
 from engine.request import RequestOutput, SamplingParams
@@ -48,7 +48,9 @@ from kvwire.openai_schema import (
     BadRequest,
     ClientDisconnected,
     ServiceUnavailable,
+    check_served,
     decode_json,
+    model_field,
     optional,
 )
 from kvwire.request_edge import ErrorBoundary, read_body, unless_disconnected
@@ -205,6 +207,9 @@ class EngineServer:
                 "max_model_len": self.max_model_len}
         return JSONResponse({"object": "list", "data": [card]})
 
+    async def version(self, request: HTTPRequest) -> Response:
+        return JSONResponse({"version": ENGINE_VERSION})
+
     async def metrics_route(self, request: HTTPRequest) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -212,6 +217,7 @@ class EngineServer:
         body = await self._json(request)
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        check_served(model_field(body), self.model_name)  # as vLLM: 404 for another model
         strs = bool(optional(body, "return_token_strs", bool, False))
         if "messages" in body:
             p = parse_generate({**body, "max_tokens": 1}, chat=True,
@@ -230,6 +236,8 @@ class EngineServer:
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         body = await self._json(request)
+        if isinstance(body, dict):
+            check_served(model_field(body), self.model_name)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list):
             raise BadRequest("'tokens' must be a list of token ids", param="tokens")
@@ -399,6 +407,7 @@ def build_app(server: EngineServer) -> Starlette:
         Route("/flush_cache", control.flush_cache, methods=["GET", "POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/version", server.version, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),
         Route("/tokenize", server.tokenize, methods=["POST"]),
         Route("/detokenize", server.detokenize, methods=["POST"]),

@@ -1,0 +1,81 @@
+"""vLLM's request fields and routes beyond OpenAI's, on a real engine server (sim executor):
+what the engine honours as vLLM does, what it refuses rather than ignore, and vLLM's
+``/version`` and model check on ``/tokenize`` and ``/detokenize``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.engine_servers import LiveEngine, serve_engine
+
+MODEL = "tiny-sim"
+SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveEngine]:
+    # a sim whose every token is special
+    yield from serve_engine(LiveEngine, MODEL, vocab=(0, 3))
+
+
+def _ids(logprobs: dict[str, Any]) -> list[int]:
+    return [int(t.removeprefix("token_id:")) for t in logprobs["tokens"]]
+
+
+def test_skip_special_tokens_false_keeps_their_text(live: LiveEngine) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 4, "seed": 1, "logprobs": 0,
+            "return_tokens_as_token_ids": True}
+    skipped = live.http.post("/v1/completions", json=body).json()["choices"][0]
+    assert skipped["text"] == ""
+    kept = live.http.post("/v1/completions",
+                          json={**body, "skip_special_tokens": False,
+                                "spaces_between_special_tokens": False}).json()["choices"][0]
+    ids = _ids(kept["logprobs"])
+    assert ids == _ids(skipped["logprobs"]) and len(ids) == 4
+    assert kept["text"] == "".join(SPECIAL[t] for t in ids)
+    # a chat's stream too
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "skip_special_tokens": False, "logprobs": True, "return_tokens_as_token_ids": True}
+    chunks = live.stream("/v1/chat/completions", chat)
+    choices = [c["choices"][0] for c in chunks]
+    text = "".join(c["delta"].get("content") or "" for c in choices)
+    ids = [int(e["token"].removeprefix("token_id:"))
+           for c in choices if c["logprobs"] for e in c["logprobs"]["content"]]
+    assert len(ids) == 3 and text == "".join(SPECIAL[t] for t in ids)
+
+
+@pytest.mark.parametrize(("path", "extra", "param"), [
+    ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
+    ("/v1/chat/completions", {"allowed_token_ids": [1]}, "allowed_token_ids"),
+    ("/v1/completions", {"bad_words": ["x"]}, "bad_words"),
+    ("/v1/completions", {"logprob_token_ids": [1]}, "logprob_token_ids"),
+    ("/v1/chat/completions", {"priority": 1}, "priority"),
+])
+def test_fields_restricting_the_output_are_refused_not_ignored(
+        live: LiveEngine, path: str, extra: dict[str, Any], param: str) -> None:
+    body = {"model": MODEL, "max_tokens": 2}
+    body |= {"prompt": "x"} if path == "/v1/completions" else \
+        {"messages": [{"role": "user", "content": "hi"}]}
+    r = live.http.post(path, json={**body, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    nothing = {"response_format": {"type": "text"}, "use_beam_search": False,
+               "allowed_token_ids": None, "bad_words": [], "priority": 0}
+    assert live.http.post(path, json={**body, **nothing}).status_code == 200
+
+
+def test_version_and_the_model_of_tokenize_and_detokenize(live: LiveEngine) -> None:
+    version = live.http.get("/version")
+    assert version.status_code == 200 and isinstance(version.json()["version"], str)
+    ok = live.http.post("/tokenize", json={"model": MODEL, "prompt": "hi"})
+    assert ok.status_code == 200
+    assert live.http.post("/detokenize", json={"model": MODEL, "tokens": ok.json()["tokens"]}
+                          ).json() == {"prompt": "hi"}
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [300]})):
+        r = live.http.post(path, json={**body, "model": "other"})
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["message"] == "The model `other` does not exist."
