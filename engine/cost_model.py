@@ -13,8 +13,9 @@ One step computes ``n_i`` new tokens for each sequence ``i`` at positions
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ class ModelShape:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name != "name" and not (isinstance(v, int | float) and v > 0):
+            if f.name != "name" and not (_finite(v) and v > 0):
                 raise ValueError(f"model.{f.name} must be a positive number, got {v!r}")
 
     @property
@@ -61,6 +62,10 @@ class GPUSpec:
     step_overhead_ms: float = 3.0
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "name" and not _finite(v):
+                raise ValueError(f"gpu.{f.name} must be a finite number, got {v!r}")
         for key in ("peak_tflops", "hbm_tb_per_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"gpu.{key} must be positive, got {getattr(self, key)!r}")
@@ -70,6 +75,12 @@ class GPUSpec:
                 raise ValueError(f"gpu.{key} must be in (0, 1], got {v!r}")
         if self.step_overhead_ms < 0:
             raise ValueError(f"gpu.step_overhead_ms must be >= 0, got {self.step_overhead_ms}")
+
+
+def _finite(v: object) -> bool:
+    """Whether ``v`` is a finite int or float (YAML reads ``8e9`` as a string, ``.inf``
+    as a float: an infinite step time would stall the engine for good)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +97,9 @@ def _build(cls: type, section: str, data: Any) -> Any:
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"unknown keys in profile section {section!r}: {sorted(unknown)}")
+    missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in data]
+    if missing:
+        raise ValueError(f"profile section {section!r} lacks keys {missing}")
     return cls(**data)
 
 

@@ -71,3 +71,20 @@ def test_cli_builds_a_sim_executor_from_the_kv_budget() -> None:
     assert info.model_id == "meta-llama/Meta-Llama-3-8B-Instruct"
     with pytest.raises(SystemExit):
         parser.parse_args(["--eviction", "lfu"])
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    (("  num_layers: 32\n", ""), r"section 'model' lacks keys \['num_layers'\]"),
+    (("peak_tflops: 989.0", 'peak_tflops: "989"'), r"gpu\.peak_tflops must be a finite "
+                                                   r"number, got '989'"),
+    (("params: 8.03e+9", "params: .inf"), r"model\.params must be a positive number, "
+                                          r"got inf"),
+])
+def test_a_profile_missing_a_key_or_with_a_value_not_a_finite_number_is_refused_naming_it(
+        tmp_path, change: tuple[str, str], error: str) -> None:
+    text = (PROFILE_DIR / "llama3-8b-h100.yaml").read_text()
+    assert change[0] in text
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(text.replace(change[0], change[1]))
+    with pytest.raises(ValueError, match=error):
+        load_profile(str(mine))
