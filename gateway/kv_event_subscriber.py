@@ -21,6 +21,13 @@ connection; the gap it leaves is replayed). When the replica's config names a
   counters went back at a scrape: everything from sequence 0 again, at once);
 * before a message whose sequence number jumps (messages dropped on the way).
 
+A hybrid model's engine (vLLM with full-attention and sliding-window layers, say) stores
+and evicts each block once per KV cache group (``group_idx``), under the same hash. Only
+the groups of a full-attention kind (``FULL_ATTENTION_KINDS``, or no kind named) hold a
+prompt's whole prefix: the others' events are skipped, their removals included, once a
+store has named their kind (a sliding window's group evicts the early blocks of every
+prompt while the full-attention group still holds them).
+
 A live message that a catch-up replay applied already (queued on the SUB socket meanwhile:
 the same number and the same bytes) is skipped; any other numbered at or below it is a
 restart. Without a replay endpoint, or when the replay fails, the index counts the gap and
@@ -64,6 +71,9 @@ _THREAD_DECODE_BYTES = 256 << 10  # a payload past this is decoded off the event
 _SLICE_HASHES = 8192  # a batch is applied this many block hashes at a time, the loop
 # served in between (a message of millions of hashes held it for seconds)
 _REPLAY_BACKOFF_S = (1.0, 60.0)  # after a failed replay, none for this long (doubling)
+# KV cache groups of these kinds (vLLM's KVCacheSpecKind) hold every block of a prefix
+FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+_MAX_GROUPS = 64  # KV cache groups whose kind is kept, per replica
 
 
 class KVEventSubscriber:
@@ -88,6 +98,9 @@ class KVEventSubscriber:
         # endpoint that fails is not asked at every gap, which held the live stream 2 s
         # each time
         self._replay_backoff: dict[str, tuple[float, float]] = {}
+        # replica -> its KV cache groups (``group_idx``) named of a kind that does not hold
+        # whole prefixes (a sliding window's): their events are skipped
+        self._partial_groups: dict[str, set[int]] = {}
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         if isinstance(event, ReplicaAdded | ReplicaRemoved):
@@ -161,6 +174,7 @@ class KVEventSubscriber:
                 # another endpoint's messages are numbered from its own start (a policy
                 # reads the replica's cache otherwise until they arrive)
                 self.index.remove_replica(rid)
+                self._partial_groups.pop(rid, None)
         for rid, endpoint in wanted.items():
             if rid not in self._readers:
                 assert endpoint is not None
@@ -278,11 +292,33 @@ class KVEventSubscriber:
                 decoded = _decoded(frames[2])
             if isinstance(decoded, KVWireError):
                 raise decoded
-            return int.from_bytes(frames[1], "big"), decoded
+            return int.from_bytes(frames[1], "big"), self._full_prefix_groups(replica, decoded)
         except KVWireError as exc:
             self.malformed += 1
             log.warning("replica %s: skipping KV event message: %s", replica, exc)
             return None
+
+    def _full_prefix_groups(self, replica: str, batch: KVEventBatch) -> KVEventBatch:
+        """``batch`` without the events of ``replica``'s KV cache groups that hold no
+        whole prefixes (learned from their stores' kind, in the stream's order)."""
+        if all(getattr(ev, "group_idx", None) is None for ev in batch.events):
+            return batch  # a model of one group: the common case
+        partial = self._partial_groups.setdefault(replica, set())
+        kept: list[KVEvent] = []
+        for ev in batch.events:
+            group = getattr(ev, "group_idx", None)
+            if isinstance(ev, BlockStored) and group is not None \
+                    and ev.kv_cache_spec_kind is not None:
+                if ev.kv_cache_spec_kind in FULL_ATTENTION_KINDS:
+                    partial.discard(group)
+                elif group not in partial and len(partial) < _MAX_GROUPS:
+                    partial.add(group)
+                    log.info("replica %s: KV cache group %d is of kind %.64s: its events are "
+                             "skipped (it holds no whole prefixes)", replica, group,
+                             ev.kv_cache_spec_kind)
+            if group is None or group not in partial:
+                kept.append(ev)
+        return replace(batch, events=tuple(kept))
 
     def _apply(self, replica: str, seq: int, batch: KVEventBatch | tuple[KVEvent, ...],
                count: bool = True) -> None:

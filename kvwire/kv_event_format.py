@@ -8,8 +8,8 @@ one message per step::
     frames:   [topic, seq (u64 big-endian, from 0 per process), msgpack payload]
     payload:  [ts, [event, ...], data_parallel_rank]
     events:   ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-               lora_id, medium, lora_name(, extra_keys)]
-              ["BlockRemoved", block_hashes, medium]
+               lora_id, medium, lora_name(, extra_keys(, group_idx(, kv_cache_spec_kind)))]
+              ["BlockRemoved", block_hashes, medium(, group_idx)]
               ["AllBlocksCleared"]
 
 The newer form has each event as a map tagged by its ``"type"`` key instead (``{"type":
@@ -36,8 +36,14 @@ request's cache salt (block 0 of a salted chain), prompt embedding hashes. A gat
 blocks by their tokens (and adapter) alone, so a block whose hash has other extra keys (and
 every block chained after it) is one that no prompt's tokens can name:
 :meth:`BlockStored.token_keyed` says how many of an event's blocks come before the first such
-block. The engine publishes a salted chain's salt there as vLLM does. This module is pure
-Python plus msgpack, so the engine core, the gateway and the offline simulator share it.
+block. The engine publishes a salted chain's salt there as vLLM does.
+
+``group_idx`` names the KV cache group of a hybrid model's engine (one per kind of
+attention layer: full attention beside a sliding window, say) and ``kv_cache_spec_kind``,
+on stores, its kind: each group stores and evicts the same prefix's blocks, under the same
+hashes, on its own (a sliding window's group evicts early blocks the full-attention group
+still holds). Both are absent from a model of one group. This module is pure Python plus
+msgpack, so the engine core, the gateway and the offline simulator share it.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ class BlockStored:
     lora_name: str | None = None
     # per block, what its hash covers besides its tokens and parent (see the module)
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
+    group_idx: int | None = None  # a hybrid model's KV cache group (see the module)
+    kv_cache_spec_kind: str | None = None  # ... and its kind ("full_attention", ...)
 
     def token_keyed(self) -> int:
         """How many leading blocks are keyed by their tokens (and adapter) alone: those
@@ -87,6 +95,7 @@ class BlockRemoved:
 
     block_hashes: tuple[int, ...]
     medium: str | None = "GPU"
+    group_idx: int | None = None  # a hybrid model's KV cache group (see the module)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +124,9 @@ class KVWireError(ValueError):
 
 _FIELDS: dict[str, tuple[str, ...]] = {
     "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
-                    "lora_id", "medium", "lora_name", "extra_keys"),
-    "BlockRemoved": ("block_hashes", "medium"),
+                    "lora_id", "medium", "lora_name", "extra_keys", "group_idx",
+                    "kv_cache_spec_kind"),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
     "AllBlocksCleared": (),
 }
 
@@ -133,12 +143,16 @@ def _event_array(ev: KVEvent) -> list[Any]:
         fields: list[Any] = ["BlockStored", list(ev.block_hashes), ev.parent_block_hash,
                              list(ev.token_ids), ev.block_size, ev.lora_id, ev.medium,
                              ev.lora_name]
-        if ev.extra_keys is not None:  # left out when none, as vLLM omits defaults
-            fields.append([None if keys is None else list(keys) for keys in ev.extra_keys])
-        return fields
-    if isinstance(ev, BlockRemoved):
-        return ["BlockRemoved", list(ev.block_hashes), ev.medium]
-    return ["AllBlocksCleared"]
+        extra = None if ev.extra_keys is None else [
+            None if keys is None else list(keys) for keys in ev.extra_keys]
+        tail = [extra, ev.group_idx, ev.kv_cache_spec_kind]
+    elif isinstance(ev, BlockRemoved):
+        fields, tail = ["BlockRemoved", list(ev.block_hashes), ev.medium], [ev.group_idx]
+    else:
+        return ["AllBlocksCleared"]
+    while tail and tail[-1] is None:  # trailing defaults left out, as vLLM omits them
+        tail.pop()
+    return fields + tail
 
 
 def _event_map(ev: KVEvent) -> dict[str, Any]:
@@ -210,6 +224,12 @@ def _optional(value: Any, kind: type, what: str) -> Any:
     raise KVWireError(f"{what} must be {kind.__name__} or null, got {value!r:.200}")
 
 
+def _lenient(value: Any, kind: type) -> Any:
+    """``value`` when of ``kind`` (a bool is no int), else None: a field read when it
+    can be, as an event of an older or other form does not have it."""
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
 def decode_event(raw: Any) -> KVEvent | None:
     """One event of either form; None for an event type this decoder does not know, and
     for one of another tier than the GPU's prefix cache (``GPU_MEDIUM``): vLLM's KV
@@ -229,8 +249,9 @@ def decode_event(raw: Any) -> KVEvent | None:
     if not isinstance(hashes, list | tuple):
         raise KVWireError(f"{kind}.block_hashes must be a list, got {hashes!r:.200}")
     block_hashes = tuple(wire_hash(h) for h in hashes)
+    group = _lenient(f.get("group_idx"), int)
     if kind == "BlockRemoved":
-        return BlockRemoved(block_hashes, medium)
+        return BlockRemoved(block_hashes, medium, group)
     parent = f.get("parent_block_hash")
     size = f.get("block_size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
@@ -244,6 +265,8 @@ def decode_event(raw: Any) -> KVEvent | None:
         medium=medium,
         lora_name=_optional(f.get("lora_name"), str, "BlockStored.lora_name"),
         extra_keys=_extra_keys(f.get("extra_keys")),
+        group_idx=group,
+        kv_cache_spec_kind=_lenient(f.get("kv_cache_spec_kind"), str),
     )
 
 

@@ -1,12 +1,23 @@
 """KV events' fields beyond a block's hashes and tokens, kept as the subscriber applies
-them: a salted chain's extra keys when a long stored run is applied in slices."""
+them: a salted chain's extra keys when a long stored run is applied in slices, and the KV
+cache groups of a hybrid model (a sliding-window group beside the full-attention one)."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import msgpack
 
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.kv_event_subscriber import KVEventSubscriber
-from kvwire.kv_event_format import BlockStored, KVEventBatch, encode_payload
+from kvwire.kv_event_format import (
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    decode_payload,
+    encode_payload,
+)
 from policies.kv_index import KVIndex
 from tests.support.servers import free_port
 
@@ -37,3 +48,49 @@ async def test_a_salted_run_applied_in_slices_keeps_its_salt() -> None:
     assert index.num_blocks("r0") == 0
     assert index.stats.keyed_elsewhere + index.stats.orphans == n
     index.check_integrity()
+
+
+def _event(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"type": kind, "medium": "GPU", **fields}
+
+
+def _batch(*events: dict[str, Any]) -> bytes:
+    # newer vLLM: the batch and each event a map, defaults left out
+    return msgpack.packb({"ts": 0.0, "events": list(events), "data_parallel_rank": 0},
+                         use_bin_type=True)
+
+
+async def test_a_sliding_window_groups_evictions_leave_the_full_attention_blocks() -> None:
+    # a hybrid model (full-attention and sliding-window layers): each KV cache group
+    # stores and evicts the prompt's blocks under the same hashes; the window's group
+    # names only its last blocks and soon evicts them, while the full-attention group
+    # still holds the whole prefix. Its evictions took the prefix out of the index
+    tokens = list(range(64))
+    index = KVIndex(16)
+    sub = KVEventSubscriber(_fleet(), index)
+    stored = _batch(
+        _event("BlockStored", block_hashes=[1, 2, 3, 4], parent_block_hash=None,
+               token_ids=tokens, block_size=16, lora_id=None, lora_name=None, group_idx=0,
+               kv_cache_spec_kind="full_attention"),
+        _event("BlockStored", block_hashes=[4], parent_block_hash=None, token_ids=tokens,
+               block_size=16, lora_id=None, lora_name=None, group_idx=1,
+               kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=32))
+    await sub.receive("r0", _frames(0, stored), None)
+    await sub.receive("r0", _frames(1, _batch(
+        _event("BlockRemoved", block_hashes=[4, 3], group_idx=1))), None)
+    assert index.match(tokens, ["r0"]) == {"r0": 4}
+    await sub.receive("r0", _frames(2, _batch(
+        _event("BlockRemoved", block_hashes=[4], group_idx=0))), None)
+    assert index.match(tokens, ["r0"]) == {"r0": 3}  # the full-attention group's own
+    assert sub.malformed == 0
+    index.check_integrity()
+
+
+def test_group_fields_read_back_as_written() -> None:
+    events = (BlockStored((1, 2), None, tuple(range(32)), 16, group_idx=1,
+                          kv_cache_spec_kind="sliding_window"),
+              BlockStored((3,), 2, tuple(range(16)), 16, group_idx=0),
+              BlockRemoved((1,), "GPU", 1), BlockRemoved((2,)))
+    for encoding in ("array", "map"):
+        payload = encode_payload(KVEventBatch(0.0, events, 0), encoding)
+        assert decode_payload(payload).events == events
