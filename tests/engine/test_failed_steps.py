@@ -14,6 +14,7 @@ from engine.async_engine import FAILED_STEPS_IN_A_ROW, AsyncEngine, RequestFaile
 from engine.core import StepFailed
 from engine.executor import Batch, Executor, StepResult
 from engine.request import SamplingParams
+from kvwire.kv_event_format import BlockRemoved, BlockStored
 from tests.support.engine_cores import add, make_core, run_all
 from tests.support.engine_servers import LiveEngine, serve_engine
 
@@ -106,6 +107,39 @@ def test_an_id_given_again_after_a_failed_step_is_not_aborted_by_the_first_reade
                 assert not isinstance(item, BaseException), item
                 outputs.append(item)
             assert outputs[-1].finish_reason == "length"
+        finally:
+            await engine.stop()
+
+    asyncio.run(run())
+
+
+def test_the_blocks_a_failed_step_evicted_are_reported_at_once() -> None:
+    """The step evicted cached blocks to make room before its executor raised: those
+    evictions reach ``on_step`` (where the server publishes KV events) with the failure,
+    not whenever a later step succeeds (an idle engine takes none)."""
+
+    async def run() -> None:
+        core = make_core(num_blocks=4, vocab=(100, 200))
+        core.executor = FaultyExecutor(core.executor)
+        core.kv.pool.events = []
+        drained: list[object] = []
+
+        def on_step(_out: object) -> None:
+            drained.extend(core.kv.pool.events)
+            core.kv.pool.events.clear()
+
+        engine = AsyncEngine(core, sleep_modeled_time=False, on_step=on_step)
+        await engine.start()
+        try:
+            params = SamplingParams(max_tokens=1)
+            cached = engine.add(core.make_request("cached", list(range(100, 109)), params))
+            assert (await asyncio.wait_for(cached.get(), 5)).finished
+            assert any(isinstance(e, BlockStored) for e in drained)
+            bad = engine.add(core.make_request("bad", [*range(110, 122), POISON], params))
+            assert isinstance(await asyncio.wait_for(bad.get(), 5), RequestFailed)
+            removed = [e for e in drained if isinstance(e, BlockRemoved)]
+            assert removed and not core.kv.pool.events
+            assert not core.kv.pool.cached
         finally:
             await engine.stop()
 
