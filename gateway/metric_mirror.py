@@ -9,7 +9,11 @@ copies what such a collector yields into prometheus-client metrics of the same n
 every ``interval_s``:
 counters by their increase since the last copy, gauges by their value (``livesum``: the
 live workers' sum). prometheus-client's multiprocess mode writes those to each process's
-files, and ``GET /metrics`` on any worker sums them.
+files, and ``GET /metrics`` on any worker sums them. Counts every worker keeps of the same
+events (each reads every replica's KV event stream) are the box's already, and workers
+that started apart differ a little: summed they would count each event once per worker,
+served as they are they went back between scrapes. Those counters are copied by value
+into series the files combine by maximum, served as counters again (``retyped``).
 
 The copy runs in one task per worker, owned by the app's lifespan (``start``, ``stop``).
 
@@ -28,6 +32,7 @@ from typing import Any, ClassVar
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, values
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.registry import Collector
 
@@ -151,22 +156,29 @@ class MetricMirror:
     def __init__(self, registry: CollectorRegistry, interval_s: float = 1.0) -> None:
         self.registry = registry
         self.interval_s = interval_s
-        self._collectors: list[Collector] = []
+        self._collectors: list[tuple[Collector, bool]] = []  # (collector, same_events)
         self._counters: dict[str, Counter] = {}
+        self._most: dict[str, Gauge] = {}  # counters of the same events, by value
         self._gauges: dict[str, Gauge] = {}
         self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._task: asyncio.Task[None] | None = None
 
-    def add(self, collector: Collector) -> None:
-        self._collectors.append(collector)
+    def add(self, collector: Collector, same_events: bool = False) -> None:
+        """Copy ``collector`` from now on; ``same_events``: its counters count what every
+        worker counts alike (the box's figure is the largest worker's, not their sum)."""
+        self._collectors.append((collector, same_events))
         self.copy()  # the metrics exist (at zero) from the start
 
     def copy(self) -> None:
         """One copy of every collector's figures."""
-        for collector in self._collectors:
+        for collector, same_events in self._collectors:
             for family in collector.collect():
                 for sample in family.samples:
-                    if family.type == "counter" and sample.name.endswith("_total"):
+                    if family.type == "counter" and sample.name.endswith("_total") \
+                            and same_events:
+                        self._largest(family.name, family.documentation, sample.labels,
+                                      sample.value)
+                    elif family.type == "counter" and sample.name.endswith("_total"):
                         self._count(family.name, family.documentation, sample.labels,
                                     sample.value)
                     elif family.type == "gauge":
@@ -192,6 +204,24 @@ class MetricMirror:
                                                registry=self.registry,
                                                multiprocess_mode="livesum")
         (gauge.labels(**labels) if labels else gauge).set(value)
+
+    def _largest(self, name: str, text: str, labels: dict[str, str], value: float) -> None:
+        gauge = self._most.get(name)
+        if gauge is None:
+            gauge = self._most[name] = Gauge(name, text, sorted(labels),
+                                             registry=self.registry, multiprocess_mode="max")
+        (gauge.labels(**labels) if labels else gauge).set(value)
+
+    def retyped(self, family: Metric) -> Metric:
+        """``family`` as the files' reader gives it, as ``GET /metrics`` serves it: a
+        counter of the same events (``add``), read as the gauge it was copied into, is
+        a counter again."""
+        if family.type != "gauge" or family.name not in self._most:
+            return family
+        counter = CounterMetricFamily(family.name, family.documentation)
+        counter.samples = [sample._replace(name=f"{family.name}_total")
+                           for sample in family.samples]
+        return counter
 
     async def start(self) -> None:
         self._task = asyncio.create_task(

@@ -10,12 +10,12 @@ reason are ``gateway.answer_metrics``; ``process_*`` describe the gateway's proc
 With worker processes (prometheus-client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``
 set by ``gateway.workers``) ``exposed`` sums every worker's counters and histograms; the
 per-replica gauges are the box's already (``shared_load``), and so are the discovery
-counts (the leader's, copied to every worker) and the KV event counts (every worker reads
-every replica's stream); the peer links' counts, each worker's own, are copied into summed
-metrics every second (``gateway.metric_mirror``); ``process_*`` are left out (one
-worker's would pass for the box's). A replica that left goes from ``/metrics`` at once and
-from the workers' files soon after (``MetricFiles``), so the files hold the fleet's
-replicas, not every one that ever joined.
+counts (the leader's, copied to every worker); the peer links' counts, each worker's own,
+are copied into summed metrics every second (``gateway.metric_mirror``), and the KV event
+counts (every worker reads every replica's stream) into the largest worker's;
+``process_*`` are left out (one worker's would pass for the box's). A replica that left
+goes from ``/metrics`` at once and from the workers' files soon after (``MetricFiles``),
+so the files hold the fleet's replicas, not every one that ever joined.
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ class _CurrentReplicas(Collector):
     a while after it left (``GatewayMetrics._drop_filed``), and another worker's until it
     has heard of the leaving."""
 
-    def __init__(self, summed: Collector, fleet: Fleet) -> None:
+    def __init__(self, summed: Collector, fleet: Fleet, mirror: MetricMirror) -> None:
         self.summed = summed
         self.fleet = fleet
+        self.mirror = mirror
 
     def collect(self) -> Iterator[Metric]:
         current = {state.id for state in self.fleet}
@@ -56,7 +57,7 @@ class _CurrentReplicas(Collector):
         for family in self.summed.collect():
             family.samples = [s for s in family.samples
                               if s.labels.get("replica", "none") in current]
-            yield family
+            yield self.mirror.retyped(family)
 
 
 class _FleetCollector(Collector):
@@ -120,10 +121,21 @@ class KVEventCounts(Protocol):
 
 
 class _KVEventCollector(Collector):
-    def __init__(self, source: KVEventCounts) -> None:
+    """The KV event subscriber's ``counts``, and the index's ``blocks`` per replica."""
+
+    def __init__(self, source: KVEventCounts, counts: bool = True, blocks: bool = True
+                 ) -> None:
         self.source = source
+        self.counts = counts
+        self.blocks = blocks
 
     def collect(self) -> Iterator[Metric]:
+        if self.counts:
+            yield from self._counts()
+        if self.blocks:
+            yield from self._blocks()
+
+    def _counts(self) -> Iterator[Metric]:
         s, stats = self.source, self.source.index.stats
         yield from _unlabelled(CounterMetricFamily, (
             ("kvgate_kv_event_messages", "KV event messages applied", s.messages),
@@ -145,6 +157,8 @@ class _KVEventCollector(Collector):
             ("kvgate_kv_index_overflows", "Replicas whose KV events named more blocks than "
              "they can hold: their blocks were cleared", stats.overflows),
         ))
+
+    def _blocks(self) -> Iterator[Metric]:
         index = self.source.index
         blocks = GaugeMetricFamily("kvgate_kv_index_blocks", "Blocks the exact index holds "
                                    "for a replica (from its KV events)", labels=["replica"])
@@ -332,9 +346,9 @@ class GatewayMetrics:
         self.mirror: MetricMirror | None = None
         if multiprocess_dir:
             self.exposed = CollectorRegistry()
-            self.exposed.register(_CurrentReplicas(
-                MultiProcessCollector(None, multiprocess_dir), fleet))
             self.mirror = MetricMirror(r)
+            self.exposed.register(_CurrentReplicas(
+                MultiProcessCollector(None, multiprocess_dir), fleet, self.mirror))
         self.export(_FleetCollector(fleet))
         self.reasons = reasons
         # label children bound once: labels() locks and checks on every call
@@ -481,5 +495,12 @@ class GatewayMetrics:
         self.export(_PeerCollector(source), per_worker=True)
 
     def watch_kv_events(self, source: KVEventCounts) -> None:
-        """Export the counts of a KV event subscriber (this worker's, with workers)."""
-        self.export(_KVEventCollector(source))  # every worker reads every stream
+        """Export the counts of a KV event subscriber. Every worker reads every stream:
+        with workers its counts are the box's largest worker's (one worker's alone went
+        back when the next scrape found another, a reset to Prometheus), and the index's
+        blocks this worker's."""
+        if self.mirror is None:
+            self.export(_KVEventCollector(source))
+            return
+        self.mirror.add(_KVEventCollector(source, blocks=False), same_events=True)
+        self.export(_KVEventCollector(source, counts=False))

@@ -11,6 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
 
 WORKER = """
 import sys
@@ -91,3 +92,42 @@ def test_replicas_that_left_leave_a_workers_metric_files(tmp_path: Path) -> None
     assert sum(path.stat().st_size for path in tmp_path.iterdir()) <= 4 * 65536
     assert _samples(tmp_path, {"replica": "r-live", "route": "affinity", "status": "200"}
                     )["kvgate_requests_total"] == 2.0
+
+
+KV_WORKER = """
+import sys
+from prometheus_client import generate_latest
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+from policies.kv_index import KVIndex
+
+class Subscriber:  # each worker reads every replica's stream: the same events
+    messages, malformed, gaps, replays, replay_failures = int(sys.argv[1]), 0, 0, 0, 0
+    index = KVIndex()
+
+metrics = GatewayMetrics(Fleet([]))
+metrics.watch_kv_events(Subscriber())
+print("copied", flush=True)
+sys.stdin.readline()  # the other worker has copied too
+sys.stdout.write(generate_latest(metrics.exposed).decode())
+"""
+
+
+def test_counts_every_worker_keeps_of_the_same_events_are_the_largest_workers(
+        tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    # started apart, the second worker missed a few of the stream's messages
+    workers = [subprocess.Popen([sys.executable, "-c", KV_WORKER, str(messages)],
+                                env=env, cwd=Path(__file__).parents[2], text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+               for messages in (90, 100)]
+    try:
+        for worker in workers:
+            assert worker.stdout is not None and worker.stdout.readline() == "copied\n"
+    finally:
+        pages = [worker.communicate("\n", timeout=30)[0] for worker in workers]
+    for page in pages:  # whichever worker answers: neither the sum nor its own
+        families = {f.name: f for f in text_string_to_metric_families(page)}
+        messages = families["kvgate_kv_event_messages"]
+        assert messages.type == "counter"
+        assert [s.value for s in messages.samples if s.name.endswith("_total")] == [100.0]
