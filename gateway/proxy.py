@@ -34,6 +34,7 @@ without ``[DONE]`` is cut.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import re
@@ -92,6 +93,8 @@ _ERROR_EVENTS = (b'data: {"error"', b'data:{"error"')
 # content holds these bytes
 _ABORTS = (b'"finish_reason":"abort"', b'"finish_reason": "abort"',
            b'"finish_reason":{"type":"abort"', b'"finish_reason": {"type": "abort"')
+_USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
+_JSON = json.JSONDecoder()  # raw_decode: a value that more bytes follow
 _STATUS_CODE = re.compile(rb'"status_code":\s*(\d{3})\b')
 # a whole answer that is an error object (OpenAI's and vLLM's, or older vLLM's and SGLang's)
 _ERROR_OBJECT = re.compile(rb'\s*\{\s*(?:"error"\s*:|"object"\s*:\s*"error")')
@@ -539,8 +542,14 @@ class UpstreamStream:
             self._meta = (before[start:] + chunk)[:generate_request.META_HEAD_BYTES]
 
     def _read_usage(self) -> Usage | None:
-        usage = _stream_usage(self._tail, self._meta) if self.stream else \
-            _body_usage(b"".join(self._body))
+        if self.stream:
+            usage = _stream_usage(self._tail, self._meta)
+        elif self._body_held:
+            usage = _body_usage(b"".join(self._body))
+        else:  # a body past the capture: its last bytes (not a batch's: its counts are
+            # all of its answers')
+            usage = _tail_usage(self._tail) \
+                if self.first_chunk[:64].lstrip()[:1] == b"{" else None
         try:
             prompt = usage.get("prompt_tokens")
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
@@ -593,6 +602,21 @@ def _body_usage(body: bytes) -> Any:
     if isinstance(answer, dict) and "usage" in answer:
         return answer["usage"] or {}
     return generate_request.counts_of(answer)
+
+
+def _tail_usage(tail: bytes) -> Any:
+    """A long body's ``usage``, read from its last bytes (``tail``), where OpenAI's and
+    vLLM's bodies put it, else the counts of a ``meta_info`` there (SGLang's
+    ``/generate``); None when neither reads. JSON strings escape their quotes: ``"usage"``
+    then a colon is a key's, not content's; the last one is the body's."""
+    ends = [found.end() for found in _USAGE_KEY.finditer(tail)]
+    if not ends:
+        return generate_request.stream_counts(tail)
+    try:
+        usage, _ = _JSON.raw_decode(tail[ends[-1]:].decode(errors="replace"))
+    except ValueError:
+        return None
+    return usage or {}
 
 
 class Usage(NamedTuple):

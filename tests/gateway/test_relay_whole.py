@@ -15,7 +15,7 @@ import pytest
 from gateway.config import ReplicaConfig, TimeoutConfig
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Proxy, UpstreamStream
+from gateway.proxy import Proxy, UpstreamStream, Usage
 from gateway.relay_response import RelayResponse
 from gateway.upstream_http import UpstreamClient
 from kvwire.request_edge import ClientWatch
@@ -24,10 +24,10 @@ _BUFFER = 1024  # the proxy's buffer_bytes: every answer below is longer
 _TEXT = "word " * 600  # 3,000 bytes of content
 
 
-def _answer(finish: str, **extra: Any) -> bytes:
+def _answer(finish: str, text: str = _TEXT, **extra: Any) -> bytes:
     """A vLLM completion body (pydantic's compact JSON): its text, then its finish."""
     return json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 1,
-                       "model": "m", "choices": [{"index": 0, "text": _TEXT,
+                       "model": "m", "choices": [{"index": 0, "text": text,
                                                   "logprobs": None, "finish_reason": finish}],
                        "usage": {"prompt_tokens": 5, "completion_tokens": 600,
                                  "total_tokens": 605}, **extra},
@@ -47,6 +47,7 @@ def _until_close(body: bytes) -> bytes:
 class _Relayed(NamedTuple):
     messages: list[tuple[bytes, bool]]  # the client's body messages (body, more_body)
     ended: list[tuple[str, bool]]  # how the answer was settled: (outcome, whole)
+    usage: list[Usage | None]  # what it was read to report
 
     @property
     def body(self) -> bytes:
@@ -85,6 +86,7 @@ def _relay(raw: bytes) -> _Relayed:
         proxy = Proxy(client, fleet, TimeoutConfig(buffer_bytes=_BUFFER, idle_s=5),
                       GatewayMetrics(fleet), 1)
         ended: list[tuple[str, bool]] = []
+        usage: list[Usage | None] = []
         messages: list[tuple[bytes, bool]] = []
         stay = asyncio.Event()
 
@@ -98,6 +100,7 @@ def _relay(raw: bytes) -> _Relayed:
 
         def done(stream: UpstreamStream, ok: bool) -> None:
             ended.append((stream.outcome, ok))
+            usage.append(stream.usage())
 
         try:
             stream = await proxy.open(["r"], "/v1/completions", b"{}", {}, lambda r: 1,
@@ -114,7 +117,7 @@ def _relay(raw: bytes) -> _Relayed:
             await asyncio.wait_for(closed.wait(), 5)
             server.close()
             await server.wait_closed()
-        return _Relayed(messages, ended)
+        return _Relayed(messages, ended, usage)
 
     return asyncio.run(main())
 
@@ -125,6 +128,20 @@ def test_a_long_whole_answer_is_relayed_whole_and_counted_answered(frame: Any) -
     relayed = _relay(frame(body))
     assert relayed.body == body and relayed.finished
     assert relayed.ended == [("200", True)]
+    assert relayed.usage == [Usage(5, 0, 600)]  # read where its body ends
+
+
+def test_the_usage_of_a_whole_answer_past_a_mib_is_read_from_its_end() -> None:
+    text = "word " * (1 << 18)  # past what the gateway keeps of a body (a MiB)
+    body = _answer("stop", text)[:-1] + b',"prompt_token_ids":null}'
+    body = body.replace(b'"total_tokens":605}', b'"total_tokens":605,'
+                        b'"prompt_tokens_details":{"cached_tokens":3}}')
+    generate = json.dumps({"text": text, "meta_info": {
+        "id": "r", "finish_reason": {"type": "stop"}, "prompt_tokens": 7,
+        "completion_tokens": 600, "cached_tokens": 4}}).encode()
+    batch = json.dumps([json.loads(generate)] * 2).encode()
+    assert [_relay(_with_length(b)).usage for b in (body, generate, batch)] == [
+        [Usage(5, 3, 600)], [Usage(7, 4, 600)], [None]]  # a batch's is all its answers'
 
 
 @pytest.mark.parametrize("frame", [_with_length, _until_close])
