@@ -23,6 +23,9 @@ without a shared accept queue.
   gateway does (``ShutdownConfig``); a second stops them at once. Workers sit in their
   own process group (a terminal's Ctrl-C reaches them once, through the supervisor) and
   die with it. If a worker exits on its own the supervisor stops the rest and exits 1.
+  A worker still running ``KILL_AFTER_S`` past the drain's ``timeout_s`` is killed (and
+  the supervisor exits 1): a stuck one no longer held the supervisor, or outlived it on
+  the port.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from multiprocessing import connection, shared_memory
 from types import FrameType
@@ -53,6 +57,9 @@ log = logging.getLogger("kvgate.workers")
 # slots in the workers' shared accounting beyond the fleet's limit: those of replicas that
 # left within the quarantine (``fleet.SLOT_QUARANTINE_S``), not yet given to others
 SPARE_SLOTS = 1024
+# seconds past the drain's ``timeout_s`` (within which a worker exits on its own) before
+# a worker still running is killed
+KILL_AFTER_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,12 +193,58 @@ class Supervisor:
         self.share_routes = share_routes  # the workers tell each other their routes
         self.signals = 0
         self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.kill_after_s = KILL_AFTER_S
+        self._stop_at: float | None = None  # when the workers were first told to stop
 
     def _forward(self, sig: int, frame: FrameType | None) -> None:
         self.signals += 1
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
         for proc in self.procs:
             if proc.pid is not None and proc.exitcode is None:
                 os.kill(proc.pid, signal.SIGTERM)
+
+    def _left_s(self) -> float | None:
+        """Seconds until the workers still running are killed; None: no stop began."""
+        if self._stop_at is None:
+            return None
+        return (self._stop_at + self.config.shutdown.timeout_s + self.kill_after_s
+                - time.monotonic())
+
+    def _kill_stuck(self) -> None:
+        """Kill the workers still running past the stop's time."""
+        for proc in self.procs:
+            if proc.pid is not None and proc.exitcode is None:
+                print(f"kvgate serve: {proc.name} still running "
+                      f"{self.config.shutdown.timeout_s + self.kill_after_s:g} s after "
+                      "it was told to stop; killed", file=sys.stderr)
+                proc.kill()
+
+    def wait(self) -> int:
+        """Wait for every worker to end, stopping the rest when one ends on its own and
+        killing those still running past the stop's time; the exit status."""
+        status = 0
+        killed = False
+        live = {proc.sentinel: proc for proc in self.procs}
+        while live:
+            left = self._left_s()
+            if left is not None and left <= 0 and not killed:
+                self._kill_stuck()
+                status, killed = 1, True
+            # a stop a signal begins meanwhile is seen within a second; the killed end now
+            timeout = None if killed else 1.0 if left is None else min(max(left, 0.0), 1.0)
+            for ready in connection.wait(list(live), timeout):
+                assert isinstance(ready, int)
+                ended = live.pop(ready)
+                ended.join()
+                if not self.signals:
+                    print(f"kvgate serve: {ended.name} exited with {ended.exitcode}; "
+                          "stopping the others", file=sys.stderr)
+                    status = 1
+                    self._forward(signal.SIGTERM, None)
+                elif ended.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT):
+                    status = 1  # uvicorn re-raises the signal it stopped on
+        return status
 
     def run(self) -> int:
         """Start the workers, forward signals, wait for them all; the exit status."""
@@ -226,23 +279,11 @@ class Supervisor:
                 self.procs.append(proc)
             _close_doorbells(bells)  # the workers hold their copies
             _close_route_sockets(routes)
-            live = {proc.sentinel: proc for proc in self.procs}
-            while live:
-                for ready in connection.wait(list(live)):
-                    assert isinstance(ready, int)
-                    ended = live.pop(ready)
-                    ended.join()
-                    if not self.signals:
-                        print(f"kvgate serve: {ended.name} exited with {ended.exitcode}; "
-                              "stopping the others", file=sys.stderr)
-                        status = 1
-                        self._forward(signal.SIGTERM, None)
-                    elif ended.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT):
-                        status = 1  # uvicorn re-raises the signal it stopped on
+            status = self.wait()
         finally:
-            self._forward(signal.SIGTERM, None)
-            for worker in self.procs:
-                worker.join(timeout=self.config.shutdown.timeout_s + 5)
+            if any(proc.exitcode is None for proc in self.procs):  # run() failed
+                self._forward(signal.SIGTERM, None)
+                status = max(status, self.wait())
             _close_doorbells(bells)  # a no-op when closed already
             _close_route_sockets(routes)
             for block in (load, feed):
