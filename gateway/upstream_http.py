@@ -229,6 +229,13 @@ class _Connection(asyncio.Protocol):
             answer._fail(UpstreamBroken(f"the connection broke ({what})"))
 
     # -- httptools callbacks --------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        answer = self._answer
+        if answer is not None and answer._complete:
+            # another answer after the one asked for: its length was wrong (the bytes
+            # would have been read as the answer's status, headers and body)
+            raise _Overrun("the replica sent bytes past the end of its answer")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         answer = self._answer
         if answer is not None and answer._head.done():

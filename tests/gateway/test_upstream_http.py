@@ -449,3 +449,27 @@ def test_trailer_lines_without_end_break_the_answer() -> None:
                     pass
             await client.close()
     asyncio.run(main())
+
+
+def test_a_second_answer_past_the_end_of_the_first_breaks_it_not_joins_it() -> None:
+    """Bytes past an answer's length that parse as another answer: the answer asked for
+    is broken (its length was wrong), not given the second one's status and body."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        second = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nEVIL"
+        writer.write(answer(b"hello") + second)
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with Server(handler) as url:
+            client = UpstreamClient()
+            response = await client.post(url, b"{}", {})
+            assert response.status == 200
+            assert await response.readany() == b"hello"
+            with pytest.raises(UpstreamBroken, match="past the end of its answer"):
+                await response.readany()
+            assert response.status == 200 and not response.is_eof()
+            response.release()  # not kept: closed
+            await client.close()
+    asyncio.run(main())
