@@ -4,7 +4,6 @@ them (each owner starts its tasks in the app's lifespan and stops them there).""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -29,10 +28,16 @@ async def every(interval_s: float, round_fn: Callable[[], Awaitable[object] | ob
 
 
 async def stop_tasks(tasks: Iterable[asyncio.Task[None] | None]) -> None:
-    """Cancel ``tasks`` (None: never started) and wait until each has ended."""
+    """Cancel ``tasks`` (None: never started) and wait until each has ended. A
+    cancellation of the caller itself (a deadline on the stop) is raised, not taken for
+    a task's own end."""
     started = [task for task in tasks if task is not None]
     for task in started:
         task.cancel()
+    current = asyncio.current_task()
     for task in started:
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            if current is not None and current.cancelling():
+                raise
