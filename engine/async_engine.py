@@ -96,8 +96,9 @@ class AsyncEngine:
                 await self._task
             self._task = None
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+            pool, self._pool = self._pool, None
+            # a step still running there ends first: waited for off the event loop
+            await asyncio.to_thread(pool.shutdown, True)
 
     def add(self, req: Request) -> asyncio.Queue[RequestOutput | BaseException]:
         """Queue a request; its outputs (or an exception) arrive on the returned queue.
