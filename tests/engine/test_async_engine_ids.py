@@ -41,6 +41,13 @@ async def test_a_reused_id_gets_only_its_own_outputs() -> None:
     metrics = EngineMetrics(core, "tiny")
     engine = AsyncEngine(core, sleep_modeled_time=False,
                          on_step=lambda out: metrics.observe_step(out, 0.0))
+
+    def value(name: str, **labels: str) -> float:
+        got = metrics.registry.get_sample_value(
+            name, {m.MODEL_NAME_LABEL: "tiny", m.ENGINE_LABEL: "0", **labels})
+        assert got is not None, name
+        return got
+
     await engine.start()
     try:
         params = SamplingParams(max_tokens=50, ignore_eos=True, seed=1)
@@ -51,6 +58,8 @@ async def test_a_reused_id_gets_only_its_own_outputs() -> None:
         await asyncio.to_thread(gated.entered.wait, 10)  # a step holding the old x runs
         engine.abort("x")
         metrics.ended_early("x", "abort", None, engine.clock())
+        # the old x's gaps so far: a step may have ended before the gate closed
+        old_gaps = value(m.INTER_TOKEN_LATENCY + "_count")
         new = engine.add(core.make_request("x", [150, 151], SamplingParams(
             max_tokens=3, ignore_eos=True, seed=2)))
         metrics.started("x")
@@ -63,11 +72,7 @@ async def test_a_reused_id_gets_only_its_own_outputs() -> None:
                                                                           (2, 3)]
     assert outs[-1].finished and new.empty()
 
-    def value(name: str, **labels: str) -> float | None:
-        return metrics.registry.get_sample_value(
-            name, {m.MODEL_NAME_LABEL: "tiny", m.ENGINE_LABEL: "0", **labels})
-
     # the new request's two gaps between tokens, none of the old one's
-    assert value(m.INTER_TOKEN_LATENCY + "_count") == 2
+    assert value(m.INTER_TOKEN_LATENCY + "_count") - old_gaps == 2
     assert value(m.REQUEST_GENERATION_TOKENS + "_sum") == 3
     assert value(m.REQUEST_SUCCESS + "_total", finished_reason="length") == 1
