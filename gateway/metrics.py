@@ -412,7 +412,7 @@ class GatewayMetrics:
         worker's files too (``MetricFiles``), once they are a fifth of what the files
         hold: a rewrite costs the whole files, so one per departure cost a rollout of R
         replicas R times R replicas' series."""
-        if self.files is None or len(self._filed) * 4 < len(self._fleet):
+        if self.files is None or not self._filed or len(self._filed) * 4 < len(self._fleet):
             return
         self.files.drop("replica", {r for r in self._filed if self._fleet.get(r) is None})
         self._filed.clear()
