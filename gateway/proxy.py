@@ -556,9 +556,11 @@ class UpstreamStream:
             completion = usage.get("completion_tokens")
         except (ValueError, AttributeError):
             return None
-        if _count(prompt) and _count(cached) and cached <= prompt:
+        if _count(prompt) and prompt > 0 and _count(cached) and cached <= prompt:
             return Usage(prompt, cached, completion if _count(completion) else None)
-        return None  # missing, or not counts (negative, a bool, more cached than sent)
+        # missing, or not counts (negative, a bool, more cached than sent), or no prompt
+        # token (a prompt has one at least: the replica does not count them)
+        return None
 
     def count_events(self) -> None:
         """Count the stream's server-sent events from now on (its first chunk included),

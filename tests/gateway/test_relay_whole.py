@@ -172,3 +172,12 @@ def test_an_error_object_answered_with_a_200_is_counted_failed(size: int, status
     relayed = _relay(_with_length(body))
     assert relayed.body == body and relayed.finished
     assert relayed.ended == [(status, False)]
+
+
+def test_a_usage_that_counts_no_prompt_token_is_no_usage() -> None:
+    """A prompt has a token at least: a replica that reports none does not count them,
+    and its zero cached tokens would tell the policy of a miss."""
+    body = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [
+        {"index": 0, "text": "ok", "finish_reason": "stop"}], "usage": {
+        "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}).encode()
+    assert _relay(_with_length(body)).usage == [None]
