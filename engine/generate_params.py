@@ -126,8 +126,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
             raise BadRequest(f"token id {bad} in 'prompt' is outside the vocabulary "
                              f"[0, {vocab_size})", param="prompt")
     max_tokens = fields.max_tokens
-    if max_tokens is None and not chat:
-        max_tokens = 16
+    if max_tokens is None and not chat and "max_tokens" not in body:
+        max_tokens = 16  # as vLLM: a completion's default; null runs to the context's end
     options = optional(body, "stream_options", dict, {})
     if options and not fields.stream:
         raise BadRequest("'stream_options' can only be set when 'stream' is true",

@@ -202,9 +202,16 @@ class EngineServer:
         return Response(status_code=200 if self.engine.alive else 503)
 
     async def models(self, request: HTTPRequest) -> Response:
+        # vLLM's card: a base model has no parent; one permission entry, all defaults
+        permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                      "created": self.created, "allow_create_engine": False,
+                      "allow_sampling": True, "allow_logprobs": True,
+                      "allow_search_indices": False, "allow_view": True,
+                      "allow_fine_tuning": False, "organization": "*", "group": None,
+                      "is_blocking": False}
         card = {"id": self.model_name, "object": "model", "created": self.created,
-                "owned_by": "kvgate", "root": self.model_name,
-                "max_model_len": self.max_model_len}
+                "owned_by": "kvgate", "root": self.model_name, "parent": None,
+                "max_model_len": self.max_model_len, "permission": [permission]}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def version(self, request: HTTPRequest) -> Response:

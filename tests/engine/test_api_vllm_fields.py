@@ -79,3 +79,21 @@ def test_version_and_the_model_of_tokenize_and_detokenize(live: LiveEngine) -> N
         r = live.http.post(path, json={**body, "model": "other"})
         assert r.status_code == 404, r.text
         assert r.json()["error"]["message"] == "The model `other` does not exist."
+
+
+def test_models_card_has_vllms_fields(live: LiveEngine) -> None:
+    card = live.http.get("/v1/models").json()["data"][0]
+    assert set(card) == {"id", "object", "created", "owned_by", "root", "parent",
+                         "max_model_len", "permission"}
+    assert card["parent"] is None and card["max_model_len"] == 512
+    assert card["permission"][0]["object"] == "model_permission"
+
+
+def test_a_completions_null_max_tokens_runs_to_the_end_of_the_context(
+        live: LiveEngine) -> None:
+    body = {"model": MODEL, "prompt": list(range(300, 790)), "ignore_eos": True}
+    unset = live.http.post("/v1/completions", json=body).json()
+    assert unset["usage"]["completion_tokens"] == 16  # the default
+    null = live.http.post("/v1/completions", json={**body, "max_tokens": None}).json()
+    assert null["usage"]["completion_tokens"] == 512 - 490
+    assert null["choices"][0]["finish_reason"] == "length"
