@@ -71,7 +71,7 @@ class KVCacheManager:
             table.extend(hit_blocks)
             req.num_computed_tokens += n_hit * bs
             req.num_cached_blocks = n_hit
-            pool.evictor.record_uses(req.block_hashes[:n_hit])
+            self._record_uses(req, n_hit)
         if need > 0:
             table.extend(pool.allocate(need))
         return True
@@ -91,8 +91,17 @@ class KVCacheManager:
             self.pool.cache_blocks(req.block_table[start:n], new_hashes,
                                    req.all_token_ids[start * bs : n * bs], parent, req.adapter,
                                    req.cache_salt)
-        self.pool.evictor.record_uses(new_hashes)
+        self._record_uses(req, n)
         req.num_cached_blocks = n
+
+    def _record_uses(self, req: Request, n: int) -> None:
+        """Tell the eviction policy ``req`` used its blocks ``[0, n)``, each once per
+        request: a preempted request hitting or computing its own blocks again (or a
+        running one caching them again after a reset) is not another use of them."""
+        done = req.num_recorded_blocks
+        if n > done:
+            self.pool.evictor.record_uses(req.block_hashes[done:n])
+            req.num_recorded_blocks = n
 
     def free(self, req: Request) -> None:
         """Release the request's blocks, last block first (so it is evicted first)."""

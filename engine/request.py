@@ -127,6 +127,7 @@ class Request:
         "num_computed_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "num_recorded_blocks",
         "params",
         "prompt_logprobs",
         "request_id",
@@ -177,6 +178,8 @@ class Request:
         self.waiting_credit = 0
         self.num_computed_tokens = 0
         self.num_cached_blocks = 0
+        # blocks [0, num_recorded_blocks) whose use the eviction policy was told of
+        self.num_recorded_blocks = 0
         self.num_cached_tokens = -1  # prefix hit at first schedule; -1 until then
         self.num_preemptions = 0
         # with ``params.prompt_logprobs``: the entries of prompt tokens [1, 1 + len) so far

@@ -1,6 +1,7 @@
 import pytest
 
 from engine.core import EngineCore
+from engine.eviction import FrequencyEviction
 from engine.executor import Batch, StepResult
 from engine.request import SamplingParams
 from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored
@@ -287,3 +288,21 @@ def test_a_stop_token_ends_a_request_only_after_min_tokens() -> None:
 def test_sampling_params_out_of_range_are_named(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(max_tokens=6, **{field: value})
+
+
+def test_frequency_eviction_counts_a_preempted_requests_blocks_once() -> None:
+    """A request preempted, then hitting or recomputing its own blocks, has not reused
+    them: counted twice, a one-off prompt would pass for a reused one (protected)."""
+    core = make_core(num_blocks=6, eviction="frequency")  # both can't run at once
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    reqs = [core.make_request(rid, [rid == "a"] * 3 + list(range(5)), params)
+            for rid in ("a", "b")]
+    for req in reqs:
+        core.add_request(req)
+    run_all(core)
+    assert [req.num_preemptions for req in reqs] == [0, 1]
+    evictor = core.kv.pool.evictor
+    assert isinstance(evictor, FrequencyEviction)
+    for req in reqs:
+        counts = [evictor.count(h) for h in req.block_hashes]
+        assert counts == [1, 1, 1, 1, 0], (req.request_id, counts)  # the last: not computed
