@@ -334,7 +334,12 @@ class EngineServer:
             if len(ids) + max_tokens > limit:  # every prompt checked before any runs
                 raise context_error(len(ids), max_tokens, limit, chat, p.limit_param,
                                     j if batch else None)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        rid = prefix + uuid.uuid4().hex  # the engine's: unique while in flight
+        # the answer's, as vLLM names it: the client's X-Request-Id, else the body's
+        # request_id (vLLM's field), else the engine's
+        given = request.headers.get("x-request-id") or optional(body, "request_id", str, None)
+        answer_id = prefix + given if given else rid
         gens: list[OpenAIGeneration] = []
         try:
             for j, (q, ids, max_tokens) in enumerate(zip(prompts, id_lists, limits,
@@ -349,7 +354,7 @@ class EngineServer:
         except BaseException:
             abort_unended(gens)
             raise
-        answer = OpenAIAnswer(rid, chat, p, gens)
+        answer = OpenAIAnswer(answer_id, chat, p, gens)
         if p.stream:
             return StreamingResponse(answer.sse(), media_type="text/event-stream")
         try:

@@ -97,3 +97,22 @@ def test_a_completions_null_max_tokens_runs_to_the_end_of_the_context(
     null = live.http.post("/v1/completions", json={**body, "max_tokens": None}).json()
     assert null["usage"]["completion_tokens"] == 512 - 490
     assert null["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_answer_is_named_by_the_clients_request_id(live: LiveEngine) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "n": 2}
+    named = live.http.post("/v1/completions", json=body, headers={"X-Request-Id": "trace-7"})
+    assert named.json()["id"] == "cmpl-trace-7"
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with live.http.stream("POST", "/v1/chat/completions", json={**chat, "stream": True},
+                          headers={"X-Request-Id": "trace-7"}) as held:
+        # a second request of the same id while the first is open runs all the same
+        again = live.http.post("/v1/chat/completions", json={**chat, "request_id": "b"},
+                               headers={"X-Request-Id": "trace-7"})
+        ids = {line for line in held.iter_lines() if line.startswith("data: {")}
+    assert again.status_code == 200 and again.json()["id"] == "chatcmpl-trace-7"
+    assert all('"id":"chatcmpl-trace-7"' in line for line in ids) and ids
+    assert live.http.post("/v1/completions", json={**body, "request_id": "mine"}
+                          ).json()["id"] == "cmpl-mine"
+    plain = live.http.post("/v1/completions", json=body).json()["id"]
+    assert plain.startswith("cmpl-") and len(plain) == 5 + 32
