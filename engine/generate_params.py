@@ -132,7 +132,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     if options and not fields.stream:
         raise BadRequest("'stream_options' can only be set when 'stream' is true",
                          param="stream_options")
-    include_usage = bool(options.get("include_usage", False))
+    include_usage = bool(optional(options, "include_usage", bool, False))  # "false" too
     continuous = bool(optional(options, "continuous_usage_stats", bool, False))
     _check_response_format(body)
     if chat:

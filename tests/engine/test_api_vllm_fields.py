@@ -116,3 +116,14 @@ def test_the_answer_is_named_by_the_clients_request_id(live: LiveEngine) -> None
                           ).json()["id"] == "cmpl-mine"
     plain = live.http.post("/v1/completions", json=body).json()["id"]
     assert plain.startswith("cmpl-") and len(plain) == 5 + 32
+
+
+def test_stream_options_read_as_vllm_reads_them(live: LiveEngine) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+    off = live.stream("/v1/completions", {**body, "stream_options": {"include_usage": "false"}})
+    assert all("usage" not in c for c in off) and all(c["choices"] for c in off)
+    on = live.stream("/v1/completions", {**body, "stream_options": {"include_usage": "true"}})
+    assert on[-1]["choices"] == [] and on[-1]["usage"]["completion_tokens"] == 2
+    bad = live.http.post("/v1/completions", json={**body, "stream": True,
+                                                  "stream_options": {"include_usage": "x"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "include_usage"
