@@ -76,7 +76,9 @@ _UNSUPPORTED: tuple[tuple[str, tuple[Any, ...], bool], ...] = (
     ("use_beam_search", (None, False), False), ("allowed_token_ids", (None,), False),
     ("bad_words", (None, []), False), ("logprob_token_ids", (None,), False),
     # vLLM refuses a priority unless it schedules by priority; this engine does not
-    ("priority", (None, 0), False))
+    ("priority", (None, 0), False),
+    # truncate_prompt_tokens keeps a prompt's last tokens (vLLM's "left"), never its first
+    ("truncation_side", (None, "left"), False))
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 # the most sequences one request may ask for: ``n`` of each of its prompts, each an
 # engine request

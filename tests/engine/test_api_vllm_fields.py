@@ -54,6 +54,8 @@ def test_skip_special_tokens_false_keeps_their_text(live: LiveEngine) -> None:
     ("/v1/completions", {"bad_words": ["x"]}, "bad_words"),
     ("/v1/completions", {"logprob_token_ids": [1]}, "logprob_token_ids"),
     ("/v1/chat/completions", {"priority": 1}, "priority"),
+    ("/v1/completions", {"truncate_prompt_tokens": 1, "truncation_side": "right"},
+     "truncation_side"),
 ])
 def test_fields_restricting_the_output_are_refused_not_ignored(
         live: LiveEngine, path: str, extra: dict[str, Any], param: str) -> None:
@@ -64,7 +66,8 @@ def test_fields_restricting_the_output_are_refused_not_ignored(
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     nothing = {"response_format": {"type": "text"}, "use_beam_search": False,
-               "allowed_token_ids": None, "bad_words": [], "priority": 0}
+               "allowed_token_ids": None, "bad_words": [], "priority": 0,
+               "truncation_side": "left"}
     assert live.http.post(path, json={**body, **nothing}).status_code == 200
 
 
