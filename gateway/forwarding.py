@@ -32,6 +32,9 @@ def upstream_headers(request: Request, trusted: Networks,
     not the one a client may claim in the header)."""
     out = forward_headers(request.headers)
     out.pop("origin", None)  # a browser's: CORS is the gateway's to answer, not a replica's
+    # an answer is read for its end, its errors and its usage: the client's gzip would let a
+    # compressing hop before a replica hide them (a cut gzip stream passed for a whole one)
+    out["accept-encoding"] = "identity"
     if tenant is not None:
         name, value = tenant
         name = name.lower()  # the forwarded names are lower case; the config's may not be

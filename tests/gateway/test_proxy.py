@@ -78,6 +78,24 @@ def test_body_forwarded_unchanged_with_route_headers(
     assert received == [raw]
 
 
+def test_replicas_are_asked_for_answers_the_gateway_can_read(
+        two: tuple[Gateway, Behaviour, Behaviour]) -> None:
+    """A client's gzip is not asked of a replica (or of a compressing hop before it): the
+    gateway reads each answer for its end, its errors and its usage."""
+    gw, a, b = two
+    chat = {"model": "sim-model", "messages": [{"role": "user", "content": "x"}],
+            "stream": True}
+    for path, body in (("/v1/completions", {"model": "sim-model", "prompt": "x"}),
+                       ("/v1/chat/completions", chat)):
+        r = httpx.post(f"{gw.url}{path}", json=body,
+                       headers={"accept-encoding": "gzip, br"})
+        assert r.status_code == 200, r.text
+        (seen,) = a.headers + b.headers
+        assert seen["accept-encoding"] == "identity", path
+        a.headers.clear()
+        b.headers.clear()
+
+
 def test_stream_relayed_as_it_arrives(serve: Serve) -> None:
     held = Behaviour("held", chunks=3, release=threading.Event())
     gw = start_gateway(serve, [("held", serve(fake_replica(held)).url)])
