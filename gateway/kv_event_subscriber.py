@@ -175,6 +175,10 @@ class KVEventSubscriber:
                 # reads the replica's cache otherwise until they arrive)
                 self.index.remove_replica(rid)
                 self._partial_groups.pop(rid, None)
+                # a replica back under this id (a pod of a StatefulSet) is asked for its
+                # replay at once, not after an old endpoint's failures (its first live
+                # message would pass the catch-up for good); nor are ids kept without end
+                self._replay_backoff.pop(rid, None)
         for rid, endpoint in wanted.items():
             if rid not in self._readers:
                 assert endpoint is not None

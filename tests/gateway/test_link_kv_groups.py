@@ -1,6 +1,7 @@
 """KV events' fields beyond a block's hashes and tokens, kept as the subscriber applies
 them: a salted chain's extra keys when a long stored run is applied in slices, and the KV
-cache groups of a hybrid model (a sliding-window group beside the full-attention one)."""
+cache groups of a hybrid model (a sliding-window group beside the full-attention one); and
+what the subscriber keeps of a replica that left."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from kvwire.kv_event_format import (
 )
 from policies.kv_index import KVIndex
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 
 def _fleet() -> Fleet:
@@ -94,3 +96,24 @@ def test_group_fields_read_back_as_written() -> None:
     for encoding in ("array", "map"):
         payload = encode_payload(KVEventBatch(0.0, events, 0), encoding)
         assert decode_payload(payload).events == events
+
+
+async def test_a_replica_that_leaves_takes_its_replay_backoff_with_it() -> None:
+    # a replica whose replay endpoint failed leaves; one back under its id (a pod of a
+    # StatefulSet) waited out the old one's backoff (its first live message then passed
+    # the catch-up for good), and every id ever followed was kept
+    down = f"tcp://127.0.0.1:{free_port()}"  # nothing listens
+    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1",
+                                 kv_events=f"tcp://127.0.0.1:{free_port()}",
+                                 kv_events_replay=down)])
+    sub = KVEventSubscriber(fleet, KVIndex(16), reconcile_s=60.0)
+    sub.replay_timeout_s = 0.05
+    await sub.start()
+    try:
+        await wait_until_async(lambda: sub.replay_failures == 1)
+        assert not sub._may_replay("r0")
+        fleet.remove("r0")  # the subscriber's reconcile loop lets its reader go
+        await wait_until_async(lambda: "r0" not in sub._readers)
+        assert sub._may_replay("r0") and not sub._replay_backoff
+    finally:
+        await sub.stop()
