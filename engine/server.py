@@ -176,9 +176,11 @@ class EngineServer:
             except ValueError as exc:  # a ChatFormatError names the field at fault
                 raise BadRequest(str(exc), param=getattr(exc, "param", None) or "messages") \
                     from exc
-        else:
-            text = p.prompt_text or ""
-        ids = await self._encode(text, for_model)
+            ids = await self._encode(text, for_model)
+        else:  # a text prompt: inside the tokenizer's special tokens, as vLLM encodes it
+            ids = await self._encode(p.prompt_text or "", for_model)
+            if ids:
+                ids = self.tokenizer.prompt_ids(ids)
         if not ids:
             raise BadRequest("prompt encodes to zero tokens", param="prompt")
         return ids
@@ -194,7 +196,8 @@ class EngineServer:
         if empty is not None:
             raise BadRequest(f"prompt {empty} of the batch encodes to zero tokens",
                              param="prompt")
-        return out
+        return [q.prompt_ids if q.prompt_ids is not None else self.tokenizer.prompt_ids(ids)
+                for q, ids in zip(prompts, out, strict=True)]
 
     # -- routes ---------------------------------------------------------------------------
 
@@ -234,7 +237,7 @@ class EngineServer:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
                 raise BadRequest("'prompt' must be a string", param="prompt")
-            ids = await self._encode(prompt, for_model=False)
+            ids = self.tokenizer.prompt_ids(await self._encode(prompt, for_model=False))
         token_strs = None  # as vLLM's: null unless asked for
         if strs:
             token_strs = await self._off_loop_if_long(self.tokenizer.token_strs, ids)

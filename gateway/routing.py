@@ -26,7 +26,7 @@ from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.openai_schema import BadRequest
 from kvwire.template_kwargs import TemplateKwargsError, check_template_kwargs
-from kvwire.tokenizer import PromptTokenizer
+from kvwire.tokenizer import PrefixEncoding, PromptTokenizer
 from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, ChunkMemo, id_chunks
 
@@ -168,7 +168,20 @@ class Router:
                 return enc.total_estimate if enc.complete else None
             anchor = self._anchors.anchor(head, needed, group, count)
         enc = self.tokenizer.encode_prefix(text, needed, group)
+        if messages is None:
+            return self._text_prompt(enc, needed, text)
         return _Tokens(enc.ids, enc.total_estimate, anchor, hash(text))
+
+    def _text_prompt(self, enc: PrefixEncoding, needed: int | None, text: str) -> _Tokens:
+        """A text prompt's tokens as the engines (vLLM, SGLang) encode it: inside the
+        tokenizer's special tokens (a Llama's BOS first), which its KV blocks' ids hold."""
+        tok = self.tokenizer
+        ends = len(tok.text_prefix_ids) + len(tok.text_suffix_ids)
+        if not ends:
+            return _Tokens(enc.ids, enc.total_estimate, None, hash(text))
+        ids = tok.prompt_ids(enc.ids) if enc.complete else [*tok.text_prefix_ids, *enc.ids]
+        return _Tokens(ids if needed is None else ids[:needed], enc.total_estimate + ends,
+                       None, hash(text))
 
     def _head(self, messages: list[dict[str, str]], text: str,
               tools: list[Any] | None, variables: dict[str, Any] | None = None
@@ -227,7 +240,7 @@ class Router:
         group = parsed.cache_salt or ""  # no memo hit crosses tenants
         if text is not None and (hit := self.tokenizer.remembered_prefix(text, needed or 0,
                                                                          group)):
-            return _Tokens(hit.ids, hit.total_estimate, None, hash(text))
+            return self._text_prompt(hit, needed, text)
         return None
 
     def _chunked(self, parsed: ParsedRequest, toks: _Tokens, text: str | None = None

@@ -75,6 +75,10 @@ class PromptTokenizer:
         if chat_template:  # compiled as transformers compiles it (vLLM renders with it)
             self._template, self._content_parts, self._variables = \
                 compile_template(chat_template)
+        # the ids the tokenizer's post-processor puts around one text (a Llama's BOS before
+        # it): vLLM and SGLang encode a completion's text prompt with them, and a rendered
+        # chat, whose template writes its own, without
+        self.text_prefix_ids, self.text_suffix_ids = _special_ends(tokenizer)
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
         sample = "the parties agree that the term of this agreement shall be five years. " * 8
         self.chars_per_token = len(sample) / max(1, len(self.encode(sample)))
@@ -88,6 +92,11 @@ class PromptTokenizer:
         if self._fast is None:
             return list(self._tok.encode(text, add_special_tokens=False).ids)
         return list(self._fast([text], add_special_tokens=False)[0].ids)
+
+    def prompt_ids(self, ids: Sequence[int]) -> list[int]:
+        """A text prompt's ``encode`` ids as vLLM and SGLang give them to the model: inside
+        the tokenizer's special tokens (``text_prefix_ids``, ``text_suffix_ids``)."""
+        return [*self.text_prefix_ids, *ids, *self.text_suffix_ids]
 
     def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
         """``encode`` of each text, in one call (the library's own threads)."""
@@ -311,6 +320,19 @@ def _calls(message: Mapping[str, Any]) -> str:
                                         "arguments": call["function"]["arguments"]},
                                        ensure_ascii=False) + "\n</tool_call>"
         for call in message.get("tool_calls") or ())
+
+
+def _special_ends(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids ``tokenizer``'s post-processor adds before and after one text, read off an
+    encoding with them and one without (none where the plain ids are not found whole in
+    the other)."""
+    sample = "the parties agree"
+    plain = list(tokenizer.encode(sample, add_special_tokens=False).ids)
+    full = list(tokenizer.encode(sample, add_special_tokens=True).ids)
+    for at in range(len(full) - len(plain) + 1):
+        if full[at:at + len(plain)] == plain:
+            return tuple(full[:at]), tuple(full[at + len(plain):])
+    return (), ()
 
 
 def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> PromptTokenizer:

@@ -16,6 +16,7 @@ from kvwire.tokenizer import load_tokenizer
 from kvwire.tokenizer_build import ASSET_DIR
 from policies.prompt_chunks import id_chunks, text_chunks
 from policies.registry import build_policy
+from tests.support.bos_tokenizer import bos_tokenizer
 
 TEXT = "The parties agree that the term of this agreement is five years. " * 400  # 26 KB
 
@@ -147,3 +148,25 @@ def test_a_chat_is_rendered_as_the_replica_renders_its_turn() -> None:
             == tokenizer.encode(tokenizer.render_chat(chat[:1]))
     finally:
         router.close()
+
+
+def test_a_text_prompt_is_routed_by_the_ids_the_engines_encode_it_to(tmp_path: Path) -> None:
+    # vLLM and SGLang put a Llama's BOS before a completion's text: the KV blocks an
+    # exact index matches hold it; a chat's rendered template writes its own
+    directory, bos = bos_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(directory, memo_size=64)
+    exact = Router(build_policy({"name": "kv_events"}), tokenizer, Fleet([]), 1)
+    keyed = Router(build_policy({"name": "prefix_affinity", "chunk_chars": 0}), tokenizer,
+                   Fleet([]), 1)
+    try:
+        whole = exact.build(completion(TEXT))
+        assert list(whole.tokens) == [bos, *tokenizer.encode(TEXT)]
+        first, again = keyed.build(completion(TEXT)), keyed.build(completion(TEXT))
+        assert list(first.tokens) == list(again.tokens) == list(whole.tokens)[:1024]
+        chat = parse_body(json.dumps({"model": "m", "messages": [
+            {"role": "user", "content": TEXT}]}).encode(), "chat")
+        ids = list(exact.build(chat).tokens)
+        assert ids[0] == bos and ids.count(bos) == 1
+    finally:
+        exact.close()
+        keyed.close()

@@ -12,6 +12,7 @@ import pytest
 from kvwire.chat_messages import ChatFormatError
 from kvwire.tokenizer import load_tokenizer
 from kvwire.tokenizer_build import ASSET_DIR, build, digest, sample_text
+from tests.support.bos_tokenizer import bos_tokenizer
 
 
 def test_build_is_deterministic_and_matches_the_shipped_copy(tmp_path: Path) -> None:
@@ -229,3 +230,17 @@ def test_a_remembered_prefix_is_not_served_to_a_text_going_on_otherwise_at_its_c
                    if key[1] == n)
         going_on = text[:cut] + "ing" + text[cut:]
         assert list(memo.encode_prefix(going_on, n).ids) == plain.encode(going_on)[:n], n
+
+
+def test_a_text_prompt_is_wrapped_in_the_special_tokens_the_tokenizer_adds(
+        tmp_path: Path) -> None:
+    # vLLM and SGLang encode a completion's text with them (a Llama's BOS), a chat without
+    directory, bos = bos_tokenizer(tmp_path)
+    tok = load_tokenizer(directory)
+    assert tok.text_prefix_ids == (bos,) and tok.text_suffix_ids == ()
+    ids = tok.encode("the term is five years")
+    assert tok.prompt_ids(ids) == [bos, *ids] and bos not in ids
+    chat = tok.encode(tok.render_chat([{"role": "user", "content": "hi"}]))
+    assert chat.count(bos) == 1 and chat[0] == bos  # the template's own, once
+    plain = load_tokenizer()
+    assert plain.text_prefix_ids == () and plain.prompt_ids(ids) == ids
