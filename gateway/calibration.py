@@ -11,7 +11,11 @@ set against the gateway's own count for the same prompt, that gives a ratio per 
 tokens. Until ``min_samples`` answers were seen the ratio is 1 (no conversion). An answer
 whose ratio is past ``MAX_RATIO`` either way is not taken: no two tokenizers differ that
 much, and one absurd ``usage`` from one replica moved every replica's figures for
-thousands of answers.
+thousands of answers. Past ``min_samples`` answers, one counts in the sums as a prompt of
+at most ``MAX_WEIGHT`` times the mean prompt (its own ratio kept): one odd answer on a
+prompt a thousand times the usual one outweighed every other answer, and held the ratio
+near its own for hundreds of them. The mean follows the prompts as they are (uncapped),
+so prompts that grow for good soon weigh in full again.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_RATIO = 16.0  # replica tokens per gateway token believed, and its inverse
+MAX_WEIGHT = 2.0  # one answer weighs as a prompt of at most this many mean prompts
 
 
 @dataclass(slots=True)
@@ -26,6 +31,8 @@ class _Sums:
     replica: float = 0.0
     gateway: float = 0.0
     samples: int = 0
+    answers: float = 0.0  # decayed as the sums are: answers taken ...
+    prompts: float = 0.0  # ... and their gateway tokens, whole (the mean prompt's)
 
 
 class TokenCalibration:
@@ -53,8 +60,14 @@ class TokenCalibration:
             if len(self._sums) >= self.max_models:  # bounded: a client cannot grow it
                 return
             sums = self._sums[model] = _Sums()
-        sums.replica = sums.replica * self.decay + replica_tokens
-        sums.gateway = sums.gateway * self.decay + gateway_tokens
+        decay = self.decay
+        weight = float(gateway_tokens)
+        if sums.samples >= self.min_samples:  # the mean of the answers before this one
+            weight = min(weight, MAX_WEIGHT * sums.prompts / sums.answers)
+        sums.answers = sums.answers * decay + 1.0
+        sums.prompts = sums.prompts * decay + gateway_tokens
+        sums.replica = sums.replica * decay + replica_tokens / gateway_tokens * weight
+        sums.gateway = sums.gateway * decay + weight
         sums.samples += 1
 
     def ratio(self, model: str | None = None) -> float:
