@@ -24,9 +24,9 @@ connection; the gap it leaves is replayed). When the replica's config names a
 A hybrid model's engine (vLLM with full-attention and sliding-window layers, say) stores
 and evicts each block once per KV cache group (``group_idx``), under the same hash. Only
 the groups of a full-attention kind (``FULL_ATTENTION_KINDS``, or no kind named) hold a
-prompt's whole prefix: the others' events are skipped, their removals included, once a
-store has named their kind (a sliding window's group evicts the early blocks of every
-prompt while the full-attention group still holds them).
+prompt's whole prefix: beside one of those, the others' events are skipped, their removals
+included, once a store has named their kind (a sliding window's group evicts the early
+blocks of every prompt while the full-attention group still holds them).
 
 A live message that a catch-up replay applied already (queued on the SUB socket meanwhile:
 the same number and the same bytes) is skipped; any other numbered at or below it is a
@@ -98,9 +98,10 @@ class KVEventSubscriber:
         # endpoint that fails is not asked at every gap, which held the live stream 2 s
         # each time
         self._replay_backoff: dict[str, tuple[float, float]] = {}
-        # replica -> its KV cache groups (``group_idx``) named of a kind that does not hold
-        # whole prefixes (a sliding window's): their events are skipped
-        self._partial_groups: dict[str, set[int]] = {}
+        # replica -> its KV cache groups (``group_idx``) whose stores named their kind, and
+        # whether it holds whole prefixes: the events of those that do not (a sliding
+        # window's) are skipped beside one that does
+        self._groups: dict[str, dict[int, bool]] = {}
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         if isinstance(event, ReplicaAdded | ReplicaRemoved):
@@ -174,7 +175,7 @@ class KVEventSubscriber:
                 # another endpoint's messages are numbered from its own start (a policy
                 # reads the replica's cache otherwise until they arrive)
                 self.index.remove_replica(rid)
-                self._partial_groups.pop(rid, None)
+                self._groups.pop(rid, None)
                 # a replica back under this id (a pod of a StatefulSet) is asked for its
                 # replay at once, not after an old endpoint's failures (its first live
                 # message would pass the catch-up for good); nor are ids kept without end
@@ -307,20 +308,21 @@ class KVEventSubscriber:
         whole prefixes (learned from their stores' kind, in the stream's order)."""
         if all(getattr(ev, "group_idx", None) is None for ev in batch.events):
             return batch  # a model of one group: the common case
-        partial = self._partial_groups.setdefault(replica, set())
+        groups = self._groups.setdefault(replica, {})
         kept: list[KVEvent] = []
         for ev in batch.events:
             group = getattr(ev, "group_idx", None)
             if isinstance(ev, BlockStored) and group is not None \
-                    and ev.kv_cache_spec_kind is not None:
-                if ev.kv_cache_spec_kind in FULL_ATTENTION_KINDS:
-                    partial.discard(group)
-                elif group not in partial and len(partial) < _MAX_GROUPS:
-                    partial.add(group)
+                    and ev.kv_cache_spec_kind is not None \
+                    and (group in groups or len(groups) < _MAX_GROUPS):
+                whole = ev.kv_cache_spec_kind in FULL_ATTENTION_KINDS
+                if groups.get(group) is not whole and not whole:
                     log.info("replica %s: KV cache group %d is of kind %.64s: its events are "
-                             "skipped (it holds no whole prefixes)", replica, group,
+                             "skipped beside a full-attention group's", replica, group,
                              ev.kv_cache_spec_kind)
-            if group is None or group not in partial:
+                groups[group] = whole
+            # a model of windowed groups alone keeps them: they are all it has
+            if group is None or groups.get(group) is not False or not any(groups.values()):
                 kept.append(ev)
         return replace(batch, events=tuple(kept))
 

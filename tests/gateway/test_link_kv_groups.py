@@ -117,3 +117,14 @@ async def test_a_replica_that_leaves_takes_its_replay_backoff_with_it() -> None:
         assert sub._may_replay("r0") and not sub._replay_backoff
     finally:
         await sub.stop()
+
+
+async def test_a_model_of_windowed_groups_alone_keeps_their_events() -> None:
+    # no group holds whole prefixes: its blocks are all the index can know of
+    index = KVIndex(16)
+    sub = KVEventSubscriber(_fleet(), index)
+    await sub.receive("r0", _frames(0, _batch(
+        _event("BlockStored", block_hashes=[1, 2], parent_block_hash=None,
+               token_ids=list(range(32)), block_size=16, lora_id=None, lora_name=None,
+               group_idx=0, kv_cache_spec_kind="sliding_window"))), None)
+    assert index.match(list(range(32)), ["r0"]) == {"r0": 2}
