@@ -57,6 +57,10 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # which of a request's ``n`` sampled sequences this is: without a seed, the simulated
+    # executor's seed derived from the prompt differs per sequence, so they differ as
+    # vLLM's do (0 for a greedy one: those are alike there too)
+    sequence: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -171,7 +175,8 @@ class Request:
                 )
             self.block_hashes = list(block_hashes)
         seed = self.params.seed
-        self.seed = default_seed(self.all_token_ids) if seed is None else seed
+        self.seed = (default_seed(self.all_token_ids) + self.params.sequence) & 0xFFFFFFFF \
+            if seed is None else seed
         self.status = Status.WAITING
         self.block_table: list[int] = []
         # prompt tokens found cached when queued, left out of the waiting-tokens gauge

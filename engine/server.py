@@ -295,11 +295,12 @@ class EngineServer:
         return min(self.max_model_len,
                    self.core.config.num_blocks * self.core.config.block_size)
 
-    async def submit(self, rid: str, ids: list[int], p: GenerateParams, max_tokens: int
-                     ) -> asyncio.Queue[RequestOutput | BaseException]:
+    async def submit(self, rid: str, ids: list[int], p: GenerateParams, max_tokens: int,
+                     sequence: int = 0) -> asyncio.Queue[RequestOutput | BaseException]:
         """Queue one generation of ``max_tokens`` tokens at most on the engine (0: the
         prompt's prefill alone, as a pooling request) and count it in the metrics; its
-        outputs arrive on the returned queue. BadRequest when it can never run here or
+        outputs arrive on the returned queue. ``sequence``: which of the request's ``n``
+        it is. BadRequest when it can never run here or
         its sampling fields do not fit ``max_tokens``; ValueError when ``rid`` is in
         flight already."""
         try:
@@ -307,6 +308,7 @@ class EngineServer:
             params = SamplingParams(max_tokens=max(1, max_tokens), temperature=p.temperature,
                                     seed=p.seed, ignore_eos=p.ignore_eos,
                                     stop_token_ids=p.stop_token_ids, pooling=max_tokens == 0,
+                                    sequence=sequence if p.temperature > 0 else 0,
                                     **p.sampling)
         except ValueError as exc:
             # SamplingParams names its field first ("min_tokens must be ...")
@@ -351,7 +353,7 @@ class EngineServer:
                     index = j * p.n + i  # as vLLM: prompt j's sequence i
                     child = child_params(q, i)
                     crid = rid if len(prompts) * p.n == 1 else f"{rid}-{index}"
-                    queue = await self.submit(crid, ids, child, max_tokens)
+                    queue = await self.submit(crid, ids, child, max_tokens, i)
                     gens.append(OpenAIGeneration(self, crid, index, chat, child, len(ids),
                                                  queue, sequence=i, prompt_ids=ids))
         except BaseException:

@@ -35,6 +35,19 @@ def test_n_completions_are_the_seeded_sequences_seed_plus_index(live: LiveEngine
     assert live.server.core.num_running == 0
 
 
+def test_unseeded_sampled_sequences_differ_and_greedy_ones_agree(live: LiveEngine) -> None:
+    # as vLLM's: n sampled sequences are n draws; greedy ones are one answer n times
+    def texts(**kw: Any) -> list[str]:
+        out = live.client.completions.create(model=MODEL, prompt="the colour of",
+                                             max_tokens=6, n=3, **kw)
+        return [c.text for c in out.choices]
+
+    sampled = texts()
+    assert len(set(sampled)) == 3
+    assert texts() == sampled  # the sim's draws are a function of the prompt
+    assert len(set(texts(temperature=0))) == 1
+
+
 def test_a_streamed_chat_of_n_choices_names_each_chunks_choice(live: LiveEngine) -> None:
     body: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "max_tokens": 6, "seed": 1,
                             "n": 2, "logprobs": True, "top_logprobs": 1}
