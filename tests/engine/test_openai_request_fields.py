@@ -182,11 +182,12 @@ def _alone(live: LiveEngine, prompt: str | list[int], **kw: Any) -> dict[str, An
 def test_a_batch_of_prompts_answers_n_choices_for_each_in_vllms_order(
         live: LiveEngine) -> None:
     prompts = ["the colour of the sky", "a recipe for bread"]
-    # unseeded, the sim draws from the prompt: a choice's text tells which prompt it had
-    singles = [_alone(live, text, max_tokens=3) for text in prompts]
+    # greedy, the sim draws from the prompt alone: a choice's text tells which prompt it had
+    singles = [_alone(live, text, max_tokens=3, temperature=0) for text in prompts]
     texts = [s["choices"][0]["text"] for s in singles]
     assert texts[0] != texts[1]
-    out = live.client.completions.create(model=MODEL, prompt=prompts, max_tokens=3, n=2)
+    out = live.client.completions.create(model=MODEL, prompt=prompts, max_tokens=3, n=2,
+                                         temperature=0)
     assert [c.index for c in out.choices] == [0, 1, 2, 3]
     assert [c.text for c in out.choices] == [texts[0], texts[0], texts[1], texts[1]]
     assert out.usage is not None and out.usage.completion_tokens == 12
