@@ -406,8 +406,8 @@ def build_app(server: EngineServer) -> Starlette:
             yield
         finally:
             await server.engine.stop()
-            if server.kv_events is not None:
-                server.kv_events.stop()
+            if server.kv_events is not None:  # joins its threads: off the event loop
+                await asyncio.to_thread(server.kv_events.stop)
 
     embeddings = EmbeddingsRoute(server, max_body_bytes=MAX_BODY_BYTES)
     native = NativeGenerateRoute(server, max_body_bytes=MAX_BODY_BYTES)
