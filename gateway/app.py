@@ -41,6 +41,8 @@ from gateway.proxy import Proxy, UpstreamStream
 from gateway.relay_response import relay
 from gateway.request_parse import Endpoint, ParsedRequest, generates
 from gateway.resident_requests import Resident, prompt_head_key
+from gateway.responses_request import PATH as RESPONSES_PATH
+from gateway.responses_request import response_id
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
 from gateway.tracing import RequestTrace, Tracing
@@ -80,10 +82,11 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree
 # ``/generate`` is SGLang's native one)
 _PATHS: dict[Endpoint, str] = {"completions": "/v1/completions",
                                "chat": "/v1/chat/completions",
-                               "generate": GENERATE_PATH}
+                               "generate": GENERATE_PATH,
+                               "responses": RESPONSES_PATH}
 # the body's own request id field on each (vLLM's; SGLang's ``rid``)
 _BODY_ID: dict[Endpoint, str] = {"completions": "request_id", "chat": "request_id",
-                                 "generate": "rid"}
+                                 "generate": "rid", "responses": "request_id"}
 
 
 async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Response:
@@ -133,6 +136,9 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
     ranked = _under_queue_bound(gw, decision.ranked)
+    stored = _stored_at(gw, intake.parsed, ranked)
+    if stored is not None:  # only that replica can continue the response it stored
+        ranked = (stored, *(r for r in ranked if r != stored))
     # a batch is routed by its first prompt; its work is counted as that many of it, and
     # its summed usage teaches no calibration (it is not the first prompt's)
     batch = intake.parsed.num_prompts
@@ -183,6 +189,10 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         ranked, path, intake.raw, headers,
         lambda replica: batch * work_tokens(route_req, decision, replica), on_sent, on_done,
         intake.parsed.stream)
+    if intake.parsed.endpoint == "responses" and stream.status < 400:
+        answered = response_id(stream.first_chunk)
+        if answered is not None:
+            gw.response_homes.answered(answered, stream.replica)
     if stream.stream:
         open_now = stream.duration_s is None and gw.kv_capacity.on
         if open_now or not _asks_usage(intake.parsed):
@@ -194,10 +204,21 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     return stream
 
 
+def _stored_at(gw: GatewayState, parsed: ParsedRequest, ranked: tuple[str, ...]
+               ) -> str | None:
+    """The replica of ``ranked`` that answered the response a Responses request
+    continues (``previous_response_id``), when this gateway saw it answer."""
+    if parsed.endpoint != "responses":
+        return None
+    previous = parsed.body.get("previous_response_id")
+    home = gw.response_homes.home_of(previous) if isinstance(previous, str) else None
+    return home if home in ranked else None
+
+
 def _asks_usage(parsed: ParsedRequest) -> bool:
     """The stream ends with its usage (its output tokens need not be counted): every
-    ``/generate`` event carries its counts."""
-    if parsed.endpoint == "generate":
+    ``/generate`` event carries its counts, and a response's last event its usage."""
+    if parsed.endpoint in ("generate", "responses"):
         return True
     options = parsed.body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
@@ -235,6 +256,10 @@ async def chat_completions(request: Request) -> Response:
 
 async def generate(request: Request) -> Response:
     return await _proxy(request, "generate", _PATHS["generate"])
+
+
+async def responses(request: Request) -> Response:
+    return await _proxy(request, "responses", _PATHS["responses"])
 
 
 async def invocations(request: Request) -> Response:
@@ -369,6 +394,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route(GENERATE_PATH, generate, methods=["POST"]),
+        Route(RESPONSES_PATH, responses, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ping", health, methods=["GET", "POST"]),

@@ -88,7 +88,7 @@ class CaptureRecord:
     ts: float
     model: str
     tenant: str | None
-    endpoint: str  # "chat", "completions" or "generate" (SGLang's native one)
+    endpoint: str  # "chat", "completions", "generate" (SGLang's native one), "responses"
     body: Mapping[str, Any]
     size: int = 0
 
@@ -109,7 +109,7 @@ class CaptureRecord:
         body, model, endpoint = data.get("body"), data.get("model"), data.get("endpoint")
         if not isinstance(body, dict):
             raise ValueError("'body' must be an object")
-        if endpoint not in ("chat", "completions", "generate"):
+        if endpoint not in ("chat", "completions", "generate", "responses"):
             endpoint = "chat" if "messages" in body else "completions"
         tenant = data.get("tenant")
         ts = data.get("ts")

@@ -32,7 +32,9 @@ from typing import Any
 from gateway.audit_index import AuditGroup, AuditPrompt
 from gateway.capture import CaptureRecord
 from gateway.layout_causes import Fix, Turns, common_prefix_chars, find_fix
+from gateway.responses_request import responses_fields
 from kvwire.chat_messages import ChatFormatError, check_tools, normalize_messages
+from kvwire.openai_schema import BadRequest
 from kvwire.prompt_layout import common_prefix_tokens
 from kvwire.tokenizer import PromptTokenizer
 
@@ -114,12 +116,19 @@ def render(record: CaptureRecord, tokenizer: PromptTokenizer, max_chars: int
     """The prompt text the gateway tokenizes for ``record`` (cut at ``max_chars``) and
     its normalized messages; ``ValueError`` when it has no prompt to read."""
     body = record.body
-    if record.endpoint == "chat":
-        messages = body.get("messages")
+    if record.endpoint in ("chat", "responses"):
+        if record.endpoint == "responses":  # the chat it carries
+            try:
+                fields = responses_fields(body)
+            except BadRequest as exc:
+                raise ValueError(str(exc)) from None
+            messages, raw_tools = fields.messages, fields.tools
+        else:
+            messages, raw_tools = body.get("messages"), body.get("tools")
         if not isinstance(messages, list):
             raise ValueError("a chat request without 'messages'")
         normalized = normalize_messages(messages, lenient=True)
-        tools = check_tools(body.get("tools"))
+        tools = check_tools(raw_tools)
         return tokenizer.render_chat(normalized, tools=tools)[:max_chars], normalized
     prompt = body.get("prompt") if record.endpoint != "generate" else \
         body.get("text") if body.get("text") is not None else body.get("input_ids")

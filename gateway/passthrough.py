@@ -1,4 +1,4 @@
-"""The OpenAI endpoints that carry no prompt to route on (embeddings, responses, rerank,
+"""The OpenAI endpoints that carry no prompt to route on (embeddings, rerank,
 score, tokenize, detokenize): sent by ``model`` to the least busy healthy replica serving
 it (within the tenant's partition), bodies unchanged but for the tenant's ``cache_salt``
 under ``tenancy.isolate`` (all but tokenize and detokenize run the model over the client's
@@ -35,7 +35,7 @@ from gateway.relay_response import relay
 from gateway.state import GatewayState
 from kvwire.openai_schema import BadRequest, OpenAIError, json_object
 
-PATHS = ("/v1/embeddings", "/v1/responses", "/v1/rerank", "/v1/score", "/tokenize",
+PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize",
          "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank")
 ROUTE = "passthrough"
 # what runs no model over the request's text (no prefix cache to keep tenants apart in)

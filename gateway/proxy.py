@@ -45,7 +45,7 @@ from typing import Any, NamedTuple, TypeGuard
 
 import orjson
 
-from gateway import generate_request
+from gateway import generate_request, responses_request
 from gateway.config import HealthConfig, TimeoutConfig
 from gateway.errors import FleetBusy, UpstreamError, UpstreamTimeout
 from gateway.first_byte import FirstByteDeadline
@@ -203,7 +203,7 @@ class UpstreamStream:
                  on_cut: Callable[[UpstreamStream], None] | None = None,
                  ends_with_done: bool = False,
                  relaying: set[UpstreamStream] | None = None,
-                 meta_counts: bool = False) -> None:
+                 meta_counts: bool = False, failed_events: tuple[bytes, ...] = ()) -> None:
         self.replica = replica
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
@@ -258,7 +258,10 @@ class UpstreamStream:
         # of the answer (a whole one's anywhere in its body), or a whole answer that is an
         # error object under a success status, once one came: the answer failed, however
         # its body ends
-        self.error_status = _error_event(first_chunk)
+        # events that tell a failed answer beyond the error events every stream may have
+        # (a Responses stream's ``response.failed`` and ``error``)
+        self.failed_events = failed_events
+        self.error_status = self._error_in(first_chunk)
         if self.error_status is None and not self.stream and self.status < 400:
             self.error_status = _error_object(first_chunk)
 
@@ -348,8 +351,8 @@ class UpstreamStream:
                     if self._meta is not None:
                         self._note_meta(self._tail, chunk)
                     if self.error_status is None:  # (an event may start in the tail)
-                        self.error_status = _error_event(self._tail[-_ERROR_LOOK_BACK:]
-                                                         + chunk)
+                        self.error_status = self._error_in(self._tail[-_ERROR_LOOK_BACK:]
+                                                           + chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
                     if self._events is not None:
                         self._events += chunk.count(b"\n\n")
@@ -409,6 +412,15 @@ class UpstreamStream:
         elif self.cut is not None and self.stream:
             yield sse_error_event(f"replica {self.replica!r} stopped mid-answer: the answer "
                                   "is incomplete", f"upstream_{self.cut}")
+
+    def _error_in(self, window: bytes) -> int | None:
+        """``_error_event`` of ``window``, else 502 where it holds one of
+        ``failed_events``."""
+        status = _error_event(window)
+        if status is None and self.failed_events \
+                and any(marker in window for marker in self.failed_events):
+            return 502
+        return status
 
     def _whole_events(self, data: bytes) -> bytes:
         """Of what was held back and ``data``, the bytes up to the end of the last whole
@@ -551,10 +563,15 @@ class UpstreamStream:
             usage = _tail_usage(self._tail) \
                 if self.first_chunk[:64].lstrip()[:1] == b"{" else None
         try:
-            prompt = usage.get("prompt_tokens")
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            completion = usage.get("completion_tokens")
-        except (ValueError, AttributeError):
+            if "prompt_tokens" in usage:
+                prompt = usage.get("prompt_tokens")
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                completion = usage.get("completion_tokens")
+            else:  # the Responses API's names
+                prompt = usage.get("input_tokens")
+                cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+                completion = usage.get("output_tokens")
+        except (ValueError, AttributeError, TypeError):
             return None
         if _count(prompt) and prompt > 0 and _count(cached) and cached <= prompt:
             return Usage(prompt, cached, completion if _count(completion) else None)
@@ -589,8 +606,10 @@ def _stream_usage(tail: bytes, meta: bytes | None) -> Any:
     start = tail.rfind(b"data: ", 0, idx)
     end = tail.find(b"\n", idx)
     try:
-        return orjson.loads(tail[start + 6 if start >= 0 else 0:end if end >= 0 else None]
-                            ).get("usage") or {}
+        data = orjson.loads(tail[start + 6 if start >= 0 else 0:end if end >= 0 else None])
+        if "usage" not in data and isinstance(data.get("response"), dict):
+            data = data["response"]  # a Responses stream's last event: the response's
+        return data.get("usage") or {}
     except (ValueError, AttributeError):
         return None
 
@@ -695,6 +714,8 @@ class Proxy:
         deadline = time.monotonic() + self.timeouts.first_byte_s
         done_ends = path in DONE_PATHS
         meta_counts = path == generate_request.PATH
+        failed_events = responses_request.FAILED_EVENTS \
+            if path == responses_request.PATH else ()
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
         for replica in ranked[: self.max_attempts]:
             state = self.fleet.get(replica)
@@ -715,7 +736,7 @@ class Proxy:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done,
                                              deadline if wait < left else None, done_ends,
-                                             meta_counts)
+                                             meta_counts, failed_events)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -777,7 +798,8 @@ class Proxy:
                        pending: Pending, wait: float,
                        on_done: Callable[[UpstreamStream, bool], None],
                        deadline: float | None, ends_with_done: bool,
-                       meta_counts: bool = False) -> UpstreamStream:
+                       meta_counts: bool = False, failed_events: tuple[bytes, ...] = ()
+                       ) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
         to ``deadline`` (monotonic; None: never), while the replica shows progress."""
         started = time.perf_counter()
@@ -882,7 +904,8 @@ class Proxy:
                 self.first_byte.observe(first_byte_s, pending.tokens)
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
-                              ends_with_done and streamed, self.relaying, meta_counts)
+                              ends_with_done and streamed, self.relaying, meta_counts,
+                              failed_events)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.generate_request import generate_fields
+from gateway.responses_request import responses_fields
 from kvwire.openai_schema import (
     BadRequest,
     RequestFields,
@@ -21,7 +22,7 @@ from kvwire.openai_schema import (
     parse_fields,
 )
 
-Endpoint = Literal["completions", "chat", "generate"]
+Endpoint = Literal["completions", "chat", "generate", "responses"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,8 @@ def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None
 def _fields(body: dict[str, Any], endpoint: Endpoint) -> RequestFields:
     if endpoint == "generate":
         return generate_fields(body)
+    if endpoint == "responses":  # routed as the chat it carries
+        return responses_fields(body)
     return parse_fields(body, chat=endpoint == "chat", lenient=True)
 
 

@@ -24,6 +24,7 @@ from gateway.monitor import Monitor
 from gateway.networks import Networks
 from gateway.peers import Peers
 from gateway.proxy import Proxy
+from gateway.responses_request import ResponseHomes
 from gateway.routing import Router
 from gateway.shared_load import SharedLoad
 from gateway.tenancy import Tenancy
@@ -77,6 +78,8 @@ class GatewayState:
     peers: Peers | None = None  # the other gateway copies (peers in the config)
     # the routes this worker and the box's other workers tell each other (--workers N)
     worker_routes: WorkerRoutes | None = None
+    # which replica answered each recent response (Responses API), this process's own
+    response_homes: ResponseHomes = field(default_factory=ResponseHomes)
 
 
 def policy_listener(policy: Policy) -> FleetListener:

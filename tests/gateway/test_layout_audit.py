@@ -95,6 +95,20 @@ def test_the_context_shows_both_values(tok: PromptTokenizer) -> None:
     assert "Current time: «" in finding.context
 
 
+def test_responses_requests_are_audited_as_the_chats_they_carry(tok: PromptTokenizer
+                                                                 ) -> None:
+    log = prompt_logs.timestamp_log()
+    responses = []
+    for record in log.records:  # the system message as instructions, the rest as input
+        system, *rest = record["body"]["messages"]
+        responses.append({**record, "endpoint": "responses", "body": {
+            "model": record["model"], "instructions": system["content"], "input": rest}})
+    report = audit(records(responses), tok)
+    assert report.skipped == 0
+    (finding,) = report.findings
+    assert finding.cause == "timestamp" and "Current time: «" in finding.context
+
+
 def test_a_clean_log_has_no_findings(tok: PromptTokenizer) -> None:
     raw = prompt_logs.clean_log()
     report = audit(records(raw), tok)

@@ -388,8 +388,8 @@ def echo_replica(name: str, seen: list[tuple[str, str]]) -> ASGI:
     return app
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/responses", "/v1/rerank",
-                                  "/v1/score", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize",
+                                  "/detokenize"])
 def test_other_openai_endpoints_pass_through_by_model(serve: Serve, path: str) -> None:
     seen: list[tuple[str, str]] = []
     gw = gateway(serve, [serve(echo_replica("a", seen)), serve(echo_replica("b", seen))])
@@ -553,7 +553,7 @@ def test_a_stream_is_whole_exactly_when_its_last_event_came(serve: Serve, mode: 
             assert metric(gw, 'kvgate_upstream_cuts_total{cause="broken"') == 1
 
 
-@pytest.mark.parametrize("path, salted", [("/v1/responses", True), ("/v1/embeddings", True),
+@pytest.mark.parametrize("path, salted", [("/v1/embeddings", True),
                                           ("/v1/rerank", True), ("/v1/score", True),
                                           ("/tokenize", False), ("/detokenize", False)])
 def test_under_isolation_pass_through_bodies_carry_the_tenants_salt(serve: Serve, path: str,

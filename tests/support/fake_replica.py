@@ -1,10 +1,10 @@
 """A small, scriptable OpenAI-style replica for exercising the gateway's failure paths.
 
 It answers like an engine (completions and chat, streamed or not, /health, /metrics in the
-vLLM dialect, /v1/models; and SGLang's native /generate) and can be told to fail with a
-status, stall before its first byte, stall between chunks, or hold its first byte or a
-stream's last chunk until the test releases it. It records every body it receives, byte
-for byte.
+vLLM dialect, /v1/models; SGLang's native /generate; OpenAI's /v1/responses) and can be
+told to fail with a status, stall before its first byte, stall between chunks, or hold
+its first byte or a stream's last chunk until the test releases it. It records every body
+it receives, byte for byte.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class Behaviour:
     # completions: header lines added to each answer (a name may come more than once)
     answer_headers: tuple[tuple[str, str], ...] = ()
     header_lines: list[list[tuple[str, str]]] = field(default_factory=list)  # as received
+    responded: int = 0  # /v1/responses answered (each response's id counts them)
+    response_failed: bool = False  # a /v1/responses stream ends with response.failed
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -146,6 +148,54 @@ def fake_replica(b: Behaviour) -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def respond(request: Request) -> Response:
+        """OpenAI's Responses API as vLLM serves it: a response object, or named events
+        from response.created to response.completed (no [DONE]); each id names the
+        replica and counts its answers."""
+        raw = await request.body()
+        b.received.append(raw)
+        b.headers.append(dict(request.headers))
+        b.paths.append(request.url.path)
+        body = json.loads(raw)
+        await asyncio.sleep(b.first_byte_delay_s)
+        if b.status != 200:
+            return JSONResponse({"error": {"message": f"{b.name} failing", "type": "x",
+                                           "param": None, "code": b.status}},
+                                status_code=b.status)
+        b.responded += 1
+        rid = f"resp_{b.name}{b.responded}"
+        usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4},
+                 "output_tokens": b.chunks, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": 10 + b.chunks}
+        text = " ".join(f"t{i}" for i in range(b.chunks))
+        done = {"id": rid, "object": "response", "created_at": 0, "model": body.get("model"),
+                "status": "completed", "error": None,
+                "output": [{"type": "message", "role": "assistant", "id": "msg_1",
+                            "content": [{"type": "output_text", "text": text}]}],
+                "usage": usage}
+        if not body.get("stream"):
+            return JSONResponse(done)
+
+        def event(kind: str, data: dict[str, object]) -> bytes:
+            # pydantic's order, as vLLM writes them: the event's type last
+            return f"event: {kind}\ndata: {json.dumps({**data, 'type': kind})}\n\n".encode()
+
+        async def events():  # type: ignore[no-untyped-def]
+            yield event("response.created", {"response": {**done, "status": "in_progress",
+                                                          "output": [], "usage": None}})
+            for i in range(b.chunks):
+                await asyncio.sleep(b.chunk_delay_s)
+                yield event("response.output_text.delta", {"delta": f"t{i} ",
+                                                           "item_id": "msg_1"})
+            if b.response_failed:
+                yield event("response.failed", {"response": {
+                    **done, "status": "failed", "usage": None,
+                    "error": {"code": "server_error", "message": "the engine failed"}}})
+            else:
+                yield event("response.completed", {"response": done})
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok", status_code=200 if b.healthy else 503)
 
@@ -195,5 +245,6 @@ def fake_replica(b: Behaviour) -> Starlette:
         Route("/v1/completions", complete, methods=["POST"]),
         Route("/v1/chat/completions", complete, methods=["POST"]),
         Route("/generate", generate, methods=["POST"]),
+        Route("/v1/responses", respond, methods=["POST"]),
         Route("/health", health), Route("/v1/models", models), Route("/metrics", metrics),
     ])
