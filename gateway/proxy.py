@@ -100,9 +100,10 @@ _STATUS_CODE = re.compile(rb'"status_code":\s*(\d{3})\b')
 _ERROR_OBJECT = re.compile(rb'\s*\{\s*(?:"error"\s*:|"object"\s*:\s*"error")')
 # bytes of the tail searched with a chunk, for a marker split across reads
 _ERROR_LOOK_BACK = max(len(marker) for marker in (*_ERROR_EVENTS, *_ABORTS)) - 1
-# the streams that end with [DONE] when whole
-# (OpenAI's completions and chat completions, SGLang's /generate)
-DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", generate_request.PATH))
+# the streams whose last event tells they are whole: [DONE] (OpenAI's completions and chat
+# completions, SGLang's /generate), or a Responses stream's response.completed
+DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", generate_request.PATH,
+                        responses_request.PATH))
 
 
 # what the gateway writes itself: its server's date and name, and CORS, which only the
@@ -203,7 +204,8 @@ class UpstreamStream:
                  on_cut: Callable[[UpstreamStream], None] | None = None,
                  ends_with_done: bool = False,
                  relaying: set[UpstreamStream] | None = None,
-                 meta_counts: bool = False, failed_events: tuple[bytes, ...] = ()) -> None:
+                 meta_counts: bool = False, failed_events: tuple[bytes, ...] = (),
+                 last_events: tuple[bytes, ...] = ()) -> None:
         self.replica = replica
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
@@ -261,6 +263,10 @@ class UpstreamStream:
         # events that tell a failed answer beyond the error events every stream may have
         # (a Responses stream's ``response.failed`` and ``error``)
         self.failed_events = failed_events
+        # a stream whose last event is one of these, not [DONE] (a Responses stream's
+        # response.completed): seen once, the stream is whole; no content holds them
+        self.last_events = last_events
+        self._last_seen = self._has_last_event(first_chunk)
         self.error_status = self._error_in(first_chunk)
         if self.error_status is None and not self.stream and self.status < 400:
             self.error_status = _error_object(first_chunk)
@@ -325,7 +331,7 @@ class UpstreamStream:
                 first = self._whole_events(first)
             if first:
                 yield first
-                self._delivered = self.stream and not self._held and _ends_done(self._tail)
+                self._delivered = self.stream and not self._held and self._ended()
             while True:
                 watch.waiting()
                 self._reading = True
@@ -336,7 +342,7 @@ class UpstreamStream:
                     raise UpstreamBroken("the gateway ended the relay")
                 if not chunk:
                     if self.stream and (response.until_close or self.ends_with_done) \
-                            and not _ends_done(self._tail):
+                            and not self._ended():
                         # its end is the connection's, which a replica that died also
                         # closes, or an OpenAI stream's body ended without its last event:
                         # only that event tells a whole answer
@@ -353,6 +359,8 @@ class UpstreamStream:
                     if self.error_status is None:  # (an event may start in the tail)
                         self.error_status = self._error_in(self._tail[-_ERROR_LOOK_BACK:]
                                                            + chunk)
+                    if not self._last_seen and self.last_events:
+                        self._last_seen = self._has_last_event(self._tail[-64:] + chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
                     if self._events is not None:
                         self._events += chunk.count(b"\n\n")
@@ -376,7 +384,7 @@ class UpstreamStream:
                 # the client has the stream's last event (none of it held back): a client
                 # that hangs up now, before the replica's end of body arrives, got the
                 # whole answer
-                self._delivered = self.stream and not self._held and _ends_done(self._tail)
+                self._delivered = self.stream and not self._held and self._ended()
             ok = True
         except asyncio.CancelledError:
             if not watch.fired:
@@ -412,6 +420,13 @@ class UpstreamStream:
         elif self.cut is not None and self.stream:
             yield sse_error_event(f"replica {self.replica!r} stopped mid-answer: the answer "
                                   "is incomplete", f"upstream_{self.cut}")
+
+    def _ended(self) -> bool:
+        """The stream's last event came: [DONE], or one of ``last_events``."""
+        return self._last_seen or _ends_done(self._tail)
+
+    def _has_last_event(self, window: bytes) -> bool:
+        return any(marker in window for marker in self.last_events)
 
     def _error_in(self, window: bytes) -> int | None:
         """``_error_event`` of ``window``, else 502 where it holds one of
@@ -455,7 +470,7 @@ class UpstreamStream:
         """The bytes held back when they end with the stream's ``[DONE]`` (its blank line
         not come): the answer is whole, and they go out as a body ending there would send
         them (counted delivered); else nothing."""
-        if not (self._held and _ends_done(self._tail)):
+        if not (self._held and self._ended()):
             return b""
         self._delivered = True
         return self._take_held()
@@ -473,7 +488,7 @@ class UpstreamStream:
         response = self.response
         return response.is_eof() and not (
             self.stream and (response.until_close or self.ends_with_done)
-            and not _ends_done(self._tail)) and not self._json_cut()
+            and not self._ended()) and not self._json_cut()
 
     def _json_cut(self) -> bool:
         """A JSON body (not encoded) that ends with its connection ended before its JSON
@@ -714,8 +729,9 @@ class Proxy:
         deadline = time.monotonic() + self.timeouts.first_byte_s
         done_ends = path in DONE_PATHS
         meta_counts = path == generate_request.PATH
-        failed_events = responses_request.FAILED_EVENTS \
-            if path == responses_request.PATH else ()
+        responses = path == responses_request.PATH
+        failed_events = responses_request.FAILED_EVENTS if responses else ()
+        last_events = responses_request.LAST_EVENTS if responses else ()
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
         for replica in ranked[: self.max_attempts]:
             state = self.fleet.get(replica)
@@ -736,7 +752,7 @@ class Proxy:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done,
                                              deadline if wait < left else None, done_ends,
-                                             meta_counts, failed_events)
+                                             meta_counts, failed_events, last_events)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -798,8 +814,8 @@ class Proxy:
                        pending: Pending, wait: float,
                        on_done: Callable[[UpstreamStream, bool], None],
                        deadline: float | None, ends_with_done: bool,
-                       meta_counts: bool = False, failed_events: tuple[bytes, ...] = ()
-                       ) -> UpstreamStream:
+                       meta_counts: bool = False, failed_events: tuple[bytes, ...] = (),
+                       last_events: tuple[bytes, ...] = ()) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
         to ``deadline`` (monotonic; None: never), while the replica shows progress."""
         started = time.perf_counter()
@@ -905,7 +921,7 @@ class Proxy:
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
                               ends_with_done and streamed, self.relaying, meta_counts,
-                              failed_events)
+                              failed_events, last_events)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:

@@ -33,12 +33,14 @@ from kvwire.openai_schema import (
 )
 
 PATH = "/v1/responses"
-# the stream's last event when whole (vLLM, SGLang and OpenAI end it so: no [DONE])
-TERMINAL_EVENTS = (b'"type":"response.completed"', b'"type": "response.completed"',
-                   b'"type":"response.incomplete"', b'"type": "response.incomplete"')
 # a failed response: its own event, or an error event (the answer failed under a 200)
 FAILED_EVENTS = (b'"type":"response.failed"', b'"type": "response.failed"',
                  b'"type":"error"', b'"type": "error"')
+# a whole stream's last event (vLLM, SGLang and OpenAI send no [DONE] after it); JSON
+# strings escape their quotes, so no content holds these
+LAST_EVENTS = (b'"type":"response.completed"', b'"type": "response.completed"',
+               b'"type":"response.incomplete"', b'"type": "response.incomplete"',
+               *FAILED_EVENTS)
 _TEXT_PARTS = frozenset(("input_text", "output_text", "text", "refusal"))
 _ROLES = {"developer": "system", "system": "system", "user": "user",
           "assistant": "assistant"}

@@ -118,3 +118,16 @@ def test_a_continuation_goes_where_its_response_is_stored_and_usage_and_failures
     failed = r.headers["x-kvgate-replica"]
     series = f'kvgate_requests_total{{replica="{failed}",route="round_robin",status="502"}}'
     wait_until(lambda: metric(gw, series) == 1, 5, "the failed response counted")
+    # a stream that ends before its last event was cut: the client is told, as OpenAI's
+    # client reads an error (a data event with an "error" object)
+    for replica in replicas:
+        replica.response_failed, replica.done = False, False
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0) as client, \
+            pytest.raises(openai.APIError, match="incomplete"):
+        for _ in client.responses.create(model="sim-model", input="x", stream=True):
+            pass
+    def cuts() -> float:
+        return sum(metric(gw, f'kvgate_upstream_cuts_total{{cause="broken",replica="{b.name}"}}')
+                   or 0.0 for b in replicas)
+
+    wait_until(lambda: cuts() == 1, 5, "the cut counted")

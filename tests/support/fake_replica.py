@@ -187,6 +187,8 @@ def fake_replica(b: Behaviour) -> Starlette:
                 await asyncio.sleep(b.chunk_delay_s)
                 yield event("response.output_text.delta", {"delta": f"t{i} ",
                                                            "item_id": "msg_1"})
+            if not b.done:  # ended as if cut: no last event
+                return
             if b.response_failed:
                 yield event("response.failed", {"response": {
                     **done, "status": "failed", "usage": None,
