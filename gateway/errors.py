@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable
 
+MODEL_SHOWN_CHARS = 256  # of a model's name in an error: a body may hold megabytes of it
+
 
 class NoReplicaAvailable(ServiceUnavailable):
     kind = "no_replica"

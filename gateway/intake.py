@@ -11,7 +11,7 @@ from typing import NamedTuple
 from starlette.requests import Request
 
 from gateway.admission import Slot
-from gateway.errors import BodyTimeout
+from gateway.errors import MODEL_SHOWN_CHARS, BodyTimeout
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
@@ -60,9 +60,6 @@ def default_model(gw: GatewayState) -> str | None:
     request without ``model`` with its own), else None (several, or none known yet)."""
     known = gw.fleet.models()
     return next(iter(known)) if len(known) == 1 and not gw.fleet.models_cut() else None
-
-
-MODEL_SHOWN_CHARS = 256  # of an unknown model's name, in its 404
 
 
 async def check_model(gw: GatewayState, model: str | None, tenant: str | None = None

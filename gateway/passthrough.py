@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.admission import released_on_error
-from gateway.errors import NoReplicaAvailable
+from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
 from gateway.intake import (
     PARSE_ON_THREAD_BYTES,
@@ -33,6 +33,7 @@ from gateway.intake import (
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
 from gateway.state import GatewayState
+from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, OpenAIError, json_object
 
 PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize",
@@ -52,7 +53,8 @@ def least_busy(gw: GatewayState, model: str,
     views = [v for v in gw.fleet.views(model)
              if v.healthy and (allowed is None or allowed(v.id))]
     if not views:
-        raise NoReplicaAvailable(f"no healthy replica for model {model!r}")
+        raise NoReplicaAvailable(f"no healthy replica for model "
+                                 f"{shown(model, MODEL_SHOWN_CHARS)}")
     start = next(_turn)
     order = {v.id: (i - start) % len(views) for i, v in enumerate(views)}
     views.sort(key=lambda v: (v.in_flight / v.weight if v.weight > 0 else float("inf"),

@@ -895,9 +895,9 @@ class Proxy:
             if task is not None:
                 task.uncancel()
             if waiting.why == _SHUTDOWN:
-                raise ServiceUnavailable(
+                raise ServiceUnavailable(  # another copy (or this one, restarted) may serve
                     f"the gateway shut down before replica {replica!r} sent a first byte",
-                    code="gateway_shutdown") from None
+                    code="gateway_shutdown", headers={"Retry-After": "1"}) from None
             raise _Retryable("ejected", f"replica {replica!r} was ejected while the "
                              "request waited for it") from None
         except BaseException:  # _Retryable

@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gateway.errors import NoReplicaAvailable
+from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.head_anchors import HeadAnchors
 from gateway.request_parse import ParsedRequest
 from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
+from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest
 from kvwire.template_kwargs import TemplateKwargsError, check_template_kwargs
 from kvwire.tokenizer import PrefixEncoding, PromptTokenizer
@@ -321,7 +322,9 @@ class Router:
                 decision = (self.policy.explain if explain else self.policy.choose)(
                     request, views)
             except NoReplicaError as exc:
-                raise NoReplicaAvailable(f"no healthy replica for model {parsed.model!r}: "
-                                         f"{exc}") from exc
+                # the name's start only: before models are known any name gets here
+                raise NoReplicaAvailable(f"no healthy replica for model "
+                                         f"{shown(parsed.model, MODEL_SHOWN_CHARS)}: {exc}"
+                                         ) from exc
             trace.routed(decision)
         return Routing(request, decision, time.perf_counter() - started, views, pooled)

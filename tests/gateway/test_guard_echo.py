@@ -21,3 +21,15 @@ def test_an_unknown_models_404_names_its_start_only(serve: Serve) -> None:
     assert r.status_code == 404 and error["code"] == "model_not_found", r.text[:300]
     assert error["param"] == "model" and "available: sim-model" in error["message"]
     assert "m" * 256 in error["message"] and len(r.content) < 1000, len(r.content)
+
+
+def test_a_503_before_any_model_is_known_names_the_models_start_only(serve: Serve) -> None:
+    replica = serve(fake_replica(Behaviour("a", healthy=False)))  # no model known, none up
+    gw = start_gateway(serve, [("a", replica.url)])
+    name = "m" * 1_000_000
+    for path, body in (("/v1/completions", {"model": name, "prompt": "x"}),
+                       ("/v1/embeddings", {"model": name, "input": "x"})):
+        r = httpx.post(f"{gw.url}{path}", json=body, timeout=10)
+        assert r.status_code == 503, r.text[:300]
+        assert r.json()["error"]["code"] == "no_healthy_replica"
+        assert "m" * 256 in r.text and len(r.content) < 1000, (path, len(r.content))
