@@ -41,6 +41,7 @@ from engine.native_control import ENGINE_VERSION, NativeControlRoutes
 from engine.native_generate import NativeGenerateRoute
 from engine.openai_answer import OpenAIAnswer, OpenAIGeneration, abort_unended, child_params
 from engine.request import RequestOutput, SamplingParams
+from engine.responses_route import ResponsesRoute
 from engine.sim_embedding import SimEmbedder
 from engine.text_stream import Decoder, SpecialKeeping, TextStream
 from kvwire.media_parts import carries_media
@@ -159,7 +160,9 @@ class EngineServer:
                         param="prompt")
         return encoded
 
-    async def _prompt_ids(self, p: GenerateParams, for_model: bool = True) -> list[int]:
+    async def prompt_ids(self, p: GenerateParams, for_model: bool = True) -> list[int]:
+        """The ids the model computes for ``p``'s prompt: given, a chat rendered, or a
+        text encoded inside the tokenizer's special tokens."""
         if p.prompt_ids is not None:
             return p.prompt_ids
         if p.messages is not None:
@@ -188,7 +191,7 @@ class EngineServer:
     async def _each_prompt_ids(self, prompts: Sequence[GenerateParams]) -> list[list[int]]:
         """Each prompt's ids: a chat's rendered, a batch's texts encoded in one call."""
         if len(prompts) == 1:
-            return [await self._prompt_ids(prompts[0])]
+            return [await self.prompt_ids(prompts[0])]
         texts = [q.prompt_text or "" for q in prompts if q.prompt_ids is None]
         encoded = iter(await self.encode_texts(texts) if texts else ())
         out = [q.prompt_ids if q.prompt_ids is not None else next(encoded) for q in prompts]
@@ -232,7 +235,7 @@ class EngineServer:
         if "messages" in body:
             p = parse_generate({**body, "max_tokens": 1}, chat=True,
                                model_name=self.model_name, vocab_size=self.vocab_size)
-            ids = await self._prompt_ids(p, for_model=False)
+            ids = await self.prompt_ids(p, for_model=False)
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
@@ -410,12 +413,14 @@ def build_app(server: EngineServer) -> Starlette:
                 await asyncio.to_thread(server.kv_events.stop)
 
     embeddings = EmbeddingsRoute(server, max_body_bytes=MAX_BODY_BYTES)
+    responses = ResponsesRoute(server, max_body_bytes=MAX_BODY_BYTES)
     native = NativeGenerateRoute(server, max_body_bytes=MAX_BODY_BYTES)
     control = NativeControlRoutes(server)
     routes = [
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings.handle, methods=["POST"]),
+        Route("/v1/responses", responses.handle, methods=["POST"]),
         Route("/generate", native.handle, methods=["POST"]),
         Route("/abort_request", control.abort_request, methods=["POST"]),
         Route("/get_model_info", control.get_model_info, methods=["GET"]),

@@ -1,0 +1,206 @@
+"""OpenAI's Responses API on the engine (``POST /v1/responses``), as vLLM serves it.
+
+A request runs as the chat it stands for (``kvwire.responses_input``: the gateway routes it
+as the same chat, so both see one prompt): ``instructions``, then the stored conversation
+of ``previous_response_id`` (a 404 naming it when this replica holds none: the gateway
+sends a continuation back to the replica that answered), then ``input``. The answer is a
+response object, or its events (``response.created`` ... ``response.completed``, each
+named and numbered, no ``[DONE]`` after the last); its ``usage`` counts ``input_tokens``
+(``cached_tokens`` of them) and ``output_tokens``. A response is stored (``store``, true
+unless false) as its conversation, the ``store_limit`` latest kept; instructions are not
+carried into a continuation, as OpenAI's are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from engine.generate_params import GenerateParams, context_error, parse_generate
+from engine.generation import Generation
+from engine.request import RequestOutput
+from kvwire.media_parts import shown
+from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, decode_json, optional
+from kvwire.request_edge import read_body, unless_disconnected
+from kvwire.responses_input import responses_chat
+
+if TYPE_CHECKING:
+    from engine.server import EngineServer
+
+STORE_LIMIT = 1024  # stored responses kept, the oldest forgotten first
+# the fields a Responses request shares with a chat (sampling), and those it names anew
+_SHARED = ("temperature", "top_p", "cache_salt", "stream")
+_RENAMED = {"max_output_tokens": "max_tokens"}
+
+
+class ResponseStore:
+    """The conversations of the latest ``limit`` stored responses, by response id."""
+
+    def __init__(self, limit: int = STORE_LIMIT) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit!r}")
+        self.limit = limit
+        self._turns: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def put(self, response: str, turns: list[dict[str, Any]]) -> None:
+        self._turns[response] = turns
+        while len(self._turns) > self.limit:
+            self._turns.popitem(last=False)
+
+    def get(self, response: str) -> list[dict[str, Any]] | None:
+        return self._turns.get(response)
+
+
+class ResponsesRoute:
+    """``handle`` serves ``POST /v1/responses`` for one :class:`EngineServer`."""
+
+    def __init__(self, server: EngineServer, *, max_body_bytes: int,
+                 store_limit: int = STORE_LIMIT) -> None:
+        self.server = server
+        self.max_body_bytes = max_body_bytes
+        self.store = ResponseStore(store_limit)
+
+    async def handle(self, request: HTTPRequest) -> Response:
+        srv = self.server
+        body = decode_json(await read_body(request, self.max_body_bytes))
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object", code="invalid_json")
+        chat = responses_chat(body)
+        previous = optional(body, "previous_response_id", str, None)
+        history: list[dict[str, Any]] = []
+        if previous is not None:
+            stored = self.store.get(previous)
+            if stored is None:
+                raise NotFound(f"Response with id {shown(previous)} not found.",
+                               param="previous_response_id")
+            history = stored
+        turns = [*history, *chat.turns]
+        messages = [*chat.instructions, *turns]
+        if not messages:
+            raise BadRequest("'input' holds no message", param="input")
+        chat_body: dict[str, Any] = {"model": body.get("model", srv.model_name),
+                                     "messages": messages, "tools": chat.tools}
+        chat_body.update((k, body[k]) for k in _SHARED if k in body)
+        chat_body.update((new, body[old]) for old, new in _RENAMED.items() if old in body)
+        p = parse_generate(chat_body, chat=True, model_name=srv.model_name,
+                           vocab_size=srv.vocab_size)
+        ids = await srv.prompt_ids(p)
+        limit = p.max_tokens if p.max_tokens is not None \
+            else max(1, srv.max_request_tokens - len(ids))
+        if len(ids) + limit > srv.max_model_len:
+            raise context_error(len(ids), limit, srv.max_model_len, True, "max_output_tokens")
+        rid = f"resp_{uuid.uuid4().hex}"
+        queue = await srv.submit(rid, ids, p, limit)
+        answer = _Answer(srv, rid, p, len(ids), queue, body,
+                         self.store if body.get("store") is not False else None, turns)
+        if p.stream:
+            return StreamingResponse(answer.events(), media_type="text/event-stream")
+        return JSONResponse(await unless_disconnected(request, answer.collect()))
+
+
+class _Answer(Generation):
+    """One response: its generation's text as a response object or its events."""
+
+    def __init__(self, server: EngineServer, rid: str, p: GenerateParams, num_prompt: int,
+                 queue: asyncio.Queue[RequestOutput | BaseException], body: dict[str, Any],
+                 store: ResponseStore | None, turns: list[dict[str, Any]]) -> None:
+        super().__init__(server, rid, p, num_prompt, queue)
+        self.body = body
+        self.store = store
+        self.turns = turns
+        self.created = int(time.time())
+        self.item = f"msg_{uuid.uuid4().hex}"
+        self.sequence = 0
+
+    def _message(self, text: str, done: bool) -> dict[str, Any]:
+        content = [{"type": "output_text", "text": text, "annotations": []}] if done else []
+        return {"type": "message", "id": self.item, "role": "assistant",
+                "status": "completed" if done else "in_progress", "content": content}
+
+    def _response(self, text: str | None, reason: str | None) -> dict[str, Any]:
+        """The response object: in progress while ``text`` is None, else ended with
+        ``reason`` (``length``: incomplete at ``max_output_tokens``)."""
+        body = self.body
+        status = "in_progress" if text is None else \
+            "incomplete" if reason == "length" else "completed"
+        usage = None
+        if text is not None:
+            usage = {"input_tokens": self.num_prompt,
+                     "input_tokens_details": {"cached_tokens": max(0, self.num_cached)},
+                     "output_tokens": self.num_output,
+                     "output_tokens_details": {"reasoning_tokens": 0},
+                     "total_tokens": self.num_prompt + self.num_output}
+        return {
+            "id": self.rid, "object": "response", "created_at": self.created,
+            "status": status, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete" else None,
+            "instructions": body.get("instructions"), "model": self.server.model_name,
+            "output": [] if text is None else [self._message(text, True)],
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "temperature": self.p.temperature, "top_p": body.get("top_p", 1.0),
+            "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+            "text": {"format": {"type": "text"}}, "truncation": "disabled",
+            "metadata": body.get("metadata") or {}, "store": self.store is not None,
+            "usage": usage}
+
+    def _ended(self, text: str, reason: str | None) -> dict[str, Any]:
+        if self.store is not None and reason != "abort":
+            self.store.put(self.rid, [*self.turns, {"role": "assistant", "content": text}])
+        return self._response(text, reason)
+
+    async def collect(self) -> dict[str, Any]:
+        parts: list[str] = []
+        reason = None
+        async for delta, reason in self._deltas():  # noqa: B007
+            parts.append(delta)
+        return self._ended("".join(parts), reason)
+
+    def _event(self, kind: str, data: dict[str, Any]) -> str:
+        data = {**data, "type": kind, "sequence_number": self.sequence}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {orjson.dumps(data).decode()}\n\n"
+
+    async def events(self) -> AsyncIterator[str]:
+        where = {"item_id": self.item, "output_index": 0, "content_index": 0}
+        yield self._event("response.created", {"response": self._response(None, None)})
+        yield self._event("response.in_progress", {"response": self._response(None, None)})
+        yield self._event("response.output_item.added",
+                          {"output_index": 0, "item": self._message("", False)})
+        yield self._event("response.content_part.added", {**where, "part": {
+            "type": "output_text", "text": "", "annotations": []}})
+        parts: list[str] = []
+        reason = None
+        try:
+            async for delta, reason in self._deltas():  # noqa: B007
+                if delta:
+                    parts.append(delta)
+                    yield self._event("response.output_text.delta",
+                                      {**where, "delta": delta, "logprobs": []})
+        except OpenAIError as exc:
+            yield self._event("error", {"code": exc.code or exc.type, "message": exc.message,
+                                        "param": exc.param})
+            return
+        text = "".join(parts)
+        yield self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+        yield self._event("response.content_part.done", {**where, "part": {
+            "type": "output_text", "text": text, "annotations": []}})
+        yield self._event("response.output_item.done",
+                          {"output_index": 0, "item": self._message(text, True)})
+        response = self._ended(text, reason)
+        kind = "response.incomplete" if response["status"] == "incomplete" \
+            else "response.completed"
+        yield self._event(kind, {"response": response})

@@ -1,0 +1,132 @@
+"""OpenAI's Responses API input as the chat it stands for, identical in the gateway (which
+routes a Responses request as that chat) and in the engine (which runs it as one).
+
+``instructions`` is a system message; ``input`` is a string (a user message) or items:
+messages (``developer`` read as ``system``; text parts joined, an image standing by its
+address), ``function_call`` items (an assistant message's tool call) and
+``function_call_output`` items (a tool message). Items of other kinds (reasoning, built-in
+tools' calls) are left out. Function ``tools`` take the chat's shape (``{"type":
+"function", "function": {...}}``); built-in tools are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import orjson
+
+from kvwire.chat_messages import ChatFormatError, check_tools
+from kvwire.media_parts import shown
+from kvwire.openai_schema import BadRequest, optional
+
+_TEXT_PARTS = frozenset(("input_text", "output_text", "text", "refusal"))
+_ROLES = {"developer": "system", "system": "system", "user": "user",
+          "assistant": "assistant"}
+
+
+class ResponsesChat(NamedTuple):
+    """A Responses request's chat: ``instructions`` (its system message, if any), then
+    ``turns`` (its input's messages), with ``tools`` in the chat's shape."""
+
+    instructions: list[dict[str, Any]]
+    turns: list[dict[str, Any]]
+    tools: list[Any] | None
+
+
+def responses_chat(body: Mapping[str, Any]) -> ResponsesChat:
+    """The chat of a Responses request ``body``; BadRequest naming the first field that is
+    wrong. ``input`` may be left out only by a request that continues a stored response
+    (``previous_response_id``)."""
+    instructions = optional(body, "instructions", str, None)
+    optional(body, "previous_response_id", str, None)
+    turns: list[dict[str, Any]] = []
+    raw = body.get("input")
+    if isinstance(raw, str):
+        turns.append({"role": "user", "content": raw})
+    elif isinstance(raw, list):
+        for i, item in enumerate(raw):
+            message = _item_message(item, f"input[{i}]")
+            if message is not None:
+                turns.append(message)
+    elif raw is not None or body.get("previous_response_id") is None:
+        raise BadRequest(f"'input' must be a string or an array of items, got {shown(raw)}",
+                         param="input")
+    try:
+        tools = check_tools(_chat_tools(body.get("tools")))
+    except ChatFormatError as exc:
+        raise BadRequest(str(exc), param=exc.param or "tools") from exc
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    return ResponsesChat(system, turns, tools)
+
+
+def _item_message(item: Any, where: str) -> dict[str, Any] | None:
+    """The chat message an ``input`` item stands for; None for an item of another
+    kind."""
+    if isinstance(item, str):
+        return {"role": "user", "content": item}
+    if not isinstance(item, Mapping):
+        raise BadRequest(f"{where} must be an object or a string, got {shown(item)}",
+                         param=where)
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        if role is None:
+            raise BadRequest(f"{where}.role must be one of {sorted(_ROLES)}, got "
+                             f"{shown(item.get('role'))}", param=f"{where}.role")
+        return {"role": role, "content": _content(item.get("content"), f"{where}.content")}
+    if kind == "function_call":
+        name, arguments = item.get("name"), item.get("arguments")
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise BadRequest(f"{where} (a function_call) needs a string name and arguments",
+                             param=where)
+        call = {"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
+                "function": {"name": name, "arguments": arguments}}
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+    if kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else orjson.dumps(output).decode()
+        return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
+                "content": text}
+    return None
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's text: a string, or its text parts joined (an image stands by its
+    address; other parts are left out)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{where} must be a string or an array of parts, got "
+                         f"{shown(content)}", param=where)
+    texts: list[str] = []
+    for part in content:
+        if not isinstance(part, Mapping):
+            raise BadRequest(f"{where} parts must be objects, got {shown(part)}", param=where)
+        kind = part.get("type")
+        if kind in _TEXT_PARTS:
+            text = part.get("text", part.get("refusal"))
+            if isinstance(text, str):
+                texts.append(text)
+        elif kind == "input_image":
+            texts.append(f"[image {part.get('image_url') or part.get('file_id') or ''}]")
+    return "\n".join(texts)
+
+
+def _chat_tools(tools: Any) -> Any:
+    """Function ``tools`` in the chat's shape (``{"type": "function", "function":
+    {...}}``); a Responses function tool is flat (``name``, ``parameters`` beside its
+    type). Built-in tools (web search, file search...) are left out."""
+    if not isinstance(tools, list):
+        return tools  # None, or what check_tools names as wrong
+    out: list[Any] = []
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            out.append(tool)
+        elif tool.get("type") == "function" and "function" not in tool:
+            out.append({"type": "function", "function": {
+                "name": tool.get("name"), "description": tool.get("description"),
+                "parameters": tool.get("parameters")}})
+        elif tool.get("type") == "function":
+            out.append(tool)
+    return out or None

@@ -1,0 +1,87 @@
+"""OpenAI's Responses API on the engine, through the official client: a response object
+or its events, stored conversations continued by ``previous_response_id``, and through
+the gateway to the replica that stored them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.support.engine_servers import LiveEngine, serve_engine
+from tests.support.gateway_harness import Serve, start_gateway
+
+MODEL = "tiny-sim"
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveEngine]:
+    yield from serve_engine(LiveEngine, MODEL)
+
+
+def test_a_response_and_its_continuation(live: LiveEngine) -> None:
+    first = live.client.responses.create(model=MODEL, instructions="be brief",
+                                         input="name a colour", max_output_tokens=4)
+    assert first.id.startswith("resp_") and first.object == "response"
+    assert first.status == "incomplete" and first.incomplete_details is not None
+    assert first.output_text and first.usage is not None
+    assert first.usage.output_tokens == 4
+    # the chat it stands for: the same prompt as a chat completion's
+    chat = live.http.post("/tokenize", json={"model": MODEL, "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "name a colour"}]}).json()
+    assert first.usage.input_tokens == chat["count"]
+    # instructions are not carried on (as OpenAI's): an agent sends them again
+    second = live.client.responses.create(model=MODEL, instructions="be brief",
+                                          input="and another?", previous_response_id=first.id,
+                                          max_output_tokens=4)
+    assert second.usage is not None and second.usage.input_tokens > first.usage.input_tokens
+    # the stored conversation is the prefix the continuation computes again: cached
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 4
+    with pytest.raises(openai.NotFoundError, match="resp_nowhere"):
+        live.client.responses.create(model=MODEL, input="x", previous_response_id="resp_nowhere")
+    unstored = live.client.responses.create(model=MODEL, input="x", store=False,
+                                            max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        live.client.responses.create(model=MODEL, input="y", previous_response_id=unstored.id)
+
+
+def test_a_streamed_response_is_its_named_events(live: LiveEngine) -> None:
+    events = list(live.client.responses.create(model=MODEL, input="count", stream=True,
+                                               max_output_tokens=6))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert kinds[-1] == "response.incomplete"  # its max_output_tokens reached
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.output_text == text and final.usage is not None
+    assert final.usage.output_tokens == 6
+    raw = live.http.post("/v1/responses", json={"model": MODEL, "input": "x",
+                                                "stream": True, "max_output_tokens": 2})
+    assert "[DONE]" not in raw.text and raw.text.endswith("\n\n")
+
+
+def test_a_conversation_through_the_gateway_stays_where_it_is_stored(serve: Serve) -> None:
+    engines = [serve_engine(LiveEngine, MODEL) for _ in range(2)]
+    try:
+        lives = [next(e) for e in engines]
+        gw = start_gateway(serve, [(f"e{i}", live.url) for i, live in enumerate(lives)])
+        with openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0) as c:
+            previous, served = None, set()
+            for turn in range(4):  # round robin alone would send every other turn away
+                raw = c.responses.with_raw_response.create(
+                    model=MODEL, input=f"turn {turn}", previous_response_id=previous,
+                    max_output_tokens=2)
+                previous = raw.parse().id
+                served.add(raw.headers["x-kvgate-replica"])
+            assert len(served) == 1
+        r = httpx.post(f"{gw.url}/v1/responses", json={"model": MODEL, "input": "x",
+                                                       "previous_response_id": "resp_gone"})
+        assert r.status_code == 404  # the replica's answer: no such stored response
+    finally:
+        for engine in engines:
+            engine.close()
