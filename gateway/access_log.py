@@ -14,7 +14,8 @@ stream, which comes with its first token.
 The lines reach standard error from a thread of their own: a request's line is handed
 over, never written on the event loop, so a reader of standard error that falls behind
 (a full pipe) holds no request up. At most ``WAITING_LINES`` wait; past that, lines are
-dropped, and a warning on ``kvgate.gateway`` says how many once the writer is through.
+dropped, counted in ``kvgate_access_log_dropped_lines_total``, and a warning on
+``kvgate.gateway`` says how many once the writer is through.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import IO, Any
 
 import orjson
@@ -39,15 +41,18 @@ class AccessLog:
 
     __slots__ = ("on",)
 
-    def __init__(self, on: bool) -> None:
+    def __init__(self, on: bool, dropped: Callable[[int], None] | None = None) -> None:
+        """``dropped``: told how many lines each time lines are lost."""
         self.on = on
         if on:
             log.setLevel(logging.INFO)
             log.propagate = False
-            if not any(isinstance(h, StderrWriter) for h in log.handlers):
-                handler = StderrWriter(sys.stderr, WAITING_LINES)
-                handler.setFormatter(logging.Formatter("%(message)s"))
-                log.addHandler(handler)
+            writer = next((h for h in log.handlers if isinstance(h, StderrWriter)), None)
+            if writer is None:
+                writer = StderrWriter(sys.stderr, WAITING_LINES)
+                writer.setFormatter(logging.Formatter("%(message)s"))
+                log.addHandler(writer)
+            writer.on_dropped = dropped
 
     def write(self, *, request_id: str | None = None, tenant: str | None = None,
               model: str | None = None, replica: str | None = None, route: str,
@@ -83,6 +88,7 @@ class StderrWriter(logging.Handler):
         self.stream = stream
         self.max_waiting = max_waiting
         self.dropped = 0  # lines lost, in all
+        self.on_dropped: Callable[[int], None] | None = None  # told of each loss
         self._untold = 0  # ... since the last warning
         self._waiting: deque[str] = deque()
         self._writing = False
@@ -100,6 +106,8 @@ class StderrWriter(logging.Handler):
             if len(self._waiting) >= self.max_waiting:
                 self.dropped += 1
                 self._untold += 1
+                if self.on_dropped is not None:
+                    self.on_dropped(1)
                 return
             self._waiting.append(line)
             if self._thread is None:
@@ -132,6 +140,8 @@ class StderrWriter(logging.Handler):
                 with self._changed:
                     self.dropped += count
                     untold += count
+                if self.on_dropped is not None:
+                    self.on_dropped(count)
             if untold:
                 logging.getLogger("kvgate.gateway").warning(
                     "access log: %d lines dropped (standard error did not keep up)", untold)

@@ -331,6 +331,9 @@ class GatewayMetrics:
             "kvgate_cached_prompt_tokens", "Prompt tokens replicas served from prefix cache "
             "(usage.prompt_tokens_details.cached_tokens), by route reason", ["route"],
             registry=r)
+        self.access_dropped = Counter(
+            "kvgate_access_log_dropped_lines", "Access log lines lost: standard error did not "
+            "keep up (past the lines that may wait for it), or was closed", registry=r)
         self.cuts = Counter("kvgate_upstream_cuts", "Answers a replica broke off after the "
                             "client got part of them (the client sees the answer end in an "
                             "error)", ["replica", "cause"], registry=r)

@@ -112,7 +112,8 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
     metrics.export(CapacityCollector(fleet))
     gw = GatewayState(config, fleet, policy, metrics, router, Admission(config.limits),
                       trusted, Tenancy(config.tenancy, trusted),
-                      ClientAuth(config.auth.api_keys), AccessLog(config.access_log),
+                      ClientAuth(config.auth.api_keys),
+                      AccessLog(config.access_log, metrics.access_dropped.inc),
                       tracing or build_tracing(config.tracing),
                       Capture(config.capture, config.prefix_report),
                       CapacityEstimator(fleet, config.scrape.kv_capacity_estimate))
