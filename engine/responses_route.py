@@ -7,8 +7,8 @@ sends a continuation back to the replica that answered), then ``input``. The ans
 response object, or its events (``response.created`` ... ``response.completed``, each
 named and numbered, no ``[DONE]`` after the last); its ``usage`` counts ``input_tokens``
 (``cached_tokens`` of them) and ``output_tokens``. A response is stored (``store``, true
-unless false) as its conversation, the ``store_limit`` latest kept; instructions are not
-carried into a continuation, as OpenAI's are not.
+unless false) as its conversation, the latest kept (``ResponseStore``: so many, so many
+characters); instructions are not carried into a continuation, as OpenAI's are not.
 """
 
 from __future__ import annotations
@@ -36,30 +36,69 @@ if TYPE_CHECKING:
     from engine.server import EngineServer
 
 STORE_LIMIT = 1024  # stored responses kept, the oldest forgotten first
+STORE_CHARS = 1 << 26  # ... and the characters of their conversations, all together
+_MESSAGE_CHARS = 64  # what a message counts beyond its text (its dict, its role)
 # the fields a Responses request shares with a chat (sampling), and those it names anew
 _SHARED = ("temperature", "top_p", "cache_salt", "stream")
 _RENAMED = {"max_output_tokens": "max_tokens"}
 
 
 class ResponseStore:
-    """The conversations of the latest ``limit`` stored responses, by response id."""
+    """The conversations of the latest stored responses, by response id: ``limit`` of
+    them at most, holding ``max_chars`` characters at most in all (each conversation
+    counts all of its turns, those it shares with the one it continues too); the oldest
+    forgotten first. A conversation longer than ``max_chars`` alone is not stored."""
 
-    def __init__(self, limit: int = STORE_LIMIT) -> None:
+    def __init__(self, limit: int = STORE_LIMIT, max_chars: int = STORE_CHARS) -> None:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit!r}")
+        if max_chars < 1:
+            raise ValueError(f"max_chars must be >= 1, got {max_chars!r}")
         self.limit = limit
-        self._turns: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self.max_chars = max_chars
+        self.chars = 0  # the stored conversations' characters, as ``_chars`` counts them
+        self._turns: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._turns)
 
     def put(self, response: str, turns: list[dict[str, Any]]) -> None:
-        self._turns[response] = turns
-        while len(self._turns) > self.limit:
-            self._turns.popitem(last=False)
+        size = _chars(turns)
+        if size > self.max_chars:
+            return
+        replaced = self._turns.pop(response, None)
+        if replaced is not None:
+            self.chars -= replaced[1]
+        self._turns[response] = (turns, size)
+        self.chars += size
+        while len(self._turns) > self.limit or self.chars > self.max_chars:
+            _, (_, dropped) = self._turns.popitem(last=False)
+            self.chars -= dropped
 
     def get(self, response: str) -> list[dict[str, Any]] | None:
-        return self._turns.get(response)
+        stored = self._turns.get(response)
+        return None if stored is None else stored[0]
+
+    def check_integrity(self) -> None:
+        counted = sum(size for _, size in self._turns.values())
+        if counted != self.chars or counted > self.max_chars \
+                or len(self._turns) > self.limit:
+            raise AssertionError(f"{len(self._turns)} conversations (limit {self.limit}) "
+                                 f"of {counted} characters, counted {self.chars} (limit "
+                                 f"{self.max_chars})")
+
+
+def _chars(turns: list[dict[str, Any]]) -> int:
+    """The characters a conversation holds: its messages' text, and their tool calls'."""
+    size = 0
+    for message in turns:
+        content = message.get("content")
+        size += _MESSAGE_CHARS + (len(content) if isinstance(content, str) else 0)
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            size += _MESSAGE_CHARS + sum(len(v) for v in function.values()
+                                         if isinstance(v, str))
+    return size
 
 
 class ResponsesRoute:
