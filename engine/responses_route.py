@@ -117,6 +117,7 @@ class ResponsesRoute:
             raise BadRequest("request body must be a JSON object", code="invalid_json")
         chat = responses_chat(body)
         previous = optional(body, "previous_response_id", str, None)
+        store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
         history: list[dict[str, Any]] = []
         if previous is not None:
             stored = self.store.get(previous)
@@ -142,7 +143,7 @@ class ResponsesRoute:
         rid = f"resp_{uuid.uuid4().hex}"
         queue = await srv.submit(rid, ids, p, limit)
         answer = _Answer(srv, rid, p, len(ids), queue, body,
-                         self.store if body.get("store") is not False else None, turns)
+                         self.store if store else None, turns)
         if p.stream:
             return StreamingResponse(answer.events(), media_type="text/event-stream")
         return JSONResponse(await unless_disconnected(request, answer.collect()))

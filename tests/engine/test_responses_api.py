@@ -46,6 +46,15 @@ def test_a_response_and_its_continuation(live: LiveEngine) -> None:
                                             max_output_tokens=2)
     with pytest.raises(openai.NotFoundError):
         live.client.responses.create(model=MODEL, input="y", previous_response_id=unstored.id)
+    # store read as vLLM's pydantic reads it, or a 400 naming it
+    unstored = live.http.post("/v1/responses", json={"model": MODEL, "input": "x",
+                                                     "store": "false", "max_output_tokens": 2})
+    assert unstored.status_code == 200 and unstored.json()["store"] is False
+    assert live.http.post("/v1/responses", json={
+        "model": MODEL, "input": "y", "previous_response_id": unstored.json()["id"]}
+        ).status_code == 404
+    bad = live.http.post("/v1/responses", json={"model": MODEL, "input": "x", "store": "maybe"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "store"
 
 
 def test_a_streamed_response_is_its_named_events(live: LiveEngine) -> None:
