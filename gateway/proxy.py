@@ -99,7 +99,8 @@ _STATUS_CODE = re.compile(rb'"status_code":\s*(\d{3})\b')
 # a whole answer that is an error object (OpenAI's and vLLM's, or older vLLM's and SGLang's)
 _ERROR_OBJECT = re.compile(rb'\s*\{\s*(?:"error"\s*:|"object"\s*:\s*"error")')
 # bytes of the tail searched with a chunk, for a marker split across reads
-_ERROR_LOOK_BACK = max(len(marker) for marker in (*_ERROR_EVENTS, *_ABORTS)) - 1
+_ERROR_LOOK_BACK = max(len(marker) for marker in (*_ERROR_EVENTS, *_ABORTS,
+                                                   *responses_request.FAILED_EVENTS)) - 1
 # the streams whose last event tells they are whole: [DONE] (OpenAI's completions and chat
 # completions, SGLang's /generate), or a Responses stream's response.completed
 DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", generate_request.PATH,
@@ -266,8 +267,10 @@ class UpstreamStream:
         # a stream whose last event is one of these, not [DONE] (a Responses stream's
         # response.completed): seen once, the stream is whole; no content holds them
         self.last_events = last_events
-        self._last_seen = self._has_last_event(first_chunk)
-        self.error_status = self._error_in(first_chunk)
+        # (an event line is found after a line end: the body's start is one)
+        start = b"\n" + first_chunk if self.stream and last_events else first_chunk
+        self._last_seen = self._has_last_event(start)
+        self.error_status = self._error_in(start)
         if self.error_status is None and not self.stream and self.status < 400:
             self.error_status = _error_object(first_chunk)
 
@@ -360,7 +363,8 @@ class UpstreamStream:
                         self.error_status = self._error_in(self._tail[-_ERROR_LOOK_BACK:]
                                                            + chunk)
                     if not self._last_seen and self.last_events:
-                        self._last_seen = self._has_last_event(self._tail[-64:] + chunk)
+                        self._last_seen = self._has_last_event(
+                            self._tail[-responses_request.MARKER_BYTES:] + chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
                     if self._events is not None:
                         self._events += chunk.count(b"\n\n")
@@ -422,8 +426,10 @@ class UpstreamStream:
                                   "is incomplete", f"upstream_{self.cut}")
 
     def _ended(self) -> bool:
-        """The stream's last event came: [DONE], or one of ``last_events``."""
-        return self._last_seen or _ends_done(self._tail)
+        """The stream's last event came: [DONE], or one of ``last_events`` (and all of it:
+        its type may come before the rest of its data, the whole response)."""
+        return (self._last_seen and self._tail.endswith(_EVENT_ENDS)) \
+            or _ends_done(self._tail)
 
     def _has_last_event(self, window: bytes) -> bool:
         return any(marker in window for marker in self.last_events)
@@ -626,7 +632,9 @@ def _stream_usage(tail: bytes, meta: bytes | None) -> Any:
             data = data["response"]  # a Responses stream's last event: the response's
         return data.get("usage") or {}
     except (ValueError, AttributeError):
-        return None
+        # an event that began before the tail (a Responses stream's last holds the whole
+        # response, its text too): the value of its last usage key
+        return _tail_usage(tail)
 
 
 def _body_usage(body: bytes) -> Any:

@@ -28,14 +28,31 @@ from kvwire.openai_schema import (
 from kvwire.responses_input import responses_chat
 
 PATH = "/v1/responses"
+
+
+def _event_markers(*kinds: str) -> tuple[bytes, ...]:
+    """Bytes that tell a stream's event of one of ``kinds``, each where only an event's
+    own type stands: its ``event:`` line (after a line end: data is JSON, whose strings
+    escape line ends and quotes), or its data's ``type`` as the first key (OpenAI's order)
+    or the last (pydantic's, vLLM's). Anywhere else, ``"type": "error"`` may be a value
+    the response echoes (its ``metadata``, its tools' schemas), not its event's type."""
+    out: list[bytes] = []
+    for kind in (kind.encode() for kind in kinds):
+        for colon in (b":", b": "):
+            typed = b'"type"' + colon + b'"' + kind + b'"'
+            out += [b"\nevent" + colon + kind + b"\n", b"\nevent" + colon + kind + b"\r",
+                    b'data:{' + typed, b'data: {' + typed, typed + b"}\n", typed + b"}\r"]
+    return tuple(out)
+
+
 # a failed response: its own event, or an error event (the answer failed under a 200)
-FAILED_EVENTS = (b'"type":"response.failed"', b'"type": "response.failed"',
-                 b'"type":"error"', b'"type": "error"')
-# a whole stream's last event (vLLM, SGLang and OpenAI send no [DONE] after it); JSON
-# strings escape their quotes, so no content holds these
-LAST_EVENTS = (b'"type":"response.completed"', b'"type": "response.completed"',
-               b'"type":"response.incomplete"', b'"type": "response.incomplete"',
+FAILED_EVENTS = _event_markers("response.failed", "error")
+# a whole stream's last event (vLLM, SGLang and OpenAI send no [DONE] after it)
+LAST_EVENTS = (*_event_markers("response.completed", "response.incomplete"),
                *FAILED_EVENTS)
+# the longest marker: a window that holds this many bytes before a new chunk finds one
+# split across reads
+MARKER_BYTES = max(len(marker) for marker in LAST_EVENTS)
 # a response's id in its first bytes: the body's own, or the response.created event's
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp[_-][A-Za-z0-9_.:-]{1,200})"')
 _ID_LOOK_BYTES = 4096

@@ -167,11 +167,12 @@ def fake_replica(b: Behaviour) -> Starlette:
         usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4},
                  "output_tokens": b.chunks, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": 10 + b.chunks}
-        text = " ".join(f"t{i}" for i in range(b.chunks))
+        words = [f"t{i}" + "x" * b.pad for i in range(b.chunks)]
+        # as vLLM's: the request's metadata echoed, the usage after the output
         done = {"id": rid, "object": "response", "created_at": 0, "model": body.get("model"),
-                "status": "completed", "error": None,
+                "status": "completed", "error": None, "metadata": body.get("metadata"),
                 "output": [{"type": "message", "role": "assistant", "id": "msg_1",
-                            "content": [{"type": "output_text", "text": text}]}],
+                            "content": [{"type": "output_text", "text": " ".join(words)}]}],
                 "usage": usage}
         if not body.get("stream"):
             return JSONResponse(done)
@@ -185,7 +186,7 @@ def fake_replica(b: Behaviour) -> Starlette:
                                                           "output": [], "usage": None}})
             for i in range(b.chunks):
                 await asyncio.sleep(b.chunk_delay_s)
-                yield event("response.output_text.delta", {"delta": f"t{i} ",
+                yield event("response.output_text.delta", {"delta": f"{words[i]} ",
                                                            "item_id": "msg_1"})
             if not b.done:  # ended as if cut: no last event
                 return
