@@ -170,10 +170,11 @@ class _Answer(Generation):
 
     def _response(self, text: str | None, reason: str | None) -> dict[str, Any]:
         """The response object: in progress while ``text`` is None, else ended with
-        ``reason`` (``length``: incomplete at ``max_output_tokens``)."""
+        ``reason`` (``length``: incomplete at ``max_output_tokens``; ``abort``: cancelled
+        on the engine, ``/abort_request``)."""
         body = self.body
-        status = "in_progress" if text is None else \
-            "incomplete" if reason == "length" else "completed"
+        status = "in_progress" if text is None else "incomplete" if reason == "length" \
+            else "cancelled" if reason == "abort" else "completed"
         usage = None
         if text is not None:
             usage = {"input_tokens": self.num_prompt,
@@ -183,7 +184,9 @@ class _Answer(Generation):
                      "total_tokens": self.num_prompt + self.num_output}
         return {
             "id": self.rid, "object": "response", "created_at": self.created,
-            "status": status, "error": None,
+            "status": status,
+            "error": {"code": "cancelled", "message": self.interrupted or "aborted"}
+            if status == "cancelled" else None,
             "incomplete_details": {"reason": "max_output_tokens"}
             if status == "incomplete" else None,
             "instructions": body.get("instructions"), "model": self.server.model_name,
@@ -241,6 +244,7 @@ class _Answer(Generation):
         yield self._event("response.output_item.done",
                           {"output_index": 0, "item": self._message(text, True)})
         response = self._ended(text, reason)
-        kind = "response.incomplete" if response["status"] == "incomplete" \
-            else "response.completed"
+        # a cancelled response ends as a failed one: its answer is not whole
+        kind = {"incomplete": "response.incomplete",
+                "cancelled": "response.failed"}.get(response["status"], "response.completed")
         yield self._event(kind, {"response": response})

@@ -135,10 +135,12 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     ``perf_counter`` at arrival)."""
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
-    ranked = _under_queue_bound(gw, decision.ranked)
-    stored = _stored_at(gw, intake.parsed, ranked)
-    if stored is not None:  # only that replica can continue the response it stored
-        ranked = (stored, *(r for r in ranked if r != stored))
+    stored = _stored_at(gw, intake.parsed, decision.ranked)
+    if stored is not None:  # only that replica can continue the response it stored: a
+        # full queue there makes the request wait, not fail at another replica for sure
+        ranked = (stored, *(r for r in decision.ranked if r != stored))
+    else:
+        ranked = _under_queue_bound(gw, decision.ranked)
     # a batch is routed by its first prompt; its work is counted as that many of it, and
     # its summed usage teaches no calibration (it is not the first prompt's)
     batch = intake.parsed.num_prompts

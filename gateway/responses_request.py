@@ -53,8 +53,10 @@ LAST_EVENTS = (*_event_markers("response.completed", "response.incomplete"),
 # the longest marker: a window that holds this many bytes before a new chunk finds one
 # split across reads
 MARKER_BYTES = max(len(marker) for marker in LAST_EVENTS)
-# a response's id in its first bytes: the body's own, or the response.created event's
-_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp[_-][A-Za-z0-9_.:-]{1,200})"')
+# a response's id: the first id in its first bytes, the body's own or the response's in
+# response.created (vLLM names a response after the body's request_id when the client
+# gives one, so any name is read)
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\\s]{1,256})"')
 _ID_LOOK_BYTES = 4096
 
 

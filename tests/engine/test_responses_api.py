@@ -4,6 +4,7 @@ the gateway to the replica that stored them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -94,3 +95,15 @@ def test_a_conversation_through_the_gateway_stays_where_it_is_stored(serve: Serv
     finally:
         for engine in engines:
             engine.close()
+
+
+def test_a_response_cancelled_on_the_engine_ends_as_a_failed_one(live: LiveEngine) -> None:
+    body = {"model": MODEL, "input": "go on", "stream": True, "max_output_tokens": 400}
+    with live.http.stream("POST", "/v1/responses", json=body) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # created
+        assert live.http.post("/abort_request", json={"abort_all": True}).status_code == 200
+        datas = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    last = datas[-1]
+    assert last["type"] == "response.failed" and last["response"]["status"] == "cancelled"
+    assert last["response"]["error"]["code"] == "cancelled"

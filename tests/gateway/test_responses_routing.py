@@ -4,6 +4,7 @@ continuation sent where its response is stored, its usage and failures read."""
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import openai
@@ -56,7 +57,8 @@ def test_response_ids_are_read_and_their_homes_bounded() -> None:
     assert response_id(b'{"id":"resp_a1","object":"response"') == "resp_a1"
     assert response_id(b'event: response.created\ndata: {"response":{"id": "resp_b2"') \
         == "resp_b2"
-    assert response_id(b'{"id":"chatcmpl-1"}') is None
+    assert response_id(b'{"id":"my-request-7","object":"response"') == "my-request-7"
+    assert response_id(b'{"object":"response","status":"failed"}') is None
     homes = ResponseHomes(limit=2)
     for i, replica in enumerate("abc"):
         homes.answered(f"resp_{i}", replica)
@@ -131,3 +133,28 @@ def test_a_continuation_goes_where_its_response_is_stored_and_usage_and_failures
                    or 0.0 for b in replicas)
 
     wait_until(lambda: cuts() == 1, 5, "the cut counted")
+
+
+def test_a_continuation_waits_at_its_home_past_the_queue_bound(serve: Serve) -> None:
+    # the only replica that can continue a response: elsewhere it fails for sure
+    replicas = [Behaviour(f"r{i}") for i in range(2)]
+    gw = start_gateway(serve, [(b.name, serve(fake_replica(b)).url) for b in replicas],
+                       limits={"max_queued_tokens_per_replica": 1})
+    first = httpx.post(f"{gw.url}/v1/responses", json={"model": "sim-model", "input": "hi"})
+    home, previous = first.headers["x-kvgate-replica"], first.json()["id"]
+    held = next(b for b in replicas if b.name == home)
+    held.hold = threading.Event()
+    body = {"model": "sim-model", "input": "more", "previous_response_id": previous}
+    answers: list[httpx.Response] = []
+    senders = [threading.Thread(target=lambda: answers.append(
+        httpx.post(f"{gw.url}/v1/responses", json=body, timeout=30))) for _ in range(2)]
+    try:
+        senders[0].start()
+        wait_until(lambda: len(held.received) == 2, 5, "the first continuation at its home")
+        senders[1].start()  # its home's queue is past the bound now
+        wait_until(lambda: len(held.received) == 3, 5, "the second one at its home too")
+    finally:
+        held.hold.set()
+        for sender in senders:
+            sender.join(30)
+    assert [a.headers["x-kvgate-replica"] for a in answers] == [home, home]
