@@ -378,18 +378,26 @@ def chat_apps(spec: ChatAppsSpec, n: int, content: SegmentContent) -> list[Workl
     turn_times: list[tuple[float, int, int]] = []  # (arrival, conversation, turn)
     convs: list[tuple[int, int]] = []  # (app, turns)
     t = 0.0
-    # enough conversations that their turns cover n requests, then take the first n
-    while len(turn_times) < 2 * n + 64:
-        t += float(rng.exponential(1.0 / starts))
-        app = int(rng.choice(len(shares), p=shares))
-        turns = int(min(hi, lo + rng.geometric(p_stop) - 1))
-        conv = len(convs)
-        convs.append((app, turns))
-        at = t
-        for turn in range(turns):
-            turn_times.append((at, conv, turn))
-            at += float(rng.exponential(spec.think_s))
-    turn_times.sort()
+    # enough conversations that their turns cover n requests, then take the first n: a
+    # conversation not drawn yet starts after t, so the first n are known once the n-th
+    # earliest turn is at or before t (at high rates the later turns of the last
+    # conversations outnumber the 2n + 64 drawn)
+    want = 2 * n + 64
+    while True:
+        while len(turn_times) < want:
+            t += float(rng.exponential(1.0 / starts))
+            app = int(rng.choice(len(shares), p=shares))
+            turns = int(min(hi, lo + rng.geometric(p_stop) - 1))
+            conv = len(convs)
+            convs.append((app, turns))
+            at = t
+            for turn in range(turns):
+                turn_times.append((at, conv, turn))
+                at += float(rng.exponential(spec.think_s))
+        turn_times.sort()
+        if n == 0 or turn_times[n - 1][0] <= t:
+            break
+        want = len(turn_times) + n + 64
     prompts: dict[int, tuple[Segment, ...]] = {}
     out: list[WorkloadRequest] = []
     for at, conv, turn in turn_times[:n]:
