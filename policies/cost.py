@@ -276,7 +276,14 @@ class Cost(Policy):
                 busy = False
             else:
                 candidates.update(dict.fromkeys(scratch))
-        candidates.update(dict.fromkeys(i for i, m in matched.items() if m > 0))
+        # the replicas holding part of the prompt, in id order counted from the key, not
+        # in the fleet's (discovery's answer order): gateway copies break a tie between
+        # two holders alike, and one holder is not every prefix's
+        held = sorted((i for i, m in matched.items() if m > 0), key=ids.__getitem__)
+        if len(held) > 1:
+            start = prep.key % len(held)
+            held = held[start:] + held[:start]
+        candidates.update(dict.fromkeys(held))
 
         # the cheap terms first: a candidate whose wait + prefill + scratch already
         # exceeds the best total cannot win, and its eviction walk is skipped
