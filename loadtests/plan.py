@@ -76,7 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _workload(args: argparse.Namespace) -> PlanWorkload:
     if args.scenario:
-        return from_scenario(args.scenario, args.hot_share, args.sim_requests, args.seed)
+        # the fleet's rate, which a workload timing its own arrivals (chat-apps) is drawn at
+        rate = args.rate if args.rate is not None else \
+            SCENARIOS[args.scenario].rate / 8 * args.replicas
+        return from_scenario(args.scenario, args.hot_share, args.sim_requests, args.seed,
+                             rate)
     if args.workload:
         from kvwire.tokenizer import load_tokenizer
 

@@ -69,7 +69,9 @@ def _contracts(source: str, spec: ContractsSpec, sim_requests: int, rate: float,
 
 
 def from_scenario(name: str, hot_share: float, sim_requests: int,
-                  seed: int = 0) -> PlanWorkload:
+                  seed: int = 0, fleet_rate: float | None = None) -> PlanWorkload:
+    """``fleet_rate``: the requests/s of a workload that times its own arrivals (default:
+    the scenario's, for 8 replicas)."""
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(sorted(SCENARIOS))}")
     scenario = SCENARIOS[name]
@@ -78,7 +80,7 @@ def from_scenario(name: str, hot_share: float, sim_requests: int,
     if isinstance(spec, ContractsSpec):
         return _contracts(f"scenario {name}", spec, sim_requests, rate, scenario)
     if isinstance(spec, ChatAppsSpec):  # the workload times its own arrivals
-        spec = replace(spec, rate=scenario.rate)
+        spec = replace(spec, rate=scenario.rate if fleet_rate is None else fleet_rate)
     requests = generate(spec, max(sim_requests, 2000))
     found = estimate([[(s.key, s.length) for s in r.segments] for r in requests], hot_share)
     # hot or cold by the estimated documents, for the hot prefill figures
