@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from policies.common_prefix import check_settings
 from policies.size_bounds import check_sizes
 
+_MIN_SKETCH_WIDTH, _MAX_SKETCH_WIDTH = 8, 1 << 24
+
 
 @dataclass(frozen=True, slots=True)
 class CostConfig:
@@ -90,7 +92,11 @@ class CostConfig:
         if not 0.0 < self.capacity_fraction <= 1.0:
             raise ValueError(
                 f"capacity_fraction must be in (0, 1], got {self.capacity_fraction!r}")
-        if self.sketch_width < 2 or self.sketch_width & (self.sketch_width - 1):
-            raise ValueError(f"sketch_width must be a power of two >= 2, got {self.sketch_width!r}")
+        # at least 8: the sketch halves every sketch_width // 8 adds at most, and that many
+        # hot keys are placed; at most 2^24 (64 MiB a row): past it a typo
+        if not _MIN_SKETCH_WIDTH <= self.sketch_width <= _MAX_SKETCH_WIDTH \
+                or self.sketch_width & (self.sketch_width - 1):
+            raise ValueError(f"sketch_width must be a power of two in [{_MIN_SKETCH_WIDTH}, "
+                             f"{_MAX_SKETCH_WIDTH}], got {self.sketch_width!r}")
         if not 1 <= self.sketch_depth <= 8:
             raise ValueError(f"sketch_depth must be in [1, 8], got {self.sketch_depth!r}")

@@ -264,6 +264,11 @@ def test_the_preset_builds_and_bad_values_are_named() -> None:
         build_policy({"name": "cost", "scratch_utilization": 0})
     with pytest.raises(ConfigError, match="sketch_width"):
         build_policy({"name": "cost", "sketch_width": 1000})
+    # too narrow to halve or place anything (it failed building, naming no setting), and
+    # a typo's 2^40 (it allocated 16 TiB)
+    for width in (2, 4, 1 << 40):
+        with pytest.raises(ConfigError, match="sketch_width"):
+            build_policy({"name": "cost", "sketch_width": width})
     with pytest.raises(ConfigError, match="prefill_weight"):
         build_policy({"name": "cost", "prefill_weight": 0})
     with pytest.raises(ConfigError, match="hot_keep_count"):
