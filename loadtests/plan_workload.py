@@ -124,10 +124,10 @@ def read_capture(path: str | Path, tokenizer: PromptTokenizer,
             except ValueError:  # orjson's decode error is one too
                 skipped += 1
                 continue
-            found = list(_prompts(body, tokenizer))
-            if not found:
+            found = [ids for ids in _prompts(body, tokenizer) if ids]
+            if not found:  # none, or only empty ones ("prompt": "")
                 skipped += 1
-            prompts.extend(ids for ids in found if ids)
+            prompts.extend(found)
             if limit is not None and len(prompts) >= limit:
                 break
     if not prompts:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
+from kvwire.tokenizer import load_tokenizer
 from loadtests import plan
+from loadtests.plan_workload import read_capture
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -22,3 +26,13 @@ def test_a_workload_timing_its_own_turns_arrives_at_the_planned_rate() -> None:
     eight = span_s()  # the scenario's rate, 8 requests/s on 8 replicas
     assert span_s("--replicas", "32") < eight / 2  # 32 requests/s
     assert span_s("--rate", "32") < eight / 2
+
+
+def test_a_capture_line_whose_prompt_is_empty_is_counted_as_skipped(tmp_path: Path) -> None:
+    capture = tmp_path / "capture.jsonl"
+    lines = [{"model": "m", "body": {"model": "m", "prompt": [5, 6, 7]}},
+             {"model": "m", "body": {"model": "m", "prompt": ""}},
+             {"model": "m", "body": {"model": "m", "prompt": ["", ""]}}]
+    capture.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    prompts, skipped = read_capture(capture, load_tokenizer(None))
+    assert (prompts, skipped) == ([[5, 6, 7]], 2)
