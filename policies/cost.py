@@ -112,6 +112,7 @@ _ID, _WEIGHT, _HEALTHY = (itemgetter(ReplicaView._fields.index(name))
                           for name in ("id", "weight", "healthy"))
 _REFRESH_S = 0.25  # arrival seconds between reads of the views' slowly changing gauges
 _MEMBERSHIPS_KEPT = 16  # memberships whose last refresh is remembered (as rings are)
+_REMOVED_KEPT = 1024  # ids of the replicas removed last, whose late routes are not kept
 
 
 class _Prepared(NamedTuple):
@@ -146,6 +147,10 @@ class Cost(Policy):
         # id -> (epoch, capacity, scraped prefill tokens/s), as last refreshed
         self._facts: dict[str, tuple[int, int | None, float | None]] = {}
         self._facts_changed = 0  # bumped when a replica joins or leaves ``_facts``
+        # replicas removed lately (oldest first), until seen again: a route to one told
+        # after its removal (a retry ranked before it, another worker's or copy's route)
+        # would give it a model that nothing removes again
+        self._removed: dict[str, None] = {}
         # (the index dict, _facts_changed) -> whether it leaves a known replica out
         self._partial_memo: tuple[dict[str, int], int, bool] | None = None
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
@@ -437,6 +442,7 @@ class Cost(Policy):
         for r in ok:
             if r.id not in facts:
                 self._facts_changed += 1
+                self._removed.pop(r.id, None)
             facts[r.id] = (r.epoch, r.kv_capacity_tokens, r.prefill_tokens_per_s)
         self._slots.saw_all(ok)
         if now is not None:
@@ -607,7 +613,8 @@ class Cost(Policy):
     # -- what happened ----------------------------------------------------------------------
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed):
-            self._routed_to(event.request, event.replica)
+            if event.replica not in self._removed:  # (else the route went nowhere)
+                self._routed_to(event.request, event.replica)
         elif isinstance(event, Finished):
             req = event.request
             if event.ok and event.ttft_s is not None and event.cached_tokens is not None:
@@ -620,6 +627,9 @@ class Cost(Policy):
                     hold += max(0, uncached) * self._pace.value_s - event.ttft_s
                 self._slots.held(max(0.0, hold))
         elif isinstance(event, ReplicaRemoved):
+            self._removed[event.replica] = None
+            if len(self._removed) > _REMOVED_KEPT:
+                del self._removed[next(iter(self._removed))]
             if self.kv_index is not None:
                 self.kv_index.remove_replica(event.replica)
             self._models.remove(event.replica)
