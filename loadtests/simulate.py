@@ -277,6 +277,15 @@ class Simulation:
 
     def run(self, requests: Sequence[WorkloadRequest],
             arrivals: Sequence[float] | np.ndarray) -> None:
+        times = np.asarray(arrivals, dtype=np.float64)
+        if not np.all(np.isfinite(times)):
+            bad = float(times[~np.isfinite(times)][0])
+            raise ValueError(f"arrival times must be finite, got {bad!r}")
+        back = np.flatnonzero(np.diff(times) < 0)
+        if back.size:  # virtual time would go back
+            i = int(back[0]) + 1
+            raise ValueError(f"arrival times must not decrease: request {i} at "
+                             f"{float(times[i])!r} s after {float(times[i - 1])!r} s")
         heap = self._heap
         i, n = 0, len(requests)
         while i < n or heap:
