@@ -250,7 +250,8 @@ class Cost(Policy):
             # system prompt) gets as many homes as its share needs
             share = prep.seen / self._sketch.total if self._sketch.total > 0 else 0.0
             spread = max(1, min(eligible, math.ceil(share * eligible * cfg.hot_spread)))
-            first = self._home(prep, p, ids, index, points, owners, distinct, up, in_scratch)
+            first = self._home(prep, p, ids, weights, index, points, owners, distinct, up,
+                               in_scratch)
             if first is not None:
                 homes.append(first)
             for i in walk(points, owners, distinct, prep.key):
@@ -344,8 +345,11 @@ class Cost(Policy):
         score(list(candidates), 0)
         # the least loaded replicas (a pass over the fleet) are candidates too when the
         # others are busy, unless they cannot win: one not yet a candidate holds nothing
-        # of the prompt, so it costs at least its whole prefill
-        if busy and (not scored or best_total > cfg.prefill_weight * p * pace / max(weights)):
+        # of the prompt, so it costs at least its whole prefill (inf where every
+        # replica's weight is 0)
+        heaviest = max(weights)
+        if busy and (not scored or (heaviest > 0
+                     and best_total > cfg.prefill_weight * p * pace / heaviest)):
             least, least_outside = self._least_loaded(replicas, up, in_scratch, prep.key)
             extra = [least] if least not in candidates else []
             if hot and in_scratch and least_outside not in candidates \
@@ -460,9 +464,9 @@ class Cost(Policy):
                            sorted(range(len(ids)), key=ids.__getitem__))
         return self._index[1]
 
-    def _home(self, prep: _Prepared, p: int, ids: Sequence[str], index: dict[str, int],
-              points: list[int], owners: list[int], distinct: int, up: list[bool],
-              in_scratch: set[int]) -> int | None:
+    def _home(self, prep: _Prepared, p: int, ids: Sequence[str], weights: Sequence[float],
+              index: dict[str, int], points: list[int], owners: list[int], distinct: int,
+              up: list[bool], in_scratch: set[int]) -> int | None:
         """Index of a hot key's first home: its placement (``placement``), bounded by
         what each replica's cache holds and by a fair share of the hot keys."""
         if self.config.placement_slack is None:
@@ -473,7 +477,8 @@ class Cost(Policy):
         placed = self._placement.home_of(prep.key)
         if placed is not None:
             i = index.get(placed, -1)
-            if i >= 0 and up[i] and (i not in in_scratch or self.config.placement_overflow):
+            if i >= 0 and up[i] and weights[i] > 0 \
+                    and (i not in in_scratch or self.config.placement_overflow):
                 return i
         if self._partial(index):
             # a decision over part of the fleet (a tenant's partition): placing the key
@@ -485,7 +490,7 @@ class Cost(Policy):
             return None
         home = self._placement.place(
             prep.key, p, self._order_of(ids, points, owners, distinct, up, in_scratch),
-            self._eligible_ids(ids, up, in_scratch), self._room,
+            self._eligible_ids(ids, weights, up, in_scratch), self._room,
             self._overflow(ids, points, owners, distinct, up, in_scratch))
         return None if home is None else index[home]
 
@@ -511,8 +516,12 @@ class Cost(Policy):
                                        scratch=True))
 
     @staticmethod
-    def _eligible_ids(ids: Sequence[str], up: list[bool], in_scratch: set[int]) -> set[str]:
-        return {rid for i, rid in enumerate(ids) if up[i] and i not in in_scratch}
+    def _eligible_ids(ids: Sequence[str], weights: Sequence[float], up: list[bool],
+                      in_scratch: set[int]) -> set[str]:
+        """The replicas a hot key may be homed on: healthy, not scratch, on the ring (a
+        weight of 0 is left off it, and a home there was never walked to)."""
+        return {rid for i, rid in enumerate(ids)
+                if up[i] and weights[i] > 0 and i not in in_scratch}
 
     def _room(self, replica: str) -> int:
         """Tokens of hot prefixes ``replica``'s cache is taken to hold."""
@@ -684,7 +693,8 @@ class Cost(Policy):
             ring, owners = self._rings.layout(ids, weights)
             self._placement.assign(self._order_of(ids, ring.points, owners, len(ring),
                                                   up, in_scratch),
-                                   self._eligible_ids(ids, up, in_scratch), self._room,
+                                   self._eligible_ids(ids, weights, up, in_scratch),
+                                   self._room,
                                    self._overflow(ids, ring.points, owners, len(ring),
                                                   up, in_scratch))
 
