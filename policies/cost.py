@@ -639,6 +639,9 @@ class Cost(Policy):
             self._removed[event.replica] = None
             if len(self._removed) > _REMOVED_KEPT:
                 del self._removed[next(iter(self._removed))]
+            # the next decision reads its views again, however soon: one added back under
+            # this id is known from it (throttled, it was not for up to _REFRESH_S)
+            self._refreshed.clear()
             if self.kv_index is not None:
                 self.kv_index.remove_replica(event.replica)
             self._models.remove(event.replica)
@@ -742,3 +745,7 @@ class Cost(Policy):
     def check_integrity(self) -> None:
         self._models.check_integrity()
         self._placement.check_integrity()
+        for rid in self._removed:  # nothing kept of a replica removed (until seen again)
+            if rid in self._facts or self._models.get(rid) is not None \
+                    or self._placement.tokens_on(rid) or self._slots.limit(rid) is not None:
+                raise AssertionError(f"cost: removed replica {rid!r} still has state")
