@@ -400,6 +400,8 @@ def _parse_params(items: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        if key == "seed":  # the run's own option, which every part of the run follows
+            raise SystemExit("--set seed=...: the workload's seed is --seed")
         out[key] = yaml.safe_load(value)
     return out
 

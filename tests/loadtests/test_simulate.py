@@ -364,3 +364,9 @@ def test_an_unlimited_cache_on_one_replica_reaches_the_upper_bound():
                                                load_profile(fleet.profile).model.name))
     assert res.preemptions == 0 and res.prompt_tokens == bound.prompt_tokens
     assert res.token_hit_rate == pytest.approx(bound.token_hit_rate) and bound.hit_tokens > 0
+
+
+def test_a_seed_set_as_a_workload_parameter_is_refused_naming_the_option() -> None:
+    with pytest.raises(SystemExit, match="--seed"):
+        main(["--scenario", "contracts-400", "--requests", "10", "--policies",
+              "round_robin", "--set", "seed=5"])
