@@ -447,7 +447,11 @@ class Cost(Policy):
             if r.id not in facts:
                 self._facts_changed += 1
                 self._removed.pop(r.id, None)
-            facts[r.id] = (r.epoch, r.kv_capacity_tokens, r.prefill_tokens_per_s)
+            # a capacity under 1 token or a rate that is no number (a foreign server's
+            # gauges) is taken as unknown: a negative capacity failed every route there
+            capacity, rate = r.kv_capacity_tokens, r.prefill_tokens_per_s
+            facts[r.id] = (r.epoch, capacity if capacity is not None and capacity > 0 else None,
+                           rate if rate is not None and 0.0 <= rate < math.inf else None)
         self._slots.saw_all(ok)
         if now is not None:
             self._models.age(ok, now, self._model_size)

@@ -135,8 +135,8 @@ class ReplicaModels:
             since = aged_at.get(r.id)
             aged_at[r.id] = now
             rate = r.prefill_tokens_per_s
-            if rate is None or since is None or now <= since:
-                continue
+            if rate is None or not rate < math.inf or since is None or now <= since:
+                continue  # (NaN or inf, from a foreign server's counters: unknown)
             dt = now - since
             own = self._own_load.get(r.id)
             others = rate - (own.rate(now) * _OWN_MARGIN if own is not None else 0.0)

@@ -1,6 +1,7 @@
 """The ``cost`` policy on edge inputs: replicas of weight 0, empty and one-token prompts, a
 single replica."""
 
+import math
 import random
 
 import pytest
@@ -62,3 +63,22 @@ def test_short_prompts_and_fleets_of_any_size_are_routed(n: int, tokens: int) ->
         policy.observe(Finished(req, chosen, True, 0, 0.0, 0.0))
         assert policy.explain(req, fleet).chosen in {v.id for v in fleet}
     policy.check_integrity()
+
+
+def test_gauges_that_are_no_numbers_are_taken_as_unknown() -> None:
+    # a foreign server's metrics: a negative capacity failed every route there, an
+    # infinite prefill rate every decision, and a NaN one stopped its model's aging
+    policy = Cost()
+    bad = [ReplicaView("r0", kv_capacity_tokens=-5000, prefill_tokens_per_s=math.inf),
+           ReplicaView("r1", kv_capacity_tokens=0, prefill_tokens_per_s=math.nan)]
+    for k in range(4):
+        chosen = _route(policy, _request(k, at=k * 0.5), bad)
+        policy.observe(Finished(_request(k), chosen, True, 0, 0.1, 0.5))
+    capacity = policy.describe()["model_capacity"]
+    assert set(capacity.values()) == {200_000}  # type: ignore[attr-defined]  # the default
+    policy.check_integrity()
+    good = [v._replace(prefill_tokens_per_s=100_000.0) for v in bad]
+    used = {rid: model.used for rid, model in policy._models.models()}
+    for k in range(4, 8):  # others' prefill ages each model again
+        policy.choose(_request(k, at=k * 0.5), good)
+    assert all(model.used > used.get(rid, 0) for rid, model in policy._models.models())
