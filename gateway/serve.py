@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import errno
 import logging
 import socket
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from policies.config import ConfigError
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             config.validate()  # the command line's values as the file's
         except ValueError as exc:
             raise ConfigError(f"{args.config}: {exc}") from exc
-        _check_listeners(config, args.config, args.host is not None)
+        _check_listeners(config, args.config, args.host is not None, args.port is not None)
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {args.workers!r}")
         if not config.replicas and not config.discovery and not config.admin.resolved_token():
@@ -72,56 +74,90 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"kvgate serve: {exc}", file=sys.stderr)
         return 2
-    print(f"kvgate serve: gateway on http://{config.host}:{config.port} "
+    print(f"kvgate serve: gateway on {_url(config.host, config.port)} "
           f"(policy {gw.policy.name}, {len(config.replicas)} replicas"
           + "".join(f", discovery {s.label}" for s in config.discovery) + ")",
           file=sys.stderr)
     admin_app = None
     if config.admin.resolved_token():
         admin_app = create_admin_app(gw)
-        print(f"kvgate serve: admin API on http://{config.admin.host}:{config.admin.port}",
+        print(f"kvgate serve: admin API on {_url(config.admin.host, config.admin.port)}",
               file=sys.stderr)
     def drain() -> None:
         gw.draining = True
-        print(f"kvgate serve: draining for {config.shutdown.grace_s} s, then stopping",
-              file=sys.stderr)
+        # run in the signal handler: a closed stderr (whatever read it has gone) must not
+        # raise there, where it would leave the server running past the signal
+        with contextlib.suppress(OSError):
+            print(f"kvgate serve: draining for {config.shutdown.grace_s} s, then stopping",
+                  file=sys.stderr)
 
     run_server(app, config, admin_app, drain, on_cutoff=gw.stop_relays)
     return 0
 
 
-def _check_listeners(config: GatewayConfig, path: str, host_given: bool) -> None:
-    """The addresses the gateway will listen on resolve, and the admin API's is not the
-    gateway's own port: named now, before start-up, rather than as a bare resolver error
-    when binding (or, for the admin listener, only at shutdown)."""
-    listeners = [("--host" if host_given else "host", config.host, config.port)]
+def _url(host: str, port: int) -> str:
+    """The address a start line names, as a browser or curl takes it: an IPv6 address in
+    brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _check_listeners(config: GatewayConfig, path: str, host_given: bool,
+                     port_given: bool = False) -> None:
+    """The addresses the gateway will listen on resolve and can be bound (the port is
+    free), and the admin API's is not the gateway's own port: named now, before start-up,
+    rather than as a bare resolver error or a worker's traceback when binding (or, for the
+    admin listener, only at shutdown)."""
+    listeners = [("--host" if host_given else "host", "--port" if port_given else "port",
+                  config.host, config.port)]
     if config.admin.resolved_token():
         admin = config.admin
-        listeners.append(("admin.host", admin.host, admin.port))
+        listeners.append(("admin.host", "admin.port", admin.host, admin.port))
         every = ("", "0.0.0.0", "::")  # a host that listens on every address
         if admin.port == config.port and (admin.host == config.host or admin.host in every
                                           or config.host in every):
             raise ConfigError(f"{path}: admin.port {admin.port} is the gateway's own port "
                               "on the same address; the admin API needs a listener of its "
                               "own")
-    for key, host, port in listeners:
-        if not host:
-            continue  # every interface, as asyncio reads an empty host
-        try:
-            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    for key, port_key, host, port in listeners:
+        try:  # an empty host: every interface, as asyncio reads it
+            infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
         except (OSError, UnicodeError) as exc:
             why = getattr(exc, "strerror", None) or str(exc)
             raise ConfigError(f"{path}: {key} {host!r} cannot be listened on: {why}") from None
+        taken = _bind_error(infos)
+        if taken is not None and taken.errno == errno.EADDRINUSE:
+            raise ConfigError(f"{path}: {port_key} {port} on {host!r} is in use: stop what "
+                              "holds it, or choose another port")
+        if taken is not None:
+            raise ConfigError(f"{path}: {key} {host!r} {port_key} {port} cannot be listened "
+                              f"on: {taken.strerror}")
+
+
+def _bind_error(infos: list[tuple[Any, ...]]) -> OSError | None:
+    """The error binding any of these addresses raises, bound as the server binds them
+    (``SO_REUSEADDR``; IPv6 only on an IPv6 socket), or None when each can be bound;
+    every socket is closed again."""
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                return exc
+    return None
 
 
 def _supervise(config: GatewayConfig, args: argparse.Namespace) -> int:
     from gateway.workers import Supervisor
 
-    print(f"kvgate serve: {args.workers} workers on http://{config.host}:{config.port} "
+    print(f"kvgate serve: {args.workers} workers on {_url(config.host, config.port)} "
           f"(policy {config.policy['name']}, {len(config.replicas)} replicas)",
           file=sys.stderr)
     if config.admin.resolved_token():
-        print(f"kvgate serve: admin API on http://{config.admin.host}:{config.admin.port} "
+        print(f"kvgate serve: admin API on {_url(config.admin.host, config.admin.port)} "
               "(worker 0)", file=sys.stderr)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     return Supervisor(config, args.workers, level,

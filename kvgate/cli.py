@@ -8,6 +8,7 @@ executors and ``kvgate engine`` never imports the gateway's app.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -61,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         print(missing, file=sys.stderr)
         return 2
     run: Callable[[argparse.Namespace], int] = modules[args.command].run
-    return int(run(args) or 0)
+    try:
+        return int(run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: what the command started has stopped on the way
+        with contextlib.suppress(OSError):  # a closed stderr
+            print(f"kvgate {args.command}: stopped", file=sys.stderr)
+        return 130  # as a shell reports a command ended by SIGINT
 
 
 if __name__ == "__main__":

@@ -1,0 +1,101 @@
+"""``kvgate serve`` as an operator runs it: Ctrl-C stops it with a line, not a traceback;
+SIGTERM stops it even when nothing reads its stderr any more."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.processes import REPO
+from tests.support.waiting import wait_http
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_ctrl_c_stops_the_gateway_without_a_traceback(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
+        "health": {"interval_s": 60}, "scrape": {"enabled": False},
+        "shutdown": {"grace_s": 0, "timeout_s": 1}}))
+    proc = subprocess.Popen([sys.executable, "-m", "kvgate", "serve", "--config", str(config)],
+                            cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 30, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.rstrip().endswith("kvgate serve: stopped")
+
+
+def test_sigterm_stops_the_gateway_when_what_read_its_stderr_has_gone(tmp_path: Path) -> None:
+    # a log collector that died, a `| head`: the drain's line has nowhere to go
+    port = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
+        "health": {"interval_s": 60}, "scrape": {"enabled": False},
+        "shutdown": {"grace_s": 0.1, "timeout_s": 1}}))
+    proc = subprocess.Popen([sys.executable, "-m", "kvgate", "serve", "--config", str(config)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        proc.stderr.readline()  # "gateway on ..."
+        proc.stderr.close()
+        wait_http(f"http://127.0.0.1:{port}/health", 30, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_is_refused_in_one_line_before_start(
+        tmp_path: Path, workers: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from gateway import serve as serve_cli
+
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}]}))
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    with socket.socket() as taken:  # another server holds the port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = parser.parse_args(["--config", str(config), "--port", str(port),
+                                  "--workers", workers])
+        assert serve_cli.run(args) == 2
+    err = capsys.readouterr().err
+    assert err == f"kvgate serve: {config}: --port {port} on '127.0.0.1' is in use: stop " \
+        "what holds it, or choose another port\n"
+
+
+def test_the_start_line_names_an_ipv6_address_as_a_url() -> None:
+    from gateway.serve import _url
+
+    assert _url("::1", 8000) == "http://[::1]:8000"
+    assert _url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
