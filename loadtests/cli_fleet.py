@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 from engine.eviction import EVICTION_POLICIES
+from kvwire.arg_types import positive_float, positive_int
 from loadtests.local_fleet import FleetError, LocalFleet, LocalFleetSpec, stop_recorded
 
 
@@ -28,10 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--executor", choices=("sim", "torch"), default=d.executor)
     up.add_argument("--policy", default="round_robin", help="policy name (preset defaults)")
     up.add_argument("--profile", default=d.profile, help="sim cost profile name or YAML path")
-    up.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
+    up.add_argument("--kv-cache-gib", type=positive_float, default=d.kv_cache_gib)
     up.add_argument("--eviction", choices=EVICTION_POLICIES, default=d.eviction)
-    up.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    up.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
+    up.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs)
+    up.add_argument("--port", type=_port_or_any, default=8000,
+                    help="gateway port (0: any free port)")
     up.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for every `kvgate engine` (e.g. --engine-arg=--model "
                          "--engine-arg=DIR for the torch executor)")
@@ -46,6 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="where the fleet's config, logs and state file live")
 
 
+def _port_or_any(text: str) -> int:
+    """A TCP port, or 0 for any free one."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1-65535 (or 0: any free one), "
+                                         f"got {value}")
+    return value
+
+
 def _up(args: argparse.Namespace) -> int:
     spec = LocalFleetSpec(replicas=args.replicas, policy={"name": args.policy},
                           executor=args.executor, profile=args.profile,
@@ -58,14 +69,30 @@ def _up(args: argparse.Namespace) -> int:
         print(f"kvgate fleet up: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
+    starting = True
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal starting
         stop.set()
+        if starting:  # still waiting for the fleet: stop now (start stops what it began)
+            starting = False
+            raise KeyboardInterrupt
 
-    # Explicit handlers: a shell may start background jobs with SIGINT ignored.
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Explicit handlers: a shell may start background jobs with SIGINT ignored. SIGHUP (the
+    # terminal closed) too, unless ignored (nohup): the fleet's processes run in sessions
+    # of their own, which no hangup reaches, and would be left running.
+    signals = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signals.append(signal.SIGHUP)
+    previous = {sig: signal.signal(sig, on_signal) for sig in signals}
     try:
         fleet.start()
+        starting = False
+    except KeyboardInterrupt:
+        fleet.stop()  # started just before the signal came, or stopped already
+        _restore(previous)
+        print("kvgate fleet up: stopped before the fleet was ready", file=sys.stderr)
+        return 130
     except (FleetError, ValueError) as exc:
         _restore(previous)
         print(f"kvgate fleet up: {exc}", file=sys.stderr)
