@@ -448,6 +448,16 @@ def load_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: not a YAML file (its bytes are not UTF-8 text)") from None
     except yaml_strict.DuplicateKey as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:  # one line: where the parser stopped, and why
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        why = exc.problem or exc.context or "not YAML"
+        if exc.problem and exc.context:
+            why += f" ({exc.context}"
+            if exc.context_mark is not None:
+                why += f" at line {exc.context_mark.line + 1}"
+            why += ")"
+        raise ConfigError(f"{where}: invalid YAML: {why}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     config = parse_config(data, where=str(path))
