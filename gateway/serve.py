@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from gateway.config import load_config
     from gateway.http_server import run_server
     from gateway.state import build_state
+    from kvwire.tokenizer import load_tokenizer
 
     try:
         config = load_config(args.config)
@@ -67,9 +68,14 @@ def run(args: argparse.Namespace) -> int:
                 CaptureLog.check_path(config.capture.path)  # before any port is bound
             except OSError as exc:
                 raise ConfigError(f"{args.config}: {exc.strerror}") from exc
+        try:  # read before any worker starts, to be named here rather than in its traceback
+            tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_memo)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(f"{args.config}: {exc}") from None
         if args.workers > 1:
+            del tokenizer  # each worker reads its own
             return _supervise(config, args)
-        gw = build_state(config)
+        gw = build_state(config, tokenizer)
         app = create_app(config, gw)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"kvgate serve: {exc}", file=sys.stderr)

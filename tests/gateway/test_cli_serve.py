@@ -99,3 +99,20 @@ def test_the_start_line_names_an_ipv6_address_as_a_url() -> None:
 
     assert _url("::1", 8000) == "http://[::1]:8000"
     assert _url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_missing_tokenizer_is_named_with_its_config_file_before_any_worker_starts(
+        tmp_path: Path, workers: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway import serve as serve_cli
+
+    config = tmp_path / "gateway.yaml"
+    missing = tmp_path / "no-such-tokenizer.json"
+    config.write_text(yaml.safe_dump({"replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
+                                      "port": free_port(), "tokenizer": str(missing)}))
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    assert serve_cli.run(parser.parse_args(["--config", str(config), "--workers", workers])) \
+        == 2
+    assert capsys.readouterr().err == \
+        f"kvgate serve: {config}: tokenizer file not found: {missing}\n"
