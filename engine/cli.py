@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -209,6 +210,11 @@ def build_server(args: argparse.Namespace) -> Any:
     from engine.server import EngineServer
     from kvwire.tokenizer import load_tokenizer
 
+    if args.model is not None and args.executor != "torch":  # not served: say so
+        raise ValueError(f"--model is for the torch executor; add --executor torch to serve "
+                         f"{args.model}")
+    if args.model is not None and not os.path.isdir(args.model):  # before its tokenizer
+        raise ValueError(f"--model {args.model}: no such directory")
     tok_path = args.tokenizer or (args.model if args.executor == "torch" else None)
     tokenizer = load_tokenizer(tok_path)
     executor, info = make_executor(args, tokenizer)
