@@ -29,13 +29,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Any]]:
+def build_parser(argv: list[str] | None = None
+                 ) -> tuple[argparse.ArgumentParser, dict[str, Any]]:
     parser = argparse.ArgumentParser(prog="kvgate", description="Cache-aware LLM routing")
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = parser.add_subparsers(dest="command", required=True)
     modules: dict[str, Any] = {}
-    wanted = next((a for a in sys.argv[1:] if a in SUBCOMMANDS), None)
+    given = sys.argv[1:] if argv is None else argv
+    wanted = next((a for a in given if a in SUBCOMMANDS), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text)
         if name != wanted:
@@ -51,9 +53,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
-    parser, modules = build_parser()
+    parser, modules = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=str(args.log_level).upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -68,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):  # a closed stderr
             print(f"kvgate {args.command}: stopped", file=sys.stderr)
         return 130  # as a shell reports a command ended by SIGINT
+    except OSError as exc:  # a path that cannot be read or written, an address not served
+        logging.getLogger("kvgate").debug("kvgate %s failed", args.command, exc_info=True)
+        what = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else exc
+        print(f"kvgate {args.command}: {what}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

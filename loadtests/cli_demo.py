@@ -70,6 +70,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = demo_config(args)
+    try:  # the results go there minutes from now: a folder that cannot be made is named now
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"kvgate demo: --out {args.out}: {exc.strerror}", file=sys.stderr)
+        return 2
     docs, hot = SCALED_CONTRACTS["num_docs"], SCALED_CONTRACTS["hot_docs"]
     print(f"kvgate demo: {cfg.replicas} simulated Llama-3-8B replicas, a library of {docs} "
           f"contracts ({hot} hot ones get 80% of the questions), {cfg.rate:g} questions/s, "
