@@ -203,7 +203,9 @@ class Monitor:
                         if len(raw) > cfg.max_bytes:
                             raise ValueError(f"the page is over {cfg.max_bytes} bytes")
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            log.info("replica %s: /metrics failed: %s", state.id, exc)
+            # once per run of failures (a broken /metrics fails every scrape, each second)
+            log.log(logging.INFO if state.scrape_failures == 0 else logging.DEBUG,
+                    "replica %s: /metrics failed: %s", state.id, exc)
             self._scrape_failed(state)
             return
         text = raw.decode("utf-8", errors="replace")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 
 import httpx
+import pytest
 import zmq
 
 from gateway.config import ReplicaConfig
@@ -13,6 +15,7 @@ from gateway.fleet import Fleet
 from gateway.kv_event_subscriber import KVEventSubscriber
 from policies.kv_index import KVIndex
 from tests.support import foreign_vllm as vllm
+from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import Gateway, Serve, metric, start_gateway
 from tests.support.servers import free_port
@@ -160,3 +163,16 @@ def test_an_encoded_body_that_ends_with_its_connection_is_relayed_as_it_came(
         answer = _chat(gw, stream=False)
         assert answer.status_code == 200 and answer.headers["content-encoding"] == "gzip"
         assert answer.json()["choices"][0]["message"]["content"] == "a whole answer"
+
+
+def test_a_replica_whose_metrics_keep_failing_is_told_once_a_run(
+        serve: Serve, caplog: pytest.LogCaptureFixture) -> None:
+    replica = Behaviour("a", metrics_extra=b"# padding\n" * 200)  # past max_bytes below
+    with caplog.at_level(logging.DEBUG, logger="kvgate"):
+        gw = start_gateway(serve, [("a", serve(fake_replica(replica)).url)],
+                           scrape={"interval_s": 0.05, "max_bytes": 1024})
+        wait_until(lambda: sum("/metrics failed" in r.getMessage()
+                               for r in caplog.records) >= 5, 10, "five failed scrapes")
+    told = [r.levelno for r in caplog.records if "/metrics failed" in r.getMessage()]
+    assert told[0] == logging.INFO and set(told[1:]) == {logging.DEBUG}
+    assert httpx.get(f"{gw.url}/health").status_code == 200
