@@ -79,7 +79,8 @@ def parse_metrics(text: str) -> ScrapedMetrics:
                     blocks = int(sample.labels["block_size"]) * int(sample.labels["num_gpu_blocks"])
                 except (KeyError, ValueError):
                     continue
-                capacity = blocks + (capacity or 0)
+                if blocks > 0:  # a pool of no block (or a negative one) tells nothing
+                    capacity = blocks + (capacity or 0)
     for (name, _), value in groups.items():
         sums[name] = sums.get(name, 0.0) + value
         counts[name] = counts.get(name, 0) + 1
@@ -118,7 +119,7 @@ def parse_metrics(text: str) -> ScrapedMetrics:
             running=int(get(m.SGLANG_RUNNING) or 0),
             waiting=int(get(m.SGLANG_WAITING) or 0),
             kv_usage=float(mean(m.SGLANG_TOKEN_USAGE) or 0.0),
-            kv_capacity_tokens=None if total is None else int(total),
+            kv_capacity_tokens=None if total is None or total <= 0 else int(total),
             queued_tokens=None if queued is None else int(queued),
             hit_rate_gauge=mean(m.SGLANG_CACHE_HIT_RATE),
             work_tokens=_work(get(m.SGLANG_PROMPT_TOKENS + m.TOTAL),

@@ -48,3 +48,15 @@ def test_the_gateway_reads_a_pipelined_replica_as_one(serve: Any) -> None:
     assert row is not None
     assert (row["running"], row["waiting"], row["kv_capacity_replica_tokens"]) \
         == (3, 2, 100_000), row
+
+
+def test_a_pool_of_no_tokens_or_fewer_is_no_capacity() -> None:
+    # a foreign server's odd gauge: no capacity is known from it, not a negative one
+    sglang = ("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 1\n"
+              "# TYPE sglang:max_total_num_tokens gauge\nsglang:max_total_num_tokens {}\n")
+    for value in ("-1", "0"):
+        assert parse_metrics(sglang.format(value)).kv_capacity_tokens is None
+    vllm = ("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            'vllm:cache_config_info{block_size="16",num_gpu_blocks="-5"} 1\n')
+    assert parse_metrics(vllm).kv_capacity_tokens is None
