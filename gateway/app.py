@@ -190,7 +190,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     stream = await gw.proxy.open(
         ranked, path, intake.raw, headers,
         lambda replica: batch * work_tokens(route_req, decision, replica), on_sent, on_done,
-        intake.parsed.stream)
+        intake.parsed.stream, _continues(intake.parsed))
     if intake.parsed.endpoint == "responses" and stream.status < 400:
         answered = response_id(stream.first_chunk)
         if answered is not None:
@@ -206,14 +206,21 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     return stream
 
 
+def _continues(parsed: ParsedRequest) -> bool:
+    """A Responses request that continues a stored response (``previous_response_id``):
+    only the replica that stores it can serve it."""
+    return parsed.endpoint == "responses" \
+        and isinstance(parsed.body.get("previous_response_id"), str)
+
+
 def _stored_at(gw: GatewayState, parsed: ParsedRequest, ranked: tuple[str, ...]
                ) -> str | None:
     """The replica of ``ranked`` that answered the response a Responses request
-    continues (``previous_response_id``), when this gateway saw it answer."""
-    if parsed.endpoint != "responses":
+    continues (``previous_response_id``), when this gateway process saw it answer (else
+    the replicas are asked in turn: ``Proxy.open``'s ``stored_elsewhere``)."""
+    if not _continues(parsed):
         return None
-    previous = parsed.body.get("previous_response_id")
-    home = gw.response_homes.home_of(previous) if isinstance(previous, str) else None
+    home = gw.response_homes.home_of(parsed.body["previous_response_id"])
     return home if home in ranked else None
 
 

@@ -60,7 +60,7 @@ from gateway.upstream_http import (
     UpstreamResponse,
     UpstreamUnreachable,
 )
-from kvwire.openai_schema import ServiceUnavailable
+from kvwire.openai_schema import NotFound, ServiceUnavailable
 from kvwire.request_edge import ClientWatch
 
 log = logging.getLogger("kvgate.proxy")
@@ -727,9 +727,12 @@ class Proxy:
                    headers: Mapping[str, str], work_tokens: Callable[[str], int],
                    on_sent: Callable[[str], None],
                    on_done: Callable[[UpstreamStream, bool], None],
-                   stream: bool = False) -> UpstreamStream:
+                   stream: bool = False, stored_elsewhere: bool = False) -> UpstreamStream:
         """The first replica of ``ranked`` (at most ``max_attempts`` tried) to answer; all
-        of them within ``first_byte_s``."""
+        of them within ``first_byte_s``. ``stored_elsewhere``: a request that only the
+        replica storing what it continues can serve (a Responses request's
+        ``previous_response_id``): a replica's 404 sends it on to the next, any of
+        ``ranked``, and it is a 404 once none had it."""
         attempts: list[Attempted] = []
         last: _Retryable | None = None
         suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
@@ -741,7 +744,7 @@ class Proxy:
         failed_events = responses_request.FAILED_EVENTS if responses else ()
         last_events = responses_request.LAST_EVENTS if responses else ()
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
-        for replica in ranked[: self.max_attempts]:
+        for replica in ranked if stored_elsewhere else ranked[: self.max_attempts]:
             state = self.fleet.get(replica)
             left = deadline - time.monotonic()
             # a later try gets what is left of the request's deadline, unless that is too
@@ -760,7 +763,8 @@ class Proxy:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done,
                                              deadline if wait < left else None, done_ends,
-                                             meta_counts, failed_events, last_events)
+                                             meta_counts, failed_events, last_events,
+                                             stored_elsewhere)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -773,6 +777,8 @@ class Proxy:
                 last = exc
                 if exc.cause == "busy":  # shedding load: the next replica may not be
                     busy_after.append(exc.retry_after_s)
+                    continue
+                if exc.cause == "not_stored":  # no fault of the replica's
                     continue
                 if exc.cause == "5xx":
                     if suspect is not None:
@@ -799,6 +805,9 @@ class Proxy:
         if last is None:
             raise UpstreamError("no replica could be tried", code="upstream_error")
         tried = ", ".join(f"{a.replica!r} ({a.cause})" for a in attempts)
+        if all(a.cause == "not_stored" for a in attempts):
+            raise NotFound(f"{last} (nor any other replica tried: {tried})",
+                           param="previous_response_id", code=last.code)
         # the request itself fails on every replica tried: sending it again will not help
         # (the openai client retries a 5xx unless told not to)
         futile = sum(a.cause == "5xx" for a in attempts) > 1
@@ -823,7 +832,8 @@ class Proxy:
                        on_done: Callable[[UpstreamStream, bool], None],
                        deadline: float | None, ends_with_done: bool,
                        meta_counts: bool = False, failed_events: tuple[bytes, ...] = (),
-                       last_events: tuple[bytes, ...] = ()) -> UpstreamStream:
+                       last_events: tuple[bytes, ...] = (), stored_elsewhere: bool = False
+                       ) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
         to ``deadline`` (monotonic; None: never), while the replica shows progress."""
         started = time.perf_counter()
@@ -844,6 +854,11 @@ class Proxy:
                                      f"{response.status}{_error_message(detail)})",
                                      "fleet_busy",
                                      _retry_after(response.headers.get("retry-after")))
+                if response.status == 404 and stored_elsewhere:
+                    detail = await response.read(_ERROR_BODY_LIMIT)
+                    raise _Retryable("not_stored", f"replica {replica!r} answered 404"
+                                     f"{_error_message(detail)}", "response_not_found",
+                                     status=404)
                 if response.status >= 500 and response.status != 501:
                     detail = await response.read(_ERROR_BODY_LIMIT)
                     log.warning("replica %s answered %s: %s", replica, response.status,

@@ -91,7 +91,21 @@ def test_a_conversation_through_the_gateway_stays_where_it_is_stored(serve: Serv
             assert len(served) == 1
         r = httpx.post(f"{gw.url}/v1/responses", json={"model": MODEL, "input": "x",
                                                        "previous_response_id": "resp_gone"})
-        assert r.status_code == 404  # the replica's answer: no such stored response
+        # no replica stores it: asked of each in turn, then the replica's 404
+        assert r.status_code == 404 and "resp_gone" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "previous_response_id"
+        # a gateway that saw none of them answered (another worker or copy, a restart):
+        # each conversation is continued where it is stored, the replicas asked in turn
+        other = start_gateway(serve, [(f"e{i}", live.url) for i, live in enumerate(lives)])
+        starts = [httpx.post(f"{gw.url}/v1/responses", json={
+            "model": MODEL, "input": f"chat {i}", "max_output_tokens": 2}) for i in range(2)]
+        assert {s.headers["x-kvgate-replica"] for s in starts} == {"e0", "e1"}
+        for start in starts:
+            r = httpx.post(f"{other.url}/v1/responses", json={
+                "model": MODEL, "input": "go on", "previous_response_id": start.json()["id"],
+                "max_output_tokens": 2})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-kvgate-replica"] == start.headers["x-kvgate-replica"]
     finally:
         for engine in engines:
             engine.close()
