@@ -101,10 +101,26 @@ _ERROR_OBJECT = re.compile(rb'\s*\{\s*(?:"error"\s*:|"object"\s*:\s*"error")')
 # bytes of the tail searched with a chunk, for a marker split across reads
 _ERROR_LOOK_BACK = max(len(marker) for marker in (*_ERROR_EVENTS, *_ABORTS,
                                                    *responses_request.FAILED_EVENTS)) - 1
-# the streams whose last event tells they are whole: [DONE] (OpenAI's completions and chat
-# completions, SGLang's /generate), or a Responses stream's response.completed
-DONE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", generate_request.PATH,
-                        responses_request.PATH))
+
+
+class AnswerSigns(NamedTuple):
+    """How the answers of one upstream path tell that they ended whole or failed."""
+
+    # a stream is whole only once its last event came: [DONE], or one of ``last_events``
+    # (an OpenAI completion's or chat's, SGLang's /generate, a Responses stream)
+    last_event: bool = False
+    meta_counts: bool = False  # SGLang's /generate: usage in each event's meta_info
+    # events that tell a failed answer beyond the error events every stream may have
+    failed_events: tuple[bytes, ...] = ()
+    # a stream's last events other than [DONE]: no content holds them
+    last_events: tuple[bytes, ...] = ()
+
+
+_PLAIN = AnswerSigns()  # the pass-through endpoints' answers: their transport tells
+_SIGNS = {"/v1/completions": AnswerSigns(True), "/v1/chat/completions": AnswerSigns(True),
+          generate_request.PATH: AnswerSigns(True, meta_counts=True),
+          responses_request.PATH: AnswerSigns(True, False, responses_request.FAILED_EVENTS,
+                                              responses_request.LAST_EVENTS)}
 
 
 # what the gateway writes itself: its server's date and name, and CORS, which only the
@@ -203,10 +219,8 @@ class UpstreamStream:
                  pending: Pending, idle_s: float, fleet: Fleet,
                  on_done: Callable[[UpstreamStream, bool], None], first_byte_s: float = 0.0,
                  on_cut: Callable[[UpstreamStream], None] | None = None,
-                 ends_with_done: bool = False,
-                 relaying: set[UpstreamStream] | None = None,
-                 meta_counts: bool = False, failed_events: tuple[bytes, ...] = (),
-                 last_events: tuple[bytes, ...] = ()) -> None:
+                 signs: AnswerSigns = _PLAIN,
+                 relaying: set[UpstreamStream] | None = None) -> None:
         self.replica = replica
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
@@ -216,7 +230,7 @@ class UpstreamStream:
         self._stopping: str | None = None  # why the gateway ends the relay (``stop``)
         self._ejected = False  # cut for its replica's ejection (``replica_ejected``)
         self._reading = False  # waiting in ``readany`` (the wait began at ``idle.since``)
-        self.ends_with_done = ends_with_done  # a stream is whole only once [DONE] came
+        self.signs = signs
         self.first_byte_s = first_byte_s  # from sending to the first body byte
         self._opened = time.perf_counter() - first_byte_s
         self.first_byte_at = self._opened + first_byte_s  # its perf_counter
@@ -244,7 +258,7 @@ class UpstreamStream:
         # SGLang's /generate: the head of the last event's meta_info, whose counts an event
         # longer than the tail (its whole text and log probabilities so far) leaves out
         self._meta: bytes | None = None
-        if meta_counts and self.stream:
+        if signs.meta_counts and self.stream:
             self._meta = b""
             self._note_meta(b"", first_chunk)
         self._body = [] if self.stream else [first_chunk]
@@ -257,19 +271,14 @@ class UpstreamStream:
         self._held: list[bytes] = []  # a stream's last event until it ends (_whole_events)
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
+        # (an event line is found after a line end: the body's start is one)
+        start = b"\n" + first_chunk if self.stream and signs.last_events else first_chunk
+        # one of ``signs.last_events`` came: the stream is whole once it ends there
+        self._last_seen = self._has_last_event(start)
         # the status an error event in the stream gave (its code), or the replica's abort
         # of the answer (a whole one's anywhere in its body), or a whole answer that is an
         # error object under a success status, once one came: the answer failed, however
         # its body ends
-        # events that tell a failed answer beyond the error events every stream may have
-        # (a Responses stream's ``response.failed`` and ``error``)
-        self.failed_events = failed_events
-        # a stream whose last event is one of these, not [DONE] (a Responses stream's
-        # response.completed): seen once, the stream is whole; no content holds them
-        self.last_events = last_events
-        # (an event line is found after a line end: the body's start is one)
-        start = b"\n" + first_chunk if self.stream and last_events else first_chunk
-        self._last_seen = self._has_last_event(start)
         self.error_status = self._error_in(start)
         if self.error_status is None and not self.stream and self.status < 400:
             self.error_status = _error_object(first_chunk)
@@ -344,7 +353,7 @@ class UpstreamStream:
                 if self._stopping is not None:
                     raise UpstreamBroken("the gateway ended the relay")
                 if not chunk:
-                    if self.stream and (response.until_close or self.ends_with_done) \
+                    if self.stream and (response.until_close or self.signs.last_event) \
                             and not self._ended():
                         # its end is the connection's, which a replica that died also
                         # closes, or an OpenAI stream's body ended without its last event:
@@ -362,7 +371,7 @@ class UpstreamStream:
                     if self.error_status is None:  # (an event may start in the tail)
                         self.error_status = self._error_in(self._tail[-_ERROR_LOOK_BACK:]
                                                            + chunk)
-                    if not self._last_seen and self.last_events:
+                    if not self._last_seen and self.signs.last_events:
                         self._last_seen = self._has_last_event(
                             self._tail[-responses_request.MARKER_BYTES:] + chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
@@ -426,20 +435,20 @@ class UpstreamStream:
                                   "is incomplete", f"upstream_{self.cut}")
 
     def _ended(self) -> bool:
-        """The stream's last event came: [DONE], or one of ``last_events`` (and all of it:
+        """The stream's last event came: [DONE], or one of ``signs.last_events`` (all of it:
         its type may come before the rest of its data, the whole response)."""
         return (self._last_seen and self._tail.endswith(_EVENT_ENDS)) \
             or _ends_done(self._tail)
 
     def _has_last_event(self, window: bytes) -> bool:
-        return any(marker in window for marker in self.last_events)
+        return any(marker in window for marker in self.signs.last_events)
 
     def _error_in(self, window: bytes) -> int | None:
         """``_error_event`` of ``window``, else 502 where it holds one of
-        ``failed_events``."""
+        ``signs.failed_events``."""
         status = _error_event(window)
-        if status is None and self.failed_events \
-                and any(marker in window for marker in self.failed_events):
+        failed = self.signs.failed_events
+        if status is None and failed and any(marker in window for marker in failed):
             return 502
         return status
 
@@ -493,7 +502,7 @@ class UpstreamStream:
         whole only once its last event came; else the relay goes on to tell it cut."""
         response = self.response
         return response.is_eof() and not (
-            self.stream and (response.until_close or self.ends_with_done)
+            self.stream and (response.until_close or self.signs.last_event)
             and not self._ended()) and not self._json_cut()
 
     def _json_cut(self) -> bool:
@@ -738,11 +747,7 @@ class Proxy:
         suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
         busy_after: list[float | None] = []  # the Retry-After of each busy replica
         deadline = time.monotonic() + self.timeouts.first_byte_s
-        done_ends = path in DONE_PATHS
-        meta_counts = path == generate_request.PATH
-        responses = path == responses_request.PATH
-        failed_events = responses_request.FAILED_EVENTS if responses else ()
-        last_events = responses_request.LAST_EVENTS if responses else ()
+        signs = _SIGNS.get(path, _PLAIN)
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
         for replica in ranked if stored_elsewhere else ranked[: self.max_attempts]:
             state = self.fleet.get(replica)
@@ -762,8 +767,7 @@ class Proxy:
                 # be pushed back: no progress check is armed for it
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done,
-                                             deadline if wait < left else None, done_ends,
-                                             meta_counts, failed_events, last_events,
+                                             deadline if wait < left else None, signs,
                                              stored_elsewhere)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
@@ -830,10 +834,8 @@ class Proxy:
     async def _attempt(self, replica: str, url: str, body: bytes, headers: Mapping[str, str],
                        pending: Pending, wait: float,
                        on_done: Callable[[UpstreamStream, bool], None],
-                       deadline: float | None, ends_with_done: bool,
-                       meta_counts: bool = False, failed_events: tuple[bytes, ...] = (),
-                       last_events: tuple[bytes, ...] = (), stored_elsewhere: bool = False
-                       ) -> UpstreamStream:
+                       deadline: float | None, signs: AnswerSigns,
+                       stored_elsewhere: bool = False) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
         to ``deadline`` (monotonic; None: never), while the replica shows progress."""
         started = time.perf_counter()
@@ -943,8 +945,7 @@ class Proxy:
                 self.first_byte.observe(first_byte_s, pending.tokens)
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
-                              ends_with_done and streamed, self.relaying, meta_counts,
-                              failed_events, last_events)
+                              signs, self.relaying)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:
