@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from engine.generate_params import GenerateParams, context_error, parse_generate
 from engine.generation import Generation
 from engine.request import RequestOutput
+from kvwire.bounded_memo import BoundedMemo
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, decode_json, optional
 from kvwire.request_edge import read_body, unless_disconnected
@@ -50,42 +50,33 @@ class ResponseStore:
     forgotten first. A conversation longer than ``max_chars`` alone is not stored."""
 
     def __init__(self, limit: int = STORE_LIMIT, max_chars: int = STORE_CHARS) -> None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit!r}")
-        if max_chars < 1:
-            raise ValueError(f"max_chars must be >= 1, got {max_chars!r}")
-        self.limit = limit
-        self.max_chars = max_chars
-        self.chars = 0  # the stored conversations' characters, as ``_chars`` counts them
-        self._turns: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()
+        self._memo: BoundedMemo[str, list[dict[str, Any]]] = BoundedMemo(
+            limit, weight=_chars, max_weight=max_chars)
 
     def __len__(self) -> int:
-        return len(self._turns)
+        return len(self._memo)
+
+    @property
+    def chars(self) -> int:
+        """The stored conversations' characters, as ``_chars`` counts them."""
+        return self._memo.weight
 
     def put(self, response: str, turns: list[dict[str, Any]]) -> None:
-        size = _chars(turns)
-        if size > self.max_chars:
-            return
-        replaced = self._turns.pop(response, None)
-        if replaced is not None:
-            self.chars -= replaced[1]
-        self._turns[response] = (turns, size)
-        self.chars += size
-        while len(self._turns) > self.limit or self.chars > self.max_chars:
-            _, (_, dropped) = self._turns.popitem(last=False)
-            self.chars -= dropped
+        max_chars = self._memo.max_weight
+        if max_chars is None or _chars(turns) <= max_chars:  # else it would push out all
+            self._memo.put(response, turns)
 
     def get(self, response: str) -> list[dict[str, Any]] | None:
-        stored = self._turns.get(response)
-        return None if stored is None else stored[0]
+        return self._memo.get(response, None)
 
     def check_integrity(self) -> None:
-        counted = sum(size for _, size in self._turns.values())
-        if counted != self.chars or counted > self.max_chars \
-                or len(self._turns) > self.limit:
-            raise AssertionError(f"{len(self._turns)} conversations (limit {self.limit}) "
-                                 f"of {counted} characters, counted {self.chars} (limit "
-                                 f"{self.max_chars})")
+        memo = self._memo
+        counted = sum(_chars(turns) for turns in memo.values())
+        if counted != memo.weight or counted > (memo.max_weight or counted) \
+                or len(memo) > memo.capacity:
+            raise AssertionError(f"{len(memo)} conversations (limit {memo.capacity}) "
+                                 f"of {counted} characters, counted {memo.weight} (limit "
+                                 f"{memo.max_weight})")
 
 
 def _chars(turns: list[dict[str, Any]]) -> int:

@@ -194,7 +194,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     if intake.parsed.endpoint == "responses" and stream.status < 400:
         answered = response_id(stream.first_chunk)
         if answered is not None:
-            gw.response_homes.answered(answered, stream.replica)
+            gw.response_homes.put(answered, stream.replica)
     if stream.stream:
         open_now = stream.duration_s is None and gw.kv_capacity.on
         if open_now or not _asks_usage(intake.parsed):
@@ -220,7 +220,7 @@ def _stored_at(gw: GatewayState, parsed: ParsedRequest, ranked: tuple[str, ...]
     the replicas are asked in turn: ``Proxy.open``'s ``stored_elsewhere``)."""
     if not _continues(parsed):
         return None
-    home = gw.response_homes.home_of(parsed.body["previous_response_id"])
+    home = gw.response_homes.get(parsed.body["previous_response_id"], None)
     return home if home in ranked else None
 
 

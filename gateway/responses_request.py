@@ -7,14 +7,13 @@ message, then ``input``'s messages, function calls and their outputs, with the f
 ``tools`` in the chat's shape). The replica gets the body unchanged; the chat is rendered
 only to find the prefix the replicas cache (an agent's long instructions and tools, and
 the turns it sends again). ``previous_response_id`` names a response a replica
-stored; ``ResponseHomes`` keeps which replica answered each, so such a request goes back
-there (no other replica can continue it).
+stored; the gateway keeps which replica answered each (``RESPONSE_HOMES`` of them), so
+such a request goes back there (no other replica can continue it).
 """
 
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from typing import Any
 
 from kvwire.openai_schema import (
@@ -28,6 +27,7 @@ from kvwire.openai_schema import (
 from kvwire.responses_input import responses_chat
 
 PATH = "/v1/responses"
+RESPONSE_HOMES = 1 << 16  # the latest responses whose replica the gateway keeps
 
 
 def _event_markers(*kinds: str) -> tuple[bytes, ...]:
@@ -80,27 +80,3 @@ def response_id(first_bytes: bytes) -> str | None:
     """The id of the response whose body (or stream) starts with ``first_bytes``."""
     found = _RESPONSE_ID.search(first_bytes, 0, _ID_LOOK_BYTES)
     return found.group(1).decode() if found else None
-
-
-class ResponseHomes:
-    """Which replica answered each recent response (``limit`` of them, the oldest
-    forgotten first): a request that continues one (``previous_response_id``) can only
-    be served where it is stored."""
-
-    def __init__(self, limit: int = 1 << 16) -> None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit!r}")
-        self.limit = limit
-        self._homes: OrderedDict[str, str] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._homes)
-
-    def answered(self, response: str, replica: str) -> None:
-        self._homes[response] = replica
-        self._homes.move_to_end(response)
-        while len(self._homes) > self.limit:
-            self._homes.popitem(last=False)
-
-    def home_of(self, response: str) -> str | None:
-        return self._homes.get(response)

@@ -24,12 +24,13 @@ from gateway.monitor import Monitor
 from gateway.networks import Networks
 from gateway.peers import Peers
 from gateway.proxy import Proxy
-from gateway.responses_request import ResponseHomes
+from gateway.responses_request import RESPONSE_HOMES
 from gateway.routing import Router
 from gateway.shared_load import SharedLoad
 from gateway.tenancy import Tenancy
 from gateway.tracing import Tracing, build_tracing
 from gateway.worker_routes import WorkerRoutes
+from kvwire.bounded_memo import BoundedMemo
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from policies.base import Policy, ReplicaRemoved, ReplicaReset
 from policies.per_model import PerModel
@@ -79,7 +80,8 @@ class GatewayState:
     # the routes this worker and the box's other workers tell each other (--workers N)
     worker_routes: WorkerRoutes | None = None
     # which replica answered each recent response (Responses API), this process's own
-    response_homes: ResponseHomes = field(default_factory=ResponseHomes)
+    response_homes: BoundedMemo[str, str] = field(
+        default_factory=lambda: BoundedMemo(RESPONSE_HOMES))
 
 
 def policy_listener(policy: Policy) -> FleetListener:

@@ -60,3 +60,8 @@ class BoundedMemo(Generic[K, V]):
                 _, dropped = entries.popitem(last=False)
                 if weigh is not None:
                     self.weight -= weigh(dropped)
+
+    def values(self) -> list[V]:
+        """The values remembered, the least recently used first."""
+        with self._lock:
+            return list(self._entries.values())

@@ -10,8 +10,11 @@ import httpx
 import openai
 import pytest
 
+from gateway.config import parse_config
 from gateway.request_parse import parse_body
-from gateway.responses_request import ResponseHomes, response_id
+from gateway.responses_request import RESPONSE_HOMES, response_id
+from gateway.state import build_state
+from kvwire.bounded_memo import BoundedMemo
 from kvwire.openai_schema import BadRequest
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.gateway_harness import Gateway, Serve, metric, start_gateway
@@ -59,11 +62,14 @@ def test_response_ids_are_read_and_their_homes_bounded() -> None:
         == "resp_b2"
     assert response_id(b'{"id":"my-request-7","object":"response"') == "my-request-7"
     assert response_id(b'{"object":"response","status":"failed"}') is None
-    homes = ResponseHomes(limit=2)
+    gw = build_state(parse_config({"replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}]}))
+    gw.router.close()
+    assert gw.response_homes.capacity == RESPONSE_HOMES  # the latest ones kept, no more
+    homes: BoundedMemo[str, str] = BoundedMemo(2)
     for i, replica in enumerate("abc"):
-        homes.answered(f"resp_{i}", replica)
-    assert len(homes) == 2 and homes.home_of("resp_0") is None
-    assert homes.home_of("resp_2") == "c"
+        homes.put(f"resp_{i}", replica)
+    assert len(homes) == 2 and homes.get("resp_0", None) is None
+    assert homes.get("resp_2", None) == "c"
 
 
 def _fleet(serve: Serve, policy: str, n: int = 3) -> tuple[Gateway, list[Behaviour]]:
