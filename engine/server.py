@@ -199,7 +199,8 @@ class EngineServer:
         if empty is not None:
             raise BadRequest(f"prompt {empty} of the batch encodes to zero tokens",
                              param="prompt")
-        return [q.prompt_ids if q.prompt_ids is not None else self.tokenizer.prompt_ids(ids)
+        # a text prompt inside the tokenizer's special tokens, as a lone one (prompt_ids)
+        return [ids if q.prompt_ids is not None else self.tokenizer.prompt_ids(ids)
                 for q, ids in zip(prompts, out, strict=True)]
 
     # -- routes ---------------------------------------------------------------------------

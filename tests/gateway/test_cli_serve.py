@@ -9,32 +9,33 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from tests.support.processes import REPO
+from tests.support.servers import free_port
 from tests.support.waiting import wait_http
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_ctrl_c_stops_the_gateway_without_a_traceback(tmp_path: Path) -> None:
+def _serve(tmp_path: Path, grace_s: float, **popen: Any
+           ) -> tuple[subprocess.Popen[Any], int]:
+    """``kvgate serve`` of a gateway in front of one replica, not checked or scraped; its
+    process and port."""
     port = free_port()
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump({
         "port": port, "replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
         "health": {"interval_s": 60}, "scrape": {"enabled": False},
-        "shutdown": {"grace_s": 0, "timeout_s": 1}}))
-    proc = subprocess.Popen([sys.executable, "-m", "kvgate", "serve", "--config", str(config)],
-                            cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        "shutdown": {"grace_s": grace_s, "timeout_s": 1}}))
+    return subprocess.Popen([sys.executable, "-m", "kvgate", "serve", "--config", str(config)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            **popen), port
+
+
+def test_ctrl_c_stops_the_gateway_without_a_traceback(tmp_path: Path) -> None:
+    proc, port = _serve(tmp_path, 0, env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 30, proc)
         proc.send_signal(signal.SIGINT)
@@ -50,14 +51,7 @@ def test_ctrl_c_stops_the_gateway_without_a_traceback(tmp_path: Path) -> None:
 
 def test_sigterm_stops_the_gateway_when_what_read_its_stderr_has_gone(tmp_path: Path) -> None:
     # a log collector that died, a `| head`: the drain's line has nowhere to go
-    port = free_port()
-    config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({
-        "port": port, "replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
-        "health": {"interval_s": 60}, "scrape": {"enabled": False},
-        "shutdown": {"grace_s": 0.1, "timeout_s": 1}}))
-    proc = subprocess.Popen([sys.executable, "-m", "kvgate", "serve", "--config", str(config)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc, port = _serve(tmp_path, 0.1)
     try:
         assert proc.stderr is not None
         proc.stderr.readline()  # "gateway on ..."
