@@ -18,7 +18,13 @@ from typing import Any
 
 from engine.eviction import EVICTION_POLICIES
 from kvwire.arg_types import positive_float, positive_int
-from loadtests.local_fleet import FleetError, LocalFleet, LocalFleetSpec, stop_recorded
+from loadtests.local_fleet import (
+    FleetCancelled,
+    FleetError,
+    LocalFleet,
+    LocalFleetSpec,
+    stop_recorded,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,14 +75,10 @@ def _up(args: argparse.Namespace) -> int:
         print(f"kvgate fleet up: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
-    starting = True
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal starting
         stop.set()
-        if starting:  # still waiting for the fleet: stop now (start stops what it began)
-            starting = False
-            raise KeyboardInterrupt
+        fleet.cancel()  # still starting: start stops what it began at its next step
 
     # Explicit handlers: a shell may start background jobs with SIGINT ignored. SIGHUP (the
     # terminal closed) too, unless ignored (nohup): the fleet's processes run in sessions
@@ -87,9 +89,7 @@ def _up(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in signals}
     try:
         fleet.start()
-        starting = False
-    except KeyboardInterrupt:
-        fleet.stop()  # started just before the signal came, or stopped already
+    except FleetCancelled:
         _restore(previous)
         print("kvgate fleet up: stopped before the fleet was ready", file=sys.stderr)
         return 130

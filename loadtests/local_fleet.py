@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -46,6 +47,10 @@ def default_state_dir() -> Path:
 
 class FleetError(RuntimeError):
     """A fleet process failed to start or to become ready; the message says which."""
+
+
+class FleetCancelled(FleetError):
+    """``LocalFleet.cancel()`` came while the fleet started; what it began has stopped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +113,15 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
 
 
 def wait_ready(name: str, popen: subprocess.Popen[bytes], log: Path,
-               ready: Callable[[], bool], timeout_s: float, where: str = "") -> None:
+               ready: Callable[[], bool], timeout_s: float, where: str = "",
+               cancelled: threading.Event | None = None) -> None:
     """Poll ``ready`` until it holds; a ``FleetError`` with the tail of ``log`` if the
-    process exits first, or one naming ``where`` after ``timeout_s``."""
+    process exits first, or one naming ``where`` after ``timeout_s``; ``FleetCancelled``
+    once ``cancelled`` is set."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if cancelled is not None and cancelled.is_set():
+            raise FleetCancelled(f"cancelled while waiting for {name}")
         if popen.poll() is not None:
             tail = log.read_text(errors="replace")[-2000:]
             raise FleetError(f"{name} exited with {popen.returncode}:\n{tail}")
@@ -141,6 +150,14 @@ class LocalFleet:
         self.gateway_url = ""  # the first copy's
         self.gateway_urls: list[str] = []
         self._procs: list[_Proc] = []
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Make a ``start()`` under way stop what it began and raise ``FleetCancelled`` at
+        its next step; safe to call from a signal handler, which must not raise into
+        ``start()`` itself: an exception inside ``subprocess.Popen`` would lose a process
+        that had already started."""
+        self._cancelled.set()
 
     def __enter__(self) -> LocalFleet:
         self.start()
@@ -150,6 +167,8 @@ class LocalFleet:
         self.stop()
 
     def _spawn(self, name: str, argv: list[str]) -> _Proc:
+        if self._cancelled.is_set():
+            raise FleetCancelled(f"cancelled before {name} started")
         log = self.dir / f"{name}.log"
         with open(log, "wb") as out:
             popen = subprocess.Popen(
@@ -184,7 +203,7 @@ class LocalFleet:
 
     def _wait_ready(self, proc: _Proc, url: str, timeout_s: float) -> None:
         wait_ready(proc.name, proc.popen, proc.log, lambda: http_ok(url), timeout_s,
-                   f"at {url}")
+                   f"at {url}", self._cancelled)
 
     def start(self, timeout_s: float = 60.0) -> None:
         spec = self.spec

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests import cli_fleet
+from loadtests import cli_fleet, local_fleet
 from tests.support.processes import REPO
 from tests.support.waiting import wait_until
 
@@ -70,5 +70,29 @@ def test_a_signal_while_the_fleet_starts_stops_its_processes(
         if up.poll() is None:
             up.kill()
             up.communicate()
+        for pid in engines_serving_as(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_cancel_that_comes_while_a_process_is_spawned_stops_that_process_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mark = f"kvgate-test-{secrets.token_hex(6)}"
+    fleet = local_fleet.LocalFleet(local_fleet.LocalFleetSpec(
+        replicas=2, engine_args=("--host", "127.0.0.2", f"--served-by={mark}")),
+        tmp_path / "fleet")
+    real_popen = subprocess.Popen
+
+    def popen_then_signal(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        started = real_popen(*args, **kwargs)  # type: ignore[call-overload]
+        fleet.cancel()  # the signal handler runs before Popen has returned
+        return started  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(local_fleet.subprocess, "Popen", popen_then_signal)
+    try:
+        with pytest.raises(local_fleet.FleetCancelled, match="before engine-r1 started"):
+            fleet.start()
+        assert not engines_serving_as(mark)  # the first engine, spawned, was stopped
+        assert not (tmp_path / "fleet" / "fleet.json").exists()
+    finally:
         for pid in engines_serving_as(mark):
             os.kill(pid, signal.SIGKILL)
