@@ -29,8 +29,9 @@ the first scratch replica whose cache has room (``placement_overflow``), or else
 a fair share of them: ring hashing alone overfills some LRU caches and underfills others;
 the homes depend on the hot set alone, so every gateway copy agrees on them), the
 next ones follow on the ring; one home, or as many as the key's share of the requests
-needs (share x replicas x ``hot_spread``: an app's system prompt), and once those wait more
-than ``spill_wait`` prefills of what waiting there saves, up to ``homes`` of them and the
+needs (share x replicas x ``hot_spread``: an app's system prompt), and once waiting for
+those (the wait, plus the tail term where the first token would come late there) costs
+more than ``spill_wait`` prefills of what waiting there saves, up to ``homes`` of them and the
 least loaded replicas (what it saves: the part of the prompt the first homes hold, and of
 the rest the chance that the first home, an LRU cache, still holds it when the key comes
 again, by Che's approximation from the key's request rate and the cache's turnover:
@@ -45,7 +46,9 @@ seconds, with ``t`` the pace over the replica's weight::
                slot_weight x the wait for a free decode slot (``slots``)
     prefill  = prefill_weight x (prompt tokens - predicted cached tokens) x t
     evict    = eviction_weight x t x (hot tokens the admission would evict from the model,
-               but for entries of its own prefix key); rare_eviction_weight for a rare key
+               but for entries of its own prefix key); rare_eviction_weight for a rare key,
+               times the chance that a victim is asked again before it would have left
+               the cache anyway (``eviction_survival``: small where the cache thrashes)
     scratch  = scratch_loss x prompt tokens x t, for a hot key on a scratch replica that
                is not its home (the churn there will likely evict it before it is used
                again)
@@ -142,6 +145,7 @@ class Cost(Policy):
         self._slots = DecodeSlots()
         self._all_load = DecayedRate(cfg.load_window_s)  # uncached tokens routed
         self._requests = DecayedRate(cfg.load_window_s)  # requests routed
+        self._hot_requests = DecayedRate(cfg.load_window_s)  # of those, for hot keys
         self._models = ReplicaModels(cfg.load_window_s)
         self._exact = IndexMatches(cfg.kv_event_grace_s)  # reads kv_index, where fed
         # id -> (epoch, capacity, scraped prefill tokens/s), as last refreshed
@@ -264,9 +268,9 @@ class Cost(Policy):
             firsts = homes[:spread]
             waited = min(map(wait_of, firsts)) if firsts else 0.0
             # (an idle first home is never busy: the saving is not asked for then)
-            busy = not firsts or (waited > 0.0 and waited > cfg.spill_wait * pace
-                                  * self._saved_at_home(p, firsts, matched, replicas, share,
-                                                        request.arrival_s))
+            busy = not firsts or (waited > 0.0 and self._home_cost(
+                firsts, wait_of, matched, replicas, p, pace) > cfg.spill_wait * pace
+                * self._saved_at_home(p, firsts, matched, replicas, share, request.arrival_s))
             candidates.update(dict.fromkeys(homes if busy else firsts))
             if not self._partial(index):  # the placement is the whole fleet's
                 self._eligible = (ids, weights, up, in_scratch)
@@ -304,6 +308,11 @@ class Cost(Policy):
         misplaced_p, late_p = cfg.scratch_loss * p, (1.0 + cfg.tail_slack) * p
         evicts = cfg.eviction_weight > 0 or cfg.rare_eviction_weight > 0
         evict_s = (cfg.eviction_weight if hot else cfg.rare_eviction_weight) * pace
+        now = request.arrival_s
+        # a hot prefix's requests a second, on average: how soon a victim would be back
+        victim_rate = self._hot_requests.rate(now) / len(self._placement) \
+            if cfg.eviction_survival and not hot and now is not None and len(self._placement) \
+            else 0.0
         churn_scale = 1.0 if hot or not evicts else self._fleet_scale()
         hot_owner = self._hot_owner()
         inf = math.inf
@@ -335,6 +344,8 @@ class Cost(Policy):
                     churn = p - m if hot else round((p - m) * churn_scale)
                     evict = evict_s * self._models.hot_victims(replicas[i].id, churn,
                                                                prep.key, hot_owner, hot_memo)
+                    if evict > 0.0 and victim_rate > 0.0 and now is not None:
+                        evict *= self._models.eviction_loss(replicas[i], churn, victim_rate, now)
                 total = bound + evict
                 if total < best_total:
                     best_total = total
@@ -381,6 +392,22 @@ class Cost(Policy):
                         for total, _, i, terms, _ in scored])
         return Decision(tuple([ids[i] for i in ranked_idx] + list(compress(ids, rest))),
                         reason, matched.get(best, 0), scores)
+
+    def _home_cost(self, firsts: list[int], wait_of: Callable[[int], float],
+                   matched: dict[int, int], replicas: Sequence[ReplicaView], p: int,
+                   pace: float) -> float:
+        """Seconds that waiting at a hot key's first homes costs: the wait, plus the tail
+        term where the first token would come late there (a prompt the home lost, queued
+        behind others), at the home where that is least."""
+        cfg = self.config
+        best = math.inf
+        for i in firsts:
+            w = replicas[i].weight
+            t = pace / w if w > 0 else math.inf
+            wait = wait_of(i)
+            over = wait + (p - matched.get(i, 0) - (1.0 + cfg.tail_slack) * p) * t
+            best = min(best, wait + cfg.tail_weight * over if over > 0.0 else wait)
+        return best
 
     def _saved_at_home(self, p: int, firsts: list[int], matched: dict[int, int],
                        replicas: Sequence[ReplicaView], share: float, now: float | None
@@ -678,6 +705,8 @@ class Cost(Policy):
         if now is not None:
             self._all_load.add(now, uncached)
             self._requests.add(now, 1.0)
+            if self._hot(prep.key, prep.seen):
+                self._hot_requests.add(now, 1.0)
             if self._sketch.halvings:
                 self._scratch.judged(now, uncached, not self._hot(prep.key, prep.seen))
             self._scratch.resize(now, self._routed, self._sketch.window, self._fleet_prefill,

@@ -34,7 +34,8 @@ class CostConfig:
     max_scratch_utilization: float = 0.85
     load_window_s: float = 60.0
     eviction_weight: float = 0.5
-    rare_eviction_weight: float = 0.75
+    rare_eviction_weight: float = 2.0
+    eviction_survival: bool = True
     scratch_loss: float = 0.5
     prefill_weight: float = 2.0
     fill_homes: bool = True

@@ -168,6 +168,23 @@ class ReplicaModels:
         turnover = (2 * model.capacity - min(model.used, model.capacity)) / inflow
         return -math.expm1(-share * requests_per_s * turnover)
 
+    def eviction_loss(self, r: ReplicaView, tokens: int, key_rate: float,
+                      now: float) -> float:
+        """The chance that a hot prefix at the LRU end of ``r``'s cache, asked
+        ``key_rate`` times a second, comes back in the time an admission of ``tokens``
+        takes off its life. In an LRU cache an entry leaves once the cache has taken in
+        its capacity after the entry's last use (Che's approximation), so admitting
+        ``tokens`` brings every entry's exit forward by ``tokens`` / the tokens the cache
+        takes in a second. A home holding its hot set takes in little: the loss is near 1,
+        the victim's next hit. Where the hot set outgrows the caches they take in a prompt
+        every few requests: the victim was about to go anyway, and the loss is small.
+        1.0 where the rate or the inflow is unknown."""
+        own = self._own_load.get(r.id)
+        inflow = max(own.rate(now) if own is not None else 0.0, r.prefill_tokens_per_s or 0.0)
+        if inflow <= 0 or key_rate <= 0:
+            return 1.0
+        return -math.expm1(-key_rate * tokens / inflow)
+
     def hot_victims(self, replica: str, new_tokens: int, keep_owner: int,
                     hot_owner: Callable[[int], bool], memo: dict[int, bool]) -> int:
         """Tokens of hot prefixes (``hot_owner``) that admitting ``new_tokens`` would

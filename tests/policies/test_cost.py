@@ -95,7 +95,9 @@ def test_every_score_names_its_terms() -> None:
 def test_a_one_off_document_queued_into_the_tail_goes_to_an_idle_replica_instead(
         tail_weight: float) -> None:
     pace = 1e-4
-    policy = Cost(CostConfig(min_scratch=1, prefill_s_per_token=pace, tail_weight=tail_weight))
+    # (each evicted hot token weighed 0.75 of a prefill, whatever the home's turnover)
+    policy = Cost(CostConfig(min_scratch=1, prefill_s_per_token=pace, tail_weight=tail_weight,
+                             rare_eviction_weight=0.75, eviction_survival=False))
     fleet = views(n=2, capacity=3100)  # the home's model holds 3 documents, no more
     (scratch,) = policy.scratch_set(fleet)
     home = next(v.id for v in fleet if v.id != scratch)
