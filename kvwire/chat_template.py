@@ -108,6 +108,31 @@ def template_messages(messages: Sequence[Mapping[str, Any]], content_parts: bool
     return out
 
 
+def template_tools(tools: Sequence[Any] | None) -> list[Any] | None:
+    """The request's checked ``tools`` (``check_tools``) as vLLM gives them to a chat
+    template: each function tool as its request model writes it back (``model_dump``),
+    ``{"type": "function", "function": {"name", "description", "parameters", ...}, ...}``,
+    the fields in that order, one left out written as null, other keys after them as given
+    (a template writes each with ``tojson``: a tool sent without its ``description`` or in
+    another key order is still the replica's text); an empty list stays one (a Llama 3
+    template tells ``[]`` from none); other tools as given."""
+    if tools is None:
+        return None
+    out: list[Any] = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(fn, Mapping) or tool.get("type", "function") != "function":
+            out.append(tool)
+            continue
+        function = {"name": fn.get("name"), "description": fn.get("description"),
+                    "parameters": fn.get("parameters"),
+                    **{k: v for k, v in fn.items()
+                       if k not in ("name", "description", "parameters")}}
+        out.append({"type": "function", "function": function,
+                    **{k: v for k, v in tool.items() if k not in ("type", "function")}})
+    return out
+
+
 def _loops_over_content(root: nodes.Template) -> bool:
     """Whether a template loops over a message's content (``{% for item in
     message['content'] %}``, the message a loop variable over ``messages`` or a variable

@@ -24,7 +24,7 @@ from jinja2 import Template, TemplateError
 
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import PARTS, ChatFormatError, normalize_messages
-from kvwire.chat_template import compile_template, template_messages
+from kvwire.chat_template import compile_template, template_messages, template_tools
 from kvwire.template_kwargs import template_variables
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 from kvwire.whole_encoding import WholeEncodings, space_cut
@@ -244,7 +244,7 @@ class PromptTokenizer:
                 text = str(self._template.render({
                     "bos_token": self.bos_token, "eos_token": self.eos_token, **variables,
                     "messages": given, "add_generation_prompt": add_generation_prompt,
-                    "tools": tools or None,
+                    "tools": template_tools(tools),
                 }))
             except RecursionError:  # a value nested past what tojson writes (vLLM answers
                 # that with a 400 too): named by the field that holds the deepest one
