@@ -318,10 +318,12 @@ def stored_runs(
     """One ``BlockStored`` per run of consecutive newly cached blocks.
 
     ``hashes[i]`` covers ``tokens[i * block_size : (i + 1) * block_size]``; ``new[i]`` says
-    whether block i was newly cached; ``parent`` is the hash before ``hashes[0]``. A chain's
-    first block (no ``parent``) salted with ``cache_salt`` names the salt in its extra keys,
-    as vLLM publishes it.
+    whether block i was newly cached; ``parent`` is the hash before ``hashes[0]``. Each
+    block's extra keys name what its hash covers besides its tokens, as vLLM publishes
+    them: the adapter (``lora_name``) on every block, then, on a chain's first block (no
+    ``parent``) salted with ``cache_salt``, the salt.
     """
+    every = (lora_name,) if lora_name else ()
     out: list[BlockStored] = []
     start = -1
     for i in range(len(hashes) + 1):
@@ -333,9 +335,11 @@ def stored_runs(
             run_parent = parent if start == 0 else hashes[start - 1]
             # blocks [start, i) hold tokens [start * B, i * B)
             salted = cache_salt and start == 0 and parent is None
+            first = (*every, cache_salt) if salted else every
+            extra = (first or None,) + (every or None,) * (i - start - 1)
             out.append(BlockStored(tuple(hashes[start:i]), run_parent,
                                    tuple(tokens[start * block_size : i * block_size]),
                                    block_size, None, "GPU", lora_name,
-                                   ((cache_salt,),) + (None,) * (i - 1) if salted else None))
+                                   extra if any(extra) else None))
             start = -1
     return out
