@@ -23,7 +23,9 @@ One cycle, repeated until cancelled::
     longer), at once after 410 Gone, after retry_s (doubling to 30 s) after any other
     error (a broken watch, a watch ended at once, a refused request)
 
-A failed list or watch keeps the last set and is counted in ``SourceStats``.
+A failed list or watch keeps the last set and is counted in ``SourceStats``. After a 401
+the client is built again, its credentials loaded anew: a kubeconfig's (an exec plugin's
+token, a ``tokenFile``) are read only when a client is built, and expire.
 """
 
 from __future__ import annotations
@@ -222,6 +224,8 @@ class KubernetesSource:
                              self.label)
                     continue
                 error = f"API answered {exc.status}: {exc.reason}"
+                if exc.status == 401:  # credentials expired: load them again next time
+                    await self.close()
             except (aiohttp.ClientError, TimeoutError, ConfigException, OSError,
                     ShortWatch) as exc:
                 error = f"{exc.__class__.__name__}: {exc}"
