@@ -48,6 +48,7 @@ msgpack, so the engine core, the gateway and the offline simulator share it.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,18 @@ class KVWireError(ValueError):
     """A payload does not follow the KV event wire format; the message says where."""
 
 
+def _shown(value: Any) -> str:
+    """``value`` as an error names it: a bounded ``repr`` (a few levels, items and
+    characters), never the whole of a huge or deeply nested value, whose full ``repr``
+    costs its size or overflows the stack (msgpack nests deeper than ``repr`` goes)."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 8, 8, 8
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 120, 120, 40
+
+
 # -- the fields of each event type, in their array order -----------------------------------
 
 _FIELDS: dict[str, tuple[str, ...]] = {
@@ -175,12 +188,12 @@ def encode_payload(batch: KVEventBatch, encoding: str = "array") -> bytes:
 def wire_hash(value: Any) -> int:
     """A block hash as u64: low 64 bits of an int, or of a digest read big-endian."""
     if isinstance(value, bool):
-        raise KVWireError(f"block hash must be an int or bytes, got {value!r}")
+        raise KVWireError(f"block hash must be an int or bytes, got {_shown(value)}")
     if isinstance(value, int):
         return value & U64
     if isinstance(value, bytes | bytearray) and value:
         return int.from_bytes(value[-8:], "big")
-    raise KVWireError(f"block hash must be an int or bytes, got {value!r}")
+    raise KVWireError(f"block hash must be an int or bytes, got {_shown(value)}")
 
 
 def _fields(raw: Any) -> tuple[str, dict[str, Any]] | None:
@@ -201,7 +214,7 @@ def _fields(raw: Any) -> tuple[str, dict[str, Any]] | None:
 
 
 def _bad_event(raw: Any) -> Any:
-    raise KVWireError(f"event must be a tagged array or a map with 'type', got {raw!r:.200}")
+    raise KVWireError(f"event must be a tagged array or a map with 'type', got {_shown(raw)}")
 
 
 U32 = (1 << 32) - 1  # token ids are hashed as u32
@@ -213,7 +226,7 @@ def _token_ids(value: Any, what: str) -> tuple[int, ...]:
         for v in value
     ):
         raise KVWireError(f"{what} must be a list of token ids (0..{U32}), got "
-                          f"{value!r:.200}")
+                          f"{_shown(value)}")
     return tuple(value)
 
 
@@ -221,7 +234,7 @@ def _optional(value: Any, kind: type, what: str) -> Any:
     """``value`` when None or of ``kind`` (a bool is no int), else KVWireError."""
     if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
         return value
-    raise KVWireError(f"{what} must be {kind.__name__} or null, got {value!r:.200}")
+    raise KVWireError(f"{what} must be {kind.__name__} or null, got {_shown(value)}")
 
 
 def _lenient(value: Any, kind: type) -> Any:
@@ -247,7 +260,7 @@ def decode_event(raw: Any) -> KVEvent | None:
         return None
     hashes = f.get("block_hashes")
     if not isinstance(hashes, list | tuple):
-        raise KVWireError(f"{kind}.block_hashes must be a list, got {hashes!r:.200}")
+        raise KVWireError(f"{kind}.block_hashes must be a list, got {_shown(hashes)}")
     block_hashes = tuple(wire_hash(h) for h in hashes)
     group = _lenient(f.get("group_idx"), int)
     if kind == "BlockRemoved":
@@ -255,7 +268,7 @@ def decode_event(raw: Any) -> KVEvent | None:
     parent = f.get("parent_block_hash")
     size = f.get("block_size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise KVWireError(f"BlockStored.block_size must be a positive int, got {size!r}")
+        raise KVWireError(f"BlockStored.block_size must be a positive int, got {_shown(size)}")
     return BlockStored(
         block_hashes=block_hashes,
         parent_block_hash=None if parent is None else wire_hash(parent),
@@ -277,7 +290,7 @@ def _extra_keys(value: Any) -> tuple[tuple[Any, ...] | None, ...] | None:
     if not isinstance(value, list | tuple) or not all(
             keys is None or isinstance(keys, list | tuple) for keys in value):
         raise KVWireError("BlockStored.extra_keys must be a list of lists or nulls, got "
-                          f"{value!r:.200}")
+                          f"{_shown(value)}")
     return tuple(None if keys is None else tuple(keys) for keys in value)
 
 
@@ -294,9 +307,9 @@ def decode_payload(payload: bytes) -> KVEventBatch:
         ts, events = raw[0], raw[1]
         rank = raw[2] if len(raw) > 2 else None
     else:
-        raise KVWireError(f"payload must be [ts, events, rank] or a map, got {raw!r:.200}")
+        raise KVWireError(f"payload must be [ts, events, rank] or a map, got {_shown(raw)}")
     if not isinstance(events, list | tuple):
-        raise KVWireError(f"payload events must be a list, got {events!r:.200}")
+        raise KVWireError(f"payload events must be a list, got {_shown(events)}")
     decoded: list[KVEvent] = []
     malformed = 0
     for raw_event in events:
