@@ -91,6 +91,7 @@ class KubernetesSource:
         self.resource_version: str | None = None
         self.events = 0  # watch events received, bookmarks included
         self._api: k8s.ApiClient | None = None
+        self._watcher: k8s_watch.Watch | None = None  # one for every watch (see watch)
         self._namespace = config.namespace or "default"
         self.selector = f"{SERVICE_LABEL}={config.service}" if config.service \
             else str(config.label_selector)
@@ -166,7 +167,12 @@ class KubernetesSource:
         """Follow changes from ``resource_version`` until the server ends the watch (asked
         to after ``seconds``; the client gives up 30 s later); ApiException(410) when
         that version is gone."""
-        watcher = k8s_watch.Watch(return_type="object")
+        if self._watcher is None:
+            # one Watch for every watch: building one builds an ApiClient, which loads an
+            # SSL context from disk (~20 ms with the loop blocked); that client only ever
+            # parses events, which closing the Watch (its response released) leaves intact
+            self._watcher = k8s_watch.Watch(return_type="object")
+        watcher = self._watcher
         loop = asyncio.get_running_loop()
         started, events = loop.time(), self.events
         try:
@@ -236,6 +242,9 @@ class KubernetesSource:
             delay = min(delay * 2, MAX_RETRY_S)
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            await self._watcher.close()
+            self._watcher = None
         if self._api is not None:
             await self._api.close()
             self._api = None

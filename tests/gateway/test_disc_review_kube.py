@@ -5,10 +5,12 @@ costs the event loop. The real kubernetes_asyncio client against the stand-in AP
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -78,6 +80,41 @@ async def test_credentials_that_expired_are_loaded_again(serve: Serve, tmp_path:
         await wait_until_async(lambda: api.watching() and source.stats.last_error is None,
                                10, "a watch with the new token")
         assert source.stats.relists == 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await source.close()
+
+
+async def test_a_watch_loads_no_ssl_context_on_the_event_loop(
+        serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # each watch built the client library's Watch, and with it an ApiClient of its own:
+    # an SSL context loaded from disk, ~20 ms with the event loop blocked, every minute
+    api = FakeKubeAPI()
+    server = serve(api.app())
+    api.put(endpoint_slice("llm", "s", "vllm", 8000, [endpoint("10.0.0.1", "vllm-a")]))
+    source = source_for(server, tmp_path, {"token": "test-token"})
+    loaded: list[object] = []
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        loaded.append(args)
+        return real(*args, **kwargs)
+
+    async def publish(targets: Targets) -> None:
+        return None
+
+    task = asyncio.create_task(source.run(publish))
+    try:
+        await wait_until_async(api.watching, 10, "a first watch")
+        monkeypatch.setattr(ssl, "create_default_context", counted)
+        for n in range(2, 5):
+            api.bookmark()  # the watch got an event: its end is no failure
+            api.end_watches()
+            await wait_until_async(lambda n=n: len(api.watch_requests()) >= n and api.watching(),
+                                   10, f"watch {n}")
+        assert source.stats.failures == 0 and source.stats.relists == 1
+        assert loaded == []
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
