@@ -21,6 +21,7 @@ does not tell them.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -105,6 +106,13 @@ class DNSSourceConfig:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
         if not self.record_types:
             raise ValueError("record_types must name A, AAAA or both")
+        for server in self.nameservers:  # as the resolver takes them: else found at start
+            if not server.startswith("https://"):
+                try:
+                    ipaddress.ip_address(server)
+                except ValueError:
+                    raise ValueError(f"nameservers: {server!r} is not an IP address (the "
+                                     "port is nameserver_port)") from None
         if not 1 <= self.remove_after <= 100:
             raise ValueError(f"remove_after must be in [1, 100], got {self.remove_after!r}")
 
