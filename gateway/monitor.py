@@ -110,6 +110,8 @@ class Monitor:
             ok, error = False, f"/health timed out after {cfg.timeout_s} s"
         except aiohttp.ClientError as exc:
             ok, error = False, f"/health failed: {exc.__class__.__name__}: {exc}"
+        if not self._current(state):
+            return
         changed = self.fleet.record_health(state.id, ok, error, cfg.failures_to_eject,
                                            cfg.successes_to_readmit)
         if changed is not None:
@@ -156,10 +158,17 @@ class Monitor:
             state.models_at = time.monotonic()
             self.fleet.changed()
 
+    def _current(self, state: ReplicaState) -> bool:
+        """Whether ``state`` is still the fleet's replica of its id: one removed while
+        probed, or removed and added again under its id (a StatefulSet pod back at a new
+        address), must not take the old address's answer for the new replica's."""
+        return self.fleet.get(state.id) is state
+
     def _scrape_failed(self, state: ReplicaState) -> None:
         state.scrape_failures += 1
         if state.scrape_failures == self.scrape_cfg.stale_after_failures \
-                and state.scraped is not None and not state.scraped.stale:
+                and state.scraped is not None and not state.scraped.stale \
+                and self._current(state):
             log.warning("replica %s: %d scrapes failed in a row: its last load figures are "
                         "dropped", state.id, state.scrape_failures)
             self.fleet.record_scrape(state.id, stale_copy(state.scraped))
@@ -217,6 +226,8 @@ class Monitor:
             self._scrape_failed(state)
             return
         state.scrape_failures = 0
+        if not self._current(state):
+            return
         if self.fleet.record_scrape(state.id, metrics):
             log.warning("replica %s restarted (its prefix-cache counters went back)", state.id)
             await self.refresh_models(state)  # it may serve other models now
