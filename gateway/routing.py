@@ -26,7 +26,7 @@ from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest
-from kvwire.template_kwargs import TemplateKwargsError, check_template_kwargs
+from kvwire.template_kwargs import TemplateKwargsError, request_template_kwargs
 from kvwire.tokenizer import PrefixEncoding, PromptTokenizer
 from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, ChunkMemo, id_chunks
@@ -59,12 +59,13 @@ def _inline_chat(parsed: ParsedRequest) -> bool:
 
 
 def _template_kwargs(parsed: ParsedRequest) -> dict[str, Any] | None:
-    """The chat's ``chat_template_kwargs``, which the replica's template renders with
-    (checked when the body was parsed; a body built otherwise, the simulator's, is checked
-    here)."""
-    value = parsed.body.get("chat_template_kwargs") if parsed.messages is not None else None
+    """The chat's template variables (its ``documents`` and ``chat_template_kwargs``),
+    which the replica's template renders with (checked when the body was parsed; a body
+    built otherwise, the simulator's, is checked here)."""
+    if parsed.messages is None:
+        return None
     try:
-        return check_template_kwargs(value)
+        return request_template_kwargs(parsed.body)
     except TemplateKwargsError as exc:
         raise BadRequest(str(exc), param=exc.param) from exc
 

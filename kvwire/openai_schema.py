@@ -25,7 +25,7 @@ import orjson
 
 from kvwire.chat_messages import ChatFormatError, check_tools, normalize_messages
 from kvwire.media_parts import DIGEST_HEX_CHARS, shown
-from kvwire.template_kwargs import TemplateKwargsError, check_template_kwargs
+from kvwire.template_kwargs import TemplateKwargsError, request_template_kwargs
 
 MAX_CACHE_SALT_CHARS = 128  # vLLM's limit on ``cache_salt``
 MAX_TOKEN_ID = (1 << 32) - 1
@@ -267,7 +267,7 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
     except ChatFormatError as exc:
         raise BadRequest(str(exc), param=exc.param or "tools") from exc
     try:
-        template_kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
+        template_kwargs = request_template_kwargs(body)
     except TemplateKwargsError as exc:
         raise BadRequest(str(exc), param=exc.param) from exc
     # as OpenAI and vLLM: max_completion_tokens (max_tokens' successor) wins over it

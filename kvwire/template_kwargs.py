@@ -55,6 +55,29 @@ class TemplateKwargsError(ValueError):
         self.param = param
 
 
+DOCUMENTS = "documents"
+
+
+def request_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A chat request's template variables as vLLM gives them to the template: its
+    top-level ``documents`` (retrieved passages, which RAG templates such as Command-R's
+    and Granite's render), then its ``chat_template_kwargs`` over them; None when it has
+    neither. TemplateKwargsError naming the field for a bad value of either."""
+    kwargs = check_template_kwargs(body.get(FIELD))
+    documents = body.get(DOCUMENTS)
+    if documents is None:
+        return kwargs
+    # vLLM's field: a list of objects whose values are strings
+    if not isinstance(documents, list):
+        raise TemplateKwargsError(f"'{DOCUMENTS}' must be an array of objects or null, got "
+                                  f"{shown(documents)}", DOCUMENTS)
+    for i, doc in enumerate(documents):
+        if not isinstance(doc, dict) or not all(isinstance(v, str) for v in doc.values()):
+            raise TemplateKwargsError(f"'{DOCUMENTS}[{i}]' must be an object of strings, got "
+                                      f"{shown(doc)}", f"{DOCUMENTS}[{i}]")
+    return {DOCUMENTS: documents, **(kwargs or {})}
+
+
 def check_template_kwargs(value: Any) -> dict[str, Any] | None:
     """The request's ``chat_template_kwargs`` (None when absent or null, as vLLM reads
     it); TemplateKwargsError naming the field when it is no object, holds more than
