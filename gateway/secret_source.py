@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+MAX_SECRET_FILE_BYTES = 1 << 16
+
 
 def resolve_secret(value: str | None, file: str | None, env: str | None,
                    name: str) -> str | None:
@@ -19,9 +21,20 @@ def resolve_secret(value: str | None, file: str | None, env: str | None,
         return value
     if file:
         try:
-            return Path(file).read_text().strip() or None
+            with Path(file).open("rb") as f:
+                # a path to a log or a device by mistake is named, not read to its end
+                held = f.read(MAX_SECRET_FILE_BYTES + 1)
         except OSError as exc:
             raise ValueError(f"{name}_file {file!r}: {exc.strerror}") from exc
+        if len(held) > MAX_SECRET_FILE_BYTES:
+            raise ValueError(f"{name}_file {file!r} holds over {MAX_SECRET_FILE_BYTES} "
+                             "bytes: not a secret")
+        try:  # UTF-8 whatever the locale, as the value would be written in the YAML
+            return held.decode().strip() or None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{name}_file {file!r} is not UTF-8 text (byte {exc.start + 1} "
+                             "of it): write the secret as text (openssl rand -hex 32)") \
+                from None
     if env:
         found = os.environ.get(env)
         if found is None:

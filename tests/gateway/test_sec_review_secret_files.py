@@ -1,0 +1,43 @@
+"""A secret read from a file is read as UTF-8 text whatever the locale, and a file that
+holds no usable secret (binary bytes, or far too much) is named at load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config import parse_config
+from policies.config import ConfigError
+
+MAX_BYTES = 1 << 16
+
+
+def _config(**extra: Any) -> Any:
+    return parse_config({"replicas": [{"id": "a", "url": "http://127.0.0.1:1"}],
+                         "trusted_proxies": ["127.0.0.1/32"], **extra})
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x9c\xff" + b"k" * 40, "is not UTF-8 text (byte 1 of it)"),
+    (b"k" * (MAX_BYTES + 1), f"holds over {MAX_BYTES} bytes"),
+])
+def test_a_secret_file_that_is_no_secret_is_named_at_load(tmp_path: Path, content: bytes,
+                                                          message: str) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(content)
+    for extra, where in [({"admin": {"token_file": str(path)}}, "token_file"),
+                         ({"tenancy": {"isolate": True, "secret_file": str(path)}},
+                          "secret_file"),
+                         ({"auth": {"api_keys": [{"key_file": str(path)}]}}, "key_file")]:
+        with pytest.raises(ConfigError) as caught:
+            _config(**extra)
+        assert f"{where} {str(path)!r} {message}" in str(caught.value), str(caught.value)
+
+
+def test_a_text_secret_file_is_read_without_its_newline(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes("sécret-0123456789-0123456789-0123\n".encode())
+    config = _config(tenancy={"isolate": True, "secret_file": str(path)})
+    assert config.tenancy.key() == "sécret-0123456789-0123456789-0123".encode()
