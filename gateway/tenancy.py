@@ -32,7 +32,7 @@ from starlette.requests import Request
 
 from gateway.networks import Networks
 from gateway.secret_source import resolve_secret
-from kvwire.openai_schema import BadRequest, OpenAIError
+from kvwire.openai_schema import BadRequest, OpenAIError, check_cache_salt
 
 MIN_SECRET_BYTES = 32
 
@@ -150,6 +150,9 @@ class Tenancy:
         if client is not None and config.client_salt == "reject":
             raise BadRequest("cache_salt is set by the gateway for each tenant; do not send "
                              "it", param="cache_salt", code="cache_salt_not_allowed")
+        # the rule a replica holds it to (a pass-through body is not parsed before): else a
+        # salt it would refuse went through mixed in, and "" salted as no salt at all
+        client = check_cache_salt(client)
         salt = tenant_salt(self._key, tenant or "", client)
         try:
             return orjson.dumps({**body, "cache_salt": salt}), salt
