@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.capture import unpack
+from gateway.client_auth import one_authorization
 from gateway.config import ReplicaConfig
 from gateway.forwarding import request_id_header
 from gateway.intake import take_in
@@ -47,7 +48,7 @@ def _authorize(request: Request) -> GatewayState:
         raise AdminOff("the admin API is off: configure admin.token (or token_file, "
                        "token_env)", code="admin_off")
     # the scheme in any case, as RFC 9110 reads it (and client API keys are read)
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    scheme, _, given = one_authorization(request).partition(" ")
     if scheme.lower() != "bearer" \
             or not hmac.compare_digest(given.strip().encode(), token.encode()):
         raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from gateway.secret_source import check_bearer, resolve_secret
-from kvwire.openai_schema import Unauthorized
+from kvwire.openai_schema import BadRequest, Unauthorized
 
 MIN_KEY_CHARS = 16
 
@@ -43,6 +43,17 @@ class ClientKey:
         return resolve_secret(self.key, self.key_file, self.key_env, "key")
 
 
+def one_authorization(request: Request) -> str:
+    """The request's ``Authorization`` value ("" when absent); BadRequest when it came more
+    than once (one field, RFC 9110): which one a proxy in front read is not known, and a
+    key names a tenant."""
+    values = request.headers.getlist("authorization")
+    if len(values) > 1:
+        raise BadRequest(f"header 'authorization' was sent {len(values)} times; send it once",
+                         code="repeated_authorization")
+    return values[0] if values else ""
+
+
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
@@ -64,7 +75,7 @@ class ClientAuth:
     def tenant_of(self, request: Request) -> str | None:
         """The tenant of the request's key; Unauthorized when the key is missing or
         unknown (only called when ``on``)."""
-        given = request.headers.get("authorization", "")
+        given = one_authorization(request)
         scheme, _, key = given.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise Unauthorized("an API key is required: 'Authorization: Bearer <key>'",
