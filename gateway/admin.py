@@ -169,7 +169,11 @@ async def remove_replica(request: Request) -> Response:
 async def explain(request: Request) -> Response:
     """The decision the gateway would take for a request body, without sending it."""
     gw = _authorize(request)
-    parsed, _, tenant = await take_in(request, gw, None)
+    # with client keys on, the tenant to explain for is the tenant header's (the admin
+    # token is no client's key): else every request was the anonymous tenant's, shown
+    # off its tenant's partition and refused under require_tenant
+    keyed = _explained_tenant(request, gw) if gw.auth.on else None
+    parsed, _, tenant = await take_in(request, gw, None, keyed)
     routing = await gw.router.decide(parsed, tenant, gw.tenancy.allowed(tenant),
                                      explain=True)
     d = routing.decision
@@ -187,6 +191,15 @@ async def explain(request: Request) -> Response:
                                                            if s.terms else {})}
                    for s in d.scores],
     })
+
+
+def _explained_tenant(request: Request, gw: GatewayState) -> str | None:
+    header = gw.tenancy.config.header
+    values = request.headers.getlist(header)
+    if len(values) > 1:
+        raise BadRequest(f"header {header!r} was sent {len(values)} times; send it once",
+                         code="repeated_tenant")
+    return values[0] if values and values[0] else None
 
 
 async def prefix_report(request: Request) -> Response:
