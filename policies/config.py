@@ -41,6 +41,19 @@ def _by_type_tag(args: tuple[Any, ...]) -> dict[Any, Any]:
     return tagged
 
 
+# fields whose values are secrets: a config error names their type, never the value (an
+# unquoted numeric token in the YAML would be printed to the logs whole)
+_SECRET_FIELDS = frozenset({"token", "secret", "key", "api_key", "password"})
+
+
+def _show(value: Any, where: str) -> str:
+    """``value`` as a config error shows it: its repr, but for a secret field's."""
+    field = where.rsplit(".", 1)[-1].split("[", 1)[0]
+    if field in _SECRET_FIELDS:
+        return f"a value of type {type(value).__name__} (not shown: '{field}' is a secret)"
+    return repr(value)
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
@@ -51,7 +64,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if tagged:  # a union of dataclasses told apart by their ``type`` key
             if not isinstance(value, Mapping) or "type" not in value:
                 raise ConfigError(f"{where}: expected a mapping with a 'type' key (one of "
-                                  f"{', '.join(map(repr, tagged))}), got {value!r}")
+                                  f"{', '.join(map(repr, tagged))}), got {_show(value, where)}")
             if value["type"] not in tagged:
                 raise ConfigError(f"{where}.type: {value['type']!r} is not one of "
                                   f"{', '.join(map(repr, tagged))}")
@@ -64,21 +77,21 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {_show(value, where)}")
     if origin is typing.Literal:
         if value not in get_args(tp):
             choices = ", ".join(repr(a) for a in get_args(tp))
-            raise ConfigError(f"{where}: {value!r} is not one of {choices}")
+            raise ConfigError(f"{where}: {_show(value, where)} is not one of {choices}")
         return value
     if origin in (tuple, list):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {_show(value, where)}")
         (item_tp, *_) = get_args(tp) or (Any,)
         items = [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{where}: expected a mapping, got {_show(value, where)}")
         return dict(value)
     if tp is Any:
         return value
@@ -86,7 +99,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return from_mapping(tp, value, where)  # type: ignore[type-var,arg-type]
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+            raise ConfigError(f"{where}: expected true or false, got {_show(value, where)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float) \
@@ -100,10 +113,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
+            raise ConfigError(f"{where}: expected a string, got {_show(value, where)}")
         return value
     if isinstance(tp, type) and not isinstance(value, tp):
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {_show(value, where)}")
     return value
 
 
