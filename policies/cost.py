@@ -705,10 +705,11 @@ class Cost(Policy):
         if now is not None:
             self._all_load.add(now, uncached)
             self._requests.add(now, 1.0)
-            if self._hot(prep.key, prep.seen):
+            hot = self._hot(prep.key, prep.seen)
+            if hot:
                 self._hot_requests.add(now, 1.0)
             if self._sketch.halvings:
-                self._scratch.judged(now, uncached, not self._hot(prep.key, prep.seen))
+                self._scratch.judged(now, uncached, not hot)
             self._scratch.resize(now, self._routed, self._sketch.window, self._fleet_prefill,
                                  self._pace.value_s, len(self._facts),
                                  self._placement.total_tokens, self._mean_room)

@@ -160,8 +160,7 @@ class ReplicaModels:
         KV) it is low and a queued home is not worth waiting for: the prompt would be
         evicted before its next use anyway."""
         held = self._models.get(r.id)
-        own = self._own_load.get(r.id)
-        inflow = max(own.rate(now) if own is not None else 0.0, r.prefill_tokens_per_s or 0.0)
+        inflow = self._inflow(r, now)
         if held is None or inflow <= 0:
             return 1.0
         model = held.model
@@ -179,11 +178,16 @@ class ReplicaModels:
         the victim's next hit. Where the hot set outgrows the caches they take in a prompt
         every few requests: the victim was about to go anyway, and the loss is small.
         1.0 where the rate or the inflow is unknown."""
-        own = self._own_load.get(r.id)
-        inflow = max(own.rate(now) if own is not None else 0.0, r.prefill_tokens_per_s or 0.0)
+        inflow = self._inflow(r, now)
         if inflow <= 0 or key_rate <= 0:
             return 1.0
         return -math.expm1(-key_rate * tokens / inflow)
+
+    def _inflow(self, r: ReplicaView, now: float) -> float:
+        """Tokens ``r``'s cache takes in a second: its scraped prefill rate, or what this
+        gateway sent it where that is more (the scrape lags)."""
+        own = self._own_load.get(r.id)
+        return max(own.rate(now) if own is not None else 0.0, r.prefill_tokens_per_s or 0.0)
 
     def hot_victims(self, replica: str, new_tokens: int, keep_owner: int,
                     hot_owner: Callable[[int], bool], memo: dict[int, bool]) -> int:
