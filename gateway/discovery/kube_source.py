@@ -25,7 +25,10 @@ One cycle, repeated until cancelled::
 
 A failed list or watch keeps the last set and is counted in ``SourceStats``. After a 401
 the client is built again, its credentials loaded anew: a kubeconfig's (an exec plugin's
-token, a ``tokenFile``) are read only when a client is built, and expire.
+token, a ``tokenFile``) are read only when a client is built, and expire. An exec plugin
+that gives no credential within ``EXEC_TIMEOUT_S`` (30 s) is killed, and counts as a
+failure like any other (see exec_credential). A list page is decoded a slice at a
+time, the loop handed back between slices (see list_decode).
 """
 
 from __future__ import annotations
@@ -44,8 +47,12 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
+from kubernetes_asyncio.config import kube_config as k8s_kube_config
+from kubernetes_asyncio.config.exec_provider import ExecProvider
 
 from gateway.discovery.config import KubernetesSourceConfig
+from gateway.discovery.exec_credential import ExecPluginError, run_exec_plugin
+from gateway.discovery.list_decode import decode_list
 from gateway.discovery.stats import SourceStats
 from gateway.discovery.targets import Targets, pod_targets, slice_targets
 from gateway.discovery.types import Publish
@@ -64,6 +71,18 @@ MIN_WATCH_S = 1.0  # a watch the server ends sooner, with no event, failed
 
 class ShortWatch(Exception):
     """The server ended a watch at once with no event (see MIN_WATCH_S)."""
+
+
+class BoundedExecProvider(ExecProvider):
+    """The client's exec credential provider, its plugin run bounded (exec_credential)."""
+
+    async def run(self, previous_response: str | None = None) -> Any:
+        return await run_exec_plugin(self.args, self.env, str(self.api_version),
+                                     previous_response)
+
+
+# the kubeconfig loader looks the provider up in its module each time it runs a plugin
+k8s_kube_config.ExecProvider = BoundedExecProvider  # type: ignore[misc]
 
 Lister = Callable[..., Awaitable[Any]]
 
@@ -150,7 +169,10 @@ class KubernetesSource:
             try:
                 if not 200 <= resp.status < 300:  # unread content: the client raised nothing
                     raise ApiException(status=resp.status, reason=await _refusal(resp))
-                body = await resp.json()
+                # aiohttp checks the Content-Type, strips and decodes the text (loads=str
+                # hands it back as is); the JSON, MBs of it, is decoded a slice at a time
+                text = await resp.json(loads=str)
+                body: Any = None if text is None else await decode_list(text)
             finally:
                 resp.release()
             for item in body.get("items") or []:
@@ -232,8 +254,8 @@ class KubernetesSource:
                 error = f"API answered {exc.status}: {exc.reason}"
                 if exc.status == 401:  # credentials expired: load them again next time
                     await self.close()
-            except (aiohttp.ClientError, TimeoutError, ConfigException, OSError,
-                    ShortWatch) as exc:
+            except (aiohttp.ClientError, TimeoutError, ConfigException, ExecPluginError,
+                    OSError, ShortWatch) as exc:
                 error = f"{exc.__class__.__name__}: {exc}"
             except Exception as exc:  # a malformed answer (the client raises bare Exception)
                 error = f"unexpected answer: {exc.__class__.__name__}: {exc}"
