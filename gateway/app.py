@@ -376,6 +376,10 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
                 await gw.monitor.start()
                 stack.push_async_callback(discovery.stop)  # ... and discovers
                 await discovery.start()
+            else:  # a follower checks nothing, but lists the models again on a miss, as
+                # one gateway does (``intake.check_model``): not started, no loops
+                gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
+                stack.push_async_callback(gw.monitor.stop)
             if gw.box is not None:
                 stack.push_async_callback(gw.box.stop)
                 await gw.box.start()

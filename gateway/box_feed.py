@@ -15,7 +15,10 @@ new through the same ``Fleet`` methods the leader's monitor used:
   thresholds then eject or readmit, as the leader's did);
 - a scrape, when its sequence moved, with any KV capacity the leader's state holds as
   estimated (``gateway.kv_capacity_estimate``, which is off while the load is shared);
-  the models a replica serves.
+- the models a replica serves, when the leader listed them after this follower last did:
+  a follower lists them itself when a request names a model none serves (an adapter
+  loaded at run time), as a single gateway does (``intake.check_model``), and keeps what
+  it found until the leader's listing is newer.
 
 Block layout: ``seq u64 | length u64 | crc32 u64 | JSON``. The leader writes ``seq`` odd,
 then the rest, then ``seq`` even (a seqlock); a reader copies the block and accepts it
@@ -75,7 +78,7 @@ def snapshot(fleet: Fleet, discovery: Sequence[SourceStats] = ()) -> dict[str, A
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
         "estimated_kv_replica_tokens": s.estimated_kv_replica_tokens,
         "auth_failures": s.auth_failures,
-        "models": list(s.models), "models_cut": s.models_cut,
+        "models": list(s.models), "models_cut": s.models_cut, "models_at": s.models_at,
         # what the listing said beyond the ids, where it said anything
         "model_info": {m: list(i) for m, i in s.model_info.items() if any(i)}}
         for s in fleet],
@@ -261,7 +264,7 @@ class BoxFeed:
         """Write the fleet's snapshot when anything in it moved (a cheap signature is
         compared first: building the JSON costs ~20 us a replica)."""
         signature = (tuple((s.id, s.slot, s.checks, s.scrape_seq, s.models, s.models_cut,
-                            s.auth_failures) for s in self.fleet),
+                            s.models_at, s.auth_failures) for s in self.fleet),
                      tuple(dataclasses.astuple(stats) for stats in self.discovery))
         if signature == self._signature:
             return
@@ -311,9 +314,12 @@ class BoxFeed:
                                     in_flight_then=r["in_flight_at_scrape"])
                 state.estimated_kv_replica_tokens = r["estimated_kv_replica_tokens"]
             state.auth_failures = r.get("auth_failures", 0)
-            state.models_cut = r.get("models_cut", False)
-            said = r.get("model_info", {})
-            info = {m: ModelInfo(*said[m]) if m in said else ModelInfo() for m in r["models"]}
-            if info != state.model_info:
-                state.model_info = info
-                state.models_at = time.monotonic()
+            # the newer listing wins: the leader's, or the one this follower asked for on
+            # a miss (``Monitor.refresh_all_models``) since; one clock for the box's
+            # processes (``time.monotonic``: the system's CLOCK_MONOTONIC)
+            if r["models_at"] > state.models_at:
+                said = r.get("model_info", {})
+                state.model_info = {m: ModelInfo(*said[m]) if m in said else ModelInfo()
+                                    for m in r["models"]}
+                state.models_cut = r.get("models_cut", False)
+                state.models_at = r["models_at"]

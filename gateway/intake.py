@@ -68,7 +68,7 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
     models are known, or while a replica lists more than the gateway keeps); the error
     names only the models the tenant may use. A model none lists is looked for again
     first (``Monitor.refresh_all_models``: loaded at run time, or a replica restarted with
-    it), where this process checks the replicas."""
+    it), by every worker of a box alike (``box_feed``)."""
     allowed = gw.tenancy.allowed(tenant)
     known = gw.fleet.models(allowed)
     if known and model not in known and not gw.fleet.models_cut() \

@@ -78,7 +78,9 @@ class Monitor:
         """Every healthy replica's model list asked for again now: a request named a model
         none of them listed (an adapter loaded at run time, a replica restarted with
         another model). Callers share one round; a new one starts at most once every
-        ``_MODELS_ROUND_S``, so requests for unknown models cost the replicas little."""
+        ``_MODELS_ROUND_S``, so requests for unknown models cost the replicas little. A
+        follower worker's monitor, never started, does only this (``box_feed``): a flood
+        for a model nobody serves costs each replica a listing a second per worker."""
         task = self._models_round
         if task is None or task.done():
             if time.monotonic() - self._models_round_at < _MODELS_ROUND_S:
@@ -138,6 +140,7 @@ class Monitor:
                             break
             if len(raw) > MODELS_BYTES:  # the models it listed before stay known, and
                 state.models_cut = True  # a model not among them is still sent to it
+                state.models_at = time.monotonic()
                 log.warning("replica %s: /v1/models is over %d bytes; models not known "
                             "are sent to it too", state.id, MODELS_BYTES)
                 self.fleet.changed()
