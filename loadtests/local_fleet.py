@@ -19,6 +19,7 @@ order: gateway first, then the engines.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import secrets
@@ -30,7 +31,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,27 @@ class FleetError(RuntimeError):
 
 class FleetCancelled(FleetError):
     """``LocalFleet.cancel()`` came while the fleet started; what it began has stopped."""
+
+
+# the cancel shared by the fleets made inside ``cancel_scope()``; None outside one
+_SCOPE_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "local_fleet_scope_cancel", default=None)
+
+
+@contextlib.contextmanager
+def cancel_scope() -> Iterator[threading.Event]:
+    """One cancel for every ``LocalFleet`` made inside the block, for a command whose
+    fleets are made by code that does not hand them back (``kvgate demo`` runs
+    ``loadtests.run``). Setting the event it yields (from a signal handler too) is each
+    fleet's ``cancel()``: a fleet starting stops what it began and raises
+    ``FleetCancelled`` at its next step, and one started later raises it before spawning
+    anything. A fleet already started keeps running: the caller stops its own work."""
+    cancelled = threading.Event()
+    token = _SCOPE_CANCEL.set(cancelled)
+    try:
+        yield cancelled
+    finally:
+        _SCOPE_CANCEL.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +172,15 @@ class LocalFleet:
         self.gateway_url = ""  # the first copy's
         self.gateway_urls: list[str] = []
         self._procs: list[_Proc] = []
-        self._cancelled = threading.Event()
+        scope_cancel = _SCOPE_CANCEL.get()  # inside cancel_scope(): its cancel
+        self._cancelled = threading.Event() if scope_cancel is None else scope_cancel
 
     def cancel(self) -> None:
         """Make a ``start()`` under way stop what it began and raise ``FleetCancelled`` at
         its next step; safe to call from a signal handler, which must not raise into
         ``start()`` itself: an exception inside ``subprocess.Popen`` would lose a process
-        that had already started."""
+        that had already started. Inside ``cancel_scope()`` it cancels the scope's other
+        fleets too."""
         self._cancelled.set()
 
     def __enter__(self) -> LocalFleet:
