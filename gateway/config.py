@@ -101,9 +101,11 @@ class ReplicaConfig:
             raise ValueError(f"url {self.url!r} must be scheme://host[:port][/base path], "
                              "without credentials, query or fragment")
         try:
-            parts.port  # noqa: B018  (raises on a bad port)
+            port = parts.port
         except ValueError:
             raise ValueError(f"url {self.url!r} has a bad port") from None
+        if port == 0:
+            raise ValueError(f"url {self.url!r} has port 0, which cannot be connected to")
         if not 0 < self.weight <= MAX_WEIGHT:
             raise ValueError(f"weight must be > 0 and at most {MAX_WEIGHT:g} (a relative "
                              f"share: a ring holds vnodes x weight points), got {self.weight!r}")
@@ -111,9 +113,16 @@ class ReplicaConfig:
             raise ValueError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens!r}")
         for key in ("kv_events", "kv_events_replay"):
             value = getattr(self, key)
-            if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+            if value is None:
+                continue
+            if not value.startswith(("tcp://", "ipc://", "inproc://")):
                 raise ValueError(f"{key} {value!r} is not a tcp://, ipc:// or inproc:// "
                                  "endpoint")
+            endpoint_port = value.rpartition(":")[2]
+            # ZMQ takes a connect to port 0 and then waits on it for ever
+            if value.startswith("tcp://") and endpoint_port.isdigit() \
+                    and int(endpoint_port) == 0:
+                raise ValueError(f"{key} {value!r} has port 0, which cannot be connected to")
 
     @property
     def base_url(self) -> str:
