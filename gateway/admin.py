@@ -25,6 +25,7 @@ from starlette.routing import Route
 from gateway.capture import unpack
 from gateway.client_auth import one_authorization
 from gateway.config import ReplicaConfig
+from gateway.data_parallel import group_of
 from gateway.forwarding import request_id_header
 from gateway.intake import take_in
 from gateway.layout_audit import AuditReport, audit
@@ -107,16 +108,33 @@ async def add_replica(request: Request) -> Response:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except ConfigError as exc:
         raise BadRequest(str(exc), code="invalid_replica") from exc
-    _check_reachable(gw, config)
-    if gw.fleet.get(config.id) is not None:
-        raise BadRequest(f"replica {config.id!r} already exists", param="id",
-                         code="duplicate_replica")
+    ranks = config.ranks()  # one member per data-parallel rank (gateway.data_parallel)
+    for rank in ranks:
+        _check_reachable(gw, rank)
+    for rank in ranks:
+        if gw.fleet.get(rank.id) is not None or _ranks_of(gw, rank.id):
+            raise BadRequest(f"replica {rank.id!r} already exists", param="id",
+                             code="duplicate_replica")
+    joined: list[str] = []
     try:
-        await join(gw, config, ADMIN, forward_auth=False)
+        for rank in ranks:
+            await join(gw, rank, ADMIN, forward_auth=False)
+            joined.append(rank.id)
     except ValueError as exc:  # no room: the fleet at its limit, or no slot left in the
-        # workers' shared accounting
+        # workers' shared accounting (the ranks that joined leave again)
+        for rid in joined:
+            leave(gw, rid)
         raise BadRequest(str(exc), param="id", code="replica_slots_full") from exc
-    return JSONResponse(_replica_json(gw, config.id), status_code=201)
+    if config.data_parallel_size == 1:
+        return JSONResponse(_replica_json(gw, config.id), status_code=201)
+    return JSONResponse({"id": config.id, "ranks": [_replica_json(gw, rid) for rid in joined]},
+                        status_code=201)
+
+
+def _ranks_of(gw: GatewayState, replica_id: str) -> list[str]:
+    """The fleet ids of the data-parallel ranks of the replica ``replica_id``."""
+    return [s.id for s in gw.fleet
+            if s.config.data_parallel_rank is not None and group_of(s.id) == replica_id]
 
 
 def _check_reachable(gw: GatewayState, config: ReplicaConfig) -> None:
@@ -160,10 +178,15 @@ def _plain_tcp(endpoint: str) -> bool:
 async def remove_replica(request: Request) -> Response:
     gw = _authorize(request)
     replica_id = request.path_params["replica_id"]
-    if gw.fleet.get(replica_id) is None:
+    if gw.fleet.get(replica_id) is not None:
+        leave(gw, replica_id)
+        return JSONResponse({"removed": replica_id})
+    ranks = _ranks_of(gw, replica_id)  # a replica of several ranks: all of them
+    if not ranks:
         raise NotFound(f"no replica {replica_id!r}", code="replica_not_found")
-    leave(gw, replica_id)
-    return JSONResponse({"removed": replica_id})
+    for rid in ranks:
+        leave(gw, rid)
+    return JSONResponse({"removed": replica_id, "ranks": ranks})
 
 
 async def explain(request: Request) -> Response:

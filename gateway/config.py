@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -56,6 +56,7 @@ import yaml
 
 from gateway.capture import CaptureConfig, PrefixReportConfig
 from gateway.client_auth import ClientKey
+from gateway.data_parallel import MAX_RANKS, names_rank, rank_endpoint, rank_id
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.kv_capacity_estimate import CapacityEstimateConfig
 from gateway.peer_config import PeersConfig
@@ -84,6 +85,10 @@ class ReplicaConfig:
     api_key: str | None = None
     api_key_file: str | None = None
     api_key_env: str | None = None
+    # the data-parallel ranks behind its one API server (vLLM --data-parallel-size, SGLang
+    # --dp-size): one member of the fleet per rank (gateway.data_parallel)
+    data_parallel_size: int = 1
+    data_parallel_rank: int | None = None  # set on each rank's own config (``ranks``)
 
     def validate(self) -> None:
         if not _REPLICA_ID.fullmatch(self.id):
@@ -109,6 +114,7 @@ class ReplicaConfig:
         if not 0 < self.weight <= MAX_WEIGHT:
             raise ValueError(f"weight must be > 0 and at most {MAX_WEIGHT:g} (a relative "
                              f"share: a ring holds vnodes x weight points), got {self.weight!r}")
+        self._check_ranks()
         if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < 1:
             raise ValueError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens!r}")
         for key in ("kv_events", "kv_events_replay"):
@@ -123,6 +129,36 @@ class ReplicaConfig:
             if value.startswith("tcp://") and endpoint_port.isdigit() \
                     and int(endpoint_port) == 0:
                 raise ValueError(f"{key} {value!r} has port 0, which cannot be connected to")
+
+    def _check_ranks(self) -> None:
+        size, rank = self.data_parallel_size, self.data_parallel_rank
+        if type(size) is not int or not 1 <= size <= MAX_RANKS:
+            raise ValueError(f"data_parallel_size must be an integer from 1 to {MAX_RANKS}, "
+                             f"got {size!r}")
+        named = names_rank(self.id)
+        if rank is None:
+            if named is not None:  # ids of that form are the ranks' own
+                raise ValueError(f"replica id {self.id!r} ends like a data-parallel rank's "
+                                 "(.dp<number>): choose another")
+            if size > 1:  # each rank's own (its event endpoints: past port 65535?)
+                for rank_config in self.ranks():
+                    rank_config.validate()
+        elif type(rank) is not int or not 0 <= rank < size or named != rank:
+            raise ValueError(f"data_parallel_rank {rank!r} is no rank of replica {self.id!r} "
+                             f"of data_parallel_size {size}")
+
+    def ranks(self) -> list[ReplicaConfig]:
+        """The fleet members of this replica: one per data-parallel rank, each with its
+        rank's id and KV event endpoints (``gateway.data_parallel``); itself when it has
+        one rank, or is a rank's."""
+        if self.data_parallel_size == 1 or self.data_parallel_rank is not None:
+            return [self]
+        return [replace(self, id=rank_id(self.id, k), data_parallel_rank=k,
+                        kv_events=None if self.kv_events is None
+                        else rank_endpoint(self.kv_events, k),
+                        kv_events_replay=None if self.kv_events_replay is None
+                        else rank_endpoint(self.kv_events_replay, k))
+                for k in range(self.data_parallel_size)]
 
     @property
     def base_url(self) -> str:
@@ -383,9 +419,10 @@ class GatewayConfig:
             raise ValueError(f"tokenizer_memo must be >= 0, got {self.tokenizer_memo!r}")
         seen: set[str] = set()
         for i, replica in enumerate(self.replicas):
-            if replica.id in seen:
-                raise ValueError(f"replicas[{i}].id {replica.id!r} appears twice")
-            seen.add(replica.id)
+            for member in replica.ranks():
+                if member.id in seen:
+                    raise ValueError(f"replicas[{i}].id {member.id!r} appears twice")
+                seen.add(member.id)
         labels = [source.label for source in self.discovery]
         for i, label in enumerate(labels):
             if label in labels[:i]:
@@ -416,9 +453,14 @@ class GatewayConfig:
     def unknown_partition_replicas(self) -> list[str]:
         """Replica ids ``tenancy.partitions`` name that no configured replica has (one that
         discovery or the admin API adds may take them later), in the order named."""
-        ids = {replica.id for replica in self.replicas}
+        ids = {replica.id for replica in self.replicas} \
+            | {member.id for member in self.fleet_replicas()}
         named = (r for part in self.tenancy.partitions for r in part.replicas)
         return [r for r in dict.fromkeys(named) if r not in ids]
+
+    def fleet_replicas(self) -> list[ReplicaConfig]:
+        """The fleet's members from ``replicas``: each data-parallel rank its own."""
+        return [member for replica in self.replicas for member in replica.ranks()]
 
     def replicas_join_later(self) -> bool:
         """Whether replicas may join after start-up: through discovery or the admin API."""

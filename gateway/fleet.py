@@ -44,6 +44,7 @@ from typing import NamedTuple, Protocol
 
 from gateway.calibration import TokenCalibration
 from gateway.config import ReplicaConfig
+from gateway.data_parallel import RANK_HEADER
 from gateway.fleet_events import FleetEvent, FleetListener, HealthChanged, ReplicaAdded
 from gateway.replica_metrics import HitRateWindow, ScrapedMetrics, moved
 from gateway.shared_load import LoadTotals, SharedLoad
@@ -150,6 +151,8 @@ class ReplicaState:
     estimated_kv_replica_tokens: int | None = None  # see gateway.kv_capacity_estimate
     hits: HitRateWindow = field(init=False)
     credentials: dict[str, str] = field(init=False)  # headers carrying its api_key, if any
+    # the header that sends a request to its data-parallel rank (gateway.data_parallel)
+    pinned: dict[str, str] = field(init=False)
     # the view's fields that change only with a scrape, a health change, a restart or a
     # new config, and what they were taken at (``view``)
     _steady: tuple[tuple[object, ...], _Steady] | None = field(
@@ -159,11 +162,17 @@ class ReplicaState:
         self.hits = HitRateWindow(self.window_s)
         key = self.config.resolved_api_key()
         self.credentials = {"authorization": f"Bearer {key}"} if key else {}
+        rank = self.config.data_parallel_rank
+        self.pinned = {} if rank is None else {RANK_HEADER: str(rank)}
 
     def upstream_headers(self, client: Mapping[str, str], forward_client_auth: bool
                          ) -> Mapping[str, str]:
         """What a client's forwarded headers become toward this replica: its own API key,
-        else the client's ``Authorization`` only when both sides allow it."""
+        else the client's ``Authorization`` only when both sides allow it; toward a
+        data-parallel rank, that rank's header in place of any the client sent."""
+        if self.pinned:
+            client = {**{k: v for k, v in client.items() if k.lower() != RANK_HEADER},
+                      **self.pinned}
         if self.credentials:
             return {**_without_auth(client), **self.credentials}
         if forward_client_auth and self.forward_auth:

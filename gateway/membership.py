@@ -55,7 +55,9 @@ def leave(gw: GatewayState, replica_id: str) -> ReplicaState:
 async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaConfig]
                     ) -> Changes:
     """Make the replicas of ``source`` exactly ``wanted``: those it no longer lists (or
-    lists with another config, e.g. a new address) leave, new ones join."""
+    lists with another config, e.g. a new address) leave, new ones join. A replica of
+    several data-parallel ranks is one member per rank (``ReplicaConfig.ranks``)."""
+    wanted = {rank.id: rank for config in wanted.values() for rank in config.ranks()}
     current = {s.id: s.config for s in gw.fleet if s.source == source}
     removed = [rid for rid, config in current.items() if wanted.get(rid) != config]
     for rid in removed:

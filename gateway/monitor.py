@@ -222,8 +222,10 @@ class Monitor:
             return
         text = raw.decode("utf-8", errors="replace")
         try:
-            metrics = parse_metrics(text) if len(raw) <= _PARSE_INLINE_BYTES \
-                else await asyncio.to_thread(parse_metrics, text)
+            # a data-parallel rank's own samples (gateway.data_parallel)
+            rank, ranks = state.config.data_parallel_rank, state.config.data_parallel_size
+            metrics = parse_metrics(text, rank, ranks) if len(raw) <= _PARSE_INLINE_BYTES \
+                else await asyncio.to_thread(parse_metrics, text, rank, ranks)
         except Exception as exc:  # the parser raises more than ValueError on odd input
             log.warning("replica %s: unparsable /metrics: %r", state.id, exc)
             self._scrape_failed(state)

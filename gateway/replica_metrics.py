@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.data_parallel import RANK_LABELS
 from kvwire import metric_names as m
 
 # the labels that tell one data-parallel group's SGLang schedulers apart
@@ -42,15 +44,20 @@ def stale_copy(metrics: ScrapedMetrics) -> ScrapedMetrics:
                           stale=True)
 
 
-def parse_metrics(text: str) -> ScrapedMetrics:
-    """One snapshot of a replica. A replica running several engines (vLLM with data
-    parallelism labels each sample ``engine="0"``, ``engine="1"`` ...) is one replica of
-    their sum: counters, queue lengths and KV capacity add up; ratios (KV usage, SGLang's
-    token usage and hit rate) are averaged over the samples. SGLang's scheduler samples
-    labelled ``tp_rank``/``pp_rank`` are several reports of one group (its pipeline stages,
-    or every TP rank with ``--enable-metrics-for-all-schedulers``): each group counts once
-    (its busiest rank's load, its smallest stage's ``max_total_num_tokens``), and groups
-    (``dp_rank``) add up."""
+def parse_metrics(text: str, rank: int | None = None, ranks: int = 1) -> ScrapedMetrics:
+    """One snapshot of a replica, or with ``rank`` of that data-parallel rank of it
+    (``gateway.data_parallel``): the samples labelled with another rank (vLLM's
+    ``engine``, SGLang's ``dp_rank``) are left out; where no sample names a rank, the
+    replica's counts are shared evenly by its ``ranks``.
+
+    Without ``rank``, a replica running several engines (vLLM with data parallelism
+    labels each sample ``engine="0"``, ``engine="1"`` ...) is one replica of their sum:
+    counters, queue lengths and KV capacity add up; ratios (KV usage, SGLang's token usage
+    and hit rate) are averaged over the samples. SGLang's scheduler samples labelled
+    ``tp_rank``/``pp_rank`` are several reports of one group (its pipeline stages, or every
+    TP rank with ``--enable-metrics-for-all-schedulers``): each group counts once (its
+    busiest rank's load, its smallest stage's ``max_total_num_tokens``), and groups
+(``dp_rank``) add up."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     capacity: int | None = None
@@ -58,11 +65,20 @@ def parse_metrics(text: str) -> ScrapedMetrics:
     # --enable-metrics-for-all-schedulers its TP ranks) each report the group's requests
     # and KV pool: one figure per group, the samples told apart by these labels alone
     groups: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    own = None if rank is None else str(rank)
+    ranked = False  # a sample named a rank
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             value = float(sample.value)
             if not math.isfinite(value):  # NaN or +-Inf: no figure routing can use
                 continue
+            if own is not None:
+                label = next((sample.labels[k] for k in RANK_LABELS if k in sample.labels),
+                             None)
+                if label is not None:
+                    ranked = True
+                    if label != own:
+                        continue
             if _RANK_LABELS & sample.labels.keys():
                 group = (sample.name, frozenset((k, v) for k, v in sample.labels.items()
                                                 if k not in _RANK_LABELS))
@@ -97,6 +113,12 @@ def parse_metrics(text: str) -> ScrapedMetrics:
                 return sums[name] / counts[name]
         return None
 
+    scraped = _figures(get, mean, capacity)
+    return scraped if own is None or ranked or ranks <= 1 else _shared(scraped, ranks)
+
+
+def _figures(get: Callable[..., float | None], mean: Callable[..., float | None],
+             capacity: int | None) -> ScrapedMetrics:
     queued = get(m.PROMPT_TOKENS_WAITING)
     if get(m.NUM_REQUESTS_RUNNING) is not None:
         return ScrapedMetrics(
@@ -127,6 +149,20 @@ def parse_metrics(text: str) -> ScrapedMetrics:
         )
     return ScrapedMetrics(dialect="unknown",
                           queued_tokens=None if queued is None else int(queued))
+
+
+def _shared(whole: ScrapedMetrics, ranks: int) -> ScrapedMetrics:
+    """One rank's even share of a whole replica's counts (its ratios are every rank's)."""
+    def part(value: float | None) -> float | None:
+        return None if value is None else value / ranks
+
+    def count(value: int | None) -> int | None:
+        return None if value is None else value // ranks
+
+    return replace(whole, running=whole.running // ranks, waiting=whole.waiting // ranks,
+                   kv_capacity_tokens=count(whole.kv_capacity_tokens),
+                   queued_tokens=count(whole.queued_tokens), hit_tokens=part(whole.hit_tokens),
+                   query_tokens=part(whole.query_tokens), work_tokens=part(whole.work_tokens))
 
 
 def _work(prompt: float | None, generated: float | None) -> float | None:

@@ -99,7 +99,7 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
                 shared: SharedLoad | None = None) -> GatewayState:
     """``tracing``: where request traces go (default: as ``config.tracing`` says);
     ``shared``: the box's accounting, for a worker process (``gateway.workers``)."""
-    fleet = Fleet(list(config.replicas), config.scrape.hit_rate_window_s, shared)
+    fleet = Fleet(config.fleet_replicas(), config.scrape.hit_rate_window_s, shared)
     if policy is None:  # one state per model: a decision sees its model's replicas only
         policy = PerModel(build_policy(config.policy, where="policy"),
                           lambda: build_policy(config.policy, where="policy"),

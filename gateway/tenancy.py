@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from gateway.data_parallel import group_of
 from gateway.networks import Networks
 from gateway.secret_source import resolve_secret
 from kvwire.openai_schema import BadRequest, OpenAIError, check_cache_salt
@@ -133,10 +134,10 @@ class Tenancy:
         if not self._partition:
             return None
         own = self._partition.get(tenant or "")
-        if own is not None:
-            return own.__contains__
+        if own is not None:  # a partition naming a replica of several ranks holds them all
+            return lambda replica: replica in own or group_of(replica) in own
         shared = self._partitioned
-        return lambda replica: replica not in shared
+        return lambda replica: replica not in shared and group_of(replica) not in shared
 
     def isolate(self, tenant: str | None, body: Mapping[str, Any]) -> tuple[bytes, str] | None:
         """The rewritten body and its salt, or None to forward the body unchanged."""

@@ -248,7 +248,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Start the workers, forward signals, wait for them all; the exit status."""
-        slots = max(MAX_REPLICAS, len(self.config.replicas)) + SPARE_SLOTS
+        slots = max(MAX_REPLICAS, len(self.config.fleet_replicas())) + SPARE_SLOTS
         load = SharedLoad.create(self.workers, slots)
         feed = FeedBlock.create()
         metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")

@@ -46,6 +46,7 @@ class ReplicaTemplate:
     api_key_env: str | None = None
     kv_events_port: int | None = None  # when the backend names none for a replica
     kv_events_replay_port: int | None = None
+    data_parallel_size: int = 1  # each replica's ranks (gateway.data_parallel)
 
     def validate(self) -> None:
         for key in ("kv_events_port", "kv_events_replay_port"):
@@ -68,7 +69,8 @@ class ReplicaTemplate:
             weight=self.weight, kv_capacity_tokens=self.kv_capacity_tokens,
             api_key=self.api_key, api_key_file=self.api_key_file, api_key_env=self.api_key_env,
             kv_events=f"tcp://{where}:{events}" if events else None,
-            kv_events_replay=f"tcp://{where}:{replay}" if events and replay else None)
+            kv_events_replay=f"tcp://{where}:{replay}" if events and replay else None,
+            data_parallel_size=self.data_parallel_size)
 
 
 @dataclass(frozen=True, slots=True)
