@@ -54,6 +54,13 @@ class TracingConfig:
             parts = urlsplit(self.endpoint)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"endpoint {self.endpoint!r} is not an http(s) URL")
+            try:
+                port = parts.port
+            except ValueError:  # not a number, or past 65535
+                raise ValueError(f"endpoint {self.endpoint!r} has a bad port") from None
+            if port == 0:
+                raise ValueError(f"endpoint {self.endpoint!r} has port 0, which cannot be "
+                                 "connected to")
         if self.enabled and importlib.util.find_spec("opentelemetry.sdk") is None:
             raise ValueError("enabled needs OpenTelemetry, which is not installed: "
                              "pip install 'kvgate[otel]'")
