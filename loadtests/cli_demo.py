@@ -105,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
             cancelled.set()
 
         # Explicit handlers: a shell may start background jobs with SIGINT ignored. SIGTERM
-        # stops the demo as Ctrl-C does.
+        # and SIGHUP (its terminal closed) stop the demo as Ctrl-C does: the engines run in
+        # sessions of their own, which a hang-up would not reach
         previous = {sig: signal.signal(sig, on_signal)
-                    for sig in (signal.SIGINT, signal.SIGTERM)}
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             out = run_load(cfg, args.out, args.out / "results.json",
                            _StoppableProgress(cancelled))

@@ -1,4 +1,4 @@
-"""``kvgate demo`` stopped by a signal (Ctrl-C, SIGTERM): its handler only cancels, so a
+"""``kvgate demo`` stopped by a signal (Ctrl-C, SIGTERM, a hang-up): its handler only cancels, so a
 process spawned as the signal came is stopped with the rest, never left running; the demo
 says it stopped and exits with 130, without a traceback."""
 
@@ -46,7 +46,7 @@ def spawned(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[subprocess.Popen[b
             proc.wait()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_that_comes_while_an_engine_is_spawned_stops_that_engine_too(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals,
         spawned: list[subprocess.Popen[bytes]], capsys: pytest.CaptureFixture[str]) -> None:
