@@ -17,9 +17,9 @@ import orjson
 
 from gateway.config import HealthConfig, ScrapeConfig
 from gateway.fleet import Fleet, ModelInfo, ReplicaState
-from gateway.kv_capacity_estimate import CapacityEstimator
+from gateway.kv_capacity_estimate import CapacityEstimator, Mark
 from gateway.periodic import every, stop_tasks
-from gateway.replica_metrics import parse_metrics, stale_copy
+from gateway.replica_metrics import ScrapedMetrics, parse_metrics, parse_rank_metrics, stale_copy
 
 log = logging.getLogger("kvgate.monitor")
 
@@ -192,22 +192,37 @@ class Monitor:
 
     # -- scrapes --------------------------------------------------------------------------
     async def scrape_round(self) -> None:
-        await asyncio.gather(*(self.scrape_one(s) for s in self.fleet if s.healthy))
+        """Every healthy replica's /metrics, once a page: the data-parallel ranks of one
+        replica (``gateway.data_parallel``) share one read and one parse of it."""
+        pages: dict[tuple[str, int], list[ReplicaState]] = {}
+        for s in self.fleet:
+            if s.healthy:
+                page = (s.id if s.config.data_parallel_rank is None else s.config.base_url,
+                        s.config.data_parallel_size)
+                pages.setdefault(page, []).append(s)
+        await asyncio.gather(*(self._scrape(states) for states in pages.values()))
 
     async def scrape_one(self, state: ReplicaState) -> None:
-        """Scrape one replica's /metrics: read up to ``max_bytes`` (decoded leniently),
-        parsed off the event loop when large; a failure is counted, and after
-        ``stale_after_failures`` in a row its last load figures are dropped."""
+        await self._scrape([state])
+
+    async def _scrape(self, states: list[ReplicaState]) -> None:
+        """Scrape one replica's /metrics (or its ranks': ``states`` then holds them): read
+        up to ``max_bytes`` (decoded leniently), parsed off the event loop when large; a
+        failure is counted, and after ``stale_after_failures`` in a row its last load
+        figures are dropped."""
         cfg = self.scrape_cfg
-        mark = self.capacity.mark(state.id) if self.capacity is not None else None
+        first = states[0]
+        marks = [self.capacity.mark(s.id) if self.capacity is not None else None
+                 for s in states]
         try:
             async with asyncio.timeout(cfg.timeout_s):
-                async with self.session.get(f"{state.config.base_url}/metrics",
-                                            headers=state.credentials,
+                async with self.session.get(f"{first.config.base_url}/metrics",
+                                            headers=first.credentials,
                                             allow_redirects=False) as resp:
                     if resp.status != 200:
-                        self._refused(state, "/metrics", resp.status)
-                        self._scrape_failed(state)
+                        for state in states:
+                            self._refused(state, "/metrics", resp.status)
+                            self._scrape_failed(state)
                         return
                     raw = bytearray()
                     async for chunk in resp.content.iter_chunked(1 << 16):
@@ -215,21 +230,27 @@ class Monitor:
                         if len(raw) > cfg.max_bytes:
                             raise ValueError(f"the page is over {cfg.max_bytes} bytes")
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            # once per run of failures (a broken /metrics fails every scrape, each second)
-            log.log(logging.INFO if state.scrape_failures == 0 else logging.DEBUG,
-                    "replica %s: /metrics failed: %s", state.id, exc)
-            self._scrape_failed(state)
+            for state in states:
+                # once per run of failures (a broken /metrics fails every scrape, each
+                # second)
+                log.log(logging.INFO if state.scrape_failures == 0 else logging.DEBUG,
+                        "replica %s: /metrics failed: %s", state.id, exc)
+                self._scrape_failed(state)
             return
         text = raw.decode("utf-8", errors="replace")
         try:
-            # a data-parallel rank's own samples (gateway.data_parallel)
-            rank, ranks = state.config.data_parallel_rank, state.config.data_parallel_size
-            metrics = parse_metrics(text, rank, ranks) if len(raw) <= _PARSE_INLINE_BYTES \
-                else await asyncio.to_thread(parse_metrics, text, rank, ranks)
+            pages = await asyncio.to_thread(_parse, text, states) \
+                if len(raw) > _PARSE_INLINE_BYTES else _parse(text, states)
         except Exception as exc:  # the parser raises more than ValueError on odd input
-            log.warning("replica %s: unparsable /metrics: %r", state.id, exc)
-            self._scrape_failed(state)
+            for state in states:
+                log.warning("replica %s: unparsable /metrics: %r", state.id, exc)
+                self._scrape_failed(state)
             return
+        for state, metrics, mark in zip(states, pages, marks, strict=True):
+            await self._scraped(state, metrics, mark)
+
+    async def _scraped(self, state: ReplicaState, metrics: ScrapedMetrics,
+                       mark: Mark | None) -> None:
         state.scrape_failures = 0
         if not self._current(state):
             return
@@ -238,3 +259,13 @@ class Monitor:
             await self.refresh_models(state)  # it may serve other models now
         if self.capacity is not None:
             self.capacity.observe(state.id, metrics, mark)
+
+
+def _parse(text: str, states: list[ReplicaState]) -> list[ScrapedMetrics]:
+    """``states``' snapshots of one /metrics page: a replica's, or each of its
+    data-parallel ranks' own."""
+    first = states[0].config
+    if first.data_parallel_rank is None:
+        return [parse_metrics(text)]
+    ranks = parse_rank_metrics(text, first.data_parallel_size)
+    return [ranks[s.config.data_parallel_rank or 0] for s in states]

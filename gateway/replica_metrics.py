@@ -44,20 +44,46 @@ def stale_copy(metrics: ScrapedMetrics) -> ScrapedMetrics:
                           stale=True)
 
 
-def parse_metrics(text: str, rank: int | None = None, ranks: int = 1) -> ScrapedMetrics:
-    """One snapshot of a replica, or with ``rank`` of that data-parallel rank of it
-    (``gateway.data_parallel``): the samples labelled with another rank (vLLM's
-    ``engine``, SGLang's ``dp_rank``) are left out; where no sample names a rank, the
-    replica's counts are shared evenly by its ``ranks``.
+def parse_metrics(text: str) -> ScrapedMetrics:
+    """One snapshot of a replica. A replica running several engines (vLLM with data
+    parallelism labels each sample ``engine="0"``, ``engine="1"`` ...) is one replica of
+    their sum: counters, queue lengths and KV capacity add up; ratios (KV usage, SGLang's
+    token usage and hit rate) are averaged over the samples. SGLang's scheduler samples
+    labelled ``tp_rank``/``pp_rank`` are several reports of one group (its pipeline stages,
+    or every TP rank with ``--enable-metrics-for-all-schedulers``): each group counts once
+    (its busiest rank's load, its smallest stage's ``max_total_num_tokens``), and groups
+    (``dp_rank``) add up."""
+    return _snapshot(_samples(text))
 
-    Without ``rank``, a replica running several engines (vLLM with data parallelism
-    labels each sample ``engine="0"``, ``engine="1"`` ...) is one replica of their sum:
-    counters, queue lengths and KV capacity add up; ratios (KV usage, SGLang's token usage
-    and hit rate) are averaged over the samples. SGLang's scheduler samples labelled
-    ``tp_rank``/``pp_rank`` are several reports of one group (its pipeline stages, or every
-    TP rank with ``--enable-metrics-for-all-schedulers``): each group counts once (its
-    busiest rank's load, its smallest stage's ``max_total_num_tokens``), and groups
-(``dp_rank``) add up."""
+
+def parse_rank_metrics(text: str, ranks: int) -> list[ScrapedMetrics]:
+    """Each data-parallel rank's snapshot (``gateway.data_parallel``) of one read of a
+    replica's page: a rank's samples are those labelled with it (vLLM's ``engine``,
+    SGLang's ``dp_rank``) and those that name no rank; where no sample names one, the
+    replica's counts are shared evenly by its ``ranks``."""
+    by_rank: dict[str | None, list[Sample]] = {}
+    for sample in _samples(text):
+        labels = sample[1]
+        rank = next((labels[k] for k in RANK_LABELS if k in labels), None)
+        by_rank.setdefault(rank, []).append(sample)
+    common = by_rank.get(None, [])
+    if len(by_rank) == (1 if common else 0):  # no sample names a rank
+        whole = _snapshot(common)
+        return [_shared(whole, ranks)] * ranks if ranks > 1 else [whole]
+    return [_snapshot(common + by_rank.get(str(k), [])) for k in range(ranks)]
+
+
+Sample = tuple[str, dict[str, str], float]  # a sample's name, labels and value
+
+
+def _samples(text: str) -> list[Sample]:
+    """The page's samples with a finite value (NaN or +-Inf: no figure routing can use)."""
+    return [(sample.name, sample.labels, value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples if math.isfinite(value := float(sample.value))]
+
+
+def _snapshot(samples: list[Sample]) -> ScrapedMetrics:
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     capacity: int | None = None
@@ -65,38 +91,24 @@ def parse_metrics(text: str, rank: int | None = None, ranks: int = 1) -> Scraped
     # --enable-metrics-for-all-schedulers its TP ranks) each report the group's requests
     # and KV pool: one figure per group, the samples told apart by these labels alone
     groups: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    own = None if rank is None else str(rank)
-    ranked = False  # a sample named a rank
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            value = float(sample.value)
-            if not math.isfinite(value):  # NaN or +-Inf: no figure routing can use
+    for name, labels, value in samples:
+        if _RANK_LABELS & labels.keys():
+            group = (name, frozenset((k, v) for k, v in labels.items()
+                                     if k not in _RANK_LABELS))
+            seen = groups.get(group)
+            # the busiest rank's load; the smallest stage's pool bounds the group's
+            groups[group] = value if seen is None else \
+                min(seen, value) if name == m.SGLANG_MAX_TOTAL_TOKENS else max(seen, value)
+            continue
+        sums[name] = sums.get(name, 0.0) + value
+        counts[name] = counts.get(name, 0) + 1
+        if name.startswith(m.CACHE_CONFIG_INFO):
+            try:
+                blocks = int(labels["block_size"]) * int(labels["num_gpu_blocks"])
+            except (KeyError, ValueError):
                 continue
-            if own is not None:
-                label = next((sample.labels[k] for k in RANK_LABELS if k in sample.labels),
-                             None)
-                if label is not None:
-                    ranked = True
-                    if label != own:
-                        continue
-            if _RANK_LABELS & sample.labels.keys():
-                group = (sample.name, frozenset((k, v) for k, v in sample.labels.items()
-                                                if k not in _RANK_LABELS))
-                seen = groups.get(group)
-                # the busiest rank's load; the smallest stage's pool bounds the group's
-                groups[group] = value if seen is None else \
-                    min(seen, value) if sample.name == m.SGLANG_MAX_TOTAL_TOKENS \
-                    else max(seen, value)
-                continue
-            sums[sample.name] = sums.get(sample.name, 0.0) + value
-            counts[sample.name] = counts.get(sample.name, 0) + 1
-            if sample.name.startswith(m.CACHE_CONFIG_INFO):
-                try:
-                    blocks = int(sample.labels["block_size"]) * int(sample.labels["num_gpu_blocks"])
-                except (KeyError, ValueError):
-                    continue
-                if blocks > 0:  # a pool of no block (or a negative one) tells nothing
-                    capacity = blocks + (capacity or 0)
+            if blocks > 0:  # a pool of no block (or a negative one) tells nothing
+                capacity = blocks + (capacity or 0)
     for (name, _), value in groups.items():
         sums[name] = sums.get(name, 0.0) + value
         counts[name] = counts.get(name, 0) + 1
@@ -113,8 +125,7 @@ def parse_metrics(text: str, rank: int | None = None, ranks: int = 1) -> Scraped
                 return sums[name] / counts[name]
         return None
 
-    scraped = _figures(get, mean, capacity)
-    return scraped if own is None or ranked or ranks <= 1 else _shared(scraped, ranks)
+    return _figures(get, mean, capacity)
 
 
 def _figures(get: Callable[..., float | None], mean: Callable[..., float | None],

@@ -5,6 +5,7 @@ and its KV events from its own endpoint."""
 
 from __future__ import annotations
 
+import aiohttp
 import httpx
 import pytest
 import zmq
@@ -15,15 +16,16 @@ from starlette.routing import Route
 
 from gateway.admin import create_admin_app
 from gateway.app import create_app
-from gateway.config import ReplicaConfig, parse_config
+from gateway.config import HealthConfig, ReplicaConfig, ScrapeConfig, parse_config
 from gateway.discovery.config import DNSSourceConfig, ReplicaTemplate
 from gateway.discovery.targets import dns_targets
 from gateway.fleet import Fleet
 from gateway.http_server import bounded_protocol
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.membership import reconcile
+from gateway.monitor import Monitor
 from gateway.networks import Networks
-from gateway.replica_metrics import parse_metrics
+from gateway.replica_metrics import parse_metrics, parse_rank_metrics
 from gateway.state import build_state
 from gateway.tenancy import Partition, Tenancy, TenancyConfig
 from policies.config import ConfigError
@@ -94,7 +96,7 @@ def test_two_replicas_whose_ranks_would_share_an_id_are_refused() -> None:
 
 
 def test_a_rank_reads_its_own_samples_of_the_replicas_metrics() -> None:
-    busy, idle = parse_metrics(DP_METRICS, rank=0, ranks=2), parse_metrics(DP_METRICS, 1, 2)
+    busy, idle = parse_rank_metrics(DP_METRICS, 2)
     assert (busy.running, busy.waiting, busy.queued_tokens) == (8, 30, 50000)
     assert (idle.running, idle.waiting, idle.queued_tokens) == (1, 0, 0)
     assert busy.kv_usage == pytest.approx(0.9)
@@ -106,7 +108,7 @@ def test_a_rank_reads_its_own_samples_of_the_replicas_metrics() -> None:
 def test_metrics_that_name_no_rank_are_shared_evenly_by_the_ranks() -> None:
     text = DP_METRICS.replace('engine="1",', "").replace('engine="0",', "")
     text = "\n".join(line for line in text.splitlines() if 'engine="' not in line)
-    rank = parse_metrics(text, rank=1, ranks=2)
+    rank = parse_rank_metrics(text, 2)[1]
     whole = parse_metrics(text)
     assert rank.running == whole.running // 2
     assert rank.kv_capacity_tokens == whole.kv_capacity_tokens // 2  # type: ignore[operator]
@@ -121,7 +123,7 @@ def test_a_partition_naming_a_replica_holds_all_its_ranks() -> None:
     assert not others("big.dp3") and others("small")
 
 
-def _dp_front(seen: list[str | None]) -> Starlette:
+def _dp_front(seen: list[str | None], scrapes: list[int] | None = None) -> Starlette:
     """vLLM's API server in front of two engines: requests go to the rank their
     ``X-Data-Parallel-Rank`` names; /metrics labels each engine's samples."""
     async def complete(request: Request) -> Response:
@@ -142,6 +144,8 @@ def _dp_front(seen: list[str | None]) -> Starlette:
         return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     async def metrics(request: Request) -> Response:
+        if scrapes is not None:
+            scrapes.append(1)
         return Response(DP_METRICS.encode(), media_type="text/plain")
 
     return Starlette(routes=[Route("/v1/completions", complete, methods=["POST"]),
@@ -249,3 +253,19 @@ async def test_a_discovered_replica_of_n_ranks_joins_and_leaves_as_n_members() -
     assert (await reconcile(gw, "dns:a", dns_targets(source, ["10.0.0.1"]))).added == ()
     changes = await reconcile(gw, "dns:a", {})
     assert changes.removed == ("10.0.0.1:8000.dp0", "10.0.0.1:8000.dp1")
+
+
+async def test_the_ranks_of_a_replica_share_one_read_of_its_metrics_page(serve: Serve) -> None:
+    scrapes: list[int] = []
+    front = serve(_dp_front([], scrapes))
+    config = ReplicaConfig("dp", front.url, data_parallel_size=4)
+    fleet = Fleet([*config.ranks(), ReplicaConfig("solo", front.url)])
+    async with aiohttp.ClientSession() as session:
+        monitor = Monitor(fleet, session, HealthConfig(timeout_s=5.0),
+                          ScrapeConfig(timeout_s=5.0))
+        await monitor.scrape_round()
+    assert len(scrapes) == 2  # the four ranks' page once, the other replica's once
+    queued = {s.id: s.scraped.queued_tokens for s in fleet if s.scraped is not None}
+    # ranks 2 and 3 have no samples on this page (a server of two engines)
+    assert queued == {"dp.dp0": 50000, "dp.dp1": 0, "dp.dp2": None, "dp.dp3": None,
+                      "solo": 50000}
