@@ -477,3 +477,45 @@ def test_root_filesystems_are_read_only(objects: dict[tuple[str, str], Obj]) -> 
             assert not mount.get("readOnly"), (name, path)
             volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
             assert "emptyDir" in volume, (name, path, volume)
+
+
+def rollout_bounds(deployment: Obj) -> tuple[int, int]:
+    """(pods above ``replicas``, pods below it) a rolling update may take, as the
+    Deployment controller scales them: maxSurge rounds up, maxUnavailable down (25% each
+    when unset), and when both come to 0 one pod may be unavailable."""
+    spec = deployment["spec"]
+    replicas = spec.get("replicas", 1)
+    strategy = spec.get("strategy", {})
+    if strategy.get("type") == "Recreate":
+        return 0, replicas
+
+    def scaled(value: int | str, round_up: bool) -> int:
+        if isinstance(value, int):
+            return value
+        percent = int(value.rstrip("%"))
+        return -(-replicas * percent // 100) if round_up else replicas * percent // 100
+
+    rolling = strategy.get("rollingUpdate", {})
+    surge = scaled(rolling.get("maxSurge", "25%"), round_up=True)
+    unavailable = scaled(rolling.get("maxUnavailable", "25%"), round_up=False)
+    return surge, (1 if surge == unavailable == 0 else unavailable)
+
+
+def test_rollout_bounds() -> None:
+    def deployment(replicas: int, **rolling: int | str) -> Obj:
+        return {"spec": {"replicas": replicas, "strategy": {"rollingUpdate": rolling}}}
+    assert rollout_bounds(deployment(2)) == (1, 0)
+    assert rollout_bounds(deployment(8)) == (2, 2)
+    assert rollout_bounds(deployment(2, maxSurge=0, maxUnavailable=0)) == (0, 1)
+    assert rollout_bounds(deployment(3, maxSurge="50%", maxUnavailable="50%")) == (2, 1)
+
+
+def test_engine_rollout_needs_no_spare_gpu(objects: dict[tuple[str, str], Obj]) -> None:
+    """A new engine image (or any change to the pod) rolls out on the GPUs the engines
+    hold: a surge pod would ask for a GPU beyond them, and on a fleet with none spare it
+    stays Pending while no old pod is taken down for it, so the rollout never moves."""
+    engine = objects[("Deployment", "kvgate-engine")]
+    assert container(engine)["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    surge, unavailable = rollout_bounds(engine)
+    assert surge == 0, f"a rollout of the engines asks for {surge} GPU(s) beyond theirs"
+    assert unavailable >= 1
