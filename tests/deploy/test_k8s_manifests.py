@@ -519,3 +519,30 @@ def test_engine_rollout_needs_no_spare_gpu(objects: dict[tuple[str, str], Obj]) 
     surge, unavailable = rollout_bounds(engine)
     assert surge == 0, f"a rollout of the engines asks for {surge} GPU(s) beyond theirs"
     assert unavailable >= 1
+
+
+def probe_budget_s(probe: Obj) -> int:
+    """How long a probe may go on failing before the kubelet gives up on the container."""
+    return int(probe.get("initialDelaySeconds", 0)
+               + probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3))
+
+
+def test_rollouts_outlast_the_slowest_start_they_allow(objects: dict[tuple[str, str], Obj]
+                                                       ) -> None:
+    """A pod that takes as long to start as its startup probe allows (the engine loading
+    its model) still counts as progress: past progressDeadlineSeconds (600 s when unset)
+    without a new pod available, the Deployment is marked failed (ProgressDeadlineExceeded)
+    and ``kubectl rollout status`` exits with an error while the pod is only loading."""
+    checked = 0
+    for name, deployment in by_kind(objects, "Deployment").items():
+        c = container(deployment)
+        if "startupProbe" not in c:
+            continue
+        slowest = (probe_budget_s(c["startupProbe"])
+                   + c["readinessProbe"].get("periodSeconds", 10)  # then ready
+                   + deployment["spec"].get("minReadySeconds", 0))  # then available
+        deadline = deployment["spec"].get("progressDeadlineSeconds", 600)
+        assert deadline > slowest, \
+            f"{name}: a pod may take {slowest} s to become available, the deadline is {deadline} s"
+        checked += 1
+    assert checked, "no Deployment has a startup probe"
