@@ -11,7 +11,9 @@ one TCP connection per peer (``peer_wire``):
   copies count it in that replica's queue and in flight (``Fleet.sent`` with
   ``relay=False``), as the copy's worker processes share theirs (``shared_load``);
 * every request routed (``policies.base.Routed``, with the prompt's piece hashes, never
-  its text or token ids): the other copies' policies learn from it as from their own.
+  its text or token ids): the other copies' policies learn from it as from their own. A
+  request a policy keyed by its token ids alone (``chunk_chars: 0``) has nothing to tell
+  and is not sent.
 
 Measured offline (LRU engines, ``loadtests.simulate --gateways 2 --peers``), see
 docs/peers.md. Delivery is best effort, and never leaves load counted that was settled: a
@@ -281,8 +283,11 @@ class Peers:
 
     # -- what this copy sends ---------------------------------------------------------------
     def routed(self, request: RouteRequest, replica: str) -> None:
-        """This copy sends ``request`` to ``replica`` (its policy observed ``Routed``)."""
-        if self.counts.links_up:
+        """This copy sends ``request`` to ``replica`` (its policy observed ``Routed``).
+        Not told when the policy keyed it by its token ids alone (``chunk_chars: 0``):
+        the wire never carries them, and the peers' policies would learn an empty prompt
+        (one sharing nothing, which unlearned their common prefix)."""
+        if self.counts.links_up and not (len(request.tokens) and not len(request.chunks)):
             try:
                 self._broadcast(routed_frame(request, replica))
             except WireError as exc:
