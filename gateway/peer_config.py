@@ -26,7 +26,14 @@ def split_address(value: str, where: str, any_port: bool = False) -> tuple[str, 
     if not sep or not host or not port.isdigit() \
             or not (0 if any_port else 1) <= int(port) < 65536:
         raise ValueError(f"{where}: {value!r} is not host:port")
-    return host.strip("[]"), int(port)
+    host = host.strip("[]")
+    try:  # as the resolver encodes a name: an empty label, or one past 63 characters, fails
+        host.encode("idna")
+    except UnicodeError:
+        raise ValueError(f"{where}: {value!r} is not host:port (its host is not a name "
+                         "a resolver takes: an empty label, or one past 63 characters)"
+                         ) from None
+    return host, int(port)
 
 
 @dataclass(frozen=True, slots=True)
