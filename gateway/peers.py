@@ -261,6 +261,8 @@ class Peers:
         self._reuse_port = box is not None
         self.counts = PeerCounts()
         self._links: dict[tuple[str, int], _Link] = {}
+        # each of ``addresses`` -> what it last resolved to
+        self._answers: dict[str, set[tuple[str, int]]] = {}
         self._seq = 0
         self._server: asyncio.Server | None = None
         self._resolver: asyncio.Task[None] | None = None
@@ -347,17 +349,20 @@ class Peers:
         """One link per address the configured names resolve to; links to addresses no
         longer there are closed."""
         loop = asyncio.get_running_loop()
-        found: set[tuple[str, int]] = set()
+        answers: dict[str, set[tuple[str, int]]] = {}
         for address in self.config.addresses:
             host, port = split_address(address, "peers.addresses")
             try:
                 infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except OSError as exc:
                 log.warning("peer address %s did not resolve: %s", address, exc)
-                # what it resolved to before stays
-                found.update(k for k in self._links if k[1] == port)
+                # what it resolved to before stays (only its own: not what the other
+                # names no longer give, which would pile up while it fails)
+                answers[address] = self._answers.get(address, set())
                 continue
-            found.update((str(info[4][0]), int(info[4][1])) for info in infos)
+            answers[address] = {(str(info[4][0]), int(info[4][1])) for info in infos}
+        self._answers = answers
+        found = set().union(*answers.values())
         for key in list(self._links):
             if key not in found:
                 link = self._links.pop(key)
