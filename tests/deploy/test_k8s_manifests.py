@@ -62,8 +62,9 @@ def by_kind(objects: dict[tuple[str, str], Obj], kind: str) -> dict[str, Obj]:
 def test_the_bundle_holds_what_a_fleet_needs(objects: dict[tuple[str, str], Obj]) -> None:
     kinds = sorted(k for k, _ in objects)
     assert kinds == ["ConfigMap", "Deployment", "Deployment", "NetworkPolicy",
-                     "NetworkPolicy", "Role", "RoleBinding", "Service", "Service", "Service",
-                     "ServiceAccount", "ServiceMonitor", "ServiceMonitor"]
+                     "NetworkPolicy", "PodDisruptionBudget", "PodDisruptionBudget", "Role",
+                     "RoleBinding", "Service", "Service", "Service", "ServiceAccount",
+                     "ServiceMonitor", "ServiceMonitor"]
     assert {o["metadata"].get("namespace") for o in objects.values()} == {"llm"}
 
 
@@ -71,16 +72,21 @@ def test_the_bundle_holds_what_a_fleet_needs(objects: dict[tuple[str, str], Obj]
 def test_every_builtin_object_matches_the_schema(objects: dict[tuple[str, str], Obj],
                                                  version: str) -> None:
     checked = 0
-    for (kind, name), obj in objects.items():
+    for obj in objects.values():
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
             continue  # a CRD: kubernetes-validate has no schema (see the next test)
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            raise AssertionError(f"{kind}/{name} (Kubernetes {version}): {exc.message} "
-                                 f"at {list(exc.path)}") from None
+        check_schema(obj, version)
         checked += 1
     assert checked == len(objects) - 2
+
+
+def check_schema(obj: Obj, version: str) -> None:
+    """``obj`` against Kubernetes ``version``'s schema of its kind, strictly."""
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        raise AssertionError(f"{obj['kind']}/{obj['metadata']['name']} (Kubernetes "
+                             f"{version}): {exc.message} at {list(exc.path)}") from None
 
 
 DURATION = re.compile(r"^(\d+(ms|s|m|h))+$")
@@ -568,3 +574,50 @@ def test_docs_name_the_custom_kinds_apply_needs(objects: dict[tuple[str, str], O
         assert files, kind
         for needed in (kind, group, "CustomResourceDefinition", *files):
             assert needed in section, f"docs/deploy.md's Kubernetes section: no {needed!r}"
+
+
+def pods_kept(budget: Obj, replicas: int) -> int:
+    """The pods a PodDisruptionBudget keeps through voluntary evictions, of ``replicas``:
+    the disruption controller scales a percentage of either bound rounding up."""
+    spec = budget["spec"]
+    assert ("minAvailable" in spec) != ("maxUnavailable" in spec), budget["metadata"]["name"]
+    key = "minAvailable" if "minAvailable" in spec else "maxUnavailable"
+    value = spec[key]
+    scaled = value if isinstance(value, int) else -(-replicas * int(value.rstrip("%")) // 100)
+    return scaled if key == "minAvailable" else replicas - scaled
+
+
+def test_pods_kept() -> None:
+    def budget(**bound: int | str) -> Obj:
+        return {"metadata": {"name": "b"}, "spec": bound}
+    assert pods_kept(budget(maxUnavailable=1), 2) == 1
+    assert pods_kept(budget(minAvailable=1), 2) == 1
+    assert pods_kept(budget(maxUnavailable="50%"), 3) == 1
+    assert pods_kept(budget(minAvailable="50%"), 3) == 2
+
+
+def test_drains_keep_one_pod_of_each_deployment(objects: dict[tuple[str, str], Obj]) -> None:
+    """Draining nodes one after another never evicts every gateway copy or every engine:
+    each Deployment's pods (and no other's) have one PodDisruptionBudget, which keeps at
+    least one of them and still lets a drain evict one."""
+    budgets = by_kind(objects, "PodDisruptionBudget")
+    deployments = by_kind(objects, "Deployment")
+    for name, deployment in deployments.items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        covering = [b for b in budgets.values() if selects(b["spec"]["selector"], labels)]
+        # two budgets on one pod make the eviction API refuse every eviction of it
+        assert len(covering) == 1, f"{name}: {len(covering)} PodDisruptionBudgets"
+        (budget,) = covering
+        assert budget["apiVersion"] == "policy/v1"
+        assert budget["spec"]["selector"] == deployment["spec"]["selector"], name
+        for other, other_deployment in deployments.items():
+            if other != name:
+                assert not selects(budget["spec"]["selector"],
+                                   other_deployment["spec"]["template"]["metadata"]["labels"])
+        replicas = deployment["spec"].get("replicas", 1)
+        kept = pods_kept(budget, replicas)
+        assert kept >= 1, f"{name}: its budget lets every one of {replicas} pods go"
+        assert kept < replicas, f"{name}: its budget keeps all {replicas} pods, no drain ends"
+        for version in VERSIONS:
+            check_schema(budget, version)
+    assert len(budgets) == len(deployments)
