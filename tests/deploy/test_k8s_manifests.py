@@ -621,3 +621,26 @@ def test_drains_keep_one_pod_of_each_deployment(objects: dict[tuple[str, str], O
         for version in VERSIONS:
             check_schema(budget, version)
     assert len(budgets) == len(deployments)
+
+
+def stall_outlasted_s(probe: Obj) -> int:
+    """The longest a container may stop answering without ``failureThreshold`` probes in a
+    row failing: the last one's answer is waited for ``timeoutSeconds``."""
+    return int(probe.get("periodSeconds", 10) * (probe.get("failureThreshold", 3) - 1)
+               + probe.get("timeoutSeconds", 1))
+
+
+def test_liveness_outlasts_a_stall_readiness_does_not(objects: dict[tuple[str, str], Obj]
+                                                      ) -> None:
+    """A liveness probe restarts the container, cutting every request it serves: it only
+    catches a process that stays silent, never one whose event loop stalled for a few
+    seconds (a big /metrics parse, a GC pass), and each of its probes waits seconds for an
+    answer, not the default 1 s. Readiness takes a silent pod out of its Service sooner."""
+    for name, deployment in by_kind(objects, "Deployment").items():
+        c = container(deployment)
+        liveness, readiness = c["livenessProbe"], c["readinessProbe"]
+        assert liveness.get("timeoutSeconds", 1) >= 3, \
+            f"{name}: a liveness probe fails after {liveness.get('timeoutSeconds', 1)} s"
+        assert stall_outlasted_s(liveness) >= 20, \
+            f"{name}: a stall of {stall_outlasted_s(liveness)} s restarts it"
+        assert stall_outlasted_s(readiness) < stall_outlasted_s(liveness), name
