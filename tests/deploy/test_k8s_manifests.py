@@ -644,3 +644,16 @@ def test_liveness_outlasts_a_stall_readiness_does_not(objects: dict[tuple[str, s
         assert stall_outlasted_s(liveness) >= 20, \
             f"{name}: a stall of {stall_outlasted_s(liveness)} s restarts it"
         assert stall_outlasted_s(readiness) < stall_outlasted_s(liveness), name
+
+
+def test_every_empty_dir_is_bounded(objects: dict[tuple[str, str], Obj]) -> None:
+    """An emptyDir without a sizeLimit fills the node's disk (or, in memory, its RAM)
+    until the kubelet evicts pods: the gateway's /tmp holds prometheus-client's
+    multiprocess files with --workers, the engine's Triton's caches."""
+    for name, deployment in by_kind(objects, "Deployment").items():
+        volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        empty_dirs = [v for v in volumes if "emptyDir" in v]
+        assert empty_dirs, f"{name}: no emptyDir (its /tmp, at least)"
+        for volume in empty_dirs:
+            assert volume["emptyDir"].get("sizeLimit"), \
+                f"{name}: emptyDir {volume['name']!r} has no sizeLimit"
