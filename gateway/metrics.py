@@ -293,9 +293,11 @@ class _DiscoveryCollector(Collector):
 
 
 ERROR_KINDS = ("bad_request", "unauthorized", "not_found", "too_large", "body_timeout",
-               "client_disconnect", "rate_limited", "unavailable", "no_replica", "upstream",
-               "upstream_timeout", "untrusted_tenant", "admin_off", "internal")
-REJECTED = ("400", "403", "404", "408", "413", "429", "499", "503")  # before any replica
+               "client_disconnect", "rate_limited", "unavailable", "no_replica", "fleet_busy",
+               "upstream", "upstream_timeout", "untrusted_tenant", "admin_off", "internal",
+               "http")
+REJECTED = ("400", "401", "403", "404", "408", "413", "429", "499", "503")  # before any replica
+UNANSWERED = ("502", "504")  # routed, every replica tried failed before its first byte
 RETRY_CAUSES = ("connect", "5xx", "broken", "timeout", "idle_timeout", "ejected")
 CUT_CAUSES = ("broken", "idle_timeout", "ejected")
 
@@ -368,7 +370,7 @@ class GatewayMetrics:
             self.prompt_tokens.labels(route=route)
             self.cached_tokens.labels(route=route)
         for route in ("none", *reasons):
-            for status in REJECTED:
+            for status in REJECTED if route == "none" else (*REJECTED, *UNANSWERED):
                 self.requests.labels(replica="none", route=route, status=status)
         for state in fleet:
             self._replica_added(state.id)
