@@ -59,7 +59,7 @@ from gateway.client_auth import ClientKey
 from gateway.data_parallel import MAX_RANKS, names_rank, rank_endpoint, rank_id
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.kv_capacity_estimate import CapacityEstimateConfig
-from gateway.peer_config import PeersConfig
+from gateway.peer_config import PeersConfig, split_address
 from gateway.secret_source import check_bearer, resolve_secret
 from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
@@ -423,6 +423,7 @@ class GatewayConfig:
                 if member.id in seen:
                     raise ValueError(f"replicas[{i}].id {member.id!r} appears twice")
                 seen.add(member.id)
+        self._check_listeners()
         labels = [source.label for source in self.discovery]
         for i, label in enumerate(labels):
             if label in labels[:i]:
@@ -449,6 +450,18 @@ class GatewayConfig:
                              f"{', '.join(map(repr, unknown))} (the replicas are {known}); "
                              "with no discovery and no admin API to add them, their tenants "
                              "could never be served")
+
+    def _check_listeners(self) -> None:
+        """The peers' listener on a port of its own: on the gateway's (or the admin API's),
+        with worker processes (SO_REUSEPORT), the kernel would share the port's clients
+        between the two servers without a word."""
+        if self.peers.listen is None:
+            return
+        _, port = split_address(self.peers.listen, "listen", any_port=True)
+        taken = {self.port: "port", self.admin.port: "admin.port"}
+        if port in taken:
+            raise ValueError(f"peers.listen {self.peers.listen!r} is on the gateway's "
+                             f"{taken[port]} ({port}): give the peers a port of their own")
 
     def unknown_partition_replicas(self) -> list[str]:
         """Replica ids ``tenancy.partitions`` name that no configured replica has (one that
