@@ -8,7 +8,11 @@ engines, the images docs/deploy.md and the Dockerfiles build, the network polici
 from __future__ import annotations
 
 import argparse
+import json
+import posixpath
 import re
+import shlex
+import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -657,3 +661,118 @@ def test_every_empty_dir_is_bounded(objects: dict[tuple[str, str], Obj]) -> None
         for volume in empty_dirs:
             assert volume["emptyDir"].get("sizeLimit"), \
                 f"{name}: emptyDir {volume['name']!r} has no sizeLimit"
+
+
+def dockerignore_regex(pattern: str) -> re.Pattern[str]:
+    """A .dockerignore pattern as Docker's patternmatcher compiles it: ``*`` and ``?`` stop
+    at ``/``, ``**`` (and ``**/``) spans any number of directories, ``[...]`` is a class."""
+    out, i = "^", 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if pattern.startswith("**", i):
+            i += 3 if pattern.startswith("**/", i) else 2
+            out += ".*" if i >= len(pattern) else "(.*/)?"
+            continue
+        if ch == "*":
+            out += "[^/]*"
+        elif ch == "?":
+            out += "[^/]"
+        elif ch == "[":
+            end = pattern.index("]", i + 1)
+            out += pattern[i:end + 1]
+            i = end
+        elif ch == "\\":
+            i += 1
+            out += re.escape(pattern[i])
+        else:
+            out += re.escape(ch)
+        i += 1
+    return re.compile(out + "$")
+
+
+def dockerignore(text: str) -> list[tuple[bool, re.Pattern[str]]]:
+    """(re-includes, regex) for each pattern of a .dockerignore, in order: comments and
+    blank lines skipped, ``!`` re-includes, each cleaned and stripped of a leading ``/``."""
+    patterns = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        include = line.startswith("!")
+        pattern = posixpath.normpath(line[1:].strip() if include else line)
+        patterns.append((include, dockerignore_regex(pattern.lstrip("/") or "/")))
+    return patterns
+
+
+def ignored(patterns: list[tuple[bool, re.Pattern[str]]], path: str) -> bool:
+    """Whether Docker leaves ``path`` (relative to the context) out of it: the last pattern
+    that matches the path or one of its parent directories decides."""
+    path = posixpath.normpath(path)
+    parts = path.split("/")
+    candidates = [path, *("/".join(parts[:n]) for n in range(1, len(parts)))]
+    left_out = False
+    for include, regex in patterns:
+        if any(regex.match(c) for c in candidates):
+            left_out = not include
+    return left_out
+
+
+def test_dockerignore_matching() -> None:
+    patterns = dockerignore("# a comment\n.venv\n/build\n*.log\n**/*.py[cod]\n"
+                            "docs/**\n!docs/keep.md\n")
+    assert ignored(patterns, ".venv") and ignored(patterns, ".venv/bin/python")
+    assert not ignored(patterns, "a/.venv")  # a pattern is anchored at the context's root
+    assert ignored(patterns, "build/lib/x.py") and not ignored(patterns, "builds")
+    assert ignored(patterns, "x.log") and not ignored(patterns, "logs/x.log")  # * stops at /
+    assert ignored(patterns, "x.pyc") and ignored(patterns, "a/b/x.pyo")
+    assert not ignored(patterns, "a/b/x.py")
+    assert ignored(patterns, "docs/a.md") and not ignored(patterns, "docs/keep.md")
+
+
+def dockerfile_copies(dockerfile: Path) -> list[str]:
+    """The context paths a Dockerfile's COPY and ADD instructions take (sources from
+    another stage, --from, and URLs left out)."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    sources: list[str] = []
+    for line in text.splitlines():
+        words = line.strip().split(None, 1)
+        if len(words) < 2 or words[0].upper() not in ("COPY", "ADD"):
+            continue
+        rest = words[1].strip()
+        flags = []
+        while rest.startswith("--"):
+            flag, _, rest = rest.partition(" ")
+            flags.append(flag)
+            rest = rest.strip()
+        if any(f.startswith("--from=") for f in flags):
+            continue
+        args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+        assert len(args) >= 2, f"{dockerfile}: {line!r}"
+        sources += [a for a in args[:-1] if "://" not in a]
+    return sources
+
+
+def test_dockerignore_keeps_what_the_images_copy() -> None:
+    """``docker build -f deploy/... .`` sends the repository root to the daemon (without
+    BuildKit, all of it first): .dockerignore leaves out the virtual environment, .git and
+    the caches, and nothing a Dockerfile COPYs, none of the tracked files under it."""
+    git = shutil.which("git")
+    assert git is not None, "git is not installed: the tracked files are not known"
+    assert (ROOT / ".dockerignore").is_file(), "no .dockerignore: every file is sent"
+    patterns = dockerignore((ROOT / ".dockerignore").read_text())
+    for path in (".venv", ".venv/lib/python3.11/site-packages/x.py", ".git", ".git/HEAD",
+                 "gateway/__pycache__/app.cpython-311.pyc", "kvgate.egg-info/PKG-INFO"):
+        assert ignored(patterns, path), f".dockerignore sends {path}"
+    dockerfiles = sorted((ROOT / "deploy").rglob("Dockerfile*"))
+    assert len(dockerfiles) >= 3, dockerfiles
+    for dockerfile in dockerfiles:
+        sources = dockerfile_copies(dockerfile)
+        assert sources, f"{dockerfile} copies nothing from the context"
+        for source in sources:
+            assert (ROOT / source).exists(), f"{dockerfile} copies {source}: not there"
+            assert not ignored(patterns, source), \
+                f"{dockerfile} copies {source}, which .dockerignore leaves out"
+            tracked = subprocess.run([git, "ls-files", "-z", "--", source], cwd=ROOT,
+                                     capture_output=True, text=True, check=True).stdout
+            left_out = [f for f in tracked.split("\0") if f and ignored(patterns, f)]
+            assert not left_out, f"{dockerfile} copies {source}, but not {left_out[:5]}"
