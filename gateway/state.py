@@ -28,7 +28,7 @@ from gateway.responses_request import RESPONSE_HOMES
 from gateway.routing import Router
 from gateway.shared_load import SharedLoad
 from gateway.tenancy import Tenancy
-from gateway.tracing import Tracing, build_tracing
+from gateway.tracing import NO_TRACING, Tracing, build_tracing
 from gateway.worker_routes import WorkerRoutes
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
@@ -125,4 +125,6 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
         gw.peers = Peers(config.peers, fleet, policy, shared.box_id if shared else None)
         fleet.outbox = gw.peers
         metrics.watch_peers(gw.peers.counts)
+    if gw.tracing is not NO_TRACING:  # the spans its exporter lost, summed over workers
+        metrics.export(gw.tracing, per_worker=True)
     return gw

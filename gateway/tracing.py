@@ -19,13 +19,15 @@ pays a handful of empty method calls.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from gateway.proxy import UpstreamStream
     from policies.base import Decision, RouteRequest
 
@@ -121,6 +123,11 @@ class Tracing(Protocol):
         """Exports what is left and stops."""
         ...
 
+    def collect(self) -> Iterator[Metric]:
+        """Its own figures, for ``/metrics`` (a Prometheus ``Collector``): the spans it
+        lost."""
+        ...
+
 
 class _NoTracing:
     __slots__ = ()
@@ -133,6 +140,9 @@ class _NoTracing:
 
     def close(self) -> None:
         pass
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(())
 
 
 NO_TRACING: Tracing = _NoTracing()
