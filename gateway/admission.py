@@ -130,12 +130,17 @@ class Admission:
 @contextlib.contextmanager
 def released_on_error(slot: Slot, count: Callable[[str], None]) -> Iterator[None]:
     """Release ``slot`` when the block raises (its answer will never end it); an error the
-    client gets is counted with its status."""
+    client gets is counted with its status: a fault of the gateway's own as the 500 it
+    answers (``ErrorBoundary``)."""
     try:
         yield
     except OpenAIError as exc:
         slot.release()
         count(str(exc.status))
+        raise
+    except Exception:
+        slot.release()
+        count("500")
         raise
     except BaseException:
         slot.release()

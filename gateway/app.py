@@ -108,6 +108,10 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         gw.refused(request, route, str(exc.status), arrived, tenant)
         trace.failed(exc)
         raise
+    except Exception as exc:  # a fault of the gateway's own: answered 500 (ErrorBoundary)
+        gw.refused(request, route, "500", arrived, tenant)
+        trace.failed(exc)
+        raise
     with released_on_error(slot, lambda status: gw.refused(request, route, status, arrived,
                                                            intake.tenant)), trace.guard():
         gw.capture.observe(intake.parsed, intake.tenant, len(intake.raw))
