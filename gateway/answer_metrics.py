@@ -53,9 +53,10 @@ class _Children(NamedTuple):
 
 
 class AnswerMetrics:
-    """``models`` names the models the fleet serves now (asked only on a cache miss)."""
+    """``serves`` tells whether the fleet serves a model now (asked only on a cache miss,
+    never for the set of every model: a fleet of LoRA adapters lists thousands)."""
 
-    def __init__(self, registry: CollectorRegistry, models: Callable[[], set[str]],
+    def __init__(self, registry: CollectorRegistry, serves: Callable[[str], bool],
                  reasons: tuple[str, ...] = (), evict: bool = True) -> None:
         labels = ["model", "reason"]
         self.ttft = Histogram(TTFT, "Request arrival to the first answer chunk relayed to "
@@ -66,7 +67,7 @@ class AnswerMetrics:
         self.output_tokens = Histogram(
             OUTPUT_TOKENS, "Output tokens per answer (usage.completion_tokens, else a "
             "stream's content chunks)", labels, buckets=_TOKEN_BUCKETS, registry=registry)
-        self._models = models
+        self._serves = serves
         self._evict = evict  # a model that left may give its place (not in multiprocess mode)
         self._children: dict[tuple[str, str], _Children] = {}
         for reason in reasons:
@@ -96,15 +97,14 @@ class AnswerMetrics:
         """Whether ``model`` has, or may take, a label of its own: the fleet serves it, and
         it has one, or there is room, or a model the fleet no longer serves gives its
         place (its series removed)."""
-        served = self._models()
-        if model not in served:
+        if not self._serves(model):
             return False
         labelled = {m for m, _ in self._children if m != OTHER_MODEL}
         if model in labelled or len(labelled) < MAX_MODEL_LABELS:
             return True
         if not self._evict:
             return False
-        gone = next((m for m in labelled if m not in served), None)
+        gone = next((m for m in labelled if not self._serves(m)), None)
         if gone is None:
             return False
         for key in [key for key in self._children if key[0] == gone]:

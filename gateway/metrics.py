@@ -345,7 +345,7 @@ class GatewayMetrics:
                                "the request went out)", ["replica", "cause"], registry=r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
         # (multiprocess mode cannot remove a series: no model label is given back there)
-        self.answers = AnswerMetrics(r, fleet.models, reasons, evict=not multiprocess_dir)
+        self.answers = AnswerMetrics(r, fleet.lists, reasons, evict=not multiprocess_dir)
         self.exposed = r  # what GET /metrics serves
         # with worker processes: per-worker counts, copied into the summed figures
         self.mirror: MetricMirror | None = None

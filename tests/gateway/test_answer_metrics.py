@@ -99,7 +99,7 @@ def test_failed_answers_are_not_recorded(serve: Serve) -> None:
 
 def test_model_label_is_bounded_to_the_fleet_models() -> None:
     registry = CollectorRegistry()
-    answers = AnswerMetrics(registry, lambda: {"llama"}, ("affinity", "spill"))
+    answers = AnswerMetrics(registry, {"llama"}.__contains__, ("affinity", "spill"))
     answers.answered("llama", "affinity", 0.1, 0.5, 3)
     for i in range(50):
         answers.answered(f"made-up-{i}", "affinity", 0.1, 0.5, 3)
@@ -169,7 +169,7 @@ def test_model_labels_are_capped_and_given_back_by_models_that_left() -> None:
     the rest are ``other``; one that leaves the fleet gives its place, its series gone."""
     registry = CollectorRegistry()
     served = {f"lora-{i}" for i in range(MAX_MODEL_LABELS + 20)}
-    answers = AnswerMetrics(registry, lambda: served, ("affinity",))
+    answers = AnswerMetrics(registry, lambda m: m in served, ("affinity",))
     for i in range(MAX_MODEL_LABELS + 20):
         answers.answered(f"lora-{i}", "affinity", 0.1, 0.5, 3)
 
@@ -194,7 +194,7 @@ def test_no_model_label_is_given_back_where_series_cannot_be_removed() -> None:
     MAX_MODEL_LABELS models for good, the rest ``other``."""
     registry = CollectorRegistry()
     served = {f"m{i}" for i in range(MAX_MODEL_LABELS + 1)}
-    answers = AnswerMetrics(registry, lambda: served, ("affinity",), evict=False)
+    answers = AnswerMetrics(registry, lambda m: m in served, ("affinity",), evict=False)
     for i in range(MAX_MODEL_LABELS):
         answers.answered(f"m{i}", "affinity", 0.1, 0.5, 3)
     served.discard("m0")
