@@ -292,7 +292,8 @@ class Peers:
         if self.counts.links_up and not (len(request.tokens) and not len(request.chunks)):
             try:
                 self._broadcast(routed_frame(request, replica))
-            except WireError as exc:
+            except WireError as exc:  # (a long affinity key): each link's frame lost
+                self.counts.frames_dropped += self.counts.links_up
                 log.debug("not sent to peers: %s", exc)
 
     def sent(self, pending: Pending, replica: str) -> None:
