@@ -23,7 +23,7 @@ def split_address(value: str, where: str, any_port: bool = False) -> tuple[str, 
     """``host:port`` (``[v6]:port`` for an IPv6 address) as (host, port); ``any_port``:
     port 0 (a listener's: the system picks one) is allowed."""
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() \
+    if not sep or not host or not (port.isascii() and port.isdigit()) \
             or not (0 if any_port else 1) <= int(port) < 65536:
         raise ValueError(f"{where}: {value!r} is not host:port")
     host = host.strip("[]")

@@ -115,7 +115,8 @@ def seq_frame(kind: int, seq: int) -> bytes:
 HEARTBEAT_FRAME = _frame(HEARTBEAT, b"")
 
 
-# chunk hashes carried at most: a prompt's first 64K pieces (4 MB of text at 64 characters)
+# chunk hashes carried at most: a prompt's first 261,120 pieces (about 16 MB of text at 64
+# characters)
 MAX_CHUNKS = (MAX_FRAME - 4096) // 4
 # the most tokens a piece may stand for (a piece is 64 characters or 16 token ids; a
 # figure far past that, 1e308, overflowed the receiver's prompt chains)
