@@ -52,7 +52,7 @@ def rank_endpoint(endpoint: str, rank: int) -> str:
     if not endpoint.startswith("tcp://"):
         return f"{endpoint}_dp{rank}"
     head, _, port = endpoint.rpartition(":")
-    if not port.isdigit():
+    if not (port.isascii() and port.isdigit()):
         raise ValueError(f"endpoint {endpoint!r} names no port to offset by rank {rank}")
     moved = int(port) + rank
     if moved > 65535:
