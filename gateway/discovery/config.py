@@ -96,7 +96,9 @@ class DNSSourceConfig:
 
     @property
     def label(self) -> str:
-        return f"dns:{self.name}"
+        """The source's name in metrics, logs and its replicas' ``source``: two sources
+        of one name on two ports are two sources."""
+        return f"dns:{self.name}:{self.port}"
 
     def validate(self) -> None:
         if not self.name:
@@ -151,8 +153,13 @@ class KubernetesSourceConfig:
 
     @property
     def label(self) -> str:
+        """The source's name in metrics, logs and its replicas' ``source``: one service
+        (or selector) seen in two clusters, or on two ports, is two sources."""
         what = f"service={self.service}" if self.service else f"pods={self.label_selector}"
-        return f"kubernetes:{self.namespace}/{what}" if self.namespace else f"kubernetes:{what}"
+        label = f"kubernetes:{self.namespace}/{what}" if self.namespace else f"kubernetes:{what}"
+        where = (("port", self.port), ("port_name", self.port_name),
+                 ("context", self.context), ("kubeconfig", self.kubeconfig))
+        return label + "".join(f" {key}={value}" for key, value in where if value is not None)
 
     def validate(self) -> None:
         if (self.service is None) == (self.label_selector is None):

@@ -24,7 +24,6 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 NAME = "vllm-headless.llm.svc.cluster.local"
-SOURCE = f"dns:{NAME}"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
@@ -77,6 +76,7 @@ def run(spawn: Processes, tmp_path: Path, dns: FakeDNS) -> None:
                        "nameserver_port": dns.port}],
     }))
     gateway = f"http://127.0.0.1:{gport}"
+    source = f"dns:{NAME}:{port}"
     spawn("serve", "--config", str(config), ready_url=f"{gateway}/ready")
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
 
@@ -98,13 +98,13 @@ def run(spawn: Processes, tmp_path: Path, dns: FakeDNS) -> None:
 
     def failures() -> float:
         for line in httpx.get(f"{gateway}/metrics").text.splitlines():
-            if line.startswith(f'kvgate_discovery_failures_total{{source="{SOURCE}"}} '):
+            if line.startswith(f'kvgate_discovery_failures_total{{source="{source}"}} '):
                 return float(line.split()[-1])
         return 0.0
 
     a, b = f"127.0.0.1:{port}", f"[::1]:{port}"
     found = converges({a}, "the A record's replica")
-    assert found[a]["source"] == SOURCE and found[a]["url"] == v4
+    assert found[a]["source"] == source and found[a]["url"] == v4
     assert answered_by(3) == {a}
 
     dns.set(NAME, ["127.0.0.1", "::1"])  # a pod joins: its AAAA record appears

@@ -18,4 +18,4 @@ def test_a_nameserver_that_is_no_address_is_refused_with_the_config(server: str)
         parse_config({"discovery": [dns]})
     assert f"discovery[0]: nameservers: {server!r} is not an IP address" in str(err.value)
     ok = parse_config({"discovery": [{**dns, "nameservers": ["10.0.0.10", "fd00::a"]}]})
-    assert build_source(ok.discovery[0]).label == "dns:vllm.llm.svc"
+    assert build_source(ok.discovery[0]).label == "dns:vllm.llm.svc:8000"

@@ -143,7 +143,7 @@ def test_bad_source_names_the_key_and_value(source: Any, fragment: str) -> None:
 
 def test_the_same_source_twice_is_refused() -> None:
     dns = {"type": "dns", "name": "a", "port": 80}
-    with pytest.raises(ConfigError, match=r"discovery\[1\] \(dns:a\) appears twice"):
+    with pytest.raises(ConfigError, match=r"discovery\[1\] \(dns:a:80\) appears twice"):
         parse_config({"discovery": [dns, dns]})
 
 

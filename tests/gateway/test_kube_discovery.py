@@ -28,7 +28,9 @@ from tests.support.waiting import wait_until, wait_until_async
 
 Serve = Callable[..., ThreadServer]
 ADMIN = {"authorization": "Bearer admin-token-0123456789"}
-SOURCE = "kubernetes:service=vllm"  # in the kubeconfig context's namespace
+# in the kubeconfig context's namespace; its port and kubeconfig tell it from another
+# cluster's service of that name
+SOURCE = "kubernetes:service=vllm port_name=http kubeconfig={}/kubeconfig.yaml"
 
 
 def start_gateway(serve: Serve, api: ThreadServer, tmp_path: Path, **source: Any
@@ -88,7 +90,8 @@ def test_endpoint_slices_list_watch_bookmarks_gone_and_a_dropped_watch(
     gateway, state = start_gateway(serve, api_server, tmp_path, service="vllm",
                                    port_name="http")
     found = converges(gateway, {"vllm-a", "vllm-b"}, "the two ready endpoints")
-    assert {r["source"] for r in found.values()} == {SOURCE}
+    source = SOURCE.format(tmp_path)
+    assert {r["source"] for r in found.values()} == {source}
     assert found["vllm-a"]["url"] == urls["vllm-a"].url
     replica = state.fleet.get("vllm-a")
     assert replica is not None and replica.config.kv_events == "tcp://127.0.0.1:5557"
@@ -127,7 +130,7 @@ def test_endpoint_slices_list_watch_bookmarks_gone_and_a_dropped_watch(
     wait_until(lambda: len(api.requests) >= refused + 2, 10, "the client to retry")
     api.down(False)
     converges(gateway, {"vllm-a", "vllm-c"}, "vllm-b, deleted during the outage, removed")
-    assert metric(gateway, f'kvgate_discovery_failures_total{{source="{SOURCE}"}}') >= 1
+    assert metric(gateway, f'kvgate_discovery_failures_total{{source="{source}"}}') >= 1
     before = len(behaviours["vllm-b"].received)
     answered = {client.completions.with_raw_response.create(
         model="sim-model", prompt="hi", max_tokens=2).headers["x-kvgate-replica"]
@@ -145,8 +148,8 @@ def test_endpoint_slices_list_watch_bookmarks_gone_and_a_dropped_watch(
     api.deaf(False)
     api.end_watches()
     converges(gateway, {"vllm-a"}, "vllm-c removed after 410 Gone and a new list")
-    assert metric(gateway, f'kvgate_discovery_watch_gone_total{{source="{SOURCE}"}}') >= 1
-    assert metric(gateway, f'kvgate_discovery_replicas{{source="{SOURCE}"}}') == 1
+    assert metric(gateway, f'kvgate_discovery_watch_gone_total{{source="{source}"}}') >= 1
+    assert metric(gateway, f'kvgate_discovery_replicas{{source="{source}"}}') == 1
 
     # no endpoint ready: the serving ones that are terminating take the traffic
     wait_until(api.watching, 10, "a watch again")
