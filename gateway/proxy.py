@@ -114,13 +114,16 @@ class AnswerSigns(NamedTuple):
     failed_events: tuple[bytes, ...] = ()
     # a stream's last events other than [DONE]: no content holds them
     last_events: tuple[bytes, ...] = ()
+    # a whole (non-streamed) answer's top-level ``status`` values that tell it failed
+    failed_statuses: tuple[str, ...] = ()
 
 
 _PLAIN = AnswerSigns()  # the pass-through endpoints' answers: their transport tells
 _SIGNS = {"/v1/completions": AnswerSigns(True), "/v1/chat/completions": AnswerSigns(True),
           generate_request.PATH: AnswerSigns(True, meta_counts=True),
           responses_request.PATH: AnswerSigns(True, False, responses_request.FAILED_EVENTS,
-                                              responses_request.LAST_EVENTS)}
+                                              responses_request.LAST_EVENTS,
+                                              responses_request.FAILED_STATUSES)}
 
 
 # what the gateway writes itself: its server's date and name, and CORS, which only the
@@ -550,6 +553,9 @@ class UpstreamStream:
         else:
             self.response.close()  # drops the connection: the replica sees the cancel
         self.fleet.done(self.pending)
+        if self.signs.failed_statuses and not self.stream and self.status < 400 \
+                and self.error_status is None and self._body_held:
+            self.error_status = _failed_status(b"".join(self._body), self.signs)
         whole = (ok or self._delivered) and self.status < 400 and self.error_status is None
         state = self.pending.state
         if whole and state is not None:
@@ -644,6 +650,17 @@ def _stream_usage(tail: bytes, meta: bytes | None) -> Any:
         # an event that began before the tail (a Responses stream's last holds the whole
         # response, its text too): the value of its last usage key
         return _tail_usage(tail)
+
+
+def _failed_status(body: bytes, signs: AnswerSigns) -> int | None:
+    """502 when a whole answer's top-level ``status`` is one of ``signs.failed_statuses``
+    (a Responses answer that failed or was cancelled, sent with 200), else None."""
+    try:
+        answer = orjson.loads(body)
+    except ValueError:
+        return None
+    status = answer.get("status") if isinstance(answer, dict) else None
+    return 502 if status in signs.failed_statuses else None
 
 
 def _body_usage(body: bytes) -> Any:

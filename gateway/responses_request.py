@@ -47,6 +47,8 @@ def _event_markers(*kinds: str) -> tuple[bytes, ...]:
 
 # a failed response: its own event, or an error event (the answer failed under a 200)
 FAILED_EVENTS = _event_markers("response.failed", "error")
+# a whole response object's status when it did not answer (vLLM answers these with 200)
+FAILED_STATUSES = ("failed", "cancelled")
 # a whole stream's last event (vLLM, SGLang and OpenAI send no [DONE] after it)
 LAST_EVENTS = (*_event_markers("response.completed", "response.incomplete"),
                *FAILED_EVENTS)

@@ -175,6 +175,9 @@ def fake_replica(b: Behaviour) -> Starlette:
                             "content": [{"type": "output_text", "text": " ".join(words)}]}],
                 "usage": usage}
         if not body.get("stream"):
+            if b.response_failed:
+                return JSONResponse({**done, "status": "failed", "usage": None, "error": {
+                    "code": "server_error", "message": "the engine failed"}})
             return JSONResponse(done)
 
         def event(kind: str, data: dict[str, object]) -> bytes:
