@@ -86,6 +86,7 @@ HANDSHAKE_S = 5.0
 WRITE_S = 5.0
 HEARTBEAT_S = 5.0  # a quiet sender says it is alive this often
 SILENT_S = 20.0  # a connection heard nothing from this long is taken as gone
+UNACKED_S = 15.0  # a sender's bytes unacknowledged this long: its peer is gone
 BACKOFF_S = (0.2, 5.0)  # first and longest wait before connecting again
 REFUSED_BACKOFF_S = 30.0  # after a peer refused this copy's secret, or failed to prove it
 DUPLICATE_BACKOFF_S = 30.0  # an address of a copy already linked: looked at again after
@@ -172,6 +173,7 @@ class _Link:
         peers = self.peers
         async with asyncio.timeout(HANDSHAKE_S):
             reader, writer = await asyncio.open_connection(self.host, self.port)
+        unacked_bound(writer)
         try:
             async with asyncio.timeout(HANDSHAKE_S):
                 nonce = os.urandom(NONCE_BYTES)
@@ -234,6 +236,17 @@ class _Link:
                 await writer.drain()
             counts.frames_sent += len(frames)
         raise ConnectionResetError("the peer closed the connection")
+
+
+def unacked_bound(writer: asyncio.StreamWriter) -> None:
+    """A peer that died without closing (its node gone) is noticed within
+    ``UNACKED_S``: the system drops a connection whose sent bytes (at least a heartbeat
+    every ``HEARTBEAT_S``) stay unacknowledged that long; else only its retransmissions
+    giving up, about 15 minutes later, ended the link, its frames counted sent meanwhile."""
+    sock = writer.get_extra_info("socket")
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)  # Linux's
+    if sock is not None and option is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, option, int(UNACKED_S * 1000))
 
 
 def _retrieve(future: asyncio.Future[bytes]) -> None:
