@@ -32,6 +32,14 @@ import numpy as np
 from engine.cost_model import load_profile
 from engine.eviction import EVICTION_POLICIES
 from gateway.fleet import Pending
+from gateway.peer_wire import (
+    HEAD_BYTES,
+    RoutedElsewhere,
+    WireError,
+    frame_length,
+    parse_frame,
+    routed_frame,
+)
 from gateway.request_parse import ParsedRequest
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Router, work_tokens
@@ -99,6 +107,24 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> np.ndarray:
     return np.cumsum(gaps)
 
 
+def peer_route(route: RouteRequest, replica: str, now: float) -> RouteRequest | None:
+    """``route`` as the other gateway copies' policies learn it (``gateway.peers``): through
+    the wire's own frame (``peer_wire.routed_frame``), which carries the prompt's piece
+    hashes and never its token ids; None where a copy tells nothing: a route keyed by its
+    token ids alone (``chunk_chars: 0``, as ``Peers.routed`` skips it) or one the wire
+    refuses (a long affinity key)."""
+    if len(route.tokens) and not len(route.chunks):
+        return None
+    try:
+        frame = routed_frame(route, replica)
+    except WireError:
+        return None
+    _, kind = frame_length(frame[:HEAD_BYTES])
+    told = parse_frame(kind, frame[HEAD_BYTES:], now)
+    assert isinstance(told, RoutedElsewhere)  # a routed frame reads back as one
+    return told.request
+
+
 class _InFlight(NamedTuple):
     request: WorkloadRequest
     route: RouteRequest
@@ -136,7 +162,8 @@ class Simulation:
     token calibration. With several gateway copies each request goes to one at random,
     as behind a Kubernetes Service; with ``peers`` each copy is told of the others'
     routes and pending prefill at once (``gateway.peers``: a LAN's round trip is far
-    below a step).
+    below a step), each route as the peers' wire carries it (``peer_route``: piece
+    hashes, no token ids).
 
     What the replicas compute is ``replica_prompts``: by default the workload's own ids, a
     tokenizer unlike the gateway's; ``RenderedPrompts`` renders and tokenizes each chat as
@@ -265,11 +292,14 @@ class Simulation:
         head = prompt_head_key(parsed) if self.fleet.capacity[gateway].on else 0
         router.policy.observe(Routed(route, rep.id, views))
         told: tuple[tuple[int, Pending], ...] = ()
-        if self.peers:  # as gateway.peers: the others count it and learn from it
+        if self.peers:  # as gateway.peers: the others count it and learn what the wire
+            # carries of it
             told = tuple((copy, self.fleet.states[copy].sent(rep.id, work, now))
                          for copy in range(len(self.routers)) if copy != gateway)
-            for copy, _ in told:
-                self.policies[copy].observe(Routed(route, rep.id))
+            heard = peer_route(route, rep.id, now)
+            if heard is not None:
+                for copy, _ in told:
+                    self.policies[copy].observe(Routed(heard, rep.id))
         self._inflight[f"req{req.index}"] = _InFlight(req, route, rep.id, pending, gateway,
                                                       head, told)
         if rep.busy_until is None:
