@@ -339,17 +339,42 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
     }
 
 
-def run(cfg: RunConfig, report_dir: Path | None = None, json_path: Path | None = None,
-        progress: Progress | None = None) -> dict[str, Any]:
-    """Every policy in turn; writes the JSON and the Markdown report when asked."""
+def check_policies(policies: tuple[str, ...]) -> None:
+    """``ValueError`` naming the first entry of ``--policies`` that no run can take: a name
+    that is neither a kvgate policy nor a third-party router's (``router:policy``), one
+    named twice (each run's results and files are kept under its name), or none at all."""
+    from policies.registry import POLICY_NAMES
+
+    if not policies:
+        raise ValueError("no policy to run: --policies names none")
+    seen: set[str] = set()
+    for name in policies:
+        if name in seen:
+            raise ValueError(f"policy {name!r} is named twice in --policies")
+        seen.add(name)
+        if name not in POLICY_NAMES and third_party.parse(name) is None:
+            raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)}, "
+                             f"or a router's {'|'.join(third_party.KINDS)}:<policy>)")
+
+
+def check_config(cfg: RunConfig) -> None:
+    """``ValueError`` (or ``ThirdPartyError``) for a setting no run can take, before any
+    fleet starts."""
     if cfg.scenario not in USER_CLASSES:
         raise ValueError(f"unknown scenario {cfg.scenario!r} (known: {', '.join(USER_CLASSES)})")
     locust_run_time(cfg.duration_s)  # a duration Locust cannot run: before any fleet starts
-    others = [o for o in map(third_party.parse, cfg.policies) if o]  # a bad name up front
+    check_policies(cfg.policies)  # a bad name up front, not after the runs before it
+    others = [o for o in map(third_party.parse, cfg.policies) if o]
     if others:
         third_party.require_isolation()
         for other in others:
             _program(cfg, other.router)
+
+
+def run(cfg: RunConfig, report_dir: Path | None = None, json_path: Path | None = None,
+        progress: Progress | None = None) -> dict[str, Any]:
+    """Every policy in turn; writes the JSON and the Markdown report when asked."""
+    check_config(cfg)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="kvgate-run-") as tmp:
         workdir = Path(tmp)
@@ -452,8 +477,14 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
+    try:  # a setting no run can take: said before any fleet starts, not a traceback
+        cfg = config_from_args(args)
+        check_config(cfg)
+    except (third_party.ThirdPartyError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
-        out = run(config_from_args(args), args.report_dir, args.json_path, ProgressLine())
+        out = run(cfg, args.report_dir, args.json_path, ProgressLine())
     except third_party.ThirdPartyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
