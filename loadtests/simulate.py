@@ -506,8 +506,29 @@ def _replica_prompts(engine_tokenizer: str, prompts: str) -> tuple[ReplicaPrompt
         raise SystemExit(f"--engine-tokenizer {engine_tokenizer}: {exc}") from None
 
 
+def _policies(names_csv: str, policy_set: Sequence[str]
+              ) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """``--policies`` and ``--policy-set``: the names, and each one's parameters over its
+    preset, every one built once to check it (``ValueError`` naming a bad name, key or
+    value, or a parameter for a policy not run) before any run."""
+    names = [p.strip() for p in names_csv.split(",") if p.strip()]
+    if not names:
+        raise ValueError("no policy to run: --policies names none")
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in _parse_params(policy_set).items():
+        name, _, param = key.partition(".")
+        if name not in names or not param:
+            raise ValueError(f"--policy-set {key}={value!r}: expects POLICY.KEY=VALUE for a "
+                             f"policy of --policies ({', '.join(names)})")
+        overrides.setdefault(name, {})[param] = value
+    for name in names:
+        build_policy(name, **overrides.get(name, {}))
+    return names, overrides
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     scenario = SCENARIOS[args.scenario]
+    names, overrides = _policies(args.policies, args.policy_set)
     spec = build_spec(scenario.workload, seed=args.seed,
                       **{**scenario.params, **_parse_params(args.set)})
     pick = lambda value, default: default if value is None else value  # noqa: E731
@@ -560,12 +581,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policies": {},
     }
     results: dict[str, PolicyResult] = {}
-    overrides: dict[str, dict[str, Any]] = {}
-    for key, value in _parse_params(args.policy_set).items():
-        policy_name, _, param = key.partition(".")
-        overrides.setdefault(policy_name, {})[param] = value
     report["policy_overrides"] = overrides
-    for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
+    for name in names:
         copies = [build_policy(name, **overrides.get(name, {})) for _ in range(args.gateways)]
         res = simulate(requests, arrivals, copies, fleet, hashes, prompts, tokenizer,
                        args.seed, args.peers, replica_prompts)
