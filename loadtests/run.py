@@ -57,6 +57,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.eviction import EVICTION_POLICIES
+from kvwire.arg_types import positive_float, positive_int
 from loadtests import engine_counters, third_party
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
@@ -364,6 +365,12 @@ def check_config(cfg: RunConfig) -> None:
         raise ValueError(f"unknown scenario {cfg.scenario!r} (known: {', '.join(USER_CLASSES)})")
     locust_run_time(cfg.duration_s)  # a duration Locust cannot run: before any fleet starts
     check_policies(cfg.policies)  # a bad name up front, not after the runs before it
+    # (a rate of 0 or below had the clients send back to back, reported as its target)
+    for key in ("rate", "users", "gateways", "kv_cache_gib", "max_num_seqs"):
+        value = getattr(cfg, key)
+        if not 0 < value < math.inf:  # NaN too
+            raise ValueError(f"{key} must be a positive number, got {value!r}")
+    LocalFleetSpec(replicas=cfg.replicas).validate()
     others = [o for o in map(third_party.parse, cfg.policies) if o]
     if others:
         third_party.require_isolation()
@@ -400,12 +407,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=duration_seconds, default=d.duration_s,
                         help="seconds per policy (at least 1; Locust runs the nearest whole "
                         "second)")
-    parser.add_argument("--replicas", type=int, default=d.replicas)
-    parser.add_argument("--users", type=int, default=d.users)
-    parser.add_argument("--rate", type=float, default=d.rate, help="target requests/s")
+    parser.add_argument("--replicas", type=positive_int, default=d.replicas)
+    parser.add_argument("--users", type=positive_int, default=d.users)
+    parser.add_argument("--rate", type=positive_float, default=d.rate, help="target requests/s")
     parser.add_argument("--profile", default=d.profile)
-    parser.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
-    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    parser.add_argument("--kv-cache-gib", type=positive_float, default=d.kv_cache_gib)
+    parser.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs)
     parser.add_argument("--eviction", choices=EVICTION_POLICIES, default=d.eviction)
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--affinity-header", action="store_true",
@@ -414,7 +421,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the replicas' own tokenizer (default: the gateway's)")
     parser.add_argument("--kv-events", action="store_true",
                         help="the engines publish KV events and the gateway subscribes")
-    parser.add_argument("--gateways", type=int, default=d.gateways,
+    parser.add_argument("--gateways", type=positive_int, default=d.gateways,
                         help="gateway copies; each request goes to one at random")
     parser.add_argument("--peers", action="store_true",
                         help="the gateway copies tell each other what they route")
