@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 
 from gateway.config import HealthConfig, ScrapeConfig
+from gateway.data_parallel import group_of
 from gateway.fleet import Fleet, ModelInfo, ReplicaState
 from gateway.kv_capacity_estimate import CapacityEstimator, Mark
 from gateway.periodic import every, stop_tasks
@@ -52,6 +53,7 @@ class Monitor:
         self._tasks: list[asyncio.Task[None]] = []
         self._models_round: asyncio.Task[None] | None = None  # ``refresh_all_models``
         self._models_round_at = -math.inf
+        self._ranks_told: set[str] = set()  # replicas warned of their ranks (_check_ranks)
 
     async def start(self) -> None:
         """One health round (so /ready is right from the start), then the loops."""
@@ -246,8 +248,25 @@ class Monitor:
                 log.warning("replica %s: unparsable /metrics: %r", state.id, exc)
                 self._scrape_failed(state)
             return
-        for state, metrics, mark in zip(states, pages, marks, strict=True):
+        snapshots, named = pages
+        if named is not None:
+            self._check_ranks(first, named)
+        for state, metrics, mark in zip(states, snapshots, marks, strict=True):
             await self._scraped(state, metrics, mark)
+
+    def _check_ranks(self, rank: ReplicaState, named: frozenset[str]) -> None:
+        """Warn once per replica whose /metrics name other ranks than its
+        ``data_parallel_size`` (a size that is not the server's: requests pinned to a rank
+        it does not have are refused there)."""
+        group, size = group_of(rank.id), rank.config.data_parallel_size
+        expected = frozenset(str(k) for k in range(size))
+        if named == expected or group in self._ranks_told:
+            return
+        self._ranks_told.add(group)
+        log.warning("replica %s: data_parallel_size is %d, but its /metrics name ranks %s: "
+                    "set data_parallel_size to its server's --data-parallel-size "
+                    "(--dp-size)", group, size,
+                    ", ".join(sorted(named, key=lambda r: (len(r), r))) or "none")
 
     async def _scraped(self, state: ReplicaState, metrics: ScrapedMetrics,
                        mark: Mark | None) -> None:
@@ -261,11 +280,12 @@ class Monitor:
             self.capacity.observe(state.id, metrics, mark)
 
 
-def _parse(text: str, states: list[ReplicaState]) -> list[ScrapedMetrics]:
+def _parse(text: str, states: list[ReplicaState]
+           ) -> tuple[list[ScrapedMetrics], frozenset[str] | None]:
     """``states``' snapshots of one /metrics page: a replica's, or each of its
-    data-parallel ranks' own."""
+    data-parallel ranks' own (then with the ranks the page names)."""
     first = states[0].config
     if first.data_parallel_rank is None:
-        return [parse_metrics(text)]
-    ranks = parse_rank_metrics(text, first.data_parallel_size)
-    return [ranks[s.config.data_parallel_rank or 0] for s in states]
+        return [parse_metrics(text)], None
+    pages = parse_rank_metrics(text, first.data_parallel_size)
+    return [pages.snapshots[s.config.data_parallel_rank or 0] for s in states], pages.named

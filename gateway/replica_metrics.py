@@ -11,6 +11,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -56,7 +57,12 @@ def parse_metrics(text: str) -> ScrapedMetrics:
     return _snapshot(_samples(text))
 
 
-def parse_rank_metrics(text: str, ranks: int) -> list[ScrapedMetrics]:
+class RankPages(NamedTuple):
+    snapshots: list[ScrapedMetrics]  # one per rank, in rank order
+    named: frozenset[str]  # the ranks the page's samples name
+
+
+def parse_rank_metrics(text: str, ranks: int) -> RankPages:
     """Each data-parallel rank's snapshot (``gateway.data_parallel``) of one read of a
     replica's page: a rank's samples are those labelled with it (vLLM's ``engine``,
     SGLang's ``dp_rank``) and those that name no rank; where no sample names one, the
@@ -66,11 +72,13 @@ def parse_rank_metrics(text: str, ranks: int) -> list[ScrapedMetrics]:
         labels = sample[1]
         rank = next((labels[k] for k in RANK_LABELS if k in labels), None)
         by_rank.setdefault(rank, []).append(sample)
-    common = by_rank.get(None, [])
-    if len(by_rank) == (1 if common else 0):  # no sample names a rank
+    common = by_rank.pop(None, [])
+    named = frozenset(rank for rank in by_rank if rank is not None)
+    if not named:
         whole = _snapshot(common)
-        return [_shared(whole, ranks)] * ranks if ranks > 1 else [whole]
-    return [_snapshot(common + by_rank.get(str(k), [])) for k in range(ranks)]
+        return RankPages([_shared(whole, ranks)] * ranks if ranks > 1 else [whole], named)
+    return RankPages([_snapshot(common + by_rank.get(str(k), [])) for k in range(ranks)],
+                     named)
 
 
 Sample = tuple[str, dict[str, str], float]  # a sample's name, labels and value

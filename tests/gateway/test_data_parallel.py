@@ -96,7 +96,7 @@ def test_two_replicas_whose_ranks_would_share_an_id_are_refused() -> None:
 
 
 def test_a_rank_reads_its_own_samples_of_the_replicas_metrics() -> None:
-    busy, idle = parse_rank_metrics(DP_METRICS, 2)
+    busy, idle = parse_rank_metrics(DP_METRICS, 2).snapshots
     assert (busy.running, busy.waiting, busy.queued_tokens) == (8, 30, 50000)
     assert (idle.running, idle.waiting, idle.queued_tokens) == (1, 0, 0)
     assert busy.kv_usage == pytest.approx(0.9)
@@ -108,7 +108,7 @@ def test_a_rank_reads_its_own_samples_of_the_replicas_metrics() -> None:
 def test_metrics_that_name_no_rank_are_shared_evenly_by_the_ranks() -> None:
     text = DP_METRICS.replace('engine="1",', "").replace('engine="0",', "")
     text = "\n".join(line for line in text.splitlines() if 'engine="' not in line)
-    rank = parse_rank_metrics(text, 2)[1]
+    rank = parse_rank_metrics(text, 2).snapshots[1]
     whole = parse_metrics(text)
     assert rank.running == whole.running // 2
     assert rank.kv_capacity_tokens == whole.kv_capacity_tokens // 2  # type: ignore[operator]
@@ -255,7 +255,8 @@ async def test_a_discovered_replica_of_n_ranks_joins_and_leaves_as_n_members() -
     assert changes.removed == ("10.0.0.1:8000.dp0", "10.0.0.1:8000.dp1")
 
 
-async def test_the_ranks_of_a_replica_share_one_read_of_its_metrics_page(serve: Serve) -> None:
+async def test_the_ranks_of_a_replica_share_one_read_of_its_metrics_page(
+        serve: Serve, caplog: pytest.LogCaptureFixture) -> None:
     scrapes: list[int] = []
     front = serve(_dp_front([], scrapes))
     config = ReplicaConfig("dp", front.url, data_parallel_size=4)
@@ -264,7 +265,12 @@ async def test_the_ranks_of_a_replica_share_one_read_of_its_metrics_page(serve: 
         monitor = Monitor(fleet, session, HealthConfig(timeout_s=5.0),
                           ScrapeConfig(timeout_s=5.0))
         await monitor.scrape_round()
-    assert len(scrapes) == 2  # the four ranks' page once, the other replica's once
+        await monitor.scrape_round()
+    assert len(scrapes) == 4  # the four ranks' page once a round, the other replica's once
+    # a server of two engines configured as four: told once
+    told = [r.getMessage() for r in caplog.records if "data_parallel_size" in r.getMessage()]
+    assert told == ["replica dp: data_parallel_size is 4, but its /metrics name ranks 0, 1: "
+                    "set data_parallel_size to its server's --data-parallel-size (--dp-size)"]
     queued = {s.id: s.scraped.queued_tokens for s in fleet if s.scraped is not None}
     # ranks 2 and 3 have no samples on this page (a server of two engines)
     assert queued == {"dp.dp0": 50000, "dp.dp1": 0, "dp.dp2": None, "dp.dp3": None,
