@@ -38,10 +38,14 @@ class ModelShape:
     max_model_len: int = 8192
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name != "name" and not (_finite(v) and v > 0):
-                raise ValueError(f"model.{f.name} must be a positive number, got {v!r}")
+        if not (_finite(self.params) and self.params > 0):
+            raise ValueError(f"model.params must be a positive number, got {self.params!r}")
+        # counts: a float here made the KV block count a float (a TypeError at start)
+        for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "dtype_bytes",
+                    "max_model_len"):
+            v = getattr(self, key)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+                raise ValueError(f"model.{key} must be a positive integer, got {v!r}")
 
     @property
     def hidden_size(self) -> int:
