@@ -7,6 +7,7 @@ newer one (``rope_parameters``). Errors name the key and the bad value.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,11 +103,12 @@ class ModelConfig:
                     "num_attention_heads"):
             if key not in raw:
                 raise ModelLoadError(f"config.json lacks {key!r}")
-        heads = int(raw["num_attention_heads"])
-        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+        heads = _integer("num_attention_heads", raw["num_attention_heads"])
+        head_dim = raw.get("head_dim") or _integer("hidden_size", raw["hidden_size"]) // heads
         qwen = ARCHITECTURES[arch] == "qwen2"
+        positions = _integer("max_position_embeddings",
+                             raw.get("max_position_embeddings", 4096))
         window = _sliding_window(raw, arch)
-        positions = int(raw.get("max_position_embeddings", 4096))
         if window is not None and window < positions:
             # attention here sees the whole context: exact only while it fits the window
             raise ModelLoadError(
@@ -119,21 +121,22 @@ class ModelConfig:
         attention_bias = bool(raw.get("attention_bias", False))
         return cls(
             architecture=arch,
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=int(raw["hidden_size"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
+            vocab_size=_integer("vocab_size", raw["vocab_size"]),
+            hidden_size=_integer("hidden_size", raw["hidden_size"]),
+            intermediate_size=_integer("intermediate_size", raw["intermediate_size"]),
+            num_layers=_integer("num_hidden_layers", raw["num_hidden_layers"]),
             num_heads=heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            num_kv_heads=_integer("num_key_value_heads",
+                                  raw.get("num_key_value_heads") or heads),
+            head_dim=_integer("head_dim", head_dim),
+            rms_norm_eps=_number("rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
             rope=_rope(raw),
             max_position_embeddings=positions,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=qwen or attention_bias,
             o_bias=attention_bias and not qwen,
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            eos_token_ids=tuple(int(e) for e in eos_ids),
+            eos_token_ids=tuple(_integer("eos_token_id", e) for e in eos_ids),
             sliding_window=window,
             dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
         )
@@ -179,7 +182,8 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
         if layer_types is not None:
             sliding = "sliding_attention" in layer_types
         else:
-            sliding = int(raw.get("max_window_layers", 28)) < int(raw["num_hidden_layers"])
+            sliding = (_integer("max_window_layers", raw.get("max_window_layers", 28))
+                       < _integer("num_hidden_layers", raw["num_hidden_layers"]))
         if not sliding:
             return None
     if window is None:
@@ -194,7 +198,7 @@ def _rope(raw: dict[str, Any]) -> RopeConfig:
     params = dict(raw.get("rope_parameters") or {})
     scaling = dict(raw.get("rope_scaling") or {})
     params.update(scaling)
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    theta = _number("rope_theta", params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial != 1:
@@ -204,23 +208,43 @@ def _rope(raw: dict[str, Any]) -> RopeConfig:
         return RopeConfig(theta=theta)
     if "factor" not in params:
         raise ModelLoadError(f"rope scaling {rope_type!r} lacks 'factor'")
+    factor = _number("factor", params["factor"])
     if rope_type == "linear":
-        return RopeConfig(theta=theta, rope_type="linear", factor=float(params["factor"]))
+        return RopeConfig(theta=theta, rope_type="linear", factor=factor)
     if rope_type == "llama3":
         # as transformers: each of these is required, none has a default
         for key in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
             if key not in params:
                 raise ModelLoadError(f"rope scaling 'llama3' lacks {key!r}")
-        low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        low = _number("low_freq_factor", params["low_freq_factor"])
+        high = _number("high_freq_factor", params["high_freq_factor"])
         if not 0 < low < high:
             raise ModelLoadError(f"rope scaling 'llama3' needs 0 < low_freq_factor < "
                                  f"high_freq_factor, got {low} and {high}")
         return RopeConfig(
-            theta=theta, rope_type="llama3", factor=float(params["factor"]),
+            theta=theta, rope_type="llama3", factor=factor,
             low_freq_factor=low, high_freq_factor=high,
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+            original_max_position_embeddings=_integer(
+                "original_max_position_embeddings", params["original_max_position_embeddings"]),
         )
     raise ModelLoadError(f"rope_type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
+
+
+def _integer(key: str, value: Any) -> int:
+    """``value``, config key ``key``'s, which must be an integer: 2.5, "32", true or null
+    is refused naming the key, never truncated or left to a TypeError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ModelLoadError(f"config.json {key} must be an integer, got {value!r}")
+    return value
+
+
+def _number(key: str, value: Any) -> float:
+    """``value``, config key ``key``'s, as a float; it must be a finite number (JSON as
+    Python reads it also has NaN and Infinity)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value):
+        raise ModelLoadError(f"config.json {key} must be a finite number, got {value!r}")
+    return float(value)
 
 
 def torch_dtype(name: str) -> torch.dtype:
