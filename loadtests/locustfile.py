@@ -150,6 +150,10 @@ class _WorkloadUser(HttpUser):
         delay = due - time.monotonic()
         if delay > 0:
             time.sleep(delay)  # gevent's sleep under Locust: other users run meanwhile
+        with _lock:
+            end, start = _clock.get("end"), _clock["start"]
+        if end is not None and due >= end:
+            return  # due once the run's time was up (while its clients drain): not the run's
         body = {
             "model": _WorkloadUser._model,
             "messages": req.messages(),
@@ -170,7 +174,8 @@ class _WorkloadUser(HttpUser):
         # kept from the start: a request still unanswered when the run stops is counted
         # (``unfinished``), not lost
         sample: dict[str, Any] = {"index": req.index, "label": req.label, "ok": False,
-                                  "gateway": gateway, "unfinished": True, "late_s": late}
+                                  "gateway": gateway, "unfinished": True, "late_s": late,
+                                  "due_s": due - start}  # from the run's start
         # its times count from when it was due, as the simulator's from its arrival: a
         # router that keeps every client busy is not timed only once one is free
         started = time.perf_counter() - late

@@ -200,7 +200,11 @@ def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Prog
         finally:
             if proc.poll() is None:
                 proc.terminate()
-                proc.wait(30)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:  # a Locust that ignores SIGTERM
+                    proc.kill()
+                    proc.wait()
     if not samples.exists():
         tail = log.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"locust wrote no samples (exit {proc.returncode}):\n{tail}")
