@@ -62,6 +62,11 @@ class FleetSpec:
     scrape_interval_s: float = 1.0
     capacity_estimate: bool = True  # the gateway's online estimate, when none is scraped
     kv_events: bool = False  # the engines publish KV events (to policies with an index)
+    # each server's data-parallel ranks, spread over by its own balancer (vLLM's internal
+    # one: the rank with the fewest waiting x 4 + running), the gateway seeing the servers
+    # only: 1, every replica its own server (or ranks the gateway routes to, as with
+    # ``data_parallel_size``)
+    ranks_hidden: int = 1
 
     def validate(self) -> None:
         for key in ("replicas", "kv_pool_gib", "idle_kv_gib", "max_num_seqs",
@@ -79,6 +84,12 @@ class FleetSpec:
                              f"{self.dialect!r}")
         if self.scrape_interval_s <= 0:
             raise ValueError(f"scrape_interval_s must be positive, got {self.scrape_interval_s!r}")
+        if self.ranks_hidden < 1 or self.replicas % self.ranks_hidden:
+            raise ValueError(f"ranks_hidden must divide replicas ({self.replicas}), got "
+                             f"{self.ranks_hidden!r}")
+        if self.ranks_hidden > 1 and (self.views != "gateway" or self.kv_events):
+            raise ValueError("ranks_hidden needs the gateway's views and no KV events (a "
+                             "server's ranks publish apart)")
 
     def kv_bytes_per_token(self) -> int:
         return load_profile(self.profile).model.kv_bytes_per_token
@@ -159,8 +170,13 @@ class SimFleet:
             for i in range(spec.replicas)
         ]
         self.index = {r.id: i for i, r in enumerate(self.replicas)}
+        # what the gateway routes to: the replicas, or servers of ``ranks_hidden`` of them
+        ranks = spec.ranks_hidden
+        self.servers: dict[str, list[int]] = {
+            (self.replicas[k].id if ranks == 1 else f"s{k // ranks}"): list(range(k, k + ranks))
+            for k in range(0, len(self.replicas), ranks)}
         # the gateway's own accounting of this fleet (see the module docstring)
-        configs = [ReplicaConfig(r.id, f"http://sim.invalid/{r.id}") for r in self.replicas]
+        configs = [ReplicaConfig(sid, f"http://sim.invalid/{sid}") for sid in self.servers]
         self.states = [Fleet(configs) for _ in range(gateways)]
         estimate = CapacityEstimateConfig(enabled=spec.capacity_estimate)
         self.capacity = [CapacityEstimator(state, estimate) for state in self.states]
@@ -186,13 +202,27 @@ class SimFleet:
         if self.spec.views == "exact":
             return
         while self._next_scrape <= now:
-            for rep in self.replicas:
-                scraped = rep.scraped(self.spec.dialect)
+            for sid, ranks in self.servers.items():
+                scraped = summed([self.replicas[k].scraped(self.spec.dialect) for k in ranks])
                 for state, capacity in zip(self.states, self.capacity, strict=True):
-                    mark = capacity.mark(rep.id)
-                    state.record_scrape(rep.id, scraped, self._next_scrape)
-                    capacity.observe(rep.id, scraped, mark)
+                    mark = capacity.mark(sid)
+                    state.record_scrape(sid, scraped, self._next_scrape)
+                    capacity.observe(sid, scraped, mark)
             self._next_scrape += self.spec.scrape_interval_s
+
+    def rank_for(self, server: str) -> int:
+        """The replica (index) a request the gateway sent to ``server`` runs on: its own,
+        or the rank its server's balancer picks (fewest waiting x 4 + running, as vLLM's
+        internal balancer scores them; its exact counts, which vLLM's sees a little late)."""
+        ranks = self.servers[server]
+        if len(ranks) == 1:
+            return ranks[0]
+
+        def score(k: int) -> int:
+            sched = self.replicas[k].core.scheduler
+            return len(sched.waiting) * 4 + len(sched.running)
+
+        return min(ranks, key=score)
 
     def add(self, replica: SimReplica, req: WorkloadRequest, token_ids: list[int],
             now: float, shared_len: int | None = None) -> None:
@@ -207,3 +237,24 @@ class SimFleet:
         core.add_request(request, now=now)
         replica.routed += 1
         replica.routed_prompt_tokens += len(token_ids)
+
+
+def summed(pages: list[ScrapedMetrics]) -> ScrapedMetrics:
+    """One server's page of its ranks' figures, as ``parse_metrics`` reads a page of several
+    engines: counts and capacity add up, KV usage is their mean."""
+    if len(pages) == 1:
+        return pages[0]
+
+    def total(values: list[float | None]) -> float | None:
+        return None if any(v is None for v in values) else sum(v or 0.0 for v in values)
+
+    capacity = total([p.kv_capacity_tokens for p in pages])
+    queued = total([p.queued_tokens for p in pages])
+    return ScrapedMetrics(
+        dialect=pages[0].dialect, running=sum(p.running for p in pages),
+        waiting=sum(p.waiting for p in pages),
+        kv_usage=sum(p.kv_usage for p in pages) / len(pages),
+        kv_capacity_tokens=None if capacity is None else int(capacity),
+        queued_tokens=None if queued is None else int(queued),
+        hit_tokens=total([p.hit_tokens for p in pages]),
+        query_tokens=total([p.query_tokens for p in pages]))

@@ -247,7 +247,7 @@ class Simulation:
                 capacity = self.fleet.capacity[f.gateway]
                 if not o.finished and capacity.on:  # as the gateway: only for the estimate
                     self._resident[o.request_id] = capacity.resident.started(
-                        rep.id, f.route.prompt_tokens, f.head_key,
+                        f.replica, f.route.prompt_tokens, f.head_key,
                         _output_tokens(rep, o.request_id))
             if o.finished:
                 del self._inflight[o.request_id]
@@ -283,24 +283,25 @@ class Simulation:
         views = self.fleet.views(now, gateway)
         decision = router.policy.choose(route, views)
         self.reasons[decision.reason] += 1
-        self.chosen[req.index] = decision.chosen
-        index = self.fleet.index[decision.chosen]
+        target = decision.chosen  # a replica, or a server whose balancer picks the rank
+        index = self.fleet.rank_for(target)
         rep: SimReplica = replicas[index]
+        self.chosen[req.index] = rep.id
         self.fleet.add(rep, req, ids, now, self.replica_prompts.shared_len(req))
-        work = work_tokens(route, decision, rep.id)
-        pending = self.fleet.states[gateway].sent(rep.id, work, now)
+        work = work_tokens(route, decision, target)
+        pending = self.fleet.states[gateway].sent(target, work, now)
         head = prompt_head_key(parsed) if self.fleet.capacity[gateway].on else 0
-        router.policy.observe(Routed(route, rep.id, views))
+        router.policy.observe(Routed(route, target, views))
         told: tuple[tuple[int, Pending], ...] = ()
         if self.peers:  # as gateway.peers: the others count it and learn what the wire
             # carries of it
-            told = tuple((copy, self.fleet.states[copy].sent(rep.id, work, now))
+            told = tuple((copy, self.fleet.states[copy].sent(target, work, now))
                          for copy in range(len(self.routers)) if copy != gateway)
-            heard = peer_route(route, rep.id, now)
+            heard = peer_route(route, target, now)
             if heard is not None:
                 for copy, _ in told:
-                    self.policies[copy].observe(Routed(heard, rep.id))
-        self._inflight[f"req{req.index}"] = _InFlight(req, route, rep.id, pending, gateway,
+                    self.policies[copy].observe(Routed(heard, target))
+        self._inflight[f"req{req.index}"] = _InFlight(req, route, target, pending, gateway,
                                                       head, told)
         if rep.busy_until is None:
             self._start_step(index, now)
@@ -459,6 +460,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "are not the gateway's, so no prompt matches them")
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="seconds of virtual time between scrapes")
+    parser.add_argument("--ranks-hidden", type=int, default=1, metavar="N",
+                        help="the replicas are servers of N data-parallel ranks each, whose "
+                             "own balancer picks the rank by queue (vLLM's internal one); "
+                             "the gateway routes to the servers (default 1: to each "
+                             "replica, as with data_parallel_size)")
     parser.add_argument("--gateways", type=int, default=1,
                         help="gateway copies, each given a random share of the requests")
     parser.add_argument("--peers", action="store_true",
@@ -539,7 +545,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       max_num_seqs=pick(args.max_num_seqs, scenario.max_num_seqs),
                       eviction=args.eviction, views=args.views, dialect=args.dialect,
                       scrape_interval_s=args.scrape_interval,
-                      capacity_estimate=args.capacity_estimate, kv_events=args.kv_events)
+                      capacity_estimate=args.capacity_estimate, kv_events=args.kv_events,
+                      ranks_hidden=args.ranks_hidden)
     fleet.validate()
     rate = args.rate if args.rate is not None else scenario.rate * args.replicas / 8
     if hasattr(spec, "rate"):  # the workload times its own arrivals
