@@ -176,3 +176,14 @@ def test_a_request_without_an_answer_says_what_the_connection_did(tmp_path):
     done = [s for s in written if not s.get("unfinished")]
     assert done and all(s["error"].startswith("no answer: ") for s in done)
     assert all("Connection" in s["error"] or "closed" in s["error"] for s in done), done
+
+
+def test_no_request_due_after_the_runs_end_is_sent(tmp_path):
+    """A request that falls due once the run's time is up is not the run's: a client that
+    drew it before the end does not send it while the run's clients drain."""
+    with _replica(0.0, False, _ANSWERS["stream"]) as port:
+        samples = _locust_samples(tmp_path, f"http://127.0.0.1:{port}", users=30, rate=10)
+    sent = [s for s in samples if not s.get("unsent")]
+    assert sent and all(s["ok"] for s in sent)
+    # a 2 s run: every request sent fell due within it (spawning takes a moment more)
+    assert max(s["due_s"] for s in sent) < 2.25

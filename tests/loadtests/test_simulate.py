@@ -370,3 +370,27 @@ def test_a_seed_set_as_a_workload_parameter_is_refused_naming_the_option() -> No
     with pytest.raises(SystemExit, match="--seed"):
         main(["--scenario", "contracts-400", "--requests", "10", "--policies",
               "round_robin", "--set", "seed=5"])
+
+
+def test_routing_to_the_ranks_keeps_the_hits_a_servers_balancer_loses() -> None:
+    requests = generate(SMALL_LIBRARY, 1200)
+    arrivals = poisson_arrivals(len(requests), SMALL_RATE, 1)
+    ranks = simulate(requests, arrivals, build_policy("cost"), SMALL_LRU)
+    hidden = simulate(requests, arrivals, build_policy("cost"),
+                      dataclasses.replace(SMALL_LRU, ranks_hidden=2))
+    assert ranks.token_hit_rate > hidden.token_hit_rate + 0.05
+    # the servers' balancer uses every rank
+    assert all(n > 0 for n in hidden.replica_requests)
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"ranks_hidden": 3}, "ranks_hidden"),  # 4 replicas are no servers of 3
+    ({"ranks_hidden": 0}, "ranks_hidden"),
+    ({"ranks_hidden": 2, "views": "exact"}, "ranks_hidden"),
+    ({"ranks_hidden": 2, "kv_events": True}, "ranks_hidden"),
+])
+def test_ranks_the_simulator_cannot_hide_are_refused(change: dict[str, object],
+                                                     named: str) -> None:
+    spec: FleetSpec = dataclasses.replace(SMALL_LRU, **change)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=named):
+        spec.validate()
