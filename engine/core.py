@@ -78,6 +78,12 @@ class EngineCore:
             raise ValueError(
                 f"executor block_size {executor.block_size} != config {config.block_size}"
             )
+        held = getattr(executor, "num_blocks", None)  # an executor that holds the KV cache
+        if held is not None and held < config.num_blocks:
+            # block ids past its cache fail every step that is handed one, and three failed
+            # steps in a row stop the engine
+            raise ValueError(f"executor holds {held} KV blocks, fewer than config num_blocks "
+                             f"{config.num_blocks}")
         self.executor = executor
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.eviction)
