@@ -70,15 +70,23 @@ class GPUSpec:
             v = getattr(self, f.name)
             if f.name != "name" and not _finite(v):
                 raise ValueError(f"gpu.{f.name} must be a finite number, got {v!r}")
-        for key in ("peak_tflops", "hbm_tb_per_s"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"gpu.{key} must be positive, got {getattr(self, key)!r}")
+        for key, (low, high) in _GPU_BOUNDS.items():
+            if not low <= getattr(self, key) <= high:
+                raise ValueError(f"gpu.{key} must be within [{low:g}, {high:g}] (a "
+                                 f"device's), got {getattr(self, key)!r}")
         for key in ("compute_efficiency", "bandwidth_efficiency"):
             v = getattr(self, key)
             if not 0 < v <= 1:
                 raise ValueError(f"gpu.{key} must be in (0, 1], got {v!r}")
-        if self.step_overhead_ms < 0:
-            raise ValueError(f"gpu.step_overhead_ms must be >= 0, got {self.step_overhead_ms}")
+        if not 0 <= self.step_overhead_ms <= _MAX_STEP_OVERHEAD_MS:
+            raise ValueError(f"gpu.step_overhead_ms must be within [0, "
+                             f"{_MAX_STEP_OVERHEAD_MS:g}] (a step's fixed cost is a few ms), "
+                             f"got {self.step_overhead_ms}")
+
+
+# what a device can be: past these a simulated step takes hours, and the engine stalls
+_GPU_BOUNDS = {"peak_tflops": (0.01, 1e5), "hbm_tb_per_s": (0.001, 1e3)}
+_MAX_STEP_OVERHEAD_MS = 1000.0
 
 
 def _finite(v: object) -> bool:
