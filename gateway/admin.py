@@ -111,10 +111,12 @@ async def add_replica(request: Request) -> Response:
     ranks = config.ranks()  # one member per data-parallel rank (gateway.data_parallel)
     for rank in ranks:
         _check_reachable(gw, rank)
-    for rank in ranks:
-        if gw.fleet.get(rank.id) is not None or _ranks_of(gw, rank.id):
-            raise BadRequest(f"replica {rank.id!r} already exists", param="id",
-                             code="duplicate_replica")
+    # an id of its own or of its ranks taken, or (for one of one rank) ranks of its id
+    taken = next((r.id for r in ranks if gw.fleet.get(r.id) is not None), None) \
+        or (config.id if _ranks_of(gw, config.id) else None)
+    if taken is not None:
+        raise BadRequest(f"replica {taken!r} already exists", param="id",
+                         code="duplicate_replica")
     joined: list[str] = []
     try:
         for rank in ranks:

@@ -140,9 +140,8 @@ class ReplicaConfig:
             if named is not None:  # ids of that form are the ranks' own
                 raise ValueError(f"replica id {self.id!r} ends like a data-parallel rank's "
                                  "(.dp<number>): choose another")
-            if size > 1:  # each rank's own (its event endpoints: past port 65535?)
-                for rank_config in self.ranks():
-                    rank_config.validate()
+            if size > 1:  # its last rank's: the longest id, the event ports offset most
+                self.ranks()[-1].validate()
         elif type(rank) is not int or not 0 <= rank < size or named != rank:
             raise ValueError(f"data_parallel_rank {rank!r} is no rank of replica {self.id!r} "
                              f"of data_parallel_size {size}")

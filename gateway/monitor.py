@@ -250,15 +250,15 @@ class Monitor:
             return
         snapshots, named = pages
         if named is not None:
-            self._check_ranks(first, named)
+            self._check_ranks(first.id, first.config.data_parallel_size, named)
         for state, metrics, mark in zip(states, snapshots, marks, strict=True):
             await self._scraped(state, metrics, mark)
 
-    def _check_ranks(self, rank: ReplicaState, named: frozenset[str]) -> None:
+    def _check_ranks(self, rank_id: str, size: int, named: frozenset[str]) -> None:
         """Warn once per replica whose /metrics name other ranks than its
         ``data_parallel_size`` (a size that is not the server's: requests pinned to a rank
         it does not have are refused there)."""
-        group, size = group_of(rank.id), rank.config.data_parallel_size
+        group = group_of(rank_id)
         expected = frozenset(str(k) for k in range(size))
         if named == expected or group in self._ranks_told:
             return
@@ -288,4 +288,5 @@ def _parse(text: str, states: list[ReplicaState]
     if first.data_parallel_rank is None:
         return [parse_metrics(text)], None
     pages = parse_rank_metrics(text, first.data_parallel_size)
-    return [pages.snapshots[s.config.data_parallel_rank or 0] for s in states], pages.named
+    ranks = [s.config.data_parallel_rank for s in states]
+    return [pages.snapshots[rank] for rank in ranks if rank is not None], pages.named

@@ -75,6 +75,7 @@ _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its 
 _SHUTDOWN = "shutdown"  # the cut of an answer the gateway's shutdown ended
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
 _IDENTITY = frozenset(("identity", ""))  # content-encodings whose bytes are the body
+_UNPARSED = object()  # a held body not parsed yet
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
@@ -267,6 +268,7 @@ class UpstreamStream:
         self._body = [] if self.stream else [first_chunk]
         self._body_bytes = len(first_chunk)
         self._body_held = True
+        self._answer: Any = _UNPARSED  # the held body parsed (``_held_answer``)
         self._events: int | None = None  # SSE events relayed, once count_events() asks
         self.first_sent_at: float | None = None  # perf_counter when the client got a chunk
         self._closed = False
@@ -555,7 +557,7 @@ class UpstreamStream:
         self.fleet.done(self.pending)
         if self.signs.failed_statuses and not self.stream and self.status < 400 \
                 and self.error_status is None and self._body_held:
-            self.error_status = _failed_status(b"".join(self._body), self.signs)
+            self.error_status = _failed_status(self._held_answer(), self.signs)
         whole = (ok or self._delivered) and self.status < 400 and self.error_status is None
         state = self.pending.state
         if whole and state is not None:
@@ -564,6 +566,16 @@ class UpstreamStream:
         # left to the garbage collector with everything the request made)
         on_done, self.on_done = self.on_done, _told
         on_done(self, whole)
+
+    def _held_answer(self) -> Any:
+        """The whole body held, parsed once (None when it is no JSON): the failed-status
+        check at close and the usage after it both read it."""
+        if self._answer is _UNPARSED:
+            try:
+                self._answer = orjson.loads(b"".join(self._body))
+            except ValueError:
+                self._answer = None
+        return self._answer
 
     def usage(self) -> Usage | None:
         """The body's ``usage`` (a stream's last one), if it reports prompt tokens; parsed
@@ -593,7 +605,7 @@ class UpstreamStream:
         if self.stream:
             usage = _stream_usage(self._tail, self._meta)
         elif self._body_held:
-            usage = _body_usage(b"".join(self._body))
+            usage = _answer_usage(self._held_answer())
         else:  # a body past the capture: its last bytes (not a batch's: its counts are
             # all of its answers')
             usage = _tail_usage(self._tail) \
@@ -652,22 +664,17 @@ def _stream_usage(tail: bytes, meta: bytes | None) -> Any:
         return _tail_usage(tail)
 
 
-def _failed_status(body: bytes, signs: AnswerSigns) -> int | None:
+def _failed_status(answer: Any, signs: AnswerSigns) -> int | None:
     """502 when a whole answer's top-level ``status`` is one of ``signs.failed_statuses``
     (a Responses answer that failed or was cancelled, sent with 200), else None."""
-    try:
-        answer = orjson.loads(body)
-    except ValueError:
-        return None
     status = answer.get("status") if isinstance(answer, dict) else None
     return 502 if status in signs.failed_statuses else None
 
 
-def _body_usage(body: bytes) -> Any:
-    """A whole body's ``usage``, else its ``meta_info``'s counts; None when neither."""
-    try:
-        answer = orjson.loads(body)
-    except ValueError:
+def _answer_usage(answer: Any) -> Any:
+    """A whole (parsed) body's ``usage``, else its ``meta_info``'s counts; None when
+    neither."""
+    if answer is None:
         return None
     if isinstance(answer, dict) and "usage" in answer:
         return answer["usage"] or {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -57,6 +57,9 @@ def parse_metrics(text: str) -> ScrapedMetrics:
     return _snapshot(_samples(text))
 
 
+Sample = tuple[str, dict[str, str], float]  # a sample's name, labels and value
+
+
 class RankPages(NamedTuple):
     snapshots: list[ScrapedMetrics]  # one per rank, in rank order
     named: frozenset[str]  # the ranks the page's samples name
@@ -67,31 +70,27 @@ def parse_rank_metrics(text: str, ranks: int) -> RankPages:
     replica's page: a rank's samples are those labelled with it (vLLM's ``engine``,
     SGLang's ``dp_rank``) and those that name no rank; where no sample names one, the
     replica's counts are shared evenly by its ``ranks``."""
-    by_rank: dict[str | None, list[Sample]] = {}
+    common: list[Sample] = []  # the samples that name no rank
+    by_rank: dict[str, list[Sample]] = {}
     for sample in _samples(text):
         labels = sample[1]
         rank = next((labels[k] for k in RANK_LABELS if k in labels), None)
-        by_rank.setdefault(rank, []).append(sample)
-    common = by_rank.pop(None, [])
-    named = frozenset(rank for rank in by_rank if rank is not None)
+        (common if rank is None else by_rank.setdefault(rank, [])).append(sample)
+    named = frozenset(by_rank)
     if not named:
-        whole = _snapshot(common)
-        return RankPages([_shared(whole, ranks)] * ranks if ranks > 1 else [whole], named)
+        return RankPages([_shared(_snapshot(common), ranks)] * ranks, named)
     return RankPages([_snapshot(common + by_rank.get(str(k), [])) for k in range(ranks)],
                      named)
 
 
-Sample = tuple[str, dict[str, str], float]  # a sample's name, labels and value
-
-
-def _samples(text: str) -> list[Sample]:
+def _samples(text: str) -> Iterator[Sample]:
     """The page's samples with a finite value (NaN or +-Inf: no figure routing can use)."""
-    return [(sample.name, sample.labels, value)
+    return ((sample.name, sample.labels, value)
             for family in text_string_to_metric_families(text)
-            for sample in family.samples if math.isfinite(value := float(sample.value))]
+            for sample in family.samples if math.isfinite(value := float(sample.value)))
 
 
-def _snapshot(samples: list[Sample]) -> ScrapedMetrics:
+def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     capacity: int | None = None
@@ -133,11 +132,6 @@ def _snapshot(samples: list[Sample]) -> ScrapedMetrics:
                 return sums[name] / counts[name]
         return None
 
-    return _figures(get, mean, capacity)
-
-
-def _figures(get: Callable[..., float | None], mean: Callable[..., float | None],
-             capacity: int | None) -> ScrapedMetrics:
     queued = get(m.PROMPT_TOKENS_WAITING)
     if get(m.NUM_REQUESTS_RUNNING) is not None:
         return ScrapedMetrics(

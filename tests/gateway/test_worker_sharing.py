@@ -424,3 +424,36 @@ def test_no_kv_capacity_is_estimated_while_the_load_is_shared(
         assert CapacityEstimator(Fleet(list(REPLICAS))).on is True
     finally:
         load.close()
+
+
+def test_the_newer_listing_of_a_replicas_models_wins(feed_block: shared_memory.SharedMemory
+                                                     ) -> None:
+    replicas = [ReplicaConfig("r0", "http://127.0.0.1:9")]
+    leader_fleet, follower_fleet = Fleet(list(replicas)), Fleet(list(replicas))
+    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
+                     True, failures_to_eject=2, successes_to_readmit=1)
+    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
+                       follower_fleet, False, failures_to_eject=2, successes_to_readmit=1)
+    ours, theirs = leader_fleet.get("r0"), follower_fleet.get("r0")
+    assert ours is not None and theirs is not None
+    try:
+        ours.model_info, ours.models_at = {"m": ModelInfo(max_model_len=4096)}, 10.0
+        leader.publish()
+        assert follower.poll()
+        assert theirs.model_info == ours.model_info
+        # the follower listed the replica on a miss: an adapter loaded since
+        theirs.model_info = {"m": ModelInfo(max_model_len=4096), "m-lora": ModelInfo()}
+        theirs.models_at = 20.0
+        leader_fleet.record_health("r0", True, None, 2, 1)  # the leader's older listing
+        leader.publish()                                    # travels on with its check
+        assert follower.poll()
+        assert theirs.checks == 1 and set(theirs.model_info) == {"m", "m-lora"}
+        # the leader lists it again later: the adapter was unloaded meanwhile
+        ours.models_at, ours.models_cut = 30.0, True
+        leader.publish()
+        assert follower.poll()
+        assert set(theirs.model_info) == {"m"} and theirs.models_cut
+        assert theirs.models_at == 30.0
+    finally:
+        leader.block.close()
+        follower.block.close()
