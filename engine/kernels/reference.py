@@ -47,6 +47,9 @@ def paged_attention(
     """Causal attention of ``query`` ``[T, H, D]`` over each sequence's cached context.
 
     Returns ``[T, H, D]``; rows outside every sequence's query range stay zero."""
+    if query.shape[0] < meta.query_start_host[-1]:
+        raise ValueError(f"query has {query.shape[0]} rows but the metadata's sequences "
+                         f"span {meta.query_start_host[-1]}")
     out = torch.zeros_like(query)
     num_heads = query.shape[1]
     num_kv_heads = key_cache.shape[2]

@@ -184,6 +184,14 @@ def store_kv(
     )
 
 
+def _check_rows(tokens: int, meta: AttentionMetadata) -> None:
+    """The kernel reads query rows up to the last sequence's end: fewer rows would be read
+    past the tensor (garbage, or an illegal address on a GPU)."""
+    if tokens < meta.query_start_host[-1]:
+        raise ValueError(f"query has {tokens} rows but the metadata's sequences span "
+                         f"{meta.query_start_host[-1]}")
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -205,6 +213,7 @@ def paged_attention(
                          f"{tuple(key_cache.shape)}")
     if query.stride(-1) != 1:
         raise ValueError("query head_dim must be contiguous")
+    _check_rows(tokens, meta)
     for name, t, dtype in (("block_tables", meta.block_tables, torch.int32),
                            ("query_start_loc", meta.query_start_loc, torch.int32),
                            ("seq_lens", meta.seq_lens, torch.int32)):

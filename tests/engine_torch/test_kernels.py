@@ -120,3 +120,12 @@ def test_wrappers_reject_bad_inputs() -> None:
     meta = build_metadata([(0, 3, [0])], BLOCK_SIZE)
     with pytest.raises(ValueError, match="does not fit"):
         triton_ops.paged_attention(torch.zeros(3, 3, HEAD_DIM), cache, cache, meta, 1.0)
+
+
+def test_fewer_query_rows_than_the_metadata_spans_are_refused() -> None:
+    cache = torch.zeros(4, BLOCK_SIZE, 2, HEAD_DIM)
+    meta = build_metadata([(0, 3, [0]), (0, 2, [1])], BLOCK_SIZE)
+    query = torch.zeros(4, 2, HEAD_DIM)  # the sequences span 5 rows
+    for attend in (triton_ops.paged_attention, reference.paged_attention):
+        with pytest.raises(ValueError, match="4 rows but the metadata's sequences span 5"):
+            attend(query, cache, cache, meta, 1.0)
