@@ -78,13 +78,30 @@ class TorchExecutor:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
-        # Left uninitialised: a position is always written before anything reads it, and
-        # untouched pages of a large CPU pool then cost no memory.
-        self.kv_caches: list[KVCache] = [
-            (torch.empty(shape, dtype=self.dtype, device=self.device),
-             torch.empty(shape, dtype=self.dtype, device=self.device))
-            for _ in range(self.config.num_layers)
-        ]
+        self.kv_caches: list[KVCache] = self._allocate(shape)
+
+    def _allocate(self, shape: tuple[int, int, int, int]) -> list[KVCache]:
+        """One key and one value tensor of ``shape`` per layer, left uninitialised (a
+        position is always written before anything reads it, and untouched pages of a large
+        CPU pool then cost no memory). ``ValueError`` naming the pool's size when the device
+        cannot hold it beside the model's weights (a CUDA out-of-memory error, or the host
+        allocator's refusal), instead of the allocator's traceback."""
+        caches: list[KVCache] = []
+        try:
+            for _ in range(self.config.num_layers):
+                caches.append((torch.empty(shape, dtype=self.dtype, device=self.device),
+                               torch.empty(shape, dtype=self.dtype, device=self.device)))
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one
+            caches.clear()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            pool = self.num_blocks * self.block_size * self.bytes_per_token
+            raise ValueError(
+                f"a KV cache of {self.num_blocks:,} blocks of {self.block_size} tokens "
+                f"({pool / 2**30:.4g} GiB) does not fit in the memory of {self.device} "
+                f"beside the model's weights: lower --kv-cache-gib "
+                f"({str(exc).splitlines()[0][:200]})") from None
+        return caches
 
     @classmethod
     def from_dir(
