@@ -300,6 +300,8 @@ REJECTED = ("400", "401", "403", "404", "408", "413", "429", "499", "503")  # be
 UNANSWERED = ("502", "504")  # routed, every replica tried failed before its first byte
 RETRY_CAUSES = ("connect", "5xx", "broken", "timeout", "idle_timeout", "ejected")
 CUT_CAUSES = ("broken", "idle_timeout", "ejected")
+# the route of requests relayed without a routing decision (embeddings, rerank, score...)
+PASSTHROUGH_ROUTE = "passthrough"
 
 
 class GatewayMetrics:
@@ -345,7 +347,10 @@ class GatewayMetrics:
                                "the request went out)", ["replica", "cause"], registry=r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
         # (multiprocess mode cannot remove a series: no model label is given back there)
-        self.answers = AnswerMetrics(r, fleet.lists, reasons, evict=not multiprocess_dir)
+        # the routes a request's series are labelled with: the policy's reasons, and
+        # pass-through (whose prompt and cached tokens are not counted)
+        routes = (*reasons, PASSTHROUGH_ROUTE)
+        self.answers = AnswerMetrics(r, fleet.lists, routes, evict=not multiprocess_dir)
         self.exposed = r  # what GET /metrics serves
         # with worker processes: per-worker counts, copied into the summed figures
         self.mirror: MetricMirror | None = None
@@ -355,7 +360,7 @@ class GatewayMetrics:
             self.exposed.register(_CurrentReplicas(
                 MultiProcessCollector(None, multiprocess_dir), fleet, self.mirror))
         self.export(_FleetCollector(fleet))
-        self.reasons = reasons
+        self.routes = routes
         # label children bound once: labels() locks and checks on every call
         self._bound: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._children: dict[str, dict[tuple[Any, tuple[str, ...]], None]] = {}
@@ -369,7 +374,7 @@ class GatewayMetrics:
         for route in reasons:
             self.prompt_tokens.labels(route=route)
             self.cached_tokens.labels(route=route)
-        for route in ("none", *reasons):
+        for route in ("none", *routes):
             for status in REJECTED if route == "none" else (*REJECTED, *UNANSWERED):
                 self.requests.labels(replica="none", route=route, status=status)
         for state in fleet:
@@ -384,7 +389,7 @@ class GatewayMetrics:
 
     def _replica_added(self, replica: str) -> None:
         self._drop_departed()
-        for route in self.reasons:
+        for route in self.routes:
             for status in ("200", "502"):
                 self._child(self.requests, replica, route, status)
         for cause in RETRY_CAUSES:

@@ -30,6 +30,7 @@ from gateway.intake import (
     read_timed_body,
     take_place,
 )
+from gateway.metrics import PASSTHROUGH_ROUTE
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
 from gateway.state import GatewayState
@@ -38,7 +39,7 @@ from kvwire.openai_schema import BadRequest, OpenAIError, json_object
 
 PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize",
          "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank")
-ROUTE = "passthrough"
+ROUTE = PASSTHROUGH_ROUTE
 # what runs no model over the request's text (no prefix cache to keep tenants apart in)
 _NO_CACHE = frozenset({"/tokenize", "/detokenize"})
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import gateway.admin
 import gateway.app  # every error the gateway answers with, imported
+from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from kvwire.openai_schema import OpenAIError
@@ -41,3 +42,19 @@ def test_refusals_before_any_replica_have_their_series_from_the_start() -> None:
                if metrics.registry.get_sample_value("kvgate_requests_total", {
                    "replica": "none", "route": route, "status": status}) is None]
     assert missing == []
+
+
+def test_pass_through_requests_have_their_series_from_the_start() -> None:
+    metrics = GatewayMetrics(Fleet([ReplicaConfig(id="r0", url="http://127.0.0.1:9")]),
+                             REASONS)
+    samples = [("kvgate_requests_total", {"replica": "r0", "route": "passthrough",
+                                          "status": "200"}),
+               ("kvgate_requests_total", {"replica": "none", "route": "passthrough",
+                                          "status": "503"}),
+               ("kvgate_requests_total", {"replica": "none", "route": "passthrough",
+                                          "status": "502"})]
+    assert [metrics.registry.get_sample_value(name, labels) for name, labels in samples] \
+        == [0.0, 0.0, 0.0]
+    # a pass-through request reports no prompt or cached tokens: no such series
+    assert metrics.registry.get_sample_value("kvgate_prompt_tokens_total",
+                                             {"route": "passthrough"}) is None
