@@ -18,6 +18,21 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
+# a log axis cannot show 0: TTFT samples below this are drawn at it (and counted in the
+# axis label), so the CDF still starts from its true fraction instead of losing them
+CDF_FLOOR_S = 0.001
+
+
+def cdf_points(samples: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The empirical CDF of ``samples`` for a log axis: sorted values (those below
+    ``CDF_FLOOR_S`` raised to it), the fraction at or below each, and how many were
+    raised."""
+    values = np.sort(np.asarray(samples, dtype=float))
+    frac = np.arange(1, len(values) + 1) / max(1, len(values))
+    below = int(np.count_nonzero(values < CDF_FLOOR_S))
+    return np.maximum(values, CDF_FLOOR_S), frac, below
+
+
 def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[float]]],
                   *, upper_bound: float | None = None, static_oracle: float | None = None,
                   title: str = "") -> Path:
@@ -47,15 +62,18 @@ def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[
     ax_hit.set_yticks(np.linspace(0, 1, 6))
     ax_hit.set_ylabel("token hit rate (cached / prompt tokens)")
     ax_hit.tick_params(axis="x", rotation=15)
+    floored = 0
     for i, name in enumerate(names):
-        samples = np.sort(np.asarray(results[name][1], dtype=float))
+        samples = np.asarray(results[name][1], dtype=float)
         if len(samples) == 0:
             continue
-        frac = np.arange(1, len(samples) + 1) / len(samples)
         p95 = float(np.percentile(samples, 95))
-        ax_cdf.plot(samples, frac, color=f"C{i}", label=f"{name} (p95 {p95:.2f} s)")
+        xs, frac, below = cdf_points(samples)
+        floored += below
+        ax_cdf.plot(xs, frac, color=f"C{i}", label=f"{name} (p95 {p95:.2f} s)")
     ax_cdf.set_xscale("log")
-    ax_cdf.set_xlabel("time to first token (s, log scale)")
+    ax_cdf.set_xlabel("time to first token (s, log scale)" + (
+        f"; {floored} under {CDF_FLOOR_S * 1000:g} ms drawn at it" if floored else ""))
     ax_cdf.set_ylabel("fraction of requests")
     ax_cdf.axhline(0.95, color="grey", linewidth=0.5)
     ax_cdf.legend(loc="lower right", fontsize="small")
