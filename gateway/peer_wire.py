@@ -123,6 +123,14 @@ MAX_CHUNKS = (MAX_FRAME - 4096) // 4
 MAX_CHUNK_TOKENS = 65536.0
 
 
+def told_to_peers(request: RouteRequest) -> bool:
+    """Whether a route of ``request`` is sent to the peers at all. Not one a policy keyed by
+    its token ids alone (``chunk_chars: 0``): the wire never carries them, and the peers'
+    policies would learn an empty prompt (one sharing nothing, which unlearned their common
+    prefix)."""
+    return not (len(request.tokens) and not len(request.chunks))
+
+
 def routed_frame(request: RouteRequest, replica: str) -> bytes:
     meta = orjson.dumps({"replica": replica, "model": request.model, "tenant": request.tenant,
                          "salt": request.cache_salt, "affinity": request.affinity_key})

@@ -77,6 +77,7 @@ from gateway.peer_wire import (
     sender_proof,
     sent_frame,
     seq_frame,
+    told_to_peers,
 )
 from policies.base import Policy, Routed, RouteRequest
 
@@ -298,11 +299,9 @@ class Peers:
 
     # -- what this copy sends ---------------------------------------------------------------
     def routed(self, request: RouteRequest, replica: str) -> None:
-        """This copy sends ``request`` to ``replica`` (its policy observed ``Routed``).
-        Not told when the policy keyed it by its token ids alone (``chunk_chars: 0``):
-        the wire never carries them, and the peers' policies would learn an empty prompt
-        (one sharing nothing, which unlearned their common prefix)."""
-        if self.counts.links_up and not (len(request.tokens) and not len(request.chunks)):
+        """This copy sends ``request`` to ``replica`` (its policy observed ``Routed``),
+        unless ``told_to_peers`` says no route of it is."""
+        if self.counts.links_up and told_to_peers(request):
             try:
                 self._broadcast(routed_frame(request, replica))
             except WireError as exc:  # (a long affinity key): each link's frame lost

@@ -39,6 +39,7 @@ from gateway.peer_wire import (
     frame_length,
     parse_frame,
     routed_frame,
+    told_to_peers,
 )
 from gateway.request_parse import ParsedRequest
 from gateway.resident_requests import Resident, prompt_head_key
@@ -111,9 +112,9 @@ def peer_route(route: RouteRequest, replica: str, now: float) -> RouteRequest | 
     """``route`` as the other gateway copies' policies learn it (``gateway.peers``): through
     the wire's own frame (``peer_wire.routed_frame``), which carries the prompt's piece
     hashes and never its token ids; None where a copy tells nothing: a route keyed by its
-    token ids alone (``chunk_chars: 0``, as ``Peers.routed`` skips it) or one the wire
-    refuses (a long affinity key)."""
-    if len(route.tokens) and not len(route.chunks):
+    token ids alone (``peer_wire.told_to_peers``) or one the wire refuses (a long affinity
+    key)."""
+    if not told_to_peers(route):
         return None
     try:
         frame = routed_frame(route, replica)
