@@ -16,6 +16,7 @@ import torch
 
 from engine import kernels
 from engine.executor import Batch, SeqWork, StepResult
+from engine.kernels.metadata import BlockIdsOutOfRange
 from engine.model.config import ModelConfig, kv_bytes_per_token
 from engine.model.llama import CausalLM, KVCache
 from engine.model.loader import load_model
@@ -173,13 +174,17 @@ class TorchExecutor:
         sequence's rows start (``starts[i]:starts[i + 1]``, one more entry than seqs)."""
         for s in seqs:
             self._validate(s)
-        meta = kernels.build_metadata(
-            [(s.start, len(s.token_ids), s.block_ids) for s in seqs], self.block_size,
-            self.device)
+        try:
+            meta = kernels.build_metadata(
+                [(s.start, len(s.token_ids), s.block_ids) for s in seqs], self.block_size,
+                self.device, num_blocks=self.num_blocks)
+        except BlockIdsOutOfRange as exc:
+            raise ValueError(f"request {seqs[exc.index].request_id}: block ids {exc.ids} "
+                             f"outside [0, {exc.limit})") from None
         input_ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.int64,
                                  device=self.device)
-        positions = torch.cat([torch.arange(s.start, s.context_len) for s in seqs])
-        hidden = self.model(input_ids, positions.to(self.device), self.kv_caches, meta)
+        assert meta.positions is not None  # build_metadata sets them
+        hidden = self.model(input_ids, meta.positions, self.kv_caches, meta)
         return hidden, list(meta.query_start_host)
 
     def prompt_logprobs(self, hidden: torch.Tensor, targets: Sequence[int], top: int
@@ -217,10 +222,6 @@ class TorchExecutor:
         if token is not None:  # checked here: on a GPU the embedding lookup would assert
             raise ValueError(f"request {s.request_id}: token id {token} is outside the "
                              f"model's vocabulary [0, {vocab}) (its config.json vocab_size)")
-        bad = [b for b in s.block_ids if not 0 <= b < self.num_blocks]
-        if bad:
-            raise ValueError(f"request {s.request_id}: block ids {bad[:4]} outside "
-                             f"[0, {self.num_blocks})")
         window = self.config.sliding_window
         if window is not None and s.context_len > window:
             raise ValueError(f"request {s.request_id}: context {s.context_len} exceeds the "
