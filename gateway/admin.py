@@ -29,7 +29,7 @@ from gateway.data_parallel import group_of
 from gateway.forwarding import request_id_header
 from gateway.intake import take_in
 from gateway.layout_audit import AuditReport, audit
-from gateway.membership import ADMIN, join, leave
+from gateway.membership import ADMIN, join_all, leave
 from gateway.state import GatewayState
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
 from kvwire.request_edge import ErrorBoundary, read_body
@@ -117,16 +117,16 @@ async def add_replica(request: Request) -> Response:
     if taken is not None:
         raise BadRequest(f"replica {taken!r} already exists", param="id",
                          code="duplicate_replica")
-    joined: list[str] = []
     try:
-        for rank in ranks:
-            await join(gw, rank, ADMIN, forward_auth=False)
-            joined.append(rank.id)
+        states = await join_all(gw, ranks, ADMIN, forward_auth=False)
     except ValueError as exc:  # no room: the fleet at its limit, or no slot left in the
-        # workers' shared accounting (the ranks that joined leave again)
-        for rid in joined:
-            leave(gw, rid)
+        # workers' shared accounting (no rank joined)
         raise BadRequest(str(exc), param="id", code="replica_slots_full") from exc
+    # a DELETE while its health was checked: what is left of it, if anything
+    joined = [s.id for s in states if gw.fleet.get(s.id) is s]
+    if not joined:
+        raise NotFound(f"replica {config.id!r} was removed while it was being added",
+                       code="replica_removed")
     if config.data_parallel_size == 1:
         return JSONResponse(_replica_json(gw, config.id), status_code=201)
     return JSONResponse({"id": config.id, "ranks": [_replica_json(gw, rid) for rid in joined]},

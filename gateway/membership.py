@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.config import ReplicaConfig
@@ -35,10 +35,26 @@ async def join(gw: GatewayState, config: ReplicaConfig, source: str,
                forward_auth: bool = True) -> ReplicaState:
     """Add a replica (ValueError if its id is taken, or no room is left) and check its
     health at once: routing counts on it only once that check passed."""
-    state = gw.fleet.add(config, forward_auth=forward_auth, source=source,
-                         checked_first=gw.monitor is not None)
-    await _checked(gw, state)
-    return state
+    return (await join_all(gw, [config], source, forward_auth))[0]
+
+
+async def join_all(gw: GatewayState, configs: Sequence[ReplicaConfig], source: str,
+                   forward_auth: bool = True) -> list[ReplicaState]:
+    """``join`` for replicas that come and go together (the ranks of one data-parallel
+    replica): all of them are added before any is checked, or none (ValueError, as
+    ``join``), so a removal while they are checked finds them all; their checks run at
+    once, so a server that does not answer costs one health timeout, not one per rank."""
+    states: list[ReplicaState] = []
+    try:
+        for config in configs:
+            states.append(gw.fleet.add(config, forward_auth=forward_auth, source=source,
+                                       checked_first=gw.monitor is not None))
+    except ValueError:
+        for state in states:
+            leave(gw, state.id)
+        raise
+    await asyncio.gather(*(_checked(gw, state) for state in states))
+    return states
 
 
 async def _checked(gw: GatewayState, state: ReplicaState) -> None:
