@@ -111,9 +111,11 @@ async def add_replica(request: Request) -> Response:
     ranks = config.ranks()  # one member per data-parallel rank (gateway.data_parallel)
     for rank in ranks:
         _check_reachable(gw, rank)
-    # an id of its own or of its ranks taken, or (for one of one rank) ranks of its id
+    # an id of its ranks taken, or its own: by a replica of one rank, or of ranks (then
+    # DELETE /admin/replicas/<id> would name two replicas)
     taken = next((r.id for r in ranks if gw.fleet.get(r.id) is not None), None) \
-        or (config.id if _ranks_of(gw, config.id) else None)
+        or (config.id if gw.fleet.get(config.id) is not None or _ranks_of(gw, config.id)
+            else None)
     if taken is not None:
         raise BadRequest(f"replica {taken!r} already exists", param="id",
                          code="duplicate_replica")

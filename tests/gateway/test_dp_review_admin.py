@@ -84,3 +84,17 @@ def test_the_ranks_of_an_added_replica_are_checked_at_once(serve: Serve) -> None
     # one after another, each rank's check waited out the others (a server that does not
     # answer took each rank's whole health timeout in turn)
     assert [r["healthy"] for r in added.json()["ranks"]] == [True, True, True]
+
+
+def test_a_replica_of_ranks_may_not_take_the_id_of_a_replica_of_one(serve: Serve) -> None:
+    async def ok() -> int:
+        return 200
+
+    front = serve(_dp_server(ok))
+    gw = start_gateway(serve, [("a", front.url)], health=_JOIN_CHECKS_ONLY)
+    taken = httpx.post(f"{gw.admin}/admin/replicas", headers=AUTH,
+                       json={"id": "a", "url": front.url, "data_parallel_size": 2})
+    assert taken.status_code == 400, taken.text
+    assert taken.json()["error"]["code"] == "duplicate_replica"
+    assert "'a'" in taken.json()["error"]["message"]
+    assert _ids(gw) == ["a"]  # DELETE /admin/replicas/a names one replica still
