@@ -53,7 +53,9 @@ class Monitor:
         self._tasks: list[asyncio.Task[None]] = []
         self._models_round: asyncio.Task[None] | None = None  # ``refresh_all_models``
         self._models_round_at = -math.inf
-        self._ranks_told: set[str] = set()  # replicas warned of their ranks (_check_ranks)
+        # the data-parallel replicas warned of their ranks, with the size each was warned
+        # at (``_check_ranks``): those still in the fleet
+        self._ranks_told: dict[str, int] = {}
 
     async def start(self) -> None:
         """One health round (so /ready is right from the start), then the loops."""
@@ -197,6 +199,9 @@ class Monitor:
         """Every healthy replica's /metrics, once a page: the data-parallel ranks of one
         replica (``gateway.data_parallel``) share one read and one parse of it."""
         pages: dict[tuple[str, int], list[ReplicaState]] = {}
+        groups = {group_of(s.id) for s in self.fleet if s.config.data_parallel_rank is not None}
+        # a replica gone from the fleet is told again when it comes back
+        self._ranks_told = {g: n for g, n in self._ranks_told.items() if g in groups}
         for s in self.fleet:
             if s.healthy:
                 page = (s.id if s.config.data_parallel_rank is None else s.config.base_url,
@@ -255,14 +260,14 @@ class Monitor:
             await self._scraped(state, metrics, mark)
 
     def _check_ranks(self, rank_id: str, size: int, named: frozenset[str]) -> None:
-        """Warn once per replica whose /metrics name other ranks than its
+        """Warn once per replica and size whose /metrics name other ranks than its
         ``data_parallel_size`` (a size that is not the server's: requests pinned to a rank
         it does not have are refused there)."""
         group = group_of(rank_id)
         expected = frozenset(str(k) for k in range(size))
-        if named == expected or group in self._ranks_told:
+        if named == expected or self._ranks_told.get(group) == size:
             return
-        self._ranks_told.add(group)
+        self._ranks_told[group] = size
         log.warning("replica %s: data_parallel_size is %d, but its /metrics name ranks %s: "
                     "set data_parallel_size to its server's --data-parallel-size "
                     "(--dp-size)", group, size,
