@@ -270,8 +270,7 @@ class Monitor:
         self._ranks_told[group] = size
         log.warning("replica %s: data_parallel_size is %d, but its /metrics name ranks %s: "
                     "set data_parallel_size to its server's --data-parallel-size "
-                    "(--dp-size)", group, size,
-                    ", ".join(sorted(named, key=lambda r: (len(r), r))) or "none")
+                    "(--dp-size)", group, size, _ranks_shown(named))
 
     async def _scraped(self, state: ReplicaState, metrics: ScrapedMetrics,
                        mark: Mark | None) -> None:
@@ -283,6 +282,16 @@ class Monitor:
             await self.refresh_models(state)  # it may serve other models now
         if self.capacity is not None:
             self.capacity.observe(state.id, metrics, mark)
+
+
+def _ranks_shown(named: frozenset[str], shown: int = 8) -> str:
+    """The ranks a page names, for a log line: the first ``shown`` (a page may name
+    thousands, or labels that are no number: those quoted, cut short), then how many more."""
+    ranks = sorted(named, key=lambda r: (len(r), r))
+    text = ", ".join(r if r.isascii() and r.isdigit() and len(r) <= 12 else repr(r[:24])
+                     for r in ranks[:shown])
+    more = f" and {len(ranks) - shown} more" if len(ranks) > shown else ""
+    return text + more if text else "none"
 
 
 def _parse(text: str, states: list[ReplicaState]

@@ -54,3 +54,16 @@ async def test_a_replica_added_again_with_another_wrong_size_is_told_again(
     told = _told(caplog)
     assert len(told) == 2
     assert "data_parallel_size is 3, but its /metrics name ranks 0, 1" in told[1]
+
+
+async def test_a_page_naming_thousands_of_ranks_is_told_in_a_line_of_its_own_size(
+        serve: Serve, caplog: pytest.LogCaptureFixture) -> None:
+    front = serve(_server(5000))
+    fleet = Fleet(ReplicaConfig("dp", front.url, data_parallel_size=2).ranks())
+    async with aiohttp.ClientSession() as session:
+        monitor = Monitor(fleet, session, HealthConfig(timeout_s=5.0),
+                          ScrapeConfig(timeout_s=5.0))
+        await monitor.scrape_round()
+    (told,) = _told(caplog)
+    assert "name ranks 0, 1, 2," in told and "and 4992 more" in told  # 5,000 ranks named
+    assert len(told) < 400
