@@ -29,6 +29,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from starlette.responses import JSONResponse
+
 from engine.generate_params import GenerateParams, usage
 from engine.generation import Generation
 from engine.openai_logprobs import LogprobRenderer, render_prompt_logprobs
@@ -39,6 +41,12 @@ if TYPE_CHECKING:
     from engine.server import EngineServer
 
 _INT64 = 1 << 64
+# a whole answer naming the log probabilities of more tokens than this (prompts' and
+# outputs' in all) is rendered and written out in a worker thread: each token decodes its
+# alternatives and builds their dicts, and an eval harness's echoed prompt of 8,000 tokens
+# held the event loop, every stream on it, for a tenth of a second (a second with 20
+# alternatives)
+_INLINE_LOGPROB_TOKENS = 2000
 
 
 def _dumps(obj: Any) -> str:
@@ -149,13 +157,26 @@ class OpenAIGeneration(Generation):
         return render_prompt_logprobs(self.prompt_ids, self.prompt_logprobs,
                                       self.server.decoder(skip_special_tokens=False))
 
-    async def collect(self) -> dict[str, Any]:
-        """The whole choice, once the engine finished it."""
+    async def read(self) -> tuple[str, str | None]:
+        """The whole choice's text and finish reason, once the engine finished it."""
         parts: list[str] = []
         reason = None
         async for delta, reason in self._deltas():  # noqa: B007
             parts.append(delta)
-        text = "".join(parts)
+        return "".join(parts), reason
+
+    @property
+    def num_logprob_tokens(self) -> int:
+        """The tokens whose log probabilities :meth:`render` names: the outputs' where
+        asked, the prompt's where asked or echoed with them."""
+        n = 0 if self.renderer is None else len(self.token_ids)
+        if self.prompt_logprobs is not None or (self.echoing and self.renderer is not None):
+            n += len(self.prompt_ids)
+        return n
+
+    def render(self, text: str, reason: str | None) -> dict[str, Any]:
+        """The choice object of the whole choice, of ``text`` and ``reason`` (what
+        :meth:`read` returned)."""
         if self.chat:
             return {"index": self.index,
                     "message": {"role": "assistant", "content": self.chat_echo + text},
@@ -202,8 +223,11 @@ class OpenAIGeneration(Generation):
                             {"index": self.index, "delta": {"content": self.chat_echo},
                              "logprobs": None, "finish_reason": None, "stop_reason": None},
                             self.num_prompt, 0)
-                yield StreamChoice(self._choice(delta, reason), self.num_prompt,
-                                   self.num_output)
+                # the chunk echoing a long prompt with its log probabilities: off the loop
+                choice = await asyncio.to_thread(self._choice, delta, reason) \
+                    if self.echoing and self.num_logprob_tokens > _INLINE_LOGPROB_TOKENS \
+                    else self._choice(delta, reason)
+                yield StreamChoice(choice, self.num_prompt, self.num_output)
         finally:
             await gen.aclose()
 
@@ -225,11 +249,21 @@ class OpenAIAnswer:
         return usage(sum(g.num_prompt for g in firsts), sum(g.num_output for g in self.gens),
                      sum(max(0, g.num_cached) for g in firsts))
 
-    async def collect(self) -> dict[str, Any]:
+    async def response(self) -> JSONResponse:
+        """The whole answer, once the engine finished every choice; rendered and written
+        out in a worker thread where it names many log probabilities."""
         try:
-            choices = [await gen.collect() for gen in self.gens]
+            ends = [await gen.read() for gen in self.gens]
         finally:
             abort_unended(self.gens)
+        if sum(g.num_logprob_tokens for g in self.gens) <= _INLINE_LOGPROB_TOKENS:
+            return JSONResponse(self._render(ends))
+        return await asyncio.to_thread(lambda: JSONResponse(self._render(ends)))
+
+    def _render(self, ends: Sequence[tuple[str, str | None]]) -> dict[str, Any]:
+        """The answer object of the choices' ``ends`` (text, finish reason)."""
+        choices = [gen.render(text, reason)
+                   for gen, (text, reason) in zip(self.gens, ends, strict=True)]
         answer: dict[str, Any] = {"id": self.rid,
                   "object": "chat.completion" if self.chat else "text_completion",
                   "created": self.created, "model": self.server.model_name,

@@ -367,7 +367,7 @@ class EngineServer:
         if p.stream:
             return StreamingResponse(answer.sse(), media_type="text/event-stream")
         try:
-            return JSONResponse(await unless_disconnected(request, answer.collect()))
+            return await unless_disconnected(request, answer.response())
         except ClientDisconnected:
             abort_unended(gens)
             raise
