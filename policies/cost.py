@@ -136,6 +136,8 @@ class Cost(Policy):
     def __init__(self, config: CostConfig | None = None) -> None:
         self.config = cfg = config or CostConfig()
         self.chunk_chars = cfg.chunk_chars
+        # the pieces read (``prefix_keys``): a longer prompt's others are not hashed
+        self.chunks_needed = cfg.max_chunks
         self.kv_index = KVIndex(cfg.kv_block_size) if cfg.kv_events else None
         self._rings = RingCache(cfg.vnodes)
         self._mean_prompt = 0.0
