@@ -105,6 +105,19 @@ def _refuse_unsupported(body: Any, chat: bool) -> None:
                              param=name)
 
 
+def check_special_tokens(body: dict[str, Any], chat: bool) -> None:
+    """vLLM's ``add_special_tokens``: a completion's prompt is encoded inside the tokenizer's
+    special tokens and a chat's rendering is not (its template writes its own), as vLLM's
+    defaults (true, false) do; the other value is refused rather than ignored (the
+    gateway routes on the ids those defaults give)."""
+    asked = optional(body, "add_special_tokens", bool, not chat)
+    if asked is chat:
+        raise BadRequest(f"'add_special_tokens' {str(asked).lower()} is not supported by "
+                         f"this engine: a {'chat' if chat else 'completion'}'s prompt is "
+                         f"encoded {'without' if chat else 'with'} the tokenizer's special "
+                         "tokens", param="add_special_tokens")
+
+
 def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -> GenerateParams:
     echo = bool(optional(body, "echo", bool, False)) if isinstance(body, dict) else False
     echo_only = echo and not chat and optional(body, "max_tokens", int, None) == 0
@@ -120,6 +133,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
                          f"makes {fields.num_prompts * n} sequences, more than {MAX_N}",
                          param="prompt")
     _refuse_unsupported(body, chat)
+    check_special_tokens(body, chat)
     batch = _batch(body, fields.num_prompts)
     for ids in [fields.prompt_ids, *batch]:
         bad = next((t for t in ids if t >= vocab_size), None) \

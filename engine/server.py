@@ -31,6 +31,7 @@ from engine.core import EngineCore, StepOutput
 from engine.embeddings import EmbeddingsRoute
 from engine.generate_params import (
     GenerateParams,
+    check_special_tokens,
     context_error,
     each_prompt,
     parse_generate,
@@ -241,6 +242,7 @@ class EngineServer:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
                 raise BadRequest("'prompt' must be a string", param="prompt")
+            check_special_tokens(body, chat=False)
             ids = self.tokenizer.prompt_ids(await self._encode(prompt, for_model=False))
         token_strs = None  # as vLLM's: null unless asked for
         if strs:
