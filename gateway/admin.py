@@ -96,6 +96,10 @@ async def add_replica(request: Request) -> Response:
     try:
         # orjson: no NaN or Infinity, and a nesting bound with an error of its own
         data = orjson.loads(await read_body(request, gw.config.max_body_bytes))
+        if isinstance(data, dict) and data.get("data_parallel_rank") is not None:
+            raise BadRequest("'data_parallel_rank' is set by the gateway on each rank of a "
+                             "replica; give the replica data_parallel_size instead",
+                             param="data_parallel_rank", code="invalid_replica")
         for key in ("api_key_env", "api_key_file"):
             if isinstance(data, dict) and data.get(key) is not None:
                 # read from the gateway's own environment or disk and sent to the URL

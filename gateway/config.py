@@ -417,7 +417,15 @@ class GatewayConfig:
         if self.tokenizer_memo < 0:
             raise ValueError(f"tokenizer_memo must be >= 0, got {self.tokenizer_memo!r}")
         seen: set[str] = set()
+        groups: set[str] = set()  # the configured ids: a replica's, or its ranks' group
         for i, replica in enumerate(self.replicas):
+            if replica.data_parallel_rank is not None:
+                raise ValueError(f"replicas[{i}].data_parallel_rank is set by the gateway on "
+                                 "each rank of a replica; give the replica "
+                                 "data_parallel_size instead")
+            if replica.id in groups:  # ``a`` beside ``a`` of ranks: one DELETE, two replicas
+                raise ValueError(f"replicas[{i}].id {replica.id!r} appears twice")
+            groups.add(replica.id)
             for member in replica.ranks():
                 if member.id in seen:
                     raise ValueError(f"replicas[{i}].id {member.id!r} appears twice")

@@ -89,10 +89,23 @@ def test_bad_data_parallel_settings_are_refused_naming_them(replica: dict[str, o
 
 
 def test_two_replicas_whose_ranks_would_share_an_id_are_refused() -> None:
-    with pytest.raises(ConfigError, match=r"a\.dp0"):
+    with pytest.raises(ConfigError, match=r"replicas\[1\]\.id 'a' appears twice"):
         parse_config({"replicas": [
             {"id": "a", "url": "http://127.0.0.1:8000", "data_parallel_size": 2},
             {"id": "a", "url": "http://127.0.0.1:8001", "data_parallel_size": 2}]})
+
+
+@pytest.mark.parametrize(("second", "named"), [
+    ({"id": "a"}, r"replicas\[1\]\.id 'a' appears twice"),  # one DELETE, two replicas
+    ({"id": "b.dp1", "data_parallel_size": 2, "data_parallel_rank": 1},
+     r"replicas\[1\]\.data_parallel_rank is set by the gateway"),
+])
+def test_a_replica_beside_one_of_ranks_is_refused_where_they_would_mix(
+        second: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        parse_config({"replicas": [
+            {"id": "a", "url": "http://127.0.0.1:8000", "data_parallel_size": 2},
+            {"url": "http://127.0.0.1:8001", **second}]})
 
 
 def test_a_rank_reads_its_own_samples_of_the_replicas_metrics() -> None:
@@ -190,6 +203,10 @@ def test_ranks_join_and_leave_through_the_admin_api_together(serve: Serve) -> No
     again = httpx.post(f"{gw.admin}/admin/replicas", headers=AUTH, json={
         "id": "dp", "url": front.url, "data_parallel_size": 3})
     assert again.status_code == 400 and "dp.dp0" in again.text
+    # a lone rank, added as one: the gateway sets a rank on its ranks' configs only
+    lone = httpx.post(f"{gw.admin}/admin/replicas", headers=AUTH, json={
+        "id": "x.dp1", "url": front.url, "data_parallel_size": 2, "data_parallel_rank": 1})
+    assert lone.status_code == 400 and lone.json()["error"]["param"] == "data_parallel_rank"
     removed = httpx.delete(f"{gw.admin}/admin/replicas/dp", headers=AUTH)
     assert removed.json() == {"removed": "dp", "ranks": ["dp.dp0", "dp.dp1", "dp.dp2"]}
     assert httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()["replicas"] == []
