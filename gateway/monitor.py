@@ -268,6 +268,10 @@ class Monitor:
         if named == expected or self._ranks_told.get(group) == size:
             return
         self._ranks_told[group] = size
+        if not named:  # a server that labels no sample with its rank: supported
+            log.info("replica %s: its /metrics name no data-parallel rank; each of its %d "
+                     "ranks is given an even share of its counts", group, size)
+            return
         log.warning("replica %s: data_parallel_size is %d, but its /metrics name ranks %s: "
                     "set data_parallel_size to its server's --data-parallel-size "
                     "(--dp-size)", group, size, _ranks_shown(named))

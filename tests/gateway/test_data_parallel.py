@@ -5,6 +5,8 @@ and its KV events from its own endpoint."""
 
 from __future__ import annotations
 
+import logging
+
 import aiohttp
 import httpx
 import pytest
@@ -292,3 +294,20 @@ async def test_the_ranks_of_a_replica_share_one_read_of_its_metrics_page(
     # ranks 2 and 3 have no samples on this page (a server of two engines)
     assert queued == {"dp.dp0": 50000, "dp.dp1": 0, "dp.dp2": None, "dp.dp3": None,
                       "solo": 50000}
+
+
+async def test_a_page_that_names_no_rank_is_no_wrong_size(
+        serve: Serve, caplog: pytest.LogCaptureFixture) -> None:
+    async def metrics(request: Request) -> Response:
+        return Response(b"vllm:num_requests_running{model_name=\"m\"} 2.0\n",
+                        media_type="text/plain")
+
+    front = serve(Starlette(routes=[Route("/metrics", metrics)]))
+    fleet = Fleet(ReplicaConfig("dp", front.url, data_parallel_size=2).ranks())
+    caplog.set_level(logging.INFO, logger="kvgate.monitor")
+    async with aiohttp.ClientSession() as session:
+        await Monitor(fleet, session, HealthConfig(timeout_s=5.0),
+                      ScrapeConfig(timeout_s=5.0)).scrape_round()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "replica dp" in r.getMessage()]
+    assert said == [(logging.INFO, "replica dp: its /metrics name no data-parallel rank; "
+                                   "each of its 2 ranks is given an even share of its counts")]
