@@ -27,10 +27,10 @@ Per replica::
 The root names the LoRA adapter a block was computed with: its ``lora_name`` (what clients
 send as the request's ``model``), or for an engine that sends only a ``lora_id``, that id (such
 blocks are never matched: no request names an adapter by its id). A prompt is matched from
-the root of its ``model`` when the index has seen blocks of an adapter by that name; one
-known to be an adapter (``adapter``) the index has seen no block of matches nothing (an
-engine hashes the adapter into its blocks: the base model's are no hit for it); any other
-from the base model's.
+the root of its ``model`` when it is known to be an adapter (``adapter``), or the index has
+seen blocks of an adapter by that name lately (the last ``MAX_ADAPTERS`` names stored
+from): an adapter the index holds no block of matches nothing (an engine hashes the adapter
+into its blocks: the base model's are no hit for it); any other from the base model's.
 
 A stored block whose parent hash the index does not know (evicted meanwhile, or stored
 before this index subscribed) is dropped and counted in ``orphans``: the engine cannot
@@ -59,7 +59,9 @@ from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, 
 from policies.ring import token_bytes
 
 _ROOT = 1337  # parent key of a chain's first block (no adapter)
-MAX_ADAPTERS = 4096  # adapter names kept to match prompts by (a LoRA fleet's adapters)
+# adapter names kept to match prompts by (a LoRA fleet's adapters), those stored from
+# least lately let go first
+MAX_ADAPTERS = 4096
 # blocks a replica may hold in the index (about 200 bytes each) until its KV capacity is
 # known: 2^20 blocks of 16 tokens is 16M tokens, past any one replica's KV
 DEFAULT_BLOCK_LIMIT = 1 << 20
@@ -176,9 +178,9 @@ class KVIndex:
         out = dict.fromkeys(sets, 0)
         root = _ROOT if model is None else self._adapters.get(model)
         if root is None:
-            if adapter:
-                return out
-            root = _ROOT
+            # an adapter's blocks are rooted at its name: looked for there, even when the
+            # index has let the name go (past MAX_ADAPTERS others stored from since)
+            root = root_key(model) if adapter else _ROOT
         alive = [rid for rid, keys in sets.items() if keys]
         bs = self.block_size
         limit = len(tokens) // bs if max_blocks is None else min(max_blocks, len(tokens) // bs)
@@ -241,9 +243,11 @@ class KVIndex:
             return
         if ev.parent_block_hash is None:
             prev = root_key(ev.lora_name, ev.lora_id)
-            if ev.lora_name and ev.lora_name not in self._adapters \
-                    and len(self._adapters) < MAX_ADAPTERS:
-                self._adapters[ev.lora_name] = prev
+            if ev.lora_name:  # kept by recency: the adapters stored from lately
+                adapters = self._adapters
+                if adapters.pop(ev.lora_name, None) is None and len(adapters) >= MAX_ADAPTERS:
+                    del adapters[next(iter(adapters))]
+                adapters[ev.lora_name] = prev
         elif (found := r.by_hash.get(ev.parent_block_hash)) is not None:
             prev = found
         else:
