@@ -47,6 +47,7 @@ import orjson
 
 from gateway import generate_request, responses_request
 from gateway.config import HealthConfig, TimeoutConfig
+from gateway.data_parallel import group_of
 from gateway.errors import FleetBusy, UpstreamError, UpstreamTimeout
 from gateway.first_byte import FirstByteDeadline
 from gateway.fleet import Fleet, Pending, ReplicaState
@@ -773,7 +774,10 @@ class Proxy:
         deadline = time.monotonic() + self.timeouts.first_byte_s
         signs = _SIGNS.get(path, _PLAIN)
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
-        for replica in ranked if stored_elsewhere else ranked[: self.max_attempts]:
+        queue = list(ranked)
+        tries = len(queue) if stored_elsewhere else self.max_attempts
+        while queue and tries:
+            replica, tries = queue.pop(0), tries - 1
             state = self.fleet.get(replica)
             left = deadline - time.monotonic()
             # a later try gets what is left of the request's deadline, unless that is too
@@ -803,6 +807,8 @@ class Proxy:
                 self.fleet.done(pending)
                 attempts.append(Attempted(replica, exc.cause, exc.status))
                 last = exc
+                if exc.cause != "not_stored":
+                    _siblings_last(queue, state)
                 if exc.cause == "busy":  # shedding load: the next replica may not be
                     busy_after.append(exc.retry_after_s)
                     continue
@@ -1001,6 +1007,17 @@ class Proxy:
         self.metrics.cut(stream.replica, stream.cut)
         self.fleet.request_failed(stream.replica, f"answer cut ({stream.cut})",
                                   self.health.request_failures_to_eject, self.health.ejection_s)
+
+
+def _siblings_last(queue: list[str], failed: ReplicaState) -> None:
+    """After a try on a data-parallel rank failed, the other ranks of its server go to the
+    end of ``queue``: they share its API process and its port, so a server that is down,
+    hung or failing fails them too, and two of its ranks failing a request says nothing of
+    the request (``gateway.data_parallel``)."""
+    if failed.config.data_parallel_rank is None:
+        return
+    group = group_of(failed.id)
+    queue.sort(key=lambda rid: group_of(rid) == group)  # stable: the rest keep their order
 
 
 class _Patience:

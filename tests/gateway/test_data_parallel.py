@@ -6,6 +6,7 @@ and its KV events from its own endpoint."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import httpx
@@ -311,3 +312,38 @@ async def test_a_page_that_names_no_rank_is_no_wrong_size(
     said = [(r.levelno, r.getMessage()) for r in caplog.records if "replica dp" in r.getMessage()]
     assert said == [(logging.INFO, "replica dp: its /metrics name no data-parallel rank; "
                                    "each of its 2 ranks is given an even share of its counts")]
+
+
+def test_a_failing_servers_other_ranks_are_tried_after_other_replicas(serve: Serve) -> None:
+    async def failing(request: Request) -> Response:
+        return JSONResponse({"error": {"message": "engine dead"}}, status_code=500)
+
+    async def ok(request: Request) -> Response:
+        return JSONResponse({"choices": [{"index": 0, "text": "x", "finish_reason": "stop"}],
+                             "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                       "total_tokens": 2}})
+
+    def server(complete: Callable[[Request], Awaitable[Response]]) -> Starlette:
+        async def health(request: Request) -> Response:
+            return PlainTextResponse("ok")
+
+        async def models(request: Request) -> Response:
+            return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+        return Starlette(routes=[Route("/v1/completions", complete, methods=["POST"]),
+                                 Route("/health", health), Route("/v1/models", models)])
+
+    broken, fine = serve(server(failing)), serve(server(ok))
+    config = parse_config({
+        "replicas": [{"id": "dp", "url": broken.url, "data_parallel_size": 2},
+                     {"id": "b", "url": fine.url}],
+        "policy": {"name": "round_robin"}, "max_attempts": 2,
+        "admin": {"token": ADMIN_TOKEN, "allow_networks": ["127.0.0.0/8"]}})
+    state = build_state(config)
+    gw = serve(create_app(config, state), http=bounded_protocol(config.limits))
+    # round robin's turns start at each member in turn, the ranks' included: two ranks of
+    # the failing server are never a request's two tries
+    for _ in range(3):
+        r = httpx.post(f"{gw.url}/v1/completions", json={"model": "m", "prompt": "hi"})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvgate-replica"] == "b"
