@@ -183,3 +183,17 @@ def test_a_layout_follows_the_ids_even_when_the_callers_list_is_changed_in_place
     assert [ids[i] for i in owners] == ring.owners
     weights[1] = 2.0
     assert cache.layout(ids, weights)[0].members == {"c": 1.0, "b": 2.0, "a": 1.0}
+
+
+def test_members_points_are_kept_for_the_next_ring_and_bounded() -> None:
+    import policies.ring as ring_module
+
+    members = [(f"keep-{i}", 1.0) for i in range(8)]
+    first = Ring(members, 64)
+    again = Ring([*members, ("keep-new", 1.0)], 64)  # seven members' points from the kept
+    ring_module._points_kept.clear()
+    fresh = Ring([*members, ("keep-new", 1.0)], 64)
+    assert (again.points, again.owners) == (fresh.points, fresh.owners)
+    assert set(first.owners) < set(again.owners)
+    Ring([(f"many-{i}", 1.0) for i in range(ring_module._POINTS_KEPT + 10)], 1)
+    assert len(ring_module._points_kept) == ring_module._POINTS_KEPT
