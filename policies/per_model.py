@@ -108,7 +108,19 @@ class PerModel(Policy):
         return self.policy_for(request.model).choose(request, replicas)
 
     def explain(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
-        return self.policy_for(request.model).explain(request, replicas)
+        """What the instance deciding for the request's model would choose, without
+        making one or moving it in the recency order: asking ``/admin/explain`` about
+        a model not routed yet lent it a fresh instance that is not kept, where keeping
+        it would let another model's learned state go."""
+        model = request.model
+        if model is not None and self._listed is not None and not self._listed(model):
+            model = None
+        policy = self._by_model.get(model)
+        if policy is None:
+            policy = self.first if not self._by_model else self._make()
+            if policy is not self.first and policy.kv_index is not None:
+                policy.kv_index = self.kv_index
+        return policy.explain(request, replicas)
 
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed | Finished):

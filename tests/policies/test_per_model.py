@@ -134,3 +134,18 @@ def test_names_no_replica_lists_share_one_state() -> None:
     assert policy.policy_for("made-up-x") is policy.policy_for(None)
     assert len(policy.describe()["models"]) == 3  # type: ignore[arg-type]
 
+
+
+def test_explaining_a_model_not_routed_yet_keeps_every_models_state() -> None:
+    policy = per_model(max_models=2)
+    for model in ("a", "b"):
+        route(policy, model, doc(ord(model)), 0.0)
+    kept = list(policy._by_model.items())
+    tokens = doc(ord("c"))
+    req = RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model="c", arrival_s=1.0)
+    explained = policy.explain(req, fleet("c"))
+    assert explained.chosen in {r.id for r in fleet("c")}
+    assert list(policy._by_model.items()) == kept  # none made, let go or moved
+    policy.explain(RouteRequest(tokens=doc(ord("a")), prompt_tokens=DOC, model="a",
+                                arrival_s=1.0), fleet("a"))
+    assert list(policy._by_model) == ["a", "b"]  # an explain is no use of "a"
