@@ -77,6 +77,11 @@ class CostConfig:
         if not 1 <= self.hot_keep_count <= self.hot_min_count:
             raise ValueError(f"hot_keep_count must be in [1, hot_min_count "
                              f"({self.hot_min_count})], got {self.hot_keep_count!r}")
+        if self.max_scratch_utilization < self.scratch_utilization:
+            # (the scratch set "runs hotter" up to it when the hot prefixes need the room)
+            raise ValueError(f"max_scratch_utilization must be >= scratch_utilization "
+                             f"({self.scratch_utilization!r}), got "
+                             f"{self.max_scratch_utilization!r}")
         if self.min_scratch < 0:
             raise ValueError(f"min_scratch must be >= 0, got {self.min_scratch!r}")
         if not 0.0 <= self.max_scratch_fraction < 1.0:

@@ -264,6 +264,11 @@ def test_the_preset_builds_and_bad_values_are_named() -> None:
     assert isinstance(build_policy(load_preset("cost")), Cost)
     with pytest.raises(ConfigError, match="scratch_utilization"):
         build_policy({"name": "cost", "scratch_utilization": 0})
+    # below the utilization it grows the set at, "running hotter" grew it instead
+    with pytest.raises(ConfigError, match=r"max_scratch_utilization must be >= "
+                                          r"scratch_utilization \(0\.7\), got 0\.5"):
+        build_policy({"name": "cost", "scratch_utilization": 0.7,
+                      "max_scratch_utilization": 0.5})
     with pytest.raises(ConfigError, match="sketch_width"):
         build_policy({"name": "cost", "sketch_width": 1000})
     # too narrow to halve or place anything (it failed building, naming no setting), and
