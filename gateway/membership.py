@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from gateway.config import ReplicaConfig
 from gateway.fleet import MAX_REPLICAS, ReplicaState
+from gateway.monitor import servers
 from gateway.state import GatewayState
 
 log = logging.getLogger("kvgate.membership")
@@ -53,13 +54,9 @@ async def join_all(gw: GatewayState, configs: Sequence[ReplicaConfig], source: s
         for state in states:
             leave(gw, state.id)
         raise
-    await asyncio.gather(*(_checked(gw, state) for state in states))
+    if gw.monitor is not None:  # once a server: its answer counts for each of its ranks
+        await asyncio.gather(*(gw.monitor.check_one(*server) for server in servers(states)))
     return states
-
-
-async def _checked(gw: GatewayState, state: ReplicaState) -> None:
-    if gw.monitor is not None:
-        await gw.monitor.check_one(state)
 
 
 def leave(gw: GatewayState, replica_id: str) -> ReplicaState:
@@ -101,8 +98,9 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
             log.warning("discovery %s: replica %s not added: %s", source, rid, exc)
             continue
         added.append(rid)
-        joining.append(_checked(gw, state))
-    await asyncio.gather(*joining)
+        joining.append(state)
+    if gw.monitor is not None:  # once a server, as join_all
+        await asyncio.gather(*(gw.monitor.check_one(*server) for server in servers(joining)))
     if full:
         log.warning("discovery %s: the fleet holds its limit of %d replicas: %s not added",
                     source, MAX_REPLICAS, _some(full))

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Iterable
 
 import aiohttp
 import orjson
@@ -95,13 +96,28 @@ class Monitor:
         await asyncio.shield(task)
 
     async def _models_of_all(self) -> None:
-        await asyncio.gather(*(self.refresh_models(s) for s in self.fleet if s.healthy))
+        await asyncio.gather(*(self.refresh_models(*states)
+                               for states in servers(s for s in self.fleet if s.healthy)))
 
     # -- health ---------------------------------------------------------------------------
     async def health_round(self) -> None:
-        await asyncio.gather(*(self.check_one(s) for s in self.fleet))
+        """Every replica's /health: once a server, whose answer counts for each of its
+        data-parallel ranks (one API process serves them all)."""
+        await asyncio.gather(*(self.check_one(*states) for states in servers(self.fleet)))
 
-    async def check_one(self, state: ReplicaState) -> None:
+    async def check_one(self, state: ReplicaState, *ranks: ReplicaState) -> None:
+        """``state``'s /health, counted for it and for ``ranks`` (the other data-parallel
+        ranks of its server), then its model list where the answer calls for one."""
+        ok, error = await self._probe(state)
+        checked = [s for s in (state, *ranks) if self._current(s)]
+        listing = []
+        for one in checked:
+            if self._counted(one, ok, error):
+                listing.append(one)
+        if listing:
+            await self.refresh_models(*listing)
+
+    async def _probe(self, state: ReplicaState) -> tuple[bool, str | None]:
         cfg = self.health_cfg
         ok, error = True, None
         try:
@@ -116,19 +132,24 @@ class Monitor:
             ok, error = False, f"/health timed out after {cfg.timeout_s} s"
         except aiohttp.ClientError as exc:
             ok, error = False, f"/health failed: {exc.__class__.__name__}: {exc}"
-        if not self._current(state):
-            return
+        return ok, error
+
+    def _counted(self, state: ReplicaState, ok: bool, error: str | None) -> bool:
+        """Count a check of ``state``; whether its model list is due now."""
+        cfg = self.health_cfg
         changed = self.fleet.record_health(state.id, ok, error, cfg.failures_to_eject,
                                            cfg.successes_to_readmit)
         if changed is not None:
             log.warning("replica %s is now %s%s", state.id,
                         "healthy" if changed else "unhealthy", f" ({error})" if error else "")
         # a replica back in the fleet may serve other models (a restart, a new deployment)
-        if ok and (changed or not state.model_info
-                   or time.monotonic() - state.models_at > cfg.models_refresh_s):
-            await self.refresh_models(state)
+        return ok and (bool(changed) or not state.model_info
+                       or time.monotonic() - state.models_at > cfg.models_refresh_s)
 
-    async def refresh_models(self, state: ReplicaState) -> None:
+    async def refresh_models(self, state: ReplicaState, *ranks: ReplicaState) -> None:
+        """``state``'s /v1/models, taken as what it and ``ranks`` (the other data-parallel
+        ranks of its server) serve."""
+        every = (state, *ranks)
         try:
             async with asyncio.timeout(self.health_cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/v1/models",
@@ -143,8 +164,9 @@ class Monitor:
                         if len(raw) > MODELS_BYTES:
                             break
             if len(raw) > MODELS_BYTES:  # the models it listed before stay known, and
-                state.models_cut = True  # a model not among them is still sent to it
-                state.models_at = time.monotonic()
+                for one in every:  # a model not among them is still sent to it
+                    one.models_cut = True
+                    one.models_at = time.monotonic()
                 log.warning("replica %s: /v1/models is over %d bytes; models not known "
                             "are sent to it too", state.id, MODELS_BYTES)
                 self.fleet.changed()
@@ -160,9 +182,10 @@ class Monitor:
                 log.warning("replica %s serves %d models; routing knows its first %d and "
                             "sends it the others too", state.id, len(listed), MAX_MODELS)
             info = {str(m["id"])[:MODEL_ID_CHARS]: model_info(m) for m in listed[:MAX_MODELS]}
-            state.model_info = info
-            state.models_cut = len(listed) > MAX_MODELS
-            state.models_at = time.monotonic()
+            for one in every:
+                one.model_info = dict(info)
+                one.models_cut = len(listed) > MAX_MODELS
+                one.models_at = time.monotonic()
             self.fleet.changed()
 
     def _current(self, state: ReplicaState) -> bool:
@@ -286,6 +309,17 @@ class Monitor:
             await self.refresh_models(state)  # it may serve other models now
         if self.capacity is not None:
             self.capacity.observe(state.id, metrics, mark)
+
+
+def servers(states: Iterable[ReplicaState]) -> list[list[ReplicaState]]:
+    """``states`` grouped by the server that answers for them: the data-parallel ranks of
+    one replica together (``gateway.data_parallel``), every other replica alone."""
+    grouped: dict[tuple[str, str | None], list[ReplicaState]] = {}
+    for state in states:
+        key = (group_of(state.id), state.config.base_url) \
+            if state.config.data_parallel_rank is not None else (state.id, None)
+        grouped.setdefault(key, []).append(state)
+    return list(grouped.values())
 
 
 def _ranks_shown(named: frozenset[str], shown: int = 8) -> str:

@@ -347,3 +347,32 @@ def test_a_failing_servers_other_ranks_are_tried_after_other_replicas(serve: Ser
         r = httpx.post(f"{gw.url}/v1/completions", json={"model": "m", "prompt": "hi"})
         assert r.status_code == 200, r.text
         assert r.headers["x-kvgate-replica"] == "b"
+
+
+async def test_a_server_of_ranks_is_probed_once_a_round_for_all_of_them(serve: Serve) -> None:
+    asked: list[str] = []
+    status = [200]
+
+    async def health(request: Request) -> Response:
+        asked.append("/health")
+        return PlainTextResponse("ok", status_code=status[0])
+
+    async def models(request: Request) -> Response:
+        asked.append("/v1/models")
+        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    front = serve(Starlette(routes=[Route("/health", health), Route("/v1/models", models)]))
+    alone = serve(Starlette(routes=[Route("/health", health), Route("/v1/models", models)]))
+    fleet = Fleet([*ReplicaConfig("dp", front.url, data_parallel_size=4).ranks(),
+                   ReplicaConfig("one", alone.url)])
+    async with aiohttp.ClientSession() as session:
+        monitor = Monitor(fleet, session, HealthConfig(timeout_s=5.0, failures_to_eject=1),
+                          ScrapeConfig(timeout_s=5.0))
+        await monitor.health_round()
+        assert sorted(asked) == ["/health", "/health", "/v1/models", "/v1/models"]
+        assert all(s.healthy and list(s.model_info) == ["m"] for s in fleet)
+        asked.clear()
+        status[0] = 503
+        await monitor.health_round()
+    assert asked == ["/health", "/health"]
+    assert not any(s.healthy for s in fleet)
