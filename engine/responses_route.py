@@ -80,16 +80,20 @@ class ResponseStore:
 
 
 def _chars(turns: list[dict[str, Any]]) -> int:
-    """The characters a conversation holds: its messages' text, and their tool calls'."""
+    """The characters a conversation holds: every string a client gave its messages
+    (text, a tool message's ``tool_call_id``) and their tool calls (id, name,
+    arguments)."""
     size = 0
     for message in turns:
-        content = message.get("content")
-        size += _MESSAGE_CHARS + (len(content) if isinstance(content, str) else 0)
+        size += _MESSAGE_CHARS + _strings(message.get("content"), message.get("tool_call_id"))
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
-            size += _MESSAGE_CHARS + sum(len(v) for v in function.values()
-                                         if isinstance(v, str))
+            size += _MESSAGE_CHARS + _strings(call.get("id"), *function.values())
     return size
+
+
+def _strings(*values: Any) -> int:
+    return sum(len(v) for v in values if isinstance(v, str))
 
 
 class ResponsesRoute:
