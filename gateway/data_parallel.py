@@ -11,8 +11,9 @@ one per rank, with the ids ``<id>.dp0`` ... ``<id>.dp<N-1>``: each is routed to,
 ejected and indexed on its own, and every request sent to one carries its rank's header.
 Each rank's figures are read from the replica's ``/metrics`` by their rank label (vLLM's
 ``engine``, SGLang's ``dp_rank``), and its KV events from the rank's own endpoint: the
-configured one with its port plus the rank (``ipc://``/``inproc://``: ``_dp<rank>``
-appended), as both engines publish them.
+configured one with its port plus the rank, as both engines publish them (``inproc://``:
+``_dp<rank>`` appended, as vLLM names it; ``ipc://`` likewise, which vLLM refuses with
+data parallelism and some builds suffix so).
 """
 
 from __future__ import annotations
