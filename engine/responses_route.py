@@ -23,12 +23,19 @@ import orjson
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from engine.generate_params import GenerateParams, context_error, parse_generate
+from engine.generate_params import GenerateParams, parse_generate
 from engine.generation import Generation
 from engine.request import RequestOutput
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.media_parts import shown
-from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, decode_json, optional
+from kvwire.openai_schema import (
+    BadRequest,
+    NotFound,
+    OpenAIError,
+    decode_json,
+    optional,
+    positive_int,
+)
 from kvwire.request_edge import read_body, unless_disconnected
 from kvwire.responses_input import responses_chat
 
@@ -111,6 +118,7 @@ class ResponsesRoute:
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object", code="invalid_json")
         chat = responses_chat(body)
+        positive_int(body, "max_output_tokens")  # named so, before it is the chat's max_tokens
         previous = optional(body, "previous_response_id", str, None)
         store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
         history: list[dict[str, Any]] = []
@@ -134,7 +142,7 @@ class ResponsesRoute:
         limit = p.max_tokens if p.max_tokens is not None \
             else max(1, srv.max_request_tokens - len(ids))
         if len(ids) + limit > srv.max_model_len:
-            raise context_error(len(ids), limit, srv.max_model_len, True, "max_output_tokens")
+            raise _context_error(len(ids), limit, srv.max_model_len)
         rid = f"resp_{uuid.uuid4().hex}"
         queue = await srv.submit(rid, ids, p, limit)
         answer = _Answer(srv, rid, p, len(ids), queue, body,
@@ -142,6 +150,17 @@ class ResponsesRoute:
         if p.stream:
             return StreamingResponse(answer.events(), media_type="text/event-stream")
         return JSONResponse(await unless_disconnected(request, answer.collect()))
+
+
+def _context_error(num_input: int, limit: int, max_model_len: int) -> BadRequest:
+    """The context-length error (vLLM's words) in a Responses request's own fields: its
+    ``input`` (with the conversation it continues) alone too long, or with
+    ``max_output_tokens``."""
+    return BadRequest(
+        f"This model's maximum context length is {max_model_len} tokens. However, you "
+        f"requested {num_input + limit} tokens ({num_input} in the input, {limit} in the "
+        "output). Please reduce the length of the input or max_output_tokens.",
+        param="max_output_tokens" if num_input < max_model_len else "input")
 
 
 class _Answer(Generation):

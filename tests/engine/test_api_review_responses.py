@@ -1,10 +1,23 @@
 """The Responses API on the engine: the store's bound counts every string a stored
-conversation holds."""
+conversation holds, and errors name the Responses request's own fields."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
 from engine.responses_route import ResponseStore
 from kvwire.responses_input import responses_chat
+from tests.support.engine_servers import LiveEngine, serve_engine
+
+MODEL = "tiny-sim"
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveEngine]:
+    yield from serve_engine(LiveEngine, MODEL)
 
 
 def test_call_ids_count_in_the_stores_characters() -> None:
@@ -23,3 +36,18 @@ def test_call_ids_count_in_the_stores_characters() -> None:
               for turns in held if turns is not None for m in turns)
     assert 0 < ids <= store.chars <= 4 * big
     assert held[-1] is not None and held[0] is None  # the latest kept, the oldest gone
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
+    ({"input": "word " * 600, "max_output_tokens": 2}, "input"),
+    ({"input": "x", "max_output_tokens": 600}, "max_output_tokens"),
+])
+def test_errors_name_the_responses_fields(live: LiveEngine, body: dict[str, Any],
+                                          param: str) -> None:
+    r = live.http.post("/v1/responses", json={"model": MODEL, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert "max_tokens" not in err["message"] and "messages" not in err["message"], err
