@@ -3,12 +3,14 @@
 A request runs as the chat it stands for (``kvwire.responses_input``: the gateway routes it
 as the same chat, so both see one prompt): ``instructions``, then the stored conversation
 of ``previous_response_id`` (a 404 naming it when this replica holds none: the gateway
-sends a continuation back to the replica that answered), then ``input``. The answer is a
-response object, or its events (``response.created`` ... ``response.completed``, each
-named and numbered, no ``[DONE]`` after the last); its ``usage`` counts ``input_tokens``
-(``cached_tokens`` of them) and ``output_tokens``. A response is stored (``store``, true
-unless false) as its conversation, the latest kept (``ResponseStore``: so many, so many
-characters); instructions are not carried into a continuation, as OpenAI's are not.
+sends a continuation back to the replica that answered), then ``input``; a
+``text.format`` or ``tool_choice`` asking for constrained output is refused, as the chat's
+are. The answer is a response object, or its events (``response.created`` ...
+``response.completed``, each named and numbered, no ``[DONE]`` after the last); its
+``usage`` counts ``input_tokens`` (``cached_tokens`` of them) and ``output_tokens``. A
+response is stored (``store``, true unless false) as its conversation, the latest kept
+(``ResponseStore``: so many, so many characters); instructions are not carried into a
+continuation, as OpenAI's are not.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class ResponsesRoute:
             raise BadRequest("request body must be a JSON object", code="invalid_json")
         chat = responses_chat(body)
         positive_int(body, "max_output_tokens")  # named so, before it is the chat's max_tokens
+        _refuse_constrained(body)
         previous = optional(body, "previous_response_id", str, None)
         store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
         history: list[dict[str, Any]] = []
@@ -150,6 +153,33 @@ class ResponsesRoute:
         if p.stream:
             return StreamingResponse(answer.events(), media_type="text/event-stream")
         return JSONResponse(await unless_disconnected(request, answer.collect()))
+
+
+def _refuse_constrained(body: dict[str, Any]) -> None:
+    """What asks for constrained output, refused (as a chat's ``response_format`` and
+    ``tool_choice`` are) rather than answered with free text: a ``text.format`` other
+    than text (a JSON schema, a JSON object), a ``tool_choice`` that forces or restricts
+    the tool calls (``required``, a named tool, allowed tools)."""
+    text = optional(body, "text", dict, None) or {}
+    fmt = text.get("format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if not isinstance(fmt, dict) or kind not in ("text", "json_object", "json_schema"):
+            raise BadRequest("'text.format' must be an object of type 'text', "
+                             f"'json_object' or 'json_schema', got {shown(fmt)}",
+                             param="text.format")
+        if kind != "text":
+            raise BadRequest(f"'text.format' of type {shown(kind)} (constrained output) is "
+                             "not supported by this engine", param="text.format")
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("none", "auto"):
+        return
+    if choice != "required" and not isinstance(choice, dict):
+        raise BadRequest(f"'tool_choice' must be 'none', 'auto', 'required' or an object, "
+                         f"got {shown(choice)}", param="tool_choice")
+    raise BadRequest(f"'tool_choice' {shown(choice)} forces or restricts the tool calls "
+                     "(constrained output), which this engine does not support",
+                     param="tool_choice")
 
 
 def _context_error(num_input: int, limit: int, max_model_len: int) -> BadRequest:

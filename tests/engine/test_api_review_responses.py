@@ -1,5 +1,6 @@
 """The Responses API on the engine: the store's bound counts every string a stored
-conversation holds, and errors name the Responses request's own fields."""
+conversation holds, errors name the Responses request's own fields, and what asks for
+constrained output is refused rather than ignored."""
 
 from __future__ import annotations
 
@@ -51,3 +52,36 @@ def test_errors_name_the_responses_fields(live: LiveEngine, body: dict[str, Any]
     err = r.json()["error"]
     assert err["param"] == param, err
     assert "max_tokens" not in err["message"] and "messages" not in err["message"], err
+
+
+TOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"text": {"format": {"type": "json_schema", "name": "a",
+                          "schema": {"type": "object"}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": "json"}}, "text.format"),
+    ({"text": "plain"}, "text"),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "g"}}, "tool_choice"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+])
+def test_constrained_output_is_refused_naming_the_field(
+        live: LiveEngine, extra: dict[str, Any], param: str) -> None:
+    r = live.http.post("/v1/responses", json={"model": MODEL, "input": "x",
+                                              "max_output_tokens": 2, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_plain_text_and_free_tool_choice_pass(live: LiveEngine) -> None:
+    done = live.client.responses.create(model=MODEL, input="x", max_output_tokens=2,
+                                        text={"format": {"type": "text"}}, tools=TOOLS,
+                                        tool_choice="auto")
+    assert done.status == "incomplete" and done.text.format.type == "text"
+    assert done.tool_choice == "auto"
+    none = live.client.responses.create(model=MODEL, input="x", max_output_tokens=2,
+                                        tool_choice="none")
+    assert none.tool_choice == "none"
