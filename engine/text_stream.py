@@ -42,8 +42,9 @@ class SpecialKeeping:
 
 class TextStream:
     """``include_stop``: the stop string stays in the text; ``min_tokens``: stop strings
-    are looked for only once that many tokens were pushed (in the text from the push that
-    reaches it on, and the stop string's length before). The text an unfinished character
+    are looked for only once more than that many tokens were pushed, in the text from the
+    push that passes it on and the stop string's length before (as vLLM: the first
+    ``min_tokens`` tokens' text alone ends nothing). The text an unfinished character
     at the end leaves when the request finishes (U+FFFD) is released by :meth:`flush`
     without a stop string search.
 
@@ -91,7 +92,7 @@ class TextStream:
         self._ids.extend(token_ids)
         if len(self._ids) > self._read:
             self._read_window(final=False)
-        if self._stop and len(self._ids) >= self._min_tokens and self._find_stop(before):
+        if self._stop and len(self._ids) > self._min_tokens and self._find_stop(before):
             return self._release(self._end)
         return self._release(self._end - self._hold)
 

@@ -119,3 +119,14 @@ def test_each_push_decodes_a_bounded_window() -> None:
     out = streamed(decoder, invalid)  # type: ignore[arg-type]
     assert out == PROJECT.decode(invalid)
     assert decoder.longest <= WINDOW
+
+
+def test_stop_strings_are_looked_for_past_min_tokens_only() -> None:
+    ids = [PROJECT.encode(w)[0] for w in ("a", "b", "c", "d")]
+    assert len(ids) == 4 and PROJECT.decode(ids) == "abcd"
+    for min_tokens, text, stopped in ((0, "a", True), (1, "a", True), (2, "ab", True),
+                                      (3, "abcd", False)):
+        stream = TextStream(PROJECT, ["b", "c"], min_tokens=min_tokens)
+        out = "".join(stream.push([t]) for t in ids) + stream.flush()
+        # min_tokens 2: "b" is the second token's text, within the first two: not a stop
+        assert (out, stream.stopped) == (text, stopped), min_tokens
