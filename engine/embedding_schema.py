@@ -82,7 +82,8 @@ def _inputs(value: Any) -> tuple[tuple[str, ...] | None, tuple[tuple[int, ...], 
         value = [value]
     if not isinstance(value, list) or not value:
         raise BadRequest("'input' must be a non-empty string, array of strings, array of "
-                         "token ids or array of token id arrays", param="input")
+                         f"token ids or array of token id arrays, got {shown(value)}",
+                         param="input")
     if len(value) > MAX_INPUTS and not is_token_ids(value):
         raise BadRequest(f"'input' has {len(value)} inputs; at most {MAX_INPUTS} are "
                          "allowed per request", param="input")
@@ -96,12 +97,28 @@ def _inputs(value: Any) -> tuple[tuple[str, ...] | None, tuple[tuple[int, ...], 
     if all(isinstance(v, list) for v in value):
         for i, v in enumerate(value):
             if not v or not is_token_ids(v):
+                j, bad = next(((j, t) for j, t in enumerate(v) if not is_token_ids([t])),
+                              (0, None))
+                got = f", got {shown(bad)} at input[{i}][{j}]" if v else ", got []"
                 raise BadRequest(f"input {i} must be a non-empty array of token ids "
-                                 "(non-negative integers)", param="input")
+                                 f"(integers 0..{MAX_TOKEN_ID}){got}", param="input")
         return None, tuple(tuple(v) for v in value)
+    i, bad = _first_misfit(value)
     raise BadRequest("'input' must be a string, an array of strings, an array of token ids "
-                     f"(integers 0..{MAX_TOKEN_ID}) or an array of token id arrays",
-                     param="input")
+                     f"(integers 0..{MAX_TOKEN_ID}) or an array of token id arrays, got "
+                     f"{shown(bad)} at input[{i}]", param="input")
+
+
+def _first_misfit(value: list[Any]) -> tuple[int, Any]:
+    """The index and value of the first entry of ``value`` that is not of the shape of
+    its first entry (a string, an array, or a token id), or the first entry itself
+    where that is of none of them."""
+    first = value[0]
+    if isinstance(first, str):
+        return next((i, v) for i, v in enumerate(value) if not isinstance(v, str))
+    if isinstance(first, list):
+        return next((i, v) for i, v in enumerate(value) if not isinstance(v, list))
+    return next((i, v) for i, v in enumerate(value) if not is_token_ids([v]))
 
 
 def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
