@@ -130,6 +130,9 @@ class ReplicaState:
     scraped: ScrapedMetrics | None = None
     scrape_seq: int = 0
     scrape_failures: int = 0  # scrapes failed in a row (the leader's)
+    # its prompt plus generated tokens counter at the last scrape that told it: a figure
+    # below it means a restart (an SGLang server has no prefix-cache counter to show one)
+    work_tokens_seen: float | None = None
     epoch: int = 0
     pending_tokens: int = 0  # sent, no first byte yet
     pending_at_scrape: int = 0  # pending_tokens (the box's, with workers) when last scraped
@@ -503,7 +506,8 @@ class Fleet:
                       now: float | None = None, pending_then: int | None = None,
                       in_flight_then: int | None = None) -> bool:
         """Store a scrape taken at ``now`` (monotonic seconds, or the simulator's virtual
-        ones); returns True when the replica's counters reset (it restarted).
+        ones); returns True when the replica's counters went back (it restarted): its
+        prefix-cache counters, or its prompt and generated tokens'.
         ``pending_then``, ``in_flight_then``: the pending tokens and requests in flight
         when the scrape was taken, where that was elsewhere (a follower worker applying
         the leader's; default: now's)."""
@@ -524,6 +528,9 @@ class Fleet:
         if metrics.hit_tokens is not None and metrics.query_tokens is not None:
             reset = state.hits.add(time.monotonic() if now is None else now,
                                    metrics.hit_tokens, metrics.query_tokens)
+        if metrics.work_tokens is not None:  # (a stale copy tells none)
+            seen, state.work_tokens_seen = state.work_tokens_seen, metrics.work_tokens
+            reset = reset or (seen is not None and metrics.work_tokens < seen)
         if reset:
             state.epoch += 1
             self._tell(ReplicaReset(replica_id))
