@@ -58,6 +58,7 @@ class KVEventPublisher:
         self._replay_sock: zmq.Socket[bytes] | None = None
         self._replay_thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._abandon = threading.Event()  # stop: the sender drops what it has not sent
         self.replays = 0
         self.endpoint = endpoint
         self.topic = topic.encode()
@@ -114,12 +115,24 @@ class KVEventPublisher:
         self._queue.put(batch)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Send what is queued, then close the socket."""
-        if self._thread is not None:
+        """Send what is queued within ``timeout``, then close the sockets. A backlog the
+        sender has not sent by then is dropped (counted): the sender stops at its next
+        batch, and its socket is closed only once it has, since a ZMQ socket is never
+        used from two threads; a sender still busy a second later keeps its socket and
+        the context, left open (logged)."""
+        thread = self._thread
+        if thread is not None:
             self._queue.put(_STOP)
-            self._thread.join(timeout)
+            thread.join(timeout)
+            if thread.is_alive():
+                self._abandon.set()
+                thread.join(1.0)
             self._thread = None
         self._stopping.set()
+        if thread is not None and thread.is_alive():
+            log.warning("KV event publisher: the sender is still busy after %g s; its "
+                        "socket is left open", timeout + 1.0)
+            return
         if self._replay_thread is not None:
             self._replay_thread.join(timeout)
             self._replay_thread = None
@@ -138,6 +151,9 @@ class KVEventPublisher:
         assert sock is not None
         seq = 0
         while (batch := self._queue.get()) is not _STOP:
+            if self._abandon.is_set():  # stopping: what is left is dropped
+                self.dropped += 1
+                continue
             try:
                 payload = encode_payload(batch, self.encoding)
                 if self._replay_sock is not None:

@@ -54,3 +54,16 @@ def test_frames_sequence_numbers_and_payload(encoding: str) -> None:
 def test_an_unknown_encoding_is_refused() -> None:
     with pytest.raises(ValueError, match="'json'"):
         KVEventPublisher("tcp://127.0.0.1:1", encoding="json")
+
+
+def test_a_backlog_not_sent_by_the_stop_timeout_is_dropped_and_counted() -> None:
+    pub = KVEventPublisher(f"tcp://127.0.0.1:{free_port()}", "kv", high_water_mark=10**6)
+    pub.start()
+    big = [BlockRemoved(tuple(range(k, k + 20_000))) for k in range(5)]
+    batches = 300  # seconds of encoding at the least
+    for _ in range(batches):
+        pub.publish(big)
+    pub.stop(timeout=0.05)
+    # stopped at its next batch, then its socket closed here, never under it
+    assert pub.sent + pub.dropped == batches
+    assert pub.dropped > 0 and pub._sock is None
