@@ -40,6 +40,8 @@ class TokenCalibration:
 
     def __init__(self, min_samples: int = 8, decay: float = 0.995, max_models: int = 256
                  ) -> None:
+        if max_models < 1:
+            raise ValueError(f"max_models must be >= 1, got {max_models!r}")
         if min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {min_samples!r}")
         if not 0.0 < decay <= 1.0:
@@ -55,11 +57,18 @@ class TokenCalibration:
         if replica_tokens <= 0 or gateway_tokens <= 0 \
                 or not 1.0 / MAX_RATIO <= replica_tokens / gateway_tokens <= MAX_RATIO:
             return
-        sums = self._sums.get(model)
+        # the table in answering order, the latest last; bounded: when full, a new model
+        # takes the place of one answered too seldom to have learned, else of the one
+        # answered longest ago (the first names seen kept theirs for good: adapters loaded
+        # and unloaded at run time filled it, and no model after them learned its ratio)
+        sums = self._sums.pop(model, None)
         if sums is None:
-            if len(self._sums) >= self.max_models:  # bounded: a client cannot grow it
-                return
-            sums = self._sums[model] = _Sums()
+            if len(self._sums) >= self.max_models:
+                del self._sums[next((m for m, s in self._sums.items()
+                                     if s.samples < self.min_samples),
+                                    next(iter(self._sums)))]
+            sums = _Sums()
+        self._sums[model] = sums
         decay = self.decay
         weight = float(gateway_tokens)
         if sums.samples >= self.min_samples:  # the mean of the answers before this one
@@ -69,6 +78,10 @@ class TokenCalibration:
         sums.replica = sums.replica * decay + replica_tokens / gateway_tokens * weight
         sums.gateway = sums.gateway * decay + weight
         sums.samples += 1
+
+    def __len__(self) -> int:
+        """Models with answers kept (``max_models`` at most)."""
+        return len(self._sums)
 
     def ratio(self, model: str | None = None) -> float:
         """Replica tokens per gateway token for ``model`` (the mean over models when it has
