@@ -65,6 +65,22 @@ T = TypeVar("T")
 # Prompts (or inputs, in all) longer than this many characters are tokenized in a worker
 # thread.
 _INLINE_TOKENIZE_CHARS = 2000
+
+
+def _chat_chars(messages: Sequence[Any], tools: Any) -> int:
+    """About how many characters rendering a chat writes: its messages' texts (a string
+    content, or a list's text parts) and its tools' JSON."""
+    chars = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(part["text"]) for part in content
+                         if isinstance(part, dict) and isinstance(part.get("text"), str))
+    if tools:
+        chars += len(repr(tools))
+    return chars
 # Token lists longer than this (to decode, to check, to spell) are read in a worker thread.
 _INLINE_DETOKENIZE_TOKENS = 2000
 
@@ -173,7 +189,9 @@ class EngineServer:
                 continue_final_message=p.continue_final_message,
                 template_kwargs=p.chat_template_kwargs)
             try:
-                if carries_media(p.messages):  # hashing megabytes: off the event loop
+                # hashing media, or rendering a long chat: off the event loop
+                if carries_media(p.messages) \
+                        or _chat_chars(p.messages, p.tools) > _INLINE_TOKENIZE_CHARS:
                     text = await asyncio.to_thread(render)
                 else:
                     text = render()
