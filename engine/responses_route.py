@@ -122,6 +122,7 @@ class ResponsesRoute:
         chat = responses_chat(body)
         positive_int(body, "max_output_tokens")  # named so, before it is the chat's max_tokens
         _refuse_constrained(body)
+        _refuse_unacted(body)
         previous = optional(body, "previous_response_id", str, None)
         store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
         history: list[dict[str, Any]] = []
@@ -180,6 +181,38 @@ def _refuse_constrained(body: dict[str, Any]) -> None:
     raise BadRequest(f"'tool_choice' {shown(choice)} forces or restricts the tool calls "
                      "(constrained output), which this engine does not support",
                      param="tool_choice")
+
+
+def _refuse_unacted(body: dict[str, Any]) -> None:
+    """What this engine cannot do on a Responses request, refused naming the field rather
+    than answered as if done: output log probabilities (``top_logprobs`` above 0, or
+    ``include`` asking for them), ``truncation: "auto"`` (the input is never cut; one too
+    long is a 400), ``background: true`` (no response is kept to poll), a ``reasoning``
+    effort or summary (the model does not reason apart)."""
+    top = body.get("top_logprobs")
+    if top is not None and top != 0:
+        raise BadRequest(f"'top_logprobs' {shown(top)}: output log probabilities are not "
+                         "supported on /v1/responses by this engine (the chat route gives "
+                         "them)", param="top_logprobs")
+    include = body.get("include")
+    if isinstance(include, list) and any(isinstance(item, str) and "logprobs" in item
+                                         for item in include):
+        raise BadRequest("'include' asks for log probabilities, which /v1/responses does "
+                         "not give on this engine", param="include")
+    truncation = body.get("truncation")
+    if truncation not in (None, "disabled"):
+        raise BadRequest(f"'truncation' {shown(truncation)} is not supported by this "
+                         "engine: an input too long for the context is refused",
+                         param="truncation")
+    if body.get("background") not in (None, False):
+        raise BadRequest("'background' responses are not supported by this engine: the "
+                         "response is answered in the request", param="background")
+    reasoning = body.get("reasoning")
+    asked = any(v is not None for v in reasoning.values()) if isinstance(reasoning, dict) \
+        else reasoning is not None
+    if asked:
+        raise BadRequest(f"'reasoning' {shown(reasoning)} is not supported by this engine",
+                         param="reasoning")
 
 
 def _context_error(num_input: int, limit: int, max_model_len: int) -> BadRequest:

@@ -67,6 +67,12 @@ TOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object", "pro
     ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "g"}}, "tool_choice"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
+    # what it cannot do besides: never answered as if done
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"background": True}, "background"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
 ])
 def test_constrained_output_is_refused_naming_the_field(
         live: LiveEngine, extra: dict[str, Any], param: str) -> None:
@@ -83,5 +89,7 @@ def test_plain_text_and_free_tool_choice_pass(live: LiveEngine) -> None:
     assert done.status == "incomplete" and done.text.format.type == "text"
     assert done.tool_choice == "auto"
     none = live.client.responses.create(model=MODEL, input="x", max_output_tokens=2,
-                                        tool_choice="none")
+                                        tool_choice="none", top_logprobs=0,
+                                        truncation="disabled", background=False,
+                                        reasoning={"effort": None}, include=[])
     assert none.tool_choice == "none"
