@@ -216,8 +216,11 @@ class ReplicaState:
 
     @property
     def watched(self) -> bool:
-        """Whether its progress can be seen in its scrapes (they come, and are fresh)."""
-        return self.scraped is not None and not self.scraped.stale
+        """Whether its progress can be seen in its scrapes: they come, are fresh, and in a
+        dialect the gateway reads (a page of another server's names tells no figure that
+        could move, so its every answer looked hung after ``stall_s``)."""
+        s = self.scraped
+        return s is not None and not s.stale and s.dialect != "unknown"
 
     def made_progress(self) -> None:
         """It gave a request its first byte or a whole answer, or its scrapes show it
