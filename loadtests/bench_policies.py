@@ -16,8 +16,10 @@ the radix tree's own estimate; timing runs with tracing off. ``observe_p50_us``:
 median of the ``observe(Routed)`` after each timed choice (a policy that learns from what it
 routed pays it on every request too). ``gateway_views_us``: the
 median time of the gateway's replica snapshots (``Fleet.views``) per replica count, which
-every decision starts from. ``cost_long_prompt``: ``cost``'s median ``choose`` and
-``observe`` on ``--long-tokens``-token prompts (a long-context request), 8 replicas.
+every decision starts from. ``ring_join_ms``: building a ring of that many replicas from
+nothing, and again when one joins (prefix_affinity's 1,024 points a replica, cost's 256).
+``cost_long_prompt``: ``cost``'s median ``choose`` and ``observe`` on
+``--long-tokens``-token prompts (a long-context request), 8 replicas.
 """
 
 from __future__ import annotations
@@ -197,6 +199,27 @@ def views_us(replicas: int, samples: int = 2000) -> float:
     return round(statistics.median(times), 1)
 
 
+def ring_join_ms(replicas: int, vnodes: int, rounds: int = 5) -> dict[str, float]:
+    """Milliseconds to build the ring of ``replicas`` members of ``vnodes`` points each
+    from nothing (a gateway's start; each member's points hashed), and the median to build
+    it again when one member joins (every membership change: discovery, the admin API),
+    on the event loop either way."""
+    from policies import ring
+
+    ring._points_kept.clear()
+    members = [(f"replica-{i:03d}", 1.0) for i in range(replicas)]
+    start = time.perf_counter()
+    ring.Ring(members, vnodes)
+    first = (time.perf_counter() - start) * 1000
+    joins = []
+    for k in range(rounds):
+        start = time.perf_counter()
+        ring.Ring([*members, (f"joining-{k}", 1.0)], vnodes)
+        joins.append((time.perf_counter() - start) * 1000)
+    return {"vnodes": vnodes, "first_build_ms": round(first, 2),
+            "one_joins_ms": round(statistics.median(joins), 2)}
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH", help="also write the results here")
@@ -239,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             del policy
             print(f"{name:16s} {n:4d} replicas: {results[name][str(n)]}", flush=True)
     results["gateway_views_us"] = {str(n): views_us(n) for n in args.replicas}
+    # prefix_affinity's ring (1,024 points a replica) and cost's (256)
+    results["ring_join_ms"] = {str(n): {name: ring_join_ms(n, v) for name, v in (
+        ("prefix_affinity", 1024), ("cost", 256))} for n in args.replicas}
     if "cost" in args.policies and args.long_tokens > 0:
         results["cost_long_prompt"] = long_prompt_us(args.long_tokens)
         print(f"cost, {args.long_tokens}-token prompts: {results['cost_long_prompt']}",

@@ -12,3 +12,6 @@ def test_the_policy_benchmark_times_choices_memory_and_views() -> None:
     assert out["gateway_views_us"]["4"] > 0
     long = out["cost_long_prompt"]
     assert long["tokens"] == 3000 and long["choose_p50_us"] > 0 and long["observe_p50_us"] > 0
+    ring = out["ring_join_ms"]["4"]
+    assert ring["cost"]["vnodes"] == 256 and ring["prefix_affinity"]["vnodes"] == 1024
+    assert ring["cost"]["first_build_ms"] > 0 and ring["cost"]["one_joins_ms"] > 0
