@@ -23,6 +23,8 @@ def test_bench_engine_torch_writes_json(tmp_path: Path) -> None:
     assert result["prompt_tokens"] == 96 and result["cached_tokens"] == 64
     assert result["ttft_cold_s"] > 0 and result["ttft_hit_s"] > 0
     assert result["same_first_token"] is True
+    step = result["decode_step_metadata"]
+    assert (step["decodes"], step["blocks_each"]) == (256, 500) and step["build_ms"] > 0
     with pytest.raises(ValueError, match="multiple of block_size"):
         bench_engine_torch.run_benchmark(96, 60, 1, bench_engine_torch.SMALL)
 
