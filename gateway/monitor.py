@@ -305,7 +305,7 @@ class Monitor:
         if not self._current(state):
             return
         if self.fleet.record_scrape(state.id, metrics):
-            log.warning("replica %s restarted (its prefix-cache counters went back)", state.id)
+            log.warning("replica %s restarted (its counters went back)", state.id)
             await self.refresh_models(state)  # it may serve other models now
         if self.capacity is not None:
             self.capacity.observe(state.id, metrics, mark)
