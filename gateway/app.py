@@ -47,6 +47,7 @@ from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
 from gateway.tracing import RequestTrace, Tracing
 from gateway.upstream_http import client_for
+from kvwire.media_parts import carries_media
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
 from kvwire.request_edge import ErrorBoundary
 from policies.base import Finished, Routed
@@ -148,6 +149,10 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     # a batch is routed by its first prompt; its work is counted as that many of it, and
     # its summed usage teaches no calibration (it is not the first prompt's)
     batch = intake.parsed.num_prompts
+    # the replica's prompt tokens count what this gateway's do: not a response's stored
+    # history (continued on the replica), nor images and audio (the gateway counts their
+    # placeholders); such an answer teaches the token calibration nothing
+    comparable = not _continues(intake.parsed) and not carries_media(intake.parsed.messages)
 
     held: list[Resident] = []  # the answer, while it streams, in the KV capacity estimate
 
@@ -172,7 +177,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
                 usage.cached_tokens)
             if batch == 1:
                 cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens,
-                                           usage.prompt_tokens, usage.cached_tokens)
+                                           usage.prompt_tokens, usage.cached_tokens,
+                                           teach=comparable)
         # a stream's first byte comes with its first token; a whole body's comes after
         # the last one, so it says nothing of time to first token
         ttft = stream.first_byte_s if stream.stream else None

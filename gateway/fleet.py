@@ -459,10 +459,12 @@ class Fleet:
         return any(s.healthy for s in self._replicas.values())
 
     def answered(self, model: str | None, gateway_tokens: int, replica_prompt_tokens: int,
-                 replica_cached_tokens: int) -> int:
+                 replica_cached_tokens: int, teach: bool = True) -> int:
         """A replica's ``usage`` for a prompt this gateway counted ``gateway_tokens``:
-        teaches the token calibration; returns the cached tokens in gateway tokens."""
-        self.calibration.observe(model, replica_prompt_tokens, gateway_tokens)
+        teaches the token calibration (unless ``teach`` is false: the replica counted
+        tokens the gateway did not see); returns the cached tokens in gateway tokens."""
+        if teach:
+            self.calibration.observe(model, replica_prompt_tokens, gateway_tokens)
         return min(gateway_tokens, self.calibration.to_gateway(replica_cached_tokens, model))
 
     # -- this gateway's own accounting ----------------------------------------------------
