@@ -70,7 +70,8 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
     """Make the replicas of ``source`` exactly ``wanted``: those it no longer lists (or
     lists with another config, e.g. a new address) leave, new ones join. A replica of
     several data-parallel ranks is one member per rank (``ReplicaConfig.ranks``)."""
-    wanted = {rank.id: rank for config in wanted.values() for rank in config.ranks()}
+    members = {config.id: config.ranks() for config in wanted.values()}
+    wanted = {rank.id: rank for ranks in members.values() for rank in ranks}
     current = {s.id: s.config for s in gw.fleet if s.source == source}
     removed = [rid for rid, config in current.items() if wanted.get(rid) != config]
     for rid in removed:
@@ -78,27 +79,33 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
     added: list[str] = []
     skipped: list[str] = []
     full: list[str] = []  # past the fleet's limit
-    joining = []
-    for rid, config in wanted.items():
-        if current.get(rid) == config:
-            continue
-        holder = gw.fleet.get(rid)
-        if holder is not None:
+    joining: list[ReplicaState] = []
+    for ranks in members.values():
+        new = [rank for rank in ranks if current.get(rank.id) != rank]
+        taken = [(rank.id, holder) for rank in new if (holder := gw.fleet.get(rank.id))]
+        for rid, holder in taken:
             skipped.append(rid)
             log.warning("discovery %s: replica id %s is already in the fleet (from %s); "
                         "not added", source, rid, holder.source)
+        if taken or not new:
             continue
-        if len(gw.fleet) >= MAX_REPLICAS:
-            full.append(rid)
+        # a replica's ranks join together or not at all (past the limit, or no slot)
+        if len(gw.fleet) + len(new) > MAX_REPLICAS:
+            full.extend(rank.id for rank in new)
             continue
+        states: list[ReplicaState] = []
         try:
-            state = gw.fleet.add(config, source=source, checked_first=gw.monitor is not None)
+            for rank in new:
+                states.append(gw.fleet.add(rank, source=source,
+                                           checked_first=gw.monitor is not None))
         except ValueError as exc:  # no slot left in the workers' shared accounting
-            full.append(rid)
-            log.warning("discovery %s: replica %s not added: %s", source, rid, exc)
+            for state in states:
+                leave(gw, state.id)
+            full.extend(rank.id for rank in new)
+            log.warning("discovery %s: replica %s not added: %s", source, new[0].id, exc)
             continue
-        added.append(rid)
-        joining.append(state)
+        added.extend(state.id for state in states)
+        joining.extend(states)
     if gw.monitor is not None:  # once a server, as join_all
         await asyncio.gather(*(gw.monitor.check_one(*server) for server in servers(joining)))
     if full:

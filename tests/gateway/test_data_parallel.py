@@ -376,3 +376,20 @@ async def test_a_server_of_ranks_is_probed_once_a_round_for_all_of_them(serve: S
         await monitor.health_round()
     assert asked == ["/health", "/health"]
     assert not any(s.healthy for s in fleet)
+
+
+async def test_a_replicas_ranks_join_together_or_not_at_all_near_the_fleets_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.membership
+
+    monkeypatch.setattr(gateway.membership, "MAX_REPLICAS", 5)
+    template = ReplicaTemplate(data_parallel_size=2)
+    source = DNSSourceConfig(name="vllm.llm.svc", port=8000, replica=template)
+    gw = build_state(parse_config({"replicas": []}))
+    # 3 servers of 2 ranks, room for 5 members: the third server's ranks wait, both
+    changes = await reconcile(gw, "dns:a", dns_targets(source, ["10.0.0.1", "10.0.0.2",
+                                                                "10.0.0.3"]))
+    assert len(changes.added) == 4
+    assert changes.skipped == ("10.0.0.3:8000.dp0", "10.0.0.3:8000.dp1")
+    assert sorted(s.id for s in gw.fleet) == [
+        "10.0.0.1:8000.dp0", "10.0.0.1:8000.dp1", "10.0.0.2:8000.dp0", "10.0.0.2:8000.dp1"]
