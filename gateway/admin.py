@@ -200,11 +200,12 @@ async def remove_replica(request: Request) -> Response:
 async def explain(request: Request) -> Response:
     """The decision the gateway would take for a request body, without sending it."""
     gw = _authorize(request)
-    # with client keys on, the tenant to explain for is the tenant header's (the admin
-    # token is no client's key): else every request was the anonymous tenant's, shown
-    # off its tenant's partition and refused under require_tenant
-    keyed = _explained_tenant(request, gw) if gw.auth.on else None
-    parsed, _, tenant = await take_in(request, gw, None, keyed)
+    # the tenant to explain for is the tenant header's, from any admin caller (the admin
+    # token is no client's key, and the caller is seldom one of trusted_proxies): else
+    # every request was the anonymous tenant's, shown off its tenant's partition and
+    # refused under require_tenant
+    keyed = _explained_tenant(request, gw)
+    parsed, _, tenant = await take_in(request, gw, None, keyed, named=True)
     routing = await gw.router.decide(parsed, tenant, gw.tenancy.allowed(tenant),
                                      explain=True)
     d = routing.decision

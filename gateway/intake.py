@@ -86,9 +86,10 @@ PARSE_ON_THREAD_BYTES = 1 << 20  # a body past this is parsed and checked on a t
 
 
 async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
-                  keyed: str | None = None) -> Intake:
+                  keyed: str | None = None, named: bool = False) -> Intake:
     """``endpoint`` None: chat when the body has ``messages``, else completions. With client
-    API keys on, ``keyed`` is the tenant the request's key names (its header is not read)."""
+    API keys on, or ``named`` (the admin API names the tenant it explains for), ``keyed``
+    is the tenant (the request's tenant header is not read here)."""
     raw = await read_timed_body(request, gw)
     aff = gw.config.affinity
     header_value = request.headers.get(aff.header) if aff.header else None
@@ -99,7 +100,7 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
         fallback = default_model(gw)
         parsed = await asyncio.to_thread(parse_body, raw, endpoint, aff.body_field,
                                          header_value, lambda: fallback)
-    tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
+    tenant = keyed if gw.auth.on or named else gw.tenancy.tenant_of(request)
     await check_model(gw, parsed.model, tenant)
     isolated = gw.tenancy.isolate(tenant, parsed.body)
     if isolated is not None:

@@ -33,3 +33,25 @@ def test_explain_decides_for_the_tenant_named_with_keys_on(serve: Serve) -> None
                                      ("x-kvgate-tenant", "globex")], json=BODY)
     assert twice.status_code == 400 and twice.json()["error"]["code"] == "repeated_tenant"
     assert shared.received == own.received == []  # explained, never sent
+
+
+def test_explain_decides_for_the_tenant_named_by_an_admin_caller_no_proxy_trusts(
+        serve: Serve) -> None:
+    shared, own = Behaviour("r0"), Behaviour("r1")
+    # client keys off: clients' tenant headers are believed from the ingress' network
+    # alone, and the operator asks from loopback
+    gw = start_gateway(serve, [("r0", serve(fake_replica(shared)).url),
+                               ("r1", serve(fake_replica(own)).url)],
+                       scrape={"enabled": False}, trusted_proxies=["10.9.0.0/16"],
+                       tenancy={"isolate": True, "secret": "s" * 32,
+                                "partitions": [{"tenants": ["acme"], "replicas": ["r1"]}]})
+    url = f"{gw.admin}/admin/explain"
+    for _ in range(2):
+        r = httpx.post(url, headers={**AUTH, "x-kvgate-tenant": "acme"}, json=BODY)
+        assert r.status_code == 200, r.text
+        assert r.json()["ranked"] == ["r1"]
+    # a client on loopback is no trusted proxy: its tenant header is refused
+    sent = httpx.post(f"{gw.url}/v1/completions", headers={"x-kvgate-tenant": "acme"},
+                      json=BODY)
+    assert sent.status_code == 403
+    assert shared.received == own.received == []
