@@ -1,7 +1,8 @@
 """Prompt to token ids, identical in the gateway and in the engine.
 
-``load_tokenizer(path)`` takes a directory holding ``tokenizer.json`` (and optionally
-``tokenizer_config.json`` with a ``chat_template``) or the file itself; ``None`` loads the
+``load_tokenizer(path)`` takes a directory holding ``tokenizer.json`` (and optionally a chat
+template: ``chat_template.jinja``, or ``tokenizer_config.json``'s ``chat_template``) or the
+file itself; ``None`` loads the
 project's own BPE tokenizer (``kvwire/tokenizer_build.py``). Chat messages are rendered with
 the model's chat template when there is one, else with a fixed ChatML layout, so the gateway
 and every replica see the same token stream for the same messages.
@@ -349,21 +350,44 @@ def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> Prompt
     except Exception as exc:  # the tokenizers library raises a bare Exception
         raise ValueError(f"tokenizer file {file} cannot be read as a tokenizer: {exc}") \
             from None
-    chat_template = None
+    config = _read_config(file.parent / "tokenizer_config.json")
     special: dict[str, str] = {}
-    config_file = file.parent / "tokenizer_config.json"
-    if config_file.is_file():
-        config = json.loads(config_file.read_text())
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: take the default one
-            template = next((t.get("template") for t in template
-                             if t.get("name") == "default"), None)
-        chat_template = template if isinstance(template, str) else None
-        for key in ("eos_token", "bos_token"):
-            value = config.get(key)
-            if isinstance(value, Mapping):
-                value = value.get("content")
-            if isinstance(value, str):
-                special[key] = value
+    for key in ("eos_token", "bos_token"):
+        value = config.get(key)
+        if isinstance(value, Mapping):
+            value = value.get("content")
+        if isinstance(value, str):
+            special[key] = value
+    chat_template = _chat_template(file.parent, config)
     return PromptTokenizer(tokenizer, chat_template, special, source=str(file),
                            memo_size=memo_size)
+
+
+def _read_config(file: Path) -> dict[str, Any]:
+    """``tokenizer_config.json`` read as UTF-8 (templates hold non-ASCII text whatever the
+    locale); empty when there is none, ValueError naming the file when it is no JSON
+    object."""
+    if not file.is_file():
+        return {}
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"tokenizer config {file} cannot be read as JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"tokenizer config {file} must hold a JSON object, got "
+                         f"{type(config).__name__}")
+    return config
+
+
+def _chat_template(directory: Path, config: Mapping[str, Any]) -> str | None:
+    """The model's chat template as transformers loads it: ``chat_template.jinja`` beside
+    the tokenizer (where transformers saves one now), over the config's
+    ``chat_template``; of a list of named templates, the one named ``default``."""
+    file = directory / "chat_template.jinja"
+    if file.is_file():
+        return file.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: take the default one
+        template = next((t.get("template") for t in template
+                         if t.get("name") == "default"), None)
+    return template if isinstance(template, str) else None

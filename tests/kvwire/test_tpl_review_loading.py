@@ -1,0 +1,56 @@
+"""A tokenizer directory's chat template and special tokens are read as transformers
+reads them (``PreTrainedTokenizerFast.from_pretrained``, which vLLM loads a model's
+tokenizer with), so a chat renders to the replica's text."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from kvwire.tokenizer import load_tokenizer
+from kvwire.tokenizer_build import ASSET_DIR
+
+TEMPLATE = (
+    "{{ bos_token }}{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- endif %}")
+CHAT = [{"role": "system", "content": "You read contracts."},
+        {"role": "user", "content": "What does clause 4 say?"}]
+
+
+def _directory(tmp_path: Path, config: dict[str, Any], files: dict[str, str]) -> Path:
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    return tmp_path
+
+
+def _transformers(directory: Path, chat: list[Any], tools: list[Any] | None = None) -> str:
+    tok = PreTrainedTokenizerFast.from_pretrained(str(directory))
+    return str(tok.apply_chat_template(chat, tools=tools, tokenize=False,
+                                       add_generation_prompt=True))
+
+
+def test_a_template_saved_beside_the_tokenizer_is_the_models(tmp_path: Path) -> None:
+    # transformers saves a template as chat_template.jinja, not in tokenizer_config.json:
+    # read from there, not the built-in layout; it wins over the config's own
+    directory = _directory(tmp_path, {"bos_token": "<|endoftext|>",
+                                      "chat_template": "{{ 'the config\\'s' }}"},
+                           {"chat_template.jinja": "é " + TEMPLATE})
+    ours = load_tokenizer(directory).render_chat(CHAT)
+    assert ours == _transformers(directory, CHAT)
+    assert ours.startswith("é <|endoftext|><|im_start|>system\n")
+
+
+def test_a_config_that_is_no_json_is_named(tmp_path: Path) -> None:
+    directory = _directory(tmp_path, {}, {})
+    (directory / "tokenizer_config.json").write_text("{'chat_template': ")
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json cannot be read as JSON"):
+        load_tokenizer(directory)
