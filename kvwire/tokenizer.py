@@ -21,11 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Template, TemplateError
+from jinja2 import TemplateError
 
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import PARTS, ChatFormatError, normalize_messages
-from kvwire.chat_template import compile_template, template_messages, template_tools
+from kvwire.chat_template import (
+    ChatTemplate,
+    compile_template,
+    template_messages,
+    template_tools,
+)
+from kvwire.media_parts import shown
 from kvwire.template_kwargs import template_variables
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 from kvwire.whole_encoding import WholeEncodings, space_cut
@@ -52,7 +58,7 @@ class PrefixEncoding:
 class PromptTokenizer:
     """A thread-safe wrapper of an HF ``tokenizers.Tokenizer`` plus chat rendering."""
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None,
+    def __init__(self, tokenizer: Any, chat_template: str | Mapping[str, str] | None = None,
                  special: Mapping[str, str] | None = None, source: str = "",
                  memo_size: int = 0) -> None:
         self._tok = tokenizer
@@ -70,12 +76,13 @@ class PromptTokenizer:
         self.bos_token: str = special.get("bos_token", "")
         self.eos_token_id: int | None = tokenizer.token_to_id(self.eos_token)
         self.vocab_size: int = tokenizer.get_vocab_size()
-        self._template: Template | None = None
-        self._content_parts = False  # the template reads a message's content as parts
-        self._variables: frozenset[str] = frozenset()  # the variables it reads
-        if chat_template:  # compiled as transformers compiles it (vLLM renders with it)
-            self._template, self._content_parts, self._variables = \
-                compile_template(chat_template)
+        # the model's chat templates by name, compiled as transformers compiles them (vLLM
+        # renders with them): one template is the default; of several, a chat with tools is
+        # rendered with the one named tool_use, where there is one, as transformers chooses
+        named = {"default": chat_template} if isinstance(chat_template, str) else \
+            dict(chat_template or {})
+        self._templates: dict[str, ChatTemplate] = {
+            name: compile_template(source) for name, source in named.items() if source}
         # the ids the tokenizer's post-processor puts around one text (a Llama's BOS before
         # it): vLLM and SGLang encode a completion's text prompt with them, and a rendered
         # chat, whose template writes its own, without
@@ -231,7 +238,8 @@ class PromptTokenizer:
             raise ChatFormatError("'add_generation_prompt' and 'continue_final_message' "
                                   "cannot both be true")
         normalized = normalize_messages(messages)
-        if self._template is not None:
+        chosen = self._chosen_template(tools)
+        if chosen is not None:
             if continue_final_message:
                 final = normalized[-1]
                 normalized[-1] = {**final, "content": final["content"] + _CONTINUE_TAG}
@@ -239,10 +247,10 @@ class PromptTokenizer:
                 if isinstance(parts, tuple):  # the tag after the last part's text
                     normalized[-1][PARTS] = (*parts[:-1], parts[-1] + _CONTINUE_TAG) \
                         if parts else (_CONTINUE_TAG,)
-            given = template_messages(normalized, self._content_parts)
-            variables = template_variables(template_kwargs, self._variables)
+            given = template_messages(normalized, chosen.content_parts)
+            variables = template_variables(template_kwargs, chosen.variables)
             try:
-                text = str(self._template.render({
+                text = str(chosen.template.render({
                     "bos_token": self.bos_token, "eos_token": self.eos_token, **variables,
                     "messages": given, "add_generation_prompt": add_generation_prompt,
                     "tools": template_tools(tools),
@@ -280,6 +288,21 @@ class PromptTokenizer:
         if add_generation_prompt:
             parts.append("<|im_start|>assistant\n")
         return "".join(parts)
+
+    def _chosen_template(self, tools: Sequence[Any] | None) -> ChatTemplate | None:
+        """The template a chat is rendered with, as transformers' ``get_chat_template``
+        chooses it: ``tool_use`` when the chat has tools (an empty list too) and the model
+        has one, else ``default``; None without templates (the built-in layout), and
+        ChatFormatError when the model's templates are named but none ``default``."""
+        if not self._templates:
+            return None
+        if tools is not None and "tool_use" in self._templates:
+            return self._templates["tool_use"]
+        chosen = self._templates.get("default")
+        if chosen is None:
+            raise ChatFormatError(f"the model's chat templates are named "
+                                  f"{sorted(self._templates)}, and none 'default'")
+        return chosen
 
 
 # put after the content of the message a template's text is cut at (transformers' own tag)
@@ -358,7 +381,7 @@ def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> Prompt
             value = value.get("content")
         if isinstance(value, str):
             special[key] = value
-    chat_template = _chat_template(file.parent, config)
+    chat_template = _chat_templates(file.parent, config)
     return PromptTokenizer(tokenizer, chat_template, special, source=str(file),
                            memo_size=memo_size)
 
@@ -379,15 +402,25 @@ def _read_config(file: Path) -> dict[str, Any]:
     return config
 
 
-def _chat_template(directory: Path, config: Mapping[str, Any]) -> str | None:
-    """The model's chat template as transformers loads it: ``chat_template.jinja`` beside
-    the tokenizer (where transformers saves one now), over the config's
-    ``chat_template``; of a list of named templates, the one named ``default``."""
-    file = directory / "chat_template.jinja"
-    if file.is_file():
-        return file.read_text(encoding="utf-8")
+def _chat_templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str]:
+    """The model's chat templates by name, as transformers loads them: files beside the
+    tokenizer (where transformers saves them now), ``chat_template.jinja`` the default and
+    ``additional_chat_templates/<name>.jinja`` the others, over the config's
+    ``chat_template`` (one template, the default, or a list of ``{"name", "template"}``).
+    ValueError naming the config's field when it is neither."""
+    files = {"default": directory / "chat_template.jinja",
+             **{file.name.removesuffix(".jinja"): file
+                for file in sorted((directory / "additional_chat_templates").glob("*.jinja"))}}
+    read = {name: file.read_text(encoding="utf-8") for name, file in files.items()
+            if file.is_file()}
+    if read:
+        return read
     template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: take the default one
-        template = next((t.get("template") for t in template
-                         if t.get("name") == "default"), None)
-    return template if isinstance(template, str) else None
+    if template is None or isinstance(template, str):
+        return {"default": template} if template else {}
+    if isinstance(template, list) and all(
+            isinstance(t, Mapping) and isinstance(t.get("name"), str)
+            and isinstance(t.get("template"), str) for t in template):
+        return {t["name"]: t["template"] for t in template}
+    raise ValueError(f"tokenizer_config.json's chat_template must be a template or a list "
+                     f"of {{'name': ..., 'template': ...}}, got {shown(template)}")

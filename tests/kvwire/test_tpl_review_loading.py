@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from kvwire.chat_messages import ChatFormatError
 from kvwire.tokenizer import load_tokenizer
 from kvwire.tokenizer_build import ASSET_DIR
 
@@ -54,3 +55,38 @@ def test_a_config_that_is_no_json_is_named(tmp_path: Path) -> None:
     (directory / "tokenizer_config.json").write_text("{'chat_template': ")
     with pytest.raises(ValueError, match=r"tokenizer_config\.json cannot be read as JSON"):
         load_tokenizer(directory)
+
+
+TOOLS = [{"type": "function", "function": {"name": "find_clause", "description": "Finds one.",
+                                           "parameters": {"type": "object"}}}]
+TOOL_TEMPLATE = "{%- for t in tools %}{{ t | tojson }}\n{%- endfor %}" + TEMPLATE
+
+
+@pytest.mark.parametrize("saved", ["config", "files"])
+def test_a_chat_with_tools_is_rendered_with_the_models_tool_use_template(
+        tmp_path: Path, saved: str) -> None:
+    # a model with named templates (Hermes 2 Pro's, Command-R's): transformers renders a
+    # chat with tools (an empty list too) with its tool_use template, any other with its
+    # default; the gateway rendered all with the default
+    if saved == "config":
+        directory = _directory(tmp_path, {"chat_template": [
+            {"name": "default", "template": TEMPLATE},
+            {"name": "tool_use", "template": TOOL_TEMPLATE}]}, {})
+    else:
+        directory = _directory(tmp_path, {}, {
+            "chat_template.jinja": TEMPLATE,
+            "additional_chat_templates/tool_use.jinja": TOOL_TEMPLATE})
+    tok = load_tokenizer(directory)
+    for tools in (TOOLS, [], None):
+        assert tok.render_chat(CHAT, tools=tools) == _transformers(directory, CHAT, tools)
+    assert tok.render_chat(CHAT, tools=TOOLS).startswith('{"type": "function"')
+
+
+def test_named_templates_without_a_default_refuse_a_chat_without_tools(
+        tmp_path: Path) -> None:
+    directory = _directory(tmp_path, {"chat_template": [
+        {"name": "tool_use", "template": TOOL_TEMPLATE}]}, {})
+    tok = load_tokenizer(directory)
+    assert tok.render_chat(CHAT, tools=TOOLS) == _transformers(directory, CHAT, TOOLS)
+    with pytest.raises(ChatFormatError, match=r"named \['tool_use'\], and none 'default'"):
+        tok.render_chat(CHAT)
