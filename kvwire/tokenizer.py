@@ -71,9 +71,11 @@ class PromptTokenizer:
         self.whole = WholeEncodings(self.encode, max(2, memo_size // 4)) \
             if memo_size > 0 else None
         self.source = source
-        special = dict(special or {})
-        self.eos_token: str = special.get("eos_token", EOS_TOKEN)
-        self.bos_token: str = special.get("bos_token", "")
+        # the special tokens by name, as the template reads them (transformers gives it
+        # those the tokenizer has, and no others)
+        self._special = dict(special or {})
+        self.eos_token: str = self._special.get("eos_token", EOS_TOKEN)
+        self.bos_token: str = self._special.get("bos_token", "")
         self.eos_token_id: int | None = tokenizer.token_to_id(self.eos_token)
         self.vocab_size: int = tokenizer.get_vocab_size()
         # the model's chat templates by name, compiled as transformers compiles them (vLLM
@@ -233,7 +235,8 @@ class PromptTokenizer:
 
         ``template_kwargs``: the request's ``chat_template_kwargs``, checked
         (``kvwire.template_kwargs``), given to the template as vLLM gives them: those it
-        reads, over the special tokens; the built-in layout reads none."""
+        reads, over the tokenizer's special tokens (each one the config names, no other)
+        and ``documents`` (null unless given); the built-in layout reads none."""
         if add_generation_prompt and continue_final_message:
             raise ChatFormatError("'add_generation_prompt' and 'continue_final_message' "
                                   "cannot both be true")
@@ -251,7 +254,7 @@ class PromptTokenizer:
             variables = template_variables(template_kwargs, chosen.variables)
             try:
                 text = str(chosen.template.render({
-                    "bos_token": self.bos_token, "eos_token": self.eos_token, **variables,
+                    **self._special, "documents": None, **variables,
                     "messages": given, "add_generation_prompt": add_generation_prompt,
                     "tools": template_tools(tools),
                 }))
@@ -374,13 +377,7 @@ def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> Prompt
         raise ValueError(f"tokenizer file {file} cannot be read as a tokenizer: {exc}") \
             from None
     config = _read_config(file.parent / "tokenizer_config.json")
-    special: dict[str, str] = {}
-    for key in ("eos_token", "bos_token"):
-        value = config.get(key)
-        if isinstance(value, Mapping):
-            value = value.get("content")
-        if isinstance(value, str):
-            special[key] = value
+    special = _special_tokens(config)
     chat_template = _chat_templates(file.parent, config)
     return PromptTokenizer(tokenizer, chat_template, special, source=str(file),
                            memo_size=memo_size)
@@ -400,6 +397,21 @@ def _read_config(file: Path) -> dict[str, Any]:
         raise ValueError(f"tokenizer config {file} must hold a JSON object, got "
                          f"{type(config).__name__}")
     return config
+
+
+def _special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
+    """The tokenizer's special tokens by name, as transformers gives them to a chat
+    template: each ``*_token`` of the config (``bos_token``, ``unk_token``, ``pad_token``,
+    a multimodal model's ``image_token`` ...) and each of a map of
+    ``extra_special_tokens``, as text or as an added token's ``content``."""
+    extra = config.get("extra_special_tokens")
+    named = {**config, **(extra if isinstance(extra, Mapping) else {})}
+    out = {}
+    for key, value in named.items():
+        text = value.get("content") if isinstance(value, Mapping) else value
+        if isinstance(key, str) and key.endswith("_token") and isinstance(text, str):
+            out[key] = text
+    return out
 
 
 def _chat_templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str]:

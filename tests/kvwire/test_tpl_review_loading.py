@@ -90,3 +90,22 @@ def test_named_templates_without_a_default_refuse_a_chat_without_tools(
     assert tok.render_chat(CHAT, tools=TOOLS) == _transformers(directory, CHAT, TOOLS)
     with pytest.raises(ChatFormatError, match=r"named \['tool_use'\], and none 'default'"):
         tok.render_chat(CHAT)
+
+
+# a template that writes the special tokens past bos and eos, tells a token the config
+# lacks from an empty one, and tells documents given as null from none
+SPECIAL_TEMPLATE = (
+    "{{ bos_token }}|{{ unk_token }}|{{ pad_token }}|{{ image_token }}|{{ boi_token }}|"
+    "{{ eos_token is defined }}|{{ documents is none }}|" + TEMPLATE)
+
+
+def test_the_template_gets_the_special_tokens_transformers_gives_it(tmp_path: Path) -> None:
+    directory = _directory(tmp_path, {
+        "chat_template": SPECIAL_TEMPLATE, "bos_token": "<|im_start|>",
+        "unk_token": {"__type": "AddedToken", "content": "<|im_end|>", "special": True},
+        "pad_token": "<|endoftext|>", "image_token": "<|im_start|>",
+        "extra_special_tokens": {"boi_token": "<|im_end|>"}, "add_bos_token": False}, {})
+    ours = load_tokenizer(directory).render_chat(CHAT)
+    assert ours == _transformers(directory, CHAT)
+    assert ours.startswith("<|im_start|>|<|im_end|>|<|endoftext|>|<|im_start|>|<|im_end|>|"
+                           "False|True|")
