@@ -8,7 +8,8 @@ is parsed, so a head that arrives whole in one read is bounded too; pipelined he
 share a read with the request before them are bounded by the read); a head not complete
 ``header_timeout_s`` after its connection opened (or after its first byte, on a kept-alive
 connection) is answered 408.
-Websockets are off: the gateway serves none.
+Websockets are off: the gateway serves none, and a request that asks to switch protocols
+(``Connection: Upgrade``) is served as the HTTP/1.1 request it also is (``_PlainParser``).
 
 Each ``transport.write`` is a system call, and on loopback one costs more than the rest of
 a streamed chunk's relay. uvicorn writes a response's head on its own, then its body;
@@ -31,10 +32,12 @@ import signal
 import socket
 import threading
 import uuid
+from array import array
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, cast
 
+import httptools
 import orjson
 import uvicorn
 import uvloop
@@ -151,6 +154,33 @@ class _Leaving:
             callback()
 
 
+class _PlainParser(httptools.HttpRequestParser):
+    """llhttp's request parser for a server that switches to no other protocol. llhttp
+    ends a request that asks to (``Connection: Upgrade``; curl's ``--http2`` sends
+    ``Upgrade: h2c`` with every request to an http:// URL) at its head and stops there:
+    its body went unread (a completion's JSON reached the handler empty) and the next
+    bytes were dropped. Such a request is read as the plain HTTP/1.1 request it also is
+    (RFC 9110 7.8: a server may ignore ``Upgrade``): its head again without the upgrade
+    (``BoundedHttpProtocol.take_upgrade``), then the bytes after it."""
+
+    def __init__(self, protocol: BoundedHttpProtocol) -> None:
+        super().__init__(protocol)
+        self._protocol = protocol
+
+    def feed_data(self, data: bytes | bytearray | memoryview | array[int]) -> None:
+        while True:
+            try:
+                super().feed_data(data)
+                return
+            except httptools.HttpParserUpgrade as upgrade:
+                head = self._protocol.take_upgrade()
+                if head is None:
+                    raise
+                super().feed_data(head)
+                # [0, offset): the head just read again; [offset, len): its body and on
+                data = memoryview(data)[upgrade.args[0]:]
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a bounded request head (see the module), and
     bounded in what a connection holds:
@@ -172,6 +202,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.parser = _PlainParser(self)
+        # as uvicorn sets it: a request after one that asks to close is still answered
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self._upgrade: bytes | None = None  # the head of a request that asked to upgrade
         self._in_head = True
         self._head_bytes = 0
         self._head_carry = b""  # the last bytes of the head so far
@@ -245,6 +279,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._start_head_timer()
 
     def on_message_complete(self) -> None:
+        if self._upgrade is not None:  # the request read again, without its upgrade
+            return
         if self._drain_timer is not None:  # the answered body's rest came: kept alive
             self._drain_timer.cancel()
             self._drain_timer = None
@@ -274,7 +310,32 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         _close_with(self.transport, b"400 Bad Request", msg, "invalid_http")
 
+    def take_upgrade(self) -> bytes | None:
+        """The head of the request just read that asked to switch protocols, without
+        asking (None: no such request; a CONNECT is no HTTP request to serve)."""
+        head, self._upgrade = self._upgrade, None
+        return head
+
+    def _without_upgrade(self) -> bytes:
+        lines = [b"%s %s HTTP/%s\r\n" % (self.parser.get_method(), self.url,
+                                         self.parser.get_http_version().encode())]
+        for name, value in self.headers:
+            if name == b"upgrade":
+                continue
+            if name == b"connection":
+                value = b",".join(token for token in value.split(b",")
+                                  if token.strip().lower() != b"upgrade")
+                if not value.strip():
+                    continue
+            lines.append(name + b": " + value + b"\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT":
+            # read again without the upgrade (``_PlainParser``); nothing starts now
+            self._upgrade = self._without_upgrade()
+            return
         self._in_head = False
         self._stop_head_timer()
         super().on_headers_complete()
