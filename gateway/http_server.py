@@ -30,6 +30,7 @@ import logging
 import resource
 import signal
 import socket
+import sys
 import threading
 import uuid
 from array import array
@@ -308,7 +309,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        _close_with(self.transport, b"400 Bad Request", msg, "invalid_http")
+        _close_with(self.transport, b"400 Bad Request", _what_is_invalid(msg),
+                    "invalid_http")
 
     def take_upgrade(self) -> bytes | None:
         """The head of the request just read that asked to switch protocols, without
@@ -370,6 +372,27 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             _close_with(self.transport, b"408 Request Timeout",
                         f"request head not received within {self.limits.header_timeout_s} s",
                         "header_timeout")
+
+
+_SHOWN_CHARS = 200  # of a parser's message: an invalid URL's is the whole URL
+
+
+def _what_is_invalid(said: str) -> str:
+    """What llhttp found wrong with the request whose error is being handled (uvicorn
+    answers its parser's errors from within its ``except``), else ``said``: uvicorn's
+    "Invalid HTTP request received." named nothing (a duplicate Content-Length, a bad
+    chunk size, a control character in a header all read the same)."""
+    error = sys.exception()
+    if isinstance(error, httptools.HttpParserCallbackError):
+        # raised in a callback: the URL parser's (any other is no fault of the request)
+        cause = error.__context__
+        error = cause if isinstance(cause, httptools.HttpParserError) else None
+    if not isinstance(error, httptools.HttpParserError):
+        return said
+    what = str(error)
+    if len(what) > _SHOWN_CHARS:
+        what = what[:_SHOWN_CHARS] + "..."
+    return f"invalid HTTP request: {what}"
 
 
 def bounded_protocol(limits: LimitsConfig) -> type[BoundedHttpProtocol]:
