@@ -77,9 +77,10 @@ def check_tools(tools: Any) -> list[Any] | None:
 def normalize_messages(messages: Sequence[Any], hash_media: bool = True,
                        lenient: bool = False) -> list[dict[str, Any]]:
     """Check OpenAI chat messages; returns them as plain ``{role, content}`` dicts, with an
-    assistant turn's ``tool_calls``, a tool turn's ``tool_call_id`` and a message's ``name``
-    where given (a chat
-    template renders them: without them, a history's calls would all read the same). With
+    assistant turn's ``tool_calls`` and ``reasoning`` (vLLM's field: the thinking a client
+    gives back, which templates of interleaved thinking render), a tool turn's
+    ``tool_call_id`` and a message's ``name`` where given (a chat template renders them:
+    without them, a history's calls would all read the same). With
     ``hash_media`` False, media parts are checked but not hashed: their placeholders have
     the right length and a zero digest (for validation and length estimates).
 
@@ -165,6 +166,12 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
     calls = message.get("tool_calls")
     if calls is not None:
         out["tool_calls"] = _tool_calls(calls, f"messages[{index}].tool_calls")
+    reasoning = message.get("reasoning")  # an assistant turn's thinking, given back
+    if reasoning is not None and role == "assistant":
+        if not isinstance(reasoning, str):
+            raise ChatFormatError(f"messages[{index}].reasoning must be a string, got "
+                                  f"{shown(reasoning)}", param=f"messages[{index}].reasoning")
+        out["reasoning"] = reasoning
     call_id = message.get("tool_call_id")
     if call_id is not None:
         if not isinstance(call_id, str):

@@ -74,7 +74,8 @@ def template_messages(messages: Sequence[Mapping[str, Any]], content_parts: bool
     """Normalized messages (``normalize_messages``) as vLLM gives them to a chat template:
     an assistant turn's tool calls with their ``arguments`` read from JSON text into
     values (empty: ``{}``), so that ``arguments | tojson`` writes the object, not a string
-    of it, and no ``tool_calls`` where the list is empty. ChatFormatError naming a call
+    of it, and no ``tool_calls`` where the list is empty; its ``reasoning`` also as
+    ``reasoning_content`` and ``thinking``. ChatFormatError naming a call
     whose arguments are no JSON text (vLLM refuses it too).
 
     With ``content_parts`` (a template that loops over a message's content), each
@@ -89,6 +90,10 @@ def template_messages(messages: Sequence[Mapping[str, Any]], content_parts: bool
             texts = parts if isinstance(parts, tuple) else \
                 (message["content"],) if message["content"] else ()
             message["content"] = [{"type": "text", "text": text} for text in texts]
+        reasoning = message.get("reasoning")
+        if reasoning is not None:  # read by templates as reasoning_content (Qwen3's) or
+            # thinking (gpt-oss'): vLLM gives the first, transformers the second
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         calls = message.get("tool_calls")
         if calls is None:
             out.append(message)
