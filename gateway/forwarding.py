@@ -7,6 +7,9 @@ its client are believed only from a peer in ``trusted_proxies`` (the proxy in fr
 the gateway that sets them); then the peer's address is appended to ``X-Forwarded-For``.
 From anyone else they are dropped and ``X-Forwarded-For`` starts again with the peer's
 address, so a replica's logs never show an address a client made up.
+
+A client's ``X-Data-Parallel-Rank`` is dropped: which engine of a replica serves a request
+is the gateway's to say (it sets the header toward a replica configured rank by rank).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import uuid
 
 from starlette.requests import Request
 
+from gateway.data_parallel import RANK_HEADER
 from gateway.networks import Networks
 from gateway.proxy import forward_headers
 
@@ -32,6 +36,10 @@ def upstream_headers(request: Request, trusted: Networks,
     not the one a client may claim in the header)."""
     out = forward_headers(request.headers)
     out.pop("origin", None)  # a browser's: CORS is the gateway's to answer, not a replica's
+    # vLLM and SGLang send a request to the engine it names, past their own balancing
+    # (and refuse a rank they lack): toward a replica served as one, a client pinned all
+    # its requests to one engine of it
+    out.pop(RANK_HEADER, None)
     # an answer is read for its end, its errors and its usage: the client's gzip would let a
     # compressing hop before a replica hide them (a cut gzip stream passed for a whole one)
     out["accept-encoding"] = "identity"
