@@ -153,6 +153,9 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     # history (continued on the replica), nor images and audio (the gateway counts their
     # placeholders); such an answer teaches the token calibration nothing
     comparable = not _continues(intake.parsed) and not carries_media(intake.parsed.messages)
+    # what the answer's end needs of the request: never ``intake`` itself, whose parsed
+    # body (some 24 times its bytes) the stream would hold until it ends
+    tenant = intake.tenant
 
     held: list[Resident] = []  # the answer, while it streams, in the KV capacity estimate
 
@@ -187,7 +190,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         # the client's times, from its request's arrival: a retried request waited for
         # every try (the policy's are the replica's, from the last try's send)
         gw.ended(decision.reason, stream.outcome, stream.replica, request_id=request_id,
-                 tenant=intake.tenant, model=route_req.model,
+                 tenant=tenant, model=route_req.model,
                  prompt_tokens=usage[0] if usage else None,
                  cached_tokens=usage[1] if usage else None,
                  ttft_s=None if ttft is None else stream.first_byte_at - arrived,
