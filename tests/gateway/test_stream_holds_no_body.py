@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import uuid
 
 import httpx
 
@@ -13,23 +14,27 @@ from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.gateway_harness import Serve, start_gateway
 
 
-def _parsed_alive() -> int:
+def _parsed_alive(user: str) -> int:
+    """This test's requests parsed and still alive (other tests' may be too)."""
     gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, ParsedRequest))
+    return sum(1 for o in gc.get_objects()
+               if isinstance(o, ParsedRequest) and o.body.get("user") == user)
 
 
 def test_a_streaming_answer_holds_no_parsed_body(serve: Serve) -> None:
     release = threading.Event()
     replica = Behaviour("a", release=release)
     gw = start_gateway(serve, [("a", serve(fake_replica(replica)).url)])
-    body = {"model": "sim-model", "prompt": "a long document " * 200, "stream": True}
+    user = f"holds-no-body-{uuid.uuid4().hex}"
+    body = {"model": "sim-model", "prompt": "a long document " * 200, "stream": True,
+            "user": user}
     try:
         with httpx.Client(timeout=30) as client, \
                 client.stream("POST", f"{gw.url}/v1/completions", json=body) as r:
             assert r.status_code == 200
             lines = r.iter_lines()
             assert next(lines).startswith("data:")  # the stream is open and waiting
-            alive = _parsed_alive()
+            alive = _parsed_alive(user)
             release.set()
             rest = list(lines)
     finally:
