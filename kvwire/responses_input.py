@@ -91,9 +91,17 @@ def _item_message(item: Any, where: str) -> dict[str, Any] | None:
     return None
 
 
-def _content(content: Any, where: str) -> str:
-    """A message's text: a string, or its text parts joined (an image stands by its
-    address; other parts are left out)."""
+def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message's content in the chat's terms: a string, or its text parts joined (other
+    parts are left out); with an ``input_image`` by address (a URL, a ``data:`` URL), the
+    chat's parts, each image an ``image_url`` part as vLLM gives it, which the gateway and
+    the engine read as media (a placeholder of its hash), never as text: a ``data:`` URL
+    is megabytes of base64. An image by ``file_id`` alone stands by its id."""
+    if isinstance(content, list) and any(
+            isinstance(p, Mapping) and p.get("type") == "input_image"
+            and isinstance(p.get("image_url"), str) and p.get("image_url")
+            for p in content):
+        return _parts(content, where)
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -111,6 +119,30 @@ def _content(content: Any, where: str) -> str:
         elif kind == "input_image":
             texts.append(f"[image {part.get('image_url') or part.get('file_id') or ''}]")
     return "\n".join(texts)
+
+
+def _parts(content: list[Any], where: str) -> list[dict[str, Any]]:
+    """``content`` as the chat's parts: text parts as text, images by address as
+    ``image_url`` parts, in their order (other parts left out)."""
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if not isinstance(part, Mapping):
+            raise BadRequest(f"{where} parts must be objects, got {shown(part)}", param=where)
+        kind = part.get("type")
+        if kind in _TEXT_PARTS:
+            text = part.get("text", part.get("refusal"))
+            if isinstance(text, str):
+                parts.append({"type": "text", "text": text})
+        elif kind == "input_image":
+            url = part.get("image_url")
+            if isinstance(url, str) and url:
+                image: dict[str, Any] = {"url": url}
+                if isinstance(part.get("detail"), str):
+                    image["detail"] = part["detail"]
+                parts.append({"type": "image_url", "image_url": image})
+            else:
+                parts.append({"type": "text", "text": f"[image {part.get('file_id') or ''}]"})
+    return parts
 
 
 def _chat_tools(tools: Any) -> Any:

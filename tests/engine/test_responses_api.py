@@ -121,3 +121,14 @@ def test_a_response_cancelled_on_the_engine_ends_as_a_failed_one(live: LiveEngin
     last = datas[-1]
     assert last["type"] == "response.failed" and last["response"]["status"] == "cancelled"
     assert last["response"]["error"]["code"] == "cancelled"
+
+
+def test_an_input_image_is_an_image_not_its_addresses_text(live: LiveEngine) -> None:
+    image = "data:image/png;base64," + "iVBORw0KGgo" * 20_000  # 220 KB of base64
+    ask = [{"role": "user", "content": [{"type": "input_text", "text": "what is this?"},
+                                        {"type": "input_image", "image_url": image}]}]
+    done = live.client.responses.create(model=MODEL, input=ask,  # type: ignore[arg-type]
+                                        max_output_tokens=2)
+    assert done.usage is not None
+    # the image's placeholder and the question, not tens of thousands of base64 tokens
+    assert done.usage.input_tokens < 200

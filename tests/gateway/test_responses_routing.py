@@ -39,7 +39,8 @@ def test_a_responses_body_reads_as_its_chat() -> None:
     assert parsed.messages == [
         {"role": "system", "content": "be brief"},
         {"role": "system", "content": "cite clauses"},
-        {"role": "user", "content": "the term?\n[image https://x/y.png]"},
+        {"role": "user", "content": [{"type": "text", "text": "the term?"}, {
+            "type": "image_url", "image_url": {"url": "https://x/y.png"}}]},
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "c1", "type": "function",
              "function": {"name": "lookup", "arguments": "{}"}}]},
