@@ -1,7 +1,8 @@
 """Prompt to token ids, identical in the gateway and in the engine.
 
 ``load_tokenizer(path)`` takes a directory holding ``tokenizer.json`` (and optionally a chat
-template: ``chat_template.jinja``, or ``tokenizer_config.json``'s ``chat_template``) or the
+template: ``chat_template.jinja``, a processor's ``chat_template.json``, or
+``tokenizer_config.json``'s ``chat_template``) or the
 file itself; ``None`` loads the
 project's own BPE tokenizer (``kvwire/tokenizer_build.py``). Chat messages are rendered with
 the model's chat template when there is one, else with a fixed ChatML layout, so the gateway
@@ -427,6 +428,17 @@ def _chat_templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str
             if file.is_file()}
     if read:
         return read
+    processor = directory / "chat_template.json"  # a multimodal model's processor's, which
+    if processor.is_file():  # vLLM takes before the tokenizer's
+        try:
+            saved = json.loads(processor.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{processor} is not JSON: {exc}") from None
+        template = saved.get("chat_template") if isinstance(saved, Mapping) else None
+        if not isinstance(template, str):
+            raise ValueError(f"{processor} holds no chat_template string, got "
+                             f"{shown(template)}")
+        return {"default": template}
     template = config.get("chat_template")
     if template is None or isinstance(template, str):
         return {"default": template} if template else {}
