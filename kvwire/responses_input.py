@@ -97,28 +97,15 @@ def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
     chat's parts, each image an ``image_url`` part as vLLM gives it, which the gateway and
     the engine read as media (a placeholder of its hash), never as text: a ``data:`` URL
     is megabytes of base64. An image by ``file_id`` alone stands by its id."""
-    if isinstance(content, list) and any(
-            isinstance(p, Mapping) and p.get("type") == "input_image"
-            and isinstance(p.get("image_url"), str) and p.get("image_url")
-            for p in content):
-        return _parts(content, where)
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise BadRequest(f"{where} must be a string or an array of parts, got "
                          f"{shown(content)}", param=where)
-    texts: list[str] = []
-    for part in content:
-        if not isinstance(part, Mapping):
-            raise BadRequest(f"{where} parts must be objects, got {shown(part)}", param=where)
-        kind = part.get("type")
-        if kind in _TEXT_PARTS:
-            text = part.get("text", part.get("refusal"))
-            if isinstance(text, str):
-                texts.append(text)
-        elif kind == "input_image":
-            texts.append(f"[image {part.get('image_url') or part.get('file_id') or ''}]")
-    return "\n".join(texts)
+    parts = _parts(content, where)
+    if any(part["type"] == "image_url" for part in parts):
+        return parts
+    return "\n".join(part["text"] for part in parts)
 
 
 def _parts(content: list[Any], where: str) -> list[dict[str, Any]]:

@@ -4,17 +4,14 @@ short one is rendered on the loop."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from engine.server import EngineServer, build_app
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
-from tests.support.engine_cores import make_core
-from tests.support.servers import ThreadServer
+from tests.support.loop_check import on_event_loop, served_engine
 
 MODEL = "tiny-sim"
 
@@ -30,27 +27,16 @@ class WhereRendered:
         return getattr(self.inner, name)
 
     def render_chat(self, *args: Any, **kwargs: Any) -> str:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            self.on_loop.append(False)
-        else:
-            self.on_loop.append(True)
+        self.on_loop.append(on_event_loop())
         return str(self.inner.render_chat(*args, **kwargs))
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[httpx.Client, WhereRendered]]:
     tok = WhereRendered(load_tokenizer(None))
-    core = make_core(num_blocks=4096, block_size=16, vocab=(259, 4096), max_model_len=60000)
-    server = ThreadServer(build_app(EngineServer(core, tok, model_name=MODEL,
-                                                 sleep_modeled_time=False))).start()
-    http = httpx.Client(base_url=server.url, timeout=30)
-    try:
+    with served_engine(tok, MODEL, num_blocks=4096, block_size=16, vocab=(259, 4096),
+                       max_model_len=60000) as http:
         yield http, tok
-    finally:
-        http.close()
-        server.stop()
 
 
 @pytest.mark.parametrize(("messages", "on_loop"), [

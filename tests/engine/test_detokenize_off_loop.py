@@ -4,7 +4,6 @@ one is read on the loop."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +12,7 @@ import httpx
 from engine.server import EngineServer, build_app
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from tests.support.engine_cores import make_core
+from tests.support.loop_check import on_event_loop
 
 
 class WhereTokenizer:
@@ -27,12 +27,7 @@ class WhereTokenizer:
         return getattr(self.inner, name)
 
     def _note(self) -> None:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            self.on_loop.append(False)
-        else:
-            self.on_loop.append(True)
+        self.on_loop.append(on_event_loop())
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         self._note()

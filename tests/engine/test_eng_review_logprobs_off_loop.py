@@ -4,7 +4,6 @@ stream it serves, stays free meanwhile; a short one is rendered on the loop."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -12,10 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.server import EngineServer, build_app
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
-from tests.support.engine_cores import make_core
-from tests.support.servers import ThreadServer
+from tests.support.loop_check import on_event_loop, served_engine
 
 MODEL = "tiny-sim"
 PROMPT = list(range(300, 2800))  # 2,500 distinct ids: each decoded once per answer
@@ -32,27 +29,16 @@ class WhereTokenizer:
         return getattr(self.inner, name)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            self.on_loop.append(False)
-        else:
-            self.on_loop.append(True)
+        self.on_loop.append(on_event_loop())
         return self.inner.decode(ids, skip_special_tokens)
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[httpx.Client, WhereTokenizer]]:
     tok = WhereTokenizer(load_tokenizer(None))
-    core = make_core(num_blocks=1024, block_size=4, vocab=(259, 4096), max_model_len=4096)
-    server = ThreadServer(build_app(EngineServer(core, tok, model_name=MODEL,
-                                                 sleep_modeled_time=False))).start()
-    http = httpx.Client(base_url=server.url, timeout=30)
-    try:
+    with served_engine(tok, MODEL, num_blocks=1024, block_size=4, vocab=(259, 4096),
+                       max_model_len=4096) as http:
         yield http, tok
-    finally:
-        http.close()
-        server.stop()
 
 
 @pytest.mark.parametrize("body", [
