@@ -774,10 +774,10 @@ class Proxy:
         deadline = time.monotonic() + self.timeouts.first_byte_s
         signs = _SIGNS.get(path, _PLAIN)
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
-        queue = list(ranked)
-        tries = len(queue) if stored_elsewhere else self.max_attempts
-        while queue and tries:
-            replica, tries = queue.pop(0), tries - 1
+        order, at = ranked, 0  # the replicas in the order tried, and the next one's place
+        tries = len(order) if stored_elsewhere else self.max_attempts
+        while at < len(order) and tries:
+            replica, at, tries = order[at], at + 1, tries - 1
             state = self.fleet.get(replica)
             left = deadline - time.monotonic()
             # a later try gets what is left of the request's deadline, unless that is too
@@ -808,7 +808,7 @@ class Proxy:
                 attempts.append(Attempted(replica, exc.cause, exc.status))
                 last = exc
                 if exc.cause != "not_stored":
-                    _siblings_last(queue, state)
+                    order = _siblings_last(order, at, state)
                 if exc.cause == "busy":  # shedding load: the next replica may not be
                     busy_after.append(exc.retry_after_s)
                     continue
@@ -1009,15 +1009,18 @@ class Proxy:
                                   self.health.request_failures_to_eject, self.health.ejection_s)
 
 
-def _siblings_last(queue: list[str], failed: ReplicaState) -> None:
-    """After a try on a data-parallel rank failed, the other ranks of its server go to the
-    end of ``queue``: they share its API process and its port, so a server that is down,
-    hung or failing fails them too, and two of its ranks failing a request says nothing of
-    the request (``gateway.data_parallel``)."""
+def _siblings_last(order: Sequence[str], at: int, failed: ReplicaState) -> Sequence[str]:
+    """``order`` with the replicas from ``at`` on rearranged after a try on ``failed``
+    failed: when it is a data-parallel rank, the other ranks of its server go last (they
+    share its API process and its port, so a server that is down, hung or failing fails
+    them too, and two of its ranks failing a request says nothing of the request:
+    ``gateway.data_parallel``); else ``order`` itself, never copied."""
     if failed.config.data_parallel_rank is None:
-        return
+        return order
     group = group_of(failed.id)
-    queue.sort(key=lambda rid: group_of(rid) == group)  # stable: the rest keep their order
+    rest = order[at:]
+    return (*order[:at], *(r for r in rest if group_of(r) != group),
+            *(r for r in rest if group_of(r) == group))
 
 
 class _Patience:
