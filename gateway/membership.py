@@ -45,6 +45,15 @@ async def join_all(gw: GatewayState, configs: Sequence[ReplicaConfig], source: s
     replica): all of them are added before any is checked, or none (ValueError, as
     ``join``), so a removal while they are checked finds them all; their checks run at
     once, so a server that does not answer costs one health timeout, not one per rank."""
+    states = _add_all(gw, configs, source, forward_auth)
+    await _checked(gw, states)
+    return states
+
+
+def _add_all(gw: GatewayState, configs: Sequence[ReplicaConfig], source: str,
+             forward_auth: bool = True) -> list[ReplicaState]:
+    """Add every one of ``configs`` to the fleet, unchecked, or none: ValueError (an id
+    taken, no room left) after those added leave again."""
     states: list[ReplicaState] = []
     try:
         for config in configs:
@@ -54,9 +63,14 @@ async def join_all(gw: GatewayState, configs: Sequence[ReplicaConfig], source: s
         for state in states:
             leave(gw, state.id)
         raise
-    if gw.monitor is not None:  # once a server: its answer counts for each of its ranks
-        await asyncio.gather(*(gw.monitor.check_one(*server) for server in servers(states)))
     return states
+
+
+async def _checked(gw: GatewayState, states: Sequence[ReplicaState]) -> None:
+    """Check the health of ``states`` at once, once a server: its answer counts for each
+    of its ranks."""
+    if gw.monitor is not None:
+        await asyncio.gather(*(gw.monitor.check_one(*server) for server in servers(states)))
 
 
 def leave(gw: GatewayState, replica_id: str) -> ReplicaState:
@@ -93,21 +107,15 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
         if len(gw.fleet) + len(new) > MAX_REPLICAS:
             full.extend(rank.id for rank in new)
             continue
-        states: list[ReplicaState] = []
         try:
-            for rank in new:
-                states.append(gw.fleet.add(rank, source=source,
-                                           checked_first=gw.monitor is not None))
+            states = _add_all(gw, new, source)
         except ValueError as exc:  # no slot left in the workers' shared accounting
-            for state in states:
-                leave(gw, state.id)
             full.extend(rank.id for rank in new)
             log.warning("discovery %s: replica %s not added: %s", source, new[0].id, exc)
             continue
         added.extend(state.id for state in states)
         joining.extend(states)
-    if gw.monitor is not None:  # once a server, as join_all
-        await asyncio.gather(*(gw.monitor.check_one(*server) for server in servers(joining)))
+    await _checked(gw, joining)
     if full:
         log.warning("discovery %s: the fleet holds its limit of %d replicas: %s not added",
                     source, MAX_REPLICAS, _some(full))
