@@ -56,18 +56,22 @@ class PerModel(Policy):
         self.wants_anchor = first.wants_anchor
         self.kv_index = first.kv_index
 
-    def policy_for(self, model: str | None) -> Policy:
+    def policy_for(self, model: str | None, keep: bool = True) -> Policy:
         """The instance deciding for ``model`` (made on first use; one for every name no
-        replica lists)."""
+        replica lists). ``keep`` false (``explain``): nothing made is kept and nothing moves
+        in the recency order; a model without an instance is lent a fresh one (keeping it
+        would let another model's learned state go)."""
         policy = self._by_model.get(model)
         if policy is not None:
-            if len(self._by_model) > 1:
+            if keep and len(self._by_model) > 1:
                 self._by_model.move_to_end(model)
             return policy
         if model is not None and self._listed is not None and not self._listed(model):
-            return self.policy_for(None)
+            return self.policy_for(None, keep)
         if not self._by_model:
             policy = self.first
+        elif not keep:
+            return self._fresh()
         else:
             if len(self._by_model) >= self.max_models:
                 stale = next((m for m, p in self._by_model.items() if p is not self.first),
@@ -75,10 +79,15 @@ class PerModel(Policy):
                 if stale is None:
                     return self.first
                 del self._by_model[stale]
-            policy = self._make()
-            if policy.kv_index is not None:
-                policy.kv_index = self.kv_index  # one index, fed once, per replica
-        self._by_model[model] = policy
+            policy = self._fresh()
+        if keep:
+            self._by_model[model] = policy
+        return policy
+
+    def _fresh(self) -> Policy:
+        policy = self._make()
+        if policy.kv_index is not None:
+            policy.kv_index = self.kv_index  # one index, fed once, per replica
         return policy
 
     def _all(self) -> list[Policy]:
@@ -108,19 +117,7 @@ class PerModel(Policy):
         return self.policy_for(request.model).choose(request, replicas)
 
     def explain(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
-        """What the instance deciding for the request's model would choose, without
-        making one or moving it in the recency order: asking ``/admin/explain`` about
-        a model not routed yet lent it a fresh instance that is not kept, where keeping
-        it would let another model's learned state go."""
-        model = request.model
-        if model is not None and self._listed is not None and not self._listed(model):
-            model = None
-        policy = self._by_model.get(model)
-        if policy is None:
-            policy = self.first if not self._by_model else self._make()
-            if policy is not self.first and policy.kv_index is not None:
-                policy.kv_index = self.kv_index
-        return policy.explain(request, replicas)
+        return self.policy_for(request.model, keep=False).explain(request, replicas)
 
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed | Finished):
