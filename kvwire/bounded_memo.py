@@ -61,6 +61,11 @@ class BoundedMemo(Generic[K, V]):
                 if weigh is not None:
                     self.weight -= weigh(dropped)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.weight = 0
+
     def values(self) -> list[V]:
         """The values remembered, the least recently used first."""
         with self._lock:

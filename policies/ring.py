@@ -26,6 +26,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from kvwire.bounded_memo import BoundedMemo
+
 _LITTLE_ENDIAN = sys.byteorder == "little"
 _T = TypeVar("_T", bound=Hashable)
 
@@ -60,21 +62,18 @@ MAX_POINTS = 1 << 18
 # of the event loop for 256 replicas at 1,024 points each (each model's policy builds its
 # own); 8 KB a member of 1,024 points
 _POINTS_KEPT = 4096
-_points_kept: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+_points_kept: BoundedMemo[tuple[str, int], np.ndarray] = BoundedMemo(_POINTS_KEPT)
 
 
 def member_points(rid: str, count: int) -> np.ndarray:
     """The ``count`` ring points of replica ``rid`` (``stable_hash(f"{rid}-{i}")``, as
     uint64), hashed once and kept for the rings built after."""
     key = (rid, count)
-    found = _points_kept.get(key)
-    if found is not None:
-        _points_kept.move_to_end(key)
-        return found
-    points = np.fromiter((_hash_point(f"{rid}-{i}") for i in range(count)), np.uint64, count)
-    _points_kept[key] = points
-    if len(_points_kept) > _POINTS_KEPT:
-        _points_kept.popitem(last=False)
+    points = _points_kept.get(key, None)
+    if points is None:
+        points = np.fromiter((_hash_point(f"{rid}-{i}") for i in range(count)), np.uint64,
+                             count)
+        _points_kept.put(key, points)
     return points
 
 
