@@ -183,7 +183,6 @@ class TorchExecutor:
                              f"outside [0, {exc.limit})") from None
         input_ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.int64,
                                  device=self.device)
-        assert meta.positions is not None  # build_metadata sets them
         hidden = self.model(input_ids, meta.positions, self.kv_caches, meta)
         return hidden, list(meta.query_start_host)
 

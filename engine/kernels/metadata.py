@@ -32,8 +32,7 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_host: tuple[int, ...]
     seq_lens_host: tuple[int, ...]
-    # the absolute position of each query row ([num_tokens] int64, on the device)
-    positions: torch.Tensor | None = None
+    positions: torch.Tensor  # [num_tokens] int64: each query row's absolute position
 
     @property
     def num_seqs(self) -> int:
