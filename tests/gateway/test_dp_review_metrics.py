@@ -30,6 +30,10 @@ def _server(engines: int) -> Starlette:
     return Starlette(routes=[Route("/metrics", metrics)])
 
 
+def _monitor(fleet: Fleet, session: aiohttp.ClientSession) -> Monitor:
+    return Monitor(fleet, session, HealthConfig(timeout_s=5.0), ScrapeConfig(timeout_s=5.0))
+
+
 def _told(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "data_parallel_size is" in r.getMessage()]
 
@@ -39,8 +43,7 @@ async def test_a_replica_added_again_with_another_wrong_size_is_told_again(
     front = serve(_server(2))
     fleet = Fleet(ReplicaConfig("dp", front.url, data_parallel_size=4).ranks())
     async with aiohttp.ClientSession() as session:
-        monitor = Monitor(fleet, session, HealthConfig(timeout_s=5.0),
-                          ScrapeConfig(timeout_s=5.0))
+        monitor = _monitor(fleet, session)
         await monitor.scrape_round()
         assert len(_told(caplog)) == 1
         await monitor.scrape_round()  # told once while it stays as it is
@@ -61,8 +64,7 @@ async def test_a_page_naming_thousands_of_ranks_is_told_in_a_line_of_its_own_siz
     front = serve(_server(5000))
     fleet = Fleet(ReplicaConfig("dp", front.url, data_parallel_size=2).ranks())
     async with aiohttp.ClientSession() as session:
-        monitor = Monitor(fleet, session, HealthConfig(timeout_s=5.0),
-                          ScrapeConfig(timeout_s=5.0))
+        monitor = _monitor(fleet, session)
         await monitor.scrape_round()
     (told,) = _told(caplog)
     assert "name ranks 0, 1, 2," in told and "and 4992 more" in told  # 5,000 ranks named
