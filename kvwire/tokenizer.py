@@ -377,26 +377,25 @@ def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> Prompt
     except Exception as exc:  # the tokenizers library raises a bare Exception
         raise ValueError(f"tokenizer file {file} cannot be read as a tokenizer: {exc}") \
             from None
-    config = _read_config(file.parent / "tokenizer_config.json")
+    config = _read_json(file.parent / "tokenizer_config.json")
     special = _special_tokens(config)
     chat_template = _chat_templates(file.parent, config)
     return PromptTokenizer(tokenizer, chat_template, special, source=str(file),
                            memo_size=memo_size)
 
 
-def _read_config(file: Path) -> dict[str, Any]:
-    """``tokenizer_config.json`` read as UTF-8 (templates hold non-ASCII text whatever the
-    locale); empty when there is none, ValueError naming the file when it is no JSON
-    object."""
+def _read_json(file: Path) -> dict[str, Any]:
+    """A model's JSON file (``tokenizer_config.json``, ``chat_template.json``) read as UTF-8
+    (templates hold non-ASCII text whatever the locale); empty when there is none,
+    ValueError naming the file when it is no JSON object."""
     if not file.is_file():
         return {}
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"tokenizer config {file} cannot be read as JSON: {exc}") from None
+        raise ValueError(f"{file} cannot be read as JSON: {exc}") from None
     if not isinstance(config, dict):
-        raise ValueError(f"tokenizer config {file} must hold a JSON object, got "
-                         f"{type(config).__name__}")
+        raise ValueError(f"{file} must hold a JSON object, got {type(config).__name__}")
     return config
 
 
@@ -430,11 +429,7 @@ def _chat_templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str
         return read
     processor = directory / "chat_template.json"  # a multimodal model's processor's, which
     if processor.is_file():  # vLLM takes before the tokenizer's
-        try:
-            saved = json.loads(processor.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{processor} is not JSON: {exc}") from None
-        template = saved.get("chat_template") if isinstance(saved, Mapping) else None
+        template = _read_json(processor).get("chat_template")
         if not isinstance(template, str):
             raise ValueError(f"{processor} holds no chat_template string, got "
                              f"{shown(template)}")

@@ -29,7 +29,7 @@ def test_a_processors_template_is_the_models(tmp_path: Path) -> None:
     assert load_tokenizer(directory).render_chat(CHAT) == "[user] What does clause 4 say?\n"
 
 
-@pytest.mark.parametrize(("text", "named"), [("{'chat_template': ", "is not JSON"),
+@pytest.mark.parametrize(("text", "named"), [("{'chat_template': ", "cannot be read as JSON"),
                                              ('{"chat_template": 3}', "holds no chat_template")])
 def test_a_processor_file_without_a_template_is_named(tmp_path: Path, text: str,
                                                       named: str) -> None:
