@@ -381,11 +381,13 @@ def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> lis
 
 def context_error(num_prompt: int, max_tokens: int, max_model_len: int,
                   chat: bool = True, limit_param: str = "max_tokens",
-                  batch_index: int | None = None) -> BadRequest:
+                  batch_index: int | None = None,
+                  prompt_field: str | None = None) -> BadRequest:
     """The context-length error (vLLM's words), naming the chat's ``messages`` or the
-    completion's ``prompt`` when the prompt alone is too long, else the output limit's
-    field; ``batch_index``: which prompt of a completions batch it is."""
-    what = "messages" if chat else "prompt"
+    completion's ``prompt`` (or ``prompt_field``: a Responses request's ``input``) when the
+    prompt alone is too long, else the output limit's field; ``batch_index``: which prompt
+    of a completions batch it is."""
+    what = prompt_field or ("messages" if chat else "prompt")
     which = "" if batch_index is None else f" (prompt {batch_index} of the batch)"
     return BadRequest(
         f"This model's maximum context length is {max_model_len} tokens. However, you "

@@ -25,7 +25,7 @@ import orjson
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from engine.generate_params import GenerateParams, parse_generate
+from engine.generate_params import GenerateParams, context_error, parse_generate
 from engine.generation import Generation
 from engine.request import RequestOutput
 from kvwire.bounded_memo import BoundedMemo
@@ -146,7 +146,8 @@ class ResponsesRoute:
         limit = p.max_tokens if p.max_tokens is not None \
             else max(1, srv.max_request_tokens - len(ids))
         if len(ids) + limit > srv.max_model_len:
-            raise _context_error(len(ids), limit, srv.max_model_len)
+            raise context_error(len(ids), limit, srv.max_model_len,
+                                limit_param="max_output_tokens", prompt_field="input")
         rid = f"resp_{uuid.uuid4().hex}"
         queue = await srv.submit(rid, ids, p, limit)
         answer = _Answer(srv, rid, p, len(ids), queue, body,
@@ -213,17 +214,6 @@ def _refuse_unacted(body: dict[str, Any]) -> None:
     if asked:
         raise BadRequest(f"'reasoning' {shown(reasoning)} is not supported by this engine",
                          param="reasoning")
-
-
-def _context_error(num_input: int, limit: int, max_model_len: int) -> BadRequest:
-    """The context-length error (vLLM's words) in a Responses request's own fields: its
-    ``input`` (with the conversation it continues) alone too long, or with
-    ``max_output_tokens``."""
-    return BadRequest(
-        f"This model's maximum context length is {max_model_len} tokens. However, you "
-        f"requested {num_input + limit} tokens ({num_input} in the input, {limit} in the "
-        "output). Please reduce the length of the input or max_output_tokens.",
-        param="max_output_tokens" if num_input < max_model_len else "input")
 
 
 class _Answer(Generation):
