@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
@@ -45,7 +46,7 @@ from engine.request import RequestOutput, SamplingParams
 from engine.responses_route import ResponsesRoute
 from engine.sim_embedding import SimEmbedder
 from engine.text_stream import Decoder, SpecialKeeping, TextStream
-from kvwire.media_parts import carries_media
+from kvwire.media_parts import media_type
 from kvwire.openai_schema import (
     BadRequest,
     ClientDisconnected,
@@ -67,20 +68,24 @@ T = TypeVar("T")
 _INLINE_TOKENIZE_CHARS = 2000
 
 
-def _chat_chars(messages: Sequence[Any], tools: Any) -> int:
-    """About how many characters rendering a chat writes: its messages' texts (a string
-    content, or a list's text parts) and its tools' JSON."""
-    chars = 0
+def _renders_off_loop(messages: Sequence[Any], tools: Any) -> bool:
+    """Whether rendering a chat is work for a worker thread: it has a media part (hashed
+    whole), or its messages' texts and its tools' JSON run past
+    ``_INLINE_TOKENIZE_CHARS``. One walk, stopping as soon as either is found."""
+    chars = len(orjson.dumps(tools)) if tools else 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
             chars += len(content)
         elif isinstance(content, list):
-            chars += sum(len(part["text"]) for part in content
-                         if isinstance(part, dict) and isinstance(part.get("text"), str))
-    if tools:
-        chars += len(repr(tools))
-    return chars
+            for part in content:
+                if media_type(part) is not None:
+                    return True
+                text = part.get("text") if isinstance(part, dict) else None
+                chars += len(text) if isinstance(text, str) else 0
+        if chars > _INLINE_TOKENIZE_CHARS:
+            return True
+    return chars > _INLINE_TOKENIZE_CHARS
 # Token lists longer than this (to decode, to check, to spell) are read in a worker thread.
 _INLINE_DETOKENIZE_TOKENS = 2000
 
@@ -190,8 +195,7 @@ class EngineServer:
                 template_kwargs=p.chat_template_kwargs)
             try:
                 # hashing media, or rendering a long chat: off the event loop
-                if carries_media(p.messages) \
-                        or _chat_chars(p.messages, p.tools) > _INLINE_TOKENIZE_CHARS:
+                if _renders_off_loop(p.messages, p.tools):
                     text = await asyncio.to_thread(render)
                 else:
                     text = render()
