@@ -10,30 +10,15 @@ from typing import Any
 import httpx
 import pytest
 
-from kvwire.tokenizer import PromptTokenizer, load_tokenizer
-from tests.support.loop_check import on_event_loop, served_engine
+from kvwire.tokenizer import load_tokenizer
+from tests.support.loop_check import LoopNoting, served_engine
 
 MODEL = "tiny-sim"
 
 
-class WhereRendered:
-    """``inner``, noting for each chat rendered whether it ran on the event loop."""
-
-    def __init__(self, inner: PromptTokenizer) -> None:
-        self.inner = inner
-        self.on_loop: list[bool] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def render_chat(self, *args: Any, **kwargs: Any) -> str:
-        self.on_loop.append(on_event_loop())
-        return str(self.inner.render_chat(*args, **kwargs))
-
-
 @pytest.fixture
-def served() -> Iterator[tuple[httpx.Client, WhereRendered]]:
-    tok = WhereRendered(load_tokenizer(None))
+def served() -> Iterator[tuple[httpx.Client, LoopNoting]]:
+    tok = LoopNoting(load_tokenizer(None), "render_chat")
     with served_engine(tok, MODEL, num_blocks=4096, block_size=16, vocab=(259, 4096),
                        max_model_len=60000) as http:
         yield http, tok
@@ -45,7 +30,7 @@ def served() -> Iterator[tuple[httpx.Client, WhereRendered]]:
     ([{"role": "user", "content": [{"type": "text", "text": "word " * 2000}]}], False),
 ])
 def test_a_long_chat_is_rendered_off_the_event_loop(
-        served: tuple[httpx.Client, WhereRendered], messages: list[Any], on_loop: bool
+        served: tuple[httpx.Client, LoopNoting], messages: list[Any], on_loop: bool
 ) -> None:
     http, tok = served
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages,

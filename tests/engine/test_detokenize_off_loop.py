@@ -4,42 +4,16 @@ one is read on the loop."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import httpx
 
 from engine.server import EngineServer, build_app
-from kvwire.tokenizer import PromptTokenizer, load_tokenizer
+from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
-from tests.support.loop_check import on_event_loop
-
-
-class WhereTokenizer:
-    """``inner``, noting for each decode and token_strs call whether it ran on a thread
-    with a running event loop."""
-
-    def __init__(self, inner: PromptTokenizer) -> None:
-        self.inner = inner
-        self.on_loop: list[bool] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def _note(self) -> None:
-        self.on_loop.append(on_event_loop())
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        self._note()
-        return self.inner.decode(ids, skip_special_tokens)
-
-    def token_strs(self, ids: Sequence[int]) -> list[str]:
-        self._note()
-        return self.inner.token_strs(ids)
+from tests.support.loop_check import LoopNoting
 
 
 async def test_long_token_lists_are_read_off_the_event_loop() -> None:
-    tok = WhereTokenizer(load_tokenizer(None))
+    tok = LoopNoting(load_tokenizer(None), "decode", "token_strs")
     server = EngineServer(make_core(vocab=(259, 4096)), tok, model_name="tiny",
                           sleep_modeled_time=True)
     transport = httpx.ASGITransport(app=build_app(server))

@@ -5,37 +5,22 @@ stream it serves, stays free meanwhile; a short one is rendered on the loop."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from kvwire.tokenizer import PromptTokenizer, load_tokenizer
-from tests.support.loop_check import on_event_loop, served_engine
+from kvwire.tokenizer import load_tokenizer
+from tests.support.loop_check import LoopNoting, served_engine
 
 MODEL = "tiny-sim"
 PROMPT = list(range(300, 2800))  # 2,500 distinct ids: each decoded once per answer
 
 
-class WhereTokenizer:
-    """``inner``, noting for each decode whether it ran on a thread running an event loop."""
-
-    def __init__(self, inner: PromptTokenizer) -> None:
-        self.inner = inner
-        self.on_loop: list[bool] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        self.on_loop.append(on_event_loop())
-        return self.inner.decode(ids, skip_special_tokens)
-
-
 @pytest.fixture
-def served() -> Iterator[tuple[httpx.Client, WhereTokenizer]]:
-    tok = WhereTokenizer(load_tokenizer(None))
+def served() -> Iterator[tuple[httpx.Client, LoopNoting]]:
+    tok = LoopNoting(load_tokenizer(None), "decode")
     with served_engine(tok, MODEL, num_blocks=1024, block_size=4, vocab=(259, 4096),
                        max_model_len=4096) as http:
         yield http, tok
@@ -46,7 +31,7 @@ def served() -> Iterator[tuple[httpx.Client, WhereTokenizer]]:
     {"prompt_logprobs": 5, "max_tokens": 1},
 ])
 def test_a_long_prompts_log_probabilities_are_rendered_off_the_event_loop(
-        served: tuple[httpx.Client, WhereTokenizer], body: dict[str, Any]) -> None:
+        served: tuple[httpx.Client, LoopNoting], body: dict[str, Any]) -> None:
     http, tok = served
     tok.on_loop.clear()
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, **body})
@@ -63,7 +48,7 @@ def test_a_long_prompts_log_probabilities_are_rendered_off_the_event_loop(
 
 
 def test_a_short_answers_log_probabilities_are_rendered_on_the_loop(
-        served: tuple[httpx.Client, WhereTokenizer]) -> None:
+        served: tuple[httpx.Client, LoopNoting]) -> None:
     http, tok = served
     tok.on_loop.clear()
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT[:8], "echo": True,
@@ -74,7 +59,7 @@ def test_a_short_answers_log_probabilities_are_rendered_on_the_loop(
 
 
 def test_a_streamed_chunk_echoing_a_long_prompt_is_rendered_off_the_event_loop(
-        served: tuple[httpx.Client, WhereTokenizer]) -> None:
+        served: tuple[httpx.Client, LoopNoting]) -> None:
     http, tok = served
     tok.on_loop.clear()
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "echo": True,

@@ -24,6 +24,28 @@ def on_event_loop() -> bool:
     return True
 
 
+class LoopNoting:
+    """``inner`` (a tokenizer), noting for each call of its methods ``names`` whether it
+    ran on a thread with a running event loop (``on_loop``, in call order); every other
+    attribute is ``inner``'s."""
+
+    def __init__(self, inner: Any, *names: str) -> None:
+        self.inner = inner
+        self.on_loop: list[bool] = []
+        self._names = frozenset(names)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in self._names:
+            return attr
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            self.on_loop.append(on_event_loop())
+            return attr(*args, **kwargs)
+
+        return noted
+
+
 @contextlib.contextmanager
 def served_engine(tokenizer: Any, model: str, **core: Any) -> Iterator[httpx.Client]:
     """An engine server (sim core of ``make_core(**core)``) using ``tokenizer``, on a
