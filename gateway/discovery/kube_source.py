@@ -27,8 +27,15 @@ A failed list or watch keeps the last set and is counted in ``SourceStats``. Aft
 the client is built again, its credentials loaded anew: a kubeconfig's (an exec plugin's
 token, a ``tokenFile``) are read only when a client is built, and expire. An exec plugin
 that gives no credential within ``EXEC_TIMEOUT_S`` (30 s) is killed, and counts as a
-failure like any other (see exec_credential). A list page is decoded a slice at a
-time, the loop handed back between slices (see list_decode).
+failure like any other (see exec_credential). The kubeconfig is loaded (its YAML parsed,
+its files read, its plugin run) on a loop of its own in a worker thread (see own_loop).
+
+What the event loop does per object, with thousands of them: a list page is decoded a
+slice at a time and its objects turned into replicas a slice at a time, the loop handed
+back between slices (see list_decode); a watch event is decoded once, and only the
+object it names is worked out again (targets: ``slice_found``, ``pod_target``). Only what
+an object gives is kept, not its JSON, and an event that changes nothing of it (a pod's
+status, say) publishes nothing.
 """
 
 from __future__ import annotations
@@ -50,11 +57,13 @@ from kubernetes_asyncio.config import ConfigException
 from kubernetes_asyncio.config import kube_config as k8s_kube_config
 from kubernetes_asyncio.config.exec_provider import ExecProvider
 
+from gateway.config import ReplicaConfig
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.discovery.exec_credential import ExecPluginError, run_exec_plugin
-from gateway.discovery.list_decode import decode_list
+from gateway.discovery.list_decode import decode_list, each_handing_back
+from gateway.discovery.own_loop import on_own_loop
 from gateway.discovery.stats import SourceStats
-from gateway.discovery.targets import Targets, pod_targets, slice_targets
+from gateway.discovery.targets import SliceFound, Targets, combined, pod_target, slice_found
 from gateway.discovery.types import Publish
 
 log = logging.getLogger("kvgate.discovery")
@@ -85,6 +94,17 @@ class BoundedExecProvider(ExecProvider):
 k8s_kube_config.ExecProvider = BoundedExecProvider  # type: ignore[misc]
 
 Lister = Callable[..., Awaitable[Any]]
+Found = SliceFound | ReplicaConfig | None  # what one slice, or one pod, gives
+
+
+class RawWatch(k8s_watch.Watch):
+    """The client's watch, each event's JSON decoded once: the library's decodes a line,
+    encodes its object again and decodes that to build a model from it (``object``: the
+    dict as it is); here the decoded line's object is the event's, as the client hands
+    an object it has no model for."""
+
+    def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
+        return super().unmarshal_event(data, None)
 
 
 async def _refusal(resp: aiohttp.ClientResponse) -> str:
@@ -106,11 +126,11 @@ class KubernetesSource:
     def __init__(self, config: KubernetesSourceConfig) -> None:
         self.config = config
         self.stats = SourceStats(config.label)
-        self.objects: dict[str, Mapping[str, Any]] = {}  # name -> slice or pod, as listed
+        self.objects: dict[str, Found] = {}  # slice or pod name -> what it gives
         self.resource_version: str | None = None
         self.events = 0  # watch events received, bookmarks included
         self._api: k8s.ApiClient | None = None
-        self._watcher: k8s_watch.Watch | None = None  # one for every watch (see watch)
+        self._watcher: RawWatch | None = None  # one for every watch (see watch)
         self._namespace = config.namespace or "default"
         self.selector = f"{SERVICE_LABEL}={config.service}" if config.service \
             else str(config.label_selector)
@@ -131,35 +151,34 @@ class KubernetesSource:
                     self._namespace = (await asyncio.to_thread(NAMESPACE_FILE.read_text)
                                        ).strip()
             else:
-                await k8s_config.load_kube_config(config_file=self.config.kubeconfig,
-                                                  context=self.config.context,
-                                                  client_configuration=conf)
-                if self.config.namespace is None:
-                    self._namespace = await asyncio.to_thread(self._kubeconfig_namespace)
+                loader = await on_own_loop(k8s_config.load_kube_config(
+                    config_file=self.config.kubeconfig, context=self.config.context,
+                    client_configuration=conf))
+                if self.config.namespace is None:  # the context in use's, else default
+                    context = (loader.current_context or {}).get("context") or {}
+                    self._namespace = str(context.get("namespace") or "default")
             self._api = k8s.ApiClient(configuration=conf)
         return self._api
-
-    def _kubeconfig_namespace(self) -> str:
-        """The namespace of the kubeconfig context in use, else ``default``."""
-        contexts, active = k8s_config.list_kube_config_contexts(self.config.kubeconfig)
-        chosen = next((c for c in contexts if c["name"] == self.config.context), active) \
-            if self.config.context else active
-        return str((chosen or {}).get("context", {}).get("namespace") or "default")
 
     def _lister(self, api: k8s.ApiClient) -> Lister:
         if self.config.service:
             return k8s.DiscoveryV1Api(api).list_namespaced_endpoint_slice
         return k8s.CoreV1Api(api).list_namespaced_pod
 
-    def targets(self) -> Targets:
-        objects = self.objects.values()
+    def _found(self, obj: Mapping[str, Any]) -> Found:
         if self.config.service:
-            return slice_targets(self.config, objects)
-        return pod_targets(self.config, objects)
+            return slice_found(self.config, obj)
+        return pod_target(self.config, obj)
+
+    def targets(self) -> Targets:
+        """The replicas of every object found, with none built anew."""
+        if self.config.service:
+            return combined(f for f in self.objects.values() if isinstance(f, SliceFound))
+        return {f.id: f for f in self.objects.values() if isinstance(f, ReplicaConfig)}
 
     async def list(self, lister: Lister) -> None:
         """Replace the whole set with a fresh (paged) list, and note its resourceVersion."""
-        objects: dict[str, Mapping[str, Any]] = {}
+        objects: dict[str, Found] = {}
         token: str | None = None
         while True:
             extra = {"_continue": token} if token else {}
@@ -175,8 +194,9 @@ class KubernetesSource:
                 body: Any = None if text is None else await decode_list(text)
             finally:
                 resp.release()
-            for item in body.get("items") or []:
-                objects[item["metadata"]["name"]] = item
+            items = body.get("items") or []
+            async for item in each_handing_back(items):
+                objects[item["metadata"]["name"]] = self._found(item)
             meta = body.get("metadata") or {}
             token = meta.get("continue") or None
             if token is None:
@@ -191,9 +211,9 @@ class KubernetesSource:
         that version is gone."""
         if self._watcher is None:
             # one Watch for every watch: building one builds an ApiClient, which loads an
-            # SSL context from disk (~20 ms with the loop blocked); that client only ever
-            # parses events, which closing the Watch (its response released) leaves intact
-            self._watcher = k8s_watch.Watch(return_type="object")
+            # SSL context from disk (~20 ms with the loop blocked); a RawWatch never uses
+            # that client, and closing the Watch (its response released) leaves it intact
+            self._watcher = RawWatch(return_type="object")
         watcher = self._watcher
         loop = asyncio.get_running_loop()
         started, events = loop.time(), self.events
@@ -211,9 +231,13 @@ class KubernetesSource:
                     continue
                 name = obj["metadata"]["name"]
                 if kind == "DELETED":
-                    self.objects.pop(name, None)
+                    if self.objects.pop(name, None) is None:
+                        continue  # it gave no replica (or was never listed)
                 elif kind in ("ADDED", "MODIFIED"):
-                    self.objects[name] = obj
+                    before = self.objects.get(name)
+                    found = self.objects[name] = self._found(obj)
+                    if found == before:
+                        continue  # nothing of it that makes a replica changed
                 else:
                     log.info("discovery %s: watch event %r ignored", self.label, kind)
                     continue

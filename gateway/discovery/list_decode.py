@@ -9,7 +9,8 @@ and one object, whatever the page holds.
 
 ``decode_list(text)`` returns what ``json.loads(text)`` returns, and raises the
 ``json.JSONDecodeError`` it raises, for any text (a non-object, whitespace anywhere, keys
-in any order, a repeated key: the last one wins).
+in any order, a repeated key: the last one wins). ``each_handing_back(items)`` hands a
+caller the decoded items the same way, a slice of its work on them at a time.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
-SLICE_S = 0.002  # decoding between two hand-backs to the loop
+SLICE_S = 0.002  # decoding (or a caller's work) between two hand-backs to the loop
+T = TypeVar("T")
 
 _WS = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 _raw_decode = json.JSONDecoder().raw_decode
@@ -87,3 +90,18 @@ async def decode_list(text: str) -> Any:
     if i != len(text):
         raise json.JSONDecodeError("Extra data", text, i)
     return body
+
+
+async def each_handing_back(items: list[T]) -> AsyncIterator[T]:
+    """The items of ``items``, in order, each taken out of the list as it is handed on
+    (what the caller keeps of it is all that stays), the loop handed back whenever
+    SLICE_S has passed: a caller's work on thousands of them, and freeing them, is then
+    a slice at a time too. ``items`` is left empty."""
+    loop = asyncio.get_running_loop()
+    yield_at = loop.time() + SLICE_S
+    items.reverse()  # taken from the end: each pop is O(1)
+    while items:
+        yield items.pop()
+        if loop.time() >= yield_at:
+            await asyncio.sleep(0)
+            yield_at = loop.time() + SLICE_S

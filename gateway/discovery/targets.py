@@ -13,12 +13,17 @@ A dual-stack Service has a slice per address family listing the same pods: a pod
 address is taken from its IPv4 slice when that one counts it, else its IPv6 one, whatever
 order the slices come in (the API lists them by name, a watch appends a new one), so a
 pod never moves from one of its addresses to the other between two lists.
+
+A Kubernetes source keeps what each object gives (``slice_found``, ``pod_target``) and,
+when one object changes, works that one out again: ``combined`` then makes the set of a
+Service's slices with no replica config built anew.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import ReplicaConfig
@@ -69,40 +74,69 @@ def _slice_order(s: Mapping[str, Any]) -> tuple[int, str]:
     return family, str((s.get("metadata") or {}).get("name", ""))
 
 
+@dataclass(frozen=True, slots=True)
+class SliceFound:
+    """What one EndpointSlice gives: its place in the order slices are combined in
+    (``_slice_order``), and its ready endpoints and its serving terminating ones."""
+
+    order: tuple[int, str]
+    ready: Targets
+    draining: Targets
+
+
+def slice_found(source: KubernetesSourceConfig, s: Mapping[str, Any]) -> SliceFound:
+    """The replicas of one EndpointSlice, ready or draining (see the module's rule on
+    conditions); an endpoint listed twice in it once."""
+    ready: Targets = {}
+    draining: Targets = {}
+    found = SliceFound(_slice_order(s), ready, draining)
+    name = s.get("metadata", {}).get("name", "?")
+    named = _named_ports(s.get("ports") or [])
+    port = _serving_port(source, named)
+    if port is None:
+        if s.get("endpoints"):
+            log.warning("discovery %s: EndpointSlice %s has no port %s (ports: %s)",
+                        source.label, name, source.port_name or "to choose",
+                        sorted(str(n) for n in named))
+        return found
+    events = named.get(source.kv_events_port_name)
+    replay = named.get(source.kv_events_replay_port_name)
+    for ep in s.get("endpoints") or []:
+        addresses = ep.get("addresses") or []
+        if not addresses:
+            continue
+        cond = ep.get("conditions") or {}
+        target_ref = ep.get("targetRef") or {}
+        address = addresses[0]  # the API: consumers use the first
+        rid = target_ref.get("name") or f"{host_in_url(address)}:{port}"
+        config = source.replica.replica(rid, address, port, events, replay)
+        if cond.get("ready") is not False:
+            ready.setdefault(rid, config)
+        # not ready here, so serving unset means not serving
+        elif cond.get("serving") is True and cond.get("terminating") is True:
+            draining.setdefault(rid, config)
+    return found
+
+
+def combined(slices: Iterable[SliceFound]) -> Targets:
+    """The replicas behind a Service, from what each of its slices gives: the ready ones,
+    else the draining ones; one in two slices from the first in ``order``."""
+    ready: Targets = {}
+    draining: Targets = {}
+    for found in sorted(slices, key=lambda f: f.order):
+        for rid, config in found.ready.items():
+            ready.setdefault(rid, config)
+        for rid, config in found.draining.items():
+            draining.setdefault(rid, config)
+    return ready or draining
+
+
 def slice_targets(source: KubernetesSourceConfig, slices: Iterable[Mapping[str, Any]]
                   ) -> Targets:
     """The replicas behind a Service's EndpointSlices (see the module's rule on
     conditions and address families); an endpoint listed in two slices (as during a
     slice's update, or in both families' slices) once."""
-    ready: Targets = {}
-    draining: Targets = {}
-    for s in sorted(slices, key=_slice_order):
-        name = s.get("metadata", {}).get("name", "?")
-        named = _named_ports(s.get("ports") or [])
-        port = _serving_port(source, named)
-        if port is None:
-            if s.get("endpoints"):
-                log.warning("discovery %s: EndpointSlice %s has no port %s (ports: %s)",
-                            source.label, name, source.port_name or "to choose",
-                            sorted(str(n) for n in named))
-            continue
-        events = named.get(source.kv_events_port_name)
-        replay = named.get(source.kv_events_replay_port_name)
-        for ep in s.get("endpoints") or []:
-            addresses = ep.get("addresses") or []
-            if not addresses:
-                continue
-            cond = ep.get("conditions") or {}
-            target_ref = ep.get("targetRef") or {}
-            address = addresses[0]  # the API: consumers use the first
-            rid = target_ref.get("name") or f"{host_in_url(address)}:{port}"
-            config = source.replica.replica(rid, address, port, events, replay)
-            if cond.get("ready") is not False:
-                ready.setdefault(rid, config)
-            # not ready here, so serving unset means not serving
-            elif cond.get("serving") is True and cond.get("terminating") is True:
-                draining.setdefault(rid, config)
-    return ready or draining
+    return combined(slice_found(source, s) for s in slices)
 
 
 def _container_ports(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -139,26 +173,31 @@ def _annotated_port(source: KubernetesSourceConfig, annotations: Mapping[str, st
     return port
 
 
+def pod_target(source: KubernetesSourceConfig, pod: Mapping[str, Any]
+               ) -> ReplicaConfig | None:
+    """The replica of a pod, its id the pod's name; None unless the pod is ready (phase
+    Running, condition Ready, not being deleted) with an IP and a port to serve on."""
+    meta = pod.get("metadata") or {}
+    address = (pod.get("status") or {}).get("podIP")
+    if not address or not _pod_ready(pod):
+        return None
+    name = meta.get("name") or address
+    named = _named_ports(_container_ports(pod))
+    port = _serving_port(source, named)
+    if port is None:
+        log.warning("discovery %s: pod %s has no port %s", source.label, name,
+                    source.port_name or "to choose")
+        return None
+    annotations = meta.get("annotations") or {}
+    events = _annotated_port(source, annotations, source.kv_events_annotation, name) \
+        or named.get(source.kv_events_port_name)
+    replay = _annotated_port(source, annotations, source.kv_events_replay_annotation,
+                             name) or named.get(source.kv_events_replay_port_name)
+    return source.replica.replica(name, address, port, events, replay)
+
+
 def pod_targets(source: KubernetesSourceConfig, pods: Iterable[Mapping[str, Any]]
                 ) -> Targets:
-    """The ready pods (phase Running, condition Ready, not being deleted) with an IP."""
-    targets: Targets = {}
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        address = (pod.get("status") or {}).get("podIP")
-        if not address or not _pod_ready(pod):
-            continue
-        name = meta.get("name") or address
-        named = _named_ports(_container_ports(pod))
-        port = _serving_port(source, named)
-        if port is None:
-            log.warning("discovery %s: pod %s has no port %s", source.label, name,
-                        source.port_name or "to choose")
-            continue
-        annotations = meta.get("annotations") or {}
-        events = _annotated_port(source, annotations, source.kv_events_annotation, name) \
-            or named.get(source.kv_events_port_name)
-        replay = _annotated_port(source, annotations, source.kv_events_replay_annotation,
-                                 name) or named.get(source.kv_events_replay_port_name)
-        targets[name] = source.replica.replica(name, address, port, events, replay)
-    return targets
+    """The replicas of the ready pods (``pod_target``)."""
+    return {config.id: config for pod in pods
+            if (config := pod_target(source, pod)) is not None}
