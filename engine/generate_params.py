@@ -35,6 +35,7 @@ class GenerateParams:
     # a stop string or stop token id kept in the text (the end-of-sequence token's too)
     include_stop: bool = False
     limit_param: str = "max_tokens"  # the field max_tokens came from
+    prompt_field: str = "prompt"  # the field the prompt came from (a chat's: messages)
     skip_special_tokens: bool = True  # special tokens' text left out of the answer
     n: int = 1  # sequences of each prompt, one engine request each
     # a completions batch: every prompt (a text or token ids), the first one too, which
@@ -191,6 +192,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         skip_special_tokens=_skip_special_tokens(body),
         limit_param="max_completion_tokens" if chat and body.get("max_completion_tokens")
         is not None else "max_tokens",
+        prompt_field="messages" if chat else "prompt",
         sampling=sampling,
         add_generation_prompt=generation_prompt,
         continue_final_message=continue_final,

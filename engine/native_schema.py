@@ -107,7 +107,7 @@ class NativeItem:
 
     @property
     def prompt_field(self) -> str:
-        return "text" if self.params.prompt_text is not None else "input_ids"
+        return self.params.prompt_field
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +318,8 @@ def _item_params(sp: dict[str, Any], vocab_size: int, *, text: str | None,
         ignore_eos=bool(optional(sp, "ignore_eos", bool, False)), cache_salt=salt,
         stop=stop, stop_token_ids=stop_ids,
         include_stop=bool(optional(sp, "no_stop_trim", bool, False)),
-        limit_param=where + "max_new_tokens", skip_special_tokens=skip_special,
-        sampling=sampling)
+        limit_param=where + "max_new_tokens",
+        prompt_field="text" if text is not None else "input_ids",
+        skip_special_tokens=skip_special, sampling=sampling)
     return params, interval
 

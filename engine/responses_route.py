@@ -16,6 +16,7 @@ continuation, as OpenAI's are not.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -90,11 +91,12 @@ class ResponseStore:
 
 def _chars(turns: list[dict[str, Any]]) -> int:
     """The characters a conversation holds: every string a client gave its messages
-    (text, a tool message's ``tool_call_id``) and their tool calls (id, name,
-    arguments)."""
+    (text, an assistant message's reasoning, a tool message's ``tool_call_id``) and their
+    tool calls (id, name, arguments)."""
     size = 0
     for message in turns:
-        size += _MESSAGE_CHARS + _strings(message.get("content"), message.get("tool_call_id"))
+        size += _MESSAGE_CHARS + _strings(message.get("content"), message.get("reasoning"),
+                                          message.get("tool_call_id"))
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             size += _MESSAGE_CHARS + _strings(call.get("id"), *function.values())
@@ -140,14 +142,16 @@ class ResponsesRoute:
                                      "messages": messages, "tools": chat.tools}
         chat_body.update((k, body[k]) for k in _SHARED if k in body)
         chat_body.update((new, body[old]) for old, new in _RENAMED.items() if old in body)
-        p = parse_generate(chat_body, chat=True, model_name=srv.model_name,
-                           vocab_size=srv.vocab_size)
+        p = dataclasses.replace(  # its errors name the Responses fields
+            parse_generate(chat_body, chat=True, model_name=srv.model_name,
+                           vocab_size=srv.vocab_size),
+            limit_param="max_output_tokens", prompt_field="input")
         ids = await srv.prompt_ids(p)
         limit = p.max_tokens if p.max_tokens is not None \
             else max(1, srv.max_request_tokens - len(ids))
         if len(ids) + limit > srv.max_model_len:
             raise context_error(len(ids), limit, srv.max_model_len,
-                                limit_param="max_output_tokens", prompt_field="input")
+                                limit_param=p.limit_param, prompt_field=p.prompt_field)
         rid = f"resp_{uuid.uuid4().hex}"
         queue = await srv.submit(rid, ids, p, limit)
         answer = _Answer(srv, rid, p, len(ids), queue, body,

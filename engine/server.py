@@ -328,11 +328,17 @@ class EngineServer:
         """Queue one generation of ``max_tokens`` tokens at most on the engine (0: the
         prompt's prefill alone, as a pooling request) and count it in the metrics; its
         outputs arrive on the returned queue. ``sequence``: which of the request's ``n``
-        it is. BadRequest when it can never run here or
-        its sampling fields do not fit ``max_tokens``; ValueError when ``rid`` is in
-        flight already."""
+        it is. BadRequest when it can never run here (naming ``p.prompt_field`` when the
+        prompt alone is too long, else ``p.limit_param``) or its sampling fields do not
+        fit ``max_tokens``; ValueError when ``rid`` is in flight already."""
         try:
             self.core.validate(len(ids), max_tokens, pooling=max_tokens == 0)
+        except ValueError as exc:  # more than the context or the KV cache holds
+            # the prompt and one token of answer fit (max_request_tokens): the answer's
+            # limit asks too much, else the prompt alone is too long
+            field = p.limit_param if len(ids) < self.max_request_tokens else p.prompt_field
+            raise BadRequest(str(exc), param=field) from exc
+        try:
             params = SamplingParams(max_tokens=max(1, max_tokens), temperature=p.temperature,
                                     seed=p.seed, ignore_eos=p.ignore_eos,
                                     stop_token_ids=p.stop_token_ids, pooling=max_tokens == 0,

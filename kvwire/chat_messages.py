@@ -189,7 +189,9 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
 
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     """An assistant turn's ``tool_calls``: a list of ``{id, type: function, function:
-    {name, arguments}}``, the name and arguments strings."""
+    {name, arguments}}``, the id, name and arguments strings. A call without its ``id``
+    is refused, as vLLM refuses it (OpenAI's schema requires one): a template that writes
+    ``call.id`` would otherwise read it as null, and Jinja writes that ``None``."""
     if not isinstance(calls, list):
         raise ChatFormatError(f"{where} must be an array of tool calls, got {shown(calls)}",
                               param=where)
@@ -202,9 +204,10 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
                 f"{where}[{j}] must be {{'type': 'function', 'function': {{'name': ..., "
                 f"'arguments': '<JSON text>'}}}}, got {shown(call)}", param=f"{where}[{j}]")
         call_id = call.get("id")
-        if call_id is not None and not isinstance(call_id, str):
-            raise ChatFormatError(f"{where}[{j}].id must be a string, got {shown(call_id)}",
-                                  param=f"{where}[{j}].id")
+        if not isinstance(call_id, str):
+            raise ChatFormatError(f"{where}[{j}].id must be a string (the call's id, which "
+                                  f"the tool message's tool_call_id names), got "
+                                  f"{shown(call_id)}", param=f"{where}[{j}].id")
         out.append({"id": call_id, "type": "function",
                     "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
     return out

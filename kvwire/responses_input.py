@@ -3,10 +3,15 @@ routes a Responses request as that chat) and in the engine (which runs it as one
 
 ``instructions`` is a system message; ``input`` is a string (a user message) or items:
 messages (``developer`` read as ``system``; text parts joined, an image standing by its
-address), ``function_call`` items (an assistant message's tool call) and
-``function_call_output`` items (a tool message). Items of other kinds (reasoning, built-in
-tools' calls) are left out. Function ``tools`` take the chat's shape (``{"type":
-"function", "function": {...}}``); built-in tools are left out.
+address), ``function_call`` items (an assistant message's tool call), ``reasoning`` items
+(an assistant message's ``reasoning``, as a chat gives its thinking back) and
+``function_call_output`` items (a tool message). As vLLM builds the chat, the items of
+one assistant turn are one assistant message: a reasoning item joins the assistant
+message before it that has no reasoning yet, a function call the assistant message before
+it, an assistant message the one before it that has no content yet. A reasoning item's
+``encrypted_content`` (which only its provider reads) is refused, as vLLM refuses it.
+Items of other kinds (built-in tools' calls) are left out. Function ``tools`` take the
+chat's shape (``{"type": "function", "function": {...}}``); built-in tools are left out.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ def responses_chat(body: Mapping[str, Any]) -> ResponsesChat:
     elif isinstance(raw, list):
         for i, item in enumerate(raw):
             message = _item_message(item, f"input[{i}]")
-            if message is not None:
+            if message is not None and not _joined(turns, message):
                 turns.append(message)
     elif raw is not None or body.get("previous_response_id") is None:
         raise BadRequest(f"'input' must be a string or an array of items, got {shown(raw)}",
@@ -83,12 +88,65 @@ def _item_message(item: Any, where: str) -> dict[str, Any] | None:
         call = {"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
                 "function": {"name": name, "arguments": arguments}}
         return {"role": "assistant", "content": "", "tool_calls": [call]}
+    if kind == "reasoning":
+        return _reasoning(item, where)
     if kind == "function_call_output":
         output = item.get("output")
         text = output if isinstance(output, str) else orjson.dumps(output).decode()
         return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
                 "content": text}
     return None
+
+
+def _reasoning(item: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """The assistant message a ``reasoning`` item stands for: its ``reasoning``, the
+    texts of its ``content`` (the reasoning itself), else of its ``summary``, joined by
+    newlines; None for an item with no text (nothing to carry). BadRequest naming its
+    ``encrypted_content`` (the engine cannot read it) or a part that is no text."""
+    if item.get("encrypted_content") is not None:
+        raise BadRequest(f"{where}.encrypted_content is not supported: a reasoning item's "
+                         f"encrypted content can be read only by its provider; give its "
+                         f"content or summary instead", param=f"{where}.encrypted_content")
+    texts: list[str] = []
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise BadRequest(f"{where}.{key} must be an array of text parts, got "
+                             f"{shown(parts)}", param=f"{where}.{key}")
+        for j, part in enumerate(parts):
+            text = part.get("text") if isinstance(part, Mapping) else None
+            if not isinstance(text, str):
+                raise BadRequest(f"{where}.{key}[{j}] must be a text part ({{'type': ..., "
+                                 f"'text': ...}}), got {shown(part)}",
+                                 param=f"{where}.{key}[{j}]")
+            texts.append(text)
+        if any(texts):  # the reasoning's own text, over its summary
+            break
+    text = "\n".join(t for t in texts if t)
+    return {"role": "assistant", "content": "", "reasoning": text} if text else None
+
+
+def _joined(turns: list[dict[str, Any]], message: dict[str, Any]) -> bool:
+    """Whether ``message`` (an assistant message of one input item) was joined to the
+    last of ``turns``, as vLLM joins the items of one assistant turn: reasoning to an
+    assistant message without reasoning, a tool call to an assistant message, content to
+    an assistant message without content."""
+    last = turns[-1] if turns else None
+    if message["role"] != "assistant" or last is None or last["role"] != "assistant":
+        return False
+    if "reasoning" in message:
+        if "reasoning" in last:
+            return False
+        last["reasoning"] = message["reasoning"]
+    elif "tool_calls" in message:
+        last["tool_calls"] = [*last.get("tool_calls", ()), *message["tool_calls"]]
+    elif not last["content"]:
+        last["content"] = message["content"]
+    else:
+        return False
+    return True
 
 
 def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
