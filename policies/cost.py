@@ -722,7 +722,9 @@ class Cost(Policy):
         if self._routed % 256 == 0:
             fleet_tokens = sum(model.capacity for _, model in self._models.models())
             self._sketch.window = self._window(fleet_tokens)
-        if self._routed % self._sketch.window == 0:
+        if self._routed % self._sketch.window != 0:
+            self._placement.advance()  # a bounded share of the window's placement, if any
+        else:
             self._placement.prune(lambda key: self._hot(key, self._sketch.estimate(key)))
             ids, weights, up, in_scratch = self._eligible
             # the replicas of the last hot decision, less those removed since
@@ -730,12 +732,11 @@ class Cost(Policy):
             up = [u and rid in facts for u, rid in zip(up, ids, strict=True)]
             in_scratch = {i for i in in_scratch if up[i]}
             ring, owners = self._rings.layout(ids, weights)
-            self._placement.assign(self._order_of(ids, ring.points, owners, len(ring),
-                                                  up, in_scratch),
-                                   self._eligible_ids(ids, weights, up, in_scratch),
-                                   self._room,
-                                   self._overflow(ids, ring.points, owners, len(ring),
-                                                  up, in_scratch))
+            # placed over this and the next decisions, a bounded number of keys each
+            self._placement.begin_assign(
+                self._order_of(ids, ring.points, owners, len(ring), up, in_scratch),
+                self._eligible_ids(ids, weights, up, in_scratch), self._room,
+                self._overflow(ids, ring.points, owners, len(ring), up, in_scratch))
 
     def _fleet_scale(self) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters

@@ -24,8 +24,16 @@ homes placed first come, first served, two copies disagreed on a fifth of the ke
 those documents two homes each, and fell from 0.71 to 0.48 token hit rate in the
 simulator.) A key keeps its home while the set is unchanged; the whole set is placed again
 when a key joins it (turns hot, or lost its home; past ``REASSIGN_ON_JOIN`` keys only the
-new key is placed then, first fit), and whenever the owner calls ``assign`` (``cost``: at
-each sketch window, after ``prune``). A replica leaving moves its own keys and few others.
+new key is placed then, first fit), and whenever the owner calls ``assign`` or
+``begin_assign`` (``cost``: at each sketch window, after ``prune``). A replica leaving moves
+its own keys and few others.
+
+``begin_assign`` spreads that work over the owner's next calls (``cost``: one per routing
+decision): each ``advance`` places ``step`` keys of a pass over the set as it stood then
+(8,192 keys over 64 replicas at once held one decision for ~30 ms), and the homes stay
+those of the last finished pass until the new one is done, then are replaced at once: a
+home is never read from a half-done pass. Keys placed or dropped meanwhile keep what
+they have then.
 
 Not thread-safe; one owner (the policy) drives it.
 """
@@ -33,11 +41,17 @@ Not thread-safe; one owner (the policy) drives it.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
+from heapq import heapify, heappop
+from itertools import chain
 from typing import NamedTuple
 
 # up to this many placed keys, a key joining reassigns the whole set at once (about 1.5 ms
 # at 512 keys over 64 replicas); past it, the whole set waits for the next ``assign``
 REASSIGN_ON_JOIN = 512
+# keys one ``advance`` places (about 1 ms over 64 replicas), or more where ``limit`` keys
+# would take over _PASS_CALLS calls: a pass ends well within a sketch window (>= 256)
+ASSIGN_STEP = 128
+_PASS_CALLS = 128
 OrderOf = Callable[[int], Iterator[str]]  # a key's eligible replicas, in ring order
 
 
@@ -57,18 +71,24 @@ class Overflow(NamedTuple):
 class HotPlacement:
     """Bounded-load homes for hot keys; see the module docstring."""
 
-    __slots__ = ("_keys", "_tokens", "_want", "limit", "slack")
+    __slots__ = ("_keys", "_pass", "_tokens", "_want", "limit", "slack", "step")
 
-    def __init__(self, slack: float = 0.05, limit: int = 8192) -> None:
+    def __init__(self, slack: float = 0.05, limit: int = 8192, step: int | None = None
+                 ) -> None:
         if slack < 0:
             raise ValueError(f"slack must be >= 0, got {slack!r}")
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit!r}")
+        if step is not None and step < 1:
+            raise ValueError(f"step must be >= 1 or None, got {step!r}")
         self.slack = slack
         self.limit = limit
         self._keys: dict[int, Placed] = {}  # each wanted key's home
         self._tokens: dict[str, int] = {}
         self._want: dict[int, int] = {}  # key -> its tokens, oldest first
+        self._pass: _Pass | None = None  # the assignment under way (``begin_assign``)
+        # keys placed per ``advance``
+        self.step = max(ASSIGN_STEP, -(-limit // _PASS_CALLS)) if step is None else step
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -102,9 +122,11 @@ class HotPlacement:
         if key not in self._want and len(self._want) >= self.limit:
             oldest = next(iter(self._want))
             del self._want[oldest]
+            self._touch(oldest)
             if oldest in self._keys:
                 self._drop(oldest)
         self._want[key] = tokens
+        self._touch(key)
         if len(self._want) <= REASSIGN_ON_JOIN:
             self.assign(order_of, eligible, room, overflow)
             placed = self._keys.get(key)
@@ -130,17 +152,50 @@ class HotPlacement:
         or else the least loaded one; with an ``overflow`` set, each key takes the first
         replica within its room alone, then the first overflow replica within its room,
         and only then the fair share. A replica leaving moves its keys and few others.
-        Cost: one short ring walk per key (a few ms for 2,000 keys over 64 replicas)."""
-        keys: dict[int, Placed] = {}
-        loads: dict[str, int] = {}
-        if eligible:
-            fair = self._fair(eligible)
-            filling = _Filling(loads, room, min(self._want.values(), default=0), eligible,
-                               overflow)
-            for key, tokens in sorted(self._want.items()):
-                keys[key] = Placed(self._first_fit(key, tokens, order_of, filling, fair,
-                                                   overflow), tokens)
-        self._keys, self._tokens = keys, loads
+        Cost: one short ring walk per key (a few ms for 2,000 keys over 64 replicas); a
+        pass under way is given up."""
+        work = self._pass = self._begin(order_of, eligible, room, overflow)
+        work.run(len(self._want))
+        self._finish(work)
+
+    def begin_assign(self, order_of: OrderOf, eligible: Collection[str],
+                     room: Callable[[str], int], overflow: Overflow | None = None) -> None:
+        """The homes ``assign`` gives the set as it is now (and each room as it is now),
+        placed ``step`` keys now and ``step`` at each ``advance``; until the last, every
+        key keeps its home. A pass under way is given up."""
+        self._pass = self._begin(order_of, eligible, room, overflow)
+        self.advance()
+
+    def _begin(self, order_of: OrderOf, eligible: Collection[str], room: Callable[[str], int],
+               overflow: Overflow | None) -> _Pass:
+        return _Pass(self._want, order_of, eligible, room, overflow,
+                     self._fair(eligible) if eligible else 0.0)
+
+    def advance(self) -> bool:
+        """Places the next ``step`` keys of the pass under way, and its homes replace the
+        current ones once all are placed; whether one is still under way."""
+        work = self._pass
+        if work is None:
+            return False
+        if not work.run(self.step):
+            return True
+        self._finish(work)
+        return False
+
+    def _finish(self, work: _Pass) -> None:
+        """The finished pass's homes in place of the current ones, but for keys placed
+        or dropped since it began: they keep what they have now (a first-fit home, or
+        none)."""
+        keys, loads = work.keys, work.filling.loads
+        for key in work.touched:
+            placed = keys.pop(key, None)
+            if placed is not None:
+                _unload(loads, placed)
+            kept = self._keys.get(key)
+            if kept is not None:
+                keys[key] = kept
+                loads[kept.replica] = loads.get(kept.replica, 0) + kept.tokens
+        self._keys, self._tokens, self._pass = keys, loads, None
 
     def _fair(self, eligible: Collection[str]) -> float:
         """A fair share of every wanted key's tokens over ``eligible``, with the slack."""
@@ -177,22 +232,27 @@ class HotPlacement:
         gone = [key for key in self._want if not still_hot(key)]
         for key in gone:
             del self._want[key]
+            self._touch(key)
             if key in self._keys:
                 self._drop(key)
         return len(gone)
 
     def forget_replica(self, replica: str) -> None:
+        """Drops the keys homed on ``replica`` (still wanted: homed again when next
+        placed, and at the next ``assign``), and gives up a pass under way: it may home
+        keys there."""
         for key in [k for k, p in self._keys.items() if p.replica == replica]:
-            self._drop(key)  # still wanted: homed again at the next ``assign``
+            self._drop(key)
         self._tokens.pop(replica, None)
+        self._pass = None
+
+    def _touch(self, key: int) -> None:
+        """Notes that ``key`` was placed or dropped during the pass under way."""
+        if self._pass is not None:
+            self._pass.touched.add(key)
 
     def _drop(self, key: int) -> None:
-        placed = self._keys.pop(key)
-        left = self._tokens[placed.replica] - placed.tokens
-        if left > 0:
-            self._tokens[placed.replica] = left
-        else:
-            del self._tokens[placed.replica]
+        _unload(self._tokens, self._keys.pop(key))
 
     def check_integrity(self) -> None:
         tokens: dict[str, int] = {}
@@ -200,6 +260,62 @@ class HotPlacement:
             tokens[placed.replica] = tokens.get(placed.replica, 0) + placed.tokens
         if tokens != self._tokens:
             raise AssertionError(f"placement: totals {self._tokens} != sums by key {tokens}")
+
+
+def _unload(loads: dict[str, int], placed: Placed) -> None:
+    """Takes ``placed``'s tokens off its replica's load (none left: no entry)."""
+    left = loads[placed.replica] - placed.tokens
+    if left > 0:
+        loads[placed.replica] = left
+    else:
+        del loads[placed.replica]
+
+
+class _Pass:
+    """One assignment of a snapshot of the wanted keys, in ascending key order (popped off
+    a heap, so a call sorts no more than it places), with the rooms read once at its start;
+    ``touched``: keys that joined or left the set since it began."""
+
+    __slots__ = ("_fair", "_heap", "_order_of", "_overflow", "_tokens", "filling", "keys",
+                 "touched")
+
+    def __init__(self, want: dict[int, int], order_of: OrderOf, eligible: Collection[str],
+                 room: Callable[[str], int], overflow: Overflow | None, fair: float) -> None:
+        self._tokens = dict(want)
+        self._heap = list(want) if eligible else []
+        heapify(self._heap)
+        self._order_of, self._overflow = order_of, overflow
+        self._fair = fair
+        rooms = _Rooms(room)
+        for r in chain(eligible, () if overflow is None else overflow.replicas):
+            rooms[r] = room(r)
+        self.keys: dict[int, Placed] = {}
+        self.filling = _Filling({}, rooms.__getitem__, min(want.values(), default=0),
+                                eligible, overflow)
+        self.touched: set[int] = set()
+
+    def run(self, n: int) -> bool:
+        """Places up to ``n`` more keys; whether every key is placed."""
+        heap, tokens, keys, first_fit = self._heap, self._tokens, self.keys, \
+            HotPlacement._first_fit
+        for _ in range(min(n, len(heap))):
+            key = heappop(heap)
+            keys[key] = Placed(first_fit(key, tokens[key], self._order_of, self.filling,
+                                         self._fair, self._overflow), tokens[key])
+        return not heap
+
+
+class _Rooms(dict[str, int]):
+    """Each replica's room, read once (a replica the walk meets that was not listed, at
+    its first meeting)."""
+
+    def __init__(self, room: Callable[[str], int]) -> None:
+        super().__init__()
+        self._room = room
+
+    def __missing__(self, replica: str) -> int:
+        self[replica] = value = self._room(replica)
+        return value
 
 
 class _Filling:
