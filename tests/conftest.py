@@ -9,6 +9,9 @@ import os
 # is first imported (transformers imports it too).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import atexit
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +19,15 @@ import pytest
 
 from tests.support.processes import Processes
 from tests.support.servers import ThreadServer
+
+# The tests speak plain HTTP on loopback (the one TLS test brings its own CA). Each httpx or
+# openai client, and each default SSL context, loads the whole trust store when it is made
+# (20-40 ms of CPU for the system's bundle) and the suite makes thousands: they get an empty
+# directory of CAs instead, in this process and the processes it starts.
+_NO_CAS = tempfile.mkdtemp(prefix="kvgate-tests-no-cas-")
+atexit.register(shutil.rmtree, _NO_CAS, ignore_errors=True)
+os.environ.pop("SSL_CERT_FILE", None)
+os.environ["SSL_CERT_DIR"] = _NO_CAS
 
 
 @pytest.fixture
@@ -32,6 +44,10 @@ def serve() -> Iterator[Callable[..., ThreadServer]]:
         return server
 
     yield start
+    # all are told at once, so their shutdowns (each up to a tick of uvicorn's loop, or a
+    # second of grace for a request still held) overlap instead of adding up
+    for server in started:
+        server.ask_to_stop()
     for server in reversed(started):
         server.stop()
 

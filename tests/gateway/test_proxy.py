@@ -820,9 +820,10 @@ def test_replica_errors_keep_their_status_when_they_agree(serve: Serve) -> None:
     openai client then sends it once); replicas answering different errors: 502."""
     same = [Behaviour(n, status=500) for n in ("a", "b")]
     gw = start_gateway(serve, [(b.name, serve(fake_replica(b)).url) for b in same])
-    with pytest.raises(openai.InternalServerError) as failed:
-        openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=2
-                      ).completions.create(model="sim-model", prompt="x")
+    # closed when done: the error it raised holds it, and its connection, in a cycle
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=2) as c, \
+            pytest.raises(openai.InternalServerError) as failed:
+        c.completions.create(model="sim-model", prompt="x")
     assert failed.value.status_code == 500
     assert failed.value.response.headers["x-should-retry"] == "false"
     assert len(same[0].received) + len(same[1].received) == 2  # one call, two replicas

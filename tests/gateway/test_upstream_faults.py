@@ -187,9 +187,11 @@ def test_a_cut_stream_ends_in_an_error_event_without_done(serve: Serve, fault: s
     assert r.status_code == 200
     assert len(events) == 3 and "[DONE]" not in events[-1]
     assert json.loads(events[-1][6:])["error"]["code"] == code
-    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0)
-    with pytest.raises(openai.APIError, match="incomplete"):
-        for _ in client.completions.create(model="sim-model", prompt="x", stream=True):
+    # closed when done: a stream that raised mid-answer holds its connection until then
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0) as client, \
+            pytest.raises(openai.APIError, match="incomplete"), \
+            client.completions.create(model="sim-model", prompt="x", stream=True) as stream:
+        for _ in stream:
             pass
 
 
@@ -666,9 +668,11 @@ def test_a_stream_cut_inside_an_event_ends_with_whole_events(serve: Serve) -> No
         # the half event never reaches the client; the error event follows whole ones
         assert [json.loads(e[6:]).get("object") for e in events[:-1]] == ["text_completion"]
         assert json.loads(events[-1][6:])["error"]["code"] == "upstream_broken"
-        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
-        with pytest.raises(openai.APIError, match="stopped mid-answer"):
-            for _ in client.completions.create(model="sim-model", prompt="x", stream=True):
+        with openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0) as client, \
+                pytest.raises(openai.APIError, match="stopped mid-answer"), \
+                client.completions.create(model="sim-model", prompt="x",
+                                          stream=True) as stream:
+            for _ in stream:
                 pass
 
 

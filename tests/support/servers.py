@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from collections.abc import Callable
@@ -25,6 +26,32 @@ def _bound(port: int | None) -> socket.socket:
     return sock
 
 
+class _PromptServer(uvicorn.Server):
+    """uvicorn's server, which looks whether it was told to stop every 0.1 s, woken at
+    once when ``stop_now`` tells it (a test's teardown stops several servers, hundreds of
+    times a run)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._told: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    async def main_loop(self) -> None:
+        told = asyncio.Event()
+        self._told = (asyncio.get_running_loop(), told)
+        counter = 0
+        while not await self.on_tick(counter):  # True once should_exit is set
+            counter = (counter + 1) % 864_000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(told.wait(), 0.1)
+
+    def stop_now(self) -> None:
+        self.should_exit = True
+        if self._told is not None:
+            loop, told = self._told
+            with contextlib.suppress(RuntimeError):  # its loop has ended already
+                loop.call_soon_threadsafe(told.set)
+
+
 class ThreadServer:
     """An ASGI app served by uvicorn on 127.0.0.1 in a background thread, on ``port`` or on
     a socket bound here to a free port (no other process can take it in between). With
@@ -41,17 +68,19 @@ class ThreadServer:
         config = uvicorn.Config(app, log_level="warning", loop="asyncio", ws="none",
                                 http=http, lifespan="on", proxy_headers=False,
                                 timeout_graceful_shutdown=1)
-        self.server = uvicorn.Server(config)
+        self.server = _PromptServer(config)
         self.side_url = ""
         self.side_sock: socket.socket | None = None
+        self.side_server: _PromptServer | None = None
         run: Callable[[], None] = lambda: self.server.run(sockets=[self.sock])  # noqa: E731
         if side is not None:
-            from gateway.http_server import companion, serve_together
+            from gateway.http_server import serve_together
 
             self.side_sock = side_sock = _bound(None)
             self.side_url = f"http://127.0.0.1:{side_sock.getsockname()[1]}"
-            other = companion(uvicorn.Config(side, log_level="warning", lifespan="off",
-                                             proxy_headers=False))
+            # (not ``companion``'s server: in a thread, uvicorn takes no signals either way)
+            self.side_server = other = _PromptServer(uvicorn.Config(
+                side, log_level="warning", lifespan="off", proxy_headers=False))
             run = lambda: asyncio.run(serve_together(  # noqa: E731
                 self.server, other, [self.sock], [side_sock]))
         self.thread = threading.Thread(target=run, daemon=True)
@@ -67,8 +96,15 @@ class ThreadServer:
         wait_until(started, 20, f"the server on port {self.port} to start")
         return self
 
+    def ask_to_stop(self) -> None:
+        """Tell the server (and its side server, at the same time rather than after it) to
+        stop, without waiting for it (``stop`` waits)."""
+        self.server.stop_now()
+        if self.side_server is not None:
+            self.side_server.stop_now()
+
     def stop(self) -> None:
-        self.server.should_exit = True
+        self.ask_to_stop()
         self.thread.join(timeout=10)
         self.sock.close()
         if self.side_sock is not None:
