@@ -14,7 +14,10 @@ With a ``replay_endpoint``, the last ``replay_buffer`` batches are kept and serv
 ROUTER socket there, as vLLM does: a DEALER sends ``[b"", start seq (8 bytes BE)]`` and
 gets ``[b"", seq, payload]`` for each kept batch from that one on, then ``[b"", seq -1,
 b""]``. A subscriber that saw a sequence number jump fills the gap from it; one that
-(re)connects rebuilds from it what the engine still holds.
+(re)connects rebuilds from it what the engine still holds. A replay waits for a reader
+slower than it (a ROUTER would drop what passes the peer's high-water mark, 1,000
+messages, and the end marker with it); one that takes nothing for
+``REPLAY_STALL_S``, or leaves, is given up (logged).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from kvwire.kv_event_format import (
 log = logging.getLogger(__name__)
 
 _STOP = None
+
+REPLAY_STALL_S = 10.0  # a replay's reader taking no batch for this long is given up
+_REPLAY_SEND_MS = 100  # ... waited for this long at a time, so that a stop ends the wait
 
 
 class KVEventPublisher:
@@ -82,6 +88,10 @@ class KVEventPublisher:
             sock.setsockopt(zmq.LINGER, 0)
             if kind == zmq.PUB:
                 sock.setsockopt(zmq.SNDHWM, self.high_water_mark)
+            else:  # a peer at its high-water mark blocks a send (for a while), a gone one
+                # fails it, where a ROUTER drops both silently
+                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                sock.setsockopt(zmq.SNDTIMEO, _REPLAY_SEND_MS)
             try:
                 sock.bind(endpoint)
             except zmq.ZMQError:
@@ -189,11 +199,38 @@ class KVEventPublisher:
                 peer, start = frames[0], int.from_bytes(frames[2], "big")
                 with self._kept_lock:
                     kept = [item for item in self._kept if item[0] >= start]
-                for seq, payload in kept:
-                    sock.send_multipart([peer, b"", seq.to_bytes(8, "big"), payload])
-                sock.send_multipart([peer, b"", REPLAY_END, b""])
-                self.replays += 1
+                for sent, (seq, payload) in enumerate(kept):
+                    if not self._send_replay(sock, [peer, b"", seq.to_bytes(8, "big"),
+                                                    payload], sent, len(kept)):
+                        break
+                else:
+                    if self._send_replay(sock, [peer, b"", REPLAY_END, b""], len(kept),
+                                         len(kept)):
+                        self.replays += 1
             except zmq.ZMQError as exc:
                 if not self._stopping.is_set():
                     log.error("KV event replay stopped: %s", exc)
                 return
+
+    def _send_replay(self, sock: zmq.Socket[bytes], frames: list[bytes], sent: int,
+                     total: int) -> bool:
+        """Send one replay message, waiting while its peer reads slower; False (logged)
+        when the peer left, took nothing for ``REPLAY_STALL_S``, or the publisher stops."""
+        deadline = time.monotonic() + REPLAY_STALL_S
+        while not self._stopping.is_set():
+            try:
+                sock.send_multipart(frames)
+                return True
+            except zmq.Again:
+                if time.monotonic() < deadline:
+                    continue
+                log.warning("KV event replay given up after %d of %d batches: its reader "
+                            "took none for %g s", sent, total, REPLAY_STALL_S)
+                return False
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                log.warning("KV event replay given up after %d of %d batches: its reader "
+                            "left", sent, total)
+                return False
+        return False
