@@ -60,6 +60,8 @@ SPARE_SLOTS = 1024
 # seconds past the drain's ``timeout_s`` (within which a worker exits on its own) before
 # a worker still running is killed
 KILL_AFTER_S = 5.0
+# the signal the kernel sends a worker when a thread of its supervisor ends (``die_with_parent``)
+PARENT_DEATH = signal.SIGUSR2
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,15 +112,29 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
 
 
 def die_with_parent(supervisor: int) -> None:
-    """SIGTERM this process when the supervisor (process id ``supervisor``) dies (Linux
-    ``PR_SET_PDEATHSIG``), or now when it died before this call. Compared with the
+    """SIGTERM this process once when the supervisor (process id ``supervisor``) dies, or
+    now when it died before this call. The kernel's parent-death signal (Linux
+    ``PR_SET_PDEATHSIG``) comes whenever the *thread* that holds this process ends, which
+    hands it to another thread of the supervisor while one lives: a dying supervisor with
+    several threads sent SIGTERM several times, and a second SIGTERM stops a worker at once
+    (its answers in flight cut, not drained). So the kernel's signal is ``PARENT_DEATH``,
+    acted on only once the parent is no longer the supervisor, and once. Compared with the
     supervisor's own id, not with 1: in a container without an init the supervisor *is*
     process 1, and a worker reparented after its death gets another parent."""
+    told = False
+
+    def parent_died(sig: int, frame: FrameType | None) -> None:
+        nonlocal told
+        if told or os.getppid() == supervisor:  # one of the supervisor's threads ended
+            return
+        told = True
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(PARENT_DEATH, parent_died)
     pr_set_pdeathsig = 1
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != supervisor:  # the supervisor died before this line
-        os.kill(os.getpid(), signal.SIGTERM)
+    libc.prctl(pr_set_pdeathsig, PARENT_DEATH)
+    parent_died(PARENT_DEATH, None)  # the supervisor died before the line above
 
 
 def worker_main(plan: WorkerPlan) -> None:
