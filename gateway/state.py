@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -35,6 +35,9 @@ from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from policies.base import Policy, ReplicaRemoved, ReplicaReset
 from policies.per_model import PerModel
 from policies.registry import build_policy
+
+if TYPE_CHECKING:
+    from gateway.membership import SourceBook
 
 
 @dataclass
@@ -82,6 +85,8 @@ class GatewayState:
     # which replica answered each recent response (Responses API), this process's own
     response_homes: BoundedMemo[str, str] = field(
         default_factory=lambda: BoundedMemo(RESPONSE_HOMES))
+    # what ``gateway.membership.reconcile`` last made of each discovery source's set
+    source_books: dict[str, SourceBook] = field(default_factory=dict)
 
 
 def policy_listener(policy: Policy) -> FleetListener:
