@@ -227,9 +227,11 @@ def test_engine(objects: dict[tuple[str, str], Obj]) -> None:
     assert args.executor == "torch" and args.host == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["http"] == args.port
-    assert args.kv_events_endpoint == f"tcp://*:{ports['kv-events']}"
-    assert args.kv_events_replay_endpoint == f"tcp://*:{ports['kv-events-replay']}"
+    # the Service's port names (what discovery reads) target the container's ports
     service = objects[("Service", "kvgate-engine")]
+    target = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
+    assert args.kv_events_endpoint == f"tcp://*:{ports[target['kv-events']]}"
+    assert args.kv_events_replay_endpoint == f"tcp://*:{ports[target['kv-events-replay']]}"
     assert service["spec"]["selector"].items() <= \
         deployment["spec"]["template"]["metadata"]["labels"].items()
     assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
