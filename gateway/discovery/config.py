@@ -121,6 +121,9 @@ class DNSSourceConfig:
             raise ValueError(f"remove_after must be in [1, 100], got {self.remove_after!r}")
 
 
+CONTAINER_PORT_NAME_MAX = 15  # Kubernetes' limit (an IANA service name); a Service's is 63
+
+
 @dataclass(frozen=True, slots=True)
 class KubernetesSourceConfig:
     """The ready endpoints of ``service`` (its EndpointSlices), or the ready pods matching
@@ -131,9 +134,9 @@ class KubernetesSourceConfig:
 
     A replica's port: ``port`` when set, else the port named ``port_name`` (of the
     Service, or of the pod's containers), else the only one. Its KV event ports: the ports
-    named ``kv_events_port_name`` / ``kv_events_replay_port_name``, or (pods) the
-    annotations ``kv_events_annotation`` / ``kv_events_replay_annotation``, else the
-    template's. Its id: the pod's name (else ``address:port``)."""
+    named ``kv_events_port_name`` / ``replay_port_name``, or (pods) the annotations
+    ``kv_events_annotation`` / ``kv_events_replay_annotation``, else the template's. Its
+    id: the pod's name (else ``address:port``)."""
 
     type: Literal["kubernetes"] = "kubernetes"
     namespace: str | None = None  # none: the pod's own (in cluster), else the kubeconfig's
@@ -142,7 +145,9 @@ class KubernetesSourceConfig:
     port_name: str | None = None
     port: int | None = None
     kv_events_port_name: str = "kv-events"
-    kv_events_replay_port_name: str = "kv-events-replay"
+    # none: "kv-events-replay" for a Service's port, "kv-replay" for a pod's container port
+    # (whose name is at most 15 characters)
+    kv_events_replay_port_name: str | None = None
     kv_events_annotation: str = "kvgate.io/kv-events-port"
     kv_events_replay_annotation: str = "kvgate.io/kv-events-replay-port"
     resync_s: float = 300.0
@@ -161,6 +166,15 @@ class KubernetesSourceConfig:
                  ("context", self.context), ("kubeconfig", self.kubeconfig))
         return label + "".join(f" {key}={value}" for key, value in where if value is not None)
 
+    @property
+    def replay_port_name(self) -> str:
+        """The name of a replica's KV event replay port: ``kv_events_replay_port_name``,
+        or by default ``kv-events-replay`` (a Service's port) or ``kv-replay`` (a
+        container's, which cannot be named the longer way)."""
+        if self.kv_events_replay_port_name is not None:
+            return self.kv_events_replay_port_name
+        return "kv-events-replay" if self.service is not None else "kv-replay"
+
     def validate(self) -> None:
         if (self.service is None) == (self.label_selector is None):
             raise ValueError(f"set exactly one of service and label_selector, got service="
@@ -168,6 +182,13 @@ class KubernetesSourceConfig:
         if self.service == "" or self.label_selector == "":
             raise ValueError("service and label_selector must not be empty")
         _port_or_none("port", self.port)
+        if self.label_selector is not None:  # the names are a pod's container ports'
+            for key in ("port_name", "kv_events_port_name", "kv_events_replay_port_name"):
+                name = getattr(self, key)
+                if name is not None and len(name) > CONTAINER_PORT_NAME_MAX:
+                    raise ValueError(
+                        f"{key} {name!r} is no container port's name: pods' port names "
+                        f"are at most {CONTAINER_PORT_NAME_MAX} characters")
         if self.kubeconfig is not None and not Path(self.kubeconfig).is_file():
             raise ValueError(f"kubeconfig {self.kubeconfig!r} is not a file")
         for key in ("resync_s", "retry_s"):

@@ -62,7 +62,7 @@ def _serving_port(source: KubernetesSourceConfig, named: dict[str | None, int]
     if source.port_name is not None:
         return named.get(source.port_name)
     others = {n: p for n, p in named.items()
-              if n not in (source.kv_events_port_name, source.kv_events_replay_port_name)}
+              if n not in (source.kv_events_port_name, source.replay_port_name)}
     return next(iter(others.values())) if len(others) == 1 else None
 
 
@@ -100,7 +100,7 @@ def slice_found(source: KubernetesSourceConfig, s: Mapping[str, Any]) -> SliceFo
                         sorted(str(n) for n in named))
         return found
     events = named.get(source.kv_events_port_name)
-    replay = named.get(source.kv_events_replay_port_name)
+    replay = named.get(source.replay_port_name)
     for ep in s.get("endpoints") or []:
         addresses = ep.get("addresses") or []
         if not addresses:
@@ -192,7 +192,7 @@ def pod_target(source: KubernetesSourceConfig, pod: Mapping[str, Any]
     events = _annotated_port(source, annotations, source.kv_events_annotation, name) \
         or named.get(source.kv_events_port_name)
     replay = _annotated_port(source, annotations, source.kv_events_replay_annotation,
-                             name) or named.get(source.kv_events_replay_port_name)
+                             name) or named.get(source.replay_port_name)
     return source.replica.replica(name, address, port, events, replay)
 
 

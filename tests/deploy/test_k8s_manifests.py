@@ -188,7 +188,7 @@ def test_gateway(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.Monkey
     assert engines["spec"]["clusterIP"] == "None"
     engine_ports = {p["name"] for p in engines["spec"]["ports"]}
     assert {source.port_name, source.kv_events_port_name,
-            source.kv_events_replay_port_name} <= engine_ports
+            source.replay_port_name} <= engine_ports
 
 
 def test_discovery_rbac(objects: dict[tuple[str, str], Obj],
@@ -380,7 +380,7 @@ def test_engines_take_only_the_gateway_and_monitoring(objects: dict[tuple[str, s
                      for p in objects[("Service", "kvgate-engine")]["spec"]["ports"]}
     gateway_needs = {container_port(c, service_ports[name]) for name in
                      (source.port_name, source.kv_events_port_name,
-                      source.kv_events_replay_port_name)}
+                      source.replay_port_name)}
     (scraped,) = objects[("ServiceMonitor", "kvgate-engine")]["spec"]["endpoints"]
     metrics_port = container_port(c, service_ports[scraped["port"]])
 

@@ -90,7 +90,8 @@ def pod(name: str, ip: str | None = "10.0.0.9", ready: str = "True", phase: str 
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     return {"metadata": meta,
             "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8000},
-                                               {"name": "kv-events", "containerPort": 5557}]}]},
+                                               {"name": "kv-events", "containerPort": 5557},
+                                               {"name": "kv-replay", "containerPort": 5558}]}]},
             "status": {"phase": phase, "podIP": ip,
                        "conditions": [{"type": "Ready", "status": ready}]}}
 
@@ -107,6 +108,9 @@ def test_pods_ready_running_with_an_ip() -> None:
     assert found["ok"].kv_events == "tcp://10.0.0.9:5557"  # the named container port
     assert found["annotated"].kv_events == "tcp://10.0.0.9:6000"  # the annotation wins
     assert found["bad-annotation"].kv_events == "tcp://10.0.0.9:5557"
+    # the replay port: a container port's name is at most 15 characters, so not the
+    # Service's kv-events-replay
+    assert found["ok"].kv_events_replay == "tcp://10.0.0.9:5558"
 
 
 def test_dns_targets() -> None:
@@ -131,6 +135,9 @@ def test_dns_targets() -> None:
     ({"type": "kubernetes", "service": "a", "replica": {"api_key_env": "NOT_SET_ANYWHERE"}},
      "api_key_env 'NOT_SET_ANYWHERE' is not set"),
     ({"type": "kubernetes", "service": "a", "watch": True}, "unknown key 'watch'"),
+    ({"type": "kubernetes", "label_selector": "app=e", "kv_events_replay_port_name":
+      "kv-events-replay"}, "kv_events_replay_port_name 'kv-events-replay' is no container "
+     "port's name: pods' port names are at most 15 characters"),
     ({"type": "kubernetes", "service": "a", "kubeconfig": "/nonexistent/kubeconfig"},
      "kubeconfig '/nonexistent/kubeconfig' is not a file"),
     ("dns", "expected a mapping with a 'type' key"),
