@@ -53,7 +53,7 @@ from gateway.discovery.stats import SourceStats
 from gateway.fleet import Fleet, ModelInfo
 from gateway.periodic import stop_tasks
 from gateway.replica_metrics import ScrapedMetrics
-from gateway.shared_load import _view
+from gateway.shared_load import B, Block, _view
 from policies.config import from_mapping
 
 log = logging.getLogger("kvgate.box_feed")
@@ -88,14 +88,22 @@ def snapshot(fleet: Fleet, discovery: Sequence[SourceStats] = ()) -> dict[str, A
 class FeedBlock:
     """The shared memory block and its seqlock (see the module)."""
 
-    def __init__(self, block: shared_memory.SharedMemory) -> None:
+    def __init__(self, block: Block) -> None:
         self.block = block
         self._buf = _view(block)
         self._seq = 0
 
+    @classmethod
+    def create(cls) -> shared_memory.SharedMemory:
+        """A new named block, prepared (its creator unlinks it)."""
+        return cls.prepare(shared_memory.SharedMemory(create=True, size=BLOCK_BYTES))
+
     @staticmethod
-    def create() -> shared_memory.SharedMemory:
-        block = shared_memory.SharedMemory(create=True, size=BLOCK_BYTES)
+    def prepare(block: B) -> B:
+        """``block`` (``BLOCK_BYTES`` at least) holding no snapshot yet."""
+        if block.size < BLOCK_BYTES:
+            raise ValueError(f"feed block {block.name!r} holds {block.size} bytes, "
+                             f"needs {BLOCK_BYTES}")
         _HEAD.pack_into(_view(block), 0, 0, 0, 0)
         return block
 

@@ -22,14 +22,19 @@ stores, so no lock is needed and no update is lost. A reader may see one worker'
 update old, or one field of it updated before the next: the sums are exact once writes
 stop, and never off by more than the requests moving at that moment.
 ``CLOCK_MONOTONIC`` is one clock for every process of a machine, so ages compare.
+
+The supervisor's blocks are ``SharedBlock``: memory with no name (``memfd_create``) that
+each worker maps from a descriptor it inherits, so nothing is left in ``/dev/shm`` however
+the box ends. Named blocks (``SharedLoad.create``) serve tests, which open them again by name.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
-from multiprocessing import shared_memory
-from typing import NamedTuple
+from multiprocessing import reduction, shared_memory
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 MAGIC = 0x6B76676174656C64  # "kvgateld"
 BOX_ID = slice(8, 24)  # 16 random bytes the supervisor writes: the box's name to peers
@@ -38,7 +43,55 @@ _CELL = struct.Struct("<qqdqd")
 CELL_BYTES = _CELL.size
 
 
-def _view(block: shared_memory.SharedMemory) -> memoryview:
+class SharedBlock:
+    """Shared memory without a name (a Linux ``memfd``): pickled to a spawned worker (in
+    its ``WorkerPlan``), it travels as a copy of its descriptor, which the worker maps. The
+    memory is freed once the last process that maps it ends, however it ends: a named
+    block (``/dev/shm/psm_*``) outlived a box killed whole (a container stopped; Kubernetes
+    keeps a pod's ``/dev/shm`` over a container's restart), 16 MiB each time."""
+
+    def __init__(self, fd: int, size: int, name: str) -> None:
+        self._fd = fd  # kept: a worker started later is given a copy
+        self.name = name
+        self.size = size
+        self._map = mmap.mmap(fd, size)
+        self.buf: memoryview | None = memoryview(self._map)
+
+    @classmethod
+    def create(cls, name: str, size: int) -> SharedBlock:
+        """A new zeroed block of ``size`` bytes; ``name`` shows in ``/proc/<pid>/maps``."""
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            return cls(fd, size, name)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # only while a process is spawned: the descriptor is passed to it with the pickle
+        return _mapped, (reduction.DupFd(self._fd), self.size, self.name)
+
+    def close(self) -> None:
+        """Unmap it here (closing twice is harmless); other processes keep their maps."""
+        if self.buf is None:
+            return
+        self.buf.release()
+        self.buf = None
+        self._map.close()
+        os.close(self._fd)
+
+
+def _mapped(fd: Any, size: int, name: str) -> SharedBlock:
+    """A ``SharedBlock`` in the process it was passed to."""
+    return SharedBlock(fd.detach(), size, name)
+
+
+Block: TypeAlias = "shared_memory.SharedMemory | SharedBlock"
+B = TypeVar("B", shared_memory.SharedMemory, SharedBlock)
+
+
+def _view(block: Block) -> memoryview:
     buf = block.buf
     if buf is None:
         raise ValueError(f"shared memory {block.name!r} is closed")
@@ -55,7 +108,7 @@ class LoadTotals(NamedTuple):
 class SharedLoad:
     """One worker's handle on the block: writes its own cells, reads everyone's."""
 
-    def __init__(self, block: shared_memory.SharedMemory, workers: int, worker: int,
+    def __init__(self, block: Block, workers: int, worker: int,
                  slots: int) -> None:
         if not 0 <= worker < workers:
             raise ValueError(f"worker must be in [0, {workers}), got {worker!r}")
@@ -84,8 +137,14 @@ class SharedLoad:
 
     @classmethod
     def create(cls, workers: int, slots: int) -> shared_memory.SharedMemory:
-        """A new zeroed block for ``workers`` x ``slots`` (the supervisor's; it unlinks)."""
-        block = shared_memory.SharedMemory(create=True, size=cls.size(workers, slots))
+        """A new named block for ``workers`` x ``slots``, prepared (its creator unlinks
+        it)."""
+        return cls.prepare(shared_memory.SharedMemory(create=True,
+                                                      size=cls.size(workers, slots)))
+
+    @staticmethod
+    def prepare(block: B) -> B:
+        """``block`` zeroed, marked as a load block, with a new box id."""
         buf = _view(block)
         buf[: block.size] = bytes(block.size)
         struct.pack_into("<Q", buf, 0, MAGIC)

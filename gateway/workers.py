@@ -3,7 +3,11 @@
 The supervisor (the process started) creates the shared memory blocks (``shared_load``:
 per-replica accounting; ``box_feed``: the leader's fleet snapshot), a doorbell pipe per
 follower (rung when a snapshot is new) and a directory for prometheus-client's
-multiprocess mode, then starts the workers (``spawn``). Each worker
+multiprocess mode, then starts the workers (``spawn``). The blocks have no name (each
+worker inherits a descriptor), so nothing of them outlives the box's processes, however
+they end. The directory is locked (``flock``) while the supervisor or a worker lives, and
+removed when the supervisor stops, or else (it was killed) at the next start on the
+machine. Each worker
 binds the port itself with ``SO_REUSEPORT``, so the kernel spreads connections over them
 without a shared accept queue.
 
@@ -23,6 +27,7 @@ without a shared accept queue.
   gateway does (``ShutdownConfig``); a second stops them at once. Workers sit in their
   own process group (a terminal's Ctrl-C reaches them once, through the supervisor) and
   die with it. If a worker exits on its own the supervisor stops the rest and exits 1.
+  A signal while the workers are being started starts no more (those started drain).
   A worker still running ``KILL_AFTER_S`` past the drain's ``timeout_s`` is killed (and
   the supervisor exits 1): a stuck one no longer held the supervisor, or outlived it on
   the port.
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import fcntl
 import logging
 import math
 import multiprocessing
@@ -43,13 +49,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from multiprocessing import connection, shared_memory
+from multiprocessing import connection, reduction
 from types import FrameType
+from typing import Any
 
-from gateway.box_feed import FeedBlock
+from gateway.box_feed import BLOCK_BYTES, FeedBlock
 from gateway.config import GatewayConfig
 from gateway.fleet import MAX_REPLICAS
-from gateway.shared_load import SharedLoad
+from gateway.shared_load import SharedBlock, SharedLoad
 from gateway.worker_routes import WorkerRoutes, route_pair
 
 log = logging.getLogger("kvgate.workers")
@@ -62,6 +69,30 @@ SPARE_SLOTS = 1024
 KILL_AFTER_S = 5.0
 # the signal the kernel sends a worker when a thread of its supervisor ends (``die_with_parent``)
 PARENT_DEATH = signal.SIGUSR2
+# the signals the supervisor forwards to the workers
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# the multiprocess metrics directories: tempfile.gettempdir()/<prefix><random><suffix>
+METRICS_PREFIX = "kvgate-metrics-"
+METRICS_SUFFIX = ".flock"
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLock:
+    """A descriptor that holds a lock (``flock``). Pickled to a spawned worker, it travels
+    as a copy of the descriptor: one open file, whose lock lasts until the last process
+    that has it ends (the supervisor, or a worker draining after it was killed)."""
+
+    fd: int
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _held, (reduction.DupFd(self.fd),)
+
+
+def _held(fd: Any) -> HeldLock:
+    """A ``HeldLock`` in the worker it was passed to (not passed on to its children)."""
+    lock = HeldLock(fd.detach())
+    os.set_inheritable(lock.fd, False)
+    return lock
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +103,8 @@ class WorkerPlan:
     index: int
     workers: int
     slots: int
-    load_block: str
-    feed_block: str
+    load_block: SharedBlock
+    feed_block: SharedBlock
     log_level: str
     # doorbells (``box_feed``): worker 0's ends of every follower's pipe, or a follower's
     rings: tuple[connection.Connection, ...] = ()
@@ -83,6 +114,7 @@ class WorkerPlan:
     # other workers' inboxes' sending ends
     routes_inbox: socket.socket | None = None
     routes_out: tuple[socket.socket, ...] = ()
+    metrics_lock: HeldLock | None = None  # the metrics directory's, held while this runs
 
 
 def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConfig:
@@ -152,9 +184,8 @@ def worker_main(plan: WorkerPlan) -> None:
     from gateway.state import build_state
 
     config = share_of(plan.config, plan.workers, plan.index)
-    load = SharedLoad(shared_memory.SharedMemory(plan.load_block), plan.workers, plan.index,
-                      plan.slots)
-    feed = FeedBlock(shared_memory.SharedMemory(plan.feed_block))
+    load = SharedLoad(plan.load_block, plan.workers, plan.index, plan.slots)
+    feed = FeedBlock(plan.feed_block)
     gw = build_state(config, shared=load)
     gw.worker = plan.index
     gw.box = BoxFeed(feed, gw.fleet, plan.index == 0, config.health.failures_to_eject,
@@ -182,6 +213,48 @@ def worker_main(plan: WorkerPlan) -> None:
         load.close()
 
 
+def _sweep_metrics_dirs(parent: str) -> None:
+    """Remove the metrics directories under ``parent`` that no process holds: those of a
+    supervisor killed (and of its workers, all gone), which no stop removed."""
+    with os.scandir(parent) as entries:
+        dirs = [entry.path for entry in entries if entry.name.startswith(METRICS_PREFIX)
+                and entry.name.endswith(METRICS_SUFFIX) and entry.is_dir(follow_symlinks=False)]
+    for path in dirs:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its box runs
+            os.close(fd)
+            continue
+        log.info("removing %s, left by a supervisor that was killed", path)
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)  # a supervisor starting meanwhile that made it sees it gone
+
+
+def metrics_dir() -> tuple[str, HeldLock]:
+    """A new directory for prometheus-client's multiprocess mode, and its lock, held: first
+    the directories of dead boxes are removed (``_sweep_metrics_dirs``)."""
+    parent = tempfile.gettempdir()
+    _sweep_metrics_dirs(parent)
+    while True:
+        path = tempfile.mkdtemp(prefix=METRICS_PREFIX, suffix=METRICS_SUFFIX, dir=parent)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # swept before it was opened: another
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while a sweep that took it removes it
+        try:
+            mine = os.path.samestat(os.stat(path), os.fstat(fd))
+        except FileNotFoundError:
+            mine = False
+        if mine:
+            return path, HeldLock(fd)
+        os.close(fd)  # swept before it was locked: another
+
+
 def _close_doorbells(bells: list[tuple[connection.Connection, connection.Connection]]
                      ) -> None:
     """Close the supervisor's copies of both ends of every doorbell (closing twice is
@@ -207,18 +280,33 @@ class Supervisor:
         self.workers = workers
         self.log_level = log_level
         self.share_routes = share_routes  # the workers tell each other their routes
-        self.signals = 0
+        self.signals = 0  # the stops asked for: signals, or a worker that exited
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.kill_after_s = KILL_AFTER_S
         self._stop_at: float | None = None  # when the workers were first told to stop
+        self._told = 0  # the stops the workers were told
+        self._wakeup: int | None = None  # readable when a signal came (run)
 
-    def _forward(self, sig: int, frame: FrameType | None) -> None:
+    def _signalled(self, sig: int, frame: FrameType | None) -> None:
+        """The signal handler: only counts. A handler that told the workers itself missed
+        one being started (not yet in ``procs``), which then served until killed: the main
+        loop tells them (``_tell``), woken by ``_wakeup``."""
         self.signals += 1
         if self._stop_at is None:
             self._stop_at = time.monotonic()
-        for proc in self.procs:
-            if proc.pid is not None and proc.exitcode is None:
-                os.kill(proc.pid, signal.SIGTERM)
+
+    def _tell(self) -> None:
+        """Each stop not yet told, to every worker running: a SIGTERM (a second one stops
+        a worker at once)."""
+        while self._told < self.signals:
+            self._told += 1
+            for proc in self.procs:
+                if proc.pid is not None and proc.exitcode is None:
+                    os.kill(proc.pid, signal.SIGTERM)
+
+    def _stop(self) -> None:
+        self._signalled(signal.SIGTERM, None)
+        self._tell()
 
     def _left_s(self) -> float | None:
         """Seconds until the workers still running are killed; None: no stop began."""
@@ -243,21 +331,27 @@ class Supervisor:
         killed = False
         live = {proc.sentinel: proc for proc in self.procs}
         while live:
+            self._tell()
             left = self._left_s()
             if left is not None and left <= 0 and not killed:
                 self._kill_stuck()
                 status, killed = 1, True
-            # a stop a signal begins meanwhile is seen within a second; the killed end now
+            # a signal wakes it (``_wakeup``; without one, as in tests, it is seen within
+            # a second); the killed end now
             timeout = None if killed else 1.0 if left is None else min(max(left, 0.0), 1.0)
-            for ready in connection.wait(list(live), timeout):
+            wakeup = [] if self._wakeup is None else [self._wakeup]
+            for ready in connection.wait([*live, *wakeup], timeout):
                 assert isinstance(ready, int)
+                if ready == self._wakeup:
+                    os.read(ready, 4096)  # the signals' numbers: counted already
+                    continue
                 ended = live.pop(ready)
                 ended.join()
                 if not self.signals:
                     print(f"kvgate serve: {ended.name} exited with {ended.exitcode}; "
                           "stopping the others", file=sys.stderr)
                     status = 1
-                    self._forward(signal.SIGTERM, None)
+                    self._stop()
                 elif ended.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT):
                     status = 1  # uvicorn re-raises the signal it stopped on
         return status
@@ -265,14 +359,18 @@ class Supervisor:
     def run(self) -> int:
         """Start the workers, forward signals, wait for them all; the exit status."""
         slots = max(MAX_REPLICAS, len(self.config.fleet_replicas())) + SPARE_SLOTS
-        load = SharedLoad.create(self.workers, slots)
-        feed = FeedBlock.create()
-        metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # the workers inherit it
+        load = SharedLoad.prepare(SharedBlock.create(
+            "kvgate-load", SharedLoad.size(self.workers, slots)))
+        feed = FeedBlock.prepare(SharedBlock.create("kvgate-feed", BLOCK_BYTES))
+        metrics, metrics_lock = metrics_dir()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics  # the workers inherit it
         ctx = multiprocessing.get_context("spawn")
-        # a hang-up (the terminal closed) drains the box too, and the blocks are unlinked
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._forward)
+        # a hang-up (the terminal closed) drains the box too
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._signalled)
+        self._wakeup, wakeup_w = os.pipe()
+        os.set_blocking(wakeup_w, False)
+        previous_wakeup = signal.set_wakeup_fd(wakeup_w)
         status = 0
         # one doorbell per follower: (its end, worker 0's end); the workers get copies
         bells = [ctx.Pipe(duplex=False) for _ in range(self.workers - 1)]
@@ -281,29 +379,36 @@ class Supervisor:
             if self.workers > 1 and self.share_routes else []
         try:
             for index in range(self.workers):
-                plan = WorkerPlan(self.config, index, self.workers, slots, load.name,
-                                  feed.name, self.log_level,
+                if self.signals:  # told to stop meanwhile: those started drain, no more
+                    break
+                plan = WorkerPlan(self.config, index, self.workers, slots, load,
+                                  feed, self.log_level,
                                   rings=tuple(ring for _, ring in bells) if index == 0 else (),
                                   bell=bells[index - 1][0] if index else None,
                                   supervisor=os.getpid(),
                                   routes_inbox=routes[index][0] if routes else None,
                                   routes_out=tuple(out for j, (_, out) in enumerate(routes)
-                                                   if j != index))
+                                                   if j != index),
+                                  metrics_lock=metrics_lock)
                 proc = ctx.Process(target=worker_main, args=(plan,),
                                    name=f"kvgate-worker-{index}")
                 proc.start()
-                self.procs.append(proc)
+                self.procs.append(proc)  # a signal that came meanwhile is told it (wait)
             _close_doorbells(bells)  # the workers hold their copies
             _close_route_sockets(routes)
             status = self.wait()
         finally:
             if any(proc.exitcode is None for proc in self.procs):  # run() failed
-                self._forward(signal.SIGTERM, None)
+                self._stop()
                 status = max(status, self.wait())
+            signal.set_wakeup_fd(previous_wakeup)
+            os.close(wakeup_w)
+            os.close(self._wakeup)
+            self._wakeup = None
             _close_doorbells(bells)  # a no-op when closed already
             _close_route_sockets(routes)
             for block in (load, feed):
                 block.close()
-                block.unlink()
-            shutil.rmtree(metrics_dir, ignore_errors=True)
+            shutil.rmtree(metrics, ignore_errors=True)
+            os.close(metrics_lock.fd)
         return status
