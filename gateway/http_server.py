@@ -214,6 +214,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._ended_in_read = False  # ... during the read being parsed
         self._head_timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None  # an answered body's rest
+        # an error for a request behind ones still being answered: (status, reason, code,
+        # extra header lines), written after their answers (``_refuse``)
+        self._refusal: tuple[bytes, str, str, bytes] | None = None
         self._leaving = _Leaving(self)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -234,16 +237,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             # that does not
             if not self.transport.is_closing():
                 self._stop_head_timer()
-                _close_with(self.transport, b"431 Request Header Fields Too Large",
-                            f"request head exceeds {self.limits.max_header_bytes} bytes",
-                            "header_too_large")
+                self._refuse(b"431 Request Header Fields Too Large",
+                             f"request head exceeds {self.limits.max_header_bytes} bytes",
+                             "header_too_large")
             return
         super().data_received(data)
         if len(self.pipeline) > MAX_PIPELINED and not self.transport.is_closing():
-            _close_with(self.transport, b"429 Too Many Requests",
-                        f"more than {MAX_PIPELINED} pipelined requests wait on this "
-                        "connection; read the answers before sending more",
-                        "too_many_pipelined_requests", b"retry-after: 1\r\n")
+            while len(self.pipeline) > MAX_PIPELINED:  # the newest, never started
+                self.pipeline.popleft()
+            self._refuse(b"429 Too Many Requests",
+                         f"more than {MAX_PIPELINED} pipelined requests wait on this "
+                         "connection; read the answers before sending more",
+                         "too_many_pipelined_requests", b"retry-after: 1\r\n")
             return
         if self._ended_in_read:  # a request ended in this read: the next head may have
             self._ended_in_read = False  # begun in it, its blank line still to come
@@ -252,9 +257,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self._in_head and self._head_bytes > self.limits.max_header_bytes \
                 and not self.transport.is_closing():  # a pipelined request's head
             self._stop_head_timer()
-            _close_with(self.transport, b"431 Request Header Fields Too Large",
-                        f"request head exceeds {self.limits.max_header_bytes} bytes",
-                        "header_too_large")
+            self._refuse(b"431 Request Header Fields Too Large",
+                         f"request head exceeds {self.limits.max_header_bytes} bytes",
+                         "header_too_large")
 
     def _head_size(self, data: bytes) -> int:
         """The request head's size so far with ``data``: up to its blank line when that is
@@ -292,8 +297,15 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._ended_in_read = True
 
     def on_response_complete(self) -> None:
+        waiting = len(self.pipeline)
         super().on_response_complete()
         if self.transport.is_closing():
+            return
+        if self._refusal is not None:  # answered once the answers before it are
+            if waiting:
+                self.flow.pause_reading()
+            else:
+                _close_with(self.transport, *self._refusal)
             return
         if self.pipeline:  # read on only once the queued requests are answered
             self.flow.pause_reading()
@@ -309,8 +321,34 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        _close_with(self.transport, b"400 Bad Request", _what_is_invalid(msg),
-                    "invalid_http")
+        self._refuse(b"400 Bad Request", _what_is_invalid(msg), "invalid_http")
+
+    def _refuse(self, status: bytes, reason: str, code: str, extra: bytes = b"") -> None:
+        """Answer ``status`` (``_close_with``) and close: at once, or, while the requests
+        before this one on the connection are still being answered (pipelined), after
+        their answers, with nothing more read meanwhile (written at once, the error went
+        into the middle of an answer being streamed, corrupting it). Where the bad bytes
+        are the body of a request whose answer has begun, that answer is cut instead,
+        visibly (its last chunk never comes)."""
+        if self._refusal is not None or self.transport.is_closing():
+            return
+        refusal = (status, reason, code, extra)
+        cycle, queued = self.cycle, self.pipeline
+        if cycle is not None and cycle.more_body and not cycle.response_complete:
+            # the bad bytes are this request's body: it is not served
+            if queued and queued[0][0] is cycle:  # waiting behind others: dropped
+                queued.popleft()
+            elif cycle.response_started:
+                self.transport.close()
+                return
+            else:
+                _close_with(self.transport, *refusal)
+                return
+        elif not queued and (cycle is None or cycle.response_complete):
+            _close_with(self.transport, *refusal)
+            return
+        self._refusal = refusal
+        self.flow.pause_reading()
 
     def take_upgrade(self) -> bytes | None:
         """The head of the request just read that asked to switch protocols, without
@@ -369,9 +407,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _head_late(self) -> None:
         self._head_timer = None
         if self._in_head and not self.transport.is_closing():
-            _close_with(self.transport, b"408 Request Timeout",
-                        f"request head not received within {self.limits.header_timeout_s} s",
-                        "header_timeout")
+            self._refuse(b"408 Request Timeout",
+                         f"request head not received within {self.limits.header_timeout_s} s",
+                         "header_timeout")
 
 
 _SHOWN_CHARS = 200  # of a parser's message: an invalid URL's is the whole URL
