@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop stopped on an unexpected error."""
+    """The engine loop is gone: it stopped on an unexpected error, or the engine was
+    stopped. Every request and call it had not answered gets one; so does every later
+    ``add``, ``abort`` and ``call``."""
 
 
 class RequestFailed(RuntimeError):
@@ -76,7 +78,8 @@ class AsyncEngine:
         self._wake = asyncio.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # what ended the loop, if it failed
+        self._ended: str | None = None  # why the loop is gone: no waiter is queued then
         self._failed_in_a_row = 0
         self.modeled_s = 0.0  # with sleep_modeled_time: the steps' modeled seconds
         self.late_s = 0.0  # ... and the seconds they ended after that
@@ -90,11 +93,15 @@ class AsyncEngine:
         self._task = asyncio.create_task(self._run(), name="engine-loop")
 
     async def stop(self) -> None:
+        """End the loop: every request in flight and every call not answered gets an
+        :class:`EngineDeadError` (nothing waits on a loop that is gone), as does any
+        later ``add``, ``abort`` or ``call``; a step still running is waited for."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._end("engine stopped (shut down)")
         if self._pool is not None:
             pool, self._pool = self._pool, None
             # a step still running there ends first: waited for off the event loop
@@ -105,8 +112,7 @@ class AsyncEngine:
         The request is validated by the core when the loop applies it. ValueError, and
         nothing queued, when a request of that id is in flight (a client names its own
         ids on SGLang's ``/generate``)."""
-        if self.error is not None:
-            raise EngineDeadError("engine loop is not running") from self.error
+        self._check_running()
         if req.request_id in self._queues:
             raise ValueError(f"request id {req.request_id!r} is in flight already")
         waiter = self._queues[req.request_id] = _Waiter()
@@ -132,7 +138,9 @@ class AsyncEngine:
         may be given again at once: outputs of a step that was running go to nobody.
         ``queue``: the one ``add`` returned for the request meant; when the id is in flight
         under another (given again once this request ended: a failed step ends it before
-        its reader knows), nothing is dropped."""
+        its reader knows), nothing is dropped. EngineDeadError, and nothing queued, once
+        the loop is gone (it answered every request in flight so already)."""
+        self._check_running()
         if queue is not None:
             waiter = self._queues.get(request_id)
             if waiter is not None and waiter.queue is not queue:
@@ -156,9 +164,9 @@ class AsyncEngine:
         return True
 
     async def call(self, fn: Callable[[EngineCore], Any]) -> Any:
-        """Run ``fn(core)`` between steps and return its result."""
-        if self.error is not None:
-            raise EngineDeadError(f"engine loop stopped: {self.error!r}")
+        """Run ``fn(core)`` between steps and return its result; EngineDeadError when
+        the loop is gone, or goes before it ran ``fn``."""
+        self._check_running()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
         def apply() -> None:
@@ -174,6 +182,26 @@ class AsyncEngine:
         fut.add_done_callback(self._calls.discard)
         self._wake.set()
         return await fut
+
+    def _check_running(self) -> None:
+        """EngineDeadError, naming why, once the loop is gone: what is queued then would
+        wait for it forever."""
+        if self._ended is not None:
+            raise EngineDeadError(self._ended) from self.error
+
+    def _end(self, why: str) -> None:
+        """The loop is gone (``why``): answer every request in flight and every call not
+        answered with an EngineDeadError, drop what was queued for the loop, and refuse
+        what comes later. The first reason stays."""
+        if self._ended is None:
+            self._ended = why
+        self._pending.clear()
+        waiters, self._queues = list(self._queues.values()), {}
+        for waiter in waiters:
+            waiter.queue.put_nowait(EngineDeadError(self._ended))
+        for fut in list(self._calls):
+            if not fut.done():
+                fut.set_exception(EngineDeadError(self._ended))
 
     def _apply_pending(self) -> None:
         pending, self._pending = self._pending, []
@@ -255,10 +283,4 @@ class AsyncEngine:
         except Exception as exc:  # a bug in the core or executor: fail every caller
             log.exception("engine loop stopped")
             self.error = exc
-            dead = EngineDeadError(f"engine loop stopped: {exc!r}")
-            for waiter in self._queues.values():
-                waiter.queue.put_nowait(dead)
-            self._queues.clear()
-            for fut in list(self._calls):
-                if not fut.done():
-                    fut.set_exception(dead)
+            self._end(f"engine loop stopped: {exc!r}")

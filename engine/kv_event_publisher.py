@@ -1,9 +1,15 @@
 """Publishes the engine's KV events on a ZMQ PUB socket, one message per engine step.
 
-The engine loop only calls :meth:`KVEventPublisher.publish` (a put on an unbounded queue,
-never blocking); a daemon thread encodes each batch and sends it with ``NOBLOCK``, so a
-slow or absent subscriber never stalls a step (PUB drops messages past its high-water mark;
-the sequence number lets a subscriber notice). Frames follow vLLM (see ``kvwire.kv_event_format``)::
+The engine loop only calls :meth:`KVEventPublisher.publish`, which numbers the batch and
+puts it on a queue of at most ``max_queued_batches`` (never blocking); a daemon thread
+encodes each batch and sends it. A PUB socket never blocks a send nor tells of a loss: past
+a subscriber's high-water mark it drops that subscriber's messages silently, so the engine
+cannot count those. What it can lose itself it counts (``dropped``, exported as
+``kvgate:engine_kv_events_dropped_total``): a batch that found the queue full (the sender
+is that far behind), one it could not encode, or one left when it stopped. A lost batch's
+sequence number is never given to another, so a subscriber sees the jump in the numbers
+either way, and fills the gap from the replay endpoint where that still holds it. Frames
+follow vLLM (see ``kvwire.kv_event_format``)::
 
     [topic, seq (u64 big-endian, 0, 1, 2, ... per process), msgpack payload]
 
@@ -50,7 +56,10 @@ _REPLAY_SEND_MS = 100  # ... waited for this long at a time, so that a stop ends
 class KVEventPublisher:
     def __init__(self, endpoint: str, topic: str = "", *, data_parallel_rank: int = 0,
                  high_water_mark: int = 100_000, replay_endpoint: str | None = None,
-                 replay_buffer: int = 10_000, encoding: str = "array") -> None:
+                 replay_buffer: int = 10_000, max_queued_batches: int = 10_000,
+                 encoding: str = "array") -> None:
+        """``max_queued_batches``: how many batches may wait for the sender; one more is
+        dropped (counted) rather than held."""
         if not endpoint:
             raise ValueError("KV events endpoint must not be empty")
         if encoding not in ENCODINGS:
@@ -58,6 +67,9 @@ class KVEventPublisher:
         self.encoding = encoding
         if replay_buffer < 1:
             raise ValueError(f"replay_buffer must be >= 1, got {replay_buffer!r}")
+        if max_queued_batches < 1:
+            raise ValueError(f"max_queued_batches must be >= 1, got {max_queued_batches!r}")
+        self.max_queued_batches = max_queued_batches
         self.replay_endpoint = replay_endpoint
         self._kept: deque[tuple[int, bytes]] = deque(maxlen=replay_buffer)
         self._kept_lock = threading.Lock()
@@ -70,9 +82,14 @@ class KVEventPublisher:
         self.topic = topic.encode()
         self.data_parallel_rank = data_parallel_rank
         self.high_water_mark = high_water_mark
-        self.sent = 0
-        self.dropped = 0  # batches lost: socket buffer full, unencodable, or sender stopped
-        self._queue: queue.SimpleQueue[KVEventBatch | None] = queue.SimpleQueue()
+        self.sent = 0  # batches handed to the PUB socket
+        # batches lost, counted by the thread that lost them: the engine loop's (the queue
+        # full, the sender gone) and the sender's (unencodable, or left at a stop)
+        self._dropped_queued = 0
+        self._dropped_sending = 0
+        self._next_seq = 0  # the engine loop's: the number of the next batch published
+        self._dropping = False  # ... and whether the last one found the queue full
+        self._queue: queue.SimpleQueue[tuple[int, KVEventBatch] | None] = queue.SimpleQueue()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
@@ -114,15 +131,32 @@ class KVEventPublisher:
         log.info("publishing KV events on %s%s", self.endpoint,
                  f" (replay on {self.replay_endpoint})" if self.replay_endpoint else "")
 
+    @property
+    def dropped(self) -> int:
+        """Batches lost before the socket: the queue full, unencodable, or the sender
+        stopped (a PUB socket's own drops past its high-water mark cannot be counted)."""
+        return self._dropped_queued + self._dropped_sending
+
     def publish(self, events: Sequence[KVEvent]) -> None:
-        """Queue one step's events (nothing is sent for an empty step). Never blocks."""
+        """Queue one step's events under the next sequence number (nothing is sent for an
+        empty step). Never blocks: with ``max_queued_batches`` waiting already, or the
+        sender gone, the batch is dropped and counted, its number left unsent."""
         if not events or self._thread is None:
             return
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
         if not self._thread.is_alive():  # the sender stopped on an error (logged): drop
-            self.dropped += 1
+            self._dropped_queued += 1
             return
+        if self._queue.qsize() >= self.max_queued_batches:
+            self._dropped_queued += 1
+            if not self._dropping:  # once per run of drops: a slow sender stays slow
+                self._dropping = True
+                log.warning("KV event batches dropped from %d on: %d wait for the sender "
+                            "already", seq, self.max_queued_batches)
+            return
+        self._dropping = False
         batch = KVEventBatch(time.time(), tuple(events), self.data_parallel_rank)
-        self._queue.put(batch)
+        self._queue.put((seq, batch))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Send what is queued within ``timeout``, then close the sockets. A backlog the
@@ -159,29 +193,27 @@ class KVEventPublisher:
     def _run(self) -> None:
         sock = self._sock
         assert sock is not None
-        seq = 0
-        while (batch := self._queue.get()) is not _STOP:
+        while (item := self._queue.get()) is not _STOP:
+            seq, batch = item
             if self._abandon.is_set():  # stopping: what is left is dropped
-                self.dropped += 1
+                self._dropped_sending += 1
                 continue
             try:
                 payload = encode_payload(batch, self.encoding)
-                if self._replay_sock is not None:
-                    with self._kept_lock:
-                        self._kept.append((seq, payload))
-                frames = [self.topic, seq.to_bytes(8, "big"), payload]
-                sock.send_multipart(frames, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                self.dropped += 1
-                log.warning("KV event batch %d dropped: socket buffer full", seq)
+            except Exception:  # an unencodable batch: skip it, keep publishing
+                self._dropped_sending += 1
+                log.exception("KV event batch %d dropped: could not encode it", seq)
+                continue
+            if self._replay_sock is not None:
+                with self._kept_lock:
+                    self._kept.append((seq, payload))
+            try:
+                # never blocks: past a subscriber's high-water mark PUB drops silently
+                sock.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
             except zmq.ZMQError as exc:
                 log.error("KV event publisher stopped: %s", exc)
                 return
-            except Exception:  # an unencodable batch: skip it, keep publishing
-                self.dropped += 1
-                log.exception("KV event batch %d dropped: could not encode it", seq)
-            seq += 1
-            self.sent = seq
+            self.sent += 1
 
     def _serve_replay(self) -> None:
         sock = self._replay_sock

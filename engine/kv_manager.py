@@ -37,10 +37,17 @@ class KVCacheManager:
         probabilities finds nothing: cached positions have no logits (as vLLM V1, which
         skips reading the prefix cache for it; its blocks are still cached when computed).
         Takes no references."""
-        if req.params.prompt_logprobs is not None:
+        if not self.reads_prefix_cache(req):
             return []
         max_blocks = (len(req.all_token_ids) - 1) // self.block_size
         return self.pool.longest_cached_prefix(req.block_hashes, max_blocks)
+
+    @staticmethod
+    def reads_prefix_cache(req: Request) -> bool:
+        """Whether :meth:`lookup` looks ``req`` up at all: not for a request asking for
+        its prompt's log probabilities (vLLM's ``skip_reading_prefix_cache``), which the
+        prefix-cache counters leave out, as vLLM's do."""
+        return req.params.prompt_logprobs is None
 
     def allocate(
         self, req: Request, num_new_tokens: int, hit_blocks: Sequence[int] = ()

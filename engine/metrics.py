@@ -34,6 +34,9 @@ from engine.core import EngineCore, StepOutput
 from engine.request import RequestOutput
 from kvwire import metric_names as m
 
+# the engine's own: KV event batches its publisher lost before they reached the socket
+KV_EVENTS_DROPPED = "kvgate:engine_kv_events_dropped"
+
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                  2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
@@ -61,11 +64,13 @@ def buckets_1_2_5(limit: int) -> tuple[int, ...]:
 class _CoreCollector(Collector):
     def __init__(self, core: EngineCore, model_name: str, engine: str,
                  cache_config_info: bool = True,
-                 pace: Callable[[], tuple[float, float]] | None = None) -> None:
+                 pace: Callable[[], tuple[float, float]] | None = None,
+                 kv_events_dropped: Callable[[], int] | None = None) -> None:
         self._core = core
         self._values = [model_name, engine]
         self._cache_config_info = cache_config_info
         self._pace = pace
+        self._kv_events_dropped = kv_events_dropped
 
     def collect(self) -> Iterator[Metric]:
         core, labels, values = self._core, [m.MODEL_NAME_LABEL, m.ENGINE_LABEL], self._values
@@ -103,6 +108,11 @@ class _CoreCollector(Collector):
                           "modeled to take.", modeled)
             yield counter(m.STEP_LATE_SECONDS, "Seconds those steps ended after their "
                           "modeled end (a host too busy for its fleet).", late)
+        if self._kv_events_dropped is not None:
+            yield counter(KV_EVENTS_DROPPED, "KV event batches lost before the PUB socket "
+                          "(its queue full, unencodable, or the sender stopped); "
+                          "subscribers see the gap in the sequence numbers.",
+                          self._kv_events_dropped())
         if not self._cache_config_info:
             return
         info = GaugeMetricFamily(m.CACHE_CONFIG_INFO, "KV cache configuration.",
@@ -128,11 +138,15 @@ class EngineMetrics:
 
     def __init__(self, core: EngineCore, model_name: str, engine: str = "0",
                  cache_config_info: bool = True,
-                 pace: Callable[[], tuple[float, float]] | None = None) -> None:
+                 pace: Callable[[], tuple[float, float]] | None = None,
+                 kv_events_dropped: Callable[[], int] | None = None) -> None:
         """``pace``: the sim executor's modeled step seconds and how late those steps
-        ended (both totals, read at each scrape); None for an executor with no model."""
+        ended (both totals, read at each scrape); None for an executor with no model.
+        ``kv_events_dropped``: the KV event batches the publisher lost (read at each
+        scrape); None when the engine publishes none."""
         self.registry = r = CollectorRegistry(auto_describe=False)
-        r.register(_CoreCollector(core, model_name, engine, cache_config_info, pace))
+        r.register(_CoreCollector(core, model_name, engine, cache_config_info, pace,
+                                  kv_events_dropped))
         ProcessCollector(registry=r)
         labels, values = [m.MODEL_NAME_LABEL, m.ENGINE_LABEL], (model_name, engine)
         token_buckets = buckets_1_2_5(core.config.max_model_len)

@@ -38,7 +38,8 @@ class EngineStats:
 
     ``prefix_cache_queries``/``hits`` count each request's first admission only (as
     vLLM's metrics do); lookups made when a preempted request is readmitted go to the
-    ``recompute_*`` counters.
+    ``recompute_*`` counters. A request that skips reading the prefix cache (one asking
+    for its prompt's log probabilities) counts in neither, as in vLLM.
     """
 
     prompt_tokens: int = 0
@@ -138,12 +139,16 @@ class Scheduler:
             p = req.num_prompt_tokens
             stats.prompt_tokens_waiting -= min(n_hit_tokens, p) - req.waiting_credit
             req.waiting_credit = 0
+            # a request that skips reading the prefix cache (prompt_logprobs) is no query
+            # of it, as in vLLM: its prompt would only dilute the hit rate
+            reads_cache = kv.reads_prefix_cache(req)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = n_hit_tokens
                 stats.prompt_tokens += p
-                stats.prefix_cache_queries += p
-                stats.prefix_cache_hits += n_hit_tokens
-            else:
+                if reads_cache:
+                    stats.prefix_cache_queries += p
+                    stats.prefix_cache_hits += n_hit_tokens
+            elif reads_cache:
                 stats.recompute_queries += len(req.all_token_ids)
                 stats.recompute_hits += n_hit_tokens
             req.status = Status.RUNNING

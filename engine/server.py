@@ -121,7 +121,8 @@ class EngineServer:
         self.metrics = EngineMetrics(
             core, model_name, cache_config_info=cache_config_info,
             pace=(lambda: (self.engine.modeled_s, self.engine.late_s))
-            if sleep_modeled_time else None)
+            if sleep_modeled_time else None,
+            kv_events_dropped=(lambda: kv_events.dropped) if kv_events is not None else None)
         self.engine = AsyncEngine(core, sleep_modeled_time=sleep_modeled_time,
                                   on_step=self._observe)
         self.created = int(time.time())
@@ -134,8 +135,10 @@ class EngineServer:
                    queue: asyncio.Queue[RequestOutput | BaseException] | None = None) -> None:
         """Abort a request the engine has not finished: the client left or an error
         (``abort``), or its text matched a stop string (``stop``); ``queue``: its outputs'
-        (a request of the same id added since is left alone)."""
-        self.engine.abort(rid, queue)
+        (a request of the same id added since is left alone). On an engine whose loop
+        is gone there is nothing to abort: it ended the request already."""
+        with contextlib.suppress(EngineDeadError):
+            self.engine.abort(rid, queue)
         self.metrics.ended_early(rid, reason, last, self.engine.clock())
 
     def decoder(self, skip_special_tokens: bool = True) -> Decoder:
@@ -466,8 +469,14 @@ def build_app(server: EngineServer) -> Starlette:
         Route("/detokenize", server.detokenize, methods=["POST"]),
         Route("/reset_prefix_cache", server.reset_prefix_cache, methods=["POST"]),
     ]
+    boundary = ErrorBoundary()
+
+    async def engine_gone(request: HTTPRequest, exc: Exception) -> Response:
+        # the engine loop stopped (or is stopping): a 503 naming why, not an internal error
+        return boundary.response(request, ServiceUnavailable(str(exc)))
+
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers=ErrorBoundary().handlers())
+                    exception_handlers={**boundary.handlers(), EngineDeadError: engine_gone})
     app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.server = server
     return app
