@@ -10,26 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from engine.async_engine import FAILED_STEPS_IN_A_ROW, AsyncEngine, EngineDeadError
-from engine.executor import Batch, Executor, StepResult
 from engine.request import SamplingParams
-from tests.support.engine_cores import make_core
+from tests.support.engine_cores import POISON, FaultyExecutor, make_core
 from tests.support.engine_servers import LiveEngine, serve_engine
-
-POISON = 4000  # a prompt holding this id makes the step computing it raise
-
-
-class FaultyExecutor:
-    """The core's own executor, raising on a batch that computes ``POISON``."""
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-        self.block_size = inner.block_size
-        self.eos_token_id = inner.eos_token_id
-
-    def execute(self, batch: Batch) -> StepResult:
-        if any(POISON in s.token_ids for s in batch.seqs):
-            raise RuntimeError("device fault")
-        return self.inner.execute(batch)
 
 
 def test_a_dead_loop_refuses_aborts_requests_and_calls_at_once() -> None:

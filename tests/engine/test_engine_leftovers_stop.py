@@ -5,29 +5,12 @@ refused at once, where they used to wait forever for a loop that was gone."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
 from engine.async_engine import AsyncEngine, EngineDeadError
-from engine.executor import Batch, Executor, StepResult
 from engine.request import SamplingParams
-from tests.support.engine_cores import make_core
-
-
-class HeldExecutor:
-    """Runs ``inner`` once ``release`` is set; ``entered`` tells a step waits for it."""
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-        self.block_size = inner.block_size
-        self.eos_token_id = inner.eos_token_id
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def execute(self, batch: Batch) -> StepResult:
-        self.entered.set()
-        self.release.wait(10)
-        return self.inner.execute(batch)
+from tests.support.engine_cores import HeldExecutor, make_core
 
 
 def test_stop_answers_requests_in_flight_and_calls_not_run() -> None:

@@ -12,28 +12,10 @@ import pytest
 
 from engine.async_engine import FAILED_STEPS_IN_A_ROW, AsyncEngine, RequestFailed
 from engine.core import StepFailed
-from engine.executor import Batch, Executor, StepResult
 from engine.request import SamplingParams
 from kvwire.kv_event_format import BlockRemoved, BlockStored
-from tests.support.engine_cores import add, make_core, run_all
+from tests.support.engine_cores import POISON, FaultyExecutor, add, make_core, run_all
 from tests.support.engine_servers import LiveEngine, serve_engine
-
-POISON = 4000  # a prompt holding this id makes the step computing it raise
-
-
-class FaultyExecutor:
-    """The core's own executor, raising on a batch that computes ``POISON``: a fault
-    injected at the device's boundary."""
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-        self.block_size = inner.block_size
-        self.eos_token_id = inner.eos_token_id
-
-    def execute(self, batch: Batch) -> StepResult:
-        if any(POISON in s.token_ids for s in batch.seqs):
-            raise RuntimeError("device fault")
-        return self.inner.execute(batch)
 
 
 def test_core_aborts_the_failed_batch_and_goes_on() -> None:

@@ -4,7 +4,6 @@ the stand-in API server of tests.support.fake_kube_api) watched from the loop.""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -12,14 +11,12 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 
 from gateway.discovery import list_decode
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.discovery.kube_source import KubernetesSource
 from gateway.discovery.list_decode import decode_list
-from tests.support.fake_kube_api import FakeKubeAPI, kubeconfig
+from tests.support.fake_kube_api import FakeKubeAPI, kubeconfig, pod_list_turns
 from tests.support.servers import ThreadServer
 
 Serve = Callable[..., ThreadServer]
@@ -79,32 +76,7 @@ async def test_a_list_page_is_decoded_with_the_loop_handed_back(
     path.write_text(yaml.safe_dump(kubeconfig(server.url)))
     source = KubernetesSource(KubernetesSourceConfig(
         namespace="llm", label_selector="app=vllm", port=8000, kubeconfig=str(path)))
-    api_client = await k8s_config.new_client_from_config(config_file=str(path))
-    ticks = 0
-    ticks_at: list[int] = []
-
-    async def lister(*args: Any, **kwargs: Any) -> Any:
-        # the real list, its whole answer read before it is handed on: from here to the
-        # end of the list no more I/O is awaited, only the decode
-        resp: Any = await k8s.CoreV1Api(api_client).list_namespaced_pod(*args, **kwargs)
-        await resp.read()
-        ticks_at.append(ticks)
-        return resp
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(tick())
-    try:
-        await source.list(lister)
-        decoding = ticks - ticks_at[0]
-    finally:
-        ticker.cancel()
-        await asyncio.gather(ticker, return_exceptions=True)
-        await api_client.close()
-    assert len(ticks_at) == 1  # one page
+    pages, decoding = await pod_list_turns(source, str(path))
+    assert pages == 1
     assert set(source.objects) == names and source.resource_version == str(api.rv)
     assert decoding >= len(names) // 2, f"the loop ran {decoding} times in the decode"

@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client import api_client as k8s_api_client
 from kubernetes_asyncio.config import kube_config as k8s_kube_config
 from kubernetes_asyncio.watch import watch as k8s_watch
@@ -27,7 +25,13 @@ from gateway.discovery import list_decode
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.discovery.kube_source import KubernetesSource
 from gateway.discovery.targets import Targets
-from tests.support.fake_kube_api import FakeKubeAPI, endpoint, endpoint_slice, kubeconfig
+from tests.support.fake_kube_api import (
+    FakeKubeAPI,
+    endpoint,
+    endpoint_slice,
+    kubeconfig,
+    pod_list_turns,
+)
 from tests.support.loop_check import LoopNoting
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until_async
@@ -185,32 +189,8 @@ async def test_listed_pods_become_replicas_with_the_loop_handed_back(
     path = write_kubeconfig(server, tmp_path)
     source = KubernetesSource(KubernetesSourceConfig(
         namespace="llm", label_selector="app=vllm", port_name="http", kubeconfig=path))
-    api_client = await k8s_config.new_client_from_config(config_file=path)
-    ticks = 0
-    ticks_at: list[int] = []
-
-    async def lister(*args: Any, **kwargs: Any) -> Any:
-        # the whole answer read first: from here on no more I/O is awaited
-        resp: Any = await k8s.CoreV1Api(api_client).list_namespaced_pod(*args, **kwargs)
-        await resp.read()
-        ticks_at.append(ticks)
-        return resp
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(tick())
-    try:
-        await source.list(lister)
-        found = source.targets()
-        ran = ticks - ticks_at[0]
-    finally:
-        ticker.cancel()
-        await asyncio.gather(ticker, return_exceptions=True)
-        await api_client.close()
+    _, ran = await pod_list_turns(source, path)
+    found = source.targets()
     assert set(found) == names
     # once an item while decoding the page, and once again while making replicas of it
     assert ran >= 2 * len(names) - 2, f"the loop ran {ran} times for {len(names)} pods"

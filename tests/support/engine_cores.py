@@ -3,8 +3,11 @@ blocks, a cheap cost model), and helpers that drive it."""
 
 from __future__ import annotations
 
+import threading
+
 from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, GPUSpec, ModelShape
+from engine.executor import Batch, Executor, StepResult
 from engine.request import SamplingParams
 from engine.sim_executor import SimExecutor
 
@@ -40,3 +43,39 @@ def run_all(core: EngineCore, now: float = 0.0, max_steps: int = 10_000) -> dict
         for o in step.outputs:
             outs.setdefault(o.request_id, []).append(o)
     raise AssertionError("engine did not drain")
+
+
+POISON = 4000  # a prompt holding this id makes ``FaultyExecutor``'s step computing it raise
+
+
+class FaultyExecutor:
+    """The core's own executor, raising on a batch that computes ``POISON``: a fault
+    injected at the device's boundary."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.block_size = inner.block_size
+        self.eos_token_id = inner.eos_token_id
+
+    def execute(self, batch: Batch) -> StepResult:
+        if any(POISON in s.token_ids for s in batch.seqs):
+            raise RuntimeError("device fault")
+        return self.inner.execute(batch)
+
+
+class HeldExecutor:
+    """Runs ``inner`` once ``release`` is set, or ``wait_s`` has passed (``entered`` tells
+    a step waits for it); ``released`` records, step by step, whether it was set."""
+
+    def __init__(self, inner: Executor, wait_s: float = 10.0) -> None:
+        self.inner = inner
+        self.block_size = inner.block_size
+        self.eos_token_id = inner.eos_token_id
+        self.wait_s = wait_s
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.released: list[bool] = []
+
+    def execute(self, batch: Batch) -> StepResult:
+        self.entered.set()
+        self.released.append(self.release.wait(self.wait_s))
+        return self.inner.execute(batch)

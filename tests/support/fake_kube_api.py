@@ -248,3 +248,37 @@ def kubeconfig(server: str, namespace: str | None = None) -> dict[str, Any]:
             "clusters": [{"name": "test", "cluster": {"server": server}}],
             "users": [{"name": "test", "user": {"token": "test-token"}}],
             "contexts": [{"name": "test", "context": context}]}
+
+
+async def pod_list_turns(source: Any, kubeconfig_path: str) -> tuple[int, int]:
+    """``source.list`` (a ``KubernetesSource`` of pods) over the real client, each page's
+    whole answer read before it is handed on, with a coroutine that counts its turns
+    meanwhile: (pages listed, the turns it had from the first page's arrival to the end
+    of the list, when no more I/O is awaited: only the source's own work)."""
+    from kubernetes_asyncio import client as k8s
+    from kubernetes_asyncio import config as k8s_config
+
+    api_client = await k8s_config.new_client_from_config(config_file=kubeconfig_path)
+    ticks = 0
+    ticks_at: list[int] = []
+
+    async def lister(*args: Any, **kwargs: Any) -> Any:
+        resp: Any = await k8s.CoreV1Api(api_client).list_namespaced_pod(*args, **kwargs)
+        await resp.read()
+        ticks_at.append(ticks)
+        return resp
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    try:
+        await source.list(lister)
+        return len(ticks_at), ticks - ticks_at[0]
+    finally:
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+        await api_client.close()
