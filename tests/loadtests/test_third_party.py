@@ -78,7 +78,7 @@ def test_sglang_and_vllm_routers_in_front_of_a_local_fleet(tmp_path):
     policies = ("sglang:cache_aware", "vllm:kv_aware")
     run = subprocess.run(isolated([
         sys.executable, "-m", "loadtests.run", "--policies", ",".join(policies),
-        "--duration", "8", "--replicas", "2", "--users", "4", "--rate", "4",
+        "--duration", "5", "--replicas", "2", "--users", "4", "--rate", "6",
         "--kv-cache-gib", "0.5", "--max-num-seqs", "4", "--set", "num_docs=6",
         "--set", "hot_docs=2", "--set", "doc_tokens=600", "--set", "output_tokens=[2,4]",
         "--sglang-router", programs["sglang"], "--vllm-router", programs["vllm"],
