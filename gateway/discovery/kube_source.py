@@ -234,10 +234,12 @@ class KubernetesSource:
                     if self.objects.pop(name, None) is None:
                         continue  # it gave no replica (or was never listed)
                 elif kind in ("ADDED", "MODIFIED"):
-                    before = self.objects.get(name)
-                    found = self.objects[name] = self._found(obj)
-                    if found == before:
-                        continue  # nothing of it that makes a replica changed
+                    found = self._found(obj)
+                    if found == self.objects.get(name):
+                        # nothing of it that makes a replica changed: the config objects
+                        # kept, which membership passes over as the same ones
+                        continue
+                    self.objects[name] = found
                 else:
                     log.info("discovery %s: watch event %r ignored", self.label, kind)
                     continue

@@ -173,6 +173,9 @@ async def test_a_watch_event_works_out_only_the_pod_it_names(
         api.put(pod("vllm-00"))
         await wait_until_async(lambda: "vllm-00" in published[-1], 10, "vllm-00 back")
         assert len(published) == sent + 1  # the label's event published nothing
+        # ... and left vllm-01's config the one membership was handed (it passes over
+        # a config handed again as the same object)
+        assert published[-1]["vllm-01"] is first["vllm-01"]
 
 
 async def test_listed_pods_become_replicas_with_the_loop_handed_back(
