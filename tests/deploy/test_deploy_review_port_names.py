@@ -21,7 +21,7 @@ from tests.support.binaries import which
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = which("kubectl", "Debian's kubernetes-client")
 
-pytestmark = pytest.mark.skipif(
+needs_kubectl = pytest.mark.skipif(
     KUBECTL is None, reason="kubectl is not installed (.ci/run installs Debian's "
     "kubernetes-client; locally: apt-get install kubernetes-client)")
 
@@ -84,6 +84,7 @@ def named_ports(obj: Obj) -> Iterator[tuple[str, str]]:
                     yield f"NetworkPolicy {name}: ingress port", p["port"]
 
 
+@needs_kubectl
 def test_every_port_name_is_one_the_api_server_takes() -> None:
     found = [(where, name) for obj in rendered() for where, name in named_ports(obj)]
     assert len(found) > 10  # the containers' ports, probes, targetPorts, policies

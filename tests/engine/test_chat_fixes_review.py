@@ -14,11 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.server import EngineServer, build_app
-from kvwire.tokenizer import load_tokenizer
+from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from kvwire.tokenizer_build import ASSET_DIR
-from tests.support.engine_cores import make_core
-from tests.support.servers import ThreadServer
+from tests.support.loop_check import served_engine
 
 MODEL = "m"
 # writes every field these fixes reach: a turn's reasoning, its calls and their ids
@@ -34,21 +32,15 @@ CACHE_TOKENS = 32 * 4  # 32 blocks of 4: less than the context
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client,
-                                                                        EngineServer]]:
+                                                                        PromptTokenizer]]:
+    """A client of the served engine, and the tokenizer it renders chats with."""
     folder = tmp_path_factory.mktemp("templated")
     shutil.copy(ASSET_DIR / "tokenizer.json", folder / "tokenizer.json")
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    core = make_core(num_blocks=CACHE_TOKENS // 4, block_size=4, vocab=(259, 4096),
-                     max_model_len=CONTEXT_TOKENS)
-    srv = EngineServer(core, load_tokenizer(folder), model_name=MODEL,
-                       sleep_modeled_time=False)
-    server = ThreadServer(build_app(srv)).start()
-    http = httpx.Client(base_url=server.url, timeout=30)
-    try:
-        yield http, srv
-    finally:
-        http.close()
-        server.stop()
+    tok = load_tokenizer(folder)
+    with served_engine(tok, MODEL, num_blocks=CACHE_TOKENS // 4, block_size=4,
+                       vocab=(259, 4096), max_model_len=CONTEXT_TOKENS) as http:
+        yield http, tok
 
 
 def _call(**extra: Any) -> dict[str, Any]:
@@ -58,7 +50,7 @@ def _call(**extra: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("path", ["/tokenize", "/v1/chat/completions"])
 @pytest.mark.parametrize("call", [_call(), _call(id=None)])
 def test_a_tool_call_without_its_id_is_refused_naming_it(
-        engine: tuple[httpx.Client, EngineServer], path: str, call: dict[str, Any]) -> None:
+        engine: tuple[httpx.Client, PromptTokenizer], path: str, call: dict[str, Any]) -> None:
     http, _ = engine
     chat = [{"role": "user", "content": "clause 7?"},
             {"role": "assistant", "content": None, "tool_calls": [_call(id="c1"), call]}]
@@ -73,8 +65,8 @@ def test_a_tool_call_without_its_id_is_refused_naming_it(
 
 
 def test_a_reasoning_item_is_the_reasoning_of_its_assistant_turn(
-        engine: tuple[httpx.Client, EngineServer]) -> None:
-    http, srv = engine
+        engine: tuple[httpx.Client, PromptTokenizer]) -> None:
+    http, tok = engine
     items = [{"role": "user", "content": "clause 7?"},
              {"type": "reasoning", "id": "rs_1", "summary": [
                  {"type": "summary_text", "text": "look it up"}]},
@@ -88,9 +80,9 @@ def test_a_reasoning_item_is_the_reasoning_of_its_assistant_turn(
             {"role": "assistant", "content": "", "reasoning": "look it up",
              "tool_calls": [_call(id="c1")]},
             {"role": "tool", "tool_call_id": "c1", "content": "ninety days"}]
-    text = srv.tokenizer.render_chat(chat)
+    text = tok.render_chat(chat)
     assert "<think>look it up</think><call c1: lookup>" in text
-    assert r.json()["usage"]["input_tokens"] == len(srv.tokenizer.encode(text))
+    assert r.json()["usage"]["input_tokens"] == len(tok.encode(text))
     # reasoning the engine cannot read is refused, naming it
     hidden = {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "gAAA"}
     r = http.post("/v1/responses", json={"model": MODEL, "input": [items[0], hidden]})
@@ -115,7 +107,7 @@ def test_a_reasoning_item_is_the_reasoning_of_its_assistant_turn(
     ("/generate", {"text": "word " * 200, "sampling_params": {"max_new_tokens": 1}}, "text"),
 ])
 def test_a_request_the_kv_cache_cannot_hold_names_its_field(
-        engine: tuple[httpx.Client, EngineServer], path: str, body: dict[str, Any],
+        engine: tuple[httpx.Client, PromptTokenizer], path: str, body: dict[str, Any],
         param: str) -> None:
     http, _ = engine
     r = http.post(path, json={"model": MODEL, **body})

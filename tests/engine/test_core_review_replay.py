@@ -9,7 +9,8 @@ import pytest
 import zmq
 
 from engine.kv_event_publisher import KVEventPublisher
-from kvwire.kv_event_format import REPLAY_END, BlockRemoved
+from kvwire.kv_event_format import BlockRemoved
+from tests.support.kv_replay import replayed_seqs
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until
 
@@ -32,49 +33,30 @@ def pub() -> Iterator[KVEventPublisher]:
         pub.stop()
 
 
-def replayed(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> list[int]:
-    """The sequence numbers a replay from 0 brings a reader slower than its sender."""
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.setsockopt(zmq.RCVHWM, 1)  # a reader busy applying what it got: the batches
-    dealer.setsockopt(zmq.RCVBUF, 4096)  # wait on the publisher's side
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        dealer.connect(endpoint)
-        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
-        seqs: list[int] = []
-        while True:
-            assert dealer.poll(5_000), f"the replay stalled after {len(seqs)} batches"
-            frames = dealer.recv_multipart()
-            if frames[-2] == REPLAY_END:
-                return seqs
-            seqs.append(int.from_bytes(frames[-2], "big"))
+        yield ctx
     finally:
-        dealer.close()
+        ctx.term()
 
 
 def test_a_replay_longer_than_the_sockets_high_water_mark_loses_no_batch(
-        pub: KVEventPublisher) -> None:
+        pub: KVEventPublisher, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     assert pub.replay_endpoint is not None
-    ctx = zmq.Context()
-    try:
-        assert replayed(ctx, pub.replay_endpoint) == list(range(KEPT))
-        wait_until(lambda: pub.replays == 1, 5, "the replay counted")
-    finally:
-        ctx.term()
+    assert replayed_seqs(ctx, pub.replay_endpoint, slow=True) == list(range(KEPT))
+    wait_until(lambda: pub.replays == 1, 5, "the replay counted")
 
 
 def test_a_reader_leaving_mid_replay_leaves_the_replay_endpoint_serving(
-        pub: KVEventPublisher) -> None:
+        pub: KVEventPublisher, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     assert pub.replay_endpoint is not None
-    ctx = zmq.Context()
-    try:
-        gone = ctx.socket(zmq.DEALER)
-        gone.setsockopt(zmq.LINGER, 0)
-        gone.setsockopt(zmq.RCVHWM, 1)
-        gone.connect(pub.replay_endpoint)
-        gone.send_multipart([b"", (0).to_bytes(8, "big")])
-        assert gone.poll(5_000)  # its replay began
-        gone.close()
-        assert replayed(ctx, pub.replay_endpoint) == list(range(KEPT))
-    finally:
-        ctx.term()
+    gone = ctx.socket(zmq.DEALER)
+    gone.setsockopt(zmq.LINGER, 0)
+    gone.setsockopt(zmq.RCVHWM, 1)
+    gone.connect(pub.replay_endpoint)
+    gone.send_multipart([b"", (0).to_bytes(8, "big")])
+    assert gone.poll(5_000)  # its replay began
+    gone.close()
+    assert replayed_seqs(ctx, pub.replay_endpoint, slow=True) == list(range(KEPT))

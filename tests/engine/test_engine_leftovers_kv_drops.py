@@ -12,8 +12,9 @@ import pytest
 import zmq
 
 from engine.kv_event_publisher import KVEventPublisher
-from kvwire.kv_event_format import REPLAY_END, BlockRemoved
+from kvwire.kv_event_format import BlockRemoved
 from tests.support.engine_servers import LiveEngine, serve_engine
+from tests.support.kv_replay import replayed_seqs
 from tests.support.metrics import samples
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until
@@ -28,23 +29,6 @@ def live() -> Iterator[LiveEngine]:
                                  replay_endpoint=f"tcp://127.0.0.1:{free_port()}",
                                  max_queued_batches=1)
     yield from serve_engine(LiveEngine, MODEL, server_kw={"kv_events": publisher})
-
-
-def _replayed_seqs(endpoint: str) -> list[int]:
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.setsockopt(zmq.RCVTIMEO, 10_000)
-    dealer.connect(endpoint)
-    try:
-        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
-        seqs = []
-        while (frames := dealer.recv_multipart())[1] != REPLAY_END:
-            seqs.append(int.from_bytes(frames[1], "big"))
-        return seqs
-    finally:
-        dealer.close()
-        ctx.term()
 
 
 def test_batches_past_the_queue_bound_are_dropped_counted_and_leave_a_gap(
@@ -62,6 +46,7 @@ def test_batches_past_the_queue_bound_are_dropped_counted_and_leave_a_gap(
     dropped = metrics[("kvgate:engine_kv_events_dropped_total",
                        (("engine", "0"), ("model_name", MODEL)))]
     assert dropped == pub.dropped
-    seqs = _replayed_seqs(pub.replay_endpoint)
+    with zmq.Context() as ctx:
+        seqs = replayed_seqs(ctx, pub.replay_endpoint)
     assert len(seqs) == pub.sent and seqs == sorted(seqs) and seqs[0] == 0
     assert set(seqs) < set(range(BATCHES))  # the dropped ones' numbers: never sent

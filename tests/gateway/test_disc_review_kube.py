@@ -4,21 +4,25 @@ costs the event loop. The real kubernetes_asyncio client against the stand-in AP
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.discovery.kube_source import KubernetesSource
 from gateway.discovery.targets import Targets
-from tests.support.fake_kube_api import FakeKubeAPI, endpoint, endpoint_slice, kubeconfig
+from tests.support.fake_kube_api import (
+    FakeKubeAPI,
+    endpoint,
+    endpoint_slice,
+    source_running,
+    write_kubeconfig,
+)
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until_async
 
@@ -42,13 +46,9 @@ class OneToken(FakeKubeAPI):
 
 
 def source_for(api: ThreadServer, tmp_path: Path, user: dict[str, Any]) -> KubernetesSource:
-    config = kubeconfig(api.url, namespace="llm")
-    config["users"] = [{"name": "test", "user": user}]
-    path = tmp_path / "kubeconfig.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_kubeconfig(tmp_path, api.url, "llm", users=[{"name": "test", "user": user}])
     return KubernetesSource(KubernetesSourceConfig(
-        service="vllm", port_name="http", kubeconfig=str(path), retry_s=0.05,
-        resync_s=3600))
+        service="vllm", port_name="http", kubeconfig=path, retry_s=0.05, resync_s=3600))
 
 
 async def test_credentials_that_expired_are_loaded_again(serve: Serve, tmp_path: Path
@@ -63,12 +63,7 @@ async def test_credentials_that_expired_are_loaded_again(serve: Serve, tmp_path:
     token.write_text("first")
     source = source_for(server, tmp_path, {"tokenFile": str(token)})
     published: list[Targets] = []
-
-    async def publish(targets: Targets) -> None:
-        published.append(targets)
-
-    task = asyncio.create_task(source.run(publish))
-    try:
+    async with source_running(source, published):
         await wait_until_async(lambda: published and api.watching(), 10, "a list and a watch")
         token.write_text("second")  # the credentials rotate; the old token is refused
         api.token = "second"
@@ -80,10 +75,6 @@ async def test_credentials_that_expired_are_loaded_again(serve: Serve, tmp_path:
         await wait_until_async(lambda: api.watching() and source.stats.last_error is None,
                                10, "a watch with the new token")
         assert source.stats.relists == 2
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await source.close()
 
 
 async def test_a_watch_loads_no_ssl_context_on_the_event_loop(
@@ -101,11 +92,7 @@ async def test_a_watch_loads_no_ssl_context_on_the_event_loop(
         loaded.append(args)
         return real(*args, **kwargs)
 
-    async def publish(targets: Targets) -> None:
-        return None
-
-    task = asyncio.create_task(source.run(publish))
-    try:
+    async with source_running(source, []):
         await wait_until_async(api.watching, 10, "a first watch")
         monkeypatch.setattr(ssl, "create_default_context", counted)
         for n in range(2, 5):
@@ -115,7 +102,3 @@ async def test_a_watch_loads_no_ssl_context_on_the_event_loop(
                                    10, f"watch {n}")
         assert source.stats.failures == 0 and source.stats.relists == 1
         assert loaded == []
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await source.close()

@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gateway.discovery import list_decode
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.discovery.kube_source import KubernetesSource
 from gateway.discovery.list_decode import decode_list
-from tests.support.fake_kube_api import FakeKubeAPI, kubeconfig, pod_list_turns
+from tests.support.fake_kube_api import FakeKubeAPI, pod_list_turns, write_kubeconfig
 from tests.support.servers import ThreadServer
 
 Serve = Callable[..., ThreadServer]
@@ -72,11 +71,10 @@ async def test_a_list_page_is_decoded_with_the_loop_handed_back(
     for name in names:
         api.put({"metadata": {"name": name, "namespace": "llm", "labels": {"app": "vllm"}},
                  "status": {"podIP": "10.0.0.1", "phase": "Running"}})
-    path = tmp_path / "kubeconfig.yaml"
-    path.write_text(yaml.safe_dump(kubeconfig(server.url)))
+    path = write_kubeconfig(tmp_path, server.url)
     source = KubernetesSource(KubernetesSourceConfig(
-        namespace="llm", label_selector="app=vllm", port=8000, kubeconfig=str(path)))
-    pages, decoding = await pod_list_turns(source, str(path))
+        namespace="llm", label_selector="app=vllm", port=8000, kubeconfig=path))
+    pages, decoding = await pod_list_turns(source, path)
     assert pages == 1
     assert set(source.objects) == names and source.resource_version == str(api.rv)
     assert decoding >= len(names) // 2, f"the loop ran {decoding} times in the decode"

@@ -5,12 +5,10 @@ against the stand-in API server (tests.support.fake_kube_api)."""
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -29,21 +27,15 @@ from tests.support.fake_kube_api import (
     FakeKubeAPI,
     endpoint,
     endpoint_slice,
-    kubeconfig,
     pod_list_turns,
+    source_running,
+    write_kubeconfig,
 )
 from tests.support.loop_check import LoopNoting
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until_async
 
 Serve = Callable[..., ThreadServer]
-
-
-def write_kubeconfig(api: ThreadServer, tmp_path: Path, **changes: Any) -> str:
-    config = {**kubeconfig(api.url, namespace="llm"), **changes}
-    path = tmp_path / "kubeconfig.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
 
 
 def pod(name: str, ready: bool = True, **labels: str) -> dict[str, Any]:
@@ -67,21 +59,6 @@ class ThreadNoting:
         return self._call(*args, **kwargs)
 
 
-@asynccontextmanager
-async def running(source: KubernetesSource, published: list[Targets]
-                  ) -> AsyncIterator[None]:
-    async def publish(targets: Targets) -> None:
-        published.append(targets)
-
-    task = asyncio.create_task(source.run(publish))
-    try:
-        yield
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await source.close()
-
-
 async def test_the_kubeconfig_and_its_token_file_are_read_off_the_loop(
         serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # load_kube_config is async, but opened, read and parsed the kubeconfig's YAML (and
@@ -93,7 +70,7 @@ async def test_the_kubeconfig_and_its_token_file_are_read_off_the_loop(
     token = tmp_path / "token"
     token.write_text("from-file")
     path = write_kubeconfig(
-        server, tmp_path, users=[{"name": "test", "user": {"tokenFile": str(token)}}],
+        tmp_path, server.url, "llm", users=[{"name": "test", "user": {"tokenFile": str(token)}}],
         contexts=[{"name": "test", "context": {"cluster": "test", "user": "test",
                                                "namespace": "llm"}},
                   {"name": "second", "context": {"cluster": "test", "user": "test",
@@ -108,7 +85,7 @@ async def test_the_kubeconfig_and_its_token_file_are_read_off_the_loop(
         service="vllm", port_name="http", kubeconfig=path, context="second",
         retry_s=0.05, resync_s=3600))
     published: list[Targets] = []
-    async with running(source, published):
+    async with source_running(source, published):
         await wait_until_async(lambda: published and "vllm-a" in published[-1], 10,
                                "vllm-a, in the chosen context's namespace")
     assert set(api.authorizations) == {"Bearer from-file"}
@@ -125,13 +102,13 @@ async def test_a_watch_event_is_decoded_once(serve: Serve, tmp_path: Path,
     api = FakeKubeAPI()
     server = serve(api.app())
     source = KubernetesSource(KubernetesSourceConfig(
-        service="vllm", port_name="http", kubeconfig=write_kubeconfig(server, tmp_path),
-        retry_s=0.05, resync_s=3600))
+        service="vllm", port_name="http",
+        kubeconfig=write_kubeconfig(tmp_path, server.url, "llm"), retry_s=0.05, resync_s=3600))
     codec = LoopNoting(json, "loads", "dumps")  # every decode and encode of the client
     monkeypatch.setattr(k8s_watch, "json", codec)
     monkeypatch.setattr(k8s_api_client, "json", codec)
     published: list[Targets] = []
-    async with running(source, published):
+    async with source_running(source, published):
         await wait_until_async(lambda: published and api.watching(), 10, "a watch")
         before = len(codec.on_loop)
         names = [f"vllm-{i}" for i in range(5)]
@@ -156,9 +133,9 @@ async def test_a_watch_event_works_out_only_the_pod_it_names(
         api.put(pod(name))
     source = KubernetesSource(KubernetesSourceConfig(
         label_selector="app=vllm", port_name="http",
-        kubeconfig=write_kubeconfig(server, tmp_path), retry_s=0.05, resync_s=3600))
+        kubeconfig=write_kubeconfig(tmp_path, server.url, "llm"), retry_s=0.05, resync_s=3600))
     published: list[Targets] = []
-    async with running(source, published):
+    async with source_running(source, published):
         await wait_until_async(lambda: published and api.watching(), 10, "a list and a watch")
         first = published[-1]
         assert set(first) == names
@@ -189,7 +166,7 @@ async def test_listed_pods_become_replicas_with_the_loop_handed_back(
     names = {f"vllm-{i:03d}" for i in range(200)}
     for name in names:
         api.put(pod(name))
-    path = write_kubeconfig(server, tmp_path)
+    path = write_kubeconfig(tmp_path, server.url, "llm")
     source = KubernetesSource(KubernetesSourceConfig(
         namespace="llm", label_selector="app=vllm", port_name="http", kubeconfig=path))
     _, ran = await pod_list_turns(source, path)

@@ -69,6 +69,12 @@ def test_a_worker_is_told_to_stop_once_when_its_supervisor_dies() -> None:
         orphaned, stops = reader.recv()
     finally:
         supervisor.join(10)
+        if supervisor.exitcode is None:
+            supervisor.kill()
+            supervisor.join()
         reader.close()
+    # it went through to its end: the worker answered after handling the first signal, so
+    # its death's signal could not merge with that one
+    assert supervisor.exitcode == 0, supervisor.exitcode
     assert orphaned
     assert stops == 1  # a thread of the supervisor ending is no stop; its death is one

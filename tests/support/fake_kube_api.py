@@ -19,8 +19,10 @@ import contextlib
 import copy
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -248,6 +250,32 @@ def kubeconfig(server: str, namespace: str | None = None) -> dict[str, Any]:
             "clusters": [{"name": "test", "cluster": {"server": server}}],
             "users": [{"name": "test", "user": {"token": "test-token"}}],
             "contexts": [{"name": "test", "context": context}]}
+
+
+def write_kubeconfig(directory: Path, server: str, namespace: str | None = None,
+                     **changes: Any) -> str:
+    """``kubeconfig(server, namespace)`` with its top-level keys ``changes`` replaced,
+    written to ``directory``/kubeconfig.yaml; that file's path."""
+    path = directory / "kubeconfig.yaml"
+    path.write_text(yaml.safe_dump({**kubeconfig(server, namespace), **changes}))
+    return str(path)
+
+
+@contextlib.asynccontextmanager
+async def source_running(source: Any, published: list[Any]) -> AsyncIterator[None]:
+    """``source.run`` (a discovery source) as a task, each set it publishes appended to
+    ``published``; on leaving, the task cancelled and the source closed."""
+
+    async def publish(targets: Any) -> None:
+        published.append(targets)
+
+    task = asyncio.create_task(source.run(publish))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await source.close()
 
 
 async def pod_list_turns(source: Any, kubeconfig_path: str) -> tuple[int, int]:
