@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.config import ReplicaConfig
-from gateway.discovery.list_decode import each_handing_back
 from gateway.fleet import MAX_REPLICAS, ReplicaState
 from gateway.fleet_events import FleetEvent
+from gateway.loop_slices import each_handing_back
 from gateway.monitor import servers
 from gateway.state import GatewayState
 from policies.base import ReplicaRemoved

@@ -32,7 +32,7 @@ its files read, its plugin run) on a loop of its own in a worker thread (see own
 
 What the event loop does per object, with thousands of them: a list page is decoded a
 slice at a time and its objects turned into replicas a slice at a time, the loop handed
-back between slices (see list_decode); a watch event is decoded once, and only the
+back between slices (see list_decode, loop_slices); a watch event is decoded once, and only the
 object it names is worked out again (targets: ``slice_found``, ``pod_target``). Only what
 an object gives is kept, not its JSON, and an event that changes nothing of it (a pod's
 status, say) publishes nothing.
@@ -60,11 +60,12 @@ from kubernetes_asyncio.config.exec_provider import ExecProvider
 from gateway.config import ReplicaConfig
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.discovery.exec_credential import ExecPluginError, run_exec_plugin
-from gateway.discovery.list_decode import decode_list, each_handing_back
+from gateway.discovery.list_decode import decode_list
 from gateway.discovery.own_loop import on_own_loop
 from gateway.discovery.stats import SourceStats
 from gateway.discovery.targets import SliceFound, Targets, combined, pod_target, slice_found
 from gateway.discovery.types import Publish
+from gateway.loop_slices import each_handing_back
 
 log = logging.getLogger("kvgate.discovery")
 

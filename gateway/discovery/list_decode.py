@@ -4,25 +4,21 @@ A page of 500 pods is ~2.3 MB of JSON: ``json.loads`` takes ~17 ms of it, orjson
 with the loop blocked all along. A thread does not help: both decoders hold the GIL for
 the whole document, so the loop waits on the GIL just as long. Instead the top-level object
 is walked here and its ``items`` decoded one at a time (each by the stdlib's C decoder),
-handing the loop back whenever SLICE_S of decoding has passed: a stall is then one slice
+handing the loop back between slices (``gateway.loop_slices``): a stall is then one slice
 and one object, whatever the page holds.
 
 ``decode_list(text)`` returns what ``json.loads(text)`` returns, and raises the
 ``json.JSONDecodeError`` it raises, for any text (a non-object, whitespace anywhere, keys
-in any order, a repeated key: the last one wins). ``each_handing_back(items)`` hands a
-caller the decoded items the same way, a slice of its work on them at a time.
+in any order, a repeated key: the last one wins).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
-SLICE_S = 0.002  # decoding (or a caller's work) between two hand-backs to the loop
-T = TypeVar("T")
+from gateway.loop_slices import Slices
 
 _WS = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 _raw_decode = json.JSONDecoder().raw_decode
@@ -46,8 +42,7 @@ async def decode_list(text: str) -> Any:
     i = _skip(text, 0)
     if text[i:i + 1] != "{":
         return json.loads(text)  # not a list object: whatever json makes of it
-    loop = asyncio.get_running_loop()
-    yield_at = loop.time() + SLICE_S
+    slices = Slices()
     body: dict[str, Any] = {}
     i = _skip(text, i + 1)
     if text[i:i + 1] == "}":
@@ -70,9 +65,7 @@ async def decode_list(text: str) -> Any:
                 while True:  # text[i:] is  item , item ... ]
                     item, i = _raw_decode(text, i)
                     items.append(item)
-                    if loop.time() >= yield_at:
-                        await asyncio.sleep(0)
-                        yield_at = loop.time() + SLICE_S
+                    await slices.after_item()
                     i = _skip(text, i)
                     sep = _expect(text, i, ",]", "',' delimiter")
                     i = _skip(text, i + 1)
@@ -91,17 +84,3 @@ async def decode_list(text: str) -> Any:
         raise json.JSONDecodeError("Extra data", text, i)
     return body
 
-
-async def each_handing_back(items: list[T]) -> AsyncIterator[T]:
-    """The items of ``items``, in order, each taken out of the list as it is handed on
-    (what the caller keeps of it is all that stays), the loop handed back whenever
-    SLICE_S has passed: a caller's work on thousands of them, and freeing them, is then
-    a slice at a time too. ``items`` is left empty."""
-    loop = asyncio.get_running_loop()
-    yield_at = loop.time() + SLICE_S
-    items.reverse()  # taken from the end: each pop is O(1)
-    while items:
-        yield items.pop()
-        if loop.time() >= yield_at:
-            await asyncio.sleep(0)
-            yield_at = loop.time() + SLICE_S

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.discovery import list_decode
+from gateway import loop_slices
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.discovery.kube_source import KubernetesSource
 from gateway.discovery.list_decode import decode_list
@@ -47,10 +47,10 @@ def decoded(decode: Callable[[str], Any], text: str) -> tuple[Any, ...]:
         return ("error", exc.msg, exc.pos)
 
 
-@pytest.mark.parametrize("slice_s", [0.0, list_decode.SLICE_S])
+@pytest.mark.parametrize("slice_s", [0.0, loop_slices.SLICE_S])
 async def test_decode_list_is_json_loads(monkeypatch: pytest.MonkeyPatch, slice_s: float
                                          ) -> None:
-    monkeypatch.setattr(list_decode, "SLICE_S", slice_s)  # 0: hand back after every item
+    monkeypatch.setattr(loop_slices, "SLICE_S", slice_s)  # 0: hand back after every item
     for text in TEXTS:
         want = decoded(json.loads, text)
         try:
@@ -64,7 +64,7 @@ async def test_a_list_page_is_decoded_with_the_loop_handed_back(
         serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the page was decoded in one go on the event loop: ~17 ms for 500 pods, ~260 ms for
     # 5,000, every request of the gateway waiting meanwhile
-    monkeypatch.setattr(list_decode, "SLICE_S", 0.0)  # hand back after every item
+    monkeypatch.setattr(loop_slices, "SLICE_S", 0.0)  # hand back after every item
     api = FakeKubeAPI(kind="Pod")
     server = serve(api.app())
     names = {f"vllm-{i:03d}" for i in range(200)}

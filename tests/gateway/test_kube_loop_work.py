@@ -19,7 +19,7 @@ from kubernetes_asyncio.client import api_client as k8s_api_client
 from kubernetes_asyncio.config import kube_config as k8s_kube_config
 from kubernetes_asyncio.watch import watch as k8s_watch
 
-from gateway.discovery import list_decode
+from gateway import loop_slices
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.discovery.kube_source import KubernetesSource
 from gateway.discovery.targets import Targets
@@ -160,7 +160,7 @@ async def test_listed_pods_become_replicas_with_the_loop_handed_back(
     # a list's pods (thousands) were kept as JSON and turned into replicas all at once on
     # the loop when the set was published (~30 ms for 4,000); now each page's pods are
     # turned into replicas as they are taken from the page, the loop handed back between
-    monkeypatch.setattr(list_decode, "SLICE_S", 0.0)  # hand back after every item
+    monkeypatch.setattr(loop_slices, "SLICE_S", 0.0)  # hand back after every item
     api = FakeKubeAPI("Pod")
     server = serve(api.app())
     names = {f"vllm-{i:03d}" for i in range(200)}
