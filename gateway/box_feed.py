@@ -42,7 +42,6 @@ import struct
 import time
 import zlib
 from collections.abc import Sequence
-from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -92,11 +91,6 @@ class FeedBlock:
         self.block = block
         self._buf = _view(block)
         self._seq = 0
-
-    @classmethod
-    def create(cls) -> shared_memory.SharedMemory:
-        """A new named block, prepared (its creator unlinks it)."""
-        return cls.prepare(shared_memory.SharedMemory(create=True, size=BLOCK_BYTES))
 
     @staticmethod
     def prepare(block: B) -> B:

@@ -25,7 +25,8 @@ stop, and never off by more than the requests moving at that moment.
 
 The supervisor's blocks are ``SharedBlock``: memory with no name (``memfd_create``) that
 each worker maps from a descriptor it inherits, so nothing is left in ``/dev/shm`` however
-the box ends. Named blocks (``SharedLoad.create``) serve tests, which open them again by name.
+the box ends. A named ``multiprocessing.shared_memory`` block serves as well (tests
+open one again by name).
 """
 
 from __future__ import annotations
@@ -134,13 +135,6 @@ class SharedLoad:
     @staticmethod
     def size(workers: int, slots: int) -> int:
         return HEADER + slots * workers * CELL_BYTES
-
-    @classmethod
-    def create(cls, workers: int, slots: int) -> shared_memory.SharedMemory:
-        """A new named block for ``workers`` x ``slots``, prepared (its creator unlinks
-        it)."""
-        return cls.prepare(shared_memory.SharedMemory(create=True,
-                                                      size=cls.size(workers, slots)))
 
     @staticmethod
     def prepare(block: B) -> B:

@@ -219,8 +219,9 @@ async def test_a_source_cannot_grow_the_fleet_past_its_limit(
 async def test_a_source_past_the_workers_shared_slots_adds_what_fits_and_goes_on(
         caplog: pytest.LogCaptureFixture) -> None:
     from gateway.shared_load import SharedLoad
+    from tests.support.shared_blocks import new_load_block
 
-    block = SharedLoad.create(1, 2)  # room for the configured replica and one more
+    block = new_load_block(1, 2)  # room for the configured replica and one more
     try:
         shared = SharedLoad(block, 1, 0, 2)
         gw = build_state(parse_config({"replicas": [{"id": "x", "url": "http://10.0.0.9:1"}]}),

@@ -17,6 +17,7 @@ from gateway.replica_metrics import ScrapedMetrics
 from gateway.request_parse import ParsedRequest
 from gateway.resident_requests import prompt_head_key
 from policies.config import ConfigError, from_mapping
+from tests.support.shared_blocks import new_feed_block
 
 BLOCK = 16
 
@@ -252,7 +253,7 @@ def test_the_prompt_head_tells_shared_documents_apart() -> None:
 def test_worker_processes_take_the_leaders_estimate() -> None:
     leader_fleet = calibrated_fleet()
     follower_fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:9")])
-    block = FeedBlock.create()
+    block = new_feed_block()
     leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(block.name)), leader_fleet, True,
                      failures_to_eject=2, successes_to_readmit=1)
     follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(block.name)), follower_fleet,

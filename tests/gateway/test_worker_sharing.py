@@ -23,13 +23,14 @@ from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.replica_metrics import ScrapedMetrics
 from gateway.shared_load import BOX_ID, SharedLoad
 from gateway.workers import share_of
+from tests.support.shared_blocks import new_feed_block, new_load_block
 
 REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9"), ReplicaConfig("r1", "http://127.0.0.1:8")]
 
 
 @pytest.fixture
 def load_block() -> Iterator[shared_memory.SharedMemory]:
-    block = SharedLoad.create(workers=2, slots=4)
+    block = new_load_block(workers=2, slots=4)
     yield block
     block.close()
     block.unlink()
@@ -37,7 +38,7 @@ def load_block() -> Iterator[shared_memory.SharedMemory]:
 
 @pytest.fixture
 def feed_block() -> Iterator[shared_memory.SharedMemory]:
-    block = FeedBlock.create()
+    block = new_feed_block()
     yield block
     block.close()
     block.unlink()
@@ -152,7 +153,7 @@ def test_a_box_is_named_by_16_random_bytes_every_worker_reads_alike(
         load_block: shared_memory.SharedMemory) -> None:
     # its peers id was a hash of the block's name, which holds 32 random bits
     (_, one), (_, two) = _worker(load_block, 0), _worker(load_block, 1)
-    other_block = SharedLoad.create(workers=2, slots=4)
+    other_block = new_load_block(workers=2, slots=4)
     other = SharedLoad(shared_memory.SharedMemory(other_block.name), 2, 0, 4)
     try:
         assert one.box_id == two.box_id != other.box_id
