@@ -245,10 +245,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if len(self.pipeline) > MAX_PIPELINED and not self.transport.is_closing():
             while len(self.pipeline) > MAX_PIPELINED:  # the newest, never started
                 self.pipeline.popleft()
-            self._refuse(b"429 Too Many Requests",
-                         f"more than {MAX_PIPELINED} pipelined requests wait on this "
-                         "connection; read the answers before sending more",
-                         "too_many_pipelined_requests", b"retry-after: 1\r\n")
+            # (whatever came of the newest one's body: it was dropped, not served)
+            self._refuse_after_answers((
+                b"429 Too Many Requests", f"more than {MAX_PIPELINED} pipelined requests "
+                "wait on this connection; read the answers before sending more",
+                "too_many_pipelined_requests", b"retry-after: 1\r\n"))
             return
         if self._ended_in_read:  # a request ended in this read: the next head may have
             self._ended_in_read = False  # begun in it, its blank line still to come
@@ -347,8 +348,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         elif not queued and (cycle is None or cycle.response_complete):
             _close_with(self.transport, *refusal)
             return
-        self._refusal = refusal
-        self.flow.pause_reading()
+        self._refuse_after_answers(refusal)
+
+    def _refuse_after_answers(self, refusal: tuple[bytes, str, str, bytes]) -> None:
+        """``refusal`` written once the requests queued and the one being answered are
+        (``on_response_complete``); nothing more is read meanwhile."""
+        if self._refusal is None:
+            self._refusal = refusal
+            self.flow.pause_reading()
 
     def take_upgrade(self) -> bytes | None:
         """The head of the request just read that asked to switch protocols, without
