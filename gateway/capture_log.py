@@ -8,8 +8,10 @@ one batch at a time. Size: when the file would pass half of ``max_bytes``
 it is renamed to ``PATH.1`` (replacing the previous one) and a new file is begun, so the
 two together stay under ``max_bytes`` and the newest traffic is always kept; a file it
 makes is readable by its owner only (0600, whatever the umask). A record
-larger than half of ``max_bytes``, or nested deeper than orjson writes, is dropped; a batch
-the writer fails on is dropped and logged, and the writer goes on.
+larger than half of ``max_bytes``, or nested deeper than orjson writes, is dropped; the
+records of a batch the writer fails on that it had not written are dropped (counted) and
+logged, and the writer goes on, opening the file again if it was left closed. A log moved
+or removed by someone else is begun again at ``PATH`` when it is next rotated.
 """
 
 from __future__ import annotations
@@ -125,15 +127,18 @@ class CaptureLog:
                     break
                 item = queue.get_nowait()
             if batch:
+                written = self.written
                 try:
                     await asyncio.to_thread(self._write, batch)
                 except OSError as exc:
-                    self.dropped_large += len(batch)
+                    lost = len(batch) - (self.written - written)  # those not yet written
+                    self.dropped_large += lost
                     log.warning("capture log %s: cannot write (%s); %d records lost",
-                                self.path, exc.strerror, len(batch))
+                                self.path, exc.strerror, lost)
                 except Exception:  # the writer must outlive a record it cannot write
-                    self.dropped_large += len(batch)
-                    log.exception("capture log %s: %d records lost", self.path, len(batch))
+                    lost = len(batch) - (self.written - written)
+                    self.dropped_large += lost
+                    log.exception("capture log %s: %d records lost", self.path, lost)
 
     # -- in the worker thread --------------------------------------------------------------
     def _open(self) -> None:
@@ -146,12 +151,19 @@ class CaptureLog:
             self._file = None
 
     def _rotate(self) -> None:
+        """Rename the file to ``PATH.1`` and begin a new one; when it is no longer at
+        ``PATH`` (moved or removed by someone else), just begin a new one."""
         self._close()
-        os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-        self.rotations += 1
+        try:
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            self.rotations += 1
+        except FileNotFoundError:
+            pass  # moved away: what was written there went with it
         self._open()
 
     def _write(self, batch: list[bytes]) -> None:
+        if self._file is None:  # a rotation that failed left it closed
+            self._open()
         assert self._file is not None
         for line in batch:
             if self._file_bytes + len(line) > self.max_file_bytes:
