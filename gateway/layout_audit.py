@@ -135,7 +135,10 @@ def render(record: CaptureRecord, tokenizer: PromptTokenizer, max_chars: int
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        prompt = tokenizer.decode(prompt)
+        try:
+            prompt = tokenizer.decode(prompt)
+        except OverflowError:  # an id below 0 or past 2**32: SGLang's input_ids pass as sent
+            raise ValueError("a token id the tokenizer cannot decode") from None
     if not isinstance(prompt, str):
         raise ValueError("a completion without one text prompt")
     return prompt[:max_chars], None
