@@ -33,6 +33,10 @@ MAX_MODELS = 1024
 MODEL_ID_CHARS = 256
 _PARSE_INLINE_BYTES = 256 << 10  # a /metrics page past this is parsed on a thread
 _MODELS_ROUND_S = 1.0  # the least time between two model rounds asked for by requests
+# the gateway's own calls read their answers as sent: asked unencoded (aiohttp offers gzip
+# by default, and prometheus-client's /metrics app, which SGLang mounts, gzips for anyone
+# who accepts it: every scrape of such a replica read compressed bytes as text)
+_UNENCODED = {"accept-encoding": "identity"}
 
 
 def model_info(listed: dict[str, object]) -> ModelInfo:
@@ -123,7 +127,7 @@ class Monitor:
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/health",
-                                            headers=state.credentials,
+                                            headers=state.credentials | _UNENCODED,
                                             allow_redirects=False) as resp:
                     await resp.read()
                     if resp.status != 200:
@@ -153,7 +157,7 @@ class Monitor:
         try:
             async with asyncio.timeout(self.health_cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/v1/models",
-                                            headers=state.credentials,
+                                            headers=state.credentials | _UNENCODED,
                                             allow_redirects=False) as resp:
                     if resp.status != 200:
                         self._refused(state, "/v1/models", resp.status)
@@ -247,7 +251,7 @@ class Monitor:
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 async with self.session.get(f"{first.config.base_url}/metrics",
-                                            headers=first.credentials,
+                                            headers=first.credentials | _UNENCODED,
                                             allow_redirects=False) as resp:
                     if resp.status != 200:
                         for state in states:
