@@ -38,6 +38,17 @@ class AdminError(Exception):
     """The admin API could not be read; the message says why."""
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Answer a redirect as the error it is here: urllib would send the admin token on
+    to wherever it points (the admin API itself never redirects)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin", default="http://127.0.0.1:8001",
                         help="the gateway's admin listener: http://admin.host:admin.port "
@@ -56,13 +67,16 @@ def fetch(admin: str, token: str, timeout_s: float = 2.0) -> dict[str, Any]:
     req = urllib.request.Request(f"{admin.rstrip('/')}/admin/top",
                                  headers={"Authorization": f"Bearer {token}"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
             data = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         try:
             message = json.loads(exc.read())["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = exc.reason
+        if 300 <= exc.code < 400:
+            message = (f"a redirect to {exc.headers.get('Location')!r}, not followed "
+                       "(the admin token goes only to --admin)")
         raise AdminError(f"{admin} answered {exc.code}: {message}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise AdminError(f"cannot read {admin}/admin/top: {exc}") from exc
