@@ -15,15 +15,22 @@ thousands of answers. Past ``min_samples`` answers, one counts in the sums as a 
 at most ``MAX_WEIGHT`` times the mean prompt (its own ratio kept): one odd answer on a
 prompt a thousand times the usual one outweighed every other answer, and held the ratio
 near its own for hundreds of them. The mean follows the prompts as they are (uncapped),
-so prompts that grow for good soon weigh in full again.
+so prompts that grow for good soon weigh in full again. The first ``min_samples``
+answers have no mean to go by yet: they are kept, and weighed together once the last of
+them comes, each as a prompt of at most ``MAX_WEIGHT`` times their median prompt, and one
+whose ratio is past ``FIRST_SPREAD`` times their median ratio either way not at all (one
+odd answer among them, taken whole, held the first ratio near its own for a thousand
+more; weighed as two prompts of nine, still near half its own).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 
 MAX_RATIO = 16.0  # replica tokens per gateway token believed, and its inverse
 MAX_WEIGHT = 2.0  # one answer weighs as a prompt of at most this many mean prompts
+FIRST_SPREAD = 4.0  # the first answers' ratios taken, around their median, either way
 
 
 @dataclass(slots=True)
@@ -33,6 +40,8 @@ class _Sums:
     samples: int = 0
     answers: float = 0.0  # decayed as the sums are: answers taken ...
     prompts: float = 0.0  # ... and their gateway tokens, whole (the mean prompt's)
+    # the first answers, (replica tokens, gateway tokens), until ``min_samples`` came
+    first: list[tuple[int, int]] = field(default_factory=list)
 
 
 class TokenCalibration:
@@ -69,10 +78,26 @@ class TokenCalibration:
                                     next(iter(self._sums)))]
             sums = _Sums()
         self._sums[model] = sums
-        decay = self.decay
-        weight = float(gateway_tokens)
         if sums.samples >= self.min_samples:  # the mean of the answers before this one
-            weight = min(weight, MAX_WEIGHT * sums.prompts / sums.answers)
+            self._add(sums, replica_tokens, gateway_tokens,
+                      min(gateway_tokens, MAX_WEIGHT * sums.prompts / sums.answers))
+            return
+        sums.first.append((replica_tokens, gateway_tokens))
+        if len(sums.first) < self.min_samples:
+            return
+        # each counted as an answer, and for the mean prompt; in the ratio, only those
+        # near the median ratio, none weighing more than MAX_WEIGHT median prompts
+        median = statistics.median(r / g for r, g in sums.first)
+        cap = MAX_WEIGHT * statistics.median(g for _, g in sums.first)
+        for replica, gateway in sums.first:
+            near = 1.0 / FIRST_SPREAD <= replica / gateway / median <= FIRST_SPREAD
+            self._add(sums, replica, gateway, min(gateway, cap) if near else 0.0)
+        sums.first = []
+
+    def _add(self, sums: _Sums, replica_tokens: int, gateway_tokens: int, weight: float
+             ) -> None:
+        """One answer into ``sums``, weighing as a prompt of ``weight`` gateway tokens."""
+        decay = self.decay
         sums.answers = sums.answers * decay + 1.0
         sums.prompts = sums.prompts * decay + gateway_tokens
         sums.replica = sums.replica * decay + replica_tokens / gateway_tokens * weight
