@@ -13,11 +13,13 @@ scrapes them (``scrape.interval_s``), so the window should span several scrapes.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -38,6 +40,21 @@ class AdminError(Exception):
     """The admin API could not be read; the message says why."""
 
 
+def admin_url(text: str) -> str:
+    """The admin listener's base URL from ``http[s]://host:port`` or ``host:port`` (as the
+    config writes it); an ``ArgumentTypeError`` naming ``text`` when it is none."""
+    url = text if "://" in text else f"http://{text}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # a ValueError for a port that is no port
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"must be http://host:port, https://host:port or host:port, got {text!r}")
+    return url.rstrip("/")
+
+
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     """Answer a redirect as the error it is here: urllib would send the admin token on
     to wherever it points (the admin API itself never redirects)."""
@@ -50,7 +67,7 @@ _OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--admin", default="http://127.0.0.1:8001",
+    parser.add_argument("--admin", type=admin_url, default="http://127.0.0.1:8001",
                         help="the gateway's admin listener: http://admin.host:admin.port "
                              "(or host:port)")
     parser.add_argument("--token", default=None,
@@ -78,7 +95,7 @@ def fetch(admin: str, token: str, timeout_s: float = 2.0) -> dict[str, Any]:
             message = (f"a redirect to {exc.headers.get('Location')!r}, not followed "
                        "(the admin token goes only to --admin)")
         raise AdminError(f"{admin} answered {exc.code}: {message}") from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         raise AdminError(f"cannot read {admin}/admin/top: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
         raise AdminError(f"{admin}/admin/top did not answer a fleet snapshot")
@@ -146,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvgate top: give the admin token with --token or ${TOKEN_ENV}",
               file=sys.stderr)
         return 2
-    if "://" not in args.admin:  # host:port, as the config writes it
-        args.admin = f"http://{args.admin}"
     window = TopWindow(args.window)
     console = Console()
     try:
