@@ -11,6 +11,10 @@ newest samples in the window::
 A counter that goes backwards (the replica restarted, or left and came back) restarts that
 replica's window. The hit rate starts from the window's oldest sample that has the
 counters: a replica's first samples may have none (not yet scraped).
+
+Samples closer together than ``window_s / _MAX_SAMPLES`` are thinned (of three such, the
+middle one goes), so a replica holds at most about ``2 * _MAX_SAMPLES`` of them however
+many reads the window spans, and the window's start is found to within that gap.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+_MAX_SAMPLES = 256  # per window, about, per replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,9 @@ class TopWindow:
             if series and _went_back(series[-1], sample):
                 series.clear()
             series.append(sample)
+            # [-3] and [-1] closer than a gap: [-2] tells nothing the ends do not
+            if len(series) >= 3 and at - series[-3].at < self.window_s / _MAX_SAMPLES:
+                del series[-2]
             # keep the newest sample at or before the window's start as its left edge
             while len(series) > 2 and at - series[1].at >= self.window_s:
                 series.popleft()
