@@ -28,8 +28,9 @@ The root names the LoRA adapter a block was computed with: its ``lora_name`` (wh
 send as the request's ``model``), or for an engine that sends only a ``lora_id``, that id (such
 blocks are never matched: no request names an adapter by its id). A prompt is matched from
 the root of its ``model`` when it is known to be an adapter (``adapter``), or the index has
-seen blocks of an adapter by that name lately (the last ``MAX_ADAPTERS`` names stored
-from): an adapter the index holds no block of matches nothing (an engine hashes the adapter
+seen blocks of an adapter by that name lately (the roots of the last ``MAX_ADAPTERS``
+adapters stored from: their keys, not their names, which an event may make megabytes long):
+an adapter the index holds no block of matches nothing (an engine hashes the adapter
 into its blocks: the base model's are no hit for it); any other from the base model's.
 
 A stored block whose parent hash the index does not know (evicted meanwhile, or stored
@@ -59,8 +60,8 @@ from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, 
 from policies.ring import token_bytes
 
 _ROOT = 1337  # parent key of a chain's first block (no adapter)
-# adapter names kept to match prompts by (a LoRA fleet's adapters), those stored from
-# least lately let go first
+# adapters kept to match prompts by (a LoRA fleet's adapters), those stored from least
+# lately let go first
 MAX_ADAPTERS = 4096
 # blocks a replica may hold in the index (about 200 bytes each) until its KV capacity is
 # known: 2^20 blocks of 16 tokens is 16M tokens, past any one replica's KV
@@ -127,7 +128,9 @@ class KVIndex:
         self.block_size = block_size
         self.stats = IndexStats()
         self._replicas: dict[str, _Replica] = {}
-        self._adapters: dict[str, int] = {}  # adapter name -> its root key
+        # the root keys of the adapters stored from lately, least lately first (a key, not
+        # the name: a name is as long as an event makes it, up to a message's 4 MiB)
+        self._adapters: dict[int, None] = {}
         self.resets: Counter[str] = Counter()  # ``reset`` calls per replica
         self._limits: dict[str, int] = {}  # replica -> most blocks it may hold here
 
@@ -176,11 +179,13 @@ class KVIndex:
         replica still matches."""
         sets = {rid: (r.keys if (r := self._replicas.get(rid)) else None) for rid in replicas}
         out = dict.fromkeys(sets, 0)
-        root = _ROOT if model is None else self._adapters.get(model)
-        if root is None:
+        root = _ROOT
+        if model is not None:
             # an adapter's blocks are rooted at its name: looked for there, even when the
             # index has let the name go (past MAX_ADAPTERS others stored from since)
-            root = root_key(model) if adapter else _ROOT
+            named = root_key(model)
+            if adapter or named in self._adapters:
+                root = named
         alive = [rid for rid, keys in sets.items() if keys]
         bs = self.block_size
         limit = len(tokens) // bs if max_blocks is None else min(max_blocks, len(tokens) // bs)
@@ -245,9 +250,11 @@ class KVIndex:
             prev = root_key(ev.lora_name, ev.lora_id)
             if ev.lora_name:  # kept by recency: the adapters stored from lately
                 adapters = self._adapters
-                if adapters.pop(ev.lora_name, None) is None and len(adapters) >= MAX_ADAPTERS:
+                if prev in adapters:
+                    del adapters[prev]
+                elif len(adapters) >= MAX_ADAPTERS:
                     del adapters[next(iter(adapters))]
-                adapters[ev.lora_name] = prev
+                adapters[prev] = None
         elif (found := r.by_hash.get(ev.parent_block_hash)) is not None:
             prev = found
         else:
