@@ -31,6 +31,7 @@ log = logging.getLogger("kvgate.monitor")
 MODELS_BYTES = 1 << 20
 MAX_MODELS = 1024
 MODEL_ID_CHARS = 256
+HEALTH_BYTES = 64 << 10  # a /health answer is read this far at most (its status counts)
 _PARSE_INLINE_BYTES = 256 << 10  # a /metrics page past this is parsed on a thread
 _MODELS_ROUND_S = 1.0  # the least time between two model rounds asked for by requests
 # the gateway's own calls read their answers as sent: asked unencoded (aiohttp offers gzip
@@ -129,7 +130,11 @@ class Monitor:
                 async with self.session.get(f"{state.config.base_url}/health",
                                             headers=state.credentials | _UNENCODED,
                                             allow_redirects=False) as resp:
-                    await resp.read()
+                    read = 0  # a body without end (a URL that reaches a stream) is left
+                    async for chunk in resp.content.iter_chunked(1 << 16):
+                        read += len(chunk)
+                        if read > HEALTH_BYTES:
+                            break
                     if resp.status != 200:
                         ok, error = False, f"/health answered {resp.status}"
         except TimeoutError:
