@@ -33,6 +33,7 @@ MAX_MODELS = 1024
 MODEL_ID_CHARS = 256
 HEALTH_BYTES = 64 << 10  # a /health answer is read this far at most (its status counts)
 _PARSE_INLINE_BYTES = 256 << 10  # a /metrics page past this is parsed on a thread
+_SAID_CHARS = 240  # of a parser's error, in a log line
 _MODELS_ROUND_S = 1.0  # the least time between two model rounds asked for by requests
 # the gateway's own calls read their answers as sent: asked unencoded (aiohttp offers gzip
 # by default, and prometheus-client's /metrics app, which SGLang mounts, gzips for anyone
@@ -281,8 +282,13 @@ class Monitor:
             pages = await asyncio.to_thread(_parse, text, states) \
                 if len(raw) > _PARSE_INLINE_BYTES else _parse(text, states)
         except Exception as exc:  # the parser raises more than ValueError on odd input
+            # the parser's message quotes the line it stopped at: an HTML page minified
+            # onto one line was logged whole, at every scrape
+            said = repr(exc)
+            said = said if len(said) <= _SAID_CHARS else f"{said[:_SAID_CHARS]}..."
             for state in states:
-                log.warning("replica %s: unparsable /metrics: %r", state.id, exc)
+                log.log(logging.WARNING if state.scrape_failures == 0 else logging.DEBUG,
+                        "replica %s: unparsable /metrics: %s", state.id, said)
                 self._scrape_failed(state)
             return
         snapshots, named = pages
