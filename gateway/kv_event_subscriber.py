@@ -76,6 +76,10 @@ FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_
 _MAX_GROUPS = 64  # KV cache groups whose kind is kept, per replica
 
 
+class _EndlessReplay(Exception):
+    """A replay endpoint sent more batches than a replay applies."""
+
+
 class KVEventSubscriber:
     def __init__(self, fleet: Fleet, index: KVIndex, reconcile_s: float = 1.0) -> None:
         self.fleet = fleet
@@ -87,6 +91,10 @@ class KVEventSubscriber:
         self.replays = 0  # gaps filled from a replay endpoint
         self.replay_failures = 0
         self.replay_timeout_s = 2.0
+        # batches a replay applies at most (vLLM keeps 10,000 steps): an endpoint that
+        # sends new ones without end held the replica's reader, its live stream unread,
+        # for good; past this the replay ends as failed
+        self.replay_max_batches = 1 << 18
         self._ctx: zmq.asyncio.Context | None = None
         self._readers: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> endpoint, task
         self._loop_task: asyncio.Task[None] | None = None
@@ -356,13 +364,15 @@ class KVEventSubscriber:
                       applied_hashes: dict[int, int] | None = None) -> int | None:
         """Apply the batches ``start <= seq < until`` (``until`` None: every one from
         ``start``) the replica's replay endpoint keeps; the last sequence number applied,
-        or None. ``applied_hashes`` gets the hash of each payload applied."""
+        or None. ``applied_hashes`` gets the hash of each payload applied (the latest
+        ``_DUPLICATES_KEPT`` at least). A replay ends as failed after
+        ``replay_max_batches`` batches, as after ``replay_timeout_s`` with none."""
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IPV6, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        applied = 0
+        applied = moved = 0  # batches applied; and moving the replay on (skipped too)
         last: int | None = None
         loop = asyncio.get_running_loop()
         try:
@@ -380,6 +390,9 @@ class KVEventSubscriber:
                     if start <= seq and (until is None or seq < until) \
                             and (last is None or seq > last) \
                             and self.fleet.get(replica) is not None:
+                        if moved >= self.replay_max_batches:
+                            raise _EndlessReplay(f"more than {moved} batches")
+                        moved += 1
                         message = await self._decode_off_loop(
                             replica, [b"", frames[-2], frames[-1]])
                         if message is not None:  # a malformed batch is skipped, counted
@@ -388,12 +401,16 @@ class KVEventSubscriber:
                         last = seq
                         if applied_hashes is not None:
                             applied_hashes[seq] = hash(frames[-1])
+                            if len(applied_hashes) > 2 * _DUPLICATES_KEPT:
+                                # numbered upwards: the latest are those looked for
+                                for old in list(applied_hashes)[:-_DUPLICATES_KEPT]:
+                                    del applied_hashes[old]
                         waiting.reschedule(loop.time() + self.replay_timeout_s)
             self.replays += 1
             self._replay_backoff.pop(replica, None)
             log.info("replica %s: replayed %d KV event batches from %d", replica, applied,
                      start)
-        except (TimeoutError, zmq.ZMQError) as exc:
+        except (TimeoutError, zmq.ZMQError, _EndlessReplay) as exc:
             self.replay_failures += 1
             wait = self._replay_backoff.get(replica, (0.0, _REPLAY_BACKOFF_S[0]))[1]
             self._replay_backoff[replica] = (time.monotonic() + wait,
