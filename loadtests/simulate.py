@@ -44,6 +44,7 @@ from gateway.peer_wire import (
 from gateway.request_parse import ParsedRequest
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Router, work_tokens
+from kvwire.arg_types import positive_float
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
@@ -480,7 +481,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "'gateway' or a tokenizer directory makes them render each chat "
                         "and tokenize it, as loadtests.run's engines do (needs --prompts "
                         "text; each prompt is encoded once, before the runs)")
-    parser.add_argument("--rate", type=float, default=None,
+    parser.add_argument("--rate", type=positive_float, default=None,
                         help="arrival rate in requests/s (default: per scenario, scaled "
                              "by replicas / 8)")
     parser.add_argument("--profile", default=None, help="default: per scenario")

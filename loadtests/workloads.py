@@ -26,6 +26,7 @@ Workloads (all deterministic from ``seed``):
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -162,8 +163,8 @@ class SegmentContent:
 
 def _check_positive(**values: float) -> None:
     for name, value in values.items():
-        if value <= 0:
-            raise ValueError(f"{name} must be positive, got {value!r}")
+        if not 0 < value < math.inf:  # NaN too
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 def popularity(n: int, kind: str, zipf_s: float) -> np.ndarray:
