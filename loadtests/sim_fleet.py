@@ -27,6 +27,7 @@ as an engine publishes them after each step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -70,9 +71,10 @@ class FleetSpec:
 
     def validate(self) -> None:
         for key in ("replicas", "kv_pool_gib", "idle_kv_gib", "max_num_seqs",
-                    "max_num_batched_tokens", "block_size"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be positive, got {getattr(self, key)!r}")
+                    "max_num_batched_tokens", "block_size", "scrape_interval_s"):
+            if not 0 < getattr(self, key) < math.inf:  # NaN too
+                raise ValueError(f"{key} must be a positive number, got "
+                                 f"{getattr(self, key)!r}")
         if self.idle_kv_gib > self.kv_pool_gib:
             raise ValueError(f"idle_kv_gib ({self.idle_kv_gib}) exceeds kv_pool_gib "
                              f"({self.kv_pool_gib})")
@@ -82,8 +84,6 @@ class FleetSpec:
         if self.dialect not in DIALECTS:
             raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, got "
                              f"{self.dialect!r}")
-        if self.scrape_interval_s <= 0:
-            raise ValueError(f"scrape_interval_s must be positive, got {self.scrape_interval_s!r}")
         if self.ranks_hidden < 1 or self.replicas % self.ranks_hidden:
             raise ValueError(f"ranks_hidden must divide replicas ({self.replicas}), got "
                              f"{self.ranks_hidden!r}")

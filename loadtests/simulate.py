@@ -460,7 +460,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the engines publish KV events to policies with an exact index "
                              "(kv_events, cost); with --prompts text the engines' token ids "
                              "are not the gateway's, so no prompt matches them")
-    parser.add_argument("--scrape-interval", type=float, default=1.0,
+    parser.add_argument("--scrape-interval", type=positive_float, default=1.0,
                         help="seconds of virtual time between scrapes")
     parser.add_argument("--ranks-hidden", type=int, default=1, metavar="N",
                         help="the replicas are servers of N data-parallel ranks each, whose "
@@ -485,8 +485,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="arrival rate in requests/s (default: per scenario, scaled "
                              "by replicas / 8)")
     parser.add_argument("--profile", default=None, help="default: per scenario")
-    parser.add_argument("--kv-pool-gib", type=float, default=None, help="default: per scenario")
-    parser.add_argument("--idle-kv-gib", type=float, default=None, help="default: per scenario")
+    parser.add_argument("--kv-pool-gib", type=positive_float, default=None,
+                        help="default: per scenario")
+    parser.add_argument("--idle-kv-gib", type=positive_float, default=None,
+                        help="default: per scenario")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: per scenario")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

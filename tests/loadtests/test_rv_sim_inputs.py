@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from loadtests.sim_fleet import FleetSpec
 from loadtests.simulate import main
 from loadtests.workloads import ChatAppsSpec
 
@@ -27,3 +28,24 @@ def test_the_rate_flag_refuses_infinity_before_any_run(
               "--rate", "inf"])
     assert exited.value.code == 2
     assert "--rate: must be a positive number, got inf" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["scrape_interval_s", "kv_pool_gib", "idle_kv_gib"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_fleet_size_or_interval_that_is_no_positive_number_is_refused(
+        key: str, value: float) -> None:
+    # a NaN scrape interval never scraped (every policy decided on empty views), a NaN
+    # pool failed converting it to blocks with a message that named nothing
+    spec = dataclasses.replace(FleetSpec(), **{key: value})
+    with pytest.raises(ValueError, match=f"{key} must be a positive number, got {value!r}"):
+        spec.validate()
+
+
+@pytest.mark.parametrize("flag", ["--scrape-interval", "--kv-pool-gib", "--idle-kv-gib"])
+def test_the_fleet_flags_refuse_nan_naming_the_flag(
+        flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--scenario", "contracts-400", "--requests", "10", "--policies",
+              "round_robin", flag, "nan"])
+    assert exited.value.code == 2
+    assert f"{flag}: must be a positive number, got nan" in capsys.readouterr().err
