@@ -435,6 +435,8 @@ def _parse_params(items: Sequence[str]) -> dict[str, Any]:
             raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
         if key == "seed":  # the run's own option, which every part of the run follows
             raise SystemExit("--set seed=...: the workload's seed is --seed")
+        if key == "rate":  # replaced by --rate (default: the scenario's, scaled)
+            raise SystemExit("--set rate=...: the arrival rate is --rate")
         out[key] = yaml.safe_load(value)
     return out
 

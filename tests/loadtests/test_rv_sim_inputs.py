@@ -49,3 +49,10 @@ def test_the_fleet_flags_refuse_nan_naming_the_flag(
               "round_robin", flag, "nan"])
     assert exited.value.code == 2
     assert f"{flag}: must be a positive number, got nan" in capsys.readouterr().err
+
+
+def test_a_rate_set_as_a_workload_parameter_is_refused_naming_the_option() -> None:
+    # chat-apps took it and drew its arrivals at --rate (or the scenario's) instead
+    with pytest.raises(SystemExit, match=r"--set rate=.*--rate"):
+        main(["--scenario", "chat-apps", "--requests", "10", "--policies", "round_robin",
+              "--set", "rate=2"])
