@@ -160,7 +160,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     plan["hot_prefill_reduction_arithmetic"] = numbers.hot_prefill_reduction
     rr, best = figures.get("round_robin"), None
     others = {n: f for n, f in figures.items() if n != "round_robin"}
-    if rr is not None and others:
+    # no hot request after the warm-up (a hot share of 0): nothing measured, no ratio
+    if rr is not None and others and rr.hot_requests:
         best = min(others, key=lambda n: others[n].hot_prefill_tokens)
         low = others[best].hot_prefill_tokens
         simulated = rr.hot_prefill_tokens / low if low else None  # JSON has no infinity
