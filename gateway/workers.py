@@ -26,7 +26,8 @@ without a shared accept queue.
 - A SIGTERM or SIGINT to the supervisor reaches every worker, which drains as a single
   gateway does (``ShutdownConfig``); a second stops them at once. Workers sit in their
   own process group (a terminal's Ctrl-C reaches them once, through the supervisor) and
-  die with it. If a worker exits on its own the supervisor stops the rest and exits 1.
+  die with it. If a worker exits on its own the supervisor drains the rest and exits 1
+  (an operator's signal meanwhile joins that drain; a second one stops at once).
   A signal while the workers are being started starts no more (those started drain).
   A worker still running ``KILL_AFTER_S`` past the drain's ``timeout_s`` is killed (and
   the supervisor exits 1): a stuck one no longer held the supervisor, or outlived it on
@@ -280,7 +281,8 @@ class Supervisor:
         self.workers = workers
         self.log_level = log_level
         self.share_routes = share_routes  # the workers tell each other their routes
-        self.signals = 0  # the stops asked for: signals, or a worker that exited
+        self.signals = 0  # the stops asked for by signals
+        self.crashed = False  # a worker exited on its own: the others were told to stop
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.kill_after_s = KILL_AFTER_S
         self._stop_at: float | None = None  # when the workers were first told to stop
@@ -297,15 +299,19 @@ class Supervisor:
 
     def _tell(self) -> None:
         """Each stop not yet told, to every worker running: a SIGTERM (a second one stops
-        a worker at once)."""
-        while self._told < self.signals:
+        a worker at once). A stop the box began itself (a worker exited on its own) and an
+        operator's first signal are one drain: only a second signal stops at once."""
+        while self._told < max(self.signals, int(self.crashed)):
             self._told += 1
             for proc in self.procs:
                 if proc.pid is not None and proc.exitcode is None:
                     os.kill(proc.pid, signal.SIGTERM)
 
     def _stop(self) -> None:
-        self._signalled(signal.SIGTERM, None)
+        """Drain the workers running, as a signal would, without counting one."""
+        self.crashed = True
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
         self._tell()
 
     def _left_s(self) -> float | None:
@@ -347,7 +353,7 @@ class Supervisor:
                     continue
                 ended = live.pop(ready)
                 ended.join()
-                if not self.signals:
+                if not self.signals and not self.crashed:
                     print(f"kvgate serve: {ended.name} exited with {ended.exitcode}; "
                           "stopping the others", file=sys.stderr)
                     status = 1
