@@ -65,7 +65,7 @@ class Admission:
         self.bodies = BodyBytes(limits.max_receiving_bytes)
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()  # and some given up
-        self.waiting = 0
+        self.waiting = 0  # requests waiting that no place was handed to yet
         self._mean_s = 1.0  # recent mean time a slot is held
 
     def retry_after_s(self) -> int:
@@ -101,19 +101,17 @@ class Admission:
                 self._leave(None)  # handed a place just as it gave up: pass it on
             else:
                 place.cancel()
-            if isinstance(exc, TimeoutError):  # counting the others waiting, not this one
-                raise self._refusal(self.waiting - 1) from None
+                self.waiting -= 1
+            if isinstance(exc, TimeoutError):
+                raise self._refusal() from None
             raise
-        finally:
-            self.waiting -= 1
         return Slot(self, waited=True)
 
-    def _refusal(self, waiting: int | None = None) -> TooManyRequests:
+    def _refusal(self) -> TooManyRequests:
         after = self.retry_after_s()
-        waiting = self.waiting if waiting is None else waiting
         return TooManyRequests(
             f"the gateway is at its limit of {self.limits.max_in_flight} requests in flight "
-            f"with {waiting} waiting; retry after {after} s",
+            f"with {self.waiting} waiting; retry after {after} s",
             code="gateway_overloaded", headers={"Retry-After": str(after)})
 
     def _leave(self, held_s: float | None) -> None:
@@ -122,7 +120,12 @@ class Admission:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
+                # it waits no more, though it resumes later: counted until then, it kept
+                # a place freed meanwhile from the next request, which queued behind it
+                # with no slot's end to wake it for that place (a place lost for as long
+                # as requests kept waiting)
                 waiter.set_result(None)
+                self.waiting -= 1
                 return
         self.in_flight -= 1
 
