@@ -1,17 +1,22 @@
 """Background loops that keep the ``Fleet`` current: health checks and metric scrapes.
 
 Both loops are owned by ``Monitor``: started in the app's lifespan, cancelled and awaited
-on shutdown. Each round checks every replica concurrently with its own timeout, so one slow
-replica never delays the others.
+on shutdown. Each replica (each server, for the data-parallel ranks of one) has its own
+schedule: every interval, a check (a scrape) of it starts unless its previous one, bounded by
+its timeout, is still running. So one slow replica never delays the others, and no replica
+has two of the monitor's checks (or two scrapes) in flight. A replica that leaves the fleet
+(or stops being healthy, for scrapes) has its check or scrape in flight given up; one that
+joins is taken up at the next interval.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import aiohttp
 import orjson
@@ -57,7 +62,9 @@ class Monitor:
         self.session = session
         self.health_cfg = health
         self.scrape_cfg = scrape
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []  # the two loops
+        self._checks = _Schedule("health")  # the check, the scrape of each replica running
+        self._scrapes = _Schedule("scrape")
         self._models_round: asyncio.Task[None] | None = None  # ``refresh_all_models``
         self._models_round_at = -math.inf
         # the data-parallel replicas warned of their ranks, with the size each was warned
@@ -70,20 +77,23 @@ class Monitor:
         if self.scrape_cfg.enabled:
             await self.scrape_round()
         self._tasks = [
-            asyncio.create_task(every(self.health_cfg.interval_s, self.health_round,
+            asyncio.create_task(every(self.health_cfg.interval_s, self._health_due,
                                       "health round"), name="kvgate-health"),
         ]
         if self.scrape_cfg.enabled:
             self._tasks.append(asyncio.create_task(
-                every(self.scrape_cfg.interval_s, self.scrape_round, "scrape round"),
+                every(self.scrape_cfg.interval_s, self._scrapes_due, "scrape round"),
                 name="kvgate-scrape"))
 
     async def stop(self) -> None:
+        """The loops first (no check starts after), then the checks and scrapes running."""
         if self._models_round is not None:
             self._tasks.append(self._models_round)
             self._models_round = None
         await stop_tasks(self._tasks)
         self._tasks = []
+        await self._checks.stop()
+        await self._scrapes.stop()
 
     async def refresh_all_models(self) -> None:
         """Every healthy replica's model list asked for again now: a request named a model
@@ -108,8 +118,17 @@ class Monitor:
     # -- health ---------------------------------------------------------------------------
     async def health_round(self) -> None:
         """Every replica's /health: once a server, whose answer counts for each of its
-        data-parallel ranks (one API process serves them all)."""
+        data-parallel ranks (one API process serves them all). Awaited whole: the first
+        round, before the loop starts (``start``)."""
         await asyncio.gather(*(self.check_one(*states) for states in servers(self.fleet)))
+
+    def _health_due(self) -> None:
+        """The health loop's turn: a check of every server not still waiting on one."""
+        self._checks.due({_key(states): states for states in servers(self.fleet)},
+                         self._check_all)
+
+    async def _check_all(self, states: Sequence[ReplicaState]) -> None:
+        await self.check_one(*states)
 
     async def check_one(self, state: ReplicaState, *ranks: ReplicaState) -> None:
         """``state``'s /health, counted for it and for ``ranks`` (the other data-parallel
@@ -230,7 +249,16 @@ class Monitor:
     # -- scrapes --------------------------------------------------------------------------
     async def scrape_round(self) -> None:
         """Every healthy replica's /metrics, once a page: the data-parallel ranks of one
-        replica (``gateway.data_parallel``) share one read and one parse of it."""
+        replica (``gateway.data_parallel``) share one read and one parse of it. Awaited
+        whole: the first round, before the loop starts (``start``)."""
+        await asyncio.gather(*(self._scrape(states) for states in self._pages()))
+
+    def _scrapes_due(self) -> None:
+        """The scrape loop's turn: a scrape of every page not still waiting on one."""
+        self._scrapes.due({_key(states): states for states in self._pages()}, self._scrape)
+
+    def _pages(self) -> list[list[ReplicaState]]:
+        """The healthy replicas, grouped by the /metrics page that tells of them."""
         pages: dict[tuple[str, int], list[ReplicaState]] = {}
         groups = {group_of(s.id) for s in self.fleet if s.config.data_parallel_rank is not None}
         # a replica gone from the fleet is told again when it comes back
@@ -240,12 +268,12 @@ class Monitor:
                 page = (s.id if s.config.data_parallel_rank is None else s.config.base_url,
                         s.config.data_parallel_size)
                 pages.setdefault(page, []).append(s)
-        await asyncio.gather(*(self._scrape(states) for states in pages.values()))
+        return list(pages.values())
 
     async def scrape_one(self, state: ReplicaState) -> None:
         await self._scrape([state])
 
-    async def _scrape(self, states: list[ReplicaState]) -> None:
+    async def _scrape(self, states: Sequence[ReplicaState]) -> None:
         """Scrape one replica's /metrics (or its ranks': ``states`` then holds them): read
         up to ``max_bytes`` (decoded leniently), parsed off the event loop when large; a
         failure is counted, and after ``stale_after_failures`` in a row its last load
@@ -326,6 +354,50 @@ class Monitor:
             self.capacity.observe(state.id, metrics, mark)
 
 
+class _Schedule:
+    """Each replica's own schedule for one kind of call (health checks, scrapes): at most
+    one call in flight per key, each in a task kept here until it ends."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._running: dict[tuple[int, ...], asyncio.Task[None]] = {}
+
+    def due(self, jobs: dict[tuple[int, ...], list[ReplicaState]],
+            call: Callable[[list[ReplicaState]], Awaitable[None]]) -> None:
+        """Start ``call`` for each of ``jobs`` whose previous call has ended; give up the
+        calls running for keys no longer among them (a replica gone, or added again:
+        another state under its id, another key)."""
+        for key, task in list(self._running.items()):
+            if key not in jobs:
+                task.cancel()  # it leaves ``_running`` as it ends
+        for key, states in jobs.items():
+            if key not in self._running:
+                task = asyncio.create_task(self._run(call, states),
+                                           name=f"kvgate-{self.what} {states[0].id}")
+                self._running[key] = task
+                task.add_done_callback(functools.partial(self._ended, key))
+
+    async def _run(self, call: Callable[[list[ReplicaState]], Awaitable[None]],
+                   states: list[ReplicaState]) -> None:
+        try:
+            await call(states)
+        except Exception:  # a bug in one call must not go unseen, nor stop the others
+            log.exception("%s of replica %s failed", self.what, states[0].id)
+
+    def _ended(self, key: tuple[int, ...], task: asyncio.Task[None]) -> None:
+        if self._running.get(key) is task:
+            del self._running[key]
+
+    async def stop(self) -> None:
+        await stop_tasks(list(self._running.values()))
+
+
+def _key(states: Sequence[ReplicaState]) -> tuple[int, ...]:
+    """Which replica a call is for: the very states (a replica removed and added again
+    under its id is another), alive while their call runs, so never one's id reused."""
+    return tuple(id(state) for state in states)
+
+
 def servers(states: Iterable[ReplicaState]) -> list[list[ReplicaState]]:
     """``states`` grouped by the server that answers for them: the data-parallel ranks of
     one replica together (``gateway.data_parallel``), every other replica alone."""
@@ -347,7 +419,7 @@ def _ranks_shown(named: frozenset[str], shown: int = 8) -> str:
     return text + more if text else "none"
 
 
-def _parse(text: str, states: list[ReplicaState]
+def _parse(text: str, states: Sequence[ReplicaState]
            ) -> tuple[list[ScrapedMetrics], frozenset[str] | None]:
     """``states``' snapshots of one /metrics page: a replica's, or each of its
     data-parallel ranks' own (then with the ranks the page names)."""
