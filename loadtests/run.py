@@ -63,6 +63,7 @@ from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.local_fleet import ENGINE_BLOCK_SIZE, LocalFleet, LocalFleetSpec
 from loadtests.replica_prompts import replica_tokens_per_word
+from loadtests.workloads import build_spec
 
 HERE = Path(__file__).parent
 LOCUSTFILE = HERE / "locustfile.py"
@@ -148,7 +149,7 @@ def _hot_misses(cfg: RunConfig, ok: list[dict[str, Any]]) -> dict[str, dict[str,
     their tokenizer, as the clients sent it."""
     from kvwire.tokenizer import load_tokenizer
     from loadtests.replica_prompts import RenderedPrompts
-    from loadtests.workloads import SegmentContent, build_spec, generate
+    from loadtests.workloads import SegmentContent, generate
 
     known = [s for s in ok if s.get("replica") and s.get("cached_tokens") is not None]
     if cfg.scenario != "contracts" or not known:
@@ -375,6 +376,9 @@ def check_config(cfg: RunConfig) -> None:
         if not 0 < value < math.inf:  # NaN too
             raise ValueError(f"{key} must be a positive number, got {value!r}")
     LocalFleetSpec(replicas=cfg.replicas).validate()
+    # the workload the clients will build: a misspelt or impossible --set is named now, not
+    # by Locust's traceback once the first policy's fleet has started
+    build_spec(cfg.scenario, **{**cfg.workload, "seed": cfg.seed})
     others = [o for o in map(third_party.parse, cfg.policies) if o]
     if others:
         third_party.require_isolation()
