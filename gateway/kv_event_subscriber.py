@@ -19,19 +19,28 @@ connection; the gap it leaves is replayed). When the replica's config names a
 * when the replica restarted: its sequence numbers went back (the numbers its new process
   sent before the one received are replayed), or the index was ``reset`` (its prefix-cache
   counters went back at a scrape: everything from sequence 0 again, at once);
-* before a message whose sequence number jumps (messages dropped on the way).
+* before a message whose sequence number jumps (messages dropped on the way), from the
+  last batch applied: an endpoint that keeps another batch under that number is a new
+  process numbered past the old one (which died young, its successor's first batches sent
+  before this subscriber reconnected), replayed from 0 after the replica is cleared.
 
 A hybrid model's engine (vLLM with full-attention and sliding-window layers, say) stores
 and evicts each block once per KV cache group (``group_idx``), under the same hash. Only
 the groups of a full-attention kind (``FULL_ATTENTION_KINDS``, or no kind named) hold a
 prompt's whole prefix: beside one of those, the others' events are skipped, their removals
 included, once a store has named their kind (a sliding window's group evicts the early
-blocks of every prompt while the full-attention group still holds them).
+blocks of every prompt while the full-attention group still holds them). A removal from a
+group none of whose stores was seen since following (its kind unknown) is skipped: the
+index holds no copy stored by it, and a window's eviction took the full-attention blocks.
 
 A live message that a catch-up replay applied already (queued on the SUB socket meanwhile:
 the same number and the same bytes) is skipped; any other numbered at or below it is a
 restart. Without a replay endpoint, or when the replay fails, the index counts the gap and
-blocks cached in it stay unknown until stored again.
+blocks cached in it stay unknown until stored again; a jump forward is then taken as a gap
+of the same process (nothing in the stream tells a new process numbered past the old one:
+the next scrape whose counters went back clears the replica), and a restart the stream
+showed is not cleared again by that scrape (``KVIndex.restarted``): what the new process
+stored since would be lost for good.
 """
 
 from __future__ import annotations
@@ -80,6 +89,11 @@ class _EndlessReplay(Exception):
     """A replay endpoint sent more batches than a replay applies."""
 
 
+class _Replaced(Exception):
+    """A replay endpoint keeps another batch under the number of the last one applied:
+    the engine restarted."""
+
+
 class KVEventSubscriber:
     def __init__(self, fleet: Fleet, index: KVIndex, reconcile_s: float = 1.0) -> None:
         self.fleet = fleet
@@ -96,7 +110,8 @@ class KVEventSubscriber:
         # for good; past this the replay ends as failed
         self.replay_max_batches = 1 << 18
         self._ctx: zmq.asyncio.Context | None = None
-        self._readers: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> endpoint, task
+        # id -> (publish endpoint, replay endpoint), task
+        self._readers: dict[str, tuple[tuple[str, str | None], asyncio.Task[None]]] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self._membership_changed = asyncio.Event()
         # replica -> the last batches a catch-up replay applied (sequence number -> hash of
@@ -106,10 +121,14 @@ class KVEventSubscriber:
         # endpoint that fails is not asked at every gap, which held the live stream 2 s
         # each time
         self._replay_backoff: dict[str, tuple[float, float]] = {}
-        # replica -> its KV cache groups (``group_idx``) whose stores named their kind, and
-        # whether it holds whole prefixes: the events of those that do not (a sliding
-        # window's) are skipped beside one that does
-        self._groups: dict[str, dict[int, bool]] = {}
+        # replica -> its KV cache groups (``group_idx``) seen storing, and whether they
+        # hold whole prefixes (None: their stores name no kind, kept): the events of those
+        # that do not (a sliding window's) are skipped beside one that does; a removal
+        # from a group none of whose stores was seen is skipped (no copy of its is held)
+        self._groups: dict[str, dict[int, bool | None]] = {}
+        # replica -> the sequence number and payload hash of the last batch applied (a
+        # replay that keeps another under that number tells of a restart)
+        self._last_applied: dict[str, tuple[int, int]] = {}
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         if isinstance(event, ReplicaAdded | ReplicaRemoved):
@@ -165,11 +184,14 @@ class KVEventSubscriber:
 
     async def reconcile(self) -> None:
         """Match the readers to the fleet's replicas and their endpoints."""
-        wanted = {s.id: s.config.kv_events for s in self.fleet if s.config.kv_events}
-        replay = {s.id: s.config.kv_events_replay for s in self.fleet}
-        for rid, (endpoint, task) in list(self._readers.items()):
+        # replica -> (publish endpoint, replay endpoint): a reader follows both, and one
+        # re-added with another replay endpoint (same publish one) asks the new one
+        wanted = {s.id: (s.config.kv_events, s.config.kv_events_replay)
+                  for s in self.fleet if s.config.kv_events}
+        for rid, (endpoints, task) in list(self._readers.items()):
             failed = task.done() and not task.cancelled() and task.exception() is not None
-            if wanted.get(rid) == endpoint and not failed:
+            now = wanted.get(rid)
+            if now == endpoints and not failed:
                 continue
             if failed:
                 log.error("replica %s: KV event reader failed: %r", rid, task.exception())
@@ -178,22 +200,24 @@ class KVEventSubscriber:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             del self._readers[rid]
-            if wanted.get(rid) != endpoint:
+            if now is None or now[0] != endpoints[0]:
                 # gone, moved or no longer publishing: what it held is unknown now, and
                 # another endpoint's messages are numbered from its own start (a policy
                 # reads the replica's cache otherwise until they arrive)
                 self.index.remove_replica(rid)
                 self._groups.pop(rid, None)
+                self._last_applied.pop(rid, None)
+            if now != endpoints:
                 # a replica back under this id (a pod of a StatefulSet) is asked for its
                 # replay at once, not after an old endpoint's failures (its first live
                 # message would pass the catch-up for good); nor are ids kept without end
                 self._replay_backoff.pop(rid, None)
-        for rid, endpoint in wanted.items():
+        for rid, (endpoint, replay) in wanted.items():
             if rid not in self._readers:
                 assert endpoint is not None
-                task = asyncio.create_task(self._read(rid, endpoint, replay.get(rid)),
+                task = asyncio.create_task(self._read(rid, endpoint, replay),
                                            name=f"kvgate-kv-events-{rid}")
-                self._readers[rid] = (endpoint, task)
+                self._readers[rid] = ((endpoint, replay), task)
 
     async def _read(self, replica: str, endpoint: str, replay: str | None = None) -> None:
         assert self._ctx is not None
@@ -249,14 +273,26 @@ class KVEventSubscriber:
             # sent before this message (if any) is replayed below
             log.warning("replica %s: KV event sequence went back from %d to %d: it "
                         "restarted", replica, last, seq)
-            self.index.reset(replica)
+            self.index.restarted(replica, replayed=replay is not None)
             last = None
         start = 0 if last is None else last + 1
         if seq > start:
             self.gaps += 1
             if replay is not None and self._may_replay(replica):
-                await self._replay(replica, replay, start, seq)
+                try:
+                    # from the last batch applied: the same bytes, the same process
+                    await self._replay(replica, replay, start, seq,
+                                       known=self._last_applied.get(replica))
+                except _Replaced:
+                    # numbered past the old process by a new one (the old one died
+                    # young, the new one's first batches sent before this subscriber
+                    # reconnected): what it sent from 0 is replayed
+                    log.warning("replica %s: KV event replay keeps another batch %d than "
+                                "the one applied: it restarted", replica, start - 1)
+                    self.index.restarted(replica, replayed=True)
+                    await self._replay(replica, replay, 0, seq)
         await self._apply_sliced(replica, message)
+        self._last_applied[replica] = (seq, hash(frames[2]))
 
     async def _decode_off_loop(self, replica: str, frames: list[bytes]
                                ) -> tuple[int, KVEventBatch] | None:
@@ -320,15 +356,23 @@ class KVEventSubscriber:
         kept: list[KVEvent] = []
         for ev in batch.events:
             group = getattr(ev, "group_idx", None)
-            if isinstance(ev, BlockStored) and group is not None \
-                    and ev.kv_cache_spec_kind is not None \
-                    and (group in groups or len(groups) < _MAX_GROUPS):
-                whole = ev.kv_cache_spec_kind in FULL_ATTENTION_KINDS
-                if groups.get(group) is not whole and not whole:
-                    log.info("replica %s: KV cache group %d is of kind %.64s: its events are "
-                             "skipped beside a full-attention group's", replica, group,
-                             ev.kv_cache_spec_kind)
-                groups[group] = whole
+            room = group in groups or len(groups) < _MAX_GROUPS
+            if isinstance(ev, BlockStored) and group is not None and room:
+                if ev.kv_cache_spec_kind is None:
+                    groups.setdefault(group, None)  # seen storing, its kind not named
+                else:
+                    whole = ev.kv_cache_spec_kind in FULL_ATTENTION_KINDS
+                    if groups.get(group) is not whole and not whole:
+                        log.info("replica %s: KV cache group %d is of kind %.64s: its "
+                                 "events are skipped beside a full-attention group's",
+                                 replica, group, ev.kv_cache_spec_kind)
+                    groups[group] = whole
+            elif isinstance(ev, BlockRemoved) and group is not None and room \
+                    and group not in groups:
+                # no store of that group seen since following: the index holds no copy of
+                # its to remove (a sliding window's eviction, seen from mid-stream before
+                # its kind, took the full-attention group's blocks out)
+                continue
             # a model of windowed groups alone keeps them: they are all it has
             if group is None or groups.get(group) is not False or not any(groups.values()):
                 kept.append(ev)
@@ -361,12 +405,21 @@ class KVEventSubscriber:
                         replica, self.index.limit_of(replica))
 
     async def _replay(self, replica: str, endpoint: str, start: int, until: int | None,
-                      applied_hashes: dict[int, int] | None = None) -> int | None:
+                      applied_hashes: dict[int, int] | None = None,
+                      known: tuple[int, int] | None = None) -> int | None:
         """Apply the batches ``start <= seq < until`` (``until`` None: every one from
         ``start``) the replica's replay endpoint keeps; the last sequence number applied,
         or None. ``applied_hashes`` gets the hash of each payload applied (the latest
         ``_DUPLICATES_KEPT`` at least). A replay ends as failed after
-        ``replay_max_batches`` batches, as after ``replay_timeout_s`` with none."""
+        ``replay_max_batches`` batches, as after ``replay_timeout_s`` with none.
+        ``known``: the number ``start - 1`` and the payload hash of the batch applied
+        before ``start``, asked for too: ``_Replaced`` (nothing applied) when the endpoint
+        keeps another under that number (no longer keeping it tells nothing)."""
+        if known is not None and known[0] == start - 1:
+            check: tuple[int, int] | None = known
+            start -= 1
+        else:
+            check = None
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -387,6 +440,14 @@ class KVEventSubscriber:
                     if len(frames) < 3 or frames[-2] == REPLAY_END:
                         break
                     seq = int.from_bytes(frames[-2], "big")
+                    if check is not None and seq >= check[0]:
+                        if seq == check[0] and hash(frames[-1]) != check[1]:
+                            raise _Replaced(f"batch {seq}")
+                        check = None
+                        if seq == start:  # the batch applied already
+                            last = seq
+                            waiting.reschedule(loop.time() + self.replay_timeout_s)
+                            continue
                     if start <= seq and (until is None or seq < until) \
                             and (last is None or seq > last) \
                             and self.fleet.get(replica) is not None:
@@ -397,6 +458,7 @@ class KVEventSubscriber:
                             replica, [b"", frames[-2], frames[-1]])
                         if message is not None:  # a malformed batch is skipped, counted
                             await self._apply_sliced(replica, message)
+                            self._last_applied[replica] = (seq, hash(frames[-1]))
                             applied += 1
                         last = seq
                         if applied_hashes is not None:

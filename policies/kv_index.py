@@ -41,10 +41,26 @@ an image) is dropped too, with the rest of its event, and counted in ``keyed_els
 prompt's tokens alone would match it where the engine would not (a salted tenant's document
 found for an unsalted request), and its children, stored later, are orphans. ``apply`` takes one
 message's sequence number: a number not above the last one means the engine restarted
-(sequence numbers start at 0 per process), so the replica is cleared first; a jump forward
-means messages were lost and is counted in ``gaps``. ``reset`` forgets a replica's blocks
-and its sequence number (a restart seen elsewhere: its counters went back), so that its next
-message starts it afresh and whoever feeds the index replays what it missed.
+(sequence numbers start at 0 per process), so the replica is cleared first (``restarted``);
+a jump forward means messages were lost and is counted in ``gaps``. ``reset`` forgets a
+replica's blocks and its sequence number (a restart seen elsewhere: its counters went back
+at a scrape), so that its next message starts it afresh and whoever feeds the index replays
+what it missed.
+
+One restart is usually told twice: by the stream (its numbers went back) and by the next
+scrape. The first ``reset`` after a restart the stream showed is that restart's, and a
+no-op: what the index learned since is the new process's (cleared again, blocks that stay
+cached are never stored again, and the replica was under-reported for good), unless the
+stream can be replayed from its start (``restarted(replayed=True)``). Whichever signal
+comes first clears the replica once; the other finds it done::
+
+    stream restart, then reset     cleared by the stream; the reset matches it
+    reset, then the new stream     cleared by the reset; the stream starts afresh (no
+                                   number to go back from)
+
+A restart the stream showed that no scrape ever tells (counters that did not go back) is
+matched by the next ``reset`` instead: one a stream that missed that later restart (no
+message from its new process yet) leaves uncleared until its numbers go back.
 
 Not thread-safe: one owner (the gateway's event loop) feeds it and reads it.
 """
@@ -99,6 +115,11 @@ class _Replica:
     copies: Counter[int] = field(default_factory=Counter)
     keys: Counter[int] = field(default_factory=Counter)
     last_seq: int | None = None
+    # the stream showed a restart (its numbers went back) that no ``reset`` has matched
+    restart_unmatched: bool = False
+    # the last ``reset`` matched that restart, and no message came since: the same reset
+    # told again (by every model's policy, sharing this index) matches it too
+    reset_matched: bool = False
 
     def clear(self) -> None:
         self.by_hash.clear()
@@ -224,10 +245,11 @@ class KVIndex:
         r = self._replicas.setdefault(replica, _Replica())
         if r.last_seq is not None:
             if seq <= r.last_seq:  # numbered from a new start: the engine restarted
-                self.reset(replica)
+                self.restarted(replica)
             elif seq > r.last_seq + 1:
                 self.stats.gaps += seq - r.last_seq - 1
         r.last_seq = seq
+        r.reset_matched = False
         for ev in events:
             self.apply_event(replica, ev)
 
@@ -306,16 +328,41 @@ class KVIndex:
         r = self._replicas.get(replica)
         return None if r is None else r.last_seq
 
+    def restarted(self, replica: str, replayed: bool = False) -> None:
+        """``replica``'s stream showed a restart (its sequence numbers went back): forget
+        what it holds and its sequence number, and take the next ``reset`` (the same
+        restart, seen at a scrape) as told already. ``replayed``: whoever feeds the index
+        replays the replica from its start at every ``reset`` (a replay endpoint), which
+        rebuilds it whichever restart that reset tells: it then clears it as any other."""
+        r = self._replicas.get(replica)
+        if r is None:
+            return
+        self._clear(replica, r)
+        r.restart_unmatched = not replayed
+
     def reset(self, replica: str) -> None:
         """Forget what ``replica`` holds and its sequence number: it restarted (its next
-        message is numbered from its new start) or what it holds is to be replayed."""
+        message is numbered from its new start) or what it holds is to be replayed. A
+        no-op for the restart its stream showed already (``restarted``): see the module
+        docstring."""
         r = self._replicas.get(replica)
-        if r is None or (r.last_seq is None and not r.by_hash):
+        if r is None:
+            return
+        if r.restart_unmatched or r.reset_matched:
+            # cleared when the stream showed it: what came since is the new process's
+            r.restart_unmatched = False
+            r.reset_matched = True
+            return
+        if r.last_seq is None and not r.by_hash:
             # nothing heard from it yet, or nothing since it was last reset (every model's
             # policy resets the one index they share): its first message starts it
             return
+        self._clear(replica, r)
+
+    def _clear(self, replica: str, r: _Replica) -> None:
         r.clear()
         r.last_seq = None
+        r.restart_unmatched = r.reset_matched = False
         self.stats.restarts += 1
         self.resets[replica] += 1
 
