@@ -375,6 +375,9 @@ def check_config(cfg: RunConfig) -> None:
         value = getattr(cfg, key)
         if not 0 < value < math.inf:  # NaN too
             raise ValueError(f"{key} must be a positive number, got {value!r}")
+    if cfg.peers and cfg.gateways < 2:  # one copy has no peer: nothing would be told
+        raise ValueError(f"--peers needs --gateways 2 or more (gateway copies to tell each "
+                         f"other what they route), got --gateways {cfg.gateways}")
     LocalFleetSpec(replicas=cfg.replicas).validate()
     # the workload the clients will build: a misspelt or impossible --set is named now, not
     # by Locust's traceback once the first policy's fleet has started
