@@ -21,8 +21,8 @@ little-endian:
     FIRST_BYTE  u64 seq        the replica's first byte for SENT ``seq`` came back
     DONE        u64 seq        the request ended (in flight no more)
     ROUTED      u32 prompt tokens, f64 tokens per chunk, i32 anchor chunks (-1: none),
-                u32 m, JSON meta (m bytes: replica, model, tenant, cache salt, affinity
-                key), then the prompt's chunk hashes as u32 each
+                u32 m, JSON meta (m bytes, at most ``MAX_META``: replica, model, tenant,
+                cache salt, affinity key), then the prompt's chunk hashes as u32 each
     HEARTBEAT   (empty)        the sender is alive (sent when it has been quiet)
 
 ROUTED carries what a policy learns from a request (``policies.base.Routed``) but never
@@ -54,6 +54,9 @@ SENDER_HELLO_BYTES = NONCE_BYTES + ID_BYTES
 LISTENER_HELLO_BYTES = NONCE_BYTES + ID_BYTES + MAC_BYTES
 STATUS_OK, STATUS_BAD_SECRET = 0, 1
 MAX_FRAME = 1 << 20
+# a ROUTED frame's JSON meta, in bytes: what a sender sends at most (a longer route is
+# dropped there) and a receiver reads at most (a longer one drops the connection)
+MAX_META = 3072
 
 SENT, FIRST_BYTE, DONE, ROUTED, HEARTBEAT = 1, 2, 3, 4, 5
 _HEAD = struct.Struct("<IB")  # length of what follows the length, kind
@@ -134,8 +137,8 @@ def told_to_peers(request: RouteRequest) -> bool:
 def routed_frame(request: RouteRequest, replica: str) -> bytes:
     meta = orjson.dumps({"replica": replica, "model": request.model, "tenant": request.tenant,
                          "salt": request.cache_salt, "affinity": request.affinity_key})
-    if len(meta) > 3072:
-        raise WireError(f"routing meta of {len(meta)} bytes exceeds 3072")
+    if len(meta) > MAX_META:
+        raise WireError(f"routing meta of {len(meta)} bytes exceeds {MAX_META}")
     chunks = token_bytes(request.chunks[:MAX_CHUNKS])
     anchor = -1 if request.anchor_chunks is None else request.anchor_chunks
     head = _ROUTED.pack(min(request.prompt_tokens, 0xFFFFFFFF), request.chunk_tokens,
@@ -211,6 +214,8 @@ def _parse_routed(body: bytes, arrival_s: float) -> RoutedElsewhere:
     if m > len(body) - at:
         raise WireError(f"a routed frame's meta of {m} bytes overruns its {len(body)}-byte "
                         "body")
+    if m > MAX_META:  # no sender sends one (``routed_frame``): not parsed, up to 1 MiB
+        raise WireError(f"a routed frame's meta of {m} bytes exceeds {MAX_META}")
     meta: Any = orjson.loads(body[at:at + m])
     rest = body[at + m:]
     # a request of no piece hashes (a policy that keys on none: round_robin, least_load,
