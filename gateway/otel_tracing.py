@@ -306,9 +306,11 @@ class _OtelTrace(RequestTrace):
         if self._ended:
             return
         self._ended = True
+        # the answer's own status: a 200 stream that a replica's error event ended is a
+        # failure, with its event's code (as the access log and the metrics count it)
+        status = int(stream.outcome)
         attributes: dict[str, str | int] = {
-            "kvgate.replica": stream.replica,
-            "http.response.status_code": int(stream.outcome)}
+            "kvgate.replica": stream.replica, "http.response.status_code": status}
         usage = stream.usage()
         if usage is not None:
             attributes["gen_ai.usage.input_tokens"] = usage[0]
@@ -319,7 +321,7 @@ class _OtelTrace(RequestTrace):
             span.set_attributes(attributes)
             if stream.cut is not None:
                 span.set_status(Status(StatusCode.ERROR, f"answer cut ({stream.cut})"))
-            elif stream.status >= 500:
+            elif status >= 500 or stream.status >= 500:
                 span.set_status(Status(StatusCode.ERROR))
             span.end()
 
