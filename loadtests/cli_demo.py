@@ -12,17 +12,21 @@ About 4 minutes with the defaults.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from kvwire.arg_types import positive_float, positive_int
-from loadtests.local_fleet import FleetCancelled, cancel_scope
+from loadtests.local_fleet import FleetCancelled, cancel_on_signals
 from loadtests.report import table
-from loadtests.run import SCALED_CONTRACTS, ProgressLine, RunConfig, duration_seconds
+from loadtests.run import (
+    SCALED_CONTRACTS,
+    ProgressLine,
+    RunConfig,
+    StoppableProgress,
+    Stopped,
+    duration_seconds,
+)
 from loadtests.run import run as run_load
 
 DEMO_POLICIES = ("round_robin", "prefix_affinity", "cost")
@@ -66,25 +70,6 @@ def demo_config(args: argparse.Namespace) -> RunConfig:
                      kv_events=True)
 
 
-class _Stopped(Exception):
-    """A signal came while the load ran; raised between the run's steps, so that the run
-    stops its Locust clients and its fleet on the way out."""
-
-
-class _StoppableProgress:
-    """The progress line, which also stops the load run at its next report once
-    ``cancelled`` is set (the run reports twice a second while Locust runs)."""
-
-    def __init__(self, cancelled: threading.Event) -> None:
-        self._cancelled = cancelled
-        self._line = ProgressLine()
-
-    def __call__(self, policy: str, elapsed: float, duration: float) -> None:
-        if self._cancelled.is_set():
-            raise _Stopped
-        self._line(policy, elapsed, duration)
-
-
 def run(args: argparse.Namespace) -> int:
     cfg = demo_config(args)
     try:  # the results go there minutes from now: a folder that cannot be made is named now
@@ -96,36 +81,23 @@ def run(args: argparse.Namespace) -> int:
     print(f"kvgate demo: {cfg.replicas} simulated Llama-3-8B replicas, a library of {docs} "
           f"contracts ({hot} hot ones get 80% of the questions), {cfg.rate:g} questions/s, "
           f"{cfg.duration_s:g} s per policy.", file=sys.stderr)
-    with cancel_scope() as cancelled:
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            # only this: an exception raised from a signal handler could land inside
-            # subprocess.Popen and lose the process it had just started. A fleet starting
-            # stops at its next step, the load at its next progress report.
-            cancelled.set()
-
-        # Explicit handlers: a shell may start background jobs with SIGINT ignored. SIGTERM
-        # and SIGHUP (its terminal closed) stop the demo as Ctrl-C does: the engines run in
-        # sessions of their own, which a hang-up would not reach
-        previous = {sig: signal.signal(sig, on_signal)
-                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # a signal (Ctrl-C, SIGTERM, the terminal closing) only cancels: a fleet starting stops
+    # at its next step, the load at its next progress report
+    with cancel_on_signals() as cancelled:
         try:
             out = run_load(cfg, args.out, args.out / "results.json",
-                           _StoppableProgress(cancelled))
+                           StoppableProgress(cancelled, ProgressLine()))
         except ValueError as exc:  # a fleet that cannot be built (no replicas, ...)
             print(f"kvgate demo: {exc}", file=sys.stderr)
             return 2
-        except (FleetCancelled, _Stopped):
+        except (FleetCancelled, Stopped):
             pass  # what the run started has stopped on the way out
         except RuntimeError:  # Locust, stopped by the same Ctrl-C, wrote no samples
             if not cancelled.is_set():
                 raise
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        if cancelled.is_set():
-            print("\nkvgate demo: stopped", file=sys.stderr)
-            return 130
+    if cancelled.is_set():
+        print("\nkvgate demo: stopped", file=sys.stderr)
+        return 130
     print(file=sys.stderr)
     policies = out["policies"]
     print(table(policies))

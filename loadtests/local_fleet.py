@@ -34,6 +34,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import yaml
@@ -73,6 +74,30 @@ def cancel_scope() -> Iterator[threading.Event]:
         yield cancelled
     finally:
         _SCOPE_CANCEL.reset(token)
+
+
+@contextlib.contextmanager
+def cancel_on_signals() -> Iterator[threading.Event]:
+    """``cancel_scope()``, whose cancel SIGINT, SIGTERM and SIGHUP set inside the block (the
+    handlers before it are back after it). The fleets' processes run in sessions of their
+    own, which none of these reach, and Python's default for SIGTERM and SIGHUP ends the
+    process without unwinding: they were left running. SIGHUP is left alone where ignored
+    (``nohup``). The handler only sets the event: an exception raised from it could land
+    inside ``subprocess.Popen`` and lose the process just started."""
+    with cancel_scope() as cancelled:
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            cancelled.set()
+
+        signals = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            signals.append(signal.SIGHUP)
+        previous = {sig: signal.signal(sig, on_signal) for sig in signals}
+        try:
+            yield cancelled
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 @dataclass(frozen=True, slots=True)

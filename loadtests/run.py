@@ -45,6 +45,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -61,7 +62,13 @@ from kvwire.arg_types import positive_float, positive_int
 from loadtests import engine_counters, third_party
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
-from loadtests.local_fleet import ENGINE_BLOCK_SIZE, LocalFleet, LocalFleetSpec
+from loadtests.local_fleet import (
+    ENGINE_BLOCK_SIZE,
+    FleetCancelled,
+    LocalFleet,
+    LocalFleetSpec,
+    cancel_on_signals,
+)
 from loadtests.replica_prompts import replica_tokens_per_word
 from loadtests.workloads import build_spec
 
@@ -490,6 +497,26 @@ class ProgressLine:
               file=sys.stderr, flush=True)
 
 
+class Stopped(Exception):
+    """A signal came while the load ran (``StoppableProgress``); raised between the run's
+    steps, so that the run stops its Locust clients and its fleet on the way out."""
+
+
+class StoppableProgress:
+    """``progress``, which also stops the load run at its next report once ``cancelled`` is
+    set (the run reports twice a second while Locust runs)."""
+
+    def __init__(self, cancelled: threading.Event, progress: Progress | None = None) -> None:
+        self._cancelled = cancelled
+        self._progress = progress
+
+    def __call__(self, policy: str, elapsed: float, duration: float) -> None:
+        if self._cancelled.is_set():
+            raise Stopped
+        if self._progress is not None:
+            self._progress(policy, elapsed, duration)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.run",
                                      description=__doc__.splitlines()[0])
@@ -501,11 +528,22 @@ def main(argv: list[str] | None = None) -> int:
     except (third_party.ThirdPartyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        out = run(cfg, args.report_dir, args.json_path, ProgressLine())
-    except third_party.ThirdPartyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # a signal (Ctrl-C, SIGTERM, the terminal closing) stops the run and its fleet
+    with cancel_on_signals() as cancelled:
+        try:
+            out = run(cfg, args.report_dir, args.json_path,
+                      StoppableProgress(cancelled, ProgressLine()))
+        except third_party.ThirdPartyError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except (FleetCancelled, Stopped):
+            pass  # what the run started has stopped on the way out
+        except RuntimeError:  # Locust, stopped by the same Ctrl-C, wrote no samples
+            if not cancelled.is_set():
+                raise
+    if cancelled.is_set():
+        print("\nstopped", file=sys.stderr)
+        return 130
     print(file=sys.stderr)
     from loadtests.report import table
 
