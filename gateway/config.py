@@ -5,9 +5,14 @@ Example (every key but ``replicas`` has a default)::
     host: 127.0.0.1
     port: 8000
     tokenizer: null              # directory or tokenizer.json; null = project tokenizer
+    tokenizer_concurrency: 4     # prompts encoded at once, off the event loop
+    tokenizer_memo: 2048         # prefix encodings remembered; 0 = off
     admin: {token_env: KVGATE_ADMIN_TOKEN, host: 127.0.0.1, port: 8001,
             allow_hosts: [], allow_networks: [10.0.0.0/8]}   # off without a token
+            # a secret X (token, secret, key) is given as X, X_file or X_env
     max_body_bytes: 16777216     # an inline image or two
+    max_attempts: 3              # replicas a request is tried on before its first byte
+    access_log: false            # one JSON line per request (kvgate.access)
     cors: {allow_origins: [], allow_credentials: false}   # browsers: off unless named
     affinity: {header: x-kvgate-affinity-key, body_field: null}
     tenancy: {isolate: false, header: x-kvgate-tenant, secret_env: KVGATE_TENANT_SECRET,
@@ -28,19 +33,23 @@ Example (every key but ``replicas`` has a default)::
     timeouts: {connect_s: 2, first_byte_s: 600, stream_first_byte_s: null, stall_s: 30,
                idle_s: 60, buffer_bytes: 1048576}
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
-             request_failures_to_eject: 3, ejection_s: 10}
-    scrape: {interval_s: 1, timeout_s: 1, hit_rate_window_s: 60, stale_after_failures: 3,
+             request_failures_to_eject: 3, ejection_s: 10, models_refresh_s: 30}
+    scrape: {enabled: true, interval_s: 1, timeout_s: 1, hit_rate_window_s: 60,
+             stale_after_failures: 3,
              max_bytes: 8388608,
-             kv_capacity_estimate: {enabled: true, min_samples: 3, window: 64}}
+             kv_capacity_estimate: {enabled: true, min_samples: 3, window: 64,
+                                    decay: 0.97, usage_floor: 0.02, outlier: 0.35}}
     discovery: [{type: dns, name: vllm-headless.llm.svc.cluster.local, port: 8000},
                 {type: kubernetes, namespace: llm, service: vllm, port_name: http}]
                 # replicas found at run time, next to ``replicas`` (gateway.discovery.config)
     tracing: {enabled: false, service_name: kvgate, exporter: otlp, endpoint: null,
               sample_ratio: 1.0}   # OpenTelemetry spans; needs the otel extra
-    capture: {path: null, sample_rate: 1.0, max_mb: 256}   # JSONL for kvgate audit
+    capture: {path: null, sample_rate: 1.0, max_mb: 256,   # JSONL for kvgate audit
+              queue: 1024, queue_mb: 64}
     prefix_report: {enabled: false, recent_requests: 512, max_mb: 32}
     peers: {listen: "0.0.0.0:8002", addresses: ["kvgate-peers.llm.svc:8002"],
-            secret_env: KVGATE_PEER_SECRET}   # gateway copies share what they route
+            secret_env: KVGATE_PEER_SECRET,   # gateway copies share what they route
+            resolve_s: 10, queue_frames: 4096, queue_bytes: 16777216, pending_s: 600}
 """
 
 from __future__ import annotations
