@@ -78,8 +78,10 @@ async def passthrough(request: Request) -> Response:
         gw.refused(request, ROUTE, str(exc.status), arrived, keyed)
         trace.failed(exc)
         raise
+    tenant = keyed  # the header's tenant once read: a refusal's line names it too
     with released_on_error(slot, lambda status: gw.refused(request, ROUTE, status, arrived,
-                                                           keyed)), trace.guard():
+                                                           tenant)), trace.guard():
+        tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
         # a large body is parsed (and salted) on a thread: 16 MiB of JSON held the loop 3 s
         large = len(raw) > PARSE_ON_THREAD_BYTES
         body = await asyncio.to_thread(json_object, raw) if large else json_object(raw)
@@ -89,7 +91,6 @@ async def passthrough(request: Request) -> Response:
         if not isinstance(model, str) or not model:
             raise BadRequest("model is required (a non-empty string; this fleet serves "
                              "several models, or none is known yet)", param="model")
-        tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
         await check_model(gw, model, tenant)
         if path not in _NO_CACHE:  # the model runs over the client's text: a tenant's
             isolated = await asyncio.to_thread(gw.tenancy.isolate, tenant, body) if large \
@@ -105,7 +106,7 @@ async def passthrough(request: Request) -> Response:
             slot.release()
             trace.answered(stream)
             gw.ended(ROUTE, stream.outcome, stream.replica, request_id=request_id,
-                     model=model, duration_s=stream.duration_s)
+                     tenant=tenant, model=model, duration_s=stream.duration_s)
             if ok:
                 gw.metrics.answers.relayed(model, ROUTE, stream, arrived)
 

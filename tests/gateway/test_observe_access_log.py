@@ -14,6 +14,10 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from gateway.access_log import AccessLog
 from gateway.app import create_app
@@ -165,3 +169,36 @@ def test_a_refused_requests_line_has_its_answers_id_and_its_duration(serve: Serv
     assert bad.status_code == 400 and named.status_code == 400
     assert [line["id"] for line in lines] == [bad.headers["x-request-id"], "client-7"]
     assert all(line["status"] == "400" and line["duration_s"] is not None for line in lines)
+
+
+def _embedding_replica() -> Starlette:
+    async def embeddings(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"object": "embedding", "index": 0, "embedding": [0.5]}], "model": "sim-model"})
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "sim-model"}]})
+
+    return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"]),
+                             Route("/v1/models", models),
+                             Route("/health", lambda request: Response())])
+
+
+def test_a_pass_through_requests_line_names_its_tenant(serve: Serve) -> None:
+    """The tenant a trusted proxy names is on the line of a pass-through request, answered
+    or refused after its body was read, as on a routed one's."""
+    replica = serve(_embedding_replica())
+    with access_lines() as lines:
+        config = parse_config({"replicas": [{"id": "r0", "url": replica.url}],
+                               "scrape": {"enabled": False}, "access_log": True,
+                               "trusted_proxies": ["127.0.0.1/32"]})
+        url = serve(create_app(config)).url
+        tenant = {"x-kvgate-tenant": "acme"}
+        ok = httpx.post(f"{url}/v1/embeddings", timeout=10, headers=tenant,
+                        json={"model": "sim-model", "input": "x"})
+        bad = httpx.post(f"{url}/v1/embeddings", timeout=10, headers=tenant,
+                         json={"model": 5, "input": "x"})
+        wait_until(lambda: len(lines) == 2, 5, "the access lines")
+    assert ok.status_code == 200 and bad.status_code == 400
+    assert [(line["status"], line.get("tenant")) for line in lines] == [
+        ("200", "acme"), ("400", "acme")]
