@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from kvwire.arg_types import positive_int
 from loadtests.json_out import print_json
 
 TENANT_HEADER = "x-kvgate-tenant"
@@ -57,14 +58,20 @@ def ttft(http: httpx.Client, model: str, prompt: str, tenant: str) -> float:
 
 def probe(gateway: str, model: str, attacker: str, victim: str, probes: int, words: int,
           seed: int = 0) -> float:
-    """The AUC over ``probes`` documents (half of them sent by ``victim`` first)."""
+    """The AUC over ``probes`` documents (at least 2), half of them (rounded down) sent by
+    ``victim`` first, in a random order: a coin per document left one side empty now and
+    then, and the AUC with it."""
+    if probes < 2:
+        raise ValueError(f"probes must be at least 2 (some sent by the victim first, some "
+                         f"not), got {probes!r}")
     rng = random.Random(seed)
+    sent_first = [i < probes // 2 for i in range(probes)]
+    rng.shuffle(sent_first)
     sent: list[float] = []
     not_sent: list[float] = []
     with httpx.Client(base_url=gateway, timeout=60) as http:
-        for _ in range(probes):
+        for by_victim in sent_first:
             doc = document(rng, words)
-            by_victim = rng.random() < 0.5
             if by_victim:
                 ttft(http, model, doc, victim)
             (sent if by_victim else not_sent).append(ttft(http, model, doc, attacker))
@@ -77,13 +84,23 @@ def gateway_config() -> dict[str, Any]:
             "trusted_proxies": ["127.0.0.0/8"]}
 
 
+def _probes(text: str) -> int:
+    """argparse type of ``--probes``: at least 2, so that both sides of the AUC have one."""
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (some documents sent by the "
+                                         f"victim first, some not), got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from loadtests.local_fleet import LocalFleet, LocalFleetSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--probes", type=int, default=400)
-    ap.add_argument("--words", type=int, default=300)
-    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--probes", type=_probes, default=400,
+                    help="documents probed (at least 2: half sent by the victim first)")
+    ap.add_argument("--words", type=positive_int, default=300)
+    ap.add_argument("--replicas", type=positive_int, default=2)
     ap.add_argument("--policy", default="prefix_affinity")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
