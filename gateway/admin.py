@@ -297,13 +297,14 @@ def routes() -> list[Route]:
     ]
 
 
-def create_admin_app(gw: GatewayState) -> Starlette:
-    """The admin API over ``gw`` (the main app's state, whose lifespan runs the rest)."""
+def create_admin_app(gw: GatewayState, token: str | None = None) -> Starlette:
+    """The admin API over ``gw`` (the main app's state, whose lifespan runs the rest),
+    with ``token`` (default: the configured one, read now)."""
     boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
                              request_id_header)
     app = Starlette(routes=routes(), exception_handlers=boundary.handlers())
     app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.gw = gw
-    app.state.admin_token = gw.config.admin.resolved_token()
+    app.state.admin_token = token if token is not None else gw.config.admin.resolved_token()
     app.state.report_lock = asyncio.Lock()
     return app

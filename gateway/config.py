@@ -268,16 +268,19 @@ class AdminConfig:
     def validate(self) -> None:
         _positive(self, "port")
         _networks("allow_networks", self.allow_networks)
-        token = self.resolved_token()
+        self.resolved_token()
+
+    def resolved_token(self) -> str | None:
+        """The token from wherever it is configured (None: the admin API is off), checked
+        at every read: a file or variable read again at start-up may have changed since
+        the config was validated. ValueError for one too short or no header can carry."""
+        token = resolve_secret(self.token, self.token_file, self.token_env, "token")
         if token is not None and len(token) < 16:
             raise ValueError(f"the admin token must be at least 16 characters, got "
                              f"{len(token)}")
         if token is not None:
             check_bearer(token, "the admin token")
-
-    def resolved_token(self) -> str | None:
-        """The token from wherever it is configured (None: the admin API is off)."""
-        return resolve_secret(self.token, self.token_file, self.token_env, "token")
+        return token
 
     def allows(self, url: str) -> bool:
         """Whether a replica at ``url`` may be added through the admin API."""

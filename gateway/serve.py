@@ -77,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
             return _supervise(config, args)
         gw = build_state(config, tokenizer)
         app = create_app(config, gw)
+        # read once more, and checked: its file or variable may have changed since
+        token = config.admin.resolved_token()
+        admin_app = None if token is None else create_admin_app(gw, token)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"kvgate serve: {exc}", file=sys.stderr)
         return 2
@@ -84,9 +87,7 @@ def run(args: argparse.Namespace) -> int:
           f"(policy {gw.policy.name}, {len(config.replicas)} replicas"
           + "".join(f", discovery {s.label}" for s in config.discovery) + ")",
           file=sys.stderr)
-    admin_app = None
-    if config.admin.resolved_token():
-        admin_app = create_admin_app(gw)
+    if admin_app is not None:
         print(f"kvgate serve: admin API on {_url(config.admin.host, config.admin.port)}",
               file=sys.stderr)
     def drain() -> None:

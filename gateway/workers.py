@@ -197,9 +197,8 @@ def worker_main(plan: WorkerPlan) -> None:
         if gw.peers is not None:
             gw.peers.forward = gw.worker_routes.routed
     app = create_app(config, gw)
-    admin_app = None
-    if plan.index == 0 and config.admin.resolved_token():
-        admin_app = create_admin_app(gw)
+    token = config.admin.resolved_token() if plan.index == 0 else None
+    admin_app = None if token is None else create_admin_app(gw, token)
 
     def drain() -> None:
         gw.draining = True

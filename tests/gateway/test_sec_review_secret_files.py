@@ -41,3 +41,16 @@ def test_a_text_secret_file_is_read_without_its_newline(tmp_path: Path) -> None:
     path.write_bytes("sécret-0123456789-0123456789-0123\n".encode())
     config = _config(tenancy={"isolate": True, "secret_file": str(path)})
     assert config.tenancy.key() == "sécret-0123456789-0123456789-0123".encode()
+
+
+def test_an_admin_token_file_changed_after_load_is_checked_when_read_again(
+        tmp_path: Path) -> None:
+    """The gateway reads the token again when it starts the admin API: a file rewritten
+    since the config was loaded must not hand it a token the load would have refused."""
+    path = tmp_path / "token"
+    path.write_text("t" * 32 + "\n")
+    config = _config(admin={"token_file": str(path)})
+    assert config.admin.resolved_token() == "t" * 32
+    path.write_text("short\n")
+    with pytest.raises(ValueError, match="at least 16 characters, got 5"):
+        config.admin.resolved_token()
