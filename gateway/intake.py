@@ -15,7 +15,7 @@ from gateway.errors import MODEL_SHOWN_CHARS, BodyTimeout
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
-from kvwire.openai_schema import ClientDisconnected, NotFound
+from kvwire.openai_schema import ClientDisconnected, NotFound, UnsupportedMediaType
 from kvwire.request_edge import read_body, unless_disconnected
 
 
@@ -34,6 +34,21 @@ async def read_timed_body(request: Request, gw: GatewayState) -> bytes:
     except TimeoutError:
         raise BodyTimeout(f"request body not received within {limit_s} s",
                           code="body_timeout") from None
+
+
+_IDENTITY = frozenset(("", "identity"))
+
+
+def check_encoding(request: Request) -> None:
+    """UnsupportedMediaType (RFC 9110's 415, saying what is accepted) for a body sent
+    compressed (``Content-Encoding: gzip``): the gateway reads the JSON it routes by,
+    and vLLM and SGLang read no compressed body either."""
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in _IDENTITY:
+        raise UnsupportedMediaType(
+            f"Content-Encoding {shown(encoding, 40)} is not supported: send the request "
+            f"body uncompressed", code="unsupported_content_encoding",
+            headers={"accept-encoding": "identity"})
 
 
 async def take_place(request: Request, gw: GatewayState) -> Slot:
@@ -101,6 +116,7 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
     """``endpoint`` None: chat when the body has ``messages``, else completions. With client
     API keys on, or ``named`` (the admin API names the tenant it explains for), ``keyed``
     is the tenant (the request's tenant header is not read here)."""
+    check_encoding(request)
     raw = await read_timed_body(request, gw)
     aff = gw.config.affinity
     header_value = request.headers.get(aff.header) if aff.header else None

@@ -85,6 +85,12 @@ class PayloadTooLarge(OpenAIError):
     kind = "too_large"
 
 
+class UnsupportedMediaType(OpenAIError):
+    status = 415
+    type = "invalid_request_error"
+    kind = "bad_request"
+
+
 class ClientDisconnected(OpenAIError):
     """The client left before the answer began (nginx's 499); nobody reads the body."""
 

@@ -1,0 +1,38 @@
+"""A request body sent compressed (``Content-Encoding: gzip``) is refused with a 415 that
+names the encoding and says what is accepted, before it reaches a replica (which reads
+no compressed body either); it was a 400 that called the body invalid UTF-8."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.gateway_harness import start_gateway
+
+BODY = json.dumps({"model": "sim-model",
+                   "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/invocations"])
+def test_a_compressed_body_is_refused_naming_its_encoding(serve: Any, path: str) -> None:
+    b = Behaviour("a")
+    gw = start_gateway(serve, [("a", serve(fake_replica(b)).url)])
+    r = httpx.post(gw.url + path, content=gzip.compress(BODY), timeout=10,
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 415, r.text
+    assert r.headers["accept-encoding"] == "identity"
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == "unsupported_content_encoding"
+    assert "'gzip'" in error["message"] and "uncompressed" in error["message"]
+    assert b.received == []
+    # the same body uncompressed, or marked as such, is served
+    for headers in ({}, {"content-encoding": "identity"}):
+        r = httpx.post(gw.url + path, content=BODY, headers=headers, timeout=10)
+        assert r.status_code == 200, r.text
+    assert b.received == [BODY, BODY]
