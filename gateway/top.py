@@ -28,7 +28,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gateway.top_window import TopWindow
+from gateway.top_window import TopWindow, number, replica_id
 from kvwire.arg_types import float_between
 
 TOKEN_ENV = "KVGATE_ADMIN_TOKEN"
@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def fetch(admin: str, token: str, timeout_s: float = 2.0) -> dict[str, Any]:
-    """One ``/admin/top`` snapshot; ``AdminError`` with the gateway's message if refused."""
+    """One ``/admin/top`` snapshot; ``AdminError`` with the gateway's message if refused,
+    or naming what it lacks when it is no snapshot (a replica without an ``id``)."""
     req = urllib.request.Request(f"{admin.rstrip('/')}/admin/top",
                                  headers={"Authorization": f"Bearer {token}"})
     try:
@@ -99,6 +100,11 @@ def fetch(admin: str, token: str, timeout_s: float = 2.0) -> dict[str, Any]:
         raise AdminError(f"cannot read {admin}/admin/top: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
         raise AdminError(f"{admin}/admin/top did not answer a fleet snapshot")
+    for i, rep in enumerate(data["replicas"]):
+        try:
+            replica_id(i, rep)
+        except ValueError as exc:
+            raise AdminError(f"{admin}/admin/top: {exc}") from None
     return data
 
 
@@ -119,9 +125,15 @@ def _rate(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+MISSING = "?"  # a cell whose field the snapshot lacks, or gives as no number
+
+
 def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
           error: str | None = None) -> Group:
-    """The screen for the latest ``snapshot``, rates from ``window``."""
+    """The screen for the latest ``snapshot``, rates from ``window``. A field a replica's
+    entry lacks (a gateway of another version) is shown as ``?`` and named under the
+    table; an entry without an id is a ``ValueError`` naming it (``fetch`` refuses such a
+    snapshot first)."""
     title = Text.assemble(
         ("kvgate top", "bold"), f"  {admin}  policy "
         f"{_printable(snapshot.get('policy', '?'))}  window {window.window_s:g} s (replica "
@@ -133,25 +145,49 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     total_rps = 0.0
     gauge_only = False
-    for rep in snapshot["replicas"]:
-        rates = window.rates(str(rep["id"]))
+    missing: set[str] = set()
+
+    def cell(rep: dict[str, Any], key: str, fmt: str) -> str:
+        value = number(rep.get(key))
+        if value is None:
+            missing.add(key)
+            return MISSING
+        return format(value, fmt)
+
+    for i, rep in enumerate(snapshot["replicas"]):
+        rid = replica_id(i, rep)
+        rates = window.rates(rid)
         hit = _rate(rates.token_hit_rate, ".3f")
-        if rep.get("query_tokens") is None and rep.get("token_hit_rate") is not None:
-            hit, gauge_only = f"{rep['token_hit_rate']:.3f}*", True  # SGLang: a gauge
+        gauge = number(rep.get("token_hit_rate"))
+        if rep.get("query_tokens") is None and gauge is not None:
+            hit, gauge_only = f"{gauge:.3f}*", True  # SGLang: a gauge
+        rps = _rate(rates.requests_per_s, ".2f")
+        if number(rep.get("requests")) is None:
+            rps = MISSING
+            missing.add("requests")
         total_rps += rates.requests_per_s or 0.0
-        health = Text("healthy", "green") if rep["healthy"] else \
-            Text(f"DOWN {_printable(rep.get('last_error') or '')}".strip(), "red")
+        healthy = rep.get("healthy")
+        if healthy is True:
+            health = Text("healthy", "green")
+        elif healthy is False:
+            health = Text(f"DOWN {_printable(rep.get('last_error') or '')}".strip(), "red")
+        else:
+            health = Text(MISSING)
+            missing.add("healthy")
         reasons = ", ".join(f"{_printable(k)} {v}" for k, v in sorted(
             rates.reasons.items(), key=lambda kv: -kv[1])) or "-"
         # Text, not str: a str cell is read as rich markup ('[/]' in an id raised)
-        table.add_row(Text(_printable(rep["id"])), health, f"{rep['queued_tokens']:,}",
-                      str(rep["in_flight"]), f"{rep['kv_usage']:.0%}",
-                      hit, _rate(rates.requests_per_s, ".2f"), Text(reasons))
+        table.add_row(Text(_printable(rid)), health, cell(rep, "queued_tokens", ","),
+                      cell(rep, "in_flight", ","), cell(rep, "kv_usage", ".0%"),
+                      hit, rps, Text(reasons))
     footer = Text(f"fleet: {len(snapshot['replicas'])} replicas, {total_rps:.2f} req/s")
     parts: list[Any] = [title, table, footer]
     if gauge_only:
         parts.append(Text("* the replica exports a hit-rate gauge, not counters: its own "
                           "window"))
+    if missing:
+        parts.append(Text(f"{MISSING} not in the gateway's snapshot (or no number): "
+                          f"{', '.join(sorted(missing))}", "yellow"))
     if error:
         parts.append(Text(f"last read failed: {error}", "red"))
     return Group(*parts)

@@ -10,7 +10,9 @@ newest samples in the window::
 
 A counter that goes backwards (the replica restarted, or left and came back) restarts that
 replica's window. The hit rate starts from the window's oldest sample that has the
-counters: a replica's first samples may have none (not yet scraped).
+counters: a replica's first samples may have none (not yet scraped). A counter the
+snapshot lacks, or gives as no number (a gateway of another version), is no counter: the
+rate it feeds is None, never an error.
 
 Samples closer together than ``window_s / _MAX_SAMPLES`` are thinned (of three such, the
 middle one goes), so a replica holds at most about ``2 * _MAX_SAMPLES`` of them however
@@ -31,16 +33,16 @@ class Sample:
     at: float  # the client's monotonic clock, seconds
     hit_tokens: float | None
     query_tokens: float | None
-    requests: int
-    reasons: dict[str, int]
+    requests: float | None  # None: the snapshot has no count
+    reasons: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaRates:
     span_s: float  # seconds between the window's oldest and newest samples
     token_hit_rate: float | None  # None: no prompt tokens queried in the window
-    requests_per_s: float | None  # None: a single sample so far
-    reasons: dict[str, int]  # requests routed in the window, by reason
+    requests_per_s: float | None  # None: a single sample so far, or no request count
+    reasons: dict[str, float]  # requests routed in the window, by reason
 
 
 def _went_back(old: Sample, new: Sample) -> bool:
@@ -48,7 +50,31 @@ def _went_back(old: Sample, new: Sample) -> bool:
         return a is not None and b is not None and b < a
 
     return (back(old.hit_tokens, new.hit_tokens) or back(old.query_tokens, new.query_tokens)
-            or new.requests < old.requests)
+            or back(old.requests, new.requests))
+
+
+def number(value: object) -> float | None:
+    """A counter or gauge of the snapshot: None unless it is a number (JSON's true and
+    false are none)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def replica_id(index: int, rep: object) -> str:
+    """The id of the snapshot's ``index``-th replica; a ``ValueError`` naming the entry
+    and the field when it is no object with an ``id``."""
+    if not isinstance(rep, dict):
+        raise ValueError(f"replica {index} of the snapshot is no object: {type(rep).__name__}")
+    if rep.get("id") is None:
+        raise ValueError(f"replica {index} of the snapshot has no 'id'")
+    return str(rep["id"])
+
+
+def _reasons(value: object) -> dict[str, float]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): n for k, v in value.items() if (n := number(v)) is not None}
 
 
 class TopWindow:
@@ -62,13 +88,14 @@ class TopWindow:
 
     def add(self, at: float, snapshot: dict[str, Any]) -> None:
         """Record one ``/admin/top`` answer fetched at ``at``; replicas that left are
-        forgotten."""
-        seen = set()
-        for rep in snapshot.get("replicas", []):
-            rid = str(rep["id"])
-            seen.add(rid)
-            sample = Sample(at, rep.get("hit_tokens"), rep.get("query_tokens"),
-                            int(rep.get("requests", 0)), dict(rep.get("reasons") or {}))
+        forgotten. A ``ValueError`` (``replica_id``) for a replica without an id, before
+        anything is recorded."""
+        replicas = snapshot.get("replicas", [])
+        ids = [replica_id(i, rep) for i, rep in enumerate(replicas)]
+        seen = set(ids)
+        for rid, rep in zip(ids, replicas, strict=True):
+            sample = Sample(at, number(rep.get("hit_tokens")), number(rep.get("query_tokens")),
+                            number(rep.get("requests")), _reasons(rep.get("reasons")))
             series = self._series.setdefault(rid, deque())
             if series and _went_back(series[-1], sample):
                 series.clear()
@@ -100,5 +127,7 @@ class TopWindow:
                 hit_rate = (new.hit_tokens - first.hit_tokens) / queried
         reasons = {k: v - old.reasons.get(k, 0) for k, v in new.reasons.items()
                    if v - old.reasons.get(k, 0) > 0}
-        rps = (new.requests - old.requests) / span if span > 0 else None
+        rps = None
+        if span > 0 and new.requests is not None and old.requests is not None:
+            rps = (new.requests - old.requests) / span
         return ReplicaRates(span, hit_rate, rps, reasons)
