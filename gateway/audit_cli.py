@@ -31,19 +31,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_records(paths: Iterable[Path], keep: int) -> tuple[list[CaptureRecord], int]:
-    """The last ``keep`` records of the logs, and how many lines among them (after the
-    first one kept) could not be read: the report counts them as requests it skipped."""
-    kept: deque[tuple[int, CaptureRecord]] = deque(maxlen=keep)  # (line number, record)
-    bad: deque[int] = deque()  # line numbers not read, from the first kept record on
-    for n, line in enumerate(_lines(paths)):
+    """The last ``keep`` records of the logs, and how many lines among those read could not
+    be read (all of them when no record was left out, else those after the first record
+    kept): the report counts them as requests it skipped. Memory is bounded by ``keep``,
+    however many lines are not read: each record kept carries the count of unreadable
+    lines just before it."""
+    kept: deque[tuple[int, CaptureRecord]] = deque(maxlen=keep)  # (bad lines before, record)
+    bad_after = 0  # unreadable lines after the newest record (all of them, while none)
+    left_out = False  # a record was read and not kept: the logs were not read whole
+    for line in _lines(paths):
         try:
-            kept.append((n, CaptureRecord.from_json(line)))
+            record = CaptureRecord.from_json(line)
         except ValueError:  # orjson.JSONDecodeError is one too
-            bad.append(n)
-        if len(kept) == keep:
-            while bad and bad[0] < kept[0][0]:
-                bad.popleft()
-    return [record for _, record in kept], len(bad)
+            bad_after += 1
+            continue
+        left_out = left_out or len(kept) == keep
+        kept.append((bad_after, record))
+        bad_after = 0
+    bad = sum(before for before, _ in kept) + bad_after
+    if left_out and kept:  # those before the first record kept were not among those read
+        bad -= kept[0][0]
+    return [record for _, record in kept], bad
 
 
 def _lines(paths: Iterable[Path]) -> Iterator[bytes]:
