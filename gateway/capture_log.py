@@ -4,14 +4,16 @@ Records wait as their JSON lines in a queue bounded in count and in bytes (``off
 blocks: past either bound a record is dropped and counted; a record's parsed body, kept
 instead, held many times its bytes, and a writer stalled on a slow disk let ``queue`` of
 the largest bodies pile up); the writer task appends what is waiting in a worker thread,
-one batch at a time. Size: when the file would pass half of ``max_bytes``
-it is renamed to ``PATH.1`` (replacing the previous one) and a new file is begun, so the
-two together stay under ``max_bytes`` and the newest traffic is always kept; a file it
-makes is readable by its owner only (0600, whatever the umask). A record
-larger than half of ``max_bytes``, or nested deeper than orjson writes, is dropped; the
-records of a batch the writer fails on that it had not written are dropped (counted) and
-logged, and the writer goes on, opening the file again if it was left closed. A log moved
-or removed by someone else is begun again at ``PATH`` when it is next rotated.
+one batch at a time. A batch counts against both bounds until it is written: the lines
+held, queued or being written, are at most ``queue`` records and ``queue_bytes``.
+Size: when the file would pass half of ``max_bytes`` it is renamed to ``PATH.1``
+(replacing the previous one) and a new file is begun, so the two together stay under
+``max_bytes`` and the newest traffic is always kept; a file it makes is readable by its
+owner only (0600, whatever the umask). A record larger than half of ``max_bytes``, or
+nested deeper than orjson writes, is dropped; the records of a batch the writer fails on
+that it had not written are dropped (counted) and logged, and the writer goes on, opening
+the file again if it was left closed. A log moved or removed by someone else is begun
+again at ``PATH`` when it is next rotated.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class CaptureLog:
         self.max_file_bytes = max_bytes // 2
         self.queue_size = queue
         self.queue_bytes = queue_bytes  # bytes of lines that may wait for the writer
-        self.queued_bytes = 0  # ... waiting now
+        self.queued_bytes = 0  # ... held now: queued, or in the batch being written
+        self._queued = 0  # records held now, as queued_bytes
         self.written = 0  # records appended
         self.dropped_full = 0  # records lost to a full queue (counted on the event loop)
         self.dropped_large = 0  # ... too large, or unwritable (counted by the writer)
@@ -70,6 +73,7 @@ class CaptureLog:
         except OSError as exc:
             raise _cannot_open(self.path, exc) from exc
         self._queue = asyncio.Queue(self.queue_size + 1)  # + the stop marker
+        self.queued_bytes = self._queued = 0  # a writer stopped early left none held
         self._task = asyncio.create_task(self._run(), name="kvgate-capture-writer")
 
     def offer(self, record: CaptureRecord | bytes) -> None:
@@ -79,7 +83,7 @@ class CaptureLog:
         deeper than orjson writes or its line is larger than a file may be
         (``dropped_large``)."""
         queue = self._queue
-        if queue is None or queue.qsize() >= self.queue_size:
+        if queue is None or self._queued >= self.queue_size:
             self.dropped_full += 1
             return
         if isinstance(record, bytes):
@@ -97,6 +101,7 @@ class CaptureLog:
             self.dropped_full += 1
             return
         self.queued_bytes += len(line)
+        self._queued += 1
         queue.put_nowait(line)
 
     async def stop(self) -> None:
@@ -122,7 +127,6 @@ class CaptureLog:
                     stopping = True
                     break
                 batch.append(item)
-                self.queued_bytes -= len(item)
                 if len(batch) >= _BATCH or queue.empty():
                     break
                 item = queue.get_nowait()
@@ -139,6 +143,9 @@ class CaptureLog:
                     lost = len(batch) - (self.written - written)
                     self.dropped_large += lost
                     log.exception("capture log %s: %d records lost", self.path, lost)
+                finally:  # held until now: written, or lost
+                    self.queued_bytes -= sum(len(line) for line in batch)
+                    self._queued -= len(batch)
 
     # -- in the worker thread --------------------------------------------------------------
     def _open(self) -> None:
