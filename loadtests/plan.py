@@ -31,6 +31,7 @@ from loadtests.plan_report import render
 from loadtests.plan_simulation import PolicyFigures, simulate_policies
 from loadtests.plan_workload import PlanWorkload, from_capture, from_numbers, from_scenario
 from loadtests.scenarios import SCENARIOS
+from loadtests.simulate import build_policy
 
 DEFAULT_POLICIES = "round_robin,prefix_affinity,cost"
 # a replica's idle KV: more than none, at most 4 TiB (past any server's memory today; the
@@ -59,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--doc-tokens", type=positive_int, default=6000)
     parser.add_argument("--hot", type=positive_int, default=250, help="documents in the hot set")
     parser.add_argument("--hot-share", type=float_between(0.0, 1.0), default=0.8,
-                        help="share of requests to the hot set (a capture's hot set is the "
+                        help="share of requests to the hot set (of a contracts scenario's "
+                             "too; the hot set of a capture or another scenario is the "
                              "fewest documents that receive this share)")
     parser.add_argument("--rate", type=positive_float, default=None,
                         help="requests/s to the fleet (default: the workload's per-replica "
@@ -131,7 +133,20 @@ def _recommend(plan: dict[str, Any], figures: dict[str, PolicyFigures],
     return {"policy": best, "replicas": count, "why": f"{why}; {fit}"}
 
 
+def _policy_names(names_csv: str) -> list[str]:
+    """``--policies``' names, each built once: a ``ValueError`` naming a misspelt one
+    before the workload is made or any policy simulated."""
+    names = [p.strip() for p in names_csv.split(",") if p.strip()]
+    for name in names:
+        try:
+            build_policy(name)
+        except ValueError as exc:  # policies' ConfigError is one
+            raise ValueError(f"--policies {names_csv}: {exc}") from None
+    return names
+
+
 def build_plan(args: argparse.Namespace) -> dict[str, Any]:
+    policies = _policy_names(args.policies)
     work = _workload(args)
     scenario = work.scenario
     idle = args.idle_kv_gib if args.idle_kv_gib is not None else (
@@ -142,7 +157,6 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         shape = load_profile(profile).model
         numbers = arithmetic(work.library, FleetSize(shape.kv_bytes_per_token, idle,
                                                      args.replicas))
-        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         figures = simulate_policies(work, policies, profile, args.replicas, idle,
                                     numbers.bytes_per_request, rate, args.seed) \
             if work.requests and args.sim_requests > 0 else {}

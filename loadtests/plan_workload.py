@@ -5,8 +5,9 @@ Each becomes a ``Library`` for the arithmetic and a request stream for the simul
 * numbers: the contract-library generator with those numbers (questions of 60-100
   tokens);
 * a scenario (``loadtests.scenarios``): its own generator; a ``contracts`` scenario's
-  library is read from its spec, any other's is estimated from the prefixes its requests
-  share;
+  library is read from its spec (its hot set getting ``hot_share`` of the questions), any
+  other's is estimated from the prefixes its requests share (its hot set: the fewest
+  documents that get ``hot_share``);
 * a capture (the gateway's JSONL, one ``{"model", "body"}`` per line, ``body`` with
   ``prompt`` or ``messages``, or ``/generate``'s ``text`` or ``input_ids``): prompts are
   tokenized, documents estimated from shared prefixes (``shared_prefixes``), and each
@@ -70,15 +71,18 @@ def _contracts(source: str, spec: ContractsSpec, sim_requests: int, rate: float,
 
 def from_scenario(name: str, hot_share: float, sim_requests: int,
                   seed: int = 0, fleet_rate: float | None = None) -> PlanWorkload:
-    """``fleet_rate``: the requests/s of a workload that times its own arrivals (default:
-    the scenario's, for 8 replicas)."""
+    """``hot_share``: the share of questions to a ``contracts`` scenario's hot set, or the
+    share of requests the estimated hot set of any other scenario gets. ``fleet_rate``:
+    the requests/s of a workload that times its own arrivals (default: the scenario's,
+    for 8 replicas)."""
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(sorted(SCENARIOS))}")
     scenario = SCENARIOS[name]
     spec = build_spec(scenario.workload, seed=seed, **scenario.params)
     rate = scenario.rate / 8
     if isinstance(spec, ContractsSpec):
-        return _contracts(f"scenario {name}", spec, sim_requests, rate, scenario)
+        return _contracts(f"scenario {name}", replace(spec, hot_fraction=hot_share),
+                          sim_requests, rate, scenario)
     if isinstance(spec, ChatAppsSpec):  # the workload times its own arrivals
         spec = replace(spec, rate=scenario.rate if fleet_rate is None else fleet_rate)
     requests = generate(spec, max(sim_requests, 2000))

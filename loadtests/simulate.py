@@ -473,7 +473,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gateway copies, each given a random share of the requests")
     parser.add_argument("--peers", action="store_true",
                         help="the gateway copies tell each other what they route and the "
-                             "prefill they left pending (the gateway's peers)")
+                             "prefill they left pending (the gateway's peers); needs "
+                             "--gateways 2 or more")
     parser.add_argument("--prompts", choices=("ids", "text"), default=None,
                         help="what the gateway gets: token ids, or chat text it tokenizes "
                              "itself (default: per scenario)")
@@ -539,6 +540,9 @@ def _policies(names_csv: str, policy_set: Sequence[str]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.peers and args.gateways < 2:  # one copy has no peer: nothing would be told
+        raise ValueError(f"--peers needs --gateways 2 or more (gateway copies to tell each "
+                         f"other what they route), got --gateways {args.gateways}")
     scenario = SCENARIOS[args.scenario]
     names, overrides = _policies(args.policies, args.policy_set)
     spec = build_spec(scenario.workload, seed=args.seed,
