@@ -142,7 +142,20 @@ def decode_json(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # also raised for invalid UTF-8
-        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+        raise BadRequest(f"request body is not valid JSON: {_not_utf8(raw) or exc}",
+                         code="invalid_json") from exc
+
+
+def _not_utf8(raw: bytes) -> str | None:
+    """Where ``raw`` is no UTF-8, as an error names it (orjson says "surrogates not
+    allowed" at its first byte, whatever the fault and wherever it is); None when it is
+    UTF-8."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"it is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}: " \
+               f"{exc.reason})"
+    return None
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
