@@ -141,7 +141,8 @@ def _joined(turns: list[dict[str, Any]], message: dict[str, Any]) -> bool:
             return False
         last["reasoning"] = message["reasoning"]
     elif "tool_calls" in message:
-        last["tool_calls"] = [*last.get("tool_calls", ()), *message["tool_calls"]]
+        # in place: a list rebuilt per call made an input of n calls cost n squared
+        last.setdefault("tool_calls", []).extend(message["tool_calls"])
     elif not last["content"]:
         last["content"] = message["content"]
     else:
