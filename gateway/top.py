@@ -28,6 +28,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gateway.secret_source import check_bearer
 from gateway.top_window import TopWindow, number, replica_id
 from kvwire.arg_types import float_between
 
@@ -194,10 +195,16 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
 
 
 def run(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get(TOKEN_ENV)
+    # stripped as the gateway strips its own (a file's line end, a Windows one too)
+    token = (args.token or os.environ.get(TOKEN_ENV) or "").strip()
     if not token:
         print(f"kvgate top: give the admin token with --token or ${TOKEN_ENV}",
               file=sys.stderr)
+        return 2
+    try:  # else urllib's error would quote the header, token and all
+        check_bearer(token, "the admin token")
+    except ValueError as exc:
+        print(f"kvgate top: {exc}", file=sys.stderr)
         return 2
     window = TopWindow(args.window)
     console = Console()
