@@ -133,9 +133,13 @@ class ReplicaModels:
         aged_at = self._aged_at
         for r in views:
             since = aged_at.get(r.id)
+            if since is not None and now <= since:
+                # a decision out of arrival order (tokenized on the pool): its time is
+                # aged already, and moving the clock back would age it twice
+                continue
             aged_at[r.id] = now
             rate = r.prefill_tokens_per_s
-            if rate is None or not rate < math.inf or since is None or now <= since:
+            if rate is None or not rate < math.inf or since is None:
                 continue  # (NaN or inf, from a foreign server's counters: unknown)
             dt = now - since
             own = self._own_load.get(r.id)
