@@ -59,6 +59,11 @@ def check_settings(cfg: CommonPrefixSettings) -> None:
         raise ValueError(f"common_share must be in (0, 1], got {cfg.common_share!r}")
     if cfg.max_common_prefix < 0:
         raise ValueError(f"max_common_prefix must be >= 0, got {cfg.max_common_prefix!r}")
+    if cfg.learn_common_prefix and cfg.common_min_samples > cfg.common_window:
+        # the window holds at most common_window prompts: nothing would ever be learned
+        raise ValueError(f"common_min_samples ({cfg.common_min_samples!r}) must be at most "
+                         f"common_window ({cfg.common_window!r}) with learn_common_prefix on: "
+                         "the window never holds more prompts to learn from")
 
 
 def learner_for(cfg: CommonPrefixSettings) -> CommonPrefixLearner | None:
