@@ -120,8 +120,17 @@ class PerModel(Policy):
         return self.policy_for(request.model, keep=False).explain(request, replicas)
 
     def observe(self, event: RouteEvent) -> None:
-        if isinstance(event, Routed | Finished):
+        if isinstance(event, Routed):
             self.policy_for(event.request.model).observe(event)
+        elif isinstance(event, Finished):
+            # a request whose model's instance was let go meanwhile tells a new one
+            # nothing, and making one would push out a model in use
+            policy = self._by_model.get(event.request.model)
+            if policy is None and (event.request.model is None or (
+                    self._listed is not None and not self._listed(event.request.model))):
+                policy = self._by_model.get(None)
+            if policy is not None:
+                policy.observe(event)
         else:  # a replica left or restarted: every model's view of it is stale
             for policy in self._all():
                 policy.observe(event)
