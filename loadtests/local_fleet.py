@@ -7,7 +7,8 @@ waits for each ``/health``, writes a gateway YAML config naming them and the pol
 starts ``kvgate serve`` and waits for its ``/ready``. With ``kv_events`` every engine
 publishes its KV events (and serves replays) on ZMQ endpoints of its own, which the
 gateway config names. ``stop`` ends every process it
-started (SIGTERM, then SIGKILL after a grace period). A state file (``fleet.json`` in the
+started (SIGTERM, then SIGKILL after a grace period to each and to whatever it started in
+its session). A state file (``fleet.json`` in the
 fleet's directory) records the processes so that ``kvgate fleet down`` in another shell
 can stop a fleet left running.
 
@@ -132,6 +133,7 @@ class LocalFleetSpec:
 
 MAX_REPLICAS = 256  # engine processes one machine's local fleet starts
 _PORT_TRIES = 3  # starts of an engine whose ports were taken between picking and binding
+_KILL_ROUNDS = 50  # SIGKILLs to a session's processes, for those forked meanwhile
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -176,6 +178,56 @@ def wait_ready(name: str, popen: subprocess.Popen[bytes], log: Path,
             return
         time.sleep(0.1)
     raise FleetError(f"{name} not ready {where} after {timeout_s:.0f} s (log: {log})")
+
+
+def session_members(session: int) -> list[int]:
+    """The processes of session ``session`` (the id of the process that made it) that have
+    not ended: whatever its leader started, however they group themselves, and wherever
+    they were reparented, unless they made sessions of their own. Ended but not yet reaped
+    (zombies) are left out. While any of them lives the kernel gives no other process that
+    id, so the session cannot be another's."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses
+        state, _ppid, _pgrp, sid = stat[stat.rindex(")") + 2:].split()[:4]
+        if int(sid) == session and state not in ("Z", "X"):
+            out.append(int(name))
+    return out
+
+
+def end_session(popen: subprocess.Popen[bytes], deadline: float) -> None:
+    """Wait until ``popen``, started in a session of its own (``start_new_session``), and
+    every process of that session have ended, then reap ``popen``; at ``deadline``
+    (``time.monotonic()``) SIGKILL those left. Every process of the session, not only
+    ``popen`` nor its process group: ``kvgate serve --workers`` puts each worker in a group
+    of its own, and a router's children outlive it. What ``popen`` does on SIGTERM (the
+    caller's to send) is its own: its children may end a moment after it."""
+    while popen.poll() is None or session_members(popen.pid):
+        if time.monotonic() >= deadline:
+            # the session is still theirs: one of them holds its id
+            kill_session(popen.pid)  # ``popen`` too, while not reaped
+            break
+        time.sleep(0.05)
+    popen.wait()
+
+
+def kill_session(session: int) -> None:
+    """SIGKILL every process of session ``session`` (``session_members``), until none is
+    left: one forked meanwhile is killed in the next round."""
+    for _ in range(_KILL_ROUNDS):
+        left = session_members(session)
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 @dataclass(slots=True)
@@ -329,17 +381,13 @@ class LocalFleet:
         (self.dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Stop the gateway, then the engines; idempotent."""
+        """Stop the gateway, then the engines, each with what it started; idempotent."""
         for proc in reversed(self._procs):  # the gateways were started last
             if proc.popen.poll() is None:
                 proc.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for proc in reversed(self._procs):
-            try:
-                proc.popen.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
+            end_session(proc.popen, deadline)
         self._procs.clear()
         with contextlib.suppress(FileNotFoundError):
             (self.dir / STATE_FILE).unlink()
@@ -376,15 +424,21 @@ def stop_recorded(state_dir: Path | None = None, grace_s: float = 10.0) -> int:
         raise FleetError(f"{path} is not a fleet's state file ({exc.__class__.__name__}: "
                          f"{exc}); stop its processes by hand") from None
     pids = [pid for pid in pids if _is_fleet_process(pid)]
+    # each started a session of its own (``LocalFleet._spawn``): what it started is there
+    started = {pid: set(session_members(pid)) for pid in pids}
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for pid in pids:
-        while _is_fleet_process(pid) and time.monotonic() < deadline:
+        # the session is still the fleet's while its leader runs, or while one of those
+        # it had at the start does (none lives, and its id may be another's by now)
+        def still_ours(pid: int = pid) -> bool:
+            return _is_fleet_process(pid) or bool(started[pid] & set(session_members(pid)))
+
+        while still_ours() and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _is_fleet_process(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if still_ours():
+            kill_session(pid)
     path.unlink()
     return len(pids)

@@ -34,12 +34,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.local_fleet import ENGINE_BLOCK_SIZE, free_port, wait_ready
+from loadtests.local_fleet import ENGINE_BLOCK_SIZE, end_session, free_port, wait_ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,11 +188,12 @@ def served_model(engine_url: str, timeout: float = 5.0) -> str:
 
 @contextlib.contextmanager
 def running(router: ThirdPartyRouter, program: str, workers: Sequence[Worker], model: str,
-            workdir: Path, host: str = "127.0.0.1", timeout_s: float = 60.0
-            ) -> Iterator[str]:
+            workdir: Path, host: str = "127.0.0.1", timeout_s: float = 60.0,
+            grace_s: float = 10.0) -> Iterator[str]:
     """Start ``router`` in front of ``workers`` (serving ``model``), wait until it is
     ``ready`` (a ``FleetError`` if it exits first or is not within ``timeout_s``), yield its
-    URL; stop it (SIGTERM, then SIGKILL after 10 s) on the way out."""
+    URL; stop it on the way out: SIGTERM, then SIGKILL after ``grace_s`` to it and to every
+    process it started (its session's: ``local_fleet.end_session``)."""
     require_isolation()
     port = free_port(host)
     log = workdir / f"{router.router}-{router.policy}.log"
@@ -207,8 +209,4 @@ def running(router: ThirdPartyRouter, program: str, workers: Sequence[Worker], m
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        end_session(proc, time.monotonic() + grace_s)
