@@ -21,7 +21,9 @@ Configuration comes from the environment (``loadtests.run`` sets it):
 ``KVGATE_TOKENS_PER_WORD`` tokens per word of the replicas' tokenizer: the text's segments
                       get ``length / this`` words (default: the gateway tokenizer's rate).
 ``KVGATE_HOSTS``      JSON list of base URLs of gateway copies: each request goes to one
-                      of them at random (as behind a Kubernetes Service); unset: ``--host``.
+                      of them at random (as behind a Kubernetes Service), drawn by its
+                      index in the stream (the same for a seed, as the simulator's); unset:
+                      ``--host``.
 
 Metrics: request type ``POST`` (whole streamed response) and ``TTFT`` (to the first
 content chunk), both named after the workload and timed, like the sample's ``ttft_s`` and
@@ -77,15 +79,21 @@ _samples: list[dict[str, Any]] = []
 _clock: dict[str, float] = {}  # "due": when the last request taken is due
 _gaps = np.random.default_rng([int(_config.get("params", {}).get("seed", 0)), 7])
 _HOSTS: list[str] = json.loads(os.environ.get("KVGATE_HOSTS") or "[]")
+# the simulator's draws (``loadtests.simulate``: one per request, in the order they arrive)
 _pick = np.random.default_rng([int(_config.get("params", {}).get("seed", 0)), 11])
+_picks: list[int] = []  # _picks[i]: the gateway copy of request i
 
 
-def _gateway() -> int:
-    """Which gateway copy the next request goes to (0: the ``--host``)."""
+def _gateway(index: int) -> int:
+    """Which gateway copy request ``index`` goes to (0: the ``--host``): the stream's
+    ``index``-th draw, whatever the order the clients come in, so a seed splits the
+    requests the same way in every run (and as the simulator does)."""
     if len(_HOSTS) < 2:
         return 0
     with _lock:
-        return int(_pick.integers(len(_HOSTS)))
+        while len(_picks) <= index:
+            _picks.append(int(_pick.integers(len(_HOSTS))))
+        return _picks[index]
 
 
 def _stream(workload: str) -> Iterator[WorkloadRequest]:
@@ -167,7 +175,7 @@ class _WorkloadUser(HttpUser):
         headers = {}
         if os.environ.get("KVGATE_AFFINITY") == "1":
             headers[AFFINITY_HEADER] = req.affinity_key
-        gateway = _gateway()
+        gateway = _gateway(req.index)
         url = f"{_HOSTS[gateway]}/v1/chat/completions" if _HOSTS else "/v1/chat/completions"
         # sent after its due time: every client was busy until then
         late = max(0.0, time.monotonic() - due)
@@ -236,8 +244,9 @@ class _WorkloadUser(HttpUser):
                 done = True
                 break
             chunk = json.loads(data)
-            if "error" in chunk:
-                raise ValueError(str(chunk["error"])[:200])
+            error = _error(chunk)
+            if error is not None:
+                raise ValueError(error)
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
                 reason = choice.get("finish_reason")
@@ -254,11 +263,23 @@ class _WorkloadUser(HttpUser):
         self._first_token(started, sample)  # its content came all at once
         if not isinstance(body, dict):
             raise ValueError(f"not an object: {str(body)[:100]}")
-        if "error" in body:
-            raise ValueError(str(body["error"])[:200])
+        error = _error(body)
+        if error is not None:
+            raise ValueError(error)
         _usage(body, sample)
         return _finish_problem({int(c.get("index") or 0): c.get("finish_reason")
                                 for c in body.get("choices") or ()}, "answer")
+
+
+def _error(obj: dict[str, Any]) -> str | None:
+    """An OpenAI-style error event or answer, as it is told (at most 200 characters): nested
+    under ``error`` (OpenAI's, vLLM's since 0.10.2), or flat beside ``"object": "error"``
+    (older vLLM's, SGLang's); None for anything else."""
+    if "error" in obj:
+        return str(obj["error"])[:200]
+    if obj.get("object") == "error":
+        return str({k: v for k, v in obj.items() if k != "object"})[:200]
+    return None
 
 
 def _finish_problem(finish: dict[int, str | None], what: str, done: bool = True
