@@ -15,10 +15,13 @@ JSON.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -45,14 +48,24 @@ def document(rng: random.Random, words: int) -> str:
 
 
 def ttft(http: httpx.Client, model: str, prompt: str, tenant: str) -> float:
+    """Seconds to the first event of ``prompt``'s streamed completion; a ``RuntimeError``
+    naming it when that event is an error (nested under ``error``, or flat beside
+    ``"object": "error"``: older vLLM's, SGLang's), or when none came before ``[DONE]``."""
     started = time.perf_counter()
     with http.stream("POST", "/v1/completions", headers={TENANT_HEADER: tenant},
                      json={"model": model, "prompt": prompt, "max_tokens": 2,
                            "stream": True}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if line.startswith("data: "):
-                return time.perf_counter() - started
+            if not line.startswith("data: "):
+                continue
+            took = time.perf_counter() - started
+            if line == "data: [DONE]":
+                break
+            event = json.loads(line[len("data: "):])
+            if isinstance(event, dict) and ("error" in event or event.get("object") == "error"):
+                raise RuntimeError(f"the stream's first event is an error: {line[:300]}")
+            return took
     raise RuntimeError("the stream ended without an event")
 
 
@@ -107,7 +120,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     spec = LocalFleetSpec(replicas=args.replicas, policy={"name": args.policy},
                           engine_args=("--model-name", "sim-model"),
                           gateway_config=gateway_config())
-    with LocalFleet(spec) as fleet:
+    # a directory of its own: the default one's fleet (``kvgate fleet up --detach``) would
+    # refuse it
+    with tempfile.TemporaryDirectory(prefix="kvgate-timing-probe-") as state_dir, \
+            LocalFleet(spec, Path(state_dir)) as fleet:
         url = fleet.gateway_url
         report = {
             "probes": args.probes, "words": args.words, "policy": args.policy,
