@@ -26,8 +26,8 @@ from starlette.responses import Response
 from engine.async_engine import EngineDeadError, RequestFailed
 from engine.embedding_schema import check_dimensions, checked_ids, parse_embedding, render_response
 from engine.request import RequestOutput, SamplingParams
-from kvwire.openai_schema import BadRequest, OpenAIError, ServiceUnavailable, decode_json
-from kvwire.request_edge import read_body, unless_disconnected
+from kvwire.openai_schema import BadRequest, OpenAIError, ServiceUnavailable
+from kvwire.request_edge import unless_disconnected
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
@@ -46,8 +46,8 @@ class EmbeddingsRoute:
 
     async def handle(self, request: HTTPRequest) -> Response:
         srv = self.server
-        p = parse_embedding(decode_json(await read_body(request, self.max_body_bytes)),
-                            model_name=srv.model_name)
+        p = await srv.read_json(request, lambda body: parse_embedding(
+            body, model_name=srv.model_name), self.max_body_bytes)
         embedder = srv.embedder
         if embedder is None:
             raise BadRequest(f"The model `{srv.model_name}` does not support Embeddings API: "

@@ -30,8 +30,8 @@ from engine.generation import Generation
 from engine.native_logprobs import LogprobFields, check_logprob_start
 from engine.native_schema import NativeItem, answer_limit, finish_reason, parse_native
 from engine.request import RequestOutput
-from kvwire.openai_schema import BadRequest, OpenAIError, decode_json
-from kvwire.request_edge import read_body, unless_disconnected
+from kvwire.openai_schema import BadRequest, OpenAIError
+from kvwire.request_edge import unless_disconnected
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
@@ -46,8 +46,8 @@ class NativeGenerateRoute:
 
     async def handle(self, request: HTTPRequest) -> Response:
         srv = self.server
-        req = parse_native(decode_json(await read_body(request, self.max_body_bytes)),
-                           model_name=srv.model_name, vocab_size=srv.vocab_size)
+        req = await srv.read_json(request, lambda body: parse_native(
+            body, model_name=srv.model_name, vocab_size=srv.vocab_size), self.max_body_bytes)
         started_s = time.monotonic()
         prompts = await self._prompt_ids(req.items)
         for item, ids in zip(req.items, prompts, strict=True):

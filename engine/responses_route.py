@@ -17,16 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from engine.generate_params import GenerateParams, context_error, parse_generate
+from engine.generate_params import (
+    PARSE_ON_THREAD_COMMAS,
+    GenerateParams,
+    context_error,
+    parse_generate,
+    parses_on_loop,
+)
 from engine.generation import Generation
 from engine.request import RequestOutput
 from kvwire.bounded_memo import BoundedMemo
@@ -40,7 +47,7 @@ from kvwire.openai_schema import (
     positive_int,
 )
 from kvwire.request_edge import read_body, unless_disconnected
-from kvwire.responses_input import responses_chat
+from kvwire.responses_input import ResponsesChat, responses_chat
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
@@ -118,20 +125,17 @@ class ResponsesRoute:
 
     async def handle(self, request: HTTPRequest) -> Response:
         srv = self.server
-        body = decode_json(await read_body(request, self.max_body_bytes))
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object", code="invalid_json")
-        chat = responses_chat(body)
-        positive_int(body, "max_output_tokens")  # named so, before it is the chat's max_tokens
-        _refuse_constrained(body)
-        _refuse_unacted(body)
-        previous = optional(body, "previous_response_id", str, None)
-        store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
+        # a large body (in bytes or in items) is read in a worker thread, and so is the
+        # chat it stands for, as is one continuing a long conversation
+        raw = await read_body(request, self.max_body_bytes)
+        inline = parses_on_loop(raw)
+        asked = _read(raw) if inline else await asyncio.to_thread(_read, raw)
+        body, chat = asked.body, asked.chat
         history: list[dict[str, Any]] = []
-        if previous is not None:
-            stored = self.store.get(previous)
+        if asked.previous is not None:
+            stored = self.store.get(asked.previous)
             if stored is None:
-                raise NotFound(f"Response with id {shown(previous)} not found.",
+                raise NotFound(f"Response with id {shown(asked.previous)} not found.",
                                param="previous_response_id")
             history = stored
         turns = [*history, *chat.turns]
@@ -142,9 +146,11 @@ class ResponsesRoute:
                                      "messages": messages, "tools": chat.tools}
         chat_body.update((k, body[k]) for k in _SHARED if k in body)
         chat_body.update((new, body[old]) for old, new in _RENAMED.items() if old in body)
+        parse = functools.partial(parse_generate, chat_body, chat=True,
+                                  model_name=srv.model_name, vocab_size=srv.vocab_size)
         p = dataclasses.replace(  # its errors name the Responses fields
-            parse_generate(chat_body, chat=True, model_name=srv.model_name,
-                           vocab_size=srv.vocab_size),
+            parse() if inline and len(history) <= PARSE_ON_THREAD_COMMAS
+            else await asyncio.to_thread(parse),
             limit_param="max_output_tokens", prompt_field="input")
         ids = await srv.prompt_ids(p)
         limit = p.max_tokens if p.max_tokens is not None \
@@ -155,10 +161,33 @@ class ResponsesRoute:
         rid = f"resp_{uuid.uuid4().hex}"
         queue = await srv.submit(rid, ids, p, limit)
         answer = _Answer(srv, rid, p, len(ids), queue, body,
-                         self.store if store else None, turns)
+                         self.store if asked.store else None, turns)
         if p.stream:
             return StreamingResponse(answer.events(), media_type="text/event-stream")
         return JSONResponse(await unless_disconnected(request, answer.collect()))
+
+
+class _Asked(NamedTuple):
+    """A Responses body, checked: the chat it stands for, the response it continues,
+    and whether it is stored."""
+
+    body: dict[str, Any]
+    chat: ResponsesChat
+    previous: str | None
+    store: bool
+
+
+def _read(raw: bytes) -> _Asked:
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    chat = responses_chat(body)
+    positive_int(body, "max_output_tokens")  # named so, before it is the chat's max_tokens
+    _refuse_constrained(body)
+    _refuse_unacted(body)
+    previous = optional(body, "previous_response_id", str, None)
+    store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
+    return _Asked(body, chat, previous, bool(store))
 
 
 def _refuse_constrained(body: dict[str, Any]) -> None:

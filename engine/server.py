@@ -36,6 +36,7 @@ from engine.generate_params import (
     context_error,
     each_prompt,
     parse_generate,
+    parses_on_loop,
     truncate_prompt,
 )
 from engine.metrics import EngineMetrics
@@ -158,8 +159,14 @@ class EngineServer:
 
     # -- helpers --------------------------------------------------------------------------
 
-    async def _json(self, request: HTTPRequest) -> Any:
-        return decode_json(await read_body(request, MAX_BODY_BYTES))
+    async def read_json(self, request: HTTPRequest, parse: Callable[[Any], T],
+                        max_body_bytes: int = MAX_BODY_BYTES) -> T:
+        """``parse`` of the request's JSON body, on the event loop when the body is small
+        (``parses_on_loop``), else decoded and parsed in a worker thread."""
+        raw = await read_body(request, max_body_bytes)
+        if parses_on_loop(raw):
+            return parse(decode_json(raw))
+        return await asyncio.to_thread(lambda: parse(decode_json(raw)))
 
     async def _encode(self, text: str, for_model: bool = True) -> list[int]:
         return (await self.encode_texts([text], for_model))[0]
@@ -254,35 +261,46 @@ class EngineServer:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def tokenize(self, request: HTTPRequest) -> Response:
-        body = await self._json(request)
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        check_served(model_field(body), self.model_name)  # as vLLM: 404 for another model
+        body, p = await self.read_json(request, self._parse_tokenize)
         strs = bool(optional(body, "return_token_strs", bool, False))
-        if "messages" in body:
-            p = parse_generate({**body, "max_tokens": 1}, chat=True,
-                               model_name=self.model_name, vocab_size=self.vocab_size)
+        if p is not None:
             ids = await self.prompt_ids(p, for_model=False)
         else:
-            prompt = body.get("prompt")
-            if not isinstance(prompt, str):
-                raise BadRequest("'prompt' must be a string", param="prompt")
-            check_special_tokens(body, chat=False)
-            ids = self.tokenizer.prompt_ids(await self._encode(prompt, for_model=False))
+            ids = self.tokenizer.prompt_ids(await self._encode(body["prompt"], for_model=False))
         token_strs = None  # as vLLM's: null unless asked for
         if strs:
             token_strs = await self._off_loop_if_long(self.tokenizer.token_strs, ids)
         return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len,
                              "tokens": ids, "token_strs": token_strs})
 
+    def _parse_tokenize(self, body: Any) -> tuple[dict[str, Any], GenerateParams | None]:
+        """A ``/tokenize`` body, checked, and its chat's parameters (None: a prompt)."""
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        check_served(model_field(body), self.model_name)  # as vLLM: 404 for another model
+        optional(body, "return_token_strs", bool, False)
+        if "messages" in body:
+            return body, parse_generate({**body, "max_tokens": 1}, chat=True,
+                                        model_name=self.model_name,
+                                        vocab_size=self.vocab_size)
+        if not isinstance(body.get("prompt"), str):
+            raise BadRequest("'prompt' must be a string", param="prompt")
+        check_special_tokens(body, chat=False)
+        return body, None
+
     async def detokenize(self, request: HTTPRequest) -> Response:
-        body = await self._json(request)
+        tokens = await self.read_json(request, self._parse_detokenize)
+        return JSONResponse({"prompt": await self._off_loop_if_long(self._detokenize, tokens)})
+
+    def _parse_detokenize(self, body: Any) -> list[Any]:
+        """A ``/detokenize`` body's ``tokens``, a list (its items checked by
+        ``_detokenize``)."""
         if isinstance(body, dict):
             check_served(model_field(body), self.model_name)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list):
             raise BadRequest("'tokens' must be a list of token ids", param="tokens")
-        return JSONResponse({"prompt": await self._off_loop_if_long(self._detokenize, tokens)})
+        return tokens
 
     def _detokenize(self, tokens: list[Any]) -> str:
         if not all(type(t) is int for t in tokens):
@@ -361,9 +379,8 @@ class EngineServer:
         return queue
 
     async def _generate(self, request: HTTPRequest, *, chat: bool) -> Response:
-        body = await self._json(request)
-        p = parse_generate(body, chat=chat, model_name=self.model_name,
-                           vocab_size=self.vocab_size)
+        body, p = await self.read_json(request, lambda body: (body, parse_generate(
+            body, chat=chat, model_name=self.model_name, vocab_size=self.vocab_size)))
         prompts = each_prompt(p)
         id_lists = [truncate_prompt(ids, p.truncate_prompt_tokens, self.max_model_len)
                     for ids in await self._each_prompt_ids(prompts)]
