@@ -2,7 +2,7 @@
 (``kvwire.openai_schema``) plus the sampling fields only the engine reads, and the
 ``usage`` object of its answers. The sampling fields' readers serve SGLang's native
 ``/generate`` too (``engine.native_schema``); every route's body is decoded and checked
-on the event loop or in a worker thread as ``parses_on_loop`` tells."""
+on the event loop or in a worker thread as ``kvwire.request_edge.parses_on_loop`` tells."""
 
 from __future__ import annotations
 
@@ -97,18 +97,6 @@ MAX_STOP_CHARS = 4096
 MAX_STOP_TOKEN_IDS = 1024
 
 
-# A request body past this many bytes, or of more items than this (each item the checks
-# visit but a container's first follows a comma), is decoded and checked in a worker
-# thread: a 20 MiB prompt of token ids held the event loop (every stream, and the engine
-# loop stepping them) 1.5 s. The gateway's rule (``gateway.intake.parses_on_loop``).
-PARSE_ON_THREAD_BYTES = 1 << 20
-PARSE_ON_THREAD_COMMAS = 2048
-
-
-def parses_on_loop(raw: bytes) -> bool:
-    """Whether a request body is small enough, in bytes and in items, to decode and check
-    on the event loop (a thread's hop costs more than that)."""
-    return len(raw) <= PARSE_ON_THREAD_BYTES and raw.count(b",") <= PARSE_ON_THREAD_COMMAS
 
 
 def _refuse_unsupported(body: Any, chat: bool) -> None:

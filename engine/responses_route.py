@@ -27,13 +27,7 @@ import orjson
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from engine.generate_params import (
-    PARSE_ON_THREAD_COMMAS,
-    GenerateParams,
-    context_error,
-    parse_generate,
-    parses_on_loop,
-)
+from engine.generate_params import GenerateParams, context_error, parse_generate
 from engine.generation import Generation
 from engine.request import RequestOutput
 from kvwire.bounded_memo import BoundedMemo
@@ -46,7 +40,12 @@ from kvwire.openai_schema import (
     optional,
     positive_int,
 )
-from kvwire.request_edge import read_body, unless_disconnected
+from kvwire.request_edge import (
+    PARSE_ON_THREAD_COMMAS,
+    parses_on_loop,
+    read_body,
+    unless_disconnected,
+)
 from kvwire.responses_input import ResponsesChat, responses_chat
 
 if TYPE_CHECKING:

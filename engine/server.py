@@ -36,7 +36,6 @@ from engine.generate_params import (
     context_error,
     each_prompt,
     parse_generate,
-    parses_on_loop,
     truncate_prompt,
 )
 from engine.metrics import EngineMetrics
@@ -57,7 +56,7 @@ from kvwire.openai_schema import (
     model_field,
     optional,
 )
-from kvwire.request_edge import ErrorBoundary, read_body, unless_disconnected
+from kvwire.request_edge import ErrorBoundary, parses_on_loop, read_body, unless_disconnected
 
 if TYPE_CHECKING:
     from engine.kv_event_publisher import KVEventPublisher

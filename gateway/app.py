@@ -32,7 +32,7 @@ from gateway.errors import NoReplicaAvailable
 from gateway.fleet import ModelInfo
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.generate_request import PATH as GENERATE_PATH
-from gateway.intake import PARSE_ON_THREAD_BYTES, Intake, read_timed_body, take_in, take_place
+from gateway.intake import Intake, read_timed_body, take_in, take_place
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
 from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
@@ -49,7 +49,7 @@ from gateway.tracing import RequestTrace, Tracing
 from gateway.upstream_http import client_for
 from kvwire.media_parts import carries_media
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
-from kvwire.request_edge import ErrorBoundary
+from kvwire.request_edge import PARSE_ON_THREAD_BYTES, ErrorBoundary
 from policies.base import Finished, Routed
 
 log = logging.getLogger("kvgate.gateway")

@@ -16,7 +16,11 @@ from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
 from kvwire.openai_schema import ClientDisconnected, NotFound, UnsupportedMediaType
-from kvwire.request_edge import read_body, unless_disconnected
+from kvwire.request_edge import (
+    parses_on_loop,
+    read_body,
+    unless_disconnected,
+)
 
 
 class Intake(NamedTuple):
@@ -95,20 +99,6 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
         raise NotFound(f"model {shown(model, MODEL_SHOWN_CHARS)} is not served by any "
                        f"replica; available: {', '.join(sorted(known))}", param="model",
                        code="model_not_found")
-
-
-PARSE_ON_THREAD_BYTES = 1 << 20  # a body past this is parsed and checked on a thread
-# ... and one of more items than this: checking an item (a message, a content part, a
-# tool) costs up to ~2.5 us, and 1 MiB holds 350,000 of them ('{},' each: 0.8 s of the
-# loop). Every item the checks visit but a container's first follows a comma, so a body's
-# commas bound them (this many: a few ms), whatever its size
-PARSE_ON_THREAD_COMMAS = 2048
-
-
-def parses_on_loop(raw: bytes) -> bool:
-    """Whether a body is small enough, in bytes and in items, to parse and check on the
-    event loop (a thread's hop costs more than that)."""
-    return len(raw) <= PARSE_ON_THREAD_BYTES and raw.count(b",") <= PARSE_ON_THREAD_COMMAS
 
 
 async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,

@@ -23,19 +23,14 @@ from starlette.responses import Response
 from gateway.admission import released_on_error
 from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
-from gateway.intake import (
-    PARSE_ON_THREAD_BYTES,
-    check_model,
-    default_model,
-    read_timed_body,
-    take_place,
-)
+from gateway.intake import check_model, default_model, read_timed_body, take_place
 from gateway.metrics import PASSTHROUGH_ROUTE
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, OpenAIError, json_object
+from kvwire.request_edge import PARSE_ON_THREAD_BYTES
 
 PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize",
          "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank")

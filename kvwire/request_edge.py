@@ -28,6 +28,22 @@ from kvwire.openai_schema import (
 )
 
 log = logging.getLogger("kvgate.http")
+
+# A request body past this many bytes is decoded and checked in a worker thread, by both
+# servers: a 20 MiB prompt of token ids held the event loop (every stream, and an engine's
+# loop stepping them) 1.5 s ...
+PARSE_ON_THREAD_BYTES = 1 << 20
+# ... and one of more items than this: checking an item (a message, a content part, a
+# tool) costs up to ~2.5 us, and 1 MiB holds 350,000 of them ('{},' each: 0.8 s of the
+# loop). Every item the checks visit but a container's first follows a comma, so a body's
+# commas bound them (this many: a few ms), whatever its size
+PARSE_ON_THREAD_COMMAS = 2048
+
+
+def parses_on_loop(raw: bytes) -> bool:
+    """Whether a request body is small enough, in bytes and in items, to decode and check
+    on the event loop (a thread's hop costs more than that)."""
+    return len(raw) <= PARSE_ON_THREAD_BYTES and raw.count(b",") <= PARSE_ON_THREAD_COMMAS
 T = TypeVar("T")
 
 

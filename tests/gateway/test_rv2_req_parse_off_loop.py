@@ -13,9 +13,10 @@ import orjson
 from starlette.requests import Request
 
 from gateway.config import parse_config
-from gateway.intake import PARSE_ON_THREAD_BYTES, take_in
+from gateway.intake import take_in
 from gateway.state import build_state
 from kvwire import chat_messages
+from kvwire.request_edge import PARSE_ON_THREAD_BYTES
 
 CHECK = chat_messages._normalize_message.__code__  # one call per message checked
 
