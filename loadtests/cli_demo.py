@@ -17,16 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kvwire.arg_types import positive_float, positive_int
-from loadtests.local_fleet import FleetCancelled, cancel_on_signals
 from loadtests.report import table
-from loadtests.run import (
-    SCALED_CONTRACTS,
-    ProgressLine,
-    RunConfig,
-    StoppableProgress,
-    Stopped,
-    duration_seconds,
-)
+from loadtests.run import SCALED_CONTRACTS, RunConfig, duration_seconds, run_stoppably
 from loadtests.run import run as run_load
 
 DEMO_POLICIES = ("round_robin", "prefix_affinity", "cost")
@@ -83,19 +75,13 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg.duration_s:g} s per policy.", file=sys.stderr)
     # a signal (Ctrl-C, SIGTERM, the terminal closing) only cancels: a fleet starting stops
     # at its next step, the load at its next progress report
-    with cancel_on_signals() as cancelled:
-        try:
-            out = run_load(cfg, args.out, args.out / "results.json",
-                           StoppableProgress(cancelled, ProgressLine()))
-        except ValueError as exc:  # a fleet that cannot be built (no replicas, ...)
-            print(f"kvgate demo: {exc}", file=sys.stderr)
-            return 2
-        except (FleetCancelled, Stopped):
-            pass  # what the run started has stopped on the way out
-        except RuntimeError:  # Locust, stopped by the same Ctrl-C, wrote no samples
-            if not cancelled.is_set():
-                raise
-    if cancelled.is_set():
+    try:
+        out = run_stoppably(lambda progress: run_load(cfg, args.out,
+                                                      args.out / "results.json", progress))
+    except ValueError as exc:  # a fleet that cannot be built (no replicas, ...)
+        print(f"kvgate demo: {exc}", file=sys.stderr)
+        return 2
+    if out is None:
         print("\nkvgate demo: stopped", file=sys.stderr)
         return 130
     print(file=sys.stderr)

@@ -517,6 +517,22 @@ class StoppableProgress:
             self._progress(policy, elapsed, duration)
 
 
+def run_stoppably(start: Callable[[StoppableProgress], dict[str, Any]]
+                  ) -> dict[str, Any] | None:
+    """``start``'s results (it runs a load, reporting progress on a line), or None when a
+    signal (Ctrl-C, SIGTERM, the terminal closing) stopped it: the run, its Locust clients
+    and its fleet stop on the way out."""
+    with cancel_on_signals() as cancelled:
+        try:
+            out = start(StoppableProgress(cancelled, ProgressLine()))
+        except (FleetCancelled, Stopped):
+            pass  # what the run started has stopped on the way out
+        except RuntimeError:  # Locust, stopped by the same signal, wrote no samples
+            if not cancelled.is_set():
+                raise
+    return None if cancelled.is_set() else out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.run",
                                      description=__doc__.splitlines()[0])
@@ -528,20 +544,13 @@ def main(argv: list[str] | None = None) -> int:
     except (third_party.ThirdPartyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # a signal (Ctrl-C, SIGTERM, the terminal closing) stops the run and its fleet
-    with cancel_on_signals() as cancelled:
-        try:
-            out = run(cfg, args.report_dir, args.json_path,
-                      StoppableProgress(cancelled, ProgressLine()))
-        except third_party.ThirdPartyError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except (FleetCancelled, Stopped):
-            pass  # what the run started has stopped on the way out
-        except RuntimeError:  # Locust, stopped by the same Ctrl-C, wrote no samples
-            if not cancelled.is_set():
-                raise
-    if cancelled.is_set():
+    try:
+        out = run_stoppably(lambda progress: run(cfg, args.report_dir, args.json_path,
+                                                 progress))
+    except third_party.ThirdPartyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if out is None:
         print("\nstopped", file=sys.stderr)
         return 130
     print(file=sys.stderr)
