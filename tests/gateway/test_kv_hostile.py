@@ -27,6 +27,7 @@ from kvwire.kv_event_format import (
     encode_payload,
 )
 from policies.kv_index import KVIndex
+from tests.support.loop_turns import counted_turns
 from tests.support.servers import free_port
 
 TOKENS = tuple(range(32))
@@ -164,22 +165,11 @@ async def test_a_batch_of_many_blocks_is_applied_in_slices_as_one() -> None:
     reference.apply("r0", 1, removed)
     index = KVIndex(16)
     sub = KVEventSubscriber(fleet(), index)
-    ticks = 0
-
-    async def ticking() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(ticking())
-    try:
+    async with counted_turns() as turns:
         await sub.receive("r0", frames(0, stored), None)
-        before = ticks
+        before = turns.count
         await sub.receive("r0", frames(1, removed), None)  # ~100 KB: no thread, 2 slices
-        served = ticks - before
-    finally:
-        ticker.cancel()
+        served = turns.count - before
     assert index._replicas["r0"].keys == reference._replicas["r0"].keys
     assert index.num_blocks("r0") == n // 2 and sub.messages == 2
     assert served >= 1  # the loop ran between the removal's slices

@@ -14,6 +14,7 @@ from gateway.fleet import Fleet
 from gateway.kv_event_subscriber import KVEventSubscriber
 from kvwire.kv_event_format import BlockRemoved, BlockStored, KVEvent, KVEventBatch, encode_payload
 from policies.kv_index import KVIndex
+from tests.support.loop_turns import counted_turns
 from tests.support.servers import free_port
 
 TOKENS = tuple(range(32))
@@ -35,22 +36,11 @@ async def test_a_batch_of_many_events_naming_no_block_is_applied_in_slices() -> 
                                    *(BlockRemoved(()),) * 12_000, BlockRemoved((2,)))
     index = KVIndex(16)
     sub = KVEventSubscriber(_fleet(), index)
-    ticks = 0
-
-    async def ticking() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(ticking())
-    try:
+    async with counted_turns() as turns:
         await asyncio.sleep(0)
-        before = ticks
+        before = turns.count
         await sub.receive("r0", _frames(0, events), None)
-        served = ticks - before
-    finally:
-        ticker.cancel()
+        served = turns.count - before
     assert served >= 1  # the loop ran between the batch's slices
     assert sub.messages == 1 and index.last_seq("r0") == 0
     assert index.num_blocks("r0") == 1  # the same as the batch applied at once

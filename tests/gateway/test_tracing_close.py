@@ -11,6 +11,7 @@ import pytest
 
 from gateway.app import close_tracing
 from gateway.tracing import NO_TRACE, RequestTrace
+from tests.support.loop_turns import counted_turns
 
 
 class _HungExport:
@@ -38,16 +39,9 @@ def test_a_hung_exporter_holds_neither_the_loop_nor_the_stop(
 
     async def run() -> None:
         nonlocal ticks
-
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        ticker = asyncio.create_task(tick())
-        await close_tracing(hung, wait_s=0.3)  # returns though the export never ends
-        ticker.cancel()
+        async with counted_turns(0.01) as turns:
+            await close_tracing(hung, wait_s=0.3)  # returns though the export never ends
+        ticks = turns.count
 
     try:
         with caplog.at_level(logging.WARNING, "kvgate.gateway"):

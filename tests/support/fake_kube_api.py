@@ -28,6 +28,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.support.loop_turns import counted_turns
+
 T = TypeVar("T")
 
 BOOLEANS = ("watch", "allowWatchBookmarks")
@@ -287,26 +289,17 @@ async def pod_list_turns(source: Any, kubeconfig_path: str) -> tuple[int, int]:
     from kubernetes_asyncio import config as k8s_config
 
     api_client = await k8s_config.new_client_from_config(config_file=kubeconfig_path)
-    ticks = 0
     ticks_at: list[int] = []
-
-    async def lister(*args: Any, **kwargs: Any) -> Any:
-        resp: Any = await k8s.CoreV1Api(api_client).list_namespaced_pod(*args, **kwargs)
-        await resp.read()
-        ticks_at.append(ticks)
-        return resp
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(tick())
     try:
-        await source.list(lister)
-        return len(ticks_at), ticks - ticks_at[0]
+        async with counted_turns() as turns:
+            async def lister(*args: Any, **kwargs: Any) -> Any:
+                resp: Any = await k8s.CoreV1Api(api_client).list_namespaced_pod(*args,
+                                                                                **kwargs)
+                await resp.read()
+                ticks_at.append(turns.count)
+                return resp
+
+            await source.list(lister)
+            return len(ticks_at), turns.count - ticks_at[0]
     finally:
-        ticker.cancel()
-        await asyncio.gather(ticker, return_exceptions=True)
         await api_client.close()
