@@ -684,6 +684,9 @@ class Cost(Policy):
             self._placement.forget_replica(event.replica)
             self._exact.forget(event.replica)
         elif isinstance(event, ReplicaReset):
+            # the next decision reads the new epoch, however soon: routed before it was
+            # read, a prompt went into the old process's model, dropped at the next read
+            self._refreshed.clear()
             if self.kv_index is not None:
                 self.kv_index.reset(event.replica)
             self._exact.forget(event.replica)

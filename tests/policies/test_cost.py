@@ -617,3 +617,17 @@ def test_equally_idle_replicas_are_told_apart_in_id_order_not_the_fleets() -> No
         best, _ = policy._least_loaded(views, [True] * 4, set(), key=6)
         chosen.add(order[best])
     assert chosen == {"r2"}  # 6 % 4 in id order
+
+
+def test_a_restart_is_read_by_the_next_decision_however_soon() -> None:
+    """The views are read at most every 0.25 s of arrivals; a restart told meanwhile must
+    not leave the next prompts in the old process's model, dropped when the new epoch is
+    read (they were then predicted nowhere)."""
+    policy = Cost()
+    tokens = doc(5)
+    home = route(policy, tokens, views(), at=0.0)
+    policy.observe(ReplicaReset(home))
+    restarted = views(epoch=1)
+    again = route(policy, tokens, restarted, at=0.1)
+    later = policy.choose(request(tokens, at=1.0), restarted)
+    assert later.chosen == again and later.reason == "cache_match"
