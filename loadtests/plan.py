@@ -56,9 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--scenario", choices=sorted(SCENARIOS), default=None)
     work.add_argument("--workload", default=None, metavar="CAPTURE.jsonl",
                       help="a gateway capture: JSON lines with model and body")
-    parser.add_argument("--docs", type=positive_int, default=2000)
-    parser.add_argument("--doc-tokens", type=positive_int, default=6000)
-    parser.add_argument("--hot", type=positive_int, default=250, help="documents in the hot set")
+    # a library of numbers, when no --scenario or --workload names one (None: the default)
+    parser.add_argument("--docs", type=positive_int, default=None, help="default 2000")
+    parser.add_argument("--doc-tokens", type=positive_int, default=None, help="default 6000")
+    parser.add_argument("--hot", type=positive_int, default=None,
+                        help="documents in the hot set (default 250)")
     parser.add_argument("--hot-share", type=float_between(0.0, 1.0), default=0.8,
                         help="share of requests to the hot set (of a contracts scenario's "
                              "too; the hot set of a capture or another scenario is the "
@@ -76,7 +78,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
+_LIBRARY_FLAGS = (("--docs", "docs", 2000), ("--doc-tokens", "doc_tokens", 6000),
+                  ("--hot", "hot", 250))
+
+
 def _workload(args: argparse.Namespace) -> PlanWorkload:
+    given = [flag for flag, name, _ in _LIBRARY_FLAGS if getattr(args, name) is not None]
+    if given and (args.scenario or args.workload):
+        source = f"--scenario {args.scenario}" if args.scenario else "--workload"
+        raise ValueError(f"{', '.join(given)} describe a library of their own: {source} "
+                         "brings its documents; give one or the other")
     if args.scenario:
         # the fleet's rate, which a workload timing its own arrivals (chat-apps) is drawn at
         rate = args.rate if args.rate is not None else \
@@ -91,8 +102,9 @@ def _workload(args: argparse.Namespace) -> PlanWorkload:
             source = args.model
         return from_capture(args.workload, load_tokenizer(source), args.hot_share,
                             args.sim_requests, seed=args.seed)
-    return from_numbers(args.docs, args.doc_tokens, args.hot, args.hot_share,
-                        args.sim_requests, args.seed)
+    docs, doc_tokens, hot = (default if getattr(args, name) is None else getattr(args, name)
+                             for _, name, default in _LIBRARY_FLAGS)
+    return from_numbers(docs, doc_tokens, hot, args.hot_share, args.sim_requests, args.seed)
 
 
 def _profile_path(args: argparse.Namespace, work: PlanWorkload, tmp: Path) -> str:

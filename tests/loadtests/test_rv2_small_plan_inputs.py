@@ -61,3 +61,21 @@ def test_peers_with_one_gateway_are_refused_naming_the_flags(
     assert simulate_cli.main([*base, "--peers", "--gateways", "2"]) == 0
     ran = json.loads(report.read_text())
     assert ran["peers"] is True and ran["gateways"] == 2
+
+
+@pytest.mark.parametrize("flags", [["--docs", "10"], ["--hot", "5", "--doc-tokens", "100"]])
+@pytest.mark.parametrize("source", [["--scenario", "contracts-400"],
+                                    ["--workload", "capture.jsonl"]])
+def test_library_sizes_beside_a_scenario_or_capture_are_refused(
+        flags: list[str], source: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """They were taken and ignored: the scenario's or the capture's documents were used."""
+    assert main(["plan", *source, *flags, "--sim-requests", "0", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert flags[0] in err and source[0] in err and "Traceback" not in err
+
+
+def test_library_sizes_alone_are_used(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--docs", "300", "--doc-tokens", "1000", "--hot", "30",
+                 "--sim-requests", "0", "--json"]) == 0
+    library = json.loads(capsys.readouterr().out)["workload"]
+    assert (library["docs"], library["doc_tokens"], library["hot_docs"]) == (300, 1000, 30)
