@@ -97,8 +97,6 @@ MAX_STOP_CHARS = 4096
 MAX_STOP_TOKEN_IDS = 1024
 
 
-
-
 def _refuse_unsupported(body: Any, chat: bool) -> None:
     for name, nothing, chats in _UNSUPPORTED:
         if chats and not chat:

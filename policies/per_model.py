@@ -66,7 +66,7 @@ class PerModel(Policy):
             if keep and len(self._by_model) > 1:
                 self._by_model.move_to_end(model)
             return policy
-        if model is not None and self._listed is not None and not self._listed(model):
+        if self._unlisted(model):
             return self.policy_for(None, keep)
         if not self._by_model:
             policy = self.first
@@ -83,6 +83,10 @@ class PerModel(Policy):
         if keep:
             self._by_model[model] = policy
         return policy
+
+    def _unlisted(self, model: str | None) -> bool:
+        """Whether ``model`` is a name no replica lists (it shares the None instance)."""
+        return model is not None and self._listed is not None and not self._listed(model)
 
     def _fresh(self) -> Policy:
         policy = self._make()
@@ -125,9 +129,9 @@ class PerModel(Policy):
         elif isinstance(event, Finished):
             # a request whose model's instance was let go meanwhile tells a new one
             # nothing, and making one would push out a model in use
-            policy = self._by_model.get(event.request.model)
-            if policy is None and (event.request.model is None or (
-                    self._listed is not None and not self._listed(event.request.model))):
+            model = event.request.model
+            policy = self._by_model.get(model)
+            if policy is None and self._unlisted(model):
                 policy = self._by_model.get(None)
             if policy is not None:
                 policy.observe(event)
