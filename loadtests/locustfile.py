@@ -59,6 +59,7 @@ import numpy as np
 import requests
 from locust import HttpUser, events, task
 
+from loadtests.error_events import error_told
 from loadtests.workloads import (
     TEXT_TOKENS_PER_WORD,
     SegmentContent,
@@ -244,7 +245,7 @@ class _WorkloadUser(HttpUser):
                 done = True
                 break
             chunk = json.loads(data)
-            error = _error(chunk)
+            error = error_told(chunk)
             if error is not None:
                 raise ValueError(error)
             for choice in chunk.get("choices") or ():
@@ -263,23 +264,12 @@ class _WorkloadUser(HttpUser):
         self._first_token(started, sample)  # its content came all at once
         if not isinstance(body, dict):
             raise ValueError(f"not an object: {str(body)[:100]}")
-        error = _error(body)
+        error = error_told(body)
         if error is not None:
             raise ValueError(error)
         _usage(body, sample)
         return _finish_problem({int(c.get("index") or 0): c.get("finish_reason")
                                 for c in body.get("choices") or ()}, "answer")
-
-
-def _error(obj: dict[str, Any]) -> str | None:
-    """An OpenAI-style error event or answer, as it is told (at most 200 characters): nested
-    under ``error`` (OpenAI's, vLLM's since 0.10.2), or flat beside ``"object": "error"``
-    (older vLLM's, SGLang's); None for anything else."""
-    if "error" in obj:
-        return str(obj["error"])[:200]
-    if obj.get("object") == "error":
-        return str({k: v for k, v in obj.items() if k != "object"})[:200]
-    return None
 
 
 def _finish_problem(finish: dict[int, str | None], what: str, done: bool = True

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from kvwire.arg_types import positive_int
+from loadtests.error_events import error_told
 from loadtests.json_out import print_json
 
 TENANT_HEADER = "x-kvgate-tenant"
@@ -62,8 +63,7 @@ def ttft(http: httpx.Client, model: str, prompt: str, tenant: str) -> float:
             took = time.perf_counter() - started
             if line == "data: [DONE]":
                 break
-            event = json.loads(line[len("data: "):])
-            if isinstance(event, dict) and ("error" in event or event.get("object") == "error"):
+            if error_told(json.loads(line[len("data: "):])) is not None:
                 raise RuntimeError(f"the stream's first event is an error: {line[:300]}")
             return took
     raise RuntimeError("the stream ended without an event")
