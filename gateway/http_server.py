@@ -232,6 +232,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._start_head_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._next and self.timeout_keep_alive_task is not None:
+            # the first bytes on an idle kept-alive connection end uvicorn's keep-alive
+            # wait: the next head's timer starts with them, whether or not they begin a
+            # request (blank lines, skipped before one, held the connection for ever)
+            self._next = False
+            self._start_head_timer()
         if self._in_head and self._head_size(data) > self.limits.max_header_bytes:
             # measured before parsing: a head that ends in this read is as bounded as one
             # that does not

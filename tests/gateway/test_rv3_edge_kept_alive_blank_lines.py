@@ -1,0 +1,69 @@
+"""A kept-alive connection that sends bytes which begin no request (blank lines, which a
+server skips before a request line) is still held to the head's time limit: they ended
+its keep-alive wait, and no head timer started, so two bytes held it open for ever."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from gateway.config import parse_config
+from gateway.http_server import server_config
+from tests.support.servers import free_port
+from tests.support.waiting import wait_until
+
+
+async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    config = parse_config({"port": free_port(), "limits": {"header_timeout_s": 0.3,
+                                                           "keep_alive_s": 0.3}})
+    server = uvicorn.Server(server_config(ok_app, config, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 10, "the server to start")
+    yield config.port
+    server.should_exit = True
+    thread.join(5)
+
+
+def _rest(sock: socket.socket) -> bytes:
+    """What the server sends until it closes (TimeoutError: it held the connection)."""
+    got = b""
+    while chunk := sock.recv(65536):
+        got += chunk
+    return got
+
+
+@pytest.mark.parametrize("stray", [b"\r\n", b"\n", b"\r\n\r\n"])
+def test_blank_lines_on_a_kept_alive_connection_do_not_hold_it(port: int,
+                                                               stray: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(5)  # far past both limits: only a connection held for ever waits
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"ok")
+        sock.sendall(stray)
+        answer = _rest(sock)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b'"code":"header_timeout"' in answer
+
+
+def test_a_request_after_blank_lines_is_served(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(5)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"\r\nGET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = _rest(sock)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
