@@ -17,7 +17,8 @@ without a shared accept queue.
   mode; a removed replica's series leave each worker's files, ``MetricFiles``); the
   per-replica gauges come from the shared accounting, the box's view.
 - Limits (``max_in_flight``, ``max_pending``, ``max_connections``) are the box's: each
-  worker takes its share, rounded up. Each writes its own capture log (``path.w<i>``);
+  worker takes its share, rounded up. Each writes its own capture log (``path.w<i>``),
+  within its share of ``capture.max_mb`` and ``capture.queue_mb``;
   ``/admin/prefix-report`` shows worker 0's requests.
 - Discovery runs in worker 0 only; the others take membership from its snapshot.
 - Each worker tells the others every route it makes (``worker_routes``: a Unix socket
@@ -120,11 +121,15 @@ class WorkerPlan:
 
 def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConfig:
     """``config`` for worker ``index``: its share of the box's limits, and a capture log
-    of its own (``path.w<index>``: two writers never share a file)."""
+    of its own (``path.w<index>``: two writers never share a file) with its share of the
+    log's bounds (``max_mb``, ``queue``, ``queue_mb``), so the box's files stay under
+    ``max_mb`` as one gateway's do."""
     limits = config.limits
     capture = config.capture
     if capture.path and workers > 1:
-        capture = dataclasses.replace(capture, path=f"{capture.path}.w{index}")
+        capture = dataclasses.replace(
+            capture, path=f"{capture.path}.w{index}", max_mb=capture.max_mb / workers,
+            queue=math.ceil(capture.queue / workers), queue_mb=capture.queue_mb / workers)
     return dataclasses.replace(config, capture=capture, limits=dataclasses.replace(
         limits, max_in_flight=math.ceil(limits.max_in_flight / workers),
         max_pending=math.ceil(limits.max_pending / workers),
