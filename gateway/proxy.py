@@ -777,14 +777,16 @@ class Proxy:
         order, at = ranked, 0  # the replicas in the order tried, and the next one's place
         tries = len(order) if stored_elsewhere else self.max_attempts
         while at < len(order) and tries:
-            replica, at, tries = order[at], at + 1, tries - 1
+            replica, at = order[at], at + 1
             state = self.fleet.get(replica)
             left = deadline - time.monotonic()
             # a later try gets what is left of the request's deadline, unless that is too
-            # little to be worth a replica's work (a first try always has its whole wait)
+            # little to be worth a replica's work (a first try always has its whole wait);
+            # a replica passed over (gone or ejected since the decision) uses no try
             if state is None or (not state.healthy and attempts) \
                     or left < min(_LEAST_TRY_S, least_wait / 2):
                 continue
+            tries -= 1
             on_sent(replica)
             pending = self.fleet.sent(replica, work_tokens(replica))
             per_try = self.first_byte.seconds(stream, pending.tokens, state.watched)
