@@ -139,14 +139,33 @@ def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConf
                                 math.ceil(limits.max_receiving_bytes / workers))))
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
-    return sock
+def reuse_port_sockets(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound (``SO_REUSEPORT``) to every address ``host`` names, as one gateway's
+    server binds them (asyncio's ``create_server``): an empty host is every interface,
+    IPv4 and IPv6; an IPv6 socket takes IPv6 only. (One socket of the family a ``:``
+    chose listened on IPv4 alone for an empty host or a name, where one gateway listens
+    on both.)"""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot listen on {address[0]!r} port {port}: "
+                              f"{exc.strerror}") from None
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def die_with_parent(supervisor: int) -> None:
@@ -208,12 +227,13 @@ def worker_main(plan: WorkerPlan) -> None:
     def drain() -> None:
         gw.draining = True
 
-    sock = reuse_port_socket(config.host, config.port)
+    socks = reuse_port_sockets(config.host, config.port)
     try:
-        run_server(app, config, admin_app, drain, sockets=[sock],
+        run_server(app, config, admin_app, drain, sockets=socks,
                    on_cutoff=gw.stop_relays)
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()
         feed.close()
         load.close()
 
