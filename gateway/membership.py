@@ -40,7 +40,9 @@ ADMIN = "admin"
 class Changes:
     added: tuple[str, ...]
     removed: tuple[str, ...]
-    skipped: tuple[str, ...]  # ids another source already holds, or past the fleet's limit
+    # ids another source already holds, or past the fleet's limit; a replica whose ranks
+    # cannot be made (one's KV event port past 65535): its own id
+    skipped: tuple[str, ...]
 
 
 class SourceBook:
@@ -151,9 +153,15 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
     maybe = [gid for gid, config in wanted.items()
              if given.get(gid) is not config or gid in unsettled]
     changed: dict[str, list[ReplicaConfig]] = {}  # group -> its members, as now listed
+    refused: list[str] = []  # groups whose ranks cannot be made: no member, until changed
     async for gid in each_handing_back(maybe):  # equal copies (a DNS answer's): compared
         if gid in unsettled or given.get(gid) != wanted[gid]:
-            changed[gid] = wanted[gid].ranks()
+            try:
+                changed[gid] = wanted[gid].ranks()
+            except ValueError as exc:  # (see _members): the others still join and leave
+                changed[gid] = []
+                refused.append(gid)
+                log.warning("discovery %s: replica %s not added: %s", source, gid, exc)
     gone = given.keys() - wanted.keys()
     stale = [gid for gid in changed if gid in given]
     if gone:
@@ -162,7 +170,7 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
     removed: list[str] = []
     async for gid in each_handing_back(stale):  # a group's members leave in one slice
         now = {rank.id: rank for rank in changed.get(gid, ())}
-        for rank in given[gid].ranks():
+        for rank in _members(given[gid]):
             holder = gw.fleet.get(rank.id)
             if holder is not None and holder.source == source \
                     and holder.config != now.get(rank.id):
@@ -209,7 +217,17 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
     if full:
         log.warning("discovery %s: the fleet holds its limit of %d replicas: %s not added",
                     source, MAX_REPLICAS, _some(full))
-    return Changes(tuple(added), tuple(removed), tuple(skipped + full))
+    return Changes(tuple(added), tuple(removed), tuple(skipped + full + refused))
+
+
+def _members(config: ReplicaConfig) -> list[ReplicaConfig]:
+    """``config.ranks()``; none when they cannot be made (a rank's KV event port past
+    65535: a port a Kubernetes object names, offset by the template's
+    ``data_parallel_size`` ranks), as no member of such a replica joins."""
+    try:
+        return config.ranks()
+    except ValueError:
+        return []
 
 
 def _in_place(gw: GatewayState, source: str, rank: ReplicaConfig) -> bool:
