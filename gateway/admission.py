@@ -80,6 +80,14 @@ class Admission:
             return Slot(self)
         return None
 
+    def check_room(self) -> None:
+        """TooManyRequests when a request arriving now would be refused at once (no place
+        free, and no room to wait for one): called once its body is read, before anything
+        is done with it (``take_in``), so that a refusal costs no decoding."""
+        free = self.in_flight < self.limits.max_in_flight and not self.waiting
+        if not free and self.waiting >= self.limits.max_pending:
+            raise self._refusal()
+
     async def enter(self) -> Slot:
         """A place, now or after a bounded wait; TooManyRequests otherwise."""
         limits = self.limits

@@ -105,9 +105,13 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
                   keyed: str | None = None, named: bool = False) -> Intake:
     """``endpoint`` None: chat when the body has ``messages``, else completions. With client
     API keys on, or ``named`` (the admin API names the tenant it explains for), ``keyed``
-    is the tenant (the request's tenant header is not read here)."""
+    is the tenant (the request's tenant header is not read here). A request to be served
+    (not ``named``) is refused once its body is read when the gateway has no place for it
+    (``Admission.check_room``)."""
     check_encoding(request)
     raw = await read_timed_body(request, gw)
+    if not named:  # no place for it: refused before its body is decoded
+        gw.admission.check_room()
     aff = gw.config.affinity
     header_value = request.headers.get(aff.header) if aff.header else None
     if parses_on_loop(raw):
