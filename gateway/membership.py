@@ -200,8 +200,9 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
                 continue
             try:
                 states = _add_all(gw, new, source)
-            except ValueError as exc:  # no slot left in the workers' shared accounting
-                full.extend(rank.id for rank in new)
+            except ValueError as exc:  # no slot left in the workers' shared accounting,
+                # its api_key_file unreadable now: said here, not as the fleet's limit
+                skipped.extend(rank.id for rank in new)
                 unsettled.add(gid)
                 log.warning("discovery %s: replica %s not added: %s", source, new[0].id,
                             exc)
