@@ -787,6 +787,9 @@ class Proxy:
                     or left < min(_LEAST_TRY_S, least_wait / 2):
                 continue
             tries -= 1
+            if attempts:  # the last try failed, and this one is its retry (counted so
+                # whether or not this one answers)
+                self.metrics.retried(attempts[-1].replica, attempts[-1].cause)
             on_sent(replica)
             pending = self.fleet.sent(replica, work_tokens(replica))
             per_try = self.first_byte.seconds(stream, pending.tokens, state.watched)
@@ -833,8 +836,6 @@ class Proxy:
             if suspect is not None:  # another replica answered: the 5xx was its replica's
                 self._count_failure(*suspect)
             self.fleet.request_ok(replica)
-            for attempt in attempts:
-                self.metrics.retried(attempt.replica, attempt.cause)
             return opened
         if suspect is not None:  # no other replica told otherwise: counted
             self._count_failure(*suspect)
