@@ -7,7 +7,8 @@ answered 431 and the connection closed (measured up to its blank line before eac
 is parsed, so a head that arrives whole in one read is bounded too; pipelined heads that
 share a read with the request before them are bounded by the read); a head not complete
 ``header_timeout_s`` after its connection opened (or after its first byte, on a kept-alive
-connection) is answered 408.
+connection) is answered 408. A connection closed with bytes still to send (a close
+waits for them) is dropped once its client has read none of them for ``header_timeout_s``.
 Websockets are off: the gateway serves none, and a request that asks to switch protocols
 (``Connection: Upgrade``) is served as the HTTP/1.1 request it also is (``_PlainParser``).
 
@@ -69,14 +70,22 @@ _JOIN_BYTES = 64 * 1024
 class HeadWithBody:
     """A connection's transport whose response heads wait for the rest of the loop's turn
     for the bytes after them, to go out in one write (see the module docstring). What is
-    held is written before anything else the transport is asked to do with the stream."""
+    held is written before anything else the transport is asked to do with the stream.
 
-    __slots__ = ("_held", "_loop", "_transport")
+    With ``unread_s``, a close that leaves bytes to send (a close waits for them to go
+    out) aborts the connection once its client has read none of them for that long: a
+    client that reads nothing held it, and the bytes, for as long as its machine
+    acknowledged TCP's probes."""
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    __slots__ = ("_held", "_loop", "_transport", "_unread_s", "_watched")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 unread_s: float | None = None) -> None:
         self._transport = transport
         self._loop = loop
         self._held: bytes | None = None
+        self._unread_s = unread_s
+        self._watched = False  # a closed connection's unsent bytes are watched
 
     def write(self, data: bytes) -> None:
         held = self._held
@@ -108,6 +117,22 @@ class HeadWithBody:
     def close(self) -> None:
         self.flush()
         self._transport.close()
+        if self._unread_s is not None and not self._watched:
+            left = self._transport.get_write_buffer_size()
+            if left:
+                self._watched = True
+                self._loop.call_later(self._unread_s, self._drop_if_unread, left,
+                                      self._unread_s)
+
+    def _drop_if_unread(self, left: int, unread_s: float) -> None:
+        """Abort unless the client read some of the ``left`` bytes since the last look."""
+        now = self._transport.get_write_buffer_size()
+        if not now:  # all sent (or the connection gone)
+            return
+        if now >= left:
+            self._transport.abort()
+            return
+        self._loop.call_later(unread_s, self._drop_if_unread, now, unread_s)
 
     def write_eof(self) -> None:
         self.flush()
@@ -220,7 +245,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._leaving = _Leaving(self)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
+        super().connection_made(HeadWithBody(  # type: ignore[arg-type]
+            transport, self.loop, self.limits.header_timeout_s))
         if len(self.server_state.connections) > self.limits.max_connections:
             # one connection too many is refused, not every request on the others (which
             # is what uvicorn's limit_concurrency does, with a plain-text 503)

@@ -1,0 +1,74 @@
+"""A connection closed with an answer its client does not read is dropped once the client
+has read nothing of it for ``header_timeout_s``: a close waits for what is buffered to
+go out, so a client that asked for a large answer (embeddings, a whole completion) and
+read none of it held the connection, the answer's bytes and a place under
+``max_connections`` for as long as its machine kept acknowledging TCP probes. A client
+that reads its answer, later than the close, gets all of it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from gateway.config import parse_config
+from gateway.http_server import server_config
+from tests.support.servers import free_port
+from tests.support.waiting import wait_until
+
+BIG = b"x" * (16 << 20)  # past what the two sockets' buffers take on loopback
+
+
+async def big_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(BIG)).encode())]})
+        await send({"type": "http.response.body", "body": BIG})
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[uvicorn.Server, int]]:
+    config = parse_config({"port": free_port(), "limits": {"header_timeout_s": 0.5,
+                                                           "keep_alive_s": 0.1}})
+    running = uvicorn.Server(server_config(big_app, config, log_level="critical"))
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    wait_until(lambda: running.started, 10, "the server to start")
+    yield running, config.port
+    running.should_exit = True
+    thread.join(5)
+
+
+def _asking(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    return sock
+
+
+def test_a_client_that_reads_nothing_of_its_answer_is_dropped(
+        server: tuple[uvicorn.Server, int]) -> None:
+    running, port = server
+    with _asking(port):
+        wait_until(lambda: running.server_state.connections, 5, "the connection")
+        # kept alive 0.1 s, then closed; what is left of the answer waits on the client
+        wait_until(lambda: not running.server_state.connections, 5,
+                   "the connection whose client reads nothing to be dropped")
+
+
+def test_a_client_that_reads_its_answer_late_gets_all_of_it(
+        server: tuple[uvicorn.Server, int]) -> None:
+    _, port = server
+    with _asking(port) as sock:
+        time.sleep(0.2)  # past the keep-alive: the connection is closed with the rest held
+        sock.settimeout(10)
+        got = bytearray()
+        while chunk := sock.recv(1 << 20):
+            got += chunk
+    head, _, body = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and len(body) == len(BIG)
