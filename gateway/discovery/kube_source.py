@@ -152,9 +152,13 @@ class KubernetesSource:
                     self._namespace = (await asyncio.to_thread(NAMESPACE_FILE.read_text)
                                        ).strip()
             else:
+                # persist_config off: the library's writing back of a token its auth
+                # provider refreshed (OIDC, GCP) raises TypeError (its persister takes no
+                # argument), and would rewrite the operator's file (a mounted Secret:
+                # read-only); the refreshed token is kept in memory, for this client
                 loader = await on_own_loop(k8s_config.load_kube_config(
                     config_file=self.config.kubeconfig, context=self.config.context,
-                    client_configuration=conf))
+                    client_configuration=conf, persist_config=False))
                 if self.config.namespace is None:  # the context in use's, else default
                     context = (loader.current_context or {}).get("context") or {}
                     self._namespace = str(context.get("namespace") or "default")
