@@ -46,13 +46,18 @@ import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import GatewayConfig, LimitsConfig
+from kvwire.openai_schema import BadRequest, ServiceUnavailable, TooManyRequests
+
+# the OpenAI error type of each status the server answers itself, as the app's errors
+# have it (any other is the client's request's fault: 400, 408, 431)
+_ERROR_TYPES = {429: TooManyRequests.type, 503: ServiceUnavailable.type}
 
 
 def _close_with(transport: asyncio.Transport, status: bytes, reason: str, code: str,
                 extra: bytes = b"") -> None:
     """Answers ``status`` with an OpenAI-shaped error (and a new request id: the head was
     never read; ``extra``: more header lines) and closes."""
-    kind = "invalid_request_error" if int(status[:3]) < 500 else "service_unavailable"
+    kind = _ERROR_TYPES.get(int(status[:3]), BadRequest.type)
     body = orjson.dumps({"error": {"message": reason, "type": kind, "param": None,
                                    "code": code}})
     transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
