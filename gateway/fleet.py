@@ -108,6 +108,8 @@ class _Steady(NamedTuple):
     kv_capacity_tokens: int | None
     token_hit_rate: float | None
     prefill_tokens_per_s: float | None
+    scrape_seq: int
+    prefilling: int  # this process's requests running there without a first byte then
 
 
 @dataclass(slots=True)
@@ -137,6 +139,9 @@ class ReplicaState:
     pending_tokens: int = 0  # sent, no first byte yet
     pending_at_scrape: int = 0  # pending_tokens (the box's, with workers) when last scraped
     in_flight_at_scrape: int = 0  # in_flight (the box's, with workers) when last scraped
+    # this process's requests there still waiting for a first byte when last scraped (a
+    # follower worker's when it applied the leader's scrape)
+    awaiting_at_scrape: int = 0
     in_flight: int = 0
     # monotonic: when it last gave this worker's requests a first byte or a whole answer
     # (a try waiting on it past its wait is then waiting on a busy replica, not a hung one;
@@ -287,7 +292,8 @@ class ReplicaState:
             f.running, f.waiting, in_flight, f.kv_usage,
             None if capacity is None else int(capacity / ratio), f.token_hit_rate,
             self.epoch, None if prefill is None else prefill / ratio,
-            age if age > 0.0 else 0.0, head, f.others_in_flight))
+            age if age > 0.0 else 0.0, head, f.others_in_flight, f.scrape_seq,
+            f.prefilling))
 
     def _steady_fields(self) -> _Steady:
         s = self.scraped
@@ -296,7 +302,8 @@ class ReplicaState:
             self.config.base_url, self.config.weight, running, waiting,
             max(0, running + waiting - self.in_flight_at_scrape),
             s.kv_usage if s else 0.0, self.kv_capacity().replica_tokens,
-            self.token_hit_rate(), self.hits.prefill_per_s())
+            self.token_hit_rate(), self.hits.prefill_per_s(), self.scrape_seq,
+            max(0, self.awaiting_at_scrape - waiting))
 
 
 class Outbox(Protocol):
@@ -528,6 +535,7 @@ class Fleet:
             else pending_then
         state.in_flight_at_scrape = load.in_flight if in_flight_then is None \
             else in_flight_then
+        state.awaiting_at_scrape = len(state.unsettled)
         state.publish()
         reset = False
         if metrics.hit_tokens is not None and metrics.query_tokens is not None:

@@ -87,7 +87,10 @@ class ReplicaView(NamedTuple):
     are the replica's gauges at the last scrape; ``in_flight`` is this gateway's requests
     there now, and ``others_in_flight`` what the gauges held beyond this gateway's in
     flight at that scrape (other senders'): the two add up to the requests there now
-    without the scrape's lag on this gateway's own.
+    without the scrape's lag on this gateway's own. ``scrape_seq`` tells which scrape the
+    gauges came from (views read again between scrapes repeat it), and ``prefilling`` how
+    many of this gateway's requests there had no first byte then beyond the ``waiting``
+    ones: requests the replica was running but had not finished prefilling.
     """
 
     id: str
@@ -106,6 +109,8 @@ class ReplicaView(NamedTuple):
     pending_age_s: float = 0.0
     pending_head_tokens: int = 0
     others_in_flight: int = 0
+    scrape_seq: int = 0
+    prefilling: int = 0
 
 
 class ReplicaScore(NamedTuple):

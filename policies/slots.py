@@ -6,9 +6,20 @@ its prompt. With long answers that wait, not prefill, is the tail of time to fir
 and a replica with an empty prefill queue is not free.
 
 Neither engine exports its slot count, so it is learned per replica: the most sequences
-ever seen running, once others were seen waiting at that count ``confirm`` times (a
-replica short of prefill budget or KV also queues requests now and then, at any count, and
-that is no slot limit; nor is a scrape taken as requests came in, before any ran). How
+ever seen running, once others were seen waiting at that count ``confirm`` times (reads
+of the scrapes by decisions). Waiting requests are no slot limit where:
+
+- none ran: requests just came in;
+- some of the running ones were still in prefill (this gateway's requests there without a
+  first byte, beyond the waiting ones: ``ReplicaView.prefilling``): the wait is for that
+  prefill, or for prefill budget or KV, which a replica runs short of at any count;
+- one request waited, in a scrape that followed none showing requests waiting at that
+  count: an engine takes in a request that arrives during a step at the next step, so a
+  scrape catches one waiting now and then, at any count.
+
+A replica busy with long prefills of one-off prompts, two at a time, was taken for one of
+two slots on such waits; the limit steered its share of traffic away, and with it any
+chance to see more run there. How
 long a slot is held is learned fleet-wide from finished requests: from the end of their
 prefill (first token) to their last byte, plus their own prefill. With ``n`` requests in
 flight on a replica (this gateway's now, and other senders' as last scraped:
@@ -28,7 +39,8 @@ from policies.base import ReplicaView
 class DecodeSlots:
     """Per replica slot limits and the fleet's mean slot holding time."""
 
-    __slots__ = ("_capped", "_hold_s", "_limits", "_most", "_samples", "alpha", "confirm")
+    __slots__ = ("_capped", "_full_at", "_hold_s", "_limits", "_most", "_samples", "alpha",
+                 "confirm")
 
     def __init__(self, alpha: float = 0.02, confirm: int = 8) -> None:
         if not 0.0 < alpha <= 1.0:
@@ -40,27 +52,47 @@ class DecodeSlots:
         self._most: dict[str, int] = {}  # the most sequences seen running
         self._capped: dict[str, int] = {}  # times others were seen waiting at that count
         self._limits: dict[str, int] = {}  # the confirmed ones
+        # the first and last of the latest run of scrapes seen full, one after the other
+        self._full_at: dict[str, tuple[int, int]] = {}
         self._hold_s = 0.0
         self._samples = 0
 
-    def saw(self, replica: str, running: int, waiting: int) -> None:
-        """A scrape: ``running`` sequences ran while ``waiting`` others waited."""
+    def saw(self, replica: str, running: int, waiting: int, prefilling: int = 0,
+            scrape: int = 0) -> None:
+        """A scrape: ``running`` sequences ran while ``waiting`` others waited,
+        ``prefilling`` of the running ones not through their prefill. ``scrape``: its
+        sequence number (0: unknown, each call counts as one that followed another
+        showing the same)."""
         most = self._most.get(replica, 0)
         if running > most:
             self._most[replica] = most = running
             self._capped.pop(replica, None)
             self._limits.pop(replica, None)
-        if waiting > 0 and running == most > 0:  # none running: requests just came in
-            seen = self._capped[replica] = self._capped.get(replica, 0) + 1
-            if seen >= self.confirm:
-                self._limits[replica] = most
+            self._full_at.pop(replica, None)
+        # none running: requests just came in; some in prefill: the wait is the prefill's
+        if not (waiting > 0 and running == most > 0 and prefilling == 0):
+            return
+        if scrape and waiting == 1:
+            # one scrape alone may catch a request that came in during a step, to run at
+            # the next: the one before it must have shown requests waiting at the most too
+            # (two or more that came in during one step are rare)
+            first, last = self._full_at.get(replica, (0, 0))
+            if scrape != last:
+                if scrape != last + 1:
+                    first = scrape  # a new run of full scrapes
+                self._full_at[replica] = (first, scrape)
+            if scrape == first:
+                return
+        seen = self._capped[replica] = self._capped.get(replica, 0) + 1
+        if seen >= self.confirm:
+            self._limits[replica] = most
 
     def saw_all(self, views: Iterable[ReplicaView]) -> None:
         """``saw`` for every view (a decision's scraped gauges)."""
         most, saw = self._most, self.saw
         for r in views:
             if r.waiting > 0 or r.running > most.get(r.id, 0):
-                saw(r.id, r.running, r.waiting)
+                saw(r.id, r.running, r.waiting, r.prefilling, r.scrape_seq)
 
     def held(self, seconds: float) -> None:
         """One finished request held a slot for ``seconds``."""
@@ -72,6 +104,7 @@ class DecodeSlots:
 
     def forget(self, replica: str) -> None:
         self._most.pop(replica, None)
+        self._full_at.pop(replica, None)
         self._capped.pop(replica, None)
         self._limits.pop(replica, None)
 

@@ -157,6 +157,25 @@ def test_a_view_counts_its_own_requests_in_flight_now_and_others_as_last_scraped
         fleet.done(pending)
 
 
+def test_a_view_tells_its_scrape_and_the_requests_still_prefilling_then() -> None:
+    fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
+    state = fleet.get("r")
+    assert state is not None
+    ours = [fleet.sent("r", 10) for _ in range(7)]
+    fleet.first_byte(ours[0])  # one decoding; six without a first byte
+    fleet.record_scrape("r", parse_metrics(VLLM))  # 4 running, 5 waiting
+    view = state.view()
+    # six of ours had no first byte, five were waiting: one running was in prefill
+    assert (view.scrape_seq, view.prefilling) == (1, 1)
+    for pending in ours[1:3]:
+        fleet.first_byte(pending)
+    assert state.view().prefilling == 1  # as the last scrape saw it
+    fleet.record_scrape("r", parse_metrics(VLLM))
+    assert (state.view().scrape_seq, state.view().prefilling) == (2, 0)
+    for pending in ours:
+        fleet.done(pending)
+
+
 def test_restart_bumps_epoch() -> None:
     fleet = Fleet([ReplicaConfig("r", "http://127.0.0.1:1")])
     assert not fleet.record_scrape("r", parse_metrics(VLLM))

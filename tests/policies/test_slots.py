@@ -21,6 +21,29 @@ def test_a_slot_limit_needs_requests_waiting_at_the_most_ever_running() -> None:
     assert slots.limit("r0") is None
 
 
+def test_a_slot_limit_is_not_learned_from_a_wait_for_prefill_nor_from_lone_arrivals() -> None:
+    slots = DecodeSlots(confirm=3)
+    for scrape in range(1, 6):  # a replica prefilling long prompts two at a time
+        slots.saw("r0", 2, waiting=1, prefilling=1, scrape=scrape)
+    assert slots.limit("r0") is None
+    for scrape in (6, 8, 10):  # scrapes that each caught one request come in mid-step,
+        for _ in range(4):  # read by several decisions
+            slots.saw("r0", 2, waiting=1, scrape=scrape)
+    assert slots.limit("r0") is None
+    # one waiting in scrapes that follow each other: the first of them does not count
+    slots.saw_all([ReplicaView("r0", running=2, waiting=1, scrape_seq=12)] * 3)
+    assert slots.limit("r0") is None
+    slots.saw_all([ReplicaView("r0", running=2, waiting=1, scrape_seq=13)] * 2)
+    assert slots.limit("r0") is None
+    slots.saw_all([ReplicaView("r0", running=2, waiting=1, scrape_seq=14)])
+    assert slots.limit("r0") == 2
+    slots.saw("r0", 3, waiting=0, scrape=15)
+    assert slots.limit("r0") is None
+    for _ in range(3):  # two or more waiting: counted at once
+        slots.saw("r0", 3, waiting=2, scrape=20)
+    assert slots.limit("r0") == 3
+
+
 def test_the_wait_counts_the_finishes_ahead() -> None:
     slots = DecodeSlots(alpha=0.5, confirm=1)
     assert slots.wait_s("r0", 100) == 0.0  # nothing known
