@@ -204,18 +204,24 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         ranked, path, intake.raw, headers,
         lambda replica: batch * work_tokens(route_req, decision, replica), on_sent, on_done,
         intake.parsed.stream, _continues(intake.parsed))
-    if intake.parsed.endpoint == "responses" and stream.status < 400:
-        answered = response_id(stream.first_chunk)
-        if answered is not None:
-            gw.response_homes.put(answered, stream.replica)
-    if stream.stream:
-        open_now = stream.duration_s is None and gw.kv_capacity.on
-        if open_now or not _asks_usage(intake.parsed):
-            stream.count_events()  # its output tokens (so far) are its content chunks
-        if open_now:  # the replica holds its prompt while it streams
-            held.append(gw.kv_capacity.resident.started(
-                stream.replica, batch * route_req.prompt_tokens, prompt_head_key(intake.parsed),
-                stream.content_chunks))
+    try:
+        if intake.parsed.endpoint == "responses" and stream.status < 400:
+            answered = response_id(stream.first_chunk)
+            if answered is not None:
+                gw.response_homes.put(answered, stream.replica)
+        if stream.stream:
+            open_now = stream.duration_s is None and gw.kv_capacity.on
+            if open_now or not _asks_usage(intake.parsed):
+                stream.count_events()  # its output tokens (so far) are its content chunks
+            if open_now:  # the replica holds its prompt while it streams
+                held.append(gw.kv_capacity.resident.started(
+                    stream.replica, batch * route_req.prompt_tokens,
+                    prompt_head_key(intake.parsed), stream.content_chunks))
+    except BaseException:
+        # no response will relay (and close) it: its place, connection and pending
+        # tokens would be held for good
+        stream.close(ok=False)
+        raise
     return stream
 
 

@@ -79,6 +79,13 @@ def responses_fields(body: Any) -> RequestFields:
 
 
 def response_id(first_bytes: bytes) -> str | None:
-    """The id of the response whose body (or stream) starts with ``first_bytes``."""
+    """The id of the response whose body (or stream) starts with ``first_bytes``; None
+    where there is none, or it is not UTF-8 (no client could name it again: a JSON string
+    is UTF-8)."""
     found = _RESPONSE_ID.search(first_bytes, 0, _ID_LOOK_BYTES)
-    return found.group(1).decode() if found else None
+    if found is None:
+        return None
+    try:
+        return found.group(1).decode()
+    except UnicodeDecodeError:
+        return None

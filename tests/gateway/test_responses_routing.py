@@ -63,6 +63,9 @@ def test_response_ids_are_read_and_their_homes_bounded() -> None:
         == "resp_b2"
     assert response_id(b'{"id":"my-request-7","object":"response"') == "my-request-7"
     assert response_id(b'{"object":"response","status":"failed"}') is None
+    # not UTF-8: no id a client could send back (it failed the request, whose stream and
+    # place were then never let go)
+    assert response_id(b'{"id":"resp_\xff\xfe","object":"response"') is None
     gw = build_state(parse_config({"replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}]}))
     gw.router.close()
     assert gw.response_homes.capacity == RESPONSE_HOMES  # the latest ones kept, no more
