@@ -1,11 +1,13 @@
 """``kvgate audit LOG [LOG ...] [--json] [--tokenizer PATH]``: the prompt-layout audit of a
-capture log (``capture: {path: ...}`` in the gateway's config; give ``PATH.1`` first to
-read the rotated part too). See ``gateway.layout_audit`` for what it finds and how it
-counts; only the last ``--max-requests`` requests are read."""
+capture log (``capture: {path: ...}`` in the gateway's config; give ``PATH.1`` too to
+read the rotated part, and with worker processes every worker's ``PATH.w<i>`` and
+``PATH.w<i>.1``: their requests are merged by time). See ``gateway.layout_audit`` for
+what it finds and how it counts; only the last ``--max-requests`` requests are read."""
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import sys
 from collections import deque
@@ -17,8 +19,8 @@ from gateway.layout_audit import ADVICE, AuditLimits, AuditReport, audit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("logs", nargs="+", metavar="LOG", help="capture log (JSONL), oldest "
-                        "first")
+    parser.add_argument("logs", nargs="+", metavar="LOG", help="capture log (JSONL); several are "
+                        "merged by time")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json, as the "
                         "gateway's 'tokenizer' (default: the project's)")
@@ -31,35 +33,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_records(paths: Iterable[Path], keep: int) -> tuple[list[CaptureRecord], int]:
-    """The last ``keep`` records of the logs, and how many lines among those read could not
-    be read (all of them when no record was left out, else those after the first record
-    kept): the report counts them as requests it skipped. Memory is bounded by ``keep``,
-    however many lines are not read: each record kept carries the count of unreadable
-    lines just before it."""
-    kept: deque[tuple[int, CaptureRecord]] = deque(maxlen=keep)  # (bad lines before, record)
-    bad_after = 0  # unreadable lines after the newest record (all of them, while none)
+    """The last ``keep`` records of the logs, in time order, and how many lines among
+    those read could not be read (all of them when no record was left out, else those
+    after the first record kept): the report counts them as requests it skipped. The
+    logs are merged by time, each read in its order (a rotated ``PATH.1`` and ``PATH``,
+    or the files of a gateway's worker processes, ``PATH.w<i>``, whose requests are
+    interleaved in time: read one after the other, a conversation's turns compared out
+    of order). Memory is bounded by ``keep``, however many lines are not read: each
+    record kept carries the count of unreadable lines just before it in its file."""
+    # (bad lines before it in its file, record, bad lines after it where last in its file)
+    kept: deque[tuple[int, CaptureRecord, int]] = deque(maxlen=keep)
     left_out = False  # a record was read and not kept: the logs were not read whole
-    for line in _lines(paths):
+    empty: list[int] = []
+    streams = [_records(path, empty) for path in paths]
+    for item in heapq.merge(*streams, key=lambda item: item[1].ts):
+        left_out = left_out or len(kept) == keep
+        kept.append(item)
+    bad = sum(empty) + sum(before + after for before, _, after in kept)
+    if left_out and kept:  # those before the first record kept were not among those read
+        bad -= kept[0][0]
+    return [record for _, record, _ in kept], bad
+
+
+def _records(path: Path, empty: list[int]
+             ) -> Iterator[tuple[int, CaptureRecord, int]]:
+    """``path``'s records in its order, each with the unreadable lines just before it,
+    and after it when it is the file's last; those of a file with no record go to
+    ``empty``."""
+    bad = 0
+    last: tuple[int, CaptureRecord] | None = None
+    for line in _lines(path):
         try:
             record = CaptureRecord.from_json(line)
         except ValueError:  # orjson.JSONDecodeError is one too
-            bad_after += 1
+            bad += 1
             continue
-        left_out = left_out or len(kept) == keep
-        kept.append((bad_after, record))
-        bad_after = 0
-    bad = sum(before for before, _ in kept) + bad_after
-    if left_out and kept:  # those before the first record kept were not among those read
-        bad -= kept[0][0]
-    return [record for _, record in kept], bad
+        if last is not None:
+            yield (*last, 0)
+        last, bad = (bad, record), 0
+    if last is None:
+        empty.append(bad)
+    else:
+        yield (*last, bad)
 
 
-def _lines(paths: Iterable[Path]) -> Iterator[bytes]:
-    for path in paths:
-        with path.open("rb") as f:
-            for line in f:
-                if line.strip():
-                    yield line
+def _lines(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        for line in f:
+            if line.strip():
+                yield line
 
 
 def format_report(report: AuditReport) -> str:

@@ -27,3 +27,20 @@ def test_only_unreadable_lines_among_the_requests_read_are_counted(tmp_path: Pat
     assert len(records) == 34 and bad == 3
     records, bad = read_records([old, new], keep=14)  # from 21 on: the one after it
     assert records[0].ts == 21 and bad == 1
+
+
+def test_worker_processes_logs_are_merged_by_time(tmp_path: Path) -> None:
+    """With worker processes each writes a log of its own (``PATH.w<i>``), their requests
+    interleaved in time: read one file after the other, the audit kept the last file's
+    requests and compared a conversation's turns out of order."""
+    w0, w1 = tmp_path / "c.jsonl.w0", tmp_path / "c.jsonl.w1"
+    w0.write_text("".join(f"{_line(i)}\n" for i in range(0, 20, 2)) + "{cut\n")
+    w1.write_text("".join(f"{_line(i)}\n" for i in range(1, 20, 2)))
+    records, bad = read_records([w0, w1], keep=100)
+    assert [r.ts for r in records] == list(range(20)) and bad == 1
+    records, bad = read_records([w1, w0], keep=5)  # the latest of both, whatever order
+    assert [r.ts for r in records] == list(range(15, 20)) and bad == 1
+    records, bad = read_records([w0, w1], keep=4)  # w0's last (18) kept: the line after it counts
+    assert [r.ts for r in records] == [16, 17, 18, 19] and bad == 1
+    records, bad = read_records([w0, w1], keep=1)  # w0's last not kept: nor the line after it
+    assert [r.ts for r in records] == [19] and bad == 0
