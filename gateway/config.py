@@ -344,7 +344,10 @@ class LimitsConfig:
     idle ones, ``max_header_bytes`` per request head (431) received within
     ``header_timeout_s`` (408), a body within ``body_timeout_s`` (408), all bodies still
     being received within ``max_receiving_bytes`` (429; a body is read before its
-    request takes one of the ``max_in_flight`` places). Toward each replica at most
+    request takes one of the ``max_in_flight`` places, and a request that would find no
+    place is refused as soon as its body is read, before it is decoded). A connection
+    closed with its answer unsent is dropped once its client reads none of it for
+    ``header_timeout_s``. Toward each replica at most
     ``connections_per_replica`` connections.
     """
 
