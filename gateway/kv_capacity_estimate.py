@@ -146,7 +146,7 @@ class CapacityEstimator:
     def __init__(self, fleet: Fleet, config: CapacityEstimateConfig | None = None) -> None:
         self.fleet = fleet
         self.config = config or CapacityEstimateConfig()
-        self.resident = ResidentRequests()
+        self.resident = ResidentRequests(lambda replica: fleet.get(replica) is not None)
         # off with worker processes (a fleet whose load is shared): a scrape sees every
         # worker's requests running, a worker only its own, so no sample would be clean
         self.on = self.config.enabled and fleet.shared is None

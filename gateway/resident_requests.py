@@ -97,13 +97,20 @@ class ResidentRequests:
     """The tracked requests by replica, and a count of changes per replica (a sample
     taken while it did not move saw one stable set)."""
 
-    def __init__(self) -> None:
+    def __init__(self, known: Callable[[str], bool] | None = None) -> None:
         self._replicas: dict[str, _Replica] = {}
+        self._known = known  # whether a replica is in the fleet (None: any is)
 
     def started(self, replica: str, prompt_gateway_tokens: int, head_key: int,
                 output_tokens: Callable[[], int | None]) -> Resident:
-        """A request's first streamed byte came from ``replica``."""
+        """A request's first streamed byte came from ``replica``. One that left the
+        fleet meanwhile (``forget`` came first) keeps no record: a record made after its
+        ``forget`` was never dropped, one per departed replica (a Kubernetes rollout's
+        pod names, each seen once)."""
         entry = Resident(replica, prompt_gateway_tokens, head_key, output_tokens)
+        if self._known is not None and not self._known(replica):
+            entry.ended = True
+            return entry
         slot = self._replicas.setdefault(replica, _Replica())
         slot.running[entry] = None
         slot.changes += 1

@@ -221,6 +221,11 @@ def test_a_restart_drops_the_estimate_and_a_removal_forgets_the_replica() -> Non
     assert estimator.resident.running("r0") == ()
     info = estimator.describe("r0")
     assert (info["replica_tokens"], info["samples"], info["skipped"]) == (None, 0, {})
+    # an answer's first byte that came from it as it left: nothing kept for it
+    late = estimator.resident.started("r0", 500, 7, lambda: None)
+    assert late.ended and estimator.resident.running("r0") == ()
+    assert estimator.resident.changes("r0") == 0  # no record made for it
+    estimator.resident.ended(late)
 
 
 def test_the_prompt_head_tells_shared_documents_apart() -> None:
