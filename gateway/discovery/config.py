@@ -22,6 +22,7 @@ does not tell them.
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -189,8 +190,14 @@ class KubernetesSourceConfig:
                     raise ValueError(
                         f"{key} {name!r} is no container port's name: pods' port names "
                         f"are at most {CONTAINER_PORT_NAME_MAX} characters")
-        if self.kubeconfig is not None and not Path(self.kubeconfig).is_file():
-            raise ValueError(f"kubeconfig {self.kubeconfig!r} is not a file")
+        if self.namespace == "":
+            raise ValueError("namespace must not be empty (leave it out for the pod's own, "
+                             "or the kubeconfig's)")
+        if self.kubeconfig is not None and not any(
+                Path(part).expanduser().is_file()
+                for part in self.kubeconfig.split(os.pathsep) if part):
+            # read as KUBECONFIG is: '~' is the home directory, a list of paths merged
+            raise ValueError(f"kubeconfig {self.kubeconfig!r} names no file")
         for key in ("resync_s", "retry_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")

@@ -3,6 +3,8 @@ membership applies a source's set to the fleet."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,13 +141,28 @@ def test_dns_targets() -> None:
       "kv-events-replay"}, "kv_events_replay_port_name 'kv-events-replay' is no container "
      "port's name: pods' port names are at most 15 characters"),
     ({"type": "kubernetes", "service": "a", "kubeconfig": "/nonexistent/kubeconfig"},
-     "kubeconfig '/nonexistent/kubeconfig' is not a file"),
+     "kubeconfig '/nonexistent/kubeconfig' names no file"),
+    ({"type": "kubernetes", "service": "a", "namespace": ""},
+     "namespace must not be empty (leave it out for the pod's own"),
     ("dns", "expected a mapping with a 'type' key"),
 ])
 def test_bad_source_names_the_key_and_value(source: Any, fragment: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({"discovery": [source]})
     assert fragment in str(err.value)
+
+
+def test_a_kubeconfig_is_read_as_kubeconfig_is(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """'~' is the home directory and a list of paths is merged, as the client library
+    reads them (both were refused as 'not a file')."""
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text("apiVersion: v1\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for kubeconfig in ("~/.kube/config", f"/nonexistent/a{os.pathsep}~/.kube/config"):
+        cfg = parse_config({"discovery": [{"type": "kubernetes", "service": "a",
+                                           "kubeconfig": kubeconfig}]})
+        assert cfg.discovery[0].kubeconfig == kubeconfig  # (the library expands it)
 
 
 def test_the_same_source_twice_is_refused() -> None:
