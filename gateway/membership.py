@@ -56,13 +56,16 @@ class SourceBook:
     at every publish. ``group_of``: the group of each member this source put in the
     fleet; ``heard`` (a fleet listener) makes a group unsettled when one of its members
     is removed by anyone but ``reconcile`` (which forgets a member before removing it).
-    ``lock``: one pass at a time."""
+    ``lock``: one pass at a time. ``warned``: what the last pass warned of (a replica
+    not added, and why): warned again only once it stopped for a pass, not at every
+    publish (a DNS source's every few seconds)."""
 
-    __slots__ = ("given", "group_of", "lock", "unsettled")
+    __slots__ = ("given", "group_of", "lock", "unsettled", "warned")
 
     def __init__(self) -> None:
         self.given: dict[str, ReplicaConfig] = {}
         self.unsettled: set[str] = set()
+        self.warned: set[tuple[str, str]] = set()
         self.group_of: dict[str, str] = {}
         self.lock = asyncio.Lock()
 
@@ -147,6 +150,12 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
     """``reconcile``'s changes to the fleet (``wanted``: the caller's own copy); the
     health check of each server added is started in ``checks``."""
     given, unsettled = book.given, book.unsettled
+    warned_before, book.warned = book.warned, set()
+
+    def fresh(kind: str, rid: str) -> bool:
+        """Whether to warn of ``rid`` not added for ``kind``: not warned of last pass."""
+        book.warned.add((kind, rid))
+        return (kind, rid) not in warned_before
     # groups to look at, in wanted's order: new, changed, or not wholly in the fleet; one
     # given as the same config object as last time (a Kubernetes source keeps them) is
     # passed over here (~0.1 us each)
@@ -161,7 +170,8 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
             except ValueError as exc:  # (see _members): the others still join and leave
                 changed[gid] = []
                 refused.append(gid)
-                log.warning("discovery %s: replica %s not added: %s", source, gid, exc)
+                if fresh("refused", gid):
+                    log.warning("discovery %s: replica %s not added: %s", source, gid, exc)
     gone = given.keys() - wanted.keys()
     stale = [gid for gid in changed if gid in given]
     if gone:
@@ -187,8 +197,9 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
         taken = [(rank.id, holder) for rank in new if (holder := gw.fleet.get(rank.id))]
         for rid, holder in taken:
             skipped.append(rid)
-            log.warning("discovery %s: replica id %s is already in the fleet (from %s); "
-                        "not added", source, rid, holder.source)
+            if fresh("taken", rid):
+                log.warning("discovery %s: replica id %s is already in the fleet (from %s); "
+                            "not added", source, rid, holder.source)
         if taken:
             unsettled.add(gid)
             continue
@@ -204,8 +215,9 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
                 # its api_key_file unreadable now: said here, not as the fleet's limit
                 skipped.extend(rank.id for rank in new)
                 unsettled.add(gid)
-                log.warning("discovery %s: replica %s not added: %s", source, new[0].id,
-                            exc)
+                if fresh("not_added", gid):
+                    log.warning("discovery %s: replica %s not added: %s", source, new[0].id,
+                                exc)
                 continue
             added.extend(state.id for state in states)
             if gw.monitor is not None:
@@ -215,7 +227,7 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
         unsettled.discard(gid)
     book.given = wanted
     book.unsettled = {gid for gid in book.unsettled if gid in wanted}  # (none gone)
-    if full:
+    if [rid for rid in full if fresh("full", rid)]:
         log.warning("discovery %s: the fleet holds its limit of %d replicas: %s not added",
                     source, MAX_REPLICAS, _some(full))
     return Changes(tuple(added), tuple(removed), tuple(skipped + full + refused))
