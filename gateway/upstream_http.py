@@ -359,6 +359,7 @@ class _Origin:
         self.host_header = named if port == _DEFAULT_PORTS[scheme] else f"{named}:{port}"
         self._slots = asyncio.Semaphore(limit)
         self.in_use = 0  # slots taken
+        self.waiting = 0  # requests waiting for a slot
         self._idle: deque[_Connection] = deque()  # the most recently used last
         self._idle_s = idle_s
         self._connect_s = connect_s
@@ -369,7 +370,11 @@ class _Origin:
     async def take(self, fresh: bool = False) -> _Connection:
         """A connection for one request: a kept-alive one (unless ``fresh``), else a new
         one."""
-        await self._slots.acquire()
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
         self.in_use += 1
         try:
             now = time.monotonic()
@@ -382,6 +387,7 @@ class _Origin:
             return await self.connect()
         except BaseException:
             self._release()
+            self._maybe_unused()  # (a replica that left: unreachable)
             raise
 
     def _release(self) -> None:
@@ -436,6 +442,16 @@ class _Origin:
             self._release()
         elif conn in self._idle:
             self._idle.remove(conn)
+        self._maybe_unused()
+
+    def _maybe_unused(self) -> None:
+        """Tell ``on_unused`` when no connection is left, in use or waited for: the last
+        one closed in use (a broken answer, a client that left, ``connection: close``),
+        or the last try failed to connect, left the origin to no timer, kept for good
+        (replicas that come and go, each a new address)."""
+        if not self.in_use and not self.waiting and not self._idle and self._timer is None \
+                and self._on_unused is not None:
+            self._on_unused(self)
 
     def close(self) -> None:
         if self._timer is not None:
@@ -525,7 +541,7 @@ class UpstreamClient:
         raise UpstreamBroken("unreachable: a new connection is never stale")
 
     async def close(self) -> None:
-        for origin in self._origins.values():
+        for origin in list(self._origins.values()):  # (each may forget itself)
             origin.close()
         self._origins.clear()
         self._targets.clear()

@@ -473,3 +473,30 @@ def test_a_second_answer_past_the_end_of_the_first_breaks_it_not_joins_it() -> N
             response.release()  # not kept: closed
             await client.close()
     asyncio.run(main())
+
+
+def test_an_origin_whose_last_connection_closed_in_use_or_never_opened_is_forgotten() -> None:
+    """Only the idle timer forgot an origin: one whose last connection closed while in
+    use (``connection: close``, a broken answer, a client that left), or that no
+    connection could reach, was kept for good, one per replica address ever seen."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        writer.write(answer(b"{}", "connection: close"))
+        await writer.drain()
+        return False
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+
+    async def main() -> None:
+        async with Server(handler) as url:
+            client = UpstreamClient()
+            assert await read_all(client, url) == (200, b"{}")
+            assert client._origins == {} and client._targets == {}
+            with pytest.raises(UpstreamUnreachable):
+                await client.post(f"http://127.0.0.1:{closed_port}/", b"{}", {})
+            assert client._origins == {} and client._targets == {}
+            assert await read_all(client, url) == (200, b"{}")  # made again when asked
+            await client.close()
+    asyncio.run(main())
