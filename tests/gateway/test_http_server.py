@@ -19,7 +19,7 @@ import uvicorn
 
 from gateway.config import parse_config
 from gateway.http_server import HeadWithBody, server_config
-from tests.support.servers import free_port
+from tests.support.servers import free_port, gateway_server
 from tests.support.waiting import wait_until
 
 
@@ -31,15 +31,9 @@ async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def port() -> Iterator[int]:
-    config = parse_config({"port": free_port(), "limits": {"max_header_bytes": 8192,
-                                                           "header_timeout_s": 0.5}})
-    server = uvicorn.Server(server_config(ok_app, config, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, 10, "the server to start")
-    yield config.port
-    server.should_exit = True
-    thread.join(5)
+    with gateway_server(ok_app, {"max_header_bytes": 8192, "header_timeout_s": 0.5}) \
+            as (_, port):
+        yield port
 
 
 def exchange(port: int, data: bytes, wait: float = 3.0, half_close: bool = False) -> bytes:

@@ -5,16 +5,11 @@ its keep-alive wait, and no head timer started, so two bytes held it open for ev
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 
-from gateway.config import parse_config
-from gateway.http_server import server_config
-from tests.support.servers import free_port
-from tests.support.waiting import wait_until
+from tests.support.servers import gateway_server
 
 
 async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -26,15 +21,8 @@ async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def port() -> Iterator[int]:
-    config = parse_config({"port": free_port(), "limits": {"header_timeout_s": 0.3,
-                                                           "keep_alive_s": 0.3}})
-    server = uvicorn.Server(server_config(ok_app, config, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, 10, "the server to start")
-    yield config.port
-    server.should_exit = True
-    thread.join(5)
+    with gateway_server(ok_app, {"header_timeout_s": 0.3, "keep_alive_s": 0.3}) as (_, port):
+        yield port
 
 
 def _rest(sock: socket.socket) -> bytes:

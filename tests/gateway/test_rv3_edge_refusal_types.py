@@ -8,17 +8,13 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 
-from gateway.config import parse_config
-from gateway.http_server import MAX_PIPELINED, server_config
+from gateway.http_server import MAX_PIPELINED
 from kvwire.openai_schema import TooManyRequests
-from tests.support.servers import free_port
-from tests.support.waiting import wait_until
+from tests.support.servers import gateway_server
 
 
 async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -30,14 +26,8 @@ async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def port() -> Iterator[int]:
-    config = parse_config({"port": free_port()})
-    server = uvicorn.Server(server_config(ok_app, config, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, 10, "the server to start")
-    yield config.port
-    server.should_exit = True
-    thread.join(5)
+    with gateway_server(ok_app) as (_, port):
+        yield port
 
 
 def test_too_many_pipelined_requests_is_a_rate_limit_error(port: int) -> None:

@@ -8,16 +8,13 @@ that reads its answer, later than the close, gets all of it."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 import uvicorn
 
-from gateway.config import parse_config
-from gateway.http_server import server_config
-from tests.support.servers import free_port
+from tests.support.servers import gateway_server
 from tests.support.waiting import wait_until
 
 BIG = b"x" * (16 << 20)  # past what the two sockets' buffers take on loopback
@@ -32,15 +29,8 @@ async def big_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def server() -> Iterator[tuple[uvicorn.Server, int]]:
-    config = parse_config({"port": free_port(), "limits": {"header_timeout_s": 0.5,
-                                                           "keep_alive_s": 0.1}})
-    running = uvicorn.Server(server_config(big_app, config, log_level="critical"))
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    wait_until(lambda: running.started, 10, "the server to start")
-    yield running, config.port
-    running.should_exit = True
-    thread.join(5)
+    with gateway_server(big_app, {"header_timeout_s": 0.5, "keep_alive_s": 0.1}) as started:
+        yield started
 
 
 def _asking(port: int) -> socket.socket:

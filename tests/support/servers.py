@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -109,3 +109,23 @@ class ThreadServer:
         self.sock.close()
         if self.side_sock is not None:
             self.side_sock.close()
+
+
+@contextlib.contextmanager
+def gateway_server(app: Any, limits: dict[str, Any] | None = None
+                   ) -> Iterator[tuple[uvicorn.Server, int]]:
+    """``app`` behind the gateway's own server (``gateway.http_server.server_config``,
+    with ``limits``) on a free port, in a background thread: the server and its port."""
+    from gateway.config import parse_config
+    from gateway.http_server import server_config
+
+    config = parse_config({"port": free_port(), "limits": limits or {}})
+    server = uvicorn.Server(server_config(app, config, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 10, "the server to start")
+        yield server, config.port
+    finally:
+        server.should_exit = True
+        thread.join(5)
