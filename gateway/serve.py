@@ -12,6 +12,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
+from gateway.listen_sockets import listen_socket
 from policies.config import ConfigError
 
 if TYPE_CHECKING:
@@ -145,15 +146,11 @@ def _bind_error(infos: list[tuple[Any, ...]]) -> OSError | None:
     """The error binding any of these addresses raises, bound as the server binds them
     (``SO_REUSEADDR``; IPv6 only on an IPv6 socket), or None when each can be bound;
     every socket is closed again."""
-    for family, kind, proto, _, address in dict.fromkeys(infos):
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                return exc
+    for info in dict.fromkeys(infos):
+        try:
+            listen_socket(info).close()
+        except OSError as exc:
+            return exc
     return None
 
 

@@ -58,6 +58,7 @@ from typing import Any
 from gateway.box_feed import BLOCK_BYTES, FeedBlock
 from gateway.config import GatewayConfig
 from gateway.fleet import MAX_REPLICAS
+from gateway.listen_sockets import listen_socket
 from gateway.shared_load import SharedBlock, SharedLoad
 from gateway.worker_routes import WorkerRoutes, route_pair
 
@@ -149,17 +150,11 @@ def reuse_port_sockets(host: str, port: int) -> list[socket.socket]:
                                flags=socket.AI_PASSIVE)
     socks: list[socket.socket] = []
     try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        for info in dict.fromkeys(infos):
             try:
-                sock.bind(address)
+                socks.append(listen_socket(info, reuse_port=True))
             except OSError as exc:
-                raise OSError(exc.errno, f"cannot listen on {address[0]!r} port {port}: "
+                raise OSError(exc.errno, f"cannot listen on {info[4][0]!r} port {port}: "
                               f"{exc.strerror}") from None
     except BaseException:
         for sock in socks:
