@@ -9,19 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.servers import gateway_server
-
-
-async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-    if scope["type"] == "http":
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", b"2")]})
-        await send({"type": "http.response.body", "body": b"ok"})
+from tests.support.servers import answer_ok, gateway_server
 
 
 @pytest.fixture
 def port() -> Iterator[int]:
-    with gateway_server(ok_app, {"header_timeout_s": 0.3, "keep_alive_s": 0.3}) as (_, port):
+    with gateway_server(answer_ok, {"header_timeout_s": 0.3, "keep_alive_s": 0.3}) as (_, port):
         yield port
 
 

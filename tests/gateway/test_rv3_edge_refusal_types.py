@@ -14,19 +14,12 @@ import pytest
 
 from gateway.http_server import MAX_PIPELINED
 from kvwire.openai_schema import TooManyRequests
-from tests.support.servers import gateway_server
-
-
-async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-    if scope["type"] == "http":
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", b"2")]})
-        await send({"type": "http.response.body", "body": b"ok"})
+from tests.support.servers import answer_ok, gateway_server
 
 
 @pytest.fixture
 def port() -> Iterator[int]:
-    with gateway_server(ok_app) as (_, port):
+    with gateway_server(answer_ok) as (_, port):
         yield port
 
 

@@ -111,6 +111,14 @@ class ThreadServer:
             self.side_sock.close()
 
 
+async def answer_ok(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app answering every request ``ok`` (with its length)."""
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
 @contextlib.contextmanager
 def gateway_server(app: Any, limits: dict[str, Any] | None = None
                    ) -> Iterator[tuple[uvicorn.Server, int]]:
