@@ -4,26 +4,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from multiprocessing import shared_memory
-
-import pytest
 
 from gateway.box_feed import BoxFeed, FeedBlock
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.replica_metrics import ScrapedMetrics
-from tests.support.shared_blocks import new_feed_block
 
 REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9"), ReplicaConfig("r1", "http://127.0.0.1:8")]
-
-
-@pytest.fixture
-def feed_block() -> Iterator[shared_memory.SharedMemory]:
-    block = new_feed_block()
-    yield block
-    block.close()
-    block.unlink()
 
 
 def _feed(block: shared_memory.SharedMemory, fleet: Fleet, leader: bool) -> BoxFeed:

@@ -23,7 +23,7 @@ from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.replica_metrics import ScrapedMetrics
 from gateway.shared_load import BOX_ID, SharedLoad
 from gateway.workers import share_of
-from tests.support.shared_blocks import new_feed_block, new_load_block
+from tests.support.shared_blocks import new_load_block
 
 REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9"), ReplicaConfig("r1", "http://127.0.0.1:8")]
 
@@ -31,14 +31,6 @@ REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9"), ReplicaConfig("r1", "http
 @pytest.fixture
 def load_block() -> Iterator[shared_memory.SharedMemory]:
     block = new_load_block(workers=2, slots=4)
-    yield block
-    block.close()
-    block.unlink()
-
-
-@pytest.fixture
-def feed_block() -> Iterator[shared_memory.SharedMemory]:
-    block = new_feed_block()
     yield block
     block.close()
     block.unlink()
