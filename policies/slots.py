@@ -72,16 +72,16 @@ class DecodeSlots:
         # none running: requests just came in; some in prefill: the wait is the prefill's
         if not (waiting > 0 and running == most > 0 and prefilling == 0):
             return
-        if scrape and waiting == 1:
-            # one scrape alone may catch a request that came in during a step, to run at
-            # the next: the one before it must have shown requests waiting at the most too
-            # (two or more that came in during one step are rare)
+        if scrape:
             first, last = self._full_at.get(replica, (0, 0))
             if scrape != last:
                 if scrape != last + 1:
                     first = scrape  # a new run of full scrapes
                 self._full_at[replica] = (first, scrape)
-            if scrape == first:
+            # one scrape alone may catch a request that came in during a step, to run at
+            # the next: for one waiting, the one before must have shown requests waiting
+            # at the most too (two or more that came in during one step are rare)
+            if waiting == 1 and scrape == first:
                 return
         seen = self._capped[replica] = self._capped.get(replica, 0) + 1
         if seen >= self.confirm:
