@@ -432,8 +432,8 @@ class _Origin:
         if idle:
             self._timer = asyncio.get_running_loop().call_later(
                 self._idle_s - (now - idle[0].idle_since), self._expire)
-        elif not self.in_use and self._on_unused is not None:
-            self._on_unused(self)
+        else:
+            self._maybe_unused()
 
     def forget(self, conn: _Connection) -> None:
         """``conn`` closed: its slot is free (once), and it is no longer kept."""
