@@ -175,6 +175,7 @@ class Cost(Policy):
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
         # owners known hot since the sketch last halved (counts only grow in between)
         self._hot_owners: tuple[int, set[int]] = (0, set())
+        self._explaining = False  # ``explain``: a hot key's home is previewed, not placed
 
     # -- what a request is --------------------------------------------------------------
     @property
@@ -214,6 +215,16 @@ class Cost(Policy):
             count >= cfg.hot_keep_count and self._placement.home_of(key) is not None)
 
     # -- the decision ---------------------------------------------------------------------
+    def explain(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
+        """``choose``, but a hot key without a home is shown the home it would get, not
+        placed: placing it (and every other key again) for a request never sent moved
+        other keys' homes and kept it in the placed set until it cooled."""
+        self._explaining = True
+        try:
+            return super().explain(request, replicas)
+        finally:
+            self._explaining = False
+
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         cfg = self.config
         up = list(map(_HEALTHY, replicas))
@@ -521,7 +532,8 @@ class Cost(Policy):
                 if up[i] and i not in in_scratch:
                     return i
             return None
-        home = self._placement.place(
+        place = self._placement.preview if self._explaining else self._placement.place
+        home = place(
             prep.key, p, self._order_of(ids, points, owners, distinct, up, in_scratch),
             self._eligible_ids(ids, weights, up, in_scratch), self._room,
             self._overflow(ids, points, owners, distinct, up, in_scratch))

@@ -82,3 +82,24 @@ def test_gauges_that_are_no_numbers_are_taken_as_unknown() -> None:
     for k in range(4, 8):  # others' prefill ages each model again
         policy.choose(_request(k, at=k * 0.5), good)
     assert all(model.used > used.get(rid, 0) for rid, model in policy._models.models())
+
+
+def test_explaining_a_hot_key_without_a_home_places_nothing() -> None:
+    # /admin/explain for a key turned hot but not routed since: it joined the placed set
+    # (every other key placed again) for a request never sent, and stayed until it cooled
+    policy = Cost()
+    fleet = [ReplicaView(f"r{i}", kv_capacity_tokens=100_000) for i in range(4)]
+    for seed in range(100, 140):
+        _route(policy, _request(seed), fleet)
+    hot = _request(7)
+    for _ in range(3):  # counted hot by the third; no decision for it since
+        policy.observe(Routed(hot, "r0", fleet))
+    key = policy._prepare(hot).key
+    assert policy._placement.home_of(key) is None
+    placed = len(policy._placement)
+    shown = policy.explain(hot, fleet)
+    assert policy._placement.home_of(key) is None
+    assert len(policy._placement) == placed
+    assert policy.choose(hot, fleet).chosen == shown.chosen  # the preview was the home
+    assert policy._placement.home_of(key) is not None
+    policy.check_integrity()
