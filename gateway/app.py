@@ -302,6 +302,7 @@ async def invocations(request: Request) -> Response:
             gw.auth.tenant_of(request)
         # read within the limits, and kept on the request for the handler that serves it
         raw = await read_timed_body(request, gw)
+        gw.admission.check_room()  # no place for it: refused before its body is looked at
     except OpenAIError as exc:
         gw.ended("none", str(exc.status))
         raise

@@ -30,10 +30,11 @@ def test_a_request_past_the_limit_is_refused_before_its_body_is_decoded(
     first.start()
     try:
         wait_until(lambda: held.received, 10, "the first request to reach its replica")
-        for body in BAD_BODIES:
-            refused = httpx.post(f"{gw.url}/v1/completions", content=body, timeout=10,
+        for path, body in [(p, b) for p in ("/v1/completions", "/invocations")
+                           for b in BAD_BODIES]:
+            refused = httpx.post(f"{gw.url}{path}", content=body, timeout=10,
                                  headers={"content-type": "application/json"})
-            assert refused.status_code == 429, (body, refused.text)
+            assert refused.status_code == 429, (path, body, refused.text)
             assert refused.json()["error"]["code"] == "gateway_overloaded"
             assert int(refused.headers["retry-after"]) >= 1
     finally:
