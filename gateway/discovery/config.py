@@ -152,7 +152,8 @@ class KubernetesSourceConfig:
     kv_events_annotation: str = "kvgate.io/kv-events-port"
     kv_events_replay_annotation: str = "kvgate.io/kv-events-replay-port"
     resync_s: float = 300.0
-    retry_s: float = 1.0  # first wait after a failed list or watch; doubles up to 30 s
+    # first wait after a failed list or watch; doubles up to 30 s (a longer one stays)
+    retry_s: float = 1.0
     kubeconfig: str | None = None
     context: str | None = None
     replica: ReplicaTemplate = field(default_factory=ReplicaTemplate)

@@ -20,8 +20,9 @@ One cycle, repeated until cancelled::
       not a reason to watch again at once: a server or proxy that ends every watch so
       would otherwise be asked again as fast as it answers)
     LIST again: every resync_s (a watch that went silently stale cannot hide changes
-    longer), at once after 410 Gone, after retry_s (doubling to 30 s) after any other
-    error (a broken watch, a watch ended at once, a refused request)
+    longer), at once after 410 Gone, after retry_s (doubling to 30 s, or to retry_s when
+    that is longer) after any other error (a broken watch, a watch ended at once, a
+    refused request)
 
 A failed list or watch keeps the last set and is counted in ``SourceStats``. After a 401
 the client is built again, its credentials loaded anew: a kubeconfig's (an exec plugin's
@@ -74,7 +75,7 @@ NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 PAGE = 500  # objects per list page
 LIST_TIMEOUT_S = 30.0
 WATCH_S = 60.0  # the longest one watch request may stay open (server side)
-MAX_RETRY_S = 30.0
+MAX_RETRY_S = 30.0  # the longest wait after failures, unless retry_s is longer
 REFUSAL_BYTES = 64 << 10  # read of a refused request's answer
 MIN_WATCH_S = 1.0  # a watch the server ends sooner, with no event, failed
 
@@ -262,6 +263,7 @@ class KubernetesSource:
 
     async def run(self, publish: Publish) -> None:
         delay = self.config.retry_s
+        longest = max(MAX_RETRY_S, self.config.retry_s)  # never below what was set
         quick_relist = True  # after a 410: at once, unless the last watch got nothing
         while True:
             events = self.events
@@ -292,7 +294,7 @@ class KubernetesSource:
                 error = f"unexpected answer: {exc.__class__.__name__}: {exc}"
             self.stats.failed(error)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_RETRY_S)
+            delay = min(delay * 2, longest)
 
     async def close(self) -> None:
         if self._watcher is not None:
