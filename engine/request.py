@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import struct
 import zlib
 from collections.abc import Sequence
@@ -65,6 +66,12 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        # NaN passes every comparison below unnoticed, and inf fits some ranges: refused
+        # first (the HTTP layer refuses them too)
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -81,6 +88,10 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        bad = next(((t, b) for t, b in self.logit_bias if not math.isfinite(b)), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias must hold finite biases, got {bad[1]} for token "
+                             f"{bad[0]}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be None or >= 0, got {self.logprobs}")
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
