@@ -103,10 +103,27 @@ class RawWatch(k8s_watch.Watch):
     """The client's watch, each event's JSON decoded once: the library's decodes a line,
     encodes its object again and decodes that to build a model from it (``object``: the
     dict as it is); here the decoded line's object is the event's, as the client hands
-    an object it has no model for."""
+    an object it has no model for.
+
+    It holds the source's ApiClient, not one of its own: the library's Watch builds one,
+    which loads an SSL context from the system's CA store (~20 ms with the event loop
+    blocked), and a raw watch never uses it (it builds no models). Closing it releases
+    its response only; the client stays the source's."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:  # Watch.__init__, with ``api``
+        self._raw_return_type = "object"
+        self._stop = False
+        self._api_client = api
+        self.resource_version = None
+        self.resp = None
 
     def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
         return super().unmarshal_event(data, None)
+
+    async def close(self) -> None:
+        if self.resp is not None:
+            self.resp.release()
+            self.resp = None
 
 
 async def _refusal(resp: aiohttp.ClientResponse) -> str:
@@ -215,11 +232,8 @@ class KubernetesSource:
         """Follow changes from ``resource_version`` until the server ends the watch (asked
         to after ``seconds``; the client gives up 30 s later); ApiException(410) when
         that version is gone."""
-        if self._watcher is None:
-            # one Watch for every watch: building one builds an ApiClient, which loads an
-            # SSL context from disk (~20 ms with the loop blocked); a RawWatch never uses
-            # that client, and closing the Watch (its response released) leaves it intact
-            self._watcher = RawWatch(return_type="object")
+        if self._watcher is None:  # one for every watch of this client
+            self._watcher = RawWatch(await self._client())
         watcher = self._watcher
         loop = asyncio.get_running_loop()
         started, events = loop.time(), self.events
