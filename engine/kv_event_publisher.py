@@ -6,7 +6,8 @@ encodes each batch and sends it. A PUB socket never blocks a send nor tells of a
 a subscriber's high-water mark it drops that subscriber's messages silently, so the engine
 cannot count those. What it can lose itself it counts (``dropped``, exported as
 ``kvgate:engine_kv_events_dropped_total``): a batch that found the queue full (the sender
-is that far behind), one it could not encode, or one left when it stopped. A lost batch's
+is that far behind), one it could not encode or send (a socket that failed a send sends
+nothing more: every later batch is dropped too), or one left when it stopped. A lost batch's
 sequence number is never given to another, so a subscriber sees the jump in the numbers
 either way, and fills the gap from the replay endpoint where that still holds it. Frames
 follow vLLM (see ``kvwire.kv_event_format``)::
@@ -133,8 +134,9 @@ class KVEventPublisher:
 
     @property
     def dropped(self) -> int:
-        """Batches lost before the socket: the queue full, unencodable, or the sender
-        stopped (a PUB socket's own drops past its high-water mark cannot be counted)."""
+        """Batches lost before the socket: the queue full, unencodable, a send failed (that
+        one and every later one), or the sender stopped (a PUB socket's own drops past its
+        high-water mark cannot be counted)."""
         return self._dropped_queued + self._dropped_sending
 
     def publish(self, events: Sequence[KVEvent]) -> None:
@@ -193,9 +195,12 @@ class KVEventPublisher:
     def _run(self) -> None:
         sock = self._sock
         assert sock is not None
+        failed = False  # the socket failed a send: it sends nothing more
+        # reads the queue to the stop whatever happens, so that every batch published
+        # is sent or counted as dropped
         while (item := self._queue.get()) is not _STOP:
             seq, batch = item
-            if self._abandon.is_set():  # stopping: what is left is dropped
+            if failed or self._abandon.is_set():  # the socket failed, or stopping: dropped
                 self._dropped_sending += 1
                 continue
             try:
@@ -211,8 +216,11 @@ class KVEventPublisher:
                 # never blocks: past a subscriber's high-water mark PUB drops silently
                 sock.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
             except zmq.ZMQError as exc:
-                log.error("KV event publisher stopped: %s", exc)
-                return
+                failed = True
+                self._dropped_sending += 1
+                log.error("KV event publisher stopped at batch %d: %s; it and every later "
+                          "batch are dropped (counted)", seq, exc)
+                continue
             self.sent += 1
 
     def _serve_replay(self) -> None:
