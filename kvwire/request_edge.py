@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, TypeVar
 
+import numpy as np
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -40,10 +41,22 @@ PARSE_ON_THREAD_BYTES = 1 << 20
 PARSE_ON_THREAD_COMMAS = 2048
 
 
+# past this many bytes a body's commas are counted by numpy: bytes.count of one byte walks
+# it a byte at a time (12 us for a 27 KB prompt, more than decoding it), numpy's compare
+# and count run vectorised (3 us); under it numpy's call costs more than the walk
+_VECTOR_COUNT_BYTES = 4096
+_COMMA = np.uint8(ord(","))
+
+
 def parses_on_loop(raw: bytes) -> bool:
     """Whether a request body is small enough, in bytes and in items, to decode and check
     on the event loop (a thread's hop costs more than that)."""
-    return len(raw) <= PARSE_ON_THREAD_BYTES and raw.count(b",") <= PARSE_ON_THREAD_COMMAS
+    if len(raw) > PARSE_ON_THREAD_BYTES:
+        return False
+    if len(raw) <= _VECTOR_COUNT_BYTES:
+        return raw.count(b",") <= PARSE_ON_THREAD_COMMAS
+    return int(np.count_nonzero(np.frombuffer(raw, np.uint8) == _COMMA)) \
+        <= PARSE_ON_THREAD_COMMAS
 T = TypeVar("T")
 
 
