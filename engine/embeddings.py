@@ -6,7 +6,9 @@ cache's hits included), finishing with no output token. Once all have finished, 
 server's embedder turns their token ids into vectors in a worker thread, which also
 serialises the body. Pooling requests count in the engine's request metrics
 (``vllm:request_success_total{finished_reason="stop"}``, prompt tokens, queue and e2e
-times), as vLLM counts them.
+times), as vLLM counts them. An input the engine ends before its answer is a server
+error: 503 when it was aborted there (``/abort_request``, code ``request_aborted``) or the
+engine stopped, 500 when the step computing it failed.
 
 Which executors embed: ``sim`` (:mod:`engine.sim_embedding`). ``torch`` answers 400: its
 model returns final hidden states, but a prefix hit or a chunked prefill leaves some
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
-from engine.async_engine import EngineDeadError, RequestFailed
+from engine.async_engine import EngineDeadError, RequestFailed, RequestInterrupted
 from engine.embedding_schema import check_dimensions, checked_ids, parse_embedding, render_response
 from engine.request import RequestOutput, SamplingParams
 from kvwire.openai_schema import BadRequest, OpenAIError, ServiceUnavailable
@@ -97,6 +99,9 @@ async def _finish_all(queues: Queues) -> None:
             raise ServiceUnavailable(str(item))
         if isinstance(item, RequestFailed):
             raise OpenAIError(str(item), code="engine_step_failed")
-        if isinstance(item, BaseException):
+        if isinstance(item, RequestInterrupted):  # ended on the engine (/abort_request)
+            raise ServiceUnavailable(f"the engine aborted this request: {item}",
+                                     code="request_aborted")
+        if isinstance(item, BaseException):  # refused by the core when it queued it
             raise BadRequest(str(item), param="input")
         del queues[request_id]
