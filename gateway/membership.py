@@ -115,7 +115,8 @@ async def _checked(gw: GatewayState, states: Sequence[ReplicaState]) -> None:
     """Check the health of ``states`` at once, once a server: its answer counts for each
     of its ranks."""
     if gw.monitor is not None:
-        await asyncio.gather(*(gw.monitor.check_one(*server) for server in servers(states)))
+        await asyncio.gather(*(gw.monitor.check_joined(*server)
+                               for server in servers(states)))
 
 
 def leave(gw: GatewayState, replica_id: str) -> ReplicaState:
@@ -222,7 +223,7 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
             added.extend(state.id for state in states)
             if gw.monitor is not None:
                 for server in servers(states):
-                    checks.create_task(gw.monitor.check_one(*server))
+                    checks.create_task(gw.monitor.check_joined(*server))
         book.group_of.update(dict.fromkeys([rank.id for rank in ranks], gid))
         unsettled.discard(gid)
     book.given = wanted

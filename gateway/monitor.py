@@ -6,7 +6,8 @@ schedule: every interval, a check (a scrape) of it starts unless its previous on
 its timeout, is still running. So one slow replica never delays the others, and no replica
 has two of the monitor's checks (or two scrapes) in flight. A replica that leaves the fleet
 (or stops being healthy, for scrapes) has its check or scrape in flight given up; one that
-joins is taken up at the next interval.
+joins at run time is checked at once, as its schedule's check (``check_joined``), and
+taken up by the loops from the next interval.
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ class Monitor:
 
     async def _check_all(self, states: Sequence[ReplicaState]) -> None:
         await self.check_one(*states)
+
+    async def check_joined(self, state: ReplicaState, *ranks: ReplicaState) -> None:
+        """``check_one`` of a server just added (``ranks``: its other data-parallel ranks),
+        run as its schedule's check: the health loop starts none while it runs (two could
+        answer out of order, a late failure counted after a later pass ejecting it)."""
+        states = [state, *ranks]
+        await self._checks.now(_key(states), states, self._check_all)
 
     async def check_one(self, state: ReplicaState, *ranks: ReplicaState) -> None:
         """``state``'s /health, counted for it and for ``ranks`` (the other data-parallel
@@ -372,10 +380,27 @@ class _Schedule:
                 task.cancel()  # it leaves ``_running`` as it ends
         for key, states in jobs.items():
             if key not in self._running:
-                task = asyncio.create_task(self._run(call, states),
-                                           name=f"kvgate-{self.what} {states[0].id}")
-                self._running[key] = task
-                task.add_done_callback(functools.partial(self._ended, key))
+                self._start(key, states, call)
+
+    async def now(self, key: tuple[int, ...], states: list[ReplicaState],
+                  call: Callable[[list[ReplicaState]], Awaitable[None]]) -> None:
+        """``call`` for ``states`` at once, as the call of ``key`` (``due`` starts none
+        for it while it runs), awaited to its end; the one running for ``key`` already,
+        if any, is awaited instead. Cancelling the caller cancels it."""
+        task = self._running.get(key) or self._start(key, states, call)
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+
+    def _start(self, key: tuple[int, ...], states: list[ReplicaState],
+               call: Callable[[list[ReplicaState]], Awaitable[None]]) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._run(call, states),
+                                   name=f"kvgate-{self.what} {states[0].id}")
+        self._running[key] = task
+        task.add_done_callback(functools.partial(self._ended, key))
+        return task
 
     async def _run(self, call: Callable[[list[ReplicaState]], Awaitable[None]],
                    states: list[ReplicaState]) -> None:
