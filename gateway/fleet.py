@@ -453,11 +453,6 @@ class Fleet:
                 return info
         return None
 
-    def is_adapter(self, model: str | None) -> bool | None:
-        """Whether ``model`` is a LoRA adapter (listed with a parent); None: not listed."""
-        info = None if model is None else self.model_info(model)
-        return None if info is None else info.parent is not None
-
     def models_cut(self) -> bool:
         """Whether a replica serves more models than the gateway keeps of its list."""
         return any(s.models_cut for s in self._replicas.values())

@@ -269,6 +269,7 @@ class Router:
     def _request(self, parsed: ParsedRequest, tenant: str | None, toks: _Tokens,
                  now: float | None) -> RouteRequest:
         request_id = f"{self._id_prefix}{next(self._ids)}"
+        info = None if parsed.model is None else self.fleet.model_info(parsed.model)
         return RouteRequest(tokens=toks.ids, prompt_tokens=toks.total, request_id=request_id,
                             model=parsed.model, tenant=tenant, cache_salt=parsed.cache_salt,
                             affinity_key=parsed.affinity_key, anchor_tokens=toks.anchor,
@@ -276,7 +277,8 @@ class Router:
                             arrival_s=time.monotonic() if now is None else now,
                             chunks=toks.chunks, chunk_tokens=toks.chunk_tokens,
                             anchor_chunks=toks.anchor_chunks,
-                            adapter=self.fleet.is_adapter(parsed.model))
+                            adapter=None if info is None else info.parent is not None,
+                            base_model=None if info is None else info.parent)
 
     async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:
         return (await self._route(parsed, tenant))[0]

@@ -51,7 +51,9 @@ class RouteRequest:
     pieces without tokenizing it (``prompt_chunks``); each is worth about ``chunk_tokens``
     gateway tokens; ``anchor_chunks``, when asked for and known, is the anchor in those
     pieces (the whole pieces a chat's head covers). ``adapter``: whether ``model`` is a
-    LoRA adapter (a replica lists it with a ``parent``); None when not known.
+    LoRA adapter (a replica lists it with a ``parent``); None when not known;
+    ``base_model``: that parent, the model whose replicas serve the adapter (None for a
+    base model, or when not known).
     """
 
     tokens: Sequence[int]
@@ -68,6 +70,7 @@ class RouteRequest:
     chunk_tokens: float = 0.0
     anchor_chunks: int | None = None
     adapter: bool | None = None
+    base_model: str | None = None
 
 
 class ReplicaView(NamedTuple):

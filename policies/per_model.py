@@ -9,6 +9,15 @@ us), and each model's caches aged at half speed. ``PerModel`` keeps one instance
 (made by ``make``, the first one given), all sharing the first's KV event index (it is kept
 per replica), and tells every instance of replicas that leave or restart.
 
+A LoRA adapter is decided by its base model's instance (``RouteRequest.base_model``, the
+adapter's listed ``parent``): the adapters run on their base model's replicas, in their
+caches and queues, so one instance has to see all of their load and place all of their
+hot prefixes (their keys stay apart: each is rooted at its model's name). With an
+instance per adapter, each learned a share of the replicas' load as if it were the whole,
+placed its hot prefixes as if it had the caches to itself, and a fleet serving more
+adapters than ``max_models`` let their instances go one after another, each forgetting
+all it had learned.
+
 At most ``max_models`` instances are kept (a model name a client makes up is refused
 before routing once the fleet's models are known, but not before, nor where a replica lists
 more models than the gateway keeps): a new model past them takes the place of the one used
@@ -118,18 +127,18 @@ class PerModel(Policy):
         return self._most([p.chunks_needed for p in self._by_model.values()])
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
-        return self.policy_for(request.model).choose(request, replicas)
+        return self.policy_for(_served(request)).choose(request, replicas)
 
     def explain(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
-        return self.policy_for(request.model, keep=False).explain(request, replicas)
+        return self.policy_for(_served(request), keep=False).explain(request, replicas)
 
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed):
-            self.policy_for(event.request.model).observe(event)
+            self.policy_for(_served(event.request)).observe(event)
         elif isinstance(event, Finished):
             # a request whose model's instance was let go meanwhile tells a new one
             # nothing, and making one would push out a model in use
-            model = event.request.model
+            model = _served(event.request)
             policy = self._by_model.get(model)
             if policy is None and self._unlisted(model):
                 policy = self._by_model.get(None)
@@ -145,3 +154,8 @@ class PerModel(Policy):
             return self.first.describe()
         return {"models": {str(model): policy.describe()
                            for model, policy in self._by_model.items()}}
+
+
+def _served(request: RouteRequest) -> str | None:
+    """The model whose instance decides ``request``: an adapter's base model."""
+    return request.base_model or request.model

@@ -149,3 +149,25 @@ def test_explaining_a_model_not_routed_yet_keeps_every_models_state() -> None:
     policy.explain(RouteRequest(tokens=doc(ord("a")), prompt_tokens=DOC, model="a",
                                 arrival_s=1.0), fleet("a"))
     assert list(policy._by_model) == ["a", "b"]  # an explain is no use of "a"
+
+
+def test_adapters_are_decided_by_their_base_models_state() -> None:
+    # each adapter had an instance of its own: none saw the others' load or hot prefixes
+    # on the replicas they share, and past max_models adapters they pushed each other's
+    # learned state out one after another
+    policy = per_model(max_models=4)
+    replicas = fleet("b")
+    for n in range(400):
+        adapter = f"b-lora-{n % 10}"
+        tokens = doc(n % 3)  # three documents hot for every adapter
+        req = RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model=adapter,
+                           arrival_s=float(n), adapter=True, base_model="b")
+        policy.observe(Routed(req, policy.choose(req, replicas).chosen))
+    state = policy.policy_for("b")
+    assert isinstance(state, Cost)
+    assert "models" not in policy.describe()  # one instance
+    placed = state.describe()["placed_hot_tokens"]
+    assert isinstance(placed, dict)
+    # every adapter's three documents are placed (keys apart: 30), on the base's replicas
+    assert len(state._placement) == 30 and set(placed) <= {v.id for v in replicas}
+    state.check_integrity()
