@@ -335,10 +335,13 @@ class UpstreamStream:
         self._stopping = cause
         self.response.close()
 
-    async def relay(self) -> AsyncGenerator[bytes, None]:
+    async def relay(self, watch: IdleWatch) -> AsyncGenerator[bytes, None]:
+        """The answer's bytes as they come, each read from the replica waiting ``idle_s``
+        at most (``watch``: the caller's, which bounds its sends to the client too, from
+        the head to the end of the body, and stops it after the last)."""
         ok = False
         last = b""  # a held [DONE] event that goes out after an upstream break
-        watch = self.idle = IdleWatch(self.idle_s)
+        self.idle = watch
         if self.relaying is not None:
             self.relaying.add(self)
         try:
@@ -426,7 +429,6 @@ class UpstreamStream:
                     self._broke_off("broken",
                                     f"broke the connection ({exc.__class__.__name__})")
         finally:
-            watch.stop()
             # the client left, mid-read or mid-send (then the relay is closed here)
             if not ok and self.client is not None and self.client.fired:
                 self.client_gone()

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.idle_watch import IdleWatch
 from gateway.proxy import UpstreamStream
 from kvwire.request_edge import ClientWatch
 
@@ -38,34 +39,40 @@ class RelayResponse(Response):
         self.init_headers(headers)
 
     async def _relay(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})
         stream = self.stream
+        # every send waits (uvicorn's flow control) while the client reads nothing, for at
+        # most idle_s: a chunk's, and the head's (a kept-alive connection's answer before
+        # it unread) and the end's (the body's last bytes filled the connection, its end
+        # came later), which would otherwise hold the request's place and its replica, or
+        # its connection, for as long as the client stays. The relay's reads from the
+        # replica share the watch (``UpstreamStream.relay``)
+        idle = IdleWatch(stream.idle_s)
         ended = False
-        chunks = stream.relay()
+        chunks = stream.relay(idle)
         try:
+            idle.waiting()
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            idle.got()
             async for chunk in chunks:
                 # the upstream body's last bytes go out with the end of the client's body:
                 # one socket write, not two (a write costs more than the rest of a chunk's
                 # relay)
                 ended = stream.read_whole()
-                idle = stream.idle  # armed by the relay before its first chunk
-                assert idle is not None
-                # a client that stops reading: the send waits (uvicorn's flow control)
-                # for at most idle_s
                 idle.waiting()
                 await send({"type": "http.response.body", "body": chunk,
                             "more_body": not ended})
                 idle.got()
             if not ended and (stream.cut is None or stream.stream):
+                idle.waiting()
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            idle = stream.idle
-            if idle is None or not idle.fired or idle.since is None:
+            if not idle.fired or idle.since is None:
                 raise  # the client left (the relay's end, below, records it) or outside
             # the client read nothing for idle_s: it is gone in all but name. The answer
-            # is left unfinished (the server drops the connection) and the replica's
-            # connection closed, freeing its place and the replica's work
+            # is left unfinished (the server drops the connection; one whose head never
+            # went out is answered nothing more) and the replica's connection closed,
+            # freeing its place and the replica's work
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
@@ -73,6 +80,7 @@ class RelayResponse(Response):
             log.warning("client stopped reading its answer from replica %s for %s s: "
                         "dropped", stream.replica, idle.idle_s)
         finally:
+            idle.stop()
             await chunks.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
