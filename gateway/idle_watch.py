@@ -13,7 +13,8 @@ import asyncio
 
 class IdleWatch:
     """Cancels the current task when one ``waiting()`` lasts ``idle_s`` (``fired`` then
-    says why it was cancelled). ``stop`` before leaving the loop."""
+    says why it was cancelled; ``absorbed`` when the task goes on to wait again). ``stop``
+    before leaving the loop."""
 
     __slots__ = ("_handle", "_loop", "_task", "fired", "idle_s", "since")
 
@@ -49,6 +50,14 @@ class IdleWatch:
         if not self.fired:
             self.fired = True
             self._task.cancel()
+
+    def absorbed(self) -> None:
+        """The task took the cancel back and goes on: the waits after it are watched again
+        (``fired`` is cleared)."""
+        self.fired = False
+        self.since = None
+        self._handle.cancel()  # (one ``fire`` left scheduled)
+        self._handle = self._loop.call_at(self._loop.time() + self.idle_s, self._check)
 
     def stop(self) -> None:
         self._handle.cancel()

@@ -414,6 +414,7 @@ class UpstreamStream:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+            watch.absorbed()  # what is left to send to the client is watched too
             last = self._held_done()
             if not self._delivered:  # after [DONE] only the end of body was missing
                 self._broke_off("ejected" if self._ejected else "idle_timeout",
