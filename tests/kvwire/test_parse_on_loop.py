@@ -11,7 +11,8 @@ from kvwire.request_edge import PARSE_ON_THREAD_BYTES, PARSE_ON_THREAD_COMMAS, p
 @pytest.mark.parametrize("size", [10, 4096, 4097, 30_000, PARSE_ON_THREAD_BYTES])
 def test_the_comma_bound_is_the_same_for_small_and_large_bodies(size: int) -> None:
     rng = random.Random(size)
-    for commas in (0, PARSE_ON_THREAD_COMMAS, PARSE_ON_THREAD_COMMAS + 1, 2 * PARSE_ON_THREAD_COMMAS):
+    bound = PARSE_ON_THREAD_COMMAS
+    for commas in (0, bound, bound + 1, 2 * bound):
         commas = min(commas, size)
         body = bytearray(b"{\"p\": \"" + b"x" * max(0, size - 8) + b"\"}")[:size]
         for at in rng.sample(range(size), commas):
