@@ -12,12 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.server import EngineServer, build_app
 from engine.sim_embedding import SimEmbedder
 from kvwire.tokenizer import load_tokenizer
-from tests.support.engine_cores import make_core
-from tests.support.loop_check import on_event_loop
-from tests.support.servers import ThreadServer
+from tests.support.loop_check import on_event_loop, served_engine
 
 
 class LoopNotingName(str):
@@ -40,17 +37,10 @@ LONG_IDS = list(range(300, 300 + 3000))  # 2,999 commas: past the loop's bound
 
 @pytest.fixture(scope="module")
 def http() -> Iterator[httpx.Client]:
-    srv = EngineServer(make_core(num_blocks=256, block_size=4, vocab=(259, 4096),
-                                 max_model_len=512),
-                       load_tokenizer(None), model_name=NAME, sleep_modeled_time=False,
-                       embedder=SimEmbedder(8, 1))
-    server = ThreadServer(build_app(srv)).start()
-    client = httpx.Client(base_url=server.url, timeout=30)
-    try:
+    with served_engine(load_tokenizer(None), NAME, embedder=SimEmbedder(8, 1),
+                       num_blocks=256, block_size=4, vocab=(259, 4096),
+                       max_model_len=512) as client:
         yield client
-    finally:
-        client.close()
-        server.stop()
 
 
 def _bodies(ids: list[int]) -> list[tuple[str, dict[str, Any]]]:

@@ -47,12 +47,13 @@ class LoopNoting:
 
 
 @contextlib.contextmanager
-def served_engine(tokenizer: Any, model: str, **core: Any) -> Iterator[httpx.Client]:
-    """An engine server (sim core of ``make_core(**core)``) using ``tokenizer``, on a
-    thread of its own; a client of it."""
+def served_engine(tokenizer: Any, model: str, embedder: Any = None, **core: Any
+                  ) -> Iterator[httpx.Client]:
+    """An engine server (sim core of ``make_core(**core)``) using ``tokenizer`` (and
+    ``embedder``, when given), on a thread of its own; a client of it."""
     server = ThreadServer(build_app(EngineServer(make_core(**core), tokenizer,
-                                                 model_name=model,
-                                                 sleep_modeled_time=False))).start()
+                                                 model_name=model, sleep_modeled_time=False,
+                                                 embedder=embedder))).start()
     http = httpx.Client(base_url=server.url, timeout=30)
     try:
         yield http
