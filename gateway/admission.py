@@ -75,17 +75,20 @@ class Admission:
 
     def enter_now(self) -> Slot | None:
         """A place at once, if one is free and nobody waits for it; else None."""
-        if self.in_flight < self.limits.max_in_flight and not self.waiting:
+        if self._free():
             self.in_flight += 1
             return Slot(self)
         return None
 
+    def _free(self) -> bool:
+        """Whether a place is free for a request arriving now (and nobody waits for one)."""
+        return self.in_flight < self.limits.max_in_flight and not self.waiting
+
     def check_room(self) -> None:
         """TooManyRequests when a request arriving now would be refused at once (no place
         free, and no room to wait for one): called once its body is read, before anything
-        is done with it (``take_in``), so that a refusal costs no decoding."""
-        free = self.in_flight < self.limits.max_in_flight and not self.waiting
-        if not free and self.waiting >= self.limits.max_pending:
+        is done with it (``intake.read_timed_body``), so that a refusal costs no decoding."""
+        if not self._free() and self.waiting >= self.limits.max_pending:
             raise self._refusal()
 
     async def enter(self) -> Slot:

@@ -301,8 +301,7 @@ async def invocations(request: Request) -> Response:
         if gw.auth.on:  # a key before the body, as every /v1 route asks it
             gw.auth.tenant_of(request)
         # read within the limits, and kept on the request for the handler that serves it
-        raw = await read_timed_body(request, gw)
-        gw.admission.check_room()  # no place for it: refused before its body is looked at
+        raw = await read_timed_body(request, gw)  # (no place: refused before it is read)
     except OpenAIError as exc:
         gw.ended("none", str(exc.status))
         raise

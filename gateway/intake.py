@@ -29,15 +29,22 @@ class Intake(NamedTuple):
     tenant: str | None
 
 
-async def read_timed_body(request: Request, gw: GatewayState) -> bytes:
-    """The request's body, within ``max_body_bytes`` and ``limits.body_timeout_s``."""
+async def read_timed_body(request: Request, gw: GatewayState, serve: bool = True) -> bytes:
+    """The request's body, within ``max_body_bytes`` and ``limits.body_timeout_s``, when
+    it comes uncompressed (``check_encoding``, before reading it). A request to be served
+    (``serve``; not one the admin API explains) is then refused when the gateway has no
+    place for it (``Admission.check_room``), before anything is done with its body."""
+    check_encoding(request)
     limit_s = gw.config.limits.body_timeout_s
     try:
         async with asyncio.timeout(limit_s):
-            return await read_body(request, gw.config.max_body_bytes, gw.admission.bodies)
+            raw = await read_body(request, gw.config.max_body_bytes, gw.admission.bodies)
     except TimeoutError:
         raise BodyTimeout(f"request body not received within {limit_s} s",
                           code="body_timeout") from None
+    if serve:
+        gw.admission.check_room()
+    return raw
 
 
 _IDENTITY = frozenset(("", "identity"))
@@ -107,11 +114,8 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
     API keys on, or ``named`` (the admin API names the tenant it explains for), ``keyed``
     is the tenant (the request's tenant header is not read here). A request to be served
     (not ``named``) is refused once its body is read when the gateway has no place for it
-    (``Admission.check_room``)."""
-    check_encoding(request)
-    raw = await read_timed_body(request, gw)
-    if not named:  # no place for it: refused before its body is decoded
-        gw.admission.check_room()
+    (``read_timed_body``)."""
+    raw = await read_timed_body(request, gw, serve=not named)
     aff = gw.config.affinity
     header_value = request.headers.get(aff.header) if aff.header else None
     if parses_on_loop(raw):
