@@ -305,13 +305,8 @@ class BoxFeed:
                 ok, error = r["check"]
                 fleet.record_health(rid, ok, error, self.failures_to_eject,
                                     self.successes_to_readmit)
-            # the leader's word, whatever checks this follower missed or counted apart;
-            # but not over this follower's own ejection (its requests failed there) while
-            # that lasts: the leader, which saw none of them, readmitted it at its next
-            # scrape, and ``ejection_s`` (and its backoff) held on the leader only
-            healthy = r["healthy"] and (state.healthy
-                                        or time.monotonic() >= state.ejected_until)
-            fleet.follow_health(rid, healthy, r["awaiting_check"])
+            # the leader's word, whatever checks this follower missed or counted apart
+            fleet.follow_health(rid, r["healthy"], r["awaiting_check"])
             if r["scrape_seq"] != seen.scrape_seq and r["scraped"] is not None:
                 seen.scrape_seq = r["scrape_seq"]
                 # the box's pending when the leader took it, not now: what the gauge holds

@@ -610,11 +610,16 @@ class Fleet:
 
     def follow_health(self, replica_id: str, healthy: bool, awaiting_check: bool) -> None:
         """Take another process's word for a replica's health (a worker following the
-        box's first worker, which runs the checks)."""
+        box's first worker, which runs the checks); but not over this process's own
+        ejection (its requests failed there) while that lasts: the first worker, which saw
+        none of them, readmits the replica at its next scrape, and ``ejection_s`` (and its
+        backoff) would hold there only."""
         state = self._replicas.get(replica_id)
         if state is None:
             return
         state.awaiting_check = awaiting_check
+        if healthy and not state.healthy and time.monotonic() < state.ejected_until:
+            return
         if state.healthy != healthy:
             state.healthy = healthy
             self._tell(HealthChanged(replica_id, healthy))
