@@ -24,3 +24,11 @@ def listen_socket(info: tuple[Any, ...], reuse_port: bool = False) -> socket.soc
         sock.close()
         raise
     return sock
+
+
+def passive_addresses(host: str, port: int) -> list[tuple[Any, ...]]:
+    """The ``socket.getaddrinfo`` entries a server listening on ``host`` binds, each once:
+    an empty host is every interface (IPv4 and IPv6), as asyncio's ``create_server`` reads
+    it. OSError (or UnicodeError) when ``host`` names none."""
+    return list(dict.fromkeys(socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                 flags=socket.AI_PASSIVE)))

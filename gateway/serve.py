@@ -8,11 +8,10 @@ import contextlib
 import dataclasses
 import errno
 import logging
-import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gateway.listen_sockets import listen_socket
+from gateway.listen_sockets import listen_socket, passive_addresses
 from policies.config import ConfigError
 
 if TYPE_CHECKING:
@@ -128,8 +127,7 @@ def _check_listeners(config: GatewayConfig, path: str, host_given: bool,
                               "own")
     for key, port_key, host, port in listeners:
         try:  # an empty host: every interface, as asyncio reads it
-            infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                       flags=socket.AI_PASSIVE)
+            infos = passive_addresses(host, port)
         except (OSError, UnicodeError) as exc:
             why = getattr(exc, "strerror", None) or str(exc)
             raise ConfigError(f"{path}: {key} {host!r} cannot be listened on: {why}") from None
@@ -146,7 +144,7 @@ def _bind_error(infos: list[tuple[Any, ...]]) -> OSError | None:
     """The error binding any of these addresses raises, bound as the server binds them
     (``SO_REUSEADDR``; IPv6 only on an IPv6 socket), or None when each can be bound;
     every socket is closed again."""
-    for info in dict.fromkeys(infos):
+    for info in infos:
         try:
             listen_socket(info).close()
         except OSError as exc:

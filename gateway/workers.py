@@ -58,7 +58,7 @@ from typing import Any
 from gateway.box_feed import BLOCK_BYTES, FeedBlock
 from gateway.config import GatewayConfig
 from gateway.fleet import MAX_REPLICAS
-from gateway.listen_sockets import listen_socket
+from gateway.listen_sockets import listen_socket, passive_addresses
 from gateway.shared_load import SharedBlock, SharedLoad
 from gateway.worker_routes import WorkerRoutes, route_pair
 
@@ -146,11 +146,9 @@ def reuse_port_sockets(host: str, port: int) -> list[socket.socket]:
     IPv4 and IPv6; an IPv6 socket takes IPv6 only. (One socket of the family a ``:``
     chose listened on IPv4 alone for an empty host or a name, where one gateway listens
     on both.)"""
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)
     socks: list[socket.socket] = []
     try:
-        for info in dict.fromkeys(infos):
+        for info in passive_addresses(host, port):
             try:
                 socks.append(listen_socket(info, reuse_port=True))
             except OSError as exc:
