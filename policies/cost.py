@@ -175,7 +175,6 @@ class Cost(Policy):
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
         # owners known hot since the sketch last halved (counts only grow in between)
         self._hot_owners: tuple[int, set[int]] = (0, set())
-        self._explaining = False  # ``explain``: a hot key's home is previewed, not placed
 
     # -- what a request is --------------------------------------------------------------
     @property
@@ -216,14 +215,15 @@ class Cost(Policy):
 
     # -- the decision ---------------------------------------------------------------------
     def explain(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
-        """``choose``, but a hot key without a home is shown the home it would get, not
-        placed: placing it (and every other key again) for a request never sent moved
-        other keys' homes and kept it in the placed set until it cooled."""
-        self._explaining = True
+        """``choose`` over a copy of the placement: a hot key without a home is shown the
+        home it would get, not placed (placing it, and every other key again, for a request
+        never sent moved other keys' homes and kept it in the placed set until it cooled)."""
+        kept = self._placement
+        self._placement = kept.copy()
         try:
             return super().explain(request, replicas)
         finally:
-            self._explaining = False
+            self._placement = kept
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         cfg = self.config
@@ -532,8 +532,7 @@ class Cost(Policy):
                 if up[i] and i not in in_scratch:
                     return i
             return None
-        place = self._placement.preview if self._explaining else self._placement.place
-        home = place(
+        home = self._placement.place(
             prep.key, p, self._order_of(ids, points, owners, distinct, up, in_scratch),
             self._eligible_ids(ids, weights, up, in_scratch), self._room,
             self._overflow(ids, points, owners, distinct, up, in_scratch))

@@ -140,15 +140,13 @@ class HotPlacement:
         self._keys[key] = Placed(home, tokens)
         return home
 
-    def preview(self, key: int, tokens: int, order_of: OrderOf, eligible: Collection[str],
-                room: Callable[[str], int], overflow: Overflow | None = None) -> str | None:
-        """The home ``place`` would give ``key`` now, leaving every home as it is (for
-        ``/admin/explain``: explaining a request must not join its key to the placed set,
-        which places every other key again). Costs a copy of the placed set."""
-        trial = HotPlacement(self.slack, self.limit, self.step)
-        trial._keys, trial._tokens = dict(self._keys), dict(self._tokens)
-        trial._want = dict(self._want)
-        return trial.place(key, tokens, order_of, eligible, room, overflow)
+    def copy(self) -> HotPlacement:
+        """The placed set and its homes as they are now, to place keys on without changing
+        these (``/admin/explain``); without a pass under way (``assign`` starts its own)."""
+        out = HotPlacement(self.slack, self.limit, self.step)
+        out._keys, out._tokens, out._want = dict(self._keys), dict(self._tokens), \
+            dict(self._want)
+        return out
 
     def assign(self, order_of: OrderOf, eligible: Collection[str],
                room: Callable[[str], int], overflow: Overflow | None = None) -> None:
