@@ -90,6 +90,7 @@ class KVEventPublisher:
         self._dropped_sending = 0
         self._next_seq = 0  # the engine loop's: the number of the next batch published
         self._dropping = False  # ... and whether the last one found the queue full
+        self._failed = False  # the socket failed a send: nothing more is sent
         self._queue: queue.SimpleQueue[tuple[int, KVEventBatch] | None] = queue.SimpleQueue()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
@@ -146,8 +147,8 @@ class KVEventPublisher:
         if not events or self._thread is None:
             return
         seq, self._next_seq = self._next_seq, self._next_seq + 1
-        if not self._thread.is_alive():  # the sender stopped on an error (logged): drop
-            self._dropped_queued += 1
+        if self._failed or not self._thread.is_alive():  # a send failed (logged): dropped
+            self._dropped_queued += 1  # here, not built and queued for the sender to drop
             return
         if self._queue.qsize() >= self.max_queued_batches:
             self._dropped_queued += 1
@@ -195,12 +196,11 @@ class KVEventPublisher:
     def _run(self) -> None:
         sock = self._sock
         assert sock is not None
-        failed = False  # the socket failed a send: it sends nothing more
         # reads the queue to the stop whatever happens, so that every batch published
         # is sent or counted as dropped
         while (item := self._queue.get()) is not _STOP:
             seq, batch = item
-            if failed or self._abandon.is_set():  # the socket failed, or stopping: dropped
+            if self._failed or self._abandon.is_set():  # the socket failed, or stopping
                 self._dropped_sending += 1
                 continue
             try:
@@ -216,7 +216,7 @@ class KVEventPublisher:
                 # never blocks: past a subscriber's high-water mark PUB drops silently
                 sock.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
             except zmq.ZMQError as exc:
-                failed = True
+                self._failed = True
                 self._dropped_sending += 1
                 log.error("KV event publisher stopped at batch %d: %s; it and every later "
                           "batch are dropped (counted)", seq, exc)
