@@ -260,32 +260,33 @@ class EngineServer:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def tokenize(self, request: HTTPRequest) -> Response:
-        body, p = await self.read_json(request, self._parse_tokenize)
-        strs = bool(optional(body, "return_token_strs", bool, False))
-        if p is not None:
-            ids = await self.prompt_ids(p, for_model=False)
+        strs, p = await self.read_json(request, self._parse_tokenize)
+        if isinstance(p, str):
+            ids = self.tokenizer.prompt_ids(await self._encode(p, for_model=False))
         else:
-            ids = self.tokenizer.prompt_ids(await self._encode(body["prompt"], for_model=False))
+            ids = await self.prompt_ids(p, for_model=False)
         token_strs = None  # as vLLM's: null unless asked for
         if strs:
             token_strs = await self._off_loop_if_long(self.tokenizer.token_strs, ids)
         return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len,
                              "tokens": ids, "token_strs": token_strs})
 
-    def _parse_tokenize(self, body: Any) -> tuple[dict[str, Any], GenerateParams | None]:
-        """A ``/tokenize`` body, checked, and its chat's parameters (None: a prompt)."""
+    def _parse_tokenize(self, body: Any) -> tuple[bool, GenerateParams | str]:
+        """A ``/tokenize`` body, checked: whether it asks for the token strings, and its
+        chat's parameters or its prompt."""
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         check_served(model_field(body), self.model_name)  # as vLLM: 404 for another model
-        optional(body, "return_token_strs", bool, False)
+        strs = bool(optional(body, "return_token_strs", bool, False))
         if "messages" in body:
-            return body, parse_generate({**body, "max_tokens": 1}, chat=True,
+            return strs, parse_generate({**body, "max_tokens": 1}, chat=True,
                                         model_name=self.model_name,
                                         vocab_size=self.vocab_size)
-        if not isinstance(body.get("prompt"), str):
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
             raise BadRequest("'prompt' must be a string", param="prompt")
         check_special_tokens(body, chat=False)
-        return body, None
+        return strs, prompt
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         tokens = await self.read_json(request, self._parse_detokenize)
