@@ -277,7 +277,6 @@ class Router:
                             arrival_s=time.monotonic() if now is None else now,
                             chunks=toks.chunks, chunk_tokens=toks.chunk_tokens,
                             anchor_chunks=toks.anchor_chunks,
-                            adapter=None if info is None else info.parent is not None,
                             base_model=None if info is None else info.parent)
 
     async def route_request(self, parsed: ParsedRequest, tenant: str | None) -> RouteRequest:

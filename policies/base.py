@@ -50,10 +50,9 @@ class RouteRequest:
     ``chunks``, for a policy with ``chunk_chars``, identifies the prompt's consecutive
     pieces without tokenizing it (``prompt_chunks``); each is worth about ``chunk_tokens``
     gateway tokens; ``anchor_chunks``, when asked for and known, is the anchor in those
-    pieces (the whole pieces a chat's head covers). ``adapter``: whether ``model`` is a
-    LoRA adapter (a replica lists it with a ``parent``); None when not known;
-    ``base_model``: that parent, the model whose replicas serve the adapter (None for a
-    base model, or when not known).
+    pieces (the whole pieces a chat's head covers). ``base_model``: when ``model`` is a
+    LoRA adapter (a replica lists it with a ``parent``), that parent, the model whose
+    replicas serve the adapter; None for a base model, or a model no replica lists.
     """
 
     tokens: Sequence[int]
@@ -69,8 +68,12 @@ class RouteRequest:
     chunks: Sequence[int] = ()
     chunk_tokens: float = 0.0
     anchor_chunks: int | None = None
-    adapter: bool | None = None
     base_model: str | None = None
+
+    @property
+    def adapter(self) -> bool:
+        """Whether ``model`` is a LoRA adapter some replica lists."""
+        return self.base_model is not None
 
 
 class ReplicaView(NamedTuple):

@@ -121,8 +121,10 @@ def test_a_request_says_whether_its_model_is_an_adapter_as_the_replicas_list_it(
         lora = ParsedRequest("completions", {}, "m-lora", True, "hello", None, None, None, None)
         assert router.build(base).adapter is False  # "m": the base model
         assert router.build(lora).adapter is True
+        assert router.build(lora).base_model == "m"
         unknown = ParsedRequest("completions", {}, "x", True, "hi", None, None, None, None)
-        assert router.build(unknown).adapter is None
+        assert router.build(unknown).adapter is False  # no replica lists it
+        assert router.build(base).base_model is None and router.build(unknown).base_model is None
     finally:
         router.close()
 

@@ -161,7 +161,7 @@ def test_adapters_are_decided_by_their_base_models_state() -> None:
         adapter = f"b-lora-{n % 10}"
         tokens = doc(n % 3)  # three documents hot for every adapter
         req = RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model=adapter,
-                           arrival_s=float(n), adapter=True, base_model="b")
+                           arrival_s=float(n), base_model="b")
         policy.observe(Routed(req, policy.choose(req, replicas).chosen))
     state = policy.policy_for("b")
     assert isinstance(state, Cost)
