@@ -31,7 +31,7 @@ from loadtests.plan_report import render
 from loadtests.plan_simulation import PolicyFigures, simulate_policies
 from loadtests.plan_workload import PlanWorkload, from_capture, from_numbers, from_scenario
 from loadtests.scenarios import SCENARIOS
-from loadtests.simulate import build_policy
+from loadtests.simulate import policy_names
 
 DEFAULT_POLICIES = "round_robin,prefix_affinity,cost"
 # a replica's idle KV: more than none, at most 4 TiB (past any server's memory today; the
@@ -148,13 +148,10 @@ def _recommend(plan: dict[str, Any], figures: dict[str, PolicyFigures],
 def _policy_names(names_csv: str) -> list[str]:
     """``--policies``' names, each built once: a ``ValueError`` naming a misspelt one
     before the workload is made or any policy simulated."""
-    names = [p.strip() for p in names_csv.split(",") if p.strip()]
-    for name in names:
-        try:
-            build_policy(name)
-        except ValueError as exc:  # policies' ConfigError is one
-            raise ValueError(f"--policies {names_csv}: {exc}") from None
-    return names
+    try:
+        return policy_names(names_csv)[0]
+    except ValueError as exc:  # policies' ConfigError is one
+        raise ValueError(f"--policies {names_csv}: {exc}") from None
 
 
 def build_plan(args: argparse.Namespace) -> dict[str, Any]:

@@ -519,7 +519,7 @@ def _replica_prompts(engine_tokenizer: str, prompts: str) -> tuple[ReplicaPrompt
         raise SystemExit(f"--engine-tokenizer {engine_tokenizer}: {exc}") from None
 
 
-def _policies(names_csv: str, policy_set: Sequence[str]
+def policy_names(names_csv: str, policy_set: Sequence[str] = ()
               ) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """``--policies`` and ``--policy-set``: the names, and each one's parameters over its
     preset, every one built once to check it (``ValueError`` naming a bad name, key or
@@ -544,7 +544,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--peers needs --gateways 2 or more (gateway copies to tell each "
                          f"other what they route), got --gateways {args.gateways}")
     scenario = SCENARIOS[args.scenario]
-    names, overrides = _policies(args.policies, args.policy_set)
+    names, overrides = policy_names(args.policies, args.policy_set)
     spec = build_spec(scenario.workload, seed=args.seed,
                       **{**scenario.params, **_parse_params(args.set)})
     pick = lambda value, default: default if value is None else value  # noqa: E731
