@@ -113,6 +113,7 @@ def test_past_max_connections_only_the_new_connection_is_refused() -> None:
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503") and b"\r\nretry-after: 1" in head
         assert json.loads(body)["error"]["code"] == "too_many_connections"
+        assert json.loads(body)["error"]["type"] == "service_unavailable"
         for sock in held:  # the connections within the limit are served
             sock.settimeout(3)
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -225,7 +225,8 @@ def test_a_restart_drops_the_estimate_and_a_removal_forgets_the_replica() -> Non
     late = estimator.resident.started("r0", 500, 7, lambda: None)
     assert late.ended and estimator.resident.running("r0") == ()
     assert estimator.resident.changes("r0") == 0  # no record made for it
-    estimator.resident.ended(late)
+    estimator.resident.ended(late)  # its end, told as any other's: still nothing kept
+    assert estimator.resident.running("r0") == () and estimator.resident.changes("r0") == 0
 
 
 def test_the_prompt_head_tells_shared_documents_apart() -> None:
