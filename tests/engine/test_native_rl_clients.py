@@ -129,7 +129,11 @@ def test_abort_request_ends_requests_as_aborted_and_loads_count_them() -> None:
         reason = events[-1]["meta_info"]["finish_reason"]
         assert reason["type"] == "abort" and reason["message"]
         assert events[-1]["meta_info"]["completion_tokens"] < 400
-        # abort_all reaches a whole answer too: it comes back finished as aborted
+        # abort_all reaches a whole answer too: it comes back finished as aborted (once the
+        # aborted stream has left: else its request was the one seen running, and abort_all
+        # came before the whole answer's request was added)
+        wait_until(lambda: http.get("/v1/loads").json()["aggregate"]["total_reqs"] == 0,  # noqa: B023
+                   10, "the aborted stream to leave the engine")
         whole = {**long, "rid": "w"}
         with httpx.Client(base_url=engine.url, timeout=30) as other:
             core = engine.server.core
