@@ -17,6 +17,7 @@ from gateway.state import GatewayState
 from kvwire.media_parts import shown
 from kvwire.openai_schema import ClientDisconnected, NotFound, UnsupportedMediaType
 from kvwire.request_edge import (
+    header_value,
     parses_on_loop,
     read_body,
     unless_disconnected,
@@ -54,7 +55,7 @@ def check_encoding(request: Request) -> None:
     """UnsupportedMediaType (RFC 9110's 415, saying what is accepted) for a body sent
     compressed (``Content-Encoding: gzip``): the gateway reads the JSON it routes by,
     and vLLM and SGLang read no compressed body either."""
-    encoding = request.headers.get("content-encoding", "").strip().lower()
+    encoding = (header_value(request, "content-encoding") or "").strip().lower()
     if encoding not in _IDENTITY:
         raise UnsupportedMediaType(
             f"Content-Encoding {shown(encoding, 40)} is not supported: send the request "
@@ -117,14 +118,14 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
     (``read_timed_body``)."""
     raw = await read_timed_body(request, gw, serve=not named)
     aff = gw.config.affinity
-    header_value = request.headers.get(aff.header) if aff.header else None
+    affinity = header_value(request, aff.header.lower()) if aff.header else None
     if parses_on_loop(raw):
-        parsed = parse_body(raw, endpoint, aff.body_field, header_value,
+        parsed = parse_body(raw, endpoint, aff.body_field, affinity,
                             lambda: default_model(gw))
     else:  # its checks' Python (a chat of 150,000 parts: 0.4 s) leaves the loop free
         fallback = default_model(gw)
         parsed = await asyncio.to_thread(parse_body, raw, endpoint, aff.body_field,
-                                         header_value, lambda: fallback)
+                                         affinity, lambda: fallback)
     tenant = keyed if gw.auth.on or named else gw.tenancy.tenant_of(request)
     await check_model(gw, parsed.model, tenant)
     isolated = gw.tenancy.isolate(tenant, parsed.body)

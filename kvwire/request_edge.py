@@ -57,6 +57,21 @@ def parses_on_loop(raw: bytes) -> bool:
         return raw.count(b",") <= PARSE_ON_THREAD_COMMAS
     return int(np.count_nonzero(np.frombuffer(raw, np.uint8) == _COMMA)) \
         <= PARSE_ON_THREAD_COMMAS
+
+
+def header_value(request: Request, name: str) -> str | None:
+    """The first value of header ``name`` (lower case), read off the ASGI scope's raw
+    lines, whose names ASGI servers give in lower case; None when absent. Starlette's
+    ``request.headers.get`` answers a missing name by raising and catching KeyError, which
+    cost the gateway ~4% of a proxied request's CPU for one header it looks up on
+    every request and few clients send (``Content-Encoding``)."""
+    key = name.encode("latin-1")
+    for k, v in request.scope["headers"]:
+        if k == key:
+            return v.decode("latin-1")
+    return None
+
+
 T = TypeVar("T")
 
 
@@ -79,7 +94,7 @@ async def read_body(request: Request, limit: int, budget: ByteBudget | None = No
 
 
 async def _read_body(request: Request, limit: int, budget: ByteBudget | None) -> bytes:
-    declared = request.headers.get("content-length")
+    declared = header_value(request, "content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
                               f"{limit} bytes", code="body_too_large")

@@ -16,7 +16,8 @@ Rules every policy keeps:
   none, ``None`` for the whole prompt. ``chunk_chars`` > 0 asks for the prompt's chunk
   hashes instead (``prompt_chunks``), which cost no tokenization: the first
   ``chunks_needed`` of them (``None``: all); ``wants_anchor`` also asks for a chat's anchor
-  in them (``RouteRequest.anchor_chunks``).
+  in them (``RouteRequest.anchor_chunks``); ``wants_fingerprint`` asks for
+  ``RouteRequest.fingerprint`` (left None otherwise: hashing a long prompt costs).
 * ``kv_index``, when not None, is an exact index of what each replica caches that the
   policy reads; the gateway feeds it from the replicas' KV events
   (``gateway.kv_event_subscriber``), the simulator from its engines' block pools.
@@ -200,6 +201,7 @@ class Policy(ABC):
     chunk_chars: int = 0
     chunks_needed: int | None = None
     wants_anchor: bool = False
+    wants_fingerprint: bool = False
     kv_index: KVIndex | None = None
 
     @abstractmethod

@@ -164,6 +164,7 @@ class Cost(Policy):
         self._routed = 0
         self._memo: RequestMemo[_Prepared] = RequestMemo()
         self._keys = PrefixKeys(cfg)
+        self.wants_fingerprint = self._keys.learner is not None  # it tells repeats apart
         # the replicas of the last hot decision: (ids, weights, healthy, scratch indexes)
         self._eligible: tuple[list[str], list[float], list[bool], set[int]] = (
             [], [], [], set())

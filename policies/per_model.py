@@ -63,6 +63,7 @@ class PerModel(Policy):
         self.reasons = first.reasons  # type: ignore[misc]
         self.chunk_chars = first.chunk_chars
         self.wants_anchor = first.wants_anchor
+        self.wants_fingerprint = first.wants_fingerprint
         self.kv_index = first.kv_index
 
     def policy_for(self, model: str | None, keep: bool = True) -> Policy:

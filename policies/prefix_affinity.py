@@ -136,6 +136,7 @@ class PrefixAffinity(Policy):
         # K and the learner in the key's units: tokens, or pieces
         self._units = cfg.in_pieces() if cfg.chunk_chars > 0 else cfg
         self._learner = learner_for(self._units)
+        self.wants_fingerprint = self._learner is not None  # it tells repeats apart
         self._depth = KeyDepth(self._units.prefix_tokens, cfg.key_rungs)
         # the last request keyed: its key units, window and key
         self._keyed: RequestMemo[_Keyed] = RequestMemo()
