@@ -2,7 +2,7 @@
 
 The token hit rate of a run is ``delta(prefix_cache_hits) / delta(prefix_cache_queries)``
 summed over the fleet's engines: what the replicas really served from their caches,
-independent of the gateway's beliefs.
+independent of the gateway's beliefs; None (not measured) where they counted no lookup.
 """
 
 from __future__ import annotations
@@ -57,9 +57,12 @@ class FleetCounters:
         return sum(r[key] for r in self.per_replica)
 
     @property
-    def token_hit_rate(self) -> float:
+    def token_hit_rate(self) -> float | None:
+        """Hits / lookups over the fleet; None where no lookup was counted (no request
+        reached an engine, or its engines do not expose these counters): not measured,
+        not a rate of 0."""
         queries = self.total("queries")
-        return self.total("hits") / queries if queries else 0.0
+        return self.total("hits") / queries if queries else None
 
     @property
     def prefill_tokens(self) -> int:

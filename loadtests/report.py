@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -71,9 +72,16 @@ def _ratios(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for name, r in policies.items():
         if name == "round_robin":
             continue
-        hit = (r["token_hit_rate"] / base["token_hit_rate"]
-               if base["token_hit_rate"] else float("inf"))
-        line = f"- {name}: token hit rate {hit:.1f} x round_robin's"
+        # None: the engines counted no lookup in that run (not measured)
+        if r["token_hit_rate"] is None:
+            line = f"- {name}: token hit rate not measured"
+        elif base["token_hit_rate"] is None:
+            line = f"- {name}: token hit rate {r['token_hit_rate']:.3f} (round_robin's not " \
+                "measured)"
+        else:
+            hit = (r["token_hit_rate"] / base["token_hit_rate"]
+                   if base["token_hit_rate"] else float("inf"))
+            line = f"- {name}: token hit rate {hit:.1f} x round_robin's"
         if r.get("ttft_p95_s") and base.get("ttft_p95_s"):
             line += f", p95 TTFT {r['ttft_p95_s'] / base['ttft_p95_s']:.2f} x round_robin's"
         out.append(line)
@@ -83,8 +91,10 @@ def _ratios(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def write_report(report_dir: Path, cfg: Any, results: Mapping[str, Mapping[str, Any]]) -> Path:
     """``report.md`` plus ``hit_rate_ttft.png`` and ``replica_load.png`` in ``report_dir``."""
     report_dir.mkdir(parents=True, exist_ok=True)
+    # a hit rate not measured (None) is drawn as no bar, labelled nan: not as a rate of 0
     plot_policies(report_dir / "hit_rate_ttft.png",
-                  {k: (v["token_hit_rate"], v["ttft_s"]) for k, v in results.items()},
+                  {k: (math.nan if v["token_hit_rate"] is None else v["token_hit_rate"],
+                       v["ttft_s"]) for k, v in results.items()},
                   title=f"{cfg.scenario}: {cfg.replicas} replicas, {cfg.rate:g} req/s target")
     plot_replica_load(report_dir / "replica_load.png",
                       {k: v["replica_prefill_tokens"] for k, v in results.items()},
@@ -100,9 +110,10 @@ def write_report(report_dir: Path, cfg: Any, results: Mapping[str, Mapping[str, 
         f"{cfg.duration_s:g} s per policy, a fresh fleet per policy.",
         "Token hit rate and prefill tokens come from the engines' own counters "
         "(`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`, scraped "
-        "before and after); TTFT is measured by the client from when each request was due "
-        "(its Poisson arrival, later than its send only when every client was busy) to its "
-        "first streamed content, over the requests answered, those unanswered when the run "
+        "before and after; `-` where they counted no lookup: not measured); TTFT is "
+        "measured by the client from when each request was due (its Poisson arrival, "
+        "later than its send only when every client was busy) to its first streamed "
+        "content, over the requests answered, those unanswered when the run "
         "stopped and those due by then that no client was free to send (one with no first "
         "token yet at how long it had waited: a lower bound); failed requests are counted, "
         "not timed.",

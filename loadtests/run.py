@@ -295,6 +295,7 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
     hot_ttft = [_ttft(s) for s in timed if s.get("label") == "hot"]
     tt, ee, hh = _percentiles(ttft), _percentiles(e2e), _percentiles(hot_ttft)
     return {
+        # None where the engines counted no lookup (nothing reached them): not measured
         "token_hit_rate": counters.token_hit_rate,
         "prefill_tokens": counters.prefill_tokens,
         "prompt_tokens": int(counters.total("queries")),
