@@ -119,12 +119,17 @@ def find_program(router: str, given: str | None = None) -> str | None:
 
 
 def require_program(router: str, given: str | None = None) -> str:
-    """``find_program``, or an error that says how to name the program."""
+    """``find_program``, or an error that says how to name the program, or which named
+    path is not a program (checked before any fleet starts, not by the start of the
+    router in front of one)."""
     path = find_program(router, given)
+    kind = KINDS[router]
     if path is None:
-        kind = KINDS[router]
         raise ThirdPartyError(f"{kind.program} was not found: pass --{kind.program} PATH, "
                               f"set {kind.env} or put it on PATH")
+    if shutil.which(path) is None:  # a path named (option or variable) but not a program
+        where = f"--{kind.program}" if given else kind.env
+        raise ThirdPartyError(f"{where} {path!r} is not an executable file")
     return path
 
 
