@@ -112,13 +112,28 @@ class TextStream:
             self._context_chars = len(self._tok.decode(ids[self._prefix:self._read]))
         pending = window[self._context_chars:]
         settled = self._buf[:self._settled - self._dropped]
-        if not final and pending.endswith(_UNFINISHED) \
-                and len(ids) - self._read <= MAX_PENDING_TOKENS:
-            self._buf = settled + pending.rstrip(_UNFINISHED)
-            return
+        end = len(ids)  # tokens [_read, end) settle
+        if not final and pending.endswith(_UNFINISHED):
+            if end - self._read <= MAX_PENDING_TOKENS:
+                self._buf = settled + pending.rstrip(_UNFINISHED)
+                return
+            # many tokens pushed at once, ending inside a character: those before it
+            # settle, it is held with its tokens (a run of invalid bytes settles whole)
+            end, pending = self._before_unfinished(pending)
         self._buf = settled + pending
         self._settled = self._end
-        self._prefix, self._read, self._context_chars = self._read, len(ids), None
+        self._prefix, self._read, self._context_chars = self._read, end, None
+
+    def _before_unfinished(self, pending: str) -> tuple[int, str]:
+        """(``end``, the text of pending tokens ``[_read, end)``): ``end`` the last of the
+        final ``MAX_PENDING_TOKENS`` token boundaries after ``_read`` where the text ends
+        in no unfinished character; the whole of them (``pending``) where none does."""
+        ids, context = self._ids, self._context_chars or 0
+        for end in range(len(ids) - 1, max(self._read, len(ids) - MAX_PENDING_TOKENS), -1):
+            text = self._tok.decode(ids[self._prefix:end])
+            if not text.endswith(_UNFINISHED):
+                return end, text[context:]
+        return len(ids), pending
 
     def _find_stop(self, new: int) -> bool:
         """Look for the stop strings that end past ``new`` (each from its own length
