@@ -76,7 +76,9 @@ class NativeGenerateRoute:
         return JSONResponse(answers if req.batch else answers[0])
 
     async def _prompt_ids(self, items: tuple[NativeItem, ...]) -> list[list[int]]:
-        """Each item's prompt ids, the texts encoded in one call."""
+        """Each item's prompt ids, the texts encoded in one call, each inside the
+        tokenizer's special tokens (a Llama's BOS first), as SGLang encodes a ``text``
+        and the gateway routes it."""
         texts = [item.params.prompt_text for item in items
                  if item.params.prompt_text is not None]
         encoded = iter(await self.server.encode_texts(texts) if texts else ())
@@ -87,6 +89,7 @@ class NativeGenerateRoute:
                 ids = next(encoded)
                 if not ids:
                     raise BadRequest("'text' encodes to zero tokens", param="text")
+                ids = self.server.tokenizer.prompt_ids(ids)
             out.append(ids)
         return out
 
