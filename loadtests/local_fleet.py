@@ -77,6 +77,12 @@ def cancel_scope() -> Iterator[threading.Event]:
         _SCOPE_CANCEL.reset(token)
 
 
+def scope_cancel() -> threading.Event | None:
+    """The cancel of the ``cancel_scope()`` this runs inside, None outside one: for what a
+    caller starts in front of a scope's fleets (a third-party router) to wait on too."""
+    return _SCOPE_CANCEL.get()
+
+
 @contextlib.contextmanager
 def cancel_on_signals() -> Iterator[threading.Event]:
     """``cancel_scope()``, whose cancel SIGINT, SIGTERM and SIGHUP set inside the block (the

@@ -40,7 +40,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.local_fleet import ENGINE_BLOCK_SIZE, end_session, free_port, wait_ready
+from loadtests.local_fleet import (
+    ENGINE_BLOCK_SIZE,
+    end_session,
+    free_port,
+    scope_cancel,
+    wait_ready,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +202,10 @@ def running(router: ThirdPartyRouter, program: str, workers: Sequence[Worker], m
             workdir: Path, host: str = "127.0.0.1", timeout_s: float = 60.0,
             grace_s: float = 10.0) -> Iterator[str]:
     """Start ``router`` in front of ``workers`` (serving ``model``), wait until it is
-    ``ready`` (a ``FleetError`` if it exits first or is not within ``timeout_s``), yield its
-    URL; stop it on the way out: SIGTERM, then SIGKILL after ``grace_s`` to it and to every
-    process it started (its session's: ``local_fleet.end_session``)."""
+    ``ready`` (a ``FleetError`` if it exits first or is not within ``timeout_s``; a
+    ``FleetCancelled`` once the ``cancel_scope()`` it runs in is cancelled: Ctrl-C), yield
+    its URL; stop it on the way out: SIGTERM, then SIGKILL after ``grace_s`` to it and to
+    every process it started (its session's: ``local_fleet.end_session``)."""
     require_isolation()
     port = free_port(host)
     log = workdir / f"{router.router}-{router.policy}.log"
@@ -209,7 +216,7 @@ def running(router: ThirdPartyRouter, program: str, workers: Sequence[Worker], m
     try:
         url = f"http://{host}:{port}"
         wait_ready(router.name, proc, log, lambda: ready(url, len(workers)), timeout_s,
-                   f"at {url}")
+                   f"at {url}", scope_cancel())
         yield url
     finally:
         if proc.poll() is None:
