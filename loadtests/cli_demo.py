@@ -44,12 +44,18 @@ def versus_round_robin(name: str, result: dict[str, Any], rr: dict[str, Any]) ->
     the prefill it saved on its own prompt tokens (each run is sent the requests its
     clients were free to send: as many prompt tokens only while neither queues), and its
     p95 time to first token against round robin's."""
-    hits = (f"{result['token_hit_rate'] / rr['token_hit_rate']:.1f}x the cached prompt tokens"
-            if rr["token_hit_rate"] > 0 else f"token hit rate {result['token_hit_rate']:.2f}")
+    mine, theirs = result["token_hit_rate"], rr["token_hit_rate"]  # None: nothing counted
+    if mine is None:
+        hits = "token hit rate not measured (its engines counted no cache lookup)"
+    elif theirs:
+        hits = f"{mine / theirs:.1f}x the cached prompt tokens of round_robin"
+    else:
+        hits = f"token hit rate {mine:.2f} against round_robin's " + (
+            "0.00" if theirs is not None else "not measured")
     # round robin's prefill share of the prompt tokens, on this policy's prompt tokens
     rr_prefill = round(rr["prefill_tokens"] / rr["prompt_tokens"] * result["prompt_tokens"]) \
         if rr["prompt_tokens"] else 0
-    return (f"{name}: {hits} of round_robin, {rr_prefill - result['prefill_tokens']:,} "
+    return (f"{name}: {hits}, {rr_prefill - result['prefill_tokens']:,} "
             f"fewer prefill tokens on its {result['prompt_tokens']:,} prompt tokens, p95 time "
             f"to first token {_seconds(result['ttft_p95_s'])} against "
             f"{_seconds(rr['ttft_p95_s'])}.")

@@ -14,7 +14,14 @@ def test_the_demo_shows_the_default_policy_against_round_robin() -> None:
                     "prefill tokens on its 1,105,263 prompt tokens, p95 time to first token "
                     "0.63 s against 0.76 s.")
     cold = versus_round_robin("cost", cost, dict(rr, token_hit_rate=0.0))
-    assert cold.startswith("cost: token hit rate 0.62 of round_robin")
+    assert cold.startswith("cost: token hit rate 0.62 against round_robin's 0.00, ")
+    # a run whose engines counted no cache lookup has no rate (None), not a rate of 0
+    unmeasured = versus_round_robin("cost", cost, dict(rr, token_hit_rate=None))
+    assert unmeasured.startswith("cost: token hit rate 0.62 against round_robin's not "
+                                 "measured, ")
+    mine = versus_round_robin("cost", dict(cost, token_hit_rate=None), rr)
+    assert mine.startswith("cost: token hit rate not measured (its engines counted no "
+                           "cache lookup), 574,737 fewer")
 
 
 def test_the_prefill_saved_is_taken_on_as_many_prompt_tokens_and_no_ttft_is_shown_as_such():
