@@ -201,10 +201,7 @@ def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Prog
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL)
         try:
-            while proc.poll() is None:
-                if progress:
-                    progress(policy, time.monotonic() - started, cfg.duration_s)
-                time.sleep(0.5)
+            watch_locust(proc, progress, policy, started, cfg.duration_s)
         finally:
             if proc.poll() is None:
                 proc.terminate()
@@ -217,6 +214,21 @@ def _locust(cfg: RunConfig, urls: tuple[str, ...], workdir: Path, progress: Prog
         tail = log.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"locust wrote no samples (exit {proc.returncode}):\n{tail}")
     return samples
+
+
+def watch_locust(proc: subprocess.Popen[bytes], progress: Progress | None, policy: str,
+                 started: float, duration_s: float, every_s: float = 0.5) -> None:
+    """Reports ``progress`` every ``every_s`` while Locust runs, and once more when it has
+    ended: a Ctrl-C at the terminal stops Locust too, often before the next report, and
+    that last report is what stops the run (``StoppableProgress``) instead of its cut
+    results being written as a whole run's."""
+    while True:
+        ended = proc.poll() is not None
+        if progress:
+            progress(policy, time.monotonic() - started, duration_s)
+        if ended:
+            return
+        time.sleep(every_s)
 
 
 def _kv_event_messages(gateway_url: str) -> int:
