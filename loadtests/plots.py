@@ -62,11 +62,12 @@ def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[
     ax_hit.set_yticks(np.linspace(0, 1, 6))
     ax_hit.set_ylabel("token hit rate (cached / prompt tokens)")
     ax_hit.tick_params(axis="x", rotation=15)
-    floored = 0
+    floored = drawn = 0
     for i, name in enumerate(names):
         samples = np.asarray(results[name][1], dtype=float)
         if len(samples) == 0:
             continue
+        drawn += 1
         p95 = float(np.percentile(samples, 95))
         xs, frac, below = cdf_points(samples)
         floored += below
@@ -76,7 +77,11 @@ def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[
         f"; {floored} under {CDF_FLOOR_S * 1000:g} ms drawn at it" if floored else ""))
     ax_cdf.set_ylabel("fraction of requests")
     ax_cdf.axhline(0.95, color="grey", linewidth=0.5)
-    ax_cdf.legend(loc="lower right", fontsize="small")
+    if drawn:
+        ax_cdf.legend(loc="lower right", fontsize="small")
+    else:  # (a legend of nothing warns) every request failed or none was sent
+        ax_cdf.text(0.5, 0.5, "no request was timed", ha="center", va="center",
+                    transform=ax_cdf.transAxes)
     ax_cdf.grid(True, which="both", alpha=0.3)
     if title:
         fig.suptitle(title)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from loadtests.plots import CDF_FLOOR_S, cdf_points
+from loadtests.plots import CDF_FLOOR_S, cdf_points, plot_policies
 
 
 def test_zero_ttft_samples_are_drawn_at_the_floor_and_counted() -> None:
@@ -14,3 +16,11 @@ def test_zero_ttft_samples_are_drawn_at_the_floor_and_counted() -> None:
     assert frac.tolist() == [0.2, 0.4, 0.6, 0.8, 1.0]
     assert np.all(xs > 0)  # every point is drawn on a log axis
 
+
+
+def test_a_run_with_no_request_timed_is_plotted(tmp_path: Path) -> None:
+    # every request failed: no TTFT sample, and no rate measured (NaN, as the report
+    # passes a null one); a legend of nothing used to warn (an error under pytest)
+    out = plot_policies(tmp_path / "p.png", {"round_robin": (float("nan"), []),
+                                             "cost": (float("nan"), [])})
+    assert out.stat().st_size > 0
