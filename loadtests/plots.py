@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,9 @@ def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[
     fig, (ax_hit, ax_cdf) = plt.subplots(1, 2, figsize=(11, 4.2))
     rates = [results[n][0] for n in names]
     bars = ax_hit.bar(names, rates, color=[f"C{i}" for i in range(len(names))])
-    ax_hit.bar_label(bars, labels=[f"{r:.2f}" for r in rates])
+    # a rate not measured (NaN: its engines counted no lookup) gets no bar, and says so
+    ax_hit.bar_label(bars, labels=["not measured" if math.isnan(r) else f"{r:.2f}"
+                                   for r in rates])
     if upper_bound is not None:
         ax_hit.axhline(upper_bound, color="black", linestyle="--", linewidth=1,
                        label=f"upper bound (unlimited cache) {upper_bound:.2f}")
