@@ -77,15 +77,23 @@ class TenancyConfig:
             raise ValueError("require_tenant needs isolate: true (requests without a tenant "
                              "are refused only under isolation)")
         if self.isolate:
-            key = self.key()
-            if len(key) < MIN_SECRET_BYTES:
-                raise ValueError(f"isolate needs a secret of at least {MIN_SECRET_BYTES} "
-                                 f"bytes (secret, secret_file or secret_env); got {len(key)}")
+            self.salt_key()
 
     def key(self) -> bytes:
         """The secret's bytes, from wherever it is configured (empty when nowhere)."""
         found = resolve_secret(self.secret, self.secret_file, self.secret_env, "secret")
         return (found or "").encode()
+
+    def salt_key(self) -> bytes:
+        """``key()``, checked at every read: a file or variable read again when the gateway
+        starts may have changed since the config was validated, and salts keyed by an
+        empty or short secret are ones a client can compute. ValueError for one shorter
+        than ``MIN_SECRET_BYTES``."""
+        key = self.key()
+        if len(key) < MIN_SECRET_BYTES:
+            raise ValueError(f"isolate needs a secret of at least {MIN_SECRET_BYTES} bytes "
+                             f"(secret, secret_file or secret_env); got {len(key)}")
+        return key
 
 
 class UntrustedTenant(OpenAIError):
@@ -105,7 +113,7 @@ class Tenancy:
 
     def __init__(self, config: TenancyConfig, trusted: Networks) -> None:
         self.config = config
-        self._key = config.key() if config.isolate else b""
+        self._key = config.salt_key() if config.isolate else b""
         self._trusted = trusted
         self._partition = {t: frozenset(p.replicas) for p in config.partitions
                            for t in p.tenants}
