@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from gateway.config import parse_config
+from gateway.fleet import Fleet
 from gateway.networks import Networks
+from gateway.peers import Peers
 from gateway.tenancy import Tenancy
+from policies.registry import build_policy
 
 SECRET = "s" * 40
 
@@ -29,3 +32,19 @@ def test_a_tenancy_secret_file_changed_after_load_is_checked_when_read_again(
     path.write_text(rewritten)
     with pytest.raises(ValueError, match=f"at least 32 bytes .*; got {got}$"):
         Tenancy(config.tenancy, Networks(config.trusted_proxies))
+
+
+def test_a_peers_secret_file_shortened_after_load_is_checked_when_read_again(
+        tmp_path: Path) -> None:
+    """A copy that proves a short secret lets anyone who guesses it in to teach its policy
+    and load its replicas' queues."""
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    config = parse_config({"replicas": [{"id": "a", "url": "http://127.0.0.1:1"}],
+                           "peers": {"listen": "127.0.0.1:0", "secret_file": str(path)}})
+    fleet = Fleet(config.fleet_replicas())
+    policy = build_policy({"name": "round_robin"})
+    assert Peers(config.peers, fleet, policy).secret == SECRET.encode()
+    path.write_text("short\n")
+    with pytest.raises(ValueError, match=r"at least 16 characters .*, got 5$"):
+        Peers(config.peers, fleet, policy)
