@@ -31,6 +31,12 @@ class ClientKey:
     tenant: str | None = None
 
     def validate(self) -> None:
+        self.checked()
+
+    def checked(self) -> str:
+        """The key, checked at every read: a file or variable read again when the gateway
+        starts may have changed since the config was validated. ValueError for none, one
+        too short, or one no header can carry."""
         value = self.resolved()
         if value is None:
             raise ValueError("an api key needs key, key_file or key_env")
@@ -38,6 +44,7 @@ class ClientKey:
             raise ValueError(f"an api key must be at least {MIN_KEY_CHARS} characters, got "
                              f"{len(value)}")
         check_bearer(value, "an api key")
+        return value
 
     def resolved(self) -> str | None:
         return resolve_secret(self.key, self.key_file, self.key_env, "key")
@@ -63,9 +70,11 @@ class ClientAuth:
 
     def __init__(self, keys: list[ClientKey]) -> None:
         self._tenants: dict[bytes, str | None] = {}
-        for entry in keys:
-            value = entry.resolved()
-            assert value is not None  # validated at load
+        for i, entry in enumerate(keys):
+            try:  # read again: its file or variable may have changed since the load
+                value = entry.checked()
+            except ValueError as exc:
+                raise ValueError(f"auth.api_keys[{i}]: {exc}") from None
             self._tenants[_digest(value)] = entry.tenant
 
     @property

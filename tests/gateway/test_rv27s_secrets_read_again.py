@@ -4,10 +4,12 @@ the config was loaded must not hand the gateway a secret the load would have ref
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from gateway.client_auth import ClientAuth
 from gateway.config import parse_config
 from gateway.fleet import Fleet
 from gateway.networks import Networks
@@ -48,3 +50,21 @@ def test_a_peers_secret_file_shortened_after_load_is_checked_when_read_again(
     path.write_text("short\n")
     with pytest.raises(ValueError, match=r"at least 16 characters .*, got 5$"):
         Peers(config.peers, fleet, policy)
+
+
+@pytest.mark.parametrize("rewritten, message", [
+    ("\n", "needs key, key_file or key_env"), ("short\n", "must be at least 16 characters, got 5"),
+])
+def test_a_client_key_file_changed_after_load_is_named_when_read_again(
+        tmp_path: Path, rewritten: str, message: str) -> None:
+    """Else a key file emptied failed an assert (a traceback, or with ``python -O`` a
+    crash in hashing None), and one shortened was accepted as a client's key."""
+    path = tmp_path / "key"
+    path.write_text("k" * 24 + "\n")
+    config = parse_config({"replicas": [],
+                           "auth": {"api_keys": [{"key": "j" * 16, "tenant": "a"},
+                                                 {"key_file": str(path), "tenant": "b"}]}})
+    assert ClientAuth(config.auth.api_keys).on
+    path.write_text(rewritten)
+    with pytest.raises(ValueError, match=re.escape(f"auth.api_keys[1]: an api key {message}")):
+        ClientAuth(config.auth.api_keys)
