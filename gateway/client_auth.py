@@ -1,8 +1,10 @@
 """Client API keys: with any configured, every ``/v1/*`` request needs
 ``Authorization: Bearer <key>``, and the key names the client's tenant.
 
-Keys come from the YAML, a file or an environment variable (``ClientKey``); only their
-SHA-256 digests are kept in memory. A missing or unknown key gets a 401 in OpenAI's shape.
+Keys come from the YAML, a file or an environment variable (``ClientKey``); requests are
+matched against their SHA-256 digests. A key read from a file or variable is not kept once
+its digest is made; one written in the YAML stays in the loaded config, as the YAML holds
+it. A missing or unknown key gets a 401 in OpenAI's shape.
 The client's ``Authorization`` header is the gateway's business then: it is never
 forwarded to a replica.
 """
