@@ -254,7 +254,8 @@ class AdminConfig:
     (loopback by default), and only when a token is configured (``token``, or read from
     ``token_file`` or the environment variable ``token_env``); every call then needs
     ``Authorization: Bearer <token>``. Replicas it adds must have a URL whose host is in
-    ``allow_hosts`` (names, as written) or an address in ``allow_networks``; client
+    ``allow_hosts`` (names, in any case: host names are case-insensitive) or an address
+    in ``allow_networks``; client
     ``Authorization`` headers are never forwarded to them."""
 
     token: str | None = None
@@ -284,8 +285,8 @@ class AdminConfig:
 
     def allows(self, url: str) -> bool:
         """Whether a replica at ``url`` may be added through the admin API."""
-        host = urlsplit(url).hostname or ""
-        if host in self.allow_hosts:
+        host = urlsplit(url).hostname or ""  # (lower case, as urlsplit gives it)
+        if any(host == allowed.lower() for allowed in self.allow_hosts):
             return True
         try:
             address = ipaddress.ip_address(host)

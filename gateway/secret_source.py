@@ -16,7 +16,14 @@ def resolve_secret(value: str | None, file: str | None, env: str | None,
     of the environment variable ``env`` (a Kubernetes Secret made from a file keeps its
     trailing newline, which no header can carry); None when none is configured or what
     it holds is empty.
-    ValueError names ``name`` and the source that failed."""
+    ValueError names ``name`` and the source that failed, or the sources when more than
+    one is configured: one would win silently (a rotated file behind a value left in the
+    YAML was never read)."""
+    given = [f"{name}{suffix}" for suffix, source in (("", value), ("_file", file),
+                                                        ("_env", env)) if source]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)} are set: configure the {name} in one "
+                         "place")
     if value:
         return value
     if file:
