@@ -200,12 +200,16 @@ class Capture:
     loop (a shallow copy of the body and a queue put). ``start``/``stop`` run the log's
     writer in the app's lifespan."""
 
-    def __init__(self, log_config: CaptureConfig, report: PrefixReportConfig) -> None:
+    def __init__(self, log_config: CaptureConfig, report: PrefixReportConfig,
+                 serves_report: bool = True) -> None:
+        """``serves_report``: whether this process answers ``/admin/prefix-report`` (with
+        worker processes, worker 0 alone): one that does not keeps no ring, whatever
+        turns it on (a follower's ring, which nothing reads, held ``max_mb`` of bodies)."""
         self.config = log_config
         self.log = CaptureLog(log_config.path, int(log_config.max_mb * _MIB),
                               log_config.queue, int(log_config.queue_mb * _MIB)) \
             if log_config.path else None
-        keep_ring = report.enabled or self.log is not None
+        keep_ring = serves_report and (report.enabled or self.log is not None)
         self.recent = RecentPrompts(report.recent_requests, int(report.max_mb * _MIB)) \
             if keep_ring else None
 

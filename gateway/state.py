@@ -122,7 +122,9 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
                       ClientAuth(config.auth.api_keys),
                       AccessLog(config.access_log, metrics.access_dropped.inc),
                       tracing or build_tracing(config.tracing),
-                      Capture(config.capture, config.prefix_report),
+                      # with worker processes, worker 0 serves the prefix report
+                      Capture(config.capture, config.prefix_report,
+                              serves_report=shared is None or shared.worker == 0),
                       CapacityEstimator(fleet, config.scrape.kv_capacity_estimate))
     if config.peers.on:
         # a box's workers share one instance id (a link from one of them to its own box
