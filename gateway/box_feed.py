@@ -157,6 +157,7 @@ class BoxFeed:
         # the discovery sources' counts: the leader's, published; a follower's, copied in
         self.discovery: Sequence[SourceStats] = ()
         self._applied: dict[str, _Applied] = {}
+        self._unbuilt: dict[str, int] = {}  # replicas this follower failed to add: slot
         self._task: asyncio.Task[None] | None = None
         self._soon: asyncio.TimerHandle | None = None
         self._listening = False
@@ -289,16 +290,30 @@ class BoxFeed:
             for name, value in counted.items():
                 setattr(stats, name, value)
         wanted = {r["config"]["id"]: r for r in snap["replicas"]}
+        for rid in [rid for rid in self._unbuilt if rid not in wanted]:
+            del self._unbuilt[rid]
         for state in fleet:
             # gone, or removed and added again between two snapshots (a new slot)
             if state.id not in wanted or state.slot != wanted[state.id]["slot"]:
                 fleet.remove(state.id)
                 self._applied.pop(state.id, None)
         for rid, r in wanted.items():
-            state = fleet.get(rid) or fleet.add(
-                from_mapping(ReplicaConfig, r["config"], "replica"),
-                forward_auth=r["forward_auth"], source=r["source"], slot=r["slot"],
-                checked_first=r["awaiting_check"])
+            state = fleet.get(rid)
+            if state is None:
+                try:
+                    state = fleet.add(
+                        from_mapping(ReplicaConfig, r["config"], "replica"),
+                        forward_auth=r["forward_auth"], source=r["source"], slot=r["slot"],
+                        checked_first=r["awaiting_check"])
+                except Exception as exc:  # (its key file unreadable in this process)
+                    # the others are still applied, in this snapshot and every later one;
+                    # this one is said once per slot and tried again at each snapshot
+                    if self._unbuilt.get(rid) != r["slot"]:
+                        self._unbuilt[rid] = r["slot"]
+                        log.error("replica %r from worker 0 cannot be added in this "
+                                  "worker, which routes nothing to it: %s", rid, exc)
+                    continue
+                self._unbuilt.pop(rid, None)
             seen = self._applied.setdefault(rid, _Applied())
             if r["checks"] != seen.checks:
                 seen.checks = r["checks"]
