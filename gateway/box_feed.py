@@ -298,10 +298,10 @@ class BoxFeed:
                 fleet.remove(state.id)
                 self._applied.pop(state.id, None)
         for rid, r in wanted.items():
-            state = fleet.get(rid)
-            if state is None:
+            found = fleet.get(rid)
+            if found is None:
                 try:
-                    state = fleet.add(
+                    found = fleet.add(
                         from_mapping(ReplicaConfig, r["config"], "replica"),
                         forward_auth=r["forward_auth"], source=r["source"], slot=r["slot"],
                         checked_first=r["awaiting_check"])
@@ -314,6 +314,7 @@ class BoxFeed:
                                   "worker, which routes nothing to it: %s", rid, exc)
                     continue
                 self._unbuilt.pop(rid, None)
+            state = found
             seen = self._applied.setdefault(rid, _Applied())
             if r["checks"] != seen.checks:
                 seen.checks = r["checks"]
