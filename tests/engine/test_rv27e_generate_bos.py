@@ -6,41 +6,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
-from engine.server import EngineServer, build_app
 from kvwire.tokenizer import load_tokenizer
 from tests.support.bos_tokenizer import bos_tokenizer
-from tests.support.engine_cores import make_core
-from tests.support.servers import ThreadServer
+from tests.support.loop_check import served_engine
 
 
 def test_generate_text_prompt_is_encoded_with_the_bos(tmp_path: Path) -> None:
     directory, bos = bos_tokenizer(tmp_path)
     tokenizer = load_tokenizer(directory)
-    core = make_core(num_blocks=256, vocab=(259, 4096), max_model_len=512)
-    srv = EngineServer(core, tokenizer, model_name="m", sleep_modeled_time=False)
-    server = ThreadServer(build_app(srv)).start()
-    try:
-        with httpx.Client(base_url=server.url, timeout=30) as http:
-            text = "the term is five years"
-            ids = tokenizer.encode(text)
-            one = http.post("/generate", json={"text": text, "return_prompt_token_ids": True,
-                                               "sampling_params": {"max_new_tokens": 1}})
-            assert one.status_code == 200, one.text
-            assert one.json()["prompt_token_ids"] == [bos, *ids]
-            assert one.json()["meta_info"]["prompt_tokens"] == len(ids) + 1
-            # the ids /v1/completions computes for the same text
-            said = http.post("/tokenize", json={"model": "m", "prompt": text}).json()
-            assert said["tokens"] == [bos, *ids]
-            batch = http.post("/generate", json={
-                "text": [text, "other words"],
-                "sampling_params": {"max_new_tokens": 1}}).json()
-            assert [b["meta_info"]["prompt_tokens"] for b in batch] == \
-                [len(ids) + 1, len(tokenizer.encode("other words")) + 1]
-            given = http.post("/generate", json={
-                "input_ids": ids, "return_prompt_token_ids": True,
-                "sampling_params": {"max_new_tokens": 1}}).json()
-            assert given["prompt_token_ids"] == ids  # token ids reach the model as given
-    finally:
-        server.stop()
+    with served_engine(tokenizer, "m", num_blocks=256, vocab=(259, 4096),
+                       max_model_len=512) as http:
+        text = "the term is five years"
+        ids = tokenizer.encode(text)
+        one = http.post("/generate", json={"text": text, "return_prompt_token_ids": True,
+                                           "sampling_params": {"max_new_tokens": 1}})
+        assert one.status_code == 200, one.text
+        assert one.json()["prompt_token_ids"] == [bos, *ids]
+        assert one.json()["meta_info"]["prompt_tokens"] == len(ids) + 1
+        # the ids /v1/completions computes for the same text
+        said = http.post("/tokenize", json={"model": "m", "prompt": text}).json()
+        assert said["tokens"] == [bos, *ids]
+        batch = http.post("/generate", json={
+            "text": [text, "other words"],
+            "sampling_params": {"max_new_tokens": 1}}).json()
+        assert [b["meta_info"]["prompt_tokens"] for b in batch] == \
+            [len(ids) + 1, len(tokenizer.encode("other words")) + 1]
+        given = http.post("/generate", json={
+            "input_ids": ids, "return_prompt_token_ids": True,
+            "sampling_params": {"max_new_tokens": 1}}).json()
+        assert given["prompt_token_ids"] == ids  # token ids reach the model as given
+

@@ -35,4 +35,5 @@ def test_finite_values_at_the_bounds_are_taken() -> None:
     kw: dict[str, Any] = {"temperature": 1e6, "top_p": 1.0, "min_p": 1.0,
                           "presence_penalty": -2.0, "frequency_penalty": 2.0,
                           "repetition_penalty": 1e6, "logit_bias": ((3, -100.0),)}
-    assert SamplingParams(**kw).temperature == 1e6
+    taken = SamplingParams(**kw)  # no bound refuses them: each is kept as given
+    assert {k: getattr(taken, k) for k in kw} == kw

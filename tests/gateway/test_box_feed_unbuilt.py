@@ -5,25 +5,16 @@ later snapshot's health and scrapes; it says so once, and adds the replica once 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from multiprocessing import shared_memory
 from pathlib import Path
 
 import pytest
 
-from gateway.box_feed import BLOCK_BYTES, BoxFeed, FeedBlock
+from gateway.box_feed import BoxFeed, FeedBlock
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 
 REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9")]
-
-
-@pytest.fixture
-def feed_block() -> Iterator[shared_memory.SharedMemory]:
-    block = shared_memory.SharedMemory(create=True, size=BLOCK_BYTES)
-    yield block
-    block.close()
-    block.unlink()
 
 
 def test_one_replica_a_follower_cannot_add_leaves_the_others_applied(

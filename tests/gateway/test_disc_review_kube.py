@@ -5,7 +5,6 @@ costs the event loop. The real kubernetes_asyncio client against the stand-in AP
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,9 @@ from tests.support.fake_kube_api import (
     source_running,
     write_kubeconfig,
 )
+from tests.support.gateway_harness import Serve
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until_async
-
-Serve = Callable[..., ThreadServer]
 
 
 class OneToken(FakeKubeAPI):

@@ -163,6 +163,11 @@ def test_a_kubeconfig_is_read_as_kubeconfig_is(tmp_path: Path,
         cfg = parse_config({"discovery": [{"type": "kubernetes", "service": "a",
                                            "kubeconfig": kubeconfig}]})
         assert cfg.discovery[0].kubeconfig == kubeconfig  # (the library expands it)
+    # expanded and split, not waved through: none of them a file is still refused
+    for kubeconfig in ("~/.kube/absent", f"/nonexistent/a{os.pathsep}~/.kube/absent"):
+        with pytest.raises(ConfigError, match="names no file"):
+            parse_config({"discovery": [{"type": "kubernetes", "service": "a",
+                                         "kubeconfig": kubeconfig}]})
 
 
 def test_the_same_source_twice_is_refused() -> None:

@@ -4,7 +4,6 @@ against the stand-in API server and a stand-in OIDC issuer."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -25,10 +24,8 @@ from tests.support.fake_kube_api import (
     source_running,
     write_kubeconfig,
 )
-from tests.support.servers import ThreadServer
+from tests.support.gateway_harness import Serve
 from tests.support.waiting import wait_until_async
-
-Serve = Callable[..., ThreadServer]
 
 
 def issuer() -> tuple[Starlette, list[str]]:

@@ -5,7 +5,6 @@ loopback: closed ports (unreachable replicas)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -15,18 +14,12 @@ from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy, UpstreamStream
 from gateway.upstream_http import UpstreamClient
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (a refused connection: an unreachable replica)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.servers import free_port
 
 
 def test_a_try_followed_by_another_is_a_retry_when_the_request_fails_too() -> None:
     async def main() -> None:
-        fleet = Fleet([ReplicaConfig(rid, f"http://127.0.0.1:{_closed_port()}")
+        fleet = Fleet([ReplicaConfig(rid, f"http://127.0.0.1:{free_port()}")
                        for rid in ("r0", "r1")])
         client = UpstreamClient()
         proxy = Proxy(client, fleet, TimeoutConfig(first_byte_s=5, idle_s=5),

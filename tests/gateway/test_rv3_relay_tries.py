@@ -5,7 +5,6 @@ sockets on loopback: closed ports, a replica that answers."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,15 +13,9 @@ from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy, UpstreamStream
 from gateway.upstream_http import UpstreamClient
+from tests.support.servers import free_port
 
 _BODY = b'{"id":"x","object":"text_completion","choices":[]}'
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (a refused connection: an unreachable replica)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @asynccontextmanager
@@ -65,9 +58,9 @@ def test_replicas_passed_over_use_none_of_the_requests_tries() -> None:
     async def main() -> None:
         async with _answering() as port:
             proxy, fleet, client = _proxy({
-                "r0": f"http://127.0.0.1:{_closed_port()}",
-                "r1": f"http://127.0.0.1:{_closed_port()}",
-                "r2": f"http://127.0.0.1:{_closed_port()}",
+                "r0": f"http://127.0.0.1:{free_port()}",
+                "r1": f"http://127.0.0.1:{free_port()}",
+                "r2": f"http://127.0.0.1:{free_port()}",
                 "r3": f"http://127.0.0.1:{port}"}, max_attempts=2)
             # ejected since the decision ranked them (by another request's failure)
             assert fleet.eject("r1", "refused") and fleet.eject("r2", "refused")

@@ -8,13 +8,7 @@ import asyncio
 import socket
 
 from gateway.workers import reuse_port_sockets
-
-
-def _free_port() -> int:
-    # a port free on both families (as free as one gateway's would be)
-    with socket.socket(socket.AF_INET) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.support.servers import free_port
 
 
 async def _asyncio_binds(host: str, port: int) -> set[tuple[int, str]]:
@@ -28,7 +22,7 @@ async def _asyncio_binds(host: str, port: int) -> set[tuple[int, str]]:
 
 async def test_a_worker_listens_where_one_gateway_would() -> None:
     for host in ("", "localhost", "127.0.0.1"):
-        port = _free_port()
+        port = free_port()
         one_gateway = await _asyncio_binds(host, port)
         socks = reuse_port_sockets(host, port)
         try:

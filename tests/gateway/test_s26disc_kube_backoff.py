@@ -5,7 +5,6 @@ refuses connections; the source's sleeps are noted (and not slept)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,13 +15,8 @@ from gateway.discovery.config import KubernetesSourceConfig
 from gateway.discovery.kube_source import KubernetesSource
 from gateway.discovery.targets import Targets
 from tests.support.fake_kube_api import source_running, write_kubeconfig
+from tests.support.servers import free_port
 from tests.support.waiting import wait_until_async
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, retry_s: float,
@@ -38,7 +32,7 @@ async def _waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, retry_s: float
     # the source's own module sees a sleep that notes its delay; nothing else does
     names = {name: getattr(asyncio, name) for name in dir(asyncio) if not name.startswith("__")}
     monkeypatch.setattr(kube_source, "asyncio", SimpleNamespace(**(names | {"sleep": noted})))
-    path = write_kubeconfig(tmp_path, f"http://127.0.0.1:{_closed_port()}", "llm")
+    path = write_kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}", "llm")
     source = KubernetesSource(KubernetesSourceConfig(
         service="vllm", port_name="http", kubeconfig=path, retry_s=retry_s, resync_s=3600))
     published: list[Targets] = []

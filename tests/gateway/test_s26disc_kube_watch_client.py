@@ -6,7 +6,6 @@ client against the stand-in API server (tests.support.fake_kube_api)."""
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,9 @@ from tests.support.fake_kube_api import (
     source_running,
     write_kubeconfig,
 )
+from tests.support.gateway_harness import Serve
 from tests.support.loop_check import LoopNoting
-from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until_async
-
-Serve = Callable[..., ThreadServer]
 
 
 async def test_a_watch_builds_no_client_of_its_own(

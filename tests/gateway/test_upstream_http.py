@@ -14,6 +14,7 @@ import pytest
 
 from gateway.upstream_http import UpstreamBroken, UpstreamClient, UpstreamUnreachable
 from tests.support.binaries import which
+from tests.support.servers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 
@@ -485,9 +486,7 @@ def test_an_origin_whose_last_connection_closed_in_use_or_never_opened_is_forgot
         await writer.drain()
         return False
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed_port = s.getsockname()[1]
+    closed_port = free_port()
 
     async def main() -> None:
         async with Server(handler) as url:

@@ -1,8 +1,6 @@
 """A load run whose engines counted no prefix-cache lookup has no token hit rate (null, '-'
 in the report), not a rate of 0: a real sim engine's /metrics scraped around the run."""
 
-import json
-
 import pytest
 
 from loadtests import engine_counters
@@ -31,8 +29,6 @@ def test_rv27l_nothing_looked_up_is_not_measured_and_the_report_says_so(engine, 
     idle = engine_counters.deltas(before, [engine_counters.scrape(engine.url)])
     assert idle.total("queries") == 0
     assert idle.token_hit_rate is None
-    assert json.loads(json.dumps({"token_hit_rate": idle.token_hit_rate})) == {
-        "token_hit_rate": None}
 
     # once a request reached the engine, its lookups give a rate (0 here: a cold cache)
     engine.stream("/v1/chat/completions", {"model": MODEL, "max_tokens": 2,
@@ -48,6 +44,8 @@ def test_rv27l_nothing_looked_up_is_not_measured_and_the_report_says_so(engine, 
     path = write_report(tmp_path, RunConfig(policies=("round_robin", "cost"), replicas=1),
                         results)
     assert "- cost: token hit rate 0.000 (round_robin's not measured)" in path.read_text()
+    # the plot beside it is drawn with the rate left out (no bar), not failed on
+    assert (tmp_path / "hit_rate_ttft.png").stat().st_size > 0
     results = {"round_robin": _result(served), "cost": _result(idle)}
     path = write_report(tmp_path, RunConfig(policies=("round_robin", "cost"), replicas=1),
                         results)
