@@ -48,8 +48,10 @@ def plot_policies(path: str | Path, results: Mapping[str, tuple[float, Sequence[
     names = list(results)
     fig, (ax_hit, ax_cdf) = plt.subplots(1, 2, figsize=(11, 4.2))
     rates = [results[n][0] for n in names]
-    bars = ax_hit.bar(names, rates, color=[f"C{i}" for i in range(len(names))])
-    # a rate not measured (NaN: its engines counted no lookup) gets no bar, and says so
+    # a rate not measured (NaN: its engines counted no lookup) gets a bar of no height
+    # that says so (bar_label leaves a NaN bar's label out)
+    bars = ax_hit.bar(names, [0.0 if math.isnan(r) else r for r in rates],
+                      color=[f"C{i}" for i in range(len(names))])
     ax_hit.bar_label(bars, labels=["not measured" if math.isnan(r) else f"{r:.2f}"
                                    for r in rates])
     if upper_bound is not None:

@@ -91,7 +91,7 @@ def _ratios(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def write_report(report_dir: Path, cfg: Any, results: Mapping[str, Mapping[str, Any]]) -> Path:
     """``report.md`` plus ``hit_rate_ttft.png`` and ``replica_load.png`` in ``report_dir``."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    # a hit rate not measured (None) is drawn as no bar, labelled nan: not as a rate of 0
+    # a hit rate not measured (None) is drawn labelled so (NaN to the plot), not as a rate of 0
     plot_policies(report_dir / "hit_rate_ttft.png",
                   {k: (math.nan if v["token_hit_rate"] is None else v["token_hit_rate"],
                        v["ttft_s"]) for k, v in results.items()},

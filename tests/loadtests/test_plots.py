@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
+from loadtests import plots
 from loadtests.plots import CDF_FLOOR_S, cdf_points, plot_policies
 
 
@@ -24,3 +27,18 @@ def test_a_run_with_no_request_timed_is_plotted(tmp_path: Path) -> None:
     out = plot_policies(tmp_path / "p.png", {"round_robin": (float("nan"), []),
                                              "cost": (float("nan"), [])})
     assert out.stat().st_size > 0
+
+
+def test_a_rate_not_measured_is_labelled_so(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn: list[Any] = []
+    save = plots._save
+
+    def keep(plt: Any, fig: Any, path: str | Path) -> Path:
+        drawn.append([t.get_text() for t in fig.axes[0].texts])  # the bars' labels
+        return save(plt, fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    plot_policies(tmp_path / "p.png", {"round_robin": (float("nan"), [0.2]),
+                                       "cost": (0.61, [0.1])})
+    assert drawn == [["not measured", "0.61"]]
