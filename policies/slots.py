@@ -73,7 +73,7 @@ class DecodeSlots:
         if not (waiting > 0 and running == most > 0 and prefilling == 0):
             return
         if scrape:
-            first, last = self._full_at.get(replica, (0, 0))
+            first, last = self._full_at.get(replica, (0, -1))  # (scrapes count from 1)
             if scrape != last:
                 if scrape != last + 1:
                     first = scrape  # a new run of full scrapes

@@ -44,6 +44,16 @@ def test_a_slot_limit_is_not_learned_from_a_wait_for_prefill_nor_from_lone_arriv
     assert slots.limit("r0") == 3
 
 
+def test_a_lone_arrival_in_a_replicas_first_full_scrape_counts_nothing() -> None:
+    # scrapes are numbered from 1: the first one seen full starts a run of its own, so
+    # one request waiting in it (come in mid-step) is no sign of a limit
+    slots = DecodeSlots(confirm=1)
+    slots.saw("r0", 2, waiting=1, scrape=1)
+    assert slots.limit("r0") is None
+    slots.saw("r0", 2, waiting=1, scrape=2)  # the next one full too: counted
+    assert slots.limit("r0") == 2
+
+
 def test_the_wait_counts_the_finishes_ahead() -> None:
     slots = DecodeSlots(alpha=0.5, confirm=1)
     assert slots.wait_s("r0", 100) == 0.0  # nothing known
