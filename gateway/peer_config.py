@@ -72,11 +72,14 @@ class PeersConfig:
             raise ValueError(f"queue_bytes must be at least one frame's limit ({MAX_FRAME}), "
                              f"got {self.queue_bytes!r}")
         if self.on:
-            secret = self.resolved_secret()
-            if secret is None or len(secret) < MIN_SECRET:
-                raise ValueError(f"peers need a secret of at least {MIN_SECRET} characters "
-                                 "(secret, secret_file or secret_env): every copy proves "
-                                 f"it to the others, got {0 if secret is None else len(secret)}")
+            self.checked_secret()
 
-    def resolved_secret(self) -> str | None:
-        return resolve_secret(self.secret, self.secret_file, self.secret_env, "secret")
+    def checked_secret(self) -> str:
+        """The secret, checked at every read: a file or variable read again when the
+        gateway builds its state may have changed since the config was validated."""
+        secret = resolve_secret(self.secret, self.secret_file, self.secret_env, "secret")
+        if secret is None or len(secret) < MIN_SECRET:
+            raise ValueError(f"peers need a secret of at least {MIN_SECRET} characters "
+                             "(secret, secret_file or secret_env): every copy proves "
+                             f"it to the others, got {0 if secret is None else len(secret)}")
+        return secret

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.fleet import Fleet, Pending
-from gateway.peer_config import MIN_SECRET, PeersConfig, split_address
+from gateway.peer_config import PeersConfig, split_address
 from gateway.peer_wire import (
     DONE,
     FIRST_BYTE,
@@ -264,13 +264,7 @@ class Peers:
         """``box``: the instance id of a worker process's box (``serve --workers``): every
         worker of it listens on the one port (``SO_REUSEPORT``), and each sends its own
         routes."""
-        # read again, and checked: its file or variable may have changed since the config
-        # was validated
-        secret = config.resolved_secret()
-        if secret is None or len(secret) < MIN_SECRET:
-            raise ValueError(f"peers need a secret of at least {MIN_SECRET} characters "
-                             "(secret, secret_file or secret_env), got "
-                             f"{0 if secret is None else len(secret)}")
+        secret = config.checked_secret()  # read again: it may have changed since the load
         self.config = config
         self.fleet = fleet
         self.policy = policy

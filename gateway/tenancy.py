@@ -79,17 +79,13 @@ class TenancyConfig:
         if self.isolate:
             self.salt_key()
 
-    def key(self) -> bytes:
-        """The secret's bytes, from wherever it is configured (empty when nowhere)."""
-        found = resolve_secret(self.secret, self.secret_file, self.secret_env, "secret")
-        return (found or "").encode()
-
     def salt_key(self) -> bytes:
-        """``key()``, checked at every read: a file or variable read again when the gateway
-        starts may have changed since the config was validated, and salts keyed by an
-        empty or short secret are ones a client can compute. ValueError for one shorter
-        than ``MIN_SECRET_BYTES``."""
-        key = self.key()
+        """The secret's bytes, from wherever it is configured, checked at every read: a
+        file or variable read again when the gateway starts may have changed since the
+        config was validated, and salts keyed by an empty or short secret are ones a
+        client can compute. ValueError for one shorter than ``MIN_SECRET_BYTES``."""
+        found = resolve_secret(self.secret, self.secret_file, self.secret_env, "secret")
+        key = (found or "").encode()
         if len(key) < MIN_SECRET_BYTES:
             raise ValueError(f"isolate needs a secret of at least {MIN_SECRET_BYTES} bytes "
                              f"(secret, secret_file or secret_env); got {len(key)}")

@@ -40,7 +40,7 @@ def test_a_text_secret_file_is_read_without_its_newline(tmp_path: Path) -> None:
     path = tmp_path / "secret"
     path.write_bytes("sécret-0123456789-0123456789-0123\n".encode())
     config = _config(tenancy={"isolate": True, "secret_file": str(path)})
-    assert config.tenancy.key() == "sécret-0123456789-0123456789-0123".encode()
+    assert config.tenancy.salt_key() == "sécret-0123456789-0123456789-0123".encode()
 
 
 def test_an_admin_token_file_changed_after_load_is_checked_when_read_again(

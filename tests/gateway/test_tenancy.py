@@ -94,10 +94,10 @@ def test_the_secret_comes_from_a_file_or_the_environment(tmp_path: Path,
     path = tmp_path / "secret"
     path.write_text(SECRET + "\n")
     assert config([], isolate=True, secret_file=str(path),
-                  trusted_proxies=["127.0.0.1/32"]).tenancy.key() == SECRET.encode()
+                  trusted_proxies=["127.0.0.1/32"]).tenancy.salt_key() == SECRET.encode()
     monkeypatch.setenv("KVGATE_TEST_SECRET", SECRET)
     assert config([], isolate=True, secret_env="KVGATE_TEST_SECRET",
-                  trusted_proxies=["127.0.0.1/32"]).tenancy.key() == SECRET.encode()
+                  trusted_proxies=["127.0.0.1/32"]).tenancy.salt_key() == SECRET.encode()
 
 
 def test_tenant_headers_are_believed_once_and_only_from_trusted_proxies(serve: Serve) -> None:
