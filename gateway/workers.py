@@ -124,19 +124,15 @@ def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConf
     """``config`` for worker ``index``: its share of the box's limits, and a capture log
     of its own (``path.w<index>``: two writers never share a file) with its share of the
     log's bounds (``max_mb``, ``queue``, ``queue_mb``), so the box's files stay under
-    ``max_mb`` as one gateway's do. ``prefix_report`` is on for worker 0 alone, the one
-    that serves ``/admin/prefix-report``: a follower's ring, which nothing reads, held
-    another ``max_mb`` of request bodies per worker and serialized every request for it."""
+    ``max_mb`` as one gateway's do. (Only worker 0, which serves
+    ``/admin/prefix-report``, keeps the report's ring: ``Capture``'s ``serves_report``.)"""
     limits = config.limits
     capture = config.capture
     if capture.path and workers > 1:
         capture = dataclasses.replace(
             capture, path=f"{capture.path}.w{index}", max_mb=capture.max_mb / workers,
             queue=math.ceil(capture.queue / workers), queue_mb=capture.queue_mb / workers)
-    report = config.prefix_report
-    if index > 0:
-        report = dataclasses.replace(report, enabled=False)
-    return dataclasses.replace(config, capture=capture, prefix_report=report,
+    return dataclasses.replace(config, capture=capture,
                                limits=dataclasses.replace(
         limits, max_in_flight=math.ceil(limits.max_in_flight / workers),
         max_pending=math.ceil(limits.max_pending / workers),

@@ -20,10 +20,17 @@ def test_only_the_worker_serving_the_prefix_report_keeps_its_ring() -> None:
                            prefix_report=PrefixReportConfig(enabled=True))
     raw = b'{"model": "m", "prompt": "a prompt no follower need keep", "max_tokens": 2}'
     kept: dict[int, int] = {}
-    for index in range(3):
-        gw = build_state(share_of(config, 3, index))
-        gw.capture.observe(parse_body(raw, "completions"), None, len(raw))
-        kept[index] = 0 if gw.capture.recent is None else len(gw.capture.recent)
+    block = new_load_block(workers=3, slots=4)
+    try:
+        for index in range(3):
+            load = SharedLoad(shared_memory.SharedMemory(block.name), 3, index, 4)
+            gw = build_state(share_of(config, 3, index), shared=load)
+            gw.capture.observe(parse_body(raw, "completions"), None, len(raw))
+            kept[index] = 0 if gw.capture.recent is None else len(gw.capture.recent)
+            load.close()
+    finally:
+        block.close()
+        block.unlink()
     assert kept == {0: 1, 1: 0, 2: 0}
     assert share_of(config, 3, 0).prefix_report == config.prefix_report
 
