@@ -301,7 +301,7 @@ async def invocations(request: Request) -> Response:
         if gw.auth.on:  # a key before the body, as every /v1 route asks it
             gw.auth.tenant_of(request)
         # read within the limits, and kept on the request for the handler that serves it
-        raw = await read_timed_body(request, gw)  # (no place: refused before it is read)
+        raw = await read_timed_body(request, gw)  # (no place: refused once it is read)
     except OpenAIError as exc:
         gw.ended("none", str(exc.status))
         raise

@@ -388,6 +388,11 @@ class AffinityConfig:
     header: str | None = "x-kvgate-affinity-key"
     body_field: str | None = None
 
+    def __post_init__(self) -> None:
+        # in lower case, as ASGI gives a request's header names: looked up per request
+        if self.header:
+            object.__setattr__(self, "header", self.header.lower())
+
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:

@@ -118,7 +118,7 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
     (``read_timed_body``)."""
     raw = await read_timed_body(request, gw, serve=not named)
     aff = gw.config.affinity
-    affinity = header_value(request, aff.header.lower()) if aff.header else None
+    affinity = header_value(request, aff.header) if aff.header else None
     if parses_on_loop(raw):
         parsed = parse_body(raw, endpoint, aff.body_field, affinity,
                             lambda: default_model(gw))
