@@ -66,8 +66,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        # NaN passes every comparison below unnoticed, and inf fits some ranges: refused
-        # first (the HTTP layer refuses them too)
+        # NaN and inf are refused first, with one message for every field: some checks
+        # below would let them through (NaN < 0 is false; inf fits temperature's range),
+        # and the others would name a range (the HTTP layer refuses them too)
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
