@@ -255,8 +255,8 @@ class LocalFleet:
         self.gateway_url = ""  # the first copy's
         self.gateway_urls: list[str] = []
         self._procs: list[_Proc] = []
-        scope_cancel = _SCOPE_CANCEL.get()  # inside cancel_scope(): its cancel
-        self._cancelled = threading.Event() if scope_cancel is None else scope_cancel
+        given = scope_cancel()  # inside cancel_scope(): its cancel
+        self._cancelled = threading.Event() if given is None else given
 
     def cancel(self) -> None:
         """Make a ``start()`` under way stop what it began and raise ``FleetCancelled`` at
