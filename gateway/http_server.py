@@ -45,7 +45,7 @@ import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.config import GatewayConfig, LimitsConfig
+from gateway.config import GatewayConfig, LimitsConfig, TimeoutConfig
 from kvwire.openai_schema import BadRequest, ServiceUnavailable, TooManyRequests
 
 # the OpenAI error type of each status the server answers itself, as the app's errors
@@ -225,11 +225,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
       path with no handler): uvicorn read and dropped the rest of the body for as long as
       the client sent it, keeping the connection (and a place under ``max_connections``);
       the rest is now read and dropped for ``header_timeout_s`` at most (a client that
-      sends its head, then its body, keeps its connection), then the connection closed.
+      sends its head, then its body, keeps its connection), then the connection closed;
+    - an answer the client reads nothing of: once the connection's buffer is full, each
+      write of an answer waits for the client (uvicorn's flow control), and the answer's
+      task with it. A relayed answer bounds its own waits (``timeouts.idle_s``), but any
+      other (one pipelined behind an answer that filled the connection, a large
+      ``/metrics``) waited for as long as the client stayed. A connection whose client
+      has read nothing of what waits for ``unread_s`` (``timeouts.idle_s``) is dropped.
 
     Malformed HTTP gets an OpenAI-shaped 400, as every other error."""
 
     limits = LimitsConfig()  # replaced per server by ``bounded_protocol``
+    unread_s = TimeoutConfig().idle_s  # ... as this is
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -244,6 +251,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._ended_in_read = False  # ... during the read being parsed
         self._head_timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None  # an answered body's rest
+        self._unread_timer: asyncio.TimerHandle | None = None  # writes wait on the client
         # an error for a request behind ones still being answered: (status, reason, code,
         # extra header lines), written after their answers (``_refuse``)
         self._refusal: tuple[bytes, str, str, bytes] | None = None
@@ -432,8 +440,38 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         cast(HeadWithBody, self.transport).flush()
         super().eof_received()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._unread_timer is None:
+            self._watch_unread(self.transport.get_write_buffer_size())
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_unread_timer()
+
+    def _watch_unread(self, left: int) -> None:
+        self._unread_timer = self.loop.call_later(self.unread_s, self._unread, left)
+
+    def _unread(self, left: int) -> None:
+        """Drop the connection unless its client read some of the ``left`` bytes since
+        the last look (a closing one is watched by ``HeadWithBody.close``)."""
+        self._unread_timer = None
+        if self.transport.is_closing():
+            return
+        now = self.transport.get_write_buffer_size()
+        if now >= left:
+            self.transport.abort()
+        else:
+            self._watch_unread(now)
+
+    def _stop_unread_timer(self) -> None:
+        if self._unread_timer is not None:
+            self._unread_timer.cancel()
+            self._unread_timer = None
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        self._stop_unread_timer()
         if self._drain_timer is not None:
             self._drain_timer.cancel()
         super().connection_lost(exc)
@@ -477,15 +515,18 @@ def _what_is_invalid(said: str) -> str:
     return f"invalid HTTP request: {what}"
 
 
-def bounded_protocol(limits: LimitsConfig) -> type[BoundedHttpProtocol]:
-    return type("BoundedHttpProtocol", (BoundedHttpProtocol,), {"limits": limits})
+def bounded_protocol(config: GatewayConfig) -> type[BoundedHttpProtocol]:
+    """The protocol under ``config``'s limits, dropping unread answers after its
+    ``timeouts.idle_s``."""
+    return type("BoundedHttpProtocol", (BoundedHttpProtocol,),
+                {"limits": config.limits, "unread_s": config.timeouts.idle_s})
 
 
 def server_config(app: Any, config: GatewayConfig, **overrides: Any) -> uvicorn.Config:
     """uvicorn's config for ``app`` under ``config.limits`` (``overrides`` for the rest)."""
     limits = config.limits
     options: dict[str, Any] = {
-        "host": config.host, "port": config.port, "http": bounded_protocol(limits),
+        "host": config.host, "port": config.port, "http": bounded_protocol(config),
         # the peer address is what trust decisions read: never taken from headers here
         "proxy_headers": False,
         "ws": "none",
@@ -663,7 +704,7 @@ def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
     admin = companion(uvicorn.Config(
         admin_app, host=config.admin.host, port=config.admin.port, lifespan="off",
         proxy_headers=False,
-        http=bounded_protocol(config.limits), ws="none", log_level="warning",
+        http=bounded_protocol(config), ws="none", log_level="warning",
         access_log=False))
 
     uvloop.run(serve_together(main, admin, sockets))

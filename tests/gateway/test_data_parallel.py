@@ -178,7 +178,7 @@ def test_requests_go_to_the_idle_rank_pinned_by_its_header(serve: Serve) -> None
         "admin": {"token": ADMIN_TOKEN, "allow_networks": ["127.0.0.0/8"]}})
     state = build_state(config)
     pair = serve(create_app(config, state), side=create_admin_app(state),
-                 http=bounded_protocol(config.limits))
+                 http=bounded_protocol(config))
     gw = Gateway(pair.url, pair.port, pair.side_url)
     ranks = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()
     assert sorted(r["id"] for r in ranks["replicas"]) == ["dp.dp0", "dp.dp1"]
@@ -340,7 +340,7 @@ def test_a_failing_servers_other_ranks_are_tried_after_other_replicas(serve: Ser
         "policy": {"name": "round_robin"}, "max_attempts": 2,
         "admin": {"token": ADMIN_TOKEN, "allow_networks": ["127.0.0.0/8"]}})
     state = build_state(config)
-    gw = serve(create_app(config, state), http=bounded_protocol(config.limits))
+    gw = serve(create_app(config, state), http=bounded_protocol(config))
     # round robin's turns start at each member in turn, the ranks' included: two ranks of
     # the failing server are never a request's two tries
     for _ in range(3):

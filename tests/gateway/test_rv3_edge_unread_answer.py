@@ -3,7 +3,12 @@ has read nothing of it for ``header_timeout_s``: a close waits for what is buffe
 go out, so a client that asked for a large answer (embeddings, a whole completion) and
 read none of it held the connection, the answer's bytes and a place under
 ``max_connections`` for as long as its machine kept acknowledging TCP probes. A client
-that reads its answer, later than the close, gets all of it."""
+that reads its answer, later than the close, gets all of it.
+
+An answer that fills the connection before the next pipelined request is answered makes
+that answer's first write wait for the client: one that reads nothing is dropped after
+``timeouts.idle_s``, as a relayed answer's client is, instead of holding the connection
+and the request's task for as long as it stays."""
 
 from __future__ import annotations
 
@@ -39,11 +44,19 @@ def patient() -> Iterator[tuple[uvicorn.Server, int]]:
         yield started
 
 
-def _asking(port: int) -> socket.socket:
+@pytest.fixture
+def kept_alive() -> Iterator[tuple[uvicorn.Server, int]]:
+    # the connection stays open between answers; only a stalled answer may drop it
+    with gateway_server(big_app, {"header_timeout_s": 0.5, "keep_alive_s": 60},
+                        {"idle_s": 0.5}) as started:
+        yield started
+
+
+def _asking(port: int, requests: int = 1) -> socket.socket:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
-    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
     return sock
 
 
@@ -71,3 +84,17 @@ def test_a_client_that_reads_its_answer_late_gets_all_of_it(
             got += chunk
     head, _, body = bytes(got).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and len(body) == len(BIG)
+
+
+def test_a_pipelined_answer_behind_an_unread_one_drops_the_connection_after_idle_s(
+        kept_alive: tuple[uvicorn.Server, int]) -> None:
+    running, port = kept_alive
+    with _asking(port, requests=2):
+        # the first answer is all buffered; the second one's head waits for the client
+        wait_until(lambda: running.server_state.connections and all(
+            c.cycle is not None and c.flow.write_paused
+            for c in running.server_state.connections), 5,
+            "the second answer to wait on the client")
+        wait_until(lambda: not running.server_state.connections, 5,
+                   "the connection whose client reads nothing to be dropped")
+        assert not running.server_state.tasks, "the second request's task still waits"

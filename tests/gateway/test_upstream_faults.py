@@ -134,7 +134,7 @@ def gateway(serve: Serve, replicas: list[ThreadServer], **extra: Any) -> ThreadS
         "scrape": {"enabled": False},
         **extra,
     })
-    return serve(create_app(config), http=bounded_protocol(config.limits))
+    return serve(create_app(config), http=bounded_protocol(config))
 
 
 def post(gw: ThreadServer, stream: bool = False, timeout: float = 10) -> httpx.Response:

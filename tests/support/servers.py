@@ -120,14 +120,17 @@ async def answer_ok(scope: Any, receive: Any, send: Any) -> None:
 
 
 @contextlib.contextmanager
-def gateway_server(app: Any, limits: dict[str, Any] | None = None
+def gateway_server(app: Any, limits: dict[str, Any] | None = None,
+                   timeouts: dict[str, Any] | None = None
                    ) -> Iterator[tuple[uvicorn.Server, int]]:
     """``app`` behind the gateway's own server (``gateway.http_server.server_config``,
-    with ``limits``) on a free port, in a background thread: the server and its port."""
+    with ``limits`` and ``timeouts``) on a free port, in a background thread: the server
+    and its port."""
     from gateway.config import parse_config
     from gateway.http_server import server_config
 
-    config = parse_config({"port": free_port(), "limits": limits or {}})
+    config = parse_config({"port": free_port(), "limits": limits or {},
+                           "timeouts": timeouts or {}})
     server = uvicorn.Server(server_config(app, config, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
