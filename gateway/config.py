@@ -104,9 +104,7 @@ class ReplicaConfig:
             raise ValueError(f"replica id {self.id!r:.80} must be 1-253 characters of letters, "
                              "digits and . _ : @ [ ] - (it is a metric label and a path "
                              "segment of the admin API)")
-        key = self.resolved_api_key()  # a file or variable that cannot be read is named now
-        if key is not None:
-            check_bearer(key, "api_key")
+        self.resolved_api_key()  # a file or variable that cannot be read is named now
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url {self.url!r} is not an http(s) URL")
@@ -173,7 +171,12 @@ class ReplicaConfig:
         return self.url.rstrip("/")
 
     def resolved_api_key(self) -> str | None:
-        return resolve_secret(self.api_key, self.api_key_file, self.api_key_env, "api_key")
+        """The key as its value, file or variable holds it now, checked as a bearer token
+        each time (a file may have changed since the config was loaded)."""
+        key = resolve_secret(self.api_key, self.api_key_file, self.api_key_env, "api_key")
+        if key is not None:
+            check_bearer(key, "api_key")
+        return key
 
 
 @dataclass(frozen=True, slots=True)
