@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator
 
 import aiohttp
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -359,7 +359,7 @@ async def metrics(request: Request) -> Response:
     headers = {"Content-Type": CONTENT_TYPE_LATEST}
     if gw.worker is not None:
         headers["x-kvgate-worker"] = str(gw.worker)
-    return Response(generate_latest(gw.metrics.exposed), headers=headers)
+    return Response(await gw.metrics.page(), headers=headers)
 
 
 def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGIApp:

@@ -16,15 +16,26 @@ counts (every worker reads every replica's stream) into the largest worker's;
 ``process_*`` are left out (one worker's would pass for the box's). A replica that left
 goes from ``/metrics`` at once and from the workers' files soon after (``MetricFiles``),
 so the files hold the fleet's replicas, not every one that ever joined.
+
+``GET /metrics`` runs only the collectors of the event loop's state on the loop; the rest
+of its page is read and written on a thread (``GatewayMetrics.page``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -44,20 +55,50 @@ class _CurrentReplicas(Collector):
     """The worker processes' summed series (prometheus-client's multiprocess mode) less
     those of replicas no longer in the fleet: a worker's files keep a replica's series
     a while after it left (``GatewayMetrics._drop_filed``), and another worker's until it
-    has heard of the leaving."""
+    has heard of the leaving. ``among`` reads only the files, for the ids given: it may
+    run on another thread."""
 
     def __init__(self, summed: Collector, fleet: Fleet, mirror: MetricMirror) -> None:
         self.summed = summed
         self.fleet = fleet
         self.mirror = mirror
 
+    def current(self) -> frozenset[str]:
+        """The fleet's replicas, and ``none`` (requests no replica took)."""
+        return frozenset((*(state.id for state in self.fleet), "none"))
+
     def collect(self) -> Iterator[Metric]:
-        current = {state.id for state in self.fleet}
-        current.add("none")  # requests no replica took
+        return self.among(self.current())
+
+    def among(self, current: frozenset[str]) -> Iterator[Metric]:
         for family in self.summed.collect():
             family.samples = [s for s in family.samples
                               if s.labels.get("replica", "none") in current]
             yield self.mirror.retyped(family)
+
+
+class _Collected(Collector):
+    """Families collected already, served as they are."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+class _Page(Collector):
+    """``GET /metrics``' families: those of the collectors that read the event loop's
+    state (``live``), then the rest (``rest``)."""
+
+    def __init__(self, live: list[Collector], rest: Callable[[], Iterable[Metric]]) -> None:
+        self.live = live
+        self.rest = rest
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in self.live:
+            yield from collector.collect()
+        yield from self.rest()
 
 
 class _FleetCollector(Collector):
@@ -352,14 +393,17 @@ class GatewayMetrics:
         # pass-through (whose prompt and cached tokens are not counted)
         routes = (*reasons, PASSTHROUGH_ROUTE)
         self.answers = AnswerMetrics(r, fleet.lists, routes, evict=not multiprocess_dir)
-        self.exposed = r  # what GET /metrics serves
+        # the collectors that read the event loop's state (the fleet, a subscriber)
+        self._live: list[Collector] = []
         # with worker processes: per-worker counts, copied into the summed figures
         self.mirror: MetricMirror | None = None
+        self._summed: _CurrentReplicas | None = None
         if multiprocess_dir:
-            self.exposed = CollectorRegistry()
             self.mirror = MetricMirror(r)
-            self.exposed.register(_CurrentReplicas(
-                MultiProcessCollector(None, multiprocess_dir), fleet, self.mirror))
+            self._summed = _CurrentReplicas(MultiProcessCollector(None, multiprocess_dir),
+                                            fleet, self.mirror)
+        # what GET /metrics serves (``page``: the same, written off the event loop)
+        self.exposed = _Page(self._live, (self._summed or r).collect)
         self.export(_FleetCollector(fleet))
         self.routes = routes
         # label children bound once: labels() locks and checks on every call
@@ -455,8 +499,8 @@ class GatewayMetrics:
         """Requests each replica answered so far (any status), by route reason; with
         worker processes, every worker's (the summed figures ``/metrics`` serves)."""
         out: dict[str, dict[str, int]] = {}
-        families = self.requests.collect() if self.exposed is self.registry else (
-            f for f in self.exposed.collect() if f.name == "kvgate_requests")
+        families = self.requests.collect() if self._summed is None else (
+            f for f in self._summed.collect() if f.name == "kvgate_requests")
         for family in families:
             for sample in family.samples:
                 replica = sample.labels["replica"]
@@ -484,9 +528,19 @@ class GatewayMetrics:
         if per_worker and self.mirror is not None:
             self.mirror.add(collector)
             return
-        self.registry.register(collector)
-        if self.exposed is not self.registry:
-            self.exposed.register(collector)
+        self._live.append(collector)
+
+    async def page(self) -> bytes:
+        """``GET /metrics``' page, as ``exposed`` gives it. Only the collectors that read
+        the event loop's state run on it; the rest (the counters' and histograms' values,
+        which their locks guard; the worker processes' files) are read, and the page
+        written, on a thread: with 100 replicas that took 26 ms, with 8 workers' files of
+        them 107 ms, and routing waited meanwhile at every scrape."""
+        live = _Collected([family for collector in self._live
+                           for family in collector.collect()])
+        rest = self.registry.collect if self._summed is None else \
+            functools.partial(self._summed.among, self._summed.current())
+        return await asyncio.to_thread(generate_latest, _Page([live], rest))
 
     def watch_worker_routes(self, source: WorkerRouteCounts) -> None:
         """Export the counts of the routes told between worker processes (each worker's,
