@@ -73,9 +73,10 @@ def _item_message(item: Any, where: str) -> dict[str, Any] | None:
     if not isinstance(item, Mapping):
         raise BadRequest(f"{where} must be an object or a string, got {shown(item)}",
                          param=where)
-    kind = item.get("type", "message")
+    kind = _kind(item, "message", where)
     if kind == "message":
-        role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        given = item.get("role")
+        role = _ROLES.get(given) if isinstance(given, str) else None
         if role is None:
             raise BadRequest(f"{where}.role must be one of {sorted(_ROLES)}, got "
                              f"{shown(item.get('role'))}", param=f"{where}.role")
@@ -171,10 +172,10 @@ def _parts(content: list[Any], where: str) -> list[dict[str, Any]]:
     """``content`` as the chat's parts: text parts as text, images by address as
     ``image_url`` parts, in their order (other parts left out)."""
     parts: list[dict[str, Any]] = []
-    for part in content:
+    for j, part in enumerate(content):
         if not isinstance(part, Mapping):
             raise BadRequest(f"{where} parts must be objects, got {shown(part)}", param=where)
-        kind = part.get("type")
+        kind = _kind(part, None, f"{where}[{j}]")
         if kind in _TEXT_PARTS:
             text = part.get("text", part.get("refusal"))
             if isinstance(text, str):
@@ -189,6 +190,17 @@ def _parts(content: list[Any], where: str) -> list[dict[str, Any]]:
             else:
                 parts.append({"type": "text", "text": f"[image {part.get('file_id') or ''}]"})
     return parts
+
+
+def _kind(item: Mapping[str, Any], default: str | None, where: str) -> str | None:
+    """An item's or a part's ``type`` (``default`` when absent); BadRequest naming it when
+    it is no string (an array or an object is no kind: left out, it would drop the item
+    unseen, and looked up, fail as unhashable)."""
+    kind = item.get("type", default)
+    if kind is not None and not isinstance(kind, str):
+        raise BadRequest(f"{where}.type must be a string, got {shown(kind)}",
+                         param=f"{where}.type")
+    return kind
 
 
 def _chat_tools(tools: Any) -> Any:
