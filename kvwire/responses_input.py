@@ -93,7 +93,12 @@ def _item_message(item: Any, where: str) -> dict[str, Any] | None:
         return _reasoning(item, where)
     if kind == "function_call_output":
         output = item.get("output")
-        text = output if isinstance(output, str) else orjson.dumps(output).decode()
+        try:
+            text = output if isinstance(output, str) else orjson.dumps(output).decode()
+        except orjson.JSONEncodeError as exc:  # nested past the 254 levels it writes (a
+            # body may nest 1024)
+            raise BadRequest(f"{where}.output cannot be written as the tool message's "
+                             f"text: {exc}", param=f"{where}.output") from None
         return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
                 "content": text}
     return None
