@@ -116,6 +116,11 @@ _ID, _WEIGHT, _HEALTHY = (itemgetter(ReplicaView._fields.index(name))
 _REFRESH_S = 0.25  # arrival seconds between reads of the views' slowly changing gauges
 _MEMBERSHIPS_KEPT = 16  # memberships whose last refresh is remembered (as rings are)
 _REMOVED_KEPT = 1024  # ids of the replicas removed last, whose late routes are not kept
+# arrival seconds after which a replica no decision's views held is forgotten, as one that
+# left: it stopped serving this policy's model (a restart with another, a new deployment)
+# while its id stays in the fleet, so no ReplicaRemoved comes. Remembered, it made every
+# later decision look like a tenant partition's, and no hot prefix was placed again.
+_UNSEEN_S = 600.0
 
 
 class _Prepared(NamedTuple):
@@ -153,6 +158,8 @@ class Cost(Policy):
         # id -> (epoch, capacity, scraped prefill tokens/s), as last refreshed
         self._facts: dict[str, tuple[int, int | None, float | None]] = {}
         self._facts_changed = 0  # bumped when a replica joins or leaves ``_facts``
+        # id -> arrival when a decision's views (healthy or not) last held it (``_refresh``)
+        self._seen_at: dict[str, float] = {}
         # replicas removed lately (oldest first), until seen again: a route to one told
         # after its removal (a retry ranked before it, another worker's or copy's route)
         # would give it a model that nothing removes again
@@ -482,6 +489,8 @@ class Cost(Policy):
             memo[membership] = (now, n_ok)
             if len(memo) > _MEMBERSHIPS_KEPT:
                 del memo[next(iter(memo))]
+        if now is not None:
+            self._forget_unseen(replicas, now)
         ok = list(compress(replicas, up))
         facts = self._facts
         for r in ok:
@@ -501,6 +510,16 @@ class Cost(Policy):
         self._fleet_prefill = None if None in rates else sum(rates)  # type: ignore[arg-type]
         rooms = [self._room(rid) for rid in facts]
         self._mean_room = sum(rooms) / len(rooms) if rooms else 0.0
+
+    def _forget_unseen(self, replicas: Sequence[ReplicaView], now: float) -> None:
+        """Note that ``replicas`` were seen at ``now``, and forget those no decision's
+        views held for ``_UNSEEN_S`` (see there)."""
+        seen = self._seen_at
+        for r in replicas:
+            seen[r.id] = now
+        stale = [rid for rid, at in seen.items() if now - at > _UNSEEN_S]
+        for rid in stale:
+            self._forget(rid)
 
     def _index_of(self, ids: list[str]) -> dict[str, int]:
         """Position of each id in ``ids`` (kept for the last order seen)."""
@@ -681,20 +700,12 @@ class Cost(Policy):
                     hold += max(0, uncached) * self._pace.value_s - event.ttft_s
                 self._slots.held(max(0.0, hold))
         elif isinstance(event, ReplicaRemoved):
-            self._removed[event.replica] = None
-            if len(self._removed) > _REMOVED_KEPT:
-                del self._removed[next(iter(self._removed))]
             # the next decision reads its views again, however soon: one added back under
             # this id is known from it (throttled, it was not for up to _REFRESH_S)
             self._refreshed.clear()
             if self.kv_index is not None:
                 self.kv_index.remove_replica(event.replica)
-            self._models.remove(event.replica)
-            if self._facts.pop(event.replica, None) is not None:
-                self._facts_changed += 1
-            self._slots.forget(event.replica)
-            self._placement.forget_replica(event.replica)
-            self._exact.forget(event.replica)
+            self._forget(event.replica)
         elif isinstance(event, ReplicaReset):
             # the next decision reads the new epoch, however soon: routed before it was
             # read, a prompt went into the old process's model, dropped at the next read
@@ -704,6 +715,21 @@ class Cost(Policy):
             self._exact.forget(event.replica)
             self._slots.forget(event.replica)  # a restart may run fewer sequences at once
             self._models.reset(event.replica)
+
+    def _forget(self, replica: str) -> None:
+        """Keep nothing of ``replica`` (it left, or stopped serving this policy's model),
+        and no route told to it later, until a decision's views hold it again. (The KV
+        event index is the caller's: it is kept per replica for every model.)"""
+        self._removed[replica] = None
+        if len(self._removed) > _REMOVED_KEPT:
+            del self._removed[next(iter(self._removed))]
+        self._seen_at.pop(replica, None)
+        self._models.remove(replica)
+        if self._facts.pop(replica, None) is not None:
+            self._facts_changed += 1
+        self._slots.forget(replica)
+        self._placement.forget_replica(replica)
+        self._exact.forget(replica)
 
     def _model_size(self, replica: str) -> tuple[int, int]:
         """The replica's epoch, and the tokens its model holds: its latest capacity."""
