@@ -29,7 +29,7 @@ from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
-from kvwire.openai_schema import BadRequest, OpenAIError, json_object
+from kvwire.openai_schema import BadRequest, OpenAIError, json_object, model_field
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
 
 PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize",
@@ -80,12 +80,12 @@ async def passthrough(request: Request) -> Response:
         # a large body is parsed (and salted) on a thread: 16 MiB of JSON held the loop 3 s
         large = len(raw) > PARSE_ON_THREAD_BYTES
         body = await asyncio.to_thread(json_object, raw) if large else json_object(raw)
-        model = body.get("model")
+        # absent (or null), else a non-empty string: a refusal names what was sent
+        model = model_field(body) or default_model(gw)
         if model is None:
-            model = default_model(gw)
-        if not isinstance(model, str) or not model:
-            raise BadRequest("model is required (a non-empty string; this fleet serves "
-                             "several models, or none is known yet)", param="model")
+            raise BadRequest("'model' is required and must be a non-empty string (this "
+                             "fleet serves several models, or none is known yet)",
+                             param="model")
         await check_model(gw, model, tenant)
         if path not in _NO_CACHE:  # the model runs over the client's text: a tenant's
             isolated = await asyncio.to_thread(gw.tenancy.isolate, tenant, body) if large \
