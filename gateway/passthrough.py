@@ -43,11 +43,19 @@ _turn = itertools.count()  # ties taken in turn, so equal replicas share the loa
 
 
 def least_busy(gw: GatewayState, model: str,
-               allowed: Callable[[str], bool] | None = None) -> tuple[str, ...]:
-    """Healthy replicas serving ``model`` (and, given ``allowed``, a tenant's partition),
-    fewest requests in flight first (ties in turn)."""
-    views = [v for v in gw.fleet.views(model)
-             if v.healthy and (allowed is None or allowed(v.id))]
+               allowed: Callable[[str], bool] | None = None,
+               tenant: str | None = None) -> tuple[str, ...]:
+    """Healthy replicas serving ``model`` (and, given ``allowed``, ``tenant``'s
+    partition), fewest requests in flight first (ties in turn)."""
+    views = gw.fleet.views(model)
+    if allowed is not None:
+        views = [v for v in views if allowed(v.id)]
+        if not views:  # the partition's fault, not the replicas' health
+            whose = "the anonymous tenant" if tenant is None else \
+                f"tenant {shown(tenant, MODEL_SHOWN_CHARS)}"
+            raise NoReplicaAvailable(f"no replica in the partition of {whose} serves "
+                                     f"model {shown(model, MODEL_SHOWN_CHARS)}")
+    views = [v for v in views if v.healthy]
     if not views:
         raise NoReplicaAvailable(f"no healthy replica for model "
                                  f"{shown(model, MODEL_SHOWN_CHARS)}")
@@ -105,7 +113,7 @@ async def passthrough(request: Request) -> Response:
             if ok:
                 gw.metrics.answers.relayed(model, ROUTE, stream, arrived)
 
-        ranked = least_busy(gw, model, gw.tenancy.allowed(tenant))
+        ranked = least_busy(gw, model, gw.tenancy.allowed(tenant), tenant)
         return await relay(request, gw.proxy.open(
             ranked, path, raw, forwarded, lambda replica: 0, lambda replica: None, on_done),
             ROUTE, request_id, gw.worker)
