@@ -92,10 +92,16 @@ def run(args: argparse.Namespace) -> int:
         return 130
     print(file=sys.stderr)
     policies = out["policies"]
-    print(table(policies))
-    rr = policies["round_robin"]
-    print()
-    for name in DEMO_POLICIES[1:]:
-        print(versus_round_robin(name, policies[name], rr))
-    print(f"plot: {args.out / 'hit_rate_ttft.png'}  report: {args.out / 'report.md'}")
-    return 0
+    if policies:
+        print(table(policies))
+    rr = policies.get("round_robin")
+    if rr is not None:
+        print()
+        for name in DEMO_POLICIES[1:]:
+            if name in policies:
+                print(versus_round_robin(name, policies[name], rr))
+    for name, why in out["failed"].items():
+        print(f"kvgate demo: {name} failed: {why}", file=sys.stderr)
+    if policies:
+        print(f"plot: {args.out / 'hit_rate_ttft.png'}  report: {args.out / 'report.md'}")
+    return 1 if out["failed"] else 0

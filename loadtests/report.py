@@ -88,18 +88,24 @@ def _ratios(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def write_report(report_dir: Path, cfg: Any, results: Mapping[str, Mapping[str, Any]]) -> Path:
-    """``report.md`` plus ``hit_rate_ttft.png`` and ``replica_load.png`` in ``report_dir``."""
+def write_report(report_dir: Path, cfg: Any, results: Mapping[str, Mapping[str, Any]],
+                 failed: Mapping[str, str] | None = None) -> Path:
+    """``report.md`` plus ``hit_rate_ttft.png`` and ``replica_load.png`` in ``report_dir``
+    (the plots when a policy ran); ``failed``: the policies whose run failed, and why."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    # a hit rate not measured (None) is drawn labelled so (NaN to the plot), not as a rate of 0
-    plot_policies(report_dir / "hit_rate_ttft.png",
-                  {k: (math.nan if v["token_hit_rate"] is None else v["token_hit_rate"],
-                       v["ttft_s"]) for k, v in results.items()},
-                  title=f"{cfg.scenario}: {cfg.replicas} replicas, {cfg.rate:g} req/s target")
-    plot_replica_load(report_dir / "replica_load.png",
-                      {k: v["replica_prefill_tokens"] for k, v in results.items()},
-                      title="prefill tokens computed per replica (engines' counters)")
+    if results:
+        # a hit rate not measured (None) is drawn labelled so (NaN to the plot), not as a
+        # rate of 0
+        plot_policies(report_dir / "hit_rate_ttft.png",
+                      {k: (math.nan if v["token_hit_rate"] is None else v["token_hit_rate"],
+                           v["ttft_s"]) for k, v in results.items()},
+                      title=f"{cfg.scenario}: {cfg.replicas} replicas, {cfg.rate:g} req/s "
+                      "target")
+        plot_replica_load(report_dir / "replica_load.png",
+                          {k: v["replica_prefill_tokens"] for k, v in results.items()},
+                          title="prefill tokens computed per replica (engines' counters)")
     rows = {k: {kk: vv for kk, vv in v.items() if kk != "ttft_s"} for k, v in results.items()}
+    failures = [f"- **{name}** failed: `{why}`" for name, why in (failed or {}).items()]
     config = asdict(cfg)
     text = "\n".join([
         f"# Load run: {cfg.scenario}",
@@ -122,10 +128,12 @@ def write_report(report_dir: Path, cfg: Any, results: Mapping[str, Mapping[str, 
         "",
         *_ratios(rows),
         "",
-        "![token hit rate and TTFT CDF](hit_rate_ttft.png)",
-        "",
-        "![prefill tokens per replica](replica_load.png)",
-        "",
+        *([] if not failures else ["## Failed", "", *failures, ""]),
+        *([] if not results else [
+            "![token hit rate and TTFT CDF](hit_rate_ttft.png)",
+            "",
+            "![prefill tokens per replica](replica_load.png)",
+            ""]),
         "## Configuration",
         "",
         "```",

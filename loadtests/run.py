@@ -411,24 +411,41 @@ def check_config(cfg: RunConfig) -> None:
 
 def run(cfg: RunConfig, report_dir: Path | None = None, json_path: Path | None = None,
         progress: Progress | None = None) -> dict[str, Any]:
-    """Every policy in turn; writes the JSON and the Markdown report when asked."""
+    """Every policy in turn; writes the JSON and the Markdown report when asked. A policy
+    whose run fails (its fleet or router did not start, Locust wrote nothing) is named in
+    ``failed`` with why, and the policies after it still run: one router that does not
+    start no longer costs the results of the others. A signal stops the whole run."""
     check_config(cfg)
     results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="kvgate-run-") as tmp:
         workdir = Path(tmp)
         for policy in cfg.policies:
-            results[policy] = run_policy(cfg, policy, workdir, progress)
+            try:
+                results[policy] = run_policy(cfg, policy, workdir, progress)
+            except (FleetCancelled, Stopped):
+                raise
+            except Exception as exc:
+                if isinstance(progress, StoppableProgress) and progress.stopping:
+                    raise  # what the signal broke (Locust, stopped, wrote nothing)
+                failed[policy] = f"{type(exc).__name__}: {exc}"[-_FAILURE_CHARS:]
+                print(f"\n{policy}: failed, going on with the next policy: "
+                      f"{failed[policy]}", file=sys.stderr)
     out = {"scenario": cfg.scenario, "config": asdict(cfg),
            "policies": {k: {kk: vv for kk, vv in v.items() if kk != "ttft_s"}
-                        for k, v in results.items()}}
+                        for k, v in results.items()},
+           "failed": failed}
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(out, indent=2))
     if report_dir:
         from loadtests.report import write_report
 
-        write_report(report_dir, cfg, results)
+        write_report(report_dir, cfg, results, failed)
     return out
+
+
+_FAILURE_CHARS = 4000  # of a failed policy's error (a router's output may be long): its end
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -523,6 +540,11 @@ class StoppableProgress:
         self._cancelled = cancelled
         self._progress = progress
 
+    @property
+    def stopping(self) -> bool:
+        """A signal came: the run is being stopped."""
+        return self._cancelled.is_set()
+
     def __call__(self, policy: str, elapsed: float, duration: float) -> None:
         if self._cancelled.is_set():
             raise Stopped
@@ -569,8 +591,11 @@ def main(argv: list[str] | None = None) -> int:
     print(file=sys.stderr)
     from loadtests.report import table
 
-    print(table(out["policies"]))
-    return 0
+    if out["policies"]:
+        print(table(out["policies"]))
+    for policy, why in out["failed"].items():
+        print(f"error: {policy} failed: {why}", file=sys.stderr)
+    return 1 if out["failed"] else 0
 
 
 if __name__ == "__main__":
