@@ -84,11 +84,13 @@ class PerModel(Policy):
             return self._fresh()
         else:
             if len(self._by_model) >= self.max_models:
-                stale = next((m for m, p in self._by_model.items() if p is not self.first),
+                # the least recent but the first, as a 1-tuple: None is the name of the
+                # instance of requests naming no model, not "none found"
+                stale = next(((m,) for m, p in self._by_model.items() if p is not self.first),
                              None)
                 if stale is None:
                     return self.first
-                del self._by_model[stale]
+                del self._by_model[stale[0]]
             policy = self._fresh()
         if keep:
             self._by_model[model] = policy
