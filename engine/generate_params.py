@@ -80,7 +80,11 @@ _UNSUPPORTED: tuple[tuple[str, tuple[Any, ...], bool], ...] = (
     # vLLM refuses a priority unless it schedules by priority; this engine does not
     ("priority", (None, 0), False),
     # truncate_prompt_tokens keeps a prompt's last tokens (vLLM's "left"), never its first
-    ("truncation_side", (None, "left"), False))
+    ("truncation_side", (None, "left"), False),
+    # a chat template or logits processors given with the request: vLLM refuses them
+    # unless started to trust them (--trust-request-chat-template,
+    # --logits-processor-pattern); this engine renders with the model's template alone
+    ("chat_template", (None,), True), ("logits_processors", (None, []), False))
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 # the most sequences one request may ask for: ``n`` of each of its prompts, each an
 # engine request
