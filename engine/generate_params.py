@@ -53,6 +53,9 @@ class GenerateParams:
     truncate_prompt_tokens: int | None = None
     # log probabilities name tokens ``token_id:<id>`` instead of by their text
     return_tokens_as_token_ids: bool = False
+    # the answer carries the prompt's token ids and each choice's output ids (vLLM's
+    # ``return_token_ids``)
+    return_token_ids: bool = False
     # with ``include_usage``: every streamed chunk carries the usage so far
     # (``stream_options.continuous_usage_stats``)
     continuous_usage: bool = False
@@ -204,6 +207,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
         truncate_prompt_tokens=truncate,
         return_tokens_as_token_ids=bool(optional(body, "return_tokens_as_token_ids", bool,
                                                  False)),
+        return_token_ids=bool(optional(body, "return_token_ids", bool, False)),
         continuous_usage=include_usage and continuous,
         echo=echo,
         echo_only=echo_only,

@@ -18,6 +18,12 @@ chunk. A chat's content starts with the last message's where that message has th
 answer's role; a stream sends it in a chunk of its own after the role chunk.
 ``prompt_logprobs`` answer in a completion's every choice and at the top of a chat's
 answer (null where not asked), never in a stream's chunks.
+
+``return_token_ids`` (vLLM's): the prompt's ids as ``prompt_token_ids`` where
+``prompt_logprobs`` would be (a stream's: in its first chunk, a completion's in each
+choice's first), and each choice's output ids as its ``token_ids`` (the end-of-sequence
+or stop token's and those a stop string cut too, as its log probabilities); each streamed
+chunk of a choice carries the ids that arrived since its last.
 """
 
 from __future__ import annotations
@@ -118,6 +124,10 @@ class OpenAIGeneration(Generation):
         self.renderer = None if k is None else LogprobRenderer(
             k, server.decoder(skip_special_tokens=False), p.return_tokens_as_token_ids)
         self.num_rendered = 0  # output tokens whose log probabilities went out
+        # ``return_token_ids``: the output ids that went out, and whether a streamed
+        # completion's prompt ids did
+        self.num_ids_sent = 0
+        self.sent_prompt_ids = False
         self.num_chars = 0  # characters of text that went out
         self.echoing = p.echo and not chat  # a completion's prompt, until it went out
         self.chat_echo = chat_echo(p) if chat else ""
@@ -150,6 +160,12 @@ class OpenAIGeneration(Generation):
         return self.renderer.completion([*echo_ids, *ids], [*echo_lps, *lps],
                                         offset=self.num_chars)
 
+    def _new_token_ids(self) -> list[int]:
+        """The output ids that arrived since the last call."""
+        ids = self.token_ids[self.num_ids_sent:]
+        self.num_ids_sent = len(self.token_ids)
+        return ids
+
     def prompt_logprobs_json(self) -> list[dict[str, Any] | None] | None:
         """vLLM's ``prompt_logprobs`` of this choice's prompt, None where not asked."""
         if self.prompt_logprobs is None:
@@ -178,16 +194,22 @@ class OpenAIGeneration(Generation):
         """The choice object of the whole choice, of ``text`` and ``reason`` (what
         :meth:`read` returned)."""
         if self.chat:
-            return {"index": self.index,
-                    "message": {"role": "assistant", "content": self.chat_echo + text},
-                    "logprobs": self._logprobs(), "finish_reason": reason,
-                    "stop_reason": self._stop_reason()}
-        head, ids, lps = self._echo()
-        logprobs = self._logprobs(ids, lps)
-        return {"index": self.index, "text": head + ("" if self.p.echo_only else text),
-                "logprobs": logprobs, "finish_reason": reason,
-                "stop_reason": self._stop_reason(),
-                "prompt_logprobs": self.prompt_logprobs_json()}
+            choice = {"index": self.index,
+                      "message": {"role": "assistant", "content": self.chat_echo + text},
+                      "logprobs": self._logprobs(), "finish_reason": reason,
+                      "stop_reason": self._stop_reason()}
+        else:
+            head, ids, lps = self._echo()
+            logprobs = self._logprobs(ids, lps)
+            choice = {"index": self.index, "text": head + ("" if self.p.echo_only else text),
+                      "logprobs": logprobs, "finish_reason": reason,
+                      "stop_reason": self._stop_reason(),
+                      "prompt_logprobs": self.prompt_logprobs_json()}
+            if self.p.return_token_ids:
+                choice["prompt_token_ids"] = list(self.prompt_ids)
+        if self.p.return_token_ids:
+            choice["token_ids"] = self._new_token_ids()
+        return choice
 
     def _choice(self, delta: str | None, reason: str | None, role: bool = False
                 ) -> dict[str, Any]:
@@ -200,14 +222,23 @@ class OpenAIGeneration(Generation):
             text = head + ("" if self.p.echo_only else delta or "")
             logprobs = self._logprobs(ids, lps)
             self.num_chars += len(text)
-            return {"index": self.index, "text": text, "logprobs": logprobs,
-                    "finish_reason": reason, "stop_reason": stop_reason}
+            choice = {"index": self.index, "text": text, "logprobs": logprobs,
+                      "finish_reason": reason, "stop_reason": stop_reason}
+            if self.p.return_token_ids:
+                if not self.sent_prompt_ids:  # the choice's first chunk
+                    self.sent_prompt_ids = True
+                    choice["prompt_token_ids"] = list(self.prompt_ids)
+                choice["token_ids"] = self._new_token_ids()
+            return choice
         logprobs = None if role else self._logprobs()
         d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if delta or logprobs is not None:
             d["content"] = delta or ""
-        return {"index": self.index, "delta": d, "logprobs": logprobs,
-                "finish_reason": reason, "stop_reason": stop_reason}
+        choice = {"index": self.index, "delta": d, "logprobs": logprobs,
+                  "finish_reason": reason, "stop_reason": stop_reason}
+        if self.p.return_token_ids and not role:
+            choice["token_ids"] = self._new_token_ids()
+        return choice
 
     async def choices(self) -> AsyncIterator[StreamChoice]:
         """The stream choices of this choice, in order."""
@@ -243,6 +274,7 @@ class OpenAIAnswer:
         self.gens = gens
         self.server = gens[0].server
         self.created = int(time.time())
+        self.sent_prompt_ids = False  # a streamed chat's ``prompt_token_ids`` went out
 
     def _usage(self) -> dict[str, Any]:
         firsts = [g for g in self.gens if g.sequence == 0]  # one per prompt
@@ -270,6 +302,8 @@ class OpenAIAnswer:
                   "choices": choices, "usage": self._usage()}
         if self.chat:  # as vLLM: a chat's (one prompt) at the top, a completion's per choice
             answer["prompt_logprobs"] = self.gens[0].prompt_logprobs_json()
+            if self.p.return_token_ids:
+                answer["prompt_token_ids"] = list(self.gens[0].prompt_ids)
         return answer
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
@@ -279,6 +313,9 @@ class OpenAIAnswer:
             "created": self.created, "model": self.server.model_name, "choices": choices}
         if self.p.include_usage:
             obj["usage"] = usage
+        if self.chat and self.p.return_token_ids and not self.sent_prompt_ids:
+            self.sent_prompt_ids = True  # as vLLM: a chat stream's first chunk names them
+            obj["prompt_token_ids"] = list(self.gens[0].prompt_ids)
         return f"data: {_dumps(obj)}\n\n"
 
     async def _interleaved(self) -> AsyncIterator[StreamChoice]:
