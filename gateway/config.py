@@ -73,9 +73,11 @@ from gateway.secret_source import check_bearer, resolve_secret
 from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
 from kvwire import yaml_strict
+from kvwire.media_parts import shown
 from policies.config import ConfigError, from_mapping
 
 MAX_WEIGHT = 100.0  # a replica's weight: a share relative to the others'
+MAX_URL_CHARS = 2048  # a replica's URL, base path included
 
 _REPLICA_ID = re.compile(r"[A-Za-z0-9._:@\[\]-]{1,253}")
 
@@ -105,19 +107,23 @@ class ReplicaConfig:
                              "digits and . _ : @ [ ] - (it is a metric label and a path "
                              "segment of the admin API)")
         self.resolved_api_key()  # a file or variable that cannot be read is named now
+        url = shown_url(self.url)
+        if len(self.url) > MAX_URL_CHARS:
+            raise ValueError(f"url {url} is {len(self.url):,} characters long, past the "
+                             f"{MAX_URL_CHARS:,} a replica URL may have")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url {self.url!r} is not an http(s) URL")
+            raise ValueError(f"url {url} is not an http(s) URL")
         if parts.query or parts.fragment or "@" in parts.netloc or "?" in self.url \
                 or "#" in self.url:
-            raise ValueError(f"url {self.url!r} must be scheme://host[:port][/base path], "
+            raise ValueError(f"url {url} must be scheme://host[:port][/base path], "
                              "without credentials, query or fragment")
         try:
             port = parts.port
         except ValueError:
-            raise ValueError(f"url {self.url!r} has a bad port") from None
+            raise ValueError(f"url {url} has a bad port") from None
         if port == 0:
-            raise ValueError(f"url {self.url!r} has port 0, which cannot be connected to")
+            raise ValueError(f"url {url} has port 0, which cannot be connected to")
         if not 0 < self.weight <= MAX_WEIGHT:
             raise ValueError(f"weight must be > 0 and at most {MAX_WEIGHT:g} (a relative "
                              f"share: a ring holds vnodes x weight points), got {self.weight!r}")
@@ -509,6 +515,18 @@ class GatewayConfig:
     def replicas_join_later(self) -> bool:
         """Whether replicas may join after start-up: through discovery or the admin API."""
         return bool(self.discovery) or self.admin.resolved_token() is not None
+
+
+def shown_url(url: str, limit: int = 120) -> str:
+    """``url`` as an error names it: any credentials before its host masked (an error
+    goes to the admin API's caller and to logs), and its start only."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return shown(f"{scheme}{sep}{authority}{slash}{path}", limit)
 
 
 def _networks(name: str, values: list[str]) -> None:
