@@ -28,6 +28,7 @@ from gateway.metrics import PASSTHROUGH_ROUTE
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
 from gateway.state import GatewayState
+from gateway.tenancy import tenant_named
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, OpenAIError, json_object, model_field
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
@@ -51,10 +52,8 @@ def least_busy(gw: GatewayState, model: str,
     if allowed is not None:
         views = [v for v in views if allowed(v.id)]
         if not views:  # the partition's fault, not the replicas' health
-            whose = "the anonymous tenant" if tenant is None else \
-                f"tenant {shown(tenant, MODEL_SHOWN_CHARS)}"
-            raise NoReplicaAvailable(f"no replica in the partition of {whose} serves "
-                                     f"model {shown(model, MODEL_SHOWN_CHARS)}")
+            raise NoReplicaAvailable(f"no replica in the partition of {tenant_named(tenant)} "
+                                     f"serves model {shown(model, MODEL_SHOWN_CHARS)}")
     views = [v for v in views if v.healthy]
     if not views:
         raise NoReplicaAvailable(f"no healthy replica for model "

@@ -22,6 +22,7 @@ from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.head_anchors import HeadAnchors
 from gateway.request_parse import ParsedRequest
+from gateway.tenancy import tenant_named
 from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.media_parts import shown
@@ -324,7 +325,7 @@ class Router:
                 views = [v for v in views if allowed(v.id)]
                 if not views:
                     raise NoReplicaAvailable(
-                        f"no replica in the partition of tenant {tenant!r}")
+                        f"no replica in the partition of {tenant_named(tenant)}")
             try:
                 decision = (self.policy.explain if explain else self.policy.choose)(
                     request, views)

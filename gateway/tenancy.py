@@ -33,6 +33,7 @@ from starlette.requests import Request
 from gateway.data_parallel import group_of
 from gateway.networks import Networks
 from gateway.secret_source import resolve_secret
+from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, OpenAIError, check_cache_salt
 
 MIN_SECRET_BYTES = 32
@@ -96,6 +97,15 @@ class UntrustedTenant(OpenAIError):
     status = 403
     type = "permission_error"
     kind = "untrusted_tenant"
+
+
+TENANT_SHOWN_CHARS = 80  # of a tenant's name in an error: its header may be 64 KiB
+
+
+def tenant_named(tenant: str | None) -> str:
+    """``tenant`` as an error names it: by its start, or as the anonymous tenant."""
+    return "the anonymous tenant" if tenant is None else \
+        f"tenant {shown(tenant, TENANT_SHOWN_CHARS)}"
 
 
 def tenant_salt(key: bytes, tenant: str, client_salt: str | None) -> str:
