@@ -263,7 +263,7 @@ async def top(request: Request) -> Response:
     prefix-cache counters as last scraped, in the replica's tokens; requests the gateway
     routed there, by reason)."""
     gw = _authorize(request)
-    routed = gw.metrics.requests_by_replica()
+    routed = await gw.metrics.requests_by_replica()
     ratio = gw.fleet.calibration.ratio()
     now = time.monotonic()
     replicas = []

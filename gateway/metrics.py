@@ -77,6 +77,20 @@ class _CurrentReplicas(Collector):
             yield self.mirror.retyped(family)
 
 
+def _by_replica(families: Iterable[Metric]) -> dict[str, dict[str, int]]:
+    """``kvgate_requests``' counts by replica, then route reason (any status)."""
+    out: dict[str, dict[str, int]] = {}
+    for family in families:
+        for sample in family.samples:
+            replica = sample.labels["replica"]
+            if not sample.name.endswith("_total") or replica == "none":
+                continue
+            routes = out.setdefault(replica, {})
+            route = sample.labels["route"]
+            routes[route] = routes.get(route, 0) + int(sample.value)
+    return out
+
+
 class _Collected(Collector):
     """Families collected already, served as they are."""
 
@@ -495,21 +509,16 @@ class GatewayMetrics:
     def request_done(self, replica: str, route: str, status: str) -> None:
         self._child(self.requests, replica, route, status).inc()
 
-    def requests_by_replica(self) -> dict[str, dict[str, int]]:
+    async def requests_by_replica(self) -> dict[str, dict[str, int]]:
         """Requests each replica answered so far (any status), by route reason; with
-        worker processes, every worker's (the summed figures ``/metrics`` serves)."""
-        out: dict[str, dict[str, int]] = {}
-        families = self.requests.collect() if self._summed is None else (
-            f for f in self._summed.collect() if f.name == "kvgate_requests")
-        for family in families:
-            for sample in family.samples:
-                replica = sample.labels["replica"]
-                if not sample.name.endswith("_total") or replica == "none":
-                    continue
-                routes = out.setdefault(replica, {})
-                route = sample.labels["route"]
-                routes[route] = routes.get(route, 0) + int(sample.value)
-        return out
+        worker processes, every worker's (the summed figures ``/metrics`` serves), read
+        from their files on a thread (``page``: 84 ms for 8 workers of 100 replicas, at
+        every ``kvgate top`` refresh)."""
+        if self._summed is None:
+            return _by_replica(self.requests.collect())
+        summed, current = self._summed, self._summed.current()
+        return await asyncio.to_thread(lambda: _by_replica(
+            f for f in summed.among(current) if f.name == "kvgate_requests"))
 
     def retried(self, replica: str, cause: str) -> None:
         self._child(self.retries, replica, cause).inc()

@@ -7,6 +7,7 @@ the loop's own state (the fleet) run on it; what else the page holds is the same
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -93,3 +94,30 @@ def test_with_worker_files_the_page_sums_them_for_the_fleets_replicas(
     assert [(s.labels["replica"], s.value) for s in requests] == [("a", 2.0)]
     assert "kvgate_replica_healthy{replica=\"a\"} 1.0" in pages[-1]
     assert not [line for line in pages[-1].splitlines() if 'replica="b"' in line]
+
+
+TOP_WORKER = """
+import asyncio, json, sys
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+
+fleet = Fleet([ReplicaConfig(r, "http://127.0.0.1:9") for r in ("a", "b")])
+metrics = GatewayMetrics(fleet)
+for replica in sys.argv[1:]:
+    metrics.request_done(replica, metrics.routes[0], "200")
+metrics.request_done("none", metrics.routes[0], "503")
+fleet.remove("b")
+print(json.dumps([metrics.routes[0], asyncio.run(metrics.requests_by_replica())]))
+"""
+
+
+def test_kvgate_tops_counts_are_the_workers_files_summed(tmp_path: Path) -> None:
+    # what /admin/top reads, on a thread: the files of every worker, for the fleet's replicas
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    cwd = Path(__file__).parents[2]
+    outs = [subprocess.run([sys.executable, "-c", TOP_WORKER, *replicas], env=env, cwd=cwd,
+                           check=True, timeout=60, capture_output=True, text=True).stdout
+            for replicas in (("a", "b"), ("a", "a"))]
+    route, counts = json.loads(outs[-1])
+    assert counts == {"a": {route: 3}}
