@@ -121,6 +121,9 @@ _REMOVED_KEPT = 1024  # ids of the replicas removed last, whose late routes are 
 # while its id stays in the fleet, so no ReplicaRemoved comes. Remembered, it made every
 # later decision look like a tenant partition's, and no hot prefix was placed again.
 _UNSEEN_S = 600.0
+# a prompt this many times a replica's known KV capacity (in the gateway's tokens, within
+# the token calibration's ~15%) is one the replica refuses whole (``Cost._refuses``)
+OVER_CAPACITY = 1.25
 
 
 class _Prepared(NamedTuple):
@@ -737,7 +740,17 @@ class Cost(Policy):
         epoch, capacity, _ = self._facts.get(replica, (0, None, None))
         return epoch, int((capacity or cfg.default_capacity_tokens) * cfg.capacity_fraction)
 
+    def _refuses(self, replica: str, prompt_tokens: int) -> bool:
+        """Whether ``replica`` refuses a prompt this long: vLLM and SGLang answer 400 to
+        one their whole KV cache cannot hold. Only past a known capacity by more than the
+        token calibration's error (``OVER_CAPACITY``): an estimate of a capacity it was
+        not told says nothing of what the replica takes."""
+        capacity = self._facts.get(replica, (0, None, None))[1]
+        return capacity is not None and prompt_tokens > capacity * OVER_CAPACITY
+
     def _routed_to(self, request: RouteRequest, replica: str) -> None:
+        if self._refuses(replica, request.prompt_tokens):
+            return  # nothing of it cached, evicted or prefilled there, nor a prefix's use
         prep = self._prepare(request)
         self._memo.clear()  # the counts below change what _prepare would say
         now = request.arrival_s
