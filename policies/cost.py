@@ -66,8 +66,8 @@ tokens for every replica it hears from, until it turns out that the gateway's to
 not the engines' (``index_matches``; ``describe``: ``kv_events_unmatched``). The model
 still predicts what an admission evicts.
 
-``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill
-and scratch terms alone exceed the best total is ranked after them unscored). Reasons:
+``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill,
+scratch and late terms alone exceed the best total is ranked after them unscored). Reasons:
 ``cache_match`` (the winner is predicted to hold part of the prompt), ``affinity`` (a hot
 key on one of its homes, or a rare one on the home whose cache has room), ``scratch`` (a
 rare key on the scratch set), ``spill``
