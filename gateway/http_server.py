@@ -238,6 +238,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     limits = LimitsConfig()  # replaced per server by ``bounded_protocol``
     unread_s = TimeoutConfig().idle_s  # ... as this is
 
+    @staticmethod
+    def on_refused(status: str) -> None:
+        """An answer the server wrote itself (``status``: 400 for malformed HTTP, 408,
+        429, 431, 503): ``bounded_protocol`` gives the gateway's, which counts it."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.parser = _PlainParser(self)
@@ -263,6 +268,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if len(self.server_state.connections) > self.limits.max_connections:
             # one connection too many is refused, not every request on the others (which
             # is what uvicorn's limit_concurrency does, with a plain-text 503)
+            self.on_refused("503")
             _close_with(self.transport, b"503 Service Unavailable",
                         f"the gateway holds its limit of {self.limits.max_connections} "
                         "connections; retry after 1 s", "too_many_connections",
@@ -291,6 +297,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             while len(self.pipeline) > MAX_PIPELINED:  # the newest, never started
                 self.pipeline.popleft()
             # (whatever came of the newest one's body: it was dropped, not served)
+            if self._refusal is None:
+                self.on_refused("429")
             self._refuse_after_answers((
                 b"429 Too Many Requests", f"more than {MAX_PIPELINED} pipelined requests "
                 "wait on this connection; read the answers before sending more",
@@ -380,13 +388,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         refusal = (status, reason, code, extra)
         cycle, queued = self.cycle, self.pipeline
+        if cycle is not None and cycle.more_body and not cycle.response_complete \
+                and cycle.response_started and not (queued and queued[0][0] is cycle):
+            self.transport.close()  # its answer, begun, is cut: the request counts itself
+            return
+        if status != b"408 Request Timeout" or self._head_bytes:  # (a request began)
+            self.on_refused(status[:3].decode())
         if cycle is not None and cycle.more_body and not cycle.response_complete:
             # the bad bytes are this request's body: it is not served
             if queued and queued[0][0] is cycle:  # waiting behind others: dropped
                 queued.popleft()
-            elif cycle.response_started:
-                self.transport.close()
-                return
             else:
                 _close_with(self.transport, *refusal)
                 return
@@ -515,18 +526,26 @@ def _what_is_invalid(said: str) -> str:
     return f"invalid HTTP request: {what}"
 
 
-def bounded_protocol(config: GatewayConfig) -> type[BoundedHttpProtocol]:
+def bounded_protocol(config: GatewayConfig,
+                     on_refused: Callable[[str], None] | None = None
+                     ) -> type[BoundedHttpProtocol]:
     """The protocol under ``config``'s limits, dropping unread answers after its
-    ``timeouts.idle_s``."""
-    return type("BoundedHttpProtocol", (BoundedHttpProtocol,),
-                {"limits": config.limits, "unread_s": config.timeouts.idle_s})
+    ``timeouts.idle_s``; ``on_refused(status)`` for each answer it writes itself."""
+    attrs: dict[str, Any] = {"limits": config.limits, "unread_s": config.timeouts.idle_s}
+    if on_refused is not None:
+        attrs["on_refused"] = staticmethod(on_refused)
+    return type("BoundedHttpProtocol", (BoundedHttpProtocol,), attrs)
 
 
-def server_config(app: Any, config: GatewayConfig, **overrides: Any) -> uvicorn.Config:
-    """uvicorn's config for ``app`` under ``config.limits`` (``overrides`` for the rest)."""
+def server_config(app: Any, config: GatewayConfig,
+                  on_refused: Callable[[str], None] | None = None,
+                  **overrides: Any) -> uvicorn.Config:
+    """uvicorn's config for ``app`` under ``config.limits`` (``on_refused``: see
+    ``bounded_protocol``; ``overrides`` for the rest)."""
     limits = config.limits
     options: dict[str, Any] = {
-        "host": config.host, "port": config.port, "http": bounded_protocol(config),
+        "host": config.host, "port": config.port,
+        "http": bounded_protocol(config, on_refused),
         # the peer address is what trust decisions read: never taken from headers here
         "proxy_headers": False,
         "ws": "none",
@@ -685,7 +704,8 @@ def fit_open_files(config: GatewayConfig) -> GatewayConfig:
 def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
                on_drain: Callable[[], None] = lambda: None,
                sockets: list[socket.socket] | None = None,
-               on_cutoff: Callable[[], object] = lambda: None) -> None:
+               on_cutoff: Callable[[], object] = lambda: None,
+               on_refused: Callable[[str], None] | None = None) -> None:
     """Serve ``app`` until SIGINT or SIGTERM (draining first, see ``ShutdownConfig``), and
     ``admin_app`` (when given) on the admin listener, in the same event loop. ``sockets``:
     listen there rather than on the config's host and port (a worker's own socket)."""
@@ -695,7 +715,7 @@ def run_server(app: Any, config: GatewayConfig, admin_app: Any | None = None,
     # the collector's sight, so full collections stop walking it again and again
     gc.freeze()
     main = _Draining(server_config(
-        app, config, loop="uvloop",
+        app, config, on_refused, loop="uvloop",
         timeout_graceful_shutdown=max(1, int(config.shutdown.timeout_s - grace))),
         grace, on_drain, on_cutoff)
     if admin_app is None:

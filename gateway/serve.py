@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvgate serve: draining for {config.shutdown.grace_s} s, then stopping",
                   file=sys.stderr)
 
-    run_server(app, config, admin_app, drain, on_cutoff=gw.stop_relays)
+    run_server(app, config, admin_app, drain, on_cutoff=gw.stop_relays,
+               on_refused=gw.refused_by_server)
     return 0
 
 

@@ -70,6 +70,12 @@ class GatewayState:
         self.ended(route, status, request_id=request_id_header(request)["x-request-id"],
                    tenant=tenant, duration_s=time.perf_counter() - arrived)
 
+    def refused_by_server(self, status: str) -> None:
+        """``ended`` for an answer the HTTP server wrote itself, before any handler:
+        malformed HTTP (400), a head too large (431) or too slow (408), too many pipelined
+        requests (429) or connections (503)."""
+        self.ended("none", status)
+
     def ended(self, route: str, status: str, replica: str = "none", **access: Any) -> None:
         """One request ended (answered by ``replica``, or refused before any): its one
         ``requests`` sample and its access-log line (``access``: the line's other fields)."""

@@ -225,7 +225,7 @@ def worker_main(plan: WorkerPlan) -> None:
     socks = reuse_port_sockets(config.host, config.port)
     try:
         run_server(app, config, admin_app, drain, sockets=socks,
-                   on_cutoff=gw.stop_relays)
+                   on_cutoff=gw.stop_relays, on_refused=gw.refused_by_server)
     finally:
         for sock in socks:
             sock.close()

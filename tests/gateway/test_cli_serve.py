@@ -110,3 +110,22 @@ def test_a_missing_tokenizer_is_named_with_its_config_file_before_any_worker_sta
         == 2
     assert capsys.readouterr().err == \
         f"kvgate serve: {config}: tokenizer file not found: {missing}\n"
+
+
+def test_kvgate_serve_counts_the_answers_its_http_server_writes_itself(
+        tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    proc, port = _serve(tmp_path, 0.1)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 30)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            assert sock.recv(12) == b"HTTP/1.1 400"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            lines = page.read().decode().splitlines()
+        assert 'kvgate_requests_total{replica="none",route="none",status="400"} 1.0' in lines
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)

@@ -47,7 +47,7 @@ def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -
     state = build_state(config)
     # the gateway's own HTTP protocol, as kvgate serve runs it (its client-leaving hooks)
     pair = serve(create_app(config, state), side=create_admin_app(state),
-                 http=bounded_protocol(config))
+                 http=bounded_protocol(config, state.refused_by_server))
     return Gateway(pair.url, pair.port, pair.side_url)
 
 
