@@ -52,7 +52,7 @@ def test_every_series_read_is_exported() -> None:
     gateway = build_state(config).metrics
     gateway.answers.answered("m", "affinity", 0.1, 0.2, 3)
     engine = EngineMetrics(make_core(), "m")
-    exported = {s.name for registry in (gateway.registry, engine.registry)
+    exported = {s.name for registry in (gateway.exposed, engine.registry)
                 for fam in text_string_to_metric_families(generate_latest(registry).decode())
                 for s in fam.samples}
     dashboard = load_dashboard()
