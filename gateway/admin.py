@@ -31,6 +31,7 @@ from gateway.intake import take_in
 from gateway.layout_audit import AuditReport, audit
 from gateway.membership import ADMIN, join_all, leave
 from gateway.state import GatewayState
+from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
 from kvwire.request_edge import ErrorBoundary, read_body
 from policies.config import ConfigError, from_mapping
@@ -191,7 +192,7 @@ async def remove_replica(request: Request) -> Response:
         return JSONResponse({"removed": replica_id})
     ranks = _ranks_of(gw, replica_id)  # a replica of several ranks: all of them
     if not ranks:
-        raise NotFound(f"no replica {replica_id!r}", code="replica_not_found")
+        raise NotFound(f"no replica {shown(replica_id, 80)}", code="replica_not_found")
     for rid in ranks:
         leave(gw, rid)
     return JSONResponse({"removed": replica_id, "ranks": ranks})
