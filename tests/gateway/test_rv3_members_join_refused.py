@@ -9,18 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import parse_config
+from gateway.config import ReplicaConfig, parse_config
 from gateway.discovery.config import ReplicaTemplate
 from gateway.membership import Changes, reconcile
-from gateway.state import build_state
+from gateway.state import GatewayState, build_state
 
 SOURCE = "dns:vllm.llm.svc:8000"
 
 
-async def test_a_replica_refused_for_its_key_file_is_not_logged_as_the_fleet_limit(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # the refusal was also counted as past the limit: "the fleet holds its limit of 4096
-    # replicas: 10.0.0.2:8000 not added", with one replica in the fleet
+async def _one_joined(tmp_path: Path) -> tuple[Path, dict[str, ReplicaConfig], GatewayState]:
+    """A key file, two discovered replicas reading it, and a gateway only the first of
+    them joined."""
     key = tmp_path / "vllm-key"
     key.write_text("sk-replica\n")
     template = ReplicaTemplate(api_key_file=str(key))
@@ -28,6 +27,14 @@ async def test_a_replica_refused_for_its_key_file_is_not_logged_as_the_fleet_lim
               for i in (1, 2)}
     gw = build_state(parse_config({"replicas": []}))
     await reconcile(gw, SOURCE, {"10.0.0.1:8000": wanted["10.0.0.1:8000"]})
+    return key, wanted, gw
+
+
+async def test_a_replica_refused_for_its_key_file_is_not_logged_as_the_fleet_limit(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # the refusal was also counted as past the limit: "the fleet holds its limit of 4096
+    # replicas: 10.0.0.2:8000 not added", with one replica in the fleet
+    key, wanted, gw = await _one_joined(tmp_path)
     key.unlink()  # the Secret is being replaced
     with caplog.at_level(logging.WARNING, logger="kvgate.membership"):
         changes = await reconcile(gw, SOURCE, wanted)
@@ -47,13 +54,7 @@ async def test_a_replica_refused_for_its_key_file_is_not_logged_as_the_fleet_lim
 # it then failed in the gateway (the upstream client refuses a header holding a line break).
 async def test_a_key_file_rewritten_with_a_line_break_keeps_its_replica_out(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    key = tmp_path / "vllm-key"
-    key.write_text("sk-replica\n")
-    template = ReplicaTemplate(api_key_file=str(key))
-    wanted = {f"10.0.0.{i}:8000": template.replica(f"10.0.0.{i}:8000", f"10.0.0.{i}", 8000)
-              for i in (1, 2)}
-    gw = build_state(parse_config({"replicas": []}))
-    await reconcile(gw, SOURCE, {"10.0.0.1:8000": wanted["10.0.0.1:8000"]})
+    key, wanted, gw = await _one_joined(tmp_path)
     key.write_text("sk-replica\r\nx-injected: 1\n")
     with caplog.at_level(logging.WARNING, logger="kvgate.membership"):
         changes = await reconcile(gw, SOURCE, wanted)
