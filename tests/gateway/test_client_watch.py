@@ -16,6 +16,7 @@ from gateway.proxy import UpstreamStream
 from gateway.relay_response import RelayResponse
 from gateway.upstream_http import UpstreamClient
 from kvwire.request_edge import ClientWatch
+from tests.support.servers import aiohttp_site
 
 
 async def _absorbed_leave(watch_receive: Any) -> ClientWatch:
@@ -58,11 +59,7 @@ def test_the_relay_sends_nothing_to_a_client_that_left_while_it_waited() -> None
 
         app = web.Application()
         app.router.add_post("/v1/completions", sse)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await aiohttp_site(app)
         fleet = Fleet([ReplicaConfig("r", f"http://127.0.0.1:{port}")])
         ended: list[bool] = []
         sent: list[dict[str, Any]] = []

@@ -12,7 +12,7 @@ from aiohttp import web
 from gateway.config import HealthConfig, ReplicaConfig, ScrapeConfig
 from gateway.fleet import Fleet
 from gateway.monitor import Monitor
-from tests.support.servers import free_port
+from tests.support.servers import aiohttp_site
 
 
 async def test_a_probe_of_the_old_address_does_not_count_for_the_replica_added_again(
@@ -26,10 +26,7 @@ async def test_a_probe_of_the_old_address_does_not_count_for_the_replica_added_a
     app = web.Application()
     app.router.add_get("/health", stalled)
     app.router.add_get("/metrics", stalled)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await aiohttp_site(app)
     fleet = Fleet([ReplicaConfig(id="pod-0", url=f"http://127.0.0.1:{port}")])
     try:
         async with aiohttp.ClientSession() as session:

@@ -16,7 +16,7 @@ from aiohttp import web
 from gateway.config import HealthConfig, ReplicaConfig, ScrapeConfig
 from gateway.fleet import Fleet
 from gateway.monitor import Monitor
-from tests.support.servers import free_port
+from tests.support.servers import aiohttp_site
 from tests.support.waiting import wait_until_async
 
 _PAGE = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
@@ -51,11 +51,8 @@ class Replica:
         for path in ("/health", "/metrics", "/v1/models"):
             app.router.add_get(path, self._answer)
         # a caller that leaves ends its handler: an abandoned call shows on the server
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
+        runner, port = await aiohttp_site(app, handler_cancellation=True)
         runners.append(runner)
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
         self.url = f"http://127.0.0.1:{port}"
         return self
 

@@ -11,7 +11,7 @@ from aiohttp import web
 from gateway.config import HealthConfig, ReplicaConfig, ScrapeConfig
 from gateway.fleet import Fleet
 from gateway.monitor import Monitor
-from tests.support.servers import free_port
+from tests.support.servers import aiohttp_site
 
 
 async def test_a_health_answer_without_end_is_read_no_further_than_a_bound() -> None:
@@ -32,10 +32,7 @@ async def test_a_health_answer_without_end_is_read_no_further_than_a_bound() -> 
 
     app = web.Application()
     app.router.add_get("/health", endless)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await aiohttp_site(app)
     fleet = Fleet([ReplicaConfig(id="r", url=f"http://127.0.0.1:{port}")])
     try:
         async with aiohttp.ClientSession(auto_decompress=False) as session:

@@ -15,7 +15,7 @@ from gateway.fleet_events import FleetEvent, HealthChanged
 from gateway.membership import join
 from gateway.monitor import Monitor
 from gateway.state import build_state
-from tests.support.servers import free_port
+from tests.support.servers import aiohttp_site
 from tests.support.waiting import wait_until_async
 
 
@@ -45,10 +45,7 @@ async def test_a_late_failure_of_the_joining_check_ejects_no_replica_a_later_one
         app = web.Application()
         app.router.add_get("/health", health)
         app.router.add_get("/v1/models", models)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runner, port = await aiohttp_site(app)
         runners.append(runner)
         ports.append(port)
     gw = build_state(parse_config({

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
+from aiohttp import web
 
 from tests.support.waiting import wait_until
 
@@ -18,6 +19,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def aiohttp_site(app: web.Application, **runner: Any) -> tuple[web.AppRunner, int]:
+    """``app`` served by aiohttp on a free loopback port, in this event loop (``runner``:
+    ``web.AppRunner``'s options): its runner, for ``cleanup()``, and its port."""
+    started = web.AppRunner(app, **runner)
+    await started.setup()
+    port = free_port()
+    await web.TCPSite(started, "127.0.0.1", port).start()
+    return started, port
 
 
 def _bound(port: int | None) -> socket.socket:
