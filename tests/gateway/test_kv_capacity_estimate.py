@@ -4,12 +4,10 @@ scrape is taken as a sample, and that a scraped or configured capacity always wi
 from __future__ import annotations
 
 import random
-from multiprocessing import shared_memory
 from typing import Any
 
 import pytest
 
-from gateway.box_feed import BoxFeed, FeedBlock
 from gateway.config import GatewayConfig, ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.kv_capacity_estimate import CapacityEstimateConfig, CapacityEstimator, CapacityWindow
@@ -17,7 +15,7 @@ from gateway.replica_metrics import ScrapedMetrics
 from gateway.request_parse import ParsedRequest
 from gateway.resident_requests import prompt_head_key
 from policies.config import ConfigError, from_mapping
-from tests.support.shared_blocks import new_feed_block
+from tests.support.shared_blocks import new_feed_block, open_box_feed
 
 BLOCK = 16
 
@@ -260,10 +258,9 @@ def test_worker_processes_take_the_leaders_estimate() -> None:
     leader_fleet = calibrated_fleet()
     follower_fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:9")])
     block = new_feed_block()
-    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(block.name)), leader_fleet, True,
-                     failures_to_eject=2, successes_to_readmit=1)
-    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(block.name)), follower_fleet,
-                       False, failures_to_eject=2, successes_to_readmit=1)
+    leader = open_box_feed(block, leader_fleet, True, failures_to_eject=2, successes_to_readmit=1)
+    follower = open_box_feed(block, follower_fleet, False, failures_to_eject=2,
+                             successes_to_readmit=1)
     try:
         replica = Replica(leader_fleet, CapacityEstimator(leader_fleet))
         replica.stream(1000, head=1)

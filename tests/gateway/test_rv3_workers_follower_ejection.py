@@ -6,18 +6,17 @@ from __future__ import annotations
 import time
 from multiprocessing import shared_memory
 
-from gateway.box_feed import BoxFeed, FeedBlock
+from gateway.box_feed import BoxFeed
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.replica_metrics import ScrapedMetrics
+from tests.support.shared_blocks import open_box_feed
 
 REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9"), ReplicaConfig("r1", "http://127.0.0.1:8")]
 
 
 def _feed(block: shared_memory.SharedMemory, fleet: Fleet, leader: bool) -> BoxFeed:
-    # each side's own handle on the block, as a worker process opens it
-    return BoxFeed(FeedBlock(shared_memory.SharedMemory(block.name)), fleet, leader,
-                   failures_to_eject=2, successes_to_readmit=1)
+    return open_box_feed(block, fleet, leader, failures_to_eject=2, successes_to_readmit=1)
 
 
 def test_a_followers_own_ejection_outlasts_the_leaders_next_snapshot(

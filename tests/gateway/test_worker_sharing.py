@@ -13,7 +13,7 @@ from multiprocessing import shared_memory
 import pytest
 
 from gateway import box_feed
-from gateway.box_feed import BLOCK_BYTES, BoxFeed, FeedBlock
+from gateway.box_feed import BLOCK_BYTES, FeedBlock
 from gateway.capture import CaptureConfig
 from gateway.config import GatewayConfig, LimitsConfig, ReplicaConfig
 from gateway.discovery.stats import SourceStats
@@ -23,7 +23,7 @@ from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.replica_metrics import ScrapedMetrics
 from gateway.shared_load import BOX_ID, SharedLoad
 from gateway.workers import share_of
-from tests.support.shared_blocks import new_load_block
+from tests.support.shared_blocks import new_load_block, open_box_feed
 
 REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9"), ReplicaConfig("r1", "http://127.0.0.1:8")]
 
@@ -172,10 +172,10 @@ def test_load_block_rejects_a_foreign_block() -> None:
 def test_followers_apply_what_the_leader_found(feed_block: shared_memory.SharedMemory
                                                ) -> None:
     leader_fleet, follower_fleet = Fleet(list(REPLICAS)), Fleet(list(REPLICAS))
-    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
-                     True, failures_to_eject=2, successes_to_readmit=1)
-    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
-                       follower_fleet, False, failures_to_eject=2, successes_to_readmit=1)
+    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=2,
+                           successes_to_readmit=1)
+    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=2,
+                             successes_to_readmit=1)
     try:
         assert not follower.poll()  # nothing published yet
         for _ in range(2):  # two failed checks eject r1; the follower sees each
@@ -219,10 +219,10 @@ def test_followers_keep_a_replica_out_while_the_leader_does(
     # a replica added at run time is out until the leader's first check passes: the
     # followers added it healthy, and one failed check (of two to eject) left it in
     leader_fleet, follower_fleet = Fleet(list(REPLICAS)), Fleet(list(REPLICAS))
-    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
-                     True, failures_to_eject=2, successes_to_readmit=1)
-    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
-                       follower_fleet, False, failures_to_eject=2, successes_to_readmit=1)
+    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=2,
+                           successes_to_readmit=1)
+    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=2,
+                             successes_to_readmit=1)
 
     def healthy() -> tuple[bool, ...]:
         return tuple(next(v.healthy for v in f.views() if v.id == "new")
@@ -247,9 +247,8 @@ async def test_a_follower_whose_leader_died_before_publishing_stops_at_once(
         feed_block: shared_memory.SharedMemory) -> None:
     bell, ring = multiprocessing.Pipe(duplex=False)
     ring.close()  # worker 0 exited (at start-up) before it published anything
-    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
-                       Fleet(list(REPLICAS)), False, failures_to_eject=1,
-                       successes_to_readmit=1, bell=bell)
+    follower = open_box_feed(feed_block, Fleet(list(REPLICAS)), False, failures_to_eject=1,
+                             successes_to_readmit=1, bell=bell)
     started = time.monotonic()
     try:
         with pytest.raises(RuntimeError, match="worker 0 exited before it published"):
@@ -268,11 +267,10 @@ async def test_a_rung_follower_applies_a_change_at_once_and_an_idle_one_sleeps(
     monkeypatch.setattr(box_feed, "FALLBACK_S", 60.0)
     bell, ring = multiprocessing.Pipe(duplex=False)
     leader_fleet, follower_fleet = Fleet(list(REPLICAS)), Fleet(list(REPLICAS))
-    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
-                     True, failures_to_eject=1, successes_to_readmit=1, rings=[ring])
-    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
-                       follower_fleet, False, failures_to_eject=1, successes_to_readmit=1,
-                       bell=bell)
+    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=1,
+                           successes_to_readmit=1, rings=[ring])
+    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=1,
+                             successes_to_readmit=1, bell=bell)
     reads = 0
     poll = follower.poll
 
@@ -331,10 +329,10 @@ def test_a_follower_counts_the_gauge_against_the_box_pending_when_it_was_scraped
     as another sender's queue on an idle replica."""
     leader_fleet, load_a = _worker(load_block, 0)
     follower_fleet, load_b = _worker(load_block, 1)
-    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
-                     True, failures_to_eject=2, successes_to_readmit=1)
-    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
-                       follower_fleet, False, failures_to_eject=2, successes_to_readmit=1)
+    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=2,
+                           successes_to_readmit=1)
+    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=2,
+                             successes_to_readmit=1)
     try:
         sent = follower_fleet.sent("r0", 8000)
         leader_fleet.record_scrape("r0", ScrapedMetrics("vllm", queued_tokens=8000))
@@ -423,10 +421,10 @@ def test_the_newer_listing_of_a_replicas_models_wins(feed_block: shared_memory.S
                                                      ) -> None:
     replicas = [ReplicaConfig("r0", "http://127.0.0.1:9")]
     leader_fleet, follower_fleet = Fleet(list(replicas)), Fleet(list(replicas))
-    leader = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)), leader_fleet,
-                     True, failures_to_eject=2, successes_to_readmit=1)
-    follower = BoxFeed(FeedBlock(shared_memory.SharedMemory(feed_block.name)),
-                       follower_fleet, False, failures_to_eject=2, successes_to_readmit=1)
+    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=2,
+                           successes_to_readmit=1)
+    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=2,
+                             successes_to_readmit=1)
     ours, theirs = leader_fleet.get("r0"), follower_fleet.get("r0")
     assert ours is not None and theirs is not None
     try:

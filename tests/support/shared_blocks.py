@@ -5,8 +5,10 @@ no name: ``gateway.shared_load.SharedBlock``). The test closes and unlinks them.
 from __future__ import annotations
 
 from multiprocessing import shared_memory
+from typing import Any
 
-from gateway.box_feed import BLOCK_BYTES, FeedBlock
+from gateway.box_feed import BLOCK_BYTES, BoxFeed, FeedBlock
+from gateway.fleet import Fleet
 from gateway.shared_load import SharedLoad
 
 
@@ -19,3 +21,11 @@ def new_load_block(workers: int, slots: int) -> shared_memory.SharedMemory:
 def new_feed_block() -> shared_memory.SharedMemory:
     """A new feed block holding no snapshot yet."""
     return FeedBlock.prepare(shared_memory.SharedMemory(create=True, size=BLOCK_BYTES))
+
+
+def open_box_feed(block: shared_memory.SharedMemory, fleet: Fleet, leader: bool,
+             **options: Any) -> BoxFeed:
+    """A leader's or follower's ``BoxFeed`` of ``fleet`` over feed ``block``, opened again
+    by name as another worker process opens it."""
+    return BoxFeed(FeedBlock(shared_memory.SharedMemory(block.name)), fleet, leader,
+                   **options)
