@@ -1,5 +1,5 @@
 """The ``cost`` policy on edge inputs: replicas of weight 0, empty and one-token prompts, a
-single replica."""
+single replica, a replica that stops serving the model, prompts past a replica's capacity."""
 
 import math
 import random
@@ -103,3 +103,61 @@ def test_explaining_a_hot_key_without_a_home_places_nothing() -> None:
     assert policy.choose(hot, fleet).chosen == shown.chosen  # the preview was the home
     assert policy._placement.home_of(key) is not None
     policy.check_integrity()
+
+
+def test_a_replica_that_stopped_serving_the_model_is_forgotten() -> None:
+    # its id stays in the fleet (no ReplicaRemoved): remembered, it made every later
+    # decision look like a tenant partition's, and no hot prefix was placed again
+    policy = Cost()
+    fleet = [ReplicaView(f"r{i}", kv_capacity_tokens=100_000) for i in range(4)]
+    at = 0.0
+    for k in range(40):
+        at += 0.1
+        _route(policy, _request(k % 4, at=at), fleet)
+    assert "r3" in policy.describe()["slots"]  # type: ignore[operator]
+    fleet = fleet[:3]  # r3 serves another model now
+    for k in range(1200):
+        at += 1.0
+        _route(policy, _request(100 + k % 4, at=at), fleet)
+    assert "r3" not in policy.describe()["slots"]  # type: ignore[operator]
+    assert "r3" not in policy.describe()["placed_hot_tokens"]  # type: ignore[operator]
+    homes = {policy._placement.home_of(policy._prepare(_request(100 + j, at=at)).key)
+             for j in range(4)}
+    assert None not in homes and homes <= {"r0", "r1", "r2"}, homes
+    policy.check_integrity()
+
+
+def _send(policy: Cost, req: RouteRequest, fleet: list[ReplicaView], replica: str) -> None:
+    """``req`` decided over ``fleet`` (which tells the policy the capacities), then sent to
+    ``replica``."""
+    policy.explain(req, fleet)
+    policy.observe(Routed(req, replica, fleet))
+
+
+def _matched(policy: Cost, req: RouteRequest, fleet: list[ReplicaView], replica: str) -> int:
+    scores = policy.explain(req, fleet).scores
+    return next((s.matched_tokens for s in scores if s.replica == replica), 0)
+
+
+# A prompt far longer than a replica's known KV capacity, which vLLM and SGLang refuse
+# (400: a request must fit the cache whole), neither enters ``cost``'s model of that
+# replica nor evicts what it holds: it was entered, and pushed out of the model every
+# document the replica still held.
+def test_a_prompt_past_the_replicas_capacity_leaves_its_model_as_it_was() -> None:
+    policy = Cost()
+    fleet = [ReplicaView(f"r{i}", kv_capacity_tokens=10_000) for i in range(2)]
+    _send(policy, _request(1, 2_000, 1.0), fleet, "r0")
+    held = _matched(policy, _request(1, 2_000, 2.0), fleet, "r0")
+    assert held >= 1_900
+    _send(policy, _request(2, 50_000, 3.0), fleet, "r0")
+    assert _matched(policy, _request(1, 2_000, 4.0), fleet, "r0") == held
+    policy.check_integrity()
+
+
+def test_a_prompt_that_fits_the_capacity_still_evicts_what_it_must() -> None:
+    policy = Cost()
+    fleet = [ReplicaView(f"r{i}", kv_capacity_tokens=10_000) for i in range(2)]
+    _send(policy, _request(1, 2_000, 1.0), fleet, "r0")
+    _send(policy, _request(2, 9_500, 2.0), fleet, "r0")  # fits: LRU makes room
+    assert _matched(policy, _request(1, 2_000, 3.0), fleet, "r0") < 1_000
+    assert _matched(policy, _request(2, 9_500, 4.0), fleet, "r0") > 0
