@@ -22,7 +22,8 @@ little-endian:
     DONE        u64 seq        the request ended (in flight no more)
     ROUTED      u32 prompt tokens, f64 tokens per chunk, i32 anchor chunks (-1: none),
                 u32 m, JSON meta (m bytes, at most ``MAX_META``: replica, model, tenant,
-                cache salt, affinity key), then the prompt's chunk hashes as u32 each
+                cache salt, affinity key, an adapter's base model), then the prompt's
+                chunk hashes as u32 each
     HEARTBEAT   (empty)        the sender is alive (sent when it has been quiet)
 
 ROUTED carries what a policy learns from a request (``policies.base.Routed``) but never
@@ -136,7 +137,8 @@ def told_to_peers(request: RouteRequest) -> bool:
 
 def routed_frame(request: RouteRequest, replica: str) -> bytes:
     meta = orjson.dumps({"replica": replica, "model": request.model, "tenant": request.tenant,
-                         "salt": request.cache_salt, "affinity": request.affinity_key})
+                         "salt": request.cache_salt, "affinity": request.affinity_key,
+                         "base": request.base_model})
     if len(meta) > MAX_META:
         raise WireError(f"routing meta of {len(meta)} bytes exceeds {MAX_META}")
     chunks = token_bytes(request.chunks[:MAX_CHUNKS])
@@ -229,7 +231,7 @@ def _parse_routed(body: bytes, arrival_s: float) -> RoutedElsewhere:
         raise WireError(f"a routed frame's chunk hashes take {len(rest)} bytes, not whole "
                         "u32s")
     fields = {}
-    for key in ("replica", "model", "tenant", "salt", "affinity"):
+    for key in ("replica", "model", "tenant", "salt", "affinity", "base"):
         value = meta.get(key)
         if value is not None and not isinstance(value, str):
             raise WireError(f"routed frame field {key!r} is {type(value).__name__}, "
@@ -243,7 +245,8 @@ def _parse_routed(body: bytes, arrival_s: float) -> RoutedElsewhere:
         chunks.byteswap()
     request = RouteRequest(tokens=(), prompt_tokens=prompt_tokens, model=fields["model"],
                            tenant=fields["tenant"], cache_salt=fields["salt"],
-                           affinity_key=fields["affinity"], arrival_s=arrival_s,
+                           affinity_key=fields["affinity"], base_model=fields["base"],
+                           arrival_s=arrival_s,
                            chunks=chunks, chunk_tokens=chunk_tokens,
                            anchor_chunks=None if anchor < 0 else anchor)
     return RoutedElsewhere(request, fields["replica"])

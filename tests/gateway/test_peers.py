@@ -89,6 +89,18 @@ def test_frames_read_back_as_written() -> None:
     assert _parse(seq_frame(DONE, 2**40)) == Settled(DONE, 2**40)
 
 
+def test_an_adapters_base_model_reads_back() -> None:
+    # without it a peer's or another worker's route of an adapter made a policy state of
+    # its own for the adapter, where the gateway's own routes go to its base model's
+    req = _request(_document(2), base_model="llama")
+    got = _parse(routed_frame(dataclasses.replace(req, model="lora-a"), "r1"))
+    assert isinstance(got, RoutedElsewhere)
+    assert (got.request.model, got.request.base_model, got.request.adapter) == \
+        ("lora-a", "llama", True)
+    plain = _parse(routed_frame(_request(_document(2)), "r1"))
+    assert isinstance(plain, RoutedElsewhere) and plain.request.base_model is None
+
+
 def test_a_request_of_no_piece_hashes_reads_back_and_odd_piece_worths_are_refused() -> None:
     # every policy but cost and those hashing text pieces builds requests of no pieces
     # (chunk_tokens 0): the receiver refused them and dropped the link at every request

@@ -65,7 +65,7 @@ def test_a_meta_past_the_bound_is_refused() -> None:
 
 def test_the_longest_meta_a_sender_sends_is_read() -> None:
     base = len(orjson.dumps({"replica": "r0", "model": "m", "tenant": None, "salt": None,
-                             "affinity": ""}))
+                             "affinity": "", "base": None}))
     longest = RouteRequest(tokens=[], prompt_tokens=10, model="m",
                            affinity_key="k" * (MAX_META - base))
     read = _parse(routed_frame(longest, "r0"))
