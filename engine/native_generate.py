@@ -49,7 +49,10 @@ class NativeGenerateRoute:
         req = await srv.read_json(request, lambda body: parse_native(
             body, model_name=srv.model_name, vocab_size=srv.vocab_size), self.max_body_bytes)
         started_s = time.monotonic()
-        prompts = await self._prompt_ids(req.items)
+        # each text inside the tokenizer's special tokens (a Llama's BOS first), as SGLang
+        # encodes a ``text`` and the gateway routes it
+        prompts = await srv.each_prompt_ids([item.params for item in req.items],
+                                                    field="text")
         for item, ids in zip(req.items, prompts, strict=True):
             check_logprob_start(item.logprobs, len(ids))
         # every prompt checked before any is queued: a batch runs whole or not at all
@@ -74,24 +77,6 @@ class NativeGenerateRoute:
                     srv.stop_early(gen.rid, "abort", None, gen.queue)
             raise
         return JSONResponse(answers if req.batch else answers[0])
-
-    async def _prompt_ids(self, items: tuple[NativeItem, ...]) -> list[list[int]]:
-        """Each item's prompt ids, the texts encoded in one call, each inside the
-        tokenizer's special tokens (a Llama's BOS first), as SGLang encodes a ``text``
-        and the gateway routes it."""
-        texts = [item.params.prompt_text for item in items
-                 if item.params.prompt_text is not None]
-        encoded = iter(await self.server.encode_texts(texts) if texts else ())
-        out = []
-        for item in items:
-            ids = item.params.prompt_ids
-            if ids is None:
-                ids = next(encoded)
-                if not ids:
-                    raise BadRequest("'text' encodes to zero tokens", param="text")
-                ids = self.server.tokenizer.prompt_ids(ids)
-            out.append(ids)
-        return out
 
 
 async def _collect_all(gens: list[_NativeGeneration]) -> list[dict[str, Any]]:

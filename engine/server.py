@@ -191,9 +191,11 @@ class EngineServer:
                         param="prompt")
         return encoded
 
-    async def prompt_ids(self, p: GenerateParams, for_model: bool = True) -> list[int]:
+    async def prompt_ids(self, p: GenerateParams, for_model: bool = True,
+                         field: str = "prompt") -> list[int]:
         """The ids the model computes for ``p``'s prompt: given, a chat rendered, or a
-        text encoded inside the tokenizer's special tokens."""
+        text encoded inside the tokenizer's special tokens (``field``: the body's field
+        that an error names)."""
         if p.prompt_ids is not None:
             return p.prompt_ids
         if p.messages is not None:
@@ -217,20 +219,22 @@ class EngineServer:
             if ids:
                 ids = self.tokenizer.prompt_ids(ids)
         if not ids:
-            raise BadRequest("prompt encodes to zero tokens", param="prompt")
+            raise BadRequest(f"{field} encodes to zero tokens", param=field)
         return ids
 
-    async def _each_prompt_ids(self, prompts: Sequence[GenerateParams]) -> list[list[int]]:
-        """Each prompt's ids: a chat's rendered, a batch's texts encoded in one call."""
+    async def each_prompt_ids(self, prompts: Sequence[GenerateParams],
+                              field: str = "prompt") -> list[list[int]]:
+        """Each prompt's ids: a chat's rendered, a batch's texts encoded in one call
+        (``field``: the body's field that an error names)."""
         if len(prompts) == 1:
-            return [await self.prompt_ids(prompts[0])]
+            return [await self.prompt_ids(prompts[0], field=field)]
         texts = [q.prompt_text or "" for q in prompts if q.prompt_ids is None]
         encoded = iter(await self.encode_texts(texts) if texts else ())
         out = [q.prompt_ids if q.prompt_ids is not None else next(encoded) for q in prompts]
         empty = next((j for j, ids in enumerate(out) if not ids), None)
         if empty is not None:
-            raise BadRequest(f"prompt {empty} of the batch encodes to zero tokens",
-                             param="prompt")
+            raise BadRequest(f"{field} {empty} of the batch encodes to zero tokens",
+                             param=field)
         # a text prompt inside the tokenizer's special tokens, as a lone one (prompt_ids)
         return [ids if q.prompt_ids is not None else self.tokenizer.prompt_ids(ids)
                 for q, ids in zip(prompts, out, strict=True)]
@@ -383,7 +387,7 @@ class EngineServer:
             body, chat=chat, model_name=self.model_name, vocab_size=self.vocab_size)))
         prompts = each_prompt(p)
         id_lists = [truncate_prompt(ids, p.truncate_prompt_tokens, self.max_model_len)
-                    for ids in await self._each_prompt_ids(prompts)]
+                    for ids in await self.each_prompt_ids(prompts)]
         limit = self.max_model_len
         # unasked, an answer may run to the end of what a request may hold here
         limits = [p.max_tokens if p.max_tokens is not None
