@@ -305,7 +305,7 @@ class BoxFeed:
                         from_mapping(ReplicaConfig, r["config"], "replica"),
                         forward_auth=r["forward_auth"], source=r["source"], slot=r["slot"],
                         checked_first=r["awaiting_check"])
-                except Exception as exc:  # (its key file unreadable in this process)
+                except ValueError as exc:  # (its key file unreadable in this process)
                     # the others are still applied, in this snapshot and every later one;
                     # this one is said once per slot and tried again at each snapshot
                     if self._unbuilt.get(rid) != r["slot"]:
