@@ -28,7 +28,7 @@ from gateway.metrics import PASSTHROUGH_ROUTE
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
 from gateway.state import GatewayState
-from gateway.tenancy import tenant_named
+from gateway.tenancy import partition_views
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, OpenAIError, json_object, model_field
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
@@ -48,13 +48,8 @@ def least_busy(gw: GatewayState, model: str,
                tenant: str | None = None) -> tuple[str, ...]:
     """Healthy replicas serving ``model`` (and, given ``allowed``, ``tenant``'s
     partition), fewest requests in flight first (ties in turn)."""
-    views = gw.fleet.views(model)
-    if allowed is not None:
-        views = [v for v in views if allowed(v.id)]
-        if not views:  # the partition's fault, not the replicas' health
-            raise NoReplicaAvailable(f"no replica in the partition of {tenant_named(tenant)} "
-                                     f"serves model {shown(model, MODEL_SHOWN_CHARS)}")
-    views = [v for v in views if v.healthy]
+    views = [v for v in partition_views(gw.fleet.views(model), allowed, tenant, model)
+             if v.healthy]
     if not views:
         raise NoReplicaAvailable(f"no healthy replica for model "
                                  f"{shown(model, MODEL_SHOWN_CHARS)}")

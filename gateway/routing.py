@@ -22,7 +22,7 @@ from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.head_anchors import HeadAnchors
 from gateway.request_parse import ParsedRequest
-from gateway.tenancy import tenant_named
+from gateway.tenancy import partition_views
 from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.media_parts import shown
@@ -320,12 +320,8 @@ class Router:
             request, pooled = await self._route(parsed, tenant)
             trace.tokenized(request)
         with trace.route():
-            views = self.fleet.views(parsed.model)
-            if allowed is not None:
-                views = [v for v in views if allowed(v.id)]
-                if not views:
-                    raise NoReplicaAvailable(
-                        f"no replica in the partition of {tenant_named(tenant)}")
+            views = partition_views(self.fleet.views(parsed.model), allowed, tenant,
+                                    parsed.model)
             try:
                 decision = (self.policy.explain if explain else self.policy.choose)(
                     request, views)

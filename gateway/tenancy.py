@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +31,12 @@ import orjson
 from starlette.requests import Request
 
 from gateway.data_parallel import group_of
+from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
 from gateway.networks import Networks
 from gateway.secret_source import resolve_secret
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, OpenAIError, check_cache_salt
+from policies.base import ReplicaView
 
 MIN_SECRET_BYTES = 32
 
@@ -106,6 +108,20 @@ def tenant_named(tenant: str | None) -> str:
     """``tenant`` as an error names it: by its start, or as the anonymous tenant."""
     return "the anonymous tenant" if tenant is None else \
         f"tenant {shown(tenant, TENANT_SHOWN_CHARS)}"
+
+
+def partition_views(views: Sequence[ReplicaView], allowed: Callable[[str], bool] | None,
+                    tenant: str | None, model: str | None) -> Sequence[ReplicaView]:
+    """``views`` within ``tenant``'s partition (``allowed``; None: all of them);
+    NoReplicaAvailable naming the tenant and ``model`` when none is (the partition's
+    fault, not the replicas' health)."""
+    if allowed is None:
+        return views
+    inside = [v for v in views if allowed(v.id)]
+    if not inside:
+        raise NoReplicaAvailable(f"no replica in the partition of {tenant_named(tenant)} "
+                                 f"serves model {shown(model, MODEL_SHOWN_CHARS)}")
+    return inside
 
 
 def tenant_salt(key: bytes, tenant: str, client_salt: str | None) -> str:
