@@ -26,9 +26,8 @@ async def aiohttp_site(app: web.Application, **runner: Any) -> tuple[web.AppRunn
     ``web.AppRunner``'s options): its runner, for ``cleanup()``, and its port."""
     started = web.AppRunner(app, **runner)
     await started.setup()
-    port = free_port()
-    await web.TCPSite(started, "127.0.0.1", port).start()
-    return started, port
+    await web.TCPSite(started, "127.0.0.1", 0).start()  # bound at once: no port to lose
+    return started, started.addresses[0][1]
 
 
 def _bound(port: int | None) -> socket.socket:
