@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from engine.server import _INLINE_DETOKENIZE_TOKENS
 from engine.text_stream import MAX_PENDING_TOKENS, TextStream
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_servers import LiveEngine, serve_engine
@@ -25,7 +26,8 @@ def test_detokenize_keeps_a_character_across_its_pieces(live: LiveEngine) -> Non
     smile = tokenizer.encode(SMILE)
     assert len(smile) > 1  # one token per byte
     bang = tokenizer.encode("!")
-    tokens = bang * 1998 + smile + bang * 10  # the first piece ends inside the emoji
+    # the first piece the server decodes ends inside the emoji
+    tokens = bang * (_INLINE_DETOKENIZE_TOKENS - 2) + smile + bang * 10
     said = live.http.post("/detokenize", json={"model": "m", "tokens": tokens})
     assert said.status_code == 200, said.text
     assert said.json()["prompt"] == tokenizer.decode(tokens)

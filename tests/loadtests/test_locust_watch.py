@@ -28,9 +28,11 @@ def test_a_signal_that_ended_locust_first_stops_the_run() -> None:
 
 
 def test_a_locust_that_ends_on_its_own_ends_the_watch() -> None:
-    seen: list[tuple[str, float]] = []
+    seen: list[tuple[str, float, int | None]] = []
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
-    watch_locust(proc, lambda policy, elapsed, duration: seen.append((policy, duration)),
-                 "cost", time.monotonic(), 60.0, every_s=0.05)
+    watch_locust(proc, lambda policy, elapsed, duration: seen.append(
+        (policy, duration, proc.poll())), "cost", time.monotonic(), 60.0, every_s=0.05)
     assert proc.returncode == 0
-    assert len(seen) >= 2 and seen[-1] == ("cost", 60.0)
+    assert len(seen) >= 2 and seen[-1][:2] == ("cost", 60.0)
+    # reports while it ran, and one more once it had ended
+    assert seen[0][2] is None and seen[-1][2] == 0
