@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
+from tests.support.processes import REPO
 
 
 class _Where(Collector):
@@ -84,8 +85,7 @@ sys.stdout.write(asyncio.run(metrics.page()).decode())
 def test_with_worker_files_the_page_sums_them_for_the_fleets_replicas(
         tmp_path: Path) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    cwd = Path(__file__).parents[2]
-    pages = [subprocess.run([sys.executable, "-c", WORKER, replica], env=env, cwd=cwd,
+    pages = [subprocess.run([sys.executable, "-c", WORKER, replica], env=env, cwd=REPO,
                             check=True, timeout=60, capture_output=True, text=True).stdout
              for replica in ("a", "a", "b")]
     requests = [s for family in text_string_to_metric_families(pages[-1])
@@ -115,8 +115,7 @@ print(json.dumps([metrics.routes[0], asyncio.run(metrics.requests_by_replica())]
 def test_kvgate_tops_counts_are_the_workers_files_summed(tmp_path: Path) -> None:
     # what /admin/top reads, on a thread: the files of every worker, for the fleet's replicas
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    cwd = Path(__file__).parents[2]
-    outs = [subprocess.run([sys.executable, "-c", TOP_WORKER, *replicas], env=env, cwd=cwd,
+    outs = [subprocess.run([sys.executable, "-c", TOP_WORKER, *replicas], env=env, cwd=REPO,
                            check=True, timeout=60, capture_output=True, text=True).stdout
             for replicas in (("a", "b"), ("a", "a"))]
     route, counts = json.loads(outs[-1])

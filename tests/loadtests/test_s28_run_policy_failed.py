@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.netns import isolated
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.processes import REPO
 
 pytestmark = pytest.mark.slow
 
