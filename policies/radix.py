@@ -22,12 +22,12 @@ prompt for this policy; matches are converted to tokens by the request's
 
 Each replica's share of the tree is capped at ``capacity_fraction`` of its KV capacity in
 tokens (``ReplicaView.kv_capacity_tokens``, else ``default_capacity_tokens``) and evicted
-LRU-leaf-first; the whole tree at ``max_tree_mb`` (an estimate, see
-``RadixTree.estimated_bytes``). ``observe(Routed)`` learns the epoch and capacity of each
-healthy replica from the snapshot the decision was made on (``Routed.replicas``); the
-tree's entries of a replica belong to the epoch they were learned in. ``choose`` treats a
-replica whose view shows another epoch as empty at once; its entries are dropped at the
-next ``observe``.
+LRU-leaf-first, at once when a snapshot shows its capacity changed; the whole tree at
+``max_tree_mb`` (an estimate, see ``RadixTree.estimated_bytes``). ``observe(Routed)``
+learns the epoch and capacity of each healthy replica from the snapshot the decision was
+made on (``Routed.replicas``); the tree's entries of a replica belong to the epoch they
+were learned in. ``choose`` treats a replica whose view shows another epoch as empty at
+once; its entries are dropped at the next ``observe``.
 """
 
 from __future__ import annotations
@@ -177,19 +177,26 @@ class Radix(Policy):
             # snapshot taken before a replica left (a decision, then its removal, then the
             # send) would bring a removed one back for good
             seen = self._seen
+            resized = []
             for r in event.replicas:
                 if r.healthy and (r.id in seen or r.id == event.replica):
+                    before = seen.get(r.id)
                     seen[r.id] = (r.epoch, r.kv_capacity_tokens)
+                    if before is not None and before[1] != r.kv_capacity_tokens:
+                        resized.append(r.id)
         for rid, (epoch, _) in self._seen.items():
             if self._epochs.setdefault(rid, epoch) != epoch:
                 self.tree.drop(rid)
                 self._epochs[rid] = epoch
         if isinstance(event, Routed):
+            data, unit = self._units(event.request)
+            self._unit_tokens = unit
+            # a smaller capacity binds at once, not at that replica's next insert
+            for other in resized:
+                self.tree.evict_replica(other, self.budget(other, unit))
             rid = event.replica
             if rid in self._seen:  # else unknown: no snapshot named it
                 self._epochs.setdefault(rid, self._seen[rid][0])
-            data, unit = self._units(event.request)
-            self._unit_tokens = unit
             self.tree.insert(_namespace(event.request), data, rid, self.budget(rid, unit))
         elif isinstance(event, ReplicaRemoved | ReplicaReset):
             self.tree.drop(event.replica)
