@@ -4,14 +4,18 @@
 turns each output into a text delta (stop strings cut, a stop token's text left out, as
 vLLM does), keeping the counts an answer reports. The OpenAI routes
 (``engine.server``) and SGLang's native ``/generate`` (``engine.native_generate``)
-render it, each in its own shape.
+render it, each in its own shape; a streamed answer goes out as an :class:`AnswerStream`,
+which aborts the requests it did not read to their end however it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterable, Sequence
 from typing import TYPE_CHECKING
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from engine.async_engine import EngineDeadError, RequestFailed, RequestInterrupted
 from engine.generate_params import GenerateParams
@@ -100,10 +104,37 @@ class Generation:
                 if delta or (self.wants_logprobs and item.new_token_ids):
                     yield delta, None
         finally:
+            stopped = self.ended  # by ``abort_unended``: stopped on the engine already
             self.ended = True
-            if not self.done:
+            if not self.done and not stopped:
                 self.server.stop_early(self.rid, "stop" if self.text.stopped else "abort",
                                        self.last, self.queue)
 
     def _stop_reason(self) -> int | str | None:
         return self.text.stop if self.text.stopped else self.stop_reason
+
+
+def abort_unended(gens: Sequence[Generation]) -> None:
+    """Abort the engine requests of ``gens`` whose outputs were not read to their end."""
+    for gen in gens:
+        if not gen.ended:
+            gen.ended = True
+            gen.server.stop_early(gen.rid, "abort", gen.last, gen.queue)
+
+
+class AnswerStream(StreamingResponse):
+    """A streamed answer (``text/event-stream``) of ``gens``: once it is over, however it
+    ended (the client gone, a send that failed or was cancelled, before the first event
+    or after the last), the engine requests it did not read to their end are aborted,
+    then and there, not when its events' iterator is collected."""
+
+    def __init__(self, events: AsyncIterable[str | bytes], gens: Sequence[Generation]
+                 ) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.gens = gens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            abort_unended(self.gens)

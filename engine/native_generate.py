@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from engine.generation import Generation
+from engine.generation import AnswerStream, Generation
 from engine.native_logprobs import LogprobFields, check_logprob_start
 from engine.native_schema import NativeItem, answer_limit, finish_reason, parse_native
 from engine.request import RequestOutput
@@ -69,7 +69,7 @@ class NativeGenerateRoute:
                 gens.append(_NativeGeneration(srv, item, ids if req.prompt_ids_back else None,
                                               len(ids), limit, queue, started_s))
             if req.stream:
-                return StreamingResponse(gens[0].sse(), media_type="text/event-stream")
+                return AnswerStream(gens[0].sse(), gens)
             answers = await unless_disconnected(request, _collect_all(gens))
         except BaseException:
             for gen in gens:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from starlette.responses import JSONResponse
 
 from engine.generate_params import GenerateParams, usage
-from engine.generation import Generation
+from engine.generation import Generation, abort_unended
 from engine.openai_logprobs import LogprobRenderer, render_prompt_logprobs
 from engine.request import RequestOutput, TokenLogprob
 from kvwire.openai_schema import OpenAIError
@@ -83,14 +83,6 @@ def chat_echo(p: GenerateParams) -> str:
         return "\n".join(part.get("text", "") for part in content
                          if isinstance(part, dict) and part.get("type") == "text")
     return content if isinstance(content, str) else ""
-
-
-def abort_unended(gens: Sequence[Generation]) -> None:
-    """Abort the engine requests of ``gens`` whose outputs were not read to their end."""
-    for gen in gens:
-        if not gen.ended:
-            gen.ended = True
-            gen.server.stop_early(gen.rid, "abort", gen.last, gen.queue)
 
 
 class StreamChoice(NamedTuple):

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from engine.generate_params import GenerateParams, context_error, parse_generate
-from engine.generation import Generation
+from engine.generation import AnswerStream, Generation
 from engine.request import RequestOutput
 from kvwire.bounded_memo import BoundedMemo
 from kvwire.media_parts import shown
@@ -162,7 +162,7 @@ class ResponsesRoute:
         answer = _Answer(srv, rid, p, len(ids), queue, body,
                          self.store if asked.store else None, turns)
         if p.stream:
-            return StreamingResponse(answer.events(), media_type="text/event-stream")
+            return AnswerStream(answer.events(), [answer])
         return JSONResponse(await unless_disconnected(request, answer.collect()))
 
 

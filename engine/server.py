@@ -24,7 +24,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.async_engine import AsyncEngine, EngineDeadError
@@ -38,10 +38,11 @@ from engine.generate_params import (
     parse_generate,
     truncate_prompt,
 )
+from engine.generation import AnswerStream, abort_unended
 from engine.metrics import EngineMetrics
 from engine.native_control import ENGINE_VERSION, NativeControlRoutes
 from engine.native_generate import NativeGenerateRoute
-from engine.openai_answer import OpenAIAnswer, OpenAIGeneration, abort_unended, child_params
+from engine.openai_answer import OpenAIAnswer, OpenAIGeneration, child_params
 from engine.request import RequestOutput, SamplingParams
 from engine.responses_route import ResponsesRoute
 from engine.sim_embedding import SimEmbedder
@@ -419,7 +420,7 @@ class EngineServer:
             raise
         answer = OpenAIAnswer(answer_id, chat, p, gens)
         if p.stream:
-            return StreamingResponse(answer.sse(), media_type="text/event-stream")
+            return AnswerStream(answer.sse(), gens)
         try:
             return await unless_disconnected(request, answer.response())
         except ClientDisconnected:
