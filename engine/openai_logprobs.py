@@ -44,7 +44,6 @@ from typing import Any
 
 from engine.request import TokenLogprob
 from engine.text_stream import Decoder
-from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, optional
 
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
@@ -54,25 +53,18 @@ _FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
 def logprobs_asked(body: dict[str, Any], chat: bool) -> int | None:
     """How many alternatives per output token a body asks for (None: no log
     probabilities): a completion's ``logprobs``, a chat's ``top_logprobs`` (0 unless
-    given) where its ``logprobs`` is true. BadRequest naming the field otherwise."""
+    given) where its ``logprobs`` is true; each read as the other fields are
+    (``optional``: vLLM's lax ``"true"`` or ``1``, ``"3"`` or ``3.0``). BadRequest naming
+    the field and its value otherwise."""
     if chat:
-        want, top = body.get("logprobs"), body.get("top_logprobs")
-        if want is not None and type(want) is not bool:
-            raise BadRequest(f"'logprobs' must be a boolean, got {shown(want)}",
-                             param="logprobs")
-        if top is not None and type(top) is not int:
-            raise BadRequest(f"'top_logprobs' must be an integer, got {shown(top)}",
-                             param="top_logprobs")
+        want = optional(body, "logprobs", bool, False)
+        top = optional(body, "top_logprobs", int, None)
         if top and not want:
             raise BadRequest("when using 'top_logprobs', 'logprobs' must be set to true",
                              param="top_logprobs")
         return _bounded(top or 0, "top_logprobs") if want else None
-    k = body.get("logprobs")
-    if k is None:
-        return None
-    if type(k) is not int:
-        raise BadRequest(f"'logprobs' must be an integer, got {shown(k)}", param="logprobs")
-    return _bounded(k, "logprobs")
+    k = optional(body, "logprobs", int, None)
+    return None if k is None else _bounded(k, "logprobs")
 
 
 def prompt_logprobs_asked(body: dict[str, Any], stream: bool, vocab_size: int) -> int | None:

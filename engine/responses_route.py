@@ -222,8 +222,8 @@ def _refuse_unacted(body: dict[str, Any]) -> None:
     ``include`` asking for them), ``truncation: "auto"`` (the input is never cut; one too
     long is a 400), ``background: true`` (no response is kept to poll), a ``reasoning``
     effort or summary (the model does not reason apart)."""
-    top = body.get("top_logprobs")
-    if top is not None and top != 0:
+    top = optional(body, "top_logprobs", int, 0)  # "0" or 0.0 asks for none, as vLLM's
+    if top != 0:
         raise BadRequest(f"'top_logprobs' {shown(top)}: output log probabilities are not "
                          "supported on /v1/responses by this engine (the chat route gives "
                          "them)", param="top_logprobs")
