@@ -162,6 +162,8 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     _check_response_format(body)
     if chat:
         _check_tool_choice(body, fields.tools)
+        # checked, not acted on: the engine parses no tool calls out of its answers
+        optional(body, "parallel_tool_calls", bool, True)
     generation_prompt, continue_final = _turn_fields(body, fields.messages) if chat \
         else (True, False)
     truncate = optional(body, "truncate_prompt_tokens", int, None)

@@ -159,7 +159,7 @@ class ResponsesRoute:
                                 limit_param=p.limit_param, prompt_field=p.prompt_field)
         rid = f"resp_{uuid.uuid4().hex}"
         queue = await srv.submit(rid, ids, p, limit)
-        answer = _Answer(srv, rid, p, len(ids), queue, body,
+        answer = _Answer(srv, rid, p, len(ids), queue, asked,
                          self.store if asked.store else None, turns)
         if p.stream:
             return AnswerStream(answer.events(), [answer])
@@ -168,12 +168,13 @@ class ResponsesRoute:
 
 class _Asked(NamedTuple):
     """A Responses body, checked: the chat it stands for, the response it continues,
-    and whether it is stored."""
+    whether it is stored, and its ``parallel_tool_calls`` (echoed, not acted on)."""
 
     body: dict[str, Any]
     chat: ResponsesChat
     previous: str | None
     store: bool
+    parallel_tool_calls: bool
 
 
 def _read(raw: bytes) -> _Asked:
@@ -186,7 +187,8 @@ def _read(raw: bytes) -> _Asked:
     _refuse_unacted(body)
     previous = optional(body, "previous_response_id", str, None)
     store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
-    return _Asked(body, chat, previous, bool(store))
+    parallel = optional(body, "parallel_tool_calls", bool, True)
+    return _Asked(body, chat, previous, bool(store), bool(parallel))
 
 
 def _refuse_constrained(body: dict[str, Any]) -> None:
@@ -252,10 +254,11 @@ class _Answer(Generation):
     """One response: its generation's text as a response object or its events."""
 
     def __init__(self, server: EngineServer, rid: str, p: GenerateParams, num_prompt: int,
-                 queue: asyncio.Queue[RequestOutput | BaseException], body: dict[str, Any],
+                 queue: asyncio.Queue[RequestOutput | BaseException], asked: _Asked,
                  store: ResponseStore | None, turns: list[dict[str, Any]]) -> None:
         super().__init__(server, rid, p, num_prompt, queue)
-        self.body = body
+        self.body = asked.body
+        self.parallel_tool_calls = asked.parallel_tool_calls
         self.store = store
         self.turns = turns
         self.created = int(time.time())
@@ -290,7 +293,7 @@ class _Answer(Generation):
             if status == "incomplete" else None,
             "instructions": body.get("instructions"), "model": self.server.model_name,
             "output": [] if text is None else [self._message(text, True)],
-            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": body.get("previous_response_id"),
             "max_output_tokens": body.get("max_output_tokens"),
             "temperature": self.p.temperature, "top_p": body.get("top_p", 1.0),

@@ -61,3 +61,19 @@ def test_log_probability_fields_of_a_wrong_type_are_refused_naming_them(
         "logprobs", "some")
     _refused(live.http.post("/v1/responses", json={
         "model": MODEL, "input": "x", "top_logprobs": "none"}), "top_logprobs", "none")
+
+
+def test_parallel_tool_calls_is_a_boolean_read_as_vllm_reads_it(live: LiveEngine) -> None:
+    assert _chat(live, parallel_tool_calls="false").status_code == 200
+    _refused(_chat(live, parallel_tool_calls="sometimes"), "parallel_tool_calls", "sometimes")
+    _refused(_chat(live, parallel_tool_calls={"on": True}), "parallel_tool_calls", "on")
+    r = live.http.post("/v1/responses", json={"model": MODEL, "input": "x",
+                                               "max_output_tokens": 2,
+                                               "parallel_tool_calls": "false"})
+    assert r.status_code == 200 and r.json()["parallel_tool_calls"] is False, r.text
+    r = live.http.post("/v1/responses", json={"model": MODEL, "input": "x",
+                                               "max_output_tokens": 2})
+    assert r.status_code == 200 and r.json()["parallel_tool_calls"] is True, r.text
+    _refused(live.http.post("/v1/responses", json={
+        "model": MODEL, "input": "x", "parallel_tool_calls": [1, 2]}),
+        "parallel_tool_calls", "an array of 2")
