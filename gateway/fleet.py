@@ -533,6 +533,8 @@ class Fleet:
         state.awaiting_at_scrape = len(state.unsettled)
         state.publish()
         reset = False
+        if metrics.stale:  # its rates are as old as its load figures: dropped with them
+            state.hits.clear()
         if metrics.hit_tokens is not None and metrics.query_tokens is not None:
             reset = state.hits.add(time.monotonic() if now is None else now,
                                    metrics.hit_tokens, metrics.query_tokens)

@@ -207,17 +207,25 @@ class HitRateWindow:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self._samples: deque[tuple[float, float, float]] = deque()
+        self._last: tuple[float, float] | None = None  # the newest counters (hits, queries)
 
     def add(self, now: float, hits: float, queries: float) -> bool:
         """Record a sample; returns True when the counters went backwards (a restart)."""
-        reset = bool(self._samples) and (
-            hits < self._samples[-1][1] or queries < self._samples[-1][2])
+        last = self._last
+        reset = last is not None and (hits < last[0] or queries < last[1])
         if reset:
             self._samples.clear()
+        self._last = (hits, queries)
         self._samples.append((now, hits, queries))
         while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
             self._samples.popleft()
         return reset
+
+    def clear(self) -> None:
+        """Forget the samples: the replica's scrapes stopped, so its rates are unknown
+        (None) until two fresh samples come. The newest counters are kept: a restart
+        meanwhile is still told by the next sample."""
+        self._samples.clear()
 
     def prefill_per_s(self) -> float | None:
         """Prompt tokens computed (queried, not hit) per second; None before two samples."""
