@@ -295,8 +295,8 @@ class _Answer(Generation):
             "output": [] if text is None else [self._message(text, True)],
             "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": body.get("previous_response_id"),
-            "max_output_tokens": body.get("max_output_tokens"),
-            "temperature": self.p.temperature, "top_p": body.get("top_p", 1.0),
+            "max_output_tokens": self.p.max_tokens,  # as read: None unless given
+            "temperature": self.p.temperature, "top_p": self.p.sampling.get("top_p", 1.0),
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
             "text": {"format": {"type": "text"}}, "truncation": "disabled",
             "metadata": body.get("metadata") or {}, "store": self.store is not None,
