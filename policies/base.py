@@ -227,6 +227,14 @@ class Policy(ABC):
         """What the policy has learned, for ``/admin/explain`` (JSON-ready); none here."""
         return {}
 
+    def share_from(self, first: Policy) -> None:
+        """Take from ``first``, another instance of this policy (``PerModel``'s first,
+        deciding for another model), the state kept once for every model: the KV event
+        index (kept per replica, fed once). A policy whose memory bound is the whole
+        gateway's adds what else it shares."""
+        if self.kv_index is not None:
+            self.kv_index = first.kv_index
+
 
 def healthy(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
     """The healthy replicas, or ``NoReplicaError`` naming how many were seen."""

@@ -6,8 +6,10 @@ aging of its cache models) would otherwise learn each model's requests over anot
 model's replicas: with two models on their own replicas, every decision placed the hot set
 again over the other model's replicas (about 5x the reassignments, ``choose`` 87 -> 406
 us), and each model's caches aged at half speed. ``PerModel`` keeps one instance per model
-(made by ``make``, the first one given), all sharing the first's KV event index (it is kept
-per replica), and tells every instance of replicas that leave or restart.
+(made by ``make``, the first one given), all sharing what the first keeps once for every
+model (``Policy.share_from``: its KV event index, kept per replica; radix's tree, whose
+memory bound is the whole gateway's), and tells every instance of replicas that leave or
+restart.
 
 A LoRA adapter is decided by its base model's instance (``RouteRequest.base_model``, the
 adapter's listed ``parent``): the adapters run on their base model's replicas, in their
@@ -102,8 +104,7 @@ class PerModel(Policy):
 
     def _fresh(self) -> Policy:
         policy = self._make()
-        if policy.kv_index is not None:
-            policy.kv_index = self.kv_index  # one index, fed once, per replica
+        policy.share_from(self.first)  # one KV event index, fed once, per replica (and so on)
         return policy
 
     def _all(self) -> list[Policy]:

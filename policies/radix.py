@@ -115,6 +115,14 @@ class Radix(Policy):
         self._seen: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, kv capacity)
         self._epochs: dict[str, int] = {}  # id -> epoch the tree's entries belong to
 
+    def share_from(self, first: Policy) -> None:
+        """Also ``first``'s tree: ``max_tree_mb`` bounds the one tree of every model's
+        instance (each model's prompts stay apart in it, under their own namespace), not
+        each instance's, which made 16 models' trees 16 times the bound."""
+        super().share_from(first)
+        if isinstance(first, Radix):
+            self.tree = first.tree
+
     def budget(self, replica: str, unit_tokens: float = 1.0) -> int:
         """Units (tokens, or chunks of ``unit_tokens`` tokens) of the tree ``replica`` may
         hold."""

@@ -1,0 +1,33 @@
+import random
+
+from policies.base import ReplicaView, Routed, RouteRequest
+from policies.per_model import PerModel
+from policies.radix import Radix, RadixConfig
+
+BOUND_MB = 0.05
+
+
+def make() -> Radix:
+    return Radix(RadixConfig(max_tree_mb=BOUND_MB, chunk_chars=0))
+
+
+def test_max_tree_mb_bounds_every_models_tree_together() -> None:
+    # one radix instance per model: each had a tree of its own under the whole bound, so
+    # a fleet of 16 models held 16 times max_tree_mb; the bound is the gateway's
+    policy = PerModel(make(), make)
+    rng = random.Random(3)
+    views = [ReplicaView(f"r{i}", kv_capacity_tokens=10_000_000) for i in range(4)]
+    for n in range(400):
+        model = f"m{n % 8}"
+        tokens = [rng.randrange(50_000) for _ in range(200)]
+        request = RouteRequest(tokens, len(tokens), model=model)
+        chosen = policy.choose(request, views).chosen
+        policy.observe(Routed(request, chosen, views))
+    instances = [policy.policy_for(f"m{i}") for i in range(8)]
+    assert len({id(p) for p in instances}) == 8  # still one policy state per model
+    trees = {id(p.tree): p.tree for p in instances if isinstance(p, Radix)}
+    held = sum(tree.estimated_bytes() for tree in trees.values())
+    assert held <= BOUND_MB * 1024 * 1024, (len(trees), held)
+    # and each model's prompts are still found in the shared tree, under its own name
+    last = RouteRequest(tokens, len(tokens), model=model)
+    assert policy.choose(last, views).matched_tokens == len(tokens)
