@@ -185,6 +185,12 @@ def _read(raw: bytes) -> _Asked:
     positive_int(body, "max_output_tokens")  # named so, before it is the chat's max_tokens
     _refuse_constrained(body)
     _refuse_unacted(body)
+    # echoed in the answer: an object of strings, as vLLM's
+    metadata = optional(body, "metadata", dict, {})
+    bad = next(((k, v) for k, v in metadata.items() if not isinstance(v, str)), None)
+    if bad is not None:
+        raise BadRequest(f"'metadata' values must be strings, got {shown(bad[1])} for "
+                         f"{shown(bad[0])}", param="metadata")
     previous = optional(body, "previous_response_id", str, None)
     store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
     parallel = optional(body, "parallel_tool_calls", bool, True)

@@ -40,3 +40,13 @@ def test_a_response_echoes_the_sampling_fields_as_read(live: LiveEngine) -> None
     body = _respond(live, max_output_tokens=2).json()
     assert (body["top_p"], body["max_output_tokens"]) == (1.0, 2)
     assert _respond(live).json()["max_output_tokens"] is None
+
+
+def test_metadata_must_be_an_object_of_strings(live: LiveEngine) -> None:
+    r = _respond(live, max_output_tokens=2, metadata={"team": "search"})
+    assert r.status_code == 200 and r.json()["metadata"] == {"team": "search"}, r.text
+    for bad, shown in [("tag-1", "tag-1"), ([1, 2], "an array of 2"), ({"n": 7}, "7")]:
+        r = _respond(live, max_output_tokens=2, metadata=bad)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "metadata" and shown in error["message"], error
