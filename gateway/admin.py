@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import orjson
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -26,6 +27,7 @@ from gateway.capture import unpack
 from gateway.client_auth import one_authorization
 from gateway.config import ReplicaConfig
 from gateway.data_parallel import group_of
+from gateway.errors import Arrival, CountingBoundary
 from gateway.forwarding import request_id_header
 from gateway.intake import take_in
 from gateway.layout_audit import AuditReport, audit
@@ -33,7 +35,7 @@ from gateway.membership import ADMIN, join_all, leave
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
-from kvwire.request_edge import ErrorBoundary, read_body
+from kvwire.request_edge import read_body
 from policies.config import ConfigError, from_mapping
 
 
@@ -300,10 +302,13 @@ def routes() -> list[Route]:
 
 def create_admin_app(gw: GatewayState, token: str | None = None) -> Starlette:
     """The admin API over ``gw`` (the main app's state, whose lifespan runs the rest),
-    with ``token`` (default: the configured one, read now)."""
-    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
-                             request_id_header)
-    app = Starlette(routes=routes(), exception_handlers=boundary.handlers())
+    with ``token`` (default: the configured one, read now). A call it refuses is counted
+    as every refused request is (``kvgate_requests_total``, the access log)."""
+    boundary = CountingBoundary(
+        lambda kind: gw.metrics.errors.labels(kind=kind).inc(), request_id_header,
+        lambda request, status, arrived: gw.refused(request, "none", status, arrived))
+    app = Starlette(routes=routes(), middleware=[Middleware(Arrival)],
+                    exception_handlers=boundary.handlers())
     app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.gw = gw
     app.state.admin_token = token if token is not None else gw.config.admin.resolved_token()

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
 from gateway.discovery.runner import Discovery, build_source
-from gateway.errors import NoReplicaAvailable
+from gateway.errors import ARRIVED, CountingBoundary, NoReplicaAvailable, counted
 from gateway.fleet import ModelInfo
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.generate_request import PATH as GENERATE_PATH
@@ -49,7 +49,7 @@ from gateway.tracing import RequestTrace, Tracing
 from gateway.upstream_http import client_for
 from kvwire.media_parts import carries_media
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
-from kvwire.request_edge import PARSE_ON_THREAD_BYTES, ErrorBoundary
+from kvwire.request_edge import PARSE_ON_THREAD_BYTES
 from policies.base import Finished, Routed
 
 log = logging.getLogger("kvgate.gateway")
@@ -98,6 +98,11 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
     trace = gw.tracing.start(request.headers, path)
     route = "none"
     tenant = None
+
+    def refused(status: str) -> None:
+        gw.refused(request, route, status, arrived, tenant)
+        counted(request)
+
     try:
         tenant = keyed = gw.auth.tenant_of(request) if gw.auth.on else None
         # the body before a place: a client that sends a head and no body holds no place,
@@ -106,15 +111,14 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         tenant = intake.tenant
         slot = await take_place(request, gw)
     except OpenAIError as exc:
-        gw.refused(request, route, str(exc.status), arrived, tenant)
+        refused(str(exc.status))
         trace.failed(exc)
         raise
     except Exception as exc:  # a fault of the gateway's own: answered 500 (ErrorBoundary)
-        gw.refused(request, route, "500", arrived, tenant)
+        refused("500")
         trace.failed(exc)
         raise
-    with released_on_error(slot, lambda status: gw.refused(request, route, status, arrived,
-                                                           intake.tenant)), trace.guard():
+    with released_on_error(slot, refused), trace.guard():
         gw.capture.observe(intake.parsed, intake.tenant, len(intake.raw))
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant), trace)
@@ -297,14 +301,11 @@ async def invocations(request: Request) -> Response:
     score, classify, pooling: vLLM tells them by the model's task) goes, as the other
     pass-through endpoints do, to the replica's own ``/invocations``."""
     gw: GatewayState = request.app.state.gw
-    try:
-        if gw.auth.on:  # a key before the body, as every /v1 route asks it
-            gw.auth.tenant_of(request)
-        # read within the limits, and kept on the request for the handler that serves it
-        raw = await read_timed_body(request, gw)  # (no place: refused once it is read)
-    except OpenAIError as exc:
-        gw.ended("none", str(exc.status))
-        raise
+    # a refusal here is counted where it is answered (``CountingBoundary``)
+    if gw.auth.on:  # a key before the body, as every /v1 route asks it
+        gw.auth.tenant_of(request)
+    # read within the limits, and kept on the request for the handler that serves it
+    raw = await read_timed_body(request, gw)  # (no place: refused once it is read)
     # a large body is looked at on a thread (16 MiB of JSON held the event loop a second)
     small = len(raw) <= PARSE_ON_THREAD_BYTES
     if generates(raw) if small else await asyncio.to_thread(generates, raw):
@@ -317,14 +318,19 @@ async def version(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """The models a client may use; counted as every /v1 request is, answered or refused
+    (a refusal where it is answered: ``CountingBoundary``)."""
     gw: GatewayState = request.app.state.gw
     # every /v1 route needs a client's key when keys are configured; a tenant's list
     # names only the models of the replicas it may use (its partition)
     tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
     names = sorted(gw.fleet.models(gw.tenancy.allowed(tenant)))
-    return JSONResponse({"object": "list", "data": [
+    response = JSONResponse({"object": "list", "data": [
         _model_card(name, gw.fleet.model_info(name), gw.started) for name in names]},
         headers=request_id_header(request))
+    gw.refused(request, "none", "200", request.scope[ARRIVED], tenant)  # (answered here)
+    counted(request)
+    return response
 
 
 def _model_card(name: str, info: ModelInfo | None, created: int) -> dict[str, object]:
@@ -436,8 +442,9 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/metrics", metrics, methods=["GET"]),
         *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),
     ]
-    boundary = ErrorBoundary(lambda kind: gw.metrics.errors.labels(kind=kind).inc(),
-                             request_id_header)
+    boundary = CountingBoundary(
+        lambda kind: gw.metrics.errors.labels(kind=kind).inc(), request_id_header,
+        lambda request, status, arrived: gw.refused(request, "none", status, arrived))
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.gw = gw
@@ -457,7 +464,7 @@ class _FastPath:
 
     _HANDLERS = {path: (endpoint, path) for endpoint, path in _PATHS.items()}
 
-    def __init__(self, app: Starlette, boundary: ErrorBoundary) -> None:
+    def __init__(self, app: Starlette, boundary: CountingBoundary) -> None:
         self.app = app
         self.state = app.state
         self.boundary = boundary
@@ -465,6 +472,8 @@ class _FastPath:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         target = self._HANDLERS.get(scope.get("path", "")) if scope["type"] == "http" else None
         if target is None or scope["method"] != "POST":
+            if scope["type"] == "http":  # where a refusal's duration starts (``_proxy``
+                scope[ARRIVED] = time.perf_counter()  # takes its own)
             await self.app(scope, receive, send)
             return
         scope["app"] = self.app

@@ -437,6 +437,7 @@ class GatewayMetrics:
         for route in ("none", *routes):
             for status in REJECTED if route == "none" else (*REJECTED, *UNANSWERED):
                 self.requests.labels(replica="none", route=route, status=status)
+        self.requests.labels(replica="none", route="none", status="200")  # /v1/models
         for state in fleet:
             self._replica_added(state.id)
         fleet.listen(self._on_fleet_event)

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.admission import released_on_error
-from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
+from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable, counted
 from gateway.forwarding import request_id_of, upstream_headers
 from gateway.intake import check_model, default_model, read_timed_body, take_place
 from gateway.metrics import PASSTHROUGH_ROUTE
@@ -66,18 +66,22 @@ async def passthrough(request: Request) -> Response:
     path = request.url.path
     arrived = time.perf_counter()
     trace = gw.tracing.start(request.headers, path)
-    keyed = None
+    keyed: str | None = None
+    tenant: str | None = None  # the header's tenant once read: a refusal's line names it
+
+    def refused(status: str) -> None:
+        gw.refused(request, ROUTE, status, arrived, tenant)
+        counted(request)
+
     try:
-        keyed = gw.auth.tenant_of(request) if gw.auth.on else None
+        keyed = tenant = gw.auth.tenant_of(request) if gw.auth.on else None
         raw = await read_timed_body(request, gw)  # before a place, as ``gateway.app``'s
         slot = await take_place(request, gw)
     except OpenAIError as exc:
-        gw.refused(request, ROUTE, str(exc.status), arrived, keyed)
+        refused(str(exc.status))
         trace.failed(exc)
         raise
-    tenant = keyed  # the header's tenant once read: a refusal's line names it too
-    with released_on_error(slot, lambda status: gw.refused(request, ROUTE, status, arrived,
-                                                           tenant)), trace.guard():
+    with released_on_error(slot, refused), trace.guard():
         tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
         # a large body is parsed (and salted) on a thread: 16 MiB of JSON held the loop 3 s
         large = len(raw) > PARSE_ON_THREAD_BYTES
