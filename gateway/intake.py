@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
 from typing import NamedTuple
 
 from starlette.requests import Request
@@ -22,6 +23,9 @@ from kvwire.request_edge import (
     read_body,
     unless_disconnected,
 )
+
+# of the models an unknown model's error names: a fleet of LoRA adapters serves thousands
+SHOWN_MODELS = 16
 
 
 class Intake(NamedTuple):
@@ -93,9 +97,9 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
                       ) -> None:
     """NotFound unless a replica ``tenant`` may use serves ``model`` (any model, before
     models are known, or while a replica lists more than the gateway keeps); the error
-    names only the models the tenant may use. A model none lists is looked for again
-    first (``Monitor.refresh_all_models``: loaded at run time, or a replica restarted with
-    it), by every worker of a box alike (``box_feed``)."""
+    names only the models the tenant may use, the first ``SHOWN_MODELS`` of them. A model
+    none lists is looked for again first (``Monitor.refresh_all_models``: loaded at run
+    time, or a replica restarted with it), by every worker of a box alike (``box_feed``)."""
     allowed = gw.tenancy.allowed(tenant)
     known = gw.fleet.models(allowed)
     if known and model not in known and not gw.fleet.models_cut() \
@@ -105,8 +109,15 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
     if known and model not in known and not gw.fleet.models_cut():
         # the name's start only: a body may hold megabytes of it
         raise NotFound(f"model {shown(model, MODEL_SHOWN_CHARS)} is not served by any "
-                       f"replica; available: {', '.join(sorted(known))}", param="model",
+                       f"replica; available: {_some(known)}", param="model",
                        code="model_not_found")
+
+
+def _some(models: set[str]) -> str:
+    """The first ``SHOWN_MODELS`` of ``models`` in order, and how many more there are."""
+    first = ", ".join(heapq.nsmallest(SHOWN_MODELS, models))
+    more = len(models) - SHOWN_MODELS
+    return first if more <= 0 else f"{first} and {more} more (GET /v1/models lists them)"
 
 
 async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
