@@ -16,6 +16,11 @@ templates rely on it:
 - ``raise_exception(message)`` (the template refuses the chat: a ``TemplateError``) and
   ``strftime_now(format)``, the local time (a Llama 3 template's date line).
 
+A rendering stops at ``MAX_RENDERED_CHARS`` (:func:`render`), and so does one ``tojson``
+with an ``indent`` (Llama 3.1's template writes each tool so): indented, every level of a
+value indents every line below it, so a tool schema nested 700 deep in 1.5 KB writes 2 MB,
+and one request's tools gigabytes.
+
 The messages are given as vLLM gives them (``template_messages``), and, as vLLM, a
 template that loops over a message's content (Gemma 3's, Llama 4's: ``{% for item in
 message['content'] %}``) gets each message's content as a list of ``{"type": "text",
@@ -44,10 +49,46 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
+# the characters one chat may render to: more than any model's context holds (8M tokens
+# of 4 characters), and twice what the gateway's default body limit (16 MiB) carries
+MAX_RENDERED_CHARS = 1 << 25
+
+
+class RenderTooLong(ChatFormatError):
+    """A chat renders to more than ``MAX_RENDERED_CHARS`` characters."""
+
+    def __init__(self) -> None:
+        super().__init__(f"the chat renders to more than {MAX_RENDERED_CHARS:,} characters "
+                         f"with the model's chat template")
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
+    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent,
+                               separators=separators, sort_keys=sort_keys)
+    if indent is None:  # the C encoder, no longer than a few times the value's own text
+        return encoder.encode(value)
+    # indented (json.dumps' own pure-Python pieces, as many): stopped at the bound
+    pieces, written = [], 0
+    for piece in encoder.iterencode(value):
+        written += len(piece)
+        if written > MAX_RENDERED_CHARS:
+            raise RenderTooLong
+        pieces.append(piece)
+    return "".join(pieces)
+
+
+def render(template: Template, context: Mapping[str, Any]) -> str:
+    """``template`` rendered with ``context``; RenderTooLong as soon as the text passes
+    ``MAX_RENDERED_CHARS`` (a template may repeat what it is given: the text is never
+    held past the bound and one piece)."""
+    pieces, written = [], 0
+    for piece in template.generate(context):
+        written += len(piece)
+        if written > MAX_RENDERED_CHARS:
+            raise RenderTooLong
+        pieces.append(piece)
+    return "".join(pieces)
 
 
 def _strftime_now(format: str) -> str:

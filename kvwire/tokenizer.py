@@ -28,7 +28,9 @@ from kvwire.bounded_memo import BoundedMemo
 from kvwire.chat_messages import PARTS, ChatFormatError, normalize_messages
 from kvwire.chat_template import (
     ChatTemplate,
+    RenderTooLong,
     compile_template,
+    render,
     template_messages,
     template_tools,
 )
@@ -254,18 +256,20 @@ class PromptTokenizer:
             given = template_messages(normalized, chosen.content_parts)
             variables = template_variables(template_kwargs, chosen.variables)
             try:
-                text = str(chosen.template.render({
+                text = render(chosen.template, {
                     **self._special, "documents": None, **variables,
                     "messages": given, "add_generation_prompt": add_generation_prompt,
                     "tools": template_tools(tools),
-                }))
+                })
             except RecursionError:  # a value nested past what tojson writes (vLLM answers
                 # that with a 400 too): named by the field that holds the deepest one
-                field = max((("tools", tools), ("messages", given),
-                             ("chat_template_kwargs", variables)),
-                            key=lambda named: _nesting(named[1]))[0]
+                field = _deepest(tools, given, variables)
                 raise ChatFormatError(f"'{field}' is nested too deeply for the model's chat "
                                       f"template to render", param=field) from None
+            except RenderTooLong as exc:  # most likely a deep value, indented: named so
+                field = _deepest(tools, given, variables)
+                raise ChatFormatError(f"{exc} ('{field}' holds the most deeply nested "
+                                      f"value)", param=field) from None
             except (TemplateError, TypeError, ValueError, LookupError,
                     AttributeError) as exc:  # the template refuses these messages (a system
                 # role it does not take, roles out of turn)
@@ -323,6 +327,12 @@ def _cut_at_tag(text: str) -> str:
     if text.startswith(_CONTINUE_TAG, at):
         return text[:at]
     return text[:at].rstrip()  # the template trimmed the content: its spacing is gone
+
+
+def _deepest(tools: Any, messages: Any, variables: Any) -> str:
+    """The field of a chat that holds its most deeply nested value."""
+    return max((("tools", tools), ("messages", messages), ("chat_template_kwargs", variables)),
+               key=lambda named: _nesting(named[1]))[0]
 
 
 def _nesting(value: Any) -> int:
