@@ -11,7 +11,7 @@ which aborts the requests it did not read to their end however it ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
 from starlette.responses import StreamingResponse
@@ -125,12 +125,14 @@ def abort_unended(gens: Sequence[Generation]) -> None:
 class AnswerStream(StreamingResponse):
     """A streamed answer (``text/event-stream``) of ``gens``: once it is over, however it
     ended (the client gone, a send that failed or was cancelled, before the first event
-    or after the last), the engine requests it did not read to their end are aborted,
-    then and there, not when its events' iterator is collected."""
+    or after the last), the engine requests it did not read to their end are aborted and
+    its ``events`` closed (the tasks they run, such as one per choice, ended), then and
+    there, not when its events' iterator is collected."""
 
-    def __init__(self, events: AsyncIterable[str | bytes], gens: Sequence[Generation]
+    def __init__(self, events: AsyncGenerator[str | bytes, None], gens: Sequence[Generation]
                  ) -> None:
         super().__init__(events, media_type="text/event-stream")
+        self.events = events
         self.gens = gens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -138,3 +140,4 @@ class AnswerStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             abort_unended(self.gens)
+            await self.events.aclose()

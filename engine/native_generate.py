@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -140,7 +140,7 @@ class _NativeGeneration(Generation):
             self.answer += delta
         return self._body(reason)
 
-    async def sse(self) -> AsyncIterator[bytes]:
+    async def sse(self) -> AsyncGenerator[bytes, None]:
         gen = self._deltas()
         due = 1  # the output length the next event waits for: 1, 1 + k, 1 + 2k ...
         try:

@@ -29,10 +29,11 @@ chunk of a choice carries the ids that arrived since its last.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from starlette.responses import JSONResponse
@@ -232,7 +233,7 @@ class OpenAIGeneration(Generation):
             choice["token_ids"] = self._new_token_ids()
         return choice
 
-    async def choices(self) -> AsyncIterator[StreamChoice]:
+    async def choices(self) -> AsyncGenerator[StreamChoice, None]:
         """The stream choices of this choice, in order."""
         gen = self._deltas()
         try:
@@ -310,12 +311,13 @@ class OpenAIAnswer:
             obj["prompt_token_ids"] = list(self.gens[0].prompt_ids)
         return f"data: {_dumps(obj)}\n\n"
 
-    async def _interleaved(self) -> AsyncIterator[StreamChoice]:
+    async def _interleaved(self) -> AsyncGenerator[StreamChoice, None]:
         """Every choice's stream choices, each as soon as it comes: a task per choice
         feeds one queue; the tasks end with the iteration, however it ends."""
         if len(self.gens) == 1:
-            async for choice in self.gens[0].choices():
-                yield choice
+            async with contextlib.aclosing(self.gens[0].choices()) as choices:
+                async for choice in choices:
+                    yield choice
             return
         merged: asyncio.Queue[StreamChoice | Exception | None] = asyncio.Queue()
 
@@ -343,11 +345,14 @@ class OpenAIAnswer:
                 task.cancel()
             await asyncio.gather(*feeders, return_exceptions=True)
 
-    async def sse(self) -> AsyncIterator[str]:
+    async def sse(self) -> AsyncGenerator[str, None]:
+        """The answer's SSE chunks; closing it (``AnswerStream`` does, however the
+        response ended) ends every choice's task at once."""
         try:
-            async for piece in self._interleaved():
-                yield self._chunk([piece.choice],
-                                  piece.usage() if self.p.continuous_usage else None)
+            async with contextlib.aclosing(self._interleaved()) as pieces:
+                async for piece in pieces:
+                    yield self._chunk([piece.choice],
+                                      piece.usage() if self.p.continuous_usage else None)
             if self.p.include_usage:
                 yield self._chunk([], self._usage())
         except OpenAIError as exc:

@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
@@ -325,7 +325,7 @@ class _Answer(Generation):
         self.sequence += 1
         return f"event: {kind}\ndata: {orjson.dumps(data).decode()}\n\n"
 
-    async def events(self) -> AsyncIterator[str]:
+    async def events(self) -> AsyncGenerator[str, None]:
         where = {"item_id": self.item, "output_index": 0, "content_index": 0}
         yield self._event("response.created", {"response": self._response(None, None)})
         yield self._event("response.in_progress", {"response": self._response(None, None)})
