@@ -226,20 +226,25 @@ def _refuse_constrained(body: dict[str, Any]) -> None:
 
 def _refuse_unacted(body: dict[str, Any]) -> None:
     """What this engine cannot do on a Responses request, refused naming the field rather
-    than answered as if done: output log probabilities (``top_logprobs`` above 0, or
-    ``include`` asking for them), ``truncation: "auto"`` (the input is never cut; one too
-    long is a 400), ``background: true`` (no response is kept to poll), a ``reasoning``
-    effort or summary (the model does not reason apart)."""
+    than answered as if done: output log probabilities (``top_logprobs`` above 0, or an
+    entry of ``include``, a list of strings, asking for them), ``truncation: "auto"``
+    (the input is never cut; one too long is a 400), ``background: true`` (no response
+    is kept to poll), a ``reasoning`` effort or summary (the model does not reason
+    apart)."""
     top = optional(body, "top_logprobs", int, 0)  # "0" or 0.0 asks for none, as vLLM's
     if top != 0:
         raise BadRequest(f"'top_logprobs' {shown(top)}: output log probabilities are not "
                          "supported on /v1/responses by this engine (the chat route gives "
                          "them)", param="top_logprobs")
-    include = body.get("include")
-    if isinstance(include, list) and any(isinstance(item, str) and "logprobs" in item
-                                         for item in include):
-        raise BadRequest("'include' asks for log probabilities, which /v1/responses does "
-                         "not give on this engine", param="include")
+    include = optional(body, "include", list, [])  # of strings, as vLLM's schema
+    bad = [item for item in include if not isinstance(item, str)]
+    if bad:
+        raise BadRequest(f"'include' must be a list of strings, got {shown(bad[0])} in it",
+                         param="include")
+    logprobs = next((item for item in include if "logprobs" in item), None)
+    if logprobs is not None:
+        raise BadRequest(f"'include' asks for log probabilities ({shown(logprobs)}), which "
+                         "/v1/responses does not give on this engine", param="include")
     truncation = body.get("truncation")
     if truncation not in (None, "disabled"):
         raise BadRequest(f"'truncation' {shown(truncation)} is not supported by this "
