@@ -86,7 +86,8 @@ def _item_message(item: Any, where: str) -> dict[str, Any] | None:
         if not isinstance(name, str) or not isinstance(arguments, str):
             raise BadRequest(f"{where} (a function_call) needs a string name and arguments",
                              param=where)
-        call = {"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
+        call_id = _text(item, "call_id", where) or _text(item, "id", where)
+        call = {"id": call_id, "type": "function",
                 "function": {"name": name, "arguments": arguments}}
         return {"role": "assistant", "content": "", "tool_calls": [call]}
     if kind == "reasoning":
@@ -99,7 +100,7 @@ def _item_message(item: Any, where: str) -> dict[str, Any] | None:
             # body may nest 1024)
             raise BadRequest(f"{where}.output cannot be written as the tool message's "
                              f"text: {exc}", param=f"{where}.output") from None
-        return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
+        return {"role": "tool", "tool_call_id": _text(item, "call_id", where),
                 "content": text}
     return None
 
@@ -182,19 +183,34 @@ def _parts(content: list[Any], where: str) -> list[dict[str, Any]]:
             raise BadRequest(f"{where} parts must be objects, got {shown(part)}", param=where)
         kind = _kind(part, None, f"{where}[{j}]")
         if kind in _TEXT_PARTS:
-            text = part.get("text", part.get("refusal"))
-            if isinstance(text, str):
+            key = "refusal" if "text" not in part and "refusal" in part else "text"
+            text = _text(part, key, f"{where}[{j}]")
+            if part.get(key) is not None:  # a part without its text is left out
                 parts.append({"type": "text", "text": text})
         elif kind == "input_image":
-            url = part.get("image_url")
-            if isinstance(url, str) and url:
+            url = _text(part, "image_url", f"{where}[{j}]")
+            if url:
                 image: dict[str, Any] = {"url": url}
                 if isinstance(part.get("detail"), str):
                     image["detail"] = part["detail"]
                 parts.append({"type": "image_url", "image_url": image})
             else:
-                parts.append({"type": "text", "text": f"[image {part.get('file_id') or ''}]"})
+                file_id = _text(part, "file_id", f"{where}[{j}]")
+                parts.append({"type": "text", "text": f"[image {file_id}]"})
     return parts
+
+
+def _text(item: Mapping[str, Any], key: str, where: str) -> str:
+    """``item[key]``, a string as OpenAI's schema has it ("" when absent or null);
+    BadRequest naming it when it is of another type (written with ``str()``, a number
+    would pass for an id and a deeply nested array overflow the stack)."""
+    value = item.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}.{key} must be a string, got {shown(value)}",
+                         param=f"{where}.{key}")
+    return value
 
 
 def _kind(item: Mapping[str, Any], default: str | None, where: str) -> str | None:
