@@ -47,7 +47,7 @@ from engine.request import RequestOutput, SamplingParams
 from engine.responses_route import ResponsesRoute
 from engine.sim_embedding import SimEmbedder
 from engine.text_stream import Decoder, SpecialKeeping, TextStream
-from kvwire.media_parts import media_type
+from kvwire.media_parts import media_type, shown
 from kvwire.openai_schema import (
     BadRequest,
     ClientDisconnected,
@@ -89,6 +89,25 @@ def _renders_off_loop(messages: Sequence[Any], tools: Any) -> bool:
     return chars > _INLINE_TOKENIZE_CHARS
 # Token lists longer than this (to decode, to check, to spell) are read in a worker thread.
 _INLINE_DETOKENIZE_TOKENS = 2000
+
+
+def _token_ids(tokens: list[Any]) -> list[int]:
+    """``/detokenize``'s ``tokens`` read as vLLM's list of ints reads them (pydantic, lax,
+    as ``optional`` reads an int field): ``3``, ``3.0`` or ``"3"`` is the id 3; a bool, a
+    null, a fraction or other text is a BadRequest naming it."""
+    if all(type(t) is int for t in tokens):
+        return tokens
+    ids: list[int] = []
+    for token in tokens:
+        try:
+            read = None if token is None else optional({"tokens": token}, "tokens", int, None)
+        except BadRequest:
+            read = None
+        if read is None:
+            raise BadRequest("'tokens' must be a list of token ids (integers), got "
+                             f"{shown(token)} in it", param="tokens")
+        ids.append(read)
+    return ids
 
 
 class EngineServer:
@@ -308,8 +327,7 @@ class EngineServer:
         return tokens
 
     def _detokenize(self, tokens: list[Any]) -> str:
-        if not all(type(t) is int for t in tokens):
-            raise BadRequest("'tokens' must be a list of token ids", param="tokens")
+        tokens = _token_ids(tokens)
         vocab = self.tokenizer.vocab_size
         bad = next((t for t in tokens if not 0 <= t < vocab), None)
         if bad is not None:
