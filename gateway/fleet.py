@@ -437,9 +437,11 @@ class Fleet:
         return {m for s in self._replicas.values() if allowed is None or allowed(s.id)
                 for m in s.model_info}
 
-    def lists(self, model: str) -> bool:
-        """Whether a replica lists ``model`` among those it serves."""
-        return any(model in s.model_info for s in self._replicas.values())
+    def lists(self, model: str | None, allowed: Callable[[str], bool] | None = None) -> bool:
+        """Whether a replica (one ``allowed``, of a tenant's partition) lists ``model``
+        among those it serves: without building the set of every model (``models``)."""
+        return any(model in s.model_info for s in self._replicas.values()
+                   if allowed is None or allowed(s.id))
 
     def models_known(self) -> bool:
         """Whether some replica's model list is known (without building the set of them)."""

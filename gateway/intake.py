@@ -101,6 +101,8 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
     none lists is looked for again first (``Monitor.refresh_all_models``: loaded at run
     time, or a replica restarted with it), by every worker of a box alike (``box_feed``)."""
     allowed = gw.tenancy.allowed(tenant)
+    if gw.fleet.lists(model, allowed):  # as most requests are: the set of every model
+        return  # (100 replicas of 1,024 adapters: 100,000 names) is built for the others
     known = gw.fleet.models(allowed)
     if known and model not in known and not gw.fleet.models_cut() \
             and gw.monitor is not None:
