@@ -351,6 +351,10 @@ async def health(request: Request) -> Response:
 
 async def ready(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
+    # a probe's answer, not a client's request: a not-ready answer is in
+    # kvgate_errors_total, never in kvgate_requests_total (probes every second of a drain
+    # or an outage would read as clients refused)
+    counted(request)
     if gw.draining:
         raise ServiceUnavailable("the gateway is shutting down", code="draining")
     if not gw.fleet.any_healthy():

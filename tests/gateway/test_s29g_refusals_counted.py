@@ -75,3 +75,17 @@ def test_every_answer_is_one_request_sample_and_one_access_line(
     assert all(isinstance(line["duration_s"], float) for line in lines)
     # scraping /metrics above is no request of a client's: no line, no sample
     assert len(access_lines.lines) == len(answers)
+
+
+def test_a_not_ready_answer_is_a_probes_and_no_clients_request(
+        serve: Serve, access_lines: _Lines) -> None:
+    # a readiness probe asks every second or so: its 503s through an outage or a drain
+    # must not read as clients refused
+    behaviour = Behaviour("r0", healthy=False)
+    replica = serve(fake_replica(behaviour))
+    gw = start_gateway(serve, [("r0", replica.url)], access_log=True)
+    wait_until(lambda: httpx.get(f"{gw.url}/ready").status_code == 503, 10, "not ready")
+    assert httpx.get(f"{gw.url}/v1/nothing-here").status_code == 404  # a client's
+    wait_until(lambda: metric(gw, _none("404")) == 1, 5, "the 404 counted")
+    assert metric(gw, _none("503")) in (None, 0)
+    assert [str(line["status"]) for line in access_lines.lines] == ["404"]
