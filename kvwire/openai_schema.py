@@ -167,19 +167,24 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 def optional(body: Mapping[str, Any], key: str, types: type | tuple[type, ...],
              default: Any) -> Any:
-    """``body[key]`` if it has one of ``types`` (a bool is no int), ``default`` when absent
-    or null; else BadRequest naming the key."""
+    """``body[key]`` if it has one of ``types`` (a bool is no int) or reads as one
+    (:func:`_lax`), ``default`` when absent or null; else BadRequest naming the key. An int
+    (but not a number) field's value must fit a signed 64-bit integer."""
     value = body.get(key)
     if value is None:
         return default
     allowed = types if isinstance(types, tuple) else (types,)
+    read = value
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-        lax = _lax(value, allowed)
-        if lax is not None:
-            return lax
-        names = " or ".join(t.__name__ for t in allowed)
-        raise BadRequest(f"'{key}' must be {names}, got {shown(value, 80)}", param=key)
-    return value
+        read = _lax(value, allowed)
+        if read is None:
+            names = " or ".join(t.__name__ for t in allowed)
+            raise BadRequest(f"'{key}' must be {names}, got {shown(value, 80)}", param=key)
+    if int in allowed and float not in allowed \
+            and _beyond_int64(value if isinstance(value, float) else read):
+        raise BadRequest(f"'{key}' must be a signed 64-bit integer (-2**63 to 2**63 - 1), "
+                         f"got {shown(value, 80)}", param=key)
+    return read
 
 
 # pydantic's lax booleans (vLLM's request models)
@@ -188,6 +193,18 @@ _FALSE = frozenset({"false", "0", "no", "off", "f", "n"})
 # an integer as pydantic reads one from a string: ASCII digits, one sign, and no more
 # digits than Python converts (4,300)
 _INT_TEXT = re.compile(r"[+-]?[0-9]{1,4300}")
+_INT64_END = 1 << 63  # an int field holds [-2**63, 2**63), as pydantic's int
+
+
+def _beyond_int64(value: Any) -> bool:
+    """Whether pydantic refuses ``value`` as an int (``int_parsing_size``): a float outside
+    (-2**63, 2**63), or an integer outside [-2**63, 2**63 - 1]. Stricter than pydantic for
+    an integer (it takes any), as orjson reads one past 64 bits as a float: 10**300 sent
+    is no integer we could tell from 1e300 sent."""
+    if isinstance(value, float):
+        return not -_INT64_END < value < _INT64_END
+    return isinstance(value, int) and not isinstance(value, bool) \
+        and not -_INT64_END <= value < _INT64_END
 
 
 def _lax(value: Any, allowed: tuple[type, ...]) -> Any:
