@@ -6,7 +6,8 @@ of ``previous_response_id`` (a 404 naming it when this replica holds none: the g
 sends a continuation back to the replica that answered), then ``input``; a
 ``text.format`` or ``tool_choice`` asking for constrained output is refused, as the chat's
 are. The answer is a response object, or its events (``response.created`` ...
-``response.completed``, each named and numbered, no ``[DONE]`` after the last); its
+``response.completed``, each named and numbered, no ``[DONE]`` after the last; one that
+fails ends with an ``error`` event, then the terminal ``response.failed``); its
 ``usage`` counts ``input_tokens`` (``cached_tokens`` of them) and ``output_tokens``. A
 response is stored (``store``, true unless false) as its conversation, the latest kept
 (``ResponseStore``: so many, so many characters); instructions are not carried into a
@@ -276,18 +277,28 @@ class _Answer(Generation):
         self.item = f"msg_{uuid.uuid4().hex}"
         self.sequence = 0
 
-    def _message(self, text: str, done: bool) -> dict[str, Any]:
-        content = [{"type": "output_text", "text": text, "annotations": []}] if done else []
-        return {"type": "message", "id": self.item, "role": "assistant",
-                "status": "completed" if done else "in_progress", "content": content}
+    def _message(self, text: str, status: str) -> dict[str, Any]:
+        """The answer's message item: ``in_progress`` (no content yet), ``completed``, or
+        ``incomplete`` (what came before its response failed)."""
+        content = [] if status == "in_progress" else [
+            {"type": "output_text", "text": text, "annotations": []}]
+        return {"type": "message", "id": self.item, "role": "assistant", "status": status,
+                "content": content}
 
-    def _response(self, text: str | None, reason: str | None) -> dict[str, Any]:
+    def _response(self, text: str | None, reason: str | None,
+                  failure: OpenAIError | None = None) -> dict[str, Any]:
         """The response object: in progress while ``text`` is None, else ended with
         ``reason`` (``length``: incomplete at ``max_output_tokens``; ``abort``: cancelled
-        on the engine, ``/abort_request``)."""
+        on the engine, ``/abort_request``), or failed with ``failure`` after ``text``."""
         body = self.body
-        status = "in_progress" if text is None else "incomplete" if reason == "length" \
+        status = "in_progress" if text is None else "failed" if failure is not None \
+            else "incomplete" if reason == "length" \
             else "cancelled" if reason == "abort" else "completed"
+        error = None
+        if failure is not None:
+            error = {"code": failure.code or failure.type, "message": failure.message}
+        elif status == "cancelled":
+            error = {"code": "cancelled", "message": self.interrupted or "aborted"}
         usage = None
         if text is not None:
             usage = {"input_tokens": self.num_prompt,
@@ -297,13 +308,12 @@ class _Answer(Generation):
                      "total_tokens": self.num_prompt + self.num_output}
         return {
             "id": self.rid, "object": "response", "created_at": self.created,
-            "status": status,
-            "error": {"code": "cancelled", "message": self.interrupted or "aborted"}
-            if status == "cancelled" else None,
+            "status": status, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"}
             if status == "incomplete" else None,
             "instructions": body.get("instructions"), "model": self.server.model_name,
-            "output": [] if text is None else [self._message(text, True)],
+            "output": [] if text is None else [
+                self._message(text, "completed" if failure is None else "incomplete")],
             "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": body.get("previous_response_id"),
             "max_output_tokens": self.p.max_tokens,  # as read: None unless given
@@ -335,7 +345,7 @@ class _Answer(Generation):
         yield self._event("response.created", {"response": self._response(None, None)})
         yield self._event("response.in_progress", {"response": self._response(None, None)})
         yield self._event("response.output_item.added",
-                          {"output_index": 0, "item": self._message("", False)})
+                          {"output_index": 0, "item": self._message("", "in_progress")})
         yield self._event("response.content_part.added", {**where, "part": {
             "type": "output_text", "text": "", "annotations": []}})
         parts: list[str] = []
@@ -347,15 +357,18 @@ class _Answer(Generation):
                     yield self._event("response.output_text.delta",
                                       {**where, "delta": delta, "logprobs": []})
         except OpenAIError as exc:
+            # the error, then the terminal event an OpenAI client waits for
             yield self._event("error", {"code": exc.code or exc.type, "message": exc.message,
                                         "param": exc.param})
+            yield self._event("response.failed",
+                              {"response": self._response("".join(parts), reason, exc)})
             return
         text = "".join(parts)
         yield self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
         yield self._event("response.content_part.done", {**where, "part": {
             "type": "output_text", "text": text, "annotations": []}})
         yield self._event("response.output_item.done",
-                          {"output_index": 0, "item": self._message(text, True)})
+                          {"output_index": 0, "item": self._message(text, "completed")})
         response = self._ended(text, reason)
         # a cancelled response ends as a failed one: its answer is not whole
         kind = {"incomplete": "response.incomplete",
