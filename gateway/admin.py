@@ -29,13 +29,12 @@ from gateway.config import ReplicaConfig
 from gateway.data_parallel import group_of
 from gateway.errors import Arrival, CountingBoundary
 from gateway.forwarding import request_id_header
-from gateway.intake import take_in
+from gateway.intake import read_timed_body, take_in
 from gateway.layout_audit import AuditReport, audit
 from gateway.membership import ADMIN, join_all, leave
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
-from kvwire.request_edge import read_body
 from policies.config import ConfigError, from_mapping
 
 
@@ -97,8 +96,9 @@ async def list_replicas(request: Request) -> Response:
 async def add_replica(request: Request) -> Response:
     gw = _authorize(request)
     try:
+        # within the body limits and uncompressed, as every body the gateway reads;
         # orjson: no NaN or Infinity, and a nesting bound with an error of its own
-        data = orjson.loads(await read_body(request, gw.config.max_body_bytes))
+        data = orjson.loads(await read_timed_body(request, gw, serve=False))
         if isinstance(data, dict) and data.get("data_parallel_rank") is not None:
             raise BadRequest("'data_parallel_rank' is set by the gateway on each rank of a "
                              "replica; give the replica data_parallel_size instead",
