@@ -296,7 +296,10 @@ class _Answer(Generation):
             else "cancelled" if reason == "abort" else "completed"
         error = None
         if failure is not None:
-            error = {"code": failure.code or failure.type, "message": failure.message}
+            # a response's error code is one of OpenAI's (ResponseError.code): the engine's
+            # own (engine_step_failed) goes in its message, and in the stream's error event
+            error = {"code": "server_error",
+                     "message": f"{failure.code or failure.type}: {failure.message}"}
         elif status == "cancelled":
             error = {"code": "cancelled", "message": self.interrupted or "aborted"}
         usage = None
