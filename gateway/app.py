@@ -23,7 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
@@ -456,10 +456,46 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
     cors = config.cors
     if not cors.allow_origins:
         return fast
-    return CORSMiddleware(fast, allow_origins=list(cors.allow_origins),
-                          allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
-                          allow_credentials=cors.allow_credentials,
-                          expose_headers=["x-request-id", "x-kvgate-replica"])
+    return _CountedPreflight(
+        CORSMiddleware(fast, allow_origins=list(cors.allow_origins),
+                       allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                       allow_credentials=cors.allow_credentials,
+                       expose_headers=["x-request-id", "x-kvgate-replica"]), gw)
+
+
+class _CountedPreflight:
+    """``cors`` (the CORS layer over the app), its refused preflights counted: the answer
+    it writes itself to a preflight from an origin, or for a method, it does not allow
+    (400) ends a request as every other refusal does (``kvgate_requests_total`` under
+    route none, an access-log line), and carries the ``x-request-id`` that line names.
+    An accepted preflight is a browser's question before most cross-origin requests, not
+    a client's request: counted, it would double a browser client's requests, as
+    /v1/models answers (route none, 200)."""
+
+    def __init__(self, cors: ASGIApp, gw: GatewayState) -> None:
+        self.cors = cors
+        self.gw = gw
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # a preflight as ``CORSMiddleware`` tells one; any other OPTIONS request goes to
+        # the app, whose 405 is counted there
+        if scope["type"] != "http" or scope["method"] != "OPTIONS" \
+                or not {b"origin", b"access-control-request-method"} \
+                <= {name for name, _ in scope["headers"]}:
+            await self.cors(scope, receive, send)
+            return
+        arrived = time.perf_counter()
+        request = Request(scope)
+
+        async def counted_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                request_id = request_id_header(request)["x-request-id"]
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"x-request-id", request_id.encode())]}
+                self.gw.refused(request, "none", str(message["status"]), arrived)
+            await send(message)
+
+        await self.cors(scope, receive, counted_send)
 
 
 class _FastPath:
