@@ -85,7 +85,8 @@ def normalize_messages(messages: Sequence[Any], hash_media: bool = True,
     the right length and a zero digest (for validation and length estimates).
 
     A message's parts are joined by newlines, as vLLM joins them for a chat template
-    that takes text; a text part whose text is null or empty is left out (vLLM skips it).
+    that takes text; a text part whose text is null or empty is left out (vLLM skips it),
+    and one without its text is refused, as vLLM's schema requires the field.
     The texts and placeholders are also kept, as a tuple under :data:`PARTS`, for a
     template that reads a message's content as parts (``kvwire.chat_template``).
 
@@ -130,7 +131,10 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
             field = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
             if field is not None:
                 assert isinstance(part, Mapping)
-                text = part.get(field, "")
+                if field not in part:  # a field vLLM's schema requires
+                    raise ChatFormatError(f"{where}.{field} is required in a {kind!r} part, "
+                                          f"got {shown(part)}", param=f"{where}.{field}")
+                text = part[field]
                 if text is None:
                     text = ""
                 if not isinstance(text, str):
