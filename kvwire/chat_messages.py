@@ -194,8 +194,9 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     """An assistant turn's ``tool_calls``: a list of ``{id, type: function, function:
     {name, arguments}}``, the id, name and arguments strings. A call without its ``id``
-    is refused, as vLLM refuses it (OpenAI's schema requires one): a template that writes
-    ``call.id`` would otherwise read it as null, and Jinja writes that ``None``."""
+    or its ``arguments`` is refused, as vLLM refuses it (OpenAI's schema requires both): a
+    template that writes ``call.id`` would otherwise read it as null, and Jinja writes
+    that ``None``; a call with no arguments says so with ``"{}"`` (or ``""``)."""
     if not isinstance(calls, list):
         raise ChatFormatError(f"{where} must be an array of tool calls, got {shown(calls)}",
                               param=where)
@@ -207,11 +208,15 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             raise ChatFormatError(
                 f"{where}[{j}] must be {{'type': 'function', 'function': {{'name': ..., "
                 f"'arguments': '<JSON text>'}}}}, got {shown(call)}", param=f"{where}[{j}]")
+        if "arguments" not in fn:
+            raise ChatFormatError(f"{where}[{j}].function.arguments is required (the call's "
+                                  f"arguments as JSON text, '{{}}' for none), got "
+                                  f"{shown(fn)}", param=f"{where}[{j}].function.arguments")
         call_id = call.get("id")
         if not isinstance(call_id, str):
             raise ChatFormatError(f"{where}[{j}].id must be a string (the call's id, which "
                                   f"the tool message's tool_call_id names), got "
                                   f"{shown(call_id)}", param=f"{where}[{j}].id")
         out.append({"id": call_id, "type": "function",
-                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
+                    "function": {"name": fn["name"], "arguments": fn["arguments"]}})
     return out
