@@ -6,7 +6,7 @@ drains them after each engine step and hands them to the publisher (``engine.kv_
 one message per step::
 
     frames:   [topic, seq (u64 big-endian, from 0 per process), msgpack payload]
-    payload:  [ts, [event, ...], data_parallel_rank]
+    payload:  [ts, [event, ...](, data_parallel_rank)]
     events:   ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
                lora_id, medium, lora_name(, extra_keys(, group_idx(, kv_cache_spec_kind)))]
               ["BlockRemoved", block_hashes, medium(, group_idx)]
@@ -178,8 +178,10 @@ def encode_payload(batch: KVEventBatch, encoding: str = "array") -> bytes:
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
     encode = _event_array if encoding == "array" else _event_map
-    events = [encode(ev) for ev in batch.events]
-    return msgpack.packb([batch.ts, events, batch.data_parallel_rank], use_bin_type=True)
+    payload: list[Any] = [batch.ts, [encode(ev) for ev in batch.events]]
+    if batch.data_parallel_rank is not None:  # left out at its default, as vLLM omits it
+        payload.append(batch.data_parallel_rank)
+    return msgpack.packb(payload, use_bin_type=True)
 
 
 # -- decoding (array and map forms, at both levels) ---------------------------------------
@@ -307,7 +309,7 @@ def decode_payload(payload: bytes) -> KVEventBatch:
         ts, events = raw[0], raw[1]
         rank = raw[2] if len(raw) > 2 else None
     else:
-        raise KVWireError(f"payload must be [ts, events, rank] or a map, got {_shown(raw)}")
+        raise KVWireError(f"payload must be [ts, events(, rank)] or a map, got {_shown(raw)}")
     if not isinstance(events, list | tuple):
         raise KVWireError(f"payload events must be a list, got {_shown(events)}")
     decoded: list[KVEvent] = []
