@@ -236,6 +236,7 @@ class EngineCore:
             if new != len(req.all_token_ids):
                 continue
             if req.params.pooling:  # prompt computed: done, with no output token
+                stats.prompt_tokens += p
                 req.finish_reason = "stop"
                 req.finish_time = end
                 finished.append(req)
@@ -247,8 +248,9 @@ class EngineCore:
             req.append_output(tok, bs)
             stats.generation_tokens += 1
             first = req.first_token_time is None
-            if first:
+            if first:  # its prefill done: the prompt counts now (vLLM: at its first token)
                 req.first_token_time = end
+                stats.prompt_tokens += p
             params = req.params
             reason = None
             if ((tok in eos_ids and not params.ignore_eos) or tok in params.stop_token_ids) \

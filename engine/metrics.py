@@ -97,7 +97,8 @@ class _CoreCollector(Collector):
                       stats.prefix_cache_queries)
         yield counter(m.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.",
                       stats.prefix_cache_hits)
-        yield counter(m.PROMPT_TOKENS, "Prompt tokens of admitted requests.",
+        yield counter(m.PROMPT_TOKENS, "Prompt tokens of requests whose prefill "
+                      "completed (counted at their first token).",
                       stats.prompt_tokens)
         yield counter(m.GENERATION_TOKENS, "Generated tokens.", stats.generation_tokens)
         yield counter(m.NUM_PREEMPTIONS, "Preempted requests (recomputed later).",

@@ -36,6 +36,10 @@ class SchedulerConfig:
 class EngineStats:
     """Monotonic counters (tokens unless named otherwise) plus one gauge.
 
+    ``prompt_tokens`` counts a request's prompt once, when its prefill completes (its
+    first token, or a pooling request's output), as vLLM v1 does: a request still
+    prefilling, or aborted before then, is not in it.
+
     ``prefix_cache_queries``/``hits`` count each request's first admission only (as
     vLLM's metrics do); lookups made when a preempted request is readmitted go to the
     ``recompute_*`` counters. A request that skips reading the prefix cache (one asking
@@ -144,7 +148,6 @@ class Scheduler:
             reads_cache = kv.reads_prefix_cache(req)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = n_hit_tokens
-                stats.prompt_tokens += p
                 if reads_cache:
                     stats.prefix_cache_queries += p
                     stats.prefix_cache_hits += n_hit_tokens
