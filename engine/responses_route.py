@@ -353,8 +353,9 @@ class _Answer(Generation):
             "type": "output_text", "text": "", "annotations": []}})
         parts: list[str] = []
         reason = None
+        gen = self._deltas()
         try:
-            async for delta, reason in self._deltas():  # noqa: B007
+            async for delta, reason in gen:  # noqa: B007
                 if delta:
                     parts.append(delta)
                     yield self._event("response.output_text.delta",
@@ -366,6 +367,8 @@ class _Answer(Generation):
             yield self._event("response.failed",
                               {"response": self._response("".join(parts), reason, exc)})
             return
+        finally:  # closed mid-answer: its reader too, now, not when it is collected
+            await gen.aclose()
         text = "".join(parts)
         yield self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
         yield self._event("response.content_part.done", {**where, "part": {

@@ -1,0 +1,63 @@
+"""A ``/v1/responses`` stream's events, closed mid-answer, close their reader of the
+engine's outputs then and there (its request aborted on the engine), not when the reader
+is collected. The route runs on a running sim engine; its events are read directly."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+
+from engine.generation import AnswerStream
+from engine.responses_route import ResponsesRoute
+from engine.server import EngineServer
+from kvwire.tokenizer import load_tokenizer
+from tests.support.engine_cores import make_core
+
+MODEL = "tiny-sim"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[EngineServer]:
+    core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=512)
+    srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=False)
+    await srv.engine.start()
+    try:
+        yield srv
+    finally:
+        await srv.engine.stop()
+
+
+def _request(body: dict[str, Any]) -> Request:
+    raw = json.dumps(body).encode()
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/responses",
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", str(len(raw)).encode())],
+             "query_string": b""}
+    return Request(scope, receive)
+
+
+async def test_closed_events_close_their_reader_of_engine_outputs(
+        server: EngineServer) -> None:
+    route = ResponsesRoute(server, max_body_bytes=1 << 20)
+    stream = await route.handle(_request({
+        "model": MODEL, "input": "a long story", "max_output_tokens": 300,
+        "stream": True}))
+    assert isinstance(stream, AnswerStream)
+    events, answer = stream.events, stream.gens[0]
+    async for event in events:
+        if event.startswith("event: response.output_text.delta"):
+            break
+    assert not answer.ended and server.engine.in_flight() == [answer.rid]
+    await events.aclose()
+    # its reader ended with it: the request left the engine, its generation unfinished
+    assert answer.ended
+    assert server.engine.in_flight() == []
+    assert answer.num_output < 300
