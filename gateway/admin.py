@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.capture import unpack
-from gateway.client_auth import one_authorization
+from gateway.client_auth import presented_bearer
 from gateway.config import ReplicaConfig
 from gateway.data_parallel import group_of
 from gateway.errors import Arrival, CountingBoundary
@@ -50,10 +50,8 @@ def _authorize(request: Request) -> GatewayState:
     if not token:
         raise AdminOff("the admin API is off: configure admin.token (or token_file, "
                        "token_env)", code="admin_off")
-    # the scheme in any case, as RFC 9110 reads it (and client API keys are read)
-    scheme, _, given = one_authorization(request).partition(" ")
-    if scheme.lower() != "bearer" \
-            or not hmac.compare_digest(given.strip().encode(), token.encode()):
+    # as client API keys are read, compared in constant time
+    if not hmac.compare_digest(presented_bearer(request).encode(), token.encode()):
         raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'",
                            code="invalid_admin_token")
     return gw

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from gateway.secret_source import check_bearer, resolve_secret
+from gateway.secret_source import resolve_bearer, resolve_secret
 from kvwire.openai_schema import BadRequest, Unauthorized
 
 MIN_KEY_CHARS = 16
@@ -39,13 +39,10 @@ class ClientKey:
         """The key, checked at every read: a file or variable read again when the gateway
         starts may have changed since the config was validated. ValueError for none, one
         too short, or one no header can carry."""
-        value = self.resolved()
+        value = resolve_bearer(self.key, self.key_file, self.key_env, "key", "an api key",
+                               MIN_KEY_CHARS)
         if value is None:
             raise ValueError("an api key needs key, key_file or key_env")
-        if len(value) < MIN_KEY_CHARS:
-            raise ValueError(f"an api key must be at least {MIN_KEY_CHARS} characters, got "
-                             f"{len(value)}")
-        check_bearer(value, "an api key")
         return value
 
     def resolved(self) -> str | None:
@@ -61,6 +58,14 @@ def one_authorization(request: Request) -> str:
         raise BadRequest(f"header 'authorization' was sent {len(values)} times; send it once",
                          code="repeated_authorization")
     return values[0] if values else ""
+
+
+def presented_bearer(request: Request) -> str:
+    """The token of the request's one ``Authorization: Bearer <token>`` header (the scheme
+    in any case, as RFC 9110 reads it), stripped; "" when there is none (no header,
+    another scheme, no token). BadRequest when the header came more than once."""
+    scheme, _, token = one_authorization(request).partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def _digest(key: str) -> bytes:
@@ -86,12 +91,12 @@ class ClientAuth:
     def tenant_of(self, request: Request) -> str | None:
         """The tenant of the request's key; Unauthorized when the key is missing or
         unknown (only called when ``on``)."""
-        given = one_authorization(request)
-        scheme, _, key = given.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
+        key = presented_bearer(request)
+        if not key:
             raise Unauthorized("an API key is required: 'Authorization: Bearer <key>'",
                                code="missing_api_key")
-        digest = _digest(key.strip())
+        # looked up by its digest: in no time that depends on how much of a key matched
+        digest = _digest(key)
         if digest not in self._tenants:
             raise Unauthorized("the API key is not valid", code="invalid_api_key")
         return self._tenants[digest]

@@ -69,7 +69,7 @@ from gateway.data_parallel import MAX_RANKS, names_rank, rank_endpoint, rank_id
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.kv_capacity_estimate import CapacityEstimateConfig
 from gateway.peer_config import PeersConfig, split_address
-from gateway.secret_source import check_bearer, resolve_secret
+from gateway.secret_source import resolve_bearer
 from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
 from kvwire import yaml_strict
@@ -78,6 +78,7 @@ from policies.config import ConfigError, from_mapping
 
 MAX_WEIGHT = 100.0  # a replica's weight: a share relative to the others'
 MAX_URL_CHARS = 2048  # a replica's URL, base path included
+MIN_TOKEN_CHARS = 16  # the admin token's
 
 _REPLICA_ID = re.compile(r"[A-Za-z0-9._:@\[\]-]{1,253}")
 
@@ -179,10 +180,8 @@ class ReplicaConfig:
     def resolved_api_key(self) -> str | None:
         """The key as its value, file or variable holds it now, checked as a bearer token
         each time (a file may have changed since the config was loaded)."""
-        key = resolve_secret(self.api_key, self.api_key_file, self.api_key_env, "api_key")
-        if key is not None:
-            check_bearer(key, "api_key")
-        return key
+        return resolve_bearer(self.api_key, self.api_key_file, self.api_key_env, "api_key",
+                              "api_key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,13 +283,8 @@ class AdminConfig:
         """The token from wherever it is configured (None: the admin API is off), checked
         at every read: a file or variable read again at start-up may have changed since
         the config was validated. ValueError for one too short or no header can carry."""
-        token = resolve_secret(self.token, self.token_file, self.token_env, "token")
-        if token is not None and len(token) < 16:
-            raise ValueError(f"the admin token must be at least 16 characters, got "
-                             f"{len(token)}")
-        if token is not None:
-            check_bearer(token, "the admin token")
-        return token
+        return resolve_bearer(self.token, self.token_file, self.token_env, "token",
+                              "the admin token", MIN_TOKEN_CHARS)
 
     def allows(self, url: str) -> bool:
         """Whether a replica at ``url`` may be added through the admin API."""

@@ -50,6 +50,23 @@ def resolve_secret(value: str | None, file: str | None, env: str | None,
     return None
 
 
+def resolve_bearer(value: str | None, file: str | None, env: str | None, name: str,
+                   named: str, min_chars: int = 0) -> str | None:
+    """``resolve_secret``, for a secret presented as ``Authorization: Bearer <secret>``
+    (an admin token, a client's API key, a replica's key), checked at every read (a file
+    or variable read again may have changed since the config was validated): ValueError
+    naming ``named`` for one shorter than ``min_chars`` or one no header can carry
+    (``check_bearer``)."""
+    secret = resolve_secret(value, file, env, name)
+    if secret is None:
+        return None
+    if len(secret) < min_chars:
+        raise ValueError(f"{named} must be at least {min_chars} characters, got "
+                         f"{len(secret)}")
+    check_bearer(secret, named)
+    return secret
+
+
 def check_bearer(value: str, name: str) -> None:
     """ValueError naming ``name`` (never the value) unless ``value`` can be presented as
     written in an ``Authorization: Bearer`` header: an HTTP server strips the spaces around
