@@ -37,8 +37,9 @@ class Intake(NamedTuple):
 async def read_timed_body(request: Request, gw: GatewayState, serve: bool = True) -> bytes:
     """The request's body, within ``max_body_bytes`` and ``limits.body_timeout_s``, when
     it comes uncompressed (``check_encoding``, before reading it). A request to be served
-    (``serve``; not one the admin API explains) is then refused when the gateway has no
-    place for it (``Admission.check_room``), before anything is done with its body."""
+    (``serve``; not one the admin API explains, nor a replica it adds) is then refused
+    when the gateway has no place for it (``Admission.check_room``), before anything is
+    done with its body."""
     check_encoding(request)
     limit_s = gw.config.limits.body_timeout_s
     try:
