@@ -6,15 +6,15 @@ receive and send played by the test, on a running sim engine."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from starlette.types import Message
 
 from engine.server import EngineServer, build_app
-from kvwire.tokenizer import load_tokenizer
-from tests.support.engine_cores import make_core
+from tests.support.engine_servers import running_engine
+from tests.support.stalled_client import post_then_stall
 
 MODEL = "tiny-sim"
 FEED = "OpenAIAnswer._interleaved.<locals>.feed"
@@ -22,13 +22,8 @@ FEED = "OpenAIAnswer._interleaved.<locals>.feed"
 
 @pytest.fixture
 async def server() -> AsyncIterator[EngineServer]:
-    core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=512)
-    srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=False)
-    await srv.engine.start()
-    try:
+    async with running_engine(MODEL) as srv:
         yield srv
-    finally:
-        await srv.engine.stop()
 
 
 def _feeders() -> list[asyncio.Task[Any]]:
@@ -38,39 +33,17 @@ def _feeders() -> list[asyncio.Task[Any]]:
 
 
 async def _left_after_first_chunk(srv: EngineServer, path: str, body: dict[str, Any]
-                                  ) -> tuple[int, list[dict[str, Any]]]:
+                                  ) -> tuple[int, list[Message]]:
     """POST ``body`` to ``path`` on ``srv``'s app; the client takes no body (the first one
     fills its socket) and is gone then. The choice tasks running as the first body was
     sent, and the messages sent, once the app returned."""
-    raw = json.dumps(body).encode()
-    sent: list[dict[str, Any]] = []
-    gone = asyncio.Event()
     running = 0
-    requested = False
 
-    async def receive() -> dict[str, Any]:
-        nonlocal requested
-        if not requested:
-            requested = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
+    def count() -> None:
         nonlocal running
-        sent.append(message)
-        if message["type"] == "http.response.body":
-            running = len(_feeders())
-            gone.set()
-            await asyncio.Event().wait()  # the socket's buffer is full
+        running = len(_feeders())
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-             "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
-             "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json"),
-                         (b"content-length", str(len(raw)).encode())],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
-    await build_app(srv)(scope, receive, send)
+    sent = await post_then_stall(build_app(srv), path, body, on_first_body=count)
     return running, sent
 
 

@@ -14,21 +14,15 @@ from starlette.requests import Request
 from engine.generation import AnswerStream
 from engine.responses_route import ResponsesRoute
 from engine.server import EngineServer
-from kvwire.tokenizer import load_tokenizer
-from tests.support.engine_cores import make_core
+from tests.support.engine_servers import running_engine
 
 MODEL = "tiny-sim"
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[EngineServer]:
-    core = make_core(num_blocks=256, block_size=4, vocab=(259, 4096), max_model_len=512)
-    srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=False)
-    await srv.engine.start()
-    try:
+    async with running_engine(MODEL) as srv:
         yield srv
-    finally:
-        await srv.engine.stop()
 
 
 def _request(body: dict[str, Any]) -> Request:

@@ -3,8 +3,6 @@ up, and what is dropped is counted."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import re
@@ -22,14 +20,13 @@ from starlette.routing import Route
 from gateway.access_log import AccessLog
 from gateway.app import create_app
 from gateway.config import parse_config
+from tests.support.access_lines import ACCESS, access_lines
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.observe_replicas import unlisted_replica
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
 Serve = Callable[..., ThreadServer]
-
-ACCESS = logging.getLogger("kvgate.access")
 
 
 @pytest.fixture
@@ -96,23 +93,6 @@ def _read_all(fd: int) -> bytes:
         while chunk := f.read1(1 << 16):
             chunks.append(chunk)
     return b"".join(chunks)
-
-
-@contextlib.contextmanager
-def access_lines() -> Iterator[list[dict[str, object]]]:
-    """The access log's lines, parsed, as they are written while the block runs."""
-    lines: list[dict[str, object]] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(json.loads(record.getMessage()))
-
-    collect = Collect()
-    ACCESS.addHandler(collect)
-    try:
-        yield lines
-    finally:
-        ACCESS.removeHandler(collect)
 
 
 def test_a_long_model_name_is_cut_in_its_line(serve: Serve) -> None:

@@ -4,19 +4,15 @@ them held the event loop most of a second. An ordinary chat is checked on the lo
 
 from __future__ import annotations
 
-import asyncio
-import sys
-from types import FrameType
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 
 from gateway.config import parse_config
-from gateway.intake import take_in
 from gateway.state import build_state
 from kvwire import chat_messages
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
+from tests.support.loop_check import taken_in
 
 CHECK = chat_messages._normalize_message.__code__  # one call per message checked
 
@@ -24,33 +20,8 @@ CHECK = chat_messages._normalize_message.__code__  # one call per message checke
 def _checked_on_loop(body: bytes) -> tuple[int, list[Any] | None]:
     """(the messages checked on the event loop's thread, the messages taken in)."""
     state = build_state(parse_config({"replicas": [{"id": "a", "url": "http://127.0.0.1:9"}]}))
-    sent = False
-
-    async def receive() -> dict[str, object]:
-        nonlocal sent
-        if sent:
-            await asyncio.Event().wait()  # no disconnect while the body is read
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
-             "headers": [(b"content-length", str(len(body)).encode())]}
-    calls = 0
-
-    def profile(frame: FrameType, event: str, arg: object) -> None:
-        nonlocal calls
-        if event == "call" and frame.f_code is CHECK:
-            calls += 1
-
-    async def take() -> list[Any] | None:
-        sys.setprofile(profile)  # this thread's calls only: the loop's, not a worker's
-        try:
-            return (await take_in(Request(scope, receive), state, "chat")).parsed.messages
-        finally:
-            sys.setprofile(None)
-
-    messages = asyncio.run(take())
-    return calls, messages
+    calls, intake = taken_in(state, body, "/v1/chat/completions", "chat", CHECK)
+    return calls, intake.parsed.messages
 
 
 def test_a_small_body_of_many_parts_is_checked_off_the_event_loop() -> None:

@@ -17,6 +17,7 @@ from gateway.app import create_app
 from gateway.config import parse_config
 from kvwire.tokenizer import load_tokenizer
 from policies.config import ConfigError
+from tests.support.access_lines import access_lines
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
@@ -219,15 +220,7 @@ def test_request_ids_are_kept_or_made_and_go_both_ways(serve: Serve) -> None:
 
 
 def test_the_access_log_has_a_line_per_request(serve: Serve) -> None:
-    lines: list[dict[str, object]] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(json.loads(record.getMessage()))
-
-    collect = Collect()
-    logging.getLogger("kvgate.access").addHandler(collect)
-    try:
+    with access_lines() as lines:
         rec = Behaviour("rec")
         cfg = parse_config({"replicas": [{"id": "r0", "url": serve(fake_replica(rec)).url}],
                             "scrape": {"enabled": False}, "access_log": True})
@@ -238,8 +231,6 @@ def test_the_access_log_has_a_line_per_request(serve: Serve) -> None:
         bad = httpx.post(f"{url}/v1/completions", json={"model": "sim-model", "prompt": 5})
         assert (streamed.status_code, whole.status_code, bad.status_code) == (200, 200, 400)
         wait_until(lambda: len(lines) == 3, 5, "three access lines")
-    finally:
-        logging.getLogger("kvgate.access").removeHandler(collect)
     first, second, refused = lines
     assert first["id"] == "req-7" and first["replica"] == "r0" and first["status"] == "200"
     assert isinstance(first["ttft_s"], float) and isinstance(first["duration_s"], float)
