@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -69,26 +69,26 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = N
     if indent is None:  # the C encoder, no longer than a few times the value's own text
         return encoder.encode(value)
     # indented (json.dumps' own pure-Python pieces, as many): stopped at the bound
-    pieces, written = [], 0
-    for piece in encoder.iterencode(value):
-        written += len(piece)
-        if written > MAX_RENDERED_CHARS:
-            raise RenderTooLong
-        pieces.append(piece)
-    return "".join(pieces)
+    return _joined_within_bound(encoder.iterencode(value))
 
 
 def render(template: Template, context: Mapping[str, Any]) -> str:
     """``template`` rendered with ``context``; RenderTooLong as soon as the text passes
     ``MAX_RENDERED_CHARS`` (a template may repeat what it is given: the text is never
     held past the bound and one piece)."""
-    pieces, written = [], 0
-    for piece in template.generate(context):
+    return _joined_within_bound(template.generate(context))
+
+
+def _joined_within_bound(pieces: Iterable[str]) -> str:
+    """``pieces`` joined; RenderTooLong as soon as they pass ``MAX_RENDERED_CHARS``, no
+    more than the bound and one piece ever held."""
+    kept, written = [], 0
+    for piece in pieces:
         written += len(piece)
         if written > MAX_RENDERED_CHARS:
             raise RenderTooLong
-        pieces.append(piece)
-    return "".join(pieces)
+        kept.append(piece)
+    return "".join(kept)
 
 
 def _strftime_now(format: str) -> str:
