@@ -28,7 +28,9 @@ cause). A stream is relayed in whole events (a piece of one waits for its end), 
 error event follows whole events. A stream whose ``[DONE]`` reached the client is whole
 however its body ends after that (the client hanging up at once, as the openai client
 does, or the replica never closing it); an OpenAI completion stream whose body ends
-without ``[DONE]`` is cut.
+without ``[DONE]`` is cut. A stream whose last event came right after a piece of an event
+(its data no JSON: a write cut short, then the end) is relayed as it came, and counted
+failed.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
+_EVENT_BREAK = re.compile(b"|".join(re.escape(end) for end in _EVENT_ENDS))
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 _HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
 _LEAST_TRY_S = 0.1  # a later try needs this much of the first-byte deadline left
@@ -562,6 +566,13 @@ class UpstreamStream:
         if self.signs.failed_statuses and not self.stream and self.status < 400 \
                 and self.error_status is None and self._body_held:
             self.error_status = _failed_status(self._held_answer(), self.signs)
+        if self.stream and self.signs.last_event and (ok or self._delivered) \
+                and self.status < 400 and self.error_status is None \
+                and _ended_after_a_piece(self._tail, len(self._tail) < _SSE_TAIL):
+            # relayed as it came (a client reading it fails on that event), failed here
+            self.error_status = 502
+            log.warning("replica %s ended a stream right after a piece of an event: the "
+                        "answer is incomplete", self.replica)
         whole = (ok or self._delivered) and self.status < 400 and self.error_status is None
         state = self.pending.state
         if whole and state is not None:
@@ -1070,6 +1081,37 @@ def _ends_done(tail: bytes) -> bool:
     """Whether a stream's last bytes are its ``[DONE]`` event (its blank line perhaps
     still to come). Asked after every chunk relayed: only the tail's last bytes are read."""
     return tail[-_DONE_WINDOW:].rstrip(b"\r\n").endswith(_DONE_DATA)
+
+
+def _ended_after_a_piece(tail: bytes, whole: bool) -> bool:
+    """Whether a stream that ended on its last event ([DONE], or a Responses stream's)
+    ended right after a piece of an event (a replica's write cut short, then its end):
+    the data of its last event, or of the one before it, is neither JSON nor [DONE] (the
+    piece is an event of its own, or it and the last event ran into one). Read from the
+    stream's last bytes, ``tail`` (``whole``: all of it); an event that began before the
+    tail is not judged. Asked once, when the stream ends."""
+    body = tail.rstrip(b"\r\n")  # the last event's own blank line, if it came
+    events = _EVENT_BREAK.split(body)
+    # [0, len): whole events; events[0] may have begun before the tail
+    judged = events if whole else events[1:]
+    return any(not _data_reads(event) for event in judged[-2:])
+
+
+def _data_reads(event: bytes) -> bool:
+    """Whether a server-sent event's data (its ``data:`` lines joined) is JSON or
+    ``[DONE]``, or it has none (comments only)."""
+    lines = [line[5:].removeprefix(b" ") for line in _LINE_BREAK.split(event)
+             if line.startswith(b"data:")]
+    if not lines:
+        return True
+    data = b"\n".join(lines)
+    if data == b"[DONE]":
+        return True
+    try:
+        orjson.loads(data)
+    except ValueError:
+        return False
+    return True
 
 
 def _json_body(headers: Mapping[str, str]) -> bool:
