@@ -83,7 +83,6 @@ _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
-_EVENT_BREAK = re.compile(b"|".join(re.escape(end) for end in _EVENT_ENDS))
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 _HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
@@ -1091,10 +1090,19 @@ def _ended_after_a_piece(tail: bytes, whole: bool) -> bool:
     stream's last bytes, ``tail`` (``whole``: all of it); an event that began before the
     tail is not judged. Asked once, when the stream ends."""
     body = tail.rstrip(b"\r\n")  # the last event's own blank line, if it came
-    events = _EVENT_BREAK.split(body)
-    # [0, len): whole events; events[0] may have begun before the tail
-    judged = events if whole else events[1:]
-    return any(not _data_reads(event) for event in judged[-2:])
+    end = len(body)
+    # the last two events, found from the end (a split of the whole tail took 50 us for
+    # 8 KiB, a share of a streamed request's CPU), by the one blank line a stream without
+    # a carriage return can hold (a search for a mark that is absent walks the whole tail)
+    marks = _EVENT_ENDS[:1] if b"\r" not in body else _EVENT_ENDS
+    for _ in range(2):
+        start, width = max((body.rfind(mark, 0, end), len(mark)) for mark in marks)
+        if start < 0:  # the first event in the tail, judged when it is the stream's first
+            return whole and not _data_reads(body[:end])
+        if not _data_reads(body[start + width:end]):
+            return True
+        end = start
+    return False
 
 
 def _data_reads(event: bytes) -> bool:
