@@ -121,7 +121,10 @@ class Radix(Policy):
         each instance's, which made 16 models' trees 16 times the bound."""
         super().share_from(first)
         if isinstance(first, Radix):
-            self.tree = first.tree
+            # and what the tree's entries are known by: each replica's epoch and capacity
+            # (apart, an instance behind on a restart dropped the entries another had
+            # made since, and each cut a replica to its own view of the budget)
+            self.tree, self._seen, self._epochs = first.tree, first._seen, first._epochs
 
     def budget(self, replica: str, unit_tokens: float = 1.0) -> int:
         """Units (tokens, or chunks of ``unit_tokens`` tokens) of the tree ``replica`` may

@@ -31,3 +31,19 @@ def test_max_tree_mb_bounds_every_models_tree_together() -> None:
     # and each model's prompts are still found in the shared tree, under its own name
     last = RouteRequest(tokens, len(tokens), model=model)
     assert policy.choose(last, views).matched_tokens == len(tokens)
+
+
+def test_a_restart_seen_by_one_models_instance_is_not_dropped_again_by_another() -> None:
+    # one replica serving two names: after its restart, the instance that routes first
+    # drops its old entries and makes new ones; the other instance, told the same epoch
+    # through the shared tree's records, must not drop those again
+    policy = PerModel(make(), make)
+    old = [ReplicaView("r", epoch=0, kv_capacity_tokens=1_000_000)]
+    new = [ReplicaView("r", epoch=1, kv_capacity_tokens=1_000_000)]
+    doc = list(range(1_000, 1_300))
+    for model in ("a", "b"):
+        policy.observe(Routed(RouteRequest(doc, len(doc), model=model), "r", old))
+    fresh = RouteRequest(doc, len(doc), model="a")
+    policy.observe(Routed(fresh, "r", new))  # the restart, learned by a's instance
+    policy.observe(Routed(RouteRequest(list(range(9)), 9, model="b"), "r", new))
+    assert policy.choose(fresh, new).matched_tokens == len(doc)
