@@ -184,8 +184,11 @@ def _parts(content: list[Any], where: str) -> list[dict[str, Any]]:
         kind = _kind(part, None, f"{where}[{j}]")
         if kind in _TEXT_PARTS:
             key = "refusal" if "text" not in part and "refusal" in part else "text"
+            if key not in part:  # OpenAI's schema requires it, as the chat's does
+                raise BadRequest(f"{where}[{j}] of type {kind!r} has no {key!r}",
+                                 param=f"{where}[{j}].{key}")
             text = _text(part, key, f"{where}[{j}]")
-            if part.get(key) is not None:  # a part without its text is left out
+            if part[key] is not None:  # a part whose text is null is left out
                 parts.append({"type": "text", "text": text})
         elif kind == "input_image":
             url = _text(part, "image_url", f"{where}[{j}]")
