@@ -467,7 +467,8 @@ class _CountedPreflight:
     """``cors`` (the CORS layer over the app), its refused preflights counted: the answer
     it writes itself to a preflight from an origin, or for a method, it does not allow
     (400) ends a request as every other refusal does (``kvgate_requests_total`` under
-    route none, an access-log line), and carries the ``x-request-id`` that line names.
+    route none, an access-log line; not ``kvgate_errors_total``, whose kinds are the
+    gateway's own errors), and carries the ``x-request-id`` that line names.
     An accepted preflight is a browser's question before most cross-origin requests, not
     a client's request: counted, it would double a browser client's requests, as
     /v1/models answers (route none, 200)."""

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.errors import counted
 from gateway.idle_watch import IdleWatch
 from gateway.proxy import UpstreamStream
 from kvwire.request_edge import ClientWatch
@@ -123,6 +124,9 @@ async def relay(request: Request, opening: Awaitable[UpstreamStream], route: str
         # a repeated set-cookie goes out line by line, as the replica sent it
         response.raw_headers.extend((b"set-cookie", value.encode("latin-1"))
                                     for value in stream.response.more_cookies)
+        # the stream's end counts the request: an error raised while it is sent (which
+        # Starlette's error layer still answers) is not a second request
+        counted(request)
         return response
     except BaseException:
         watch.close()
