@@ -44,4 +44,4 @@ async def test_a_responses_stream_stuck_on_its_opening_events_aborts(
     core.executor.release.set()
     await wait_until_async(lambda: not core.has_unfinished(), 10, "the engine to go idle")
     assert core.stats.num_requests_aborted == 1
-    assert core.stats.generation_tokens < 300
+    assert core.stats.generation_tokens <= 1  # (the step that was held, at most)

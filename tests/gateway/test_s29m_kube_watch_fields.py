@@ -1,11 +1,9 @@
 import asyncio
 
-import pytest
+import kubernetes_asyncio.client as k8s
+from kubernetes_asyncio import watch as k8s_watch
 
-k8s_watch = pytest.importorskip("kubernetes_asyncio.watch")
-k8s = pytest.importorskip("kubernetes_asyncio.client")
-
-from gateway.discovery.kube_source import RawWatch  # noqa: E402
+from gateway.discovery.kube_source import RawWatch
 
 
 def test_the_raw_watch_sets_every_field_the_librarys_watch_sets() -> None:

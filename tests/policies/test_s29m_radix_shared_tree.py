@@ -25,7 +25,9 @@ def test_max_tree_mb_bounds_every_models_tree_together() -> None:
         policy.observe(Routed(request, chosen, views))
     instances = [policy.policy_for(f"m{i}") for i in range(8)]
     assert len({id(p) for p in instances}) == 8  # still one policy state per model
+    assert all(isinstance(p, Radix) for p in instances)
     trees = {id(p.tree): p.tree for p in instances if isinstance(p, Radix)}
+    assert len(trees) == 1  # one tree, under the one bound
     held = sum(tree.estimated_bytes() for tree in trees.values())
     assert held <= BOUND_MB * 1024 * 1024, (len(trees), held)
     # and each model's prompts are still found in the shared tree, under its own name
