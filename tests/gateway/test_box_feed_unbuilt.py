@@ -12,7 +12,7 @@ import pytest
 
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
-from tests.support.shared_blocks import open_box_feed
+from tests.support.shared_blocks import box_feed_pair
 
 REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9")]
 
@@ -23,10 +23,7 @@ def test_one_replica_a_follower_cannot_add_leaves_the_others_applied(
     key = tmp_path / "key"
     key.write_text("k" * 32)
     leader_fleet, follower_fleet = Fleet(list(REPLICAS)), Fleet(list(REPLICAS))
-    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=1,
-                           successes_to_readmit=1)
-    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=1,
-                             successes_to_readmit=1)
+    leader, follower = box_feed_pair(feed_block, leader_fleet, follower_fleet, 1)
     try:
         leader_fleet.add(ReplicaConfig("r1", "http://127.0.0.1:8", api_key_file=str(key)),
                          forward_auth=False)

@@ -23,7 +23,7 @@ from gateway.kv_capacity_estimate import CapacityEstimator
 from gateway.replica_metrics import ScrapedMetrics
 from gateway.shared_load import BOX_ID, SharedLoad
 from gateway.workers import share_of
-from tests.support.shared_blocks import new_load_block, open_box_feed
+from tests.support.shared_blocks import box_feed_pair, new_load_block, open_box_feed
 
 REPLICAS = [ReplicaConfig("r0", "http://127.0.0.1:9"), ReplicaConfig("r1", "http://127.0.0.1:8")]
 
@@ -172,10 +172,7 @@ def test_load_block_rejects_a_foreign_block() -> None:
 def test_followers_apply_what_the_leader_found(feed_block: shared_memory.SharedMemory
                                                ) -> None:
     leader_fleet, follower_fleet = Fleet(list(REPLICAS)), Fleet(list(REPLICAS))
-    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=2,
-                           successes_to_readmit=1)
-    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=2,
-                             successes_to_readmit=1)
+    leader, follower = box_feed_pair(feed_block, leader_fleet, follower_fleet, 2)
     try:
         assert not follower.poll()  # nothing published yet
         for _ in range(2):  # two failed checks eject r1; the follower sees each
@@ -219,10 +216,7 @@ def test_followers_keep_a_replica_out_while_the_leader_does(
     # a replica added at run time is out until the leader's first check passes: the
     # followers added it healthy, and one failed check (of two to eject) left it in
     leader_fleet, follower_fleet = Fleet(list(REPLICAS)), Fleet(list(REPLICAS))
-    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=2,
-                           successes_to_readmit=1)
-    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=2,
-                             successes_to_readmit=1)
+    leader, follower = box_feed_pair(feed_block, leader_fleet, follower_fleet, 2)
 
     def healthy() -> tuple[bool, ...]:
         return tuple(next(v.healthy for v in f.views() if v.id == "new")
@@ -329,10 +323,7 @@ def test_a_follower_counts_the_gauge_against_the_box_pending_when_it_was_scraped
     as another sender's queue on an idle replica."""
     leader_fleet, load_a = _worker(load_block, 0)
     follower_fleet, load_b = _worker(load_block, 1)
-    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=2,
-                           successes_to_readmit=1)
-    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=2,
-                             successes_to_readmit=1)
+    leader, follower = box_feed_pair(feed_block, leader_fleet, follower_fleet, 2)
     try:
         sent = follower_fleet.sent("r0", 8000)
         leader_fleet.record_scrape("r0", ScrapedMetrics("vllm", queued_tokens=8000))
@@ -421,10 +412,7 @@ def test_the_newer_listing_of_a_replicas_models_wins(feed_block: shared_memory.S
                                                      ) -> None:
     replicas = [ReplicaConfig("r0", "http://127.0.0.1:9")]
     leader_fleet, follower_fleet = Fleet(list(replicas)), Fleet(list(replicas))
-    leader = open_box_feed(feed_block, leader_fleet, True, failures_to_eject=2,
-                           successes_to_readmit=1)
-    follower = open_box_feed(feed_block, follower_fleet, False, failures_to_eject=2,
-                             successes_to_readmit=1)
+    leader, follower = box_feed_pair(feed_block, leader_fleet, follower_fleet, 2)
     ours, theirs = leader_fleet.get("r0"), follower_fleet.get("r0")
     assert ours is not None and theirs is not None
     try:

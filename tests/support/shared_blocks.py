@@ -29,3 +29,14 @@ def open_box_feed(block: shared_memory.SharedMemory, fleet: Fleet, leader: bool,
     by name as another worker process opens it."""
     return BoxFeed(FeedBlock(shared_memory.SharedMemory(block.name)), fleet, leader,
                    **options)
+
+
+def box_feed_pair(block: shared_memory.SharedMemory, leader_fleet: Fleet,
+                  follower_fleet: Fleet, failures_to_eject: int) -> tuple[BoxFeed, BoxFeed]:
+    """A leader's ``BoxFeed`` of ``leader_fleet`` and a follower's of ``follower_fleet``
+    over feed ``block``, ejecting after ``failures_to_eject`` failed checks and
+    readmitting after one success."""
+    return (open_box_feed(block, leader_fleet, True, failures_to_eject=failures_to_eject,
+                          successes_to_readmit=1),
+            open_box_feed(block, follower_fleet, False, failures_to_eject=failures_to_eject,
+                          successes_to_readmit=1))
