@@ -14,10 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.executor import Batch, StepResult
 from engine.server import EngineServer, build_app
 from kvwire.tokenizer import load_tokenizer
-from tests.support.engine_cores import make_core
+from tests.support.engine_cores import FailsAfter, make_core
 from tests.support.engine_servers import LiveEngine, serve_engine
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
@@ -164,23 +163,9 @@ def test_model_info_and_flush_cache(live: LiveEngine) -> None:
         assert _generate(live.http, body)["meta_info"]["cached_tokens"] == 0
 
 
-class _FailsAfter:
-    """An executor that runs ``inner`` for ``steps`` steps, then fails (a broken GPU)."""
-
-    def __init__(self, inner: Any, steps: int) -> None:
-        self.inner, self.steps = inner, steps
-        self.block_size, self.eos_token_id = inner.block_size, inner.eos_token_id
-
-    def execute(self, batch: Batch) -> StepResult:
-        self.steps -= 1
-        if self.steps < 0:
-            raise RuntimeError("device lost")
-        return self.inner.execute(batch)
-
-
 def test_a_stream_that_fails_ends_with_an_abort_in_meta_info() -> None:
     core = make_core(num_blocks=64, vocab=(259, 4096))
-    core.executor = _FailsAfter(core.executor, steps=3)
+    core.executor = FailsAfter(core.executor, steps=3)
     srv = EngineServer(core, load_tokenizer(None), model_name=MODEL, sleep_modeled_time=True)
     server = ThreadServer(build_app(srv)).start()
     try:

@@ -9,32 +9,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.executor import Batch, Executor, StepResult
+from tests.support.engine_cores import FailsAfter
 from tests.support.engine_servers import LiveEngine, serve_engine
 
 MODEL = "tiny-sim"
 GOOD_STEPS = 4  # steps computed before the device fails
 
 
-class FailingLater:
-    """The core's own executor for ``GOOD_STEPS`` steps, then raising on every step."""
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-        self.block_size = inner.block_size
-        self.eos_token_id = inner.eos_token_id
-        self.steps = 0
-
-    def execute(self, batch: Batch) -> StepResult:
-        self.steps += 1
-        if self.steps > GOOD_STEPS:
-            raise RuntimeError("device fault")
-        return self.inner.execute(batch)
-
-
 @pytest.fixture
 def live() -> Iterator[LiveEngine]:
-    yield from serve_engine(LiveEngine, MODEL, executor=FailingLater)
+    yield from serve_engine(LiveEngine, MODEL, executor=lambda inner: FailsAfter(
+        inner, GOOD_STEPS, "device fault"))
 
 
 def test_a_stream_that_fails_mid_way_ends_with_response_failed(live: LiveEngine) -> None:

@@ -63,6 +63,21 @@ class FaultyExecutor:
         return self.inner.execute(batch)
 
 
+class FailsAfter:
+    """The core's own executor for ``steps`` steps, then raising on every step (a device
+    lost mid-answer)."""
+
+    def __init__(self, inner: Executor, steps: int, message: str = "device lost") -> None:
+        self.inner, self.steps, self.message = inner, steps, message
+        self.block_size, self.eos_token_id = inner.block_size, inner.eos_token_id
+
+    def execute(self, batch: Batch) -> StepResult:
+        self.steps -= 1
+        if self.steps < 0:
+            raise RuntimeError(self.message)
+        return self.inner.execute(batch)
+
+
 class HeldExecutor:
     """Runs ``inner`` once ``release`` is set, or ``wait_s`` has passed (``entered`` tells
     a step waits for it); ``released`` records, step by step, whether it was set."""
