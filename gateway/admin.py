@@ -27,8 +27,7 @@ from gateway.capture import unpack
 from gateway.client_auth import presented_bearer
 from gateway.config import ReplicaConfig
 from gateway.data_parallel import group_of
-from gateway.errors import Arrival, CountingBoundary
-from gateway.forwarding import request_id_header
+from gateway.errors import Arrival
 from gateway.intake import read_timed_body, take_in
 from gateway.layout_audit import AuditReport, audit
 from gateway.membership import ADMIN, join_all, leave
@@ -302,9 +301,7 @@ def create_admin_app(gw: GatewayState, token: str | None = None) -> Starlette:
     """The admin API over ``gw`` (the main app's state, whose lifespan runs the rest),
     with ``token`` (default: the configured one, read now). A call it refuses is counted
     as every refused request is (``kvgate_requests_total``, the access log)."""
-    boundary = CountingBoundary(
-        lambda kind: gw.metrics.errors.labels(kind=kind).inc(), request_id_header,
-        lambda request, status, arrived: gw.refused(request, "none", status, arrived))
+    boundary = gw.boundary()
     app = Starlette(routes=routes(), middleware=[Middleware(Arrival)],
                     exception_handlers=boundary.handlers())
     app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect

@@ -101,7 +101,6 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
 
     def refused(status: str) -> None:
         gw.refused(request, route, status, arrived, tenant)
-        counted(request)
 
     try:
         tenant = keyed = gw.auth.tenant_of(request) if gw.auth.on else None
@@ -329,7 +328,6 @@ async def models(request: Request) -> Response:
         _model_card(name, gw.fleet.model_info(name), gw.started) for name in names]},
         headers=request_id_header(request))
     gw.refused(request, "none", "200", request.scope[ARRIVED], tenant)  # (answered here)
-    counted(request)
     return response
 
 
@@ -446,9 +444,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/metrics", metrics, methods=["GET"]),
         *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),
     ]
-    boundary = CountingBoundary(
-        lambda kind: gw.metrics.errors.labels(kind=kind).inc(), request_id_header,
-        lambda request, status, arrived: gw.refused(request, "none", status, arrived))
+    boundary = gw.boundary()
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.gw = gw

@@ -82,8 +82,7 @@ class CountingBoundary(ErrorBoundary):
 
     def response(self, request: Request, exc: BaseException) -> Response:
         response = super().response(request, exc)
-        if not request.scope.get(COUNTED):
-            counted(request)
+        if not request.scope.get(COUNTED):  # (``refused`` marks it counted)
             self.refused(request, str(response.status_code),
                          request.scope.get(ARRIVED, time.perf_counter()))
         return response

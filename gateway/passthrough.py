@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.admission import released_on_error
-from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable, counted
+from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
 from gateway.intake import check_model, default_model, read_timed_body, take_place
 from gateway.metrics import PASSTHROUGH_ROUTE
@@ -71,7 +71,6 @@ async def passthrough(request: Request) -> Response:
 
     def refused(status: str) -> None:
         gw.refused(request, ROUTE, status, arrived, tenant)
-        counted(request)
 
     try:
         keyed = tenant = gw.auth.tenant_of(request) if gw.auth.on else None

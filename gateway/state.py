@@ -15,6 +15,7 @@ from gateway.box_feed import BoxFeed
 from gateway.capture import Capture
 from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
+from gateway.errors import CountingBoundary, counted
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, FleetListener
 from gateway.forwarding import request_id_header
@@ -66,9 +67,19 @@ class GatewayState:
     def refused(self, request: Request, route: str, status: str, arrived: float,
                 tenant: str | None = None) -> None:
         """``ended`` for a request the gateway answered itself (an error before or instead
-        of a replica's answer): its line has the id its answer carries and its duration."""
+        of a replica's answer, or ``/v1/models``): its line has the id its answer carries
+        and its duration. The request is marked counted (``errors.counted``): the error
+        boundary counts it no second time."""
+        counted(request)
         self.ended(route, status, request_id=request_id_header(request)["x-request-id"],
                    tenant=tenant, duration_s=time.perf_counter() - arrived)
+
+    def boundary(self) -> CountingBoundary:
+        """The error boundary of the gateway's apps (the main one, the admin API): each
+        error answer counted by kind, and as a request no handler counted."""
+        return CountingBoundary(
+            lambda kind: self.metrics.errors.labels(kind=kind).inc(), request_id_header,
+            lambda request, status, arrived: self.refused(request, "none", status, arrived))
 
     def refused_by_server(self, status: str) -> None:
         """``ended`` for an answer the HTTP server wrote itself, before any handler:
