@@ -26,7 +26,7 @@ import orjson
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from engine.generation import AnswerStream, Generation
+from engine.generation import AnswerStream, Generation, abort_unended
 from engine.native_logprobs import LogprobFields, check_logprob_start
 from engine.native_schema import NativeItem, answer_limit, finish_reason, parse_native
 from engine.request import RequestOutput
@@ -72,9 +72,7 @@ class NativeGenerateRoute:
                 return AnswerStream(gens[0].sse(), gens)
             answers = await unless_disconnected(request, _collect_all(gens))
         except BaseException:
-            for gen in gens:
-                if not gen.ended:
-                    srv.stop_early(gen.rid, "abort", None, gen.queue)
+            abort_unended(gens)
             raise
         return JSONResponse(answers if req.batch else answers[0])
 
