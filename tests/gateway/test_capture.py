@@ -34,6 +34,7 @@ from gateway.state import build_state
 from policies.config import ConfigError
 from tests.support import prompt_logs
 from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.nesting import nested
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until, wait_until_async
 
@@ -114,13 +115,6 @@ async def test_the_queue_is_bounded_in_bytes_and_holds_lines_not_bodies(
     assert log.written == 63 and log.dropped == 17
 
 
-def _nested(depth: int) -> object:
-    deep: object = "x"
-    for _ in range(depth):
-        deep = [deep]
-    return deep
-
-
 async def test_a_record_too_deep_to_write_is_dropped_and_the_writer_goes_on(
         tmp_path: Path) -> None:
     # orjson reads 1024 levels and writes 254: such a body is served, then not logged
@@ -128,9 +122,9 @@ async def test_a_record_too_deep_to_write_is_dropped_and_the_writer_goes_on(
                       PrefixReportConfig())
     await capture.start()
     assert capture.log is not None
-    deep = json.dumps({"model": "m", "prompt": "x", "metadata": _nested(300)}).encode()
+    deep = json.dumps({"model": "m", "prompt": "x", "metadata": nested(300, "x")}).encode()
     chat = json.dumps({"model": "m", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "hi", "extra": _nested(300)}]}
+        {"role": "user", "content": [{"type": "text", "text": "hi", "extra": nested(300, "x")}]}
     ]}).encode()
     capture.log.offer(record_of(parse_body(deep, "completions"), "acme", len(deep)))
     capture.observe(parse_body(chat, "chat"), "acme", len(chat))  # sampled: no error

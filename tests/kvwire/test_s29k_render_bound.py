@@ -17,6 +17,7 @@ from kvwire.chat_messages import ChatFormatError
 from kvwire.chat_template import MAX_RENDERED_CHARS
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from kvwire.tokenizer_build import ASSET_DIR
+from tests.support.nesting import nested
 
 # Llama 3.1's way with tools: each one written with tojson(indent=4)
 TEMPLATE = (
@@ -25,13 +26,6 @@ TEMPLATE = (
     "{%- endfor %}")
 CHAT = [{"role": "user", "content": "Find clause 4."}]
 DEPTH = 700
-
-
-def _nested(depth: int) -> list[Any]:
-    value: list[Any] = []
-    for _ in range(depth):
-        value = [value]
-    return value
 
 
 def _tool(parameters: Any) -> dict[str, Any]:  # as vLLM's request model writes one
@@ -48,15 +42,15 @@ def tok(tmp_path: Path) -> PromptTokenizer:
 
 def test_a_deep_tool_renders_indented_as_transformers_writes_it(
         tok: PromptTokenizer) -> None:
-    tool = _tool({"type": "object", "x": _nested(5), "é": "<&>"})
+    tool = _tool({"type": "object", "x": nested(5), "é": "<&>"})
     text = tok.render_chat(CHAT, tools=[tool])
     assert text == json.dumps(tool, indent=4, ensure_ascii=False) + \
         "<|im_start|>user\nFind clause 4.<|im_end|>"
 
 
 @pytest.mark.parametrize("tools", [
-    [_tool({"x": _nested(DEPTH)})] * 20,  # many tools, each of a few megabytes
-    [_tool({"x": [_nested(DEPTH)] * 20})],  # one tool, one tojson call of 40 MB
+    [_tool({"x": nested(DEPTH)})] * 20,  # many tools, each of a few megabytes
+    [_tool({"x": [nested(DEPTH)] * 20})],  # one tool, one tojson call of 40 MB
 ], ids=["many-tools", "one-wide-tool"])
 def test_a_chat_rendering_past_the_bound_is_refused_naming_tools(
         tok: PromptTokenizer, tools: list[Any]) -> None:

@@ -12,13 +12,7 @@ import pytest
 
 from kvwire.openai_schema import BadRequest
 from kvwire.responses_input import responses_chat
-
-
-def _nested(depth: int) -> list[Any]:
-    value: list[Any] = []
-    for _ in range(depth):
-        value = [value]
-    return value
+from tests.support.nesting import nested
 
 
 def _call(**given: Any) -> dict[str, Any]:
@@ -34,12 +28,12 @@ def _message(part: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("item", "param", "shown"), [
-    (_call(call_id=_nested(1000)), "input[0].call_id", "an array of 1"),
+    (_call(call_id=nested(1000)), "input[0].call_id", "an array of 1"),
     (_call(call_id=7), "input[0].call_id", "7"),
     (_call(id={"a": 1}), "input[0].id", "an object {'a'}"),
-    (_output(call_id=_nested(1000)), "input[0].call_id", "an array of 1"),
+    (_output(call_id=nested(1000)), "input[0].call_id", "an array of 1"),
     (_output(call_id=7.5), "input[0].call_id", "7.5"),
-    (_message({"type": "input_image", "file_id": _nested(1000)}),
+    (_message({"type": "input_image", "file_id": nested(1000)}),
      "input[0].content[1].file_id", "an array of 1"),
     (_message({"type": "input_image", "image_url": {"url": "https://x/a.png"}}),
      "input[0].content[1].image_url", "an object {'url'}"),  # the chat's shape

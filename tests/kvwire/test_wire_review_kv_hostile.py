@@ -15,19 +15,13 @@ from kvwire.kv_event_format import (
     KVWireError,
     decode_payload,
 )
-
-
-def _nested(depth: int) -> list[Any]:
-    value: list[Any] = []
-    for _ in range(depth):
-        value = [value]
-    return value
+from tests.support.nesting import nested
 
 
 @pytest.mark.parametrize("bad", [
-    ["BlockRemoved", [_nested(1000)], "GPU"],
-    ["BlockStored", [1], None, [1] * 16, _nested(1000), None, "GPU", None],
-    {"type": _nested(1000)},
+    ["BlockRemoved", [nested(1000)], "GPU"],
+    ["BlockStored", [1], None, [1] * 16, nested(1000), None, "GPU", None],
+    {"type": nested(1000)},
 ])
 def test_a_deeply_nested_bad_field_is_one_malformed_event(bad: Any) -> None:
     payload = msgpack.packb([1.0, [bad, ["BlockRemoved", [7], "GPU"],
@@ -39,5 +33,5 @@ def test_a_deeply_nested_bad_field_is_one_malformed_event(bad: Any) -> None:
 
 def test_a_deeply_nested_batch_is_a_wire_error_naming_a_bounded_value() -> None:
     with pytest.raises(KVWireError, match=r"payload events must be a list, got \{") as err:
-        decode_payload(msgpack.packb({"ts": 1.0, "events": {"x": _nested(1000)}}))
+        decode_payload(msgpack.packb({"ts": 1.0, "events": {"x": nested(1000)}}))
     assert len(str(err.value)) < 300
