@@ -6,6 +6,7 @@ newer one (``rope_parameters``). Errors name the key and the bad value.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -116,8 +117,6 @@ class ModelConfig:
                 f"{positions}: sliding-window attention is not implemented (set "
                 f"max_position_embeddings to at most {window} in config.json to serve "
                 f"the model up to its window)")
-        eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         attention_bias = bool(raw.get("attention_bias", False))
         return cls(
             architecture=arch,
@@ -136,20 +135,46 @@ class ModelConfig:
             qkv_bias=qwen or attention_bias,
             o_bias=attention_bias and not qwen,
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            eos_token_ids=tuple(_integer("eos_token_id", e) for e in eos_ids),
+            eos_token_ids=_eos_ids(raw),
             sliding_window=window,
             dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
         )
 
     @classmethod
     def from_file(cls, path: str | Path) -> ModelConfig:
+        """The config in ``path``, with the end-of-sequence ids of the
+        ``generation_config.json`` beside it (where there is one) after its own: an instruct
+        model's config.json often names the base model's end-of-text id alone, and its
+        generation_config.json the end-of-turn id too, on both of which vLLM and
+        transformers stop."""
         path = Path(path)
-        if not path.is_file():
-            raise ModelLoadError(f"{path} not found")
-        raw = read_json(path)
-        if not isinstance(raw, dict):
-            raise ModelLoadError(f"{path} must hold a JSON object, got {type(raw).__name__}")
-        return cls.from_dict(raw)
+        config = cls.from_dict(_json_object(path))
+        generation = path.parent / GENERATION_CONFIG
+        if not generation.is_file():
+            return config
+        more = _eos_ids(_json_object(generation), generation.name)
+        eos = config.eos_token_ids + tuple(e for e in dict.fromkeys(more)
+                                           if e not in config.eos_token_ids)
+        return dataclasses.replace(config, eos_token_ids=eos)
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ModelLoadError(f"{path} not found")
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _eos_ids(raw: dict[str, Any], file: str = "config.json") -> tuple[int, ...]:
+    """``raw``'s ``eos_token_id``: one id, a list of them or none."""
+    eos = raw.get("eos_token_id")
+    ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    return tuple(_integer("eos_token_id", e, file) for e in ids)
 
 
 MAX_JSON_BYTES = 64 << 20  # config.json, the shard index: metadata, never near this size
@@ -230,11 +255,11 @@ def _rope(raw: dict[str, Any]) -> RopeConfig:
     raise ModelLoadError(f"rope_type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
 
 
-def _integer(key: str, value: Any) -> int:
+def _integer(key: str, value: Any, file: str = "config.json") -> int:
     """``value``, config key ``key``'s, which must be an integer: 2.5, "32", true or null
     is refused naming the key, never truncated or left to a TypeError."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ModelLoadError(f"config.json {key} must be an integer, got {value!r}")
+        raise ModelLoadError(f"{file} {key} must be an integer, got {value!r}")
     return value
 
 
