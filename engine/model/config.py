@@ -75,6 +75,9 @@ class ModelConfig:
             if getattr(self, key) <= 0:
                 raise ModelLoadError(f"config {key} must be positive, got "
                                      f"{getattr(self, key)}")
+        if self.head_dim % 2:
+            raise ModelLoadError(f"config head_dim={self.head_dim} must be even: the rotary "
+                                 f"embedding turns pairs of dimensions")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(f"num_attention_heads={self.num_heads} is not a multiple "
                                  f"of num_key_value_heads={self.num_kv_heads}")
@@ -104,8 +107,13 @@ class ModelConfig:
                     "num_attention_heads"):
             if key not in raw:
                 raise ModelLoadError(f"config.json lacks {key!r}")
-        heads = _integer("num_attention_heads", raw["num_attention_heads"])
-        head_dim = raw.get("head_dim") or _integer("hidden_size", raw["hidden_size"]) // heads
+        heads = _positive("num_attention_heads", raw["num_attention_heads"])
+        # unset (absent or null) takes transformers' default; 0 is refused, not replaced
+        head_dim = raw.get("head_dim")
+        if head_dim is None:
+            head_dim = _integer("hidden_size", raw["hidden_size"]) // heads
+        head_dim = _positive("head_dim", head_dim)
+        kv_heads = raw.get("num_key_value_heads")
         qwen = ARCHITECTURES[arch] == "qwen2"
         positions = _integer("max_position_embeddings",
                              raw.get("max_position_embeddings", 4096))
@@ -125,9 +133,9 @@ class ModelConfig:
             intermediate_size=_integer("intermediate_size", raw["intermediate_size"]),
             num_layers=_integer("num_hidden_layers", raw["num_hidden_layers"]),
             num_heads=heads,
-            num_kv_heads=_integer("num_key_value_heads",
-                                  raw.get("num_key_value_heads") or heads),
-            head_dim=_integer("head_dim", head_dim),
+            num_kv_heads=heads if kv_heads is None else _positive("num_key_value_heads",
+                                                                   kv_heads),
+            head_dim=head_dim,
             rms_norm_eps=_number("rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
             rope=_rope(raw),
             max_position_embeddings=positions,
@@ -220,6 +228,10 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
 
 
 def _rope(raw: dict[str, Any]) -> RopeConfig:
+    for key in ("rope_parameters", "rope_scaling"):
+        if not isinstance(raw.get(key) or {}, dict):
+            raise ModelLoadError(f"config.json {key} must be a JSON object, got "
+                                 f"{repr(raw[key])[:200]}")
     params = dict(raw.get("rope_parameters") or {})
     scaling = dict(raw.get("rope_scaling") or {})
     params.update(scaling)
@@ -261,6 +273,14 @@ def _integer(key: str, value: Any, file: str = "config.json") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ModelLoadError(f"{file} {key} must be an integer, got {value!r}")
     return value
+
+
+def _positive(key: str, value: Any) -> int:
+    """``value``, config key ``key``'s, which must be an integer above 0."""
+    number = _integer(key, value)
+    if number <= 0:
+        raise ModelLoadError(f"config.json {key} must be positive, got {number}")
+    return number
 
 
 def _number(key: str, value: Any) -> float:
