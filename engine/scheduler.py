@@ -59,7 +59,8 @@ class EngineStats:
     num_steps: int = 0
     num_batched_tokens: int = 0
     # Gauge: prompt tokens of unfinished requests whose KV is not computed yet, less those
-    # a waiting request found in the prefix cache when it was queued.
+    # a waiting request found in the prefix cache when it was queued (or queued again,
+    # preempted).
     prompt_tokens_waiting: int = 0
 
 
@@ -84,14 +85,22 @@ class Scheduler:
         self.waiting.append(req)
         self.stats.num_requests_added += 1
         p = req.num_prompt_tokens
+        self.stats.prompt_tokens_waiting += p - min(req.num_computed_tokens, p)
+        self._credit_cached(req)
+
+    def _credit_cached(self, req: Request) -> None:
+        """Take what the prefix cache holds of a queued request's prompt off the gauge:
+        it will most likely be a hit, so the gauge counts the tokens left to prefill (the
+        credit is settled at admission)."""
+        p = req.num_prompt_tokens
         todo = p - min(req.num_computed_tokens, p)
-        # what the prefix cache holds now will most likely be a hit: the gauge counts the
-        # tokens left to prefill (the credit is settled at admission)
         hits = len(self.kv.lookup(req)) * self.kv.block_size if todo == p else 0
         req.waiting_credit = min(todo, hits)
-        self.stats.prompt_tokens_waiting += todo - req.waiting_credit
+        self.stats.prompt_tokens_waiting -= req.waiting_credit
 
     def _preempt(self, req: Request) -> None:
+        """Free ``req``'s blocks and queue it again at the front; the caller credits its
+        cached prompt (:meth:`_credit_cached`) once the step's allocations are done."""
         self.kv.free(req)
         p = req.num_prompt_tokens
         self.stats.prompt_tokens_waiting += min(req.num_computed_tokens, p)
@@ -108,7 +117,7 @@ class Scheduler:
         running = self.running
         sched: list[Request] = []
         counts: list[int] = []
-        preempted = False
+        victims: list[Request] = []
 
         # [0, i) of running is scheduled; victims are taken from the end.
         i = 0
@@ -118,7 +127,7 @@ class Scheduler:
             while not kv.allocate(req, n):
                 victim = running.pop()
                 self._preempt(victim)
-                preempted = True
+                victims.append(victim)
                 if victim is req:
                     break
             else:
@@ -128,6 +137,11 @@ class Scheduler:
                 i += 1
                 continue
             break
+        # a victim's freed blocks stay cached (tail first to go): what this step's
+        # allocations left of its prompt is credited as for a request queued anew
+        for victim in victims:
+            self._credit_cached(victim)
+        preempted = bool(victims)
 
         admitted: list[Request] = []
         waiting = self.waiting
