@@ -13,7 +13,10 @@ gateway sends and its replicas answer:
   the replica closed or that answered ``connection: close``;
 - answers with a ``content-length``, chunked, or read until the connection closes, parsed
   by ``httptools`` (llhttp): the body is handed over as it arrives, without decompressing
-  it; reading pauses while 256 KB wait unread.
+  it; reading pauses while 256 KB wait unread. A body read until the connection closes
+  ends whole only as far as anything tells: one encoded ``gzip`` or ``deflate`` is
+  inflated as it comes (the output dropped) to see its compressed stream end, and a close
+  before that end is a broken connection (``_EncodedEnd``).
 
 Errors: ``UpstreamUnreachable`` when no connection could be made (refused, unresolvable:
 the replica is unreachable); ``UpstreamBroken`` when the connection broke or the answer was
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
@@ -43,6 +47,11 @@ _HIGH_WATER = 256 * 1024  # bytes of answer waiting unread before reading pauses
 # interim answers): the parser keeps what it reads of a header, so an endless one is cut
 _MAX_HEAD_BYTES = 1 << 20
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# the content-encodings whose compressed stream tells its own end, and zlib's wbits for them
+_ENDS_TOLD = {"gzip": 31, "x-gzip": 31, "deflate": 15}
+# bytes inflated per byte read (and a chunk's slack) past which a body's end is not
+# followed: a body that inflates further (a bomb) would hold the event loop
+_INFLATE_RATIO, _INFLATE_SLACK = 64, 1 << 16
 
 
 class UpstreamFailure(Exception):
@@ -62,6 +71,51 @@ class _Stale(UpstreamBroken):
 
 
 STALE_WINDOW_S = 0.1  # a kept-alive connection closed within this of a send: closed idle
+
+
+class _EncodedEnd:
+    """Follows a close-delimited body's compressed stream (``gzip``, several members
+    allowed, or ``deflate``'s zlib stream), inflating what arrives and dropping the
+    output, to tell whether it reached its end: a replica that dies mid-body ends such a
+    body with its connection too, and only the encoding can tell the two apart. Stops
+    judging (``judged`` False) where the bytes are not that encoding (a raw deflate
+    stream, say: the client will find out) or inflate past ``_INFLATE_RATIO``."""
+
+    __slots__ = ("_inflate", "_wbits", "ended", "judged")
+
+    def __init__(self, wbits: int) -> None:
+        self._wbits = wbits
+        self._inflate = zlib.decompressobj(wbits)
+        self.ended = False  # at the end of a compressed stream (more may begin)
+        self.judged = True
+
+    @classmethod
+    def of(cls, headers: Mapping[str, str]) -> _EncodedEnd | None:
+        """One for a body encoded as ``headers`` say, when its encoding tells its end."""
+        wbits = _ENDS_TOLD.get(headers.get("content-encoding", "").strip().lower())
+        return None if wbits is None else cls(wbits)
+
+    @property
+    def cut(self) -> bool:
+        """The bytes so far end inside a compressed stream: a body ending here is cut."""
+        return self.judged and not self.ended
+
+    def feed(self, data: bytes) -> None:
+        while data and self.judged:
+            if self.ended:  # another gzip member follows (RFC 1952 allows several)
+                self._inflate = zlib.decompressobj(self._wbits)
+                self.ended = False
+            inflate = self._inflate
+            try:
+                inflate.decompress(data, _INFLATE_RATIO * len(data) + _INFLATE_SLACK)
+            except zlib.error:
+                self.judged = False
+                return
+            if inflate.unconsumed_tail:  # it inflates further than is followed
+                self.judged = False
+                return
+            self.ended = inflate.eof
+            data = inflate.unused_data if inflate.eof else b""
 
 
 class UpstreamResponse:
@@ -86,6 +140,7 @@ class UpstreamResponse:
         self._keep = False  # ... and the connection may carry another request
         self._error: UpstreamFailure | None = None
         self._until_close = False  # neither a length nor chunked: ends with the connection
+        self._encoded: _EncodedEnd | None = None  # ... and tells its end by its encoding
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -217,7 +272,11 @@ class _Connection(asyncio.Protocol):
         self._origin.forget(self)
         if answer is None or answer._complete:
             return
-        if answer._head.done() and answer._until_close and answer._error is None \
+        if answer._encoded is not None and answer._encoded.cut and answer._error is None \
+                and exc is None:
+            answer._fail(UpstreamBroken("the body ended with its connection inside its "
+                                        f"{answer.headers['content-encoding']} stream"))
+        elif answer._head.done() and answer._until_close and answer._error is None \
                 and exc is None:
             answer._complete = True  # the body ran to the end of the connection (a reset
             answer._wake()  # connection is not an end: the answer broke)
@@ -272,6 +331,8 @@ class _Connection(asyncio.Protocol):
         answer._until_close = "content-length" not in headers \
             and "chunked" not in headers.get("transfer-encoding", "").lower() \
             and status not in (204, 304) and status >= 200
+        if answer._until_close:
+            answer._encoded = _EncodedEnd.of(headers)
         if not answer._head.done():
             answer._head.set_result(None)
 
@@ -281,6 +342,8 @@ class _Connection(asyncio.Protocol):
             return
         answer._chunks.append(body)
         answer._buffered += len(body)
+        if answer._encoded is not None:
+            answer._encoded.feed(body)
         if answer._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
