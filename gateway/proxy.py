@@ -930,6 +930,19 @@ class Proxy:
                                     status, data.decode(errors="replace"))
                         raise _Retryable("5xx", f"replica {replica!r} answered {status} in "
                                          f"its stream{_error_message(data)}", status=status)
+                if streamed and response.status < 400 and signs.failed_events:
+                    # a Responses stream that opens with its failure (an ``error`` or a
+                    # ``response.failed`` event) the client has seen nothing of yet: a
+                    # server's failure is tried elsewhere, as a 5xx is
+                    first = await _first_event(response, first)
+                    failed = _opening_failure(first, signs.failed_events)
+                    if failed is not None and failed.status >= 500:
+                        log.warning("replica %s answered %s in its stream: %s", replica,
+                                    failed.status, failed.message)
+                        raise _Retryable("5xx", f"replica {replica!r} answered "
+                                         f"{failed.status} in its stream"
+                                         f"{': ' + failed.message if failed.message else ''}",
+                                         status=failed.status)
             if patience is not None:  # its timer is done with
                 patience.cancel()
             if not streamed and response.status < 400:
@@ -1182,6 +1195,59 @@ def _error_event(window: bytes) -> int | None:
             code = int(found.group(1)) if found else 502
             return code if 400 <= code < 600 else 502
     return None
+
+
+class _Failure(NamedTuple):
+    """What a stream's opening failure event tells: a status, and its message (cut short;
+    '' when it has none)."""
+
+    status: int
+    message: str
+
+
+# the error codes of OpenAI's Responses API that name the request's own fault (its prompt,
+# its images): answered as they came, never tried elsewhere
+_REQUEST_FAULTS = ("invalid_", "image_", "empty_image", "unsupported_image",
+                   "failed_to_download_image")
+
+
+def _opening_failure(first: bytes, failed: tuple[bytes, ...]) -> _Failure | None:
+    """The failure a stream's first event tells when it is one of ``failed`` (a Responses
+    stream's ``error`` or ``response.failed``), read from ``first``, its first bytes;
+    None for any other first event. The status: the error's ``code`` when that is a 4xx
+    or 5xx status; 429 for ``rate_limit_exceeded``; 400 for a code that names the
+    request's fault (``_REQUEST_FAULTS``); else (``server_error``, another, or none, or
+    the event not whole) 502. The error is OpenAI's error event itself, vLLM's nested
+    ``error`` object, or a failed response's ``error``."""
+    body = first.lstrip(b"\r\n")
+    ends = [at + len(mark) for mark in _EVENT_ENDS if (at := body.find(mark)) >= 0]
+    event = body[:min(ends)] if ends else body
+    if not any(marker in b"\n" + event for marker in failed):
+        return None
+    lines = [line[5:].removeprefix(b" ") for line in _LINE_BREAK.split(event)
+             if line.startswith(b"data:")]
+    try:
+        data = orjson.loads(b"\n".join(lines))
+    except ValueError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict) and isinstance(data, dict):
+        response = data.get("response")
+        error = response.get("error") if isinstance(response, dict) else None
+        if not isinstance(error, dict):
+            error = data  # OpenAI's error event: its code and message at its top
+    code = error.get("code") if isinstance(error, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if type(code) is int and 400 <= code < 600:
+        status = code
+    elif code == "rate_limit_exceeded":
+        status = 429
+    elif isinstance(code, str) and code.startswith(_REQUEST_FAULTS):
+        status = 400
+    else:
+        status = 502
+    return _Failure(status, message[:_ERROR_MESSAGE_CHARS] if isinstance(message, str)
+                    else "")
 
 
 def _error_object(body: bytes) -> int | None:
