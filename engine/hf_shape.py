@@ -4,13 +4,15 @@ Unlike ``engine.model.config.ModelConfig`` (what the torch executor can load), t
 any decoder's config without torch and without checking that kvgate can run it: sizing a
 KV cache needs only layers, KV heads, head dim and dtype. The parameter count, used by the
 sim executor's roofline, is estimated from the dense shapes (embeddings, attention, gated
-MLP) when the config does not give it.
+MLP) when the config does not give it. A multimodal model's config (Gemma 3, Llama 4,
+Mistral 3) keeps its language model's settings in ``text_config``: they are read there.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +22,48 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1}
 
 
-def _int(raw: Mapping[str, Any], key: str, default: Any = None) -> int:
-    value = raw.get(key)
-    if value is None:  # absent, or null as many configs write an unset head_dim
-        value = default
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"config.json {key} must be a positive integer, got {value!r}")
-    return value
+# what a language model's config has at its top level, a multimodal one's in text_config
+_TEXT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+@dataclass(frozen=True, slots=True)
+class TextConfig:
+    """The settings of a config's language model, and where they are in ``config.json``
+    (``""``: the top level; ``"text_config."``), which its errors name."""
+
+    values: Mapping[str, Any]
+    where: str = ""
+
+    def positive(self, key: str, default: Any = None) -> int:
+        """``key``'s value, a positive integer; ``default`` where it is absent or null."""
+        value = self.values.get(key)
+        if value is None:  # absent, or null as many configs write an unset head_dim
+            value = default
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"config.json {self.where}{key} must be a positive integer, "
+                             f"got {value!r}")
+        return value
+
+
+def text_config(raw: Mapping[str, Any]) -> TextConfig:
+    """``raw`` itself, or its ``text_config`` where the top level lacks the language
+    model's settings (a multimodal model's: Gemma 3, Llama 4, Mistral 3), as transformers'
+    ``get_text_config`` reads it."""
+    nested = raw.get("text_config")
+    if nested is None or all(raw.get(key) is not None for key in _TEXT_KEYS):
+        return TextConfig(raw)
+    if not isinstance(nested, Mapping):
+        raise ValueError(f"config.json text_config must be an object, got "
+                         f"{repr(nested)[:200]}")
+    return TextConfig(nested, "text_config.")
 
 
 def dtype_bytes(raw: Mapping[str, Any]) -> int:
-    name = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
+    """The bytes of the dtype the top level names, else its language model's (as vLLM
+    reads it), else bfloat16's."""
+    text = text_config(raw).values
+    name = (raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype")
+            or text.get("torch_dtype") or "bfloat16")
     if name not in DTYPE_BYTES:
         raise ValueError(f"config.json dtype {name!r} is not known; known: "
                          f"{sorted(DTYPE_BYTES)}")
@@ -39,32 +72,35 @@ def dtype_bytes(raw: Mapping[str, Any]) -> int:
 
 def estimate_params(raw: Mapping[str, Any]) -> float:
     """Dense parameters: embeddings (twice unless tied), q/k/v/o, gated MLP per layer."""
-    hidden = _int(raw, "hidden_size")
-    heads = _int(raw, "num_attention_heads")
-    kv_heads = _int(raw, "num_key_value_heads", heads)
-    head_dim = _int(raw, "head_dim", hidden // heads)
-    inter = _int(raw, "intermediate_size", 4 * hidden)
-    vocab = _int(raw, "vocab_size")
-    layers = _int(raw, "num_hidden_layers")
+    text = text_config(raw)
+    hidden = text.positive("hidden_size")
+    heads = text.positive("num_attention_heads")
+    kv_heads = text.positive("num_key_value_heads", heads)
+    head_dim = text.positive("head_dim", hidden // heads)
+    inter = text.positive("intermediate_size", 4 * hidden)
+    vocab = text.positive("vocab_size")
+    layers = text.positive("num_hidden_layers")
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
     mlp = 3 * hidden * inter
-    embeddings = vocab * hidden * (1 if raw.get("tie_word_embeddings") else 2)
+    tied = text.values.get("tie_word_embeddings", raw.get("tie_word_embeddings"))
+    embeddings = vocab * hidden * (1 if tied else 2)
     return float(embeddings + layers * (attention + mlp))
 
 
 def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape:
     """The ``ModelShape`` a ``config.json`` mapping describes; errors name the key."""
-    hidden = _int(raw, "hidden_size")
-    heads = _int(raw, "num_attention_heads")
+    text = text_config(raw)
+    hidden = text.positive("hidden_size")
+    heads = text.positive("num_attention_heads")
     return ModelShape(
         name=str(raw.get("_name_or_path") or name),
         params=float(raw.get("num_parameters") or estimate_params(raw)),
-        num_layers=_int(raw, "num_hidden_layers"),
+        num_layers=text.positive("num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=_int(raw, "num_key_value_heads", heads),
-        head_dim=_int(raw, "head_dim", hidden // heads),
+        num_kv_heads=text.positive("num_key_value_heads", heads),
+        head_dim=text.positive("head_dim", hidden // heads),
         dtype_bytes=dtype_bytes(raw),
-        max_model_len=_int(raw, "max_position_embeddings", 8192),
+        max_model_len=text.positive("max_position_embeddings", 8192),
     )
 
 
