@@ -5,7 +5,9 @@ any decoder's config without torch and without checking that kvgate can run it: 
 KV cache needs only layers, KV heads, head dim and dtype. The parameter count, used by the
 sim executor's roofline, is estimated from the dense shapes (embeddings, attention, gated
 MLP) when the config does not give it. A multimodal model's config (Gemma 3, Llama 4,
-Mistral 3) keeps its language model's settings in ``text_config``: they are read there.
+Mistral 3) keeps its language model's settings in ``text_config``: they are read there. A
+multi-head latent attention model (DeepSeek-V2/V3) caches one latent per token and layer
+(``mla_latent_width``), which the shape gives as one KV head of half its width.
 """
 
 from __future__ import annotations
@@ -87,18 +89,32 @@ def estimate_params(raw: Mapping[str, Any]) -> float:
     return float(embeddings + layers * (attention + mlp))
 
 
+def mla_latent_width(text: TextConfig) -> int:
+    """The values a multi-head latent attention model (DeepSeek-V2/V3: ``kv_lora_rank``
+    set) caches per token and layer, as vLLM caches them: one compressed KV latent and the
+    rotary key part all heads share, ``kv_lora_rank + qk_rope_head_dim`` (576 for
+    DeepSeek-V3), not a K and a V per head."""
+    return text.positive("kv_lora_rank") + text.positive("qk_rope_head_dim")
+
+
 def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape:
     """The ``ModelShape`` a ``config.json`` mapping describes; errors name the key."""
     text = text_config(raw)
     hidden = text.positive("hidden_size")
     heads = text.positive("num_attention_heads")
+    kv_heads = text.positive("num_key_value_heads", heads)
+    head_dim = text.positive("head_dim", hidden // heads)
+    if text.values.get("kv_lora_rank") is not None:
+        # ModelShape counts a K and a V per KV head: the latent is one head of half its
+        # width, rounded up (the released models' latents are even: 512 + 64)
+        kv_heads, head_dim = 1, -(-mla_latent_width(text) // 2)
     return ModelShape(
         name=str(raw.get("_name_or_path") or name),
         params=float(raw.get("num_parameters") or estimate_params(raw)),
         num_layers=text.positive("num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=text.positive("num_key_value_heads", heads),
-        head_dim=text.positive("head_dim", hidden // heads),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         dtype_bytes=dtype_bytes(raw),
         max_model_len=text.positive("max_position_embeddings", 8192),
     )
