@@ -261,7 +261,7 @@ def _rope(raw: dict[str, Any]) -> RopeConfig:
         return RopeConfig(
             theta=theta, rope_type="llama3", factor=factor,
             low_freq_factor=low, high_freq_factor=high,
-            original_max_position_embeddings=_integer(
+            original_max_position_embeddings=_positive(  # 0 slowed every frequency
                 "original_max_position_embeddings", params["original_max_position_embeddings"]),
         )
     raise ModelLoadError(f"rope_type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
