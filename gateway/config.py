@@ -19,7 +19,7 @@ Example (every key but ``replicas`` has a default)::
               require_tenant: false, client_salt: replace,
               partitions: [{tenants: [acme], replicas: [r2]}]}
     trusted_proxies: [10.0.0.0/8]  # whose X-Forwarded-For and tenant header are believed
-    auth: {api_keys: [{key_env: ACME_API_KEY, tenant: acme}]}  # none: /v1/* is open
+    auth: {api_keys: [{key_env: ACME_API_KEY, tenant: acme}]}  # none: client endpoints are open
     shutdown: {grace_s: 5, timeout_s: 30}
     policy: {name: cost}         # or {name: prefix_affinity, prefix_tokens: 1024, ...}
     replicas:
@@ -301,7 +301,7 @@ class AdminConfig:
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    """Client API keys (``gateway.client_auth``); none: ``/v1/*`` is open."""
+    """Client API keys (``gateway.client_auth``); none: every client endpoint is open."""
 
     api_keys: list[ClientKey] = field(default_factory=list)
 
