@@ -55,11 +55,30 @@ def check_model_dir(model_dir: str | Path, *, need_tokenizer: bool = True) -> Pa
     return path
 
 
-def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
-    """The checkpoint's dtype on a GPU; float32 on CPU, where half precision is slow."""
-    if device.type == "cpu":
+# CUDA compute capability from which a GPU computes in bfloat16 (Ampere; not T4, V100)
+BF16_MIN_CAPABILITY = (8, 0)
+
+
+def choose_dtype(checkpoint_dtype: str, device_type: str,
+                 capability: tuple[int, int] | None = None) -> torch.dtype:
+    """The dtype to compute in, from the checkpoint's dtype and the device's facts
+    (``capability``: a CUDA GPU's compute capability, ``None`` for another device):
+    float32 on CPU, where half precision is slow; on a GPU the checkpoint's, a float32
+    checkpoint's in bfloat16; float16 for bfloat16 on a GPU without it, as vLLM falls
+    back."""
+    if device_type == "cpu":
         return torch.float32
-    return torch_dtype(config.dtype) if config.dtype != "float32" else torch.bfloat16
+    dtype = torch_dtype(checkpoint_dtype) if checkpoint_dtype != "float32" else torch.bfloat16
+    if dtype == torch.bfloat16 and capability is not None \
+            and capability < BF16_MIN_CAPABILITY:
+        return torch.float16
+    return dtype
+
+
+def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
+    """``choose_dtype`` for ``config``'s checkpoint on ``device``."""
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return choose_dtype(config.dtype, device.type, capability)
 
 
 def load_model(
