@@ -98,12 +98,18 @@ class ResponseStore:
 
 def _chars(turns: list[dict[str, Any]]) -> int:
     """The characters a conversation holds: every string a client gave its messages
-    (text, an assistant message's reasoning, a tool message's ``tool_call_id``) and their
-    tool calls (id, name, arguments)."""
+    (text, the parts of a content with images: their text, each image's address and
+    detail; an assistant message's reasoning, a tool message's ``tool_call_id``) and
+    their tool calls (id, name, arguments)."""
     size = 0
     for message in turns:
         size += _MESSAGE_CHARS + _strings(message.get("content"), message.get("reasoning"),
                                           message.get("tool_call_id"))
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            image = part.get("image_url")
+            size += _MESSAGE_CHARS + _strings(part.get("text"), *(
+                image.values() if isinstance(image, dict) else ()))
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             size += _MESSAGE_CHARS + _strings(call.get("id"), *function.values())
