@@ -10,6 +10,10 @@ as SGLang's tokenizer manager builds them::
     "output_top_logprobs":   [[[logprob, id, text], ...top_logprobs_num], ...]  }
 
 ``text`` is the token's own text (special tokens kept) when ``return_text_in_logprobs``.
+``top_logprobs_num`` is at most :data:`~engine.openai_logprobs.MAX_LOGPROBS` (20), as
+the OpenAI routes' ``logprobs`` are: SGLang sets no bound, and a token's alternatives
+over the whole vocabulary are a list that long per output token, in memory and in every
+streamed event.
 A stream's every event carries the whole lists so far, as its text (SGLang's default,
 not its incremental mode). The values are the executor's: the torch executor's are the
 model's log-probabilities of the distribution it sampled from (after temperature, before
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.openai_logprobs import MAX_LOGPROBS
 from engine.request import TokenLogprob
 from engine.text_stream import Decoder
 from kvwire.openai_schema import BadRequest, optional
@@ -67,8 +72,9 @@ def logprob_asks(body: dict[str, Any], n: int, batch: bool, vocab_size: int
         if start < -1:
             raise BadRequest(f"'logprob_start_len' must be -1 or at least 0, got {start}",
                              param="logprob_start_len")
-        if not 0 <= top <= vocab_size:
-            raise BadRequest(f"'top_logprobs_num' must be in [0, {vocab_size}], got {top}",
+        if not 0 <= top <= min(MAX_LOGPROBS, vocab_size):
+            raise BadRequest(f"'top_logprobs_num' must be in [0, "
+                             f"{min(MAX_LOGPROBS, vocab_size)}], got {top}",
                              param="top_logprobs_num")
     return [LogprobAsk(start, top, with_text) if want else None
             for want, start, top in zip(wanted, starts, tops, strict=True)]
