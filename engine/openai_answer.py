@@ -49,11 +49,12 @@ if TYPE_CHECKING:
 
 _INT64 = 1 << 64
 # a whole answer naming the log probabilities of more tokens than this (prompts' and
-# outputs' in all) is rendered and written out in a worker thread: each token decodes its
-# alternatives and builds their dicts, and an eval harness's echoed prompt of 8,000 tokens
-# held the event loop, every stream on it, for a tenth of a second (a second with 20
-# alternatives)
-_INLINE_LOGPROB_TOKENS = 2000
+# outputs' in all), or echoing prompts of that many token ids, is rendered and written out
+# in a worker thread: each token decodes its alternatives and builds their dicts (an eval
+# harness's echoed prompt of 8,000 tokens held the event loop, every stream on it, for a
+# tenth of a second; a second with 20 alternatives), and an echoed prompt of ids is
+# decoded to its text, once per choice (n = 64 of a 128k-token prompt: over a second)
+_INLINE_RENDER_TOKENS = 2000
 
 
 def _dumps(obj: Any) -> str:
@@ -183,6 +184,17 @@ class OpenAIGeneration(Generation):
             n += len(self.prompt_ids)
         return n
 
+    @property
+    def num_render_tokens(self) -> int:
+        """The tokens rendering this choice whole (or a stream's first chunk of it) reads:
+        those whose log probabilities it names, and the ids of an echoed prompt that
+        :meth:`_echo` decodes to its text (a prompt given as ids, or truncated)."""
+        n = self.num_logprob_tokens
+        if self.echoing and (self.p.prompt_text is None
+                             or self.p.truncate_prompt_tokens is not None):
+            n += len(self.prompt_ids)
+        return n
+
     def render(self, text: str, reason: str | None) -> dict[str, Any]:
         """The choice object of the whole choice, of ``text`` and ``reason`` (what
         :meth:`read` returned)."""
@@ -247,9 +259,10 @@ class OpenAIGeneration(Generation):
                             {"index": self.index, "delta": {"content": self.chat_echo},
                              "logprobs": None, "finish_reason": None, "stop_reason": None},
                             self.num_prompt, 0)
-                # the chunk echoing a long prompt with its log probabilities: off the loop
+                # the chunk echoing a long prompt (decoded, or with its log
+                # probabilities): off the loop
                 choice = await asyncio.to_thread(self._choice, delta, reason) \
-                    if self.echoing and self.num_logprob_tokens > _INLINE_LOGPROB_TOKENS \
+                    if self.echoing and self.num_render_tokens > _INLINE_RENDER_TOKENS \
                     else self._choice(delta, reason)
                 yield StreamChoice(choice, self.num_prompt, self.num_output)
         finally:
@@ -276,12 +289,13 @@ class OpenAIAnswer:
 
     async def response(self) -> JSONResponse:
         """The whole answer, once the engine finished every choice; rendered and written
-        out in a worker thread where it names many log probabilities."""
+        out in a worker thread where it names many log probabilities or echoes long
+        prompts of token ids."""
         try:
             ends = [await gen.read() for gen in self.gens]
         finally:
             abort_unended(self.gens)
-        if sum(g.num_logprob_tokens for g in self.gens) <= _INLINE_LOGPROB_TOKENS:
+        if sum(g.num_render_tokens for g in self.gens) <= _INLINE_RENDER_TOKENS:
             return JSONResponse(self._render(ends))
         return await asyncio.to_thread(lambda: JSONResponse(self._render(ends)))
 
