@@ -292,8 +292,8 @@ class EngineServer:
         token_strs = None  # as vLLM's: null unless asked for
         if strs:
             token_strs = await self._off_loop_if_long(self.tokenizer.token_strs, ids)
-        return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len,
-                             "tokens": ids, "token_strs": token_strs})
+        return await self._json({"count": len(ids), "max_model_len": self.max_model_len,
+                                 "tokens": ids, "token_strs": token_strs}, len(ids))
 
     def _parse_tokenize(self, body: Any) -> tuple[bool, GenerateParams | str]:
         """A ``/tokenize`` body, checked: whether it asks for the token strings, and its
@@ -314,7 +314,8 @@ class EngineServer:
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         tokens = await self.read_json(request, self._parse_detokenize)
-        return JSONResponse({"prompt": await self._off_loop_if_long(self._detokenize, tokens)})
+        text = await self._off_loop_if_long(self._detokenize, tokens)
+        return await self._json({"prompt": text}, len(tokens))
 
     def _parse_detokenize(self, body: Any) -> list[Any]:
         """A ``/detokenize`` body's ``tokens``, a list (its items checked by
@@ -349,6 +350,15 @@ class EngineServer:
         if len(tokens) <= _INLINE_DETOKENIZE_TOKENS:
             return fn(tokens)
         return await asyncio.to_thread(fn, tokens)
+
+    @staticmethod
+    async def _json(body: Any, num_tokens: int) -> Response:
+        """``body``, which names ``num_tokens`` tokens (their ids, or their text), as a
+        JSON response: written out on the event loop when they are few, else in a worker
+        thread (the 13 million ids of a 64 MiB text held the loop about a second)."""
+        if num_tokens <= _INLINE_DETOKENIZE_TOKENS:
+            return JSONResponse(body)
+        return await asyncio.to_thread(JSONResponse, body)
 
     async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
         dropped = await self.engine.call(self._reset_prefix_cache)
