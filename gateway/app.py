@@ -50,7 +50,7 @@ from gateway.upstream_http import client_for
 from kvwire.media_parts import carries_media
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
-from policies.base import Finished, Routed
+from policies.base import Finished, Routed, Unrouted
 
 log = logging.getLogger("kvgate.gateway")
 # seconds a stopping gateway waits for its last spans to be exported
@@ -169,6 +169,11 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         if gw.worker_routes is not None:
             gw.worker_routes.routed(route_req, replica)
 
+    def on_unsent(replica: str) -> None:
+        # the replica refused the prompt before taking it; the route told to peers and
+        # workers stands (they have no way to take one back)
+        gw.policy.observe(Unrouted(route_req, replica))
+
     def on_done(stream: UpstreamStream, ok: bool) -> None:
         slot.release()
         trace.answered(stream)
@@ -206,7 +211,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     stream = await gw.proxy.open(
         ranked, path, intake.raw, headers,
         lambda replica: batch * work_tokens(route_req, decision, replica), on_sent, on_done,
-        intake.parsed.stream, _continues(intake.parsed))
+        intake.parsed.stream, _continues(intake.parsed), on_unsent=on_unsent)
     try:
         if intake.parsed.endpoint == "responses" and stream.status < 400:
             answered = response_id(stream.first_chunk)

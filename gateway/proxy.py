@@ -204,6 +204,12 @@ class _Retryable(Exception):
 
 
 _BUSY = frozenset({429, 503})  # a replica shedding load: not broken, and not the request's
+# the failed tries whose replica did not take the prompt: it shed load, was not reached,
+# did not store what the request continues, or answered a 5xx before any byte. A timeout
+# (or the deadline, or an ejection while waiting), a connection broken once sent and a
+# client's cancel are not among them: the replica may have queued or computed the prompt
+# (one that crashed shows as a restart later)
+_UNSENT = frozenset({"busy", "connect", "not_stored", "5xx"})
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -774,12 +780,15 @@ class Proxy:
                    headers: Mapping[str, str], work_tokens: Callable[[str], int],
                    on_sent: Callable[[str], None],
                    on_done: Callable[[UpstreamStream, bool], None],
-                   stream: bool = False, stored_elsewhere: bool = False) -> UpstreamStream:
+                   stream: bool = False, stored_elsewhere: bool = False,
+                   on_unsent: Callable[[str], None] | None = None) -> UpstreamStream:
         """The first replica of ``ranked`` (at most ``max_attempts`` tried) to answer; all
         of them within ``first_byte_s``. ``stored_elsewhere``: a request that only the
         replica storing what it continues can serve (a Responses request's
         ``previous_response_id``): a replica's 404 sends it on to the next, any of
-        ``ranked``, and it is a 404 once none had it."""
+        ``ranked``, and it is a 404 once none had it. ``on_sent(replica)`` is called as
+        each try is sent, and ``on_unsent(replica)`` after one that the replica refused
+        before taking the prompt (``_UNSENT``)."""
         attempts: list[Attempted] = []
         last: _Retryable | None = None
         suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
@@ -823,6 +832,8 @@ class Proxy:
                                      f"replica {replica!r} had {wait:.3g} s of it",
                                      "upstream_timeout")
                 self.fleet.done(pending)
+                if on_unsent is not None and exc.cause in _UNSENT:
+                    on_unsent(replica)
                 attempts.append(Attempted(replica, exc.cause, exc.status))
                 last = exc
                 if exc.cause != "not_stored":

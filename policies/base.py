@@ -10,8 +10,9 @@ Rules every policy keeps:
   the policy's routing state (``/admin/explain`` calls it without sending anything). A
   policy-owned random generator for tie breaks is the only state it may advance.
 * ``observe`` is where state changes: a request is being sent to a replica (``Routed``,
-  once per attempt), a request finished (``Finished``), a replica left
-  (``ReplicaRemoved``) or restarted and lost its cache (``ReplicaReset``).
+  once per attempt), that replica refused it before taking the prompt (``Unrouted``), a
+  request finished (``Finished``), a replica left (``ReplicaRemoved``) or restarted and
+  lost its cache (``ReplicaReset``).
 * ``tokens_needed`` tells the caller how many leading prompt tokens to tokenize: ``0`` for
   none, ``None`` for the whole prompt. ``chunk_chars`` > 0 asks for the prompt's chunk
   hashes instead (``prompt_chunks``), which cost no tokenization: the first
@@ -160,6 +161,20 @@ class Routed:
 
 
 @dataclass(frozen=True, slots=True)
+class Unrouted:
+    """The try last sent to ``replica`` with ``Routed`` was refused before the replica took
+    the prompt: it shed load (429, 503), could not be reached, did not store what the
+    request continues (404), or answered a 5xx before any byte. The replica neither holds
+    nor computes the prompt, so a policy takes back what that ``Routed`` made it believe
+    of the replica's cache. ``request`` is the object ``Routed`` carried. A try that may
+    have reached the replica's queue (a timeout, a broken connection, a client that left)
+    keeps its ``Routed``."""
+
+    request: RouteRequest
+    replica: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """The request finished on ``replica``; ``cached_tokens`` (in the gateway's tokens)
     when the replica reported it, ``ttft_s`` when its first token's time is known,
@@ -185,7 +200,7 @@ class ReplicaReset:
     replica: str
 
 
-RouteEvent = Routed | Finished | ReplicaRemoved | ReplicaReset
+RouteEvent = Routed | Unrouted | Finished | ReplicaRemoved | ReplicaReset
 
 
 class NoReplicaError(RuntimeError):

@@ -14,6 +14,15 @@ prompt, a document) outlives the one-off tails hung under it.
 Every entry remembers its *owner*, the prefix key (document or conversation) of the
 request that last touched it, so a caller can value what an admission would evict.
 
+An admission may be *pending*: its prompt was sent, but the replica may still refuse it
+before taking it (shedding load). Each entry counts the pending admissions that would
+bring it (those that inserted it, or touched it while it was pending); ``forget`` takes
+one back, removing the entries no other admission brings, and ``confirm`` lets one stand.
+An entry once brought by an admission that stands (or that was never pending) is held for
+good, as any other. Since every admission takes a whole chain, what the model holds of a
+chain stays a prefix of it: an entry deeper in a chain than a removable one was brought by
+the same pending admissions, or more of them.
+
 Not thread-safe; one owner (the policy) drives it.
 """
 
@@ -39,7 +48,8 @@ class ReplicaCacheModel:
     """LRU of chain entries within ``capacity`` tokens.
 
     ``match`` reads (no recency change); ``admit`` touches and inserts, then evicts the
-    least recently used entries until the model fits; ``victims`` tells what an admission
+    least recently used entries until the model fits; ``forget`` and ``confirm`` settle a
+    pending admission (see the module docstring); ``victims`` tells what an admission
     would evict without doing it.
     """
 
@@ -50,7 +60,8 @@ class ReplicaCacheModel:
             raise ValueError(f"capacity must be >= 0, got {capacity!r}")
         self.capacity = capacity
         self.used = 0
-        # key -> [tokens, owner]; first = least recently used
+        # key -> [tokens, owner, pending admissions bringing it (0: held for good)];
+        # first = least recently used
         self._entries: OrderedDict[int, list[int]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -114,7 +125,7 @@ class ReplicaCacheModel:
         excess = self.used + new_tokens - self.capacity
         if excess <= 0:
             return
-        for key, (tokens, owner) in self._entries.items():
+        for key, (tokens, owner, _) in self._entries.items():
             if owner == keep_owner:
                 continue
             yield Victim(key, tokens, owner)
@@ -134,7 +145,7 @@ class ReplicaCacheModel:
             return 0
         memo = {} if memo is None else memo
         last_owner, last_counts = None, False
-        for tokens, owner in self._entries.values():
+        for tokens, owner, _ in self._entries.values():
             if owner == keep_owner:
                 continue
             if owner != last_owner:
@@ -149,9 +160,13 @@ class ReplicaCacheModel:
                 break
         return total
 
-    def admit(self, chain: Sequence[ChainEntry], owner: int) -> list[int]:
+    def admit(self, chain: Sequence[ChainEntry], owner: int,
+              pending: list[int] | None = None) -> list[int]:
         """Touch or insert the chain's entries (tail first), then evict LRU entries until
-        the model fits its capacity; returns the keys evicted, oldest first."""
+        the model fits its capacity; returns the keys evicted, oldest first. ``pending``
+        given, the admission is pending: the keys of the entries it brings (inserted, or
+        pending already) are appended to it, for ``forget`` or ``confirm``; else it
+        stands, and every entry of the chain is held for good."""
         entries = self._entries
         # a prompt chain's keys and sizes, without an entry tuple per block
         pairs: Iterable[tuple[int, int]] = chain.pairs_reversed() \
@@ -159,15 +174,49 @@ class ReplicaCacheModel:
         for key, tokens in pairs:
             held = entries.get(key)
             if held is None:
-                entries[key] = [tokens, owner]
+                entries[key] = [tokens, owner, 0 if pending is None else 1]
                 self.used += tokens
+                if pending is not None:
+                    pending.append(key)
             else:
                 if tokens > held[0]:
                     self.used += tokens - held[0]
                     held[0] = tokens
                 held[1] = owner
+                if held[2]:
+                    if pending is None:
+                        held[2] = 0
+                    else:
+                        held[2] += 1
+                        pending.append(key)
                 entries.move_to_end(key)
         return self._evict()
+
+    def forget(self, pending: Iterable[int]) -> list[int]:
+        """Take back a pending admission (its ``pending`` keys): its prompt never reached
+        the replica. An entry no other pending admission brings is removed (what the
+        admission touched, evicted or grew stays as it left it). Returns the keys removed."""
+        entries = self._entries
+        removed: list[int] = []
+        for key in pending:
+            held = entries.get(key)
+            if held is None or not held[2]:
+                continue  # evicted since, or held for good
+            held[2] -= 1
+            if not held[2]:
+                del entries[key]
+                self.used -= held[0]
+                removed.append(key)
+        return removed
+
+    def confirm(self, pending: Iterable[int]) -> None:
+        """Let a pending admission (its ``pending`` keys) stand: its entries are held for
+        good."""
+        entries = self._entries
+        for key in pending:
+            held = entries.get(key)
+            if held is not None:
+                held[2] = 0
 
     def resize(self, capacity: int) -> list[int]:
         """A new capacity (the replica's was learned or changed); evicts to fit and returns
@@ -197,7 +246,7 @@ class ReplicaCacheModel:
         return list(self._entries)
 
     def check_integrity(self) -> None:
-        total = sum(tokens for tokens, _ in self._entries.values())
+        total = sum(tokens for tokens, _, _ in self._entries.values())
         if total != self.used:
             raise AssertionError(f"cache model: used {self.used} != sum of entries {total} "
                                  f"over {len(self._entries)} entries")

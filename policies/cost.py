@@ -93,6 +93,7 @@ from policies.base import (
     Routed,
     RouteEvent,
     RouteRequest,
+    Unrouted,
     healthy,
 )
 from policies.cache_model import PromptChain
@@ -691,8 +692,13 @@ class Cost(Policy):
         if isinstance(event, Routed):
             if event.replica not in self._removed:  # (else the route went nowhere)
                 self._routed_to(event.request, event.replica)
+        elif isinstance(event, Unrouted):
+            # the replica refused the prompt before taking it: what its admission brought
+            # into the model goes again (the request's statistics keep it: it was asked)
+            self._models.unadmit(id(event.request), event.replica)
         elif isinstance(event, Finished):
             req = event.request
+            self._models.settle(id(req))
             if event.ok and event.ttft_s is not None and event.cached_tokens is not None:
                 self._pace.observe(event.ttft_s, req.prompt_tokens - event.cached_tokens)
             if event.ok and event.duration_s is not None:
@@ -754,8 +760,10 @@ class Cost(Policy):
         prep = self._prepare(request)
         self._memo.clear()  # the counts below change what _prepare would say
         now = request.arrival_s
+        # pending until the replica takes it: a refusal (``Unrouted``) names the request
+        # object this ``Routed`` carried
         uncached = self._models.admit(replica, *self._model_size(replica), prep.chain, prep.key,
-                                      request.prompt_tokens, now)
+                                      request.prompt_tokens, now, sent=id(request))
         self._exact.routed(self.kv_index, request, replica, prep.key)
         self._sketch.add(prep.key)
         if now is not None:

@@ -42,6 +42,7 @@ from policies.base import (
     Routed,
     RouteEvent,
     RouteRequest,
+    Unrouted,
 )
 
 MAX_MODELS = 16
@@ -139,7 +140,7 @@ class PerModel(Policy):
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed):
             self.policy_for(_served(event.request)).observe(event)
-        elif isinstance(event, Finished):
+        elif isinstance(event, Finished | Unrouted):
             # a request whose model's instance was let go meanwhile tells a new one
             # nothing, and making one would push out a model in use
             model = _served(event.request)

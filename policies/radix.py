@@ -27,18 +27,21 @@ LRU-leaf-first, at once when a snapshot shows its capacity changed; the whole tr
 learns the epoch and capacity of each healthy replica from the snapshot the decision was
 made on (``Routed.replicas``); the tree's entries of a replica belong to the epoch they
 were learned in. ``choose`` treats a replica whose view shows another epoch as empty at
-once; its entries are dropped at the next ``observe``.
+once; its entries are dropped at the next ``observe``. A try its replica refused before
+taking the prompt (``Unrouted``) is taken back (``RadixTree.take_back``).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from policies.base import (
     Decision,
+    Finished,
     Policy,
     ReplicaRemoved,
     ReplicaReset,
@@ -47,10 +50,11 @@ from policies.base import (
     Routed,
     RouteEvent,
     RouteRequest,
+    Unrouted,
     healthy,
 )
 from policies.least_load import least_loaded
-from policies.radix_tree import RadixTree
+from policies.radix_tree import Inserted, RadixTree
 from policies.ring import token_bytes
 from policies.size_bounds import check_sizes
 
@@ -95,6 +99,9 @@ class RadixConfig:
             raise ValueError(f"chunk_chars must be >= 0, got {self.chunk_chars!r}")
 
 
+_SENT_KEPT = 4096  # requests whose last insert can be taken back (the oldest's no longer)
+
+
 def _namespace(request: RouteRequest) -> Hashable:
     return (request.model, request.cache_salt)
 
@@ -114,6 +121,9 @@ class Radix(Policy):
         self.tree = RadixTree(max_bytes=int(cfg.max_tree_mb * 1024 * 1024))
         self._seen: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, kv capacity)
         self._epochs: dict[str, int] = {}  # id -> epoch the tree's entries belong to
+        # id of a request's RouteRequest -> its last try's replica and insert, until the
+        # request ends or its replica refuses it (``Unrouted``); the oldest first
+        self._sent: OrderedDict[int, tuple[str, Inserted]] = OrderedDict()
 
     def share_from(self, first: Policy) -> None:
         """Also ``first``'s tree: ``max_tree_mb`` bounds the one tree of every model's
@@ -208,7 +218,22 @@ class Radix(Policy):
             rid = event.replica
             if rid in self._seen:  # else unknown: no snapshot named it
                 self._epochs.setdefault(rid, self._seen[rid][0])
-            self.tree.insert(_namespace(event.request), data, rid, self.budget(rid, unit))
+            inserted = self.tree.insert(_namespace(event.request), data, rid,
+                                        self.budget(rid, unit))
+            self._sent.pop(id(event.request), None)
+            if inserted is not None:
+                self._sent[id(event.request)] = (rid, inserted)
+                if len(self._sent) > _SENT_KEPT:
+                    self._sent.popitem(last=False)
+        elif isinstance(event, Unrouted):
+            # the replica refused the prompt before taking it: it lets go of what the
+            # insert brought it (a refusal names the request object its Routed carried)
+            sent = self._sent.pop(id(event.request), None)
+            if sent is not None and sent[0] == event.replica:
+                data, _ = self._units(event.request)
+                self.tree.take_back(_namespace(event.request), data, event.replica, sent[1])
+        elif isinstance(event, Finished):
+            self._sent.pop(id(event.request), None)
         elif isinstance(event, ReplicaRemoved | ReplicaReset):
             self.tree.drop(event.replica)
             if isinstance(event, ReplicaRemoved):

@@ -25,10 +25,18 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterator
 from itertools import count
-from typing import Any
+from typing import Any, NamedTuple
 
 _NODE_BYTES = 2048  # per node: object, dicts, stale heap entries (calibrated by tracemalloc)
 _HOLD_BYTES = 150  # estimated bytes per (node, replica) holding: dict slot plus heap entry
+
+
+class Inserted(NamedTuple):
+    """What ``insert`` did, for ``take_back``: its ``tick``, and the tokens of its data the
+    replica held before (``held``)."""
+
+    tick: int
+    held: int
 
 
 class Node:
@@ -105,12 +113,14 @@ class RadixTree:
 
     # -- writing -------------------------------------------------------------------------
 
-    def insert(self, ns: Hashable, data: bytes, replica: str, budget: int | None) -> None:
+    def insert(self, ns: Hashable, data: bytes, replica: str,
+               budget: int | None) -> Inserted | None:
         """Record that ``replica`` now holds ``data``; then evict that replica's LRU leaves
         while it holds more than ``budget`` tokens, and whole-tree LRU leaves while the
-        estimate exceeds ``max_bytes``."""
+        estimate exceeds ``max_bytes``. Returns what ``take_back`` needs (None: no data)."""
         if not data:
-            return
+            return None
+        held = 0
         self._tick += 1
         tick = self._tick
         root = self.roots.get(ns)
@@ -132,6 +142,8 @@ class RadixTree:
                 k = _common_bytes(child.edge, data[pos : pos + size])
                 child = self._split(child, k)
                 size = 4 * k
+            if replica in child.holders:
+                held = child.end
             self._touch(child, replica, tick)
             pos += size
             node = child
@@ -140,6 +152,35 @@ class RadixTree:
         if self.max_bytes is not None:
             while self.estimated_bytes() > self.max_bytes and self._evict_global():
                 pass
+        return Inserted(tick, held)
+
+    def take_back(self, ns: Hashable, data: bytes, replica: str, inserted: Inserted) -> None:
+        """Undo an ``insert`` of ``data`` for ``replica`` (its prompt never reached it): the
+        replica lets go of the nodes of ``data``'s path that the insert brought it (deeper
+        than ``inserted.held``), deepest first, up to one a later insert touched (that one
+        and its ancestors are held for that insert). What the insert touched or evicted
+        stays as it left it."""
+        node = self.roots.get(ns)
+        path: list[Node] = []
+        pos, n = 0, len(data)
+        # the insert split its path's edges where ``data`` and ``held`` end, and nothing
+        # merges nodes: the path, as far as it is still there, is whole edges of ``data``
+        while node is not None and pos < n:
+            child = node.children.get(data[pos : pos + 4])
+            if child is None or data[pos : pos + len(child.edge)] != child.edge:
+                break
+            path.append(child)
+            pos += len(child.edge)
+            node = child
+        for node in reversed(path):
+            if node.end <= inserted.held:
+                break
+            tick = node.holders.get(replica)
+            if tick is None:
+                continue  # evicted since
+            if tick != inserted.tick:
+                break
+            self._release(node, replica)
 
     def _touch(self, node: Node, replica: str, tick: int) -> None:
         if replica not in node.holders:

@@ -3,6 +3,11 @@ replica (an LRU of the prompt chains sent there, within the replica's KV capacit
 index from each chain's first entry to the models holding it, so a decision only matches
 a prompt against the replicas that may hold its start.
 
+A prompt sent is admitted pending (``ReplicaCacheModel``), remembered by its try's ``sent``
+id: taken back (``unadmit``) when the replica refuses it before taking it, let stand
+(``settle``) when the request ends, goes elsewhere after a try that may have reached the
+replica, or is the oldest of too many (``_PENDING_KEYS_KEPT``).
+
 A model is emptied when its replica restarts (a new epoch) and resized with its scraped
 capacity. It is aged by the prefill the replica did that this gateway did not send (other
 gateway copies', or clients bypassing it): the replica's prefill counter's rate over what
@@ -17,6 +22,7 @@ Not thread-safe; one owner (the policy) drives it.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
@@ -31,6 +37,10 @@ _CHURN_OWNER = stable_hash(b"kvgate-others-prefill")  # the owner of those entri
 # to this factor above it is taken as the prediction's error, not as others' traffic
 _OWN_MARGIN = 1.25
 _HINTS_KEPT = 1 << 14  # prefix keys whose entries held at the last match are kept
+# entry keys of pending admissions kept (a few in-flight prompts' worth; the oldest pending
+# admission stands once they are more), and pending admissions kept
+_PENDING_KEYS_KEPT = 1 << 16
+_PENDING_KEPT = 4096
 
 
 class _Model(NamedTuple):
@@ -38,11 +48,21 @@ class _Model(NamedTuple):
     epoch: int
 
 
+class _Pending(NamedTuple):
+    """An admission whose replica may still refuse its prompt."""
+
+    replica: str
+    model: ReplicaCacheModel  # the model it went into (a new epoch's is another)
+    keys: list[int]  # the entries it brings (``ReplicaCacheModel.admit``'s ``pending``)
+    uncached: int  # what it added to the replica's own load, at ``now``
+    now: float | None
+
+
 class ReplicaModels:
     """The cache models of a fleet's replicas; see the module docstring."""
 
     __slots__ = ("_aged_at", "_churn", "_churn_key", "_heads", "_hints", "_load_window_s",
-                 "_models", "_own_load")
+                 "_models", "_own_load", "_pending", "_pending_keys")
 
     def __init__(self, load_window_s: float) -> None:
         self._load_window_s = load_window_s
@@ -53,6 +73,8 @@ class ReplicaModels:
         self._churn: dict[str, float] = {}  # others' prefill not yet in a model, tokens
         self._aged_at: dict[str, float] = {}  # when each replica's model was last aged
         self._churn_key = 0  # the last churn entry's key
+        self._pending: OrderedDict[int, _Pending] = OrderedDict()  # by ``sent``, oldest 1st
+        self._pending_keys = 0  # keys held in ``_pending``
 
     def get(self, replica: str) -> ReplicaCacheModel | None:
         """The replica's model, if any (of whatever epoch)."""
@@ -108,21 +130,62 @@ class ReplicaModels:
         return dict(sorted(out.items()))  # in the fleet's order: ties break the same way
 
     def admit(self, replica: str, epoch: int, size: int, chain: PromptChain, owner: int,
-              prompt_tokens: int, now: float | None) -> int:
+              prompt_tokens: int, now: float | None, sent: int | None = None) -> int:
         """Enter a ``prompt_tokens``-token prompt sent to ``replica`` at ``now`` into its
         model (``chain``, owned by prefix key ``owner``); returns the tokens of it the model
-        did not hold (what the replica prefills)."""
+        did not hold (what the replica prefills). ``sent``, when given, identifies the try
+        (one per request at a time): the admission is pending until ``unadmit`` or
+        ``settle`` names it; a pending one of the same ``sent`` stands."""
         model = self.model(replica, epoch, size)
         uncached = max(0, prompt_tokens - model.match(chain))
         if chain:
             self._heads.setdefault(chain[0].key, set()).add(replica)
-        self._forget_heads(replica, model.admit(chain, owner))
+        keys: list[int] | None = None
+        if sent is not None:
+            self.settle(sent)  # a try before this one: it may have reached its replica
+            keys = []
+        self._forget_heads(replica, model.admit(chain, owner, keys))
         if now is not None:
             own = self._own_load.get(replica)
             if own is None:
                 own = self._own_load[replica] = DecayedRate(self._load_window_s)
             own.add(now, uncached)
+        if sent is not None and keys is not None:
+            self._pending[sent] = _Pending(replica, model, keys, uncached, now)
+            self._pending_keys += len(keys)
+            while self._pending_keys > _PENDING_KEYS_KEPT or len(self._pending) > _PENDING_KEPT:
+                self.settle(next(iter(self._pending)))
         return uncached
+
+    def unadmit(self, sent: int, replica: str) -> None:
+        """The try ``sent`` to ``replica`` was refused before the replica took its prompt:
+        take back its pending admission there (what no other pending admission brings),
+        and its prefill from the replica's own load. (A pending admission of ``sent``
+        elsewhere stands: that try is over.)"""
+        pending = self._pending.pop(sent, None)
+        if pending is None:
+            return
+        self._pending_keys -= len(pending.keys)
+        if pending.replica != replica:
+            pending.model.confirm(pending.keys)
+            return
+        held = self._models.get(replica)
+        if held is None or held.model is not pending.model:
+            return  # the replica left or restarted since: its model is another
+        self._forget_heads(replica, held.model.forget(pending.keys))
+        own = self._own_load.get(replica)
+        if own is not None and pending.now is not None and own.last is not None:
+            # the tokens added at ``now`` have decayed since, to the rate's last add
+            own.add(pending.now, -pending.uncached * math.exp(
+                min(0.0, pending.now - own.last) / own.tau_s))
+
+    def settle(self, sent: int) -> None:
+        """Let the pending admission of try ``sent``, if any, stand (its request ended, or
+        went on after a try that may have reached its replica)."""
+        pending = self._pending.pop(sent, None)
+        if pending is not None:
+            self._pending_keys -= len(pending.keys)
+            pending.model.confirm(pending.keys)
 
     def age(self, views: Iterable[ReplicaView], now: float,
             size_of: Callable[[str], tuple[int, int]]) -> None:
@@ -204,6 +267,7 @@ class ReplicaModels:
 
     def remove(self, replica: str) -> None:
         """Forget a replica that left the fleet."""
+        self._drop_pending(replica)
         self._models.pop(replica, None)
         self._forget_heads(replica)
         self._own_load.pop(replica, None)
@@ -212,10 +276,16 @@ class ReplicaModels:
 
     def reset(self, replica: str) -> None:
         """Empty the model of a replica that restarted (its cache is empty)."""
+        self._drop_pending(replica)
         held = self._models.get(replica)
         if held is not None:
             held.model.clear()
             self._forget_heads(replica)
+
+    def _drop_pending(self, replica: str) -> None:
+        """Drop the pending admissions to ``replica``, whose model is emptied."""
+        for sent in [s for s, p in self._pending.items() if p.replica == replica]:
+            self._pending_keys -= len(self._pending.pop(sent).keys)
 
     def _forget_heads(self, replica: str, evicted: Sequence[int] | None = None) -> None:
         """Drop ``replica`` from the head index: for the ``evicted`` keys, or for every
@@ -238,3 +308,7 @@ class ReplicaModels:
                 if owner is None or key not in owner.model:
                     raise AssertionError(f"cost: head {key} indexed on {replica!r}, which "
                                          "does not hold it")
+        keys = sum(len(p.keys) for p in self._pending.values())
+        if keys != self._pending_keys:
+            raise AssertionError(f"cost: {self._pending_keys} pending keys counted, "
+                                 f"{keys} held by {len(self._pending)} pending admissions")
