@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-by", default=None, metavar="NAME",
                         help="name this replica in every response's x-kvgate-served-by "
                              "header (which replica answered, behind any router)")
+    parser.add_argument("--max-held-body-bytes", type=positive_int, default=None,
+                        metavar="BYTES",
+                        help="bytes of request bodies held at once, all requests together, "
+                             "from their first byte until they are parsed: past it a request "
+                             "gets 429 (Retry-After: 1), and a body larger than it alone "
+                             "413 (default: 4 times the 64 MiB a body may hold)")
     parser.add_argument("--kv-events-topic", default="", help="topic frame of KV events")
     parser.add_argument("--kv-events-encoding", choices=ENCODINGS, default="array",
                         help="each KV event as a tagged array (vLLM's classic form) or as a "
@@ -207,7 +213,7 @@ def _fit_context(info: ExecutorInfo, block_size: int, asked: int | None) -> int:
 
 def build_server(args: argparse.Namespace) -> Any:
     """An :class:`engine.server.EngineServer` configured from parsed arguments."""
-    from engine.server import EngineServer
+    from engine.server import DEFAULT_MAX_HELD_BODY_BYTES, EngineServer
     from kvwire.tokenizer import load_tokenizer
 
     if args.model is not None and args.executor != "torch":  # not served: say so
@@ -241,7 +247,9 @@ def build_server(args: argparse.Namespace) -> Any:
     return EngineServer(core, tokenizer, model_name=args.model_name or info.model_name,
                         sleep_modeled_time=args.executor == "sim", kv_events=publisher,
                         cache_config_info=not args.no_cache_config_info,
-                        embedder=embedder, weight_version=args.weight_version)
+                        embedder=embedder, weight_version=args.weight_version,
+                        max_held_body_bytes=args.max_held_body_bytes
+                        or DEFAULT_MAX_HELD_BODY_BYTES)
 
 
 def run(args: argparse.Namespace) -> int:

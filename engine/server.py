@@ -57,12 +57,22 @@ from kvwire.openai_schema import (
     model_field,
     optional,
 )
-from kvwire.request_edge import ErrorBoundary, parses_on_loop, read_body, unless_disconnected
+from kvwire.request_edge import (
+    ErrorBoundary,
+    HeldBodyBytes,
+    parses_on_loop,
+    read_body,
+    unless_disconnected,
+)
 
 if TYPE_CHECKING:
     from engine.kv_event_publisher import KVEventPublisher
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# the bytes of request bodies held at once, received or being decoded and checked, by
+# default (``--max-held-body-bytes``): decoded, a body takes many times its bytes (a 64 MiB
+# list of token ids, GiBs), and every request may send one at the same time
+DEFAULT_MAX_HELD_BODY_BYTES = 4 * MAX_BODY_BYTES
 T = TypeVar("T")
 # Prompts (or inputs, in all) longer than this many characters are tokenized in a worker
 # thread.
@@ -117,11 +127,16 @@ class EngineServer:
                  sleep_modeled_time: bool, kv_events: KVEventPublisher | None = None,
                  cache_config_info: bool = True,
                  embedder: SimEmbedder | None = None,
-                 weight_version: str = "default") -> None:
+                 weight_version: str = "default",
+                 max_held_body_bytes: int = DEFAULT_MAX_HELD_BODY_BYTES) -> None:
         """``embedder``: how this model embeds (``None``: ``/v1/embeddings`` answers 400);
         ``weight_version``: the version SGLang's ``meta_info.weight_version`` and
-        ``/get_model_info`` name."""
+        ``/get_model_info`` name; ``max_held_body_bytes``: the bytes of request bodies
+        :meth:`read_json` holds at once, all requests together (past it a 429; a body
+        larger than it alone, a 413)."""
         self.core = core
+        self.bodies = HeldBodyBytes(max_held_body_bytes, server="engine",
+                                    setting="--max-held-body-bytes")
         self.weight_version = weight_version
         self.embedder = embedder
         # The pool records KV events only when they are published; they are drained on
@@ -181,11 +196,16 @@ class EngineServer:
     async def read_json(self, request: HTTPRequest, parse: Callable[[Any], T],
                         max_body_bytes: int = MAX_BODY_BYTES) -> T:
         """``parse`` of the request's JSON body, on the event loop when the body is small
-        (``parses_on_loop``), else decoded and parsed in a worker thread."""
-        raw = await read_body(request, max_body_bytes)
-        if parses_on_loop(raw):
-            return parse(decode_json(raw))
-        return await asyncio.to_thread(lambda: parse(decode_json(raw)))
+        (``parses_on_loop``), else decoded and parsed in a worker thread. Its bytes count
+        in ``bodies`` from their arrival until it is parsed (or refused)."""
+        limit = min(max_body_bytes, self.bodies.limit)
+        raw = await read_body(request, limit, self.bodies, keep=True)
+        try:
+            if parses_on_loop(raw):
+                return parse(decode_json(raw))
+            return await asyncio.to_thread(lambda: parse(decode_json(raw)))
+        finally:
+            self.bodies.give(len(raw))
 
     async def _encode(self, text: str, for_model: bool = True) -> list[int]:
         return (await self.encode_texts([text], for_model))[0]

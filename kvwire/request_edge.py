@@ -26,6 +26,7 @@ from kvwire.openai_schema import (
     NotFound,
     OpenAIError,
     PayloadTooLarge,
+    TooManyRequests,
 )
 
 log = logging.getLogger("kvgate.http")
@@ -82,18 +83,52 @@ class ByteBudget(Protocol):
     def give(self, n: int) -> None: ...
 
 
-async def read_body(request: Request, limit: int, budget: ByteBudget | None = None) -> bytes:
+class HeldBodyBytes:
+    """A :class:`ByteBudget`: the bytes of request bodies a server holds at once (received,
+    or being decoded), at most ``limit``. ``take`` past it is a 429 with ``Retry-After``
+    naming ``server``, what it holds, the limit and ``setting`` (what sets it), as the
+    gateway refuses a body past its ``limits.max_receiving_bytes``; ``give`` returns
+    bytes taken. One event loop's: not thread-safe."""
+
+    __slots__ = ("held", "limit", "server", "setting")
+
+    def __init__(self, limit: int, *, server: str, setting: str) -> None:
+        if limit < 1:
+            raise ValueError(f"{setting} must be at least 1 byte, got {limit}")
+        self.limit = limit
+        self.server = server
+        self.setting = setting
+        self.held = 0
+
+    def take(self, n: int) -> None:
+        if self.held + n > self.limit:
+            raise TooManyRequests(
+                f"the {self.server} holds {self.held} bytes of request bodies, and "
+                f"{n} more would pass its limit of {self.limit} ({self.setting}); retry "
+                f"after 1 s", code=f"{self.server}_overloaded", headers={"Retry-After": "1"})
+        self.held += n
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+async def read_body(request: Request, limit: int, budget: ByteBudget | None = None, *,
+                    keep: bool = False) -> bytes:
     """The whole body; PayloadTooLarge as soon as it is known to exceed ``limit`` bytes
     (from the declared length, or counted as it arrives when none is declared);
     ClientDisconnected when the client leaves before sending it all. With a ``budget``,
-    the bytes received are taken from it as they arrive and given back at the end."""
+    the bytes received are taken from it as they arrive and given back at the end; with
+    ``keep`` too, a whole body's stay taken (its decoded form costs more than its bytes):
+    the caller gives ``len(body)`` back once done with it. Bytes of a body not read whole
+    (too large, over the budget, the client gone) are always given back here."""
     try:
-        return await _read_body(request, limit, budget)
+        return await _read_body(request, limit, budget, keep)
     except ClientDisconnect:
         raise ClientDisconnected("client disconnected while sending the body") from None
 
 
-async def _read_body(request: Request, limit: int, budget: ByteBudget | None) -> bytes:
+async def _read_body(request: Request, limit: int, budget: ByteBudget | None,
+                     keep: bool) -> bytes:
     declared = header_value(request, "content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
@@ -122,11 +157,15 @@ async def _read_body(request: Request, limit: int, budget: ByteBudget | None) ->
                     grown = bytearray(body)
                 grown += chunk
             size += len(chunk)
-    finally:
-        if budget is not None:
+        if grown is not None:
+            body = bytes(grown)
+    except BaseException:
+        if budget is not None and keep:
             budget.give(size)
-    if grown is not None:
-        body = bytes(grown)
+        raise
+    finally:
+        if budget is not None and not keep:
+            budget.give(size)
     request._body = body  # Starlette's own: a later ``request.body()`` reads it
     return body
 
