@@ -18,6 +18,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,16 +135,23 @@ class RequestFields:
 
 
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Python's json (vLLM's) skips
+# The body ``decode_json`` read last in this context (a request's task, or one call in a
+# worker thread): orjson reads an integer literal past 64 bits as a float, and an error
+# naming such a value finds the literal here again (``_as_sent``). The body is held by
+# its request meanwhile anyway
+_DECODED: ContextVar[bytes] = ContextVar("kvwire_decoded_body", default=b"")
 
 
 def decode_json(raw: bytes) -> Any:
     if raw.startswith(_BOM):
         raw = raw[len(_BOM):]
     try:
-        return orjson.loads(raw)
+        decoded = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # also raised for invalid UTF-8
         raise BadRequest(f"request body is not valid JSON: {_not_utf8(raw) or exc}",
                          code="invalid_json") from exc
+    _DECODED.set(raw)
+    return decoded
 
 
 def _not_utf8(raw: bytes) -> str | None:
@@ -183,8 +191,36 @@ def optional(body: Mapping[str, Any], key: str, types: type | tuple[type, ...],
     if int in allowed and float not in allowed \
             and _beyond_int64(value if isinstance(value, float) else read):
         raise BadRequest(f"'{key}' must be a signed 64-bit integer (-2**63 to 2**63 - 1), "
-                         f"got {shown(value, 80)}", param=key)
+                         f"got {_as_sent(key, value)}", param=key)
     return read
+
+
+# an integer literal of more digits than this is named by its size and magnitude
+_SHOWN_DIGITS = 40
+
+
+def _as_sent(key: str, value: Any) -> str:
+    """``value``, the body's ``key``, as an error names it: a float read from an integer
+    literal (one past 64 bits: orjson reads those as floats) by that literal's digits, or
+    past ``_SHOWN_DIGITS`` how many and the magnitude; else ``shown``."""
+    literal = _integer_literal(key, value) if isinstance(value, float) else None
+    if literal is None:
+        return shown(value, 80)
+    digits = len(literal.lstrip(b"-"))
+    if digits <= _SHOWN_DIGITS:
+        return literal.decode()
+    size = f"an integer of {digits} digits"
+    return f"{size}, about {value:.6g}" if math.isfinite(value) else size
+
+
+def _integer_literal(key: str, value: float) -> bytes | None:
+    """The integer literal orjson read as ``value`` for a field ``key`` of the body
+    ``decode_json`` read last here; None when there is none, or more than one (the same
+    key in other objects, their values alike as floats): never another field's."""
+    field = re.compile(rb'"%s"[ \t\r\n]*:[ \t\r\n]*(-?[0-9]+)(?![0-9.eE])'
+                       % re.escape(key.encode()))
+    found = {m[1] for m in field.finditer(_DECODED.get()) if float(m[1]) == value}
+    return found.pop() if len(found) == 1 else None
 
 
 # pydantic's lax booleans (vLLM's request models)
