@@ -28,7 +28,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from engine.core import EngineCore
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, decode_json
-from kvwire.request_edge import read_body
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
@@ -48,7 +47,10 @@ class NativeControlRoutes:
         self.server = server
 
     async def abort_request(self, request: HTTPRequest) -> Response:
-        body = decode_json(await read_body(request, _MAX_BODY_BYTES))
+        srv = self.server
+        raw = await srv.read_held(request, _MAX_BODY_BYTES)
+        srv.bodies.give(len(raw))
+        body = decode_json(raw)
         if not isinstance(body, dict):
             raise BadRequest(f"request body must be a JSON object, got {shown(body)}")
         abort_all = body.get("abort_all", False)

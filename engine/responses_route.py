@@ -44,7 +44,6 @@ from kvwire.openai_schema import (
 from kvwire.request_edge import (
     PARSE_ON_THREAD_COMMAS,
     parses_on_loop,
-    read_body,
     unless_disconnected,
 )
 from kvwire.responses_input import ResponsesChat, responses_chat
@@ -133,9 +132,12 @@ class ResponsesRoute:
         srv = self.server
         # a large body (in bytes or in items) is read in a worker thread, and so is the
         # chat it stands for, as is one continuing a long conversation
-        raw = await read_body(request, self.max_body_bytes)
-        inline = parses_on_loop(raw)
-        asked = _read(raw) if inline else await asyncio.to_thread(_read, raw)
+        raw = await srv.read_held(request, self.max_body_bytes)
+        try:
+            inline = parses_on_loop(raw)
+            asked = _read(raw) if inline else await asyncio.to_thread(_read, raw)
+        finally:
+            srv.bodies.give(len(raw))
         body, chat = asked.body, asked.chat
         history: list[dict[str, Any]] = []
         if asked.previous is not None:

@@ -51,6 +51,7 @@ from kvwire.media_parts import media_type, shown
 from kvwire.openai_schema import (
     BadRequest,
     ClientDisconnected,
+    RequestTimeout,
     ServiceUnavailable,
     check_served,
     decode_json,
@@ -73,6 +74,9 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 # default (``--max-held-body-bytes``): decoded, a body takes many times its bytes (a 64 MiB
 # list of token ids, GiBs), and every request may send one at the same time
 DEFAULT_MAX_HELD_BODY_BYTES = 4 * MAX_BODY_BYTES
+# a request body comes whole within this (as the gateway's ``limits.body_timeout_s``), or is
+# refused 408: a client that stops mid-body would hold its bytes of ``bodies`` for good
+BODY_TIMEOUT_S = 60.0
 T = TypeVar("T")
 # Prompts (or inputs, in all) longer than this many characters are tokenized in a worker
 # thread.
@@ -132,11 +136,12 @@ class EngineServer:
         """``embedder``: how this model embeds (``None``: ``/v1/embeddings`` answers 400);
         ``weight_version``: the version SGLang's ``meta_info.weight_version`` and
         ``/get_model_info`` name; ``max_held_body_bytes``: the bytes of request bodies
-        :meth:`read_json` holds at once, all requests together (past it a 429; a body
+        :meth:`read_held` holds at once, all requests together (past it a 429; a body
         larger than it alone, a 413)."""
         self.core = core
         self.bodies = HeldBodyBytes(max_held_body_bytes, server="engine",
                                     setting="--max-held-body-bytes")
+        self.body_timeout_s = BODY_TIMEOUT_S
         self.weight_version = weight_version
         self.embedder = embedder
         # The pool records KV events only when they are published; they are drained on
@@ -198,14 +203,26 @@ class EngineServer:
         """``parse`` of the request's JSON body, on the event loop when the body is small
         (``parses_on_loop``), else decoded and parsed in a worker thread. Its bytes count
         in ``bodies`` from their arrival until it is parsed (or refused)."""
-        limit = min(max_body_bytes, self.bodies.limit)
-        raw = await read_body(request, limit, self.bodies, keep=True)
+        raw = await self.read_held(request, max_body_bytes)
         try:
             if parses_on_loop(raw):
                 return parse(decode_json(raw))
             return await asyncio.to_thread(lambda: parse(decode_json(raw)))
         finally:
             self.bodies.give(len(raw))
+
+    async def read_held(self, request: HTTPRequest, max_body_bytes: int = MAX_BODY_BYTES
+                        ) -> bytes:
+        """The request's body, within ``max_body_bytes`` and ``body_timeout_s`` (408),
+        its bytes taken from ``bodies`` as they arrive: the caller gives ``len(body)``
+        back once done with it."""
+        limit = min(max_body_bytes, self.bodies.limit)
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                return await read_body(request, limit, self.bodies, keep=True)
+        except TimeoutError:
+            raise RequestTimeout(f"request body not received within "
+                                 f"{self.body_timeout_s:g} s", code="body_timeout") from None
 
     async def _encode(self, text: str, for_model: bool = True) -> list[int]:
         return (await self.encode_texts([text], for_model))[0]

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvwire.openai_schema import OpenAIError, ServiceUnavailable
+from kvwire.openai_schema import OpenAIError, RequestTimeout, ServiceUnavailable
 from kvwire.request_edge import ErrorBoundary
 
 MODEL_SHOWN_CHARS = 256  # of a model's name in an error: a body may hold megabytes of it
@@ -46,12 +46,8 @@ class UpstreamTimeout(UpstreamError):
     kind = "upstream_timeout"
 
 
-class BodyTimeout(OpenAIError):
+class BodyTimeout(RequestTimeout):
     """The request body did not arrive within ``limits.body_timeout_s``."""
-
-    status = 408
-    type = "invalid_request_error"
-    kind = "body_timeout"
 
 
 # keys of a request's ASGI scope: its ``perf_counter`` at arrival (``Arrival``), and that

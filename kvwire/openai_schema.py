@@ -86,6 +86,14 @@ class PayloadTooLarge(OpenAIError):
     kind = "too_large"
 
 
+class RequestTimeout(OpenAIError):
+    """The request body did not arrive whole in time."""
+
+    status = 408
+    type = "invalid_request_error"
+    kind = "body_timeout"
+
+
 class UnsupportedMediaType(OpenAIError):
     status = 415
     type = "invalid_request_error"
