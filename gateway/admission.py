@@ -1,6 +1,6 @@
 """Admission control: at most ``max_in_flight`` requests answered at once, an optional
 bounded wait for a place, and 429 with ``Retry-After`` for the rest (``LimitsConfig``);
-and the bytes of request bodies being received (``BodyBytes``), which are read before a
+and the bytes of request bodies being received (``HeldBodyBytes``), which are read before a
 request takes a place.
 
 A request holds a ``Slot`` from admission until its answer ends (relayed, failed or
@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 from gateway.config import LimitsConfig
 from kvwire.openai_schema import OpenAIError, TooManyRequests
+from kvwire.request_edge import HeldBodyBytes
 
 
 class Slot:
@@ -36,33 +37,11 @@ class Slot:
             self._admission._leave(time.monotonic() - self._since)
 
 
-class BodyBytes:
-    """The bytes of request bodies being received, at most ``limit`` at once (``take`` as
-    they arrive, ``give`` back once the body is whole or abandoned). A body is read before
-    its request waits for a place, so what a slow client holds is what it sent."""
-
-    __slots__ = ("held", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-
-    def take(self, n: int) -> None:
-        if self.held + n > self.limit:
-            raise TooManyRequests(
-                f"the gateway is receiving {self.held} bytes of request bodies, at its "
-                f"limit of {self.limit}; retry after 1 s", code="gateway_overloaded",
-                headers={"Retry-After": "1"})
-        self.held += n
-
-    def give(self, n: int) -> None:
-        self.held -= n
-
-
 class Admission:
     def __init__(self, limits: LimitsConfig) -> None:
         self.limits = limits
-        self.bodies = BodyBytes(limits.max_receiving_bytes)
+        self.bodies = HeldBodyBytes(limits.max_receiving_bytes, server="gateway",
+                                    setting="limits.max_receiving_bytes")
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()  # and some given up
         self.waiting = 0  # requests waiting that no place was handed to yet

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 
 from starlette.requests import Request
 
-from gateway.admission import BodyBytes
-from kvwire.request_edge import read_body
+from kvwire.request_edge import HeldBodyBytes, read_body
 
 READS = 40_000
 READ_BYTES = 3
@@ -29,7 +28,7 @@ def test_a_body_sent_in_thousands_of_tiny_reads_is_held_at_about_its_size() -> N
 
     scope = {"type": "http", "method": "POST", "path": "/v1/completions",
              "headers": [(b"transfer-encoding", b"chunked")]}
-    budget = BodyBytes(1 << 20)
+    budget = HeldBodyBytes(1 << 20, server="gateway", setting="limits.max_receiving_bytes")
 
     async def read() -> tuple[bytes, int]:
         request = Request(scope, receive)
