@@ -4,8 +4,10 @@ Unlike ``engine.model.config.ModelConfig`` (what the torch executor can load), t
 any decoder's config without torch and without checking that kvgate can run it: sizing a
 KV cache needs only layers, KV heads, head dim and dtype. The parameter count, used by the
 sim executor's roofline, is estimated from the dense shapes (embeddings, attention, gated
-MLP) when the config does not give it. A multimodal model's config (Gemma 3, Llama 4,
-Mistral 3) keeps its language model's settings in ``text_config``: they are read there. A
+MLP) when the config does not give it. A multimodal model's config keeps its language
+model's settings nested (``text_config``: Gemma 3, Llama 4, Mistral 3; ``llm_config``:
+InternVL; ``language_config``: DeepSeek-VL2; ``thinker_config.text_config``:
+Qwen2.5-Omni): they are read there. A
 multi-head latent attention model (DeepSeek-V2/V3) caches one latent per token and layer
 (``mla_latent_width``), which the shape gives as one KV head of half its width.
 """
@@ -47,17 +49,32 @@ class TextConfig:
         return value
 
 
+# where a multimodal config keeps its language model's settings, as transformers'
+# get_text_config and vLLM look (Gemma 3, Llama 4, Mistral 3; InternVL; DeepSeek-VL2;
+# Qwen2.5-Omni's thinker)
+_NESTED = (("text_config",), ("llm_config",), ("language_config",),
+           ("thinker_config", "text_config"))
+
+
 def text_config(raw: Mapping[str, Any]) -> TextConfig:
-    """``raw`` itself, or its ``text_config`` where the top level lacks the language
-    model's settings (a multimodal model's: Gemma 3, Llama 4, Mistral 3), as transformers'
+    """``raw`` itself, or the first of its nested language model configs (``_NESTED``)
+    where the top level lacks the language model's settings, as transformers'
     ``get_text_config`` reads it."""
-    nested = raw.get("text_config")
-    if nested is None or all(raw.get(key) is not None for key in _TEXT_KEYS):
+    if all(raw.get(key) is not None for key in _TEXT_KEYS):
         return TextConfig(raw)
-    if not isinstance(nested, Mapping):
-        raise ValueError(f"config.json text_config must be an object, got "
-                         f"{repr(nested)[:200]}")
-    return TextConfig(nested, "text_config.")
+    for path in _NESTED:
+        nested: Any = raw
+        where = ""
+        for key in path:
+            if not isinstance(nested, Mapping) or nested.get(key) is None:
+                break
+            nested, where = nested[key], f"{where}{key}."
+            if not isinstance(nested, Mapping):
+                raise ValueError(f"config.json {where[:-1]} must be an object, got "
+                                 f"{repr(nested)[:200]}")
+        else:
+            return TextConfig(nested, where)
+    return TextConfig(raw)
 
 
 def dtype_bytes(raw: Mapping[str, Any]) -> int:
