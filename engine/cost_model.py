@@ -8,6 +8,8 @@ One step computes ``n_i`` new tokens for each sequence ``i`` at positions
       attended keys of seq i = sum_{p = s_i}^{c_i - 1} (p + 1) = n_i * s_i + n_i (n_i + 1) / 2
     bytes = params * dtype_bytes                               (weights, once per step)
           + kv_bytes_per_token * sum(c_i + n_i)                 (read context, write new)
+      kv_bytes_per_token = layers * (2 * kv_heads * head_dim, or an MLA latent's width)
+                           * dtype_bytes
     seconds = max(flops / (peak * compute_eff), bytes / (bw * bandwidth_eff)) + overhead
 """
 
@@ -36,14 +38,20 @@ class ModelShape:
     head_dim: int
     dtype_bytes: int = 2
     max_model_len: int = 8192
+    # multi-head latent attention (DeepSeek-V2/V3): the values cached per token and layer,
+    # one latent all heads share (kv_lora_rank + qk_rope_head_dim), in place of a K and a
+    # V per KV head; None: ordinary attention
+    mla_latent_width: int | None = None
 
     def __post_init__(self) -> None:
         if not (_finite(self.params) and self.params > 0):
             raise ValueError(f"model.params must be a positive number, got {self.params!r}")
         # counts: a float here made the KV block count a float (a TypeError at start)
         for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "dtype_bytes",
-                    "max_model_len"):
+                    "max_model_len", "mla_latent_width"):
             v = getattr(self, key)
+            if v is None and key == "mla_latent_width":
+                continue
             if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
                 raise ValueError(f"model.{key} must be a positive integer, got {v!r}")
 
@@ -52,8 +60,16 @@ class ModelShape:
         return self.num_heads * self.head_dim
 
     @property
+    def kv_values_per_token_layer(self) -> int:
+        """The values one token caches in one layer: its latent (MLA), else a K and a V
+        per KV head."""
+        if self.mla_latent_width is not None:
+            return self.mla_latent_width
+        return 2 * self.num_kv_heads * self.head_dim
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return self.num_layers * self.kv_values_per_token_layer * self.dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)

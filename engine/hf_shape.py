@@ -9,7 +9,7 @@ model's settings nested (``text_config``: Gemma 3, Llama 4, Mistral 3; ``llm_con
 InternVL; ``language_config``: DeepSeek-VL2; ``thinker_config.text_config``:
 Qwen2.5-Omni): they are read there. A
 multi-head latent attention model (DeepSeek-V2/V3) caches one latent per token and layer
-(``mla_latent_width``), which the shape gives as one KV head of half its width.
+(``mla_latent_width``), which the shape keeps as its KV width.
 """
 
 from __future__ import annotations
@@ -121,10 +121,13 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
     heads = text.positive("num_attention_heads")
     kv_heads = text.positive("num_key_value_heads", heads)
     head_dim = text.positive("head_dim", hidden // heads)
+    latent = None
     if text.values.get("kv_lora_rank") is not None:
-        # ModelShape counts a K and a V per KV head: the latent is one head of half its
-        # width, rounded up (the released models' latents are even: 512 + 64)
-        kv_heads, head_dim = 1, -(-mla_latent_width(text) // 2)
+        # one latent per token and layer (vLLM's single KV head of that width); a head
+        # attends over qk_nope_head_dim + qk_rope_head_dim
+        latent = mla_latent_width(text)
+        kv_heads = 1
+        head_dim = text.positive("qk_nope_head_dim") + text.positive("qk_rope_head_dim")
     return ModelShape(
         name=str(raw.get("_name_or_path") or name),
         params=float(raw.get("num_parameters") or estimate_params(raw)),
@@ -134,6 +137,7 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
         head_dim=head_dim,
         dtype_bytes=dtype_bytes(raw),
         max_model_len=text.positive("max_position_embeddings", 8192),
+        mla_latent_width=latent,
     )
 
 

@@ -19,6 +19,15 @@ def _times(ratio: float | None, fmt: str = ".0f") -> str:
     return "all of it" if ratio is None else f"{ratio:{fmt}}x"
 
 
+def _kv_per_token(m: dict[str, Any]) -> str:
+    """How a token's KV is counted: a K and a V per KV head, or an MLA latent."""
+    if m.get("mla_latent_width") is not None:
+        return (f"{m['num_layers']} layers x MLA latent {m['mla_latent_width']} values per "
+                f"token per layer x {m['dtype_bytes']} B")
+    return (f"2 x {m['num_layers']} layers x {m['num_kv_heads']} KV heads x "
+            f"{m['head_dim']} x {m['dtype_bytes']} B")
+
+
 def render(plan: dict[str, Any]) -> str:
     m, fleet, w = plan["model"], plan["fleet"], plan["workload"]
     per_replica = plan["docs_per_replica"]
@@ -32,8 +41,7 @@ def render(plan: dict[str, Any]) -> str:
         f"hot ones{at_once} get {w['hot_share']:.0%} of requests; ~{w['tail_tokens']:.0f} tokens "
         "of each request its own",
         "",
-        f"KV per token         2 x {m['num_layers']} layers x {m['num_kv_heads']} KV heads x "
-        f"{m['head_dim']} x {m['dtype_bytes']} B = {_size(plan['kv_bytes_per_token'])}",
+        f"KV per token         {_kv_per_token(m)} = {_size(plan['kv_bytes_per_token'])}",
         f"KV per document      {w['doc_tokens']:,.0f} tokens = {_size(plan['bytes_per_doc'])}",
         f"idle KV per replica  {fleet['idle_kv_gib']:g} GiB = {per_replica} documents "
         f"(each with its question: {_size(plan['bytes_per_request'])})",
