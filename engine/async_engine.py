@@ -59,6 +59,20 @@ class _Waiter:
         self.live = False
 
 
+class _Aborts:
+    """Aborts queued one after another for the loop, applied as one batch
+    (:meth:`EngineCore.abort_requests`) where they stand among the other queued calls."""
+
+    __slots__ = ("engine", "request_ids")
+
+    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
+        self.engine = engine
+        self.request_ids = [request_id]
+
+    def __call__(self) -> None:
+        self.engine.core.abort_requests(self.request_ids, now=self.engine.clock())
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -146,7 +160,12 @@ class AsyncEngine:
             if waiter is not None and waiter.queue is not queue:
                 return
         self._queues.pop(request_id, None)
-        self._pending.append(lambda: self.core.abort_request(request_id, now=self.clock()))
+        pending = self._pending
+        last = pending[-1] if pending else None
+        if isinstance(last, _Aborts):  # many clients leaving at once: one pass for all
+            last.request_ids.append(request_id)
+        else:
+            pending.append(_Aborts(self, request_id))
         self._wake.set()
 
     def in_flight(self) -> list[str]:
