@@ -280,11 +280,15 @@ class AsyncEngine:
                 try:
                     out = await loop.run_in_executor(self._pool, core.step, t0)
                 except StepFailed as failed:
-                    self._fail(failed)
-                    if self._on_step is not None:
-                        # reported as an empty step: the blocks evicted to make room for
-                        # it are gone all the same, and their KV events go out now
-                        self._on_step(StepOutput([], 0.0, 0, 0))
+                    try:
+                        self._fail(failed)
+                    finally:
+                        if self._on_step is not None:
+                            # reported as an empty step: the blocks evicted to make room
+                            # for it are gone all the same, and their KV events go out now,
+                            # also when this failure stops the loop (subscribers would keep
+                            # blocks the engine dropped)
+                            self._on_step(StepOutput([], 0.0, 0, 0))
                     continue
                 self._failed_in_a_row = 0
                 if self.sleep_modeled_time:
