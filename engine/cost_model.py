@@ -3,10 +3,12 @@
 One step computes ``n_i`` new tokens for each sequence ``i`` at positions
 ``[s_i, s_i + n_i)`` (context ``c_i = s_i + n_i``)::
 
-    flops = 2 * params * sum(n_i)                              (dense layers)
+    flops = 2 * active_params * sum(n_i)                       (weights a token uses)
           + 4 * layers * heads * head_dim * sum(attended keys)  (QK^T and PV)
       attended keys of seq i = sum_{p = s_i}^{c_i - 1} (p + 1) = n_i * s_i + n_i (n_i + 1) / 2
-    bytes = params * dtype_bytes                               (weights, once per step)
+    bytes = weight_bytes_read(sum(n_i))                        (weights, once per step:
+            all of a dense model's; a mixture of experts' shared weights and the experts
+            its tokens go to, ModelShape.weight_bytes_read)
           + kv_bytes_per_token * sum(c_i + n_i)                 (read context, write new)
       kv_bytes_per_token = layers * (2 * kv_heads * head_dim, or an MLA latent's width)
                            * dtype_bytes
@@ -42,22 +44,54 @@ class ModelShape:
     # one latent all heads share (kv_lora_rank + qk_rope_head_dim), in place of a K and a
     # V per KV head; None: ordinary attention
     mla_latent_width: int | None = None
+    # a mixture of experts: the parameters one token computes with (None: all, a dense
+    # model), of num_experts routed experts per MoE layer experts_per_token each
+    active_params: float | None = None
+    num_experts: int = 1
+    experts_per_token: int = 1
 
     def __post_init__(self) -> None:
         if not (_finite(self.params) and self.params > 0):
             raise ValueError(f"model.params must be a positive number, got {self.params!r}")
+        active = self.active_params
+        if active is not None and not (_finite(active) and 0 < active <= self.params):
+            raise ValueError(f"model.active_params must be a number in (0, params="
+                             f"{self.params:g}], got {active!r}")
         # counts: a float here made the KV block count a float (a TypeError at start)
         for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "dtype_bytes",
-                    "max_model_len", "mla_latent_width"):
+                    "max_model_len", "mla_latent_width", "num_experts",
+                    "experts_per_token"):
             v = getattr(self, key)
             if v is None and key == "mla_latent_width":
                 continue
             if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
                 raise ValueError(f"model.{key} must be a positive integer, got {v!r}")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"model.experts_per_token {self.experts_per_token} is more "
+                             f"than num_experts {self.num_experts}")
 
     @property
     def hidden_size(self) -> int:
         return self.num_heads * self.head_dim
+
+    @property
+    def active(self) -> float:
+        """The parameters one token computes with."""
+        return self.params if self.active_params is None else self.active_params
+
+    def weight_bytes_read(self, tokens: int) -> float:
+        """The weight bytes a step of ``tokens`` tokens reads: every shared weight and the
+        routed experts its tokens go to. With routing taken as uniform and independent,
+        a token leaves a given expert out with chance ``1 - k / E``, so ``tokens`` of them
+        use a share ``1 - (1 - k / E) ** tokens`` of the routed weights ``R``; a token's
+        own ``active = params - R (1 - k / E)``, which gives
+        ``params - (params - active) (1 - k / E) ** (tokens - 1)``: ``active`` for one
+        token, nearly ``params`` for a large batch. A dense model's: ``params``."""
+        if self.active_params is None:
+            return self.params * self.dtype_bytes
+        unused = (self.params - self.active_params) \
+            * (1 - self.experts_per_token / self.num_experts) ** (tokens - 1)
+        return (self.params - unused) * self.dtype_bytes
 
     @property
     def kv_values_per_token_layer(self) -> int:
@@ -164,9 +198,8 @@ class CostModel:
     def __init__(self, model: ModelShape, gpu: GPUSpec) -> None:
         self.model = model
         self.gpu = gpu
-        self._flops_per_token = 2.0 * model.params
+        self._flops_per_token = 2.0 * model.active
         self._attn_flops_per_key = 4.0 * model.num_layers * model.num_heads * model.head_dim
-        self._weight_bytes = model.params * model.dtype_bytes
         self._kv_bytes = float(model.kv_bytes_per_token)
         self._flops_rate = gpu.peak_tflops * 1e12 * gpu.compute_efficiency
         self._bytes_rate = gpu.hbm_tb_per_s * 1e12 * gpu.bandwidth_efficiency
@@ -188,5 +221,5 @@ class CostModel:
         if tokens == 0:
             return 0.0
         flops = self._flops_per_token * tokens + self._attn_flops_per_key * keys
-        nbytes = self._weight_bytes + self._kv_bytes * kv_tokens
+        nbytes = self.model.weight_bytes_read(tokens) + self._kv_bytes * kv_tokens
         return max(flops / self._flops_rate, nbytes / self._bytes_rate) + self._overhead

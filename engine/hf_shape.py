@@ -2,13 +2,14 @@
 
 Unlike ``engine.model.config.ModelConfig`` (what the torch executor can load), this reads
 any decoder's config without torch and without checking that kvgate can run it: sizing a
-KV cache needs only layers, KV heads, head dim and dtype. The parameter count, used by the
-sim executor's roofline, is estimated from the dense shapes (embeddings, attention, gated
-MLP) when the config does not give it. A multimodal model's config keeps its language
-model's settings nested (``text_config``: Gemma 3, Llama 4, Mistral 3; ``llm_config``:
-InternVL; ``language_config``: DeepSeek-VL2; ``thinker_config.text_config``:
-Qwen2.5-Omni): they are read there. A
-multi-head latent attention model (DeepSeek-V2/V3) caches one latent per token and layer
+KV cache needs only layers, KV heads, head dim and dtype. The parameter counts the sim
+executor's roofline uses (``estimate_params``) come from the shapes: embeddings, attention,
+gated MLP, and a mixture of experts' routed and shared experts (Mixtral, DeepSeek-V2/V3,
+Qwen MoE), all of them (``params``) and those one token uses (``active_params``). A
+multimodal model's config keeps its language model's settings nested (``text_config``:
+Gemma 3, Llama 4, Mistral 3; ``llm_config``: InternVL; ``language_config``: DeepSeek-VL2;
+``thinker_config.text_config``: Qwen2.5-Omni): they are read there. A multi-head latent
+attention model (DeepSeek-V2/V3) caches one latent per token and layer
 (``mla_latent_width``), which the shape keeps as its KV width.
 """
 
@@ -18,7 +19,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.cost_model import ModelShape
 
@@ -89,8 +90,68 @@ def dtype_bytes(raw: Mapping[str, Any]) -> int:
     return DTYPE_BYTES[name]
 
 
-def estimate_params(raw: Mapping[str, Any]) -> float:
-    """Dense parameters: embeddings (twice unless tied), q/k/v/o, gated MLP per layer."""
+class ParamCount(NamedTuple):
+    """A model's parameters: ``total``, every weight (what the weights' memory holds), and
+    ``active``, those one token computes with (a mixture of experts' shared layers, shared
+    experts and the ``experts_per_token`` of its ``num_experts`` routed ones it is sent
+    to; a dense model's are all of them)."""
+
+    total: float
+    active: float
+    num_experts: int = 1
+    experts_per_token: int = 1
+
+
+def _attention_params(text: TextConfig, hidden: int, heads: int, kv_heads: int,
+                      head_dim: int) -> int:
+    """One layer's attention weights: q/k/v/o, or multi-head latent attention's."""
+    if text.values.get("kv_lora_rank") is None:
+        return hidden * head_dim * (2 * heads + 2 * kv_heads)
+    # MLA: q (through a q_lora_rank latent where set), the KV latent and the rope key,
+    # the latent's expansion to each head's no-rope key and value, the output
+    nope, rope = text.positive("qk_nope_head_dim"), text.positive("qk_rope_head_dim")
+    rank, v_dim = text.positive("kv_lora_rank"), text.positive("v_head_dim", nope)
+    q = heads * (nope + rope)
+    q_params = hidden * q if text.values.get("q_lora_rank") is None else \
+        text.positive("q_lora_rank") * (hidden + q)
+    return (q_params + hidden * (rank + rope) + rank * heads * (nope + v_dim)
+            + heads * v_dim * hidden)
+
+
+def _experts(text: TextConfig) -> tuple[int, int]:
+    """Routed experts per mixture-of-experts layer and how many a token goes to; (0, 0)
+    for a dense model."""
+    for key in ("num_local_experts", "n_routed_experts", "num_experts"):  # Mixtral,
+        if text.values.get(key) not in (None, 0):  # DeepSeek, Qwen MoE
+            experts = text.positive(key)
+            per_token = text.positive("num_experts_per_tok")
+            if per_token > experts:
+                raise ValueError(f"config.json {text.where}num_experts_per_tok "
+                                 f"{per_token} is more than its {experts} experts ({key})")
+            return experts, per_token
+    return 0, 0
+
+
+def _moe_layers(text: TextConfig, layers: int) -> int:
+    """The layers whose MLP is a mixture of experts: DeepSeek's after its
+    ``first_k_dense_replace`` dense ones (every ``moe_layer_freq``-th), Qwen MoE's every
+    ``decoder_sparse_step``-th but its ``mlp_only_layers``; Mixtral's all."""
+    first = text.values.get("first_k_dense_replace") or 0
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise ValueError(f"config.json {text.where}first_k_dense_replace must be a "
+                         f"non-negative integer, got {first!r}")
+    freq = text.positive("moe_layer_freq", 1)
+    step = text.positive("decoder_sparse_step", 1)
+    dense = set(text.values.get("mlp_only_layers") or ())
+    return sum(1 for i in range(first, layers)
+               if i % freq == 0 and (i + 1) % step == 0 and i not in dense)
+
+
+def estimate_params(raw: Mapping[str, Any]) -> ParamCount:
+    """Parameters from the shapes: embeddings (twice unless tied), attention and a gated
+    MLP per layer, a mixture of experts' MLP (its routed experts, shared experts and
+    router) in its sparse layers, counted in full for ``total`` and as one token uses
+    them (shared, and ``num_experts_per_tok`` of the routed) for ``active``."""
     text = text_config(raw)
     hidden = text.positive("hidden_size")
     heads = text.positive("num_attention_heads")
@@ -99,11 +160,23 @@ def estimate_params(raw: Mapping[str, Any]) -> float:
     inter = text.positive("intermediate_size", 4 * hidden)
     vocab = text.positive("vocab_size")
     layers = text.positive("num_hidden_layers")
-    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    mlp = 3 * hidden * inter
     tied = text.values.get("tie_word_embeddings", raw.get("tie_word_embeddings"))
-    embeddings = vocab * hidden * (1 if tied else 2)
-    return float(embeddings + layers * (attention + mlp))
+    shared = vocab * hidden * (1 if tied else 2) \
+        + layers * _attention_params(text, hidden, heads, kv_heads, head_dim)
+    experts, per_token = _experts(text)
+    if not experts:
+        dense = float(shared + layers * 3 * hidden * inter)
+        return ParamCount(dense, dense)
+    sparse = _moe_layers(text, layers)
+    expert = 3 * hidden * text.positive("moe_intermediate_size", inter)
+    if text.values.get("shared_expert_intermediate_size") is not None:  # Qwen MoE
+        shared_experts = 3 * hidden * text.positive("shared_expert_intermediate_size")
+    else:  # DeepSeek's n_shared_experts of the routed ones' size
+        shared_experts = (text.values.get("n_shared_experts") or 0) * expert
+    common = shared + (layers - sparse) * 3 * hidden * inter \
+        + sparse * (shared_experts + hidden * experts)  # hidden * experts: the router
+    return ParamCount(float(common + sparse * experts * expert),
+                      float(common + sparse * per_token * expert), experts, per_token)
 
 
 def mla_latent_width(text: TextConfig) -> int:
@@ -128,9 +201,16 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
         latent = mla_latent_width(text)
         kv_heads = 1
         head_dim = text.positive("qk_nope_head_dim") + text.positive("qk_rope_head_dim")
+    count = estimate_params(raw)
+    given = raw.get("num_parameters")
+    if given:  # the config's count, its active share as estimated
+        count = count._replace(total=float(given), active=given * count.active / count.total)
     return ModelShape(
         name=str(raw.get("_name_or_path") or name),
-        params=float(raw.get("num_parameters") or estimate_params(raw)),
+        params=count.total,
+        active_params=None if count.active == count.total else count.active,
+        num_experts=count.num_experts,
+        experts_per_token=count.experts_per_token,
         num_layers=text.positive("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=kv_heads,

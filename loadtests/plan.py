@@ -173,6 +173,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         "model": {"name": shape.name, "num_layers": shape.num_layers,
                   "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
                   "mla_latent_width": shape.mla_latent_width,
+                  "params": shape.params, "active_params": shape.active,
+                  "weight_bytes": shape.params * shape.dtype_bytes,
                   "dtype_bytes": shape.dtype_bytes, "profile": args.model or profile},
         "fleet": {"replicas": args.replicas, "idle_kv_gib": idle, "arrival_rate": rate},
         "workload": {"source": work.source, "estimated": work.estimated,

@@ -19,6 +19,17 @@ def _times(ratio: float | None, fmt: str = ".0f") -> str:
     return "all of it" if ratio is None else f"{ratio:{fmt}}x"
 
 
+def _weights(m: dict[str, Any]) -> str:
+    """The weights a replica holds beside its KV; a mixture of experts' active share."""
+    text = (f"{m['params'] / 1e9:,.1f}B parameters x {m['dtype_bytes']} B = "
+            f"{_size(m['weight_bytes'])}, held beside the idle KV")
+    if m["active_params"] < m["params"]:
+        text += (f"\n                     {m['active_params'] / 1e9:,.1f}B active per "
+                 "token (a mixture of experts); a step reads the experts its tokens go "
+                 "to: a lone token's few, nearly all in a large batch")
+    return text
+
+
 def _kv_per_token(m: dict[str, Any]) -> str:
     """How a token's KV is counted: a K and a V per KV head, or an MLA latent."""
     if m.get("mla_latent_width") is not None:
@@ -41,6 +52,7 @@ def render(plan: dict[str, Any]) -> str:
         f"hot ones{at_once} get {w['hot_share']:.0%} of requests; ~{w['tail_tokens']:.0f} tokens "
         "of each request its own",
         "",
+        f"weights              {_weights(m)}",
         f"KV per token         {_kv_per_token(m)} = {_size(plan['kv_bytes_per_token'])}",
         f"KV per document      {w['doc_tokens']:,.0f} tokens = {_size(plan['bytes_per_doc'])}",
         f"idle KV per replica  {fleet['idle_kv_gib']:g} GiB = {per_replica} documents "
