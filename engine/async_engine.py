@@ -277,9 +277,14 @@ class AsyncEngine:
                         await self._wake.wait()
                     continue
                 t0 = self.clock()
+                # /metrics, read on this loop, sees the core as it was before the step
+                # while the step changes it in the worker thread (left held if the wait is
+                # cancelled: the step may run on)
+                core.step_gauges = core.gauges()
                 try:
                     out = await loop.run_in_executor(self._pool, core.step, t0)
                 except StepFailed as failed:
+                    core.step_gauges = None
                     try:
                         self._fail(failed)
                     finally:
@@ -290,6 +295,7 @@ class AsyncEngine:
                             # blocks the engine dropped)
                             self._on_step(StepOutput([], 0.0, 0, 0))
                     continue
+                core.step_gauges = None
                 self._failed_in_a_row = 0
                 if self.sleep_modeled_time:
                     remaining = out.seconds - (self.clock() - t0)

@@ -17,6 +17,7 @@ Typical loop::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -66,6 +67,16 @@ class StepFailed(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class CoreGauges:
+    """The core's gauges and counters (``stats``, a copy) as they were at one moment."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    stats: EngineStats
+
+
+@dataclass(frozen=True, slots=True)
 class StepOutput:
     outputs: list[RequestOutput]
     seconds: float
@@ -90,6 +101,10 @@ class EngineCore:
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.eviction)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.requests: dict[str, Request] = {}
+        # Set by a driver that runs a step in another thread, for as long as it runs: the
+        # core as it was before it, for readers on the driver's own thread (/metrics),
+        # who would otherwise read it half-way through the step (see :meth:`read_gauges`).
+        self.step_gauges: CoreGauges | None = None
         # Executors may stop on several ids (``eos_token_ids``) or one (``eos_token_id``).
         eos = executor.eos_token_id
         self._eos_ids: frozenset[int] = frozenset(
@@ -189,6 +204,17 @@ class EngineCore:
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    def gauges(self) -> CoreGauges:
+        """The gauges and counters now (cheap: a copy of a dozen counters)."""
+        return CoreGauges(len(self.scheduler.running), len(self.scheduler.waiting),
+                          self.kv.usage(), dataclasses.replace(self.stats))
+
+    def read_gauges(self) -> CoreGauges:
+        """What a reader sees: the ones held while a step runs (``step_gauges``), so that
+        it sees the step whole or not at all, else those of now."""
+        held = self.step_gauges
+        return self.gauges() if held is None else held
 
     def step(self, now: float = 0.0) -> StepOutput:
         """Schedule one batch, execute it, and apply its results. :class:`StepFailed`

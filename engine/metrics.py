@@ -1,7 +1,9 @@
 """Prometheus metrics under vLLM's names, read from the core's counters at scrape time.
 
 Counters and gauges come from :class:`engine.scheduler.EngineStats` and the KV pool when
-``/metrics`` is scraped (the core itself never touches prometheus); histograms are observed
+``/metrics`` is scraped (the core itself never touches prometheus), all read at one moment
+(:meth:`engine.core.EngineCore.read_gauges`: while a step runs in the engine's worker
+thread, as they were before it, not half-way through it); histograms are observed
 by the server's engine loop from each step and the per-request times in its outputs. As in
 vLLM, every series is labelled ``model_name`` and ``engine`` (the data-parallel rank: one
 engine here, ``"0"``), exists from start-up, and ``process_*`` describe the process.
@@ -74,7 +76,9 @@ class _CoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         core, labels, values = self._core, [m.MODEL_NAME_LABEL, m.ENGINE_LABEL], self._values
-        stats = core.stats
+        # read at one moment: not half-way through a step that runs in another thread
+        now = core.read_gauges()
+        stats = now.stats
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=labels)
@@ -86,10 +90,10 @@ class _CoreCollector(Collector):
             c.add_metric(values, value)
             return c
 
-        yield gauge(m.NUM_REQUESTS_RUNNING, "Requests in the running batch.", core.num_running)
+        yield gauge(m.NUM_REQUESTS_RUNNING, "Requests in the running batch.", now.num_running)
         yield gauge(m.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.",
-                    core.num_waiting)
-        yield gauge(m.KV_CACHE_USAGE, "Fraction of KV blocks in use (0-1).", core.kv.usage())
+                    now.num_waiting)
+        yield gauge(m.KV_CACHE_USAGE, "Fraction of KV blocks in use (0-1).", now.kv_usage)
         yield gauge(m.PROMPT_TOKENS_WAITING, "Prompt tokens queued and still to prefill "
                     "(less the prefix-cache hits found when they were queued).",
                     stats.prompt_tokens_waiting)
