@@ -49,6 +49,10 @@ class ModelShape:
     active_params: float | None = None
     num_experts: int = 1
     experts_per_token: int = 1
+    # layers attending only to the last sliding_window tokens (Mistral-7B-v0.1, Gemma 2
+    # and 3's local layers); the KV and the roofline still count them in full
+    sliding_window: int | None = None
+    sliding_window_layers: int = 0
 
     def __post_init__(self) -> None:
         if not (_finite(self.params) and self.params > 0):
@@ -66,6 +70,14 @@ class ModelShape:
                 continue
             if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
                 raise ValueError(f"model.{key} must be a positive integer, got {v!r}")
+        swa = self.sliding_window_layers
+        if isinstance(swa, bool) or not isinstance(swa, int) or not 0 <= swa <= self.num_layers:
+            raise ValueError(f"model.sliding_window_layers must be an integer in [0, "
+                             f"num_layers={self.num_layers}], got {swa!r}")
+        window = self.sliding_window
+        if swa and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+            raise ValueError(f"model.sliding_window must be a positive integer with "
+                             f"{swa} sliding_window_layers, got {window!r}")
         if self.experts_per_token > self.num_experts:
             raise ValueError(f"model.experts_per_token {self.experts_per_token} is more "
                              f"than num_experts {self.num_experts}")
@@ -104,6 +116,17 @@ class ModelShape:
     @property
     def kv_bytes_per_token(self) -> int:
         return self.num_layers * self.kv_values_per_token_layer * self.dtype_bytes
+
+    def kv_bytes_cached(self, tokens: int) -> int:
+        """The KV a cached prefix of ``tokens`` keeps when its sliding-window layers keep
+        only the last ``sliding_window`` tokens, as vLLM's hybrid KV cache manager does:
+        it frees a window layer's blocks outside the window and still hits a longer
+        prefix whose last window of blocks is cached. ``tokens * kv_bytes_per_token``
+        without window layers (or with vLLM's --disable-hybrid-kv-cache-manager)."""
+        per_layer = self.kv_values_per_token_layer * self.dtype_bytes
+        window = min(tokens, self.sliding_window or tokens)
+        full = self.num_layers - self.sliding_window_layers
+        return per_layer * (full * tokens + self.sliding_window_layers * window)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,9 @@ multimodal model's config keeps its language model's settings nested (``text_con
 Gemma 3, Llama 4, Mistral 3; ``llm_config``: InternVL; ``language_config``: DeepSeek-VL2;
 ``thinker_config.text_config``: Qwen2.5-Omni): they are read there. A multi-head latent
 attention model (DeepSeek-V2/V3) caches one latent per token and layer
-(``mla_latent_width``), which the shape keeps as its KV width.
+(``mla_latent_width``), which the shape keeps as its KV width. Sliding-window layers
+(Mistral-7B-v0.1; Gemma 2 and 3's local layers) are counted (``sliding_window_layers``)
+and sized in full, as every layer: see ``ModelShape.kv_bytes_cached``.
 """
 
 from __future__ import annotations
@@ -187,6 +189,37 @@ def mla_latent_width(text: TextConfig) -> int:
     return text.positive("kv_lora_rank") + text.positive("qk_rope_head_dim")
 
 
+# transformers' defaults for the models that alternate local and global layers: every
+# n-th layer global, the others within the sliding window
+_WINDOW_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+
+
+def sliding_window_layers(text: TextConfig, layers: int) -> tuple[int | None, int]:
+    """The sliding window and how many of the ``layers`` attend within it, as
+    transformers reads them: ``layer_types``' "sliding_attention" layers, else all but
+    every ``sliding_window_pattern``-th (Gemma 2 and 3's defaults), Qwen2's past
+    ``max_window_layers`` where ``use_sliding_window``, else all of them (Mistral-7B-v0.1);
+    ``(None, 0)`` without a window."""
+    values = text.values
+    if values.get("sliding_window") is None or values.get("use_sliding_window") is False:
+        return None, 0
+    window = text.positive("sliding_window")
+    types = values.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise ValueError(f"config.json {text.where}layer_types must be a list of "
+                             f"{layers} layer types, got {repr(types)[:200]}")
+        return window, sum(1 for kind in types if kind == "sliding_attention")
+    pattern = values.get("sliding_window_pattern") or \
+        _WINDOW_PATTERNS.get(str(values.get("model_type")))
+    if pattern is not None:
+        pattern = text.positive("sliding_window_pattern", pattern)
+        return window, layers - layers // pattern  # layers (i + 1) % pattern != 0
+    if values.get("use_sliding_window") and values.get("max_window_layers") is not None:
+        return window, max(0, layers - text.positive("max_window_layers"))
+    return window, layers
+
+
 def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape:
     """The ``ModelShape`` a ``config.json`` mapping describes; errors name the key."""
     text = text_config(raw)
@@ -201,6 +234,8 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
         latent = mla_latent_width(text)
         kv_heads = 1
         head_dim = text.positive("qk_nope_head_dim") + text.positive("qk_rope_head_dim")
+    layers = text.positive("num_hidden_layers")
+    window, window_layers = sliding_window_layers(text, layers)
     count = estimate_params(raw)
     given = raw.get("num_parameters")
     if given:  # the config's count, its active share as estimated
@@ -211,13 +246,15 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
         active_params=None if count.active == count.total else count.active,
         num_experts=count.num_experts,
         experts_per_token=count.experts_per_token,
-        num_layers=text.positive("num_hidden_layers"),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         dtype_bytes=dtype_bytes(raw),
         max_model_len=text.positive("max_position_embeddings", 8192),
         mla_latent_width=latent,
+        sliding_window=window if window_layers else None,
+        sliding_window_layers=window_layers,
     )
 
 

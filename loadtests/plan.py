@@ -23,10 +23,11 @@ from typing import Any
 
 import yaml
 
-from engine.cost_model import load_profile
+from engine.cost_model import ModelShape, load_profile
 from engine.hf_shape import shape_from_dir
+from engine.kv_sizing import GIB
 from kvwire.arg_types import float_between, non_negative_int, positive_float, positive_int
-from loadtests.plan_arithmetic import ROUTING_WINS, FleetSize, arithmetic
+from loadtests.plan_arithmetic import MIB, ROUTING_WINS, Arithmetic, FleetSize, arithmetic
 from loadtests.plan_report import render
 from loadtests.plan_simulation import PolicyFigures, simulate_policies
 from loadtests.plan_workload import PlanWorkload, from_capture, from_numbers, from_scenario
@@ -120,6 +121,25 @@ def _profile_path(args: argparse.Namespace, work: PlanWorkload, tmp: Path) -> st
     return str(path)
 
 
+def _notes(shape: ModelShape, numbers: Arithmetic, idle_kv_gib: float) -> list[str]:
+    """What the figures leave out for this model: its sliding-window layers."""
+    if not shape.sliding_window_layers:
+        return []
+    # the tokens a request keeps cached, in whole blocks, and what its window layers
+    # keep of them where only their window is kept
+    tokens = numbers.bytes_per_request // shape.kv_bytes_per_token
+    windowed = shape.kv_bytes_cached(tokens)
+    docs = int(idle_kv_gib * GIB) // windowed
+    return [f"{shape.sliding_window_layers} of {shape.num_layers} layers attend within a "
+            f"sliding window of {shape.sliding_window:,} tokens; the figures count every "
+            "layer in full (as vLLM with --disable-hybrid-kv-cache-manager): a lower bound "
+            "on the documents a replica holds. vLLM's hybrid KV cache manager keeps only "
+            "the window's blocks of those layers and still reuses a longer prefix whose "
+            f"last window is cached: a document with its question takes "
+            f"{windowed / MIB:,.0f} MiB, not {numbers.bytes_per_request / MIB:,.0f} MiB, "
+            f"up to {docs:,} documents a replica, if they stay cached that way"]
+
+
 def _recommend(plan: dict[str, Any], figures: dict[str, PolicyFigures],
                replicas: int) -> dict[str, Any]:
     if figures:
@@ -175,6 +195,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
                   "mla_latent_width": shape.mla_latent_width,
                   "params": shape.params, "active_params": shape.active,
                   "weight_bytes": shape.params * shape.dtype_bytes,
+                  "sliding_window": shape.sliding_window,
+                  "sliding_window_layers": shape.sliding_window_layers,
                   "dtype_bytes": shape.dtype_bytes, "profile": args.model or profile},
         "fleet": {"replicas": args.replicas, "idle_kv_gib": idle, "arrival_rate": rate},
         "workload": {"source": work.source, "estimated": work.estimated,
@@ -182,6 +204,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
                      "skipped_lines": work.skipped_lines, **asdict(work.library)},
         **asdict(numbers),
         "policies": {name: f.summary() for name, f in figures.items()},
+        "notes": _notes(shape, numbers, idle),
     }
     plan["hot_prefill_reduction_arithmetic"] = numbers.hot_prefill_reduction
     rr, best = figures.get("round_robin"), None

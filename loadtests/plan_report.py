@@ -89,6 +89,7 @@ def render(plan: dict[str, Any]) -> str:
                          f"{_times(simulated, '.1f')} (round_robin over "
                          f"{plan['hot_prefill_reduction_best_policy']}; the simulator's "
                          "cold documents churn the caches)")
+    lines += [f"note: {note}" for note in plan.get("notes", ())]
     rec = plan["recommendation"]
     lines += ["", f"recommendation: {rec['policy']} on {rec['replicas']} replicas: {rec['why']}"]
     return "\n".join(lines)

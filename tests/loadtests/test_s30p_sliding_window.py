@@ -1,0 +1,105 @@
+"""Sliding-window layers (Mistral-7B-v0.1, Gemma 2 and 3's local layers) are counted from
+config.json, and kvgate plan says that it sizes them in full: a lower bound on the
+documents a replica holds where vLLM keeps only their window's blocks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.cost_model import ModelShape
+from engine.hf_shape import shape_from_config
+from loadtests import plan as plan_cli
+from loadtests.plan_report import render
+
+GEMMA3_27B: dict[str, Any] = {  # text_config of gemma-3-27b-it, the keys sizing reads
+    "model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504,
+    "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
+    "head_dim": 128, "vocab_size": 262208, "sliding_window": 1024,
+    "sliding_window_pattern": 6,
+}
+MISTRAL_7B_V01: dict[str, Any] = {
+    "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 32000, "sliding_window": 4096, "torch_dtype": "bfloat16",
+}
+GEMMA2_9B: dict[str, Any] = {
+    "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+    "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "head_dim": 256, "vocab_size": 256000, "sliding_window": 4096,
+}
+QWEN2_7B: dict[str, Any] = {  # a window it does not use
+    "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    "vocab_size": 152064, "sliding_window": 131072, "use_sliding_window": False,
+    "max_window_layers": 28,
+}
+LAYER_TYPES = {**GEMMA3_27B, "sliding_window_pattern": None,
+               "layer_types": ["sliding_attention"] * 60 + ["full_attention"] * 2}
+
+
+@pytest.mark.parametrize(("config", "window", "layers"), [
+    (GEMMA3_27B, 1024, 52), ({**GEMMA3_27B, "sliding_window_pattern": None}, 1024, 52),
+    (MISTRAL_7B_V01, 4096, 32), (GEMMA2_9B, 4096, 21), (LAYER_TYPES, 1024, 60),
+    (QWEN2_7B, None, 0), ({**MISTRAL_7B_V01, "sliding_window": None}, None, 0),
+], ids=["gemma3", "gemma3-default", "mistral-v0.1", "gemma2", "layer_types", "qwen2",
+        "mistral-v0.3"])
+def test_sliding_window_layers_are_counted(config: dict[str, Any], window: int | None,
+                                           layers: int) -> None:
+    shape = shape_from_config(config)
+    assert (shape.sliding_window, shape.sliding_window_layers) == (window, layers)
+    # sized in full, as every layer
+    assert shape.kv_bytes_per_token == 2 * shape.num_layers * shape.num_kv_heads \
+        * shape.head_dim * shape.dtype_bytes
+
+
+def test_a_window_keeps_only_its_tokens_on_its_layers() -> None:
+    shape = shape_from_config(GEMMA3_27B)
+    per_layer = 2 * 16 * 128 * 2
+    assert shape.kv_bytes_cached(6000) == per_layer * (10 * 6000 + 52 * 1024)
+    assert shape.kv_bytes_cached(512) == 512 * shape.kv_bytes_per_token
+    full = shape_from_config(QWEN2_7B)
+    assert full.kv_bytes_cached(6000) == 6000 * full.kv_bytes_per_token
+
+
+def test_the_plan_says_it_sizes_window_layers_in_full(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "gemma3", "torch_dtype": "bfloat16", "text_config": GEMMA3_27B}))
+    parser = argparse.ArgumentParser(prog="kvgate plan")
+    plan_cli.add_arguments(parser)
+    plan = plan_cli.build_plan(parser.parse_args(
+        ["--model", str(tmp_path), "--replicas", "2", "--idle-kv-gib", "25",
+         "--sim-requests", "0"]))
+    assert plan["kv_bytes_per_token"] == 62 * 2 * 16 * 128 * 2
+    assert plan["docs_per_replica"] == 8  # every layer in full: the lower bound
+    (note,) = plan["notes"]
+    assert note.startswith("52 of 62 layers attend within a sliding window of 1,024 tokens")
+    assert "891 MiB, not 2,945 MiB, up to 28 documents a replica" in note
+    assert f"note: {note}" in render(plan)
+
+
+def test_a_model_without_windows_has_no_note(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_7B))
+    parser = argparse.ArgumentParser(prog="kvgate plan")
+    plan_cli.add_arguments(parser)
+    plan = plan_cli.build_plan(parser.parse_args(
+        ["--model", str(tmp_path), "--sim-requests", "0"]))
+    assert plan["notes"] == [] and "note:" not in render(plan)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"sliding_window_layers": 3}, "model.sliding_window_layers must be an integer in "
+                                   "[0, num_layers=2], got 3"),
+    ({"sliding_window_layers": 1}, "model.sliding_window must be a positive integer with "
+                                   "1 sliding_window_layers, got None"),
+])
+def test_bad_window_settings_are_refused_naming_them(changes: dict[str, Any],
+                                                     message: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        ModelShape("m", 8e9, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64,
+                   **changes)
+    assert str(exc.value) == message
