@@ -66,6 +66,11 @@ tokens for every replica it hears from, until it turns out that the gateway's to
 not the engines' (``index_matches``; ``describe``: ``kv_events_unmatched``). The model
 still predicts what an admission evicts.
 
+A request retried on another replica after one refused it before taking the prompt
+(``Unrouted``) counts once: the refused try is taken back from what the policy believes of
+that replica, and the retry adds nothing to what the request says of the traffic
+(``_unrouted``).
+
 ``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill,
 scratch and late terms alone exceed the best total is ranked after them unscored). Reasons:
 ``cache_match`` (the winner is predicted to hold part of the prompt), ``affinity`` (a hot
@@ -103,6 +108,7 @@ from policies.index_matches import IndexMatches
 from policies.kv_index import KVIndex
 from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
+from policies.prefix_affinity import RefusedTries
 from policies.prefix_keys import PrefixKeys
 from policies.replica_models import ReplicaModels
 from policies.request_memo import RequestMemo
@@ -134,6 +140,13 @@ class _Prepared(NamedTuple):
     units: memoryview  # the prompt's chunk hashes as u32 bytes (at most max_chunks)
     chain: PromptChain
     seen: int  # the key's decayed count before this request
+
+
+class _Counted(NamedTuple):
+    """What a request's first try counted that its retry after a refusal counts again,
+    at the replica that takes it (``Cost._unrouted``)."""
+
+    rare: bool | None  # its prefix judged rare (None: not judged) for the scratch set
 
 
 class Cost(Policy):
@@ -172,7 +185,8 @@ class Cost(Policy):
         self._partial_memo: tuple[dict[str, int], int, bool] | None = None
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
         self._scratch = ScratchSet(cfg)
-        self._routed = 0
+        self._routed = 0  # requests routed (a retry after a refusal not again)
+        self._refused: RefusedTries[_Counted] = RefusedTries()  # the retries to come
         self._memo: RequestMemo[_Prepared] = RequestMemo()
         self._keys = PrefixKeys(cfg)
         self.wants_fingerprint = self._keys.learner is not None  # it tells repeats apart
@@ -693,9 +707,7 @@ class Cost(Policy):
             if event.replica not in self._removed:  # (else the route went nowhere)
                 self._routed_to(event.request, event.replica)
         elif isinstance(event, Unrouted):
-            # the replica refused the prompt before taking it: what its admission brought
-            # into the model goes again (the request's statistics keep it: it was asked)
-            self._models.unadmit(id(event.request), event.replica)
+            self._unrouted(event.request, event.replica)
         elif isinstance(event, Finished):
             req = event.request
             self._models.settle(id(req))
@@ -755,25 +767,39 @@ class Cost(Policy):
         return capacity is not None and prompt_tokens > capacity * OVER_CAPACITY
 
     def _routed_to(self, request: RouteRequest, replica: str) -> None:
+        """``request`` is sent to ``replica``. What the replica is predicted to hold and
+        prefill is counted per try (a try it refuses is taken back: ``_unrouted``); what
+        the request says of the traffic (its prefix's count, request rates, the scratch
+        set's judgement, the common prefix learned) at its first try alone."""
         if self._refuses(replica, request.prompt_tokens):
             return  # nothing of it cached, evicted or prefilled there, nor a prefix's use
+        retry = self._refused.retried(request)
         prep = self._prepare(request)
         self._memo.clear()  # the counts below change what _prepare would say
         now = request.arrival_s
+        hot = False
+        if retry is None:
+            self._sketch.add(prep.key)
+            hot = self._hot(prep.key, prep.seen)
+            # judged once the sketch has seen a window (before, every prefix looks rare)
+            rare = not hot if self._sketch.halvings else None
+        else:
+            rare = retry.rare  # judged at its first try
         # pending until the replica takes it: a refusal (``Unrouted``) names the request
         # object this ``Routed`` carried
         uncached = self._models.admit(replica, *self._model_size(replica), prep.chain, prep.key,
-                                      request.prompt_tokens, now, sent=id(request))
+                                      request.prompt_tokens, now, sent=id(request), rare=rare)
         self._exact.routed(self.kv_index, request, replica, prep.key)
-        self._sketch.add(prep.key)
         if now is not None:
-            self._all_load.add(now, uncached)
+            self._all_load.add(now, uncached)  # (the sum of the replicas' own loads)
+            if rare is not None:
+                self._scratch.judged(now, uncached, rare, again=retry is not None)
+        if retry is not None:
+            return  # the same request again, counted at its first try
+        if now is not None:
             self._requests.add(now, 1.0)
-            hot = self._hot(prep.key, prep.seen)
             if hot:
                 self._hot_requests.add(now, 1.0)
-            if self._sketch.halvings:
-                self._scratch.judged(now, uncached, not hot)
             self._scratch.resize(now, self._routed, self._sketch.window, self._fleet_prefill,
                                  self._pace.value_s, len(self._facts),
                                  self._placement.total_tokens, self._mean_room)
@@ -799,6 +825,30 @@ class Cost(Policy):
                 self._order_of(ids, ring.points, owners, len(ring), up, in_scratch),
                 self._eligible_ids(ids, weights, up, in_scratch), self._room,
                 self._overflow(ids, ring.points, owners, len(ring), up, in_scratch))
+
+    def _unrouted(self, request: RouteRequest, replica: str) -> None:
+        """``replica`` refused ``request``'s try before taking the prompt: what the try made
+        the policy believe of the replica goes again (its cache model's admission, its
+        prefill in the fleet's loads and the scratch set's, its send in the index's
+        grace), and the next ``Routed`` of the request (its retry) counts those at the
+        next replica, but none of what the request says of the traffic: its first try
+        counted that (its prefix's count and judgement, the request rates, the common
+        prefix learned). Those are not taken back here: a count-min sketch's add cannot
+        be exactly (its conservative update raises only the counters at the key's
+        minimum, and later adds may have raised them too), nor a learner's window, nor
+        the scratch set's resize since."""
+        taken = self._models.unadmit(id(request), replica)
+        if taken is not None:
+            if taken.now is not None:
+                self._all_load.take_back(taken.now, taken.uncached)
+                if taken.rare is not None:
+                    self._scratch.take_back(taken.now, taken.uncached, taken.rare)
+            self._exact.unrouted(replica, taken.owner, taken.now)
+        if replica not in self._removed and not self._refuses(replica, request.prompt_tokens):
+            # that try counted the request, as ``_routed_to`` did (an admission no longer
+            # pending, past its bound or dropped with its replica's model, is not taken
+            # back: its judgement, lost with it, then stands for the retry's)
+            self._refused.refused(request, _Counted(None if taken is None else taken.rare))
 
     def _fleet_scale(self) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters

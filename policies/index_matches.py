@@ -4,7 +4,8 @@
 For each replica the index hears from, a prompt's cached tokens are the blocks the index
 holds of it; but for a prompt whose prefix key (its document, its conversation) went there
 in the last ``grace_s`` (its blocks may not be stored yet), which keeps the larger of the
-index's count and the model's.
+index's count and the model's. A try its replica refused (``unrouted``) is no send there: the
+key's time there goes back to the send before it.
 
 Until a first prompt matches a block in the index, a prompt that matches none keeps the
 model's prediction: it may be new, or the gateway's tokens may not be the engines'
@@ -40,9 +41,10 @@ class IndexMatches:
 
     def __init__(self, grace_s: float) -> None:
         self._grace_s = grace_s
-        # replica -> prefix key routed there -> when (the blocks it stores are not in the
-        # index until its prefill is done)
-        self._sending: dict[str, dict[int, float]] = {}
+        # replica -> prefix key routed there -> when, and when before that (None: not
+        # before), which a refusal of the last send puts back (the blocks it stores are
+        # not in the index until its prefill is done)
+        self._sending: dict[str, dict[int, tuple[float, float | None]]] = {}
         self._unmatched = 0
         self._agrees = False  # a prompt matched: the gateway's tokens are the engines'
         self._memo: tuple[RouteRequest, bool] | None = None  # the last matches: matched?
@@ -103,9 +105,10 @@ class IndexMatches:
         what its match said about the index."""
         if kv is not None:
             sending = self._sending.setdefault(replica, {})
-            sending.pop(key, None)  # kept in the order sent
+            before = sending.pop(key, None)  # kept in the order sent
             now = request.arrival_s
-            sending[key] = math.inf if now is None else now
+            sending[key] = (math.inf if now is None else now,
+                            None if before is None else before[0])
             if len(sending) > _SENT_KEPT:
                 for old in list(sending)[:_SENT_KEPT // 2]:
                     del sending[old]
@@ -117,6 +120,24 @@ class IndexMatches:
                 self._unmatched += 1
             self._memo = None
 
+    def unrouted(self, replica: str, key: int, now: float | None) -> None:
+        """The prompt of prefix key ``key`` routed to ``replica`` at ``now`` (its
+        ``routed``) was refused there before the replica took it: the key's time there is
+        the send's before it, or none. (Once another prompt of the key went there since,
+        that send stands, and the one before it is no longer known.)"""
+        sending = self._sending.get(replica)
+        sent = None if sending is None else sending.get(key)
+        if sending is None or sent is None:
+            return
+        at = math.inf if now is None else now
+        if sent[0] == at:
+            if sent[1] is None:
+                del sending[key]
+            else:
+                sending[key] = (sent[1], None)
+        elif sent[1] == at:
+            sending[key] = (sent[0], None)
+
     def forget(self, replica: str) -> None:
         """Forget what went to a replica that left or restarted."""
         self._sending.pop(replica, None)
@@ -124,7 +145,8 @@ class IndexMatches:
     def _sending_now(self, replica: str, key: int, now: float | None) -> bool:
         """Whether a prompt of prefix key ``key`` went to ``replica`` within the grace (its
         blocks may not be stored there yet)."""
-        sent = self._sending.get(replica, {}).get(key)
-        if sent is None:
+        times = self._sending.get(replica, {}).get(key)
+        if times is None:
             return False
+        sent = times[0]
         return now is None or sent == math.inf or now - sent < self._grace_s

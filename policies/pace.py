@@ -38,6 +38,12 @@ class DecayedRate:
             self._first = now
         self._acc += tokens
 
+    def take_back(self, at: float, tokens: float) -> None:
+        """Take back ``tokens`` added at ``at`` (a try its replica refused): what is left of
+        them, decayed since to the last add."""
+        if self._last is not None:
+            self.add(at, -tokens * math.exp(min(0.0, at - self._last) / self.tau_s))
+
     @property
     def last(self) -> float | None:
         """When tokens were last added (None before any)."""

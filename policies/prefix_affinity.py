@@ -26,6 +26,11 @@ where ``p`` is this request's prompt tokens, or whose queue holds at most
 ``min_queue_tokens`` (a floor: at light load the fleet's mean queue is below one long
 prompt, and the bound alone would move requests off their home replica for no latency
 gain). If none fits: the least loaded, reason ``spill``.
+
+What it learns (the key depth's counts, the common prefix) counts each request once: at its
+first ``Routed``. A retry after a refusal (``Unrouted``, then ``Routed`` to the next
+replica: ``RefusedTries``) is the same prompt again; counted twice, a document's rungs read
+as a prefix whose extensions come back, and its next question was keyed as a new branch.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from hashlib import blake2b
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from policies.base import (
     Decision,
@@ -44,6 +49,7 @@ from policies.base import (
     Routed,
     RouteEvent,
     RouteRequest,
+    Unrouted,
     healthy,
 )
 from policies.common_prefix import check_settings, learner_for
@@ -55,6 +61,48 @@ from policies.ring import Ring, RingCache, token_bytes, walk
 from policies.size_bounds import check_sizes
 
 PIECE_TOKENS = IDS_PER_CHUNK  # tokens a piece stands for, in the settings' units
+# requests refused whose retry is still to come, kept: the gateway sends the retry as soon
+# as the refusal comes (no other request's route between), so only a request refused by
+# its last replica, never retried, is left over, until this many newer ones push it out
+_REFUSED_KEPT = 16
+_Kept = TypeVar("_Kept")
+
+
+class RefusedTries(Generic[_Kept]):
+    """The requests whose last try its replica refused (``Unrouted``), until their next
+    ``Routed``: that one is a retry, of a request a policy counted at its first try, with
+    what the policy keeps of that count for it (a ``_Kept``).
+
+    What a policy learns from its traffic counts a request once, however many replicas it
+    was tried on: a try refused before the replica took the prompt is taken back where it
+    can be taken back exactly (what it made a replica's cache hold); what cannot be (a
+    count-min sketch's conservative update, a learner's window) is counted at the first
+    ``Routed`` alone. Each is held by identity: the object itself is kept, so another
+    request can never take its ``id``. A try that may have reached its replica (timed out)
+    gets no ``Unrouted``, and a retry after it counts again."""
+
+    __slots__ = ("_refused",)
+
+    def __init__(self) -> None:
+        # by ``id``: (the request, what was kept for it), oldest first
+        self._refused: dict[int, tuple[RouteRequest, _Kept]] = {}
+
+    def refused(self, request: RouteRequest, kept: _Kept) -> None:
+        """``request``'s try was refused (``Unrouted``): its next ``Routed`` is a retry,
+        handed ``kept``."""
+        refused = self._refused
+        refused.pop(id(request), None)  # kept in the order refused
+        refused[id(request)] = (request, kept)
+        if len(refused) > _REFUSED_KEPT:
+            del refused[next(iter(refused))]
+
+    def retried(self, request: RouteRequest) -> _Kept | None:
+        """For a ``Routed`` of ``request`` that is a retry after a refusal, what was kept
+        for it (once: the next try, refused in turn, is told again); else None."""
+        if not self._refused:  # (the usual case: a routed request costs only this test)
+            return None
+        entry = self._refused.pop(id(request), None)
+        return entry[1] if entry is not None and entry[0] is request else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +188,7 @@ class PrefixAffinity(Policy):
         self._depth = KeyDepth(self._units.prefix_tokens, cfg.key_rungs)
         # the last request keyed: its key units, window and key
         self._keyed: RequestMemo[_Keyed] = RequestMemo()
+        self._refused: RefusedTries[bool] = RefusedTries()  # counted, the retry to come
 
     @property
     def tokens_needed(self) -> int:  # type: ignore[override]
@@ -262,9 +311,15 @@ class PrefixAffinity(Policy):
         return Decision((spill, *rest), "spill", 0, scores)
 
     def observe(self, event: RouteEvent) -> None:
+        if isinstance(event, Unrouted):
+            if event.request.affinity_key is None:
+                self._refused.refused(event.request, True)
+            return
         if not isinstance(event, Routed) or event.request.affinity_key is not None:
             return
         request = event.request
+        if self._refused.retried(request) is not None:
+            return  # counted at its first try (the same prompt, tried on another replica)
         (data, n, _), window, key = self._keyed_window(request)
         self._keyed.clear()  # counted: a later choose of this request keys it afresh
         self._depth.observe(window, key)  # before the learner moves on

@@ -48,14 +48,16 @@ class _Model(NamedTuple):
     epoch: int
 
 
-class _Pending(NamedTuple):
+class PendingAdmission(NamedTuple):
     """An admission whose replica may still refuse its prompt."""
 
     replica: str
     model: ReplicaCacheModel  # the model it went into (a new epoch's is another)
     keys: list[int]  # the entries it brings (``ReplicaCacheModel.admit``'s ``pending``)
+    owner: int  # the prompt's prefix key
     uncached: int  # what it added to the replica's own load, at ``now``
     now: float | None
+    rare: bool | None  # the policy's judgement of its prefix (``admit``'s), handed back
 
 
 class ReplicaModels:
@@ -73,7 +75,8 @@ class ReplicaModels:
         self._churn: dict[str, float] = {}  # others' prefill not yet in a model, tokens
         self._aged_at: dict[str, float] = {}  # when each replica's model was last aged
         self._churn_key = 0  # the last churn entry's key
-        self._pending: OrderedDict[int, _Pending] = OrderedDict()  # by ``sent``, oldest 1st
+        # by ``sent``, oldest first
+        self._pending: OrderedDict[int, PendingAdmission] = OrderedDict()
         self._pending_keys = 0  # keys held in ``_pending``
 
     def get(self, replica: str) -> ReplicaCacheModel | None:
@@ -130,12 +133,15 @@ class ReplicaModels:
         return dict(sorted(out.items()))  # in the fleet's order: ties break the same way
 
     def admit(self, replica: str, epoch: int, size: int, chain: PromptChain, owner: int,
-              prompt_tokens: int, now: float | None, sent: int | None = None) -> int:
+              prompt_tokens: int, now: float | None, sent: int | None = None,
+              rare: bool | None = None) -> int:
         """Enter a ``prompt_tokens``-token prompt sent to ``replica`` at ``now`` into its
         model (``chain``, owned by prefix key ``owner``); returns the tokens of it the model
         did not hold (what the replica prefills). ``sent``, when given, identifies the try
         (one per request at a time): the admission is pending until ``unadmit`` or
-        ``settle`` names it; a pending one of the same ``sent`` stands."""
+        ``settle`` names it; a pending one of the same ``sent`` stands. ``rare``: whether
+        the policy judged the prompt's prefix rare (None: not judged), kept with it for
+        ``unadmit`` to hand back."""
         model = self.model(replica, epoch, size)
         uncached = max(0, prompt_tokens - model.match(chain))
         if chain:
@@ -151,33 +157,36 @@ class ReplicaModels:
                 own = self._own_load[replica] = DecayedRate(self._load_window_s)
             own.add(now, uncached)
         if sent is not None and keys is not None:
-            self._pending[sent] = _Pending(replica, model, keys, uncached, now)
+            self._pending[sent] = PendingAdmission(replica, model, keys, owner, uncached, now,
+                                                  rare)
             self._pending_keys += len(keys)
             while self._pending_keys > _PENDING_KEYS_KEPT or len(self._pending) > _PENDING_KEPT:
                 self.settle(next(iter(self._pending)))
         return uncached
 
-    def unadmit(self, sent: int, replica: str) -> None:
+    def unadmit(self, sent: int, replica: str) -> PendingAdmission | None:
         """The try ``sent`` to ``replica`` was refused before the replica took its prompt:
         take back its pending admission there (what no other pending admission brings),
-        and its prefill from the replica's own load. (A pending admission of ``sent``
-        elsewhere stands: that try is over.)"""
+        and its prefill from the replica's own load; returns it (None where none was
+        pending there: it stood, past the bound or as its request went on, or was dropped
+        with the replica's model). (A pending admission of ``sent`` elsewhere stands:
+        that try is over.)"""
         pending = self._pending.pop(sent, None)
         if pending is None:
-            return
+            return None
         self._pending_keys -= len(pending.keys)
         if pending.replica != replica:
             pending.model.confirm(pending.keys)
-            return
+            return None
         held = self._models.get(replica)
-        if held is None or held.model is not pending.model:
-            return  # the replica left or restarted since: its model is another
-        self._forget_heads(replica, held.model.forget(pending.keys))
+        if held is not None and held.model is pending.model:
+            self._forget_heads(replica, held.model.forget(pending.keys))
+        # (else the replica restarted since: its model is another, while its load, which
+        # the refused prompt never added to, is the same)
         own = self._own_load.get(replica)
-        if own is not None and pending.now is not None and own.last is not None:
-            # the tokens added at ``now`` have decayed since, to the rate's last add
-            own.add(pending.now, -pending.uncached * math.exp(
-                min(0.0, pending.now - own.last) / own.tau_s))
+        if own is not None and pending.now is not None:
+            own.take_back(pending.now, pending.uncached)
+        return pending
 
     def settle(self, sent: int) -> None:
         """Let the pending admission of try ``sent``, if any, stand (its request ended, or

@@ -68,13 +68,22 @@ class ScratchSet:
         self._memo = (points, owners, size, list(up), out)
         return out
 
-    def judged(self, now: float, uncached: int, rare: bool) -> None:
+    def judged(self, now: float, uncached: int, rare: bool, again: bool = False) -> None:
         """Count a request routed once the sketch could judge it: its uncached tokens,
-        and whether its prefix was rare."""
-        self._judged += 1
+        and whether its prefix was rare. ``again``: its retry after a replica refused it
+        (``take_back``): its uncached tokens at the next replica, the request not again."""
+        if not again:
+            self._judged += 1
         self._judged_load.add(now, uncached)
         if rare:
             self._rare_load.add(now, uncached)
+
+    def take_back(self, now: float, uncached: int, rare: bool) -> None:
+        """Take back the uncached tokens ``judged`` counted at ``now`` for a try its replica
+        refused before taking the prompt (the request stays counted)."""
+        self._judged_load.take_back(now, uncached)
+        if rare:
+            self._rare_load.take_back(now, uncached)
 
     def resize(self, now: float, routed: int, window: int, fleet_prefill: float | None,
                pace_s: float, replicas: int, placed_tokens: int, mean_room: float) -> None:
