@@ -108,8 +108,8 @@ from policies.index_matches import IndexMatches
 from policies.kv_index import KVIndex
 from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
-from policies.prefix_affinity import RefusedTries
 from policies.prefix_keys import PrefixKeys
+from policies.refused_tries import RefusedTries
 from policies.replica_models import ReplicaModels
 from policies.request_memo import RequestMemo
 from policies.ring import RingCache, walk
