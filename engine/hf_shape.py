@@ -5,7 +5,7 @@ any decoder's config without torch and without checking that kvgate can run it: 
 KV cache needs only layers, KV heads, head dim and dtype. The parameter counts the sim
 executor's roofline uses (``estimate_params``) come from the shapes: embeddings, attention,
 gated MLP, and a mixture of experts' routed and shared experts (Mixtral, DeepSeek-V2/V3,
-Qwen MoE), all of them (``params``) and those one token uses (``active_params``). A
+Qwen MoE, Llama 4), all of them (``params``) and those one token uses (``active_params``). A
 multimodal model's config keeps its language model's settings nested (``text_config``:
 Gemma 3, Llama 4, Mistral 3; ``llm_config``: InternVL; ``language_config``: DeepSeek-VL2;
 ``thinker_config.text_config``: Qwen2.5-Omni): they are read there. A multi-head latent
@@ -137,23 +137,43 @@ def _experts(text: TextConfig) -> tuple[int, int]:
 def _moe_layers(text: TextConfig, layers: int) -> int:
     """The layers whose MLP is a mixture of experts: DeepSeek's after its
     ``first_k_dense_replace`` dense ones (every ``moe_layer_freq``-th), Qwen MoE's every
-    ``decoder_sparse_step``-th but its ``mlp_only_layers``; Mixtral's all."""
+    ``decoder_sparse_step``-th but its ``mlp_only_layers``, Llama 4's ``moe_layers`` (by
+    default every ``interleave_moe_layer_step``-th: Maverick's odd ones, Scout's all);
+    Mixtral's all."""
+    listed = text.values.get("moe_layers")
+    if listed is not None:  # Llama 4's, as transformers reads them
+        if not isinstance(listed, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers
+                for i in listed):
+            raise ValueError(f"config.json {text.where}moe_layers must be a list of layer "
+                             f"indices below {layers}, got {repr(listed)[:200]}")
+        return len(set(listed))
     first = text.values.get("first_k_dense_replace") or 0
     if isinstance(first, bool) or not isinstance(first, int) or first < 0:
         raise ValueError(f"config.json {text.where}first_k_dense_replace must be a "
                          f"non-negative integer, got {first!r}")
     freq = text.positive("moe_layer_freq", 1)
-    step = text.positive("decoder_sparse_step", 1)
+    # layers (i + 1) % step == 0: Qwen MoE's, and Llama 4's range(step - 1, layers, step)
+    step = text.positive("interleave_moe_layer_step" if "interleave_moe_layer_step"
+                         in text.values else "decoder_sparse_step", 1)
     dense = set(text.values.get("mlp_only_layers") or ())
     return sum(1 for i in range(first, layers)
                if i % freq == 0 and (i + 1) % step == 0 and i not in dense)
+
+
+def _is_llama4(raw: Mapping[str, Any], text: TextConfig) -> bool:
+    """Whether the config is Llama 4's (its text config's model_type, or the top level's),
+    whose every MoE layer has one shared expert no key counts."""
+    return text.values.get("model_type") == "llama4_text" or \
+        raw.get("model_type") in ("llama4", "llama4_text")
 
 
 def estimate_params(raw: Mapping[str, Any]) -> ParamCount:
     """Parameters from the shapes: embeddings (twice unless tied), attention and a gated
     MLP per layer, a mixture of experts' MLP (its routed experts, shared experts and
     router) in its sparse layers, counted in full for ``total`` and as one token uses
-    them (shared, and ``num_experts_per_tok`` of the routed) for ``active``."""
+    them (shared, and ``num_experts_per_tok`` of the routed) for ``active``: Mixtral,
+    DeepSeek-V2/V3, Qwen MoE, Llama 4 (Scout 108B / 17B, Maverick 401B / 17B)."""
     text = text_config(raw)
     hidden = text.positive("hidden_size")
     heads = text.positive("num_attention_heads")
@@ -165,17 +185,21 @@ def estimate_params(raw: Mapping[str, Any]) -> ParamCount:
     tied = text.values.get("tie_word_embeddings", raw.get("tie_word_embeddings"))
     shared = vocab * hidden * (1 if tied else 2) \
         + layers * _attention_params(text, hidden, heads, kv_heads, head_dim)
+    # a dense layer's MLP: Llama 4's intermediate_size_mlp, its experts' intermediate_size
+    dense_mlp = 3 * hidden * text.positive("intermediate_size_mlp", inter)
     experts, per_token = _experts(text)
     if not experts:
-        dense = float(shared + layers * 3 * hidden * inter)
+        dense = float(shared + layers * dense_mlp)
         return ParamCount(dense, dense)
     sparse = _moe_layers(text, layers)
     expert = 3 * hidden * text.positive("moe_intermediate_size", inter)
     if text.values.get("shared_expert_intermediate_size") is not None:  # Qwen MoE
         shared_experts = 3 * hidden * text.positive("shared_expert_intermediate_size")
+    elif _is_llama4(raw, text):  # one shared expert of the routed ones' size
+        shared_experts = expert
     else:  # DeepSeek's n_shared_experts of the routed ones' size
         shared_experts = (text.values.get("n_shared_experts") or 0) * expert
-    common = shared + (layers - sparse) * 3 * hidden * inter \
+    common = shared + (layers - sparse) * dense_mlp \
         + sparse * (shared_experts + hidden * experts)  # hidden * experts: the router
     return ParamCount(float(common + sparse * experts * expert),
                       float(common + sparse * per_token * expert), experts, per_token)

@@ -41,12 +41,35 @@ QWEN15_MOE_A27B: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
+# meta-llama/Llama-4-Maverick-17B-128E's text_config (as its config.json on the Hub): 128
+# experts in every other layer (moe_layers by default the odd ones), the dense layers'
+# MLP of intermediate_size_mlp, each MoE layer's shared expert of intermediate_size
+LLAMA4_MAVERICK_TEXT: dict[str, Any] = {
+    "model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048,
+    "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+    "max_position_embeddings": 1048576, "torch_dtype": "bfloat16",
+}
+LLAMA4_MAVERICK: dict[str, Any] = {
+    "model_type": "llama4", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "text_config": LLAMA4_MAVERICK_TEXT,
+}
+LLAMA4_SCOUT: dict[str, Any] = {  # Llama-4-Scout-17B-16E: 16 experts in every layer
+    **LLAMA4_MAVERICK, "text_config": {
+        **LLAMA4_MAVERICK_TEXT, "num_local_experts": 16, "interleave_moe_layer_step": 1,
+        "max_position_embeddings": 10485760},
+}
+
 
 @pytest.mark.parametrize(("config", "total", "active"), [
     (MIXTRAL_8X7B, 46.7e9, 12.9e9),
     (DEEPSEEK_V3, 671e9, 37e9),
     (QWEN15_MOE_A27B, 14.3e9, 2.7e9),
-], ids=["mixtral-8x7b", "deepseek-v3", "qwen1.5-moe-a2.7b"])
+    (LLAMA4_MAVERICK, 400e9, 17e9),  # published with its vision encoder: ~1B of them
+    (LLAMA4_SCOUT, 109e9, 17e9),
+], ids=["mixtral-8x7b", "deepseek-v3", "qwen1.5-moe-a2.7b", "llama4-maverick",
+        "llama4-scout"])
 def test_published_totals_and_active_counts(config: dict[str, Any], total: float,
                                             active: float) -> None:
     count = estimate_params(config)
@@ -54,6 +77,21 @@ def test_published_totals_and_active_counts(config: dict[str, Any], total: float
     assert count.active == pytest.approx(active, rel=0.05)
     shape = shape_from_config(config)
     assert (shape.params, shape.active) == (count.total, count.active)
+
+
+def test_llama4s_moe_layers_are_its_listed_ones() -> None:
+    listed = {**LLAMA4_MAVERICK, "text_config": {
+        **LLAMA4_MAVERICK_TEXT, "moe_layers": list(range(1, 48, 2))}}
+    assert estimate_params(listed) == estimate_params(LLAMA4_MAVERICK)
+    every = {**LLAMA4_MAVERICK, "text_config": {
+        **LLAMA4_MAVERICK_TEXT, "moe_layers": list(range(48))}}
+    assert estimate_params(every).total == pytest.approx(
+        estimate_params(LLAMA4_MAVERICK).total * 2, rel=0.05)
+    with pytest.raises(ValueError) as exc:
+        estimate_params({**LLAMA4_MAVERICK, "text_config": {
+            **LLAMA4_MAVERICK_TEXT, "moe_layers": [1, 48]}})
+    assert str(exc.value) == ("config.json text_config.moe_layers must be a list of layer "
+                              "indices below 48, got [1, 48]")
 
 
 def test_a_dense_model_is_all_active() -> None:
