@@ -310,6 +310,9 @@ class AsyncEngine:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in the core or executor: fail every caller
+            # the step (if it raised) is over: /metrics reads the core as it is now, not
+            # as it was before that step, for good
+            core.step_gauges = None
             log.exception("engine loop stopped")
             self.error = exc
             self._end(f"engine loop stopped: {exc!r}")
