@@ -18,6 +18,7 @@ and sized in full, as every layer: see ``ModelShape.kv_bytes_cached``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,6 +245,23 @@ def sliding_window_layers(text: TextConfig, layers: int) -> tuple[int | None, in
     return window, layers
 
 
+def _param_count(raw: Mapping[str, Any], text: TextConfig) -> ParamCount:
+    """The config's ``num_parameters`` where it gives them, with the estimate's active
+    share where the estimate can be made (``vocab_size`` given; else all of them active,
+    as a dense model's), else the estimate."""
+    given = raw.get("num_parameters")
+    if given is None:
+        return estimate_params(raw)
+    if isinstance(given, bool) or not isinstance(given, int | float) \
+            or not math.isfinite(given) or given <= 0:
+        raise ValueError(f"config.json num_parameters must be a positive number, got "
+                         f"{given!r}")
+    if text.values.get("vocab_size") is None:
+        return ParamCount(float(given), float(given))
+    count = estimate_params(raw)
+    return count._replace(total=float(given), active=given * count.active / count.total)
+
+
 def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape:
     """The ``ModelShape`` a ``config.json`` mapping describes; errors name the key."""
     text = text_config(raw)
@@ -260,10 +278,7 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
         head_dim = text.positive("qk_nope_head_dim") + text.positive("qk_rope_head_dim")
     layers = text.positive("num_hidden_layers")
     window, window_layers = sliding_window_layers(text, layers)
-    count = estimate_params(raw)
-    given = raw.get("num_parameters")
-    if given:  # the config's count, its active share as estimated
-        count = count._replace(total=float(given), active=given * count.active / count.total)
+    count = _param_count(raw, text)
     return ModelShape(
         name=str(raw.get("_name_or_path") or name),
         params=count.total,
