@@ -81,6 +81,14 @@ class ModelShape:
         if self.experts_per_token > self.num_experts:
             raise ValueError(f"model.experts_per_token {self.experts_per_token} is more "
                              f"than num_experts {self.num_experts}")
+        # fewer active parameters than all: some experts a token is not sent to, whose
+        # share weight_bytes_read takes as (1 - experts_per_token / num_experts)
+        if active is not None and active < self.params \
+                and self.num_experts <= self.experts_per_token:
+            raise ValueError(f"model.active_params {active:g} below params "
+                             f"{self.params:g} needs num_experts more than "
+                             f"experts_per_token, got num_experts {self.num_experts} and "
+                             f"experts_per_token {self.experts_per_token}")
 
     @property
     def hidden_size(self) -> int:

@@ -138,6 +138,12 @@ def test_a_dense_profile_is_unchanged() -> None:
                              "got 9000000000.0"),
     ({"num_experts": 4, "experts_per_token": 8},
      "model.experts_per_token 8 is more than num_experts 4"),
+    # every expert a token's: no weights it leaves out (0 ** (tokens - 1) bytes unread)
+    ({"active_params": 2e9}, "model.active_params 2e+09 below params 8e+09 needs "
+     "num_experts more than experts_per_token, got num_experts 1 and experts_per_token 1"),
+    ({"active_params": 2e9, "num_experts": 8, "experts_per_token": 8},
+     "model.active_params 2e+09 below params 8e+09 needs num_experts more than "
+     "experts_per_token, got num_experts 8 and experts_per_token 8"),
 ])
 def test_bad_expert_settings_are_refused_naming_them(changes: dict[str, Any],
                                                      message: str) -> None:
