@@ -51,7 +51,6 @@ from kvwire.media_parts import media_type, shown
 from kvwire.openai_schema import (
     BadRequest,
     ClientDisconnected,
-    RequestTimeout,
     ServiceUnavailable,
     check_served,
     decode_json,
@@ -216,13 +215,8 @@ class EngineServer:
         """The request's body, within ``max_body_bytes`` and ``body_timeout_s`` (408),
         its bytes taken from ``bodies`` as they arrive: the caller gives ``len(body)``
         back once done with it."""
-        limit = min(max_body_bytes, self.bodies.limit)
-        try:
-            async with asyncio.timeout(self.body_timeout_s):
-                return await read_body(request, limit, self.bodies, keep=True)
-        except TimeoutError:
-            raise RequestTimeout(f"request body not received within "
-                                 f"{self.body_timeout_s:g} s", code="body_timeout") from None
+        return await read_body(request, min(max_body_bytes, self.bodies.limit), self.bodies,
+                               keep=True, timeout_s=self.body_timeout_s)
 
     async def _encode(self, text: str, for_model: bool = True) -> list[int]:
         return (await self.encode_texts([text], for_model))[0]

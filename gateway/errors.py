@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvwire.openai_schema import OpenAIError, RequestTimeout, ServiceUnavailable
+from kvwire.openai_schema import OpenAIError, ServiceUnavailable
 from kvwire.request_edge import ErrorBoundary
 
 MODEL_SHOWN_CHARS = 256  # of a model's name in an error: a body may hold megabytes of it
@@ -44,10 +44,6 @@ class UpstreamError(OpenAIError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     kind = "upstream_timeout"
-
-
-class BodyTimeout(RequestTimeout):
-    """The request body did not arrive within ``limits.body_timeout_s``."""
 
 
 # keys of a request's ASGI scope: its ``perf_counter`` at arrival (``Arrival``), and that

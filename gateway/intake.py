@@ -12,7 +12,7 @@ from typing import NamedTuple
 from starlette.requests import Request
 
 from gateway.admission import Slot
-from gateway.errors import MODEL_SHOWN_CHARS, BodyTimeout
+from gateway.errors import MODEL_SHOWN_CHARS
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
@@ -41,13 +41,8 @@ async def read_timed_body(request: Request, gw: GatewayState, serve: bool = True
     when the gateway has no place for it (``Admission.check_room``), before anything is
     done with its body."""
     check_encoding(request)
-    limit_s = gw.config.limits.body_timeout_s
-    try:
-        async with asyncio.timeout(limit_s):
-            raw = await read_body(request, gw.config.max_body_bytes, gw.admission.bodies)
-    except TimeoutError:
-        raise BodyTimeout(f"request body not received within {limit_s} s",
-                          code="body_timeout") from None
+    raw = await read_body(request, gw.config.max_body_bytes, gw.admission.bodies,
+                          timeout_s=gw.config.limits.body_timeout_s)
     if serve:
         gw.admission.check_room()
     return raw

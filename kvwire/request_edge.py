@@ -26,6 +26,7 @@ from kvwire.openai_schema import (
     NotFound,
     OpenAIError,
     PayloadTooLarge,
+    RequestTimeout,
     TooManyRequests,
 )
 
@@ -113,18 +114,27 @@ class HeldBodyBytes:
 
 
 async def read_body(request: Request, limit: int, budget: ByteBudget | None = None, *,
-                    keep: bool = False) -> bytes:
+                    keep: bool = False, timeout_s: float | None = None) -> bytes:
     """The whole body; PayloadTooLarge as soon as it is known to exceed ``limit`` bytes
     (from the declared length, or counted as it arrives when none is declared);
-    ClientDisconnected when the client leaves before sending it all. With a ``budget``,
-    the bytes received are taken from it as they arrive and given back at the end; with
-    ``keep`` too, a whole body's stay taken (its decoded form costs more than its bytes):
-    the caller gives ``len(body)`` back once done with it. Bytes of a body not read whole
-    (too large, over the budget, the client gone) are always given back here."""
+    ClientDisconnected when the client leaves before sending it all; RequestTimeout
+    (408, ``body_timeout``) when it has not come whole within ``timeout_s`` seconds (None:
+    no limit), so that a client that stops mid-body holds nothing for good. With a
+    ``budget``, the bytes received are taken from it as they arrive and given back at the
+    end; with ``keep`` too, a whole body's stay taken (its decoded form costs more than
+    its bytes): the caller gives ``len(body)`` back once done with it. Bytes of a body not
+    read whole (too large, over the budget, the client gone, too late) are always given
+    back here."""
     try:
-        return await _read_body(request, limit, budget, keep)
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, limit, budget, keep)
     except ClientDisconnect:
         raise ClientDisconnected("client disconnected while sending the body") from None
+    except TimeoutError:
+        if timeout_s is None:
+            raise
+        raise RequestTimeout(f"request body not received within {timeout_s:g} s",
+                             code="body_timeout") from None
 
 
 async def _read_body(request: Request, limit: int, budget: ByteBudget | None,
