@@ -53,6 +53,10 @@ class ModelShape:
     # and 3's local layers); the KV and the roofline still count them in full
     sliding_window: int | None = None
     sliding_window_layers: int = 0
+    # the model's width, its embeddings' (config.json's hidden_size), where it is not
+    # num_heads * head_dim: DeepSeek-V3's 7168 (MLA's heads attend over 128 x 192),
+    # Gemma's; None: num_heads * head_dim, as Llama's
+    model_dim: int | None = None
 
     def __post_init__(self) -> None:
         if not (_finite(self.params) and self.params > 0):
@@ -64,9 +68,9 @@ class ModelShape:
         # counts: a float here made the KV block count a float (a TypeError at start)
         for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "dtype_bytes",
                     "max_model_len", "mla_latent_width", "num_experts",
-                    "experts_per_token"):
+                    "experts_per_token", "model_dim"):
             v = getattr(self, key)
-            if v is None and key == "mla_latent_width":
+            if v is None and key in ("mla_latent_width", "model_dim"):
                 continue
             if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
                 raise ValueError(f"model.{key} must be a positive integer, got {v!r}")
@@ -92,7 +96,8 @@ class ModelShape:
 
     @property
     def hidden_size(self) -> int:
-        return self.num_heads * self.head_dim
+        """The model's width: its embeddings' (what the sim executor's are by default)."""
+        return self.num_heads * self.head_dim if self.model_dim is None else self.model_dim
 
     @property
     def active(self) -> float:

@@ -294,6 +294,7 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
         mla_latent_width=latent,
         sliding_window=window if window_layers else None,
         sliding_window_layers=window_layers,
+        model_dim=hidden,
     )
 
 
