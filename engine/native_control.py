@@ -48,9 +48,8 @@ class NativeControlRoutes:
 
     async def abort_request(self, request: HTTPRequest) -> Response:
         srv = self.server
-        raw = await srv.read_held(request, _MAX_BODY_BYTES)
-        srv.bodies.give(len(raw))
-        body = decode_json(raw)
+        async with srv.held_body(request, _MAX_BODY_BYTES) as raw:
+            body = decode_json(raw)
         if not isinstance(body, dict):
             raise BadRequest(f"request body must be a JSON object, got {shown(body)}")
         abort_all = body.get("abort_all", False)

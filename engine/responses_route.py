@@ -132,12 +132,9 @@ class ResponsesRoute:
         srv = self.server
         # a large body (in bytes or in items) is read in a worker thread, and so is the
         # chat it stands for, as is one continuing a long conversation
-        raw = await srv.read_held(request, self.max_body_bytes)
-        try:
+        async with srv.held_body(request, self.max_body_bytes) as raw:
             inline = parses_on_loop(raw)
             asked = _read(raw) if inline else await asyncio.to_thread(_read, raw)
-        finally:
-            srv.bodies.give(len(raw))
         body, chat = asked.body, asked.chat
         history: list[dict[str, Any]] = []
         if asked.previous is not None:

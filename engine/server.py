@@ -135,7 +135,7 @@ class EngineServer:
         """``embedder``: how this model embeds (``None``: ``/v1/embeddings`` answers 400);
         ``weight_version``: the version SGLang's ``meta_info.weight_version`` and
         ``/get_model_info`` name; ``max_held_body_bytes``: the bytes of request bodies
-        :meth:`read_held` holds at once, all requests together (past it a 429; a body
+        :meth:`held_body` holds at once, all requests together (past it a 429; a body
         larger than it alone, a 413)."""
         self.core = core
         self.bodies = HeldBodyBytes(max_held_body_bytes, server="engine",
@@ -202,21 +202,23 @@ class EngineServer:
         """``parse`` of the request's JSON body, on the event loop when the body is small
         (``parses_on_loop``), else decoded and parsed in a worker thread. Its bytes count
         in ``bodies`` from their arrival until it is parsed (or refused)."""
-        raw = await self.read_held(request, max_body_bytes)
-        try:
+        async with self.held_body(request, max_body_bytes) as raw:
             if parses_on_loop(raw):
                 return parse(decode_json(raw))
             return await asyncio.to_thread(lambda: parse(decode_json(raw)))
+
+    @contextlib.asynccontextmanager
+    async def held_body(self, request: HTTPRequest, max_body_bytes: int = MAX_BODY_BYTES
+                        ) -> AsyncIterator[bytes]:
+        """The request's body, within ``max_body_bytes`` and ``body_timeout_s`` (408), its
+        bytes counted in ``bodies`` from their arrival until the block ends: the body
+        decoded and checked, or refused."""
+        raw = await read_body(request, min(max_body_bytes, self.bodies.limit), self.bodies,
+                              keep=True, timeout_s=self.body_timeout_s)
+        try:
+            yield raw
         finally:
             self.bodies.give(len(raw))
-
-    async def read_held(self, request: HTTPRequest, max_body_bytes: int = MAX_BODY_BYTES
-                        ) -> bytes:
-        """The request's body, within ``max_body_bytes`` and ``body_timeout_s`` (408),
-        its bytes taken from ``bodies`` as they arrive: the caller gives ``len(body)``
-        back once done with it."""
-        return await read_body(request, min(max_body_bytes, self.bodies.limit), self.bodies,
-                               keep=True, timeout_s=self.body_timeout_s)
 
     async def _encode(self, text: str, for_model: bool = True) -> list[int]:
         return (await self.encode_texts([text], for_model))[0]

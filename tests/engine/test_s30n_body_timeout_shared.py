@@ -62,7 +62,12 @@ def test_a_stalled_body_is_refused_alike_by_the_edge_the_gateway_and_the_engine(
     server = EngineServer(make_core(), load_tokenizer(None), model_name="tiny",
                           sleep_modeled_time=False)
     server.body_timeout_s = TIMEOUT_S
-    engine = _refused(server.read_held)
+
+    async def held(request: Request) -> bytes:
+        async with server.held_body(request) as raw:
+            return raw
+
+    engine = _refused(held)
     assert server.bodies.held == 0
 
     for error in (edge, gateway, engine):
