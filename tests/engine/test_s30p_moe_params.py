@@ -5,61 +5,24 @@ its tokens go to (a token's own few, nearly all of them in a large batch)."""
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine.cost_model import CostModel, GPUSpec, ModelShape, load_profile
+from engine.cost_model import CostModel, GPUSpec, load_profile
 from engine.hf_shape import estimate_params, shape_from_config
-from loadtests import plan as plan_cli
 from loadtests.plan_report import render
-
-MIXTRAL_8X7B: dict[str, Any] = {  # the keys of each config.json that sizing reads
-    "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-}
-DEEPSEEK_V3: dict[str, Any] = {
-    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
-    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
-    "num_key_value_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "vocab_size": 129280, "n_routed_experts": 256, "n_shared_experts": 1,
-    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-}
-QWEN15_MOE_A27B: dict[str, Any] = {
-    "model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
-    "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
-    "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
-    "vocab_size": 151936, "num_experts": 60, "num_experts_per_tok": 4,
-    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
-
-# meta-llama/Llama-4-Maverick-17B-128E's text_config (as its config.json on the Hub): 128
-# experts in every other layer (moe_layers by default the odd ones), the dense layers'
-# MLP of intermediate_size_mlp, each MoE layer's shared expert of intermediate_size
-LLAMA4_MAVERICK_TEXT: dict[str, Any] = {
-    "model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
-    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
-    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048,
-    "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
-    "max_position_embeddings": 1048576, "torch_dtype": "bfloat16",
-}
-LLAMA4_MAVERICK: dict[str, Any] = {
-    "model_type": "llama4", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "text_config": LLAMA4_MAVERICK_TEXT,
-}
-LLAMA4_SCOUT: dict[str, Any] = {  # Llama-4-Scout-17B-16E: 16 experts in every layer
-    **LLAMA4_MAVERICK, "text_config": {
-        **LLAMA4_MAVERICK_TEXT, "num_local_experts": 16, "interleave_moe_layer_step": 1,
-        "max_position_embeddings": 10485760},
-}
+from tests.support.model_configs import (
+    DEEPSEEK_V3,
+    LLAMA4_MAVERICK,
+    LLAMA4_MAVERICK_TEXT,
+    LLAMA4_SCOUT,
+    MIXTRAL_8X7B,
+    QWEN15_MOE_A27B,
+    refused_shape,
+)
+from tests.support.plan_runs import plan_for_config
 
 
 @pytest.mark.parametrize(("config", "total", "active"), [
@@ -147,10 +110,7 @@ def test_a_dense_profile_is_unchanged() -> None:
 ])
 def test_bad_expert_settings_are_refused_naming_them(changes: dict[str, Any],
                                                      message: str) -> None:
-    with pytest.raises(ValueError) as exc:
-        ModelShape("m", 8e9, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64,
-                   **changes)
-    assert str(exc.value) == message
+    assert refused_shape(**changes) == message
 
 
 def test_a_config_with_more_experts_per_token_than_experts_is_refused() -> None:
@@ -161,12 +121,8 @@ def test_a_config_with_more_experts_per_token_than_experts_is_refused() -> None:
 
 
 def test_the_plan_reports_the_weights_and_their_active_share(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL_8X7B))
-    parser = argparse.ArgumentParser(prog="kvgate plan")
-    plan_cli.add_arguments(parser)
-    plan = plan_cli.build_plan(parser.parse_args(
-        ["--model", str(tmp_path), "--replicas", "2", "--idle-kv-gib", "10",
-         "--sim-requests", "0"]))
+    plan = plan_for_config(tmp_path, MIXTRAL_8X7B, "--replicas", "2", "--idle-kv-gib", "10",
+                           "--sim-requests", "0")
     assert plan["model"]["weight_bytes"] == plan["model"]["params"] * 2
     text = render(plan)
     assert "weights              46.7B parameters x 2 B = 86.99 GiB" in text

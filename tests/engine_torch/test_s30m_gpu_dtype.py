@@ -9,6 +9,7 @@ import torch
 
 from engine.model.config import ModelConfig, ModelLoadError
 from engine.model.loader import choose_dtype, default_dtype
+from tests.support.model_configs import LLAMA_MIN
 
 T4, V100, A100, H100 = (7, 5), (7, 0), (8, 0), (9, 0)
 
@@ -30,10 +31,7 @@ def test_a_gpu_computes_in_a_dtype_it_has(checkpoint: str, capability: tuple[int
 
 def test_the_cpu_computes_in_float32_whatever_the_checkpoint() -> None:
     assert choose_dtype("bfloat16", "cpu") == choose_dtype("float16", "cpu") == torch.float32
-    config = ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32,
-        "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "torch_dtype": "bfloat16"})
+    config = ModelConfig.from_dict({**LLAMA_MIN, "torch_dtype": "bfloat16"})
     assert default_dtype(config, torch.device("cpu")) == torch.float32
 
 

@@ -9,12 +9,9 @@ from typing import Any
 import pytest
 
 from engine.model.config import ModelConfig, ModelLoadError
+from tests.support.model_configs import LLAMA_MIN
 
-BASE: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32,
-    "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+BASE = LLAMA_MIN
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 

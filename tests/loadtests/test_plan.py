@@ -3,7 +3,6 @@ and a gateway capture."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 
 from kvwire.tokenizer_build import sample_text
 from loadtests.plan_arithmetic import ROUTING_WINS
+from tests.support.plan_runs import plan_parser
 from tests.support.processes import REPO
 
 SEED_ARGS = ("--profile", "llama3-8b-h100", "--replicas", "8", "--idle-kv-gib", "25",
@@ -161,10 +161,7 @@ def test_bad_inputs_say_what_is_wrong(args: tuple[str, ...], message: str) -> No
 @pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "1e12"])
 def test_idle_kv_no_replica_has_is_refused_before_planning(
         value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from loadtests import plan as plan_cli
-
-    parser = argparse.ArgumentParser(prog="kvgate plan")
-    plan_cli.add_arguments(parser)
+    parser = plan_parser()
     with pytest.raises(SystemExit) as exited:
         parser.parse_args(["--idle-kv-gib", value])
     assert exited.value.code == 2
@@ -182,10 +179,7 @@ def test_idle_kv_no_replica_has_is_refused_before_planning(
 ])
 def test_workload_numbers_are_checked_by_their_flags_name(
         args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from loadtests import plan as plan_cli
-
-    parser = argparse.ArgumentParser(prog="kvgate plan")
-    plan_cli.add_arguments(parser)
+    parser = plan_parser()
     with pytest.raises(SystemExit) as exited:
         parser.parse_args(list(args))
     assert exited.value.code == 2

@@ -4,31 +4,14 @@ per head."""
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.hf_shape import shape_from_config
-from loadtests import plan as plan_cli
-
-DEEPSEEK_V3: dict[str, Any] = {  # DeepSeek-V3's config.json, the keys sizing reads
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-    "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
-    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
-    "max_position_embeddings": 163840, "torch_dtype": "bfloat16",
-}
-DEEPSEEK_V2_LITE: dict[str, Any] = {
-    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
-    "hidden_size": 2048, "intermediate_size": 10944, "num_hidden_layers": 27,
-    "num_attention_heads": 16, "num_key_value_heads": 16, "kv_lora_rank": 512,
-    "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-    "v_head_dim": 128, "vocab_size": 102400, "torch_dtype": "bfloat16",
-}
+from tests.support.model_configs import DEEPSEEK_V2_LITE, DEEPSEEK_V3
+from tests.support.plan_runs import plan_for_config
 
 
 @pytest.mark.parametrize(("config", "layers"), [(DEEPSEEK_V3, 61), (DEEPSEEK_V2_LITE, 27)])
@@ -40,12 +23,8 @@ def test_an_mla_model_caches_one_latent_per_token_and_layer(config: dict[str, An
 
 
 def test_the_planner_sizes_deepseek_v3_by_its_latent(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V3))
-    parser = argparse.ArgumentParser(prog="kvgate plan")
-    plan_cli.add_arguments(parser)
-    plan = plan_cli.build_plan(parser.parse_args(
-        ["--model", str(tmp_path), "--replicas", "2", "--idle-kv-gib", "10",
-         "--sim-requests", "0"]))
+    plan = plan_for_config(tmp_path, DEEPSEEK_V3, "--replicas", "2", "--idle-kv-gib", "10",
+                           "--sim-requests", "0")
     assert plan["kv_bytes_per_token"] == 61 * 576 * 2 == 70272  # 68.6 KiB, not 1.7 MiB
 
 

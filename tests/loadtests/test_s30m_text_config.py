@@ -4,21 +4,16 @@ model's settings in ``text_config`` (Gemma 3, Llama 4, Mistral 3), as transforme
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.hf_shape import shape_from_config
-from loadtests import plan as plan_cli
+from tests.support.model_configs import MISTRAL_SMALL_31_TEXT
+from tests.support.plan_runs import plan_for_config
 
-TEXT: dict[str, Any] = {  # Mistral-Small-3.1-24B's text_config, the keys sizing reads
-    "model_type": "mistral", "hidden_size": 5120, "head_dim": 128,
-    "intermediate_size": 32768, "num_hidden_layers": 40, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "vocab_size": 131072, "max_position_embeddings": 131072,
-}
+TEXT = MISTRAL_SMALL_31_TEXT
 MISTRAL3: dict[str, Any] = {
     "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
     "torch_dtype": "bfloat16", "text_config": TEXT,
@@ -29,12 +24,8 @@ KV_BYTES = 2 * 40 * 8 * 128 * 2  # K and V x layers x KV heads x head dim x bf16
 
 
 def test_the_planner_sizes_a_model_from_its_text_config(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(MISTRAL3))
-    parser = argparse.ArgumentParser(prog="kvgate plan")
-    plan_cli.add_arguments(parser)
-    plan = plan_cli.build_plan(parser.parse_args(
-        ["--model", str(tmp_path), "--replicas", "2", "--idle-kv-gib", "10",
-         "--sim-requests", "0"]))
+    plan = plan_for_config(tmp_path, MISTRAL3, "--replicas", "2", "--idle-kv-gib", "10",
+                           "--sim-requests", "0")
     assert plan["kv_bytes_per_token"] == KV_BYTES == 160 * 1024
     assert (plan["model"]["num_layers"], plan["model"]["num_kv_heads"],
             plan["model"]["head_dim"]) == (40, 8, 128)

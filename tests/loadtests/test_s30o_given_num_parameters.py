@@ -3,23 +3,10 @@ the estimate only gives its active share, where the estimate can be made."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from engine.hf_shape import estimate_params, shape_from_config
-
-LLAMA3_8B: dict[str, Any] = {  # Meta-Llama-3-8B's config.json, the keys sizing reads
-    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "vocab_size": 128256, "torch_dtype": "bfloat16",
-}
-MIXTRAL_8X7B: dict[str, Any] = {
-    "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-}
+from tests.support.model_configs import LLAMA3_8B, MIXTRAL_8X7B
 
 
 @pytest.mark.parametrize("given", ["46.7e9", True, 0, -8e9, float("inf"), float("nan"),

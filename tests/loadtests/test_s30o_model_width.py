@@ -13,24 +13,10 @@ import pytest
 import yaml
 
 from engine import cli
-from engine.cost_model import ModelShape, load_profile
+from engine.cost_model import load_profile
 from engine.hf_shape import shape_from_config
 from kvwire.tokenizer import load_tokenizer
-
-DEEPSEEK_V3: dict[str, Any] = {  # DeepSeek-V3's config.json, the keys sizing reads
-    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
-    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
-    "num_key_value_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "vocab_size": 129280, "n_routed_experts": 256, "n_shared_experts": 1,
-    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
-    "max_position_embeddings": 163840, "torch_dtype": "bfloat16",
-}
-GEMMA3_27B: dict[str, Any] = {  # text_config of gemma-3-27b-it: 32 heads of 128
-    "model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504,
-    "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
-    "head_dim": 128, "vocab_size": 262208, "sliding_window": 1024,
-}
+from tests.support.model_configs import DEEPSEEK_V3, GEMMA3_27B, refused_shape
 
 
 @pytest.mark.parametrize(("config", "width", "heads_by_dim"), [
@@ -64,7 +50,5 @@ def test_a_profile_without_a_width_takes_heads_by_head_dim() -> None:
 
 @pytest.mark.parametrize("width", [0, 7168.0, True])
 def test_a_bad_width_is_refused_naming_it(width: object) -> None:
-    with pytest.raises(ValueError) as exc:
-        ModelShape("m", 8e9, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64,
-                   model_dim=width)  # type: ignore[arg-type]
-    assert str(exc.value) == f"model.model_dim must be a positive integer, got {width!r}"
+    assert refused_shape(model_dim=width) == \
+        f"model.model_dim must be a positive integer, got {width!r}"

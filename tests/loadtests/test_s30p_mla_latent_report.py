@@ -4,25 +4,15 @@ plan says "MLA latent 576 values per token per layer"."""
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from engine.cost_model import ModelShape
 from engine.hf_shape import shape_from_config
-from loadtests import plan as plan_cli
 from loadtests.plan_report import render
-
-DEEPSEEK_V3: dict[str, Any] = {  # DeepSeek-V3's config.json, the keys sizing reads
-    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
-    "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
-    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
-    "max_position_embeddings": 163840, "torch_dtype": "bfloat16",
-}
+from tests.support.model_configs import DEEPSEEK_V3, refused_shape
+from tests.support.plan_runs import plan_for_config
 
 
 def test_the_shape_keeps_the_latent_width() -> None:
@@ -36,12 +26,8 @@ def test_the_shape_keeps_the_latent_width() -> None:
 
 
 def test_the_plan_names_the_latent(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V3))
-    parser = argparse.ArgumentParser(prog="kvgate plan")
-    plan_cli.add_arguments(parser)
-    plan = plan_cli.build_plan(parser.parse_args(
-        ["--model", str(tmp_path), "--replicas", "2", "--idle-kv-gib", "10",
-         "--sim-requests", "0"]))
+    plan = plan_for_config(tmp_path, DEEPSEEK_V3, "--replicas", "2", "--idle-kv-gib", "10",
+                           "--sim-requests", "0")
     assert plan["model"]["mla_latent_width"] == 576
     text = render(plan)
     assert "61 layers x MLA latent 576 values per token per layer x 2 B = 69 KiB" in text
@@ -50,7 +36,5 @@ def test_the_plan_names_the_latent(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("width", [0, 1.5, True])
 def test_a_bad_latent_width_is_refused_naming_it(width: object) -> None:
-    with pytest.raises(ValueError) as exc:
-        ModelShape("m", 8e9, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64,
-                   mla_latent_width=width)  # type: ignore[arg-type]
-    assert str(exc.value) == f"model.mla_latent_width must be a positive integer, got {width!r}"
+    assert refused_shape(mla_latent_width=width) == \
+        f"model.mla_latent_width must be a positive integer, got {width!r}"

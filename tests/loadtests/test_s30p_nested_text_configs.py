@@ -9,12 +9,9 @@ from typing import Any
 import pytest
 
 from engine.hf_shape import shape_from_config
+from tests.support.model_configs import QWEN2_7B
 
-LLM: dict[str, Any] = {  # a Qwen2-7B language model, the keys sizing reads
-    "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
-    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-    "vocab_size": 152064, "max_position_embeddings": 32768, "torch_dtype": "bfloat16",
-}
+LLM = QWEN2_7B  # a Qwen2-7B language model
 VISION = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16}
 KV_BYTES = 2 * 28 * 4 * 128 * 2
 

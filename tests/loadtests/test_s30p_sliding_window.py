@@ -4,40 +4,22 @@ documents a replica holds where vLLM keeps only their window's blocks."""
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine.cost_model import ModelShape
 from engine.hf_shape import shape_from_config
-from loadtests import plan as plan_cli
 from loadtests.plan_report import render
+from tests.support.model_configs import (
+    GEMMA2_9B,
+    GEMMA3_27B,
+    MISTRAL_7B_V01,
+    QWEN2_7B,
+    refused_shape,
+)
+from tests.support.plan_runs import plan_for_config
 
-GEMMA3_27B: dict[str, Any] = {  # text_config of gemma-3-27b-it, the keys sizing reads
-    "model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504,
-    "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
-    "head_dim": 128, "vocab_size": 262208, "sliding_window": 1024,
-    "sliding_window_pattern": 6,
-}
-MISTRAL_7B_V01: dict[str, Any] = {
-    "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "vocab_size": 32000, "sliding_window": 4096, "torch_dtype": "bfloat16",
-}
-GEMMA2_9B: dict[str, Any] = {
-    "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
-    "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 256, "vocab_size": 256000, "sliding_window": 4096,
-}
-QWEN2_7B: dict[str, Any] = {  # a window it does not use
-    "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
-    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-    "vocab_size": 152064, "sliding_window": 131072, "use_sliding_window": False,
-    "max_window_layers": 28,
-}
 LAYER_TYPES = {**GEMMA3_27B, "sliding_window_pattern": None,
                "layer_types": ["sliding_attention"] * 60 + ["full_attention"] * 2}
 
@@ -67,13 +49,9 @@ def test_a_window_keeps_only_its_tokens_on_its_layers() -> None:
 
 
 def test_the_plan_says_it_sizes_window_layers_in_full(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"model_type": "gemma3", "torch_dtype": "bfloat16", "text_config": GEMMA3_27B}))
-    parser = argparse.ArgumentParser(prog="kvgate plan")
-    plan_cli.add_arguments(parser)
-    plan = plan_cli.build_plan(parser.parse_args(
-        ["--model", str(tmp_path), "--replicas", "2", "--idle-kv-gib", "25",
-         "--sim-requests", "0"]))
+    plan = plan_for_config(
+        tmp_path, {"model_type": "gemma3", "torch_dtype": "bfloat16", "text_config": GEMMA3_27B},
+        "--replicas", "2", "--idle-kv-gib", "25", "--sim-requests", "0")
     assert plan["kv_bytes_per_token"] == 62 * 2 * 16 * 128 * 2
     assert plan["docs_per_replica"] == 8  # every layer in full: the lower bound
     (note,) = plan["notes"]
@@ -83,11 +61,7 @@ def test_the_plan_says_it_sizes_window_layers_in_full(tmp_path: Path) -> None:
 
 
 def test_a_model_without_windows_has_no_note(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(QWEN2_7B))
-    parser = argparse.ArgumentParser(prog="kvgate plan")
-    plan_cli.add_arguments(parser)
-    plan = plan_cli.build_plan(parser.parse_args(
-        ["--model", str(tmp_path), "--sim-requests", "0"]))
+    plan = plan_for_config(tmp_path, QWEN2_7B, "--sim-requests", "0")
     assert plan["notes"] == [] and "note:" not in render(plan)
 
 
@@ -99,7 +73,4 @@ def test_a_model_without_windows_has_no_note(tmp_path: Path) -> None:
 ])
 def test_bad_window_settings_are_refused_naming_them(changes: dict[str, Any],
                                                      message: str) -> None:
-    with pytest.raises(ValueError) as exc:
-        ModelShape("m", 8e9, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64,
-                   **changes)
-    assert str(exc.value) == message
+    assert refused_shape(**changes) == message
