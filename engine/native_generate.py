@@ -24,24 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from engine.generation import AnswerStream, Generation, abort_unended
 from engine.native_logprobs import LogprobFields, check_logprob_start
 from engine.native_schema import NativeItem, answer_limit, finish_reason, parse_native
 from engine.request import RequestOutput
 from kvwire.openai_schema import BadRequest, OpenAIError
-from kvwire.request_edge import unless_disconnected
+from kvwire.request_edge import INLINE_ANSWER_ITEMS, json_answer, unless_disconnected
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
 
-# An answer (a stream's event, or a whole one) naming more items than this (output and
-# prompt ids, log probability entries and their alternatives) is built and written out
-# in a worker thread: each event carries every one so far, and with top_logprobs_num 20
-# an event of a few thousand tokens takes milliseconds of the loop every stream and the
-# engine's steps share; one of fewer (most) costs less than a thread's hop (~90 us)
-_INLINE_ANSWER_ITEMS = 2000
 
 
 class NativeGenerateRoute:
@@ -77,19 +71,24 @@ class NativeGenerateRoute:
                                               len(ids), limit, queue, started_s))
             if req.stream:
                 return AnswerStream(gens[0].sse(), gens)
-            answers = await unless_disconnected(request, _collect_all(gens))
+            reasons = await unless_disconnected(request, _run_out_all(gens))
         except BaseException:
             abort_unended(gens)
             raise
-        answer = answers if req.batch else answers[0]
-        if sum(gen.num_items for gen in gens) <= _INLINE_ANSWER_ITEMS:
-            return JSONResponse(answer)
-        return await asyncio.to_thread(JSONResponse, answer)
+
+        # every answer of the batch built, and written out, at once: on the loop when they
+        # name few items in all, else in one worker thread (nothing changes the ended
+        # generations meanwhile)
+        def build() -> Any:
+            answers = [gen.body(reason) for gen, reason in zip(gens, reasons, strict=True)]
+            return answers if req.batch else answers[0]
+
+        return await json_answer(build, sum(gen.num_items for gen in gens))
 
 
-async def _collect_all(gens: list[_NativeGeneration]) -> list[dict[str, Any]]:
+async def _run_out_all(gens: list[_NativeGeneration]) -> list[str | None]:
     # the engine runs them all at once; their queues hold what is not read yet
-    return [await gen.collect() for gen in gens]
+    return [await gen.run_out() for gen in gens]
 
 
 class _NativeGeneration(Generation):
@@ -123,7 +122,8 @@ class _NativeGeneration(Generation):
         return finish_reason(reason, max_tokens=self.max_tokens, stop=self.text.stop,
                              token_ids=self.token_ids)
 
-    def _body(self, reason: str | None) -> dict[str, Any]:
+    def body(self, reason: str | None) -> dict[str, Any]:
+        """The answer object of this point (``reason``: the finish, or None)."""
         meta: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": self._finish_reason(reason),
@@ -151,26 +151,21 @@ class _NativeGeneration(Generation):
             items += len(self.logprobs) * (1 + self.logprob_fields.ask.top)
         return items
 
-    async def _built(self, reason: str | None) -> dict[str, Any]:
-        """``_body(reason)``: in a worker thread when it names many items (nothing
-        changes this generation meanwhile: its outputs are read by the awaiting task)."""
-        if self.num_items <= _INLINE_ANSWER_ITEMS:
-            return self._body(reason)
-        return await asyncio.to_thread(self._body, reason)
-
     async def _event(self, reason: str | None) -> bytes:
         """The stream event of this point (``reason``: the finish, or None), built and
         serialised in a worker thread when it names many items."""
-        if self.num_items <= _INLINE_ANSWER_ITEMS:
-            return b"data: " + orjson.dumps(self._body(reason)) + b"\n\n"
+        if self.num_items <= INLINE_ANSWER_ITEMS:
+            return b"data: " + orjson.dumps(self.body(reason)) + b"\n\n"
         return await asyncio.to_thread(
-            lambda: b"data: " + orjson.dumps(self._body(reason)) + b"\n\n")
+            lambda: b"data: " + orjson.dumps(self.body(reason)) + b"\n\n")
 
-    async def collect(self) -> dict[str, Any]:
+    async def run_out(self) -> str | None:
+        """Read this generation's outputs to its end (its answer's text gathered); its
+        finish reason, for :meth:`body`."""
         reason = None
         async for delta, reason in self._deltas():  # noqa: B007
             self.answer += delta
-        return await self._built(reason)
+        return reason
 
     async def sse(self) -> AsyncGenerator[bytes, None]:
         gen = self._deltas()

@@ -60,6 +60,7 @@ from kvwire.openai_schema import (
 from kvwire.request_edge import (
     ErrorBoundary,
     HeldBodyBytes,
+    json_answer,
     parses_on_loop,
     read_body,
     unless_disconnected,
@@ -325,8 +326,9 @@ class EngineServer:
         token_strs = None  # as vLLM's: null unless asked for
         if strs:
             token_strs = await self._off_loop_if_long(self.tokenizer.token_strs, ids)
-        return await self._json({"count": len(ids), "max_model_len": self.max_model_len,
-                                 "tokens": ids, "token_strs": token_strs}, len(ids))
+        answer = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+                  "token_strs": token_strs}
+        return await json_answer(lambda: answer, len(ids))
 
     def _parse_tokenize(self, body: Any) -> tuple[bool, GenerateParams | str]:
         """A ``/tokenize`` body, checked: whether it asks for the token strings, and its
@@ -348,7 +350,7 @@ class EngineServer:
     async def detokenize(self, request: HTTPRequest) -> Response:
         tokens = await self.read_json(request, self._parse_detokenize)
         text = await self._off_loop_if_long(self._detokenize, tokens)
-        return await self._json({"prompt": text}, len(tokens))
+        return await json_answer(lambda: {"prompt": text}, len(tokens))
 
     def _parse_detokenize(self, body: Any) -> list[Any]:
         """A ``/detokenize`` body's ``tokens``, a list (its items checked by
@@ -383,15 +385,6 @@ class EngineServer:
         if len(tokens) <= _INLINE_DETOKENIZE_TOKENS:
             return fn(tokens)
         return await asyncio.to_thread(fn, tokens)
-
-    @staticmethod
-    async def _json(body: Any, num_tokens: int) -> Response:
-        """``body``, which names ``num_tokens`` tokens (their ids, or their text), as a
-        JSON response: written out on the event loop when they are few, else in a worker
-        thread (the 13 million ids of a 64 MiB text held the loop about a second)."""
-        if num_tokens <= _INLINE_DETOKENIZE_TOKENS:
-            return JSONResponse(body)
-        return await asyncio.to_thread(JSONResponse, body)
 
     async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
         dropped = await self.engine.call(self._reset_prefix_cache)
