@@ -101,8 +101,8 @@ def _renders_off_loop(messages: Sequence[Any], tools: Any) -> bool:
         if chars > _INLINE_TOKENIZE_CHARS:
             return True
     return chars > _INLINE_TOKENIZE_CHARS
-# Token lists longer than this (to decode, to check, to spell) are read in a worker thread.
-_INLINE_DETOKENIZE_TOKENS = 2000
+# A token list longer than this is decoded this many tokens at a time (``_detokenize``)
+_DECODED_PIECE_TOKENS = 2000
 
 
 def _token_ids(tokens: list[Any]) -> list[int]:
@@ -323,12 +323,11 @@ class EngineServer:
             ids = self.tokenizer.prompt_ids(await self._encode(p, for_model=False))
         else:
             ids = await self.prompt_ids(p, for_model=False)
-        token_strs = None  # as vLLM's: null unless asked for
-        if strs:
-            token_strs = await self._off_loop_if_long(self.tokenizer.token_strs, ids)
-        answer = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
-                  "token_strs": token_strs}
-        return await json_answer(lambda: answer, len(ids))
+        # spelt and written out at once: in one worker thread for many ids
+        return await json_answer(lambda: {
+            "count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+            # as vLLM's: null unless asked for
+            "token_strs": self.tokenizer.token_strs(ids) if strs else None}, len(ids))
 
     def _parse_tokenize(self, body: Any) -> tuple[bool, GenerateParams | str]:
         """A ``/tokenize`` body, checked: whether it asks for the token strings, and its
@@ -349,8 +348,8 @@ class EngineServer:
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         tokens = await self.read_json(request, self._parse_detokenize)
-        text = await self._off_loop_if_long(self._detokenize, tokens)
-        return await json_answer(lambda: {"prompt": text}, len(tokens))
+        # checked, decoded and written out at once: in one worker thread for many ids
+        return await json_answer(lambda: {"prompt": self._detokenize(tokens)}, len(tokens))
 
     def _parse_detokenize(self, body: Any) -> list[Any]:
         """A ``/detokenize`` body's ``tokens``, a list (its items checked by
@@ -369,22 +368,14 @@ class EngineServer:
         if bad is not None:
             raise BadRequest(f"'tokens' holds {bad}, outside the vocabulary [0, {vocab})",
                              param="tokens")
-        if len(tokens) <= _INLINE_DETOKENIZE_TOKENS:
+        if len(tokens) <= _DECODED_PIECE_TOKENS:
             return str(self.tokenizer.decode(tokens))
         # the tokenizer holds the GIL while it decodes: a long list goes through in
         # pieces, between which the event loop's thread runs
         stream = TextStream(self.tokenizer)
-        parts = [stream.push(tokens[i:i + _INLINE_DETOKENIZE_TOKENS])
-                 for i in range(0, len(tokens), _INLINE_DETOKENIZE_TOKENS)]
+        parts = [stream.push(tokens[i:i + _DECODED_PIECE_TOKENS])
+                 for i in range(0, len(tokens), _DECODED_PIECE_TOKENS)]
         return "".join(parts) + stream.flush()
-
-    @staticmethod
-    async def _off_loop_if_long(fn: Callable[[list[Any]], T], tokens: list[Any]) -> T:
-        """``fn(tokens)``: on the event loop when the list is short, else in a worker
-        thread."""
-        if len(tokens) <= _INLINE_DETOKENIZE_TOKENS:
-            return fn(tokens)
-        return await asyncio.to_thread(fn, tokens)
 
     async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
         dropped = await self.engine.call(self._reset_prefix_cache)
