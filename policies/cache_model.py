@@ -18,10 +18,12 @@ An admission may be *pending*: its prompt was sent, but the replica may still re
 before taking it (shedding load). Each entry counts the pending admissions that would
 bring it (those that inserted it, or touched it while it was pending); ``forget`` takes
 one back, removing the entries no other admission brings, and ``confirm`` lets one stand.
-An entry once brought by an admission that stands (or that was never pending) is held for
-good, as any other. Since every admission takes a whole chain, what the model holds of a
-chain stays a prefix of it: an entry deeper in a chain than a removable one was brought by
-the same pending admissions, or more of them.
+An admission names the entries it brought, not their keys: an entry evicted and admitted
+again is another, which only its new admissions bring (and an emptied model's entries are
+no longer the model's). An entry once brought by an admission that stands (or that was
+never pending) is held for good, as any other. Since every admission takes a whole
+chain, what the model holds of a chain stays a prefix of it: an entry deeper in a chain
+than a removable one was brought by the same pending admissions, or more of them.
 
 Not thread-safe; one owner (the policy) drives it.
 """
@@ -42,6 +44,11 @@ class Victim(NamedTuple):
     key: int
     tokens: int
     owner: int
+
+
+# the entries a pending admission brings: (key, entry) each, the entry the model's own list
+# (an entry evicted and admitted again is another list, which that admission does not bring)
+Brought = list[tuple[int, list[int]]]
 
 
 class ReplicaCacheModel:
@@ -161,12 +168,12 @@ class ReplicaCacheModel:
         return total
 
     def admit(self, chain: Sequence[ChainEntry], owner: int,
-              pending: list[int] | None = None) -> list[int]:
+              pending: Brought | None = None) -> list[int]:
         """Touch or insert the chain's entries (tail first), then evict LRU entries until
         the model fits its capacity; returns the keys evicted, oldest first. ``pending``
-        given, the admission is pending: the keys of the entries it brings (inserted, or
-        pending already) are appended to it, for ``forget`` or ``confirm``; else it
-        stands, and every entry of the chain is held for good."""
+        given, the admission is pending: the entries it brings (inserted, or pending
+        already), each ``(key, entry)``, are appended to it, for ``forget`` or
+        ``confirm``; else it stands, and every entry of the chain is held for good."""
         entries = self._entries
         # a prompt chain's keys and sizes, without an entry tuple per block
         pairs: Iterable[tuple[int, int]] = chain.pairs_reversed() \
@@ -174,10 +181,10 @@ class ReplicaCacheModel:
         for key, tokens in pairs:
             held = entries.get(key)
             if held is None:
-                entries[key] = [tokens, owner, 0 if pending is None else 1]
+                held = entries[key] = [tokens, owner, 0 if pending is None else 1]
                 self.used += tokens
                 if pending is not None:
-                    pending.append(key)
+                    pending.append((key, held))
             else:
                 if tokens > held[0]:
                     self.used += tokens - held[0]
@@ -188,35 +195,36 @@ class ReplicaCacheModel:
                         held[2] = 0
                     else:
                         held[2] += 1
-                        pending.append(key)
+                        pending.append((key, held))
                 entries.move_to_end(key)
         return self._evict()
 
-    def forget(self, pending: Iterable[int]) -> list[int]:
-        """Take back a pending admission (its ``pending`` keys): its prompt never reached
-        the replica. An entry no other pending admission brings is removed (what the
-        admission touched, evicted or grew stays as it left it). Returns the keys removed."""
+    def forget(self, pending: Iterable[tuple[int, list[int]]]) -> list[int]:
+        """Take back a pending admission (its ``pending`` entries): its prompt never
+        reached the replica. An entry no other pending admission brings is removed (what
+        the admission touched, evicted or grew stays as it left it). Only the entries it
+        brought count: one evicted since, even if another admission brought its key back
+        (a new entry), or one of an emptied model is not the model's. Returns the keys
+        removed."""
         entries = self._entries
         removed: list[int] = []
-        for key in pending:
-            held = entries.get(key)
-            if held is None or not held[2]:
+        for key, entry in pending:
+            if entries.get(key) is not entry or not entry[2]:
                 continue  # evicted since, or held for good
-            held[2] -= 1
-            if not held[2]:
+            entry[2] -= 1
+            if not entry[2]:
                 del entries[key]
-                self.used -= held[0]
+                self.used -= entry[0]
                 removed.append(key)
         return removed
 
-    def confirm(self, pending: Iterable[int]) -> None:
-        """Let a pending admission (its ``pending`` keys) stand: its entries are held for
-        good."""
+    def confirm(self, pending: Iterable[tuple[int, list[int]]]) -> None:
+        """Let a pending admission (its ``pending`` entries) stand: those the model still
+        holds (as ``forget`` tells them) are held for good."""
         entries = self._entries
-        for key in pending:
-            held = entries.get(key)
-            if held is not None:
-                held[2] = 0
+        for key, entry in pending:
+            if entries.get(key) is entry:
+                entry[2] = 0
 
     def resize(self, capacity: int) -> list[int]:
         """A new capacity (the replica's was learned or changed); evicts to fit and returns

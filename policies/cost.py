@@ -846,8 +846,8 @@ class Cost(Policy):
             self._exact.unrouted(replica, taken.owner, taken.now)
         if replica not in self._removed and not self._refuses(replica, request.prompt_tokens):
             # that try counted the request, as ``_routed_to`` did (an admission no longer
-            # pending, past its bound or dropped with its replica's model, is not taken
-            # back: its judgement, lost with it, then stands for the retry's)
+            # pending, past its bound, is not taken back: its judgement, lost with it, then
+            # stands for the retry's)
             self._refused.refused(request, _Counted(None if taken is None else taken.rare))
 
     def _fleet_scale(self) -> float:

@@ -27,7 +27,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from policies.base import ReplicaView
-from policies.cache_model import ChainEntry, PromptChain, ReplicaCacheModel, match_models
+from policies.cache_model import (
+    Brought,
+    ChainEntry,
+    PromptChain,
+    ReplicaCacheModel,
+    match_models,
+)
 from policies.pace import DecayedRate
 from policies.ring import stable_hash
 
@@ -52,11 +58,13 @@ class PendingAdmission(NamedTuple):
     """An admission whose replica may still refuse its prompt."""
 
     replica: str
-    model: ReplicaCacheModel  # the model it went into (a new epoch's is another)
-    keys: list[int]  # the entries it brings (``ReplicaCacheModel.admit``'s ``pending``)
+    # the entries it brings (``ReplicaCacheModel.admit``'s ``pending``): only the model
+    # that holds them is changed by its end (not a new epoch's, nor one emptied since)
+    brought: Brought
     owner: int  # the prompt's prefix key
-    uncached: int  # what it added to the replica's own load, at ``now``
+    uncached: int  # what it added to the replica's own load (``own``), at ``now``
     now: float | None
+    own: DecayedRate | None  # that load (a replica removed and added again has another)
     rare: bool | None  # the policy's judgement of its prefix (``admit``'s), handed back
 
 
@@ -146,20 +154,21 @@ class ReplicaModels:
         uncached = max(0, prompt_tokens - model.match(chain))
         if chain:
             self._heads.setdefault(chain[0].key, set()).add(replica)
-        keys: list[int] | None = None
+        brought: Brought | None = None
         if sent is not None:
             self.settle(sent)  # a try before this one: it may have reached its replica
-            keys = []
-        self._forget_heads(replica, model.admit(chain, owner, keys))
+            brought = []
+        self._forget_heads(replica, model.admit(chain, owner, brought))
+        own = None
         if now is not None:
             own = self._own_load.get(replica)
             if own is None:
                 own = self._own_load[replica] = DecayedRate(self._load_window_s)
             own.add(now, uncached)
-        if sent is not None and keys is not None:
-            self._pending[sent] = PendingAdmission(replica, model, keys, owner, uncached, now,
-                                                  rare)
-            self._pending_keys += len(keys)
+        if sent is not None and brought is not None:
+            self._pending[sent] = PendingAdmission(replica, brought, owner, uncached, now,
+                                                  own, rare)
+            self._pending_keys += len(brought)
             while self._pending_keys > _PENDING_KEYS_KEPT or len(self._pending) > _PENDING_KEPT:
                 self.settle(next(iter(self._pending)))
         return uncached
@@ -168,24 +177,23 @@ class ReplicaModels:
         """The try ``sent`` to ``replica`` was refused before the replica took its prompt:
         take back its pending admission there (what no other pending admission brings),
         and its prefill from the replica's own load; returns it (None where none was
-        pending there: it stood, past the bound or as its request went on, or was dropped
-        with the replica's model). (A pending admission of ``sent`` elsewhere stands:
-        that try is over.)"""
+        pending there: it stood, past the bound or as its request went on). (A pending
+        admission of ``sent`` elsewhere stands: that try is over.) A replica restarted or
+        removed since keeps its new model (and, removed, its new load) as it is: the
+        admission's entries are not there."""
         pending = self._pending.pop(sent, None)
         if pending is None:
             return None
-        self._pending_keys -= len(pending.keys)
+        self._pending_keys -= len(pending.brought)
+        held = self._models.get(pending.replica)
         if pending.replica != replica:
-            pending.model.confirm(pending.keys)
+            if held is not None:
+                held.model.confirm(pending.brought)
             return None
-        held = self._models.get(replica)
-        if held is not None and held.model is pending.model:
-            self._forget_heads(replica, held.model.forget(pending.keys))
-        # (else the replica restarted since: its model is another, while its load, which
-        # the refused prompt never added to, is the same)
-        own = self._own_load.get(replica)
-        if own is not None and pending.now is not None:
-            own.take_back(pending.now, pending.uncached)
+        if held is not None:
+            self._forget_heads(replica, held.model.forget(pending.brought))
+        if pending.own is not None and pending.now is not None:
+            pending.own.take_back(pending.now, pending.uncached)
         return pending
 
     def settle(self, sent: int) -> None:
@@ -193,8 +201,10 @@ class ReplicaModels:
         went on after a try that may have reached its replica)."""
         pending = self._pending.pop(sent, None)
         if pending is not None:
-            self._pending_keys -= len(pending.keys)
-            pending.model.confirm(pending.keys)
+            self._pending_keys -= len(pending.brought)
+            held = self._models.get(pending.replica)
+            if held is not None:
+                held.model.confirm(pending.brought)
 
     def age(self, views: Iterable[ReplicaView], now: float,
             size_of: Callable[[str], tuple[int, int]]) -> None:
@@ -276,7 +286,6 @@ class ReplicaModels:
 
     def remove(self, replica: str) -> None:
         """Forget a replica that left the fleet."""
-        self._drop_pending(replica)
         self._models.pop(replica, None)
         self._forget_heads(replica)
         self._own_load.pop(replica, None)
@@ -285,16 +294,10 @@ class ReplicaModels:
 
     def reset(self, replica: str) -> None:
         """Empty the model of a replica that restarted (its cache is empty)."""
-        self._drop_pending(replica)
         held = self._models.get(replica)
         if held is not None:
             held.model.clear()
             self._forget_heads(replica)
-
-    def _drop_pending(self, replica: str) -> None:
-        """Drop the pending admissions to ``replica``, whose model is emptied."""
-        for sent in [s for s, p in self._pending.items() if p.replica == replica]:
-            self._pending_keys -= len(self._pending.pop(sent).keys)
 
     def _forget_heads(self, replica: str, evicted: Sequence[int] | None = None) -> None:
         """Drop ``replica`` from the head index: for the ``evicted`` keys, or for every
@@ -317,7 +320,7 @@ class ReplicaModels:
                 if owner is None or key not in owner.model:
                     raise AssertionError(f"cost: head {key} indexed on {replica!r}, which "
                                          "does not hold it")
-        keys = sum(len(p.keys) for p in self._pending.values())
+        keys = sum(len(p.brought) for p in self._pending.values())
         if keys != self._pending_keys:
             raise AssertionError(f"cost: {self._pending_keys} pending keys counted, "
                                  f"{keys} held by {len(self._pending)} pending admissions")

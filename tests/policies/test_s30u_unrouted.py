@@ -5,6 +5,7 @@ what another try still bound there brings, stays."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -150,7 +151,7 @@ def test_admissions_taken_back_leave_the_model_never_admitted(
         for m in (never, model):
             m.admit(PromptChain(token_bytes(units), block, 2.5, root=1), owner)
     chains = [PromptChain(token_bytes(units), block, 2.5, root=1) for units in sent]
-    pending: list[list[int]] = []
+    pending: list[list[Any]] = []
     for chain in chains:
         pending.append([])
         model.admit(chain, 7, pending[-1])
@@ -183,7 +184,7 @@ def test_admissions_that_stand_are_kept_and_the_others_taken_back(
     for owner, units in enumerate(before):
         for m in (stood, model):
             m.admit(PromptChain(token_bytes(units), block, 2.5, root=1), owner)
-    settled: list[tuple[list[int], bool]] = []
+    settled: list[tuple[list[Any], bool]] = []
     for units, stands in sent:
         chain = PromptChain(token_bytes(units), block, 2.5, root=1)
         settled.append(([], stands))
@@ -201,3 +202,113 @@ def test_admissions_that_stand_are_kept_and_the_others_taken_back(
     for units, _ in sent:
         chain = PromptChain(token_bytes(units), block, 2.5, root=1)
         assert model.held(chain) == stood.held(chain)
+
+
+def _chain(units: list[int], block: int = 1) -> PromptChain:
+    return PromptChain(token_bytes(units), block, 2.5, root=1)
+
+
+def test_an_admission_settles_only_the_entries_it_brought_not_their_keys() -> None:
+    # A brings a chain's entries, they are evicted, and B brings the same keys back: A's
+    # end leaves B's entries as they are
+    for settle in ("forget", "confirm"):
+        model = ReplicaCacheModel(16)  # 8 entries of 2 tokens
+        first: list[Any] = []
+        second: list[Any] = []
+        sent, other = _chain([1, 2, 3]), _chain([4, 5, 6, 7, 8, 9, 0, 1])
+        model.admit(sent, 1, first)
+        model.admit(other, 2)  # evicts what A brought
+        assert not any(e.key in model for e in sent)
+        model.admit(sent, 3, second)
+        held = _held(model)
+        getattr(model, settle)(first)
+        assert _held(model) == held, settle  # the bug: B's entries removed, or made to stand
+        model.forget(second)  # B is refused in turn: they go
+        assert not any(e.key in model for e in sent), settle
+        model.check_integrity()
+
+
+class _Oracle:
+    """What a model holds, told the slow way: each entry knows which pending admissions
+    brought it (an entry evicted and inserted again is a new one)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        # key -> [tokens, the pending admissions bringing it (None: held for good)]
+        self.entries: dict[int, list] = {}  # type: ignore[type-arg]
+
+    def admit(self, chain: PromptChain, name: int | None) -> None:
+        for entry in reversed(chain):
+            held = self.entries.pop(entry.key, None)  # re-inserted: the most recent
+            if held is None:
+                held = [entry.tokens, None if name is None else {name}]
+            else:
+                held[0] = max(held[0], entry.tokens)
+                if held[1] is not None:
+                    if name is None:
+                        held[1] = None
+                    else:
+                        held[1].add(name)
+            self.entries[entry.key] = held
+        while sum(t for t, _ in self.entries.values()) > self.capacity and self.entries:
+            del self.entries[next(iter(self.entries))]
+
+    def settle(self, name: int, stands: bool) -> None:
+        for key, (_, names) in list(self.entries.items()):
+            if names is not None and name in names:
+                if stands:
+                    self.entries[key][1] = None
+                else:
+                    names.discard(name)
+                    if not names:
+                        del self.entries[key]
+
+    def held(self) -> dict[int, int]:
+        return {key: tokens for key, (tokens, _) in self.entries.items()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=12),
+                          st.sampled_from(["stands", "pending"])), min_size=1, max_size=16),
+       st.sampled_from([1, 2]), st.integers(3, 30), st.randoms(use_true_random=False))
+def test_pending_admissions_in_a_model_that_evicts_settle_what_they_brought(
+        sent: list[tuple[list[int], str]], block: int, capacity: int,
+        rng: random.Random) -> None:
+    # a model small enough to evict (entries of 2-5 tokens), admissions standing and
+    # pending, each pending one let stand or taken back at a random time later: after
+    # every step the model holds what the oracle holds, in its order, and what it holds of
+    # any chain is a prefix of it (``held`` bisects)
+    model, oracle = ReplicaCacheModel(capacity), _Oracle(capacity)
+    chains = [_chain(units, block) for units, _ in sent]
+    open_: dict[int, list[Any]] = {}
+
+    def check() -> None:
+        model.check_integrity()
+        assert _held(model) == oracle.held()
+        assert model.keys_lru() == list(oracle.entries)
+        for chain in chains:
+            keys = [e.key in model for e in chain]
+            n = keys.count(True)
+            assert keys == [True] * n + [False] * (len(keys) - n)
+            assert model.held(chain) == n
+
+    def settle_one() -> None:
+        name = rng.choice(sorted(open_))
+        stands = rng.random() < 0.5
+        (model.confirm if stands else model.forget)(open_.pop(name))
+        oracle.settle(name, stands)
+        check()
+
+    for name, (chain, (_, how)) in enumerate(zip(chains, sent, strict=True)):
+        if how == "pending":
+            open_[name] = []
+            model.admit(chain, name, open_[name])
+            oracle.admit(chain, name)
+        else:
+            model.admit(chain, name)
+            oracle.admit(chain, None)
+        check()
+        while open_ and rng.random() < 0.4:
+            settle_one()
+    while open_:
+        settle_one()
