@@ -101,8 +101,9 @@ def _renders_off_loop(messages: Sequence[Any], tools: Any) -> bool:
         if chars > _INLINE_TOKENIZE_CHARS:
             return True
     return chars > _INLINE_TOKENIZE_CHARS
-# A token list longer than this is decoded this many tokens at a time (``_detokenize``)
-_DECODED_PIECE_TOKENS = 2000
+# A token list of up to this many tokens is decoded in one call, a longer one this many at
+# a time (``_detokenize``)
+_INLINE_DETOKENIZE_TOKENS = 2000
 
 
 def _token_ids(tokens: list[Any]) -> list[int]:
@@ -368,13 +369,13 @@ class EngineServer:
         if bad is not None:
             raise BadRequest(f"'tokens' holds {bad}, outside the vocabulary [0, {vocab})",
                              param="tokens")
-        if len(tokens) <= _DECODED_PIECE_TOKENS:
+        if len(tokens) <= _INLINE_DETOKENIZE_TOKENS:
             return str(self.tokenizer.decode(tokens))
         # the tokenizer holds the GIL while it decodes: a long list goes through in
         # pieces, between which the event loop's thread runs
         stream = TextStream(self.tokenizer)
-        parts = [stream.push(tokens[i:i + _DECODED_PIECE_TOKENS])
-                 for i in range(0, len(tokens), _DECODED_PIECE_TOKENS)]
+        parts = [stream.push(tokens[i:i + _INLINE_DETOKENIZE_TOKENS])
+                 for i in range(0, len(tokens), _INLINE_DETOKENIZE_TOKENS)]
         return "".join(parts) + stream.flush()
 
     async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
