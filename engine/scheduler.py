@@ -219,9 +219,7 @@ class Scheduler:
         if len(running) - len(kept_running) != num_running:
             raise ValueError(f"{num_running} of the requests to finish are running, "
                              f"{len(running) - len(kept_running)} of them in the batch")
-        if num_waiting == 1:  # removed in place (ValueError, nothing changed, if not there)
-            waiting.remove(next(r for r in reqs if r.status is not Status.RUNNING))
-        elif num_waiting:
+        if num_waiting:
             kept_waiting = [r for r in waiting if id(r) not in gone]
             if len(waiting) - len(kept_waiting) != num_waiting:
                 raise ValueError(f"{num_waiting} of the requests to finish are waiting, "
@@ -246,13 +244,7 @@ class Scheduler:
 
     def finish_running(self, reqs: list[Request]) -> None:
         """Finish running requests (end of generation) in one pass over ``running``."""
-        done = {id(r) for r in reqs}
-        self.running = [r for r in self.running if id(r) not in done]
-        kv = self.kv
-        for req in reqs:
-            kv.free(req)
-            req.status = Status.FINISHED
-        self.stats.num_requests_finished += len(reqs)
+        self.finish_many(reqs, Status.FINISHED)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
