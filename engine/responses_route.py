@@ -37,6 +37,7 @@ from kvwire.openai_schema import (
     BadRequest,
     NotFound,
     OpenAIError,
+    checked_as_sent,
     decode_json,
     optional,
     positive_int,
@@ -151,8 +152,11 @@ class ResponsesRoute:
                                      "messages": messages, "tools": chat.tools}
         chat_body.update((k, body[k]) for k in _SHARED if k in body)
         chat_body.update((new, body[old]) for old, new in _RENAMED.items() if old in body)
-        parse = functools.partial(parse_generate, chat_body, chat=True,
-                                  model_name=srv.model_name, vocab_size=srv.vocab_size)
+        # checked where the body may not have been decoded (``_read`` in another thread):
+        # its errors still name an integer past 64 bits as sent
+        parse = functools.partial(checked_as_sent, raw, functools.partial(
+            parse_generate, chat_body, chat=True, model_name=srv.model_name,
+            vocab_size=srv.vocab_size))
         p = dataclasses.replace(  # its errors name the Responses fields
             parse() if inline and len(history) <= PARSE_ON_THREAD_COMMAS
             else await asyncio.to_thread(parse),

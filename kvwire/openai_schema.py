@@ -17,16 +17,18 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from kvwire.chat_messages import ChatFormatError, check_tools, normalize_messages
 from kvwire.media_parts import DIGEST_HEX_CHARS, shown
 from kvwire.template_kwargs import TemplateKwargsError, request_template_kwargs
+
+T = TypeVar("T")
 
 MAX_CACHE_SALT_CHARS = 128  # vLLM's limit on ``cache_salt``
 MAX_TOKEN_ID = (1 << 32) - 1
@@ -144,9 +146,11 @@ class RequestFields:
 
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Python's json (vLLM's) skips
 # The body ``decode_json`` read last in this context (a request's task, or one call in a
-# worker thread): orjson reads an integer literal past 64 bits as a float, and an error
-# naming such a value finds the literal here again (``_as_sent``). The body is held by
-# its request meanwhile anyway
+# worker thread; ``checked_as_sent`` sets it for checks run apart from the decoding):
+# orjson reads an integer literal past 64 bits as a float, and an error naming such a
+# value finds the literal here again (``_as_sent``). A request's task holds its body's
+# bytes so until the request ends (they count in a server's held bytes only until it
+# is parsed)
 _DECODED: ContextVar[bytes] = ContextVar("kvwire_decoded_body", default=b"")
 
 
@@ -160,6 +164,19 @@ def decode_json(raw: bytes) -> Any:
                          code="invalid_json") from exc
     _DECODED.set(raw)
     return decoded
+
+
+def checked_as_sent(raw: bytes, check: Callable[[], T]) -> T:
+    """``check()``, a check of the body decoded from ``raw`` that runs apart from its
+    decoding (in another worker thread, or on the event loop after a thread decoded it:
+    a value set in one thread's call never reaches another's), with ``raw`` as the body
+    decoded last, so that its errors name an integer past 64 bits as it was sent, as
+    those of a check run where it was decoded do."""
+    token = _DECODED.set(raw)
+    try:
+        return check()
+    finally:
+        _DECODED.reset(token)
 
 
 def _not_utf8(raw: bytes) -> str | None:
