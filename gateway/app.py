@@ -161,8 +161,10 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     tenant = intake.tenant
 
     held: list[Resident] = []  # the answer, while it streams, in the KV capacity estimate
+    tried: list[str] = []  # the replicas sent the request, in order
 
     def on_sent(replica: str) -> None:
+        tried.append(replica)
         gw.policy.observe(Routed(route_req, replica, routing.views))
         if gw.peers is not None:
             gw.peers.routed(route_req, replica)
@@ -208,10 +210,19 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
             gw.metrics.answers.relayed(route_req.model, decision.reason, stream, arrived,
                                        usage)
 
-    stream = await gw.proxy.open(
-        ranked, path, intake.raw, headers,
-        lambda replica: batch * work_tokens(route_req, decision, replica), on_sent, on_done,
-        intake.parsed.stream, _continues(intake.parsed), on_unsent=on_unsent)
+    try:
+        stream = await gw.proxy.open(
+            ranked, path, intake.raw, headers,
+            lambda replica: batch * work_tokens(route_req, decision, replica), on_sent,
+            on_done, intake.parsed.stream, _continues(intake.parsed), on_unsent=on_unsent)
+    except BaseException:
+        if tried:
+            # no replica answered (every try failed, or the client left): the request is
+            # over, and its tries that may have reached their replica (timed out, cut,
+            # cancelled) stand, those refused being taken back already. Not ok, it teaches
+            # no pace or slot hold
+            gw.policy.observe(Finished(route_req, tried[-1], ok=False))
+        raise
     try:
         if intake.parsed.endpoint == "responses" and stream.status < 400:
             answered = response_id(stream.first_chunk)

@@ -481,7 +481,8 @@ class Peers:
                 if fleet.get(frame.replica) is None:
                     continue  # a replica this copy does not route to (not yet, or no more)
                 try:
-                    self.policy.observe(Routed(frame.request, frame.replica))
+                    # told once: no Unrouted or Finished follows here
+                    self.policy.observe(Routed(frame.request, frame.replica, revocable=False))
                 except Exception:  # the policy's defect: the link and the rest stand
                     log.exception("the policy failed on a peer's route to %s", frame.replica)
                 if self.forward is not None:  # the box's other workers learn it too

@@ -186,7 +186,8 @@ class WorkerRoutes:
             if isinstance(frame, RoutedElsewhere):
                 self.received += 1
                 try:
-                    self.policy.observe(Routed(frame.request, frame.replica))
+                    # told once: no Unrouted or Finished follows here
+                    self.policy.observe(Routed(frame.request, frame.replica, revocable=False))
                 except Exception:  # the policy's defect: the message's other routes stand
                     log.exception("the policy failed on another worker's route to %s",
                                   frame.replica)

@@ -153,11 +153,15 @@ class Routed:
     ``Routed``. ``Finished`` names the replica that finally answered. ``replicas``, when
     the caller has it, is the fleet snapshot the decision was made on, so a policy can
     learn facts about the replicas (epoch, KV capacity) in ``observe``, never in
-    ``choose``."""
+    ``choose``. ``revocable``: the caller tells how the try ends (an ``Unrouted`` when
+    its replica refuses it, else the next ``Routed`` or the request's ``Finished``); a
+    route another gateway copy or worker process made is told once, as it stands
+    (False), and a policy keeps nothing to take it back."""
 
     request: RouteRequest
     replica: str
     replicas: Sequence[ReplicaView] = ()
+    revocable: bool = True
 
 
 @dataclass(frozen=True, slots=True)

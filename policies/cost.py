@@ -705,7 +705,7 @@ class Cost(Policy):
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed):
             if event.replica not in self._removed:  # (else the route went nowhere)
-                self._routed_to(event.request, event.replica)
+                self._routed_to(event.request, event.replica, event.revocable)
         elif isinstance(event, Unrouted):
             self._unrouted(event.request, event.replica)
         elif isinstance(event, Finished):
@@ -766,11 +766,12 @@ class Cost(Policy):
         capacity = self._facts.get(replica, (0, None, None))[1]
         return capacity is not None and prompt_tokens > capacity * OVER_CAPACITY
 
-    def _routed_to(self, request: RouteRequest, replica: str) -> None:
+    def _routed_to(self, request: RouteRequest, replica: str, revocable: bool) -> None:
         """``request`` is sent to ``replica``. What the replica is predicted to hold and
-        prefill is counted per try (a try it refuses is taken back: ``_unrouted``); what
-        the request says of the traffic (its prefix's count, request rates, the scratch
-        set's judgement, the common prefix learned) at its first try alone."""
+        prefill is counted per try (a ``revocable`` try it refuses is taken back:
+        ``_unrouted``); what the request says of the traffic (its prefix's count, request
+        rates, the scratch set's judgement, the common prefix learned) at its first try
+        alone."""
         if self._refuses(replica, request.prompt_tokens):
             return  # nothing of it cached, evicted or prefilled there, nor a prefix's use
         retry = self._refused.retried(request)
@@ -786,9 +787,10 @@ class Cost(Policy):
         else:
             rare = retry.rare  # judged at its first try
         # pending until the replica takes it: a refusal (``Unrouted``) names the request
-        # object this ``Routed`` carried
+        # object this ``Routed`` carried (a route that cannot be taken back stands)
         uncached = self._models.admit(replica, *self._model_size(replica), prep.chain, prep.key,
-                                      request.prompt_tokens, now, sent=id(request), rare=rare)
+                                      request.prompt_tokens, now,
+                                      sent=id(request) if revocable else None, rare=rare)
         self._exact.routed(self.kv_index, request, replica, prep.key)
         if now is not None:
             self._all_load.add(now, uncached)  # (the sum of the replicas' own loads)
@@ -885,6 +887,8 @@ class Cost(Policy):
             "common_prefix_chunks": self._keys.learner.depth if self._keys.learner else 0,
             "model_tokens": {rid: model.used for rid, model in self._models.models()},
             "model_capacity": {rid: model.capacity for rid, model in self._models.models()},
+            # tries sent whose end (refused, or not) is still to come
+            "pending_tries": self._models.pending_tries,
             "kv_event_replicas": [] if self.kv_index is None else self.kv_index.replicas(),
             # the index held blocks but no prompt matched them: the gateway's tokenizer is
             # likely not the engines', and the cache model is used instead

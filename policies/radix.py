@@ -122,7 +122,8 @@ class Radix(Policy):
         self._seen: dict[str, tuple[int, int | None]] = {}  # id -> (epoch, kv capacity)
         self._epochs: dict[str, int] = {}  # id -> epoch the tree's entries belong to
         # id of a request's RouteRequest -> its last try's replica and insert, until the
-        # request ends or its replica refuses it (``Unrouted``); the oldest first
+        # request ends or its replica refuses it (``Unrouted``); the oldest first (a route
+        # that is not ``revocable``, another copy's or worker's, stands at once)
         self._sent: OrderedDict[int, tuple[str, Inserted]] = OrderedDict()
 
     def share_from(self, first: Policy) -> None:
@@ -221,7 +222,7 @@ class Radix(Policy):
             inserted = self.tree.insert(_namespace(event.request), data, rid,
                                         self.budget(rid, unit))
             self._sent.pop(id(event.request), None)
-            if inserted is not None:
+            if inserted is not None and event.revocable:
                 self._sent[id(event.request)] = (rid, inserted)
                 if len(self._sent) > _SENT_KEPT:
                     self._sent.popitem(last=False)

@@ -87,6 +87,11 @@ class ReplicaModels:
         self._pending: OrderedDict[int, PendingAdmission] = OrderedDict()
         self._pending_keys = 0  # keys held in ``_pending``
 
+    @property
+    def pending_tries(self) -> int:
+        """The pending admissions kept (tries whose end is still to come)."""
+        return len(self._pending)
+
     def get(self, replica: str) -> ReplicaCacheModel | None:
         """The replica's model, if any (of whatever epoch)."""
         held = self._models.get(replica)
