@@ -192,24 +192,26 @@ class _Waiting:
 
 
 class _Retryable(Exception):
-    """A replica failed before the client saw anything: try the next one."""
+    """A replica failed before the client saw anything: try the next one. ``unsent``: the
+    replica did not take the prompt (it shed load, was not reached, did not store what the
+    request continues, or answered a 5xx status before any byte), and the policy takes
+    the try back. A timeout (or the deadline, or an ejection while waiting), a connection
+    broken once sent, and a stream opened with an error event (the replica took the
+    prompt, and failed on it) are not: the replica may have queued or computed the prompt
+    (one that crashed shows as a restart later)."""
 
     def __init__(self, cause: str, message: str, code: str = "upstream_error",
-                 retry_after_s: float | None = None, status: int | None = None) -> None:
+                 retry_after_s: float | None = None, status: int | None = None,
+                 unsent: bool = False) -> None:
         super().__init__(message)
         self.cause = cause
         self.code = code
         self.retry_after_s = retry_after_s  # a busy replica's Retry-After
         self.status = status  # the replica's, when it answered an error
+        self.unsent = unsent
 
 
 _BUSY = frozenset({429, 503})  # a replica shedding load: not broken, and not the request's
-# the failed tries whose replica did not take the prompt: it shed load, was not reached,
-# did not store what the request continues, or answered a 5xx before any byte. A timeout
-# (or the deadline, or an ejection while waiting), a connection broken once sent and a
-# client's cancel are not among them: the replica may have queued or computed the prompt
-# (one that crashed shows as a restart later)
-_UNSENT = frozenset({"busy", "connect", "not_stored", "5xx"})
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -788,7 +790,7 @@ class Proxy:
         ``previous_response_id``): a replica's 404 sends it on to the next, any of
         ``ranked``, and it is a 404 once none had it. ``on_sent(replica)`` is called as
         each try is sent, and ``on_unsent(replica)`` after one that the replica refused
-        before taking the prompt (``_UNSENT``)."""
+        before taking the prompt (``_Retryable.unsent``)."""
         attempts: list[Attempted] = []
         last: _Retryable | None = None
         suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
@@ -832,7 +834,7 @@ class Proxy:
                                      f"replica {replica!r} had {wait:.3g} s of it",
                                      "upstream_timeout")
                 self.fleet.done(pending)
-                if on_unsent is not None and exc.cause in _UNSENT:
+                if on_unsent is not None and exc.unsent:
                     on_unsent(replica)
                 attempts.append(Attempted(replica, exc.cause, exc.status))
                 last = exc
@@ -912,41 +914,34 @@ class Proxy:
                     raise _Retryable("busy", f"replica {replica!r} is overloaded (it answered "
                                      f"{response.status}{_error_message(detail)})",
                                      "fleet_busy",
-                                     _retry_after(response.headers.get("retry-after")))
+                                     _retry_after(response.headers.get("retry-after")),
+                                     unsent=True)
                 if response.status == 404 and stored_elsewhere:
                     detail = await response.read(_ERROR_BODY_LIMIT)
                     raise _Retryable("not_stored", f"replica {replica!r} answered 404"
                                      f"{_error_message(detail)}", "response_not_found",
-                                     status=404)
+                                     status=404, unsent=True)
                 if response.status >= 500 and response.status != 501:
                     detail = await response.read(_ERROR_BODY_LIMIT)
                     log.warning("replica %s answered %s: %s", replica, response.status,
                                 detail.decode(errors="replace"))
                     raise _Retryable("5xx", f"replica {replica!r} answered {response.status}"
-                                     f"{_error_message(detail)}", status=response.status)
+                                     f"{_error_message(detail)}", status=response.status,
+                                     unsent=True)
                 first = await response.readany()
                 first_byte_s = time.perf_counter() - started
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
                 if streamed and not first and response.status < 400:
                     raise UpstreamBroken("the stream ended before its first event")
-                if streamed and response.status < 400 \
-                        and first.lstrip(b"\r\n").startswith(_ERROR_EVENTS):
-                    # the stream opens with an error (vLLM's engine failed on it): a 5xx
-                    # the client has seen nothing of yet, tried elsewhere as one
+                if streamed and response.status < 400 and (
+                        signs.failed_events
+                        or first.lstrip(b"\r\n").startswith(_ERROR_EVENTS)):
+                    # a stream that opens with its failure (vLLM's error event, a Responses
+                    # stream's ``error`` or ``response.failed``) the client has seen
+                    # nothing of yet: a server's failure is tried elsewhere, as a 5xx is.
+                    # The replica took the prompt (it failed on it): not ``unsent``
                     first = await _first_event(response, first)
-                    status = _error_event(first)
-                    if status is not None and status >= 500:
-                        data = first.lstrip(b"\r\n")[len(b"data:"):].split(b"\n", 1)[0]
-                        log.warning("replica %s answered %s in its stream: %s", replica,
-                                    status, data.decode(errors="replace"))
-                        raise _Retryable("5xx", f"replica {replica!r} answered {status} in "
-                                         f"its stream{_error_message(data)}", status=status)
-                if streamed and response.status < 400 and signs.failed_events:
-                    # a Responses stream that opens with its failure (an ``error`` or a
-                    # ``response.failed`` event) the client has seen nothing of yet: a
-                    # server's failure is tried elsewhere, as a 5xx is
-                    first = await _first_event(response, first)
-                    failed = _opening_failure(first, signs.failed_events)
+                    failed = _stream_opening_failure(first, signs.failed_events)
                     if failed is not None and failed.status >= 500:
                         log.warning("replica %s answered %s in its stream: %s", replica,
                                     failed.status, failed.message)
@@ -969,7 +964,7 @@ class Proxy:
                 if self.fleet.eject(replica, str(exc)):
                     log.warning("replica %s ejected: %s", replica, exc)
                 raise _Retryable("connect", f"replica {replica!r} is unreachable: {exc}",
-                                 "upstream_unreachable") from None
+                                 "upstream_unreachable", unsent=True) from None
             raise _Retryable("broken", f"replica {replica!r} broke the connection: "
                              f"{exc.__class__.__name__}") from None
         except TimeoutError:
@@ -1220,6 +1215,20 @@ class _Failure(NamedTuple):
 # its images): answered as they came, never tried elsewhere
 _REQUEST_FAULTS = ("invalid_", "image_", "empty_image", "unsupported_image",
                    "failed_to_download_image")
+
+
+def _stream_opening_failure(first: bytes, failed: tuple[bytes, ...]) -> _Failure | None:
+    """The failure a stream's first event tells, read from ``first``, its first bytes: an
+    error event (``_ERROR_EVENTS``, vLLM's and SGLang's under a 200) of a 5xx status
+    (``_error_event``), with its error's message; else one of ``failed``
+    (``_opening_failure``); None for any other first event."""
+    body = first.lstrip(b"\r\n")
+    if body.startswith(_ERROR_EVENTS):
+        status = _error_event(first)
+        if status is not None and status >= 500:
+            data = body[len(b"data:"):].split(b"\n", 1)[0]
+            return _Failure(status, _error_message(data).removeprefix(": "))
+    return _opening_failure(first, failed) if failed else None
 
 
 def _opening_failure(first: bytes, failed: tuple[bytes, ...]) -> _Failure | None:

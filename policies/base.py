@@ -168,10 +168,11 @@ class Routed:
 class Unrouted:
     """The try last sent to ``replica`` with ``Routed`` was refused before the replica took
     the prompt: it shed load (429, 503), could not be reached, did not store what the
-    request continues (404), or answered a 5xx before any byte. The replica neither holds
-    nor computes the prompt, so a policy takes back what that ``Routed`` made it believe
-    of the replica's cache. ``request`` is the object ``Routed`` carried. A try that may
-    have reached the replica's queue (a timeout, a broken connection, a client that left)
+    request continues (404), or answered a 5xx status (not a stream that opened with an
+    error event: that replica took the prompt). The replica neither holds nor computes
+    the prompt, so a policy takes back what that ``Routed`` made it believe of the
+    replica's cache. ``request`` is the object ``Routed`` carried. A try that may have
+    reached the replica's queue (a timeout, a broken connection, a client that left)
     keeps its ``Routed``."""
 
     request: RouteRequest

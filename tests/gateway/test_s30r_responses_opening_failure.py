@@ -55,8 +55,12 @@ def _stream(url: str) -> httpx.Response:
                       json={"model": "sim-model", "input": "hi", "stream": True})
 
 
+# vLLM's error event under a 200, as its chat streams send it
+_VLLM_ERROR = b'data: {"error": {"message": "the engine failed", "type": "x", "code": 500}}\n\n'
+
+
 @pytest.mark.parametrize("first", [_error("server_error"), _failed("server_error"),
-                                   _error("vector_store_timeout")])
+                                   _error("vector_store_timeout"), _VLLM_ERROR])
 def test_a_responses_stream_opening_with_a_server_failure_is_tried_elsewhere(
         serve: Serve, first: bytes) -> None:
     served: list[int] = []
