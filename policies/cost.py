@@ -704,6 +704,10 @@ class Cost(Policy):
     # -- what happened ----------------------------------------------------------------------
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed):
+            # a try of the request before this one is over (it may have reached its
+            # replica), whatever this one does: else a pending one, were its request's
+            # end lost, would stay for a later request under its id to take back
+            self._models.settle(id(event.request))
             if event.replica not in self._removed:  # (else the route went nowhere)
                 self._routed_to(event.request, event.replica, event.revocable)
         elif isinstance(event, Unrouted):
