@@ -14,7 +14,14 @@ from engine.async_engine import FAILED_STEPS_IN_A_ROW, AsyncEngine, RequestFaile
 from engine.core import StepFailed
 from engine.request import SamplingParams
 from kvwire.kv_event_format import BlockRemoved, BlockStored
-from tests.support.engine_cores import POISON, FaultyExecutor, add, make_core, run_all
+from tests.support.engine_cores import (
+    POISON,
+    FaultyExecutor,
+    add,
+    faulty_engine,
+    make_core,
+    run_all,
+)
 from tests.support.engine_servers import LiveEngine, serve_engine
 
 
@@ -101,18 +108,7 @@ def test_the_blocks_a_failed_step_evicted_are_reported_at_once() -> None:
     not whenever a later step succeeds (an idle engine takes none)."""
 
     async def run() -> None:
-        core = make_core(num_blocks=4, vocab=(100, 200))
-        core.executor = FaultyExecutor(core.executor)
-        core.kv.pool.events = []
-        drained: list[object] = []
-
-        def on_step(_out: object) -> None:
-            drained.extend(core.kv.pool.events)
-            core.kv.pool.events.clear()
-
-        engine = AsyncEngine(core, sleep_modeled_time=False, on_step=on_step)
-        await engine.start()
-        try:
+        async with faulty_engine() as (core, engine, drained):
             params = SamplingParams(max_tokens=1)
             cached = engine.add(core.make_request("cached", list(range(100, 109)), params))
             assert (await asyncio.wait_for(cached.get(), 5)).finished
@@ -122,7 +118,5 @@ def test_the_blocks_a_failed_step_evicted_are_reported_at_once() -> None:
             removed = [e for e in drained if isinstance(e, BlockRemoved)]
             assert removed and not core.kv.pool.events
             assert not core.kv.pool.cached
-        finally:
-            await engine.stop()
 
     asyncio.run(run())

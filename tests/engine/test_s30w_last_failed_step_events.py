@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.async_engine import FAILED_STEPS_IN_A_ROW, AsyncEngine, EngineDeadError, RequestFailed
+from engine.async_engine import FAILED_STEPS_IN_A_ROW, EngineDeadError, RequestFailed
 from engine.request import SamplingParams
 from kvwire.kv_event_format import BlockRemoved, BlockStored
-from tests.support.engine_cores import POISON, FaultyExecutor, make_core
+from tests.support.engine_cores import POISON, faulty_engine
 
 
 def test_the_step_that_stops_the_engine_reports_what_it_evicted() -> None:
     async def run() -> None:
-        core = make_core(num_blocks=4, vocab=(100, 200))
-        core.executor = FaultyExecutor(core.executor)
-        core.kv.pool.events = []
-        drained: list[object] = []
-
-        def on_step(_out: object) -> None:
-            drained.extend(core.kv.pool.events)
-            core.kv.pool.events.clear()
-
-        engine = AsyncEngine(core, sleep_modeled_time=False, on_step=on_step)
-        await engine.start()
-        try:
+        async with faulty_engine() as (core, engine, drained):
             params = SamplingParams(max_tokens=1)
             cached = engine.add(core.make_request("cached", list(range(100, 109)), params))
             assert (await asyncio.wait_for(cached.get(), 5)).finished
@@ -44,7 +33,5 @@ def test_the_step_that_stops_the_engine_reports_what_it_evicted() -> None:
             assert not core.kv.pool.events
             removed = {h for e in drained if isinstance(e, BlockRemoved) for h in e.block_hashes}
             assert removed == {h for e in stored for h in e.block_hashes}
-        finally:
-            await engine.stop()
 
     asyncio.run(run())

@@ -4,7 +4,10 @@ blocks, a cheap cost model), and helpers that drive it."""
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+from engine.async_engine import AsyncEngine
 from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, GPUSpec, ModelShape
 from engine.executor import Batch, Executor, StepResult
@@ -94,3 +97,26 @@ class HeldExecutor:
         self.entered.set()
         self.released.append(self.release.wait(self.wait_s))
         return self.inner.execute(batch)
+
+
+@asynccontextmanager
+async def faulty_engine(num_blocks: int = 4
+                        ) -> AsyncIterator[tuple[EngineCore, AsyncEngine, list[object]]]:
+    """A started engine over ``make_core`` whose executor fails a step holding ``POISON``
+    (``FaultyExecutor``), and the KV events it recorded, drained at each step (where the
+    server publishes them) into the list it yields; stopped on leaving."""
+    core = make_core(num_blocks=num_blocks, vocab=(100, 200))
+    core.executor = FaultyExecutor(core.executor)
+    core.kv.pool.events = []
+    drained: list[object] = []
+
+    def on_step(_out: object) -> None:
+        drained.extend(core.kv.pool.events)
+        core.kv.pool.events.clear()
+
+    engine = AsyncEngine(core, sleep_modeled_time=False, on_step=on_step)
+    await engine.start()
+    try:
+        yield core, engine, drained
+    finally:
+        await engine.stop()
