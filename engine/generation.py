@@ -11,6 +11,7 @@ which aborts the requests it did not read to their end however it ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
@@ -28,9 +29,10 @@ if TYPE_CHECKING:
 
 
 class Generation:
-    """One request's outputs as text deltas. ``_deltas`` is read once; leaving it before
-    the engine finished the request (the client left, an error, a stop string) aborts
-    the request there. A request interrupted on the engine (``/abort_request``) ends with
+    """One request's outputs as text deltas. ``_deltas`` is read once (by :meth:`read`, or
+    inside ``contextlib.aclosing`` so that it ends then and there); leaving it before the
+    engine finished the request (the client left, an error, a stop string) aborts the
+    request there. A request interrupted on the engine (``/abort_request``) ends with
     the reason ``abort`` and ``interrupted`` its message."""
 
     def __init__(self, server: EngineServer, rid: str, p: GenerateParams, num_prompt: int,
@@ -109,6 +111,16 @@ class Generation:
             if not self.done and not stopped:
                 self.server.stop_early(self.rid, "stop" if self.text.stopped else "abort",
                                        self.last, self.queue)
+
+    async def read(self) -> tuple[str, str | None]:
+        """The outputs read to their end: the whole text (its deltas joined once, not
+        copied again at each: a long answer comes in 100k+ deltas) and the finish reason."""
+        parts: list[str] = []
+        reason = None
+        async with contextlib.aclosing(self._deltas()) as deltas:
+            async for delta, reason in deltas:  # noqa: B007
+                parts.append(delta)
+        return "".join(parts), reason
 
     def _stop_reason(self) -> int | str | None:
         return self.text.stop if self.text.stopped else self.stop_reason

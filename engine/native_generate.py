@@ -18,6 +18,7 @@ A batch is answered whole, never streamed. Log probabilities: :mod:`engine.nativ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
@@ -162,25 +163,25 @@ class _NativeGeneration(Generation):
     async def run_out(self) -> str | None:
         """Read this generation's outputs to its end (its answer's text gathered); its
         finish reason, for :meth:`body`."""
-        reason = None
-        async for delta, reason in self._deltas():  # noqa: B007
-            self.answer += delta
+        self.answer, reason = await self.read()
         return reason
 
     async def sse(self) -> AsyncGenerator[bytes, None]:
-        gen = self._deltas()
         due = 1  # the output length the next event waits for: 1, 1 + k, 1 + 2k ...
+        unsent: list[str] = []  # the deltas since the last event, joined into it
         try:
-            async for delta, reason in gen:
-                self.answer += delta
-                if reason is None and self.num_output < due:
-                    continue
-                # the first due length past this one
-                due += -(-(self.num_output + 1 - due) // self.interval) * self.interval
-                yield await self._event(reason)
+            async with contextlib.aclosing(self._deltas()) as deltas:
+                async for delta, reason in deltas:
+                    unsent.append(delta)
+                    if reason is None and self.num_output < due:
+                        continue
+                    # the first due length past this one
+                    due += -(-(self.num_output + 1 - due) // self.interval) * self.interval
+                    self.answer += "".join(unsent)
+                    unsent.clear()
+                    yield await self._event(reason)
         except OpenAIError as exc:
+            self.answer += "".join(unsent)
             self.failure = exc
             yield await self._event("abort")
-        finally:
-            await gen.aclose()
         yield b"data: [DONE]\n\n"

@@ -167,14 +167,6 @@ class OpenAIGeneration(Generation):
         return render_prompt_logprobs(self.prompt_ids, self.prompt_logprobs,
                                       self.server.decoder(skip_special_tokens=False))
 
-    async def read(self) -> tuple[str, str | None]:
-        """The whole choice's text and finish reason, once the engine finished it."""
-        parts: list[str] = []
-        reason = None
-        async for delta, reason in self._deltas():  # noqa: B007
-            parts.append(delta)
-        return "".join(parts), reason
-
     @property
     def num_logprob_tokens(self) -> int:
         """The tokens whose log probabilities :meth:`render` names: the outputs' where
@@ -247,10 +239,11 @@ class OpenAIGeneration(Generation):
 
     async def choices(self) -> AsyncGenerator[StreamChoice, None]:
         """The stream choices of this choice, in order."""
-        gen = self._deltas()
-        try:
-            role = self.chat  # as vLLM: the role chunk goes with the first token, so a
-            async for delta, reason in gen:  # stream's first byte is its first token
+        # as vLLM: the role chunk goes with the first token, so a stream's first byte is
+        # its first token
+        role = self.chat
+        async with contextlib.aclosing(self._deltas()) as deltas:
+            async for delta, reason in deltas:
                 if role:
                     role = False
                     yield StreamChoice(self._choice(None, None, role=True), self.num_prompt, 0)
@@ -265,8 +258,6 @@ class OpenAIGeneration(Generation):
                     if self.echoing and self.num_render_tokens > _INLINE_RENDER_TOKENS \
                     else self._choice(delta, reason)
                 yield StreamChoice(choice, self.num_prompt, self.num_output)
-        finally:
-            await gen.aclose()
 
 
 class OpenAIAnswer:

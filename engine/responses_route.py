@@ -17,6 +17,7 @@ continuation, as OpenAI's are not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import time
@@ -341,11 +342,7 @@ class _Answer(Generation):
         return self._response(text, reason)
 
     async def collect(self) -> dict[str, Any]:
-        parts: list[str] = []
-        reason = None
-        async for delta, reason in self._deltas():  # noqa: B007
-            parts.append(delta)
-        return self._ended("".join(parts), reason)
+        return self._ended(*await self.read())
 
     def _event(self, kind: str, data: dict[str, Any]) -> str:
         data = {**data, "type": kind, "sequence_number": self.sequence}
@@ -362,13 +359,14 @@ class _Answer(Generation):
             "type": "output_text", "text": "", "annotations": []}})
         parts: list[str] = []
         reason = None
-        gen = self._deltas()
         try:
-            async for delta, reason in gen:  # noqa: B007
-                if delta:
-                    parts.append(delta)
-                    yield self._event("response.output_text.delta",
-                                      {**where, "delta": delta, "logprobs": []})
+            # closed mid-answer: its reader too, now, not when it is collected
+            async with contextlib.aclosing(self._deltas()) as deltas:
+                async for delta, reason in deltas:  # noqa: B007
+                    if delta:
+                        parts.append(delta)
+                        yield self._event("response.output_text.delta",
+                                          {**where, "delta": delta, "logprobs": []})
         except OpenAIError as exc:
             # the error, then the terminal event an OpenAI client waits for
             yield self._event("error", {"code": exc.code or exc.type, "message": exc.message,
@@ -376,8 +374,6 @@ class _Answer(Generation):
             yield self._event("response.failed",
                               {"response": self._response("".join(parts), reason, exc)})
             return
-        finally:  # closed mid-answer: its reader too, now, not when it is collected
-            await gen.aclose()
         text = "".join(parts)
         yield self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
         yield self._event("response.content_part.done", {**where, "part": {
