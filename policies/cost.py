@@ -850,11 +850,11 @@ class Cost(Policy):
                 if taken.rare is not None:
                     self._scratch.take_back(taken.now, taken.uncached, taken.rare)
             self._exact.unrouted(replica, taken.owner, taken.now)
-        if replica not in self._removed and not self._refuses(replica, request.prompt_tokens):
-            # that try counted the request, as ``_routed_to`` did (an admission no longer
-            # pending, past its bound, is not taken back: its judgement, lost with it, then
-            # stands for the retry's)
-            self._refused.refused(request, _Counted(None if taken is None else taken.rare))
+            # that try counted the request (``_routed_to`` keeps a pending admission only
+            # for a try it counted, decided when it was routed: the replica removed since,
+            # or its capacity changed, does not undo that). A try pushed out past the
+            # bound (``ReplicaModels``) stood and is not told; its retry counts again.
+            self._refused.refused(request, _Counted(taken.rare))
 
     def _fleet_scale(self) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters
