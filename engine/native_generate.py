@@ -32,7 +32,7 @@ from engine.native_logprobs import LogprobFields, check_logprob_start
 from engine.native_schema import NativeItem, answer_limit, finish_reason, parse_native
 from engine.request import RequestOutput
 from kvwire.openai_schema import BadRequest, OpenAIError
-from kvwire.request_edge import INLINE_ANSWER_ITEMS, json_answer, unless_disconnected
+from kvwire.request_edge import json_answer, off_loop_past, unless_disconnected
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
@@ -155,10 +155,8 @@ class _NativeGeneration(Generation):
     async def _event(self, reason: str | None) -> bytes:
         """The stream event of this point (``reason``: the finish, or None), built and
         serialised in a worker thread when it names many items."""
-        if self.num_items <= INLINE_ANSWER_ITEMS:
-            return b"data: " + orjson.dumps(self.body(reason)) + b"\n\n"
-        return await asyncio.to_thread(
-            lambda: b"data: " + orjson.dumps(self.body(reason)) + b"\n\n")
+        return await off_loop_past(
+            self.num_items, lambda: b"data: " + orjson.dumps(self.body(reason)) + b"\n\n")
 
     async def run_out(self) -> str | None:
         """Read this generation's outputs to its end (its answer's text gathered); its

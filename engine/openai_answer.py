@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import AsyncGenerator, Sequence
@@ -43,18 +44,12 @@ from engine.generation import Generation, abort_unended
 from engine.openai_logprobs import LogprobRenderer, render_prompt_logprobs
 from engine.request import RequestOutput, TokenLogprob
 from kvwire.openai_schema import OpenAIError
+from kvwire.request_edge import json_answer, off_loop_past
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
 
 _INT64 = 1 << 64
-# a whole answer naming the log probabilities of more tokens than this (prompts' and
-# outputs' in all), or echoing prompts of that many token ids, is rendered and written out
-# in a worker thread: each token decodes its alternatives and builds their dicts (an eval
-# harness's echoed prompt of 8,000 tokens held the event loop, every stream on it, for a
-# tenth of a second; a second with 20 alternatives), and an echoed prompt of ids is
-# decoded to its text, once per choice (n = 64 of a 128k-token prompt: over a second)
-_INLINE_RENDER_TOKENS = 2000
 
 
 def _dumps(obj: Any) -> str:
@@ -254,9 +249,8 @@ class OpenAIGeneration(Generation):
                             self.num_prompt, 0)
                 # the chunk echoing a long prompt (decoded, or with its log
                 # probabilities): off the loop
-                choice = await asyncio.to_thread(self._choice, delta, reason) \
-                    if self.echoing and self.num_render_tokens > _INLINE_RENDER_TOKENS \
-                    else self._choice(delta, reason)
+                choice = await off_loop_past(self.num_render_tokens if self.echoing else 0,
+                                             functools.partial(self._choice, delta, reason))
                 yield StreamChoice(choice, self.num_prompt, self.num_output)
 
 
@@ -280,15 +274,16 @@ class OpenAIAnswer:
 
     async def response(self) -> JSONResponse:
         """The whole answer, once the engine finished every choice; rendered and written
-        out in a worker thread where it names many log probabilities or echoes long
-        prompts of token ids."""
+        out in a worker thread where it names many log probabilities (each token decodes
+        its alternatives and builds their dicts) or echoes long prompts of token ids
+        (decoded to their text once per choice: n = 64 of a 128k-token prompt, over a
+        second)."""
         try:
             ends = [await gen.read() for gen in self.gens]
         finally:
             abort_unended(self.gens)
-        if sum(g.num_render_tokens for g in self.gens) <= _INLINE_RENDER_TOKENS:
-            return JSONResponse(self._render(ends))
-        return await asyncio.to_thread(lambda: JSONResponse(self._render(ends)))
+        return await json_answer(lambda: self._render(ends),
+                                 sum(g.num_render_tokens for g in self.gens))
 
     def _render(self, ends: Sequence[tuple[str, str | None]]) -> dict[str, Any]:
         """The answer object of the choices' ``ends`` (text, finish reason)."""

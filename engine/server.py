@@ -101,9 +101,11 @@ def _renders_off_loop(messages: Sequence[Any], tools: Any) -> bool:
         if chars > _INLINE_TOKENIZE_CHARS:
             return True
     return chars > _INLINE_TOKENIZE_CHARS
-# A token list of up to this many tokens is decoded in one call, a longer one this many at
-# a time (``_detokenize``)
-_INLINE_DETOKENIZE_TOKENS = 2000
+# ``/detokenize`` decodes a token list this many tokens at a time (``_detokenize``): the
+# tokenizer holds the GIL while it decodes, and between pieces the event loop's thread
+# (and the engine's step) runs. Whether the list is decoded on the loop or in a worker
+# thread is ``json_answer``'s (``INLINE_ANSWER_ITEMS``), apart from this
+_DECODE_PIECE_TOKENS = 2000
 
 
 def _token_ids(tokens: list[Any]) -> list[int]:
@@ -369,13 +371,13 @@ class EngineServer:
         if bad is not None:
             raise BadRequest(f"'tokens' holds {bad}, outside the vocabulary [0, {vocab})",
                              param="tokens")
-        if len(tokens) <= _INLINE_DETOKENIZE_TOKENS:
+        if len(tokens) <= _DECODE_PIECE_TOKENS:  # one piece: one call, no stream
             return str(self.tokenizer.decode(tokens))
-        # the tokenizer holds the GIL while it decodes: a long list goes through in
-        # pieces, between which the event loop's thread runs
+        # pieces [i, i + _DECODE_PIECE_TOKENS): a character whose bytes two pieces split
+        # is held back by the stream until its end comes
         stream = TextStream(self.tokenizer)
-        parts = [stream.push(tokens[i:i + _INLINE_DETOKENIZE_TOKENS])
-                 for i in range(0, len(tokens), _INLINE_DETOKENIZE_TOKENS)]
+        parts = [stream.push(tokens[i:i + _DECODE_PIECE_TOKENS])
+                 for i in range(0, len(tokens), _DECODE_PIECE_TOKENS)]
         return "".join(parts) + stream.flush()
 
     async def reset_prefix_cache(self, request: HTTPRequest) -> Response:

@@ -44,22 +44,30 @@ PARSE_ON_THREAD_BYTES = 1 << 20
 PARSE_ON_THREAD_COMMAS = 2048
 
 
-# An answer naming more items than this (token ids, their texts, log probability entries
-# and their alternatives) is built and written out in a worker thread (``json_answer``): the
-# 13 million ids of a 64 MiB text held the loop about a second, and a long answer with
-# 20 alternatives per token milliseconds; one of fewer (most) costs less than a thread's
-# hop (~90 us)
+# An answer (or a streamed event, or a chunk of one) naming more items than this (token
+# ids, their texts, log probability entries and their alternatives, prompt tokens decoded)
+# is built and written out in a worker thread (``off_loop_past``): the 13 million ids of a
+# 64 MiB text held the loop about a second, a long answer with 20 alternatives per token
+# milliseconds, an echoed prompt of 8,000 tokens with its log probabilities a tenth of a
+# second; one of fewer (most) costs less than a thread's hop (~90 us)
 INLINE_ANSWER_ITEMS = 2000
+T = TypeVar("T")
+
+
+async def off_loop_past(num_items: int, fn: Callable[[], T]) -> T:
+    """``fn()``, work naming about ``num_items`` items: on the event loop when they are few
+    (``INLINE_ANSWER_ITEMS``), else in a worker thread (``fn`` must then touch nothing
+    the loop changes meanwhile)."""
+    if num_items <= INLINE_ANSWER_ITEMS:
+        return fn()
+    return await asyncio.to_thread(fn)
 
 
 async def json_answer(build: Callable[[], object], num_items: int) -> JSONResponse:
     """``build()``, an answer naming about ``num_items`` items, as a JSON response: built
-    and written out on the event loop when they are few (``INLINE_ANSWER_ITEMS``), else
-    both in one worker thread (``build`` must then touch nothing the loop changes
-    meanwhile)."""
-    if num_items <= INLINE_ANSWER_ITEMS:
-        return JSONResponse(build())
-    return await asyncio.to_thread(lambda: JSONResponse(build()))
+    and written out at once, on the event loop or in one worker thread
+    (:func:`off_loop_past`)."""
+    return await off_loop_past(num_items, lambda: JSONResponse(build()))
 
 
 # past this many bytes a body's commas are counted by numpy: bytes.count of one byte walks
@@ -92,8 +100,6 @@ def header_value(request: Request, name: str) -> str | None:
             return v.decode("latin-1")
     return None
 
-
-T = TypeVar("T")
 
 
 class ByteBudget(Protocol):

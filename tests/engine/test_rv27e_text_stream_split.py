@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.server import _INLINE_DETOKENIZE_TOKENS
+from engine.server import _DECODE_PIECE_TOKENS
 from engine.text_stream import MAX_PENDING_TOKENS, TextStream
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_servers import LiveEngine, serve_engine
@@ -27,7 +27,7 @@ def test_detokenize_keeps_a_character_across_its_pieces(live: LiveEngine) -> Non
     assert len(smile) > 1  # one token per byte
     bang = tokenizer.encode("!")
     # the first piece the server decodes ends inside the emoji
-    tokens = bang * (_INLINE_DETOKENIZE_TOKENS - 2) + smile + bang * 10
+    tokens = bang * (_DECODE_PIECE_TOKENS - 2) + smile + bang * 10
     said = live.http.post("/detokenize", json={"model": "m", "tokens": tokens})
     assert said.status_code == 200, said.text
     assert said.json()["prompt"] == tokenizer.decode(tokens)
