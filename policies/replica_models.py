@@ -151,26 +151,24 @@ class ReplicaModels:
         """Enter a ``prompt_tokens``-token prompt sent to ``replica`` at ``now`` into its
         model (``chain``, owned by prefix key ``owner``); returns the tokens of it the model
         did not hold (what the replica prefills). ``sent``, when given, identifies the try
-        (one per request at a time): the admission is pending until ``unadmit`` or
-        ``settle`` names it; a pending one of the same ``sent`` stands. ``rare``: whether
-        the policy judged the prompt's prefix rare (None: not judged), kept with it for
-        ``unadmit`` to hand back."""
+        (one per request at a time: the caller settles the request's try before it, which
+        may have reached its replica): the admission is pending until ``unadmit`` or
+        ``settle`` names it. ``rare``: whether the policy judged the prompt's prefix rare
+        (None: not judged), kept with it for ``unadmit`` to hand back."""
         model = self.model(replica, epoch, size)
         uncached = max(0, prompt_tokens - model.match(chain))
         if chain:
             self._heads.setdefault(chain[0].key, set()).add(replica)
-        brought: Brought | None = None
-        if sent is not None:
-            self.settle(sent)  # a try before this one: it may have reached its replica
-            brought = []
-        self._forget_heads(replica, model.admit(chain, owner, brought))
+        brought: Brought = []  # (filled only for a pending admission)
+        self._forget_heads(replica, model.admit(chain, owner,
+                                                None if sent is None else brought))
         own = None
         if now is not None:
             own = self._own_load.get(replica)
             if own is None:
                 own = self._own_load[replica] = DecayedRate(self._load_window_s)
             own.add(now, uncached)
-        if sent is not None and brought is not None:
+        if sent is not None:
             self._pending[sent] = PendingAdmission(replica, brought, owner, uncached, now,
                                                   own, rare)
             self._pending_keys += len(brought)
