@@ -83,7 +83,6 @@ _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
-_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 _HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
 _LEAST_TRY_S = 0.1  # a later try needs this much of the first-byte deadline left
@@ -1124,15 +1123,20 @@ def _ended_after_a_piece(tail: bytes, whole: bool) -> bool:
     return False
 
 
-def _data_reads(event: bytes) -> bool:
-    """Whether a server-sent event's data (its ``data:`` lines joined) is JSON or
-    ``[DONE]``, or it has none (comments only)."""
-    lines = [line[5:].removeprefix(b" ") for line in _LINE_BREAK.split(event)
+def _event_data(event: bytes) -> bytes | None:
+    """A server-sent event's data: its ``data:`` lines (each without the one space after
+    its colon) joined by line ends; None when it has none (comments only). Its lines end at
+    \\r\\n, \\r or \\n, which are what ``bytes.splitlines`` splits on."""
+    lines = [line[5:].removeprefix(b" ") for line in event.splitlines()
              if line.startswith(b"data:")]
-    if not lines:
-        return True
-    data = b"\n".join(lines)
-    if data == b"[DONE]":
+    return b"\n".join(lines) if lines else None
+
+
+def _data_reads(event: bytes) -> bool:
+    """Whether a server-sent event's data (``_event_data``) is JSON or ``[DONE]``, or it
+    has none (comments only)."""
+    data = _event_data(event)
+    if data is None or data == b"[DONE]":
         return True
     try:
         orjson.loads(data)
@@ -1244,10 +1248,8 @@ def _opening_failure(first: bytes, failed: tuple[bytes, ...]) -> _Failure | None
     event = body[:min(ends)] if ends else body
     if not any(marker in b"\n" + event for marker in failed):
         return None
-    lines = [line[5:].removeprefix(b" ") for line in _LINE_BREAK.split(event)
-             if line.startswith(b"data:")]
     try:
-        data = orjson.loads(b"\n".join(lines))
+        data = orjson.loads(_event_data(event) or b"")
     except ValueError:
         data = None
     error = data.get("error") if isinstance(data, dict) else None
