@@ -715,6 +715,7 @@ class Cost(Policy):
         elif isinstance(event, Finished):
             req = event.request
             self._models.settle(id(req))
+            self._refused.ended(req)  # (refused by every replica tried)
             if event.ok and event.ttft_s is not None and event.cached_tokens is not None:
                 self._pace.observe(event.ttft_s, req.prompt_tokens - event.cached_tokens)
             if event.ok and event.duration_s is not None:

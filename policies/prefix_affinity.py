@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 from policies.base import (
     Decision,
+    Finished,
     Policy,
     ReplicaScore,
     ReplicaView,
@@ -273,6 +274,9 @@ class PrefixAffinity(Policy):
         if isinstance(event, Unrouted):
             if event.request.affinity_key is None:
                 self._refused.refused(event.request, True)
+            return
+        if isinstance(event, Finished):
+            self._refused.ended(event.request)  # (refused by every replica tried)
             return
         if not isinstance(event, Routed) or event.request.affinity_key is not None:
             return

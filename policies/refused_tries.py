@@ -8,16 +8,18 @@ from typing import Generic, TypeVar
 from policies.base import RouteRequest
 
 # requests refused whose retry is still to come, kept: the gateway sends the retry as soon
-# as the refusal comes (no other request's route between), so only a request refused by
-# its last replica, never retried, is left over, until this many newer ones push it out
+# as the refusal comes (no other request's route between), and a request refused by its
+# last replica, never retried, goes at its end (``Finished``); one whose end is not told
+# goes once this many newer ones push it out
 _REFUSED_KEPT = 16
 _Kept = TypeVar("_Kept")
 
 
 class RefusedTries(Generic[_Kept]):
     """The requests whose last try its replica refused (``Unrouted``), until their next
-    ``Routed``: that one is a retry, of a request a policy counted at its first try, with
-    what the policy keeps of that count for it (a ``_Kept``).
+    ``Routed`` or their end (``ended``): that ``Routed`` is a retry, of a request a policy
+    counted at its first try, with what the policy keeps of that count for it (a
+    ``_Kept``).
 
     What a policy learns from its traffic counts a request once, however many replicas it
     was tried on: a try refused before the replica took the prompt is taken back where it
@@ -49,3 +51,9 @@ class RefusedTries(Generic[_Kept]):
             return None
         entry = self._refused.pop(id(request), None)
         return entry[1] if entry is not None and entry[0] is request else None
+
+    def ended(self, request: RouteRequest) -> None:
+        """``request`` ended (``Finished``): no retry of it is to come. (One kept under its
+        ``id`` is itself: the kept request lives, and two live objects never share one.)"""
+        if self._refused:
+            self._refused.pop(id(request), None)
