@@ -224,15 +224,17 @@ class EngineServer:
         finally:
             self.bodies.give(len(raw))
 
-    async def _encode(self, text: str, for_model: bool = True) -> list[int]:
-        return (await self.encode_texts([text], for_model))[0]
+    async def _encode(self, text: str, for_model: bool = True, field: str = "prompt"
+                      ) -> list[int]:
+        return (await self.encode_texts([text], for_model, field=field))[0]
 
-    async def encode_texts(self, texts: Sequence[str], for_model: bool = True
-                           ) -> list[list[int]]:
+    async def encode_texts(self, texts: Sequence[str], for_model: bool = True, *,
+                           field: str = "prompt") -> list[list[int]]:
         """The ids of each text: on the event loop when short, else in a worker thread.
         ``for_model``: the model computes them, so an id past its vocabulary (a tokenizer
-        with more ids than the checkpoint's embedding rows) is a 400 here, not a step that
-        fails every request batched with it."""
+        with more ids than the checkpoint's embedding rows) is a 400 naming ``field`` (the
+        body's field the texts came in) here, not a step that fails every request batched
+        with it."""
         if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
             encoded = self.tokenizer.encode_many(texts)
         else:
@@ -243,9 +245,9 @@ class EngineServer:
                 bad = next((t for t in ids if t >= limit), None)
                 if bad is not None:
                     raise BadRequest(
-                        f"the prompt encodes to token id {bad}, past the model's vocabulary "
+                        f"{field} encodes to token id {bad}, past the model's vocabulary "
                         f"[0, {limit}) (the tokenizer holds {self.tokenizer.vocab_size} ids)",
-                        param="prompt")
+                        param=field)
         return encoded
 
     async def prompt_ids(self, p: GenerateParams, for_model: bool = True,
@@ -270,9 +272,9 @@ class EngineServer:
             except ValueError as exc:  # a ChatFormatError names the field at fault
                 raise BadRequest(str(exc), param=getattr(exc, "param", None) or "messages") \
                     from exc
-            ids = await self._encode(text, for_model)
+            ids = await self._encode(text, for_model, p.prompt_field)
         else:  # a text prompt: inside the tokenizer's special tokens, as vLLM encodes it
-            ids = await self._encode(p.prompt_text or "", for_model)
+            ids = await self._encode(p.prompt_text or "", for_model, p.prompt_field)
             if ids:
                 ids = self.tokenizer.prompt_ids(ids)
         if not ids:
@@ -286,7 +288,7 @@ class EngineServer:
         if len(prompts) == 1:
             return [await self.prompt_ids(prompts[0], field=field)]
         texts = [q.prompt_text or "" for q in prompts if q.prompt_ids is None]
-        encoded = iter(await self.encode_texts(texts) if texts else ())
+        encoded = iter(await self.encode_texts(texts, field=field) if texts else ())
         out = [q.prompt_ids if q.prompt_ids is not None else next(encoded) for q in prompts]
         empty = next((j for j, ids in enumerate(out) if not ids), None)
         if empty is not None:
