@@ -319,7 +319,7 @@ class EngineCore:
                 )
             )
         if finished:
-            self.scheduler.finish_running(finished)
+            self.scheduler.finish_many(finished, Status.FINISHED)
             for req in finished:
                 del self.requests[req.request_id]
         return outputs

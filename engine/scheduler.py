@@ -242,9 +242,5 @@ class Scheduler:
         else:
             stats.num_requests_finished += len(reqs)
 
-    def finish_running(self, reqs: list[Request]) -> None:
-        """Finish running requests (end of generation) in one pass over ``running``."""
-        self.finish_many(reqs, Status.FINISHED)
-
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
