@@ -14,6 +14,7 @@ with the same rules).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import re
@@ -148,13 +149,17 @@ _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Python's json (vLLM's) 
 # The body ``decode_json`` read last in this context (a request's task, or one call in a
 # worker thread; ``checked_as_sent`` sets it for checks run apart from the decoding):
 # orjson reads an integer literal past 64 bits as a float, and an error naming such a
-# value finds the literal here again (``_as_sent``). A request's task holds its body's
-# bytes so until the request ends (they count in a server's held bytes only until it
-# is parsed)
-_DECODED: ContextVar[bytes] = ContextVar("kvwire_decoded_body", default=b"")
+# value finds the literal here again (``_as_sent``). Held in a box that a body decoded on
+# an event loop empties at the loop's next turn: its checks run in the same turn, right
+# after the decoding, and a request's task no longer holds the body's bytes for the rest
+# of the request, outside a server's held bytes (counted only until it is parsed)
+_DECODED: ContextVar[list[bytes] | None] = ContextVar("kvwire_decoded_body", default=None)
 
 
 def decode_json(raw: bytes) -> Any:
+    """The JSON value of ``raw``; BadRequest where it is none. Checks of it run in the same
+    turn of an event loop (or the same worker thread's call) name an integer past 64 bits
+    as it was sent; any other runs them in ``checked_as_sent``."""
     if raw.startswith(_BOM):
         raw = raw[len(_BOM):]
     try:
@@ -162,7 +167,15 @@ def decode_json(raw: bytes) -> Any:
     except orjson.JSONDecodeError as exc:  # also raised for invalid UTF-8
         raise BadRequest(f"request body is not valid JSON: {_not_utf8(raw) or exc}",
                          code="invalid_json") from exc
-    _DECODED.set(raw)
+    box = [raw]
+    _DECODED.set(box)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        # no loop in this thread: a worker thread's call, which ``to_thread`` runs in a
+        # context of its own, dropped after it
+        return decoded
+    loop.call_soon(box.clear)
     return decoded
 
 
@@ -172,7 +185,7 @@ def checked_as_sent(raw: bytes, check: Callable[[], T]) -> T:
     a value set in one thread's call never reaches another's), with ``raw`` as the body
     decoded last, so that its errors name an integer past 64 bits as it was sent, as
     those of a check run where it was decoded do."""
-    token = _DECODED.set(raw)
+    token = _DECODED.set([raw])
     try:
         return check()
     finally:
@@ -244,7 +257,9 @@ def _integer_literal(key: str, value: float) -> bytes | None:
     key in other objects, their values alike as floats): never another field's."""
     field = re.compile(rb'"%s"[ \t\r\n]*:[ \t\r\n]*(-?[0-9]+)(?![0-9.eE])'
                        % re.escape(key.encode()))
-    found = {m[1] for m in field.finditer(_DECODED.get()) if float(m[1]) == value}
+    box = _DECODED.get()
+    body = box[0] if box else b""
+    found = {m[1] for m in field.finditer(body) if float(m[1]) == value}
     return found.pop() if len(found) == 1 else None
 
 
