@@ -20,6 +20,7 @@ from tests.support.engine_cores import (
     add,
     faulty_engine,
     make_core,
+    read_to_end,
     run_all,
 )
 from tests.support.engine_servers import LiveEngine, serve_engine
@@ -90,11 +91,7 @@ def test_an_id_given_again_after_a_failed_step_is_not_aborted_by_the_first_reade
             assert isinstance(failed, RequestFailed)
             again = engine.add(core.make_request("rid", [101, 102, 103], params))
             engine.abort("rid", first)  # the first reader ends: its request, not this one
-            outputs = []
-            while not outputs or not outputs[-1].finished:
-                item = await asyncio.wait_for(again.get(), 5)
-                assert not isinstance(item, BaseException), item
-                outputs.append(item)
+            outputs = await read_to_end(again)
             assert outputs[-1].finish_reason == "length"
         finally:
             await engine.stop()

@@ -15,6 +15,7 @@ from engine.generation import AnswerStream
 from engine.responses_route import ResponsesRoute
 from engine.server import EngineServer
 from tests.support.engine_servers import running_engine
+from tests.support.posted import posted
 
 MODEL = "tiny-sim"
 
@@ -26,16 +27,8 @@ async def server() -> AsyncIterator[EngineServer]:
 
 
 def _request(body: dict[str, Any]) -> Request:
-    raw = json.dumps(body).encode()
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": raw, "more_body": False}
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/responses",
-             "headers": [(b"content-type", b"application/json"),
-                         (b"content-length", str(len(raw)).encode())],
-             "query_string": b""}
-    return Request(scope, receive)
+    return posted(json.dumps(body).encode(), "/v1/responses",
+                  [(b"content-type", b"application/json")])
 
 
 async def test_closed_events_close_their_reader_of_engine_outputs(

@@ -6,20 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from starlette.requests import Request
 
 from engine.server import EngineServer
 from kvwire.openai_schema import BadRequest, decode_json
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
-
-
-def _posted(body: bytes) -> Request:
-    async def receive() -> dict[str, object]:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return Request({"type": "http", "method": "POST", "path": "/tokenize",
-                    "headers": [(b"content-length", str(len(body)).encode())]}, receive)
+from tests.support.posted import posted
 
 
 def test_a_body_is_held_while_its_block_runs_and_given_back_after() -> None:
@@ -27,12 +19,12 @@ def test_a_body_is_held_while_its_block_runs_and_given_back_after() -> None:
                           sleep_modeled_time=False)
 
     async def run() -> None:
-        async with server.held_body(_posted(b'{"prompt": "hi"}')) as raw:
+        async with server.held_body(posted(b'{"prompt": "hi"}', "/tokenize")) as raw:
             assert raw == b'{"prompt": "hi"}'
             assert server.bodies.held == len(raw)
         assert server.bodies.held == 0
         with pytest.raises(BadRequest, match="not valid JSON"):
-            async with server.held_body(_posted(b"{nope")) as raw:
+            async with server.held_body(posted(b"{nope", "/tokenize")) as raw:
                 assert server.bodies.held == 5
                 decode_json(raw)
         assert server.bodies.held == 0

@@ -4,8 +4,6 @@ of 1,999 items each built ~100k items on the event loop, one generation at a tim
 
 from __future__ import annotations
 
-import sys
-from types import FrameType
 from typing import Any
 
 import httpx
@@ -15,7 +13,7 @@ from engine.server import EngineServer, build_app
 from kvwire.request_edge import INLINE_ANSWER_ITEMS
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
-from tests.support.loop_check import on_event_loop
+from tests.support.loop_check import calls_on_loop
 
 TOKENS, TOP = 100, 5  # an answer names TOKENS * (2 + TOP) items: 700
 BUILD = LogprobFields.fields.__code__  # one call per answer built
@@ -28,22 +26,14 @@ async def test_a_batch_of_many_items_in_all_is_built_off_the_event_loop() -> Non
     app = build_app(server)
     built_on_loop = 0
 
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        nonlocal built_on_loop
-        if event == "call" and frame.f_code is BUILD:
-            built_on_loop += on_event_loop()
-
     async def answers(texts: list[str], tokens: int) -> list[dict[str, Any]]:
         nonlocal built_on_loop
-        built_on_loop = 0
-        sys.setprofile(profile)  # this thread's calls only, not a worker's
-        try:
+        with calls_on_loop(BUILD) as calls:  # this thread's calls only, not a worker's
             r = await http.post("/generate", json={
                 "text": texts, "return_logprob": True, "top_logprobs_num": TOP,
                 "sampling_params": {"max_new_tokens": tokens, "temperature": 0,
                                     "ignore_eos": True}})
-        finally:
-            sys.setprofile(None)
+        built_on_loop = calls[BUILD]
         assert r.status_code == 200, r.text
         got: list[dict[str, Any]] = r.json()
         assert len(got) == len(texts)

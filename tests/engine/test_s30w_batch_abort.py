@@ -14,7 +14,7 @@ import pytest
 from engine.async_engine import AsyncEngine
 from engine.core import EngineCore
 from engine.request import Request, SamplingParams, Status
-from tests.support.engine_cores import add, make_core, run_all
+from tests.support.engine_cores import add, make_core, read_to_end, run_all
 
 
 def _loaded(seed: int) -> EngineCore:
@@ -114,11 +114,7 @@ def test_aborts_queued_together_are_applied_together_where_they_stand() -> None:
         engine.abort("d")
         await engine.start()
         try:
-            outs = []
-            while not outs or not outs[-1].finished:
-                item = await asyncio.wait_for(again.get(), 5)
-                assert not isinstance(item, BaseException), item
-                outs.append(item)
+            outs = await read_to_end(again)
             assert outs[-1].finish_reason == "length"
         finally:
             await engine.stop()

@@ -11,7 +11,7 @@ from engine.async_engine import AsyncEngine
 from engine.metrics import EngineMetrics
 from engine.request import SamplingParams
 from kvwire import metric_names as m
-from tests.support.engine_cores import HeldExecutor, make_core
+from tests.support.engine_cores import HeldExecutor, make_core, read_to_end
 from tests.support.metrics import Samples, samples
 
 KEY = (("engine", "0"), ("model_name", "tiny"))
@@ -47,11 +47,7 @@ def test_a_scrape_during_a_step_reads_the_core_as_before_it() -> None:
                 m.GENERATION_TOKENS + "_total": 0}
             held.release.set()
             for queue in queues:
-                while True:
-                    item = await asyncio.wait_for(queue.get(), 5)
-                    assert not isinstance(item, BaseException), item
-                    if item.finished:
-                        break
+                await read_to_end(queue)
             assert not core.has_unfinished()
             # between steps: the core as it is
             assert _read(metrics) == {

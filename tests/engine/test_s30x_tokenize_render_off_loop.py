@@ -4,8 +4,6 @@ on the event loop every stream and the engine's steps share; a short one on the 
 
 from __future__ import annotations
 
-import sys
-from types import FrameType
 from typing import Any
 
 import httpx
@@ -14,6 +12,7 @@ from starlette.responses import JSONResponse
 from engine.server import EngineServer, build_app
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
+from tests.support.loop_check import calls_on_loop
 
 LONG_TEXT = "hello world, " * 2000  # some 6,000 tokens
 
@@ -23,26 +22,15 @@ async def test_long_tokenize_answers_are_written_off_the_event_loop() -> None:
     server = EngineServer(make_core(vocab=(259, 4096)), tok, model_name="tiny",
                           sleep_modeled_time=True)
     transport = httpx.ASGITransport(app=build_app(server))
-    render = JSONResponse.render.__code__
-    rendered_on_loop = 0
-
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        nonlocal rendered_on_loop
-        if event == "call" and frame.f_code is render:
-            rendered_on_loop += 1
+    render = JSONResponse.render
 
     async def post(path: str, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """The answer to ``body``, and how many JSON bodies were written on this (the
         event loop's) thread meanwhile."""
-        nonlocal rendered_on_loop
-        rendered_on_loop = 0
-        sys.setprofile(profile)  # this thread's calls only, not a worker's
-        try:
+        with calls_on_loop(render) as calls:  # this thread's calls only, not a worker's
             r = await http.post(path, json=body)
-        finally:
-            sys.setprofile(None)
         assert r.status_code == 200, r.text
-        return r.json(), rendered_on_loop
+        return r.json(), calls[render]
 
     async with httpx.AsyncClient(transport=transport, base_url="http://engine") as http:
         short, on_loop = await post("/tokenize", {"prompt": "hello world"})

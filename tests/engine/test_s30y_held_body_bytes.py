@@ -11,13 +11,13 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from starlette.requests import Request
 
 from engine import cli as engine_cli
 from engine.server import DEFAULT_MAX_HELD_BODY_BYTES, MAX_BODY_BYTES, EngineServer, build_app
 from kvwire.openai_schema import BadRequest
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
+from tests.support.posted import posted
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
@@ -130,25 +130,18 @@ async def test_a_body_is_held_until_parsed_and_given_back_if_refused() -> None:
                           sleep_modeled_time=False, max_held_body_bytes=HELD)
     raw = b'{"prompt": "hello"}'
 
-    def request() -> Request:
-        async def receive() -> dict[str, object]:
-            return {"type": "http.request", "body": raw, "more_body": False}
-
-        return Request({"type": "http", "method": "POST", "path": "/tokenize",
-                        "headers": [(b"content-length", str(len(raw)).encode())]}, receive)
-
     seen: list[int] = []
 
     def parse(body: object) -> object:
         seen.append(server.bodies.held)  # while it is decoded and checked
         return body
 
-    assert await server.read_json(request(), parse) == {"prompt": "hello"}
+    assert await server.read_json(posted(raw, "/tokenize"), parse) == {"prompt": "hello"}
     assert seen == [len(raw)] and server.bodies.held == 0
 
     def refuse(body: object) -> object:
         raise BadRequest("no")
 
     with pytest.raises(BadRequest):
-        await server.read_json(request(), refuse)
+        await server.read_json(posted(raw, "/tokenize"), refuse)
     assert server.bodies.held == 0

@@ -6,8 +6,6 @@ share; a small event (most) on the loop. A whole answer that large too."""
 from __future__ import annotations
 
 import json
-import sys
-from types import FrameType
 from typing import Any
 
 import httpx
@@ -17,6 +15,7 @@ from starlette.responses import JSONResponse
 from engine.server import EngineServer, build_app
 from kvwire.tokenizer import load_tokenizer
 from tests.support.engine_cores import make_core
+from tests.support.loop_check import calls_on_loop
 
 TOKENS = 150  # with 20 alternatives each, an event of them names 3,000+ items
 
@@ -25,24 +24,15 @@ async def test_large_generate_events_are_serialised_off_the_event_loop() -> None
     server = EngineServer(make_core(num_blocks=256, vocab=(259, 4096)), load_tokenizer(None),
                           model_name="tiny", sleep_modeled_time=False)
     app = build_app(server)
-    dumps, render = orjson.dumps, JSONResponse.render.__code__
+    dumps, render = orjson.dumps, JSONResponse.render
     on_loop = {"dumps": 0, "render": 0}
-
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "c_call" and arg is dumps:
-            on_loop["dumps"] += 1
-        elif event == "call" and frame.f_code is render:
-            on_loop["render"] += 1
 
     async def post(body: dict[str, Any]) -> httpx.Response:
         """The answer to ``body``, with ``on_loop`` counting the events serialised and
         answers written on this (the event loop's) thread meanwhile."""
-        on_loop.update(dumps=0, render=0)
-        sys.setprofile(profile)  # this thread's calls only, not a worker's
-        try:
+        with calls_on_loop(dumps, render) as calls:  # not a worker's calls
             r = await http.post("/generate", json=body)
-        finally:
-            sys.setprofile(None)
+        on_loop.update(dumps=calls[dumps], render=calls[render])
         assert r.status_code == 200, r.text
         return r
 

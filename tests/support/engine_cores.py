@@ -3,6 +3,7 @@ blocks, a cheap cost model), and helpers that drive it."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,7 +12,7 @@ from engine.async_engine import AsyncEngine
 from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, GPUSpec, ModelShape
 from engine.executor import Batch, Executor, StepResult
-from engine.request import SamplingParams
+from engine.request import RequestOutput, SamplingParams
 from engine.sim_executor import SimExecutor
 
 TINY_MODEL = ModelShape(name="tiny", params=1e6, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -120,3 +121,16 @@ async def faulty_engine(num_blocks: int = 4
         yield core, engine, drained
     finally:
         await engine.stop()
+
+
+async def read_to_end(queue: asyncio.Queue[RequestOutput | BaseException],
+                      timeout_s: float = 5.0) -> list[RequestOutput]:
+    """A request's outputs on ``queue`` (``AsyncEngine.add``'s) up to its finished one, each
+    awaited at most ``timeout_s``; an exception in their place fails (AssertionError
+    naming it)."""
+    outputs: list[RequestOutput] = []
+    while not outputs or not outputs[-1].finished:
+        item = await asyncio.wait_for(queue.get(), timeout_s)
+        assert not isinstance(item, BaseException), item
+        outputs.append(item)
+    return outputs
