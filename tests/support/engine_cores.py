@@ -7,6 +7,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from engine.async_engine import AsyncEngine
 from engine.core import EngineConfig, EngineCore
@@ -108,12 +109,13 @@ async def faulty_engine(num_blocks: int = 4
     server publishes them) into the list it yields; stopped on leaving."""
     core = make_core(num_blocks=num_blocks, vocab=(100, 200))
     core.executor = FaultyExecutor(core.executor)
-    core.kv.pool.events = []
+    events: list[Any] = []
+    core.kv.pool.events = events
     drained: list[object] = []
 
     def on_step(_out: object) -> None:
-        drained.extend(core.kv.pool.events)
-        core.kv.pool.events.clear()
+        drained.extend(events)
+        events.clear()
 
     engine = AsyncEngine(core, sleep_modeled_time=False, on_step=on_step)
     await engine.start()
