@@ -287,6 +287,8 @@ class UpstreamStream:
         self._held: list[bytes] = []  # a stream's last event until it ends (_whole_events)
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
+        # a stream's last JSON event's data and value, parsed at its end (``_stream_end``)
+        self._last_json: tuple[bytes, Any] | None = None
         # (an event line is found after a line end: the body's start is one)
         start = b"\n" + first_chunk if self.stream and signs.last_events else first_chunk
         # one of ``signs.last_events`` came: the stream is whole once it ends there
@@ -573,12 +575,14 @@ class UpstreamStream:
                 and self.error_status is None and self._body_held:
             self.error_status = _failed_status(self._held_answer(), self.signs)
         if self.stream and self.signs.last_event and (ok or self._delivered) \
-                and self.status < 400 and self.error_status is None \
-                and _ended_after_a_piece(self._tail, len(self._tail) < _SSE_TAIL):
-            # relayed as it came (a client reading it fails on that event), failed here
-            self.error_status = 502
-            log.warning("replica %s ended a stream right after a piece of an event: the "
-                        "answer is incomplete", self.replica)
+                and self.status < 400 and self.error_status is None:
+            end = _stream_end(self._tail, len(self._tail) < _SSE_TAIL)
+            self._last_json = end.last_json
+            if end.after_a_piece:
+                # relayed as it came (a client reading it fails on that event), failed here
+                self.error_status = 502
+                log.warning("replica %s ended a stream right after a piece of an event: "
+                            "the answer is incomplete", self.replica)
         whole = (ok or self._delivered) and self.status < 400 and self.error_status is None
         state = self.pending.state
         if whole and state is not None:
@@ -624,7 +628,7 @@ class UpstreamStream:
 
     def _read_usage(self) -> Usage | None:
         if self.stream:
-            usage = _stream_usage(self._tail, self._meta)
+            usage = _stream_usage(self._tail, self._meta, self._last_json)
         elif self._body_held:
             usage = _answer_usage(self._held_answer())
         else:  # a body past the capture: its last bytes (not a batch's: its counts are
@@ -665,17 +669,20 @@ class UpstreamStream:
         return max(0, n)
 
 
-def _stream_usage(tail: bytes, meta: bytes | None) -> Any:
+def _stream_usage(tail: bytes, meta: bytes | None,
+                  parsed: tuple[bytes, Any] | None = None) -> Any:
     """The last ``usage`` in a stream's ``tail`` (that of the event holding it), else
     (SGLang's ``/generate``) the last ``meta_info``'s counts, read from the tail and the
-    head of that ``meta`` kept; None when neither reads."""
+    head of that ``meta`` kept; None when neither reads. ``parsed``: an event's data and
+    its value, read already (not parsed again when it is the data that holds the usage)."""
     idx = tail.rfind(b'"usage"')
     if idx < 0:
         return None if meta is None else generate_request.stream_counts(tail, meta)
     start = tail.rfind(b"data: ", 0, idx)
     end = tail.find(b"\n", idx)
     try:
-        data = orjson.loads(tail[start + 6 if start >= 0 else 0:end if end >= 0 else None])
+        line = tail[start + 6 if start >= 0 else 0:end if end >= 0 else None]
+        data = parsed[1] if parsed is not None and parsed[0] == line else orjson.loads(line)
         if "usage" not in data and isinstance(data.get("response"), dict):
             data = data["response"]  # a Responses stream's last event: the response's
         return data.get("usage") or {}
@@ -1100,7 +1107,16 @@ def _ends_done(tail: bytes) -> bool:
     return tail[-_DONE_WINDOW:].rstrip(b"\r\n").endswith(_DONE_DATA)
 
 
-def _ended_after_a_piece(tail: bytes, whole: bool) -> bool:
+class _StreamEnd(NamedTuple):
+    """How a stream's last events read (``_stream_end``)."""
+
+    after_a_piece: bool  # it ended right after a piece of an event
+    # the data of its last event that is JSON, and its value, parsed once: its usage is
+    # read from it (``_stream_usage``); None when none was parsed
+    last_json: tuple[bytes, Any] | None
+
+
+def _stream_end(tail: bytes, whole: bool) -> _StreamEnd:
     """Whether a stream that ended on its last event ([DONE], or a Responses stream's)
     ended right after a piece of an event (a replica's write cut short, then its end):
     the data of its last event, or of the one before it, is neither JSON nor [DONE] (the
@@ -1109,18 +1125,27 @@ def _ended_after_a_piece(tail: bytes, whole: bool) -> bool:
     tail is not judged. Asked once, when the stream ends."""
     body = tail.rstrip(b"\r\n")  # the last event's own blank line, if it came
     end = len(body)
+    last: tuple[bytes, Any] | None = None
     # the last two events, found from the end (a split of the whole tail took 50 us for
     # 8 KiB, a share of a streamed request's CPU), by the one blank line a stream without
     # a carriage return can hold (a search for a mark that is absent walks the whole tail)
     marks = _EVENT_ENDS[:1] if b"\r" not in body else _EVENT_ENDS
     for _ in range(2):
         start, width = max((body.rfind(mark, 0, end), len(mark)) for mark in marks)
-        if start < 0:  # the first event in the tail, judged when it is the stream's first
-            return whole and not _data_reads(body[:end])
-        if not _data_reads(body[start + width:end]):
-            return True
+        if start < 0 and not whole:  # the first event in the tail: judged when it is the
+            break  # stream's first
+        data = _event_data(body[start + width:end] if start >= 0 else body[:end])
+        if data is not None and data != b"[DONE]":
+            try:
+                value = orjson.loads(data)
+            except ValueError:
+                return _StreamEnd(True, last)
+            if last is None:
+                last = (data, value)
+        if start < 0:
+            break
         end = start
-    return False
+    return _StreamEnd(False, last)
 
 
 def _event_data(event: bytes) -> bytes | None:
@@ -1130,19 +1155,6 @@ def _event_data(event: bytes) -> bytes | None:
     lines = [line[5:].removeprefix(b" ") for line in event.splitlines()
              if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
-
-
-def _data_reads(event: bytes) -> bool:
-    """Whether a server-sent event's data (``_event_data``) is JSON or ``[DONE]``, or it
-    has none (comments only)."""
-    data = _event_data(event)
-    if data is None or data == b"[DONE]":
-        return True
-    try:
-        orjson.loads(data)
-    except ValueError:
-        return False
-    return True
 
 
 def _json_body(headers: Mapping[str, str]) -> bool:
