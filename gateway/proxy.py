@@ -235,7 +235,11 @@ class UpstreamStream:
                  on_done: Callable[[UpstreamStream, bool], None], first_byte_s: float = 0.0,
                  on_cut: Callable[[UpstreamStream], None] | None = None,
                  signs: AnswerSigns = _PLAIN,
-                 relaying: set[UpstreamStream] | None = None) -> None:
+                 relaying: set[UpstreamStream] | None = None,
+                 opening_failure: int | None = None) -> None:
+        """``opening_failure``: the status of the failure a stream's first event told, its
+        caller's judgement (``_stream_opening_failure``): those bytes are not searched
+        again."""
         self.replica = replica
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
@@ -297,7 +301,8 @@ class UpstreamStream:
         # of the answer (a whole one's anywhere in its body), or a whole answer that is an
         # error object under a success status, once one came: the answer failed, however
         # its body ends
-        self.error_status = self._error_in(start)
+        self.error_status = opening_failure if opening_failure is not None \
+            else self._error_in(start)
         if self.error_status is None and not self.stream and self.status < 400:
             self.error_status = _error_object(first_chunk)
 
@@ -937,6 +942,7 @@ class Proxy:
                 first = await response.readany()
                 first_byte_s = time.perf_counter() - started
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
+                failed: _Failure | None = None  # the failure the stream opened with
                 if streamed and not first and response.status < 400:
                     raise UpstreamBroken("the stream ended before its first event")
                 if streamed and response.status < 400 and (
@@ -1016,7 +1022,8 @@ class Proxy:
                 self.first_byte.observe(first_byte_s, pending.tokens)
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
-                              signs, self.relaying)
+                              signs, self.relaying,
+                              failed.status if failed is not None else None)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:
@@ -1235,13 +1242,13 @@ _REQUEST_FAULTS = ("invalid_", "image_", "empty_image", "unsupported_image",
 
 def _stream_opening_failure(first: bytes, failed: tuple[bytes, ...]) -> _Failure | None:
     """The failure a stream's first event tells, read from ``first``, its first bytes: an
-    error event (``_ERROR_EVENTS``, vLLM's and SGLang's under a 200) of a 5xx status
-    (``_error_event``), with its error's message; else one of ``failed``
+    error event (``_ERROR_EVENTS``, vLLM's and SGLang's under a 200) with its status
+    (``_error_event``) and its error's message; else one of ``failed``
     (``_opening_failure``); None for any other first event."""
     body = first.lstrip(b"\r\n")
     if body.startswith(_ERROR_EVENTS):
         status = _error_event(first)
-        if status is not None and status >= 500:
+        if status is not None:
             data = body[len(b"data:"):].split(b"\n", 1)[0]
             return _Failure(status, _error_message(data).removeprefix(": "))
     return _opening_failure(first, failed) if failed else None

@@ -15,7 +15,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from tests.support.fake_replica import Behaviour, fake_replica
-from tests.support.gateway_harness import Serve, metric, start_gateway
+from tests.support.gateway_harness import Serve, metric, start_gateway, wait_for_metric
 
 
 def _event(kind: str, data: dict[str, object]) -> bytes:
@@ -86,3 +86,7 @@ def test_a_responses_stream_opening_with_the_requests_own_fault_is_relayed(
     bad = [r for r in answers if r.headers["x-kvgate-replica"] == "bad"]
     assert len(bad) == 1 and bad[0].status_code == 200 and bad[0].content == first
     assert served == [1] and good.responded == 1
+    # counted as the client's fault it is, as the access log tells it, not the replica's
+    series = 'kvgate_requests_total{{replica="bad",route="round_robin",status="{}"}}'
+    wait_for_metric(gw, series.format(400), 1)
+    assert not metric(gw, series.format(502))
