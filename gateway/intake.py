@@ -138,11 +138,9 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
                                          affinity, lambda: fallback)
     tenant = keyed if gw.auth.on or named else gw.tenancy.tenant_of(request)
     await check_model(gw, parsed.model, tenant)
-    # the body written again with the tenant's salt: where it was parsed (16 MiB of small
-    # items held the loop 70 ms), as a pass-through body is
-    isolated = gw.tenancy.isolate(tenant, parsed.body) \
-        if on_loop or not gw.tenancy.config.isolate \
-        else await asyncio.to_thread(gw.tenancy.isolate, tenant, parsed.body)
+    # the body written again with the tenant's salt: where it was parsed, as a
+    # pass-through body is
+    isolated = await gw.tenancy.isolate_off_loop(tenant, parsed.body, not on_loop)
     if isolated is not None:
         raw, salt = isolated
         parsed = dataclasses.replace(parsed, cache_salt=salt)

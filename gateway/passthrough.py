@@ -92,9 +92,9 @@ async def passthrough(request: Request) -> Response:
                              "fleet serves several models, or none is known yet)",
                              param="model")
         await check_model(gw, model, tenant)
-        if path not in _NO_CACHE:  # the model runs over the client's text: a tenant's
-            isolated = await asyncio.to_thread(gw.tenancy.isolate, tenant, body) if large \
-                else gw.tenancy.isolate(tenant, body)  # prefixes are its own there too
+        # the model runs over the client's text: a tenant's prefixes are its own there too
+        if path not in _NO_CACHE:
+            isolated = await gw.tenancy.isolate_off_loop(tenant, body, large)
             if isolated is not None:
                 raw = isolated[0]
         forwarded = upstream_headers(request, gw.trusted_proxies,
