@@ -352,8 +352,7 @@ ERROR_KINDS = ("bad_request", "unauthorized", "not_found", "too_large", "body_ti
                "upstream", "upstream_timeout", "untrusted_tenant", "admin_off", "internal",
                "http")
 # answered before any replica
-REJECTED = ("400", "401", "403", "404", "405", "408", "413", "415", "429", "431", "499",
-            "503")
+REJECTED = ("400", "401", "403", "404", "405", "408", "413", "415", "429", "499", "503")
 UNANSWERED = ("502", "504")  # routed, every replica tried failed before its first byte
 RETRY_CAUSES = ("connect", "5xx", "broken", "timeout", "idle_timeout", "ejected")
 CUT_CAUSES = ("broken", "idle_timeout", "ejected")
@@ -438,6 +437,8 @@ class GatewayMetrics:
             for status in REJECTED if route == "none" else (*REJECTED, *UNANSWERED):
                 self.requests.labels(replica="none", route=route, status=status)
         self.requests.labels(replica="none", route="none", status="200")  # /v1/models
+        # a request head too large, which only the HTTP server answers (no route reached)
+        self.requests.labels(replica="none", route="none", status="431")
         for state in fleet:
             self._replica_added(state.id)
         fleet.listen(self._on_fleet_event)
