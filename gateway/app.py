@@ -161,10 +161,11 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     tenant = intake.tenant
 
     held: list[Resident] = []  # the answer, while it streams, in the KV capacity estimate
-    tried: list[str] = []  # the replicas sent the request, in order
+    last_sent: str | None = None  # the replica last sent the request
 
     def on_sent(replica: str) -> None:
-        tried.append(replica)
+        nonlocal last_sent
+        last_sent = replica
         gw.policy.observe(Routed(route_req, replica, routing.views))
         if gw.peers is not None:
             gw.peers.routed(route_req, replica)
@@ -216,12 +217,12 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
             lambda replica: batch * work_tokens(route_req, decision, replica), on_sent,
             on_done, intake.parsed.stream, _continues(intake.parsed), on_unsent=on_unsent)
     except BaseException:
-        if tried:
+        if last_sent is not None:
             # no replica answered (every try failed, or the client left): the request is
             # over, and its tries that may have reached their replica (timed out, cut,
             # cancelled) stand, those refused being taken back already. Not ok, it teaches
             # no pace or slot hold
-            gw.policy.observe(Finished(route_req, tried[-1], ok=False))
+            gw.policy.observe(Finished(route_req, last_sent, ok=False))
         raise
     try:
         if intake.parsed.endpoint == "responses" and stream.status < 400:
