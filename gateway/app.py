@@ -344,7 +344,9 @@ async def models(request: Request) -> Response:
     response = JSONResponse({"object": "list", "data": [
         _model_card(name, gw.fleet.model_info(name), gw.started) for name in names]},
         headers=request_id_header(request))
-    gw.refused(request, "none", "200", request.scope[ARRIVED], tenant)  # (answered here)
+    # (answered here; arrived where the fast path stamped it, else now: the app alone)
+    gw.refused(request, "none", "200", request.scope.get(ARRIVED, time.perf_counter()),
+               tenant)
     return response
 
 
