@@ -56,7 +56,8 @@ class EmbeddingsRoute:
                              "this engine's executor serves no embeddings (only the sim "
                              "executor does)", param="model")
         check_dimensions(p, embedder)
-        encoded = await self.server.encode_texts(p.texts) if p.texts is not None else p.token_ids
+        encoded = await self.server.encode_texts(p.texts, field="input") \
+            if p.texts is not None else p.token_ids
         assert encoded is not None  # parse_embedding gives texts or token ids
         ids = checked_ids(p, encoded, max_model_len=srv.max_model_len,
                           vocab_size=srv.vocab_size)
