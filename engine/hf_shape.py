@@ -12,7 +12,10 @@ Gemma 3, Llama 4, Mistral 3; ``llm_config``: InternVL; ``language_config``: Deep
 attention model (DeepSeek-V2/V3) caches one latent per token and layer
 (``mla_latent_width``), which the shape keeps as its KV width. Sliding-window layers
 (Mistral-7B-v0.1; Gemma 2 and 3's local layers) are counted (``sliding_window_layers``)
-and sized in full, as every layer: see ``ModelShape.kv_bytes_cached``.
+and sized in full, as every layer: see ``ModelShape.kv_bytes_cached``. The weights'
+memory (``weight_memory``) is their checkpoint's: a ``quantization_config``'s bytes a
+weight for all but the embeddings and output head; ``sizing_from_config`` gives it with
+the shape and notes on what either assumed.
 """
 
 from __future__ import annotations
@@ -169,28 +172,28 @@ def _is_llama4(raw: Mapping[str, Any], text: TextConfig) -> bool:
         raw.get("model_type") in ("llama4", "llama4_text")
 
 
-def estimate_params(raw: Mapping[str, Any]) -> ParamCount:
-    """Parameters from the shapes: embeddings (twice unless tied), attention and a gated
-    MLP per layer, a mixture of experts' MLP (its routed experts, shared experts and
-    router) in its sparse layers, counted in full for ``total`` and as one token uses
-    them (shared, and ``num_experts_per_tok`` of the routed) for ``active``: Mixtral,
-    DeepSeek-V2/V3, Qwen MoE, Llama 4 (Scout 108B / 17B, Maverick 401B / 17B)."""
-    text = text_config(raw)
+def _embedding_params(raw: Mapping[str, Any], text: TextConfig) -> int:
+    """The embeddings' parameters, and the output head's unless tied to them."""
+    hidden = text.positive("hidden_size")
+    tied = text.values.get("tie_word_embeddings", raw.get("tie_word_embeddings"))
+    return text.positive("vocab_size") * hidden * (1 if tied else 2)
+
+
+def _layer_params(raw: Mapping[str, Any], text: TextConfig) -> ParamCount:
+    """The decoder layers' parameters (attention, MLP, experts and router), embeddings
+    left out: all of them and those one token uses, as ``estimate_params``."""
     hidden = text.positive("hidden_size")
     heads = text.positive("num_attention_heads")
     kv_heads = text.positive("num_key_value_heads", heads)
     head_dim = text.positive("head_dim", hidden // heads)
     inter = text.positive("intermediate_size", 4 * hidden)
-    vocab = text.positive("vocab_size")
     layers = text.positive("num_hidden_layers")
-    tied = text.values.get("tie_word_embeddings", raw.get("tie_word_embeddings"))
-    shared = vocab * hidden * (1 if tied else 2) \
-        + layers * _attention_params(text, hidden, heads, kv_heads, head_dim)
+    attention = layers * _attention_params(text, hidden, heads, kv_heads, head_dim)
     # a dense layer's MLP: Llama 4's intermediate_size_mlp, its experts' intermediate_size
     dense_mlp = 3 * hidden * text.positive("intermediate_size_mlp", inter)
     experts, per_token = _experts(text)
     if not experts:
-        dense = float(shared + layers * dense_mlp)
+        dense = float(attention + layers * dense_mlp)
         return ParamCount(dense, dense)
     sparse = _moe_layers(text, layers)
     expert = 3 * hidden * text.positive("moe_intermediate_size", inter)
@@ -200,10 +203,22 @@ def estimate_params(raw: Mapping[str, Any]) -> ParamCount:
         shared_experts = expert
     else:  # DeepSeek's n_shared_experts of the routed ones' size
         shared_experts = (text.values.get("n_shared_experts") or 0) * expert
-    common = shared + (layers - sparse) * dense_mlp \
+    common = attention + (layers - sparse) * dense_mlp \
         + sparse * (shared_experts + hidden * experts)  # hidden * experts: the router
     return ParamCount(float(common + sparse * experts * expert),
                       float(common + sparse * per_token * expert), experts, per_token)
+
+
+def estimate_params(raw: Mapping[str, Any]) -> ParamCount:
+    """Parameters from the shapes: embeddings (twice unless tied), attention and a gated
+    MLP per layer, a mixture of experts' MLP (its routed experts, shared experts and
+    router) in its sparse layers, counted in full for ``total`` and as one token uses
+    them (shared, and ``num_experts_per_tok`` of the routed) for ``active``: Mixtral,
+    DeepSeek-V2/V3, Qwen MoE, Llama 4 (Scout 108B / 17B, Maverick 401B / 17B)."""
+    text = text_config(raw)
+    count = _layer_params(raw, text)
+    embeddings = _embedding_params(raw, text)
+    return count._replace(total=count.total + embeddings, active=count.active + embeddings)
 
 
 def mla_latent_width(text: TextConfig) -> int:
@@ -246,9 +261,11 @@ def sliding_window_layers(text: TextConfig, layers: int) -> tuple[int | None, in
 
 
 def _param_count(raw: Mapping[str, Any], text: TextConfig) -> ParamCount:
-    """The config's ``num_parameters`` where it gives them, with the estimate's active
-    share where the estimate can be made (``vocab_size`` given; else all of them active,
-    as a dense model's), else the estimate."""
+    """The config's ``num_parameters`` where it gives them, else the estimate. Their
+    active share: the estimate's where it can be made (``vocab_size`` given); without
+    ``vocab_size``, a mixture of experts' ``num_parameters`` less the routed experts a
+    token is not sent to (from the expert counts and sizes, which need no embeddings:
+    ``_layer_params``' total less its active), a dense model's all of them."""
     given = raw.get("num_parameters")
     if given is None:
         return estimate_params(raw)
@@ -257,14 +274,222 @@ def _param_count(raw: Mapping[str, Any], text: TextConfig) -> ParamCount:
         raise ValueError(f"config.json num_parameters must be a positive number, got "
                          f"{given!r}")
     if text.values.get("vocab_size") is None:
-        return ParamCount(float(given), float(given))
+        layers = _layer_params(raw, text)
+        unused = layers.total - layers.active  # the routed experts a token skips
+        if not unused:
+            return ParamCount(float(given), float(given))
+        if given <= unused:
+            raise ValueError(f"config.json num_parameters {given:,.0f} is not more than "
+                             f"the {unused:,.0f} of its routed experts a token is not sent "
+                             f"to ({layers.experts_per_token} of {layers.num_experts} a "
+                             "layer, from their sizes): it cannot be this model's count")
+        return layers._replace(total=float(given), active=given - unused)
     count = estimate_params(raw)
     return count._replace(total=float(given), active=given * count.active / count.total)
+
+
+class Weights(NamedTuple):
+    """The memory a model's weights take as its checkpoint stores them: ``quantized`` of
+    its ``params`` at ``bytes_per_quantized`` each (their scales' share included), the
+    others (a quantized model's embeddings and output head; all of an unquantized
+    model's) at ``dtype_bytes``; ``method``: the quantization's name (None: none)."""
+
+    params: float
+    quantized: float = 0.0
+    bytes_per_quantized: float = 0.0
+    dtype_bytes: int = 2
+    method: str | None = None
+
+    @property
+    def total_bytes(self) -> float:
+        return self.quantized * self.bytes_per_quantized \
+            + (self.params - self.quantized) * self.dtype_bytes
+
+
+def _bits(values: TextConfig, key: str) -> int:
+    """``key``'s weight width in bits, 1 to 16."""
+    bits = values.positive(key)
+    if bits > 16:
+        raise ValueError(f"config.json {values.where}{key} must be at most 16 bits, got "
+                         f"{bits!r}")
+    return bits
+
+
+def _group_scales(values: TextConfig, bits: int, key: str) -> tuple[float, str]:
+    """A group's 16-bit scale and, where the group is asymmetric (GPTQ's either way),
+    its ``bits``-bit zero point, as bytes a weight: ``(2 + bits / 8) / group``; none for
+    a group of -1 (a scale per output channel, negligible)."""
+    group = values.values.get(key, 128)
+    if group == -1:
+        return 0.0, "a scale per channel"
+    group = values.positive(key, 128)
+    zero = bits / 8 if values.values.get("zero_point", True) is not False \
+        and values.values.get("symmetric") is not True else 0.0
+    return (2 + zero) / group, \
+        f"a 16-bit scale{' and zero point' if zero else ''} per {group} weights"
+
+
+def _compressed_tensors(quant: TextConfig, dtype: int) -> tuple[float, str]:
+    """The widest weights of a ``compressed-tensors`` config's ``config_groups``, as
+    every quantized module's; a group quantizing only activations: ``dtype`` bytes."""
+    groups = quant.values.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        raise ValueError(f"config.json {quant.where}config_groups must be an object of "
+                         f"quantization schemes, got {repr(groups)[:200]}")
+    widest = (0.0, "")
+    for name, scheme in groups.items():
+        where = f"{quant.where}config_groups.{name}"
+        if not isinstance(scheme, Mapping):
+            raise ValueError(f"config.json {where} must be an object, got "
+                             f"{repr(scheme)[:200]}")
+        if scheme.get("weights") is None:
+            widest = max(widest, (float(dtype), f"{8 * dtype}-bit weights"))
+            continue
+        if not isinstance(scheme["weights"], Mapping):
+            raise ValueError(f"config.json {where}.weights must be an object, got "
+                             f"{repr(scheme['weights'])[:200]}")
+        weights = TextConfig(scheme["weights"], f"{where}.weights.")
+        bits = _bits(weights, "num_bits")
+        # group: W4A16's; tensor_group: NVFP4's (its fp8 scales counted as 16-bit, an
+        # upper bound); tensor, channel, block: scales negligible
+        if weights.values.get("strategy") in ("group", "tensor_group"):
+            scales, said = _group_scales(weights, bits, "group_size")
+        else:
+            scales, said = 0.0, "scales per tensor, channel or block"
+        widest = max(widest, (bits / 8 + scales, f"{bits}-bit weights, {said}"))
+    return widest
+
+
+def _quantized_bytes(quant: TextConfig, dtype: int) -> tuple[float, str] | None:
+    """The bytes a quantized weight takes, its scales' share included, and how they are
+    counted; None for a ``quant_method`` not read here."""
+    values, method = quant.values, quant.values.get("quant_method")
+    if method in ("fp8", "fbgemm_fp8"):
+        block = values.get("weight_block_size")
+        if block is None:  # a scale per tensor or per channel
+            return 1.0, "8-bit weights, a scale per tensor or channel"
+        if not (isinstance(block, list) and len(block) == 2 and all(
+                isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in block)):
+            raise ValueError(f"config.json {quant.where}weight_block_size must be two "
+                             f"positive integers, got {repr(block)[:200]}")
+        # DeepSeek-V3's: a float32 scale per 128 x 128 block
+        return 1 + 4 / (block[0] * block[1]), \
+            f"8-bit weights, a 4 B scale per {block[0]} x {block[1]} block"
+    if method in ("awq", "gptq"):  # AutoAWQ's older configs: w_bit, q_group_size
+        old = "bits" not in values and "w_bit" in values
+        bits = _bits(quant, "w_bit" if old else "bits")
+        scales, said = _group_scales(quant, bits, "q_group_size" if old else "group_size")
+        return bits / 8 + scales, f"{bits}-bit weights, {said}"
+    if method == "compressed-tensors":
+        return _compressed_tensors(quant, dtype)
+    if method == "bitsandbytes":
+        if values.get("load_in_4bit"):  # a float32 absmax per 64 weights, or an 8-bit
+            double = bool(values.get("bnb_4bit_use_double_quant"))  # one and a float32
+            return 0.5 + (1 / 64 + 4 / (64 * 256) if double else 4 / 64), \
+                "4-bit weights, an absmax per 64 weights"  # per 256 of them
+        if values.get("load_in_8bit"):
+            return 1.0, "8-bit weights, a scale per row"
+        return float(dtype), "neither load_in_4bit nor load_in_8bit"
+    if method == "mxfp4":  # gpt-oss' experts: 4-bit with an 8-bit scale per 32 weights
+        return 0.5 + 1 / 32, "4-bit weights, an 8-bit scale per 32 weights"
+    return None
+
+
+QUANT_METHODS = ("fp8", "fbgemm_fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes",
+                 "mxfp4")
+
+
+def _quantization_config(raw: Mapping[str, Any], text: TextConfig) -> tuple[str, Any]:
+    """Where the config keeps its quantization, and what it says there:
+    ``quantization_config`` (``compression_config`` in older compressed-tensors
+    checkpoints), the top level's, else its language model's; ``("", None)``: none."""
+    for where, values in (("", raw), (text.where, text.values)):
+        for key in ("quantization_config", "compression_config"):
+            if values.get(key) is not None:
+                return f"{where}{key}.", values[key]
+    return "", None
+
+
+def weight_memory(raw: Mapping[str, Any],
+                  count: ParamCount) -> tuple[Weights, tuple[str, ...]]:
+    """The memory of the ``count.total`` weights ``raw`` describes, and what it assumed
+    (notes for ``kvgate plan``). A ``quantization_config`` (or ``compression_config``;
+    the top level's, else its language model's) stores all but the embeddings and output
+    head quantized, at the bytes ``_quantized_bytes`` reads from it (fp8; AWQ, GPTQ,
+    compressed-tensors and bitsandbytes at their bits with their scales' share; gpt-oss'
+    mxfp4); the embeddings and output head stay at the config's dtype, as these checkpoints keep
+    them (without ``vocab_size`` they cannot be told apart and are counted quantized
+    too). Other modules a checkpoint leaves unquantized (a router, norms, its ignore
+    list: a few percent of the weights in the published checkpoints) are counted
+    quantized.
+
+    An unknown ``quant_method`` is counted unquantized, at the dtype's bytes, with a note
+    naming it, rather than refused: the plan's KV figures and routing advice do not
+    depend on the weights (the idle KV is given), and the dtype's size is an upper bound
+    on them, the side a memory plan can safely be wrong on."""
+    text = text_config(raw)
+    dtype = dtype_bytes(raw)
+    where, quant = _quantization_config(raw, text)
+    if quant is None:
+        return Weights(count.total, dtype_bytes=dtype), ()
+    if not isinstance(quant, Mapping):
+        raise ValueError(f"config.json {where[:-1]} must be an object, got "
+                         f"{repr(quant)[:200]}")
+    method = quant.get("quant_method")
+    read = _quantized_bytes(TextConfig(quant, where), dtype)
+    if read is None:
+        return Weights(count.total, dtype_bytes=dtype), (
+            f"config.json {where}quant_method {method!r} is not one the plan reads "
+            f"({', '.join(QUANT_METHODS)}): its weights are counted unquantized, at "
+            f"{dtype} B a parameter, an upper bound",)
+    per_weight, said = read
+    kept = 0.0  # the embeddings and output head, at the dtype's bytes
+    if text.values.get("vocab_size") is None:
+        where_kept = "vocab_size absent: its embeddings and output head are counted " \
+            "quantized too"
+    else:
+        kept = min(count.total, float(_embedding_params(raw, text)))
+        where_kept = f"its embeddings and output head ({kept / 1e9:,.2f}B) at {dtype} B"
+    return Weights(count.total, count.total - kept, per_weight, dtype, str(method)), (
+        f"weights quantized ({method}: {said}; {per_weight:.4g} B a weight in all); "
+        f"{where_kept}; any other module the checkpoint leaves unquantized (a router, "
+        "norms, its ignore list) counted quantized",)
+
+
+class ModelSizing(NamedTuple):
+    """A ``config.json``'s shape, its weights' memory, and what their reading assumed
+    where the config leaves it open (notes for ``kvgate plan``)."""
+
+    shape: ModelShape
+    weights: Weights
+    notes: tuple[str, ...]
+
+
+def sizing_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelSizing:
+    """The shape, weights and notes of a ``config.json`` mapping; errors name the key."""
+    text = text_config(raw)
+    count = _param_count(raw, text)
+    notes: tuple[str, ...] = ()
+    if raw.get("num_parameters") is not None and text.values.get("vocab_size") is None \
+            and count.active < count.total:
+        notes = (f"vocab_size absent: the {count.active / 1e9:,.1f}B active parameters are "
+                 "num_parameters less the routed experts a token is not sent to "
+                 f"({count.experts_per_token} of {count.num_experts} a layer, counted from "
+                 "their sizes)",)
+    memory, said = weight_memory(raw, count)
+    return ModelSizing(_shape(raw, text, count, name), memory, notes + said)
 
 
 def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape:
     """The ``ModelShape`` a ``config.json`` mapping describes; errors name the key."""
     text = text_config(raw)
+    return _shape(raw, text, _param_count(raw, text), name)
+
+
+def _shape(raw: Mapping[str, Any], text: TextConfig, count: ParamCount,
+           name: str) -> ModelShape:
+    """The ``ModelShape`` of ``raw`` (its language model's settings ``text``) with the
+    parameters ``count``."""
     hidden = text.positive("hidden_size")
     heads = text.positive("num_attention_heads")
     kv_heads = text.positive("num_key_value_heads", heads)
@@ -278,7 +503,6 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
         head_dim = text.positive("qk_nope_head_dim") + text.positive("qk_rope_head_dim")
     layers = text.positive("num_hidden_layers")
     window, window_layers = sliding_window_layers(text, layers)
-    count = _param_count(raw, text)
     return ModelShape(
         name=str(raw.get("_name_or_path") or name),
         params=count.total,
@@ -298,8 +522,8 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
     )
 
 
-def shape_from_dir(path: str | Path) -> ModelShape:
-    """The shape of the model in directory ``path`` (its ``config.json``), or of a
+def sizing_from_dir(path: str | Path) -> ModelSizing:
+    """The sizing of the model in directory ``path`` (its ``config.json``), or of a
     ``config.json`` given directly."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
@@ -311,4 +535,4 @@ def shape_from_dir(path: str | Path) -> ModelShape:
         raise ValueError(f"{file} is not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise ValueError(f"{file} must hold a JSON object")
-    return shape_from_config(raw, name=path.name)
+    return sizing_from_config(raw, name=path.name)

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from engine.cost_model import ModelShape, load_profile
-from engine.hf_shape import shape_from_dir
+from engine.hf_shape import ModelSizing, Weights, sizing_from_dir
 from engine.kv_sizing import GIB
 from kvwire.arg_types import float_between, non_negative_int, positive_float, positive_int
 from loadtests.plan_arithmetic import MIB, ROUTING_WINS, Arithmetic, FleetSize, arithmetic
@@ -108,17 +108,20 @@ def _workload(args: argparse.Namespace) -> PlanWorkload:
     return from_numbers(docs, doc_tokens, hot, args.hot_share, args.sim_requests, args.seed)
 
 
-def _profile_path(args: argparse.Namespace, work: PlanWorkload, tmp: Path) -> str:
+def _profile_path(args: argparse.Namespace, work: PlanWorkload,
+                  tmp: Path) -> tuple[str, ModelSizing | None]:
     """The profile the simulator runs: named, the scenario's, or --model's shape on
-    --gpu-profile's GPU (written to ``tmp``)."""
+    --gpu-profile's GPU (written to ``tmp``), with --model's sizing (its weights' memory
+    and what it assumed)."""
     if args.model is None:
-        return args.profile or (work.scenario.profile if work.scenario else "llama3-8b-h100")
-    shape = shape_from_dir(args.model)
+        return args.profile or (work.scenario.profile if work.scenario
+                                else "llama3-8b-h100"), None
+    sizing = sizing_from_dir(args.model)
     gpu = load_profile(args.gpu_profile).gpu
     path = tmp / "model.yaml"
-    path.write_text(yaml.safe_dump({"name": shape.name, "model": asdict(shape),
-                                    "gpu": asdict(gpu)}))
-    return str(path)
+    path.write_text(yaml.safe_dump({"name": sizing.shape.name,
+                                    "model": asdict(sizing.shape), "gpu": asdict(gpu)}))
+    return str(path), sizing
 
 
 def _notes(shape: ModelShape, numbers: Arithmetic, idle_kv_gib: float) -> list[str]:
@@ -182,19 +185,24 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         scenario.idle_kv_gib if scenario else 25.0)
     rate = args.rate if args.rate is not None else work.rate_per_replica * args.replicas
     with tempfile.TemporaryDirectory(prefix="kvgate-plan-") as tmp:
-        profile = _profile_path(args, work, Path(tmp))
+        profile, sizing = _profile_path(args, work, Path(tmp))
         shape = load_profile(profile).model
         numbers = arithmetic(work.library, FleetSize(shape.kv_bytes_per_token, idle,
                                                      args.replicas))
         figures = simulate_policies(work, policies, profile, args.replicas, idle,
                                     numbers.bytes_per_request, rate, args.seed) \
             if work.requests and args.sim_requests > 0 else {}
+    # a profile's weights are its dtype's; a config.json's as its checkpoint stores them
+    weights = sizing.weights if sizing else Weights(shape.params,
+                                                    dtype_bytes=shape.dtype_bytes)
     plan: dict[str, Any] = {
         "model": {"name": shape.name, "num_layers": shape.num_layers,
                   "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
                   "mla_latent_width": shape.mla_latent_width,
                   "params": shape.params, "active_params": shape.active,
-                  "weight_bytes": shape.params * shape.dtype_bytes,
+                  "weight_bytes": weights.total_bytes,
+                  "quantization": weights.method, "quantized_params": weights.quantized,
+                  "bytes_per_quantized_param": weights.bytes_per_quantized,
                   "sliding_window": shape.sliding_window,
                   "sliding_window_layers": shape.sliding_window_layers,
                   "dtype_bytes": shape.dtype_bytes, "profile": args.model or profile},
@@ -204,7 +212,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
                      "skipped_lines": work.skipped_lines, **asdict(work.library)},
         **asdict(numbers),
         "policies": {name: f.summary() for name, f in figures.items()},
-        "notes": _notes(shape, numbers, idle),
+        "notes": [*(sizing.notes if sizing else ()), *_notes(shape, numbers, idle)],
     }
     plan["hot_prefill_reduction_arithmetic"] = numbers.hot_prefill_reduction
     rr, best = figures.get("round_robin"), None

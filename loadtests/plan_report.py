@@ -20,9 +20,17 @@ def _times(ratio: float | None, fmt: str = ".0f") -> str:
 
 
 def _weights(m: dict[str, Any]) -> str:
-    """The weights a replica holds beside its KV; a mixture of experts' active share."""
-    text = (f"{m['params'] / 1e9:,.1f}B parameters x {m['dtype_bytes']} B = "
-            f"{_size(m['weight_bytes'])}, held beside the idle KV")
+    """The weights a replica holds beside its KV (a quantized model's at its
+    quantization's bytes, its embeddings at its dtype's); a mixture of experts' active
+    share."""
+    if m.get("quantization") is None:
+        text = f"{m['params'] / 1e9:,.1f}B parameters x {m['dtype_bytes']} B"
+    else:  # the quantized ones at their bytes, scales included; embeddings at the dtype's
+        kept = m["params"] - m["quantized_params"]
+        text = (f"{m['params'] / 1e9:,.1f}B parameters: {m['quantized_params'] / 1e9:,.1f}B "
+                f"x {m['bytes_per_quantized_param']:.3g} B ({m['quantization']})"
+                + (f" + {kept / 1e9:,.1f}B x {m['dtype_bytes']} B" if kept else ""))
+    text += f" = {_size(m['weight_bytes'])}, held beside the idle KV"
     if m["active_params"] < m["params"]:
         text += (f"\n                     {m['active_params'] / 1e9:,.1f}B active per "
                  "token (a mixture of experts); a step reads the experts its tokens go "
