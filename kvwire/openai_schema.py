@@ -355,7 +355,8 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
     # alone: a loglikelihood client's request)
     echo = not chat and bool(optional(body, "echo", bool, False))  # read as the engine does
     max_tokens = positive_int(body, "max_tokens", 0 if echo else 1)
-    max_completion_tokens = positive_int(body, "max_completion_tokens")
+    # a chat's field only: vLLM's completion request has none, and ignores one sent
+    max_completion_tokens = positive_int(body, "max_completion_tokens") if chat else None
     salt = check_cache_salt(body.get("cache_salt"))
     if not chat:
         embeds = body.get("prompt_embeds") if lenient else None
