@@ -54,7 +54,11 @@ def check_tools(tools: Any) -> list[Any] | None:
         if not isinstance(tool, Mapping):
             raise ChatFormatError(f"{where} must be an object, got {shown(tool)}", param=where)
         kind = tool.get("type", "function")
-        if kind == "custom" and isinstance(tool.get("custom"), Mapping):
+        if kind == "custom":
+            custom = tool.get("custom")
+            if not isinstance(custom, Mapping):
+                raise ChatFormatError(f"{where}.custom must be an object ({{'name': ...}}), "
+                                      f"got {shown(custom)}", param=f"{where}.custom")
             continue
         if kind != "function":
             raise ChatFormatError(f"{where}.type must be 'function' or 'custom', got "
