@@ -83,9 +83,10 @@ def _item_message(item: Any, where: str) -> dict[str, Any] | None:
         return {"role": role, "content": _content(item.get("content"), f"{where}.content")}
     if kind == "function_call":
         name, arguments = item.get("name"), item.get("arguments")
-        if not isinstance(name, str) or not isinstance(arguments, str):
-            raise BadRequest(f"{where} (a function_call) needs a string name and arguments",
-                             param=where)
+        for key, value in (("name", name), ("arguments", arguments)):
+            if not isinstance(value, str):
+                raise BadRequest(f"{where}.{key} must be a string (a function_call's "
+                                 f"{key}), got {shown(value)}", param=f"{where}.{key}")
         call_id = _text(item, "call_id", where) or _text(item, "id", where)
         call = {"id": call_id, "type": "function",
                 "function": {"name": name, "arguments": arguments}}
