@@ -143,7 +143,7 @@ def _normalize_message(message: Any, index: int, hash_media: bool, lenient: bool
                     text = ""
                 if not isinstance(text, str):
                     raise ChatFormatError(f"{where}.{field} must be a string, got "
-                                          f"{type(text).__name__}", param=f"{where}.{field}")
+                                          f"{shown(text)}", param=f"{where}.{field}")
                 if text:  # vLLM leaves an empty text out (no empty line for it)
                     texts.append(text)
                 continue

@@ -359,7 +359,8 @@ def decode_payload(payload: bytes) -> KVEventBatch:
         if ev is not None:
             decoded.append(ev)
     return KVEventBatch(float(ts) if isinstance(ts, int | float) else 0.0, tuple(decoded),
-                        rank if isinstance(rank, int) else None, malformed)
+                        rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+                        malformed)
 
 
 def stored_runs(
