@@ -28,7 +28,9 @@ cause). A stream is relayed in whole events (a piece of one waits for its end), 
 error event follows whole events. A stream whose ``[DONE]`` reached the client is whole
 however its body ends after that (the client hanging up at once, as the openai client
 does, or the replica never closing it); an OpenAI completion stream whose body ends
-without ``[DONE]`` is cut. A stream whose last event came right after a piece of an event
+without ``[DONE]`` is cut, and one whose ``[DONE]`` came while a choice it began had no
+finish reason, though another had one (``_Choices``), is relayed as it came and counted
+failed. A stream whose last event came right after a piece of an event
 (its data no JSON: a write cut short, then the end) is relayed as it came, and counted
 failed.
 """
@@ -98,6 +100,12 @@ _ERROR_EVENTS = (b'data: {"error"', b'data:{"error"')
 _ABORTS = (b'"finish_reason":"abort"', b'"finish_reason": "abort"',
            b'"finish_reason":{"type":"abort"', b'"finish_reason": {"type": "abort"')
 _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
+# a completion's or chat's stream event's first choice's index: its first key, as vLLM,
+# SGLang and OpenAI write it (a tool call's index is no choice's); and a choice's finish
+# reason. JSON strings escape their quotes: no content holds these bytes
+_CHOICE_INDEX = re.compile(rb'"choices":\s*\[\s*\{\s*"index":\s*(\d{1,9})')
+_FINISH_KEY = b'"finish_reason"'
+_MAX_CHOICES = 1024  # choice indices a stream's judgement keeps (past them: not judged)
 _JSON = json.JSONDecoder()  # raw_decode: a value that more bytes follow
 _STATUS_CODE = re.compile(rb'"status_code":\s*(\d{3})\b')
 # a whole answer that is an error object (OpenAI's and vLLM's, or older vLLM's and SGLang's)
@@ -120,10 +128,14 @@ class AnswerSigns(NamedTuple):
     last_events: tuple[bytes, ...] = ()
     # a whole (non-streamed) answer's top-level ``status`` values that tell it failed
     failed_statuses: tuple[str, ...] = ()
+    # an OpenAI completion's or chat's stream: each of its choices ends with a finish
+    # reason (``_Choices``)
+    choices: bool = False
 
 
 _PLAIN = AnswerSigns()  # the pass-through endpoints' answers: their transport tells
-_SIGNS = {"/v1/completions": AnswerSigns(True), "/v1/chat/completions": AnswerSigns(True),
+_SIGNS = {"/v1/completions": AnswerSigns(True, choices=True),
+          "/v1/chat/completions": AnswerSigns(True, choices=True),
           generate_request.PATH: AnswerSigns(True, meta_counts=True),
           responses_request.PATH: AnswerSigns(True, False, responses_request.FAILED_EVENTS,
                                               responses_request.LAST_EVENTS,
@@ -289,6 +301,8 @@ class UpstreamStream:
         self._closed = False
         self._delivered = False  # a stream's [DONE] reached the client
         self._held: list[bytes] = []  # a stream's last event until it ends (_whole_events)
+        # a completion's or chat's stream: its choices, noted as they are relayed
+        self._choices = _Choices() if self.stream and signs.choices else None
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
         # a stream's last JSON event's data and value, parsed at its end (``_stream_end``)
@@ -368,6 +382,8 @@ class UpstreamStream:
             if self.stream and not response.is_eof():
                 first = self._whole_events(first)
             if first:
+                if self._choices is not None:
+                    self._choices.note(first)
                 yield first
                 self._delivered = self.stream and not self._held and self._ended()
             while True:
@@ -389,7 +405,10 @@ class UpstreamStream:
                         raise UpstreamBroken("the body ended with its connection before "
                                              "its JSON did")
                     if self._held:  # the body ended whole: what was held is its end
-                        yield self._take_held()
+                        held = self._take_held()
+                        if self._choices is not None:
+                            self._choices.note(held)
+                        yield held
                     break
                 if self.stream:
                     if self._meta is not None:
@@ -409,6 +428,8 @@ class UpstreamStream:
                             continue
                     elif self._held:  # the body's end: what was held goes with it
                         chunk = self._take_held() + chunk
+                    if self._choices is not None:
+                        self._choices.note(chunk)
                 else:
                     if self.error_status is None:  # an abort told past the first bytes
                         self.error_status = _error_event(self._tail[-_ERROR_LOOK_BACK:]
@@ -588,6 +609,12 @@ class UpstreamStream:
                 self.error_status = 502
                 log.warning("replica %s ended a stream right after a piece of an event: "
                             "the answer is incomplete", self.replica)
+            elif self._choices is not None and (unfinished := self._choices.unfinished()):
+                self.error_status = 502  # [DONE] came, but a choice's end did not
+                log.warning("replica %s ended a stream with choice %s (of %d) unfinished, "
+                            "without a finish reason: the answer is incomplete",
+                            self.replica, ", ".join(map(str, unfinished[:8])),
+                            len(self._choices.seen))
         whole = (ok or self._delivered) and self.status < 400 and self.error_status is None
         state = self.pending.state
         if whole and state is not None:
@@ -1153,6 +1180,70 @@ def _stream_end(tail: bytes, whole: bool) -> _StreamEnd:
             break
         end = start
     return _StreamEnd(False, last)
+
+
+class _Choices:
+    """Which choices of a completion's or chat's stream came, and which of them ended with
+    a finish reason, noted from its whole events as they are relayed: each event's first
+    choice's index (``_CHOICE_INDEX``), and, in an event whose finish reason is not null
+    (one per choice in a stream), the indices of its choices that have one (that event's
+    data parsed). Every other event costs a search for each of the two and no parse.
+
+    ``unfinished``: the choices that came without a finish reason once the stream told one
+    for any of its choices (vLLM and SGLang end each of a request's ``n`` choices with its
+    own, then send the usage, then [DONE]): their answers were cut, though [DONE] came. A
+    stream that tells none at all is judged by its [DONE] alone; so is one whose finish
+    events do not parse where they are found (a ``data:`` line of their own), or with more
+    than ``_MAX_CHOICES`` choices: no choice is then called unfinished."""
+
+    __slots__ = ("finished", "seen", "unjudged")
+
+    def __init__(self) -> None:
+        # the indices' JSON digits (one way to write each: JSON numbers have no leading 0)
+        self.seen: set[bytes] = set()
+        self.finished: set[bytes] = set()
+        self.unjudged = False
+
+    def note(self, events: bytes) -> None:
+        """Note the choices of ``events``, whole events of the stream (an event longer than
+        ``_HOLD_BYTES`` comes in pieces: one that does not parse leaves it unjudged)."""
+        if self.unjudged:
+            return
+        seen = self.seen
+        seen.update(_CHOICE_INDEX.findall(events))
+        at = events.find(_FINISH_KEY)
+        while at >= 0:
+            after = at + len(_FINISH_KEY)
+            if events[after:after + 8].lstrip(b": \t").startswith(b"null"):
+                at = events.find(_FINISH_KEY, after)
+                continue
+            # the data line that holds it [start, end), parsed once for all its choices
+            start = max(events.rfind(b"\n", 0, at), events.rfind(b"\r", 0, at)) + 1
+            ends = [e for e in (events.find(b"\n", after), events.find(b"\r", after))
+                    if e >= 0]
+            end = min(ends) if ends else len(events)
+            self._note_finished(events[start:end])
+            at = events.find(_FINISH_KEY, end)
+        if len(seen) > _MAX_CHOICES or len(self.finished) > _MAX_CHOICES:
+            self.unjudged = True
+
+    def _note_finished(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):  # not the event's only data line
+            self.unjudged = True
+            return
+        try:
+            for choice in orjson.loads(line.removeprefix(b"data:"))["choices"]:
+                index = choice["index"]
+                if choice.get("finish_reason") is not None and type(index) is int:
+                    self.finished.add(b"%d" % index)
+        except (ValueError, TypeError, KeyError):  # no JSON, or not a choices list
+            self.unjudged = True
+
+    def unfinished(self) -> list[int]:
+        """The choices that came and did not finish, in index order (see the class)."""
+        if self.unjudged or not self.finished:
+            return []
+        return sorted(map(int, self.seen - self.finished))
 
 
 def _event_data(event: bytes) -> bytes | None:
