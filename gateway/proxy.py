@@ -1153,22 +1153,26 @@ class _StreamEnd(NamedTuple):
 def _stream_end(tail: bytes, whole: bool) -> _StreamEnd:
     """Whether a stream that ended on its last event ([DONE], or a Responses stream's)
     ended right after a piece of an event (a replica's write cut short, then its end):
-    the data of its last event, or of the one before it, is neither JSON nor [DONE] (the
-    piece is an event of its own, or it and the last event ran into one). Read from the
-    stream's last bytes, ``tail`` (``whole``: all of it); an event that began before the
-    tail is not judged. Asked once, when the stream ends."""
+    the data of its last event, or of the one with data before it, is neither JSON nor
+    [DONE] (the piece is an event of its own, or it and the last event ran into one; the
+    events between them that carry no data, keep-alive comments, are passed over). Read
+    from the stream's last bytes, ``tail`` (``whole``: all of it); an event that began
+    before the tail is not judged. Asked once, when the stream ends."""
     body = tail.rstrip(b"\r\n")  # the last event's own blank line, if it came
     end = len(body)
     last: tuple[bytes, Any] | None = None
-    # the last two events, found from the end (a split of the whole tail took 50 us for
-    # 8 KiB, a share of a streamed request's CPU), by the one blank line a stream without
-    # a carriage return can hold (a search for a mark that is absent walks the whole tail)
+    # the last two events with data, found from the end (a split of the whole tail took
+    # 50 us for 8 KiB, a share of a streamed request's CPU), by the one blank line a
+    # stream without a carriage return can hold (a search for a mark that is absent walks
+    # the whole tail)
     marks = _EVENT_ENDS[:1] if b"\r" not in body else _EVENT_ENDS
-    for _ in range(2):
+    judged = 0
+    while judged < 2:
         start, width = max((body.rfind(mark, 0, end), len(mark)) for mark in marks)
         if start < 0 and not whole:  # the first event in the tail: judged when it is the
             break  # stream's first
         data = _event_data(body[start + width:end] if start >= 0 else body[:end])
+        judged += data is not None
         if data is not None and data != b"[DONE]":
             try:
                 value = orjson.loads(data)
