@@ -34,6 +34,7 @@ from gateway.membership import ADMIN, join_all, leave
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
+from kvwire.request_edge import parses_on_loop
 from policies.config import ConfigError, from_mapping
 
 
@@ -92,26 +93,12 @@ async def list_replicas(request: Request) -> Response:
 
 async def add_replica(request: Request) -> Response:
     gw = _authorize(request)
-    try:
-        # within the body limits and uncompressed, as every body the gateway reads;
-        # orjson: no NaN or Infinity, and a nesting bound with an error of its own
-        data = orjson.loads(await read_timed_body(request, gw, serve=False))
-        if isinstance(data, dict) and data.get("data_parallel_rank") is not None:
-            raise BadRequest("'data_parallel_rank' is set by the gateway on each rank of a "
-                             "replica; give the replica data_parallel_size instead",
-                             param="data_parallel_rank", code="invalid_replica")
-        for key in ("api_key_env", "api_key_file"):
-            if isinstance(data, dict) and data.get(key) is not None:
-                # read from the gateway's own environment or disk and sent to the URL
-                # given: an admin caller could have any secret of the gateway's sent away
-                raise BadRequest(f"{key!r} is for replicas in the config file; a replica "
-                                 "added here takes its key as api_key", param=key,
-                                 code="invalid_replica")
-        config = from_mapping(ReplicaConfig, data, "replica")
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    except ConfigError as exc:
-        raise BadRequest(str(exc), code="invalid_replica") from exc
+    # within the body limits and uncompressed, as every body the gateway reads; a large
+    # one (up to max_body_bytes) decoded and checked in a worker thread, as a served
+    # request's is (``parses_on_loop``): 16 MiB of JSON held the event loop 0.1 s or more
+    raw = await read_timed_body(request, gw, serve=False)
+    config = _replica_config(raw) if parses_on_loop(raw) \
+        else await asyncio.to_thread(_replica_config, raw)
     ranks = config.ranks()  # one member per data-parallel rank (gateway.data_parallel)
     for rank in ranks:
         _check_reachable(gw, rank)
@@ -137,6 +124,30 @@ async def add_replica(request: Request) -> Response:
         return JSONResponse(_replica_json(gw, config.id), status_code=201)
     return JSONResponse({"id": config.id, "ranks": [_replica_json(gw, rid) for rid in joined]},
                         status_code=201)
+
+
+def _replica_config(raw: bytes) -> ReplicaConfig:
+    """The replica a ``POST /admin/replicas`` body describes; BadRequest saying what is
+    wrong with it. Touches nothing of the gateway's: it may run in a worker thread."""
+    try:
+        # orjson: no NaN or Infinity, and a nesting bound with an error of its own
+        data = orjson.loads(raw)
+        if isinstance(data, dict) and data.get("data_parallel_rank") is not None:
+            raise BadRequest("'data_parallel_rank' is set by the gateway on each rank of a "
+                             "replica; give the replica data_parallel_size instead",
+                             param="data_parallel_rank", code="invalid_replica")
+        for key in ("api_key_env", "api_key_file"):
+            if isinstance(data, dict) and data.get(key) is not None:
+                # read from the gateway's own environment or disk and sent to the URL
+                # given: an admin caller could have any secret of the gateway's sent away
+                raise BadRequest(f"{key!r} is for replicas in the config file; a replica "
+                                 "added here takes its key as api_key", param=key,
+                                 code="invalid_replica")
+        return from_mapping(ReplicaConfig, data, "replica")
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except ConfigError as exc:
+        raise BadRequest(str(exc), code="invalid_replica") from exc
 
 
 def _ranks_of(gw: GatewayState, replica_id: str) -> list[str]:
