@@ -126,18 +126,22 @@ async def add_replica(request: Request) -> Response:
                         status_code=201)
 
 
+_MESSAGE_CHARS = 1000  # of an error about an added replica's body
+
+
 def _replica_config(raw: bytes) -> ReplicaConfig:
     """The replica a ``POST /admin/replicas`` body describes; BadRequest saying what is
     wrong with it. Touches nothing of the gateway's: it may run in a worker thread."""
     try:
         # orjson: no NaN or Infinity, and a nesting bound with an error of its own
         data = orjson.loads(raw)
-        if isinstance(data, dict) and data.get("data_parallel_rank") is not None:
+        _check_scalars(data)
+        if data.get("data_parallel_rank") is not None:
             raise BadRequest("'data_parallel_rank' is set by the gateway on each rank of a "
                              "replica; give the replica data_parallel_size instead",
                              param="data_parallel_rank", code="invalid_replica")
         for key in ("api_key_env", "api_key_file"):
-            if isinstance(data, dict) and data.get(key) is not None:
+            if data.get(key) is not None:
                 # read from the gateway's own environment or disk and sent to the URL
                 # given: an admin caller could have any secret of the gateway's sent away
                 raise BadRequest(f"{key!r} is for replicas in the config file; a replica "
@@ -147,7 +151,25 @@ def _replica_config(raw: bytes) -> ReplicaConfig:
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except ConfigError as exc:
-        raise BadRequest(str(exc), code="invalid_replica") from exc
+        message = str(exc)  # a value it names is shown whole: a string of megabytes
+        if len(message) > _MESSAGE_CHARS:
+            message = f"{message[:_MESSAGE_CHARS]}... (cut short)"
+        raise BadRequest(message, code="invalid_replica") from exc
+
+
+def _check_scalars(data: object) -> None:
+    """BadRequest, naming what it is, for a body that is not a JSON object, and for one with
+    a value that is an object or an array: every field of a replica is a string, a number
+    or null, and the config's checks would show such a value whole (its repr:
+    megabytes of it, or a RecursionError for one nested a thousand deep, a 500)."""
+    if not isinstance(data, dict):
+        raise BadRequest(f"a replica is a JSON object, got {shown(data)}",
+                         code="invalid_replica")
+    for key, value in data.items():
+        if isinstance(value, dict | list):
+            raise BadRequest(f"replica: {shown(key)} takes a string, a number or null, got "
+                             f"{shown(value)}", param=key[:80],
+                             code="invalid_replica")
 
 
 def _ranks_of(gw: GatewayState, replica_id: str) -> list[str]:
