@@ -9,8 +9,9 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from engine.api_key import API_KEY_ENV, resolve_api_key
 from engine.core import EngineConfig, EngineCore
 from engine.cost_model import CostModel, available_profiles, load_profile
 from engine.eviction import EVICTION_POLICIES
@@ -21,6 +22,9 @@ from engine.sim_executor import SimExecutor
 from kvwire.arg_types import port, positive_float, positive_int
 from kvwire.block_hashing import model_identity
 from kvwire.kv_event_format import ENCODINGS
+
+if TYPE_CHECKING:
+    from engine.server import EngineServer
 
 DEFAULT_KV_CACHE_GIB = 25.0
 
@@ -73,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "from their first byte until they are parsed: past it a request "
                              "gets 429 (Retry-After: 1), and a body larger than it alone "
                              "413 (default: 4 times the 64 MiB a body may hold)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on every route but "
+                             "/health, /version and /metrics (as vLLM's --api-key; the "
+                             f"environment's {API_KEY_ENV} also sets it; default: no key)")
+    parser.add_argument("--api-key-file", default=None, metavar="PATH",
+                        help="as --api-key, the key read from this file (a mounted Secret; "
+                             "surrounding whitespace stripped)")
     parser.add_argument("--kv-events-topic", default="", help="topic frame of KV events")
     parser.add_argument("--kv-events-encoding", choices=ENCODINGS, default="array",
                         help="each KV event as a tagged array (vLLM's classic form) or as a "
@@ -252,19 +263,35 @@ def build_server(args: argparse.Namespace) -> Any:
                         or DEFAULT_MAX_HELD_BODY_BYTES)
 
 
+class Served(NamedTuple):
+    """What ``kvgate engine`` serves: the engine's ``server`` and the ASGI ``app`` uvicorn
+    runs (behind its API key and its ``--served-by`` name, when given)."""
+
+    server: EngineServer
+    app: Any
+
+
+def build_served(args: argparse.Namespace) -> Served:
+    """The server and app configured from parsed arguments; ValueError naming the flag at
+    fault. The API key is read first: a bad one is named before any model loads."""
+    from engine.server import ServedBy, build_app
+
+    api_key = resolve_api_key(args.api_key, args.api_key_file)
+    server = build_server(args)
+    app: Any = build_app(server, api_key=api_key)
+    if args.served_by:  # outside the key's check: a refusal names the replica too
+        app = ServedBy(app, args.served_by)
+    return Served(server, app)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from engine.server import ServedBy, build_app
 
     level = str(getattr(args, "log_level", "info"))
     logging.basicConfig(level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        server = build_server(args)
-        app: Any = build_app(server)
-        if args.served_by:
-            app = ServedBy(app, args.served_by)
+        server, app = build_served(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvgate engine: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,8 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embe
 (``/abort_request``, ``/get_model_info``, ``/v1/loads``, ``/get_load``, ``/flush_cache``:
 :mod:`engine.native_control`), ``GET /v1/models``, ``GET /health``, ``POST /tokenize``,
 ``POST /detokenize``, ``POST /reset_prefix_cache``, ``GET /metrics``, ``GET /version``.
-Errors are ``{"error": {"message", "type", "param", "code"}}``.
+Errors are ``{"error": {"message", "type", "param", "code"}}``. With an API key
+(:mod:`engine.api_key`) every route but ``/health``, ``/version`` and ``/metrics`` needs it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.api_key import ApiKeyGate
 from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.core import EngineCore, StepOutput
 from engine.embeddings import EmbeddingsRoute
@@ -505,7 +508,10 @@ class ServedBy:
         await self.app(scope, receive, send_named)
 
 
-def build_app(server: EngineServer) -> Starlette:
+def build_app(server: EngineServer, *, api_key: str | None = None) -> Starlette:
+    """The engine's app serving ``server``; with ``api_key``, every route but
+    ``engine.api_key.OPEN_PATHS`` needs ``Authorization: Bearer <api_key>``."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if server.kv_events is not None:
@@ -547,7 +553,9 @@ def build_app(server: EngineServer) -> Starlette:
         # the engine loop stopped (or is stopping): a 503 naming why, not an internal error
         return boundary.response(request, ServiceUnavailable(str(exc)))
 
-    app = Starlette(routes=routes, lifespan=lifespan,
+    # the key is looked at before any route (an unknown path is refused 401, not 404)
+    gate = [Middleware(ApiKeyGate, key=api_key)] if api_key is not None else []
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=gate,
                     exception_handlers={**boundary.handlers(), EngineDeadError: engine_gone})
     app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.server = server

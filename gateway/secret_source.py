@@ -1,85 +1,15 @@
-"""Secrets in the gateway's config (the admin token, the tenancy key) may be written in
-the YAML, or kept out of it: read from a file (a mounted Kubernetes Secret) or from an
-environment variable."""
+"""Secrets in the gateway's config (the admin token, the tenancy key, a replica's
+``api_key``) may be written in the YAML, or kept out of it: read from a file (a mounted
+Kubernetes Secret) or from an environment variable. The resolver is
+:mod:`kvwire.secret_source`, shared with the engine's ``--api-key``."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from kvwire.secret_source import (
+    MAX_SECRET_FILE_BYTES,
+    check_bearer,
+    resolve_bearer,
+    resolve_secret,
+)
 
-MAX_SECRET_FILE_BYTES = 1 << 16
-
-
-def resolve_secret(value: str | None, file: str | None, env: str | None,
-                   name: str) -> str | None:
-    """``value`` if set, else the stripped contents of ``file``, else the stripped value
-    of the environment variable ``env`` (a Kubernetes Secret made from a file keeps its
-    trailing newline, which no header can carry); None when none is configured or what
-    it holds is empty.
-    ValueError names ``name`` and the source that failed, or the sources when more than
-    one is configured: one would win silently (a rotated file behind a value left in the
-    YAML was never read)."""
-    given = [f"{name}{suffix}" for suffix, source in (("", value), ("_file", file),
-                                                        ("_env", env)) if source]
-    if len(given) > 1:
-        raise ValueError(f"{' and '.join(given)} are set: configure the {name} in one "
-                         "place")
-    if value:
-        return value
-    if file:
-        try:
-            with Path(file).open("rb") as f:
-                # a path to a log or a device by mistake is named, not read to its end
-                held = f.read(MAX_SECRET_FILE_BYTES + 1)
-        except OSError as exc:
-            raise ValueError(f"{name}_file {file!r}: {exc.strerror}") from exc
-        if len(held) > MAX_SECRET_FILE_BYTES:
-            raise ValueError(f"{name}_file {file!r} holds over {MAX_SECRET_FILE_BYTES} "
-                             "bytes: not a secret")
-        try:  # UTF-8 whatever the locale, as the value would be written in the YAML
-            return held.decode().strip() or None
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{name}_file {file!r} is not UTF-8 text (byte {exc.start + 1} "
-                             "of it): write the secret as text (openssl rand -hex 32)") \
-                from None
-    if env:
-        found = os.environ.get(env)
-        if found is None:
-            raise ValueError(f"{name}_env {env!r} is not set")
-        return found.strip() or None
-    return None
-
-
-def resolve_bearer(value: str | None, file: str | None, env: str | None, name: str,
-                   named: str, min_chars: int = 0) -> str | None:
-    """``resolve_secret``, for a secret presented as ``Authorization: Bearer <secret>``
-    (an admin token, a client's API key, a replica's key), checked at every read (a file
-    or variable read again may have changed since the config was validated): ValueError
-    naming ``named`` for one shorter than ``min_chars`` or one no header can carry
-    (``check_bearer``)."""
-    secret = resolve_secret(value, file, env, name)
-    if secret is None:
-        return None
-    if len(secret) < min_chars:
-        raise ValueError(f"{named} must be at least {min_chars} characters, got "
-                         f"{len(secret)}")
-    check_bearer(secret, named)
-    return secret
-
-
-def check_bearer(value: str, name: str) -> None:
-    """ValueError naming ``name`` (never the value) unless ``value`` can be presented as
-    written in an ``Authorization: Bearer`` header: an HTTP server strips the spaces around
-    a header's value, refuses control characters and reads the bytes as Latin-1 (a client
-    writes UTF-8), so a secret with any of those matched no request; every call was
-    refused 401."""
-    if value != value.strip(" \t"):
-        raise ValueError(f"{name} starts or ends with a space or tab, which no HTTP header "
-                         "carries; remove it")
-    for i, char in enumerate(value):
-        if not " " <= char <= "~" and char != "\t":
-            kind = "a control character" if char < " " or char == "\x7f" else \
-                "a non-ASCII character"
-            raise ValueError(f"{name} holds {kind} (character {i + 1} of {len(value)}), "
-                             "which an Authorization header cannot carry as written; use "
-                             "printable ASCII")
+__all__ = ["MAX_SECRET_FILE_BYTES", "check_bearer", "resolve_bearer", "resolve_secret"]

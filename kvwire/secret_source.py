@@ -1,0 +1,90 @@
+"""Secrets (the gateway's admin token, tenancy key and replica keys, the engine's
+``--api-key``) may be written in the config or on the command line, or kept out of it:
+read from a file (a mounted Kubernetes Secret) or from an environment variable. One
+resolver for both servers, so that a file's trailing newline, an empty secret and a secret
+no ``Authorization`` header can carry are read alike on both ends of the wire."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MAX_SECRET_FILE_BYTES = 1 << 16
+
+
+def resolve_secret(value: str | None, file: str | None, env: str | None,
+                   name: str, labels: tuple[str, str, str] | None = None) -> str | None:
+    """``value`` if set, else the stripped contents of ``file``, else the stripped value
+    of the environment variable ``env`` (a Kubernetes Secret made from a file keeps its
+    trailing newline, which no header can carry); None when none is configured or what
+    it holds is empty.
+    ValueError names ``name`` and the source that failed, or the sources when more than
+    one is configured: one would win silently (a rotated file behind a value left in the
+    YAML was never read). ``labels``: how errors name the three sources (a command's
+    flags), by default ``name``, ``name_file`` and ``name_env`` (the config's keys)."""
+    as_value, as_file, as_env = labels or (name, f"{name}_file", f"{name}_env")
+    given = [label for label, source in ((as_value, value), (as_file, file), (as_env, env))
+             if source]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)} are set: configure the {name} in one "
+                         "place")
+    if value:
+        return value
+    if file:
+        try:
+            with Path(file).open("rb") as f:
+                # a path to a log or a device by mistake is named, not read to its end
+                held = f.read(MAX_SECRET_FILE_BYTES + 1)
+        except OSError as exc:
+            raise ValueError(f"{as_file} {file!r}: {exc.strerror}") from exc
+        if len(held) > MAX_SECRET_FILE_BYTES:
+            raise ValueError(f"{as_file} {file!r} holds over {MAX_SECRET_FILE_BYTES} "
+                             "bytes: not a secret")
+        try:  # UTF-8 whatever the locale, as the value would be written in the YAML
+            return held.decode().strip() or None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{as_file} {file!r} is not UTF-8 text (byte {exc.start + 1} "
+                             "of it): write the secret as text (openssl rand -hex 32)") \
+                from None
+    if env:
+        found = os.environ.get(env)
+        if found is None:
+            raise ValueError(f"{as_env} {env!r} is not set")
+        return found.strip() or None
+    return None
+
+
+def resolve_bearer(value: str | None, file: str | None, env: str | None, name: str,
+                   named: str, min_chars: int = 0,
+                   labels: tuple[str, str, str] | None = None) -> str | None:
+    """``resolve_secret`` (``labels`` as there), for a secret presented as
+    ``Authorization: Bearer <secret>`` (an admin token, a client's API key, a replica's
+    key, the engine's ``--api-key``), checked at every read (a file or variable read again
+    may have changed since the config was validated): ValueError naming ``named`` for one
+    shorter than ``min_chars`` or one no header can carry (``check_bearer``)."""
+    secret = resolve_secret(value, file, env, name, labels)
+    if secret is None:
+        return None
+    if len(secret) < min_chars:
+        raise ValueError(f"{named} must be at least {min_chars} characters, got "
+                         f"{len(secret)}")
+    check_bearer(secret, named)
+    return secret
+
+
+def check_bearer(value: str, name: str) -> None:
+    """ValueError naming ``name`` (never the value) unless ``value`` can be presented as
+    written in an ``Authorization: Bearer`` header: an HTTP server strips the spaces around
+    a header's value, refuses control characters and reads the bytes as Latin-1 (a client
+    writes UTF-8), so a secret with any of those matched no request; every call was
+    refused 401."""
+    if value != value.strip(" \t"):
+        raise ValueError(f"{name} starts or ends with a space or tab, which no HTTP header "
+                         "carries; remove it")
+    for i, char in enumerate(value):
+        if not " " <= char <= "~" and char != "\t":
+            kind = "a control character" if char < " " or char == "\x7f" else \
+                "a non-ASCII character"
+            raise ValueError(f"{name} holds {kind} (character {i + 1} of {len(value)}), "
+                             "which an Authorization header cannot carry as written; use "
+                             "printable ASCII")
