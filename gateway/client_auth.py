@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from gateway.secret_source import resolve_bearer, resolve_secret
 from kvwire.openai_schema import BadRequest, Unauthorized
+from kvwire.secret_source import resolve_bearer, resolve_secret
 
 MIN_KEY_CHARS = 16
 

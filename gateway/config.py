@@ -69,11 +69,11 @@ from gateway.data_parallel import MAX_RANKS, names_rank, rank_endpoint, rank_id
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.kv_capacity_estimate import CapacityEstimateConfig
 from gateway.peer_config import PeersConfig, split_address
-from gateway.secret_source import resolve_bearer
 from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
 from kvwire import yaml_strict
 from kvwire.media_parts import shown
+from kvwire.secret_source import resolve_bearer
 from policies.config import ConfigError, from_mapping
 
 MAX_WEIGHT = 100.0  # a replica's weight: a share relative to the others'

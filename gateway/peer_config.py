@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.peer_wire import MAX_FRAME
-from gateway.secret_source import resolve_secret
+from kvwire.secret_source import resolve_secret
 
 MIN_SECRET = 16
 

@@ -28,9 +28,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gateway.secret_source import check_bearer
 from gateway.top_window import TopWindow, number, replica_id
 from kvwire.arg_types import float_between
+from kvwire.secret_source import check_bearer
 
 TOKEN_ENV = "KVGATE_ADMIN_TOKEN"
 # --interval and --window, in seconds: from a twentieth of a second to a day

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import AdminConfig
-from gateway.secret_source import resolve_secret
+from kvwire.secret_source import resolve_secret
 
 SECRET = "s" * 32
 
