@@ -28,7 +28,9 @@ learns the epoch and capacity of each healthy replica from the snapshot the deci
 made on (``Routed.replicas``); the tree's entries of a replica belong to the epoch they
 were learned in. ``choose`` treats a replica whose view shows another epoch as empty at
 once; its entries are dropped at the next ``observe``. A try its replica refused before
-taking the prompt (``Unrouted``) is taken back (``RadixTree.take_back``).
+taking the prompt (``Unrouted``) is taken back (``RadixTree.take_back``). A route told
+after its replica was removed (another worker's, told as it stands, with no snapshot) is
+not entered, until a route's snapshot holds the replica again (back under its id).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class RadixConfig:
 
 
 _SENT_KEPT = 4096  # requests whose last insert can be taken back (the oldest's no longer)
+_REMOVED_KEPT = 1024  # ids of the replicas removed last, whose late routes are not kept
 
 
 def _namespace(request: RouteRequest) -> Hashable:
@@ -125,6 +128,10 @@ class Radix(Policy):
         # request ends or its replica refuses it (``Unrouted``); the oldest first (a route
         # that is not ``revocable``, another copy's or worker's, stands at once)
         self._sent: OrderedDict[int, tuple[str, Inserted]] = OrderedDict()
+        # replicas removed lately (oldest first), until a route's snapshot holds one again:
+        # a route told after the removal (another worker's, told as it stands) would give
+        # it entries that nothing drops again, found if its id comes back
+        self._removed: dict[str, None] = {}
 
     def share_from(self, first: Policy) -> None:
         """Also ``first``'s tree: ``max_tree_mb`` bounds the one tree of every model's
@@ -136,6 +143,7 @@ class Radix(Policy):
             # (apart, an instance behind on a restart dropped the entries another had
             # made since, and each cut a replica to its own view of the budget)
             self.tree, self._seen, self._epochs = first.tree, first._seen, first._epochs
+            self._removed = first._removed
 
     def budget(self, replica: str, unit_tokens: float = 1.0) -> int:
         """Units (tokens, or chunks of ``unit_tokens`` tokens) of the tree ``replica`` may
@@ -194,6 +202,11 @@ class Radix(Policy):
         return Decision(ranked, reason, matched.get(chosen.id, 0), scores)
 
     def observe(self, event: RouteEvent) -> None:
+        if isinstance(event, Routed) and event.replica in self._removed:
+            if not any(r.id == event.replica and r.healthy for r in event.replicas):
+                self._sent.pop(id(event.request), None)
+                return  # the route went nowhere (this process sends only within the fleet)
+            del self._removed[event.replica]  # back in the fleet under its id
         if isinstance(event, Routed):
             # the snapshot's facts, for the replica routed to and those already known: a
             # snapshot taken before a replica left (a decision, then its removal, then the
@@ -240,6 +253,9 @@ class Radix(Policy):
             if isinstance(event, ReplicaRemoved):
                 self._seen.pop(event.replica, None)
                 self._epochs.pop(event.replica, None)
+                self._removed[event.replica] = None
+                if len(self._removed) > _REMOVED_KEPT:
+                    del self._removed[next(iter(self._removed))]
 
     def check_integrity(self) -> None:
         """The tree's invariants, plus every replica within its token budget."""
@@ -248,3 +264,6 @@ class Radix(Policy):
         for rid, held in self.tree.tokens.items():
             budget = self.budget(rid, unit)
             assert held <= budget, f"{rid} holds {held} units > budget {budget}"
+        for rid in self._removed:  # nothing kept of a replica removed (until routed again)
+            assert rid not in self.tree.tokens, f"removed replica {rid!r} holds " \
+                f"{self.tree.tokens[rid]} units"
