@@ -28,6 +28,7 @@ def _gateway_config() -> GatewayConfig:
 
 def test_ports_are_published_on_loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "")
+    monkeypatch.setenv("KVGATE_ENGINE_API_KEY", "")  # as compose passes both when unset
     services = _services()
     for name, svc in services.items():
         for port in svc.get("ports", []):
@@ -46,6 +47,7 @@ def test_admin_token_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert "token" not in raw["admin"] and "token_file" not in raw["admin"]
     assert raw["admin"]["token_env"] == "KVGATE_ADMIN_TOKEN"
     monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "")  # what compose passes when it is unset
+    monkeypatch.setenv("KVGATE_ENGINE_API_KEY", "")  # (the engines' key, likewise)
     assert _gateway_config().admin.resolved_token() is None  # the admin API is off
     monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "a-token-of-24-characters")
     assert _gateway_config().admin.resolved_token() == "a-token-of-24-characters"

@@ -36,6 +36,7 @@ def test_duration_s() -> None:
 
 def test_gateway_is_given_its_shutdown_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "")  # as compose passes it unset
+    monkeypatch.setenv("KVGATE_ENGINE_API_KEY", "")  # (the engines' key, likewise)
     gateway = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]["gateway"]
     mount = next(v for v in gateway["volumes"] if v.endswith(":/etc/kvgate/gateway.yaml:ro"))
     config = load_config(DEPLOY / mount.split(":")[0])

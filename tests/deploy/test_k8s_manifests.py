@@ -157,6 +157,10 @@ def test_gateway(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.Monkey
     peer_env = raw["peers"]["secret_env"]
     assert env[peer_env]["valueFrom"]["secretKeyRef"]["name"] == "kvgate-peers"
     monkeypatch.setenv(peer_env, "a-peer-secret-long-enough-0123")
+    # and the engines' key, sent to every engine discovery finds
+    engine_key_env = raw["discovery"][0]["replica"]["api_key_env"]
+    assert env[engine_key_env]["valueFrom"]["secretKeyRef"]["name"] == "kvgate-engine"
+    monkeypatch.setenv(engine_key_env, "an-engine-key-0123456789")
     config = parse_config(raw, "gateway.yaml")
     assert config.admin.host == "127.0.0.1"
     assert pod["terminationGracePeriodSeconds"] > config.shutdown.timeout_s
@@ -253,6 +257,7 @@ def gateway_config_of(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.M
                          ["data"][Path(args.config).name])
     monkeypatch.setenv(raw["admin"]["token_env"], "a-token-long-enough-0123")
     monkeypatch.setenv(raw["peers"]["secret_env"], "a-peer-secret-long-enough-0123")
+    monkeypatch.setenv(raw["discovery"][0]["replica"]["api_key_env"], "an-engine-key-0123456789")
     return parse_config(raw, "gateway.yaml")
 
 

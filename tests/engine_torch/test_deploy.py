@@ -65,6 +65,7 @@ def test_compose_services_and_paths_exist() -> None:
 
 def test_gateway_config_lists_the_engine_services(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "")  # compose passes it, empty by default
+    monkeypatch.setenv("KVGATE_ENGINE_API_KEY", "")  # (the engines' key, likewise)
     services = _compose()["services"]
     mount = next(v for v in services["gateway"]["volumes"] if "gateway.yaml" in v)
     config = load_config(DEPLOY / mount.split(":")[0])
