@@ -21,8 +21,9 @@ prompt for this policy; matches are converted to tokens by the request's
 ``chunk_tokens``. With ``chunk_chars: 0`` it holds the whole prompt's token ids.
 
 Each replica's share of the tree is capped at ``capacity_fraction`` of its KV capacity in
-tokens (``ReplicaView.kv_capacity_tokens``, else ``default_capacity_tokens``) and evicted
-LRU-leaf-first, at once when a snapshot shows its capacity changed; the whole tree at
+tokens (``ReplicaView.kv_capacity_tokens``; ``default_capacity_tokens`` where that is
+unknown, under 1 token or not finite) and evicted LRU-leaf-first, at once when a snapshot
+shows its capacity changed; the whole tree at
 ``max_tree_mb`` (an estimate, see ``RadixTree.estimated_bytes``). ``observe(Routed)``
 learns the epoch and capacity of each healthy replica from the snapshot the decision was
 made on (``Routed.replicas``); the tree's entries of a replica belong to the epoch they
@@ -151,6 +152,13 @@ class Radix(Policy):
         capacity = self._seen.get(replica, (0, None))[1] or self.config.default_capacity_tokens
         return int(capacity * self.config.capacity_fraction / unit_tokens)
 
+    @staticmethod
+    def _known(capacity: int | None) -> int | None:
+        """A view's KV capacity, or None (unknown) for one under 1 token or no finite
+        number (a foreign server's gauges), as ``cost`` takes it: a negative capacity gave
+        the replica a negative budget, so it kept nothing and never matched."""
+        return capacity if capacity is not None and 0 < capacity < math.inf else None
+
     def _units(self, request: RouteRequest) -> tuple[bytes, float]:
         """The request as the tree stores it, and how many tokens one unit is."""
         if self.chunk_chars > 0 and request.chunks:
@@ -215,9 +223,9 @@ class Radix(Policy):
             resized = []
             for r in event.replicas:
                 if r.healthy and (r.id in seen or r.id == event.replica):
-                    before = seen.get(r.id)
-                    seen[r.id] = (r.epoch, r.kv_capacity_tokens)
-                    if before is not None and before[1] != r.kv_capacity_tokens:
+                    before, capacity = seen.get(r.id), self._known(r.kv_capacity_tokens)
+                    seen[r.id] = (r.epoch, capacity)
+                    if before is not None and before[1] != capacity:
                         resized.append(r.id)
         for rid, (epoch, _) in self._seen.items():
             if self._epochs.setdefault(rid, epoch) != epoch:
