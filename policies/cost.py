@@ -6,9 +6,10 @@ documents seen once churn every cache they pass through and evict the hot ones, 
 single load bound trades hits against the tail. This policy keeps:
 
 * a **cache model** per replica (``replica_models``): an LRU, within the replica's KV
-  capacity, of the prompt chains this gateway sent there, aged by the prefill the
-  replica's counters show that this gateway did not send (other gateway copies'); where
-  the replicas publish KV events, their exact index in its place (``index_matches``);
+  capacity (``MAX_MODEL_TOKENS`` at most), of the prompt chains this gateway sent there,
+  aged by the prefill the replica's counters show that this gateway did not send (other
+  gateway copies'); where the replicas publish KV events, their exact index in its place
+  (``index_matches``);
 * a **frequency sketch** (``frequency``) over prefix keys (a document, a conversation):
   a key seen at least ``hot_min_count`` times lately (decayed) is *hot*, else *rare*;
   one placed on a home stays hot while it keeps ``hot_keep_count`` (hysteresis);
@@ -110,7 +111,7 @@ from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
 from policies.prefix_keys import PrefixKeys
 from policies.refused_tries import RefusedTries
-from policies.replica_models import ReplicaModels
+from policies.replica_models import MAX_MODEL_TOKENS, ReplicaModels
 from policies.request_memo import RequestMemo
 from policies.ring import RingCache, walk
 from policies.scratch_set import ScratchSet
@@ -515,10 +516,13 @@ class Cost(Policy):
             if r.id not in facts:
                 self._facts_changed += 1
                 self._removed.pop(r.id, None)
-            # a capacity under 1 token or a rate that is no number (a foreign server's
-            # gauges) is taken as unknown: a negative capacity failed every route there
+            # a capacity under 1 token or not finite, or a rate that is no number (a
+            # foreign server's gauges), is taken as unknown: a negative capacity failed
+            # every route there, an infinite one every decision
             capacity, rate = r.kv_capacity_tokens, r.prefill_tokens_per_s
-            facts[r.id] = (r.epoch, capacity if capacity is not None and capacity > 0 else None,
+            facts[r.id] = (r.epoch,
+                           capacity if capacity is not None and 0 < capacity < math.inf
+                           else None,
                            rate if rate is not None and 0.0 <= rate < math.inf else None)
         self._slots.saw_all(ok)
         if now is not None:
@@ -606,10 +610,11 @@ class Cost(Policy):
                 if up[i] and weights[i] > 0 and i not in in_scratch}
 
     def _room(self, replica: str) -> int:
-        """Tokens of hot prefixes ``replica``'s cache is taken to hold."""
+        """Tokens of hot prefixes ``replica``'s cache is taken to hold (within what its
+        model may: ``MAX_MODEL_TOKENS``)."""
         cfg = self.config
         capacity = self._facts.get(replica, (0, None, None))[1] or cfg.default_capacity_tokens
-        return int(capacity * cfg.capacity_fraction * cfg.placement_fill)
+        return int(min(capacity * cfg.capacity_fraction, MAX_MODEL_TOKENS) * cfg.placement_fill)
 
     def scratch_set(self, replicas: Sequence[ReplicaView]) -> tuple[str, ...]:
         """The ids of the current scratch set over ``replicas``."""

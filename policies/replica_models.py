@@ -1,7 +1,7 @@
 """What one gateway believes each replica's prefix cache holds: a ``ReplicaCacheModel`` per
-replica (an LRU of the prompt chains sent there, within the replica's KV capacity), and an
-index from each chain's first entry to the models holding it, so a decision only matches
-a prompt against the replicas that may hold its start.
+replica (an LRU of the prompt chains sent there, within the replica's KV capacity and
+``MAX_MODEL_TOKENS``), and an index from each chain's first entry to the models holding
+it, so a decision only matches a prompt against the replicas that may hold its start.
 
 A prompt sent is admitted pending (``ReplicaCacheModel``), remembered by its try's ``sent``
 id: taken back (``unadmit``) when the replica refuses it before taking it, let stand
@@ -47,6 +47,13 @@ _HINTS_KEPT = 1 << 14  # prefix keys whose entries held at the last match are ke
 # admission stands once they are more), and pending admissions kept
 _PENDING_KEYS_KEPT = 1 << 16
 _PENDING_KEPT = 4096
+# the most tokens a model holds, whatever size it is given: a scraped KV capacity has no
+# upper bound, and one of 10^18 tokens (a foreign server's gauge) made a model that never
+# evicted, growing with every distinct prompt. Twice what the exact index keeps of a
+# replica of unknown capacity (``kv_index.DEFAULT_BLOCK_LIMIT`` blocks of 16 tokens), past
+# any one replica's KV; each entry (about 200 bytes) holds a token at least, most a
+# ``block_chunks`` of pieces (about 128 tokens)
+MAX_MODEL_TOKENS = 1 << 25
 
 
 class _Model(NamedTuple):
@@ -101,7 +108,9 @@ class ReplicaModels:
         return ((rid, held.model) for rid, held in self._models.items())
 
     def model(self, replica: str, epoch: int, size: int) -> ReplicaCacheModel:
-        """The replica's model, emptied on a new ``epoch`` and sized to ``size`` tokens."""
+        """The replica's model, emptied on a new ``epoch`` and sized to ``size`` tokens
+        (``MAX_MODEL_TOKENS`` at most)."""
+        size = min(size, MAX_MODEL_TOKENS)
         held = self._models.get(replica)
         if held is None or held.epoch != epoch:
             if held is not None:
