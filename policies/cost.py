@@ -178,10 +178,16 @@ class Cost(Policy):
         self._facts_changed = 0  # bumped when a replica joins or leaves ``_facts``
         # id -> arrival when a decision's views (healthy or not) last held it (``_refresh``)
         self._seen_at: dict[str, float] = {}
-        # replicas removed lately (oldest first), until seen again: a route to one told
-        # after its removal (a retry ranked before it, another worker's or copy's route)
-        # would give it a model that nothing removes again
-        self._removed: dict[str, None] = {}
+        # replicas removed from the fleet lately (``ReplicaRemoved``), oldest first, until
+        # a decision's views hold one again: a route to one told after its removal (a
+        # retry ranked before it, another worker's or copy's route) would give it a model
+        # that nothing removes again. Every model's instance shares it (``share_from``): an
+        # instance made after the removal was never told of it
+        self._left: dict[str, None] = {}
+        # replicas this model's decisions stopped seeing (``_UNSEEN_S``), until one does
+        # again, for late routes alike: this instance's own (another model may still be
+        # served there)
+        self._unused: dict[str, None] = {}
         # (the index dict, _facts_changed) -> whether it leaves a known replica out
         self._partial_memo: tuple[dict[str, int], int, bool] | None = None
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
@@ -202,6 +208,14 @@ class Cost(Policy):
         self._placement = HotPlacement(cfg.placement_slack or 0.0, cfg.sketch_width // 8)
         # owners known hot since the sketch last halved (counts only grow in between)
         self._hot_owners: tuple[int, set[int]] = (0, set())
+
+    def share_from(self, first: Policy) -> None:
+        """Also ``first``'s list of the replicas removed from the fleet lately: an instance
+        made after a removal (a model first seen since) kept a late route to the gone
+        replica for good. (Which replicas a model stopped using stays each instance's.)"""
+        super().share_from(first)
+        if isinstance(first, Cost):
+            self._left = first._left
 
     # -- what a request is --------------------------------------------------------------
     @property
@@ -515,7 +529,8 @@ class Cost(Policy):
         for r in ok:
             if r.id not in facts:
                 self._facts_changed += 1
-                self._removed.pop(r.id, None)
+                self._left.pop(r.id, None)
+                self._unused.pop(r.id, None)
             # a capacity under 1 token or not finite, or a rate that is no number (a
             # foreign server's gauges), is taken as unknown: a negative capacity failed
             # every route there, an infinite one every decision
@@ -541,6 +556,7 @@ class Cost(Policy):
             seen[r.id] = now
         stale = [rid for rid, at in seen.items() if now - at > _UNSEEN_S]
         for rid in stale:
+            _note(self._unused, rid)
             self._forget(rid)
 
     def _index_of(self, ids: list[str]) -> dict[str, int]:
@@ -713,7 +729,8 @@ class Cost(Policy):
             # replica), whatever this one does: else a pending one, were its request's
             # end lost, would stay for a later request under its id to take back
             self._models.settle(id(event.request))
-            if event.replica not in self._removed:  # (else the route went nowhere)
+            # (else the route went nowhere, or to a replica this model no longer uses)
+            if event.replica not in self._left and event.replica not in self._unused:
                 self._routed_to(event.request, event.replica, event.revocable)
         elif isinstance(event, Unrouted):
             self._unrouted(event.request, event.replica)
@@ -736,6 +753,7 @@ class Cost(Policy):
             self._refreshed.clear()
             if self.kv_index is not None:
                 self.kv_index.remove_replica(event.replica)
+            _note(self._left, event.replica)
             self._forget(event.replica)
         elif isinstance(event, ReplicaReset):
             # the next decision reads the new epoch, however soon: routed before it was
@@ -748,12 +766,10 @@ class Cost(Policy):
             self._models.reset(event.replica)
 
     def _forget(self, replica: str) -> None:
-        """Keep nothing of ``replica`` (it left, or stopped serving this policy's model),
-        and no route told to it later, until a decision's views hold it again. (The KV
-        event index is the caller's: it is kept per replica for every model.)"""
-        self._removed[replica] = None
-        if len(self._removed) > _REMOVED_KEPT:
-            del self._removed[next(iter(self._removed))]
+        """Keep nothing of ``replica`` (it left, or stopped serving this policy's model;
+        the caller notes which, so that no route told to it later is kept either, until a
+        decision's views hold it again). (The KV event index is the caller's: it is kept
+        per replica for every model.)"""
         self._seen_at.pop(replica, None)
         self._models.remove(replica)
         if self._facts.pop(replica, None) is not None:
@@ -908,7 +924,14 @@ class Cost(Policy):
     def check_integrity(self) -> None:
         self._models.check_integrity()
         self._placement.check_integrity()
-        for rid in self._removed:  # nothing kept of a replica removed (until seen again)
+        for rid in (*self._left, *self._unused):  # nothing kept of them (until seen again)
             if rid in self._facts or self._models.get(rid) is not None \
                     or self._placement.tokens_on(rid) or self._slots.limit(rid) is not None:
                 raise AssertionError(f"cost: removed replica {rid!r} still has state")
+
+
+def _note(recent: dict[str, None], replica: str) -> None:
+    """Add ``replica`` to ``recent`` (oldest first), which keeps the last ``_REMOVED_KEPT``."""
+    recent[replica] = None
+    if len(recent) > _REMOVED_KEPT:
+        del recent[next(iter(recent))]
