@@ -258,7 +258,13 @@ class Cost(Policy):
     def explain(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         """``choose`` over a copy of the placement: a hot key without a home is shown the
         home it would get, not placed (placing it, and every other key again, for a request
-        never sent moved other keys' homes and kept it in the placed set until it cooled)."""
+        never sent moved other keys' homes and kept it in the placed set until it cooled).
+        The replicas that no decision's views held for ``_UNSEEN_S`` are forgotten first, in
+        the policy's own state, as a decision at this time would: forgotten in the copy
+        alone, the placement put back kept their homes while the rest of the policy had
+        let them go (``check_integrity`` failed until the next reassignment)."""
+        if request.arrival_s is not None:
+            self._forget_unseen(replicas, request.arrival_s)
         kept = self._placement
         self._placement = kept.copy()
         try:
