@@ -31,7 +31,9 @@ from policies.kv_index import KVIndex
 # gateway's tokens are taken not to be the engines' (another tokenizer): the index is no
 # longer read
 UNMATCHED_LIMIT = 1024
-_SENT_KEPT = 4096  # prefix keys remembered per replica (a key past the grace is forgotten)
+# prefix keys remembered per replica at most: those sent within the grace (a key past it is
+# forgotten at the replica's next send), fewer where more than this went there in a grace
+_SENT_KEPT = 4096
 
 
 class IndexMatches:
@@ -109,6 +111,12 @@ class IndexMatches:
             now = request.arrival_s
             sending[key] = (math.inf if now is None else now,
                             None if before is None else before[0])
+            if now is not None:
+                # the keys sent before the grace, oldest first, no longer tell anything (as
+                # they were, 4,096 keys a replica were kept where no replica publishes KV
+                # events, and the index is never read); ``key`` itself stops it
+                while now - sending[oldest := next(iter(sending))][0] >= self._grace_s:
+                    del sending[oldest]
             if len(sending) > _SENT_KEPT:
                 for old in list(sending)[:_SENT_KEPT // 2]:
                     del sending[old]
