@@ -83,6 +83,9 @@ MAX_ADAPTERS = 4096
 # known: 2^20 blocks of 16 tokens is 16M tokens, past any one replica's KV
 DEFAULT_BLOCK_LIMIT = 1 << 20
 MIN_BLOCK_LIMIT = 1 << 16  # the least a known capacity limits a replica to
+# the most: twice the default (32M tokens of 16), whatever capacity a replica's gauge claims
+# (a garbage gauge must not lift the bound on the gateway's memory)
+MAX_BLOCK_LIMIT = 1 << 21
 
 
 def root_key(lora_name: str | None = None, lora_id: int | None = None) -> int:
@@ -179,12 +182,13 @@ class KVIndex:
         return self._limits.get(replica, DEFAULT_BLOCK_LIMIT)
 
     def set_limit(self, replica: str, blocks: int) -> None:
-        """Bound what ``replica`` holds here to ``blocks`` (twice its KV capacity, say):
-        a stream that names more (its removals lost, or no engine's) clears it, counted
-        in ``stats.overflows``, rather than growing the gateway without bound."""
+        """Bound what ``replica`` holds here to ``blocks`` (twice its KV capacity, say; at
+        most ``MAX_BLOCK_LIMIT``): a stream that names more (its removals lost, or no
+        engine's) clears it, counted in ``stats.overflows``, rather than growing the
+        gateway without bound."""
         if blocks < 1:
             raise ValueError(f"blocks must be >= 1, got {blocks!r}")
-        self._limits[replica] = blocks
+        self._limits[replica] = min(blocks, MAX_BLOCK_LIMIT)
 
     def holds(self, replica: str, key: int) -> bool:
         r = self._replicas.get(replica)
