@@ -7,7 +7,7 @@
 - ``kvgate_output_tokens``: the replica's ``usage.completion_tokens`` when the answer
   carries it (every non-streamed answer, and streams that asked for
   ``stream_options.include_usage``); otherwise a stream's content chunks, one per token
-  for vLLM and kvgate's engine.
+  for vLLM and kvgate's engine, summed over its choices (``UpstreamStream.content_chunks``).
 
 Only answers that completed with a status under 400 are recorded (the rest are counted in
 ``kvgate_requests`` by status). The ``model`` label takes the fleet's served models, at

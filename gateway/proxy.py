@@ -84,6 +84,11 @@ _UNPARSED = object()  # a held body not parsed yet
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
+# what ``_content_events`` counts in a stream (+1) or takes off (-1): a data line (after
+# a line end: \n, \r\n or \r), the usage-only event (choices empty) and a chat choice's
+# opening role-only chunk, as vLLM, SGLang, OpenAI and kvgate's engine write them
+_CONTENT_SIGNS = ((b"\ndata:", 1), (b"\rdata:", 1), (b'"choices":[]', -1),
+                  (b'"delta":{"role":"assistant","content":""', -1))
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
 _HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
@@ -419,9 +424,9 @@ class UpstreamStream:
                     if not self._last_seen and self.signs.last_events:
                         self._last_seen = self._has_last_event(
                             self._tail[-responses_request.MARKER_BYTES:] + chunk)
+                    if self._events is not None:  # (an event may start in the tail)
+                        self._events += _content_events(self._tail or b"\n", chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
-                    if self._events is not None:
-                        self._events += chunk.count(b"\n\n")
                     if not response.is_eof():
                         chunk = self._whole_events(chunk)
                         if not chunk:
@@ -685,20 +690,21 @@ class UpstreamStream:
         return None
 
     def count_events(self) -> None:
-        """Count the stream's server-sent events from now on (its first chunk included),
-        for ``content_chunks`` when the answer will carry no usage."""
-        self._events = self.first_chunk.count(b"\n\n")
+        """Count the stream's content events from now on (its first chunk included), for
+        ``content_chunks`` when the answer will carry no usage."""
+        self._events = _content_events(b"\n", self.first_chunk)  # a line starts the body
 
     def content_chunks(self) -> int | None:
-        """Events that carried content, once ``count_events`` counted them: all but
-        ``[DONE]`` and a chat stream's opening role-only chunk (one per token for vLLM and
-        kvgate's engine)."""
+        """The events that carried content, once ``count_events`` counted them: one per
+        token for vLLM and kvgate's engine (an event's tokens that a stop string holds
+        back go out with a later one). Counted are the events with data (a comment, a
+        keep-alive, carries none), less ``[DONE]``, the usage-only event (its choices
+        empty) and each choice's opening role-only chunk (a chat stream's). With n > 1
+        choices every choice's events count: the sum over the choices, as vLLM's
+        ``usage.completion_tokens`` is."""
         if self._events is None:
             return None
-        n = self._events - _ends_done(self._tail)
-        if b'"role"' in self.first_chunk and b'"content":""' in self.first_chunk:
-            n -= 1
-        return max(0, n)
+        return max(0, self._events - _ends_done(self._tail))
 
 
 def _stream_usage(tail: bytes, meta: bytes | None,
@@ -1133,6 +1139,20 @@ class _Patience:
 def _count(value: object) -> TypeGuard[int]:
     """Whether ``value`` is a token count: an int (not a bool), not negative."""
     return type(value) is int and value >= 0
+
+
+def _content_events(before: bytes, chunk: bytes) -> int:
+    """The content events that ``chunk`` adds to a stream whose bytes so far end with
+    ``before`` (``content_chunks``): its data lines (an event of OpenAI's API has one: JSON
+    escapes a line end in a string, so a line never starts inside its value), less its
+    usage-only events and role-only chunks, [DONE] left in (``content_chunks`` takes it
+    off). A few counts in each chunk, and in the bytes across its start (a sign's
+    length less one each side: a sign split between reads is counted once)."""
+    n = 0
+    for sign, weight in _CONTENT_SIGNS:
+        edge = len(sign) - 1
+        n += weight * (chunk.count(sign) + (before[-edge:] + chunk[:edge]).count(sign))
+    return n
 
 
 def _ends_done(tail: bytes) -> bool:

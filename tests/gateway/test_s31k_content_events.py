@@ -1,0 +1,124 @@
+"""A stream's output tokens where it reports no usage (``UpstreamStream.content_chunks``):
+its events that carry content, whatever line ends it uses and however its bytes are
+split across reads; comments, the usage-only event, role-only chunks and [DONE] are none.
+With n > 1 choices, the sum over the choices (as vLLM's ``usage.completion_tokens``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import MutableMapping
+from typing import Any
+
+import pytest
+
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.proxy import UpstreamStream
+from gateway.relay_response import RelayResponse
+from gateway.upstream_http import UpstreamClient
+from kvwire.request_edge import ClientWatch
+
+
+def _event(data: str, index: int = 0) -> bytes:
+    return b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":%d,' \
+        b'"delta":{"content":"%s"},"finish_reason":null}]}\n\n' % (index, data.encode())
+
+
+def _role(index: int = 0) -> bytes:
+    return b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":%d,' \
+        b'"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n' % index
+
+
+_USAGE_ONLY = b'data: {"id":"c","object":"chat.completion.chunk","choices":[],' \
+    b'"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}\n\n'
+_DONE = b"data: [DONE]\n\n"
+
+
+def _crlf(data: bytes) -> bytes:
+    return data.replace(b"\n", b"\r\n")
+
+
+def _pieces(data: bytes, size: int) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+def _counted(writes: list[bytes]) -> int | None:
+    """``content_chunks`` of a stream whose replica sends ``writes``, each a read apart
+    (a short pause after each), relayed whole to a client that stays."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        for data in writes:
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await writer.drain()
+            await asyncio.sleep(0.003)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # until the gateway closes the connection
+        writer.close()
+        await writer.wait_closed()
+        closed.set()
+
+    closed = asyncio.Event()
+
+    async def main() -> int | None:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        fleet = Fleet([ReplicaConfig("r", f"http://127.0.0.1:{port}")])
+        ended: list[bool] = []
+        stay = asyncio.Event()
+
+        async def receive() -> dict[str, str]:
+            await stay.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            pass
+
+        client = UpstreamClient()
+        try:
+            response = await client.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                         b"{}", {})
+            first = await response.readany()
+            stream = UpstreamStream("r", response, first, fleet.sent("r", 10), 5.0,
+                                    fleet, lambda s, ok: ended.append(ok))
+            stream.count_events()
+            await RelayResponse(stream, {}, ClientWatch(receive))({"type": "http"},
+                                                                   receive, send)
+        finally:
+            stay.set()
+            await client.close()
+            await asyncio.wait_for(closed.wait(), 5)
+            server.close()
+            await server.wait_closed()
+        assert ended == [True]
+        return stream.content_chunks()
+
+    return asyncio.run(main())
+
+
+_THREE = _event("a") + _event("b") + _event("c")
+_WITH_COMMENTS = b": ping\n\n" + _event("a") + b": keep-alive\n\n" + _event("b") \
+    + b": keep-alive\n\n" + _event("c") + _USAGE_ONLY + _DONE
+
+
+@pytest.mark.parametrize("writes", [
+    pytest.param([_WITH_COMMENTS], id="comments-and-usage-only"),
+    pytest.param([_crlf(_WITH_COMMENTS)], id="crlf"),
+    pytest.param([_WITH_COMMENTS.replace(b"\n", b"\r")], id="cr"),
+    pytest.param([_role() + _THREE + _DONE], id="role-chunk"),
+    # every sign split between reads: "\ndata:", '"choices":[]', the first "data:"
+    pytest.param(_pieces(_WITH_COMMENTS, 8), id="split-lf"),
+    pytest.param(_pieces(_crlf(_role() + _THREE + _USAGE_ONLY + _DONE), 11), id="split-crlf"),
+])
+def test_only_events_with_content_are_counted(writes: list[bytes]) -> None:
+    assert _counted(writes) == 3
+
+
+def test_every_choice_counts_its_own_chunks() -> None:
+    """n = 2: each choice opens with a role-only chunk (the second one's in a later read)
+    and its content events count: the sum over the choices."""
+    writes = [_role(0) + _event("a", 0), _role(1) + _event("x", 1),
+              _event("b", 0) + _event("y", 1) + _event("z", 1), _USAGE_ONLY + _DONE]
+    assert _counted(writes) == 5
