@@ -11,8 +11,10 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any, TypeVar, Union, get_args, get_origin
+
+from kvwire.media_parts import shown
 
 T = TypeVar("T")
 
@@ -46,12 +48,27 @@ def _by_type_tag(args: tuple[Any, ...]) -> dict[Any, Any]:
 _SECRET_FIELDS = frozenset({"token", "secret", "key", "api_key", "password"})
 
 
+_NUMBER_CHARS = 60  # a quoted number longer than this is not told how to write it (_got)
+_INT_BITS_SHOWN = 3321  # an integer shown whole has at most 1,000 digits (2**3321 < 10**1000)
+
+
+def _named(value: Any) -> str:
+    """``value`` as a config error names it, in a bounded message at a bounded cost:
+    ``shown`` (a string's start, a list's length, a mapping's first keys; never a whole
+    ``repr``, a megabyte long for a megabyte string, a RecursionError for a deeply nested
+    list), but an integer of up to 1,000 digits whole (YAML reads a typo's extra digits
+    as an int past a float's range: its digits tell which)."""
+    if type(value) is int and value.bit_length() <= _INT_BITS_SHOWN:
+        return repr(value)
+    return shown(value)
+
+
 def _show(value: Any, where: str) -> str:
-    """``value`` as a config error shows it: its repr, but for a secret field's."""
+    """``value`` as a config error shows it (``_named``), but for a secret field's."""
     field = where.rsplit(".", 1)[-1].split("[", 1)[0]
     if field in _SECRET_FIELDS:
         return f"a value of type {type(value).__name__} (not shown: '{field}' is a secret)"
-    return repr(value)
+    return _named(value)
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -65,10 +82,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             if not isinstance(value, Mapping) or "type" not in value:
                 raise ConfigError(f"{where}: expected a mapping with a 'type' key (one of "
                                   f"{', '.join(map(repr, tagged))}), got {_show(value, where)}")
-            if value["type"] not in tagged:
-                raise ConfigError(f"{where}.type: {value['type']!r} is not one of "
+            tag = value["type"]  # (a list or a mapping is no tag: it cannot be looked up)
+            if not isinstance(tag, Hashable) or tag not in tagged:
+                raise ConfigError(f"{where}.type: {_named(tag)} is not one of "
                                   f"{', '.join(map(repr, tagged))}")
-            return from_mapping(tagged[value["type"]], value, where)
+            return from_mapping(tagged[tag], value, where)
         errors = []
         for arg in args:
             if arg is type(None):
@@ -132,15 +150,16 @@ def _finite(value: int | float) -> bool:
 def _got(value: Any, integer: bool) -> str:
     """``value`` as an error about a number shows it: a string that reads as a number says
     how to write it so that YAML reads a number (YAML 1.1 reads ``1e300`` and ``1.0e300``
-    as text: a float needs a dot and a signed exponent, ``1.0e+300``)."""
-    if not isinstance(value, str):
-        return repr(value)
+    as text: a float needs a dot and a signed exponent, ``1.0e+300``). A string longer
+    than ``_NUMBER_CHARS`` is named as any other (``_named``): no number to rewrite."""
+    if not isinstance(value, str) or len(value) > _NUMBER_CHARS:
+        return _named(value)
     try:
         number = float(value.replace("_", ""))
     except ValueError:
-        return repr(value)
+        return _named(value)
     if not math.isfinite(number):
-        return repr(value)
+        return _named(value)
     mantissa, e, exponent = value.strip().lower().partition("e")
     if integer and number.is_integer() and abs(number) < 1e18:
         fix = f"write it as {int(number)}"
@@ -156,7 +175,7 @@ def _got(value: Any, integer: bool) -> str:
         fix = "write it without quotes"
     why = "YAML reads a number with an exponent as text unless it has a dot and a signed " \
         "exponent" if e else "quoted, it is text"
-    return f"the string {value!r} ({why}: {fix})"
+    return f"the string {_named(value)} ({why}: {fix})"
 
 
 def from_mapping(cls: type[T], data: Any, where: str = "config") -> T:
@@ -164,14 +183,14 @@ def from_mapping(cls: type[T], data: Any, where: str = "config") -> T:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{where}: expected a mapping, got {_named(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     # by repr: YAML keys need not be strings (``1:``, ``on:`` read as an int, a bool)
     unknown = sorted(set(data) - set(fields), key=repr)
     if unknown:
         known = ", ".join(sorted(fields))
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known keys: {known})")
+        raise ConfigError(f"{where}: unknown key {_named(unknown[0])} (known keys: {known})")
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         if name in data:
