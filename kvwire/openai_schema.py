@@ -418,8 +418,9 @@ def _prompt(prompt: Any) -> tuple[str | None, list[int] | None, int]:
         if is_token_ids(prompt):
             return None, list(prompt), 1
         if all(isinstance(p, str) for p in prompt):
-            if not all(prompt):
-                raise BadRequest("'prompt' must not be empty", param="prompt")
+            empty = next((i for i, p in enumerate(prompt) if not p), None)
+            if empty is not None:  # which of the prompts, as the client wrote it
+                raise BadRequest(f"prompt[{empty}] must not be empty", param=f"prompt[{empty}]")
             return prompt[0], None, len(prompt)
         if all(is_token_ids(p) and p for p in prompt):
             return None, list(prompt[0]), len(prompt)
