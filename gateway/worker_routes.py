@@ -13,7 +13,12 @@ received it, which passes it on to the others (``Peers.forward``).
 
 Transport: one Unix ``SOCK_SEQPACKET`` socket pair per worker, made by the supervisor before
 it starts them (``route_pair``). Worker ``i`` reads its own pair's first end; every other worker
-holds the second and sends to it. A worker's routes of the last ``FLUSH_S`` go out together,
+holds the second and sends to it. A worker reads its inbox before each of its decisions
+(``catch_up``: it decides knowing every route told till then), and every ``DRAIN_S`` while it
+decides nothing; the others' messages do not wake it (a wake per message cost a worker more
+CPU than the routes it carried: ``plain_repeated`` at 100 requests/s, two workers,
+prefix_affinity, 0.90-1.0 ms per request against 0.84 ms reading at decisions, and 0.65-0.72
+ms for one worker). A worker's routes of the last ``FLUSH_S`` go out together,
 one message of whole frames (a message per route woke each other worker once per request).
 A message arrives whole or not at all, and sending never blocks: a worker whose buffer is
 full (stalled) misses those routes, counted in ``dropped``. Nothing leaves the box, and only
@@ -53,6 +58,7 @@ log = logging.getLogger("kvgate.workers")
 
 DROPPED_LOG_S = 60.0  # at most one warning of dropped routes per this many seconds
 FLUSH_S = 0.005  # a worker's routes are sent together at most this long after the first
+DRAIN_S = 0.1  # a worker that decides nothing reads the others' routes this often
 MESSAGE_BYTES = 64 * 1024  # frames per message up to this size (a larger frame alone)
 
 
@@ -74,6 +80,7 @@ class WorkerRoutes:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: list[bytes] = []  # frames not sent yet
         self._flush: asyncio.TimerHandle | None = None
+        self._drain: asyncio.TimerHandle | None = None  # the next read of an idle inbox
 
     @property
     def reading(self) -> bool:
@@ -86,7 +93,23 @@ class WorkerRoutes:
         self.inbox.setblocking(False)
         for out in self.outboxes:
             out.setblocking(False)
-        self._loop.add_reader(self.inbox.fileno(), self._read)
+        self._drain = self._loop.call_later(DRAIN_S, self._drain_tick)
+
+    def catch_up(self) -> None:
+        """Take what the other workers told since the last read: called before each of
+        this worker's decisions, so that it decides knowing every route told so far."""
+        if self._loop is not None:
+            self._read()
+
+    def _drain_tick(self) -> None:
+        """Read the inbox of a worker that decides nothing for a while (its buffer would
+        fill and the others' routes be dropped), then again in ``DRAIN_S``."""
+        self._drain = None
+        if self._loop is None:
+            return
+        self._read()
+        if self._loop is not None:
+            self._drain = self._loop.call_later(DRAIN_S, self._drain_tick)
 
     def stop(self) -> None:
         if self._flush is not None:
@@ -163,9 +186,10 @@ class WorkerRoutes:
 
     def _stop_reading(self) -> None:
         """No more reads (an inbox at its end stays readable: read again, it spun)."""
-        if self._loop is not None:
-            self._loop.remove_reader(self.inbox.fileno())
-            self._loop = None
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = None
+        self._loop = None
 
     def _take(self, message: bytes, now: float) -> None:
         """The frames of one message; the rest of a message is skipped at a malformed

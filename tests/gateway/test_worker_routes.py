@@ -4,21 +4,12 @@ socket pairs the supervisor makes: a route one worker makes teaches the other's 
 from __future__ import annotations
 
 import asyncio
-import random
 
 from gateway.peer_wire import routed_frame
 from gateway.worker_routes import WorkerRoutes, route_pair
-from policies.base import ReplicaView, Routed, RouteRequest
+from policies.base import Routed, RouteRequest
 from policies.cost import Cost
-
-FLEET = [ReplicaView(f"r{i}", kv_capacity_tokens=40_000) for i in range(4)]
-
-
-def document(seed: int, pieces: int = 64) -> RouteRequest:
-    rng = random.Random(seed)
-    chunks = [rng.randrange(1 << 32) for _ in range(pieces)]
-    return RouteRequest(tokens=(), prompt_tokens=pieces * 16, model="m", arrival_s=0.0,
-                        chunks=chunks, chunk_tokens=16.0)
+from tests.support.route_documents import FLEET, document
 
 
 def _holds(policy: Cost, request: RouteRequest) -> dict[str, int]:
@@ -26,12 +17,13 @@ def _holds(policy: Cost, request: RouteRequest) -> dict[str, int]:
     return {s.replica: s.matched_tokens for s in decision.scores if s.matched_tokens}
 
 
-async def _two_workers() -> tuple[WorkerRoutes, WorkerRoutes]:
+async def _two_workers(start_b: bool = True) -> tuple[WorkerRoutes, WorkerRoutes]:
     (inbox_a, to_a), (inbox_b, to_b) = route_pair(), route_pair()
     a = WorkerRoutes(inbox_a, [to_b], Cost())
     b = WorkerRoutes(inbox_b, [to_a], Cost())
     a.start()
-    b.start()
+    if start_b:
+        b.start()
     return a, b
 
 
@@ -65,10 +57,10 @@ def test_a_route_one_worker_makes_teaches_the_others_policy() -> None:
 
 def test_a_full_inbox_drops_routes_and_a_malformed_message_is_skipped() -> None:
     async def run() -> None:
-        a, b = await _two_workers()
+        a, b = await _two_workers(start_b=False)
         try:
-            # b stalls (reads nothing): a's sends fill its inbox, then are dropped
-            asyncio.get_running_loop().remove_reader(b.inbox.fileno())
+            # b stalls (never started: reads nothing): a's sends fill its inbox, then are
+            # dropped
             doc = document(3)
             for _ in range(2_000):
                 a.routed(doc, "r0")
