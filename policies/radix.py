@@ -30,8 +30,10 @@ made on (``Routed.replicas``); the tree's entries of a replica belong to the epo
 were learned in. ``choose`` treats a replica whose view shows another epoch as empty at
 once; its entries are dropped at the next ``observe``. A try its replica refused before
 taking the prompt (``Unrouted``) is taken back (``RadixTree.take_back``). A route told
-after its replica was removed (another worker's, told as it stands, with no snapshot) is
-not entered, until a route's snapshot holds the replica again (back under its id).
+after its replica was removed (a retry or send on a decision made before the removal,
+another worker's route) is not entered, until a decision's views hold the replica again
+(back under its id): ``choose`` notes that, the one state it changes besides its random
+generator.
 """
 
 from __future__ import annotations
@@ -129,9 +131,10 @@ class Radix(Policy):
         # request ends or its replica refuses it (``Unrouted``); the oldest first (a route
         # that is not ``revocable``, another copy's or worker's, stands at once)
         self._sent: OrderedDict[int, tuple[str, Inserted]] = OrderedDict()
-        # replicas removed lately (oldest first), until a route's snapshot holds one again:
-        # a route told after the removal (another worker's, told as it stands) would give
-        # it entries that nothing drops again, found if its id comes back
+        # replicas removed lately (oldest first), until a decision's views hold one again
+        # (``choose``; a route's snapshot may be older than the removal): a route told
+        # after the removal (a retry, another worker's route) would give it entries that
+        # nothing drops again, found if its id comes back
         self._removed: dict[str, None] = {}
 
     def share_from(self, first: Policy) -> None:
@@ -167,6 +170,9 @@ class Radix(Policy):
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         cfg = self.config
+        if self._removed:  # a decision's views are the fleet: those they hold are back
+            for r in replicas:
+                self._removed.pop(r.id, None)
         ok = healthy(replicas)
         data, unit = self._units(request)
         p = max(1, request.prompt_tokens)
@@ -211,10 +217,10 @@ class Radix(Policy):
 
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed) and event.replica in self._removed:
-            if not any(r.id == event.replica and r.healthy for r in event.replicas):
-                self._sent.pop(id(event.request), None)
-                return  # the route went nowhere (this process sends only within the fleet)
-            del self._removed[event.replica]  # back in the fleet under its id
+            # the route went nowhere, whatever its snapshot holds: a send after the removal
+            # (a retry) carries the snapshot its decision was made on, from before it
+            self._sent.pop(id(event.request), None)
+            return
         if isinstance(event, Routed):
             # the snapshot's facts, for the replica routed to and those already known: a
             # snapshot taken before a replica left (a decision, then its removal, then the
@@ -272,6 +278,6 @@ class Radix(Policy):
         for rid, held in self.tree.tokens.items():
             budget = self.budget(rid, unit)
             assert held <= budget, f"{rid} holds {held} units > budget {budget}"
-        for rid in self._removed:  # nothing kept of a replica removed (until routed again)
+        for rid in self._removed:  # nothing kept of a replica removed (until seen again)
             assert rid not in self.tree.tokens, f"removed replica {rid!r} holds " \
                 f"{self.tree.tokens[rid]} units"

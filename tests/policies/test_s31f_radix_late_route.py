@@ -56,3 +56,32 @@ def test_churn_of_replicas_with_late_routes_keeps_no_state_of_those_gone() -> No
     policy.check_integrity()
     assert set(policy.tree.tokens) <= {"stay"}
     assert policy.tree.nodes == 0
+
+
+def test_a_send_after_the_removal_on_a_decision_made_before_it_keeps_nothing() -> None:
+    policy = Radix()
+    fleet = [ReplicaView("r0"), ReplicaView("r1")]
+    request = _request(3)
+    assert policy.choose(request, fleet).ranked  # decided while r1 was in the fleet
+    policy.observe(ReplicaRemoved("r1"))
+    # the send (or a retry) after the removal carries the decision's snapshot, which holds r1
+    policy.observe(Routed(request, "r1", fleet))
+    policy.check_integrity()
+    assert "r1" not in policy.tree.tokens and "r1" not in policy._seen
+    # nor is it back in the fleet for a later route told as it stands
+    policy.observe(Routed(_request(4), "r1", revocable=False))
+    assert "r1" not in policy.tree.tokens
+    # a decision's views hold it again: back under its id, routes to it are kept
+    assert policy.choose(request, fleet).matched_tokens == 0
+    policy.observe(Routed(request, "r1", fleet))
+    assert policy.tree.tokens["r1"] == 800
+
+
+def test_a_decision_of_another_model_brings_a_removed_replica_back_for_all() -> None:
+    policy = PerModel(Radix(), Radix)
+    fleet = [ReplicaView("r0"), ReplicaView("r1")]
+    policy.observe(Routed(_request(1, "a"), "r1", fleet))
+    policy.observe(ReplicaRemoved("r1"))
+    policy.choose(_request(2, "b"), fleet)  # model b's decision sees r1 in the fleet again
+    policy.observe(Routed(_request(3, "a"), "r1", revocable=False))
+    assert policy.first.tree.tokens["r1"] == 800  # type: ignore[attr-defined]
