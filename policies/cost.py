@@ -110,6 +110,7 @@ from policies.kv_index import KVIndex
 from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
 from policies.prefix_keys import PrefixKeys
+from policies.recent_ids import RecentIds
 from policies.refused_tries import RefusedTries
 from policies.replica_models import MAX_MODEL_TOKENS, ReplicaModels
 from policies.request_memo import RequestMemo
@@ -123,7 +124,6 @@ _ID, _WEIGHT, _HEALTHY = (itemgetter(ReplicaView._fields.index(name))
                           for name in ("id", "weight", "healthy"))
 _REFRESH_S = 0.25  # arrival seconds between reads of the views' slowly changing gauges
 _MEMBERSHIPS_KEPT = 16  # memberships whose last refresh is remembered (as rings are)
-_REMOVED_KEPT = 1024  # ids of the replicas removed last, whose late routes are not kept
 # arrival seconds after which a replica no decision's views held is forgotten, as one that
 # left: it stopped serving this policy's model (a restart with another, a new deployment)
 # while its id stays in the fleet, so no ReplicaRemoved comes. Remembered, it made every
@@ -183,11 +183,11 @@ class Cost(Policy):
         # retry ranked before it, another worker's or copy's route) would give it a model
         # that nothing removes again. Every model's instance shares it (``share_from``): an
         # instance made after the removal was never told of it
-        self._left: dict[str, None] = {}
+        self._left = RecentIds()
         # replicas this model's decisions stopped seeing (``_UNSEEN_S``), until one does
         # again, for late routes alike: this instance's own (another model may still be
         # served there)
-        self._unused: dict[str, None] = {}
+        self._unused = RecentIds()
         # (the index dict, _facts_changed) -> whether it leaves a known replica out
         self._partial_memo: tuple[dict[str, int], int, bool] | None = None
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
@@ -535,8 +535,8 @@ class Cost(Policy):
         for r in ok:
             if r.id not in facts:
                 self._facts_changed += 1
-                self._left.pop(r.id, None)
-                self._unused.pop(r.id, None)
+                self._left.discard(r.id)
+                self._unused.discard(r.id)
             # a capacity under 1 token or not finite, or a rate that is no number (a
             # foreign server's gauges), is taken as unknown: a negative capacity failed
             # every route there, an infinite one every decision
@@ -562,7 +562,7 @@ class Cost(Policy):
             seen[r.id] = now
         stale = [rid for rid, at in seen.items() if now - at > _UNSEEN_S]
         for rid in stale:
-            _note(self._unused, rid)
+            self._unused.note(rid)
             self._forget(rid)
 
     def _index_of(self, ids: list[str]) -> dict[str, int]:
@@ -759,7 +759,7 @@ class Cost(Policy):
             self._refreshed.clear()
             if self.kv_index is not None:
                 self.kv_index.remove_replica(event.replica)
-            _note(self._left, event.replica)
+            self._left.note(event.replica)
             self._forget(event.replica)
         elif isinstance(event, ReplicaReset):
             # the next decision reads the new epoch, however soon: routed before it was
@@ -934,10 +934,3 @@ class Cost(Policy):
             if rid in self._facts or self._models.get(rid) is not None \
                     or self._placement.tokens_on(rid) or self._slots.limit(rid) is not None:
                 raise AssertionError(f"cost: removed replica {rid!r} still has state")
-
-
-def _note(recent: dict[str, None], replica: str) -> None:
-    """Add ``replica`` to ``recent`` (oldest first), which keeps the last ``_REMOVED_KEPT``."""
-    recent[replica] = None
-    if len(recent) > _REMOVED_KEPT:
-        del recent[next(iter(recent))]

@@ -60,6 +60,7 @@ from policies.base import (
 )
 from policies.least_load import least_loaded
 from policies.radix_tree import Inserted, RadixTree
+from policies.recent_ids import RecentIds
 from policies.ring import token_bytes
 from policies.size_bounds import check_sizes
 
@@ -105,7 +106,6 @@ class RadixConfig:
 
 
 _SENT_KEPT = 4096  # requests whose last insert can be taken back (the oldest's no longer)
-_REMOVED_KEPT = 1024  # ids of the replicas removed last, whose late routes are not kept
 
 
 def _namespace(request: RouteRequest) -> Hashable:
@@ -135,7 +135,7 @@ class Radix(Policy):
         # (``choose``; a route's snapshot may be older than the removal): a route told
         # after the removal (a retry, another worker's route) would give it entries that
         # nothing drops again, found if its id comes back
-        self._removed: dict[str, None] = {}
+        self._removed = RecentIds()
 
     def share_from(self, first: Policy) -> None:
         """Also ``first``'s tree: ``max_tree_mb`` bounds the one tree of every model's
@@ -172,7 +172,7 @@ class Radix(Policy):
         cfg = self.config
         if self._removed:  # a decision's views are the fleet: those they hold are back
             for r in replicas:
-                self._removed.pop(r.id, None)
+                self._removed.discard(r.id)
         ok = healthy(replicas)
         data, unit = self._units(request)
         p = max(1, request.prompt_tokens)
@@ -267,9 +267,7 @@ class Radix(Policy):
             if isinstance(event, ReplicaRemoved):
                 self._seen.pop(event.replica, None)
                 self._epochs.pop(event.replica, None)
-                self._removed[event.replica] = None
-                if len(self._removed) > _REMOVED_KEPT:
-                    del self._removed[next(iter(self._removed))]
+                self._removed.note(event.replica)
 
     def check_integrity(self) -> None:
         """The tree's invariants, plus every replica within its token budget."""
