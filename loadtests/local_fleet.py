@@ -40,6 +40,8 @@ from typing import Any
 
 import yaml
 
+from engine.api_key import API_KEY_ENV
+
 STATE_FILE = "fleet.json"
 ENGINE_BLOCK_SIZE = 16  # the engines' KV block size (``kvgate engine --block-size``' default)
 
@@ -273,7 +275,10 @@ class LocalFleet:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+    def _spawn(self, name: str, argv: list[str],
+               env: dict[str, str] | None = None) -> _Proc:
+        """``kvgate`` with ``argv`` in a session of its own, with ``env`` (by default this
+        process's environment)."""
         if self._cancelled.is_set():
             raise FleetCancelled(f"cancelled before {name} started")
         log = self.dir / f"{name}.log"
@@ -281,7 +286,7 @@ class LocalFleet:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "kvgate", "--log-level", "WARNING", *argv],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True, env=env,
             )
         proc = _Proc(name, popen, log)
         self._procs.append(proc)
@@ -289,7 +294,10 @@ class LocalFleet:
 
     def _spawn_engine(self, i: int) -> tuple[_Proc, str, dict[str, Any]]:
         """Engine ``r{i}`` on free ports: its process, URL and entry in the gateway's
-        config."""
+        config. It runs without the environment's engine API key (``API_KEY_ENV``, set for
+        compose or a shell's engines): the fleet's gateway config sends its replicas none,
+        and its ``engine_urls`` are called as they are, so a key taken up from the caller
+        refused every request but the open ``/health`` the fleet waits on."""
         spec = self.spec
         port = free_port(spec.host)
         argv = ["engine", "--executor", spec.executor, "--profile", spec.profile,
@@ -306,7 +314,8 @@ class LocalFleet:
             replay = f"tcp://{spec.host}:{free_port(spec.host)}"
             argv += ["--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay]
             replica.update(kv_events=events, kv_events_replay=replay)
-        return self._spawn(f"engine-r{i}", argv), url, replica
+        env = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+        return self._spawn(f"engine-r{i}", argv, env), url, replica
 
     def _wait_ready(self, proc: _Proc, url: str, timeout_s: float) -> None:
         wait_ready(proc.name, proc.popen, proc.log, lambda: http_ok(url), timeout_s,
