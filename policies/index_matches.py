@@ -42,6 +42,8 @@ class IndexMatches:
     __slots__ = ("_agrees", "_grace_s", "_memo", "_sending", "_unmatched")
 
     def __init__(self, grace_s: float) -> None:
+        if not grace_s > 0:  # (``routed`` keeps the key just sent: it is within the grace)
+            raise ValueError(f"grace_s must be > 0, got {grace_s!r}")
         self._grace_s = grace_s
         # replica -> prefix key routed there -> when, and when before that (None: not
         # before), which a refusal of the last send puts back (the blocks it stores are

@@ -2,7 +2,10 @@
 within the grace (their blocks may not be stored yet), and no more: a key past the grace
 is forgotten, with or without replicas that publish KV events."""
 
+import math
 import random
+
+import pytest
 
 from policies.base import ReplicaView, Routed, RouteRequest
 from policies.cost import Cost
@@ -37,3 +40,9 @@ def test_a_key_within_the_grace_is_still_sending_and_a_refusal_puts_it_back() ->
     exact.routed(kv, _request(4, at=20.0), "r0", key=9)  # the others are past the grace
     assert list(exact._sending["r0"]) == [9]
     assert not exact._sending_now("r0", 8, 20.0)
+
+
+@pytest.mark.parametrize("grace_s", [0.0, -1.0, math.nan])
+def test_a_grace_that_is_no_positive_time_is_refused_naming_it(grace_s: float) -> None:
+    with pytest.raises(ValueError, match=rf"grace_s must be > 0, got {grace_s!r}"):
+        IndexMatches(grace_s)
