@@ -13,9 +13,9 @@ attention model (DeepSeek-V2/V3) caches one latent per token and layer
 (``mla_latent_width``), which the shape keeps as its KV width. Sliding-window layers
 (Mistral-7B-v0.1; Gemma 2 and 3's local layers) are counted (``sliding_window_layers``)
 and sized in full, as every layer: see ``ModelShape.kv_bytes_cached``. The weights'
-memory (``weight_memory``) is their checkpoint's: a ``quantization_config``'s bytes a
-weight for all but the embeddings and output head; ``sizing_from_config`` gives it with
-the shape and notes on what either assumed.
+memory (``engine.hf_quant.weight_memory``) is their checkpoint's: a
+``quantization_config``'s bytes a weight for all but the embeddings and output head;
+``sizing_from_config`` gives it with the shape and notes on what either assumed.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine.cost_model import ModelShape
+from engine.hf_quant import ConfigSection, Weights, quantization_config, weight_memory
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1}
@@ -37,25 +37,6 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
 _TEXT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads")
 
 
-@dataclass(frozen=True, slots=True)
-class TextConfig:
-    """The settings of a config's language model, and where they are in ``config.json``
-    (``""``: the top level; ``"text_config."``), which its errors name."""
-
-    values: Mapping[str, Any]
-    where: str = ""
-
-    def positive(self, key: str, default: Any = None) -> int:
-        """``key``'s value, a positive integer; ``default`` where it is absent or null."""
-        value = self.values.get(key)
-        if value is None:  # absent, or null as many configs write an unset head_dim
-            value = default
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"config.json {self.where}{key} must be a positive integer, "
-                             f"got {value!r}")
-        return value
-
-
 # where a multimodal config keeps its language model's settings, as transformers'
 # get_text_config and vLLM look (Gemma 3, Llama 4, Mistral 3; InternVL; DeepSeek-VL2;
 # Qwen2.5-Omni's thinker)
@@ -63,12 +44,12 @@ _NESTED = (("text_config",), ("llm_config",), ("language_config",),
            ("thinker_config", "text_config"))
 
 
-def text_config(raw: Mapping[str, Any]) -> TextConfig:
+def text_config(raw: Mapping[str, Any]) -> ConfigSection:
     """``raw`` itself, or the first of its nested language model configs (``_NESTED``)
     where the top level lacks the language model's settings, as transformers'
     ``get_text_config`` reads it."""
     if all(raw.get(key) is not None for key in _TEXT_KEYS):
-        return TextConfig(raw)
+        return ConfigSection(raw)
     for path in _NESTED:
         nested: Any = raw
         where = ""
@@ -80,8 +61,8 @@ def text_config(raw: Mapping[str, Any]) -> TextConfig:
                 raise ValueError(f"config.json {where[:-1]} must be an object, got "
                                  f"{repr(nested)[:200]}")
         else:
-            return TextConfig(nested, where)
-    return TextConfig(raw)
+            return ConfigSection(nested, where)
+    return ConfigSection(raw)
 
 
 def dtype_bytes(raw: Mapping[str, Any]) -> int:
@@ -108,7 +89,7 @@ class ParamCount(NamedTuple):
     experts_per_token: int = 1
 
 
-def _attention_params(text: TextConfig, hidden: int, heads: int, kv_heads: int,
+def _attention_params(text: ConfigSection, hidden: int, heads: int, kv_heads: int,
                       head_dim: int) -> int:
     """One layer's attention weights: q/k/v/o, or multi-head latent attention's."""
     if text.values.get("kv_lora_rank") is None:
@@ -124,7 +105,7 @@ def _attention_params(text: TextConfig, hidden: int, heads: int, kv_heads: int,
             + heads * v_dim * hidden)
 
 
-def _experts(text: TextConfig) -> tuple[int, int]:
+def _experts(text: ConfigSection) -> tuple[int, int]:
     """Routed experts per mixture-of-experts layer and how many a token goes to; (0, 0)
     for a dense model."""
     for key in ("num_local_experts", "n_routed_experts", "num_experts"):  # Mixtral,
@@ -138,7 +119,7 @@ def _experts(text: TextConfig) -> tuple[int, int]:
     return 0, 0
 
 
-def _moe_layers(text: TextConfig, layers: int) -> int:
+def _moe_layers(text: ConfigSection, layers: int) -> int:
     """The layers whose MLP is a mixture of experts: DeepSeek's after its
     ``first_k_dense_replace`` dense ones (every ``moe_layer_freq``-th), Qwen MoE's every
     ``decoder_sparse_step``-th but its ``mlp_only_layers``, Llama 4's ``moe_layers`` (by
@@ -165,21 +146,21 @@ def _moe_layers(text: TextConfig, layers: int) -> int:
                if i % freq == 0 and (i + 1) % step == 0 and i not in dense)
 
 
-def _is_llama4(raw: Mapping[str, Any], text: TextConfig) -> bool:
+def _is_llama4(raw: Mapping[str, Any], text: ConfigSection) -> bool:
     """Whether the config is Llama 4's (its text config's model_type, or the top level's),
     whose every MoE layer has one shared expert no key counts."""
     return text.values.get("model_type") == "llama4_text" or \
         raw.get("model_type") in ("llama4", "llama4_text")
 
 
-def _embedding_params(raw: Mapping[str, Any], text: TextConfig) -> int:
+def _embedding_params(raw: Mapping[str, Any], text: ConfigSection) -> int:
     """The embeddings' parameters, and the output head's unless tied to them."""
     hidden = text.positive("hidden_size")
     tied = text.values.get("tie_word_embeddings", raw.get("tie_word_embeddings"))
     return text.positive("vocab_size") * hidden * (1 if tied else 2)
 
 
-def _layer_params(raw: Mapping[str, Any], text: TextConfig) -> ParamCount:
+def _layer_params(raw: Mapping[str, Any], text: ConfigSection) -> ParamCount:
     """The decoder layers' parameters (attention, MLP, experts and router), embeddings
     left out: all of them and those one token uses, as ``estimate_params``."""
     hidden = text.positive("hidden_size")
@@ -221,7 +202,7 @@ def estimate_params(raw: Mapping[str, Any]) -> ParamCount:
     return count._replace(total=count.total + embeddings, active=count.active + embeddings)
 
 
-def mla_latent_width(text: TextConfig) -> int:
+def mla_latent_width(text: ConfigSection) -> int:
     """The values a multi-head latent attention model (DeepSeek-V2/V3: ``kv_lora_rank``
     set) caches per token and layer, as vLLM caches them: one compressed KV latent and the
     rotary key part all heads share, ``kv_lora_rank + qk_rope_head_dim`` (576 for
@@ -234,7 +215,7 @@ def mla_latent_width(text: TextConfig) -> int:
 _WINDOW_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
 
 
-def sliding_window_layers(text: TextConfig, layers: int) -> tuple[int | None, int]:
+def sliding_window_layers(text: ConfigSection, layers: int) -> tuple[int | None, int]:
     """The sliding window and how many of the ``layers`` attend within it, as
     transformers reads them: ``layer_types``' "sliding_attention" layers, else all but
     every ``sliding_window_pattern``-th (Gemma 2 and 3's defaults), Qwen2's past
@@ -260,7 +241,7 @@ def sliding_window_layers(text: TextConfig, layers: int) -> tuple[int | None, in
     return window, layers
 
 
-def _param_count(raw: Mapping[str, Any], text: TextConfig) -> ParamCount:
+def _param_count(raw: Mapping[str, Any], text: ConfigSection) -> ParamCount:
     """The config's ``num_parameters`` where it gives them, else the estimate. Their
     active share: the estimate's where it can be made (``vocab_size`` given); without
     ``vocab_size``, a mixture of experts' ``num_parameters`` less the routed experts a
@@ -288,174 +269,6 @@ def _param_count(raw: Mapping[str, Any], text: TextConfig) -> ParamCount:
     return count._replace(total=float(given), active=given * count.active / count.total)
 
 
-class Weights(NamedTuple):
-    """The memory a model's weights take as its checkpoint stores them: ``quantized`` of
-    its ``params`` at ``bytes_per_quantized`` each (their scales' share included), the
-    others (a quantized model's embeddings and output head; all of an unquantized
-    model's) at ``dtype_bytes``; ``method``: the quantization's name (None: none)."""
-
-    params: float
-    quantized: float = 0.0
-    bytes_per_quantized: float = 0.0
-    dtype_bytes: int = 2
-    method: str | None = None
-
-    @property
-    def total_bytes(self) -> float:
-        return self.quantized * self.bytes_per_quantized \
-            + (self.params - self.quantized) * self.dtype_bytes
-
-
-def _bits(values: TextConfig, key: str) -> int:
-    """``key``'s weight width in bits, 1 to 16."""
-    bits = values.positive(key)
-    if bits > 16:
-        raise ValueError(f"config.json {values.where}{key} must be at most 16 bits, got "
-                         f"{bits!r}")
-    return bits
-
-
-def _group_scales(values: TextConfig, bits: int, key: str) -> tuple[float, str]:
-    """A group's 16-bit scale and, where the group is asymmetric (GPTQ's either way),
-    its ``bits``-bit zero point, as bytes a weight: ``(2 + bits / 8) / group``; none for
-    a group of -1 (a scale per output channel, negligible)."""
-    group = values.values.get(key, 128)
-    if group == -1:
-        return 0.0, "a scale per channel"
-    group = values.positive(key, 128)
-    zero = bits / 8 if values.values.get("zero_point", True) is not False \
-        and values.values.get("symmetric") is not True else 0.0
-    return (2 + zero) / group, \
-        f"a 16-bit scale{' and zero point' if zero else ''} per {group} weights"
-
-
-def _compressed_tensors(quant: TextConfig, dtype: int) -> tuple[float, str]:
-    """The widest weights of a ``compressed-tensors`` config's ``config_groups``, as
-    every quantized module's; a group quantizing only activations: ``dtype`` bytes."""
-    groups = quant.values.get("config_groups")
-    if not isinstance(groups, Mapping) or not groups:
-        raise ValueError(f"config.json {quant.where}config_groups must be an object of "
-                         f"quantization schemes, got {repr(groups)[:200]}")
-    widest = (0.0, "")
-    for name, scheme in groups.items():
-        where = f"{quant.where}config_groups.{name}"
-        if not isinstance(scheme, Mapping):
-            raise ValueError(f"config.json {where} must be an object, got "
-                             f"{repr(scheme)[:200]}")
-        if scheme.get("weights") is None:
-            widest = max(widest, (float(dtype), f"{8 * dtype}-bit weights"))
-            continue
-        if not isinstance(scheme["weights"], Mapping):
-            raise ValueError(f"config.json {where}.weights must be an object, got "
-                             f"{repr(scheme['weights'])[:200]}")
-        weights = TextConfig(scheme["weights"], f"{where}.weights.")
-        bits = _bits(weights, "num_bits")
-        # group: W4A16's; tensor_group: NVFP4's (its fp8 scales counted as 16-bit, an
-        # upper bound); tensor, channel, block: scales negligible
-        if weights.values.get("strategy") in ("group", "tensor_group"):
-            scales, said = _group_scales(weights, bits, "group_size")
-        else:
-            scales, said = 0.0, "scales per tensor, channel or block"
-        widest = max(widest, (bits / 8 + scales, f"{bits}-bit weights, {said}"))
-    return widest
-
-
-def _quantized_bytes(quant: TextConfig, dtype: int) -> tuple[float, str] | None:
-    """The bytes a quantized weight takes, its scales' share included, and how they are
-    counted; None for a ``quant_method`` not read here."""
-    values, method = quant.values, quant.values.get("quant_method")
-    if method in ("fp8", "fbgemm_fp8"):
-        block = values.get("weight_block_size")
-        if block is None:  # a scale per tensor or per channel
-            return 1.0, "8-bit weights, a scale per tensor or channel"
-        if not (isinstance(block, list) and len(block) == 2 and all(
-                isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in block)):
-            raise ValueError(f"config.json {quant.where}weight_block_size must be two "
-                             f"positive integers, got {repr(block)[:200]}")
-        # DeepSeek-V3's: a float32 scale per 128 x 128 block
-        return 1 + 4 / (block[0] * block[1]), \
-            f"8-bit weights, a 4 B scale per {block[0]} x {block[1]} block"
-    if method in ("awq", "gptq"):  # AutoAWQ's older configs: w_bit, q_group_size
-        old = "bits" not in values and "w_bit" in values
-        bits = _bits(quant, "w_bit" if old else "bits")
-        scales, said = _group_scales(quant, bits, "q_group_size" if old else "group_size")
-        return bits / 8 + scales, f"{bits}-bit weights, {said}"
-    if method == "compressed-tensors":
-        return _compressed_tensors(quant, dtype)
-    if method == "bitsandbytes":
-        if values.get("load_in_4bit"):  # a float32 absmax per 64 weights, or an 8-bit
-            double = bool(values.get("bnb_4bit_use_double_quant"))  # one and a float32
-            return 0.5 + (1 / 64 + 4 / (64 * 256) if double else 4 / 64), \
-                "4-bit weights, an absmax per 64 weights"  # per 256 of them
-        if values.get("load_in_8bit"):
-            return 1.0, "8-bit weights, a scale per row"
-        return float(dtype), "neither load_in_4bit nor load_in_8bit"
-    if method == "mxfp4":  # gpt-oss' experts: 4-bit with an 8-bit scale per 32 weights
-        return 0.5 + 1 / 32, "4-bit weights, an 8-bit scale per 32 weights"
-    return None
-
-
-QUANT_METHODS = ("fp8", "fbgemm_fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes",
-                 "mxfp4")
-
-
-def _quantization_config(raw: Mapping[str, Any], text: TextConfig) -> tuple[str, Any]:
-    """Where the config keeps its quantization, and what it says there:
-    ``quantization_config`` (``compression_config`` in older compressed-tensors
-    checkpoints), the top level's, else its language model's; ``("", None)``: none."""
-    for where, values in (("", raw), (text.where, text.values)):
-        for key in ("quantization_config", "compression_config"):
-            if values.get(key) is not None:
-                return f"{where}{key}.", values[key]
-    return "", None
-
-
-def weight_memory(raw: Mapping[str, Any],
-                  count: ParamCount) -> tuple[Weights, tuple[str, ...]]:
-    """The memory of the ``count.total`` weights ``raw`` describes, and what it assumed
-    (notes for ``kvgate plan``). A ``quantization_config`` (or ``compression_config``;
-    the top level's, else its language model's) stores all but the embeddings and output
-    head quantized, at the bytes ``_quantized_bytes`` reads from it (fp8; AWQ, GPTQ,
-    compressed-tensors and bitsandbytes at their bits with their scales' share; gpt-oss'
-    mxfp4); the embeddings and output head stay at the config's dtype, as these checkpoints keep
-    them (without ``vocab_size`` they cannot be told apart and are counted quantized
-    too). Other modules a checkpoint leaves unquantized (a router, norms, its ignore
-    list: a few percent of the weights in the published checkpoints) are counted
-    quantized.
-
-    An unknown ``quant_method`` is counted unquantized, at the dtype's bytes, with a note
-    naming it, rather than refused: the plan's KV figures and routing advice do not
-    depend on the weights (the idle KV is given), and the dtype's size is an upper bound
-    on them, the side a memory plan can safely be wrong on."""
-    text = text_config(raw)
-    dtype = dtype_bytes(raw)
-    where, quant = _quantization_config(raw, text)
-    if quant is None:
-        return Weights(count.total, dtype_bytes=dtype), ()
-    if not isinstance(quant, Mapping):
-        raise ValueError(f"config.json {where[:-1]} must be an object, got "
-                         f"{repr(quant)[:200]}")
-    method = quant.get("quant_method")
-    read = _quantized_bytes(TextConfig(quant, where), dtype)
-    if read is None:
-        return Weights(count.total, dtype_bytes=dtype), (
-            f"config.json {where}quant_method {method!r} is not one the plan reads "
-            f"({', '.join(QUANT_METHODS)}): its weights are counted unquantized, at "
-            f"{dtype} B a parameter, an upper bound",)
-    per_weight, said = read
-    kept = 0.0  # the embeddings and output head, at the dtype's bytes
-    if text.values.get("vocab_size") is None:
-        where_kept = "vocab_size absent: its embeddings and output head are counted " \
-            "quantized too"
-    else:
-        kept = min(count.total, float(_embedding_params(raw, text)))
-        where_kept = f"its embeddings and output head ({kept / 1e9:,.2f}B) at {dtype} B"
-    return Weights(count.total, count.total - kept, per_weight, dtype, str(method)), (
-        f"weights quantized ({method}: {said}; {per_weight:.4g} B a weight in all); "
-        f"{where_kept}; any other module the checkpoint leaves unquantized (a router, "
-        "norms, its ignore list) counted quantized",)
-
-
 class ModelSizing(NamedTuple):
     """A ``config.json``'s shape, its weights' memory, and what their reading assumed
     where the config leaves it open (notes for ``kvgate plan``)."""
@@ -476,7 +289,10 @@ def sizing_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelSizi
                  "num_parameters less the routed experts a token is not sent to "
                  f"({count.experts_per_token} of {count.num_experts} a layer, counted from "
                  "their sizes)",)
-    memory, said = weight_memory(raw, count)
+    quant = quantization_config(ConfigSection(raw), text)
+    embeddings = None if text.values.get("vocab_size") is None \
+        else float(_embedding_params(raw, text))
+    memory, said = weight_memory(quant, count.total, embeddings, dtype_bytes(raw))
     return ModelSizing(_shape(raw, text, count, name), memory, notes + said)
 
 
@@ -486,7 +302,7 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
     return _shape(raw, text, _param_count(raw, text), name)
 
 
-def _shape(raw: Mapping[str, Any], text: TextConfig, count: ParamCount,
+def _shape(raw: Mapping[str, Any], text: ConfigSection, count: ParamCount,
            name: str) -> ModelShape:
     """The ``ModelShape`` of ``raw`` (its language model's settings ``text``) with the
     parameters ``count``."""

@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 
 from engine.cost_model import ModelShape, load_profile
-from engine.hf_shape import ModelSizing, Weights, sizing_from_dir
+from engine.hf_quant import Weights
+from engine.hf_shape import ModelSizing, sizing_from_dir
 from engine.kv_sizing import GIB
 from kvwire.arg_types import float_between, non_negative_int, positive_float, positive_int
 from loadtests.plan_arithmetic import MIB, ROUTING_WINS, Arithmetic, FleetSize, arithmetic
