@@ -26,6 +26,7 @@ Rules every policy keeps:
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -262,3 +263,13 @@ def healthy(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
     if not ok:
         raise NoReplicaError(f"no healthy replica among {len(replicas)}")
     return ok
+
+
+def usable_capacity(capacity_tokens: int | None) -> int | None:
+    """A view's KV capacity (``ReplicaView.kv_capacity_tokens``), or None (unknown) where it
+    tells nothing: 0 or less, NaN or infinite (a foreign server's gauges). Policies take
+    such a replica to have their default capacity: a negative one gave it a negative
+    budget (it kept nothing and never matched), an infinite one failed every decision."""
+    if capacity_tokens is not None and 0 < capacity_tokens < math.inf:
+        return capacity_tokens
+    return None

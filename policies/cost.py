@@ -101,6 +101,7 @@ from policies.base import (
     RouteRequest,
     Unrouted,
     healthy,
+    usable_capacity,
 )
 from policies.cache_model import PromptChain
 from policies.cost_config import CostConfig
@@ -112,7 +113,7 @@ from policies.placement import HotPlacement, Overflow
 from policies.prefix_keys import PrefixKeys
 from policies.recent_ids import RecentIds
 from policies.refused_tries import RefusedTries
-from policies.replica_models import MAX_MODEL_TOKENS, ReplicaModels
+from policies.replica_models import ReplicaModels, model_tokens
 from policies.request_memo import RequestMemo
 from policies.ring import RingCache, walk
 from policies.scratch_set import ScratchSet
@@ -537,13 +538,11 @@ class Cost(Policy):
                 self._facts_changed += 1
                 self._left.discard(r.id)
                 self._unused.discard(r.id)
-            # a capacity under 1 token or not finite, or a rate that is no number (a
-            # foreign server's gauges), is taken as unknown: a negative capacity failed
-            # every route there, an infinite one every decision
-            capacity, rate = r.kv_capacity_tokens, r.prefill_tokens_per_s
-            facts[r.id] = (r.epoch,
-                           capacity if capacity is not None and 0 < capacity < math.inf
-                           else None,
+            # a capacity that tells nothing (``usable_capacity``), or a rate that is no
+            # number (a foreign server's gauges), is taken as unknown: a negative capacity
+            # failed every route there, an infinite one every decision
+            rate = r.prefill_tokens_per_s
+            facts[r.id] = (r.epoch, usable_capacity(r.kv_capacity_tokens),
                            rate if rate is not None and 0.0 <= rate < math.inf else None)
         self._slots.saw_all(ok)
         if now is not None:
@@ -633,10 +632,8 @@ class Cost(Policy):
 
     def _room(self, replica: str) -> int:
         """Tokens of hot prefixes ``replica``'s cache is taken to hold (within what its
-        model may: ``MAX_MODEL_TOKENS``)."""
-        cfg = self.config
-        capacity = self._facts.get(replica, (0, None, None))[1] or cfg.default_capacity_tokens
-        return int(min(capacity * cfg.capacity_fraction, MAX_MODEL_TOKENS) * cfg.placement_fill)
+        model may: ``MAX_MODEL_TOKENS``), ``placement_fill`` of its model's size."""
+        return int(self._model_size(replica)[1] * self.config.placement_fill)
 
     def scratch_set(self, replicas: Sequence[ReplicaView]) -> tuple[str, ...]:
         """The ids of the current scratch set over ``replicas``."""
@@ -785,10 +782,12 @@ class Cost(Policy):
         self._exact.forget(replica)
 
     def _model_size(self, replica: str) -> tuple[int, int]:
-        """The replica's epoch, and the tokens its model holds: its latest capacity."""
+        """The replica's epoch, and the tokens its model holds: ``capacity_fraction`` of its
+        latest capacity, ``MAX_MODEL_TOKENS`` at most (``model_tokens``)."""
         cfg = self.config
         epoch, capacity, _ = self._facts.get(replica, (0, None, None))
-        return epoch, int((capacity or cfg.default_capacity_tokens) * cfg.capacity_fraction)
+        return epoch, model_tokens((capacity or cfg.default_capacity_tokens)
+                                   * cfg.capacity_fraction)
 
     def _refuses(self, replica: str, prompt_tokens: int) -> bool:
         """Whether ``replica`` refuses a prompt this long: vLLM and SGLang answer 400 to

@@ -57,6 +57,7 @@ from policies.base import (
     RouteRequest,
     Unrouted,
     healthy,
+    usable_capacity,
 )
 from policies.least_load import least_loaded
 from policies.radix_tree import Inserted, RadixTree
@@ -155,13 +156,6 @@ class Radix(Policy):
         capacity = self._seen.get(replica, (0, None))[1] or self.config.default_capacity_tokens
         return int(capacity * self.config.capacity_fraction / unit_tokens)
 
-    @staticmethod
-    def _known(capacity: int | None) -> int | None:
-        """A view's KV capacity, or None (unknown) for one under 1 token or no finite
-        number (a foreign server's gauges), as ``cost`` takes it: a negative capacity gave
-        the replica a negative budget, so it kept nothing and never matched."""
-        return capacity if capacity is not None and 0 < capacity < math.inf else None
-
     def _units(self, request: RouteRequest) -> tuple[bytes, float]:
         """The request as the tree stores it, and how many tokens one unit is."""
         if self.chunk_chars > 0 and request.chunks:
@@ -229,7 +223,7 @@ class Radix(Policy):
             resized = []
             for r in event.replicas:
                 if r.healthy and (r.id in seen or r.id == event.replica):
-                    before, capacity = seen.get(r.id), self._known(r.kv_capacity_tokens)
+                    before, capacity = seen.get(r.id), usable_capacity(r.kv_capacity_tokens)
                     seen[r.id] = (r.epoch, capacity)
                     if before is not None and before[1] != capacity:
                         resized.append(r.id)

@@ -56,6 +56,11 @@ _PENDING_KEPT = 4096
 MAX_MODEL_TOKENS = 1 << 25
 
 
+def model_tokens(size: float) -> int:
+    """The tokens a model given ``size`` holds: ``MAX_MODEL_TOKENS`` at most."""
+    return int(min(size, MAX_MODEL_TOKENS))
+
+
 class _Model(NamedTuple):
     model: ReplicaCacheModel
     epoch: int
@@ -110,7 +115,7 @@ class ReplicaModels:
     def model(self, replica: str, epoch: int, size: int) -> ReplicaCacheModel:
         """The replica's model, emptied on a new ``epoch`` and sized to ``size`` tokens
         (``MAX_MODEL_TOKENS`` at most)."""
-        size = min(size, MAX_MODEL_TOKENS)
+        size = model_tokens(size)
         held = self._models.get(replica)
         if held is None or held.epoch != epoch:
             if held is not None:
