@@ -8,24 +8,9 @@ apply`` refuses the Deployment, the Service and the NetworkPolicy naming it."""
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import pytest
-import yaml
-
-from tests.support.binaries import which
-
-ROOT = Path(__file__).resolve().parents[2]
-KUBECTL = which("kubectl", "Debian's kubernetes-client")
-
-needs_kubectl = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl is not installed (.ci/run installs Debian's "
-    "kubernetes-client; locally: apt-get install kubernetes-client)")
-
-Obj = dict[str, Any]
+from tests.deploy.k8s_bundle import Obj, Objects, needs_kubectl
 
 
 def port_name_errors(name: str) -> list[str]:
@@ -50,14 +35,6 @@ def test_port_name_errors() -> None:
         assert port_name_errors(good) == [], good
     for bad in ("a234567890123456", "kv-events-replay", "Http", "8000", "kv--x", "-x"):
         assert port_name_errors(bad), bad
-
-
-def rendered() -> list[Obj]:
-    assert KUBECTL is not None
-    done = subprocess.run([KUBECTL, "kustomize", str(ROOT / "deploy" / "k8s")],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
 def named_ports(obj: Obj) -> Iterator[tuple[str, str]]:
@@ -85,8 +62,8 @@ def named_ports(obj: Obj) -> Iterator[tuple[str, str]]:
 
 
 @needs_kubectl
-def test_every_port_name_is_one_the_api_server_takes() -> None:
-    found = [(where, name) for obj in rendered() for where, name in named_ports(obj)]
+def test_every_port_name_is_one_the_api_server_takes(objects: Objects) -> None:
+    found = [(where, name) for obj in objects.values() for where, name in named_ports(obj)]
     assert len(found) > 10  # the containers' ports, probes, targetPorts, policies
     refused = {f"{where}: {name!r}": port_name_errors(name) for where, name in found
                if port_name_errors(name)}

@@ -15,15 +15,12 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 
 from engine import cli as engine_cli
-from gateway import serve as gateway_cli
-from gateway.config import parse_config
 from gateway.discovery.config import KubernetesSourceConfig
 from gateway.peer_config import split_address
 from tests.deploy.builds import (
@@ -33,30 +30,19 @@ from tests.deploy.builds import (
     dockerfile_user,
     split_image,
 )
-from tests.support.binaries import which
+from tests.deploy.k8s_bundle import (
+    ROOT,
+    Obj,
+    container,
+    gateway_config,
+    gateway_config_text,
+    needs_kubectl,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-KUBECTL = which("kubectl", "Debian's kubernetes-client")
 # the oldest Kubernetes the manifests claim to fit, and the newest schemas known
 VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 
-pytestmark = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl is not installed (.ci/run installs Debian's "
-    "kubernetes-client; locally: apt-get install kubernetes-client)")
-
-Obj = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def objects() -> dict[tuple[str, str], Obj]:
-    assert KUBECTL is not None
-    done = subprocess.run([KUBECTL, "kustomize", str(ROOT / "deploy" / "k8s")],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
-    found = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-    assert len(found) == len(docs), "two objects share a kind and name"
-    return found
+pytestmark = needs_kubectl
 
 
 def by_kind(objects: dict[tuple[str, str], Obj], kind: str) -> dict[str, Obj]:
@@ -119,11 +105,6 @@ def test_service_monitors_by_structure(objects: dict[tuple[str, str], Obj]) -> N
             assert DURATION.match(ep["interval"]), ep["interval"]
 
 
-def container(deployment: Obj) -> Obj:
-    (only,) = deployment["spec"]["template"]["spec"]["containers"]
-    return dict(only)
-
-
 def probes_use_named_ports(c: Obj) -> None:
     names = {p["name"] for p in c["ports"]}
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
@@ -131,8 +112,8 @@ def probes_use_named_ports(c: Obj) -> None:
             assert c[probe]["httpGet"]["port"] in names, probe
 
 
-def test_gateway(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.MonkeyPatch
-                 ) -> None:
+def test_gateway(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.MonkeyPatch,
+                 tmp_path: Path) -> None:
     deployment = objects[("Deployment", "kvgate-gateway")]
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
@@ -141,27 +122,15 @@ def test_gateway(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.Monkey
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/health"
     # the command parses with kvgate serve's own arguments; its config is the ConfigMap's
-    parser = argparse.ArgumentParser()
-    gateway_cli.add_arguments(parser)
-    args = parser.parse_args(c["args"])
-    mount = next(m for m in c["volumeMounts"] if args.config.startswith(m["mountPath"] + "/"))
-    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-    config_map = objects[("ConfigMap", volume["configMap"]["name"])]
     env = {e["name"]: e for e in c["env"]}
-    raw = yaml.safe_load(config_map["data"][Path(args.config).name])
+    raw = yaml.safe_load(gateway_config_text(objects))
     # the admin token comes from a Secret, through the variable the config names
     token_env = raw["admin"]["token_env"]
     assert env[token_env]["valueFrom"]["secretKeyRef"]["name"] == "kvgate-admin"
-    monkeypatch.setenv(token_env, "a-token-long-enough-0123")
-    # so does the peers' secret
+    # so does the peers' secret (and the engines' key: test_s31h_engine_api_key.py)
     peer_env = raw["peers"]["secret_env"]
     assert env[peer_env]["valueFrom"]["secretKeyRef"]["name"] == "kvgate-peers"
-    monkeypatch.setenv(peer_env, "a-peer-secret-long-enough-0123")
-    # and the engines' key, sent to every engine discovery finds
-    engine_key_env = raw["discovery"][0]["replica"]["api_key_env"]
-    assert env[engine_key_env]["valueFrom"]["secretKeyRef"]["name"] == "kvgate-engine"
-    monkeypatch.setenv(engine_key_env, "an-engine-key-0123456789")
-    config = parse_config(raw, "gateway.yaml")
+    config = gateway_config(objects, monkeypatch, tmp_path)
     assert config.admin.host == "127.0.0.1"
     assert pod["terminationGracePeriodSeconds"] > config.shutdown.timeout_s
     # the Service carries the OpenAI port only, never the admin listener's
@@ -196,7 +165,7 @@ def test_gateway(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.Monkey
 
 
 def test_discovery_rbac(objects: dict[tuple[str, str], Obj],
-                        monkeypatch: pytest.MonkeyPatch) -> None:
+                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The gateway's account reads exactly what its discovery source lists and watches
     (gateway.discovery.kube_source: a LIST, then WATCHes, never a GET): EndpointSlices for
     a Service, pods for a label selector; nothing else, no other verb."""
@@ -211,7 +180,7 @@ def test_discovery_rbac(objects: dict[tuple[str, str], Obj],
                for group in rule["apiGroups"] for resource in rule["resources"]
                for verb in rule["verbs"]}
     assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
-    (source,) = gateway_config_of(objects, monkeypatch).discovery
+    (source,) = gateway_config(objects, monkeypatch, tmp_path).discovery
     assert isinstance(source, KubernetesSourceConfig)
     group, resource = ("discovery.k8s.io", "endpointslices") if source.service \
         else ("", "pods")
@@ -241,26 +210,6 @@ def test_engine(objects: dict[tuple[str, str], Obj]) -> None:
     assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
 
 
-def gateway_config_of(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.MonkeyPatch
-                      ) -> Any:
-    """The gateway's config, parsed by kvgate from the ConfigMap its command reads (its
-    secrets' variables set to stand-ins)."""
-    deployment = objects[("Deployment", "kvgate-gateway")]
-    pod = deployment["spec"]["template"]["spec"]
-    c = container(deployment)
-    parser = argparse.ArgumentParser()
-    gateway_cli.add_arguments(parser)
-    args = parser.parse_args(c["args"])
-    mount = next(m for m in c["volumeMounts"] if args.config.startswith(m["mountPath"] + "/"))
-    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-    raw = yaml.safe_load(objects[("ConfigMap", volume["configMap"]["name"])]
-                         ["data"][Path(args.config).name])
-    monkeypatch.setenv(raw["admin"]["token_env"], "a-token-long-enough-0123")
-    monkeypatch.setenv(raw["peers"]["secret_env"], "a-peer-secret-long-enough-0123")
-    monkeypatch.setenv(raw["discovery"][0]["replica"]["api_key_env"], "an-engine-key-0123456789")
-    return parse_config(raw, "gateway.yaml")
-
-
 def on_claim(deployment: Obj, path: str) -> tuple[str, PurePosixPath, Obj, Obj]:
     """Where ``path`` in the deployment's container lies: (claim name, path inside the
     claim, the volume mount, the volume). Fails when no PersistentVolumeClaim holds it."""
@@ -286,7 +235,8 @@ def tokenizer_file(path: PurePosixPath) -> PurePosixPath:
 
 
 def test_gateway_tokenizes_with_the_engines_model(objects: dict[tuple[str, str], Obj],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
     """The engines publish KV events in their tokenizer's ids and the cost policy matches
     prompts against them: the gateway must read the very tokenizer.json the engines read,
     from the same claim, mounted read-only (its root filesystem stays read-only)."""
@@ -299,7 +249,7 @@ def test_gateway_tokenizes_with_the_engines_model(objects: dict[tuple[str, str],
     assert engine_path is not None, "the engines tokenize with the project's tokenizer"
     engine_claim, engine_inside, _, _ = on_claim(engine, engine_path)
 
-    config = gateway_config_of(objects, monkeypatch)
+    config = gateway_config(objects, monkeypatch, tmp_path)
     assert config.tokenizer is not None, \
         "gateway.yaml names no tokenizer: the gateway's token ids are not the engines'"
     gateway = objects[("Deployment", "kvgate-gateway")]
@@ -368,8 +318,8 @@ def ingress_rules(policies: list[Obj]) -> list[Obj]:
 
 
 def test_engines_take_only_the_gateway_and_monitoring(objects: dict[tuple[str, str], Obj],
-                                                      monkeypatch: pytest.MonkeyPatch
-                                                      ) -> None:
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
     """The engines' API (with POST /reset_prefix_cache) and KV event ports answer the
     gateway's pods, in their namespace; their metrics port Prometheus too, picked by a
     namespace and pod selector (the operator adjusts both); no other source, no other port.
@@ -379,7 +329,7 @@ def test_engines_take_only_the_gateway_and_monitoring(objects: dict[tuple[str, s
     gateway_labels = gateway["spec"]["template"]["metadata"]["labels"]
     c = container(engine)
     # what the gateway's discovery connects to, and what the ServiceMonitor scrapes
-    (source,) = gateway_config_of(objects, monkeypatch).discovery
+    (source,) = gateway_config(objects, monkeypatch, tmp_path).discovery
     assert isinstance(source, KubernetesSourceConfig)
     service_ports = {p["name"]: p["targetPort"]
                      for p in objects[("Service", "kvgate-engine")]["spec"]["ports"]}
@@ -420,13 +370,14 @@ def test_engines_take_only_the_gateway_and_monitoring(objects: dict[tuple[str, s
 
 
 def test_gateway_network_policy_keeps_clients(objects: dict[tuple[str, str], Obj],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
     """Clients reach the gateway's OpenAI port from anywhere (as its Service promises);
     its peers port takes only the other copies; nothing admits the admin port."""
     gateway = objects[("Deployment", "kvgate-gateway")]
     labels = gateway["spec"]["template"]["metadata"]["labels"]
     c = container(gateway)
-    config = gateway_config_of(objects, monkeypatch)
+    config = gateway_config(objects, monkeypatch, tmp_path)
     assert config.peers.listen is not None
     peers_port = split_address(config.peers.listen, "peers.listen", any_port=True)[1]
     (service_port,) = objects[("Service", "kvgate-gateway")]["spec"]["ports"]

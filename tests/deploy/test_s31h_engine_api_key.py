@@ -8,131 +8,80 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
-import kubernetes_validate
 import pytest
 import yaml
 
 from engine import cli as engine_cli
 from engine.api_key import API_KEY_ENV, OPEN_PATHS, resolve_api_key
 from engine.server import EngineServer, build_app
-from gateway import serve as gateway_cli
-from gateway.config import GatewayConfig, load_config
+from gateway.config import load_config
 from gateway.discovery.config import KubernetesSourceConfig
 from kvwire.tokenizer import load_tokenizer
 from tests.deploy.builds import DEPLOY_DOC
-from tests.support.binaries import which
+from tests.deploy.k8s_bundle import (
+    ROOT,
+    Objects,
+    container,
+    gateway_config,
+    needs_kubectl,
+    secret_env,
+    set_secret_env,
+    stand_in,
+)
 from tests.support.engine_servers import served_core
 from tests.support.gateway_harness import Serve
 
-ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-KUBECTL = which("kubectl", "Debian's kubernetes-client")
-needs_kubectl = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl is not installed (.ci/run installs Debian's "
-    "kubernetes-client; locally: apt-get install kubernetes-client)")
-
-KEY = "engine-key-from-the-secret-0123"
 ENGINE_SECRET = ("kvgate-engine", "api-key")
-
-Obj = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def objects() -> dict[tuple[str, str], Obj]:
-    assert KUBECTL is not None
-    done = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / "k8s")],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return {(d["kind"], d["metadata"]["name"]): d
-            for d in yaml.safe_load_all(done.stdout) if d}
+KEY = stand_in(ENGINE_SECRET)
 
 
-def _container(objects: dict[tuple[str, str], Obj], name: str) -> Obj:
-    (only,) = objects[("Deployment", name)]["spec"]["template"]["spec"]["containers"]
-    return dict(only)
-
-
-def _secret_env(c: Obj) -> dict[str, tuple[str, str]]:
-    """The container's variables read from a Secret: name -> (Secret, key); each one
-    required (a pod whose Secret is missing does not start, it never runs keyless)."""
-    found = {}
-    for e in c.get("env", []):
-        ref = e.get("valueFrom", {}).get("secretKeyRef")
-        if ref is not None:
-            assert not ref.get("optional", False), e["name"]
-            found[e["name"]] = (ref["name"], ref["key"])
-    return found
-
-
-def _engine_key(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.MonkeyPatch
-                ) -> str | None:
+def _engine_key(objects: Objects, monkeypatch: pytest.MonkeyPatch) -> str | None:
     """The key the engine container serves with, its Secret holding ``KEY``: resolved by the
     engine's own flags from the Deployment's args and environment."""
-    c = _container(objects, "kvgate-engine")
-    for name, ref in _secret_env(c).items():
-        monkeypatch.setenv(name, KEY if ref == ENGINE_SECRET else "another-secret")
+    c = container(objects[("Deployment", "kvgate-engine")])
+    set_secret_env(c, monkeypatch)
     parser = argparse.ArgumentParser()
     engine_cli.add_arguments(parser)
     args = parser.parse_args(c["args"])
     return resolve_api_key(args.api_key, args.api_key_file)
 
 
-def _gateway_config(objects: dict[tuple[str, str], Obj], monkeypatch: pytest.MonkeyPatch,
-                    tmp_path: Path) -> GatewayConfig:
-    """The gateway's config as ``kvgate serve`` loads it from the ConfigMap its command
-    reads, every Secret variable of its container set (the engines' one to ``KEY``)."""
-    deployment = objects[("Deployment", "kvgate-gateway")]
-    c = _container(objects, "kvgate-gateway")
-    parser = argparse.ArgumentParser()
-    gateway_cli.add_arguments(parser)
-    args = parser.parse_args(c["args"])
-    mount = next(m for m in c["volumeMounts"] if args.config.startswith(m["mountPath"] + "/"))
-    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"]
-                  if v["name"] == mount["name"])
-    text = objects[("ConfigMap", volume["configMap"]["name"])]["data"][Path(args.config).name]
-    for name, ref in _secret_env(c).items():
-        monkeypatch.setenv(name, KEY if ref == ENGINE_SECRET else f"{ref[0]}-secret-0123456789")
-    path = tmp_path / "gateway.yaml"
-    path.write_text(text)
-    return load_config(path)
-
-
 @needs_kubectl
-def test_the_engines_serve_with_the_secrets_key(objects: dict[tuple[str, str], Obj],
+def test_the_engines_serve_with_the_secrets_key(objects: Objects,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    c = _container(objects, "kvgate-engine")
-    assert _secret_env(c).get(API_KEY_ENV) == ENGINE_SECRET
+    c = container(objects[("Deployment", "kvgate-engine")])
+    assert secret_env(c).get(API_KEY_ENV) == ENGINE_SECRET
     assert _engine_key(objects, monkeypatch) == KEY
 
 
 @needs_kubectl
 def test_the_gateway_sends_the_key_to_every_engine_it_discovers(
-        objects: dict[tuple[str, str], Obj], monkeypatch: pytest.MonkeyPatch,
+        objects: Objects, monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
-    (source,) = _gateway_config(objects, monkeypatch, tmp_path).discovery
+    (source,) = gateway_config(objects, monkeypatch, tmp_path).discovery
     assert isinstance(source, KubernetesSourceConfig)
     # in the variable its container reads from the engines' Secret, never in the ConfigMap
     assert source.replica.api_key is None and source.replica.api_key_file is None
     assert source.replica.api_key_env is not None
-    assert _secret_env(_container(objects, "kvgate-gateway"))[source.replica.api_key_env] \
-        == ENGINE_SECRET
+    gateway = container(objects[("Deployment", "kvgate-gateway")])
+    assert secret_env(gateway)[source.replica.api_key_env] == ENGINE_SECRET
     found = source.replica.replica("kvgate-engine-7d9f-abcde", "10.1.2.3", 8000)
     assert found.resolved_api_key() == KEY
 
 
 @needs_kubectl
 def test_probes_and_scrapes_need_no_key_the_rest_needs_the_gateways(
-        objects: dict[tuple[str, str], Obj], monkeypatch: pytest.MonkeyPatch,
+        objects: Objects, monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path, serve: Serve) -> None:
     """An engine served with the key its Deployment gives it answers its probes' and the
     ServiceMonitor's paths without one, refuses its control endpoints without one, and
     serves them with the key the gateway sends a discovered engine."""
-    c = _container(objects, "kvgate-engine")
+    c = container(objects[("Deployment", "kvgate-engine")])
     open_paths = {c[probe]["httpGet"]["path"] for probe in
                   ("startupProbe", "readinessProbe", "livenessProbe") if probe in c}
     assert open_paths
@@ -141,7 +90,7 @@ def test_probes_and_scrapes_need_no_key_the_rest_needs_the_gateways(
     assert scraped and scraped <= OPEN_PATHS
     key = _engine_key(objects, monkeypatch)
     assert key is not None
-    (source,) = _gateway_config(objects, monkeypatch, tmp_path).discovery
+    (source,) = gateway_config(objects, monkeypatch, tmp_path).discovery
     sent = source.replica.replica("engine-0", "127.0.0.1", 8000).resolved_api_key()
 
     srv = EngineServer(served_core(), load_tokenizer(None), model_name="tiny-sim",
@@ -157,18 +106,6 @@ def test_probes_and_scrapes_need_no_key_the_rest_needs_the_gateways(
             assert served.status_code == 200, (path, served.status_code, served.text)
 
 
-@needs_kubectl
-@pytest.mark.parametrize("version", ("1.27.0", kubernetes_validate.latest_version()))
-def test_the_deployments_still_validate(objects: dict[tuple[str, str], Obj],
-                                        version: str) -> None:
-    for name in ("kvgate-engine", "kvgate-gateway"):
-        try:
-            kubernetes_validate.validate(objects[("Deployment", name)], version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            raise AssertionError(f"Deployment/{name} (Kubernetes {version}): {exc.message} "
-                                 f"at {list(exc.path)}") from None
-
-
 def _created_secrets(text: str) -> set[tuple[str, str]]:
     """(Secret, key) of each ``kubectl -n llm create secret generic`` line in ``text``."""
     return set(re.findall(r"kubectl -n llm create secret generic ([\w.-]+) "
@@ -182,11 +119,11 @@ def test_created_secrets() -> None:
 
 
 @needs_kubectl
-def test_every_secret_read_is_one_the_docs_create(objects: dict[tuple[str, str], Obj]) -> None:
+def test_every_secret_read_is_one_the_docs_create(objects: Objects) -> None:
     """What the Deployments read from Secrets, the operator is told to create: in the
     kustomization's header and in docs/deploy.md's Kubernetes section."""
     read = {ref for name in ("kvgate-engine", "kvgate-gateway")
-            for ref in _secret_env(_container(objects, name)).values()}
+            for ref in secret_env(container(objects[("Deployment", name)])).values()}
     assert ENGINE_SECRET in read
     header = (DEPLOY / "k8s" / "kustomization.yaml").read_text()
     doc = DEPLOY_DOC.read_text()
