@@ -95,10 +95,14 @@ def work_tokens(request: RouteRequest, decision: Decision, replica: str) -> int:
 
 class Router:
     def __init__(self, policy: Policy, tokenizer: PromptTokenizer, fleet: Fleet,
-                 concurrency: int) -> None:
+                 concurrency: int, before_choose: Callable[[], None] | None = None) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.fleet = fleet
+        # called just before each decision of the policy, after the prompt was tokenized
+        # (maybe on the pool, for a while): a worker's catch-up on the routes its box's
+        # other workers told (``WorkerRoutes.catch_up``)
+        self.before_choose = before_choose
         self._pool = ThreadPoolExecutor(max_workers=min(concurrency, 4),
                                         thread_name_prefix="kvgate-tokenize")
         self._slots = asyncio.Semaphore(concurrency)
@@ -322,6 +326,8 @@ class Router:
         with trace.route():
             views = partition_views(self.fleet.views(parsed.model), allowed, tenant,
                                     parsed.model)
+            if self.before_choose is not None:
+                self.before_choose()
             try:
                 decision = (self.policy.explain if explain else self.policy.choose)(
                     request, views)

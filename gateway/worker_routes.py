@@ -14,11 +14,12 @@ received it, which passes it on to the others (``Peers.forward``).
 Transport: one Unix ``SOCK_SEQPACKET`` socket pair per worker, made by the supervisor before
 it starts them (``route_pair``). Worker ``i`` reads its own pair's first end; every other worker
 holds the second and sends to it. A worker reads its inbox before each of its decisions
-(``catch_up``: it decides knowing every route told till then), and every ``DRAIN_S`` while it
-decides nothing; the others' messages do not wake it (a wake per message cost a worker more
-CPU than the routes it carried: ``plain_repeated`` at 100 requests/s, two workers,
-prefix_affinity, 0.90-1.0 ms per request against 0.84 ms reading at decisions, and 0.65-0.72
-ms for one worker). A worker's routes of the last ``FLUSH_S`` go out together,
+(``catch_up``, which its router calls just before the policy chooses: the decision knows
+every route told till then, those told while its prompt was tokenized too), and every
+``DRAIN_S`` while it decides nothing; the others' messages do not wake it (a wake per message
+cost a worker more CPU than the routes it carried: ``plain_repeated`` at 100 requests/s, two
+workers, prefix_affinity, 0.90-1.0 ms per request against 0.84 ms reading at decisions, and
+0.65-0.72 ms for one worker). A worker's routes of the last ``FLUSH_S`` go out together,
 one message of whole frames (a message per route woke each other worker once per request).
 A message arrives whole or not at all, and sending never blocks: a worker whose buffer is
 full (stalled) misses those routes, counted in ``dropped``. Nothing leaves the box, and only

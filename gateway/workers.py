@@ -212,6 +212,7 @@ def worker_main(plan: WorkerPlan) -> None:
                      config.health.successes_to_readmit, rings=plan.rings, bell=plan.bell)
     if plan.routes_inbox is not None:
         gw.worker_routes = WorkerRoutes(plan.routes_inbox, plan.routes_out, gw.policy)
+        gw.router.before_choose = gw.worker_routes.catch_up  # each decision knows them
         gw.metrics.watch_worker_routes(gw.worker_routes)
         if gw.peers is not None:
             gw.peers.forward = gw.worker_routes.routed
