@@ -16,10 +16,12 @@ it starts them (``route_pair``). Worker ``i`` reads its own pair's first end; ev
 holds the second and sends to it. A worker reads its inbox before each of its decisions
 (``catch_up``, which its router calls just before the policy chooses: the decision knows
 every route told till then, those told while its prompt was tokenized too), and every
-``DRAIN_S`` while it decides nothing; the others' messages do not wake it (a wake per message
-cost a worker more CPU than the routes it carried: ``plain_repeated`` at 100 requests/s, two
-workers, prefix_affinity, 0.90-1.0 ms per request against 0.84 ms reading at decisions, and
-0.65-0.72 ms for one worker). A worker's routes of the last ``FLUSH_S`` go out together,
+``DRAIN_S`` while it decides nothing, every ``FLUSH_S`` while those reads find routes (its
+inbox holds ~200 KB: a tenth of a second of 2 MB/s of routes). The others' messages do not
+wake it (a wake per message cost a worker more CPU than the routes it carried:
+``plain_repeated`` at 100 requests/s, two workers, prefix_affinity, 0.90-1.0 ms per request
+against 0.84 ms reading at decisions, and 0.65-0.72 ms for one worker). A worker's routes of
+the last ``FLUSH_S`` go out together,
 one message of whole frames (a message per route woke each other worker once per request).
 A message arrives whole or not at all, and sending never blocks: a worker whose buffer is
 full (stalled) misses those routes, counted in ``dropped``. Nothing leaves the box, and only
@@ -59,7 +61,8 @@ log = logging.getLogger("kvgate.workers")
 
 DROPPED_LOG_S = 60.0  # at most one warning of dropped routes per this many seconds
 FLUSH_S = 0.005  # a worker's routes are sent together at most this long after the first
-DRAIN_S = 0.1  # a worker that decides nothing reads the others' routes this often
+DRAIN_S = 0.1  # a worker that decides nothing reads the others' routes this often (every
+# FLUSH_S while a read finds some)
 MESSAGE_BYTES = 64 * 1024  # frames per message up to this size (a larger frame alone)
 
 
@@ -104,13 +107,16 @@ class WorkerRoutes:
 
     def _drain_tick(self) -> None:
         """Read the inbox of a worker that decides nothing for a while (its buffer would
-        fill and the others' routes be dropped), then again in ``DRAIN_S``."""
+        fill and the others' routes be dropped), then again in ``DRAIN_S``, or in
+        ``FLUSH_S`` when this read found routes (more may come faster than its buffer holds
+        for ``DRAIN_S``)."""
         self._drain = None
         if self._loop is None:
             return
-        self._read()
+        took = self._read()
         if self._loop is not None:
-            self._drain = self._loop.call_later(DRAIN_S, self._drain_tick)
+            self._drain = self._loop.call_later(FLUSH_S if took else DRAIN_S,
+                                                self._drain_tick)
 
     def stop(self) -> None:
         if self._flush is not None:
@@ -169,21 +175,23 @@ class WorkerRoutes:
                         self.dropped - before)
             self._warned = (now, self.dropped)
 
-    def _read(self) -> None:
-        """Every message waiting in the inbox, each whole routed frames."""
+    def _read(self) -> int:
+        """Every message waiting in the inbox, each whole routed frames: how many."""
         now = time.monotonic()
+        taken = 0
         while True:
             try:
                 message = self.inbox.recv(MESSAGE_BYTES + HEAD_BYTES + MAX_FRAME)
             except (BlockingIOError, InterruptedError):
-                return
+                return taken
             except OSError as exc:  # the inbox is gone: the box is stopping
                 log.debug("worker routes: %s", exc)
-                return
+                return taken
             if not message:  # every sender closed its end: the box is stopping
                 self._stop_reading()
-                return
+                return taken
             self._take(message, now)
+            taken += 1
 
     def _stop_reading(self) -> None:
         """No more reads (an inbox at its end stays readable: read again, it spun)."""
