@@ -24,8 +24,10 @@ against 0.84 ms reading at decisions, and 0.65-0.72 ms for one worker). A worker
 the last ``FLUSH_S`` go out together,
 one message of whole frames (a message per route woke each other worker once per request).
 A message arrives whole or not at all, and sending never blocks: a worker whose buffer is
-full (stalled) misses those routes, counted in ``dropped``. Nothing leaves the box, and only
-the supervisor's children hold the sockets.
+full (stalled) misses those routes, counted in ``dropped``. A route to a replica the reading
+worker's fleet does not hold (removed a moment before) is skipped, counted in ``unknown``,
+as a peer's is (``Peers``). Nothing leaves the box, and only the supervisor's children hold
+the sockets.
 
 Cost: each route costs every other worker its policy's ``observe`` (70 us for ``cost`` on a
 6,000-token prompt in a process of its own; a tenth of a busy box's CPU in a profile of two
@@ -45,6 +47,7 @@ import socket
 import struct
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gateway.peer_wire import (
     HEAD_BYTES,
@@ -56,6 +59,9 @@ from gateway.peer_wire import (
     routed_frame,
 )
 from policies.base import Policy, Routed, RouteRequest
+
+if TYPE_CHECKING:
+    from gateway.fleet import Fleet
 
 log = logging.getLogger("kvgate.workers")
 
@@ -72,14 +78,17 @@ def route_pair() -> tuple[socket.socket, socket.socket]:
 
 
 class WorkerRoutes:
-    """One worker's end: ``routed`` tells the others; what they tell reaches ``policy``."""
+    """One worker's end: ``routed`` tells the others; what they tell reaches ``policy``
+    (only the routes to replicas ``fleet`` holds, when given)."""
 
     def __init__(self, inbox: socket.socket, outboxes: Sequence[socket.socket],
-                 policy: Policy) -> None:
+                 policy: Policy, fleet: Fleet | None = None) -> None:
         self.inbox = inbox
         self.outboxes = list(outboxes)
         self.policy = policy
+        self.fleet = fleet
         self.sent = self.received = self.dropped = self.malformed = 0
+        self.unknown = 0  # routes received to a replica the fleet does not hold: skipped
         self._warned = (-DROPPED_LOG_S, 0)  # (logged at, dropped then)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: list[bytes] = []  # frames not sent yet
@@ -218,6 +227,9 @@ class WorkerRoutes:
             at += HEAD_BYTES + length
             if isinstance(frame, RoutedElsewhere):
                 self.received += 1
+                if self.fleet is not None and self.fleet.get(frame.replica) is None:
+                    self.unknown += 1  # removed a moment before: nothing to learn of it
+                    continue
                 try:
                     # told once: no Unrouted or Finished follows here
                     self.policy.observe(Routed(frame.request, frame.replica, revocable=False))

@@ -211,7 +211,8 @@ def worker_main(plan: WorkerPlan) -> None:
     gw.box = BoxFeed(feed, gw.fleet, plan.index == 0, config.health.failures_to_eject,
                      config.health.successes_to_readmit, rings=plan.rings, bell=plan.bell)
     if plan.routes_inbox is not None:
-        gw.worker_routes = WorkerRoutes(plan.routes_inbox, plan.routes_out, gw.policy)
+        gw.worker_routes = WorkerRoutes(plan.routes_inbox, plan.routes_out, gw.policy,
+                                        gw.fleet)
         gw.router.before_choose = gw.worker_routes.catch_up  # each decision knows them
         gw.metrics.watch_worker_routes(gw.worker_routes)
         if gw.peers is not None:
