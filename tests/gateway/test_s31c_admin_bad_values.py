@@ -37,9 +37,9 @@ def _added(body: bytes) -> httpx.Response:
 @pytest.mark.parametrize(("body", "named"), [
     (b'{"id": "b", "url": "%s", "weight": %s1%s}' % (_URL.encode(), b"[" * _DEEP,
                                                     b"]" * _DEEP),
-     "'weight' takes a string, a number or null, got an array of 1"),
+     "replica.weight: expected a finite number, got an array of 1"),
     (orjson.dumps({"id": "b", "url": _URL, "kv_events": {"host": "x" * 2_000_000}}),
-     "'kv_events' takes a string, a number or null, got an object {'host'}"),
+     "replica.kv_events: expected a string, got an object {'host'}"),
     (orjson.dumps([0] * 1_000_000), "a replica is a JSON object, got an array of 1000000"),
 ], ids=["deep", "object", "array"])
 def test_a_nested_value_is_refused_naming_its_key(body: bytes, named: str) -> None:
