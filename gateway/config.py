@@ -136,13 +136,13 @@ class ReplicaConfig:
             if value is None:
                 continue
             if not value.startswith(("tcp://", "ipc://", "inproc://")):
-                raise ValueError(f"{key} {value!r} is not a tcp://, ipc:// or inproc:// "
+                raise ValueError(f"{key} {shown(value)} is not a tcp://, ipc:// or inproc:// "
                                  "endpoint")
             endpoint_port = value.rpartition(":")[2]
             # ZMQ takes a connect to port 0 and then waits on it for ever
             if value.startswith("tcp://") and endpoint_port.isdigit() \
                     and int(endpoint_port) == 0:
-                raise ValueError(f"{key} {value!r} has port 0, which cannot be connected to")
+                raise ValueError(f"{key} {shown(value)} has port 0, which cannot be connected to")
 
     def _check_ranks(self) -> None:
         size, rank = self.data_parallel_size, self.data_parallel_rank
