@@ -260,6 +260,7 @@ class WorkerRouteCounts(Protocol):
     received: int
     dropped: int
     malformed: int
+    unknown: int
 
 
 class _WorkerRouteCollector(Collector):
@@ -277,6 +278,9 @@ class _WorkerRouteCollector(Collector):
              s.received),
             ("kvgate_worker_routes_malformed", "Messages from other workers skipped as "
              "malformed", s.malformed),
+            ("kvgate_worker_routes_unknown", "Routes the box's other workers told to a "
+             "replica this worker's fleet does not hold (removed meanwhile): skipped",
+             s.unknown),
         ))
 
 
