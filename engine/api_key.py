@@ -3,7 +3,7 @@ with one set, every route needs ``Authorization: Bearer <key>``, the control end
 (``/abort_request``, ``/flush_cache``, ``/reset_prefix_cache``) among them; only
 :data:`OPEN_PATHS` (what probes, load balancers and Prometheus reach) stay open. A missing
 or wrong key gets a 401 in OpenAI's shape with ``WWW-Authenticate: Bearer`` (the header
-sent twice, a 400, as the gateway answers it).
+sent twice, a 400), as the gateway answers a client's key (:mod:`kvwire.secret_source`).
 
 The key comes from the flag, a file (``--api-key-file``) or :data:`API_KEY_ENV`, at most one
 of them, read as the gateway reads its secrets (:mod:`kvwire.secret_source`); it is never
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import hmac
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
-import orjson
+from starlette.requests import Request
 
-from kvwire.openai_schema import BadRequest, OpenAIError, Unauthorized
-from kvwire.secret_source import resolve_bearer
+from kvwire.openai_schema import OpenAIError
+from kvwire.request_edge import ErrorBoundary
+from kvwire.secret_source import bearer_token, invalid_api_key, missing_api_key, resolve_bearer
 
 API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
 # answered without a key: health probes, version checks and metric scrapes (vLLM leaves
@@ -48,66 +49,34 @@ def resolve_api_key(key: str | None, key_file: str | None) -> str | None:
     return resolved
 
 
-class _Refusal(NamedTuple):
-    """An answer refusing a request, encoded once: sent as fresh ASGI messages."""
-
-    status: int
-    headers: tuple[tuple[bytes, bytes], ...]
-    body: bytes
-
-    @classmethod
-    def of(cls, err: OpenAIError) -> _Refusal:
-        body = orjson.dumps(err.body())
-        headers: tuple[tuple[bytes, bytes], ...] = (
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()))
-        if err.status == 401:  # RFC 9110: a 401 names the scheme that would be admitted
-            headers += ((b"www-authenticate", b"Bearer"),)
-        return cls(err.status, headers, body)
-
-    async def send(self, send: Any) -> None:
-        await send({"type": "http.response.start", "status": self.status,
-                    "headers": list(self.headers)})
-        await send({"type": "http.response.body", "body": self.body})
-
-
-_MISSING = _Refusal.of(Unauthorized("an API key is required: 'Authorization: Bearer <key>'",
-                                    code="missing_api_key"))
-_INVALID = _Refusal.of(Unauthorized("the API key is not valid", code="invalid_api_key"))
-
-
 class ApiKeyGate:
     """ASGI layer admitting an HTTP request to ``app`` only with ``Authorization: Bearer
     <key>`` (the scheme in any case, compared in constant time), or on one of
     :data:`OPEN_PATHS`; other scopes (lifespan) pass. Reads the raw header from the scope:
-    no request object is built, and a refusal's body is encoded once."""
+    no request object is built for a request it admits. A refusal is answered as the
+    engine's other errors are (``ErrorBoundary``)."""
 
     def __init__(self, app: Any, key: str) -> None:
         if not key:
             raise ValueError("the API key is empty")
         self.app = app
         self._key = key.encode()
+        self._boundary = ErrorBoundary()  # as the engine app's: no counter, no tag
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            refusal = self._refusal(scope["headers"])
-            if refusal is not None:
-                await refusal.send(send)
+            try:
+                self._check(scope["headers"])
+            except OpenAIError as exc:
+                refusal = self._boundary.response(Request(scope), exc)
+                await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    def _refusal(self, headers: list[tuple[bytes, bytes]]) -> _Refusal | None:
-        """The answer refusing a request with these headers; None to admit it."""
-        values = [value for name, value in headers if name == b"authorization"]
-        if not values:
-            return _MISSING
-        if len(values) > 1:  # which one a proxy in front read is not known (RFC 9110)
-            return _Refusal.of(BadRequest(f"header 'authorization' was sent {len(values)} "
-                                          "times; send it once",
-                                          code="repeated_authorization"))
-        scheme, _, token = values[0].partition(b" ")
-        if scheme.lower() != b"bearer" or not token.strip():
-            return _MISSING
-        if not hmac.compare_digest(token.strip(), self._key):
-            return _INVALID
-        return None
+    def _check(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """Nothing when these headers present the key; else the error refusing them."""
+        token = bearer_token(headers)
+        if not token:
+            raise missing_api_key()
+        if not hmac.compare_digest(token, self._key):
+            raise invalid_api_key()

@@ -6,7 +6,8 @@ probes (``/health``, ``/ping``, ``/ready``, ``/version``) and ``/metrics`` stay 
 Keys come from the YAML, a file or an environment variable (``ClientKey``); requests are
 matched against their SHA-256 digests. A key read from a file or variable is not kept once
 its digest is made; one written in the YAML stays in the loaded config, as the YAML holds
-it. A missing or unknown key gets a 401 in OpenAI's shape.
+it. A missing or unknown key gets a 401 in OpenAI's shape (``WWW-Authenticate: Bearer``),
+as the engine's key does (:mod:`kvwire.secret_source`).
 The client's ``Authorization`` header is the gateway's business then: it is never
 forwarded to a replica.
 """
@@ -18,8 +19,13 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from kvwire.openai_schema import BadRequest, Unauthorized
-from kvwire.secret_source import resolve_bearer, resolve_secret
+from kvwire.secret_source import (
+    bearer_token,
+    invalid_api_key,
+    missing_api_key,
+    resolve_bearer,
+    resolve_secret,
+)
 
 MIN_KEY_CHARS = 16
 
@@ -51,27 +57,15 @@ class ClientKey:
         return resolve_secret(self.key, self.key_file, self.key_env, "key")
 
 
-def one_authorization(request: Request) -> str:
-    """The request's ``Authorization`` value ("" when absent); BadRequest when it came more
-    than once (one field, RFC 9110): which one a proxy in front read is not known, and a
-    key names a tenant."""
-    values = request.headers.getlist("authorization")
-    if len(values) > 1:
-        raise BadRequest(f"header 'authorization' was sent {len(values)} times; send it once",
-                         code="repeated_authorization")
-    return values[0] if values else ""
-
-
 def presented_bearer(request: Request) -> str:
-    """The token of the request's one ``Authorization: Bearer <token>`` header (the scheme
-    in any case, as RFC 9110 reads it), stripped; "" when there is none (no header,
-    another scheme, no token). BadRequest when the header came more than once."""
-    scheme, _, token = one_authorization(request).partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
+    """The token of the request's one ``Authorization: Bearer <token>`` header
+    (:func:`kvwire.secret_source.bearer_token`), as text; "" when there is none. BadRequest
+    when the header came more than once."""
+    return bearer_token(request.headers.raw).decode("latin-1")
 
 
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
 
 
 class ClientAuth:
@@ -84,7 +78,7 @@ class ClientAuth:
                 value = entry.checked()
             except ValueError as exc:
                 raise ValueError(f"auth.api_keys[{i}]: {exc}") from None
-            self._tenants[_digest(value)] = entry.tenant
+            self._tenants[_digest(value.encode())] = entry.tenant
 
     @property
     def on(self) -> bool:
@@ -93,12 +87,11 @@ class ClientAuth:
     def tenant_of(self, request: Request) -> str | None:
         """The tenant of the request's key; Unauthorized when the key is missing or
         unknown (only called when ``on``)."""
-        key = presented_bearer(request)
+        key = bearer_token(request.headers.raw)
         if not key:
-            raise Unauthorized("an API key is required: 'Authorization: Bearer <key>'",
-                               code="missing_api_key")
+            raise missing_api_key()
         # looked up by its digest: in no time that depends on how much of a key matched
         digest = _digest(key)
         if digest not in self._tenants:
-            raise Unauthorized("the API key is not valid", code="invalid_api_key")
+            raise invalid_api_key()
         return self._tenants[digest]

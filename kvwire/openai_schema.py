@@ -66,9 +66,18 @@ class BadRequest(OpenAIError):
 
 
 class Unauthorized(OpenAIError):
+    """A request without the credential it needs, answered with ``WWW-Authenticate:
+    Bearer``: a 401 names the scheme that would admit it (RFC 9110, RFC 6750), and every
+    credential both servers ask for is a bearer token."""
+
     status = 401
     type = "authentication_error"
     kind = "unauthorized"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, param=param, code=code,
+                         headers={"www-authenticate": "Bearer", **(headers or {})})
 
 
 class NotFound(OpenAIError):

@@ -2,12 +2,17 @@
 ``--api-key``) may be written in the config or on the command line, or kept out of it:
 read from a file (a mounted Kubernetes Secret) or from an environment variable. One
 resolver for both servers, so that a file's trailing newline, an empty secret and a secret
-no ``Authorization`` header can carry are read alike on both ends of the wire."""
+no ``Authorization`` header can carry are read alike on both ends of the wire; and one
+reading of the ``Authorization: Bearer`` header that presents it (:func:`bearer_token`), with
+the errors refusing a missing or wrong API key, alike from both servers."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
+
+from kvwire.openai_schema import BadRequest, Unauthorized
 
 MAX_SECRET_FILE_BYTES = 1 << 16
 
@@ -88,3 +93,30 @@ def check_bearer(value: str, name: str) -> None:
             raise ValueError(f"{name} holds {kind} (character {i + 1} of {len(value)}), "
                              "which an Authorization header cannot carry as written; use "
                              "printable ASCII")
+
+
+def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The token of the one ``Authorization: Bearer <token>`` among a request's raw (ASGI)
+    ``headers`` (the scheme in any case, as RFC 9110 reads it), stripped; b"" when there is
+    none (no header, another scheme, no token). BadRequest when the header came more than
+    once (one field, RFC 9110): which one a proxy in front read is not known, and a key
+    may name a tenant."""
+    values = [value for name, value in headers if name == b"authorization"]
+    if not values:
+        return b""
+    if len(values) > 1:
+        raise BadRequest(f"header 'authorization' was sent {len(values)} times; send it once",
+                         code="repeated_authorization")
+    scheme, _, token = values[0].partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
+def missing_api_key() -> Unauthorized:
+    """The refusal of a request that presents no API key (``bearer_token`` found none)."""
+    return Unauthorized("an API key is required: 'Authorization: Bearer <key>'",
+                        code="missing_api_key")
+
+
+def invalid_api_key() -> Unauthorized:
+    """The refusal of a request whose API key is not one the server takes."""
+    return Unauthorized("the API key is not valid", code="invalid_api_key")
