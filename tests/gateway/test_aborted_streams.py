@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.counted_answers import answered, chunked, counted
 from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import start_gateway
 
@@ -18,11 +19,8 @@ from tests.support.gateway_harness import start_gateway
 def _stream(*events: dict[str, Any]) -> bytes:
     """A streamed answer as the replica writes one: compact JSON events (pydantic's and
     orjson's), ``[DONE]``, in chunked encoding."""
-    datas = [b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n"
-             for e in events] + [b"data: [DONE]\n\n"]
-    body = b"".join(b"%x\r\n%s\r\n" % (len(d), d) for d in datas)
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n")
+    return chunked(*(b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n"
+                     for e in events), b"data: [DONE]\n\n")
 
 
 def _chat_chunk(content: str, finish: str | None) -> dict[str, Any]:
@@ -48,14 +46,7 @@ SGLANG_WHOLE = _stream(_generate_event("It", None),
 
 def _counted(gw: Any) -> dict[str, float]:
     """kvgate_requests_total by status, and the answered requests' duration count."""
-    out: dict[str, float] = {}
-    for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
-        if line.startswith("kvgate_requests_total{"):
-            status = line.split('status="')[1].split('"')[0]
-            out[status] = out.get(status, 0.0) + float(line.split()[-1])
-        elif line.startswith("kvgate_request_duration_seconds_count"):
-            out["answered"] = out.get("answered", 0.0) + float(line.split()[-1])
-    return out
+    return {**counted(gw), "answered": answered(gw)}
 
 
 @pytest.mark.parametrize(("answer", "path", "body", "status"), [

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
+from tests.support.counted_answers import chunked, one_counted
 from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import start_gateway
-from tests.support.waiting import wait_until
 
 _CHUNK = (b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
           b'"choices":[{"index":0,"delta":{"content":"It"},"finish_reason":null}]}\n\n')
@@ -24,27 +24,6 @@ _DELTA = (b'event: response.output_text.delta\ndata: {"delta":"It","item_id":"ms
 _COMPLETED = (b'event: response.completed\ndata: {"response":{"id":"r","object":"response",'
               b'"status":"completed","output":[],"usage":{"input_tokens":3,'
               b'"output_tokens":1,"total_tokens":4}},"type":"response.completed"}\n\n')
-
-
-def _chunked(*events: bytes) -> bytes:
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n"
-            + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
-
-
-def _statuses(gw: Any) -> dict[str, float]:
-    """kvgate_requests_total by status, once the one request is counted."""
-    wait_until(lambda: sum(_counted(gw).values()) == 1, 5, "the request counted")
-    return _counted(gw)
-
-
-def _counted(gw: Any) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
-        if line.startswith("kvgate_requests_total{") and float(line.split()[-1]):
-            status = line.split('status="')[1].split('"')[0]
-            out[status] = out.get(status, 0.0) + float(line.split()[-1])
-    return out
 
 
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -72,16 +51,16 @@ _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream"
 def test_a_last_event_after_a_piece_of_an_event_counts_failed(
         serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any],
         status: str) -> None:
-    answer = _chunked(*events)
+    answer = chunked(*events)
     with raw_replica(lambda: answer) as url:
         gw = start_gateway(serve, [("a", url)], max_attempts=1)
         r = httpx.post(f"{gw.url}{path}", timeout=10, json=body)
         assert r.status_code == 200 and r.content == b"".join(events)  # relayed as it came
-        assert _statuses(gw) == {status: 1.0}
+        assert one_counted(gw) == {status: 1.0}
 
 
 def test_the_openai_client_fails_such_a_stream_as_the_gateway_counts_it(serve: Any) -> None:
-    answer = _chunked(_CHUNK, _PIECE + b"\n\n", _DONE)
+    answer = chunked(_CHUNK, _PIECE + b"\n\n", _DONE)
     with raw_replica(lambda: answer) as url:
         gw = start_gateway(serve, [("a", url)], max_attempts=1)
         with openai.OpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0) as client, \
@@ -89,4 +68,4 @@ def test_the_openai_client_fails_such_a_stream_as_the_gateway_counts_it(serve: A
             for _ in client.chat.completions.create(model="m", stream=True, messages=[
                     {"role": "user", "content": "hi"}]):
                 pass
-        assert _statuses(gw) == {"502": 1.0}
+        assert one_counted(gw) == {"502": 1.0}

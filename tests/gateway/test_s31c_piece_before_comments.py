@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.counted_answers import chunked, one_counted
 from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import start_gateway
-from tests.support.waiting import wait_until
 
 _CHUNK = (b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
           b'"choices":[{"index":0,"delta":{"content":"It"},"finish_reason":null}]}\n\n')
@@ -25,21 +25,6 @@ _COMPLETED = (b'event: response.completed\ndata: {"response":{"id":"r","object":
               b'"output_tokens":1,"total_tokens":4}},"type":"response.completed"}\n\n')
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 _RESPONSES = {"model": "m", "input": "hi", "stream": True}
-
-
-def _chunked(*events: bytes) -> bytes:
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n"
-            + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
-
-
-def _counted(gw: Any) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
-        if line.startswith("kvgate_requests_total{") and float(line.split()[-1]):
-            status = line.split('status="')[1].split('"')[0]
-            out[status] = out.get(status, 0.0) + float(line.split()[-1])
-    return out
 
 
 @pytest.mark.parametrize(("events", "path", "body", "status"), [
@@ -58,10 +43,9 @@ def _counted(gw: Any) -> dict[str, float]:
 def test_a_piece_then_comments_then_the_last_event_counts_failed(
         serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any],
         status: str) -> None:
-    answer = _chunked(*events)
+    answer = chunked(*events)
     with raw_replica(lambda: answer) as url:
         gw = start_gateway(serve, [("a", url)], max_attempts=1)
         r = httpx.post(f"{gw.url}{path}", timeout=10, json=body)
         assert r.status_code == 200 and r.content == b"".join(events)  # relayed as it came
-        wait_until(lambda: sum(_counted(gw).values()) == 1, 5, "the request counted")
-        assert _counted(gw) == {status: 1.0}
+        assert one_counted(gw) == {status: 1.0}

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.counted_answers import chunked, one_counted
 from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import start_gateway
-from tests.support.waiting import wait_until
 
 _DONE = b"data: [DONE]\n\n"
 _PING = b": keep-alive\n\n"
@@ -55,21 +55,6 @@ _CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n"
 _TEXT_BODY = {"model": "m", "prompt": "hi", "n": 2, "stream": True}
 
 
-def _chunked(*events: bytes) -> bytes:
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n"
-            + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
-
-
-def _counted(gw: Any) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
-        if line.startswith("kvgate_requests_total{") and float(line.split()[-1]):
-            status = line.split('status="')[1].split('"')[0]
-            out[status] = out.get(status, 0.0) + float(line.split()[-1])
-    return out
-
-
 @pytest.mark.parametrize(("events", "path", "status"), [
     # choice 1 never finished: the usage and a keep-alive comment follow choice 0's end
     ((_chat(0, _ROLE), _chat(1, _ROLE), _chat(0, {"content": "a"}),
@@ -93,14 +78,13 @@ def _counted(gw: Any) -> dict[str, float]:
         "chat_whole", "spaced_whole", "tool_call_index"])
 def test_a_stream_with_a_choice_that_never_finished_counts_failed(
         serve: Any, events: tuple[bytes, ...], path: str, status: str) -> None:
-    answer = _chunked(*events)
+    answer = chunked(*events)
     with raw_replica(lambda: answer) as url:
         gw = start_gateway(serve, [("a", url)], max_attempts=1)
         r = httpx.post(f"{gw.url}{path}", timeout=10,
                        json=_CHAT_BODY if "chat" in path else _TEXT_BODY)
         assert r.status_code == 200 and r.content == b"".join(events)  # relayed as it came
-        wait_until(lambda: sum(_counted(gw).values()) == 1, 5, "the request counted")
-        assert _counted(gw) == {status: 1.0}
+        assert one_counted(gw) == {status: 1.0}
 
 
 def test_choices_are_judged_only_where_the_stream_tells_finish_reasons() -> None:
