@@ -154,6 +154,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     # a batch is routed by its first prompt; its work is counted as that many of it, and
     # its summed usage teaches no calibration (it is not the first prompt's)
     batch = intake.parsed.num_prompts
+    # a stream of one choice is judged by its [DONE]; several, by each one's finish too
+    several_choices = batch > 1 or intake.parsed.body.get("n") not in (None, 1)
     # the replica's prompt tokens count what this gateway's do: not a response's stored
     # history (continued on the replica), nor images and audio (the gateway counts their
     # placeholders); such an answer teaches the token calibration nothing
@@ -217,7 +219,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         stream = await gw.proxy.open(
             ranked, path, intake.raw, headers,
             lambda replica: batch * work_tokens(route_req, decision, replica), on_sent,
-            on_done, intake.parsed.stream, _continues(intake.parsed), on_unsent=on_unsent)
+            on_done, intake.parsed.stream, _continues(intake.parsed), on_unsent=on_unsent,
+            several_choices=several_choices)
     except BaseException:
         if last_sent is not None:
             # no replica answered (every try failed, or the client left): the request is

@@ -253,10 +253,12 @@ class UpstreamStream:
                  on_cut: Callable[[UpstreamStream], None] | None = None,
                  signs: AnswerSigns = _PLAIN,
                  relaying: set[UpstreamStream] | None = None,
-                 opening_failure: int | None = None) -> None:
+                 opening_failure: int | None = None, several_choices: bool = True) -> None:
         """``opening_failure``: the status of the failure a stream's first event told, its
         caller's judgement (``_stream_opening_failure``): those bytes are not searched
-        again."""
+        again. ``several_choices``: the request may ask several choices (not known, or its
+        prompts times its ``n`` over one); only then are a completion's or chat's stream's
+        choices judged (``_Choices``: one alone is never unfinished while [DONE] came)."""
         self.replica = replica
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
@@ -307,7 +309,8 @@ class UpstreamStream:
         self._delivered = False  # a stream's [DONE] reached the client
         self._held: list[bytes] = []  # a stream's last event until it ends (_whole_events)
         # a completion's or chat's stream: its choices, noted as they are relayed
-        self._choices = _Choices() if self.stream and signs.choices else None
+        self._choices = _Choices() if self.stream and signs.choices and several_choices \
+            else None
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
         # a stream's last JSON event's data and value, parsed at its end (``_stream_end``)
@@ -827,14 +830,16 @@ class Proxy:
                    on_sent: Callable[[str], None],
                    on_done: Callable[[UpstreamStream, bool], None],
                    stream: bool = False, stored_elsewhere: bool = False,
-                   on_unsent: Callable[[str], None] | None = None) -> UpstreamStream:
+                   on_unsent: Callable[[str], None] | None = None,
+                   several_choices: bool = True) -> UpstreamStream:
         """The first replica of ``ranked`` (at most ``max_attempts`` tried) to answer; all
         of them within ``first_byte_s``. ``stored_elsewhere``: a request that only the
         replica storing what it continues can serve (a Responses request's
         ``previous_response_id``): a replica's 404 sends it on to the next, any of
         ``ranked``, and it is a 404 once none had it. ``on_sent(replica)`` is called as
         each try is sent, and ``on_unsent(replica)`` after one that the replica refused
-        before taking the prompt (``_Retryable.unsent``)."""
+        before taking the prompt (``_Retryable.unsent``). ``several_choices``: False when
+        the request asks one choice (``UpstreamStream``)."""
         attempts: list[Attempted] = []
         last: _Retryable | None = None
         suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
@@ -869,7 +874,7 @@ class Proxy:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done,
                                              deadline if wait < left else None, signs,
-                                             stored_elsewhere)
+                                             stored_elsewhere, several_choices)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -938,7 +943,8 @@ class Proxy:
                        pending: Pending, wait: float,
                        on_done: Callable[[UpstreamStream, bool], None],
                        deadline: float | None, signs: AnswerSigns,
-                       stored_elsewhere: bool = False) -> UpstreamStream:
+                       stored_elsewhere: bool = False,
+                       several_choices: bool = True) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
         to ``deadline`` (monotonic; None: never), while the replica shows progress."""
         started = time.perf_counter()
@@ -1056,7 +1062,8 @@ class Proxy:
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
                               signs, self.relaying,
-                              failed.status if failed is not None else None)
+                              failed.status if failed is not None else None,
+                              several_choices)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:

@@ -102,3 +102,24 @@ def test_choices_are_judged_only_where_the_stream_tells_finish_reasons() -> None
     broken = _Choices()  # a finish event that does not parse where it is found
     broken.note(_chat(0, {"content": "a"}) + _chat(1, {"content": "b"}, "stop")[:-5])
     assert broken.unjudged and broken.unfinished() == []
+
+
+@pytest.mark.parametrize(("body", "status"), [
+    ({"model": "m", "prompt": "hi", "stream": True}, "200"),
+    ({"model": "m", "prompt": "hi", "n": 1, "stream": True}, "200"),
+    # a batch of two prompts has a choice each; n = 2 asks two of one prompt
+    ({"model": "m", "prompt": ["hi", "ho"], "stream": True}, "502"),
+    ({"model": "m", "prompt": "hi", "n": 2, "stream": True}, "502"),
+], ids=["no_n", "n_1", "batch_of_2", "n_2"])
+def test_a_request_of_one_choice_is_judged_by_its_done_alone(
+        serve: Any, body: dict[str, Any], status: str) -> None:
+    """Choices are judged where the request asks several (its prompts times its n): a
+    request of one has one choice, never unfinished while its [DONE] came (a second
+    choice here, unfinished, is no choice the request asked)."""
+    events = (_text(0, "a"), _text(1, "b", "length"), _text(0, "c"), _DONE)
+    answer = chunked(*events)
+    with raw_replica(lambda: answer) as url:
+        gw = start_gateway(serve, [("a", url)], max_attempts=1)
+        r = httpx.post(f"{gw.url}/v1/completions", timeout=10, json=body)
+        assert r.status_code == 200 and r.content == b"".join(events)
+        assert one_counted(gw) == {status: 1.0}
