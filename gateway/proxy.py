@@ -1243,16 +1243,24 @@ class _Choices:
         seen = self.seen
         seen.update(_CHOICE_INDEX.findall(events))
         at = events.find(_FINISH_KEY)
+        cr: bool | None = None  # whether events hold a \r, once a line is looked for
         while at >= 0:
             after = at + len(_FINISH_KEY)
             if events[after:after + 8].lstrip(b": \t").startswith(b"null"):
                 at = events.find(_FINISH_KEY, after)
                 continue
             # the data line that holds it [start, end), parsed once for all its choices
-            start = max(events.rfind(b"\n", 0, at), events.rfind(b"\r", 0, at)) + 1
-            ends = [e for e in (events.find(b"\n", after), events.find(b"\r", after))
-                    if e >= 0]
-            end = min(ends) if ends else len(events)
+            start = events.rfind(b"\n", 0, at) + 1
+            end = events.find(b"\n", after)
+            if cr is None:  # (a search for an absent \r walks to the edge)
+                cr = b"\r" in events
+            if cr:
+                start = max(start, events.rfind(b"\r", 0, at) + 1)
+                end_cr = events.find(b"\r", after)
+                if end_cr >= 0 and (end < 0 or end_cr < end):
+                    end = end_cr
+            if end < 0:
+                end = len(events)
             self._note_finished(events[start:end])
             at = events.find(_FINISH_KEY, end)
         if len(seen) > _MAX_CHOICES or len(self.finished) > _MAX_CHOICES:
