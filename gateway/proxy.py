@@ -84,11 +84,17 @@ _UNPARSED = object()  # a held body not parsed yet
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
-# what ``_content_events`` counts in a stream (+1) or takes off (-1): a data line (after
-# a line end: \n, \r\n or \r), the usage-only event (choices empty) and a chat choice's
-# opening role-only chunk, as vLLM, SGLang, OpenAI and kvgate's engine write them
-_CONTENT_SIGNS = ((b"\ndata:", 1), (b"\rdata:", 1), (b'"choices":[]', -1),
-                  (b'"delta":{"role":"assistant","content":""', -1))
+# what ``_content_events`` counts in a stream: a data line (after a line end: \n, \r\n,
+# or \r, searched only where a \r is), less a chat choice's opening role-only chunk, as
+# vLLM, SGLang, OpenAI and kvgate's engine write them; and the usage-only event (choices
+# empty), the last before [DONE], which ``content_chunks`` takes off from the tail
+_DATA_LINE = b"\ndata:"
+_CR_DATA_LINE = b"\rdata:"
+_ROLE_ONLY = b'"delta":{"role":"assistant","content":""'
+_USAGE_ONLY = b'"choices":[]'
+_CONTENT_SIGNS = ((_DATA_LINE, 1), (_CR_DATA_LINE, 1), (_ROLE_ONLY, -1))
+_CONTENT_EDGE = len(_ROLE_ONLY) - 1  # bytes each side of a read's start searched for them
+_LINE_ENDS = (b"\n", b"\r")
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
 _HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
@@ -707,7 +713,8 @@ class UpstreamStream:
         ``usage.completion_tokens`` is."""
         if self._events is None:
             return None
-        return max(0, self._events - _ends_done(self._tail))
+        tail = self._tail
+        return max(0, self._events - _ends_done(tail) - _usage_only_last(tail))
 
 
 def _stream_usage(tail: bytes, meta: bytes | None,
@@ -1152,14 +1159,33 @@ def _content_events(before: bytes, chunk: bytes) -> int:
     """The content events that ``chunk`` adds to a stream whose bytes so far end with
     ``before`` (``content_chunks``): its data lines (an event of OpenAI's API has one: JSON
     escapes a line end in a string, so a line never starts inside its value), less its
-    usage-only events and role-only chunks, [DONE] left in (``content_chunks`` takes it
-    off). A few counts in each chunk, and in the bytes across its start (a sign's
-    length less one each side: a sign split between reads is counted once)."""
-    n = 0
+    role-only chunks, [DONE] and the usage-only event left in (``content_chunks`` takes
+    them off). A few counts in each chunk (``\\rdata:`` only where a \\r is), and a sign
+    split between reads counted once, where it straddles the chunk's start."""
+    n = chunk.count(_DATA_LINE) - chunk.count(_ROLE_ONLY)
+    if b"\r" in chunk:
+        n += chunk.count(_CR_DATA_LINE)
+    if before.endswith(_LINE_ENDS):  # the usual read, from a line's start: of the signs
+        return n + chunk.startswith(b"data:")  # only a data line's end can begin before
+    head = before[-_CONTENT_EDGE:]
+    window = head + chunk[:_CONTENT_EDGE]
+    # window: [0, cut) before's last bytes | [cut, ...) the chunk's first bytes; a sign of
+    # length k straddles the cut where it lies in [cut - k + 1, cut + k - 1)
+    cut = len(head)
     for sign, weight in _CONTENT_SIGNS:
-        edge = len(sign) - 1
-        n += weight * (chunk.count(sign) + (before[-edge:] + chunk[:edge]).count(sign))
+        k = len(sign)
+        n += weight * window.count(sign, max(0, cut - k + 1), cut + k - 1)
     return n
+
+
+def _usage_only_last(tail: bytes) -> bool:
+    """Whether a stream's last event with data, [DONE] aside, is its usage-only one (its
+    choices empty), read from the stream's last bytes: that event's data line is found
+    from the end (its content, were it another's, escapes the quotes of the sign)."""
+    at = tail.rfind(b"data:")
+    if at >= 0 and _ends_done(tail):
+        at = tail.rfind(b"data:", 0, at)
+    return at >= 0 and tail.find(_USAGE_ONLY, at) >= 0
 
 
 def _ends_done(tail: bytes) -> bool:
