@@ -31,22 +31,14 @@ _FLAGS = ("--api-key", "--api-key-file", API_KEY_ENV)
 
 def resolve_api_key(key: str | None, key_file: str | None) -> str | None:
     """The key from ``--api-key`` (``key``), ``--api-key-file`` (``key_file``, stripped) or
-    the environment's :data:`API_KEY_ENV`; None when none of them is given (no key: every
-    route open). ValueError naming the flag, file or variable (never the key) when more
-    than one is given, the file cannot be read, the key is empty, or it is one no
-    ``Authorization`` header can carry."""
+    the environment's :data:`API_KEY_ENV` (stripped); None when none of them is given (no
+    key: every route open). ValueError naming the flag, file or variable (never the key)
+    when more than one is given (an empty one too), the file cannot be read, the key is
+    empty (given, it is not taken for no key at all), or it is one no ``Authorization``
+    header can carry."""
     env = API_KEY_ENV if API_KEY_ENV in os.environ else None
-    given = [flag for flag, source in zip(_FLAGS, (key, key_file, env), strict=True)
-             if source is not None]
-    if len(given) > 1:  # an empty one too: none is left out silently
-        raise ValueError(f"{' and '.join(given)} are set: give the API key in one place")
-    resolved = resolve_bearer(key, key_file, env, "API key", "the API key", labels=_FLAGS)
-    if resolved is None and given:  # given, but empty: not taken for no key at all
-        where = f"--api-key-file {key_file!r} holds no key" if key_file is not None \
-            else f"{given[0]} is empty"
-        raise ValueError(f"{where}: give the API key, or none of --api-key, --api-key-file "
-                         f"and {API_KEY_ENV} to serve without one")
-    return resolved
+    return resolve_bearer(key, key_file, env, "key", "the API key", labels=_FLAGS,
+                          empty_refused=True)
 
 
 class ApiKeyGate:

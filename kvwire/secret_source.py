@@ -18,7 +18,8 @@ MAX_SECRET_FILE_BYTES = 1 << 16
 
 
 def resolve_secret(value: str | None, file: str | None, env: str | None,
-                   name: str, labels: tuple[str, str, str] | None = None) -> str | None:
+                   name: str, labels: tuple[str, str, str] | None = None, *,
+                   empty_refused: bool = False) -> str | None:
     """``value`` if set, else the stripped contents of ``file``, else the stripped value
     of the environment variable ``env`` (a Kubernetes Secret made from a file keeps its
     trailing newline, which no header can carry); None when none is configured or what
@@ -26,16 +27,37 @@ def resolve_secret(value: str | None, file: str | None, env: str | None,
     ValueError names ``name`` and the source that failed, or the sources when more than
     one is configured: one would win silently (a rotated file behind a value left in the
     YAML was never read). ``labels``: how errors name the three sources (a command's
-    flags), by default ``name``, ``name_file`` and ``name_env`` (the config's keys)."""
+    flags), by default ``name``, ``name_file`` and ``name_env`` (the config's keys).
+    ``empty_refused`` (a command's flags, where giving one says a secret is wanted): a
+    source given empty (``""``, a file or variable holding only whitespace) is configured
+    all the same, and a ValueError naming it rather than no secret."""
     as_value, as_file, as_env = labels or (name, f"{name}_file", f"{name}_env")
+    if not empty_refused:  # an empty value, file name or variable name: none configured
+        value, file, env = value or None, file or None, env or None
     given = [label for label, source in ((as_value, value), (as_file, file), (as_env, env))
-             if source]
+             if source is not None]
     if len(given) > 1:
         raise ValueError(f"{' and '.join(given)} are set: configure the {name} in one "
                          "place")
-    if value:
+    if not given:
+        return None
+    secret = _read(value, file, env, as_file, as_env)
+    if secret or not empty_refused:
+        return secret or None
+    where = f"{as_file} {file!r} holds no {name}" if file is not None else \
+        f"{given[0]} is empty"
+    raise ValueError(f"{where}: give the {name}, or none of {as_value}, {as_file} and "
+                     f"{as_env} to have no {name}")
+
+
+def _read(value: str | None, file: str | None, env: str | None, as_file: str,
+          as_env: str) -> str:
+    """The secret of the one source given (``value``, else ``file``, else ``env``),
+    stripped when read from the file or the variable; ValueError naming the source that
+    failed."""
+    if value is not None:
         return value
-    if file:
+    if file is not None:
         try:
             with Path(file).open("rb") as f:
                 # a path to a log or a device by mistake is named, not read to its end
@@ -46,28 +68,29 @@ def resolve_secret(value: str | None, file: str | None, env: str | None,
             raise ValueError(f"{as_file} {file!r} holds over {MAX_SECRET_FILE_BYTES} "
                              "bytes: not a secret")
         try:  # UTF-8 whatever the locale, as the value would be written in the YAML
-            return held.decode().strip() or None
+            return held.decode().strip()
         except UnicodeDecodeError as exc:
             raise ValueError(f"{as_file} {file!r} is not UTF-8 text (byte {exc.start + 1} "
                              "of it): write the secret as text (openssl rand -hex 32)") \
                 from None
-    if env:
-        found = os.environ.get(env)
-        if found is None:
-            raise ValueError(f"{as_env} {env!r} is not set")
-        return found.strip() or None
-    return None
+    assert env is not None  # the one source given
+    found = os.environ.get(env)
+    if found is None:
+        raise ValueError(f"{as_env} {env!r} is not set")
+    return found.strip()
 
 
 def resolve_bearer(value: str | None, file: str | None, env: str | None, name: str,
                    named: str, min_chars: int = 0,
-                   labels: tuple[str, str, str] | None = None) -> str | None:
-    """``resolve_secret`` (``labels`` as there), for a secret presented as
-    ``Authorization: Bearer <secret>`` (an admin token, a client's API key, a replica's
-    key, the engine's ``--api-key``), checked at every read (a file or variable read again
-    may have changed since the config was validated): ValueError naming ``named`` for one
-    shorter than ``min_chars`` or one no header can carry (``check_bearer``)."""
-    secret = resolve_secret(value, file, env, name, labels)
+                   labels: tuple[str, str, str] | None = None, *,
+                   empty_refused: bool = False) -> str | None:
+    """``resolve_secret`` (``labels`` and ``empty_refused`` as there), for a secret
+    presented as ``Authorization: Bearer <secret>`` (an admin token, a client's API key, a
+    replica's key, the engine's ``--api-key``), checked at every read (a file or variable
+    read again may have changed since the config was validated): ValueError naming
+    ``named`` for one shorter than ``min_chars`` or one no header can carry
+    (``check_bearer``)."""
+    secret = resolve_secret(value, file, env, name, labels, empty_refused=empty_refused)
     if secret is None:
         return None
     if len(secret) < min_chars:

@@ -1,9 +1,11 @@
 """A secret configured in more than one place is refused, naming the places (one would
-win silently: a rotated file behind a value left in the YAML was never read); the admin
+win silently: a rotated file behind a value left in the YAML was never read); an empty
+source is none, unless giving one says a secret is wanted (a command's flags); the admin
 API's ``allow_hosts`` match a replica's host name in any case, as host names do."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -42,3 +44,26 @@ def test_allow_hosts_match_in_any_case() -> None:
     assert admin.allows("http://replica-0.example.internal:8000")
     assert admin.allows("http://REPLICA-0.example.internal:8000")
     assert not admin.allows("http://replica-1.example.internal:8000")
+
+
+def test_an_empty_source_is_none_unless_given_means_wanted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank = tmp_path / "blank"
+    blank.write_text(" \n")
+    monkeypatch.setenv("KVGATE_TEST_SECRET", "\t")
+    flags = ("--key", "--key-file", "KVGATE_TEST_SECRET")
+    # in a config an empty source is none: it neither stands beside another nor names one
+    assert resolve_secret("", str(blank), "", "token") is None
+    assert resolve_secret(None, None, "KVGATE_TEST_SECRET", "token") is None
+    assert resolve_secret("", None, "", "token") is None
+    # for a command's flags, giving one says a secret is wanted: empty, it is named
+    for given, said in (((str(blank), None), f"--key-file {str(blank)!r} holds no key"),
+                        ((None, "KVGATE_TEST_SECRET"), "KVGATE_TEST_SECRET is empty")):
+        with pytest.raises(ValueError, match="^" + re.escape(said) + ": give the key, or "
+                           "none of --key, --key-file and KVGATE_TEST_SECRET"):
+            resolve_secret(None, *given, "key", flags, empty_refused=True)
+    with pytest.raises(ValueError, match=r"^--key is empty"):
+        resolve_secret("", None, None, "key", flags, empty_refused=True)
+    with pytest.raises(ValueError, match=r"^--key and --key-file are set"):
+        resolve_secret("", str(blank), None, "key", flags, empty_refused=True)
+    assert resolve_secret(None, None, None, "key", flags, empty_refused=True) is None
