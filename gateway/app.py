@@ -119,8 +119,6 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         raise
     with released_on_error(slot, refused), trace.guard():
         gw.capture.observe(intake.parsed, intake.tenant, len(intake.raw))
-        if gw.worker_routes is not None:
-            gw.worker_routes.catch_up()  # the routes the box's other workers made till now
         routing = await gw.router.decide(intake.parsed, intake.tenant,
                                          gw.tenancy.allowed(intake.tenant), trace)
         gw.metrics.decision_seconds.observe(routing.seconds)
