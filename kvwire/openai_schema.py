@@ -364,8 +364,6 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
     # alone: a loglikelihood client's request)
     echo = not chat and bool(optional(body, "echo", bool, False))  # read as the engine does
     max_tokens = positive_int(body, "max_tokens", 0 if echo else 1)
-    # a chat's field only: vLLM's completion request has none, and ignores one sent
-    max_completion_tokens = positive_int(body, "max_completion_tokens") if chat else None
     salt = check_cache_salt(body.get("cache_salt"))
     if not chat:
         embeds = body.get("prompt_embeds") if lenient else None
@@ -375,6 +373,8 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
         else:
             text, ids, count = _prompt(body.get("prompt"))
         return RequestFields(body, model, stream, max_tokens, salt, text, ids, count)
+    # a chat's field only: vLLM's completion request has none, and ignores one sent
+    max_completion_tokens = positive_int(body, "max_completion_tokens")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest(f"'messages' must be a non-empty array, got {shown(messages)}",
