@@ -10,29 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.executor import Executor
 from engine.server import EngineServer, build_app
 from tests.support.engine_servers import running_engine
+from tests.support.few_rows import ROWS, FewRows
 
 MODEL = "tiny-sim"
-ROWS = 200  # the model's embedding rows: "hello" encodes to [263, 1357]
-
-
-class _FewRows:
-    """``inner`` (the sim executor), as a model of ``ROWS`` embedding rows."""
-
-    vocab_size = ROWS
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with running_engine(MODEL, executor=_FewRows) as srv:
+    async with running_engine(MODEL, executor=FewRows) as srv:
         assert isinstance(srv, EngineServer) and srv.vocab_size == ROWS
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(srv)),
                                      base_url="http://engine") as client:

@@ -3,33 +3,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 
-from engine.executor import Executor
 from engine.server import EngineServer, build_app
 from engine.sim_embedding import SimEmbedder
 from tests.support.engine_servers import running_engine
+from tests.support.few_rows import ROWS, FewRows
 
 MODEL = "tiny-sim"
-ROWS = 200  # the model's embedding rows: "hello" encodes to [263, 1357]
-
-
-class _FewRows:
-    """``inner`` (the sim executor), as a model of ``ROWS`` embedding rows."""
-
-    vocab_size = ROWS
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 async def test_an_embeddings_input_past_the_vocabulary_names_input() -> None:
-    async with running_engine(MODEL, executor=_FewRows) as srv:
+    async with running_engine(MODEL, executor=FewRows) as srv:
         assert isinstance(srv, EngineServer) and srv.vocab_size == ROWS
         srv.embedder = SimEmbedder(16, 0)  # as `kvgate engine --embedding-dim 16` gives
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(srv)),
