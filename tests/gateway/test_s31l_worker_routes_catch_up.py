@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.worker_routes import WorkerRoutes, route_pair
 from policies.base import Routed
-from policies.cost import Cost
-from tests.support.route_documents import FLEET, document
+from tests.support.route_documents import FLEET, document, paired_workers
 
 
 def test_a_decision_knows_every_route_told_before_it_without_a_wake() -> None:
     async def run() -> None:
-        (inbox_a, to_a), (inbox_b, to_b) = route_pair(), route_pair()
-        a = WorkerRoutes(inbox_a, [to_b], Cost())
-        b = WorkerRoutes(inbox_b, [to_a], Cost())
-        a.start()
-        b.start()
+        a, b = paired_workers()
         try:
             docs = [document(seed) for seed in (11, 12, 13)]
             for doc in docs:

@@ -6,20 +6,15 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.worker_routes import DRAIN_S, FLUSH_S, WorkerRoutes, route_pair
-from policies.cost import Cost
-from tests.support.route_documents import document
+from gateway.worker_routes import DRAIN_S, FLUSH_S
+from tests.support.route_documents import document, paired_workers
 from tests.support.waiting import wait_until_async
 
 
 def test_an_idle_worker_reads_again_soon_after_a_read_that_found_routes() -> None:
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        (inbox_a, to_a), (inbox_b, to_b) = route_pair(), route_pair()
-        a = WorkerRoutes(inbox_a, [to_b], Cost())
-        b = WorkerRoutes(inbox_b, [to_a], Cost())
-        a.start()
-        b.start()
+        a, b = paired_workers()
         try:
             for seed in (21, 22):
                 a.routed(document(seed), "r1")

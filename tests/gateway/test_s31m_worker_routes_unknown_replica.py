@@ -8,10 +8,8 @@ import asyncio
 
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
-from gateway.worker_routes import WorkerRoutes, route_pair
 from policies.base import ReplicaView
-from policies.cost import Cost
-from tests.support.route_documents import FLEET, document
+from tests.support.route_documents import FLEET, document, paired_workers
 
 
 def test_a_route_to_a_replica_the_fleet_does_not_hold_is_skipped() -> None:
@@ -19,11 +17,7 @@ def test_a_route_to_a_replica_the_fleet_does_not_hold_is_skipped() -> None:
                    for i, view in enumerate(FLEET)])
 
     async def run() -> None:
-        (inbox_a, to_a), (inbox_b, to_b) = route_pair(), route_pair()
-        a = WorkerRoutes(inbox_a, [to_b], Cost())
-        b = WorkerRoutes(inbox_b, [to_a], Cost(), fleet)
-        a.start()
-        b.start()
+        a, b = paired_workers(b_fleet=fleet)
         try:
             held, gone = document(31), document(32)
             a.routed(held, "r1")

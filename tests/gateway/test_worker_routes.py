@@ -9,7 +9,7 @@ from gateway.peer_wire import routed_frame
 from gateway.worker_routes import WorkerRoutes, route_pair
 from policies.base import Routed, RouteRequest
 from policies.cost import Cost
-from tests.support.route_documents import FLEET, document
+from tests.support.route_documents import FLEET, document, paired_workers
 
 
 def _holds(policy: Cost, request: RouteRequest) -> dict[str, int]:
@@ -17,19 +17,9 @@ def _holds(policy: Cost, request: RouteRequest) -> dict[str, int]:
     return {s.replica: s.matched_tokens for s in decision.scores if s.matched_tokens}
 
 
-async def _two_workers(start_b: bool = True) -> tuple[WorkerRoutes, WorkerRoutes]:
-    (inbox_a, to_a), (inbox_b, to_b) = route_pair(), route_pair()
-    a = WorkerRoutes(inbox_a, [to_b], Cost())
-    b = WorkerRoutes(inbox_b, [to_a], Cost())
-    a.start()
-    if start_b:
-        b.start()
-    return a, b
-
-
 def test_a_route_one_worker_makes_teaches_the_others_policy() -> None:
     async def run() -> None:
-        a, b = await _two_workers()
+        a, b = paired_workers()
         try:
             doc = document(1)
             chosen = a.policy.choose(doc, FLEET).chosen
@@ -57,7 +47,7 @@ def test_a_route_one_worker_makes_teaches_the_others_policy() -> None:
 
 def test_a_full_inbox_drops_routes_and_a_malformed_message_is_skipped() -> None:
     async def run() -> None:
-        a, b = await _two_workers(start_b=False)
+        a, b = paired_workers(start_b=False)
         try:
             # b stalls (never started: reads nothing): a's sends fill its inbox, then are
             # dropped
