@@ -1,6 +1,7 @@
 """A stream whose ``[DONE]`` (or a Responses stream's last event) came right after a
 piece of an event (a replica's write cut short, then its end) is a failed answer: the
-client cannot read that event, and the gateway counts the request failed, not answered."""
+client cannot read that event, and the gateway counts the request failed, not answered;
+so is one whose keep-alive comments came between the piece and that last event."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ _CHUNK = (b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model"
           b'"choices":[{"index":0,"delta":{"content":"It"},"finish_reason":null}]}\n\n')
 _PIECE = _CHUNK[:60]  # an event cut inside its JSON
 _DONE = b"data: [DONE]\n\n"
+_PING = b": keep-alive\n\n"
 _DELTA = (b'event: response.output_text.delta\ndata: {"delta":"It","item_id":"msg_1",'
           b'"type":"response.output_text.delta"}\n\n')
 _COMPLETED = (b'event: response.completed\ndata: {"response":{"id":"r","object":"response",'
@@ -27,6 +29,7 @@ _COMPLETED = (b'event: response.completed\ndata: {"response":{"id":"r","object":
 
 
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+_RESPONSES = {"model": "m", "input": "hi", "stream": True}
 
 
 @pytest.mark.parametrize(("events", "path", "body", "status"), [
@@ -46,8 +49,21 @@ _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream"
     ((_DONE,), "/v1/chat/completions", _CHAT, "200"),
     ((_DELTA, _DELTA, _COMPLETED), "/v1/responses",
      {"model": "m", "input": "hi", "stream": True}, "200"),
+    # keep-alive comments (events without data) between the piece and the last event: the
+    # end is judged by the last two events that carry data
+    ((_CHUNK, _PIECE + b"\n\n", _PING, _DONE), "/v1/chat/completions", _CHAT, "502"),
+    ((_CHUNK, _PIECE + b"\n\n", _PING, _PING, _PING, _DONE), "/v1/chat/completions", _CHAT,
+     "502"),
+    ((_CHUNK, _PIECE + b"\r\n\r\n", _PING.replace(b"\n", b"\r\n"),
+      _DONE.replace(b"\n", b"\r\n")), "/v1/chat/completions", _CHAT, "502"),
+    ((_DELTA, _DELTA[:50] + b"\n\n", _PING, _COMPLETED), "/v1/responses", _RESPONSES, "502"),
+    ((_CHUNK, _PING, _PING, _CHUNK, _PING, _DONE), "/v1/chat/completions", _CHAT, "200"),
+    ((_PING, _PING, _DONE), "/v1/chat/completions", _CHAT, "200"),
+    ((_DELTA, _PING, _PING, _COMPLETED), "/v1/responses", _RESPONSES, "200"),
 ], ids=["piece_then_done", "piece_line_then_done", "completions", "generate", "responses",
-        "whole", "comments", "done_alone", "responses_whole"])
+        "whole", "comments", "done_alone", "responses_whole", "piece_comment",
+        "piece_comments", "piece_comment_crlf", "responses_piece_comment",
+        "whole_with_comments", "comments_alone", "responses_whole_comments"])
 def test_a_last_event_after_a_piece_of_an_event_counts_failed(
         serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any],
         status: str) -> None:
