@@ -16,16 +16,16 @@ it starts them (``route_pair``). Worker ``i`` reads its own pair's first end; ev
 holds the second and sends to it. A worker reads its inbox before each of its decisions
 (``catch_up``, which its router calls just before the policy chooses: the decision knows
 every route told till then, those told while its prompt was tokenized too), and every
-``DRAIN_S`` while it decides nothing, every ``FLUSH_S`` while those reads find routes (its
-inbox holds ~200 KB: a tenth of a second of 2 MB/s of routes). The others' messages do not
-wake it (a wake per message cost a worker more CPU than the routes it carried:
-``plain_repeated`` at 100 requests/s, two workers, prefix_affinity, 0.90-1.0 ms per request
-against 0.84 ms reading at decisions, and 0.65-0.72 ms for one worker). A worker's routes of
-the last ``FLUSH_S`` go out together,
-one message of whole frames (a message per route woke each other worker once per request).
-A message arrives whole or not at all, and sending never blocks: a worker whose buffer is
-full (stalled) misses those routes, counted in ``dropped``. A route to a replica the reading
-worker's fleet does not hold (removed a moment before) is skipped, counted in ``unknown``,
+``DRAIN_S`` while it decides nothing; every ``FLUSH_S`` while those reads find at least
+``BUSY_MESSAGES`` messages (its inbox holds ~200 KB: a tenth of a second of 2 MB/s of
+routes). The others' messages do not wake it: a wake per message cost a worker more CPU
+than the routes it carried (``plain_repeated`` at 100 requests/s, two workers,
+prefix_affinity: 0.90-1.0 ms per request against 0.84 ms reading at decisions, and
+0.65-0.72 ms for one worker). A worker's routes of the last ``FLUSH_S`` go out together,
+one message of whole frames. A message arrives whole or not at all, and sending never
+blocks: a worker whose buffer is full (stalled) misses those routes, counted in
+``dropped``. A route to a replica the reading worker's fleet does not hold (removed a
+moment before) is skipped, counted in ``unknown``,
 as a peer's is (``Peers``). Nothing leaves the box, and only the supervisor's children hold
 the sockets.
 
@@ -68,7 +68,8 @@ log = logging.getLogger("kvgate.workers")
 DROPPED_LOG_S = 60.0  # at most one warning of dropped routes per this many seconds
 FLUSH_S = 0.005  # a worker's routes are sent together at most this long after the first
 DRAIN_S = 0.1  # a worker that decides nothing reads the others' routes this often (every
-# FLUSH_S while a read finds some)
+# FLUSH_S while a read finds BUSY_MESSAGES or more)
+BUSY_MESSAGES = 16  # ~a tenth of what an inbox holds of messages of one 6k-token route each
 MESSAGE_BYTES = 64 * 1024  # frames per message up to this size (a larger frame alone)
 
 
@@ -117,15 +118,15 @@ class WorkerRoutes:
     def _drain_tick(self) -> None:
         """Read the inbox of a worker that decides nothing for a while (its buffer would
         fill and the others' routes be dropped), then again in ``DRAIN_S``, or in
-        ``FLUSH_S`` when this read found routes (more may come faster than its buffer holds
-        for ``DRAIN_S``)."""
+        ``FLUSH_S`` when this read found ``BUSY_MESSAGES`` or more (routes may come faster
+        than its buffer holds for ``DRAIN_S``)."""
         self._drain = None
         if self._loop is None:
             return
         took = self._read()
         if self._loop is not None:
-            self._drain = self._loop.call_later(FLUSH_S if took else DRAIN_S,
-                                                self._drain_tick)
+            self._drain = self._loop.call_later(
+                FLUSH_S if took >= BUSY_MESSAGES else DRAIN_S, self._drain_tick)
 
     def stop(self) -> None:
         if self._flush is not None:
