@@ -5,18 +5,9 @@ With n > 1 choices, the sum over the choices (as vLLM's ``usage.completion_token
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import MutableMapping
-from typing import Any
-
 import pytest
 
-from gateway.config import ReplicaConfig
-from gateway.fleet import Fleet
-from gateway.proxy import UpstreamStream
-from gateway.relay_response import RelayResponse
-from gateway.upstream_http import UpstreamClient
-from kvwire.request_edge import ClientWatch
+from tests.support.relayed_streams import relayed
 
 
 def _event(data: str, index: int = 0) -> bytes:
@@ -45,57 +36,9 @@ def _pieces(data: bytes, size: int) -> list[bytes]:
 def _counted(writes: list[bytes]) -> int | None:
     """``content_chunks`` of a stream whose replica sends ``writes``, each a read apart
     (a short pause after each), relayed whole to a client that stays."""
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n")
-        for data in writes:
-            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-            await writer.drain()
-            await asyncio.sleep(0.003)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        await reader.read()  # until the gateway closes the connection
-        writer.close()
-        await writer.wait_closed()
-        closed.set()
-
-    closed = asyncio.Event()
-
-    async def main() -> int | None:
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        fleet = Fleet([ReplicaConfig("r", f"http://127.0.0.1:{port}")])
-        ended: list[bool] = []
-        stay = asyncio.Event()
-
-        async def receive() -> dict[str, str]:
-            await stay.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: MutableMapping[str, Any]) -> None:
-            pass
-
-        client = UpstreamClient()
-        try:
-            response = await client.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                         b"{}", {})
-            first = await response.readany()
-            stream = UpstreamStream("r", response, first, fleet.sent("r", 10), 5.0,
-                                    fleet, lambda s, ok: ended.append(ok))
-            stream.count_events()
-            await RelayResponse(stream, {}, ClientWatch(receive))({"type": "http"},
-                                                                   receive, send)
-        finally:
-            stay.set()
-            await client.close()
-            await asyncio.wait_for(closed.wait(), 5)
-            server.close()
-            await server.wait_closed()
-        assert ended == [True]
-        return stream.content_chunks()
-
-    return asyncio.run(main())
+    relay = relayed(writes, 0.003, 0.003, "/v1/chat/completions", count_events=True)
+    assert relay.ended == [True]
+    return relay.stream.content_chunks()
 
 
 _THREE = _event("a") + _event("b") + _event("c")
