@@ -279,7 +279,7 @@ class _WorkerRouteCollector(Collector):
             ("kvgate_worker_routes_malformed", "Messages from other workers skipped as "
              "malformed", s.malformed),
             ("kvgate_worker_routes_unknown", "Routes the box's other workers told to a "
-             "replica this worker's fleet does not hold (removed meanwhile): skipped",
+             "replica this worker's fleet does not hold (not yet, or no more): skipped",
              s.unknown),
         ))
 

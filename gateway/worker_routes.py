@@ -17,15 +17,15 @@ holds the second and sends to it. A worker reads its inbox before each of its de
 (``catch_up``, which its router calls just before the policy chooses: the decision knows
 every route told till then, those told while its prompt was tokenized too), and every
 ``DRAIN_S`` while it decides nothing; every ``FLUSH_S`` while those reads find at least
-``BUSY_MESSAGES`` messages (its inbox holds ~200 KB: a tenth of a second of 2 MB/s of
+``BUSY_BYTES`` of routes (its inbox holds ~200 KB: a tenth of a second of 2 MB/s of
 routes). The others' messages do not wake it: a wake per message cost a worker more CPU
 than the routes it carried (``plain_repeated`` at 100 requests/s, two workers,
 prefix_affinity: 0.90-1.0 ms per request against 0.84 ms reading at decisions, and
 0.65-0.72 ms for one worker). A worker's routes of the last ``FLUSH_S`` go out together,
 one message of whole frames. A message arrives whole or not at all, and sending never
 blocks: a worker whose buffer is full (stalled) misses those routes, counted in
-``dropped``. A route to a replica the reading worker's fleet does not hold (removed a
-moment before) is skipped, counted in ``unknown``,
+``dropped``. A route to a replica the reading worker's fleet does not hold (not yet, or no
+more: removed a moment before) is skipped, counted in ``unknown``,
 as a peer's is (``Peers``). Nothing leaves the box, and only the supervisor's children hold
 the sockets.
 
@@ -68,8 +68,8 @@ log = logging.getLogger("kvgate.workers")
 DROPPED_LOG_S = 60.0  # at most one warning of dropped routes per this many seconds
 FLUSH_S = 0.005  # a worker's routes are sent together at most this long after the first
 DRAIN_S = 0.1  # a worker that decides nothing reads the others' routes this often (every
-# FLUSH_S while a read finds BUSY_MESSAGES or more)
-BUSY_MESSAGES = 16  # ~a tenth of what an inbox holds of messages of one 6k-token route each
+# FLUSH_S while a read finds BUSY_BYTES or more)
+BUSY_BYTES = 32 * 1024  # a sixth of what an inbox holds (~200 KB): it fills by bytes
 MESSAGE_BYTES = 64 * 1024  # frames per message up to this size (a larger frame alone)
 
 
@@ -118,7 +118,7 @@ class WorkerRoutes:
     def _drain_tick(self) -> None:
         """Read the inbox of a worker that decides nothing for a while (its buffer would
         fill and the others' routes be dropped), then again in ``DRAIN_S``, or in
-        ``FLUSH_S`` when this read found ``BUSY_MESSAGES`` or more (routes may come faster
+        ``FLUSH_S`` when this read found ``BUSY_BYTES`` or more (routes may come faster
         than its buffer holds for ``DRAIN_S``)."""
         self._drain = None
         if self._loop is None:
@@ -126,7 +126,7 @@ class WorkerRoutes:
         took = self._read()
         if self._loop is not None:
             self._drain = self._loop.call_later(
-                FLUSH_S if took >= BUSY_MESSAGES else DRAIN_S, self._drain_tick)
+                FLUSH_S if took >= BUSY_BYTES else DRAIN_S, self._drain_tick)
 
     def stop(self) -> None:
         if self._flush is not None:
@@ -186,7 +186,7 @@ class WorkerRoutes:
             self._warned = (now, self.dropped)
 
     def _read(self) -> int:
-        """Every message waiting in the inbox, each whole routed frames: how many."""
+        """Every message waiting in the inbox, each whole routed frames: their bytes."""
         now = time.monotonic()
         taken = 0
         while True:
@@ -201,7 +201,7 @@ class WorkerRoutes:
                 self._stop_reading()
                 return taken
             self._take(message, now)
-            taken += 1
+            taken += len(message)
 
     def _stop_reading(self) -> None:
         """No more reads (an inbox at its end stays readable: read again, it spun)."""
@@ -229,7 +229,7 @@ class WorkerRoutes:
             if isinstance(frame, RoutedElsewhere):
                 self.received += 1
                 if self.fleet is not None and self.fleet.get(frame.replica) is None:
-                    self.unknown += 1  # removed a moment before: nothing to learn of it
+                    self.unknown += 1  # not yet, or no more: nothing to learn of it
                     continue
                 try:
                     # told once: no Unrouted or Finished follows here
