@@ -95,14 +95,14 @@ def work_tokens(request: RouteRequest, decision: Decision, replica: str) -> int:
 
 class Router:
     def __init__(self, policy: Policy, tokenizer: PromptTokenizer, fleet: Fleet,
-                 concurrency: int, before_choose: Callable[[], None] | None = None) -> None:
+                 concurrency: int) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.fleet = fleet
         # called just before each decision of the policy, after the prompt was tokenized
         # (maybe on the pool, for a while): a worker's catch-up on the routes its box's
         # other workers told (``WorkerRoutes.catch_up``)
-        self.before_choose = before_choose
+        self.before_choose: Callable[[], None] | None = None
         self._pool = ThreadPoolExecutor(max_workers=min(concurrency, 4),
                                         thread_name_prefix="kvgate-tokenize")
         self._slots = asyncio.Semaphore(concurrency)
