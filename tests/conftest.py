@@ -27,6 +27,8 @@ from tests.support.servers import ThreadServer
 _NO_CAS = tempfile.mkdtemp(prefix="kvgate-tests-no-cas-")
 atexit.register(shutil.rmtree, _NO_CAS, ignore_errors=True)
 os.environ.pop("SSL_CERT_FILE", None)
+# an engine key exported for compose would make every engine the tests start refuse them
+os.environ.pop("KVGATE_ENGINE_API_KEY", None)
 os.environ["SSL_CERT_DIR"] = _NO_CAS
 
 
