@@ -259,12 +259,10 @@ class UpstreamStream:
                  on_cut: Callable[[UpstreamStream], None] | None = None,
                  signs: AnswerSigns = _PLAIN,
                  relaying: set[UpstreamStream] | None = None,
-                 opening_failure: int | None = None, several_choices: bool = True) -> None:
+                 opening_failure: int | None = None) -> None:
         """``opening_failure``: the status of the failure a stream's first event told, its
         caller's judgement (``_stream_opening_failure``): those bytes are not searched
-        again. ``several_choices``: the request may ask several choices (not known, or its
-        prompts times its ``n`` over one); only then are a completion's or chat's stream's
-        choices judged (``_Choices``: one alone is never unfinished while [DONE] came)."""
+        again."""
         self.replica = replica
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
@@ -315,8 +313,7 @@ class UpstreamStream:
         self._delivered = False  # a stream's [DONE] reached the client
         self._held: list[bytes] = []  # a stream's last event until it ends (_whole_events)
         # a completion's or chat's stream: its choices, noted as they are relayed
-        self._choices = _Choices() if self.stream and signs.choices and several_choices \
-            else None
+        self._choices = _Choices() if self.stream and signs.choices else None
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
         # a stream's last JSON event's data and value, parsed at its end (``_stream_end``)
@@ -846,13 +843,16 @@ class Proxy:
         ``ranked``, and it is a 404 once none had it. ``on_sent(replica)`` is called as
         each try is sent, and ``on_unsent(replica)`` after one that the replica refused
         before taking the prompt (``_Retryable.unsent``). ``several_choices``: False when
-        the request asks one choice (``UpstreamStream``)."""
+        the request asks one choice: its stream's choices are not judged (``_Choices``: one
+        alone is never unfinished while [DONE] came)."""
         attempts: list[Attempted] = []
         last: _Retryable | None = None
         suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
         busy_after: list[float | None] = []  # the Retry-After of each busy replica
         deadline = time.monotonic() + self.timeouts.first_byte_s
         signs = _SIGNS.get(path, _PLAIN)
+        if not several_choices and signs.choices:
+            signs = signs._replace(choices=False)
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
         order, at = ranked, 0  # the replicas in the order tried, and the next one's place
         tries = len(order) if stored_elsewhere else self.max_attempts
@@ -881,7 +881,7 @@ class Proxy:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done,
                                              deadline if wait < left else None, signs,
-                                             stored_elsewhere, several_choices)
+                                             stored_elsewhere)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -950,8 +950,7 @@ class Proxy:
                        pending: Pending, wait: float,
                        on_done: Callable[[UpstreamStream, bool], None],
                        deadline: float | None, signs: AnswerSigns,
-                       stored_elsewhere: bool = False,
-                       several_choices: bool = True) -> UpstreamStream:
+                       stored_elsewhere: bool = False) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
         to ``deadline`` (monotonic; None: never), while the replica shows progress."""
         started = time.perf_counter()
@@ -1069,8 +1068,7 @@ class Proxy:
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
                               signs, self.relaying,
-                              failed.status if failed is not None else None,
-                              several_choices)
+                              failed.status if failed is not None else None)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:
