@@ -11,21 +11,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.worker_routes import WorkerRoutes, route_pair
-from policies.cost import Cost
-from tests.support.route_documents import document
+from tests.support.route_documents import document, paired_workers
 
 
 def test_a_route_to_a_replica_the_fleet_does_not_hold_is_counted_on_the_page() -> None:
     fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:9000")])
     metrics = GatewayMetrics(fleet)
-    (inbox, to_inbox), (sender_inbox, to_sender) = route_pair(), route_pair()
-    reader = WorkerRoutes(inbox, [to_sender], Cost(), fleet=fleet)
-    metrics.watch_worker_routes(reader)
-    sender = WorkerRoutes(sender_inbox, [to_inbox], Cost())
 
     async def run() -> bytes:
-        reader.start()
+        sender, reader = paired_workers(b_fleet=fleet)
+        metrics.watch_worker_routes(reader)
         try:
             sender.routed(document(1), "gone")  # removed before the route was told
             sender.routed(document(2), "r0")
