@@ -9,31 +9,20 @@ import asyncio
 import httpx
 import orjson
 
-from gateway.admin import create_admin_app
-from gateway.config import parse_config
-from gateway.state import build_state
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
+from tests.support.admin_posts import admin_app, post_replica
 from tests.support.loop_check import calls_on_loop
-
-_TOKEN = "t" * 32
 
 
 def _added(body: bytes) -> tuple[int, httpx.Response]:
     """(orjson.loads calls on the event loop's thread, the answer) of posting ``body`` to
     a gateway's admin API, served in process on an event loop of its own."""
-    state = build_state(parse_config({
-        "replicas": [{"id": "a", "url": "http://127.0.0.1:9"}],
-        "admin": {"token": _TOKEN, "allow_networks": ["127.0.0.0/8"]}}))
-    app = create_admin_app(state, _TOKEN)
+    app = admin_app()
 
     async def post() -> tuple[int, httpx.Response]:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://admin") as client:
-            with calls_on_loop(orjson.loads) as calls:
-                r = await client.post("/admin/replicas", content=body, headers={
-                    "authorization": f"Bearer {_TOKEN}",
-                    "content-type": "application/json"})
-            return calls[orjson.loads], r
+        with calls_on_loop(orjson.loads) as calls:
+            r = await post_replica(app, body)
+        return calls[orjson.loads], r
 
     return asyncio.run(post())
 

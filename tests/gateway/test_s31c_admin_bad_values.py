@@ -10,28 +10,14 @@ import httpx
 import orjson
 import pytest
 
-from gateway.admin import create_admin_app
-from gateway.config import parse_config
-from gateway.state import build_state
+from tests.support.admin_posts import REPLICA_URL, admin_app, post_replica
 
-_TOKEN = "t" * 32
-_URL = "http://127.0.0.1:9"
+_URL = REPLICA_URL
 _DEEP = 1000  # levels of nesting (orjson reads up to 1,024)
 
 
 def _added(body: bytes) -> httpx.Response:
-    state = build_state(parse_config({
-        "replicas": [{"id": "a", "url": _URL}],
-        "admin": {"token": _TOKEN, "allow_networks": ["127.0.0.0/8"]}}))
-    app = create_admin_app(state, _TOKEN)
-
-    async def post() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://admin") as client:
-            return await client.post("/admin/replicas", content=body, headers={
-                "authorization": f"Bearer {_TOKEN}", "content-type": "application/json"})
-
-    return asyncio.run(post())
+    return asyncio.run(post_replica(admin_app(), body))
 
 
 @pytest.mark.parametrize(("body", "named"), [
