@@ -431,7 +431,7 @@ class UpstreamStream:
                         self._last_seen = self._has_last_event(
                             self._tail[-responses_request.MARKER_BYTES:] + chunk)
                     if self._events is not None:  # (an event may start in the tail)
-                        self._events += _content_events(self._tail or b"\n", chunk)
+                        self._events += _content_events(self._tail, chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
                     if not response.is_eof():
                         chunk = self._whole_events(chunk)
@@ -1155,11 +1155,14 @@ def _count(value: object) -> TypeGuard[int]:
 
 def _content_events(before: bytes, chunk: bytes) -> int:
     """The content events that ``chunk`` adds to a stream whose bytes so far end with
-    ``before`` (``content_chunks``): its data lines (an event of OpenAI's API has one: JSON
-    escapes a line end in a string, so a line never starts inside its value), less its
-    role-only chunks, [DONE] and the usage-only event left in (``content_chunks`` takes
-    them off). A few counts in each chunk (``\\rdata:`` only where a \\r is), and a sign
-    split between reads counted once, where it straddles the chunk's start."""
+    ``before`` (all of them, when fewer than ``_CONTENT_EDGE``) (``content_chunks``): its
+    data lines (an event of OpenAI's API has one: JSON escapes a line end in a string, so
+    a line never starts inside its value), less its role-only chunks, [DONE] and the
+    usage-only event left in (``content_chunks`` takes them off). A few counts in each
+    chunk (``\\rdata:`` only where a \\r is), and a sign split between reads counted once,
+    where it straddles the chunk's start."""
+    if len(before) < _CONTENT_EDGE:  # all of the stream so far: a line starts the body
+        before = b"\n" + before
     n = chunk.count(_DATA_LINE) - chunk.count(_ROLE_ONLY)
     if b"\r" in chunk:
         n += chunk.count(_CR_DATA_LINE)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.proxy import _content_events
 from tests.support.relayed_streams import relayed
 
 
@@ -65,3 +66,15 @@ def test_every_choice_counts_its_own_chunks() -> None:
     writes = [_role(0) + _event("a", 0), _role(1) + _event("x", 1),
               _event("b", 0) + _event("y", 1) + _event("z", 1), _USAGE_ONLY + _DONE]
     assert _counted(writes) == 5
+
+
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+def test_every_split_of_a_stream_counts_as_the_whole(line_end: bytes) -> None:
+    # the reads of the relay above may merge: here every split of the bytes is counted
+    stream = (_role() + b": ping\n\n" + _THREE + _role(1) + _event("d", 1) + _USAGE_ONLY
+              + _DONE).replace(b"\n", line_end)
+    whole = _content_events(b"\n", stream)
+    assert whole == 4 + 1 + 1  # four content events, the usage-only one and [DONE]
+    for cut in range(1, len(stream)):
+        first, rest = stream[:cut], stream[cut:]
+        assert _content_events(b"\n", first) + _content_events(first, rest) == whole, cut
