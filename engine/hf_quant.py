@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from kvwire.media_parts import shown
+
 
 @dataclass(frozen=True, slots=True)
 class ConfigSection:
@@ -31,7 +33,7 @@ class ConfigSection:
             value = default
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"config.json {self.where}{key} must be a positive integer, "
-                             f"got {value!r}")
+                             f"got {shown(value)}")
         return value
 
 
@@ -58,7 +60,7 @@ def _bits(values: ConfigSection, key: str) -> int:
     bits = values.positive(key)
     if bits > 16:
         raise ValueError(f"config.json {values.where}{key} must be at most 16 bits, got "
-                         f"{bits!r}")
+                         f"{shown(bits)}")
     return bits
 
 
@@ -89,7 +91,7 @@ def _fp8(quant: ConfigSection, dtype: int) -> tuple[float, str]:
     if not (isinstance(block, list) and len(block) == 2 and all(
             isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in block)):
         raise ValueError(f"config.json {quant.where}weight_block_size must be two "
-                         f"positive integers, got {repr(block)[:200]}")
+                         f"positive integers, got {shown(block)}")
     # DeepSeek-V3's: a float32 scale per 128 x 128 block
     return 1 + 4 / (block[0] * block[1]), \
         f"8-bit weights, a 4 B scale per {block[0]} x {block[1]} block"
@@ -109,19 +111,19 @@ def _compressed_tensors(quant: ConfigSection, dtype: int) -> tuple[float, str]:
     groups = quant.values.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         raise ValueError(f"config.json {quant.where}config_groups must be an object of "
-                         f"quantization schemes, got {repr(groups)[:200]}")
+                         f"quantization schemes, got {shown(groups)}")
     widest = (0.0, "")
     for name, scheme in groups.items():
         where = f"{quant.where}config_groups.{name}"
         if not isinstance(scheme, Mapping):
             raise ValueError(f"config.json {where} must be an object, got "
-                             f"{repr(scheme)[:200]}")
+                             f"{shown(scheme)}")
         if scheme.get("weights") is None:
             widest = max(widest, (float(dtype), f"{8 * dtype}-bit weights"))
             continue
         if not isinstance(scheme["weights"], Mapping):
             raise ValueError(f"config.json {where}.weights must be an object, got "
-                             f"{repr(scheme['weights'])[:200]}")
+                             f"{shown(scheme['weights'])}")
         weights = ConfigSection(scheme["weights"], f"{where}.weights.")
         bits = _bits(weights, "num_bits")
         # group: W4A16's; tensor_group: NVFP4's (its fp8 scales counted as 16-bit, an
@@ -171,7 +173,7 @@ def quantization_config(*sections: ConfigSection) -> ConfigSection | None:
                 continue
             if not isinstance(quant, Mapping):
                 raise ValueError(f"config.json {section.where}{key} must be an object, "
-                                 f"got {repr(quant)[:200]}")
+                                 f"got {shown(quant)}")
             return ConfigSection(quant, f"{section.where}{key}.")
     return None
 
@@ -199,8 +201,8 @@ def weight_memory(quant: ConfigSection | None, params: float, embeddings: float 
     reader = _READERS.get(method) if isinstance(method, str) else None
     if reader is None:
         return Weights(params, dtype_bytes=dtype), (
-            f"config.json {quant.where}quant_method {method!r} is not one the plan reads "
-            f"({', '.join(QUANT_METHODS)}): its weights are counted unquantized, at "
+            f"config.json {quant.where}quant_method {shown(method)} is not one the plan "
+            f"reads ({', '.join(QUANT_METHODS)}): its weights are counted unquantized, at "
             f"{dtype} B a parameter, an upper bound",)
     per_weight, said = reader(quant, dtype)
     if embeddings is None:

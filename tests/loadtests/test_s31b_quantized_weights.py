@@ -133,7 +133,7 @@ def test_without_vocab_size_the_embeddings_are_counted_quantized() -> None:
                             "integer, got '4'"),
     ({**DEEPSEEK_FP8, "weight_block_size": [128]},
      "config.json quantization_config.weight_block_size must be two positive integers, "
-     "got [128]"),
+     "got an array of 1"),
     ({**COMPRESSED_W4A16, "config_groups": None},
      "config.json quantization_config.config_groups must be an object of quantization "
      "schemes, got None"),
@@ -153,3 +153,24 @@ def test_an_older_compression_config_is_read_too() -> None:
     # older compressed-tensors checkpoints name it compression_config, as vLLM reads it
     sizing = sizing_from_config({**LLAMA3_8B, "compression_config": COMPRESSED_W4A16})
     assert sizing.weights.total_bytes == 5_700_059_136
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_huge_or_deep_value_is_named_briefly() -> None:
+    # a deeply nested value (JSON allows it; repr overflows the stack near 1,000 levels)
+    deep = {**DEEPSEEK_FP8, "weight_block_size": _nested(5_000)}
+    with pytest.raises(ValueError) as exc:
+        sizing_from_config({**LLAMA3_8B, "quantization_config": deep})
+    assert str(exc.value).endswith("must be two positive integers, got an array of 1")
+    # a huge unknown quant_method: its start, in the plan's note
+    huge = sizing_from_config({**LLAMA3_8B, "quantization_config": {
+        "quant_method": "q" * 100_000}})
+    (note,) = huge.notes
+    assert f"quant_method {'q' * 60!r}... is not one the plan reads" in note
+    assert len(note) < 400
