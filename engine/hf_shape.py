@@ -241,32 +241,49 @@ def sliding_window_layers(text: ConfigSection, layers: int) -> tuple[int | None,
     return window, layers
 
 
-def _param_count(raw: Mapping[str, Any], text: ConfigSection) -> ParamCount:
+class _Counted(NamedTuple):
+    """A config's parameters, those of its embeddings and output head (None: without
+    ``vocab_size`` they cannot be told apart), and what the count assumed."""
+
+    params: ParamCount
+    embeddings: float | None
+    notes: tuple[str, ...] = ()
+
+
+def _param_count(raw: Mapping[str, Any], text: ConfigSection) -> _Counted:
     """The config's ``num_parameters`` where it gives them, else the estimate. Their
     active share: the estimate's where it can be made (``vocab_size`` given); without
     ``vocab_size``, a mixture of experts' ``num_parameters`` less the routed experts a
     token is not sent to (from the expert counts and sizes, which need no embeddings:
-    ``_layer_params``' total less its active), a dense model's all of them."""
+    ``_layer_params``' total less its active, with a note), a dense model's all of them."""
     given = raw.get("num_parameters")
-    if given is None:
-        return estimate_params(raw)
-    if isinstance(given, bool) or not isinstance(given, int | float) \
-            or not math.isfinite(given) or given <= 0:
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int | float)
+                              or not math.isfinite(given) or given <= 0):
         raise ValueError(f"config.json num_parameters must be a positive number, got "
                          f"{given!r}")
-    if text.values.get("vocab_size") is None:
-        layers = _layer_params(raw, text)
+    layers = _layer_params(raw, text)
+    if given is not None and text.values.get("vocab_size") is None:
         unused = layers.total - layers.active  # the routed experts a token skips
         if not unused:
-            return ParamCount(float(given), float(given))
+            return _Counted(ParamCount(float(given), float(given)), None)
         if given <= unused:
             raise ValueError(f"config.json num_parameters {given:,.0f} is not more than "
                              f"the {unused:,.0f} of its routed experts a token is not sent "
                              f"to ({layers.experts_per_token} of {layers.num_experts} a "
                              "layer, from their sizes): it cannot be this model's count")
-        return layers._replace(total=float(given), active=given - unused)
-    count = estimate_params(raw)
-    return count._replace(total=float(given), active=given * count.active / count.total)
+        note = (f"vocab_size absent: the {(given - unused) / 1e9:,.1f}B active parameters "
+                "are num_parameters less the routed experts a token is not sent to "
+                f"({layers.experts_per_token} of {layers.num_experts} a layer, counted "
+                "from their sizes)")
+        return _Counted(layers._replace(total=float(given), active=given - unused), None,
+                        (note,))
+    embeddings = float(_embedding_params(raw, text))
+    count = layers._replace(total=layers.total + embeddings,
+                            active=layers.active + embeddings)
+    if given is not None:
+        count = count._replace(total=float(given),
+                               active=given * count.active / count.total)
+    return _Counted(count, embeddings)
 
 
 class ModelSizing(NamedTuple):
@@ -281,25 +298,17 @@ class ModelSizing(NamedTuple):
 def sizing_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelSizing:
     """The shape, weights and notes of a ``config.json`` mapping; errors name the key."""
     text = text_config(raw)
-    count = _param_count(raw, text)
-    notes: tuple[str, ...] = ()
-    if raw.get("num_parameters") is not None and text.values.get("vocab_size") is None \
-            and count.active < count.total:
-        notes = (f"vocab_size absent: the {count.active / 1e9:,.1f}B active parameters are "
-                 "num_parameters less the routed experts a token is not sent to "
-                 f"({count.experts_per_token} of {count.num_experts} a layer, counted from "
-                 "their sizes)",)
+    counted = _param_count(raw, text)
     quant = quantization_config(ConfigSection(raw), text)
-    embeddings = None if text.values.get("vocab_size") is None \
-        else float(_embedding_params(raw, text))
-    memory, said = weight_memory(quant, count.total, embeddings, dtype_bytes(raw))
-    return ModelSizing(_shape(raw, text, count, name), memory, notes + said)
+    memory, said = weight_memory(quant, counted.params.total, counted.embeddings,
+                                 dtype_bytes(raw))
+    return ModelSizing(_shape(raw, text, counted.params, name), memory,
+                       counted.notes + said)
 
 
 def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape:
     """The ``ModelShape`` a ``config.json`` mapping describes; errors name the key."""
-    text = text_config(raw)
-    return _shape(raw, text, _param_count(raw, text), name)
+    return sizing_from_config(raw, name).shape
 
 
 def _shape(raw: Mapping[str, Any], text: ConfigSection, count: ParamCount,
