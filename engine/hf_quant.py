@@ -64,16 +64,18 @@ def _bits(values: ConfigSection, key: str) -> int:
     return bits
 
 
-def _group_scales(values: ConfigSection, bits: int, key: str) -> tuple[float, str]:
+def _group_scales(values: ConfigSection, bits: int, key: str,
+                  symmetric: bool = False) -> tuple[float, str]:
     """A group's 16-bit scale and, where the group is asymmetric (GPTQ's either way),
     its ``bits``-bit zero point, as bytes a weight: ``(2 + bits / 8) / group``; none for
-    a group of -1 (a scale per output channel, negligible)."""
+    a group of -1 (a scale per output channel, negligible). ``symmetric``: whether a
+    section without the ``symmetric`` key is (compressed-tensors' default)."""
     group = values.values.get(key, 128)
     if group == -1:
         return 0.0, "a scale per channel"
     group = values.positive(key, 128)
     zero = bits / 8 if values.values.get("zero_point", True) is not False \
-        and values.values.get("symmetric") is not True else 0.0
+        and values.values.get("symmetric", symmetric) is not True else 0.0
     return (2 + zero) / group, \
         f"a 16-bit scale{' and zero point' if zero else ''} per {group} weights"
 
@@ -129,7 +131,8 @@ def _compressed_tensors(quant: ConfigSection, dtype: int) -> tuple[float, str]:
         # group: W4A16's; tensor_group: NVFP4's (its fp8 scales counted as 16-bit, an
         # upper bound); tensor, channel, block: scales negligible
         if weights.values.get("strategy") in ("group", "tensor_group"):
-            scales, said = _group_scales(weights, bits, "group_size")
+            # symmetric unless it says not, as compressed-tensors' QuantizationArgs
+            scales, said = _group_scales(weights, bits, "group_size", symmetric=True)
         else:
             scales, said = 0.0, "scales per tensor, channel or block"
         widest = max(widest, (bits / 8 + scales, f"{bits}-bit weights, {said}"))

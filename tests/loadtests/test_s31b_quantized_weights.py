@@ -174,3 +174,25 @@ def test_a_huge_or_deep_value_is_named_briefly() -> None:
     (note,) = huge.notes
     assert f"quant_method {'q' * 60!r}... is not one the plan reads" in note
     assert len(note) < 400
+
+
+@pytest.mark.parametrize(("symmetric", "per_weight"), [
+    # compressed-tensors' QuantizationArgs are symmetric unless they say not: a scale
+    # per 128 alone, 0.5 + 2 / 128 = 0.515625 B
+    (None, 0.515625),
+    # asymmetric: a 16-bit scale and a 4-bit zero point per 128, 0.5 + 2.5 / 128
+    (False, 0.51953125),
+], ids=["absent", "false"])
+def test_compressed_tensors_groups_are_symmetric_unless_they_say_not(
+        symmetric: bool | None, per_weight: float) -> None:
+    group = COMPRESSED_W4A16["config_groups"]["group_0"]
+    weights = {k: v for k, v in group["weights"].items() if k != "symmetric"}
+    if symmetric is not None:
+        weights["symmetric"] = symmetric
+    quant = {**COMPRESSED_W4A16, "config_groups": {"group_0": {**group,
+                                                               "weights": weights}}}
+    sizing = sizing_from_config({**LLAMA3_8B, "quantization_config": quant})
+    assert sizing.weights.bytes_per_quantized == per_weight
+    # AWQ without the key keeps its zero point (zero_point: true)
+    awq = sizing_from_config({**LLAMA3_8B, "quantization_config": AWQ})
+    assert awq.weights.bytes_per_quantized == 0.51953125
