@@ -5,20 +5,13 @@ the client unfinished, never as a whole one."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import MutableMapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 
-from gateway.config import ReplicaConfig, TimeoutConfig
-from gateway.fleet import Fleet
-from gateway.metrics import GatewayMetrics
-from gateway.proxy import Proxy, UpstreamStream, Usage
-from gateway.relay_response import RelayResponse
-from gateway.upstream_http import UpstreamClient
-from kvwire.request_edge import ClientWatch
+from gateway.proxy import Usage
+from tests.support.relayed_streams import RelayedWhole, relayed_whole
 
 _BUFFER = 1024  # the proxy's buffer_bytes: every answer below is longer
 _TEXT = "word " * 600  # 3,000 bytes of content
@@ -44,82 +37,10 @@ def _until_close(body: bytes) -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n" + body
 
 
-class _Relayed(NamedTuple):
-    messages: list[tuple[bytes, bool]]  # the client's body messages (body, more_body)
-    ended: list[tuple[str, bool]]  # how the answer was settled: (outcome, whole)
-    usage: list[Usage | None]  # what it was read to report
-
-    @property
-    def body(self) -> bytes:
-        return b"".join(body for body, _ in self.messages)
-
-    @property
-    def finished(self) -> bool:
-        """The client's body was ended (the server closes it as a whole one)."""
-        return bool(self.messages) and not self.messages[-1][1]
-
-
-def _relay(raw: bytes) -> _Relayed:
+def _relay(raw: bytes) -> RelayedWhole:
     """``raw`` written by a replica in two writes (its head and first KiB, then the rest)
     and the connection closed, relayed through the proxy to a client that stays."""
-    async def main() -> _Relayed:
-        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            split = raw.index(b"\r\n\r\n") + 4 + _BUFFER
-            writer.write(raw[:split])
-            await writer.drain()
-            await asyncio.sleep(0.01)
-            writer.write(raw[split:])
-            await writer.drain()
-            writer.close()
-            await writer.wait_closed()
-            closed.set()
-
-        closed = asyncio.Event()
-
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        fleet = Fleet([ReplicaConfig("r", f"http://127.0.0.1:{port}")])
-        client = UpstreamClient()
-        proxy = Proxy(client, fleet, TimeoutConfig(buffer_bytes=_BUFFER, idle_s=5),
-                      GatewayMetrics(fleet), 1)
-        ended: list[tuple[str, bool]] = []
-        usage: list[Usage | None] = []
-        messages: list[tuple[bytes, bool]] = []
-        stay = asyncio.Event()
-
-        async def receive() -> dict[str, str]:
-            await stay.wait()  # the client stays
-            return {"type": "http.disconnect"}
-
-        async def send(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.body":
-                messages.append((message["body"], message["more_body"]))
-
-        def done(stream: UpstreamStream, ok: bool) -> None:
-            ended.append((stream.outcome, ok))
-            usage.append(stream.usage())
-
-        try:
-            stream = await proxy.open(["r"], "/v1/completions", b"{}", {}, lambda r: 1,
-                                      lambda r: None, done)
-            if stream.complete:
-                messages.append((stream.whole_body(), False))
-            else:
-                await RelayResponse(stream, {}, ClientWatch(receive))(
-                    {"type": "http"}, receive, send)
-        finally:
-            stay.set()
-            proxy.close()
-            await client.close()
-            await asyncio.wait_for(closed.wait(), 5)
-            server.close()
-            await server.wait_closed()
-        return _Relayed(messages, ended, usage)
-
-    return asyncio.run(main())
+    return relayed_whole(raw, _BUFFER)
 
 
 @pytest.mark.parametrize("frame", [_with_length, _until_close])
