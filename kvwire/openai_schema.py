@@ -21,7 +21,8 @@ import re
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar
 
 import orjson
 
@@ -45,6 +46,8 @@ class OpenAIError(Exception):
     status = 500
     type = "server_error"
     kind = "internal"
+    # headers every answer of this class carries; ``headers`` given add to them (and win)
+    class_headers: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -52,7 +55,7 @@ class OpenAIError(Exception):
         self.message = message
         self.param = param
         self.code = code
-        self.headers = headers or {}
+        self.headers = {**self.class_headers, **(headers or {})}
 
     def body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type,
@@ -73,11 +76,7 @@ class Unauthorized(OpenAIError):
     status = 401
     type = "authentication_error"
     kind = "unauthorized"
-
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message, param=param, code=code,
-                         headers={"www-authenticate": "Bearer", **(headers or {})})
+    class_headers = MappingProxyType({"www-authenticate": "Bearer"})
 
 
 class NotFound(OpenAIError):
