@@ -299,7 +299,11 @@ def _extra_keys(value: Any) -> tuple[tuple[Any, ...] | None, ...] | None:
 # A payload decodes to at most one list or map per this many of its bytes (and
 # ``_FREE_CONTAINERS`` more): one of a byte (an empty map) costs about 70 bytes of memory,
 # so a 4 MiB message of them held 290 MiB while it was decoded. The engine's own messages
-# spend 12 bytes or more on each (an event's array, a block's extra keys and its hash, ids)
+# (array form; the map form spends more) spend 10.8 bytes or more on each at its default
+# block size of 16: the fewest in BlockStored events of a salted chain's one block (5 lists
+# for 54 bytes: the event's array, its hashes, its token ids, under 128 each, its extra
+# keys and the block's). At a block size of 1 such events spend 7.4 (37 bytes for 5), which
+# ``_FREE_CONTAINERS`` covers in a payload of up to about 100 KB of them.
 _BYTES_PER_CONTAINER = 8
 _FREE_CONTAINERS = 1024
 
