@@ -8,7 +8,8 @@ One step computes ``n_i`` new tokens for each sequence ``i`` at positions
       attended keys of seq i = sum_{p = s_i}^{c_i - 1} (p + 1) = n_i * s_i + n_i (n_i + 1) / 2
     bytes = weight_bytes_read(sum(n_i))                        (weights, once per step:
             all of a dense model's; a mixture of experts' shared weights and the experts
-            its tokens go to, ModelShape.weight_bytes_read)
+            its tokens go to, ModelShape.weight_bytes_read; at the bytes the checkpoint
+            stores them in, a quantized model's as ModelShape.weights counts them)
           + kv_bytes_per_token * sum(c_i + n_i)                 (read context, write new)
       kv_bytes_per_token = layers * (2 * kv_heads * head_dim, or an MLA latent's width)
                            * dtype_bytes
@@ -25,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from engine.hf_quant import Weights
 from kvwire import yaml_strict
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -57,6 +59,12 @@ class ModelShape:
     # num_heads * head_dim: DeepSeek-V3's 7168 (MLA's heads attend over 128 x 192),
     # Gemma's; None: num_heads * head_dim, as Llama's
     model_dim: int | None = None
+    # weights stored quantized (a config.json's quantization_config, engine.hf_quant):
+    # quantized_params of the params at bytes_per_quantized_param each, their scales'
+    # share included, the others at dtype_bytes; 0: none, every weight at dtype_bytes
+    quantized_params: float = 0.0
+    bytes_per_quantized_param: float = 0.0
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if not (_finite(self.params) and self.params > 0):
@@ -82,6 +90,18 @@ class ModelShape:
         if swa and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
             raise ValueError(f"model.sliding_window must be a positive integer with "
                              f"{swa} sliding_window_layers, got {window!r}")
+        quantized = self.quantized_params
+        if not (_finite(quantized) and 0 <= quantized <= self.params):
+            raise ValueError(f"model.quantized_params must be a number in [0, params="
+                             f"{self.params:g}], got {quantized!r}")
+        per_weight = self.bytes_per_quantized_param
+        if quantized and not (_finite(per_weight) and 0 < per_weight <= _MAX_WEIGHT_BYTES):
+            raise ValueError(f"model.bytes_per_quantized_param must be a number in (0, "
+                             f"{_MAX_WEIGHT_BYTES:g}] with {quantized:g} quantized_params, "
+                             f"got {per_weight!r}")
+        if self.quantization is not None and not isinstance(self.quantization, str):
+            raise ValueError(f"model.quantization must be a string or null, got "
+                             f"{self.quantization!r}")
         if self.experts_per_token > self.num_experts:
             raise ValueError(f"model.experts_per_token {self.experts_per_token} is more "
                              f"than num_experts {self.num_experts}")
@@ -104,19 +124,32 @@ class ModelShape:
         """The parameters one token computes with."""
         return self.params if self.active_params is None else self.active_params
 
+    @property
+    def weights(self) -> Weights:
+        """The weights' memory as the checkpoint stores them: what ``kvgate plan`` prints
+        beside the KV and what a step reads (``weight_bytes_read``)."""
+        return Weights(self.params, self.quantized_params, self.bytes_per_quantized_param,
+                       self.dtype_bytes, self.quantization)
+
     def weight_bytes_read(self, tokens: int) -> float:
         """The weight bytes a step of ``tokens`` tokens reads: every shared weight and the
-        routed experts its tokens go to. With routing taken as uniform and independent,
-        a token leaves a given expert out with chance ``1 - k / E``, so ``tokens`` of them
-        use a share ``1 - (1 - k / E) ** tokens`` of the routed weights ``R``; a token's
-        own ``active = params - R (1 - k / E)``, which gives
-        ``params - (params - active) (1 - k / E) ** (tokens - 1)``: ``active`` for one
-        token, nearly ``params`` for a large batch. A dense model's: ``params``."""
-        if self.active_params is None:
-            return self.params * self.dtype_bytes
-        unused = (self.params - self.active_params) \
-            * (1 - self.experts_per_token / self.num_experts) ** (tokens - 1)
-        return (self.params - unused) * self.dtype_bytes
+        routed experts its tokens go to, at the bytes ``weights`` stores them in. With
+        routing taken as uniform and independent, a token leaves a given expert out with
+        chance ``1 - k / E``, so ``tokens`` of them use a share
+        ``1 - (1 - k / E) ** tokens`` of the routed weights ``R``; a token's own
+        ``active = params - R (1 - k / E)``, which leaves
+        ``unused = (params - active) (1 - k / E) ** (tokens - 1)`` unread: all but
+        ``active`` for one token, nearly none for a large batch. A dense model reads all
+        of its weights."""
+        unused = 0.0
+        if self.active_params is not None:
+            unused = (self.params - self.active_params) \
+                * (1 - self.experts_per_token / self.num_experts) ** (tokens - 1)
+        if not self.quantized_params:
+            return (self.params - unused) * self.dtype_bytes
+        # the routed experts left unread are among the quantized weights (the embeddings
+        # and output head, the ones kept at the dtype, are no expert's)
+        return self.weights.total_bytes - unused * self.bytes_per_quantized_param
 
     @property
     def kv_values_per_token_layer(self) -> int:
@@ -173,6 +206,8 @@ class GPUSpec:
 # what a device can be: past these a simulated step takes hours, and the engine stalls
 _GPU_BOUNDS = {"peak_tflops": (0.01, 1e5), "hbm_tb_per_s": (0.001, 1e3)}
 _MAX_STEP_OVERHEAD_MS = 1000.0
+# a quantized weight's bytes, scales included: past a float32 and its scale and zero point
+_MAX_WEIGHT_BYTES = 8.0
 
 
 def _finite(v: object) -> bool:

@@ -14,8 +14,9 @@ attention model (DeepSeek-V2/V3) caches one latent per token and layer
 (Mistral-7B-v0.1; Gemma 2 and 3's local layers) are counted (``sliding_window_layers``)
 and sized in full, as every layer: see ``ModelShape.kv_bytes_cached``. The weights'
 memory (``engine.hf_quant.weight_memory``) is their checkpoint's: a
-``quantization_config``'s bytes a weight for all but the embeddings and output head;
-``sizing_from_config`` gives it with the shape and notes on what either assumed.
+``quantization_config``'s bytes a weight for all but the embeddings and output head,
+kept in the shape (``ModelShape.weights``), whose steps the sim executor times at those
+bytes; ``sizing_from_config`` gives it with the shape and notes on what either assumed.
 """
 
 from __future__ import annotations
@@ -302,7 +303,7 @@ def sizing_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelSizi
     quant = quantization_config(ConfigSection(raw), text)
     memory, said = weight_memory(quant, counted.params.total, counted.embeddings,
                                  dtype_bytes(raw))
-    return ModelSizing(_shape(raw, text, counted.params, name), memory,
+    return ModelSizing(_shape(raw, text, counted.params, memory, name), memory,
                        counted.notes + said)
 
 
@@ -312,9 +313,9 @@ def shape_from_config(raw: Mapping[str, Any], name: str = "model") -> ModelShape
 
 
 def _shape(raw: Mapping[str, Any], text: ConfigSection, count: ParamCount,
-           name: str) -> ModelShape:
+           weights: Weights, name: str) -> ModelShape:
     """The ``ModelShape`` of ``raw`` (its language model's settings ``text``) with the
-    parameters ``count``."""
+    parameters ``count``, stored as ``weights`` says (the shape's ``weights``)."""
     hidden = text.positive("hidden_size")
     heads = text.positive("num_attention_heads")
     kv_heads = text.positive("num_key_value_heads", heads)
@@ -344,6 +345,9 @@ def _shape(raw: Mapping[str, Any], text: ConfigSection, count: ParamCount,
         sliding_window=window if window_layers else None,
         sliding_window_layers=window_layers,
         model_dim=hidden,
+        quantized_params=weights.quantized,
+        bytes_per_quantized_param=weights.bytes_per_quantized,
+        quantization=weights.method,
     )
 
 

@@ -24,7 +24,6 @@ from typing import Any
 import yaml
 
 from engine.cost_model import ModelShape, load_profile
-from engine.hf_quant import Weights
 from engine.hf_shape import ModelSizing, sizing_from_dir
 from engine.kv_sizing import GIB
 from kvwire.arg_types import float_between, non_negative_int, positive_float, positive_int
@@ -193,9 +192,9 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         figures = simulate_policies(work, policies, profile, args.replicas, idle,
                                     numbers.bytes_per_request, rate, args.seed) \
             if work.requests and args.sim_requests > 0 else {}
-    # a profile's weights are its dtype's; a config.json's as its checkpoint stores them
-    weights = sizing.weights if sizing else Weights(shape.params,
-                                                    dtype_bytes=shape.dtype_bytes)
+    # as the checkpoint stores them (a profile's: its quantization, if any), the bytes the
+    # simulator's steps read
+    weights = shape.weights
     plan: dict[str, Any] = {
         "model": {"name": shape.name, "num_layers": shape.num_layers,
                   "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
