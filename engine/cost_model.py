@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from engine.hf_quant import Weights
+from engine.kv_sizing import window_blocks
 from kvwire import yaml_strict
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -52,7 +53,9 @@ class ModelShape:
     num_experts: int = 1
     experts_per_token: int = 1
     # layers attending only to the last sliding_window tokens (Mistral-7B-v0.1, Gemma 2
-    # and 3's local layers); the KV and the roofline still count them in full
+    # and 3's local layers): a cached prefix keeps only their window (kv_bytes_cached,
+    # what kvgate plan sizes); kv_bytes_per_token, the roofline and the sim executor's KV
+    # pool count them in full
     sliding_window: int | None = None
     sliding_window_layers: int = 0
     # the model's width, its embeddings' (config.json's hidden_size), where it is not
@@ -163,16 +166,21 @@ class ModelShape:
     def kv_bytes_per_token(self) -> int:
         return self.num_layers * self.kv_values_per_token_layer * self.dtype_bytes
 
-    def kv_bytes_cached(self, tokens: int) -> int:
-        """The KV a cached prefix of ``tokens`` keeps when its sliding-window layers keep
-        only the last ``sliding_window`` tokens, as vLLM's hybrid KV cache manager does:
-        it frees a window layer's blocks outside the window and still hits a longer
-        prefix whose last window of blocks is cached. ``tokens * kv_bytes_per_token``
-        without window layers (or with vLLM's --disable-hybrid-kv-cache-manager)."""
-        per_layer = self.kv_values_per_token_layer * self.dtype_bytes
-        window = min(tokens, self.sliding_window or tokens)
+    def kv_bytes_cached(self, tokens: int, block_size: int = 1) -> int:
+        """The KV a cached prefix of ``tokens`` tokens keeps, in whole blocks of
+        ``block_size`` tokens (1: token by token), as vLLM's hybrid KV cache manager keeps
+        it: a full layer every block, a sliding-window layer only the blocks its window
+        still reaches (``engine.kv_sizing.window_blocks``: ``min(tokens, window)`` tokens,
+        and a block more in blocks of more than one token). Every layer's every block,
+        ``tokens * kv_bytes_per_token`` in whole blocks, without window layers (or with
+        vLLM's --disable-hybrid-kv-cache-manager)."""
+        # [0, blocks) the prefix's blocks; a window layer keeps [blocks - kept, blocks)
+        blocks = -(-tokens // block_size)
+        kept = blocks if self.sliding_window is None else \
+            window_blocks(blocks, self.sliding_window, block_size)
+        per_layer_block = self.kv_values_per_token_layer * self.dtype_bytes * block_size
         full = self.num_layers - self.sliding_window_layers
-        return per_layer * (full * tokens + self.sliding_window_layers * window)
+        return per_layer_block * (full * blocks + self.sliding_window_layers * kept)
 
 
 @dataclass(frozen=True, slots=True)

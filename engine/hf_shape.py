@@ -11,9 +11,9 @@ Gemma 3, Llama 4, Mistral 3; ``llm_config``: InternVL; ``language_config``: Deep
 ``thinker_config.text_config``: Qwen2.5-Omni): they are read there. A multi-head latent
 attention model (DeepSeek-V2/V3) caches one latent per token and layer
 (``mla_latent_width``), which the shape keeps as its KV width. Sliding-window layers
-(Mistral-7B-v0.1; Gemma 2 and 3's local layers) are counted (``sliding_window_layers``)
-and sized in full, as every layer: see ``ModelShape.kv_bytes_cached``. The weights'
-memory (``engine.hf_quant.weight_memory``) is their checkpoint's: a
+(Mistral-7B-v0.1; Gemma 2 and 3's local layers) are counted (``sliding_window_layers``),
+whose cached KV ``kvgate plan`` sizes at their window (``ModelShape.kv_bytes_cached``).
+The weights' memory (``engine.hf_quant.weight_memory``) is their checkpoint's: a
 ``quantization_config``'s bytes a weight for all but the embeddings and output head,
 kept in the shape (``ModelShape.weights``), whose steps the sim executor times at those
 bytes; ``sizing_from_config`` gives it with the shape and notes on what either assumed.

@@ -17,6 +17,17 @@ def blocks_in_gib(gib: float, kv_bytes_per_token: int, block_size: int) -> int:
     return int(gib * GIB) // (kv_bytes_per_token * block_size)
 
 
+def window_blocks(blocks: int, window: int, block_size: int) -> int:
+    """Of a cached prefix of ``blocks`` blocks of ``block_size`` tokens, those a layer
+    attending within the last ``window`` tokens keeps, as vLLM's hybrid KV cache manager
+    sizes it: the next token attends to the ``window - 1`` tokens before it, which span
+    ``ceil((window - 1) / block_size)`` blocks, and one block more where the window does
+    not start at a block's start; the blocks before are freed, and a longer prefix whose
+    last window of blocks is cached is still a hit. At most all ``blocks``; with blocks
+    of one token, ``min(blocks, window)``."""
+    return min(blocks, -(-(window - 1) // block_size) + 1)
+
+
 def host_memory_bytes() -> int | None:
     """This machine's physical memory (None where the OS does not say)."""
     try:

@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import yaml
 
 from engine.cost_model import ModelShape, load_profile
 from engine.hf_shape import ModelSizing, sizing_from_dir
-from engine.kv_sizing import GIB
+from engine.kv_sizing import window_blocks
 from kvwire.arg_types import float_between, non_negative_int, positive_float, positive_int
 from loadtests.plan_arithmetic import MIB, ROUTING_WINS, Arithmetic, FleetSize, arithmetic
 from loadtests.plan_report import render
@@ -124,23 +124,25 @@ def _profile_path(args: argparse.Namespace, work: PlanWorkload,
     return str(path), sizing
 
 
-def _notes(shape: ModelShape, numbers: Arithmetic, idle_kv_gib: float) -> list[str]:
-    """What the figures leave out for this model: its sliding-window layers."""
-    if not shape.sliding_window_layers:
+def _notes(shape: ModelShape, block_size: int, numbers: Arithmetic,
+           every_layer: Arithmetic) -> list[str]:
+    """What the figures assume for this model: its sliding-window layers' KV kept to their
+    window (``numbers``), against every layer's in full (``every_layer``)."""
+    if not shape.sliding_window_layers or shape.sliding_window is None:
         return []
-    # the tokens a request keeps cached, in whole blocks, and what its window layers
-    # keep of them where only their window is kept
-    tokens = numbers.bytes_per_request // shape.kv_bytes_per_token
-    windowed = shape.kv_bytes_cached(tokens)
-    docs = int(idle_kv_gib * GIB) // windowed
+    blocks = every_layer.bytes_per_request // (shape.kv_bytes_per_token * block_size)
+    kept = window_blocks(blocks, shape.sliding_window, block_size)
     return [f"{shape.sliding_window_layers} of {shape.num_layers} layers attend within a "
-            f"sliding window of {shape.sliding_window:,} tokens; the figures count every "
-            "layer in full (as vLLM with --disable-hybrid-kv-cache-manager): a lower bound "
-            "on the documents a replica holds. vLLM's hybrid KV cache manager keeps only "
-            "the window's blocks of those layers and still reuses a longer prefix whose "
-            f"last window is cached: a document with its question takes "
-            f"{windowed / MIB:,.0f} MiB, not {numbers.bytes_per_request / MIB:,.0f} MiB, "
-            f"up to {docs:,} documents a replica, if they stay cached that way"]
+            f"sliding window of {shape.sliding_window:,} tokens: the figures keep "
+            f"{kept:,} of a request's {blocks:,} blocks of {block_size} tokens in those "
+            "layers (the window's, and one more where it starts within a block), as vLLM's "
+            "hybrid KV cache manager does (a longer prefix whose last window is cached is "
+            f"still reused): a document with its question takes "
+            f"{numbers.bytes_per_request / MIB:,.0f} MiB. With "
+            "--disable-hybrid-kv-cache-manager every layer keeps every block: "
+            f"{every_layer.bytes_per_request / MIB:,.0f} MiB, "
+            f"{every_layer.docs_per_replica:,} documents a replica; the simulation, too, "
+            "keeps every layer in full"]
 
 
 def _recommend(plan: dict[str, Any], figures: dict[str, PolicyFigures],
@@ -187,10 +189,15 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvgate-plan-") as tmp:
         profile, sizing = _profile_path(args, work, Path(tmp))
         shape = load_profile(profile).model
-        numbers = arithmetic(work.library, FleetSize(shape.kv_bytes_per_token, idle,
-                                                     args.replicas))
+        fleet = FleetSize(shape.kv_bytes_per_token, idle, args.replicas)
+        every_layer = arithmetic(work.library, fleet)
+        # sliding-window layers keep only their window's blocks (vLLM's hybrid KV cache
+        # manager); the simulated engines keep every layer in full
+        numbers = arithmetic(work.library, replace(
+            fleet, kv_bytes_cached=shape.kv_bytes_cached)) \
+            if shape.sliding_window_layers else every_layer
         figures = simulate_policies(work, policies, profile, args.replicas, idle,
-                                    numbers.bytes_per_request, rate, args.seed) \
+                                    every_layer.bytes_per_request, rate, args.seed) \
             if work.requests and args.sim_requests > 0 else {}
     # as the checkpoint stores them (a profile's: its quantization, if any), the bytes the
     # simulator's steps read
@@ -212,7 +219,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
                      "skipped_lines": work.skipped_lines, **asdict(work.library)},
         **asdict(numbers),
         "policies": {name: f.summary() for name, f in figures.items()},
-        "notes": [*(sizing.notes if sizing else ()), *_notes(shape, numbers, idle)],
+        "notes": [*(sizing.notes if sizing else ()),
+                  *_notes(shape, fleet.block_size, numbers, every_layer)],
     }
     plan["hot_prefill_reduction_arithmetic"] = numbers.hot_prefill_reduction
     rr, best = figures.get("round_robin"), None

@@ -25,11 +25,17 @@ simulator adds that)::
     round robin : (1 - 33 / 250) x 6,000 + 80 = ~5,290 tokens  (a hot question hits 13%)
     affinity    : 80 tokens                                    (its ~31 documents fit)
     reduction   = ~66x: close to two orders of magnitude
+
+A model whose layers attend within a sliding window (Gemma 2 and 3's local layers,
+Mistral-7B-v0.1's) keeps only the window's blocks of those layers cached, as vLLM's
+hybrid KV cache manager does (``FleetSize.kv_bytes_cached``): a document and a request
+take less than their tokens x KV per token.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.kv_sizing import GIB
@@ -74,6 +80,10 @@ class FleetSize:
     idle_kv_gib: float
     replicas: int
     block_size: int = 16
+    # the KV a cached prefix of so many tokens keeps in blocks of so many tokens, where
+    # some layers keep fewer than all of them (sliding windows: ModelShape.kv_bytes_cached);
+    # None: every token of every layer, kv_bytes_per_token each
+    kv_bytes_cached: Callable[[int, int], int] | None = None
 
     def __post_init__(self) -> None:
         for key in ("kv_bytes_per_token", "idle_kv_gib", "replicas", "block_size"):
@@ -103,11 +113,13 @@ class Arithmetic:
 
 def arithmetic(library: Library, fleet: FleetSize) -> Arithmetic:
     """The seed's arithmetic for ``library`` on ``fleet``."""
-    per_token = fleet.kv_bytes_per_token
-    bytes_per_doc = round(library.doc_tokens * per_token)
+    per_token, cached = fleet.kv_bytes_per_token, fleet.kv_bytes_cached
+    bytes_per_doc = round(library.doc_tokens * per_token) if cached is None else \
+        cached(math.ceil(library.doc_tokens), 1)
     # [0, doc) document, [doc, doc + tail) question: cached in whole blocks
     blocks = math.ceil((library.doc_tokens + library.tail_tokens) / fleet.block_size)
-    bytes_per_request = blocks * fleet.block_size * per_token
+    bytes_per_request = blocks * fleet.block_size * per_token if cached is None else \
+        cached(blocks * fleet.block_size, fleet.block_size)
     per_replica = int(fleet.idle_kv_gib * GIB) // bytes_per_request
     fleet_docs = per_replica * fleet.replicas
     hot = library.hot_docs

@@ -1,6 +1,6 @@
 """Sliding-window layers (Mistral-7B-v0.1, Gemma 2 and 3's local layers) are counted from
-config.json, and kvgate plan says that it sizes them in full: a lower bound on the
-documents a replica holds where vLLM keeps only their window's blocks."""
+config.json, and kvgate plan says how it sizes them: their window's blocks, as vLLM's
+hybrid KV cache manager keeps them, and what every layer in full would take."""
 
 from __future__ import annotations
 
@@ -48,15 +48,16 @@ def test_a_window_keeps_only_its_tokens_on_its_layers() -> None:
     assert full.kv_bytes_cached(6000) == 6000 * full.kv_bytes_per_token
 
 
-def test_the_plan_says_it_sizes_window_layers_in_full(tmp_path: Path) -> None:
+def test_the_plan_says_how_it_sizes_window_layers(tmp_path: Path) -> None:
     plan = plan_for_config(
         tmp_path, {"model_type": "gemma3", "torch_dtype": "bfloat16", "text_config": GEMMA3_27B},
         "--replicas", "2", "--idle-kv-gib", "25", "--sim-requests", "0")
     assert plan["kv_bytes_per_token"] == 62 * 2 * 16 * 128 * 2
-    assert plan["docs_per_replica"] == 8  # every layer in full: the lower bound
+    assert plan["docs_per_replica"] == 28  # the window layers at their window's blocks
     (note,) = plan["notes"]
     assert note.startswith("52 of 62 layers attend within a sliding window of 1,024 tokens")
-    assert "891 MiB, not 2,945 MiB, up to 28 documents a replica" in note
+    assert "898 MiB. With --disable-hybrid-kv-cache-manager every layer keeps every " \
+        "block: 2,945 MiB, 8 documents a replica" in note
     assert f"note: {note}" in render(plan)
 
 
