@@ -44,9 +44,9 @@ class ParsedRequest:
 def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None = None,
                affinity_header_value: str | None = None,
                default_model: Callable[[], str | None] | None = None) -> ParsedRequest:
-    """The request's fields; one without ``model`` is for ``default_model()`` (the
-    fleet's one model, asked only then; its body is forwarded as it came), and refused when
-    there is none. ``endpoint`` None (``/admin/explain``, which explains any of them;
+    """The request's fields; one without ``model`` (or naming none: "") is for
+    ``default_model()`` (the fleet's one model, asked only then; its body is forwarded as
+    it came), and refused when there is none. ``endpoint`` None (``/admin/explain``, which explains any of them;
     ``/invocations``, which sends only chats and completions here): chat when the body has
     ``messages``, SGLang's native ``/generate`` when it has ``text`` or ``input_ids`` and no
     ``prompt``, else completions."""
@@ -55,7 +55,7 @@ def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None
         endpoint = "chat" if "messages" in body else "generate" \
             if "prompt" not in body and ("text" in body or "input_ids" in body) \
             else "completions"
-    if body.get("model") is None:
+    if body.get("model") in (None, ""):  # an empty name is the default's, as vLLM reads it
         model = None if default_model is None else default_model()
         if model is None:
             raise BadRequest("'model' is required and must be a non-empty string (this "

@@ -323,12 +323,12 @@ def positive_int(body: Mapping[str, Any], key: str, least: int = 1) -> int | Non
 
 
 def model_field(body: Mapping[str, Any]) -> str | None:
-    """The request's ``model``: absent, or a non-empty string."""
+    """The request's ``model``: a string, None when absent or empty (an empty name is the
+    served model's, as vLLM reads it)."""
     model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise BadRequest(f"'model' must be a non-empty string, got {shown(model)}",
-                         param="model")
-    return model
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, got {shown(model)}", param="model")
+    return model or None
 
 
 def check_served(model: str | None, served: str) -> None:

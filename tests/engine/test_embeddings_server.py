@@ -156,7 +156,7 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(live: Engine) -> None:
     ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "-1 or"),
     ({"input": "x", "truncate_prompt_tokens": LIMIT + 1}, "truncate_prompt_tokens",
      "greater than max_model_len"),
-    ({"input": "x", "model": ""}, "model", "non-empty"),
+    ({"input": "x", "model": 5}, "model", "must be a string"),
 ])
 def test_bad_requests_get_a_400_naming_the_field(live: Engine, body: dict[str, Any],
                                                  param: str, words: str) -> None:
@@ -173,6 +173,9 @@ def test_unknown_model_and_bad_json(live: Engine) -> None:
     assert info.value.body["code"] == "model_not_found"  # type: ignore[index]
     r = live.http.post("/v1/embeddings", content=b"{not json")
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    # an empty name is the served model's, as vLLM reads it
+    r = live.http.post("/v1/embeddings", json={"model": "", "input": "x"})
+    assert r.status_code == 200 and r.json()["model"] == MODEL, r.text
 
 
 def test_requests_count_in_the_engine_metrics_and_take_prefill_time() -> None:

@@ -53,7 +53,7 @@ BAD_REQUESTS = [
     ("POST", "/v1/completions", b"{not json", 400),
     ("POST", "/v1/chat/completions", b'{"model": "sim-model", "messages": []}', 400),
     ("POST", "/v1/completions", b'{"model": "other", "prompt": "x"}', 404),
-    ("POST", "/v1/embeddings", b'{"model": "", "input": "x"}', 400),
+    ("POST", "/v1/embeddings", b'{"model": 5, "input": "x"}', 400),
     ("GET", "/v1/no/such/path", b"", 404),
     ("POST", "/v1/models", b"", 405),
 ]

@@ -134,7 +134,7 @@ def test_client_errors_are_openai_shaped(two: tuple[Gateway, Behaviour, Behaviou
     url = f"{gw.url}/v1/completions"
     cases = [
         (b"{not json", 400, "invalid_json", None),
-        (b'{"model": "", "prompt": "x"}', 400, None, "model"),
+        (b'{"model": 5, "prompt": "x"}', 400, None, "model"),
         (b'{"model": "sim-model", "prompt": ""}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": [1, "a"]}', 400, None, "prompt"),
         (b'{"model": "sim-model", "prompt": [1, 4294967296]}', 400, None, "prompt"),
@@ -155,6 +155,9 @@ def test_client_errors_are_openai_shaped(two: tuple[Gateway, Behaviour, Behaviou
             assert err["code"] == code
         if param:
             assert err["param"] == param
+    # an empty model name is the fleet's one model's, as vLLM reads it
+    r = httpx.post(url, json={"model": "", "prompt": "x"})
+    assert r.status_code == 200, r.text
     # a completion echoing its prompt may ask for no token (a loglikelihood client's)
     r = httpx.post(url, json={"model": "sim-model", "prompt": "x", "max_tokens": 0,
                               "echo": True})

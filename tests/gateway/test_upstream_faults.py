@@ -401,9 +401,12 @@ def test_other_openai_endpoints_pass_through_by_model(serve: Serve, path: str) -
         assert r.status_code == 200 and r.json()["echo"] == body and r.json()["path"] == path
         assert r.headers["x-kvgate-route"] == "passthrough"
     assert {name for name, _ in seen} == {"a", "b"}  # the load is shared
-    # no model: the fleet's one model's, as vLLM serves it; an empty name is refused
+    # no model, or an empty name: the fleet's one model's, as vLLM serves them; a name
+    # that is no string is refused
     assert httpx.post(f"{gw.url}{path}", json={"input": "x"}).json()["echo"] == {"input": "x"}
     assert httpx.post(f"{gw.url}{path}", json={"model": "", "input": "x"}
+                      ).json()["echo"] == {"model": "", "input": "x"}
+    assert httpx.post(f"{gw.url}{path}", json={"model": 5, "input": "x"}
                       ).json()["error"]["param"] == "model"
     unknown = httpx.post(f"{gw.url}{path}", json={"model": "nope", "input": "x"})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
