@@ -46,10 +46,10 @@ def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None
                default_model: Callable[[], str | None] | None = None) -> ParsedRequest:
     """The request's fields; one without ``model`` (or naming none: "") is for
     ``default_model()`` (the fleet's one model, asked only then; its body is forwarded as
-    it came), and refused when there is none. ``endpoint`` None (``/admin/explain``, which explains any of them;
-    ``/invocations``, which sends only chats and completions here): chat when the body has
-    ``messages``, SGLang's native ``/generate`` when it has ``text`` or ``input_ids`` and no
-    ``prompt``, else completions."""
+    it came), and refused when there is none. ``endpoint`` None (``/admin/explain``, which
+    explains any of them; ``/invocations``, which sends only chats and completions here):
+    chat when the body has ``messages``, SGLang's native ``/generate`` when it has
+    ``text`` or ``input_ids`` and no ``prompt``, else completions."""
     body = json_object(raw)
     if endpoint is None:
         endpoint = "chat" if "messages" in body else "generate" \
