@@ -67,10 +67,11 @@ tokens for every replica it hears from, until it turns out that the gateway's to
 not the engines' (``index_matches``; ``describe``: ``kv_events_unmatched``). The model
 still predicts what an admission evicts.
 
-A request retried on another replica after one refused it before taking the prompt
-(``Unrouted``) counts once: the refused try is taken back from what the policy believes of
-that replica, and the retry adds nothing to what the request says of the traffic
-(``_unrouted``).
+A request tried on several replicas counts once in what it says of the traffic (its
+prefix's count and judgement, the request rates, the common prefix learned): at its first
+try (``CountedRequests``). What each try makes the policy believe of its replica's cache
+stays, as the replica may hold or compute the prompt (a try that timed out), but for a try
+refused before the replica took the prompt (``Unrouted``), taken back (``_unrouted``).
 
 ``/admin/explain`` shows each term per candidate scored (a candidate whose wait, prefill,
 scratch and late terms alone exceed the best total is ranked after them unscored). Reasons:
@@ -112,7 +113,7 @@ from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
 from policies.prefix_keys import PrefixKeys
 from policies.recent_ids import RecentIds
-from policies.refused_tries import RefusedTries
+from policies.refused_tries import CountedRequests
 from policies.replica_models import ReplicaModels, model_tokens
 from policies.request_memo import RequestMemo
 from policies.ring import RingCache, walk
@@ -145,8 +146,8 @@ class _Prepared(NamedTuple):
 
 
 class _Counted(NamedTuple):
-    """What a request's first try counted that its retry after a refusal counts again,
-    at the replica that takes it (``Cost._unrouted``)."""
+    """What a request's first try judged that its retries count again, at the replicas
+    they go to (``Cost._routed_to``)."""
 
     rare: bool | None  # its prefix judged rare (None: not judged) for the scratch set
 
@@ -193,8 +194,9 @@ class Cost(Policy):
         self._partial_memo: tuple[dict[str, int], int, bool] | None = None
         self._fleet_prefill: float | None = None  # scraped prefill tokens/s, all replicas
         self._scratch = ScratchSet(cfg)
-        self._routed = 0  # requests routed (a retry after a refusal not again)
-        self._refused: RefusedTries[_Counted] = RefusedTries()  # the retries to come
+        self._routed = 0  # requests routed (a retry not again)
+        # the requests counted whose end is not told yet: their next tries are retries
+        self._counted: CountedRequests[_Counted] = CountedRequests()
         self._memo: RequestMemo[_Prepared] = RequestMemo()
         self._keys = PrefixKeys(cfg)
         self.wants_fingerprint = self._keys.learner is not None  # it tells repeats apart
@@ -740,7 +742,7 @@ class Cost(Policy):
         elif isinstance(event, Finished):
             req = event.request
             self._models.settle(id(req))
-            self._refused.ended(req)  # (refused by every replica tried)
+            self._counted.ended(req)
             if event.ok and event.ttft_s is not None and event.cached_tokens is not None:
                 self._pace.observe(event.ttft_s, req.prompt_tokens - event.cached_tokens)
             if event.ok and event.duration_s is not None:
@@ -802,10 +804,11 @@ class Cost(Policy):
         prefill is counted per try (a ``revocable`` try it refuses is taken back:
         ``_unrouted``); what the request says of the traffic (its prefix's count, request
         rates, the scratch set's judgement, the common prefix learned) at its first try
-        alone."""
+        alone: a later ``Routed`` of it, after a refusal or a try that may have reached
+        its replica, is a retry (``CountedRequests``)."""
         if self._refuses(replica, request.prompt_tokens):
             return  # nothing of it cached, evicted or prefilled there, nor a prefix's use
-        retry = self._refused.retried(request)
+        retry = self._counted.retried(request)
         prep = self._prepare(request)
         self._memo.clear()  # the counts below change what _prepare would say
         now = request.arrival_s
@@ -815,6 +818,8 @@ class Cost(Policy):
             hot = self._hot(prep.key, prep.seen)
             # judged once the sketch has seen a window (before, every prefix looks rare)
             rare = not hot if self._sketch.halvings else None
+            if revocable:  # (else no retry nor end of it is told)
+                self._counted.counted(request, _Counted(rare))
         else:
             rare = retry.rare  # judged at its first try
         # pending until the replica takes it: a refusal (``Unrouted``) names the request
@@ -863,13 +868,8 @@ class Cost(Policy):
         """``replica`` refused ``request``'s try before taking the prompt: what the try made
         the policy believe of the replica goes again (its cache model's admission, its
         prefill in the fleet's loads and the scratch set's, its send in the index's
-        grace), and the next ``Routed`` of the request (its retry) counts those at the
-        next replica, but none of what the request says of the traffic: its first try
-        counted that (its prefix's count and judgement, the request rates, the common
-        prefix learned). Those are not taken back here: a count-min sketch's add cannot
-        be exactly (its conservative update raises only the counters at the key's
-        minimum, and later adds may have raised them too), nor a learner's window, nor
-        the scratch set's resize since."""
+        grace). What the request says of the traffic stays counted, once: its retry
+        counts none of it again (``_routed_to``)."""
         taken = self._models.unadmit(id(request), replica)
         if taken is not None:
             if taken.now is not None:
@@ -877,11 +877,6 @@ class Cost(Policy):
                 if taken.rare is not None:
                     self._scratch.take_back(taken.now, taken.uncached, taken.rare)
             self._exact.unrouted(replica, taken.owner, taken.now)
-            # that try counted the request (``_routed_to`` keeps a pending admission only
-            # for a try it counted, decided when it was routed: the replica removed since,
-            # or its capacity changed, does not undo that). A try pushed out past the
-            # bound (``ReplicaModels``) stood and is not told; its retry counts again.
-            self._refused.refused(request, _Counted(taken.rare))
 
     def _fleet_scale(self) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters

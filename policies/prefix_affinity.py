@@ -28,9 +28,10 @@ prompt, and the bound alone would move requests off their home replica for no la
 gain). If none fits: the least loaded, reason ``spill``.
 
 What it learns (the key depth's counts, the common prefix) counts each request once: at its
-first ``Routed``. A retry after a refusal (``Unrouted``, then ``Routed`` to the next
-replica: ``RefusedTries``) is the same prompt again; counted twice, a document's rungs read
-as a prefix whose extensions come back, and its next question was keyed as a new branch.
+first ``Routed``. A retry on another replica, after a refusal (``Unrouted``) or after a try
+that may have reached its replica (timed out), is the same prompt again
+(``CountedRequests``); counted twice, a document's rungs read as a prefix whose extensions
+come back, and its next question was keyed as a new branch.
 """
 
 from __future__ import annotations
@@ -50,14 +51,13 @@ from policies.base import (
     Routed,
     RouteEvent,
     RouteRequest,
-    Unrouted,
     healthy,
 )
 from policies.common_prefix import check_settings, learner_for
 from policies.key_depth import KeyDepth, Window
 from policies.least_load import least_loaded
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
-from policies.refused_tries import RefusedTries
+from policies.refused_tries import CountedRequests
 from policies.request_memo import RequestMemo
 from policies.ring import Ring, RingCache, token_bytes, walk
 from policies.size_bounds import check_sizes
@@ -148,7 +148,8 @@ class PrefixAffinity(Policy):
         self._depth = KeyDepth(self._units.prefix_tokens, cfg.key_rungs)
         # the last request keyed: its key units, window and key
         self._keyed: RequestMemo[_Keyed] = RequestMemo()
-        self._refused: RefusedTries[bool] = RefusedTries()  # counted, the retry to come
+        # the requests counted whose end is not told yet: their next tries are retries
+        self._counted: CountedRequests[bool] = CountedRequests()
 
     @property
     def tokens_needed(self) -> int:  # type: ignore[override]
@@ -271,18 +272,16 @@ class PrefixAffinity(Policy):
         return Decision((spill, *rest), "spill", 0, scores)
 
     def observe(self, event: RouteEvent) -> None:
-        if isinstance(event, Unrouted):
-            if event.request.affinity_key is None:
-                self._refused.refused(event.request, True)
-            return
         if isinstance(event, Finished):
-            self._refused.ended(event.request)  # (refused by every replica tried)
+            self._counted.ended(event.request)
             return
         if not isinstance(event, Routed) or event.request.affinity_key is not None:
             return
         request = event.request
-        if self._refused.retried(request) is not None:
-            return  # counted at its first try (the same prompt, tried on another replica)
+        if event.revocable:  # (else no retry nor end of it is told)
+            if self._counted.retried(request) is not None:
+                return  # counted at its first try (the same prompt, on another replica)
+            self._counted.counted(request, True)
         (data, n, _), window, key = self._keyed_window(request)
         self._keyed.clear()  # counted: a later choose of this request keys it afresh
         self._depth.observe(window, key)  # before the learner moves on

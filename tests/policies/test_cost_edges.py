@@ -17,8 +17,11 @@ def _request(seed: int, tokens: int = 800, at: float = 0.0) -> RouteRequest:
 
 
 def _route(policy: Cost, req: RouteRequest, fleet: list[ReplicaView]) -> str:
+    """``req`` routed and answered (a request routed again is another request then, not a
+    retry of it)."""
     chosen = policy.choose(req, fleet).chosen
     policy.observe(Routed(req, chosen, fleet))
+    policy.observe(Finished(req, chosen, ok=True))
     return chosen
 
 
@@ -94,6 +97,7 @@ def test_explaining_a_hot_key_without_a_home_places_nothing() -> None:
     hot = _request(7)
     for _ in range(3):  # counted hot by the third; no decision for it since
         policy.observe(Routed(hot, "r0", fleet))
+        policy.observe(Finished(hot, "r0", ok=True))
     key = policy._prepare(hot).key
     assert policy._placement.home_of(key) is None
     placed = len(policy._placement)

@@ -3,7 +3,7 @@ from collections import Counter, deque
 
 import pytest
 
-from policies.base import ReplicaView, Routed, RouteRequest
+from policies.base import Finished, ReplicaView, Routed, RouteRequest
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
 from policies.prompt_chunks import id_chunks, text_chunks
 from tests.support.policy_state import snapshot
@@ -328,6 +328,7 @@ def test_observe_after_choose_counts_what_a_fresh_derivation_counts() -> None:
             if not keep:
                 policy._keyed.clear()  # observe derives it again
             policy.observe(Routed(req, chosen, fleet))
+            policy.observe(Finished(req, chosen, ok=True))
         if i % 100 == 99:
             assert snapshot(reused) == snapshot(fresh)
     assert reused.common_prefix_tokens > 0  # the learner moved on meanwhile
