@@ -43,6 +43,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from policies.base import (
     Decision,
@@ -107,6 +108,7 @@ class RadixConfig:
 
 
 _SENT_KEPT = 4096  # requests whose last insert can be taken back (the oldest's no longer)
+_ID = itemgetter(ReplicaView._fields.index("id"))  # a view's id (it is a named tuple)
 
 
 def _namespace(request: RouteRequest) -> Hashable:
@@ -137,6 +139,10 @@ class Radix(Policy):
         # after the removal (a retry, another worker's route) would give it entries that
         # nothing drops again, found if its id comes back
         self._removed = RecentIds()
+        # the ids of the last decision's views found to hold none of ``_removed``: the
+        # next decision over the same ids finds none either, unless a removal came since
+        # (``observe`` lets it go; every instance sharing ``_removed`` is told each one)
+        self._clear_views: list[str] | None = None
 
     def share_from(self, first: Policy) -> None:
         """Also ``first``'s tree: ``max_tree_mb`` bounds the one tree of every model's
@@ -165,8 +171,11 @@ class Radix(Policy):
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         cfg = self.config
         if self._removed:  # a decision's views are the fleet: those they hold are back
-            for r in replicas:
-                self._removed.discard(r.id)
+            ids = list(map(_ID, replicas))
+            if ids != self._clear_views:  # (else none of them is in it)
+                for rid in ids:
+                    self._removed.discard(rid)
+                self._clear_views = ids
         ok = healthy(replicas)
         data, unit = self._units(request)
         p = max(1, request.prompt_tokens)
@@ -262,6 +271,7 @@ class Radix(Policy):
                 self._seen.pop(event.replica, None)
                 self._epochs.pop(event.replica, None)
                 self._removed.note(event.replica)
+                self._clear_views = None
 
     def check_integrity(self) -> None:
         """The tree's invariants, plus every replica within its token budget."""
