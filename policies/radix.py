@@ -33,7 +33,8 @@ taking the prompt (``Unrouted``) is taken back (``RadixTree.take_back``). A rout
 after its replica was removed (a retry or send on a decision made before the removal,
 another worker's route) is not entered, until a decision's views hold the replica again
 (back under its id): ``choose`` notes that, the one state it changes besides its random
-generator.
+generator (and which replicas it last found none of them among, so that decisions over the
+same replicas with no removal since look no further).
 """
 
 from __future__ import annotations
