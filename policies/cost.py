@@ -106,6 +106,7 @@ from policies.base import (
 )
 from policies.cache_model import PromptChain
 from policies.cost_config import CostConfig
+from policies.counted_requests import CountedRequests
 from policies.frequency import FrequencySketch
 from policies.index_matches import IndexMatches
 from policies.kv_index import KVIndex
@@ -113,7 +114,6 @@ from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
 from policies.prefix_keys import PrefixKeys
 from policies.recent_ids import RecentIds
-from policies.refused_tries import CountedRequests
 from policies.replica_models import ReplicaModels, model_tokens
 from policies.request_memo import RequestMemo
 from policies.ring import RingCache, walk

@@ -54,10 +54,10 @@ from policies.base import (
     healthy,
 )
 from policies.common_prefix import check_settings, learner_for
+from policies.counted_requests import CountedRequests
 from policies.key_depth import KeyDepth, Window
 from policies.least_load import least_loaded
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
-from policies.refused_tries import CountedRequests
 from policies.request_memo import RequestMemo
 from policies.ring import Ring, RingCache, token_bytes, walk
 from policies.size_bounds import check_sizes

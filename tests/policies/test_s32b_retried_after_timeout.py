@@ -11,8 +11,8 @@ import pytest
 
 from policies.base import Finished, ReplicaView, Routed, RouteRequest, Unrouted
 from policies.cost import Cost
+from policies.counted_requests import _COUNTED_KEPT
 from policies.prefix_affinity import PrefixAffinity
-from policies.refused_tries import _COUNTED_KEPT
 
 # two replicas whose tries time out (a queue no decision sends to), and four that answer
 SLOW = ("x", "y")
