@@ -12,8 +12,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kvwire.openai_schema import OpenAIError, ServiceUnavailable
 from kvwire.request_edge import ErrorBoundary
 
-MODEL_SHOWN_CHARS = 256  # of a model's name in an error: a body may hold megabytes of it
-
 
 class NoReplicaAvailable(ServiceUnavailable):
     kind = "no_replica"

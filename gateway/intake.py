@@ -12,11 +12,15 @@ from typing import NamedTuple
 from starlette.requests import Request
 
 from gateway.admission import Slot
-from gateway.errors import MODEL_SHOWN_CHARS
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
-from kvwire.openai_schema import ClientDisconnected, NotFound, UnsupportedMediaType
+from kvwire.openai_schema import (
+    MODEL_SHOWN_CHARS,
+    ClientDisconnected,
+    NotFound,
+    UnsupportedMediaType,
+)
 from kvwire.request_edge import (
     header_value,
     parses_on_loop,

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.admission import released_on_error
-from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
+from gateway.errors import NoReplicaAvailable
 from gateway.forwarding import request_id_of, upstream_headers
 from gateway.intake import check_model, default_model, read_timed_body, take_place
 from gateway.metrics import PASSTHROUGH_ROUTE
@@ -30,7 +30,13 @@ from gateway.relay_response import relay
 from gateway.state import GatewayState
 from gateway.tenancy import partition_views
 from kvwire.media_parts import shown
-from kvwire.openai_schema import BadRequest, OpenAIError, json_object, model_field
+from kvwire.openai_schema import (
+    MODEL_SHOWN_CHARS,
+    BadRequest,
+    OpenAIError,
+    json_object,
+    model_field,
+)
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
 
 PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize",

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
+from gateway.errors import NoReplicaAvailable
 from gateway.fleet import Fleet
 from gateway.head_anchors import HeadAnchors
 from gateway.request_parse import ParsedRequest
@@ -26,7 +26,7 @@ from gateway.tenancy import partition_views
 from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.media_parts import shown
-from kvwire.openai_schema import BadRequest
+from kvwire.openai_schema import MODEL_SHOWN_CHARS, BadRequest
 from kvwire.template_kwargs import TemplateKwargsError, request_template_kwargs
 from kvwire.tokenizer import PrefixEncoding, PromptTokenizer
 from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest

@@ -32,10 +32,10 @@ import orjson
 from starlette.requests import Request
 
 from gateway.data_parallel import group_of
-from gateway.errors import MODEL_SHOWN_CHARS, NoReplicaAvailable
+from gateway.errors import NoReplicaAvailable
 from gateway.networks import Networks
 from kvwire.media_parts import shown
-from kvwire.openai_schema import BadRequest, OpenAIError, check_cache_salt
+from kvwire.openai_schema import MODEL_SHOWN_CHARS, BadRequest, OpenAIError, check_cache_salt
 from kvwire.secret_source import resolve_secret
 from policies.base import ReplicaView
 

@@ -322,6 +322,10 @@ def positive_int(body: Mapping[str, Any], key: str, least: int = 1) -> int | Non
     return value
 
 
+# of a model's name in an error: a body may hold megabytes of it
+MODEL_SHOWN_CHARS = 256
+
+
 def model_field(body: Mapping[str, Any]) -> str | None:
     """The request's ``model``: a string, None when absent or empty (an empty name is the
     served model's, as vLLM reads it)."""
@@ -332,9 +336,11 @@ def model_field(body: Mapping[str, Any]) -> str | None:
 
 
 def check_served(model: str | None, served: str) -> None:
-    """OpenAI's 404 for a request naming a model other than the one ``served``."""
+    """OpenAI's 404 for a request naming a model other than the one ``served`` (its name's
+    first ``MODEL_SHOWN_CHARS``: a body may hold megabytes of it)."""
     if model is not None and model != served:
-        raise NotFound(f"The model `{model}` does not exist.", param="model",
+        named = model if len(model) <= MODEL_SHOWN_CHARS else model[:MODEL_SHOWN_CHARS] + "..."
+        raise NotFound(f"The model `{named}` does not exist.", param="model",
                        code="model_not_found")
 
 
@@ -358,6 +364,7 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     model = model_field(body)
+    optional(body, "user", str, None)  # an end user's id: vLLM's request models take a string
     stream = bool(optional(body, "stream", bool, False))
     # a completion that echoes its prompt may ask for no token (vLLM answers the prompt
     # alone: a loglikelihood client's request)
