@@ -28,11 +28,14 @@ cause). A stream is relayed in whole events (a piece of one waits for its end), 
 error event follows whole events. A stream whose ``[DONE]`` reached the client is whole
 however its body ends after that (the client hanging up at once, as the openai client
 does, or the replica never closing it); an OpenAI completion stream whose body ends
-without ``[DONE]`` is cut, and one whose ``[DONE]`` came while a choice it began had no
-finish reason, though another had one (``_Choices``), is relayed as it came and counted
-failed. A stream whose last event came right after a piece of an event
-(its data no JSON: a write cut short, then the end) is relayed as it came, and counted
-failed.
+without ``[DONE]`` is cut. One whose ``[DONE]`` came while a choice it began had no
+finish reason was cut too (vLLM and SGLang end every choice with one before ``[DONE]``):
+the client gets an error event in place of that ``[DONE]``, and the answer is counted
+failed. A stream of several choices has each one's finish noted as its events are
+relayed (``_Choices``); one of a single choice is judged from its last bytes when its
+``[DONE]`` comes (``_finish_unseen``), and passes where they cannot tell. A stream whose
+last event came right after a piece of an event (its data no JSON: a write cut short,
+then the end) is relayed as it came, and counted failed.
 """
 
 from __future__ import annotations
@@ -139,9 +142,12 @@ class AnswerSigns(NamedTuple):
     last_events: tuple[bytes, ...] = ()
     # a whole (non-streamed) answer's top-level ``status`` values that tell it failed
     failed_statuses: tuple[str, ...] = ()
-    # an OpenAI completion's or chat's stream: each of its choices ends with a finish
-    # reason (``_Choices``)
+    # an OpenAI completion's or chat's stream of several choices: each of them ends with a
+    # finish reason (``_Choices``)
     choices: bool = False
+    # an OpenAI completion's or chat's stream of one choice: its finish reason is among its
+    # last events (``_finish_unseen``)
+    last_finish: bool = False
 
 
 _PLAIN = AnswerSigns()  # the pass-through endpoints' answers: their transport tells
@@ -151,6 +157,18 @@ _SIGNS = {"/v1/completions": AnswerSigns(True, choices=True),
           responses_request.PATH: AnswerSigns(True, False, responses_request.FAILED_EVENTS,
                                               responses_request.LAST_EVENTS,
                                               responses_request.FAILED_STATUSES)}
+
+
+def answer_signs(path: str, several_choices: bool = True) -> AnswerSigns:
+    """How the answers to ``path`` tell that they ended whole or failed. A completion's or
+    chat's stream is judged choice by choice where the request asks several choices
+    (``several_choices``: its prompts times its ``n`` over one), else by its last events
+    alone: a stream of one choice never has one unfinished while another finished, and
+    noting its choices would cost each of its events a search."""
+    signs = _SIGNS.get(path, _PLAIN)
+    if signs.choices and not several_choices:
+        return signs._replace(choices=False, last_finish=True)
+    return signs
 
 
 # what the gateway writes itself: its server's date and name, and CORS, which only the
@@ -312,8 +330,11 @@ class UpstreamStream:
         self._closed = False
         self._delivered = False  # a stream's [DONE] reached the client
         self._held: list[bytes] = []  # a stream's last event until it ends (_whole_events)
-        # a completion's or chat's stream: its choices, noted as they are relayed
+        # a completion's or chat's stream of several choices: its choices, noted as they are
+        # relayed
         self._choices = _Choices() if self.stream and signs.choices else None
+        # a completion's or chat's stream whose [DONE] is still to be judged (``_judged``)
+        self._judging = self.stream and (signs.choices or signs.last_finish)
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
         # a stream's last JSON event's data and value, parsed at its end (``_stream_end``)
@@ -395,7 +416,7 @@ class UpstreamStream:
             if first:
                 if self._choices is not None:
                     self._choices.note(first)
-                yield first
+                yield self._judged(first) if self._judging else first
                 self._delivered = self.stream and not self._held and self._ended()
             while True:
                 watch.waiting()
@@ -419,7 +440,7 @@ class UpstreamStream:
                         held = self._take_held()
                         if self._choices is not None:
                             self._choices.note(held)
-                        yield held
+                        yield self._judged(held) if self._judging else held
                     break
                 if self.stream:
                     if self._meta is not None:
@@ -441,6 +462,8 @@ class UpstreamStream:
                         chunk = self._take_held() + chunk
                     if self._choices is not None:
                         self._choices.note(chunk)
+                    if self._judging:
+                        chunk = self._judged(chunk)
                 else:
                     if self.error_status is None:  # an abort told past the first bytes
                         self.error_status = _error_event(self._tail[-_ERROR_LOOK_BACK:]
@@ -498,6 +521,50 @@ class UpstreamStream:
         return (self._last_seen and self._tail.endswith(_EVENT_ENDS)) \
             or _ends_done(self._tail)
 
+    def _judged(self, events: bytes) -> bytes:
+        """``events``, whole events of a completion's or chat's stream, as the client gets
+        them: when they end with its [DONE] (judged once, before they go out) and a choice
+        it began came without its finish reason (``_unfinished``), the replica cut the
+        answer though [DONE] came: it is failed (502), and the client gets an error event
+        in place of the [DONE] event, as a stream cut short ends. Costs each chunk a look
+        at its last bytes until then."""
+        if not _ends_done(events):
+            return events
+        self._judging = False
+        unfinished = self._unfinished() if self.error_status is None \
+            and self.status < 400 else None
+        if unfinished is None:
+            return events
+        self.error_status = 502
+        log.warning("replica %s ended a stream with %s unfinished, without a finish reason: "
+                    "the answer is incomplete", self.replica, unfinished)
+        # the [DONE] event: from the end of the event before it, [start, len(events))
+        at = events.rfind(_DONE_DATA)
+        start = 0
+        for mark in _EVENT_ENDS:
+            end = events.rfind(mark, 0, at)
+            if end >= 0:
+                start = max(start, end + len(mark))
+        return events[:start] + sse_error_event(
+            f"replica {self.replica!r} ended the answer with {unfinished} unfinished (no "
+            "finish reason came): the answer is incomplete", "upstream_unfinished")
+
+    def _unfinished(self) -> str | None:
+        """Which choice of the stream came without its finish reason, once its [DONE]
+        came: those of several that ``_Choices`` noted unfinished, or the one choice of a
+        stream whose last events tell none (``_finish_unseen``); None when none did, or
+        when that cannot be told."""
+        if self._choices is not None:
+            unfinished = self._choices.unfinished()
+            if not unfinished:
+                return None
+            return f"choice {', '.join(map(str, unfinished[:8]))} (of " \
+                f"{len(self._choices.seen)})"
+        if self.signs.last_finish and _finish_unseen(self._tail,
+                                                     len(self._tail) < _SSE_TAIL):
+            return "its choice"
+        return None
+
     def _has_last_event(self, window: bytes) -> bool:
         return any(marker in window for marker in self.signs.last_events)
 
@@ -546,7 +613,8 @@ class UpstreamStream:
         if not (self._held and self._ended()):
             return b""
         self._delivered = True
-        return self._take_held()
+        held = self._take_held()
+        return self._judged(held) if self._judging else held
 
     def _take_held(self) -> bytes:
         out = b"".join(self._held)
@@ -620,12 +688,6 @@ class UpstreamStream:
                 self.error_status = 502
                 log.warning("replica %s ended a stream right after a piece of an event: "
                             "the answer is incomplete", self.replica)
-            elif self._choices is not None and (unfinished := self._choices.unfinished()):
-                self.error_status = 502  # [DONE] came, but a choice's end did not
-                log.warning("replica %s ended a stream with choice %s (of %d) unfinished, "
-                            "without a finish reason: the answer is incomplete",
-                            self.replica, ", ".join(map(str, unfinished[:8])),
-                            len(self._choices.seen))
         whole = (ok or self._delivered) and self.status < 400 and self.error_status is None
         state = self.pending.state
         if whole and state is not None:
@@ -843,16 +905,13 @@ class Proxy:
         ``ranked``, and it is a 404 once none had it. ``on_sent(replica)`` is called as
         each try is sent, and ``on_unsent(replica)`` after one that the replica refused
         before taking the prompt (``_Retryable.unsent``). ``several_choices``: False when
-        the request asks one choice: its stream's choices are not judged (``_Choices``: one
-        alone is never unfinished while [DONE] came)."""
+        the request asks one choice (``answer_signs``)."""
         attempts: list[Attempted] = []
         last: _Retryable | None = None
         suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
         busy_after: list[float | None] = []  # the Retry-After of each busy replica
         deadline = time.monotonic() + self.timeouts.first_byte_s
-        signs = _SIGNS.get(path, _PLAIN)
-        if not several_choices and signs.choices:
-            signs = signs._replace(choices=False)
+        signs = answer_signs(path, several_choices)
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
         order, at = ranked, 0  # the replicas in the order tried, and the next one's place
         tries = len(order) if stored_elsewhere else self.max_attempts
@@ -1252,7 +1311,9 @@ class _Choices:
     own, then send the usage, then [DONE]): their answers were cut, though [DONE] came. A
     stream that tells none at all is judged by its [DONE] alone; so is one whose finish
     events do not parse where they are found (a ``data:`` line of their own), or with more
-    than ``_MAX_CHOICES`` choices: no choice is then called unfinished."""
+    than ``_MAX_CHOICES`` choices: no choice is then called unfinished. Only the streams of
+    requests that ask several choices are noted so (``answer_signs``); a stream of one is
+    judged from its last bytes (``_finish_unseen``)."""
 
     __slots__ = ("finished", "seen", "unjudged")
 
@@ -1273,7 +1334,7 @@ class _Choices:
         cr: bool | None = None  # whether events hold a \r, once a line is looked for
         while at >= 0:
             after = at + len(_FINISH_KEY)
-            if events[after:after + 8].lstrip(b": \t").startswith(b"null"):
+            if _null_at(events, after):
                 at = events.find(_FINISH_KEY, after)
                 continue
             # the data line that holds it [start, end), parsed once for all its choices
@@ -1310,6 +1371,42 @@ class _Choices:
         if self.unjudged or not self.finished:
             return []
         return sorted(map(int, self.seen - self.finished))
+
+
+def _null_at(data: bytes, after: int) -> bool:
+    """Whether the value of the key that ends at ``after`` in ``data`` is null."""
+    return data[after:after + 8].lstrip(b": \t").startswith(b"null")
+
+
+def _finish_unseen(tail: bytes, whole: bool) -> bool:
+    """Whether a stream of one choice that ended with [DONE] never told its choice's finish
+    reason, read from its last bytes, ``tail`` (``whole``: all of it): no finish reason
+    in it is other than null, and one that is null is in an event that begins in it (the
+    first event in the tail is judged when it is the stream's first). vLLM and SGLang end
+    a choice with an event of its finish reason, after every event of its content, and
+    then send only a usage event (its choices empty) or, where asked, SGLang's hidden
+    states (its finish reason null, its event as long as the model's hidden size: the
+    tail holds the event whole only where it is empty, right after the finish): an event
+    of the choice's content held whole by the tail is followed by the finish in the tail
+    too, when it came. Else (a stream whose writer tells no finish reasons at all, or
+    whose last events, a long usage or a long text, fill the tail) it cannot be told: the
+    stream is judged by its [DONE] alone. Asked once, when the stream's [DONE] came; JSON
+    strings escape their quotes: no content holds the key."""
+    at = tail.find(_FINISH_KEY)
+    if at < 0:
+        return False
+    begins = 0  # where the tail's first whole event begins
+    if not whole:
+        ends = [end + len(mark) for mark in _EVENT_ENDS if (end := tail.find(mark)) >= 0]
+        begins = min(ends, default=len(tail))
+    null_whole = False  # a null finish reason in an event that begins in the tail
+    while at >= 0:
+        after = at + len(_FINISH_KEY)
+        if not _null_at(tail, after):
+            return False  # the choice's finish reason came
+        null_whole = null_whole or at >= begins
+        at = tail.find(_FINISH_KEY, after)
+    return null_whole
 
 
 def _event_data(event: bytes) -> bytes | None:

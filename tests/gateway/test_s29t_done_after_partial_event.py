@@ -16,8 +16,10 @@ from tests.support.counted_answers import chunked, one_counted
 from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import start_gateway
 
+# an event that tells its choice's finish reason: a stream of it is not cut short for
+# lack of one (the piece's judgement is what these tests read)
 _CHUNK = (b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
-          b'"choices":[{"index":0,"delta":{"content":"It"},"finish_reason":null}]}\n\n')
+          b'"choices":[{"index":0,"delta":{"content":"It"},"finish_reason":"stop"}]}\n\n')
 _PIECE = _CHUNK[:60]  # an event cut inside its JSON
 _DONE = b"data: [DONE]\n\n"
 _PING = b": keep-alive\n\n"

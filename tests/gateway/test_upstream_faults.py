@@ -101,8 +101,10 @@ def faulty(fault: str, calls: list[str] | None = None, size: int = 0,
         if stream:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
-            chunk = {**COMPLETION, "choices": [{"index": 0, "text": "t", "finish_reason": None}]}
             for i in range(3):
+                # the last token's event tells the finish reason, as vLLM's does
+                chunk = {**COMPLETION, "choices": [{"index": 0, "text": "t", "finish_reason":
+                                                    "length" if i == 2 else None}]}
                 await send({"type": "http.response.body", "more_body": True,
                             "body": b"data: " + json.dumps(chunk).encode() + b"\n\n"})
                 if i == 1 and fault == "cut":

@@ -91,8 +91,10 @@ def fake_replica(b: Behaviour) -> Starlette:
                     if i == b.chunks - 1 and b.release is not None:
                         await asyncio.to_thread(b.release.wait, 10)
                     text = f"t{i} " + "x" * b.pad
-                    delta = ({"index": 0, "delta": {"content": text}, "finish_reason": None}
-                             if chat else {"index": 0, "text": text, "finish_reason": None})
+                    # vLLM's last token's event tells its choice's finish reason
+                    finish = "length" if i == b.chunks - 1 else None
+                    delta = ({"index": 0, "delta": {"content": text}, "finish_reason": finish}
+                             if chat else {"index": 0, "text": text, "finish_reason": finish})
                     chunk = {"id": "x", "object": obj + ".chunk" if chat else obj,
                              "created": 0, "model": body.get("model"), "choices": [delta]}
                     yield f"data: {json.dumps(chunk)}\n\n".encode()

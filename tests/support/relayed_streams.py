@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from gateway.config import ReplicaConfig, TimeoutConfig
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Proxy, UpstreamStream, Usage
+from gateway.proxy import AnswerSigns, Proxy, UpstreamStream, Usage, answer_signs
 from gateway.relay_response import RelayResponse
 from gateway.upstream_http import UpstreamClient
 from kvwire.request_edge import ClientWatch
@@ -133,9 +133,12 @@ class _StayingClient:
 
 
 def relayed(writes: Sequence[bytes], pause_s: float, end_apart_s: float | None, path: str,
-            count_events: bool = False) -> Relayed:
+            count_events: bool = False, several_choices: bool | None = None) -> Relayed:
     """``writes`` relayed as the replica's answer to a POST of ``path`` (see ``_chunked``);
-    with ``count_events``, the stream counts its content events (``content_chunks``)."""
+    with ``count_events``, the stream counts its content events (``content_chunks``).
+    ``several_choices``: the answer is judged as the gateway judges one to ``path`` for a
+    request of several choices or of one (``answer_signs``); None: by its transport
+    alone, as a pass-through answer is."""
     async def main() -> Relayed:
         ended: list[bool] = []
         async with _serving(_chunked(writes, pause_s, end_apart_s)) as port:
@@ -145,8 +148,10 @@ def relayed(writes: Sequence[bytes], pause_s: float, end_apart_s: float | None, 
             try:
                 response = await upstream.post(f"http://127.0.0.1:{port}{path}", b"{}", {})
                 first = await response.readany()
+                signs = AnswerSigns() if several_choices is None \
+                    else answer_signs(path, several_choices)
                 stream = UpstreamStream("r", response, first, fleet.sent("r", 10), 5.0,
-                                        fleet, lambda s, ok: ended.append(ok))
+                                        fleet, lambda s, ok: ended.append(ok), signs=signs)
                 if count_events:
                     stream.count_events()
                 await client.relay(stream)

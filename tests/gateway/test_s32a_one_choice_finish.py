@@ -1,0 +1,187 @@
+"""A completion or chat stream of one choice ends it with a finish reason before its
+``[DONE]``, as vLLM and SGLang write it (then perhaps the usage, its choices empty). One
+whose ``[DONE]`` came though no event told a finish reason was cut by its replica: the
+gateway counts it failed (502) and the client gets an error event in place of that
+``[DONE]``; where the stream's last bytes cannot tell (its writer tells no finish reasons,
+or a long last event fills them) it passes, as it did. A stream of several choices that
+ends with one unfinished ends the same way for the client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.proxy import answer_signs
+from tests.support.counted_answers import chunked, one_counted
+from tests.support.foreign_raw import raw_replica
+from tests.support.gateway_harness import start_gateway
+from tests.support.relayed_streams import relayed
+
+_DONE = b"data: [DONE]\n\n"
+_PING = b": keep-alive\n\n"
+_CHAT_PATH = "/v1/chat/completions"
+
+
+def _event(value: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(value, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _chat(delta: dict[str, Any], finish: str | None = None, index: int = 0) -> bytes:
+    return _event({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                   "model": "m", "choices": [{"index": index, "delta": delta,
+                                              "logprobs": None, "finish_reason": finish}]})
+
+
+def _text(text: str, finish: str | None = None) -> bytes:
+    return _event({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "text": text, "logprobs": None,
+                                "finish_reason": finish, "stop_reason": None}]})
+
+
+def _usage(pad: int = 0) -> bytes:
+    """The usage-only event (its choices empty); ``pad`` characters of a long field."""
+    extra = {"kv_transfer_params": {"pad": "p" * pad}} if pad else {}
+    return _event({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                   "model": "m", "choices": [], **extra,
+                   "usage": {"prompt_tokens": 3, "completion_tokens": 2,
+                             "total_tokens": 5}})
+
+
+_ROLE = _chat({"role": "assistant", "content": ""})
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+         "stream_options": {"include_usage": True}}
+_TEXT = {"model": "m", "prompt": "hi", "stream": True}
+
+
+def _crlf(event: bytes) -> bytes:
+    return event.replace(b"\n", b"\r\n")
+
+
+def _error_code(content: bytes, head: bytes) -> str | None:
+    """The code of the error event that follows ``head``, all that ``content`` holds
+    past it (None when it holds no error event there)."""
+    if not content.startswith(head) or not content.endswith(b"\n\n"):
+        return None
+    rest = content[len(head):]
+    if not rest.startswith(b"data: {\"error\""):
+        return None
+    code: str = json.loads(rest.removeprefix(b"data: "))["error"]["code"]
+    return code
+
+
+@pytest.mark.parametrize(("events", "path", "body"), [
+    ((_ROLE, _chat({"content": "a"}), _chat({"content": "b"}), _usage(), _DONE),
+     _CHAT_PATH, _CHAT),
+    ((_ROLE, _chat({"content": "a"}), _DONE), _CHAT_PATH, {**_CHAT, "n": 1}),
+    ((_text("a"), _text("b"), _PING, _DONE), "/v1/completions", _TEXT),
+    (tuple(map(_crlf, (_text("a"), _text("b"), _DONE))), "/v1/completions", _TEXT),
+], ids=["chat", "chat_n_1", "text", "text_crlf"])
+def test_a_stream_of_one_choice_without_its_finish_reason_counts_failed(
+        serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any]) -> None:
+    answer = chunked(*events)
+    with raw_replica(lambda: answer) as url:
+        gw = start_gateway(serve, [("a", url)], max_attempts=1)
+        r = httpx.post(f"{gw.url}{path}", timeout=10, json=body)
+        assert r.status_code == 200
+        # every event came, but for [DONE]: an error event in its place
+        assert _error_code(r.content, b"".join(events[:-1])) == "upstream_unfinished"
+        assert b"[DONE]" not in r.content
+        assert one_counted(gw) == {"502": 1.0}
+
+
+@pytest.mark.parametrize(("events", "path", "body"), [
+    # vLLM: the last token's event tells the finish reason, then the usage
+    ((_ROLE, _chat({"content": "a"}), _chat({"content": "b"}, "stop"), _usage(), _DONE),
+     _CHAT_PATH, _CHAT),
+    # SGLang: an event of the finish reason alone, keep-alive comments after it
+    ((_ROLE, _chat({"content": "a"}), _chat({}, "length"), _PING, _usage(), _PING, _DONE),
+     _CHAT_PATH, _CHAT),
+    # SGLang's hidden states (finish reason null) after the finish
+    ((_ROLE, _chat({"content": "a"}), _chat({}, "stop"), _chat({"hidden_states": []}),
+      _usage(), _DONE), _CHAT_PATH, _CHAT),
+    ((_text("a"), _text("b", "length"), _DONE), "/v1/completions", _TEXT),
+    # a tool call's index is no choice's
+    ((_ROLE, _chat({"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]},
+                   "tool_calls"), _DONE), _CHAT_PATH, _CHAT),
+    # cannot be told, passed: a writer that tells no finish reason at all; a usage event
+    # longer than the stream's tail; a last content event longer than it
+    ((b'data: {"choices":[{"index":0,"text":"a"}]}\n\n', _DONE), "/v1/completions", _TEXT),
+    ((_ROLE, _chat({"content": "a"}), _usage(pad=9000), _DONE), _CHAT_PATH, _CHAT),
+    ((_ROLE, _chat({"content": "a" * 9000}), _DONE), _CHAT_PATH, _CHAT),
+    # no choice came at all
+    ((_PING, _DONE), _CHAT_PATH, _CHAT),
+], ids=["vllm", "sglang", "sglang_hidden_states", "text", "tool_call", "no_finish_key",
+        "long_usage", "long_content", "no_choice"])
+def test_a_stream_of_one_choice_that_finished_or_cannot_tell_is_answered(
+        serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any]) -> None:
+    answer = chunked(*events)
+    with raw_replica(lambda: answer) as url:
+        gw = start_gateway(serve, [("a", url)], max_attempts=1)
+        r = httpx.post(f"{gw.url}{path}", timeout=10, json=body)
+        assert r.status_code == 200 and r.content == b"".join(events)  # relayed as it came
+        assert one_counted(gw) == {"200": 1.0}
+
+
+def test_the_openai_client_fails_a_stream_without_its_finish_reason(serve: Any) -> None:
+    answer = chunked(_ROLE, _chat({"content": "a"}), _DONE)
+    with raw_replica(lambda: answer) as url:
+        gw = start_gateway(serve, [("a", url)], max_attempts=1)
+        got: list[str | None] = []
+        with openai.OpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0) as client, \
+                pytest.raises(openai.APIError, match="unfinished"):
+            for chunk in client.chat.completions.create(model="m", stream=True, messages=[
+                    {"role": "user", "content": "hi"}]):
+                got.append(chunk.choices[0].delta.content)
+        assert got == ["", "a"]  # its content came, then the error
+        assert one_counted(gw) == {"502": 1.0}
+
+
+@pytest.mark.parametrize(("writes", "end_apart_s"), [
+    # [DONE] in a write of its own, its blank line in the next
+    ((_ROLE, _chat({"content": "a"}), b"data: [DONE]", b"\n\n"), None),
+    # the body ends on [DONE] with no blank line after it
+    ((_ROLE, _chat({"content": "a"}), b"data: [DONE]"), 0.05),
+    # [DONE] in one read with the events before it
+    ((_ROLE + _chat({"content": "a"}) + _DONE,), None),
+], ids=["split_blank_line", "no_blank_line", "one_read"])
+def test_a_done_without_a_finish_reason_is_replaced_however_it_comes(
+        writes: tuple[bytes, ...], end_apart_s: float | None) -> None:
+    out = relayed(writes, 0.05, end_apart_s, _CHAT_PATH, several_choices=False)
+    sent = b"".join(body for body, _, _ in out.sent)
+    head = _ROLE + _chat({"content": "a"})
+    assert _error_code(sent, head) == "upstream_unfinished" and b"[DONE]" not in sent
+    assert out.ended == [False] and out.stream.outcome == "502"
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_a_stream_that_finished_is_relayed_whole_however_its_done_comes(
+        several: bool) -> None:
+    events = (_ROLE, _chat({"content": "a"}), _chat({"content": "b"}, "stop"), _usage())
+    out = relayed((*events, b"data: [DONE]", b"\n\n"), 0.05, None, _CHAT_PATH,
+                  several_choices=several)
+    assert b"".join(body for body, _, _ in out.sent) == b"".join(events) + _DONE
+    assert out.ended == [True] and out.stream.outcome == "200"
+
+
+def test_several_choices_with_one_unfinished_end_with_the_error_event() -> None:
+    events = (_chat({"content": "a"}), _chat({"content": "b"}, index=1),
+              _chat({"content": ""}, "stop"), _usage())
+    out = relayed((*events, _DONE), 0.05, None, _CHAT_PATH, several_choices=True)
+    sent = b"".join(body for body, _, _ in out.sent)
+    assert _error_code(sent, b"".join(events)) == "upstream_unfinished"
+    assert b"choice 1 (of 2)" in sent and out.ended == [False]
+    # a request of one choice is not judged choice by choice: choice 0 finished
+    one = relayed((*events, _DONE), 0.05, None, _CHAT_PATH, several_choices=False)
+    assert one.ended == [True]
+
+
+def test_only_completions_and_chat_are_judged_by_their_finish() -> None:
+    for path in ("/v1/responses", "/generate", "/v1/embeddings"):
+        signs = answer_signs(path, several_choices=False)
+        assert not signs.last_finish and not signs.choices
+    assert answer_signs("/v1/completions", several_choices=False).last_finish
+    assert answer_signs(_CHAT_PATH, several_choices=True).choices
