@@ -16,10 +16,19 @@ extended while its replica shows progress (it gave another request its first byt
 finished one, since the wait began or was last extended): a busy replica is slow, not hung.
 
 A non-streamed answer is read whole (up to ``buffer_bytes``) before the client sees a byte,
-so a replica dying mid-body is retried like any other failure; a longer one is relayed with
-the replica's ``content-length``, its bytes searched for an abort as a stream's are (a
-whole answer that is an error object under a 200 is failed too), and one that ends with
-its connection is whole only when its JSON ended. ``UpstreamStream`` then yields the rest
+so a replica dying mid-body is retried like any other failure, and so is an answer cut
+under a clean length or chunked end (``_read_held``, which parses it once: its usage and
+status are read from that value): an answer of an endpoint the gateway knows (completions,
+chat, responses, generate: one JSON value) whose JSON or compressed stream ends short, and
+a completion's or chat's whose choice has a null finish reason. That last is the replica's
+answer cut, as in a stream, and gets what a cut answer gets, never a 200: the client
+cannot tell it from a whole one (the openai client returns it as whole), where a stream of
+it ends with an error event; held before the client saw a byte, it goes to the next
+replica, and from the last a 502 names the replica. A pass-through answer is left to its
+transport. A longer one is relayed with the replica's ``content-length``, its bytes
+searched for an abort as a stream's are (a whole answer that is an error object under a
+200 is failed too), and one that ends with its connection, or a known endpoint's whatever
+its framing, is whole only when its JSON ended. ``UpstreamStream`` then yields the rest
 as it arrives, enforcing the idle timeout between chunks, and settles the accounting
 exactly once however the stream ends. When the replica breaks off after the client got
 bytes, the end says so: a stream ends with an OpenAI error event and no ``[DONE]``; a body
@@ -67,6 +76,7 @@ from gateway.upstream_http import (
     UpstreamFailure,
     UpstreamResponse,
     UpstreamUnreachable,
+    encoded_cut,
 )
 from kvwire.openai_schema import NotFound, ServiceUnavailable
 from kvwire.request_edge import ClientWatch
@@ -84,6 +94,7 @@ _SHUTDOWN = "shutdown"  # the cut of an answer the gateway's shutdown ended
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
 _IDENTITY = frozenset(("identity", ""))  # content-encodings whose bytes are the body
 _UNPARSED = object()  # a held body not parsed yet
+_NO_JSON = object()  # a held body that is no JSON
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
@@ -148,15 +159,19 @@ class AnswerSigns(NamedTuple):
     # an OpenAI completion's or chat's stream of one choice: its finish reason is among its
     # last events (``_finish_unseen``)
     last_finish: bool = False
+    # a non-streamed answer is one JSON value: held whole, one that does not parse, or whose
+    # compressed stream ends short, was cut (``_read_held``)
+    whole_json: bool = False
 
 
 _PLAIN = AnswerSigns()  # the pass-through endpoints' answers: their transport tells
-_SIGNS = {"/v1/completions": AnswerSigns(True, choices=True),
-          "/v1/chat/completions": AnswerSigns(True, choices=True),
-          generate_request.PATH: AnswerSigns(True, meta_counts=True),
+_SIGNS = {"/v1/completions": AnswerSigns(True, choices=True, whole_json=True),
+          "/v1/chat/completions": AnswerSigns(True, choices=True, whole_json=True),
+          generate_request.PATH: AnswerSigns(True, meta_counts=True, whole_json=True),
           responses_request.PATH: AnswerSigns(True, False, responses_request.FAILED_EVENTS,
                                               responses_request.LAST_EVENTS,
-                                              responses_request.FAILED_STATUSES)}
+                                              responses_request.FAILED_STATUSES,
+                                              whole_json=True)}
 
 
 def answer_signs(path: str, several_choices: bool = True) -> AnswerSigns:
@@ -277,10 +292,11 @@ class UpstreamStream:
                  on_cut: Callable[[UpstreamStream], None] | None = None,
                  signs: AnswerSigns = _PLAIN,
                  relaying: set[UpstreamStream] | None = None,
-                 opening_failure: int | None = None) -> None:
+                 opening_failure: int | None = None, answer: Any = _UNPARSED) -> None:
         """``opening_failure``: the status of the failure a stream's first event told, its
         caller's judgement (``_stream_opening_failure``): those bytes are not searched
-        again."""
+        again. ``answer``: a whole body, ``first_chunk``, parsed already (``_read_held``:
+        ``_NO_JSON`` where it is none), not parsed again."""
         self.replica = replica
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
@@ -324,7 +340,7 @@ class UpstreamStream:
         self._body = [] if self.stream else [first_chunk]
         self._body_bytes = len(first_chunk)
         self._body_held = True
-        self._answer: Any = _UNPARSED  # the held body parsed (``_held_answer``)
+        self._answer: Any = answer  # the held body parsed (``_parsed_body``)
         self._events: int | None = None  # SSE events relayed, once count_events() asks
         self.first_sent_at: float | None = None  # perf_counter when the client got a chunk
         self._closed = False
@@ -434,8 +450,7 @@ class UpstreamStream:
                         # only that event tells a whole answer
                         raise UpstreamBroken("the stream ended before its last event")
                     if self._json_cut():
-                        raise UpstreamBroken("the body ended with its connection before "
-                                             "its JSON did")
+                        raise UpstreamBroken("the body ended before its JSON did")
                     if self._held:  # the body ended whole: what was held is its end
                         held = self._take_held()
                         if self._choices is not None:
@@ -632,16 +647,20 @@ class UpstreamStream:
             and not self._ended()) and not self._json_cut()
 
     def _json_cut(self) -> bool:
-        """A JSON body (not encoded) that ends with its connection ended before its JSON
-        did: it does not parse, when the gateway holds all of it; else its last byte ends
-        no object or array. (A replica that died mid-body closed the connection too.)"""
+        """A JSON body (not encoded) ended before its JSON did, where it ended with its
+        connection (a replica that died mid-body closed it too) or is an answer the
+        gateway knows (``signs.whole_json``), whatever its framing: it does not parse
+        (parsed once, when the gateway holds all of it); else its last byte ends no
+        object or array."""
         response = self.response
-        if self.stream or not (response.until_close and response.is_eof()):
+        if self.stream or not ((response.until_close or self.signs.whole_json)
+                               and response.is_eof()):
+            return False
+        if not _json_body(response.headers):
             return False
         if self._body_held:
-            return not _whole_json(b"".join(self._body), response.headers)
-        return _json_body(response.headers) and not self._tail.rstrip().endswith(
-            (b"}", b"]"))
+            return self._parsed_body() is _NO_JSON
+        return not self._tail.rstrip().endswith((b"}", b"]"))
 
     @property
     def outcome(self) -> str:
@@ -700,11 +719,13 @@ class UpstreamStream:
     def _held_answer(self) -> Any:
         """The whole body held, parsed once (None when it is no JSON): the failed-status
         check at close and the usage after it both read it."""
+        answer = self._parsed_body()
+        return None if answer is _NO_JSON else answer
+
+    def _parsed_body(self) -> Any:
+        """The whole body held, parsed once (``_NO_JSON`` when it is none)."""
         if self._answer is _UNPARSED:
-            try:
-                self._answer = orjson.loads(b"".join(self._body))
-            except ValueError:
-                self._answer = None
+            self._answer = _parsed(b"".join(self._body))
         return self._answer
 
     def usage(self) -> Usage | None:
@@ -1014,6 +1035,7 @@ class Proxy:
         to ``deadline`` (monotonic; None: never), while the replica shows progress."""
         started = time.perf_counter()
         response: UpstreamResponse | None = None
+        whole = _Held(_UNPARSED, None)  # a non-streamed answer held whole, read
         waiting = _Waiting(asyncio.current_task())
         self._waiting.setdefault(replica, set()).add(waiting)
         patience: _Patience | None = None
@@ -1069,11 +1091,14 @@ class Proxy:
                 patience.cancel()
             if not streamed and response.status < 400:
                 first = await self._buffer(replica, response, first)
-                if response.until_close and response.is_eof() and not _whole_json(
-                        first, response.headers):
-                    # no length, no chunks: a replica that died mid-body ended it too
-                    raise UpstreamBroken("the body ended with its connection before its "
-                                         "JSON did")
+                if response.is_eof():  # held whole: the client has seen nothing of it
+                    whole = _read_held(first, response.headers, response.until_close,
+                                       signs)
+                    if whole.cut is not None:
+                        log.warning("replica %s answered a cut body (%s)", replica,
+                                    whole.cut)
+                        raise _Retryable("broken", f"replica {replica!r} answered a cut "
+                                         f"body ({whole.cut})")
         except UpstreamFailure as exc:  # refused, reset, cut, or a malformed answer
             _close(response)
             if isinstance(exc, UpstreamUnreachable):
@@ -1127,7 +1152,7 @@ class Proxy:
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
                               signs, self.relaying,
-                              failed.status if failed is not None else None)
+                              failed.status if failed is not None else None, whole.answer)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> bytes:
@@ -1424,16 +1449,64 @@ def _json_body(headers: Mapping[str, str]) -> bool:
         and headers.get("content-encoding", "identity").lower() in _IDENTITY
 
 
-def _whole_json(body: bytes, headers: Mapping[str, str]) -> bool:
-    """Whether ``body`` is whole as far as its type tells: a JSON body (not encoded)
-    parses."""
-    if not _json_body(headers):
-        return True
+def _parsed(body: bytes) -> Any:
+    """``body``'s JSON value, ``_NO_JSON`` when it is none."""
     try:
-        orjson.loads(body)
+        return orjson.loads(body)
     except ValueError:
-        return False
-    return True
+        return _NO_JSON
+
+
+class _Held(NamedTuple):
+    """A non-streamed answer held whole, as ``_read_held`` read it."""
+
+    answer: Any  # its JSON value (``_NO_JSON``: none), or ``_UNPARSED`` where not read
+    cut: str | None  # why it is cut, if it is
+
+
+def _read_held(body: bytes, headers: Mapping[str, str], until_close: bool,
+               signs: AnswerSigns) -> _Held:
+    """A non-streamed answer's whole ``body``, held before the client sees a byte, parsed
+    once (its usage and status are read from that value at its end) where it is JSON and
+    its end is to be judged: an answer the gateway knows (``signs.whole_json``: it is one
+    JSON value), or one that ended with its connection (which a replica that died ends
+    too). It is cut where its JSON ends short, and where an encoded one's compressed
+    stream ends short (``encoded_cut``; an answer that ended with its connection had
+    that judged as it came). A completion's or chat's whose choice came with a null
+    finish reason is the replica's answer cut too, as a stream of it is
+    (``_unfinished_choice``). Any other answer (a pass-through one with a length or
+    chunks: its transport tells) is not read here."""
+    if not (signs.whole_json or until_close):
+        return _Held(_UNPARSED, None)
+    if not _json_body(headers):
+        if signs.whole_json and not until_close \
+                and headers.get("content-encoding", "identity").lower() not in _IDENTITY \
+                and encoded_cut(body, headers):
+            return _Held(_UNPARSED, "its compressed stream ends short")
+        return _Held(_UNPARSED, None)
+    answer = _parsed(body)
+    if answer is _NO_JSON:
+        return _Held(answer, "its JSON ends short")
+    if signs.choices or signs.last_finish:
+        unfinished = _unfinished_choice(answer)
+        if unfinished is not None:
+            return _Held(answer, f"choice {unfinished} has a null finish reason")
+    return _Held(answer, None)
+
+
+def _unfinished_choice(answer: Any) -> int | None:
+    """The index of the first choice of a completion's or chat's whole ``answer`` whose
+    finish reason is null (vLLM and SGLang end each with one; a writer that leaves the
+    key out tells none, and is not judged); None when none is."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list):
+        return None
+    for at, choice in enumerate(choices):
+        if isinstance(choice, dict) and "finish_reason" in choice \
+                and choice["finish_reason"] is None:
+            index = choice.get("index")
+            return index if type(index) is int else at
+    return None
 
 
 async def _first_event(response: UpstreamResponse, first: bytes) -> bytes:

@@ -16,7 +16,8 @@ gateway sends and its replicas answer:
   it; reading pauses while 256 KB wait unread. A body read until the connection closes
   ends whole only as far as anything tells: one encoded ``gzip`` or ``deflate`` is
   inflated as it comes (the output dropped) to see its compressed stream end, and a close
-  before that end is a broken connection (``_EncodedEnd``).
+  before that end is a broken connection (``_EncodedEnd``); ``encoded_cut`` asks the
+  same of a whole body held with a length or chunks.
 
 Errors: ``UpstreamUnreachable`` when no connection could be made (refused, unresolvable:
 the replica is unreachable); ``UpstreamBroken`` when the connection broke or the answer was
@@ -116,6 +117,24 @@ class _EncodedEnd:
                 return
             self.ended = inflate.eof
             data = inflate.unused_data if inflate.eof else b""
+
+
+_FEED_BYTES = 1 << 16  # a held body is inflated this much at a time (``encoded_cut``)
+
+
+def encoded_cut(body: bytes, headers: Mapping[str, str]) -> bool:
+    """Whether ``body``, all of an answer encoded as ``headers`` say, ends inside its
+    compressed stream (``gzip`` or ``deflate``, which tell their end): a replica's cut
+    body, whatever its length or chunks said. False where the encoding tells no end (none,
+    ``br``), or the bytes are not that encoding or inflate past ``_INFLATE_RATIO``
+    (``_EncodedEnd``). Inflates the body, the output dropped, a piece at a time: asked
+    only of a body sent encoded though the gateway asks for none."""
+    end = _EncodedEnd.of(headers)
+    if end is None:
+        return False
+    for at in range(0, len(body), _FEED_BYTES):
+        end.feed(body[at:at + _FEED_BYTES])
+    return end.cut
 
 
 class UpstreamResponse:

@@ -163,12 +163,14 @@ def relayed(writes: Sequence[bytes], pause_s: float, end_apart_s: float | None, 
     return asyncio.run(main())
 
 
-def relayed_whole(raw: bytes, buffer_bytes: int, path: str = "/v1/completions"
-                  ) -> RelayedWhole:
+def relayed_whole(raw: bytes, buffer_bytes: int, path: str = "/v1/completions",
+                  first_write: int | None = None) -> RelayedWhole:
     """``raw`` (an HTTP answer, head and body) written by a replica in two writes (its head
-    and first ``buffer_bytes`` of body, then the rest) and the connection closed, as the
-    answer to a POST of ``path`` opened by a ``Proxy`` of that ``buffer_bytes``: sent whole
-    where the proxy held all of it, else relayed."""
+    and first ``first_write`` bytes of body, ``buffer_bytes`` unless told, then the rest)
+    and the connection closed, as the answer to a POST of ``path`` opened by a ``Proxy``
+    of that ``buffer_bytes``: sent whole where the proxy held all of it, else relayed. (A
+    chunked body's first ``buffer_bytes`` hold its chunk lines too: a larger
+    ``first_write`` fills the proxy's buffer with the first write.)"""
     async def main() -> RelayedWhole:
         ended: list[tuple[str, bool]] = []
         usage: list[Usage | None] = []
@@ -177,7 +179,8 @@ def relayed_whole(raw: bytes, buffer_bytes: int, path: str = "/v1/completions"
             ended.append((stream.outcome, ok))
             usage.append(stream.usage())
 
-        async with _serving(_raw(raw, buffer_bytes)) as port:
+        split = buffer_bytes if first_write is None else first_write
+        async with _serving(_raw(raw, split)) as port:
             fleet = Fleet([ReplicaConfig("r", f"http://127.0.0.1:{port}")])
             client = _StayingClient()
             upstream = UpstreamClient()
