@@ -121,11 +121,9 @@ def _first_misfit(value: list[Any]) -> tuple[int, Any]:
     return next((i, v) for i, v in enumerate(value) if not is_token_ids([v]))
 
 
-def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
-                max_model_len: int, vocab_size: int) -> list[list[int]]:
-    """Each input's token ids, truncated as asked (the last tokens kept, as vLLM does)
-    and checked: non-empty, in the vocabulary, within the context and the request's
-    token budget. BadRequest naming the field otherwise."""
+def truncation_keep(params: EmbeddingParams, max_model_len: int) -> int | None:
+    """The input tokens ``truncate_prompt_tokens`` keeps (the last ones): -1
+    ``max_model_len``, None all; more than the model's context is a BadRequest."""
     keep = params.truncate_prompt_tokens
     if keep == -1:
         keep = max_model_len
@@ -133,6 +131,26 @@ def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
         raise BadRequest(f"truncate_prompt_tokens value ({keep}) is greater than "
                          f"max_model_len ({max_model_len}); choose a smaller truncation "
                          "size", param="truncate_prompt_tokens")
+    return keep
+
+
+def context_error(num_tokens: int, max_model_len: int, at_least: bool = False
+                  ) -> BadRequest:
+    """An input longer than the context, in vLLM's words; ``at_least``: ``num_tokens`` is a
+    count the input reaches (refused before it was encoded whole)."""
+    least = "at least " if at_least else ""
+    return BadRequest(
+        f"This model's maximum context length is {max_model_len} tokens. However, you "
+        f"requested {least}{num_tokens} tokens in the input for embedding generation. "
+        "Please reduce the length of the input.", param="input")
+
+
+def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
+                max_model_len: int, vocab_size: int) -> list[list[int]]:
+    """Each input's token ids, truncated as asked (the last tokens kept, as vLLM does)
+    and checked: non-empty, in the vocabulary, within the context and the request's
+    token budget. BadRequest naming the field otherwise."""
+    keep = truncation_keep(params, max_model_len)
     out: list[list[int]] = []
     total = 0
     for i, ids in enumerate(encoded):
@@ -140,10 +158,7 @@ def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
         if not ids:
             raise BadRequest(f"input {i} encodes to zero tokens", param="input")
         if len(ids) > max_model_len:
-            raise BadRequest(
-                f"This model's maximum context length is {max_model_len} tokens. However, "
-                f"you requested {len(ids)} tokens in the input for embedding generation. "
-                "Please reduce the length of the input.", param="input")
+            raise context_error(len(ids), max_model_len)
         bad = next((t for t in ids if t >= vocab_size), None)
         if bad is not None:
             raise BadRequest(f"token id {bad} in input {i} is outside the vocabulary "

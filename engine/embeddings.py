@@ -26,7 +26,16 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from engine.async_engine import EngineDeadError, RequestFailed, RequestInterrupted
-from engine.embedding_schema import check_dimensions, checked_ids, parse_embedding, render_response
+from engine.embedding_schema import (
+    EmbeddingParams,
+    check_dimensions,
+    checked_ids,
+    context_error,
+    parse_embedding,
+    render_response,
+    truncation_keep,
+)
+from engine.generate_params import TooManyTokens
 from engine.request import RequestOutput, SamplingParams
 from kvwire.openai_schema import BadRequest, OpenAIError, ServiceUnavailable
 from kvwire.request_edge import unless_disconnected
@@ -56,8 +65,7 @@ class EmbeddingsRoute:
                              "this engine's executor serves no embeddings (only the sim "
                              "executor does)", param="model")
         check_dimensions(p, embedder)
-        encoded = await self.server.encode_texts(p.texts, field="input") \
-            if p.texts is not None else p.token_ids
+        encoded = await self._encode(p) if p.texts is not None else p.token_ids
         assert encoded is not None  # parse_embedding gives texts or token ids
         ids = checked_ids(p, encoded, max_model_len=srv.max_model_len,
                           vocab_size=srv.vocab_size)
@@ -71,6 +79,18 @@ class EmbeddingsRoute:
         body = await asyncio.to_thread(render_response, request_id=rid, model=srv.model_name,
                                        params=p, embedder=embedder, token_ids=ids)
         return Response(body, media_type="application/json")
+
+    async def _encode(self, p: EmbeddingParams) -> list[list[int]]:
+        """The ids of each text input: its last ``truncate_prompt_tokens``, read from its end,
+        or all of it, refused before it is encoded whole when it is proven longer than the
+        model's context (the memory a long input costs stays about the context's)."""
+        srv = self.server
+        assert p.texts is not None
+        try:
+            return await srv.encode_texts(p.texts, field="input", within=srv.max_model_len,
+                                          keep=truncation_keep(p, srv.max_model_len))
+        except TooManyTokens as exc:
+            raise context_error(exc.at_least, srv.max_model_len, at_least=True) from None
 
     async def _pool(self, request: HTTPRequest, rid: str, ids: list[list[int]]) -> None:
         """Run every input's prefill through the engine; on any error or a client gone,

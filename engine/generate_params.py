@@ -68,6 +68,8 @@ class GenerateParams:
     # generated and left out of the text, but counted in the usage)
     echo: bool = False
     echo_only: bool = False
+    # a prompt of SGLang's native ``/generate``: refused in SGLang's words when too long
+    native: bool = False
 
 
 # what the engine does not do, refused rather than ignored: (field, the values that ask
@@ -377,35 +379,51 @@ def _check_tool_choice(body: dict[str, Any], tools: list[Any] | None) -> None:
                      "supported by this engine", param="tool_choice")
 
 
-def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
-    """The last ``keep`` of a prompt's ``ids``, as vLLM truncates a prompt on the left
-    (``truncate_prompt_tokens``): -1 keeps ``max_model_len``, None all; more than the
-    model's context is a BadRequest."""
-    if keep is None:
-        return ids
+class TooManyTokens(Exception):
+    """Text ``index`` of those given to encode was proven to encode to more tokens than a
+    route takes (``at_least`` of them at least) before it was encoded whole."""
+
+    def __init__(self, index: int, at_least: int) -> None:
+        super().__init__(f"text {index} encodes to at least {at_least} tokens")
+        self.index = index
+        self.at_least = at_least
+
+
+def truncation_keep(keep: int | None, max_model_len: int) -> int | None:
+    """The prompt tokens ``truncate_prompt_tokens`` keeps: -1 ``max_model_len``, None all;
+    more than the model's context is a BadRequest."""
     if keep == -1:
         keep = max_model_len
-    if keep > max_model_len:
+    if keep is not None and keep > max_model_len:
         raise BadRequest(f"'truncate_prompt_tokens' ({keep}) is greater than the model's "
                          f"maximum context length ({max_model_len})",
                          param="truncate_prompt_tokens")
-    return ids[-keep:]
+    return keep
+
+
+def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """The last ``keep`` of a prompt's ``ids``, as vLLM truncates a prompt on the left
+    (``truncate_prompt_tokens``, read by ``truncation_keep``)."""
+    keep = truncation_keep(keep, max_model_len)
+    return ids if keep is None else ids[-keep:]
 
 
 def context_error(num_prompt: int, max_tokens: int, max_model_len: int,
                   chat: bool = True, limit_param: str = "max_tokens",
                   batch_index: int | None = None,
-                  prompt_field: str | None = None) -> BadRequest:
+                  prompt_field: str | None = None, at_least: bool = False) -> BadRequest:
     """The context-length error (vLLM's words), naming the chat's ``messages`` or the
     completion's ``prompt`` (or ``prompt_field``: a Responses request's ``input``) when the
     prompt alone is too long, else the output limit's field; ``batch_index``: which prompt
-    of a completions batch it is."""
+    of a completions batch it is; ``at_least``: ``num_prompt`` is a count the prompt
+    reaches, not its length (a prompt refused before it was encoded whole)."""
     what = prompt_field or ("messages" if chat else "prompt")
     which = "" if batch_index is None else f" (prompt {batch_index} of the batch)"
+    least = "at least " if at_least else ""
     return BadRequest(
         f"This model's maximum context length is {max_model_len} tokens. However, you "
-        f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the {what}, "
-        f"{max_tokens} in the completion). Please reduce the length of the {what} or "
+        f"requested {least}{num_prompt + max_tokens} tokens ({least}{num_prompt} in the "
+        f"{what}, {max_tokens} in the completion). Please reduce the length of the {what} or "
         f"completion.{which}",
         param=limit_param if num_prompt < max_model_len else what,
     )

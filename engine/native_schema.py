@@ -167,8 +167,7 @@ def answer_limit(item: NativeItem, num_prompt: int, *, max_model_len: int,
     SGLang resolves it: a prompt that fills the context, or a ``max_new_tokens`` past
     it, refused (SGLang's wording); none asked, 128 cut to what a request may hold."""
     if num_prompt >= max_model_len:
-        raise BadRequest(f"The input ({num_prompt} tokens) is longer than the model's "
-                         f"context length ({max_model_len} tokens).", param=item.prompt_field)
+        raise input_too_long(num_prompt, max_model_len, item.prompt_field)
     asked = item.params.max_tokens
     if asked is None:
         limit = max(1, min(DEFAULT_MAX_NEW_TOKENS, max_request_tokens - num_prompt))
@@ -186,6 +185,15 @@ def answer_limit(item: NativeItem, num_prompt: int, *, max_model_len: int,
         raise BadRequest(f"'min_new_tokens' must be in [0, max_new_tokens ({limit})], got "
                          f"{least}", param=item.where + "min_new_tokens")
     return limit
+
+
+def input_too_long(num_prompt: int, max_model_len: int, field: str, at_least: bool = False
+                   ) -> BadRequest:
+    """SGLang's refusal of a prompt that fills the context; ``at_least``: ``num_prompt`` is
+    a count the prompt reaches (refused before it was encoded whole)."""
+    least = "at least " if at_least else ""
+    return BadRequest(f"The input ({least}{num_prompt} tokens) is longer than the model's "
+                      f"context length ({max_model_len} tokens).", param=field)
 
 
 def finish_reason(reason: str, *, max_tokens: int, stop: str | None,
@@ -320,6 +328,6 @@ def _item_params(sp: dict[str, Any], vocab_size: int, *, text: str | None,
         include_stop=bool(optional(sp, "no_stop_trim", bool, False)),
         limit_param=where + "max_new_tokens",
         prompt_field="text" if text is not None else "input_ids",
-        skip_special_tokens=skip_special, sampling=sampling)
+        skip_special_tokens=skip_special, sampling=sampling, native=True)
     return params, interval
 

@@ -35,16 +35,19 @@ from engine.core import EngineCore, StepOutput
 from engine.embeddings import EmbeddingsRoute
 from engine.generate_params import (
     GenerateParams,
+    TooManyTokens,
     check_special_tokens,
     context_error,
     each_prompt,
     parse_generate,
     truncate_prompt,
+    truncation_keep,
 )
 from engine.generation import AnswerStream, abort_unended
 from engine.metrics import EngineMetrics
 from engine.native_control import ENGINE_VERSION, NativeControlRoutes
 from engine.native_generate import NativeGenerateRoute
+from engine.native_schema import input_too_long
 from engine.openai_answer import OpenAIAnswer, OpenAIGeneration, child_params
 from engine.request import RequestOutput, SamplingParams
 from engine.responses_route import ResponsesRoute
@@ -104,6 +107,11 @@ def _renders_off_loop(messages: Sequence[Any], tools: Any) -> bool:
         if chars > _INLINE_TOKENIZE_CHARS:
             return True
     return chars > _INLINE_TOKENIZE_CHARS
+# ``/tokenize`` counts this many times the model's context at most (and never fewer than
+# TOKENIZE_FLOOR_TOKENS): vLLM's sets no bound, but a text is encoded whole to be counted, at
+# some hundred bytes a token while it is, so a text proven longer is refused (400) unread
+TOKENIZE_CONTEXTS = 4
+TOKENIZE_FLOOR_TOKENS = 131_072
 # ``/detokenize`` decodes a token list this many tokens at a time (``_detokenize``): the
 # tokenizer holds the GIL while it decodes, and between pieces the event loop's thread
 # (and the engine's step) runs. Whether the list is decoded on the loop or in a worker
@@ -227,21 +235,29 @@ class EngineServer:
         finally:
             self.bodies.give(len(raw))
 
-    async def _encode(self, text: str, for_model: bool = True, field: str = "prompt"
-                      ) -> list[int]:
-        return (await self.encode_texts([text], for_model, field=field))[0]
+    @property
+    def max_tokenize_tokens(self) -> int:
+        """The most tokens ``/tokenize`` counts (``TOKENIZE_CONTEXTS``)."""
+        return max(TOKENIZE_CONTEXTS * self.max_model_len, TOKENIZE_FLOOR_TOKENS)
 
     async def encode_texts(self, texts: Sequence[str], for_model: bool = True, *,
-                           field: str = "prompt") -> list[list[int]]:
+                           field: str = "prompt", within: int | None = None,
+                           keep: int | None = None) -> list[list[int]]:
         """The ids of each text: on the event loop when short, else in a worker thread.
         ``for_model``: the model computes them, so an id past its vocabulary (a tokenizer
         with more ids than the checkpoint's embedding rows) is a 400 naming ``field`` (the
         body's field the texts came in) here, not a step that fails every request batched
-        with it."""
+        with it.
+
+        Bounded (``PromptTokenizer.encode_within``): ``within``, a text proven to encode to
+        more than that many tokens is not encoded whole but raises TooManyTokens (a text
+        not proven so is encoded whole, and its length is the caller's to check); ``keep``,
+        each text's last ``keep`` tokens are given, read from its end (all of a short
+        text's: the caller truncates)."""
         if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
-            encoded = self.tokenizer.encode_many(texts)
+            encoded = self.tokenizer.encode_many(texts)  # a few hundred tokens at most
         else:
-            encoded = await asyncio.to_thread(self.tokenizer.encode_many, texts)
+            encoded = await asyncio.to_thread(self._encode_bounded, texts, within, keep)
         limit = self.vocab_size
         if for_model and limit < self.tokenizer.vocab_size:
             for ids in encoded:
@@ -253,13 +269,33 @@ class EngineServer:
                         param=field)
         return encoded
 
+    def _encode_bounded(self, texts: Sequence[str], within: int | None, keep: int | None
+                        ) -> list[list[int]]:
+        """``encode_texts``' encoding, in a worker thread."""
+        tok = self.tokenizer
+        if keep is not None:
+            return [tok.encode_tail(text, keep) for text in texts]
+        if within is None:
+            return list(tok.encode_many(texts))
+        out = []
+        for i, got in enumerate(tok.encode_many_within(texts, within)):
+            if got.ids is None:
+                raise TooManyTokens(i, got.at_least)
+            out.append(got.ids)
+        return out
+
     async def prompt_ids(self, p: GenerateParams, for_model: bool = True,
                          field: str = "prompt") -> list[int]:
         """The ids the model computes for ``p``'s prompt: given, a chat rendered, or a
         text encoded inside the tokenizer's special tokens (``field``: the body's field
-        that an error names)."""
+        that an error names). Truncated to ``p.truncate_prompt_tokens`` (those the model
+        computes: not for ``/tokenize``, ``for_model`` false) or all of it; a prompt
+        proven longer than the model's context (``/tokenize``'s most, for it) is refused
+        before it is encoded whole."""
         if p.prompt_ids is not None:
             return p.prompt_ids
+        keep = truncation_keep(p.truncate_prompt_tokens, self.max_model_len) \
+            if for_model else None
         if p.messages is not None:
             render = functools.partial(
                 self.tokenizer.render_chat, p.messages, tools=p.tools,
@@ -275,11 +311,16 @@ class EngineServer:
             except ValueError as exc:  # a ChatFormatError names the field at fault
                 raise BadRequest(str(exc), param=getattr(exc, "param", None) or "messages") \
                     from exc
-            ids = await self._encode(text, for_model, p.prompt_field)
-        else:  # a text prompt: inside the tokenizer's special tokens, as vLLM encodes it
-            ids = await self._encode(p.prompt_text or "", for_model, p.prompt_field)
-            if ids:
-                ids = self.tokenizer.prompt_ids(ids)
+        else:
+            text = p.prompt_text or ""
+        try:
+            ids = (await self.encode_texts(
+                [text], for_model, field=p.prompt_field, keep=keep,
+                within=self.max_model_len if for_model else self.max_tokenize_tokens))[0]
+        except TooManyTokens as exc:
+            raise self._too_long(p, exc.at_least, None, for_model) from None
+        if p.messages is None and ids:  # a text prompt: inside the tokenizer's special
+            ids = self.tokenizer.prompt_ids(ids)  # tokens, as vLLM encodes it
         if not ids:
             raise BadRequest(f"{field} encodes to zero tokens", param=field)
         return ids
@@ -287,11 +328,20 @@ class EngineServer:
     async def each_prompt_ids(self, prompts: Sequence[GenerateParams],
                               field: str = "prompt") -> list[list[int]]:
         """Each prompt's ids: a chat's rendered, a batch's texts encoded in one call
-        (``field``: the body's field that an error names)."""
+        (``field``: the body's field that an error names), each bounded and truncated as
+        ``prompt_ids`` says."""
         if len(prompts) == 1:
             return [await self.prompt_ids(prompts[0], field=field)]
-        texts = [q.prompt_text or "" for q in prompts if q.prompt_ids is None]
-        encoded = iter(await self.encode_texts(texts, field=field) if texts else ())
+        keep = truncation_keep(prompts[0].truncate_prompt_tokens, self.max_model_len)
+        at = [j for j, q in enumerate(prompts) if q.prompt_ids is None]
+        texts = [prompts[j].prompt_text or "" for j in at]
+        try:
+            encoded = iter(await self.encode_texts(texts, field=field, keep=keep,
+                                                   within=self.max_model_len)
+                           if texts else ())
+        except TooManyTokens as exc:
+            j = at[exc.index]
+            raise self._too_long(prompts[j], exc.at_least, j) from None
         out = [q.prompt_ids if q.prompt_ids is not None else next(encoded) for q in prompts]
         empty = next((j for j, ids in enumerate(out) if not ids), None)
         if empty is not None:
@@ -300,6 +350,33 @@ class EngineServer:
         # a text prompt inside the tokenizer's special tokens, as a lone one (prompt_ids)
         return [ids if q.prompt_ids is not None else self.tokenizer.prompt_ids(ids)
                 for q, ids in zip(prompts, out, strict=True)]
+
+    @property
+    def _text_ends(self) -> int:
+        """The special tokens a text prompt is encoded inside (a Llama's BOS)."""
+        return len(self.tokenizer.text_prefix_ids) + len(self.tokenizer.text_suffix_ids)
+
+    def _tokenize_too_long(self, field: str, at_least: int) -> BadRequest:
+        return BadRequest(
+            f"{field} encodes to at least {at_least} tokens, more than the "
+            f"{self.max_tokenize_tokens} /tokenize counts ({TOKENIZE_CONTEXTS} times the "
+            f"model's maximum context length of {self.max_model_len} tokens)", param=field)
+
+    def _too_long(self, p: GenerateParams, at_least: int, batch_index: int | None,
+                  for_model: bool = True) -> BadRequest:
+        """The refusal of ``p``'s prompt, whose text encodes to ``at_least`` tokens at
+        least, more than the model's context (``/tokenize``'s most, ``for_model`` false),
+        in the route's words: the count of the ids the model would see (a text prompt's
+        inside the tokenizer's special tokens)."""
+        if p.messages is None:
+            at_least += self._text_ends
+        if not for_model:
+            return self._tokenize_too_long(p.prompt_field, at_least)
+        if p.native:
+            return input_too_long(at_least, self.max_model_len, p.prompt_field, at_least=True)
+        answer = p.max_tokens if p.max_tokens is not None else 1
+        return context_error(at_least, answer, self.max_model_len, p.chat, p.limit_param,
+                             batch_index, prompt_field=p.prompt_field, at_least=True)
 
     # -- routes ---------------------------------------------------------------------------
 
@@ -327,8 +404,14 @@ class EngineServer:
 
     async def tokenize(self, request: HTTPRequest) -> Response:
         strs, p = await self.read_json(request, self._parse_tokenize)
-        if isinstance(p, str):
-            ids = self.tokenizer.prompt_ids(await self._encode(p, for_model=False))
+        if isinstance(p, str):  # inside the tokenizer's special tokens, as a completion's
+            try:
+                ids = (await self.encode_texts([p], for_model=False,
+                                               within=self.max_tokenize_tokens))[0]
+            except TooManyTokens as exc:
+                raise self._tokenize_too_long("prompt", exc.at_least + self._text_ends) \
+                    from None
+            ids = self.tokenizer.prompt_ids(ids)
         else:
             ids = await self.prompt_ids(p, for_model=False)
         # spelt and written out at once: in one worker thread for many ids

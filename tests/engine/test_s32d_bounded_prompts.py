@@ -1,0 +1,149 @@
+"""A prompt far longer than the model's context is refused (400, vLLM's or SGLang's words,
+its count "at least" what was proven) reading a bounded part of it: the tokenizer is never
+given the whole text, on every route that encodes client text. A prompt that fits, up to
+the context's last token, is still encoded whole and served."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from engine.server import EngineServer, build_app
+from engine.sim_embedding import SimEmbedder, seed_of
+from kvwire.tokenizer import PromptTokenizer
+from kvwire.tokenizer_build import ASSET_DIR
+from tests.support.engine_servers import served_core
+
+HUGE = "ab " * 1_500_000  # 4.3 MiB, some 3,000,000 tokens
+CONTEXT = 512  # served_core's max_model_len
+# what the tokenizer may read of a refused prompt: a few pieces of 3 x 513 + 4,096 chars
+READ_BOUND = 32_768
+LONG_WORD = " strountdeesdroungtrainding"  # one token of 27 characters
+
+
+class Recording:
+    """An HF tokenizer that notes the characters of every text it is asked to encode;
+    ``longest_known`` false: it hides its JSON form, so the longest token it may give is
+    unknown (as a WordPiece's) and a long text can be refused only by encoding pieces."""
+
+    def __init__(self, longest_known: bool) -> None:
+        self.inner = Tokenizer.from_file(str(ASSET_DIR / "tokenizer.json"))
+        self.longest_known = longest_known
+        self.given: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "to_str" and not self.longest_known:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def encode(self, text: str, **kw: Any) -> Any:
+        self.given.append(len(text))
+        return self.inner.encode(text, **kw)
+
+    def encode_batch(self, texts: Sequence[str], **kw: Any) -> Any:
+        self.given.extend(len(t) for t in texts)
+        return self.inner.encode_batch(texts, **kw)
+
+    def encode_batch_fast(self, texts: Sequence[str], **kw: Any) -> Any:
+        self.given.extend(len(t) for t in texts)
+        return self.inner.encode_batch_fast(texts, **kw)
+
+
+class Engine:
+    def __init__(self, http: httpx.AsyncClient, recording: Recording,
+                 tokenizer: PromptTokenizer) -> None:
+        self.http, self.recording, self.tokenizer = http, recording, tokenizer
+
+    async def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        self.recording.given.clear()
+        return await self.http.post(path, json={"model": "tiny", **body})
+
+
+@pytest.fixture(params=[True, False], ids=["longest-known", "longest-unknown"])
+async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Engine]:
+    recording = Recording(longest_known=request.param)
+    tokenizer = PromptTokenizer(recording)
+    srv = EngineServer(served_core(), tokenizer, model_name="tiny", sleep_modeled_time=False,
+                       embedder=SimEmbedder(8, seed_of("tiny")))
+    assert srv.max_model_len == CONTEXT
+    await srv.engine.start()
+    transport = httpx.ASGITransport(app=build_app(srv))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://engine",
+                                     timeout=60) as http:
+            yield Engine(http, recording, tokenizer)
+    finally:
+        await srv.engine.stop()
+
+
+REFUSALS = [
+    ("/v1/completions", {"prompt": HUGE, "max_tokens": 2}, "prompt",
+     "This model's maximum context length is 512 tokens. However, you requested at least "),
+    ("/v1/completions", {"prompt": ["a short one", HUGE], "max_tokens": 2}, "prompt",
+     "(prompt 1 of the batch)"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": HUGE}]}, "messages",
+     "However, you requested at least "),
+    ("/v1/responses", {"input": HUGE}, "input", "However, you requested at least "),
+    ("/generate", {"text": HUGE}, "text", "The input (at least "),
+    ("/generate", {"text": ["a short one", HUGE]}, "text", "The input (at least "),
+    ("/v1/embeddings", {"input": ["a short one", HUGE]}, "input",
+     "However, you requested at least "),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "words"), REFUSALS,
+                         ids=[f"{r[0]}-{r[2]}-{i}" for i, r in enumerate(REFUSALS)])
+async def test_a_prompt_of_mibs_is_refused_reading_a_bounded_part_of_it(
+        engine: Engine, path: str, body: dict[str, Any], param: str, words: str) -> None:
+    r = await engine.post(path, body)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param, r.text
+    assert words in error["message"]
+    at_least = int(error["message"].split("at least ")[1].split(" ")[0])
+    assert at_least > CONTEXT
+    assert sum(engine.recording.given) <= READ_BOUND, engine.recording.given
+
+
+async def test_tokenize_counts_a_bounded_number_of_tokens(engine: Engine) -> None:
+    r = await engine.post("/tokenize", {"prompt": HUGE})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "prompt"
+    assert "more than the 131072 /tokenize counts" in error["message"]
+    assert sum(engine.recording.given) <= 2 * (3 * 131_073 + 4096)
+    r = await engine.post("/tokenize", {"prompt": "ab " * 3000})  # past the context: counted
+    assert r.status_code == 200 and r.json()["count"] == 6000
+
+
+async def test_a_prompt_exactly_at_the_context_is_served_and_one_past_it_counted_exactly(
+        engine: Engine) -> None:
+    # 511 tokens of 27 characters: too long to encode whole unread (past 6 bytes a token),
+    # too few tokens to be refused; encoded whole, then served with one token of answer
+    at_limit = LONG_WORD * (CONTEXT - 1)
+    assert len(engine.tokenizer.prompt_ids(engine.tokenizer.encode(at_limit))) == CONTEXT - 1
+    for body in ({"prompt": at_limit}, {"prompt": ["a short one", at_limit]}):
+        r = await engine.post("/v1/completions", {**body, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] >= CONTEXT - 1
+        assert max(engine.recording.given) == len(at_limit)  # encoded whole
+    r = await engine.post("/v1/completions", {"prompt": at_limit + LONG_WORD, "max_tokens": 1})
+    assert r.status_code == 400
+    assert "you requested 513 tokens (512 in the prompt, 1 in the completion)" \
+        in r.json()["error"]["message"]
+
+
+async def test_truncation_reads_the_prompts_end(engine: Engine) -> None:
+    last = engine.tokenizer.encode("ab " * 100)[-8:]  # the text repeats: its last 8 tokens
+    for path, body in (("/v1/completions", {"prompt": HUGE, "max_tokens": 1,
+                                            "return_token_ids": True}),
+                       ("/v1/embeddings", {"input": HUGE})):
+        r = await engine.post(path, {**body, "truncate_prompt_tokens": 8})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == 8
+        assert sum(engine.recording.given) <= READ_BOUND
+        if path == "/v1/completions":
+            assert r.json()["choices"][0]["prompt_token_ids"] == \
+                engine.tokenizer.prompt_ids(last)[-8:]
