@@ -37,14 +37,18 @@ cause). A stream is relayed in whole events (a piece of one waits for its end), 
 error event follows whole events. A stream whose ``[DONE]`` reached the client is whole
 however its body ends after that (the client hanging up at once, as the openai client
 does, or the replica never closing it); an OpenAI completion stream whose body ends
-without ``[DONE]`` is cut. One whose ``[DONE]`` came while a choice it began had no
-finish reason was cut too (vLLM and SGLang end every choice with one before ``[DONE]``):
-the client gets an error event in place of that ``[DONE]``, and the answer is counted
-failed. A stream of several choices has each one's finish noted as its events are
-relayed (``_Choices``); one of a single choice is judged from its last bytes when its
-``[DONE]`` comes (``_finish_unseen``), and passes where they cannot tell. A stream whose
-last event came right after a piece of an event (its data no JSON: a write cut short,
-then the end) is relayed as it came, and counted failed.
+without ``[DONE]`` is cut, and so is one whose body ends on a ``[DONE]`` (or a Responses
+stream's last event) without the blank line that ends it (a blank line in a later read
+still counts): a client dispatches no event before its blank line (``_ended``), and that
+piece of an event is not sent, so the error event does not run into it (``_ends_cut``).
+One whose ``[DONE]`` came while a choice it began had no finish reason was cut too
+(vLLM and SGLang end every choice with one before ``[DONE]``): the client gets an error
+event in place of that ``[DONE]``, and the answer is counted failed. A stream of several
+choices has each one's finish noted as its events are relayed (``_Choices``); one of a
+single choice is judged from its last bytes when its ``[DONE]`` comes
+(``_finish_unseen``), and passes where they cannot tell. A stream whose last event came
+right after a piece of an event (its data no JSON: a write cut short, then the end) is
+relayed as it came, and counted failed.
 """
 
 from __future__ import annotations
@@ -419,7 +423,6 @@ class UpstreamStream:
         at most (``watch``: the caller's, which bounds its sends to the client too, from
         the head to the end of the body, and stops it after the last)."""
         ok = False
-        last = b""  # a held [DONE] event that goes out after an upstream break
         self.idle = watch
         if self.relaying is not None:
             self.relaying.add(self)
@@ -427,7 +430,7 @@ class UpstreamStream:
             self.first_sent_at = time.perf_counter()
             response = self.response
             first = self.first_chunk
-            if self.stream and not response.is_eof():
+            if self.stream and (not response.is_eof() or self._ends_cut()):
                 first = self._whole_events(first)
             if first:
                 if self._choices is not None:
@@ -443,11 +446,7 @@ class UpstreamStream:
                 if self._stopping is not None:
                     raise UpstreamBroken("the gateway ended the relay")
                 if not chunk:
-                    if self.stream and (response.until_close or self.signs.last_event) \
-                            and not self._ended():
-                        # its end is the connection's, which a replica that died also
-                        # closes, or an OpenAI stream's body ended without its last event:
-                        # only that event tells a whole answer
+                    if self._ends_cut():
                         raise UpstreamBroken("the stream ended before its last event")
                     if self._json_cut():
                         raise UpstreamBroken("the body ended before its JSON did")
@@ -469,7 +468,7 @@ class UpstreamStream:
                     if self._events is not None:  # (an event may start in the tail)
                         self._events += _content_events(self._tail, chunk)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]  # usage is in the tail
-                    if not response.is_eof():
+                    if not response.is_eof() or self._ends_cut():
                         chunk = self._whole_events(chunk)
                         if not chunk:
                             continue
@@ -502,7 +501,6 @@ class UpstreamStream:
             if task is not None:
                 task.uncancel()
             watch.absorbed()  # what is left to send to the client is watched too
-            last = self._held_done()
             if not self._delivered:  # after [DONE] only the end of body was missing
                 self._broke_off("ejected" if self._ejected else "idle_timeout",
                                 "was ejected, then sent nothing for a health check "
@@ -511,18 +509,13 @@ class UpstreamStream:
         except UpstreamFailure as exc:
             if self._stopping is not None:
                 self._broke_off(self._stopping, "was cut off by the gateway's shutdown")
-            else:
-                last = self._held_done()
-                if not self._delivered:  # after [DONE] only the end of body was missing
-                    self._broke_off("broken",
-                                    f"broke the connection ({exc.__class__.__name__})")
+            elif not self._delivered:  # after [DONE] only the end of body was missing
+                self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
         finally:
             # the client left, mid-read or mid-send (then the relay is closed here)
             if not ok and self.client is not None and self.client.fired:
                 self.client_gone()
             self.close(ok)
-        if last:
-            yield last
         if self.cut == _SHUTDOWN and self.stream:
             yield sse_error_event("the gateway is shutting down: the answer is incomplete",
                                   "gateway_shutdown")
@@ -531,10 +524,21 @@ class UpstreamStream:
                                   "is incomplete", f"upstream_{self.cut}")
 
     def _ended(self) -> bool:
-        """The stream's last event came: [DONE], or one of ``signs.last_events`` (all of it:
-        its type may come before the rest of its data, the whole response)."""
-        return (self._last_seen and self._tail.endswith(_EVENT_ENDS)) \
-            or _ends_done(self._tail)
+        """The stream's last event came, to its blank line: [DONE], or one of
+        ``signs.last_events`` (all of it: its type may come before the rest of its data,
+        the whole response). A client dispatches no event before its blank line: a
+        [DONE] without it told the client nothing."""
+        tail = self._tail
+        return tail.endswith(_EVENT_ENDS) and (self._last_seen or _ends_done(tail))
+
+    def _ends_cut(self) -> bool:
+        """The stream, read to the end of its body, is cut there: an OpenAI stream (or one
+        that ends with its connection, which a replica that died also closes) whose last
+        event did not come whole (``_ended``). Its last piece of an event is held back
+        then (``_whole_events``): the error event it ends with follows whole events, never
+        a piece that a client would read as one event with it."""
+        return self.stream and (self.response.until_close or self.signs.last_event) \
+            and not self._ended()
 
     def _judged(self, events: bytes) -> bytes:
         """``events``, whole events of a completion's or chat's stream, as the client gets
@@ -621,16 +625,6 @@ class UpstreamStream:
             self._held_bytes = len(data) - cut
         return out
 
-    def _held_done(self) -> bytes:
-        """The bytes held back when they end with the stream's ``[DONE]`` (its blank line
-        not come): the answer is whole, and they go out as a body ending there would send
-        them (counted delivered); else nothing."""
-        if not (self._held and self._ended()):
-            return b""
-        self._delivered = True
-        held = self._take_held()
-        return self._judged(held) if self._judging else held
-
     def _take_held(self) -> bytes:
         out = b"".join(self._held)
         self._held.clear()
@@ -641,10 +635,7 @@ class UpstreamStream:
         """The upstream body was read to its end, whole: the chunk just relayed is the
         last (``relay`` yields nothing more). A stream that ends with its connection is
         whole only once its last event came; else the relay goes on to tell it cut."""
-        response = self.response
-        return response.is_eof() and not (
-            self.stream and (response.until_close or self.signs.last_event)
-            and not self._ended()) and not self._json_cut()
+        return self.response.is_eof() and not self._ends_cut() and not self._json_cut()
 
     def _json_cut(self) -> bool:
         """A JSON body (not encoded) ended before its JSON did, where it ended with its

@@ -140,20 +140,21 @@ def test_the_openai_client_fails_a_stream_without_its_finish_reason(serve: Any) 
         assert one_counted(gw) == {"502": 1.0}
 
 
-@pytest.mark.parametrize(("writes", "end_apart_s"), [
+@pytest.mark.parametrize(("writes", "end_apart_s", "code"), [
     # [DONE] in a write of its own, its blank line in the next
-    ((_ROLE, _chat({"content": "a"}), b"data: [DONE]", b"\n\n"), None),
-    # the body ends on [DONE] with no blank line after it
-    ((_ROLE, _chat({"content": "a"}), b"data: [DONE]"), 0.05),
+    ((_ROLE, _chat({"content": "a"}), b"data: [DONE]", b"\n\n"), None, "upstream_unfinished"),
+    # the body ends on [DONE] with no blank line after it: a [DONE] no client reads, so
+    # the stream is cut there
+    ((_ROLE, _chat({"content": "a"}), b"data: [DONE]"), 0.05, "upstream_broken"),
     # [DONE] in one read with the events before it
-    ((_ROLE + _chat({"content": "a"}) + _DONE,), None),
+    ((_ROLE + _chat({"content": "a"}) + _DONE,), None, "upstream_unfinished"),
 ], ids=["split_blank_line", "no_blank_line", "one_read"])
 def test_a_done_without_a_finish_reason_is_replaced_however_it_comes(
-        writes: tuple[bytes, ...], end_apart_s: float | None) -> None:
+        writes: tuple[bytes, ...], end_apart_s: float | None, code: str) -> None:
     out = relayed(writes, 0.05, end_apart_s, _CHAT_PATH, several_choices=False)
     sent = b"".join(body for body, _, _ in out.sent)
     head = _ROLE + _chat({"content": "a"})
-    assert _error_code(sent, head) == "upstream_unfinished" and b"[DONE]" not in sent
+    assert _error_code(sent, head) == code and b"[DONE]" not in sent
     assert out.ended == [False] and out.stream.outcome == "502"
 
 
