@@ -249,7 +249,7 @@ class EngineServer:
         body's field the texts came in) here, not a step that fails every request batched
         with it.
 
-        Bounded (``PromptTokenizer.encode_within``): ``within``, a text proven to encode to
+        Bounded (``BoundedEncoder.encode_within``): ``within``, a text proven to encode to
         more than that many tokens is not encoded whole but raises TooManyTokens (a text
         not proven so is encoded whole, and its length is the caller's to check); ``keep``,
         each text's last ``keep`` tokens are given, read from its end (all of a short
@@ -274,11 +274,11 @@ class EngineServer:
         """``encode_texts``' encoding, in a worker thread."""
         tok = self.tokenizer
         if keep is not None:
-            return [tok.encode_tail(text, keep) for text in texts]
+            return [tok.bounded.encode_tail(text, keep) for text in texts]
         if within is None:
             return list(tok.encode_many(texts))
         out = []
-        for i, got in enumerate(tok.encode_many_within(texts, within)):
+        for i, got in enumerate(tok.bounded.encode_many_within(texts, within)):
             if got.ids is None:
                 raise TooManyTokens(i, got.at_least)
             out.append(got.ids)

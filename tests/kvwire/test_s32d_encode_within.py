@@ -1,4 +1,4 @@
-"""``PromptTokenizer.encode_within`` never refuses a text that fits and never over-states
+"""``BoundedEncoder.encode_within`` never refuses a text that fits and never over-states
 what it proves (its ``at_least`` is at most the text's true count), and ``encode_tail``
 gives the whole encoding's last tokens, on texts of every shape: spaces and none, runs of
 whitespace, CJK, emoji, for a byte-level tokenizer and a SentencePiece-like one (a
@@ -36,7 +36,7 @@ def _sentencepiece_like() -> PromptTokenizer:
 @pytest.mark.parametrize("kind", ["byte-level", "sentencepiece-like"])
 def test_bounded_encodings_agree_with_the_whole_encoding(kind: str) -> None:
     tok = load_tokenizer(None) if kind == "byte-level" else _sentencepiece_like()
-    assert tok.max_token_chars is not None
+    assert tok.bounded.max_token_chars is not None
     rng = random.Random(7)
     refused = 0
     for _ in range(60):
@@ -46,33 +46,33 @@ def test_bounded_encodings_agree_with_the_whole_encoding(kind: str) -> None:
         for limit in (1, 40, len(whole) - 1, len(whole)):
             if limit < 0:
                 continue
-            got = tok.encode_within(text, limit)
+            got = tok.bounded.encode_within(text, limit)
             if got.ids is None:
                 refused += 1
                 assert limit < got.at_least <= len(whole), (limit, got.at_least, len(whole))
             else:
                 assert got.ids == whole
         keep = rng.choice([1, 7, 300])
-        assert tok.encode_tail(text, keep) == whole[-keep:]
+        assert tok.bounded.encode_tail(text, keep) == whole[-keep:]
     assert refused > 25  # the bounded reads were taken
 
 
 def test_a_text_far_past_the_limit_is_refused_by_its_length_alone() -> None:
     tok = load_tokenizer(None)
-    longest = tok.max_token_chars
+    longest = tok.bounded.max_token_chars
     assert longest is not None
-    got = tok.encode_within("ab " * 1_000_000, 100)
+    got = tok.bounded.encode_within("ab " * 1_000_000, 100)
     assert got.ids is None and got.at_least == -(-3_000_000 // longest)
-    many = tok.encode_many_within(["short text", "ab " * 1_000_000], 100)
+    many = tok.bounded.encode_many_within(["short text", "ab " * 1_000_000], 100)
     assert many[0].ids == tok.encode("short text") and many[1].ids is None
 
 
 def test_no_longest_token_where_a_token_may_stand_for_any_run() -> None:
     wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
-    assert PromptTokenizer(wordpiece).max_token_chars is None
+    assert PromptTokenizer(wordpiece).bounded.max_token_chars is None
     dropping = Tokenizer.from_file(str(ASSET_DIR / "tokenizer.json"))
     dropping.normalizer = normalizers.BertNormalizer()  # drops control characters
-    assert PromptTokenizer(dropping).max_token_chars is None
+    assert PromptTokenizer(dropping).bounded.max_token_chars is None
 
 
 def test_a_text_without_spaces_is_refused_by_its_non_ascii_runs() -> None:
@@ -80,6 +80,6 @@ def test_a_text_without_spaces_is_refused_by_its_non_ascii_runs() -> None:
     limit times the longest token; its runs of non-ASCII bytes still prove it too long."""
     tok = load_tokenizer(None)
     for text in ("中文字符" * 3000, "😀" * 12_000):
-        assert len(text) < 1000 * (tok.max_token_chars or 0)
-        got = tok.encode_within(text, 1000)
+        assert len(text) < 1000 * (tok.bounded.max_token_chars or 0)
+        got = tok.bounded.encode_within(text, 1000)
         assert got.ids is None and 1000 < got.at_least <= len(tok.encode(text))
