@@ -31,10 +31,12 @@ searched for an abort as a stream's are (a whole answer that is an error object 
 its framing, is whole only when its JSON ended. ``UpstreamStream`` then yields the rest
 as it arrives, enforcing the idle timeout between chunks, and settles the accounting
 exactly once however the stream ends. When the replica breaks off after the client got
-bytes, the end says so: a stream ends with an OpenAI error event and no ``[DONE]``; a body
-ends short of its ``content-length`` with the connection dropped (``cut`` names the
-cause). A stream is relayed in whole events (a piece of one waits for its end), so the
-error event follows whole events. A stream whose ``[DONE]`` reached the client is whole
+bytes, the end says so: a stream ends with an OpenAI error event and no ``[DONE]`` (a
+Responses stream with that API's own, ``event: error``, numbered one past the last event
+the client got where the replica numbers them: ``responses_error_event``); a body ends
+short of its ``content-length`` with the connection dropped (``cut`` names the cause).
+A stream is relayed in whole events (a piece of one waits for its end), so the error
+event follows whole events. A stream whose ``[DONE]`` reached the client is whole
 however its body ends after that (the client hanging up at once, as the openai client
 does, or the replica never closing it); an OpenAI completion stream whose body ends
 without ``[DONE]`` is cut, and so is one whose body ends on a ``[DONE]`` (or a Responses
@@ -134,6 +136,9 @@ _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
 # reason. JSON strings escape their quotes: no content holds these bytes
 _CHOICE_INDEX = re.compile(rb'"choices":\s*\[\s*\{\s*"index":\s*(\d{1,9})')
 _FINISH_KEY = b'"finish_reason"'
+# a Responses stream event's number
+_SEQUENCE_KEY = b'"sequence_number"'
+_SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d{1,18})')
 _MAX_CHOICES = 1024  # choice indices a stream's judgement keeps (past them: not judged)
 _JSON = json.JSONDecoder()  # raw_decode: a value that more bytes follow
 _STATUS_CODE = re.compile(rb'"status_code":\s*(\d{3})\b')
@@ -166,6 +171,9 @@ class AnswerSigns(NamedTuple):
     # a non-streamed answer is one JSON value: held whole, one that does not parse, or whose
     # compressed stream ends short, was cut (``_read_held``)
     whole_json: bool = False
+    # a Responses stream: each event named (an ``event:`` line, its data's ``type``), the
+    # error event the gateway ends a cut one with too (``responses_error_event``)
+    named_events: bool = False
 
 
 _PLAIN = AnswerSigns()  # the pass-through endpoints' answers: their transport tells
@@ -175,7 +183,7 @@ _SIGNS = {"/v1/completions": AnswerSigns(True, choices=True, whole_json=True),
           responses_request.PATH: AnswerSigns(True, False, responses_request.FAILED_EVENTS,
                                               responses_request.LAST_EVENTS,
                                               responses_request.FAILED_STATUSES,
-                                              whole_json=True)}
+                                              whole_json=True, named_events=True)}
 
 
 def answer_signs(path: str, several_choices: bool = True) -> AnswerSigns:
@@ -219,11 +227,30 @@ def forward_headers(headers: Mapping[str, str], skip: frozenset[str] = _HOP_BY_H
     return out
 
 
+def _upstream_error(message: str, code: str) -> dict[str, object]:
+    return {"message": message, "type": "upstream_error", "param": None, "code": code}
+
+
 def sse_error_event(message: str, code: str) -> bytes:
-    """An OpenAI-shaped error as a server-sent event (what a cut stream ends with)."""
-    body = {"error": {"message": message, "type": "upstream_error", "param": None,
-                      "code": code}}
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+    """An OpenAI-shaped error as a server-sent event (what a cut completion's or chat's
+    stream ends with)."""
+    return b"data: " + orjson.dumps({"error": _upstream_error(message, code)}) + b"\n\n"
+
+
+def responses_error_event(message: str, code: str, sequence_number: int | None) -> bytes:
+    """The error event of OpenAI's Responses streams (what a cut one ends with): named
+    ``error``, its data's ``type`` too, with ``code``, ``message``, ``param`` and
+    ``sequence_number`` at its top (left out where it is not known), as a client typed
+    on those events reads it; and the error object under ``error`` as well, last: the
+    openai Python client raises on an event whose data holds one, where it hands
+    OpenAI's bare error event on as one more event, and the stream ends quietly, its
+    answer cut."""
+    body: dict[str, object] = {"type": "error", "code": code, "message": message,
+                               "param": None}
+    if sequence_number is not None:
+        body["sequence_number"] = sequence_number
+    body["error"] = _upstream_error(message, code)
+    return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
 
 
 @dataclass(slots=True)
@@ -517,11 +544,32 @@ class UpstreamStream:
                 self.client_gone()
             self.close(ok)
         if self.cut == _SHUTDOWN and self.stream:
-            yield sse_error_event("the gateway is shutting down: the answer is incomplete",
+            yield self._cut_event("the gateway is shutting down: the answer is incomplete",
                                   "gateway_shutdown")
         elif self.cut is not None and self.stream:
-            yield sse_error_event(f"replica {self.replica!r} stopped mid-answer: the answer "
+            yield self._cut_event(f"replica {self.replica!r} stopped mid-answer: the answer "
                                   "is incomplete", f"upstream_{self.cut}")
+
+    def _cut_event(self, message: str, code: str) -> bytes:
+        """The error event a cut stream ends with: a Responses stream's own
+        (``responses_error_event``), numbered one past the last event the client got
+        where that told its number; else an OpenAI error object's (``sse_error_event``)."""
+        if not self.signs.named_events:
+            return sse_error_event(message, code)
+        return responses_error_event(message, code, self._next_sequence())
+
+    def _next_sequence(self) -> int | None:
+        """One past the ``sequence_number`` of the last event the client got, read from
+        the stream's last bytes less the piece held back (not sent); None where that event
+        has none in them (a writer that numbers no events, or an event that began before
+        them). JSON strings escape their quotes: no content holds the key."""
+        tail = self._tail
+        sent = tail[:max(0, len(tail) - self._held_bytes)]
+        at = sent.rfind(_SEQUENCE_KEY)
+        if at < 0 or any(mark in sent[at:].rstrip(b"\r\n") for mark in _EVENT_ENDS):
+            return None  # none, or not the last event's
+        found = _SEQUENCE.match(sent, at)
+        return int(found.group(1)) + 1 if found else None
 
     def _ended(self) -> bool:
         """The stream's last event came, to its blank line: [DONE], or one of

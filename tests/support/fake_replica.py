@@ -10,6 +10,7 @@ it receives, byte for byte.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class Behaviour:
     header_lines: list[list[tuple[str, str]]] = field(default_factory=list)  # as received
     responded: int = 0  # /v1/responses answered (each response's id counts them)
     response_failed: bool = False  # a /v1/responses stream ends with response.failed
+    numbered: bool = False  # a /v1/responses stream's events carry their sequence_number
 
 
 def fake_replica(b: Behaviour) -> Starlette:
@@ -182,8 +184,12 @@ def fake_replica(b: Behaviour) -> Starlette:
                     "code": "server_error", "message": "the engine failed"}})
             return JSONResponse(done)
 
+        numbers = itertools.count()
+
         def event(kind: str, data: dict[str, object]) -> bytes:
             # pydantic's order, as vLLM writes them: the event's type last
+            if b.numbered:
+                data = {**data, "sequence_number": next(numbers)}
             return f"event: {kind}\ndata: {json.dumps({**data, 'type': kind})}\n\n".encode()
 
         async def events():  # type: ignore[no-untyped-def]
