@@ -6,7 +6,10 @@ A long prompt costs a tokenizer memory in proportion (HF ``tokenizers`` builds a
 - ``encode_within`` proves a text encodes to more than a limit from a bounded read (or from
   its length alone: ``max_token_chars``, the longest token's characters) and encodes whole
   only a text that may fit;
-- ``encode_tail`` reads a text's last tokens from its end (``truncate_prompt_tokens``).
+- ``encode_tail`` reads a text's last tokens from its end (``truncate_prompt_tokens``);
+- ``encode_whole`` gives a text's whole encoding read in pieces of ``WHOLE_PIECE_CHARS``
+  (the gateway's policies that match every token of a prompt), where the tokenizer's
+  encoding splits at every cut (``splits_at_cuts``).
 
 Both rest on the cuts ``PromptTokenizer.encode_prefix`` and ``kvwire.whole_encoding`` rely
 on (see ``BoundedEncoder``).
@@ -21,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvwire.whole_encoding import space_cut
+
 # ``encode_within`` encodes a text whole when its UTF-8 bytes are at most this many per token
 # of the limit (a token takes a byte at least, so its encoding holds about that many tokens
 # per token of the limit at most: typical text, 2 to 5 bytes a token, is encoded once); else
@@ -34,6 +39,18 @@ _CUT = re.compile(r"(?<=\S) ")
 # output characters stands for (Unicode composition joins at most 4 code points into one)
 _NORMALIZER_SHRINK = {"NFD": 1, "NFKD": 1, "Lowercase": 1, "Prepend": 1, "ByteLevel": 1,
                       "NFC": 4, "NFKC": 4}
+# ``encode_whole`` reads pieces of about this many characters (HF's ``Encoding`` of one,
+# some hundred bytes a token, costs a few MB); a text no longer is encoded in one call
+WHOLE_PIECE_CHARS = 1 << 16
+# normalizers that map each character alone (not ``Prepend``, which marks the text's start,
+# nor ``Strip``, its ends): a text split at a space normalizes to its parts' normalized
+_PER_CHARACTER = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "ByteLevel"}
+# what ``splits_at_cuts`` checks a tokenizer's pre-tokenizer and encoding on: a cut after
+# each kind of character a text holds (letters, digits, punctuation, quotes, accents, CJK,
+# emoji, a special token) and whitespace that is not a cut (runs, newlines, tabs)
+_CUT_SAMPLE = ("The parties' term (clause 4.2), 4,500 USD ($1.5k) ends 2027-01-31: don't  "
+               "it's x\n y\t z   héllo wörld Ünïcode 中文 字符。 😀 👍🏽 x<|im_start|> [a] {b} "
+               "'q' \"r\" a.b c-d e_f g/h i@j k#l ... -- !! ?? émigré\u00a0x end")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +142,42 @@ class BoundedEncoder:
             read *= 2
         return self.encode(text)[-keep:]
 
+    def encode_whole(self, text: str, piece_chars: int = WHOLE_PIECE_CHARS) -> list[int]:
+        """``encode(text)``, read from cut to cut in pieces of about ``piece_chars``
+        characters where the tokenizer ``splits_at_cuts``: the same ids (those between two
+        cuts are the whole encoding's, see above), while one piece's ``Encoding`` is held at
+        a time, not one of the whole text. A text no longer than a piece, or any text of a
+        tokenizer whose cuts are not trusted, is encoded in one call; a stretch with no cut
+        in a piece's reach (no space after a word: most CJK text) is read to the next cut."""
+        if len(text) <= piece_chars or not self.splits_at_cuts:
+            return self.encode(text)
+        ids: list[int] = []
+        start = 0
+        while len(text) - start > piece_chars:
+            # [start, end): the text's start or a cut, to the last cut in the piece's second
+            # half, else the first cut past the piece (none: the rest is read whole)
+            end = space_cut(text, start + piece_chars // 2, start + piece_chars)
+            if end < 0:
+                end = _next_cut(text, start + piece_chars, len(text))
+            if end < 0:
+                break
+            ids += self.encode(text[start:end])
+            start = end
+        ids += self.encode(text[start:])
+        return ids
+
+    @functools.cached_property
+    def splits_at_cuts(self) -> bool:
+        """Whether a text split at any of its cuts encodes to its whole encoding, so
+        ``encode_whole`` may read it in pieces: the tokenizer has a pre-tokenizer that
+        splits a sample text at each of its cuts (ByteLevel's regex, a Split regex as
+        Llama 3's and Qwen's, Whitespace, Metaspace), normalizers that map each character
+        alone, no added token that holds a cut or takes the whitespace beside it
+        (``lstrip``, ``rstrip``), and the sample encodes so piece by piece. False for any
+        other: one that does not pre-tokenize (a SentencePiece-like BPE with a ``Prepend``
+        normalizer, which marks only the text's start), or one whose form cannot be read."""
+        return _splits_at_cuts(self._tok, self.encode)
+
     @functools.cached_property
     def max_token_chars(self) -> int | None:
         """The most characters of a text one token can stand for (its longest vocabulary
@@ -178,6 +231,36 @@ def _next_cut(text: str, start: int, end: int) -> int:
     """The first cut (a space right after a non-space) in ``[start, end)``, or -1."""
     found = _CUT.search(text, start, end)
     return found.start() if found else -1
+
+
+def _splits_at_cuts(tokenizer: Any, encode: Callable[[str], list[int]]) -> bool:
+    """``BoundedEncoder.splits_at_cuts`` of an HF tokenizer."""
+    try:
+        spec = json.loads(tokenizer.to_str())
+        pre = tokenizer.pre_tokenizer
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if pre is None:
+        return False
+    for node in _nodes(spec.get("normalizer")):
+        pattern = node.get("pattern") or {}
+        one_character = node.get("type") == "Replace" \
+            and isinstance(pattern.get("String"), str) and len(pattern["String"]) == 1
+        if not one_character and node.get("type") not in _PER_CHARACTER:
+            return False
+    for added in spec.get("added_tokens") or ():
+        if added.get("lstrip") or added.get("rstrip") \
+                or _CUT.search(str(added.get("content", ""))):
+            return False
+    sample = _CUT_SAMPLE
+    cuts = [found.start() for found in _CUT.finditer(sample)]
+    spans = [span for _, span in pre.pre_tokenize_str(sample)]
+    if any(start < cut < end for cut in cuts for start, end in spans):
+        return False
+    pieces: list[int] = []
+    for start, end in zip([0, *cuts], [*cuts, len(sample)], strict=True):
+        pieces += encode(sample[start:end])
+    return pieces == encode(sample)
 
 
 def _max_token_chars(tokenizer: Any) -> int | None:

@@ -74,11 +74,12 @@ class PromptTokenizer:
         # system prompts), token ids as compact u32 arrays; off when memo_size is 0
         self._memo: BoundedMemo[tuple[str, int, str], _Memo] | None = (
             BoundedMemo(memo_size) if memo_size > 0 else None)
-        # whole prompts through remembered prefixes (``whole_encoding``), with the memo
-        self.whole = WholeEncodings(self.encode, max(2, memo_size // 4)) \
-            if memo_size > 0 else None
         # encodings of texts far past a model's context, at a bounded cost in memory
         self.bounded = BoundedEncoder(tokenizer, self.encode, self.encode_many)
+        # whole prompts through remembered prefixes (``whole_encoding``), with the memo,
+        # their rest read in bounded pieces
+        self.whole = WholeEncodings(self.bounded.encode_whole, max(2, memo_size // 4)) \
+            if memo_size > 0 else None
         self.source = source
         # the special tokens by name, as the template reads them (transformers gives it
         # those the tokenizer has, and no others)
@@ -152,8 +153,9 @@ class PromptTokenizer:
         """The first ``max_tokens`` tokens of ``text`` (all when ``None``). The memo is
         kept per ``group`` (a trust group, e.g. a tenant's cache salt): a remembered
         encoding is never found from another group, so its speed tells nothing."""
-        if max_tokens is None:
-            ids = self.encode(text) if self.whole is None else self.whole.encode(text, group)
+        if max_tokens is None:  # read in bounded pieces (``BoundedEncoder.encode_whole``)
+            ids = self.bounded.encode_whole(text) if self.whole is None \
+                else self.whole.encode(text, group)
             return PrefixEncoding(ids, True, len(ids))
         if max_tokens <= 0:
             return PrefixEncoding([], False, self.estimate_tokens(text))
