@@ -148,11 +148,12 @@ class ModelShape:
         if self.active_params is not None:
             unused = (self.params - self.active_params) \
                 * (1 - self.experts_per_token / self.num_experts) ** (tokens - 1)
-        if not self.quantized_params:
-            return (self.params - unused) * self.dtype_bytes
-        # the routed experts left unread are among the quantized weights (the embeddings
-        # and output head, the ones kept at the dtype, are no expert's)
-        return self.weights.total_bytes - unused * self.bytes_per_quantized_param
+        # the routed experts left unread are among the quantized weights where those are
+        # as many (the embeddings and output head, the ones kept at the dtype, are no
+        # expert's); past them, at the dtype: a checkpoint with experts left unquantized
+        unread_quantized = min(unused, self.quantized_params)
+        return self.weights.total_bytes - unread_quantized * self.bytes_per_quantized_param \
+            - (unused - unread_quantized) * self.dtype_bytes
 
     @property
     def kv_values_per_token_layer(self) -> int:

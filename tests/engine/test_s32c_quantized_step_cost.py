@@ -5,6 +5,7 @@ not at the activation dtype's: decode, bound by reading the weights, is timed fa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,27 @@ def test_a_quantized_mixture_of_experts_skips_quantized_experts() -> None:
     # the quantized weights a lone token reads, at 1 B rather than 2
     assert plain.weight_bytes_read(1) - shape.weight_bytes_read(1) == pytest.approx(
         shape.quantized_params - unused, rel=1e-9)
+
+
+@pytest.mark.parametrize("quantized", [1e9, 30e9])
+def test_experts_past_the_quantized_weights_are_skipped_at_the_dtype(
+        quantized: float) -> None:
+    """Fewer quantized weights than the routed experts a lone token leaves unread: those
+    unread past them are at the dtype's bytes, and a step never reads fewer bytes than
+    its token's own weights."""
+    plain = sizing_from_config(MIXTRAL_8X7B).shape
+    shape = dataclasses.replace(plain, quantized_params=quantized,
+                                bytes_per_quantized_param=4.0, quantization="test")
+    unused = shape.params - shape.active
+    assert unused > quantized
+    # every quantized weight unread (4 B each), and unused - quantized at 2 B
+    assert shape.weight_bytes_read(1) == pytest.approx(
+        shape.weights.total_bytes - quantized * 4 - (unused - quantized) * 2, rel=1e-12)
+    assert shape.weight_bytes_read(1) == pytest.approx(shape.active * 2, rel=1e-12)
+    assert shape.weight_bytes_read(4096) == pytest.approx(shape.weights.total_bytes,
+                                                          rel=1e-9)
+    for tokens in (1, 2, 8, 64):
+        assert 0 < plain.weight_bytes_read(tokens) <= shape.weight_bytes_read(tokens)
 
 
 def test_the_plans_simulator_gets_the_quantized_weights(tmp_path: Path) -> None:
