@@ -5,7 +5,7 @@ the context's last token, is still encoded whole and served."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -17,6 +17,7 @@ from engine.sim_embedding import SimEmbedder, seed_of
 from kvwire.tokenizer import PromptTokenizer
 from kvwire.tokenizer_build import ASSET_DIR
 from tests.support.engine_servers import served_core
+from tests.support.recording_tokenizer import RecordingTokenizer
 
 HUGE = "ab " * 1_500_000  # 4.3 MiB, some 3,000,000 tokens
 CONTEXT = 512  # served_core's max_model_len
@@ -25,36 +26,8 @@ READ_BOUND = 32_768
 LONG_WORD = " strountdeesdroungtrainding"  # one token of 27 characters
 
 
-class Recording:
-    """An HF tokenizer that notes the characters of every text it is asked to encode;
-    ``longest_known`` false: it hides its JSON form, so the longest token it may give is
-    unknown (as a WordPiece's) and a long text can be refused only by encoding pieces."""
-
-    def __init__(self, longest_known: bool) -> None:
-        self.inner = Tokenizer.from_file(str(ASSET_DIR / "tokenizer.json"))
-        self.longest_known = longest_known
-        self.given: list[int] = []
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "to_str" and not self.longest_known:
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def encode(self, text: str, **kw: Any) -> Any:
-        self.given.append(len(text))
-        return self.inner.encode(text, **kw)
-
-    def encode_batch(self, texts: Sequence[str], **kw: Any) -> Any:
-        self.given.extend(len(t) for t in texts)
-        return self.inner.encode_batch(texts, **kw)
-
-    def encode_batch_fast(self, texts: Sequence[str], **kw: Any) -> Any:
-        self.given.extend(len(t) for t in texts)
-        return self.inner.encode_batch_fast(texts, **kw)
-
-
 class Engine:
-    def __init__(self, http: httpx.AsyncClient, recording: Recording,
+    def __init__(self, http: httpx.AsyncClient, recording: RecordingTokenizer,
                  tokenizer: PromptTokenizer) -> None:
         self.http, self.recording, self.tokenizer = http, recording, tokenizer
 
@@ -65,7 +38,10 @@ class Engine:
 
 @pytest.fixture(params=[True, False], ids=["longest-known", "longest-unknown"])
 async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Engine]:
-    recording = Recording(longest_known=request.param)
+    # longest unknown: the tokenizer hides its JSON form, so a long text can be refused only
+    # by encoding pieces
+    recording = RecordingTokenizer(Tokenizer.from_file(str(ASSET_DIR / "tokenizer.json")),
+                                   hide_form=not request.param)
     tokenizer = PromptTokenizer(recording)
     srv = EngineServer(served_core(), tokenizer, model_name="tiny", sleep_modeled_time=False,
                        embedder=SimEmbedder(8, seed_of("tiny")))

@@ -7,7 +7,6 @@ whose encoding may differ split at a space, is encoded in one call as before."""
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,38 +21,16 @@ from kvwire.tokenizer import PromptTokenizer
 from kvwire.tokenizer_build import sample_text
 from policies.registry import build_policy
 from tests.support.bos_tokenizer import BOS, bos_tokenizer
+from tests.support.recording_tokenizer import RecordingTokenizer
 
 BLOCK = sample_text(random.Random(3), 4000)  # ~28 KB of words and punctuation
-
-
-class Recording:
-    """An HF tokenizer that notes the characters of every text it is asked to encode."""
-
-    def __init__(self, inner: Tokenizer) -> None:
-        self.inner = inner
-        self.given: list[int] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def encode(self, text: str, **kw: Any) -> Any:
-        self.given.append(len(text))
-        return self.inner.encode(text, **kw)
-
-    def encode_batch(self, texts: Sequence[str], **kw: Any) -> Any:
-        self.given.extend(len(t) for t in texts)
-        return self.inner.encode_batch(texts, **kw)
-
-    def encode_batch_fast(self, texts: Sequence[str], **kw: Any) -> Any:
-        self.given.extend(len(t) for t in texts)
-        return self.inner.encode_batch_fast(texts, **kw)
 
 
 def completion(text: str) -> ParsedRequest:
     return ParsedRequest("completions", {}, "m", True, text, None, None, None, None)
 
 
-def routed_ids(policy: dict[str, Any], recording: Recording, text: str,
+def routed_ids(policy: dict[str, Any], recording: RecordingTokenizer, text: str,
                memo_size: int = 2048) -> list[int]:
     """The ids ``policy``'s router (the gateway's default memo) routes ``text`` by."""
     router = Router(build_policy(policy), PromptTokenizer(recording, memo_size=memo_size),
@@ -71,7 +48,7 @@ def routed_ids(policy: dict[str, Any], recording: Recording, text: str,
 def test_a_prompt_of_mibs_is_encoded_in_bounded_pieces_to_its_whole_ids(
         tmp_path: Path, policy: dict[str, Any]) -> None:
     directory, bos = bos_tokenizer(tmp_path)
-    recording = Recording(Tokenizer.from_file(str(directory / "tokenizer.json")))
+    recording = RecordingTokenizer(Tokenizer.from_file(str(directory / "tokenizer.json")))
     text = f"{BOS} " + " ".join([BLOCK] * 80)  # 2.2 MiB, a special token written in it
     assert len(text) > 2 * 2**20
     ids = routed_ids(policy, recording, text)
@@ -84,7 +61,7 @@ def test_a_prompt_of_mibs_is_encoded_in_bounded_pieces_to_its_whole_ids(
 
 def test_a_prompt_no_longer_than_a_piece_is_encoded_in_one_call(tmp_path: Path) -> None:
     directory, _ = bos_tokenizer(tmp_path)
-    recording = Recording(Tokenizer.from_file(str(directory / "tokenizer.json")))
+    recording = RecordingTokenizer(Tokenizer.from_file(str(directory / "tokenizer.json")))
     text = BLOCK + " " + BLOCK[: WHOLE_PIECE_CHARS - len(BLOCK) - 1]
     assert len(text) == WHOLE_PIECE_CHARS
     ids = routed_ids({"name": "kv_events"}, recording, text, memo_size=0)
@@ -104,7 +81,7 @@ def test_a_tokenizer_whose_encoding_may_differ_split_at_a_space_encodes_whole() 
                             trainers.BpeTrainer(vocab_size=300, show_progress=False,
                                                 special_tokens=["<unk>"]))
     assert tok.pre_tokenizer is None and isinstance(tok.normalizer, normalizers.Sequence)
-    recording = Recording(tok)
+    recording = RecordingTokenizer(tok)
     text = " ".join(rng.choice(words) for _ in range(40_000))  # 4 pieces' worth
     assert len(text) > 3 * WHOLE_PIECE_CHARS
     ids = routed_ids({"name": "kv_events"}, recording, text, memo_size=0)
