@@ -357,10 +357,16 @@ class EngineServer:
         return len(self.tokenizer.text_prefix_ids) + len(self.tokenizer.text_suffix_ids)
 
     def _tokenize_too_long(self, field: str, at_least: int) -> BadRequest:
+        """The refusal of a text past ``/tokenize``'s most, naming the bound that sets it:
+        ``TOKENIZE_CONTEXTS`` contexts, or ``TOKENIZE_FLOOR_TOKENS`` where those are fewer."""
+        contexts = TOKENIZE_CONTEXTS * self.max_model_len
+        why = f"{TOKENIZE_CONTEXTS} times the model's maximum context length of " \
+            f"{self.max_model_len} tokens" if contexts >= TOKENIZE_FLOOR_TOKENS else \
+            f"the least it counts for any model; {TOKENIZE_CONTEXTS} times this model's " \
+            f"maximum context length of {self.max_model_len} tokens is {contexts}"
         return BadRequest(
             f"{field} encodes to at least {at_least} tokens, more than the "
-            f"{self.max_tokenize_tokens} /tokenize counts ({TOKENIZE_CONTEXTS} times the "
-            f"model's maximum context length of {self.max_model_len} tokens)", param=field)
+            f"{self.max_tokenize_tokens} /tokenize counts ({why})", param=field)
 
     def _too_long(self, p: GenerateParams, at_least: int, batch_index: int | None,
                   for_model: bool = True) -> BadRequest:

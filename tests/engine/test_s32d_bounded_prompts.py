@@ -5,6 +5,7 @@ the context's last token, is still encoded whole and served."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,32 +29,40 @@ LONG_WORD = " strountdeesdroungtrainding"  # one token of 27 characters
 
 class Engine:
     def __init__(self, http: httpx.AsyncClient, recording: RecordingTokenizer,
-                 tokenizer: PromptTokenizer) -> None:
+                 tokenizer: PromptTokenizer, max_model_len: int) -> None:
         self.http, self.recording, self.tokenizer = http, recording, tokenizer
+        self.max_model_len = max_model_len
 
     async def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         self.recording.given.clear()
         return await self.http.post(path, json={"model": "tiny", **body})
 
 
-@pytest.fixture(params=[True, False], ids=["longest-known", "longest-unknown"])
-async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Engine]:
-    # longest unknown: the tokenizer hides its JSON form, so a long text can be refused only
-    # by encoding pieces
+@contextlib.asynccontextmanager
+async def served(longest_known: bool, **core_kw: Any) -> AsyncIterator[Engine]:
+    """A ``served_core(**core_kw)`` engine whose tokenizer records what it encodes. Longest
+    unknown: the tokenizer hides its JSON form, so a long text can be refused only by
+    encoding pieces."""
     recording = RecordingTokenizer(Tokenizer.from_file(str(ASSET_DIR / "tokenizer.json")),
-                                   hide_form=not request.param)
+                                   hide_form=not longest_known)
     tokenizer = PromptTokenizer(recording)
-    srv = EngineServer(served_core(), tokenizer, model_name="tiny", sleep_modeled_time=False,
-                       embedder=SimEmbedder(8, seed_of("tiny")))
-    assert srv.max_model_len == CONTEXT
+    srv = EngineServer(served_core(**core_kw), tokenizer, model_name="tiny",
+                       sleep_modeled_time=False, embedder=SimEmbedder(8, seed_of("tiny")))
     await srv.engine.start()
     transport = httpx.ASGITransport(app=build_app(srv))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://engine",
                                      timeout=60) as http:
-            yield Engine(http, recording, tokenizer)
+            yield Engine(http, recording, tokenizer, srv.max_model_len)
     finally:
         await srv.engine.stop()
+
+
+@pytest.fixture(params=[True, False], ids=["longest-known", "longest-unknown"])
+async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Engine]:
+    async with served(request.param) as live:
+        assert live.max_model_len == CONTEXT
+        yield live
 
 
 REFUSALS = [
@@ -88,10 +97,25 @@ async def test_tokenize_counts_a_bounded_number_of_tokens(engine: Engine) -> Non
     r = await engine.post("/tokenize", {"prompt": HUGE})
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == "prompt"
-    assert "more than the 131072 /tokenize counts" in error["message"]
+    # 4 x 512 tokens is fewer than /tokenize's floor: the floor is the bound named
+    assert error["message"].endswith(
+        "more than the 131072 /tokenize counts (the least it counts for any model; 4 times "
+        "this model's maximum context length of 512 tokens is 2048)")
     assert sum(engine.recording.given) <= 2 * (3 * 131_073 + 4096)
     r = await engine.post("/tokenize", {"prompt": "ab " * 3000})  # past the context: counted
     assert r.status_code == 200 and r.json()["count"] == 6000
+
+
+async def test_tokenize_names_the_contexts_where_they_bound_it() -> None:
+    async with served(True, max_model_len=40_000, num_blocks=10_000) as live:
+        assert live.max_model_len == 40_000
+        r = await live.post("/tokenize", {"prompt": HUGE})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "prompt"
+    assert error["message"].endswith(
+        "more than the 160000 /tokenize counts (4 times the model's maximum context length "
+        "of 40000 tokens)"), error["message"]
+    assert sum(live.recording.given) == 0  # refused by its length alone
 
 
 async def test_a_prompt_exactly_at_the_context_is_served_and_one_past_it_counted_exactly(
