@@ -26,9 +26,9 @@ def request(body: list[int]) -> RouteRequest:
 def _under_its_id(lost: RouteRequest, new: RouteRequest) -> RouteRequest:
     """``new`` under the id of ``lost``, a request whose end was never told: what a request
     made once ``lost`` was freed may be (CPython's id is the object's address, which a new
-    object can take). Made here without waiting for the allocator: nothing of the policy
-    holds ``lost`` itself (it keeps a try by its request's id), so ``lost`` becomes ``new``
-    in place."""
+    object can take). Made here without waiting for the allocator: once the policy's
+    counted requests let ``lost`` go, nothing of the policy holds ``lost`` itself (it
+    keeps a pending try by its request's id), so ``lost`` becomes ``new`` in place."""
     for field in dataclasses.fields(new):
         object.__setattr__(lost, field.name, getattr(new, field.name))
     assert lost == new
@@ -42,6 +42,11 @@ def test_a_try_not_admitted_ends_a_lost_try_under_its_id() -> None:
     lost = request(doc)
     policy.observe(Routed(lost, "a", FLEET))  # its end is never told
     assert policy.describe()["pending_tries"] == 1
+    # the policy holds `lost` among its counted requests until it ends: let go here as
+    # 16,384 newer requests would push it out (routing them all would take seconds), so
+    # that `lost` can be freed and its id taken, and `new` is not a retry of it
+    policy._counted.ended(lost)
+    assert not len(policy._counted)
     # a request longer than "a" holds (refused there at once), under the lost one's id
     new = _under_its_id(lost, request(tokens(2, 12_000)))
     assert id(new) == id(lost)
