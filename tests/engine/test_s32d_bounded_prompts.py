@@ -93,6 +93,31 @@ async def test_a_prompt_of_mibs_is_refused_reading_a_bounded_part_of_it(
     assert sum(engine.recording.given) <= READ_BOUND, engine.recording.given
 
 
+@pytest.mark.parametrize("text", ["ab\n" * 1_500_000, "中文字符" * 1_100_000],
+                         ids=["ascii", "cjk"])
+async def test_a_text_without_a_cut_is_refused_unread_where_the_longest_token_is_known(
+        text: str) -> None:
+    """No space after a non-space, so no piece can be cut from it: a tokenizer whose
+    longest token is known still refuses it by its length alone."""
+    async with served(True) as live:
+        r = await live.post("/v1/completions", {"prompt": text, "max_tokens": 1})
+    assert r.status_code == 400, r.text
+    assert "However, you requested at least " in r.json()["error"]["message"]
+    assert live.recording.given == []
+
+
+async def test_a_text_without_a_cut_is_encoded_whole_where_the_longest_token_is_unknown(
+        ) -> None:
+    """The limit of the bound (docs/replicas.md): with no cut to read a piece to and no
+    longest token to count by, the text is encoded whole before it is refused."""
+    text = "ab\n" * 20_000
+    async with served(False) as live:
+        r = await live.post("/v1/completions", {"prompt": text, "max_tokens": 1})
+    assert r.status_code == 400, r.text
+    assert "However, you requested at least " not in r.json()["error"]["message"]
+    assert max(live.recording.given) == len(text) > READ_BOUND
+
+
 async def test_tokenize_counts_a_bounded_number_of_tokens(engine: Engine) -> None:
     r = await engine.post("/tokenize", {"prompt": HUGE})
     error = r.json()["error"]
