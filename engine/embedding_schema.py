@@ -121,7 +121,7 @@ def _first_misfit(value: list[Any]) -> tuple[int, Any]:
     return next((i, v) for i, v in enumerate(value) if not is_token_ids([v]))
 
 
-def truncation_keep(params: EmbeddingParams, max_model_len: int) -> int | None:
+def embedding_keep(params: EmbeddingParams, max_model_len: int) -> int | None:
     """The input tokens ``truncate_prompt_tokens`` keeps (the last ones): -1
     ``max_model_len``, None all; more than the model's context is a BadRequest."""
     keep = params.truncate_prompt_tokens
@@ -134,8 +134,8 @@ def truncation_keep(params: EmbeddingParams, max_model_len: int) -> int | None:
     return keep
 
 
-def context_error(num_tokens: int, max_model_len: int, at_least: bool = False
-                  ) -> BadRequest:
+def embedding_context_error(num_tokens: int, max_model_len: int, at_least: bool = False
+                            ) -> BadRequest:
     """An input longer than the context, in vLLM's words; ``at_least``: ``num_tokens`` is a
     count the input reaches (refused before it was encoded whole)."""
     least = "at least " if at_least else ""
@@ -150,7 +150,7 @@ def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
     """Each input's token ids, truncated as asked (the last tokens kept, as vLLM does)
     and checked: non-empty, in the vocabulary, within the context and the request's
     token budget. BadRequest naming the field otherwise."""
-    keep = truncation_keep(params, max_model_len)
+    keep = embedding_keep(params, max_model_len)
     out: list[list[int]] = []
     total = 0
     for i, ids in enumerate(encoded):
@@ -158,7 +158,7 @@ def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
         if not ids:
             raise BadRequest(f"input {i} encodes to zero tokens", param="input")
         if len(ids) > max_model_len:
-            raise context_error(len(ids), max_model_len)
+            raise embedding_context_error(len(ids), max_model_len)
         bad = next((t for t in ids if t >= vocab_size), None)
         if bad is not None:
             raise BadRequest(f"token id {bad} in input {i} is outside the vocabulary "

@@ -30,10 +30,10 @@ from engine.embedding_schema import (
     EmbeddingParams,
     check_dimensions,
     checked_ids,
-    context_error,
+    embedding_context_error,
+    embedding_keep,
     parse_embedding,
     render_response,
-    truncation_keep,
 )
 from engine.generate_params import TooManyTokens
 from engine.request import RequestOutput, SamplingParams
@@ -88,9 +88,9 @@ class EmbeddingsRoute:
         assert p.texts is not None
         try:
             return await srv.encode_texts(p.texts, field="input", within=srv.max_model_len,
-                                          keep=truncation_keep(p, srv.max_model_len))
+                                          keep=embedding_keep(p, srv.max_model_len))
         except TooManyTokens as exc:
-            raise context_error(exc.at_least, srv.max_model_len, at_least=True) from None
+            raise embedding_context_error(exc.at_least, srv.max_model_len, at_least=True) from None
 
     async def _pool(self, request: HTTPRequest, rid: str, ids: list[list[int]]) -> None:
         """Run every input's prefill through the engine; on any error or a client gone,
