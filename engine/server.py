@@ -286,12 +286,14 @@ class EngineServer:
 
     async def prompt_ids(self, p: GenerateParams, for_model: bool = True,
                          field: str = "prompt") -> list[int]:
-        """The ids the model computes for ``p``'s prompt: given, a chat rendered, or a
-        text encoded inside the tokenizer's special tokens (``field``: the body's field
-        that an error names). Truncated to ``p.truncate_prompt_tokens`` (those the model
-        computes: not for ``/tokenize``, ``for_model`` false) or all of it; a prompt
-        proven longer than the model's context (``/tokenize``'s most, for it) is refused
-        before it is encoded whole."""
+        """The ids of ``p``'s prompt: given, a chat rendered, or a text encoded inside the
+        tokenizer's special tokens (``field``: the body's field that an error names); a
+        prompt proven longer than the model's context (``/tokenize``'s most, for it) is
+        refused before it is encoded whole. Not truncated: with
+        ``p.truncate_prompt_tokens`` (for the model, ``for_model``; not for
+        ``/tokenize``) a text's last that many tokens are read from its end, so a long
+        text's ids are those and its special tokens, given ids come as they are, and the
+        caller cuts them to ``truncate_prompt_tokens`` (``truncate_prompt``)."""
         if p.prompt_ids is not None:
             return p.prompt_ids
         keep = truncation_keep(p.truncate_prompt_tokens, self.max_model_len) \
@@ -328,8 +330,8 @@ class EngineServer:
     async def each_prompt_ids(self, prompts: Sequence[GenerateParams],
                               field: str = "prompt") -> list[list[int]]:
         """Each prompt's ids: a chat's rendered, a batch's texts encoded in one call
-        (``field``: the body's field that an error names), each bounded and truncated as
-        ``prompt_ids`` says."""
+        (``field``: the body's field that an error names), each bounded as ``prompt_ids``
+        says and, like its, not yet cut to ``truncate_prompt_tokens`` (the caller's)."""
         if len(prompts) == 1:
             return [await self.prompt_ids(prompts[0], field=field)]
         keep = truncation_keep(prompts[0].truncate_prompt_tokens, self.max_model_len)
