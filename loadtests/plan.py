@@ -108,20 +108,27 @@ def _workload(args: argparse.Namespace) -> PlanWorkload:
     return from_numbers(docs, doc_tokens, hot, args.hot_share, args.sim_requests, args.seed)
 
 
-def _profile_path(args: argparse.Namespace, work: PlanWorkload,
-                  tmp: Path) -> tuple[str, ModelSizing | None]:
-    """The profile the simulator runs: named, the scenario's, or --model's shape on
-    --gpu-profile's GPU (written to ``tmp``), with --model's sizing (its weights' memory
-    and what it assumed)."""
-    if args.model is None:
-        return args.profile or (work.scenario.profile if work.scenario
-                                else "llama3-8b-h100"), None
-    sizing = sizing_from_dir(args.model)
-    gpu = load_profile(args.gpu_profile).gpu
-    path = tmp / "model.yaml"
+def model_profile(model: str, gpu_profile: str, folder: Path) -> tuple[str, ModelSizing]:
+    """The profile the simulator runs for ``--model``: the model's shape (a ``config.json``
+    read by ``sizing_from_dir``) on ``gpu_profile``'s GPU, written to
+    ``folder/model.yaml``; its path and the model's sizing (its weights' memory and what it
+    assumed)."""
+    sizing = sizing_from_dir(model)
+    gpu = load_profile(gpu_profile).gpu
+    path = folder / "model.yaml"
     path.write_text(yaml.safe_dump({"name": sizing.shape.name,
                                     "model": asdict(sizing.shape), "gpu": asdict(gpu)}))
     return str(path), sizing
+
+
+def _profile_path(args: argparse.Namespace, work: PlanWorkload,
+                  tmp: Path) -> tuple[str, ModelSizing | None]:
+    """The profile the simulator runs: named, the scenario's, or ``--model``'s
+    (``model_profile``, written to ``tmp``) with its sizing."""
+    if args.model is None:
+        return args.profile or (work.scenario.profile if work.scenario
+                                else "llama3-8b-h100"), None
+    return model_profile(args.model, args.gpu_profile, tmp)
 
 
 def _notes(shape: ModelShape, block_size: int, numbers: Arithmetic,

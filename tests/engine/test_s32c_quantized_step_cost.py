@@ -4,7 +4,6 @@ not at the activation dtype's: decode, bound by reading the weights, is timed fa
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -81,8 +80,9 @@ def test_experts_past_the_quantized_weights_are_skipped_at_the_dtype(
 def test_the_plans_simulator_gets_the_quantized_weights(tmp_path: Path) -> None:
     config = {**LLAMA3_8B, "quantization_config": AWQ}
     plan = plan_for_config(tmp_path, config, "--sim-requests", "0")
-    args: argparse.Namespace = plan_parser().parse_args(["--model", str(tmp_path)])
-    profile, _ = plan_cli._profile_path(args, None, tmp_path)  # type: ignore[arg-type]
+    # the profile build_plan writes for --model, on its default --gpu-profile
+    gpu_profile = plan_parser().parse_args(["--model", str(tmp_path)]).gpu_profile
+    profile, _ = plan_cli.model_profile(str(tmp_path), gpu_profile, tmp_path)
     simulated = load_profile(profile).model
     assert simulated == sizing_from_dir(tmp_path).shape
     assert simulated.weight_bytes_read(1) == plan["model"]["weight_bytes"] == 5_727_322_112
