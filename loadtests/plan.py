@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from dataclasses import asdict, replace
@@ -27,7 +28,14 @@ from engine.cost_model import ModelShape, load_profile
 from engine.hf_shape import ModelSizing, sizing_from_dir
 from engine.kv_sizing import window_blocks
 from kvwire.arg_types import float_between, non_negative_int, positive_float, positive_int
-from loadtests.plan_arithmetic import MIB, ROUTING_WINS, Arithmetic, FleetSize, arithmetic
+from loadtests.plan_arithmetic import (
+    MIB,
+    ROUTING_WINS,
+    Arithmetic,
+    FleetSize,
+    Library,
+    arithmetic,
+)
 from loadtests.plan_report import render
 from loadtests.plan_simulation import PolicyFigures, simulate_policies
 from loadtests.plan_workload import PlanWorkload, from_capture, from_numbers, from_scenario
@@ -131,13 +139,14 @@ def _profile_path(args: argparse.Namespace, work: PlanWorkload,
     return model_profile(args.model, args.gpu_profile, tmp)
 
 
-def _notes(shape: ModelShape, block_size: int, numbers: Arithmetic,
+def _notes(shape: ModelShape, library: Library, block_size: int, numbers: Arithmetic,
            every_layer: Arithmetic) -> list[str]:
     """What the figures assume for this model: its sliding-window layers' KV kept to their
     window (``numbers``), against every layer's in full (``every_layer``)."""
     if not shape.sliding_window_layers or shape.sliding_window is None:
         return []
-    blocks = every_layer.bytes_per_request // (shape.kv_bytes_per_token * block_size)
+    # a document and its question, in whole blocks, as ``arithmetic`` caches a request
+    blocks = math.ceil((library.doc_tokens + library.tail_tokens) / block_size)
     kept = window_blocks(blocks, shape.sliding_window, block_size)
     return [f"{shape.sliding_window_layers} of {shape.num_layers} layers attend within a "
             f"sliding window of {shape.sliding_window:,} tokens: the figures keep "
@@ -227,7 +236,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         **asdict(numbers),
         "policies": {name: f.summary() for name, f in figures.items()},
         "notes": [*(sizing.notes if sizing else ()),
-                  *_notes(shape, fleet.block_size, numbers, every_layer)],
+                  *_notes(shape, work.library, fleet.block_size, numbers, every_layer)],
     }
     plan["hot_prefill_reduction_arithmetic"] = numbers.hot_prefill_reduction
     rr, best = figures.get("round_robin"), None
