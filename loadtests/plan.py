@@ -142,7 +142,8 @@ def _profile_path(args: argparse.Namespace, work: PlanWorkload,
 def _notes(shape: ModelShape, library: Library, block_size: int, numbers: Arithmetic,
            every_layer: Arithmetic) -> list[str]:
     """What the figures assume for this model: its sliding-window layers' KV kept to their
-    window (``numbers``), against every layer's in full (``every_layer``)."""
+    window (``numbers``), against every layer's in full (``every_layer``, what the
+    simulation's engines keep)."""
     if not shape.sliding_window_layers or shape.sliding_window is None:
         return []
     # a document and its question, in whole blocks, as ``arithmetic`` caches a request
@@ -157,32 +158,52 @@ def _notes(shape: ModelShape, library: Library, block_size: int, numbers: Arithm
             f"{numbers.bytes_per_request / MIB:,.0f} MiB. With "
             "--disable-hybrid-kv-cache-manager every layer keeps every block: "
             f"{every_layer.bytes_per_request / MIB:,.0f} MiB, "
-            f"{every_layer.docs_per_replica:,} documents a replica; the simulation, too, "
-            "keeps every layer in full"]
+            f"{every_layer.docs_per_replica:,} documents a replica. The simulation keeps "
+            "every layer in full too: the policies' simulated hit rates and times to first "
+            "token, hot_prefill_reduction_simulated (hot_prefill_reduction where simulated) "
+            "and the policy recommended from them are figures of "
+            f"{every_layer.docs_per_replica:,} documents a replica; docs_per_replica, "
+            "replicas_for_hot_set, the verdict, hot_prefill_reduction_arithmetic and the "
+            f"replica count recommended, of {numbers.docs_per_replica:,} (the window "
+            "layers kept to their window)"]
 
 
-def _recommend(plan: dict[str, Any], figures: dict[str, PolicyFigures],
-               replicas: int) -> dict[str, Any]:
+def _has_windows(shape: ModelShape) -> bool:
+    """Whether some of ``shape``'s layers attend within a sliding window."""
+    return bool(shape.sliding_window_layers) and shape.sliding_window is not None
+
+
+def _recommend(plan: dict[str, Any], figures: dict[str, PolicyFigures], replicas: int,
+               simulated_docs: int | None = None) -> dict[str, Any]:
+    """The policy (from ``figures``, else the arithmetic) and replica count (from the
+    arithmetic, ``plan``'s) to run. ``simulated_docs``: the documents a replica held in
+    the simulation where that is not the arithmetic's ``docs_per_replica`` (a model with
+    sliding-window layers, which the simulation keeps in full); both are said."""
     if figures:
         # hit rates this close are the same within a short run's noise: then the tail
         top = max(f.token_hit_rate for f in figures.values())
         near = [n for n, f in figures.items() if f.token_hit_rate >= top - HIT_RATE_TIE]
         best = min(near, key=lambda n: figures[n].ttft_p95_s)
+        held = "" if simulated_docs is None else \
+            f" (simulated with every layer's KV in full: {simulated_docs} documents a replica)"
         why = (f"simulated token hit rate {figures[best].token_hit_rate:.2f} (best "
                f"{top:.2f}) and p95 time to first token {figures[best].ttft_p95_s:.2f} s, "
-               f"the lowest of the policies within {HIT_RATE_TIE} of the best hit rate")
+               f"the lowest of the policies within {HIT_RATE_TIE} of the best hit rate"
+               f"{held}")
     else:
         best = "cost" if plan["verdict"] == ROUTING_WINS else "least_load"
         why = "from the arithmetic (no simulation)"
-    need = plan["replicas_for_hot_set"]
+    need, docs = plan["replicas_for_hot_set"], plan["docs_per_replica"]
+    each = f"{docs} documents each" if simulated_docs is None else \
+        f"{docs} documents each, the window layers kept to their window"
     if need is None:
         count, fit = replicas, "no replica's idle KV holds one document: add KV first"
     elif need > replicas:
-        count, fit = need, (f"the hot set needs {need} replicas' idle KV "
-                            f"({plan['docs_per_replica']} documents each)")
+        count, fit = need, f"the hot set needs {need} replicas' idle KV ({each})"
     else:
-        count, fit = replicas, (f"{need} replicas' idle KV hold the hot set; the others "
-                                "carry load and the cold documents")
+        held = "" if simulated_docs is None else f" ({each})"
+        count, fit = replicas, (f"{need} replicas' idle KV hold the hot set{held}; the "
+                                "others carry load and the cold documents")
     return {"policy": best, "replicas": count, "why": f"{why}; {fit}"}
 
 
@@ -211,7 +232,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         # manager); the simulated engines keep every layer in full
         numbers = arithmetic(work.library, replace(
             fleet, kv_bytes_cached=shape.kv_bytes_cached)) \
-            if shape.sliding_window_layers else every_layer
+            if _has_windows(shape) else every_layer
         figures = simulate_policies(work, policies, profile, args.replicas, idle,
                                     every_layer.bytes_per_request, rate, args.seed) \
             if work.requests and args.sim_requests > 0 else {}
@@ -252,7 +273,9 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         plan["hot_prefill_reduction_simulated"] = None
         plan["hot_prefill_reduction"] = numbers.hot_prefill_reduction
     plan["hot_prefill_reduction_best_policy"] = best
-    plan["recommendation"] = _recommend(plan, figures, args.replicas)
+    plan["recommendation"] = _recommend(
+        plan, figures, args.replicas,
+        every_layer.docs_per_replica if _has_windows(shape) else None)
     return plan
 
 

@@ -87,9 +87,30 @@ def test_the_gemma3_note_names_both_sizes(tmp_path: Path) -> None:
         "8 documents a replica" in note
 
 
+def test_the_plan_says_which_memory_each_figure_keeps(tmp_path: Path) -> None:
+    """The simulation keeps every layer in full (8 Gemma 3 documents a replica), the
+    arithmetic the window layers at their window (28): the recommendation and the note say
+    which figure is which."""
+    plan = plan_for_config(tmp_path, GEMMA3, "--replicas", "2", "--idle-kv-gib", "25",
+                           "--sim-requests", "100", "--docs", "100", "--hot", "40",
+                           "--policies", "round_robin,cost")
+    assert plan["policies"] and plan["docs_per_replica"] == 28
+    why = plan["recommendation"]["why"]
+    assert "of the best hit rate (simulated with every layer's KV in full: 8 documents a " \
+        "replica); " in why
+    assert "(28 documents each, the window layers kept to their window)" in why
+    (note,) = plan["notes"]
+    assert "The simulation keeps every layer in full too: the policies' simulated hit " \
+        "rates" in note
+    assert "are figures of 8 documents a replica; docs_per_replica, replicas_for_hot_set, " \
+        "the verdict, hot_prefill_reduction_arithmetic and the replica count recommended, " \
+        "of 28 (the window layers kept to their window)" in note
+
+
 def test_a_model_without_windows_is_sized_in_full(tmp_path: Path) -> None:
     plan = plan_for_config(tmp_path, QWEN2_7B, *FLAGS)
     per_token = shape_from_config(QWEN2_7B).kv_bytes_per_token
     assert plan["bytes_per_request"] == REQUEST_BLOCKS * 16 * per_token
     assert plan["bytes_per_doc"] == 6000 * per_token
     assert plan["notes"] == []
+    assert "window" not in plan["recommendation"]["why"]  # one memory: nothing to tell apart
