@@ -6,15 +6,15 @@ model the fleet's caches.
 Workload (the contract library): ``--documents`` synthetic documents of ``--doc-tokens``
 random token ids; each prompt is one document plus a 60-100-token question; the 250 most
 active documents get 80% of prompts. For each replica count, every policy first routes
-``--warmup`` prompts (``choose`` then ``observe(Routed)``, queues kept as the prompt tokens
-of the last ``2 x replicas`` routed requests), then ``choose`` is timed on ``--samples``
-more prompts passed as plain lists of ints (what a tokenizer returns). Tokenization (and,
-for a policy with ``chunk_chars``, chunk hashing) is not part of the figures. Memory of
-``radix`` and ``cost``: ``tracemalloc``'s count of the bytes allocated while building and
-warming the policy and still live afterwards (the fleet's own few KB included), next to
-the radix tree's own estimate; timing runs with tracing off. ``observe_p50_us``: the
-median of the ``observe(Routed)`` after each timed choice (a policy that learns from what it
-routed pays it on every request too). ``gateway_views_us``: the
+``--warmup`` prompts (``choose``, ``observe(Routed)``, then ``observe(Finished)``, queues
+kept as the prompt tokens of the last ``2 x replicas`` routed requests), then ``choose`` is
+timed on ``--samples`` more prompts passed as plain lists of ints (what a tokenizer
+returns). Tokenization (and, for a policy with ``chunk_chars``, chunk hashing) is not part
+of the figures. Memory of ``radix`` and ``cost``: ``tracemalloc``'s count of the bytes
+allocated while building and warming the policy and still live afterwards (the fleet's own
+few KB included), next to the radix tree's own estimate; timing runs with tracing off.
+``observe_p50_us``: the median of the ``observe(Routed)`` after each timed choice (a policy
+that learns from what it routed pays it on every request too). ``gateway_views_us``: the
 median time of the gateway's replica snapshots (``Fleet.views``) per replica count, which
 every decision starts from. ``ring_join_ms``: building a ring of that many replicas from
 nothing, and again when one joins (prefix_affinity's 1,024 points a replica, cost's 256).
@@ -37,7 +37,7 @@ from typing import Any
 
 from kvwire.arg_types import positive_int
 from loadtests.json_out import print_json
-from policies.base import Policy, ReplicaView, Routed, RouteRequest
+from policies.base import Finished, Policy, ReplicaView, Routed, RouteRequest
 from policies.prompt_chunks import IDS_PER_CHUNK, id_chunks
 from policies.radix import Radix
 from policies.registry import POLICY_NAMES, build_policy, load_preset
@@ -107,6 +107,9 @@ def run_one(
         views = fleet.views()
         rid = policy.choose(req, views).chosen
         policy.observe(Routed(req, rid, views))
+        # ended, as the gateway tells it: what a policy keeps of a request until its end
+        # (its tries, to count a retry once) is not counted in the memory of its traffic
+        policy.observe(Finished(req, rid, ok=True))
         fleet.routed(rid, len(tokens))
     traced = None
     if tracing:

@@ -301,8 +301,8 @@ class Simulation:
                          for copy in range(len(self.routers)) if copy != gateway)
             heard = peer_route(route, target, now)
             if heard is not None:
-                for copy, _ in told:
-                    self.policies[copy].observe(Routed(heard, target))
+                for copy, _ in told:  # told once: no Unrouted or Finished follows there
+                    self.policies[copy].observe(Routed(heard, target, revocable=False))
         self._inflight[f"req{req.index}"] = _InFlight(req, route, target, pending, gateway,
                                                       head, told)
         if rep.busy_until is None:
