@@ -27,10 +27,11 @@ it ends with an error event; held before the client saw a byte, it goes to the n
 replica, and from the last a 502 names the replica. A pass-through answer is left to its
 transport. A longer one is relayed with the replica's ``content-length``, its bytes
 searched for an abort as a stream's are (a whole answer that is an error object under a
-200 is failed too), and one that ends with its connection, or a known endpoint's whatever
-its framing, is whole only when its JSON ended. ``UpstreamStream`` then yields the rest
-as it arrives, enforcing the idle timeout between chunks, and settles the accounting
-exactly once however the stream ends. When the replica breaks off after the client got
+200 is failed too), and one that ends with its connection, or a known endpoint's success
+whatever its framing (an error's body is the replica's words, whatever they are), is whole
+only when its JSON ended. ``UpstreamStream`` then yields the rest as it arrives,
+enforcing the idle timeout between chunks, and settles the accounting exactly once
+however the stream ends. When the replica breaks off after the client got
 bytes, the end says so: a stream ends with an OpenAI error event and no ``[DONE]`` (a
 Responses stream with that API's own, ``event: error``, numbered one past the last event
 the client got where the replica numbers them: ``responses_error_event``); a body ends
@@ -688,12 +689,13 @@ class UpstreamStream:
     def _json_cut(self) -> bool:
         """A JSON body (not encoded) ended before its JSON did, where it ended with its
         connection (a replica that died mid-body closed it too) or is an answer the
-        gateway knows (``signs.whole_json``), whatever its framing: it does not parse
-        (parsed once, when the gateway holds all of it); else its last byte ends no
-        object or array."""
+        gateway knows (``signs.whole_json``: a success's, as ``_read_held`` judges it;
+        an error's body is the replica's words, whatever they are), whatever its framing:
+        it does not parse (parsed once, when the gateway holds all of it); else its last
+        byte ends no object or array."""
         response = self.response
-        if self.stream or not ((response.until_close or self.signs.whole_json)
-                               and response.is_eof()):
+        known = self.signs.whole_json and self.status < 400
+        if self.stream or not ((response.until_close or known) and response.is_eof()):
             return False
         if not _json_body(response.headers):
             return False

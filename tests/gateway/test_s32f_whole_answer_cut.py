@@ -96,3 +96,22 @@ def test_a_long_answer_cut_under_clean_chunks_is_left_unfinished_and_counted_fai
     assert relayed.body == body
     assert not relayed.finished
     assert relayed.ended == [("502", False)]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses",
+                                  "/generate"])
+@pytest.mark.parametrize("frame", ["length", "chunked"])
+def test_an_error_answer_whose_body_is_no_json_is_relayed_as_the_replicas(
+        path: str, frame: str) -> None:
+    """A 400 is the replica's word on the request, whatever its body: one that is no JSON,
+    in two reads, reaches the client whole as that 400, counted 400, no failure of the
+    replica's."""
+    body = b"bad request: the prompt is not what this server takes " * 3
+    head = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+    raw = head + (b"content-length: %d\r\n\r\n%s" % (len(body), body) if frame == "length"
+                  else b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                  % (len(body), body))
+    relayed = relayed_whole(raw, 1 << 20, path, first_write=10)
+    assert relayed.body == body and relayed.finished
+    assert relayed.ended == [("400", False)]
+    assert relayed.request_failures == 0

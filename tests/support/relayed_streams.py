@@ -31,6 +31,7 @@ class RelayedWhole(NamedTuple):
     sent: list[tuple[bytes, bool, float]]  # body, more_body, seconds since the relay began
     ended: list[tuple[str, bool]]  # how the answer was settled: (outcome, whole)
     usage: list[Usage | None]  # what it was read to report, as it was settled
+    request_failures: int  # failures the proxy counted against the replica (``Fleet``)
 
     @property
     def body(self) -> bytes:
@@ -197,6 +198,8 @@ def relayed_whole(raw: bytes, buffer_bytes: int, path: str = "/v1/completions",
                 client.stay.set()
                 proxy.close()
                 await upstream.close()
-        return RelayedWhole(client.sent, ended, usage)
+        state = fleet.get("r")
+        assert state is not None
+        return RelayedWhole(client.sent, ended, usage, state.request_failures)
 
     return asyncio.run(main())
