@@ -46,19 +46,37 @@ class RelayedWhole(NamedTuple):
 @asynccontextmanager
 async def _serving(answer: _Answer) -> AsyncIterator[int]:
     """A replica on loopback answering one connection with ``answer``: its port; on exit,
-    once ``answer`` has returned (within 5 s), the server is closed."""
+    once ``answer`` has ended (within 5 s), the server is closed, and what ``answer``
+    raised is raised (a note on what the block raised, where it raised too)."""
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await answer(reader, writer)
-        done.set()
+        try:
+            await answer(reader, writer)
+        except Exception as exc:  # raised on exit, not left in the server's task
+            failed.append(exc)
+            writer.close()  # the gateway sees the connection drop, not a silence
+        finally:
+            done.set()
+
+    async def closed() -> None:
+        try:
+            await asyncio.wait_for(done.wait(), 5)
+        finally:
+            server.close()
+            await server.wait_closed()
 
     done = asyncio.Event()
+    failed: list[Exception] = []
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     try:
         yield server.sockets[0].getsockname()[1]
-    finally:
-        await asyncio.wait_for(done.wait(), 5)
-        server.close()
-        await server.wait_closed()
+    except BaseException as exc:
+        await closed()
+        if failed:
+            exc.add_note(f"the replica's answer failed too: {failed[0]!r}")
+        raise
+    await closed()
+    if failed:
+        raise RuntimeError("the replica's answer failed") from failed[0]
 
 
 def _chunked(writes: Sequence[bytes], pause_s: float, end_apart_s: float | None) -> _Answer:
