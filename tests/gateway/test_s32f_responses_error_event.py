@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -69,11 +70,23 @@ def test_a_cut_completion_stream_keeps_its_error_object_event() -> None:
 
 
 def test_the_openai_client_raises_on_a_cut_responses_stream(serve: Serve) -> None:
+    """Through a gateway: the stream the client reads ends with the Responses API's own
+    error event, and the openai client raises on it (it would hand that event on as one
+    more, were the error object not under ``error`` too)."""
     replica = Behaviour("r0", done=False, numbered=True)  # cut before its last event
     gw = start_gateway(serve, [("r0", serve(fake_replica(replica)).url)], max_attempts=1)
+    request = {"model": "sim-model", "input": "x", "stream": True}
+    with httpx.stream("POST", f"{gw.url}/v1/responses", json=request, timeout=10) as raw:
+        body = raw.read()
+    last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+    head, _, data = last.partition(b"\n")
+    assert head == b"event: error", body[-300:]
+    error = json.loads(data.removeprefix(b"data: "))
+    assert error["type"] == "error" and error["code"] == "upstream_broken"
+    assert error["sequence_number"] == replica.chunks + 1  # one past the last delta's
     kinds: list[str] = []
     with openai.OpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0) as client, \
             pytest.raises(openai.APIError, match="stopped mid-answer"):
-        for event in client.responses.create(model="sim-model", input="x", stream=True):
+        for event in client.responses.create(**request):
             kinds.append(event.type)
     assert kinds == ["response.created"] + ["response.output_text.delta"] * replica.chunks
