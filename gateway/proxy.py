@@ -1520,9 +1520,7 @@ def _read_held(body: bytes, headers: Mapping[str, str], until_close: bool,
     if not (signs.whole_json or until_close):
         return _Held(_UNPARSED, None)
     if not _json_body(headers):
-        if signs.whole_json and not until_close \
-                and headers.get("content-encoding", "identity").lower() not in _IDENTITY \
-                and encoded_cut(body, headers):
+        if signs.whole_json and not until_close and encoded_cut(body, headers):
             return _Held(_UNPARSED, "its compressed stream ends short")
         return _Held(_UNPARSED, None)
     answer = _parsed(body)
