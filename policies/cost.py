@@ -265,26 +265,17 @@ class Cost(Policy):
         The replicas that no decision's views held for ``_UNSEEN_S`` are forgotten first, in
         the policy's own state, as a decision at this time would: forgotten in the copy
         alone, the placement put back kept their homes while the rest of the policy had
-        let them go (``check_integrity`` failed until the next reassignment); the decision
-        then does not look for them again. (``Policy.explain`` puts back the draws of a
-        policy's random generator: this one draws none, its ties go in ring order.)"""
-        now = request.arrival_s
-        if now is not None:
-            self._forget_unseen(replicas, now)
+        let them go (``check_integrity`` failed until the next reassignment)."""
+        if request.arrival_s is not None:
+            self._forget_unseen(replicas, request.arrival_s)
         kept = self._placement
         self._placement = kept.copy()
         try:
-            return self._decide(request, replicas, unseen_forgotten=True)
+            return super().explain(request, replicas)
         finally:
             self._placement = kept
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
-        return self._decide(request, replicas, unseen_forgotten=False)
-
-    def _decide(self, request: RouteRequest, replicas: Sequence[ReplicaView],
-                unseen_forgotten: bool) -> Decision:
-        """``choose``; ``unseen_forgotten``: ``explain`` forgot the replicas unseen at the
-        request's arrival already (``_refresh`` does not look for them again)."""
         cfg = self.config
         up = list(map(_HEALTHY, replicas))
         n_ok = up.count(True)
@@ -293,7 +284,7 @@ class Cost(Policy):
         ids = list(map(_ID, replicas))
         weights = list(map(_WEIGHT, replicas))
         ring, owners = self._rings.layout(ids, weights)
-        self._refresh(replicas, up, n_ok, request.arrival_s, ring, unseen_forgotten)
+        self._refresh(replicas, up, n_ok, request.arrival_s, ring)
         index = self._index_of(ids)
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
@@ -523,16 +514,14 @@ class Cost(Policy):
         return None
 
     def _refresh(self, replicas: Sequence[ReplicaView], up: list[bool], n_ok: int,
-                 now: float | None, membership: object, unseen_forgotten: bool
-                 ) -> None:
+                 now: float | None, membership: object) -> None:
         """Take the replicas' epochs, capacities, slot gauges and prefill rates from the
         healthy views (``up``, ``n_ok`` of them): for each ``membership`` (the fleet, a
         tenant's partition: its ring), at most every ``_REFRESH_S`` of arrival time (they
         change with scrapes, a second or more apart), and whenever the healthy count
         changes. (Throttled over all memberships at once, a partition whose decisions
         followed another's within that time was never refreshed.) The replicas no
-        decision's views held for ``_UNSEEN_S`` are forgotten then, unless
-        ``unseen_forgotten`` (``explain`` did, at ``now``)."""
+        decision's views held for ``_UNSEEN_S`` are forgotten then."""
         memo = self._refreshed
         last = memo.pop(membership, None)  # put back last: the memberships used lately
         if now is not None and last is not None and last[1] == n_ok \
@@ -543,7 +532,7 @@ class Cost(Policy):
             memo[membership] = (now, n_ok)
             if len(memo) > _MEMBERSHIPS_KEPT:
                 del memo[next(iter(memo))]
-        if now is not None and not unseen_forgotten:
+        if now is not None:
             self._forget_unseen(replicas, now)
         ok = list(compress(replicas, up))
         facts = self._facts
