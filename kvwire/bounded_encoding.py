@@ -176,7 +176,7 @@ class BoundedEncoder:
         (``lstrip``, ``rstrip``), and the sample encodes so piece by piece. False for any
         other: one that does not pre-tokenize (a SentencePiece-like BPE with a ``Prepend``
         normalizer, which marks only the text's start), or one whose form cannot be read."""
-        return _splits_at_cuts(self._tok, self.encode)
+        return self._form is not None and _splits_at_cuts(self._tok, self._form, self.encode)
 
     @functools.cached_property
     def max_token_chars(self) -> int | None:
@@ -185,12 +185,20 @@ class BoundedEncoder:
         where that has no bound: a model with an unknown token that may cover any run
         (WordPiece, Unigram, or BPE that is neither byte-level nor falls back to bytes) or
         a normalizer that may drop characters (Bert's, NMT's, Strip, a regex Replace)."""
-        return _max_token_chars(self._tok)
+        return None if self._form is None else _max_token_chars(self._tok, self._form)
 
     @functools.cached_property
     def _wide_tokens(self) -> WideTokens | None:
         """How few tokens a run of non-ASCII text takes at least (byte-level models)."""
-        return WideTokens.of(self._tok)
+        return None if self._form is None else WideTokens.of(self._tok, self._form)
+
+    @functools.cached_property
+    def _form(self) -> dict[str, Any] | None:
+        """The tokenizer's JSON form (``to_str``: several MB for a vocabulary of 150,000),
+        parsed once for ``splits_at_cuts``, ``max_token_chars`` and ``_wide_tokens``, and
+        kept without its model's vocabulary and merges (what they read of the vocabulary
+        comes from ``get_vocab``); None where it cannot be read."""
+        return _json_form(self._tok)
 
     def _encodes_whole(self, text: str, max_tokens: int) -> bool:
         """Whether ``text`` is short enough to encode whole whatever it holds: at most
@@ -233,12 +241,26 @@ def _next_cut(text: str, start: int, end: int) -> int:
     return found.start() if found else -1
 
 
-def _splits_at_cuts(tokenizer: Any, encode: Callable[[str], list[int]]) -> bool:
-    """``BoundedEncoder.splits_at_cuts`` of an HF tokenizer."""
+def _json_form(tokenizer: Any) -> dict[str, Any] | None:
+    """``BoundedEncoder._form`` of an HF tokenizer."""
     try:
         spec = json.loads(tokenizer.to_str())
-        pre = tokenizer.pre_tokenizer
     except (AttributeError, TypeError, ValueError):
+        return None
+    if not isinstance(spec, dict):
+        return None
+    model = spec.get("model")
+    if isinstance(model, dict):
+        spec["model"] = {k: v for k, v in model.items() if k not in ("vocab", "merges")}
+    return spec
+
+
+def _splits_at_cuts(tokenizer: Any, spec: dict[str, Any],
+                    encode: Callable[[str], list[int]]) -> bool:
+    """``BoundedEncoder.splits_at_cuts`` of an HF tokenizer of JSON form ``spec``."""
+    try:
+        pre = tokenizer.pre_tokenizer
+    except AttributeError:
         return False
     if pre is None:
         return False
@@ -263,10 +285,10 @@ def _splits_at_cuts(tokenizer: Any, encode: Callable[[str], list[int]]) -> bool:
     return pieces == encode(sample)
 
 
-def _max_token_chars(tokenizer: Any) -> int | None:
-    """``BoundedEncoder.max_token_chars`` of an HF tokenizer, read off its JSON form."""
+def _max_token_chars(tokenizer: Any, spec: dict[str, Any]) -> int | None:
+    """``BoundedEncoder.max_token_chars`` of an HF tokenizer, read off its JSON form
+    ``spec``."""
     try:
-        spec = json.loads(tokenizer.to_str())
         vocab = tokenizer.get_vocab(with_added_tokens=True)
     except (AttributeError, TypeError, ValueError):
         return None
@@ -304,11 +326,10 @@ class WideTokens:
     longest_non_ascii_bytes: int
 
     @staticmethod
-    def of(tokenizer: Any) -> WideTokens | None:
-        """Read off a tokenizer with no normalizer, byte-level pre-tokenization and a BPE
-        model; None for any other."""
+    def of(tokenizer: Any, spec: dict[str, Any]) -> WideTokens | None:
+        """Read off a tokenizer of JSON form ``spec`` with no normalizer, byte-level
+        pre-tokenization and a BPE model; None for any other."""
         try:
-            spec = json.loads(tokenizer.to_str())
             vocab = tokenizer.get_vocab(with_added_tokens=False)
         except (AttributeError, TypeError, ValueError):
             return None
