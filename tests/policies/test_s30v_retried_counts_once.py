@@ -4,53 +4,23 @@ saw it sent once, to the replica that took it."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from kvwire.kv_event_format import BlockRemoved, BlockStored
-from policies.base import (
-    Finished,
-    ReplicaRemoved,
-    ReplicaView,
-    Routed,
-    RouteRequest,
-    Unrouted,
-)
+from policies.base import Finished, ReplicaRemoved, ReplicaView, Routed, Unrouted
 from policies.cost import Cost
 from policies.kv_index import KVIndex
 from policies.prefix_affinity import PrefixAffinity
-
-# two replicas that shed every try they get (a queue no decision sends to), and four that
-# take them
-SHEDDING = ("x", "y")
-FLEET = [ReplicaView(rid, kv_capacity_tokens=20_000) for rid in ("a", "b", "c", "d")] + [
-    ReplicaView(rid, kv_capacity_tokens=20_000, queued_tokens=10**9) for rid in SHEDDING]
-
-
-def tokens_of(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(50_000) for _ in range(n)]
-
-
-def request(tokens: list[int], at: float | None) -> RouteRequest:
-    return RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model="m", arrival_s=at)
-
-
-def workload(n: int) -> list[RouteRequest]:
-    """``n`` requests over 30 documents (a few hot), each with its own question."""
-    rng = random.Random(7)
-    docs = [tokens_of(d, 600) for d in range(30)]
-    out = []
-    for i in range(n):
-        d = min(int(rng.expovariate(0.25)), 29)
-        out.append(request([*docs[d], *tokens_of(10_000 + i, 48)], at=0.05 * i))
-    return out
-
-
-def refusals(i: int) -> tuple[str, ...]:
-    """The shedding replicas request ``i`` is refused by before it is taken."""
-    return SHEDDING if i % 7 == 0 else SHEDDING[:1] if i % 3 == 0 else ()
+from tests.support.retried_requests import (
+    FLEET,
+    asked_of_a_document,
+    assert_learned_alike,
+    failed_tries,
+    request,
+    tokens_of,
+    warm_failing,
+    workload,
+)
 
 
 def cost_figures(policy: Cost, now: float) -> dict[str, object]:
@@ -74,18 +44,14 @@ def cost_figures(policy: Cost, now: float) -> dict[str, object]:
 
 def test_cost_counts_a_request_retried_after_refusals_once() -> None:
     once, retried = Cost(), Cost()
-    warm = request(tokens_of(99, 600), at=0.0)
-    for policy in (once, retried):  # each shedding replica has a model in both
-        policy.choose(warm, FLEET)  # (of the capacity its view tells)
-        for rid in SHEDDING:
-            policy.observe(Routed(warm, rid, FLEET))
-            policy.observe(Finished(warm, rid, ok=True))
-    reqs = workload(700)
+    for policy in (once, retried):  # each failing replica has a model in both
+        warm_failing(policy)
+    reqs = workload(700, seed=7, first_question=10_000)
     for i, req in enumerate(reqs):
         chosen = once.choose(req, FLEET)
         assert retried.choose(req, FLEET) == chosen  # as in a fleet that took it at once
         once.observe(Routed(req, chosen.chosen, FLEET))
-        for rid in refusals(i):
+        for rid in failed_tries(i):  # refused
             retried.observe(Routed(req, rid, FLEET))
             retried.observe(Unrouted(req, rid))
         retried.observe(Routed(req, chosen.chosen, FLEET))
@@ -171,10 +137,8 @@ def test_cost_kv_grace_is_not_kept_for_a_refused_send(earlier_send_s: float) -> 
 def test_prefix_affinity_counts_a_request_retried_after_refusals_once() -> None:
     once, retried = PrefixAffinity(), PrefixAffinity()
     fleet = views()
-    document = tokens_of(3, 400)  # shorter than K: keyed by the rung inside it, in time
-    asked = [request([*document, *tokens_of(200 + q, 200)], at=float(q)) for q in range(4)]
-    others = [request(tokens_of(300 + i, 900), at=10.0 + i) for i in range(80)]
-    for i, req in enumerate([asked[0], *others, *asked[1:]]):
+    asked, every = asked_of_a_document()
+    for i, req in enumerate(every):
         for policy in (once, retried):
             policy.choose(req, fleet)
         once.observe(Routed(req, "r0", fleet))
@@ -186,12 +150,4 @@ def test_prefix_affinity_counts_a_request_retried_after_refusals_once() -> None:
             # the document's next question is keyed by the document: its first one
             # seemed to come back (counted twice), and it was keyed as a new branch
             assert retried.key(asked[1]) == once.key(asked[1])
-    assert [retried.key(r) for r in asked] == [once.key(r) for r in asked]
-    depth_once, depth_retried = once._depth, retried._depth
-    assert depth_once._sketch is not None and depth_retried._sketch is not None
-    assert depth_retried._sketch._counts == depth_once._sketch._counts
-    assert depth_retried._tags == depth_once._tags
-    learned_once, learned_retried = once._learner, retried._learner
-    assert learned_once is not None and learned_retried is not None
-    assert learned_retried._counts == learned_once._counts
-    assert learned_retried._recent == learned_once._recent
+    assert_learned_alike(retried, once, asked)

@@ -5,41 +5,22 @@ try made the policy believe of its replica's cache stays."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from policies.base import Finished, ReplicaView, Routed, RouteRequest, Unrouted
+from policies.base import Finished, Routed, Unrouted
 from policies.cost import Cost
 from policies.counted_requests import _COUNTED_KEPT
 from policies.prefix_affinity import PrefixAffinity
-
-# two replicas whose tries time out (a queue no decision sends to), and four that answer
-SLOW = ("x", "y")
-FLEET = [ReplicaView(rid, kv_capacity_tokens=20_000) for rid in ("a", "b", "c", "d")] + [
-    ReplicaView(rid, kv_capacity_tokens=20_000, queued_tokens=10**9) for rid in SLOW]
-
-
-def tokens_of(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(50_000) for _ in range(n)]
-
-
-def request(tokens: list[int], at: float | None) -> RouteRequest:
-    return RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model="m", arrival_s=at)
-
-
-def workload(n: int) -> list[RouteRequest]:
-    """``n`` requests over 30 documents (a few hot), each with its own question."""
-    rng = random.Random(11)
-    docs = [tokens_of(d, 600) for d in range(30)]
-    return [request([*docs[min(int(rng.expovariate(0.25)), 29)], *tokens_of(20_000 + i, 48)],
-                    at=0.05 * i) for i in range(n)]
-
-
-def timeouts(i: int) -> tuple[str, ...]:
-    """The slow replicas request ``i`` timed out on before it was answered."""
-    return SLOW if i % 7 == 0 else SLOW[:1] if i % 3 == 0 else ()
+from tests.support.retried_requests import (
+    FLEET,
+    asked_of_a_document,
+    assert_learned_alike,
+    failed_tries,
+    request,
+    tokens_of,
+    warm_failing,
+    workload,
+)
 
 
 def traffic(policy: Cost, now: float) -> dict[str, object]:
@@ -59,18 +40,14 @@ def traffic(policy: Cost, now: float) -> dict[str, object]:
 
 def test_cost_counts_a_request_retried_after_timeouts_once() -> None:
     once, retried = Cost(), Cost()
-    warm = request(tokens_of(99, 600), at=0.0)
-    for policy in (once, retried):  # each slow replica has a model in both (whose sizes
-        policy.choose(warm, FLEET)  # make the sketch's window)
-        for rid in SLOW:
-            policy.observe(Routed(warm, rid, FLEET))
-            policy.observe(Finished(warm, rid, ok=True))
-    reqs = workload(700)
+    for policy in (once, retried):  # each failing replica has a model in both
+        warm_failing(policy)
+    reqs = workload(700, seed=11, first_question=20_000)
     for i, req in enumerate(reqs):
         chosen = once.choose(req, FLEET).chosen
         retried.choose(req, FLEET)
         once.observe(Routed(req, chosen, FLEET))
-        for rid in timeouts(i):  # sent, and no answer in time: no Unrouted
+        for rid in failed_tries(i):  # sent, and no answer in time: no Unrouted
             retried.observe(Routed(req, rid, FLEET))
         retried.observe(Routed(req, chosen, FLEET))
         for policy in (once, retried):
@@ -119,10 +96,8 @@ def test_cost_keeps_a_bounded_count_of_requests_whose_end_is_not_told() -> None:
 def test_prefix_affinity_counts_a_request_retried_after_timeouts_once() -> None:
     once, retried = PrefixAffinity(), PrefixAffinity()
     fleet = FLEET[:4]
-    document = tokens_of(3, 400)  # shorter than K: keyed by the rung inside it, in time
-    asked = [request([*document, *tokens_of(200 + q, 200)], at=float(q)) for q in range(4)]
-    others = [request(tokens_of(300 + i, 900), at=10.0 + i) for i in range(80)]
-    for i, req in enumerate([asked[0], *others, *asked[1:]]):
+    asked, every = asked_of_a_document()
+    for i, req in enumerate(every):
         for policy in (once, retried):
             policy.choose(req, fleet)
         once.observe(Routed(req, "a", fleet))
@@ -131,15 +106,7 @@ def test_prefix_affinity_counts_a_request_retried_after_timeouts_once() -> None:
         retried.observe(Routed(req, "a", fleet))
         for policy in (once, retried):
             policy.observe(Finished(req, "a", ok=True))
-    assert [retried.key(r) for r in asked] == [once.key(r) for r in asked]
-    depth_once, depth_retried = once._depth, retried._depth
-    assert depth_once._sketch is not None and depth_retried._sketch is not None
-    assert depth_retried._sketch._counts == depth_once._sketch._counts
-    assert depth_retried._tags == depth_once._tags
-    learned_once, learned_retried = once._learner, retried._learner
-    assert learned_once is not None and learned_retried is not None
-    assert learned_retried._counts == learned_once._counts
-    assert learned_retried._recent == learned_once._recent
+    assert_learned_alike(retried, once, asked)
     assert len(retried._counted) == 0
 
 
