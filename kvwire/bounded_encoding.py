@@ -11,7 +11,7 @@ A long prompt costs a tokenizer memory in proportion (HF ``tokenizers`` builds a
   (the gateway's policies that match every token of a prompt), where the tokenizer's
   encoding splits at every cut (``splits_at_cuts``).
 
-Both rest on the cuts ``PromptTokenizer.encode_prefix`` and ``kvwire.whole_encoding`` rely
+All three rest on the cuts ``PromptTokenizer.encode_prefix`` and ``kvwire.whole_encoding`` rely
 on (see ``BoundedEncoder``).
 """
 

@@ -368,7 +368,6 @@ def _calls(message: Mapping[str, Any]) -> str:
         for call in message.get("tool_calls") or ())
 
 
-
 def _special_ends(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The ids ``tokenizer``'s post-processor adds before and after one text, read off an
     encoding with them and one without (none where the plain ids are not found whole in
