@@ -47,9 +47,17 @@ BACKEND_REPLY = json.dumps({
     "usage": {"prompt_tokens": 6000, "completion_tokens": 1, "total_tokens": 6001},
 }).encode()
 STREAM_CHUNKS = 10  # SSE events of a streamed answer, a token each, then usage and [DONE]
-_SSE_TOKEN = b"data: " + json.dumps({
-    "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench",
-    "choices": [{"index": 0, "text": " ok", "finish_reason": None}]}).encode() + b"\n\n"
+
+
+def _sse_token(finish_reason: str | None) -> bytes:
+    return b"data: " + json.dumps({
+        "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench",
+        "choices": [{"index": 0, "text": " ok", "finish_reason": finish_reason}]}).encode() \
+        + b"\n\n"
+
+
+# the last token's event tells the finish reason, as vLLM's does
+_SSE_TOKEN, _SSE_LAST_TOKEN = _sse_token(None), _sse_token("length")
 _SSE_END = b"data: " + json.dumps({
     "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench",
     "choices": [], "usage": {"prompt_tokens": 6000, "completion_tokens": STREAM_CHUNKS,
@@ -93,8 +101,9 @@ async def _stream(send: Any) -> None:
     gateway relays them as separate chunks, as it would an engine's), then usage."""
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream")]})
-    for _ in range(STREAM_CHUNKS):
-        await send({"type": "http.response.body", "body": _SSE_TOKEN, "more_body": True})
+    for i in range(STREAM_CHUNKS):
+        token = _SSE_LAST_TOKEN if i == STREAM_CHUNKS - 1 else _SSE_TOKEN
+        await send({"type": "http.response.body", "body": token, "more_body": True})
         await asyncio.sleep(0.001)
     await send({"type": "http.response.body", "body": _SSE_END})
 

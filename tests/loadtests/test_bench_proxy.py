@@ -148,3 +148,26 @@ def test_every_target_is_measured_every_round(backend: str) -> None:
             assert measured[name]["c1"]["rps"] > 0 and measured[name]["c32"]["rps"] > 0
     # the second round runs the targets in the other order
     assert list(rounds[0]) == ["direct", "again"] and list(rounds[1]) == ["again", "direct"]
+
+
+def test_the_backends_answers_are_whole_through_the_gateway(tmp_path: Path, backend: str
+                                                            ) -> None:
+    """The CPU figures are those of answers the gateway relays as whole: the backend's
+    stream ends as vLLM's does (a finish reason on its last token's event, then usage and
+    [DONE]), so no measured request takes the path of a cut answer."""
+    gateway, url = _start_gateway(str(tmp_path), "prefix_affinity", backend, 1, ENV)
+    try:
+        prompts = documents(2, words=200)
+        for scenario in ("stream_repeated", "plain_repeated"):
+            payloads = scenario_bodies(scenario, prompts, 0)
+            sent = [next(payloads) for _ in range(4)]
+            assert asyncio.run(offered_load(f"{url}/v1/completions", sent, 50.0)) == 4
+        got = samples(httpx.get(f"{url}/metrics", timeout=10).text)
+        statuses: dict[str, float] = {}
+        for (name, labels), value in got.items():
+            if name == "kvgate_requests_total" and value:
+                status = dict(labels)["status"]
+                statuses[status] = statuses.get(status, 0.0) + value
+        assert statuses == {"200": 8.0}, statuses
+    finally:
+        _stop(gateway)
