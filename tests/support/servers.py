@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -15,10 +16,42 @@ from aiohttp import web
 from tests.support.waiting import wait_until
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (and to a bind to port 0)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_EPHEMERAL_FLOOR = _ephemeral_floor()
+_LEAST_PORT = 10_000
+_handed: set[int] = set()  # ports this process handed out, never handed out again
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, for a server the caller starts later: below the kernel's
+    ephemeral range where there is room, so no client connection the suite opens in the
+    meantime takes it (a port a bind to 0 gives is one any outgoing connection may take
+    before the server binds it), and never one handed out before in this process (two
+    calls in a row could give the same port)."""
+    rng = random.Random()
+    for _ in range(64):
+        port = rng.randrange(_LEAST_PORT, _EPHEMERAL_FLOOR) \
+            if _EPHEMERAL_FLOOR > _LEAST_PORT + 1000 else 0
+        if port in _handed:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = int(s.getsockname()[1])
+        if port not in _handed:
+            _handed.add(port)
+            return port
+    raise RuntimeError("no free loopback port found in 64 tries")
 
 
 async def aiohttp_site(app: web.Application, **runner: Any) -> tuple[web.AppRunner, int]:
