@@ -9,6 +9,8 @@ ends with one unfinished ends the same way for the client."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -73,6 +75,17 @@ def _error_code(content: bytes, head: bytes) -> str | None:
     return code
 
 
+@contextmanager
+def _through_gateway(serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any]
+             ) -> Iterator[tuple[Any, httpx.Response]]:
+    """A gateway of one try in front of a replica answering ``events`` (chunked), and its
+    answer to ``body`` posted to ``path``, while the replica still runs."""
+    answer = chunked(*events)
+    with raw_replica(lambda: answer) as url:
+        gw = start_gateway(serve, [("a", url)], max_attempts=1)
+        yield gw, httpx.post(f"{gw.url}{path}", timeout=10, json=body)
+
+
 @pytest.mark.parametrize(("events", "path", "body"), [
     ((_ROLE, _chat({"content": "a"}), _chat({"content": "b"}), _usage(), _DONE),
      _CHAT_PATH, _CHAT),
@@ -82,10 +95,7 @@ def _error_code(content: bytes, head: bytes) -> str | None:
 ], ids=["chat", "chat_n_1", "text", "text_crlf"])
 def test_a_stream_of_one_choice_without_its_finish_reason_counts_failed(
         serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any]) -> None:
-    answer = chunked(*events)
-    with raw_replica(lambda: answer) as url:
-        gw = start_gateway(serve, [("a", url)], max_attempts=1)
-        r = httpx.post(f"{gw.url}{path}", timeout=10, json=body)
+    with _through_gateway(serve, events, path, body) as (gw, r):
         assert r.status_code == 200
         # every event came, but for [DONE]: an error event in its place
         assert _error_code(r.content, b"".join(events[:-1])) == "upstream_unfinished"
@@ -118,10 +128,7 @@ def test_a_stream_of_one_choice_without_its_finish_reason_counts_failed(
         "long_usage", "long_content", "no_choice"])
 def test_a_stream_of_one_choice_that_finished_or_cannot_tell_is_answered(
         serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any]) -> None:
-    answer = chunked(*events)
-    with raw_replica(lambda: answer) as url:
-        gw = start_gateway(serve, [("a", url)], max_attempts=1)
-        r = httpx.post(f"{gw.url}{path}", timeout=10, json=body)
+    with _through_gateway(serve, events, path, body) as (gw, r):
         assert r.status_code == 200 and r.content == b"".join(events)  # relayed as it came
         assert one_counted(gw) == {"200": 1.0}
 
