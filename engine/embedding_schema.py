@@ -165,10 +165,15 @@ def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
                              f"[0, {vocab_size})", param="input")
         total += len(ids)
         if total > MAX_TOTAL_TOKENS:
-            raise BadRequest(f"the inputs hold more than {MAX_TOTAL_TOKENS} tokens in all; "
-                             "send fewer per request", param="input")
+            raise too_many_in_all()
         out.append(ids)
     return out
+
+
+def too_many_in_all() -> BadRequest:
+    """The refusal of inputs holding more than ``MAX_TOTAL_TOKENS`` in all."""
+    return BadRequest(f"the inputs hold more than {MAX_TOTAL_TOKENS} tokens in all; send "
+                      "fewer per request", param="input")
 
 
 def check_dimensions(params: EmbeddingParams, embedder: SimEmbedder) -> None:

@@ -27,6 +27,7 @@ from starlette.responses import Response
 
 from engine.async_engine import EngineDeadError, RequestFailed, RequestInterrupted
 from engine.embedding_schema import (
+    MAX_TOTAL_TOKENS,
     EmbeddingParams,
     check_dimensions,
     checked_ids,
@@ -34,6 +35,7 @@ from engine.embedding_schema import (
     embedding_keep,
     parse_embedding,
     render_response,
+    too_many_in_all,
 )
 from engine.generate_params import TooManyTokens
 from engine.request import RequestOutput, SamplingParams
@@ -83,13 +85,18 @@ class EmbeddingsRoute:
     async def _encode(self, p: EmbeddingParams) -> list[list[int]]:
         """The ids of each text input: its last ``truncate_prompt_tokens``, read from its end,
         or all of it, refused before it is encoded whole when it is proven longer than the
-        model's context (the memory a long input costs stays about the context's)."""
+        model's context, and the inputs refused as soon as those encoded hold more than
+        ``MAX_TOTAL_TOKENS`` (the memory a request costs stays about the context's and
+        that total's, however many inputs it sends)."""
         srv = self.server
         assert p.texts is not None
         try:
             return await srv.encode_texts(p.texts, field="input", within=srv.max_model_len,
-                                          keep=embedding_keep(p, srv.max_model_len))
+                                          keep=embedding_keep(p, srv.max_model_len),
+                                          in_all=MAX_TOTAL_TOKENS)
         except TooManyTokens as exc:
+            if exc.in_all:
+                raise too_many_in_all() from None
             raise embedding_context_error(exc.at_least, srv.max_model_len, at_least=True) from None
 
     async def _pool(self, request: HTTPRequest, rid: str, ids: list[list[int]]) -> None:

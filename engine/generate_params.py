@@ -381,12 +381,16 @@ def _check_tool_choice(body: dict[str, Any], tools: list[Any] | None) -> None:
 
 class TooManyTokens(Exception):
     """Text ``index`` of those given to encode was proven to encode to more tokens than a
-    route takes (``at_least`` of them at least) before it was encoded whole."""
+    route takes (``at_least`` of them at least) before it was encoded whole; ``in_all``:
+    the texts up to it were, ``at_least`` the tokens of all of them, more than a route
+    takes in all."""
 
-    def __init__(self, index: int, at_least: int) -> None:
-        super().__init__(f"text {index} encodes to at least {at_least} tokens")
+    def __init__(self, index: int, at_least: int, in_all: bool = False) -> None:
+        what = f"texts 0..{index} encode" if in_all else f"text {index} encodes"
+        super().__init__(f"{what} to at least {at_least} tokens")
         self.index = index
         self.at_least = at_least
+        self.in_all = in_all
 
 
 def truncation_keep(keep: int | None, max_model_len: int) -> int | None:

@@ -242,7 +242,8 @@ class EngineServer:
 
     async def encode_texts(self, texts: Sequence[str], for_model: bool = True, *,
                            field: str = "prompt", within: int | None = None,
-                           keep: int | None = None) -> list[list[int]]:
+                           keep: int | None = None, in_all: int | None = None
+                           ) -> list[list[int]]:
         """The ids of each text: on the event loop when short, else in a worker thread.
         ``for_model``: the model computes them, so an id past its vocabulary (a tokenizer
         with more ids than the checkpoint's embedding rows) is a 400 naming ``field`` (the
@@ -253,11 +254,15 @@ class EngineServer:
         more than that many tokens is not encoded whole but raises TooManyTokens (a text
         not proven so is encoded whole, and its length is the caller's to check); ``keep``,
         each text's last ``keep`` tokens are given, read from its end (all of a short
-        text's: the caller truncates)."""
+        text's: the caller truncates); ``in_all`` (with ``within`` or ``keep``), the texts'
+        tokens in all (each counted to ``keep``): encoding stops at the text that takes
+        their sum past it, raising TooManyTokens with ``in_all`` set, so a batch of many
+        texts is not encoded whole before its sum is known."""
         if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
             encoded = self.tokenizer.encode_many(texts)  # a few hundred tokens at most
         else:
-            encoded = await asyncio.to_thread(self._encode_bounded, texts, within, keep)
+            encoded = await asyncio.to_thread(self._encode_bounded, texts, within, keep,
+                                              in_all)
         limit = self.vocab_size
         if for_model and limit < self.tokenizer.vocab_size:
             for ids in encoded:
@@ -269,18 +274,30 @@ class EngineServer:
                         param=field)
         return encoded
 
-    def _encode_bounded(self, texts: Sequence[str], within: int | None, keep: int | None
-                        ) -> list[list[int]]:
+    def _encode_bounded(self, texts: Sequence[str], within: int | None, keep: int | None,
+                        in_all: int | None = None) -> list[list[int]]:
         """``encode_texts``' encoding, in a worker thread."""
         tok = self.tokenizer
         if keep is not None:
-            return [tok.bounded.encode_tail(text, keep) for text in texts]
+            out, total = [], 0
+            for i, text in enumerate(texts):
+                out.append(tok.bounded.encode_tail(text, keep))
+                total += min(len(out[-1]), keep)
+                if in_all is not None and total > in_all:
+                    raise TooManyTokens(i, total, in_all=True)
+            return out
         if within is None:
             return list(tok.encode_many(texts))
-        out = []
-        for i, got in enumerate(tok.bounded.encode_many_within(texts, within)):
-            if got.ids is None:
+        bounded = tok.bounded.encode_many_within(texts, within) if in_all is None \
+            else tok.bounded.encode_many_in_all(texts, within, in_all)
+        out, total = [], 0
+        for i, got in enumerate(bounded):
+            total += got.at_least
+            if got.ids is None and got.at_least > within:
                 raise TooManyTokens(i, got.at_least)
+            if got.ids is None or (in_all is not None and total > in_all):
+                # proven past the tokens ``in_all`` left, or encoded and past them
+                raise TooManyTokens(i, total, in_all=True)
             out.append(got.ids)
         return out
 

@@ -5,7 +5,8 @@ A long prompt costs a tokenizer memory in proportion (HF ``tokenizers`` builds a
 
 - ``encode_within`` proves a text encodes to more than a limit from a bounded read (or from
   its length alone: ``max_token_chars``, the longest token's characters) and encodes whole
-  only a text that may fit;
+  only a text that may fit (``encode_many_in_all``: of many texts, also stopping once their
+  sum passes a bound on all of them);
 - ``encode_tail`` reads a text's last tokens from its end (``truncate_prompt_tokens``);
 - ``encode_whole`` gives a text's whole encoding read in pieces of ``WHOLE_PIECE_CHARS``
   (the gateway's policies that match every token of a prompt), where the tokenizer's
@@ -121,6 +122,38 @@ class BoundedEncoder:
             out[i] = BoundedEncoding(ids, len(ids))
         return [self.encode_within(t, max_tokens) if got is None else got
                 for t, got in zip(texts, out, strict=True)]
+
+    def encode_many_in_all(self, texts: Sequence[str], max_tokens: int, max_total: int
+                           ) -> list[BoundedEncoding]:
+        """``encode_within`` of each text, ``max_tokens`` each and ``max_total`` in all,
+        read in order and stopping at the first text whose answer has no ids or takes the
+        sum of their ``at_least`` past ``max_total``: that answer is the last one given
+        (fewer answers than texts, or a last one so, say a bound was passed). So the ids
+        of a batch of many texts, each within ``max_tokens``, are held only up to about
+        ``max_total`` tokens, not all encoded before their sum is known.
+
+        Texts are encoded in groups of at most ``WHOLE_PIECE_CHARS`` characters (or one
+        longer text) by ``encode_many_within``, each text of a group bounded by the fewer of
+        ``max_tokens`` and the tokens left of ``max_total`` when the group began: a text
+        proven longer than those left passes ``max_total`` with the texts before it."""
+        if max_total < 0:
+            raise ValueError(f"max_total must be >= 0, got {max_total}")
+        out: list[BoundedEncoding] = []
+        total = start = 0
+        while start < len(texts):
+            # [start, end): the next group, one text at least
+            end, chars = start + 1, len(texts[start])
+            while end < len(texts) and chars + len(texts[end]) <= WHOLE_PIECE_CHARS:
+                chars += len(texts[end])
+                end += 1
+            for got in self.encode_many_within(texts[start:end],
+                                               min(max_tokens, max_total - total)):
+                out.append(got)
+                total += got.at_least
+                if got.ids is None or total > max_total:
+                    return out
+            start = end
+        return out
 
     def encode_tail(self, text: str, keep: int) -> list[int]:
         """``encode(text)[-keep:]``, read from the text's end: the text from a cut, twice
