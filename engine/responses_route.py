@@ -59,6 +59,8 @@ _MESSAGE_CHARS = 64  # what a message counts beyond its text (its dict, its role
 # the fields a Responses request shares with a chat (sampling), and those it names anew
 _SHARED = ("temperature", "top_p", "cache_salt", "stream")
 _RENAMED = {"max_output_tokens": "max_tokens"}
+# the fields of a request its response echoes as sent
+_ECHOED = ("instructions", "previous_response_id", "tool_choice", "tools", "metadata")
 
 
 class ResponseStore:
@@ -132,36 +134,7 @@ class ResponsesRoute:
 
     async def handle(self, request: HTTPRequest) -> Response:
         srv = self.server
-        # a large body (in bytes or in items) is read in a worker thread, and so is the
-        # chat it stands for, as is one continuing a long conversation
-        async with srv.held_body(request, self.max_body_bytes) as raw:
-            inline = parses_on_loop(raw)
-            asked = _read(raw) if inline else await asyncio.to_thread(_read, raw)
-        body, chat = asked.body, asked.chat
-        history: list[dict[str, Any]] = []
-        if asked.previous is not None:
-            stored = self.store.get(asked.previous)
-            if stored is None:
-                raise NotFound(f"Response with id {shown(asked.previous)} not found.",
-                               param="previous_response_id")
-            history = stored
-        turns = [*history, *chat.turns]
-        messages = [*chat.instructions, *turns]
-        if not messages:
-            raise BadRequest("'input' holds no message", param="input")
-        chat_body: dict[str, Any] = {"model": body.get("model", srv.model_name),
-                                     "messages": messages, "tools": chat.tools}
-        chat_body.update((k, body[k]) for k in _SHARED if k in body)
-        chat_body.update((new, body[old]) for old, new in _RENAMED.items() if old in body)
-        # checked where the body may not have been decoded (``_read`` in another thread):
-        # its errors still name an integer past 64 bits as sent
-        parse = functools.partial(checked_as_sent, raw, functools.partial(
-            parse_generate, chat_body, chat=True, model_name=srv.model_name,
-            vocab_size=srv.vocab_size))
-        p = dataclasses.replace(  # its errors name the Responses fields
-            parse() if inline and len(history) <= PARSE_ON_THREAD_COMMAS
-            else await asyncio.to_thread(parse),
-            limit_param="max_output_tokens", prompt_field="input")
+        p, asked, turns = await self._parse(request)
         ids = await srv.prompt_ids(p)
         limit = p.max_tokens if p.max_tokens is not None \
             else max(1, srv.max_request_tokens - len(ids))
@@ -176,19 +149,57 @@ class ResponsesRoute:
             return AnswerStream(answer.events(), [answer])
         return JSONResponse(await unless_disconnected(request, answer.collect()))
 
+    async def _parse(self, request: HTTPRequest
+                     ) -> tuple[GenerateParams, _Asked, list[dict[str, Any]]]:
+        """The request's chat, checked as a chat's, what its response echoes, and the
+        turns its stored conversation holds. Its body's bytes and decoded JSON end here:
+        the request runs on these alone."""
+        srv = self.server
+        # a large body (in bytes or in items) is read in a worker thread, and so is the
+        # chat it stands for, as is one continuing a long conversation
+        async with srv.held_body(request, self.max_body_bytes) as raw:
+            inline = parses_on_loop(raw)
+            asked, chat = _read(raw) if inline else await asyncio.to_thread(_read, raw)
+        history: list[dict[str, Any]] = []
+        if asked.previous is not None:
+            stored = self.store.get(asked.previous)
+            if stored is None:
+                raise NotFound(f"Response with id {shown(asked.previous)} not found.",
+                               param="previous_response_id")
+            history = stored
+        turns = [*history, *chat.turns]
+        messages = [*chat.instructions, *turns]
+        if not messages:
+            raise BadRequest("'input' holds no message", param="input")
+        chat_body: dict[str, Any] = {"model": srv.model_name, **asked.chat_fields,
+                                     "messages": messages, "tools": chat.tools}
+        # checked where the body may not have been decoded (``_read`` in another thread):
+        # its errors still name an integer past 64 bits as sent
+        parse = functools.partial(checked_as_sent, raw, functools.partial(
+            parse_generate, chat_body, chat=True, model_name=srv.model_name,
+            vocab_size=srv.vocab_size))
+        p = dataclasses.replace(  # its errors name the Responses fields
+            parse() if inline and len(history) <= PARSE_ON_THREAD_COMMAS
+            else await asyncio.to_thread(parse),
+            limit_param="max_output_tokens", prompt_field="input")
+        return p, asked, turns
+
 
 class _Asked(NamedTuple):
-    """A Responses body, checked: the chat it stands for, the response it continues,
-    whether it is stored, and its ``parallel_tool_calls`` (echoed, not acted on)."""
+    """A Responses body, checked, in the parts a request runs on (never the body itself):
+    the fields its response echoes (``_ECHOED``), those its chat takes (``model``,
+    ``_SHARED``, ``_RENAMED`` renamed), the response it continues, whether it is stored,
+    and its ``parallel_tool_calls`` (echoed, not acted on)."""
 
-    body: dict[str, Any]
-    chat: ResponsesChat
+    echoed: dict[str, Any]
+    chat_fields: dict[str, Any]
     previous: str | None
     store: bool
     parallel_tool_calls: bool
 
 
-def _read(raw: bytes) -> _Asked:
+def _read(raw: bytes) -> tuple[_Asked, ResponsesChat]:
+    """What a Responses body asks, and the chat it stands for."""
     body = decode_json(raw)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
@@ -205,7 +216,10 @@ def _read(raw: bytes) -> _Asked:
     previous = optional(body, "previous_response_id", str, None)
     store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
     parallel = optional(body, "parallel_tool_calls", bool, True)
-    return _Asked(body, chat, previous, bool(store), bool(parallel))
+    echoed = {k: body[k] for k in _ECHOED if k in body}
+    chat_fields = {k: body[k] for k in ("model", *_SHARED) if k in body}
+    chat_fields.update((new, body[old]) for old, new in _RENAMED.items() if old in body)
+    return _Asked(echoed, chat_fields, previous, bool(store), bool(parallel)), chat
 
 
 def _refuse_constrained(body: dict[str, Any]) -> None:
@@ -279,7 +293,7 @@ class _Answer(Generation):
                  queue: asyncio.Queue[RequestOutput | BaseException], asked: _Asked,
                  store: ResponseStore | None, turns: list[dict[str, Any]]) -> None:
         super().__init__(server, rid, p, num_prompt, queue)
-        self.body = asked.body
+        self.echoed = asked.echoed
         self.parallel_tool_calls = asked.parallel_tool_calls
         self.store = store
         self.turns = turns
@@ -300,7 +314,7 @@ class _Answer(Generation):
         """The response object: in progress while ``text`` is None, else ended with
         ``reason`` (``length``: incomplete at ``max_output_tokens``; ``abort``: cancelled
         on the engine, ``/abort_request``), or failed with ``failure`` after ``text``."""
-        body = self.body
+        body = self.echoed
         status = "in_progress" if text is None else "failed" if failure is not None \
             else "incomplete" if reason == "length" \
             else "cancelled" if reason == "abort" else "completed"

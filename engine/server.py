@@ -227,13 +227,17 @@ class EngineServer:
                         ) -> AsyncIterator[bytes]:
         """The request's body, within ``max_body_bytes`` and ``body_timeout_s`` (408), its
         bytes counted in ``bodies`` from their arrival until the block ends: the body
-        decoded and checked, or refused."""
+        decoded and checked, or refused. The request keeps no copy after the block
+        (``read_body`` leaves one for a later ``request.body()``, which no route makes),
+        so a body's bytes live no longer than the caller holds them, not for as long as
+        the request runs."""
         raw = await read_body(request, min(max_body_bytes, self.bodies.limit), self.bodies,
                               keep=True, timeout_s=self.body_timeout_s)
         try:
             yield raw
         finally:
             self.bodies.give(len(raw))
+            vars(request).pop("_body", None)
 
     @property
     def max_tokenize_tokens(self) -> int:
@@ -545,8 +549,14 @@ class EngineServer:
         return queue
 
     async def _generate(self, request: HTTPRequest, *, chat: bool) -> Response:
-        body, p = await self.read_json(request, lambda body: (body, parse_generate(
-            body, chat=chat, model_name=self.model_name, vocab_size=self.vocab_size)))
+        def parse(body: Any) -> tuple[GenerateParams, str | None]:
+            # its request_id kept, not the body: its fields not served (``user``, any
+            # other) would live for as long as the request runs
+            p = parse_generate(body, chat=chat, model_name=self.model_name,
+                               vocab_size=self.vocab_size)
+            return p, optional(body, "request_id", str, None)
+
+        p, body_id = await self.read_json(request, parse)
         prompts = each_prompt(p)
         id_lists = [truncate_prompt(ids, p.truncate_prompt_tokens, self.max_model_len)
                     for ids in await self.each_prompt_ids(prompts)]
@@ -563,7 +573,7 @@ class EngineServer:
         rid = prefix + uuid.uuid4().hex  # the engine's: unique while in flight
         # the answer's, as vLLM names it: the client's X-Request-Id, else the body's
         # request_id (vLLM's field), else the engine's
-        given = request.headers.get("x-request-id") or optional(body, "request_id", str, None)
+        given = request.headers.get("x-request-id") or body_id
         answer_id = prefix + given if given else rid
         gens: list[OpenAIGeneration] = []
         try:
