@@ -29,7 +29,10 @@ transport. A longer one is relayed with the replica's ``content-length``, its by
 searched for an abort as a stream's are (a whole answer that is an error object under a
 200 is failed too), and one that ends with its connection, or a known endpoint's success
 whatever its framing (an error's body is the replica's words, whatever they are), is whole
-only when its JSON ended. ``UpstreamStream`` then yields the rest as it arrives,
+only when its JSON ended; a known endpoint's success is cut, too, where a completion's or
+chat's choice came with a null finish reason, or an encoded one's compressed stream ends
+short (``_LongAnswer``, which follows them as the bytes pass): the client's body is then
+left unfinished, as a cut one's is. ``UpstreamStream`` then yields the rest as it arrives,
 enforcing the idle timeout between chunks, and settles the accounting exactly once
 however the stream ends. When the replica breaks off after the client got
 bytes, the end says so: a stream ends with an OpenAI error event and no ``[DONE]`` (a
@@ -78,6 +81,7 @@ from gateway.fleet_events import FleetEvent, HealthChanged
 from gateway.idle_watch import IdleWatch
 from gateway.metrics import GatewayMetrics
 from gateway.upstream_http import (
+    EncodedEnd,
     UpstreamBroken,
     UpstreamClient,
     UpstreamFailure,
@@ -399,6 +403,12 @@ class UpstreamStream:
             else self._error_in(start)
         if self.error_status is None and not self.stream and self.status < 400:
             self.error_status = _error_object(first_chunk)
+        # a known answer's success relayed past ``buffer_bytes``: what tells it cut under
+        # a clean end, followed as its bytes pass (``_LongAnswer``)
+        self._long = _LongAnswer.of(response, signs) if signs.whole_json \
+            and not self.stream and self.status < 400 and not response.is_eof() else None
+        if self._long is not None:
+            self._long.note(first_chunk, first_chunk)
 
     @property
     def complete(self) -> bool:
@@ -478,6 +488,8 @@ class UpstreamStream:
                         raise UpstreamBroken("the stream ended before its last event")
                     if self._json_cut():
                         raise UpstreamBroken("the body ended before its JSON did")
+                    if self._long is not None and self._long.cut() is not None:
+                        raise UpstreamBroken(f"the body ended cut ({self._long.cut()})")
                     if self._held:  # the body ended whole: what was held is its end
                         held = self._take_held()
                         if self._choices is not None:
@@ -507,9 +519,12 @@ class UpstreamStream:
                     if self._judging:
                         chunk = self._judged(chunk)
                 else:
+                    # (a marker, or a finish reason's key, may start in the tail)
+                    window = self._tail[-_ERROR_LOOK_BACK:] + chunk
                     if self.error_status is None:  # an abort told past the first bytes
-                        self.error_status = _error_event(self._tail[-_ERROR_LOOK_BACK:]
-                                                         + chunk)
+                        self.error_status = _error_event(window)
+                    if self._long is not None:
+                        self._long.note(chunk, window)
                     self._tail = (self._tail + chunk)[-_SSE_TAIL:]
                     if self._body_bytes < _USAGE_CAPTURE_LIMIT:
                         self._body.append(chunk)
@@ -684,7 +699,8 @@ class UpstreamStream:
         """The upstream body was read to its end, whole: the chunk just relayed is the
         last (``relay`` yields nothing more). A stream that ends with its connection is
         whole only once its last event came; else the relay goes on to tell it cut."""
-        return self.response.is_eof() and not self._ends_cut() and not self._json_cut()
+        return self.response.is_eof() and not self._ends_cut() and not self._json_cut() \
+            and (self._long is None or self._long.cut() is None)
 
     def _json_cut(self) -> bool:
         """A JSON body (not encoded) ended before its JSON did, where it ended with its
@@ -1496,6 +1512,58 @@ def _parsed(body: bytes) -> Any:
         return orjson.loads(body)
     except ValueError:
         return _NO_JSON
+
+
+class _LongAnswer:
+    """A known answer's success relayed past ``buffer_bytes``, its head sent already:
+    what ``_read_held`` judges of one held whole and its framing does not tell, followed
+    as its bytes pass (its JSON ending short is ``_json_cut``'s). An encoded one's
+    compressed stream, under a length or chunks (``EncodedEnd``: one that ends with its
+    connection is followed by the connection); a completion's or chat's choice with a
+    null finish reason, found by its key (``_null_finish``). A cut one is left unfinished
+    for the client and counted failed, as one whose JSON ends short is."""
+
+    __slots__ = ("_encoded", "_unfinished")
+
+    def __init__(self, encoded: EncodedEnd | None) -> None:
+        self._encoded = encoded
+        self._unfinished = False  # a choice came with a null finish reason
+
+    @classmethod
+    def of(cls, response: UpstreamResponse, signs: AnswerSigns) -> _LongAnswer | None:
+        """One for ``response`` where it has something to follow, else None."""
+        headers = response.headers
+        if _json_body(headers):
+            return cls(None) if signs.choices or signs.last_finish else None
+        encoded = None if response.until_close else EncodedEnd.of(headers)
+        return None if encoded is None else cls(encoded)
+
+    def note(self, chunk: bytes, window: bytes) -> None:
+        """``chunk``, the body's next bytes; ``window``, them after the bytes before them
+        (``_ERROR_LOOK_BACK``, over the 22 a finish reason's key and value split across
+        reads need)."""
+        if self._encoded is not None:
+            self._encoded.feed(chunk)
+        elif not self._unfinished:
+            self._unfinished = _null_finish(window)
+
+    def cut(self) -> str | None:
+        """Why the body, read to its end, is cut; None where nothing tells it is."""
+        if self._encoded is not None and self._encoded.cut:
+            return "its compressed stream ends short"
+        return "a choice has a null finish reason" if self._unfinished else None
+
+
+def _null_finish(data: bytes) -> bool:
+    """Whether ``data``, a completion's or chat's JSON, holds a null finish reason (JSON
+    strings escape their quotes: no content holds the key)."""
+    at = data.find(_FINISH_KEY)
+    while at >= 0:
+        after = at + len(_FINISH_KEY)
+        if _null_at(data, after):
+            return True
+        at = data.find(_FINISH_KEY, after)
+    return False
 
 
 class _Held(NamedTuple):

@@ -16,8 +16,9 @@ gateway sends and its replicas answer:
   it; reading pauses while 256 KB wait unread. A body read until the connection closes
   ends whole only as far as anything tells: one encoded ``gzip`` or ``deflate`` is
   inflated as it comes (the output dropped) to see its compressed stream end, and a close
-  before that end is a broken connection (``_EncodedEnd``); ``encoded_cut`` asks the
-  same of a whole body held with a length or chunks.
+  before that end is a broken connection (``EncodedEnd``); ``encoded_cut`` asks the
+  same of a whole body held with a length or chunks, and the proxy follows a longer one
+  relayed under them with an ``EncodedEnd`` of its own.
 
 Errors: ``UpstreamUnreachable`` when no connection could be made (refused, unresolvable:
 the replica is unreachable); ``UpstreamBroken`` when the connection broke or the answer was
@@ -53,6 +54,7 @@ _ENDS_TOLD = {"gzip": 31, "x-gzip": 31, "deflate": 15}
 # bytes inflated per byte read (and a chunk's slack) past which a body's end is not
 # followed: a body that inflates further (a bomb) would hold the event loop
 _INFLATE_RATIO, _INFLATE_SLACK = 64, 1 << 16
+_FEED_BYTES = 1 << 16  # a body is inflated this much at a time (``EncodedEnd.feed``)
 
 
 class UpstreamFailure(Exception):
@@ -74,11 +76,12 @@ class _Stale(UpstreamBroken):
 STALE_WINDOW_S = 0.1  # a kept-alive connection closed within this of a send: closed idle
 
 
-class _EncodedEnd:
-    """Follows a close-delimited body's compressed stream (``gzip``, several members
-    allowed, or ``deflate``'s zlib stream), inflating what arrives and dropping the
-    output, to tell whether it reached its end: a replica that dies mid-body ends such a
-    body with its connection too, and only the encoding can tell the two apart. Stops
+class EncodedEnd:
+    """Follows a body's compressed stream (``gzip``, several members allowed, or
+    ``deflate``'s zlib stream), inflating what arrives and dropping the output, to tell
+    whether it reached its end: a replica that dies mid-body ends a close-delimited body
+    with its connection too, and a replica that cuts its answer may end it under a clean
+    length or chunked end; only the encoding can tell those from a whole one. Stops
     judging (``judged`` False) where the bytes are not that encoding (a raw deflate
     stream, say: the client will find out) or inflate past ``_INFLATE_RATIO``."""
 
@@ -91,7 +94,7 @@ class _EncodedEnd:
         self.judged = True
 
     @classmethod
-    def of(cls, headers: Mapping[str, str]) -> _EncodedEnd | None:
+    def of(cls, headers: Mapping[str, str]) -> EncodedEnd | None:
         """One for a body encoded as ``headers`` say, when its encoding tells its end."""
         wbits = _ENDS_TOLD.get(headers.get("content-encoding", "").strip().lower())
         return None if wbits is None else cls(wbits)
@@ -102,6 +105,12 @@ class _EncodedEnd:
         return self.judged and not self.ended
 
     def feed(self, data: bytes) -> None:
+        """Inflate ``data``, the body's next bytes, ``_FEED_BYTES`` at a time (what one
+        piece may inflate to is bounded by its size)."""
+        for at in range(0, len(data), _FEED_BYTES):
+            self._feed(data[at:at + _FEED_BYTES])
+
+    def _feed(self, data: bytes) -> None:
         while data and self.judged:
             if self.ended:  # another gzip member follows (RFC 1952 allows several)
                 self._inflate = zlib.decompressobj(self._wbits)
@@ -119,21 +128,17 @@ class _EncodedEnd:
             data = inflate.unused_data if inflate.eof else b""
 
 
-_FEED_BYTES = 1 << 16  # a held body is inflated this much at a time (``encoded_cut``)
-
-
 def encoded_cut(body: bytes, headers: Mapping[str, str]) -> bool:
     """Whether ``body``, all of an answer encoded as ``headers`` say, ends inside its
     compressed stream (``gzip`` or ``deflate``, which tell their end): a replica's cut
     body, whatever its length or chunks said. False where the encoding tells no end (none,
     ``br``), or the bytes are not that encoding or inflate past ``_INFLATE_RATIO``
-    (``_EncodedEnd``). Inflates the body, the output dropped, a piece at a time: asked
+    (``EncodedEnd``). Inflates the body, the output dropped, a piece at a time: asked
     only of a body sent encoded though the gateway asks for none."""
-    end = _EncodedEnd.of(headers)
+    end = EncodedEnd.of(headers)
     if end is None:
         return False
-    for at in range(0, len(body), _FEED_BYTES):
-        end.feed(body[at:at + _FEED_BYTES])
+    end.feed(body)
     return end.cut
 
 
@@ -159,7 +164,7 @@ class UpstreamResponse:
         self._keep = False  # ... and the connection may carry another request
         self._error: UpstreamFailure | None = None
         self._until_close = False  # neither a length nor chunked: ends with the connection
-        self._encoded: _EncodedEnd | None = None  # ... and tells its end by its encoding
+        self._encoded: EncodedEnd | None = None  # ... and tells its end by its encoding
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -351,7 +356,7 @@ class _Connection(asyncio.Protocol):
             and "chunked" not in headers.get("transfer-encoding", "").lower() \
             and status not in (204, 304) and status >= 200
         if answer._until_close:
-            answer._encoded = _EncodedEnd.of(headers)
+            answer._encoded = EncodedEnd.of(headers)
         if not answer._head.done():
             answer._head.set_result(None)
 
