@@ -22,12 +22,19 @@ little-endian:
     DONE        u64 seq        the request ended (in flight no more)
     ROUTED      u32 prompt tokens, f64 tokens per chunk, i32 anchor chunks (-1: none),
                 u32 m, JSON meta (m bytes, at most ``MAX_META``: replica, model, tenant,
-                cache salt, affinity key, an adapter's base model), then the prompt's
-                chunk hashes as u32 each
+                cache salt, affinity key, an adapter's base model; ``again``: true on a
+                later try of a request whose earlier try the sender told), then the
+                prompt's chunk hashes as u32 each
     HEARTBEAT   (empty)        the sender is alive (sent when it has been quiet)
 
 ROUTED carries what a policy learns from a request (``policies.base.Routed``) but never
-the prompt's text or token ids: only the hashes of its pieces (``prompt_chunks``).
+the prompt's text or token ids: only the hashes of its pieces (``prompt_chunks``). A
+sender knows its retries by the request object (``ToldRequests``); the receiver, whose
+object is new per frame, by ``again`` (``Routed.again``), and so counts a request's share
+of the traffic once however many replicas the sender tried it on, while holding nothing of
+its own for it. A receiver reads the meta keys it knows and skips the others, so a sender
+without ``again`` is read as telling first tries only, and one with it by a receiver
+without it as before.
 A frame longer than ``MAX_FRAME`` is refused (the connection is dropped). Nothing is
 encrypted, and frames carry no MAC of their own: the handshake keeps copies without the
 secret out, not someone on the network path.
@@ -39,6 +46,7 @@ import hashlib
 import hmac
 import struct
 import sys
+import weakref
 from array import array
 from dataclasses import dataclass
 from typing import Any
@@ -135,10 +143,39 @@ def told_to_peers(request: RouteRequest) -> bool:
     return not (len(request.tokens) and not len(request.chunks))
 
 
-def routed_frame(request: RouteRequest, replica: str) -> bytes:
-    meta = orjson.dumps({"replica": replica, "model": request.model, "tenant": request.tenant,
-                         "salt": request.cache_salt, "affinity": request.affinity_key,
-                         "base": request.base_model})
+class ToldRequests:
+    """The requests a sender told a route of, while they live, so that a later route of
+    one is told as a retry (``routed_frame``'s ``again``). Each is held weakly, by identity:
+    what it holds is at most the requests alive (in flight), each an entry that goes when
+    its request does, and another request never takes a kept one's ``id``."""
+
+    __slots__ = ("_told",)
+
+    def __init__(self) -> None:
+        self._told: weakref.WeakValueDictionary[int, RouteRequest] = \
+            weakref.WeakValueDictionary()
+
+    def again(self, request: RouteRequest) -> bool:
+        """Whether a route of ``request`` was told before; noted as told from here."""
+        told = self._told
+        if told.get(id(request)) is request:
+            return True
+        told[id(request)] = request
+        return False
+
+    def __len__(self) -> int:
+        return len(self._told)
+
+
+def routed_frame(request: RouteRequest, replica: str, again: bool = False) -> bytes:
+    """``request`` routed to ``replica``; ``again``: a later try of a request told before."""
+    fields: dict[str, object] = {
+        "replica": replica, "model": request.model, "tenant": request.tenant,
+        "salt": request.cache_salt, "affinity": request.affinity_key,
+        "base": request.base_model}
+    if again:  # (absent on a first try: its frame is as a sender without it wrote)
+        fields["again"] = True
+    meta = orjson.dumps(fields)
     if len(meta) > MAX_META:
         raise WireError(f"routing meta of {len(meta)} bytes exceeds {MAX_META}")
     chunks = token_bytes(request.chunks[:MAX_CHUNKS])
@@ -163,11 +200,12 @@ class Settled:
 
 @dataclass(frozen=True, slots=True)
 class RoutedElsewhere:
-    """A request another copy routed: the policy's ``RouteRequest`` (no token ids) and
-    where it went."""
+    """A request another copy routed: the policy's ``RouteRequest`` (no token ids), where
+    it went, and whether the sender told an earlier try of it (``again``)."""
 
     request: RouteRequest
     replica: str
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +277,10 @@ def _parse_routed(body: bytes, arrival_s: float) -> RoutedElsewhere:
         fields[key] = value
     if fields["replica"] is None:
         raise WireError("a routed frame without a replica")
+    again = meta.get("again", False)
+    if not isinstance(again, bool):
+        raise WireError(f"routed frame field 'again' is {type(again).__name__}, not a "
+                        "boolean")
     chunks = array("I")
     chunks.frombytes(rest)
     if sys.byteorder != "little":
@@ -249,4 +291,4 @@ def _parse_routed(body: bytes, arrival_s: float) -> RoutedElsewhere:
                            arrival_s=arrival_s,
                            chunks=chunks, chunk_tokens=chunk_tokens,
                            anchor_chunks=None if anchor < 0 else anchor)
-    return RoutedElsewhere(request, fields["replica"])
+    return RoutedElsewhere(request, fields["replica"], again)

@@ -13,7 +13,10 @@ one TCP connection per peer (``peer_wire``):
 * every request routed (``policies.base.Routed``, with the prompt's piece hashes, never
   its text or token ids): the other copies' policies learn from it as from their own. A
   request a policy keyed by its token ids alone (``chunk_chars: 0``) has nothing to tell
-  and is not sent.
+  and is not sent. A request this copy tries again on another replica is told again,
+  marked as a retry (``peer_wire.ToldRequests``): the others count its share of the
+  traffic once, and learn what each try suggests of its replica's cache. A try its
+  replica refused before taking the prompt stays told (no frame takes one back).
 
 Measured offline (LRU engines, ``loadtests.simulate --gateways 2 --peers``), see
 docs/peers.md. Delivery is best effort, and never leaves load counted that was settled: a
@@ -67,6 +70,7 @@ from gateway.peer_wire import (
     RoutedElsewhere,
     Sent,
     Settled,
+    ToldRequests,
     WireError,
     check_listener,
     check_sender,
@@ -276,6 +280,7 @@ class Peers:
         # each of ``addresses`` -> what it last resolved to
         self._answers: dict[str, set[tuple[str, int]]] = {}
         self._seq = 0
+        self._told = ToldRequests()  # the requests whose route the links were told
         self._server: asyncio.Server | None = None
         self._resolver: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -287,8 +292,9 @@ class Peers:
         self._refused_log: tuple[float, int] = (-REFUSED_LOG_S, 0)  # (logged at, since)
         self.address: tuple[str, int] | None = None  # where the listener is bound
         # with worker processes: tells the box's other workers a peer's route
-        # (``worker_routes``), which only this worker's link received
-        self.forward: Callable[[RouteRequest, str], None] | None = None
+        # (``worker_routes``), which only this worker's link received: the request, its
+        # replica, and whether it is a retry (``again``)
+        self.forward: Callable[[RouteRequest, str, bool], None] | None = None
 
     def linked(self, remote: bytes) -> bool:
         """Whether a link to the copy with instance id ``remote`` is up (or proving
@@ -298,10 +304,11 @@ class Peers:
     # -- what this copy sends ---------------------------------------------------------------
     def routed(self, request: RouteRequest, replica: str) -> None:
         """This copy sends ``request`` to ``replica`` (its policy observed ``Routed``),
-        unless ``told_to_peers`` says no route of it is."""
+        unless ``told_to_peers`` says no route of it is; told as a retry when a route of
+        the same request object was told before."""
         if self.counts.links_up and told_to_peers(request):
             try:
-                self._broadcast(routed_frame(request, replica))
+                self._broadcast(routed_frame(request, replica, self._told.again(request)))
             except WireError as exc:  # (a long affinity key): each link's frame lost
                 self.counts.frames_dropped += self.counts.links_up
                 log.debug("not sent to peers: %s", exc)
@@ -482,11 +489,12 @@ class Peers:
                     continue  # a replica this copy does not route to (not yet, or no more)
                 try:
                     # told once: no Unrouted or Finished follows here
-                    self.policy.observe(Routed(frame.request, frame.replica, revocable=False))
+                    self.policy.observe(Routed(frame.request, frame.replica, revocable=False,
+                                               again=frame.again))
                 except Exception:  # the policy's defect: the link and the rest stand
                     log.exception("the policy failed on a peer's route to %s", frame.replica)
                 if self.forward is not None:  # the box's other workers learn it too
-                    self.forward(frame.request, frame.replica)
+                    self.forward(frame.request, frame.replica, frame.again)
             elif isinstance(frame, Sent):
                 table.sent(frame)
             elif isinstance(frame, Settled):

@@ -9,7 +9,10 @@ sends every route it makes to the others, in the frame peers send each other
 (``peer_wire.routed_frame``: the prompt's piece hashes, never its text), and their policies
 learn from it as from their own. Pending load needs no telling: the workers share it in
 memory (``shared_load``). A route from a peer (another box) reaches the worker whose link
-received it, which passes it on to the others (``Peers.forward``).
+received it, which passes it on to the others (``Peers.forward``). A request a worker
+tries again on another replica is told again, marked as a retry (``peer_wire.ToldRequests``;
+a peer's retry is passed on marked as it came): the others count its share of the traffic
+once, and learn what each try suggests of its replica's cache.
 
 Transport: one Unix ``SOCK_SEQPACKET`` socket pair per worker, made by the supervisor before
 it starts them (``route_pair``). Worker ``i`` reads its own pair's first end; every other worker
@@ -53,6 +56,7 @@ from gateway.peer_wire import (
     HEAD_BYTES,
     MAX_FRAME,
     RoutedElsewhere,
+    ToldRequests,
     WireError,
     frame_length,
     parse_frame,
@@ -93,6 +97,7 @@ class WorkerRoutes:
         self._warned = (-DROPPED_LOG_S, 0)  # (logged at, dropped then)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: list[bytes] = []  # frames not sent yet
+        self._told = ToldRequests()  # the requests this worker told a route of
         self._flush: asyncio.TimerHandle | None = None
         self._drain: asyncio.TimerHandle | None = None  # the next read of an idle inbox
 
@@ -136,13 +141,18 @@ class WorkerRoutes:
         for sock in (self.inbox, *self.outboxes):
             sock.close()
 
-    def routed(self, request: RouteRequest, replica: str) -> None:
+    def routed(self, request: RouteRequest, replica: str, again: bool | None = None
+               ) -> None:
         """This worker sends ``request`` to ``replica`` (its policy observed ``Routed``):
-        told to the others within ``FLUSH_S``."""
+        told to the others within ``FLUSH_S``, as a retry when a route of the same request
+        object was told before. ``again``: a peer's route passed on (``Peers.forward``),
+        a retry or not as the peer told it."""
         if not self.outboxes:
             return
+        if again is None:
+            again = self._told.again(request)
         try:
-            frame = routed_frame(request, replica)
+            frame = routed_frame(request, replica, again)
         except WireError as exc:
             log.debug("not told to the other workers: %s", exc)
             return
@@ -233,7 +243,8 @@ class WorkerRoutes:
                     continue
                 try:
                     # told once: no Unrouted or Finished follows here
-                    self.policy.observe(Routed(frame.request, frame.replica, revocable=False))
+                    self.policy.observe(Routed(frame.request, frame.replica, revocable=False,
+                                               again=frame.again))
                 except Exception:  # the policy's defect: the message's other routes stand
                     log.exception("the policy failed on another worker's route to %s",
                                   frame.replica)

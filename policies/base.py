@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from policies.kv_index import KVIndex
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class RouteRequest:
     """What a policy may know about one request.
 
@@ -157,12 +157,18 @@ class Routed:
     ``choose``. ``revocable``: the caller tells how the try ends (an ``Unrouted`` when
     its replica refuses it, else the next ``Routed`` or the request's ``Finished``); a
     route another gateway copy or worker process made is told once, as it stands
-    (False), and a policy keeps nothing to take it back."""
+    (False), and a policy keeps nothing to take it back. ``again``: such a told route is
+    a later try of a request whose earlier try was told too (the other copy or worker
+    tried it again, on another replica). Each told try arrives as a new object, so this
+    says what identity says of the caller's own retries: what the request tells of the
+    traffic was counted at its first told try; what this try makes the policy believe of
+    its replica's cache counts."""
 
     request: RouteRequest
     replica: str
     replicas: Sequence[ReplicaView] = ()
     revocable: bool = True
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -737,7 +737,7 @@ class Cost(Policy):
             self._models.settle(id(event.request))
             # (else the route went nowhere, or to a replica this model no longer uses)
             if event.replica not in self._left and event.replica not in self._unused:
-                self._routed_to(event.request, event.replica, event.revocable)
+                self._routed_to(event.request, event.replica, event.revocable, event.again)
         elif isinstance(event, Unrouted):
             self._unrouted(event.request, event.replica)
         elif isinstance(event, Finished):
@@ -800,17 +800,22 @@ class Cost(Policy):
         capacity = self._facts.get(replica, (0, None, None))[1]
         return capacity is not None and prompt_tokens > capacity * OVER_CAPACITY
 
-    def _routed_to(self, request: RouteRequest, replica: str, revocable: bool) -> None:
+    def _routed_to(self, request: RouteRequest, replica: str, revocable: bool,
+                   again: bool) -> None:
         """``request`` is sent to ``replica``. What the replica is predicted to hold and
         prefill is counted per try (a ``revocable`` try it refuses is taken back:
         ``_unrouted``); what the request says of the traffic (its prefix's count, request
         rates, the scratch set's judgement, the common prefix learned) at its first try
         alone: a later ``Routed`` of it, after a refusal or a try that may have reached
-        its replica, is a retry (``CountedRequests``)."""
+        its replica, is a retry (``CountedRequests``), as is a told one ``again``."""
         if self._refuses(replica, request.prompt_tokens):
             return  # nothing of it cached, evicted or prefilled there, nor a prefix's use
         retry = self._counted.retried(request)
         prep = self._prepare(request)
+        if retry is None and again:  # another copy's or worker's retry: its first try,
+            # a told one, kept nothing here; its prefix is judged as it stands now
+            retry = _Counted(not self._hot(prep.key, prep.seen)
+                             if self._sketch.halvings else None)
         self._memo.clear()  # the counts below change what _prepare would say
         now = request.arrival_s
         hot = False

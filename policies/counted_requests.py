@@ -29,7 +29,8 @@ class CountedRequests(Generic[_Kept]):
     of one of them is a retry.
 
     Only a try whose caller tells its end (``Routed.revocable``) is noted: a route another
-    gateway copy or worker process made is told once, with no end to come. Each request is
+    gateway copy or worker process made is told once, with no end to come (its later
+    tries come as new objects, marked ``Routed.again``). Each request is
     held by identity: the object itself is kept, so another request can never take its
     ``id``. A count-min sketch's conservative update or a learner's window cannot be taken
     back exactly, so a retry must be known as one when its ``Routed`` comes, not undone

@@ -31,7 +31,8 @@ What it learns (the key depth's counts, the common prefix) counts each request o
 first ``Routed``. A retry on another replica, after a refusal (``Unrouted``) or after a try
 that may have reached its replica (timed out), is the same prompt again
 (``CountedRequests``); counted twice, a document's rungs read as a prefix whose extensions
-come back, and its next question was keyed as a new branch.
+come back, and its next question was keyed as a new branch. Another copy's or worker's
+retry, told as a new object, comes marked (``Routed.again``) and counts nothing either.
 """
 
 from __future__ import annotations
@@ -278,6 +279,8 @@ class PrefixAffinity(Policy):
         if not isinstance(event, Routed) or event.request.affinity_key is not None:
             return
         request = event.request
+        if event.again:
+            return  # a told retry: counted at its first told try (another copy's, worker's)
         if event.revocable:  # (else no retry nor end of it is told)
             if self._counted.retried(request) is not None:
                 return  # counted at its first try (the same prompt, on another replica)

@@ -1,0 +1,156 @@
+"""A request a gateway copy or worker process tries on several replicas is told to its peers
+and sibling workers at each try; there each told try is a new object, and the receiving
+policy counts the request's share of the traffic once (the frame marks the later tries),
+while what each try suggests of its replica's cache stays."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.peer_config import PeersConfig
+from gateway.peer_wire import (
+    HEAD_BYTES,
+    RoutedElsewhere,
+    ToldRequests,
+    WireError,
+    frame_length,
+    parse_frame,
+    routed_frame,
+)
+from gateway.peers import Peers
+from policies.base import Routed, RouteRequest
+from policies.cost import Cost, CostConfig
+from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from tests.support.route_documents import FLEET, document, paired_workers
+from tests.support.waiting import wait_until_async
+
+SECRET = "a-peer-secret-of-some-length"
+REPLICAS = [view.id for view in FLEET]
+# each request is tried on these replicas, in order, the last answering
+TRIES = [("r0",), ("r1", "r2"), ("r3", "r0", "r1"), ("r2",), ("r3", "r2")]
+
+
+def _read(frame: bytes) -> RoutedElsewhere:
+    _, kind = frame_length(frame[:HEAD_BYTES])
+    got = parse_frame(kind, frame[HEAD_BYTES:], 0.0)
+    assert isinstance(got, RoutedElsewhere)
+    return got
+
+
+def test_a_later_try_reads_back_marked_and_a_first_try_as_before() -> None:
+    req = document(1)
+    told = ToldRequests()
+    first, later = (_read(routed_frame(req, "r1", told.again(req))) for _ in range(2))
+    assert (first.again, later.again) == (False, True)
+    assert b"again" not in routed_frame(req, "r1")  # a first try's meta is as it was
+    assert not told.again(document(1))  # an equal request, another object: a first try
+    bad = routed_frame(req, "r1", True).replace(b'"again":true', b'"again":1234')
+    with pytest.raises(WireError, match="'again' is int, not a boolean"):
+        _read(bad)
+
+
+def test_the_requests_told_are_held_while_they_live() -> None:
+    told = ToldRequests()
+    kept = [document(seed) for seed in range(5)]
+    for req in kept:
+        told.again(req)
+    for seed in range(100):  # requests that end once told
+        told.again(document(100 + seed))
+    gc.collect()
+    assert len(told) == len(kept)
+    assert all(told.again(req) for req in kept)
+
+
+class _Copy:
+    def __init__(self, addresses: list[str], policy: Cost) -> None:
+        self.fleet = Fleet([ReplicaConfig(rid, f"http://127.0.0.1:{9 + i}")
+                            for i, rid in enumerate(REPLICAS)])
+        self.policy = policy
+        self.peers = Peers(PeersConfig(listen="127.0.0.1:0", addresses=addresses,
+                                       secret=SECRET), self.fleet, policy)
+        self.fleet.outbox = self.peers
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[_Copy, _Copy]]:
+    """``b`` listens; ``a`` sends to it."""
+    b = _Copy([], Cost(CostConfig(prefill_s_per_token=1e-4)))
+    await b.peers.start()
+    assert b.peers.address is not None
+    a = _Copy([f"{b.peers.address[0]}:{b.peers.address[1]}"], Cost())
+    await a.peers.start()
+    try:
+        await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
+        yield a, b
+    finally:
+        await a.peers.stop()
+        await b.peers.stop()
+
+
+def _tried(tell: Callable[[RouteRequest, str], None], requests: list[RouteRequest]) -> int:
+    """Tell each request's tries (``TRIES``) through ``tell``: the routes told."""
+    told = 0
+    for i, req in enumerate(requests):
+        for rid in TRIES[i % len(TRIES)]:
+            tell(req, rid)
+            told += 1
+    return told
+
+
+async def test_a_peers_retry_counts_once_and_each_try_teaches_its_replica(
+        pair: tuple[_Copy, _Copy]) -> None:
+    a, b = pair
+    requests = [document(seed) for seed in range(10)]
+    told = _tried(a.peers.routed, requests)
+    await wait_until_async(lambda: b.peers.counts.frames_received == told, 5.0,
+                           "b hears every try")
+    assert b.policy._routed == len(requests)  # each request once, not each try
+    key = b.policy._prepare(document(2)).key  # tried on three replicas
+    assert b.policy._sketch.estimate(key) == 1
+    held = {rid: model.used for rid, model in b.policy._models.models()}
+    assert all(held.get(rid, 0) > 0 for rid in REPLICAS)  # every try's replica holds some
+
+
+async def test_a_peers_retry_passed_on_to_the_other_workers_counts_once(
+        pair: tuple[_Copy, _Copy]) -> None:
+    a, b = pair
+    sibling = PrefixAffinity(PrefixAffinityConfig(chunk_chars=64))
+    once = PrefixAffinity(PrefixAffinityConfig(chunk_chars=64))
+    forwarder, receiver = paired_workers(b_policy=sibling)
+    b.peers.forward = forwarder.routed
+    try:
+        requests = [document(seed) for seed in range(10)]
+        told = _tried(a.peers.routed, requests)
+        await wait_until_async(lambda: receiver.received == told, 5.0,
+                               "the sibling hears every try, passed on")
+        for req in requests:  # as the sibling would learn each request told once
+            once.observe(_routed_once(req))
+        assert sibling._depth._sketch is not None and once._depth._sketch is not None
+        assert sibling._depth._sketch._counts == once._depth._sketch._counts
+    finally:
+        forwarder.stop()
+        receiver.stop()
+
+
+def _routed_once(req: RouteRequest) -> Routed:
+    return Routed(_read(routed_frame(req, "r0")).request, "r0", revocable=False)
+
+
+async def test_a_workers_retry_counts_once_at_the_other_worker() -> None:
+    a, b = paired_workers()
+    try:
+        requests = [document(seed) for seed in range(10)]
+        told = _tried(a.routed, requests)
+        await wait_until_async(lambda: b.received == told, 5.0, "b hears every try")
+        assert isinstance(b.policy, Cost)
+        assert b.policy._routed == len(requests)
+        held = {rid: model.used for rid, model in b.policy._models.models()}
+        assert all(held.get(rid, 0) > 0 for rid in REPLICAS)
+    finally:
+        a.stop()
+        b.stop()
