@@ -51,8 +51,9 @@ One whose ``[DONE]`` came while a choice it began had no finish reason was cut t
 (vLLM and SGLang end every choice with one before ``[DONE]``): the client gets an error
 event in place of that ``[DONE]``, and the answer is counted failed. A stream of several
 choices has each one's finish noted as its events are relayed (``_Choices``); one of a
-single choice is judged from its last bytes when its ``[DONE]`` comes
-(``_finish_unseen``), and passes where they cannot tell. A stream whose last event came
+single choice notes as its bytes are read whether a finish reason came, and one that is
+not null (``_OneFinish``), however long its last events, and passes where its writer
+tells none. A stream whose last event came
 right after a piece of an event (its data no JSON: a write cut short, then the end) is
 relayed as it came, and counted failed.
 """
@@ -141,6 +142,7 @@ _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
 # reason. JSON strings escape their quotes: no content holds these bytes
 _CHOICE_INDEX = re.compile(rb'"choices":\s*\[\s*\{\s*"index":\s*(\d{1,9})')
 _FINISH_KEY = b'"finish_reason"'
+_FINISH_TOLD = re.compile(rb'"finish_reason"\s*:\s*[^n\s]')  # one that is not null
 # a Responses stream event's number
 _SEQUENCE_KEY = b'"sequence_number"'
 _SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d{1,18})')
@@ -170,8 +172,8 @@ class AnswerSigns(NamedTuple):
     # an OpenAI completion's or chat's stream of several choices: each of them ends with a
     # finish reason (``_Choices``)
     choices: bool = False
-    # an OpenAI completion's or chat's stream of one choice: its finish reason is among its
-    # last events (``_finish_unseen``)
+    # an OpenAI completion's or chat's stream of one choice: a finish reason that is not
+    # null comes before its [DONE] (``_OneFinish``)
     last_finish: bool = False
     # a non-streamed answer is one JSON value: held whole, one that does not parse, or whose
     # compressed stream ends short, was cut (``_read_held``)
@@ -196,7 +198,7 @@ def answer_signs(path: str, several_choices: bool = True) -> AnswerSigns:
     chat's stream is judged choice by choice where the request asks several choices
     (``several_choices``: its prompts times its ``n`` over one), else by its last events
     alone: a stream of one choice never has one unfinished while another finished, and
-    noting its choices would cost each of its events a search."""
+    noting its choices would cost each of its events a search and a parse."""
     signs = _SIGNS.get(path, _PLAIN)
     if signs.choices and not several_choices:
         return signs._replace(choices=False, last_finish=True)
@@ -387,6 +389,8 @@ class UpstreamStream:
         self._choices = _Choices() if self.stream and signs.choices else None
         # a completion's or chat's stream whose [DONE] is still to be judged (``_judged``)
         self._judging = self.stream and (signs.choices or signs.last_finish)
+        # ... of one choice: whether it finished, noted as its bytes are read
+        self._finish = _OneFinish() if self.stream and signs.last_finish else None
         self._held_bytes = 0
         self._usage: tuple[Usage | None] | None = None  # read once, at the end (usage())
         # a stream's last JSON event's data and value, parsed at its end (``_stream_end``)
@@ -403,6 +407,8 @@ class UpstreamStream:
             else self._error_in(start)
         if self.error_status is None and not self.stream and self.status < 400:
             self.error_status = _error_object(first_chunk)
+        if self._finish is not None:
+            self._finish.note(first_chunk)
         # a known answer's success relayed past ``buffer_bytes``: what tells it cut under
         # a clean end, followed as its bytes pass (``_LongAnswer``)
         self._long = _LongAnswer.of(response, signs) if signs.whole_json \
@@ -500,8 +506,11 @@ class UpstreamStream:
                     if self._meta is not None:
                         self._note_meta(self._tail, chunk)
                     if self.error_status is None:  # (an event may start in the tail)
-                        self.error_status = self._error_in(self._tail[-_ERROR_LOOK_BACK:]
-                                                           + chunk)
+                        window = self._tail[-_ERROR_LOOK_BACK:] + chunk
+                        self.error_status = self._error_in(window)
+                        finish = self._finish  # (once an error came, it is not asked)
+                        if finish is not None and not finish.told:
+                            finish.note(window)
                     if not self._last_seen and self.signs.last_events:
                         self._last_seen = self._has_last_event(
                             self._tail[-responses_request.MARKER_BYTES:] + chunk)
@@ -635,16 +644,15 @@ class UpstreamStream:
     def _unfinished(self) -> str | None:
         """Which choice of the stream came without its finish reason, once its [DONE]
         came: those of several that ``_Choices`` noted unfinished, or the one choice of a
-        stream whose last events tell none (``_finish_unseen``); None when none did, or
-        when that cannot be told."""
+        stream that told finish reasons, none of them other than null (``_OneFinish``);
+        None when none did, or when that cannot be told."""
         if self._choices is not None:
             unfinished = self._choices.unfinished()
             if not unfinished:
                 return None
             return f"choice {', '.join(map(str, unfinished[:8]))} (of " \
                 f"{len(self._choices.seen)})"
-        if self.signs.last_finish and _finish_unseen(self._tail,
-                                                     len(self._tail) < _SSE_TAIL):
+        if self._finish is not None and self._finish.unfinished:
             return "its choice"
         return None
 
@@ -1394,8 +1402,8 @@ class _Choices:
     stream that tells none at all is judged by its [DONE] alone; so is one whose finish
     events do not parse where they are found (a ``data:`` line of their own), or with more
     than ``_MAX_CHOICES`` choices: no choice is then called unfinished. Only the streams of
-    requests that ask several choices are noted so (``answer_signs``); a stream of one is
-    judged from its last bytes (``_finish_unseen``)."""
+    requests that ask several choices are noted so (``answer_signs``); a stream of one
+    notes only whether its choice finished (``_OneFinish``)."""
 
     __slots__ = ("finished", "seen", "unjudged")
 
@@ -1460,35 +1468,37 @@ def _null_at(data: bytes, after: int) -> bool:
     return data[after:after + 8].lstrip(b": \t").startswith(b"null")
 
 
-def _finish_unseen(tail: bytes, whole: bool) -> bool:
-    """Whether a stream of one choice that ended with [DONE] never told its choice's finish
-    reason, read from its last bytes, ``tail`` (``whole``: all of it): no finish reason
-    in it is other than null, and one that is null is in an event that begins in it (the
-    first event in the tail is judged when it is the stream's first). vLLM and SGLang end
-    a choice with an event of its finish reason, after every event of its content, and
-    then send only a usage event (its choices empty) or, where asked, SGLang's hidden
-    states (its finish reason null, its event as long as the model's hidden size: the
-    tail holds the event whole only where it is empty, right after the finish): an event
-    of the choice's content held whole by the tail is followed by the finish in the tail
-    too, when it came. Else (a stream whose writer tells no finish reasons at all, or
-    whose last events, a long usage or a long text, fill the tail) it cannot be told: the
-    stream is judged by its [DONE] alone. Asked once, when the stream's [DONE] came; JSON
-    strings escape their quotes: no content holds the key."""
-    at = tail.find(_FINISH_KEY)
-    if at < 0:
-        return False
-    begins = 0  # where the tail's first whole event begins
-    if not whole:
-        ends = [end + len(mark) for mark in _EVENT_ENDS if (end := tail.find(mark)) >= 0]
-        begins = min(ends, default=len(tail))
-    null_whole = False  # a null finish reason in an event that begins in the tail
-    while at >= 0:
-        after = at + len(_FINISH_KEY)
-        if not _null_at(tail, after):
-            return False  # the choice's finish reason came
-        null_whole = null_whole or at >= begins
-        at = tail.find(_FINISH_KEY, after)
-    return null_whole
+class _OneFinish:
+    """Whether the choice of a completion's or chat's stream of one choice finished,
+    noted as its bytes are read, however long its events: vLLM and SGLang end a choice
+    with an event of its finish reason (after every event of its content, perhaps with
+    the last), then send a usage event (its choices empty) or, where asked, SGLang's
+    hidden states (its finish reason null, its event as long as the model's hidden
+    size); a choice that finished stays so. ``unfinished`` once finish reasons came
+    (``keyed``: the writer tells them), none of them other than null (``told``): asked
+    once, when the stream's [DONE] came. A writer that tells no finish reasons at all is
+    judged by its [DONE] alone. Each read is searched until the finish came: once for
+    the key, until it first comes, and once for a finish that is not null (a pattern
+    that starts with the key: JSON strings escape their quotes, so no content holds
+    it)."""
+
+    __slots__ = ("keyed", "told")
+
+    def __init__(self) -> None:
+        self.keyed = False  # a finish reason came, null or not
+        self.told = False  # one came that is not null: the choice finished
+
+    def note(self, window: bytes) -> None:
+        """Note a read, after the last bytes before it (``_ERROR_LOOK_BACK``, over what
+        a key and the first byte of its value split across reads need)."""
+        if not self.keyed:
+            self.keyed = _FINISH_KEY in window
+        if self.keyed and not self.told:
+            self.told = _FINISH_TOLD.search(window) is not None
+
+    @property
+    def unfinished(self) -> bool:
+        return self.keyed and not self.told
 
 
 def _event_data(event: bytes) -> bytes | None:
