@@ -2,9 +2,9 @@
 ``[DONE]``, as vLLM and SGLang write it (then perhaps the usage, its choices empty). One
 whose ``[DONE]`` came though no event told a finish reason was cut by its replica: the
 gateway counts it failed (502) and the client gets an error event in place of that
-``[DONE]``; where the stream's last bytes cannot tell (its writer tells no finish reasons,
-or a long last event fills them) it passes, as it did. A stream of several choices that
-ends with one unfinished ends the same way for the client."""
+``[DONE]``, however long its last events; where its writer tells no finish reasons it
+passes, as it did. A stream of several choices that ends with one unfinished ends the
+same way for the client."""
 
 from __future__ import annotations
 
@@ -92,7 +92,10 @@ def _through_gateway(serve: Any, events: tuple[bytes, ...], path: str, body: dic
     ((_ROLE, _chat({"content": "a"}), _DONE), _CHAT_PATH, {**_CHAT, "n": 1}),
     ((_text("a"), _text("b"), _PING, _DONE), "/v1/completions", _TEXT),
     (tuple(map(_crlf, (_text("a"), _text("b"), _DONE))), "/v1/completions", _TEXT),
-], ids=["chat", "chat_n_1", "text", "text_crlf"])
+    # last events longer than the stream's kept tail: a usage event, a content event
+    ((_ROLE, _chat({"content": "a"}), _usage(pad=9000), _DONE), _CHAT_PATH, _CHAT),
+    ((_ROLE, _chat({"content": "a" * 9000}), _DONE), _CHAT_PATH, _CHAT),
+], ids=["chat", "chat_n_1", "text", "text_crlf", "long_usage", "long_content"])
 def test_a_stream_of_one_choice_without_its_finish_reason_counts_failed(
         serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any]) -> None:
     with _through_gateway(serve, events, path, body) as (gw, r):
@@ -117,15 +120,12 @@ def test_a_stream_of_one_choice_without_its_finish_reason_counts_failed(
     # a tool call's index is no choice's
     ((_ROLE, _chat({"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]},
                    "tool_calls"), _DONE), _CHAT_PATH, _CHAT),
-    # cannot be told, passed: a writer that tells no finish reason at all; a usage event
-    # longer than the stream's tail; a last content event longer than it
+    # cannot be told, passed: a writer that tells no finish reason at all
     ((b'data: {"choices":[{"index":0,"text":"a"}]}\n\n', _DONE), "/v1/completions", _TEXT),
-    ((_ROLE, _chat({"content": "a"}), _usage(pad=9000), _DONE), _CHAT_PATH, _CHAT),
-    ((_ROLE, _chat({"content": "a" * 9000}), _DONE), _CHAT_PATH, _CHAT),
     # no choice came at all
     ((_PING, _DONE), _CHAT_PATH, _CHAT),
 ], ids=["vllm", "sglang", "sglang_hidden_states", "text", "tool_call", "no_finish_key",
-        "long_usage", "long_content", "no_choice"])
+        "no_choice"])
 def test_a_stream_of_one_choice_that_finished_or_cannot_tell_is_answered(
         serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any]) -> None:
     with _through_gateway(serve, events, path, body) as (gw, r):
