@@ -227,15 +227,17 @@ class EngineServer:
                         ) -> AsyncIterator[bytes]:
         """The request's body, within ``max_body_bytes`` and ``body_timeout_s`` (408), its
         bytes counted in ``bodies`` from their arrival until the block ends: the body
-        decoded and checked, or refused. The request keeps no copy (``read_body`` leaves
-        none on it), so a body's bytes live no longer than the caller holds them, not for
-        as long as the request runs."""
+        decoded and checked, or refused. The request keeps no copy after the block
+        (``read_body`` leaves one for a later ``request.body()``, which no route makes),
+        so a body's bytes live no longer than the caller holds them, not for as long as
+        the request runs."""
         raw = await read_body(request, min(max_body_bytes, self.bodies.limit), self.bodies,
                               keep=True, timeout_s=self.body_timeout_s)
         try:
             yield raw
         finally:
             self.bodies.give(len(raw))
+            vars(request).pop("_body", None)
 
     @property
     def max_tokenize_tokens(self) -> int:

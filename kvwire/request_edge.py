@@ -201,7 +201,8 @@ async def _read_body(request: Request, limit: int, budget: ByteBudget | None,
     finally:
         if budget is not None and not keep:
             budget.give(size)
-    return body  # (not left on the request: it would live for as long as the request runs)
+    request._body = body  # Starlette's own: a later ``request.body()`` reads it
+    return body
 
 
 class LeavingHooks(Protocol):
