@@ -2,16 +2,20 @@
 
 A request runs as the chat it stands for (``kvwire.responses_input``: the gateway routes it
 as the same chat, so both see one prompt): ``instructions``, then the stored conversation
-of ``previous_response_id`` (a 404 naming it when this replica holds none: the gateway
-sends a continuation back to the replica that answered), then ``input``; a
+of ``previous_response_id`` (a 404 naming it when this replica holds none, or holds it
+under another ``cache_salt``: the gateway sends a continuation back to the replica that
+answered), then ``input``; a
 ``text.format`` or ``tool_choice`` asking for constrained output is refused, as the chat's
 are. The answer is a response object, or its events (``response.created`` ...
 ``response.completed``, each named and numbered, no ``[DONE]`` after the last; one that
 fails ends with an ``error`` event, then the terminal ``response.failed``); its
 ``usage`` counts ``input_tokens`` (``cached_tokens`` of them) and ``output_tokens``. A
-response is stored (``store``, true unless false) as its conversation, the latest kept
-(``ResponseStore``: so many, so many characters); instructions are not carried into a
-continuation, as OpenAI's are not.
+response is stored (``store``, true unless false) as its conversation and the
+``cache_salt`` it was made under, the latest kept (``ResponseStore``: so many, so many
+characters); only a request under that same salt (none where it had none) continues it: a
+salt is a tenant's (the gateway's ``tenancy.isolate``), and another tenant's request is
+told the response does not exist, as for an id never stored. Instructions are not carried
+into a continuation, as OpenAI's are not.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from kvwire.openai_schema import (
     BadRequest,
     NotFound,
     OpenAIError,
+    check_cache_salt,
     checked_as_sent,
     decode_json,
     optional,
@@ -63,15 +68,23 @@ _RENAMED = {"max_output_tokens": "max_tokens"}
 _ECHOED = ("instructions", "previous_response_id", "tool_choice", "tools", "metadata")
 
 
+class _Stored(NamedTuple):
+    """A stored response: its conversation, and the ``cache_salt`` it was made under."""
+
+    turns: list[dict[str, Any]]
+    salt: str | None
+
+
 class ResponseStore:
-    """The conversations of the latest stored responses, by response id: ``limit`` of
-    them at most, holding ``max_chars`` characters at most in all (each conversation
-    counts all of its turns, those it shares with the one it continues too); the oldest
-    forgotten first. A conversation longer than ``max_chars`` alone is not stored."""
+    """The conversations of the latest stored responses, by response id, each with the
+    ``cache_salt`` it was made under: ``limit`` of them at most, holding ``max_chars``
+    characters at most in all (each conversation counts all of its turns, those it shares
+    with the one it continues too); the oldest forgotten first. A conversation longer than
+    ``max_chars`` alone is not stored."""
 
     def __init__(self, limit: int = STORE_LIMIT, max_chars: int = STORE_CHARS) -> None:
-        self._memo: BoundedMemo[str, list[dict[str, Any]]] = BoundedMemo(
-            limit, weight=_chars, max_weight=max_chars)
+        self._memo: BoundedMemo[str, _Stored] = BoundedMemo(
+            limit, weight=_stored_chars, max_weight=max_chars)
 
     def __len__(self) -> int:
         return len(self._memo)
@@ -81,22 +94,31 @@ class ResponseStore:
         """The stored conversations' characters, as ``_chars`` counts them."""
         return self._memo.weight
 
-    def put(self, response: str, turns: list[dict[str, Any]]) -> None:
+    def put(self, response: str, turns: list[dict[str, Any]], salt: str | None = None
+            ) -> None:
         max_chars = self._memo.max_weight
         if max_chars is None or _chars(turns) <= max_chars:  # else it would push out all
-            self._memo.put(response, turns)
+            self._memo.put(response, _Stored(turns, salt))
 
-    def get(self, response: str) -> list[dict[str, Any]] | None:
-        return self._memo.get(response, None)
+    def get(self, response: str, salt: str | None = None) -> list[dict[str, Any]] | None:
+        """The conversation of ``response`` when it was stored under ``salt``; None when it
+        was not stored, or under another salt (a salt where it had none, or none where it
+        had one): not told apart, so a tenant learns nothing of another's ids."""
+        stored = self._memo.get(response, None)
+        return stored.turns if stored is not None and stored.salt == salt else None
 
     def check_integrity(self) -> None:
         memo = self._memo
-        counted = sum(_chars(turns) for turns in memo.values())
+        counted = sum(_stored_chars(stored) for stored in memo.values())
         if counted != memo.weight or counted > (memo.max_weight or counted) \
                 or len(memo) > memo.capacity:
             raise AssertionError(f"{len(memo)} conversations (limit {memo.capacity}) "
                                  f"of {counted} characters, counted {memo.weight} (limit "
                                  f"{memo.max_weight})")
+
+
+def _stored_chars(stored: _Stored) -> int:
+    return _chars(stored.turns)
 
 
 def _chars(turns: list[dict[str, Any]]) -> int:
@@ -162,8 +184,8 @@ class ResponsesRoute:
             asked, chat = _read(raw) if inline else await asyncio.to_thread(_read, raw)
         history: list[dict[str, Any]] = []
         if asked.previous is not None:
-            stored = self.store.get(asked.previous)
-            if stored is None:
+            stored = self.store.get(asked.previous, asked.salt)
+            if stored is None:  # never stored, forgotten, or another tenant's: one answer
                 raise NotFound(f"Response with id {shown(asked.previous)} not found.",
                                param="previous_response_id")
             history = stored
@@ -188,12 +210,14 @@ class ResponsesRoute:
 class _Asked(NamedTuple):
     """A Responses body, checked, in the parts a request runs on (never the body itself):
     the fields its response echoes (``_ECHOED``), those its chat takes (``model``,
-    ``_SHARED``, ``_RENAMED`` renamed), the response it continues, whether it is stored,
-    and its ``parallel_tool_calls`` (echoed, not acted on)."""
+    ``_SHARED``, ``_RENAMED`` renamed), the response it continues and the ``cache_salt``
+    it runs under (which its stored response must have been made under), whether it is
+    stored, and its ``parallel_tool_calls`` (echoed, not acted on)."""
 
     echoed: dict[str, Any]
     chat_fields: dict[str, Any]
     previous: str | None
+    salt: str | None
     store: bool
     parallel_tool_calls: bool
 
@@ -214,12 +238,14 @@ def _read(raw: bytes) -> tuple[_Asked, ResponsesChat]:
         raise BadRequest(f"'metadata' values must be strings, got {shown(bad[1])} for "
                          f"{shown(bad[0])}", param="metadata")
     previous = optional(body, "previous_response_id", str, None)
+    # checked before the stored response is looked up under it (as the chat checks it)
+    salt = check_cache_salt(body.get("cache_salt"))
     store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
     parallel = optional(body, "parallel_tool_calls", bool, True)
     echoed = {k: body[k] for k in _ECHOED if k in body}
     chat_fields = {k: body[k] for k in ("model", *_SHARED) if k in body}
     chat_fields.update((new, body[old]) for old, new in _RENAMED.items() if old in body)
-    return _Asked(echoed, chat_fields, previous, bool(store), bool(parallel)), chat
+    return _Asked(echoed, chat_fields, previous, salt, bool(store), bool(parallel)), chat
 
 
 def _refuse_constrained(body: dict[str, Any]) -> None:
@@ -352,7 +378,8 @@ class _Answer(Generation):
 
     def _ended(self, text: str, reason: str | None) -> dict[str, Any]:
         if self.store is not None and reason != "abort":
-            self.store.put(self.rid, [*self.turns, {"role": "assistant", "content": text}])
+            self.store.put(self.rid, [*self.turns, {"role": "assistant", "content": text}],
+                           self.p.cache_salt)
         return self._response(text, reason)
 
     async def collect(self) -> dict[str, Any]:
