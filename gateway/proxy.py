@@ -121,6 +121,7 @@ _USAGE_ONLY = b'"choices":[]'
 _CONTENT_SIGNS = ((_DATA_LINE, 1), (_CR_DATA_LINE, 1), (_ROLE_ONLY, -1))
 _CONTENT_EDGE = len(_ROLE_ONLY) - 1  # bytes each side of a read's start searched for them
 _LINE_ENDS = (b"\n", b"\r")
+_COMMENT_STARTS = (b":", b"\n", b"\r")  # a line a read starting a line may begin with
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
 _HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
@@ -330,11 +331,14 @@ class UpstreamStream:
                  on_cut: Callable[[UpstreamStream], None] | None = None,
                  signs: AnswerSigns = _PLAIN,
                  relaying: set[UpstreamStream] | None = None,
-                 opening_failure: int | None = None, answer: Any = _UNPARSED) -> None:
+                 opening_failure: int | None = None, answer: Any = _UNPARSED,
+                 body_waited_s: float = 0.0) -> None:
         """``opening_failure``: the status of the failure a stream's first event told, its
         caller's judgement (``_stream_opening_failure``): those bytes are not searched
         again. ``answer``: a whole body, ``first_chunk``, parsed already (``_read_held``:
-        ``_NO_JSON`` where it is none), not parsed again."""
+        ``_NO_JSON`` where it is none), not parsed again. ``body_waited_s``: how long a
+        body's first bytes, ``first_chunk``, took to come after its first byte (the rest
+        comes within ``idle_s`` less that, ``relay``)."""
         self.replica = replica
         self.relaying = relaying  # the proxy's streams being relayed (``stop``)
         self.client: ClientWatch | None = None  # watches the client during the relay
@@ -362,6 +366,7 @@ class UpstreamStream:
         self.first_chunk = first_chunk
         self.pending = pending
         self.idle_s = idle_s
+        self._body_waited_s = body_waited_s
         self.fleet = fleet
         self.on_done = on_done
         self.on_cut = on_cut
@@ -465,8 +470,14 @@ class UpstreamStream:
     async def relay(self, watch: IdleWatch) -> AsyncGenerator[bytes, None]:
         """The answer's bytes as they come, each read from the replica waiting ``idle_s``
         at most (``watch``: the caller's, which bounds its sends to the client too, from
-        the head to the end of the body, and stops it after the last)."""
+        the head to the end of the body, and stops it after the last). The replica's quiet
+        time adds up over reads where it showed no progress: a body's reads all together
+        wait ``idle_s`` at most from its first byte (time spent sending to the client not
+        counted), and a stream's reads that brought only comment lines (keep-alives) add
+        to the wait for its next event."""
         ok = False
+        loop = asyncio.get_running_loop()
+        quiet_s = 0.0 if self.stream else self._body_waited_s  # counted in the next wait
         self.idle = watch
         if self.relaying is not None:
             self.relaying.add(self)
@@ -483,9 +494,16 @@ class UpstreamStream:
                 self._delivered = self.stream and not self._held and self._ended()
             while True:
                 watch.waiting()
+                if quiet_s:  # the wait began that much earlier
+                    assert watch.since is not None
+                    watch.since -= quiet_s
                 self._reading = True
                 chunk = await response.readany()
                 self._reading = False
+                if not self.stream or (chunk and _comments_only(self._tail, chunk)):
+                    quiet_s = loop.time() - (watch.since or 0.0)
+                else:
+                    quiet_s = 0.0
                 watch.got()
                 if self._stopping is not None:
                     raise UpstreamBroken("the gateway ended the relay")
@@ -557,7 +575,10 @@ class UpstreamStream:
                 self._broke_off("ejected" if self._ejected else "idle_timeout",
                                 "was ejected, then sent nothing for a health check "
                                 "interval" if self._ejected
-                                else f"sent nothing for over {self.idle_s} s")
+                                else f"did not send its body whole within {self.idle_s} s"
+                                if not self.stream
+                                else f"sent nothing but comments for over {self.idle_s} s"
+                                if quiet_s else f"sent nothing for over {self.idle_s} s")
         except UpstreamFailure as exc:
             if self._stopping is not None:
                 self._broke_off(self._stopping, "was cut off by the gateway's shutdown")
@@ -1081,7 +1102,8 @@ class Proxy:
                 if len(busy_after) == len(attempts) else "a replica tried is overloaded"
             raise FleetBusy(f"{overloaded}: {last} (replicas tried: {tried})",
                             max(1, math.ceil(after)))
-        error = UpstreamTimeout if last.cause in ("timeout", "deadline") else UpstreamError
+        error = UpstreamTimeout if last.cause in ("timeout", "deadline", "idle_timeout") \
+            else UpstreamError
         failed = error(f"{last} (replicas tried: {tried})", code=last.code,
                        headers={"x-should-retry": "false"} if futile else None)
         statuses = {a.status for a in attempts}
@@ -1101,6 +1123,7 @@ class Proxy:
         started = time.perf_counter()
         response: UpstreamResponse | None = None
         whole = _Held(_UNPARSED, None)  # a non-streamed answer held whole, read
+        body_waited_s = 0.0  # how long its replica kept the client waiting for the rest
         waiting = _Waiting(asyncio.current_task())
         self._waiting.setdefault(replica, set()).add(waiting)
         patience: _Patience | None = None
@@ -1155,7 +1178,7 @@ class Proxy:
             if patience is not None:  # its timer is done with
                 patience.cancel()
             if not streamed and response.status < 400:
-                first = await self._buffer(replica, response, first)
+                first, body_waited_s = await self._buffer(replica, response, first)
                 if response.is_eof():  # held whole: the client has seen nothing of it
                     whole = _read_held(first, response.headers, response.until_close,
                                        signs)
@@ -1217,24 +1240,31 @@ class Proxy:
         return UpstreamStream(replica, response, first, pending, self.timeouts.idle_s,
                               self.fleet, on_done, first_byte_s, self._cut,
                               signs, self.relaying,
-                              failed.status if failed is not None else None, whole.answer)
+                              failed.status if failed is not None else None, whole.answer,
+                              body_waited_s)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
-                      first: bytes) -> bytes:
-        """A non-streamed answer read up to ``buffer_bytes`` (the rest is relayed)."""
+                      first: bytes) -> tuple[bytes, float]:
+        """A non-streamed answer read up to ``buffer_bytes`` (the rest is relayed), and the
+        seconds that took. A body that has begun comes whole within ``idle_s`` (vLLM and
+        SGLang send it at once, when the answer is done): the whole read is bounded, not
+        each read, so a replica that trickles its body is left as a silent one is."""
         chunks, size = [first], len(first)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         try:
-            while size < self.timeouts.buffer_bytes and not response.is_eof():
-                async with asyncio.timeout(self.timeouts.idle_s):
+            async with asyncio.timeout(self.timeouts.idle_s):
+                while size < self.timeouts.buffer_bytes and not response.is_eof():
                     chunk = await response.readany()
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
         except TimeoutError:
-            raise _Retryable("idle_timeout", f"replica {replica!r} stalled mid-answer for "
-                             f"over {self.timeouts.idle_s} s") from None
-        return b"".join(chunks)
+            raise _Retryable("idle_timeout", f"replica {replica!r} began its answer but did "
+                             f"not send it whole within timeouts.idle_s "
+                             f"({self.timeouts.idle_s:g} s)", "upstream_timeout") from None
+        return b"".join(chunks), loop.time() - began
 
     def _count_failure(self, replica: str, exc: _Retryable) -> None:
         if exc.cause in ("connect", "ejected", "deadline"):
@@ -1300,6 +1330,21 @@ class _Patience:
 def _count(value: object) -> TypeGuard[int]:
     """Whether ``value`` is a token count: an int (not a bool), not negative."""
     return type(value) is int and value >= 0
+
+
+def _comments_only(before: bytes, chunk: bytes) -> bool:
+    """Whether ``chunk``, read after a stream's last bytes ``before`` (all of it when
+    shorter than ``_SSE_TAIL``), holds only comment lines (``: ping``, the keep-alives some
+    proxies send; vLLM and SGLang send none) and blank lines: no event's field, nothing a
+    client takes as progress. A line begun before the kept bytes is no comment's."""
+    if before and not before.endswith(_LINE_ENDS):  # the chunk goes on with a line
+        start = max(before.rfind(b"\n"), before.rfind(b"\r")) + 1
+        if start == 0 and len(before) >= _SSE_TAIL:
+            return False
+        chunk = before[start:] + chunk
+    elif chunk[:1] not in _COMMENT_STARTS:  # the usual read: an event's field
+        return False
+    return all(not line or line.startswith(b":") for line in chunk.splitlines())
 
 
 def _content_events(before: bytes, chunk: bytes) -> int:
