@@ -42,13 +42,13 @@ from gateway.relay_response import relay
 from gateway.request_parse import Endpoint, ParsedRequest, generates
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.responses_request import PATH as RESPONSES_PATH
-from gateway.responses_request import response_id
+from gateway.responses_request import ResponseHome, response_id, response_not_found
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
 from gateway.tracing import RequestTrace, Tracing
 from gateway.upstream_http import client_for
 from kvwire.media_parts import carries_media
-from kvwire.openai_schema import OpenAIError, ServiceUnavailable, TooManyRequests
+from kvwire.openai_schema import NotFound, OpenAIError, ServiceUnavailable, TooManyRequests
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
 from policies.base import Finished, Routed, Unrouted
 
@@ -143,7 +143,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     ``perf_counter`` at arrival)."""
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
-    stored = _stored_at(gw, intake.parsed, decision.ranked)
+    stored = _stored_at(gw, intake.parsed, intake.tenant, decision.ranked)
     if stored is not None:  # only that replica can continue the response it stored: a
         # full queue there makes the request wait, not fail at another replica for sure
         ranked = (stored, *(r for r in decision.ranked if r != stored))
@@ -219,19 +219,24 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
             lambda replica: batch * work_tokens(route_req, decision, replica), on_sent,
             on_done, intake.parsed.stream, _continues(intake.parsed), on_unsent=on_unsent,
             several_choices=several_choices)
-    except BaseException:
+    except BaseException as exc:
         if last_sent is not None:
             # no replica answered (every try failed, or the client left): the request is
             # over, and its tries that may have reached their replica (timed out, cut,
             # cancelled) stand, those refused being taken back already. Not ok, it teaches
             # no pace or slot hold
             gw.policy.observe(Finished(route_req, last_sent, ok=False))
+        if isinstance(exc, NotFound) and exc.param == "previous_response_id":
+            # no replica stores it: answered as another tenant's response is, naming no
+            # replica (the replicas asked are for the operator's log)
+            log.debug("%s", exc.message)
+            raise response_not_found(intake.parsed.body["previous_response_id"]) from None
         raise
     try:
         if intake.parsed.endpoint == "responses" and stream.status < 400:
             answered = response_id(stream.first_chunk)
             if answered is not None:
-                gw.response_homes.put(answered, stream.replica)
+                gw.response_homes.put(answered, ResponseHome(stream.replica, tenant))
         if stream.stream:
             open_now = stream.duration_s is None and gw.kv_capacity.on
             if open_now or not _asks_usage(intake.parsed):
@@ -255,15 +260,22 @@ def _continues(parsed: ParsedRequest) -> bool:
         and isinstance(parsed.body.get("previous_response_id"), str)
 
 
-def _stored_at(gw: GatewayState, parsed: ParsedRequest, ranked: tuple[str, ...]
-               ) -> str | None:
-    """The replica of ``ranked`` that answered the response a Responses request
-    continues (``previous_response_id``), when this gateway process saw it answer (else
-    the replicas are asked in turn: ``Proxy.open``'s ``stored_elsewhere``)."""
+def _stored_at(gw: GatewayState, parsed: ParsedRequest, tenant: str | None,
+               ranked: tuple[str, ...]) -> str | None:
+    """The replica of ``ranked`` that answered the response a Responses request of
+    ``tenant`` continues (``previous_response_id``), when this gateway process saw it
+    answer (else the replicas are asked in turn: ``Proxy.open``'s ``stored_elsewhere``,
+    and each holds a continuation to the ``cache_salt`` its response was made under).
+    NotFound, as for an id no replica stores, when it answered another tenant."""
     if not _continues(parsed):
         return None
-    home = gw.response_homes.get(parsed.body["previous_response_id"], None)
-    return home if home in ranked else None
+    previous = parsed.body["previous_response_id"]
+    home = gw.response_homes.get(previous, None)
+    if home is None:
+        return None
+    if home.tenant != tenant:  # never sent on: a replica may not tell tenants apart
+        raise response_not_found(previous)
+    return home.replica if home.replica in ranked else None
 
 
 def _asks_usage(parsed: ParsedRequest) -> bool:

@@ -7,17 +7,21 @@ message, then ``input``'s messages, function calls and their outputs, with the f
 ``tools`` in the chat's shape). The replica gets the body unchanged; the chat is rendered
 only to find the prefix the replicas cache (an agent's long instructions and tools, and
 the turns it sends again). ``previous_response_id`` names a response a replica
-stored; the gateway keeps which replica answered each (``RESPONSE_HOMES`` of them), so
-such a request goes back there (no other replica can continue it).
+stored; the gateway keeps which replica answered each, and for which tenant
+(``RESPONSE_HOMES`` of them), so such a request goes back there (no other replica can
+continue it), and another tenant's is told the response does not exist, as for an id no
+replica stores (``response_not_found``).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
+from kvwire.media_parts import shown
 from kvwire.openai_schema import (
     BadRequest,
+    NotFound,
     RequestFields,
     check_cache_salt,
     model_field,
@@ -28,6 +32,22 @@ from kvwire.responses_input import responses_chat
 
 PATH = "/v1/responses"
 RESPONSE_HOMES = 1 << 16  # the latest responses whose replica the gateway keeps
+
+
+class ResponseHome(NamedTuple):
+    """Where a stored response is (the replica that answered it) and whose it is (the
+    tenant of the request that made it; None: the anonymous tenant's)."""
+
+    replica: str
+    tenant: str | None
+
+
+def response_not_found(response: str) -> NotFound:
+    """The answer to a continuation of ``response`` where no replica stores it, and where
+    it is another tenant's: one answer for both (vLLM's message), so a tenant learns
+    nothing of another's ids."""
+    return NotFound(f"Response with id {shown(response)} not found.",
+                    param="previous_response_id", code="response_not_found")
 
 
 def _event_markers(*kinds: str) -> tuple[bytes, ...]:

@@ -25,7 +25,7 @@ from gateway.monitor import Monitor
 from gateway.networks import Networks
 from gateway.peers import Peers
 from gateway.proxy import Proxy
-from gateway.responses_request import RESPONSE_HOMES
+from gateway.responses_request import RESPONSE_HOMES, ResponseHome
 from gateway.routing import Router
 from gateway.shared_load import SharedLoad
 from gateway.tenancy import Tenancy
@@ -99,8 +99,9 @@ class GatewayState:
     peers: Peers | None = None  # the other gateway copies (peers in the config)
     # the routes this worker and the box's other workers tell each other (--workers N)
     worker_routes: WorkerRoutes | None = None
-    # which replica answered each recent response (Responses API), this process's own
-    response_homes: BoundedMemo[str, str] = field(
+    # which replica answered each recent response (Responses API), and for which tenant:
+    # this process's own
+    response_homes: BoundedMemo[str, ResponseHome] = field(
         default_factory=lambda: BoundedMemo(RESPONSE_HOMES))
     # what ``gateway.membership.reconcile`` last made of each discovery source's set
     source_books: dict[str, SourceBook] = field(default_factory=dict)
