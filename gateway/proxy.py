@@ -1339,8 +1339,8 @@ def _comments_only(before: bytes, chunk: bytes) -> bool:
     client takes as progress. A line begun before the kept bytes is no comment's."""
     if before and not before.endswith(_LINE_ENDS):  # the chunk goes on with a line
         start = max(before.rfind(b"\n"), before.rfind(b"\r")) + 1
-        if start == 0 and len(before) >= _SSE_TAIL:
-            return False
+        if not before.startswith(b":", start) or (start == 0 and len(before) >= _SSE_TAIL):
+            return False  # (the line goes on with an event's field: no copy, no split)
         chunk = before[start:] + chunk
     elif chunk[:1] not in _COMMENT_STARTS:  # the usual read: an event's field
         return False
