@@ -1,7 +1,8 @@
 """Admission control: at most ``max_in_flight`` requests answered at once, an optional
 bounded wait for a place, and 429 with ``Retry-After`` for the rest (``LimitsConfig``);
-and the bytes of request bodies being received (``HeldBodyBytes``), which are read before a
-request takes a place.
+the bytes of request bodies being received (``bodies``), which are read before a request
+takes a place; and the bytes of the bodies received whole, held by their requests until
+each one's answer ends (``held_bodies``: ``hold_body`` and ``let_go``).
 
 A request holds a ``Slot`` from admission until its answer ends (relayed, failed or
 abandoned); ``Slot.release`` is idempotent, so every way out may call it. Waiters get
@@ -15,11 +16,15 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
 
 from gateway.config import LimitsConfig
 from kvwire.openai_schema import OpenAIError, TooManyRequests
 from kvwire.request_edge import HeldBodyBytes
+
+# the bytes of its body a request holds (``Admission.hold_body``), in its ASGI scope
+HELD_BODY = "kvgate.held_body_bytes"
 
 
 class Slot:
@@ -42,10 +47,27 @@ class Admission:
         self.limits = limits
         self.bodies = HeldBodyBytes(limits.max_receiving_bytes, server="gateway",
                                     setting="limits.max_receiving_bytes")
+        self.held_bodies = HeldBodyBytes(limits.max_held_body_bytes, server="gateway",
+                                         setting="limits.max_held_body_bytes")
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()  # and some given up
         self.waiting = 0  # requests waiting that no place was handed to yet
         self._mean_s = 1.0  # recent mean time a slot is held
+
+    def hold_body(self, scope: MutableMapping[str, Any], size: int) -> None:
+        """Count the ``size`` bytes of a request's body, read whole, as held until its
+        answer ends (``let_go``, called once the app's call for ``scope`` returns, however
+        it ends); TooManyRequests naming ``limits.max_held_body_bytes`` past it. A body
+        already held (``/invocations`` reads it again to serve it) is not counted twice."""
+        if HELD_BODY not in scope:
+            self.held_bodies.take(size)
+            scope[HELD_BODY] = size
+
+    def let_go(self, scope: MutableMapping[str, Any]) -> None:
+        """The body ``scope``'s request held (if any) is no longer held: its answer ended."""
+        size = scope.pop(HELD_BODY, 0)
+        if size:
+            self.held_bodies.give(size)
 
     def retry_after_s(self) -> int:
         """Seconds until a place is likely free for one more request, at least 1."""

@@ -531,7 +531,9 @@ class _CountedPreflight:
 
 class _FastPath:
     """The two proxy endpoints without Starlette's router and middleware layers (a
-    measurable share of a proxied request's CPU); everything else goes to the app."""
+    measurable share of a proxied request's CPU); everything else goes to the app. The
+    body a request held (``Admission.hold_body``) is let go once its call returns: its
+    answer ended, relayed, refused or failed, or its client left."""
 
     _HANDLERS = {path: (endpoint, path) for endpoint, path in _PATHS.items()}
 
@@ -539,8 +541,15 @@ class _FastPath:
         self.app = app
         self.state = app.state
         self.boundary = boundary
+        self.admission = app.state.gw.admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self.admission.let_go(scope)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         target = self._HANDLERS.get(scope.get("path", "")) if scope["type"] == "http" else None
         if target is None or scope["method"] != "POST":
             if scope["type"] == "http":  # where a refusal's duration starts (``_proxy``

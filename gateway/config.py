@@ -29,7 +29,8 @@ Example (every key but ``replicas`` has a default)::
     limits: {max_in_flight: 1024, max_pending: 0, max_pending_s: 30,
              max_queued_tokens_per_replica: null, connections_per_replica: 256,
              max_connections: 4096, keep_alive_s: 75, max_header_bytes: 65536,
-             header_timeout_s: 10, body_timeout_s: 60, max_receiving_bytes: 268435456}
+             header_timeout_s: 10, body_timeout_s: 60, max_receiving_bytes: 268435456,
+             max_held_body_bytes: 1073741824}
     timeouts: {connect_s: 2, first_byte_s: 600, stream_first_byte_s: null, stall_s: 30,
                idle_s: 60, buffer_bytes: 1048576}
                # times are seconds: timeouts at least 0.001, health and scrape
@@ -357,7 +358,9 @@ class LimitsConfig:
     ``header_timeout_s`` (408), a body within ``body_timeout_s`` (408), all bodies still
     being received within ``max_receiving_bytes`` (429; a body is read before its
     request takes one of the ``max_in_flight`` places, and a request that would find no
-    place is refused as soon as its body is read, before it is decoded). A connection
+    place is refused as soon as its body is read, before it is decoded), and the bodies
+    read whole, each held by its request until its answer ends, within
+    ``max_held_body_bytes`` (429). A connection
     closed with its answer unsent is dropped once its client reads none of it for
     ``header_timeout_s``. Toward each replica at most
     ``connections_per_replica`` connections.
@@ -381,11 +384,17 @@ class LimitsConfig:
     # before its request takes a place, so a client that sends a head and no body holds
     # none; past this, 429
     max_receiving_bytes: int = 256 * 1024 * 1024
+    # bytes of the request bodies read whole, all requests together, each counted until its
+    # request's answer ends (relayed, failed, refused, or its client gone); past this, 429.
+    # The process holds about three times this: a body's decoded forms (parsed, the prompt
+    # routed by) stay with it (255 chat bodies of 4 MiB waiting on a slow replica, 1 GiB:
+    # 3.2 GiB resident)
+    max_held_body_bytes: int = 1024 * 1024 * 1024
 
     def validate(self) -> None:
         _positive(self, "max_in_flight", "max_pending_s", "connections_per_replica",
                   "max_connections", "keep_alive_s", "max_header_bytes", "header_timeout_s",
-                  "body_timeout_s", "max_receiving_bytes")
+                  "body_timeout_s", "max_receiving_bytes", "max_held_body_bytes")
         _seconds(self, _LEAST_TIMEOUT_S, "max_pending_s", "keep_alive_s", "header_timeout_s",
                  "body_timeout_s")
         if self.max_pending < 0:
@@ -447,6 +456,10 @@ class GatewayConfig:
             raise ValueError(f"limits.max_receiving_bytes ({self.limits.max_receiving_bytes}) "
                              f"must be at least max_body_bytes ({self.max_body_bytes}): a "
                              "body that long could never be received")
+        if self.limits.max_held_body_bytes < self.max_body_bytes:
+            raise ValueError(f"limits.max_held_body_bytes ({self.limits.max_held_body_bytes}) "
+                             f"must be at least max_body_bytes ({self.max_body_bytes}): a "
+                             "body that long could never be served")
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")
         if self.tokenizer_memo < 0:
             raise ValueError(f"tokenizer_memo must be >= 0, got {self.tokenizer_memo!r}")

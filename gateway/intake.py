@@ -41,13 +41,15 @@ class Intake(NamedTuple):
 async def read_timed_body(request: Request, gw: GatewayState, serve: bool = True) -> bytes:
     """The request's body, within ``max_body_bytes`` and ``limits.body_timeout_s``, when
     it comes uncompressed (``check_encoding``, before reading it). A request to be served
-    (``serve``; not one the admin API explains, nor a replica it adds) is then refused
-    when the gateway has no place for it (``Admission.check_room``), before anything is
-    done with its body."""
+    (``serve``; not one the admin API explains, nor a replica it adds) then holds its
+    body's bytes until its answer ends (``Admission.hold_body``: 429 past
+    ``limits.max_held_body_bytes``), and is refused when the gateway has no place for it
+    (``Admission.check_room``), before anything is done with its body."""
     check_encoding(request)
     raw = await read_body(request, gw.config.max_body_bytes, gw.admission.bodies,
                           timeout_s=gw.config.limits.body_timeout_s)
     if serve:
+        gw.admission.hold_body(request.scope, len(raw))
         gw.admission.check_room()
     return raw
 

@@ -139,7 +139,9 @@ def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConf
         max_connections=math.ceil(limits.max_connections / workers),
         connections_per_replica=math.ceil(limits.connections_per_replica / workers),
         max_receiving_bytes=max(config.max_body_bytes,
-                                math.ceil(limits.max_receiving_bytes / workers))))
+                                math.ceil(limits.max_receiving_bytes / workers)),
+        max_held_body_bytes=max(config.max_body_bytes,
+                                math.ceil(limits.max_held_body_bytes / workers))))
 
 
 def reuse_port_sockets(host: str, port: int) -> list[socket.socket]:
