@@ -71,6 +71,7 @@ from gateway.client_auth import ClientKey
 from gateway.data_parallel import MAX_RANKS, names_rank, rank_endpoint, rank_id
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.kv_capacity_estimate import CapacityEstimateConfig
+from gateway.least_seconds import LEAST_INTERVAL_S, LEAST_TIMEOUT_S, at_least
 from gateway.peer_config import PeersConfig, split_address
 from gateway.tenancy import TenancyConfig
 from gateway.tracing import TracingConfig
@@ -204,10 +205,10 @@ class TimeoutConfig:
 
     def validate(self) -> None:
         _positive(self, "connect_s", "first_byte_s", "stall_s", "idle_s", "buffer_bytes")
-        _seconds(self, _LEAST_TIMEOUT_S, "connect_s", "first_byte_s", "stall_s", "idle_s")
+        at_least(self, LEAST_TIMEOUT_S, "connect_s", "first_byte_s", "stall_s", "idle_s")
         if self.stream_first_byte_s is not None:
             _positive(self, "stream_first_byte_s")
-            _seconds(self, _LEAST_TIMEOUT_S, "stream_first_byte_s")
+            at_least(self, LEAST_TIMEOUT_S, "stream_first_byte_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +228,8 @@ class HealthConfig:
         _positive(self, "interval_s", "timeout_s", "failures_to_eject",
                   "successes_to_readmit", "models_refresh_s", "request_failures_to_eject",
                   "ejection_s")
-        _seconds(self, _LEAST_INTERVAL_S, "interval_s", "models_refresh_s")
-        _seconds(self, _LEAST_TIMEOUT_S, "timeout_s", "ejection_s")
+        at_least(self, LEAST_INTERVAL_S, "interval_s", "models_refresh_s")
+        at_least(self, LEAST_TIMEOUT_S, "timeout_s", "ejection_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,8 +249,8 @@ class ScrapeConfig:
     def validate(self) -> None:
         _positive(self, "interval_s", "timeout_s", "hit_rate_window_s",
                   "stale_after_failures", "max_bytes")
-        _seconds(self, _LEAST_INTERVAL_S, "interval_s")
-        _seconds(self, _LEAST_TIMEOUT_S, "timeout_s", "hit_rate_window_s")
+        at_least(self, LEAST_INTERVAL_S, "interval_s")
+        at_least(self, LEAST_TIMEOUT_S, "timeout_s", "hit_rate_window_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +396,7 @@ class LimitsConfig:
         _positive(self, "max_in_flight", "max_pending_s", "connections_per_replica",
                   "max_connections", "keep_alive_s", "max_header_bytes", "header_timeout_s",
                   "body_timeout_s", "max_receiving_bytes", "max_held_body_bytes")
-        _seconds(self, _LEAST_TIMEOUT_S, "max_pending_s", "keep_alive_s", "header_timeout_s",
+        at_least(self, LEAST_TIMEOUT_S, "max_pending_s", "keep_alive_s", "header_timeout_s",
                  "body_timeout_s")
         if self.max_pending < 0:
             raise ValueError(f"max_pending must be >= 0, got {self.max_pending!r}")
@@ -552,21 +553,6 @@ def _networks(name: str, values: list[str]) -> None:
             ipaddress.ip_network(net, strict=False)
         except ValueError:
             raise ValueError(f"{name}: {net!r} is not a network") from None
-
-
-# the least seconds a config takes: a loop's period (health checks, scrapes) shorter than
-# ``_LEAST_INTERVAL_S`` spins a core; a timeout shorter than ``_LEAST_TIMEOUT_S`` no answer
-# meets (a typo's 1e-9 for 1e9 is refused, not served as a gateway that fails everything)
-_LEAST_INTERVAL_S = 0.01
-_LEAST_TIMEOUT_S = 0.001
-
-
-def _seconds(obj: object, least: float, *names: str) -> None:
-    """``names``, times known > 0 (``_positive``), are at least ``least`` seconds."""
-    for name in names:
-        value = getattr(obj, name)
-        if value < least:
-            raise ValueError(f"{name} must be at least {least:g} s, got {value!r}")
 
 
 def _positive(obj: object, *names: str) -> None:

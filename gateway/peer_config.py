@@ -7,12 +7,15 @@ Example (two copies behind a Kubernetes Service, found through a headless one)::
 
     peers: {listen: "0.0.0.0:8002", addresses: ["kvgate-peers.llm.svc:8002"],
             secret_env: KVGATE_PEER_SECRET}
+
+Times are seconds: ``resolve_s`` at least 0.01, ``pending_s`` at least 0.001.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.least_seconds import LEAST_INTERVAL_S, LEAST_TIMEOUT_S, at_least
 from gateway.peer_wire import MAX_FRAME
 from kvwire.secret_source import resolve_secret
 
@@ -68,6 +71,8 @@ class PeersConfig:
         for key in ("resolve_s", "queue_frames", "queue_bytes", "pending_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        at_least(self, LEAST_INTERVAL_S, "resolve_s")  # a lookup every resolve_s
+        at_least(self, LEAST_TIMEOUT_S, "pending_s")
         if self.queue_bytes < MAX_FRAME:  # one large frame would overflow the link each time
             raise ValueError(f"queue_bytes must be at least one frame's limit ({MAX_FRAME}), "
                              f"got {self.queue_bytes!r}")

@@ -6,7 +6,7 @@ Example::
       - type: dns                 # A (else AAAA) records of a headless Service
         name: vllm-headless.llm.svc.cluster.local
         port: 8000
-        interval_s: 10
+        interval_s: 10            # times are seconds: at least 0.01 (timeout_s 0.001)
         replica: {api_key_env: VLLM_API_KEY, kv_events_port: 5557}
       - type: kubernetes          # EndpointSlices of a Service (or pods by label)
         namespace: llm
@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+
+from gateway.least_seconds import LEAST_INTERVAL_S, LEAST_TIMEOUT_S, at_least
 
 if TYPE_CHECKING:  # gateway.config lists the sources: imported late, where needed
     from gateway.config import ReplicaConfig
@@ -109,6 +111,8 @@ class DNSSourceConfig:
         for key in ("interval_s", "timeout_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        at_least(self, LEAST_INTERVAL_S, "interval_s")  # a lookup every interval_s
+        at_least(self, LEAST_TIMEOUT_S, "timeout_s")
         if not self.record_types:
             raise ValueError("record_types must name A, AAAA or both")
         for server in self.nameservers:  # as the resolver takes them: else found at start
@@ -202,6 +206,8 @@ class KubernetesSourceConfig:
         for key in ("resync_s", "retry_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        # a full list every resync_s; after a failure one every retry_s, at first
+        at_least(self, LEAST_INTERVAL_S, "resync_s", "retry_s")
 
 
 DiscoverySourceConfig = DNSSourceConfig | KubernetesSourceConfig
