@@ -165,15 +165,17 @@ def checked_ids(params: EmbeddingParams, encoded: Sequence[Sequence[int]], *,
                              f"[0, {vocab_size})", param="input")
         total += len(ids)
         if total > MAX_TOTAL_TOKENS:
-            raise too_many_in_all()
+            raise too_many_in_all(i, total)
         out.append(ids)
     return out
 
 
-def too_many_in_all() -> BadRequest:
-    """The refusal of inputs holding more than ``MAX_TOTAL_TOKENS`` in all."""
-    return BadRequest(f"the inputs hold more than {MAX_TOTAL_TOKENS} tokens in all; send "
-                      "fewer per request", param="input")
+def too_many_in_all(index: int, at_least: int) -> BadRequest:
+    """The refusal of inputs holding more than ``MAX_TOTAL_TOKENS`` in all: inputs
+    0..``index`` hold ``at_least`` tokens at least."""
+    return BadRequest(f"inputs 0..{index} hold at least {at_least} tokens, more than "
+                      f"{MAX_TOTAL_TOKENS} tokens in all; send fewer per request",
+                      param="input")
 
 
 def check_dimensions(params: EmbeddingParams, embedder: SimEmbedder) -> None:

@@ -96,7 +96,7 @@ class EmbeddingsRoute:
                                           in_all=MAX_TOTAL_TOKENS)
         except TooManyTokens as exc:
             if exc.in_all:
-                raise too_many_in_all() from None
+                raise too_many_in_all(exc.index, exc.at_least) from None
             raise embedding_context_error(exc.at_least, srv.max_model_len, at_least=True) from None
 
     async def _pool(self, request: HTTPRequest, rid: str, ids: list[list[int]]) -> None:

@@ -1,11 +1,13 @@
 """``/v1/embeddings`` refuses inputs holding more than 300,000 tokens in all (400 naming the
-bound) as soon as those it has encoded pass it: a batch of many inputs, each within the
-context, is not encoded whole first, with or without ``truncate_prompt_tokens``. A batch
-that fits, up to the bound's last token, is encoded exactly and served."""
+bound, the inputs read and their tokens) as soon as those it has encoded pass it: a batch of
+many inputs, each within the context, is not encoded whole first, with or without
+``truncate_prompt_tokens``. A batch that fits, up to the bound's last token, is encoded
+exactly and served."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -66,6 +68,11 @@ async def test_inputs_past_the_bound_in_all_are_refused_once_those_read_pass_it(
         error = r.json()["error"]
         assert error["param"] == "input"
         assert f"more than {MAX_TOTAL_TOKENS} tokens in all" in error["message"]
+        # the count: the inputs up to the one that passes the bound, and their tokens
+        counted = re.search(r"inputs 0\.\.(\d+) hold at least (\d+) tokens", error["message"])
+        assert counted is not None, error["message"]
+        assert int(counted[1]) == PASSING - 1
+        assert MAX_TOTAL_TOKENS < int(counted[2]) <= PASSING * TEXT_TOKENS
         # some 1,000,000 tokens sent: no more read than the bound's and one group
         assert sum(recording.given) <= READ_BOUND < MAX_INPUTS * len(TEXT)
 
@@ -96,3 +103,14 @@ def test_encoding_many_in_all_stops_at_the_text_that_passes_a_bound() -> None:
     assert len(proven) == 2 and proven[1].ids is None and proven[1].at_least > 512
     left = bounded.encode_many_in_all([short, huge], 1 << 20, 300)
     assert len(left) == 2 and left[1].ids is None and 20 + left[1].at_least > 300
+
+
+async def test_token_id_inputs_past_the_bound_in_all_are_refused_with_their_count() -> None:
+    async with served() as (http, recording):
+        r = await _embed(http, recording, {"input": [[7] * TEXT_TOKENS] * MAX_INPUTS})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "input"
+        assert error["message"].startswith(
+            f"inputs 0..{PASSING - 1} hold at least {PASSING * TEXT_TOKENS} tokens, more "
+            f"than {MAX_TOTAL_TOKENS} tokens in all"), error["message"]
