@@ -138,6 +138,16 @@ def _token_ids(tokens: list[Any]) -> list[int]:
     return ids
 
 
+def _check_in_all(encoded: Sequence[Sequence[int]], keep: int | None, in_all: int) -> None:
+    """TooManyTokens (``in_all`` set) at the first of ``encoded`` whose tokens, each text's
+    counted to ``keep``, take their sum past ``in_all``."""
+    total = 0
+    for i, ids in enumerate(encoded):
+        total += len(ids) if keep is None else min(len(ids), keep)
+        if total > in_all:
+            raise TooManyTokens(i, total, in_all=True)
+
+
 class EngineServer:
     """Owns the async engine, metrics and tokenizer of one served model."""
 
@@ -261,9 +271,14 @@ class EngineServer:
         text's: the caller truncates); ``in_all`` (with ``within`` or ``keep``), the texts'
         tokens in all (each counted to ``keep``): encoding stops at the text that takes
         their sum past it, raising TooManyTokens with ``in_all`` set, so a batch of many
-        texts is not encoded whole before its sum is known."""
+        texts is not encoded whole before its sum is known (a short batch, encoded on the
+        event loop, is counted after)."""
+        assert in_all is None or within is not None or keep is not None, \
+            "encode_texts: in_all is kept only with within or keep"
         if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
             encoded = self.tokenizer.encode_many(texts)  # a few hundred tokens at most
+            if in_all is not None:
+                _check_in_all(encoded, keep, in_all)
         else:
             encoded = await asyncio.to_thread(self._encode_bounded, texts, within, keep,
                                               in_all)

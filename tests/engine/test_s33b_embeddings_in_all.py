@@ -16,6 +16,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from engine.embedding_schema import MAX_INPUTS, MAX_TOTAL_TOKENS
+from engine.generate_params import TooManyTokens
 from engine.server import EngineServer, build_app
 from engine.sim_embedding import SimEmbedder, seed_of
 from kvwire.bounded_encoding import WHOLE_PIECE_CHARS
@@ -114,3 +115,19 @@ async def test_token_id_inputs_past_the_bound_in_all_are_refused_with_their_coun
         assert error["message"].startswith(
             f"inputs 0..{PASSING - 1} hold at least {PASSING * TEXT_TOKENS} tokens, more "
             f"than {MAX_TOTAL_TOKENS} tokens in all"), error["message"]
+
+
+async def test_a_short_batch_encoded_on_the_event_loop_is_bounded_in_all_too() -> None:
+    srv = EngineServer(served_core(num_blocks=64), _tokenizer(), model_name="tiny",
+                       sleep_modeled_time=False)
+    short = "ab " * 10  # 20 tokens; three of them well within the inline characters
+    assert await srv.encode_texts([short] * 3, within=512, in_all=60) == \
+        [_tokenizer().encode(short)] * 3
+    # each counted whole, or to its last ``keep``: the first to take the sum past names it
+    for keep, in_all, index, at_least in [(None, 59, 2, 60), (15, 50, 3, 60)]:
+        with pytest.raises(TooManyTokens) as refused:
+            await srv.encode_texts([short] * 5, within=512, keep=keep, in_all=in_all)
+        assert (refused.value.index, refused.value.at_least, refused.value.in_all) == \
+            (index, at_least, True)
+    with pytest.raises(AssertionError, match="in_all"):  # no bound to keep it with
+        await srv.encode_texts([short], in_all=10)
