@@ -301,7 +301,7 @@ class EngineServer:
             out, total = [], 0
             for i, text in enumerate(texts):
                 out.append(tok.bounded.encode_tail(text, keep))
-                total += min(len(out[-1]), keep)
+                total += len(out[-1])  # encode_tail gives at most keep
                 if in_all is not None and total > in_all:
                     raise TooManyTokens(i, total, in_all=True)
             return out
