@@ -11,7 +11,7 @@ import pytest
 
 from engine.server import EngineServer, build_app
 from tests.support.engine_cores import HeldExecutor
-from tests.support.engine_servers import running_engine
+from tests.support.s33_engine_held import held_engine
 from tests.support.stalled_client import post_then_stall
 from tests.support.waiting import wait_until_async
 
@@ -21,13 +21,8 @@ MODEL = "tiny-sim"
 @pytest.fixture
 async def server() -> AsyncIterator[EngineServer]:
     """A sim engine whose steps wait until its executor's ``release`` is set."""
-    async with running_engine(MODEL, HeldExecutor) as srv:
-        held = srv.core.executor
-        assert isinstance(held, HeldExecutor)
-        try:
-            yield srv
-        finally:
-            held.release.set()
+    async with held_engine(MODEL) as srv:
+        yield srv
 
 
 async def test_a_responses_stream_stuck_on_its_opening_events_aborts(

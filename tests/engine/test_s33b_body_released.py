@@ -21,7 +21,7 @@ from engine.generation import AnswerStream
 from engine.responses_route import ResponsesRoute
 from engine.server import EngineServer
 from tests.support.engine_cores import HeldExecutor
-from tests.support.engine_servers import running_engine
+from tests.support.s33_engine_held import held_engine
 
 MODEL = "tiny-sim"
 MARK = "s33b-unused-field-of-the-body"  # sent in ``user``, which the engine never serves
@@ -30,13 +30,8 @@ MARK = "s33b-unused-field-of-the-body"  # sent in ``user``, which the engine nev
 @pytest.fixture
 async def server() -> AsyncIterator[EngineServer]:
     """A sim engine whose steps wait until its executor's ``release`` is set."""
-    async with running_engine(MODEL, HeldExecutor) as srv:
-        held = srv.core.executor
-        assert isinstance(held, HeldExecutor)
-        try:
-            yield srv
-        finally:
-            held.release.set()
+    async with held_engine(MODEL) as srv:
+        yield srv
 
 
 def _sent_once(raw: bytes, path: str) -> Request:
