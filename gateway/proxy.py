@@ -355,10 +355,14 @@ class UpstreamStream:
         self.duration_s: float | None = None  # from sending to the last byte, once closed
         self.response = response
         self.status = response.status
+        events = "text/event-stream" in response.headers.get("content-type", "")
         # an encoded stream (gzip from a compressing hop) has no events to read: it is
         # relayed as a body, bytes unchanged, a cut shown by the dropped connection
-        self.stream = "text/event-stream" in response.headers.get("content-type", "") \
+        self.stream = events \
             and response.headers.get("content-encoding", "identity").lower() in _IDENTITY
+        # an answer that is no event stream comes whole within ``idle_s`` of its first
+        # byte (``relay``); an event stream, encoded or not, within ``idle_s`` of each read
+        self._whole_within_idle = not events
         self.headers = forward_headers(response.headers, _SERVER_OWN)
         length = response.headers.get("content-length")
         if length is not None and not self.stream:
@@ -471,13 +475,15 @@ class UpstreamStream:
         """The answer's bytes as they come, each read from the replica waiting ``idle_s``
         at most (``watch``: the caller's, which bounds its sends to the client too, from
         the head to the end of the body, and stops it after the last). The replica's quiet
-        time adds up over reads where it showed no progress: a body's reads all together
-        wait ``idle_s`` at most from its first byte (time spent sending to the client not
-        counted), and a stream's reads that brought only comment lines (keep-alives) add
-        to the wait for its next event."""
+        time adds up over reads where it showed no progress: the reads of a body that is
+        no event stream all together wait ``idle_s`` at most from its first byte (time
+        spent sending to the client not counted), and a stream's reads that brought only
+        comment lines (keep-alives) add to the wait for its next event. An encoded stream
+        (no events read in its bytes) shows progress with each read."""
         ok = False
         loop = asyncio.get_running_loop()
-        quiet_s = 0.0 if self.stream else self._body_waited_s  # counted in the next wait
+        # counted in the next wait
+        quiet_s = self._body_waited_s if self._whole_within_idle else 0.0
         self.idle = watch
         if self.relaying is not None:
             self.relaying.add(self)
@@ -500,7 +506,8 @@ class UpstreamStream:
                 self._reading = True
                 chunk = await response.readany()
                 self._reading = False
-                if not self.stream or (chunk and _comments_only(self._tail, chunk)):
+                if self._whole_within_idle or (
+                        self.stream and chunk and _comments_only(self._tail, chunk)):
                     quiet_s = loop.time() - (watch.since or 0.0)
                 else:
                     quiet_s = 0.0
@@ -576,7 +583,7 @@ class UpstreamStream:
                                 "was ejected, then sent nothing for a health check "
                                 "interval" if self._ejected
                                 else f"did not send its body whole within {self.idle_s} s"
-                                if not self.stream
+                                if self._whole_within_idle
                                 else f"sent nothing but comments for over {self.idle_s} s"
                                 if quiet_s else f"sent nothing for over {self.idle_s} s")
         except UpstreamFailure as exc:

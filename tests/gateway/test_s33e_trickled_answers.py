@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,9 @@ def replica(how: str) -> ASGI:
     """A replica whose completions begin at once and then trickle (``how``): ``body`` a
     JSON body's first byte, then a space every 0.05 s; ``long_body`` 4 KB of it first;
     ``comments`` a stream's first event, then a comment line every 0.05 s; ``keepalive``
-    a whole stream with comment lines between its events; ``whole`` a whole JSON answer.
+    a whole stream with comment lines between its events; ``gzip_stream`` a stream
+    gzip-encoded (by a compressing hop), an event every 0.05 s for 1 s, then its end;
+    ``whole`` a whole JSON answer.
     A trickle ends after ``TRICKLE_FOR_S`` or when the gateway hangs up."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -49,16 +52,28 @@ def replica(how: str) -> ASGI:
             return
         while (await receive()).get("more_body"):
             pass
-        streamed = how in ("comments", "keepalive")
+        streamed = how in ("comments", "keepalive", "gzip_stream")
         kind = b"text/event-stream" if streamed else b"application/json"
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", kind)]})
+        headers = [(b"content-type", kind)]
+        if how == "gzip_stream":
+            headers.append((b"content-encoding", b"gzip"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
 
         async def part(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
         if how == "whole":
             await send({"type": "http.response.body", "body": json.dumps(WHOLE).encode()})
+            return
+        if how == "gzip_stream":
+            gzip = zlib.compressobj(wbits=31)
+            for _ in range(20):  # 1 s in all, twice idle_s
+                await part(gzip.compress(b"data: " + json.dumps(EVENT).encode() + b"\n\n")
+                           + gzip.flush(zlib.Z_SYNC_FLUSH))
+                await asyncio.sleep(0.05)
+            await send({"type": "http.response.body", "body": gzip.compress(
+                b"data: " + json.dumps(LAST).encode() + b"\n\ndata: [DONE]\n\n")
+                + gzip.flush()})
             return
         if how == "keepalive":
             await part(b"data: " + json.dumps(EVENT).encode() + b"\n\n")
@@ -148,6 +163,16 @@ def test_comments_between_events_reach_the_client_and_the_stream_ends_whole(
     r = post(gw, stream=True)
     assert r.status_code == 200 and r.text.count(": keep-alive") == 3
     assert r.text.endswith("data: [DONE]\n\n") and "error" not in r.text
+
+
+def test_an_encoded_stream_whose_events_keep_coming_is_relayed_whole(serve: Serve) -> None:
+    # relayed as bytes (no events read in them): each read is progress, held to idle_s
+    # read by read as a stream is, never to idle_s in all as a non-streamed body
+    gw = gateway(serve, [serve(replica("gzip_stream"))])
+    r = post(gw, stream=True)
+    assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
+    assert r.text.count("data: ") == 22 and r.text.endswith("data: [DONE]\n\n"), r.text
+    assert metric(gw, "kvgate_upstream_cuts_total") == 0
 
 
 @pytest.mark.parametrize("before, chunk, only", [
