@@ -66,7 +66,10 @@ async def _held_while_running(server: EngineServer,
     assert isinstance(held, HeldExecutor)
     raw = json.dumps({"model": MODEL, "user": MARK, **body}).encode()
     kept = [raw]
-    task = asyncio.create_task(route(_sent_once(raw, path)))
+    # the request lives on until the check, as the server's does while its answer runs
+    # (a stream's route has returned by then, and keeps no reference to it)
+    request = _sent_once(raw, path)
+    task = asyncio.create_task(route(request))
     del raw
     try:
         assert await asyncio.to_thread(held.entered.wait, 10)
