@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from gateway import peers as peers_module
-from gateway.config import GatewayConfig, ReplicaConfig, parse_config
+from gateway.config import GatewayConfig, parse_config
 from gateway.fleet import Fleet
 from gateway.peer_config import PeersConfig
 from gateway.peer_wire import (
@@ -42,18 +42,14 @@ from gateway.peers import (
     HANDSHAKE_S,
     MAX_HANDSHAKES,
     MAX_HANDSHAKES_PER_ADDRESS,
-    Peers,
     _PeerTable,
 )
 from gateway.state import build_state
 from policies.base import Routed, RouteRequest
 from policies.config import ConfigError
-from policies.cost import Cost, CostConfig
 from policies.prompt_chunks import text_chunks
+from tests.support.s33_peer_copies import REPLICAS, SECRET, PeerCopy, linked_pair
 from tests.support.waiting import wait_until_async
-
-SECRET = "a-peer-secret-of-some-length"
-REPLICAS = [ReplicaConfig(f"r{i}", f"http://127.0.0.1:{9 + i}") for i in range(4)]
 
 
 def _parse(frame: bytes) -> object:
@@ -150,43 +146,15 @@ def test_peers_need_a_long_secret_and_addresses_that_parse() -> None:
     assert not parse_config(base).peers.on  # off unless configured
 
 
-class _Copy:
-    """One gateway copy's fleet, policy and peers."""
-
-    def __init__(self, addresses: list[str], secret: str = SECRET,
-                 listen: str = "127.0.0.1:0") -> None:
-        self.fleet = Fleet(list(REPLICAS))
-        self.policy = Cost(CostConfig(prefill_s_per_token=1e-4))
-        self.peers = Peers(PeersConfig(listen=listen, addresses=addresses,
-                                       secret=secret), self.fleet, self.policy)
-        self.fleet.outbox = self.peers
-
-    def queued(self, replica: str) -> tuple[int, int]:
-        view = next(v for v in self.fleet.views() if v.id == replica)
-        return view.queued_tokens, view.in_flight
-
-    def address(self) -> str:
-        assert self.peers.address is not None
-        return f"{self.peers.address[0]}:{self.peers.address[1]}"
-
-
 @pytest.fixture
-async def pair() -> AsyncIterator[tuple[_Copy, _Copy]]:
+async def pair() -> AsyncIterator[tuple[PeerCopy, PeerCopy]]:
     """``b`` listens; ``a`` sends to it."""
-    b = _Copy([])
-    await b.peers.start()
-    a = _Copy([b.address()])
-    await a.peers.start()
-    try:
-        await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
-        yield a, b
-    finally:
-        await a.peers.stop()
-        await b.peers.stop()
+    async with linked_pair() as copies:
+        yield copies
 
 
 async def test_a_peer_sees_the_prefill_another_copy_left_pending(
-        pair: tuple[_Copy, _Copy]) -> None:
+        pair: tuple[PeerCopy, PeerCopy]) -> None:
     a, b = pair
     pending = a.fleet.sent("r1", 1500)
     await wait_until_async(lambda: b.queued("r1") == (1500, 1), 5.0,
@@ -201,7 +169,7 @@ async def test_a_peer_sees_the_prefill_another_copy_left_pending(
 
 
 async def test_a_peer_learns_where_another_copy_sent_a_document(
-        pair: tuple[_Copy, _Copy]) -> None:
+        pair: tuple[PeerCopy, PeerCopy]) -> None:
     a, b = pair
     text = _document(3)
     views = b.fleet.views()
@@ -217,7 +185,7 @@ async def test_a_peer_learns_where_another_copy_sent_a_document(
 
 
 async def test_a_route_to_a_replica_the_peer_does_not_route_to_is_skipped(
-        pair: tuple[_Copy, _Copy], monkeypatch: pytest.MonkeyPatch) -> None:
+        pair: tuple[PeerCopy, PeerCopy], monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = pair
     observed: list[str] = []
     monkeypatch.setattr(b.policy, "observe", lambda event: observed.append(event.replica))
@@ -229,7 +197,7 @@ async def test_a_route_to_a_replica_the_peer_does_not_route_to_is_skipped(
 
 
 async def test_a_peer_that_leaves_takes_its_pending_prefill_with_it(
-        pair: tuple[_Copy, _Copy]) -> None:
+        pair: tuple[PeerCopy, PeerCopy]) -> None:
     a, b = pair
     a.fleet.sent("r0", 700)
     await wait_until_async(lambda: b.queued("r0") == (700, 1), 5.0,
@@ -240,9 +208,9 @@ async def test_a_peer_that_leaves_takes_its_pending_prefill_with_it(
 
 
 async def test_a_copy_with_another_secret_is_refused_and_changes_nothing() -> None:
-    b = _Copy([])
+    b = PeerCopy([])
     await b.peers.start()
-    a = _Copy([b.address()], secret="another-secret-entirely")
+    a = PeerCopy([b.address()], secret="another-secret-entirely")
     await a.peers.start()
     try:
         # the listener proves the secret first: the sender finds it does not match and
@@ -257,7 +225,7 @@ async def test_a_copy_with_another_secret_is_refused_and_changes_nothing() -> No
         await b.peers.stop()
 
 
-async def _raw_sender(b: _Copy, secret: str = SECRET
+async def _raw_sender(b: PeerCopy, secret: str = SECRET
                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
     """A connection to ``b`` that proves ``secret`` by hand: (reader, writer, status)."""
     assert b.peers.address is not None
@@ -273,7 +241,7 @@ async def _raw_sender(b: _Copy, secret: str = SECRET
 
 
 async def test_a_sender_that_cannot_prove_the_secret_is_refused() -> None:
-    b = _Copy([])
+    b = PeerCopy([])
     await b.peers.start()
     try:
         _, writer, status = await _raw_sender(b, secret="another-secret-entirely")
@@ -286,7 +254,7 @@ async def test_a_sender_that_cannot_prove_the_secret_is_refused() -> None:
 async def test_connections_that_never_prove_the_secret_do_not_keep_peers_out() -> None:
     # one address holds open more connections than there are handshake places, saying
     # nothing: past its share they are closed at once, and a real peer still links
-    b = _Copy([])
+    b = PeerCopy([])
     await b.peers.start()
     assert b.peers.address is not None
     idle = []
@@ -301,7 +269,7 @@ async def test_connections_that_never_prove_the_secret_do_not_keep_peers_out() -
                 async with asyncio.timeout(0.05):
                     closed += await reader.read(1) == b""
         assert closed == len(idle) - MAX_HANDSHAKES_PER_ADDRESS
-        a = _Copy([b.address()])
+        a = PeerCopy([b.address()])
         await a.peers.start()
         try:
             await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
@@ -317,7 +285,7 @@ async def test_silent_connections_from_many_addresses_give_their_places_up(
         caplog: pytest.LogCaptureFixture) -> None:
     # every handshake place taken by connections that say nothing, from as many
     # addresses as it takes: a real peer still links, long before they time out
-    b = _Copy([])
+    b = PeerCopy([])
     await b.peers.start()
     assert b.peers.address is not None
     idle = []
@@ -327,7 +295,7 @@ async def test_silent_connections_from_many_addresses_give_their_places_up(
                 b.peers.address[0], b.peers.address[1],
                 local_addr=(f"127.0.1.{2 + i // MAX_HANDSHAKES_PER_ADDRESS}", 0)))
         await asyncio.sleep(HANDSHAKE_HOLD_S + 0.1)
-        a = _Copy([b.address()])
+        a = PeerCopy([b.address()])
         await a.peers.start()
         try:
             await wait_until_async(lambda: a.peers.counts.links_up == 1, HANDSHAKE_S / 2,
@@ -359,7 +327,7 @@ async def test_a_listener_that_cannot_prove_the_secret_hears_nothing() -> None:
 
     server = await asyncio.start_server(impostor, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    a = _Copy([f"127.0.0.1:{port}"])
+    a = PeerCopy([f"127.0.0.1:{port}"])
     await a.peers.start()
     try:
         await wait_until_async(lambda: a.peers.counts.refused >= 1, 5.0, "a refuses it")
@@ -372,11 +340,11 @@ async def test_a_listener_that_cannot_prove_the_secret_hears_nothing() -> None:
 
 
 async def test_a_copy_reached_at_two_addresses_is_linked_once() -> None:
-    b = _Copy([], listen="0.0.0.0:0")
+    b = PeerCopy([], listen="0.0.0.0:0")
     await b.peers.start()
     port = b.address().rsplit(":", 1)[1]
     # two loopback addresses of one listener, as a dual-stack Service or two names give
-    a = _Copy([f"127.0.0.1:{port}", f"127.0.0.2:{port}"])
+    a = PeerCopy([f"127.0.0.1:{port}", f"127.0.0.2:{port}"])
     await a.peers.start()
     try:
         await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
@@ -393,7 +361,7 @@ async def test_a_copy_reached_at_two_addresses_is_linked_once() -> None:
 
 async def test_a_silent_peer_is_taken_as_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(peers_module, "SILENT_S", 0.3)
-    b = _Copy([])
+    b = PeerCopy([])
     await b.peers.start()
     try:
         _, writer, status = await _raw_sender(b)
@@ -415,7 +383,7 @@ def fast_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_a_quiet_link_stays_up_on_heartbeats(fast_heartbeats: None,
-                                                   pair: tuple[_Copy, _Copy]) -> None:
+                                                   pair: tuple[PeerCopy, PeerCopy]) -> None:
     a, b = pair
     a.fleet.sent("r0", 300)
     await asyncio.sleep(1.0)  # twice the silence allowed, with nothing but heartbeats
@@ -426,7 +394,7 @@ async def test_a_quiet_link_stays_up_on_heartbeats(fast_heartbeats: None,
 
 @pytest.mark.parametrize("bound", ["queue_frames", "queue_bytes"])
 async def test_a_peer_too_far_behind_is_disconnected_not_left_with_load(
-        pair: tuple[_Copy, _Copy], bound: str) -> None:
+        pair: tuple[PeerCopy, PeerCopy], bound: str) -> None:
     a, b = pair
     # room for two of the frames queued below (set past validation, which asks at least
     # a frame's limit of queue_bytes)
@@ -460,9 +428,9 @@ def test_a_seq_seen_twice_and_an_unknown_replica_leave_no_load() -> None:
 
 
 async def test_a_copy_listed_among_its_own_peers_skips_itself() -> None:
-    b = _Copy([])
+    b = PeerCopy([])
     await b.peers.start()
-    a = _Copy([b.address()])
+    a = PeerCopy([b.address()])
     # a's own listener joins its addresses once bound, as a headless Service lists it
     await a.peers.start()
     try:

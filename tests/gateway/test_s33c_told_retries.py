@@ -10,9 +10,6 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from gateway.config import ReplicaConfig
-from gateway.fleet import Fleet
-from gateway.peer_config import PeersConfig
 from gateway.peer_wire import (
     HEAD_BYTES,
     RoutedElsewhere,
@@ -22,14 +19,13 @@ from gateway.peer_wire import (
     parse_frame,
     routed_frame,
 )
-from gateway.peers import Peers
 from policies.base import Routed, RouteRequest
-from policies.cost import Cost, CostConfig
+from policies.cost import Cost
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
 from tests.support.route_documents import FLEET, document, paired_workers
+from tests.support.s33_peer_copies import PeerCopy, linked_pair
 from tests.support.waiting import wait_until_async
 
-SECRET = "a-peer-secret-of-some-length"
 REPLICAS = [view.id for view in FLEET]
 # each request is tried on these replicas, in order, the last answering
 TRIES = [("r0",), ("r1", "r2"), ("r3", "r0", "r1"), ("r2",), ("r3", "r2")]
@@ -66,30 +62,11 @@ def test_the_requests_told_are_held_while_they_live() -> None:
     assert all(told.again(req) for req in kept)
 
 
-class _Copy:
-    def __init__(self, addresses: list[str], policy: Cost) -> None:
-        self.fleet = Fleet([ReplicaConfig(rid, f"http://127.0.0.1:{9 + i}")
-                            for i, rid in enumerate(REPLICAS)])
-        self.policy = policy
-        self.peers = Peers(PeersConfig(listen="127.0.0.1:0", addresses=addresses,
-                                       secret=SECRET), self.fleet, policy)
-        self.fleet.outbox = self.peers
-
-
 @pytest.fixture
-async def pair() -> AsyncIterator[tuple[_Copy, _Copy]]:
+async def pair() -> AsyncIterator[tuple[PeerCopy, PeerCopy]]:
     """``b`` listens; ``a`` sends to it."""
-    b = _Copy([], Cost(CostConfig(prefill_s_per_token=1e-4)))
-    await b.peers.start()
-    assert b.peers.address is not None
-    a = _Copy([f"{b.peers.address[0]}:{b.peers.address[1]}"], Cost())
-    await a.peers.start()
-    try:
-        await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
-        yield a, b
-    finally:
-        await a.peers.stop()
-        await b.peers.stop()
+    async with linked_pair() as copies:
+        yield copies
 
 
 def _tried(tell: Callable[[RouteRequest, str], None], requests: list[RouteRequest]) -> int:
@@ -103,7 +80,7 @@ def _tried(tell: Callable[[RouteRequest, str], None], requests: list[RouteReques
 
 
 async def test_a_peers_retry_counts_once_and_each_try_teaches_its_replica(
-        pair: tuple[_Copy, _Copy]) -> None:
+        pair: tuple[PeerCopy, PeerCopy]) -> None:
     a, b = pair
     requests = [document(seed) for seed in range(10)]
     told = _tried(a.peers.routed, requests)
@@ -117,7 +94,7 @@ async def test_a_peers_retry_counts_once_and_each_try_teaches_its_replica(
 
 
 async def test_a_peers_retry_passed_on_to_the_other_workers_counts_once(
-        pair: tuple[_Copy, _Copy]) -> None:
+        pair: tuple[PeerCopy, PeerCopy]) -> None:
     a, b = pair
     sibling = PrefixAffinity(PrefixAffinityConfig(chunk_chars=64))
     once = PrefixAffinity(PrefixAffinityConfig(chunk_chars=64))
