@@ -32,9 +32,10 @@ the prompt's text or token ids: only the hashes of its pieces (``prompt_chunks``
 sender knows its retries by the request object (``ToldRequests``); the receiver, whose
 object is new per frame, by ``again`` (``Routed.again``), and so counts a request's share
 of the traffic once however many replicas the sender tried it on, while holding nothing of
-its own for it. A receiver reads the meta keys it knows and skips the others, so a sender
-without ``again`` is read as telling first tries only, and one with it by a receiver
-without it as before.
+its own for it (a first try it skipped, to a replica it does not route to, leaves the
+request counted nowhere there). A receiver reads the meta keys it knows and skips the
+others, so a sender without ``again`` is read as telling first tries only, and one with it
+by a receiver without it as before.
 A frame longer than ``MAX_FRAME`` is refused (the connection is dropped). Nothing is
 encrypted, and frames carry no MAC of their own: the handshake keeps copies without the
 secret out, not someone on the network path.
@@ -144,10 +145,10 @@ def told_to_peers(request: RouteRequest) -> bool:
 
 
 class ToldRequests:
-    """The requests a sender told a route of, while they live, so that a later route of
-    one is told as a retry (``routed_frame``'s ``again``). Each is held weakly, by identity:
-    what it holds is at most the requests alive (in flight), each an entry that goes when
-    its request does, and another request never takes a kept one's ``id``."""
+    """The requests a sender built a route's frame of, while they live, so that a later
+    route of one is told as a retry (``routed_frame``'s ``again``). Each is held weakly, by
+    identity: what it holds is at most the requests alive (in flight), each an entry that
+    goes when its request does, and another request never takes a kept one's ``id``."""
 
     __slots__ = ("_told",)
 
@@ -155,13 +156,17 @@ class ToldRequests:
         self._told: weakref.WeakValueDictionary[int, RouteRequest] = \
             weakref.WeakValueDictionary()
 
-    def again(self, request: RouteRequest) -> bool:
-        """Whether a route of ``request`` was told before; noted as told from here."""
+    def frame(self, request: RouteRequest, replica: str) -> bytes:
+        """``routed_frame`` of ``request`` to ``replica``, marked ``again`` when a frame of
+        the same request object was built here before. The request is noted once its frame
+        is built: a try whose frame cannot be (``WireError``: its meta, which holds the
+        replica's id, too long) is told to no one, and leaves the next try a first one."""
         told = self._told
-        if told.get(id(request)) is request:
-            return True
-        told[id(request)] = request
-        return False
+        again = told.get(id(request)) is request
+        built = routed_frame(request, replica, again)
+        if not again:
+            told[id(request)] = request
+        return built
 
     def __len__(self) -> int:
         return len(self._told)

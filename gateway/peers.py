@@ -16,7 +16,10 @@ one TCP connection per peer (``peer_wire``):
   and is not sent. A request this copy tries again on another replica is told again,
   marked as a retry (``peer_wire.ToldRequests``): the others count its share of the
   traffic once, and learn what each try suggests of its replica's cache. A try its
-  replica refused before taking the prompt stays told (no frame takes one back).
+  replica refused before taking the prompt stays told (no frame takes one back). A
+  receiver holds nothing per request, so one that skipped the first try (its replica
+  one it does not route to, or that its policy keeps nothing of) counts none of the
+  request's traffic: rare, as discovery changes (docs/cost.md).
 
 Measured offline (LRU engines, ``loadtests.simulate --gateways 2 --peers``), see
 docs/peers.md. Delivery is best effort, and never leaves load counted that was settled: a
@@ -77,7 +80,6 @@ from gateway.peer_wire import (
     frame_length,
     listener_hello,
     parse_frame,
-    routed_frame,
     sender_proof,
     sent_frame,
     seq_frame,
@@ -308,8 +310,8 @@ class Peers:
         the same request object was told before."""
         if self.counts.links_up and told_to_peers(request):
             try:
-                self._broadcast(routed_frame(request, replica, self._told.again(request)))
-            except WireError as exc:  # (a long affinity key): each link's frame lost
+                self._broadcast(self._told.frame(request, replica))
+            except WireError as exc:  # (a long affinity key or replica id): no link told
                 self.counts.frames_dropped += self.counts.links_up
                 log.debug("not sent to peers: %s", exc)
 

@@ -12,7 +12,10 @@ memory (``shared_load``). A route from a peer (another box) reaches the worker w
 received it, which passes it on to the others (``Peers.forward``). A request a worker
 tries again on another replica is told again, marked as a retry (``peer_wire.ToldRequests``;
 a peer's retry is passed on marked as it came): the others count its share of the traffic
-once, and learn what each try suggests of its replica's cache.
+once, and learn what each try suggests of its replica's cache. A worker holds nothing per
+request told, so one that skipped the first try (its replica one its fleet does not hold,
+or that its policy keeps nothing of) counts none of the request's traffic: rare, as
+discovery changes (docs/cost.md).
 
 Transport: one Unix ``SOCK_SEQPACKET`` socket pair per worker, made by the supervisor before
 it starts them (``route_pair``). Worker ``i`` reads its own pair's first end; every other worker
@@ -149,10 +152,9 @@ class WorkerRoutes:
         a retry or not as the peer told it."""
         if not self.outboxes:
             return
-        if again is None:
-            again = self._told.again(request)
         try:
-            frame = routed_frame(request, replica, again)
+            frame = (self._told.frame(request, replica) if again is None
+                     else routed_frame(request, replica, again))
         except WireError as exc:
             log.debug("not told to the other workers: %s", exc)
             return

@@ -12,6 +12,7 @@ import pytest
 
 from gateway.peer_wire import (
     HEAD_BYTES,
+    MAX_META,
     RoutedElsewhere,
     ToldRequests,
     WireError,
@@ -41,10 +42,11 @@ def _read(frame: bytes) -> RoutedElsewhere:
 def test_a_later_try_reads_back_marked_and_a_first_try_as_before() -> None:
     req = document(1)
     told = ToldRequests()
-    first, later = (_read(routed_frame(req, "r1", told.again(req))) for _ in range(2))
+    first, later = (_read(told.frame(req, "r1")) for _ in range(2))
     assert (first.again, later.again) == (False, True)
     assert b"again" not in routed_frame(req, "r1")  # a first try's meta is as it was
-    assert not told.again(document(1))  # an equal request, another object: a first try
+    # an equal request, another object: a first try
+    assert not _read(told.frame(document(1), "r1")).again
     bad = routed_frame(req, "r1", True).replace(b'"again":true', b'"again":1234')
     with pytest.raises(WireError, match="'again' is int, not a boolean"):
         _read(bad)
@@ -54,12 +56,23 @@ def test_the_requests_told_are_held_while_they_live() -> None:
     told = ToldRequests()
     kept = [document(seed) for seed in range(5)]
     for req in kept:
-        told.again(req)
+        told.frame(req, "r0")
     for seed in range(100):  # requests that end once told
-        told.again(document(100 + seed))
+        told.frame(document(100 + seed), "r0")
     gc.collect()
     assert len(told) == len(kept)
-    assert all(told.again(req) for req in kept)
+    assert all(_read(told.frame(req, "r0")).again for req in kept)
+
+
+def test_a_try_whose_frame_cannot_be_built_leaves_the_next_a_first_try() -> None:
+    # the meta holds the replica's id: a try to a replica of a long one is told to no one
+    req = document(1)
+    told = ToldRequests()
+    with pytest.raises(WireError, match="routing meta"):
+        told.frame(req, "r" * MAX_META)
+    assert len(told) == 0
+    assert not _read(told.frame(req, "r1")).again
+    assert _read(told.frame(req, "r2")).again
 
 
 @pytest.fixture
@@ -128,6 +141,35 @@ async def test_a_workers_retry_counts_once_at_the_other_worker() -> None:
         assert b.policy._routed == len(requests)
         held = {rid: model.used for rid, model in b.policy._models.models()}
         assert all(held.get(rid, 0) > 0 for rid in REPLICAS)
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def test_a_peers_try_not_told_leaves_its_next_try_counted_there(
+        pair: tuple[PeerCopy, PeerCopy]) -> None:
+    # the first try's frame could not be built (its replica's id too long for the meta):
+    # the peer hears the second try alone, and counts the request at it
+    a, b = pair
+    req = document(1)
+    a.peers.routed(req, "r" * MAX_META)
+    assert a.peers.counts.frames_dropped == 1
+    a.peers.routed(req, "r1")
+    await wait_until_async(lambda: b.peers.counts.frames_received == 1, 5.0,
+                           "b hears the second try")
+    assert b.policy._routed == 1
+    assert b.policy._sketch.estimate(b.policy._prepare(document(1)).key) == 1
+
+
+async def test_a_workers_try_not_told_leaves_its_next_try_counted_there() -> None:
+    a, b = paired_workers()
+    try:
+        req = document(1)
+        a.routed(req, "r" * MAX_META)
+        a.routed(req, "r1")
+        await wait_until_async(lambda: b.received == 1, 5.0, "b hears the second try")
+        assert isinstance(b.policy, Cost)
+        assert b.policy._routed == 1
     finally:
         a.stop()
         b.stop()
