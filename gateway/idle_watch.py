@@ -28,9 +28,18 @@ class IdleWatch:
         self.fired = False
         self._handle = self._loop.call_at(self._loop.time() + idle_s, self._check)
 
-    def waiting(self) -> None:
-        """A read begins."""
-        self.since = self._loop.time()
+    def waiting(self, waited_s: float = 0.0) -> None:
+        """A read begins; ``waited_s``: its wait counts that long already (the quiet time
+        of reads before it), and the timer is brought forward where its deadline is
+        earlier than the timer's time."""
+        since = self._loop.time()
+        if waited_s and not self.fired:
+            since -= waited_s
+            due = since + self.idle_s
+            if due < self._handle.when():
+                self._handle.cancel()
+                self._handle = self._loop.call_at(due, self._check)
+        self.since = since
 
     def got(self) -> None:
         """The read returned."""

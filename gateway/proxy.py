@@ -499,10 +499,7 @@ class UpstreamStream:
                 yield self._judged(first) if self._judging else first
                 self._delivered = self.stream and not self._held and self._ended()
             while True:
-                watch.waiting()
-                if quiet_s:  # the wait began that much earlier
-                    assert watch.since is not None
-                    watch.since -= quiet_s
+                watch.waiting(quiet_s)  # the wait began that much earlier
                 self._reading = True
                 chunk = await response.readany()
                 self._reading = False

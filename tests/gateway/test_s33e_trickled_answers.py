@@ -16,6 +16,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.http_server import bounded_protocol
+from gateway.idle_watch import IdleWatch
 from gateway.proxy import _comments_only
 from tests.support.metrics import samples
 from tests.support.servers import ThreadServer
@@ -173,6 +174,25 @@ def test_an_encoded_stream_whose_events_keep_coming_is_relayed_whole(serve: Serv
     assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
     assert r.text.count("data: ") == 22 and r.text.endswith("data: [DONE]\n\n"), r.text
     assert metric(gw, "kvgate_upstream_cuts_total") == 0
+
+
+async def test_a_wait_that_began_before_its_read_ends_when_its_own_time_is_up() -> None:
+    # a body's reads add up: a read that begins with most of idle_s spent by the reads
+    # before it is cut when the rest runs out, not a whole idle_s after it began
+    watches: list[IdleWatch] = []
+
+    async def read() -> None:
+        watch = IdleWatch(30.0)
+        watches.append(watch)
+        try:
+            watch.waiting(29.9)
+            await asyncio.sleep(3)  # the read: the replica sends nothing
+        finally:
+            watch.stop()
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(read())
+    assert watches[0].fired
 
 
 @pytest.mark.parametrize("before, chunk, only", [
