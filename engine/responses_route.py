@@ -94,13 +94,14 @@ class ResponseStore:
         """The stored conversations' characters, as ``_chars`` counts them."""
         return self._memo.weight
 
-    def put(self, response: str, turns: list[dict[str, Any]], salt: str | None = None
-            ) -> None:
+    def put(self, response: str, turns: list[dict[str, Any]], *, salt: str | None) -> None:
+        """Keep ``turns`` as ``response``'s conversation, made under ``salt`` (None: the
+        request had none), unless they alone hold more than the store's characters."""
         max_chars = self._memo.max_weight
         if max_chars is None or _chars(turns) <= max_chars:  # else it would push out all
             self._memo.put(response, _Stored(turns, salt))
 
-    def get(self, response: str, salt: str | None = None) -> list[dict[str, Any]] | None:
+    def get(self, response: str, *, salt: str | None) -> list[dict[str, Any]] | None:
         """The conversation of ``response`` when it was stored under ``salt``; None when it
         was not stored, or under another salt (a salt where it had none, or none where it
         had one): not told apart, so a tenant learns nothing of another's ids."""
@@ -184,7 +185,7 @@ class ResponsesRoute:
             asked, chat = _read(raw) if inline else await asyncio.to_thread(_read, raw)
         history: list[dict[str, Any]] = []
         if asked.previous is not None:
-            stored = self.store.get(asked.previous, asked.salt)
+            stored = self.store.get(asked.previous, salt=asked.salt)
             if stored is None:  # never stored, forgotten, or another tenant's: one answer
                 raise NotFound(f"Response with id {shown(asked.previous)} not found.",
                                param="previous_response_id")
@@ -379,7 +380,7 @@ class _Answer(Generation):
     def _ended(self, text: str, reason: str | None) -> dict[str, Any]:
         if self.store is not None and reason != "abort":
             self.store.put(self.rid, [*self.turns, {"role": "assistant", "content": text}],
-                           self.p.cache_salt)
+                           salt=self.p.cache_salt)
         return self._response(text, reason)
 
     async def collect(self) -> dict[str, Any]:

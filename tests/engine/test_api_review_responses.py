@@ -29,10 +29,10 @@ def test_call_ids_count_in_the_stores_characters() -> None:
             {"type": "function_call", "call_id": f"{i}" + "a" * big, "name": "f",
              "arguments": "{}"},
             {"type": "function_call_output", "call_id": f"{i}" + "b" * big, "output": "ok"}]})
-        store.put(f"resp_{i}", chat.turns)
+        store.put(f"resp_{i}", chat.turns, salt=None)
         store.check_integrity()
     # the call ids alone held are within the store's characters
-    held = [store.get(f"resp_{i}") for i in range(8)]
+    held = [store.get(f"resp_{i}", salt=None) for i in range(8)]
     ids = sum(len(m.get("tool_call_id", "")) + sum(len(c["id"]) for c in m.get("tool_calls", ()))
               for turns in held if turns is not None for m in turns)
     assert 0 < ids <= store.chars <= 4 * big

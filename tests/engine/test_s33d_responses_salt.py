@@ -61,9 +61,16 @@ def test_a_response_is_continued_only_under_its_own_salt(live: LiveEngine) -> No
 def test_the_store_gives_a_conversation_under_its_salt_alone() -> None:
     store = ResponseStore(limit=4, max_chars=10_000)
     turns = [{"role": "user", "content": "hi"}]
-    store.put("resp_salted", turns, SALT_A)
-    store.put("resp_plain", turns)
+    store.put("resp_salted", turns, salt=SALT_A)
+    store.put("resp_plain", turns, salt=None)
     store.check_integrity()
-    assert store.get("resp_salted", SALT_A) == turns and store.get("resp_plain") == turns
-    assert store.get("resp_salted") is None and store.get("resp_salted", SALT_B) is None
-    assert store.get("resp_plain", SALT_A) is None
+    assert store.get("resp_salted", salt=SALT_A) == turns
+    assert store.get("resp_plain", salt=None) == turns
+    assert store.get("resp_salted", salt=None) is None
+    assert store.get("resp_salted", salt=SALT_B) is None
+    assert store.get("resp_plain", salt=SALT_A) is None
+    # the salt is always said, none included: a caller cannot leave it out by mistake
+    with pytest.raises(TypeError, match="salt"):
+        store.put("resp_plain", turns)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="salt"):
+        store.get("resp_plain")  # type: ignore[call-arg]
