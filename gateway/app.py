@@ -152,7 +152,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     # a batch is routed by its first prompt; its work is counted as that many of it, and
     # its summed usage teaches no calibration (it is not the first prompt's)
     batch = intake.parsed.num_prompts
-    # a stream of one choice is judged by its last events; several, choice by choice
+    # a stream of one choice is judged by whether a finish reason came anywhere in it
+    # before its [DONE]; several, choice by choice
     several_choices = batch > 1 or intake.parsed.body.get("n") not in (None, 1)
     # the replica's prompt tokens count what this gateway's do: not a response's stored
     # history (continued on the replica), nor images and audio (the gateway counts their

@@ -197,9 +197,11 @@ _SIGNS = {"/v1/completions": AnswerSigns(True, choices=True, whole_json=True),
 def answer_signs(path: str, several_choices: bool = True) -> AnswerSigns:
     """How the answers to ``path`` tell that they ended whole or failed. A completion's or
     chat's stream is judged choice by choice where the request asks several choices
-    (``several_choices``: its prompts times its ``n`` over one), else by its last events
-    alone: a stream of one choice never has one unfinished while another finished, and
-    noting its choices would cost each of its events a search and a parse."""
+    (``several_choices``: its prompts times its ``n`` over one), else by whether a finish
+    reason other than null came anywhere in its bytes before its [DONE] (``_OneFinish``,
+    where its writer tells finish reasons): a stream of one choice never has one
+    unfinished while another finished, and noting its choices would cost each of its
+    events a parse."""
     signs = _SIGNS.get(path, _PLAIN)
     if signs.choices and not several_choices:
         return signs._replace(choices=False, last_finish=True)
