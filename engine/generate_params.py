@@ -381,8 +381,8 @@ def _check_tool_choice(body: dict[str, Any], tools: list[Any] | None) -> None:
 
 class TooManyTokens(Exception):
     """Text ``index`` of those given to encode was proven to encode to more tokens than a
-    route takes (``at_least`` of them at least) before it was encoded whole; ``in_all``:
-    the texts up to it were, ``at_least`` the tokens of all of them, more than a route
+    route takes (``at_least`` of them at least) before it was encoded whole. ``in_all``:
+    texts 0..``index`` together hold at least ``at_least`` tokens, more than the route
     takes in all."""
 
     def __init__(self, index: int, at_least: int, in_all: bool = False) -> None:

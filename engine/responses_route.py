@@ -14,8 +14,10 @@ response is stored (``store``, true unless false) as its conversation and the
 ``cache_salt`` it was made under, the latest kept (``ResponseStore``: so many, so many
 characters); only a request under that same salt (none where it had none) continues it: a
 salt is a tenant's (the gateway's ``tenancy.isolate``), and another tenant's request is
-told the response does not exist, as for an id never stored. Instructions are not carried
-into a continuation, as OpenAI's are not.
+told the response does not exist, as for an id never stored; with ``client_salt: replace``
+the client's own ``cache_salt`` is mixed into it, so the same tenant is told so too when it
+changes its ``cache_salt`` between turns. Instructions are not carried into a
+continuation, as OpenAI's are not.
 """
 
 from __future__ import annotations
