@@ -267,7 +267,9 @@ def _stored_at(gw: GatewayState, parsed: ParsedRequest, tenant: str | None,
     ``tenant`` continues (``previous_response_id``), when this gateway process saw it
     answer (else the replicas are asked in turn: ``Proxy.open``'s ``stored_elsewhere``,
     and each holds a continuation to the ``cache_salt`` its response was made under).
-    NotFound, as for an id no replica stores, when it answered another tenant."""
+    NotFound, with the body an id no replica stores gets, when it answered another
+    tenant, with or without ``tenancy.isolate`` (without it no salt reaches the replicas:
+    only the process that saw the response answered refuses it)."""
     if not _continues(parsed):
         return None
     previous = parsed.body["previous_response_id"]

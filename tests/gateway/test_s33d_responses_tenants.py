@@ -2,7 +2,8 @@
 ``tenancy.isolate``, another tenant's ``previous_response_id`` is a 404 naming it, the
 same answer as an id no replica stores, whether the gateway saw the response answered
 (it refuses it) or not (each replica, asked in turn, holds it to its tenant's salt);
-its own tenant goes on continuing it."""
+its own tenant goes on continuing it. Without ``isolate`` the gateway that saw it
+answered refuses it all the same."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from tests.support.gateway_harness import Gateway, Serve, start_gateway
 
 MODEL = "tiny-sim"
 KEY_A, KEY_B = "tenantA-key-0123456789", "tenantB-key-0123456789"
-TENANTS = {"auth": {"api_keys": [{"key": KEY_A, "tenant": "acme"},
-                                 {"key": KEY_B, "tenant": "evil"}]},
+KEYS = {"api_keys": [{"key": KEY_A, "tenant": "acme"}, {"key": KEY_B, "tenant": "evil"}]}
+TENANTS = {"auth": KEYS,
            "tenancy": {"isolate": True, "secret": "0123456789abcdef0123456789abcdef0123"}}
 
 
@@ -71,3 +72,23 @@ def test_another_tenants_response_is_not_found(serve: Serve,
         assert went_on.status_code == 200, went_on.text
         assert went_on.headers["x-kvgate-replica"] == first.headers["x-kvgate-replica"]
         assert went_on.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
+
+
+def test_without_isolate_the_gateway_that_saw_a_response_refuses_another_tenant(
+        serve: Serve, engines: list[LiveEngine]) -> None:
+    # no salt reaches the replicas: the gateway process that saw the response answered
+    # is what keeps it its tenant's
+    gw = start_gateway(serve, [(f"e{i}", live.url) for i, live in enumerate(engines)],
+                       auth=KEYS)
+    first = _post(gw, KEY_A, input="ACME SECRET: the launch code is 4242")
+    assert first.status_code == 200, first.text
+    secret = first.json()["id"]
+    refused = _post(gw, KEY_B, input="what did I say?", previous_response_id=secret)
+    unknown = _post(gw, KEY_B, input="x", previous_response_id="resp_nowhere")
+    assert refused.status_code == unknown.status_code == 404, refused.text
+    expected = unknown.json()["error"]
+    assert refused.json() == {"error": {**expected, "message": expected["message"].replace(
+        "resp_nowhere", secret)}}
+    went_on = _post(gw, KEY_A, input="what did I say?", previous_response_id=secret)
+    assert went_on.status_code == 200, went_on.text
+    assert went_on.headers["x-kvgate-replica"] == first.headers["x-kvgate-replica"]
