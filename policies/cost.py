@@ -807,14 +807,16 @@ class Cost(Policy):
         ``_unrouted``); what the request says of the traffic (its prefix's count, request
         rates, the scratch set's judgement, the common prefix learned) at its first try
         alone: a later ``Routed`` of it, after a refusal or a try that may have reached
-        its replica, is a retry (``CountedRequests``), as is a told one ``again``."""
+        its replica, is a retry (``CountedRequests``), as is a told one ``again`` (judged
+        rare or hot as its first try was: on its prefix's count less that try's)."""
         if self._refuses(replica, request.prompt_tokens):
             return  # nothing of it cached, evicted or prefilled there, nor a prefix's use
         retry = self._counted.retried(request)
         prep = self._prepare(request)
         if retry is None and again:  # another copy's or worker's retry: its first try,
-            # a told one, kept nothing here; its prefix is judged as it stands now
-            retry = _Counted(not self._hot(prep.key, prep.seen)
+            # a told one, kept nothing here; its prefix is judged as its first try was,
+            # on its count less that try's add (a halving since aside)
+            retry = _Counted(not self._hot(prep.key, max(0, prep.seen - 1))
                              if self._sketch.halvings else None)
         self._memo.clear()  # the counts below change what _prepare would say
         now = request.arrival_s

@@ -5,6 +5,7 @@ while what each try suggests of its replica's cache stays."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import AsyncIterator, Callable
 
@@ -20,9 +21,11 @@ from gateway.peer_wire import (
     parse_frame,
     routed_frame,
 )
-from policies.base import Routed, RouteRequest
+from policies.base import Finished, Routed, RouteRequest
 from policies.cost import Cost
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from tests.support.retried_requests import FLEET as RETRY_FLEET
+from tests.support.retried_requests import failed_tries, warm_failing, workload
 from tests.support.route_documents import FLEET, document, paired_workers
 from tests.support.s33_peer_copies import PeerCopy, linked_pair
 from tests.support.waiting import wait_until_async
@@ -173,3 +176,28 @@ async def test_a_workers_try_not_told_leaves_its_next_try_counted_there() -> Non
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_told_retry_is_judged_rare_or_hot_as_its_first_try_was() -> None:
+    # a retry is judged rare or hot for the scratch set as its first try was, before that
+    # try's count: so a told one, whose first try's count the sketch here holds
+    local, told = Cost(), Cost()
+    for policy in (local, told):
+        warm_failing(policy)
+    reqs = workload(700, seed=7, first_question=10_000)
+    for i, req in enumerate(reqs):
+        chosen = local.choose(req, RETRY_FLEET).chosen
+        assert told.choose(req, RETRY_FLEET).chosen == chosen
+        for rid in failed_tries(i):  # timed out: each try stands
+            local.observe(Routed(req, rid, RETRY_FLEET))
+        local.observe(Routed(req, chosen, RETRY_FLEET))
+        local.observe(Finished(req, chosen, ok=True))
+        for k, rid in enumerate((*failed_tries(i), chosen)):  # each try a new object
+            told.observe(Routed(dataclasses.replace(req), rid, RETRY_FLEET, revocable=False,
+                                again=k > 0))
+    now = reqs[-1].arrival_s
+    assert now is not None and told._sketch.halvings > 0  # judged
+    assert bytes(told._sketch._counts) == bytes(local._sketch._counts)
+    assert told._scratch._judged == local._scratch._judged > 0
+    assert told._scratch._rare_load.rate(now) == \
+        pytest.approx(local._scratch._rare_load.rate(now))
