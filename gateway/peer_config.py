@@ -68,7 +68,7 @@ class PeersConfig:
             split_address(self.listen, "listen", any_port=True)
         for i, address in enumerate(self.addresses):
             split_address(address, f"addresses[{i}]")
-        for key in ("resolve_s", "queue_frames", "queue_bytes", "pending_s"):
+        for key in ("queue_frames", "queue_bytes"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
         at_least(self, LEAST_INTERVAL_S, "resolve_s")  # a lookup every resolve_s

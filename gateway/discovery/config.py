@@ -203,9 +203,6 @@ class KubernetesSourceConfig:
                 for part in self.kubeconfig.split(os.pathsep) if part):
             # read as KUBECONFIG is: '~' is the home directory, a list of paths merged
             raise ValueError(f"kubeconfig {self.kubeconfig!r} names no file")
-        for key in ("resync_s", "retry_s"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
         # a full list every resync_s; after a failure one every retry_s, at first
         at_least(self, LEAST_INTERVAL_S, "resync_s", "retry_s")
 

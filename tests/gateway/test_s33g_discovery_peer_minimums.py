@@ -26,6 +26,11 @@ KUBE = {"type": "kubernetes", "namespace": "llm", "service": "vllm"}
     ("discovery", KUBE, "retry_s", 1e-9, "0.01"),
     ("peers", {}, "resolve_s", 1e-9, "0.01"),
     ("peers", {}, "pending_s", 1e-9, "0.001"),
+    # none or less: the same one line
+    ("discovery", KUBE, "resync_s", 0.0, "0.01"),
+    ("discovery", KUBE, "retry_s", -0.5, "0.01"),
+    ("peers", {}, "resolve_s", -1.0, "0.01"),
+    ("peers", {}, "pending_s", 0.0, "0.001"),
 ])
 def test_a_time_below_its_least_is_refused_naming_key_and_value(
         section: str, where: dict[str, Any], key: str, value: float, least: str) -> None:
