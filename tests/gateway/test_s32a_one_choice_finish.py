@@ -22,38 +22,20 @@ from tests.support.counted_answers import chunked, one_counted
 from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import start_gateway
 from tests.support.relayed_streams import relayed
+from tests.support.s33_gw_chat_events import chat, event, usage
 
 _DONE = b"data: [DONE]\n\n"
 _PING = b": keep-alive\n\n"
 _CHAT_PATH = "/v1/chat/completions"
 
 
-def _event(value: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(value, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _chat(delta: dict[str, Any], finish: str | None = None, index: int = 0) -> bytes:
-    return _event({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                   "model": "m", "choices": [{"index": index, "delta": delta,
-                                              "logprobs": None, "finish_reason": finish}]})
-
-
 def _text(text: str, finish: str | None = None) -> bytes:
-    return _event({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
-                   "choices": [{"index": 0, "text": text, "logprobs": None,
-                                "finish_reason": finish, "stop_reason": None}]})
+    return event({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+                  "choices": [{"index": 0, "text": text, "logprobs": None,
+                               "finish_reason": finish, "stop_reason": None}]})
 
 
-def _usage(pad: int = 0) -> bytes:
-    """The usage-only event (its choices empty); ``pad`` characters of a long field."""
-    extra = {"kv_transfer_params": {"pad": "p" * pad}} if pad else {}
-    return _event({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                   "model": "m", "choices": [], **extra,
-                   "usage": {"prompt_tokens": 3, "completion_tokens": 2,
-                             "total_tokens": 5}})
-
-
-_ROLE = _chat({"role": "assistant", "content": ""})
+_ROLE = chat({"role": "assistant", "content": ""})
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
          "stream_options": {"include_usage": True}}
 _TEXT = {"model": "m", "prompt": "hi", "stream": True}
@@ -87,14 +69,14 @@ def _through_gateway(serve: Any, events: tuple[bytes, ...], path: str, body: dic
 
 
 @pytest.mark.parametrize(("events", "path", "body"), [
-    ((_ROLE, _chat({"content": "a"}), _chat({"content": "b"}), _usage(), _DONE),
+    ((_ROLE, chat({"content": "a"}), chat({"content": "b"}), usage(), _DONE),
      _CHAT_PATH, _CHAT),
-    ((_ROLE, _chat({"content": "a"}), _DONE), _CHAT_PATH, {**_CHAT, "n": 1}),
+    ((_ROLE, chat({"content": "a"}), _DONE), _CHAT_PATH, {**_CHAT, "n": 1}),
     ((_text("a"), _text("b"), _PING, _DONE), "/v1/completions", _TEXT),
     (tuple(map(_crlf, (_text("a"), _text("b"), _DONE))), "/v1/completions", _TEXT),
     # last events longer than the stream's kept tail: a usage event, a content event
-    ((_ROLE, _chat({"content": "a"}), _usage(pad=9000), _DONE), _CHAT_PATH, _CHAT),
-    ((_ROLE, _chat({"content": "a" * 9000}), _DONE), _CHAT_PATH, _CHAT),
+    ((_ROLE, chat({"content": "a"}), usage(pad=9000), _DONE), _CHAT_PATH, _CHAT),
+    ((_ROLE, chat({"content": "a" * 9000}), _DONE), _CHAT_PATH, _CHAT),
 ], ids=["chat", "chat_n_1", "text", "text_crlf", "long_usage", "long_content"])
 def test_a_stream_of_one_choice_without_its_finish_reason_counts_failed(
         serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any]) -> None:
@@ -108,18 +90,18 @@ def test_a_stream_of_one_choice_without_its_finish_reason_counts_failed(
 
 @pytest.mark.parametrize(("events", "path", "body"), [
     # vLLM: the last token's event tells the finish reason, then the usage
-    ((_ROLE, _chat({"content": "a"}), _chat({"content": "b"}, "stop"), _usage(), _DONE),
+    ((_ROLE, chat({"content": "a"}), chat({"content": "b"}, "stop"), usage(), _DONE),
      _CHAT_PATH, _CHAT),
     # SGLang: an event of the finish reason alone, keep-alive comments after it
-    ((_ROLE, _chat({"content": "a"}), _chat({}, "length"), _PING, _usage(), _PING, _DONE),
+    ((_ROLE, chat({"content": "a"}), chat({}, "length"), _PING, usage(), _PING, _DONE),
      _CHAT_PATH, _CHAT),
     # SGLang's hidden states (finish reason null) after the finish
-    ((_ROLE, _chat({"content": "a"}), _chat({}, "stop"), _chat({"hidden_states": []}),
-      _usage(), _DONE), _CHAT_PATH, _CHAT),
+    ((_ROLE, chat({"content": "a"}), chat({}, "stop"), chat({"hidden_states": []}),
+      usage(), _DONE), _CHAT_PATH, _CHAT),
     ((_text("a"), _text("b", "length"), _DONE), "/v1/completions", _TEXT),
     # a tool call's index is no choice's
-    ((_ROLE, _chat({"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]},
-                   "tool_calls"), _DONE), _CHAT_PATH, _CHAT),
+    ((_ROLE, chat({"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]},
+                  "tool_calls"), _DONE), _CHAT_PATH, _CHAT),
     # cannot be told, passed: a writer that tells no finish reason at all
     ((b'data: {"choices":[{"index":0,"text":"a"}]}\n\n', _DONE), "/v1/completions", _TEXT),
     # no choice came at all
@@ -134,7 +116,7 @@ def test_a_stream_of_one_choice_that_finished_or_cannot_tell_is_answered(
 
 
 def test_the_openai_client_fails_a_stream_without_its_finish_reason(serve: Any) -> None:
-    answer = chunked(_ROLE, _chat({"content": "a"}), _DONE)
+    answer = chunked(_ROLE, chat({"content": "a"}), _DONE)
     with raw_replica(lambda: answer) as url:
         gw = start_gateway(serve, [("a", url)], max_attempts=1)
         got: list[str | None] = []
@@ -149,18 +131,18 @@ def test_the_openai_client_fails_a_stream_without_its_finish_reason(serve: Any) 
 
 @pytest.mark.parametrize(("writes", "end_apart_s", "code"), [
     # [DONE] in a write of its own, its blank line in the next
-    ((_ROLE, _chat({"content": "a"}), b"data: [DONE]", b"\n\n"), None, "upstream_unfinished"),
+    ((_ROLE, chat({"content": "a"}), b"data: [DONE]", b"\n\n"), None, "upstream_unfinished"),
     # the body ends on [DONE] with no blank line after it: a [DONE] no client reads, so
     # the stream is cut there
-    ((_ROLE, _chat({"content": "a"}), b"data: [DONE]"), 0.05, "upstream_broken"),
+    ((_ROLE, chat({"content": "a"}), b"data: [DONE]"), 0.05, "upstream_broken"),
     # [DONE] in one read with the events before it
-    ((_ROLE + _chat({"content": "a"}) + _DONE,), None, "upstream_unfinished"),
+    ((_ROLE + chat({"content": "a"}) + _DONE,), None, "upstream_unfinished"),
 ], ids=["split_blank_line", "no_blank_line", "one_read"])
 def test_a_done_without_a_finish_reason_is_replaced_however_it_comes(
         writes: tuple[bytes, ...], end_apart_s: float | None, code: str) -> None:
     out = relayed(writes, 0.05, end_apart_s, _CHAT_PATH, several_choices=False)
     sent = b"".join(body for body, _, _ in out.sent)
-    head = _ROLE + _chat({"content": "a"})
+    head = _ROLE + chat({"content": "a"})
     assert _error_code(sent, head) == code and b"[DONE]" not in sent
     assert out.ended == [False] and out.stream.outcome == "502"
 
@@ -168,7 +150,7 @@ def test_a_done_without_a_finish_reason_is_replaced_however_it_comes(
 @pytest.mark.parametrize("several", [False, True])
 def test_a_stream_that_finished_is_relayed_whole_however_its_done_comes(
         several: bool) -> None:
-    events = (_ROLE, _chat({"content": "a"}), _chat({"content": "b"}, "stop"), _usage())
+    events = (_ROLE, chat({"content": "a"}), chat({"content": "b"}, "stop"), usage())
     out = relayed((*events, b"data: [DONE]", b"\n\n"), 0.05, None, _CHAT_PATH,
                   several_choices=several)
     assert b"".join(body for body, _, _ in out.sent) == b"".join(events) + _DONE
@@ -176,8 +158,8 @@ def test_a_stream_that_finished_is_relayed_whole_however_its_done_comes(
 
 
 def test_several_choices_with_one_unfinished_end_with_the_error_event() -> None:
-    events = (_chat({"content": "a"}), _chat({"content": "b"}, index=1),
-              _chat({"content": ""}, "stop"), _usage())
+    events = (chat({"content": "a"}), chat({"content": "b"}, index=1),
+              chat({"content": ""}, "stop"), usage())
     out = relayed((*events, _DONE), 0.05, None, _CHAT_PATH, several_choices=True)
     sent = b"".join(body for body, _, _ in out.sent)
     assert _error_code(sent, b"".join(events)) == "upstream_unfinished"

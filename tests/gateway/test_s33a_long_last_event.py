@@ -8,38 +8,19 @@ event in place of ``[DONE]``, counted failed) nor one that came (relayed whole, 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
 from tests.support.relayed_streams import Relayed, relayed
+from tests.support.s33_gw_chat_events import chat, usage
 
 _DONE = b"data: [DONE]\n\n"
 _CHAT_PATH = "/v1/chat/completions"
 _LONG = 20_000  # characters: an event over twice the stream's kept tail
 
 
-def _event(value: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(value, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _chat(delta: dict[str, Any], finish: str | None = None,
-          **extra: Any) -> bytes:
-    return _event({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                   "model": "m", "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                              "finish_reason": finish, **extra}]})
-
-
-def _usage(pad: int = 0) -> bytes:
-    extra = {"kv_transfer_params": {"pad": "p" * pad}} if pad else {}
-    return _event({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                   "model": "m", "choices": [], **extra,
-                   "usage": {"prompt_tokens": 3, "completion_tokens": 2,
-                             "total_tokens": 5}})
-
-
-_ROLE = _chat({"role": "assistant", "content": ""})
-_HIDDEN = _chat({}, None, hidden_states=[0.125] * (_LONG // 6))  # SGLang's, after the finish
+_ROLE = chat({"role": "assistant", "content": ""})
+_HIDDEN = chat({}, None, hidden_states=[0.125] * (_LONG // 6))  # SGLang's, after the finish
 
 
 def _sent(out: Relayed) -> bytes:
@@ -53,10 +34,10 @@ def _split_in(events: bytes, at: bytes, into: int) -> list[bytes]:
 
 
 _UNFINISHED = {
-    "long_last_content": [_ROLE, _chat({"content": "a" * _LONG}), _DONE],
-    "long_usage": [_ROLE, _chat({"content": "a"}), _usage(pad=_LONG), _DONE],
-    "long_usage_one_read": [_ROLE + _chat({"content": "a"}) + _usage(pad=_LONG) + _DONE],
-    "null_split_in_its_key": _split_in(_ROLE + _chat({"content": "a" * _LONG}) + _DONE,
+    "long_last_content": [_ROLE, chat({"content": "a" * _LONG}), _DONE],
+    "long_usage": [_ROLE, chat({"content": "a"}), usage(pad=_LONG), _DONE],
+    "long_usage_one_read": [_ROLE + chat({"content": "a"}) + usage(pad=_LONG) + _DONE],
+    "null_split_in_its_key": _split_in(_ROLE + chat({"content": "a" * _LONG}) + _DONE,
                                        b'"finish_reason"', 9),
 }
 
@@ -74,17 +55,17 @@ def test_a_long_last_event_does_not_hide_a_missing_finish_reason(
 
 
 _FINISHED = {
-    "long_last_content_with_it": [_ROLE, _chat({"content": "a" * _LONG}, "stop"), _usage(),
+    "long_last_content_with_it": [_ROLE, chat({"content": "a" * _LONG}, "stop"), usage(),
                                   _DONE],
-    "long_usage_after_it": [_ROLE, _chat({"content": "a"}, "length"), _usage(pad=_LONG),
+    "long_usage_after_it": [_ROLE, chat({"content": "a"}, "length"), usage(pad=_LONG),
                             _DONE],
-    "long_hidden_states_after_it": [_ROLE, _chat({"content": "a"}), _chat({}, "stop"),
-                                    _HIDDEN, _usage(), _DONE],
-    "long_hidden_states_one_read": [_ROLE + _chat({}, "stop") + _HIDDEN + _DONE],
-    "split_in_its_key": _split_in(_ROLE + _chat({"content": "a"}, "stop")
-                                  + _usage(pad=_LONG) + _DONE, b'"finish_reason"', 9),
-    "split_before_its_value": _split_in(_ROLE + _chat({"content": "a"}, "stop")
-                                        + _usage(pad=_LONG) + _DONE,
+    "long_hidden_states_after_it": [_ROLE, chat({"content": "a"}), chat({}, "stop"),
+                                    _HIDDEN, usage(), _DONE],
+    "long_hidden_states_one_read": [_ROLE + chat({}, "stop") + _HIDDEN + _DONE],
+    "split_in_its_key": _split_in(_ROLE + chat({"content": "a"}, "stop")
+                                  + usage(pad=_LONG) + _DONE, b'"finish_reason"', 9),
+    "split_before_its_value": _split_in(_ROLE + chat({"content": "a"}, "stop")
+                                        + usage(pad=_LONG) + _DONE,
                                         b'"finish_reason":', 16),
 }
 

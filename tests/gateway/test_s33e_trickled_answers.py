@@ -13,12 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.config import parse_config
-from gateway.http_server import bounded_protocol
 from gateway.idle_watch import IdleWatch
 from gateway.proxy import _comments_only
 from tests.support.metrics import samples
+from tests.support.s33_gw_gateways import gateway
 from tests.support.servers import ThreadServer
 
 Serve = Callable[..., ThreadServer]
@@ -27,6 +25,7 @@ TRICKLE_FOR_S = 3.0  # a trickle's length: it ends (cut) after this, unless the 
 EVENT = {"id": "x", "object": "text_completion", "created": 0, "model": "sim-model",
          "choices": [{"index": 0, "text": "t", "finish_reason": None}]}
 LAST = {**EVENT, "choices": [{"index": 0, "text": "t", "finish_reason": "stop"}]}
+TIMEOUTS = {"idle_s": 0.5, "first_byte_s": 2}  # the gateway's, unless a test says
 WHOLE = {**LAST, "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
 
@@ -102,17 +101,6 @@ def replica(how: str) -> ASGI:
     return app
 
 
-def gateway(serve: Serve, replicas: list[ThreadServer], **timeouts: float) -> ThreadServer:
-    config = parse_config({
-        "replicas": [{"id": f"r{i}", "url": r.url} for i, r in enumerate(replicas)],
-        "policy": {"name": "round_robin"},
-        "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
-        "scrape": {"enabled": False},
-        "timeouts": {"idle_s": 0.5, "first_byte_s": 2, **timeouts},
-    })
-    return serve(create_app(config), http=bounded_protocol(config))
-
-
 def post(gw: ThreadServer, stream: bool = False) -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/completions", timeout=10,
                       json={"model": "sim-model", "prompt": "x", "stream": stream})
@@ -124,7 +112,7 @@ def metric(gw: ThreadServer, name: str, **labels: str) -> float:
 
 
 def test_a_non_streamed_body_trickled_after_its_first_byte_gets_a_504(serve: Serve) -> None:
-    gw = gateway(serve, [serve(replica("body"))])
+    gw = gateway(serve, [serve(replica("body"))], timeouts=TIMEOUTS)
     r = post(gw)
     assert r.status_code == 504, r.text
     error = r.json()["error"]
@@ -133,7 +121,7 @@ def test_a_non_streamed_body_trickled_after_its_first_byte_gets_a_504(serve: Ser
 
 
 def test_a_trickled_body_is_tried_on_the_next_replica(serve: Serve) -> None:
-    gw = gateway(serve, [serve(replica("body")), serve(replica("whole"))])
+    gw = gateway(serve, [serve(replica("body")), serve(replica("whole"))], timeouts=TIMEOUTS)
     for _ in range(2):  # round robin starts on either
         r = post(gw)
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
@@ -143,14 +131,15 @@ def test_a_trickled_body_is_tried_on_the_next_replica(serve: Serve) -> None:
 def test_a_long_body_trickled_past_what_is_held_is_cut(serve: Serve) -> None:
     # its first KB is held and the client gets its 200: then the rest must come whole
     # within what is left of idle_s, or the connection is dropped
-    gw = gateway(serve, [serve(replica("long_body"))], buffer_bytes=1024)
+    gw = gateway(serve, [serve(replica("long_body"))],
+                 timeouts={**TIMEOUTS, "buffer_bytes": 1024})
     with pytest.raises(httpx.RemoteProtocolError):
         post(gw)
     assert metric(gw, "kvgate_upstream_cuts_total", cause="idle_timeout") == 1
 
 
 def test_a_stream_of_nothing_but_comments_is_cut_by_idle_s(serve: Serve) -> None:
-    gw = gateway(serve, [serve(replica("comments"))])
+    gw = gateway(serve, [serve(replica("comments"))], timeouts=TIMEOUTS)
     r = post(gw, stream=True)
     assert r.status_code == 200 and b": ping" in r.content  # relayed, yet no progress
     events = [line for line in r.text.splitlines() if line.startswith("data: ")]
@@ -160,7 +149,7 @@ def test_a_stream_of_nothing_but_comments_is_cut_by_idle_s(serve: Serve) -> None
 
 def test_comments_between_events_reach_the_client_and_the_stream_ends_whole(
         serve: Serve) -> None:
-    gw = gateway(serve, [serve(replica("keepalive"))], idle_s=2)
+    gw = gateway(serve, [serve(replica("keepalive"))], timeouts={**TIMEOUTS, "idle_s": 2})
     r = post(gw, stream=True)
     assert r.status_code == 200 and r.text.count(": keep-alive") == 3
     assert r.text.endswith("data: [DONE]\n\n") and "error" not in r.text
@@ -169,7 +158,7 @@ def test_comments_between_events_reach_the_client_and_the_stream_ends_whole(
 def test_an_encoded_stream_whose_events_keep_coming_is_relayed_whole(serve: Serve) -> None:
     # relayed as bytes (no events read in them): each read is progress, held to idle_s
     # read by read as a stream is, never to idle_s in all as a non-streamed body
-    gw = gateway(serve, [serve(replica("gzip_stream"))])
+    gw = gateway(serve, [serve(replica("gzip_stream"))], timeouts=TIMEOUTS)
     r = post(gw, stream=True)
     assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
     assert r.text.count("data: ") == 22 and r.text.endswith("data: [DONE]\n\n"), r.text

@@ -19,10 +19,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.app import create_app
-from gateway.config import parse_config
-from gateway.http_server import bounded_protocol
 from gateway.proxy import UpstreamStream
+from tests.support.s33_gw_gateways import gateway
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
@@ -126,17 +124,6 @@ def faulty(fault: str, calls: list[str] | None = None, size: int = 0,
         await send({"type": "http.response.body", "body": body})
 
     return app
-
-
-def gateway(serve: Serve, replicas: list[ThreadServer], **extra: Any) -> ThreadServer:
-    config = parse_config({
-        "replicas": [{"id": f"r{i}", "url": r.url} for i, r in enumerate(replicas)],
-        "policy": {"name": "round_robin"},
-        "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
-        "scrape": {"enabled": False},
-        **extra,
-    })
-    return serve(create_app(config), http=bounded_protocol(config))
 
 
 def post(gw: ThreadServer, stream: bool = False, timeout: float = 10) -> httpx.Response:
