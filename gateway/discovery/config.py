@@ -108,9 +108,6 @@ class DNSSourceConfig:
             raise ValueError("name must not be empty")
         _port_or_none("port", self.port)
         _port_or_none("nameserver_port", self.nameserver_port)
-        for key in ("interval_s", "timeout_s"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
         at_least(self, LEAST_INTERVAL_S, "interval_s")  # a lookup every interval_s
         at_least(self, LEAST_TIMEOUT_S, "timeout_s")
         if not self.record_types:

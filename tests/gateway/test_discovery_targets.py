@@ -127,7 +127,7 @@ def test_dns_targets() -> None:
     ({"type": "consul"}, "discovery[0].type: 'consul' is not one of 'dns', 'kubernetes'"),
     ({"type": "dns", "port": 80}, "discovery[0]: missing required key 'name'"),
     ({"type": "dns", "name": "a", "port": 0}, "port must be a port (1-65535), got 0"),
-    ({"type": "dns", "name": "a", "port": 80, "interval_s": 0}, "interval_s must be > 0"),
+    ({"type": "dns", "name": "a", "port": 80, "interval_s": 0}, "interval_s must be at least 0.01 s, got 0"),
     ({"type": "dns", "name": "a", "port": 80, "record_types": ["MX"]}, "'MX' is not one of"),
     ({"type": "kubernetes"}, "set exactly one of service and label_selector"),
     ({"type": "kubernetes", "service": "a", "label_selector": "b"}, "exactly one of"),
