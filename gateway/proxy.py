@@ -192,6 +192,9 @@ _SIGNS = {"/v1/completions": AnswerSigns(True, choices=True, whole_json=True),
                                               responses_request.LAST_EVENTS,
                                               responses_request.FAILED_STATUSES,
                                               whole_json=True, named_events=True)}
+# ... of a request that asks one choice (``answer_signs``), made once
+_ONE_CHOICE_SIGNS = {path: signs._replace(choices=False, last_finish=True)
+                     for path, signs in _SIGNS.items() if signs.choices}
 
 
 def answer_signs(path: str, several_choices: bool = True) -> AnswerSigns:
@@ -202,10 +205,11 @@ def answer_signs(path: str, several_choices: bool = True) -> AnswerSigns:
     where its writer tells finish reasons): a stream of one choice never has one
     unfinished while another finished, and noting its choices would cost each of its
     events a parse."""
-    signs = _SIGNS.get(path, _PLAIN)
-    if signs.choices and not several_choices:
-        return signs._replace(choices=False, last_finish=True)
-    return signs
+    if not several_choices:
+        one = _ONE_CHOICE_SIGNS.get(path)
+        if one is not None:
+            return one
+    return _SIGNS.get(path, _PLAIN)
 
 
 # what the gateway writes itself: its server's date and name, and CORS, which only the
