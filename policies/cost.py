@@ -257,6 +257,11 @@ class Cost(Policy):
         return count >= cfg.hot_min_count or (
             count >= cfg.hot_keep_count and self._placement.home_of(key) is not None)
 
+    def _rare(self, hot: bool) -> bool | None:
+        """Whether a prefix ``_hot`` judged ``hot`` counts as rare: judged once the
+        sketch has seen a window (before it, every prefix looks rare: None)."""
+        return not hot if self._sketch.halvings else None
+
     # -- the decision ---------------------------------------------------------------------
     def explain(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         """``choose`` over a copy of the placement: a hot key without a home is shown the
@@ -808,24 +813,23 @@ class Cost(Policy):
         rates, the scratch set's judgement, the common prefix learned) at its first try
         alone: a later ``Routed`` of it, after a refusal or a try that may have reached
         its replica, is a retry (``CountedRequests``), as is a told one ``again`` (judged
-        rare or hot as its first try was: on its prefix's count less that try's)."""
+        rare or hot on its prefix's count now, less its first try's add: requests of the
+        prefix between the two tries count)."""
         if self._refuses(replica, request.prompt_tokens):
             return  # nothing of it cached, evicted or prefilled there, nor a prefix's use
         retry = self._counted.retried(request)
         prep = self._prepare(request)
         if retry is None and again:  # another copy's or worker's retry: its first try,
-            # a told one, kept nothing here; its prefix is judged as its first try was,
-            # on its count less that try's add (a halving since aside)
-            retry = _Counted(not self._hot(prep.key, max(0, prep.seen - 1))
-                             if self._sketch.halvings else None)
+            # a told one, kept nothing here; its prefix is judged on its count less that
+            # try's add
+            retry = _Counted(self._rare(self._hot(prep.key, max(0, prep.seen - 1))))
         self._memo.clear()  # the counts below change what _prepare would say
         now = request.arrival_s
         hot = False
         if retry is None:
             self._sketch.add(prep.key)
             hot = self._hot(prep.key, prep.seen)
-            # judged once the sketch has seen a window (before, every prefix looks rare)
-            rare = not hot if self._sketch.halvings else None
+            rare = self._rare(hot)
             if revocable:  # (else no retry nor end of it is told)
                 self._counted.counted(request, _Counted(rare))
         else:
