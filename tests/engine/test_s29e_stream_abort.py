@@ -11,7 +11,7 @@ import pytest
 
 from engine.server import EngineServer, build_app
 from tests.support.engine_cores import HeldExecutor
-from tests.support.s33_engine_held import held_engine
+from tests.support.held_engines import held_engine
 from tests.support.stalled_client import post_then_stall
 from tests.support.waiting import wait_until_async
 

@@ -21,7 +21,7 @@ from engine.generation import AnswerStream
 from engine.responses_route import ResponsesRoute
 from engine.server import EngineServer
 from tests.support.engine_cores import HeldExecutor
-from tests.support.s33_engine_held import held_engine
+from tests.support.held_engines import held_engine
 
 MODEL = "tiny-sim"
 MARK = "s33b-unused-field-of-the-body"  # sent in ``user``, which the engine never serves

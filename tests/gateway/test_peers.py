@@ -48,7 +48,7 @@ from gateway.state import build_state
 from policies.base import Routed, RouteRequest
 from policies.config import ConfigError
 from policies.prompt_chunks import text_chunks
-from tests.support.s33_peer_copies import REPLICAS, SECRET, PeerCopy, linked_pair
+from tests.support.peer_copies import REPLICAS, SECRET, PeerCopy, linked_pair
 from tests.support.waiting import wait_until_async
 
 

@@ -18,11 +18,11 @@ import openai
 import pytest
 
 from gateway.proxy import answer_signs
+from tests.support.chat_events import chat, event, usage
 from tests.support.counted_answers import chunked, one_counted
 from tests.support.foreign_raw import raw_replica
 from tests.support.gateway_harness import start_gateway
 from tests.support.relayed_streams import relayed
-from tests.support.s33_gw_chat_events import chat, event, usage
 
 _DONE = b"data: [DONE]\n\n"
 _PING = b": keep-alive\n\n"

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
+from tests.support.chat_events import chat, usage
 from tests.support.relayed_streams import Relayed, relayed
-from tests.support.s33_gw_chat_events import chat, usage
 
 _DONE = b"data: [DONE]\n\n"
 _CHAT_PATH = "/v1/chat/completions"

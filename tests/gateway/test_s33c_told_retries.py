@@ -24,10 +24,10 @@ from gateway.peer_wire import (
 from policies.base import Finished, Routed, RouteRequest
 from policies.cost import Cost
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from tests.support.peer_copies import PeerCopy, linked_pair
 from tests.support.retried_requests import FLEET as RETRY_FLEET
 from tests.support.retried_requests import failed_tries, warm_failing, workload
 from tests.support.route_documents import FLEET, document, paired_workers
-from tests.support.s33_peer_copies import PeerCopy, linked_pair
 from tests.support.waiting import wait_until_async
 
 REPLICAS = [view.id for view in FLEET]

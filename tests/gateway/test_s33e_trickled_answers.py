@@ -15,8 +15,8 @@ import pytest
 
 from gateway.idle_watch import IdleWatch
 from gateway.proxy import _comments_only
+from tests.support.fault_gateways import gateway
 from tests.support.metrics import samples
-from tests.support.s33_gw_gateways import gateway
 from tests.support.servers import ThreadServer
 
 Serve = Callable[..., ThreadServer]

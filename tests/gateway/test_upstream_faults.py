@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from gateway.proxy import UpstreamStream
-from tests.support.s33_gw_gateways import gateway
+from tests.support.fault_gateways import gateway
 from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
