@@ -1354,7 +1354,17 @@ def _comments_only(before: bytes, chunk: bytes) -> bool:
         chunk = before[start:] + chunk
     elif chunk[:1] not in _COMMENT_STARTS:  # the usual read: an event's field
         return False
+    elif chunk[:1] != b":" and _field_line_ends(before):
+        return False  # its line end ends an event whose field came before it
     return all(not line or line.startswith(b":") for line in chunk.splitlines())
+
+
+def _field_line_ends(before: bytes) -> bool:
+    """Whether the last line of ``before`` (which ends with a line end) is an event's
+    field: a blank line read next ends that event, as the client sees it."""
+    line = before[:-2] if before.endswith(b"\r\n") else before[:-1]
+    start = max(line.rfind(b"\n"), line.rfind(b"\r")) + 1
+    return start < len(line) and line[start:start + 1] != b":"
 
 
 def _content_events(before: bytes, chunk: bytes) -> int:

@@ -192,7 +192,10 @@ async def test_a_wait_that_began_before_its_read_ends_when_its_own_time_is_up() 
     (b"data: 1\n\n", b": ping\n\ndata: 2\n\n", False),
     (b"data: 1\n\n", b"\n", True),
     (b"data: {\"a\": ", b"1}\n\n", False),  # an event's rest
-    (b"x" * 8192, b": ping\n\n", False),  # a line begun before the kept bytes
+    (b":" + b"x" * 8191, b": ping\n\n", False),  # a line begun before the kept bytes
+    (b"data: 1\n", b"\n", False),  # the blank line that ends an event
+    (b"data: 1\r\n", b"\r\n: ping\r\n", False),
+    (b": ping\n", b"\n", True),
 ])
 def test_comment_only_reads_are_told_from_reads_with_an_event(before: bytes, chunk: bytes,
                                                               only: bool) -> None:
