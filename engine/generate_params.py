@@ -381,9 +381,9 @@ def _check_tool_choice(body: dict[str, Any], tools: list[Any] | None) -> None:
 
 class TooManyTokens(Exception):
     """Text ``index`` of those given to encode was proven to encode to more tokens than a
-    route takes (``at_least`` of them at least) before it was encoded whole. ``in_all``:
+    route takes (``at_least`` of them at least), before it was encoded whole. ``in_all``:
     texts 0..``index`` together hold at least ``at_least`` tokens, more than the route
-    takes in all."""
+    takes in all (proven as they were encoded, those before ``index`` whole)."""
 
     def __init__(self, index: int, at_least: int, in_all: bool = False) -> None:
         what = f"texts 0..{index} encode" if in_all else f"text {index} encodes"

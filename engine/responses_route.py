@@ -325,6 +325,7 @@ class _Answer(Generation):
         self.echoed = asked.echoed
         self.parallel_tool_calls = asked.parallel_tool_calls
         self.store = store
+        self.salt = asked.salt  # the salt its conversation is stored under, as it was read
         self.turns = turns
         self.created = int(time.time())
         self.item = f"msg_{uuid.uuid4().hex}"
@@ -382,7 +383,7 @@ class _Answer(Generation):
     def _ended(self, text: str, reason: str | None) -> dict[str, Any]:
         if self.store is not None and reason != "abort":
             self.store.put(self.rid, [*self.turns, {"role": "assistant", "content": text}],
-                           salt=self.p.cache_salt)
+                           salt=self.salt)
         return self._response(text, reason)
 
     async def collect(self) -> dict[str, Any]:
