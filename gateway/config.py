@@ -204,10 +204,9 @@ class TimeoutConfig:
     buffer_bytes: int = 1 << 20  # a non-streamed answer up to this size is read whole first
 
     def validate(self) -> None:
-        _positive(self, "connect_s", "first_byte_s", "stall_s", "idle_s", "buffer_bytes")
+        _positive(self, "buffer_bytes")
         at_least(self, LEAST_TIMEOUT_S, "connect_s", "first_byte_s", "stall_s", "idle_s")
         if self.stream_first_byte_s is not None:
-            _positive(self, "stream_first_byte_s")
             at_least(self, LEAST_TIMEOUT_S, "stream_first_byte_s")
 
 
@@ -225,9 +224,8 @@ class HealthConfig:
     ejection_s: float = 10.0
 
     def validate(self) -> None:
-        _positive(self, "interval_s", "timeout_s", "failures_to_eject",
-                  "successes_to_readmit", "models_refresh_s", "request_failures_to_eject",
-                  "ejection_s")
+        _positive(self, "failures_to_eject", "successes_to_readmit",
+                  "request_failures_to_eject")
         at_least(self, LEAST_INTERVAL_S, "interval_s", "models_refresh_s")
         at_least(self, LEAST_TIMEOUT_S, "timeout_s", "ejection_s")
 
@@ -247,8 +245,7 @@ class ScrapeConfig:
         default_factory=CapacityEstimateConfig)
 
     def validate(self) -> None:
-        _positive(self, "interval_s", "timeout_s", "hit_rate_window_s",
-                  "stale_after_failures", "max_bytes")
+        _positive(self, "stale_after_failures", "max_bytes")
         at_least(self, LEAST_INTERVAL_S, "interval_s")
         at_least(self, LEAST_TIMEOUT_S, "timeout_s", "hit_rate_window_s")
 
@@ -393,9 +390,8 @@ class LimitsConfig:
     max_held_body_bytes: int = 1024 * 1024 * 1024
 
     def validate(self) -> None:
-        _positive(self, "max_in_flight", "max_pending_s", "connections_per_replica",
-                  "max_connections", "keep_alive_s", "max_header_bytes", "header_timeout_s",
-                  "body_timeout_s", "max_receiving_bytes", "max_held_body_bytes")
+        _positive(self, "max_in_flight", "connections_per_replica", "max_connections",
+                  "max_header_bytes", "max_receiving_bytes", "max_held_body_bytes")
         at_least(self, LEAST_TIMEOUT_S, "max_pending_s", "keep_alive_s", "header_timeout_s",
                  "body_timeout_s")
         if self.max_pending < 0:

@@ -222,7 +222,7 @@ def test_a_view_follows_every_change_of_its_replica() -> None:
     ({"replicas": [{"id": "a", "url": "http://h:1"}, {"id": "a", "url": "http://h:2"}]},
      "appears twice"),
     ({"port": "80"}, "config.port"),
-    ({"timeouts": {"idle_s": 0}}, "config.timeouts: idle_s must be > 0"),
+    ({"timeouts": {"idle_s": 0}}, "config.timeouts: idle_s must be at least 0.001 s"),
     ({"health": {"interval": 1}}, "'interval'"),
     ({"port": 99999}, "port must be at most 65535, got 99999"),
     ({"admin": {"port": 70000}}, "port must be at most 65535, got 70000"),
@@ -239,7 +239,7 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=str(bad)):
         load_config(bad)
     bad.write_text("replicas:\n  - {id: a, url: 'http://h:1'}\nscrape: {interval_s: -2}\n")
-    with pytest.raises(ConfigError, match=rf"{bad}.scrape: interval_s must be > 0, got -2"):
+    with pytest.raises(ConfigError, match=rf"{bad}.scrape: interval_s must be at least 0.01 s, got -2"):
         load_config(bad)
     bad.write_text("replicas:\n  - {id: a, url: 'http://h:1'}\npolicy: {name: cost, nosuch: 1}\n")
     with pytest.raises(ConfigError, match=rf"{bad}\.policy: unknown key 'nosuch'"):
