@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 from dataclasses import asdict, replace
@@ -35,6 +34,7 @@ from loadtests.plan_arithmetic import (
     FleetSize,
     Library,
     arithmetic,
+    request_blocks,
 )
 from loadtests.plan_report import render
 from loadtests.plan_simulation import PolicyFigures, simulate_policies
@@ -146,8 +146,7 @@ def _notes(shape: ModelShape, library: Library, block_size: int, numbers: Arithm
     simulation's engines keep)."""
     if not shape.sliding_window_layers or shape.sliding_window is None:
         return []
-    # a document and its question, in whole blocks, as ``arithmetic`` caches a request
-    blocks = math.ceil((library.doc_tokens + library.tail_tokens) / block_size)
+    blocks = request_blocks(library, block_size)
     kept = window_blocks(blocks, shape.sliding_window, block_size)
     return [f"{shape.sliding_window_layers} of {shape.num_layers} layers attend within a "
             f"sliding window of {shape.sliding_window:,} tokens: the figures keep "

@@ -111,13 +111,18 @@ class Arithmetic:
     hot_prefill_reduction: float | None  # None: nothing left to prefill under affinity
 
 
+def request_blocks(library: Library, block_size: int) -> int:
+    """A document and its question in whole blocks ([0, doc) document, [doc, doc + tail)
+    question), as a request of ``library`` is cached."""
+    return math.ceil((library.doc_tokens + library.tail_tokens) / block_size)
+
+
 def arithmetic(library: Library, fleet: FleetSize) -> Arithmetic:
     """The seed's arithmetic for ``library`` on ``fleet``."""
     per_token, cached = fleet.kv_bytes_per_token, fleet.kv_bytes_cached
     bytes_per_doc = round(library.doc_tokens * per_token) if cached is None else \
         cached(math.ceil(library.doc_tokens), 1)
-    # [0, doc) document, [doc, doc + tail) question: cached in whole blocks
-    blocks = math.ceil((library.doc_tokens + library.tail_tokens) / fleet.block_size)
+    blocks = request_blocks(library, fleet.block_size)
     bytes_per_request = blocks * fleet.block_size * per_token if cached is None else \
         cached(blocks * fleet.block_size, fleet.block_size)
     per_replica = int(fleet.idle_kv_gib * GIB) // bytes_per_request
