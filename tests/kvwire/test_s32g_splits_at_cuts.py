@@ -13,6 +13,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_to
 
 from kvwire.tokenizer import PromptTokenizer
 from kvwire.tokenizer_build import ASSET_DIR
+from tests.support.recording_tokenizer import RecordingTokenizer
 
 ATOMS = ("the ", "parties ", "  ", "\n", "\n\n ", "中文字符", "😀", "a", "aaaa", " ", "=",
          "word", ".", "   x", "\t", "é", " internationalization", "<|im_start|>", "it's ",
@@ -74,18 +75,6 @@ def no_regex() -> Tokenizer:
     return tok
 
 
-class Hidden:
-    """A tokenizer whose JSON form cannot be read."""
-
-    def __init__(self) -> None:
-        self.inner = project()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "to_str":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
 SPLITS = {
     "byte-level": project, "llama-3-like": llama3_like, "with-bos": bos,
     "whitespace-word-level": word_level,
@@ -101,7 +90,7 @@ WHOLE = {
     "no-pre-tokenizer": lambda: trained(None, normalizers.Replace(" ", "▁"), fallback=True),
     "byte-level-without-regex": no_regex, "rstrip-added-token": rstrip,
     "strip-normalizer": lambda: trained(pre_tokenizers.ByteLevel(), normalizers.Strip()),
-    "json-unread": Hidden,
+    "json-unread": lambda: RecordingTokenizer(project(), hide_form=True),
 }
 
 
@@ -124,8 +113,12 @@ def test_a_text_read_in_pieces_encodes_to_its_whole_encoding(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", sorted(WHOLE))
 def test_a_tokenizer_whose_encoding_may_not_split_at_a_cut_is_read_whole(kind: str) -> None:
-    recording = WHOLE[kind]()
+    inner = WHOLE[kind]()
+    recording = inner if isinstance(inner, RecordingTokenizer) else RecordingTokenizer(inner)
     tok = PromptTokenizer(recording)
     assert not tok.bounded.splits_at_cuts
     text = "the parties agree " * 100
-    assert tok.bounded.encode_whole(text, piece_chars=64) == tok.encode(text)
+    recording.given.clear()
+    whole = tok.bounded.encode_whole(text, piece_chars=64)
+    assert recording.given == [len(text)]  # handed over in one piece
+    assert whole == tok.encode(text)
