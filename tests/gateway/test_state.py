@@ -239,7 +239,8 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=str(bad)):
         load_config(bad)
     bad.write_text("replicas:\n  - {id: a, url: 'http://h:1'}\nscrape: {interval_s: -2}\n")
-    with pytest.raises(ConfigError, match=rf"{bad}.scrape: interval_s must be at least 0.01 s, got -2"):
+    with pytest.raises(ConfigError,
+                       match=rf"{bad}.scrape: interval_s must be at least 0.01 s, got -2"):
         load_config(bad)
     bad.write_text("replicas:\n  - {id: a, url: 'http://h:1'}\npolicy: {name: cost, nosuch: 1}\n")
     with pytest.raises(ConfigError, match=rf"{bad}\.policy: unknown key 'nosuch'"):
