@@ -26,6 +26,10 @@ little-endian:
                 later try of a request whose earlier try the sender told), then the
                 prompt's chunk hashes as u32 each
     HEARTBEAT   (empty)        the sender is alive (sent when it has been quiet)
+    ANSWERED    JSON (at most ``MAX_META`` bytes): a stored response's ``id``, the
+                ``replica`` that answered it and the ``tenant`` it is (null: the
+                anonymous tenant's); told between the workers of one box only, never to
+                peers (a copy of an older release drops a link at a kind it does not know)
 
 ROUTED carries what a policy learns from a request (``policies.base.Routed``) but never
 the prompt's text or token ids: only the hashes of its pieces (``prompt_chunks``). A
@@ -68,7 +72,7 @@ MAX_FRAME = 1 << 20
 # dropped there) and a receiver reads at most (a longer one drops the connection)
 MAX_META = 3072
 
-SENT, FIRST_BYTE, DONE, ROUTED, HEARTBEAT = 1, 2, 3, 4, 5
+SENT, FIRST_BYTE, DONE, ROUTED, HEARTBEAT, ANSWERED = 1, 2, 3, 4, 5, 6
 _HEAD = struct.Struct("<IB")  # length of what follows the length, kind
 _SENT = struct.Struct("<QIH")
 _SEQ = struct.Struct("<Q")
@@ -218,7 +222,17 @@ class Heartbeat:
     """The sender is alive."""
 
 
-Frame = Sent | Settled | RoutedElsewhere | Heartbeat
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A stored response (``/v1/responses``) the sender saw answered: its id, the replica
+    that stores it, and its tenant (None: the anonymous tenant's)."""
+
+    response: str
+    replica: str
+    tenant: str | None
+
+
+Frame = Sent | Settled | RoutedElsewhere | Heartbeat | Answered
 
 
 def frame_length(head: bytes) -> tuple[int, int]:
@@ -248,9 +262,39 @@ def parse_frame(kind: int, body: bytes, arrival_s: float) -> Frame:
             return _parse_routed(body, arrival_s)
         if kind == HEARTBEAT:
             return Heartbeat()
+        if kind == ANSWERED:
+            return _parse_answered(body)
     except (struct.error, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
         raise WireError(f"a malformed frame of kind {kind}: {exc}") from None
     raise WireError(f"unknown frame kind {kind}")
+
+
+def answered_frame(response: str, replica: str, tenant: str | None) -> bytes:
+    """``response`` answered by ``replica`` for ``tenant``."""
+    meta = orjson.dumps({"id": response, "replica": replica, "tenant": tenant})
+    if len(meta) > MAX_META:
+        raise WireError(f"an answered response's meta of {len(meta)} bytes exceeds "
+                        f"{MAX_META}")
+    return _frame(ANSWERED, meta)
+
+
+def _parse_answered(body: bytes) -> Answered:
+    if len(body) > MAX_META:
+        raise WireError(f"an answered response's meta of {len(body)} bytes exceeds "
+                        f"{MAX_META}")
+    meta: Any = orjson.loads(body)
+    if not isinstance(meta, dict):
+        raise WireError(f"an answered response's meta is {type(meta).__name__}, not an "
+                        "object")
+    response, replica, tenant = meta.get("id"), meta.get("replica"), meta.get("tenant")
+    if not isinstance(response, str) or not isinstance(replica, str) or not response \
+            or not replica:
+        raise WireError(f"an answered response's id {response!r} or replica {replica!r} "
+                        "is no string")
+    if tenant is not None and not isinstance(tenant, str):
+        raise WireError(f"an answered response's 'tenant' is {type(tenant).__name__}, not "
+                        "a string")
+    return Answered(response, replica, tenant)
 
 
 def _parse_routed(body: bytes, arrival_s: float) -> RoutedElsewhere:

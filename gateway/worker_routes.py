@@ -17,6 +17,13 @@ request told, so one that skipped the first try (its replica one its fleet does 
 or that its policy keeps nothing of) counts none of the request's traffic: rare, as
 discovery changes (docs/cost.md).
 
+Stored responses: a worker that sees a ``/v1/responses`` answer's id tells the others its
+replica and tenant (``answered``: an ``ANSWERED`` frame, sent at once with the routes
+waiting, before the client can read the id), so a continuation reaching another worker
+goes to the replica that stores it, and another tenant's is refused there as by the worker
+that saw it (a replica such as vLLM's continues any tenant's stored response). Told with or
+without routes (``tell_routes``, ``--no-worker-routes``).
+
 Transport: one Unix ``SOCK_SEQPACKET`` socket pair per worker, made by the supervisor before
 it starts them (``route_pair``). Worker ``i`` reads its own pair's first end; every other worker
 holds the second and sends to it. A worker reads its inbox before each of its decisions
@@ -52,15 +59,17 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gateway.peer_wire import (
     HEAD_BYTES,
     MAX_FRAME,
+    Answered,
     RoutedElsewhere,
     ToldRequests,
     WireError,
+    answered_frame,
     frame_length,
     parse_frame,
     routed_frame,
@@ -87,14 +96,20 @@ def route_pair() -> tuple[socket.socket, socket.socket]:
 
 class WorkerRoutes:
     """One worker's end: ``routed`` tells the others; what they tell reaches ``policy``
-    (only the routes to replicas ``fleet`` holds, when given)."""
+    (only the routes to replicas ``fleet`` holds, when given). ``answered`` tells them a
+    stored response's replica and tenant, which reach ``on_answered`` (even where routes
+    are not told: ``tell_routes`` false)."""
 
     def __init__(self, inbox: socket.socket, outboxes: Sequence[socket.socket],
-                 policy: Policy, fleet: Fleet | None = None) -> None:
+                 policy: Policy, fleet: Fleet | None = None,
+                 on_answered: Callable[[Answered], None] | None = None,
+                 tell_routes: bool = True) -> None:
         self.inbox = inbox
         self.outboxes = list(outboxes)
         self.policy = policy
         self.fleet = fleet
+        self.on_answered = on_answered
+        self.tell_routes = tell_routes  # else only ``answered`` is told
         self.sent = self.received = self.dropped = self.malformed = 0
         self.unknown = 0  # routes received to a replica the fleet does not hold: skipped
         self._warned = (-DROPPED_LOG_S, 0)  # (logged at, dropped then)
@@ -150,7 +165,7 @@ class WorkerRoutes:
         told to the others within ``FLUSH_S``, as a retry when a route of the same request
         object was told before. ``again``: a peer's route passed on (``Peers.forward``),
         a retry or not as the peer told it."""
-        if not self.outboxes:
+        if not self.outboxes or not self.tell_routes:
             return
         try:
             frame = (self._told.frame(request, replica) if again is None
@@ -164,6 +179,21 @@ class WorkerRoutes:
                 self.send_waiting()
             else:
                 self._flush = self._loop.call_later(FLUSH_S, self.send_waiting)
+
+    def answered(self, response: str, replica: str, tenant: str | None) -> None:
+        """This worker saw ``response`` answered by ``replica`` for ``tenant``: told to
+        the others now, with the routes waiting, before its client can read the id and
+        continue it on another worker (which reads its inbox before each decision)."""
+        if not self.outboxes:
+            return
+        try:
+            self._waiting.append(answered_frame(response, replica, tenant))
+        except WireError as exc:
+            log.debug("not told to the other workers: %s", exc)
+            return
+        if self._flush is not None:
+            self._flush.cancel()
+        self.send_waiting()
 
     def send_waiting(self) -> None:
         """Send the routes waiting, in messages of whole frames, to every other worker."""
@@ -238,6 +268,10 @@ class WorkerRoutes:
                 log.debug("a malformed route from another worker: %s", exc)
                 return
             at += HEAD_BYTES + length
+            if isinstance(frame, Answered):
+                if self.on_answered is not None:
+                    self.on_answered(frame)
+                continue
             if isinstance(frame, RoutedElsewhere):
                 self.received += 1
                 if self.fleet is not None and self.fleet.get(frame.replica) is None:

@@ -113,10 +113,12 @@ class WorkerPlan:
     rings: tuple[connection.Connection, ...] = ()
     bell: connection.Connection | None = None
     supervisor: int = 0  # the supervisor's process id
-    # routes told between the workers (``worker_routes``): this worker's inbox, and the
-    # other workers' inboxes' sending ends
+    # routes and stored responses told between the workers (``worker_routes``): this
+    # worker's inbox, and the other workers' inboxes' sending ends; routes only with
+    # ``share_routes`` (stored responses always: each worker refuses another tenant's)
     routes_inbox: socket.socket | None = None
     routes_out: tuple[socket.socket, ...] = ()
+    share_routes: bool = True
     metrics_lock: HeldLock | None = None  # the metrics directory's, held while this runs
 
 
@@ -203,6 +205,7 @@ def worker_main(plan: WorkerPlan) -> None:
     from gateway.app import create_app
     from gateway.box_feed import BoxFeed
     from gateway.http_server import run_server
+    from gateway.responses_request import ResponseHome
     from gateway.state import build_state
 
     config = share_of(plan.config, plan.workers, plan.index)
@@ -213,11 +216,14 @@ def worker_main(plan: WorkerPlan) -> None:
     gw.box = BoxFeed(feed, gw.fleet, plan.index == 0, config.health.failures_to_eject,
                      config.health.successes_to_readmit, rings=plan.rings, bell=plan.bell)
     if plan.routes_inbox is not None:
-        gw.worker_routes = WorkerRoutes(plan.routes_inbox, plan.routes_out, gw.policy,
-                                        gw.fleet)
+        homes = gw.response_homes
+        gw.worker_routes = WorkerRoutes(
+            plan.routes_inbox, plan.routes_out, gw.policy, gw.fleet,
+            lambda told: homes.put(told.response, ResponseHome(told.replica, told.tenant)),
+            tell_routes=plan.share_routes)
         gw.router.before_choose = gw.worker_routes.catch_up  # each decision knows them
         gw.metrics.watch_worker_routes(gw.worker_routes)
-        if gw.peers is not None:
+        if gw.peers is not None and plan.share_routes:
             gw.peers.forward = gw.worker_routes.routed
     app = create_app(config, gw)
     token = config.admin.resolved_token() if plan.index == 0 else None
@@ -404,8 +410,7 @@ class Supervisor:
         # one doorbell per follower: (its end, worker 0's end); the workers get copies
         bells = [ctx.Pipe(duplex=False) for _ in range(self.workers - 1)]
         # one route inbox per worker: (its end, the end the others send to)
-        routes = [route_pair() for _ in range(self.workers)] \
-            if self.workers > 1 and self.share_routes else []
+        routes = [route_pair() for _ in range(self.workers)] if self.workers > 1 else []
         try:
             for index in range(self.workers):
                 if self.signals:  # told to stop meanwhile: those started drain, no more
@@ -418,6 +423,7 @@ class Supervisor:
                                   routes_inbox=routes[index][0] if routes else None,
                                   routes_out=tuple(out for j, (_, out) in enumerate(routes)
                                                    if j != index),
+                                  share_routes=self.share_routes,
                                   metrics_lock=metrics_lock)
                 proc = ctx.Process(target=worker_main, args=(plan,),
                                    name=f"kvgate-worker-{index}")

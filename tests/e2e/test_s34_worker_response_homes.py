@@ -1,0 +1,93 @@
+"""``kvgate serve --workers 2`` keeps a stored response its tenant's on every worker: the
+worker that saw it answered tells the others its replica and tenant, so another tenant's
+``previous_response_id`` is refused by whichever worker the continuation reaches. Without
+``tenancy.isolate`` no salt reaches the replicas, and a replica (vLLM's, or this one)
+would continue any tenant's stored response: the workers are what keep it its tenant's,
+with or without ``--no-worker-routes`` (which keeps routes untold, not stored responses)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.engine_servers import LiveEngine, serve_engine
+from tests.support.metrics import per_worker
+from tests.support.processes import Processes
+from tests.support.servers import free_port
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-sim"
+KEY_A, KEY_B = "tenantA-key-0123456789", "tenantB-key-0123456789"
+
+
+@pytest.fixture
+def engine() -> Iterator[LiveEngine]:
+    run = serve_engine(LiveEngine, MODEL)
+    try:
+        yield next(run)
+    finally:
+        run.close()
+
+
+def _client_on(url: str, worker: str) -> httpx.Client:
+    """A kept-alive connection that ``worker`` holds (the kernel hands each new
+    connection to either worker)."""
+    found: list[httpx.Client] = []
+
+    def connect() -> bool:
+        client = httpx.Client(base_url=url, timeout=30)
+        if client.get("/metrics").headers.get("x-kvgate-worker") == worker:
+            found.append(client)
+            return True
+        client.close()
+        return False
+
+    wait_until(connect, 20, f"a connection held by worker {worker}")
+    return found[0]
+
+
+def _post(client: httpx.Client, key: str, **body: Any) -> httpx.Response:
+    return client.post("/v1/responses", headers={"authorization": f"Bearer {key}"},
+                       json={"model": MODEL, "max_output_tokens": 2, **body})
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-worker-routes"]])
+def test_another_workers_tenant_cannot_continue_a_stored_response(
+        spawn: Processes, engine: LiveEngine, tmp_path: Path, flags: list[str]) -> None:
+    port = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "policy": {"name": "round_robin"},
+        "replicas": [{"id": "e0", "url": engine.url}],
+        "auth": {"api_keys": [{"key": KEY_A, "tenant": "acme"},
+                              {"key": KEY_B, "tenant": "evil"}]},
+        "shutdown": {"grace_s": 0, "timeout_s": 20}}))
+    url = f"http://127.0.0.1:{port}"
+    spawn("serve", "--config", str(config), "--workers", "2", *flags,
+          ready_url=f"{url}/ready")
+    per_worker(url, lambda s: True, "both workers to listen")
+    with httpx.Client(base_url=url, timeout=30) as first_client:
+        first = _post(first_client, KEY_A, input="ACME SECRET: the launch code is 4242")
+    assert first.status_code == 200, first.text
+    secret, made_on = first.json()["id"], first.headers["x-kvgate-worker"]
+    other = "1" if made_on == "0" else "0"
+    client = _client_on(url, other)
+    try:
+        for stream in (False, True):
+            answer = _post(client, KEY_B, input="what did I say?",
+                           previous_response_id=secret, stream=stream)
+            assert answer.status_code == 404, answer.text
+            assert answer.json()["error"]["param"] == "previous_response_id"
+        # its own tenant goes on continuing it there
+        went_on = _post(client, KEY_A, input="what did I say?", previous_response_id=secret)
+        assert went_on.status_code == 200, went_on.text
+        assert went_on.headers["x-kvgate-worker"] == other
+    finally:
+        client.close()
