@@ -132,15 +132,17 @@ def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
                 return sums[name] / counts[name]
         return None
 
-    queued = get(m.PROMPT_TOKENS_WAITING)
+    # counts and a usage fraction below 0 (or a fraction past 1) are no state a replica can
+    # be in: taken as their bound, so a page of negative queues draws no traffic
+    queued = _count(get(m.PROMPT_TOKENS_WAITING))
     if get(m.NUM_REQUESTS_RUNNING) is not None:
         return ScrapedMetrics(
             dialect="vllm",
-            running=int(get(m.NUM_REQUESTS_RUNNING) or 0),
-            waiting=int(get(m.NUM_REQUESTS_WAITING) or 0),
-            kv_usage=float(mean(m.KV_CACHE_USAGE, m.GPU_CACHE_USAGE) or 0.0),
+            running=_count(get(m.NUM_REQUESTS_RUNNING)) or 0,
+            waiting=_count(get(m.NUM_REQUESTS_WAITING)) or 0,
+            kv_usage=_fraction(mean(m.KV_CACHE_USAGE, m.GPU_CACHE_USAGE)),
             kv_capacity_tokens=capacity,
-            queued_tokens=None if queued is None else int(queued),
+            queued_tokens=queued,
             hit_tokens=get(m.PREFIX_CACHE_HITS + m.TOTAL, m.GPU_PREFIX_CACHE_HITS + m.TOTAL),
             query_tokens=get(m.PREFIX_CACHE_QUERIES + m.TOTAL,
                              m.GPU_PREFIX_CACHE_QUERIES + m.TOTAL),
@@ -151,17 +153,26 @@ def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
         total = get(m.SGLANG_MAX_TOTAL_TOKENS)
         return ScrapedMetrics(
             dialect="sglang",
-            running=int(get(m.SGLANG_RUNNING) or 0),
-            waiting=int(get(m.SGLANG_WAITING) or 0),
-            kv_usage=float(mean(m.SGLANG_TOKEN_USAGE) or 0.0),
+            running=_count(get(m.SGLANG_RUNNING)) or 0,
+            waiting=_count(get(m.SGLANG_WAITING)) or 0,
+            kv_usage=_fraction(mean(m.SGLANG_TOKEN_USAGE)),
             kv_capacity_tokens=None if total is None or total <= 0 else int(total),
-            queued_tokens=None if queued is None else int(queued),
+            queued_tokens=queued,
             hit_rate_gauge=mean(m.SGLANG_CACHE_HIT_RATE),
             work_tokens=_work(get(m.SGLANG_PROMPT_TOKENS + m.TOTAL),
                               get(m.SGLANG_GENERATION_TOKENS + m.TOTAL)),
         )
-    return ScrapedMetrics(dialect="unknown",
-                          queued_tokens=None if queued is None else int(queued))
+    return ScrapedMetrics(dialect="unknown", queued_tokens=queued)
+
+
+def _count(value: float | None) -> int | None:
+    """A scraped count (requests, tokens), at least 0."""
+    return None if value is None else max(0, int(value))
+
+
+def _fraction(value: float | None) -> float:
+    """A scraped usage fraction, within [0, 1] (0 when not scraped)."""
+    return 0.0 if value is None else min(1.0, max(0.0, value))
 
 
 def _shared(whole: ScrapedMetrics, ranks: int) -> ScrapedMetrics:
