@@ -10,9 +10,12 @@ started and stopped in the app's lifespan.
 
 A message is ``[topic, seq (u64 big-endian), payload]`` (see ``kvwire.kv_event_format``); a
 malformed one is logged and skipped (a malformed event inside a batch alone is skipped, and
-counted). A message over ``MAX_MESSAGE_BYTES`` is refused by the socket (ZMQ drops that
-connection; the gap it leaves is replayed). When the replica's config names a
-``kv_events_replay`` endpoint, what the stream missed is asked for there:
+counted). A message over ``MAX_MESSAGE_BYTES`` is refused by the socket: ZMQ drops that
+connection and, a protocol error, never connects to that publisher again (it does after a
+network error). The socket's monitor tells of it (a disconnection no retry follows): the
+reader logs it, counts it as malformed and opens a new socket, and what the stream missed
+meanwhile is a gap like any other. When the replica's config names a ``kv_events_replay``
+endpoint, what the stream missed is asked for there:
 
 * on (re)subscribing, at once: everything the engine still keeps from sequence 0 (blocks
   it cached before this gateway listened, or while the replica was out of the fleet);
@@ -47,12 +50,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from dataclasses import replace
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
@@ -83,6 +88,13 @@ _REPLAY_BACKOFF_S = (1.0, 60.0)  # after a failed replay, none for this long (do
 # KV cache groups of these kinds (vLLM's KVCacheSpecKind) hold every block of a prefix
 FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 _MAX_GROUPS = 64  # KV cache groups whose kind is kept, per replica
+# what a SUB socket's monitor tells: whether libzmq still connects to the publisher
+_LINK_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
+                | zmq.EVENT_DISCONNECTED)
+# a feed dropped again with no message read since it was reopened is reopened after this
+# long (doubling)
+_REOPEN_BACKOFF_S = (0.25, 30.0)
+_monitors = itertools.count()  # each monitor's inproc address is its own
 
 
 class _EndlessReplay(Exception):
@@ -100,7 +112,9 @@ class KVEventSubscriber:
         self.index = index
         self.reconcile_s = reconcile_s
         self.messages = 0
-        self.malformed = 0  # messages skipped, and events skipped inside a batch
+        # messages skipped (a connection ZMQ dropped for one included), and events
+        # skipped inside a batch
+        self.malformed = 0
         self.gaps = 0  # sequence jumps and late starts seen (replayed or not)
         self.replays = 0  # gaps filled from a replay endpoint
         self.replay_failures = 0
@@ -221,15 +235,11 @@ class KVEventSubscriber:
 
     async def _read(self, replica: str, endpoint: str, replay: str | None = None) -> None:
         assert self._ctx is not None
-        sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IPV6, 1)  # a discovered replica may have an IPv6 address
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._replayed.pop(replica, None)
         caught_up = -1  # the index's reset count for this replica when last replayed from 0
+        drops = 0  # connections ZMQ dropped for good since the last message
+        feed = _Feed(self._ctx, endpoint)
         try:
-            sock.connect(endpoint)
             log.info("replica %s: following KV events at %s", replica, endpoint)
             while True:
                 resets = self.index.resets[replica]
@@ -237,13 +247,26 @@ class KVEventSubscriber:
                     caught_up = resets
                     if self.index.last_seq(replica) is None:
                         await self.catch_up(replica, replay)
-                if await sock.poll(_POLL_MS) == 0:
-                    continue
-                frames = await sock.recv_multipart()
-                await self.receive(replica, frames, replay)
+                frames = await feed.recv(_POLL_MS)
+                if frames is not None:
+                    drops = 0
+                    await self.receive(replica, frames, replay)
+                elif feed.dropped:
+                    feed.close()
+                    self.malformed += 1
+                    if drops == 0:  # once, not for each retry of a peer that does it again
+                        log.warning("replica %s: ZMQ dropped its KV event connection to %s "
+                                    "for good (a message over the %d-byte limit, or a peer "
+                                    "not speaking ZMTP): reconnecting; what it missed is a "
+                                    "gap", replica, endpoint, MAX_MESSAGE_BYTES)
+                    else:  # again with no message between: not at once
+                        first, most = _REOPEN_BACKOFF_S
+                        await asyncio.sleep(min(first * 2 ** min(drops - 1, 16), most))
+                    drops += 1
+                    feed = _Feed(self._ctx, endpoint)
         finally:
             self._replayed.pop(replica, None)
-            sock.close()
+            feed.close()
 
     async def catch_up(self, replica: str, replay: str) -> None:
         """Apply every batch the replica's replay endpoint keeps, from sequence 0 (its
@@ -483,6 +506,62 @@ class KVEventSubscriber:
         finally:
             sock.close()
         return last
+
+
+class _Feed:
+    """A SUB socket following one publish endpoint, and its monitor. libzmq connects to the
+    publisher again after a network error, but not after a protocol error (a message over
+    ``MAX_MESSAGE_BYTES``, a peer not speaking ZMTP): the socket is silent from then on.
+    ``dropped`` tells of that: the monitor's last word was a disconnection, no retry after
+    it, and nothing is left queued (the messages before the drop are read first)."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
+        self.sock = ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IPV6, 1)  # a discovered replica may have an IPv6 address
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.monitor = self.sock.get_monitor_socket(
+            _LINK_EVENTS, f"inproc://kvgate-kv-events-monitor-{next(_monitors)}")
+        self.monitor.setsockopt(zmq.LINGER, 0)
+        self.poller = zmq.asyncio.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.dropped = False
+        self._disconnected = False  # the monitor's last event
+        try:
+            self.sock.connect(endpoint)
+        except zmq.ZMQError:
+            self.close()
+            raise
+
+    async def recv(self, timeout_ms: int) -> list[bytes] | None:
+        """The next message, or None when none came within ``timeout_ms`` (or the monitor
+        spoke first)."""
+        with contextlib.suppress(zmq.Again):  # a busy stream: no poll for each message
+            return await self.sock.recv_multipart(zmq.NOBLOCK)
+        ready = dict(await self.poller.poll(timeout_ms))
+        if self.monitor in ready:
+            while True:
+                try:
+                    event = parse_monitor_message(
+                        await self.monitor.recv_multipart(zmq.NOBLOCK))["event"]
+                except zmq.Again:
+                    break
+                self._disconnected = event == zmq.EVENT_DISCONNECTED
+        if self.sock in ready:
+            return await self.sock.recv_multipart()
+        # a retry follows a disconnection at once where libzmq reconnects: a whole quiet
+        # poll after one without it, it does not
+        self.dropped = not ready and self._disconnected
+        return None
+
+    def close(self) -> None:
+        if self.sock.closed:
+            return
+        self.sock.disable_monitor()
+        self.monitor.close()
+        self.sock.close()
 
 
 def _decoded(payload: bytes) -> KVEventBatch | KVWireError:
