@@ -4,16 +4,19 @@ answer for a whole one.
 ``Proxy.open`` tries the decision's replicas in order until one answers: a connect error
 ejects the replica and moves on; a 5xx, a first-byte timeout, a body cut before anything
 reached the client, or a stream that ends before its first event moves on too, counted
-against the replica (``Fleet.request_failed`` ejects it after several in a row); a 4xx (and
-a 501: not implemented there) is the client's problem and is relayed as it is. A 5xx is
-counted against its replica only once another replica answered the request: when a second
-one answers it with a 5xx too, the request is what fails (input that breaks the engine),
-no further replica is tried, neither is counted, and the client gets the replica's error
-message. Every try shares the request's one first-byte deadline: a later try gets what is
-left of it (none under ``_LEAST_TRY_S``), and one that the deadline, not its own wait, cut
-short is not counted against its replica. A try's own wait (``gateway.first_byte``) is
-extended while its replica shows progress (it gave another request its first byte, or
-finished one, since the wait began or was last extended): a busy replica is slow, not hung.
+against the replica (``Fleet.request_failed`` ejects it after several in a row), and so does
+a 3xx: a redirect is never followed nor relayed (its ``Location`` would send a client that
+follows it, the openai client among them, on to wherever the replica pointed, the prompt
+with it); a 4xx (and a 501: not implemented there) is the client's problem and is relayed
+as it is. A 5xx is counted against its replica only once another replica answered the
+request: when a second one answers it with a 5xx too, the request is what fails (input
+that breaks the engine), no further replica is tried, neither is counted, and the client
+gets the replica's error message. Every try shares the request's one first-byte deadline:
+a later try gets what is left of it (none under ``_LEAST_TRY_S``), and one that the
+deadline, not its own wait, cut short is not counted against its replica. A try's own
+wait (``gateway.first_byte``) is extended while its replica shows progress (it gave
+another request its first byte, or finished one, since the wait began or was last
+extended): a busy replica is slow, not hung.
 
 A non-streamed answer is read whole (up to ``buffer_bytes``) before the client sees a byte,
 so a replica dying mid-body is retried like any other failure, and so is an answer cut
@@ -24,7 +27,11 @@ a completion's or chat's whose choice has a null finish reason. That last is the
 answer cut, as in a stream, and gets what a cut answer gets, never a 200: the client
 cannot tell it from a whole one (the openai client returns it as whole), where a stream of
 it ends with an error event; held before the client saw a byte, it goes to the next
-replica, and from the last a 502 names the replica. A pass-through answer is left to its
+replica, and from the last a 502 names the replica. So does a known endpoint's success that
+carries nothing: no body (a 204), or a completion's or chat's that is an error object
+without choices, or whose ``choices`` is empty where the request asked one choice
+(``_Held.empty``; a stream of one choice that ends with no choice at all ends with an
+error event in place of its [DONE]). A pass-through answer is left to its
 transport. A longer one is relayed with the replica's ``content-length``, its bytes
 searched for an abort as a stream's are (a whole answer that is an error object under a
 200 is failed too), and one that ends with its connection, or a known endpoint's success
@@ -144,6 +151,7 @@ _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
 _CHOICE_INDEX = re.compile(rb'"choices":\s*\[\s*\{\s*"index":\s*(\d{1,9})')
 _FINISH_KEY = b'"finish_reason"'
 _FINISH_TOLD = re.compile(rb'"finish_reason"\s*:\s*[^n\s]')  # one that is not null
+_A_CHOICE = re.compile(rb'"choices"\s*:\s*\[\s*\{')  # an event's choices, not empty
 # a Responses stream event's number
 _SEQUENCE_KEY = b'"sequence_number"'
 _SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d{1,18})')
@@ -649,18 +657,25 @@ class UpstreamStream:
         them: when they end with its [DONE] (judged once, before they go out) and a choice
         it began came without its finish reason (``_unfinished``), the replica cut the
         answer though [DONE] came: it is failed (502), and the client gets an error event
-        in place of the [DONE] event, as a stream cut short ends. Costs each chunk a look
-        at its last bytes until then."""
+        in place of the [DONE] event, as a stream cut short ends; so does a stream of one
+        choice that ended with no choice at all (``_OneFinish.no_choice``: an answer that
+        carries nothing). Costs each chunk a look at its last bytes until then."""
         if not _ends_done(events):
             return events
         self._judging = False
-        unfinished = self._unfinished() if self.error_status is None \
-            and self.status < 400 else None
-        if unfinished is None:
+        if self.error_status is not None or self.status >= 400:
+            return events
+        unfinished = self._unfinished()
+        if unfinished is not None:
+            what = f"{unfinished} unfinished (no finish reason came)"
+            code = "upstream_unfinished"
+        elif self._finish is not None and self._finish.no_choice:
+            what, code = "no choice at all", "upstream_empty"
+        else:
             return events
         self.error_status = 502
-        log.warning("replica %s ended a stream with %s unfinished, without a finish reason: "
-                    "the answer is incomplete", self.replica, unfinished)
+        log.warning("replica %s ended a stream with %s: the answer is incomplete",
+                    self.replica, what)
         # the [DONE] event: from the end of the event before it, [start, len(events))
         at = events.rfind(_DONE_DATA)
         start = 0
@@ -669,8 +684,8 @@ class UpstreamStream:
             if end >= 0:
                 start = max(start, end + len(mark))
         return events[:start] + sse_error_event(
-            f"replica {self.replica!r} ended the answer with {unfinished} unfinished (no "
-            "finish reason came): the answer is incomplete", "upstream_unfinished")
+            f"replica {self.replica!r} ended the answer with {what}: the answer is "
+            "incomplete", code)
 
     def _unfinished(self) -> str | None:
         """Which choice of the stream came without its finish reason, once its [DONE]
@@ -1163,6 +1178,18 @@ class Proxy:
                     raise _Retryable("5xx", f"replica {replica!r} answered {response.status}"
                                      f"{_error_message(detail)}", status=response.status,
                                      unsent=True)
+                if response.status < 200 or 300 <= response.status < 400:
+                    # a redirect, or a status no HTTP server answers (under 100; a 1xx is
+                    # the parser's): no answer, and neither its Location nor its body
+                    # reaches the client, which may follow it with the prompt
+                    log.warning("replica %s answered %s, which is no answer", replica,
+                                response.status)
+                    redirect = response.status >= 300
+                    raise _Retryable("3xx" if redirect else "broken",
+                                     f"replica {replica!r} answered {response.status}, "
+                                     "which is no answer"
+                                     f"{' (a redirect is not followed)' if redirect else ''}",
+                                     status=response.status, unsent=True)
                 first = await response.readany()
                 first_byte_s = time.perf_counter() - started
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
@@ -1197,6 +1224,11 @@ class Proxy:
                                     whole.cut)
                         raise _Retryable("broken", f"replica {replica!r} answered a cut "
                                          f"body ({whole.cut})")
+                    if whole.empty is not None:
+                        log.warning("replica %s answered %s with %s", replica,
+                                    response.status, whole.empty)
+                        raise _Retryable("empty", f"replica {replica!r} answered "
+                                         f"{response.status} with {whole.empty}")
         except UpstreamFailure as exc:  # refused, reset, cut, or a malformed answer
             _close(response)
             if isinstance(exc, UpstreamUnreachable):
@@ -1542,28 +1574,39 @@ class _OneFinish:
     size); a choice that finished stays so. ``unfinished`` once finish reasons came
     (``keyed``: the writer tells them), none of them other than null (``told``): asked
     once, when the stream's [DONE] came. A writer that tells no finish reasons at all is
-    judged by its [DONE] alone. Each read is searched until the finish came: once for
-    the key, until it first comes, and once for a finish that is not null (a pattern
-    that starts with the key: JSON strings escape their quotes, so no content holds
-    it)."""
+    judged by its [DONE] alone, unless no choice came at all (``no_choice``: neither a
+    finish reason nor an event whose choices are not empty, ``_A_CHOICE``). Each read is
+    searched until the finish came: once for the key, until it first comes (and, while
+    neither it nor a choice came, once for a choice), and once for a finish that is not
+    null (a pattern that starts with the key: JSON strings escape their quotes, so no
+    content holds it)."""
 
-    __slots__ = ("keyed", "told")
+    __slots__ = ("chose", "keyed", "told")
 
     def __init__(self) -> None:
         self.keyed = False  # a finish reason came, null or not
         self.told = False  # one came that is not null: the choice finished
+        self.chose = False  # an event with a choice came (asked only until one is keyed)
 
     def note(self, window: bytes) -> None:
         """Note a read, after the last bytes before it (``_ERROR_LOOK_BACK``, over what
         a key and the first byte of its value split across reads need)."""
         if not self.keyed:
             self.keyed = _FINISH_KEY in window
+            if not self.keyed and not self.chose:
+                self.chose = _A_CHOICE.search(window) is not None
         if self.keyed and not self.told:
             self.told = _FINISH_TOLD.search(window) is not None
 
     @property
     def unfinished(self) -> bool:
         return self.keyed and not self.told
+
+    @property
+    def no_choice(self) -> bool:
+        """No choice came: a finish reason is a choice's, as is an event whose choices
+        are not empty."""
+        return not self.keyed and not self.chose
 
 
 def _event_data(event: bytes) -> bytes | None:
@@ -1646,6 +1689,8 @@ class _Held(NamedTuple):
 
     answer: Any  # its JSON value (``_NO_JSON``: none), or ``_UNPARSED`` where not read
     cut: str | None  # why it is cut, if it is
+    # what it carries in place of an answer, where it carries none (``_carries_nothing``)
+    empty: str | None = None
 
 
 def _read_held(body: bytes, headers: Mapping[str, str], until_close: bool,
@@ -1658,10 +1703,15 @@ def _read_held(body: bytes, headers: Mapping[str, str], until_close: bool,
     stream ends short (``encoded_cut``; an answer that ended with its connection had
     that judged as it came). A completion's or chat's whose choice came with a null
     finish reason is the replica's answer cut too, as a stream of it is
-    (``_unfinished_choice``). Any other answer (a pass-through one with a length or
-    chunks: its transport tells) is not read here."""
+    (``_unfinished_choice``). A known answer's success that carries nothing is no answer
+    either (``empty``): no body (a 204, or a 200 with none), or a completion's or chat's
+    that is an error object, or has no choice where the request asked one
+    (``_carries_nothing``). Any other answer (a pass-through one with a length or chunks:
+    its transport tells) is not read here."""
     if not (signs.whole_json or until_close):
         return _Held(_UNPARSED, None)
+    if signs.whole_json and (not body or body.isspace()):
+        return _Held(_UNPARSED, None, "no body")
     if not _json_body(headers):
         if signs.whole_json and not until_close and encoded_cut(body, headers):
             return _Held(_UNPARSED, "its compressed stream ends short")
@@ -1673,7 +1723,28 @@ def _read_held(body: bytes, headers: Mapping[str, str], until_close: bool,
         unfinished = _unfinished_choice(answer)
         if unfinished is not None:
             return _Held(answer, f"choice {unfinished} has a null finish reason")
+        return _Held(answer, None, _carries_nothing(answer, signs.last_finish))
     return _Held(answer, None)
+
+
+def _carries_nothing(answer: Any, one_choice: bool) -> str | None:
+    """What a completion's or chat's whole ``answer`` carries in place of one: an error
+    object and no ``choices`` (vLLM's nested ``error``, older vLLM's and SGLang's flat
+    ``"object": "error"``: a replica that answers its error with a success status), or
+    ``choices`` empty where the request asked one choice (``one_choice``: a request of
+    several, ``n`` or a batch, is not judged so, as one asking none may be among them);
+    None when it carries an answer, or is no object (judged no further)."""
+    if not isinstance(answer, dict):
+        return None
+    if "choices" not in answer:
+        error = answer.get("error")
+        if isinstance(error, dict) or answer.get("object") == "error":
+            message = _message_of(error if isinstance(error, dict) else answer)
+            return f"an error object and no choice{message}"
+        return None
+    if one_choice and answer["choices"] == []:
+        return "no choice (its choices empty)"
+    return None
 
 
 def _unfinished_choice(answer: Any) -> int | None:
@@ -1828,6 +1899,12 @@ def _error_message(detail: bytes) -> str:
     error = data.get("error") if isinstance(data, dict) else None
     if error is None and isinstance(data, dict) and data.get("object") == "error":
         error = data
+    return _message_of(error)
+
+
+def _message_of(error: Any) -> str:
+    """': <message>' of an OpenAI error object (parsed), cut short; '' where it has
+    none."""
     message = error.get("message") if isinstance(error, dict) else None
     if not message or not isinstance(message, str):
         return ""

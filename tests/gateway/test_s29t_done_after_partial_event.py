@@ -48,7 +48,7 @@ _RESPONSES = {"model": "m", "input": "hi", "stream": True}
     ((_CHUNK, _CHUNK, _DONE), "/v1/chat/completions", _CHAT, "200"),
     ((b": keep-alive\n\n", _CHUNK, b": ping\n\n", _DONE), "/v1/chat/completions", _CHAT,
      "200"),
-    ((_DONE,), "/v1/chat/completions", _CHAT, "200"),
+    ((_DONE,), "/generate", {"text": "hi", "stream": True}, "200"),
     ((_DELTA, _DELTA, _COMPLETED), "/v1/responses",
      {"model": "m", "input": "hi", "stream": True}, "200"),
     # keep-alive comments (events without data) between the piece and the last event: the
@@ -60,7 +60,7 @@ _RESPONSES = {"model": "m", "input": "hi", "stream": True}
       _DONE.replace(b"\n", b"\r\n")), "/v1/chat/completions", _CHAT, "502"),
     ((_DELTA, _DELTA[:50] + b"\n\n", _PING, _COMPLETED), "/v1/responses", _RESPONSES, "502"),
     ((_CHUNK, _PING, _PING, _CHUNK, _PING, _DONE), "/v1/chat/completions", _CHAT, "200"),
-    ((_PING, _PING, _DONE), "/v1/chat/completions", _CHAT, "200"),
+    ((_PING, _PING, _DONE), "/generate", {"text": "hi", "stream": True}, "200"),
     ((_DELTA, _PING, _PING, _COMPLETED), "/v1/responses", _RESPONSES, "200"),
 ], ids=["piece_then_done", "piece_line_then_done", "completions", "generate", "responses",
         "whole", "comments", "done_alone", "responses_whole", "piece_comment",

@@ -104,10 +104,7 @@ def test_a_stream_of_one_choice_without_its_finish_reason_counts_failed(
                   "tool_calls"), _DONE), _CHAT_PATH, _CHAT),
     # cannot be told, passed: a writer that tells no finish reason at all
     ((b'data: {"choices":[{"index":0,"text":"a"}]}\n\n', _DONE), "/v1/completions", _TEXT),
-    # no choice came at all
-    ((_PING, _DONE), _CHAT_PATH, _CHAT),
-], ids=["vllm", "sglang", "sglang_hidden_states", "text", "tool_call", "no_finish_key",
-        "no_choice"])
+], ids=["vllm", "sglang", "sglang_hidden_states", "text", "tool_call", "no_finish_key"])
 def test_a_stream_of_one_choice_that_finished_or_cannot_tell_is_answered(
         serve: Any, events: tuple[bytes, ...], path: str, body: dict[str, Any]) -> None:
     with _through_gateway(serve, events, path, body) as (gw, r):

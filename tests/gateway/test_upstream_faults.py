@@ -430,7 +430,7 @@ class RawReplica:
     connection gets one answer; /v1/completions streams two events as ``mode`` says."""
 
     EVENT = b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text":"t"}]}\n\n'
-    BIG = b'data: {"id":"x","pad":"' + b"p" * (3 << 20) + b'"}\n\n'
+    BIG = b'data: {"id":"x","choices":[{"index":0,"text":"' + b"p" * (3 << 20) + b'"}]}\n\n'
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
