@@ -193,9 +193,9 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
             gw.metrics.bound(gw.metrics.cached_tokens, decision.reason).inc(
                 usage.cached_tokens)
             if batch == 1:
-                cached = gw.fleet.answered(route_req.model, route_req.prompt_tokens,
-                                           usage.prompt_tokens, usage.cached_tokens,
-                                           teach=comparable)
+                cached = gw.fleet.answered(stream.replica, route_req.model,
+                                           route_req.prompt_tokens, usage.prompt_tokens,
+                                           usage.cached_tokens, teach=comparable)
         # a stream's first byte comes with its first token; a whole body's comes after
         # the last one, so it says nothing of time to first token
         ttft = stream.first_byte_s if stream.stream else None

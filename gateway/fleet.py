@@ -413,6 +413,7 @@ class Fleet:
             raise KeyError(f"no replica {replica_id!r}") from None
         if self.shared is not None:
             self._released[state.slot] = time.monotonic()
+        self.calibration.forget(replica_id)
         self._tell(ReplicaRemoved(replica_id))
         self.changed()
         return state
@@ -462,13 +463,16 @@ class Fleet:
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self._replicas.values())
 
-    def answered(self, model: str | None, gateway_tokens: int, replica_prompt_tokens: int,
-                 replica_cached_tokens: int, teach: bool = True) -> int:
-        """A replica's ``usage`` for a prompt this gateway counted ``gateway_tokens``:
+    def answered(self, replica_id: str, model: str | None, gateway_tokens: int,
+                 replica_prompt_tokens: int, replica_cached_tokens: int, teach: bool = True
+                 ) -> int:
+        """``replica_id``'s ``usage`` for a prompt this gateway counted ``gateway_tokens``:
         teaches the token calibration (unless ``teach`` is false: the replica counted
-        tokens the gateway did not see); returns the cached tokens in gateway tokens."""
-        if teach:
-            self.calibration.observe(model, replica_prompt_tokens, gateway_tokens)
+        tokens the gateway did not see; nor when the replica has left the fleet, which
+        keeps answers only of its members); returns the cached tokens in gateway tokens."""
+        if teach and replica_id in self._replicas:
+            self.calibration.observe(model, replica_prompt_tokens, gateway_tokens,
+                                     replica_id)
         return min(gateway_tokens, self.calibration.to_gateway(replica_cached_tokens, model))
 
     # -- this gateway's own accounting ----------------------------------------------------

@@ -259,7 +259,7 @@ class Simulation:
                 state.done(f.pending)
                 for copy, pending in f.peers:
                     self.fleet.states[copy].done(pending)
-                cached = state.answered(f.route.model, f.route.prompt_tokens,
+                cached = state.answered(f.replica, f.route.model, f.route.prompt_tokens,
                                         o.num_prompt_tokens, o.num_cached_tokens)
                 self.policies[f.gateway].observe(Finished(
                     f.route, f.replica, True, cached, self.ttft.get(req.index),
