@@ -35,7 +35,10 @@ at once, ``MAX_HANDSHAKES_PER_ADDRESS`` of them from one address; when all place
 taken, a new connection takes the place of the oldest one that has held it past
 ``HANDSHAKE_HOLD_S`` (a peer proves the secret in one round trip), so connections that
 never prove it cannot keep a real peer out however many addresses they come from. A
-refused handshake is logged at most once per ``REFUSED_LOG_S``, with the count since.
+refused handshake is logged at most once per ``REFUSED_LOG_S``, with the count since. A
+link lost (the peer closed it, reset it, or stopped acknowledging) is logged in one line,
+without a traceback, and connected again after ``BACKOFF_S[0]`` when it had held for
+``HELD_S``; a link lost sooner, or a try that fails, doubles the wait up to ``BACKOFF_S[1]``.
 With worker processes
 (``serve --workers``) every worker links to the peers and sends its own routes, and all of
 them listen on the peers port (``SO_REUSEPORT``: the kernel spreads the peers' connections
@@ -95,6 +98,7 @@ HEARTBEAT_S = 5.0  # a quiet sender says it is alive this often
 SILENT_S = 20.0  # a connection heard nothing from this long is taken as gone
 UNACKED_S = 15.0  # a sender's bytes unacknowledged this long: its peer is gone
 BACKOFF_S = (0.2, 5.0)  # first and longest wait before connecting again
+HELD_S = 5.0  # a link lost after up this long waits the first back-off again (else doubled)
 REFUSED_BACKOFF_S = 30.0  # after a peer refused this copy's secret, or failed to prove it
 DUPLICATE_BACKOFF_S = 30.0  # an address of a copy already linked: looked at again after
 SWEEP_S = 10.0
@@ -137,6 +141,7 @@ class _Link:
         self.up = False
         self.remote: bytes | None = None  # the peer's instance id, once linked
         self.is_self = False
+        self.up_at: float | None = None  # when the connection now ending was linked
         self.task: asyncio.Task[None] | None = None
 
     def push(self, frame: bytes) -> None:
@@ -158,6 +163,7 @@ class _Link:
         backoff = BACKOFF_S[0]
         while True:
             wait = backoff
+            self.up_at = None
             try:
                 wait = await self._session() or BACKOFF_S[0]
                 backoff = BACKOFF_S[0]
@@ -165,8 +171,15 @@ class _Link:
                 log.error("peer %s:%d: %s", self.host, self.port, exc)
                 wait = REFUSED_BACKOFF_S
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-                log.debug("peer %s:%d: %s", self.host, self.port, exc)
-                backoff = min(BACKOFF_S[1], backoff * 2)
+                up_at = self.up_at
+                if up_at is not None and time.monotonic() - up_at >= HELD_S:
+                    wait = BACKOFF_S[0]  # a link that held is tried again soon
+                backoff = min(BACKOFF_S[1], wait * 2)
+                if up_at is not None:  # lost: one line; a failed try to connect: none
+                    log.info("peer %s:%d: the link was lost (%s); connecting again in %g s",
+                             self.host, self.port, _why(exc), wait)
+                else:
+                    log.debug("peer %s:%d: %s", self.host, self.port, _why(exc))
             except Exception:  # a defect here must not end the link for good
                 log.exception("peer %s:%d: the link failed", self.host, self.port)
                 backoff = BACKOFF_S[1]
@@ -184,7 +197,7 @@ class _Link:
         try:
             async with asyncio.timeout(HANDSHAKE_S):
                 nonce = os.urandom(NONCE_BYTES)
-                writer.write(nonce + peers.instance)
+                _send(writer, nonce + peers.instance)
                 hello = await reader.readexactly(LISTENER_HELLO_BYTES)
                 proven = check_listener(peers.secret, nonce, peers.instance, hello)
                 if proven is None:
@@ -198,7 +211,7 @@ class _Link:
                 if peers.linked(remote):
                     return DUPLICATE_BACKOFF_S  # linked through another address already
                 self.remote = remote  # claimed before any wait: a second address backs off
-                writer.write(sender_proof(peers.secret, listener_nonce, peers.instance, remote))
+                _send(writer, sender_proof(peers.secret, listener_nonce, peers.instance, remote))
                 (status,) = await reader.readexactly(1)
             if status != STATUS_OK:
                 peers.counts.refused += 1
@@ -206,7 +219,7 @@ class _Link:
                                       "differ")
             closed = asyncio.ensure_future(reader.read(1))  # the peer sends nothing more
             closed.add_done_callback(_retrieve)
-            self.up = True
+            self.up, self.up_at = True, time.monotonic()
             peers.counts.links_up += 1
             try:
                 await self._write(writer, closed)
@@ -235,14 +248,33 @@ class _Link:
             if self.overflow:
                 raise _Overflow(f"more than {self.peers.config.queue_frames} frames or "
                                 f"{self.peers.config.queue_bytes} bytes behind")
+            if closed.done():
+                break  # the peer closed the connection, or it failed
             frames = list(self.queue)  # none: a heartbeat (not counted as a frame sent)
             self.queue.clear()
             self.queued_bytes = 0
-            writer.write(b"".join(frames) if frames else HEARTBEAT_FRAME)
+            _send(writer, b"".join(frames) if frames else HEARTBEAT_FRAME)
             async with asyncio.timeout(WRITE_S):
                 await writer.drain()
             counts.frames_sent += len(frames)
+        failed = None if closed.cancelled() else closed.exception()
+        if failed is not None:
+            raise ConnectionResetError(f"the connection failed: {failed}") from failed
         raise ConnectionResetError("the peer closed the connection")
+
+
+def _send(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """Write ``data``, or raise ``ConnectionResetError`` when the connection is closed
+    already (its reader saw it fail): uvloop's transport raises ``RuntimeError`` then."""
+    if writer.is_closing():
+        raise ConnectionResetError("the connection is closed")
+    writer.write(data)
+
+
+def _why(exc: BaseException) -> str:
+    """``exc`` in a log line: its type, and its message when it has one."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def unacked_bound(writer: asyncio.StreamWriter) -> None:
@@ -437,7 +469,7 @@ class Peers:
                 async with asyncio.timeout(HANDSHAKE_S):
                     hello = await reader.readexactly(SENDER_HELLO_BYTES)
                     nonce = os.urandom(NONCE_BYTES)
-                    writer.write(listener_hello(self.secret, hello, nonce, self.instance))
+                    _send(writer, listener_hello(self.secret, hello, nonce, self.instance))
                     proof = await reader.readexactly(MAC_BYTES)
             finally:
                 self._handshaken(asyncio.current_task())  # type: ignore[arg-type]
@@ -445,9 +477,9 @@ class Peers:
             if not check_sender(self.secret, nonce, sender, self.instance, proof):
                 self.counts.refused += 1
                 self._log_refused(peer)
-                writer.write(bytes([STATUS_BAD_SECRET]))
+                _send(writer, bytes([STATUS_BAD_SECRET]))
                 return
-            writer.write(bytes([STATUS_OK]))
+            _send(writer, bytes([STATUS_OK]))
             self.counts.peers_in += 1
             self._tables.add(table)
             try:
