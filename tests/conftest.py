@@ -46,10 +46,11 @@ def serve() -> Iterator[Callable[..., ThreadServer]]:
         return server
 
     yield start
-    # all are told at once, so their shutdowns (each up to a tick of uvicorn's loop, or a
-    # second of grace for a request still held) overlap instead of adding up
+    # all are told at once, so their shutdowns (each up to a tick of uvicorn's loop) overlap
+    # instead of adding up; the test is over, so a request still held (a replica told to
+    # stall) is cancelled after a tenth of a second, not the second a stop mid-test gives
     for server in started:
-        server.ask_to_stop()
+        server.ask_to_stop(grace_s=0.1)
     for server in reversed(started):
         server.stop()
 

@@ -71,8 +71,9 @@ def _bound(port: int | None) -> socket.socket:
 
 class _PromptServer(uvicorn.Server):
     """uvicorn's server, which looks whether it was told to stop every 0.1 s, woken at
-    once when ``stop_now`` tells it (a test's teardown stops several servers, hundreds of
-    times a run)."""
+    once when ``stop_now`` tells it, and whose shutdown looks whether its connections have
+    closed every few milliseconds where uvicorn's sleeps 0.1 s first and then polls every
+    0.1 s (a test's teardown stops several servers, hundreds of times a run)."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
@@ -86,6 +87,30 @@ class _PromptServer(uvicorn.Server):
             counter = (counter + 1) % 864_000
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(told.wait(), 0.1)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, step for step: no new connections; each open one told to
+        close once its answer is sent; what still runs when the config's
+        ``timeout_graceful_shutdown`` is up, cancelled; then the app's lifespan shutdown."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        state = self.server_state
+        for connection in list(state.connections):
+            connection.shutdown()
+        try:
+            async with asyncio.timeout(self.config.timeout_graceful_shutdown):
+                # polled: uvicorn's sets of connections and tasks have no event to wait on
+                while (state.connections or state.tasks) and not self.force_exit:  # noqa: ASYNC110
+                    await asyncio.sleep(0.005)
+                for server in self.servers:
+                    await server.wait_closed()
+        except TimeoutError:
+            for task in state.tasks:
+                task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
 
     def stop_now(self) -> None:
         self.should_exit = True
@@ -139,9 +164,13 @@ class ThreadServer:
         wait_until(started, 20, f"the server on port {self.port} to start")
         return self
 
-    def ask_to_stop(self) -> None:
+    def ask_to_stop(self, grace_s: float | None = None) -> None:
         """Tell the server (and its side server, at the same time rather than after it) to
-        stop, without waiting for it (``stop`` waits)."""
+        stop, without waiting for it (``stop`` waits). ``grace_s``: how long the requests
+        still running may take before they are cancelled, in place of the second given at
+        start."""
+        if grace_s is not None:
+            self.server.config.timeout_graceful_shutdown = grace_s  # read as it shuts down
         self.server.stop_now()
         if self.side_server is not None:
             self.side_server.stop_now()
