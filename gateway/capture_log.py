@@ -14,6 +14,12 @@ nested deeper than orjson writes, is dropped; the records of a batch the writer 
 that it had not written are dropped (counted) and logged, and the writer goes on, opening
 the file again if it was left closed. A log moved or removed by someone else is begun
 again at ``PATH`` when it is next rotated.
+Counts: the file is written unbuffered, so a record is counted ``written`` once the system
+took all of its line, and one whose write failed (a full disk) is counted lost, never
+both; a line the system took part of is ended by a newline before the next record, so
+a reader sees one line it cannot parse and the records after it whole. Failures are
+logged at most once per ``FAILED_LOG_S``, with the records lost since (a full disk
+failed every batch, a line each).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -31,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvgate.capture")
 _BATCH = 256  # records written per worker-thread call
+FAILED_LOG_S = 10.0  # failed writes are logged at most this often
 
 
 class CaptureLog:
@@ -50,6 +58,8 @@ class CaptureLog:
         self._task: asyncio.Task[None] | None = None
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
+        self._torn = False  # the file ends in part of a line (a write that failed)
+        self._failed_log: tuple[float, int] = (-FAILED_LOG_S, 0)  # (logged at, lost since)
 
     @property
     def dropped(self) -> int:
@@ -137,8 +147,7 @@ class CaptureLog:
                 except OSError as exc:
                     lost = len(batch) - (self.written - written)  # those not yet written
                     self.dropped_large += lost
-                    log.warning("capture log %s: cannot write (%s); %d records lost",
-                                self.path, exc.strerror, lost)
+                    self._log_failed(exc, lost)
                 except Exception:  # the writer must outlive a record it cannot write
                     lost = len(batch) - (self.written - written)
                     self.dropped_large += lost
@@ -146,6 +155,19 @@ class CaptureLog:
                 finally:  # held until now: written, or lost
                     self.queued_bytes -= sum(len(line) for line in batch)
                     self._queued -= len(batch)
+
+    def _log_failed(self, exc: OSError, lost: int) -> None:
+        """A failed write: logged at most once per ``FAILED_LOG_S``, with the records lost
+        since the last line."""
+        logged_at, since = self._failed_log
+        now = time.monotonic()
+        if now - logged_at < FAILED_LOG_S:
+            self._failed_log = (logged_at, since + lost)
+            return
+        self._failed_log = (now, 0)
+        more = f" ({since} more lost in the last {FAILED_LOG_S:g} s)" if since else ""
+        log.warning("capture log %s: cannot write (%s); %d records lost%s",
+                    self.path, exc.strerror or exc, lost, more)
 
     # -- in the worker thread --------------------------------------------------------------
     def _open(self) -> None:
@@ -166,20 +188,50 @@ class CaptureLog:
             self.rotations += 1
         except FileNotFoundError:
             pass  # moved away: what was written there went with it
+        self._torn = False  # a new file
         self._open()
 
     def _write(self, batch: list[bytes]) -> None:
         if self._file is None:  # a rotation that failed left it closed
             self._open()
-        assert self._file is not None
-        for line in batch:
-            if self._file_bytes + len(line) > self.max_file_bytes:
+        start = 0
+        while start < len(batch):
+            if self._file_bytes + len(batch[start]) > self.max_file_bytes:
                 self._rotate()
-                assert self._file is not None
-            self._file.write(line)
-            self._file_bytes += len(line)
-            self.written += 1
-        self._file.flush()
+            # batch[start:end]: the lines that fit the file as it is; ``offer`` kept each
+            # line within ``max_file_bytes``, so a file just begun takes one at least
+            end, size = start, self._file_bytes
+            while end < len(batch) and size + len(batch[end]) <= self.max_file_bytes:
+                size += len(batch[end])
+                end += 1
+            self._append(batch[start:end])
+            start = end
+
+    def _append(self, lines: list[bytes]) -> None:
+        """Write ``lines`` whole, counting each in ``written`` once the system took all of
+        it; an ``OSError`` when a write fails, the lines after the last whole one not
+        counted."""
+        assert self._file is not None
+        fd = self._file.fileno()
+        lead = b"\n" if self._torn else b""  # ends the part of a line a failed write left
+        data = memoryview(lead + b"".join(lines))
+        done = 0  # data[:done] is in the file
+        try:
+            while done < len(data):
+                done += os.write(fd, data[done:])
+        finally:
+            if done >= len(lead):
+                self._torn = False
+            # data[len(lead):whole]: the lines taken whole; data[whole:done] part of one
+            whole = len(lead)
+            for line in lines:
+                if whole + len(line) > done:
+                    if done > whole:
+                        self._torn = True
+                    break
+                whole += len(line)
+                self.written += 1
+            self._file_bytes += done
 
 
 def _open_for_appending(path: Path) -> IO[bytes]:
@@ -188,7 +240,7 @@ def _open_for_appending(path: Path) -> IO[bytes]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        return os.fdopen(fd, "ab")
+        return os.fdopen(fd, "ab", buffering=0)  # written whole lines at a time (``_append``)
     except BaseException:
         os.close(fd)
         raise
