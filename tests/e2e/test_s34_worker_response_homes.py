@@ -16,10 +16,9 @@ import pytest
 import yaml
 
 from tests.support.engine_servers import LiveEngine, serve_engine
-from tests.support.metrics import per_worker
+from tests.support.metrics import client_on_worker, per_worker
 from tests.support.processes import Processes
 from tests.support.servers import free_port
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -34,23 +33,6 @@ def engine() -> Iterator[LiveEngine]:
         yield next(run)
     finally:
         run.close()
-
-
-def _client_on(url: str, worker: str) -> httpx.Client:
-    """A kept-alive connection that ``worker`` holds (the kernel hands each new
-    connection to either worker)."""
-    found: list[httpx.Client] = []
-
-    def connect() -> bool:
-        client = httpx.Client(base_url=url, timeout=30)
-        if client.get("/metrics").headers.get("x-kvgate-worker") == worker:
-            found.append(client)
-            return True
-        client.close()
-        return False
-
-    wait_until(connect, 20, f"a connection held by worker {worker}")
-    return found[0]
 
 
 def _post(client: httpx.Client, key: str, **body: Any) -> httpx.Response:
@@ -78,7 +60,7 @@ def test_another_workers_tenant_cannot_continue_a_stored_response(
     assert first.status_code == 200, first.text
     secret, made_on = first.json()["id"], first.headers["x-kvgate-worker"]
     other = "1" if made_on == "0" else "0"
-    client = _client_on(url, other)
+    client = client_on_worker(url, other)
     try:
         for stream in (False, True):
             answer = _post(client, KEY_B, input="what did I say?",

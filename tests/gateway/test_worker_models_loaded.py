@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from tests.support.fake_replica import Behaviour, fake_replica
-from tests.support.metrics import samples
+from tests.support.metrics import client_on_worker, samples
 from tests.support.processes import Processes
 from tests.support.servers import ThreadServer, free_port
 from tests.support.waiting import wait_until
@@ -37,22 +37,6 @@ class CountedModels:
         if scope["type"] == "http" and Request(scope).url.path == "/v1/models":
             self.listings += 1
         await self.app(scope, receive, send)
-
-
-def _client_of(url: str, worker: str) -> httpx.Client:
-    """A client whose one kept connection the kernel gave to ``worker``."""
-    found: list[httpx.Client] = []
-
-    def connected() -> bool:
-        client = httpx.Client(base_url=url, limits=httpx.Limits(max_connections=1))
-        if client.get("/metrics").headers.get("x-kvgate-worker") == worker:
-            found.append(client)
-            return True
-        client.close()
-        return False
-
-    wait_until(connected, 20, f"a connection to worker {worker}")
-    return found[0]
 
 
 def _complete(client: httpx.Client, model: str) -> httpx.Response:
@@ -78,8 +62,8 @@ def box(spawn: Processes, serve: Callable[..., ThreadServer], tmp_path: Path
     url = f"http://127.0.0.1:{port}"
     spawn("serve", "--config", str(config), "--workers", "2", ready_url=f"{url}/ready")
     with contextlib.ExitStack() as clients:
-        leader = clients.enter_context(contextlib.closing(_client_of(url, "0")))
-        follower = clients.enter_context(contextlib.closing(_client_of(url, "1")))
+        leader = clients.enter_context(contextlib.closing(client_on_worker(url, "0")))
+        follower = clients.enter_context(contextlib.closing(client_on_worker(url, "1")))
         yield behaviour, replica, leader, follower
 
 

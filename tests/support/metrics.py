@@ -32,3 +32,21 @@ def per_worker(url: str, wanted: Callable[[Samples], bool], what: str, workers: 
 
     wait_until(every, timeout_s, what)
     return seen
+
+
+def client_on_worker(url: str, worker: str, timeout_s: float = 30) -> httpx.Client:
+    """A client whose one kept connection the kernel gave to ``worker`` (by the
+    ``x-kvgate-worker`` header of its ``/metrics``); the caller closes it."""
+    found: list[httpx.Client] = []
+
+    def connected() -> bool:
+        client = httpx.Client(base_url=url, timeout=timeout_s,
+                              limits=httpx.Limits(max_connections=1))
+        if client.get("/metrics").headers.get("x-kvgate-worker") == worker:
+            found.append(client)
+            return True
+        client.close()
+        return False
+
+    wait_until(connected, 20, f"a connection to worker {worker}")
+    return found[0]
