@@ -2,7 +2,11 @@
 capture log (``capture: {path: ...}`` in the gateway's config; give ``PATH.1`` too to
 read the rotated part, and with worker processes every worker's ``PATH.w<i>`` and
 ``PATH.w<i>.1``: their requests are merged by time). See ``gateway.layout_audit`` for
-what it finds and how it counts; only the last ``--max-requests`` requests are read."""
+what it finds and how it counts; only the last ``--max-requests`` requests are read. A
+line longer than ``--max-line-mb`` (``MAX_LINE_BYTES``, 256 MiB, by default: twice the
+longest line a gateway writes with the default ``capture.max_mb``, which keeps none over
+half of it, and 16 times the default ``max_body_bytes``) is read past in pieces, never
+held whole, and counted: among the lines not readable, and in a note of its own."""
 
 from __future__ import annotations
 
@@ -12,10 +16,22 @@ import json
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.capture import CaptureRecord
 from gateway.layout_audit import ADVICE, AuditLimits, AuditReport, audit
+
+MAX_LINE_BYTES = 256 << 20  # a longer line is no capture record (see the module)
+_PIECE_BYTES = 1 << 20  # a line is read at most this much at a time
+_MIB = 1 << 20
+
+
+@dataclass(slots=True)
+class LongLines:
+    """The lines ``read_records`` read past because they were longer than its bound."""
+
+    count: int = 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,22 +46,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-tokens-lost", type=int, default=defaults.min_tokens_lost,
                         help="ignore a divergence that costs a request fewer tokens "
                         "(default %(default)s)")
+    parser.add_argument("--max-line-mb", type=float, default=MAX_LINE_BYTES / _MIB,
+                        help="skip (and count) a line longer than this, never holding it "
+                        "whole (default %(default)g)")
 
 
-def read_records(paths: Iterable[Path], keep: int) -> tuple[list[CaptureRecord], int]:
+def read_records(paths: Iterable[Path], keep: int, max_line_bytes: int = MAX_LINE_BYTES,
+                 long_lines: LongLines | None = None) -> tuple[list[CaptureRecord], int]:
     """The last ``keep`` records of the logs, in time order, and how many lines among
     those read could not be read (all of them when no record was left out, else those
     after the first record kept): the report counts them as requests it skipped. The
     logs are merged by time, each read in its order (a rotated ``PATH.1`` and ``PATH``,
     or the files of a gateway's worker processes, ``PATH.w<i>``, whose requests are
     interleaved in time: read one after the other, a conversation's turns compared out
-    of order). Memory is bounded by ``keep``, however many lines are not read: each
-    record kept carries the count of unreadable lines just before it in its file."""
+    of order). Memory is bounded by ``keep`` and ``max_line_bytes``, however many lines
+    are not read: each record kept carries the count of unreadable lines just before it in
+    its file; a line longer than ``max_line_bytes`` is one of them, read past in pieces
+    (and counted in ``long_lines``)."""
+    long_lines = LongLines() if long_lines is None else long_lines
     # (bad lines before it in its file, record, bad lines after it where last in its file)
     kept: deque[tuple[int, CaptureRecord, int]] = deque(maxlen=keep)
     left_out = False  # a record was read and not kept: the logs were not read whole
     empty: list[int] = []
-    streams = [_records(path, empty) for path in paths]
+    streams = [_records(path, empty, max_line_bytes, long_lines) for path in paths]
     for item in heapq.merge(*streams, key=lambda item: item[1].ts):
         left_out = left_out or len(kept) == keep
         kept.append(item)
@@ -55,14 +78,18 @@ def read_records(paths: Iterable[Path], keep: int) -> tuple[list[CaptureRecord],
     return [record for _, record, _ in kept], bad
 
 
-def _records(path: Path, empty: list[int]
+def _records(path: Path, empty: list[int], max_line_bytes: int, long_lines: LongLines
              ) -> Iterator[tuple[int, CaptureRecord, int]]:
     """``path``'s records in its order, each with the unreadable lines just before it,
     and after it when it is the file's last; those of a file with no record go to
     ``empty``."""
     bad = 0
     last: tuple[int, CaptureRecord] | None = None
-    for line in _lines(path):
+    for line in _lines(path, max_line_bytes):
+        if line is None:  # longer than the bound: not read
+            long_lines.count += 1
+            bad += 1
+            continue
         try:
             record = CaptureRecord.from_json(line)
         except ValueError:  # orjson.JSONDecodeError is one too
@@ -77,11 +104,30 @@ def _records(path: Path, empty: list[int]
         yield (*last, bad)
 
 
-def _lines(path: Path) -> Iterator[bytes]:
+def _lines(path: Path, max_line_bytes: int) -> Iterator[bytes | None]:
+    """``path``'s lines that are not blank, each with its newline; ``None`` for one longer
+    than ``max_line_bytes``, whose pieces are let go as they are read (one line of
+    ``/dev/zero``, read whole, grew without end)."""
     with path.open("rb") as f:
-        for line in f:
-            if line.strip():
-                yield line
+        pieces: list[bytes] = []  # of the line being read, while within the bound
+        size = 0  # the line's bytes read so far
+        while True:
+            piece = f.readline(_PIECE_BYTES)
+            size += len(piece)
+            if size <= max_line_bytes:
+                pieces.append(piece)
+            else:
+                pieces.clear()
+            if piece.endswith(b"\n") or not piece:  # the line, or the file, ended
+                if size > max_line_bytes:
+                    yield None
+                elif size:
+                    line = b"".join(pieces)
+                    if line.strip():
+                        yield line
+                if not piece:
+                    return
+                pieces, size = [], 0
 
 
 def format_report(report: AuditReport) -> str:
@@ -108,14 +154,22 @@ def format_report(report: AuditReport) -> str:
 def run(args: argparse.Namespace) -> int:
     from kvwire.tokenizer import load_tokenizer
 
+    long_lines = LongLines()
     try:
         limits = AuditLimits(max_requests=args.max_requests,
                              min_tokens_lost=args.min_tokens_lost)
+        if not 0 < args.max_line_mb * _MIB < 1 << 62:
+            raise ValueError(f"--max-line-mb must be > 0, got {args.max_line_mb!r}")
         tokenizer = load_tokenizer(args.tokenizer)
-        records, bad = read_records([Path(p) for p in args.logs], limits.max_requests)
+        records, bad = read_records([Path(p) for p in args.logs], limits.max_requests,
+                                    int(args.max_line_mb * _MIB), long_lines)
     except (ValueError, OSError, OverflowError) as exc:
         print(f"kvgate audit: {exc}", file=sys.stderr)
         return 2
+    if long_lines.count:
+        print(f"kvgate audit: {long_lines.count} lines longer than {args.max_line_mb:g} MiB "
+              "skipped, not read (counted among those not readable; --max-line-mb sets the "
+              "bound)", file=sys.stderr)
     if not records:  # nothing audited is no finding: say so, and fail
         print(f"kvgate audit: no capture record in {', '.join(args.logs)}"
               + (f" ({bad} lines not readable)" if bad else " (empty)")
