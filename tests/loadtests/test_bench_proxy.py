@@ -27,9 +27,10 @@ from tests.support.metrics import samples
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def backend() -> Iterator[str]:
-    """The benchmark's fake backend in its own process: its base URL."""
+    """The benchmark's fake backend in its own process: its base URL. One for the module:
+    it keeps nothing between requests (a fixed answer to every one)."""
     proc, base = uvicorn_app("loadtests.bench_proxy:backend_app", ENV)
     try:
         _wait(f"{base}/health", proc)
@@ -67,7 +68,7 @@ def test_the_floor_proxy_relays_the_backend_answer_unchanged_and_is_measured(bac
                 assert (b"data: [DONE]" in direct) == stream
         finally:
             _stop(proxy)
-    args = argparse.Namespace(rate=50.0, cpu_seconds=0.4)
+    args = argparse.Namespace(rate=50.0, cpu_seconds=0.1)
     out = _floor_cpu(backend, ENV, prompts, args)
     assert set(out) == {"kvgate_client_stream_proxy", "aiohttp_stream_proxy"}
     assert all(set(kinds) == {"stream_repeated", "stream_fresh", "plain_repeated"}
@@ -139,7 +140,7 @@ def test_cpu_figures_are_the_median_of_their_rounds() -> None:
 
 def test_every_target_is_measured_every_round(backend: str) -> None:
     bodies_ = bodies(documents(2, words=50), False)
-    args = argparse.Namespace(rounds=2, seconds=0.2)
+    args = argparse.Namespace(rounds=2, seconds=0.05)
     rounds = _throughput_rounds({"direct": backend, "again": backend}, bodies_, args)
     assert len(rounds) == 2
     for measured in rounds:
