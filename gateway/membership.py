@@ -4,7 +4,10 @@ metrics and the KV event subscriber hear of it (``ReplicaAdded`` / ``ReplicaRemo
 the same way whoever asked.
 
 A replica remembers its source (``static``, ``admin``, or a discovery source's label);
-``reconcile`` only ever adds or removes the replicas of the source it is given.
+``reconcile`` only ever adds or removes the replicas of the source it is given. A replica
+a source found joins only when it passes the checks a configured one passes, and has an
+address a replica can have (``gateway.discovery.replica_checks``); one that does not is
+left out, named once in the log, and the rest of the set still applies.
 
 A source hands ``reconcile`` its whole set at every change, thousands of replicas where
 one moved. What a publish costs follows what changed: the set last given is kept
@@ -23,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.config import ReplicaConfig
+from gateway.discovery.replica_checks import refusal, shown_id
+from gateway.discovery.stats import SourceStats
 from gateway.fleet import MAX_REPLICAS, ReplicaState
 from gateway.fleet_events import FleetEvent
 from gateway.loop_slices import each_handing_back
@@ -40,8 +45,9 @@ ADMIN = "admin"
 class Changes:
     added: tuple[str, ...]
     removed: tuple[str, ...]
-    # ids another source already holds, or past the fleet's limit; a replica whose ranks
-    # cannot be made (one's KV event port past 65535): its own id
+    # ids another source already holds, or past the fleet's limit; a replica refused
+    # (``replica_checks``: an id or address no replica may have, ranks that cannot be
+    # made, such as one's KV event port past 65535): its own id
     skipped: tuple[str, ...]
 
 
@@ -125,13 +131,15 @@ def leave(gw: GatewayState, replica_id: str) -> ReplicaState:
     return gw.fleet.remove(replica_id)
 
 
-async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaConfig]
-                    ) -> Changes:
+async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaConfig],
+                    stats: SourceStats | None = None) -> Changes:
     """Make the replicas of ``source`` exactly ``wanted``: those it no longer lists (or
     lists with another config, e.g. a new address) leave, new ones join, in ``wanted``'s
     order (the first ones when room runs out). A replica of several data-parallel ranks
     is one member per rank (``ReplicaConfig.ranks``): they join together or not at all.
-    Returns what this call changed; the loop is handed back between replicas."""
+    A replica ``refusal`` names joins never (until listed otherwise): it is warned of,
+    and counted in ``stats.refused``, once. Returns what this call changed; the loop is
+    handed back between replicas."""
     book = gw.source_books.get(source)
     if book is None:
         book = gw.source_books[source] = SourceBook()
@@ -139,7 +147,7 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
     # each server's health check starts as its replica joins: the checks of a first list
     # of 4,000 started at once held the loop ~0.3 s for their first steps
     async with asyncio.TaskGroup() as checks, book.lock:
-        changes = await _reconciled(gw, source, dict(wanted), book, checks)
+        changes = await _reconciled(gw, source, dict(wanted), book, checks, stats)
     if changes.added or changes.removed:
         log.info("discovery %s: %d replicas listed (added %s, removed %s)", source,
                  len(wanted), _some(list(changes.added)), _some(list(changes.removed)))
@@ -147,7 +155,8 @@ async def reconcile(gw: GatewayState, source: str, wanted: Mapping[str, ReplicaC
 
 
 async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaConfig],
-                      book: SourceBook, checks: asyncio.TaskGroup) -> Changes:
+                      book: SourceBook, checks: asyncio.TaskGroup,
+                      stats: SourceStats | None = None) -> Changes:
     """``reconcile``'s changes to the fleet (``wanted``: the caller's own copy); the
     health check of each server added is started in ``checks``."""
     given, unsettled = book.given, book.unsettled
@@ -163,16 +172,21 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
     maybe = [gid for gid, config in wanted.items()
              if given.get(gid) is not config or gid in unsettled]
     changed: dict[str, list[ReplicaConfig]] = {}  # group -> its members, as now listed
-    refused: list[str] = []  # groups whose ranks cannot be made: no member, until changed
+    refused: list[str] = []  # groups refused (replica_checks): no member, until changed
     async for gid in each_handing_back(maybe):  # equal copies (a DNS answer's): compared
         if gid in unsettled or given.get(gid) != wanted[gid]:
-            try:
+            # a refused one is looked at again only once listed otherwise: said once
+            why = refusal(wanted[gid])
+            if why is None:  # (its ranks can then be made)
                 changed[gid] = wanted[gid].ranks()
-            except ValueError as exc:  # (see _members): the others still join and leave
-                changed[gid] = []
-                refused.append(gid)
-                if fresh("refused", gid):
-                    log.warning("discovery %s: replica %s not added: %s", source, gid, exc)
+                continue
+            changed[gid] = []  # the others still join and leave
+            refused.append(gid)
+            if fresh("refused", gid):
+                log.warning("discovery %s: replica %s not added: %s", source,
+                            shown_id(gid), why)
+                if stats is not None:
+                    stats.refused += 1
     gone = given.keys() - wanted.keys()
     stale = [gid for gid in changed if gid in given]
     if gone:

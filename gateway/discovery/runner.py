@@ -1,8 +1,10 @@
 """Owns the discovery sources' tasks: started and stopped in the app's lifespan.
 
 Each source runs in a task of its own and hands every set it finds to
-``gateway.membership.reconcile`` under its label, one set at a time. A source whose task
-ends with an error (a bug: sources retry their own failures) is logged and restarted.
+``gateway.membership.reconcile`` under its label, one set at a time; a replica in it that
+no replica may be (``replica_checks``) is left out, and counted in the source's stats. A
+source whose task ends with an error (a bug: sources retry their own failures) is logged
+and restarted.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class Discovery:
 
     def _publisher(self, source: Source) -> Publish:
         async def publish(targets: Targets) -> None:
-            await reconcile(self.gw, source.label, targets)
+            await reconcile(self.gw, source.label, targets, source.stats)
 
         return publish
 

@@ -17,6 +17,8 @@ class SourceStats:
     failures: int = 0  # lookups, lists or watches that failed (the last set stays)
     relists: int = 0  # full lists (Kubernetes): at start, after every watch end or error
     gone: int = 0  # watches answered 410 Gone (their resourceVersion was too old)
+    # replicas found that may not join (gateway.discovery.replica_checks): each once
+    refused: int = 0
     last_error: str | None = None
     last_sync: float | None = None  # wall-clock seconds of the last applied set
 
