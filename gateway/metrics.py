@@ -315,6 +315,7 @@ class DiscoveryCounts(Protocol):
     failures: int
     relists: int
     gone: int
+    refused: int
     last_sync: float | None
 
 
@@ -339,6 +340,9 @@ class _DiscoveryCollector(Collector):
                                  "discovery source", labels=["source"]), "relists"),
             (CounterMetricFamily("kvgate_discovery_watch_gone", "Watches answered 410 Gone",
                                  labels=["source"]), "gone"),
+            (CounterMetricFamily("kvgate_discovery_refused", "Replicas a discovery source "
+                                 "found that may not join (an id, URL or address no replica "
+                                 "may have): each once", labels=["source"]), "refused"),
         ]
         for source in self.sources:
             replicas.add_metric([source.label], source.replicas)

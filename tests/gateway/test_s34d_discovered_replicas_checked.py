@@ -85,6 +85,10 @@ def test_kubernetes_endpoints_no_replica_may_be_are_left_out_and_said_once(
     assert any("0.0.0.0 is the unspecified address" in line for line in said), said
     assert any("255.255.255.255 is the broadcast address" in line for line in said), said
     assert any("224.0.0.1 is a multicast address" in line for line in said), said
+    page = httpx.get(f"{gateway.url}/metrics").text
+    assert any(line.startswith("kvgate_discovery_refused_total{") and line.endswith(" 8.0")
+               for line in page.splitlines()), \
+        [line for line in page.splitlines() if "discovery" in line]
 
     # a full list again (its old version forgotten: 410 Gone), then a watch event: the
     # same bad entries, made anew, are not said again; a new good one joins
