@@ -1,6 +1,7 @@
 """Secrets (the gateway's admin token, tenancy key and replica keys, the engine's
 ``--api-key``) may be written in the config or on the command line, or kept out of it:
-read from a file (a mounted Kubernetes Secret) or from an environment variable. One
+read from a file (a mounted Kubernetes Secret: a regular file, or a link to one, of at most
+``MAX_SECRET_FILE_BYTES``) or from an environment variable. One
 resolver for both servers, so that a file's trailing newline, an empty secret and a secret
 no ``Authorization`` header can carry are read alike on both ends of the wire; and one
 reading of the ``Authorization: Bearer`` header that presents it (:func:`bearer_token`), with
@@ -9,12 +10,15 @@ the errors refusing a missing or wrong API key, alike from both servers."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
-from pathlib import Path
 
 from kvwire.openai_schema import BadRequest, Unauthorized
 
 MAX_SECRET_FILE_BYTES = 1 << 16
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
 
 
 def resolve_secret(value: str | None, file: str | None, env: str | None,
@@ -58,12 +62,7 @@ def _read(value: str | None, file: str | None, env: str | None, as_file: str,
     if value is not None:
         return value
     if file is not None:
-        try:
-            with Path(file).open("rb") as f:
-                # a path to a log or a device by mistake is named, not read to its end
-                held = f.read(MAX_SECRET_FILE_BYTES + 1)
-        except OSError as exc:
-            raise ValueError(f"{as_file} {file!r}: {exc.strerror}") from exc
+        held = _read_file(file, as_file)
         if len(held) > MAX_SECRET_FILE_BYTES:
             raise ValueError(f"{as_file} {file!r} holds over {MAX_SECRET_FILE_BYTES} "
                              "bytes: not a secret")
@@ -78,6 +77,30 @@ def _read(value: str | None, file: str | None, env: str | None, as_file: str,
     if found is None:
         raise ValueError(f"{as_env} {env!r} is not set")
     return found.strip()
+
+
+def _read_file(file: str, as_file: str) -> bytes:
+    """At most ``MAX_SECRET_FILE_BYTES`` + 1 bytes of ``file`` (a path to a log by mistake
+    is named, not read to its end), which must be a regular file (or a link to one, as a
+    mounted Kubernetes Secret's are); a FIFO, a device or a directory is refused without
+    being read. ValueError naming ``as_file`` and the path."""
+    try:
+        # O_NONBLOCK: opening a FIFO would wait for a writer (start-up hung, silent)
+        fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ValueError(f"{as_file} {file!r}: {exc.strerror}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _NOT_REGULAR if test(mode)), "something else")
+            raise ValueError(f"{as_file} {file!r} is {kind}, not a regular file: give the "
+                             "path of a file that holds the secret")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_SECRET_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{as_file} {file!r}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
 
 
 def resolve_bearer(value: str | None, file: str | None, env: str | None, name: str,
