@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +28,7 @@ from gateway.capture import unpack
 from gateway.client_auth import presented_bearer
 from gateway.config import ReplicaConfig
 from gateway.data_parallel import group_of
+from gateway.discovery.replica_checks import address_unfit
 from gateway.errors import Arrival
 from gateway.intake import read_timed_body, take_in
 from gateway.layout_audit import AuditReport, audit
@@ -168,8 +170,18 @@ def _ranks_of(gw: GatewayState, replica_id: str) -> list[str]:
 def _check_reachable(gw: GatewayState, config: ReplicaConfig) -> None:
     """The places an added replica makes the gateway connect to (its URL, its KV event
     endpoints) are all on hosts the admin API may name: else an admin caller could have
-    the gateway open connections anywhere. A KV event endpoint that is not ``tcp://``
-    (``ipc://``: a path on the gateway's own machine) is for replicas in the config file."""
+    the gateway open connections anywhere; and its URL's host is no address a replica
+    cannot have (unspecified, broadcast, multicast: as discovery refuses them). A KV event
+    endpoint that is not ``tcp://`` (``ipc://``: a path on the gateway's own machine) is for
+    replicas in the config file."""
+    host = urlsplit(config.url).hostname or ""
+    try:
+        unfit = address_unfit(ipaddress.ip_address(host))
+    except ValueError:  # a name: what it resolves to is the allow lists' to judge
+        unfit = None
+    if unfit is not None:  # whatever the allow lists admit, as discovery refuses it
+        raise BadRequest(f"replica url {config.url!r:.200}: {host} is {unfit}, never a "
+                         "replica's address", param="url", code="invalid_replica")
     allows = gw.config.admin.allows
     if not allows(config.url):
         raise AdminOff(f"replica url {config.url!r}: its host is in neither "
