@@ -85,6 +85,9 @@ def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
         "pending_age_s": view.pending_age_s,
         "prefill_tokens_per_s": view.prefill_tokens_per_s,
         "replica_tokens_per_gateway_token": gw.fleet.calibration.ratio(),
+        # its own answers' ratio, by model: one far from the fleet's (the median of the
+        # replicas') counts its tokens otherwise, or its usage lies
+        "own_replica_tokens_per_gateway_token": gw.fleet.calibration.own_ratios(state.id),
     }
 
 

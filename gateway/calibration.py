@@ -260,6 +260,17 @@ class TokenCalibration:
             return {}
         return {r: _own_ratio(s, self.min_samples)[0] for r, s in entry.replicas.items()}
 
+    def own_ratios(self, replica: str) -> dict[str, float]:
+        """``replica``'s own ratio for each model it answered (as it weighs in that
+        model's median), by model (``"null"``: requests with no model)."""
+        out: dict[str, float] = {}
+        for model, entry in self._models.items():
+            sums = entry.replicas.get(replica)
+            if sums is not None:
+                out["null" if model is None else model] = round(
+                    _own_ratio(sums, self.min_samples)[0], 4)
+        return out
+
     def snapshot(self) -> dict[str, float]:
         """Learned ratios by model, for ``/admin/replicas`` and ``/admin/explain``."""
         return {str(m): round(e.ratio, 4) for m, e in self._models.items()

@@ -117,3 +117,7 @@ def test_a_lying_replica_behind_a_real_gateway_leaves_the_ratio_honest(
     assert explained["replica_tokens_per_gateway_token"] == pytest.approx(truth)
     listed = httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()["replicas"]
     assert [r["replica_tokens_per_gateway_token"] for r in listed] == [pytest.approx(truth)] * 3
+    # each replica's own ratio is shown beside the fleet's: the liar's stands out
+    own = {r["id"]: r["own_replica_tokens_per_gateway_token"] for r in listed}
+    assert own["a"] == own["b"] == {"sim-model": pytest.approx(truth, rel=1e-3)}, own
+    assert own["liar"] == {"sim-model": pytest.approx(12 * truth, rel=1e-3)}, own
