@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
@@ -27,9 +26,16 @@ ROW = re.compile(r"^\W*(r\d)\s*│\s*(\S+)\s*│\s*([\d,]+)\s*│\s*(\d+)\s*│\
                  r"\s*([\d.]+|-)\s*│\s*([\d.]+|-)\s*│\s*(.*?)\s*│?\s*$")
 
 
-@pytest.fixture
-def fleet(spawn: Processes, tmp_path: Path) -> EngineFleet:
-    return start_fleet(spawn, tmp_path, {"name": "prefix_affinity", "prefix_tokens": 128})
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineFleet]:
+    """One fleet for the module: each test sends its own traffic and reads what the
+    gateway shows; neither changes the fleet."""
+    spawn = Processes()
+    try:
+        yield start_fleet(spawn, tmp_path_factory.mktemp("top"),
+                          {"name": "prefix_affinity", "prefix_tokens": 128})
+    finally:
+        spawn.stop_all()
 
 
 class Traffic:
