@@ -17,6 +17,11 @@ from tests.support.processes import REPO
 
 pytestmark = pytest.mark.slow
 
+# ``python -m loadtests.run`` with the clients' workload stream cut to 3,000 requests, many
+# times what the run sends: the default 200,000 takes seconds to generate, twice
+CLI_WITH_A_SHORT_STREAM = ("import sys; from loadtests import run; run.STREAM_REQUESTS = 3000; "
+                           "sys.exit(run.main(sys.argv[1:]))")
+
 
 def test_a_router_that_does_not_start_leaves_the_other_policies_results(
         tmp_path: Path) -> None:
@@ -25,7 +30,8 @@ def test_a_router_that_does_not_start_leaves_the_other_policies_results(
     router.chmod(0o755)
     out, report = tmp_path / "out.json", tmp_path / "report"
     run = subprocess.run(isolated([
-        sys.executable, "-m", "loadtests.run", "--policies", "sglang:cache_aware,round_robin",
+        sys.executable, "-c", CLI_WITH_A_SHORT_STREAM,
+        "--policies", "sglang:cache_aware,round_robin",
         "--duration", "2", "--replicas", "1", "--users", "2", "--rate", "4",
         "--kv-cache-gib", "0.5", "--max-num-seqs", "4", "--set", "num_docs=4",
         "--set", "hot_docs=2", "--set", "doc_tokens=300", "--set", "output_tokens=[2,4]",
