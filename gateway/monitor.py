@@ -4,16 +4,20 @@ Both loops are owned by ``Monitor``: started in the app's lifespan, cancelled an
 on shutdown. Each replica (each server, for the data-parallel ranks of one) has its own
 schedule: every interval, a check (a scrape) of it starts unless its previous one, bounded by
 its timeout, is still running. So one slow replica never delays the others, and no replica
-has two of the monitor's checks (or two scrapes) in flight. A replica that leaves the fleet
-(or stops being healthy, for scrapes) has its check or scrape in flight given up; one that
-joins at run time is checked at once, as its schedule's check (``check_joined``), and
-taken up by the loops from the next interval.
+has two of the monitor's checks (or two scrapes) in flight. Each replica's call comes at its
+own phase of the interval (from a hash of its id), and at most ``STARTS_PER_TURN`` start in
+one turn of the event loop: a fleet of thousands is checked over the interval, never all at
+once (4,096 checks started together held the loop for over a second). A replica that leaves
+the fleet (or stops being healthy, for scrapes) has its check or scrape in flight given up
+and none started; one that joins at run time is checked at once, as its schedule's check
+(``check_joined``), and taken up by the loops from the next interval.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import math
 import time
@@ -26,7 +30,7 @@ from gateway.config import HealthConfig, ScrapeConfig
 from gateway.data_parallel import group_of
 from gateway.fleet import Fleet, ModelInfo, ReplicaState
 from gateway.kv_capacity_estimate import CapacityEstimator, Mark
-from gateway.periodic import every, stop_tasks
+from gateway.periodic import stop_tasks
 from gateway.replica_metrics import ScrapedMetrics, parse_metrics, parse_rank_metrics, stale_copy
 
 log = logging.getLogger("kvgate.monitor")
@@ -45,6 +49,14 @@ _MODELS_ROUND_S = 1.0  # the least time between two model rounds asked for by re
 # by default, and prometheus-client's /metrics app, which SGLang mounts, gzips for anyone
 # who accepts it: every scrape of such a replica read compressed bytes as text)
 _UNENCODED = {"accept-encoding": "identity"}
+# the checks (scrapes) one turn of the event loop starts at most, and the least time the
+# loops sleep between two batches of starts: a start costs ~0.3 ms of the loop (a refused
+# connection, its error counted), so a turn holds it for ~10 ms at most
+STARTS_PER_TURN = 32
+_STEP_S = 0.005
+
+Key = tuple[int, ...]  # which replica a call is for (``_key``)
+Call = Callable[[list[ReplicaState]], Awaitable[None]]
 
 
 def model_info(listed: dict[str, object]) -> ModelInfo:
@@ -64,8 +76,9 @@ class Monitor:
         self.health_cfg = health
         self.scrape_cfg = scrape
         self._tasks: list[asyncio.Task[None]] = []  # the two loops
-        self._checks = _Schedule("health")  # the check, the scrape of each replica running
-        self._scrapes = _Schedule("scrape")
+        # the check, the scrape of each replica running
+        self._checks = _Schedule("health", health.interval_s)
+        self._scrapes = _Schedule("scrape", scrape.interval_s)
         self._models_round: asyncio.Task[None] | None = None  # ``refresh_all_models``
         self._models_round_at = -math.inf
         # the data-parallel replicas warned of their ranks, with the size each was warned
@@ -77,13 +90,12 @@ class Monitor:
         await self.health_round()
         if self.scrape_cfg.enabled:
             await self.scrape_round()
-        self._tasks = [
-            asyncio.create_task(every(self.health_cfg.interval_s, self._health_due,
-                                      "health round"), name="kvgate-health"),
-        ]
+        self._tasks = [asyncio.create_task(
+            self._checks.run(self._health_jobs, self._check_all, self._still_checked),
+            name="kvgate-health")]
         if self.scrape_cfg.enabled:
             self._tasks.append(asyncio.create_task(
-                every(self.scrape_cfg.interval_s, self._scrapes_due, "scrape round"),
+                self._scrapes.run(self._scrape_jobs, self._scrape, self._still_scraped),
                 name="kvgate-scrape"))
 
     async def stop(self) -> None:
@@ -123,10 +135,13 @@ class Monitor:
         round, before the loop starts (``start``)."""
         await asyncio.gather(*(self.check_one(*states) for states in servers(self.fleet)))
 
-    def _health_due(self) -> None:
-        """The health loop's turn: a check of every server not still waiting on one."""
-        self._checks.due({_key(states): states for states in servers(self.fleet)},
-                         self._check_all)
+    def _health_jobs(self) -> dict[Key, list[ReplicaState]]:
+        """An interval's health checks: one of every server."""
+        return {_key(states): states for states in servers(self.fleet)}
+
+    def _still_checked(self, states: Sequence[ReplicaState]) -> bool:
+        """Whether a server read at its interval's start is in the fleet still."""
+        return all(self._current(s) for s in states)
 
     async def _check_all(self, states: Sequence[ReplicaState]) -> None:
         await self.check_one(*states)
@@ -261,9 +276,13 @@ class Monitor:
         whole: the first round, before the loop starts (``start``)."""
         await asyncio.gather(*(self._scrape(states) for states in self._pages()))
 
-    def _scrapes_due(self) -> None:
-        """The scrape loop's turn: a scrape of every page not still waiting on one."""
-        self._scrapes.due({_key(states): states for states in self._pages()}, self._scrape)
+    def _scrape_jobs(self) -> dict[Key, list[ReplicaState]]:
+        """An interval's scrapes: one of every page."""
+        return {_key(states): states for states in self._pages()}
+
+    def _still_scraped(self, states: Sequence[ReplicaState]) -> bool:
+        """Whether a page's replicas read at its interval's start are healthy still."""
+        return all(s.healthy and self._current(s) for s in states)
 
     def _pages(self) -> list[list[ReplicaState]]:
         """The healthy replicas, grouped by the /metrics page that tells of them."""
@@ -364,27 +383,55 @@ class Monitor:
 
 class _Schedule:
     """Each replica's own schedule for one kind of call (health checks, scrapes): at most
-    one call in flight per key, each in a task kept here until it ends."""
+    one call in flight per key, each in a task kept here until it ends; every interval, a
+    call of each replica at its phase of the interval (``run``)."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, interval_s: float, per_turn: int = STARTS_PER_TURN) -> None:
         self.what = what
-        self._running: dict[tuple[int, ...], asyncio.Task[None]] = {}
+        self.interval_s = interval_s
+        self.per_turn = per_turn
+        self._running: dict[Key, asyncio.Task[None]] = {}
+        self._phases: dict[Key, float] = {}  # of the keys of the last interval
 
-    def due(self, jobs: dict[tuple[int, ...], list[ReplicaState]],
-            call: Callable[[list[ReplicaState]], Awaitable[None]]) -> None:
-        """Start ``call`` for each of ``jobs`` whose previous call has ended; give up the
-        calls running for keys no longer among them (a replica gone, or added again:
+    async def run(self, jobs: Callable[[], dict[Key, list[ReplicaState]]], call: Call,
+                  still: Callable[[list[ReplicaState]], bool]) -> None:
+        """Until cancelled, from one interval on: ``jobs()`` read at each interval's start
+        (``plan``), and each of them started at its phase of the interval (``Round``),
+        unless its previous call still runs or ``still`` no longer holds for it (a replica
+        gone, or no longer healthy, since the interval began). An interval the event loop
+        could not keep up with ends when its last call started: the next begins then."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        while True:
+            began = max(began + self.interval_s, loop.time())
+            await asyncio.sleep(began - loop.time())
+            try:
+                round_ = self.plan(jobs(), began)
+                while not round_.done():
+                    for key, states in round_.starts(loop.time()):
+                        if key not in self._running and still(states):
+                            self._start(key, states, call)
+                    if not round_.done():  # due already (held back by the bound per
+                        # turn): the next turn; else when due, a step on at least
+                        wait_s = round_.next_at() - loop.time()
+                        await asyncio.sleep(0 if wait_s <= 0 else max(wait_s, _STEP_S))
+            except Exception:  # a bug in one interval must not end the loop
+                log.exception("%s round failed", self.what)
+
+    def plan(self, jobs: dict[Key, list[ReplicaState]], began: float) -> Round:
+        """The interval beginning at ``began`` (loop time) with ``jobs``: the calls running
+        for keys no longer among them are given up (a replica gone, or added again:
         another state under its id, another key)."""
         for key, task in list(self._running.items()):
             if key not in jobs:
                 task.cancel()  # it leaves ``_running`` as it ends
-        for key, states in jobs.items():
-            if key not in self._running:
-                self._start(key, states, call)
+        known = self._phases
+        self._phases = {key: known[key] if key in known else phase(states[0].id)
+                        for key, states in jobs.items()}
+        return Round(jobs, self._phases, began, self.interval_s, self.per_turn)
 
-    async def now(self, key: tuple[int, ...], states: list[ReplicaState],
-                  call: Callable[[list[ReplicaState]], Awaitable[None]]) -> None:
-        """``call`` for ``states`` at once, as the call of ``key`` (``due`` starts none
+    async def now(self, key: Key, states: list[ReplicaState], call: Call) -> None:
+        """``call`` for ``states`` at once, as the call of ``key`` (``run`` starts none
         for it while it runs), awaited to its end; the one running for ``key`` already,
         if any, is awaited instead. Cancelling the caller cancels it."""
         task = self._running.get(key) or self._start(key, states, call)
@@ -394,22 +441,20 @@ class _Schedule:
             task.cancel()
             raise
 
-    def _start(self, key: tuple[int, ...], states: list[ReplicaState],
-               call: Callable[[list[ReplicaState]], Awaitable[None]]) -> asyncio.Task[None]:
+    def _start(self, key: Key, states: list[ReplicaState], call: Call) -> asyncio.Task[None]:
         task = asyncio.create_task(self._run(call, states),
                                    name=f"kvgate-{self.what} {states[0].id}")
         self._running[key] = task
         task.add_done_callback(functools.partial(self._ended, key))
         return task
 
-    async def _run(self, call: Callable[[list[ReplicaState]], Awaitable[None]],
-                   states: list[ReplicaState]) -> None:
+    async def _run(self, call: Call, states: list[ReplicaState]) -> None:
         try:
             await call(states)
         except Exception:  # a bug in one call must not go unseen, nor stop the others
             log.exception("%s of replica %s failed", self.what, states[0].id)
 
-    def _ended(self, key: tuple[int, ...], task: asyncio.Task[None]) -> None:
+    def _ended(self, key: Key, task: asyncio.Task[None]) -> None:
         if self._running.get(key) is task:
             del self._running[key]
 
@@ -417,7 +462,46 @@ class _Schedule:
         await stop_tasks(list(self._running.values()))
 
 
-def _key(states: Sequence[ReplicaState]) -> tuple[int, ...]:
+class Round:
+    """One interval of a schedule: each job due at ``began + phase * interval_s``, handed
+    out in that order, at most ``per_turn`` at a time. Plain arithmetic on the times it is
+    given: no clock of its own."""
+
+    def __init__(self, jobs: dict[Key, list[ReplicaState]], phases: dict[Key, float],
+                 began: float, interval_s: float, per_turn: int) -> None:
+        self._jobs = jobs
+        # the jobs in the order they are due; [0, _next) handed out, [_next, len) to come
+        self._order = sorted(jobs, key=phases.__getitem__)
+        self._due = [began + phases[key] * interval_s for key in self._order]
+        self._next = 0
+        self._per_turn = per_turn
+
+    def starts(self, now: float) -> list[tuple[Key, list[ReplicaState]]]:
+        """The jobs due by ``now`` not handed out yet, the first ``per_turn`` of them."""
+        first = self._next
+        last = min(first + self._per_turn, len(self._order))
+        while self._next < last and self._due[self._next] <= now:
+            self._next += 1
+        return [(key, self._jobs[key]) for key in self._order[first:self._next]]
+
+    def done(self) -> bool:
+        return self._next == len(self._order)
+
+    def next_at(self) -> float:
+        """When the next job to hand out is due (``done()`` must be false)."""
+        return self._due[self._next]
+
+
+def phase(replica_id: str) -> float:
+    """Where in each interval a replica's calls come, in [0, 1): from a hash of its id, so
+    the same every interval (its calls an interval apart) and across restarts, and a
+    fleet's replicas spread evenly over the interval."""
+    digest = hashlib.blake2b(replica_id.encode("utf-8", "surrogatepass"),
+                             digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 11) / float(1 << 53)  # 53 bits: below 1.0
+
+
+def _key(states: Sequence[ReplicaState]) -> Key:
     """Which replica a call is for: the very states (a replica removed and added again
     under its id is another), alive while their call runs, so never one's id reused."""
     return tuple(id(state) for state in states)
