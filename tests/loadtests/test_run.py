@@ -20,7 +20,7 @@ def _streams_longer_than_the_runs(monkeypatch):
 def test_two_policies_on_a_local_fleet(tmp_path):
     cfg = RunConfig(
         policies=("round_robin", "prefix_affinity"),
-        duration_s=4, replicas=2, users=4, rate=6.0, kv_cache_gib=0.5, max_num_seqs=4,
+        duration_s=3, replicas=2, users=4, rate=8.0, kv_cache_gib=0.5, max_num_seqs=4,
         workload={"num_docs": 12, "hot_docs": 4, "doc_tokens": 600, "output_tokens": [2, 4]},
     )
     out = run(cfg, tmp_path / "report", tmp_path / "out.json")
@@ -71,7 +71,7 @@ def test_replicas_with_their_own_tokenizer_get_documents_sized_in_their_tokens(t
     assert theirs < 0.8 * ours  # a tokenizer that counts other tokens than the gateway's
     doc_tokens = 600
     cfg = RunConfig(
-        policies=("cost",), duration_s=4, replicas=2, users=4, rate=5.0, kv_cache_gib=0.5,
+        policies=("cost",), duration_s=3, replicas=2, users=4, rate=7.0, kv_cache_gib=0.5,
         max_num_seqs=4, engine_tokenizer=str(engine_tok),
         workload={"num_docs": 6, "hot_docs": 2, "doc_tokens": doc_tokens,
                   "question_tokens": [20, 30], "output_tokens": [2, 4]},
@@ -86,7 +86,7 @@ def test_replicas_with_their_own_tokenizer_get_documents_sized_in_their_tokens(t
 
 def test_two_gateway_copies_in_front_of_engines_publishing_kv_events(tmp_path):
     cfg = RunConfig(
-        policies=("cost",), duration_s=4, replicas=2, users=4, rate=6.0, kv_cache_gib=0.5,
+        policies=("cost",), duration_s=3, replicas=2, users=4, rate=8.0, kv_cache_gib=0.5,
         max_num_seqs=4, kv_events=True, gateways=2,
         workload={"num_docs": 6, "hot_docs": 2, "doc_tokens": 600, "output_tokens": [2, 4]},
     )
