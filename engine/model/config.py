@@ -30,6 +30,21 @@ class ModelLoadError(ValueError):
     """A model directory, config or checkpoint that cannot be served."""
 
 
+# Upper bounds on a config's sizes, each far past every released model (the largest noted),
+# so that a config describing an absurd model is refused naming the key before a module
+# is built or a weight allocated. field -> (config.json key, bound)
+MAX_SIZES: dict[str, tuple[str, int]] = {
+    "vocab_size": ("vocab_size", 1 << 22),  # 4,194,304 (262,144: Gemma 3)
+    "hidden_size": ("hidden_size", 1 << 16),  # 65,536 (16,384: Llama 3.1 405B)
+    "intermediate_size": ("intermediate_size", 1 << 18),  # 262,144 (53,248: the same)
+    "num_layers": ("num_hidden_layers", 1024),  # (126: Llama 3.1 405B)
+    "num_heads": ("num_attention_heads", 1024),  # (128)
+    "num_kv_heads": ("num_key_value_heads", 1024),
+    "head_dim": ("head_dim", 1024),  # (256: Gemma)
+    "max_position_embeddings": ("max_position_embeddings", 1 << 30),  # (10,485,760: Llama 4)
+}
+
+
 @dataclass(frozen=True, slots=True)
 class RopeConfig:
     theta: float
@@ -70,11 +85,13 @@ class ModelConfig:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                    "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
-            if getattr(self, key) <= 0:
-                raise ModelLoadError(f"config {key} must be positive, got "
-                                     f"{getattr(self, key)}")
+        for field, (key, bound) in MAX_SIZES.items():
+            value = getattr(self, field)
+            if value <= 0:
+                raise ModelLoadError(f"config {key} must be positive, got {value}")
+            if value > bound:
+                raise ModelLoadError(f"config {key} {value} is above {bound:,}, which no "
+                                     f"released model comes near")
         if self.head_dim % 2:
             raise ModelLoadError(f"config head_dim={self.head_dim} must be even: the rotary "
                                  f"embedding turns pairs of dimensions")

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 import torch
 
@@ -81,6 +84,52 @@ def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
     return choose_dtype(config.dtype, device.type, capability)
 
 
+class HeldTensor(NamedTuple):
+    """A tensor the checkpoint holds, as its shard's header describes it."""
+
+    file: Path
+    shape: tuple[int, ...]
+
+
+def checkpoint_tensors(files: list[Path], config: ModelConfig) -> dict[str, HeldTensor]:
+    """The tensors ``files`` hold, read from their headers alone (no tensor data), less
+    those the model recomputes or ties; a tensor in two shards is refused."""
+    from safetensors import safe_open
+
+    held: dict[str, HeldTensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                if name.endswith(_IGNORED_SUFFIXES) or (
+                        name == "lm_head.weight" and config.tie_word_embeddings):
+                    continue
+                if name in held:
+                    raise ModelLoadError(f"{file.name}: tensor {name!r} is also in an "
+                                         f"earlier shard")
+                held[name] = HeldTensor(file, tuple(f.get_slice(name).get_shape()))
+    return held
+
+
+_LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def _check_layers(config: ModelConfig, names: Iterable[str]) -> None:
+    """Refuse a config whose ``num_hidden_layers`` is not the checkpoint's, before a
+    module is built for each layer it names."""
+    layers = sorted({int(m.group(1)) for name in names if (m := _LAYER_TENSOR.match(name))})
+    if layers == list(range(config.num_layers)):
+        return
+    if not layers:
+        holds = "no layer tensor (model.layers.N.*)"
+    elif layers == list(range(len(layers))):
+        holds = f"layers 0..{layers[-1]}"
+    else:
+        more = f" (+{len(layers) - 8} more)" if len(layers) > 8 else ""
+        holds = f"layers {', '.join(map(str, layers[:8]))}{more}"
+    raise ModelLoadError(f"config.json num_hidden_layers {config.num_layers}: the "
+                         f"checkpoint holds {holds}")
+
+
 def load_model(
     model_dir: str | Path,
     *,
@@ -88,40 +137,41 @@ def load_model(
     dtype: torch.dtype | None = None,
     backend: str = "auto",
 ) -> CausalLM:
+    """The model in ``model_dir``, its checkpoint's headers checked against its config
+    before the model is built, its tensors' shapes before their data is read."""
     path = check_model_dir(model_dir, need_tokenizer=False)
     device = torch.device(device)
     config = ModelConfig.from_file(path / "config.json")
     dtype = dtype or default_dtype(config, device)
+    files = checkpoint_files(path)
+    held = checkpoint_tensors(files, config)
+    _check_layers(config, held)
     with torch.device("meta"):
         model = CausalLM(config, backend)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight")
-    state: dict[str, torch.Tensor] = {}
-    from safetensors import safe_open
-
-    for file in checkpoint_files(path):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if name.endswith(_IGNORED_SUFFIXES) or (
-                        name == "lm_head.weight" and config.tie_word_embeddings):
-                    continue
-                if name not in expected:
-                    raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for "
-                                         f"{config.architecture}")
-                if name in state:
-                    raise ModelLoadError(f"{file.name}: tensor {name!r} is also in an "
-                                         f"earlier shard")
-                shape = tuple(f.get_slice(name).get_shape())  # read before its data
-                if shape != expected[name]:
-                    raise ModelLoadError(
-                        f"{file.name}: tensor {name!r} has shape {shape}, "
-                        f"config.json implies {expected[name]}")
-                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    missing = sorted(set(expected) - set(state))
+    for name, (file, shape) in held.items():
+        if name not in expected:
+            raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for "
+                                 f"{config.architecture}")
+        if shape != expected[name]:
+            raise ModelLoadError(f"{file.name}: tensor {name!r} has shape {shape}, "
+                                 f"config.json implies {expected[name]}")
+    missing = sorted(set(expected) - set(held))
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ModelLoadError(f"{path}: checkpoint lacks tensor(s) {missing[:5]}{more}")
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = {file: [] for file in files}
+    for name, tensor in held.items():
+        by_file[tensor.file].append(name)
+    state: dict[str, torch.Tensor] = {}
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in names:
+                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     model.inv_freq = inverse_frequencies(config.rope, config.head_dim).to(device)

@@ -115,8 +115,14 @@ def test_shape_mismatch_names_the_tensor(tiny_dir: Path, tmp_path: Path) -> None
 
 
 def test_missing_tensor_is_named(tiny_dir: Path, tmp_path: Path) -> None:
-    d = _copy(tiny_dir, tmp_path / "t", num_hidden_layers=3)
-    with pytest.raises(ModelLoadError, match=r"lacks tensor\(s\) \['model\.layers\.2\."):
+    from safetensors.torch import load_file, save_file
+
+    d = _copy(tiny_dir, tmp_path / "t")
+    tensors = load_file(d / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"lacks tensor\(s\) "
+                                             r"\['model\.layers\.1\.mlp\.up_proj\.weight'\]"):
         load_model(d)
 
 
