@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -91,14 +92,28 @@ class HeldTensor(NamedTuple):
     shape: tuple[int, ...]
 
 
+@contextmanager
+def open_checkpoint(file: Path) -> Iterator[Any]:
+    """``safe_open`` on ``file``; what it or a read through it raises (a device, pipe or
+    directory instead of a file, a header cut short or longer than the file, data past
+    the file's end) is a ``ModelLoadError`` naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    if not file.is_file():  # a FIFO would block the open; /dev/zero reads forever
+        raise ModelLoadError(f"{file} is not a regular file")
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            yield f
+    except (SafetensorError, OSError) as exc:
+        raise ModelLoadError(f"{file} is not a readable safetensors file: {exc}") from exc
+
+
 def checkpoint_tensors(files: list[Path], config: ModelConfig) -> dict[str, HeldTensor]:
     """The tensors ``files`` hold, read from their headers alone (no tensor data), less
     those the model recomputes or ties; a tensor in two shards is refused."""
-    from safetensors import safe_open
-
     held: dict[str, HeldTensor] = {}
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        with open_checkpoint(file) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 if name.endswith(_IGNORED_SUFFIXES) or (
                         name == "lm_head.weight" and config.tie_word_embeddings):
@@ -162,14 +177,12 @@ def load_model(
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ModelLoadError(f"{path}: checkpoint lacks tensor(s) {missing[:5]}{more}")
-    from safetensors import safe_open
-
     by_file: dict[Path, list[str]] = {file: [] for file in files}
     for name, tensor in held.items():
         by_file[tensor.file].append(name)
     state: dict[str, torch.Tensor] = {}
     for file, names in by_file.items():
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        with open_checkpoint(file) as f:
             for name in names:
                 state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     model.load_state_dict(state, strict=False, assign=True)
