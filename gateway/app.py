@@ -47,8 +47,14 @@ from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
 from gateway.tracing import RequestTrace, Tracing
 from gateway.upstream_http import client_for
-from kvwire.media_parts import carries_media
-from kvwire.openai_schema import NotFound, OpenAIError, ServiceUnavailable, TooManyRequests
+from kvwire.media_parts import carries_media, shown
+from kvwire.openai_schema import (
+    MODEL_SHOWN_CHARS,
+    NotFound,
+    OpenAIError,
+    ServiceUnavailable,
+    TooManyRequests,
+)
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
 from policies.base import Finished, Routed, Unrouted
 
@@ -361,9 +367,28 @@ async def models(request: Request) -> Response:
     # names only the models of the replicas it may use (its partition)
     tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
     names = sorted(gw.fleet.models(gw.tenancy.allowed(tenant)))
-    response = JSONResponse({"object": "list", "data": [
-        _model_card(name, gw.fleet.model_info(name), gw.started) for name in names]},
-        headers=request_id_header(request))
+    return _answered(gw, request, tenant, {"object": "list", "data": [
+        _model_card(name, gw.fleet.model_info(name), gw.started) for name in names]})
+
+
+async def model(request: Request) -> Response:
+    """One model of ``GET /v1/models`` (the openai client's ``models.retrieve``), as the
+    list shows it to the client's tenant; a 404 ``model_not_found`` naming it where the
+    list holds no such model (a name of another tenant's partition too)."""
+    gw: GatewayState = request.app.state.gw
+    tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
+    name = request.path_params["model"]
+    if name not in gw.fleet.models(gw.tenancy.allowed(tenant)):
+        raise NotFound(f"The model {shown(name, MODEL_SHOWN_CHARS)} does not exist.",
+                       param="model", code="model_not_found")
+    return _answered(gw, request, tenant,
+                     _model_card(name, gw.fleet.model_info(name), gw.started))
+
+
+def _answered(gw: GatewayState, request: Request, tenant: str | None,
+              body: dict[str, object]) -> Response:
+    """A models route's answer, counted as a request answered here (route none, 200)."""
+    response = JSONResponse(body, headers=request_id_header(request))
     # (answered here; arrived where the fast path stamped it, else now: the app alone)
     gw.refused(request, "none", "200", request.scope.get(ARRIVED, time.perf_counter()),
                tenant)
@@ -475,6 +500,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route(GENERATE_PATH, generate, methods=["POST"]),
         Route(RESPONSES_PATH, responses, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ping", health, methods=["GET", "POST"]),
         Route("/version", version, methods=["GET"]),
