@@ -143,9 +143,10 @@ class ModelConfig:
                 f"max_position_embeddings to at most {window} in config.json to serve "
                 f"the model up to its window)")
         attention_bias = bool(raw.get("attention_bias", False))
+        vocab_size = _integer("vocab_size", raw["vocab_size"])
         return cls(
             architecture=arch,
-            vocab_size=_integer("vocab_size", raw["vocab_size"]),
+            vocab_size=vocab_size,
             hidden_size=_integer("hidden_size", raw["hidden_size"]),
             intermediate_size=_integer("intermediate_size", raw["intermediate_size"]),
             num_layers=_integer("num_hidden_layers", raw["num_hidden_layers"]),
@@ -160,7 +161,7 @@ class ModelConfig:
             qkv_bias=qwen or attention_bias,
             o_bias=attention_bias and not qwen,
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            eos_token_ids=_eos_ids(raw),
+            eos_token_ids=_eos_ids(raw, vocab_size),
             sliding_window=window,
             dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
         )
@@ -177,7 +178,7 @@ class ModelConfig:
         generation = path.parent / GENERATION_CONFIG
         if not generation.is_file():
             return config
-        more = _eos_ids(_json_object(generation), generation.name)
+        more = _eos_ids(_json_object(generation), config.vocab_size, generation.name)
         eos = config.eos_token_ids + tuple(e for e in dict.fromkeys(more)
                                            if e not in config.eos_token_ids)
         return dataclasses.replace(config, eos_token_ids=eos)
@@ -195,11 +196,19 @@ def _json_object(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _eos_ids(raw: dict[str, Any], file: str = "config.json") -> tuple[int, ...]:
-    """``raw``'s ``eos_token_id``: one id, a list of them or none."""
+def _eos_ids(raw: dict[str, Any], vocab_size: int,
+             file: str = "config.json") -> tuple[int, ...]:
+    """``raw``'s ``eos_token_id``: one id, a list of them or none, each a token of the
+    model's ``vocab_size`` (an id past it could never be sampled, so never stop a
+    sequence)."""
     eos = raw.get("eos_token_id")
     ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-    return tuple(_integer("eos_token_id", e, file) for e in ids)
+    checked = tuple(_integer("eos_token_id", e, file) for e in ids)
+    for e in checked:
+        if not 0 <= e < vocab_size:
+            raise ModelLoadError(f"{file} eos_token_id {e} is outside the vocabulary: ids "
+                                 f"run from 0 to {vocab_size - 1} (vocab_size {vocab_size})")
+    return checked
 
 
 MAX_JSON_BYTES = 64 << 20  # config.json, the shard index: metadata, never near this size
