@@ -265,8 +265,10 @@ def test_every_endpoint_is_in_gateway_md() -> None:
     prose = _prose(ROOT / "docs" / "gateway.md")
     paths = [*_served_paths(), *(route.path for route in routes())]
     assert "/v1/chat/completions" in paths and "/admin/top" in paths
-    missing = [p for p in dict.fromkeys(paths)  # a {param} as the doc names it
-               if not re.search("[` ]" + re.sub(r"\\\{\w+\\\}", r"\\{\\w+\\}", re.escape(p))
+    # a {param}, or a {param:converter}, as the doc names it: {param}
+    param = r"\\\{\w+(?::\w+)?\\\}"
+    missing = [p for p in dict.fromkeys(paths)
+               if not re.search("[` ]" + re.sub(param, r"\\{\\w+\\}", re.escape(p))
                                 + "[`,)]", prose)]
     assert missing == []
 
