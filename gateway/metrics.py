@@ -261,6 +261,9 @@ class WorkerRouteCounts(Protocol):
     dropped: int
     malformed: int
     unknown: int
+    answers_told: int
+    answers_dropped: int
+    answers_received: int
 
 
 class _WorkerRouteCollector(Collector):
@@ -281,6 +284,13 @@ class _WorkerRouteCollector(Collector):
             ("kvgate_worker_routes_unknown", "Routes the box's other workers told to a "
              "replica this worker's fleet does not hold (not yet, or no more): skipped",
              s.unknown),
+            ("kvgate_worker_responses_told", "Stored responses (their replica and tenant) "
+             "told to the box's other workers (one per worker told)", s.answers_told),
+            ("kvgate_worker_responses_dropped", "Stored responses not told to another "
+             "worker (its buffer full): it would send another tenant's continuation of "
+             "one on to the replicas", s.answers_dropped),
+            ("kvgate_worker_responses_received", "Stored responses the box's other workers "
+             "told", s.answers_received),
         ))
 
 

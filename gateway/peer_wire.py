@@ -26,7 +26,7 @@ little-endian:
                 later try of a request whose earlier try the sender told), then the
                 prompt's chunk hashes as u32 each
     HEARTBEAT   (empty)        the sender is alive (sent when it has been quiet)
-    ANSWERED    JSON (at most ``MAX_META`` bytes): a stored response's ``id``, the
+    ANSWERED    JSON: a stored response's ``id``, the
                 ``replica`` that answered it and the ``tenant`` it is (null: the
                 anonymous tenant's); told between the workers of one box only, never to
                 peers (a copy of an older release drops a link at a kind it does not know)
@@ -270,18 +270,13 @@ def parse_frame(kind: int, body: bytes, arrival_s: float) -> Frame:
 
 
 def answered_frame(response: str, replica: str, tenant: str | None) -> bytes:
-    """``response`` answered by ``replica`` for ``tenant``."""
-    meta = orjson.dumps({"id": response, "replica": replica, "tenant": tenant})
-    if len(meta) > MAX_META:
-        raise WireError(f"an answered response's meta of {len(meta)} bytes exceeds "
-                        f"{MAX_META}")
-    return _frame(ANSWERED, meta)
+    """``response`` answered by ``replica`` for ``tenant`` (a frame of ``MAX_FRAME`` at
+    most: a tenant's name, from a header of up to 64 KiB, fits)."""
+    return _frame(ANSWERED, orjson.dumps({"id": response, "replica": replica,
+                                          "tenant": tenant}))
 
 
 def _parse_answered(body: bytes) -> Answered:
-    if len(body) > MAX_META:
-        raise WireError(f"an answered response's meta of {len(body)} bytes exceeds "
-                        f"{MAX_META}")
     meta: Any = orjson.loads(body)
     if not isinstance(meta, dict):
         raise WireError(f"an answered response's meta is {type(meta).__name__}, not an "

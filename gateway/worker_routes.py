@@ -111,6 +111,9 @@ class WorkerRoutes:
         self.on_answered = on_answered
         self.tell_routes = tell_routes  # else only ``answered`` is told
         self.sent = self.received = self.dropped = self.malformed = 0
+        # stored responses (``answered``): told to a worker, kept from one, heard of
+        self.answers_told = self.answers_dropped = self.answers_received = 0
+        self._answers_warned = (-DROPPED_LOG_S, 0)  # (logged at, dropped then)
         self.unknown = 0  # routes received to a replica the fleet does not hold: skipped
         self._warned = (-DROPPED_LOG_S, 0)  # (logged at, dropped then)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -182,18 +185,37 @@ class WorkerRoutes:
 
     def answered(self, response: str, replica: str, tenant: str | None) -> None:
         """This worker saw ``response`` answered by ``replica`` for ``tenant``: told to
-        the others now, with the routes waiting, before its client can read the id and
-        continue it on another worker (which reads its inbox before each decision)."""
+        the others now (after the routes waiting, in a message of its own), before its
+        client can read the id and continue it on another worker (which reads its inbox
+        before each decision). One a worker's full buffer (a stalled worker) or its size
+        keeps from it is counted in ``answers_dropped`` and warned of: that worker would
+        send another tenant's continuation of it on to the replicas."""
         if not self.outboxes:
-            return
-        try:
-            self._waiting.append(answered_frame(response, replica, tenant))
-        except WireError as exc:
-            log.debug("not told to the other workers: %s", exc)
             return
         if self._flush is not None:
             self._flush.cancel()
         self.send_waiting()
+        try:
+            frame = answered_frame(response, replica, tenant)
+        except WireError as exc:
+            self._answer_dropped(len(self.outboxes), str(exc))
+            return
+        for out in self.outboxes:
+            try:
+                out.send(frame)
+            except OSError as exc:
+                self._answer_dropped(1, str(exc))
+            else:
+                self.answers_told += 1
+
+    def _answer_dropped(self, count: int, why: str) -> None:
+        self.answers_dropped += count
+        now = time.monotonic()
+        at, before = self._answers_warned
+        if now - at >= DROPPED_LOG_S:
+            log.warning("%d stored responses not told to another worker (%s): it does not "
+                        "know their tenants", self.answers_dropped - before, why)
+            self._answers_warned = (now, self.answers_dropped)
 
     def send_waiting(self) -> None:
         """Send the routes waiting, in messages of whole frames, to every other worker."""
@@ -269,6 +291,7 @@ class WorkerRoutes:
                 return
             at += HEAD_BYTES + length
             if isinstance(frame, Answered):
+                self.answers_received += 1
                 if self.on_answered is not None:
                     self.on_answered(frame)
                 continue
