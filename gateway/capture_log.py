@@ -198,9 +198,10 @@ class CaptureLog:
         while start < len(batch):
             if self._file_bytes + len(batch[start]) > self.max_file_bytes:
                 self._rotate()
-            # batch[start:end]: the lines that fit the file as it is; ``offer`` kept each
-            # line within ``max_file_bytes``, so a file just begun takes one at least
-            end, size = start, self._file_bytes
+            # batch[start:end]: the lines that fit the file as it is, one at least: a file
+            # begun anew that is not empty (PATH made again by someone else, or the rename
+            # a no-op: PATH.1 a hard link to it) takes the line past the bound
+            end, size = start + 1, self._file_bytes + len(batch[start])
             while end < len(batch) and size + len(batch[end]) <= self.max_file_bytes:
                 size += len(batch[end])
                 end += 1
