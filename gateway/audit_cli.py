@@ -158,8 +158,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         limits = AuditLimits(max_requests=args.max_requests,
                              min_tokens_lost=args.min_tokens_lost)
-        if not 0 < args.max_line_mb * _MIB < 1 << 62:
-            raise ValueError(f"--max-line-mb must be > 0, got {args.max_line_mb!r}")
+        if not 1 <= args.max_line_mb * _MIB < 1 << 62:  # a byte at least
+            raise ValueError(f"--max-line-mb must be from {1 / _MIB:.2g} (one byte) to "
+                             f"{1 << 42} MiB, got {args.max_line_mb!r}")
         tokenizer = load_tokenizer(args.tokenizer)
         records, bad = read_records([Path(p) for p in args.logs], limits.max_requests,
                                     int(args.max_line_mb * _MIB), long_lines)

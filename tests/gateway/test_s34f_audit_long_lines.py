@@ -65,4 +65,15 @@ def test_the_cli_names_the_long_lines_it_skipped(tmp_path: Path,
     assert "2 requests" in out and "(3 not readable)" in out
     assert "2 lines longer than 0.0625 MiB skipped" in err
     assert main(["audit", "--max-line-mb", "0", str(log)]) == 2
-    assert "--max-line-mb must be > 0, got 0.0" in capsys.readouterr().err
+    assert "--max-line-mb must be from 9.5e-07 (one byte) to 4398046511104 MiB, got 0.0" \
+        in capsys.readouterr().err
+
+
+def test_the_cli_refuses_a_line_bound_under_one_byte(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _log(tmp_path / "c.jsonl", 0)
+    assert main(["audit", "--max-line-mb", "1e-7", str(log)]) == 2  # 0.1 bytes
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "--max-line-mb must be from 9.5e-07 (one byte) to 4398046511104 MiB, got 1e-07" \
+        in err
