@@ -17,7 +17,8 @@ again at ``PATH`` when it is next rotated.
 Counts: the file is written unbuffered, so a record is counted ``written`` once the system
 took all of its line, and one whose write failed (a full disk) is counted lost, never
 both; a line the system took part of is ended by a newline before the next record, so
-a reader sees one line it cannot parse and the records after it whole. Failures are
+a reader sees one line it cannot parse and the records after it whole (as is the part of
+a line a file opened ends in: a writer stopped part-way through one). Failures are
 logged at most once per ``FAILED_LOG_S``, with the records lost since (a full disk
 failed every batch, a line each).
 """
@@ -173,6 +174,7 @@ class CaptureLog:
     def _open(self) -> None:
         self._file = _open_for_appending(self.path)
         self._file_bytes = self._file.tell()
+        self._torn = self._file_bytes > 0 and _ends_in_part_of_a_line(self.path)
 
     def _close(self) -> None:
         if self._file is not None:
@@ -188,7 +190,6 @@ class CaptureLog:
             self.rotations += 1
         except FileNotFoundError:
             pass  # moved away: what was written there went with it
-        self._torn = False  # a new file
         self._open()
 
     def _write(self, batch: list[bytes]) -> None:
@@ -245,6 +246,17 @@ def _open_for_appending(path: Path) -> IO[bytes]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def _ends_in_part_of_a_line(path: Path) -> bool:
+    """Whether the file at ``path`` ends in part of a line (its last byte no newline);
+    one that cannot be read is taken to end whole."""
+    try:
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) not in (b"\n", b"")
+    except OSError:
+        return False
 
 
 def _cannot_open(path: Path, exc: OSError) -> OSError:
