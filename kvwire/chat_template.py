@@ -19,7 +19,11 @@ templates rely on it:
 A rendering stops at ``MAX_RENDERED_CHARS`` (:func:`render`), and so does one ``tojson``
 with an ``indent`` (Llama 3.1's template writes each tool so): indented, every level of a
 value indents every line below it, so a tool schema nested 700 deep in 1.5 KB writes 2 MB,
-and one request's tools gigabytes.
+and one request's tools gigabytes. No single operation of a template builds a string or a
+list past that bound, or a number past ``MAX_NUMBER_BITS``, either (``'x' * 3000000000``,
+``'x' | center(3000000000)``, ``'{:>3000000000}'.format(x)``, ``2 ** 3000000000``): its size
+is told from its operands first and the template refused (``TemplateBuildTooLong``, naming
+it) before a byte of it is built.
 
 The messages are given as vLLM gives them (``template_messages``), and, as vLLM, a
 template that loops over a message's content (Gemma 3's, Llama 4's: ``{% for item in
@@ -30,17 +34,33 @@ message['content'] %}``) gets each message's content as a list of ``{"type": "te
 from __future__ import annotations
 
 import json
+import math
+import re
+import string
+import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
+from itertools import chain
 from typing import Any, NamedTuple
 
 import orjson
-from jinja2 import TemplateError, meta, nodes
+from jinja2 import TemplateError, meta, nodes, pass_context
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.environment import Template
 from jinja2.ext import Extension, loopcontrols
+from jinja2.filters import (
+    do_batch,
+    do_center,
+    do_indent,
+    do_replace,
+    make_attrgetter,
+    sync_do_join,
+)
 from jinja2.parser import Parser
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import generate_lorem_ipsum
 
 from kvwire.chat_messages import PARTS, ChatFormatError
 
@@ -66,10 +86,33 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = N
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent,
                                separators=separators, sort_keys=sort_keys)
-    if indent is None:  # the C encoder, no longer than a few times the value's own text
+    if indent is None:  # the C encoder, once the text is known to be within the bound
+        _json_within_bound(value)
         return encoder.encode(value)
     # indented (json.dumps' own pure-Python pieces, as many): stopped at the bound
     return _joined_within_bound(encoder.iterencode(value))
+
+
+def _json_within_bound(value: Any) -> None:
+    """RenderTooLong when ``value``'s JSON text passes ``MAX_RENDERED_CHARS``, counted
+    through every reference (a list that holds one long text many times, as a template
+    builds with ``*``, writes it each time), stopped as soon as it passes."""
+    written, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            written += len(item) + 3
+        elif isinstance(item, Mapping):
+            written += 2
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, list | tuple):
+            written += 2
+            todo.extend(item)
+        else:
+            written += 4
+        if written > MAX_RENDERED_CHARS:
+            raise RenderTooLong
 
 
 def render(template: Template, context: Mapping[str, Any]) -> str:
@@ -89,6 +132,287 @@ def _joined_within_bound(pieces: Iterable[str]) -> str:
             raise RenderTooLong
         kept.append(piece)
     return "".join(kept)
+
+
+# the bits of a number a template computes: far past any a chat needs (Python writes none
+# of more than 4,300 digits, ~14,000 bits)
+MAX_NUMBER_BITS = 1 << 16
+
+
+class TemplateBuildTooLong(ChatFormatError):
+    """A template's single operation would build a string or list past
+    ``MAX_RENDERED_CHARS`` or a number past ``MAX_NUMBER_BITS``; refused before it is
+    built, naming the template and the operation."""
+
+    def __init__(self, label: str, operation: str, size: int, number: bool) -> None:
+        unit, bound = ("bits", MAX_NUMBER_BITS) if number else \
+            ("characters or items", MAX_RENDERED_CHARS)
+        name = label or "the model's chat template"
+        super().__init__(f"{name} builds a {'number' if number else 'value'} of ~{size:,} "
+                         f"{unit} with {operation}, past the {bound:,} a chat template may "
+                         f"build")
+
+
+def _within(context: Context, operation: str, size: int, number: bool = False) -> None:
+    """TemplateBuildTooLong when ``size`` passes its bound."""
+    if size > (MAX_NUMBER_BITS if number else MAX_RENDERED_CHARS):
+        raise TemplateBuildTooLong(getattr(context.environment, "label", ""), operation,
+                                   size, number)
+
+
+def _length(value: Any) -> int:
+    """The characters or items ``value`` stands for where it is built into another."""
+    return len(value) if isinstance(value, str | list | tuple | Mapping) else len(str(value))
+
+
+def _count(value: Any) -> int:
+    """``value`` as a repeat count or width (0 where it is none: the operation refuses)."""
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+_PERCENT_FIELD = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(\*|\d+)?(?:\.(\*|\d+))?")
+
+
+def _formatted_size(text: str, fields: list[tuple[str, ...]], args: Iterable[Any]) -> int:
+    """An upper bound, near enough, on the length of ``text`` formatted with ``args``:
+    its own characters, each field's widths and precisions (taken from the arguments where
+    a field reads them from there) and each field as long as the longest argument."""
+    values = list(args)
+    widths = sum(int(w) for field in fields for w in field if w.isdigit())
+    if any(not w.isdigit() for field in fields for w in field if w):  # '*' or '{...}'
+        widths += sum(abs(v) for v in values if isinstance(v, int)) * len(fields)
+    longest = max((_length(v) for v in values), default=0)
+    return len(text) + widths + len(fields) * longest
+
+
+def _percent_size(text: str, args: Any) -> int:
+    """``_formatted_size`` of ``text % args``."""
+    values = args.values() if isinstance(args, Mapping) else \
+        args if isinstance(args, tuple) else (args,)
+    return _formatted_size(text, _PERCENT_FIELD.findall(text), values)
+
+
+def _format_size(text: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    """``_formatted_size`` of ``text.format(*args, **kwargs)`` (0 where it is no format:
+    ``format`` refuses it)."""
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError:
+        return 0
+    fields = [("{}",) if "{" in (spec or "") else tuple(re.findall(r"\d+", spec or ""))
+              for _, name, spec, _ in parsed if name is not None]
+    return _formatted_size(text, fields, [*args, *kwargs.values()])
+
+
+def _binop_size(operator: str, left: Any, right: Any) -> tuple[int, bool]:
+    """The size ``left operator right`` would have (characters or items; bits for a
+    number: the second value true), from its operands alone."""
+    sized = str | list | tuple
+    if operator == "*":
+        if isinstance(left, sized) and isinstance(right, int):
+            return len(left) * _count(right), False
+        if isinstance(right, sized) and isinstance(left, int):
+            return len(right) * _count(left), False
+        if isinstance(left, int) and isinstance(right, int):
+            return left.bit_length() + right.bit_length(), True
+    elif operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+        return len(left) + len(right), False
+    elif operator == "**" and isinstance(left, int) and isinstance(right, int) \
+            and abs(left) > 1 and right > 0:
+        return int(right * math.log2(abs(left))) + 1, True
+    elif operator == "%" and isinstance(left, str):
+        return _percent_size(left, right), False
+    return 0, False
+
+
+def _str_method_size(text: str, name: str, args: Sequence[Any],
+                     kwargs: Mapping[str, Any]) -> int:
+    """The length ``text.name(*args, **kwargs)`` would have, for the string methods that
+    build a longer string than their operands (0 for the others)."""
+    if name in ("center", "ljust", "rjust", "zfill") and args:
+        return max(len(text), _count(args[0]))
+    if name == "expandtabs":
+        return len(text) + text.count("\t") * _count(
+            args[0] if args else kwargs.get("tabsize", 8))
+    if name == "join" and args and isinstance(args[0], list | tuple):
+        return sum(map(_length, args[0])) + len(text) * max(0, len(args[0]) - 1)
+    if name == "replace" and len(args) >= 2:
+        return _replaced_size(text, *args[:3])
+    if name == "format":
+        return _format_size(text, args, kwargs)
+    if name == "format_map" and len(args) == 1 and isinstance(args[0], Mapping):
+        return _format_size(text, (), args[0])
+    return 0
+
+
+def _replaced_size(text: Any, old: Any, new: Any, count: Any = -1) -> int:
+    """The length of ``text.replace(old, new, count)`` (each as a string)."""
+    text, old, new = str(text), str(old), str(new)
+    found = text.count(old) if old else len(text) + 1
+    if isinstance(count, int) and count >= 0:
+        found = min(found, count)
+    return len(text) + found * max(0, len(new) - len(old))
+
+
+def _materialized(value: Any) -> Any:
+    """An iterable as a list, to be measured and then read (a string, list or tuple as it
+    is)."""
+    return value if isinstance(value, str | list | tuple) else list(value)
+
+
+@pass_context
+def _center(context: Context, value: Any, width: int = 80) -> str:
+    _within(context, "center", max(_length(value), _count(width)))
+    return do_center(value, width)
+
+
+@pass_context
+def _indent(context: Context, s: Any, width: int | str = 4, first: bool = False,
+            blank: bool = False) -> str:
+    text = str(s)
+    step = len(width) if isinstance(width, str) else _count(width)
+    _within(context, "indent", len(text) + (text.count("\n") + 1) * step)
+    return do_indent(text, width, first, blank)
+
+
+@pass_context
+def _format(context: Context, value: Any, *args: Any, **kwargs: Any) -> str:
+    if args and kwargs:
+        raise TemplateError("can't handle positional and keyword arguments at the same "
+                            "time")
+    _within(context, "format", _percent_size(str(value), kwargs or args))
+    return str(value) % (kwargs or args)
+
+
+@pass_context
+def _join(context: Context, value: Any, d: str = "",
+          attribute: str | int | None = None) -> str:
+    items = _materialized(value)
+    if attribute is not None:
+        items = list(map(make_attrgetter(context.environment, attribute), items))
+    _within(context, "join", sum(map(_length, items)) + len(str(d)) * max(0, len(items) - 1))
+    return sync_do_join(context.eval_ctx, items, d)
+
+
+@pass_context
+def _replace(context: Context, s: Any, old: Any, new: Any, count: int | None = None) -> str:
+    _within(context, "replace", _replaced_size(s, old, new, -1 if count is None else count))
+    return do_replace(context.eval_ctx, s, old, new, count)
+
+
+@pass_context
+def _batch(context: Context, value: Any, linecount: int, fill_with: Any = None
+           ) -> Iterator[list[Any]]:
+    if fill_with is not None:
+        _within(context, "batch", _count(linecount))
+    return do_batch(value, linecount, fill_with)
+
+
+@pass_context
+def _sum(context: Context, iterable: Any, attribute: str | int | None = None,
+         start: Any = 0) -> Any:
+    items = _materialized(iterable)
+    if attribute is not None:
+        items = list(map(make_attrgetter(context.environment, attribute), items))
+    if isinstance(start, list | tuple) and all(type(i) is type(start) for i in items):
+        # sequences joined: measured first, and built in one pass, not one copy an item
+        _within(context, "sum", len(start) + sum(map(len, items)))
+        return type(start)(chain(start, *items))
+    return sum(items, start)
+
+
+@pass_context
+def _lipsum(context: Context, n: int = 5, html: bool = True, min: int = 20, max: int = 100
+            ) -> str:
+    _within(context, "lipsum", _count(n) * _count(max) * 16)  # words of up to ~15 letters
+    return generate_lorem_ipsum(n, html, min, max)
+
+
+class _BoundedBuffer(list[str]):
+    """The text of a block, a macro or a ``{% set %}`` block as it is written, refused
+    once it passes ``MAX_RENDERED_CHARS``."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__()
+        self._label, self._written = label, 0
+
+    def _count(self, pieces: Iterable[str]) -> None:
+        self._written += sum(map(len, pieces))
+        if self._written > MAX_RENDERED_CHARS:
+            raise TemplateBuildTooLong(self._label, "a block's text", self._written, False)
+
+    def append(self, piece: str) -> None:
+        self._count((piece,))
+        super().append(piece)
+
+    def extend(self, pieces: Iterable[str]) -> None:
+        pieces = tuple(pieces)
+        self._count(pieces)
+        super().extend(pieces)
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    """Jinja's code generator with ``a ~ b`` measured before it is joined, and a block's
+    text (``_BoundedBuffer``) as it is written."""
+
+    def buffer(self, frame: Frame) -> None:
+        frame.buffer = self.temporary_identifier()
+        self.writeline(f"{frame.buffer} = environment.new_buffer()")
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        if frame.eval_ctx.volatile:
+            join = "(markup_join if context.eval_ctx.volatile else str_join)"
+        else:
+            join = "markup_join" if frame.eval_ctx.autoescape else "str_join"
+        self.write("environment.concat_within(context, (")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write(f"), {join})")
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with each operation that builds a string, a list or a
+    number from smaller ones measured first (see the module docstring)."""
+
+    code_generator_class = _BoundedCodeGenerator
+    intercepted_binops = frozenset(("*", "**", "+", "%"))
+
+    def __init__(self, label: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.label = label  # the template's name in errors (never in its code)
+        # a block's, a macro's or a {% set %} block's text, joined
+        self.concat = _joined_within_bound  # type: ignore[assignment]
+        self.filters.update(center=_center, indent=_indent, format=_format, join=_join,
+                            replace=_replace, batch=_batch, sum=_sum)
+        self.globals["lipsum"] = _lipsum
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "+" and type(left) is str and type(right) is str \
+                and len(left) + len(right) <= MAX_RENDERED_CHARS:
+            return left + right  # most of a template's operations, kept cheap
+        size, number = _binop_size(operator, left, right)
+        _within(context, repr(operator), size, number)
+        return self.binop_table[operator](left, right)
+
+    def new_buffer(self) -> _BoundedBuffer:
+        return _BoundedBuffer(self.label)
+
+    def concat_within(self, context: Context, pieces: tuple[Any, ...],
+                      join: Callable[[Iterable[Any]], str]) -> str:
+        _within(context, "'~'", sum(map(_length, pieces)))
+        return join(pieces)
+
+    def call(self, context: Context, obj: Any, /, *args: Any,  # type: ignore[override]
+             **kwargs: Any) -> Any:
+        method = getattr(obj, "__wrapped__", obj)  # str.format, as the sandbox wraps it
+        text = getattr(method, "__self__", None)
+        if isinstance(text, str) and isinstance(method, types.BuiltinMethodType):
+            if method.__name__ == "join" and args:
+                args = (_materialized(args[0]), *args[1:])
+            _within(context, f"str.{method.__name__}",
+                    _str_method_size(text, method.__name__, args, kwargs))
+        return super().call(context, obj, *args, **kwargs)
 
 
 def _strftime_now(format: str) -> str:
@@ -231,12 +555,12 @@ class ChatTemplate(NamedTuple):
     variables: frozenset[str] = frozenset()
 
 
-def compile_template(source: str) -> ChatTemplate:
+def compile_template(source: str, name: str | None = None) -> ChatTemplate:
     """``source`` compiled in transformers' environment (see the module docstring),
     whether it reads content as parts, and the variables it reads; jinja2's
-    ``TemplateSyntaxError`` when it is no template."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_Generation, loopcontrols])
+    ``TemplateSyntaxError`` when it is no template. ``name`` names it in errors."""
+    env = _BoundedSandbox(name or "", trim_blocks=True, lstrip_blocks=True,
+                          extensions=[_Generation, loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

@@ -14,11 +14,17 @@ the cut is widened until it yields enough tokens or covers the whole text.
 
 ``bounded`` (``kvwire.bounded_encoding``) encodes a text far longer than a model's context
 at a bounded cost in memory.
+
+Each file of a tokenizer directory is read up to a bound no real one reaches
+(``MAX_TOKENIZER_BYTES``, ``MAX_CONFIG_BYTES``, ``MAX_TEMPLATE_BYTES``): a larger one, or
+one that is no regular file, is refused naming it and the bound, before it is read.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +39,7 @@ from kvwire.chat_messages import PARTS, ChatFormatError, normalize_messages
 from kvwire.chat_template import (
     ChatTemplate,
     RenderTooLong,
+    TemplateBuildTooLong,
     compile_template,
     render,
     template_messages,
@@ -46,6 +53,14 @@ from kvwire.whole_encoding import WholeEncodings, space_cut
 DEFAULT_CHARS_PER_TOKEN = 4.0
 _READ_MARGIN = 1.1  # characters read for a prefix over what it is expected to take
 _SEEN_ALPHA = 0.5  # weight of the latest prompt in the characters per token seen
+
+# the bytes a tokenizer directory's files are read up to, far past any model's: a
+# tokenizer.json reaches ~35 MB (Gemma's; Llama 3's ~9 MB), a tokenizer_config.json a few
+# MB (as the engine's config.json, 64 MiB), a chat template ~100 KB (all of a model's
+# templates together, whether files or a config's field)
+MAX_TOKENIZER_BYTES = 256 << 20
+MAX_CONFIG_BYTES = 64 << 20
+MAX_TEMPLATE_BYTES = 4 << 20
 
 
 # a remembered prefix encoding: (first tokens, tokens in text[:cut], cut,
@@ -94,7 +109,9 @@ class PromptTokenizer:
         named = {"default": chat_template} if isinstance(chat_template, str) else \
             dict(chat_template or {})
         self._templates: dict[str, ChatTemplate] = {
-            name: compile_template(source) for name, source in named.items() if source}
+            name: compile_template(text, f"the chat template {name!r}"
+                                         + (f" of {source}" if source else ""))
+            for name, text in named.items() if text}
         # the ids the tokenizer's post-processor puts around one text (a Llama's BOS before
         # it): vLLM and SGLang encode a completion's text prompt with them, and a rendered
         # chat, whose template writes its own, without
@@ -274,6 +291,8 @@ class PromptTokenizer:
                 field = _deepest(tools, given, variables)
                 raise ChatFormatError(f"'{field}' is nested too deeply for the model's chat "
                                       f"template to render", param=field) from None
+            except TemplateBuildTooLong:  # the template's own doing, named in the message
+                raise
             except RenderTooLong as exc:  # most likely a deep value, indented: named so
                 field = _deepest(tools, given, variables)
                 raise ChatFormatError(f"{exc} ('{field}' holds the most deeply nested "
@@ -388,13 +407,15 @@ def load_tokenizer(path: str | Path | None = None, memo_size: int = 0) -> Prompt
 
     base = Path(path) if path is not None else ASSET_DIR
     file = base / "tokenizer.json" if base.is_dir() else base
-    if not file.is_file():
+    if not file.exists():
         raise FileNotFoundError(f"tokenizer file not found: {file}")
+    data = _read_bounded(file, MAX_TOKENIZER_BYTES, "a tokenizer.json")
     try:
-        tokenizer = Tokenizer.from_file(str(file))
+        tokenizer = Tokenizer.from_buffer(data)
     except Exception as exc:  # the tokenizers library raises a bare Exception
         raise ValueError(f"tokenizer file {file} cannot be read as a tokenizer: {exc}") \
             from None
+    del data  # the text, no longer needed once parsed
     config = _read_json(file.parent / "tokenizer_config.json")
     special = _special_tokens(config)
     chat_template = _chat_templates(file.parent, config)
@@ -406,15 +427,39 @@ def _read_json(file: Path) -> dict[str, Any]:
     """A model's JSON file (``tokenizer_config.json``, ``chat_template.json``) read as UTF-8
     (templates hold non-ASCII text whatever the locale); empty when there is none,
     ValueError naming the file when it is no JSON object."""
-    if not file.is_file():
+    if not file.exists():
         return {}
     try:
-        config = json.loads(file.read_text(encoding="utf-8"))
+        config = json.loads(_read_bounded(file, MAX_CONFIG_BYTES, "a model's JSON config")
+                            .decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{file} cannot be read as JSON: {exc}") from None
     if not isinstance(config, dict):
         raise ValueError(f"{file} must hold a JSON object, got {type(config).__name__}")
     return config
+
+
+def _read_bounded(file: Path, limit: int, what: str) -> bytes:
+    """``file``'s bytes; ValueError naming it and ``limit`` (``what`` says what is read up
+    to it) when it holds more, told by its size before a byte is read (a file that grows
+    as it is read: after ``limit`` and one), or when it is no regular file (a pipe, a
+    device, a directory)."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)  # a pipe opened so does not wait
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{file} is not a regular file; {what} is read from one")
+        if st.st_size > limit:
+            raise ValueError(f"{file} is {st.st_size:,} bytes; {what} is read up to "
+                             f"{limit:,} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{file} holds more than {limit:,} bytes; {what} is read up to "
+                         f"{limit:,} bytes")
+    return data
 
 
 def _special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
@@ -437,12 +482,19 @@ def _chat_templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str
     tokenizer (where transformers saves them now), ``chat_template.jinja`` the default and
     ``additional_chat_templates/<name>.jinja`` the others, over the config's
     ``chat_template`` (one template, the default, or a list of ``{"name", "template"}``).
-    ValueError naming the config's field when it is neither."""
+    ValueError naming the config's field when it is neither, and naming the file or field
+    when the templates pass ``MAX_TEMPLATE_BYTES`` all together."""
     files = {"default": directory / "chat_template.jinja",
              **{file.name.removesuffix(".jinja"): file
                 for file in sorted((directory / "additional_chat_templates").glob("*.jinja"))}}
-    read = {name: file.read_text(encoding="utf-8") for name, file in files.items()
-            if file.is_file()}
+    read: dict[str, str] = {}
+    left = MAX_TEMPLATE_BYTES  # for all of them together
+    for name, file in files.items():
+        if file.exists():
+            data = _read_bounded(file, left, f"the rest of a model's chat templates "
+                                             f"({MAX_TEMPLATE_BYTES:,} bytes all together)")
+            left -= len(data)
+            read[name] = _text_lines(data.decode("utf-8"))
     if read:
         return read
     processor = directory / "chat_template.json"  # a multimodal model's processor's, which
@@ -451,13 +503,31 @@ def _chat_templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str
         if not isinstance(template, str):
             raise ValueError(f"{processor} holds no chat_template string, got "
                              f"{shown(template)}")
-        return {"default": template}
+        return _within_template_bound({"default": template}, f"{processor}'s chat_template")
     template = config.get("chat_template")
     if template is None or isinstance(template, str):
-        return {"default": template} if template else {}
-    if isinstance(template, list) and all(
+        named = {"default": template} if template else {}
+    elif isinstance(template, list) and all(
             isinstance(t, Mapping) and isinstance(t.get("name"), str)
             and isinstance(t.get("template"), str) for t in template):
-        return {t["name"]: t["template"] for t in template}
-    raise ValueError(f"tokenizer_config.json's chat_template must be a template or a list "
-                     f"of {{'name': ..., 'template': ...}}, got {shown(template)}")
+        named = {t["name"]: t["template"] for t in template}
+    else:
+        raise ValueError(f"tokenizer_config.json's chat_template must be a template or a "
+                         f"list of {{'name': ..., 'template': ...}}, got {shown(template)}")
+    return _within_template_bound(named, "tokenizer_config.json's chat_template")
+
+
+def _within_template_bound(named: dict[str, str], where: str) -> dict[str, str]:
+    """``named``, or ValueError naming ``where`` they are when they pass
+    ``MAX_TEMPLATE_BYTES`` characters all together."""
+    total = sum(len(text) for text in named.values())
+    if total > MAX_TEMPLATE_BYTES:
+        raise ValueError(f"{where} holds {total:,} characters; a model's chat templates "
+                         f"are read up to {MAX_TEMPLATE_BYTES:,} all together")
+    return named
+
+
+def _text_lines(text: str) -> str:
+    """``text`` with its line ends as a file read as text gives them (``\\r\\n`` and ``\\r``
+    as ``\\n``), as transformers reads a template file."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
