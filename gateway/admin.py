@@ -177,14 +177,17 @@ def _check_reachable(gw: GatewayState, config: ReplicaConfig) -> None:
     cannot have (unspecified, broadcast, multicast: as discovery refuses them). A KV event
     endpoint that is not ``tcp://`` (``ipc://``: a path on the gateway's own machine) is for
     replicas in the config file."""
-    host = urlsplit(config.url).hostname or ""
-    try:
-        unfit = address_unfit(ipaddress.ip_address(host))
-    except ValueError:  # a name: what it resolves to is the allow lists' to judge
-        unfit = None
-    if unfit is not None:  # whatever the allow lists admit, as discovery refuses it
-        raise BadRequest(f"replica url {config.url!r:.200}: {host} is {unfit}, never a "
-                         "replica's address", param="url", code="invalid_replica")
+    # whatever the allow lists admit, as discovery refuses it
+    for key in ("url", "kv_events", "kv_events_replay"):
+        place = getattr(config, key)
+        host = "" if place is None else urlsplit(place).hostname or ""
+        try:
+            unfit = address_unfit(ipaddress.ip_address(host))
+        except ValueError:  # a name (or none): the allow lists' to judge
+            continue
+        if unfit is not None:
+            raise BadRequest(f"replica {key} {place!r:.200}: {host} is {unfit}, never a "
+                             "replica's address", param=key, code="invalid_replica")
     allows = gw.config.admin.allows
     if not allows(config.url):
         raise AdminOff(f"replica url {config.url!r}: its host is in neither "

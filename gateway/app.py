@@ -378,9 +378,10 @@ async def model(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
     name = request.path_params["model"]
-    if name not in gw.fleet.models(gw.tenancy.allowed(tenant)):
-        raise NotFound(f"The model {shown(name, MODEL_SHOWN_CHARS)} does not exist.",
-                       param="model", code="model_not_found")
+    if not name or name not in gw.fleet.models(gw.tenancy.allowed(tenant)):
+        raise NotFound(f"The model {shown(name, MODEL_SHOWN_CHARS)} does not exist."
+                       if name else "GET /v1/models/{model} names no model (/v1/models "
+                       "lists them)", param="model", code="model_not_found")
     return _answered(gw, request, tenant,
                      _model_card(name, gw.fleet.model_info(name), gw.started))
 

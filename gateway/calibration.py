@@ -11,11 +11,11 @@ ratio per model::
 and the model's ratio is the weighted median of its replicas' ratios, each replica weighing
 as many answers as it gave, at most ``min_samples`` (``_combine``). ``Fleet`` divides
 replica figures by it, so every token count a policy sees is in gateway tokens. One
-replica cannot move it far: the sums were once the model's alone, and one replica that
-told ``usage.prompt_tokens`` 12x the truth moved the ratio to 12x for every replica,
-shrinking their capacities in gateway tokens 12-fold. Now, with three or more replicas
-that have answered ``min_samples`` times, one such liar moves nothing (the median is an
-honest replica's); with two, no answer says which one is right, and the ratio is the
+replica cannot move it far (had the sums been the model's alone, one replica telling
+``usage.prompt_tokens`` 12x the truth would move the ratio 12x for every replica, and
+shrink their capacities in gateway tokens 12-fold): with three or more replicas that have
+answered ``min_samples`` times, one such liar moves nothing (the median is an honest
+replica's); with two, no answer says which one is right, and the ratio is the
 geometric mean of theirs: a replica off by a factor ``f`` moves it by ``sqrt(f)`` (a 12x
 lie: 3.5x; as no ratio past ``MAX_RATIO`` is believed, an honest ratio ``h`` is moved to
 ``sqrt(h * MAX_RATIO)`` at most, ``sqrt(h / MAX_RATIO)`` at least). A replica that has
@@ -272,6 +272,6 @@ class TokenCalibration:
         return out
 
     def snapshot(self) -> dict[str, float]:
-        """Learned ratios by model, for ``/admin/replicas`` and ``/admin/explain``."""
-        return {str(m): round(e.ratio, 4) for m, e in self._models.items()
-                if e.held >= self.min_samples}
+        """Learned ratios by model (``"null"``: requests with no model)."""
+        return {"null" if m is None else m: round(e.ratio, 4)
+                for m, e in self._models.items() if e.held >= self.min_samples}

@@ -302,11 +302,11 @@ class _Waiting:
 class _Retryable(Exception):
     """A replica failed before the client saw anything: try the next one. ``unsent``: the
     replica did not take the prompt (it shed load, was not reached, did not store what the
-    request continues, or answered a 5xx status before any byte), and the policy takes
-    the try back. A timeout (or the deadline, or an ejection while waiting), a connection
-    broken once sent, and a stream opened with an error event (the replica took the
-    prompt, and failed on it) are not: the replica may have queued or computed the prompt
-    (one that crashed shows as a restart later)."""
+    request continues, or answered a 5xx, a 3xx or a status under 100 before any byte),
+    and the policy takes the try back. A timeout (or the deadline, or an ejection while
+    waiting), a connection broken once sent, and a stream opened with an error event (the
+    replica took the prompt, and failed on it) are not: the replica may have queued or
+    computed the prompt (one that crashed shows as a restart later)."""
 
     def __init__(self, cause: str, message: str, code: str = "upstream_error",
                  retry_after_s: float | None = None, status: int | None = None,

@@ -158,7 +158,8 @@ def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
             kv_usage=_fraction(mean(m.SGLANG_TOKEN_USAGE)),
             kv_capacity_tokens=None if total is None or total <= 0 else int(total),
             queued_tokens=queued,
-            hit_rate_gauge=mean(m.SGLANG_CACHE_HIT_RATE),
+            hit_rate_gauge=_fraction(hit) if (hit := mean(m.SGLANG_CACHE_HIT_RATE))
+            is not None else None,
             work_tokens=_work(get(m.SGLANG_PROMPT_TOKENS + m.TOTAL),
                               get(m.SGLANG_GENERATION_TOKENS + m.TOTAL)),
         )

@@ -33,3 +33,18 @@ async def test_an_address_no_replica_has_is_refused_by_name(host: str, what: str
     joined = await post_replica(app, orjson.dumps({"id": "b", "url": "http://10.1.2.3:8000"}))
     assert joined.status_code in (200, 201), joined.text
     assert [s.id for s in state.fleet] == ["a", "b"]
+
+
+async def test_a_kv_event_endpoint_at_such_an_address_is_refused_by_name() -> None:
+    state = build_state(parse_config({
+        "replicas": [{"id": "a", "url": "http://127.0.0.1:9"}],
+        "admin": {"token": TOKEN, "allow_networks": ["0.0.0.0/0"]}}))
+    app = create_admin_app(state, TOKEN)
+    for key, endpoint in (("kv_events", "tcp://0.0.0.0:5557"),
+                          ("kv_events_replay", "tcp://224.0.0.1:5558")):
+        answer = await post_replica(app, orjson.dumps(
+            {"id": "z", "url": "http://10.1.2.3:8000", key: endpoint}))
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["param"] == key and endpoint in error["message"], error
+    assert [s.id for s in state.fleet] == ["a"]

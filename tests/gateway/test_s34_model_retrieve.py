@@ -36,6 +36,8 @@ def test_a_model_is_retrieved_as_listed_and_an_unknown_one_is_not_found(
     error = refused.value.body
     assert isinstance(error, dict)
     assert error["code"] == "model_not_found" and "org/nope" in error["message"], error
+    unnamed = httpx.get(f"{gw.url}/v1/models/", headers={"authorization": f"Bearer {KEY}"})
+    assert unnamed.status_code == 404 and "names no model" in unnamed.text, unnamed.text
     keyless = httpx.get(f"{gw.url}/v1/models/org/base")
     assert keyless.status_code == 401, keyless.text
     page = httpx.get(f"{gw.url}/metrics").text
