@@ -59,7 +59,7 @@ from jinja2.filters import (
 )
 from jinja2.parser import Parser
 from jinja2.runtime import Context
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import generate_lorem_ipsum
 
 from kvwire.chat_messages import PARTS, ChatFormatError
@@ -82,13 +82,27 @@ class RenderTooLong(ChatFormatError):
                          f"with the model's chat template")
 
 
+class JSONTree(dict[str, Any]):
+    """A mapping read from a request's JSON (a tool, its function and parameters, a tool
+    call's arguments): a tree, no value in it referenced twice, so its JSON text is no
+    longer than a small multiple of what it holds, and ``tojson`` writes it before it is
+    measured. A template's own values may hold one text many times (``[s] * 1000``):
+    ``tojson`` measures those through every reference first."""
+
+    __slots__ = ()
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent,
                                separators=separators, sort_keys=sort_keys)
     if indent is None:  # the C encoder, once the text is known to be within the bound
-        _json_within_bound(value)
-        return encoder.encode(value)
+        if type(value) is not JSONTree and not isinstance(value, str | int | float | None):
+            _json_within_bound(value)
+        text = encoder.encode(value)
+        if len(text) > MAX_RENDERED_CHARS:
+            raise RenderTooLong
+        return text
     # indented (json.dumps' own pure-Python pieces, as many): stopped at the bound
     return _joined_within_bound(encoder.iterencode(value))
 
@@ -124,7 +138,10 @@ def render(template: Template, context: Mapping[str, Any]) -> str:
 
 def _joined_within_bound(pieces: Iterable[str]) -> str:
     """``pieces`` joined; RenderTooLong as soon as they pass ``MAX_RENDERED_CHARS``, no
-    more than the bound and one piece ever held."""
+    more than the bound and one piece ever held (a ``_BoundedBuffer``, counted as it was
+    written, joined at once)."""
+    if type(pieces) is _BoundedBuffer:
+        return "".join(pieces)
     kept, written = [], 0
     for piece in pieces:
         written += len(piece)
@@ -225,10 +242,16 @@ def _binop_size(operator: str, left: Any, right: Any) -> tuple[int, bool]:
     return 0, False
 
 
+# the string methods that build a longer string than their operands
+_GROWING_STR_METHODS = frozenset(("center", "ljust", "rjust", "zfill", "expandtabs", "join",
+                                  "replace", "format", "format_map"))
+
+
 def _str_method_size(text: str, name: str, args: Sequence[Any],
                      kwargs: Mapping[str, Any]) -> int:
     """The length ``text.name(*args, **kwargs)`` would have, for the string methods that
-    build a longer string than their operands (0 for the others)."""
+    build a longer string than their operands (``_GROWING_STR_METHODS``; 0 for the
+    others)."""
     if name in ("center", "ljust", "rjust", "zfill") and args:
         return max(len(text), _count(args[0]))
     if name == "expandtabs":
@@ -332,23 +355,27 @@ class _BoundedBuffer(list[str]):
     """The text of a block, a macro or a ``{% set %}`` block as it is written, refused
     once it passes ``MAX_RENDERED_CHARS``."""
 
+    __slots__ = ("_label", "_written")
+
     def __init__(self, label: str) -> None:
         super().__init__()
         self._label, self._written = label, 0
 
-    def _count(self, pieces: Iterable[str]) -> None:
-        self._written += sum(map(len, pieces))
-        if self._written > MAX_RENDERED_CHARS:
-            raise TemplateBuildTooLong(self._label, "a block's text", self._written, False)
+    def _passed(self) -> TemplateBuildTooLong:
+        return TemplateBuildTooLong(self._label, "a block's text", self._written, False)
 
     def append(self, piece: str) -> None:
-        self._count((piece,))
-        super().append(piece)
+        self._written += len(piece)
+        if self._written > MAX_RENDERED_CHARS:
+            raise self._passed()
+        list.append(self, piece)
 
     def extend(self, pieces: Iterable[str]) -> None:
         pieces = tuple(pieces)
-        self._count(pieces)
-        super().extend(pieces)
+        self._written += sum(map(len, pieces))
+        if self._written > MAX_RENDERED_CHARS:
+            raise self._passed()
+        list.extend(self, pieces)
 
 
 class _BoundedCodeGenerator(CodeGenerator):
@@ -405,14 +432,18 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def call(self, context: Context, obj: Any, /, *args: Any,  # type: ignore[override]
              **kwargs: Any) -> Any:
-        method = getattr(obj, "__wrapped__", obj)  # str.format, as the sandbox wraps it
-        text = getattr(method, "__self__", None)
-        if isinstance(text, str) and isinstance(method, types.BuiltinMethodType):
+        kind = type(obj)  # a str method, or str.format as the sandbox wraps it, measured
+        method = obj if kind is types.BuiltinMethodType else \
+            obj.__dict__.get("__wrapped__") if kind is types.FunctionType else None
+        if type(method) is types.BuiltinMethodType and isinstance(method.__self__, str) \
+                and method.__name__ in _GROWING_STR_METHODS:
             if method.__name__ == "join" and args:
                 args = (_materialized(args[0]), *args[1:])
             _within(context, f"str.{method.__name__}",
-                    _str_method_size(text, method.__name__, args, kwargs))
-        return super().call(context, obj, *args, **kwargs)
+                    _str_method_size(method.__self__, method.__name__, args, kwargs))
+        if not self.is_safe_callable(obj):
+            raise SecurityError(f"{obj!r} is not safely callable")
+        return context.call(obj, *args, **kwargs)
 
 
 def _strftime_now(format: str) -> str:
@@ -468,6 +499,8 @@ def template_messages(messages: Sequence[Mapping[str, Any]], content_parts: bool
             text = call["function"]["arguments"]
             try:
                 arguments = orjson.loads(text) if text else {}
+                if type(arguments) is dict:
+                    arguments = JSONTree(arguments)
             except orjson.JSONDecodeError:
                 where = f"messages[{i}].tool_calls[{j}].function.arguments"
                 raise ChatFormatError(f"{where} must be JSON text, got {text!r:.60}",
@@ -494,12 +527,13 @@ def template_tools(tools: Sequence[Any] | None) -> list[Any] | None:
         if not isinstance(fn, Mapping) or tool.get("type", "function") != "function":
             out.append(tool)
             continue
-        function = {"name": fn.get("name"), "description": fn.get("description"),
-                    "parameters": fn.get("parameters"),
-                    **{k: v for k, v in fn.items()
-                       if k not in ("name", "description", "parameters")}}
-        out.append({"type": "function", "function": function,
-                    **{k: v for k, v in tool.items() if k not in ("type", "function")}})
+        parameters = fn.get("parameters")
+        function = JSONTree(
+            name=fn.get("name"), description=fn.get("description"),
+            parameters=JSONTree(parameters) if type(parameters) is dict else parameters,
+            **{k: v for k, v in fn.items() if k not in ("name", "description", "parameters")})
+        out.append(JSONTree(type="function", function=function,
+                            **{k: v for k, v in tool.items() if k not in ("type", "function")}))
     return out
 
 
