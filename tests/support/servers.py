@@ -148,7 +148,8 @@ class ThreadServer:
             self.side_url = f"http://127.0.0.1:{side_sock.getsockname()[1]}"
             # (not ``companion``'s server: in a thread, uvicorn takes no signals either way)
             self.side_server = other = _PromptServer(uvicorn.Config(
-                side, log_level="warning", lifespan="off", proxy_headers=False))
+                side, log_level="warning", lifespan="off", proxy_headers=False,
+                timeout_graceful_shutdown=1))
             run = lambda: asyncio.run(serve_together(  # noqa: E731
                 self.server, other, [self.sock], [side_sock]))
         self.thread = threading.Thread(target=run, daemon=True)
@@ -169,8 +170,10 @@ class ThreadServer:
         stop, without waiting for it (``stop`` waits). ``grace_s``: how long the requests
         still running may take before they are cancelled, in place of the second given at
         start."""
-        if grace_s is not None:
-            self.server.config.timeout_graceful_shutdown = grace_s  # read as it shuts down
+        if grace_s is not None:  # read as each shuts down
+            self.server.config.timeout_graceful_shutdown = grace_s
+            if self.side_server is not None:
+                self.side_server.config.timeout_graceful_shutdown = grace_s
         self.server.stop_now()
         if self.side_server is not None:
             self.side_server.stop_now()
