@@ -187,38 +187,109 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and value > 0 else 0
 
 
-_PERCENT_FIELD = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(\*|\d+)?(?:\.(\*|\d+))?")
+def _spec_widths(spec: str) -> int:
+    """The widths and precisions a format spec's digits ask for (a run Python refuses as
+    too long counted past any bound)."""
+    return sum(int(run) if len(run) < 20 else 10 ** 20 for run in re.findall(r"\d+", spec))
 
 
-def _formatted_size(text: str, fields: list[tuple[str, ...]], args: Iterable[Any]) -> int:
-    """An upper bound, near enough, on the length of ``text`` formatted with ``args``:
-    its own characters, each field's widths and precisions (taken from the arguments where
-    a field reads them from there) and each field as long as the longest argument."""
-    values = list(args)
-    widths = sum(int(w) for field in fields for w in field if w.isdigit())
-    if any(not w.isdigit() for field in fields for w in field if w):  # '*' or '{...}'
-        widths += sum(abs(v) for v in values if isinstance(v, int)) * len(fields)
+def _formatted_size(text: str, count: int, widths: int, values: Sequence[Any]) -> int:
+    """An upper bound, near enough, on the length of ``text`` formatted with ``values``
+    into ``count`` fields: its own characters, the fields' ``widths`` and precisions and
+    each field as long as the longest value."""
     longest = max((_length(v) for v in values), default=0)
-    return len(text) + widths + len(fields) * longest
+    return len(text) + widths + count * longest
+
+
+def _percent_fields(text: str) -> Iterator[tuple[str, str]]:
+    """Each conversion of the ``%`` format ``text``, in order, as its width and precision
+    (``'*'``, digits or ``''``); ``%%`` is none."""
+    at = text.find("%")
+    while 0 <= at < len(text) - 1:
+        at += 1
+        if text[at] == "%":
+            at = text.find("%", at + 1)
+            continue
+        if text[at] == "(":  # a mapping key, its parentheses nested as Python reads them
+            depth = 0
+            while at < len(text):
+                depth += {"(": 1, ")": -1}.get(text[at], 0)
+                at += 1
+                if depth == 0:
+                    break
+        field = re.compile(r"[#0 +-]*(\*|\d*)(?:\.(\*|\d*))?").match(text, at)
+        assert field is not None  # every part of it may be empty
+        yield field.group(1), field.group(2) or ""
+        at = text.find("%", field.end() + 1)  # past the conversion's letter
 
 
 def _percent_size(text: str, args: Any) -> int:
-    """``_formatted_size`` of ``text % args``."""
-    values = args.values() if isinstance(args, Mapping) else \
-        args if isinstance(args, tuple) else (args,)
-    return _formatted_size(text, _PERCENT_FIELD.findall(text), values)
+    """``_formatted_size`` of ``text % args``: a ``*`` width or precision reads the next
+    argument, a conversion the one after it."""
+    values = list(args.values() if isinstance(args, Mapping) else
+                  args if isinstance(args, tuple) else (args,))
+    # a mapping gives a '*' nothing to read: Python refuses it
+    starred = [] if isinstance(args, Mapping) else values
+    widths, count, read = 0, 0, 0
+    for field in _percent_fields(text):
+        count += 1
+        for part in field:
+            if part == "*":
+                width = starred[read] if read < len(starred) else 0
+                widths += abs(width) if isinstance(width, int) else 0
+                read += 1
+            else:
+                widths += _spec_widths(part)
+        read += 1
+    return _formatted_size(text, count, widths, values)
+
+
+def _nested_text(value: Any, conversion: str | None) -> str:
+    """What a nested ``{}`` field writes into the spec around it (``'?'`` for a value too
+    long to be part of a spec Python takes)."""
+    if (isinstance(value, int) and value.bit_length() <= 256) or isinstance(value, float):
+        text = str(value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        return "?"
+    if conversion in ("r", "a"):
+        text = repr(text) if isinstance(value, str) else text
+    return text if len(text) <= 64 else "?"
 
 
 def _format_size(text: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
     """``_formatted_size`` of ``text.format(*args, **kwargs)`` (0 where it is no format:
-    ``format`` refuses it)."""
+    ``format`` refuses it): a field's spec is read with its nested ``{}`` fields written
+    in, each the argument it names."""
+    formatter = string.Formatter()
     try:
-        parsed = list(string.Formatter().parse(text))
+        parsed = [(name, spec or "") for _, name, spec, _ in formatter.parse(text)
+                  if name is not None]
+        auto, widths = 0, 0
+        for name, spec in parsed:
+            if name == "" or name[0] in ".[":
+                auto += 1
+            written = []
+            for literal, nested, _, conversion in formatter.parse(spec):
+                written.append(literal)
+                if nested is None:
+                    continue
+                key = re.split(r"[.\[]", nested, maxsplit=1)[0]
+                compound = key != nested
+                if key == "":
+                    key, auto = str(auto), auto + 1
+                value = (args[int(key)] if int(key) < len(args) else None) \
+                    if key.isdigit() else kwargs.get(key)
+                if compound:  # an attribute or item of it: its largest int item
+                    items = value.values() if isinstance(value, Mapping) else \
+                        value if isinstance(value, list | tuple) else (value,)
+                    value = max((abs(v) for v in items if isinstance(v, int)), default=None)
+                written.append(_nested_text(value, conversion))
+            widths += _spec_widths("".join(written))
     except ValueError:
         return 0
-    fields = [("{}",) if "{" in (spec or "") else tuple(re.findall(r"\d+", spec or ""))
-              for _, name, spec, _ in parsed if name is not None]
-    return _formatted_size(text, fields, [*args, *kwargs.values()])
+    return _formatted_size(text, len(parsed), widths, [*args, *kwargs.values()])
 
 
 def _binop_size(operator: str, left: Any, right: Any) -> tuple[int, bool]:
