@@ -23,7 +23,9 @@ and one request's tools gigabytes. No single operation of a template builds a st
 list past that bound, or a number past ``MAX_NUMBER_BITS``, either (``'x' * 3000000000``,
 ``'x' | center(3000000000)``, ``'{:>3000000000}'.format(x)``, ``2 ** 3000000000``): its size
 is told from its operands first and the template refused (``TemplateBuildTooLong``, naming
-it) before a byte of it is built.
+it) before a byte of it is built. A container turned into text (``~``, ``string``,
+``pprint``, ``join``, ``%``, ``{{ }}``) is measured by its text, each item as often as it is
+referenced (``[s] * 10`` writes ``s`` ten times), and ``slice`` by its count.
 
 The messages are given as vLLM gives them (``template_messages``), and, as vLLM, a
 template that loops over a message's content (Gemma 3's, Llama 4's: ``{% for item in
@@ -39,9 +41,10 @@ import re
 import string
 import types
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MappingView, Sequence
 from datetime import datetime
 from itertools import chain
+from pprint import PrettyPrinter
 from typing import Any, NamedTuple
 
 import orjson
@@ -56,11 +59,13 @@ from jinja2.filters import (
     do_replace,
     make_attrgetter,
     sync_do_join,
+    sync_do_slice,
 )
 from jinja2.parser import Parser
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
-from jinja2.utils import generate_lorem_ipsum
+from jinja2.utils import Namespace, generate_lorem_ipsum
+from markupsafe import soft_str
 
 from kvwire.chat_messages import PARTS, ChatFormatError
 
@@ -178,8 +183,49 @@ def _within(context: Context, operation: str, size: int, number: bool = False) -
 
 
 def _length(value: Any) -> int:
-    """The characters or items ``value`` stands for where it is built into another."""
-    return len(value) if isinstance(value, str | list | tuple | Mapping) else len(str(value))
+    """The characters ``value`` stands for where it is built into text (a container's
+    text, ``_text_size``)."""
+    if isinstance(value, str):
+        return len(value)
+    return _text_size(value) if isinstance(value, _CONTAINERS) else len(str(value))
+
+
+# the values whose text is their items' text, each written as often as it is referenced
+_CONTAINERS = (list, tuple, set, frozenset, Mapping, MappingView, Namespace, bytes)
+
+
+def _text_size(value: Any) -> int:
+    """An upper bound, near enough, on the length of ``str(value)`` (or its ``pprint``
+    with no line broken): its strings' lengths (a string not printable ten characters a
+    character, as escaped) and a few characters an item, counted through every reference
+    (``[s] * 1000`` writes ``s`` each time) and stopped as soon as it passes
+    ``MAX_RENDERED_CHARS``."""
+    written, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            written += len(item) + 2 if item.isprintable() else 10 * len(item) + 2
+        elif isinstance(item, list | tuple | set | frozenset | MappingView):
+            written += 16 + 2 * len(item)
+            if written <= MAX_RENDERED_CHARS:
+                todo.extend(item)  # type: ignore[arg-type]
+        elif isinstance(item, Mapping):
+            written += 16 + 4 * len(item)
+            if written <= MAX_RENDERED_CHARS:
+                todo.extend(item.keys())
+                todo.extend(item.values())
+        elif type(item) is Namespace:  # <Namespace {...}>: its attributes' text
+            written += 13
+            todo.append(item._Namespace__attrs)
+        elif isinstance(item, bytes):
+            written += 4 * len(item) + 3
+        elif isinstance(item, int):
+            written += item.bit_length() * 3 // 10 + 2
+        else:
+            written += len(repr(item))
+        if written > MAX_RENDERED_CHARS:
+            break
+    return written
 
 
 def _count(value: Any) -> int:
@@ -416,6 +462,28 @@ def _sum(context: Context, iterable: Any, attribute: str | int | None = None,
 
 
 @pass_context
+def _slice(context: Context, value: Any, slices: int, fill_with: Any = None
+           ) -> Iterator[list[Any]]:
+    _within(context, "slice", _count(slices))
+    return sync_do_slice(value, slices, fill_with)
+
+
+@pass_context
+def _string(context: Context, value: Any) -> str:
+    _within(context, "string", _length(value))
+    return soft_str(value)
+
+
+@pass_context
+def _pprint(context: Context, value: Any) -> str:
+    _within(context, "pprint", _length(value))
+    # its lines indented as deep as a value is nested: written within the bound
+    stream = _BoundedBuffer(getattr(context.environment, "label", ""), "pprint")
+    PrettyPrinter(stream=stream).pprint(value)  # type: ignore[arg-type]
+    return "".join(stream)[:-1]  # less the line's end pprint writes
+
+
+@pass_context
 def _lipsum(context: Context, n: int = 5, html: bool = True, min: int = 20, max: int = 100
             ) -> str:
     _within(context, "lipsum", _count(n) * _count(max) * 16)  # words of up to ~15 letters
@@ -426,14 +494,14 @@ class _BoundedBuffer(list[str]):
     """The text of a block, a macro or a ``{% set %}`` block as it is written, refused
     once it passes ``MAX_RENDERED_CHARS``."""
 
-    __slots__ = ("_label", "_written")
+    __slots__ = ("_label", "_operation", "_written")
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, operation: str = "a block's text") -> None:
         super().__init__()
-        self._label, self._written = label, 0
+        self._label, self._operation, self._written = label, operation, 0
 
     def _passed(self) -> TemplateBuildTooLong:
-        return TemplateBuildTooLong(self._label, "a block's text", self._written, False)
+        return TemplateBuildTooLong(self._label, self._operation, self._written, False)
 
     def append(self, piece: str) -> None:
         self._written += len(piece)
@@ -447,6 +515,8 @@ class _BoundedBuffer(list[str]):
         if self._written > MAX_RENDERED_CHARS:
             raise self._passed()
         list.extend(self, pieces)
+
+    write = append  # a stream's (pprint writes to one)
 
 
 class _BoundedCodeGenerator(CodeGenerator):
@@ -482,7 +552,9 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         # a block's, a macro's or a {% set %} block's text, joined
         self.concat = _joined_within_bound  # type: ignore[assignment]
         self.filters.update(center=_center, indent=_indent, format=_format, join=_join,
-                            replace=_replace, batch=_batch, sum=_sum)
+                            replace=_replace, batch=_batch, sum=_sum, slice=_slice,
+                            string=_string, pprint=_pprint)
+        self.finalize = self._finalized
         self.globals["lipsum"] = _lipsum
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
@@ -492,6 +564,14 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         size, number = _binop_size(operator, left, right)
         _within(context, repr(operator), size, number)
         return self.binop_table[operator](left, right)
+
+    def _finalized(self, value: Any) -> Any:
+        """An output's value, a container's text measured before it is written."""
+        if type(value) is not str and isinstance(value, _CONTAINERS):
+            size = _text_size(value)
+            if size > MAX_RENDERED_CHARS:
+                raise TemplateBuildTooLong(self.label, "output", size, False)
+        return value
 
     def new_buffer(self) -> _BoundedBuffer:
         return _BoundedBuffer(self.label)
