@@ -10,15 +10,12 @@ the errors refusing a missing or wrong API key, alike from both servers."""
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable
 
 from kvwire.openai_schema import BadRequest, Unauthorized
+from kvwire.regular_files import FileTooLarge, NotRegularFile, read_regular
 
 MAX_SECRET_FILE_BYTES = 1 << 16
-_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                (stat.S_ISSOCK, "a socket"))
 
 
 def resolve_secret(value: str | None, file: str | None, env: str | None,
@@ -63,9 +60,8 @@ def _read(value: str | None, file: str | None, env: str | None, as_file: str,
         return value
     if file is not None:
         held = _read_file(file, as_file)
-        if len(held) > MAX_SECRET_FILE_BYTES:
-            raise ValueError(f"{as_file} {file!r} holds over {MAX_SECRET_FILE_BYTES} "
-                             "bytes: not a secret")
+        if len(held) > MAX_SECRET_FILE_BYTES:  # (grown past it as it was read)
+            raise _too_large(file, as_file)
         try:  # UTF-8 whatever the locale, as the value would be written in the YAML
             return held.decode().strip()
         except UnicodeDecodeError as exc:
@@ -79,28 +75,25 @@ def _read(value: str | None, file: str | None, env: str | None, as_file: str,
     return found.strip()
 
 
+def _too_large(file: str, as_file: str) -> ValueError:
+    return ValueError(f"{as_file} {file!r} holds over {MAX_SECRET_FILE_BYTES} bytes: not a "
+                      "secret")
+
+
 def _read_file(file: str, as_file: str) -> bytes:
     """At most ``MAX_SECRET_FILE_BYTES`` + 1 bytes of ``file`` (a path to a log by mistake
-    is named, not read to its end), which must be a regular file (or a link to one, as a
-    mounted Kubernetes Secret's are); a FIFO, a device or a directory is refused without
-    being read. ValueError naming ``as_file`` and the path."""
+    is named, not read to its end), which must be a regular file (``read_regular``); a
+    FIFO, a device or a directory is refused without being read. ValueError naming
+    ``as_file`` and the path."""
     try:
-        # O_NONBLOCK: opening a FIFO would wait for a writer (start-up hung, silent)
-        fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+        return read_regular(file, MAX_SECRET_FILE_BYTES)
+    except NotRegularFile as exc:
+        raise ValueError(f"{as_file} {file!r} is {exc.kind}, not a regular file: give the "
+                         "path of a file that holds the secret") from None
+    except FileTooLarge:
+        raise _too_large(file, as_file) from None
     except OSError as exc:
         raise ValueError(f"{as_file} {file!r}: {exc.strerror}") from exc
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _NOT_REGULAR if test(mode)), "something else")
-            raise ValueError(f"{as_file} {file!r} is {kind}, not a regular file: give the "
-                             "path of a file that holds the secret")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(MAX_SECRET_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"{as_file} {file!r}: {exc.strerror}") from exc
-    finally:
-        os.close(fd)
 
 
 def resolve_bearer(value: str | None, file: str | None, env: str | None, name: str,

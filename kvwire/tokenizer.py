@@ -23,8 +23,6 @@ one that is no regular file, is refused naming it and the bound, before it is re
 from __future__ import annotations
 
 import json
-import os
-import stat
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +44,7 @@ from kvwire.chat_template import (
     template_tools,
 )
 from kvwire.media_parts import shown
+from kvwire.regular_files import FileTooLarge, NotRegularFile, read_regular
 from kvwire.template_kwargs import template_variables
 from kvwire.tokenizer_build import ASSET_DIR, EOS_TOKEN
 from kvwire.whole_encoding import WholeEncodings, space_cut
@@ -443,19 +442,14 @@ def _read_bounded(file: Path, limit: int, what: str) -> bytes:
     """``file``'s bytes; ValueError naming it and ``limit`` (``what`` says what is read up
     to it) when it holds more, told by its size before a byte is read (a file that grows
     as it is read: after ``limit`` and one), or when it is no regular file (a pipe, a
-    device, a directory)."""
-    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)  # a pipe opened so does not wait
+    device, a directory: ``read_regular``)."""
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{file} is not a regular file; {what} is read from one")
-        if st.st_size > limit:
-            raise ValueError(f"{file} is {st.st_size:,} bytes; {what} is read up to "
-                             f"{limit:,} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
+        data = read_regular(file, limit)
+    except NotRegularFile:
+        raise ValueError(f"{file} is not a regular file; {what} is read from one") from None
+    except FileTooLarge as exc:
+        raise ValueError(f"{file} is {exc.size:,} bytes; {what} is read up to {limit:,} "
+                         "bytes") from None
     if len(data) > limit:
         raise ValueError(f"{file} holds more than {limit:,} bytes; {what} is read up to "
                          f"{limit:,} bytes")

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from kvwire.regular_files import FileTooLarge, NotRegularFile, read_regular
+
 # architecture -> attention flavour ("qwen2" adds q/k/v bias)
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -215,13 +217,20 @@ MAX_JSON_BYTES = 64 << 20  # config.json, the shard index: metadata, never near 
 
 
 def read_json(path: Path) -> Any:
-    """The JSON in ``path``, read only when it is at most ``MAX_JSON_BYTES`` long."""
-    size = path.stat().st_size
-    if size > MAX_JSON_BYTES:
-        raise ModelLoadError(f"{path} is {size} bytes; a model's JSON files are read up to "
-                             f"{MAX_JSON_BYTES}")
+    """The JSON in ``path``, read only when it is a regular file at most ``MAX_JSON_BYTES``
+    long (``read_regular``: told by its size, and as it is read)."""
     try:
-        return json.loads(path.read_bytes())
+        data = read_regular(path, MAX_JSON_BYTES)
+    except NotRegularFile as exc:
+        raise ModelLoadError(f"{path} is {exc.kind}, not a regular file") from None
+    except FileTooLarge as exc:
+        raise ModelLoadError(f"{path} is {exc.size} bytes; a model's JSON files are read up "
+                             f"to {MAX_JSON_BYTES}") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise ModelLoadError(f"{path} holds over {MAX_JSON_BYTES} bytes; a model's JSON "
+                             f"files are read up to {MAX_JSON_BYTES}")
+    try:
+        return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
 
