@@ -5,22 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.app import create_app
-from gateway.config import parse_config
-from gateway.http_server import bounded_protocol
+from tests.support.gateway_harness import Gateway, start_gateway
 from tests.support.servers import ThreadServer
 
 
 def gateway(serve: Callable[..., ThreadServer], replicas: list[ThreadServer],
-            **extra: Any) -> ThreadServer:
-    """A round-robin gateway (``extra``: more of its config) in front of ``replicas``,
-    health-checked every 0.2 s (one failure ejects), not scraped, on the gateway's own
-    HTTP protocol."""
-    config = parse_config({
-        "replicas": [{"id": f"r{i}", "url": r.url} for i, r in enumerate(replicas)],
-        "policy": {"name": "round_robin"},
-        "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
-        "scrape": {"enabled": False},
-        **extra,
-    })
-    return serve(create_app(config), http=bounded_protocol(config))
+            **extra: Any) -> Gateway:
+    """``start_gateway``'s round-robin gateway (``extra``: more of its config) in front of
+    ``replicas`` (ids ``r0``, ``r1``, ...), not scraped: only health checks and the
+    requests themselves tell it of a fault."""
+    return start_gateway(serve, [(f"r{i}", r.url) for i, r in enumerate(replicas)],
+                         scrape={"enabled": False}, **extra)
