@@ -1737,11 +1737,8 @@ def _carries_nothing(answer: Any, one_choice: bool) -> str | None:
     if not isinstance(answer, dict):
         return None
     if "choices" not in answer:
-        error = answer.get("error")
-        if isinstance(error, dict) or answer.get("object") == "error":
-            message = _message_of(error if isinstance(error, dict) else answer)
-            return f"an error object and no choice{message}"
-        return None
+        error = _openai_error(answer)
+        return None if error is None else f"an error object and no choice{_message_of(error)}"
     if one_choice and answer["choices"] == []:
         return "no choice (its choices empty)"
     return None
@@ -1896,10 +1893,19 @@ def _error_message(detail: bytes) -> str:
         data = orjson.loads(detail)
     except ValueError:
         return ""
-    error = data.get("error") if isinstance(data, dict) else None
-    if error is None and isinstance(data, dict) and data.get("object") == "error":
-        error = data
-    return _message_of(error)
+    return _message_of(_openai_error(data))
+
+
+def _openai_error(data: Any) -> dict[str, Any] | None:
+    """An OpenAI-shaped error in ``data``: nested under ``error`` (OpenAI's, vLLM's since
+    0.10.2), or ``data`` itself when flat beside ``"object": "error"`` (older vLLM's,
+    SGLang's); None for anything else."""
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if isinstance(error, dict):
+        return error
+    return data if data.get("object") == "error" else None
 
 
 def _message_of(error: Any) -> str:
