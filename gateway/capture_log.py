@@ -28,11 +28,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import orjson
+
+from gateway.log_throttle import LogThrottle
 
 if TYPE_CHECKING:
     from gateway.capture import CaptureRecord
@@ -60,7 +61,7 @@ class CaptureLog:
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
         self._torn = False  # the file ends in part of a line (a write that failed)
-        self._failed_log: tuple[float, int] = (-FAILED_LOG_S, 0)  # (logged at, lost since)
+        self._failed_log = LogThrottle(FAILED_LOG_S)
 
     @property
     def dropped(self) -> int:
@@ -160,12 +161,9 @@ class CaptureLog:
     def _log_failed(self, exc: OSError, lost: int) -> None:
         """A failed write: logged at most once per ``FAILED_LOG_S``, with the records lost
         since the last line."""
-        logged_at, since = self._failed_log
-        now = time.monotonic()
-        if now - logged_at < FAILED_LOG_S:
-            self._failed_log = (logged_at, since + lost)
+        since = self._failed_log.due(lost)
+        if since is None:
             return
-        self._failed_log = (now, 0)
         more = f" ({since} more lost in the last {FAILED_LOG_S:g} s)" if since else ""
         log.warning("capture log %s: cannot write (%s); %d records lost%s",
                     self.path, exc.strerror or exc, lost, more)

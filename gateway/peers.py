@@ -59,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.fleet import Fleet, Pending
+from gateway.log_throttle import LogThrottle
 from gateway.peer_config import PeersConfig, split_address
 from gateway.peer_wire import (
     DONE,
@@ -323,7 +324,7 @@ class Peers:
         # connections not yet proven, and the address each came from
         # connections proving the secret, oldest first: (their address, accepted at)
         self._handshaking: dict[asyncio.Task[None], tuple[str, float]] = {}
-        self._refused_log: tuple[float, int] = (-REFUSED_LOG_S, 0)  # (logged at, since)
+        self._refused_log = LogThrottle(REFUSED_LOG_S)
         self.address: tuple[str, int] | None = None  # where the listener is bound
         # with worker processes: tells the box's other workers a peer's route
         # (``worker_routes``), which only this worker's link received: the request, its
@@ -499,12 +500,9 @@ class Peers:
     def _log_refused(self, peer: object) -> None:
         """A handshake refused: logged at most once per ``REFUSED_LOG_S`` (a flood of
         wrong secrets wrote a line each), with how many were refused since."""
-        logged_at, since = self._refused_log
-        now = time.monotonic()
-        if now - logged_at < REFUSED_LOG_S:
-            self._refused_log = (logged_at, since + 1)
+        since = self._refused_log.due()
+        if since is None:
             return
-        self._refused_log = (now, 0)
         more = f" ({since} more refused in the last {REFUSED_LOG_S:g} s)" if since else ""
         log.warning("a peer at %s did not prove the secret: refused%s", peer, more)
 

@@ -62,6 +62,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from gateway.log_throttle import LogThrottle
 from gateway.peer_wire import (
     HEAD_BYTES,
     MAX_FRAME,
@@ -113,9 +114,9 @@ class WorkerRoutes:
         self.sent = self.received = self.dropped = self.malformed = 0
         # stored responses (``answered``): told to a worker, kept from one, heard of
         self.answers_told = self.answers_dropped = self.answers_received = 0
-        self._answers_warned = (-DROPPED_LOG_S, 0)  # (logged at, dropped then)
+        self._answers_warned = LogThrottle(DROPPED_LOG_S)
         self.unknown = 0  # routes received to a replica the fleet does not hold: skipped
-        self._warned = (-DROPPED_LOG_S, 0)  # (logged at, dropped then)
+        self._warned = LogThrottle(DROPPED_LOG_S)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: list[bytes] = []  # frames not sent yet
         self._told = ToldRequests()  # the requests this worker told a route of
@@ -210,12 +211,10 @@ class WorkerRoutes:
 
     def _answer_dropped(self, count: int, why: str) -> None:
         self.answers_dropped += count
-        now = time.monotonic()
-        at, before = self._answers_warned
-        if now - at >= DROPPED_LOG_S:
+        held = self._answers_warned.due(count)
+        if held is not None:
             log.warning("%d stored responses not told to another worker (%s): it does not "
-                        "know their tenants", self.answers_dropped - before, why)
-            self._answers_warned = (now, self.answers_dropped)
+                        "know their tenants", held + count, why)
 
     def send_waiting(self) -> None:
         """Send the routes waiting, in messages of whole frames, to every other worker."""
@@ -230,24 +229,21 @@ class WorkerRoutes:
             size += len(frame)
         if frames:
             messages.append((b"".join(frames[start:]), len(frames) - start))
+        dropped = 0
         for out in self.outboxes:
             for message, count in messages:
                 try:
                     out.send(message)
                 except OSError:  # full (a stalled worker), or gone (the box is stopping)
-                    self.dropped += count
+                    dropped += count
                 else:
                     self.sent += count
-        if self.dropped != self._warned[1]:
-            self._warn_dropped()
-
-    def _warn_dropped(self) -> None:
-        now = time.monotonic()
-        at, before = self._warned
-        if now - at >= DROPPED_LOG_S:
-            log.warning("%d routes not told to the other workers (their buffers were full)",
-                        self.dropped - before)
-            self._warned = (now, self.dropped)
+        if dropped:
+            self.dropped += dropped
+            held = self._warned.due(dropped)
+            if held is not None:
+                log.warning("%d routes not told to the other workers (their buffers were "
+                            "full)", held + dropped)
 
     def _read(self) -> int:
         """Every message waiting in the inbox, each whole routed frames: their bytes."""
