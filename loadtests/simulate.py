@@ -49,6 +49,7 @@ from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.oracle import static_oracle, upper_bound
+from loadtests.placement_oracle import PlacementOracle, oracle_replicas
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.replica_prompts import (
     RenderedPrompts,
@@ -445,7 +446,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="contracts", choices=sorted(SCENARIOS))
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--requests", type=int, default=40_000)
-    parser.add_argument("--policies", default="round_robin,least_load,prefix_affinity,radix")
+    parser.add_argument("--policies", default="round_robin,least_load,prefix_affinity,radix",
+                        help="comma-separated policy names; placement_oracle:H (contract "
+                        "workloads) is a clairvoyant reference placement, hot documents on H "
+                        "replicas, not a policy")
     parser.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     parser.add_argument("--views", choices=("gateway", "exact"), default="gateway",
                         help="what policies see: the gateway's accounting with lagging "
@@ -535,6 +539,10 @@ def policy_names(names_csv: str, policy_set: Sequence[str] = ()
                              f"policy of --policies ({', '.join(names)})")
         overrides.setdefault(name, {})[param] = value
     for name in names:
+        if oracle_replicas(name) is not None:  # built from the requests, in run
+            if name in overrides:
+                raise ValueError(f"--policy-set: {name} takes no parameters")
+            continue
         build_policy(name, **overrides.get(name, {}))
     return names, overrides
 
@@ -600,7 +608,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, PolicyResult] = {}
     report["policy_overrides"] = overrides
     for name in names:
-        copies = [build_policy(name, **overrides.get(name, {})) for _ in range(args.gateways)]
+        hot_replicas = oracle_replicas(name)
+        if hot_replicas is not None:  # a reference that reads the requests in order
+            if args.gateways > 1:
+                raise ValueError(f"{name} runs in one gateway copy, got --gateways "
+                                 f"{args.gateways}")
+            copies: list[Policy] = [PlacementOracle(requests, hot_replicas)]
+        else:
+            copies = [build_policy(name, **overrides.get(name, {}))
+                      for _ in range(args.gateways)]
         res = simulate(requests, arrivals, copies, fleet, hashes, prompts, tokenizer,
                        args.seed, args.peers, replica_prompts)
         results[name] = res
