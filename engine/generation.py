@@ -45,7 +45,9 @@ class Generation:
         self.text = TextStream(server.decoder(p.skip_special_tokens), p.stop,
                                include_stop=p.include_stop,
                                min_tokens=p.sampling.get("min_tokens", 0))
-        self.token_ids: list[int] = []  # every output token so far, a stop token's too
+        # every output token so far, a stop token's too (a stream's: since it last called
+        # :meth:`forget_sent`)
+        self.token_ids: list[int] = []
         # one per token of ``token_ids`` where the request asked for log-probabilities
         self.logprobs: list[TokenLogprob] = []
         # the prompt's, where asked (``prompt_logprobs``): one per prompt token after the first
@@ -121,6 +123,15 @@ class Generation:
             async for delta, reason in deltas:  # noqa: B007
                 parts.append(delta)
         return "".join(parts), reason
+
+    def forget_sent(self) -> None:
+        """Drop the output ids and log probabilities read so far. A stream calls it once
+        the event that names them is made, so that it holds only those of the output it
+        is on, not every one of a long answer (``n`` choices of thousands of tokens with
+        20 alternatives each), as vLLM's delta outputs; a whole answer, which names them
+        all at its end, does not."""
+        self.token_ids.clear()
+        self.logprobs.clear()
 
     def _stop_reason(self) -> int | str | None:
         return self.text.stop if self.text.stopped else self.stop_reason

@@ -155,6 +155,10 @@ class OpenAIGeneration(Generation):
         self.num_ids_sent = len(self.token_ids)
         return ids
 
+    def forget_sent(self) -> None:
+        super().forget_sent()
+        self.num_rendered = self.num_ids_sent = 0
+
     def prompt_logprobs_json(self) -> list[dict[str, Any] | None] | None:
         """vLLM's ``prompt_logprobs`` of this choice's prompt, None where not asked."""
         if self.prompt_logprobs is None:
@@ -251,6 +255,7 @@ class OpenAIGeneration(Generation):
                 # probabilities): off the loop
                 choice = await off_loop_past(self.num_render_tokens if self.echoing else 0,
                                              functools.partial(self._choice, delta, reason))
+                self.forget_sent()  # the chunk names every output id and log probability
                 yield StreamChoice(choice, self.num_prompt, self.num_output)
 
 

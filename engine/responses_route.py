@@ -408,6 +408,7 @@ class _Answer(Generation):
             # closed mid-answer: its reader too, now, not when it is collected
             async with contextlib.aclosing(self._deltas()) as deltas:
                 async for delta, reason in deltas:  # noqa: B007
+                    self.forget_sent()  # its events name no output ids
                     if delta:
                         parts.append(delta)
                         yield self._event("response.output_text.delta",
