@@ -295,6 +295,16 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvgate engine: {exc}", file=sys.stderr)
         return 2
+    if server.kv_events is not None:
+        from engine.kv_event_publisher import BindError  # pyzmq only when publishing
+
+        try:  # bound before serving: a busy endpoint is refused here, not at start-up
+            server.kv_events.bind()
+        except BindError as exc:
+            flag = "--kv-events-replay-endpoint" if exc.replay else "--kv-events-endpoint"
+            print(f"kvgate engine: {flag} {exc.endpoint}: cannot bind: {exc.reason}",
+                  file=sys.stderr)
+            return 2
     logging.getLogger(__name__).info(
         "serving %s: %d KV blocks of %d tokens, eviction %s, executor %s",
         server.model_name, server.core.config.num_blocks, args.block_size, args.eviction,

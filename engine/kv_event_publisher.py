@@ -54,6 +54,17 @@ REPLAY_STALL_S = 10.0  # a replay's reader taking no batch for this long is give
 _REPLAY_SEND_MS = 100  # ... waited for this long at a time, so that a stop ends the wait
 
 
+class BindError(Exception):
+    """An endpoint :meth:`KVEventPublisher.bind` could not bind: ``replay``: the replay
+    endpoint (else the PUB one); ``reason``: ZMQ's (``Address already in use``)."""
+
+    def __init__(self, endpoint: str, *, replay: bool, reason: str) -> None:
+        super().__init__(f"cannot bind {endpoint}: {reason}")
+        self.endpoint = endpoint
+        self.replay = replay
+        self.reason = reason
+
+
 class KVEventPublisher:
     def __init__(self, endpoint: str, topic: str = "", *, data_parallel_rank: int = 0,
                  high_water_mark: int = 100_000, replay_endpoint: str | None = None,
@@ -96,9 +107,13 @@ class KVEventPublisher:
         self._sock: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        """Bind the PUB socket and start the sending thread; ``zmq.ZMQError`` if the
-        endpoint cannot be bound."""
+    def bind(self) -> None:
+        """Bind the PUB socket (and the replay endpoint's ROUTER), once; :class:`BindError`
+        naming the endpoint that cannot be bound (in use, its address not this host's),
+        every socket closed again. :meth:`start` binds them if this was not called: a
+        command line calls it first, to refuse a busy endpoint before it serves."""
+        if self._ctx is not None:
+            return
         ctx = zmq.Context()
         bound: list[zmq.Socket[bytes]] = []
 
@@ -113,21 +128,29 @@ class KVEventPublisher:
                 sock.setsockopt(zmq.SNDTIMEO, _REPLAY_SEND_MS)
             try:
                 sock.bind(endpoint)
-            except zmq.ZMQError:
+            except zmq.ZMQError as exc:
                 for opened in (sock, *bound):
                     opened.close()
                 ctx.term()
-                raise
+                # without the address pyzmq appends to its message
+                reason = exc.strerror if exc.errno is None else zmq.strerror(exc.errno)
+                raise BindError(endpoint, replay=kind != zmq.PUB, reason=reason) from exc
             bound.append(sock)
             return sock
 
         sock = bind(zmq.PUB, self.endpoint)
         if self.replay_endpoint:
             self._replay_sock = bind(zmq.ROUTER, self.replay_endpoint)
+        self._ctx, self._sock = ctx, sock
+
+    def start(self) -> None:
+        """Bind the sockets (:meth:`bind`), where not bound yet, and start the sending
+        thread and the replay endpoint's."""
+        self.bind()
+        if self.replay_endpoint:
             self._replay_thread = threading.Thread(target=self._serve_replay,
                                                    name="kv-events-replay", daemon=True)
             self._replay_thread.start()
-        self._ctx, self._sock = ctx, sock
         self._thread = threading.Thread(target=self._run, name="kv-events-pub", daemon=True)
         self._thread.start()
         log.info("publishing KV events on %s%s", self.endpoint,
