@@ -172,7 +172,7 @@ def parse_generate(body: Any, *, chat: bool, model_name: str, vocab_size: int) -
     if truncate is not None and truncate != -1 and truncate < 1:
         raise BadRequest(f"'truncate_prompt_tokens' must be an integer >= 1 or -1, got "
                          f"{truncate}", param="truncate_prompt_tokens")
-    stop, stop_ids = stop_fields(body)
+    stop, stop_ids = stop_fields(body, vocab_size)
     sampling = sampling_fields(body, vocab_size)
     logprobs = logprobs_asked(body, chat)
     if logprobs is not None:
@@ -259,9 +259,10 @@ def seed_field(body: dict[str, Any], key: str) -> int | None:
     return seed
 
 
-def stop_fields(body: dict[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def stop_fields(body: dict[str, Any], vocab_size: int
+                ) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """(stop strings, stop token ids) of ``stop`` (a string or a list of them) and
-    ``stop_token_ids``."""
+    ``stop_token_ids`` (each a token id of the vocabulary, ``[0, vocab_size)``)."""
     stop = optional(body, "stop", (str, list), [])
     stop = [stop] if isinstance(stop, str) else stop
     if len(stop) > MAX_STOP_STRINGS:
@@ -277,8 +278,16 @@ def stop_fields(body: dict[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise BadRequest(f"'stop_token_ids' holds {len(stop_ids)} ids, more than "
                          f"{MAX_STOP_TOKEN_IDS}", param="stop_token_ids")
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
-        raise BadRequest("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    for t in stop_ids:
+        # an integer past 64 bits is read (by orjson) as a float: an id, out of range
+        huge = isinstance(t, float) and t.is_integer() and abs(t) >= 1 << 63
+        if not huge and (not isinstance(t, int) or isinstance(t, bool)):
+            raise BadRequest(f"'stop_token_ids' must be a list of integers, got "
+                             f"{shown(t, 80)} in it", param="stop_token_ids")
+        if huge or not 0 <= t < vocab_size:
+            named = f"about {t:.6g}" if huge else str(t)
+            raise BadRequest(f"token id {named} in 'stop_token_ids' is outside the "
+                             f"vocabulary [0, {vocab_size})", param="stop_token_ids")
     return tuple(stop), tuple(stop_ids)
 
 

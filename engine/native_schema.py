@@ -314,7 +314,7 @@ def _item_params(sp: dict[str, Any], vocab_size: int, *, text: str | None,
     if interval < 1:
         raise BadRequest(f"'stream_interval' must be at least 1, got {interval}",
                          param="stream_interval")
-    stop, stop_ids = stop_fields(sp)
+    stop, stop_ids = stop_fields(sp, vocab_size)
     sampling = sampling_fields({**{k: sp[k] for k in _SHARED if k in sp},
                                 "min_tokens": least}, vocab_size)
     if top is not None:
