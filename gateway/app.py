@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -104,9 +104,20 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
     trace = gw.tracing.start(request.headers, path)
     route = "none"
     tenant = None
+    model: str | None = None  # the request's model, once routed
+    sent_to = "none"  # the replica the request was last sent to (``_open``)
 
     def refused(status: str) -> None:
-        gw.refused(request, route, status, arrived, tenant)
+        if status == "499" and sent_to != "none":
+            # the client left while its replica had the request: counted at that replica,
+            # as a client that leaves mid-answer is (none: it left before any had it)
+            gw.refused(request, route, status, arrived, tenant, sent_to, model)
+        else:
+            gw.refused(request, route, status, arrived, tenant)
+
+    def sent(replica: str) -> None:
+        nonlocal sent_to
+        sent_to = replica
 
     try:
         tenant = keyed = gw.auth.tenant_of(request) if gw.auth.on else None
@@ -130,6 +141,7 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         gw.metrics.decision_seconds.observe(routing.seconds)
         gw.metrics.built_on[routing.pooled].inc()
         route = routing.decision.reason
+        model = routing.request.model
         forwarded = upstream_headers(request, gw.trusted_proxies,
                                      (gw.tenancy.config.header, intake.tenant))
         request_id = request_id_of(request, forwarded, routing.request.request_id,
@@ -137,16 +149,17 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         trace.upstream(forwarded)
         upstream = _PATHS[intake.parsed.endpoint] if endpoint is None else path
         return await relay(request, _open(gw, routing, intake, upstream, slot, forwarded,
-                                          request_id, arrived, trace),
+                                          request_id, arrived, trace, sent),
                            route, request_id, gw.worker)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
                 slot: Slot, headers: dict[str, str], request_id: str,
-                arrived: float, trace: RequestTrace) -> UpstreamStream:
+                arrived: float, trace: RequestTrace,
+                sent: Callable[[str], None]) -> UpstreamStream:
     """The first ranked replica's answer (under the per-replica queue bound), with the
     policy told where the request went and how it ended (``arrived``: the request's
-    ``perf_counter`` at arrival)."""
+    ``perf_counter`` at arrival), and ``sent`` each replica it is sent to."""
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
     stored = _stored_at(gw, intake.parsed, intake.tenant, decision.ranked)
@@ -175,6 +188,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     def on_sent(replica: str) -> None:
         nonlocal last_sent
         last_sent = replica
+        sent(replica)
         gw.policy.observe(Routed(route_req, replica, routing.views))
         if gw.peers is not None:
             gw.peers.routed(route_req, replica)

@@ -65,14 +65,17 @@ class GatewayState:
         return 0 if self.proxy is None else self.proxy.stop_relays()
 
     def refused(self, request: Request, route: str, status: str, arrived: float,
-                tenant: str | None = None) -> None:
+                tenant: str | None = None, replica: str = "none",
+                model: str | None = None) -> None:
         """``ended`` for a request the gateway answered itself (an error before or instead
         of a replica's answer, or ``/v1/models``): its line has the id its answer carries
-        and its duration. The request is marked counted (``errors.counted``): the error
-        boundary counts it no second time."""
+        and its duration; ``replica`` and ``model`` those of a request whose client left
+        (499) while a replica had it. The request is marked counted (``errors.counted``):
+        the error boundary counts it no second time."""
         counted(request)
-        self.ended(route, status, request_id=request_id_header(request)["x-request-id"],
-                   tenant=tenant, duration_s=time.perf_counter() - arrived)
+        self.ended(route, status, replica,
+                   request_id=request_id_header(request)["x-request-id"], tenant=tenant,
+                   model=model, duration_s=time.perf_counter() - arrived)
 
     def boundary(self) -> CountingBoundary:
         """The error boundary of the gateway's apps (the main one, the admin API): each
