@@ -260,6 +260,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
                 gw.response_homes.put(answered, ResponseHome(stream.replica, tenant))
                 if gw.worker_routes is not None:  # the box's other workers refuse it too
                     gw.worker_routes.answered(answered, stream.replica, tenant)
+                if gw.peers is not None:  # and the other gateway copies
+                    gw.peers.answered(answered, stream.replica, tenant)
         if stream.stream:
             open_now = stream.duration_s is None and gw.kv_capacity.on
             if open_now or not _asks_usage(intake.parsed):

@@ -58,6 +58,10 @@ class PeersConfig:
     queue_bytes: int = 16 * 1024 * 1024
     # a peer's request still pending after this long is let go (its word lost)
     pending_s: float = 600.0
+    # tell the peers each stored response's replica and tenant (``/v1/responses``), so
+    # that every copy refuses another tenant's continuation of it; false while a copy of
+    # a release that does not know that frame is among the peers (it drops the link)
+    tell_responses: bool = True
 
     @property
     def on(self) -> bool:

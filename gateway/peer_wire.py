@@ -28,8 +28,9 @@ little-endian:
     HEARTBEAT   (empty)        the sender is alive (sent when it has been quiet)
     ANSWERED    JSON: a stored response's ``id``, the
                 ``replica`` that answered it and the ``tenant`` it is (null: the
-                anonymous tenant's); told between the workers of one box only, never to
-                peers (a copy of an older release drops a link at a kind it does not know)
+                anonymous tenant's); told between the workers of one box, and to peers
+                unless ``peers.tell_responses`` is false (a copy of a release before this
+                kind drops a link at a kind it does not know)
 
 ROUTED carries what a policy learns from a request (``policies.base.Routed``) but never
 the prompt's text or token ids: only the hashes of its pieces (``prompt_chunks``). A

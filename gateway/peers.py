@@ -73,12 +73,14 @@ from gateway.peer_wire import (
     SENDER_HELLO_BYTES,
     STATUS_BAD_SECRET,
     STATUS_OK,
+    Answered,
     Heartbeat,
     RoutedElsewhere,
     Sent,
     Settled,
     ToldRequests,
     WireError,
+    answered_frame,
     check_listener,
     check_sender,
     frame_length,
@@ -330,6 +332,9 @@ class Peers:
         # (``worker_routes``), which only this worker's link received: the request, its
         # replica, and whether it is a retry (``again``)
         self.forward: Callable[[RouteRequest, str, bool], None] | None = None
+        # a stored response a peer saw answered (``ANSWERED``): its replica and tenant,
+        # kept where this copy refuses another tenant's continuation of it
+        self.on_answered: Callable[[Answered], None] | None = None
 
     def linked(self, remote: bytes) -> bool:
         """Whether a link to the copy with instance id ``remote`` is up (or proving
@@ -347,6 +352,22 @@ class Peers:
             except WireError as exc:  # (a long affinity key or replica id): no link told
                 self.counts.frames_dropped += self.counts.links_up
                 log.debug("not sent to peers: %s", exc)
+
+    def answered(self, response: str, replica: str, tenant: str | None) -> None:
+        """This copy saw the stored response ``response`` answered by ``replica`` for
+        ``tenant``: told to every peer linked now (``tell_responses``), so that whichever
+        copy a continuation reaches refuses another tenant's. A peer linked later, or whose
+        link is down now, is not told (its continuation of another tenant's response goes
+        to the replica, as without peers)."""
+        if not (self.config.tell_responses and self.counts.links_up):
+            return
+        try:
+            frame = answered_frame(response, replica, tenant)
+        except WireError as exc:  # (an id and tenant over a frame's limit): no link told
+            self.counts.frames_dropped += self.counts.links_up
+            log.warning("stored response not told to peers: %s", exc)
+            return
+        self._broadcast(frame)
 
     def sent(self, pending: Pending, replica: str) -> None:
         """``Fleet`` outbox: prefill left pending on ``replica``."""
@@ -531,6 +552,12 @@ class Peers:
                 table.sent(frame)
             elif isinstance(frame, Settled):
                 table.settled(frame)
+            elif isinstance(frame, Answered) and self.on_answered is not None:
+                try:
+                    self.on_answered(frame)
+                except Exception:  # the state's defect: the link and the rest stand
+                    log.exception("keeping a peer's stored response %r failed",
+                                  frame.response)
 
 
 class _PeerTable:

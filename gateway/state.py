@@ -151,6 +151,9 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
         # a box's workers share one instance id (a link from one of them to its own box
         # is found as its own whichever worker answers) and the peers port
         gw.peers = Peers(config.peers, fleet, policy, shared.box_id if shared else None)
+        homes = gw.response_homes
+        gw.peers.on_answered = lambda told: homes.put(
+            told.response, ResponseHome(told.replica, told.tenant))
         fleet.outbox = gw.peers
         metrics.watch_peers(gw.peers.counts)
     if gw.tracing is not NO_TRACING:  # the spans its exporter lost, summed over workers

@@ -40,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import fcntl
+import functools
 import logging
 import math
 import multiprocessing
@@ -53,7 +54,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing import connection, reduction
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.box_feed import BLOCK_BYTES, FeedBlock
 from gateway.config import GatewayConfig
@@ -61,6 +62,11 @@ from gateway.fleet import MAX_REPLICAS
 from gateway.listen_sockets import listen_socket, passive_addresses
 from gateway.shared_load import SharedBlock, SharedLoad
 from gateway.worker_routes import WorkerRoutes, route_pair
+
+if TYPE_CHECKING:
+    from gateway.peer_wire import Answered
+    from gateway.responses_request import ResponseHome
+    from kvwire.bounded_memo import BoundedMemo
 
 log = logging.getLogger("kvgate.workers")
 
@@ -225,6 +231,8 @@ def worker_main(plan: WorkerPlan) -> None:
         gw.metrics.watch_worker_routes(gw.worker_routes)
         if gw.peers is not None and plan.share_routes:
             gw.peers.forward = gw.worker_routes.routed
+        if gw.peers is not None:  # a peer's stored response: the box's other workers too
+            gw.peers.on_answered = functools.partial(_peer_answered, homes, gw.worker_routes)
     app = create_app(config, gw)
     token = config.admin.resolved_token() if plan.index == 0 else None
     admin_app = None if token is None else create_admin_app(gw, token)
@@ -241,6 +249,16 @@ def worker_main(plan: WorkerPlan) -> None:
             sock.close()
         feed.close()
         load.close()
+
+
+def _peer_answered(homes: BoundedMemo[str, ResponseHome], workers: WorkerRoutes,
+                   told: Answered) -> None:
+    """A stored response a peer saw answered: kept here, and told to the box's other
+    workers (each holds only its own peer links)."""
+    from gateway.responses_request import ResponseHome
+
+    homes.put(told.response, ResponseHome(told.replica, told.tenant))
+    workers.answered(told.response, told.replica, told.tenant)
 
 
 def _sweep_metrics_dirs(parent: str) -> None:
