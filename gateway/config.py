@@ -52,7 +52,8 @@ Example (every key but ``replicas`` has a default)::
     prefix_report: {enabled: false, recent_requests: 512, max_mb: 32}
     peers: {listen: "0.0.0.0:8002", addresses: ["kvgate-peers.llm.svc:8002"],
             secret_env: KVGATE_PEER_SECRET,   # gateway copies share what they route
-            resolve_s: 10, queue_frames: 4096, queue_bytes: 16777216, pending_s: 600}
+            resolve_s: 10, queue_frames: 4096, queue_bytes: 16777216, pending_s: 600,
+            tell_responses: true}
 """
 
 from __future__ import annotations
