@@ -106,16 +106,17 @@ class AsyncEngine:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
         self._task = asyncio.create_task(self._run(), name="engine-loop")
 
-    async def stop(self) -> None:
+    async def stop(self, why: str = "engine stopped (shut down)") -> None:
         """End the loop: every request in flight and every call not answered gets an
-        :class:`EngineDeadError` (nothing waits on a loop that is gone), as does any
-        later ``add``, ``abort`` or ``call``; a step still running is waited for."""
+        :class:`EngineDeadError` naming ``why`` (nothing waits on a loop that is gone),
+        as does any later ``add``, ``abort`` or ``call``; a step still running is waited
+        for. Stopped already, it changes nothing."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._end("engine stopped (shut down)")
+        self._end(why)
         if self._pool is not None:
             pool, self._pool = self._pool, None
             # a step still running there ends first: waited for off the event loop

@@ -6,6 +6,7 @@ Standalone: ``python -m engine.cli --executor sim --profile llama3-8b-h100 --por
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -84,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", default=None, metavar="PATH",
                         help="as --api-key, the key read from this file (a mounted Secret; "
                              "surrounding whitespace stripped)")
+    parser.add_argument("--drain-timeout-s", type=positive_float, default=None,
+                        metavar="SECONDS",
+                        help="on SIGTERM, let the requests in flight run at most this long, "
+                             "then end those still running with an error (a stream with its "
+                             "error event); a second SIGTERM stops at once (default: wait "
+                             "until they finish)")
     parser.add_argument("--kv-events-topic", default="", help="topic frame of KV events")
     parser.add_argument("--kv-events-encoding", choices=ENCODINGS, default="array",
                         help="each KV event as a tagged array (vLLM's classic form) or as a "
@@ -309,9 +316,14 @@ def run(args: argparse.Namespace) -> int:
         "serving %s: %d KV blocks of %d tokens, eviction %s, executor %s",
         server.model_name, server.core.config.num_blocks, args.block_size, args.eviction,
         args.executor)
-    uvicorn.run(app, host=args.host, port=args.port,
-                log_level=level.lower(), ws="none")
-    return 0
+    from engine.drain import DrainingServer
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=level.lower(),
+                            ws="none")
+    http = DrainingServer(config, server.engine, args.drain_timeout_s)
+    with contextlib.suppress(KeyboardInterrupt):
+        http.run()
+    return 0 if http.started else 3  # as uvicorn.run: 3 when the app failed to start
 
 
 def main(argv: list[str] | None = None) -> int:
