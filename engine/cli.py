@@ -317,9 +317,11 @@ def run(args: argparse.Namespace) -> int:
         server.model_name, server.core.config.num_blocks, args.block_size, args.eviction,
         args.executor)
     from engine.drain import DrainingServer
+    from kvwire.http10 import Http10Protocol
 
+    # an HTTP/1.0 client's stream unchunked (Http10Protocol), as the gateway's
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=level.lower(),
-                            ws="none")
+                            ws="none", http=Http10Protocol)
     http = DrainingServer(config, server.engine, args.drain_timeout_s)
     with contextlib.suppress(KeyboardInterrupt):
         http.run()

@@ -12,7 +12,7 @@ waits for them) is dropped once its client has read none of them for ``header_ti
 Websockets are off: the gateway serves none, and a request that asks to switch protocols
 (``Connection: Upgrade``) is served as the HTTP/1.1 request it also is (``_PlainParser``).
 An answer of no length to an HTTP/1.0 request is written as it is and ended by closing
-the connection, where uvicorn chunked it (``_Http10Cycle``).
+the connection, where uvicorn chunked it (``kvwire.http10.Http10Cycle``).
 
 Each ``transport.write`` is a system call, and on loopback one costs more than the rest of
 a streamed chunk's relay. uvicorn writes a response's head on its own, then its body;
@@ -45,9 +45,10 @@ import httptools
 import orjson
 import uvicorn
 import uvloop
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import GatewayConfig, LimitsConfig, TimeoutConfig
+from kvwire.http10 import Http10Cycle
 from kvwire.openai_schema import BadRequest, ServiceUnavailable, TooManyRequests
 
 # the OpenAI error type of each status the server answers itself, as the app's errors
@@ -154,31 +155,6 @@ class HeadWithBody:
 
     def __getattr__(self, name: str) -> Any:  # the rest, as the transport has it
         return getattr(self._transport, name)
-
-
-class _Http10Cycle(RequestResponseCycle):
-    """uvicorn's request-response cycle for an HTTP/1.0 request: an answer with neither
-    ``Content-Length`` nor ``Transfer-Encoding`` (a stream) goes out as it is, ended by
-    closing the connection (uvicorn closes it after every HTTP/1.0 answer), not chunked:
-    RFC 9112 6.1 forbids ``Transfer-Encoding`` in an answer to HTTP/1.0, whose client read
-    the chunk-size lines as part of the event stream."""
-
-    _unframed = False  # the answer started has no length: its body is written as it is
-
-    async def send(self, message: Any) -> None:
-        if self.response_started:
-            if self._unframed and not message.get("more_body", False):
-                # uvicorn writes an unchunked body against a length it counts down and
-                # checks at the end: no bound until the last message, then its own
-                self.expected_content_length = len(message.get("body", b""))
-        elif message["type"] == "http.response.start" \
-                and self.scope["method"] != "HEAD" and message["status"] not in (204, 304) \
-                and not any(name.lower() in (b"content-length", b"transfer-encoding")
-                            for name, _ in message.get("headers", ())):
-            self._unframed = True
-            self.chunked_encoding = False
-            self.expected_content_length = sys.maxsize  # (no bound: see above)
-        await super().send(message)
 
 
 MAX_PIPELINED = 64  # requests queued behind the one being answered, on one connection
@@ -470,7 +446,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._stop_head_timer()
         super().on_headers_complete()
         if self.scope["http_version"] == "1.0":  # the cycle's task, made above, has not
-            self.cycle.__class__ = _Http10Cycle  # run yet: all its sends are this class's
+            self.cycle.__class__ = Http10Cycle  # run yet: all its sends are this class's
         # a request's handler watches for its client leaving through these (ClientWatch)
         self.cycle.leaving_hooks = self._leaving  # type: ignore[attr-defined]
 
