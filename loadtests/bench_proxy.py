@@ -14,8 +14,9 @@ back to back and 10 ms apart (``prefix_tokenize_cpu_ms``: what a token-keyed pol
 (``gateway_cpu``); ``cpu_ms_per_request_floor`` is the same for minimal streaming
 pass-throughs on the same server, which route, count and log nothing: over the gateway's
 own client (the floor under the gateway) and over aiohttp's. Both are medians of
-``--cpu-rounds`` rounds that alternate the order (``cpu_ms_per_request_by_round``: each
-round's; one run of a few seconds varies by a fifth here).
+``--cpu-rounds`` rounds that alternate the order, policies then floors and then all in
+reverse (``cpu_ms_per_request_by_round``: each round's; one run of a few seconds varies by
+a fifth here).
 Each server runs in its own process; compare the figures as ratios. The throughput
 measurements run in ``--rounds`` rounds: each target's figures are its median round's, each
 ratio the median of the ratios within a round (``c32_rps_by_round`` has every round's).
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -354,16 +356,19 @@ def median_table(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[st
 
 
 FLOORS = ("kvgate_client_stream_proxy", "aiohttp_stream_proxy")
+FLOOR_APPS = dict(zip(FLOORS, ("kvgate_stream_app", "aiohttp_stream_app"), strict=True))
 
 
 def _floor_cpu(backend: str, env: dict[str, str], prompts: list[str],
-               args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """``cpu_ms_per_request`` of the minimal streaming pass-throughs on the gateway's own
-    server: with its own client (``proxy_clients.kvgate_stream_app``, what relaying alone
-    costs the gateway) and with aiohttp's (``aiohttp_stream_app``)."""
+               args: argparse.Namespace, names: tuple[str, ...] = FLOORS
+               ) -> dict[str, dict[str, float]]:
+    """``cpu_ms_per_request`` of the minimal streaming pass-throughs ``names`` (in that
+    order) on the gateway's own server: with its own client
+    (``proxy_clients.kvgate_stream_app``, what relaying alone costs the gateway) and with
+    aiohttp's (``aiohttp_stream_app``)."""
     out: dict[str, dict[str, float]] = {}
-    for name, app in zip(FLOORS, ("kvgate_stream_app", "aiohttp_stream_app"), strict=True):
-        proc, base = uvicorn_app(f"loadtests.proxy_clients:{app}",
+    for name in names:
+        proc, base = uvicorn_app(f"loadtests.proxy_clients:{FLOOR_APPS[name]}",
                                  dict(env, BENCH_BACKEND=backend))
         try:
             _wait(f"{base}/health", proc)
@@ -375,6 +380,22 @@ def _floor_cpu(backend: str, env: dict[str, str], prompts: list[str],
             _stop(proc)
         print("cpu floor", name, out[name], file=sys.stderr)
     return out
+
+
+def run_cpu_rounds(policies: list[str], count: int,
+                   measure: Callable[[str], dict[str, float]]
+                   ) -> list[dict[str, dict[str, float]]]:
+    """``count`` rounds of ``measure`` (a target's CPU figures per scenario) over the
+    ``policies`` and the ``FLOORS``: the policies then the floors in even rounds, all in
+    reverse order in odd rounds, so that a machine whose speed drifts over a round (about
+    100 s) favours neither side of a gateway-to-floor ratio. Each round is keyed policies
+    first, floors after, whichever order it ran in."""
+    targets = [*policies, *FLOORS]
+    rounds: list[dict[str, dict[str, float]]] = []
+    for i in range(count):
+        measured = {name: measure(name) for name in (targets if i % 2 == 0 else targets[::-1])}
+        rounds.append({name: measured[name] for name in targets})
+    return rounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -448,13 +469,14 @@ def main(argv: list[str] | None = None) -> int:
                 _stop(proc)
             del procs[4:]
             policies = [p for p in args.cpu_policies.split(",") if p]
-            cpu_rounds: list[dict[str, dict[str, float]]] = []
-            for i in range(args.cpu_rounds):  # the policies and floors in alternating order
-                order = policies if i % 2 == 0 else policies[::-1]
-                table = {**_cpu_table(tmp, order, targets["direct"], args.workers, env,
-                                      prompts, args),
-                         **_floor_cpu(targets["direct"], env, prompts, args)}
-                cpu_rounds.append({name: table[name] for name in [*policies, *FLOORS]})
+
+            def measure(name: str) -> dict[str, float]:
+                if name in FLOOR_APPS:
+                    return _floor_cpu(targets["direct"], env, prompts, args, (name,))[name]
+                return _cpu_table(tmp, [name], targets["direct"], args.workers, env,
+                                  prompts, args)[name]
+
+            cpu_rounds = run_cpu_rounds(policies, args.cpu_rounds, measure)
             medians = median_table(cpu_rounds)
             results["cpu_ms_per_request"] = {p: medians[p] for p in policies}
             results["cpu_ms_per_request_floor"] = {f: medians[f] for f in FLOORS}
