@@ -122,7 +122,9 @@ class LocalFleetSpec:
     host: str = "127.0.0.1"
     gateway_port: int = 0  # 0: a free port
     engine_args: tuple[str, ...] = ()  # passed through to every ``kvgate engine``
-    scrape_interval_s: float = 0.5
+    # the gateway's default, and the simulator's (loadtests.sim_fleet): figures over HTTP
+    # and offline see replicas' gauges as late as each other
+    scrape_interval_s: float = 1.0
     gateway_config: dict[str, Any] = field(default_factory=dict)  # more gateway YAML keys
     kv_events: bool = False
     gateways: int = 1  # gateway copies, each on its own port, all with the same config

@@ -132,9 +132,10 @@ def next_request(workload: str) -> tuple[WorkloadRequest, float]:
         start = _clock.setdefault("start", now)
         if req.arrival_s is not None:  # a workload that times its own turns (chat-apps)
             return req, start + req.arrival_s
+        if _RATE <= 0:  # back to back: each request is due when a client takes it
+            return req, now
         due = _clock.setdefault("due", now)
-        if _RATE > 0:
-            due = _clock["due"] = due + float(_gaps.exponential(1.0 / _RATE))
+        due = _clock["due"] = due + float(_gaps.exponential(1.0 / _RATE))
         return req, due
 
 
@@ -350,9 +351,10 @@ def _write_samples(**_kwargs: Any) -> None:
     if path:
         now = time.perf_counter()
         with _lock, open(path, "w") as f:
-            # a request unanswered when the run stopped: how long it had waited by then (a
-            # lower bound on its time to first token, if none came)
-            json.dump([dict(s, waited_s=now - _sent[id(s)]) if s.get("unfinished") else s
+            # a request unanswered when the run stopped, or one that failed (its answer
+            # never came): how long it had waited by then (a lower bound on its time to
+            # first token, if none came; for a failed one, its time to a whole answer)
+            json.dump([s if s.get("ok") else dict(s, waited_s=now - _sent[id(s)])
                        for s in _samples] + _unsent(time.monotonic()), f)
 
 

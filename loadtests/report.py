@@ -52,9 +52,11 @@ def table(policies: Mapping[str, Mapping[str, Any]]) -> str:
                 if r.get("requests_unsent"):
                     notes.append(f"{r['requests_unsent']:,} due but never sent: every "
                                  "client was busy")
+                if r.get("requests_failed"):
+                    notes.append(f"{r['requests_failed']:,} failed")
                 if notes and r.get("ttft_censored"):
-                    notes.append(f"{r['ttft_censored']:,} without a first token, in TTFT "
-                                 "at their wait so far: a lower bound")
+                    notes.append(f"{r['ttft_censored']:,} without a first token or a whole "
+                                 "answer, in TTFT at their wait so far: a lower bound")
                 if notes:
                     cell += f" ({'; '.join(notes)})"
                 cells.append(cell)
@@ -120,9 +122,10 @@ def write_report(report_dir: Path, cfg: Any, results: Mapping[str, Mapping[str, 
         "measured by the client from when each request was due (its Poisson arrival, "
         "later than its send only when every client was busy) to its first streamed "
         "content, over the requests answered, those unanswered when the run "
-        "stopped and those due by then that no client was free to send (one with no first "
-        "token yet at how long it had waited: a lower bound); failed requests are counted, "
-        "not timed.",
+        "stopped, those due by then that no client was free to send (one with no first "
+        "token yet at how long it had waited: a lower bound) and the failed ones (at how "
+        "long they had waited when the run stopped, as never answered: a router that "
+        "fails requests fast is not timed as fast).",
         "",
         table(rows),
         "",

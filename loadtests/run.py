@@ -144,9 +144,13 @@ def duration_seconds(text: str) -> float:
 def _ttft(sample: dict[str, Any]) -> float:
     """A request's time to first token, from when it was due: its own, or for one
     unanswered when the run stopped without a first token (or never sent: every client
-    was busy), how long it had waited by then (a lower bound)."""
+    was busy), how long it had waited by then (a lower bound); for one that failed (its
+    answer never came whole, whatever came first), how long it had waited when the run
+    stopped, as if still unanswered: a router that fails a request fast is not timed as
+    one that answered it fast."""
     ttft = sample.get("ttft_s")
-    return float(ttft if ttft is not None else sample["waited_s"])
+    failed = not (sample.get("ok") or sample.get("unfinished") or sample.get("unsent"))
+    return float(sample["waited_s"] if failed or ttft is None else ttft)
 
 
 def _hot_misses(cfg: RunConfig, ok: list[dict[str, Any]]) -> dict[str, dict[str, int]] | None:
@@ -293,13 +297,15 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
     unfinished = sum(1 for s in samples if s.get("unfinished"))
     # due before the run's end, but never sent: every client was waiting on an answer
     unsent = sum(1 for s in samples if s.get("unsent"))
-    # time to first token (from when the request was due) of every request that did not
-    # fail: left out, the unanswered and unsent ones would make a router that queues
-    # requests look fast. One unanswered at the end counts with its first token's time,
-    # or without one (or never sent) with how long it had waited by then: a lower bound
-    # (``ttft_censored`` of them). Failed requests are not timed.
-    timed = [s for s in samples if s.get("ok") or s.get("unfinished") or s.get("unsent")]
-    censored = sum(1 for s in timed if s.get("ttft_s") is None)
+    # time to first token (from when the request was due) of every request: left out,
+    # the unanswered and unsent ones would make a router that queues requests look fast,
+    # and the failed ones one that fails them. One unanswered at the end counts with its
+    # first token's time, or without one (or never sent) with how long it had waited by
+    # then: a lower bound; a failed one with how long it had waited when the run stopped,
+    # as one never answered (``ttft_censored``: how many are such lower bounds)
+    timed = samples
+    censored = sum(1 for s in timed if s.get("ttft_s") is None or not (
+        s.get("ok") or s.get("unfinished") or s.get("unsent")))
     ttft = [_ttft(s) for s in timed]
     e2e = [s["e2e_s"] for s in ok]
     replicas = Counter(s.get("replica") for s in ok)
@@ -328,7 +334,7 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                                          or s.get("unsent"))).most_common(10)),
         "ttft_p50_s": tt["p50"], "ttft_p95_s": tt["p95"], "ttft_p99_s": tt["p99"],
         # of the TTFT values, how many are lower bounds (unanswered with no first token
-        # yet, or never sent)
+        # yet, never sent, or failed)
         "ttft_censored": censored,
         "hot_ttft_p95_s": hh["p95"],
         "e2e_p50_s": ee["p50"], "e2e_p95_s": ee["p95"],

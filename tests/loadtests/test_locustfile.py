@@ -187,3 +187,17 @@ def test_no_request_due_after_the_runs_end_is_sent(tmp_path):
     assert sent and all(s["ok"] for s in sent)
     # a 2 s run: every request sent fell due within it (spawning takes a moment more)
     assert max(s["due_s"] for s in sent) < 2.25
+
+
+def test_back_to_back_each_request_is_timed_from_its_send(tmp_path):
+    # no rate: one user sends the next request as soon as an answer (0.2 s) comes; each is
+    # due when it is taken, so its time is its own answer's, not the run's age
+    written = [s for s in _samples(tmp_path, users=1, rate=0, answer_after_s=0.2,
+                                   answer="stream") if s["ok"]]
+    assert len(written) >= 4
+    # each due as it was taken: later ones are due later, none sent late
+    due = [s["due_s"] for s in written]
+    assert due == sorted(due) and due[-1] > due[0], written
+    assert all(s["late_s"] < 0.1 for s in written), written
+    # a request taken a second into the run is timed on its answer, not on that second
+    assert all(s["ttft_s"] < s["due_s"] for s in written if s["due_s"] > 1.0), written

@@ -2,8 +2,9 @@
 answers some requests whole, cuts some short and holds others past the run's end (the
 fleet and the engines' counters stood in for): an answer cut short or aborted counts as
 failed, with its reason; a request unanswered at the end counts in the TTFT figures (at
-how long it had waited, where no first token came: a lower bound, ``ttft_censored``); a
-duration Locust cannot run is refused."""
+how long it had waited, where no first token came: a lower bound, ``ttft_censored``), as
+does a failed one (at how long it had waited when the run stopped); a duration Locust
+cannot run is refused."""
 
 from __future__ import annotations
 
@@ -63,18 +64,19 @@ def test_cut_short_answers_fail_and_unanswered_requests_count_in_ttft(tmp_path,
     unsent = r["requests_unsent"]
     assert unsent >= 10
     assert r["send_late_s"]["p99"] > 0.5
-    # every request not failed is timed: the answered ones, the held ones with their
-    # first token, and those held without one or never sent at their wait so far
-    assert r["ttft_censored"] == 2 + unsent
-    # p95 and p99 fall on the held and unsent requests' lower bounds (the answers took
-    # ~10 ms)
+    # every request is timed: the answered ones, the held ones with their first token,
+    # those held without one or never sent at their wait so far, and the failed ones at
+    # how long they had waited when the run stopped (as never answered)
+    assert r["ttft_censored"] == 2 + unsent + 4
+    # p95 and p99 fall on the held, unsent and failed requests' lower bounds (the answers
+    # took ~10 ms)
     assert 1.0 <= r["ttft_p95_s"] <= r["ttft_p99_s"]
     written = json.loads((tmp_path / "out.json").read_text())["policies"]["round_robin"]
-    assert written["ttft_censored"] == 2 + unsent
+    assert written["ttft_censored"] == 2 + unsent + 4
     assert written["ttft_p95_s"] == r["ttft_p95_s"]
     report = (tmp_path / "report" / "report.md").read_text()
     assert (f"4 unanswered at the end; {unsent} due but never sent: every client was busy; "
-            f"{2 + unsent} without a first token") in report
+            f"4 failed; {2 + unsent + 4} without a first token or a whole answer") in report
     assert "a lower bound" in report
 
 
