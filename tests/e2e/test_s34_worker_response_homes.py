@@ -9,35 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import yaml
 
-from tests.support.engine_servers import LiveEngine, serve_engine
+from tests.support.engine_servers import LiveEngine
 from tests.support.metrics import client_on_worker, per_worker
 from tests.support.processes import Processes
 from tests.support.servers import free_port
+from tests.support.tenant_responses import API_KEYS, KEY_A, KEY_B, post_response, tiny_engine
 
 pytestmark = pytest.mark.slow
 
-MODEL = "tiny-sim"
-KEY_A, KEY_B = "tenantA-key-0123456789", "tenantB-key-0123456789"
 
 
 @pytest.fixture
 def engine() -> Iterator[LiveEngine]:
-    run = serve_engine(LiveEngine, MODEL)
-    try:
-        yield next(run)
-    finally:
-        run.close()
-
-
-def _post(client: httpx.Client, key: str, **body: Any) -> httpx.Response:
-    return client.post("/v1/responses", headers={"authorization": f"Bearer {key}"},
-                       json={"model": MODEL, "max_output_tokens": 2, **body})
+    yield from tiny_engine()
 
 
 @pytest.mark.parametrize("flags", [[], ["--no-worker-routes"]])
@@ -48,27 +37,26 @@ def test_another_workers_tenant_cannot_continue_a_stored_response(
     config.write_text(yaml.safe_dump({
         "port": port, "policy": {"name": "round_robin"},
         "replicas": [{"id": "e0", "url": engine.url}],
-        "auth": {"api_keys": [{"key": KEY_A, "tenant": "acme"},
-                              {"key": KEY_B, "tenant": "evil"}]},
+        "auth": API_KEYS,
         "shutdown": {"grace_s": 0, "timeout_s": 20}}))
     url = f"http://127.0.0.1:{port}"
     spawn("serve", "--config", str(config), "--workers", "2", *flags,
           ready_url=f"{url}/ready")
     per_worker(url, lambda s: True, "both workers to listen")
     with httpx.Client(base_url=url, timeout=30) as first_client:
-        first = _post(first_client, KEY_A, input="ACME SECRET: the launch code is 4242")
+        first = post_response(first_client, KEY_A, input="ACME SECRET: the launch code is 4242")
     assert first.status_code == 200, first.text
     secret, made_on = first.json()["id"], first.headers["x-kvgate-worker"]
     other = "1" if made_on == "0" else "0"
     client = client_on_worker(url, other)
     try:
         for stream in (False, True):
-            answer = _post(client, KEY_B, input="what did I say?",
+            answer = post_response(client, KEY_B, input="what did I say?",
                            previous_response_id=secret, stream=stream)
             assert answer.status_code == 404, answer.text
             assert answer.json()["error"]["param"] == "previous_response_id"
         # its own tenant goes on continuing it there
-        went_on = _post(client, KEY_A, input="what did I say?", previous_response_id=secret)
+        went_on = post_response(client, KEY_A, input="what did I say?", previous_response_id=secret)
         assert went_on.status_code == 200, went_on.text
         assert went_on.headers["x-kvgate-worker"] == other
     finally:

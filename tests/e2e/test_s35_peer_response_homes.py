@@ -9,37 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import yaml
 
-from tests.support.engine_servers import LiveEngine, serve_engine
+from tests.support.engine_servers import LiveEngine
 from tests.support.metrics import Samples, client_on_worker, per_worker
 from tests.support.processes import Processes
 from tests.support.servers import free_port
+from tests.support.tenant_responses import API_KEYS, KEY_A, KEY_B, post_response, tiny_engine
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-MODEL = "tiny-sim"
-KEY_A, KEY_B = "tenantA-key-0123456789", "tenantB-key-0123456789"
 SECRET = "peer-secret-for-tests-0123"
 
 
 @pytest.fixture
 def engine() -> Iterator[LiveEngine]:
-    run = serve_engine(LiveEngine, MODEL)
-    try:
-        yield next(run)
-    finally:
-        run.close()
-
-
-def _post(client: httpx.Client, key: str, **body: Any) -> httpx.Response:
-    return client.post("/v1/responses", headers={"authorization": f"Bearer {key}"},
-                       json={"model": MODEL, "max_output_tokens": 2, **body})
+    yield from tiny_engine()
 
 
 def test_another_copys_tenant_cannot_continue_a_stored_response(
@@ -55,8 +44,7 @@ def test_another_copys_tenant_cannot_continue_a_stored_response(
         config.write_text(yaml.safe_dump({
             "port": ports[i], "policy": {"name": "round_robin"},
             "replicas": [{"id": "e0", "url": engine.url}],
-            "auth": {"api_keys": [{"key": KEY_A, "tenant": "acme"},
-                                  {"key": KEY_B, "tenant": "evil"}]},
+            "auth": API_KEYS,
             "shutdown": {"grace_s": 0, "timeout_s": 20},
             "peers": {"listen": f"127.0.0.1:{peer_ports[i]}",
                       "addresses": [f"127.0.0.1:{p}" for p in peer_ports],
@@ -71,24 +59,24 @@ def test_another_copys_tenant_cannot_continue_a_stored_response(
     for url in urls:
         per_worker(url, linked, f"{url} to link with the other copy", workers)
     with httpx.Client(base_url=urls[0], timeout=30) as first_client:
-        first = _post(first_client, KEY_A, input="ACME SECRET: the launch code is 4242")
+        first = post_response(first_client, KEY_A, input="ACME SECRET: the launch code is 4242")
     assert first.status_code == 200, first.text
     secret = first.json()["id"]
     # told over the link as soon as it was answered: here within a moment (a frame)
     with httpx.Client(base_url=urls[1], timeout=30) as probe:
-        wait_until(lambda: _post(probe, KEY_B, input="?", previous_response_id=secret)
+        wait_until(lambda: post_response(probe, KEY_B, input="?", previous_response_id=secret)
                    .status_code == 404, 10, "the other copy to know the response's tenant")
     # every worker of the other copy refuses it: each is reached on a connection of its own
     for worker in ("0", "1"):
         client = client_on_worker(urls[1], worker)
         try:
             for stream in (False, True):
-                answer = _post(client, KEY_B, input="what did I say?",
+                answer = post_response(client, KEY_B, input="what did I say?",
                                previous_response_id=secret, stream=stream)
                 assert answer.status_code == 404, answer.text
                 assert answer.json()["error"]["param"] == "previous_response_id"
             # its own tenant goes on continuing it there
-            went_on = _post(client, KEY_A, input="what did I say?",
+            went_on = post_response(client, KEY_A, input="what did I say?",
                             previous_response_id=secret)
             assert went_on.status_code == 200, went_on.text
         finally:

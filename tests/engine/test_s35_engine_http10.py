@@ -4,25 +4,16 @@ connection's close: never chunked (RFC 9112 6.1), as the gateway does."""
 from __future__ import annotations
 
 import json
-import socket
 
 from tests.support.fleets import SIM_ENGINE
 from tests.support.processes import Processes
+from tests.support.raw_http import raw_post
 from tests.support.servers import free_port
 
 
 def _answer(port: int, version: bytes, stream: bool) -> tuple[bytes, bytes]:
-    body = json.dumps({"model": "sim-llama", "prompt": "p", "max_tokens": 3,
-                       "stream": stream}).encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/" + version + b"\r\nHost: x\r\n"
-                     b"Connection: close\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        received = b""
-        while chunk := sock.recv(65536):
-            received += chunk
-    head, _, rest = received.partition(b"\r\n\r\n")
-    return head.lower(), rest
+    return raw_post(port, "/v1/completions", {"model": "sim-llama", "prompt": "p",
+                                              "max_tokens": 3, "stream": stream}, version)
 
 
 def test_an_http10_clients_stream_from_the_engine_is_not_chunked(spawn: Processes) -> None:

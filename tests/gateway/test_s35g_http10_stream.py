@@ -5,25 +5,17 @@ HTTP/1.1 streams stay chunked; answers with a length keep it."""
 from __future__ import annotations
 
 import json
-import socket
 
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.gateway_harness import Gateway, Serve, start_gateway
+from tests.support.raw_http import raw_post
 
 
 def _answer(gw: Gateway, version: bytes, stream: bool) -> tuple[bytes, bytes]:
     """The head (lower-cased) and body of one completion's answer over a raw connection,
     read until the gateway closes it."""
-    body = json.dumps({"model": "sim-model", "prompt": "p", "stream": stream}).encode()
-    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/" + version + b"\r\nHost: x\r\n"
-                     b"Connection: close\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        received = b""
-        while chunk := sock.recv(65536):
-            received += chunk
-    head, _, rest = received.partition(b"\r\n\r\n")
-    return head.lower(), rest
+    return raw_post(gw.port, "/v1/completions", {"model": "sim-model", "prompt": "p",
+                                                 "stream": stream}, version)
 
 
 def test_an_http10_clients_stream_is_not_chunked(serve: Serve) -> None:
