@@ -12,7 +12,10 @@ vLLM, whose freed blocks go to the eviction queue tail first, a shared head (a s
 prompt, a document) outlives the one-off tails hung under it.
 
 Every entry remembers its *owner*, the prefix key (document or conversation) of the
-request that last touched it, so a caller can value what an admission would evict.
+request that last touched it, so a caller can value what an admission would evict. The
+model keeps each owner's tokens, so that telling what an admission would evict costs at
+most its victims plus ``PASSED_OVER_MAX`` entries, whatever the model's size (a decision
+asks it of every candidate it scores).
 
 An admission may be *pending*: its prompt was sent, but the replica may still refuse it
 before taking it (shedding load). Each entry counts the pending admissions that would
@@ -46,6 +49,12 @@ class Victim(NamedTuple):
     owner: int
 
 
+# the most entries of an admission's own owner that telling its victims passes over
+# (``ReplicaCacheModel.victims``): the admission touches those of its chain, at most a
+# prompt's worth, and an owner with more at the LRU end (one affinity key over many unique
+# prompts) holds old entries the admission does not touch, which go first
+PASSED_OVER_MAX = 1 << 11
+
 # the entries a pending admission brings: (key, entry) each, the entry the model's own list
 # (an entry evicted and admitted again is another list, which that admission does not bring)
 Brought = list[tuple[int, list[int]]]
@@ -60,7 +69,7 @@ class ReplicaCacheModel:
     would evict without doing it.
     """
 
-    __slots__ = ("_entries", "capacity", "used")
+    __slots__ = ("_entries", "_owned", "capacity", "used", "walked")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
@@ -70,6 +79,8 @@ class ReplicaCacheModel:
         # key -> [tokens, owner, pending admissions bringing it (0: held for good)];
         # first = least recently used
         self._entries: OrderedDict[int, list[int]] = OrderedDict()
+        self._owned: dict[int, int] = {}  # owner -> tokens of its entries (none at 0)
+        self.walked = 0  # entries the last ``victims`` or ``evicted_tokens`` visited
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -128,17 +139,30 @@ class ReplicaCacheModel:
     def victims(self, new_tokens: int, keep_owner: int | None = None) -> Iterator[Victim]:
         """The entries that admitting ``new_tokens`` more would evict, oldest first
         (entries owned by ``keep_owner``, the admission's own prefix key, are passed over:
-        the admission touches them before anything is evicted)."""
+        the admission touches them before anything is evicted). Past ``PASSED_OVER_MAX``
+        of them passed over, the rest of the excess is taken to fall on ``keep_owner``'s
+        own entries: the walk stops there, and where no other owner's entries are left."""
+        self.walked = 0
         excess = self.used + new_tokens - self.capacity
-        if excess <= 0:
+        others = self.used - self._owned.get(keep_owner, 0) if keep_owner is not None \
+            else self.used  # tokens of the entries not passed over
+        if excess <= 0 or others <= 0:
             return
+        walked = passed = 0
         for key, (tokens, owner, _) in self._entries.items():
+            walked += 1
             if owner == keep_owner:
+                passed += 1
+                if passed > PASSED_OVER_MAX:
+                    break
                 continue
+            self.walked = walked
             yield Victim(key, tokens, owner)
             excess -= tokens
-            if excess <= 0:
-                return
+            others -= tokens
+            if excess <= 0 or others <= 0:
+                break
+        self.walked = walked
 
     def evicted_tokens(self, new_tokens: int, keep_owner: int | None,
                        counts: Callable[[int], bool],
@@ -146,14 +170,22 @@ class ReplicaCacheModel:
         """Tokens of the ``victims(new_tokens, keep_owner)`` whose owner ``counts``, summed
         without building them (a decision asks this of every candidate it scores).
         ``memo`` keeps ``counts``' answers by owner (a prefix's entries sit together)."""
+        self.walked = 0
         excess = self.used + new_tokens - self.capacity
+        others = self.used - self._owned.get(keep_owner, 0) if keep_owner is not None \
+            else self.used  # tokens of the entries not passed over
         total = 0
-        if excess <= 0:
+        if excess <= 0 or others <= 0:
             return 0
         memo = {} if memo is None else memo
         last_owner, last_counts = None, False
+        walked = passed = 0
         for tokens, owner, _ in self._entries.values():
+            walked += 1
             if owner == keep_owner:
+                passed += 1
+                if passed > PASSED_OVER_MAX:
+                    break
                 continue
             if owner != last_owner:
                 found = memo.get(owner)
@@ -163,8 +195,10 @@ class ReplicaCacheModel:
             if last_counts:
                 total += tokens
             excess -= tokens
-            if excess <= 0:
+            others -= tokens
+            if excess <= 0 or others <= 0:
                 break
+        self.walked = walked
         return total
 
     def admit(self, chain: Sequence[ChainEntry], owner: int,
@@ -174,7 +208,8 @@ class ReplicaCacheModel:
         given, the admission is pending: the entries it brings (inserted, or pending
         already), each ``(key, entry)``, are appended to it, for ``forget`` or
         ``confirm``; else it stands, and every entry of the chain is held for good."""
-        entries = self._entries
+        entries, owned = self._entries, self._owned
+        gained = 0  # tokens the owner's entries gain
         # a prompt chain's keys and sizes, without an entry tuple per block
         pairs: Iterable[tuple[int, int]] = chain.pairs_reversed() \
             if isinstance(chain, PromptChain) else reversed(chain)
@@ -183,13 +218,18 @@ class ReplicaCacheModel:
             if held is None:
                 held = entries[key] = [tokens, owner, 0 if pending is None else 1]
                 self.used += tokens
+                gained += tokens
                 if pending is not None:
                     pending.append((key, held))
             else:
+                if held[1] != owner:
+                    self._disown(held)
+                    gained += held[0]
+                    held[1] = owner
                 if tokens > held[0]:
                     self.used += tokens - held[0]
+                    gained += tokens - held[0]
                     held[0] = tokens
-                held[1] = owner
                 if held[2]:
                     if pending is None:
                         held[2] = 0
@@ -197,6 +237,8 @@ class ReplicaCacheModel:
                         held[2] += 1
                         pending.append((key, held))
                 entries.move_to_end(key)
+        if gained:
+            owned[owner] = owned.get(owner, 0) + gained
         return self._evict()
 
     def forget(self, pending: Iterable[tuple[int, list[int]]]) -> list[int]:
@@ -215,6 +257,7 @@ class ReplicaCacheModel:
             if not entry[2]:
                 del entries[key]
                 self.used -= entry[0]
+                self._disown(entry)
                 removed.append(key)
         return removed
 
@@ -236,6 +279,7 @@ class ReplicaCacheModel:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._owned.clear()
         self.used = 0
 
     def _evict(self) -> list[int]:
@@ -245,9 +289,19 @@ class ReplicaCacheModel:
         while used > capacity and entries:
             key, held = entries.popitem(last=False)
             used -= held[0]
+            self._disown(held)
             out.append(key)
         self.used = used
         return out
+
+    def _disown(self, entry: list[int]) -> None:
+        """Take the entry's tokens off its owner's."""
+        owned, owner = self._owned, entry[1]
+        left = owned.get(owner, 0) - entry[0]
+        if left:
+            owned[owner] = left
+        else:
+            owned.pop(owner, None)
 
     def keys_lru(self) -> list[int]:
         """Keys from least to most recently used (for tests and debugging)."""
@@ -260,6 +314,14 @@ class ReplicaCacheModel:
                                  f"over {len(self._entries)} entries")
         if self.used > self.capacity:
             raise AssertionError(f"cache model: used {self.used} > capacity {self.capacity}")
+        owned: dict[int, int] = {}
+        for tokens, owner, _ in self._entries.values():
+            owned[owner] = owned.get(owner, 0) + tokens
+        wrong = [(o, self._owned.get(o, 0), owned.get(o, 0)) for o in owned.keys() | self._owned
+                 if self._owned.get(o, 0) != owned.get(o, 0)]
+        if wrong or 0 in self._owned.values():
+            raise AssertionError(f"cache model: tokens kept per owner differ from their "
+                                 f"entries' (owner, kept, held): {wrong[:5]}")
 
 
 _STRETCH = 16  # entries hashed from one base key (see PromptChain)
