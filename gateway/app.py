@@ -173,7 +173,11 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     batch = intake.parsed.num_prompts
     # a stream of one choice is judged by whether a finish reason came anywhere in it
     # before its [DONE]; several, choice by choice
-    several_choices = batch > 1 or intake.parsed.body.get("n") not in (None, 1)
+    n = intake.parsed.body.get("n")
+    several_choices = batch > 1 or n not in (None, 1)
+    # ... and an answer with no choice at all carries nothing, unless ``n`` is one the
+    # replica may read as none (0, or no integer: it refuses it, or answers none)
+    asks_choices = n is None or (type(n) is int and n >= 1)
     # the replica's prompt tokens count what this gateway's do: not a response's stored
     # history (continued on the replica), nor images and audio (the gateway counts their
     # placeholders); such an answer teaches the token calibration nothing
@@ -239,7 +243,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
             ranked, path, intake.raw, headers,
             lambda replica: batch * work_tokens(route_req, decision, replica), on_sent,
             on_done, intake.parsed.stream, _continues(intake.parsed), on_unsent=on_unsent,
-            several_choices=several_choices)
+            several_choices=several_choices, asks_choices=asks_choices)
     except BaseException as exc:
         if last_sent is not None:
             # no replica answered (every try failed, or the client left): the request is

@@ -29,9 +29,9 @@ cannot tell it from a whole one (the openai client returns it as whole), where a
 it ends with an error event; held before the client saw a byte, it goes to the next
 replica, and from the last a 502 names the replica. So does a known endpoint's success that
 carries nothing: no body (a 204), or a completion's or chat's that is an error object
-without choices, or whose ``choices`` is empty where the request asked one choice
-(``_Held.empty``; a stream of one choice that ends with no choice at all ends with an
-error event in place of its [DONE]). A pass-through answer is left to its
+without choices, or whose ``choices`` is empty where the request asked at least one
+(``_Held.empty``; a stream that ends with no choice at all ends with an error event in
+place of its [DONE]). A pass-through answer is left to its
 transport. A longer one is relayed with the replica's ``content-length``, its bytes
 searched for an abort as a stream's are (a whole answer that is an error object under a
 200 is failed too), and one that ends with its connection, or a known endpoint's success
@@ -184,6 +184,10 @@ class AnswerSigns(NamedTuple):
     # an OpenAI completion's or chat's stream of one choice: a finish reason that is not
     # null comes before its [DONE] (``_OneFinish``)
     last_finish: bool = False
+    # an OpenAI completion's or chat's answer to a request that asks at least one choice:
+    # one with no choice at all (whole: ``choices`` empty; a stream: no event with one)
+    # carries nothing
+    some_choice: bool = False
     # a non-streamed answer is one JSON value: held whole, one that does not parse, or whose
     # compressed stream ends short, was cut (``_read_held``)
     whole_json: bool = False
@@ -200,23 +204,33 @@ _SIGNS = {"/v1/completions": AnswerSigns(True, choices=True, whole_json=True),
                                               responses_request.LAST_EVENTS,
                                               responses_request.FAILED_STATUSES,
                                               whole_json=True, named_events=True)}
-# ... of a request that asks one choice (``answer_signs``), made once
-_ONE_CHOICE_SIGNS = {path: signs._replace(choices=False, last_finish=True)
+# ... of a request that asks one choice, and of one that asks several (``answer_signs``),
+# made once
+_ONE_CHOICE_SIGNS = {path: signs._replace(choices=False, last_finish=True, some_choice=True)
                      for path, signs in _SIGNS.items() if signs.choices}
+_SEVERAL_ASKED_SIGNS = {path: signs._replace(some_choice=True)
+                        for path, signs in _SIGNS.items() if signs.choices}
 
 
-def answer_signs(path: str, several_choices: bool = True) -> AnswerSigns:
+def answer_signs(path: str, several_choices: bool = True,
+                 asks_choices: bool = False) -> AnswerSigns:
     """How the answers to ``path`` tell that they ended whole or failed. A completion's or
     chat's stream is judged choice by choice where the request asks several choices
     (``several_choices``: its prompts times its ``n`` over one), else by whether a finish
     reason other than null came anywhere in its bytes before its [DONE] (``_OneFinish``,
     where its writer tells finish reasons): a stream of one choice never has one
     unfinished while another finished, and noting its choices would cost each of its
-    events a parse."""
+    events a parse. An answer with no choice at all carries nothing where the request
+    asks one, or several (``asks_choices``: an ``n`` that is a positive integer; one the
+    replica may read as none, 0 or no integer, is not judged so)."""
     if not several_choices:
         one = _ONE_CHOICE_SIGNS.get(path)
         if one is not None:
             return one
+    elif asks_choices:
+        several = _SEVERAL_ASKED_SIGNS.get(path)
+        if several is not None:
+            return several
     return _SIGNS.get(path, _PLAIN)
 
 
@@ -669,7 +683,9 @@ class UpstreamStream:
         if unfinished is not None:
             what = f"{unfinished} unfinished (no finish reason came)"
             code = "upstream_unfinished"
-        elif self._finish is not None and self._finish.no_choice:
+        elif (self._finish is not None and self._finish.no_choice) or (
+                self._choices is not None and self.signs.some_choice
+                and self._choices.none()):
             what, code = "no choice at all", "upstream_empty"
         else:
             return events
@@ -1029,7 +1045,8 @@ class Proxy:
                    on_done: Callable[[UpstreamStream, bool], None],
                    stream: bool = False, stored_elsewhere: bool = False,
                    on_unsent: Callable[[str], None] | None = None,
-                   several_choices: bool = True) -> UpstreamStream:
+                   several_choices: bool = True,
+                   asks_choices: bool = False) -> UpstreamStream:
         """The first replica of ``ranked`` (at most ``max_attempts`` tried) to answer; all
         of them within ``first_byte_s``. ``stored_elsewhere``: a request that only the
         replica storing what it continues can serve (a Responses request's
@@ -1037,13 +1054,14 @@ class Proxy:
         ``ranked``, and it is a 404 once none had it. ``on_sent(replica)`` is called as
         each try is sent, and ``on_unsent(replica)`` after one that the replica refused
         before taking the prompt (``_Retryable.unsent``). ``several_choices``: False when
-        the request asks one choice (``answer_signs``)."""
+        the request asks one choice; ``asks_choices``: it asks at least one, whatever
+        ``several_choices`` says (``answer_signs``)."""
         attempts: list[Attempted] = []
         last: _Retryable | None = None
         suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
         busy_after: list[float | None] = []  # the Retry-After of each busy replica
         deadline = time.monotonic() + self.timeouts.first_byte_s
-        signs = answer_signs(path, several_choices)
+        signs = answer_signs(path, several_choices, asks_choices)
         least_wait = self.first_byte.seconds(stream)  # a typical prompt's
         order, at = ranked, 0  # the replicas in the order tried, and the next one's place
         tries = len(order) if stored_elsewhere else self.max_attempts
@@ -1502,13 +1520,20 @@ class _Choices:
     requests that ask several choices are noted so (``answer_signs``); a stream of one
     notes only whether its choice finished (``_OneFinish``)."""
 
-    __slots__ = ("finished", "seen", "unjudged")
+    __slots__ = ("chose", "finished", "seen", "unjudged")
 
     def __init__(self) -> None:
         # the indices' JSON digits (one way to write each: JSON numbers have no leading 0)
         self.seen: set[bytes] = set()
         self.finished: set[bytes] = set()
         self.unjudged = False
+        # an event whose choices are not empty came (whatever key its choices put first)
+        self.chose = False
+
+    def none(self) -> bool:
+        """Whether no event of the stream had a choice (none noted, and none of its events
+        was too long to note)."""
+        return not (self.chose or self.seen or self.unjudged)
 
     def note(self, events: bytes) -> None:
         """Note the choices of ``events``, whole events of the stream (an event longer than
@@ -1517,6 +1542,8 @@ class _Choices:
             return
         seen = self.seen
         seen.update(_CHOICE_INDEX.findall(events))
+        if not (seen or self.chose):
+            self.chose = _A_CHOICE.search(events) is not None
         at = events.find(_FINISH_KEY)
         cr: bool | None = None  # whether events hold a \r, once a line is looked for
         while at >= 0:
@@ -1723,23 +1750,23 @@ def _read_held(body: bytes, headers: Mapping[str, str], until_close: bool,
         unfinished = _unfinished_choice(answer)
         if unfinished is not None:
             return _Held(answer, f"choice {unfinished} has a null finish reason")
-        return _Held(answer, None, _carries_nothing(answer, signs.last_finish))
+        return _Held(answer, None, _carries_nothing(answer, signs.some_choice))
     return _Held(answer, None)
 
 
-def _carries_nothing(answer: Any, one_choice: bool) -> str | None:
+def _carries_nothing(answer: Any, some_choice: bool) -> str | None:
     """What a completion's or chat's whole ``answer`` carries in place of one: an error
     object and no ``choices`` (vLLM's nested ``error``, older vLLM's and SGLang's flat
     ``"object": "error"``: a replica that answers its error with a success status), or
-    ``choices`` empty where the request asked one choice (``one_choice``: a request of
-    several, ``n`` or a batch, is not judged so, as one asking none may be among them);
-    None when it carries an answer, or is no object (judged no further)."""
+    ``choices`` empty where the request asked at least one choice (``some_choice``: not
+    a request whose ``n`` the replica may read as none); None when it carries an answer,
+    or is no object (judged no further)."""
     if not isinstance(answer, dict):
         return None
     if "choices" not in answer:
         error = _openai_error(answer)
         return None if error is None else f"an error object and no choice{_message_of(error)}"
-    if one_choice and answer["choices"] == []:
+    if some_choice and answer["choices"] == []:
         return "no choice (its choices empty)"
     return None
 
