@@ -12,8 +12,13 @@ Each node maps replica -> last access tick (a logical clock advanced per insert)
 * a replica holding a node holds its parent (inserts touch whole paths; eviction takes
   only a replica's leaves), so a match for a replica is the deepest node it holds;
 * a child's tick is <= its parent's (touching a child touches the parent at the same
-  tick), so the replica's entry with the smallest ``(tick, -end)`` is one of its leaves:
-  popping per-replica heaps in that order evicts LRU-leaf-first with no tree scan;
+  tick), so the replica's holding with the smallest ``(tick, -end)`` is one of its leaves:
+  popping per-replica heaps in that order evicts LRU-leaf-first with no tree scan. Only
+  leaves need entries: an insert pushes one, for the deepest node of its path (its
+  ancestors' ticks change in place, their old entries go stale), and a release pushes the
+  parent's (it may have become a leaf). A node's entry that is current while it still
+  holds children cannot come first (a leaf below it sorts before it), so an insert costs
+  two heap pushes whatever its path's depth; the whole-tree heap works the same way;
 * every non-root node has at least one holder; a node left with none is unlinked (it can
   have no children, since they would be held by someone who then holds it).
 
@@ -23,7 +28,7 @@ Separate roots per namespace (model and cache salt): different namespaces never 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from itertools import count
 from typing import Any, NamedTuple
 
@@ -67,6 +72,22 @@ def _common_bytes(a: bytes, b: bytes) -> int:
     return lo
 
 
+_Entry = tuple[int, int, int, Node]
+
+
+def _current(heap: list[_Entry], is_current: Callable[[_Entry], bool]) -> list[_Entry]:
+    """``heap``'s current entries, one per (tick, node), as a heap."""
+    seen: set[tuple[int, int]] = set()
+    kept = []
+    for e in heap:
+        key = (e[0], id(e[3]))
+        if key not in seen and is_current(e):
+            seen.add(key)
+            kept.append(e)
+    heapq.heapify(kept)
+    return kept
+
+
 class RadixTree:
     """Per-replica prefix index. Every mutating method keeps ``check_integrity()`` true."""
 
@@ -80,8 +101,9 @@ class RadixTree:
         self.holdings = 0
         self._tick = 0
         self._seq = count()
-        self._heaps: dict[str, list[tuple[int, int, int, Node]]] = {}
-        self._global: list[tuple[int, int, int, Node]] = []
+        self.heap_pushes = 0  # heap entries entered so far (an insert enters 2)
+        self._heaps: dict[str, list[_Entry]] = {}  # replica -> its leaves' entries
+        self._global: list[_Entry] = []  # the tree's leaves' entries
 
     def estimated_bytes(self) -> int:
         return self.total_tokens * 4 + self.nodes * _NODE_BYTES + self.holdings * _HOLD_BYTES
@@ -92,23 +114,39 @@ class RadixTree:
         """Tokens of ``data`` each replica holds as a prefix (replicas with 0 left out)."""
         node = self.roots.get(ns)
         matched: dict[str, int] = {}
+        if node is None:
+            return matched
+        # a child's holders are a subset of its parent's, so along the path a set changes
+        # only where it shrinks: ``last`` (the deepest node matched whole) is recorded
+        # where the next node's set is smaller, and at the end
+        last: Node | None = None
+        sets = -1  # the size of last's holder set
         pos, n = 0, len(data)
-        while node is not None and pos < n:
+        while pos < n:
             child = node.children.get(data[pos : pos + 4])
             if child is None:
                 break
             edge = child.edge
             size = len(edge)
-            if data[pos : pos + size] == edge:
-                depth = child.end
-            else:
+            if size > 4 and not data.startswith(edge, pos):  # (4: the key is the edge)
+                if last is not None:
+                    for rid in last.holders:
+                        matched[rid] = last.end
                 depth = child.end - size // 4 + _common_bytes(edge, data[pos : pos + size])
-            for rid in child.holders:
-                matched[rid] = depth
-            if depth < child.end:
-                break
+                for rid in child.holders:
+                    matched[rid] = depth
+                return matched
+            if len(child.holders) != sets:
+                if last is not None:
+                    for rid in last.holders:
+                        matched[rid] = last.end
+                sets = len(child.holders)
+            last = child
             pos += size
             node = child
+        if last is not None:
+            for rid in last.holders:
+                matched[rid] = last.end
         return matched
 
     # -- writing -------------------------------------------------------------------------
@@ -127,6 +165,7 @@ class RadixTree:
         if root is None:
             root = self.roots[ns] = Node(b"", 0, None, ns)
         node, pos, n = root, 0, len(data)
+        new_tokens = new_nodes = 0  # of the path's nodes ``replica`` did not hold
         while pos < n:
             head = data[pos : pos + 4]
             child = node.children.get(head)
@@ -135,18 +174,32 @@ class RadixTree:
                 node.children[head] = child
                 self.nodes += 1
                 self.total_tokens += (n - pos) // 4
-                self._touch(child, replica, tick)
+                child.holders[replica] = tick
+                child.touched = tick
+                new_tokens += (n - pos) // 4
+                new_nodes += 1
+                node = child
                 break
             size = len(child.edge)
-            if data[pos : pos + size] != child.edge:
+            if size > 4 and not data.startswith(child.edge, pos):
                 k = _common_bytes(child.edge, data[pos : pos + size])
                 child = self._split(child, k)
                 size = 4 * k
-            if replica in child.holders:
+            holders = child.holders
+            if replica in holders:
                 held = child.end
-            self._touch(child, replica, tick)
+            else:
+                new_tokens += size // 4
+                new_nodes += 1
+            holders[replica] = tick
+            child.touched = tick
             pos += size
             node = child
+        if new_nodes:
+            self.tokens[replica] = self.tokens.get(replica, 0) + new_tokens
+            self.held[replica] = self.held.get(replica, 0) + new_nodes
+            self.holdings += new_nodes
+        self._push(node, replica)
         if budget is not None:
             self.evict_replica(replica, budget)
         if self.max_bytes is not None:
@@ -182,23 +235,21 @@ class RadixTree:
                 break
             self._release(node, replica)
 
-    def _touch(self, node: Node, replica: str, tick: int) -> None:
-        if replica not in node.holders:
-            self.tokens[replica] = self.tokens.get(replica, 0) + len(node.edge) // 4
-            self.held[replica] = self.held.get(replica, 0) + 1
-            self.holdings += 1
-        node.holders[replica] = tick
-        node.touched = tick
-        entry = (tick, -node.end, next(self._seq), node)
+    def _push(self, node: Node, replica: str) -> None:
+        """Enter ``node`` (that ``replica`` holds) in ``replica``'s heap at its tick, and in
+        the whole tree's at its ``touched``; compact a heap grown to thrice what it can
+        hold current (stale and repeated entries dropped)."""
+        self.heap_pushes += 2
+        tick = node.holders[replica]
         heap = self._heaps.setdefault(replica, [])
-        heapq.heappush(heap, entry)
-        heapq.heappush(self._global, entry)
+        heapq.heappush(heap, (tick, -node.end, next(self._seq), node))
+        heapq.heappush(self._global, (node.touched, -node.end, next(self._seq), node))
         if len(heap) > 3 * self.held[replica] + 64:
-            heap[:] = [e for e in heap if e[3].holders.get(replica) == e[0]]
-            heapq.heapify(heap)
+            heap[:] = _current(heap, lambda e: e[3].holders.get(replica) == e[0])
         if len(self._global) > 3 * self.nodes + 64:
-            self._global = [e for e in self._global if e[3].parent and e[3].touched == e[0]]
-            heapq.heapify(self._global)
+            self._global = _current(
+                self._global, lambda e: e[3].parent is not None and e[3].touched == e[0]
+            )
 
     def _split(self, child: Node, k: int) -> Node:
         """Cut ``child``'s edge after ``k`` tokens; return the new upper node."""
@@ -214,11 +265,8 @@ class RadixTree:
         parent.children[upper.key] = upper
         self.nodes += 1
         self.holdings += len(upper.holders)
-        for rid, tick in upper.holders.items():
+        for rid in upper.holders:  # (no entries: ``child`` below holds what it holds)
             self.held[rid] += 1
-            entry = (tick, -upper.end, next(self._seq), upper)
-            heapq.heappush(self._heaps[rid], entry)
-            heapq.heappush(self._global, entry)
         return upper
 
     def evict_replica(self, replica: str, budget: int) -> None:
@@ -237,11 +285,18 @@ class RadixTree:
         if not self.held[replica]:
             del self.tokens[replica], self.held[replica]
             self._heaps.pop(replica, None)
+        parent = node.parent
+        assert parent is not None
         if not node.holders:
             self._unlink(node)
         elif node.touched not in node.holders.values():
             node.touched = max(node.holders.values())
+            self.heap_pushes += 1
             heapq.heappush(self._global, (node.touched, -node.end, next(self._seq), node))
+        if replica in parent.holders:  # (a root holds nothing) it may be a leaf now
+            self.heap_pushes += 1
+            entry = (parent.holders[replica], -parent.end, next(self._seq), parent)
+            heapq.heappush(self._heaps[replica], entry)
 
     def _unlink(self, node: Node) -> None:
         parent = node.parent
@@ -250,8 +305,12 @@ class RadixTree:
         node.parent = None
         self.nodes -= 1
         self.total_tokens -= len(node.edge) // 4
-        if parent.parent is None and not parent.children:
-            del self.roots[parent.key]
+        if parent.parent is None:
+            if not parent.children:
+                del self.roots[parent.key]
+        elif not parent.children:  # a leaf now
+            self.heap_pushes += 1
+            heapq.heappush(self._global, (parent.touched, -parent.end, next(self._seq), parent))
 
     def _evict_global(self) -> bool:
         """Drop the whole tree's least recently used leaf; False when nothing is left."""
@@ -267,10 +326,9 @@ class RadixTree:
     def drop(self, replica: str) -> None:
         """Forget everything ``replica`` holds (it left or restarted)."""
         heap = self._heaps.get(replica, [])
-        live = [e for e in heap if e[3].holders.get(replica) == e[0]]
-        live.sort(key=lambda e: e[1])  # deepest first: children go before their parents
-        for _, _, _, node in live:
-            if replica in node.holders:
+        while heap:  # leaves first; a release enters the parent it leaves a leaf
+            tick, _, _, node = heapq.heappop(heap)
+            if node.holders.get(replica) == tick:
                 self._release(node, replica)
         assert replica not in self.tokens and replica not in self._heaps
 
@@ -287,11 +345,13 @@ class RadixTree:
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant and its counts."""
         tokens: dict[str, int] = {}
+        held: dict[str, int] = {}
         nodes = total = holdings = 0
         live = {
             rid: {(e[0], id(e[3])) for e in heap if e[3].holders.get(rid) == e[0]}
             for rid, heap in self._heaps.items()
         }
+        live_global = {(e[0], id(e[3])) for e in self._global if e[3].touched == e[0]}
         for root in self.roots.values():
             assert root.children, f"empty root {root.key!r} kept"
         for node in self.walk():
@@ -305,17 +365,24 @@ class RadixTree:
             assert node.end == parent.end + size, f"end {node.end} != {parent.end} + {size}"
             assert node.holders, f"node at depth {node.end} has no holder"
             assert node.touched == max(node.holders.values()), "touched is not the last tick"
+            if not node.children:
+                assert (node.touched, id(node)) in live_global, (
+                    f"leaf at depth {node.end}: no whole-tree heap entry"
+                )
             for rid, tick in node.holders.items():
                 tokens[rid] = tokens.get(rid, 0) + size
+                held[rid] = held.get(rid, 0) + 1
                 holdings += 1
                 if parent.parent is not None:
                     assert rid in parent.holders, f"{rid} holds a node but not its parent"
                     assert parent.holders[rid] >= tick, f"{rid}: child newer than parent"
-                assert (tick, id(node)) in live.get(rid, ()), f"{rid}: no heap entry"
+                if not any(rid in c.holders for c in node.children.values()):
+                    assert (tick, id(node)) in live.get(rid, ()), f"{rid}: no heap entry"
         counts = (self.nodes, self.total_tokens, self.holdings)
         assert counts == (nodes, total, holdings), f"(nodes, tokens, holdings) {counts} != " + (
             f"{(nodes, total, holdings)}"
         )
         assert self.tokens == tokens, f"per-replica tokens {self.tokens} != {tokens}"
-        held = {rid: len(keys) for rid, keys in live.items()}
         assert self.held == held, f"per-replica nodes {self.held} != {held}"
+        idle = set(self._heaps) - set(held)
+        assert not idle, f"heaps kept of replicas holding nothing: {idle}"
