@@ -105,19 +105,23 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
     route = "none"
     tenant = None
     model: str | None = None  # the request's model, once routed
-    sent_to = "none"  # the replica the request was last sent to (``_open``)
+    # the replicas the request was sent to, less those that refused it before taking it
+    # (``_open``), the last one last
+    holders: list[str] = []
 
     def refused(status: str) -> None:
-        if status == "499" and sent_to != "none":
+        if status == "499" and holders:
             # the client left while its replica had the request: counted at that replica,
             # as a client that leaves mid-answer is (none: it left before any had it)
-            gw.refused(request, route, status, arrived, tenant, sent_to, model)
+            gw.refused(request, route, status, arrived, tenant, holders[-1], model)
         else:
             gw.refused(request, route, status, arrived, tenant)
 
-    def sent(replica: str) -> None:
-        nonlocal sent_to
-        sent_to = replica
+    def sent(replica: str, taken: bool = True) -> None:
+        if taken:
+            holders.append(replica)
+        elif replica in holders:  # refused before taking the prompt: it never had it
+            holders.remove(replica)
 
     try:
         tenant = keyed = gw.auth.tenant_of(request) if gw.auth.on else None
@@ -156,10 +160,11 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
                 slot: Slot, headers: dict[str, str], request_id: str,
                 arrived: float, trace: RequestTrace,
-                sent: Callable[[str], None]) -> UpstreamStream:
+                sent: Callable[[str, bool], None]) -> UpstreamStream:
     """The first ranked replica's answer (under the per-replica queue bound), with the
     policy told where the request went and how it ended (``arrived``: the request's
-    ``perf_counter`` at arrival), and ``sent`` each replica it is sent to."""
+    ``perf_counter`` at arrival), and ``sent`` each replica it is sent to (True), and
+    each that refused it before taking the prompt (False)."""
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
     stored = _stored_at(gw, intake.parsed, intake.tenant, decision.ranked)
@@ -175,8 +180,10 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     # before its [DONE]; several, choice by choice
     n = intake.parsed.body.get("n")
     several_choices = batch > 1 or n not in (None, 1)
-    # ... and an answer with no choice at all carries nothing, unless ``n`` is one the
-    # replica may read as none (0, or no integer: it refuses it, or answers none)
+    # ... and an answer with no choice at all carries nothing where it asks several of an
+    # ``n`` that is a positive integer (one of 0, or of another type, the replica may
+    # refuse or answer with none; one choice, ``n`` absent or equal to 1, is judged so
+    # whatever its type)
     asks_choices = n is None or (type(n) is int and n >= 1)
     # the replica's prompt tokens count what this gateway's do: not a response's stored
     # history (continued on the replica), nor images and audio (the gateway counts their
@@ -192,7 +199,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     def on_sent(replica: str) -> None:
         nonlocal last_sent
         last_sent = replica
-        sent(replica)
+        sent(replica, True)
         gw.policy.observe(Routed(route_req, replica, routing.views))
         if gw.peers is not None:
             gw.peers.routed(route_req, replica)
@@ -202,6 +209,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     def on_unsent(replica: str) -> None:
         # the replica refused the prompt before taking it; the route told to peers and
         # workers stands (they have no way to take one back)
+        sent(replica, False)
         gw.policy.observe(Unrouted(route_req, replica))
 
     def on_done(stream: UpstreamStream, ok: bool) -> None:

@@ -48,7 +48,7 @@ import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import GatewayConfig, LimitsConfig, TimeoutConfig
-from kvwire.http10 import Http10Cycle
+from kvwire.http10 import Http10Protocol
 from kvwire.openai_schema import BadRequest, ServiceUnavailable, TooManyRequests
 
 # the OpenAI error type of each status the server answers itself, as the app's errors
@@ -215,7 +215,7 @@ class _PlainParser(httptools.HttpRequestParser):
                 data = memoryview(data)[upgrade.args[0]:]
 
 
-class BoundedHttpProtocol(HttpToolsProtocol):
+class BoundedHttpProtocol(Http10Protocol):
     """uvicorn's httptools protocol with a bounded request head (see the module), and
     bounded in what a connection holds:
 
@@ -444,9 +444,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         self._in_head = False
         self._stop_head_timer()
-        super().on_headers_complete()
-        if self.scope["http_version"] == "1.0":  # the cycle's task, made above, has not
-            self.cycle.__class__ = Http10Cycle  # run yet: all its sends are this class's
+        super().on_headers_complete()  # (an HTTP/1.0 request's cycle: ``Http10Cycle``)
         # a request's handler watches for its client leaving through these (ClientWatch)
         self.cycle.leaving_hooks = self._leaving  # type: ignore[attr-defined]
 

@@ -327,6 +327,7 @@ class Peers:
         # connections proving the secret, oldest first: (their address, accepted at)
         self._handshaking: dict[asyncio.Task[None], tuple[str, float]] = {}
         self._refused_log = LogThrottle(REFUSED_LOG_S)
+        self._untold_log = LogThrottle(REFUSED_LOG_S)  # stored responses too long to tell
         self.address: tuple[str, int] | None = None  # where the listener is bound
         # with worker processes: tells the box's other workers a peer's route
         # (``worker_routes``), which only this worker's link received: the request, its
@@ -365,7 +366,10 @@ class Peers:
             frame = answered_frame(response, replica, tenant)
         except WireError as exc:  # (an id and tenant over a frame's limit): no link told
             self.counts.frames_dropped += self.counts.links_up
-            log.warning("stored response not told to peers: %s", exc)
+            held = self._untold_log.due()
+            if held is not None:
+                more = f" ({held} more in the last {REFUSED_LOG_S:g} s)" if held else ""
+                log.warning("a stored response not told to peers: %s%s", exc, more)
             return
         self._broadcast(frame)
 

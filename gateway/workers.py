@@ -40,7 +40,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import fcntl
-import functools
 import logging
 import math
 import multiprocessing
@@ -65,8 +64,6 @@ from gateway.worker_routes import WorkerRoutes, route_pair
 
 if TYPE_CHECKING:
     from gateway.peer_wire import Answered
-    from gateway.responses_request import ResponseHome
-    from kvwire.bounded_memo import BoundedMemo
 
 log = logging.getLogger("kvgate.workers")
 
@@ -232,7 +229,13 @@ def worker_main(plan: WorkerPlan) -> None:
         if gw.peers is not None and plan.share_routes:
             gw.peers.forward = gw.worker_routes.routed
         if gw.peers is not None:  # a peer's stored response: the box's other workers too
-            gw.peers.on_answered = functools.partial(_peer_answered, homes, gw.worker_routes)
+            workers_told = gw.worker_routes
+
+            def peer_answered(told: Answered) -> None:
+                homes.put(told.response, ResponseHome(told.replica, told.tenant))
+                workers_told.answered(told.response, told.replica, told.tenant)
+
+            gw.peers.on_answered = peer_answered
     app = create_app(config, gw)
     token = config.admin.resolved_token() if plan.index == 0 else None
     admin_app = None if token is None else create_admin_app(gw, token)
@@ -249,16 +252,6 @@ def worker_main(plan: WorkerPlan) -> None:
             sock.close()
         feed.close()
         load.close()
-
-
-def _peer_answered(homes: BoundedMemo[str, ResponseHome], workers: WorkerRoutes,
-                   told: Answered) -> None:
-    """A stored response a peer saw answered: kept here, and told to the box's other
-    workers (each holds only its own peer links)."""
-    from gateway.responses_request import ResponseHome
-
-    homes.put(told.response, ResponseHome(told.replica, told.tenant))
-    workers.answered(told.response, told.replica, told.tenant)
 
 
 def _sweep_metrics_dirs(parent: str) -> None:

@@ -14,7 +14,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 class Http10Cycle(RequestResponseCycle):
     """uvicorn's request-response cycle for an HTTP/1.0 request: an answer with neither
     ``Content-Length`` nor ``Transfer-Encoding`` (a stream) goes out as it is, ended by
-    closing the connection (uvicorn closes it after every HTTP/1.0 answer), not chunked:
+    closing the connection, not chunked:
     RFC 9112 6.1 forbids ``Transfer-Encoding`` in an answer to HTTP/1.0, whose client read
     the chunk-size lines as part of the event stream."""
 
@@ -32,6 +32,7 @@ class Http10Cycle(RequestResponseCycle):
                             for name, _ in message.get("headers", ())):
             self._unframed = True
             self.chunked_encoding = False
+            self.keep_alive = False  # its end is the connection's close, whatever uvicorn
             self.expected_content_length = sys.maxsize  # (no bound: see above)
         await super().send(message)
 

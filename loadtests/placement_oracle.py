@@ -2,8 +2,8 @@
 run by the simulator beside the real policies (``--policies cost,placement_oracle:6``).
 
 It knows what no router can: each request's label and document, from the workload itself.
-The hot documents are placed once, evenly, on the first ``H`` replicas (document ``i`` of
-the hot set on replica ``i mod H``) and each hot request goes to its document's replica,
+The hot documents are placed once, evenly, on the fleet's first ``H`` replicas (document
+``i`` of the hot set on replica ``i mod H``) and each hot request goes to its document's replica,
 whatever its queue; every cold request goes to the least loaded (queued prefill tokens) of
 the other replicas. It learns nothing and never moves a document, so its misses are each
 hot document's first request, the evictions its fixed homes' LRU caches make, and every
@@ -14,7 +14,8 @@ reach when the hot set is known from the first request. With ``H`` too small the
 replicas' caches overflow and evict hot documents; with ``H`` too large the others queue
 the cold documents' prefill and make the tail. It is not a bound (a policy may move
 documents as their load needs, or balance better), and it is not a router: it reads the
-requests in arrival order, one decision each, so it runs in one gateway copy only.
+requests in arrival order, one decision and one ``Routed`` each (the simulator tries no
+request twice), so it runs in one gateway copy only.
 """
 
 from __future__ import annotations
@@ -61,17 +62,18 @@ class PlacementOracle(Policy):
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         ok = healthy(replicas)
-        if len(ok) <= self.hot_replicas:
+        rest = [r for r in replicas[self.hot_replicas:] if r.healthy]
+        if not rest:
             raise ValueError(f"{NAME}:{self.hot_replicas} needs more than "
                              f"{self.hot_replicas} replicas (some for the cold documents), "
-                             f"got {len(ok)} healthy")
+                             f"got {len(replicas)} ({len(ok)} healthy)")
         if self._next >= len(self._requests):
             raise ValueError(f"{NAME} knows {len(self._requests)} requests; asked for more")
         known = self._requests[self._next]
         if known.label == "hot":
-            target, reason = ok[self._home[known.affinity_key]], "hot_home"
+            target, reason = replicas[self._home[known.affinity_key]], "hot_home"
         else:
-            target = min(ok[self.hot_replicas:], key=lambda r: r.queued_tokens)
+            target = min(rest, key=lambda r: r.queued_tokens)
             reason = "cold_rest"
         return Decision((target.id, *(r.id for r in ok if r.id != target.id)), reason)
 
