@@ -10,19 +10,16 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.held_streams import held_stream
-from tests.support.metrics import Samples, per_worker, samples
+from tests.support.metrics import per_worker, samples
+from tests.support.peered_gateways import start_peered_pair
 from tests.support.processes import Processes
-from tests.support.servers import ThreadServer, free_port
+from tests.support.servers import ThreadServer
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-SECRET = "peer-secret-for-tests-0123"
-
 
 def _metrics(url: str) -> dict[Any, float]:
     return samples(httpx.get(f"{url}/metrics", headers={"connection": "close"}).text)
@@ -38,31 +35,11 @@ def test_a_copy_sees_the_request_another_copy_holds_at_a_replica(
         workers: int) -> None:
     behaviour = Behaviour("r0", chunks=2)
     replica = serve(fake_replica(behaviour))
-    ports = [free_port() for _ in range(2)]
-    peer_ports = [free_port() for _ in range(2)]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    for i in range(2):
-        config = tmp_path / f"gateway{i}.yaml"
-        config.write_text(yaml.safe_dump({
-            "port": ports[i], "policy": {"name": "cost"},
-            "replicas": [{"id": "r0", "url": replica.url}],
-            "health": {"interval_s": 0.2},
-            "shutdown": {"grace_s": 0},  # no load balancer to tell: stop at once
-            # each lists both copies, itself included, as a headless Service would
-            "peers": {"listen": f"127.0.0.1:{peer_ports[i]}",
-                      "addresses": [f"127.0.0.1:{p}" for p in peer_ports],
-                      "secret": SECRET}}))
-        spawn("serve", "--config", str(config), "--workers", str(workers),
-              ready_url=f"{urls[i]}/ready")
-
-    def linked(got: Samples) -> bool:
-        """Every worker's link out is up, and every link in from the other copy's workers
-        (summed over this box's workers, whichever answers)."""
-        return got.get(("kvgate_peer_links_up", ())) == workers \
-            and got.get(("kvgate_peer_links_in", ())) == workers
-
-    for url in urls:  # one link out each: the one to its own box is found and dropped
-        per_worker(url, linked, f"{url} to link with the other", workers)
+    urls = start_peered_pair(spawn, tmp_path, {
+        "policy": {"name": "cost"}, "replicas": [{"id": "r0", "url": replica.url}],
+        "health": {"interval_s": 0.2},
+        "shutdown": {"grace_s": 0}},  # no load balancer to tell: stop at once
+        workers)
 
     with held_stream(behaviour, urls[0]) as chunks:
         # the replica holds its first byte: the copy that did not route it counts it too

@@ -18,7 +18,12 @@ from tests.support.engine_servers import LiveEngine
 from tests.support.metrics import client_on_worker, per_worker
 from tests.support.processes import Processes
 from tests.support.servers import free_port
-from tests.support.tenant_responses import API_KEYS, KEY_A, KEY_B, post_response, tiny_engine
+from tests.support.tenant_responses import (
+    API_KEYS,
+    refused_to_the_other_tenant,
+    stored_secret,
+    tiny_engine,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -44,20 +49,13 @@ def test_another_workers_tenant_cannot_continue_a_stored_response(
           ready_url=f"{url}/ready")
     per_worker(url, lambda s: True, "both workers to listen")
     with httpx.Client(base_url=url, timeout=30) as first_client:
-        first = post_response(first_client, KEY_A, input="ACME SECRET: the launch code is 4242")
-    assert first.status_code == 200, first.text
+        first = stored_secret(first_client)
     secret, made_on = first.json()["id"], first.headers["x-kvgate-worker"]
     other = "1" if made_on == "0" else "0"
     client = client_on_worker(url, other)
     try:
-        for stream in (False, True):
-            answer = post_response(client, KEY_B, input="what did I say?",
-                           previous_response_id=secret, stream=stream)
-            assert answer.status_code == 404, answer.text
-            assert answer.json()["error"]["param"] == "previous_response_id"
-        # its own tenant goes on continuing it there
-        went_on = post_response(client, KEY_A, input="what did I say?", previous_response_id=secret)
-        assert went_on.status_code == 200, went_on.text
+        # and its own tenant goes on continuing it there
+        went_on = refused_to_the_other_tenant(client, secret)
         assert went_on.headers["x-kvgate-worker"] == other
     finally:
         client.close()
