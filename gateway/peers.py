@@ -110,6 +110,10 @@ MAX_HANDSHAKES = 64  # connections proving the secret at once (more are closed a
 MAX_HANDSHAKES_PER_ADDRESS = 4  # ... of them from one address
 HANDSHAKE_HOLD_S = 0.5  # a place held this long goes to a new connection when all are taken
 REFUSED_LOG_S = 10.0  # refused handshakes are logged at most this often
+# the stored responses told to a peer whose link just came up: the newest of them, in
+# frames of this many bytes at most in all, written this many frames at a time
+CATCH_UP_BYTES = 16 << 20
+CATCH_UP_BATCH = 512
 
 
 @dataclass(slots=True)
@@ -225,6 +229,7 @@ class _Link:
             self.up, self.up_at = True, time.monotonic()
             peers.counts.links_up += 1
             try:
+                await self._tell_known(writer)
                 await self._write(writer, closed)
             finally:
                 self.up, self.overflow = False, False
@@ -237,6 +242,35 @@ class _Link:
             self.remote = None
             writer.close()
         return None
+
+    async def _tell_known(self, writer: asyncio.StreamWriter) -> None:
+        """Tell the peer just linked the stored responses this copy knows of
+        (``Peers.known_answers``), so that a copy linked after they were answered (it
+        started later, or its link was down) refuses another tenant's continuation of them
+        too: the newest that fit ``CATCH_UP_BYTES``, sent oldest first (the peer keeps them
+        in the order it heard them), ``CATCH_UP_BATCH`` frames a write."""
+        peers = self.peers
+        if peers.known_answers is None or not peers.config.tell_responses:
+            return
+        frames: list[bytes] = []
+        room = CATCH_UP_BYTES
+        for told in reversed(peers.known_answers()):
+            try:
+                frame = answered_frame(told.response, told.replica, told.tenant)
+            except WireError:  # (an id and tenant over a frame's limit)
+                peers.counts.frames_dropped += 1
+                continue
+            room -= len(frame)
+            if room < 0:
+                break
+            frames.append(frame)
+        frames.reverse()
+        for start in range(0, len(frames), CATCH_UP_BATCH):
+            batch = frames[start:start + CATCH_UP_BATCH]
+            _send(writer, b"".join(batch))
+            async with asyncio.timeout(WRITE_S):
+                await writer.drain()
+            peers.counts.frames_sent += len(batch)
 
     async def _write(self, writer: asyncio.StreamWriter, closed: asyncio.Future[bytes]) -> None:
         counts = self.peers.counts
@@ -336,6 +370,9 @@ class Peers:
         # a stored response a peer saw answered (``ANSWERED``): its replica and tenant,
         # kept where this copy refuses another tenant's continuation of it
         self.on_answered: Callable[[Answered], None] | None = None
+        # the stored responses this copy knows of now (its own, its box's workers' and its
+        # peers'), the least recently used first: told to each peer when its link comes up
+        self.known_answers: Callable[[], list[Answered]] | None = None
 
     def linked(self, remote: bytes) -> bool:
         """Whether a link to the copy with instance id ``remote`` is up (or proving
@@ -358,8 +395,7 @@ class Peers:
         """This copy saw the stored response ``response`` answered by ``replica`` for
         ``tenant``: told to every peer linked now (``tell_responses``), so that whichever
         copy a continuation reaches refuses another tenant's. A peer linked later, or whose
-        link is down now, is not told (its continuation of another tenant's response goes
-        to the replica, as without peers)."""
+        link is down now, is told when its link comes up (``known_answers``)."""
         if not (self.config.tell_responses and self.counts.links_up):
             return
         try:

@@ -23,6 +23,7 @@ from gateway.kv_capacity_estimate import CapacityCollector, CapacityEstimator
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.networks import Networks
+from gateway.peer_wire import Answered
 from gateway.peers import Peers
 from gateway.proxy import Proxy
 from gateway.responses_request import RESPONSE_HOMES, ResponseHome
@@ -154,6 +155,8 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
         homes = gw.response_homes
         gw.peers.on_answered = lambda told: homes.put(
             told.response, ResponseHome(told.replica, told.tenant))
+        gw.peers.known_answers = lambda: [Answered(response, home.replica, home.tenant)
+                                          for response, home in homes.items()]
         fleet.outbox = gw.peers
         metrics.watch_peers(gw.peers.counts)
     if gw.tracing is not NO_TRACING:  # the spans its exporter lost, summed over workers

@@ -66,6 +66,11 @@ class BoundedMemo(Generic[K, V]):
             self._entries.clear()
             self.weight = 0
 
+    def items(self) -> list[tuple[K, V]]:
+        """The entries remembered, the least recently used first."""
+        with self._lock:
+            return list(self._entries.items())
+
     def values(self) -> list[V]:
         """The values remembered, the least recently used first."""
         with self._lock:

@@ -59,3 +59,23 @@ def test_another_copys_tenant_cannot_continue_a_stored_response(
             refused_to_the_other_tenant(client, secret)
         finally:
             client.close()
+
+
+def test_a_copy_started_later_is_told_the_responses_answered_before(
+        spawn: Processes, engine: LiveEngine, tmp_path: Path) -> None:
+    answered: list[str] = []
+
+    def answer_first(url: str) -> None:  # on the first copy, before the second is up
+        with httpx.Client(base_url=url, timeout=30) as first_client:
+            answered.append(stored_secret(first_client).json()["id"])
+
+    urls = start_peered_pair(spawn, tmp_path, {
+        "policy": {"name": "round_robin"}, "replicas": [{"id": "e0", "url": engine.url}],
+        "auth": API_KEYS, "shutdown": {"grace_s": 0, "timeout_s": 20}},
+        before_second=answer_first)
+    # told when the first copy's link to it came up: here within a moment of it
+    with httpx.Client(base_url=urls[1], timeout=30) as probe:
+        wait_until(lambda: post_response(probe, KEY_B, input="?",
+                                         previous_response_id=answered[0])
+                   .status_code == 404, 10, "the later copy to know the response's tenant")
+        refused_to_the_other_tenant(probe, answered[0])

@@ -3,6 +3,7 @@ or several workers, started as real processes and returned once every link is up
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ SECRET = "peer-secret-for-tests-0123"
 
 
 def start_peered_pair(spawn: Processes, tmp_path: Path, config: dict[str, Any],
-                      workers: int = 1) -> list[str]:
+                      workers: int = 1,
+                      before_second: Callable[[str], None] | None = None) -> list[str]:
     """The two copies' URLs, each serving ``config`` on a port of its own with ``workers``
     processes, once every worker's link out is up and every link in from the other
     copy's workers (summed over a box's workers, whichever answers). Each lists both
-    copies, itself included, as a headless Service would."""
+    copies, itself included, as a headless Service would. ``before_second``: called with
+    the first copy's URL once it is ready, before the second starts."""
     ports = [free_port() for _ in range(2)]
     peer_ports = [free_port() for _ in range(2)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
@@ -31,6 +34,8 @@ def start_peered_pair(spawn: Processes, tmp_path: Path, config: dict[str, Any],
             "peers": {"listen": f"127.0.0.1:{peer_ports[i]}",
                       "addresses": [f"127.0.0.1:{p}" for p in peer_ports],
                       "secret": SECRET}}))
+        if i == 1 and before_second is not None:
+            before_second(urls[0])
         spawn("serve", "--config", str(path), "--workers", str(workers),
               ready_url=f"{urls[i]}/ready")
 
