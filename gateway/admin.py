@@ -255,7 +255,8 @@ async def explain(request: Request) -> Response:
         "decision_ms": round(routing.seconds * 1000, 3),
         # token counts above and below are the gateway's; x this for the replicas'
         "replica_tokens_per_gateway_token": gw.fleet.calibration.ratio(parsed.model),
-        "policy_state": gw.policy.describe(),
+        # what the state deciding this request's model learned (never another model's)
+        "policy_state": gw.policy.describe_for(routing.request),
         "scores": [{"replica": s.replica, "score": s.score,
                     "matched_tokens": s.matched_tokens, **({"terms": dict(s.terms)}
                                                            if s.terms else {})}

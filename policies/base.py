@@ -254,6 +254,11 @@ class Policy(ABC):
         """What the policy has learned, for ``/admin/explain`` (JSON-ready); none here."""
         return {}
 
+    def describe_for(self, request: RouteRequest) -> dict[str, object]:
+        """What the state that decides ``request`` has learned (``/admin/explain``): the
+        policy's, unless it keeps a state per model (``PerModel``)."""
+        return self.describe()
+
     def share_from(self, first: Policy) -> None:
         """Take from ``first``, another instance of this policy (``PerModel``'s first,
         deciding for another model), the state kept once for every model: the KV event

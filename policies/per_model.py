@@ -160,6 +160,11 @@ class PerModel(Policy):
         return {"models": {str(model): policy.describe()
                            for model, policy in self._by_model.items()}}
 
+    def describe_for(self, request: RouteRequest) -> dict[str, object]:
+        """The state of the instance that decides ``request`` (a fresh one's, learned
+        nothing, for a model without one yet): never another model's."""
+        return self.policy_for(_served(request), keep=False).describe()
+
 
 def _served(request: RouteRequest) -> str | None:
     """The model whose instance decides ``request``: an adapter's base model."""
