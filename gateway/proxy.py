@@ -131,6 +131,10 @@ _LINE_ENDS = (b"\n", b"\r")
 _COMMENT_STARTS = (b":", b"\n", b"\r")  # a line a read starting a line may begin with
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # a server-sent event ends at a blank line
 _HOLD_BYTES = 1 << 20  # a stream's unfinished event held back at most this long
+# the failures of a try that the request itself may cause (input that crashes the engine,
+# or its connection): counted against the replica only once another replica answered the
+# request, and after two replicas failed on it, not tried further
+REQUEST_MAY_CAUSE = frozenset(("5xx", "broken"))
 _ERROR_BODY_LIMIT = 4096  # bytes of a replica's 5xx body read (for the log)
 _LEAST_TRY_S = 0.1  # a later try needs this much of the first-byte deadline left
 _CHECK_AHEAD_S = 0.05  # a try's wait is checked for progress this long before it ends
@@ -1058,7 +1062,8 @@ class Proxy:
         ``several_choices`` says (``answer_signs``)."""
         attempts: list[Attempted] = []
         last: _Retryable | None = None
-        suspect: tuple[str, _Retryable] | None = None  # a 5xx not counted yet
+        # a 5xx or a broken answer not counted yet (``REQUEST_MAY_CAUSE``)
+        suspect: tuple[str, _Retryable] | None = None
         busy_after: list[float | None] = []  # the Retry-After of each busy replica
         deadline = time.monotonic() + self.timeouts.first_byte_s
         signs = answer_signs(path, several_choices, asks_choices)
@@ -1110,12 +1115,13 @@ class Proxy:
                     continue
                 if exc.cause == "not_stored":  # no fault of the replica's
                     continue
-                if exc.cause == "5xx":
+                if exc.cause in REQUEST_MAY_CAUSE:
                     if suspect is not None:
                         # a second replica fails on it: the request is the cause
                         suspect = None
-                        last = _Retryable("5xx", f"{exc} (as did every replica tried: the "
-                                          "request itself fails there)", status=exc.status)
+                        last = _Retryable(exc.cause, f"{exc} (as did every replica tried: "
+                                          "the request itself fails there)",
+                                          status=exc.status)
                         break
                     suspect = (replica, exc)
                     continue
@@ -1128,8 +1134,9 @@ class Proxy:
                 self._count_failure(*suspect)
             self.fleet.request_ok(replica)
             return opened
-        if suspect is not None:  # no other replica told otherwise: counted
-            self._count_failure(*suspect)
+        # a 5xx no other replica's answer showed to be its replica's own (the only replica
+        # tried, the others unreachable or busy) is not counted: a request that breaks the
+        # engine must not eject a model's one replica, where no ejection could help
         if last is None:
             raise UpstreamError("no replica could be tried", code="upstream_error")
         tried = ", ".join(f"{a.replica!r} ({a.cause})" for a in attempts)
@@ -1138,7 +1145,7 @@ class Proxy:
                            param="previous_response_id", code=last.code)
         # the request itself fails on every replica tried: sending it again will not help
         # (the openai client retries a 5xx unless told not to)
-        futile = sum(a.cause == "5xx" for a in attempts) > 1
+        futile = sum(a.cause in REQUEST_MAY_CAUSE for a in attempts) > 1
         if busy_after and not futile:  # a replica shedding load may take it later
             after = min((s for s in busy_after if s is not None), default=1.0)
             overloaded = "every replica tried is overloaded" \
