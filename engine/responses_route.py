@@ -52,6 +52,7 @@ from kvwire.openai_schema import (
 )
 from kvwire.request_edge import (
     PARSE_ON_THREAD_COMMAS,
+    check_nesting,
     parses_on_loop,
     unless_disconnected,
 )
@@ -226,8 +227,9 @@ class _Asked(NamedTuple):
 
 
 def _read(raw: bytes) -> tuple[_Asked, ResponsesChat]:
-    """What a Responses body asks, and the chat it stands for."""
-    body = decode_json(raw)
+    """What a Responses body asks, and the chat it stands for: a body nested too deep to
+    echo (``check_nesting``) refused before its stream starts."""
+    body = check_nesting(raw, decode_json(raw))
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     chat = responses_chat(body)

@@ -66,6 +66,7 @@ from kvwire.openai_schema import (
 from kvwire.request_edge import (
     ErrorBoundary,
     HeldBodyBytes,
+    check_nesting,
     json_answer,
     parses_on_loop,
     read_body,
@@ -225,12 +226,14 @@ class EngineServer:
     async def read_json(self, request: HTTPRequest, parse: Callable[[Any], T],
                         max_body_bytes: int = MAX_BODY_BYTES) -> T:
         """``parse`` of the request's JSON body, on the event loop when the body is small
-        (``parses_on_loop``), else decoded and parsed in a worker thread. Its bytes count
-        in ``bodies`` from their arrival until it is parsed (or refused)."""
+        (``parses_on_loop``), else decoded and parsed in a worker thread; a body nested
+        past ``MAX_NESTING`` levels is refused first (``check_nesting``: the engine writes
+        some fields back). Its bytes count in ``bodies`` from their arrival until it is
+        parsed (or refused)."""
         async with self.held_body(request, max_body_bytes) as raw:
             if parses_on_loop(raw):
-                return parse(decode_json(raw))
-            return await asyncio.to_thread(lambda: parse(decode_json(raw)))
+                return parse(check_nesting(raw, decode_json(raw)))
+            return await asyncio.to_thread(lambda: parse(check_nesting(raw, decode_json(raw))))
 
     @contextlib.asynccontextmanager
     async def held_body(self, request: HTTPRequest, max_body_bytes: int = MAX_BODY_BYTES

@@ -21,7 +21,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from kvwire.media_parts import shown
 from kvwire.openai_schema import (
+    BadRequest,
     ClientDisconnected,
     MethodNotAllowed,
     NotFound,
@@ -86,6 +88,98 @@ def parses_on_loop(raw: bytes) -> bool:
         return raw.count(b",") <= PARSE_ON_THREAD_COMMAS
     return int(np.count_nonzero(np.frombuffer(raw, np.uint8) == _COMMA)) \
         <= PARSE_ON_THREAD_COMMAS
+
+
+# A request body may nest arrays and objects this many levels deep, its own object the
+# first (JSON allows 1,024): orjson, which writes the engine's answers and events, stops at
+# 254 levels, and some answers echo a field a few levels deeper than the body held it (a
+# Responses event's ``response.tools``: three). Real tool schemas nest a few dozen at most
+MAX_NESTING = 128
+# what each byte does to the nesting (``_nesting_past``): opens, closes, or starts or ends
+# a string (_QUOTE). ``byte & _BRACKET_MASK == _BRACKETS`` picks the four brackets in one
+# vectorised pass (and "Y", "_", "y" and DEL, which step 0)
+_QUOTE = 2
+_STEPS = np.zeros(256, np.int8)
+_STEPS[[ord("["), ord("{")]] = 1
+_STEPS[[ord("]"), ord("}")]] = -1
+_STEPS[ord('"')] = _QUOTE
+_BRACKET_MASK, _BRACKETS = np.uint8(0xD9), np.uint8(0x59)
+_QUOTE_BYTE, _BACKSLASH = np.uint8(ord('"')), np.uint8(ord("\\"))
+_OPENS = (np.uint8(ord("[")), np.uint8(ord("{")))
+_SCAN_BYTES = 1 << 20  # bytes measured at a time (their arrays: a few times this)
+
+
+def check_nesting(raw: bytes, body: T) -> T:
+    """``body``, the JSON value decoded from ``raw``, unless it nests arrays and objects
+    more than ``MAX_NESTING`` levels deep: then a BadRequest naming the top-level field
+    that does (``nesting_too_deep``). Measured on ``raw``'s bytes, not by walking the
+    decoded values: a body of ``MAX_NESTING`` brackets at most is shallow by their count
+    alone (most are), another is measured vectorised; only a body refused is walked, to
+    name its field."""
+    depth = _nesting_past(raw, MAX_NESTING)
+    if depth <= MAX_NESTING:
+        return body
+    deep = next(((k, v) for k, v in body.items() if _nests_past(v, MAX_NESTING - 1)),
+                None) if isinstance(body, dict) else None
+    where = "" if deep is None else f", in {deep[0]!r} ({shown(deep[1])})"
+    raise BadRequest(f"request body nests arrays and objects {depth} levels deep{where}; "
+                     f"the most accepted is {MAX_NESTING}",
+                     param=None if deep is None else deep[0], code="nesting_too_deep")
+
+
+def _nesting_past(raw: bytes, bound: int, piece_bytes: int = _SCAN_BYTES) -> int:
+    """How deep valid JSON ``raw`` nests arrays and objects, or 0 when it holds ``bound``
+    opening brackets at most (it nests no deeper than that); measured ``piece_bytes`` at
+    a time."""
+    if len(raw) <= _VECTOR_COUNT_BYTES:
+        if raw.count(b"[") + raw.count(b"{") <= bound:
+            return 0
+    elif sum(int(np.count_nonzero(np.frombuffer(raw, np.uint8) == c)) for c in _OPENS) \
+            <= bound:
+        return 0
+    escapes = raw.find(b"\\") >= 0
+    if escapes and b"\\\\" in raw:
+        # without its escaped backslashes (left to right, as JSON reads them): a quote
+        # after a backslash is then an escaped one, text
+        raw = raw.replace(b"\\\\", b"")
+    a = np.frombuffer(raw, np.uint8)
+    deepest = depth = 0
+    quoted = False  # [0, start) ends inside a string
+    for start in range(0, len(a), piece_bytes):
+        piece = a[start:start + piece_bytes]
+        hits = piece == _QUOTE_BYTE
+        if escapes:  # a quote after a backslash is text
+            escaped = np.empty_like(hits)
+            escaped[0] = start > 0 and a[start - 1] == _BACKSLASH
+            np.equal(piece[:-1], _BACKSLASH, out=escaped[1:])
+            hits &= ~escaped
+        hits |= (piece & _BRACKET_MASK) == _BRACKETS
+        steps = _STEPS[piece[np.flatnonzero(hits)]]  # its brackets and quotes, in order
+        if not len(steps):
+            continue
+        quotes = steps == _QUOTE
+        inside = (np.cumsum(quotes, dtype=np.uint8) & 1).astype(bool)  # after an opening
+        if quoted:  # quote (each quote toggles; a uint8 sum wraps, its parity holds)
+            np.logical_not(inside, out=inside)
+        quoted = bool(inside[-1])
+        steps[inside | quotes] = 0  # quotes, and brackets inside strings (text)
+        levels = np.cumsum(steps, dtype=np.int32)
+        deepest = max(deepest, depth + int(levels.max()))
+        depth += int(levels[-1])
+    return deepest
+
+
+def _nests_past(value: object, bound: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``bound`` levels deep (itself
+    the first when it is one)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > bound:
+            return True
+        stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict)
+                                               else item) if isinstance(v, dict | list))
+    return False
 
 
 def header_value(request: Request, name: str) -> str | None:
