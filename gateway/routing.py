@@ -25,6 +25,7 @@ from gateway.request_parse import ParsedRequest
 from gateway.tenancy import partition_views
 from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
+from kvwire.chat_template import TemplateRefused
 from kvwire.media_parts import shown
 from kvwire.openai_schema import MODEL_SHOWN_CHARS, BadRequest
 from kvwire.template_kwargs import TemplateKwargsError, request_template_kwargs
@@ -133,27 +134,41 @@ class Router:
         assistant message left open with ``continue_final_message``, no assistant header
         with ``add_generation_prompt: false`` (vLLM's fields; a pair the replica would
         refuse, or a final message that cannot be continued, is rendered as a plain chat
-        and left to the replica to judge)."""
+        and left to the replica to judge).
+
+        A chat the gateway's chat template refuses (``TemplateRefused``: roles out of the
+        order it takes, a system turn) is rendered in the built-in layout: the gateway's
+        tokenizer may not be the replica's, whose template judges the chat. A chat refused
+        whatever the template (a malformed message, a value nested too deeply) is a 400."""
         if parsed.prompt_text is not None:
             return parsed.prompt_text
-        body = parsed.body
         variables = _template_kwargs(parsed)
+        try:
+            try:
+                return self._rendered(parsed, messages or [], variables, False)
+            except TemplateRefused:
+                return self._rendered(parsed, messages or [], variables, True)
+        except ChatFormatError as exc:  # the field named, where rendering tells it
+            raise BadRequest(str(exc), param=exc.param or "messages") from exc
+
+    def _rendered(self, parsed: ParsedRequest, messages: list[dict[str, str]],
+                  variables: dict[str, Any] | None, builtin_layout: bool) -> str:
+        """``_render``'s chat, with the tokenizer's template or in the built-in layout."""
+        body = parsed.body
         if body.get("continue_final_message") is True and messages \
                 and messages[-1].get("role") == "assistant":
             try:
-                return self.tokenizer.render_chat(messages or [], tools=parsed.tools,
+                return self.tokenizer.render_chat(messages, tools=parsed.tools,
                                                   add_generation_prompt=False,
                                                   continue_final_message=True,
-                                                  template_kwargs=variables)
+                                                  template_kwargs=variables,
+                                                  builtin_layout=builtin_layout)
             except ChatFormatError:
                 pass
-        try:
-            return self.tokenizer.render_chat(
-                messages or [], tools=parsed.tools,
-                add_generation_prompt=body.get("add_generation_prompt") is not False,
-                template_kwargs=variables)
-        except ChatFormatError as exc:  # the field named, where rendering tells it
-            raise BadRequest(str(exc), param=exc.param or "messages") from exc
+        return self.tokenizer.render_chat(
+            messages, tools=parsed.tools,
+            add_generation_prompt=body.get("add_generation_prompt") is not False,
+            template_kwargs=variables, builtin_layout=builtin_layout)
 
     def _tokenize(self, parsed: ParsedRequest, needed: int | None, text: str | None = None,
                   messages: list[dict[str, str]] | None = None) -> _Tokens:

@@ -74,6 +74,14 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
+class TemplateRefused(ChatFormatError):
+    """A model's chat template refuses a chat: its ``raise_exception``, an error of its own
+    (a role it does not take, a field it reads that the chat lacks), or a value it would
+    build past its bounds. That template's judgement, which another model's template need
+    not share (the gateway's tokenizer may not be its replicas'); the chat may be well
+    formed."""
+
+
 # the characters one chat may render to: more than any model's context holds (8M tokens
 # of 4 characters), and twice what the gateway's default body limit (16 MiB) carries
 MAX_RENDERED_CHARS = 1 << 25
@@ -161,7 +169,7 @@ def _joined_within_bound(pieces: Iterable[str]) -> str:
 MAX_NUMBER_BITS = 1 << 16
 
 
-class TemplateBuildTooLong(ChatFormatError):
+class TemplateBuildTooLong(TemplateRefused):
     """A template's single operation would build a string or list past
     ``MAX_RENDERED_CHARS`` or a number past ``MAX_NUMBER_BITS``; refused before it is
     built, naming the template and the operation."""

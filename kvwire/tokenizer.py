@@ -38,6 +38,7 @@ from kvwire.chat_template import (
     ChatTemplate,
     RenderTooLong,
     TemplateBuildTooLong,
+    TemplateRefused,
     compile_template,
     render,
     template_messages,
@@ -248,7 +249,8 @@ class PromptTokenizer:
     # -- chat -----------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True,
                     tools: Sequence[Any] | None = None, continue_final_message: bool = False,
-                    template_kwargs: Mapping[str, Any] | None = None) -> str:
+                    template_kwargs: Mapping[str, Any] | None = None,
+                    builtin_layout: bool = False) -> str:
         """Render OpenAI chat messages (and the request's ``tools``) to the prompt text the
         model sees. Without a chat template, tools go into the system message as one JSON
         object per line inside ``<tools>`` tags, the layout Qwen2 and Hermes templates use.
@@ -263,12 +265,18 @@ class PromptTokenizer:
         ``template_kwargs``: the request's ``chat_template_kwargs``, checked
         (``kvwire.template_kwargs``), given to the template as vLLM gives them: those it
         reads, over the tokenizer's special tokens (each one the config names, no other)
-        and ``documents`` (null unless given); the built-in layout reads none."""
+        and ``documents`` (null unless given); the built-in layout reads none.
+
+        ``TemplateRefused`` (a ChatFormatError) when the model's template refuses the chat
+        (``raise_exception``, an error of its own, a value past its bounds): the template's
+        judgement, which the built-in layout (``builtin_layout``, whatever templates the
+        tokenizer has) does not share. Any other ChatFormatError refuses the chat whatever
+        the template (a malformed message, a value nested too deeply)."""
         if add_generation_prompt and continue_final_message:
             raise ChatFormatError("'add_generation_prompt' and 'continue_final_message' "
                                   "cannot both be true")
         normalized = normalize_messages(messages)
-        chosen = self._chosen_template(tools)
+        chosen = None if builtin_layout else self._chosen_template(tools)
         if chosen is not None:
             if continue_final_message:
                 final = normalized[-1]
@@ -299,7 +307,7 @@ class PromptTokenizer:
             except (TemplateError, TypeError, ValueError, LookupError,
                     AttributeError) as exc:  # the template refuses these messages (a system
                 # role it does not take, roles out of turn)
-                raise ChatFormatError(f"the model's chat template refused the messages: "
+                raise TemplateRefused(f"the model's chat template refused the messages: "
                                       f"{exc}") from None
             return _cut_at_tag(text) if continue_final_message else text
         if tools:
@@ -327,14 +335,14 @@ class PromptTokenizer:
         """The template a chat is rendered with, as transformers' ``get_chat_template``
         chooses it: ``tool_use`` when the chat has tools (an empty list too) and the model
         has one, else ``default``; None without templates (the built-in layout), and
-        ChatFormatError when the model's templates are named but none ``default``."""
+        TemplateRefused when the model's templates are named but none ``default``."""
         if not self._templates:
             return None
         if tools is not None and "tool_use" in self._templates:
             return self._templates["tool_use"]
         chosen = self._templates.get("default")
         if chosen is None:
-            raise ChatFormatError(f"the model's chat templates are named "
+            raise TemplateRefused(f"the model's chat templates are named "
                                   f"{sorted(self._templates)}, and none 'default'")
         return chosen
 
@@ -345,10 +353,10 @@ _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 def _cut_at_tag(text: str) -> str:
     """``text`` up to the last :data:`_CONTINUE_TAG`, less the spacing before it where the
-    template trimmed the tag's own; ChatFormatError when the template dropped it."""
+    template trimmed the tag's own; TemplateRefused when the template dropped it."""
     at = text.rfind(_CONTINUE_TAG.strip())
     if at < 0:
-        raise ChatFormatError("'continue_final_message' is set but the model's chat template "
+        raise TemplateRefused("'continue_final_message' is set but the model's chat template "
                               "does not render the final message's content")
     if text.startswith(_CONTINUE_TAG, at):
         return text[:at]

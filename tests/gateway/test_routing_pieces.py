@@ -70,22 +70,32 @@ def test_a_policy_that_reads_whole_prompts_gets_a_long_prompt_without_spaces() -
 
 
 @pytest.mark.parametrize("policy", ["cost", "radix"])  # those render the chat
-def test_a_chat_the_models_template_refuses_is_a_bad_request(tmp_path: Path,
-                                                             policy: str) -> None:
+def test_a_chat_the_gateways_template_refuses_is_routed_in_the_built_in_layout(
+        tmp_path: Path, policy: str) -> None:
+    # the gateway's tokenizer may not be the replica's: its template's refusal is not the
+    # answer, the replica judges the chat; a malformed chat is still a 400
     shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
         "{% for m in messages %}{% if m['role'] == 'system' %}"
         "{{ raise_exception('System role not supported') }}{% endif %}"
         "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")}))
-    router = Router(build_policy({"name": policy}), load_tokenizer(tmp_path), Fleet([]), 1)
+    tokenizer = load_tokenizer(tmp_path)
+    router = Router(build_policy({"name": policy}), tokenizer, Fleet([]), 1)
     chat = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hi"}]
     try:
-        with pytest.raises(BadRequest, match="System role not supported") as raised:
-            router.build(ParsedRequest("chat", {}, "m", True, None, None, chat, None, None))
-        assert raised.value.status == 400
+        refused = router.build(ParsedRequest("chat", {}, "m", True, None, None, chat, None,
+                                             None))
+        built_in = tokenizer.render_chat(chat, builtin_layout=True)
+        assert built_in.startswith("<|im_start|>system\nbe nice")
+        assert refused.chunks and list(refused.chunks) == text_chunks(built_in, 64)
+        assert refused.prompt_tokens > 0
         ok = router.build(ParsedRequest("chat", {}, "m", True, None, None, chat[1:], None,
                                         None))
         assert ok.prompt_tokens > 0
+        with pytest.raises(BadRequest, match=r"messages\[1\]\.role") as raised:
+            router.build(ParsedRequest("chat", {}, "m", True, None, None,
+                                       [chat[0], {"content": "hi"}], None, None))
+        assert raised.value.status == 400
     finally:
         router.close()
 
