@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -27,7 +27,7 @@ from gateway.tracing import NO_TRACE, RequestTrace
 from kvwire.chat_messages import ChatFormatError, normalize_messages
 from kvwire.chat_template import TemplateRefused
 from kvwire.media_parts import shown
-from kvwire.openai_schema import MODEL_SHOWN_CHARS, BadRequest
+from kvwire.openai_schema import MODEL_SHOWN_CHARS, BadRequest, optional
 from kvwire.template_kwargs import TemplateKwargsError, request_template_kwargs
 from kvwire.tokenizer import PrefixEncoding, PromptTokenizer
 from policies.base import Decision, NoReplicaError, Policy, ReplicaView, RouteRequest
@@ -70,6 +70,17 @@ def _template_kwargs(parsed: ParsedRequest) -> dict[str, Any] | None:
         return request_template_kwargs(parsed.body)
     except TemplateKwargsError as exc:
         raise BadRequest(str(exc), param=exc.param) from exc
+
+
+def _turn_field(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A chat's ``add_generation_prompt`` or ``continue_final_message`` as the engine and
+    vLLM read it (``optional``'s lax booleans: "no", 0 and "false" false; "yes", 1 and
+    "true" true); a value that reads as no boolean is rendered as if absent, for the
+    replica to refuse."""
+    try:
+        return bool(optional(body, key, bool, default))
+    except BadRequest:
+        return default
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +166,7 @@ class Router:
                   variables: dict[str, Any] | None, builtin_layout: bool) -> str:
         """``_render``'s chat, with the tokenizer's template or in the built-in layout."""
         body = parsed.body
-        if body.get("continue_final_message") is True and messages \
+        if _turn_field(body, "continue_final_message", False) and messages \
                 and messages[-1].get("role") == "assistant":
             try:
                 return self.tokenizer.render_chat(messages, tools=parsed.tools,
@@ -167,7 +178,7 @@ class Router:
                 pass
         return self.tokenizer.render_chat(
             messages, tools=parsed.tools,
-            add_generation_prompt=body.get("add_generation_prompt") is not False,
+            add_generation_prompt=_turn_field(body, "add_generation_prompt", True),
             template_kwargs=variables, builtin_layout=builtin_layout)
 
     def _tokenize(self, parsed: ParsedRequest, needed: int | None, text: str | None = None,

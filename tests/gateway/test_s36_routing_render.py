@@ -1,7 +1,9 @@
 """The gateway renders a chat only to route it, with its own tokenizer, which may not be the
 replicas': its chat template's refusal of the messages is not the answer (the chat is
 routed on the built-in layout and its replica judges it), while a chat malformed whatever
-the template is still the gateway's 400."""
+the template is still the gateway's 400. Its ``add_generation_prompt`` and
+``continue_final_message`` are read as the engine (and vLLM) read them: "no", 0 and
+"false" are false, "yes", 1 and "true" true."""
 
 from __future__ import annotations
 
@@ -81,3 +83,28 @@ def test_a_chat_the_gateways_template_refuses_reaches_its_replica(
         assert answer.status_code == 400, answer.text
         assert "x-kvgate-replica" not in answer.headers
         assert answer.json()["error"]["param"] == param, answer.text
+
+
+@pytest.mark.parametrize(("fields", "same_as"), [
+    ({"add_generation_prompt": "no"}, {"add_generation_prompt": False}),
+    ({"add_generation_prompt": 0}, {"add_generation_prompt": False}),
+    ({"add_generation_prompt": "true"}, {}),
+    ({"continue_final_message": "yes", "add_generation_prompt": "false"},
+     {"continue_final_message": True, "add_generation_prompt": False}),
+    ({"continue_final_message": 1, "add_generation_prompt": 0},
+     {"continue_final_message": True, "add_generation_prompt": False}),
+])
+def test_the_turn_fields_are_read_as_the_engine_reads_them(
+        serve: Serve, engine: LiveEngine, fields: dict[str, Any],
+        same_as: dict[str, Any]) -> None:
+    # kv_events encodes the whole chat: the gateway's count is its whole rendered prompt
+    gw = start_gateway(serve, [("e0", engine.url)], policy={"name": "kv_events"})
+    chat = [{"role": "user", "content": "Write a haiku"},
+            {"role": "assistant", "content": "Autumn moon"}]
+    answer = _chat(gw, chat, **fields)
+    assert answer.status_code == 200, answer.text
+    served = answer.json()["usage"]["prompt_tokens"]
+    assert _chat(gw, chat, **same_as).json()["usage"]["prompt_tokens"] == served
+    routed = _explained(gw, chat, **fields)
+    assert routed.status_code == 200, routed.text
+    assert routed.json()["prompt_tokens"] == served, (fields, routed.json())
