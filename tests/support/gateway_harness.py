@@ -35,11 +35,13 @@ class Gateway:
 
 def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -> Gateway:
     """A gateway (round robin unless ``policy`` says) in front of ``replicas`` (id, url),
-    health-checked and scraped every 0.2 s, its admin API open to loopback."""
+    health-checked and scraped every 0.2 s, its admin API open to loopback. One failed
+    check ejects a replica; a check waits 2 s for its answer, so a loaded test machine's
+    slow answer is not taken for a failure."""
     config = parse_config({
         "replicas": [{"id": rid, "url": url} for rid, url in replicas],
         "policy": extra.pop("policy", {"name": "round_robin"}),
-        "health": {"interval_s": 0.2, "timeout_s": 0.5, "failures_to_eject": 1},
+        "health": {"interval_s": 0.2, "timeout_s": 2.0, "failures_to_eject": 1},
         "scrape": {"interval_s": 0.2},
         "admin": {"token": ADMIN_TOKEN, "allow_networks": ["127.0.0.0/8"]},
         **extra,
