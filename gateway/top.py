@@ -13,16 +13,16 @@ scrapes them (``scrape.interval_s``), so the window should span several scrapes.
 from __future__ import annotations
 
 import argparse
-import http.client
+import asyncio
 import json
+import math
 import os
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from typing import Any
+from typing import Any, NamedTuple
 
+import aiohttp
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -38,7 +38,11 @@ _SECONDS = float_between(0.05, 86400.0, " seconds")
 
 
 class AdminError(Exception):
-    """The admin API could not be read; the message says why."""
+    """The admin API could not be read; the message says why, as ``printable`` text (it
+    may quote what the admin endpoint answered)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
 
 
 def admin_url(text: str) -> str:
@@ -56,17 +60,6 @@ def admin_url(text: str) -> str:
     return url.rstrip("/")
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """Answer a redirect as the error it is here: urllib would send the admin token on
-    to wherever it points (the admin API itself never redirects)."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirects)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin", type=admin_url, default="http://127.0.0.1:8001",
                         help="the gateway's admin listener: http://admin.host:admin.port "
@@ -80,40 +73,96 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
 
 
-def fetch(admin: str, token: str, timeout_s: float = 2.0) -> dict[str, Any]:
-    """One ``/admin/top`` snapshot; ``AdminError`` with the gateway's message if refused,
-    or naming what it lacks when it is no snapshot (a replica without an ``id``)."""
-    req = urllib.request.Request(f"{admin.rstrip('/')}/admin/top",
-                                 headers={"Authorization": f"Bearer {token}"})
+FETCH_TIMEOUT_S = 2.0  # for one read, whole: connecting, the answer's head and its body
+MAX_SNAPSHOT_BYTES = 16 << 20  # tens of thousands of replicas; a larger answer is refused
+_MAX_ERROR_BYTES = 64 << 10  # of an error's body, read for its message
+
+
+class _Answer(NamedTuple):
+    status: int
+    reason: str
+    location: str | None
+    body: bytes | None  # None: longer than the bound it was read with, not read
+
+
+def fetch(admin: str, token: str, timeout_s: float = FETCH_TIMEOUT_S) -> dict[str, Any]:
+    """One ``/admin/top`` snapshot, read whole within ``timeout_s`` and from at most
+    ``MAX_SNAPSHOT_BYTES``; ``AdminError`` with the gateway's message if refused, or
+    naming what it lacks when it is no snapshot (a replica without an ``id``). The token
+    goes only to ``admin``: no proxy of the environment is used and no redirect followed
+    (the admin API itself never redirects)."""
+    url = f"{admin.rstrip('/')}/admin/top"
     try:
-        with _OPENER.open(req, timeout=timeout_s) as resp:
-            data = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read())["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = exc.reason
-        if 300 <= exc.code < 400:
-            message = (f"a redirect to {exc.headers.get('Location')!r}, not followed "
+        answer = asyncio.run(_get(url, token, timeout_s))
+    except TimeoutError:  # before OSError, which it is
+        raise AdminError(f"{url} did not answer within {timeout_s:g} s") from None
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        raise AdminError(f"cannot read {url}: {exc}") from exc
+    if not 200 <= answer.status < 300:
+        if 300 <= answer.status < 400:
+            message = (f"a redirect to {answer.location!r}, not followed "
                        "(the admin token goes only to --admin)")
-        raise AdminError(f"{admin} answered {exc.code}: {message}") from exc
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
-        raise AdminError(f"cannot read {admin}/admin/top: {exc}") from exc
+        elif answer.body is None:
+            message = f"{answer.reason} (a body over {_MAX_ERROR_BYTES} bytes, not read)"
+        else:
+            message = _error_message(answer.body) or answer.reason
+        raise AdminError(f"{admin} answered {answer.status}: {message}")
+    if answer.body is None:
+        raise AdminError(f"{url} answered over {MAX_SNAPSHOT_BYTES} bytes, not read: no "
+                         "fleet snapshot is that large")
+    try:
+        data = json.loads(answer.body.decode())  # JSON is UTF-8 (RFC 8259)
+    except RecursionError:
+        raise AdminError(f"{url} answered JSON nested too deep for a fleet snapshot") from None
+    except ValueError as exc:
+        raise AdminError(f"cannot read {url}: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
-        raise AdminError(f"{admin}/admin/top did not answer a fleet snapshot")
+        raise AdminError(f"{url} did not answer a fleet snapshot")
     for i, rep in enumerate(data["replicas"]):
         try:
             replica_id(i, rep)
         except ValueError as exc:
-            raise AdminError(f"{admin}/admin/top: {exc}") from None
+            raise AdminError(f"{url}: {exc}") from None
     return data
 
 
-def _printable(value: object) -> str:
+async def _get(url: str, token: str, timeout_s: float) -> _Answer:
+    """``GET url`` with the token, bounded as ``fetch`` says: a ``TimeoutError`` past
+    ``timeout_s`` however slowly the answer comes."""
+    async with asyncio.timeout(timeout_s), aiohttp.ClientSession(
+            trust_env=False, auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None)) as session, session.get(
+            url, allow_redirects=False, headers={
+                "Authorization": f"Bearer {token}", "Accept-Encoding": "identity"}) as resp:
+        limit = MAX_SNAPSHOT_BYTES if 200 <= resp.status < 300 else _MAX_ERROR_BYTES
+        body: bytes | None = None
+        if resp.content_length is None or resp.content_length <= limit:
+            read = bytearray()
+            async for chunk in resp.content.iter_any():
+                read += chunk
+                if len(read) > limit:
+                    break
+            else:
+                body = bytes(read)
+        return _Answer(resp.status, resp.reason or "", resp.headers.get("Location"), body)
+
+
+def _error_message(body: bytes) -> str | None:
+    """The message of the gateway's error body (``{"error": {"message": ...}}``)."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return str(message)
+
+
+def printable(value: object) -> str:
     """``value`` as text a terminal shows and never obeys: control characters (an
     escape sequence's ESC, a carriage return) and format characters (a bidirectional
-    override) written as escapes. Replica ids, route reasons and a replica's last error
-    (which may quote its error body) come from the gateway's snapshot."""
+    override) written as escapes. For what an operator tool shows that it did not write:
+    what the gateway's snapshot carries (replica ids, route reasons, a replica's last
+    error, which may quote its error body), what the admin endpoint answers, and what a
+    capture log holds (``kvgate audit``)."""
     text = str(value)
     if text.isprintable():
         return text
@@ -123,7 +172,7 @@ def _printable(value: object) -> str:
 
 
 def _rate(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+    return "-" if value is None or not math.isfinite(value) else format(value, fmt)
 
 
 MISSING = "?"  # a cell whose field the snapshot lacks, or gives as no number
@@ -137,8 +186,8 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
     snapshot first)."""
     title = Text.assemble(
         ("kvgate top", "bold"), f"  {admin}  policy "
-        f"{_printable(snapshot.get('policy', '?'))}  window {window.window_s:g} s (replica "
-        f"counters scraped every {_printable(snapshot.get('scrape_interval_s', '?'))} s)")
+        f"{printable(snapshot.get('policy', '?'))}  window {window.window_s:g} s (replica "
+        f"counters scraped every {printable(snapshot.get('scrape_interval_s', '?'))} s)")
     table = Table(expand=False)
     for name, justify in (("replica", "left"), ("health", "left"), ("queued tok", "right"),
                           ("in flight", "right"), ("KV use", "right"),
@@ -171,17 +220,18 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
         if healthy is True:
             health = Text("healthy", "green")
         elif healthy is False:
-            health = Text(f"DOWN {_printable(rep.get('last_error') or '')}".strip(), "red")
+            health = Text(f"DOWN {printable(rep.get('last_error') or '')}".strip(), "red")
         else:
             health = Text(MISSING)
             missing.add("healthy")
-        reasons = ", ".join(f"{_printable(k)} {v}" for k, v in sorted(
+        reasons = ", ".join(f"{printable(k)} {v}" for k, v in sorted(
             rates.reasons.items(), key=lambda kv: -kv[1])) or "-"
         # Text, not str: a str cell is read as rich markup ('[/]' in an id raised)
-        table.add_row(Text(_printable(rid)), health, cell(rep, "queued_tokens", ","),
+        table.add_row(Text(printable(rid)), health, cell(rep, "queued_tokens", ","),
                       cell(rep, "in_flight", ","), cell(rep, "kv_usage", ".0%"),
                       hit, rps, Text(reasons))
-    footer = Text(f"fleet: {len(snapshot['replicas'])} replicas, {total_rps:.2f} req/s")
+    footer = Text(f"fleet: {len(snapshot['replicas'])} replicas, "
+                  f"{_rate(total_rps, '.2f')} req/s")
     parts: list[Any] = [title, table, footer]
     if gauge_only:
         parts.append(Text("* the replica exports a hit-rate gauge, not counters: its own "

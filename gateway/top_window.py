@@ -12,7 +12,8 @@ A counter that goes backwards (the replica restarted, or left and came back) res
 replica's window. The hit rate starts from the window's oldest sample that has the
 counters: a replica's first samples may have none (not yet scraped). A counter the
 snapshot lacks, or gives as no number (a gateway of another version), is no counter: the
-rate it feeds is None, never an error.
+rate it feeds is None, never an error; so is one no float holds (NaN, Infinity, an integer
+past 1.8e308), and a rate that comes out no finite number is None too.
 
 Samples closer together than ``window_s / _MAX_SAMPLES`` are thinned (of three such, the
 middle one goes), so a replica holds at most about ``2 * _MAX_SAMPLES`` of them however
@@ -21,6 +22,7 @@ many reads the window spans, and the window's start is found to within that gap.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -54,11 +56,25 @@ def _went_back(old: Sample, new: Sample) -> bool:
 
 
 def number(value: object) -> float | None:
-    """A counter or gauge of the snapshot: None unless it is a number (JSON's true and
-    false are none)."""
+    """A counter or gauge of the snapshot: None unless it is a finite number a float
+    holds (JSON's true and false, NaN, Infinity and an integer past 1.8e308 are none)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return value
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:  # an integer no float holds
+        return None
+
+
+def _counter(value: object) -> float | None:
+    """``number(value)`` as a float: differences of counters are taken in floats, which
+    overflow to infinity, never to an error."""
+    n = number(value)
+    return None if n is None else float(n)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def replica_id(index: int, rep: object) -> str:
@@ -94,8 +110,9 @@ class TopWindow:
         ids = [replica_id(i, rep) for i, rep in enumerate(replicas)]
         seen = set(ids)
         for rid, rep in zip(ids, replicas, strict=True):
-            sample = Sample(at, number(rep.get("hit_tokens")), number(rep.get("query_tokens")),
-                            number(rep.get("requests")), _reasons(rep.get("reasons")))
+            sample = Sample(at, _counter(rep.get("hit_tokens")),
+                            _counter(rep.get("query_tokens")), _counter(rep.get("requests")),
+                            _reasons(rep.get("reasons")))
             series = self._series.setdefault(rid, deque())
             if series and _went_back(series[-1], sample):
                 series.clear()
@@ -130,4 +147,4 @@ class TopWindow:
         rps = None
         if span > 0 and new.requests is not None and old.requests is not None:
             rps = (new.requests - old.requests) / span
-        return ReplicaRates(span, hit_rate, rps, reasons)
+        return ReplicaRates(span, _finite(hit_rate), _finite(rps), reasons)
