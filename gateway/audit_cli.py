@@ -21,10 +21,23 @@ from pathlib import Path
 
 from gateway.capture import CaptureRecord
 from gateway.layout_audit import ADVICE, AuditLimits, AuditReport, audit
+from gateway.top import printable
+from kvwire.arg_types import positive_int
 
 MAX_LINE_BYTES = 256 << 20  # a longer line is no capture record (see the module)
 _PIECE_BYTES = 1 << 20  # a line is read at most this much at a time
 _MIB = 1 << 20
+
+
+def _request_count(text: str) -> int:
+    """``--max-requests``: an integer from 1 to the most requests a list can hold."""
+    try:
+        value = positive_int(text)
+    except ValueError:  # not ArgumentTypeError: no integer
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value > sys.maxsize:
+        raise argparse.ArgumentTypeError(f"must be at most {sys.maxsize}, got {value}")
+    return value
 
 
 @dataclass(slots=True)
@@ -41,9 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json, as the "
                         "gateway's 'tokenizer' (default: the project's)")
     defaults = AuditLimits()
-    parser.add_argument("--max-requests", type=int, default=defaults.max_requests,
+    parser.add_argument("--max-requests", type=_request_count, default=defaults.max_requests,
                         help="read only the last N requests (default %(default)s)")
-    parser.add_argument("--min-tokens-lost", type=int, default=defaults.min_tokens_lost,
+    parser.add_argument("--min-tokens-lost", type=positive_int,
+                        default=defaults.min_tokens_lost,
                         help="ignore a divergence that costs a request fewer tokens "
                         "(default %(default)s)")
     parser.add_argument("--max-line-mb", type=float, default=MAX_LINE_BYTES / _MIB,
@@ -131,7 +145,9 @@ def _lines(path: Path, max_line_bytes: int) -> Iterator[bytes | None]:
 
 
 def format_report(report: AuditReport) -> str:
-    """The report for a reader: one paragraph per finding, largest loss first."""
+    """The report for a reader: one paragraph per finding, largest loss first. What
+    comes from the capture log (a model, a tenant, the text of a prompt) is shown as
+    ``printable`` text: a client's prompt never sends the reader's terminal a code."""
     lines = [f"{report.requests} requests, {report.prompt_tokens} prompt tokens"
              + (f" ({report.skipped} not readable)" if report.skipped else "")]
     if not report.findings:
@@ -142,11 +158,12 @@ def format_report(report: AuditReport) -> str:
     lines.append(f"{len(report.findings)} findings; a fix would make about {lost} more "
                  f"prompt tokens cacheable ({share:.1%} of all)")
     for n, f in enumerate(report.findings, 1):
-        who = f"model {f.model}" + (f", tenant {f.tenant}" if f.tenant else "")
+        who = f"model {printable(f.model)}" + (
+            f", tenant {printable(f.tenant)}" if f.tenant else "")
         lines += ["",
                   f"{n}. {f.cause} at token {f.position} ({who}): {f.requests_affected} "
                   f"requests, {f.tokens_lost} tokens lost",
-                  f"   {f.context}",
+                  f"   {printable(f.context)}",
                   f"   fix: {ADVICE[f.cause]}"]
     return "\n".join(lines)
 
