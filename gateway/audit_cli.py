@@ -21,8 +21,8 @@ from pathlib import Path
 
 from gateway.capture import CaptureRecord
 from gateway.layout_audit import ADVICE, AuditLimits, AuditReport, audit
-from gateway.top import printable
 from kvwire.arg_types import positive_int
+from kvwire.terminal_text import printable
 
 MAX_LINE_BYTES = 256 << 20  # a longer line is no capture record (see the module)
 _PIECE_BYTES = 1 << 20  # a line is read at most this much at a time

@@ -31,6 +31,7 @@ from rich.text import Text
 from gateway.top_window import TopWindow, number, replica_id
 from kvwire.arg_types import float_between
 from kvwire.secret_source import check_bearer
+from kvwire.terminal_text import printable
 
 TOKEN_ENV = "KVGATE_ADMIN_TOKEN"
 # --interval and --window, in seconds: from a twentieth of a second to a day
@@ -154,21 +155,6 @@ def _error_message(body: bytes) -> str | None:
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
     return str(message)
-
-
-def printable(value: object) -> str:
-    """``value`` as text a terminal shows and never obeys: control characters (an
-    escape sequence's ESC, a carriage return) and format characters (a bidirectional
-    override) written as escapes. For what an operator tool shows that it did not write:
-    what the gateway's snapshot carries (replica ids, route reasons, a replica's last
-    error, which may quote its error body), what the admin endpoint answers, and what a
-    capture log holds (``kvgate audit``)."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else
-                   f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
-                   for ch in text)
 
 
 def _rate(value: float | None, fmt: str) -> str:
