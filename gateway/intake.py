@@ -12,6 +12,7 @@ from typing import NamedTuple
 from starlette.requests import Request
 
 from gateway.admission import Slot
+from gateway.monitor import MODEL_ID_CHARS
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
@@ -101,19 +102,24 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
     models are known, or while a replica lists more than the gateway keeps); the error
     names only the models the tenant may use, the first ``SHOWN_MODELS`` of them. A model
     none lists is looked for again first (``Monitor.refresh_all_models``: loaded at run
-    time, or a replica restarted with it), by every worker of a box alike (``box_feed``)."""
+    time, or a replica restarted with it), by every worker of a box alike
+    (``box_feed``); one too long for any list (``MODEL_ID_CHARS``) is not, and its error
+    says why."""
     allowed = gw.tenancy.allowed(tenant)
     if gw.fleet.lists(model, allowed):  # as most requests are: the set of every model
         return  # (100 replicas of 1,024 adapters: 100,000 names) is built for the others
     known = gw.fleet.models(allowed)
+    too_long = model is not None and len(model) > MODEL_ID_CHARS  # never listed
     if known and model not in known and not gw.fleet.models_cut() \
-            and gw.monitor is not None:
+            and gw.monitor is not None and not too_long:
         await gw.monitor.refresh_all_models()
         known = gw.fleet.models(allowed)
     if known and model not in known and not gw.fleet.models_cut():
         # the name's start only: a body may hold megabytes of it
+        why = (f" (model names over {MODEL_ID_CHARS} characters are not routed: a replica "
+               f"that lists one has it left out of its models)") if too_long else ""
         raise NotFound(f"model {shown(model, MODEL_SHOWN_CHARS)} is not served by any "
-                       f"replica; available: {_some(known)}", param="model",
+                       f"replica{why}; available: {_some(known)}", param="model",
                        code="model_not_found")
 
 

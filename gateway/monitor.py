@@ -30,8 +30,10 @@ from gateway.config import HealthConfig, ScrapeConfig
 from gateway.data_parallel import group_of
 from gateway.fleet import Fleet, ModelInfo, ReplicaState
 from gateway.kv_capacity_estimate import CapacityEstimator, Mark
+from gateway.log_throttle import LogThrottle
 from gateway.periodic import stop_tasks
 from gateway.replica_metrics import ScrapedMetrics, parse_metrics, parse_rank_metrics, stale_copy
+from kvwire.media_parts import shown
 
 log = logging.getLogger("kvgate.monitor")
 
@@ -40,7 +42,14 @@ log = logging.getLogger("kvgate.monitor")
 # them is not refused (``Fleet.models_cut``)
 MODELS_BYTES = 1 << 20
 MAX_MODELS = 1024
-MODEL_ID_CHARS = 256
+# an id (a ``root``, a ``parent``) is kept whole up to this length, never cut: a cut id is a
+# name no replica serves. Longer ids are left out of what routing knows, with a warning
+# (``_routable``), and a request naming one is told why it is refused
+# (``intake.check_model``). Real names fit with room (a Hugging Face repo id is an owner, a
+# slash and a name of at most 96 characters; an adapter named by its path, a few hundred),
+# and 1,024 ids of 1,024 characters are the 1 MiB a listing is read to anyway
+MODEL_ID_CHARS = 1024
+_SKIPPED_LOG_S = 60.0  # a warning of ids left out, at most once a minute
 HEALTH_BYTES = 64 << 10  # a /health answer is read this far at most (its status counts)
 _PARSE_INLINE_BYTES = 256 << 10  # a /metrics page past this is parsed on a thread
 _SAID_CHARS = 240  # of a parser's error, in a log line
@@ -62,9 +71,14 @@ Call = Callable[[list[ReplicaState]], Awaitable[None]]
 def model_info(listed: dict[str, object]) -> ModelInfo:
     """A /v1/models entry's fields beyond its id, where they have the types vLLM gives."""
     root, parent, length = listed.get("root"), listed.get("parent"), listed.get("max_model_len")
-    return ModelInfo(root[:MODEL_ID_CHARS] if isinstance(root, str) else None,
-                     parent[:MODEL_ID_CHARS] if isinstance(parent, str) else None,
+    return ModelInfo(root if _routable(root) else None,
+                     parent if _routable(parent) else None,
                      length if type(length) is int and length > 0 else None)
+
+
+def _routable(name: object) -> bool:
+    """Whether ``name`` is a string the gateway keeps whole (``MODEL_ID_CHARS``)."""
+    return isinstance(name, str) and len(name) <= MODEL_ID_CHARS
 
 
 class Monitor:
@@ -81,6 +95,7 @@ class Monitor:
         self._scrapes = _Schedule("scrape", scrape.interval_s)
         self._models_round: asyncio.Task[None] | None = None  # ``refresh_all_models``
         self._models_round_at = -math.inf
+        self._skipped_log = LogThrottle(_SKIPPED_LOG_S)  # ids over ``MODEL_ID_CHARS``
         # the data-parallel replicas warned of their ranks, with the size each was warned
         # at (``_check_ranks``): those still in the fleet
         self._ranks_told: dict[str, int] = {}
@@ -230,15 +245,30 @@ class Monitor:
         items = data.get("data") if isinstance(data, dict) else None
         if isinstance(items, list):
             listed = [m for m in items if isinstance(m, dict) and "id" in m]
+            too_long = [m for m in listed if not _routable(str(m["id"]))]
+            if too_long:
+                self._skipped(state, [str(m["id"]) for m in too_long])
+                listed = [m for m in listed if _routable(str(m["id"]))]
             if len(listed) > MAX_MODELS:
                 log.warning("replica %s serves %d models; routing knows its first %d and "
                             "sends it the others too", state.id, len(listed), MAX_MODELS)
-            info = {str(m["id"])[:MODEL_ID_CHARS]: model_info(m) for m in listed[:MAX_MODELS]}
+            info = {str(m["id"]): model_info(m) for m in listed[:MAX_MODELS]}
             for one in every:
                 one.model_info = dict(info)
                 one.models_cut = len(listed) > MAX_MODELS
                 one.models_at = time.monotonic()
             self.fleet.changed()
+
+    def _skipped(self, state: ReplicaState, ids: list[str]) -> None:
+        """A warning (at most one a ``_SKIPPED_LOG_S``) of ``state``'s ids too long to
+        route by, named by their start."""
+        held = self._skipped_log.due()
+        if held is not None:
+            log.warning("replica %s lists %d model(s) whose id is over %d characters: "
+                        "left out of its models, and requests naming them are refused "
+                        "(the first: %s)%s", state.id,
+                        len(ids), MODEL_ID_CHARS, shown(ids[0], 80),
+                        f"; {held} such listing(s) since the last warning" if held else "")
 
     def _current(self, state: ReplicaState) -> bool:
         """Whether ``state`` is still the fleet's replica of its id: one removed while
