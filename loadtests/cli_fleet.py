@@ -3,6 +3,8 @@
 ``kvgate fleet up --replicas 4 --executor sim --policy prefix_affinity`` starts the fleet,
 prints the gateway's URL and waits; Ctrl-C stops every process it started. With
 ``--detach`` it returns once the fleet is ready; ``kvgate fleet down`` stops it later.
+The state directory (``--state-dir``, else ``$KVGATE_FLEET_DIR``, else
+``/tmp/kvgate-fleet-<uid>``) must be this user's alone (``loadtests.local_fleet``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,13 @@ its session). A state file (``fleet.json`` in the
 fleet's directory) records the processes so that ``kvgate fleet down`` in another shell
 can stop a fleet left running.
 
+The state directory is this user's alone: one that is absent is made mode 0700, and one
+owned by another user or writable by group or others is refused (as ssh and tmux refuse
+theirs), since whoever may write there could swap the gateway config the fleet loads or
+plant links that its writes would follow. The fleet writes its files there without
+following links: logs are made afresh, configs and the state file written under a fresh
+name and renamed into place.
+
 Each process runs in its own session, so a Ctrl-C in the terminal reaches only the
 controlling ``kvgate fleet up`` (or load-test) process, which then stops the fleet in
 order: gateway first, then the engines.
@@ -26,6 +33,7 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -51,7 +59,8 @@ def default_state_dir() -> Path:
 
 
 class FleetError(RuntimeError):
-    """A fleet process failed to start or to become ready; the message says which."""
+    """A fleet process failed to start or to become ready, or the state directory is not
+    this user's alone; the message says which."""
 
 
 class FleetCancelled(FleetError):
@@ -240,6 +249,54 @@ def kill_session(session: int) -> None:
         time.sleep(0.02)
 
 
+def prepare_state_dir(path: Path) -> None:
+    """Make ``path`` (mode 0700) if absent, then ``check_state_dir`` it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    check_state_dir(path)
+
+
+def check_state_dir(path: Path) -> None:
+    """``FleetError`` unless ``path`` is a directory that this user owns and that neither
+    group nor others may write; a link to one counts only when this user owns the link."""
+    me = os.geteuid()
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        if st.st_uid != me:
+            raise FleetError(f"state directory {path} is a link owned by uid {st.st_uid}, "
+                             f"not by uid {me}: remove it or pick another with --state-dir")
+        st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise FleetError(f"state directory {path} is not a directory")
+    if st.st_uid != me:
+        raise FleetError(f"state directory {path} is owned by uid {st.st_uid}, not by uid "
+                         f"{me}: remove it or pick another with --state-dir")
+    if st.st_mode & 0o022:
+        raise FleetError(f"state directory {path} is writable by group or others (mode "
+                         f"{stat.S_IMODE(st.st_mode):04o}): `chmod 700` it")
+
+
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def create_file(path: Path) -> int:
+    """A descriptor of a new empty file at ``path`` (mode 0600) open for writing: what was
+    there is removed first, a link too, never followed."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return os.open(path, _NEW_FILE, 0o600)
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (mode 0600) through a fresh name renamed over it: a link
+    at ``path`` is replaced, never followed, and no reader sees the file half written."""
+    fresh = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+    with open(os.open(fresh, _NEW_FILE, 0o600), "w") as out:
+        out.write(text)
+    os.replace(fresh, path)
+
+
 @dataclass(slots=True)
 class _Proc:
     name: str
@@ -284,7 +341,7 @@ class LocalFleet:
         if self._cancelled.is_set():
             raise FleetCancelled(f"cancelled before {name} started")
         log = self.dir / f"{name}.log"
-        with open(log, "wb") as out:
+        with open(create_file(log), "wb") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "kvgate", "--log-level", "WARNING", *argv],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -325,7 +382,7 @@ class LocalFleet:
 
     def start(self, timeout_s: float = 60.0) -> None:
         spec = self.spec
-        self.dir.mkdir(parents=True, exist_ok=True)
+        prepare_state_dir(self.dir)
         if (self.dir / STATE_FILE).exists():
             raise FleetError(f"a fleet is already recorded in {self.dir / STATE_FILE}; "
                              "stop it with `kvgate fleet down` first")
@@ -370,7 +427,7 @@ class LocalFleet:
                                        "secret": secret}
                 name = "gateway" if copy == 0 else f"gateway-{copy + 1}"
                 config_path = self.dir / f"{name}.yaml"
-                config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+                replace_file(config_path, yaml.safe_dump(config, sort_keys=False))
                 url = f"http://{spec.host}:{port}"
                 gateways.append((self._spawn(name, ["serve", "--config", str(config_path)]),
                                  url))
@@ -395,7 +452,7 @@ class LocalFleet:
             "processes": [{"name": p.name, "pid": p.popen.pid, "log": str(p.log)}
                           for p in self._procs],
         }
-        (self.dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+        replace_file(self.dir / STATE_FILE, json.dumps(state, indent=2))
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the gateway, then the engines, each with what it started; idempotent."""
@@ -430,8 +487,13 @@ def _is_fleet_process(pid: int) -> bool:
 
 
 def stop_recorded(state_dir: Path | None = None, grace_s: float = 10.0) -> int:
-    """Stop the fleet recorded in ``state_dir``; returns how many processes were signalled."""
-    path = (state_dir or default_state_dir()) / STATE_FILE
+    """Stop the fleet recorded in ``state_dir`` (``FleetError`` when that directory is not
+    this user's alone); returns how many processes were signalled."""
+    where = state_dir or default_state_dir()
+    if not os.path.lexists(where):
+        return 0
+    check_state_dir(where)
+    path = where / STATE_FILE
     if not path.exists():
         return 0
     try:
