@@ -9,12 +9,19 @@ engines, the gateway's own request path), and recommends a policy and a replica 
 
 ``--model DIR`` (a ``config.json``) replaces ``--profile``; ``--scenario NAME`` or
 ``--workload capture.jsonl`` replace the document numbers.
+
+The simulation builds what it is asked to: a fleet of more than ``MAX_SIM_REPLICAS``
+replicas or ``MAX_FLEET_BLOCKS`` KV blocks, a library of more than ``MAX_SIM_DOCS``
+documents, or documents longer than the model's context are refused (a ``ValueError``
+naming the flag and the most it takes) unless ``--sim-requests 0``, which sizes them by
+the arithmetic alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from dataclasses import asdict, replace
@@ -25,7 +32,7 @@ import yaml
 
 from engine.cost_model import ModelShape, load_profile
 from engine.hf_shape import ModelSizing, sizing_from_dir
-from engine.kv_sizing import window_blocks
+from engine.kv_sizing import GIB, window_blocks
 from kvwire.arg_types import float_between, non_negative_int, positive_float, positive_int
 from loadtests.plan_arithmetic import (
     MIB,
@@ -37,9 +44,10 @@ from loadtests.plan_arithmetic import (
     request_blocks,
 )
 from loadtests.plan_report import render
-from loadtests.plan_simulation import PolicyFigures, simulate_policies
+from loadtests.plan_simulation import RUNNING_PROMPTS, PolicyFigures, fleet_spec, simulate_policies
 from loadtests.plan_workload import PlanWorkload, from_capture, from_numbers, from_scenario
 from loadtests.scenarios import SCENARIOS
+from loadtests.sim_fleet import MAX_FLEET_BLOCKS
 from loadtests.simulate import policy_names
 
 DEFAULT_POLICIES = "round_robin,prefix_affinity,cost"
@@ -47,6 +55,11 @@ DEFAULT_POLICIES = "round_robin,prefix_affinity,cost"
 # simulation keeps a record for every block of it)
 IDLE_KV_GIB = float_between(0.0, 4096.0, " GiB", open_low=True)
 HIT_RATE_TIE = 0.02  # token hit rates closer than this are a tie, decided by p95 TTFT
+# what the simulation builds at most (each replica an engine, each document a weight of
+# the generator's draw); --sim-requests 0 sizes any fleet and library by the arithmetic
+MAX_SIM_REPLICAS = 1024
+MAX_SIM_DOCS = 1_000_000
+_NO_SIM = "--sim-requests 0 sizes it by the arithmetic alone"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +126,43 @@ def _workload(args: argparse.Namespace) -> PlanWorkload:
                             args.sim_requests, seed=args.seed)
     docs, doc_tokens, hot = (default if getattr(args, name) is None else getattr(args, name)
                              for _, name, default in _LIBRARY_FLAGS)
+    if args.sim_requests and docs > MAX_SIM_DOCS:  # the generator weighs each document
+        raise ValueError(f"--docs {docs}: the simulation draws from at most "
+                         f"{MAX_SIM_DOCS:,} documents; {_NO_SIM}")
     return from_numbers(docs, doc_tokens, hot, args.hot_share, args.sim_requests, args.seed)
+
+
+def _check_simulation(args: argparse.Namespace, work: PlanWorkload, profile: str,
+                      idle: float, bytes_per_request: int) -> None:
+    """``ValueError`` naming the flag, before anything is built, where the simulation
+    would be asked for more than it builds (see the module): documents with their
+    questions longer than the model's context, or more KV blocks than
+    ``MAX_FLEET_BLOCKS``."""
+    context = load_profile(profile).model.max_model_len
+    request_tokens = work.library.doc_tokens + work.library.tail_tokens
+    if not (args.scenario or args.workload) and request_tokens >= context:
+        raise ValueError(f"--doc-tokens {work.library.doc_tokens:.0f}: a document with its "
+                         f"question (~{request_tokens:,.0f} tokens) is longer than the "
+                         f"model's context of {context:,} tokens, which the simulated "
+                         f"engines refuse; {_NO_SIM}")
+    spec = fleet_spec(work, profile, args.replicas, idle, bytes_per_request)
+    per_replica, idle_blocks = spec.blocks(spec.kv_pool_gib), spec.blocks(idle)
+    if args.replicas * per_replica <= MAX_FLEET_BLOCKS:
+        return
+    # [0, idle_blocks) the idle KV, [idle_blocks, per_replica) the running requests'
+    most = [f"--replicas {MAX_FLEET_BLOCKS // per_replica:,}"] \
+        if per_replica <= MAX_FLEET_BLOCKS else []
+    idle_most = (MAX_FLEET_BLOCKS // args.replicas - (per_replica - idle_blocks)) * \
+        spec.kv_bytes_per_token() * spec.block_size / GIB
+    if idle_most > 0:  # rounded down to 4 digits: never past the most
+        step = 10.0 ** (math.floor(math.log10(idle_most)) - 3)
+        most.append(f"--idle-kv-gib {math.floor(idle_most / step) * step:.4g}")
+    running = f"{RUNNING_PROMPTS} prompts" if work.scenario is None else "requests"
+    raise ValueError(
+        f"--replicas {args.replicas} x --idle-kv-gib {idle:g} (and room for {running} "
+        f"running): {args.replicas * per_replica:,} KV blocks for the simulation to keep, "
+        f"more than its {MAX_FLEET_BLOCKS:,}"
+        + (f"; at most {' or '.join(most)} here" if most else "") + f"; {_NO_SIM}")
 
 
 def model_profile(model: str, gpu_profile: str, folder: Path) -> tuple[str, ModelSizing]:
@@ -217,6 +266,10 @@ def _policy_names(names_csv: str) -> list[str]:
 
 def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     policies = _policy_names(args.policies)
+    simulating = bool(policies) and args.sim_requests > 0
+    if simulating and args.replicas > MAX_SIM_REPLICAS:  # each an engine of its own
+        raise ValueError(f"--replicas {args.replicas}: the simulation builds at most "
+                         f"{MAX_SIM_REPLICAS:,} replicas; {_NO_SIM}")
     work = _workload(args)
     scenario = work.scenario
     idle = args.idle_kv_gib if args.idle_kv_gib is not None else (
@@ -232,9 +285,12 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         numbers = arithmetic(work.library, replace(
             fleet, kv_bytes_cached=shape.kv_bytes_cached)) \
             if _has_windows(shape) else every_layer
+        simulating = simulating and bool(work.requests)
+        if simulating:
+            _check_simulation(args, work, profile, idle, every_layer.bytes_per_request)
         figures = simulate_policies(work, policies, profile, args.replicas, idle,
                                     every_layer.bytes_per_request, rate, args.seed) \
-            if work.requests and args.sim_requests > 0 else {}
+            if simulating else {}
     # as the checkpoint stores them (a profile's: its quantization, if any), the bytes the
     # simulator's steps read
     weights = shape.weights

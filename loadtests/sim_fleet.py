@@ -46,6 +46,9 @@ from loadtests.workloads import WorkloadRequest
 from policies.base import ReplicaView
 
 DIALECTS = ("vllm", "kvgate", "vllm-no-capacity")
+# the most KV blocks a simulated fleet keeps, all its replicas' pools together: each
+# block is a few records in its pool (about 50 bytes), 2^24 of them ~0.8 GiB
+MAX_FLEET_BLOCKS = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,15 @@ class FleetSpec:
 
     def blocks(self, gib: float) -> int:
         return blocks_in_gib(gib, self.kv_bytes_per_token(), self.block_size)
+
+    def check_size(self) -> None:
+        """``ValueError`` where the replicas' pools together are more than
+        ``MAX_FLEET_BLOCKS`` blocks, before any is built."""
+        per_replica = self.blocks(self.kv_pool_gib)
+        if self.replicas * per_replica > MAX_FLEET_BLOCKS:
+            raise ValueError(f"{self.replicas:,} replicas x {per_replica:,} KV blocks "
+                             f"({self.kv_pool_gib:g} GiB) is more than the "
+                             f"{MAX_FLEET_BLOCKS:,} blocks a simulated fleet keeps")
 
 
 @dataclass(slots=True)
@@ -149,6 +161,7 @@ class SimFleet:
         if gateways < 1:
             raise ValueError(f"gateways must be >= 1, got {gateways!r}")
         spec.validate()
+        spec.check_size()
         self.spec = spec
         profile = load_profile(spec.profile)
         self.model_id = profile.model.name
