@@ -30,9 +30,10 @@ from typing import Any
 
 import yaml
 
-from engine.cost_model import ModelShape, load_profile
+from engine.cost_model import ModelShape, Profile, load_profile
 from engine.hf_shape import ModelSizing, sizing_from_dir
 from engine.kv_sizing import GIB, window_blocks
+from gateway.audit_cli import MAX_LINE_BYTES
 from kvwire.arg_types import float_between, non_negative_int, positive_float, positive_int
 from loadtests.plan_arithmetic import (
     MIB,
@@ -59,6 +60,8 @@ HIT_RATE_TIE = 0.02  # token hit rates closer than this are a tie, decided by p9
 # the generator's draw); --sim-requests 0 sizes any fleet and library by the arithmetic
 MAX_SIM_REPLICAS = 1024
 MAX_SIM_DOCS = 1_000_000
+# a capture line longer than this is skipped, never held whole: one byte to 2^42 MiB
+MAX_LINE_MB = float_between(1 / MIB, float(1 << 42), " MiB")
 _NO_SIM = "--sim-requests 0 sizes it by the arithmetic alone"
 
 
@@ -78,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--scenario", choices=sorted(SCENARIOS), default=None)
     work.add_argument("--workload", default=None, metavar="CAPTURE.jsonl",
                       help="a gateway capture: JSON lines with model and body")
+    parser.add_argument("--max-line-mb", type=MAX_LINE_MB, default=MAX_LINE_BYTES / MIB,
+                        help="with --workload: skip (and count) a line longer than this, "
+                             "never holding it whole (default %(default)g)")
     # a library of numbers, when no --scenario or --workload names one (None: the default)
     parser.add_argument("--docs", type=positive_int, default=None, help="default 2000")
     parser.add_argument("--doc-tokens", type=positive_int, default=None, help="default 6000")
@@ -123,7 +129,8 @@ def _workload(args: argparse.Namespace) -> PlanWorkload:
         if source is None and args.model and (Path(args.model) / "tokenizer.json").is_file():
             source = args.model
         return from_capture(args.workload, load_tokenizer(source), args.hot_share,
-                            args.sim_requests, seed=args.seed)
+                            args.sim_requests, seed=args.seed,
+                            max_line_bytes=max(1, int(args.max_line_mb * MIB)))
     docs, doc_tokens, hot = (default if getattr(args, name) is None else getattr(args, name)
                              for _, name, default in _LIBRARY_FLAGS)
     if args.sim_requests and docs > MAX_SIM_DOCS:  # the generator weighs each document
@@ -138,7 +145,7 @@ def _check_simulation(args: argparse.Namespace, work: PlanWorkload, profile: str
     would be asked for more than it builds (see the module): documents with their
     questions longer than the model's context, or more KV blocks than
     ``MAX_FLEET_BLOCKS``."""
-    context = load_profile(profile).model.max_model_len
+    context = _load_profile(profile, "--profile").model.max_model_len
     request_tokens = work.library.doc_tokens + work.library.tail_tokens
     if not (args.scenario or args.workload) and request_tokens >= context:
         raise ValueError(f"--doc-tokens {work.library.doc_tokens:.0f}: a document with its "
@@ -165,13 +172,22 @@ def _check_simulation(args: argparse.Namespace, work: PlanWorkload, profile: str
         + (f"; at most {' or '.join(most)} here" if most else "") + f"; {_NO_SIM}")
 
 
+def _load_profile(name: str, flag: str) -> Profile:
+    """``load_profile``, a file that is no text (``UnicodeDecodeError``) a ``ValueError``
+    naming ``flag`` and the file."""
+    try:
+        return load_profile(name)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{flag} {name}: not a profile ({exc})") from None
+
+
 def model_profile(model: str, gpu_profile: str, folder: Path) -> tuple[str, ModelSizing]:
     """The profile the simulator runs for ``--model``: the model's shape (a ``config.json``
     read by ``sizing_from_dir``) on ``gpu_profile``'s GPU, written to
     ``folder/model.yaml``; its path and the model's sizing (its weights' memory and what it
     assumed)."""
     sizing = sizing_from_dir(model)
-    gpu = load_profile(gpu_profile).gpu
+    gpu = _load_profile(gpu_profile, "--gpu-profile").gpu
     path = folder / "model.yaml"
     path.write_text(yaml.safe_dump({"name": sizing.shape.name,
                                     "model": asdict(sizing.shape), "gpu": asdict(gpu)}))
@@ -214,6 +230,15 @@ def _notes(shape: ModelShape, library: Library, block_size: int, numbers: Arithm
             "replicas_for_hot_set, the verdict, hot_prefill_reduction_arithmetic and the "
             f"replica count recommended, of {numbers.docs_per_replica:,} (the window "
             "layers kept to their window)"]
+
+
+def _skipped_note(work: PlanWorkload) -> list[str]:
+    """What a capture's skipped lines were: how many, the first and why."""
+    skipped = work.skipped
+    if not skipped.count:
+        return []
+    return [f"{skipped.count:,} lines of the capture gave no prompt and were skipped; the "
+            f"first, {skipped.first()}"]
 
 
 def _has_windows(shape: ModelShape) -> bool:
@@ -277,7 +302,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     rate = args.rate if args.rate is not None else work.rate_per_replica * args.replicas
     with tempfile.TemporaryDirectory(prefix="kvgate-plan-") as tmp:
         profile, sizing = _profile_path(args, work, Path(tmp))
-        shape = load_profile(profile).model
+        shape = _load_profile(profile, "--profile").model
         fleet = FleetSize(shape.kv_bytes_per_token, idle, args.replicas)
         every_layer = arithmetic(work.library, fleet)
         # sliding-window layers keep only their window's blocks (vLLM's hybrid KV cache
@@ -308,10 +333,13 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         "fleet": {"replicas": args.replicas, "idle_kv_gib": idle, "arrival_rate": rate},
         "workload": {"source": work.source, "estimated": work.estimated,
                      "hot_docs_seen": work.hot_docs_seen,
-                     "skipped_lines": work.skipped_lines, **asdict(work.library)},
+                     "skipped_lines": work.skipped.count,
+                     "first_skipped_line": work.skipped.first() or None,
+                     **asdict(work.library)},
         **asdict(numbers),
         "policies": {name: f.summary() for name, f in figures.items()},
-        "notes": [*(sizing.notes if sizing else ()),
+        "notes": [*_skipped_note(work),
+                  *(sizing.notes if sizing else ()),
                   *_notes(shape, work.library, fleet.block_size, numbers, every_layer)],
     }
     plan["hot_prefill_reduction_arithmetic"] = numbers.hot_prefill_reduction

@@ -11,16 +11,21 @@ Each becomes a ``Library`` for the arithmetic and a request stream for the simul
 * a capture (the gateway's JSONL, one ``{"model", "body"}`` per line, ``body`` with
   ``prompt`` or ``messages``, or ``/generate``'s ``text`` or ``input_ids``): prompts are
   tokenized, documents estimated from shared prefixes (``shared_prefixes``), and each
-  request replayed in order as its document followed by a tail of its own length.
+  request replayed in order as its document followed by a tail of its own length. A line
+  that gives no prompt (not JSON, not UTF-8, a body without a prompt or with a malformed
+  chat, longer than ``max_line_bytes``: read past in pieces, never held whole) is skipped
+  and counted, the first one's number and why kept (``SkippedLines``); a capture with no
+  usable line is refused, naming the file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.audit_cli import MAX_LINE_BYTES
 from gateway.capture import CaptureRecord
 from kvwire.tokenizer import PromptTokenizer
 from loadtests.plan_arithmetic import Library
@@ -37,6 +42,27 @@ from loadtests.workloads import (
 )
 
 RATE_PER_REPLICA = SCENARIOS["contracts"].rate / 8  # requests/s, the seed's library
+_PIECE_BYTES = 1 << 20  # a capture line is read at most this much at a time
+_MIB = 1 << 20
+
+
+@dataclass(slots=True)
+class SkippedLines:
+    """The lines of a capture that gave no prompt: how many, and the first one's number
+    (from 1, blank lines counted) and why."""
+
+    count: int = 0
+    first_line: int | None = None
+    first_reason: str | None = None
+
+    def add(self, line: int, reason: str) -> None:
+        if self.first_line is None:
+            self.first_line, self.first_reason = line, reason
+        self.count += 1
+
+    def first(self) -> str:
+        """The first skipped line, for a message: ``"line 7: why"`` (empty: none)."""
+        return "" if self.first_line is None else f"line {self.first_line}: {self.first_reason}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +74,8 @@ class PlanWorkload:
     scenario: Scenario | None = None
     estimated: bool = False  # the library was estimated from shared prefixes
     hot_docs_seen: int | None = None  # estimated: the hot set (library.hot_docs: at once)
-    skipped_lines: int = 0  # capture lines without a usable prompt
+    # a capture's lines without a usable prompt: how many, the first and why
+    skipped: SkippedLines = field(default_factory=SkippedLines)
 
 
 def from_numbers(docs: int, doc_tokens: int, hot: int, hot_share: float,
@@ -113,31 +140,63 @@ def _prompts(body: Mapping[str, Any], tokenizer: PromptTokenizer) -> Iterator[li
                 yield list(item)
 
 
-def read_capture(path: str | Path, tokenizer: PromptTokenizer,
-                 limit: int | None = None) -> tuple[list[list[int]], int]:
+def _lines(path: str | Path, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """``path``'s lines with their numbers (from 1), blank ones left out; ``None`` for one
+    longer than ``max_line_bytes``, whose pieces are let go as they are read."""
+    with open(path, "rb") as f:
+        number = 0
+        while True:
+            pieces: list[bytes] = []  # of the line being read, while within the bound
+            size = 0  # the line's bytes read so far
+            while True:
+                piece = f.readline(_PIECE_BYTES)
+                size += len(piece)
+                if size <= max_line_bytes:
+                    pieces.append(piece)
+                else:
+                    pieces.clear()
+                if piece.endswith(b"\n") or not piece:  # the line, or the file, ended
+                    break
+            if not size:
+                return
+            number += 1
+            if size > max_line_bytes:
+                yield number, None
+            else:
+                line = b"".join(pieces)
+                if line.strip():
+                    yield number, line
+
+
+def read_capture(path: str | Path, tokenizer: PromptTokenizer, limit: int | None = None,
+                 max_line_bytes: int = MAX_LINE_BYTES,
+                 skips: SkippedLines | None = None) -> tuple[list[list[int]], int]:
     """Token ids of the prompts in a capture (at most ``limit``), and the count of lines
-    without a usable ``body``."""
+    that gave none (see the module; counted, with the first, in ``skips``). Memory is
+    bounded by ``limit`` and ``max_line_bytes``, however many lines are skipped."""
     prompts: list[list[int]] = []
-    skipped = 0
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                body = CaptureRecord.from_json(line).body  # the gateway's capture format
-            except ValueError:  # orjson's decode error is one too
-                skipped += 1
-                continue
+    skips = SkippedLines() if skips is None else skips
+    for number, line in _lines(path, max_line_bytes):
+        if line is None:
+            skips.add(number, f"longer than {max_line_bytes / _MIB:g} MiB (--max-line-mb)")
+            continue
+        try:
+            body = CaptureRecord.from_json(line).body  # the gateway's capture format
+            # a chat the tokenizer's template refuses: ChatFormatError, a ValueError
             found = [ids for ids in _prompts(body, tokenizer) if ids]
-            if not found:  # none, or only empty ones ("prompt": "")
-                skipped += 1
-            prompts.extend(found)
-            if limit is not None and len(prompts) >= limit:
-                break
+        except ValueError as exc:  # orjson's decode error is one too
+            skips.add(number, str(exc) or type(exc).__name__)
+            continue
+        if not found:  # none, or only empty ones ("prompt": "")
+            skips.add(number, "no 'prompt', 'messages', 'text' or 'input_ids' with tokens")
+        prompts.extend(found)
+        if limit is not None and len(prompts) >= limit:
+            break
     if not prompts:
+        first = f"; the first, {skips.first()}" if skips.count else ""
         raise ValueError(f"{path}: no line has a 'body' with 'prompt', 'messages', 'text' "
-                         f"or 'input_ids' ({skipped} lines skipped)")
-    return prompts[:limit], skipped
+                         f"or 'input_ids' ({skips.count} lines skipped{first})")
+    return prompts[:limit], skips.count
 
 
 def replay_requests(found: Estimate, content: SegmentContent,
@@ -162,11 +221,13 @@ def replay_requests(found: Estimate, content: SegmentContent,
 
 def from_capture(path: str | Path, tokenizer: PromptTokenizer, hot_share: float,
                  sim_requests: int, block_size: int = 16, seed: int = 0,
-                 max_requests: int = 50_000) -> PlanWorkload:
-    prompts, skipped = read_capture(path, tokenizer, max_requests)
+                 max_requests: int = 50_000,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> PlanWorkload:
+    skips = SkippedLines()
+    prompts, _ = read_capture(path, tokenizer, max_requests, max_line_bytes, skips)
     units: Sequence[Sequence[Unit]] = [block_units(ids, block_size) for ids in prompts]
     found = estimate(units, hot_share)
     requests = replay_requests(found, SegmentContent(seed))[:sim_requests]
     return PlanWorkload(f"capture {path} ({len(prompts)} prompts)", found.library,
                         tuple(requests), RATE_PER_REPLICA, None, estimated=True,
-                        hot_docs_seen=len(found.hot), skipped_lines=skipped)
+                        hot_docs_seen=len(found.hot), skipped=skips)
