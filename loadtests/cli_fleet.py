@@ -129,9 +129,19 @@ def run(args: argparse.Namespace) -> int:
     if args.fleet_command == "up":
         return _up(args)
     try:
-        n = stop_recorded(args.state_dir)
+        stopped = stop_recorded(args.state_dir)
     except FleetError as exc:
         print(f"kvgate fleet down: {exc}", file=sys.stderr)
         return 1
-    print(f"stopped {n} processes" if n else "no fleet recorded")
+    if not stopped.recorded:
+        print("no fleet recorded")
+        return 0
+    gone = ", ".join(map(str, stopped.gone))
+    if stopped.stopped:
+        print(f"stopped {stopped.stopped} processes"
+              + (f"; those recorded as pids {gone} had already ended" if gone else ""))
+    else:
+        print("the recorded fleet had already stopped"
+              + (f" (none of pids {gone} runs it); " if gone else "; ")
+              + "removed its record")
     return 0

@@ -9,8 +9,13 @@ publishes its KV events (and serves replays) on ZMQ endpoints of its own, which 
 gateway config names. ``stop`` ends every process it
 started (SIGTERM, then SIGKILL after a grace period to each and to whatever it started in
 its session). A state file (``fleet.json`` in the
-fleet's directory) records the processes so that ``kvgate fleet down`` in another shell
-can stop a fleet left running.
+fleet's directory, once the fleet is ready) records the processes so that ``kvgate fleet
+down`` in another shell can stop a fleet left running; while the fleet starts,
+``fleet.starting.json`` records each process as it is spawned, so that ``down`` stops the
+fleet of a ``kvgate fleet up`` killed while it started too. A process is recorded with its
+start time, and ``down`` signals only a process that still has both its pid and that start
+time: a pid reused by another process since is left alone. A record whose processes have
+all ended does not hold up the next ``start``, which logs so and starts anew.
 
 The state directory is this user's alone: one that is absent is made mode 0700, and one
 owned by another user or writable by group or others is refused (as ssh and tmux refuse
@@ -29,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import logging
 import os
 import secrets
 import signal
@@ -44,13 +50,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
 from engine.api_key import API_KEY_ENV
 
-STATE_FILE = "fleet.json"
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "fleet.json"  # the fleet's record once it is ready
+STARTING_FILE = "fleet.starting.json"  # its record while it starts
 ENGINE_BLOCK_SIZE = 16  # the engines' KV block size (``kvgate engine --block-size``' default)
 
 
@@ -297,11 +306,48 @@ def replace_file(path: Path, text: str) -> None:
     os.replace(fresh, path)
 
 
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot), if it runs and leads a session
+    of its own (as each fleet process does); None otherwise (ended, a zombie, or another
+    process's). The pid with its start time names one process for good: a pid alone may
+    have been given to another process since."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # none runs
+        return None
+    # pid (comm) state ppid pgrp session ... starttime (the 22nd field): comm may hold
+    # spaces and parentheses
+    rest = fields[fields.rindex(")") + 2:].split()
+    if rest[0] in ("Z", "X") or int(rest[3]) != pid:
+        return None
+    return int(rest[19])
+
+
+def signal_if_same(pid: int, started: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to ``pid`` only while it is the process that started at ``started``
+    (``start_ticks``); whether it was sent. The process is held by a pidfd while checked,
+    so its pid cannot pass to another between the check and the signal."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if start_ticks(pid) != started:
+            return False
+        signal.pidfd_send_signal(pidfd, sig)
+        return True
+    except ProcessLookupError:  # ended after the check
+        return False
+    finally:
+        os.close(pidfd)
+
+
 @dataclass(slots=True)
 class _Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    started: int | None  # ``start_ticks`` just after the spawn
 
 
 class LocalFleet:
@@ -347,8 +393,10 @@ class LocalFleet:
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, env=env,
             )
-        proc = _Proc(name, popen, log)
+        # Popen returns once the child has made its session and run the program
+        proc = _Proc(name, popen, log, start_ticks(popen.pid))
         self._procs.append(proc)
+        self._write_state(ready=False)  # for `kvgate fleet down` if this process is killed
         return proc
 
     def _spawn_engine(self, i: int) -> tuple[_Proc, str, dict[str, Any]]:
@@ -383,9 +431,18 @@ class LocalFleet:
     def start(self, timeout_s: float = 60.0) -> None:
         spec = self.spec
         prepare_state_dir(self.dir)
-        if (self.dir / STATE_FILE).exists():
-            raise FleetError(f"a fleet is already recorded in {self.dir / STATE_FILE}; "
-                             "stop it with `kvgate fleet down` first")
+        records = state_files(self.dir)
+        if records:
+            running = [name for name, pid, started in recorded_processes(records)
+                       if started is not None and start_ticks(pid) == started]
+            if running:
+                raise FleetError(f"a fleet is already recorded in {records[0]} and its "
+                                 f"{', '.join(running)} still run: stop it with "
+                                 "`kvgate fleet down` first")
+            logger.warning("the fleet recorded in %s has stopped; starting a new one",
+                           records[0])
+            for record in records:
+                record.unlink()
         try:
             engines = [self._spawn_engine(i) for i in range(spec.replicas)]
             for i in range(spec.replicas):
@@ -438,21 +495,26 @@ class LocalFleet:
                 if proc.popen.poll() is not None:  # ready, but another process answered
                     raise FleetError(f"{proc.name} exited with {proc.popen.returncode}:\n"
                                      + proc.log.read_text(errors="replace")[-2000:])
-            self._write_state()
+            self._write_state(ready=True)
         except BaseException:
             self.stop()
             raise
 
-    def _write_state(self) -> None:
+    def _write_state(self, ready: bool) -> None:
+        """Record the processes spawned so far: in ``STARTING_FILE`` until the fleet is
+        ready, then in ``STATE_FILE`` (with its URLs)."""
         state = {
             "spec": asdict(self.spec),
             "gateway_url": self.gateway_url,
             "gateway_urls": self.gateway_urls,
             "engine_urls": self.engine_urls,
-            "processes": [{"name": p.name, "pid": p.popen.pid, "log": str(p.log)}
-                          for p in self._procs],
+            "processes": [{"name": p.name, "pid": p.popen.pid, "started": p.started,
+                           "log": str(p.log)} for p in self._procs],
         }
-        replace_file(self.dir / STATE_FILE, json.dumps(state, indent=2))
+        replace_file(self.dir / (STATE_FILE if ready else STARTING_FILE),
+                     json.dumps(state, indent=2))
+        if ready:
+            (self.dir / STARTING_FILE).unlink(missing_ok=True)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the gateway, then the engines, each with what it started; idempotent."""
@@ -463,8 +525,8 @@ class LocalFleet:
         for proc in reversed(self._procs):
             end_session(proc.popen, deadline)
         self._procs.clear()
-        with contextlib.suppress(FileNotFoundError):
-            (self.dir / STATE_FILE).unlink()
+        for record in (STATE_FILE, STARTING_FILE):
+            (self.dir / record).unlink(missing_ok=True)
 
     @property
     def gateway_pid(self) -> int | None:
@@ -478,46 +540,74 @@ class LocalFleet:
         return bool(self._procs) and all(p.popen.poll() is None for p in self._procs)
 
 
-def _is_fleet_process(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"\0-m\0kvgate\0" in cmdline
+def state_files(state_dir: Path) -> list[Path]:
+    """The records of a fleet in ``state_dir``: ``STATE_FILE``, ``STARTING_FILE`` or both
+    (its ``up`` ended between writing the one and removing the other), or none."""
+    return [path for name in (STATE_FILE, STARTING_FILE)
+            if (path := state_dir / name).exists()]
 
 
-def stop_recorded(state_dir: Path | None = None, grace_s: float = 10.0) -> int:
+def recorded_processes(records: list[Path]) -> list[tuple[str, int, int | None]]:
+    """The processes the state files ``records`` name, each once, in spawn order: (name,
+    pid, start ticks; None where none is recorded, as an older kvgate wrote);
+    ``FleetError`` naming a file that is not a fleet's state file."""
+    out: dict[int, tuple[str, int, int | None]] = {}
+    for path in records:
+        try:
+            for p in json.loads(path.read_text())["processes"]:
+                started = p.get("started")
+                out.setdefault(int(p["pid"]), (str(p["name"]), int(p["pid"]),
+                                               started if isinstance(started, int) else None))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise FleetError(f"{path} is not a fleet's state file ({exc.__class__.__name__}: "
+                             f"{exc}); stop its processes by hand") from None
+    return list(out.values())
+
+
+class Stopped(NamedTuple):
+    """What ``stop_recorded`` found: whether a fleet was recorded, how many of its
+    processes it stopped, and the pids of those recorded that were gone (ended, or their
+    pid now another process's, which is left alone)."""
+    recorded: bool
+    stopped: int
+    gone: tuple[int, ...]
+
+
+def stop_recorded(state_dir: Path | None = None, grace_s: float = 10.0) -> Stopped:
     """Stop the fleet recorded in ``state_dir`` (``FleetError`` when that directory is not
-    this user's alone); returns how many processes were signalled."""
+    this user's alone) and remove its record."""
     where = state_dir or default_state_dir()
     if not os.path.lexists(where):
-        return 0
+        return Stopped(False, 0, ())
     check_state_dir(where)
-    path = where / STATE_FILE
-    if not path.exists():
-        return 0
-    try:
-        state = json.loads(path.read_text())
-        pids = [int(p["pid"]) for p in reversed(state["processes"])]
-    except (ValueError, TypeError, KeyError) as exc:
-        raise FleetError(f"{path} is not a fleet's state file ({exc.__class__.__name__}: "
-                         f"{exc}); stop its processes by hand") from None
-    pids = [pid for pid in pids if _is_fleet_process(pid)]
-    # each started a session of its own (``LocalFleet._spawn``): what it started is there
-    started = {pid: set(session_members(pid)) for pid in pids}
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+    records = state_files(where)
+    if not records:
+        return Stopped(False, 0, ())
+    recorded = [(pid, started) for _, pid, started in reversed(recorded_processes(records))]
+    ours: list[tuple[int, int]] = []
+    gone: list[int] = []
+    members_at_start: dict[int, set[int]] = {}
+    for pid, started in recorded:
+        # each started a session of its own (``LocalFleet._spawn``): what it started is
+        # there; taken before the signal, while the leader holds the session's id
+        members = set(session_members(pid))
+        if started is not None and signal_if_same(pid, started, signal.SIGTERM):
+            ours.append((pid, started))
+            members_at_start[pid] = members
+        else:
+            gone.append(pid)
     deadline = time.monotonic() + grace_s
-    for pid in pids:
+    for pid, started in ours:
         # the session is still the fleet's while its leader runs, or while one of those
         # it had at the start does (none lives, and its id may be another's by now)
-        def still_ours(pid: int = pid) -> bool:
-            return _is_fleet_process(pid) or bool(started[pid] & set(session_members(pid)))
+        def still_ours(pid: int = pid, started: int = started) -> bool:
+            return (start_ticks(pid) == started
+                    or bool(members_at_start[pid] & set(session_members(pid))))
 
         while still_ours() and time.monotonic() < deadline:
             time.sleep(0.1)
         if still_ours():
             kill_session(pid)
-    path.unlink()
-    return len(pids)
+    for record in records:
+        record.unlink()
+    return Stopped(True, len(ours), tuple(sorted(gone)))
