@@ -33,10 +33,16 @@ without a shared accept queue.
   A worker still running ``KILL_AFTER_S`` past the drain's ``timeout_s`` is killed (and
   the supervisor exits 1): a stuck one no longer held the supervisor, or outlived it on
   the port.
+- Each worker's event loop beats (``Heartbeats``: a count in shared memory, every
+  ``BEAT_S``); a worker whose count stands still for ``silent_s`` (``SILENT_ENV``, default
+  ``SILENT_S``) while the box serves is stuck: its loop answers nothing, yet the kernel
+  still hands it its share of new connections on the port. The supervisor kills it and
+  goes on as when a worker exits on its own (the rest drain; exit 1).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import dataclasses
 import fcntl
@@ -47,9 +53,11 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import connection, reduction
 from types import FrameType
@@ -59,10 +67,13 @@ from gateway.box_feed import BLOCK_BYTES, FeedBlock
 from gateway.config import GatewayConfig
 from gateway.fleet import MAX_REPLICAS
 from gateway.listen_sockets import listen_socket, passive_addresses
+from gateway.periodic import every, stop_tasks
 from gateway.shared_load import SharedBlock, SharedLoad
 from gateway.worker_routes import WorkerRoutes, route_pair
 
 if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
     from gateway.peer_wire import Answered
 
 log = logging.getLogger("kvgate.workers")
@@ -80,6 +91,21 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # the multiprocess metrics directories: tempfile.gettempdir()/<prefix><random><suffix>
 METRICS_PREFIX = "kvgate-metrics-"
 METRICS_SUFFIX = ".flock"
+# seconds between two heartbeats of a worker's event loop
+BEAT_S = 0.5
+# seconds a worker's heartbeat may stand still before the supervisor takes the worker for
+# stuck (and kills it): 20 beats. Nothing a sound worker does holds its loop near that: a
+# full collection of its heap (what start-up built is frozen out of the collector's sight)
+# and a routing decision take milliseconds, and whatever is slow (tokenizing, the capture
+# log's writes) runs off the loop. A stuck worker leaves its share of new connections
+# unanswered for this long at most (plus the supervisor's second between two looks).
+SILENT_S = 10.0
+# the variable that sets that bound, in seconds (at least ``2 * BEAT_S``)
+SILENT_ENV = "KVGATE_WORKER_SILENT_S"
+# a supervisor that looked at the heartbeats nothing for this long (the whole box paused,
+# as by ``docker pause``, or the supervisor starved of CPU) saw no silence meanwhile: the
+# workers' silences count again from that look
+LOOK_GAP_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +125,82 @@ def _held(fd: Any) -> HeldLock:
     lock = HeldLock(fd.detach())
     os.set_inheritable(lock.fd, False)
     return lock
+
+
+class Heartbeats:
+    """Every worker's heartbeat count, in one shared block: a u64 per worker, worker ``i``'s
+    at ``[8 * i, 8 * i + 8)``, written by that worker alone (aligned 8-byte stores) and read
+    by the supervisor; 0 until the worker's first beat (it is starting). A read torn by a
+    write can only show a count that changed, never a count that stood still."""
+
+    def __init__(self, block: SharedBlock, workers: int) -> None:
+        if block.size < self.size(workers):
+            raise ValueError(f"heartbeat block {block.name!r} holds {block.size} bytes, "
+                             f"needs {self.size(workers)}")
+        self.block = block
+        self.workers = workers
+
+    @staticmethod
+    def size(workers: int) -> int:
+        return _BEAT.size * workers
+
+    def _buf(self) -> memoryview:
+        buf = self.block.buf
+        if buf is None:
+            raise ValueError(f"shared memory {self.block.name!r} is closed")
+        return buf
+
+    def beat(self, worker: int) -> None:
+        """One more beat of ``worker`` (called by that worker alone)."""
+        buf = self._buf()
+        offset = _BEAT.size * worker
+        _BEAT.pack_into(buf, offset, _BEAT.unpack_from(buf, offset)[0] + 1)
+
+    def count(self, worker: int) -> int:
+        """``worker``'s beats so far."""
+        return int(_BEAT.unpack_from(self._buf(), _BEAT.size * worker)[0])
+
+
+_BEAT = struct.Struct("<Q")
+
+
+class Beating:
+    """``app`` whose lifespan beats for worker ``worker`` (``Heartbeats``) every ``BEAT_S``,
+    from a task of its event loop: a loop that is stuck (blocked, deadlocked) stops beating.
+    Its first beat comes as the lifespan starts; the task ends with the lifespan."""
+
+    def __init__(self, app: ASGIApp, beats: Heartbeats, worker: int) -> None:
+        self.app = app
+        self.beats = beats
+        self.worker = worker
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        self.beats.beat(self.worker)
+        task = asyncio.create_task(every(BEAT_S, lambda: self.beats.beat(self.worker),
+                                         "the heartbeat"))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            await stop_tasks([task])
+
+
+def silent_bound_s(environ: Mapping[str, str]) -> float:
+    """The seconds a worker's heartbeat may stand still: ``SILENT_ENV`` in ``environ``,
+    or ``SILENT_S``."""
+    raw = environ.get(SILENT_ENV)
+    if raw is None:
+        return SILENT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 2 * BEAT_S):
+        raise ValueError(f"{SILENT_ENV} must be a number of seconds >= {2 * BEAT_S:g} "
+                         f"(a worker beats every {BEAT_S:g} s), got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +225,7 @@ class WorkerPlan:
     routes_out: tuple[socket.socket, ...] = ()
     share_routes: bool = True
     metrics_lock: HeldLock | None = None  # the metrics directory's, held while this runs
+    beats: SharedBlock | None = None  # the box's heartbeats (``Heartbeats``)
 
 
 def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConfig:
@@ -237,6 +340,8 @@ def worker_main(plan: WorkerPlan) -> None:
 
             gw.peers.on_answered = peer_answered
     app = create_app(config, gw)
+    if plan.beats is not None:
+        app = Beating(app, Heartbeats(plan.beats, plan.workers), plan.index)
     token = config.admin.resolved_token() if plan.index == 0 else None
     admin_app = None if token is None else create_admin_app(gw, token)
 
@@ -252,6 +357,8 @@ def worker_main(plan: WorkerPlan) -> None:
             sock.close()
         feed.close()
         load.close()
+        if plan.beats is not None:
+            plan.beats.close()
 
 
 def _sweep_metrics_dirs(parent: str) -> None:
@@ -314,9 +421,12 @@ def _close_route_sockets(routes: list[tuple[socket.socket, socket.socket]]) -> N
 
 class Supervisor:
     def __init__(self, config: GatewayConfig, workers: int, log_level: str,
-                 share_routes: bool = True) -> None:
+                 share_routes: bool = True, silent_s: float | None = None) -> None:
+        """``silent_s``: the seconds a worker's heartbeat may stand still (None: from
+        ``SILENT_ENV``, or ``SILENT_S``)."""
         if workers < 1:
             raise ValueError(f"--workers must be >= 1, got {workers!r}")
+        self.silent_s = silent_bound_s(os.environ) if silent_s is None else silent_s
         self.config = config
         self.workers = workers
         self.log_level = log_level
@@ -328,6 +438,12 @@ class Supervisor:
         self._stop_at: float | None = None  # when the workers were first told to stop
         self._told = 0  # the stops the workers were told
         self._wakeup: int | None = None  # readable when a signal came (run)
+        self.beats: Heartbeats | None = None  # the workers' heartbeats (run)
+        # per worker (by index) that has beaten: its count when last seen to change, and
+        # when (the supervisor's clock); the supervisor's last look at them
+        self._heard: dict[int, tuple[int, float]] = {}
+        self._looked_at: float | None = None
+        self._silenced: set[int] = set()  # the workers killed for their silence
 
     def _signalled(self, sig: int, frame: FrameType | None) -> None:
         """The signal handler: only counts. A handler that told the workers itself missed
@@ -370,6 +486,31 @@ class Supervisor:
                       "it was told to stop; killed", file=sys.stderr)
                 proc.kill()
 
+    def _kill_silent(self) -> None:
+        """Kill each worker whose heartbeat stood still for ``silent_s`` while the box
+        serves (a stop begun has its own bound, ``_kill_stuck``); its end is then taken
+        as any worker's exit (``wait``). A worker is watched from its first beat."""
+        if self.beats is None or self._stop_at is not None:
+            return
+        now = time.monotonic()
+        if self._looked_at is not None and now - self._looked_at > LOOK_GAP_S:
+            # not looked at meanwhile (the box paused whole): no silence was seen
+            self._heard = {index: (count, now) for index, (count, _) in self._heard.items()}
+        self._looked_at = now
+        for index, proc in enumerate(self.procs):
+            count = self.beats.count(index)
+            if not count or index in self._silenced:
+                continue
+            last, since = self._heard.get(index, (0, now))
+            if count != last:
+                self._heard[index] = (count, now)
+            elif now - since >= self.silent_s:
+                self._silenced.add(index)
+                print(f"kvgate serve: {proc.name} (pid {proc.pid}) silent for "
+                      f"{now - since:.1f} s (its event loop stuck: no heartbeat within "
+                      f"{self.silent_s:g} s); killed", file=sys.stderr)
+                proc.kill()
+
     def wait(self) -> int:
         """Wait for every worker to end, stopping the rest when one ends on its own and
         killing those still running past the stop's time; the exit status."""
@@ -378,6 +519,7 @@ class Supervisor:
         live = {proc.sentinel: proc for proc in self.procs}
         while live:
             self._tell()
+            self._kill_silent()
             left = self._left_s()
             if left is not None and left <= 0 and not killed:
                 self._kill_stuck()
@@ -408,6 +550,8 @@ class Supervisor:
         load = SharedLoad.prepare(SharedBlock.create(
             "kvgate-load", SharedLoad.size(self.workers, slots)))
         feed = FeedBlock.prepare(SharedBlock.create("kvgate-feed", BLOCK_BYTES))
+        beats = SharedBlock.create("kvgate-beats", Heartbeats.size(self.workers))
+        self.beats = Heartbeats(beats, self.workers)
         metrics, metrics_lock = metrics_dir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics  # the workers inherit it
         ctx = multiprocessing.get_context("spawn")
@@ -435,7 +579,7 @@ class Supervisor:
                                   routes_out=tuple(out for j, (_, out) in enumerate(routes)
                                                    if j != index),
                                   share_routes=self.share_routes,
-                                  metrics_lock=metrics_lock)
+                                  metrics_lock=metrics_lock, beats=beats)
                 proc = ctx.Process(target=worker_main, args=(plan,),
                                    name=f"kvgate-worker-{index}")
                 proc.start()
@@ -453,7 +597,8 @@ class Supervisor:
             self._wakeup = None
             _close_doorbells(bells)  # a no-op when closed already
             _close_route_sockets(routes)
-            for block in (load, feed):
+            self.beats = None
+            for block in (load, feed, beats):
                 block.close()
             shutil.rmtree(metrics, ignore_errors=True)
             os.close(metrics_lock.fd)
