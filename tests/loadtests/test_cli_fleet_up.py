@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from loadtests import cli_fleet, local_fleet
+from tests.support.marked_processes import engines_serving_as
 from tests.support.processes import REPO
 from tests.support.waiting import wait_until
 
@@ -33,18 +34,6 @@ def test_fleet_up_refuses_what_no_fleet_can_use_before_starting_anything(
     assert exit_.value.code == 2
     assert f"argument {flag}: {said}" in capsys.readouterr().err
     assert parser.parse_args(["up", "--port", "0"]).port == 0  # any free port
-
-
-def engines_serving_as(mark: str) -> list[int]:
-    """The engine processes started with ``--served-by=mark``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if f"\0--served-by={mark}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from loadtests import local_fleet
+from tests.support.marked_processes import engines_serving_as
 from tests.support.processes import REPO
 from tests.support.waiting import wait_until
 
@@ -41,18 +42,6 @@ def sleeper() -> subprocess.Popen[bytes]:
     of its own (as a separately started ``kvgate engine`` may run)."""
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                              "-m", "kvgate", "engine"], start_new_session=True)
-
-
-def engines_serving_as(mark: str) -> list[int]:
-    """The engine processes started with ``--served-by=mark``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if f"\0--served-by={mark}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def test_fleet_up_and_down_refuse_a_state_directory_that_is_not_this_users_alone(
