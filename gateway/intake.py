@@ -102,9 +102,9 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
     models are known, or while a replica lists more than the gateway keeps); the error
     names only the models the tenant may use, the first ``SHOWN_MODELS`` of them. A model
     none lists is looked for again first (``Monitor.refresh_all_models``: loaded at run
-    time, or a replica restarted with it), by every worker of a box alike
-    (``box_feed``); one too long for any list (``MODEL_ID_CHARS``) is not, and its error
-    says why."""
+    time, or a replica restarted with it; by the next round, up to a second away), by
+    every worker of a box alike (``box_feed``); one too long for any list
+    (``MODEL_ID_CHARS``) is not, and its error says why."""
     allowed = gw.tenancy.allowed(tenant)
     if gw.fleet.lists(model, allowed):  # as most requests are: the set of every model
         return  # (100 replicas of 1,024 adapters: 100,000 names) is built for the others

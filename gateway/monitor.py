@@ -22,6 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeGuard
 
 import aiohttp
 import orjson
@@ -76,7 +77,7 @@ def model_info(listed: dict[str, object]) -> ModelInfo:
                      length if type(length) is int and length > 0 else None)
 
 
-def _routable(name: object) -> bool:
+def _routable(name: object) -> TypeGuard[str]:
     """Whether ``name`` is a string the gateway keeps whole (``MODEL_ID_CHARS``)."""
     return isinstance(name, str) and len(name) <= MODEL_ID_CHARS
 
@@ -94,7 +95,7 @@ class Monitor:
         self._checks = _Schedule("health", health.interval_s)
         self._scrapes = _Schedule("scrape", scrape.interval_s)
         self._models_round: asyncio.Task[None] | None = None  # ``refresh_all_models``
-        self._models_round_at = -math.inf
+        self._models_round_at = -math.inf  # when the last one started
         self._skipped_log = LogThrottle(_SKIPPED_LOG_S)  # ids over ``MODEL_ID_CHARS``
         # the data-parallel replicas warned of their ranks, with the size each was warned
         # at (``_check_ranks``): those still in the fleet
@@ -124,22 +125,26 @@ class Monitor:
         await self._scrapes.stop()
 
     async def refresh_all_models(self) -> None:
-        """Every healthy replica's model list asked for again now: a request named a model
+        """Every healthy replica's model list asked for again: a request named a model
         none of them listed (an adapter loaded at run time, a replica restarted with
-        another model). Callers share one round; a new one starts at most once every
-        ``_MODELS_ROUND_S``, so requests for unknown models cost the replicas little. A
-        follower worker's monitor, never started, does only this (``box_feed``): a flood
-        for a model nobody serves costs each replica a listing a second per worker."""
+        another model). Callers share one round, the one running or the next; a round
+        starts at most once every ``_MODELS_ROUND_S``, so requests for unknown models cost
+        the replicas little, and a caller waits at most that long for the next one: an
+        adapter loaded just after a round (one a request for a misspelt model asked for)
+        is found by its first request, not refused from lists older than it. A follower
+        worker's monitor, never started, does only this (``box_feed``): a flood for a
+        model nobody serves costs each replica a listing a second per worker."""
         task = self._models_round
         if task is None or task.done():
-            if time.monotonic() - self._models_round_at < _MODELS_ROUND_S:
-                return
-            self._models_round_at = time.monotonic()
-            task = self._models_round = asyncio.create_task(self._models_of_all(),
-                                                            name="kvgate-models-round")
+            wait_s = self._models_round_at + _MODELS_ROUND_S - time.monotonic()
+            task = self._models_round = asyncio.create_task(
+                self._models_of_all(max(wait_s, 0.0)), name="kvgate-models-round")
         await asyncio.shield(task)
 
-    async def _models_of_all(self) -> None:
+    async def _models_of_all(self, after_s: float) -> None:
+        if after_s > 0:
+            await asyncio.sleep(after_s)
+        self._models_round_at = time.monotonic()
         await asyncio.gather(*(self.refresh_models(*states)
                                for states in servers(s for s in self.fleet if s.healthy)))
 
