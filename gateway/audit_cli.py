@@ -22,10 +22,10 @@ from pathlib import Path
 from gateway.capture import CaptureRecord
 from gateway.layout_audit import ADVICE, AuditLimits, AuditReport, audit
 from kvwire.arg_types import positive_int
+from kvwire.bounded_lines import bounded_lines
 from kvwire.terminal_text import printable
 
 MAX_LINE_BYTES = 256 << 20  # a longer line is no capture record (see the module)
-_PIECE_BYTES = 1 << 20  # a line is read at most this much at a time
 _MIB = 1 << 20
 
 
@@ -99,7 +99,7 @@ def _records(path: Path, empty: list[int], max_line_bytes: int, long_lines: Long
     ``empty``."""
     bad = 0
     last: tuple[int, CaptureRecord] | None = None
-    for line in _lines(path, max_line_bytes):
+    for _, line in bounded_lines(path, max_line_bytes):
         if line is None:  # longer than the bound: not read
             long_lines.count += 1
             bad += 1
@@ -116,32 +116,6 @@ def _records(path: Path, empty: list[int], max_line_bytes: int, long_lines: Long
         empty.append(bad)
     else:
         yield (*last, bad)
-
-
-def _lines(path: Path, max_line_bytes: int) -> Iterator[bytes | None]:
-    """``path``'s lines that are not blank, each with its newline; ``None`` for one longer
-    than ``max_line_bytes``, whose pieces are let go as they are read (one line of
-    ``/dev/zero``, read whole, grew without end)."""
-    with path.open("rb") as f:
-        pieces: list[bytes] = []  # of the line being read, while within the bound
-        size = 0  # the line's bytes read so far
-        while True:
-            piece = f.readline(_PIECE_BYTES)
-            size += len(piece)
-            if size <= max_line_bytes:
-                pieces.append(piece)
-            else:
-                pieces.clear()
-            if piece.endswith(b"\n") or not piece:  # the line, or the file, ended
-                if size > max_line_bytes:
-                    yield None
-                elif size:
-                    line = b"".join(pieces)
-                    if line.strip():
-                        yield line
-                if not piece:
-                    return
-                pieces, size = [], 0
 
 
 def format_report(report: AuditReport) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from gateway.audit_cli import MAX_LINE_BYTES
 from gateway.capture import CaptureRecord
+from kvwire.bounded_lines import bounded_lines
 from kvwire.tokenizer import PromptTokenizer
 from loadtests.plan_arithmetic import Library
 from loadtests.scenarios import SCENARIOS, Scenario
@@ -42,7 +43,6 @@ from loadtests.workloads import (
 )
 
 RATE_PER_REPLICA = SCENARIOS["contracts"].rate / 8  # requests/s, the seed's library
-_PIECE_BYTES = 1 << 20  # a capture line is read at most this much at a time
 _MIB = 1 << 20
 
 
@@ -140,34 +140,6 @@ def _prompts(body: Mapping[str, Any], tokenizer: PromptTokenizer) -> Iterator[li
                 yield list(item)
 
 
-def _lines(path: str | Path, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
-    """``path``'s lines with their numbers (from 1), blank ones left out; ``None`` for one
-    longer than ``max_line_bytes``, whose pieces are let go as they are read."""
-    with open(path, "rb") as f:
-        number = 0
-        while True:
-            pieces: list[bytes] = []  # of the line being read, while within the bound
-            size = 0  # the line's bytes read so far
-            while True:
-                piece = f.readline(_PIECE_BYTES)
-                size += len(piece)
-                if size <= max_line_bytes:
-                    pieces.append(piece)
-                else:
-                    pieces.clear()
-                if piece.endswith(b"\n") or not piece:  # the line, or the file, ended
-                    break
-            if not size:
-                return
-            number += 1
-            if size > max_line_bytes:
-                yield number, None
-            else:
-                line = b"".join(pieces)
-                if line.strip():
-                    yield number, line
-
-
 def read_capture(path: str | Path, tokenizer: PromptTokenizer, limit: int | None = None,
                  max_line_bytes: int = MAX_LINE_BYTES,
                  skips: SkippedLines | None = None) -> tuple[list[list[int]], int]:
@@ -176,7 +148,7 @@ def read_capture(path: str | Path, tokenizer: PromptTokenizer, limit: int | None
     bounded by ``limit`` and ``max_line_bytes``, however many lines are skipped."""
     prompts: list[list[int]] = []
     skips = SkippedLines() if skips is None else skips
-    for number, line in _lines(path, max_line_bytes):
+    for number, line in bounded_lines(path, max_line_bytes):
         if line is None:
             skips.add(number, f"longer than {max_line_bytes / _MIB:g} MiB (--max-line-mb)")
             continue
