@@ -13,7 +13,7 @@ import pytest
 from gateway import peers as peers_module
 from gateway.peer_wire import Answered, answered_frame
 from policies.base import RouteRequest
-from tests.support.peer_copies import PeerCopy
+from tests.support.peer_copies import PeerCopy, linked_pair
 from tests.support.waiting import wait_until_async
 
 KNOWN = [Answered(f"resp_{i}", f"r{i % 4}", "acme" if i % 2 else None) for i in range(1200)]
@@ -23,21 +23,15 @@ KNOWN = [Answered(f"resp_{i}", f"r{i % 4}", "acme" if i % 2 else None) for i in 
 async def _linked(tell: bool = True) -> AsyncIterator[tuple[PeerCopy, list[Answered]]]:
     """A sender knowing ``KNOWN`` (telling responses: ``tell``), once its link to a
     receiver that listened first is up; what the receiver hears."""
-    sender, receiver = PeerCopy([]), PeerCopy([])
-    sender.peers.known_answers = lambda: list(KNOWN)
     heard: list[Answered] = []
-    receiver.peers.on_answered = heard.append
-    await receiver.peers.start()
-    sender.peers.config = dataclasses.replace(
-        sender.peers.config, addresses=[receiver.address()], tell_responses=tell)
-    await sender.peers.start()
-    try:
-        await wait_until_async(lambda: sender.peers.counts.links_up == 1, 5.0, "the link")
+
+    def prepare(sender: PeerCopy, receiver: PeerCopy) -> None:
+        sender.peers.known_answers = lambda: list(KNOWN)
+        sender.peers.config = dataclasses.replace(sender.peers.config, tell_responses=tell)
+        receiver.peers.on_answered = heard.append
+
+    async with linked_pair(prepare) as (sender, _):
         yield sender, heard
-    finally:
-        await sender.peers.stop()
-        await receiver.peers.stop()
-    assert receiver.peers.counts.frames_received >= len(heard)
 
 
 async def _heard_before_the_next() -> tuple[PeerCopy, list[Answered]]:

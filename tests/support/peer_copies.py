@@ -4,7 +4,7 @@ four replicas (``r0``-``r3``) and policy, for tests of what copies tell each oth
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from gateway.config import ReplicaConfig
 from gateway.fleet import Fleet
@@ -39,11 +39,15 @@ class PeerCopy:
 
 
 @contextlib.asynccontextmanager
-async def linked_pair() -> AsyncIterator[tuple[PeerCopy, PeerCopy]]:
-    """Two copies, ``a`` and ``b``: ``b`` listens; ``a`` sends to it, its link up."""
+async def linked_pair(prepare: Callable[[PeerCopy, PeerCopy], None] | None = None
+                      ) -> AsyncIterator[tuple[PeerCopy, PeerCopy]]:
+    """Two copies, ``a`` and ``b``: ``b`` listens; ``a`` sends to it, its link up.
+    ``prepare(a, b)``: called before ``a`` starts (``b`` listening already)."""
     b = PeerCopy([])
     await b.peers.start()
     a = PeerCopy([b.address()])
+    if prepare is not None:
+        prepare(a, b)
     await a.peers.start()
     try:
         await wait_until_async(lambda: a.peers.counts.links_up == 1, 5.0, "a's link to b")
