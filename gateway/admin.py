@@ -36,7 +36,7 @@ from gateway.membership import ADMIN, join_all, leave
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
 from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
-from kvwire.request_edge import parses_on_loop
+from kvwire.request_edge import check_json_counts, parses_on_loop
 from policies.config import ConfigError, from_mapping
 
 
@@ -139,6 +139,7 @@ def _replica_config(raw: bytes) -> ReplicaConfig:
     wrong with it. Touches nothing of the gateway's: it may run in a worker thread."""
     try:
         # orjson: no NaN or Infinity, and a nesting bound with an error of its own
+        check_json_counts(raw)
         data = orjson.loads(raw)
         if not isinstance(data, dict):
             raise BadRequest(f"a replica is a JSON object, got {shown(data)}",

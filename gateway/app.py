@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -39,7 +40,7 @@ from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
 from gateway.passthrough import passthrough
 from gateway.proxy import Proxy, UpstreamStream
 from gateway.relay_response import relay
-from gateway.request_parse import Endpoint, ParsedRequest, generates
+from gateway.request_parse import Endpoint, ParsedRequest, generates, request_object
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.responses_request import PATH as RESPONSES_PATH
 from gateway.responses_request import ResponseHome, response_id, response_not_found
@@ -50,12 +51,13 @@ from gateway.upstream_http import client_for
 from kvwire.media_parts import carries_media, shown
 from kvwire.openai_schema import (
     MODEL_SHOWN_CHARS,
+    BadRequest,
     NotFound,
     OpenAIError,
     ServiceUnavailable,
     TooManyRequests,
 )
-from kvwire.request_edge import PARSE_ON_THREAD_BYTES
+from kvwire.request_edge import parses_on_loop
 from policies.base import Finished, Routed, Unrouted
 
 log = logging.getLogger("kvgate.gateway")
@@ -96,9 +98,11 @@ _BODY_ID: dict[Endpoint, str] = {"completions": "request_id", "chat": "request_i
                                  "generate": "rid", "responses": "request_id"}
 
 
-async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Response:
+async def _proxy(request: Request, endpoint: Endpoint | None, path: str,
+                 body: dict[str, Any] | None = None) -> Response:
     """Admit, route and relay one request; every way out counts one ``requests`` sample.
-    ``endpoint`` None (``/invocations``): chat or completions as its body says."""
+    ``endpoint`` None (``/invocations``): chat or completions as its body says (``body``,
+    already decoded there)."""
     gw: GatewayState = request.app.state.gw
     arrived = time.perf_counter()
     trace = gw.tracing.start(request.headers, path)
@@ -127,7 +131,7 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str) -> Resp
         tenant = keyed = gw.auth.tenant_of(request) if gw.auth.on else None
         # the body before a place: a client that sends a head and no body holds no place,
         # only the bytes it sent (``Admission.bodies``), for at most ``body_timeout_s``
-        intake = await take_in(request, gw, endpoint, keyed)
+        intake = await take_in(request, gw, endpoint, keyed, body=body)
         tenant = intake.tenant
         slot = await take_place(request, gw)
     except OpenAIError as exc:
@@ -376,11 +380,16 @@ async def invocations(request: Request) -> Response:
         gw.auth.tenant_of(request)
     # read within the limits, and kept on the request for the handler that serves it
     raw = await read_timed_body(request, gw)  # (no place: refused once it is read)
-    # a large body is looked at on a thread (16 MiB of JSON held the event loop a second)
-    small = len(raw) <= PARSE_ON_THREAD_BYTES
-    if generates(raw) if small else await asyncio.to_thread(generates, raw):
+    # decoded once, for the route that serves it too; a large body on a thread (16 MiB of
+    # JSON held the event loop a second)
+    try:
+        body = request_object(raw) if parses_on_loop(raw) \
+            else await asyncio.to_thread(request_object, raw)
+    except BadRequest:  # its error is a chat's or a completion's
         return await _proxy(request, None, "/invocations")
-    return await passthrough(request)
+    if generates(body):
+        return await _proxy(request, None, "/invocations", body)
+    return await passthrough(request, body)
 
 
 async def version(request: Request) -> Response:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import heapq
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from starlette.requests import Request
 
@@ -131,23 +131,25 @@ def _some(models: set[str]) -> str:
 
 
 async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
-                  keyed: str | None = None, named: bool = False) -> Intake:
+                  keyed: str | None = None, named: bool = False,
+                  body: dict[str, Any] | None = None) -> Intake:
     """``endpoint`` None: chat when the body has ``messages``, else completions. With client
     API keys on, or ``named`` (the admin API names the tenant it explains for), ``keyed``
     is the tenant (the request's tenant header is not read here). A request to be served
     (not ``named``) is refused once its body is read when the gateway has no place for it
-    (``read_timed_body``)."""
+    (``read_timed_body``). ``body``: the request's body already decoded (by
+    ``request_object``: ``/invocations`` looks at it to choose a route)."""
     raw = await read_timed_body(request, gw, serve=not named)
     aff = gw.config.affinity
     affinity = header_value(request, aff.header) if aff.header else None
     on_loop = parses_on_loop(raw)
     if on_loop:
         parsed = parse_body(raw, endpoint, aff.body_field, affinity,
-                            lambda: default_model(gw))
+                            lambda: default_model(gw), body)
     else:  # its checks' Python (a chat of 150,000 parts: 0.4 s) leaves the loop free
         fallback = default_model(gw)
         parsed = await asyncio.to_thread(parse_body, raw, endpoint, aff.body_field,
-                                         affinity, lambda: fallback)
+                                         affinity, lambda: fallback, body)
     tenant = keyed if gw.auth.on or named else gw.tenancy.tenant_of(request)
     await check_model(gw, parsed.model, tenant)
     # the body written again with the tenant's salt: where it was parsed, as a

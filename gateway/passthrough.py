@@ -16,6 +16,7 @@ import itertools
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,6 +28,7 @@ from gateway.intake import check_model, default_model, read_timed_body, take_pla
 from gateway.metrics import PASSTHROUGH_ROUTE
 from gateway.proxy import UpstreamStream
 from gateway.relay_response import relay
+from gateway.request_parse import request_object
 from gateway.state import GatewayState
 from gateway.tenancy import partition_views
 from kvwire.media_parts import shown
@@ -34,7 +36,6 @@ from kvwire.openai_schema import (
     MODEL_SHOWN_CHARS,
     BadRequest,
     OpenAIError,
-    json_object,
     model_field,
 )
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
@@ -66,7 +67,9 @@ def least_busy(gw: GatewayState, model: str,
     return tuple(v.id for v in views)
 
 
-async def passthrough(request: Request) -> Response:
+async def passthrough(request: Request, decoded: dict[str, Any] | None = None) -> Response:
+    """Relay a request to the least busy replica of its model, unrouted; ``decoded``: its
+    body already decoded (by ``request_object``: ``/invocations`` looked at it)."""
     gw: GatewayState = request.app.state.gw
     assert gw.proxy is not None
     path = request.url.path
@@ -90,7 +93,10 @@ async def passthrough(request: Request) -> Response:
         tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
         # a large body is parsed (and salted) on a thread: 16 MiB of JSON held the loop 3 s
         large = len(raw) > PARSE_ON_THREAD_BYTES
-        body = await asyncio.to_thread(json_object, raw) if large else json_object(raw)
+        body = decoded
+        if body is None:
+            body = await asyncio.to_thread(request_object, raw) if large \
+                else request_object(raw)
         # absent (or null), else a non-empty string: a refusal names what was sent
         model = model_field(body) or default_model(gw)
         if model is None:

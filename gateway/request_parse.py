@@ -17,10 +17,11 @@ from gateway.responses_request import responses_fields
 from kvwire.openai_schema import (
     BadRequest,
     RequestFields,
-    decode_json,
+    checked_as_sent,
     json_object,
     parse_fields,
 )
+from kvwire.request_edge import check_json_counts
 
 Endpoint = Literal["completions", "chat", "generate", "responses"]
 
@@ -41,16 +42,36 @@ class ParsedRequest:
     num_prompts: int = 1  # a batch's size (routed by its first prompt)
 
 
+def request_object(raw: bytes) -> dict[str, Any]:
+    """The JSON object request body ``raw`` holds; BadRequest when it holds none, or
+    more arrays, objects or keys than a request may (``check_json_counts``, asked before
+    it is decoded)."""
+    check_json_counts(raw)
+    return json_object(raw)
+
+
 def parse_body(raw: bytes, endpoint: Endpoint | None, affinity_field: str | None = None,
                affinity_header_value: str | None = None,
-               default_model: Callable[[], str | None] | None = None) -> ParsedRequest:
+               default_model: Callable[[], str | None] | None = None,
+               body: dict[str, Any] | None = None) -> ParsedRequest:
     """The request's fields; one without ``model`` (or naming none: "") is for
     ``default_model()`` (the fleet's one model, asked only then; its body is forwarded as
     it came), and refused when there is none. ``endpoint`` None (``/admin/explain``, which
     explains any of them; ``/invocations``, which sends only chats and completions here):
     chat when the body has ``messages``, SGLang's native ``/generate`` when it has
-    ``text`` or ``input_ids`` and no ``prompt``, else completions."""
-    body = json_object(raw)
+    ``text`` or ``input_ids`` and no ``prompt``, else completions. ``body``: ``raw``
+    already decoded (``request_object``), not decoded again."""
+    if body is None:
+        return _parsed(raw, request_object(raw), endpoint, affinity_field,
+                       affinity_header_value, default_model)
+    decoded = body
+    return checked_as_sent(raw, lambda: _parsed(raw, decoded, endpoint, affinity_field,
+                                                 affinity_header_value, default_model))
+
+
+def _parsed(raw: bytes, body: dict[str, Any], endpoint: Endpoint | None,
+            affinity_field: str | None, affinity_header_value: str | None,
+            default_model: Callable[[], str | None] | None) -> ParsedRequest:
     if endpoint is None:
         endpoint = "chat" if "messages" in body else "generate" \
             if "prompt" not in body and ("text" in body or "input_ids" in body) \
@@ -89,12 +110,7 @@ def _fields(body: dict[str, Any], endpoint: Endpoint) -> RequestFields:
 _GENERATE_KEYS = ("messages", "prompt", "prompt_embeds")
 
 
-def generates(raw: bytes) -> bool:
+def generates(body: Mapping[str, Any]) -> bool:
     """Whether an ``/invocations`` body is a chat or a completion (``messages``,
-    ``prompt`` or ``prompt_embeds``), to be routed as one; a body that is no JSON object
-    is too (its error is a chat's or a completion's)."""
-    try:
-        body = decode_json(raw)
-    except BadRequest:
-        return True
-    return not isinstance(body, dict) or any(key in body for key in _GENERATE_KEYS)
+    ``prompt`` or ``prompt_embeds``), to be routed as one."""
+    return any(key in body for key in _GENERATE_KEYS)

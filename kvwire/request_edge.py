@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -95,17 +95,16 @@ def parses_on_loop(raw: bytes) -> bool:
 # 254 levels, and some answers echo a field a few levels deeper than the body held it (a
 # Responses event's ``response.tools``: three). Real tool schemas nest a few dozen at most
 MAX_NESTING = 128
-# what each byte does to the nesting (``_nesting_past``): opens, closes, or starts or ends
-# a string (_QUOTE). ``byte & _BRACKET_MASK == _BRACKETS`` picks the four brackets in one
-# vectorised pass (and "Y", "_", "y" and DEL, which step 0)
-_QUOTE = 2
+# what each bracket does to the nesting (``_nesting_past``): opens or closes. ``byte &
+# _BRACKET_MASK == _BRACKETS`` picks the four brackets in one vectorised pass (and "Y",
+# "_", "y" and DEL, which step 0); ``byte & _OPEN_MASK == ord("[")`` picks "[" and "{"
 _STEPS = np.zeros(256, np.int8)
 _STEPS[[ord("["), ord("{")]] = 1
 _STEPS[[ord("]"), ord("}")]] = -1
-_STEPS[ord('"')] = _QUOTE
-_BRACKET_MASK, _BRACKETS = np.uint8(0xD9), np.uint8(0x59)
+_BRACKET_MASK, _BRACKETS, _OPEN_MASK = np.uint8(0xD9), np.uint8(0x59), np.uint8(0xDF)
 _QUOTE_BYTE, _BACKSLASH = np.uint8(ord('"')), np.uint8(ord("\\"))
 _OPENS = (np.uint8(ord("[")), np.uint8(ord("{")))
+_COLON = np.uint8(ord(":"))
 _SCAN_BYTES = 1 << 20  # bytes measured at a time (their arrays: a few times this)
 
 
@@ -127,23 +126,94 @@ def check_nesting(raw: bytes, body: T) -> T:
                      param=None if deep is None else deep[0], code="nesting_too_deep")
 
 
+# A request body may hold this many arrays and objects (its own object one of them), and
+# this many object members (keys, a key sent twice counted twice). Decoding a body builds
+# them all while the decoding thread holds the interpreter (orjson does not let it go,
+# nor does the full garbage collection that millions of new containers set off), so every
+# other request waits: 4 million (16 MiB of ``[[1],[1],...]``) held the gateway's event
+# loop 1.2-1.7 s, a ``logit_bias`` of 1.1 million keys 0.4 s; these bounds hold it some
+# tens of milliseconds at most. Real requests stay far below: a chat's message is one to
+# four containers and two to eight keys (a tool call's), so a session of 10,000 tool-call
+# rounds fits, as do the 128 tools OpenAI allows with schemas of a hundred properties
+# each, a completions batch of 65,000 prompts of token ids, and a ``logit_bias`` over a
+# 128,000-token vocabulary
+MAX_JSON_CONTAINERS = 1 << 16
+MAX_JSON_KEYS = 1 << 17
+
+
+def check_json_counts(raw: bytes) -> None:
+    """BadRequest (``too_many_json_containers``, ``too_many_json_keys``) when request
+    body ``raw`` holds more arrays and objects than ``MAX_JSON_CONTAINERS`` or more
+    object members than ``MAX_JSON_KEYS``: to be asked before decoding it. Counted on its
+    bytes (brackets and colons inside strings are text): a body too short to hold that
+    many passes at once (most do), one with few enough ``[``, ``{`` and ``:`` anywhere by
+    their counts, another is measured vectorised."""
+    if len(raw) <= 2 * MAX_JSON_CONTAINERS and len(raw) <= 4 * MAX_JSON_KEYS:
+        return  # "[]" is two bytes, a member '"":0' four
+    if _opening_brackets_at_most(raw, MAX_JSON_CONTAINERS) \
+            and _count(raw, _COLON) <= MAX_JSON_KEYS:
+        return
+    containers = keys = 0
+    for marks in _outside_strings(raw, _opens_and_colons, _SCAN_BYTES):
+        keys += int(np.count_nonzero(marks == _COLON))
+        containers += sum(int(np.count_nonzero(marks == c)) for c in _OPENS)
+    if containers > MAX_JSON_CONTAINERS:
+        raise BadRequest(f"request body holds {containers:,} JSON arrays and objects; the "
+                         f"most accepted is {MAX_JSON_CONTAINERS:,}",
+                         code="too_many_json_containers")
+    if keys > MAX_JSON_KEYS:
+        raise BadRequest(f"request body holds {keys:,} JSON object members (keys); the "
+                         f"most accepted is {MAX_JSON_KEYS:,}", code="too_many_json_keys")
+
+
+def _count(raw: bytes, byte: np.uint8) -> int:
+    """How many times ``byte`` occurs in ``raw`` (vectorised past a few KB)."""
+    if len(raw) <= _VECTOR_COUNT_BYTES:
+        return raw.count(bytes((int(byte),)))
+    return int(np.count_nonzero(np.frombuffer(raw, np.uint8) == byte))
+
+
 def _nesting_past(raw: bytes, bound: int, piece_bytes: int = _SCAN_BYTES) -> int:
     """How deep valid JSON ``raw`` nests arrays and objects, or 0 when it holds ``bound``
     opening brackets at most (it nests no deeper than that); measured ``piece_bytes`` at
     a time."""
-    if len(raw) <= _VECTOR_COUNT_BYTES:
-        if raw.count(b"[") + raw.count(b"{") <= bound:
-            return 0
-    elif sum(int(np.count_nonzero(np.frombuffer(raw, np.uint8) == c)) for c in _OPENS) \
-            <= bound:
+    if _opening_brackets_at_most(raw, bound):
         return 0
+    deepest = depth = 0
+    for marks in _outside_strings(raw, _brackets, piece_bytes):
+        levels = np.cumsum(_STEPS[marks], dtype=np.int32)
+        deepest = max(deepest, depth + int(levels.max()))
+        depth += int(levels[-1])
+    return deepest
+
+
+def _opening_brackets_at_most(raw: bytes, bound: int) -> bool:
+    """Whether ``raw`` holds ``bound`` bytes ``[`` and ``{`` at most, in strings or not
+    (then it opens no more arrays and objects than that)."""
+    if len(raw) <= _VECTOR_COUNT_BYTES:
+        return raw.count(b"[") + raw.count(b"{") <= bound
+    return sum(_count(raw, c) for c in _OPENS) <= bound
+
+
+def _brackets(piece: np.ndarray) -> np.ndarray:
+    return (piece & _BRACKET_MASK) == _BRACKETS  # (and "Y", "_", "y", DEL: step 0)
+
+
+def _opens_and_colons(piece: np.ndarray) -> np.ndarray:
+    return ((piece & _OPEN_MASK) == _OPENS[0]) | (piece == _COLON)
+
+
+def _outside_strings(raw: bytes, picks: Callable[[np.ndarray], np.ndarray],
+                     piece_bytes: int) -> Iterator[np.ndarray]:
+    """The bytes of valid JSON ``raw`` that ``picks`` (a vectorised test of a piece's
+    bytes) selects and that stand outside its strings, in order, ``piece_bytes`` of
+    ``raw`` at a time (a piece with none yields nothing)."""
     escapes = raw.find(b"\\") >= 0
     if escapes and b"\\\\" in raw:
         # without its escaped backslashes (left to right, as JSON reads them): a quote
         # after a backslash is then an escaped one, text
         raw = raw.replace(b"\\\\", b"")
     a = np.frombuffer(raw, np.uint8)
-    deepest = depth = 0
     quoted = False  # [0, start) ends inside a string
     for start in range(0, len(a), piece_bytes):
         piece = a[start:start + piece_bytes]
@@ -153,20 +223,18 @@ def _nesting_past(raw: bytes, bound: int, piece_bytes: int = _SCAN_BYTES) -> int
             escaped[0] = start > 0 and a[start - 1] == _BACKSLASH
             np.equal(piece[:-1], _BACKSLASH, out=escaped[1:])
             hits &= ~escaped
-        hits |= (piece & _BRACKET_MASK) == _BRACKETS
-        steps = _STEPS[piece[np.flatnonzero(hits)]]  # its brackets and quotes, in order
-        if not len(steps):
+        hits |= picks(piece)
+        marks = piece[np.flatnonzero(hits)]  # the bytes picked and the quotes, in order
+        if not len(marks):
             continue
-        quotes = steps == _QUOTE
+        quotes = marks == _QUOTE_BYTE
         inside = (np.cumsum(quotes, dtype=np.uint8) & 1).astype(bool)  # after an opening
         if quoted:  # quote (each quote toggles; a uint8 sum wraps, its parity holds)
             np.logical_not(inside, out=inside)
         quoted = bool(inside[-1])
-        steps[inside | quotes] = 0  # quotes, and brackets inside strings (text)
-        levels = np.cumsum(steps, dtype=np.int32)
-        deepest = max(deepest, depth + int(levels.max()))
-        depth += int(levels[-1])
-    return deepest
+        outside = marks[~(inside | quotes)]  # not quotes, nor bytes inside strings (text)
+        if len(outside):
+            yield outside
 
 
 def _nests_past(value: object, bound: int) -> bool:
