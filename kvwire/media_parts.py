@@ -38,6 +38,7 @@ TYPES = frozenset(_KINDS)
 # a part without ``type`` carries one of these keys (vLLM reads such parts too), its value
 # the URL itself (or the embeddings)
 UNTYPED_KEYS = ("image_url", "audio_url", "input_audio", "image_embeds", "video_url")
+_UNTYPED = frozenset(UNTYPED_KEYS)
 _SCHEMES = ("http://", "https://", "data:", "file://")
 
 
@@ -159,14 +160,33 @@ def _walked_digest(value: Any) -> Any:
 
 
 def carries_media(messages: Any) -> bool:
-    """Whether any message has a media part (cheap: reads each part's ``type`` only)."""
+    """Whether any message has a media part. Cheap for the event loop at any size (a 16 MB
+    chat holds millions of messages or parts): the messages and their parts are read by
+    C-level passes (``_has_media``), one by one only where those cannot tell."""
     if not isinstance(messages, list):
         return False
-    for message in messages:
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, list) and any(media_type(p) is not None for p in content):
-            return True
-    return False
+    try:  # every message an object (dict), as in a parsed body
+        contents: list[Any] = list(map(dict.get, messages, itertools.repeat("content")))
+    except TypeError:  # a message of another kind
+        return any(isinstance(m, Mapping) and isinstance(c := m.get("content"), list)
+                   and _has_media(c) for m in messages)
+    lists = itertools.compress(contents, map(issubclass, map(type, contents),
+                                             itertools.repeat(list)))
+    return _has_media(list(itertools.chain.from_iterable(lists)))
+
+
+def _has_media(parts: list[Any]) -> bool:
+    """Whether a media part is among ``parts`` (one ``media_type`` names): the set of their
+    ``type`` values, then, only where some part has none, whether any part has one of
+    :data:`UNTYPED_KEYS` (stopping at the first); part by part only past both."""
+    try:  # every part an object (dict) whose ``type`` is hashable, as in a parsed body
+        kinds = set(map(dict.get, parts, itertools.repeat("type")))
+    except TypeError:  # a part of another kind
+        return any(media_type(p) is not None for p in parts)
+    if not TYPES.isdisjoint(kinds):
+        return True
+    return None in kinds and not _UNTYPED.isdisjoint(itertools.chain.from_iterable(parts)) \
+        and any(media_type(p) is not None for p in parts)
 
 
 def media_type(part: Any) -> str | None:
@@ -176,5 +196,7 @@ def media_type(part: Any) -> str | None:
         return None
     kind = part.get("type")
     if kind is None:
+        if _UNTYPED.isdisjoint(part):  # most parts: one C-level pass over its keys
+            return None
         return next((k for k in UNTYPED_KEYS if part.get(k) is not None), None)
     return kind if isinstance(kind, str) and kind in TYPES else None
