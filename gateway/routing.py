@@ -4,7 +4,8 @@ ask the policy.
 Tokenization runs in a small thread pool (HF ``tokenizers`` releases the GIL while
 encoding), bounded by a semaphore so a burst of long prompts queues instead of piling
 threads up; the event loop never encodes. A small chat that the policy only hashes in
-pieces (no token ids) is rendered on the loop: that costs less than the pool's round trip.
+pieces, or only estimates (no token ids), is read on the loop: that costs less than the
+pool's round trip.
 """
 
 from __future__ import annotations
@@ -44,20 +45,26 @@ class _Tokens(NamedTuple):
     anchor_chunks: int | None = None  # the anchor in chunks, for a policy that asked
 
 
-# a chat within all three bounds is rendered and chunk-hashed on the event loop when the
-# policy needs no token ids: rendering costs per byte (~50 us for 7 KB in one message),
-# per message (~2 us) and per tool (~20 us), so each is bounded (at most ~0.5 ms, where
-# the pool's round trip costs ~0.1 ms). A larger chat, or one to encode, goes to the pool
+# a chat within all four bounds is rendered and chunk-hashed, or its length estimated, on
+# the event loop when the policy needs no token ids: rendering costs per byte (~50 us for
+# 7 KB in one message), per message (~2 us), per content part (~1-2 us: 64 KB holds 20,000
+# ``{}``) and per tool (~20 us), so each is bounded (at most ~0.5 ms, where the pool's
+# round trip costs ~0.1 ms). A larger chat, or one to encode, goes to the pool
 INLINE_CHAT_BYTES = 64 * 1024
 INLINE_CHAT_MESSAGES = 64
+INLINE_CHAT_PARTS = 256
 INLINE_CHAT_TOOLS = 8
 
 
 def _inline_chat(parsed: ParsedRequest) -> bool:
-    """Whether rendering ``parsed``'s chat is cheap enough for the event loop."""
+    """Whether reading ``parsed``'s chat (rendering it, or estimating its length) is cheap
+    enough for the event loop."""
+    messages = parsed.messages or ()
     return parsed.raw_bytes is not None and parsed.raw_bytes <= INLINE_CHAT_BYTES \
-        and len(parsed.messages or ()) <= INLINE_CHAT_MESSAGES \
-        and len(parsed.tools or ()) <= INLINE_CHAT_TOOLS
+        and len(messages) <= INLINE_CHAT_MESSAGES \
+        and len(parsed.tools or ()) <= INLINE_CHAT_TOOLS \
+        and sum(len(c) for m in messages if isinstance(m, Mapping)
+                and isinstance(c := m.get("content"), list)) <= INLINE_CHAT_PARTS
 
 
 def _template_kwargs(parsed: ParsedRequest) -> dict[str, Any] | None:
@@ -265,7 +272,9 @@ class Router:
 
     def _quick(self, parsed: ParsedRequest, needed: int | None) -> _Tokens | None:
         """The encoding when it costs microseconds (ids given, only a length estimate
-        needed, or a remembered document); None when the prompt must be encoded."""
+        needed, or a remembered document); None when the prompt must be encoded. A chat's
+        estimate reads every message and part: ``_route`` asks for it on the event loop
+        only within the INLINE_CHAT_* bounds."""
         if parsed.prompt_ids is not None:
             return self._tokenize(parsed, needed)
         text = parsed.prompt_text
@@ -324,11 +333,12 @@ class Router:
         large chat rendered there) rather than on the event loop."""
         now = time.monotonic()
         needed = self.policy.tokens_needed
-        # cheap enough for the event loop: ids, a length estimate, a remembered document,
-        # chunk hashes of a completion's text (microseconds per KB), and of a chat up to
-        # INLINE_CHAT_BYTES rendered; a larger chat, or a prompt to encode, goes to the pool
+        # cheap enough for the event loop: ids, a remembered document, a completion's
+        # length estimate and chunk hashes (microseconds per KB), and a chat within the
+        # INLINE_CHAT_* bounds estimated or rendered; a larger chat (its messages read one
+        # by one: ~1 us each), or a prompt to encode, goes to the pool
         quick = None
-        if self.policy.chunk_chars <= 0 or parsed.messages is None:
+        if parsed.messages is None or (self.policy.chunk_chars <= 0 and _inline_chat(parsed)):
             quick = self._quick(parsed, needed)
         elif needed == 0 and _inline_chat(parsed):
             return self._request(parsed, tenant, self._tokens(parsed, needed), now), False
