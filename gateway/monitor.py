@@ -96,6 +96,10 @@ class Monitor:
         self._scrapes = _Schedule("scrape", scrape.interval_s)
         self._models_round: asyncio.Task[None] | None = None  # ``refresh_all_models``
         self._models_round_at = -math.inf  # when the last one started
+        # one model list taken at a time, the loop handed back after each: a round's
+        # answers (600 replicas of 300 adapters) arrive together and would otherwise all
+        # be read in one pass of the loop (``refresh_models``)
+        self._taking = asyncio.Lock()
         self._skipped_log = LogThrottle(_SKIPPED_LOG_S)  # ids over ``MODEL_ID_CHARS``
         # the data-parallel replicas warned of their ranks, with the size each was warned
         # at (``_check_ranks``): those still in the fleet
@@ -145,8 +149,14 @@ class Monitor:
         if after_s > 0:
             await asyncio.sleep(after_s)
         self._models_round_at = time.monotonic()
-        await asyncio.gather(*(self.refresh_models(*states)
-                               for states in servers(s for s in self.fleet if s.healthy)))
+        # at most STARTS_PER_TURN asks started a turn of the loop, as health checks are
+        # (each costs ~0.2 ms: 600 replicas' at once held the loop ~0.1 s)
+        async with asyncio.TaskGroup() as asks:
+            for i, states in enumerate(servers(s for s in self.fleet if s.healthy), 1):
+                asks.create_task(self.refresh_models(*states),
+                                 name=f"kvgate-models {states[0].id}")
+                if i % STARTS_PER_TURN == 0:
+                    await asyncio.sleep(0)
 
     # -- health ---------------------------------------------------------------------------
     async def health_round(self) -> None:
@@ -221,7 +231,6 @@ class Monitor:
     async def refresh_models(self, state: ReplicaState, *ranks: ReplicaState) -> None:
         """``state``'s /v1/models, taken as what it and ``ranks`` (the other data-parallel
         ranks of its server) serve."""
-        every = (state, *ranks)
         try:
             async with asyncio.timeout(self.health_cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/v1/models",
@@ -235,16 +244,28 @@ class Monitor:
                         raw += chunk
                         if len(raw) > MODELS_BYTES:
                             break
-            if len(raw) > MODELS_BYTES:  # the models it listed before stay known, and
-                for one in every:  # a model not among them is still sent to it
-                    one.models_cut = True
-                    one.models_at = time.monotonic()
-                log.warning("replica %s: /v1/models is over %d bytes; models not known "
-                            "are sent to it too", state.id, MODELS_BYTES)
-                self.fleet.changed()
-                return
-            data = orjson.loads(raw)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            log.info("replica %s: /v1/models failed: %s", state.id, exc)
+            return
+        async with self._taking:
+            self._take_models(state, (state, *ranks), raw)
+            await asyncio.sleep(0)  # the next list is read in a later pass of the loop
+
+    def _take_models(self, state: ReplicaState, every: tuple[ReplicaState, ...],
+                     raw: bytearray) -> None:
+        """``state``'s answer to /v1/models (``raw``, cut past ``MODELS_BYTES``), taken as
+        what each of ``every`` serves."""
+        if len(raw) > MODELS_BYTES:  # the models it listed before stay known, and
+            for one in every:  # a model not among them is still sent to it
+                one.models_cut = True
+                one.models_at = time.monotonic()
+            log.warning("replica %s: /v1/models is over %d bytes; models not known "
+                        "are sent to it too", state.id, MODELS_BYTES)
+            self.fleet.changed()
+            return
+        try:
+            data = orjson.loads(raw)
+        except ValueError as exc:
             log.info("replica %s: /v1/models failed: %s", state.id, exc)
             return
         items = data.get("data") if isinstance(data, dict) else None
