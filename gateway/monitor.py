@@ -151,12 +151,23 @@ class Monitor:
         self._models_round_at = time.monotonic()
         # at most STARTS_PER_TURN asks started a turn of the loop, as health checks are
         # (each costs ~0.2 ms: 600 replicas' at once held the loop ~0.1 s)
-        async with asyncio.TaskGroup() as asks:
+        # gathered, not a task group: one ask failing leaves the others to finish
+        asks: list[asyncio.Task[None]] = []
+        try:
             for i, states in enumerate(servers(s for s in self.fleet if s.healthy), 1):
-                asks.create_task(self.refresh_models(*states),
-                                 name=f"kvgate-models {states[0].id}")
+                asks.append(asyncio.create_task(self.refresh_models(*states),
+                                                name=f"kvgate-models {states[0].id}"))
                 if i % STARTS_PER_TURN == 0:
                     await asyncio.sleep(0)
+            results = await asyncio.gather(*asks, return_exceptions=True)
+        except BaseException:  # cancelled (the monitor stops): so is every ask started
+            for ask in asks:
+                ask.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)
+            raise
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
 
     # -- health ---------------------------------------------------------------------------
     async def health_round(self) -> None:

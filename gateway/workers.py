@@ -536,8 +536,10 @@ class Supervisor:
                 ended = live.pop(ready)
                 ended.join()
                 if not self.signals and not self.crashed:
-                    print(f"kvgate serve: {ended.name} exited with {ended.exitcode}; "
-                          "stopping the others", file=sys.stderr)
+                    why = "killed for its silence" if self.procs.index(ended) in \
+                        self._silenced else f"exited with {ended.exitcode}"
+                    print(f"kvgate serve: {ended.name} {why}; stopping the others",
+                          file=sys.stderr)
                     status = 1
                     self._stop()
                 elif ended.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT):

@@ -14,7 +14,9 @@ down`` in another shell can stop a fleet left running; while the fleet starts,
 ``fleet.starting.json`` records each process as it is spawned, so that ``down`` stops the
 fleet of a ``kvgate fleet up`` killed while it started too. A process is recorded with its
 start time, and ``down`` signals only a process that still has both its pid and that start
-time: a pid reused by another process since is left alone. A record whose processes have
+time: a pid reused by another process since is left alone (a record an older kvgate
+wrote has no start times: its ``python -m kvgate`` processes are stopped, as that version
+did). A record whose processes have
 all ended does not hold up the next ``start``, which logs so and starts anew.
 
 The state directory is this user's alone: one that is absent is made mode 0700, and one
@@ -301,9 +303,13 @@ def replace_file(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` (mode 0600) through a fresh name renamed over it: a link
     at ``path`` is replaced, never followed, and no reader sees the file half written."""
     fresh = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
-    with open(os.open(fresh, _NEW_FILE, 0o600), "w") as out:
-        out.write(text)
-    os.replace(fresh, path)
+    try:
+        with open(os.open(fresh, _NEW_FILE, 0o600), "w") as out:
+            out.write(text)
+        os.replace(fresh, path)
+    except BaseException:  # (a full disk): no half-written file left behind
+        fresh.unlink(missing_ok=True)
+        raise
 
 
 def start_ticks(pid: int) -> int | None:
@@ -323,16 +329,28 @@ def start_ticks(pid: int) -> int | None:
     return int(rest[19])
 
 
-def signal_if_same(pid: int, started: int, sig: signal.Signals) -> bool:
-    """Send ``sig`` to ``pid`` only while it is the process that started at ``started``
-    (``start_ticks``); whether it was sent. The process is held by a pidfd while checked,
-    so its pid cannot pass to another between the check and the signal."""
+def is_recorded(pid: int, started: int | None) -> bool:
+    """Whether ``pid`` is still the process a record names: the one that started at
+    ``started`` (``start_ticks``); for a record an older kvgate wrote, without start
+    times, a ``python -m kvgate`` process, as that version told them."""
+    if started is not None:
+        return start_ticks(pid) == started
+    try:
+        return b"\0-m\0kvgate\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def signal_if_same(pid: int, started: int | None, sig: signal.Signals) -> bool:
+    """Send ``sig`` to ``pid`` only while it is the process recorded (``is_recorded``);
+    whether it was sent. The process is held by a pidfd while checked, so its pid cannot
+    pass to another between the check and the signal."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
         return False
     try:
-        if start_ticks(pid) != started:
+        if not is_recorded(pid, started):
             return False
         signal.pidfd_send_signal(pidfd, sig)
         return True
@@ -434,7 +452,7 @@ class LocalFleet:
         records = state_files(self.dir)
         if records:
             running = [name for name, pid, started in recorded_processes(records)
-                       if started is not None and start_ticks(pid) == started]
+                       if is_recorded(pid, started)]
             if running:
                 raise FleetError(f"a fleet is already recorded in {records[0]} and its "
                                  f"{', '.join(running)} still run: stop it with "
@@ -584,14 +602,14 @@ def stop_recorded(state_dir: Path | None = None, grace_s: float = 10.0) -> Stopp
     if not records:
         return Stopped(False, 0, ())
     recorded = [(pid, started) for _, pid, started in reversed(recorded_processes(records))]
-    ours: list[tuple[int, int]] = []
+    ours: list[tuple[int, int | None]] = []
     gone: list[int] = []
     members_at_start: dict[int, set[int]] = {}
     for pid, started in recorded:
         # each started a session of its own (``LocalFleet._spawn``): what it started is
         # there; taken before the signal, while the leader holds the session's id
         members = set(session_members(pid))
-        if started is not None and signal_if_same(pid, started, signal.SIGTERM):
+        if signal_if_same(pid, started, signal.SIGTERM):
             ours.append((pid, started))
             members_at_start[pid] = members
         else:
@@ -600,8 +618,8 @@ def stop_recorded(state_dir: Path | None = None, grace_s: float = 10.0) -> Stopp
     for pid, started in ours:
         # the session is still the fleet's while its leader runs, or while one of those
         # it had at the start does (none lives, and its id may be another's by now)
-        def still_ours(pid: int = pid, started: int = started) -> bool:
-            return (start_ticks(pid) == started
+        def still_ours(pid: int = pid, started: int | None = started) -> bool:
+            return (is_recorded(pid, started)
                     or bool(members_at_start[pid] & set(session_members(pid))))
 
         while still_ours() and time.monotonic() < deadline:
