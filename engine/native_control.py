@@ -27,8 +27,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.core import EngineCore
 from kvwire.media_parts import shown
-from kvwire.openai_schema import BadRequest, decode_json
-from kvwire.request_edge import check_nesting
+from kvwire.openai_schema import BadRequest
+from kvwire.request_edge import decoded_body
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
@@ -50,7 +50,7 @@ class NativeControlRoutes:
     async def abort_request(self, request: HTTPRequest) -> Response:
         srv = self.server
         async with srv.held_body(request, _MAX_BODY_BYTES) as raw:
-            body = check_nesting(raw, decode_json(raw))
+            body = decoded_body(raw)
         if not isinstance(body, dict):
             raise BadRequest(f"request body must be a JSON object, got {shown(body)}")
         abort_all = body.get("abort_all", False)

@@ -46,13 +46,12 @@ from kvwire.openai_schema import (
     OpenAIError,
     check_cache_salt,
     checked_as_sent,
-    decode_json,
     optional,
     positive_int,
 )
 from kvwire.request_edge import (
     PARSE_ON_THREAD_COMMAS,
-    check_nesting,
+    decoded_body,
     parses_on_loop,
     unless_disconnected,
 )
@@ -229,7 +228,7 @@ class _Asked(NamedTuple):
 def _read(raw: bytes) -> tuple[_Asked, ResponsesChat]:
     """What a Responses body asks, and the chat it stands for: a body nested too deep to
     echo (``check_nesting``) refused before its stream starts."""
-    body = check_nesting(raw, decode_json(raw))
+    body = decoded_body(raw)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     chat = responses_chat(body)

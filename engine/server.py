@@ -59,14 +59,13 @@ from kvwire.openai_schema import (
     ClientDisconnected,
     ServiceUnavailable,
     check_served,
-    decode_json,
     model_field,
     optional,
 )
 from kvwire.request_edge import (
     ErrorBoundary,
     HeldBodyBytes,
-    check_nesting,
+    decoded_body,
     json_answer,
     parses_on_loop,
     read_body,
@@ -226,14 +225,14 @@ class EngineServer:
     async def read_json(self, request: HTTPRequest, parse: Callable[[Any], T],
                         max_body_bytes: int = MAX_BODY_BYTES) -> T:
         """``parse`` of the request's JSON body, on the event loop when the body is small
-        (``parses_on_loop``), else decoded and parsed in a worker thread; a body nested
-        past ``MAX_NESTING`` levels is refused first (``check_nesting``: the engine writes
-        some fields back). Its bytes count in ``bodies`` from their arrival until it is
-        parsed (or refused)."""
+        (``parses_on_loop``), else decoded and parsed in a worker thread; a body of more
+        containers or keys than a request may hold, or nested past ``MAX_NESTING`` levels
+        (the engine writes some fields back), is refused (``decoded_body``). Its bytes
+        count in ``bodies`` from their arrival until it is parsed (or refused)."""
         async with self.held_body(request, max_body_bytes) as raw:
             if parses_on_loop(raw):
-                return parse(check_nesting(raw, decode_json(raw)))
-            return await asyncio.to_thread(lambda: parse(check_nesting(raw, decode_json(raw))))
+                return parse(decoded_body(raw))
+            return await asyncio.to_thread(lambda: parse(decoded_body(raw)))
 
     @contextlib.asynccontextmanager
     async def held_body(self, request: HTTPRequest, max_body_bytes: int = MAX_BODY_BYTES

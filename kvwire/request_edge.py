@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from starlette.exceptions import HTTPException
@@ -31,6 +31,7 @@ from kvwire.openai_schema import (
     PayloadTooLarge,
     RequestTimeout,
     TooManyRequests,
+    decode_json,
 )
 
 log = logging.getLogger("kvgate.http")
@@ -164,6 +165,15 @@ def check_json_counts(raw: bytes) -> None:
     if keys > MAX_JSON_KEYS:
         raise BadRequest(f"request body holds {keys:,} JSON object members (keys); the "
                          f"most accepted is {MAX_JSON_KEYS:,}", code="too_many_json_keys")
+
+
+def decoded_body(raw: bytes) -> Any:
+    """Request body ``raw`` decoded: refused first when it holds more containers or keys
+    than a request may (``check_json_counts``: decoding them holds the interpreter, and so
+    the event loop, for seconds), and after when it nests past ``MAX_NESTING``
+    (``check_nesting``)."""
+    check_json_counts(raw)
+    return check_nesting(raw, decode_json(raw))
 
 
 def _count(raw: bytes, byte: np.uint8) -> int:
