@@ -38,6 +38,7 @@ from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
 from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
 from gateway.passthrough import passthrough
+from gateway.periodic import HEARTBEAT_S, every, stop_tasks
 from gateway.proxy import Proxy, UpstreamStream
 from gateway.relay_response import relay
 from gateway.request_parse import Endpoint, ParsedRequest, generates, request_object
@@ -512,6 +513,11 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             if gw.box is not None:
                 stack.push_async_callback(gw.box.stop)
                 await gw.box.start()
+            if gw.heartbeat is not None:  # a worker process's loop, alive (gateway.workers)
+                gw.heartbeat()
+                beating = asyncio.create_task(every(HEARTBEAT_S, gw.heartbeat,
+                                                    "the heartbeat"))
+                stack.push_async_callback(stop_tasks, [beating])
             if gw.worker_routes is not None:  # stopped after the peers that may forward
                 stack.callback(gw.worker_routes.stop)
                 gw.worker_routes.start()

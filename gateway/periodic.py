@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable, Iterable
 
 log = logging.getLogger("kvgate.periodic")
 
+HEARTBEAT_S = 0.5  # a worker process's event loop beats this often (``gateway.workers``)
+
 
 async def every(interval_s: float, round_fn: Callable[[], Awaitable[object] | object],
                 what: str) -> None:

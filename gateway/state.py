@@ -4,6 +4,7 @@ the long-lived parts its lifespan opens (proxy, monitor)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,9 @@ class GatewayState:
     monitor: Monitor | None = None
     worker: int | None = None  # this worker's index, with worker processes
     box: BoxFeed | None = None  # ... and its part in the fleet snapshot (box_feed)
+    # ... and its event loop's heartbeat (``gateway.workers.Heartbeats``), beaten every
+    # ``periodic.HEARTBEAT_S`` from the lifespan: a stuck loop stops beating
+    heartbeat: Callable[[], None] | None = None
     peers: Peers | None = None  # the other gateway copies (peers in the config)
     # the routes this worker and the box's other workers tell each other (--workers N)
     worker_routes: WorkerRoutes | None = None

@@ -42,7 +42,6 @@ without a shared accept queue.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import dataclasses
 import fcntl
@@ -67,12 +66,11 @@ from gateway.box_feed import BLOCK_BYTES, FeedBlock
 from gateway.config import GatewayConfig
 from gateway.fleet import MAX_REPLICAS
 from gateway.listen_sockets import listen_socket, passive_addresses
-from gateway.periodic import every, stop_tasks
+from gateway.periodic import HEARTBEAT_S
 from gateway.shared_load import SharedBlock, SharedLoad
 from gateway.worker_routes import WorkerRoutes, route_pair
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Receive, Scope, Send
 
     from gateway.peer_wire import Answered
 
@@ -92,7 +90,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 METRICS_PREFIX = "kvgate-metrics-"
 METRICS_SUFFIX = ".flock"
 # seconds between two heartbeats of a worker's event loop
-BEAT_S = 0.5
+BEAT_S = HEARTBEAT_S  # (set in gateway.periodic, where the app beats it)
 # seconds a worker's heartbeat may stand still before the supervisor takes the worker for
 # stuck (and kills it): 20 beats. Nothing a sound worker does holds its loop near that: a
 # full collection of its heap (what start-up built is frozen out of the collector's sight)
@@ -162,29 +160,6 @@ class Heartbeats:
 
 
 _BEAT = struct.Struct("<Q")
-
-
-class Beating:
-    """``app`` whose lifespan beats for worker ``worker`` (``Heartbeats``) every ``BEAT_S``,
-    from a task of its event loop: a loop that is stuck (blocked, deadlocked) stops beating.
-    Its first beat comes as the lifespan starts; the task ends with the lifespan."""
-
-    def __init__(self, app: ASGIApp, beats: Heartbeats, worker: int) -> None:
-        self.app = app
-        self.beats = beats
-        self.worker = worker
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-        self.beats.beat(self.worker)
-        task = asyncio.create_task(every(BEAT_S, lambda: self.beats.beat(self.worker),
-                                         "the heartbeat"))
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            await stop_tasks([task])
 
 
 def silent_bound_s(environ: Mapping[str, str]) -> float:
@@ -339,9 +314,10 @@ def worker_main(plan: WorkerPlan) -> None:
                 workers_told.answered(told.response, told.replica, told.tenant)
 
             gw.peers.on_answered = peer_answered
-    app = create_app(config, gw)
     if plan.beats is not None:
-        app = Beating(app, Heartbeats(plan.beats, plan.workers), plan.index)
+        beats, index = Heartbeats(plan.beats, plan.workers), plan.index
+        gw.heartbeat = lambda: beats.beat(index)
+    app = create_app(config, gw)
     token = config.admin.resolved_token() if plan.index == 0 else None
     admin_app = None if token is None else create_admin_app(gw, token)
 
