@@ -338,9 +338,10 @@ class Router:
         # INLINE_CHAT_* bounds estimated or rendered; a larger chat (its messages read one
         # by one: ~1 us each), or a prompt to encode, goes to the pool
         quick = None
-        if parsed.messages is None or (self.policy.chunk_chars <= 0 and _inline_chat(parsed)):
+        inline = parsed.messages is not None and _inline_chat(parsed)
+        if parsed.messages is None or (self.policy.chunk_chars <= 0 and inline):
             quick = self._quick(parsed, needed)
-        elif needed == 0 and _inline_chat(parsed):
+        elif needed == 0 and inline:
             return self._request(parsed, tenant, self._tokens(parsed, needed), now), False
         if quick is not None:
             return self._request(parsed, tenant, self._chunked(parsed, quick), now), False

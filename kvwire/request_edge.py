@@ -200,8 +200,6 @@ def _nesting_past(raw: bytes, bound: int, piece_bytes: int = _SCAN_BYTES) -> int
 def _opening_brackets_at_most(raw: bytes, bound: int) -> bool:
     """Whether ``raw`` holds ``bound`` bytes ``[`` and ``{`` at most, in strings or not
     (then it opens no more arrays and objects than that)."""
-    if len(raw) <= _VECTOR_COUNT_BYTES:
-        return raw.count(b"[") + raw.count(b"{") <= bound
     return sum(_count(raw, c) for c in _OPENS) <= bound
 
 
