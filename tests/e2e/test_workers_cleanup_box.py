@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.marked_processes import children, is_worker
 from tests.support.processes import REPO, Processes
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until
@@ -27,23 +28,6 @@ def _config(tmp_path: Path) -> Path:
         "port": free_port(), "replicas": [{"id": "r0", "url": f"http://127.0.0.1:{free_port()}"}],
         "shutdown": {"grace_s": 0, "timeout_s": 1}}))
     return config
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:  # ended meanwhile
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-def _is_worker(pid: int) -> bool:
-    return b"--multiprocessing-fork" in Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def _shared_memory(pid: int) -> set[str]:
@@ -73,7 +57,7 @@ def test_a_box_killed_whole_leaves_no_shared_memory_nor_metrics_past_the_next_st
     try:
         def mapped() -> list[int]:
             """The workers, once both map the box's accounting and fleet snapshot."""
-            workers = [pid for pid in _children(box.pid) if _is_worker(pid)]
+            workers = [pid for pid in children(box.pid) if is_worker(pid)]
             if len(workers) == 2 and all(len(_shared_memory(pid)) >= 2 for pid in workers):
                 return workers
             return []
@@ -85,7 +69,7 @@ def test_a_box_killed_whole_leaves_no_shared_memory_nor_metrics_past_the_next_st
                        if v.startswith(b"PROMETHEUS_MULTIPROC_DIR="))
         # every process at once, the resource tracker too, as a container's stop or a
         # cgroup's kill: stopped first, so none sees another die
-        box_pids = [box.pid, *_children(box.pid)]
+        box_pids = [box.pid, *children(box.pid)]
         for pid in box_pids:
             os.kill(pid, signal.SIGSTOP)
         for pid in box_pids:

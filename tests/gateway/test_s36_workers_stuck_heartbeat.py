@@ -16,28 +16,12 @@ import yaml
 
 from gateway.workers import Supervisor
 from tests.support.fake_replica import Behaviour, fake_replica
+from tests.support.marked_processes import children, is_worker
 from tests.support.processes import Processes
 from tests.support.servers import ThreadServer, free_port
 from tests.support.waiting import wait_until
 
 SILENT_ENV = "KVGATE_WORKER_SILENT_S"  # the bound on a worker's silence, in seconds
-
-
-def _workers(supervisor: int) -> list[int]:
-    """The supervisor's worker processes (its spawned children)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            command = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:  # ended meanwhile
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == supervisor \
-                and b"--multiprocessing-fork" in command:
-            found.append(int(entry))
-    return found
 
 
 def test_a_worker_whose_loop_is_stuck_is_killed_and_its_box_stops(
@@ -64,7 +48,7 @@ def test_a_worker_whose_loop_is_stuck_is_killed_and_its_box_stops(
             return {"0", "1"} <= answered
 
         wait_until(both_serve, 60, "both workers to answer")
-        stuck = max(_workers(box.pid))
+        stuck = max(pid for pid in children(box.pid) if is_worker(pid))
         os.kill(stuck, signal.SIGSTOP)
         stopped.append(stuck)
         assert box.wait(30) == 1

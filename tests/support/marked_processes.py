@@ -1,4 +1,5 @@
-"""Processes a test started with a mark of its own on their command line, found in /proc."""
+"""Processes a test started, found in /proc: by a mark of their own on their command line,
+or as a process's children."""
 
 from __future__ import annotations
 
@@ -16,3 +17,25 @@ def engines_serving_as(mark: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def is_worker(pid: int) -> bool:
+    """Whether ``pid`` is a process ``multiprocessing`` spawned (a ``serve --workers``
+    worker)."""
+    try:
+        return b"--multiprocessing-fork" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # ended meanwhile
+        return False
