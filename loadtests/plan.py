@@ -140,12 +140,11 @@ def _workload(args: argparse.Namespace) -> PlanWorkload:
 
 
 def _check_simulation(args: argparse.Namespace, work: PlanWorkload, profile: str,
-                      idle: float, bytes_per_request: int) -> None:
+                      context: int, idle: float, bytes_per_request: int) -> None:
     """``ValueError`` naming the flag, before anything is built, where the simulation
     would be asked for more than it builds (see the module): documents with their
     questions longer than the model's context, or more KV blocks than
-    ``MAX_FLEET_BLOCKS``."""
-    context = _load_profile(profile, "--profile").model.max_model_len
+    ``MAX_FLEET_BLOCKS`` (``context``: the profile's model's, in tokens)."""
     request_tokens = work.library.doc_tokens + work.library.tail_tokens
     if not (args.scenario or args.workload) and request_tokens >= context:
         raise ValueError(f"--doc-tokens {work.library.doc_tokens:.0f}: a document with its "
@@ -312,7 +311,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
             if _has_windows(shape) else every_layer
         simulating = simulating and bool(work.requests)
         if simulating:
-            _check_simulation(args, work, profile, idle, every_layer.bytes_per_request)
+            _check_simulation(args, work, profile, shape.max_model_len, idle,
+                              every_layer.bytes_per_request)
         figures = simulate_policies(work, policies, profile, args.replicas, idle,
                                     every_layer.bytes_per_request, rate, args.seed) \
             if simulating else {}
