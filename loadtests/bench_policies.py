@@ -14,7 +14,9 @@ of the figures. Memory of ``radix`` and ``cost``: ``tracemalloc``'s count of the
 allocated while building and warming the policy and still live afterwards (the fleet's own
 few KB included), next to the radix tree's own estimate; timing runs with tracing off.
 ``observe_p50_us``: the median of the ``observe(Routed)`` after each timed choice (a policy
-that learns from what it routed pays it on every request too). ``gateway_views_us``: the
+that learns from what it routed pays it on every request too). ``full_collection_ms``: one
+full garbage collection with the warmed-up policy alive (it walks every object the
+collector tracks, on the gateway's event loop). ``gateway_views_us``: the
 median time of the gateway's replica snapshots (``Fleet.views``) per replica count, which
 every decision starts from. ``ring_join_ms``: building a ring of that many replicas from
 nothing, and again when one joins (prefix_affinity's 1,024 points a replica, cost's 256).
@@ -116,6 +118,12 @@ def run_one(
         gc.collect()
         traced = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
+    # a full collection walks every object the collector tracks: the pause (on the
+    # gateway's event loop) that the policy's warmed-up state adds to every one of them
+    gc.collect()
+    started = time.perf_counter()
+    gc.collect()
+    full_collection_ms = (time.perf_counter() - started) * 1e3
     samples, observed = [], []
     for i, tokens in enumerate(timed):
         req = _request(policy, tokens, f"t{i}", as_list=True, at=(len(warm) + i) * 0.02)
@@ -125,7 +133,8 @@ def run_one(
     samples.sort()
     p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
     figures = {"p50_us": round(statistics.median(samples), 1), "p99_us": round(p99, 1),
-               "observe_p50_us": round(statistics.median(observed), 1)}
+               "observe_p50_us": round(statistics.median(observed), 1),
+               "full_collection_ms": round(full_collection_ms, 1)}
     return figures, policy, traced
 
 

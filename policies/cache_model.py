@@ -28,6 +28,11 @@ never pending) is held for good, as any other. Since every admission takes a who
 chain, what the model holds of a chain stays a prefix of it: an entry deeper in a chain
 than a removable one was brought by the same pending admissions, or more of them.
 
+Entries are tuples of ints, which the garbage collector stops tracking, rather than lists:
+a model of millions of tokens is hundreds of thousands of entries per replica, and a full
+collection walking them all held the event loop for 100-300 ms at a time. An entry changes
+by being replaced; its serial number, not its identity, names it.
+
 Not thread-safe; one owner (the policy) drives it.
 """
 
@@ -55,9 +60,13 @@ class Victim(NamedTuple):
 # prompts) holds old entries the admission does not touch, which go first
 PASSED_OVER_MAX = 1 << 11
 
-# the entries a pending admission brings: (key, entry) each, the entry the model's own list
-# (an entry evicted and admitted again is another list, which that admission does not bring)
-Brought = list[tuple[int, list[int]]]
+# the entries a pending admission brings: (key, serial) each, the serial the entry's when it
+# was brought (an entry evicted and admitted again is another serial, which that admission
+# does not bring)
+Brought = list[tuple[int, int]]
+
+# an entry: (tokens, owner, pending admissions bringing it (0: held for good), serial)
+Entry = tuple[int, int, int, int]
 
 
 class ReplicaCacheModel:
@@ -69,16 +78,16 @@ class ReplicaCacheModel:
     would evict without doing it.
     """
 
-    __slots__ = ("_entries", "_owned", "capacity", "used", "walked")
+    __slots__ = ("_entries", "_owned", "_serial", "capacity", "used", "walked")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity!r}")
         self.capacity = capacity
         self.used = 0
-        # key -> [tokens, owner, pending admissions bringing it (0: held for good)];
-        # first = least recently used
-        self._entries: OrderedDict[int, list[int]] = OrderedDict()
+        # key -> Entry; first = least recently used
+        self._entries: OrderedDict[int, Entry] = OrderedDict()
+        self._serial = 0  # the last entry's serial number
         self._owned: dict[int, int] = {}  # owner -> tokens of its entries (none at 0)
         self.walked = 0  # entries the last ``victims`` or ``evicted_tokens`` visited
 
@@ -149,7 +158,7 @@ class ReplicaCacheModel:
         if excess <= 0 or others <= 0:
             return
         walked = passed = 0
-        for key, (tokens, owner, _) in self._entries.items():
+        for key, (tokens, owner, _, _) in self._entries.items():
             walked += 1
             if owner == keep_owner:
                 passed += 1
@@ -180,7 +189,7 @@ class ReplicaCacheModel:
         memo = {} if memo is None else memo
         last_owner, last_counts = None, False
         walked = passed = 0
-        for tokens, owner, _ in self._entries.values():
+        for tokens, owner, _, _ in self._entries.values():
             walked += 1
             if owner == keep_owner:
                 passed += 1
@@ -206,7 +215,7 @@ class ReplicaCacheModel:
         """Touch or insert the chain's entries (tail first), then evict LRU entries until
         the model fits its capacity; returns the keys evicted, oldest first. ``pending``
         given, the admission is pending: the entries it brings (inserted, or pending
-        already), each ``(key, entry)``, are appended to it, for ``forget`` or
+        already), each ``(key, serial)``, are appended to it, for ``forget`` or
         ``confirm``; else it stands, and every entry of the chain is held for good."""
         entries, owned = self._entries, self._owned
         gained = 0  # tokens the owner's entries gain
@@ -216,32 +225,34 @@ class ReplicaCacheModel:
         for key, tokens in pairs:
             held = entries.get(key)
             if held is None:
-                held = entries[key] = [tokens, owner, 0 if pending is None else 1]
+                self._serial = serial = self._serial + 1
+                entries[key] = (tokens, owner, 0 if pending is None else 1, serial)
                 self.used += tokens
                 gained += tokens
                 if pending is not None:
-                    pending.append((key, held))
-            else:
-                if held[1] != owner:
-                    self._disown(held)
-                    gained += held[0]
-                    held[1] = owner
-                if tokens > held[0]:
-                    self.used += tokens - held[0]
-                    gained += tokens - held[0]
-                    held[0] = tokens
-                if held[2]:
-                    if pending is None:
-                        held[2] = 0
-                    else:
-                        held[2] += 1
-                        pending.append((key, held))
-                entries.move_to_end(key)
+                    pending.append((key, serial))
+                continue
+            size, was, count, serial = held
+            if was != owner:
+                self._disown(size, was)
+                gained += size
+            if tokens > size:
+                self.used += tokens - size
+                gained += tokens - size
+                size = tokens
+            if count:
+                if pending is None:
+                    count = 0
+                else:
+                    count += 1
+                    pending.append((key, serial))
+            entries[key] = (size, owner, count, serial)
+            entries.move_to_end(key)
         if gained:
             owned[owner] = owned.get(owner, 0) + gained
         return self._evict()
 
-    def forget(self, pending: Iterable[tuple[int, list[int]]]) -> list[int]:
+    def forget(self, pending: Iterable[tuple[int, int]]) -> list[int]:
         """Take back a pending admission (its ``pending`` entries): its prompt never
         reached the replica. An entry no other pending admission brings is removed (what
         the admission touched, evicted or grew stays as it left it). Only the entries it
@@ -250,24 +261,28 @@ class ReplicaCacheModel:
         removed."""
         entries = self._entries
         removed: list[int] = []
-        for key, entry in pending:
-            if entries.get(key) is not entry or not entry[2]:
+        for key, serial in pending:
+            entry = entries.get(key)
+            if entry is None or entry[3] != serial or not entry[2]:
                 continue  # evicted since, or held for good
-            entry[2] -= 1
-            if not entry[2]:
+            tokens, owner, count, _ = entry
+            if count > 1:
+                entries[key] = (tokens, owner, count - 1, serial)
+            else:
                 del entries[key]
-                self.used -= entry[0]
-                self._disown(entry)
+                self.used -= tokens
+                self._disown(tokens, owner)
                 removed.append(key)
         return removed
 
-    def confirm(self, pending: Iterable[tuple[int, list[int]]]) -> None:
+    def confirm(self, pending: Iterable[tuple[int, int]]) -> None:
         """Let a pending admission (its ``pending`` entries) stand: those the model still
         holds (as ``forget`` tells them) are held for good."""
         entries = self._entries
-        for key, entry in pending:
-            if entries.get(key) is entry:
-                entry[2] = 0
+        for key, serial in pending:
+            entry = entries.get(key)
+            if entry is not None and entry[3] == serial and entry[2]:
+                entries[key] = (entry[0], entry[1], 0, serial)
 
     def resize(self, capacity: int) -> list[int]:
         """A new capacity (the replica's was learned or changed); evicts to fit and returns
@@ -287,17 +302,17 @@ class ReplicaCacheModel:
         entries = self._entries
         used, capacity = self.used, self.capacity
         while used > capacity and entries:
-            key, held = entries.popitem(last=False)
-            used -= held[0]
-            self._disown(held)
+            key, (tokens, owner, _, _) = entries.popitem(last=False)
+            used -= tokens
+            self._disown(tokens, owner)
             out.append(key)
         self.used = used
         return out
 
-    def _disown(self, entry: list[int]) -> None:
-        """Take the entry's tokens off its owner's."""
-        owned, owner = self._owned, entry[1]
-        left = owned.get(owner, 0) - entry[0]
+    def _disown(self, tokens: int, owner: int) -> None:
+        """Take an entry's ``tokens`` off its ``owner``'s."""
+        owned = self._owned
+        left = owned.get(owner, 0) - tokens
         if left:
             owned[owner] = left
         else:
@@ -308,14 +323,14 @@ class ReplicaCacheModel:
         return list(self._entries)
 
     def check_integrity(self) -> None:
-        total = sum(tokens for tokens, _, _ in self._entries.values())
+        total = sum(entry[0] for entry in self._entries.values())
         if total != self.used:
             raise AssertionError(f"cache model: used {self.used} != sum of entries {total} "
                                  f"over {len(self._entries)} entries")
         if self.used > self.capacity:
             raise AssertionError(f"cache model: used {self.used} > capacity {self.capacity}")
         owned: dict[int, int] = {}
-        for tokens, owner, _ in self._entries.values():
+        for tokens, owner, _, _ in self._entries.values():
             owned[owner] = owned.get(owner, 0) + tokens
         wrong = [(o, self._owned.get(o, 0), owned.get(o, 0)) for o in owned.keys() | self._owned
                  if self._owned.get(o, 0) != owned.get(o, 0)]

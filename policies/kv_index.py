@@ -114,9 +114,11 @@ def chain_key(parent: int, tokens: Sequence[int]) -> int:
 
 @dataclass(slots=True)
 class _Replica:
-    by_hash: dict[int, int] = field(default_factory=dict)
-    copies: Counter[int] = field(default_factory=Counter)
-    keys: Counter[int] = field(default_factory=Counter)
+    # plain dicts of ints, which the garbage collector never tracks (a Counter it walks
+    # whole at every full collection: a replica of millions of tokens holds ~10^5 blocks)
+    by_hash: dict[int, int] = field(default_factory=dict)  # engine hash -> chain key
+    copies: dict[int, int] = field(default_factory=dict)  # engine hash -> copies held
+    keys: dict[int, int] = field(default_factory=dict)  # chain key -> engine hashes
     last_seq: int | None = None
     # the stream showed a restart (its numbers went back) that no ``reset`` has matched
     restart_unmatched: bool = False
@@ -301,13 +303,13 @@ class KVIndex:
             prev = hash((prev, data[i * step : (i + 1) * step]))  # chain_key, sliced
             old = r.by_hash.get(h)
             if old == prev:
-                r.copies[h] += 1  # another physical copy of the same block
+                r.copies[h] = r.copies.get(h, 0) + 1  # another physical copy of it
                 continue
             if old is not None:
                 self._drop(r, h, every_copy=True)
             r.by_hash[h] = prev
             r.copies[h] = 1
-            r.keys[prev] += 1
+            r.keys[prev] = r.keys.get(prev, 0) + 1
 
     @staticmethod
     def _drop(r: _Replica, engine_hash: int, every_copy: bool = False) -> None:
@@ -381,7 +383,7 @@ class KVIndex:
         """Raise AssertionError if a replica's maps disagree."""
         for rid, r in self._replicas.items():
             counted = Counter(r.by_hash.values())
-            if counted != r.keys:
+            if dict(counted) != r.keys:
                 raise AssertionError(
                     f"replica {rid}: {len(r.by_hash)} hashes map to {len(counted)} keys, "
                     f"but {len(r.keys)} keys with {sum(r.keys.values())} references are held"
