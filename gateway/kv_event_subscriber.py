@@ -44,6 +44,11 @@ of the same process (nothing in the stream tells a new process numbered past the
 the next scrape whose counters went back clears the replica), and a restart the stream
 showed is not cleared again by that scrape (``KVIndex.restarted``): what the new process
 stored since would be lost for good.
+
+A replica's stored events whose block size is not the index's (an engine started with
+another ``--block-size``) are all dropped by the index: its cache is never matched. A
+warning names the replica, both sizes and the setting to change, at most once a minute per
+replica; the index's drops are exported per replica and reason (``gateway.metrics``).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
+from gateway.log_throttle import LogThrottle
 from kvwire.kv_event_format import (
     REPLAY_END,
     BlockRemoved,
@@ -88,6 +94,9 @@ _REPLAY_BACKOFF_S = (1.0, 60.0)  # after a failed replay, none for this long (do
 # KV cache groups of these kinds (vLLM's KVCacheSpecKind) hold every block of a prefix
 FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 _MAX_GROUPS = 64  # KV cache groups whose kind is kept, per replica
+# a replica whose stored events are dropped for their block size: warned of at most once
+# this often (each of its engine steps drops more)
+_BLOCK_SIZE_WARN_S = 60.0
 # what a SUB socket's monitor tells: whether libzmq still connects to the publisher
 _LINK_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
                 | zmq.EVENT_DISCONNECTED)
@@ -107,10 +116,13 @@ class _Replaced(Exception):
 
 
 class KVEventSubscriber:
-    def __init__(self, fleet: Fleet, index: KVIndex, reconcile_s: float = 1.0) -> None:
+    def __init__(self, fleet: Fleet, index: KVIndex, reconcile_s: float = 1.0,
+                 block_size_key: str = "policy.block_size") -> None:
         self.fleet = fleet
         self.index = index
         self.reconcile_s = reconcile_s
+        # the config key that sets the index's block size, as a warning names it
+        self.block_size_key = block_size_key
         self.messages = 0
         # messages skipped (a connection ZMQ dropped for one included), and events
         # skipped inside a batch
@@ -143,6 +155,8 @@ class KVEventSubscriber:
         # replica -> the sequence number and payload hash of the last batch applied (a
         # replay that keeps another under that number tells of a restart)
         self._last_applied: dict[str, tuple[int, int]] = {}
+        # replica -> when its stored events dropped for their block size were last logged
+        self._block_size_warned: dict[str, LogThrottle] = {}
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         if isinstance(event, ReplicaAdded | ReplicaRemoved):
@@ -161,7 +175,8 @@ class KVEventSubscriber:
         if not endpoints and policy.name == KVEvents.name:
             log.warning("policy kv_events: no replica has a kv_events endpoint yet; "
                         "routing by load only")
-        return cls(fleet, index)
+        key = "policy.block_size" if policy.name == KVEvents.name else "policy.kv_block_size"
+        return cls(fleet, index, block_size_key=key)
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -221,6 +236,7 @@ class KVEventSubscriber:
                 self.index.remove_replica(rid)
                 self._groups.pop(rid, None)
                 self._last_applied.pop(rid, None)
+                self._block_size_warned.pop(rid, None)
             if now != endpoints:
                 # a replica back under this id (a pod of a StatefulSet) is asked for its
                 # replay at once, not after an old endpoint's failures (its first live
@@ -412,6 +428,7 @@ class KVEventSubscriber:
             log.warning("replica %s: skipped %d malformed KV events of message %d", replica,
                         batch.malformed, seq)
         overflows = self.index.stats.overflows
+        wrong_size = self.index.stats.wrong_block_size
         if count:  # a message's first slice: its limit read once, then its sequence number
             state = self.fleet.get(replica)
             capacity = state.kv_capacity().replica_tokens if state is not None else None
@@ -426,6 +443,34 @@ class KVEventSubscriber:
             log.warning("replica %s: its KV events name more blocks than it can hold (%d): "
                         "its index was cleared (removals lost, or not an engine's stream)",
                         replica, self.index.limit_of(replica))
+        if self.index.stats.wrong_block_size > wrong_size:
+            self._warn_block_size(replica, events,
+                                  self.index.stats.wrong_block_size - wrong_size)
+
+    def _warn_block_size(self, replica: str, events: tuple[KVEvent, ...], dropped: int
+                         ) -> None:
+        """Log, at most once per ``_BLOCK_SIZE_WARN_S`` for ``replica``, that ``dropped``
+        of its stored events were dropped for their block size: its blocks are then never
+        in the index, and nothing else tells why."""
+        throttle = self._block_size_warned.get(replica)
+        if throttle is None:
+            throttle = self._block_size_warned[replica] = LogThrottle(_BLOCK_SIZE_WARN_S)
+        held = throttle.due(dropped)
+        if held is None:
+            return
+        ours = self.index.block_size
+        theirs = next((ev.block_size for ev in events
+                       if isinstance(ev, BlockStored) and ev.block_size != ours), None)
+        if theirs is None:  # the size agrees, the token ids do not fill the blocks
+            log.warning("replica %s: %d stored KV events dropped since this was last "
+                        "logged: their token ids are not %d per block", replica,
+                        held + dropped, ours)
+            return
+        log.warning("replica %s: its KV events store blocks of %d tokens, the gateway's "
+                    "index blocks of %d: %d stored events dropped since this was last "
+                    "logged, and none of its cache is ever matched; set %s to %d in the "
+                    "gateway's config (or start the engine with --block-size %d)", replica,
+                    theirs, ours, held + dropped, self.block_size_key, theirs, ours)
 
     async def _replay(self, replica: str, endpoint: str, start: int, until: int | None,
                       applied_hashes: dict[int, int] | None = None,

@@ -166,6 +166,11 @@ def _unlabelled(family: type[CounterMetricFamily] | type[GaugeMetricFamily],
         yield metric
 
 
+# the index's counts (``IndexStats``' fields) exported per replica
+DROP_REASONS = ("orphans", "keyed_elsewhere", "wrong_block_size", "gaps", "restarts",
+                "overflows")
+
+
 class KVEventCounts(Protocol):
     messages: int
     malformed: int
@@ -212,6 +217,24 @@ class _KVEventCollector(Collector):
             ("kvgate_kv_index_overflows", "Replicas whose KV events named more blocks than "
              "they can hold: their blocks were cleared", stats.overflows),
         ))
+        yield self._drops()
+
+    def _drops(self) -> Metric:
+        """The index's counts of what it could not apply, per replica and reason."""
+        index = self.source.index
+        drops = CounterMetricFamily(
+            "kvgate_kv_index_drops", "What a replica's KV events lost in the exact index, by "
+            "reason: stored blocks dropped (orphans: parent unknown; keyed_elsewhere: "
+            "hashed over more than their tokens), stored events dropped (wrong_block_size: "
+            "not the gateway's block size), messages lost (gaps), the replica's blocks "
+            "cleared (restarts, overflows)", labels=["replica", "reason"])
+        for replica in index.replicas():
+            stats = index.stats_of(replica)
+            if stats is None:
+                continue
+            for reason in DROP_REASONS:
+                drops.add_metric([replica, reason], getattr(stats, reason))
+        return drops
 
     def _blocks(self) -> Iterator[Metric]:
         index = self.source.index

@@ -113,6 +113,20 @@ def chain_key(parent: int, tokens: Sequence[int]) -> int:
 
 
 @dataclass(slots=True)
+class IndexStats:
+    """Counts of what the index could not apply exactly: all replicas' (``KVIndex.stats``)
+    or one's (``KVIndex.stats_of``)."""
+
+    orphans: int = 0  # stored blocks dropped: parent hash unknown
+    # stored blocks dropped: hashed over more than their tokens (a cache salt, an image)
+    keyed_elsewhere: int = 0
+    wrong_block_size: int = 0  # stored events dropped: not the index's block size
+    gaps: int = 0  # messages lost (sequence jumped forward)
+    restarts: int = 0  # sequence went back: the replica was cleared
+    overflows: int = 0  # a replica named more blocks than its limit: it was cleared
+
+
+@dataclass(slots=True)
 class _Replica:
     # plain dicts of ints, which the garbage collector never tracks (a Counter it walks
     # whole at every full collection: a replica of millions of tokens holds ~10^5 blocks)
@@ -125,24 +139,12 @@ class _Replica:
     # the last ``reset`` matched that restart, and no message came since: the same reset
     # told again (by every model's policy, sharing this index) matches it too
     reset_matched: bool = False
+    stats: IndexStats = field(default_factory=IndexStats)  # its own share of the counts
 
     def clear(self) -> None:
         self.by_hash.clear()
         self.copies.clear()
         self.keys.clear()
-
-
-@dataclass(slots=True)
-class IndexStats:
-    """Counts of what the index could not apply exactly."""
-
-    orphans: int = 0  # stored blocks dropped: parent hash unknown
-    # stored blocks dropped: hashed over more than their tokens (a cache salt, an image)
-    keyed_elsewhere: int = 0
-    wrong_block_size: int = 0  # stored events dropped: not the index's block size
-    gaps: int = 0  # messages lost (sequence jumped forward)
-    restarts: int = 0  # sequence went back: the replica was cleared
-    overflows: int = 0  # a replica named more blocks than its limit: it was cleared
 
 
 class KVIndex:
@@ -178,6 +180,12 @@ class KVIndex:
         """Distinct block keys held by ``replica``."""
         r = self._replicas.get(replica)
         return len(r.keys) if r else 0
+
+    def stats_of(self, replica: str) -> IndexStats | None:
+        """What the index could not apply exactly of ``replica``'s events since it was
+        first fed them (None: never, or removed since)."""
+        r = self._replicas.get(replica)
+        return None if r is None else r.stats
 
     def limit_of(self, replica: str) -> int:
         """The most blocks ``replica`` may hold in the index (``set_limit``)."""
@@ -248,19 +256,21 @@ class KVIndex:
 
     def apply(self, replica: str, seq: int, events: Iterable[KVEvent]) -> None:
         """Apply one message (sequence number ``seq``) from ``replica``."""
-        r = self._replicas.setdefault(replica, _Replica())
+        r = self._replica(replica)
         if r.last_seq is not None:
             if seq <= r.last_seq:  # numbered from a new start: the engine restarted
                 self.restarted(replica)
             elif seq > r.last_seq + 1:
-                self.stats.gaps += seq - r.last_seq - 1
+                lost = seq - r.last_seq - 1
+                self.stats.gaps += lost
+                r.stats.gaps += lost
         r.last_seq = seq
         r.reset_matched = False
         for ev in events:
             self.apply_event(replica, ev)
 
     def apply_event(self, replica: str, ev: KVEvent) -> None:
-        r = self._replicas.setdefault(replica, _Replica())
+        r = self._replica(replica)
         if isinstance(ev, BlockStored):
             self._stored(r, ev, self._limits.get(replica, DEFAULT_BLOCK_LIMIT))
         elif isinstance(ev, BlockRemoved):
@@ -269,10 +279,19 @@ class KVIndex:
         elif isinstance(ev, AllBlocksCleared):
             r.clear()
 
+    def _replica(self, replica: str) -> _Replica:
+        """``replica``'s entry, made on its first event (not one made and thrown away at
+        every event, as ``setdefault`` would)."""
+        r = self._replicas.get(replica)
+        if r is None:
+            r = self._replicas[replica] = _Replica()
+        return r
+
     def _stored(self, r: _Replica, ev: BlockStored, limit: int) -> None:
         n = len(ev.block_hashes)
         if ev.block_size != self.block_size or len(ev.token_ids) != n * ev.block_size:
             self.stats.wrong_block_size += 1
+            r.stats.wrong_block_size += 1
             return
         if ev.parent_block_hash is None:
             prev = root_key(ev.lora_name, ev.lora_id)
@@ -287,10 +306,12 @@ class KVIndex:
             prev = found
         else:
             self.stats.orphans += n
+            r.stats.orphans += n
             return
         if len(r.by_hash) + n > limit:
             r.clear()  # its next chains start afresh (their parents are gone: orphans)
             self.stats.overflows += 1
+            r.stats.overflows += 1
             return
         step = 4 * self.block_size
         data = _packed(ev.token_ids)
@@ -299,6 +320,7 @@ class KVIndex:
             # hashed over more than their tokens (a cache salt, an image): no prompt's
             # tokens name them, and those chained after them are orphans
             self.stats.keyed_elsewhere += n - keyed
+            r.stats.keyed_elsewhere += n - keyed
         for i, h in enumerate(ev.block_hashes[:keyed]):
             prev = hash((prev, data[i * step : (i + 1) * step]))  # chain_key, sliced
             old = r.by_hash.get(h)
@@ -370,6 +392,7 @@ class KVIndex:
         r.last_seq = None
         r.restart_unmatched = r.reset_matched = False
         self.stats.restarts += 1
+        r.stats.restarts += 1
         self.resets[replica] += 1
 
     def remove_replica(self, replica: str) -> None:
