@@ -148,6 +148,8 @@ class ReplicaConfig:
             if value.startswith("tcp://") and endpoint_port.isdigit() \
                     and int(endpoint_port) == 0:
                 raise ValueError(f"{key} {shown(value)} has port 0, which cannot be connected to")
+        if self.data_parallel_rank is None:
+            _check_endpoints_apart(self, self.ranks())
 
     def _check_ranks(self) -> None:
         size, rank = self.data_parallel_size, self.data_parallel_rank
@@ -164,6 +166,11 @@ class ReplicaConfig:
         elif type(rank) is not int or not 0 <= rank < size or named != rank:
             raise ValueError(f"data_parallel_rank {rank!r} is no rank of replica {self.id!r} "
                              f"of data_parallel_size {size}")
+
+    def event_endpoints(self) -> list[tuple[str, str]]:
+        """Its KV event endpoints as ``(endpoint, key)``: publish, then replay."""
+        return [(value, key) for key in ("kv_events", "kv_events_replay")
+                if (value := getattr(self, key)) is not None]
 
     def ranks(self) -> list[ReplicaConfig]:
         """The fleet members of this replica: one per data-parallel rank, each with its
@@ -475,6 +482,7 @@ class GatewayConfig:
                 if member.id in seen:
                     raise ValueError(f"replicas[{i}].id {member.id!r} appears twice")
                 seen.add(member.id)
+        self._check_endpoints()
         self._check_listeners()
         labels = [source.label for source in self.discovery]
         for i, label in enumerate(labels):
@@ -503,6 +511,26 @@ class GatewayConfig:
                              "with no discovery and no admin API to add them, their tenants "
                              "could never be served")
 
+    def _check_endpoints(self) -> None:
+        """Each KV event endpoint (publish or replay, of each data-parallel rank) named by
+        one replica alone: two replicas following one engine's endpoint would both mirror
+        its cache (the other engine's never seen), and a subscriber on a replay endpoint
+        never speaks with it (ZMQ drops the connection, again and again)."""
+        owners: dict[str, tuple[int, str, str]] = {}  # endpoint -> replicas[i], member, key
+        for i, replica in enumerate(self.replicas):
+            for member in replica.ranks():
+                for endpoint, key in member.event_endpoints():
+                    first = owners.get(endpoint)
+                    if first is None:
+                        owners[endpoint] = (i, member.id, key)
+                    elif first[0] != i:  # within one replica: ReplicaConfig's check
+                        j, other, other_key = first
+                        raise ValueError(
+                            f"replicas[{i}] ({member.id}) {key} {shown(endpoint)} is also "
+                            f"replicas[{j}] ({other})'s {other_key}: each replica's engine "
+                            "publishes on endpoints of its own (two replicas following one "
+                            "would both mirror that engine's cache)")
+
     def _check_listeners(self) -> None:
         """The peers' listener on a port of its own: on the gateway's (or the admin API's),
         with worker processes (SO_REUSEPORT), the kernel would share the port's clients
@@ -530,6 +558,29 @@ class GatewayConfig:
     def replicas_join_later(self) -> bool:
         """Whether replicas may join after start-up: through discovery or the admin API."""
         return bool(self.discovery) or self.admin.resolved_token() is not None
+
+
+def _check_endpoints_apart(replica: ReplicaConfig, members: list[ReplicaConfig]) -> None:
+    """ValueError naming the endpoint when two of ``replica``'s KV event endpoints, over its
+    data-parallel ranks (``members``: itself when it has one), are one: a subscriber on a
+    replay endpoint never speaks with it (ZMQ drops the connection, again and again)."""
+    owners: dict[str, tuple[str, str]] = {}  # endpoint -> member, key
+    for member in members:
+        for endpoint, key in member.event_endpoints():
+            first = owners.get(endpoint)
+            if first is None:
+                owners[endpoint] = (member.id, key)
+                continue
+            other, other_key = first
+            if other == member.id:
+                raise ValueError(f"{key} {shown(endpoint)} is also its {other_key}: the "
+                                 "engine publishes and replays on endpoints of their own")
+            size = replica.data_parallel_size
+            raise ValueError(
+                f"rank {member.id}'s {key} {shown(endpoint)} is also rank {other}'s "
+                f"{other_key}: a rank's endpoints are the configured ports plus its rank, "
+                f"so kv_events and kv_events_replay must be {size} or more ports apart "
+                f"(data_parallel_size {size})")
 
 
 def shown_url(url: str, limit: int = 120) -> str:

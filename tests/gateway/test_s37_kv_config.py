@@ -1,21 +1,28 @@
 """KV event misconfigurations are told, not silent: an engine whose block size is not the
 gateway's (its stored events all dropped) is warned of and counted per replica on
-/metrics."""
+/metrics; two replicas, or two data-parallel ranks, naming one KV event endpoint are
+refused with the config (and through the admin API)."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import re
+from pathlib import Path
 
+import httpx
 import pytest
+import yaml
 import zmq
 
-from gateway.config import ReplicaConfig
+from gateway.config import ReplicaConfig, load_config
 from gateway.fleet import Fleet
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from kvwire.kv_event_format import BlockStored, KVEventBatch, encode_payload
+from policies.config import ConfigError
 from policies.registry import build_policy
+from tests.support.gateway_harness import AUTH, Serve, start_gateway
 from tests.support.metrics import samples
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until_async
@@ -107,3 +114,67 @@ def test_the_cost_policy_names_its_own_block_size_key() -> None:
     fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1", kv_events="tcp://127.0.0.1:9")])
     sub = KVEventSubscriber.for_policy(fleet, build_policy({"name": "cost"}))
     assert sub is not None and sub.block_size_key == "policy.kv_block_size"
+
+
+def load(tmp_path: Path, replicas: list[dict[str, object]]) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({"policy": {"name": "kv_events"}, "replicas": replicas}))
+    load_config(path)
+
+
+E0: dict[str, object] = {"id": "r0", "url": "http://127.0.0.1:8101", "kv_events": "tcp://127.0.0.1:5557",
+      "kv_events_replay": "tcp://127.0.0.1:5558"}
+
+
+def test_two_replicas_naming_one_endpoint_are_refused_naming_both(tmp_path: Path) -> None:
+    slip = {**E0, "id": "r1", "url": "http://127.0.0.1:8102"}
+    with pytest.raises(ConfigError) as raised:
+        load(tmp_path, [E0, slip])
+    assert str(raised.value) == (
+        f"{tmp_path / 'gateway.yaml'}: replicas[1] (r1) kv_events 'tcp://127.0.0.1:5557' is "
+        "also replicas[0] (r0)'s kv_events: each replica's engine publishes on endpoints of "
+        "its own (two replicas following one would both mirror that engine's cache)")
+    # one's publish endpoint another's replay endpoint
+    slip = {"id": "r1", "url": "http://127.0.0.1:8102", "kv_events": "tcp://127.0.0.1:5558"}
+    with pytest.raises(ConfigError, match=r"replicas\[1\] \(r1\) kv_events "
+                       r"'tcp://127.0.0.1:5558' is also replicas\[0\] \(r0\)'s "
+                       "kv_events_replay"):
+        load(tmp_path, [E0, slip])
+    # apart, they load
+    load(tmp_path, [E0, {"id": "r1", "url": "http://127.0.0.1:8102",
+                         "kv_events": "tcp://127.0.0.1:5567",
+                         "kv_events_replay": "tcp://127.0.0.1:5568"}])
+
+
+def test_data_parallel_ranks_whose_endpoints_meet_are_refused(tmp_path: Path) -> None:
+    # rank 1 publishes on 5558, rank 0's replay port
+    with pytest.raises(ConfigError) as raised:
+        load(tmp_path, [{**E0, "id": "ds", "data_parallel_size": 2}])
+    assert str(raised.value) == (
+        f"{tmp_path / 'gateway.yaml'}.replicas[0]: rank ds.dp1's kv_events "
+        "'tcp://127.0.0.1:5558' is also rank ds.dp0's kv_events_replay: a rank's endpoints "
+        "are the configured ports plus its rank, so kv_events and kv_events_replay must be "
+        "2 or more ports apart (data_parallel_size 2)")
+    # another replica on a rank's port (r1's 5560 is ds.dp3's)
+    ds = {**E0, "id": "ds", "data_parallel_size": 4, "kv_events_replay": "tcp://127.0.0.1:5600"}
+    with pytest.raises(ConfigError, match=r"replicas\[1\] \(r1\) kv_events "
+                       r"'tcp://127.0.0.1:5560' is also replicas\[0\] \(ds.dp3\)'s kv_events"):
+        load(tmp_path, [ds, {"id": "r1", "url": "http://127.0.0.1:8102",
+                             "kv_events": "tcp://127.0.0.1:5560"}])
+    load(tmp_path, [ds])  # docs/replicas.md's example: apart
+    with pytest.raises(ConfigError, match=re.escape(
+            "kv_events_replay 'tcp://127.0.0.1:5557' is also its kv_events: the engine "
+            "publishes and replays on endpoints of their own")):
+        load(tmp_path, [{**E0, "kv_events_replay": E0["kv_events"]}])
+
+
+def test_the_admin_api_refuses_a_replica_whose_ranks_endpoints_meet(serve: Serve) -> None:
+    gw = start_gateway(serve, [])
+    answer = httpx.post(f"{gw.admin}/admin/replicas", headers=AUTH, json={
+        **E0, "id": "ds", "data_parallel_size": 2})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_replica"
+    assert "rank ds.dp1's kv_events 'tcp://127.0.0.1:5558' is also rank ds.dp0's " \
+        "kv_events_replay" in error["message"]
+    assert httpx.get(f"{gw.admin}/admin/replicas", headers=AUTH).json()["replicas"] == []
