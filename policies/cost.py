@@ -928,8 +928,10 @@ class Cost(Policy):
             # tries sent whose end (refused, or not) is still to come
             "pending_tries": self._models.pending_tries,
             "kv_event_replicas": [] if self.kv_index is None else self.kv_index.replicas(),
-            # the index held blocks but no prompt matched them: the gateway's tokenizer is
-            # likely not the engines', and the cache model is used instead
+            # prompts judged lately, and how many found in the index what it should hold
+            "kv_events_judged": self._exact.agreement.state(),
+            # too few did: the gateway's tokenizer is likely not the engines', and the
+            # cache model is used instead
             "kv_events_unmatched": self._exact.given_up,
         }
 

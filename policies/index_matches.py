@@ -7,13 +7,21 @@ in the last ``grace_s`` (its blocks may not be stored yet), which keeps the larg
 index's count and the model's. A try its replica refused (``unrouted``) is no send there: the
 key's time there goes back to the send before it.
 
-Until a first prompt matches a block in the index, a prompt that matches none keeps the
-model's prediction: it may be new, or the gateway's tokens may not be the engines'
-(another tokenizer), which no block would ever match. After ``UNMATCHED_LIMIT`` such
-prompts that the model says a publishing replica holds (one with blocks in the index,
-sent there before the grace), the index is no longer read (``in_use``), and the policy no
-longer needs the prompt tokenized. A prompt that matches once settles it the other way
-for good.
+Whether the gateway's tokens are the engines' (``IndexAgreement``) is judged from the
+prompts that tell: one the model says a publishing replica holds (sent there before the
+grace, at least ``TELLING_BLOCKS`` blocks of it) agrees when the index holds at least half
+of that on some replica, and disagrees when it does not; one the model knows nothing of
+agrees when the index holds at least ``TELLING_BLOCKS`` blocks and half of it somewhere.
+Engines with another tokenizer match at most a short head by chance (a chat header, common
+words two vocabularies encode alike), never half of a repeated document; engines with the
+same one match a repeat whole unless they evicted it, which the model, whose word the index
+corrects, gets wrong now and then but not for most prompts. While at least one in
+``AGREE_SHARE`` of the last ``WINDOW`` prompts judged agrees, the index replaces the model's
+prediction; else a prompt keeps the larger of the two per replica, unless its own match is
+deep (it agrees). Once ``UNMATCHED_LIMIT`` prompts are judged and fewer than that share of
+the last ``WINDOW`` agree, the index is no longer read (``in_use``), and the policy no
+longer needs the prompt tokenized (so nothing is judged again). A burst of new or short
+prompts tells nothing either way.
 
 The index itself is not owned here (per-model policies share one): each call is handed it.
 Not thread-safe; one owner (the policy) drives it.
@@ -22,24 +30,82 @@ Not thread-safe; one owner (the policy) drives it.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 from policies.base import ReplicaView, RouteRequest
 from policies.kv_index import KVIndex
 
-# prompts that matched no block the index held, none matching before them, after which the
-# gateway's tokens are taken not to be the engines' (another tokenizer): the index is no
-# longer read
-UNMATCHED_LIMIT = 1024
+# prompts judged, the last this many weighed
+WINDOW = 1024
+# prompts judged before the index may be turned off: a full window
+UNMATCHED_LIMIT = WINDOW
+# 1 in this many of the prompts judged must agree: engines with another tokenizer agree
+# with next to none, and a model wrong about most of what it says a replica holds is rare
+AGREE_SHARE = 8
+# blocks a prompt must be expected (or found) to hold before it tells: a shorter match may
+# be a head two tokenizers encode alike
+TELLING_BLOCKS = 4
 # prefix keys remembered per replica at most: those sent within the grace (a key past it is
 # forgotten at the replica's next send), fewer where more than this went there in a grace
 _SENT_KEPT = 4096
 
 
+def agreement_verdict(held: int, expected: int, matchable: int, block_size: int
+                      ) -> bool | None:
+    """What one prompt says of the gateway's tokens against the engines': True (they
+    agree), False (they do not), None (nothing). ``held``: tokens of it the index holds on
+    its best replica; ``expected``: tokens a replica should hold (it was sent there before
+    the grace; 0: none known); ``matchable``: the most the index could hold of it."""
+    telling = TELLING_BLOCKS * block_size
+    if expected >= telling:
+        return 2 * held >= expected  # a repeat: at least half of it is found
+    if held >= telling and 2 * held >= matchable:
+        return True  # deep: no head shared by chance is half a prompt
+    return None
+
+
+class IndexAgreement:
+    """The verdicts (``agreement_verdict``) of the last ``WINDOW`` prompts judged, and what
+    they say: the index ``agrees`` while at least 1 in ``AGREE_SHARE`` of them do, and is
+    ``mismatched`` once ``min_judged`` were judged and fewer do."""
+
+    __slots__ = ("_agreeing", "_verdicts", "min_judged")
+
+    def __init__(self, min_judged: int = UNMATCHED_LIMIT) -> None:
+        if not 1 <= min_judged <= WINDOW:
+            raise ValueError(f"min_judged must be in [1, {WINDOW}], got {min_judged!r}")
+        self.min_judged = min_judged
+        self._verdicts: deque[bool] = deque()
+        self._agreeing = 0  # True among ``_verdicts``
+
+    def add(self, agrees: bool) -> None:
+        verdicts = self._verdicts
+        if len(verdicts) == WINDOW:
+            self._agreeing -= verdicts.popleft()
+        verdicts.append(agrees)
+        self._agreeing += agrees
+
+    @property
+    def agrees(self) -> bool:
+        """At least 1 in ``AGREE_SHARE`` of the prompts weighed agree (one at least)."""
+        return self._agreeing > 0 and self._agreeing * AGREE_SHARE >= len(self._verdicts)
+
+    @property
+    def mismatched(self) -> bool:
+        """``min_judged`` prompts judged, and fewer than 1 in ``AGREE_SHARE`` of the last
+        ``WINDOW`` agree: the gateway's tokenizer is likely not the engines'."""
+        return len(self._verdicts) >= self.min_judged and not self.agrees
+
+    def state(self) -> dict[str, int]:
+        """The window's counts, for ``/admin/explain``."""
+        return {"judged": len(self._verdicts), "agreeing": self._agreeing}
+
+
 class IndexMatches:
     """Whether to read the exact index, and what it says; see the module docstring."""
 
-    __slots__ = ("_agrees", "_grace_s", "_memo", "_sending", "_unmatched")
+    __slots__ = ("_grace_s", "_memo", "_sending", "agreement")
 
     def __init__(self, grace_s: float) -> None:
         if not grace_s > 0:  # (``routed`` keeps the key just sent: it is within the grace)
@@ -49,20 +115,19 @@ class IndexMatches:
         # before), which a refusal of the last send puts back (the blocks it stores are
         # not in the index until its prefill is done)
         self._sending: dict[str, dict[int, tuple[float, float | None]]] = {}
-        self._unmatched = 0
-        self._agrees = False  # a prompt matched: the gateway's tokens are the engines'
-        self._memo: tuple[RouteRequest, bool] | None = None  # the last matches: matched?
+        self.agreement = IndexAgreement()
+        self._memo: tuple[RouteRequest, bool] | None = None  # the last matches: its verdict
 
     def in_use(self, kv: KVIndex | None) -> bool:
         """Whether ``kv`` is read: it has heard from a replica, and the gateway's tokens
         are not known to be other than the engines'."""
-        return kv is not None and kv.fed and (self._agrees or self._unmatched < UNMATCHED_LIMIT)
+        return kv is not None and kv.fed and not self.agreement.mismatched
 
     @property
     def given_up(self) -> bool:
-        """The index held blocks but no prompt matched them: the gateway's tokenizer is
-        likely not the engines', and the cache model is used instead."""
-        return not self._agrees and self._unmatched >= UNMATCHED_LIMIT
+        """The prompts judged did not find in the index what it should hold: the gateway's
+        tokenizer is likely not the engines', and the cache model is used instead."""
+        return self.agreement.mismatched
 
     def matches(self, kv: KVIndex | None, request: RouteRequest, key: int,
                 replicas: Sequence[ReplicaView], up: list[bool], p: int,
@@ -79,19 +144,24 @@ class IndexMatches:
         blocks = kv.match(request.tokens, [replicas[i].id for i in tracked], (p - 1) // bs,
                           request.model, request.adapter)
         now = request.arrival_s
-        if any(blocks.values()):
-            self._memo = (request, True)
-        elif not self._agrees:
-            # no prompt has matched yet: a new prompt, or the gateway's tokens are not the
-            # engines' (another tokenizer). Only a prompt the model says a publishing
-            # replica holds (sent there before the grace, and its index holds blocks) tells
-            # the two apart. A new or a short prompt does not, so a burst of them cannot
-            # turn the index off.
-            if any(matched.get(i, 0) >= bs and kv.num_blocks(replicas[i].id)
-                   and not self._sending_now(replicas[i].id, key, now)
-                   for i in tracked):
-                self._memo = (request, False)
-            return matched
+        # what a replica should hold: the model's word where it was sent before the grace
+        # (within it, its blocks may not be stored yet) and its index holds blocks
+        expected = max((matched.get(i, 0) for i in tracked
+                        if kv.num_blocks(replicas[i].id)
+                        and not self._sending_now(replicas[i].id, key, now)), default=0)
+        verdict = agreement_verdict(max(blocks.values()) * bs, expected, (p - 1) // bs * bs,
+                                    bs)
+        if verdict is not None:
+            self._memo = (request, verdict)
+        if not verdict and not self.agreement.agrees:
+            # not known to agree (yet, or any more): the index's word only where it says
+            # more than the model's (an accidental head must not make a prompt cold)
+            out = dict(matched)
+            for i in tracked:
+                held = blocks[replicas[i].id] * bs
+                if held > out.get(i, 0):
+                    out[i] = held
+            return dict(sorted(out.items()))
         out = dict(matched)
         for i in tracked:
             held = blocks[replicas[i].id] * bs
@@ -124,10 +194,7 @@ class IndexMatches:
                     del sending[old]
         memo = self._memo
         if memo is not None and memo[0] is request:
-            if memo[1]:
-                self._agrees = True
-            else:
-                self._unmatched += 1
+            self.agreement.add(memo[1])
             self._memo = None
 
     def unrouted(self, replica: str, key: int, now: float | None) -> None:

@@ -13,12 +13,25 @@ Each score is the replica's cost (lower is better) with its matched tokens.
 
 The policy owns the index; the gateway feeds it (``gateway.kv_event_subscriber``) and tests may feed
 it directly. ``choose`` only reads it. ``observe`` clears a replica that restarted and
-drops one that left; routing decisions themselves are not recorded (the index is exact).
+drops one that left; routing decisions are not recorded as cache (the index is exact).
+
+The index matches token ids, so the gateway must tokenize as the engines do. Whether it
+does is judged as ``cost`` judges it (``index_matches.IndexAgreement``): a prompt whose
+leading ``TELLING_BLOCKS`` x 2^k blocks went to a replica before (``_SENT_KEPT`` prefixes
+remembered), more than ``GRACE_S`` ago, should be held there, and agrees when the index
+finds at least half of that much on some replica (matched again at the route, as far as
+that takes). Once ``MIN_JUDGED`` prompts are judged and fewer than 1
+in ``index_matches.AGREE_SHARE`` of the last ``WINDOW`` agree, ``describe`` says
+``kv_events_unmatched`` and a warning is logged (once every ``WARN_EVERY_S`` at most);
+the index is read all the same (there is no other word on what a replica caches).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,12 +42,26 @@ from policies.base import (
     ReplicaReset,
     ReplicaScore,
     ReplicaView,
+    Routed,
     RouteEvent,
     RouteRequest,
     healthy,
 )
+from policies.index_matches import TELLING_BLOCKS, IndexAgreement, agreement_verdict
 from policies.kv_index import KVIndex
+from policies.ring import token_bytes
 from policies.size_bounds import check_sizes
+
+log = logging.getLogger(__name__)
+
+# prompts judged before a mismatch is told: enough repeats that a few evicted ones do not
+# pass for another tokenizer
+MIN_JUDGED = 64
+# a prefix sent to a replica this recently may not be stored there yet (its prefill)
+GRACE_S = 5.0
+# prefixes (per sent prompt: its leading TELLING_BLOCKS x 2^k blocks) remembered at most
+_SENT_KEPT = 1 << 16
+WARN_EVERY_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +91,10 @@ class KVEvents(Policy):
         self.config = config or KVEventsConfig()
         self.kv_index: KVIndex = KVIndex(self.config.block_size)
         self._rng = random.Random(self.config.seed)
+        self.agreement = IndexAgreement(MIN_JUDGED)
+        # key of a sent prompt's leading blocks -> (replica, when), oldest first
+        self._sent: dict[int, tuple[str, float]] = {}
+        self._warned_at = -math.inf
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         ok = healthy(replicas)
@@ -91,7 +122,80 @@ class KVEvents(Policy):
                         "cache_match" if best_overlap > 0 else "balance", best_overlap, scores)
 
     def observe(self, event: RouteEvent) -> None:
-        if isinstance(event, ReplicaReset):
+        if isinstance(event, Routed):
+            self._routed(event.request, event.replica)
+        elif isinstance(event, ReplicaReset):
             self.kv_index.reset(event.replica)
+            self._forget(event.replica)
         elif isinstance(event, ReplicaRemoved):
             self.kv_index.remove_replica(event.replica)
+            self._forget(event.replica)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "kv_event_replicas": self.kv_index.replicas(),
+            # prompts judged lately, and how many found in the index what it should hold
+            "kv_events_judged": self.agreement.state(),
+            # fewer than 1 in AGREE_SHARE did: the gateway's tokenizer is likely not the
+            # engines' (``tokenizer:``), and the index matches next to nothing
+            "kv_events_unmatched": self.agreement.mismatched,
+        }
+
+    # -- whether the gateway's tokens are the engines' ------------------------------------
+    def _routed(self, request: RouteRequest, replica: str) -> None:
+        """Judge ``request`` by the prefixes sent before it, then remember its own as sent
+        to ``replica``."""
+        now = request.arrival_s
+        tokens = request.tokens
+        bs = self.config.block_size
+        if now is None or request.cache_salt is not None or len(tokens) < TELLING_BLOCKS * bs:
+            return
+        kv = self.kv_index
+        depths = []  # leading blocks: TELLING_BLOCKS x 2^k, at most the prompt's
+        d = TELLING_BLOCKS
+        while d * bs <= len(tokens):
+            depths.append(d)
+            d *= 2
+        data = token_bytes(tokens[: depths[-1] * bs]).tobytes()
+        keys = [hash((request.model, data[: d * bs * 4])) for d in depths]
+        expected = 0  # tokens a replica should hold: the deepest prefix sent before
+        for d, k in zip(reversed(depths), reversed(keys), strict=True):
+            sent = self._sent.get(k)
+            if sent is not None:
+                rid, at = sent
+                if now - at >= GRACE_S and kv.num_blocks(rid):
+                    expected = d * bs
+                break
+        if expected:
+            # matched again here (``choose`` keeps nothing), as far as the verdict needs
+            half = -(-expected // (2 * bs))
+            held = max(kv.match(tokens, kv.replicas(), half, request.model,
+                                request.adapter).values(), default=0) * bs
+            verdict = agreement_verdict(held, expected, expected, bs)
+            if verdict is not None:
+                self.agreement.add(verdict)
+                if not verdict and self.agreement.mismatched:
+                    self._warn()
+        sent_map = self._sent
+        for k in keys:
+            sent_map.pop(k, None)  # kept in the order sent
+            sent_map[k] = (replica, now)
+        if len(sent_map) > _SENT_KEPT:
+            for old in list(sent_map)[: _SENT_KEPT // 2]:
+                del sent_map[old]
+
+    def _warn(self) -> None:
+        at = time.monotonic()
+        if at - self._warned_at < WARN_EVERY_S:
+            return
+        self._warned_at = at
+        state = self.agreement.state()
+        log.warning(
+            "kv_events: %d of the last %d prompts judged found in the KV-event index what "
+            "it should hold; likely cause: the gateway's tokenizer does not produce the "
+            "engines' token ids: set tokenizer: to the engines' tokenizer",
+            state["agreeing"], state["judged"])
+
+    def _forget(self, replica: str) -> None:
+        """What went to a replica that restarted or left is no longer held there."""
+        self._sent = {k: v for k, v in self._sent.items() if v[0] != replica}
