@@ -18,6 +18,7 @@ from engine.cost_model import CostModel, available_profiles, load_profile
 from engine.eviction import EVICTION_POLICIES
 from engine.executor import Executor, ExecutorInfo
 from engine.kv_sizing import GIB, RECORD_BYTES_PER_BLOCK, blocks_in_gib, host_memory_bytes
+from engine.responses_route import STORE_CHARS, STORE_LIMIT, TENANT_HEADER, StoreSettings
 from engine.sim_embedding import SimEmbedder, seed_of
 from engine.sim_executor import SimExecutor
 from kvwire.arg_types import port, positive_float, positive_int
@@ -91,6 +92,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "then end those still running with an error (a stream with its "
                              "error event); a second SIGTERM stops at once (default: wait "
                              "until they finish)")
+    parser.add_argument("--responses-store-limit", type=positive_int, default=STORE_LIMIT,
+                        metavar="N",
+                        help="stored /v1/responses answers kept for previous_response_id, "
+                             f"all tenants together (default {STORE_LIMIT})")
+    parser.add_argument("--responses-store-mib", type=positive_int,
+                        default=STORE_CHARS >> 20, metavar="MIB",
+                        help="their conversations' size, all together: about the memory "
+                             "text holds; conversations of empty messages or tool calls "
+                             "hold up to 3 or 6 times it (default "
+                             f"{STORE_CHARS >> 20})")
+    parser.add_argument("--responses-tenant-header", default=TENANT_HEADER, metavar="NAME",
+                        help="the header naming a request's tenant (the gateway's "
+                             "tenancy.header): past either bound, the tenant holding the "
+                             "most stored responses loses its least recently used first "
+                             f"(default {TENANT_HEADER})")
     parser.add_argument("--kv-events-topic", default="", help="topic frame of KV events")
     parser.add_argument("--kv-events-encoding", choices=ENCODINGS, default="array",
                         help="each KV event as a tagged array (vLLM's classic form) or as a "
@@ -285,7 +301,9 @@ def build_served(args: argparse.Namespace) -> Served:
 
     api_key = resolve_api_key(args.api_key, args.api_key_file)
     server = build_server(args)
-    app: Any = build_app(server, api_key=api_key)
+    app: Any = build_app(server, api_key=api_key, responses_store=StoreSettings(
+        args.responses_store_limit, args.responses_store_mib << 20,
+        args.responses_tenant_header))
     if args.served_by:  # outside the key's check: a refusal names the replica too
         app = ServedBy(app, args.served_by)
     return Served(server, app)

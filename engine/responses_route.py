@@ -11,13 +11,16 @@ are. The answer is a response object, or its events (``response.created`` ...
 fails ends with an ``error`` event, then the terminal ``response.failed``); its
 ``usage`` counts ``input_tokens`` (``cached_tokens`` of them) and ``output_tokens``. A
 response is stored (``store``, true unless false) as its conversation and the
-``cache_salt`` it was made under, the latest kept (``ResponseStore``: so many, so many
-characters); only a request under that same salt (none where it had none) continues it: a
+``cache_salt`` it was made under, the latest kept (``ResponseStore``: so many, of so large
+a size in all, ``kvgate engine --responses-store-limit``/``--responses-store-mib``), each
+tenant (the ``x-kvgate-tenant`` the gateway sends) in its own share, the one holding the
+most forgetting first; only a request under that same salt (none where it had none) continues it: a
 salt is a tenant's (the gateway's ``tenancy.isolate``), and another tenant's request is
 told the response does not exist, as for an id never stored; with ``client_salt: replace``
 the client's own ``cache_salt`` is mixed into it, so the same tenant is told so too when it
 changes its ``cache_salt`` between turns. Instructions are not carried into a
-continuation, as OpenAI's are not.
+continuation, as OpenAI's are not; a ``conversation`` or a stored ``prompt`` (context this
+engine does not keep) is refused naming it.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import heapq
+import sys
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -38,7 +44,6 @@ from starlette.responses import JSONResponse, Response
 from engine.generate_params import GenerateParams, context_error, parse_generate
 from engine.generation import AnswerStream, Generation
 from engine.request import RequestOutput
-from kvwire.bounded_memo import BoundedMemo
 from kvwire.media_parts import shown
 from kvwire.openai_schema import (
     BadRequest,
@@ -60,9 +65,14 @@ from kvwire.responses_input import ResponsesChat, responses_chat
 if TYPE_CHECKING:
     from engine.server import EngineServer
 
-STORE_LIMIT = 1024  # stored responses kept, the oldest forgotten first
-STORE_CHARS = 1 << 26  # ... and the characters of their conversations, all together
-_MESSAGE_CHARS = 64  # what a message counts beyond its text (its dict, its role)
+STORE_LIMIT = 1024  # stored responses kept, all tenants together
+STORE_CHARS = 1 << 26  # ... and their conversations' size (as ``_chars`` counts it)
+TENANT_HEADER = "x-kvgate-tenant"  # the gateway's ``tenancy.header`` by default
+# what a message, part or tool call counts beyond its strings: a third of the dict holding
+# it (184 bytes; a tool call's two, 368): a conversation of empty messages holds up to 3
+# times its count, one of empty tool calls 6 times, one of text about its count
+_MESSAGE_CHARS = 64
+_EMPTY_STR = sys.getsizeof("")  # a string's header: what counts is its characters' bytes
 # the fields a Responses request shares with a chat (sampling), and those it names anew
 _SHARED = ("temperature", "top_p", "cache_salt", "stream")
 _RENAMED = {"max_output_tokens": "max_tokens"}
@@ -70,65 +80,200 @@ _RENAMED = {"max_output_tokens": "max_tokens"}
 _ECHOED = ("instructions", "previous_response_id", "tool_choice", "tools", "metadata")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """How many stored responses an engine keeps (``limit``), how large their
+    conversations may be in all (``max_chars``, as ``_chars`` counts them: about the bytes
+    they hold), and the header naming the tenant each belongs to (``tenant_header``)."""
+
+    limit: int = STORE_LIMIT
+    max_chars: int = STORE_CHARS
+    tenant_header: str = TENANT_HEADER
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise ValueError(f"the stored responses' limit must be >= 1, got {self.limit!r}")
+        if self.max_chars < 1:
+            raise ValueError(f"the stored responses' size must be >= 1, got "
+                             f"{self.max_chars!r}")
+        if not self.tenant_header:
+            raise ValueError("the tenant header must not be empty")
+
+
 class _Stored(NamedTuple):
-    """A stored response: its conversation, and the ``cache_salt`` it was made under."""
+    """A stored response: its conversation, the ``cache_salt`` it was made under, and its
+    size (``_chars``)."""
 
     turns: list[dict[str, Any]]
     salt: str | None
+    chars: int
+
+
+class _Share:
+    """One tenant's stored responses, the least recently used first, their size, and when
+    the tenant last stored one (``serial``: of two shares as large, the one stored in
+    least recently gives first)."""
+
+    __slots__ = ("chars", "entries", "number", "serial", "tenant")
+
+    def __init__(self, tenant: str | None, number: int) -> None:
+        self.tenant = tenant
+        self.number = number  # names it in the store's heaps
+        self.entries: OrderedDict[str, _Stored] = OrderedDict()
+        self.chars = 0
+        self.serial = 0
 
 
 class ResponseStore:
     """The conversations of the latest stored responses, by response id, each with the
-    ``cache_salt`` it was made under: ``limit`` of them at most, holding ``max_chars``
-    characters at most in all (each conversation counts all of its turns, those it shares
-    with the one it continues too); the oldest forgotten first. A conversation longer than
-    ``max_chars`` alone is not stored."""
+    ``cache_salt`` it was made under and the tenant it belongs to: ``limit`` of them at
+    most, of ``max_chars`` at most in all (``_chars``: about the bytes they hold; each
+    conversation counts all of its turns, those it shares with the one it continues too).
+    Each tenant has its own share: past either bound, the least recently used response of
+    the tenant holding the most (in count or in size, by the bound passed) is forgotten,
+    so a tenant holding less than its part (the bound over the tenants storing) keeps its
+    responses however many others store. Requests with no tenant are one tenant's. A
+    conversation larger than ``max_chars`` alone is not stored. Used on one thread (the
+    event loop's)."""
 
     def __init__(self, limit: int = STORE_LIMIT, max_chars: int = STORE_CHARS) -> None:
-        self._memo: BoundedMemo[str, _Stored] = BoundedMemo(
-            limit, weight=_stored_chars, max_weight=max_chars)
+        StoreSettings(limit, max_chars)  # checked as the engine's flags are
+        self.limit = limit
+        self.max_chars = max_chars
+        self._shares: dict[str | None, _Share] = {}
+        self._numbered: dict[int, _Share] = {}
+        self._where: dict[str, _Share] = {}  # response id -> its tenant's share
+        self._chars = 0
+        self._serial = 0  # counts puts and shares made
+        # the shares by count and by size, the largest first (as (-count or -size, serial,
+        # number)): an entry whose count, size or serial is no longer its share's is stale,
+        # skipped when met and dropped when the heap is built again
+        self._by_count: list[tuple[int, int, int]] = []
+        self._by_chars: list[tuple[int, int, int]] = []
 
     def __len__(self) -> int:
-        return len(self._memo)
+        return len(self._where)
 
     @property
     def chars(self) -> int:
-        """The stored conversations' characters, as ``_chars`` counts them."""
-        return self._memo.weight
+        """The stored conversations' size, as ``_chars`` counts it."""
+        return self._chars
 
-    def put(self, response: str, turns: list[dict[str, Any]], *, salt: str | None) -> None:
+    def tenants(self) -> dict[str | None, int]:
+        """How many responses each tenant holds."""
+        return {t: len(share.entries) for t, share in self._shares.items()}
+
+    def put(self, response: str, turns: list[dict[str, Any]], *, salt: str | None,
+            tenant: str | None = None) -> None:
         """Keep ``turns`` as ``response``'s conversation, made under ``salt`` (None: the
-        request had none), unless they alone hold more than the store's characters."""
-        max_chars = self._memo.max_weight
-        if max_chars is None or _chars(turns) <= max_chars:  # else it would push out all
-            self._memo.put(response, _Stored(turns, salt))
+        request had none) for ``tenant`` (None: a request naming none), unless they alone
+        hold more than the store does."""
+        chars = _chars(turns)
+        if chars > self.max_chars:  # it would push out all
+            return
+        self._drop(response)
+        share = self._shares.get(tenant)
+        if share is None:
+            self._serial += 1
+            share = self._shares[tenant] = _Share(tenant, self._serial)
+            self._numbered[share.number] = share
+        self._serial += 1
+        share.serial = self._serial
+        share.entries[response] = _Stored(turns, salt, chars)
+        share.chars += chars
+        self._chars += chars
+        self._where[response] = share
+        self._changed(share)
+        while len(self._where) > self.limit:
+            self._forget_oldest(self._largest(self._by_count, by_count=True))
+        while self._chars > self.max_chars:
+            self._forget_oldest(self._largest(self._by_chars, by_count=False))
 
     def get(self, response: str, *, salt: str | None) -> list[dict[str, Any]] | None:
-        """The conversation of ``response`` when it was stored under ``salt``; None when it
-        was not stored, or under another salt (a salt where it had none, or none where it
-        had one): not told apart, so a tenant learns nothing of another's ids."""
-        stored = self._memo.get(response, None)
-        return stored.turns if stored is not None and stored.salt == salt else None
+        """The conversation of ``response`` (now its tenant's most recently used) when it
+        was stored under ``salt``; None when it was not stored, or under another salt (a
+        salt where it had none, or none where it had one): not told apart, so a tenant
+        learns nothing of another's ids."""
+        share = self._where.get(response)
+        if share is None or share.entries[response].salt != salt:
+            return None
+        share.entries.move_to_end(response)
+        return share.entries[response].turns
+
+    def _drop(self, response: str) -> None:
+        share = self._where.pop(response, None)
+        if share is not None:
+            self._remove(share, share.entries.pop(response))
+
+    def _forget_oldest(self, share: _Share) -> None:
+        response, stored = share.entries.popitem(last=False)
+        del self._where[response]
+        self._remove(share, stored)
+
+    def _remove(self, share: _Share, stored: _Stored) -> None:
+        share.chars -= stored.chars
+        self._chars -= stored.chars
+        if share.entries:
+            self._changed(share)
+        else:
+            del self._shares[share.tenant], self._numbered[share.number]
+
+    def _changed(self, share: _Share) -> None:
+        """Pushes ``share`` as it is now on both heaps; built again from the shares once
+        mostly stale (each then holds one entry a share)."""
+        if len(self._by_count) > 2 * len(self._shares) + 64:
+            shares = self._shares.values()
+            self._by_count = [(-len(s.entries), s.serial, s.number) for s in shares]
+            self._by_chars = [(-s.chars, s.serial, s.number) for s in shares]
+            heapq.heapify(self._by_count)
+            heapq.heapify(self._by_chars)
+            return
+        heapq.heappush(self._by_count, (-len(share.entries), share.serial, share.number))
+        heapq.heappush(self._by_chars, (-share.chars, share.serial, share.number))
+
+    def _largest(self, heap: list[tuple[int, int, int]], *, by_count: bool) -> _Share:
+        """The share holding the most (stored in least recently among those as large)."""
+        while True:
+            size, serial, number = heap[0]
+            share = self._numbered.get(number)
+            if share is not None and share.serial == serial and -size == (
+                    len(share.entries) if by_count else share.chars):
+                return share
+            heapq.heappop(heap)
 
     def check_integrity(self) -> None:
-        memo = self._memo
-        counted = sum(_stored_chars(stored) for stored in memo.values())
-        if counted != memo.weight or counted > (memo.max_weight or counted) \
-                or len(memo) > memo.capacity:
-            raise AssertionError(f"{len(memo)} conversations (limit {memo.capacity}) "
-                                 f"of {counted} characters, counted {memo.weight} (limit "
-                                 f"{memo.max_weight})")
-
-
-def _stored_chars(stored: _Stored) -> int:
-    return _chars(stored.turns)
+        """Each share's count and size are its responses', the store's theirs, within the
+        bounds; every response is where it is said to be; no share is empty; each share
+        has a current entry on both heaps."""
+        count = sum(len(s.entries) for s in self._shares.values())
+        chars = sum(s.chars for s in self._shares.values())
+        for share in self._shares.values():
+            counted = sum(_chars(stored.turns) for stored in share.entries.values())
+            if not share.entries or counted != share.chars or \
+                    sum(stored.chars for stored in share.entries.values()) != counted:
+                raise AssertionError(f"tenant {share.tenant!r}: {len(share.entries)} "
+                                     f"responses of {counted}, counted {share.chars}")
+            if any(self._where.get(r) is not share for r in share.entries):
+                raise AssertionError(f"tenant {share.tenant!r}: a response placed elsewhere")
+            for heap, size in ((self._by_count, len(share.entries)),
+                               (self._by_chars, share.chars)):
+                if (-size, share.serial, share.number) not in heap:
+                    raise AssertionError(f"tenant {share.tenant!r} missing from a heap")
+        if count != len(self._where) or chars != self._chars or count > self.limit \
+                or chars > self.max_chars or set(self._numbered.values()) != set(
+                    self._shares.values()):
+            raise AssertionError(f"{count} conversations (limit {self.limit}, placed "
+                                 f"{len(self._where)}) of {chars} characters, counted "
+                                 f"{self._chars} (limit {self.max_chars})")
 
 
 def _chars(turns: list[dict[str, Any]]) -> int:
-    """The characters a conversation holds: every string a client gave its messages
-    (text, the parts of a content with images: their text, each image's address and
-    detail; an assistant message's reasoning, a tool message's ``tool_call_id``) and
-    their tool calls (id, name, arguments)."""
+    """The size of a conversation, about the bytes Python holds it in: every string a
+    client gave its messages (text, the parts of a content with images: their text, each
+    image's address and detail; an assistant message's reasoning, a tool message's
+    ``tool_call_id``) and their tool calls (id, name, arguments), each the bytes of its
+    characters (1, 2 or 4 each, by the widest), and each message, part and tool call
+    ``_MESSAGE_CHARS``."""
     size = 0
     for message in turns:
         size += _MESSAGE_CHARS + _strings(message.get("content"), message.get("reasoning"),
@@ -145,17 +290,20 @@ def _chars(turns: list[dict[str, Any]]) -> int:
 
 
 def _strings(*values: Any) -> int:
-    return sum(len(v) for v in values if isinstance(v, str))
+    """The bytes of the strings' characters (``sys.getsizeof`` less a string's header)."""
+    return sum(sys.getsizeof(v) - _EMPTY_STR for v in values if isinstance(v, str))
 
 
 class ResponsesRoute:
     """``handle`` serves ``POST /v1/responses`` for one :class:`EngineServer`."""
 
     def __init__(self, server: EngineServer, *, max_body_bytes: int,
-                 store_limit: int = STORE_LIMIT) -> None:
+                 store: StoreSettings | None = None) -> None:
+        settings = store or StoreSettings()
         self.server = server
         self.max_body_bytes = max_body_bytes
-        self.store = ResponseStore(store_limit)
+        self.store = ResponseStore(settings.limit, settings.max_chars)
+        self.tenant_header = settings.tenant_header
 
     async def handle(self, request: HTTPRequest) -> Response:
         srv = self.server
@@ -168,8 +316,11 @@ class ResponsesRoute:
                                 limit_param=p.limit_param, prompt_field=p.prompt_field)
         rid = f"resp_{uuid.uuid4().hex}"
         queue = await srv.submit(rid, ids, p, limit)
+        # the tenant the gateway names (it sends the header only so, whatever the client
+        # sent): its own share of the store; none named, the one share of all such
+        tenant = request.headers.get(self.tenant_header) or None
         answer = _Answer(srv, rid, p, len(ids), queue, asked,
-                         self.store if asked.store else None, turns)
+                         self.store if asked.store else None, turns, tenant)
         if p.stream:
             return AnswerStream(answer.events(), [answer])
         return JSONResponse(await unless_disconnected(request, answer.collect()))
@@ -242,6 +393,9 @@ def _read(raw: bytes) -> tuple[_Asked, ResponsesChat]:
         raise BadRequest(f"'metadata' values must be strings, got {shown(bad[1])} for "
                          f"{shown(bad[0])}", param="metadata")
     previous = optional(body, "previous_response_id", str, None)
+    if previous == "":  # else looked up on every replica, and a 404 from each
+        raise BadRequest("'previous_response_id' must name a response, got ''",
+                         param="previous_response_id")
     # checked before the stored response is looked up under it (as the chat checks it)
     salt = check_cache_salt(body.get("cache_salt"))
     store = optional(body, "store", bool, True)  # "false" read as false, as pydantic
@@ -285,7 +439,22 @@ def _refuse_unacted(body: dict[str, Any]) -> None:
     entry of ``include``, a list of strings, asking for them), ``truncation: "auto"``
     (the input is never cut; one too long is a 400), ``background: true`` (no response
     is kept to poll), a ``reasoning`` effort or summary (the model does not reason
-    apart)."""
+    apart), a ``conversation`` (none is kept: a response is continued by its
+    ``previous_response_id``; with one too, refused as OpenAI refuses the pair) or a
+    stored ``prompt`` (none is kept to fill in)."""
+    conversation = body.get("conversation")
+    if conversation is not None:
+        if body.get("previous_response_id") is not None:
+            raise BadRequest("'conversation' and 'previous_response_id' cannot be given "
+                             "together: give one", param="conversation")
+        raise BadRequest(f"'conversation' {shown(conversation)} is not supported by this "
+                         "engine: continue a response by its 'previous_response_id'",
+                         param="conversation")
+    prompt = body.get("prompt")
+    if prompt is not None:
+        raise BadRequest(f"'prompt' {shown(prompt)}: stored prompts are not supported by "
+                         "this engine; send the prompt's text as 'instructions' or "
+                         "'input'", param="prompt")
     top = optional(body, "top_logprobs", int, 0)  # "0" or 0.0 asks for none, as vLLM's
     if top != 0:
         raise BadRequest(f"'top_logprobs' {shown(top)}: output log probabilities are not "
@@ -321,20 +490,23 @@ class _Answer(Generation):
 
     def __init__(self, server: EngineServer, rid: str, p: GenerateParams, num_prompt: int,
                  queue: asyncio.Queue[RequestOutput | BaseException], asked: _Asked,
-                 store: ResponseStore | None, turns: list[dict[str, Any]]) -> None:
+                 store: ResponseStore | None, turns: list[dict[str, Any]],
+                 tenant: str | None) -> None:
         super().__init__(server, rid, p, num_prompt, queue)
         self.echoed = asked.echoed
         self.parallel_tool_calls = asked.parallel_tool_calls
         self.store = store
         self.salt = asked.salt  # the salt its conversation is stored under, as it was read
         self.turns = turns
+        self.tenant = tenant
         self.created = int(time.time())
         self.item = f"msg_{uuid.uuid4().hex}"
         self.sequence = 0
 
     def _message(self, text: str, status: str) -> dict[str, Any]:
         """The answer's message item: ``in_progress`` (no content yet), ``completed``, or
-        ``incomplete`` (what came before its response failed)."""
+        ``incomplete`` (what came before its response was cut: at ``max_output_tokens``,
+        cancelled, or failed)."""
         content = [] if status == "in_progress" else [
             {"type": "output_text", "text": text, "annotations": []}]
         return {"type": "message", "id": self.item, "role": "assistant", "status": status,
@@ -344,7 +516,9 @@ class _Answer(Generation):
                   failure: OpenAIError | None = None) -> dict[str, Any]:
         """The response object: in progress while ``text`` is None, else ended with
         ``reason`` (``length``: incomplete at ``max_output_tokens``; ``abort``: cancelled
-        on the engine, ``/abort_request``), or failed with ``failure`` after ``text``."""
+        on the engine, ``/abort_request``: its ``error`` null, as OpenAI's cancelled
+        responses, whose error codes name failures alone), or failed with ``failure``
+        after ``text``."""
         body = self.echoed
         status = "in_progress" if text is None else "failed" if failure is not None \
             else "incomplete" if reason == "length" \
@@ -355,8 +529,6 @@ class _Answer(Generation):
             # own (engine_step_failed) goes in its message, and in the stream's error event
             error = {"code": "server_error",
                      "message": f"{failure.code or failure.type}: {failure.message}"}
-        elif status == "cancelled":
-            error = {"code": "cancelled", "message": self.interrupted or "aborted"}
         usage = None
         if text is not None:
             usage = {"input_tokens": self.num_prompt,
@@ -371,7 +543,7 @@ class _Answer(Generation):
             if status == "incomplete" else None,
             "instructions": body.get("instructions"), "model": self.server.model_name,
             "output": [] if text is None else [
-                self._message(text, "completed" if failure is None else "incomplete")],
+                self._message(text, "completed" if status == "completed" else "incomplete")],
             "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": body.get("previous_response_id"),
             "max_output_tokens": self.p.max_tokens,  # as read: None unless given
@@ -384,7 +556,7 @@ class _Answer(Generation):
     def _ended(self, text: str, reason: str | None) -> dict[str, Any]:
         if self.store is not None and reason != "abort":
             self.store.put(self.rid, [*self.turns, {"role": "assistant", "content": text}],
-                           salt=self.salt)
+                           salt=self.salt, tenant=self.tenant)
         return self._response(text, reason)
 
     async def collect(self) -> dict[str, Any]:
@@ -425,9 +597,9 @@ class _Answer(Generation):
         yield self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
         yield self._event("response.content_part.done", {**where, "part": {
             "type": "output_text", "text": text, "annotations": []}})
-        yield self._event("response.output_item.done",
-                          {"output_index": 0, "item": self._message(text, "completed")})
         response = self._ended(text, reason)
+        yield self._event("response.output_item.done",
+                          {"output_index": 0, "item": response["output"][0]})
         # a cancelled response ends as a failed one: its answer is not whole
         kind = {"incomplete": "response.incomplete",
                 "cancelled": "response.failed"}.get(response["status"], "response.completed")

@@ -50,7 +50,7 @@ from engine.native_generate import NativeGenerateRoute
 from engine.native_schema import input_too_long
 from engine.openai_answer import OpenAIAnswer, OpenAIGeneration, child_params
 from engine.request import RequestOutput, SamplingParams
-from engine.responses_route import ResponsesRoute
+from engine.responses_route import ResponsesRoute, StoreSettings
 from engine.sim_embedding import SimEmbedder
 from engine.text_stream import Decoder, SpecialKeeping, TextStream
 from kvwire.media_parts import media_type, shown
@@ -643,9 +643,11 @@ class ServedBy:
         await self.app(scope, receive, send_named)
 
 
-def build_app(server: EngineServer, *, api_key: str | None = None) -> Starlette:
+def build_app(server: EngineServer, *, api_key: str | None = None,
+              responses_store: StoreSettings | None = None) -> Starlette:
     """The engine's app serving ``server``; with ``api_key``, every route but
-    ``engine.api_key.OPEN_PATHS`` needs ``Authorization: Bearer <api_key>``."""
+    ``engine.api_key.OPEN_PATHS`` needs ``Authorization: Bearer <api_key>``;
+    ``responses_store``: what ``/v1/responses`` stores (default: ``StoreSettings()``)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -660,7 +662,7 @@ def build_app(server: EngineServer, *, api_key: str | None = None) -> Starlette:
                 await asyncio.to_thread(server.kv_events.stop)
 
     embeddings = EmbeddingsRoute(server, max_body_bytes=MAX_BODY_BYTES)
-    responses = ResponsesRoute(server, max_body_bytes=MAX_BODY_BYTES)
+    responses = ResponsesRoute(server, max_body_bytes=MAX_BODY_BYTES, store=responses_store)
     native = NativeGenerateRoute(server, max_body_bytes=MAX_BODY_BYTES)
     control = NativeControlRoutes(server)
     routes = [
