@@ -172,7 +172,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     each that refused it before taking the prompt (False)."""
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
-    stored = _stored_at(gw, intake.parsed, intake.tenant, decision.ranked)
+    stored = _stored_at(gw, intake.parsed, intake.tenant, routing)
     if stored is not None:  # only that replica can continue the response it stored: a
         # full queue there makes the request wait, not fail at another replica for sure
         ranked = (stored, *(r for r in decision.ranked if r != stored))
@@ -303,14 +303,19 @@ def _continues(parsed: ParsedRequest) -> bool:
 
 
 def _stored_at(gw: GatewayState, parsed: ParsedRequest, tenant: str | None,
-               ranked: tuple[str, ...]) -> str | None:
-    """The replica of ``ranked`` that answered the response a Responses request of
-    ``tenant`` continues (``previous_response_id``), when this gateway process saw it
-    answer (else the replicas are asked in turn: ``Proxy.open``'s ``stored_elsewhere``,
-    and each holds a continuation to the ``cache_salt`` its response was made under).
-    NotFound, with the body an id no replica stores gets, when it answered another
-    tenant, with or without ``tenancy.isolate`` (without it no salt reaches the replicas:
-    only the process that saw the response answered refuses it)."""
+               routing: Routing) -> str | None:
+    """The replica that answered the response a Responses request of ``tenant`` continues
+    (``previous_response_id``), when this gateway process saw it answer and it may serve
+    the request (else the replicas are asked in turn: ``Proxy.open``'s
+    ``stored_elsewhere``, and each holds a continuation to the ``cache_salt`` its
+    response was made under). NotFound, with the body an id no replica stores gets, when
+    it answered another tenant, with or without ``tenancy.isolate`` (without it no salt
+    reaches the replicas: only the process that saw the response answered refuses it).
+    ``home_unavailable`` (a retryable 503) while that replica is out of routing
+    (ejected, not yet readmitted): no other replica stores the response, so asking them
+    could only end in a 404 the client would not retry, the conversation lost over a
+    blip. A replica that left the fleet, or that no longer serves the request's model or
+    tenant, is passed over: the others are asked in turn."""
     if not _continues(parsed):
         return None
     previous = parsed.body["previous_response_id"]
@@ -319,7 +324,30 @@ def _stored_at(gw: GatewayState, parsed: ParsedRequest, tenant: str | None,
         return None
     if home.tenant != tenant:  # never sent on: a replica may not tell tenants apart
         raise response_not_found(previous)
-    return home.replica if home.replica in ranked else None
+    if home.replica in routing.decision.ranked:
+        return home.replica
+    state = gw.fleet.get(home.replica)
+    if state is None or not any(view.id == home.replica for view in routing.views):
+        return None
+    if state.healthy:  # routable, though the policy ranked it not: still the only one
+        return home.replica
+    raise home_unavailable(gw, previous, home.replica, state.ejected_until)
+
+
+def home_unavailable(gw: GatewayState, response: str, replica: str,
+                     ejected_until: float) -> ServiceUnavailable:
+    """The 503 for a continuation of ``response`` while ``replica``, the one that stores
+    it, is out of routing (``ejected_until``: monotonic, the end of an outlier ejection;
+    0 for none): retried after that ejection's end plus the health checks that readmit
+    it (``x-should-retry``, which the openai client obeys over its own rule)."""
+    health = gw.config.health
+    wait_s = max(0.0, ejected_until - time.monotonic()) \
+        + health.interval_s * health.successes_to_readmit
+    return ServiceUnavailable(
+        f"Response with id {shown(response)} is stored on replica {shown(replica)}, which "
+        "is out of routing now (ejected, or not checked yet): try again shortly",
+        param="previous_response_id", code="response_replica_unavailable",
+        headers={"Retry-After": str(max(1, math.ceil(wait_s))), "x-should-retry": "true"})
 
 
 def _asks_usage(parsed: ParsedRequest) -> bool:
