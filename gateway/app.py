@@ -47,6 +47,7 @@ from gateway.responses_request import PATH as RESPONSES_PATH
 from gateway.responses_request import ResponseHome, response_id, response_not_found
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
+from gateway.tenancy import record_home
 from gateway.tracing import RequestTrace, Tracing
 from gateway.upstream_http import client_for
 from kvwire.media_parts import carries_media, shown
@@ -172,6 +173,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     each that refused it before taking the prompt (False)."""
     assert gw.proxy is not None
     route_req, decision = routing.request, routing.decision
+    _refuse_taken_id(gw, intake, request_id)
     stored = _stored_at(gw, intake.parsed, intake.tenant, routing)
     if stored is not None:  # only that replica can continue the response it stored: a
         # full queue there makes the request wait, not fail at another replica for sure
@@ -273,8 +275,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     try:
         if intake.parsed.endpoint == "responses" and stream.status < 400:
             answered = response_id(stream.first_chunk)
-            if answered is not None:
-                gw.response_homes.put(answered, ResponseHome(stream.replica, tenant))
+            if answered is not None and record_home(
+                    gw.response_homes, answered, ResponseHome(stream.replica, tenant)):
                 if gw.worker_routes is not None:  # the box's other workers refuse it too
                     gw.worker_routes.answered(answered, stream.replica, tenant)
                 if gw.peers is not None:  # and the other gateway copies
@@ -348,6 +350,27 @@ def home_unavailable(gw: GatewayState, response: str, replica: str,
         "is out of routing now (ejected, or not checked yet): try again shortly",
         param="previous_response_id", code="response_replica_unavailable",
         headers={"Retry-After": str(max(1, math.ceil(wait_s))), "x-should-retry": "true"})
+
+
+def _refuse_taken_id(gw: GatewayState, intake: Intake, request_id: str) -> None:
+    """BadRequest for a Responses request whose id (``request_id``, sent as its
+    ``X-Request-Id``, or its body's ``request_id``) is a stored response of another
+    tenant: a replica that names a response after it (vLLM does) would replace that
+    tenant's stored response with this one, the other tenant's next turn continuing it."""
+    if intake.parsed.endpoint != "responses":
+        return
+    in_body = intake.parsed.body.get("request_id")
+    names = (request_id, in_body) if isinstance(in_body, str) and in_body != request_id \
+        else (request_id,)
+    for name in names:
+        home = gw.response_homes.get(name, None)
+        if home is not None and home.tenant != intake.tenant:
+            log.debug("refused a request whose id %s is another tenant's stored response",
+                      shown(name))
+            raise BadRequest(f"request id {shown(name)} (the X-Request-Id header or the "
+                             "body's request_id) names a stored response this client may "
+                             "not replace: send another", param="request_id",
+                             code="request_id_in_use")
 
 
 def _asks_usage(parsed: ParsedRequest) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,11 +34,16 @@ from starlette.requests import Request
 
 from gateway.data_parallel import group_of
 from gateway.errors import NoReplicaAvailable
+from gateway.log_throttle import LogThrottle
 from gateway.networks import Networks
+from gateway.responses_request import ResponseHome
+from kvwire.bounded_memo import BoundedMemo
 from kvwire.media_parts import shown
 from kvwire.openai_schema import MODEL_SHOWN_CHARS, BadRequest, OpenAIError, check_cache_salt
 from kvwire.secret_source import resolve_secret
 from policies.base import ReplicaView
+
+log = logging.getLogger("kvgate.tenancy")
 
 MIN_SECRET_BYTES = 32
 
@@ -123,6 +129,31 @@ def partition_views(views: Sequence[ReplicaView], allowed: Callable[[str], bool]
         raise NoReplicaAvailable(f"no replica in the partition of {tenant_named(tenant)} "
                                  f"serves model {shown(model, MODEL_SHOWN_CHARS)}")
     return inside
+
+
+# a response id that another tenant's answer came back under: warned of at most this often
+KEPT_LOG_S = 10.0
+_kept_log = LogThrottle(KEPT_LOG_S)
+
+
+def record_home(homes: BoundedMemo[str, ResponseHome], response: str,
+                home: ResponseHome) -> bool:
+    """Record ``home`` as where the stored response ``response`` is and whose it is, unless
+    ``homes`` holds it as another tenant's already: that record stands (a stored response
+    stays its tenant's, though a replica that names a response after the request's id,
+    as vLLM does, answered another tenant's request under it), warned of. Whether it was
+    recorded (and is to be told to the box's other workers and the peers)."""
+    held = homes.get(response, None)
+    if held is not None and held.tenant != home.tenant:
+        since = _kept_log.due()
+        if since is not None:
+            more = f" ({since} more in the last {KEPT_LOG_S:g} s)" if since else ""
+            log.warning("stored response %s kept as its tenant's: an answer to another "
+                        "tenant came back under its id, from replica %s%s",
+                        shown(response), shown(home.replica), more)
+        return False
+    homes.put(response, home)
+    return True
 
 
 def tenant_salt(key: bytes, tenant: str, client_salt: str | None) -> str:
