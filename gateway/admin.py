@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from gateway.capture import unpack
 from gateway.client_auth import presented_bearer
-from gateway.config import ReplicaConfig
+from gateway.config import ReplicaConfig, endpoint_clash, held_endpoints
 from gateway.data_parallel import group_of
 from gateway.discovery.replica_checks import address_unfit
 from gateway.errors import Arrival
@@ -115,6 +115,11 @@ async def add_replica(request: Request) -> Response:
     if taken is not None:
         raise BadRequest(f"replica {taken!r} already exists", param="id",
                          code="duplicate_replica")
+    # its KV event endpoints none of the fleet's (the config's check, on the live fleet);
+    # nothing awaited from here until it joins, so no other add comes between
+    clash = endpoint_clash(ranks, held_endpoints(s.config for s in gw.fleet))
+    if clash is not None:
+        raise BadRequest(clash, code="invalid_replica")  # (the message names the key)
     try:
         states = await join_all(gw, ranks, ADMIN, forward_auth=False)
     except ValueError as exc:  # no room: the fleet at its limit, or no slot left in the

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -516,20 +517,14 @@ class GatewayConfig:
         one replica alone: two replicas following one engine's endpoint would both mirror
         its cache (the other engine's never seen), and a subscriber on a replay endpoint
         never speaks with it (ZMQ drops the connection, again and again)."""
-        owners: dict[str, tuple[int, str, str]] = {}  # endpoint -> replicas[i], member, key
+        held: dict[str, tuple[str, str]] = {}  # endpoint -> its holder, as named; key
         for i, replica in enumerate(self.replicas):
-            for member in replica.ranks():
-                for endpoint, key in member.event_endpoints():
-                    first = owners.get(endpoint)
-                    if first is None:
-                        owners[endpoint] = (i, member.id, key)
-                    elif first[0] != i:  # within one replica: ReplicaConfig's check
-                        j, other, other_key = first
-                        raise ValueError(
-                            f"replicas[{i}] ({member.id}) {key} {shown(endpoint)} is also "
-                            f"replicas[{j}] ({other})'s {other_key}: each replica's engine "
-                            "publishes on endpoints of its own (two replicas following one "
-                            "would both mirror that engine's cache)")
+            members = replica.ranks()  # (within one replica: ReplicaConfig's check)
+            named = f"replicas[{i}] ({{id}})"
+            clash = endpoint_clash(members, held, named)
+            if clash is not None:
+                raise ValueError(clash)
+            held.update(held_endpoints(members, named))
 
     def _check_listeners(self) -> None:
         """The peers' listener on a port of its own: on the gateway's (or the admin API's),
@@ -558,6 +553,35 @@ class GatewayConfig:
     def replicas_join_later(self) -> bool:
         """Whether replicas may join after start-up: through discovery or the admin API."""
         return bool(self.discovery) or self.admin.resolved_token() is not None
+
+
+def held_endpoints(members: Iterable[ReplicaConfig], named: str = "replica {id}"
+                   ) -> dict[str, tuple[str, str]]:
+    """The KV event endpoints of ``members`` (replicas, or the ranks of one) as
+    ``endpoint_clash`` reads them: endpoint -> (its member as ``named`` names it, given
+    the member's ``id``; its key)."""
+    return {endpoint: (named.format(id=member.id), key) for member in members
+            for endpoint, key in member.event_endpoints()}
+
+
+def endpoint_clash(members: Iterable[ReplicaConfig], held: Mapping[str, tuple[str, str]],
+                   named: str = "replica {id}") -> str | None:
+    """Why ``members`` (a replica's ranks, or the replica) may not join replicas holding
+    ``held`` (``held_endpoints``): one of their KV event endpoints is another replica's;
+    the error names both (a member as ``named`` names it) and the endpoint. None when
+    none is. Two
+    replicas following one engine's endpoint would both mirror its cache (the other
+    engine's never seen), and a subscriber on a replay endpoint never speaks with it."""
+    for member in members:
+        for endpoint, key in member.event_endpoints():
+            holder = held.get(endpoint)
+            if holder is not None:
+                other, other_key = holder
+                return (f"{named.format(id=member.id)} {key} {shown(endpoint)} is also {other}'s "
+                        f"{other_key}: each replica's engine publishes on endpoints of its "
+                        "own (two replicas following one would both mirror that engine's "
+                        "cache)")
+    return None
 
 
 def _check_endpoints_apart(replica: ReplicaConfig, members: list[ReplicaConfig]) -> None:
