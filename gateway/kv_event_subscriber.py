@@ -49,6 +49,9 @@ A replica's stored events whose block size is not the index's (an engine started
 another ``--block-size``) are all dropped by the index: its cache is never matched. A
 warning names the replica, both sizes and the setting to change, at most once a minute per
 replica; the index's drops are exported per replica and reason (``gateway.metrics``).
+
+An endpoint is followed for one replica: one that joins naming an endpoint another replica
+is followed on (discovery found both) is not followed until it is free (``_apart``).
 """
 
 from __future__ import annotations
@@ -157,6 +160,9 @@ class KVEventSubscriber:
         self._last_applied: dict[str, tuple[int, int]] = {}
         # replica -> when its stored events dropped for their block size were last logged
         self._block_size_warned: dict[str, LogThrottle] = {}
+        # replica -> (the replica followed on an endpoint it names too, that endpoint): it
+        # is not followed (``_apart``)
+        self._clashes: dict[str, tuple[str, str]] = {}
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         if isinstance(event, ReplicaAdded | ReplicaRemoved):
@@ -215,8 +221,8 @@ class KVEventSubscriber:
         """Match the readers to the fleet's replicas and their endpoints."""
         # replica -> (publish endpoint, replay endpoint): a reader follows both, and one
         # re-added with another replay endpoint (same publish one) asks the new one
-        wanted = {s.id: (s.config.kv_events, s.config.kv_events_replay)
-                  for s in self.fleet if s.config.kv_events}
+        wanted = self._apart({s.id: (s.config.kv_events, s.config.kv_events_replay)
+                              for s in self.fleet if s.config.kv_events})
         for rid, (endpoints, task) in list(self._readers.items()):
             failed = task.done() and not task.cancelled() and task.exception() is not None
             now = wanted.get(rid)
@@ -248,6 +254,36 @@ class KVEventSubscriber:
                 task = asyncio.create_task(self._read(rid, endpoint, replay),
                                            name=f"kvgate-kv-events-{rid}")
                 self._readers[rid] = ((endpoint, replay), task)
+
+    def _apart(self, wanted: dict[str, tuple[str | None, str | None]]
+               ) -> dict[str, tuple[str | None, str | None]]:
+        """``wanted`` less each replica one of whose KV event endpoints another of them
+        names (followed for both, one engine's cache would be mirrored twice and the
+        other's never seen): the replica followed already keeps it, else the first in
+        the fleet's order; the other is not followed until the endpoint is free, and is
+        warned of once. The config and the admin API refuse such a replica; one that
+        discovery found (or that two sources found) gets here."""
+        ends = [e for pair in wanted.values() for e in pair if e is not None]
+        if len(set(ends)) == len(ends):  # (all apart: one pass, no more)
+            self._clashes.clear()
+            return wanted
+        held: dict[str, str] = {}  # endpoint -> the replica followed on it
+        clashes: dict[str, tuple[str, str]] = {}  # replica -> (holder, endpoint)
+        followed = [rid for rid, (now, _) in self._readers.items() if wanted.get(rid) == now]
+        for rid in itertools.chain(followed, wanted):
+            mine = [e for e in wanted[rid] if e is not None]
+            clash = next(((h, e) for e in mine if (h := held.get(e, rid)) != rid), None)
+            if clash is None:
+                held.update(dict.fromkeys(mine, rid))
+                continue
+            clashes[rid] = clash
+            if self._clashes.get(rid) != clash:
+                log.warning("replica %s: its KV event endpoint %s is also replica %s's: not "
+                            "followed (each replica's engine publishes on endpoints of its "
+                            "own); its cache is not matched until the endpoint is free",
+                            rid, clash[1], clash[0])
+        self._clashes = clashes
+        return {rid: pair for rid, pair in wanted.items() if rid not in clashes}
 
     async def _read(self, replica: str, endpoint: str, replay: str | None = None) -> None:
         assert self._ctx is not None
