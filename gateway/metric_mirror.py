@@ -161,6 +161,8 @@ class MetricMirror:
         self._most: dict[str, Gauge] = {}  # counters of the same events, by value
         self._gauges: dict[str, Gauge] = {}
         self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        # gauge -> the label values of each series copied into it by value at the last copy
+        self._copied: dict[Gauge, set[tuple[str, ...]]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def add(self, collector: Collector, same_events: bool = False) -> None:
@@ -170,7 +172,11 @@ class MetricMirror:
         self.copy()  # the metrics exist (at zero) from the start
 
     def copy(self) -> None:
-        """One copy of every collector's figures."""
+        """One copy of every collector's figures. A series copied by value that its
+        collector no longer yields (a replica's, once it left) is taken out of its metric:
+        else each replica that ever joined kept a few series in every worker's memory
+        (``GatewayMetrics`` takes them out of the files)."""
+        copied, self._copied = self._copied, {}
         for collector, same_events in self._collectors:
             for family in collector.collect():
                 for sample in family.samples:
@@ -184,6 +190,9 @@ class MetricMirror:
                     elif family.type == "gauge":
                         self._gauge(family.name, family.documentation, sample.labels,
                                     sample.value)
+        for gauge, series in copied.items():
+            for gone in series - self._copied.get(gauge, set()):
+                gauge.remove(*gone)
 
     def _count(self, name: str, text: str, labels: dict[str, str], value: float) -> None:
         counter = self._counters.get(name)
@@ -203,14 +212,23 @@ class MetricMirror:
             gauge = self._gauges[name] = Gauge(name, text, sorted(labels),
                                                registry=self.registry,
                                                multiprocess_mode="livesum")
-        (gauge.labels(**labels) if labels else gauge).set(value)
+        self._set(gauge, labels, value)
 
     def _largest(self, name: str, text: str, labels: dict[str, str], value: float) -> None:
         gauge = self._most.get(name)
         if gauge is None:
             gauge = self._most[name] = Gauge(name, text, sorted(labels),
                                              registry=self.registry, multiprocess_mode="max")
-        (gauge.labels(**labels) if labels else gauge).set(value)
+        self._set(gauge, labels, value)
+
+    def _set(self, gauge: Gauge, labels: dict[str, str], value: float) -> None:
+        """Copy ``value`` into ``gauge``'s series of ``labels``, noted as copied."""
+        if not labels:
+            gauge.set(value)
+            return
+        gauge.labels(**labels).set(value)
+        # in the order of its label names (sorted, as the gauge was made)
+        self._copied.setdefault(gauge, set()).add(tuple(labels[k] for k in sorted(labels)))
 
     def retyped(self, family: Metric) -> Metric:
         """``family`` as the files' reader gives it, as ``GET /metrics`` serves it: a
