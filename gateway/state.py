@@ -30,7 +30,7 @@ from gateway.proxy import Proxy
 from gateway.responses_request import RESPONSE_HOMES, ResponseHome
 from gateway.routing import Router
 from gateway.shared_load import SharedLoad
-from gateway.tenancy import Tenancy
+from gateway.tenancy import Tenancy, record_home
 from gateway.tracing import NO_TRACING, Tracing, build_tracing
 from gateway.worker_routes import WorkerRoutes
 from kvwire.bounded_memo import BoundedMemo
@@ -98,6 +98,16 @@ class GatewayState:
         self.metrics.request_done(replica, route, status)
         self.access.write(route=route, status=status,
                           replica=None if replica == "none" else replica, **access)
+
+    def keep_told(self, told: Answered, from_peer: bool = False) -> None:
+        """Keep a stored response's replica and tenant that another worker of the box or
+        (``from_peer``) a peer copy saw answered, by the rule of this copy's own answers
+        (``tenancy.record_home``): one held as another tenant's stays so, for the teller
+        may never have learned it. A peer's kept is told to the box's other workers."""
+        if record_home(self.response_homes, told.response,
+                       ResponseHome(told.replica, told.tenant), told=True) \
+                and from_peer and self.worker_routes is not None:
+            self.worker_routes.answered(told.response, told.replica, told.tenant)
     monitor: Monitor | None = None
     worker: int | None = None  # this worker's index, with worker processes
     box: BoxFeed | None = None  # ... and its part in the fleet snapshot (box_feed)
@@ -157,8 +167,8 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
         # is found as its own whichever worker answers) and the peers port
         gw.peers = Peers(config.peers, fleet, policy, shared.box_id if shared else None)
         homes = gw.response_homes
-        gw.peers.on_answered = lambda told: homes.put(
-            told.response, ResponseHome(told.replica, told.tenant))
+        # (with worker processes, told on to the box's other workers)
+        gw.peers.on_answered = lambda told: gw.keep_told(told, from_peer=True)
         gw.peers.known_answers = lambda: [Answered(response, home.replica, home.tenant)
                                           for response, home in homes.items()]
         fleet.outbox = gw.peers

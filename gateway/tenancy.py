@@ -137,20 +137,23 @@ _kept_log = LogThrottle(KEPT_LOG_S)
 
 
 def record_home(homes: BoundedMemo[str, ResponseHome], response: str,
-                home: ResponseHome) -> bool:
+                home: ResponseHome, told: bool = False) -> bool:
     """Record ``home`` as where the stored response ``response`` is and whose it is, unless
     ``homes`` holds it as another tenant's already: that record stands (a stored response
     stays its tenant's, though a replica that names a response after the request's id,
-    as vLLM does, answered another tenant's request under it), warned of. Whether it was
-    recorded (and is to be told to the box's other workers and the peers)."""
+    as vLLM does, answered another tenant's request under it), warned of. ``told``: the
+    record comes from another worker of the box or a peer copy, which saw the answer
+    (one that never learned the response's tenant passes on another's as readily). Whether
+    it was recorded (and is to be told to the box's other workers and the peers)."""
     held = homes.get(response, None)
     if held is not None and held.tenant != home.tenant:
         since = _kept_log.due()
         if since is not None:
             more = f" ({since} more in the last {KEPT_LOG_S:g} s)" if since else ""
             log.warning("stored response %s kept as its tenant's: an answer to another "
-                        "tenant came back under its id, from replica %s%s",
-                        shown(response), shown(home.replica), more)
+                        "tenant came back under its id, from replica %s%s%s",
+                        shown(response), shown(home.replica),
+                        " (told by another worker or peer copy)" if told else "", more)
         return False
     homes.put(response, home)
     return True

@@ -60,7 +60,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import connection, reduction
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.box_feed import BLOCK_BYTES, FeedBlock
 from gateway.config import GatewayConfig
@@ -69,10 +69,6 @@ from gateway.listen_sockets import listen_socket, passive_addresses
 from gateway.periodic import HEARTBEAT_S
 from gateway.shared_load import SharedBlock, SharedLoad
 from gateway.worker_routes import WorkerRoutes, route_pair
-
-if TYPE_CHECKING:
-
-    from gateway.peer_wire import Answered
 
 log = logging.getLogger("kvgate.workers")
 
@@ -286,7 +282,6 @@ def worker_main(plan: WorkerPlan) -> None:
     from gateway.app import create_app
     from gateway.box_feed import BoxFeed
     from gateway.http_server import run_server
-    from gateway.responses_request import ResponseHome
     from gateway.state import build_state
 
     config = share_of(plan.config, plan.workers, plan.index)
@@ -296,24 +291,13 @@ def worker_main(plan: WorkerPlan) -> None:
     gw.worker = plan.index
     gw.box = BoxFeed(feed, gw.fleet, plan.index == 0, config.health.failures_to_eject,
                      config.health.successes_to_readmit, rings=plan.rings, bell=plan.bell)
-    if plan.routes_inbox is not None:
-        homes = gw.response_homes
-        gw.worker_routes = WorkerRoutes(
-            plan.routes_inbox, plan.routes_out, gw.policy, gw.fleet,
-            lambda told: homes.put(told.response, ResponseHome(told.replica, told.tenant)),
-            tell_routes=plan.share_routes)
+    if plan.routes_inbox is not None:  # routes and stored responses, a peer's too (keep_told)
+        gw.worker_routes = WorkerRoutes(plan.routes_inbox, plan.routes_out, gw.policy,
+                                        gw.fleet, gw.keep_told, tell_routes=plan.share_routes)
         gw.router.before_choose = gw.worker_routes.catch_up  # each decision knows them
         gw.metrics.watch_worker_routes(gw.worker_routes)
         if gw.peers is not None and plan.share_routes:
             gw.peers.forward = gw.worker_routes.routed
-        if gw.peers is not None:  # a peer's stored response: the box's other workers too
-            workers_told = gw.worker_routes
-
-            def peer_answered(told: Answered) -> None:
-                homes.put(told.response, ResponseHome(told.replica, told.tenant))
-                workers_told.answered(told.response, told.replica, told.tenant)
-
-            gw.peers.on_answered = peer_answered
     if plan.beats is not None:
         beats, index = Heartbeats(plan.beats, plan.workers), plan.index
         gw.heartbeat = lambda: beats.beat(index)
