@@ -18,7 +18,9 @@ most forgetting first; only a request under that same salt (none where it had no
 salt is a tenant's (the gateway's ``tenancy.isolate``), and another tenant's request is
 told the response does not exist, as for an id never stored; with ``client_salt: replace``
 the client's own ``cache_salt`` is mixed into it, so the same tenant is told so too when it
-changes its ``cache_salt`` between turns. Instructions are not carried into a
+changes its ``cache_salt`` between turns. A stored response is read back, listed by
+its input items and deleted by its tenant alone (``ResponsesRoute``), as OpenAI's are;
+another tenant is told it does not exist. Instructions are not carried into a
 continuation, as OpenAI's are not; a ``conversation`` or a stored ``prompt`` (context this
 engine does not keep) is refused naming it.
 """
@@ -72,6 +74,8 @@ TENANT_HEADER = "x-kvgate-tenant"  # the gateway's ``tenancy.header`` by default
 # it (184 bytes; a tool call's two, 368): a conversation of empty messages holds up to 3
 # times its count, one of empty tool calls 6 times, one of text about its count
 _MESSAGE_CHARS = 64
+# a stored response object's fields, in bytes (about a dict of 25 keys and its output item)
+_ANSWER_CHARS = 2048
 _EMPTY_STR = sys.getsizeof("")  # a string's header: what counts is its characters' bytes
 # the fields a Responses request shares with a chat (sampling), and those it names anew
 _SHARED = ("temperature", "top_p", "cache_salt", "stream")
@@ -101,12 +105,16 @@ class StoreSettings:
 
 
 class _Stored(NamedTuple):
-    """A stored response: its conversation, the ``cache_salt`` it was made under, and its
-    size (``_chars``)."""
+    """A stored response: its conversation, the ``cache_salt`` it was made under, its size
+    (``_chars`` and ``_answer_chars``), the response object its request was answered with
+    (None: not kept, nothing to retrieve) and where its own input starts in ``turns``
+    (those before are the conversation it continued; the last is its answer)."""
 
     turns: list[dict[str, Any]]
     salt: str | None
     chars: int
+    answer: dict[str, Any] | None = None
+    inputs: int = 0
 
 
 class _Share:
@@ -164,11 +172,13 @@ class ResponseStore:
         return {t: len(share.entries) for t, share in self._shares.items()}
 
     def put(self, response: str, turns: list[dict[str, Any]], *, salt: str | None,
-            tenant: str | None = None) -> None:
+            tenant: str | None = None, answer: dict[str, Any] | None = None,
+            inputs: int = 0) -> None:
         """Keep ``turns`` as ``response``'s conversation, made under ``salt`` (None: the
-        request had none) for ``tenant`` (None: a request naming none), unless they alone
-        hold more than the store does."""
-        chars = _chars(turns)
+        request had none) for ``tenant`` (None: a request naming none), with ``answer``,
+        the response object it was answered with, and ``inputs``, where its own input
+        starts in ``turns``, unless they alone hold more than the store does."""
+        chars = _chars(turns) + _answer_chars(answer)
         if chars > self.max_chars:  # it would push out all
             return
         self._drop(response)
@@ -179,7 +189,7 @@ class ResponseStore:
             self._numbered[share.number] = share
         self._serial += 1
         share.serial = self._serial
-        share.entries[response] = _Stored(turns, salt, chars)
+        share.entries[response] = _Stored(turns, salt, chars, answer, inputs)
         share.chars += chars
         self._chars += chars
         self._where[response] = share
@@ -199,6 +209,22 @@ class ResponseStore:
             return None
         share.entries.move_to_end(response)
         return share.entries[response].turns
+
+    def stored(self, response: str, *, tenant: str | None) -> _Stored | None:
+        """``response`` as stored, when it is ``tenant``'s (its use not counted: reading a
+        response keeps it no longer); None when it was not stored, was forgotten, or is
+        another tenant's: not told apart."""
+        share = self._where.get(response)
+        if share is None or share.tenant != tenant:
+            return None
+        return share.entries[response]
+
+    def delete(self, response: str, *, tenant: str | None) -> bool:
+        """Forget ``response`` when it is ``tenant``'s; whether it was stored so."""
+        if self.stored(response, tenant=tenant) is None:
+            return False
+        self._drop(response)
+        return True
 
     def _drop(self, response: str) -> None:
         share = self._where.pop(response, None)
@@ -248,7 +274,8 @@ class ResponseStore:
         count = sum(len(s.entries) for s in self._shares.values())
         chars = sum(s.chars for s in self._shares.values())
         for share in self._shares.values():
-            counted = sum(_chars(stored.turns) for stored in share.entries.values())
+            counted = sum(_chars(stored.turns) + _answer_chars(stored.answer)
+                          for stored in share.entries.values())
             if not share.entries or counted != share.chars or \
                     sum(stored.chars for stored in share.entries.values()) != counted:
                 raise AssertionError(f"tenant {share.tenant!r}: {len(share.entries)} "
@@ -289,13 +316,30 @@ def _chars(turns: list[dict[str, Any]]) -> int:
     return size
 
 
+def _answer_chars(answer: dict[str, Any] | None) -> int:
+    """What a stored response object holds beyond its conversation: its fields
+    (``_ANSWER_CHARS``), and the strings of what it echoes that the conversation does not
+    hold (``instructions``, ``metadata``; its ``tools``, written as JSON). Its output's
+    text is the conversation's last message's own string."""
+    if answer is None:
+        return 0
+    tools = answer.get("tools")
+    metadata = answer.get("metadata") or {}
+    return _ANSWER_CHARS + _strings(answer.get("instructions"), *metadata.keys(),
+                                    *metadata.values()) \
+        + (len(orjson.dumps(tools)) if tools else 0)
+
+
 def _strings(*values: Any) -> int:
     """The bytes of the strings' characters (``sys.getsizeof`` less a string's header)."""
     return sum(sys.getsizeof(v) - _EMPTY_STR for v in values if isinstance(v, str))
 
 
 class ResponsesRoute:
-    """``handle`` serves ``POST /v1/responses`` for one :class:`EngineServer`."""
+    """``handle`` serves ``POST /v1/responses`` for one :class:`EngineServer`; ``retrieve``,
+    ``delete``, ``input_items`` and ``cancel`` its stored responses (``GET`` and ``DELETE
+    /v1/responses/{response_id}``, ``GET .../input_items``, ``POST .../cancel``), each to
+    the tenant that stored it: another tenant's id is not found, as an id never stored."""
 
     def __init__(self, server: EngineServer, *, max_body_bytes: int,
                  store: StoreSettings | None = None) -> None:
@@ -307,7 +351,7 @@ class ResponsesRoute:
 
     async def handle(self, request: HTTPRequest) -> Response:
         srv = self.server
-        p, asked, turns = await self._parse(request)
+        p, asked, turns, inputs = await self._parse(request)
         ids = await srv.prompt_ids(p)
         limit = p.max_tokens if p.max_tokens is not None \
             else max(1, srv.max_request_tokens - len(ids))
@@ -316,19 +360,95 @@ class ResponsesRoute:
                                 limit_param=p.limit_param, prompt_field=p.prompt_field)
         rid = f"resp_{uuid.uuid4().hex}"
         queue = await srv.submit(rid, ids, p, limit)
-        # the tenant the gateway names (it sends the header only so, whatever the client
-        # sent): its own share of the store; none named, the one share of all such
-        tenant = request.headers.get(self.tenant_header) or None
+        tenant = self._tenant(request)
         answer = _Answer(srv, rid, p, len(ids), queue, asked,
-                         self.store if asked.store else None, turns, tenant)
+                         self.store if asked.store else None, turns, inputs, tenant)
         if p.stream:
             return AnswerStream(answer.events(), [answer])
         return JSONResponse(await unless_disconnected(request, answer.collect()))
 
+    async def retrieve(self, request: HTTPRequest) -> Response:
+        """The stored response object, as its request was answered (its status, output
+        and usage)."""
+        stored = self._stored(request)
+        if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+            raise BadRequest("'stream' on retrieving a response streams a background "
+                             "response's events, and this engine answers none in the "
+                             "background: retrieve it without 'stream'", param="stream")
+        assert stored.answer is not None
+        return JSONResponse(stored.answer)
+
+    async def delete(self, request: HTTPRequest) -> Response:
+        """Forget a stored response (OpenAI's deletion object): it can be neither
+        retrieved nor continued after."""
+        response = request.path_params["response_id"]
+        if not self.store.delete(response, tenant=self._tenant(request)):
+            raise _not_found(response)
+        return JSONResponse({"id": response, "object": "response", "deleted": True})
+
+    async def input_items(self, request: HTTPRequest) -> Response:
+        """The items of a stored response's own input (not those of the responses it
+        continues), as the engine read them (``_items``), as OpenAI lists them: newest
+        first unless ``order=asc``, ``limit`` of them (1 to 100, 20 unless given), after
+        (or before) the item of id ``after`` (``before``) in that order."""
+        stored = self._stored(request)
+        query = request.query_params
+        limit = _query_int(query.get("limit"), "limit", 20, 1, 100)
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise BadRequest(f"'order' must be 'asc' or 'desc', got {shown(order)}",
+                             param="order")
+        items = _items(stored.turns[stored.inputs:-1], request.path_params["response_id"])
+        if order == "desc":
+            items.reverse()
+        after, before = query.get("after"), query.get("before")
+        start, end = 0, len(items)
+        ids = [item["id"] for item in items]
+        for name, cursor in (("after", after), ("before", before)):
+            if cursor is None:
+                continue
+            if cursor not in ids:
+                raise BadRequest(f"'{name}' {shown(cursor)} is no input item of response "
+                                 f"{shown(request.path_params['response_id'])}", param=name)
+            if name == "after":
+                start = ids.index(cursor) + 1
+            else:
+                end = ids.index(cursor)
+        # a page after a cursor reads on from it; one only before a cursor, up to it
+        page = items[start:end][:limit] if before is None or after is not None \
+            else items[start:end][-limit:]
+        more = len(items[start:end]) > len(page)
+        return JSONResponse({"object": "list", "data": page,
+                             "first_id": page[0]["id"] if page else None,
+                             "last_id": page[-1]["id"] if page else None,
+                             "has_more": more})
+
+    async def cancel(self, request: HTTPRequest) -> Response:
+        """OpenAI's answer for a response that was not made in the background (none is on
+        this engine: ``background`` is refused): a 400; a 404 for one not stored (one
+        being answered too: it is not stored until it ends; its client cancels it by
+        leaving, as any request)."""
+        self._stored(request)
+        raise BadRequest("Cannot cancel a synchronous response.", param="response_id")
+
+    def _tenant(self, request: HTTPRequest) -> str | None:
+        # the tenant the gateway names (it sends the header only so, whatever the client
+        # sent): its own share of the store; none named, the one share of all such
+        return request.headers.get(self.tenant_header) or None
+
+    def _stored(self, request: HTTPRequest) -> _Stored:
+        """The stored response the path names, the request's tenant's; NotFound else."""
+        response = request.path_params["response_id"]
+        stored = self.store.stored(response, tenant=self._tenant(request))
+        if stored is None or stored.answer is None:
+            raise _not_found(response)
+        return stored
+
     async def _parse(self, request: HTTPRequest
-                     ) -> tuple[GenerateParams, _Asked, list[dict[str, Any]]]:
-        """The request's chat, checked as a chat's, what its response echoes, and the
-        turns its stored conversation holds. Its body's bytes and decoded JSON end here:
+                     ) -> tuple[GenerateParams, _Asked, list[dict[str, Any]], int]:
+        """The request's chat, checked as a chat's, what its response echoes, the turns
+        its stored conversation holds, and where its own input starts in them (after
+        those of the response it continues). Its body's bytes and decoded JSON end here:
         the request runs on these alone."""
         srv = self.server
         # a large body (in bytes or in items) is read in a worker thread, and so is the
@@ -358,7 +478,7 @@ class ResponsesRoute:
             parse() if inline and len(history) <= PARSE_ON_THREAD_COMMAS
             else await asyncio.to_thread(parse),
             limit_param="max_output_tokens", prompt_field="input")
-        return p, asked, turns
+        return p, asked, turns, len(history)
 
 
 class _Asked(NamedTuple):
@@ -490,7 +610,7 @@ class _Answer(Generation):
 
     def __init__(self, server: EngineServer, rid: str, p: GenerateParams, num_prompt: int,
                  queue: asyncio.Queue[RequestOutput | BaseException], asked: _Asked,
-                 store: ResponseStore | None, turns: list[dict[str, Any]],
+                 store: ResponseStore | None, turns: list[dict[str, Any]], inputs: int,
                  tenant: str | None) -> None:
         super().__init__(server, rid, p, num_prompt, queue)
         self.echoed = asked.echoed
@@ -498,6 +618,7 @@ class _Answer(Generation):
         self.store = store
         self.salt = asked.salt  # the salt its conversation is stored under, as it was read
         self.turns = turns
+        self.inputs = inputs  # where its own input starts in ``turns``
         self.tenant = tenant
         self.created = int(time.time())
         self.item = f"msg_{uuid.uuid4().hex}"
@@ -554,10 +675,13 @@ class _Answer(Generation):
             "usage": usage}
 
     def _ended(self, text: str, reason: str | None) -> dict[str, Any]:
+        response = self._response(text, reason)
         if self.store is not None and reason != "abort":
+            # kept as answered: ``GET /v1/responses/{id}`` gives it back
             self.store.put(self.rid, [*self.turns, {"role": "assistant", "content": text}],
-                           salt=self.salt, tenant=self.tenant)
-        return self._response(text, reason)
+                           salt=self.salt, tenant=self.tenant, answer=response,
+                           inputs=self.inputs)
+        return response
 
     async def collect(self) -> dict[str, Any]:
         return self._ended(*await self.read())
@@ -604,3 +728,83 @@ class _Answer(Generation):
         kind = {"incomplete": "response.incomplete",
                 "cancelled": "response.failed"}.get(response["status"], "response.completed")
         yield self._event(kind, {"response": response})
+
+
+def _not_found(response: str) -> NotFound:
+    """The answer for a response id this engine stores none under for the request's
+    tenant: never stored, forgotten, deleted, or another tenant's (one answer for all)."""
+    return NotFound(f"Response with id {shown(response)} not found.", param="response_id",
+                    code="response_not_found")
+
+
+def _query_int(value: str | None, name: str, default: int, low: int, high: int) -> int:
+    """A query parameter's integer within [``low``, ``high``], ``default`` when absent;
+    BadRequest naming it and what was sent else."""
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or not low <= number <= high:
+        raise BadRequest(f"'{name}' must be an integer from {low} to {high}, got "
+                         f"{shown(value)}", param=name)
+    return number
+
+
+def _items(turns: list[dict[str, Any]], response: str) -> list[dict[str, Any]]:
+    """A stored response's input turns as the Responses API's input items, in order: a
+    user or system message's text as ``input_text`` parts (an image as ``input_image``),
+    an assistant message as its ``reasoning``, its ``message`` (``output_text``) and its
+    ``function_call`` items, a tool message as a ``function_call_output``. Each item's id
+    is the response's, numbered by its place (the same on every listing: a page's cursor)."""
+    items: list[dict[str, Any]] = []
+    tag = response.removeprefix("resp_")
+
+    def add(prefix: str, item: dict[str, Any]) -> None:
+        items.append({"id": f"{prefix}_{tag}_{len(items)}", **item})
+
+    for turn in turns:
+        role, content = turn.get("role"), turn.get("content")
+        if role == "tool":
+            add("fco", {"type": "function_call_output", "call_id": turn.get("tool_call_id"),
+                        "output": content, "status": "completed"})
+        elif role == "assistant":
+            if turn.get("reasoning"):
+                add("rs", {"type": "reasoning", "summary": [], "content": [
+                    {"type": "reasoning_text", "text": turn["reasoning"]}]})
+            if content:
+                add("msg", {"type": "message", "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": _text_of(content),
+                                         "annotations": []}]})
+            for call in turn.get("tool_calls") or ():
+                function = call.get("function") or {}
+                add("fc", {"type": "function_call", "call_id": call.get("id"),
+                           "name": function.get("name"),
+                           "arguments": function.get("arguments"), "status": "completed"})
+        else:
+            add("msg", {"type": "message", "role": role, "status": "completed",
+                        "content": _input_parts(content)})
+    return items
+
+
+def _input_parts(content: Any) -> list[dict[str, Any]]:
+    """A chat message's content as a Responses message's input parts."""
+    if isinstance(content, str):
+        return [{"type": "input_text", "text": content}]
+    parts: list[dict[str, Any]] = []
+    for part in content or ():
+        image = part.get("image_url")
+        if isinstance(image, dict):
+            parts.append({"type": "input_image", "image_url": image.get("url"),
+                          "detail": image.get("detail", "auto")})
+        else:
+            parts.append({"type": "input_text", "text": part.get("text", "")})
+    return parts
+
+
+def _text_of(content: Any) -> str:
+    """A chat message's content as one text (its text parts joined)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.get("text", "") for part in content or () if "text" in part)

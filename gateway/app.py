@@ -47,6 +47,7 @@ from gateway.responses_request import PATH as RESPONSES_PATH
 from gateway.responses_request import ResponseHome, response_id, response_not_found
 from gateway.routing import Routing, work_tokens
 from gateway.state import GatewayState, build_state
+from gateway.stored_responses import home_unavailable, stored_response
 from gateway.tenancy import record_home
 from gateway.tracing import RequestTrace, Tracing
 from gateway.upstream_http import client_for
@@ -336,22 +337,6 @@ def _stored_at(gw: GatewayState, parsed: ParsedRequest, tenant: str | None,
     raise home_unavailable(gw, previous, home.replica, state.ejected_until)
 
 
-def home_unavailable(gw: GatewayState, response: str, replica: str,
-                     ejected_until: float) -> ServiceUnavailable:
-    """The 503 for a continuation of ``response`` while ``replica``, the one that stores
-    it, is out of routing (``ejected_until``: monotonic, the end of an outlier ejection;
-    0 for none): retried after that ejection's end plus the health checks that readmit
-    it (``x-should-retry``, which the openai client obeys over its own rule)."""
-    health = gw.config.health
-    wait_s = max(0.0, ejected_until - time.monotonic()) \
-        + health.interval_s * health.successes_to_readmit
-    return ServiceUnavailable(
-        f"Response with id {shown(response)} is stored on replica {shown(replica)}, which "
-        "is out of routing now (ejected, or not checked yet): try again shortly",
-        param="previous_response_id", code="response_replica_unavailable",
-        headers={"Retry-After": str(max(1, math.ceil(wait_s))), "x-should-retry": "true"})
-
-
 def _refuse_taken_id(gw: GatewayState, intake: Intake, request_id: str) -> None:
     """BadRequest for a Responses request whose id (``request_id``, sent as its
     ``X-Request-Id``, or its body's ``request_id``) is a stored response of another
@@ -594,6 +579,10 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route(GENERATE_PATH, generate, methods=["POST"]),
         Route(RESPONSES_PATH, responses, methods=["POST"]),
+        Route(RESPONSES_PATH + "/{response_id}", stored_response, methods=["GET", "DELETE"]),
+        Route(RESPONSES_PATH + "/{response_id}/input_items", stored_response,
+              methods=["GET"]),
+        Route(RESPONSES_PATH + "/{response_id}/cancel", stored_response, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -61,6 +61,16 @@ class BoundedMemo(Generic[K, V]):
                 if weigh is not None:
                     self.weight -= weigh(dropped)
 
+    def pop(self, key: K, default: D) -> V | D:
+        """Forget ``key``: the value it had, else ``default``."""
+        with self._lock:
+            value = self._entries.pop(key, _NONE)
+            if value is _NONE:
+                return default
+            if self._weight is not None:
+                self.weight -= self._weight(value)  # type: ignore[arg-type]
+            return value  # type: ignore[return-value]
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
