@@ -50,6 +50,13 @@ another ``--block-size``) are all dropped by the index: its cache is never match
 warning names the replica, both sizes and the setting to change, at most once a minute per
 replica; the index's drops are exported per replica and reason (``gateway.metrics``).
 
+A replica whose stream is judged stalled (``KVIndex.stalled``: prompts answered there
+stored blocks, and no message of it came for ``stall_s`` after: held back on the way, or a
+publisher that stopped while its socket stays open) is warned of at most once a minute,
+naming the replica, its endpoint and how long it has been silent; the policies stop
+trusting its index meanwhile, and ``kvgate_kv_events_stalled{replica}`` is 1. Its next
+message clears it (a gap it shows is replayed as any other).
+
 An endpoint is followed for one replica: one that joins naming an endpoint another replica
 is followed on (discovery found both) is not followed until it is free (``_apart``).
 """
@@ -100,6 +107,7 @@ _MAX_GROUPS = 64  # KV cache groups whose kind is kept, per replica
 # a replica whose stored events are dropped for their block size: warned of at most once
 # this often (each of its engine steps drops more)
 _BLOCK_SIZE_WARN_S = 60.0
+_STALL_WARN_S = 60.0  # a replica whose stream is stalled: warned of at most once this often
 # what a SUB socket's monitor tells: whether libzmq still connects to the publisher
 _LINK_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
                 | zmq.EVENT_DISCONNECTED)
@@ -163,6 +171,8 @@ class KVEventSubscriber:
         # replica -> (the replica followed on an endpoint it names too, that endpoint): it
         # is not followed (``_apart``)
         self._clashes: dict[str, tuple[str, str]] = {}
+        # replica -> when its stalled stream was last warned of, while it stays stalled
+        self._stall_warned: dict[str, LogThrottle] = {}
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         if isinstance(event, ReplicaAdded | ReplicaRemoved):
@@ -212,6 +222,7 @@ class KVEventSubscriber:
             self._membership_changed.clear()
             try:
                 await self.reconcile()
+                self.warn_stalled()
             except asyncio.CancelledError:
                 raise
             except Exception:  # one bad round must not stop the following ones
@@ -254,6 +265,30 @@ class KVEventSubscriber:
                 task = asyncio.create_task(self._read(rid, endpoint, replay),
                                            name=f"kvgate-kv-events-{rid}")
                 self._readers[rid] = ((endpoint, replay), task)
+
+    def warn_stalled(self) -> None:
+        """Log each replica whose stream the index judges stalled, at most once per
+        ``_STALL_WARN_S`` each, and that it speaks again once it does."""
+        stalled = self.index.stalled()
+        for rid in [r for r in self._stall_warned if r not in stalled]:
+            del self._stall_warned[rid]
+            if self.index.tracks(rid):  # (else it left, or changed endpoints)
+                log.info("replica %s: KV event messages arrive again; its index is read "
+                         "again", rid)
+        for rid, stall in stalled.items():
+            throttle = self._stall_warned.get(rid)
+            if throttle is None:
+                throttle = self._stall_warned[rid] = LogThrottle(_STALL_WARN_S)
+            if throttle.due() is None:
+                continue
+            followed = self._readers.get(rid)
+            endpoint = followed[0][0] if followed is not None else "its endpoint"
+            log.warning("replica %s: no KV event message from %s for %.1f s, though "
+                        "prompts answered there since (%d) stored blocks, which the engine "
+                        "publishes within a step: its stream is stalled (held back on the "
+                        "way, or its publisher stopped), and what the index holds of it is "
+                        "not trusted until a message comes", rid, endpoint, stall.silent_s,
+                        stall.answers)
 
     def _apart(self, wanted: dict[str, tuple[str | None, str | None]]
                ) -> dict[str, tuple[str | None, str | None]]:

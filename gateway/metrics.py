@@ -181,7 +181,8 @@ class KVEventCounts(Protocol):
 
 
 class _KVEventCollector(Collector):
-    """The KV event subscriber's ``counts``, and the index's ``blocks`` per replica."""
+    """The KV event subscriber's ``counts``, and the index's ``blocks`` per replica (with
+    whether its stream is stalled)."""
 
     def __init__(self, source: KVEventCounts, counts: bool = True, blocks: bool = True
                  ) -> None:
@@ -243,6 +244,14 @@ class _KVEventCollector(Collector):
         for replica in index.replicas():
             blocks.add_metric([replica], index.num_blocks(replica))
         yield blocks
+        stalled = index.stalled()
+        gauge = GaugeMetricFamily(
+            "kvgate_kv_events_stalled", "1 while a replica's KV event stream is judged "
+            "stalled: prompts answered there stored blocks, and no message of it came since "
+            "(its index is not trusted meanwhile)", labels=["replica"])
+        for replica in index.replicas():
+            gauge.add_metric([replica], 1.0 if replica in stalled else 0.0)
+        yield gauge
 
 
 class PeerCounts(Protocol):

@@ -64,8 +64,9 @@ Where a replica publishes KV events (``kv_events``), what it holds is known exac
 gateway then tokenizes the whole prompt (``tokens_needed`` turns ``None`` once the index
 has heard from a replica) and the exact index replaces the model's prediction of cached
 tokens for every replica it hears from, until it turns out that the gateway's tokens are
-not the engines' (``index_matches``; ``describe``: ``kv_events_unmatched``). The model
-still predicts what an admission evicts.
+not the engines' (``index_matches``; ``describe``: ``kv_events_unmatched``), and but for a
+replica whose stream is judged stalled (``describe``: ``kv_events_stalled``), read from the
+model until a message of it comes. The model still predicts what an admission evicts.
 
 A request tried on several replicas counts once in what it says of the traffic (its
 prefix's count and judgement, the request rates, the common prefix learned): at its first
@@ -108,7 +109,7 @@ from policies.cache_model import PromptChain
 from policies.cost_config import CostConfig
 from policies.counted_requests import CountedRequests
 from policies.frequency import FrequencySketch
-from policies.index_matches import IndexMatches
+from policies.index_matches import IndexMatches, answered, stalled_state
 from policies.kv_index import KVIndex
 from policies.pace import DecayedRate, PrefillPace
 from policies.placement import HotPlacement, Overflow
@@ -163,7 +164,10 @@ class Cost(Policy):
         self.chunk_chars = cfg.chunk_chars
         # the pieces read (``prefix_keys``): a longer prompt's others are not hashed
         self.chunks_needed = cfg.max_chunks
-        self.kv_index = KVIndex(cfg.kv_block_size) if cfg.kv_events else None
+        # a replica's stream is stalled once an answered prompt's stores are two graces
+        # overdue: one a prefill may take to show, one more for a loaded stream's delivery
+        self.kv_index = KVIndex(cfg.kv_block_size, stall_s=2 * cfg.kv_event_grace_s) \
+            if cfg.kv_events else None
         self._rings = RingCache(cfg.vnodes)
         self._mean_prompt = 0.0
         self._sketch = FrequencySketch(cfg.sketch_width, cfg.sketch_depth,
@@ -749,6 +753,8 @@ class Cost(Policy):
             req = event.request
             self._models.settle(id(req))
             self._counted.ended(req)
+            if self.kv_index is not None and self._exact.in_use(self.kv_index):
+                answered(self.kv_index, event)  # whether its replica's stream speaks
             if event.ok and event.ttft_s is not None and event.cached_tokens is not None:
                 self._pace.observe(event.ttft_s, req.prompt_tokens - event.cached_tokens)
             if event.ok and event.duration_s is not None:
@@ -933,6 +939,9 @@ class Cost(Policy):
             # too few did: the gateway's tokenizer is likely not the engines', and the
             # cache model is used instead
             "kv_events_unmatched": self._exact.given_up,
+            # replicas whose KV event streams went silent though prompts answered there
+            # stored blocks: read from the model until a message comes
+            "kv_events_stalled": stalled_state(self.kv_index),
         }
 
     def check_integrity(self) -> None:

@@ -23,6 +23,12 @@ the last ``WINDOW`` agree, the index is no longer read (``in_use``), and the pol
 longer needs the prompt tokenized (so nothing is judged again). A burst of new or short
 prompts tells nothing either way.
 
+A replica whose KV event stream is judged stalled (``KVIndex.stalled``: a prompt answered
+there must have stored blocks, and no message of it came ``kv_event_grace_s`` x 2 after that
+prefill) is read from the model, as a replica without events, until a message comes:
+the index would keep claiming what the engine evicted meanwhile. ``answered`` tells the
+index of such prompts.
+
 The index itself is not owned here (per-model policies share one): each call is handed it.
 Not thread-safe; one owner (the policy) drives it.
 """
@@ -33,7 +39,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from policies.base import ReplicaView, RouteRequest
+from policies.base import Finished, ReplicaView, RouteRequest
 from policies.kv_index import KVIndex
 
 # prompts judged, the last this many weighed
@@ -63,6 +69,43 @@ def agreement_verdict(held: int, expected: int, matchable: int, block_size: int
     if held >= telling and 2 * held >= matchable:
         return True  # deep: no head shared by chance is half a prompt
     return None
+
+
+def answered(kv: KVIndex, event: Finished) -> None:
+    """What ``event``'s answer says of its replica's KV event stream: a prompt answered
+    whole there, with no message of the replica since it was sent, whose blocks reach at
+    least one past what the index holds there, stored that block (the engine publishes
+    it within a step of the prefill): ``KVIndex.unheard``. Only matched when the stream
+    was silent since the send, which a stream that speaks seldom is at an answer."""
+    request, replica = event.request, event.replica
+    tokens = request.tokens
+    if not event.ok or request.cache_salt is not None or not tokens:
+        return  # no answer (nor prefill, maybe); a salted prompt is never matched
+    now = kv.clock()
+    # the try's send: its answer's duration back (a retry's is not the request's arrival)
+    sent = request.arrival_s if event.duration_s is None else now - event.duration_s
+    if sent is None or not kv.silent_since(replica, sent):
+        return
+    bs = kv.block_size
+    p = max(request.prompt_tokens, len(tokens))
+    # blocks [0, held) the index holds there, [held, limit) the prefill computed and stored
+    limit = min((p - 1) // bs, len(tokens) // bs)
+    if limit < 1:
+        return
+    held = kv.match(tokens, (replica,), limit, request.model, request.adapter)[replica]
+    if held < limit:
+        # its first token ends the prefill; a whole answer tells no sooner than its end
+        prefilled = now if event.ttft_s is None else min(now, sent + event.ttft_s)
+        kv.unheard(replica, prefilled)
+
+
+def stalled_state(kv: KVIndex | None) -> dict[str, dict[str, float]]:
+    """The replicas whose KV event streams are judged stalled, for ``/admin/explain``:
+    how long each has been silent, and the answered prompts unheard since."""
+    if kv is None:
+        return {}
+    return {rid: {"silent_s": round(stall.silent_s, 3), "answers": stall.answers}
+            for rid, stall in sorted(kv.stalled().items())}
 
 
 class IndexAgreement:
@@ -137,7 +180,10 @@ class IndexMatches:
         tokens. What this prompt says about the index is taken by ``routed``."""
         if kv is None or not request.tokens or request.cache_salt is not None:
             return matched  # KV events carry no salt: a salted prompt is not found there
-        tracked = [i for i, r in enumerate(replicas) if up[i] and kv.tracks(r.id)]
+        # a stalled stream's replica is read from the model: its evictions are not in it
+        stalled = kv.stalled(request.arrival_s)
+        tracked = [i for i, r in enumerate(replicas)
+                   if up[i] and kv.tracks(r.id) and r.id not in stalled]
         if not tracked:
             return matched
         bs = kv.block_size

@@ -24,6 +24,14 @@ that takes). Once ``MIN_JUDGED`` prompts are judged and fewer than 1
 in ``index_matches.AGREE_SHARE`` of the last ``WINDOW`` agree, ``describe`` says
 ``kv_events_unmatched`` and a warning is logged (once every ``WARN_EVERY_S`` at most);
 the index is read all the same (there is no other word on what a replica caches).
+
+A replica whose KV event stream is judged stalled (``KVIndex.stalled``: a prompt answered
+there must have stored blocks, and no message of it came ``STALL_S`` after that prefill)
+is taken as holding none of a prompt, ranked by its prefill and queue alone, until a
+message comes (``describe``: ``kv_events_stalled``). Its index still claims what the engine
+evicted since, and learned nothing it stored since (no message came): holding "only what
+was seen since the stall" is holding nothing. Unmatched, a stalled replica is not sent
+documents it may no longer hold (load spreads them); its next message clears the stall.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from dataclasses import dataclass
 
 from policies.base import (
     Decision,
+    Finished,
     Policy,
     ReplicaRemoved,
     ReplicaReset,
@@ -47,7 +56,13 @@ from policies.base import (
     RouteRequest,
     healthy,
 )
-from policies.index_matches import TELLING_BLOCKS, IndexAgreement, agreement_verdict
+from policies.index_matches import (
+    TELLING_BLOCKS,
+    IndexAgreement,
+    agreement_verdict,
+    answered,
+    stalled_state,
+)
 from policies.kv_index import KVIndex
 from policies.ring import token_bytes
 from policies.size_bounds import check_sizes
@@ -59,6 +74,9 @@ log = logging.getLogger(__name__)
 MIN_JUDGED = 64
 # a prefix sent to a replica this recently may not be stored there yet (its prefill)
 GRACE_S = 5.0
+# an answered prompt's stores this overdue (after its prefill) stall its replica's stream:
+# the grace a prefill may take to show, and as much again for a loaded stream's delivery
+STALL_S = 2 * GRACE_S
 # prefixes (per sent prompt: its leading TELLING_BLOCKS x 2^k blocks) remembered at most
 _SENT_KEPT = 1 << 16
 WARN_EVERY_S = 300.0
@@ -89,7 +107,7 @@ class KVEvents(Policy):
 
     def __init__(self, config: KVEventsConfig | None = None) -> None:
         self.config = config or KVEventsConfig()
-        self.kv_index: KVIndex = KVIndex(self.config.block_size)
+        self.kv_index: KVIndex = KVIndex(self.config.block_size, stall_s=STALL_S)
         self._rng = random.Random(self.config.seed)
         self.agreement = IndexAgreement(MIN_JUDGED)
         # key of a sent prompt's leading blocks -> (replica, when), oldest first
@@ -102,17 +120,20 @@ class KVEvents(Policy):
         p = max(request.prompt_tokens, len(request.tokens))
         max_blocks = max(0, (p - 1) // bs)
         if request.cache_salt is None:
-            blocks = self.kv_index.match(request.tokens, [r.id for r in ok], max_blocks,
-                                         request.model, request.adapter)
+            # a stalled stream's replica is unmatched: its evictions are not in the index
+            stalled = self.kv_index.stalled(request.arrival_s)
+            blocks = self.kv_index.match(request.tokens,
+                                         [r.id for r in ok if r.id not in stalled],
+                                         max_blocks, request.model, request.adapter)
         else:
             # KV events carry no salt: the index cannot tell whether this tenant's salted
             # blocks are cached anywhere, so predict no hit rather than a wrong one.
-            blocks = dict.fromkeys((r.id for r in ok), 0)
+            blocks = {}
         weight = self.config.prefill_weight
         rng = self._rng
         keyed = []
         for r in ok:
-            overlap = blocks[r.id] * bs
+            overlap = blocks.get(r.id, 0) * bs
             cost = (p - overlap) * weight + r.queued_tokens
             keyed.append((cost, rng.random(), overlap, r.id))
         keyed.sort()
@@ -124,6 +145,9 @@ class KVEvents(Policy):
     def observe(self, event: RouteEvent) -> None:
         if isinstance(event, Routed):
             self._routed(event.request, event.replica)
+        elif isinstance(event, Finished):
+            if not self.agreement.mismatched:  # (else nothing it holds is matched)
+                answered(self.kv_index, event)  # whether its replica's stream speaks
         elif isinstance(event, ReplicaReset):
             self.kv_index.reset(event.replica)
             self._forget(event.replica)
@@ -139,6 +163,9 @@ class KVEvents(Policy):
             # fewer than 1 in AGREE_SHARE did: the gateway's tokenizer is likely not the
             # engines' (``tokenizer:``), and the index matches next to nothing
             "kv_events_unmatched": self.agreement.mismatched,
+            # replicas whose KV event streams went silent though prompts answered there
+            # stored blocks: taken as holding none of a prompt until a message comes
+            "kv_events_stalled": stalled_state(self.kv_index),
         }
 
     # -- whether the gateway's tokens are the engines' ------------------------------------

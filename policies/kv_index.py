@@ -62,15 +62,32 @@ A restart the stream showed that no scrape ever tells (counters that did not go 
 matched by the next ``reset`` instead: one a stream that missed that later restart (no
 message from its new process yet) leaves uncleared until its numbers go back.
 
+Whether a replica's stream still speaks is judged here too. A stream held back on the way
+(the connection open, no message arriving) leaves the index claiming blocks the engine
+evicted meanwhile, and nothing in the stream itself tells. What does: a prompt answered
+there that reached at least one block past what the index held of it must have stored
+blocks, which the engine publishes within a step of its prefill. ``unheard`` counts such
+prompts answered with no message of the replica applied since their send; the replica is
+``stalled`` once the earliest of their prefills ended more than ``stall_s`` ago and still no
+message came. The next message applied clears it (a gap it shows is replayed as any other).
+Two numbers and a timestamp per replica, kept as messages come; nothing per request::
+
+    heard_s         when its last message was applied (the ``clock``)
+    unheard         answered prompts since then that must have stored blocks there
+    waiting_since   the earliest of their prefills' ends
+
 Not thread-safe: one owner (the gateway's event loop) feeds it and reads it.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
+from typing import NamedTuple
 
 from kvwire.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from policies.ring import token_bytes
@@ -86,6 +103,9 @@ MIN_BLOCK_LIMIT = 1 << 16  # the least a known capacity limits a replica to
 # the most: twice the default (32M tokens of 16), whatever capacity a replica's gauge claims
 # (a garbage gauge must not lift the bound on the gateway's memory)
 MAX_BLOCK_LIMIT = 1 << 21
+# a replica's stream is judged stalled when an answered prompt's stores are this overdue (the
+# policies pass twice their grace for a prefill: see ``stalled``)
+STALL_S = 10.0
 
 
 def root_key(lora_name: str | None = None, lora_id: int | None = None) -> int:
@@ -126,6 +146,13 @@ class IndexStats:
     overflows: int = 0  # a replica named more blocks than its limit: it was cleared
 
 
+class Stall(NamedTuple):
+    """A replica whose KV event stream is judged stalled (``KVIndex.stalled``)."""
+
+    silent_s: float  # since its last message was applied
+    answers: int  # answered prompts since that must have stored blocks there
+
+
 @dataclass(slots=True)
 class _Replica:
     # plain dicts of ints, which the garbage collector never tracks (a Counter it walks
@@ -140,6 +167,12 @@ class _Replica:
     # told again (by every model's policy, sharing this index) matches it too
     reset_matched: bool = False
     stats: IndexStats = field(default_factory=IndexStats)  # its own share of the counts
+    # whether its stream still speaks (see the module docstring): when its last message
+    # was applied (-inf: none through ``apply``), the answered prompts that must have
+    # stored blocks there since, and the earliest of their prefills' ends
+    heard_s: float = -math.inf
+    unheard: int = 0
+    waiting_since: float = math.inf
 
     def clear(self) -> None:
         self.by_hash.clear()
@@ -150,10 +183,18 @@ class _Replica:
 class KVIndex:
     """Per-replica sets of block keys; see the module docstring."""
 
-    def __init__(self, block_size: int = 16) -> None:
+    def __init__(self, block_size: int = 16, stall_s: float = STALL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not stall_s > 0:
+            raise ValueError(f"stall_s must be > 0, got {stall_s!r}")
         self.block_size = block_size
+        self.stall_s = stall_s
+        # the time messages are applied at and stalls judged by (a request's arrival_s is
+        # of the same clock)
+        self.clock = clock
+        self._waiting: set[str] = set()  # replicas with ``unheard`` prompts
         self.stats = IndexStats()
         self._replicas: dict[str, _Replica] = {}
         # the root keys of the adapters stored from lately, least lately first (a key, not
@@ -266,6 +307,10 @@ class KVIndex:
                 r.stats.gaps += lost
         r.last_seq = seq
         r.reset_matched = False
+        r.heard_s = self.clock()
+        if r.unheard:  # its stream speaks: what was awaited arrives now, or was replayed
+            r.unheard, r.waiting_since = 0, math.inf
+            self._waiting.discard(replica)
         for ev in events:
             self.apply_event(replica, ev)
 
@@ -397,13 +442,54 @@ class KVIndex:
 
     def remove_replica(self, replica: str) -> None:
         self._replicas.pop(replica, None)
+        self._waiting.discard(replica)
         self.resets.pop(replica, None)
         self._limits.pop(replica, None)
+
+    # -- whether a stream speaks -----------------------------------------------------------
+
+    def silent_since(self, replica: str, at: float) -> bool:
+        """Whether a message of ``replica`` was applied (``apply``) before ``at`` and none
+        at ``at`` or after it."""
+        r = self._replicas.get(replica)
+        return r is not None and -math.inf < r.heard_s < at
+
+    def unheard(self, replica: str, prefilled_s: float) -> None:
+        """A prompt answered by ``replica``, its prefill ended at ``prefilled_s``, must
+        have stored blocks there that the index does not hold, and no message of the
+        replica came since the prompt was sent (``silent_since``)."""
+        r = self._replicas.get(replica)
+        if r is None:
+            return
+        r.unheard += 1
+        r.waiting_since = min(r.waiting_since, prefilled_s)
+        self._waiting.add(replica)
+
+    def stalled(self, now: float | None = None) -> dict[str, Stall]:
+        """The replicas whose KV event streams are stalled at ``now`` (None: the clock's
+        now): an answered prompt's stores there are more than ``stall_s`` overdue (its
+        prefill ended that long ago) and no message of theirs came since. What the index
+        holds of them is not to be trusted: evictions since are not in it. Usually none:
+        the replicas awaiting nothing are not looked at."""
+        if not self._waiting:
+            return {}
+        at = self.clock() if now is None else now
+        out = {}
+        for rid in self._waiting:
+            r = self._replicas[rid]
+            if at - r.waiting_since > self.stall_s:
+                out[rid] = Stall(at - r.heard_s, r.unheard)
+        return out
 
     # -- checks --------------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """Raise AssertionError if a replica's maps disagree."""
+        """Raise AssertionError if a replica's maps disagree, or the replicas awaiting
+        stores are not those with answered prompts unheard."""
+        awaiting = {rid for rid, r in self._replicas.items() if r.unheard}
+        if awaiting != self._waiting:
+            raise AssertionError(f"replicas {sorted(self._waiting)} await stores, but "
+                                 f"{sorted(awaiting)} have answered prompts unheard")
         for rid, r in self._replicas.items():
             counted = Counter(r.by_hash.values())
             if dict(counted) != r.keys:
