@@ -249,16 +249,26 @@ class Cost(Policy):
                                                          self._sketch.estimate(prefix.key)))
         return prepared
 
-    def _hot(self, key: int, count: int) -> bool:
+    def _hot(self, key: int, count: int, scale: float | None = None) -> bool:
         """Whether prefix ``key``, counted ``count`` lately, is hot: ``hot_min_count``, or
         ``hot_keep_count`` once it is placed on a home. Without the lower bar a hot key
         whose count dipped under ``hot_min_count`` at a halving (a few requests a window,
         drawn at random) went to the scratch set and left the placement for a window,
         and the homes of the keys after it were placed again (offline, contracts-400,
         3,900 requests: 62 hot requests missed on a replica other than their document's
-        previous one, 46 with it)."""
+        previous one, 46 with it).
+
+        The count is this copy's: one of several gateway copies sees its share of a
+        prefix's requests, so its count is scaled by ``_fleet_scale`` to the fleet's before
+        the entry bar (offline, contracts-400, 6,000 requests split at random between two
+        unpeered copies, seeds 0/1/2: 0.661/0.661/0.660 token hit rate before, 0.675/0.662/
+        0.686 with it; one copy unchanged). A copy that learned a key hot later than another
+        placed it on a home sent it elsewhere meanwhile. ``scale``: that factor, when the
+        caller judges many keys at once."""
         cfg = self.config
-        return count >= cfg.hot_min_count or (
+        if scale is None:
+            scale = self._fleet_scale(settled=False)
+        return count * scale >= cfg.hot_min_count or (
             count >= cfg.hot_keep_count and self._placement.home_of(key) is not None)
 
     def _rare(self, hot: bool) -> bool | None:
@@ -727,11 +737,12 @@ class Cost(Policy):
         if halvings != sketch.halvings:
             hot = set()
             self._hot_owners = (sketch.halvings, hot)
+        scale = self._fleet_scale(settled=False)
 
         def counts(owner: int) -> bool:
             if owner in hot:
                 return True
-            if self._hot(owner, sketch.estimate(owner)):
+            if self._hot(owner, sketch.estimate(owner), scale):
                 hot.add(owner)
                 return True
             return False
@@ -869,7 +880,9 @@ class Cost(Policy):
         if self._routed % self._sketch.window != 0:
             self._placement.advance()  # a bounded share of the window's placement, if any
         else:
-            self._placement.prune(lambda key: self._hot(key, self._sketch.estimate(key)))
+            scale = self._fleet_scale(settled=False)
+            self._placement.prune(
+                lambda key: self._hot(key, self._sketch.estimate(key), scale))
             ids, weights, up, in_scratch = self._eligible
             # the replicas of the last hot decision, less those removed since
             facts = self._facts
@@ -896,13 +909,15 @@ class Cost(Policy):
                     self._scratch.take_back(taken.now, taken.uncached, taken.rare)
             self._exact.unrouted(replica, taken.owner, taken.now)
 
-    def _fleet_scale(self) -> float:
+    def _fleet_scale(self, settled: bool = True) -> float:
         """1 / this gateway copy's share of the fleet's prefill: the replicas' own counters
         (every copy's traffic) over what this copy routed, between 1 and 16. A rare prefix's
         admission counts that many times over in its eviction charge, since the other
-        copies send their share of such churn there too."""
+        copies send their share of such churn there too. ``settled``: 1 until this copy has
+        routed a sketch window (the eviction charge waits for a steady rate; a prefix's
+        count is scaled from the first scrapes, when a fresh copy learns what is hot)."""
         fleet, now = self._fleet_prefill, self._all_load.last
-        if fleet is None or now is None or self._routed < self._sketch.window:
+        if fleet is None or now is None or (settled and self._routed < self._sketch.window):
             return 1.0
         own = self._all_load.rate(now)
         return min(16.0, max(1.0, fleet / own)) if own > 0 else 1.0
