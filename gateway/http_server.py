@@ -14,6 +14,10 @@ Websockets are off: the gateway serves none, and a request that asks to switch p
 An answer of no length to an HTTP/1.0 request is written as it is and ended by closing
 the connection, where uvicorn chunked it (``kvwire.http10.Http10Cycle``).
 
+Idle kept-alive connections count under ``max_connections`` but do not lock new clients
+out: a connection that comes past the limit closes the oldest idle ones to make room, as
+nginx does (``IdlePool``), and is refused only when every connection is busy.
+
 Each ``transport.write`` is a system call, and on loopback one costs more than the rest of
 a streamed chunk's relay. uvicorn writes a response's head on its own, then its body;
 ``HeadWithBody`` holds a head for the rest of the loop's turn so that the body's first
@@ -36,7 +40,9 @@ import socket
 import sys
 import threading
 import uuid
+import weakref
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, cast
@@ -46,6 +52,7 @@ import orjson
 import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 from gateway.config import GatewayConfig, LimitsConfig, TimeoutConfig
 from kvwire.http10 import Http10Protocol
@@ -188,6 +195,67 @@ class _Leaving:
             callback()
 
 
+# idle connections closed at once, at most, to make room for a new one (nginx's batch): a
+# flood of new connections closes them a batch a time, not one per accepted connection
+_IDLE_BATCH = 32
+
+
+class IdlePool:
+    """One server's idle kept-alive connections, oldest first: each answered all it was
+    asked, holds no byte of a next request and has nothing left to send (uvicorn's
+    keep-alive wait is running). A connection is added when it falls idle and taken out
+    by its next bytes or its loss, each O(1): an accepted connection scans nothing.
+    ``closing``: connections this pool closed that the server still counts (their loss
+    comes a loop turn later)."""
+
+    __slots__ = ("_idle", "closing")
+
+    def __init__(self) -> None:
+        self._idle: OrderedDict[BoundedHttpProtocol, None] = OrderedDict()
+        self.closing = 0
+
+    def add(self, protocol: BoundedHttpProtocol) -> None:
+        self._idle[protocol] = None
+
+    def discard(self, protocol: BoundedHttpProtocol) -> None:
+        self._idle.pop(protocol, None)
+
+    def close_oldest(self) -> int:
+        """Close the oldest idle connections, an eighth of them (at least one, at most
+        ``_IDLE_BATCH``): how many were closed (0: none is idle). A connection with bytes
+        still unsent (a slow client reading its last answer) is not idle yet: it goes to
+        the back."""
+        wanted = max(1, min(_IDLE_BATCH, len(self._idle) // 8))
+        closed = 0
+        for _ in range(min(len(self._idle), 2 * wanted)):  # a bounded look
+            protocol, _none = self._idle.popitem(last=False)
+            transport = protocol.transport
+            if transport.is_closing():
+                protocol.idle = False
+                continue
+            if transport.get_write_buffer_size():
+                self._idle[protocol] = None
+                continue
+            protocol.idle, protocol.closed_idle = False, True
+            self.closing += 1
+            transport.close()
+            closed += 1
+            if closed == wanted:
+                break
+        return closed
+
+
+# each server's pool, by its state (one per uvicorn server: the main one and the admin's)
+_POOLS: weakref.WeakKeyDictionary[ServerState, IdlePool] = weakref.WeakKeyDictionary()
+
+
+def _pool_of(state: ServerState) -> IdlePool:
+    pool = _POOLS.get(state)
+    if pool is None:
+        pool = _POOLS[state] = IdlePool()
+    return pool
+
+
 class _PlainParser(httptools.HttpRequestParser):
     """llhttp's request parser for a server that switches to no other protocol. llhttp
     ends a request that asks to (``Connection: Upgrade``; curl's ``--http2`` sends
@@ -229,6 +297,15 @@ class BoundedHttpProtocol(Http10Protocol):
       the client sent it, keeping the connection (and a place under ``max_connections``);
       the rest is now read and dropped for ``header_timeout_s`` at most (a client that
       sends its head, then its body, keeps its connection), then the connection closed;
+    - idle kept-alive connections: counted under ``max_connections`` as busy ones are,
+      they let a client holding thousands of them (one ``/health`` each, no key needed)
+      lock every other out until ``keep_alive_s`` ran out. A connection past the limit
+      now closes the oldest idle ones (``IdlePool``) and is refused only when none is
+      idle; a connection with a request in progress, in its head, body or answer, or
+      with bytes of an answer still unsent, is never closed so. An idle connection may be
+      closed at any time in HTTP/1.1: its client opens another and sends its request
+      there (a request that crossed the close on the wire is retried by the clients that
+      retry, as the openai clients do);
     - an answer the client reads nothing of: once the connection's buffer is full, each
       write of an answer waits for the client (uvicorn's flow control), and the answer's
       task with it. A relayed answer bounds its own waits (``timeouts.idle_s``), but any
@@ -264,11 +341,16 @@ class BoundedHttpProtocol(Http10Protocol):
         # extra header lines), written after their answers (``_refuse``)
         self._refusal: tuple[bytes, str, str, bytes] | None = None
         self._leaving = _Leaving(self)
+        self._pool = _pool_of(self.server_state)
+        self.idle = False  # in the pool: answered all, awaiting the next request
+        self.closed_idle = False  # closed by the pool to make room
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadWithBody(  # type: ignore[arg-type]
             transport, self.loop, self.limits.header_timeout_s))
-        if len(self.server_state.connections) > self.limits.max_connections:
+        pool = self._pool
+        if len(self.server_state.connections) - pool.closing > self.limits.max_connections \
+                and not pool.close_oldest():
             # one connection too many is refused, not every request on the others (which
             # is what uvicorn's limit_concurrency does, with a plain-text 503)
             self.on_refused("503")
@@ -279,7 +361,24 @@ class BoundedHttpProtocol(Http10Protocol):
             return
         self._start_head_timer()
 
+    def _fall_idle(self) -> None:
+        """Into the pool, when nothing is left to do on the connection but wait for its
+        next request: its answers all written, no byte of another request read, uvicorn's
+        keep-alive wait running."""
+        if self._next and not self.idle and self.timeout_keep_alive_task is not None \
+                and self._refusal is None and not self.pipeline \
+                and not self.transport.is_closing():
+            self.idle = True
+            self._pool.add(self)
+
+    def _wake(self) -> None:
+        if self.idle:
+            self.idle = False
+            self._pool.discard(self)
+
     def data_received(self, data: bytes) -> None:
+        if self.idle:  # bytes of a next request (or blank lines): no longer idle
+            self._wake()
         if self._next and self.timeout_keep_alive_task is not None:
             # the first bytes on an idle kept-alive connection end uvicorn's keep-alive
             # wait: the next head's timer starts with them, whether or not they begin a
@@ -336,6 +435,7 @@ class BoundedHttpProtocol(Http10Protocol):
         return before - len(carried) + crlf + 4
 
     def on_message_begin(self) -> None:
+        self._wake()
         super().on_message_begin()
         if self._next:  # a kept-alive connection's next request
             self._next = False
@@ -371,6 +471,8 @@ class BoundedHttpProtocol(Http10Protocol):
             # while (it may be on its way), not for as long as the client sends it
             self._drain_timer = self.loop.call_later(self.limits.header_timeout_s,
                                                      self._undrained)
+        else:
+            self._fall_idle()
 
     def _undrained(self) -> None:
         self._drain_timer = None
@@ -484,6 +586,10 @@ class BoundedHttpProtocol(Http10Protocol):
             self._unread_timer = None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._wake()
+        if self.closed_idle:
+            self.closed_idle = False
+            self._pool.closing -= 1
         self._stop_head_timer()
         self._stop_unread_timer()
         if self._drain_timer is not None:
