@@ -136,7 +136,7 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str,
         # only the bytes it sent (``Admission.bodies``), for at most ``body_timeout_s``
         intake = await take_in(request, gw, endpoint, keyed, body=body)
         tenant = intake.tenant
-        slot = await take_place(request, gw)
+        slot = await take_place(request, gw, tenant)
     except OpenAIError as exc:
         refused(str(exc.status))
         trace.failed(exc)
@@ -413,10 +413,11 @@ async def invocations(request: Request) -> Response:
     pass-through endpoints do, to the replica's own ``/invocations``."""
     gw: GatewayState = request.app.state.gw
     # a refusal here is counted where it is answered (``CountingBoundary``)
-    if gw.auth.on:  # a key before the body, as every /v1 route asks it
-        gw.auth.tenant_of(request)
-    # read within the limits, and kept on the request for the handler that serves it
-    raw = await read_timed_body(request, gw)  # (no place: refused once it is read)
+    # a key before the body, as every /v1 route asks it
+    tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
+    # read within the limits (refused once read when its tenant finds no place), and
+    # kept on the request for the handler that serves it
+    raw = await read_timed_body(request, gw, tenant=tenant)
     # decoded once, for the route that serves it too; a large body on a thread (16 MiB of
     # JSON held the event loop a second)
     try:

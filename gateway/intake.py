@@ -39,19 +39,21 @@ class Intake(NamedTuple):
     tenant: str | None
 
 
-async def read_timed_body(request: Request, gw: GatewayState, serve: bool = True) -> bytes:
+async def read_timed_body(request: Request, gw: GatewayState, serve: bool = True,
+                          tenant: str | None = None) -> bytes:
     """The request's body, within ``max_body_bytes`` and ``limits.body_timeout_s``, when
     it comes uncompressed (``check_encoding``, before reading it). A request to be served
     (``serve``; not one the admin API explains, nor a replica it adds) then holds its
     body's bytes until its answer ends (``Admission.hold_body``: 429 past
     ``limits.max_held_body_bytes``), and is refused when the gateway has no place for it
-    (``Admission.check_room``), before anything is done with its body."""
+    (``Admission.check_room``: ``tenant``'s share of it), before anything is done with
+    its body."""
     check_encoding(request)
     raw = await read_body(request, gw.config.max_body_bytes, gw.admission.bodies,
                           timeout_s=gw.config.limits.body_timeout_s)
     if serve:
         gw.admission.hold_body(request.scope, len(raw))
-        gw.admission.check_room()
+        gw.admission.check_room(tenant)
     return raw
 
 
@@ -70,16 +72,17 @@ def check_encoding(request: Request) -> None:
             headers={"accept-encoding": "identity"})
 
 
-async def take_place(request: Request, gw: GatewayState) -> Slot:
-    """A place for a request whose body was read (``Admission.enter``); ClientDisconnected
+async def take_place(request: Request, gw: GatewayState, tenant: str | None) -> Slot:
+    """A place for a request of ``tenant`` whose body was read (``Admission.enter``: a
+    share of the places between the tenants asking for them); ClientDisconnected
     when its client left while it waited for one (nobody would read its answer). A
     request that waits is watched for its client leaving: it gives its place in the queue
     up then, rather than holding it (and a live client's 429) until its turn."""
-    slot = gw.admission.enter_now()
+    slot = gw.admission.enter_now(tenant)
     if slot is not None:
         return slot
     try:
-        slot = await unless_disconnected(request, gw.admission.enter())
+        slot = await unless_disconnected(request, gw.admission.enter(tenant))
     except ClientDisconnected:
         raise ClientDisconnected("the client left while its request waited for a place") \
             from None
@@ -139,7 +142,9 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
     (not ``named``) is refused once its body is read when the gateway has no place for it
     (``read_timed_body``). ``body``: the request's body already decoded (by
     ``request_object``: ``/invocations`` looks at it to choose a route)."""
-    raw = await read_timed_body(request, gw, serve=not named)
+    # from the request's head: its share of the gateway's places is the tenant's
+    tenant = keyed if gw.auth.on or named else gw.tenancy.tenant_of(request)
+    raw = await read_timed_body(request, gw, not named, tenant)
     aff = gw.config.affinity
     affinity = header_value(request, aff.header) if aff.header else None
     on_loop = parses_on_loop(raw)
@@ -150,7 +155,6 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
         fallback = default_model(gw)
         parsed = await asyncio.to_thread(parse_body, raw, endpoint, aff.body_field,
                                          affinity, lambda: fallback, body)
-    tenant = keyed if gw.auth.on or named else gw.tenancy.tenant_of(request)
     await check_model(gw, parsed.model, tenant)
     # the body written again with the tenant's salt: where it was parsed, as a
     # pass-through body is

@@ -75,22 +75,21 @@ async def passthrough(request: Request, decoded: dict[str, Any] | None = None) -
     path = request.url.path
     arrived = time.perf_counter()
     trace = gw.tracing.start(request.headers, path)
-    keyed: str | None = None
     tenant: str | None = None  # the header's tenant once read: a refusal's line names it
 
     def refused(status: str) -> None:
         gw.refused(request, ROUTE, status, arrived, tenant)
 
     try:
-        keyed = tenant = gw.auth.tenant_of(request) if gw.auth.on else None
-        raw = await read_timed_body(request, gw)  # before a place, as ``gateway.app``'s
-        slot = await take_place(request, gw)
+        tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
+        # before a place, as ``gateway.app``'s, refused by its tenant's share of them
+        raw = await read_timed_body(request, gw, tenant=tenant)
+        slot = await take_place(request, gw, tenant)
     except OpenAIError as exc:
         refused(str(exc.status))
         trace.failed(exc)
         raise
     with released_on_error(slot, refused), trace.guard():
-        tenant = keyed if gw.auth.on else gw.tenancy.tenant_of(request)
         # a large body is parsed (and salted) on a thread: 16 MiB of JSON held the loop 3 s
         large = len(raw) > PARSE_ON_THREAD_BYTES
         body = decoded
