@@ -306,9 +306,11 @@ async def top(request: Request) -> Response:
     """A compact snapshot for ``kvgate top``: per replica its health, queue and the
     cumulative counters a client turns into rates over its own window (the replica's
     prefix-cache counters as last scraped, in the replica's tokens; requests the gateway
-    routed there, by reason)."""
+    routed there, by reason), and the gateway's own requests holding a place and waiting
+    for one (``admission``)."""
     gw = _authorize(request)
-    routed = await gw.metrics.requests_by_replica()
+    counts = await gw.metrics.top()
+    routed = counts.by_replica
     ratio = gw.fleet.calibration.ratio()
     now = time.monotonic()
     replicas = []
@@ -328,6 +330,8 @@ async def top(request: Request) -> Response:
     return JSONResponse({"policy": gw.policy.name,
                          "hit_rate_window_s": gw.config.scrape.hit_rate_window_s,
                          "scrape_interval_s": gw.config.scrape.interval_s,
+                         "admission": {"in_flight": counts.in_flight,
+                                       "waiting": counts.waiting},
                          "replicas": replicas})
 
 

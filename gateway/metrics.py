@@ -10,8 +10,9 @@ reason are ``gateway.answer_metrics``; ``process_*`` describe the gateway's proc
 With worker processes (prometheus-client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``
 set by ``gateway.workers``) ``exposed`` sums every worker's counters and histograms; the
 per-replica gauges are the box's already (``shared_load``), and so are the discovery
-counts (the leader's, copied to every worker); the peer links' counts, each worker's own,
-are copied into summed metrics every second (``gateway.metric_mirror``), and the KV event
+counts (the leader's, copied to every worker); the peer links' counts and the requests
+holding and waiting for places (``Admission``), each worker's own, are copied into summed
+metrics every second (``gateway.metric_mirror``), and the KV event
 counts (every worker reads every replica's stream) into the largest worker's;
 ``process_*`` are left out (one worker's would pass for the box's). A replica that left
 goes from ``/metrics`` at once and from the workers' files soon after (``MetricFiles``),
@@ -27,7 +28,7 @@ import asyncio
 import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -40,6 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from gateway.admission import Admission
 from gateway.answer_metrics import AnswerMetrics
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
@@ -350,6 +352,60 @@ class _CaptureCollector(Collector):
         yield dropped
 
 
+class _AdmissionCollector(Collector):
+    """The gateway's places and waiting slots (``Admission``): requests holding a place
+    and waiting for one, all together and per tenant of ``tenants`` (those the config
+    names: a series each, from the start, so no request adds one)."""
+
+    def __init__(self, admission: Admission, tenants: Iterable[str | None]) -> None:
+        self.admission = admission
+        self.tenants = sorted({tenant for tenant in tenants if tenant})
+
+    def collect(self) -> Iterator[Metric]:
+        a = self.admission
+        yield from _unlabelled(GaugeMetricFamily, (
+            ("kvgate_admission_in_flight", "Requests holding one of the gateway's places "
+             "(limits.max_in_flight)", a.in_flight),
+            ("kvgate_admission_waiting", "Requests waiting for a place (limits.max_pending)",
+             a.waiting),
+        ))
+        if not self.tenants:
+            return
+        held = GaugeMetricFamily("kvgate_admission_tenant_in_flight", "Requests of a "
+                                 "configured tenant holding one of the gateway's places",
+                                 labels=["tenant"])
+        waiting = GaugeMetricFamily("kvgate_admission_tenant_waiting", "Requests of a "
+                                    "configured tenant waiting for a place", labels=["tenant"])
+        shares = a.shares
+        for tenant in self.tenants:
+            share = shares.get(tenant)
+            held.add_metric([tenant], share.held if share is not None else 0)
+            waiting.add_metric([tenant], share.waiting if share is not None else 0)
+        yield held
+        yield waiting
+
+
+ADMISSION_GAUGES = ("kvgate_admission_in_flight", "kvgate_admission_waiting")
+
+
+class TopCounts(NamedTuple):
+    """What ``/admin/top`` reads of the metrics: ``by_replica`` (``requests_by_replica``)
+    and the requests holding a place and waiting for one (None: not watched)."""
+
+    by_replica: dict[str, dict[str, int]]
+    in_flight: int | None
+    waiting: int | None
+
+
+def _top_counts(families: Iterable[Metric]) -> TopCounts:
+    """``TopCounts`` of the families of ``kvgate_requests`` and ``ADMISSION_GAUGES``."""
+    families = list(families)
+    gauges = {family.name: int(family.samples[0].value) for family in families
+              if family.name in ADMISSION_GAUGES and family.samples}
+    return TopCounts(_by_replica(f for f in families if f.name == "kvgate_requests"),
+                     *(gauges.get(name) for name in ADMISSION_GAUGES))
+
+
 class DiscoveryCounts(Protocol):
     label: str
     replicas: int
@@ -469,6 +525,7 @@ class GatewayMetrics:
         # what GET /metrics serves (``page``: the same, written off the event loop)
         self.exposed = _Page(self._live, (self._summed or r).collect)
         self.export(_FleetCollector(fleet))
+        self._admission: Admission | None = None  # ``watch_admission``
         self.routes = routes
         # label children bound once: labels() locks and checks on every call
         self._bound: dict[tuple[Any, tuple[str, ...]], Any] = {}
@@ -563,15 +620,26 @@ class GatewayMetrics:
         self._child(self.requests, replica, route, status).inc()
 
     async def requests_by_replica(self) -> dict[str, dict[str, int]]:
-        """Requests each replica answered so far (any status), by route reason; with
-        worker processes, every worker's (the summed figures ``/metrics`` serves), read
-        from their files on a thread (``page``: 84 ms for 8 workers of 100 replicas, at
-        every ``kvgate top`` refresh)."""
+        """Requests each replica answered so far (any status), by route reason (``top``'s
+        ``by_replica``)."""
+        return (await self.top()).by_replica
+
+    async def top(self) -> TopCounts:
+        """Requests each replica answered so far (any status), by route reason, and the
+        requests holding a place and waiting for one; with worker processes, every
+        worker's (the summed figures ``/metrics`` serves: the places as last copied, at
+        most ``MetricMirror.interval_s`` ago), read from their files on a thread
+        (``page``: 84 ms for 8 workers of 100 replicas, at every ``kvgate top``
+        refresh)."""
         if self._summed is None:
-            return _by_replica(self.requests.collect())
+            admission = self._admission
+            return TopCounts(_by_replica(self.requests.collect()),
+                             *((admission.in_flight, admission.waiting)
+                               if admission is not None else (None, None)))
         summed, current = self._summed, self._summed.current()
-        return await asyncio.to_thread(lambda: _by_replica(
-            f for f in summed.among(current) if f.name == "kvgate_requests"))
+        return await asyncio.to_thread(lambda: _top_counts(
+            f for f in summed.among(current)
+            if f.name == "kvgate_requests" or f.name in ADMISSION_GAUGES))
 
     def retried(self, replica: str, cause: str) -> None:
         self._child(self.retries, replica, cause).inc()
@@ -620,6 +688,13 @@ class GatewayMetrics:
     def watch_peers(self, source: PeerCounts) -> None:
         """Export the counts of the peer links (``gateway.peers``)."""
         self.export(_PeerCollector(source), per_worker=True)
+
+    def watch_admission(self, admission: Admission, tenants: Iterable[str | None]) -> None:
+        """Export the requests holding a place and waiting for one (each worker's, summed
+        over the box), all together and per tenant of ``tenants`` (the configured ones:
+        another tenant, or none, is counted in the totals only)."""
+        self._admission = admission
+        self.export(_AdmissionCollector(admission, tenants), per_worker=True)
 
     def watch_kv_events(self, source: KVEventCounts) -> None:
         """Export the counts of a KV event subscriber. Every worker reads every stream:

@@ -4,7 +4,8 @@ Every ``--interval`` seconds (default 1) it reads ``GET /admin/top`` and redraws
 per replica: health, queued prompt tokens, requests in flight, KV use, token hit rate and
 requests per second over the last ``--window`` seconds (from the differences of the
 cumulative counters, see ``top_window``), and the route reasons of the requests routed
-there in that window. The replicas' prefix-cache counters move only when the gateway
+there in that window; under the table, the requests the gateway holds a place for and
+those waiting for one. The replicas' prefix-cache counters move only when the gateway
 scrapes them (``scrape.interval_s``), so the window should span several scrapes.
 
 ``--once`` reads two snapshots ``--interval`` apart, prints one frame and exits.
@@ -218,6 +219,12 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
                       hit, rps, Text(reasons))
     footer = Text(f"fleet: {len(snapshot['replicas'])} replicas, "
                   f"{_rate(total_rps, '.2f')} req/s")
+    admission = snapshot.get("admission")
+    if isinstance(admission, dict):  # (none from a gateway of an older version)
+        held, waiting = number(admission.get("in_flight")), number(admission.get("waiting"))
+        footer.append(f"; gateway: {MISSING if held is None else format(held, ',')} in "
+                      f"flight, {MISSING if waiting is None else format(waiting, ',')} "
+                      "waiting for a place")
     parts: list[Any] = [title, table, footer]
     if gauge_only:
         parts.append(Text("* the replica exports a hit-rate gauge, not counters: its own "
