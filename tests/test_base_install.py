@@ -18,7 +18,7 @@ IMPORT_NAMES = {
     "opentelemetry-api": "opentelemetry", "opentelemetry-sdk": "opentelemetry",
     "opentelemetry-exporter-otlp-proto-http": "opentelemetry",
     "opentelemetry-proto": "opentelemetry", "pytest": "pytest", "uhashring": "uhashring",
-    "pytest-asyncio": "pytest_asyncio", "pytest-timeout": "pytest_timeout",
+    "pytest-asyncio": "pytest_asyncio", "pytest-timeout": "pytest_timeout", "pytest-xdist": "xdist",
     "hypothesis": "hypothesis", "ruff": "ruff", "mypy": "mypy",
     "transformers": "transformers", "openai": "openai", "httpx": "httpx", "dnslib": "dnslib",
     "kubernetes-validate": "kubernetes_validate",
