@@ -296,7 +296,9 @@ class BoundedHttpProtocol(Http10Protocol):
       path with no handler): uvicorn read and dropped the rest of the body for as long as
       the client sent it, keeping the connection (and a place under ``max_connections``);
       the rest is now read and dropped for ``header_timeout_s`` at most (a client that
-      sends its head, then its body, keeps its connection), then the connection closed;
+      sends its head, then its body, keeps its connection, which then waits
+      ``keep_alive_s`` for its next request, idle, as after any answer), then the
+      connection closed;
     - idle kept-alive connections: counted under ``max_connections`` as busy ones are,
       they let a client holding thousands of them (one ``/health`` each, no key needed)
       lock every other out until ``keep_alive_s`` ran out. A connection past the limit
@@ -436,6 +438,9 @@ class BoundedHttpProtocol(Http10Protocol):
 
     def on_message_begin(self) -> None:
         self._wake()
+        # (a keep-alive wait armed for a drained body, ``on_message_complete``, ends with
+        # the next request, begun in the read that ended the body)
+        self._unset_keepalive_if_required()
         super().on_message_begin()
         if self._next:  # a kept-alive connection's next request
             self._next = False
@@ -444,14 +449,23 @@ class BoundedHttpProtocol(Http10Protocol):
     def on_message_complete(self) -> None:
         if self._upgrade is not None:  # the request read again, without its upgrade
             return
-        if self._drain_timer is not None:  # the answered body's rest came: kept alive
-            self._drain_timer.cancel()
+        drain_timer = self._drain_timer
+        if drain_timer is not None:  # the answered body's rest came: kept alive
+            drain_timer.cancel()
             self._drain_timer = None
         super().on_message_complete()
         # the next bytes are the next request's head: counted from its first byte
         self._in_head, self._next = True, True
         self._head_bytes, self._head_carry = 0, b""
         self._ended_in_read = True
+        if drain_timer is not None and not self.transport.is_closing():
+            # its answer ended before the body: uvicorn's keep-alive wait, armed then, was
+            # ended by the body's bytes and not armed again, and the connection waited for
+            # a next request with no deadline, never idle. It now waits ``keep_alive_s``
+            # from here, idle, as after any answer
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            self._fall_idle()
 
     def on_response_complete(self) -> None:
         waiting = len(self.pipeline)
