@@ -104,6 +104,10 @@ class Monitor:
         # the data-parallel replicas warned of their ranks, with the size each was warned
         # at (``_check_ranks``): those still in the fleet
         self._ranks_told: dict[str, int] = {}
+        # the replicas whose /v1/models refused the gateway (401/403: a key it lacks, the
+        # clients holding it), by id: listed under the models their /metrics name
+        # (``_list_scraped``) until a listing is answered
+        self._keyless: dict[str, ReplicaState] = {}
 
     async def start(self) -> None:
         """One health round (so /ready is right from the start), then the loops."""
@@ -249,6 +253,10 @@ class Monitor:
                                             allow_redirects=False) as resp:
                     if resp.status != 200:
                         self._refused(state, "/v1/models", resp.status)
+                        if resp.status in (401, 403):
+                            for one in (state, *ranks):
+                                self._keyless[one.id] = one
+                                self._list_scraped(one, again=True)
                         return
                     raw = bytearray()
                     async for chunk in resp.content.iter_chunked(1 << 16):
@@ -258,6 +266,8 @@ class Monitor:
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             log.info("replica %s: /v1/models failed: %s", state.id, exc)
             return
+        for one in (state, *ranks):
+            self._keyless.pop(one.id, None)
         async with self._taking:
             self._take_models(state, (state, *ranks), raw)
             await asyncio.sleep(0)  # the next list is read in a later pass of the loop
@@ -295,6 +305,32 @@ class Monitor:
                 one.models_cut = len(listed) > MAX_MODELS
                 one.models_at = time.monotonic()
             self.fleet.changed()
+
+    def _list_scraped(self, state: ReplicaState, again: bool = False) -> None:
+        """``state``, whose /v1/models refused the gateway, listed under the models its
+        last scrape names (the ``model_name`` label of vLLM's and SGLang's series, on a
+        page served without a key): its served model, nothing /v1/models tells beyond the
+        id (no ``max_model_len``); where the page shows LoRA adapters, models it does not
+        name are sent to it too (``models_cut``). ``again``: taken anew (a model list is
+        due), else only where the names changed. A page naming none: nothing changes."""
+        scraped = state.scraped
+        if scraped is None or not scraped.model_names or not self._current(state):
+            return
+        names = [n for n in scraped.model_names if _routable(n)][:MAX_MODELS]
+        cut = scraped.serves_adapters or len(names) < len(scraped.model_names)
+        changed = list(state.model_info) != names or state.models_cut != cut
+        if not names or not (changed or again):
+            return
+        if changed:
+            log.info("replica %s: its /v1/models refused the gateway, so it is listed under "
+                     "the model(s) its /metrics name: %s%s; set its api_key in the "
+                     "gateway's config for its own list", state.id,
+                     ", ".join(shown(n, 80) for n in names[:8]),
+                     " (its LoRA adapters, unnamed, are sent to it too)" if cut else "")
+        state.model_info = dict.fromkeys(names, ModelInfo())
+        state.models_cut = cut
+        state.models_at = time.monotonic()
+        self.fleet.changed()
 
     def _skipped(self, state: ReplicaState, ids: list[str]) -> None:
         """A warning (at most one a ``_SKIPPED_LOG_S``) of ``state``'s ids too long to
@@ -357,6 +393,8 @@ class Monitor:
         groups = {group_of(s.id) for s in self.fleet if s.config.data_parallel_rank is not None}
         # a replica gone from the fleet is told again when it comes back
         self._ranks_told = {g: n for g, n in self._ranks_told.items() if g in groups}
+        if self._keyless:
+            self._keyless = {i: s for i, s in self._keyless.items() if self._current(s)}
         for s in self.fleet:
             if s.healthy:
                 page = (s.id if s.config.data_parallel_rank is None else s.config.base_url,
@@ -444,6 +482,8 @@ class Monitor:
         if self.fleet.record_scrape(state.id, metrics):
             log.warning("replica %s restarted (its counters went back)", state.id)
             await self.refresh_models(state)  # it may serve other models now
+        elif self._keyless.get(state.id) is state:
+            self._list_scraped(state)
         if self.capacity is not None:
             self.capacity.observe(state.id, metrics, mark)
 

@@ -20,6 +20,9 @@ from kvwire import metric_names as m
 
 # the labels that tell one data-parallel group's SGLang schedulers apart
 _RANK_LABELS = frozenset({"tp_rank", "pp_rank"})
+# vLLM's gauge naming the LoRA adapters running and waiting: registered only by a server
+# started with --enable-lora (the engine exposes none)
+_LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,14 @@ class ScrapedMetrics:
     # prompt plus generated tokens counted so far (a counter's total); None when not exposed
     work_tokens: float | None = None
     stale: bool = False  # its replica's scrapes failed since: load figures dropped
+    # the ``model_name`` labels of its samples, sorted: the served model (vLLM's first
+    # served name, SGLang's served_model_name), told without a key; never its adapters
+    model_names: tuple[str, ...] = ()
+    serves_adapters: bool = False  # vLLM's LoRA gauge is there: adapters go unnamed
+
+    def __post_init__(self) -> None:
+        if type(self.model_names) is not tuple:  # a follower's copy, read back from JSON
+            object.__setattr__(self, "model_names", tuple(self.model_names))
 
 
 def stale_copy(metrics: ScrapedMetrics) -> ScrapedMetrics:
@@ -98,7 +109,14 @@ def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
     # --enable-metrics-for-all-schedulers its TP ranks) each report the group's requests
     # and KV pool: one figure per group, the samples told apart by these labels alone
     groups: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    names: set[str] = set()
+    adapters = False
     for name, labels, value in samples:
+        served = labels.get(m.MODEL_NAME_LABEL)
+        if served:
+            names.add(served)
+        if name == _LORA_REQUESTS_INFO:
+            adapters = True
         if _RANK_LABELS & labels.keys():
             group = (name, frozenset((k, v) for k, v in labels.items()
                                      if k not in _RANK_LABELS))
@@ -135,6 +153,7 @@ def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
     # counts and a usage fraction below 0 (or a fraction past 1) are no state a replica can
     # be in: taken as their bound, so a page of negative queues draws no traffic
     queued = _count(get(m.PROMPT_TOKENS_WAITING))
+    served_names = tuple(sorted(names))
     if get(m.NUM_REQUESTS_RUNNING) is not None:
         return ScrapedMetrics(
             dialect="vllm",
@@ -148,6 +167,7 @@ def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
                              m.GPU_PREFIX_CACHE_QUERIES + m.TOTAL),
             work_tokens=_work(get(m.PROMPT_TOKENS + m.TOTAL),
                               get(m.GENERATION_TOKENS + m.TOTAL)),
+            model_names=served_names, serves_adapters=adapters,
         )
     if get(m.SGLANG_RUNNING) is not None:
         total = get(m.SGLANG_MAX_TOTAL_TOKENS)
@@ -162,8 +182,10 @@ def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
             is not None else None,
             work_tokens=_work(get(m.SGLANG_PROMPT_TOKENS + m.TOTAL),
                               get(m.SGLANG_GENERATION_TOKENS + m.TOTAL)),
+            model_names=served_names, serves_adapters=adapters,
         )
-    return ScrapedMetrics(dialect="unknown", queued_tokens=queued)
+    return ScrapedMetrics(dialect="unknown", queued_tokens=queued,
+                          model_names=served_names, serves_adapters=adapters)
 
 
 def _count(value: float | None) -> int | None:
