@@ -25,7 +25,7 @@ from kvwire.secret_source import bearer_token, invalid_api_key, missing_api_key,
 API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
 # answered without a key: health probes, version checks and metric scrapes (vLLM leaves
 # these open too)
-OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics"})
 _FLAGS = ("--api-key", "--api-key-file", API_KEY_ENV)
 
 

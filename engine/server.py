@@ -683,6 +683,7 @@ def build_app(server: EngineServer, *, api_key: str | None = None,
         Route("/flush_cache", control.flush_cache, methods=["GET", "POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/ping", server.health, methods=["GET", "POST"]),  # SageMaker's, as vLLM's
         Route("/version", server.version, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),
         Route("/tokenize", server.tokenize, methods=["POST"]),

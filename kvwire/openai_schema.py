@@ -360,7 +360,8 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
     the body for its replica to judge): content parts it does not know stand in by a
     digest (``normalize_messages``), and a completion may carry ``prompt_embeds``
     instead of ``prompt`` (vLLM's ``--enable-prompt-embeds``), read as a placeholder
-    derived from them."""
+    derived from them; not ``lenient`` (the engine, which takes no embeddings), a
+    completion carrying ``prompt_embeds`` is refused."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     model = model_field(body)
@@ -372,7 +373,11 @@ def parse_fields(body: Any, *, chat: bool, lenient: bool = False) -> RequestFiel
     max_tokens = positive_int(body, "max_tokens", 0 if echo else 1)
     salt = check_cache_salt(body.get("cache_salt"))
     if not chat:
-        embeds = body.get("prompt_embeds") if lenient else None
+        embeds = body.get("prompt_embeds")
+        if embeds is not None and not lenient:  # never dropped beside a prompt: refused
+            raise BadRequest("'prompt_embeds' is not supported: this engine takes a prompt "
+                             "as text or token ids (vLLM too refuses it unless started "
+                             "with --enable-prompt-embeds)", param="prompt_embeds")
         text: str | None
         if embeds is not None and body.get("prompt") is None:
             text, ids, count = _embeds_prompt(embeds)

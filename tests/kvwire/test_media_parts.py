@@ -149,7 +149,7 @@ def test_parts_only_a_replica_can_read_stand_in_by_a_digest_of_the_whole_part() 
 
 def test_prompt_embeds_stand_for_the_prompt_where_the_replica_judges_them() -> None:
     body = {"model": "m", "prompt_embeds": "AAAAPw=="}
-    with pytest.raises(BadRequest, match="'prompt' is required"):
+    with pytest.raises(BadRequest, match="'prompt_embeds' is not supported"):
         parse_fields(body, chat=False)
     fields = parse_fields(body, chat=False, lenient=True)
     assert fields.prompt_text is not None and fields.prompt_text.startswith("<|embeds:")
