@@ -7,17 +7,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import heapq
+import operator
 from typing import Any, NamedTuple
 
 from starlette.requests import Request
 
 from gateway.admission import Slot
+from gateway.fleet import ModelInfo
 from gateway.monitor import MODEL_ID_CHARS
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
 from kvwire.openai_schema import (
     MODEL_SHOWN_CHARS,
+    BadRequest,
     ClientDisconnected,
     NotFound,
     UnsupportedMediaType,
@@ -92,11 +95,51 @@ async def take_place(request: Request, gw: GatewayState, tenant: str | None) -> 
     return slot
 
 
-def default_model(gw: GatewayState) -> str | None:
-    """The model a request that names none is for: the fleet's one model (vLLM serves a
-    request without ``model`` with its own), else None (several, or none known yet)."""
-    known = gw.fleet.models()
-    return next(iter(known)) if len(known) == 1 and not gw.fleet.models_cut() else None
+class _BaseModels:
+    """The models a request naming none may be for (``base_models``), worked out again
+    only when a replica's model list changes: each list the gateway learns is a new dict
+    (``Monitor``, ``box_feed``), so the lists' identities tell it, in one pass over the
+    replicas rather than one over every adapter's name (100 replicas of 1,024 adapters:
+    100,000 names)."""
+
+    def __init__(self) -> None:
+        self._lists: tuple[dict[str, ModelInfo], ...] = ()
+        self._bases: frozenset[str] | None = None
+
+    def __call__(self, gw: GatewayState) -> frozenset[str] | None:
+        if gw.fleet.models_cut():
+            return None
+        lists = tuple(state.model_info for state in gw.fleet)
+        if len(lists) != len(self._lists) or not all(map(operator.is_, lists, self._lists)):
+            # an adapter is for its base model: its parent, where the replica lists it
+            # beside it (as vLLM does); a parent none lists is no model to send one to
+            self._bases = frozenset().union(*(
+                {info.parent if info.parent in listed else name
+                 for name, info in listed.items()} for listed in lists))
+            self._lists = lists
+        return self._bases
+
+
+base_models = _BaseModels()
+
+
+def unnamed_model(bases: frozenset[str] | None) -> str:
+    """The model a request that names none is for, given ``base_models``: the fleet's one
+    base model, whatever adapters of it are listed (vLLM serves a request without
+    ``model`` with its base model, adapters loaded or not); BadRequest (``model``) naming
+    the base models when there are several, or saying none is known yet."""
+    if bases is not None and len(bases) == 1:
+        return next(iter(bases))
+    why = f"this fleet serves several models: name one of {_some(set(bases))}" \
+        if bases else "no replica's models are known yet" if bases is not None \
+        else "a replica serves more models than the gateway keeps of its list"
+    raise BadRequest(f"'model' is required and must be a non-empty string ({why})",
+                     param="model")
+
+
+def default_model(gw: GatewayState) -> str:
+    """``unnamed_model`` of the fleet's ``base_models`` now."""
+    return unnamed_model(base_models(gw))
 
 
 async def check_model(gw: GatewayState, model: str | None, tenant: str | None = None
@@ -152,9 +195,9 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
         parsed = parse_body(raw, endpoint, aff.body_field, affinity,
                             lambda: default_model(gw), body)
     else:  # its checks' Python (a chat of 150,000 parts: 0.4 s) leaves the loop free
-        fallback = default_model(gw)
+        bases = base_models(gw)  # the fleet's, read here: its lists change on the loop
         parsed = await asyncio.to_thread(parse_body, raw, endpoint, aff.body_field,
-                                         affinity, lambda: fallback, body)
+                                         affinity, lambda: unnamed_model(bases), body)
     await check_model(gw, parsed.model, tenant)
     # the body written again with the tenant's salt: where it was parsed, as a
     # pass-through body is

@@ -34,7 +34,6 @@ from gateway.tenancy import partition_views
 from kvwire.media_parts import shown
 from kvwire.openai_schema import (
     MODEL_SHOWN_CHARS,
-    BadRequest,
     OpenAIError,
     model_field,
 )
@@ -98,10 +97,6 @@ async def passthrough(request: Request, decoded: dict[str, Any] | None = None) -
                 else request_object(raw)
         # absent (or null), else a non-empty string: a refusal names what was sent
         model = model_field(body) or default_model(gw)
-        if model is None:
-            raise BadRequest("'model' is required and must be a non-empty string (this "
-                             "fleet serves several models, or none is known yet)",
-                             param="model")
         await check_model(gw, model, tenant)
         # the model runs over the client's text: a tenant's prefixes are its own there too
         if path not in _NO_CACHE:
