@@ -103,14 +103,15 @@ class _BaseModels:
     100,000 names)."""
 
     def __init__(self) -> None:
-        self._lists: tuple[dict[str, ModelInfo], ...] = ()
-        self._bases: frozenset[str] | None = None
+        self._lists: tuple[dict[str, ModelInfo], ...] | None = None  # none seen yet
+        self._bases: frozenset[str] = frozenset()
 
     def __call__(self, gw: GatewayState) -> frozenset[str] | None:
         if gw.fleet.models_cut():
             return None
         lists = tuple(state.model_info for state in gw.fleet)
-        if len(lists) != len(self._lists) or not all(map(operator.is_, lists, self._lists)):
+        if self._lists is None or len(lists) != len(self._lists) \
+                or not all(map(operator.is_, lists, self._lists)):
             # an adapter is for its base model: its parent, where the replica lists it
             # beside it (as vLLM does); a parent none lists is no model to send one to
             self._bases = frozenset().union(*(

@@ -6,10 +6,15 @@ of several base models still refuses one with a 400 naming them."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 
+from gateway.fleet import Fleet
+from gateway.intake import _BaseModels, unnamed_model
+from kvwire.openai_schema import BadRequest
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.gateway_harness import Serve, start_gateway
 from tests.support.waiting import wait_until
@@ -58,3 +63,9 @@ def test_several_base_models_are_named_when_a_request_names_none(serve: Serve) -
         assert "base-a, base-b" in error["message"], error
         assert "lora" not in error["message"], error  # the base models, not every name
     assert not a.received and not b.received
+
+
+def test_a_fleet_whose_models_are_not_known_yet_says_so() -> None:
+    fleet = Fleet([])
+    with pytest.raises(BadRequest, match="no replica's models are known yet"):
+        unnamed_model(_BaseModels()(SimpleNamespace(fleet=fleet)))  # type: ignore[arg-type]
