@@ -441,9 +441,9 @@ async def models(request: Request) -> Response:
     # every /v1 route needs a client's key when keys are configured; a tenant's list
     # names only the models of the replicas it may use (its partition)
     tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
-    names = sorted(gw.fleet.models(gw.tenancy.allowed(tenant)))
+    cards = gw.fleet.advertised(gw.tenancy.allowed(tenant))
     return _answered(gw, request, tenant, {"object": "list", "data": [
-        _model_card(name, gw.fleet.model_info(name), gw.started) for name in names]})
+        _model_card(name, cards[name], gw.started) for name in sorted(cards)]})
 
 
 async def model(request: Request) -> Response:
@@ -453,12 +453,12 @@ async def model(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
     name = request.path_params["model"]
-    if not name or name not in gw.fleet.models(gw.tenancy.allowed(tenant)):
+    info = gw.fleet.advertised(gw.tenancy.allowed(tenant)).get(name) if name else None
+    if info is None:
         raise NotFound(f"The model {shown(name, MODEL_SHOWN_CHARS)} does not exist."
                        if name else "GET /v1/models/{model} names no model (/v1/models "
                        "lists them)", param="model", code="model_not_found")
-    return _answered(gw, request, tenant,
-                     _model_card(name, gw.fleet.model_info(name), gw.started))
+    return _answered(gw, request, tenant, _model_card(name, info, gw.started))
 
 
 def _answered(gw: GatewayState, request: Request, tenant: str | None,
@@ -471,10 +471,10 @@ def _answered(gw: GatewayState, request: Request, tenant: str | None,
     return response
 
 
-def _model_card(name: str, info: ModelInfo | None, created: int) -> dict[str, object]:
+def _model_card(name: str, info: ModelInfo, created: int) -> dict[str, object]:
     """A /v1/models entry as vLLM writes one: an adapter's ``parent`` is its base model,
-    its ``root`` where it was loaded from; a base model's ``root`` is itself."""
-    info = info or ModelInfo()
+    its ``root`` where it was loaded from; a base model's ``root`` is itself; its
+    ``max_model_len`` the least of the healthy replicas serving it (``Fleet.advertised``)."""
     card: dict[str, object] = {"id": name, "object": "model", "created": created,
                                "owned_by": "kvgate", "root": info.root or name,
                                "parent": info.parent}

@@ -37,8 +37,9 @@ worker copies its own into shared memory (``shared_load``) and a view sums them 
 
 from __future__ import annotations
 
+import operator
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -70,6 +71,9 @@ class ModelInfo(NamedTuple):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+
+
+_LENGTH = operator.attrgetter("max_model_len")
 
 
 class KVCapacity(NamedTuple):
@@ -329,6 +333,8 @@ class Fleet:
         self._replicas: dict[str, ReplicaState] = {}
         self._listeners: list[FleetListener] = []
         self._on_change: Callable[[], None] | None = None
+        # the last ``advertised`` answer, and the listings and health it was made of
+        self._advertised: tuple[tuple[object, ...], dict[str, ModelInfo]] | None = None
         for config in replicas:
             self.add(config)
 
@@ -450,12 +456,79 @@ class Fleet:
         return any(s.model_info for s in self._replicas.values())
 
     def model_info(self, model: str) -> ModelInfo | None:
-        """What the first replica listing ``model`` said of it; None: none lists it."""
+        """What the first replica listing ``model`` said of it (routing reads its
+        ``parent``; ``advertised`` is what clients are told); None: none lists it."""
         for s in self._replicas.values():
             info = s.model_info.get(model)
             if info is not None:
                 return info
         return None
+
+    def advertised(self, allowed: Callable[[str], bool] | None = None
+                   ) -> Mapping[str, ModelInfo]:
+        """Each model the replicas (those ``allowed``, a tenant's partition) serve, as
+        ``GET /v1/models`` shows it: what a request may rely on whichever replica takes
+        it. Its ``root`` and ``parent`` are the first healthy replica's listing it (the
+        first's of any while none healthy does), its ``max_model_len`` the smallest of the
+        healthy ones listing it: a replica at 1,024 tokens beside one at 8,192 (a rolling
+        change of ``--max-model-len``, a mixed fleet) takes only prompts of 1,024. The
+        answer is kept until a listing (each is a new dict) or a health changes: 600
+        replicas of 300 adapters take ~10 ms to merge (``dict.update``, lengths read by
+        ``map``; models walked one by one only where healthy replicas' lengths differ),
+        and ~50 us to find unchanged. Not to be changed by the caller."""
+        states = [s for s in self._replicas.values() if allowed is None or allowed(s.id)]
+        # the listings by identity (a tuple compares its items by ``is`` first)
+        made_of = tuple((s.model_info, s.healthy) for s in states)
+        kept = self._advertised
+        if kept is not None and kept[0] == made_of:
+            return kept[1]
+        cards = self._merged(states)
+        self._advertised = (made_of, cards)
+        return cards
+
+    @staticmethod
+    def _merged(states: list[ReplicaState]) -> dict[str, ModelInfo]:
+        """``advertised``'s answer for the replicas ``states``."""
+        healthy = [s for s in states if s.healthy]
+        cards: dict[str, ModelInfo] = {}
+        # the last update wins: the first healthy replica's listing over any other's
+        for s in (*reversed([s for s in states if not s.healthy]), *reversed(healthy)):
+            cards.update(s.model_info)
+        lengths: set[int | None] = set()
+        lengths.update(*(map(_LENGTH, s.model_info.values()) for s in healthy))
+        lengths.discard(None)
+        if len(lengths) < 2:
+            return cards
+        shortest: dict[str, int] = {}
+        for s in healthy:
+            for name, info in s.model_info.items():
+                n = info.max_model_len
+                if n is not None and n < shortest.get(name, n + 1):
+                    shortest[name] = n
+        for name, n in shortest.items():
+            if cards[name].max_model_len != n:
+                cards[name] = cards[name]._replace(max_model_len=n)
+        return cards
+
+    def longer_context(self, limit: int, failed: str, among: Iterable[str]) -> list[str]:
+        """Those of ``among`` (replica ids, kept in their order) that are healthy and list
+        a model replica ``failed`` lists with a ``max_model_len`` over ``limit`` tokens:
+        where a prompt ``failed`` refused as longer than its context of ``limit`` may fit
+        (the replicas a request is ranked to all serve its model)."""
+        state = self._replicas.get(failed)
+        models = () if state is None else tuple(state.model_info)
+        longer = []
+        for rid in among:
+            s = self._replicas.get(rid)
+            if s is None or not s.healthy or rid == failed:
+                continue
+            for model in models:
+                info = s.model_info.get(model)
+                if info is not None and info.max_model_len is not None \
+                        and info.max_model_len > limit:
+                    longer.append(rid)
+                    break
+        return longer
 
     def models_cut(self) -> bool:
         """Whether a replica serves more models than the gateway keeps of its list."""

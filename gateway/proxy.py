@@ -8,15 +8,17 @@ against the replica (``Fleet.request_failed`` ejects it after several in a row),
 a 3xx: a redirect is never followed nor relayed (its ``Location`` would send a client that
 follows it, the openai client among them, on to wherever the replica pointed, the prompt
 with it); a 4xx (and a 501: not implemented there) is the client's problem and is relayed
-as it is. A 5xx is counted against its replica only once another replica answered the
-request: when a second one answers it with a 5xx too, the request is what fails (input
-that breaks the engine), no further replica is tried, neither is counted, and the client
-gets the replica's error message. Every try shares the request's one first-byte deadline:
-a later try gets what is left of it (none under ``_LEAST_TRY_S``), and one that the
-deadline, not its own wait, cut short is not counted against its replica. A try's own
-wait (``gateway.first_byte``) is extended while its replica shows progress (it gave
-another request its first byte, or finished one, since the wait began or was last
-extended): a busy replica is slow, not hung.
+as it is, except a replica's refusal of a prompt longer than its context
+(``_context_limit``) while a replica still to try serves the model with a longer one: the
+request goes on there, within the same tries (``_ContextTooLong``). A 5xx is counted
+against its replica only once another replica answered the request: when a second one
+answers it with a 5xx too, the request is what fails (input that breaks the engine), no
+further replica is tried, neither is counted, and the client gets the replica's error
+message. Every try shares the request's one first-byte deadline: a later try gets what is
+left of it (none under ``_LEAST_TRY_S``), and one that the deadline, not its own wait, cut
+short is not counted against its replica. A try's own wait (``gateway.first_byte``) is
+extended while its replica shows progress (it gave another request its first byte, or
+finished one, since the wait began or was last extended): a busy replica is slow, not hung.
 
 A non-streamed answer is read whole (up to ``buffer_bytes``) before the client sees a byte,
 so a replica dying mid-body is retried like any other failure, and so is an answer cut
@@ -97,7 +99,7 @@ from gateway.upstream_http import (
     UpstreamUnreachable,
     encoded_cut,
 )
-from kvwire.openai_schema import NotFound, ServiceUnavailable
+from kvwire.openai_schema import BadRequest, NotFound, ServiceUnavailable
 from kvwire.request_edge import ClientWatch
 
 log = logging.getLogger("kvgate.proxy")
@@ -162,6 +164,12 @@ _SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d{1,18})')
 _MAX_CHOICES = 1024  # choice indices a stream's judgement keeps (past them: not judged)
 _JSON = json.JSONDecoder()  # raw_decode: a value that more bytes follow
 _STATUS_CODE = re.compile(rb'"status_code":\s*(\d{3})\b')
+# a 400 refusing a prompt longer than the replica's context, and that context's tokens:
+# vLLM's and the engine's "This model's maximum context length is N tokens" (OpenAI's
+# words), the engine's and SGLang's "maximum context length of N" and "context length
+# (N tokens)", vLLM V1's "longer than the maximum model length of N"
+_CONTEXT_LIMIT = re.compile(r"maximum context length (?:is|of) (\d{1,9})|maximum model "
+                            r"length of (\d{1,9})|context length \((\d{1,9}) tokens\)")
 # a whole answer that is an error object (OpenAI's and vLLM's, or older vLLM's and SGLang's)
 _ERROR_OBJECT = re.compile(rb'\s*\{\s*(?:"error"\s*:|"object"\s*:\s*"error")')
 # bytes of the tail searched with a chunk, for a marker split across reads
@@ -335,6 +343,21 @@ class _Retryable(Exception):
         self.retry_after_s = retry_after_s  # a busy replica's Retry-After
         self.status = status  # the replica's, when it answered an error
         self.unsent = unsent
+
+
+class _ContextTooLong(_Retryable):
+    """A replica's 400 refusing the prompt as longer than its context, while replicas still
+    to try serve the model with a longer one (``longer``, in their order): the request
+    goes on to them alone, and nothing is held against the replica. ``refusal``: its
+    error, for the client should none of them be tried after all."""
+
+    def __init__(self, replica: str, limit: int, refusal: BadRequest,
+                 longer: list[str]) -> None:
+        super().__init__("context_length", f"replica {replica!r} refused the prompt as "
+                         f"longer than its context of {limit} tokens",
+                         "context_length_exceeded", status=400, unsent=True)
+        self.refusal = refusal
+        self.longer = longer
 
 
 _BUSY = frozenset({429, 503})  # a replica shedding load: not broken, and not the request's
@@ -1089,13 +1112,16 @@ class Proxy:
             per_try = self.first_byte.seconds(stream, pending.tokens, state.watched)
             wait = min(left, per_try)
             sent = state.upstream_headers(headers, self.forward_client_auth)
+            # a try left and a replica to try it on: a context-length 400 may go on there
+            # (not a continuation: no other replica stores what it continues)
+            rest = order[at:] if tries and at < len(order) and not stored_elsewhere else ()
             try:
                 # a wait that is the rest of the deadline (a non-streamed answer's) cannot
                 # be pushed back: no progress check is armed for it
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done,
                                              deadline if wait < left else None, signs,
-                                             stored_elsewhere)
+                                             stored_elsewhere, rest)
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -1108,6 +1134,9 @@ class Proxy:
                     on_unsent(replica)
                 attempts.append(Attempted(replica, exc.cause, exc.status))
                 last = exc
+                if isinstance(exc, _ContextTooLong):  # only a longer context may hold it
+                    order = (*order[:at], *exc.longer)
+                    continue
                 if exc.cause != "not_stored":
                     order = _siblings_last(order, at, state)
                 if exc.cause == "busy":  # shedding load: the next replica may not be
@@ -1139,6 +1168,8 @@ class Proxy:
         # engine must not eject a model's one replica, where no ejection could help
         if last is None:
             raise UpstreamError("no replica could be tried", code="upstream_error")
+        if isinstance(last, _ContextTooLong):  # the longer ones were gone, or out of time
+            raise last.refusal
         tried = ", ".join(f"{a.replica!r} ({a.cause})" for a in attempts)
         if all(a.cause == "not_stored" for a in attempts):
             raise NotFound(f"{last} (nor any other replica tried: {tried})",
@@ -1167,9 +1198,12 @@ class Proxy:
                        pending: Pending, wait: float,
                        on_done: Callable[[UpstreamStream, bool], None],
                        deadline: float | None, signs: AnswerSigns,
-                       stored_elsewhere: bool = False) -> UpstreamStream:
+                       stored_elsewhere: bool = False, rest: Sequence[str] = ()
+                       ) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
-        to ``deadline`` (monotonic; None: never), while the replica shows progress."""
+        to ``deadline`` (monotonic; None: never), while the replica shows progress.
+        ``rest``: the replicas a refusal of the prompt as too long for the replica's
+        context may go on to (``_ContextTooLong``)."""
         started = time.perf_counter()
         response: UpstreamResponse | None = None
         whole = _Held(_UNPARSED, None)  # a non-streamed answer held whole, read
@@ -1216,6 +1250,8 @@ class Proxy:
                                      f"{' (a redirect is not followed)' if redirect else ''}",
                                      status=response.status, unsent=True)
                 first = await response.readany()
+                if response.status == 400 and rest:
+                    first = await self._context_refusal(replica, response, first, rest)
                 first_byte_s = time.perf_counter() - started
                 streamed = "text/event-stream" in response.headers.get("content-type", "")
                 failed: _Failure | None = None  # the failure the stream opened with
@@ -1309,6 +1345,26 @@ class Proxy:
                               signs, self.relaying,
                               failed.status if failed is not None else None, whole.answer,
                               body_waited_s)
+
+    async def _context_refusal(self, replica: str, response: UpstreamResponse,
+                               first: bytes, rest: Sequence[str]) -> bytes:
+        """A 400's body (its first ``_ERROR_BODY_LIMIT`` bytes at least, ``first`` those
+        read), to relay; ``_ContextTooLong`` where it refuses the prompt as longer than
+        ``replica``'s context and one of ``rest`` serves the model with a longer one."""
+        while len(first) < _ERROR_BODY_LIMIT and not response.is_eof():
+            more = await response.readany()
+            if not more:
+                break
+            first += more
+        limit = _context_limit(first)
+        if limit is None:
+            return first
+        longer = self.fleet.longer_context(limit[0], replica, rest)
+        if not longer:
+            return first
+        log.debug("replica %s refused a prompt over its context of %d tokens; trying %s",
+                  replica, limit[0], longer[0])
+        raise _ContextTooLong(replica, limit[0], limit[1], longer)
 
     async def _buffer(self, replica: str, response: UpstreamResponse,
                       first: bytes) -> tuple[bytes, float]:
@@ -1900,6 +1956,25 @@ def _opening_failure(first: bytes, failed: tuple[bytes, ...]) -> _Failure | None
         status = 502
     return _Failure(status, message[:_ERROR_MESSAGE_CHARS] if isinstance(message, str)
                     else "")
+
+
+def _context_limit(body: bytes) -> tuple[int, BadRequest] | None:
+    """The context in tokens that a replica's 400 ``body`` refuses the prompt as longer
+    than (``_CONTEXT_LIMIT``: vLLM's, SGLang's and the engine's words, nested under
+    ``error`` or flat beside ``"object": "error"``), and that error as the client would
+    get it; None for any other body."""
+    try:
+        error = _openai_error(orjson.loads(body))
+    except ValueError:
+        return None
+    message = None if error is None else error.get("message")
+    found = _CONTEXT_LIMIT.search(message) if isinstance(message, str) else None
+    if error is None or found is None:
+        return None
+    param, code = error.get("param"), error.get("code")
+    return int(next(g for g in found.groups() if g)), BadRequest(
+        str(message), param=param if isinstance(param, str) else None,
+        code=code if isinstance(code, str) else None)
 
 
 def _error_object(body: bytes) -> int | None:
