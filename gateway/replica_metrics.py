@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.data_parallel import RANK_LABELS
 from kvwire import metric_names as m
 
-# the labels that tell one data-parallel group's SGLang schedulers apart
-_RANK_LABELS = frozenset({"tp_rank", "pp_rank"})
+# the labels that tell one data-parallel group's SGLang schedulers apart: its pipeline
+# stage, its TP rank and (MoE expert parallelism) its expert-parallel rank
+_RANK_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
 # vLLM's gauge naming the LoRA adapters running and waiting: registered only by a server
 # started with --enable-lora (the engine exposes none)
 _LORA_REQUESTS_INFO = "vllm:lora_requests_info"
@@ -61,8 +62,9 @@ def parse_metrics(text: str) -> ScrapedMetrics:
     parallelism labels each sample ``engine="0"``, ``engine="1"`` ...) is one replica of
     their sum: counters, queue lengths and KV capacity add up; ratios (KV usage, SGLang's
     token usage and hit rate) are averaged over the samples. SGLang's scheduler samples
-    labelled ``tp_rank``/``pp_rank`` are several reports of one group (its pipeline stages,
-    or every TP rank with ``--enable-metrics-for-all-schedulers``): each group counts once
+    labelled ``tp_rank``/``pp_rank``/``moe_ep_rank`` are several reports of one group (its
+    pipeline stages, or every TP and expert-parallel rank with
+    ``--enable-metrics-for-all-schedulers``): each group counts once
     (its busiest rank's load, its smallest stage's ``max_total_num_tokens``), and groups
     (``dp_rank``) add up."""
     return _snapshot(_samples(text))
@@ -106,7 +108,7 @@ def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
     counts: dict[str, int] = {}
     capacity: int | None = None
     # SGLang's schedulers of one data-parallel group (its pipeline stages, and with
-    # --enable-metrics-for-all-schedulers its TP ranks) each report the group's requests
+    # --enable-metrics-for-all-schedulers its TP and EP ranks) each report the group's requests
     # and KV pool: one figure per group, the samples told apart by these labels alone
     groups: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
     names: set[str] = set()
