@@ -12,6 +12,11 @@ have). None storing it: a 404. A replica's tenant check (the tenant header the g
 sends) keeps a tenant from another's responses on the replicas too. A deletion one
 answered drops this process's record; other workers and peer copies keep theirs until it
 ages out: a retrieval or continuation they route is answered 404 by the replica.
+
+A replica's redirect is never followed (it could point anywhere, and the tenant header
+would go with the request) nor relayed: a 3xx, as any status under 200, is no answer, and
+the client gets a 502 naming the replica where no other replica answers. An answer is read
+up to ``answer_bound`` bytes; a longer one is a 502 naming the replica, not held.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import ARRIVED, NoReplicaAvailable
+from gateway.config import GatewayConfig
+from gateway.errors import ARRIVED, NoReplicaAvailable, UpstreamError
 from gateway.forwarding import request_id_header, upstream_headers
 from gateway.responses_request import PATH
 from gateway.state import GatewayState
@@ -36,6 +42,35 @@ log = logging.getLogger("kvgate.gateway")
 ROUTE = "stored"  # the route label of these requests (metrics, access log)
 # the relayed answer's headers (a replica's own are not the client's business)
 _RELAYED_HEADERS = ("content-type",)
+
+
+class _NoAnswer(Exception):
+    """A replica's answer that is not relayed (a redirect, an answer past the bound): the
+    client's 502 says why."""
+
+
+def answer_bound(config: GatewayConfig) -> int:
+    """The bytes of a replica's answer read at most: what the proxy holds of an answer
+    whole (``timeouts.buffer_bytes``), or ``max_body_bytes`` where larger, since a
+    response's input items hold the request that made it."""
+    return max(config.timeouts.buffer_bytes, config.max_body_bytes)
+
+
+async def _read_bounded(answer: aiohttp.ClientResponse, bound: int, replica: str) -> bytes:
+    """``answer``'s body, or ``_NoAnswer`` once it passes ``bound`` bytes (told by its
+    ``content-length`` before reading, where it has one)."""
+    over = _NoAnswer(f"replica {replica!r} answered more than {bound} bytes, more than "
+                     "the gateway relays of a stored response")
+    if answer.content_length is not None and answer.content_length > bound:
+        raise over
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in answer.content.iter_any():
+        size += len(chunk)
+        if size > bound:
+            raise over
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def not_found(response: str) -> NotFound:
@@ -106,7 +141,9 @@ async def stored_response(request: Request) -> Response:
     session = gw.monitor.session
     timeouts = gw.config.timeouts
     limit = aiohttp.ClientTimeout(total=timeouts.stall_s, sock_connect=timeouts.connect_s)
+    bound = answer_bound(gw.config)
     failed: list[str] = []
+    refused: list[str] = []  # why each answer that is no answer was not relayed
     for replica in order:
         state = gw.fleet.get(replica)
         if state is None:
@@ -115,11 +152,22 @@ async def stored_response(request: Request) -> Response:
         headers = dict(state.upstream_headers(forwarded, not gw.auth.on))
         try:
             async with session.request(request.method, url, headers=headers, data=body,
-                                       timeout=limit) as answer:
+                                       timeout=limit, allow_redirects=False) as answer:
                 status = answer.status
-                content = await answer.read()  # a stored response, bounded by the store
+                if status < 200 or 300 <= status < 400:
+                    # a redirect (or a status no server answers): neither followed nor
+                    # relayed, its Location and body left unread
+                    raise _NoAnswer(f"replica {replica!r} answered {status}, which is no "
+                                    "answer (a redirect is not followed)" if status >= 300
+                                    else f"replica {replica!r} answered {status}, which "
+                                    "is no answer")
+                content = await _read_bounded(answer, bound, replica)
                 relayed = {k: answer.headers[k] for k in _RELAYED_HEADERS
                            if k in answer.headers}
+        except _NoAnswer as exc:
+            log.warning("%s (%s %s)", exc, request.method, path)
+            refused.append(str(exc))
+            continue
         except (TimeoutError, aiohttp.ClientError) as exc:
             log.warning("replica %s did not answer %s %s: %s", replica, request.method,
                         path, exc.__class__.__name__)
@@ -133,6 +181,9 @@ async def stored_response(request: Request) -> Response:
         return Response(content, status_code=status, headers={
             **relayed, **request_id_header(request), "x-kvgate-replica": replica,
             "x-kvgate-route": ROUTE})
+    if refused:  # one that may store it answered what cannot be relayed
+        raise UpstreamError(f"Response with id {shown(response)}: {'; '.join(refused)}",
+                            param="response_id", code="upstream_error")
     if failed:  # one that may store it did not answer: not known to be gone
         raise ServiceUnavailable(
             f"Response with id {shown(response)}: replicas {', '.join(map(shown, failed))} "
