@@ -353,13 +353,13 @@ class _CaptureCollector(Collector):
 
 
 class _AdmissionCollector(Collector):
-    """The gateway's places and waiting slots (``Admission``): requests holding a place
-    and waiting for one, all together and per tenant of ``tenants`` (those the config
-    names: a series each, from the start, so no request adds one)."""
+    """The gateway's places and waiting slots (``Admission``): the requests holding a place
+    and those waiting for one, all tenants together. No series per tenant: /metrics is
+    served on the client port, open without a key, and a multi-tenant gateway's tenant
+    names are not public."""
 
-    def __init__(self, admission: Admission, tenants: Iterable[str | None]) -> None:
+    def __init__(self, admission: Admission) -> None:
         self.admission = admission
-        self.tenants = sorted({tenant for tenant in tenants if tenant})
 
     def collect(self) -> Iterator[Metric]:
         a = self.admission
@@ -369,20 +369,6 @@ class _AdmissionCollector(Collector):
             ("kvgate_admission_waiting", "Requests waiting for a place (limits.max_pending)",
              a.waiting),
         ))
-        if not self.tenants:
-            return
-        held = GaugeMetricFamily("kvgate_admission_tenant_in_flight", "Requests of a "
-                                 "configured tenant holding one of the gateway's places",
-                                 labels=["tenant"])
-        waiting = GaugeMetricFamily("kvgate_admission_tenant_waiting", "Requests of a "
-                                    "configured tenant waiting for a place", labels=["tenant"])
-        shares = a.shares
-        for tenant in self.tenants:
-            share = shares.get(tenant)
-            held.add_metric([tenant], share.held if share is not None else 0)
-            waiting.add_metric([tenant], share.waiting if share is not None else 0)
-        yield held
-        yield waiting
 
 
 ADMISSION_GAUGES = ("kvgate_admission_in_flight", "kvgate_admission_waiting")
@@ -689,12 +675,11 @@ class GatewayMetrics:
         """Export the counts of the peer links (``gateway.peers``)."""
         self.export(_PeerCollector(source), per_worker=True)
 
-    def watch_admission(self, admission: Admission, tenants: Iterable[str | None]) -> None:
+    def watch_admission(self, admission: Admission) -> None:
         """Export the requests holding a place and waiting for one (each worker's, summed
-        over the box), all together and per tenant of ``tenants`` (the configured ones:
-        another tenant, or none, is counted in the totals only)."""
+        over the box), all tenants together."""
         self._admission = admission
-        self.export(_AdmissionCollector(admission, tenants), per_worker=True)
+        self.export(_AdmissionCollector(admission), per_worker=True)
 
     def watch_kv_events(self, source: KVEventCounts) -> None:
         """Export the counts of a KV event subscriber. Every worker reads every stream:

@@ -162,10 +162,7 @@ def build_state(config: GatewayConfig, tokenizer: PromptTokenizer | None = None,
                       Capture(config.capture, config.prefix_report,
                               serves_report=shared is None or shared.worker == 0),
                       CapacityEstimator(fleet, config.scrape.kv_capacity_estimate))
-    # per tenant the configured ones: a request's header or key adds no series
-    metrics.watch_admission(gw.admission, [
-        *(key.tenant for key in config.auth.api_keys),
-        *(tenant for part in config.tenancy.partitions for tenant in part.tenants)])
+    metrics.watch_admission(gw.admission)
     if config.peers.on:
         # a box's workers share one instance id (a link from one of them to its own box
         # is found as its own whichever worker answers) and the peers port
