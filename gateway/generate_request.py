@@ -5,10 +5,14 @@ A body carries its prompt as ``text`` (a string, or a batch of them) or as ``inp
 completions batch is. Any other prompt (``input_embeds``; none, both, an empty or a
 malformed one) is routed by a digest of those fields and left for the replica to judge,
 as SGLang's router leaves it. ``model`` is optional (SGLang serves one model per
-server): without it the request is for the fleet's one model. ``cache_salt`` keys the
-prompt apart, as on the OpenAI paths. Generation settings
-(``sampling_params``, ``return_logprob``, ``lora_path``...) are the replica's to judge;
-only ``stream`` is read.
+server): without it the request is for the fleet's one model. ``cache_salt`` keys the prompt
+apart, as on the OpenAI paths. The media of the first prompt (``image_data``,
+``video_data``, ``audio_data``: one item or a list of them, or in a batch one of those per
+prompt) key it too, each by a digest of its value, put ahead of the prompt (a text's
+placeholder runs, a few ids derived from the digest ahead of ``input_ids``), as a chat's
+media parts key a chat: the same prompt with another image is another prompt to route
+and cache. Other generation settings (``sampling_params``, ``return_logprob``,
+``lora_path``...) are the replica's to judge; of them only ``stream`` is read.
 
 Every answer carries its counts in ``meta_info`` (``prompt_tokens``, ``cached_tokens``,
 ``completion_tokens``), a stream's in each event; ``counts_of`` and ``stream_counts`` read
@@ -46,8 +50,52 @@ def generate_fields(body: Any) -> RequestFields:
     stream = bool(optional(body, "stream", bool, False))
     salt = check_cache_salt(body.get("cache_salt"))
     text, ids, count = _prompt_of(body)
-    return RequestFields(body, model, stream, None, salt, prompt_text=text, prompt_ids=ids,
-                         num_prompts=count)
+    media = _media_keys(body, _batched(body))
+    if media:  # the first prompt's media key it, ahead of its text or ids
+        if ids is not None:
+            ids = [*_media_ids(media), *ids]
+        else:
+            text = "".join(media) + (text or "")
+    return RequestFields(body, model, stream, None, salt,
+                         prompt_text=text, prompt_ids=ids, num_prompts=count)
+
+
+_MEDIA_FIELDS = ("image_data", "video_data", "audio_data")  # SGLang's
+_MEDIA_ID_HEX = 7  # hex digits of a placeholder's digest per id: ids stay under 2**28
+_MEDIA_IDS = 4  # ids per media item ahead of ``input_ids``
+
+
+def _batched(body: dict[str, Any]) -> bool:
+    """Whether the body's prompt is a batch (a list of texts, or of id lists)."""
+    text, ids = body.get("text"), body.get("input_ids")
+    return isinstance(text, list) or (isinstance(ids, list) and bool(ids)
+                                      and isinstance(ids[0], list))
+
+
+def _media_keys(body: dict[str, Any], batch: bool) -> list[str]:
+    """A placeholder (``opaque_placeholder``: a digest of its value) for each media item
+    of the first prompt, in field order then item order; in a batch a field's list holds
+    one entry (an item, a list of items, or null) per prompt."""
+    keys: list[str] = []
+    for field in _MEDIA_FIELDS:
+        value = body.get(field)
+        if batch and isinstance(value, list):
+            value = value[0] if value else None
+        items = value if isinstance(value, list) else [value]
+        keys.extend(opaque_placeholder({field: item}) for item in items
+                    if item is not None and item != "")
+    return keys
+
+
+def _media_ids(keys: list[str]) -> list[int]:
+    """Ids that stand for media placeholders ahead of ``input_ids``: ``_MEDIA_IDS`` per
+    placeholder, read from its digest's hex digits (each under 2**28)."""
+    ids: list[int] = []
+    for key in keys:
+        digest = key[key.index(":") + 1:-2]
+        ids.extend(int(digest[i * _MEDIA_ID_HEX:(i + 1) * _MEDIA_ID_HEX], 16)
+                   for i in range(_MEDIA_IDS))
+    return ids
 
 
 def _prompt_of(body: dict[str, Any]) -> tuple[str | None, list[int] | None, int]:
