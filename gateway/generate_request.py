@@ -5,14 +5,19 @@ A body carries its prompt as ``text`` (a string, or a batch of them) or as ``inp
 completions batch is. Any other prompt (``input_embeds``; none, both, an empty or a
 malformed one) is routed by a digest of those fields and left for the replica to judge,
 as SGLang's router leaves it. ``model`` is optional (SGLang serves one model per
-server): without it the request is for the fleet's one model. ``cache_salt`` keys the prompt
+server): without it the request is for the fleet's one model. ``lora_path`` names the LoRA
+adapter the prompt runs under, and so the model it is routed for, as ``model`` names an
+adapter on the OpenAI paths: only replicas that list the adapter get it, and its prompts
+key apart from the base model's, as the replica caches them. A batch's list of adapters,
+one per prompt, is routed by its first prompt's (an entry that is null or empty: the base
+model), as the batch is; the replica judges the others. ``cache_salt`` keys the prompt
 apart, as on the OpenAI paths. The media of the first prompt (``image_data``,
 ``video_data``, ``audio_data``: one item or a list of them, or in a batch one of those per
 prompt) key it too, each by a digest of its value, put ahead of the prompt (a text's
 placeholder runs, a few ids derived from the digest ahead of ``input_ids``), as a chat's
 media parts key a chat: the same prompt with another image is another prompt to route
-and cache. Other generation settings (``sampling_params``, ``return_logprob``,
-``lora_path``...) are the replica's to judge; of them only ``stream`` is read.
+and cache. Other generation settings (``sampling_params``, ``return_logprob``...) are the
+replica's to judge; of them only ``stream`` is read.
 
 Every answer carries its counts in ``meta_info`` (``prompt_tokens``, ``cached_tokens``,
 ``completion_tokens``), a stream's in each event; ``counts_of`` and ``stream_counts`` read
@@ -56,13 +61,22 @@ def generate_fields(body: Any) -> RequestFields:
             ids = [*_media_ids(media), *ids]
         else:
             text = "".join(media) + (text or "")
-    return RequestFields(body, model, stream, None, salt,
+    return RequestFields(body, _adapter(body.get("lora_path")) or model, stream, None, salt,
                          prompt_text=text, prompt_ids=ids, num_prompts=count)
 
 
 _MEDIA_FIELDS = ("image_data", "video_data", "audio_data")  # SGLang's
 _MEDIA_ID_HEX = 7  # hex digits of a placeholder's digest per id: ids stay under 2**28
 _MEDIA_IDS = 4  # ids per media item ahead of ``input_ids``
+
+
+def _adapter(lora_path: Any) -> str | None:
+    """The LoRA adapter named by ``lora_path``: a string, or a batch's list of them (its
+    first prompt's); None (the base model) for none, null or empty, or a value of
+    another type (left for the replica to judge)."""
+    if isinstance(lora_path, list):
+        lora_path = lora_path[0] if lora_path else None
+    return lora_path if isinstance(lora_path, str) and lora_path else None
 
 
 def _batched(body: dict[str, Any]) -> bool:
