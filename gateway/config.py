@@ -50,6 +50,8 @@ Example (every key but ``replicas`` has a default)::
     capture: {path: null, sample_rate: 1.0, max_mb: 256,   # JSONL for kvgate audit
               queue: 1024, queue_mb: 64}
     prefix_report: {enabled: false, recent_requests: 512, max_mb: 32}
+    tls: {ca_file: /etc/kvgate/replica-ca.pem}  # https replicas: trusted beside the
+                                                 # system's CAs; verification is always on
     peers: {listen: "0.0.0.0:8002", addresses: ["kvgate-peers.llm.svc:8002"],
             secret_env: KVGATE_PEER_SECRET,   # gateway copies share what they route
             resolve_s: 10, queue_frames: 4096, queue_bytes: 16777216, pending_s: 600,
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -195,6 +198,30 @@ class ReplicaConfig:
         each time (a file may have changed since the config was loaded)."""
         return resolve_bearer(self.api_key, self.api_key_file, self.api_key_env, "api_key",
                               "api_key")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """How the gateway checks its ``https`` replicas' certificates: against the system's
+    CAs and, where set, the PEM certificates in ``ca_file`` (a private CA's, for replicas
+    addressed by pod IP), for proxied requests, health checks, scrapes, model lists and
+    stored responses alike. Verification cannot be turned off."""
+
+    ca_file: str | None = None
+
+    def validate(self) -> None:
+        if self.ca_file is None:
+            return
+        if not self.ca_file:
+            raise ValueError("ca_file '' names no file")
+        try:  # read now, so that a missing or unusable file is named at load
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=self.ca_file)
+        except ssl.SSLError:  # (an OSError too)
+            raise ValueError(f"ca_file {shown(self.ca_file, 300)} holds no PEM certificate") \
+                from None
+        except OSError as exc:
+            raise ValueError(f"ca_file {shown(self.ca_file, 300)} cannot be read: "
+                             f"{exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +483,7 @@ class GatewayConfig:
     prefix_report: PrefixReportConfig = field(default_factory=PrefixReportConfig)
     # the other gateway copies in front of this fleet (gateway.peers); off by default
     peers: PeersConfig = field(default_factory=PeersConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
     def validate(self) -> None:
         if self.limits.max_receiving_bytes < self.max_body_bytes:

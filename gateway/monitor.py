@@ -20,6 +20,7 @@ import functools
 import hashlib
 import logging
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeGuard
@@ -34,6 +35,7 @@ from gateway.kv_capacity_estimate import CapacityEstimator, Mark
 from gateway.log_throttle import LogThrottle
 from gateway.periodic import stop_tasks
 from gateway.replica_metrics import ScrapedMetrics, parse_metrics, parse_rank_metrics, stale_copy
+from gateway.upstream_http import CA_FILE_HINT
 from kvwire.media_parts import shown
 
 log = logging.getLogger("kvgate.monitor")
@@ -84,10 +86,14 @@ def _routable(name: object) -> TypeGuard[str]:
 
 class Monitor:
     def __init__(self, fleet: Fleet, session: aiohttp.ClientSession, health: HealthConfig,
-                 scrape: ScrapeConfig, capacity: CapacityEstimator | None = None) -> None:
+                 scrape: ScrapeConfig, capacity: CapacityEstimator | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.fleet = fleet
         self.capacity = capacity  # told each scrape, to estimate KV capacity
         self.session = session
+        # how https replicas' certificates are checked (``upstream_http.replica_tls``):
+        # aiohttp's ``ssl`` argument, True for the system's CAs
+        self.tls: ssl.SSLContext | bool = True if tls is None else tls
         self.health_cfg = health
         self.scrape_cfg = scrape
         self._tasks: list[asyncio.Task[None]] = []  # the two loops
@@ -217,7 +223,7 @@ class Monitor:
             async with asyncio.timeout(cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/health",
                                             headers=state.credentials | _UNENCODED,
-                                            allow_redirects=False) as resp:
+                                            allow_redirects=False, ssl=self.tls) as resp:
                     read = 0  # a body without end (a URL that reaches a stream) is left
                     async for chunk in resp.content.iter_chunked(1 << 16):
                         read += len(chunk)
@@ -227,6 +233,9 @@ class Monitor:
                         ok, error = False, f"/health answered {resp.status}"
         except TimeoutError:
             ok, error = False, f"/health timed out after {cfg.timeout_s} s"
+        except aiohttp.ClientConnectorCertificateError as exc:
+            ok, error = False, f"/health failed: {exc.__class__.__name__}: {exc}; " \
+                f"{CA_FILE_HINT}"
         except aiohttp.ClientError as exc:
             ok, error = False, f"/health failed: {exc.__class__.__name__}: {exc}"
         return ok, error
@@ -250,7 +259,7 @@ class Monitor:
             async with asyncio.timeout(self.health_cfg.timeout_s):
                 async with self.session.get(f"{state.config.base_url}/v1/models",
                                             headers=state.credentials | _UNENCODED,
-                                            allow_redirects=False) as resp:
+                                            allow_redirects=False, ssl=self.tls) as resp:
                     if resp.status != 200:
                         self._refused(state, "/v1/models", resp.status)
                         if resp.status in (401, 403):
@@ -418,7 +427,7 @@ class Monitor:
             async with asyncio.timeout(cfg.timeout_s):
                 async with self.session.get(f"{first.config.base_url}/metrics",
                                             headers=first.credentials | _UNENCODED,
-                                            allow_redirects=False) as resp:
+                                            allow_redirects=False, ssl=self.tls) as resp:
                     if resp.status != 200:
                         for state in states:
                             self._refused(state, "/metrics", resp.status)

@@ -137,8 +137,9 @@ async def stored_response(request: Request) -> Response:
     forwarded = upstream_headers(request, gw.trusted_proxies,
                                  (gw.tenancy.config.header, tenant))
     body = await request.body()  # a cancel's (empty); none on the others
-    assert gw.monitor is not None
+    assert gw.monitor is not None and gw.proxy is not None
     session = gw.monitor.session
+    tls = gw.proxy.client.tls  # https replicas checked as proxied requests check them
     timeouts = gw.config.timeouts
     limit = aiohttp.ClientTimeout(total=timeouts.stall_s, sock_connect=timeouts.connect_s)
     bound = answer_bound(gw.config)
@@ -152,7 +153,8 @@ async def stored_response(request: Request) -> Response:
         headers = dict(state.upstream_headers(forwarded, not gw.auth.on))
         try:
             async with session.request(request.method, url, headers=headers, data=body,
-                                       timeout=limit, allow_redirects=False) as answer:
+                                       timeout=limit, allow_redirects=False,
+                                       ssl=True if tls is None else tls) as answer:
                 status = answer.status
                 if status < 200 or 300 <= status < 400:
                     # a redirect (or a status no server answers): neither followed nor

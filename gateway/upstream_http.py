@@ -20,14 +20,16 @@ gateway sends and its replicas answer:
   same of a whole body held with a length or chunks, and the proxy follows a longer one
   relayed under them with an ``EncodedEnd`` of its own.
 
-Errors: ``UpstreamUnreachable`` when no connection could be made (refused, unresolvable:
-the replica is unreachable); ``UpstreamBroken`` when the connection broke or the answer was
-malformed; a connect that takes over ``connect_s`` is ``UpstreamBroken`` too. A request
-that finds a kept-alive connection closed under it before any byte of the answer came is
-sent again once on a new connection (the replica closed it idle as the request was sent),
-when the close came within ``STALE_WINDOW_S`` of the send: a replica that held the request
-longer may have worked on it, and its close is a broken connection. The answer to a
-request sent again says so (``resent``).
+Errors: ``UpstreamUnreachable`` when no connection could be made (refused, unresolvable,
+or TLS failed: the replica is unreachable); ``UpstreamBroken`` when the connection broke or
+the answer was malformed; a connect that takes over ``connect_s`` is ``UpstreamBroken``
+too. An ``https`` replica's certificate is checked against the system's CAs and
+``tls.ca_file``'s (``replica_tls``), always. A request that finds a kept-alive connection
+closed under it before any byte of the answer came is sent again once on a new connection
+(the replica closed it idle as the request was sent), when the close came within
+``STALE_WINDOW_S`` of the send: a replica that held the request longer may have worked on
+it, and its close is a broken connection. The answer to a request sent again says so
+(``resent``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, TlsConfig
 
 _HIGH_WATER = 256 * 1024  # bytes of answer waiting unread before reading pauses
 # bytes a replica may send before its answer's head is complete (status line, headers,
@@ -55,6 +57,20 @@ _ENDS_TOLD = {"gzip": 31, "x-gzip": 31, "deflate": 15}
 # followed: a body that inflates further (a bomb) would hold the event loop
 _INFLATE_RATIO, _INFLATE_SLACK = 64, 1 << 16
 _FEED_BYTES = 1 << 16  # a body is inflated this much at a time (``EncodedEnd.feed``)
+# what a certificate the gateway does not trust is told with (log, admin API)
+CA_FILE_HINT = ("a replica signed by a private CA is trusted once the gateway's config "
+                "names that CA's certificate: tls: {ca_file: PATH}")
+
+
+def replica_tls(tls: TlsConfig) -> ssl.SSLContext | None:
+    """The TLS context that checks ``https`` replicas' certificates against the system's
+    CAs and ``tls.ca_file``'s; None without a ``ca_file`` (a client's default context
+    does the same with the system's alone). Reads the file: made once, at start-up."""
+    if tls.ca_file is None:
+        return None
+    context = ssl.create_default_context()
+    context.load_verify_locations(cafile=tls.ca_file)
+    return context
 
 
 class UpstreamFailure(Exception):
@@ -492,6 +508,9 @@ class _Origin:
         except TimeoutError:
             raise UpstreamBroken(f"no connection to {self.host}:{self.port} within "
                                  f"{self._connect_s} s") from None
+        except ssl.SSLCertVerificationError as exc:
+            raise UpstreamUnreachable(f"TLS with {self.host}:{self.port} failed: {exc}; "
+                                      f"{CA_FILE_HINT}") from None
         except ssl.SSLError as exc:
             raise UpstreamUnreachable(f"TLS with {self.host}:{self.port} failed: "
                                        f"{exc}") from None
@@ -560,6 +579,7 @@ class UpstreamClient:
         self._connect_s = connect_s
         self._idle_s = idle_s
         self._ssl = ssl_context
+        self.tls = ssl_context  # the context given, for the gateway's other clients
         self._origins: dict[tuple[str, str, int], _Origin] = {}
         self._targets: dict[str, tuple[_Origin, str]] = {}  # url -> origin, request path
 
@@ -637,4 +657,5 @@ class UpstreamClient:
 def client_for(config: GatewayConfig) -> UpstreamClient:
     """The client a gateway configured by ``config`` uses."""
     return UpstreamClient(limit_per_origin=config.limits.connections_per_replica,
-                          connect_s=config.timeouts.connect_s)
+                          connect_s=config.timeouts.connect_s,
+                          ssl_context=replica_tls(config.tls))
