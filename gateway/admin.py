@@ -1,6 +1,7 @@
 """The admin API: list, add and remove replicas; explain a routing decision; audit the
 prompt layout of recent requests (``/admin/prefix-report``); a compact snapshot of the
-fleet for ``kvgate top``.
+fleet for ``kvgate top``; flush the replicas' prefix caches (``/flush_cache``, SGLang's
+router's path: ``gateway.cache_flush``).
 
 It is an app of its own (``create_admin_app``), served on the admin listener only
 (``AdminConfig``), and only when a token is configured; every call needs
@@ -24,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.cache_flush import flush_replicas
 from gateway.capture import unpack
 from gateway.client_auth import presented_bearer
 from gateway.config import ReplicaConfig, endpoint_clash, held_endpoints
@@ -35,7 +37,13 @@ from gateway.layout_audit import AuditReport, audit
 from gateway.membership import ADMIN, join_all, leave
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
-from kvwire.openai_schema import BadRequest, NotFound, OpenAIError, Unauthorized
+from kvwire.openai_schema import (
+    BadRequest,
+    NotFound,
+    OpenAIError,
+    ServiceUnavailable,
+    Unauthorized,
+)
 from kvwire.request_edge import check_json_counts, parses_on_loop
 from policies.config import ConfigError, from_mapping
 
@@ -335,6 +343,16 @@ async def top(request: Request) -> Response:
                          "replicas": replicas})
 
 
+async def flush_cache(request: Request) -> Response:
+    """Flush every healthy replica's prefix cache, and forget what the policy believed
+    they held (``gateway.cache_flush``)."""
+    gw = _authorize(request)
+    if gw.monitor is None:  # (the gateway's lifespan not started, or ended)
+        raise ServiceUnavailable("the gateway is not serving", code="not_serving")
+    summary = await flush_replicas(gw, gw.monitor.session)
+    return JSONResponse(summary.as_json(), status_code=summary.status_code)
+
+
 def routes() -> list[Route]:
     return [
         Route("/admin/replicas", list_replicas, methods=["GET"]),
@@ -343,6 +361,7 @@ def routes() -> list[Route]:
         Route("/admin/explain", explain, methods=["POST"]),
         Route("/admin/prefix-report", prefix_report, methods=["GET"]),
         Route("/admin/top", top, methods=["GET"]),
+        Route("/flush_cache", flush_cache, methods=["POST"]),
     ]
 
 

@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.admin import AdminOff
 from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
 from gateway.discovery.runner import Discovery, build_source
@@ -502,6 +503,34 @@ async def ready(request: Request) -> Response:
                         headers=request_id_header(request))
 
 
+async def health_generate(request: Request) -> Response:
+    """SGLang's router's check that a replica can generate (SGLang's own runs one token):
+    /ready's answer, whether a healthy replica is there to take a request; under client
+    keys a client endpoint as the others, not a probe's."""
+    gw: GatewayState = request.app.state.gw
+    if gw.auth.on:
+        gw.auth.tenant_of(request)
+    return await ready(request)
+
+
+async def flush_cache(request: Request) -> Response:
+    """SGLang's router serves ``/flush_cache`` on its main port, to anyone; here it changes
+    what every replica holds, so it is an admin call, served on the admin listener alone
+    (a client without its key, under client keys, is told only that)."""
+    gw: GatewayState = request.app.state.gw
+    if gw.auth.on:
+        gw.auth.tenant_of(request)
+    if not request.app.state.admin_on:
+        raise AdminOff("POST /flush_cache (every replica's prefix cache flushed) is on the "
+                       "admin API, which is off: configure admin.token (or token_file, "
+                       "token_env), then POST /flush_cache to the admin listener "
+                       "(admin.host:admin.port) with 'Authorization: Bearer <admin token>'",
+                       code="admin_off")
+    raise AdminOff("POST /flush_cache (every replica's prefix cache flushed) is served on "
+                   "the admin listener only, with 'Authorization: Bearer <admin token>'",
+                   code="admin_listener_only")
+
+
 async def metrics(request: Request) -> Response:
     gw: GatewayState = request.app.state.gw
     headers = {"Content-Type": CONTENT_TYPE_LATEST}
@@ -591,6 +620,8 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/version", version, methods=["GET"]),
         Route("/invocations", invocations, methods=["POST"]),
         Route("/ready", ready, methods=["GET"]),
+        Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),
     ]
@@ -598,6 +629,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=boundary.handlers())
     app.router.redirect_slashes = False  # a path with a trailing / is a 404, not a redirect
     app.state.gw = gw
+    app.state.admin_on = config.admin.resolved_token() is not None  # (read as serve reads it)
     fast = _FastPath(app, boundary)
     cors = config.cors
     if not cors.allow_origins:
