@@ -34,6 +34,7 @@ from gateway.errors import ARRIVED, CountingBoundary, NoReplicaAvailable, counte
 from gateway.fleet import ModelInfo
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.generate_request import PATH as GENERATE_PATH
+from gateway.generate_request import counted_alike
 from gateway.intake import Intake, read_timed_body, take_in, take_place
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
@@ -196,8 +197,10 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
     asks_choices = n is None or (type(n) is int and n >= 1)
     # the replica's prompt tokens count what this gateway's do: not a response's stored
     # history (continued on the replica), nor images and audio (the gateway counts their
-    # placeholders); such an answer teaches the token calibration nothing
-    comparable = not _continues(intake.parsed) and not carries_media(intake.parsed.messages)
+    # placeholders), nor SGLang's n samples of one prompt (each counted whole); such an
+    # answer teaches the token calibration nothing
+    comparable = not _continues(intake.parsed) and not carries_media(intake.parsed.messages) \
+        and (intake.parsed.endpoint != "generate" or counted_alike(intake.parsed.body))
     # what the answer's end needs of the request: never ``intake`` itself, whose parsed
     # body (some 24 times its bytes) the stream would hold until it ends
     tenant = intake.tenant

@@ -131,6 +131,17 @@ def _prompt_of(body: dict[str, Any]) -> tuple[str | None, list[int] | None, int]
     return opaque_placeholder({key: body.get(key) for key in _PROMPT_FIELDS}), None, 1
 
 
+def counted_alike(body: Mapping[str, Any]) -> bool:
+    """Whether the prompt tokens a ``/generate`` answer reports count the prompt once, as
+    the gateway counts it: not where ``sampling_params.n`` asks several samples (SGLang
+    answers each with the whole prompt's count), nor with media (the replica counts
+    their tokens, the gateway a digest of them). Such an answer teaches the token
+    calibration nothing."""
+    params = body.get("sampling_params")
+    n = params.get("n") if isinstance(params, dict) else None
+    return n in (None, 1) and not any(body.get(field) for field in _MEDIA_FIELDS)
+
+
 def counts_of(answer: Any) -> Mapping[str, Any] | None:
     """An answer's counts as OpenAI's ``usage`` names them (None: it has none): its
     ``meta_info``, or the sum over a batch's answers."""

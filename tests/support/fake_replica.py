@@ -137,7 +137,12 @@ def fake_replica(b: Behaviour) -> Starlette:
         if not body.get("stream"):
             one = {"text": f"{b.name} ok", "meta_info": meta(b.chunks, True)}
             texts = body.get("text")
-            return JSONResponse([one] * len(texts) if isinstance(texts, list) else one)
+            # SGLang answers n samples of a prompt as a list, each counting the prompt
+            params = body.get("sampling_params")
+            n = params.get("n", 1) if isinstance(params, dict) else 1
+            answers = [one] * ((len(texts) if isinstance(texts, list) else 1) * n)
+            return JSONResponse(answers if len(answers) > 1 or isinstance(texts, list)
+                                else one)
 
         async def events():  # type: ignore[no-untyped-def]
             text = ""
