@@ -1,7 +1,8 @@
 """Client API keys: with any configured, every client endpoint (the OpenAI ``/v1/*`` ones
 and the pass-throughs: ``/generate``, ``/invocations``, ``/tokenize``, ``/pooling`` ...)
 needs ``Authorization: Bearer <key>``, and the key names the client's tenant; only the
-probes (``/health``, ``/ping``, ``/ready``, ``/version``) and ``/metrics`` stay open.
+probes (``/health``, ``/health_generate``, ``/ping``, ``/ready``, ``/version``) and ``/metrics``
+stay open.
 
 Keys come from the YAML, a file or an environment variable (``ClientKey``); requests are
 matched against their SHA-256 digests. A key read from a file or variable is not kept once
