@@ -1295,10 +1295,11 @@ class Proxy:
             if isinstance(exc, UpstreamUnreachable):
                 if self.fleet.eject(replica, str(exc)):
                     log.warning("replica %s ejected: %s", replica, exc)
-                raise _Retryable("connect", f"replica {replica!r} is unreachable: {exc}",
+                # the client is told the kind of failure; its detail (the address, the
+                # OS's or TLS's words) goes to the log and /admin/replicas
+                raise _Retryable("connect", f"replica {replica!r} {exc.cause}",
                                  "upstream_unreachable", unsent=True) from None
-            raise _Retryable("broken", f"replica {replica!r} broke the connection: "
-                             f"{exc.__class__.__name__}") from None
+            raise _Retryable("broken", f"replica {replica!r} {exc.cause}") from None
         except TimeoutError:
             _close(response)
             if patience is not None and patience.at_deadline:

@@ -23,13 +23,14 @@ gateway sends and its replicas answer:
 Errors: ``UpstreamUnreachable`` when no connection could be made (refused, unresolvable,
 or TLS failed: the replica is unreachable); ``UpstreamBroken`` when the connection broke or
 the answer was malformed; a connect that takes over ``connect_s`` is ``UpstreamBroken``
-too. An ``https`` replica's certificate is checked against the system's CAs and
-``tls.ca_file``'s (``replica_tls``), always. A request that finds a kept-alive connection
-closed under it before any byte of the answer came is sent again once on a new connection
-(the replica closed it idle as the request was sent), when the close came within
-``STALE_WINDOW_S`` of the send: a replica that held the request longer may have worked on
-it, and its close is a broken connection. The answer to a request sent again says so
-(``resent``).
+too. Each one's message is the detail, for the log; its ``cause``, a few words without
+addresses, is what a client is told. An ``https`` replica's certificate is checked against
+the system's CAs and ``tls.ca_file``'s (``replica_tls``), always. A request that finds a
+kept-alive connection closed under it before any byte of the answer came is sent again
+once on a new connection (the replica closed it idle as the request was sent), when the
+close came within ``STALE_WINDOW_S`` of the send: a replica that held the request longer
+may have worked on it, and its close is a broken connection. The answer to a request sent
+again says so (``resent``).
 """
 
 from __future__ import annotations
@@ -74,15 +75,28 @@ def replica_tls(tls: TlsConfig) -> ssl.SSLContext | None:
 
 
 class UpstreamFailure(Exception):
-    """The request to a replica failed (the base of the two below)."""
+    """The request to a replica failed (the base of the two below). Its message is the
+    detail, for the gateway's log and the admin API (addresses, the OS's or TLS's words);
+    ``cause`` what happened in a few words, for the client ("replica 'r0' <cause>")."""
+
+    cause = "failed"
+
+    def __init__(self, detail: str, cause: str | None = None) -> None:
+        super().__init__(detail)
+        if cause is not None:
+            self.cause = cause
 
 
 class UpstreamUnreachable(UpstreamFailure):
     """No connection to the replica could be made."""
 
+    cause = "is unreachable"
+
 
 class UpstreamBroken(UpstreamFailure):
     """The connection broke, or the answer was not HTTP the client understands."""
+
+    cause = "broke the connection"
 
 
 class _Stale(UpstreamBroken):
@@ -507,13 +521,13 @@ class _Origin:
                     server_hostname=self.host if self._ssl is not None else None)
         except TimeoutError:
             raise UpstreamBroken(f"no connection to {self.host}:{self.port} within "
-                                 f"{self._connect_s} s") from None
+                                 f"{self._connect_s} s", "timed out connecting") from None
         except ssl.SSLCertVerificationError as exc:
             raise UpstreamUnreachable(f"TLS with {self.host}:{self.port} failed: {exc}; "
-                                      f"{CA_FILE_HINT}") from None
+                                      f"{CA_FILE_HINT}", "is unreachable (TLS failed)") from None
         except ssl.SSLError as exc:
             raise UpstreamUnreachable(f"TLS with {self.host}:{self.port} failed: "
-                                       f"{exc}") from None
+                                       f"{exc}", "is unreachable (TLS failed)") from None
         except OSError as exc:  # refused, unreachable, unresolvable
             raise UpstreamUnreachable(f"cannot connect to {self.host}:{self.port}: "
                                        f"{exc}") from None
