@@ -70,9 +70,15 @@ def _read(value: str | None, file: str | None, env: str | None, as_file: str,
                 from None
     assert env is not None  # the one source given
     found = os.environ.get(env)
-    if found is None:
-        raise ValueError(f"{as_env} {env!r} is not set")
+    if found is None:  # (the name not shown: a secret written in its place would be)
+        raise ValueError(f"{as_env} {_unshown(env, 'a name')} is not set")
     return found.strip()
+
+
+def _unshown(source: str, kind: str) -> str:
+    """A file name or variable name an error does not show, as it names it: a secret
+    written in its place (``token_env: sk-...``) would be printed whole."""
+    return f"({kind} of {len(source):,} characters, not shown in case it is the secret)"
 
 
 def _too_large(file: str, as_file: str) -> ValueError:
@@ -92,8 +98,9 @@ def _read_file(file: str, as_file: str) -> bytes:
                          "path of a file that holds the secret") from None
     except FileTooLarge:
         raise _too_large(file, as_file) from None
-    except OSError as exc:
-        raise ValueError(f"{as_file} {file!r}: {exc.strerror}") from exc
+    except OSError as exc:  # a path that names nothing may be a secret written in its place
+        named = repr(file) if os.path.lexists(file) else _unshown(file, "a path")
+        raise ValueError(f"{as_file} {named}: {exc.strerror}") from None
 
 
 def resolve_bearer(value: str | None, file: str | None, env: str | None, name: str,
