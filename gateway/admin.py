@@ -349,7 +349,7 @@ async def flush_cache(request: Request) -> Response:
     gw = _authorize(request)
     if gw.monitor is None:  # (the gateway's lifespan not started, or ended)
         raise ServiceUnavailable("the gateway is not serving", code="not_serving")
-    summary = await flush_replicas(gw, gw.monitor.session)
+    summary = await flush_replicas(gw, gw.monitor.session, gw.monitor.tls)
     return JSONResponse(summary.as_json(), status_code=summary.status_code)
 
 

@@ -567,14 +567,15 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
             stack.callback(gw.proxy.close)
             if gw.box is None or gw.box.leader:  # with workers, one checks for the box
                 gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape,
-                                     gw.kv_capacity)
+                                     gw.kv_capacity, tls=upstream.tls)
                 stack.push_async_callback(gw.monitor.stop)
                 await gw.monitor.start()
                 stack.push_async_callback(discovery.stop)  # ... and discovers
                 await discovery.start()
             else:  # a follower checks nothing, but lists the models again on a miss, as
                 # one gateway does (``intake.check_model``): not started, no loops
-                gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape)
+                gw.monitor = Monitor(gw.fleet, session, config.health, config.scrape,
+                                     tls=upstream.tls)
                 stack.push_async_callback(gw.monitor.stop)
             if gw.box is not None:
                 stack.push_async_callback(gw.box.stop)

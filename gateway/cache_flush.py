@@ -21,6 +21,7 @@ is told; other gateway copies (``peers``) are not told either.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -72,9 +73,11 @@ def paths_for(state: ReplicaState) -> tuple[str, str]:
     return (SGLANG_PATH, VLLM_PATH) if dialect == "sglang" else (VLLM_PATH, SGLANG_PATH)
 
 
-async def flush_replicas(gw: GatewayState, session: aiohttp.ClientSession) -> FlushSummary:
-    """Flush every healthy replica's prefix cache (``session``: the gateway's own client)
-    and tell the policy which caches are empty now."""
+async def flush_replicas(gw: GatewayState, session: aiohttp.ClientSession,
+                         tls: ssl.SSLContext | bool = True) -> FlushSummary:
+    """Flush every healthy replica's prefix cache (``session``: the gateway's own client;
+    ``tls``: how https replicas' certificates are checked, the health checks' way) and
+    tell the policy which caches are empty now."""
     summary = FlushSummary()
     asked: list[list[ReplicaState]] = []
     for group in servers(gw.fleet):
@@ -82,7 +85,7 @@ async def flush_replicas(gw: GatewayState, session: aiohttp.ClientSession) -> Fl
             asked.append(group)
         else:
             summary.skipped += [{"replica": s.id, "reason": "unhealthy"} for s in group]
-    errors = await asyncio.gather(*(_flush(session, group[0]) for group in asked))
+    errors = await asyncio.gather(*(_flush(session, group[0], tls) for group in asked))
     for group, error in zip(asked, errors, strict=True):
         for state in group:
             if error is not None:
@@ -94,7 +97,8 @@ async def flush_replicas(gw: GatewayState, session: aiohttp.ClientSession) -> Fl
     return summary
 
 
-async def _flush(session: aiohttp.ClientSession, state: ReplicaState) -> str | None:
+async def _flush(session: aiohttp.ClientSession, state: ReplicaState,
+                 tls: ssl.SSLContext | bool) -> str | None:
     """Ask ``state``'s server to flush its prefix cache: None when it did, else why not."""
     first, second = paths_for(state)
     url = state.config.base_url
@@ -103,7 +107,7 @@ async def _flush(session: aiohttp.ClientSession, state: ReplicaState) -> str | N
         try:
             async with asyncio.timeout(FLUSH_TIMEOUT_S):
                 async with session.post(f"{url}{path}", headers=state.credentials | _UNENCODED,
-                                        allow_redirects=False) as resp:
+                                        allow_redirects=False, ssl=tls) as resp:
                     if 200 <= resp.status < 300:
                         return None
                     body = await resp.content.read(_SAID_BYTES)
