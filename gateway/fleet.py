@@ -37,6 +37,9 @@ worker copies its own into shared memory (``shared_load``) and a view sums them 
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
 import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -47,8 +50,10 @@ from gateway.calibration import TokenCalibration
 from gateway.config import ReplicaConfig
 from gateway.data_parallel import RANK_HEADER
 from gateway.fleet_events import FleetEvent, FleetListener, HealthChanged, ReplicaAdded
+from gateway.log_throttle import LogThrottle
 from gateway.replica_metrics import HitRateWindow, ScrapedMetrics, moved
 from gateway.shared_load import LoadTotals, SharedLoad
+from kvwire.secret_source import file_stamp
 from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView
 
 # seconds before a removed replica's slot in the workers' shared accounting is given to
@@ -58,6 +63,12 @@ from policies.base import ReplicaRemoved, ReplicaReset, ReplicaView
 # answer of thousands of records must not add them all
 MAX_REPLICAS = 4096
 SLOT_QUARANTINE_S = 10.0
+# a replica's api_key_file is looked at (one stat) at most this often, and read again when
+# it changed: a rotated Secret reaches the next request within a few health checks
+KEY_RECHECK_S = 5.0
+_KEY_WARN_S = 60.0  # a key file that cannot be read again: one warning a minute a replica
+
+log = logging.getLogger("kvgate.fleet")
 
 
 def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
@@ -122,7 +133,9 @@ class ReplicaState:
     window_s: float
     forward_auth: bool = True  # clients' Authorization headers may be sent to it
     source: str = "static"  # who added it: static, admin, or a discovery source's label
-    auth_failures: int = 0  # answers 401/403 to this gateway's own calls (a wrong api_key)
+    # answers 401/403 to the gateway's own calls, and to requests it sent with its key for
+    # the replica (a missing or wrong api_key): ``auth_refused``
+    auth_failures: int = 0
     healthy: bool = True
     # added at run time and not checked yet: out of routing until its first health check
     # passes (a replica still starting, or a wrong address, got requests meanwhile)
@@ -163,6 +176,14 @@ class ReplicaState:
     estimated_kv_replica_tokens: int | None = None  # see gateway.kv_capacity_estimate
     hits: HitRateWindow = field(init=False)
     credentials: dict[str, str] = field(init=False)  # headers carrying its api_key, if any
+    # its api_key_file as last read (``file_stamp``; None: no file, or not read) and when it
+    # was last looked at (monotonic), for ``recheck_key``; the last_error a refusal of the
+    # key set (``auth_refused``), which a new key clears
+    _key_stamp: tuple[int, int, int, int] | None = field(
+        default=None, init=False, repr=False, compare=False)
+    _key_checked_at: float = field(default=-math.inf, init=False, repr=False, compare=False)
+    _key_warned: LogThrottle | None = field(default=None, init=False, repr=False, compare=False)
+    _key_refusal: str | None = field(default=None, init=False, repr=False, compare=False)
     # the header that sends a request to its data-parallel rank (gateway.data_parallel)
     pinned: dict[str, str] = field(init=False)
     # the view's fields that change only with a scrape, a health change, a restart or a
@@ -172,6 +193,10 @@ class ReplicaState:
 
     def __post_init__(self) -> None:
         self.hits = HitRateWindow(self.window_s)
+        file = self.config.api_key_file
+        if file is not None:  # taken before the read: a change while reading is seen later
+            with contextlib.suppress(OSError):  # the read below names the file
+                self._key_stamp = file_stamp(file)
         key = self.config.resolved_api_key()
         self.credentials = {"authorization": f"Bearer {key}"} if key else {}
         rank = self.config.data_parallel_rank
@@ -190,6 +215,77 @@ class ReplicaState:
         if forward_client_auth and self.forward_auth:
             return client
         return _without_auth(client)
+
+    def recheck_key(self, now: float | None = None, refused: bool = False) -> bool:
+        """Read its ``api_key_file`` again where the file changed since it was read (a
+        rotated Secret: a new inode, size or modification time): looked at (one ``stat``)
+        at most every ``KEY_RECHECK_S`` (``now``: monotonic seconds), and at once when the
+        replica has just refused the gateway (``refused``). The next request, health check
+        and scrape send the key read. A file that cannot be read now, or holds no key (one
+        being rewritten), leaves the last key in use, with a warning naming the replica and
+        the file at most once a minute, and is read again once it changes. ``api_key`` and
+        ``api_key_env`` are read once, when the replica is added. True when the key
+        changed."""
+        file = self.config.api_key_file
+        if file is None:
+            return False
+        now = time.monotonic() if now is None else now
+        if not refused and now - self._key_checked_at < KEY_RECHECK_S:
+            return False
+        self._key_checked_at = now
+        try:
+            stamp = file_stamp(file)
+        except OSError as exc:
+            self._key_unread(f"api_key_file {file!r}: {exc.strerror}")
+            return False
+        if stamp == self._key_stamp:
+            return False
+        try:
+            key = self.config.resolved_api_key()
+        except ValueError as exc:  # names the file, never the key
+            self._key_unread(str(exc))
+            return False
+        if key is None and self.credentials:
+            self._key_unread(f"api_key_file {file!r} holds no key")
+            return False
+        self._key_stamp = stamp
+        credentials = {"authorization": f"Bearer {key}"} if key else {}
+        if credentials == self.credentials:  # rewritten with the same key
+            return False
+        self.credentials = credentials
+        if self._key_refusal is not None and self.last_error == self._key_refusal:
+            self.last_error = None  # the key refused is no longer sent
+        self._key_refusal = None
+        log.warning("replica %s: its api_key_file %r holds a new key, sent from now on",
+                    self.id, file)
+        return True
+
+    def _key_unread(self, why: str) -> None:
+        if self._key_warned is None:
+            self._key_warned = LogThrottle(_KEY_WARN_S)
+        held = self._key_warned.due()
+        if held is not None:
+            log.warning("replica %s: its key cannot be read again (%s); the key read before "
+                        "is still sent%s", self.id, why,
+                        f" ({held} such reads since the last warning)" if held else "")
+
+    def auth_refused(self, path: str, status: int) -> None:
+        """The replica answered ``status`` (401 or 403) to ``path``: one of the gateway's
+        own calls, or a request the gateway sent with its key for the replica. Counted in
+        ``auth_failures`` and said in ``last_error`` (logged unless it said a refusal
+        already), and its ``api_key_file`` looked at again at once (``recheck_key``)."""
+        self.auth_failures += 1
+        if self.credentials:
+            error = (f"{path} answered {status}: the replica refused the gateway's key for "
+                     "it; check its api_key (or the key its api_key_file or api_key_env "
+                     "holds) against the replica's")
+        else:
+            error = (f"{path} answered {status}: the replica wants an API key; set api_key "
+                     "(or api_key_file, api_key_env) for it")
+        if self._key_refusal is None or self.last_error != self._key_refusal:
+            log.warning("replica %s: %s", self.id, error)  # once, not per path refused
+        self.last_error = self._key_refusal = error
+        self.recheck_key(refused=True)
 
     @property
     def id(self) -> str:

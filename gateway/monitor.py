@@ -206,7 +206,11 @@ class Monitor:
 
     async def check_one(self, state: ReplicaState, *ranks: ReplicaState) -> None:
         """``state``'s /health, counted for it and for ``ranks`` (the other data-parallel
-        ranks of its server), then its model list where the answer calls for one."""
+        ranks of its server), then its model list where the answer calls for one. A
+        replica's ``api_key_file`` is looked at first, read again where it changed (a
+        rotated Secret; ``ReplicaState.recheck_key``, at most every ``KEY_RECHECK_S``)."""
+        for one in (state, *ranks):
+            one.recheck_key()
         ok, error = await self._probe(state)
         checked = [s for s in (state, *ranks) if self._current(s)]
         listing = []
@@ -370,13 +374,12 @@ class Monitor:
     @staticmethod
     def _refused(state: ReplicaState, path: str, status: int) -> None:
         """A non-200 to one of the gateway's own calls: never silent. 401/403 means the
-        replica wants a key the gateway lacks (or a different one)."""
+        replica wants a key the gateway lacks, or another (``ReplicaState.auth_refused``:
+        its key file is read again where it changed)."""
         if status in (401, 403):
-            state.auth_failures += 1
-            error = (f"{path} answered {status}: the replica wants an API key; set api_key "
-                     "(or api_key_file, api_key_env) for it")
-        else:
-            error = f"{path} answered {status}"
+            state.auth_refused(path, status)
+            return
+        error = f"{path} answered {status}"
         if state.last_error != error:
             log.warning("replica %s: %s", state.id, error)
         state.last_error = error

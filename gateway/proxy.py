@@ -328,7 +328,8 @@ class _Waiting:
 class _Retryable(Exception):
     """A replica failed before the client saw anything: try the next one. ``unsent``: the
     replica did not take the prompt (it shed load, was not reached, did not store what the
-    request continues, or answered a 5xx, a 3xx or a status under 100 before any byte),
+    request continues, refused the gateway's key for it, or answered a 5xx, a 3xx or a
+    status under 100 before any byte),
     and the policy takes the try back. A timeout (or the deadline, or an ejection while
     waiting), a connection broken once sent, and a stream opened with an error event (the
     replica took the prompt, and failed on it) are not: the replica may have queued or
@@ -1121,7 +1122,7 @@ class Proxy:
                 opened = await self._attempt(replica, state.config.base_url + path, body,
                                              sent, pending, wait, on_done,
                                              deadline if wait < left else None, signs,
-                                             stored_elsewhere, rest)
+                                             stored_elsewhere, rest, bool(state.credentials))
             except _Retryable as exc:
                 if exc.cause == "timeout" and attempts and wait < per_try:
                     # the request's deadline ran out, not the replica's wait: not its fault
@@ -1143,6 +1144,9 @@ class Proxy:
                     busy_after.append(exc.retry_after_s)
                     continue
                 if exc.cause == "not_stored":  # no fault of the replica's
+                    continue
+                if exc.cause == "auth":  # its key, not the request: said and counted there
+                    state.auth_refused(path, exc.status or 401)
                     continue
                 if exc.cause in REQUEST_MAY_CAUSE:
                     if suspect is not None:
@@ -1198,12 +1202,14 @@ class Proxy:
                        pending: Pending, wait: float,
                        on_done: Callable[[UpstreamStream, bool], None],
                        deadline: float | None, signs: AnswerSigns,
-                       stored_elsewhere: bool = False, rest: Sequence[str] = ()
-                       ) -> UpstreamStream:
+                       stored_elsewhere: bool = False, rest: Sequence[str] = (),
+                       keyed: bool = False) -> UpstreamStream:
         """One replica: its answer's first bytes, or _Retryable. ``wait`` is extended, up
         to ``deadline`` (monotonic; None: never), while the replica shows progress.
         ``rest``: the replicas a refusal of the prompt as too long for the replica's
-        context may go on to (``_ContextTooLong``)."""
+        context may go on to (``_ContextTooLong``). ``keyed``: ``headers`` carry the
+        gateway's own key for the replica, whose 401/403 then refuses that key, not the
+        client's: no answer to relay."""
         started = time.perf_counter()
         response: UpstreamResponse | None = None
         whole = _Held(_UNPARSED, None)  # a non-streamed answer held whole, read
@@ -1225,6 +1231,15 @@ class Proxy:
                                      "fleet_busy",
                                      _retry_after(response.headers.get("retry-after")),
                                      unsent=True)
+                if keyed and response.status in (401, 403):
+                    detail = await response.read(_ERROR_BODY_LIMIT)
+                    raise _Retryable("auth", f"replica {replica!r} refused the gateway's "
+                                     "credentials for it (it answered "
+                                     f"{response.status}{_error_message(detail)}): the "
+                                     "gateway's key for that replica is not one it takes "
+                                     "(the client's API key was not sent to it)",
+                                     "upstream_auth_failed",
+                                     status=response.status, unsent=True)
                 if response.status == 404 and stored_elsewhere:
                     detail = await response.read(_ERROR_BODY_LIMIT)
                     raise _Retryable("not_stored", f"replica {replica!r} answered 404"

@@ -103,6 +103,14 @@ def _read_file(file: str, as_file: str) -> bytes:
         raise ValueError(f"{as_file} {named}: {exc.strerror}") from None
 
 
+def file_stamp(file: str) -> tuple[int, int, int, int]:
+    """What tells that a secret file was rewritten or replaced since it was read: its
+    device, inode, size and modification time, through links (a mounted Kubernetes Secret
+    is updated by pointing a link at a new file). OSError as ``os.stat`` raises it."""
+    st = os.stat(file)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def resolve_bearer(value: str | None, file: str | None, env: str | None, name: str,
                    named: str, min_chars: int = 0,
                    labels: tuple[str, str, str] | None = None, *,
