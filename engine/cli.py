@@ -24,6 +24,7 @@ from engine.sim_executor import SimExecutor
 from kvwire.arg_types import port, positive_float, positive_int
 from kvwire.block_hashing import model_identity
 from kvwire.kv_event_format import ENCODINGS
+from kvwire.secret_source import exposed_file_warning
 
 if TYPE_CHECKING:
     from engine.server import EngineServer
@@ -300,6 +301,10 @@ def build_served(args: argparse.Namespace) -> Served:
     from engine.server import ServedBy, build_app
 
     api_key = resolve_api_key(args.api_key, args.api_key_file)
+    exposed = exposed_file_warning(args.api_key_file, "--api-key-file") \
+        if args.api_key_file else None
+    if exposed is not None:
+        logging.getLogger(__name__).warning("%s", exposed)
     server = build_server(args)
     app: Any = build_app(server, api_key=api_key, responses_store=StoreSettings(
         args.responses_store_limit, args.responses_store_mib << 20,

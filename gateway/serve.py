@@ -7,12 +7,16 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import ipaddress
 import logging
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from gateway.listen_sockets import listen_socket, passive_addresses
-from policies.config import ConfigError
+from kvwire.secret_source import exposed_file_warning
+from policies.config import ConfigError, is_secret_key
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -61,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
                 "tenancy.partitions name %s, which no configured replica has as its id: "
                 "their tenants get no replica until discovery or the admin API adds one "
                 "with that id", ", ".join(map(repr, unknown)))
+        for warning in exposed_secrets(config):
+            logging.getLogger("kvgate").warning("%s", warning)
         if config.capture.path is not None:
             from gateway.capture_log import CaptureLog
 
@@ -101,6 +107,51 @@ def run(args: argparse.Namespace) -> int:
     run_server(app, config, admin_app, drain, on_cutoff=gw.stop_relays,
                on_refused=gw.refused_by_server)
     return 0
+
+
+def exposed_secrets(config: GatewayConfig) -> list[str]:
+    """A warning, one line each, for a secret the config exposes: a ``*_file`` secret that
+    users other than its owner may read or write (``exposed_file_warning``), and a
+    replica's API key sent over plain http:// to a host that is not this machine's
+    (anyone on the path reads it)."""
+    warnings = [warning for where, path in _secret_files(config, "")
+                if (warning := exposed_file_warning(path, where)) is not None]
+    for i, replica in enumerate(config.replicas):
+        keyed = replica.api_key or replica.api_key_file or replica.api_key_env
+        url = urlsplit(replica.url)
+        if keyed and url.scheme == "http" and not _loopback(url.hostname or ""):
+            warnings.append(f"replicas[{i}] ({replica.id}) is sent its API key over plain "
+                            f"http:// to {url.hostname}, readable on the network: use "
+                            "https:// or a private network")
+    return warnings
+
+
+def _secret_files(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    """(key, path) of each secret kept in a file (a ``*_file`` key: ``admin.token_file``,
+    ``replicas[0].api_key_file`` ...) in the config dataclass ``value``, at ``where``."""
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from _secret_files(item, f"{where.removesuffix('.')}[{i}].")
+        return
+    if not dataclasses.is_dataclass(value):
+        return
+    for field in dataclasses.fields(value):
+        item = getattr(value, field.name)
+        if field.name.endswith("_file") and is_secret_key(field.name):
+            if isinstance(item, str) and item:
+                yield f"{where}{field.name}", item
+        else:
+            yield from _secret_files(item, f"{where}{field.name}.")
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (a URL's) is this machine: ``localhost`` or a loopback address."""
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _url(host: str, port: int) -> str:

@@ -10,6 +10,7 @@ the errors refusing a missing or wrong API key, alike from both servers."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 
 from kvwire.openai_schema import BadRequest, Unauthorized
@@ -109,6 +110,27 @@ def file_stamp(file: str) -> tuple[int, int, int, int]:
     is updated by pointing a link at a new file). OSError as ``os.stat`` raises it."""
     st = os.stat(file)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def exposed_file_warning(path: str, label: str) -> str | None:
+    """A one-line warning when the secret file ``path`` (given as ``label``) may be read or
+    written by users other than its owner, else None (also when it cannot be read: its
+    resolver names that). Warned of: read or write by others, and group write; group read
+    only where this process owns the file (where it does not, group read may be how it
+    reads it: a Kubernetes Secret mounted with ``fsGroup``)."""
+    try:
+        info = os.stat(path)  # (a link's target: a mounted Secret is a link to its file)
+    except OSError:
+        return None
+    mode = stat.S_IMODE(info.st_mode)
+    exposed = stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP
+    if info.st_uid == os.geteuid():
+        exposed |= stat.S_IRGRP
+    if not mode & exposed:
+        return None
+    return (f"{label} {path!r} has permissions {mode:04o}: users other than its owner may "
+            "read or write the secret in it; chmod 600 it (640 where the process reads it as "
+            "its group)")
 
 
 def resolve_bearer(value: str | None, file: str | None, env: str | None, name: str,
