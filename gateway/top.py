@@ -31,7 +31,7 @@ from rich.text import Text
 
 from gateway.top_window import TopWindow, number, replica_id
 from kvwire.arg_types import float_between
-from kvwire.secret_source import check_bearer
+from kvwire.secret_source import check_bearer, resolve_secret
 from kvwire.terminal_text import printable
 
 TOKEN_ENV = "KVGATE_ADMIN_TOKEN"
@@ -66,8 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin", type=admin_url, default="http://127.0.0.1:8001",
                         help="the gateway's admin listener: http://admin.host:admin.port "
                              "(or host:port)")
-    parser.add_argument("--token", default=None,
-                        help=f"the admin token (default: ${TOKEN_ENV})")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument("--token", default=None,
+                       help=f"the admin token (default: ${TOKEN_ENV}; a flag's value is "
+                            "seen by the machine's other users in ps)")
+    token.add_argument("--token-file", default=None, metavar="PATH",
+                       help="a file holding the admin token (a mounted Secret's, say)")
     parser.add_argument("--interval", type=_SECONDS, default=1.0,
                         help="seconds between reads (0.05 to 86400)")
     parser.add_argument("--window", type=_SECONDS, default=10.0,
@@ -237,17 +241,30 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
     return Group(*parts)
 
 
+def _token(args: argparse.Namespace) -> str:
+    """The admin token: ``--token``'s, ``--token-file``'s, else ``$KVGATE_ADMIN_TOKEN``'s,
+    stripped as the gateway strips its own (a file's line end, a Windows one too); "" for
+    none. ValueError naming the file (never the token) that cannot be read or holds none."""
+    if args.token_file is None:
+        return (args.token or os.environ.get(TOKEN_ENV) or "").strip()
+    token = resolve_secret(None, args.token_file, None, "token",
+                           ("--token", "--token-file", TOKEN_ENV))
+    if token is None:
+        raise ValueError(f"--token-file {args.token_file!r} holds no token")
+    return token
+
+
 def run(args: argparse.Namespace) -> int:
-    # stripped as the gateway strips its own (a file's line end, a Windows one too)
-    token = (args.token or os.environ.get(TOKEN_ENV) or "").strip()
-    if not token:
-        print(f"kvgate top: give the admin token with --token or ${TOKEN_ENV}",
-              file=sys.stderr)
-        return 2
-    try:  # else urllib's error would quote the header, token and all
-        check_bearer(token, "the admin token")
+    try:
+        token = _token(args)
+        if token:  # else urllib's error would quote the header, token and all
+            check_bearer(token, "the admin token")
     except ValueError as exc:
         print(f"kvgate top: {exc}", file=sys.stderr)
+        return 2
+    if not token:
+        print(f"kvgate top: give the admin token with --token-file, ${TOKEN_ENV} or "
+              "--token", file=sys.stderr)
         return 2
     window = TopWindow(args.window)
     console = Console()
