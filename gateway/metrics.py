@@ -135,7 +135,8 @@ class _FleetCollector(Collector):
                                      labels=["replica"])
         refused = CounterMetricFamily(
             "kvgate_replica_auth_failures", "Answers 401/403 to the gateway's own calls to "
-            "the replica (/metrics, /v1/models): its api_key is missing or wrong",
+            "the replica (/metrics, /v1/models), and to requests sent with the key the "
+            "gateway holds for it: its api_key is missing or wrong",
             labels=["replica"])
         hits_per_s = queries_per_s = 0.0
         ratio = self.fleet.calibration.ratio()
