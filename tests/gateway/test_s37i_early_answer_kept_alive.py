@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 
+from tests.support.raw_answers import read_answer
 from tests.support.servers import gateway_server
 from tests.support.waiting import wait_until
 
@@ -37,23 +38,6 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-def read_answer(sock: socket.socket) -> bytes:
-    """One whole answer with a length (head and body)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed after {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed after {data!r}"
-        body += chunk
-    return head + b"\r\n\r\n" + body
 
 
 def closed_by_server(sock: socket.socket) -> bool:
