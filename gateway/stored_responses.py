@@ -137,9 +137,9 @@ async def stored_response(request: Request) -> Response:
     forwarded = upstream_headers(request, gw.trusted_proxies,
                                  (gw.tenancy.config.header, tenant))
     body = await request.body()  # a cancel's (empty); none on the others
-    assert gw.monitor is not None and gw.proxy is not None
+    assert gw.monitor is not None
     session = gw.monitor.session
-    tls = gw.proxy.client.tls  # https replicas checked as proxied requests check them
+    tls = gw.monitor.tls  # https replicas checked as health checks and proxied requests are
     timeouts = gw.config.timeouts
     limit = aiohttp.ClientTimeout(total=timeouts.stall_s, sock_connect=timeouts.connect_s)
     bound = answer_bound(gw.config)
