@@ -26,6 +26,8 @@ def test_a_models_entries_are_not_objects_the_collector_tracks() -> None:
 
 
 def test_entries_replaced_on_a_touch_keep_what_they_held() -> None:
+    """A guard of the rewrite, not of a defect (it passed before it too): an entry
+    replaced on a touch keeps its size, owner and pending admissions."""
     model = ReplicaCacheModel(capacity=100)
     pending: list[tuple[int, int]] = []
     model.admit([ChainEntry(1, 10), ChainEntry(2, 10)], owner=7, pending=pending)
