@@ -10,6 +10,7 @@ the errors refusing a missing or wrong API key, alike from both servers."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Iterable
 
@@ -71,9 +72,16 @@ def _read(value: str | None, file: str | None, env: str | None, as_file: str,
                 from None
     assert env is not None  # the one source given
     found = os.environ.get(env)
-    if found is None:  # (the name not shown: a secret written in its place would be)
-        raise ValueError(f"{as_env} {_unshown(env, 'a name')} is not set")
+    if found is None:  # (a name not shown unless it looks like one: a secret written in
+        # its place would be)
+        named = repr(env) if _ENV_NAME.fullmatch(env) else _unshown(env, "a name")
+        raise ValueError(f"{as_env} {named} is not set")
     return found.strip()
+
+
+# what a variable's name is written like, and a key (hex, base64, "sk-...") is not: upper
+# case letters, digits and underscores, up to 48 of them
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,47}")
 
 
 def _unshown(source: str, kind: str) -> str:

@@ -136,7 +136,7 @@ def test_dns_targets() -> None:
      "discovery[0].replica: base_path 'v' must start with '/'"),
     ({"type": "kubernetes", "service": "a", "replica": {"weight": 0}}, "weight must be > 0"),
     ({"type": "kubernetes", "service": "a", "replica": {"api_key_env": "NOT_SET_ANYWHERE"}},
-     "api_key_env (a name of 16 characters, not shown in case it is the secret) is not set"),
+     "api_key_env 'NOT_SET_ANYWHERE' is not set"),
     ({"type": "kubernetes", "service": "a", "watch": True}, "unknown key 'watch'"),
     ({"type": "kubernetes", "label_selector": "app=e", "kv_events_replay_port_name":
       "kv-events-replay"}, "kv_events_replay_port_name 'kv-events-replay' is no container "
