@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,8 +14,8 @@ import httpx
 import pytest
 
 from gateway.upstream_http import UpstreamBroken, UpstreamClient, UpstreamUnreachable
-from tests.support.binaries import which
 from tests.support.gateway_harness import AUTH, start_gateway
+from tests.support.private_ca import make_certs
 from tests.support.servers import ThreadServer, free_port
 
 Serve = Callable[..., ThreadServer]
@@ -25,17 +24,10 @@ BODY = {"model": "m", "prompt": "hi", "max_tokens": 1}
 
 @pytest.fixture
 def untrusted_tls(tmp_path: Path) -> Iterator[int]:
-    """A TLS listener whose self-signed certificate no one trusts: its port."""
-    openssl = which("openssl", "apt-get install openssl")
-    if openssl is None:
-        pytest.skip("no openssl binary to make a certificate with")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-keyout", str(key),
-                    "-out", str(cert), "-subj", "/CN=replica",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    """A TLS listener whose certificate a private CA no one trusts signed: its port."""
+    certs = make_certs(tmp_path)
     served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    served.load_cert_chain(cert, key)
+    served.load_cert_chain(certs.cert, certs.key)
     listener = socket.create_server(("127.0.0.1", 0))
     port = int(listener.getsockname()[1])
     done = threading.Event()
