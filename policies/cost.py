@@ -307,7 +307,8 @@ class Cost(Policy):
         index = self._index_of(ids)
         prep = self._prepare(request)
         p = max(1, request.prompt_tokens)
-        hot = self._hot(prep.key, prep.seen)
+        scale = self._fleet_scale(settled=False)  # (read once for the decision)
+        hot = self._hot(prep.key, prep.seen, scale)
         pace = self._pace.value_s
         points, distinct = ring.points, len(ring)
 
@@ -396,7 +397,7 @@ class Cost(Policy):
             if cfg.eviction_survival and not hot and now is not None and len(self._placement) \
             else 0.0
         churn_scale = 1.0 if hot or not evicts else self._fleet_scale()
-        hot_owner = self._hot_owner()
+        hot_owner = self._hot_owner(scale)
         inf = math.inf
 
         def score(batch: list[int], first_order: int) -> None:
@@ -728,16 +729,15 @@ class Cost(Policy):
             raise ValueError("no healthy replica to choose from")
         return best, outside if outside >= 0 else best
 
-    def _hot_owner(self) -> Callable[[int], bool]:
+    def _hot_owner(self, scale: float) -> Callable[[int], bool]:
         """Whether a cache entry's owner (a prefix key) is hot: ``_hot`` of its count,
         with the owners found hot kept until the sketch halves (counts only grow
-        between two halvings)."""
+        between two halvings); ``scale``: ``_hot``'s, the decision's."""
         sketch = self._sketch
         halvings, hot = self._hot_owners
         if halvings != sketch.halvings:
             hot = set()
             self._hot_owners = (sketch.halvings, hot)
-        scale = self._fleet_scale(settled=False)
 
         def counts(owner: int) -> bool:
             if owner in hot:
