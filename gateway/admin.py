@@ -60,9 +60,13 @@ def _authorize(request: Request) -> GatewayState:
     if not token:
         raise AdminOff("the admin API is off: configure admin.token (or token_file, "
                        "token_env)", code="admin_off")
-    # as client API keys are read, compared in constant time
-    if not hmac.compare_digest(presented_bearer(request).encode(), token.encode()):
-        raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'",
+    # as client API keys are read, compared in constant time; the refusal says whether a
+    # token came at all (the caller knows that already), never how the one sent differs
+    presented = presented_bearer(request)
+    if not hmac.compare_digest(presented.encode(), token.encode()):
+        told = "the bearer token sent is not the admin token" if presented else \
+            "no bearer token was sent (no Authorization header, another scheme, or none after it)"
+        raise Unauthorized(f"{told}: admin endpoints need 'Authorization: Bearer <admin token>'",
                            code="invalid_admin_token")
     return gw
 
