@@ -27,6 +27,17 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("loadtests.plan", "size a fleet's cache for a workload; recommend a policy"),
     "top": ("gateway.top", "a live view of the fleet through the gateway's admin API"),
 }
+# an optional dependency's import name -> the extra that installs it (pyproject.toml)
+EXTRAS = {"torch": "engine", "triton": "engine", "safetensors": "engine",
+          "locust": "loadtest", "matplotlib": "loadtest",
+          "kubernetes_asyncio": "kubernetes", "opentelemetry": "otel"}
+
+
+def _unavailable(name: str, exc: ImportError) -> str:
+    """Why ``kvgate NAME`` cannot run, with the extra that installs what it lacks."""
+    extra = EXTRAS.get((exc.name or "").partition(".")[0])
+    hint = f": pip install 'kvgate[{extra}]'" if extra else ""
+    return f"kvgate {name} is unavailable ({exc}){hint}"
 
 
 def build_parser(argv: list[str] | None = None
@@ -44,8 +55,9 @@ def build_parser(argv: list[str] | None = None
             continue  # import only the module of the subcommand being run
         try:
             module = importlib.import_module(module_name)
-        except ImportError as exc:
-            p.set_defaults(_missing=f"kvgate {name} is unavailable: {exc}")
+        except ImportError as exc:  # its arguments are unknown: any are taken (see main)
+            p.description = _unavailable(name, exc)
+            p.set_defaults(_missing=p.description)
             continue
         module.add_arguments(p)
         modules[name] = module
@@ -54,13 +66,15 @@ def build_parser(argv: list[str] | None = None
 
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser(argv)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=str(args.log_level).upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args, unknown = parser.parse_known_args(argv)
     missing = getattr(args, "_missing", None)
-    if missing:
+    if missing:  # whatever arguments follow: they are the unloaded subcommand's
         print(missing, file=sys.stderr)
         return 2
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    logging.basicConfig(level=str(args.log_level).upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run: Callable[[argparse.Namespace], int] = modules[args.command].run
     try:
         return int(run(args) or 0)
