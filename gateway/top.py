@@ -112,6 +112,11 @@ def fetch(admin: str, token: str, timeout_s: float = FETCH_TIMEOUT_S) -> dict[st
             message = f"{answer.reason} (a body over {_MAX_ERROR_BYTES} bytes, not read)"
         else:
             message = _error_message(answer.body) or answer.reason
+        if answer.status == 404:  # a listener without the admin API: the client port, say
+            raise AdminError(f"{url} answered 404 ({message}): `kvgate top` reads the "
+                             "gateway's admin listener (admin.listen in its config, with "
+                             "the admin token), not its client port; give that address "
+                             "with --admin")
         raise AdminError(f"{admin} answered {answer.status}: {message}")
     if answer.body is None:
         raise AdminError(f"{url} answered over {MAX_SNAPSHOT_BYTES} bytes, not read: no "
