@@ -1,7 +1,9 @@
 """DNS discovery: a headless Service's A (else AAAA) records, re-resolved every ``interval_s``.
 
 Resolved with dnspython's asyncio resolver (pure Python, on the event loop, never
-blocking it; nameservers and their port can be set, which the tests need). A lookup that
+blocking it; nameservers and their port can be set, which the tests need). It asks the
+DNS servers themselves (``/etc/resolv.conf``'s, else ``nameservers``), never
+``/etc/hosts``: a name that only the hosts file holds is NXDOMAIN, and says so. A lookup that
 fails, or that finds no address at all, keeps the last set: a DNS outage never empties
 the fleet. It is counted and logged (``SourceStats``). A replica missing from an answer
 is removed once it is missing from ``remove_after`` answers in a row (``RemovalGrace``).
@@ -63,6 +65,10 @@ class DNSSource:
                     lifetime=self.config.timeout_s)
             except dns.resolver.NoAnswer:
                 continue  # the name exists, with no record of this type
+            except dns.resolver.NXDOMAIN as exc:
+                raise DNSLookupFailed(f"{record_type} {self.config.name}: "
+                                      f"{exc.__class__.__name__}: {exc} ({self._asked()})"
+                                      ) from exc
             except dns.exception.DNSException as exc:
                 raise DNSLookupFailed(f"{record_type} {self.config.name}: "
                                       f"{exc.__class__.__name__}: {exc}") from exc
@@ -71,6 +77,12 @@ class DNSSource:
             raise DNSLookupFailed(f"{self.config.name} has no "
                                   f"{'/'.join(self.config.record_types)} record")
         return found
+
+    def _asked(self) -> str:
+        """Whom a lookup asks: the DNS servers themselves, never the hosts file."""
+        servers = ", ".join(str(server) for server in self._resolver.nameservers)
+        return (f"asked DNS server {servers} port {self._resolver.port} directly; "
+                "/etc/hosts is not read, so a name only it holds (localhost) is not found")
 
     async def run(self, publish: Publish) -> None:
         """Resolve, publish, sleep; until cancelled."""
