@@ -113,11 +113,12 @@ def exposed_secrets(config: GatewayConfig) -> list[str]:
     """A warning, one line each, for a secret the config exposes: a ``*_file`` secret that
     users other than its owner may read or write (``exposed_file_warning``), and a
     replica's API key sent over plain http:// to a host that is not this machine's
-    (anyone on the path reads it)."""
+    (anyone on the path reads it): a key the replica has now (an empty one is none, and
+    none is sent), or a key file, which may hold one once rewritten."""
     warnings = [warning for where, path in _secret_files(config, "")
                 if (warning := exposed_file_warning(path, where)) is not None]
     for i, replica in enumerate(config.replicas):
-        keyed = replica.api_key or replica.api_key_file or replica.api_key_env
+        keyed = replica.api_key_file or replica.resolved_api_key() is not None
         url = urlsplit(replica.url)
         if keyed and url.scheme == "http" and not _loopback(url.hostname or ""):
             warnings.append(f"replicas[{i}] ({replica.id}) is sent its API key over plain "
