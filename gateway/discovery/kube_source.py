@@ -141,6 +141,12 @@ async def _refusal(resp: aiohttp.ClientResponse) -> str:
     return str(resp.reason)
 
 
+def _any_file(paths: str) -> bool:
+    """Whether any of ``paths`` (a kubeconfig list, as $KUBECONFIG writes it) exists."""
+    return any(os.path.exists(os.path.expanduser(path))
+               for path in paths.split(k8s_kube_config.ENV_KUBECONFIG_PATH_SEPARATOR) if path)
+
+
 class KubernetesSource:
     def __init__(self, config: KubernetesSourceConfig) -> None:
         self.config = config
@@ -174,9 +180,19 @@ class KubernetesSource:
                 # provider refreshed (OIDC, GCP) raises TypeError (its persister takes no
                 # argument), and would rewrite the operator's file (a mounted Secret:
                 # read-only); the refreshed token is kept in memory, for this client
-                loader = await on_own_loop(k8s_config.load_kube_config(
-                    config_file=self.config.kubeconfig, context=self.config.context,
-                    client_configuration=conf, persist_config=False))
+                paths = self.config.kubeconfig or k8s_kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+                try:
+                    loader = await on_own_loop(k8s_config.load_kube_config(
+                        config_file=paths, context=self.config.context,
+                        client_configuration=conf, persist_config=False))
+                except ConfigException as exc:
+                    # no file at all reads as "Invalid kube-config ... current-context"
+                    if not await asyncio.to_thread(_any_file, paths):
+                        raise ConfigException(
+                            f"no kubeconfig file at {paths!r} (the source's kubeconfig, "
+                            "else $KUBECONFIG, else ~/.kube/config; in a pod with neither "
+                            "kubeconfig nor context set, its service account)") from exc
+                    raise
                 if self.config.namespace is None:  # the context in use's, else default
                     context = (loader.current_context or {}).get("context") or {}
                     self._namespace = str(context.get("namespace") or "default")
