@@ -134,6 +134,13 @@ class ReplicaConfig:
             raise ValueError(f"url {url} has a bad port") from None
         if port == 0:
             raise ValueError(f"url {url} has port 0, which cannot be connected to")
+        path = parts.path.rstrip("/")
+        if path.rpartition("/")[2] == "v1":  # an OpenAI client's base_url, not a replica's
+            fixed = shown_url(self.url.rstrip("/").removesuffix("/v1"))
+            raise ValueError(
+                f"url {url} of replica {self.id!r} ends in /v1, which the gateway adds "
+                f"itself: it would send /v1/chat/completions to {path}/v1/chat/completions "
+                f"and check {path}/health; write the replica's address without it, {fixed}")
         if not 0 < self.weight <= MAX_WEIGHT:
             raise ValueError(f"weight must be > 0 and at most {MAX_WEIGHT:g} (a relative "
                              f"share: a ring holds vnodes x weight points), got {self.weight!r}")

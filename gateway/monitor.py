@@ -223,10 +223,10 @@ class Monitor:
     async def _probe(self, state: ReplicaState) -> tuple[bool, str | None]:
         cfg = self.health_cfg
         ok, error = True, None
+        url = f"{state.config.base_url}/health"  # named in each failure: where it went
         try:
             async with asyncio.timeout(cfg.timeout_s):
-                async with self.session.get(f"{state.config.base_url}/health",
-                                            headers=state.credentials | _UNENCODED,
+                async with self.session.get(url, headers=state.credentials | _UNENCODED,
                                             allow_redirects=False, ssl=self.tls) as resp:
                     read = 0  # a body without end (a URL that reaches a stream) is left
                     async for chunk in resp.content.iter_chunked(1 << 16):
@@ -234,14 +234,14 @@ class Monitor:
                         if read > HEALTH_BYTES:
                             break
                     if resp.status != 200:
-                        ok, error = False, f"/health answered {resp.status}"
+                        ok, error = False, f"GET {url} answered {resp.status}"
         except TimeoutError:
-            ok, error = False, f"/health timed out after {cfg.timeout_s} s"
+            ok, error = False, f"GET {url} timed out after {cfg.timeout_s} s"
         except aiohttp.ClientConnectorCertificateError as exc:
-            ok, error = False, f"/health failed: {exc.__class__.__name__}: {exc}; " \
+            ok, error = False, f"GET {url} failed: {exc.__class__.__name__}: {exc}; " \
                 f"{CA_FILE_HINT}"
         except aiohttp.ClientError as exc:
-            ok, error = False, f"/health failed: {exc.__class__.__name__}: {exc}"
+            ok, error = False, f"GET {url} failed: {exc.__class__.__name__}: {exc}"
         return ok, error
 
     def _counted(self, state: ReplicaState, ok: bool, error: str | None) -> bool:

@@ -57,7 +57,7 @@ def test_a_key_file_others_may_read_is_warned_of(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("url, warned", [
-    ("http://10.0.0.7:8000", True), ("http://vllm.internal:8000/v1", True),
+    ("http://10.0.0.7:8000", True), ("http://vllm.internal:8000/vllm", True),
     ("http://[2001:db8::1]:8000", True), ("https://10.0.0.7:8000", False),
     ("http://127.0.0.1:8000", False), ("http://[::1]:8000", False),
     ("http://localhost:8000", False)])
