@@ -134,11 +134,15 @@ def format_report(report: AuditReport) -> str:
     for n, f in enumerate(report.findings, 1):
         who = f"model {printable(f.model)}" + (
             f", tenant {printable(f.tenant)}" if f.tenant else "")
+        needs = " and ".join(f"the {c} at token {at}" for c, at in f.needs)
+        needs = f", with {needs} fixed too" if needs else ""
         lines += ["",
                   f"{n}. {f.cause} at token {f.position} ({who}): {f.requests_affected} "
-                  f"requests, {f.tokens_lost} tokens lost",
+                  f"requests, {f.tokens_lost} tokens lost{needs}",
                   f"   {printable(f.context)}",
                   f"   fix: {ADVICE[f.cause]}"]
+        lines += [f"   fix ({c}): {ADVICE[c]}" for c in dict.fromkeys(c for c, _ in f.needs)
+                  if c != f.cause]
     return "\n".join(lines)
 
 

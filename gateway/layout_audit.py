@@ -12,9 +12,12 @@ edit is applied and the shared prefix measured again, in the earlier prompt's to
 tokens it grows by, less a moved-out value's own tokens and counted only past what ``b``
 already shares with any earlier request, are the divergence's ``tokens_lost``; it counts
 when they reach ``min_tokens_lost``. Edits are applied in turn (a later divergence is
-counted as if the earlier ones were fixed), and the comparison that would gain most is
-kept. Divergences of one cause in one group (and, for a value, at one place) form a
-finding.
+counted as if the earlier ones were fixed, and names them in ``needs``), and the comparison
+that would gain most is kept. A divergence that gains too little alone because a later one
+still breaks the prefix (a timestamp, then a request id a few tokens on) is not dropped: it
+is where the prompts part, so it takes the tokens the later ones gain with it, and names
+them in ``needs``; no later divergence claims tokens that an earlier one still loses.
+Divergences of one cause in one group (and, for a value, at one place) form a finding.
 
 Cost is bounded: the last ``max_requests`` requests, prompts cut at ``max_prompt_chars``,
 ``candidates`` comparisons and ``max_fixes`` edits per request; each prompt is encoded
@@ -26,8 +29,8 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 from gateway.audit_index import AuditGroup, AuditPrompt
 from gateway.capture import CaptureRecord
@@ -70,6 +73,14 @@ class AuditLimits:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+class Needed(NamedTuple):
+    """Another divergence of the same prompts that must be fixed too for a finding's
+    ``tokens_lost``: its cause and token position."""
+
+    cause: str
+    position: int
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     cause: str
@@ -79,12 +90,15 @@ class Finding:
     tokens_lost: int
     model: str
     tenant: str | None
+    # the other divergences (earlier ones, and later ones it gains with) fixed in the count
+    needs: tuple[Needed, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {"cause": self.cause, "position": self.position, "context": self.context,
                 "requests_affected": self.requests_affected,
                 "tokens_lost": self.tokens_lost, "model": self.model,
-                "tenant": self.tenant, "advice": ADVICE[self.cause]}
+                "tenant": self.tenant, "advice": ADVICE[self.cause],
+                "needs": [n._asdict() for n in self.needs]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +123,7 @@ class _Divergence:
     context: str
     tokens_lost: int
     site: int  # where in the text a value starts (timestamp, uuid, other), else -1
+    needs: tuple[Needed, ...]
 
 
 def render(record: CaptureRecord, tokenizer: PromptTokenizer, max_chars: int
@@ -165,6 +180,13 @@ class _Auditor:
         one token that may merge across the point where they part)."""
         text = b.text
         found: list[_Divergence] = []
+        applied: list[Needed] = []  # every fix so far, in order
+        # fixes since the last one counted, gaining too little so far: the first of them
+        # takes what they gain together (it is where the prompts part)
+        pending: list[tuple[Needed, str, int]] = []  # with its context and site
+        gained = 0
+        shift = 0  # len(text) - len(b.text): b's own text lies ``shift`` before a fix's span
+        fixed_to = 0  # in b.text: where the last fix's span ends
         for _ in range(self.limits.max_fixes):
             at = common_prefix_chars(a.text, text)
             if at >= len(a.text) or at >= len(text):
@@ -173,18 +195,27 @@ class _Auditor:
             if fix is None:
                 break
             before = a.tokens_within(at)
-            context = _context(text, fix)
+            # the text around it as b has it: not with the earlier fixes applied
+            own = replace(fix, start=fix.start - shift, end=fix.end - shift)
+            context = _context(b.text, own) if own.start >= fixed_to else _context(text, fix)
             text = fix.apply(text)
+            shift += len(fix.replacement) - (fix.end - fix.start)
+            fixed_to = max(fixed_to, own.end)
             after = a.tokens_within(common_prefix_chars(a.text, text))
             # a moved-out value's own tokens: in a, from where it starts
             moved = (a.tokens_within(fix.start + len(fix.replacement))
                      - a.tokens_within(fix.start)) if fix.moves_out else 0
             if after <= before:
                 break
-            gained = after - max(before, shared) - moved
+            gained += max(0, after - max(before, shared)) - moved
+            pending.append((Needed(fix.cause, before), context,
+                            fix.start if fix.moves_out else -1))
             if gained >= self.limits.min_tokens_lost:
-                site = fix.start if fix.moves_out else -1
-                found.append(_Divergence(b.index, fix.cause, before, context, gained, site))
+                (first, context, site), later = pending[0], [n for n, _, _ in pending[1:]]
+                found.append(_Divergence(b.index, first.cause, first.position, context,
+                                         gained, site, tuple(applied + later)))
+                applied += [n for n, _, _ in pending]
+                pending, gained = [], 0
             shared = max(shared, after)
         return found
 
@@ -242,6 +273,7 @@ def _findings(hits: Mapping[tuple[str, str | None, str], Sequence[_Divergence]]
         example = next(d for d in found if d.position == position)
         affected = len({d.request for d in found})
         findings.append(Finding(cause, position, example.context, affected,
-                                sum(d.tokens_lost for d in found), model, tenant))
+                                sum(d.tokens_lost for d in found), model, tenant,
+                                example.needs))
     findings.sort(key=lambda f: -f.tokens_lost)
     return tuple(findings)
