@@ -1,7 +1,9 @@
 """``kvgate audit LOG [LOG ...] [--json] [--tokenizer PATH]``: the prompt-layout audit of a
 capture log (``capture: {path: ...}`` in the gateway's config; give ``PATH.1`` too to
 read the rotated part, and with worker processes every worker's ``PATH.w<i>`` and
-``PATH.w<i>.1``: their requests are merged by time). See ``gateway.layout_audit`` for
+``PATH.w<i>.1``: their requests are merged by time). A log named that does not exist
+(``PATH.1`` before the first rotation) is left out, and said so; only when none exists is
+it an error. See ``gateway.layout_audit`` for
 what it finds and how it counts; only the last ``--max-requests`` requests are read. A
 line longer than ``--max-line-mb`` (``MAX_LINE_BYTES``, 256 MiB, by default: twice the
 longest line a gateway writes with the default ``capture.max_mb``, which keeps none over
@@ -13,9 +15,10 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import os
 import sys
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +66,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-line-mb", type=float, default=MAX_LINE_BYTES / _MIB,
                         help="skip (and count) a line longer than this, never holding it "
                         "whole (default %(default)g)")
+
+
+def find_logs(named: Sequence[str]) -> tuple[list[Path], list[str]]:
+    """The logs to read of those ``named`` (each once), and the names of those that do not
+    exist, left out; ``FileNotFoundError`` when none does."""
+    logs: list[Path] = []
+    missing: list[str] = []
+    for name in dict.fromkeys(named):
+        try:
+            os.stat(name)
+        except FileNotFoundError:
+            missing.append(name)
+            continue
+        except OSError:  # another error (a denied directory): reading it tells it
+            pass
+        logs.append(Path(name))
+    if not logs:
+        raise FileNotFoundError(f"no such file: {', '.join(missing)}")
+    return logs, missing
 
 
 def read_records(paths: Iterable[Path], keep: int, max_line_bytes: int = MAX_LINE_BYTES,
@@ -156,9 +178,13 @@ def run(args: argparse.Namespace) -> int:
         if not 1 <= args.max_line_mb * _MIB < 1 << 62:  # a byte at least
             raise ValueError(f"--max-line-mb must be from {1 / _MIB:.2g} (one byte) to "
                              f"{1 << 42} MiB, got {args.max_line_mb!r}")
+        logs, missing = find_logs(args.logs)
+        if missing:
+            print(f"kvgate audit: no such file, left out: {', '.join(missing)}",
+                  file=sys.stderr)
         tokenizer = load_tokenizer(args.tokenizer)
-        records, bad = read_records([Path(p) for p in args.logs], limits.max_requests,
-                                    int(args.max_line_mb * _MIB), long_lines)
+        records, bad = read_records(logs, limits.max_requests, int(args.max_line_mb * _MIB),
+                                    long_lines)
     except (ValueError, OSError, OverflowError) as exc:
         print(f"kvgate audit: {exc}", file=sys.stderr)
         return 2
@@ -167,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
               "skipped, not read (counted among those not readable; --max-line-mb sets the "
               "bound)", file=sys.stderr)
     if not records:  # nothing audited is no finding: say so, and fail
-        print(f"kvgate audit: no capture record in {', '.join(args.logs)}"
+        print(f"kvgate audit: no capture record in {', '.join(map(str, logs))}"
               + (f" ({bad} lines not readable)" if bad else " (empty)")
               + ": write one with the gateway's capture.path", file=sys.stderr)
         return 2
