@@ -2,7 +2,9 @@
 vLLM's tokenize/reset/metrics.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``
-(:mod:`engine.embeddings`; executors that have an embedder), ``POST /generate``
+(:mod:`engine.embeddings`; executors that have an embedder), ``POST /invocations``
+(SageMaker's, as vLLM's: one of those three by the body's shape,
+:mod:`engine.invocations_route`), ``POST /generate``
 (SGLang's native API, :mod:`engine.native_generate`) and SGLang's control endpoints
 (``/abort_request``, ``/get_model_info``, ``/v1/loads``, ``/get_load``, ``/flush_cache``:
 :mod:`engine.native_control`), ``GET /v1/models``, ``GET /health``, ``POST /tokenize``,
@@ -44,6 +46,7 @@ from engine.generate_params import (
     truncation_keep,
 )
 from engine.generation import AnswerStream, abort_unended
+from engine.invocations_route import InvocationsRoute
 from engine.metrics import EngineMetrics
 from engine.native_control import ENGINE_VERSION, NativeControlRoutes
 from engine.native_generate import NativeGenerateRoute
@@ -665,10 +668,12 @@ def build_app(server: EngineServer, *, api_key: str | None = None,
     responses = ResponsesRoute(server, max_body_bytes=MAX_BODY_BYTES, store=responses_store)
     native = NativeGenerateRoute(server, max_body_bytes=MAX_BODY_BYTES)
     control = NativeControlRoutes(server)
+    invocations = InvocationsRoute(server, embeddings.handle)
     routes = [
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings.handle, methods=["POST"]),
+        Route("/invocations", invocations.handle, methods=["POST"]),  # SageMaker's, as vLLM's
         Route("/v1/responses", responses.handle, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
