@@ -3,7 +3,9 @@ capture log (``capture: {path: ...}`` in the gateway's config; give ``PATH.1`` t
 read the rotated part, and with worker processes every worker's ``PATH.w<i>`` and
 ``PATH.w<i>.1``: their requests are merged by time). A log named that does not exist
 (``PATH.1`` before the first rotation) is left out, and said so; only when none exists is
-it an error. See ``gateway.layout_audit`` for
+it an error. A ``PATH`` that is empty or absent, beside the files of worker processes
+(``PATH.w<i>``, ``PATH.w<i>.1``: the gateway's ``capture.path`` with ``--workers``), stands
+for those files, and that is said too. See ``gateway.layout_audit`` for
 what it finds and how it counts; only the last ``--max-requests`` requests are read. A
 line longer than ``--max-line-mb`` (``MAX_LINE_BYTES``, 256 MiB, by default: twice the
 longest line a gateway writes with the default ``capture.max_mb``, which keeps none over
@@ -16,11 +18,14 @@ import argparse
 import heapq
 import json
 import os
+import re
+import stat
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from gateway.capture import CaptureRecord
 from gateway.layout_audit import ADVICE, AuditLimits, AuditReport, audit
@@ -29,6 +34,8 @@ from kvwire.bounded_lines import bounded_lines
 from kvwire.terminal_text import printable
 
 MAX_LINE_BYTES = 256 << 20  # a longer line is no capture record (see the module)
+# past capture.path: a worker process's file (gateway.workers), maybe rotated (capture_log)
+_WORKER_SUFFIX = re.compile(r"\.w(\d+)(\.1)?")
 _MIB = 1 << 20
 
 
@@ -68,23 +75,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "whole (default %(default)g)")
 
 
-def find_logs(named: Sequence[str]) -> tuple[list[Path], list[str]]:
-    """The logs to read of those ``named`` (each once), and the names of those that do not
-    exist, left out; ``FileNotFoundError`` when none does."""
-    logs: list[Path] = []
-    missing: list[str] = []
+def worker_logs(path: Path) -> list[Path]:
+    """The files of a gateway's worker processes for ``capture.path`` ``path``: each
+    worker's ``PATH.w<i>`` and rotated ``PATH.w<i>.1``, by worker, the older first."""
+    try:
+        names = os.listdir(path.parent)
+    except OSError:  # no folder to list: none
+        return []
+    found = []
+    for name in names:
+        match = _WORKER_SUFFIX.fullmatch(name, len(path.name))
+        if match and name.startswith(path.name):
+            found.append((int(match[1]), match[2] is None, path.with_name(name)))
+    return [log for *_, log in sorted(found)]
+
+
+class FoundLogs(NamedTuple):
+    logs: list[Path]  # to read, each once
+    missing: list[str]  # named, not there: left out
+    for_workers: dict[str, list[Path]]  # named, empty or not there: its workers' files read
+
+
+def find_logs(named: Sequence[str]) -> FoundLogs:
+    """The logs to read for those ``named``: each that exists, or, for one empty or absent
+    beside worker processes' files, those files; ``FileNotFoundError`` when none."""
+    found = FoundLogs([], [], {})
+    given = {Path(name) for name in named}
     for name in dict.fromkeys(named):
         try:
-            os.stat(name)
+            info: os.stat_result | None = os.stat(name)
         except FileNotFoundError:
-            missing.append(name)
-            continue
+            info = None
         except OSError:  # another error (a denied directory): reading it tells it
-            pass
-        logs.append(Path(name))
-    if not logs:
-        raise FileNotFoundError(f"no such file: {', '.join(missing)}")
-    return logs, missing
+            found.logs.append(Path(name))
+            continue
+        if info is None or (stat.S_ISREG(info.st_mode) and info.st_size == 0):
+            workers = [log for log in worker_logs(Path(name)) if log not in given]
+            if workers:
+                found.for_workers[name] = workers
+                found.logs.extend(log for log in workers if log not in found.logs)
+                continue
+        if info is None:
+            found.missing.append(name)
+        else:
+            found.logs.append(Path(name))
+    if not found.logs:
+        raise FileNotFoundError(f"no such file: {', '.join(found.missing)}")
+    return found
 
 
 def read_records(paths: Iterable[Path], keep: int, max_line_bytes: int = MAX_LINE_BYTES,
@@ -178,9 +215,13 @@ def run(args: argparse.Namespace) -> int:
         if not 1 <= args.max_line_mb * _MIB < 1 << 62:  # a byte at least
             raise ValueError(f"--max-line-mb must be from {1 / _MIB:.2g} (one byte) to "
                              f"{1 << 42} MiB, got {args.max_line_mb!r}")
-        logs, missing = find_logs(args.logs)
+        logs, missing, for_workers = find_logs(args.logs)
         if missing:
             print(f"kvgate audit: no such file, left out: {', '.join(missing)}",
+                  file=sys.stderr)
+        for name, workers in for_workers.items():
+            print(f"kvgate audit: {name} holds no record; reading the files of the "
+                  f"gateway's worker processes beside it: {', '.join(map(str, workers))}",
                   file=sys.stderr)
         tokenizer = load_tokenizer(args.tokenizer)
         records, bad = read_records(logs, limits.max_requests, int(args.max_line_mb * _MIB),
