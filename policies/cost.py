@@ -59,6 +59,7 @@ seconds, with ``t`` the pace over the replica's weight::
                round robin's fleet would not have, while a shorter wait costs the tail
                nothing
     score    = wait + prefill + evict + scratch + late     lowest wins; ties in ring order
+                                                            (the scratch set's from the key)
 
 Where a replica publishes KV events (``kv_events``), what it holds is known exactly: the
 gateway then tokenizes the whole prompt (``tokens_needed`` turns ``None`` once the index
@@ -367,8 +368,12 @@ class Cost(Policy):
                 # where it would live if it turned hot, so its second request hits
                 candidates[rare_home] = None
                 busy = False
-            else:
-                candidates.update(dict.fromkeys(scratch))
+            elif scratch:
+                # ties between scratch replicas (idle ones, most often) go by the key, so
+                # one-off prefixes spread over the set and gateway copies, each blind to
+                # the others' sends between scrapes, do not stack them on its first
+                start = prep.key % len(scratch)
+                candidates.update(dict.fromkeys(scratch[start:] + scratch[:start]))
         # the replicas holding part of the prompt, in id order counted from the key, not
         # in the fleet's (discovery's answer order): gateway copies break a tie between
         # two holders alike, and one holder is not every prefix's
