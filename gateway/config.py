@@ -73,7 +73,7 @@ import yaml
 
 from gateway.capture import CaptureConfig, PrefixReportConfig
 from gateway.client_auth import ClientKey
-from gateway.data_parallel import MAX_RANKS, names_rank, rank_endpoint, rank_id
+from gateway.data_parallel import MAX_RANKS, group_of, names_rank, rank_endpoint, rank_id
 from gateway.discovery.config import DiscoverySourceConfig
 from gateway.kv_capacity_estimate import CapacityEstimateConfig
 from gateway.least_seconds import LEAST_INTERVAL_S, LEAST_TIMEOUT_S, at_least
@@ -592,21 +592,27 @@ class GatewayConfig:
 
 def held_endpoints(members: Iterable[ReplicaConfig], named: str = "replica {id}"
                    ) -> dict[str, tuple[str, str]]:
-    """The KV event endpoints of ``members`` (replicas, or the ranks of one) as
-    ``endpoint_clash`` reads them: endpoint -> (its member as ``named`` names it, given
-    the member's ``id``; its key)."""
-    return {endpoint: (named.format(id=member.id), key) for member in members
-            for endpoint, key in member.event_endpoints()}
+    """The places ``members`` (replicas, or the ranks of one) hold as ``endpoint_clash``
+    reads them: place -> (its member as ``named`` names it, given the member's ``id``; its
+    key). The places: each KV event endpoint, and each url (as ``server_of`` writes it; a
+    data-parallel rank's url is its replica's, named by the replica's id)."""
+    held: dict[str, tuple[str, str]] = {}
+    for member in members:
+        held[server_of(member.url)] = (named.format(id=_replica_of(member)), "url")
+        for endpoint, key in member.event_endpoints():
+            held[endpoint] = (named.format(id=member.id), key)
+    return held
 
 
 def endpoint_clash(members: Iterable[ReplicaConfig], held: Mapping[str, tuple[str, str]],
                    named: str = "replica {id}") -> str | None:
     """Why ``members`` (a replica's ranks, or the replica) may not join replicas holding
-    ``held`` (``held_endpoints``): one of their KV event endpoints is another replica's;
-    the error names both (a member as ``named`` names it) and the endpoint. None when
-    none is. Two
-    replicas following one engine's endpoint would both mirror its cache (the other
-    engine's never seen), and a subscriber on a replay endpoint never speaks with it."""
+    ``held`` (``held_endpoints``): one of their KV event endpoints, or their url, is
+    another replica's; the error names both (a member as ``named`` names it) and the
+    endpoint or url. None when none is. Two replicas following one engine's endpoint would
+    both mirror its cache (the other engine's never seen), and a subscriber on a replay
+    endpoint never speaks with it; one server listed twice is counted as two (its load
+    and its cache each seen as two replicas', its requests split between them)."""
     for member in members:
         for endpoint, key in member.event_endpoints():
             holder = held.get(endpoint)
@@ -616,7 +622,33 @@ def endpoint_clash(members: Iterable[ReplicaConfig], held: Mapping[str, tuple[st
                         f"{other_key}: each replica's engine publishes on endpoints of its "
                         "own (two replicas following one would both mirror that engine's "
                         "cache)")
+        holder = held.get(server_of(member.url))
+        if holder is not None:
+            return (f"{named.format(id=_replica_of(member))} url {shown_url(member.url)} is "
+                    f"also {holder[0]}'s url: one server listed as two replicas would be "
+                    "counted twice (its load and its cache each seen as two replicas', its "
+                    "requests split between them); list it once")
     return None
+
+
+def server_of(url: str) -> str:
+    """The server a replica's ``url`` names, written one way: scheme and host in lower
+    case, the port written (the scheme's when none is), the path without its trailing
+    ``/`` (``HTTP://Host:80/`` and ``http://host`` are one server)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # (a url no replica may have: refused by its own checks)
+        return url
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    port = port or (443 if parts.scheme.lower() == "https" else 80)
+    return f"{parts.scheme.lower()}://{host}:{port}{parts.path.rstrip('/')}"
+
+
+def _replica_of(member: ReplicaConfig) -> str:
+    """The id of the replica ``member`` is (a data-parallel rank's: its replica's)."""
+    return member.id if member.data_parallel_rank is None else group_of(member.id)
 
 
 def _check_endpoints_apart(replica: ReplicaConfig, members: list[ReplicaConfig]) -> None:

@@ -5,9 +5,10 @@ the same way whoever asked.
 
 A replica remembers its source (``static``, ``admin``, or a discovery source's label);
 ``reconcile`` only ever adds or removes the replicas of the source it is given. A replica
-a source found joins only when it passes the checks a configured one passes, and has an
-address a replica can have (``gateway.discovery.replica_checks``); one that does not is
-left out, named once in the log, and the rest of the set still applies.
+a source found joins only when it passes the checks a configured one passes, has an
+address a replica can have (``gateway.discovery.replica_checks``), and has a url no replica
+of the fleet has (``endpoint_clash``, as the config and the admin API check it); one that
+does not is left out, named once in the log, and the rest of the set still applies.
 
 A source hands ``reconcile`` its whole set at every change, thousands of replicas where
 one moved. What a publish costs follows what changed: the set last given is kept
@@ -22,10 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.config import ReplicaConfig
+from gateway.config import ReplicaConfig, endpoint_clash, held_endpoints
 from gateway.discovery.replica_checks import refusal, shown_id
 from gateway.discovery.stats import SourceStats
 from gateway.fleet import MAX_REPLICAS, ReplicaState
@@ -206,6 +207,7 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
     added: list[str] = []
     skipped: list[str] = []
     full: list[str] = []  # past the fleet's limit
+    held: HeldPlaces | None = None  # made once a pass, when a replica is to join
     async for gid in each_handing_back(list(changed)):  # a group's members join in one
         ranks = changed[gid]
         new = [rank for rank in ranks if not _in_place(gw, source, rank)]
@@ -219,6 +221,18 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
             unsettled.add(gid)
             continue
         if new:
+            if held is None:
+                held = await HeldPlaces.of(gw)
+            # nothing awaited from here until it joins: no other add comes between
+            held.own = {rank.id for rank in ranks}  # (its ranks in place: its own url)
+            clash = endpoint_clash(new, held)
+            if clash is not None:
+                skipped.extend(rank.id for rank in new)
+                unsettled.add(gid)
+                if fresh("clash", gid):
+                    log.warning("discovery %s: replica %s not added: %s", source,
+                                shown_id(gid), clash)
+                continue
             # a replica's ranks join together or not at all (past the limit, or no slot)
             if len(gw.fleet) + len(new) > MAX_REPLICAS:
                 full.extend(rank.id for rank in new)
@@ -235,6 +249,7 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
                                 exc)
                 continue
             added.extend(state.id for state in states)
+            held.hold(states)
             if gw.monitor is not None:
                 for server in servers(states):
                     checks.create_task(gw.monitor.check_joined(*server))
@@ -246,6 +261,46 @@ async def _reconciled(gw: GatewayState, source: str, wanted: dict[str, ReplicaCo
         log.warning("discovery %s: the fleet holds its limit of %d replicas: %s not added",
                     source, MAX_REPLICAS, _some(full))
     return Changes(tuple(added), tuple(removed), tuple(skipped + full + refused))
+
+
+class HeldPlaces(Mapping[str, tuple[str, str]]):
+    """The urls the fleet's replicas hold, as ``endpoint_clash`` reads them
+    (``held_endpoints``), taken once a pass (a slice of the loop at a time) and kept as it
+    adds replicas: a url whose replica has left the fleet since, or is one of ``own`` (the
+    replica being added, some of its ranks in place), is held by none. (Their KV event
+    endpoints are not compared: a found replica's are its own address and a port.)"""
+
+    __slots__ = ("_fleet", "_places", "own")
+
+    def __init__(self, gw: GatewayState) -> None:
+        self._fleet = gw.fleet
+        self._places: dict[str, tuple[ReplicaState, tuple[str, str]]] = {}
+        self.own: set[str] = set()
+
+    @classmethod
+    async def of(cls, gw: GatewayState) -> HeldPlaces:
+        held = cls(gw)
+        async for state in each_handing_back(list(gw.fleet)):
+            held.hold([state])
+        return held
+
+    def hold(self, states: Sequence[ReplicaState]) -> None:
+        for state in states:
+            for place, holder in held_endpoints([state.config]).items():
+                if holder[1] == "url":
+                    self._places[place] = (state, holder)
+
+    def __getitem__(self, place: str) -> tuple[str, str]:
+        state, holder = self._places[place]
+        if state.id in self.own or self._fleet.get(state.id) is not state:
+            raise KeyError(place)
+        return holder
+
+    def __iter__(self) -> Iterator[str]:
+        return (place for place in self._places if place in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _members(config: ReplicaConfig) -> list[ReplicaConfig]:

@@ -42,7 +42,8 @@ def test_an_added_replicas_compressed_body_is_refused_naming_its_encoding(
         serve: Serve) -> None:
     replica = serve(fake_replica(Behaviour("r0")))
     gw = start_gateway(serve, [("r0", replica.url)])
-    body = json.dumps({"id": "r1", "url": replica.url}).encode()
+    other = serve(fake_replica(Behaviour("r1")))  # a server of its own: one url, one replica
+    body = json.dumps({"id": "r1", "url": other.url}).encode()
     r = httpx.post(f"{gw.admin}/admin/replicas", content=gzip.compress(body), timeout=10,
                    headers={**AUTH, "content-type": "application/json",
                             "content-encoding": "gzip"})

@@ -257,7 +257,7 @@ def test_a_key_written_twice_is_refused_naming_it_and_its_lines(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r"line 2: key 'id' appears twice"):
         load_config(bad)
     merged = tmp_path / "merged.yaml"  # a merge key's values may be written over
-    merged.write_text("replicas:\n  - &r {id: a, url: 'http://h:1'}\n  - {<<: *r, id: b}\n")
+    merged.write_text("replicas:\n  - &r {id: a, url: 'http://h:1'}\n  - {<<: *r, id: b, url: 'http://h:2'}\n")
     assert [r.id for r in load_config(merged).replicas] == ["a", "b"]
 
 

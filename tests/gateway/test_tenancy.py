@@ -67,7 +67,7 @@ def test_a_partition_naming_no_replica_is_refused_unless_replicas_can_join_later
         capsys: pytest.CaptureFixture[str]) -> None:
     from gateway import serve as serve_cli
 
-    replicas = [("r0", "http://127.0.0.1:9"), ("r1", "http://127.0.0.1:9")]
+    replicas = [("r0", "http://127.0.0.1:9"), ("r1", "http://127.0.0.1:10")]
     partitions = [{"tenants": ["acme"], "replicas": ["r1", "r9"]},
                   {"tenants": ["beta"], "replicas": ["rX"]}]
     with pytest.raises(ConfigError, match=r"tenancy\.partitions name unknown replicas 'r9', "
