@@ -70,6 +70,12 @@ _MEDIA_ID_HEX = 7  # hex digits of a placeholder's digest per id: ids stay under
 _MEDIA_IDS = 4  # ids per media item ahead of ``input_ids``
 
 
+def model_param(body: Mapping[str, Any]) -> str:
+    """The field of a ``/generate`` body that named its model: ``lora_path`` where it named
+    an adapter (``_adapter``), else ``model`` (sent, or the fleet's one model)."""
+    return "lora_path" if _adapter(body.get("lora_path")) else "model"
+
+
 def _adapter(lora_path: Any) -> str | None:
     """The LoRA adapter named by ``lora_path``: a string, or a batch's list of them (its
     first prompt's); None (the base model) for none, null or empty, or a value of

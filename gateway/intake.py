@@ -14,6 +14,7 @@ from starlette.requests import Request
 
 from gateway.admission import Slot
 from gateway.fleet import ModelInfo
+from gateway.generate_request import model_param
 from gateway.monitor import MODEL_ID_CHARS
 from gateway.request_parse import Endpoint, ParsedRequest, parse_body
 from gateway.state import GatewayState
@@ -143,11 +144,13 @@ def default_model(gw: GatewayState) -> str:
     return unnamed_model(base_models(gw))
 
 
-async def check_model(gw: GatewayState, model: str | None, tenant: str | None = None
-                      ) -> None:
+async def check_model(gw: GatewayState, model: str | None, tenant: str | None = None,
+                      param: str = "model") -> None:
     """NotFound unless a replica ``tenant`` may use serves ``model`` (any model, before
     models are known, or while a replica lists more than the gateway keeps); the error
-    names only the models the tenant may use, the first ``SHOWN_MODELS`` of them. A model
+    names ``param``, the body's field that named it (``lora_path``: an adapter on
+    ``/generate``), and only the models the tenant may use, the first ``SHOWN_MODELS`` of
+    them. A model
     none lists is looked for again first (``Monitor.refresh_all_models``: loaded at run
     time, or a replica restarted with it; by the next round, up to a second away), by
     every worker of a box alike (``box_feed``); one too long for any list
@@ -165,9 +168,11 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
         # the name's start only: a body may hold megabytes of it
         why = (f" (model names over {MODEL_ID_CHARS} characters are not routed: a replica "
                f"that lists one has it left out of its models)") if too_long else ""
-        raise NotFound(f"model {shown(model, MODEL_SHOWN_CHARS)} is not served by any "
-                       f"replica{why}; available: {_some(known)}", param="model",
-                       code="model_not_found")
+        named = shown(model, MODEL_SHOWN_CHARS)
+        what = f"model {named}" if param == "model" \
+            else f"the adapter '{param}' names, {named},"
+        raise NotFound(f"{what} is not served by any replica{why}; available: "
+                       f"{_some(known)}", param=param, code="model_not_found")
 
 
 def _some(models: set[str]) -> str:
@@ -199,7 +204,8 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
         bases = base_models(gw)  # the fleet's, read here: its lists change on the loop
         parsed = await asyncio.to_thread(parse_body, raw, endpoint, aff.body_field,
                                          affinity, lambda: unnamed_model(bases), body)
-    await check_model(gw, parsed.model, tenant)
+    await check_model(gw, parsed.model, tenant, model_param(parsed.body)
+                      if parsed.endpoint == "generate" else "model")
     # the body written again with the tenant's salt: where it was parsed, as a
     # pass-through body is
     isolated = await gw.tenancy.isolate_off_loop(tenant, parsed.body, not on_loop)
