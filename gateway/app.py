@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
@@ -478,12 +479,18 @@ def _answered(gw: GatewayState, request: Request, tenant: str | None,
 def _model_card(name: str, info: ModelInfo, created: int) -> dict[str, object]:
     """A /v1/models entry as vLLM writes one: an adapter's ``parent`` is its base model,
     its ``root`` where it was loaded from; a base model's ``root`` is itself; its
-    ``max_model_len`` the least of the healthy replicas serving it (``Fleet.advertised``)."""
+    ``max_model_len`` the least of the healthy replicas serving it (``Fleet.advertised``).
+    Its other fields (``owned_by``, ``created``, ``permission``...) are the listing's
+    (``ModelInfo.card``); the gateway's own (``kvgate``, its start) where none gave them."""
     card: dict[str, object] = {"id": name, "object": "model", "created": created,
                                "owned_by": "kvgate", "root": info.root or name,
                                "parent": info.parent}
     if info.max_model_len is not None:
         card["max_model_len"] = info.max_model_len
+    if info.card is not None:
+        card.update(orjson.loads(info.card))
+        if info.max_model_len is not None:  # the fleet's, over a listing's null
+            card["max_model_len"] = info.max_model_len
     return card
 
 

@@ -77,11 +77,15 @@ def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
 
 class ModelInfo(NamedTuple):
     """A model as a replica's /v1/models lists it, beyond its id (vLLM's fields: an
-    adapter's ``parent`` is its base model, its ``root`` where it was loaded from)."""
+    adapter's ``parent`` is its base model, its ``root`` where it was loaded from).
+    ``card``: the listing's other fields (``object``, ``created``, ``owned_by``,
+    ``permission``...) as JSON text, for ``GET /v1/models`` to show as the replica gave
+    them; None where it gave none (a replica listed by its /metrics)."""
 
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    card: str | None = None
 
 
 _LENGTH = operator.attrgetter("max_model_len")
