@@ -78,8 +78,8 @@ def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
 class ModelInfo(NamedTuple):
     """A model as a replica's /v1/models lists it, beyond its id (vLLM's fields: an
     adapter's ``parent`` is its base model, its ``root`` where it was loaded from).
-    ``card``: the listing's other fields (``object``, ``created``, ``owned_by``,
-    ``permission``...) as JSON text, for ``GET /v1/models`` to show as the replica gave
+    ``card``: the listing's other fields (``object``, ``created``, ``owned_by``...; not
+    vLLM's ``permission`` list) as JSON text, for ``GET /v1/models`` to show as the replica gave
     them; None where it gave none (a replica listed by its /metrics)."""
 
     root: str | None = None

@@ -52,9 +52,13 @@ MAX_MODELS = 1024
 # slash and a name of at most 96 characters; an adapter named by its path, a few hundred),
 # and 1,024 ids of 1,024 characters are the 1 MiB a listing is read to anyway
 MODEL_ID_CHARS = 1024
-# a listed model's other fields (vLLM's ``permission``, ``owned_by``...: ~330 characters)
-# are kept for /v1/models up to this length; longer, the gateway writes its own
+# a listed model's other fields (``owned_by``, ``created``...) are kept for /v1/models up
+# to this length; longer, the gateway writes its own
 CARD_CHARS = 2048
+# fields of a listed model not kept: vLLM's ``permission`` list (~300 characters a model,
+# left out of OpenAI's model object, read by no client) would triple what each listed model
+# costs in the snapshot the box's worker processes share (``box_feed``)
+_CARD_LEFT_OUT = frozenset({"permission"})
 _INFO_FIELDS = ("root", "parent", "max_model_len")  # ``ModelInfo``'s own, in its order
 _SKIPPED_LOG_S = 60.0  # a warning of ids left out, at most once a minute
 HEALTH_BYTES = 64 << 10  # a /health answer is read this far at most (its status counts)
@@ -78,13 +82,15 @@ Call = Callable[[list[ReplicaState]], Awaitable[None]]
 def model_info(listed: dict[str, object]) -> ModelInfo:
     """A /v1/models entry's fields beyond its id, where they have the types vLLM gives;
     its others (and those of these it gave otherwise: an adapter's null ``max_model_len``)
-    kept as JSON text (``ModelInfo.card``) up to ``CARD_CHARS``."""
+    kept as JSON text (``ModelInfo.card``) up to ``CARD_CHARS``, but vLLM's
+    ``permission`` list (``_CARD_LEFT_OUT``)."""
     root, parent, length = listed.get("root"), listed.get("parent"), listed.get("max_model_len")
     info = ModelInfo(root if _routable(root) else None,
                      parent if _routable(parent) else None,
                      length if type(length) is int and length > 0 else None)
-    kept = {"id", *(key for key, value in zip(_INFO_FIELDS, info, strict=False)
-                    if value is not None)}
+    kept = {"id", *_CARD_LEFT_OUT, *(key for key, value in zip(_INFO_FIELDS, info,
+                                                              strict=False)
+                                    if value is not None)}
     rest = {key: value for key, value in listed.items() if key not in kept}
     card = orjson.dumps(rest).decode() if rest else None
     return info if card is None or len(card) > CARD_CHARS else info._replace(card=card)
