@@ -319,7 +319,9 @@ async def top(request: Request) -> Response:
     cumulative counters a client turns into rates over its own window (the replica's
     prefix-cache counters as last scraped, in the replica's tokens; requests the gateway
     routed there, by reason), and the gateway's own requests holding a place and waiting
-    for one (``admission``)."""
+    for one (``admission``), with those of its busiest tenants (``tenants``: tenant None
+    for requests of no tenant; the rest summed in ``tenants_more``), which ``/metrics``
+    never names."""
     gw = _authorize(request)
     counts = await gw.metrics.top()
     routed = counts.by_replica
@@ -343,7 +345,9 @@ async def top(request: Request) -> Response:
                          "hit_rate_window_s": gw.config.scrape.hit_rate_window_s,
                          "scrape_interval_s": gw.config.scrape.interval_s,
                          "admission": {"in_flight": counts.in_flight,
-                                       "waiting": counts.waiting},
+                                       "waiting": counts.waiting,
+                                       **(counts.tenants.as_json()
+                                          if counts.tenants is not None else {})},
                          "replicas": replicas})
 
 

@@ -7,7 +7,8 @@ each one's answer ends (``held_bodies``: ``hold_body`` and ``let_go``).
 A request holds a ``Slot`` from admission until its answer ends (relayed, failed or
 abandoned); ``Slot.release`` is idempotent, so every way out may call it. Places and
 waiting slots are shared fairly between tenants (``Admission``); a waiter that gives up
-(timeout, client gone) is skipped.
+(timeout, client gone) is skipped. ``TenantCount``, ``busiest``: what each tenant holds and
+waits for, the busiest first, for the admin API (``/admin/top``), never for ``/metrics``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from typing import Any, NamedTuple
 
 from gateway.config import LimitsConfig
 from kvwire.openai_schema import OpenAIError, TooManyRequests
@@ -30,6 +31,8 @@ HELD_BODY = "kvgate.held_body_bytes"
 # a waiter's future: the ``clock`` reading when a place was handed to it, or None when
 # another tenant took its waiting slot (``Admission._bump``)
 Place = asyncio.Future[float | None]
+# the tenants ``/admin/top`` names (the busiest), the rest summed: its answer stays bounded
+SHOWN_TENANTS = 50
 # the queue of a tenant none of whose requests waits (never appended to)
 _NO_WAITERS: deque[tuple[int, Place]] = deque(maxlen=0)
 
@@ -48,6 +51,55 @@ class TenantShare:
         self.held = held
         self.waiting = 0
         self.queue: deque[tuple[int, Place]] = _NO_WAITERS
+
+
+class TenantCount(NamedTuple):
+    """What one tenant (None: requests of no tenant) has of admission now: requests
+    holding a place, and requests waiting for one."""
+
+    tenant: str | None
+    in_flight: int
+    waiting: int
+
+
+class BusiestTenants(NamedTuple):
+    """The ``shown`` busiest tenants (the most requests in flight and waiting first),
+    and the rest together: how many tenants, and their requests in flight and waiting."""
+
+    shown: list[TenantCount]
+    more_tenants: int
+    more_in_flight: int
+    more_waiting: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"tenants": [c._asdict() for c in self.shown],
+                "tenants_more": {"tenants": self.more_tenants,
+                                 "in_flight": self.more_in_flight,
+                                 "waiting": self.more_waiting}}
+
+
+def _busy(count: TenantCount) -> tuple[int, int, bool, str]:
+    """Sorts the busiest first: the most requests, then the most in flight, then by
+    name, requests of no tenant last on a tie."""
+    return (-count.in_flight - count.waiting, -count.in_flight, count.tenant is None,
+            count.tenant or "")
+
+
+def added_up(counts: Iterable[TenantCount]) -> list[TenantCount]:
+    """``counts`` (several of a tenant: one per worker process) summed per tenant."""
+    sums: dict[str | None, tuple[int, int]] = {}
+    for tenant, in_flight, waiting in counts:
+        held, waits = sums.get(tenant, (0, 0))
+        sums[tenant] = (held + in_flight, waits + waiting)
+    return [TenantCount(tenant, held, waits) for tenant, (held, waits) in sums.items()]
+
+
+def busiest(counts: Iterable[TenantCount], limit: int) -> BusiestTenants:
+    """The ``limit`` busiest of ``counts`` (one per tenant), and the rest together."""
+    ranked = sorted(counts, key=_busy)
+    rest = ranked[limit:]
+    return BusiestTenants(ranked[:limit], len(rest), sum(c.in_flight for c in rest),
+                          sum(c.waiting for c in rest))
 
 
 class Slot:
@@ -96,6 +148,14 @@ class Admission:
         self._arrivals = itertools.count()  # waiters' arrival order
         self._mean_s = 1.0  # recent mean time a slot is held (of those ended)
         self._since_sum = 0.0  # the sum of the ``clock`` readings when places were taken
+
+    def tenant_counts(self) -> list[TenantCount]:
+        """Each tenant holding a place or waiting for one: its requests in flight (a place
+        handed to a waiter not yet resumed counted as held, as in ``in_flight``) and
+        waiting. Read from ``shares``, which admission keeps anyway: nothing is counted
+        for it on the request path."""
+        return [TenantCount(share.tenant, share.held, share.waiting)
+                for share in self.shares.values()]
 
     def hold_body(self, scope: MutableMapping[str, Any], size: int) -> None:
         """Count the ``size`` bytes of a request's body, read whole, as held until its

@@ -41,11 +41,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from gateway.admission import Admission
+from gateway.admission import (
+    SHOWN_TENANTS,
+    Admission,
+    BusiestTenants,
+    TenantCount,
+    added_up,
+    busiest,
+)
 from gateway.answer_metrics import AnswerMetrics
 from gateway.fleet import Fleet
 from gateway.fleet_events import FleetEvent, ReplicaAdded
 from gateway.metric_mirror import MetricMirror, worker_files
+from gateway.shared_load import TenantBoard
 from policies.base import ReplicaRemoved
 from policies.kv_index import KVIndex
 
@@ -376,12 +384,14 @@ ADMISSION_GAUGES = ("kvgate_admission_in_flight", "kvgate_admission_waiting")
 
 
 class TopCounts(NamedTuple):
-    """What ``/admin/top`` reads of the metrics: ``by_replica`` (``requests_by_replica``)
-    and the requests holding a place and waiting for one (None: not watched)."""
+    """What ``/admin/top`` reads of the metrics: ``by_replica`` (``requests_by_replica``),
+    the requests holding a place and waiting for one, and those of the busiest tenants
+    (None: not watched)."""
 
     by_replica: dict[str, dict[str, int]]
     in_flight: int | None
     waiting: int | None
+    tenants: BusiestTenants | None = None
 
 
 def _top_counts(families: Iterable[Metric]) -> TopCounts:
@@ -389,8 +399,27 @@ def _top_counts(families: Iterable[Metric]) -> TopCounts:
     families = list(families)
     gauges = {family.name: int(family.samples[0].value) for family in families
               if family.name in ADMISSION_GAUGES and family.samples}
+    in_flight, waiting = (gauges.get(name) for name in ADMISSION_GAUGES)
     return TopCounts(_by_replica(f for f in families if f.name == "kvgate_requests"),
-                     *(gauges.get(name) for name in ADMISSION_GAUGES))
+                     in_flight, waiting)
+
+
+def _box_tenants(own: list[TenantCount], board: TenantBoard) -> BusiestTenants:
+    """The busiest tenants of the box: this worker's ``own`` counts and every other
+    worker's on ``board`` added up, the rest summed. A tenant another worker left out of
+    its own list (thousands busier than it) is counted once more among the rest for each
+    such worker."""
+    parts = [busiest(own, len(own))]
+    for worker in range(board.workers):
+        if worker != board.worker:
+            published = board.read(worker)
+            if published is not None:  # else it stopped while writing: left out
+                parts.append(published)
+    shown = busiest(added_up(c for part in parts for c in part.shown), SHOWN_TENANTS)
+    return shown._replace(
+        more_tenants=shown.more_tenants + sum(p.more_tenants for p in parts),
+        more_in_flight=shown.more_in_flight + sum(p.more_in_flight for p in parts),
+        more_waiting=shown.more_waiting + sum(p.more_waiting for p in parts))
 
 
 class DiscoveryCounts(Protocol):
@@ -513,6 +542,7 @@ class GatewayMetrics:
         self.exposed = _Page(self._live, (self._summed or r).collect)
         self.export(_FleetCollector(fleet))
         self._admission: Admission | None = None  # ``watch_admission``
+        self._board: TenantBoard | None = None  # ``watch_box_tenants``
         self.routes = routes
         # label children bound once: labels() locks and checks on every call
         self._bound: dict[tuple[Any, tuple[str, ...]], Any] = {}
@@ -618,15 +648,25 @@ class GatewayMetrics:
         most ``MetricMirror.interval_s`` ago), read from their files on a thread
         (``page``: 84 ms for 8 workers of 100 replicas, at every ``kvgate top``
         refresh)."""
+        admission = self._admission
         if self._summed is None:
-            admission = self._admission
-            return TopCounts(_by_replica(self.requests.collect()),
-                             *((admission.in_flight, admission.waiting)
-                               if admission is not None else (None, None)))
+            if admission is None:
+                return TopCounts(_by_replica(self.requests.collect()), None, None)
+            return TopCounts(_by_replica(self.requests.collect()), admission.in_flight,
+                             admission.waiting,
+                             busiest(admission.tenant_counts(), SHOWN_TENANTS))
         summed, current = self._summed, self._summed.current()
-        return await asyncio.to_thread(lambda: _top_counts(
-            f for f in summed.among(current)
-            if f.name == "kvgate_requests" or f.name in ADMISSION_GAUGES))
+        own = admission.tenant_counts() if admission is not None else None
+        board = self._board
+
+        def read() -> TopCounts:
+            counts = _top_counts(f for f in summed.among(current)
+                                 if f.name == "kvgate_requests" or f.name in ADMISSION_GAUGES)
+            if own is None or board is None:
+                return counts
+            return counts._replace(tenants=_box_tenants(own, board))
+
+        return await asyncio.to_thread(read)
 
     def retried(self, replica: str, cause: str) -> None:
         self._child(self.retries, replica, cause).inc()
@@ -681,6 +721,12 @@ class GatewayMetrics:
         over the box), all tenants together."""
         self._admission = admission
         self.export(_AdmissionCollector(admission), per_worker=True)
+
+    def watch_box_tenants(self, board: TenantBoard) -> None:
+        """With worker processes, ``top`` adds up every worker's requests per tenant: this
+        worker's own, and the others' as they last published them to ``board`` (at their
+        last heartbeat, ``HEARTBEAT_S`` ago at most). Never on ``/metrics``."""
+        self._board = board
 
     def watch_kv_events(self, source: KVEventCounts) -> None:
         """Export the counts of a KV event subscriber. Every worker reads every stream:

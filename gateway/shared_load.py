@@ -23,6 +23,9 @@ update old, or one field of it updated before the next: the sums are exact once 
 stop, and never off by more than the requests moving at that moment.
 ``CLOCK_MONOTONIC`` is one clock for every process of a machine, so ages compare.
 
+``TenantBoard``: each worker's admission counts per tenant, which worker 0 adds up for
+``/admin/top``.
+
 The supervisor's blocks are ``SharedBlock``: memory with no name (``memfd_create``) that
 each worker maps from a descriptor it inherits, so nothing is left in ``/dev/shm`` however
 the box ends. A named ``multiprocessing.shared_memory`` block serves as well (tests
@@ -36,6 +39,10 @@ import os
 import struct
 from multiprocessing import reduction, shared_memory
 from typing import Any, NamedTuple, TypeAlias, TypeVar
+
+import orjson
+
+from gateway.admission import BusiestTenants, TenantCount, busiest
 
 MAGIC = 0x6B76676174656C64  # "kvgateld"
 BOX_ID = slice(8, 24)  # 16 random bytes the supervisor writes: the box's name to peers
@@ -176,6 +183,95 @@ class SharedLoad:
         """The latest progress any worker saw the replica in ``slot`` make."""
         return max(_CELL.unpack_from(self._buf, self._offset(slot, worker))[4]
                    for worker in range(self.workers))
+
+    def close(self) -> None:
+        self._buf.release()
+        self._block.close()
+
+
+class TenantBoard:
+    """Each worker's requests in flight and waiting per tenant (``Admission``'s), for the
+    admin API's ``/admin/top``, which worker 0 alone serves. Worker ``i`` owns the region
+    ``[i * REGION_BYTES, (i + 1) * REGION_BYTES)`` and writes it at each heartbeat of its
+    event loop (``publish``, where its counts changed); worker 0 reads the others' (``read``).
+    A region::
+
+        [0, 8)    sequence (u64): odd while the region is being written
+        [8, 16)   payload bytes (u64)
+        [16, ..)  payload: JSON {"t": [[tenant, in_flight, waiting], ...], "more":
+                  [tenants, in_flight, waiting]}: the busiest tenants first, as many as
+                  fit (thousands), the rest summed in "more"
+
+    One writer per region; a reader copies the payload and keeps it only if the sequence,
+    even, did not change meanwhile (a seqlock), so it never decodes a torn write."""
+
+    REGION_BYTES = 64 << 10
+    _HEAD = struct.Struct("<QQ")
+    _READ_TRIES = 1000
+
+    def __init__(self, block: Block, workers: int, worker: int) -> None:
+        if not 0 <= worker < workers:
+            raise ValueError(f"worker must be in [0, {workers}), got {worker!r}")
+        if block.size < self.size(workers):
+            raise ValueError(f"tenant board block {block.name!r} holds {block.size} bytes, "
+                             f"needs {self.size(workers)}")
+        self._block = block
+        self._buf = _view(block)
+        self.workers = workers
+        self.worker = worker
+        self._sequence = self._HEAD.unpack_from(self._buf, self._offset(worker))[0] & ~1
+        self._published = b""
+
+    @classmethod
+    def size(cls, workers: int) -> int:
+        return workers * cls.REGION_BYTES
+
+    def _offset(self, worker: int) -> int:
+        return worker * self.REGION_BYTES
+
+    def publish(self, counts: list[TenantCount]) -> None:
+        """This worker's ``counts`` (``Admission.tenant_counts``), the busiest first, as many
+        as fit in its region; unchanged since the last call, nothing is written."""
+        ranked = busiest(counts, len(counts)).shown
+        room = self.REGION_BYTES - self._HEAD.size - 128  # (128: the frame and "more")
+        entries: list[list[Any]] = []
+        for count in ranked:
+            room -= len(orjson.dumps(count.tenant)) + 48  # two u64 in decimal, brackets
+            if room < 0:
+                break
+            entries.append(list(count))
+        rest = ranked[len(entries):]
+        payload = orjson.dumps({"t": entries, "more": [
+            len(rest), sum(c.in_flight for c in rest), sum(c.waiting for c in rest)]})
+        if payload == self._published:
+            return
+        offset, buf = self._offset(self.worker), self._buf
+        self._sequence += 1  # odd: being written
+        self._HEAD.pack_into(buf, offset, self._sequence, 0)
+        start = offset + self._HEAD.size
+        buf[start:start + len(payload)] = payload
+        self._sequence += 1
+        self._HEAD.pack_into(buf, offset, self._sequence, len(payload))
+        self._published = payload
+
+    def read(self, worker: int) -> BusiestTenants | None:
+        """What ``worker`` last published (nothing before its first heartbeat), or None if
+        each of many tries found it being written (the worker stopped mid-write)."""
+        offset, buf = self._offset(worker), self._buf
+        start = offset + self._HEAD.size
+        for _ in range(self._READ_TRIES):
+            sequence, length = self._HEAD.unpack_from(buf, offset)
+            if sequence & 1:
+                continue
+            payload = bytes(buf[start:start + min(length, self.REGION_BYTES - self._HEAD.size)])
+            if self._HEAD.unpack_from(buf, offset)[0] != sequence:
+                continue
+            if not payload:
+                return BusiestTenants([], 0, 0, 0)
+            board = orjson.loads(payload)
+            return BusiestTenants([TenantCount(*entry) for entry in board["t"]],
+                                  *board["more"])
+        return None
 
     def close(self) -> None:
         self._buf.release()

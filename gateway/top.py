@@ -5,8 +5,9 @@ per replica: health, queued prompt tokens, requests in flight, KV use, token hit
 requests per second over the last ``--window`` seconds (from the differences of the
 cumulative counters, see ``top_window``), and the route reasons of the requests routed
 there in that window; under the table, the requests the gateway holds a place for and
-those waiting for one. The replicas' prefix-cache counters move only when the gateway
-scrapes them (``scrape.interval_s``), so the window should span several scrapes.
+those waiting for one, and the busiest tenants' when any tenant has requests there.
+The replicas' prefix-cache counters move only when the gateway scrapes them
+(``scrape.interval_s``), so the window should span several scrapes.
 
 ``--once`` reads two snapshots ``--interval`` apart, prints one frame and exits.
 """
@@ -235,6 +236,10 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
                       f"flight, {MISSING if waiting is None else format(waiting, ',')} "
                       "waiting for a place")
     parts: list[Any] = [title, table, footer]
+    if isinstance(admission, dict):
+        tenants = tenants_line(admission)
+        if tenants is not None:
+            parts.append(tenants)
     if gauge_only:
         parts.append(Text("* the replica exports a hit-rate gauge, not counters: its own "
                           "window"))
@@ -244,6 +249,41 @@ def frame(snapshot: dict[str, Any], window: TopWindow, admin: str,
     if error:
         parts.append(Text(f"last read failed: {error}", "red"))
     return Group(*parts)
+
+
+LINE_TENANTS = 5  # the busiest tenants named on the screen; the rest counted
+
+
+def tenants_line(admission: dict[str, Any]) -> Text | None:
+    """The busiest tenants' requests (``admission.tenants``, the busiest first), in flight
+    + waiting, those past ``LINE_TENANTS`` and the snapshot's own rest counted together;
+    None when no tenant has any (or the gateway does not say)."""
+    listed = admission.get("tenants")
+    if not isinstance(listed, list) or not listed:
+        return None
+    named: list[str] = []
+    more, more_held, more_waiting = 0, 0.0, 0.0
+    for entry in listed:
+        if not isinstance(entry, dict):
+            continue
+        held, waiting = number(entry.get("in_flight")) or 0, number(entry.get("waiting")) or 0
+        if len(named) < LINE_TENANTS:
+            tenant = entry.get("tenant")
+            name = "(no tenant)" if tenant is None else printable(str(tenant))
+            named.append(f"{name} {held:,g}+{waiting:,g}")
+        else:
+            more, more_held, more_waiting = more + 1, more_held + held, more_waiting + waiting
+    rest = admission.get("tenants_more")
+    if isinstance(rest, dict):
+        more += int(number(rest.get("tenants")) or 0)
+        more_held += number(rest.get("in_flight")) or 0
+        more_waiting += number(rest.get("waiting")) or 0
+    if not named:
+        return None
+    line = Text(f"tenants (in flight+waiting): {', '.join(named)}")
+    if more:
+        line.append(f"; {more:,} more {more_held:,g}+{more_waiting:,g}")
+    return line
 
 
 def _token(args: argparse.Namespace) -> str:

@@ -34,7 +34,9 @@ without a shared accept queue.
   the supervisor exits 1): a stuck one no longer held the supervisor, or outlived it on
   the port.
 - Each worker's event loop beats (``Heartbeats``: a count in shared memory, every
-  ``BEAT_S``); a worker whose count stands still for ``silent_s`` (``SILENT_ENV``, default
+  ``BEAT_S``), and at each beat a follower copies its requests in flight and waiting per
+  tenant to shared memory (``TenantBoard``), which worker 0 adds up for ``/admin/top``;
+  a worker whose count stands still for ``silent_s`` (``SILENT_ENV``, default
   ``SILENT_S``) while the box serves is stuck: its loop answers nothing, yet the kernel
   still hands it its share of new connections on the port. The supervisor kills it and
   goes on as when a worker exits on its own (the rest drain; exit 1).
@@ -67,7 +69,7 @@ from gateway.config import GatewayConfig
 from gateway.fleet import MAX_REPLICAS
 from gateway.listen_sockets import listen_socket, passive_addresses
 from gateway.periodic import HEARTBEAT_S
-from gateway.shared_load import SharedBlock, SharedLoad
+from gateway.shared_load import SharedBlock, SharedLoad, TenantBoard
 from gateway.worker_routes import WorkerRoutes, route_pair
 
 log = logging.getLogger("kvgate.workers")
@@ -197,6 +199,7 @@ class WorkerPlan:
     share_routes: bool = True
     metrics_lock: HeldLock | None = None  # the metrics directory's, held while this runs
     beats: SharedBlock | None = None  # the box's heartbeats (``Heartbeats``)
+    tenants: SharedBlock | None = None  # each worker's requests per tenant (``TenantBoard``)
 
 
 def share_of(config: GatewayConfig, workers: int, index: int = 0) -> GatewayConfig:
@@ -298,9 +301,20 @@ def worker_main(plan: WorkerPlan) -> None:
         gw.metrics.watch_worker_routes(gw.worker_routes)
         if gw.peers is not None and plan.share_routes:
             gw.peers.forward = gw.worker_routes.routed
+    board = None if plan.tenants is None else TenantBoard(plan.tenants, plan.workers,
+                                                          plan.index)
+    if board is not None and plan.index == 0:  # it serves /admin/top
+        gw.metrics.watch_box_tenants(board)
     if plan.beats is not None:
         beats, index = Heartbeats(plan.beats, plan.workers), plan.index
-        gw.heartbeat = lambda: beats.beat(index)
+        admission = gw.admission
+
+        def heartbeat() -> None:
+            beats.beat(index)
+            if board is not None and index:  # worker 0 reads its own counts live
+                board.publish(admission.tenant_counts())
+
+        gw.heartbeat = heartbeat
     app = create_app(config, gw)
     token = config.admin.resolved_token() if plan.index == 0 else None
     admin_app = None if token is None else create_admin_app(gw, token)
@@ -319,6 +333,8 @@ def worker_main(plan: WorkerPlan) -> None:
         load.close()
         if plan.beats is not None:
             plan.beats.close()
+        if board is not None:
+            board.close()
 
 
 def _sweep_metrics_dirs(parent: str) -> None:
@@ -513,6 +529,7 @@ class Supervisor:
             "kvgate-load", SharedLoad.size(self.workers, slots)))
         feed = FeedBlock.prepare(SharedBlock.create("kvgate-feed", BLOCK_BYTES))
         beats = SharedBlock.create("kvgate-beats", Heartbeats.size(self.workers))
+        tenants = SharedBlock.create("kvgate-tenants", TenantBoard.size(self.workers))
         self.beats = Heartbeats(beats, self.workers)
         metrics, metrics_lock = metrics_dir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics  # the workers inherit it
@@ -541,7 +558,8 @@ class Supervisor:
                                   routes_out=tuple(out for j, (_, out) in enumerate(routes)
                                                    if j != index),
                                   share_routes=self.share_routes,
-                                  metrics_lock=metrics_lock, beats=beats)
+                                  metrics_lock=metrics_lock, beats=beats,
+                                  tenants=tenants)
                 proc = ctx.Process(target=worker_main, args=(plan,),
                                    name=f"kvgate-worker-{index}")
                 proc.start()
@@ -560,7 +578,7 @@ class Supervisor:
             _close_doorbells(bells)  # a no-op when closed already
             _close_route_sockets(routes)
             self.beats = None
-            for block in (load, feed, beats):
+            for block in (load, feed, beats, tenants):
                 block.close()
             shutil.rmtree(metrics, ignore_errors=True)
             os.close(metrics_lock.fd)
