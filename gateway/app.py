@@ -36,6 +36,7 @@ from gateway.fleet import ModelInfo
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.generate_request import PATH as GENERATE_PATH
 from gateway.generate_request import counted_alike
+from gateway.held_back import held_back
 from gateway.intake import Intake, read_timed_body, take_in, take_place
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
@@ -184,6 +185,11 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         ranked = (stored, *(r for r in decision.ranked if r != stored))
     else:
         ranked = _under_queue_bound(gw, decision.ranked)
+        margin = gw.config.limits.held_back_margin
+        if margin is not None:
+            ranked, moved = held_back(ranked, routing.views, margin)
+            if moved and moved[0] == decision.ranked[0]:
+                gw.metrics.held_back.labels(replica=moved[0]).inc()
     # a batch is routed by its first prompt; its work is counted as that many of it, and
     # its summed usage teaches no calibration (it is not the first prompt's)
     batch = intake.parsed.num_prompts

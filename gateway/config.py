@@ -27,7 +27,8 @@ Example (every key but ``replicas`` has a default)::
       - {id: r1, url: "http://127.0.0.1:8102", weight: 2, api_key_env: VLLM_API_KEY}
       - {id: r2, url: "http://127.0.0.1:8103", kv_events: "tcp://127.0.0.1:5557"}
     limits: {max_in_flight: 1024, max_pending: 0, max_pending_s: 30,
-             max_queued_tokens_per_replica: null, connections_per_replica: 256,
+             max_queued_tokens_per_replica: null, held_back_margin: 8,
+             connections_per_replica: 256,
              max_connections: 4096, keep_alive_s: 75, max_header_bytes: 65536,
              header_timeout_s: 10, body_timeout_s: 60, max_receiving_bytes: 268435456,
              max_held_body_bytes: 1073741824}
@@ -411,6 +412,10 @@ class LimitsConfig:
     max_pending: int = 0
     max_pending_s: float = 30.0
     max_queued_tokens_per_replica: int | None = None
+    # a replica holding at least twice the fleet's median requests in flight plus this many
+    # is tried after the others (``gateway.held_back``: one whose requests stall or crawl
+    # after their first byte drew nearly every request); null: the policy's order stands
+    held_back_margin: int | None = 8
     connections_per_replica: int = 256
     max_connections: int = 4096
     # longer than the idle timeouts of what usually stands in front (load balancers close
@@ -441,6 +446,8 @@ class LimitsConfig:
             raise ValueError(f"max_pending must be >= 0, got {self.max_pending!r}")
         if self.max_queued_tokens_per_replica is not None:
             _positive(self, "max_queued_tokens_per_replica")
+        if self.held_back_margin is not None:
+            _positive(self, "held_back_margin")
 
 
 @dataclass(frozen=True, slots=True)

@@ -523,6 +523,10 @@ class GatewayMetrics:
                                "(after a failure of this cause there), or sent again to it on "
                                "a new connection (cause resent: a kept-alive one closed as "
                                "the request went out)", ["replica", "cause"], registry=r)
+        self.held_back = Counter("kvgate_held_back", "Requests the policy ranked this "
+                                 "replica first for, sent elsewhere first because it held far "
+                                 "more requests in flight than the fleet's median "
+                                 "(limits.held_back_margin)", ["replica"], registry=r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
         # (multiprocess mode cannot remove a series: no model label is given back there)
         # the routes a request's series are labelled with: the policy's reasons, and
