@@ -148,6 +148,10 @@ class ReplicaState:
     consecutive_successes: int = 0
     last_error: str | None = None
     request_failures: int = 0  # requests failed in a row (5xx, timeouts, cuts)
+    # answers cut after the client got part of them, in a row of their kind (event
+    # streams, bodies): only an answer of that kind relayed whole ends it (``answer_cut``)
+    streams_cut: int = 0
+    bodies_cut: int = 0
     ejected_until: float = 0.0  # monotonic: no health check readmits before this
     ejections: int = 0  # outlier ejections in a row, each soon after the last
     scraped: ScrapedMetrics | None = None
@@ -336,6 +340,14 @@ class ReplicaState:
         working (``replica_metrics.moved``): alive, if busy."""
         self.progress_at = time.monotonic()
         self.publish()
+
+    def answered_whole(self, stream: bool) -> None:
+        """It relayed an answer whole: an event stream (``stream``) or a body. Ends the
+        run of cuts of that kind (``Fleet.answer_cut``)."""
+        if stream:
+            self.streams_cut = 0
+        else:
+            self.bodies_cut = 0
 
     def progress(self) -> float:
         """When it last made progress for any of the box's workers (monotonic)."""
@@ -779,15 +791,43 @@ class Fleet:
         state.request_failures += 1
         if state.request_failures < failures_to_eject or not state.healthy:
             return False
+        state.request_failures = 0
+        return self._eject_for_requests(state, error, ejection_s, now)
+
+    def answer_cut(self, replica_id: str, stream: bool, error: str, failures_to_eject: int,
+                   ejection_s: float, now: float | None = None) -> bool:
+        """The replica broke off an answer after the client got part of it (an event
+        stream, ``stream``, or a body). Cuts count in a run of their kind that only an
+        answer of the same kind relayed whole ends (``ReplicaState.answered_whole``): not
+        the opening of an answer, nor a whole answer of the other kind, so a replica that
+        cuts every stream is ejected though its whole bodies succeed. After
+        ``failures_to_eject`` in a run it is ejected as ``request_failed`` ejects; True
+        when it was ejected now. A client that hangs up cuts nothing."""
+        state = self._replicas.get(replica_id)
+        if state is None:
+            return False
+        if stream:
+            state.streams_cut += 1
+            run = state.streams_cut
+        else:
+            state.bodies_cut += 1
+            run = state.bodies_cut
+        if run < failures_to_eject or not state.healthy:
+            return False
+        state.answered_whole(stream)  # the run starts again once it is back
+        return self._eject_for_requests(state, error, ejection_s, now)
+
+    def _eject_for_requests(self, state: ReplicaState, error: str, ejection_s: float,
+                            now: float | None) -> bool:
+        """Eject ``state`` for its failed requests (``request_failed``, ``answer_cut``)."""
         now = time.monotonic() if now is None else now
         soon = now - state.ejected_until < ejection_s * 2 ** state.ejections
         state.ejections = min(state.ejections + 1, 5) if soon else 0
         state.ejected_until = now + ejection_s * 2 ** state.ejections
-        state.request_failures = 0
         state.healthy = False
         state.consecutive_successes = 0
         state.last_error = error
-        self._tell(HealthChanged(replica_id, False))
+        self._tell(HealthChanged(state.id, False))
         return True
 
     def follow_health(self, replica_id: str, healthy: bool, awaiting_check: bool) -> None:

@@ -477,7 +477,7 @@ ERROR_KINDS = ("bad_request", "unauthorized", "not_found", "too_large", "body_ti
 REJECTED = ("400", "401", "403", "404", "405", "408", "413", "415", "429", "499", "503")
 UNANSWERED = ("502", "504")  # routed, every replica tried failed before its first byte
 RETRY_CAUSES = ("connect", "5xx", "broken", "timeout", "idle_timeout", "ejected")
-CUT_CAUSES = ("broken", "idle_timeout", "ejected")
+CUT_CAUSES = ("broken", "cut_short", "idle_timeout", "ejected")
 # the route of requests relayed without a routing decision (embeddings, rerank, score...)
 PASSTHROUGH_ROUTE = "passthrough"
 

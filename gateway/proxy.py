@@ -112,6 +112,8 @@ _HOP_BY_HOP = frozenset({
 })
 _USAGE_CAPTURE_LIMIT = 1 << 20  # bytes of a non-streamed body kept to read its usage
 _SHUTDOWN = "shutdown"  # the cut of an answer the gateway's shutdown ended
+# the cut of a stream whose body ended cleanly, by its framing, before its last event
+CUT_SHORT = "cut_short"
 _SSE_TAIL = 8192  # bytes of a stream kept: its last event carries the usage
 _IDENTITY = frozenset(("identity", ""))  # content-encodings whose bytes are the body
 _UNPARSED = object()  # a held body not parsed yet
@@ -373,6 +375,13 @@ def _retry_after(value: str | None) -> float | None:
     return None if seconds is None or not 0 <= seconds <= 3600 else seconds
 
 
+class _EndedShort(UpstreamFailure):
+    """An event stream's body ended cleanly (its chunked or ``content-length`` framing
+    whole) before its last event: the replica ended it short, the connection unbroken."""
+
+    cause = "ended its stream before its last event"
+
+
 def _told(stream: UpstreamStream, ok: bool) -> None:
     """A stream's ``on_done`` once it was called."""
 
@@ -569,7 +578,9 @@ class UpstreamStream:
                     raise UpstreamBroken("the gateway ended the relay")
                 if not chunk:
                     if self._ends_cut():
-                        raise UpstreamBroken("the stream ended before its last event")
+                        if response.until_close:  # (a replica that died closes it too)
+                            raise UpstreamBroken("the stream ended before its last event")
+                        raise _EndedShort("ended its stream before its last event")
                     if self._json_cut():
                         raise UpstreamBroken("the body ended before its JSON did")
                     if self._long is not None and self._long.cut() is not None:
@@ -643,7 +654,11 @@ class UpstreamStream:
             if self._stopping is not None:
                 self._broke_off(self._stopping, "was cut off by the gateway's shutdown")
             elif not self._delivered:  # after [DONE] only the end of body was missing
-                self._broke_off("broken", f"broke the connection ({exc.__class__.__name__})")
+                if isinstance(exc, _EndedShort):
+                    self._broke_off(CUT_SHORT, str(exc))
+                else:
+                    self._broke_off("broken",
+                                    f"broke the connection ({exc.__class__.__name__})")
         finally:
             # the client left, mid-read or mid-send (then the relay is closed here)
             if not ok and self.client is not None and self.client.fired:
@@ -653,8 +668,10 @@ class UpstreamStream:
             yield self._cut_event("the gateway is shutting down: the answer is incomplete",
                                   "gateway_shutdown")
         elif self.cut is not None and self.stream:
+            # (one ended short is broken to the client, as one whose connection broke)
             yield self._cut_event(f"replica {self.replica!r} stopped mid-answer: the answer "
-                                  "is incomplete", f"upstream_{self.cut}")
+                                  "is incomplete", "upstream_broken" if self.cut == CUT_SHORT
+                                  else f"upstream_{self.cut}")
 
     def _cut_event(self, message: str, code: str) -> bytes:
         """The error event a cut stream ends with: a Responses stream's own
@@ -866,6 +883,7 @@ class UpstreamStream:
         state = self.pending.state
         if whole and state is not None:
             state.made_progress()
+            state.answered_whole(self.stream)
         # let go of the callback once called: what it holds may hold this stream (a cycle
         # left to the garbage collector with everything the request made)
         on_done, self.on_done = self.on_done, _told
@@ -1416,8 +1434,17 @@ class Proxy:
     def _cut(self, stream: UpstreamStream) -> None:
         assert stream.cut is not None
         self.metrics.cut(stream.replica, stream.cut)
-        self.fleet.request_failed(stream.replica, f"answer cut ({stream.cut})",
-                                  self.health.request_failures_to_eject, self.health.ejection_s)
+        error = f"answer cut ({stream.cut})"
+        to_eject, ejection_s = self.health.request_failures_to_eject, self.health.ejection_s
+        # a failed request, as a failed try is (the next answer opened ends that run), and
+        # one of a run of cuts that only a whole answer of its kind ends
+        if self.fleet.request_failed(stream.replica, error, to_eject, ejection_s):
+            log.warning("replica %s ejected after %d failed requests in a row (last: %s)",
+                        stream.replica, to_eject, error)
+        elif self.fleet.answer_cut(stream.replica, stream.stream, error, to_eject, ejection_s):
+            log.warning("replica %s ejected after %d %s in a row cut, none whole between "
+                        "them (last: %s)", stream.replica, to_eject,
+                        "streams" if stream.stream else "bodies", stream.cut)
 
 
 def _siblings_last(order: Sequence[str], at: int, failed: ReplicaState) -> Sequence[str]:

@@ -139,7 +139,7 @@ def test_a_continuation_goes_where_its_response_is_stored_and_usage_and_failures
         for _ in client.responses.create(model="sim-model", input="x", stream=True):
             pass
     def cuts() -> float:
-        return sum(metric(gw, f'kvgate_upstream_cuts_total{{cause="broken",replica="{b.name}"}}')
+        return sum(metric(gw, f'kvgate_upstream_cuts_total{{cause="cut_short",replica="{b.name}"}}')
                    or 0.0 for b in replicas)
 
     wait_until(lambda: cuts() == 1, 5, "the cut counted")

@@ -41,7 +41,7 @@ def test_a_response_echoing_event_types_in_its_metadata_is_neither_failed_nor_wh
     cut = httpx.post(f"{gw.url}/v1/responses", json={**body, "stream": True})
     # the client is told its stream was cut, and the cut is counted
     assert cut.text.rstrip().endswith('"code":"upstream_broken"}}')
-    wait_until(lambda: metric(gw, 'kvgate_upstream_cuts_total{cause="broken",replica="r0"}')
+    wait_until(lambda: metric(gw, 'kvgate_upstream_cuts_total{cause="cut_short",replica="r0"}')
                == 1, 5, "the cut counted")
     series = 'kvgate_requests_total{{replica="r0",route="round_robin",status="{}"}}'
     assert metric(gw, series.format(502)) == 1  # the cut stream alone failed
@@ -85,5 +85,5 @@ def test_a_stream_cut_inside_its_last_event_was_cut(serve: Serve) -> None:
     assert bodies["whole"].endswith('"output_tokens": 3}}}\n\n')
     # the last event's type came, not the rest of it: the client is told of the cut
     assert bodies["cut"].rstrip().endswith('"code":"upstream_broken"}}')
-    wait_until(lambda: metric(gw, 'kvgate_upstream_cuts_total{cause="broken",replica="cut"}')
+    wait_until(lambda: metric(gw, 'kvgate_upstream_cuts_total{cause="cut_short",replica="cut"}')
                == 1, 5, "the cut counted")

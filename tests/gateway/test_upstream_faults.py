@@ -657,7 +657,7 @@ def test_a_completion_stream_that_ends_without_done_is_shown_cut(serve: Serve) -
         assert events[:2] == [RawReplica.EVENT.decode().strip()] * 2
         assert len(events) == 3 and "stopped mid-answer" in events[2]
         assert json.loads(events[2][6:])["error"]["code"] == "upstream_broken"
-        assert metric(gw, 'kvgate_upstream_cuts_total{cause="broken",replica="r0"}') == 1
+        assert metric(gw, 'kvgate_upstream_cuts_total{cause="cut_short",replica="r0"}') == 1
 
 
 def test_a_stream_cut_inside_an_event_ends_with_whole_events(serve: Serve) -> None:
