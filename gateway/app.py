@@ -32,7 +32,7 @@ from gateway.admission import Slot, released_on_error
 from gateway.config import GatewayConfig
 from gateway.discovery.runner import Discovery, build_source
 from gateway.errors import ARRIVED, CountingBoundary, NoReplicaAvailable, counted
-from gateway.fleet import ModelInfo
+from gateway.fleet import ModelInfo, ReplicaState
 from gateway.forwarding import request_id_header, request_id_of, upstream_headers
 from gateway.generate_request import PATH as GENERATE_PATH
 from gateway.generate_request import counted_alike
@@ -65,7 +65,7 @@ from kvwire.openai_schema import (
     TooManyRequests,
 )
 from kvwire.request_edge import parses_on_loop
-from policies.base import Finished, Routed, Unrouted
+from policies.base import Finished, Routed, RouteRequest, Unrouted
 
 log = logging.getLogger("kvgate.gateway")
 # seconds a stopping gateway waits for its last spans to be exported
@@ -190,6 +190,9 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
             ranked, moved = held_back(ranked, routing.views, margin)
             if moved and moved[0] == decision.ranked[0]:
                 gw.metrics.held_back.labels(replica=moved[0]).inc()
+        ranked, short = _short_contexts_last(gw, ranked, route_req, gw.proxy.max_attempts)
+        if short and short[0] == decision.ranked[0]:
+            gw.metrics.short_context(short[0])
     # a batch is routed by its first prompt; its work is counted as that many of it, and
     # its summed usage teaches no calibration (it is not the first prompt's)
     batch = intake.parsed.num_prompts
@@ -398,6 +401,51 @@ def _under_queue_bound(gw: GatewayState, ranked: tuple[str, ...]) -> tuple[str, 
     raise TooManyRequests(
         f"every replica has {bound} or more prompt tokens queued; retry after {after} s",
         code="replicas_overloaded", headers={"Retry-After": str(after)})
+
+
+# a prompt's estimated tokens over a replica's context by this factor clearly exceed it (a
+# length estimate from text, or a calibration still learning, may be off by that much)
+CONTEXT_MARGIN = 1.25
+
+
+def _short_contexts_last(gw: GatewayState, ranked: tuple[str, ...], request: RouteRequest,
+                         tries: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``ranked`` with the replicas whose context the prompt clearly exceeds moved after
+    the others (in their order), and those moved: a replica whose ``max_model_len`` (its
+    ``/v1/models``' for the model, or for the adapter's base model) is under the prompt's
+    tokens in the replica's own (the gateway's estimate times the token calibration's
+    ratio) divided by ``CONTEXT_MARGIN``, the estimate's error allowed for. Ranked
+    replicas are looked at until ``tries`` that may hold the prompt are found (the proxy
+    tries no more); where none is, ``ranked`` (the replica's own refusal is the
+    answer)."""
+    fleet = gw.fleet
+    needed = request.prompt_tokens * fleet.calibration.ratio(request.model) / CONTEXT_MARGIN
+    fits: list[str] = []
+    short: list[str] = []
+    for rid in ranked:
+        limit = _context_of(fleet.get(rid), request.model, request.base_model)
+        if limit is not None and needed > limit:
+            short.append(rid)
+        else:
+            fits.append(rid)
+            if len(fits) == tries:
+                break
+    if not short or not fits:
+        return ranked, ()
+    looked = len(fits) + len(short)
+    return (*fits, *ranked[looked:], *short), tuple(short)
+
+
+def _context_of(state: ReplicaState | None, model: str | None, base: str | None
+                ) -> int | None:
+    """The ``max_model_len`` ``state``'s ``/v1/models`` gave ``model`` (or, where it gave
+    that none, its ``base``); None where it told none."""
+    if state is None or model is None:
+        return None
+    info = state.model_info.get(model)
+    if (info is None or info.max_model_len is None) and base is not None:
+        info = state.model_info.get(base)
+    return None if info is None else info.max_model_len
 
 
 async def completions(request: Request) -> Response:

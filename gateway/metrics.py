@@ -527,6 +527,10 @@ class GatewayMetrics:
                                  "replica first for, sent elsewhere first because it held far "
                                  "more requests in flight than the fleet's median "
                                  "(limits.held_back_margin)", ["replica"], registry=r)
+        self.short_contexts = Counter(
+            "kvgate_short_context", "Requests the policy ranked this replica first for, "
+            "sent elsewhere first because the prompt's estimate is over 1.25 x its "
+            "max_model_len", ["replica"], registry=r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
         # (multiprocess mode cannot remove a series: no model label is given back there)
         # the routes a request's series are labelled with: the policy's reasons, and
@@ -674,6 +678,11 @@ class GatewayMetrics:
 
     def retried(self, replica: str, cause: str) -> None:
         self._child(self.retries, replica, cause).inc()
+
+    def short_context(self, replica: str) -> None:
+        """A request ``replica`` was ranked first for went elsewhere first: the prompt
+        clearly exceeds its context."""
+        self._child(self.short_contexts, replica).inc()
 
     def cut(self, replica: str, cause: str) -> None:
         self._child(self.cuts, replica, cause).inc()
