@@ -15,22 +15,25 @@ from gateway.held_back import held_back
 from policies.base import ReplicaView
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.gateway_harness import Serve, metric, start_gateway
-from tests.support.waiting import wait_until
 
 STREAMS = 16
 
 
-def _stream(url: str) -> threading.Thread:
+def _stream(url: str) -> tuple[threading.Thread, threading.Event]:
+    """A streamed request, and an event set once its first bytes came (the replica then
+    holds it in flight, with no prefill pending)."""
     body = {"model": "sim-model", "prompt": "the same document " * 40, "max_tokens": 4,
             "stream": True}
+    first = threading.Event()
 
     def post() -> None:
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
-            r.read()
+            for _ in r.iter_bytes():
+                first.set()
 
     thread = threading.Thread(target=post, daemon=True)
     thread.start()
-    return thread
+    return thread, first
 
 
 @pytest.mark.parametrize("margin", [8, None])
@@ -46,10 +49,11 @@ def test_stalled_streams_do_not_draw_every_request(serve: Serve, margin: int | N
     threads = []
     try:
         for _ in range(STREAMS):
-            threads.append(_stream(gw.url))
-            # one at a time: each decision sees the streams before it in flight
-            wait_until(lambda: sum(len(b.received) for b in behaviours) == len(threads), 10,
-                       "the stream to reach a replica")
+            thread, first = _stream(gw.url)
+            threads.append(thread)
+            # one at a time: each decision sees the streams before it in flight, none of
+            # them with prefill pending (which prefix_affinity's own bound would weigh)
+            assert first.wait(10), "the stream's first bytes"
         held = Counter({b.name: len(b.received) for b in behaviours})
     finally:
         release.set()
