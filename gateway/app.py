@@ -189,7 +189,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         if margin is not None:
             ranked, moved = held_back(ranked, routing.views, margin)
             if moved and moved[0] == decision.ranked[0]:
-                gw.metrics.held_back.labels(replica=moved[0]).inc()
+                gw.metrics.held_back(moved[0])
         ranked, short = _short_contexts_last(gw, ranked, route_req, gw.proxy.max_attempts)
         if short and short[0] == decision.ranked[0]:
             gw.metrics.short_context(short[0])

@@ -27,12 +27,12 @@ def held_back(ranked: tuple[str, ...], views: Sequence[ReplicaView], margin: int
               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``ranked`` with the replicas holding far more requests than the fleet's median
     moved after the others, and those moved (in their ranked order)."""
-    counts = [v.in_flight + v.others_in_flight for v in views if v.healthy]
+    held = {v.id: v.in_flight + v.others_in_flight for v in views if v.healthy}
+    counts = list(held.values())
     if len(counts) < 2 or max(counts) < FACTOR * min(counts) + margin:
-        return ranked, ()  # the common case: no replica far over the median, read once
+        return ranked, ()  # the common case: no replica far over the median
     counts.sort()
     bound = FACTOR * counts[(len(counts) - 1) // 2] + margin
-    held = {v.id: v.in_flight + v.others_in_flight for v in views if v.healthy}
     moved = tuple(rid for rid in ranked if held.get(rid, 0) >= bound)
     if not moved or len(moved) == len(ranked):
         return ranked, ()

@@ -523,14 +523,14 @@ class GatewayMetrics:
                                "(after a failure of this cause there), or sent again to it on "
                                "a new connection (cause resent: a kept-alive one closed as "
                                "the request went out)", ["replica", "cause"], registry=r)
-        self.held_back = Counter("kvgate_held_back", "Requests the policy ranked this "
-                                 "replica first for, sent elsewhere first because it held far "
-                                 "more requests in flight than the fleet's median "
-                                 "(limits.held_back_margin)", ["replica"], registry=r)
+        self.held_backs = Counter("kvgate_held_back", "Requests the policy ranked this "
+                                  "replica first for, sent elsewhere first because it held "
+                                  "far more requests in flight than the fleet's median "
+                                  "(limits.held_back_margin)", ["replica"], registry=r)
         self.short_contexts = Counter(
             "kvgate_short_context", "Requests the policy ranked this replica first for, "
-            "sent elsewhere first because the prompt's estimate is over 1.25 x its "
-            "max_model_len", ["replica"], registry=r)
+            "sent elsewhere first because the prompt's estimate clearly exceeds its "
+            "max_model_len (by more than the estimate's margin)", ["replica"], registry=r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory..
         # (multiprocess mode cannot remove a series: no model label is given back there)
         # the routes a request's series are labelled with: the policy's reasons, and
@@ -678,6 +678,11 @@ class GatewayMetrics:
 
     def retried(self, replica: str, cause: str) -> None:
         self._child(self.retries, replica, cause).inc()
+
+    def held_back(self, replica: str) -> None:
+        """A request ``replica`` was ranked first for went elsewhere first: it held far
+        more requests in flight than the fleet's median (``gateway.held_back``)."""
+        self._child(self.held_backs, replica).inc()
 
     def short_context(self, replica: str) -> None:
         """A request ``replica`` was ranked first for went elsewhere first: the prompt
