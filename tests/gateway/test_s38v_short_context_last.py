@@ -92,6 +92,7 @@ def test_a_replica_too_short_for_the_prompt_is_tried_after_the_others(serve: Ser
 
 
 def test_where_every_replica_is_too_short_the_refusal_answers(serve: Serve) -> None:
+    # a control: the code before the rule answered so too; with it, no replica moves
     one, two = Replica(10), Replica(20)
     gw = _gateway(serve, {"one": one, "two": two})
     r = _complete(gw)
