@@ -6,16 +6,14 @@ connection is busy the new one is refused."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 
-from tests.support.raw_answers import read_answer
+from tests.support.raw_answers import connections, read_answer
 from tests.support.servers import gateway_server
 from tests.support.waiting import wait_until
 
@@ -80,20 +78,6 @@ def idle_count(server: uvicorn.Server) -> int:
     """Connections waiting for their next request (uvicorn's keep-alive wait running)."""
     return sum(protocol.timeout_keep_alive_task is not None
                for protocol in tuple(server.server_state.connections))
-
-
-@contextlib.contextmanager
-def connections(port: int, count: int) -> Iterator[list[socket.socket]]:
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.create_connection(("127.0.0.1", port))
-            sock.settimeout(5)
-            socks.append(sock)
-        yield socks
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def test_idle_kept_alive_connections_make_room_for_a_new_client_oldest_first() -> None:

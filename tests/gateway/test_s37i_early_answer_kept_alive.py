@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from tests.support.raw_answers import read_answer
+from tests.support.raw_answers import connections, read_answer
 from tests.support.servers import gateway_server
 from tests.support.waiting import wait_until
 
@@ -51,19 +51,12 @@ def closed_by_server(sock: socket.socket) -> bool:
 @contextlib.contextmanager
 def answered_early(port: int, count: int) -> Iterator[list[socket.socket]]:
     """``count`` connections, each answered 413 on its head, then sent the whole body."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.create_connection(("127.0.0.1", port))
-            sock.settimeout(5)
-            socks.append(sock)
+    with connections(port, count) as socks:
+        for sock in socks:
             sock.sendall(EARLY)
             assert read_answer(sock).startswith(b"HTTP/1.1 413")
             sock.sendall(BODY)
         yield socks
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def test_a_connection_answered_before_its_body_waits_keep_alive_s_once_the_body_came(

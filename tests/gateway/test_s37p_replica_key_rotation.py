@@ -26,7 +26,7 @@ from gateway.http_server import bounded_protocol
 from gateway.monitor import Monitor
 from gateway.state import build_state
 from tests.support.fake_replica import Behaviour, fake_replica
-from tests.support.gateway_harness import ADMIN_TOKEN, AUTH, Gateway, Serve, metric
+from tests.support.gateway_harness import ADMIN_TOKEN, AUTH, Gateway, Serve, metric, start_gateway
 from tests.support.servers import aiohttp_site
 
 CLIENT_KEY = "client-key-0123456789abcdef"
@@ -52,18 +52,8 @@ def _keyed(app: Any, want: list[str], guarded_paths: str = "/v1") -> Any:
 
 
 def _gateway(serve: Serve, replicas: list[dict[str, Any]]) -> Gateway:
-    config = parse_config({
-        "replicas": replicas,
-        "policy": {"name": "round_robin"},
-        "auth": {"api_keys": [{"key": CLIENT_KEY, "tenant": "acme"}]},
-        "health": {"interval_s": 0.2, "timeout_s": 2.0, "failures_to_eject": 1},
-        "scrape": {"interval_s": 0.2},
-        "admin": {"token": ADMIN_TOKEN, "allow_networks": ["127.0.0.0/8"]},
-    })
-    state = build_state(config)
-    pair = serve(create_app(config, state), side=create_admin_app(state),
-                 http=bounded_protocol(config, state.refused_by_server))
-    return Gateway(pair.url, pair.port, pair.side_url)
+    return start_gateway(serve, replicas,
+                         auth={"api_keys": [{"key": CLIENT_KEY, "tenant": "acme"}]})
 
 
 def _last_error(gw: Gateway, rid: str) -> str | None:

@@ -3,7 +3,7 @@ listeners on the gateway's own HTTP protocol, and its /metrics read back."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +33,15 @@ class Gateway:
     admin: str
 
 
-def start_gateway(serve: Serve, replicas: list[tuple[str, str]], **extra: Any) -> Gateway:
-    """A gateway (round robin unless ``policy`` says) in front of ``replicas`` (id, url),
-    health-checked and scraped every 0.2 s, its admin API open to loopback. One failed
-    check ejects a replica; a check waits 2 s for its answer, so a loaded test machine's
-    slow answer is not taken for a failure."""
+def start_gateway(serve: Serve, replicas: Sequence[tuple[str, str] | dict[str, Any]],
+                  **extra: Any) -> Gateway:
+    """A gateway (round robin unless ``policy`` says) in front of ``replicas`` ((id, url),
+    or a replica's whole config), health-checked and scraped every 0.2 s, its admin API
+    open to loopback. One failed check ejects a replica; a check waits 2 s for its answer,
+    so a loaded test machine's slow answer is not taken for a failure."""
     config = parse_config({
-        "replicas": [{"id": rid, "url": url} for rid, url in replicas],
+        "replicas": [r if isinstance(r, dict) else {"id": r[0], "url": r[1]}
+                     for r in replicas],
         "policy": extra.pop("policy", {"name": "round_robin"}),
         "health": {"interval_s": 0.2, "timeout_s": 2.0, "failures_to_eject": 1},
         "scrape": {"interval_s": 0.2},

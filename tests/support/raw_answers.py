@@ -1,8 +1,26 @@
-"""Reading a server's answers off a raw socket, for tests of kept-alive connections."""
+"""Raw client connections to a server, and reading its answers off them, for tests of
+kept-alive connections."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def connections(port: int, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` connections to ``port`` on loopback (5 s timeouts), closed after."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.settimeout(5)
+            socks.append(sock)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def read_answer(sock: socket.socket) -> bytes:
