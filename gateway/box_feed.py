@@ -15,6 +15,8 @@ new through the same ``Fleet`` methods the leader's monitor used:
   thresholds then eject or readmit, as the leader's did);
 - a scrape, when its sequence moved, with any KV capacity the leader's state holds as
   estimated (``gateway.kv_capacity_estimate``, which is off while the load is shared);
+- a prefix cache flush (``/flush_cache``), when the replica's count of them moved: the
+  follower's policy forgets what it modelled there, as the leader's did;
 - the models a replica serves, when the leader listed them after this follower last did:
   a follower lists them itself when a request names a model none serves (an adapter
   loaded at run time), as a single gateway does (``intake.check_model``), and keeps what
@@ -75,7 +77,7 @@ def snapshot(fleet: Fleet, discovery: Sequence[SourceStats] = ()) -> dict[str, A
         "pending_at_scrape": s.pending_at_scrape,
         "in_flight_at_scrape": s.in_flight_at_scrape,
         "scraped": dataclasses.asdict(s.scraped) if s.scraped is not None else None,
-        "estimated_kv_replica_tokens": s.estimated_kv_replica_tokens,
+        "estimated_kv_replica_tokens": s.estimated_kv_replica_tokens, "flushes": s.flushes,
         "auth_failures": s.auth_failures,
         "models": list(s.models), "models_cut": s.models_cut, "models_at": s.models_at,
         # what the listing said beyond the ids, where it said anything
@@ -127,11 +129,12 @@ class FeedBlock:
 
 
 class _Applied:
-    __slots__ = ("checks", "scrape_seq")
+    __slots__ = ("checks", "flushes", "scrape_seq")
 
     def __init__(self) -> None:
         self.checks = 0
         self.scrape_seq = 0
+        self.flushes = 0
 
 
 class BoxFeed:
@@ -267,7 +270,7 @@ class BoxFeed:
         """Write the fleet's snapshot when anything in it moved (a cheap signature is
         compared first: building the JSON costs ~20 us a replica)."""
         signature = (tuple((s.id, s.slot, s.checks, s.scrape_seq, s.models, s.models_cut,
-                            s.models_at, s.auth_failures) for s in self.fleet),
+                            s.models_at, s.auth_failures, s.flushes) for s in self.fleet),
                      tuple(dataclasses.astuple(stats) for stats in self.discovery))
         if signature == self._signature:
             return
@@ -331,6 +334,9 @@ class BoxFeed:
                                     pending_then=r["pending_at_scrape"],
                                     in_flight_then=r["in_flight_at_scrape"])
                 state.estimated_kv_replica_tokens = r["estimated_kv_replica_tokens"]
+            if r["flushes"] != seen.flushes:  # flushed through the leader's admin API
+                seen.flushes = r["flushes"]
+                fleet.flushed(rid, r["flushes"])
             state.auth_failures = r.get("auth_failures", 0)
             # the newer listing wins: the leader's, or the one this follower asked for on
             # a miss (``Monitor.refresh_all_models``) since; one clock for the box's

@@ -10,12 +10,14 @@ both. The path its scraped dialect names goes first, the other when that one is 
 405. Unhealthy replicas are not asked (they get no traffic; one back from a restart has
 an empty cache anyway) and are listed as skipped.
 
-A replica whose cache was flushed is told to the routing policy as a restarted one is
-(``ReplicaReset``, which ``gateway.state.policy_listener`` passes on for the fleet): its
-model of the replica's cache and its KV event index entries are dropped, so no request is
-routed toward a prefix the replica no longer holds. (A replica's KV events say the same
-where it publishes them.) With ``--workers N`` only worker 0, which serves the admin API,
-is told; other gateway copies (``peers``) are not told either.
+A replica whose cache was flushed is told to the fleet (``Fleet.flushed``), whose
+``gateway.state.policy_listener`` tells the routing policy as of a restarted replica
+(``ReplicaReset``): its model of the replica's cache and its KV event index entries are
+dropped, so no request is routed toward a prefix the replica no longer holds. (A replica's
+KV events say the same where it publishes them.) With ``--workers N`` worker 0, which
+serves the admin API, counts the flush in its snapshot and the other workers tell their
+own policies when they apply it (``gateway.box_feed``); other gateway copies (``peers``)
+are not told.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import aiohttp
 from gateway.fleet import ReplicaState
 from gateway.monitor import servers
 from gateway.state import GatewayState
-from policies.base import ReplicaReset
 
 FLUSH_TIMEOUT_S = 30.0  # for one server's answer
 SGLANG_PATH = "/flush_cache"
@@ -93,7 +94,7 @@ async def flush_replicas(gw: GatewayState, session: aiohttp.ClientSession,
                 continue
             summary.flushed.append(state.id)
             if gw.fleet.get(state.id) is state:  # (not removed meanwhile)
-                gw.policy.observe(ReplicaReset(state.id))
+                gw.fleet.flushed(state.id)
     return summary
 
 

@@ -49,7 +49,13 @@ from typing import NamedTuple, Protocol
 from gateway.calibration import TokenCalibration
 from gateway.config import ReplicaConfig
 from gateway.data_parallel import RANK_HEADER
-from gateway.fleet_events import FleetEvent, FleetListener, HealthChanged, ReplicaAdded
+from gateway.fleet_events import (
+    CacheFlushed,
+    FleetEvent,
+    FleetListener,
+    HealthChanged,
+    ReplicaAdded,
+)
 from gateway.log_throttle import LogThrottle
 from gateway.replica_metrics import HitRateWindow, ScrapedMetrics, moved
 from gateway.shared_load import LoadTotals, SharedLoad
@@ -161,6 +167,7 @@ class ReplicaState:
     # below it means a restart (an SGLang server has no prefix-cache counter to show one)
     work_tokens_seen: float | None = None
     epoch: int = 0
+    flushes: int = 0  # its prefix cache flushed through the admin API (the leader's count)
     pending_tokens: int = 0  # sent, no first byte yet
     pending_at_scrape: int = 0  # pending_tokens (the box's, with workers) when last scraped
     in_flight_at_scrape: int = 0  # in_flight (the box's, with workers) when last scraped
@@ -738,6 +745,17 @@ class Fleet:
             self._tell(ReplicaReset(replica_id))
         self.changed()
         return reset
+
+    def flushed(self, replica_id: str, count: int | None = None) -> None:
+        """``replica_id``'s prefix cache was flushed (``gateway.cache_flush``): counted
+        (``count``: the leader's count, where a follower worker applies it) and told as
+        ``CacheFlushed``."""
+        state = self._replicas.get(replica_id)
+        if state is None:
+            return
+        state.flushes = state.flushes + 1 if count is None else count
+        self._tell(CacheFlushed(replica_id))
+        self.changed()
 
     def record_health(self, replica_id: str, ok: bool, error: str | None,
                       failures_to_eject: int, successes_to_readmit: int) -> bool | None:

@@ -1,5 +1,5 @@
-"""What a ``Fleet`` tells its listeners: replicas joining and leaving, health changes, and
-restarts noticed in a scrape.
+"""What a ``Fleet`` tells its listeners: replicas joining and leaving, health changes,
+restarts noticed in a scrape, and prefix caches flushed through the admin API.
 
 Listeners (the policy, the KV-event subscriber) are called synchronously on the event
 loop thread, after the fleet's state changed; they must not await or block.
@@ -24,5 +24,13 @@ class HealthChanged:
     healthy: bool
 
 
-FleetEvent = ReplicaAdded | ReplicaRemoved | ReplicaReset | HealthChanged
+@dataclass(frozen=True, slots=True)
+class CacheFlushed:
+    """The replica's prefix cache was emptied on the gateway's request (``/flush_cache``):
+    what it held is gone, though its process and KV pool are the same."""
+
+    replica: str
+
+
+FleetEvent = ReplicaAdded | ReplicaRemoved | ReplicaReset | HealthChanged | CacheFlushed
 FleetListener = Callable[[FleetEvent], None]

@@ -18,7 +18,7 @@ from gateway.client_auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.errors import CountingBoundary, counted
 from gateway.fleet import Fleet
-from gateway.fleet_events import FleetEvent, FleetListener
+from gateway.fleet_events import CacheFlushed, FleetEvent, FleetListener
 from gateway.forwarding import request_id_header
 from gateway.kv_capacity_estimate import CapacityCollector, CapacityEstimator
 from gateway.metrics import GatewayMetrics
@@ -126,11 +126,14 @@ class GatewayState:
 
 
 def policy_listener(policy: Policy) -> FleetListener:
-    """Tells ``policy`` of replicas that left or restarted."""
+    """Tells ``policy`` of replicas that left or restarted, and of caches flushed (as a
+    restart: what the replica held is gone)."""
 
     def listener(event: FleetEvent) -> None:
         if isinstance(event, ReplicaRemoved | ReplicaReset):
             policy.observe(event)
+        elif isinstance(event, CacheFlushed):
+            policy.observe(ReplicaReset(event.replica))
 
     return listener
 
