@@ -206,15 +206,15 @@ class GPUSpec:
             v = getattr(self, key)
             if not 0 < v <= 1:
                 raise ValueError(f"gpu.{key} must be in (0, 1], got {v!r}")
-        if not 0 <= self.step_overhead_ms <= _MAX_STEP_OVERHEAD_MS:
+        if not 0 <= self.step_overhead_ms <= MAX_STEP_OVERHEAD_MS:
             raise ValueError(f"gpu.step_overhead_ms must be within [0, "
-                             f"{_MAX_STEP_OVERHEAD_MS:g}] (a step's fixed cost is a few ms), "
+                             f"{MAX_STEP_OVERHEAD_MS:g}] (a step's fixed cost is a few ms), "
                              f"got {self.step_overhead_ms}")
 
 
 # what a device can be: past these a simulated step takes hours, and the engine stalls
 _GPU_BOUNDS = {"peak_tflops": (0.01, 1e5), "hbm_tb_per_s": (0.001, 1e3)}
-_MAX_STEP_OVERHEAD_MS = 1000.0
+MAX_STEP_OVERHEAD_MS = 1000.0
 # a quantized weight's bytes, scales included: past a float32 and its scale and zero point
 _MAX_WEIGHT_BYTES = 8.0
 

@@ -27,12 +27,13 @@ as an engine publishes them after each step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.core import EngineConfig, EngineCore
-from engine.cost_model import CostModel, load_profile
+from engine.cost_model import MAX_STEP_OVERHEAD_MS, CostModel, Profile, load_profile
 from engine.eviction import check_eviction_name
 from engine.kv_sizing import blocks_in_gib
 from engine.request import RequestOutput, SamplingParams
@@ -49,6 +50,18 @@ DIALECTS = ("vllm", "kvgate", "vllm-no-capacity")
 # the most KV blocks a simulated fleet keeps, all its replicas' pools together: each
 # block is a few records in its pool (about 50 bytes), 2^24 of them ~0.8 GiB
 MAX_FLEET_BLOCKS = 1 << 24
+
+
+MAX_SLOWDOWN = 100.0
+
+
+def slower(profile: Profile, factor: float) -> CostModel:
+    """The cost model of ``profile``'s model on a device ``factor`` times slower: its
+    compute and memory bandwidth divided by it, its fixed step overhead multiplied."""
+    gpu = profile.gpu
+    return CostModel(profile.model, dataclasses.replace(
+        gpu, peak_tflops=gpu.peak_tflops / factor, hbm_tb_per_s=gpu.hbm_tb_per_s / factor,
+        step_overhead_ms=min(gpu.step_overhead_ms * factor, MAX_STEP_OVERHEAD_MS)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +84,9 @@ class FleetSpec:
     # only: 1, every replica its own server (or ranks the gateway routes to, as with
     # ``data_parallel_size``)
     ranks_hidden: int = 1
+    # how many times slower than the profile's device each replica's is, by position
+    # (r0, r1, ...; 1 for those past the end): a fleet of mixed or throttled devices
+    slowdown: tuple[float, ...] = ()
 
     def validate(self) -> None:
         for key in ("replicas", "kv_pool_gib", "idle_kv_gib", "max_num_seqs",
@@ -90,6 +106,13 @@ class FleetSpec:
         if self.ranks_hidden < 1 or self.replicas % self.ranks_hidden:
             raise ValueError(f"ranks_hidden must divide replicas ({self.replicas}), got "
                              f"{self.ranks_hidden!r}")
+        if len(self.slowdown) > self.replicas:
+            raise ValueError(f"slowdown names {len(self.slowdown)} replicas, the fleet has "
+                             f"{self.replicas}")
+        for i, factor in enumerate(self.slowdown):
+            if not 0 < factor <= MAX_SLOWDOWN:  # NaN too
+                raise ValueError(f"slowdown of r{i} must be in (0, {MAX_SLOWDOWN:g}], got "
+                                 f"{factor!r}")
         if self.ranks_hidden > 1 and (self.views != "gateway" or self.kv_events):
             raise ValueError("ranks_hidden needs the gateway's views and no KV events (a "
                              "server's ranks publish apart)")
@@ -178,8 +201,9 @@ class SimFleet:
             emit_every_token=False,
         )
         self.replicas = [
-            SimReplica(f"r{i}", EngineCore(SimExecutor(cost, block_size=spec.block_size,
-                                                       token_range=(3, 4096)), config))
+            SimReplica(f"r{i}", EngineCore(SimExecutor(
+                slower(profile, spec.slowdown[i]) if i < len(spec.slowdown) else cost,
+                block_size=spec.block_size, token_range=(3, 4096)), config))
             for i in range(spec.replicas)
         ]
         self.index = {r.id: i for i, r in enumerate(self.replicas)}

@@ -442,6 +442,15 @@ def _parse_params(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def _slowdowns(text: str) -> tuple[float, ...]:
+    """``--slowdown``'s comma-separated factors."""
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers (1,1,3), got {text!r}") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="contracts", choices=sorted(SCENARIOS))
     parser.add_argument("--replicas", type=int, default=8)
@@ -473,6 +482,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "own balancer picks the rank by queue (vLLM's internal one); "
                              "the gateway routes to the servers (default 1: to each "
                              "replica, as with data_parallel_size)")
+    parser.add_argument("--slowdown", type=_slowdowns, default=(), metavar="F,F,...",
+                        help="how many times slower than the profile's device each "
+                             "replica's is, r0 first (1 for those not named): "
+                             "--slowdown 1,1,1,3 makes r3's three times slower")
     parser.add_argument("--gateways", type=int, default=1,
                         help="gateway copies, each given a random share of the requests")
     parser.add_argument("--peers", action="store_true",
@@ -564,7 +577,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       eviction=args.eviction, views=args.views, dialect=args.dialect,
                       scrape_interval_s=args.scrape_interval,
                       capacity_estimate=args.capacity_estimate, kv_events=args.kv_events,
-                      ranks_hidden=args.ranks_hidden)
+                      ranks_hidden=args.ranks_hidden, slowdown=args.slowdown)
     fleet.validate()
     rate = args.rate if args.rate is not None else scenario.rate * args.replicas / 8
     if hasattr(spec, "rate"):  # the workload times its own arrivals
