@@ -323,7 +323,8 @@ class BoundedHttpProtocol(Http10Protocol):
     @staticmethod
     def on_refused(status: str) -> None:
         """An answer the server wrote itself (``status``: 400 for malformed HTTP, 408,
-        429, 431, 503): ``bounded_protocol`` gives the gateway's, which counts it."""
+        429, 431, 501 for a transfer coding it does not decode, 503): ``bounded_protocol``
+        gives the gateway's, which counts it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -494,6 +495,11 @@ class BoundedHttpProtocol(Http10Protocol):
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
+        error = sys.exception()
+        coding = error.__context__ if error is not None else None
+        if isinstance(coding, _UnsupportedCoding):
+            self._refuse(b"501 Not Implemented", str(coding), "unsupported_transfer_encoding")
+            return
         self._refuse(b"400 Bad Request", _what_is_invalid(msg), "invalid_http")
 
     def _refuse(self, status: bytes, reason: str, code: str, extra: bytes = b"") -> None:
@@ -554,6 +560,9 @@ class BoundedHttpProtocol(Http10Protocol):
         return b"".join(lines)
 
     def on_headers_complete(self) -> None:
+        coding = _transfer_coding_refused(self.headers)
+        if coding is not None:  # (the parser stops: ``send_400_response`` answers 501)
+            raise _UnsupportedCoding(coding)
         if self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT":
             # read again without the upgrade (``_PlainParser``); nothing starts now
             self._upgrade = self._without_upgrade()
@@ -629,6 +638,29 @@ class BoundedHttpProtocol(Http10Protocol):
 
 
 _SHOWN_CHARS = 200  # of a parser's message: an invalid URL's is the whole URL
+
+
+class _UnsupportedCoding(Exception):
+    """A request body sent in a transfer coding the server does not decode."""
+
+
+def _transfer_coding_refused(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a request's ``Transfer-Encoding`` is refused, or None: any coding but
+    ``chunked`` alone (``gzip, chunked``, ``identity``), which RFC 9112 answers 501, as
+    nginx does. The parser only checks that ``chunked`` comes last, and the body's
+    compressed bytes reached the JSON decoder, whose "not UTF-8" named nothing of the
+    cause."""
+    said = [value for name, value in headers if name == b"transfer-encoding"]
+    if not said:
+        return None
+    codings = [c.strip().lower() for value in said for c in value.split(b",") if c.strip()]
+    if codings == [b"chunked"]:
+        return None
+    shown = ", ".join(value.decode("latin-1") for value in said)
+    if len(shown) > _SHOWN_CHARS:
+        shown = shown[:_SHOWN_CHARS] + "..."
+    return f"Transfer-Encoding {shown!r} is not supported: send the body with " \
+           f"Content-Length, or with Transfer-Encoding: chunked alone (uncompressed)"
 
 
 def _what_is_invalid(said: str) -> str:

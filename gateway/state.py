@@ -88,8 +88,9 @@ class GatewayState:
 
     def refused_by_server(self, status: str) -> None:
         """``ended`` for an answer the HTTP server wrote itself, before any handler:
-        malformed HTTP (400), a head too large (431) or too slow (408), too many pipelined
-        requests (429) or connections (503)."""
+        malformed HTTP (400), a head too large (431) or too slow (408), a transfer coding
+        it does not decode (501), too many pipelined requests (429) or connections
+        (503)."""
         self.ended("none", status)
 
     def ended(self, route: str, status: str, replica: str = "none", **access: Any) -> None:
