@@ -112,7 +112,7 @@ from policies.counted_requests import CountedRequests
 from policies.frequency import FrequencySketch
 from policies.index_matches import IndexMatches, answered, stalled_state
 from policies.kv_index import KVIndex
-from policies.pace import DecayedRate, PrefillPace
+from policies.pace import DecayedRate, PrefillPace, ReplicaSlowdown
 from policies.placement import HotPlacement, Overflow
 from policies.prefix_keys import PrefixKeys
 from policies.recent_ids import RecentIds
@@ -174,6 +174,9 @@ class Cost(Policy):
         self._sketch = FrequencySketch(cfg.sketch_width, cfg.sketch_depth,
                                        window=self._window(0))
         self._pace = PrefillPace(cfg.prefill_s_per_token)
+        # each replica's own pace, where clearly slower than the fleet's
+        self._slow = None if cfg.slow_replica_ratio is None else ReplicaSlowdown(
+            cfg.prefill_s_per_token, cfg.slow_replica_ratio)
         self._slots = DecodeSlots()
         self._all_load = DecayedRate(cfg.load_window_s)  # uncached tokens routed
         self._requests = DecayedRate(cfg.load_window_s)  # requests routed
@@ -404,19 +407,20 @@ class Cost(Policy):
         churn_scale = 1.0 if hot or not evicts else self._fleet_scale()
         hot_owner = self._hot_owner(scale)
         inf = math.inf
+        slowdown = self._slowdown
 
         def score(batch: list[int], first_order: int) -> None:
             nonlocal best_total
             bounds: list[tuple[float, int, int, float, float, float, float]] = []
             for order, i in enumerate(batch, first_order):
                 w = replicas[i].weight
-                t = pace / w if w > 0 else inf
+                t = pace * slowdown(ids[i]) / w if w > 0 else inf
                 wait = wait_of(i)
                 uncached = (p - matched.get(i, 0)) * t
                 prefill = uncached * prefill_weight
                 misplaced = misplaced_p * t if hot and i in in_scratch and i != first else 0.0
-                # past the first token an idle replica would give the whole prompt
-                # uncached, with tail_slack, this request would be in the tail
+                # past the first token an idle replica (of this one's pace) would give the
+                # whole prompt uncached, with tail_slack, this request would be in the tail
                 over = wait + uncached - late_p * t
                 late = tail_weight * over if over > 0.0 else 0.0
                 bounds.append((wait + prefill + misplaced + late, order, i, wait, prefill,
@@ -491,7 +495,7 @@ class Cost(Policy):
         best = math.inf
         for i in firsts:
             w = replicas[i].weight
-            t = pace / w if w > 0 else math.inf
+            t = pace * self._slowdown(replicas[i].id) / w if w > 0 else math.inf
             wait = wait_of(i)
             over = wait + (p - matched.get(i, 0) - (1.0 + cfg.tail_slack) * p) * t
             best = min(best, wait + cfg.tail_weight * over if over > 0.0 else wait)
@@ -675,11 +679,16 @@ class Cost(Policy):
         its oldest unanswered request it is likely through (that request's age, never more
         than its own prefill); or, when longer, the wait for a free decode slot."""
         w = r.weight
-        t = pace / w if w > 0 else math.inf
+        t = pace * self._slowdown(r.id) / w if w > 0 else math.inf
         queue = r.queued_tokens * t - min(r.pending_age_s, r.pending_head_tokens * t)
         if not queue > 0.0:  # NaN too (a weight of 0 and nothing queued), as max(0.0, ·)
             queue = 0.0
         return max(queue, self._slot_wait(r))
+
+    def _slowdown(self, replica: str) -> float:
+        """How many times slower than the fleet's pace ``replica`` prefills (1.0 unless
+        clearly slower: ``slow_replica_ratio``)."""
+        return 1.0 if self._slow is None else self._slow.slowdown(replica)
 
     def _slot_wait(self, r: ReplicaView) -> float:
         """Weighted seconds before a decode slot frees on ``r`` for one more request."""
@@ -717,7 +726,7 @@ class Cost(Policy):
                 continue
             r = replicas[i]
             w = r.weight
-            queue = r.queued_tokens / w if w > 0 else inf
+            queue = r.queued_tokens * self._slowdown(r.id) / w if w > 0 else inf
             wait = 0.0
             if limits:  # a decode-slot wait is only above 0 where the slots are full
                 limit = limits.get(r.id)
@@ -772,13 +781,17 @@ class Cost(Policy):
             if self.kv_index is not None and self._exact.in_use(self.kv_index):
                 answered(self.kv_index, event)  # whether its replica's stream speaks
             if event.ok and event.ttft_s is not None and event.cached_tokens is not None:
-                self._pace.observe(event.ttft_s, req.prompt_tokens - event.cached_tokens)
+                uncached = req.prompt_tokens - event.cached_tokens
+                self._pace.observe(event.ttft_s, uncached)
+                if self._slow is not None:
+                    self._slow.observe(event.replica, event.ttft_s, uncached, self._pace)
             if event.ok and event.duration_s is not None:
                 # a slot is held from the prefill's start: the decode, plus the prefill
                 hold = event.duration_s
                 if event.ttft_s is not None:
                     uncached = req.prompt_tokens - (event.cached_tokens or 0)
-                    hold += max(0, uncached) * self._pace.value_s - event.ttft_s
+                    hold += max(0, uncached) * self._pace.value_s \
+                        * self._slowdown(event.replica) - event.ttft_s
                 self._slots.held(max(0.0, hold))
         elif isinstance(event, ReplicaRemoved):
             # the next decision reads its views again, however soon: one added back under
@@ -796,6 +809,8 @@ class Cost(Policy):
                 self.kv_index.reset(event.replica)
             self._exact.forget(event.replica)
             self._slots.forget(event.replica)  # a restart may run fewer sequences at once
+            if self._slow is not None:  # (or run on another device)
+                self._slow.forget(event.replica)
             self._models.reset(event.replica)
 
     def _forget(self, replica: str) -> None:
@@ -810,6 +825,8 @@ class Cost(Policy):
         self._slots.forget(replica)
         self._placement.forget_replica(replica)
         self._exact.forget(replica)
+        if self._slow is not None:
+            self._slow.forget(replica)
 
     def _model_size(self, replica: str) -> tuple[int, int]:
         """The replica's epoch, and the tokens its model holds: ``capacity_fraction`` of its
@@ -945,6 +962,8 @@ class Cost(Policy):
             "placed_hot_tokens": {rid: self._placement.tokens_on(rid) for rid in self._facts},
             "prefill_s_per_token": self._pace.value_s,
             "pace_samples": self._pace.samples,
+            # replicas weighed at their own, slower pace (slow_replica_ratio): how much
+            "slow_replicas": {} if self._slow is None else self._slow.slow(),
             "slot_hold_s": self._slots.hold_s,
             "slots": {rid: self._slots.limit(rid) for rid in self._facts},
             "sketch_window": self._sketch.window,

@@ -47,6 +47,7 @@ class CostConfig:
     placement_overflow: bool = True
     spill_survival: bool = True
     prefill_s_per_token: float = 1e-4
+    slow_replica_ratio: float | None = 1.5
     capacity_fraction: float = 1.0
     default_capacity_tokens: int = 200_000
     learn_common_prefix: bool = True
@@ -93,6 +94,9 @@ class CostConfig:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if self.placement_slack is not None and not self.placement_slack >= 0:
             raise ValueError(f"placement_slack must be >= 0 or null, got {self.placement_slack!r}")
+        if self.slow_replica_ratio is not None and not self.slow_replica_ratio >= 1.0:
+            raise ValueError(f"slow_replica_ratio must be >= 1 or null, got "
+                             f"{self.slow_replica_ratio!r}")
         if not 0.0 < self.placement_fill <= 1.0:
             raise ValueError(f"placement_fill must be in (0, 1], got {self.placement_fill!r}")
         if not 0.0 < self.capacity_fraction <= 1.0:

@@ -6,6 +6,9 @@
   requests' time to first token over the tokens they did not find cached. Queueing only
   ever adds to that ratio, so a low percentile of recent ratios estimates the pace of an
   idle replica; until enough samples arrive the configured prior stands.
+* ``ReplicaSlowdown``: each replica's own ``PrefillPace`` against the fleet's, read as how
+  many times slower its device is (another generation's, a throttled one), where that is
+  clearly so.
 """
 
 from __future__ import annotations
@@ -89,3 +92,63 @@ class PrefillPace:
     @property
     def samples(self) -> int:
         return len(self._samples)
+
+
+MAX_SLOWDOWN = 8.0
+
+
+class ReplicaSlowdown:
+    """How many times slower than the fleet's pace each replica prefills, learned from its
+    own finished requests (a ``PrefillPace`` each, over the same samples as the fleet's):
+    1.0 until it has ``min_samples``, and wherever its pace is under ``ratio`` times the
+    fleet's (a busy replica's samples carry some queueing, which the low percentile mostly
+    leaves out; a small difference is noise, and weights say the rest); else that ratio,
+    ``MAX_SLOWDOWN`` at most. ``slowdown`` is a dict lookup: the ratios are worked out when
+    a pace moves (every 32 samples of a replica or of the fleet)."""
+
+    __slots__ = ("_factors", "_fleet_s", "_paces", "min_samples", "prior_s", "ratio")
+
+    def __init__(self, prior_s: float, ratio: float, min_samples: int = 32) -> None:
+        if not ratio >= 1.0:
+            raise ValueError(f"ratio must be >= 1, got {ratio!r}")
+        self.prior_s = prior_s
+        self.ratio = ratio
+        self.min_samples = min_samples
+        self._paces: dict[str, PrefillPace] = {}
+        self._factors: dict[str, float] = {}  # the slow replicas only
+        self._fleet_s = prior_s
+
+    def observe(self, replica: str, ttft_s: float, uncached_tokens: int,
+                fleet: PrefillPace) -> None:
+        """One finished request of ``replica`` (after ``fleet`` observed it too)."""
+        pace = self._paces.get(replica)
+        if pace is None:
+            pace = self._paces[replica] = PrefillPace(self.prior_s)
+        before = pace.value_s
+        pace.observe(ttft_s, uncached_tokens)
+        if fleet.value_s != self._fleet_s:
+            self._fleet_s = fleet.value_s
+            for rid in self._paces:
+                self._judge(rid)
+        elif pace.value_s != before:
+            self._judge(replica)
+
+    def _judge(self, replica: str) -> None:
+        pace = self._paces[replica]
+        factor = pace.value_s / self._fleet_s if pace.samples >= self.min_samples else 1.0
+        if factor >= self.ratio:
+            self._factors[replica] = min(factor, MAX_SLOWDOWN)
+        else:
+            self._factors.pop(replica, None)
+
+    def slowdown(self, replica: str) -> float:
+        return self._factors.get(replica, 1.0)
+
+    def slow(self) -> dict[str, float]:
+        """The replicas found slow, with their slowdowns."""
+        return dict(self._factors)
+
+    def forget(self, replica: str) -> None:
+        """Keep nothing of ``replica`` (it left, or restarted: perhaps on another device)."""
+        self._paces.pop(replica, None)
+        self._factors.pop(replica, None)

@@ -1,0 +1,110 @@
+"""``cost`` learns each replica's own prefill pace from its first-token times and weighs
+one clearly slower than the fleet (another device generation, a throttled one) at its own
+pace: a prompt whose part the slow replica holds goes to an idle replica that prefills it
+whole sooner. ``ReplicaSlowdown`` reads a replica as slow only past ``ratio``, with
+enough samples, and forgets one that left or restarted."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from policies.base import Finished, ReplicaRemoved, ReplicaReset, ReplicaView, Routed, RouteRequest
+from policies.cost import Cost
+from policies.cost_config import CostConfig
+from policies.pace import MAX_SLOWDOWN, PrefillPace, ReplicaSlowdown
+
+FLEET_S = 1e-4  # seconds per uncached token on the fleet's devices
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(50_000) for _ in range(n)]
+
+
+def _request(tokens: list[int], at: float) -> RouteRequest:
+    return RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model="m", arrival_s=at)
+
+
+def _views() -> list[ReplicaView]:
+    return [ReplicaView(f"r{i}", kv_capacity_tokens=50_000) for i in range(4)]
+
+
+def _learn(policy: Cost, slow: dict[str, float], per_replica: int = 40) -> None:
+    """``per_replica`` one-off 1,000-token prompts answered by each replica, uncached,
+    its first token after 1,000 x FLEET_S x its slowdown (1 unless in ``slow``)."""
+    seed = 1000
+    for rid in (v.id for v in _views()):
+        for _ in range(per_replica):
+            seed += 1
+            req = _request(_tokens(seed, 1000), 0.0)
+            ttft = 1000 * FLEET_S * slow.get(rid, 1.0)
+            policy.observe(Finished(req, rid, ok=True, cached_tokens=0, ttft_s=ttft,
+                                    duration_s=ttft + 0.1))
+
+
+def _choice_with_half_held_on_r3(config: CostConfig) -> tuple[str, dict[str, dict[str, float]]]:
+    """The replica chosen, idle fleet, for a 2,000-token prompt whose first 1,000 tokens
+    r3 holds (routed there before); each scored replica's terms."""
+    policy = Cost(config)
+    _learn(policy, {"r3": 4.0})
+    head = _tokens(7, 1000)
+    first = _request(head, 1.0)
+    policy.choose(first, _views())
+    policy.observe(Routed(first, "r3"))
+    policy.observe(Finished(first, "r3", ok=True, cached_tokens=0, ttft_s=0.4,
+                            duration_s=0.5))
+    decision = policy.choose(_request(head + _tokens(8, 1000), 2.0), _views())
+    return decision.chosen, {s.replica: dict(s.terms) for s in decision.scores}
+
+
+def test_a_slow_replica_holding_half_the_prompt_loses_to_an_idle_fast_one() -> None:
+    chosen, terms = _choice_with_half_held_on_r3(CostConfig())
+    # r3 would prefill its 1,000 uncached tokens at 4x: twice what an idle one pays for
+    # 2,000 (0.4 s, weighed twice); so much that it was not even scored
+    assert chosen != "r3" and "r3" not in terms, terms
+    assert terms[chosen]["prefill_s"] == pytest.approx(2 * 2000 * FLEET_S), terms
+
+
+def test_without_it_the_replica_holding_half_the_prompt_wins() -> None:
+    chosen, terms = _choice_with_half_held_on_r3(CostConfig(slow_replica_ratio=None))
+    assert chosen == "r3", terms
+
+
+def test_a_replica_is_slow_only_past_the_ratio_with_enough_samples() -> None:
+    fleet = PrefillPace(FLEET_S)
+    slow = ReplicaSlowdown(FLEET_S, ratio=1.5)
+
+    def answered(rid: str, times: float, n: int) -> None:
+        for _ in range(n):
+            fleet.observe(1000 * FLEET_S * times, 1000)
+            slow.observe(rid, 1000 * FLEET_S * times, 1000, fleet)
+
+    answered("fast", 1.0, 64)
+    answered("a bit slower", 1.3, 64)  # under the ratio: noise, or what weights say
+    answered("new", 3.0, 31)  # too few samples yet
+    assert [slow.slowdown(r) for r in ("fast", "a bit slower", "new")] == [1.0, 1.0, 1.0]
+    answered("new", 3.0, 1)
+    assert slow.slowdown("new") == pytest.approx(3.0)
+    answered("stalled", 50.0, 32)
+    assert slow.slowdown("stalled") == MAX_SLOWDOWN
+    assert set(slow.slow()) == {"new", "stalled"}
+    slow.forget("new")
+    assert slow.slowdown("new") == 1.0 and set(slow.slow()) == {"stalled"}
+
+
+@pytest.mark.parametrize("event", [ReplicaRemoved("r3"), ReplicaReset("r3")])
+def test_a_replica_that_left_or_restarted_starts_at_the_fleets_pace(
+        event: ReplicaRemoved | ReplicaReset) -> None:
+    policy = Cost()
+    _learn(policy, {"r3": 4.0})
+    assert policy.describe()["slow_replicas"] == {"r3": pytest.approx(4.0)}
+    policy.observe(event)
+    assert policy.describe()["slow_replicas"] == {}
+
+
+@pytest.mark.parametrize("ratio", [0.5, float("nan")])
+def test_a_ratio_under_one_is_refused(ratio: float) -> None:
+    with pytest.raises(ValueError, match="slow_replica_ratio must be >= 1 or null"):
+        CostConfig(slow_replica_ratio=ratio).validate()
