@@ -316,7 +316,8 @@ class Cost(Policy):
         pace = self._pace.value_s
         points, distinct = ring.points, len(ring)
 
-        scratch = self._scratch.members(points, owners, distinct, up, n_ok)
+        scratch = self._scratch.members(points, owners, distinct, up, n_ok,
+                                        self._slow_indexes(ids))
         in_scratch = set(scratch)
         waits: dict[int, float] = {}
 
@@ -671,7 +672,8 @@ class Cost(Policy):
         """The ids of the current scratch set over ``replicas``."""
         ring, owners = self._rings.layout([r.id for r in replicas], [r.weight for r in replicas])
         up = [r.healthy for r in replicas]
-        members = self._scratch.members(ring.points, owners, len(ring), up, sum(up))
+        members = self._scratch.members(ring.points, owners, len(ring), up, sum(up),
+                                        self._slow_indexes([r.id for r in replicas]))
         return tuple(replicas[i].id for i in members)
 
     def _wait(self, r: ReplicaView, pace: float) -> float:
@@ -684,6 +686,13 @@ class Cost(Policy):
         if not queue > 0.0:  # NaN too (a weight of 0 and nothing queued), as max(0.0, ·)
             queue = 0.0
         return max(queue, self._slot_wait(r))
+
+    def _slow_indexes(self, ids: Sequence[str]) -> frozenset[int]:
+        """The positions in ``ids`` of the replicas weighed at a slower pace, which the
+        scratch set passes over."""
+        slow = self._slow.slow() if self._slow is not None else None
+        return frozenset(i for i, rid in enumerate(ids) if rid in slow) if slow \
+            else frozenset()
 
     def _slowdown(self, replica: str) -> float:
         """How many times slower than the fleet's pace ``replica`` prefills (1.0 unless
@@ -963,7 +972,7 @@ class Cost(Policy):
             "prefill_s_per_token": self._pace.value_s,
             "pace_samples": self._pace.samples,
             # replicas weighed at their own, slower pace (slow_replica_ratio): how much
-            "slow_replicas": {} if self._slow is None else self._slow.slow(),
+            "slow_replicas": {} if self._slow is None else dict(self._slow.slow()),
             "slot_hold_s": self._slots.hold_s,
             "slots": {rid: self._slots.limit(rid) for rid in self._facts},
             "sketch_window": self._sketch.window,

@@ -145,8 +145,8 @@ class ReplicaSlowdown:
         return self._factors.get(replica, 1.0)
 
     def slow(self) -> dict[str, float]:
-        """The replicas found slow, with their slowdowns."""
-        return dict(self._factors)
+        """The replicas found slow, with their slowdowns (the live dict: read it only)."""
+        return self._factors
 
     def forget(self, replica: str) -> None:
         """Keep nothing of ``replica`` (it left, or restarted: perhaps on another device)."""

@@ -47,25 +47,34 @@ class ScratchSet:
         self._rare_load = DecayedRate(config.load_window_s)
         # the last members: (ring points, their owners as indexes of the views, size,
         # healthy flags, indexes); one membership in another order shares the points
-        self._memo: tuple[list[int], list[int], int, list[bool], list[int]] | None = None
+        self._memo: tuple[list[int], list[int], int, list[bool], list[int],
+                          frozenset[int]] | None = None
 
     def members(self, points: list[int], owners: list[int], distinct: int, up: list[bool],
-                healthy_count: int) -> list[int]:
+                healthy_count: int, avoid: frozenset[int] = frozenset()) -> list[int]:
         """Indexes of the scratch set: the first ``size`` healthy replicas on the ring
-        walked from a fixed key (never every healthy replica)."""
+        walked from a fixed key (never every healthy replica), passing over those in
+        ``avoid`` (replicas on slower devices: a one-off prompt is prefilled whole, and
+        pays a slow device's pace in full, where a home's prompts are mostly cached)
+        while there are others."""
         size = min(self.size, healthy_count - 1)
         memo = self._memo
         if memo is not None and memo[0] is points and memo[1] is owners \
-                and memo[2] == size and memo[3] == up:
+                and memo[2] == size and memo[3] == up and memo[5] == avoid:
             return memo[4]
         out: list[int] = []
         if size > 0:
+            later: list[int] = []
             for i in walk(points, owners, distinct, _SCRATCH_KEY):
                 if up[i]:
+                    if i in avoid:
+                        later.append(i)
+                        continue
                     out.append(i)
                     if len(out) == size:
                         break
-        self._memo = (points, owners, size, list(up), out)
+            out += later[:size - len(out)]
+        self._memo = (points, owners, size, list(up), out, avoid)
         return out
 
     def judged(self, now: float, uncached: int, rare: bool, again: bool = False) -> None:

@@ -1,8 +1,9 @@
 """``cost`` learns each replica's own prefill pace from its first-token times and weighs
 one clearly slower than the fleet (another device generation, a throttled one) at its own
 pace: a prompt whose part the slow replica holds goes to an idle replica that prefills it
-whole sooner. ``ReplicaSlowdown`` reads a replica as slow only past ``ratio``, with
-enough samples, and forgets one that left or restarted."""
+whole sooner, and its scratch set passes over a slow replica. ``ReplicaSlowdown`` reads a
+replica as slow only past ``ratio``, with enough samples, and forgets one that left or
+restarted."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from policies.base import Finished, ReplicaRemoved, ReplicaReset, ReplicaView, R
 from policies.cost import Cost
 from policies.cost_config import CostConfig
 from policies.pace import MAX_SLOWDOWN, PrefillPace, ReplicaSlowdown
+from policies.ring import RingCache
+from policies.scratch_set import ScratchSet
 
 FLEET_S = 1e-4  # seconds per uncached token on the fleet's devices
 
@@ -108,3 +111,31 @@ def test_a_replica_that_left_or_restarted_starts_at_the_fleets_pace(
 def test_a_ratio_under_one_is_refused(ratio: float) -> None:
     with pytest.raises(ValueError, match="slow_replica_ratio must be >= 1 or null"):
         CostConfig(slow_replica_ratio=ratio).validate()
+
+
+def _scratch_members(scratch: ScratchSet, avoid: frozenset[int]) -> list[str]:
+    ids = [f"r{i}" for i in range(8)]
+    ring, owners = RingCache(64).layout(ids, [1.0] * 8)
+    return [ids[i] for i in scratch.members(ring.points, owners, len(ring), [True] * 8, 8,
+                                            avoid)]
+
+
+def test_the_scratch_set_passes_over_slow_replicas_while_there_are_others() -> None:
+    scratch = ScratchSet(CostConfig(min_scratch=2))
+    first = _scratch_members(scratch, frozenset())
+    slow = int(first[0][1:])
+    second = _scratch_members(scratch, frozenset({slow}))
+    assert first[0] not in second and first[1] in second and len(second) == 2
+    # every replica slow: the set is what it was
+    assert _scratch_members(scratch, frozenset(range(8))) == first
+    # all but one slow: that one, then the first slow one on the ring
+    fast = int(next(f"r{i}" for i in range(8) if f"r{i}" not in first)[1:])
+    assert _scratch_members(scratch, frozenset(range(8)) - {fast}) == [f"r{fast}", first[0]]
+
+
+def test_cost_takes_a_replica_found_slow_out_of_its_scratch_set() -> None:
+    policy = Cost(CostConfig(min_scratch=2))
+    before = policy.scratch_set(_views())
+    _learn(policy, {before[0]: 3.0})
+    after = policy.scratch_set(_views())
+    assert before[0] not in after and before[1] in after, (before, after)
