@@ -254,7 +254,8 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
         # the last one, so it says nothing of time to first token
         ttft = stream.first_byte_s if stream.stream else None
         gw.policy.observe(Finished(route_req, stream.replica, ok, cached, ttft,
-                                   stream.duration_s))
+                                   stream.duration_s,
+                                   cached_told=usage is not None and usage.cached_told))
         # the client's times, from its request's arrival: a retried request waited for
         # every try (the policy's are the replica's, from the last try's send)
         gw.ended(decision.reason, stream.outcome, stream.replica, request_id=request_id,

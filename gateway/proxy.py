@@ -934,22 +934,7 @@ class UpstreamStream:
             # all of its answers')
             usage = _tail_usage(self._tail) \
                 if self.first_chunk[:64].lstrip()[:1] == b"{" else None
-        try:
-            if "prompt_tokens" in usage:
-                prompt = usage.get("prompt_tokens")
-                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                completion = usage.get("completion_tokens")
-            else:  # the Responses API's names
-                prompt = usage.get("input_tokens")
-                cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
-                completion = usage.get("output_tokens")
-        except (ValueError, AttributeError, TypeError):
-            return None
-        if _count(prompt) and prompt > 0 and _count(cached) and cached <= prompt:
-            return Usage(prompt, cached, completion if _count(completion) else None)
-        # missing, or not counts (negative, a bool, more cached than sent), or no prompt
-        # token (a prompt has one at least: the replica does not count them)
-        return None
+        return usage_counts(usage)
 
     def count_events(self) -> None:
         """Count the stream's content events from now on (its first chunk included), for
@@ -1026,11 +1011,37 @@ def _tail_usage(tail: bytes) -> Any:
 
 
 class Usage(NamedTuple):
-    """What a replica reported in ``usage``, in its own tokens."""
+    """What a replica reported in ``usage``, in its own tokens. ``cached_told``: whether
+    it told its cached tokens (vLLM does with ``--enable-prompt-tokens-details``, SGLang
+    with ``--enable-cache-report``); where not, ``cached_tokens`` is 0 whatever it held."""
 
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int | None
+    cached_told: bool = True
+
+
+def usage_counts(usage: Any) -> Usage | None:
+    """The counts of a ``usage`` object (Chat Completions' names or the Responses API's),
+    or None where it holds none: missing, or not counts (negative, a bool, more cached
+    than sent), or no prompt token (a prompt has one at least: the replica does not count
+    them)."""
+    try:
+        if "prompt_tokens" in usage:
+            prompt = usage.get("prompt_tokens")
+            details = usage.get("prompt_tokens_details")
+            completion = usage.get("completion_tokens")
+        else:  # the Responses API's names
+            prompt = usage.get("input_tokens")
+            details = usage.get("input_tokens_details")
+            completion = usage.get("output_tokens")
+        told = isinstance(details, dict) and details.get("cached_tokens") is not None
+        cached = details.get("cached_tokens") if told else 0
+    except (ValueError, AttributeError, TypeError):
+        return None
+    if _count(prompt) and prompt > 0 and _count(cached) and cached <= prompt:
+        return Usage(prompt, cached, completion if _count(completion) else None, told)
+    return None
 
 
 class Proxy:

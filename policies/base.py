@@ -189,8 +189,11 @@ class Unrouted:
 @dataclass(frozen=True, slots=True)
 class Finished:
     """The request finished on ``replica``; ``cached_tokens`` (in the gateway's tokens)
-    when the replica reported it, ``ttft_s`` when its first token's time is known,
-    ``duration_s`` from sending it to its last byte."""
+    when the replica reported its usage, ``ttft_s`` when its first token's time is known,
+    ``duration_s`` from sending it to its last byte. ``cached_told``: whether the usage
+    told the cached tokens (vLLM tells them only with ``--enable-prompt-tokens-details``,
+    SGLang with ``--enable-cache-report``): where not, ``cached_tokens`` is 0 whatever the
+    replica held, and a cache hit reads as a fast prefill."""
 
     request: RouteRequest
     replica: str
@@ -198,6 +201,7 @@ class Finished:
     cached_tokens: int | None = None
     ttft_s: float | None = None
     duration_s: float | None = None
+    cached_told: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -792,7 +792,9 @@ class Cost(Policy):
             if event.ok and event.ttft_s is not None and event.cached_tokens is not None:
                 uncached = req.prompt_tokens - event.cached_tokens
                 self._pace.observe(event.ttft_s, uncached)
-                if self._slow is not None:
+                if self._slow is not None and event.cached_told:  # (else a cache hit
+                    # would read as a fast prefill, and a replica that mostly prefills
+                    # one-off prompts as a slow one)
                     self._slow.observe(event.replica, event.ttft_s, uncached, self._pace)
             if event.ok and event.duration_s is not None:
                 # a slot is held from the prefill's start: the decode, plus the prefill

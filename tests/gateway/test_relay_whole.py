@@ -49,7 +49,7 @@ def test_a_long_whole_answer_is_relayed_whole_and_counted_answered(frame: Any) -
     relayed = _relay(frame(body))
     assert relayed.body == body and relayed.finished
     assert relayed.ended == [("200", True)]
-    assert relayed.usage == [Usage(5, 0, 600)]  # read where its body ends
+    assert relayed.usage == [Usage(5, 0, 600, cached_told=False)]  # read where its body ends
 
 
 def test_the_usage_of_a_whole_answer_past_a_mib_is_read_from_its_end() -> None:

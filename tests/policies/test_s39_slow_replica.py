@@ -139,3 +139,19 @@ def test_cost_takes_a_replica_found_slow_out_of_its_scratch_set() -> None:
     _learn(policy, {before[0]: 3.0})
     after = policy.scratch_set(_views())
     assert before[0] not in after and before[1] in after, (before, after)
+
+
+def test_answers_whose_cached_tokens_were_not_told_teach_no_replica_pace() -> None:
+    # vLLM without --enable-prompt-tokens-details: every usage says 0 cached, so a
+    # replica that mostly prefills one-off prompts would read as slower than the homes,
+    # whose cache hits read as fast prefills
+    policy = Cost()
+    seed = 5000
+    for rid, times in (("r0", 0.1), ("r1", 0.1), ("r2", 0.1), ("r3", 1.0)):
+        for _ in range(40):
+            seed += 1
+            req = _request(_tokens(seed, 1000), 0.0)
+            policy.observe(Finished(req, rid, ok=True, cached_tokens=0,
+                                    ttft_s=1000 * FLEET_S * times, duration_s=0.5,
+                                    cached_told=False))
+    assert policy.describe()["slow_replicas"] == {}
