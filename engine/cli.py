@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from engine.api_key import API_KEY_ENV, resolve_api_key
 from engine.core import EngineConfig, EngineCore
-from engine.cost_model import CostModel, available_profiles, load_profile
+from engine.cost_model import MAX_SLOWDOWN, CostModel, available_profiles, load_profile
 from engine.eviction import EVICTION_POLICIES
 from engine.executor import Executor, ExecutorInfo
 from engine.kv_sizing import GIB, RECORD_BYTES_PER_BLOCK, blocks_in_gib, host_memory_bytes
 from engine.responses_route import STORE_CHARS, STORE_LIMIT, TENANT_HEADER, StoreSettings
 from engine.sim_embedding import SimEmbedder, seed_of
 from engine.sim_executor import SimExecutor
-from kvwire.arg_types import port, positive_float, positive_int
+from kvwire.arg_types import float_between, port, positive_float, positive_int
 from kvwire.block_hashing import model_identity
 from kvwire.kv_event_format import ENCODINGS
 from kvwire.secret_source import exposed_file_warning
@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", choices=["sim", "torch"], default="sim")
     parser.add_argument("--profile", default="llama3-8b-h100",
                         help=f"sim cost profile: one of {available_profiles()} or a YAML path")
+    parser.add_argument("--slowdown", type=float_between(0, MAX_SLOWDOWN, open_low=True),
+                        default=1.0,
+                        help="sim: the device this many times slower than the profile's "
+                             "(another generation's, a throttled one)")
     parser.add_argument("--model", default=None, help="model directory (torch executor)")
     parser.add_argument("--device", default="auto", help="torch device (torch executor)")
     parser.add_argument("--model-name", default=None,
@@ -132,6 +136,9 @@ def make_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, E
     if args.executor == "sim":
         return _sim_executor(args, tokenizer)
     if args.executor == "torch":
+        if getattr(args, "slowdown", 1.0) != 1.0:
+            raise ValueError(f"--slowdown {args.slowdown:g} models a slower device in the sim "
+                             "executor; the torch executor runs on the device it is given")
         return _torch_executor(args)
     raise ValueError(f"unknown executor {args.executor!r}; expected 'sim' or 'torch'")
 
@@ -173,7 +180,8 @@ def _sim_executor(args: argparse.Namespace, tokenizer: Any) -> tuple[Executor, E
     vocab = int(tokenizer.vocab_size)
     # Generated ids avoid the low ids (special tokens and raw bytes) so output decodes to
     # readable text; EOS is then never produced and requests run to max_tokens.
-    executor = SimExecutor(CostModel.from_profile(profile), block_size=args.block_size,
+    executor = SimExecutor(CostModel.from_profile(profile, getattr(args, "slowdown", 1.0)),
+                           block_size=args.block_size,
                            eos_token_id=tokenizer.eos_token_id,
                            token_range=(min(259, vocab - 1), vocab))
     name = profile.model.name

@@ -18,6 +18,7 @@ One step computes ``n_i`` new tokens for each sequence ``i`` at positions
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, fields
@@ -215,6 +216,7 @@ class GPUSpec:
 # what a device can be: past these a simulated step takes hours, and the engine stalls
 _GPU_BOUNDS = {"peak_tflops": (0.01, 1e5), "hbm_tb_per_s": (0.001, 1e3)}
 MAX_STEP_OVERHEAD_MS = 1000.0
+MAX_SLOWDOWN = 100.0  # how many times slower than its profile's a device may be modelled
 # a quantized weight's bytes, scales included: past a float32 and its scale and zero point
 _MAX_WEIGHT_BYTES = 8.0
 
@@ -286,8 +288,19 @@ class CostModel:
         self._overhead = gpu.step_overhead_ms / 1e3
 
     @classmethod
-    def from_profile(cls, profile: Profile) -> CostModel:
-        return cls(profile.model, profile.gpu)
+    def from_profile(cls, profile: Profile, slowdown: float = 1.0) -> CostModel:
+        """``profile``'s model on its device, or on one ``slowdown`` times slower (its
+        compute and memory bandwidth divided by it, its fixed step overhead multiplied): a
+        fleet of mixed device generations, or a throttled one."""
+        if not 0 < slowdown <= MAX_SLOWDOWN:  # NaN too
+            raise ValueError(f"slowdown must be in (0, {MAX_SLOWDOWN:g}], got {slowdown!r}")
+        gpu = profile.gpu
+        if slowdown != 1.0:
+            gpu = dataclasses.replace(
+                gpu, peak_tflops=gpu.peak_tflops / slowdown,
+                hbm_tb_per_s=gpu.hbm_tb_per_s / slowdown,
+                step_overhead_ms=min(gpu.step_overhead_ms * slowdown, MAX_STEP_OVERHEAD_MS))
+        return cls(profile.model, gpu)
 
     def step_seconds(self, seqs: Iterable[tuple[int, int]]) -> float:
         """Modeled duration of a step over ``(start, num_new_tokens)`` pairs."""

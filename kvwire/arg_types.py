@@ -59,3 +59,17 @@ def float_between(low: float, high: float, unit: str = "", *,
 
     parse.__name__ = f"number {bounds}"
     return parse
+
+
+def slowdowns(text: str) -> tuple[float, ...]:
+    """Comma-separated device slowdowns, one per replica from r0 (``1,1,3``: r2's device
+    three times slower), each in (0, 100]."""
+    try:
+        factors = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers (1,1,3), got {text!r}") from None
+    for factor in factors:
+        if not 0 < factor <= 100:  # NaN too
+            raise argparse.ArgumentTypeError(f"each factor must be in (0, 100], got {text!r}")
+    return factors

@@ -150,6 +150,8 @@ class LocalFleetSpec:
     gateways: int = 1  # gateway copies, each on its own port, all with the same config
     # (0: the engines alone, for a router of another project put in front of them)
     peers: bool = False  # the copies tell each other what they route (gateway.peers)
+    # each engine's device that many times slower than the profile's, r0 first (sim)
+    slowdown: tuple[float, ...] = ()
 
     def validate(self) -> None:
         if not 1 <= self.replicas <= MAX_REPLICAS:
@@ -159,6 +161,9 @@ class LocalFleetSpec:
             raise ValueError(f"gateways must be >= 0, got {self.gateways!r}")
         if "name" not in self.policy:
             raise ValueError("policy needs a 'name'")
+        if len(self.slowdown) > self.replicas:
+            raise ValueError(f"slowdown names {len(self.slowdown)} replicas, the fleet has "
+                             f"{self.replicas}")
 
 
 MAX_REPLICAS = 256  # engine processes one machine's local fleet starts
@@ -432,6 +437,8 @@ class LocalFleet:
                 "--host", spec.host, "--port", str(port), "--log-level", "warning",
                 "--served-by", f"r{i}",  # which replica answered, behind any router
                 *spec.engine_args]
+        if i < len(spec.slowdown) and spec.slowdown[i] != 1.0:
+            argv += ["--slowdown", str(spec.slowdown[i])]
         url = f"http://{spec.host}:{port}"
         replica: dict[str, Any] = {"id": f"r{i}", "url": url}
         if spec.kv_events:

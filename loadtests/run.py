@@ -58,7 +58,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.eviction import EVICTION_POLICIES
-from kvwire.arg_types import positive_float, positive_int
+from kvwire.arg_types import positive_float, positive_int, slowdowns
 from loadtests import engine_counters, third_party
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
@@ -102,6 +102,7 @@ class RunConfig:
     kv_events: bool = False  # the engines publish KV events, the gateway subscribes
     gateways: int = 1  # gateway copies; each request goes to one at random
     peers: bool = False  # ... telling each other what they route (gateway.peers)
+    slowdown: tuple[float, ...] = ()  # each engine's device that much slower, r0 first
     # third-party routers' programs by router name (third_party.KINDS), for router:<policy>
     router_programs: dict[str, str] = field(default_factory=dict)
 
@@ -276,7 +277,7 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
                           engine_args=_engine_args(cfg, other),
                           kv_events=cfg.kv_events or bool(other and other.needs_kv_events),
                           gateways=0 if other else cfg.gateways,
-                          peers=cfg.peers)
+                          peers=cfg.peers, slowdown=cfg.slowdown)
     with LocalFleet(spec, workdir / f"fleet-{policy}") as fleet, contextlib.ExitStack() as stack:
         urls, model = tuple(fleet.gateway_urls), None
         if other:
@@ -404,7 +405,7 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.peers and cfg.gateways < 2:  # one copy has no peer: nothing would be told
         raise ValueError(f"--peers needs --gateways 2 or more (gateway copies to tell each "
                          f"other what they route), got --gateways {cfg.gateways}")
-    LocalFleetSpec(replicas=cfg.replicas).validate()
+    LocalFleetSpec(replicas=cfg.replicas, slowdown=cfg.slowdown).validate()
     # the workload the clients will build: a misspelt or impossible --set is named now, not
     # by Locust's traceback once the first policy's fleet has started
     build_spec(cfg.scenario, **{**cfg.workload, "seed": cfg.seed})
@@ -466,6 +467,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=positive_float, default=d.rate, help="target requests/s")
     parser.add_argument("--profile", default=d.profile)
     parser.add_argument("--kv-cache-gib", type=positive_float, default=d.kv_cache_gib)
+    parser.add_argument("--slowdown", type=slowdowns, default=(), metavar="F,F,...",
+                        help="each engine's device that many times slower than the "
+                             "profile's, r0 first (1 for those not named): a fleet of mixed "
+                             "or throttled devices")
     parser.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs)
     parser.add_argument("--eviction", choices=EVICTION_POLICIES, default=d.eviction)
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -506,7 +511,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      eviction=args.eviction, workload=workload, seed=args.seed,
                      affinity_header=args.affinity_header,
                      engine_tokenizer=args.engine_tokenizer, kv_events=args.kv_events,
-                     gateways=args.gateways, peers=args.peers,
+                     gateways=args.gateways, peers=args.peers, slowdown=args.slowdown,
                      router_programs={
                          name: path for name in third_party.KINDS
                          if (path := getattr(args, f"{name}_program")) is not None})

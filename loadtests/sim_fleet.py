@@ -27,13 +27,12 @@ as an engine publishes them after each step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.core import EngineConfig, EngineCore
-from engine.cost_model import MAX_STEP_OVERHEAD_MS, CostModel, Profile, load_profile
+from engine.cost_model import MAX_SLOWDOWN, CostModel, load_profile
 from engine.eviction import check_eviction_name
 from engine.kv_sizing import blocks_in_gib
 from engine.request import RequestOutput, SamplingParams
@@ -50,18 +49,6 @@ DIALECTS = ("vllm", "kvgate", "vllm-no-capacity")
 # the most KV blocks a simulated fleet keeps, all its replicas' pools together: each
 # block is a few records in its pool (about 50 bytes), 2^24 of them ~0.8 GiB
 MAX_FLEET_BLOCKS = 1 << 24
-
-
-MAX_SLOWDOWN = 100.0
-
-
-def slower(profile: Profile, factor: float) -> CostModel:
-    """The cost model of ``profile``'s model on a device ``factor`` times slower: its
-    compute and memory bandwidth divided by it, its fixed step overhead multiplied."""
-    gpu = profile.gpu
-    return CostModel(profile.model, dataclasses.replace(
-        gpu, peak_tflops=gpu.peak_tflops / factor, hbm_tb_per_s=gpu.hbm_tb_per_s / factor,
-        step_overhead_ms=min(gpu.step_overhead_ms * factor, MAX_STEP_OVERHEAD_MS)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +189,8 @@ class SimFleet:
         )
         self.replicas = [
             SimReplica(f"r{i}", EngineCore(SimExecutor(
-                slower(profile, spec.slowdown[i]) if i < len(spec.slowdown) else cost,
+                CostModel.from_profile(profile, spec.slowdown[i]) if i < len(spec.slowdown)
+                else cost,
                 block_size=spec.block_size, token_range=(3, 4096)), config))
             for i in range(spec.replicas)
         ]

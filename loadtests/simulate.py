@@ -44,7 +44,7 @@ from gateway.peer_wire import (
 from gateway.request_parse import ParsedRequest
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Router, work_tokens
-from kvwire.arg_types import positive_float
+from kvwire.arg_types import positive_float, slowdowns
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
@@ -442,15 +442,6 @@ def _parse_params(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _slowdowns(text: str) -> tuple[float, ...]:
-    """``--slowdown``'s comma-separated factors."""
-    try:
-        return tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers (1,1,3), got {text!r}") from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="contracts", choices=sorted(SCENARIOS))
     parser.add_argument("--replicas", type=int, default=8)
@@ -482,7 +473,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "own balancer picks the rank by queue (vLLM's internal one); "
                              "the gateway routes to the servers (default 1: to each "
                              "replica, as with data_parallel_size)")
-    parser.add_argument("--slowdown", type=_slowdowns, default=(), metavar="F,F,...",
+    parser.add_argument("--slowdown", type=slowdowns, default=(), metavar="F,F,...",
                         help="how many times slower than the profile's device each "
                              "replica's is, r0 first (1 for those not named): "
                              "--slowdown 1,1,1,3 makes r3's three times slower")

@@ -4,6 +4,7 @@ refused naming the value."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -11,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from engine import cli as engine_cli
 from engine.cost_model import CostModel, load_profile
-from loadtests.sim_fleet import FleetSpec, slower
+from engine.sim_executor import SimExecutor
+from kvwire.tokenizer import load_tokenizer
+from loadtests import run
+from loadtests.local_fleet import LocalFleetSpec
+from loadtests.run import RunConfig
+from loadtests.sim_fleet import FleetSpec
 from loadtests.simulate import main
 
 
@@ -21,7 +28,8 @@ def test_a_slower_device_takes_that_much_longer_a_step() -> None:
     steps = [(0, 2048)], [(4096, 1)] * 16  # a prefill chunk, a decode batch
     for step in steps:
         base = CostModel.from_profile(profile).step_seconds(step)
-        assert slower(profile, 3.0).step_seconds(step) == pytest.approx(3 * base)
+        assert CostModel.from_profile(profile, 3.0).step_seconds(step) \
+            == pytest.approx(3 * base)
 
 
 def test_round_robin_queues_on_the_one_slow_replica(tmp_path: Path) -> None:
@@ -52,3 +60,46 @@ def test_the_flag_refuses_what_is_no_number(capsys: pytest.CaptureFixture[str]) 
               "--slowdown", "1,fast"])
     assert exited.value.code == 2
     assert "expected comma-separated numbers (1,1,3), got '1,fast'" in capsys.readouterr().err
+
+
+def test_an_engine_started_with_a_slowdown_models_a_slower_device() -> None:
+    parser = argparse.ArgumentParser()
+    engine_cli.add_arguments(parser)
+    step = [(0, 2048)]
+    base, _ = engine_cli.make_executor(parser.parse_args([]), load_tokenizer(None))
+    slow, _ = engine_cli.make_executor(parser.parse_args(["--slowdown", "2.5"]),
+                                       load_tokenizer(None))
+    assert isinstance(base, SimExecutor) and isinstance(slow, SimExecutor)
+    assert slow.cost_model.step_seconds(step) == pytest.approx(
+        2.5 * base.cost_model.step_seconds(step))
+    with pytest.raises(ValueError, match="the torch executor runs on the device it is given"):
+        engine_cli.make_executor(parser.parse_args(["--executor", "torch", "--slowdown", "2"]),
+                                 load_tokenizer(None))
+
+
+@pytest.mark.parametrize("value", ["0", "nan", "101"])
+def test_the_engine_refuses_a_slowdown_out_of_range(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    engine_cli.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--slowdown", value])
+    assert f"must be > 0 and <= 100, got {value}" in capsys.readouterr().err
+
+
+def _run_config(argv: list[str]) -> RunConfig:
+    parser = argparse.ArgumentParser()
+    run.add_arguments(parser)
+    return run.config_from_args(parser.parse_args(argv))
+
+
+def test_the_load_run_takes_a_slowdown_per_engine() -> None:
+    cfg = _run_config(["--slowdown", "1,3", "--replicas", "2"])
+    assert cfg.slowdown == (1.0, 3.0)
+    run.check_config(cfg)
+    with pytest.raises(ValueError, match="slowdown names 3 replicas, the fleet has 2"):
+        run.check_config(_run_config(["--slowdown", "1,1,2", "--replicas", "2"]))
+    with pytest.raises(ValueError, match="slowdown names 3 replicas, the fleet has 2"):
+        LocalFleetSpec(replicas=2, slowdown=(1.0, 1.0, 2.0)).validate()
+    with pytest.raises(SystemExit):
+        _run_config(["--slowdown", "1,0"])
