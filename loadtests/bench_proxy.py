@@ -42,6 +42,7 @@ import yaml
 
 from loadtests.gateway_cpu import SCENARIOS, cpu_ms_per_request, documents
 from loadtests.json_out import print_json
+from loadtests.policy_specs import policy_spec
 
 BACKEND_REPLY = json.dumps({
     "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench",
@@ -274,19 +275,6 @@ def _prefix_tokenize_ms(prompts: list[str]) -> dict[str, float]:
             if gap_s:
                 time.sleep(gap_s)
         out[name] = round(1000 * statistics.median(samples), 3)
-    return out
-
-
-def policy_spec(spec: str) -> dict[str, object]:
-    """``name`` or ``name:key=value:key=value`` (values in YAML) as a policy mapping:
-    ``prefix_affinity:chunk_chars=0`` is prefix_affinity keyed on token ids."""
-    name, *settings = spec.split(":")
-    out: dict[str, object] = {"name": name}
-    for setting in settings:
-        key, sep, value = setting.partition("=")
-        if not sep or not key:
-            raise ValueError(f"policy setting {setting!r} of {spec!r}: expected key=value")
-        out[key] = yaml.safe_load(value)
     return out
 
 

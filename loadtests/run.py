@@ -69,6 +69,7 @@ from loadtests.local_fleet import (
     LocalFleetSpec,
     cancel_on_signals,
 )
+from loadtests.policy_specs import policy_spec
 from loadtests.replica_prompts import replica_tokens_per_word
 from loadtests.workloads import build_spec
 
@@ -271,7 +272,8 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
     """One policy (or a third-party router, ``loadtests.third_party``): fresh fleet, counters
     before, Locust run, counters after."""
     other = third_party.parse(policy)
-    spec = LocalFleetSpec(replicas=cfg.replicas, policy={"name": policy},
+    spec = LocalFleetSpec(replicas=cfg.replicas,
+                          policy={"name": policy} if other else policy_spec(policy),
                           profile=cfg.profile, kv_cache_gib=cfg.kv_cache_gib,
                           max_num_seqs=cfg.max_num_seqs, eviction=cfg.eviction,
                           engine_args=_engine_args(cfg, other),
@@ -374,9 +376,11 @@ def run_policy(cfg: RunConfig, policy: str, workdir: Path,
 
 def check_policies(policies: tuple[str, ...]) -> None:
     """``ValueError`` naming the first entry of ``--policies`` that no run can take: a name
-    that is neither a kvgate policy nor a third-party router's (``router:policy``), one
-    named twice (each run's results and files are kept under its name), or none at all."""
-    from policies.registry import POLICY_NAMES
+    that is neither a kvgate policy (with settings, ``cost:slow_replica_ratio=null``:
+    ``policy_spec``) nor a third-party router's (``router:policy``), settings the policy
+    refuses, one named twice (each run's results and files are kept under its name), or
+    none at all."""
+    from policies.registry import POLICY_NAMES, build_policy
 
     if not policies:
         raise ValueError("no policy to run: --policies names none")
@@ -385,9 +389,13 @@ def check_policies(policies: tuple[str, ...]) -> None:
         if name in seen:
             raise ValueError(f"policy {name!r} is named twice in --policies")
         seen.add(name)
-        if name not in POLICY_NAMES and third_party.parse(name) is None:
+        if third_party.parse(name) is not None:
+            continue
+        spec = policy_spec(name)
+        if spec["name"] not in POLICY_NAMES:
             raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)}, "
                              f"or a router's {'|'.join(third_party.KINDS)}:<policy>)")
+        build_policy(spec, where=f"--policies {name!r}")  # its settings, checked
 
 
 def check_config(cfg: RunConfig) -> None:

@@ -103,3 +103,13 @@ def test_the_load_run_takes_a_slowdown_per_engine() -> None:
         LocalFleetSpec(replicas=2, slowdown=(1.0, 1.0, 2.0)).validate()
     with pytest.raises(SystemExit):
         _run_config(["--slowdown", "1,0"])
+
+
+def test_the_load_run_takes_a_kvgate_policy_with_settings() -> None:
+    run.check_policies(("cost", "cost:slow_replica_ratio=null", "sglang:cache_aware"))
+    with pytest.raises(ValueError, match="slow_replica_ratio must be >= 1 or null, got 0.5"):
+        run.check_policies(("cost:slow_replica_ratio=0.5",))
+    with pytest.raises(ValueError, match="unknown policy 'costly:x=1'"):
+        run.check_policies(("costly:x=1",))
+    with pytest.raises(ValueError, match="expected key=value"):
+        run.check_policies(("cost:slow_replica_ratio",))
