@@ -4,12 +4,11 @@ size, a control character in a header, a URL that is none."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.gateway_harness import Serve, start_gateway
+from tests.support.raw_http import raw_answer
 
 BODY = b'{"model":"sim-model","prompt":"hi"}'
 POST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
@@ -27,24 +26,12 @@ CASES = [
 ]
 
 
-def _answer(port: int, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.settimeout(5)
-        with contextlib.suppress(OSError):  # closed on us mid-send: read what it said
-            sock.sendall(data)
-        got = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := sock.recv(65536):
-                got += chunk
-        return got
-
-
 def test_malformed_requests_are_answered_with_what_is_wrong(serve: Serve) -> None:
     rec = Behaviour("rec")
     gw = start_gateway(serve, [("r0", serve(fake_replica(rec)).url)],
                        scrape={"enabled": False})
     for data, named in CASES:
-        answer = _answer(gw.port, data)
+        answer = raw_answer(gw.port, data)
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 400"), (data, answer[:300])
         error = json.loads(body)["error"]

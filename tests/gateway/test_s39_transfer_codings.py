@@ -4,15 +4,14 @@ or a replica, as RFC 9112 and nginx answer it; ``chunked`` alone is served."""
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
-import socket
 
 import pytest
 
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.gateway_harness import Serve, start_gateway
+from tests.support.raw_http import raw_answer
 
 BODY = b'{"model":"sim-model","prompt":"hi","max_tokens":2}'
 POST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -23,15 +22,7 @@ def _chunked(data: bytes) -> bytes:
 
 
 def _answer(port: int, data: bytes) -> tuple[bytes, bytes]:
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.settimeout(5)
-        with contextlib.suppress(OSError):  # closed on us mid-send: read what it said
-            sock.sendall(data)
-        got = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := sock.recv(65536):
-                got += chunk
-    head, _, body = got.partition(b"\r\n\r\n")
+    head, _, body = raw_answer(port, data).partition(b"\r\n\r\n")
     return head, body
 
 
