@@ -71,6 +71,9 @@ class FleetSpec:
     # only: 1, every replica its own server (or ranks the gateway routes to, as with
     # ``data_parallel_size``)
     ranks_hidden: int = 1
+    # the replicas' usage tells their cached tokens (vLLM's does only with
+    # --enable-prompt-tokens-details, SGLang's with --enable-cache-report): else 0 is read
+    cached_report: bool = True
     # how many times slower than the profile's device each replica's is, by position
     # (r0, r1, ...; 1 for those past the end): a fleet of mixed or throttled devices
     slowdown: tuple[float, ...] = ()

@@ -260,11 +260,13 @@ class Simulation:
                 state.done(f.pending)
                 for copy, pending in f.peers:
                     self.fleet.states[copy].done(pending)
+                told = self.fleet.spec.cached_report  # (else the usage counts 0 cached)
                 cached = state.answered(f.replica, f.route.model, f.route.prompt_tokens,
-                                        o.num_prompt_tokens, o.num_cached_tokens)
+                                        o.num_prompt_tokens,
+                                        o.num_cached_tokens if told else 0)
                 self.policies[f.gateway].observe(Finished(
                     f.route, f.replica, True, cached, self.ttft.get(req.index),
-                    now - f.pending.sent_at))
+                    now - f.pending.sent_at, cached_told=told))
         if rep.core.has_unfinished():
             self._start_step(index, now)
 
@@ -473,6 +475,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "own balancer picks the rank by queue (vLLM's internal one); "
                              "the gateway routes to the servers (default 1: to each "
                              "replica, as with data_parallel_size)")
+    parser.add_argument("--no-cached-report", dest="cached_report", action="store_false",
+                        help="the replicas' usage tells no cached tokens (vLLM without "
+                             "--enable-prompt-tokens-details, SGLang without "
+                             "--enable-cache-report): the gateway reads 0 cached")
     parser.add_argument("--slowdown", type=slowdowns, default=(), metavar="F,F,...",
                         help="how many times slower than the profile's device each "
                              "replica's is, r0 first (1 for those not named): "
@@ -568,7 +574,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       eviction=args.eviction, views=args.views, dialect=args.dialect,
                       scrape_interval_s=args.scrape_interval,
                       capacity_estimate=args.capacity_estimate, kv_events=args.kv_events,
-                      ranks_hidden=args.ranks_hidden, slowdown=args.slowdown)
+                      ranks_hidden=args.ranks_hidden, slowdown=args.slowdown,
+                      cached_report=args.cached_report)
     fleet.validate()
     rate = args.rate if args.rate is not None else scenario.rate * args.replicas / 8
     if hasattr(spec, "rate"):  # the workload times its own arrivals

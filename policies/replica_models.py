@@ -213,15 +213,16 @@ class ReplicaModels:
             pending.own.take_back(pending.now, pending.uncached)
         return pending
 
-    def settle(self, sent: int) -> None:
+    def settle(self, sent: int) -> PendingAdmission | None:
         """Let the pending admission of try ``sent``, if any, stand (its request ended, or
-        went on after a try that may have reached its replica)."""
+        went on after a try that may have reached its replica); returns it."""
         pending = self._pending.pop(sent, None)
         if pending is not None:
             self._pending_keys -= len(pending.brought)
             held = self._models.get(pending.replica)
             if held is not None:
                 held.model.confirm(pending.brought)
+        return pending
 
     def age(self, views: Iterable[ReplicaView], now: float,
             size_of: Callable[[str], tuple[int, int]]) -> None:

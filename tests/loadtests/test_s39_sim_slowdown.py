@@ -20,7 +20,10 @@ from loadtests import run
 from loadtests.local_fleet import LocalFleetSpec
 from loadtests.run import RunConfig
 from loadtests.sim_fleet import FleetSpec
-from loadtests.simulate import main
+from loadtests.simulate import main, simulate
+from loadtests.workloads import build_spec, generate
+from policies.base import Finished, RouteEvent
+from policies.cost import Cost
 
 
 def test_a_slower_device_takes_that_much_longer_a_step() -> None:
@@ -107,9 +110,33 @@ def test_the_load_run_takes_a_slowdown_per_engine() -> None:
 
 def test_the_load_run_takes_a_kvgate_policy_with_settings() -> None:
     run.check_policies(("cost", "cost:slow_replica_ratio=null", "sglang:cache_aware"))
-    with pytest.raises(ValueError, match="slow_replica_ratio must be >= 1 or null, got 0.5"):
+    with pytest.raises(ValueError, match=r"slow_replica_ratio must be >= 1 or null, got 0\.5"):
         run.check_policies(("cost:slow_replica_ratio=0.5",))
     with pytest.raises(ValueError, match="unknown policy 'costly:x=1'"):
         run.check_policies(("costly:x=1",))
     with pytest.raises(ValueError, match="expected key=value"):
         run.check_policies(("cost:slow_replica_ratio",))
+
+
+class _Told(Cost):
+    """``cost``, keeping whether each finished answer told its cached tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[bool] = []
+
+    def observe(self, event: RouteEvent) -> None:
+        if isinstance(event, Finished):
+            self.told.append(event.cached_told)
+        super().observe(event)
+
+
+@pytest.mark.parametrize("report", [True, False])
+def test_simulated_replicas_tell_their_cached_tokens_or_not(report: bool) -> None:
+    spec = build_spec("contracts", seed=0, num_docs=20, hot_docs=5, doc_tokens=500)
+    requests = generate(spec, 60)
+    policy = _Told()
+    simulate(requests, [i * 0.05 for i in range(60)], policy,
+             FleetSpec(replicas=2, kv_pool_gib=2.0, idle_kv_gib=1.5, eviction="lru",
+                       cached_report=report))
+    assert len(policy.told) == 60 and set(policy.told) == {report}
