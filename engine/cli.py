@@ -69,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-events-endpoint", default=None, type=_zmq_endpoint,
                         help="publish KV cache events (vLLM's ZMQ format) on a PUB socket "
                              "bound here, e.g. tcp://*:5557 (default: off)")
+    parser.add_argument("--no-prompt-tokens-details", action="store_true",
+                        help="leave usage.prompt_tokens_details (the cached tokens) out of "
+                             "chat and completion answers, as vLLM does without "
+                             "--enable-prompt-tokens-details")
     parser.add_argument("--no-cache-config-info", action="store_true",
                         help="leave vllm:cache_config_info (the KV capacity) out of /metrics, "
                              "as a replica that exports its KV usage but not its capacity")
@@ -292,7 +296,8 @@ def build_server(args: argparse.Namespace) -> Any:
                         cache_config_info=not args.no_cache_config_info,
                         embedder=embedder, weight_version=args.weight_version,
                         max_held_body_bytes=args.max_held_body_bytes
-                        or DEFAULT_MAX_HELD_BODY_BYTES)
+                        or DEFAULT_MAX_HELD_BODY_BYTES,
+                        prompt_tokens_details=not args.no_prompt_tokens_details)
 
 
 class Served(NamedTuple):

@@ -442,10 +442,15 @@ def context_error(num_prompt: int, max_tokens: int, max_model_len: int,
     )
 
 
-def usage(num_prompt: int, num_output: int, num_cached: int) -> dict[str, Any]:
-    return {
+def usage(num_prompt: int, num_output: int, num_cached: int, details: bool = True
+          ) -> dict[str, Any]:
+    """An answer's ``usage``; ``details``: with ``prompt_tokens_details`` (the cached
+    tokens), which vLLM adds only with ``--enable-prompt-tokens-details``."""
+    out: dict[str, Any] = {
         "prompt_tokens": num_prompt,
         "completion_tokens": num_output,
         "total_tokens": num_prompt + num_output,
-        "prompt_tokens_details": {"cached_tokens": max(0, num_cached)},
     }
+    if details:
+        out["prompt_tokens_details"] = {"cached_tokens": max(0, num_cached)}
+    return out

@@ -275,7 +275,8 @@ class OpenAIAnswer:
     def _usage(self) -> dict[str, Any]:
         firsts = [g for g in self.gens if g.sequence == 0]  # one per prompt
         return usage(sum(g.num_prompt for g in firsts), sum(g.num_output for g in self.gens),
-                     sum(max(0, g.num_cached) for g in firsts))
+                     sum(max(0, g.num_cached) for g in firsts),
+                     self.server.prompt_tokens_details)
 
     async def response(self) -> JSONResponse:
         """The whole answer, once the engine finished every choice; rendered and written

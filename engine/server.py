@@ -159,13 +159,16 @@ class EngineServer:
                  cache_config_info: bool = True,
                  embedder: SimEmbedder | None = None,
                  weight_version: str = "default",
-                 max_held_body_bytes: int = DEFAULT_MAX_HELD_BODY_BYTES) -> None:
+                 max_held_body_bytes: int = DEFAULT_MAX_HELD_BODY_BYTES,
+                 prompt_tokens_details: bool = True) -> None:
         """``embedder``: how this model embeds (``None``: ``/v1/embeddings`` answers 400);
         ``weight_version``: the version SGLang's ``meta_info.weight_version`` and
         ``/get_model_info`` name; ``max_held_body_bytes``: the bytes of request bodies
         :meth:`held_body` holds at once, all requests together (past it a 429; a body
-        larger than it alone, a 413)."""
+        larger than it alone, a 413); ``prompt_tokens_details``: answers' usage tells the
+        cached tokens (vLLM's only with ``--enable-prompt-tokens-details``)."""
         self.core = core
+        self.prompt_tokens_details = prompt_tokens_details
         self.bodies = HeldBodyBytes(max_held_body_bytes, server="engine",
                                     setting="--max-held-body-bytes")
         self.body_timeout_s = BODY_TIMEOUT_S

@@ -104,6 +104,8 @@ class RunConfig:
     gateways: int = 1  # gateway copies; each request goes to one at random
     peers: bool = False  # ... telling each other what they route (gateway.peers)
     slowdown: tuple[float, ...] = ()  # each engine's device that much slower, r0 first
+    # the engines' usage tells their cached tokens (else as vLLM's by default: it does not)
+    cached_report: bool = True
     # third-party routers' programs by router name (third_party.KINDS), for router:<policy>
     router_programs: dict[str, str] = field(default_factory=dict)
 
@@ -253,6 +255,8 @@ def _engine_args(cfg: RunConfig, other: third_party.ThirdPartyRouter | None
     router fed by KV events, the form of the events it reads."""
     args: tuple[str, ...] = ("--tokenizer", cfg.engine_tokenizer) if cfg.engine_tokenizer \
         else ()
+    if not cfg.cached_report:
+        args += ("--no-prompt-tokens-details",)
     if other is not None and other.needs_kv_events:
         args += ("--kv-events-encoding", other.kind.kv_event_encoding)
     return args
@@ -475,6 +479,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=positive_float, default=d.rate, help="target requests/s")
     parser.add_argument("--profile", default=d.profile)
     parser.add_argument("--kv-cache-gib", type=positive_float, default=d.kv_cache_gib)
+    parser.add_argument("--no-cached-report", dest="cached_report", action="store_false",
+                        help="the engines' usage tells no cached tokens, as vLLM's without "
+                             "--enable-prompt-tokens-details (their /metrics still count "
+                             "prefix cache hits, which the run's hit rates read)")
     parser.add_argument("--slowdown", type=slowdowns, default=(), metavar="F,F,...",
                         help="each engine's device that many times slower than the "
                              "profile's, r0 first (1 for those not named): a fleet of mixed "
@@ -520,6 +528,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      affinity_header=args.affinity_header,
                      engine_tokenizer=args.engine_tokenizer, kv_events=args.kv_events,
                      gateways=args.gateways, peers=args.peers, slowdown=args.slowdown,
+                     cached_report=args.cached_report,
                      router_programs={
                          name: path for name in third_party.KINDS
                          if (path := getattr(args, f"{name}_program")) is not None})
