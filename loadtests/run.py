@@ -58,8 +58,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.eviction import EVICTION_POLICIES
-from kvwire.arg_types import positive_float, positive_int, slowdowns
+from kvwire.arg_types import positive_float, positive_int
 from loadtests import engine_counters, third_party
+from loadtests.fleet_flags import add_fleet_flags
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.local_fleet import (
@@ -479,14 +480,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=positive_float, default=d.rate, help="target requests/s")
     parser.add_argument("--profile", default=d.profile)
     parser.add_argument("--kv-cache-gib", type=positive_float, default=d.kv_cache_gib)
-    parser.add_argument("--no-cached-report", dest="cached_report", action="store_false",
-                        help="the engines' usage tells no cached tokens, as vLLM's without "
-                             "--enable-prompt-tokens-details (their /metrics still count "
-                             "prefix cache hits, which the run's hit rates read)")
-    parser.add_argument("--slowdown", type=slowdowns, default=(), metavar="F,F,...",
-                        help="each engine's device that many times slower than the "
-                             "profile's, r0 first (1 for those not named): a fleet of mixed "
-                             "or throttled devices")
+    add_fleet_flags(parser, "the engines")
     parser.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs)
     parser.add_argument("--eviction", choices=EVICTION_POLICIES, default=d.eviction)
     parser.add_argument("--seed", type=int, default=d.seed)

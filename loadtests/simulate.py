@@ -44,8 +44,9 @@ from gateway.peer_wire import (
 from gateway.request_parse import ParsedRequest
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Router, work_tokens
-from kvwire.arg_types import positive_float, slowdowns
+from kvwire.arg_types import positive_float
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
+from loadtests.fleet_flags import add_fleet_flags
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.oracle import static_oracle, upper_bound
@@ -475,14 +476,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "own balancer picks the rank by queue (vLLM's internal one); "
                              "the gateway routes to the servers (default 1: to each "
                              "replica, as with data_parallel_size)")
-    parser.add_argument("--no-cached-report", dest="cached_report", action="store_false",
-                        help="the replicas' usage tells no cached tokens (vLLM without "
-                             "--enable-prompt-tokens-details, SGLang without "
-                             "--enable-cache-report): the gateway reads 0 cached")
-    parser.add_argument("--slowdown", type=slowdowns, default=(), metavar="F,F,...",
-                        help="how many times slower than the profile's device each "
-                             "replica's is, r0 first (1 for those not named): "
-                             "--slowdown 1,1,1,3 makes r3's three times slower")
+    add_fleet_flags(parser, "the replicas")
     parser.add_argument("--gateways", type=int, default=1,
                         help="gateway copies, each given a random share of the requests")
     parser.add_argument("--peers", action="store_true",
