@@ -296,10 +296,14 @@ class CostModel:
             raise ValueError(f"slowdown must be in (0, {MAX_SLOWDOWN:g}], got {slowdown!r}")
         gpu = profile.gpu
         if slowdown != 1.0:
-            gpu = dataclasses.replace(
-                gpu, peak_tflops=gpu.peak_tflops / slowdown,
-                hbm_tb_per_s=gpu.hbm_tb_per_s / slowdown,
-                step_overhead_ms=min(gpu.step_overhead_ms * slowdown, MAX_STEP_OVERHEAD_MS))
+            overhead = gpu.step_overhead_ms * slowdown
+            if overhead > MAX_STEP_OVERHEAD_MS:
+                raise ValueError(f"slowdown {slowdown:g} makes profile {profile.name!r}'s step "
+                                 f"overhead {overhead:g} ms, past the "
+                                 f"{MAX_STEP_OVERHEAD_MS:g} ms a profile may have")
+            gpu = dataclasses.replace(gpu, peak_tflops=gpu.peak_tflops / slowdown,
+                                      hbm_tb_per_s=gpu.hbm_tb_per_s / slowdown,
+                                      step_overhead_ms=overhead)
         return cls(profile.model, gpu)
 
     def step_seconds(self, seqs: Iterable[tuple[int, int]]) -> float:

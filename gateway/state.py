@@ -134,7 +134,7 @@ def policy_listener(policy: Policy) -> FleetListener:
         if isinstance(event, ReplicaRemoved | ReplicaReset):
             policy.observe(event)
         elif isinstance(event, CacheFlushed):
-            policy.observe(ReplicaReset(event.replica))
+            policy.observe(ReplicaReset(event.replica, cache_only=True))
 
     return listener
 

@@ -211,9 +211,11 @@ class ReplicaRemoved:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaReset:
-    """The replica restarted: whatever it had cached is gone."""
+    """The replica restarted: whatever it had cached is gone. ``cache_only``: only its
+    prefix cache was emptied (a flush), the process and its device the same."""
 
     replica: str
+    cache_only: bool = False
 
 
 RouteEvent = Routed | Unrouted | Finished | ReplicaRemoved | ReplicaReset

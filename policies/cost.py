@@ -795,8 +795,11 @@ class Cost(Policy):
                 # a replica's own pace only from what it surely prefilled: the tokens it
                 # told were not cached, or a prompt the model held none of (were the
                 # replica holding some, the sample reads faster, never slower)
+                # (not a replica gone from this model: it would be kept for good)
                 if self._slow is not None and (event.cached_told
-                                               or uncached >= req.prompt_tokens):
+                                               or uncached >= req.prompt_tokens) \
+                        and event.replica not in self._left \
+                        and event.replica not in self._unused:
                     self._slow.observe(event.replica, event.ttft_s, uncached, self._pace)
             if event.ok and event.duration_s is not None:
                 # a slot is held from the prefill's start: the decode, plus the prefill
@@ -822,9 +825,10 @@ class Cost(Policy):
             if self.kv_index is not None:
                 self.kv_index.reset(event.replica)
             self._exact.forget(event.replica)
-            self._slots.forget(event.replica)  # a restart may run fewer sequences at once
-            if self._slow is not None:  # (or run on another device)
-                self._slow.forget(event.replica)
+            if not event.cache_only:  # (a flush leaves the process and its device)
+                self._slots.forget(event.replica)  # a restart may run fewer at once
+                if self._slow is not None:  # (or run on another device)
+                    self._slow.forget(event.replica)
             self._models.reset(event.replica)
 
     @staticmethod

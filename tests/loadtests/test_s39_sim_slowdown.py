@@ -35,6 +35,14 @@ def test_a_slower_device_takes_that_much_longer_a_step() -> None:
             == pytest.approx(3 * base)
 
 
+def test_a_slowdown_past_the_step_overhead_a_profile_may_have_is_refused() -> None:
+    profile = load_profile(FleetSpec().profile)
+    heavy = dataclasses.replace(profile, gpu=dataclasses.replace(profile.gpu,
+                                                                step_overhead_ms=20.0))
+    with pytest.raises(ValueError, match=r"slowdown 100 makes profile .* step overhead 2000 ms"):
+        CostModel.from_profile(heavy, 100.0)
+
+
 def test_round_robin_queues_on_the_one_slow_replica(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     main(["--scenario", "contracts-400", "--eviction", "lru", "--requests", "400",

@@ -141,17 +141,54 @@ def test_cost_takes_a_replica_found_slow_out_of_its_scratch_set() -> None:
     assert before[0] not in after and before[1] in after, (before, after)
 
 
-def test_answers_whose_cached_tokens_were_not_told_teach_no_replica_pace() -> None:
-    # vLLM without --enable-prompt-tokens-details: every usage says 0 cached, so a
-    # replica that mostly prefills one-off prompts would read as slower than the homes,
-    # whose cache hits read as fast prefills
+def _routed_answer(policy: Cost, tokens: list[int], rid: str, at: float, ttft: float) -> None:
+    """``tokens`` routed to ``rid`` and answered, its usage telling no cached tokens."""
+    req = _request(tokens, at)
+    policy.choose(req, _big_views())
+    policy.observe(Routed(req, rid))
+    policy.observe(Finished(req, rid, ok=True, cached_tokens=0, ttft_s=ttft, duration_s=0.5,
+                            cached_told=False))
+
+
+def _big_views() -> list[ReplicaView]:
+    return [ReplicaView(f"r{i}", kv_capacity_tokens=500_000) for i in range(4)]
+
+
+def test_untold_answers_the_model_predicted_partly_cached_teach_no_replica_pace() -> None:
+    # vLLM without --enable-prompt-tokens-details: r3's cache lost the documents the model
+    # believes it holds, so it prefills questions' whole prompts (2,000 tokens) where the
+    # model predicted 1,000: read so, r3 would look twice as slow as it is
     policy = Cost()
-    seed = 5000
-    for rid, times in (("r0", 0.1), ("r1", 0.1), ("r2", 0.1), ("r3", 1.0)):
-        for _ in range(40):
-            seed += 1
-            req = _request(_tokens(seed, 1000), 0.0)
-            policy.observe(Finished(req, rid, ok=True, cached_tokens=0,
-                                    ttft_s=1000 * FLEET_S * times, duration_s=0.5,
-                                    cached_told=False))
+    seed, at = 7000, 0.0
+    docs = [_tokens(seed + i, 1000) for i in range(40)]
+    for doc in docs:  # first sight: the whole prompt prefilled, as predicted
+        at += 0.1
+        _routed_answer(policy, doc, "r3", at, 1000 * FLEET_S)
+    for round_ in range(5):
+        for i, doc in enumerate(docs):
+            for rid in ("r0", "r1", "r2") if i % 2 == 0 else ():  # the fleet's one-offs
+                seed += 1
+                _routed_answer(policy, _tokens(seed + 10_000, 1000), rid, at, 1000 * FLEET_S)
+            at += 0.1
+            question = _tokens(20_000 + 100 * i + round_, 1000)
+            _routed_answer(policy, doc + question, "r3", at, 2000 * FLEET_S)
+    assert policy.describe()["prefill_s_per_token"] == pytest.approx(FLEET_S)
     assert policy.describe()["slow_replicas"] == {}
+
+
+def test_a_removed_replicas_late_answers_keep_no_pace() -> None:
+    policy = Cost()
+    _learn(policy, {"r3": 4.0})
+    policy.observe(ReplicaRemoved("r3"))
+    for seed in range(40):  # answers of requests sent before it left
+        req = _request(_tokens(9000 + seed, 1000), 3.0)
+        policy.observe(Finished(req, "r3", ok=True, cached_tokens=0, ttft_s=0.4,
+                                duration_s=0.5))
+    assert policy._slow is not None and "r3" not in policy._slow._paces
+
+
+def test_a_flush_keeps_what_was_learned_of_the_replicas_pace() -> None:
+    policy = Cost()
+    _learn(policy, {"r3": 4.0})
+    policy.observe(ReplicaReset("r3", cache_only=True))
+    assert policy.describe()["slow_replicas"] == {"r3": pytest.approx(4.0)}
