@@ -120,12 +120,17 @@ async def test_a_gap_is_filled_from_the_replay_socket_and_a_late_start_at_once()
         index.apply("r0", 0, steps[0])  # heard from already: no catch-up on start
         sub = KVEventSubscriber(fleet, index)
         await sub.start()
-        for seq, events in enumerate(steps[1:], 1):
-            if not 5 <= seq <= 9:
-                await sub.receive("r0", frames(seq, events), replay_at)
-        assert held(index) == reference
-        assert (sub.gaps, sub.replays, index.stats.gaps) == (1, 1, 0)
-        await sub.stop()
+        try:
+            for seq, events in enumerate(steps[1:], 1):
+                if not 5 <= seq <= 9:
+                    await sub.receive("r0", frames(seq, events), replay_at)
+            assert held(index) == reference
+            # one gap, filled (on a loaded machine the subscriber's own reader was once
+            # seen replaying too, beside the test's messages: what the index holds counts)
+            assert sub.gaps == 1 and sub.replays >= 1 and index.stats.gaps == 0, (
+                sub.gaps, sub.replays, index.stats.gaps)
+        finally:
+            await sub.stop()  # (its sockets closed, failed or not)
 
         # without a replay endpoint the gap is counted and the blocks in it stay unknown
         lossy = KVIndex(16)
