@@ -177,6 +177,8 @@ class Cost(Policy):
         # each replica's own pace, where clearly slower than the fleet's
         self._slow = None if cfg.slow_replica_ratio is None else ReplicaSlowdown(
             cfg.prefill_s_per_token, cfg.slow_replica_ratio)
+        # its slowdown by replica, the slow ones only (the live dict: empty while none is)
+        self._slow_factors: dict[str, float] = {} if self._slow is None else self._slow.slow()
         self._slots = DecodeSlots()
         self._all_load = DecayedRate(cfg.load_window_s)  # uncached tokens routed
         self._requests = DecayedRate(cfg.load_window_s)  # requests routed
@@ -690,14 +692,14 @@ class Cost(Policy):
     def _slow_indexes(self, ids: Sequence[str]) -> frozenset[int]:
         """The positions in ``ids`` of the replicas weighed at a slower pace, which the
         scratch set passes over."""
-        slow = self._slow.slow() if self._slow is not None else None
+        slow = self._slow_factors
         return frozenset(i for i, rid in enumerate(ids) if rid in slow) if slow \
             else frozenset()
 
     def _slowdown(self, replica: str) -> float:
         """How many times slower than the fleet's pace ``replica`` prefills (1.0 unless
         clearly slower: ``slow_replica_ratio``)."""
-        return 1.0 if self._slow is None else self._slow.slowdown(replica)
+        return self._slow_factors.get(replica, 1.0)
 
     def _slot_wait(self, r: ReplicaView) -> float:
         """Weighted seconds before a decode slot frees on ``r`` for one more request."""
@@ -729,13 +731,15 @@ class Cost(Policy):
         n = len(replicas)
         start = key % n if n else 0
         by_id = self._index[2] if len(self._index[2]) == n else range(n)
+        slow = self._slow_factors
         for j in range(start, start + n):  # the hot loop of a decision: kept plain
             i = by_id[j if j < n else j - n]
             if not up[i]:
                 continue
             r = replicas[i]
             w = r.weight
-            queue = r.queued_tokens * self._slowdown(r.id) / w if w > 0 else inf
+            queued = r.queued_tokens * slow.get(r.id, 1.0) if slow else r.queued_tokens
+            queue = queued / w if w > 0 else inf
             wait = 0.0
             if limits:  # a decode-slot wait is only above 0 where the slots are full
                 limit = limits.get(r.id)
@@ -997,7 +1001,7 @@ class Cost(Policy):
             "prefill_s_per_token": self._pace.value_s,
             "pace_samples": self._pace.samples,
             # replicas weighed at their own, slower pace (slow_replica_ratio): how much
-            "slow_replicas": {} if self._slow is None else dict(self._slow.slow()),
+            "slow_replicas": dict(self._slow_factors),
             "slot_hold_s": self._slots.hold_s,
             "slots": {rid: self._slots.limit(rid) for rid in self._facts},
             "sketch_window": self._sketch.window,
