@@ -496,9 +496,9 @@ class BoundedHttpProtocol(Http10Protocol):
 
     def send_400_response(self, msg: str) -> None:
         error = sys.exception()
-        coding = error.__context__ if error is not None else None
-        if isinstance(coding, _UnsupportedCoding):
-            self._refuse(b"501 Not Implemented", str(coding), "unsupported_transfer_encoding")
+        refused = error.__context__ if error is not None else None
+        if isinstance(refused, _HeadRefused):
+            self._refuse(refused.status, str(refused), refused.code)
             return
         self._refuse(b"400 Bad Request", _what_is_invalid(msg), "invalid_http")
 
@@ -562,7 +562,10 @@ class BoundedHttpProtocol(Http10Protocol):
     def on_headers_complete(self) -> None:
         coding = _transfer_coding_refused(self.headers)
         if coding is not None:  # (the parser stops: ``send_400_response`` answers 501)
-            raise _UnsupportedCoding(coding)
+            raise _HeadRefused(b"501 Not Implemented", coding, "unsupported_transfer_encoding")
+        host = _host_refused(self.headers, self.parser.get_http_version())
+        if host is not None:  # (as above: 400)
+            raise _HeadRefused(b"400 Bad Request", host, "invalid_host")
         if self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT":
             # read again without the upgrade (``_PlainParser``); nothing starts now
             self._upgrade = self._without_upgrade()
@@ -640,8 +643,26 @@ class BoundedHttpProtocol(Http10Protocol):
 _SHOWN_CHARS = 200  # of a parser's message: an invalid URL's is the whole URL
 
 
-class _UnsupportedCoding(Exception):
-    """A request body sent in a transfer coding the server does not decode."""
+class _HeadRefused(Exception):
+    """A request head the server answers itself (``send_400_response``): ``status`` and
+    the error's ``code``; the message says why."""
+
+    def __init__(self, status: bytes, reason: str, code: str) -> None:
+        super().__init__(reason)
+        self.status, self.code = status, code
+
+
+def _host_refused(headers: list[tuple[bytes, bytes]], version: str) -> str | None:
+    """Why an HTTP/1.1 request's ``Host`` is refused, or None: RFC 9112 3.2 answers 400
+    to one without a ``Host`` header or with more than one (two could be read as two
+    hosts by two hops: the request-smuggling kind). HTTP/1.0 need not send one."""
+    if version == "1.0":
+        return None
+    count = sum(1 for name, _ in headers if name == b"host")
+    if count == 1:
+        return None
+    said = "no Host header" if count == 0 else f"{count} Host headers"
+    return f"an HTTP/{version} request must carry exactly one Host header; it had {said}"
 
 
 def _transfer_coding_refused(headers: list[tuple[bytes, bytes]]) -> str | None:

@@ -45,3 +45,6 @@ class Http10Protocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.scope["http_version"] == "1.0":  # the cycle's task, made above, has not
             self.cycle.__class__ = Http10Cycle  # run yet: all its sends are this class's
+            # no interim answer: RFC 9110 10.1.1 forbids a 100 Continue to HTTP/1.0, whose
+            # client would read it as the answer (it waits a while, then sends the body)
+            self.cycle.waiting_for_100_continue = False
