@@ -121,6 +121,8 @@ _NO_JSON = object()  # a held body that is no JSON
 _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
+_DONE_MARK = b"[DONE]"  # the data of the last event, however its lines are written
+_DONE_LOOK_BACK = 512  # bytes of a stream's tail searched for a [DONE] written otherwise
 # what ``_content_events`` counts in a stream: a data line (after a line end: \n, \r\n,
 # or \r, searched only where a \r is), less a chat choice's opening role-only chunk, as
 # vLLM, SGLang, OpenAI and kvgate's engine write them; and the usage-only event (choices
@@ -738,7 +740,7 @@ class UpstreamStream:
         log.warning("replica %s ended a stream with %s: the answer is incomplete",
                     self.replica, what)
         # the [DONE] event: from the end of the event before it, [start, len(events))
-        at = events.rfind(_DONE_DATA)
+        at = events.rfind(_DONE_MARK)
         start = 0
         for mark in _EVENT_ENDS:
             end = events.rfind(mark, 0, at)
@@ -964,11 +966,12 @@ def _stream_usage(tail: bytes, meta: bytes | None,
     idx = tail.rfind(b'"usage"')
     if idx < 0:
         return None if meta is None else generate_request.stream_counts(tail, meta)
-    start = tail.rfind(b"data: ", 0, idx)
+    start = tail.rfind(b"data:", 0, idx)
     end = tail.find(b"\n", idx)
     try:
-        line = tail[start + 6 if start >= 0 else 0:end if end >= 0 else None]
-        data = parsed[1] if parsed is not None and parsed[0] == line else orjson.loads(line)
+        line = tail[start + 5 if start >= 0 else 0:end if end >= 0 else None]
+        line = line.removeprefix(b" ").rstrip(b"\r")
+        data = parsed[1] if parsed is not None and parsed[0] == line else _loads(line)
         if "usage" not in data and isinstance(data.get("response"), dict):
             data = data["response"]  # a Responses stream's last event: the response's
         return data.get("usage") or {}
@@ -1571,9 +1574,29 @@ def _usage_only_last(tail: bytes) -> bool:
 
 
 def _ends_done(tail: bytes) -> bool:
-    """Whether a stream's last bytes are its ``[DONE]`` event (its blank line perhaps
-    still to come). Asked after every chunk relayed: only the tail's last bytes are read."""
-    return tail[-_DONE_WINDOW:].rstrip(b"\r\n").endswith(_DONE_DATA)
+    """Whether a stream's last event with data is its ``[DONE]`` (its blank line perhaps
+    still to come). Asked after every chunk relayed: only the tail's last bytes are read,
+    and as written by vLLM, SGLang and OpenAI (``data: [DONE]`` last) they are enough.
+    Other servers end it otherwise, which SSE reads the same: ``data:[DONE]`` (no space),
+    another field after it in its event (``id:``, ``retry:``), keep-alive comments after
+    its event; the last events with ``[DONE]`` among them are then read as a client
+    does (``_last_data_is_done``). Each was taken for a stream cut short."""
+    if tail[-_DONE_WINDOW:].rstrip(b"\r\n").endswith(_DONE_DATA):
+        return True
+    window = tail[-_DONE_LOOK_BACK:]
+    return window.rfind(_DONE_MARK) >= 0 and _last_data_is_done(window)
+
+
+def _last_data_is_done(window: bytes) -> bool:
+    """Whether the last event with data in ``window`` (a stream's last bytes) is [DONE]:
+    its data begins so, as the ``openai`` client reads it (events of comments and other
+    fields alone carry no data)."""
+    text = window.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    for event in reversed(text.split(b"\n\n")):
+        data = _event_data(event)
+        if data is not None:
+            return data.startswith(_DONE_MARK)
+    return False
 
 
 class _StreamEnd(NamedTuple):
@@ -1608,9 +1631,9 @@ def _stream_end(tail: bytes, whole: bool) -> _StreamEnd:
             break  # stream's first
         data = _event_data(body[start + width:end] if start >= 0 else body[:end])
         judged += data is not None
-        if data is not None and data != b"[DONE]":
+        if data is not None and not data.startswith(_DONE_MARK):
             try:
-                value = orjson.loads(data)
+                value = _loads(data)
             except ValueError:
                 return _StreamEnd(True, last)
             if last is None:
@@ -1771,9 +1794,20 @@ def _json_body(headers: Mapping[str, str]) -> bool:
 def _parsed(body: bytes) -> Any:
     """``body``'s JSON value, ``_NO_JSON`` when it is none."""
     try:
-        return orjson.loads(body)
+        return _loads(body)
     except ValueError:
         return _NO_JSON
+
+
+def _loads(data: bytes) -> Any:
+    """A replica's JSON: read strictly (orjson), else as Python's ``json`` reads it, which
+    the ``openai`` client uses: it also takes ``NaN`` and ``-Infinity`` (a logprob of
+    minus infinity, as Python's ``json`` writes it) and a byte order mark, where orjson
+    refused them and a whole answer read as cut. ValueError when neither reads it."""
+    try:
+        return orjson.loads(data)
+    except ValueError:
+        return json.loads(data)
 
 
 class _LongAnswer:

@@ -48,6 +48,8 @@ class Behaviour:
     progressing: bool = False  # /metrics counts more generated tokens at every scrape
     generated: int = 0
     done: bool = True  # a stream ends with [DONE] (False: it ends without, as if cut)
+    done_event: bytes = b"data: [DONE]\n\n"  # ... written so
+    whole_body: bytes | None = None  # a non-streamed answer's body as it is (JSON's type)
     logprobs: int = 0  # /generate: log probability entries per output token in meta_info
     # completions: header lines added to each answer (a name may come more than once)
     answer_headers: tuple[tuple[str, str], ...] = ()
@@ -77,6 +79,8 @@ def fake_replica(b: Behaviour) -> Starlette:
                  "total_tokens": 10 + b.chunks, "prompt_tokens_details": {"cached_tokens": 4}}
         if b.usage is not None:
             usage = b.usage  # type: ignore[assignment]
+        if not body.get("stream") and b.whole_body is not None:
+            return Response(b.whole_body, media_type="application/json")
         if not body.get("stream"):
             choice = ({"index": 0, "message": {"role": "assistant", "content": f"{b.name} ok"},
                        "finish_reason": "stop"} if chat else
@@ -101,7 +105,7 @@ def fake_replica(b: Behaviour) -> Starlette:
                              "created": 0, "model": body.get("model"), "choices": [delta]}
                     yield f"data: {json.dumps(chunk)}\n\n".encode()
                 if b.done:
-                    yield b"data: [DONE]\n\n"
+                    yield b.done_event
                 await asyncio.sleep(b.linger_s)
             except asyncio.CancelledError:
                 b.cancelled += 1
