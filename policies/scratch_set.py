@@ -11,7 +11,14 @@ between ``min_scratch`` and ``max_scratch_fraction`` of the fleet. Where the hot
 placed need more of the fleet's caches than ``need`` leaves, the set runs hotter, up to
 ``max_scratch_utilization``. It grows a replica at a time, a sketch window of routed
 requests apart, and shrinks with a quarter replica of hysteresis, so it does not flap at a
-boundary.
+boundary. It shrinks only once traffic has flowed ``load_window_s`` since its last lull (no
+request judged for a quarter of that): the loads it is sized by are rates over that window
+(the replicas' scraped prefill rate, over ``scrape.hit_rate_window_s``, 60 s by default),
+and read low while it still holds the lull. After an idle hour a set of two shrank to one
+at the first requests and grew back only a window later, moving the homes of the replica in
+between both times (offline, ``contracts-400``, LRU engines, seed 0, an hour's gap after
+4,000 requests: the next 500 requests' hit 0.672, and p95 0.542 s in the 500 after them,
+against 0.702 and 0.424 s with no shrink).
 
 Not thread-safe; one owner (the policy) drives it.
 """
@@ -29,12 +36,15 @@ _SCRATCH_KEY = stable_hash(b"kvgate-scratch-set")
 # set is first sized from their load: sized from the first few, it grew and shrank again,
 # and moved the homes placed on the replicas in between each time
 _JUDGED_MIN = 128
+# a pause in judged requests this share of ``load_window_s`` long is a lull (see the module)
+_LULL_SHARE = 0.25
 
 
 class ScratchSet:
     """Which replicas form the scratch set, and how many; see the module docstring."""
 
-    __slots__ = ("_cfg", "_grown_at", "_judged", "_judged_load", "_memo", "_rare_load", "size")
+    __slots__ = ("_active_since", "_cfg", "_grown_at", "_judged", "_judged_load", "_memo",
+                 "_rare_load", "size")
 
     def __init__(self, config: CostConfig) -> None:
         self._cfg = config
@@ -45,6 +55,7 @@ class ScratchSet:
         self._judged = 0
         self._judged_load = DecayedRate(config.load_window_s)
         self._rare_load = DecayedRate(config.load_window_s)
+        self._active_since = -math.inf  # when traffic resumed after its last lull
         # the last members: (ring points, their owners as indexes of the views, size,
         # healthy flags, indexes); one membership in another order shares the points
         self._memo: tuple[list[int], list[int], int, list[bool], list[int],
@@ -83,6 +94,9 @@ class ScratchSet:
         (``take_back``): its uncached tokens at the next replica, the request not again."""
         if not again:
             self._judged += 1
+        last = self._judged_load.last
+        if last is None or now - last > self._cfg.load_window_s * _LULL_SHARE:
+            self._active_since = now
         self._judged_load.add(now, uncached)
         if rare:
             self._rare_load.add(now, uncached)
@@ -127,6 +141,7 @@ class ScratchSet:
                 hottest = rare * pace_s / cfg.max_scratch_utilization
                 need = max(float(spare), hottest)
         size = self.size
+        settled = now - self._active_since >= cfg.load_window_s  # (see the module)
         if need > size:
             # one replica at a time, a sketch window of routed requests apart: early in a
             # run the rare load reads high (prefixes not yet counted hot, caches still
@@ -136,6 +151,8 @@ class ScratchSet:
                 return
             self._grown_at = routed
             size += 1
+        elif not settled:
+            pass
         elif hottest is not None:
             if hottest <= size - 1.25:
                 size = max(spare, math.ceil(hottest))
