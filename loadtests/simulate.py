@@ -50,6 +50,7 @@ from loadtests.fleet_flags import add_fleet_flags
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.oracle import static_oracle, upper_bound
+from loadtests.pause import after_pause, pause, paused
 from loadtests.placement_oracle import PlacementOracle, oracle_replicas
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.replica_prompts import (
@@ -502,6 +503,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: per scenario")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: per scenario")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pause", type=pause, default=None, metavar="N:S",
+                        help="after the Nth request, S seconds without arrivals (a lull, "
+                             "as a night's), then the rest; the JSON's after_pause gives "
+                             "the token hit rate and p95 TTFT of the 1,000 requests after it "
+                             "(N:0 for the same figures without a lull)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="workload parameter, e.g. --set popularity=zipf")
     parser.add_argument("--policy-set", action="append", default=[],
@@ -581,6 +587,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         arrivals = np.array([r.arrival_s for r in requests])
     else:
         arrivals = poisson_arrivals(len(requests), rate, args.seed)
+    arrivals = paused(arrivals, args.pause)
     tokenizer = load_tokenizer(None, memo_size=4096) if prompts == "text" else None
     hashes = PrefixHashes(fleet.block_size, load_profile(profile).model.name)
     # a true bound (an unlimited cache), and a fixed placement in the fleet's idle KV, which
@@ -598,6 +605,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "peers": args.peers,
         "prompts": prompts,
         "engine_tokenizer": args.engine_tokenizer,
+        "pause": None if args.pause is None else args.pause._asdict(),
         "views": args.views,
         "dialect": args.dialect,
         "kv_events": args.kv_events,
@@ -630,6 +638,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{res.request_hit_rate:.3f}  ttft p50/p95/p99 {res.ttft_p50_s:.3f}/"
               f"{res.ttft_p95_s:.3f}/{res.ttft_p99_s:.3f} s  spills {res.spills}  "
               f"({len(requests) / res.cpu_seconds:,.0f} req per CPU second)", file=sys.stderr)
+        if args.pause is not None:
+            after = report["policies"][name]["after_pause"] = after_pause(
+                args.pause, [replica_prompts.prompt_len(r) for r in requests],
+                res.cached_tokens, res.ttft_s)
+            print(f"{'':>18}the {after['requests']:,} requests after the pause: token hit "
+                  f"{after['token_hit_rate']:.3f}, ttft p95 {after['ttft_p95_s']:.3f} s",
+                  file=sys.stderr)
         if any(m["requests"] for m in res.hot_misses.values()):
             print(f"{'':>18}hot misses (requests / shared tokens): " + ", ".join(
                 f"{cause} {m['requests']:,} / {m['tokens']:,}"
