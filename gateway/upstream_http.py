@@ -28,9 +28,13 @@ addresses, is what a client is told. An ``https`` replica's certificate is check
 the system's CAs and ``tls.ca_file``'s (``replica_tls``), always. A request that finds a
 kept-alive connection closed under it before any byte of the answer came is sent again
 once on a new connection (the replica closed it idle as the request was sent), when the
-close came within ``STALE_WINDOW_S`` of the send: a replica that held the request longer
-may have worked on it, and its close is a broken connection. The answer to a request sent
-again says so (``resent``).
+close came within ``STALE_WINDOW_S`` of the send, plus two of the connection's round trips
+(the time its connect took: a replica farther than ``STALE_WINDOW_S`` away closed it idle
+as surely, its close later on the wire): a replica that held the request longer may have
+worked on it, and its close is a broken connection. So is a request answered 408 on a
+kept-alive connection (a server that says so as it closes an idle one: HAProxy's, some of
+Node's): 408 says the request never came whole. The answer to a request sent again says
+so (``resent``).
 """
 
 from __future__ import annotations
@@ -291,6 +295,7 @@ class _Connection(asyncio.Protocol):
         self.reused = False
         self.held = False  # counts against the origin's limit
         self.idle_since = 0.0
+        self.connect_s = 0.0  # how long its connect took: a round trip, or more (TLS)
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -314,6 +319,9 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             # a callback's own refusal (trailers past the bound) is the error's context
             cause = exc.__context__
+            if isinstance(cause, _Stale):  # (``on_headers_complete``)
+                self._broken(cause)
+                return
             self._broken(UpstreamBroken(str(cause) if isinstance(cause, _Overrun)
                                         else f"malformed answer ({exc})"))
 
@@ -335,7 +343,7 @@ class _Connection(asyncio.Protocol):
             answer._complete = True  # the body ran to the end of the connection (a reset
             answer._wake()  # connection is not an end: the answer broke)
         elif not self._got_bytes and self.reused \
-                and time.monotonic() - self._sent_at <= STALE_WINDOW_S:
+                and time.monotonic() - self._sent_at <= STALE_WINDOW_S + 2 * self.connect_s:
             answer._fail(_Stale("the replica closed a kept-alive connection"))
         else:
             what = exc.__class__.__name__ if exc is not None else "closed"
@@ -380,6 +388,10 @@ class _Connection(asyncio.Protocol):
             answer.headers.clear()
             answer.more_cookies.clear()
             return
+        if status == 408 and self.reused and not answer._head.done():
+            # the request never came whole: the replica closed the connection idle as it
+            # was sent (see the module); the rest of this answer is not read
+            raise _Stale("the replica answered 408 on a kept-alive connection")
         answer.status = status
         headers = answer.headers
         answer._until_close = "content-length" not in headers \
@@ -514,6 +526,7 @@ class _Origin:
     async def connect(self) -> _Connection:
         """A new connection (its slot already taken)."""
         loop = asyncio.get_running_loop()
+        began = time.monotonic()
         try:
             async with asyncio.timeout(self._connect_s):
                 _, conn = await loop.create_connection(
@@ -531,6 +544,7 @@ class _Origin:
         except OSError as exc:  # refused, unreachable, unresolvable
             raise UpstreamUnreachable(f"cannot connect to {self.host}:{self.port}: "
                                        f"{exc}") from None
+        conn.connect_s = time.monotonic() - began
         conn.held = True
         return conn
 

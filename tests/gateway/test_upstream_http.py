@@ -499,3 +499,77 @@ def test_an_origin_whose_last_connection_closed_in_use_or_never_opened_is_forgot
             assert await read_all(client, url) == (200, b"{}")  # made again when asked
             await client.close()
     asyncio.run(main())
+
+
+def _408_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    writer.write(b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\n"
+                 b"content-length: 0\r\n\r\n")
+    return False
+
+
+def test_a_408_on_a_kept_connection_is_sent_again_and_on_a_new_one_is_the_answer() -> None:
+    """A server that answers 408 as it closes an idle connection (HAProxy's, some of
+    Node's) crossed the request: it never came whole, so it goes again on a new
+    connection. On a new connection a 408 is the replica's answer."""
+    ok = answering(b"ok")
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        if n == 1:
+            return _408_then_close(reader, writer)
+        return await ok(reader, writer, n)
+
+    async def always_408(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         n: int) -> bool:
+        return _408_then_close(reader, writer)
+
+    async def main() -> None:
+        server = Server(handler)
+        async with server as url:
+            client = UpstreamClient()
+            assert await read_all(client, url) == (200, b"ok")
+            again = await client.post(url, b"{}", {})
+            assert again.resent and again.status == 200 and await again.read(100) == b"ok"
+            again.release()
+            await client.close()
+        assert server.connections == 2 and len(server.bodies) == 3
+        async with Server(always_408) as url:
+            client = UpstreamClient()
+            assert await read_all(client, url) == (408, b"")
+            await client.close()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("connect_s, resent", [(0.0, False), (0.5, True)])
+def test_the_window_for_an_idle_close_grows_with_the_connections_round_trip(
+        connect_s: float, resent: bool) -> None:
+    """A replica closes its kept connection 0.2 s after the request came, without a byte:
+    past ``STALE_WINDOW_S`` on loopback, a break; on a connection whose connect took 0.5 s
+    (a replica 250 ms away, set here: loopback has no such distance), within two round
+    trips of the send, as an idle close crossing the request arrives there."""
+    ok = answering(b"ok")
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      n: int) -> bool:
+        if n == 1:
+            await asyncio.sleep(0.2)
+            return False
+        return await ok(reader, writer, n)
+
+    async def main() -> None:
+        server = Server(handler)
+        async with server as url:
+            client = UpstreamClient()
+            assert await read_all(client, url) == (200, b"ok")
+            (origin,) = client._origins.values()
+            origin._idle[0].connect_s = connect_s
+            if resent:
+                again = await client.post(url, b"{}", {})
+                assert again.resent and await again.read(100) == b"ok"
+                again.release()
+            else:
+                with pytest.raises(UpstreamBroken, match="the connection broke"):
+                    await client.post(url, b"{}", {})
+            await client.close()
+        assert len(server.bodies) == 2 + resent
+    asyncio.run(main())
