@@ -1,7 +1,7 @@
 """``--pause N:S`` for the offline simulator: after the Nth request, S seconds with no
 arrivals (a lull, as a night's), then the same arrivals again; and how the requests right
-after it fared (``after_pause`` in the JSON), where what a policy learned as rates over
-time may read stale."""
+after a change fared (``after_pause`` in the JSON, and ``after_slowdown`` for
+``--slowdown-after``), where what a policy learned may be stale."""
 
 from __future__ import annotations
 
@@ -47,12 +47,12 @@ def paused(arrivals: np.ndarray, lull: Pause | None) -> np.ndarray:
     return out
 
 
-def after_pause(lull: Pause, prompt_tokens: Sequence[int], cached_tokens: Sequence[int],
-                ttft_s: Sequence[float]) -> dict[str, float | int]:
-    """The ``AFTER`` requests after the lull (fewer where the run ends first): their
-    token hit rate (cached over prompt tokens, in the replicas' tokens) and p95 time to
-    first token."""
-    window = slice(lull.after, lull.after + AFTER)
+def figures_after(start: int, prompt_tokens: Sequence[int], cached_tokens: Sequence[int],
+                  ttft_s: Sequence[float]) -> dict[str, float | int]:
+    """The ``AFTER`` requests from the ``start``th on (fewer where the run ends first; a
+    lull's, or a change's, ``--slowdown-after``): their token hit rate (cached over prompt
+    tokens, in the replicas' tokens) and p95 time to first token."""
+    window = slice(start, start + AFTER)
     prompts, ttft = sum(prompt_tokens[window]), list(ttft_s[window])
     return {"requests": len(ttft),
             "token_hit_rate": sum(cached_tokens[window]) / prompts if prompts else 0.0,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.core import EngineConfig, EngineCore
-from engine.cost_model import MAX_SLOWDOWN, CostModel, load_profile
+from engine.cost_model import MAX_SLOWDOWN, CostModel, Profile, load_profile
 from engine.eviction import check_eviction_name
 from engine.kv_sizing import blocks_in_gib
 from engine.request import RequestOutput, SamplingParams
@@ -77,6 +77,10 @@ class FleetSpec:
     # how many times slower than the profile's device each replica's is, by position
     # (r0, r1, ...; 1 for those past the end): a fleet of mixed or throttled devices
     slowdown: tuple[float, ...] = ()
+    # virtual seconds at which ``slowdown`` takes effect (None: from the start): devices
+    # that turn slow mid-run (throttled, degraded); before it every replica runs at the
+    # profile's speed
+    slowdown_at_s: float | None = None
 
     def validate(self) -> None:
         for key in ("replicas", "kv_pool_gib", "idle_kv_gib", "max_num_seqs",
@@ -103,6 +107,11 @@ class FleetSpec:
             if not 0 < factor <= MAX_SLOWDOWN:  # NaN too
                 raise ValueError(f"slowdown of r{i} must be in (0, {MAX_SLOWDOWN:g}], got "
                                  f"{factor!r}")
+        if self.slowdown_at_s is not None and not (
+                self.slowdown and 0 <= self.slowdown_at_s < math.inf):
+            raise ValueError(f"slowdown_at_s must be a time >= 0 with a slowdown to take "
+                             f"effect, got {self.slowdown_at_s!r} with slowdown "
+                             f"{self.slowdown!r}")
         if self.ranks_hidden > 1 and (self.views != "gateway" or self.kv_events):
             raise ValueError("ranks_hidden needs the gateway's views and no KV events (a "
                              "server's ranks publish apart)")
@@ -190,13 +199,15 @@ class SimFleet:
             max_model_len=self.max_model_len,
             emit_every_token=False,
         )
+        # each replica's device from the start, or until ``slowdown_at_s`` (``devices_at``)
+        self._slowed = spec.slowdown_at_s is None
         self.replicas = [
             SimReplica(f"r{i}", EngineCore(SimExecutor(
-                CostModel.from_profile(profile, spec.slowdown[i]) if i < len(spec.slowdown)
-                else cost,
+                self._device(profile, i) if self._slowed else cost,
                 block_size=spec.block_size, token_range=(3, 4096)), config))
             for i in range(spec.replicas)
         ]
+        self._profile = profile
         self.index = {r.id: i for i, r in enumerate(self.replicas)}
         # what the gateway routes to: the replicas, or servers of ``ranks_hidden`` of them
         ranks = spec.ranks_hidden
@@ -221,6 +232,22 @@ class SimFleet:
             return [r.view() for r in self.replicas]
         self.scrape_until(now)
         return self.states[gateway].views(now=now)
+
+    def _device(self, profile: Profile, i: int) -> CostModel:
+        slowdown = self.spec.slowdown
+        return CostModel.from_profile(profile, slowdown[i] if i < len(slowdown) else 1.0)
+
+    def devices_at(self, now: float) -> None:
+        """The replicas' devices turn as slow as ``spec.slowdown`` says once ``now`` reaches
+        ``spec.slowdown_at_s`` (the simulator calls it before each event: a step begun
+        before then ends at the old speed)."""
+        if self._slowed or now < self.spec.slowdown_at_s:  # type: ignore[operator]
+            return
+        self._slowed = True
+        for i, replica in enumerate(self.replicas):
+            executor = replica.core.executor
+            assert isinstance(executor, SimExecutor)
+            executor.cost_model = self._device(self._profile, i)
 
     def scrape_until(self, now: float) -> None:
         """Take the scrapes due at or before ``now``, each of the replicas as they are now:

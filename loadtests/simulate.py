@@ -44,13 +44,13 @@ from gateway.peer_wire import (
 from gateway.request_parse import ParsedRequest
 from gateway.resident_requests import Resident, prompt_head_key
 from gateway.routing import Router, work_tokens
-from kvwire.arg_types import positive_float
+from kvwire.arg_types import non_negative_int, positive_float
 from kvwire.tokenizer import PromptTokenizer, load_tokenizer
 from loadtests.fleet_flags import add_fleet_flags
 from loadtests.hot_misses import hot_misses
 from loadtests.label_stats import label_token_hit_rates, ttft_tail
 from loadtests.oracle import static_oracle, upper_bound
-from loadtests.pause import after_pause, pause, paused
+from loadtests.pause import figures_after, pause, paused
 from loadtests.placement_oracle import PlacementOracle, oracle_replicas
 from loadtests.prefix_hashes import PrefixHashes
 from loadtests.replica_prompts import (
@@ -329,7 +329,9 @@ class Simulation:
         while i < n or heap:
             next_arrival = arrivals[i] if i < n else math.inf
             # the scrapes due before this event read the replicas as they are until it
-            self.fleet.scrape_until(min(heap[0][0], next_arrival) if heap else next_arrival)
+            at = min(heap[0][0], next_arrival) if heap else next_arrival
+            self.fleet.devices_at(at)
+            self.fleet.scrape_until(at)
             if heap and heap[0][0] <= next_arrival:
                 self.now, _, index = heapq.heappop(heap)
                 self._end_step(index, self.now)
@@ -503,6 +505,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: per scenario")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: per scenario")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slowdown-after", type=non_negative_int, default=None,
+                        metavar="N", help="--slowdown's devices turn slow as the Nth request "
+                        "arrives (before, every replica runs at the profile's speed: a "
+                        "device that throttles or degrades mid-run); the JSON's "
+                        "after_slowdown gives the token hit rate and p95 TTFT of the 1,000 "
+                        "requests after it")
     parser.add_argument("--pause", type=pause, default=None, metavar="N:S",
                         help="after the Nth request, S seconds without arrivals (a lull, "
                              "as a night's), then the rest; the JSON's after_pause gives "
@@ -588,6 +596,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         arrivals = poisson_arrivals(len(requests), rate, args.seed)
     arrivals = paused(arrivals, args.pause)
+    if args.slowdown_after is not None:
+        if not fleet.slowdown or args.slowdown_after >= len(requests):
+            raise ValueError(f"--slowdown-after {args.slowdown_after} needs --slowdown and "
+                             f"more requests than that, got {len(requests)}")
+        fleet = dataclasses.replace(fleet, slowdown_at_s=float(arrivals[args.slowdown_after]))
     tokenizer = load_tokenizer(None, memo_size=4096) if prompts == "text" else None
     hashes = PrefixHashes(fleet.block_size, load_profile(profile).model.name)
     # a true bound (an unlimited cache), and a fixed placement in the fleet's idle KV, which
@@ -638,11 +651,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{res.request_hit_rate:.3f}  ttft p50/p95/p99 {res.ttft_p50_s:.3f}/"
               f"{res.ttft_p95_s:.3f}/{res.ttft_p99_s:.3f} s  spills {res.spills}  "
               f"({len(requests) / res.cpu_seconds:,.0f} req per CPU second)", file=sys.stderr)
-        if args.pause is not None:
-            after = report["policies"][name]["after_pause"] = after_pause(
-                args.pause, [replica_prompts.prompt_len(r) for r in requests],
+        for key, start, what in (("after_pause", args.pause and args.pause.after, "pause"),
+                                 ("after_slowdown", args.slowdown_after, "slowdown")):
+            if start is None:
+                continue
+            after = report["policies"][name][key] = figures_after(
+                start, [replica_prompts.prompt_len(r) for r in requests],
                 res.cached_tokens, res.ttft_s)
-            print(f"{'':>18}the {after['requests']:,} requests after the pause: token hit "
+            print(f"{'':>18}the {after['requests']:,} requests after the {what}: token hit "
                   f"{after['token_hit_rate']:.3f}, ttft p95 {after['ttft_p95_s']:.3f} s",
                   file=sys.stderr)
         if any(m["requests"] for m in res.hot_misses.values()):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtests.pause import Pause, after_pause, pause, paused
+from loadtests.pause import Pause, figures_after, pause, paused
 from loadtests.simulate import main
 
 
@@ -29,8 +29,8 @@ def test_the_requests_after_the_pause_come_that_much_later() -> None:
         paused(arrivals, Pause(4, 1.0))
 
 
-def test_after_pause_covers_the_requests_after_it() -> None:
-    figures = after_pause(Pause(2, 5.0), [100, 100, 100, 300], [100, 100, 0, 150],
+def test_the_figures_after_a_change_cover_the_requests_after_it() -> None:
+    figures = figures_after(2, [100, 100, 100, 300], [100, 100, 0, 150],
                           [9.0, 9.0, 0.5, 0.5])
     assert figures == {"requests": 2, "token_hit_rate": 150 / 400, "ttft_p95_s": 0.5}
 
