@@ -37,7 +37,8 @@ Example (every key but ``replicas`` has a default)::
                # times are seconds: timeouts at least 0.001, health and scrape
                # intervals (interval_s, models_refresh_s) at least 0.01
     health: {interval_s: 2, timeout_s: 1, failures_to_eject: 2, successes_to_readmit: 1,
-             request_failures_to_eject: 3, ejection_s: 10, models_refresh_s: 30}
+             request_failures_to_eject: 3, ejection_s: 10, models_refresh_s: 30,
+             path: /health}   # what a check asks each replica for (a 200 is healthy)
     scrape: {enabled: true, interval_s: 1, timeout_s: 1, hit_rate_window_s: 60,
              stale_after_failures: 3,
              max_bytes: 8388608,
@@ -254,6 +255,9 @@ class TimeoutConfig:
             at_least(self, LEAST_TIMEOUT_S, "stream_first_byte_s")
 
 
+_MAX_HEALTH_PATH = 256
+
+
 @dataclass(frozen=True, slots=True)
 class HealthConfig:
     interval_s: float = 2.0
@@ -266,10 +270,18 @@ class HealthConfig:
     # ejected again soon after, up to 32x)
     request_failures_to_eject: int = 3
     ejection_s: float = 10.0
+    # what a check asks for (a 200 is healthy): vLLM's, SGLang's, TGI's, llama.cpp's and
+    # the engine's /health; another server's own (SGLang's /health_generate runs a token)
+    path: str = "/health"
 
     def validate(self) -> None:
         _positive(self, "failures_to_eject", "successes_to_readmit",
                   "request_failures_to_eject")
+        if not (self.path.startswith("/") and len(self.path) <= _MAX_HEALTH_PATH
+                and self.path.isprintable() and " " not in self.path):
+            raise ValueError(f"health.path must be a path on the replica's server that "
+                              f"starts with / (no spaces, at most {_MAX_HEALTH_PATH} "
+                              f"characters), got {self.path!r}")
         at_least(self, LEAST_INTERVAL_S, "interval_s", "models_refresh_s")
         at_least(self, LEAST_TIMEOUT_S, "timeout_s", "ejection_s")
 

@@ -240,7 +240,7 @@ class Monitor:
     async def _probe(self, state: ReplicaState) -> tuple[bool, str | None]:
         cfg = self.health_cfg
         ok, error = True, None
-        url = f"{state.config.base_url}/health"  # named in each failure: where it went
+        url = f"{state.config.base_url}{cfg.path}"  # named in each failure: where it went
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 async with self.session.get(url, headers=state.credentials | _UNENCODED,
