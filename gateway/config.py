@@ -7,6 +7,8 @@ Example (every key but ``replicas`` has a default)::
     tokenizer: null              # directory or tokenizer.json; null = project tokenizer
     tokenizer_concurrency: 4     # prompts encoded at once, off the event loop
     tokenizer_memo: 2048         # prefix encodings remembered; 0 = off
+    unlisted_model: refuse       # a model no replica lists: 404 (pass: to the one base
+                                 # model's replicas, body unchanged, as SGLang serves any)
     admin: {token_env: KVGATE_ADMIN_TOKEN, host: 127.0.0.1, port: 8001,
             allow_hosts: [], allow_networks: [10.0.0.0/8]}   # off without a token
             # a secret X (token, secret, key) is given as X, X_file or X_env
@@ -496,6 +498,12 @@ class GatewayConfig:
     # prompts (up to 32 KB each: policies that read every token); 0 = off
     tokenizer_memo: int = 2048
     access_log: bool = False  # one JSON line per request on the kvgate.access logger
+    # a request naming a model no replica lists: ``refuse`` answers 404 ``model_not_found``
+    # naming the models served; ``pass`` sends it, body unchanged, to the replicas of the
+    # fleet's one base model where they serve one alone (they answer the name as without
+    # the gateway: SGLang and TGI serve any, as their examples' "default" and "tgi"; vLLM
+    # answers its own 404); a fleet of several models refuses it either way
+    unlisted_model: str = "refuse"
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     tenancy: TenancyConfig = field(default_factory=TenancyConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -521,6 +529,9 @@ class GatewayConfig:
                              f"must be at least max_body_bytes ({self.max_body_bytes}): a "
                              "body that long could never be served")
         _positive(self, "port", "max_body_bytes", "max_attempts", "tokenizer_concurrency")
+        if self.unlisted_model not in ("pass", "refuse"):
+            raise ValueError(f"unlisted_model must be 'pass' or 'refuse', got "
+                             f"{self.unlisted_model!r}")
         if self.tokenizer_memo < 0:
             raise ValueError(f"tokenizer_memo must be >= 0, got {self.tokenizer_memo!r}")
         seen: set[str] = set()

@@ -145,7 +145,7 @@ def default_model(gw: GatewayState) -> str:
 
 
 async def check_model(gw: GatewayState, model: str | None, tenant: str | None = None,
-                      param: str = "model") -> None:
+                      param: str = "model") -> str | None:
     """NotFound unless a replica ``tenant`` may use serves ``model`` (any model, before
     models are known, or while a replica lists more than the gateway keeps); the error
     names ``param``, the body's field that named it (``lora_path``: an adapter on
@@ -154,10 +154,16 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
     none lists is looked for again first (``Monitor.refresh_all_models``: loaded at run
     time, or a replica restarted with it; by the next round, up to a second away), by
     every worker of a box alike (``box_feed``); one too long for any list
-    (``MODEL_ID_CHARS``) is not, and its error says why."""
+    (``MODEL_ID_CHARS``) is not, and its error says why.
+
+    Returns the model to route the request as: ``model``; or, where no replica lists it
+    and ``unlisted_model`` is ``pass``, the one base model the tenant's replicas serve, if
+    they serve one alone. Its body goes to such a replica unchanged, which answers the
+    name as it would without the gateway: SGLang and TGI serve any name (SGLang's
+    examples send "default", TGI's "tgi"), vLLM and the engine answer their own 404."""
     allowed = gw.tenancy.allowed(tenant)
     if gw.fleet.lists(model, allowed):  # as most requests are: the set of every model
-        return  # (100 replicas of 1,024 adapters: 100,000 names) is built for the others
+        return model  # (100 replicas of 1,024 adapters: 100,000 names) is built for others
     known = gw.fleet.models(allowed)
     too_long = model is not None and len(model) > MODEL_ID_CHARS  # never listed
     if known and model not in known and not gw.fleet.models_cut() \
@@ -165,14 +171,23 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
         await gw.monitor.refresh_all_models()
         known = gw.fleet.models(allowed)
     if known and model not in known and not gw.fleet.models_cut():
+        if param == "model" and not too_long and gw.config.unlisted_model == "pass":
+            bases = base_models(gw)
+            if bases is not None and len(bases) == 1 and bases <= known:
+                return next(iter(bases))
         # the name's start only: a body may hold megabytes of it
         why = (f" (model names over {MODEL_ID_CHARS} characters are not routed: a replica "
                f"that lists one has it left out of its models)") if too_long else ""
         named = shown(model, MODEL_SHOWN_CHARS)
         what = f"model {named}" if param == "model" \
             else f"the adapter '{param}' names, {named},"
-        raise NotFound(f"{what} is not served by any replica{why}; available: "
+        hint = ""
+        if param == "model" and not too_long and len(base_models(gw) or ()) == 1:
+            hint = " (where the replicas serve any name, as SGLang and TGI do, the " \
+                   "gateway's unlisted_model: pass sends it to them)"
+        raise NotFound(f"{what} is not served by any replica{why}{hint}; available: "
                        f"{_some(known)}", param=param, code="model_not_found")
+    return model
 
 
 def _some(models: set[str]) -> str:
@@ -204,8 +219,10 @@ async def take_in(request: Request, gw: GatewayState, endpoint: Endpoint | None,
         bases = base_models(gw)  # the fleet's, read here: its lists change on the loop
         parsed = await asyncio.to_thread(parse_body, raw, endpoint, aff.body_field,
                                          affinity, lambda: unnamed_model(bases), body)
-    await check_model(gw, parsed.model, tenant, model_param(parsed.body)
-                      if parsed.endpoint == "generate" else "model")
+    routed_as = await check_model(gw, parsed.model, tenant, model_param(parsed.body)
+                                  if parsed.endpoint == "generate" else "model")
+    if routed_as != parsed.model and routed_as is not None:
+        parsed = dataclasses.replace(parsed, model=routed_as)  # (its body unchanged)
     # the body written again with the tenant's salt: where it was parsed, as a
     # pass-through body is
     isolated = await gw.tenancy.isolate_off_loop(tenant, parsed.body, not on_loop)

@@ -96,8 +96,7 @@ async def passthrough(request: Request, decoded: dict[str, Any] | None = None) -
             body = await asyncio.to_thread(request_object, raw) if large \
                 else request_object(raw)
         # absent (or null), else a non-empty string: a refusal names what was sent
-        model = model_field(body) or default_model(gw)
-        await check_model(gw, model, tenant)
+        model = await check_model(gw, model_field(body) or default_model(gw), tenant) or ""
         # the model runs over the client's text: a tenant's prefixes are its own there too
         if path not in _NO_CACHE:
             isolated = await gw.tenancy.isolate_off_loop(tenant, body, large)
