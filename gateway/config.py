@@ -258,6 +258,7 @@ class TimeoutConfig:
 
 
 _MAX_HEALTH_PATH = 256
+DEFAULT_HEALTH_PATH = "/health"
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +274,9 @@ class HealthConfig:
     request_failures_to_eject: int = 3
     ejection_s: float = 10.0
     # what a check asks for (a 200 is healthy): vLLM's, SGLang's, TGI's, llama.cpp's and
-    # the engine's /health; another server's own (SGLang's /health_generate runs a token)
-    path: str = "/health"
+    # the engine's /health (where it answers 404, as Ollama's, /v1/models is asked); another
+    # server's own (SGLang's /health_generate runs a token)
+    path: str = DEFAULT_HEALTH_PATH
 
     def validate(self) -> None:
         _positive(self, "failures_to_eject", "successes_to_readmit",

@@ -28,7 +28,7 @@ from typing import TypeGuard
 import aiohttp
 import orjson
 
-from gateway.config import HealthConfig, ScrapeConfig
+from gateway.config import DEFAULT_HEALTH_PATH, HealthConfig, ScrapeConfig
 from gateway.data_parallel import group_of
 from gateway.fleet import Fleet, ModelInfo, ReplicaState
 from gateway.kv_capacity_estimate import CapacityEstimator, Mark
@@ -62,6 +62,7 @@ _CARD_LEFT_OUT = frozenset({"permission"})
 _INFO_FIELDS = ("root", "parent", "max_model_len")  # ``ModelInfo``'s own, in its order
 _SKIPPED_LOG_S = 60.0  # a warning of ids left out, at most once a minute
 HEALTH_BYTES = 64 << 10  # a /health answer is read this far at most (its status counts)
+MODELS_PATH = "/v1/models"  # asked where /health is not found
 _PARSE_INLINE_BYTES = 256 << 10  # a /metrics page past this is parsed on a thread
 _SAID_CHARS = 240  # of a parser's error, in a log line
 _MODELS_ROUND_S = 1.0  # the least time between two model rounds asked for by requests
@@ -238,9 +239,22 @@ class Monitor:
             await self.refresh_models(*listing)
 
     async def _probe(self, state: ReplicaState) -> tuple[bool, str | None]:
+        """``state``'s health: a 200 at ``health.path``; where that is the default
+        ``/health`` and answers 404 (a server without one: Ollama's), a 200 at
+        ``/v1/models``, which every OpenAI-compatible server has (a wrong base URL misses
+        both)."""
+        ok, error = await self._get_ok(state, self.health_cfg.path)
+        if not ok and error is not None and error.endswith(" answered 404") \
+                and self.health_cfg.path == DEFAULT_HEALTH_PATH:
+            ok, also = await self._get_ok(state, MODELS_PATH)
+            error = None if ok else f"{error}; {also}"
+        return ok, error
+
+    async def _get_ok(self, state: ReplicaState, path: str) -> tuple[bool, str | None]:
+        """Whether ``path`` on ``state``'s server answers 200, and why not."""
         cfg = self.health_cfg
         ok, error = True, None
-        url = f"{state.config.base_url}{cfg.path}"  # named in each failure: where it went
+        url = f"{state.config.base_url}{path}"  # named in each failure: where it went
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 async with self.session.get(url, headers=state.credentials | _UNENCODED,

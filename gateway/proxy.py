@@ -2027,6 +2027,8 @@ def _opening_failure(first: bytes, failed: tuple[bytes, ...]) -> _Failure | None
     except ValueError:
         data = None
     error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, str):  # TGI's: the message itself
+        error = {"message": error}
     if not isinstance(error, dict) and isinstance(data, dict):
         response = data.get("response")
         error = response.get("error") if isinstance(response, dict) else None
@@ -2096,12 +2098,15 @@ def _error_message(detail: bytes) -> str:
 def _openai_error(data: Any) -> dict[str, Any] | None:
     """An OpenAI-shaped error in ``data``: nested under ``error`` (OpenAI's, vLLM's since
     0.10.2), or ``data`` itself when flat beside ``"object": "error"`` (older vLLM's,
-    SGLang's); None for anything else."""
+    SGLang's), or a message that ``error`` is (TGI's, beside its ``error_type``: read as
+    one with that message); None for anything else."""
     if not isinstance(data, dict):
         return None
     error = data.get("error")
     if isinstance(error, dict):
         return error
+    if isinstance(error, str) and error:
+        return {"message": error}
     return data if data.get("object") == "error" else None
 
 

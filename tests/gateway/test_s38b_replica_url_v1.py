@@ -75,6 +75,7 @@ async def test_a_failed_health_check_names_the_url_it_fetched() -> None:
             assert state is not None
             await monitor.check_one(state)
             assert not state.healthy
-            assert state.last_error == f"GET {url}/health answered 404"
+            assert state.last_error == f"GET {url}/health answered 404; " \
+                f"GET {url}/v1/models answered 404"
     finally:
         await runner.cleanup()

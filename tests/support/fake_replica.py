@@ -50,6 +50,7 @@ class Behaviour:
     done: bool = True  # a stream ends with [DONE] (False: it ends without, as if cut)
     done_event: bytes = b"data: [DONE]\n\n"  # ... written so
     whole_body: bytes | None = None  # a non-streamed answer's body as it is (JSON's type)
+    error_body: bytes | None = None  # an error status's body as it is (else OpenAI's shape)
     logprobs: int = 0  # /generate: log probability entries per output token in meta_info
     # completions: header lines added to each answer (a name may come more than once)
     answer_headers: tuple[tuple[str, str], ...] = ()
@@ -69,6 +70,8 @@ def fake_replica(b: Behaviour) -> Starlette:
         body = json.loads(raw)
         chat = "messages" in body
         await asyncio.sleep(b.first_byte_delay_s)  # an error takes as long to come
+        if b.status != 200 and b.error_body is not None:
+            return Response(b.error_body, status_code=b.status, media_type="application/json")
         if b.status != 200:
             return JSONResponse({"error": {"message": f"{b.name} failing", "type": "x",
                                            "param": None, "code": None}}, status_code=b.status)
