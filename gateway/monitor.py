@@ -22,6 +22,7 @@ import logging
 import math
 import ssl
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeGuard
 
@@ -100,6 +101,20 @@ def model_info(listed: dict[str, object]) -> ModelInfo:
 def _routable(name: object) -> TypeGuard[str]:
     """Whether ``name`` is a string the gateway keeps whole (``MODEL_ID_CHARS``)."""
     return isinstance(name, str) and len(name) <= MODEL_ID_CHARS
+
+
+def _inflater(coding: str) -> zlib._Decompress | None:
+    """A decoder of a /metrics page sent ``gzip`` or ``deflate`` though the gateway asks
+    for it unencoded (a server or proxy that compresses anyway: its bytes were read as
+    text, an unparsable page every scrape); None for an unencoded one; ValueError naming
+    any other coding."""
+    coding = coding.strip().lower()
+    if coding in ("", "identity"):
+        return None
+    if coding in ("gzip", "x-gzip", "deflate"):
+        return zlib.decompressobj(wbits=47)  # a gzip or a zlib header, told apart
+    raise ValueError(f"the page is encoded {coding[:40]!r}, which the gateway does not "
+                     "decode (it asks for it unencoded)")
 
 
 class Monitor:
@@ -468,11 +483,16 @@ class Monitor:
                             self._scrape_failed(state)
                         return
                     raw = bytearray()
+                    inflate = _inflater(resp.headers.get("content-encoding", ""))
                     async for chunk in resp.content.iter_chunked(1 << 16):
+                        if inflate is not None:  # (its output bounded as the page is)
+                            chunk = inflate.decompress(chunk, cfg.max_bytes + 1 - len(raw))
+                            if inflate.unconsumed_tail:
+                                chunk += b"-"  # past the bound: refused below
                         raw += chunk
                         if len(raw) > cfg.max_bytes:
                             raise ValueError(f"the page is over {cfg.max_bytes} bytes")
-        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError, zlib.error) as exc:
             for state in states:
                 # once per run of failures (a broken /metrics fails every scrape, each
                 # second)
