@@ -174,6 +174,8 @@ _STATUS_CODE = re.compile(rb'"status_code":\s*(\d{3})\b')
 # (N tokens)", vLLM V1's "longer than the maximum model length of N"
 _CONTEXT_LIMIT = re.compile(r"maximum context length (?:is|of) (\d{1,9})|maximum model "
                             r"length of (\d{1,9})|context length \((\d{1,9}) tokens\)")
+# llama.cpp's server's refusal of a prompt longer than its context (its ``n_ctx`` beside)
+_LLAMA_CPP_CONTEXT = "exceed_context_size_error"
 # a whole answer that is an error object (OpenAI's and vLLM's, or older vLLM's and SGLang's)
 _ERROR_OBJECT = re.compile(rb'\s*\{\s*(?:"error"\s*:|"object"\s*:\s*"error")')
 # bytes of the tail searched with a chunk, for a marker split across reads
@@ -2051,14 +2053,20 @@ def _opening_failure(first: bytes, failed: tuple[bytes, ...]) -> _Failure | None
 def _context_limit(body: bytes) -> tuple[int, BadRequest] | None:
     """The context in tokens that a replica's 400 ``body`` refuses the prompt as longer
     than (``_CONTEXT_LIMIT``: vLLM's, SGLang's and the engine's words, nested under
-    ``error`` or flat beside ``"object": "error"``), and that error as the client would
-    get it; None for any other body."""
+    ``error`` or flat beside ``"object": "error"``; llama.cpp's ``n_ctx`` beside its
+    ``exceed_context_size_error``), and that error as the client would get it; None for
+    any other body."""
     try:
         error = _openai_error(orjson.loads(body))
     except ValueError:
         return None
     message = None if error is None else error.get("message")
     found = _CONTEXT_LIMIT.search(message) if isinstance(message, str) else None
+    if error is not None and found is None and error.get("type") == _LLAMA_CPP_CONTEXT:
+        # llama.cpp's server: its context beside the message, which names no number
+        context = error.get("n_ctx")
+        if type(context) is int and context > 0:
+            return context, BadRequest(str(message), code=_LLAMA_CPP_CONTEXT)
     if error is None or found is None:
         return None
     param, code = error.get("param"), error.get("code")

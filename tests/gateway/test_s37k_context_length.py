@@ -73,7 +73,7 @@ def test_engine_refusal_goes_on_to_the_longer_context(
 @dataclass
 class Replica:
     """A replica listing MODEL with ``max_model_len``, refusing a prompt of more words
-    than that in one of vLLM's words (``shape``)."""
+    than that in one of vLLM's words (``shape``), or as llama.cpp's server does."""
 
     max_model_len: int
     shape: str = "nested"
@@ -82,6 +82,8 @@ class Replica:
 
 
 def _message(limit: int, words: int, shape: str) -> str:
+    if shape == "llamacpp":  # llama.cpp's server: its n_ctx beside (``_app``)
+        return "the request exceeds the available context size, try increasing it"
     if shape == "v1":  # vLLM V1's input processor
         return (f"The decoder prompt (length {words}) is longer than the maximum model "
                 f"length of {limit}. Make sure that `max_model_len` is no smaller than the "
@@ -96,6 +98,11 @@ def _app(replica: Replica) -> Starlette:
         body = await request.json()
         words = len(body["prompt"].split())
         replica.prompts.append(words)
+        if words > replica.max_model_len and replica.shape == "llamacpp":
+            return JSONResponse({"error": {
+                "code": 400, "message": _message(replica.max_model_len, words, replica.shape),
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": words, "n_ctx": replica.max_model_len}}, status_code=400)
         if words > replica.max_model_len:
             error = {"message": _message(replica.max_model_len, words, replica.shape),
                      "type": "BadRequestError", "param": None, "code": 400}
@@ -129,7 +136,7 @@ def _post(gw: Gateway, words: int) -> httpx.Response:
                       json={"model": MODEL, "prompt": "w " * words, "max_tokens": 1})
 
 
-@pytest.mark.parametrize("shape", ["nested", "flat", "v1"])
+@pytest.mark.parametrize("shape", ["nested", "flat", "v1", "llamacpp"])
 def test_vllm_refusals_go_on_to_a_longer_context(serve: Serve, shape: str) -> None:
     # contexts the 300-word prompt exceeds by less than the margin the gateway allows its
     # estimate (clearly exceeded, a replica is tried after the others: never refused)
