@@ -168,21 +168,26 @@ def test_a_replica_closing_a_kept_connection_as_a_request_comes_is_sent_again() 
     asyncio.run(main())
 
 
-def test_a_replica_that_held_a_request_then_closed_its_kept_connection_is_not_sent_it_again(
-        ) -> None:
-    """The replica takes the request on a kept-alive connection, works on it, and closes
-    without a byte: it may have run it, so the request is not sent again."""
+def closes_the_second_after(delay_s: float) -> Handler:
+    """A handler answering "ok" to a connection's first request and closing it without a
+    byte ``delay_s`` after its second came."""
     ok = answering(b"ok")
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       n: int) -> bool:
         if n == 1:
-            await asyncio.sleep(0.5)  # past STALE_WINDOW_S
+            await asyncio.sleep(delay_s)
             return False
         return await ok(reader, writer, n)
+    return handler
 
+
+def test_a_replica_that_held_a_request_then_closed_its_kept_connection_is_not_sent_it_again(
+        ) -> None:
+    """The replica takes the request on a kept-alive connection, works on it, and closes
+    without a byte: it may have run it, so the request is not sent again."""
     async def main() -> None:
-        server = Server(handler)
+        server = Server(closes_the_second_after(0.5))  # past STALE_WINDOW_S
         async with server as url:
             client = UpstreamClient()
             assert await read_all(client, url) == (200, b"ok")
@@ -547,17 +552,8 @@ def test_the_window_for_an_idle_close_grows_with_the_connections_round_trip(
     past ``STALE_WINDOW_S`` on loopback, a break; on a connection whose connect took 0.5 s
     (a replica 250 ms away, set here: loopback has no such distance), within two round
     trips of the send, as an idle close crossing the request arrives there."""
-    ok = answering(b"ok")
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      n: int) -> bool:
-        if n == 1:
-            await asyncio.sleep(0.2)
-            return False
-        return await ok(reader, writer, n)
-
     async def main() -> None:
-        server = Server(handler)
+        server = Server(closes_the_second_after(0.2))
         async with server as url:
             client = UpstreamClient()
             assert await read_all(client, url) == (200, b"ok")
