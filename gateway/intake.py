@@ -157,24 +157,26 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
     (``MODEL_ID_CHARS``) is not, and its error says why.
 
     Returns the model to route the request as: ``model``; or, where no replica lists it
-    and ``unlisted_model`` is ``pass``, the one base model the tenant's replicas serve, if
-    they serve one alone. Its body goes to such a replica unchanged, which answers the
-    name as it would without the gateway: SGLang and TGI serve any name (SGLang's
-    examples send "default", TGI's "tgi"), vLLM and the engine answer their own 404."""
+    and ``unlisted_model`` is ``pass``, the fleet's base model, where it has one alone and
+    the tenant's replicas serve it (then without looking for the name again: such a
+    request is no rarity, and would wait for a round each time). Its body goes to such a
+    replica unchanged, which answers the name as it would without the gateway: SGLang and
+    TGI serve any name (SGLang's examples send "default", TGI's "tgi"), vLLM and the
+    engine answer their own 404."""
     allowed = gw.tenancy.allowed(tenant)
     if gw.fleet.lists(model, allowed):  # as most requests are: the set of every model
         return model  # (100 replicas of 1,024 adapters: 100,000 names) is built for others
     known = gw.fleet.models(allowed)
     too_long = model is not None and len(model) > MODEL_ID_CHARS  # never listed
-    if known and model not in known and not gw.fleet.models_cut() \
-            and gw.monitor is not None and not too_long:
-        await gw.monitor.refresh_all_models()
-        known = gw.fleet.models(allowed)
+    passing = param == "model" and not too_long and gw.config.unlisted_model == "pass"
     if known and model not in known and not gw.fleet.models_cut():
-        if param == "model" and not too_long and gw.config.unlisted_model == "pass":
-            bases = base_models(gw)
-            if bases is not None and len(bases) == 1 and bases <= known:
-                return next(iter(bases))
+        bases = base_models(gw)
+        if passing and bases is not None and len(bases) == 1 and bases <= known:
+            return next(iter(bases))
+        if gw.monitor is not None and not too_long:
+            await gw.monitor.refresh_all_models()
+            known = gw.fleet.models(allowed)
+    if known and model not in known and not gw.fleet.models_cut():
         # the name's start only: a body may hold megabytes of it
         why = (f" (model names over {MODEL_ID_CHARS} characters are not routed: a replica "
                f"that lists one has it left out of its models)") if too_long else ""
@@ -182,7 +184,8 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
         what = f"model {named}" if param == "model" \
             else f"the adapter '{param}' names, {named},"
         hint = ""
-        if param == "model" and not too_long and len(base_models(gw) or ()) == 1:
+        if param == "model" and not too_long and not passing \
+                and len(base_models(gw) or ()) == 1:
             hint = " (where the replicas serve any name, as SGLang and TGI do, the " \
                    "gateway's unlisted_model: pass sends it to them)"
         raise NotFound(f"{what} is not served by any replica{why}{hint}; available: "

@@ -103,16 +103,54 @@ def _routable(name: object) -> TypeGuard[str]:
     return isinstance(name, str) and len(name) <= MODEL_ID_CHARS
 
 
-def _inflater(coding: str) -> zlib._Decompress | None:
+class _Inflater:
     """A decoder of a /metrics page sent ``gzip`` or ``deflate`` though the gateway asks
     for it unencoded (a server or proxy that compresses anyway: its bytes were read as
-    text, an unparsable page every scrape); None for an unencoded one; ValueError naming
-    any other coding."""
+    text, an unparsable page every scrape): a gzip or zlib stream, or a raw deflate one
+    (as some servers send ``deflate``), a gzip of several members read through (bytes
+    after a member that begin none are left, as gzip readers leave padding); its output
+    bounded (``decompress``'s ``limit``)."""
+
+    def __init__(self) -> None:
+        self._d = zlib.decompressobj(wbits=47)  # a gzip or a zlib header, told apart
+        self._begun = False  # output came: the stream's kind is known
+        self._next_member = False  # the stream so far ended with a whole gzip member
+        self._ended = False  # what follows is left
+
+    def decompress(self, data: bytes, limit: int) -> bytes:
+        """The page's next bytes from ``data``, up to ``limit``, and one byte more when
+        there was more (the caller refuses a page past its bound); zlib.error where the
+        bytes are no such stream."""
+        out = b""
+        while data and not self._ended and len(out) <= limit:
+            try:
+                out += self._d.decompress(data, limit + 1 - len(out))
+            except zlib.error:
+                if self._next_member:
+                    self._ended = True  # padding after the last member
+                    break
+                if self._begun:
+                    raise
+                self._d = zlib.decompressobj(wbits=-15)  # no header: raw deflate
+                self._begun = True
+                continue
+            self._begun, self._next_member = True, False
+            data = self._d.unconsumed_tail
+            if not data and self._d.eof and self._d.unused_data:
+                data = self._d.unused_data  # the next gzip member
+                self._d = zlib.decompressobj(wbits=47)
+                self._next_member = True
+        return out[:limit + 1]
+
+
+def _inflater(coding: str) -> _Inflater | None:
+    """``_Inflater`` for a page sent ``gzip`` or ``deflate``; None for an unencoded one;
+    ValueError naming any other coding."""
     coding = coding.strip().lower()
     if coding in ("", "identity"):
         return None
     if coding in ("gzip", "x-gzip", "deflate"):
-        return zlib.decompressobj(wbits=47)  # a gzip or a zlib header, told apart
+        return _Inflater()
     raise ValueError(f"the page is encoded {coding[:40]!r}, which the gateway does not "
                      "decode (it asks for it unencoded)")
 
@@ -486,9 +524,7 @@ class Monitor:
                     inflate = _inflater(resp.headers.get("content-encoding", ""))
                     async for chunk in resp.content.iter_chunked(1 << 16):
                         if inflate is not None:  # (its output bounded as the page is)
-                            chunk = inflate.decompress(chunk, cfg.max_bytes + 1 - len(raw))
-                            if inflate.unconsumed_tail:
-                                chunk += b"-"  # past the bound: refused below
+                            chunk = inflate.decompress(chunk, cfg.max_bytes - len(raw))
                         raw += chunk
                         if len(raw) > cfg.max_bytes:
                             raise ValueError(f"the page is over {cfg.max_bytes} bytes")

@@ -122,6 +122,8 @@ _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
 _DONE_MARK = b"[DONE]"  # the data of the last event, however its lines are written
+_DONE_LINES = (b"data:[DONE]", b"data: [DONE]")  # its data line, with or without the space
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark
 _DONE_LOOK_BACK = 512  # bytes of a stream's tail searched for a [DONE] written otherwise
 # what ``_content_events`` counts in a stream: a data line (after a line end: \n, \r\n,
 # or \r, searched only where a \r is), less a chat choice's opening role-only chunk, as
@@ -742,7 +744,7 @@ class UpstreamStream:
         log.warning("replica %s ended a stream with %s: the answer is incomplete",
                     self.replica, what)
         # the [DONE] event: from the end of the event before it, [start, len(events))
-        at = events.rfind(_DONE_MARK)
+        at = max(events.rfind(line) for line in _DONE_LINES)  # (not a comment's)
         start = 0
         for mark in _EVENT_ENDS:
             end = events.rfind(mark, 0, at)
@@ -1802,14 +1804,20 @@ def _parsed(body: bytes) -> Any:
 
 
 def _loads(data: bytes) -> Any:
-    """A replica's JSON: read strictly (orjson), else as Python's ``json`` reads it, which
-    the ``openai`` client uses: it also takes ``NaN`` and ``-Infinity`` (a logprob of
-    minus infinity, as Python's ``json`` writes it) and a byte order mark, where orjson
-    refused them and a whole answer read as cut. ValueError when neither reads it."""
+    """A replica's JSON: read strictly (orjson), else, where it holds what orjson refuses
+    and Python's ``json`` (the ``openai`` client's) takes, as that reads it: ``NaN`` and
+    ``-Infinity`` (a logprob of minus infinity, as Python's ``json`` writes it), a byte
+    order mark; such an answer read as cut. ValueError when neither reads it (a cut body
+    is not read twice; one nested past the interpreter's depth is no JSON)."""
     try:
         return orjson.loads(data)
     except ValueError:
+        if not (data.startswith(_BOM) or b"NaN" in data or b"Infinity" in data):
+            raise
+    try:
         return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
 
 
 class _LongAnswer:

@@ -29,12 +29,12 @@ the system's CAs and ``tls.ca_file``'s (``replica_tls``), always. A request that
 kept-alive connection closed under it before any byte of the answer came is sent again
 once on a new connection (the replica closed it idle as the request was sent), when the
 close came within ``STALE_WINDOW_S`` of the send, plus two of the connection's round trips
-(the time its connect took: a replica farther than ``STALE_WINDOW_S`` away closed it idle
-as surely, its close later on the wire): a replica that held the request longer may have
-worked on it, and its close is a broken connection. So is a request answered 408 on a
-kept-alive connection (a server that says so as it closes an idle one: HAProxy's, some of
-Node's): 408 says the request never came whole. The answer to a request sent again says
-so (``resent``).
+(the time its connect took, ``STALE_DISTANCE_MAX_S`` at most: a replica farther than
+``STALE_WINDOW_S`` away closed it idle as surely, its close later on the wire): a replica
+that held the request longer may have worked on it, and its close is a broken connection.
+So is a request answered 408 on a kept-alive connection (a server that says so as it
+closes an idle one: HAProxy's, some of Node's): 408 says the request never came whole.
+The answer to a request sent again says so (``resent``).
 """
 
 from __future__ import annotations
@@ -108,6 +108,9 @@ class _Stale(UpstreamBroken):
 
 
 STALE_WINDOW_S = 0.1  # a kept-alive connection closed within this of a send: closed idle
+# ... plus two of its round trips (its connect's time: a resolve, a TLS handshake and the
+# loop's lag count too), this at most: a replica closing after longer may have worked on it
+STALE_DISTANCE_MAX_S = 1.0
 
 
 class EncodedEnd:
@@ -343,7 +346,8 @@ class _Connection(asyncio.Protocol):
             answer._complete = True  # the body ran to the end of the connection (a reset
             answer._wake()  # connection is not an end: the answer broke)
         elif not self._got_bytes and self.reused \
-                and time.monotonic() - self._sent_at <= STALE_WINDOW_S + 2 * self.connect_s:
+                and time.monotonic() - self._sent_at <= STALE_WINDOW_S + min(
+                    2 * self.connect_s, STALE_DISTANCE_MAX_S):
             answer._fail(_Stale("the replica closed a kept-alive connection"))
         else:
             what = exc.__class__.__name__ if exc is not None else "closed"

@@ -12,13 +12,16 @@ placed need more of the fleet's caches than ``need`` leaves, the set runs hotter
 ``max_scratch_utilization``. It grows a replica at a time, a sketch window of routed
 requests apart, and shrinks with a quarter replica of hysteresis, so it does not flap at a
 boundary. It shrinks only once traffic has flowed ``load_window_s`` since its last lull (no
-request judged for a quarter of that): the loads it is sized by are rates over that window
-(the replicas' scraped prefill rate, over ``scrape.hit_rate_window_s``, 60 s by default),
-and read low while it still holds the lull. After an idle hour a set of two shrank to one
-at the first requests and grew back only a window later, moving the homes of the replica in
-between both times (offline, ``contracts-400``, LRU engines, seed 0, an hour's gap after
-4,000 requests: the next 500 requests' hit 0.672, and p95 0.542 s in the 500 after them,
-against 0.702 and 0.424 s with no shrink).
+request judged for a quarter of that): the loads it is sized by are rates over time (its
+own, decayed over ``load_window_s``, and the replicas' scraped prefill rate, over the
+gateway's ``scrape.hit_rate_window_s``: both 60 s by default), which read low while their
+window still holds the lull. Under traffic sparser than that (a request every 15 s or
+more) it keeps its size, which matters little at such a load, until traffic flows again.
+After an idle hour a set of two shrank to one at the first requests and grew back only a
+window later, moving the homes of the replica in between both times (offline,
+``contracts-400``, LRU engines, seed 0, an hour's gap after 4,000 requests: the next 500
+requests' hit 0.672, and p95 0.542 s in the 500 after them, against 0.702 and 0.424 s with
+no shrink).
 
 Not thread-safe; one owner (the policy) drives it.
 """

@@ -69,7 +69,18 @@ _PAGE = b"sglang:num_running_reqs 3\nsglang:num_queue_reqs 1\nsglang:token_usage
         b"sglang:cache_hit_rate 0.25\n"
 
 
-@pytest.mark.parametrize("coding, encode", [("gzip", gzip.compress), ("deflate", zlib.compress)])
+def _raw_deflate(page: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=-15)
+    return packer.compress(page) + packer.flush()
+
+
+def _two_members(page: bytes) -> bytes:
+    return gzip.compress(page[:30]) + gzip.compress(page[30:]) + b"\0" * 8  # and padding
+
+
+@pytest.mark.parametrize("coding, encode", [
+    ("gzip", gzip.compress), ("deflate", zlib.compress), ("deflate", _raw_deflate),
+    ("gzip", _two_members)], ids=["gzip", "zlib", "raw-deflate", "gzip-members"])
 def test_a_page_compressed_unasked_is_decoded(serve: Serve, coding: str,
                                               encode: Callable[[bytes], bytes]) -> None:
     replica = serve(_compressing_app(coding, encode(_PAGE)))

@@ -12,6 +12,7 @@ import json
 import httpx
 import pytest
 
+from gateway.errors import UpstreamError
 from gateway.proxy import Usage
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.gateway_harness import Serve, start_gateway
@@ -55,6 +56,23 @@ def test_an_unfinished_choice_before_a_done_written_otherwise_is_still_cut() -> 
     assert body.startswith(events) and b"[DONE]" not in body
     assert b"upstream_unfinished" in body[len(events):]
     assert relay.ended == [False]
+
+
+def test_the_error_event_takes_the_place_of_the_done_before_a_comment_naming_it() -> None:
+    events = _event("a", None) + _event("b", None)
+    relay = relayed([events, b"data: [DONE]\n\n: [DONE]\n\n"], 0.01, None,
+                    "/v1/completions", several_choices=False)
+    body = b"".join(body for body, _, _ in relay.sent)
+    assert body.startswith(events) and b"data: [DONE]" not in body, body
+    assert b"upstream_unfinished" in body[len(events):]
+
+
+def test_a_whole_answer_nested_past_any_parser_is_cut_not_a_crash() -> None:
+    body = b"[" * 100_000 + b"NaN" + b"]" * 100_000
+    raw = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d" \
+          b"\r\n\r\n" % len(body) + body
+    with pytest.raises(UpstreamError, match="answered a cut body"):  # not RecursionError
+        relayed_whole(raw, 1 << 20)
 
 
 def test_a_content_event_holding_done_text_is_no_done() -> None:

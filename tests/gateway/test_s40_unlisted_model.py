@@ -39,11 +39,14 @@ def test_refused_by_default_naming_the_setting(serve: Serve) -> None:
 
 def test_passed_on_unchanged_to_the_one_base_models_replicas(serve: Serve) -> None:
     url, (rec,) = _fleet(serve, "pass")
+    listed = rec.listed
     for stream in (False, True):
         answer = httpx.post(f"{url}/v1/completions", json={**ASK, "stream": stream},
                             timeout=10)
         assert answer.status_code == 200, answer.text
     assert [json.loads(raw)["model"] for raw in rec.received] == ["default", "default"]
+    # without asking for the replicas' models again first: a round's wait each time
+    assert rec.listed == listed
     # counted as the model it was routed as: a client's names make no new series
     page = httpx.get(f"{url}/metrics", timeout=10).text
     counts = [line for line in page.splitlines()
@@ -55,9 +58,11 @@ def test_passed_on_unchanged_to_the_one_base_models_replicas(serve: Serve) -> No
 
 def test_a_fleet_of_several_models_refuses_it_either_way(serve: Serve) -> None:
     url, recs = _fleet(serve, "pass", ("model-a", "model-b"))
+    listed = [rec.listed for rec in recs]
     answer = httpx.post(f"{url}/v1/completions", json=ASK, timeout=10)
     assert answer.status_code == 404
     assert "unlisted_model" not in answer.json()["error"]["message"]
+    assert sum(rec.listed for rec in recs) > sum(listed)  # looked for again first
     assert all(rec.received == [] for rec in recs)
 
 

@@ -51,6 +51,7 @@ class Behaviour:
     done_event: bytes = b"data: [DONE]\n\n"  # ... written so
     whole_body: bytes | None = None  # a non-streamed answer's body as it is (JSON's type)
     error_body: bytes | None = None  # an error status's body as it is (else OpenAI's shape)
+    listed: int = 0  # /v1/models answered
     logprobs: int = 0  # /generate: log probability entries per output token in meta_info
     # completions: header lines added to each answer (a name may come more than once)
     answer_headers: tuple[tuple[str, str], ...] = ()
@@ -226,6 +227,7 @@ def fake_replica(b: Behaviour) -> Starlette:
         return PlainTextResponse("ok", status_code=200 if b.healthy else 503)
 
     async def models(request: Request) -> Response:
+        b.listed += 1
         return JSONResponse({"object": "list", "data": [  # as vLLM lists models and adapters
             {"id": b.model, "object": "model", "root": b.model, "parent": None,
              "max_model_len": 4096},
