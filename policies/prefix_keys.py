@@ -45,8 +45,8 @@ class PrefixKeys:
     """Prefix keys and chains of prompts, with the common prefix they learn from; see the
     module docstring."""
 
-    __slots__ = ("_chain_digests", "_namespaces", "block_chunks", "key_chunks", "learner",
-                 "lookahead", "max_chunks")
+    __slots__ = ("_chain_digests", "_config", "_first_name", "_namespaces", "block_chunks",
+                 "key_chunks", "learner", "lookahead", "max_chunks")
 
     def __init__(self, config: CostConfig) -> None:
         self.max_chunks = config.max_chunks
@@ -58,6 +58,8 @@ class PrefixKeys:
         # blocks agree (the preset's), and are hashed once for both
         self._chain_digests = config.common_block == config.block_chunks
         self._namespaces: dict[tuple[str | None, str | None], tuple[blake2b, int]] = {}
+        self._config = config
+        self._first_name: tuple[str | None, str | None] | None = None
 
     def prefix(self, request: RouteRequest) -> Prefix:
         """``request``'s prefix key, chunk hashes and chain."""
@@ -103,6 +105,7 @@ class PrefixKeys:
         name = (request.model, request.cache_salt)
         found = self._namespaces.get(name)
         if found is None:
+            self._another_name(name)
             space = request_namespace(request)
             found = (blake2b(space, digest_size=8, person=b"kvgate-cost"), stable_hash(space))
             if len(space) <= _NAMESPACE_KEPT_BYTES:
@@ -110,6 +113,17 @@ class PrefixKeys:
                     self._namespaces.clear()
                 self._namespaces[name] = found
         return found
+
+    def _another_name(self, name: tuple[str | None, str | None]) -> None:
+        """A (model, cache salt) pair not kept: where it is the second one seen, the
+        learner counts the prompts' own piece hashes from now on, not their chains' keys,
+        which are rooted at each pair: a system prompt that adapters or tenants share
+        never reached the learner's share in any one of them (learned again, fresh)."""
+        if self._first_name is None:
+            self._first_name = name
+        elif self._chain_digests and name != self._first_name:
+            self._chain_digests = False
+            self.learner = learner_for(self._config)
 
     def _key(self, request: RouteRequest, units: memoryview, chain: PromptChain) -> int:
         """The request's prefix key (stable across processes)."""
