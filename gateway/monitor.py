@@ -296,17 +296,17 @@ class Monitor:
         ``/health`` and answers 404 (a server without one: Ollama's), a 200 at
         ``/v1/models``, which every OpenAI-compatible server has (a wrong base URL misses
         both)."""
-        ok, error = await self._get_ok(state, self.health_cfg.path)
-        if not ok and error is not None and error.endswith(" answered 404") \
-                and self.health_cfg.path == DEFAULT_HEALTH_PATH:
-            ok, also = await self._get_ok(state, MODELS_PATH)
-            error = None if ok else f"{error}; {also}"
-        return ok, error
+        status, error = await self._get(state, self.health_cfg.path)
+        if status == 404 and self.health_cfg.path == DEFAULT_HEALTH_PATH:
+            status, also = await self._get(state, MODELS_PATH)
+            error = None if status == 200 else f"{error}; {also}"
+        return status == 200, error
 
-    async def _get_ok(self, state: ReplicaState, path: str) -> tuple[bool, str | None]:
-        """Whether ``path`` on ``state``'s server answers 200, and why not."""
+    async def _get(self, state: ReplicaState, path: str) -> tuple[int | None, str | None]:
+        """What ``path`` on ``state``'s server answered (None: nothing), and why that is
+        no 200."""
         cfg = self.health_cfg
-        ok, error = True, None
+        status, error = None, None
         url = f"{state.config.base_url}{path}"  # named in each failure: where it went
         try:
             async with asyncio.timeout(cfg.timeout_s):
@@ -317,16 +317,17 @@ class Monitor:
                         read += len(chunk)
                         if read > HEALTH_BYTES:
                             break
-                    if resp.status != 200:
-                        ok, error = False, f"GET {url} answered {resp.status}"
+                    status = resp.status
+                    if status != 200:
+                        error = f"GET {url} answered {status}"
         except TimeoutError:
-            ok, error = False, f"GET {url} timed out after {cfg.timeout_s} s"
+            status, error = None, f"GET {url} timed out after {cfg.timeout_s} s"
         except aiohttp.ClientConnectorCertificateError as exc:
-            ok, error = False, f"GET {url} failed: {exc.__class__.__name__}: {exc}; " \
+            status, error = None, f"GET {url} failed: {exc.__class__.__name__}: {exc}; " \
                 f"{CA_FILE_HINT}"
         except aiohttp.ClientError as exc:
-            ok, error = False, f"GET {url} failed: {exc.__class__.__name__}: {exc}"
-        return ok, error
+            status, error = None, f"GET {url} failed: {exc.__class__.__name__}: {exc}"
+        return status, error
 
     def _counted(self, state: ReplicaState, ok: bool, error: str | None) -> bool:
         """Count a check of ``state``; whether its model list is due now."""

@@ -122,7 +122,7 @@ _DONE_EVENT = b"data: [DONE]\n\n"  # an OpenAI stream's last event
 _DONE_DATA = _DONE_EVENT.rstrip()
 _DONE_WINDOW = len(_DONE_DATA) + 4  # [DONE] and its line ends (\r\n\r\n at most)
 _DONE_MARK = b"[DONE]"  # the data of the last event, however its lines are written
-_DONE_LINES = (b"data:[DONE]", b"data: [DONE]")  # its data line, with or without the space
+_DONE_LINES = (b"data:[DONE]", _DONE_DATA)  # its data line, with or without the space
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark
 _DONE_LOOK_BACK = 512  # bytes of a stream's tail searched for a [DONE] written otherwise
 # what ``_content_events`` counts in a stream: a data line (after a line end: \n, \r\n,
@@ -2036,10 +2036,8 @@ def _opening_failure(first: bytes, failed: tuple[bytes, ...]) -> _Failure | None
         data = orjson.loads(_event_data(event) or b"")
     except ValueError:
         data = None
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, str):  # TGI's: the message itself
-        error = {"message": error}
-    if not isinstance(error, dict) and isinstance(data, dict):
+    error = _openai_error(data)
+    if error is None and isinstance(data, dict):
         response = data.get("response")
         error = response.get("error") if isinstance(response, dict) else None
         if not isinstance(error, dict):

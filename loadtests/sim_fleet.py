@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.core import EngineConfig, EngineCore
-from engine.cost_model import MAX_SLOWDOWN, CostModel, Profile, load_profile
+from engine.cost_model import MAX_SLOWDOWN, CostModel, load_profile
 from engine.eviction import check_eviction_name
 from engine.kv_sizing import blocks_in_gib
 from engine.request import RequestOutput, SamplingParams
@@ -200,14 +200,14 @@ class SimFleet:
             emit_every_token=False,
         )
         # each replica's device from the start, or until ``slowdown_at_s`` (``devices_at``)
+        self._profile = profile
         self._slowed = spec.slowdown_at_s is None
         self.replicas = [
             SimReplica(f"r{i}", EngineCore(SimExecutor(
-                self._device(profile, i) if self._slowed else cost,
+                self._device(i) if self._slowed else cost,
                 block_size=spec.block_size, token_range=(3, 4096)), config))
             for i in range(spec.replicas)
         ]
-        self._profile = profile
         self.index = {r.id: i for i, r in enumerate(self.replicas)}
         # what the gateway routes to: the replicas, or servers of ``ranks_hidden`` of them
         ranks = spec.ranks_hidden
@@ -233,9 +233,10 @@ class SimFleet:
         self.scrape_until(now)
         return self.states[gateway].views(now=now)
 
-    def _device(self, profile: Profile, i: int) -> CostModel:
+    def _device(self, i: int) -> CostModel:
+        """Replica ``i``'s device as slow as ``spec.slowdown`` says."""
         slowdown = self.spec.slowdown
-        return CostModel.from_profile(profile, slowdown[i] if i < len(slowdown) else 1.0)
+        return CostModel.from_profile(self._profile, slowdown[i] if i < len(slowdown) else 1.0)
 
     def devices_at(self, now: float) -> None:
         """The replicas' devices turn as slow as ``spec.slowdown`` says once ``now`` reaches
@@ -247,7 +248,7 @@ class SimFleet:
         for i, replica in enumerate(self.replicas):
             executor = replica.core.executor
             assert isinstance(executor, SimExecutor)
-            executor.cost_model = self._device(self._profile, i)
+            executor.cost_model = self._device(i)
 
     def scrape_until(self, now: float) -> None:
         """Take the scrapes due at or before ``now``, each of the replicas as they are now:

@@ -114,8 +114,9 @@ class ReplicaSlowdown:
     1.0 until it has ``min_samples``, and wherever its pace is under ``ratio`` times the
     fleet's (a busy replica's samples carry some queueing, which the low percentile mostly
     leaves out; a small difference is noise, and weights say the rest); else that ratio,
-    ``MAX_SLOWDOWN`` at most. ``slowdown`` is a dict lookup: the ratios are worked out when
-    a pace moves (every 32 samples of a replica or of the fleet)."""
+    ``MAX_SLOWDOWN`` at most, in ``slow``'s dict (the slow ones only; a lookup where a
+    decision reads it): the ratios are worked out when a pace moves (every 32 samples of a
+    replica or of the fleet)."""
 
     __slots__ = ("_factors", "_fleet_s", "_paces", "min_samples", "prior_s", "ratio")
 
@@ -151,9 +152,6 @@ class ReplicaSlowdown:
             self._factors[replica] = min(factor, MAX_SLOWDOWN)
         else:
             self._factors.pop(replica, None)
-
-    def slowdown(self, replica: str) -> float:
-        return self._factors.get(replica, 1.0)
 
     def slow(self) -> dict[str, float]:
         """The replicas found slow, with their slowdowns (the live dict: read it only)."""

@@ -154,8 +154,8 @@ class ScratchSet:
                 return
             self._grown_at = routed
             size += 1
-        elif not settled:
-            pass
+        elif not settled:  # (a shrink waits: see the module)
+            return
         elif hottest is not None:
             if hottest <= size - 1.25:
                 size = max(spare, math.ceil(hottest))

@@ -87,14 +87,14 @@ def test_a_replica_is_slow_only_past_the_ratio_with_enough_samples() -> None:
     answered("fast", 1.0, 64)
     answered("a bit slower", 1.3, 64)  # under the ratio: noise, or what weights say
     answered("new", 3.0, 31)  # too few samples yet
-    assert [slow.slowdown(r) for r in ("fast", "a bit slower", "new")] == [1.0, 1.0, 1.0]
+    assert [slow.slow().get(r, 1.0) for r in ("fast", "a bit slower", "new")] == [1.0, 1.0, 1.0]
     answered("new", 3.0, 1)
-    assert slow.slowdown("new") == pytest.approx(3.0)
+    assert slow.slow().get("new", 1.0) == pytest.approx(3.0)
     answered("stalled", 50.0, 32)
-    assert slow.slowdown("stalled") == MAX_SLOWDOWN
+    assert slow.slow().get("stalled", 1.0) == MAX_SLOWDOWN
     assert set(slow.slow()) == {"new", "stalled"}
     slow.forget("new")
-    assert slow.slowdown("new") == 1.0 and set(slow.slow()) == {"stalled"}
+    assert slow.slow().get("new", 1.0) == 1.0 and set(slow.slow()) == {"stalled"}
 
 
 @pytest.mark.parametrize("event", [ReplicaRemoved("r3"), ReplicaReset("r3")])
