@@ -33,7 +33,7 @@ from gateway.config import GatewayConfig
 from gateway.discovery.runner import Discovery, build_source
 from gateway.errors import ARRIVED, CountingBoundary, NoReplicaAvailable, counted
 from gateway.fleet import ModelInfo, ReplicaState
-from gateway.forwarding import request_id_header, request_id_of, upstream_headers
+from gateway.forwarding import request_id_header, request_id_of, upstream_headers, upstream_query
 from gateway.generate_request import PATH as GENERATE_PATH
 from gateway.generate_request import counted_alike
 from gateway.held_back import held_back
@@ -136,6 +136,7 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str,
 
     try:
         tenant = keyed = gw.auth.tenant_of(request) if gw.auth.on else None
+        query = upstream_query(request)
         # the body before a place: a client that sends a head and no body holds no place,
         # only the bytes it sent (``Admission.bodies``), for at most ``body_timeout_s``
         intake = await take_in(request, gw, endpoint, keyed, body=body)
@@ -164,14 +165,14 @@ async def _proxy(request: Request, endpoint: Endpoint | None, path: str,
         trace.upstream(forwarded)
         upstream = _PATHS[intake.parsed.endpoint] if endpoint is None else path
         return await relay(request, _open(gw, routing, intake, upstream, slot, forwarded,
-                                          request_id, arrived, trace, sent),
+                                          request_id, arrived, trace, sent, query),
                            route, request_id, gw.worker)
 
 
 async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
                 slot: Slot, headers: dict[str, str], request_id: str,
                 arrived: float, trace: RequestTrace,
-                sent: Callable[[str, bool], None]) -> UpstreamStream:
+                sent: Callable[[str, bool], None], query: str = "") -> UpstreamStream:
     """The first ranked replica's answer (under the per-replica queue bound), with the
     policy told where the request went and how it ended (``arrived``: the request's
     ``perf_counter`` at arrival), and ``sent`` each replica it is sent to (True), and
@@ -274,7 +275,7 @@ async def _open(gw: GatewayState, routing: Routing, intake: Intake, path: str,
             ranked, path, intake.raw, headers,
             lambda replica: batch * work_tokens(route_req, decision, replica), on_sent,
             on_done, intake.parsed.stream, _continues(intake.parsed), on_unsent=on_unsent,
-            several_choices=several_choices, asks_choices=asks_choices)
+            several_choices=several_choices, asks_choices=asks_choices, query=query)
     except BaseException as exc:
         if last_sent is not None:
             # no replica answered (every try failed, or the client left): the request is

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from gateway.data_parallel import RANK_HEADER
 from gateway.networks import Networks
 from gateway.proxy import forward_headers
+from kvwire.openai_schema import BadRequest
 
 # what only the proxy in front of the gateway may say about a request (its client's address,
 # the host and scheme it was asked for): dropped from anyone else
@@ -60,6 +61,21 @@ def upstream_headers(request: Request, trusted: Networks,
     elif prior:
         out["x-forwarded-for"] = prior
     return out
+
+
+def upstream_query(request: Request) -> str:
+    """The client's query string as the replica is to get it: ``""`` when none, else ``?``
+    and the string as sent (an Azure-style ``api-version``, a server's own switches). The
+    HTTP parser took only visible ASCII into it; anything else is refused rather than
+    written into the replica's request line."""
+    raw: bytes = request.scope.get("query_string", b"")
+    if not raw:
+        return ""
+    if not all(0x21 <= byte <= 0x7E and byte != 0x23 for byte in raw):
+        raise BadRequest(f"the query string {raw[:64]!r} holds a character that no URL "
+                         f"may carry (a space, a control character, '#' or non-ASCII)",
+                         code="invalid_query")
+    return "?" + raw.decode("ascii")
 
 
 MAX_REQUEST_ID_CHARS = 256

@@ -23,7 +23,7 @@ from starlette.responses import Response
 
 from gateway.admission import released_on_error
 from gateway.errors import NoReplicaAvailable
-from gateway.forwarding import request_id_of, upstream_headers
+from gateway.forwarding import request_id_of, upstream_headers, upstream_query
 from gateway.intake import check_model, default_model, read_timed_body, take_place
 from gateway.metrics import PASSTHROUGH_ROUTE
 from gateway.proxy import UpstreamStream
@@ -81,6 +81,7 @@ async def passthrough(request: Request, decoded: dict[str, Any] | None = None) -
 
     try:
         tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
+        query = upstream_query(request)
         # before a place, as ``gateway.app``'s, refused by its tenant's share of them
         raw = await read_timed_body(request, gw, tenant=tenant)
         slot = await take_place(request, gw, tenant)
@@ -117,5 +118,6 @@ async def passthrough(request: Request, decoded: dict[str, Any] | None = None) -
 
         ranked = least_busy(gw, model, gw.tenancy.allowed(tenant), tenant)
         return await relay(request, gw.proxy.open(
-            ranked, path, raw, forwarded, lambda replica: 0, lambda replica: None, on_done),
+            ranked, path, raw, forwarded, lambda replica: 0, lambda replica: None, on_done,
+            query=query),
             ROUTE, request_id, gw.worker)

@@ -1110,7 +1110,7 @@ class Proxy:
                    stream: bool = False, stored_elsewhere: bool = False,
                    on_unsent: Callable[[str], None] | None = None,
                    several_choices: bool = True,
-                   asks_choices: bool = False) -> UpstreamStream:
+                   asks_choices: bool = False, query: str = "") -> UpstreamStream:
         """The first replica of ``ranked`` (at most ``max_attempts`` tried) to answer; all
         of them within ``first_byte_s``. ``stored_elsewhere``: a request that only the
         replica storing what it continues can serve (a Responses request's
@@ -1155,7 +1155,8 @@ class Proxy:
             try:
                 # a wait that is the rest of the deadline (a non-streamed answer's) cannot
                 # be pushed back: no progress check is armed for it
-                opened = await self._attempt(replica, state.config.base_url + path, body,
+                opened = await self._attempt(replica, state.config.base_url + path + query,
+                                             body,
                                              sent, pending, wait, on_done,
                                              deadline if wait < left else None, signs,
                                              stored_elsewhere, rest, bool(state.credentials))

@@ -32,7 +32,7 @@ from starlette.responses import Response
 
 from gateway.config import GatewayConfig
 from gateway.errors import ARRIVED, NoReplicaAvailable, UpstreamError
-from gateway.forwarding import request_id_header, upstream_headers
+from gateway.forwarding import request_id_header, upstream_headers, upstream_query
 from gateway.responses_request import PATH
 from gateway.state import GatewayState
 from kvwire.media_parts import shown
@@ -133,7 +133,7 @@ async def stored_response(request: Request) -> Response:
     # the path as the client named it: the id (one segment) quoted again, what follows it
     suffix = request.scope["path"][len(PATH) + 1 + len(response):]
     path = f"{PATH}/{quote(response, safe='')}{suffix}"
-    query = request.scope.get("query_string", b"").decode("latin-1")
+    query = upstream_query(request)
     forwarded = upstream_headers(request, gw.trusted_proxies,
                                  (gw.tenancy.config.header, tenant))
     body = await request.body()  # a cancel's (empty); none on the others
@@ -149,7 +149,7 @@ async def stored_response(request: Request) -> Response:
         state = gw.fleet.get(replica)
         if state is None:
             continue
-        url = state.config.base_url + path + (f"?{query}" if query else "")
+        url = state.config.base_url + path + query
         headers = dict(state.upstream_headers(forwarded, not gw.auth.on))
         try:
             async with session.request(request.method, url, headers=headers, data=body,

@@ -36,6 +36,7 @@ class Behaviour:
     received: list[bytes] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)  # of each request received
     paths: list[str] = field(default_factory=list)  # ... and its path
+    query_strings: list[str] = field(default_factory=list)  # ... and its query string
     cancelled: int = 0
     release: threading.Event | None = None  # a stream's last chunk waits until it is set
     hold: threading.Event | None = None  # the first byte waits until it is set
@@ -68,6 +69,7 @@ def fake_replica(b: Behaviour) -> Starlette:
         b.headers.append(dict(request.headers))
         b.header_lines.append(request.headers.items())
         b.paths.append(request.url.path)
+        b.query_strings.append(request.url.query)
         body = json.loads(raw)
         chat = "messages" in body
         await asyncio.sleep(b.first_byte_delay_s)  # an error takes as long to come
@@ -128,6 +130,7 @@ def fake_replica(b: Behaviour) -> Starlette:
         b.received.append(raw)
         b.headers.append(dict(request.headers))
         b.paths.append(request.url.path)
+        b.query_strings.append(request.url.query)
         body = json.loads(raw)
         if b.status != 200:
             return JSONResponse({"error": {"message": f"{b.name} failing"}},
@@ -173,6 +176,7 @@ def fake_replica(b: Behaviour) -> Starlette:
         b.received.append(raw)
         b.headers.append(dict(request.headers))
         b.paths.append(request.url.path)
+        b.query_strings.append(request.url.query)
         body = json.loads(raw)
         await asyncio.sleep(b.first_byte_delay_s)
         if b.status != 200:
@@ -265,6 +269,7 @@ def fake_replica(b: Behaviour) -> Starlette:
         raw = await request.body()
         b.received.append(raw)
         b.paths.append(request.url.path)
+        b.query_strings.append(request.url.query)
         return JSONResponse({"object": "list", "data": [
             {"object": "embedding", "index": 0, "embedding": [0.5, -0.5]}]})
 
