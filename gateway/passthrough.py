@@ -1,9 +1,11 @@
 """The OpenAI endpoints that carry no prompt to route on (embeddings, rerank,
-score, tokenize, detokenize): sent by ``model`` to the least busy healthy replica serving
-it (within the tenant's partition), bodies unchanged but for the tenant's ``cache_salt``
-under ``tenancy.isolate`` (all but tokenize and detokenize run the model over the client's
-text, so a shared prefix cache would time one tenant's prompts by another's), under the
-same admission, body timeout, retries and relay as completions.
+score, tokenize, detokenize, audio transcriptions and translations): sent by ``model`` to
+the least busy healthy replica serving it (within the tenant's partition), bodies
+unchanged but for the tenant's ``cache_salt`` under ``tenancy.isolate`` (all but tokenize,
+detokenize and the audio uploads run the model over the client's text, so a shared prefix
+cache would time one tenant's prompts by another's; an upload is a form, forwarded as it
+came, its ``model`` read from its form field), under the same admission, body timeout,
+retries and relay as completions.
 
 Their cost is not prefill of a reusable prefix, so they take no part in cache-aware
 routing: no policy is asked and nothing is learned from them.
@@ -31,6 +33,7 @@ from gateway.relay_response import relay
 from gateway.request_parse import request_object
 from gateway.state import GatewayState
 from gateway.tenancy import partition_views
+from kvwire.form_fields import form_field
 from kvwire.media_parts import shown
 from kvwire.openai_schema import (
     MODEL_SHOWN_CHARS,
@@ -39,8 +42,11 @@ from kvwire.openai_schema import (
 )
 from kvwire.request_edge import PARSE_ON_THREAD_BYTES
 
+# uploads (``multipart/form-data``), whose ``model`` is a form field
+FORM_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
 PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize",
-         "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank")
+         "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank",
+         *FORM_PATHS)
 ROUTE = PASSTHROUGH_ROUTE
 # what runs no model over the request's text (no prefix cache to keep tenants apart in)
 _NO_CACHE = frozenset({"/tokenize", "/detokenize"})
@@ -92,17 +98,25 @@ async def passthrough(request: Request, decoded: dict[str, Any] | None = None) -
     with released_on_error(slot, refused), trace.guard():
         # a large body is parsed (and salted) on a thread: 16 MiB of JSON held the loop 3 s
         large = len(raw) > PARSE_ON_THREAD_BYTES
-        body = decoded
-        if body is None:
-            body = await asyncio.to_thread(request_object, raw) if large \
-                else request_object(raw)
-        # absent (or null), else a non-empty string: a refusal names what was sent
-        model = await check_model(gw, model_field(body) or default_model(gw), tenant) or ""
-        # the model runs over the client's text: a tenant's prefixes are its own there too
-        if path not in _NO_CACHE:
-            isolated = await gw.tenancy.isolate_off_loop(tenant, body, large)
-            if isolated is not None:
-                raw = isolated[0]
+        if path in FORM_PATHS:
+            # an upload, forwarded as it came: its parts are the replica's to read (no
+            # cache salt goes into a form; see docs/tenancy.md)
+            args = (request.headers.get("content-type"), raw, "model")
+            named = await asyncio.to_thread(form_field, *args) if large else form_field(*args)
+            model = await check_model(gw, named or default_model(gw), tenant) or ""
+        else:
+            body = decoded
+            if body is None:
+                body = await asyncio.to_thread(request_object, raw) if large \
+                    else request_object(raw)
+            # absent (or null), else a non-empty string: a refusal names what was sent
+            model = await check_model(gw, model_field(body) or default_model(gw),
+                                      tenant) or ""
+            # the model runs over the client's text: a tenant's prefixes are its own there
+            if path not in _NO_CACHE:
+                isolated = await gw.tenancy.isolate_off_loop(tenant, body, large)
+                if isolated is not None:
+                    raw = isolated[0]
         forwarded = upstream_headers(request, gw.trusted_proxies,
                                      (gw.tenancy.config.header, tenant))
         request_id = request_id_of(request, forwarded, f"pass-{random.getrandbits(48):x}")

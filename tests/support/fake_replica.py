@@ -273,7 +273,22 @@ def fake_replica(b: Behaviour) -> Starlette:
         return JSONResponse({"object": "list", "data": [
             {"object": "embedding", "index": 0, "embedding": [0.5, -0.5]}]})
 
+    async def transcribe(request: Request) -> Response:  # vLLM's audio uploads
+        raw = await request.body()
+        b.received.append(raw)
+        b.headers.append(dict(request.headers))
+        b.paths.append(request.url.path)
+        b.query_strings.append(request.url.query)
+        if b'name="stream"\r\n\r\ntrue\r\n' in raw:
+            events = [{"object": "transcription.chunk", "choices": [{"delta": {
+                "content": word}}]} for word in ("hello ", "world")]
+            body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+            return Response(body, media_type="text/event-stream")
+        return JSONResponse({"text": f"{b.name} heard {len(raw)} bytes"})
+
     return Starlette(routes=[
+        Route("/v1/audio/transcriptions", transcribe, methods=["POST"]),
+        Route("/v1/audio/translations", transcribe, methods=["POST"]),
         Route("/invocations", invocations, methods=["POST"]),
         Route("/v1/completions", complete, methods=["POST"]),
         Route("/v1/chat/completions", complete, methods=["POST"]),
