@@ -11,6 +11,13 @@
   the whole history; on the ``contracts-400`` fleet. Prompts go through the gateway as
   text (rendered and tokenized by the gateway's tokenizer, which counts other tokens
   than the replicas do).
+* ``system-prompt``: one 2,000-token system prompt every request shares, then 50-300
+  tokens of its own, on the ``contracts-400`` fleet at 60 requests/s (round robin's
+  replicas ~50% busy prefilling, their decode slots ~90% full): hits are everywhere,
+  and only the spread of the load decides time to first token.
+* ``few-shot``: five prompt templates of 2,000-3,000 tokens (few-shot examples) with
+  30/30/20/10/10% of the requests, then 300-800 tokens of their own, on the same fleet at
+  20 requests/s.
 * ``chat``, ``tools``: multi-turn conversations (one shared system prompt; a tree of tool
   schema blocks).
 
@@ -46,6 +53,12 @@ SCENARIOS: dict[str, Scenario] = {
         profile=L4_PROFILE, kv_pool_gib=1.75, idle_kv_gib=1.46, max_num_seqs=8),
     "chat-apps": Scenario("chat-apps", 8.0, profile=L4_PROFILE, kv_pool_gib=1.75,
                           idle_kv_gib=1.46, max_num_seqs=8, prompts="text"),
+    "system-prompt": Scenario("templates", 60.0, {"shares": [1.0]}, profile=L4_PROFILE,
+                              kv_pool_gib=1.75, idle_kv_gib=1.46, max_num_seqs=8),
+    "few-shot": Scenario(
+        "templates", 20.0, {"shares": [0.3, 0.3, 0.2, 0.1, 0.1], "template_tokens": [2000, 3000],
+                            "tail_tokens": [300, 800]},
+        profile=L4_PROFILE, kv_pool_gib=1.75, idle_kv_gib=1.46, max_num_seqs=8),
     "chat": Scenario("chat", 60.0),
     "tools": Scenario("tools", 40.0),
 }

@@ -286,9 +286,28 @@ class ChatAppsSpec:
             raise ValueError(f"mean_turns {self.mean_turns!r} is outside turns {self.turns!r}")
 
 
-Spec = ContractsSpec | ChatSpec | ToolsSpec | ChatAppsSpec
+@dataclass(frozen=True, slots=True)
+class TemplatesSpec:
+    """Prompt templates (a system prompt, few-shot examples) shared by every request that
+    uses them, ``shares`` of the requests each, followed by a tail of the request's own:
+    one template is an app whose every request shares its system prompt."""
+
+    shares: tuple[float, ...] = (1.0,)
+    template_tokens: tuple[int, int] = (2000, 2000)
+    tail_tokens: tuple[int, int] = (50, 300)
+    output_tokens: tuple[int, int] = (8, 16)
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not self.shares or not all(0 < s < math.inf for s in self.shares):
+            raise ValueError(f"shares must be positive numbers, got {self.shares!r}")
+        for name in ("template_tokens", "tail_tokens", "output_tokens"):
+            _check_range(name, getattr(self, name))
+
+
+Spec = ContractsSpec | ChatSpec | ToolsSpec | ChatAppsSpec | TemplatesSpec
 SPECS: dict[str, type[Spec]] = {"contracts": ContractsSpec, "chat": ChatSpec, "tools": ToolsSpec,
-                                "chat-apps": ChatAppsSpec}
+                                "chat-apps": ChatAppsSpec, "templates": TemplatesSpec}
 
 
 def _ints(rng: np.random.Generator, bounds: tuple[int, int], n: int) -> list[int]:
@@ -414,6 +433,19 @@ def chat_apps(spec: ChatAppsSpec, n: int, content: SegmentContent) -> list[Workl
     return out
 
 
+def templates(spec: TemplatesSpec, n: int, content: SegmentContent) -> list[WorkloadRequest]:
+    rng = np.random.default_rng([spec.seed, 5])
+    shares = np.array(spec.shares, dtype=np.float64)
+    picks = rng.choice(len(shares), n, p=shares / shares.sum()).tolist()
+    lengths = _ints(rng, spec.template_tokens, len(shares))
+    heads = [Segment(f"template{k}", length, "system", True) for k, length in enumerate(lengths)]
+    tails = _ints(rng, spec.tail_tokens, n)
+    outputs = _ints(rng, spec.output_tokens, n)
+    return [WorkloadRequest(i, (heads[k], Segment(f"tail{i}", tails[i], "user", False)),
+                            outputs[i], f"template{k}", f"template{k}", content)
+            for i, k in enumerate(picks)]
+
+
 def generate(spec: Spec, n: int, content: SegmentContent | None = None) -> list[WorkloadRequest]:
     """The first ``n`` requests of the workload ``spec`` describes (same spec, same list)."""
     spec.validate()
@@ -422,6 +454,8 @@ def generate(spec: Spec, n: int, content: SegmentContent | None = None) -> list[
         return contracts(spec, n, content)
     if isinstance(spec, ChatAppsSpec):
         return chat_apps(spec, n, content)
+    if isinstance(spec, TemplatesSpec):
+        return templates(spec, n, content)
     system = (Segment("system", spec.system_tokens, "system", True),) if spec.system_tokens else ()
     return _conversations(spec, n, content, system)
 

@@ -110,6 +110,12 @@ from policies.cache_model import PromptChain
 from policies.cost_config import CostConfig
 from policies.counted_requests import CountedRequests
 from policies.frequency import FrequencySketch
+from policies.in_flight_bound import (
+    balance_bound,
+    in_flight_load,
+    in_flight_loads,
+    least_loaded,
+)
 from policies.index_matches import IndexMatches, answered, stalled_state
 from policies.kv_index import KVIndex
 from policies.pace import DecayedRate, PrefillPace, ReplicaSlowdown
@@ -158,7 +164,7 @@ class Cost(Policy):
     """Lowest predicted time to first token over a cache model; see the module docstring."""
 
     name = "cost"
-    reasons = ("cache_match", "affinity", "scratch", "spill")
+    reasons = ("cache_match", "affinity", "scratch", "spill", "balance")
 
     def __init__(self, config: CostConfig | None = None) -> None:
         self.config = cfg = config or CostConfig()
@@ -388,6 +394,31 @@ class Cost(Policy):
             start = prep.key % len(held)
             held = held[start:] + held[:start]
         candidates.update(dict.fromkeys(held))
+        # none may hold requests in flight past the balance bound while another is under it
+        # (``policies.in_flight_bound``): the least loaded replica takes the request then
+        balanced = -1
+        factor, floor = cfg.balance_factor, cfg.balance_requests
+        balance: tuple[float, int] | None = None  # (the bound, the least loaded), once read
+
+        def past_bound(i: int) -> bool:
+            nonlocal balance
+            load = in_flight_load(replicas[i])
+            if factor is None or load <= floor:  # (no pass over the fleet then)
+                return False
+            if balance is None:
+                n = len(replicas)
+                by_id = self._index[2] if len(self._index[2]) == n else range(n)
+                least = least_loaded(in_flight_loads(replicas), up, by_id, prep.key % n)
+                balance = (balance_bound(in_flight_load(replicas[least]), factor, floor),
+                           least)
+            return load > balance[0]
+
+        over = [i for i in candidates if past_bound(i)]
+        for i in over:
+            del candidates[i]
+        if over and not candidates and balance is not None:
+            balanced = balance[1]
+            candidates[balanced] = None
 
         # the cheap terms first: a candidate whose wait + prefill + scratch already
         # exceeds the best total cannot win, and its eviction walk is skipped
@@ -461,6 +492,7 @@ class Cost(Policy):
             if hot and in_scratch and least_outside not in candidates \
                     and least_outside != least:
                 extra.append(least_outside)
+            extra = [i for i in extra if not past_bound(i)]
             candidates.update(dict.fromkeys(extra))
             score(extra, len(candidates) - len(extra))
             # as if scored in one pass: those the new best total would have passed over
@@ -471,7 +503,9 @@ class Cost(Policy):
                 pruned[:0] = [entry[2] for entry in passed]
         scored.sort()
         best = scored[0][2]
-        if matched.get(best, 0) > 0:
+        if best == balanced:
+            reason = "balance"
+        elif matched.get(best, 0) > 0:
             reason = "cache_match"
         elif hot:
             reason = "affinity" if best in homes else "spill"

@@ -3,6 +3,7 @@ validated on construction by the registry (``validate``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from policies.common_prefix import check_settings
@@ -48,6 +49,8 @@ class CostConfig:
     spill_survival: bool = True
     prefill_s_per_token: float = 1e-4
     slow_replica_ratio: float | None = 1.5
+    balance_factor: float | None = 2.0
+    balance_requests: float = 12.0
     capacity_fraction: float = 1.0
     default_capacity_tokens: int = 200_000
     learn_common_prefix: bool = True
@@ -94,6 +97,12 @@ class CostConfig:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if self.placement_slack is not None and not self.placement_slack >= 0:
             raise ValueError(f"placement_slack must be >= 0 or null, got {self.placement_slack!r}")
+        if self.balance_factor is not None and not self.balance_factor >= 1.0:
+            raise ValueError(f"balance_factor must be >= 1 or null, got "
+                             f"{self.balance_factor!r}")
+        if not 0.0 <= self.balance_requests < math.inf:
+            raise ValueError(f"balance_requests must be a number >= 0, got "
+                             f"{self.balance_requests!r}")
         if self.slow_replica_ratio is not None and not self.slow_replica_ratio >= 1.0:
             raise ValueError(f"slow_replica_ratio must be >= 1 or null, got "
                              f"{self.slow_replica_ratio!r}")
