@@ -18,6 +18,9 @@
 * ``few-shot``: five prompt templates of 2,000-3,000 tokens (few-shot examples) with
   30/30/20/10/10% of the requests, then 300-800 tokens of their own, on the same fleet at
   20 requests/s.
+* ``rag``: retrieval-augmented questions: a 600-token system prompt, then 3-5 chunks of
+  250-400 tokens out of 2,000 (Zipf popularity) in retrieval's order, then the question,
+  on the same fleet at 15 requests/s.
 * ``chat``, ``tools``: multi-turn conversations (one shared system prompt; a tree of tool
   schema blocks).
 
@@ -59,6 +62,8 @@ SCENARIOS: dict[str, Scenario] = {
         "templates", 20.0, {"shares": [0.3, 0.3, 0.2, 0.1, 0.1], "template_tokens": [2000, 3000],
                             "tail_tokens": [300, 800]},
         profile=L4_PROFILE, kv_pool_gib=1.75, idle_kv_gib=1.46, max_num_seqs=8),
+    "rag": Scenario("rag", 15.0, profile=L4_PROFILE, kv_pool_gib=1.75, idle_kv_gib=1.46,
+                    max_num_seqs=8),
     "chat": Scenario("chat", 60.0),
     "tools": Scenario("tools", 40.0),
 }

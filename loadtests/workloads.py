@@ -305,9 +305,35 @@ class TemplatesSpec:
             _check_range(name, getattr(self, name))
 
 
-Spec = ContractsSpec | ChatSpec | ToolsSpec | ChatAppsSpec | TemplatesSpec
+@dataclass(frozen=True, slots=True)
+class RagSpec:
+    """Retrieval-augmented questions: a system prompt, then ``per_request`` chunks of a
+    corpus of ``chunks`` drawn by Zipf popularity (``zipf_s``) in the order retrieval
+    ranks them (no two requests' orders alike but by chance), then the question."""
+
+    system_tokens: int = 600
+    chunks: int = 2000
+    chunk_tokens: tuple[int, int] = (250, 400)
+    per_request: tuple[int, int] = (3, 5)
+    zipf_s: float = 1.0
+    question_tokens: tuple[int, int] = (20, 80)
+    output_tokens: tuple[int, int] = (8, 16)
+    seed: int = 0
+
+    def validate(self) -> None:
+        _check_positive(system_tokens=self.system_tokens, chunks=self.chunks,
+                        zipf_s=self.zipf_s)
+        for name in ("chunk_tokens", "per_request", "question_tokens", "output_tokens"):
+            _check_range(name, getattr(self, name))
+        if self.per_request[1] > self.chunks:
+            raise ValueError(f"per_request {self.per_request!r} asks more than the "
+                             f"{self.chunks} chunks")
+
+
+Spec = ContractsSpec | ChatSpec | ToolsSpec | ChatAppsSpec | TemplatesSpec | RagSpec
 SPECS: dict[str, type[Spec]] = {"contracts": ContractsSpec, "chat": ChatSpec, "tools": ToolsSpec,
-                                "chat-apps": ChatAppsSpec, "templates": TemplatesSpec}
+                                "chat-apps": ChatAppsSpec, "templates": TemplatesSpec,
+                                "rag": RagSpec}
 
 
 def _ints(rng: np.random.Generator, bounds: tuple[int, int], n: int) -> list[int]:
@@ -446,6 +472,23 @@ def templates(spec: TemplatesSpec, n: int, content: SegmentContent) -> list[Work
             for i, k in enumerate(picks)]
 
 
+def rag(spec: RagSpec, n: int, content: SegmentContent) -> list[WorkloadRequest]:
+    rng = np.random.default_rng([spec.seed, 6])
+    weights = popularity(spec.chunks, "zipf", spec.zipf_s)
+    lengths = _ints(rng, spec.chunk_tokens, spec.chunks)
+    system = Segment("system", spec.system_tokens, "system", True)
+    out = []
+    for i in range(n):
+        k = _int(rng, spec.per_request)
+        picks = rng.choice(spec.chunks, k, replace=False, p=weights).tolist()
+        chunks = tuple(Segment(f"chunk{c}", lengths[c], "user", True) for c in picks)
+        question = Segment(f"q{i}", _int(rng, spec.question_tokens), "user", False)
+        out.append(WorkloadRequest(i, (system, *chunks, question),
+                                   _int(rng, spec.output_tokens), "rag", f"chunk{picks[0]}",
+                                   content))
+    return out
+
+
 def generate(spec: Spec, n: int, content: SegmentContent | None = None) -> list[WorkloadRequest]:
     """The first ``n`` requests of the workload ``spec`` describes (same spec, same list)."""
     spec.validate()
@@ -456,6 +499,8 @@ def generate(spec: Spec, n: int, content: SegmentContent | None = None) -> list[
         return chat_apps(spec, n, content)
     if isinstance(spec, TemplatesSpec):
         return templates(spec, n, content)
+    if isinstance(spec, RagSpec):
+        return rag(spec, n, content)
     system = (Segment("system", spec.system_tokens, "system", True),) if spec.system_tokens else ()
     return _conversations(spec, n, content, system)
 

@@ -440,6 +440,8 @@ class Cost(Policy):
             else 0.0
         churn_scale = 1.0 if hot or not evicts else self._fleet_scale()
         hot_owner = self._hot_owner(scale)
+        placement = self._placement
+        placing = len(placement) > 0
         inf = math.inf
         slowdown = self._slowdown
 
@@ -465,7 +467,11 @@ class Cost(Policy):
                     pruned.append(i)
                     continue
                 evict = 0.0
-                if evicts:
+                # where no hot key is placed (a scratch replica, an idle one), the hot
+                # entries held came with spills, whose keys' requests go to their homes:
+                # evicting them loses no hit there (charged, an idle replica that took one
+                # spill early stood idle for good, each admission priced at its victims)
+                if evicts and (not placing or placement.tokens_on(replicas[i].id)):
                     m = matched.get(i, 0)
                     churn = p - m if hot else round((p - m) * churn_scale)
                     evict = evict_s * self._models.hot_victims(replicas[i].id, churn,
