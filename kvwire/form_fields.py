@@ -14,6 +14,7 @@ from kvwire.openai_schema import BadRequest
 # a part's headers end within this many bytes of its delimiter (a browser's are ~100)
 _HEADERS_MAX = 8192
 FIELD_VALUE_MAX = 4096  # bytes of a field's value read; a longer one is refused
+PARTS_MAX = 256  # parts looked at for the field (an upload has a handful); more are refused
 
 
 def boundary_of(content_type: str | None) -> bytes:
@@ -65,7 +66,7 @@ def form_field(content_type: str | None, body: bytes, name: str) -> str | None:
         raise BadRequest(f"the multipart body holds no part: its boundary {boundary!r} "
                          f"never comes", code="invalid_multipart")
     at += len(opening) if at == 0 else len(delimiter)
-    while True:
+    for _ in range(PARTS_MAX):
         if body.startswith(b"--", at):
             return None  # the closing delimiter: no part named it
         start = body.find(b"\r\n", at, at + 1024)  # the delimiter line's end
@@ -92,3 +93,5 @@ def form_field(content_type: str | None, body: bytes, name: str) -> str | None:
                                  f"{value[:40]!r}", param=name,
                                  code="invalid_multipart") from None
         at = stop + len(delimiter)
+    raise BadRequest(f"the multipart body has more than {PARTS_MAX} parts before the field "
+                     f"{name!r} or its end", code="invalid_multipart")

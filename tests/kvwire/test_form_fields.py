@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kvwire.form_fields import FIELD_VALUE_MAX, boundary_of, form_field
+from kvwire.form_fields import FIELD_VALUE_MAX, PARTS_MAX, boundary_of, form_field
 from kvwire.openai_schema import BadRequest
 
 _AUDIO = bytes(range(256)) * 64 + b"\r\n--not-the-boundary\r\n\r\n"
@@ -55,6 +55,9 @@ def test_a_quoted_boundary_a_preamble_and_unicode() -> None:
     ("multipart/form-data; boundary=abc",
      b"--abc\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"
      + b"m" * (FIELD_VALUE_MAX + 1) + b"\r\n--abc--", f"at most {FIELD_VALUE_MAX}"),
+    ("multipart/form-data; boundary=abc",
+     b"--abc\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\ny\r\n" * (PARTS_MAX + 1)
+     + b"--abc--", f"more than {PARTS_MAX} parts"),
 ])
 def test_what_is_no_form_is_refused_naming_why(content_type: str | None, body: bytes,
                                                named: str) -> None:
