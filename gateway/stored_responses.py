@@ -27,6 +27,7 @@ import time
 from urllib.parse import quote
 
 import aiohttp
+import yarl
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -149,7 +150,8 @@ async def stored_response(request: Request) -> Response:
         state = gw.fleet.get(replica)
         if state is None:
             continue
-        url = state.config.base_url + path + query
+        # (sent as written: the id quoted above, the client's query string as it came)
+        url = yarl.URL(state.config.base_url + path + query, encoded=True)
         headers = dict(state.upstream_headers(forwarded, not gw.auth.on))
         try:
             async with session.request(request.method, url, headers=headers, data=body,

@@ -616,9 +616,16 @@ class UpstreamClient:
         self._targets: dict[str, tuple[_Origin, str]] = {}  # url -> origin, request path
 
     def _target(self, url: str) -> tuple[_Origin, str]:
-        found = self._targets.get(url)
-        if found is not None:
-            return found
+        # a client's query string rides on the request, never in the kept targets: one per
+        # client-made string would fill them (each up to a header's size)
+        base, mark, query = url.partition("?")
+        found = self._targets.get(base)
+        if found is None:
+            found = self._base_target(base)
+        return (found[0], f"{found[1]}?{query}") if mark else found
+
+    def _base_target(self, url: str) -> tuple[_Origin, str]:
+        """The origin and request path of ``url`` (no query string), kept for the next."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -633,8 +640,6 @@ class UpstreamClient:
                                                   self._limit, self._idle_s,
                                                   self._connect_s, context, self._unused)
         path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
         if len(self._targets) < 4096:  # a fleet's endpoints: bounded whatever the URLs
             self._targets[url] = (origin, path)
         return origin, path

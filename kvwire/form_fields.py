@@ -2,9 +2,10 @@
 rest: an audio upload's ``model`` is all the gateway needs of it to pick a replica, and
 the file part it carries (megabytes) is skipped by searching for the next delimiter.
 
-The field is the first part whose ``Content-Disposition`` names it; its value is the
-part's bytes as UTF-8. A body that is no form, or whose delimiters or part headers are
-broken, is a BadRequest naming what is wrong; the replica would refuse it too.
+The field is the last part whose ``Content-Disposition`` names it, as Starlette's form
+(vLLM's server) reads a name given twice; its value is the part's bytes as UTF-8. A body
+that is no form, or whose delimiters or part headers are broken, is a BadRequest naming
+what is wrong; the replica would refuse it too.
 """
 
 from __future__ import annotations
@@ -61,14 +62,18 @@ def form_field(content_type: str | None, body: bytes, name: str) -> str | None:
     boundary = boundary_of(content_type)
     opening = b"--" + boundary
     delimiter = b"\r\n" + opening
-    at = 0 if body.startswith(opening) else body.find(delimiter)
-    if at < 0:
-        raise BadRequest(f"the multipart body holds no part: its boundary {boundary!r} "
-                         f"never comes", code="invalid_multipart")
-    at += len(opening) if at == 0 else len(delimiter)
+    if body.startswith(opening):
+        at = len(opening)
+    else:
+        at = body.find(delimiter)
+        if at < 0:
+            raise BadRequest(f"the multipart body holds no part: its boundary {boundary!r} "
+                             f"never comes", code="invalid_multipart")
+        at += len(delimiter)
+    found: bytes | None = None
     for _ in range(PARTS_MAX):
-        if body.startswith(b"--", at):
-            return None  # the closing delimiter: no part named it
+        if body.startswith(b"--", at):  # the closing delimiter
+            return None if found is None else _text(found, name)
         start = body.find(b"\r\n", at, at + 1024)  # the delimiter line's end
         end = body.find(b"\r\n\r\n", start, start + _HEADERS_MAX) if start >= 0 else -1
         if end < 0:
@@ -81,17 +86,19 @@ def form_field(content_type: str | None, body: bytes, name: str) -> str | None:
             raise BadRequest(f"the multipart body's part at byte {at} has no closing "
                              f"delimiter: the body was cut", code="invalid_multipart")
         if _field_name(body[start + 2:end + 2]) == name:
-            value = body[content:stop]
-            if len(value) > FIELD_VALUE_MAX:
-                raise BadRequest(f"the form field {name!r} is {len(value)} bytes long "
+            found = body[content:stop]
+            if len(found) > FIELD_VALUE_MAX:
+                raise BadRequest(f"the form field {name!r} is {len(found)} bytes long "
                                  f"(at most {FIELD_VALUE_MAX})", param=name,
                                  code="invalid_multipart")
-            try:
-                return value.decode("utf-8")
-            except UnicodeDecodeError:
-                raise BadRequest(f"the form field {name!r} is not UTF-8 text: "
-                                 f"{value[:40]!r}", param=name,
-                                 code="invalid_multipart") from None
         at = stop + len(delimiter)
-    raise BadRequest(f"the multipart body has more than {PARTS_MAX} parts before the field "
-                     f"{name!r} or its end", code="invalid_multipart")
+    raise BadRequest(f"the multipart body has more than {PARTS_MAX} parts",
+                     code="invalid_multipart")
+
+
+def _text(value: bytes, name: str) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"the form field {name!r} is not UTF-8 text: {value[:40]!r}",
+                         param=name, code="invalid_multipart") from None

@@ -499,6 +499,10 @@ class Cost(Policy):
                     and least_outside != least:
                 extra.append(least_outside)
             extra = [i for i in extra if not past_bound(i)]
+            if not extra and not scored and balance is not None:
+                # every candidate was past the bound, and so were these: the least loaded
+                balanced = balance[1]
+                extra = [balanced]
             candidates.update(dict.fromkeys(extra))
             score(extra, len(candidates) - len(extra))
             # as if scored in one pass: those the new best total would have passed over

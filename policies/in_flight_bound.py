@@ -1,7 +1,10 @@
-"""A bound on how unevenly a policy may spread requests in flight, as SGLang's router
-bounds its cache-aware choice: a replica holding more than ``factor`` x the least loaded
-healthy replica's requests in flight (per unit of weight), plus ``extra``, is passed over
-while that least loaded one is under the bound.
+"""A bound on how unevenly a policy may spread requests in flight: a replica holding more
+than ``factor`` x the least loaded healthy replica's requests in flight (per unit of
+weight), plus ``extra``, is passed over while that least loaded one is under the bound.
+SGLang's router has a rule of the same intent, judged over the whole fleet instead (its
+most and least loaded workers: most - least > 64 and most > 1.5 x least sends every
+request to the least loaded); judged per candidate, a loaded replica is left only by the
+requests it would hold past the bound, not by all of them.
 
 ``cost`` weighs a replica's queue by the prefill it holds and the decode slots it was seen
 to fill; neither says enough where a prompt's prefix sits on few replicas and the

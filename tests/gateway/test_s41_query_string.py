@@ -12,6 +12,7 @@ import pytest
 from starlette.requests import Request
 
 from gateway.forwarding import upstream_query
+from gateway.upstream_http import UpstreamClient
 from kvwire.openai_schema import BadRequest
 from tests.support.fake_replica import Behaviour, fake_replica
 from tests.support.gateway_harness import Serve, start_gateway
@@ -67,3 +68,13 @@ def test_a_query_string_is_checked_before_it_is_written_upstream() -> None:
         with pytest.raises(BadRequest) as caught:
             query(bad)
         assert caught.value.code == "invalid_query" and repr(bad)[2:-1] in caught.value.message
+
+
+def test_query_strings_are_not_kept_with_the_replicas_targets() -> None:
+    """One kept target per client-made query string would fill the client's memory."""
+    client = UpstreamClient()
+    for n in range(100):
+        _, path = client._target(f"http://127.0.0.1:9/v1/completions?x={n}&y=%zz")
+        assert path == f"/v1/completions?x={n}&y=%zz"
+    assert client._target("http://127.0.0.1:9/v1/completions")[1] == "/v1/completions"
+    assert list(client._targets) == ["http://127.0.0.1:9/v1/completions"]

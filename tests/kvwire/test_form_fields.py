@@ -34,6 +34,21 @@ def test_a_field_is_read_wherever_it_comes(first: bool) -> None:
     assert form_field(content_type, body, "prompt") is None
 
 
+def test_a_name_given_twice_is_read_as_its_last_and_a_near_boundary_is_content() -> None:
+    """As Starlette's form reads it (vLLM's server); a file holding the delimiter but for
+    its last character is content, and a body that opens with a line break still has its
+    first part."""
+    content_type = "multipart/form-data; boundary=x--"
+    near = b"\r\n--x-" + b"\r\n"
+    body = (b"\r\n--x--\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nA\r\n"
+            b"--x--\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\n" + near
+            + b"\r\n--x--\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nB"
+            b"\r\n--x----\r\n")
+    assert form_field(content_type, body, "model") == "B"
+    assert form_field(content_type, body, "file") == near.decode()
+    assert form_field(content_type, body[2:], "model") == "B"
+
+
 def test_a_quoted_boundary_a_preamble_and_unicode() -> None:
     body = (b"a preamble\r\n--b:1\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"
             + "modèle".encode() + b"\r\n--b:1--\r\n")

@@ -1,17 +1,31 @@
 """``cost`` passes over a replica holding more requests in flight than balance_factor x
-the least loaded replica's plus balance_requests (SGLang's router's balance rule): the
+the least loaded replica's plus balance_requests: the
 holders of a prefix every request shares no longer take twenty requests each while the
 rest of the fleet stands idle, their predicted wait a few tenths of a second because
 their decode slots were never seen full."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from policies.base import ReplicaView, Routed
+from policies.base import ReplicaView, Routed, RouteRequest
 from policies.cost import Cost, CostConfig
 from policies.in_flight_bound import balance_bound, in_flight_loads, least_loaded
-from tests.policies.test_cost import doc, request, views
+
+
+def views(n: int = 8) -> list[ReplicaView]:
+    return [ReplicaView(f"r{i}", kv_capacity_tokens=4000) for i in range(n)]
+
+
+def doc(seed: int, tokens: int = 1020) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(50_000) for _ in range(tokens)]
+
+
+def request(tokens: list[int], at: float = 0.0) -> RouteRequest:
+    return RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model="m", arrival_s=at)
 
 
 def _loaded(fleet: list[ReplicaView], counts: dict[str, tuple[int, int]]
@@ -62,6 +76,20 @@ def test_off_it_keeps_the_holder_however_loaded() -> None:
     tokens, first = _held(policy)
     d = policy.choose(request(tokens, at=0.1), _loaded(views(), {first: (40, 0)}))
     assert d.chosen == first
+
+
+def test_with_no_scratch_set_a_fleet_past_the_bound_still_has_its_least_loaded() -> None:
+    """No scratch set, a new prefix, the replica of least queue past the bound: the least
+    loaded one by requests in flight takes it (it raised IndexError: no candidate left)."""
+    policy = Cost(CostConfig(min_scratch=0, max_scratch_fraction=0.0, fill_homes=False))
+    fleet = [ReplicaView("r0", in_flight=30, kv_capacity_tokens=4000),
+             *(ReplicaView(f"r{i}", queued_tokens=5000, kv_capacity_tokens=4000)
+               for i in range(1, 4))]
+    d = policy.choose(request(doc(3, 600)), fleet)
+    assert d.chosen != "r0" and d.reason == "balance", d
+    d = Cost(CostConfig(min_scratch=0, max_scratch_fraction=0.0, fill_homes=False,
+                        balance_factor=None)).choose(request(doc(3, 600)), fleet)
+    assert d.chosen == "r0"
 
 
 def test_weights_and_ties() -> None:
