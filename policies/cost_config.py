@@ -31,7 +31,7 @@ class CostConfig:
     sketch_depth: int = 4
     min_scratch: int = 1
     max_scratch_fraction: float = 0.5
-    scratch_utilization: float = 0.6
+    scratch_utilization: float = 0.4
     max_scratch_utilization: float = 0.85
     load_window_s: float = 60.0
     eviction_weight: float = 0.5
