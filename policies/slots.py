@@ -10,9 +10,16 @@ ever seen running, once others were seen waiting at that count ``confirm`` times
 of the scrapes by decisions). Waiting requests are no slot limit where:
 
 - none ran: requests just came in;
-- some of the running ones were still in prefill (this gateway's requests there without a
-  first byte, beyond the waiting ones: ``ReplicaView.prefilling``): the wait is for that
-  prefill, or for prefill budget or KV, which a replica runs short of at any count;
+- half or more of the running ones were still in prefill (this gateway's requests there
+  without a first byte, beyond the waiting ones: ``ReplicaView.prefilling``): the wait is
+  for that prefill, or for prefill budget or KV, which a replica runs short of at any
+  count. With most of them decoding, requests waiting is the batch being full: a busy
+  fleet whose prompts share a cached prefix has a request or two in prefill at almost
+  every scrape, and when none was allowed its replicas were never seen full, their slot
+  wait never counted (offline, LRU engines, p95 / p99: few-shot 0.609 / 0.910 -> 0.515 /
+  0.814 s; chat-apps, seeds 0-2, 0.402 / 0.352 / 0.343 -> 0.319 / 0.345 / 0.345 s and
+  0.862 / 0.997 / 0.922 -> 0.757 / 0.892 / 0.888 s; system-prompt 0.485 -> 0.474 s;
+  contracts-400, contracts, rag, chat and tools unchanged);
 - one request waited, in a scrape that followed none showing requests waiting at that
   count: an engine takes in a request that arrives during a step at the next step, so a
   scrape catches one waiting now and then, at any count.
@@ -70,7 +77,7 @@ class DecodeSlots:
             self._limits.pop(replica, None)
             self._full_at.pop(replica, None)
         # none running: requests just came in; some in prefill: the wait is the prefill's
-        if not (waiting > 0 and running == most > 0 and prefilling == 0):
+        if not (waiting > 0 and running == most > 0 and 2 * prefilling < running):
             return
         if scrape:
             first, last = self._full_at.get(replica, (0, -1))  # (scrapes count from 1)
