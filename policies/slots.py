@@ -76,7 +76,7 @@ class DecodeSlots:
             self._capped.pop(replica, None)
             self._limits.pop(replica, None)
             self._full_at.pop(replica, None)
-        # none running: requests just came in; some in prefill: the wait is the prefill's
+        # none running: requests just came in; half or more in prefill: the wait is theirs
         if not (waiting > 0 and running == most > 0 and 2 * prefilling < running):
             return
         if scrape:
