@@ -408,9 +408,9 @@ class Cost(Policy):
             if balance is None:
                 n = len(replicas)
                 by_id = self._index[2] if len(self._index[2]) == n else range(n)
-                least = least_loaded(in_flight_loads(replicas), up, by_id, prep.key % n)
-                balance = (balance_bound(in_flight_load(replicas[least]), factor, floor),
-                           least)
+                loads = in_flight_loads(replicas)
+                least = least_loaded(loads, up, by_id, prep.key % n)
+                balance = (balance_bound(loads[least], factor, floor), least)
             return load > balance[0]
 
         over = [i for i in candidates if past_bound(i)]

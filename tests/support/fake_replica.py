@@ -63,13 +63,17 @@ class Behaviour:
 
 
 def fake_replica(b: Behaviour) -> Starlette:
-    async def complete(request: Request) -> Response:
-        raw = await request.body()
+    def record(request: Request, raw: bytes) -> None:
+        """What a request brought: its body, headers, path and query string."""
         b.received.append(raw)
         b.headers.append(dict(request.headers))
-        b.header_lines.append(request.headers.items())
         b.paths.append(request.url.path)
         b.query_strings.append(request.url.query)
+
+    async def complete(request: Request) -> Response:
+        raw = await request.body()
+        record(request, raw)
+        b.header_lines.append(request.headers.items())
         body = json.loads(raw)
         chat = "messages" in body
         await asyncio.sleep(b.first_byte_delay_s)  # an error takes as long to come
@@ -127,10 +131,7 @@ def fake_replica(b: Behaviour) -> Starlette:
         """SGLang's native /generate: ``text`` (or a batch of texts) or ``input_ids``;
         a stream's events carry the whole text so far and ``meta_info``, then [DONE]."""
         raw = await request.body()
-        b.received.append(raw)
-        b.headers.append(dict(request.headers))
-        b.paths.append(request.url.path)
-        b.query_strings.append(request.url.query)
+        record(request, raw)
         body = json.loads(raw)
         if b.status != 200:
             return JSONResponse({"error": {"message": f"{b.name} failing"}},
@@ -173,10 +174,7 @@ def fake_replica(b: Behaviour) -> Starlette:
         from response.created to response.completed (no [DONE]); each id names the
         replica and counts its answers."""
         raw = await request.body()
-        b.received.append(raw)
-        b.headers.append(dict(request.headers))
-        b.paths.append(request.url.path)
-        b.query_strings.append(request.url.query)
+        record(request, raw)
         body = json.loads(raw)
         await asyncio.sleep(b.first_byte_delay_s)
         if b.status != 200:
@@ -275,10 +273,7 @@ def fake_replica(b: Behaviour) -> Starlette:
 
     async def transcribe(request: Request) -> Response:  # vLLM's audio uploads
         raw = await request.body()
-        b.received.append(raw)
-        b.headers.append(dict(request.headers))
-        b.paths.append(request.url.path)
-        b.query_strings.append(request.url.query)
+        record(request, raw)
         if b'name="stream"\r\n\r\ntrue\r\n' in raw:
             events = [{"object": "transcription.chunk", "choices": [{"delta": {
                 "content": word}}]} for word in ("hello ", "world")]
