@@ -215,15 +215,25 @@ class SimFleet:
             (self.replicas[k].id if ranks == 1 else f"s{k // ranks}"): list(range(k, k + ranks))
             for k in range(0, len(self.replicas), ranks)}
         # the gateway's own accounting of this fleet (see the module docstring)
-        configs = [ReplicaConfig(sid, f"http://sim.invalid/{sid}") for sid in self.servers]
-        self.states = [Fleet(configs) for _ in range(gateways)]
-        estimate = CapacityEstimateConfig(enabled=spec.capacity_estimate)
-        self.capacity = [CapacityEstimator(state, estimate) for state in self.states]
+        self.states: list[Fleet] = []
+        self.capacity: list[CapacityEstimator] = []
+        for _ in range(gateways):
+            self.add_gateway()
         self._next_scrape = 0.0
         if hashes is not None and (hashes.block_size, hashes.model_id) != (
                 spec.block_size, self.model_id):
             raise ValueError("hashes were memoized for another block size or model")
         self.hashes = hashes or PrefixHashes(spec.block_size, self.model_id)
+
+    def add_gateway(self) -> int:
+        """One more gateway copy's accounting, fresh (one that starts, or restarts, in
+        front of the fleet as it is); its index."""
+        configs = [ReplicaConfig(sid, f"http://sim.invalid/{sid}") for sid in self.servers]
+        state = Fleet(configs)
+        self.states.append(state)
+        self.capacity.append(CapacityEstimator(
+            state, CapacityEstimateConfig(enabled=self.spec.capacity_estimate)))
+        return len(self.states) - 1
 
     def views(self, now: float, gateway: int = 0) -> list[ReplicaView]:
         """The replica views gateway copy ``gateway`` decides on at ``now`` (see the

@@ -170,6 +170,11 @@ class Simulation:
     below a step), each route as the peers' wire carries it (``peer_route``: piece
     hashes, no token ids).
 
+    ``restart``: from the ``restart[0]``th request on, the policies ``restart[1]`` (one per
+    copy), with fresh accounting, take every request, as a gateway's new pod in a rolling
+    update in front of the warm fleet; the old copies see to the requests they sent until
+    these finish, and the new ones count them as other senders' (scraped).
+
     What the replicas compute is ``replica_prompts``: by default the workload's own ids, a
     tokenizer unlike the gateway's; ``RenderedPrompts`` renders and tokenizes each chat as
     a real engine does (``loadtests.run``'s engines: with the gateway's tokenizer, their
@@ -179,7 +184,8 @@ class Simulation:
     def __init__(self, fleet: SimFleet, policy: Policy | Sequence[Policy],
                  tokenizer: PromptTokenizer | None = None, prompts: str = "ids",
                  seed: int = 0, peers: bool = False,
-                 replica_prompts: ReplicaPrompts | None = None) -> None:
+                 replica_prompts: ReplicaPrompts | None = None,
+                 restart: tuple[int, Sequence[Policy]] | None = None) -> None:
         if prompts not in ("ids", "text"):
             raise ValueError(f"prompts must be 'ids' or 'text', got {prompts!r}")
         policies = [policy] if isinstance(policy, Policy) else list(policy)
@@ -191,9 +197,14 @@ class Simulation:
         self.prompts = prompts
         self.replica_prompts = replica_prompts or WorkloadIds()
         self.peers = peers and len(policies) > 1
-        tokenizer = tokenizer or load_tokenizer(None, memo_size=4096)
+        if restart is not None and len(restart[1]) != len(policies):
+            raise ValueError(f"{len(restart[1])} policies after the restart for "
+                             f"{len(policies)} gateway copies")
+        self._restart = restart
+        self._tokenizer = tokenizer = tokenizer or load_tokenizer(None, memo_size=4096)
         self.routers = [Router(p, tokenizer, state, 1)
                         for p, state in zip(policies, fleet.states, strict=True)]
+        self._live = range(len(self.routers))  # the copies new requests go to
         self._pick = np.random.default_rng([seed, 11])
         self._heap: list[tuple[float, int, int]] = []  # (step end, tie break, replica)
         self._seq = 0
@@ -214,6 +225,19 @@ class Simulation:
     def close(self) -> None:
         for router in self.routers:
             router.close()
+
+    def _restarted(self) -> None:
+        """The restart's copies take over (see the class docstring)."""
+        assert self._restart is not None
+        first = len(self.routers)
+        for policy in self._restart[1]:
+            state = self.fleet.states[self.fleet.add_gateway()]
+            self.policies.append(policy)
+            self.routers.append(Router(policy, self._tokenizer, state, 1))
+            if self.fleet.spec.kv_events and policy.kv_index is not None:
+                self._kv_indexes.append(policy.kv_index)  # events from now on only
+        self._live = range(first, len(self.routers))
+        self.policy = self.policies[first]
 
     def _start_step(self, index: int, now: float) -> None:
         rep = self.fleet.replicas[index]
@@ -281,7 +305,8 @@ class Simulation:
 
     def _arrive(self, req: WorkloadRequest, now: float) -> None:
         ids = self.replica_prompts.ids(req)
-        gateway = int(self._pick.integers(len(self.routers))) if len(self.routers) > 1 else 0
+        live = self._live
+        gateway = live[int(self._pick.integers(len(live)))] if len(live) > 1 else live[0]
         router = self.routers[gateway]
         parsed = self._parsed(req, ids)
         route = router.build(parsed, now=now)
@@ -303,7 +328,7 @@ class Simulation:
         if self.peers:  # as gateway.peers: the others count it and learn what the wire
             # carries of it
             told = tuple((copy, self.fleet.states[copy].sent(target, work, now))
-                         for copy in range(len(self.routers)) if copy != gateway)
+                         for copy in self._live if copy != gateway)
             heard = peer_route(route, target, now)
             if heard is not None:
                 for copy, _ in told:  # told once: no Unrouted or Finished follows there
@@ -337,6 +362,8 @@ class Simulation:
                 self._end_step(index, self.now)
             else:
                 self.now = float(next_arrival)
+                if self._restart is not None and i == self._restart[0]:
+                    self._restarted()
                 self._arrive(requests[i], self.now)
                 i += 1
 
@@ -402,11 +429,11 @@ def simulate(requests: Sequence[WorkloadRequest], arrivals: Sequence[float] | np
              policy: Policy | Sequence[Policy], fleet_spec: FleetSpec,
              hashes: PrefixHashes | None = None, prompts: str = "ids",
              tokenizer: PromptTokenizer | None = None, seed: int = 0,
-             peers: bool = False, replica_prompts: ReplicaPrompts | None = None
-             ) -> PolicyResult:
+             peers: bool = False, replica_prompts: ReplicaPrompts | None = None,
+             restart: tuple[int, Sequence[Policy]] | None = None) -> PolicyResult:
     """Run ``requests`` arriving at ``arrivals`` through a fresh fleet under ``policy``
     (a sequence: one policy per gateway copy; ``peers``: the copies tell each other what
-    they route).
+    they route; ``restart``: see ``Simulation``).
 
     ``hashes`` may be shared between runs over the same requests (it only memoizes).
     """
@@ -415,7 +442,7 @@ def simulate(requests: Sequence[WorkloadRequest], arrivals: Sequence[float] | np
     copies = 1 if isinstance(policy, Policy) else len(policy)
     started, cpu = time.perf_counter(), time.process_time()
     sim = Simulation(SimFleet(fleet_spec, hashes, gateways=copies), policy, tokenizer,
-                     prompts, seed, peers, replica_prompts)
+                     prompts, seed, peers, replica_prompts, restart)
     try:
         sim.run(requests, arrivals)
     finally:
@@ -511,6 +538,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "device that throttles or degrades mid-run); the JSON's "
                         "after_slowdown gives the token hit rate and p95 TTFT of the 1,000 "
                         "requests after it")
+    parser.add_argument("--restart-after", type=non_negative_int, default=None,
+                        metavar="N", help="a fresh gateway (new policy state and "
+                        "accounting) takes every request from the Nth on, in front of the "
+                        "warm fleet, as in a rolling update (the old one sees its requests "
+                        "through); the JSON's after_restart gives the token hit rate and "
+                        "p95 TTFT of the 1,000 requests after it (--pause N:0 gives the "
+                        "same window's without a restart)")
     parser.add_argument("--pause", type=pause, default=None, metavar="N:S",
                         help="after the Nth request, S seconds without arrivals (a lull, "
                              "as a night's), then the rest; the JSON's after_pause gives "
@@ -601,6 +635,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--slowdown-after {args.slowdown_after} needs --slowdown and "
                              f"more requests than that, got {len(requests)}")
         fleet = dataclasses.replace(fleet, slowdown_at_s=float(arrivals[args.slowdown_after]))
+    if args.restart_after is not None and not 0 < args.restart_after < len(requests):
+        raise ValueError(f"--restart-after {args.restart_after} needs a request before it "
+                         f"and one from it on, got {len(requests)} requests")
     tokenizer = load_tokenizer(None, memo_size=4096) if prompts == "text" else None
     hashes = PrefixHashes(fleet.block_size, load_profile(profile).model.name)
     # a true bound (an unlimited cache), and a fixed placement in the fleet's idle KV, which
@@ -619,6 +656,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompts": prompts,
         "engine_tokenizer": args.engine_tokenizer,
         "pause": None if args.pause is None else args.pause._asdict(),
+        "restart_after": args.restart_after,
         "views": args.views,
         "dialect": args.dialect,
         "kv_events": args.kv_events,
@@ -639,12 +677,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.gateways > 1:
                 raise ValueError(f"{name} runs in one gateway copy, got --gateways "
                                  f"{args.gateways}")
+            if args.restart_after is not None:
+                raise ValueError(f"{name} reads the requests from the start: no restart")
             copies: list[Policy] = [PlacementOracle(requests, hot_replicas)]
         else:
             copies = [build_policy(name, **overrides.get(name, {}))
                       for _ in range(args.gateways)]
+        restart = None if args.restart_after is None else (args.restart_after, [
+            build_policy(name, **overrides.get(name, {})) for _ in range(args.gateways)])
         res = simulate(requests, arrivals, copies, fleet, hashes, prompts, tokenizer,
-                       args.seed, args.peers, replica_prompts)
+                       args.seed, args.peers, replica_prompts, restart)
         results[name] = res
         report["policies"][name] = res.summary()
         print(f"{name:>16}: token hit {res.token_hit_rate:.3f}  request hit "
@@ -652,7 +694,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{res.ttft_p95_s:.3f}/{res.ttft_p99_s:.3f} s  spills {res.spills}  "
               f"({len(requests) / res.cpu_seconds:,.0f} req per CPU second)", file=sys.stderr)
         for key, start, what in (("after_pause", args.pause and args.pause.after, "pause"),
-                                 ("after_slowdown", args.slowdown_after, "slowdown")):
+                                 ("after_slowdown", args.slowdown_after, "slowdown"),
+                                 ("after_restart", args.restart_after, "restart")):
             if start is None:
                 continue
             after = report["policies"][name][key] = figures_after(
