@@ -322,6 +322,9 @@ class EngineCore:
             self.scheduler.finish_many(finished, Status.FINISHED)
             for req in finished:
                 del self.requests[req.request_id]
+                if req.first_scheduled_time is not None:
+                    stats.ran_requests += 1
+                    stats.ran_seconds += end - req.first_scheduled_time
         return outputs
 
     def reset_prefix_cache(self) -> int:

@@ -59,6 +59,11 @@ class EngineStats:
     num_requests_aborted: int = 0
     num_steps: int = 0
     num_batched_tokens: int = 0
+    # the finished requests that ran (a prefill and any decode: vLLM's
+    # request_inference_time_seconds), and the seconds they ran in all, each from its first
+    # scheduling to its finish
+    ran_requests: int = 0
+    ran_seconds: float = 0.0
     # Gauge: prompt tokens of unfinished requests whose KV is not computed yet, less those
     # a waiting request found in the prefix cache when it was queued (or queued again,
     # preempted).

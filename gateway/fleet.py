@@ -135,6 +135,7 @@ class _Steady(NamedTuple):
     prefill_tokens_per_s: float | None
     scrape_seq: int
     prefilling: int  # this process's requests running there without a first byte then
+    slot_hold_s: float | None
 
 
 @dataclass(slots=True)
@@ -166,6 +167,10 @@ class ReplicaState:
     # its prompt plus generated tokens counter at the last scrape that told it: a figure
     # below it means a restart (an SGLang server has no prefix-cache counter to show one)
     work_tokens_seen: float | None = None
+    # its finished requests' running seconds and count at the last scrape that told them,
+    # and the mean of those finished since the one before (``ReplicaView.slot_hold_s``)
+    ran_seen: tuple[float, float] | None = None
+    slot_hold_s: float | None = None
     epoch: int = 0
     flushes: int = 0  # its prefix cache flushed through the admin API (the leader's count)
     pending_tokens: int = 0  # sent, no first byte yet
@@ -416,7 +421,7 @@ class ReplicaState:
             None if capacity is None else int(capacity / ratio), f.token_hit_rate,
             self.epoch, None if prefill is None else prefill / ratio,
             age if age > 0.0 else 0.0, head, f.others_in_flight, f.scrape_seq,
-            f.prefilling))
+            f.prefilling, f.slot_hold_s))
 
     def _steady_fields(self) -> _Steady:
         s = self.scraped
@@ -426,7 +431,7 @@ class ReplicaState:
             max(0, running + waiting - self.in_flight_at_scrape),
             s.kv_usage if s else 0.0, self.kv_capacity().replica_tokens,
             self.token_hit_rate(), self.hits.prefill_per_s(), self.scrape_seq,
-            max(0, self.awaiting_at_scrape - waiting))
+            max(0, self.awaiting_at_scrape - waiting), self.slot_hold_s)
 
 
 class Outbox(Protocol):
@@ -737,6 +742,13 @@ class Fleet:
         if metrics.hit_tokens is not None and metrics.query_tokens is not None:
             reset = state.hits.add(time.monotonic() if now is None else now,
                                    metrics.hit_tokens, metrics.query_tokens)
+        state.slot_hold_s = None
+        if metrics.ran_seconds is not None and metrics.ran_requests is not None:
+            ran, state.ran_seen = state.ran_seen, (metrics.ran_seconds, metrics.ran_requests)
+            if ran is not None and metrics.ran_requests > ran[1] \
+                    and metrics.ran_seconds >= ran[0]:  # (not a restart's counters)
+                state.slot_hold_s = (metrics.ran_seconds - ran[0]) \
+                    / (metrics.ran_requests - ran[1])
         if metrics.work_tokens is not None:  # (a stale copy tells none)
             seen, state.work_tokens_seen = state.work_tokens_seen, metrics.work_tokens
             reset = reset or (seen is not None and metrics.work_tokens < seen)

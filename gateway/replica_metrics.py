@@ -39,6 +39,11 @@ class ScrapedMetrics:
     hit_rate_gauge: float | None = None  # SGLang exposes a ratio instead of counters
     # prompt plus generated tokens counted so far (a counter's total); None when not exposed
     work_tokens: float | None = None
+    # the seconds finished requests ran, from first scheduled to finished, in all, and how
+    # many (vLLM's request_inference_time_seconds histogram: its sum and count); None
+    # when not exposed (SGLang has no such histogram)
+    ran_seconds: float | None = None
+    ran_requests: float | None = None
     stale: bool = False  # its replica's scrapes failed since: load figures dropped
     # the ``model_name`` labels of its samples, sorted: the served model (vLLM's first
     # served name, SGLang's served_model_name), told without a key; never its adapters
@@ -169,6 +174,8 @@ def _snapshot(samples: Iterable[Sample]) -> ScrapedMetrics:
                              m.GPU_PREFIX_CACHE_QUERIES + m.TOTAL),
             work_tokens=_work(get(m.PROMPT_TOKENS + m.TOTAL),
                               get(m.GENERATION_TOKENS + m.TOTAL)),
+            ran_seconds=get(m.REQUEST_INFERENCE_TIME + "_sum"),
+            ran_requests=get(m.REQUEST_INFERENCE_TIME + "_count"),
             model_names=served_names, serves_adapters=adapters,
         )
     if get(m.SGLANG_RUNNING) is not None:
@@ -211,7 +218,8 @@ def _shared(whole: ScrapedMetrics, ranks: int) -> ScrapedMetrics:
     return replace(whole, running=whole.running // ranks, waiting=whole.waiting // ranks,
                    kv_capacity_tokens=count(whole.kv_capacity_tokens),
                    queued_tokens=count(whole.queued_tokens), hit_tokens=part(whole.hit_tokens),
-                   query_tokens=part(whole.query_tokens), work_tokens=part(whole.work_tokens))
+                   query_tokens=part(whole.query_tokens), work_tokens=part(whole.work_tokens),
+                   ran_seconds=part(whole.ran_seconds), ran_requests=part(whole.ran_requests))
 
 
 def _work(prompt: float | None, generated: float | None) -> float | None:

@@ -28,6 +28,7 @@ as an engine publishes them after each step.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -170,6 +171,7 @@ class SimReplica:
             queued_tokens=stats.prompt_tokens_waiting if dialect == "kvgate" else None,
             hit_tokens=float(stats.prefix_cache_hits),
             query_tokens=float(stats.prefix_cache_queries),
+            ran_seconds=stats.ran_seconds, ran_requests=float(stats.ran_requests),
         )
 
 
@@ -268,13 +270,24 @@ class SimFleet:
         if self.spec.views == "exact":
             return
         while self._next_scrape <= now:
-            for sid, ranks in self.servers.items():
-                scraped = summed([self.replicas[k].scraped(self.spec.dialect) for k in ranks])
-                for state, capacity in zip(self.states, self.capacity, strict=True):
-                    mark = capacity.mark(sid)
-                    state.record_scrape(sid, scraped, self._next_scrape)
-                    capacity.observe(sid, scraped, mark)
+            self._scrape(range(len(self.states)), self._next_scrape)
             self._next_scrape += self.spec.scrape_interval_s
+
+    def scrape_into(self, gateway: int, now: float) -> None:
+        """A scrape of every replica now, for gateway copy ``gateway`` alone: the round a
+        gateway takes as it starts, before it serves (``Monitor.start``)."""
+        if self.spec.views != "exact":
+            self._scrape((gateway,), now)
+
+    def _scrape(self, gateways: Iterable[int], at: float) -> None:
+        pages = {sid: summed([self.replicas[k].scraped(self.spec.dialect) for k in ranks])
+                 for sid, ranks in self.servers.items()}
+        for g in gateways:
+            state, capacity = self.states[g], self.capacity[g]
+            for sid, scraped in pages.items():
+                mark = capacity.mark(sid)
+                state.record_scrape(sid, scraped, at)
+                capacity.observe(sid, scraped, mark)
 
     def rank_for(self, server: str) -> int:
         """The replica (index) a request the gateway sent to ``server`` runs on: its own,
@@ -323,4 +336,6 @@ def summed(pages: list[ScrapedMetrics]) -> ScrapedMetrics:
         kv_capacity_tokens=None if capacity is None else int(capacity),
         queued_tokens=None if queued is None else int(queued),
         hit_tokens=total([p.hit_tokens for p in pages]),
-        query_tokens=total([p.query_tokens for p in pages]))
+        query_tokens=total([p.query_tokens for p in pages]),
+        ran_seconds=total([p.ran_seconds for p in pages]),
+        ran_requests=total([p.ran_requests for p in pages]))

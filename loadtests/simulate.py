@@ -231,7 +231,9 @@ class Simulation:
         assert self._restart is not None
         first = len(self.routers)
         for policy in self._restart[1]:
-            state = self.fleet.states[self.fleet.add_gateway()]
+            copy = self.fleet.add_gateway()
+            self.fleet.scrape_into(copy, self.now)  # its first round, before it serves
+            state = self.fleet.states[copy]
             self.policies.append(policy)
             self.routers.append(Router(policy, self._tokenizer, state, 1))
             if self.fleet.spec.kv_events and policy.kv_index is not None:

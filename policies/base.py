@@ -100,6 +100,9 @@ class ReplicaView(NamedTuple):
     gauges came from (views read again between scrapes repeat it), and ``prefilling`` how
     many of this gateway's requests there had no first byte then beyond the ``waiting``
     ones: requests the replica was running but had not finished prefilling.
+    ``slot_hold_s`` is the mean seconds the replica's requests that finished between its
+    last two scrapes ran, from first scheduled to finished (any sender's: vLLM's
+    ``request_inference_time_seconds``), None where none finished or it exports none.
     """
 
     id: str
@@ -120,6 +123,7 @@ class ReplicaView(NamedTuple):
     others_in_flight: int = 0
     scrape_seq: int = 0
     prefilling: int = 0
+    slot_hold_s: float | None = None
 
 
 class ReplicaScore(NamedTuple):

@@ -770,8 +770,8 @@ class Cost(Policy):
         inf = math.inf
         best = outside = -1
         best_wait = best_queue = outside_wait = outside_queue = inf
-        limits = self._slots.limits if self._slots.known and self.config.slot_weight > 0 \
-            else None
+        counts, prior = self._slots.counts() if self._slots.known \
+            and self.config.slot_weight > 0 else ({}, 0)
         n = len(replicas)
         start = key % n if n else 0
         by_id = self._index[2] if len(self._index[2]) == n else range(n)
@@ -785,9 +785,9 @@ class Cost(Policy):
             queued = r.queued_tokens * slow.get(r.id, 1.0) if slow else r.queued_tokens
             queue = queued / w if w > 0 else inf
             wait = 0.0
-            if limits:  # a decode-slot wait is only above 0 where the slots are full
-                limit = limits.get(r.id)
-                if limit is not None and r.in_flight + r.others_in_flight >= limit:
+            if prior:  # a decode-slot wait is only above 0 where the slots are full
+                limit = counts.get(r.id, prior)
+                if limit and r.in_flight + r.others_in_flight >= limit:
                     wait = self._slot_wait(r)
             if wait < best_wait or (wait == best_wait and (
                     queue < best_queue or (queue == best_queue and i in scratch
@@ -1047,7 +1047,8 @@ class Cost(Policy):
             # replicas weighed at their own, slower pace (slow_replica_ratio): how much
             "slow_replicas": dict(self._slow_factors),
             "slot_hold_s": self._slots.hold_s,
-            "slots": {rid: self._slots.limit(rid) for rid in self._facts},
+            # learned there, or (not yet seen full) the most learned elsewhere
+            "slots": {rid: self._slots.slots(rid) or None for rid in self._facts},
             "sketch_window": self._sketch.window,
             "common_prefix_chunks": self._keys.learner.depth if self._keys.learner else 0,
             "model_tokens": {rid: model.used for rid, model in self._models.models()},

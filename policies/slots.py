@@ -6,8 +6,11 @@ its prompt. With long answers that wait, not prefill, is the tail of time to fir
 and a replica with an empty prefill queue is not free.
 
 Neither engine exports its slot count, so it is learned per replica: the most sequences
-ever seen running, once others were seen waiting at that count ``confirm`` times (reads
-of the scrapes by decisions). Waiting requests are no slot limit where:
+ever seen running, once ``confirm`` requests were seen waiting at that count (reads of
+the scrapes by decisions, each counting the requests it saw waiting, up to four: five
+waiting while eight decode says more than one that came in mid-step; counted one per read,
+a replica's limit took two or three scrapes, about 2 s at the decisions' four reads of the
+views a second). Waiting requests are no slot limit where:
 
 - none ran: requests just came in;
 - half or more of the running ones were still in prefill (this gateway's requests there
@@ -27,12 +30,25 @@ of the scrapes by decisions). Waiting requests are no slot limit where:
 A replica busy with long prefills of one-off prompts, two at a time, was taken for one of
 two slots on such waits; the limit steered its share of traffic away, and with it any
 chance to see more run there. How
-long a slot is held is learned fleet-wide from finished requests: from the end of their
-prefill (first token) to their last byte, plus their own prefill. With ``n`` requests in
+long a slot is held is learned fleet-wide from finished requests: this gateway's, from the
+end of their prefill (first token) to their last byte, plus their own prefill; and every
+sender's, from each scrape of a replica that exports vLLM's
+``request_inference_time_seconds`` (``ReplicaView.slot_hold_s``: the mean of the requests
+that finished since the scrape before), so a gateway started or restarted in front of a
+busy fleet knows it within a scrape, not after its own first answers end (long ones, tens
+of seconds). With ``n`` requests in
 flight on a replica (this gateway's now, and other senders' as last scraped:
 ``ReplicaView.others_in_flight``) of ``s`` slots that each hold a slot ``d`` seconds, the
 ``n - s + 1``-th finish, which frees this request's slot, comes after about ``(n - s + 1)
 x d / s`` seconds.
+
+A replica not yet seen full counts the most slots learned on any other (``slots``), unless
+it was seen running more than that: a fleet's replicas run alike more often than not, and
+each one learned alone took seconds after the first (a gateway starting in front of a busy
+fleet, or restarted: on ``system-prompt`` offline one replica's slots were known 3 s in and
+a sixth's 15 s in, and until then each took requests past its slots while others had
+room). The most, not the fewest: a replica of a larger kind is charged a wait only past
+what the largest seen ran, and once it runs more it is judged by its own.
 """
 
 from __future__ import annotations
@@ -42,12 +58,14 @@ from collections.abc import Iterable
 
 from policies.base import ReplicaView
 
+_MOST_TOLD = 4  # the most requests seen waiting that one read counts toward ``confirm``
+
 
 class DecodeSlots:
     """Per replica slot limits and the fleet's mean slot holding time."""
 
-    __slots__ = ("_capped", "_full_at", "_hold_s", "_limits", "_most", "_samples", "alpha",
-                 "confirm")
+    __slots__ = ("_capped", "_counts", "_full_at", "_held_at", "_hold_s", "_limits", "_most",
+                 "_prior", "_samples", "alpha", "confirm")
 
     def __init__(self, alpha: float = 0.02, confirm: int = 8) -> None:
         if not 0.0 < alpha <= 1.0:
@@ -59,9 +77,14 @@ class DecodeSlots:
         self._most: dict[str, int] = {}  # the most sequences seen running
         self._capped: dict[str, int] = {}  # times others were seen waiting at that count
         self._limits: dict[str, int] = {}  # the confirmed ones
+        self._prior = 0  # the most of them: a count for replicas not yet seen full
+        # each replica's count where it differs from the prior: its own, or 0 for none
+        # known (seen running more than the prior)
+        self._counts: dict[str, int] = {}
         # the first and last of the latest run of scrapes seen full, one after the other
         self._full_at: dict[str, tuple[int, int]] = {}
         self._hold_s = 0.0
+        self._held_at: dict[str, int] = {}  # the scrape whose slot_hold_s was last read
         self._samples = 0
 
     def saw(self, replica: str, running: int, waiting: int, prefilling: int = 0,
@@ -74,8 +97,11 @@ class DecodeSlots:
         if running > most:
             self._most[replica] = most = running
             self._capped.pop(replica, None)
-            self._limits.pop(replica, None)
             self._full_at.pop(replica, None)
+            if self._limits.pop(replica, None) is not None:
+                self._derive()
+            else:
+                self._count(replica)
         # none running: requests just came in; half or more in prefill: the wait is theirs
         if not (waiting > 0 and running == most > 0 and 2 * prefilling < running):
             return
@@ -90,16 +116,37 @@ class DecodeSlots:
             # at the most too (two or more that came in during one step are rare)
             if waiting == 1 and scrape == first:
                 return
-        seen = self._capped[replica] = self._capped.get(replica, 0) + 1
-        if seen >= self.confirm:
+        seen = self._capped[replica] = self._capped.get(replica, 0) + min(waiting, _MOST_TOLD)
+        if seen >= self.confirm and self._limits.get(replica) != most:
             self._limits[replica] = most
+            self._derive()
+
+    def _count(self, replica: str) -> None:
+        """``replica``'s entry in ``_counts`` (see there)."""
+        own = self._limits.get(replica)
+        if own is None:
+            own = self._prior if self._most.get(replica, 0) <= self._prior else 0
+        if own == self._prior:
+            self._counts.pop(replica, None)
+        else:
+            self._counts[replica] = own
+
+    def _derive(self) -> None:
+        """The prior and every replica's count, after a limit changed."""
+        self._prior = max(self._limits.values(), default=0)
+        self._counts.clear()
+        for replica in self._most:
+            self._count(replica)
 
     def saw_all(self, views: Iterable[ReplicaView]) -> None:
         """``saw`` for every view (a decision's scraped gauges)."""
-        most, saw = self._most, self.saw
+        most, saw, held_at = self._most, self.saw, self._held_at
         for r in views:
             if r.waiting > 0 or r.running > most.get(r.id, 0):
                 saw(r.id, r.running, r.waiting, r.prefilling, r.scrape_seq)
+            if r.slot_hold_s is not None and held_at.get(r.id) != r.scrape_seq:
+                held_at[r.id] = r.scrape_seq
+                self.held(r.slot_hold_s)
 
     def held(self, seconds: float) -> None:
         """One finished request held a slot for ``seconds``."""
@@ -114,6 +161,8 @@ class DecodeSlots:
         self._full_at.pop(replica, None)
         self._capped.pop(replica, None)
         self._limits.pop(replica, None)
+        self._held_at.pop(replica, None)
+        self._derive()
 
     @property
     def limits(self) -> dict[str, int]:
@@ -123,6 +172,17 @@ class DecodeSlots:
     def limit(self, replica: str) -> int | None:
         """The replica's learned slot count (None until it was seen full)."""
         return self._limits.get(replica)
+
+    def counts(self) -> tuple[dict[str, int], int]:
+        """Every replica's slot count, its own or the fleet's (``slots``), as
+        ``(counts, prior)``: ``counts.get(replica, prior)``, 0 for none known (read
+        only)."""
+        return self._counts, self._prior
+
+    def slots(self, replica: str) -> int:
+        """The slot count ``replica`` is judged by: its own, else the most learned on
+        any other unless it ran more than that (0: none)."""
+        return self._counts.get(replica, self._prior)
 
     @property
     def known(self) -> bool:
@@ -135,7 +195,7 @@ class DecodeSlots:
 
     def wait_s(self, replica: str, in_flight: int) -> float:
         """Seconds before a slot frees for one more request, with ``in_flight`` there."""
-        slots = self._limits.get(replica)
+        slots = self._counts.get(replica, self._prior)
         if not slots or in_flight < slots or self._samples == 0:
             return 0.0
         return (in_flight - slots + 1) * self._hold_s / slots

@@ -1,0 +1,126 @@
+"""A replica not yet seen full is judged by the most slots learned on another (unless it
+ran more than that), and the time a slot is held is read from the replicas' own
+``request_inference_time_seconds`` as well as from this gateway's finished requests: a
+gateway started or restarted in front of a busy fleet knows both within a scrape or two,
+before its own requests finish."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import ReplicaConfig
+from gateway.fleet import Fleet
+from gateway.replica_metrics import parse_metrics
+from policies.base import ReplicaView, Routed, RouteRequest
+from policies.cost import Cost, CostConfig
+from policies.slots import DecodeSlots
+
+
+def test_a_replica_not_yet_seen_full_counts_the_most_slots_learned_elsewhere() -> None:
+    slots = DecodeSlots(confirm=1)
+    slots.held(1.0)
+    slots.saw("r1", 4, waiting=0)  # seen running 4
+    slots.saw("r2", 12, waiting=0)  # seen running more than any limit learned
+    assert slots.slots("r1") == 0  # nothing learned yet
+    slots.saw("r0", 8, waiting=3)
+    assert slots.limit("r0") == 8 and slots.limit("r1") is None
+    assert slots.slots("r1") == slots.slots("r9") == 8  # r9: never seen
+    assert slots.slots("r2") == 0
+    assert slots.wait_s("r1", 9) == pytest.approx(2 * 1.0 / 8)
+    assert slots.wait_s("r2", 40) == 0.0
+    slots.saw("r3", 16, waiting=2)  # a larger kind: the most learned is the prior
+    assert slots.slots("r2") == 16 and slots.slots("r0") == 8
+    slots.saw("r1", 17, waiting=0)  # r1 ran more than any: its own, unknown
+    assert slots.slots("r1") == 0
+    slots.forget("r3")
+    assert slots.slots("r2") == 0 and slots.slots("r9") == 8
+    slots.forget("r0")
+    assert slots.slots("r9") == 0 and slots.counts() == ({}, 0)
+
+
+def test_requests_waiting_count_toward_a_limit_as_they_are_seen() -> None:
+    slots = DecodeSlots(confirm=8)
+    slots.saw("r0", 8, waiting=4, scrape=1)  # four waiting: four of the eight
+    slots.saw("r0", 8, waiting=5, scrape=1)
+    assert slots.limit("r0") == 8
+    slots.saw("r1", 8, waiting=1, scrape=1)
+    slots.saw("r1", 8, waiting=1, scrape=2)
+    assert slots.limit("r1") is None
+
+
+def test_cost_charges_a_slot_wait_where_the_replica_was_never_seen_full() -> None:
+    req = RouteRequest(tokens=list(range(300)), prompt_tokens=300, model="m")
+    policy = Cost(CostConfig(prefill_s_per_token=1e-4, min_scratch=0))
+    policy.observe(Routed(req, "r1"))  # r1 holds the prompt: it wins unless it must wait
+    full = [ReplicaView("r0", running=8, waiting=4, in_flight=12, scrape_seq=1,
+                        slot_hold_s=2.0),
+            ReplicaView("r1", in_flight=11, scrape_seq=1),  # more in flight than r0 runs
+            ReplicaView("r2", in_flight=1, scrape_seq=1)]
+    for _ in range(8):
+        policy.choose(req, full)
+    assert policy.describe()["slots"] == {"r0": 8, "r1": 8, "r2": 8}
+    d = policy.choose(req, full)
+    waits = {s.replica: dict(s.terms)["wait_s"] for s in d.scores}
+    # r1: 11 in flight on 8 slots held 2 s each (read from r0's scrape alone, none of this
+    # gateway's requests finished): the 4th finish frees its slot, in about 1 s
+    assert d.chosen == "r2", waits
+
+
+def _page(ran_s: float, ran: int, running: int = 3) -> str:
+    return (f"vllm:num_requests_running{{model_name=\"m\"}} {running}\n"
+            f"vllm:num_requests_waiting{{model_name=\"m\"}} 0\n"
+            "# TYPE vllm:request_inference_time_seconds histogram\n"
+            f"vllm:request_inference_time_seconds_bucket{{le=\"+Inf\",model_name=\"m\"}} {ran}\n"
+            f"vllm:request_inference_time_seconds_count{{model_name=\"m\"}} {ran}\n"
+            f"vllm:request_inference_time_seconds_sum{{model_name=\"m\"}} {ran_s}\n")
+
+
+def test_a_scrape_tells_the_mean_time_the_requests_finished_since_the_last_ran() -> None:
+    page = parse_metrics(_page(30.0, 10))
+    assert (page.ran_seconds, page.ran_requests) == (30.0, 10)
+    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1")])
+    fleet.record_scrape("r0", page, now=1.0)
+    assert fleet.views(now=1.0)[0].slot_hold_s is None  # one read: no finish between
+    fleet.record_scrape("r0", parse_metrics(_page(42.0, 14)), now=2.0)
+    assert fleet.views(now=2.0)[0].slot_hold_s == pytest.approx(3.0)  # 12 s over 4
+    fleet.record_scrape("r0", parse_metrics(_page(42.0, 14)), now=3.0)
+    assert fleet.views(now=3.0)[0].slot_hold_s is None  # none finished
+    fleet.record_scrape("r0", parse_metrics(_page(5.0, 2)), now=4.0)
+    assert fleet.views(now=4.0)[0].slot_hold_s is None  # counters back: a restart
+    fleet.record_scrape("r0", parse_metrics(_page(9.0, 3)), now=5.0)
+    assert fleet.views(now=5.0)[0].slot_hold_s == pytest.approx(4.0)
+    no_histogram = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+    fleet.record_scrape("r0", parse_metrics(no_histogram), now=6.0)
+    assert fleet.views(now=6.0)[0].slot_hold_s is None
+
+
+def test_the_scraped_hold_is_read_once_per_scrape() -> None:
+    slots = DecodeSlots(alpha=0.5, confirm=1)
+    view = ReplicaView("r0", scrape_seq=3, slot_hold_s=4.0)
+    slots.saw_all([view])
+    slots.saw_all([view])  # the same scrape read again by the next decision
+    assert slots.hold_s == pytest.approx(4.0)
+    slots.saw_all([view._replace(scrape_seq=4, slot_hold_s=2.0)])
+    assert slots.hold_s == pytest.approx(3.0)
+
+
+def test_the_engine_counts_what_its_finished_requests_ran() -> None:
+    from engine.request import SamplingParams
+    from loadtests.sim_fleet import FleetSpec, SimFleet
+
+    fleet = SimFleet(FleetSpec(replicas=1))
+    replica = fleet.replicas[0]
+    core = replica.core
+    for i, n in enumerate((40, 7)):
+        core.add_request(core.make_request(f"q{i}", list(range(1, 300)), SamplingParams(
+            max_tokens=n, ignore_eos=True)), now=0.0)
+    now, ends = 0.0, {}
+    while core.has_unfinished():
+        out = core.step(now)
+        now += out.seconds
+        ends.update((o.request_id, o.finish_time - o.first_scheduled_time)
+                    for o in out.outputs if o.finished)
+    stats = core.scheduler.stats
+    assert stats.ran_requests == 2 and stats.ran_seconds == pytest.approx(sum(ends.values()))
+    page = replica.scraped("vllm")  # what the simulator's gateway scrapes
+    assert (page.ran_seconds, page.ran_requests) == (stats.ran_seconds, 2.0)
