@@ -95,6 +95,9 @@ def _replica_json(gw: GatewayState, replica_id: str) -> dict[str, Any]:
         "scrape_stale": state.scraped.stale if state.scraped else None,
         "scrape_failures": state.scrape_failures,
         "pending_age_s": view.pending_age_s,
+        # the mean seconds its requests that finished between its last two scrapes ran
+        # (any sender's; vLLM's request_inference_time_seconds), null where none did
+        "slot_hold_s": view.slot_hold_s,
         "prefill_tokens_per_s": view.prefill_tokens_per_s,
         "replica_tokens_per_gateway_token": gw.fleet.calibration.ratio(),
         # its own answers' ratio, by model: one far from the fleet's (the median of the
