@@ -742,16 +742,17 @@ class Fleet:
         if metrics.hit_tokens is not None and metrics.query_tokens is not None:
             reset = state.hits.add(time.monotonic() if now is None else now,
                                    metrics.hit_tokens, metrics.query_tokens)
-        state.slot_hold_s = None
-        if metrics.ran_seconds is not None and metrics.ran_requests is not None:
-            ran, state.ran_seen = state.ran_seen, (metrics.ran_seconds, metrics.ran_requests)
-            if ran is not None and metrics.ran_requests > ran[1] \
-                    and metrics.ran_seconds >= ran[0]:  # (not a restart's counters)
-                state.slot_hold_s = (metrics.ran_seconds - ran[0]) \
-                    / (metrics.ran_requests - ran[1])
         if metrics.work_tokens is not None:  # (a stale copy tells none)
             seen, state.work_tokens_seen = state.work_tokens_seen, metrics.work_tokens
             reset = reset or (seen is not None and metrics.work_tokens < seen)
+        state.slot_hold_s = None
+        if metrics.ran_seconds is not None and metrics.ran_requests is not None:
+            ran, state.ran_seen = state.ran_seen, (metrics.ran_seconds, metrics.ran_requests)
+            # (not across a restart: its counters began again, however far they came)
+            if ran is not None and not reset and metrics.ran_requests > ran[1] \
+                    and metrics.ran_seconds >= ran[0]:
+                state.slot_hold_s = (metrics.ran_seconds - ran[0]) \
+                    / (metrics.ran_requests - ran[1])
         if reset:
             state.epoch += 1
             self._tell(ReplicaReset(replica_id))

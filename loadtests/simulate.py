@@ -237,7 +237,9 @@ class Simulation:
             self.policies.append(policy)
             self.routers.append(Router(policy, self._tokenizer, state, 1))
             if self.fleet.spec.kv_events and policy.kv_index is not None:
-                self._kv_indexes.append(policy.kv_index)  # events from now on only
+                # events from now on only: a gateway given kv_events_replay asks each
+                # engine to replay the events it still buffers, which this leaves out
+                self._kv_indexes.append(policy.kv_index)
         self._live = range(first, len(self.routers))
         self.policy = self.policies[first]
 

@@ -398,6 +398,9 @@ class Cost(Policy):
         # (``policies.in_flight_bound``): the least loaded replica takes the request then
         balanced = -1
         factor, floor = cfg.balance_factor, cfg.balance_requests
+        early = cfg.early_balance_requests
+        if early is not None and early < floor and self._slots.blind:
+            floor = early  # nothing yet tells a slot's wait: requests in flight alone
         balance: tuple[float, int] | None = None  # (the bound, the least loaded), once read
 
         def past_bound(i: int) -> bool:

@@ -51,6 +51,7 @@ class CostConfig:
     slow_replica_ratio: float | None = 1.5
     balance_factor: float | None = 2.0
     balance_requests: float = 12.0
+    early_balance_requests: float | None = 4.0
     capacity_fraction: float = 1.0
     default_capacity_tokens: int = 200_000
     learn_common_prefix: bool = True
@@ -103,6 +104,10 @@ class CostConfig:
         if not 0.0 <= self.balance_requests < math.inf:
             raise ValueError(f"balance_requests must be a number >= 0, got "
                              f"{self.balance_requests!r}")
+        if self.early_balance_requests is not None \
+                and not 0.0 <= self.early_balance_requests < math.inf:
+            raise ValueError(f"early_balance_requests must be a number >= 0 or null, got "
+                             f"{self.early_balance_requests!r}")
         if self.slow_replica_ratio is not None and not self.slow_replica_ratio >= 1.0:
             raise ValueError(f"slow_replica_ratio must be >= 1 or null, got "
                              f"{self.slow_replica_ratio!r}")

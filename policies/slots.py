@@ -6,11 +6,10 @@ its prompt. With long answers that wait, not prefill, is the tail of time to fir
 and a replica with an empty prefill queue is not free.
 
 Neither engine exports its slot count, so it is learned per replica: the most sequences
-ever seen running, once ``confirm`` requests were seen waiting at that count (reads of
-the scrapes by decisions, each counting the requests it saw waiting, up to four: five
-waiting while eight decode says more than one that came in mid-step; counted one per read,
-a replica's limit took two or three scrapes, about 2 s at the decisions' four reads of the
-views a second). Waiting requests are no slot limit where:
+ever seen running, once ``confirm`` (2) scrapes showed others waiting at that count (each
+scrape counted once, however many decisions read it: counted by reads, eight of them, a
+limit took the decisions' four reads of the views a second two seconds, and one scrape
+read often enough could set it alone). Waiting requests are no slot limit where:
 
 - none ran: requests just came in;
 - half or more of the running ones were still in prefill (this gateway's requests there
@@ -58,8 +57,6 @@ from collections.abc import Iterable
 
 from policies.base import ReplicaView
 
-_MOST_TOLD = 4  # the most requests seen waiting that one read counts toward ``confirm``
-
 
 class DecodeSlots:
     """Per replica slot limits and the fleet's mean slot holding time."""
@@ -67,7 +64,7 @@ class DecodeSlots:
     __slots__ = ("_capped", "_counts", "_full_at", "_held_at", "_hold_s", "_limits", "_most",
                  "_prior", "_samples", "alpha", "confirm")
 
-    def __init__(self, alpha: float = 0.02, confirm: int = 8) -> None:
+    def __init__(self, alpha: float = 0.02, confirm: int = 2) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         if confirm < 1:
@@ -107,16 +104,17 @@ class DecodeSlots:
             return
         if scrape:
             first, last = self._full_at.get(replica, (0, -1))  # (scrapes count from 1)
-            if scrape != last:
-                if scrape != last + 1:
-                    first = scrape  # a new run of full scrapes
-                self._full_at[replica] = (first, scrape)
+            if scrape == last:  # counted already: read again by a later decision
+                return
+            if scrape != last + 1:
+                first = scrape  # a new run of full scrapes
+            self._full_at[replica] = (first, scrape)
             # one scrape alone may catch a request that came in during a step, to run at
             # the next: for one waiting, the one before must have shown requests waiting
             # at the most too (two or more that came in during one step are rare)
             if waiting == 1 and scrape == first:
                 return
-        seen = self._capped[replica] = self._capped.get(replica, 0) + min(waiting, _MOST_TOLD)
+        seen = self._capped[replica] = self._capped.get(replica, 0) + 1
         if seen >= self.confirm and self._limits.get(replica) != most:
             self._limits[replica] = most
             self._derive()
@@ -160,14 +158,11 @@ class DecodeSlots:
         self._most.pop(replica, None)
         self._full_at.pop(replica, None)
         self._capped.pop(replica, None)
-        self._limits.pop(replica, None)
         self._held_at.pop(replica, None)
-        self._derive()
-
-    @property
-    def limits(self) -> dict[str, int]:
-        """Learned slot counts by replica (read only)."""
-        return self._limits
+        if self._limits.pop(replica, None) is not None:
+            self._derive()  # the prior may change with it
+        else:
+            self._counts.pop(replica, None)
 
     def limit(self, replica: str) -> int | None:
         """The replica's learned slot count (None until it was seen full)."""
@@ -183,6 +178,12 @@ class DecodeSlots:
         """The slot count ``replica`` is judged by: its own, else the most learned on
         any other unless it ran more than that (0: none)."""
         return self._counts.get(replica, self._prior)
+
+    @property
+    def blind(self) -> bool:
+        """Whether nothing is known of any replica's slots yet: no slot count learned and
+        no request's hold seen (a gateway just started, or restarted)."""
+        return not self._prior and self._samples == 0
 
     @property
     def known(self) -> bool:

@@ -6,40 +6,12 @@ their decode slots were never seen full."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from policies.base import ReplicaView, Routed, RouteRequest
+from policies.base import ReplicaView
 from policies.cost import Cost, CostConfig
 from policies.in_flight_bound import balance_bound, in_flight_loads, least_loaded
-
-
-def views(n: int = 8) -> list[ReplicaView]:
-    return [ReplicaView(f"r{i}", kv_capacity_tokens=4000) for i in range(n)]
-
-
-def doc(seed: int, tokens: int = 1020) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(50_000) for _ in range(tokens)]
-
-
-def request(tokens: list[int], at: float = 0.0) -> RouteRequest:
-    return RouteRequest(tokens=tokens, prompt_tokens=len(tokens), model="m", arrival_s=at)
-
-
-def _loaded(fleet: list[ReplicaView], counts: dict[str, tuple[int, int]]
-            ) -> list[ReplicaView]:
-    return [r._replace(in_flight=counts.get(r.id, (0, 0))[0],
-                       others_in_flight=counts.get(r.id, (0, 0))[1]) for r in fleet]
-
-
-def _held(policy: Cost) -> tuple[list[int], str]:
-    tokens = doc(7)
-    req = request(tokens)
-    first = policy.choose(req, views()).chosen
-    policy.observe(Routed(req, first))
-    return tokens, first
+from tests.support.balance_fleet import doc, held, loaded, request, views
 
 
 @pytest.mark.parametrize(("ours", "others", "passed_over"), [
@@ -49,9 +21,9 @@ def _held(policy: Cost) -> tuple[list[int], str]:
 ])
 def test_a_holder_past_the_bound_is_passed_over(ours: int, others: int,
                                                 passed_over: bool) -> None:
-    policy = Cost()
-    tokens, first = _held(policy)
-    fleet = _loaded(views(), {first: (ours, others)})
+    policy = Cost(CostConfig(early_balance_requests=None))  # (the floor from the start)
+    tokens, first = held(policy)
+    fleet = loaded(views(), {first: (ours, others)})
     d = policy.choose(request(tokens, at=0.1), fleet)
     assert (d.chosen != first) is passed_over, d
     if passed_over:
@@ -61,20 +33,20 @@ def test_a_holder_past_the_bound_is_passed_over(ours: int, others: int,
 
 
 def test_the_bound_scales_with_the_least_loaded_replica() -> None:
-    policy = Cost()
-    tokens, first = _held(policy)
+    policy = Cost(CostConfig(early_balance_requests=None))
+    tokens, first = held(policy)
     # every other replica holds 10: the bound is 2 x 10 + 12 = 32
     busy = {f"r{i}": (10, 0) for i in range(8)}
-    d = policy.choose(request(tokens, at=0.1), _loaded(views(), {**busy, first: (32, 0)}))
+    d = policy.choose(request(tokens, at=0.1), loaded(views(), {**busy, first: (32, 0)}))
     assert d.chosen == first
-    d = policy.choose(request(tokens, at=0.1), _loaded(views(), {**busy, first: (33, 0)}))
+    d = policy.choose(request(tokens, at=0.1), loaded(views(), {**busy, first: (33, 0)}))
     assert d.chosen != first and d.reason == "balance"
 
 
-def test_off_it_keeps_the_holder_however_loaded() -> None:
+def test_off_it_keeps_the_holder_howeverloaded() -> None:
     policy = Cost(CostConfig(balance_factor=None))
-    tokens, first = _held(policy)
-    d = policy.choose(request(tokens, at=0.1), _loaded(views(), {first: (40, 0)}))
+    tokens, first = held(policy)
+    d = policy.choose(request(tokens, at=0.1), loaded(views(), {first: (40, 0)}))
     assert d.chosen == first
 
 

@@ -14,6 +14,7 @@ from gateway.replica_metrics import parse_metrics
 from policies.base import ReplicaView, Routed, RouteRequest
 from policies.cost import Cost, CostConfig
 from policies.slots import DecodeSlots
+from tests.support.balance_fleet import held, loaded, request, views
 
 
 def test_a_replica_not_yet_seen_full_counts_the_most_slots_learned_elsewhere() -> None:
@@ -38,14 +39,13 @@ def test_a_replica_not_yet_seen_full_counts_the_most_slots_learned_elsewhere() -
     assert slots.slots("r9") == 0 and slots.counts() == ({}, 0)
 
 
-def test_requests_waiting_count_toward_a_limit_as_they_are_seen() -> None:
-    slots = DecodeSlots(confirm=8)
-    slots.saw("r0", 8, waiting=4, scrape=1)  # four waiting: four of the eight
-    slots.saw("r0", 8, waiting=5, scrape=1)
+def test_a_limit_takes_two_scrapes_however_often_one_is_read() -> None:
+    slots = DecodeSlots()
+    for _ in range(12):  # one scrape read by many decisions: requests may have come in
+        slots.saw("r0", 8, waiting=3, scrape=5)  # during a step, to run at the next
+    assert slots.limit("r0") is None
+    slots.saw("r0", 8, waiting=2, scrape=7)  # a second scrape full at 8
     assert slots.limit("r0") == 8
-    slots.saw("r1", 8, waiting=1, scrape=1)
-    slots.saw("r1", 8, waiting=1, scrape=2)
-    assert slots.limit("r1") is None
 
 
 def test_cost_charges_a_slot_wait_where_the_replica_was_never_seen_full() -> None:
@@ -56,7 +56,8 @@ def test_cost_charges_a_slot_wait_where_the_replica_was_never_seen_full() -> Non
                         slot_hold_s=2.0),
             ReplicaView("r1", in_flight=11, scrape_seq=1),  # more in flight than r0 runs
             ReplicaView("r2", in_flight=1, scrape_seq=1)]
-    for _ in range(8):
+    for seq in (1, 1, 2, 2):  # two scrapes show r0 full, each read by two decisions
+        full = [r._replace(scrape_seq=seq) for r in full]
         policy.choose(req, full)
     assert policy.describe()["slots"] == {"r0": 8, "r1": 8, "r2": 8}
     d = policy.choose(req, full)
@@ -66,8 +67,11 @@ def test_cost_charges_a_slot_wait_where_the_replica_was_never_seen_full() -> Non
     assert d.chosen == "r2", waits
 
 
-def _page(ran_s: float, ran: int, running: int = 3) -> str:
-    return (f"vllm:num_requests_running{{model_name=\"m\"}} {running}\n"
+def _page(ran_s: float, ran: int, running: int = 3, hits: int | None = None) -> str:
+    counters = "" if hits is None else (
+        f"vllm:prefix_cache_hits_total{{model_name=\"m\"}} {hits}\n"
+        f"vllm:prefix_cache_queries_total{{model_name=\"m\"}} {2 * hits}\n")
+    return (counters + f"vllm:num_requests_running{{model_name=\"m\"}} {running}\n"
             f"vllm:num_requests_waiting{{model_name=\"m\"}} 0\n"
             "# TYPE vllm:request_inference_time_seconds histogram\n"
             f"vllm:request_inference_time_seconds_bucket{{le=\"+Inf\",model_name=\"m\"}} {ran}\n"
@@ -95,13 +99,21 @@ def test_a_scrape_tells_the_mean_time_the_requests_finished_since_the_last_ran()
 
 
 def test_the_scraped_hold_is_read_once_per_scrape() -> None:
-    slots = DecodeSlots(alpha=0.5, confirm=1)
+    slots = DecodeSlots()  # a plain mean of the samples while they are few
     view = ReplicaView("r0", scrape_seq=3, slot_hold_s=4.0)
     slots.saw_all([view])
     slots.saw_all([view])  # the same scrape read again by the next decision
-    assert slots.hold_s == pytest.approx(4.0)
     slots.saw_all([view._replace(scrape_seq=4, slot_hold_s=2.0)])
-    assert slots.hold_s == pytest.approx(3.0)
+    assert slots.hold_s == pytest.approx(3.0)  # (read twice, 4 would weigh 2/3: 3.33)
+
+
+def test_no_hold_is_read_across_a_restart_that_came_between_scrapes() -> None:
+    fleet = Fleet([ReplicaConfig("r0", "http://127.0.0.1:1")])
+    fleet.record_scrape("r0", parse_metrics(_page(30.0, 10, hits=500)), now=1.0)
+    # restarted unseen (scrapes failed meanwhile), then finished more than before
+    fleet.record_scrape("r0", parse_metrics(_page(900.0, 12, hits=20)), now=9.0)
+    view = fleet.views(now=9.0)[0]
+    assert view.epoch == 1 and view.slot_hold_s is None
 
 
 def test_the_engine_counts_what_its_finished_requests_ran() -> None:
@@ -124,3 +136,22 @@ def test_the_engine_counts_what_its_finished_requests_ran() -> None:
     assert stats.ran_requests == 2 and stats.ran_seconds == pytest.approx(sum(ends.values()))
     page = replica.scraped("vllm")  # what the simulator's gateway scrapes
     assert (page.ran_seconds, page.ran_requests) == (stats.ran_seconds, 2.0)
+
+
+def test_until_anything_is_known_of_the_slots_the_balance_floor_is_the_early_one() -> None:
+    policy = Cost()  # early_balance_requests 4, balance_requests 12
+    tokens, first = held(policy)
+    fleet = loaded(views(), {first: (5, 0)})  # past 2 x 0 + 4, under 2 x 0 + 12
+    d = policy.choose(request(tokens, at=0.1), fleet)
+    assert d.chosen != first and d.reason == "balance"
+    # a scrape tells how long the replicas' requests held a slot: no longer blind
+    told = [r._replace(scrape_seq=1, slot_hold_s=0.8) for r in fleet]
+    d = policy.choose(request(tokens, at=0.5), told)
+    assert d.chosen == first and d.reason == "cache_match"
+    off = Cost(CostConfig(early_balance_requests=None))
+    tokens, first = held(off)
+    assert off.choose(request(tokens, at=0.1), loaded(views(), {first: (5, 0)})).chosen \
+        == first
+    with pytest.raises(ValueError, match="early_balance_requests must be a number >= 0 "
+                                         "or null, got -1"):
+        CostConfig(early_balance_requests=-1).validate()

@@ -34,13 +34,14 @@ def test_a_slot_limit_is_not_learned_from_a_wait_for_prefill_nor_from_lone_arriv
     slots.saw_all([ReplicaView("r0", running=2, waiting=1, scrape_seq=12)] * 3)
     assert slots.limit("r0") is None
     slots.saw_all([ReplicaView("r0", running=2, waiting=1, scrape_seq=13)] * 2)
-    assert slots.limit("r0") is None
-    slots.saw_all([ReplicaView("r0", running=2, waiting=1, scrape_seq=14)])
+    slots.saw_all([ReplicaView("r0", running=2, waiting=1, scrape_seq=14)] * 4)
+    assert slots.limit("r0") is None  # each scrape counted once, however often read
+    slots.saw_all([ReplicaView("r0", running=2, waiting=1, scrape_seq=15)])
     assert slots.limit("r0") == 2
-    slots.saw("r0", 3, waiting=0, scrape=15)
+    slots.saw("r0", 3, waiting=0, scrape=16)
     assert slots.limit("r0") is None
-    for _ in range(3):  # two or more waiting: counted at once
-        slots.saw("r0", 3, waiting=2, scrape=20)
+    for scrape in (20, 22, 24):  # two or more waiting: counted from a run's first scrape
+        slots.saw("r0", 3, waiting=2, scrape=scrape)
     assert slots.limit("r0") == 3
 
 
