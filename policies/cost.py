@@ -400,7 +400,7 @@ class Cost(Policy):
         factor, floor = cfg.balance_factor, cfg.balance_requests
         early = cfg.early_balance_requests
         if early is not None and early < floor and self._slots.blind:
-            floor = early  # nothing yet tells a slot's wait: requests in flight alone
+            floor = early  # nothing known of the slots yet: requests in flight alone
         balance: tuple[float, int] | None = None  # (the bound, the least loaded), once read
 
         def past_bound(i: int) -> bool:

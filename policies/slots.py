@@ -6,10 +6,12 @@ its prompt. With long answers that wait, not prefill, is the tail of time to fir
 and a replica with an empty prefill queue is not free.
 
 Neither engine exports its slot count, so it is learned per replica: the most sequences
-ever seen running, once ``confirm`` (2) scrapes showed others waiting at that count (each
-scrape counted once, however many decisions read it: counted by reads, eight of them, a
-limit took the decisions' four reads of the views a second two seconds, and one scrape
-read often enough could set it alone). Waiting requests are no slot limit where:
+ever seen running, once ``confirm`` (2) scrapes showed others waiting at that count. Each
+scrape counts once, however many decisions read it: when eight reads were needed instead,
+a limit took two seconds at the decisions' four reads of the views a second, and one
+scrape read often enough could set it alone. (Views with no scrape number, the
+simulator's exact ones, count each read as a scrape of its own.) Waiting requests are no
+slot limit where:
 
 - none ran: requests just came in;
 - half or more of the running ones were still in prefill (this gateway's requests there
@@ -72,7 +74,8 @@ class DecodeSlots:
         self.alpha = alpha
         self.confirm = confirm
         self._most: dict[str, int] = {}  # the most sequences seen running
-        self._capped: dict[str, int] = {}  # times others were seen waiting at that count
+        # scrapes (reads, where unnumbered) that showed others waiting at that count
+        self._capped: dict[str, int] = {}
         self._limits: dict[str, int] = {}  # the confirmed ones
         self._prior = 0  # the most of them: a count for replicas not yet seen full
         # each replica's count where it differs from the prior: its own, or 0 for none

@@ -43,7 +43,7 @@ def test_the_bound_scales_with_the_least_loaded_replica() -> None:
     assert d.chosen != first and d.reason == "balance"
 
 
-def test_off_it_keeps_the_holder_howeverloaded() -> None:
+def test_off_it_keeps_the_holder_however_loaded() -> None:
     policy = Cost(CostConfig(balance_factor=None))
     tokens, first = held(policy)
     d = policy.choose(request(tokens, at=0.1), loaded(views(), {first: (40, 0)}))

@@ -114,6 +114,12 @@ def test_no_hold_is_read_across_a_restart_that_came_between_scrapes() -> None:
     fleet.record_scrape("r0", parse_metrics(_page(900.0, 12, hits=20)), now=9.0)
     view = fleet.views(now=9.0)[0]
     assert view.epoch == 1 and view.slot_hold_s is None
+    # a page without prefix-cache counters tells a restart by its token counters alone
+    tokens = "vllm:prompt_tokens_total{{model_name=\"m\"}} {}\n"
+    fleet.record_scrape("r0", parse_metrics(_page(30.0, 10) + tokens.format(9000)), now=10.0)
+    fleet.record_scrape("r0", parse_metrics(_page(900.0, 12) + tokens.format(40)), now=11.0)
+    view = fleet.views(now=11.0)[0]
+    assert view.epoch == 2 and view.slot_hold_s is None
 
 
 def test_the_engine_counts_what_its_finished_requests_ran() -> None:
