@@ -603,6 +603,11 @@ def policy_names(names_csv: str, policy_set: Sequence[str] = ()
     return names, overrides
 
 
+def _copies(name: str, overrides: dict[str, dict[str, Any]], gateways: int) -> list[Policy]:
+    """A fresh policy ``name`` (its preset and ``overrides``) per gateway copy."""
+    return [build_policy(name, **overrides.get(name, {})) for _ in range(gateways)]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.peers and args.gateways < 2:  # one copy has no peer: nothing would be told
         raise ValueError(f"--peers needs --gateways 2 or more (gateway copies to tell each "
@@ -685,10 +690,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise ValueError(f"{name} reads the requests from the start: no restart")
             copies: list[Policy] = [PlacementOracle(requests, hot_replicas)]
         else:
-            copies = [build_policy(name, **overrides.get(name, {}))
-                      for _ in range(args.gateways)]
-        restart = None if args.restart_after is None else (args.restart_after, [
-            build_policy(name, **overrides.get(name, {})) for _ in range(args.gateways)])
+            copies = _copies(name, overrides, args.gateways)
+        restart = None if args.restart_after is None else (
+            args.restart_after, _copies(name, overrides, args.gateways))
         res = simulate(requests, arrivals, copies, fleet, hashes, prompts, tokenizer,
                        args.seed, args.peers, replica_prompts, restart)
         results[name] = res

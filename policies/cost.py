@@ -773,8 +773,8 @@ class Cost(Policy):
         inf = math.inf
         best = outside = -1
         best_wait = best_queue = outside_wait = outside_queue = inf
-        counts, prior = self._slots.counts() if self._slots.known \
-            and self.config.slot_weight > 0 else ({}, 0)
+        limits, most, prior = self._slots.tables() if self._slots.known \
+            and self.config.slot_weight > 0 else ({}, {}, 0)
         n = len(replicas)
         start = key % n if n else 0
         by_id = self._index[2] if len(self._index[2]) == n else range(n)
@@ -789,7 +789,7 @@ class Cost(Policy):
             queue = queued / w if w > 0 else inf
             wait = 0.0
             if prior:  # a decode-slot wait is only above 0 where the slots are full
-                limit = counts.get(r.id, prior)
+                limit = limits.get(r.id) or (prior if most.get(r.id, 0) <= prior else 0)
                 if limit and r.in_flight + r.others_in_flight >= limit:
                     wait = self._slot_wait(r)
             if wait < best_wait or (wait == best_wait and (

@@ -63,8 +63,8 @@ from policies.base import ReplicaView
 class DecodeSlots:
     """Per replica slot limits and the fleet's mean slot holding time."""
 
-    __slots__ = ("_capped", "_counts", "_full_at", "_held_at", "_hold_s", "_limits", "_most",
-                 "_prior", "_samples", "alpha", "confirm")
+    __slots__ = ("_capped", "_full_at", "_held_at", "_hold_s", "_limits", "_most", "_prior",
+                 "_samples", "alpha", "confirm")
 
     def __init__(self, alpha: float = 0.02, confirm: int = 2) -> None:
         if not 0.0 < alpha <= 1.0:
@@ -78,9 +78,6 @@ class DecodeSlots:
         self._capped: dict[str, int] = {}
         self._limits: dict[str, int] = {}  # the confirmed ones
         self._prior = 0  # the most of them: a count for replicas not yet seen full
-        # each replica's count where it differs from the prior: its own, or 0 for none
-        # known (seen running more than the prior)
-        self._counts: dict[str, int] = {}
         # the first and last of the latest run of scrapes seen full, one after the other
         self._full_at: dict[str, tuple[int, int]] = {}
         self._hold_s = 0.0
@@ -99,9 +96,7 @@ class DecodeSlots:
             self._capped.pop(replica, None)
             self._full_at.pop(replica, None)
             if self._limits.pop(replica, None) is not None:
-                self._derive()
-            else:
-                self._count(replica)
+                self._prior = max(self._limits.values(), default=0)
         # none running: requests just came in; half or more in prefill: the wait is theirs
         if not (waiting > 0 and running == most > 0 and 2 * prefilling < running):
             return
@@ -118,26 +113,10 @@ class DecodeSlots:
             if waiting == 1 and scrape == first:
                 return
         seen = self._capped[replica] = self._capped.get(replica, 0) + 1
-        if seen >= self.confirm and self._limits.get(replica) != most:
+        if seen >= self.confirm:
             self._limits[replica] = most
-            self._derive()
-
-    def _count(self, replica: str) -> None:
-        """``replica``'s entry in ``_counts`` (see there)."""
-        own = self._limits.get(replica)
-        if own is None:
-            own = self._prior if self._most.get(replica, 0) <= self._prior else 0
-        if own == self._prior:
-            self._counts.pop(replica, None)
-        else:
-            self._counts[replica] = own
-
-    def _derive(self) -> None:
-        """The prior and every replica's count, after a limit changed."""
-        self._prior = max(self._limits.values(), default=0)
-        self._counts.clear()
-        for replica in self._most:
-            self._count(replica)
+            if most > self._prior:
+                self._prior = most
 
     def saw_all(self, views: Iterable[ReplicaView]) -> None:
         """``saw`` for every view (a decision's scraped gauges)."""
@@ -162,25 +141,26 @@ class DecodeSlots:
         self._full_at.pop(replica, None)
         self._capped.pop(replica, None)
         self._held_at.pop(replica, None)
-        if self._limits.pop(replica, None) is not None:
-            self._derive()  # the prior may change with it
-        else:
-            self._counts.pop(replica, None)
+        if self._limits.pop(replica, None) is not None:  # the prior may go with it
+            self._prior = max(self._limits.values(), default=0)
 
     def limit(self, replica: str) -> int | None:
         """The replica's learned slot count (None until it was seen full)."""
         return self._limits.get(replica)
 
-    def counts(self) -> tuple[dict[str, int], int]:
-        """Every replica's slot count, its own or the fleet's (``slots``), as
-        ``(counts, prior)``: ``counts.get(replica, prior)``, 0 for none known (read
-        only)."""
-        return self._counts, self._prior
+    def tables(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """``(learned limits, most seen running, prior)`` by replica (read only), for a
+        pass over the fleet that works out ``slots`` inline."""
+        return self._limits, self._most, self._prior
 
     def slots(self, replica: str) -> int:
         """The slot count ``replica`` is judged by: its own, else the most learned on
         any other unless it ran more than that (0: none)."""
-        return self._counts.get(replica, self._prior)
+        own = self._limits.get(replica)
+        if own:
+            return own
+        prior = self._prior
+        return prior if self._most.get(replica, 0) <= prior else 0
 
     @property
     def blind(self) -> bool:
@@ -199,7 +179,7 @@ class DecodeSlots:
 
     def wait_s(self, replica: str, in_flight: int) -> float:
         """Seconds before a slot frees for one more request, with ``in_flight`` there."""
-        slots = self._counts.get(replica, self._prior)
+        slots = self.slots(replica)
         if not slots or in_flight < slots or self._samples == 0:
             return 0.0
         return (in_flight - slots + 1) * self._hold_s / slots
