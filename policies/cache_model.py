@@ -359,7 +359,7 @@ class PromptChain(Sequence[ChainEntry]):
     ``block x unit_tokens`` tokens; the last may hold fewer.
     """
 
-    __slots__ = ("_data", "_full", "_keys", "_last", "_n", "_root", "_step")
+    __slots__ = ("_data", "_full", "_keys", "_last", "_n", "_root", "_step", "unit_tokens")
 
     def __init__(self, units: memoryview | bytes, block: int, unit_tokens: float,
                  root: int) -> None:
@@ -367,6 +367,7 @@ class PromptChain(Sequence[ChainEntry]):
         self._step = step = 4 * block
         self._root = root
         self._n = n = -(-len(data) // step)
+        self.unit_tokens = unit_tokens
         self._full = max(1, round(block * unit_tokens))
         tail = len(data) - (n - 1) * step
         self._last = self._full if tail == step else max(1, round(tail // 4 * unit_tokens))

@@ -45,7 +45,9 @@ seconds, with ``t`` the pace over the replica's weight::
     wait     = queued tokens x t, less the part of the oldest queued request the replica
                is likely through (its age, at most its own prefill); or, when longer,
                slot_weight x the wait for a free decode slot (``slots``)
-    prefill  = prefill_weight x (prompt tokens - predicted cached tokens) x t
+    prefill  = prefill_weight x (prompt tokens - predicted cached tokens) x t, the
+               prompt's common head (the learned common prefix: ``common_head``) counted
+               as cached on every replica
     evict    = eviction_weight x t x (hot tokens the admission would evict from the model,
                but for entries of its own prefix key); rare_eviction_weight for a rare key,
                times the chance that a victim is asked again before it would have left
@@ -150,6 +152,7 @@ class _Prepared(NamedTuple):
     key: int
     units: memoryview  # the prompt's chunk hashes as u32 bytes (at most max_chunks)
     chain: PromptChain
+    common: int  # pieces of the prompt's head the learned common prefix covers
     seen: int  # the key's decayed count before this request
 
 
@@ -341,6 +344,7 @@ class Cost(Policy):
         if self._exact.in_use(self.kv_index):
             matched = self._exact.matches(self.kv_index, request, prep.key, replicas, up, p,
                                           matched)
+        head = self._common_head(prep, p)
         homes: list[int] = []
         rare_home: int | None = None
         first: int | None = None  # a hot key's placed home (on the scratch set: overflow)
@@ -455,7 +459,8 @@ class Cost(Policy):
                 w = replicas[i].weight
                 t = pace * slowdown(ids[i]) / w if w > 0 else inf
                 wait = wait_of(i)
-                uncached = (p - matched.get(i, 0)) * t
+                m = matched.get(i, 0)
+                uncached = (p - (m if m > head else head)) * t
                 prefill = uncached * prefill_weight
                 misplaced = misplaced_p * t if hot and i in in_scratch and i != first else 0.0
                 # past the first token an idle replica (of this one's pace) would give the
@@ -495,7 +500,7 @@ class Cost(Policy):
         # replica's weight is 0)
         heaviest = max(weights)
         if busy and (not scored or (heaviest > 0
-                     and best_total > cfg.prefill_weight * p * pace / heaviest)):
+                     and best_total > cfg.prefill_weight * (p - head) * pace / heaviest)):
             least, least_outside = self._least_loaded(replicas, up, in_scratch, prep.key)
             extra = [least] if least not in candidates else []
             if hot and in_scratch and least_outside not in candidates \
@@ -534,6 +539,17 @@ class Cost(Policy):
                         for total, _, i, terms, _ in scored])
         return Decision(tuple([ids[i] for i in ranked_idx] + list(compress(ids, rest))),
                         reason, matched.get(best, 0), scores)
+
+    def _common_head(self, prep: _Prepared, p: int) -> int:
+        """Tokens of the prompt's head that the prefill term counts as held on every
+        replica (``common_head``): the learned common prefix (a system prompt most traffic
+        shares), short of the whole prompt. A replica without it prefills it once, then
+        holds it for every later prompt that shares it: charged to the one request that
+        brings it, new conversations stayed on the replicas that held it first while the
+        others stood idle, their caches unused."""
+        if not prep.common or not self.config.common_head:
+            return 0
+        return max(0, min(p - 1, round(prep.common * prep.chain.unit_tokens)))
 
     def _home_cost(self, firsts: list[int], wait_of: Callable[[int], float],
                    matched: dict[int, int], replicas: Sequence[ReplicaView], p: int,

@@ -40,6 +40,7 @@ class CostConfig:
     scratch_loss: float = 0.5
     prefill_weight: float = 2.0
     fill_homes: bool = True
+    common_head: bool = True
     slot_weight: float = 2.0
     tail_slack: float = 0.2
     tail_weight: float = 1.0

@@ -39,6 +39,7 @@ class Prefix(NamedTuple):
     key: int
     units: memoryview  # the prompt's chunk hashes as u32 bytes (at most max_chunks)
     chain: PromptChain
+    common: int  # pieces of the prompt's head the learned common prefix covers
 
 
 class PrefixKeys:
@@ -66,7 +67,8 @@ class PrefixKeys:
         chunks, unit = self._units(request)
         units = token_bytes(chunks)
         chain = PromptChain(units, self.block_chunks, unit, self._namespace(request)[1])
-        return Prefix(self._key(request, units, chain), units, chain)
+        key, common = self._key(request, units, chain)
+        return Prefix(key, units, chain, common)
 
     def learn(self, request: RouteRequest, units: memoryview, chain: PromptChain) -> None:
         """Show the common-prefix learner a routed prompt (one with no affinity key): its
@@ -125,18 +127,20 @@ class PrefixKeys:
             self._chain_digests = False
             self.learner = learner_for(self._config)
 
-    def _key(self, request: RouteRequest, units: memoryview, chain: PromptChain) -> int:
-        """The request's prefix key (stable across processes)."""
+    def _key(self, request: RouteRequest, units: memoryview, chain: PromptChain
+             ) -> tuple[int, int]:
+        """The request's prefix key (stable across processes), and the pieces of its head
+        the learned common prefix covers."""
         h = self._namespace(request)[0].copy()
+        n = len(units) // 4
+        learner, skip = self.learner, 0
+        if learner is not None:
+            skip = learner.skip_digests(chain.key, n) if self._chain_digests \
+                else learner.skip(units, n)
         if request.affinity_key is not None:
             h.update(b"\x01" + request.affinity_key.encode())
         else:
-            n = len(units) // 4
-            learner, skip = self.learner, 0
-            if learner is not None:
-                skip = learner.skip_digests(chain.key, n) if self._chain_digests \
-                    else learner.skip(units, n)
             # units holds 4 bytes per chunk: [4*skip, 4*(skip+K)) is the hashed window
             h.update(b"\x00")
             h.update(units[4 * skip : 4 * (skip + self.key_chunks)])
-        return int.from_bytes(h.digest(), "little")
+        return int.from_bytes(h.digest(), "little"), skip
