@@ -522,6 +522,38 @@ async def model(request: Request) -> Response:
     return _answered(gw, request, tenant, _model_card(name, info, gw.started))
 
 
+async def get_model_info(request: Request) -> Response:
+    """SGLang's ``GET /get_model_info`` (its frontend's ``RuntimeEndpoint`` reads
+    ``model_path`` when it connects, to choose a chat template): the model the fleet serves,
+    as ``/v1/models`` shows it to the client's tenant, where it was loaded from (the
+    listing's ``root``; its id where none is given) as ``model_path`` and
+    ``tokenizer_path``. ``?model=`` names one of several base models; without it, a fleet
+    of several is a 400 naming them. Answered here rather than by one replica: a vLLM
+    replica has no such endpoint, and any replica of the model would answer alike."""
+    gw: GatewayState = request.app.state.gw
+    tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
+    cards = gw.fleet.advertised(gw.tenancy.allowed(tenant))
+    name = request.query_params.get("model")
+    if name is None:
+        bases = sorted(n for n, info in cards.items() if info.parent is None)
+        if not bases:
+            raise NoReplicaAvailable("GET /get_model_info: no healthy replica has listed "
+                                     "its models yet")
+        if len(bases) > 1:
+            raise BadRequest(f"GET /get_model_info: this fleet serves several models; name "
+                             f"one with ?model= (one of {', '.join(bases[:8])})",
+                             param="model")
+        name = bases[0]
+    info = cards.get(name)
+    if info is None:
+        raise NotFound(f"GET /get_model_info: the model {shown(name, MODEL_SHOWN_CHARS)} does "
+                       f"not exist (/v1/models lists them)", param="model",
+                       code="model_not_found")
+    path = info.root or name
+    return _answered(gw, request, tenant, {"model_path": path, "tokenizer_path": path,
+                                           "served_model_name": name})
+
+
 def _answered(gw: GatewayState, request: Request, tenant: str | None,
               body: dict[str, object]) -> Response:
     """A models route's answer, counted as a request answered here (route none, 200)."""
@@ -685,6 +717,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> ASGI
         Route("/invocations", invocations, methods=["POST"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/get_model_info", get_model_info, methods=["GET"]),
         Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         *(Route(path, passthrough, methods=["POST"]) for path in PASSTHROUGH_PATHS),

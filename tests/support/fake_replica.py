@@ -42,6 +42,7 @@ class Behaviour:
     hold: threading.Event | None = None  # the first byte waits until it is set
     linger_s: float = 0.0  # a stream's body stays open this long after its [DONE]
     adapters: int = 0  # /v1/models lists this many adapters after the model
+    root: str | None = None  # the model's /v1/models root (where it was loaded from; its id)
     usage: dict[str, object] | None = None  # answers carry this usage instead of its own
     metrics_status: int = 200  # /metrics answers this
     metrics_extra: bytes = b""  # raw bytes after /metrics' lines (odd values, padding)
@@ -232,7 +233,7 @@ def fake_replica(b: Behaviour) -> Starlette:
     async def models(request: Request) -> Response:
         b.listed += 1
         return JSONResponse({"object": "list", "data": [  # as vLLM lists models and adapters
-            {"id": b.model, "object": "model", "root": b.model, "parent": None,
+            {"id": b.model, "object": "model", "root": b.root or b.model, "parent": None,
              "max_model_len": 4096},
             *({"id": f"{b.model}-lora-{i}", "object": "model", "root": f"/adapters/{i}",
                "parent": b.model} for i in range(b.adapters))]})
