@@ -37,7 +37,7 @@ from gateway.forwarding import request_id_header, request_id_of, upstream_header
 from gateway.generate_request import PATH as GENERATE_PATH
 from gateway.generate_request import counted_alike
 from gateway.held_back import held_back
-from gateway.intake import Intake, read_timed_body, take_in, take_place
+from gateway.intake import Intake, read_timed_body, some_models, take_in, take_place
 from gateway.kv_event_subscriber import KVEventSubscriber
 from gateway.monitor import Monitor
 from gateway.passthrough import PATHS as PASSTHROUGH_PATHS
@@ -524,32 +524,39 @@ async def model(request: Request) -> Response:
 
 async def get_model_info(request: Request) -> Response:
     """SGLang's ``GET /get_model_info`` (its frontend's ``RuntimeEndpoint`` reads
-    ``model_path`` when it connects, to choose a chat template): the model the fleet serves,
-    as ``/v1/models`` shows it to the client's tenant, where it was loaded from (the
+    ``model_path`` when it connects, to choose a chat template): the base model the fleet
+    serves, as ``/v1/models`` shows it to the client's tenant, where it was loaded from (the
     listing's ``root``; its id where none is given) as ``model_path`` and
-    ``tokenizer_path``. ``?model=`` names one of several base models; without it, a fleet
-    of several is a 400 naming them. Answered here rather than by one replica: a vLLM
-    replica has no such endpoint, and any replica of the model would answer alike."""
+    ``tokenizer_path``. ``?model=`` names one of several base models (an adapter named
+    there is told by its base model's path, as SGLang tells it); without it, a fleet of
+    several is a 400 naming them. Answered here rather than by one replica: a vLLM replica
+    has no such endpoint, and any replica of the model would answer alike."""
     gw: GatewayState = request.app.state.gw
     tenant = gw.auth.tenant_of(request) if gw.auth.on else gw.tenancy.tenant_of(request)
     cards = gw.fleet.advertised(gw.tenancy.allowed(tenant))
     name = request.query_params.get("model")
     if name is None:
-        bases = sorted(n for n, info in cards.items() if info.parent is None)
+        bases = {info.parent or n for n, info in cards.items()}
         if not bases:
-            raise NoReplicaAvailable("GET /get_model_info: no healthy replica has listed "
-                                     "its models yet")
+            raise NoReplicaAvailable("GET /get_model_info: no replica this client may use "
+                                     "has listed a model yet (GET /v1/models lists them)")
         if len(bases) > 1:
             raise BadRequest(f"GET /get_model_info: this fleet serves several models; name "
-                             f"one with ?model= (one of {', '.join(bases[:8])})",
+                             f"one with ?model= (one of {some_models(bases)})",
                              param="model")
-        name = bases[0]
+        name = bases.pop()
+    elif not name:
+        raise BadRequest("GET /get_model_info: ?model= is empty; name a model (GET /v1/models "
+                         "lists them) or leave it out", param="model")
     info = cards.get(name)
-    if info is None:
+    base = name
+    if info is not None and info.parent is not None:  # an adapter: its base model's path
+        base, info = info.parent, cards.get(info.parent)
+    elif info is None and not any(i.parent == name for i in cards.values()):
         raise NotFound(f"GET /get_model_info: the model {shown(name, MODEL_SHOWN_CHARS)} does "
-                       f"not exist (/v1/models lists them)", param="model",
+                       f"not exist (GET /v1/models lists them)", param="model",
                        code="model_not_found")
-    path = info.root or name
+    path = info.root if info is not None and info.root else base
     return _answered(gw, request, tenant, {"model_path": path, "tokenizer_path": path,
                                            "served_model_name": name})
 

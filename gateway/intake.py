@@ -132,7 +132,7 @@ def unnamed_model(bases: frozenset[str] | None) -> str:
     the base models when there are several, or saying none is known yet."""
     if bases is not None and len(bases) == 1:
         return next(iter(bases))
-    why = f"this fleet serves several models: name one of {_some(set(bases))}" \
+    why = f"this fleet serves several models: name one of {some_models(set(bases))}" \
         if bases else "no replica's models are known yet" if bases is not None \
         else "a replica serves more models than the gateway keeps of its list"
     raise BadRequest(f"'model' is required and must be a non-empty string ({why})",
@@ -189,11 +189,11 @@ async def check_model(gw: GatewayState, model: str | None, tenant: str | None = 
             hint = " (where the replicas serve any name, as SGLang and TGI do, the " \
                    "gateway's unlisted_model: pass sends it to them)"
         raise NotFound(f"{what} is not served by any replica{why}{hint}; available: "
-                       f"{_some(known)}", param=param, code="model_not_found")
+                       f"{some_models(known)}", param=param, code="model_not_found")
     return model
 
 
-def _some(models: set[str]) -> str:
+def some_models(models: set[str]) -> str:
     """The first ``SHOWN_MODELS`` of ``models`` in order, and how many more there are."""
     first = ", ".join(heapq.nsmallest(SHOWN_MODELS, models))
     more = len(models) - SHOWN_MODELS

@@ -460,8 +460,10 @@ class Cost(Policy):
                 t = pace * slowdown(ids[i]) / w if w > 0 else inf
                 wait = wait_of(i)
                 m = matched.get(i, 0)
-                uncached = (p - (m if m > head else head)) * t
-                prefill = uncached * prefill_weight
+                uncached = (p - m) * t
+                # (the common head, prefilled once for every later prompt, is weighed as
+                # held; the first token comes after it all the same)
+                prefill = ((p - head) * t if head > m else uncached) * prefill_weight
                 misplaced = misplaced_p * t if hot and i in in_scratch and i != first else 0.0
                 # past the first token an idle replica (of this one's pace) would give the
                 # whole prompt uncached, with tail_slack, this request would be in the tail

@@ -33,6 +33,14 @@ def test_the_fleets_model_is_told_where_it_was_loaded_from(serve: Serve) -> None
     assert httpx.get(f"{gw.url}/get_model_info").status_code == 401
     unknown = httpx.get(f"{gw.url}/get_model_info", params={"model": "nope"}, headers=AUTH)
     assert unknown.status_code == 404 and "nope" in unknown.json()["error"]["message"]
+    # an adapter is told by its base model's path, as SGLang tells one
+    adapter = httpx.get(f"{gw.url}/get_model_info", params={"model": "llama-lora-0"},
+                        headers=AUTH).json()
+    assert adapter == {"model_path": "/models/llama-3-8b",
+                       "tokenizer_path": "/models/llama-3-8b",
+                       "served_model_name": "llama-lora-0"}, adapter
+    empty = httpx.get(f"{gw.url}/get_model_info?model=", headers=AUTH)
+    assert empty.status_code == 400 and "?model= is empty" in empty.json()["error"]["message"]
 
 
 def test_a_fleet_of_several_models_is_asked_which(serve: Serve) -> None:
@@ -45,3 +53,11 @@ def test_a_fleet_of_several_models_is_asked_which(serve: Serve) -> None:
     assert several["param"] == "model" and "org/one, org/two" in several["message"], several
     named = httpx.get(f"{gw.url}/get_model_info", params={"model": "org/two"}).json()
     assert named["model_path"] == "org/two" and named["served_model_name"] == "org/two"
+
+
+def test_a_fleet_whose_models_are_not_known_yet_is_a_503(serve: Serve) -> None:
+    # no replica answers (a closed port): nothing has listed a model, and the 503 says so
+    gw = start_gateway(serve, [("a", "http://127.0.0.1:9")])
+    answer = httpx.get(f"{gw.url}/get_model_info")
+    assert answer.status_code == 503, answer.text
+    assert "has listed a model yet" in answer.json()["error"]["message"]
