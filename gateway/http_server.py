@@ -772,7 +772,8 @@ class _Draining(uvicorn.Server):
         process, whose supervisor acts on it): by default it ended the process at once,
         its answers dropped without the error that marks them cut. As uvicorn does, the
         handlers in place before are put back afterwards, and the signals taken are then
-        raised again for them."""
+        raised again for them; a SIGINT that was ignored before ends the process as a
+        Ctrl-C (``KeyboardInterrupt``)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -786,6 +787,10 @@ class _Draining(uvicorn.Server):
             for sig, handler in before.items():
                 signal.signal(sig, handler)
         for captured in reversed(self._captured_signals):
+            if captured == signal.SIGINT and before[signal.SIGINT] is signal.SIG_IGN:
+                # started with SIGINT ignored (a shell script's background job): it stopped
+                # the server all the same, and ends it as a Ctrl-C does, not silently with 0
+                raise KeyboardInterrupt
             signal.raise_signal(captured)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

@@ -49,6 +49,32 @@ def test_ctrl_c_stops_the_gateway_without_a_traceback(tmp_path: Path) -> None:
     assert err.rstrip().endswith("kvgate serve: stopped")
 
 
+def test_ctrl_c_stops_a_gateway_started_with_sigint_ignored_as_it_stops_any(
+        tmp_path: Path) -> None:
+    # a shell script's background job starts with SIGINT ignored; the gateway takes the
+    # signal all the same, and ended then with 0 and no line (as a test run in the
+    # background saw it)
+    port = free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
+        "health": {"interval_s": 60}, "scrape": {"enabled": False},
+        "shutdown": {"grace_s": 0, "timeout_s": 1}}))
+    proc = subprocess.Popen(
+        ["sh", "-c", 'trap "" INT; exec "$0" -m kvgate serve --config "$1"', sys.executable,
+         str(config)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 30, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.rstrip().endswith("kvgate serve: stopped"), err
+
+
 def test_sigterm_stops_the_gateway_when_what_read_its_stderr_has_gone(tmp_path: Path) -> None:
     # a log collector that died, a `| head`: the drain's line has nowhere to go
     proc, port = _serve(tmp_path, 0.1)
