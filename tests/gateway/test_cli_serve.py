@@ -19,23 +19,31 @@ from tests.support.servers import free_port
 from tests.support.waiting import wait_http
 
 
-def _serve(tmp_path: Path, grace_s: float, **popen: Any
+def _serve(tmp_path: Path, grace_s: float, sigint_ignored: bool = False, **popen: Any
            ) -> tuple[subprocess.Popen[Any], int]:
     """``kvgate serve`` of a gateway in front of one replica, not checked or scraped; its
-    process and port."""
+    process and port. ``sigint_ignored``: started as a shell script's background job is,
+    with SIGINT ignored."""
     port = free_port()
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump({
         "port": port, "replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
         "health": {"interval_s": 60}, "scrape": {"enabled": False},
         "shutdown": {"grace_s": grace_s, "timeout_s": 1}}))
-    return subprocess.Popen([sys.executable, "-m", "kvgate", "serve", "--config", str(config)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            **popen), port
+    command = [sys.executable, "-m", "kvgate", "serve", "--config", str(config)]
+    if sigint_ignored:
+        command = ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *command]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, **popen), port
 
 
-def test_ctrl_c_stops_the_gateway_without_a_traceback(tmp_path: Path) -> None:
-    proc, port = _serve(tmp_path, 0, env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True)
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_ctrl_c_stops_the_gateway_without_a_traceback(tmp_path: Path,
+                                                      sigint_ignored: bool) -> None:
+    # (started with SIGINT ignored, as a shell script's background job is, the gateway took
+    # the signal all the same, and ended with 0 and no line)
+    proc, port = _serve(tmp_path, 0, sigint_ignored,
+                        env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 30, proc)
         proc.send_signal(signal.SIGINT)
@@ -47,32 +55,6 @@ def test_ctrl_c_stops_the_gateway_without_a_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.rstrip().endswith("kvgate serve: stopped")
-
-
-def test_ctrl_c_stops_a_gateway_started_with_sigint_ignored_as_it_stops_any(
-        tmp_path: Path) -> None:
-    # a shell script's background job starts with SIGINT ignored; the gateway takes the
-    # signal all the same, and ended then with 0 and no line (as a test run in the
-    # background saw it)
-    port = free_port()
-    config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({
-        "port": port, "replicas": [{"id": "r0", "url": "http://127.0.0.1:9"}],
-        "health": {"interval_s": 60}, "scrape": {"enabled": False},
-        "shutdown": {"grace_s": 0, "timeout_s": 1}}))
-    proc = subprocess.Popen(
-        ["sh", "-c", 'trap "" INT; exec "$0" -m kvgate serve --config "$1"', sys.executable,
-         str(config)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", 30, proc)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and err.rstrip().endswith("kvgate serve: stopped"), err
 
 
 def test_sigterm_stops_the_gateway_when_what_read_its_stderr_has_gone(tmp_path: Path) -> None:
