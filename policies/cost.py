@@ -791,8 +791,10 @@ class Cost(Policy):
         inf = math.inf
         best = outside = -1
         best_wait = best_queue = outside_wait = outside_queue = inf
-        limits, most, prior = self._slots.tables() if self._slots.known \
-            and self.config.slot_weight > 0 else ({}, {}, 0)
+        # a decode-slot wait is only above 0 where the slots are full, and none is known
+        # full before a count is learned
+        slots_of = self._slots.slots if self._slots.known and self._slots.prior \
+            and self.config.slot_weight > 0 else None
         n = len(replicas)
         start = key % n if n else 0
         by_id = self._index[2] if len(self._index[2]) == n else range(n)
@@ -806,8 +808,8 @@ class Cost(Policy):
             queued = r.queued_tokens * slow.get(r.id, 1.0) if slow else r.queued_tokens
             queue = queued / w if w > 0 else inf
             wait = 0.0
-            if prior:  # a decode-slot wait is only above 0 where the slots are full
-                limit = limits.get(r.id) or (prior if most.get(r.id, 0) <= prior else 0)
+            if slots_of is not None:
+                limit = slots_of(r.id)
                 if limit and r.in_flight + r.others_in_flight >= limit:
                     wait = self._slot_wait(r)
             if wait < best_wait or (wait == best_wait and (

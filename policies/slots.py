@@ -148,10 +148,11 @@ class DecodeSlots:
         """The replica's learned slot count (None until it was seen full)."""
         return self._limits.get(replica)
 
-    def tables(self) -> tuple[dict[str, int], dict[str, int], int]:
-        """``(learned limits, most seen running, prior)`` by replica (read only), for a
-        pass over the fleet that works out ``slots`` inline."""
-        return self._limits, self._most, self._prior
+    @property
+    def prior(self) -> int:
+        """The most slots learned on any replica: the count of one not yet seen full
+        (0: none learned)."""
+        return self._prior
 
     def slots(self, replica: str) -> int:
         """The slot count ``replica`` is judged by: its own, else the most learned on

@@ -18,9 +18,7 @@ def _prompt(seed: int) -> str:
 
 
 def test_a_shedding_replica_is_not_credited_with_the_prompt_it_refused(serve: Serve) -> None:
-    # (neither claims a queue: a fake's standing "2 waiting" would teach the policy's slot
-    # learner that each is full, and the ranking would no longer go by the prompt alone)
-    a, b = Behaviour("a", status=429, waiting=0), Behaviour("b", waiting=0)
+    a, b = Behaviour("a", status=429), Behaviour("b")
     gw = start_gateway(serve, [("a", serve(fake_replica(a)).url),
                                ("b", serve(fake_replica(b)).url)], policy={"name": "cost"})
     # the policy ranks by the prompt's hashes: a few prompts until one is tried on "a" first

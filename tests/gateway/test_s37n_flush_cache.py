@@ -52,11 +52,9 @@ def _all_scraped(gw: Gateway, count: int) -> bool:
 
 def test_flush_reaches_every_replica_and_empties_the_policys_model(serve: Serve) -> None:
     flushes: dict[str, list[str]] = {"a": [], "b": [], "c": []}
-    # replicas with room (none waiting): each takes its share of new prompts
-    apps = {"a": _replica(Behaviour("a", waiting=0), flushes["a"],
-                          "/reset_prefix_cache"),  # vLLM's
-            "b": _replica(Behaviour("b", waiting=0), flushes["b"], "/flush_cache"),  # SGLang's
-            "c": _replica(Behaviour("c", waiting=0), flushes["c"])}  # vLLM without dev mode
+    apps = {"a": _replica(Behaviour("a"), flushes["a"], "/reset_prefix_cache"),  # vLLM's
+            "b": _replica(Behaviour("b"), flushes["b"], "/flush_cache"),  # SGLang's
+            "c": _replica(Behaviour("c"), flushes["c"])}  # vLLM without its dev mode
     gw = start_gateway(serve, [(rid, serve(app).url) for rid, app in apps.items()],
                        policy={"name": "cost"})
     wait_until(lambda: _all_scraped(gw, 3), 10, "every replica healthy and scraped")

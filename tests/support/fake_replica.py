@@ -47,7 +47,6 @@ class Behaviour:
     metrics_status: int = 200  # /metrics answers this
     metrics_extra: bytes = b""  # raw bytes after /metrics' lines (odd values, padding)
     pad: int = 0  # characters of padding in each streamed chunk's text
-    waiting: int = 2  # /metrics' vllm:num_requests_waiting (beside 1 running)
     progressing: bool = False  # /metrics counts more generated tokens at every scrape
     generated: int = 0
     done: bool = True  # a stream ends with [DONE] (False: it ends without, as if cut)
@@ -243,7 +242,9 @@ def fake_replica(b: Behaviour) -> Starlette:
             "# TYPE vllm:num_requests_running gauge",
             'vllm:num_requests_running{model_name="m"} 1.0',
             "# TYPE vllm:num_requests_waiting gauge",
-            f'vllm:num_requests_waiting{{model_name="m"}} {float(b.waiting)}',
+            # none waiting: a standing queue says the replica is full (one slot, to a
+            # slot learner that reads it)
+            'vllm:num_requests_waiting{model_name="m"} 0.0',
             "# TYPE vllm:kv_cache_usage_perc gauge",
             'vllm:kv_cache_usage_perc{model_name="m"} 0.25',
             "# TYPE vllm:prefix_cache_queries counter",
